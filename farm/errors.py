@@ -1,0 +1,55 @@
+"""Errors that farm raises on purpose, each tied to the exit status the CLI documents.
+
+Every error names what is wrong (the node, the op, the file) so that a user can act on it without a traceback.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitStatus(IntEnum):
+    """Exit statuses of the `farm` CLI (documented in README.md)."""
+
+    OK = 0
+    BUILD_FAILED = 1
+    BAD_INPUT = 2
+    CANCELLED_OR_UNKNOWN = 3
+    UNREACHABLE = 4
+
+
+class FarmError(Exception):
+    """Base of every error farm raises deliberately."""
+
+    exit_status: ExitStatus = ExitStatus.BUILD_FAILED
+
+
+class BadInputError(FarmError):
+    """The user's input (model, artifact, arguments, input arrays) is wrong; nothing was built."""
+
+    exit_status = ExitStatus.BAD_INPUT
+
+
+class ModelLoadError(BadInputError):
+    """The model file can't be read or parsed, or refers to files it must not read."""
+
+
+class UnsupportedError(BadInputError):
+    """A node uses an op, attribute, dtype or dynamic shape outside farm's op set."""
+
+    def __init__(self, reason: str, *, node: str = "", op: str = "", domain: str = "", opset: int = 0) -> None:
+        self.reason, self.node, self.op, self.domain, self.opset = reason, node, op, domain, opset
+        where = f"node {node!r} (op {op!r}, domain {domain or 'ai.onnx'!r}, opset {opset})" if op else "model"
+        super().__init__(f"{where}: {reason}")
+
+
+class ArtifactError(BadInputError):
+    """An artifact is tampered, truncated, unsafe or not for this host."""
+
+
+class RunInputError(BadInputError):
+    """The arrays given to a model at run time don't match its inputs."""
+
+
+class BuildError(FarmError):
+    """A compile, pack or link step failed; carries the failing kernel or blob and the tool's log."""

@@ -1,0 +1,75 @@
+"""farm's graph IR: what the frontend produces, the passes rewrite and the planner reads.
+
+It is deliberately small: static shapes, named values, nodes in topological order, constants as numpy arrays.
+ONNX protobufs stop at the frontend so that nothing downstream depends on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Activation:
+    """An elementwise activation fused into the op that produces its input (Relu, Clip, LeakyRelu)."""
+
+    kind: str
+    params: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Static shape and numpy dtype name of one value."""
+
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * np.dtype(self.dtype).itemsize
+
+
+@dataclass
+class Node:
+    """One operation. `inputs` may hold "" for an absent optional input, as in ONNX."""
+
+    name: str
+    op_type: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    domain: str = ""
+    activation: Activation | None = None
+
+
+@dataclass
+class Graph:
+    """A whole model: graph inputs and outputs by name, the info of every value, constants and nodes."""
+
+    name: str
+    opset: int
+    inputs: list[str]
+    outputs: list[str]
+    values: dict[str, TensorInfo]
+    constants: dict[str, np.ndarray]
+    nodes: list[Node]
+
+    def consumers(self) -> dict[str, list[Node]]:
+        """Map each value name to the nodes that read it."""
+        users: dict[str, list[Node]] = {}
+        for node in self.nodes:
+            for name in node.inputs:
+                if name:
+                    users.setdefault(name, []).append(node)
+        return users
+
+    def producers(self) -> dict[str, Node]:
+        """Map each value name to the node that writes it."""
+        return {out: node for node in self.nodes for out in node.outputs}
