@@ -1,0 +1,231 @@
+"""The artifact file: one uncompressed POSIX tar holding `manifest.json` and the payload members.
+
+The bytes are deterministic (members sorted by path, zeroed metadata, ustar headers without pax timestamps) so that
+the same build gives the same file, and every payload member's sha256 is in the manifest so that a reader can refuse
+a tampered or truncated artifact before it loads anything from it. Reading never extracts: members are read into
+memory by offset, after their path and type have been checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import posixpath
+import tarfile
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+from farm.errors import ArtifactError
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+_END_OF_ARCHIVE = b"\0" * (2 * tarfile.BLOCKSIZE)
+_KINDS = {
+    tarfile.SYMTYPE: "a symbolic link",
+    tarfile.LNKTYPE: "a hard link",
+    tarfile.CHRTYPE: "a character device",
+    tarfile.BLKTYPE: "a block device",
+    tarfile.FIFOTYPE: "a fifo",
+    tarfile.DIRTYPE: "a directory",
+}
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _path_problem(name: str) -> str | None:
+    """Why `name` can't be a member path (None when it can): it must stay inside the artifact's folder once joined."""
+    if not isinstance(name, str) or not name:
+        return "is not a non-empty string"
+    if name.startswith("/") or "\\" in name:
+        return "is absolute or uses backslashes"
+    if ".." in name.split("/"):
+        return "contains '..'"
+    if posixpath.normpath(name) != name or name == ".":
+        return "is not a normalised relative path"
+    return None
+
+
+def _tar_info(name: str, size: int) -> tarfile.TarInfo:
+    """A regular-file header with every varying field (time, owner, mode) fixed, so that the bytes are reproducible."""
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = size, 0, 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def _tar_bytes(files: Mapping[str, bytes]) -> bytes:
+    """The whole archive in memory: ustar format so that tarfile never adds pax headers carrying timestamps."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT, encoding="utf-8") as tar:
+        for name in sorted(files):
+            tar.addfile(_tar_info(name, len(files[name])), io.BytesIO(files[name]))
+    return buffer.getvalue()
+
+
+def write_artifact(path: str | os.PathLike[str], manifest: dict[str, Any], members: Mapping[str, bytes]) -> str:
+    """Write the artifact at `path` atomically and return the path.
+
+    The manifest gets `"members": {path: sha256}` for every payload member and `format_version` when it has none.
+    Bad member paths raise ValueError before anything is written; any failure leaves neither the artifact nor a
+    temporary file behind, and an existing artifact at `path` stays as it was.
+    """
+    for name in members:
+        problem = _path_problem(name)
+        if problem or name == MANIFEST:
+            raise ValueError(f"artifact member path {name!r} {problem or 'is reserved for the manifest'}")
+    if manifest.get("format_version", FORMAT_VERSION) != FORMAT_VERSION:
+        raise ValueError(
+            f"manifest format_version is {manifest['format_version']!r}, this farm writes {FORMAT_VERSION}"
+        )
+    payload = {name: bytes(data) for name, data in members.items()}
+    full = {"format_version": FORMAT_VERSION, **manifest, "members": {n: _sha256(d) for n, d in payload.items()}}
+    text = json.dumps(full, sort_keys=True, indent=2) + "\n"
+    data = _tar_bytes({**payload, MANIFEST: text.encode("utf-8")})
+    path = os.fspath(path)
+    _write_atomically(path, data)
+    return path
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    """Write to a temporary file in the target folder, then rename, so that readers never see a partial artifact."""
+    folder, base = os.path.split(os.path.abspath(path))
+    fd, temp = tempfile.mkstemp(dir=folder, prefix=f".{base}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.chmod(temp, 0o644)
+        os.replace(temp, path)
+    except BaseException:
+        os.unlink(temp)
+        raise
+
+
+class Artifact:
+    """An opened artifact whose layout has been checked; member bytes are verified each time they are read."""
+
+    def __init__(self, path: str, manifest: dict[str, Any], index: dict[str, tuple[int, int]]) -> None:
+        self.path = path
+        self.manifest = manifest
+        self._index = index
+        self._hashes = dict(manifest["members"])
+
+    def read_member(self, name: str) -> bytes:
+        """The bytes of payload member `name`, after checking them against the manifest's sha256."""
+        if name not in self._hashes:
+            raise ArtifactError(f"{self.path}: the manifest lists no member {name!r}")
+        offset, size = self._index[name]
+        with open(self.path, "rb") as file:
+            file.seek(offset)
+            data = file.read(size)
+        if len(data) != size:
+            raise ArtifactError(f"{self.path}: member {name!r} is truncated ({len(data)} of {size} bytes)")
+        if _sha256(data) != self._hashes[name]:
+            raise ArtifactError(
+                f"{self.path}: member {name!r} was tampered with (its sha256 differs from the manifest)"
+            )
+        return data
+
+    def verify(self) -> None:
+        """Read and check every payload member, so that a damaged artifact fails now rather than at first use."""
+        for name in sorted(self._hashes):
+            self.read_member(name)
+
+
+def open_artifact(path: str | os.PathLike[str]) -> Artifact:
+    """Open an artifact, checking its tar structure, member paths and types and its manifest (not member hashes)."""
+    path = os.fspath(path)
+    index = _index(path)
+    if MANIFEST not in index:
+        raise ArtifactError(f"{path}: the artifact has no {MANIFEST}")
+    manifest = _parse_manifest(path, _read_range(path, *index.pop(MANIFEST)))
+    listed = manifest["members"]
+    for name in sorted(listed):
+        if name not in index:
+            raise ArtifactError(f"{path}: the manifest lists member {name!r} but the artifact lacks it")
+    for name in sorted(index):
+        if name not in listed:
+            raise ArtifactError(f"{path}: member {name!r} is not listed in the manifest")
+    return Artifact(path, manifest, index)
+
+
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest of a structurally sound artifact."""
+    return open_artifact(path).manifest
+
+
+def verify(path: str | os.PathLike[str]) -> Artifact:
+    """Open the artifact and check every member's sha256 eagerly; return it for reading."""
+    artifact = open_artifact(path)
+    artifact.verify()
+    return artifact
+
+
+def _index(path: str) -> dict[str, tuple[int, int]]:
+    """Map each member path to its (data offset, size), refusing anything that could escape or that is cut short."""
+    try:
+        size = os.path.getsize(path)
+        with tarfile.open(path, mode="r:") as tar:
+            infos = tar.getmembers()
+            end = tar.offset
+    except (tarfile.TarError, EOFError, UnicodeDecodeError) as error:
+        raise ArtifactError(f"{path}: not a valid artifact (not an uncompressed tar, or truncated): {error}") from None
+    except OSError as error:
+        raise ArtifactError(f"{path}: can't read the artifact: {error}") from None
+    if _read_range(path, end, len(_END_OF_ARCHIVE)) != _END_OF_ARCHIVE:
+        raise ArtifactError(
+            f"{path}: the artifact is truncated or damaged (no end-of-archive marker after its members)"
+        )
+    index: dict[str, tuple[int, int]] = {}
+    for info in infos:
+        _check_member(path, info)
+        if info.name in index:
+            raise ArtifactError(f"{path}: member {info.name!r} appears twice")
+        if info.offset_data + info.size > size:
+            raise ArtifactError(f"{path}: member {info.name!r} is truncated")
+        index[info.name] = (info.offset_data, info.size)
+    return index
+
+
+def _check_member(path: str, info: tarfile.TarInfo) -> None:
+    """Refuse members that would leave the artifact's folder if joined to it: odd paths, links, devices, folders."""
+    problem = _path_problem(info.name)
+    if problem:
+        raise ArtifactError(f"{path}: member {info.name!r} leaves its folder (its path {problem}); refused")
+    if info.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
+        kind = _KINDS.get(info.type, f"of tar type {info.type!r}")
+        raise ArtifactError(
+            f"{path}: member {info.name!r} leaves its folder (it is {kind}, not a regular file); refused"
+        )
+
+
+def _read_range(path: str, offset: int, size: int) -> bytes:
+    with open(path, "rb") as file:
+        file.seek(offset)
+        return file.read(size)
+
+
+def _parse_manifest(path: str, data: bytes) -> dict[str, Any]:
+    """Decode manifest.json and check the fields every reader relies on: format_version and the member hashes."""
+    try:
+        manifest = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ArtifactError(f"{path}: {MANIFEST} is not valid JSON: {error}") from None
+    if not isinstance(manifest, dict):
+        raise ArtifactError(f"{path}: {MANIFEST} is not a JSON object")
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ArtifactError(f"{path}: format_version {version!r} is not supported (this farm reads {FORMAT_VERSION})")
+    listed = manifest.get("members")
+    if not isinstance(listed, dict) or not all(
+        isinstance(digest, str) and len(digest) == 64 for digest in listed.values()
+    ):
+        raise ArtifactError(f"{path}: {MANIFEST} has no valid 'members' table of sha256 digests")
+    return manifest

@@ -1,0 +1,46 @@
+"""The on-disk cache of native libraries: dlopen needs a file, and one per content hash lets later loads reuse it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+
+def default_cache_dir() -> Path:
+    """farm's cache root: $FARM_CACHE_DIR when set, else ~/.cache/farm."""
+    configured = os.environ.get("FARM_CACHE_DIR")
+    return Path(configured) if configured else Path.home() / ".cache" / "farm"
+
+
+def _has_content(path: Path, sha256: str) -> bool:
+    """Whether `path` exists with exactly the expected bytes; a damaged cached file must be replaced, not loaded."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest() == sha256
+    except FileNotFoundError:
+        return False
+
+
+def cached_library(data: bytes, cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Path of a file under <cache root>/runtime/, named after the sha256 of `data`, holding `data`.
+
+    The write goes to a temporary file then os.replace, so that a concurrent loader never dlopens a partial library;
+    it is skipped when a file with that name and content is already there.
+    """
+    sha256 = hashlib.sha256(data).hexdigest()
+    folder = Path(cache_dir if cache_dir is not None else default_cache_dir()) / "runtime"
+    target = folder / f"{sha256}.so"
+    if _has_content(target, sha256):
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(dir=folder, prefix=f".{sha256}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+        os.chmod(temp, 0o644)
+        os.replace(temp, target)
+    except BaseException:
+        os.unlink(temp)
+        raise
+    return target

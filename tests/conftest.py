@@ -1,0 +1,73 @@
+"""Shared test set-up.
+
+Under CI (env CI=true or CI=1) a skipped test is a failure: a test that cannot run there (a missing package, a
+service that did not start) must not pass silently. Expected failures (xfail) are left alone. Skips raised while
+collecting a module (pytest.skip(allow_module_level=True), pytest.importorskip) become collection errors.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import onnx
+import pytest
+
+pytest_plugins = ["pytester"]
+
+
+def _ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"true", "1"}
+
+
+def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:  # (path, lineno, "Skipped: reason")
+        return str(longrepr[2])
+    return str(longrepr)
+
+
+def _fail_skip(report: pytest.TestReport | pytest.CollectReport, what: str) -> None:
+    report.outcome = "failed"
+    report.longrepr = (
+        f"{what} was skipped, and skips count as failures under CI={os.environ.get('CI')}: {_skip_reason(report)}"
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
+    report: pytest.TestReport = yield
+    if _ci() and report.skipped and not hasattr(report, "wasxfail"):
+        _fail_skip(report, f"test {item.nodeid}")
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> pytest.CollectReport:
+    report: pytest.CollectReport = yield
+    if _ci() and report.skipped:
+        _fail_skip(report, f"collection of {collector.nodeid or collector.name}")
+    return report
+
+
+@pytest.fixture
+def onnx_model_path(tmp_path: Path) -> Callable[..., Path]:
+    """Factory: save a ModelProto under tmp_path and return the file's path."""
+
+    def save(model: onnx.ModelProto, name: str = "model.onnx") -> Path:
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        onnx.save(model, str(path))
+        return path
+
+    return save
+
+
+@pytest.fixture(scope="session")
+def light_models_dir() -> Path:
+    """The folder of small real-world models (light_*.onnx, with reference outputs) that the onnx package ships."""
+    path = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+    if not path.is_dir():
+        pytest.fail(f"the onnx package has no {path}; reinstall onnx")
+    return path

@@ -1,0 +1,177 @@
+"""Tests of the artifact file: deterministic writing, atomicity and every refusal of a damaged or unsafe artifact."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from farm.artifact import FORMAT_VERSION, open_artifact, read_manifest, verify, write_artifact
+from farm.errors import ArtifactError, BadInputError
+
+MEMBERS = {"targets/cpu-a/model.so": b"\x7fELF library bytes", "blobs/w0.bin": bytes(range(256)) * 4}
+MANIFEST = {"format_version": FORMAT_VERSION, "farm_version": "0.1.0", "model": {"name": "m", "sha256": "0" * 64}}
+
+
+def _write(tmp_path: Path, name: str = "m.farm") -> Path:
+    return Path(write_artifact(tmp_path / name, MANIFEST, MEMBERS))
+
+
+def _craft(path: Path, files: dict[str, bytes], *, listed: dict[str, bytes] | None = None) -> Path:
+    """A tar made by hand whose manifest lists `listed` (default: `files`) with their true hashes."""
+    listed = files if listed is None else listed
+    manifest = {**MANIFEST, "members": {n: hashlib.sha256(d).hexdigest() for n, d in listed.items()}}
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in {"manifest.json": json.dumps(manifest).encode(), **files}.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    path = _write(tmp_path)
+    manifest = read_manifest(path)
+    assert manifest["model"] == MANIFEST["model"]
+    assert manifest["members"] == {n: hashlib.sha256(d).hexdigest() for n, d in MEMBERS.items()}
+    artifact = verify(path)
+    assert {name: artifact.read_member(name) for name in MEMBERS} == MEMBERS
+
+
+def test_layout_is_deterministic_and_sorted(tmp_path: Path) -> None:
+    first, second = _write(tmp_path, "a.farm"), _write(tmp_path, "b.farm")
+    assert first.read_bytes() == second.read_bytes()
+    with tarfile.open(first) as tar:
+        infos = tar.getmembers()
+    assert [i.name for i in infos] == sorted(["manifest.json", *MEMBERS])
+    assert all((i.mtime, i.uid, i.gid, i.uname, i.gname, i.mode) == (0, 0, 0, "", "", 0o644) for i in infos)
+    text = open_artifact(first).manifest
+    assert first.read_bytes().count(json.dumps(text, sort_keys=True, indent=2).encode() + b"\n") == 1
+
+
+def test_flipped_byte_is_tampered_naming_the_member(tmp_path: Path) -> None:
+    path = _write(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[data.index(b"library bytes")] ^= 1
+    path.write_bytes(bytes(data))
+    artifact = open_artifact(path)
+    assert artifact.read_member("blobs/w0.bin") == MEMBERS["blobs/w0.bin"]
+    with pytest.raises(ArtifactError, match=r"tampered") as caught:
+        artifact.read_member("targets/cpu-a/model.so")
+    assert "targets/cpu-a/model.so" in str(caught.value) and str(path) in str(caught.value)
+    with pytest.raises(ArtifactError, match="tampered"):
+        verify(path)
+
+
+@pytest.mark.parametrize("where", ["in the first header", "in a member", "before the end marker", "in the end marker"])
+def test_truncated_file_is_refused(tmp_path: Path, where: str) -> None:
+    path = _write(tmp_path)
+    data = path.read_bytes()
+    with tarfile.open(path) as tar:
+        last = tar.getmembers()[-1]
+    end = -(-(last.offset_data + last.size) // 512) * 512
+    cut = {"in the first header": 100, "in a member": end - 700, "before the end marker": end}.get(where, end + 512)
+    path.write_bytes(data[:cut])
+    with pytest.raises(ArtifactError, match=str(path)):
+        verify(path)
+
+
+def test_not_a_tar_and_errors_are_bad_input(tmp_path: Path) -> None:
+    path = tmp_path / "junk.farm"
+    path.write_bytes(b"this is not a tar file" * 100)
+    with pytest.raises(ArtifactError, match="not a valid artifact") as caught:
+        open_artifact(path)
+    assert isinstance(caught.value, BadInputError)
+
+
+@pytest.mark.parametrize("name", ["../evil", "/abs", "targets/../../evil", "./x"])
+def test_member_leaving_its_folder_is_refused(tmp_path: Path, name: str) -> None:
+    path = _craft(tmp_path / "evil.farm", {name: b"payload"})
+    with pytest.raises(ArtifactError, match="leaves its folder") as caught:
+        open_artifact(path)
+    assert repr(name) in str(caught.value)
+
+
+@pytest.mark.parametrize("kind", [tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.CHRTYPE, tarfile.DIRTYPE])
+def test_link_device_or_folder_member_is_refused(tmp_path: Path, kind: bytes) -> None:
+    path = tmp_path / "link.farm"
+    manifest = json.dumps({**MANIFEST, "members": {}}).encode()
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        info = tarfile.TarInfo("manifest.json")
+        info.size = len(manifest)
+        tar.addfile(info, io.BytesIO(manifest))
+        link = tarfile.TarInfo("targets/cpu-a/model.so")
+        link.type, link.linkname = kind, "/etc/passwd"
+        tar.addfile(link)
+    with pytest.raises(ArtifactError, match=r"'targets/cpu-a/model.so' leaves its folder.*refused"):
+        open_artifact(path)
+
+
+def test_unlisted_member_is_refused(tmp_path: Path) -> None:
+    path = _craft(tmp_path / "extra.farm", {"a.bin": b"a", "extra.bin": b"x"}, listed={"a.bin": b"a"})
+    with pytest.raises(ArtifactError, match=r"'extra.bin' is not listed in the manifest"):
+        open_artifact(path)
+
+
+def test_listed_but_missing_member_is_refused(tmp_path: Path) -> None:
+    path = _craft(tmp_path / "missing.farm", {"a.bin": b"a"}, listed={"a.bin": b"a", "gone.bin": b"g"})
+    with pytest.raises(ArtifactError, match=r"lists member 'gone.bin' but the artifact lacks it"):
+        open_artifact(path)
+
+
+def test_duplicate_member_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "dup.farm"
+    _craft(path, {"a.bin": b"a"})
+    with tarfile.open(path, "a") as tar:
+        info = tarfile.TarInfo("a.bin")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"b"))
+    with pytest.raises(ArtifactError, match="appears twice"):
+        open_artifact(path)
+
+
+@pytest.mark.parametrize(
+    ("manifest", "message"),
+    [
+        (None, "has no manifest.json"),
+        (b"{not json", "not valid JSON"),
+        (b"[1, 2]", "not a JSON object"),
+        (json.dumps({"format_version": 2, "members": {}}).encode(), "format_version 2 is not supported"),
+        (json.dumps({"format_version": 1}).encode(), "no valid 'members'"),
+    ],
+)
+def test_bad_manifest_is_refused(tmp_path: Path, manifest: bytes | None, message: str) -> None:
+    path = tmp_path / "bad.farm"
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        name, data = ("manifest.json", manifest) if manifest is not None else ("other.json", b"{}")
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(ArtifactError, match=message):
+        read_manifest(path)
+
+
+@pytest.mark.parametrize("name", ["../evil", "/abs", "a/./b", "a//b", "", "manifest.json", "a\\b"])
+def test_invalid_member_path_is_refused_when_writing(tmp_path: Path, name: str) -> None:
+    with pytest.raises(ValueError, match="artifact member path"):
+        write_artifact(tmp_path / "m.farm", MANIFEST, {name: b"x"})
+    assert os.listdir(tmp_path) == []
+
+
+def test_failed_write_leaves_no_partial_file_and_keeps_the_old_one(tmp_path: Path) -> None:
+    path = _write(tmp_path)
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match="too long"):
+        write_artifact(path, MANIFEST, {"x" * 200: b"a name ustar can't hold"})
+    assert os.listdir(tmp_path) == ["m.farm"]
+    assert path.read_bytes() == before
+
+
+def test_wrong_format_version_is_refused_when_writing(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="format_version"):
+        write_artifact(tmp_path / "m.farm", {**MANIFEST, "format_version": 7}, MEMBERS)

@@ -1,0 +1,199 @@
+"""Tests of farm.runtime against a real native library compiled here from LLVM IR: y = 2*x + 1 on 4 floats."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+import llvmlite.binding as llvm
+import numpy as np
+import pytest
+from llvmlite import ir
+
+from farm.artifact import write_artifact
+from farm.errors import ArtifactError, RunInputError
+from farm.runtime import TensorSpec, load
+from farm.runtime.host import Host, choose_target, this_host
+
+IN_OFFSET, OUT_OFFSET, COUNT = 0, 64, 4
+HOST = this_host()
+
+
+def _affine_module() -> str:
+    """IR of `void farm_run(i8* arena)`: arena floats [64:80] = 2 * arena floats [0:16] + 1."""
+    module = ir.Module(name="affine")
+    module.triple = llvm.get_process_triple()
+    f32, i8p = ir.FloatType(), ir.IntType(8).as_pointer()
+    function = ir.Function(module, ir.FunctionType(ir.VoidType(), [i8p]), name="farm_run")
+    builder = ir.IRBuilder(function.append_basic_block("entry"))
+    arena = function.args[0]
+    for i in range(COUNT):
+        src = builder.bitcast(builder.gep(arena, [ir.Constant(ir.IntType(64), IN_OFFSET + 4 * i)]), f32.as_pointer())
+        dst = builder.bitcast(builder.gep(arena, [ir.Constant(ir.IntType(64), OUT_OFFSET + 4 * i)]), f32.as_pointer())
+        value = builder.fadd(builder.fmul(builder.load(src), ir.Constant(f32, 2.0)), ir.Constant(f32, 1.0))
+        builder.store(value, dst)
+    builder.ret_void()
+    return str(module)
+
+
+def _compile_shared_library(ir_text: str, folder: Path) -> bytes:
+    """Compile IR to a position-independent object for this host and link it with `ld -shared`."""
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    module = llvm.parse_assembly(ir_text)
+    module.verify()
+    machine = llvm.Target.from_triple(module.triple).create_target_machine(reloc="pic", codemodel="default")
+    (folder / "obj.o").write_bytes(machine.emit_object(module))
+    subprocess.run(["ld", "-shared", "-o", str(folder / "lib.so"), str(folder / "obj.o")], check=True)
+    return (folder / "lib.so").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    return _compile_shared_library(_affine_module(), tmp_path_factory.mktemp("native"))
+
+
+def _target(target_id: str, triple: str, *, cpu: str = HOST.cpu, features: str = "") -> dict[str, Any]:
+    return {
+        "id": target_id,
+        "kind": "cpu",
+        "triple": triple,
+        "cpu": cpu,
+        "features": features,
+        "library": f"targets/{target_id}/model.so",
+        "entry": "farm_run",
+    }
+
+
+def _host_target() -> dict[str, Any]:
+    """A target for this host requiring a few features the host really has, as the build would record them."""
+    features = ",".join(f"+{name}" for name in sorted(HOST.features)[:3])
+    return _target("cpu-host", llvm.get_process_triple(), features=features)
+
+
+def _write(path: Path, library: bytes, targets: list[dict[str, Any]]) -> Path:
+    manifest = {
+        "format_version": 1,
+        "farm_version": "0.1.0",
+        "model": {"name": "affine", "sha256": "0" * 64},
+        "inputs": [{"name": "x", "shape": [1, COUNT], "dtype": "float32", "offset": IN_OFFSET}],
+        "outputs": [{"name": "y", "shape": [1, COUNT], "dtype": "float32", "offset": OUT_OFFSET}],
+        "memory_plan": {"arena_bytes": 128, "alignment": 64, "buffers": []},
+        "targets": targets,
+        "kernels": [],
+        "blobs": [],
+        "schedule": [],
+    }
+    return Path(write_artifact(path, manifest, {target["library"]: library for target in targets}))
+
+
+@pytest.fixture
+def artifact(tmp_path: Path, library: bytes) -> Path:
+    return _write(tmp_path / "affine.farm", library, [_host_target()])
+
+
+def test_run_computes_outputs(artifact: Path, tmp_path: Path) -> None:
+    model = load(artifact, cache_dir=tmp_path / "cache")
+    assert model.inputs == [TensorSpec("x", (1, COUNT), "float32")]
+    assert model.outputs == [TensorSpec("y", (1, COUNT), "float32")]
+    assert model.target["id"] == "cpu-host"
+    x = np.array([[0.0, 1.0, -2.5, 3.25]], dtype=np.float32)
+    first = model.run({"x": x})
+    np.testing.assert_array_equal(first["y"], 2 * x + 1)
+    second = model.run({"x": np.asfortranarray(x + 1)})
+    np.testing.assert_array_equal(second["y"], 2 * (x + 1) + 1)
+    np.testing.assert_array_equal(first["y"], 2 * x + 1)
+
+
+def test_run_is_thread_safe(artifact: Path, tmp_path: Path) -> None:
+    model = load(artifact, cache_dir=tmp_path / "cache")
+    failures: list[int] = []
+
+    def worker(seed: int) -> None:
+        x = np.full((1, COUNT), seed, dtype=np.float32)
+        for _ in range(200):
+            if not np.array_equal(model.run({"x": x})["y"], 2 * x + 1):
+                failures.append(seed)
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+
+
+@pytest.mark.parametrize(
+    ("feeds", "message"),
+    [
+        ({}, r"missing input 'x'; the model's inputs are \['x'\]"),
+        ({"x": np.zeros((1, COUNT), np.float32), "z": np.zeros(1)}, r"unknown input 'z'"),
+        ({"x": np.zeros((COUNT,), np.float32)}, r"input 'x': expected shape \(1, 4\), got \(4,\)"),
+        ({"x": np.zeros((1, COUNT), np.float64)}, r"input 'x': expected dtype float32, got float64"),
+        ({"x": [[0.0] * COUNT]}, r"input 'x': expected a numpy array, got list"),
+        (np.zeros((1, COUNT), np.float32), r"feeds must map input names to arrays, got ndarray"),
+    ],
+)
+def test_bad_feeds_are_refused(artifact: Path, tmp_path: Path, feeds: dict[str, Any], message: str) -> None:
+    model = load(artifact, cache_dir=tmp_path / "cache")
+    with pytest.raises(RunInputError, match=message):
+        model.run(feeds)
+
+
+def test_tampered_library_is_refused_at_load(artifact: Path, library: bytes, tmp_path: Path) -> None:
+    data = bytearray(artifact.read_bytes())
+    data[data.index(library[:64]) + 40] ^= 0xFF
+    artifact.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match=r"'targets/cpu-host/model.so' was tampered"):
+        load(artifact, cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()
+
+
+def test_no_target_for_this_host(tmp_path: Path, library: bytes) -> None:
+    foreign = "aarch64" if HOST.arch != "aarch64" else "x86_64"
+    path = _write(tmp_path / "foreign.farm", library, [_target("cpu-foreign", f"{foreign}-unknown-linux-gnu")])
+    with pytest.raises(ArtifactError, match=r"no target for this host") as caught:
+        load(path, cache_dir=tmp_path / "cache")
+    assert "'cpu-foreign'" in str(caught.value) and HOST.triple in str(caught.value)
+
+
+def test_second_load_reuses_the_cached_library(artifact: Path, tmp_path: Path) -> None:
+    load(artifact, cache_dir=tmp_path / "cache")
+    (cached,) = (tmp_path / "cache" / "runtime").iterdir()
+    before = cached.stat()
+    model = load(artifact, cache_dir=tmp_path / "cache")
+    after = cached.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert list((tmp_path / "cache" / "runtime").iterdir()) == [cached]
+    np.testing.assert_array_equal(model.run({"x": np.ones((1, COUNT), np.float32)})["y"], np.full((1, COUNT), 3.0))
+
+
+def test_cache_dir_defaults_to_farm_cache_dir(artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FARM_CACHE_DIR", str(tmp_path / "env-cache"))
+    load(artifact)
+    assert len(list((tmp_path / "env-cache" / "runtime").glob("*.so"))) == 1
+
+
+def test_damaged_cached_library_is_rewritten(artifact: Path, library: bytes, tmp_path: Path) -> None:
+    cached = tmp_path / "cache" / "runtime" / f"{hashlib.sha256(library).hexdigest()}.so"
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"garbage left by an interrupted copy")
+    model = load(artifact, cache_dir=tmp_path / "cache")
+    assert cached.read_bytes() == library
+    np.testing.assert_array_equal(model.run({"x": np.zeros((1, COUNT), np.float32)})["y"], np.ones((1, COUNT)))
+
+
+def test_choose_target_prefers_exact_cpu_and_skips_missing_features() -> None:
+    host = Host("x86_64-unknown-linux-gnu", "znver4", frozenset({"avx2", "fma"}))
+    generic = _target("generic", "x86_64-pc-linux-gnu", cpu="x86-64-v3", features="+avx2,+fma,-avx512f")
+    exact = _target("exact", "x86_64-unknown-linux-gnu", cpu="znver4", features="+avx2")
+    too_new = _target("too-new", "x86_64-unknown-linux-gnu", cpu="znver4", features="+avx512f")
+    assert choose_target([generic, exact], host, "a.farm")["id"] == "exact"
+    assert choose_target([too_new, generic], host, "a.farm")["id"] == "generic"
+    with pytest.raises(
+        ArtifactError, match=r"'too-new' \(x86_64-unknown-linux-gnu, cpu znver4: host lacks \+avx512f\)"
+    ):
+        choose_target([too_new], host, "a.farm")
