@@ -1,0 +1,50 @@
+"""compile_cpu_kernel: a KernelSpec and a CPU target in, an object file's bytes out (a pure function)."""
+
+from __future__ import annotations
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+
+from farm.codegen.llvm_gemm import GemmBlocking
+from farm.codegen.llvm_render import render_kernel
+from farm.codegen.targets import CpuTarget
+from farm.errors import BuildError
+from farm.ops import lower_kernel
+from farm.specs import KernelSpec
+
+
+def default_blocking(target: CpuTarget) -> GemmBlocking:
+    """The untuned micro-kernel shape: 4 rows x 3 vectors of the target's widest float vector."""
+    return GemmBlocking(rows=4, vectors=3, lanes=target.simd_floats)
+
+
+def kernel_ir(spec: KernelSpec, target: CpuTarget) -> str:
+    """The kernel's LLVM IR text, before optimisation."""
+    module = ir.Module(name=spec.symbol)
+    module.triple = target.triple
+    render_kernel(module, spec.symbol, lower_kernel(spec), default_blocking(target))
+    return str(module)
+
+
+def compile_ir(text: str, target: CpuTarget, name: str) -> bytes:
+    """Parse, verify, optimise at O3 (with loop and SLP vectorisation) and emit an object for `target`."""
+    machine = target.machine()
+    try:
+        module = llvm.parse_assembly(text)
+        module.triple = target.triple
+        module.data_layout = str(machine.target_data)
+        module.verify()
+    except RuntimeError as exc:
+        raise BuildError(f"{name}: LLVM rejected the generated IR: {exc}") from None
+    tuning = llvm.create_pipeline_tuning_options(speed_level=3)
+    tuning.loop_vectorization = True
+    tuning.slp_vectorization = True
+    tuning.loop_unrolling = True
+    builder = llvm.create_pass_builder(machine, tuning)
+    builder.getModulePassManager().run(module, builder)
+    return machine.emit_object(module)
+
+
+def compile_cpu_kernel(spec: KernelSpec, target: CpuTarget) -> bytes:
+    """The object code of one kernel for one CPU target."""
+    return compile_ir(kernel_ir(spec, target), target, f"kernel {spec.op} {spec.symbol}")

@@ -1,0 +1,158 @@
+"""The LLVM rendering of the loop IR's Gemm: a register-blocked micro-kernel over explicit vector types.
+
+The output is cut into tiles of `rows` x (`vectors` x lanes) held in vector accumulators for the whole k loop;
+each k step loads `vectors` vectors of B and broadcasts `rows` scalars of A, so every load feeds several FMAs.
+Edges use the same tile code with fewer rows, one vector, or scalars (lanes = 1). Tile sizes and the vector
+width are parameters (GemmBlocking), not constants, so that tuning can try others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from farm.codegen import loopir as L
+
+F32_T, I64_T, I32_T = ir.FloatType(), ir.IntType(64), ir.IntType(32)
+
+
+@dataclass(frozen=True)
+class GemmBlocking:
+    """Register blocking of the micro-kernel: output rows x vectors of `lanes` floats."""
+
+    rows: int = 4
+    vectors: int = 3
+    lanes: int = 16
+
+
+@dataclass(frozen=True)
+class _Region:
+    """A rectangle of C tiled uniformly: [m0, m0+m) x [n0, n0+n) in tiles of rows x (vectors * lanes)."""
+
+    m0: int
+    m: int
+    n0: int
+    n: int
+    rows: int
+    vectors: int
+    lanes: int
+
+
+def regions(m: int, n: int, blocking: GemmBlocking) -> list[_Region]:
+    """Cover an m x n output with full tiles, then vector tails, then scalar tails."""
+    wide = blocking.vectors * blocking.lanes
+    n_main = n // wide * wide
+    n_vec = (n - n_main) // blocking.lanes * blocking.lanes
+    columns = [(0, n_main, blocking.vectors, blocking.lanes), (n_main, n_vec, 1, blocking.lanes),
+               (n_main + n_vec, n - n_main - n_vec, 1, 1)]
+    m_main = m // blocking.rows * blocking.rows
+    rows = [(0, m_main, blocking.rows), (m_main, m - m_main, 1)]
+    return [_Region(m0, mc, n0, nc, r, v, lanes) for n0, nc, v, lanes in columns for m0, mc, r in rows if mc and nc]
+
+
+def emit_gemm(builder: ir.IRBuilder, slot: Callable[[str, ir.Type], ir.AllocaInstr], a: ir.Value, b: ir.Value,
+              c: ir.Value, gemm: L.Gemm, blocking: GemmBlocking) -> None:
+    """Emit C = A @ B for `gemm`'s shapes; a, b, c point at the panels' first elements."""
+    for region in regions(gemm.m, gemm.n, blocking):
+        _emit_region(_Gen(builder, slot, a, b, c, gemm), region)
+
+
+class _Gen:
+    def __init__(self, builder, slot, a, b, c, gemm: L.Gemm) -> None:
+        self.b, self.slot, self.a, self.bm, self.c, self.gemm = builder, slot, a, b, c, gemm
+        self.count = 0
+
+    def loop(self, extent: int, body: Callable[[ir.Value], None]) -> None:
+        """A counted loop 0..extent whose body gets the i64 index."""
+        if extent == 1:
+            body(ir.Constant(I64_T, 0))
+            return
+        b = self.b
+        self.count += 1
+        counter = self.slot(f"gemm.i{self.count}", I64_T)
+        b.store(ir.Constant(I64_T, 0), counter)
+        head, loop_body, done = (b.append_basic_block(f"gemm{self.count}.{s}") for s in ("head", "body", "done"))
+        b.branch(head)
+        b.position_at_end(head)
+        b.cbranch(b.icmp_signed("<", b.load(counter), ir.Constant(I64_T, extent)), loop_body, done)
+        b.position_at_end(loop_body)
+        body(b.load(counter))
+        b.store(b.add(b.load(counter), ir.Constant(I64_T, 1)), counter)
+        b.branch(head)
+        b.position_at_end(done)
+
+    def address(self, base: ir.Value, index: ir.Value) -> ir.Value:
+        return self.b.gep(base, [index], inbounds=True, source_etype=F32_T)
+
+    def offset(self, *terms: tuple[ir.Value | int, int]) -> ir.Value:
+        """sum of value * scale, as i64."""
+        total: ir.Value = ir.Constant(I64_T, 0)
+        for value, scale in terms:
+            value = ir.Constant(I64_T, value) if isinstance(value, int) else value
+            total = self.b.add(total, self.b.mul(value, ir.Constant(I64_T, scale)))
+        return total
+
+
+def intrinsic(module: ir.Module, name: str, typ: ir.Type, arity: int) -> ir.Function:
+    """Declare an overloaded float intrinsic (llvm.fmuladd, llvm.sqrt, ...) for f32 or a vector of f32."""
+    suffix = f"v{typ.count}f32" if isinstance(typ, ir.VectorType) else "f32"
+    full = f"{name}.{suffix}"
+    if full in module.globals:
+        return module.globals[full]
+    return ir.Function(module, ir.FunctionType(typ, [typ] * arity), full)
+
+
+def _vector_type(lanes: int) -> ir.Type:
+    return F32_T if lanes == 1 else ir.VectorType(F32_T, lanes)
+
+
+def _emit_region(gen: _Gen, region: _Region) -> None:
+    width = region.vectors * region.lanes
+    gen.loop(region.n // width, lambda jt: gen.loop(region.m // region.rows,
+                                                    lambda it: _emit_tile(gen, region, it, jt)))
+
+
+def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value) -> None:
+    b, g = gen.b, gen.gemm
+    vec_t = _vector_type(region.lanes)
+    m0 = b.add(ir.Constant(I64_T, region.m0), b.mul(it, ir.Constant(I64_T, region.rows)))
+    n0 = b.add(ir.Constant(I64_T, region.n0), b.mul(jt, ir.Constant(I64_T, region.vectors * region.lanes)))
+    accs = [[gen.slot(f"acc.{region.lanes}.{i}.{j}", vec_t) for j in range(region.vectors)]
+            for i in range(region.rows)]
+    for row in accs:
+        for acc in row:
+            b.store(ir.Constant(vec_t, None), acc)
+    fma = intrinsic(b.module, "llvm.fmuladd", vec_t, 3)
+
+    def step(k: ir.Value) -> None:
+        b_row = gen.offset((k, g.ldb))
+        loaded = [_load(b, gen.address(gen.bm, b.add(b_row, b.add(n0, ir.Constant(I64_T, j * region.lanes)))),
+                        vec_t) for j in range(region.vectors)]
+        for i, row in enumerate(accs):
+            a_index = b.add(gen.offset((b.add(m0, ir.Constant(I64_T, i)), g.lda)), k)
+            scalar = b.load(gen.address(gen.a, a_index), align=4, typ=F32_T)
+            a_value = _splat(b, scalar, region.lanes)
+            for acc, b_value in zip(row, loaded):
+                b.store(b.call(fma, [a_value, b_value, b.load(acc)]), acc)
+
+    gen.loop(g.k, step)
+    for i, row in enumerate(accs):
+        c_row = gen.offset((b.add(m0, ir.Constant(I64_T, i)), g.ldc))
+        for j, acc in enumerate(row):
+            target = gen.address(gen.c, b.add(c_row, b.add(n0, ir.Constant(I64_T, j * region.lanes))))
+            b.store(b.load(acc), target, align=4)
+
+
+def _load(b: ir.IRBuilder, address: ir.Value, vec_t: ir.Type) -> ir.Value:
+    return b.load(address, align=4, typ=vec_t)
+
+
+def _splat(b: ir.IRBuilder, scalar: ir.Value, lanes: int) -> ir.Value:
+    if lanes == 1:
+        return scalar
+    vec_t = ir.VectorType(F32_T, lanes)
+    single = b.insert_element(ir.Constant(vec_t, ir.Undefined), scalar, ir.Constant(I32_T, 0))
+    mask = ir.Constant(ir.VectorType(I32_T, lanes), [0] * lanes)
+    return b.shuffle_vector(single, ir.Constant(vec_t, ir.Undefined), mask)

@@ -1,0 +1,314 @@
+"""A small loop IR that every op lowers into once, and that each backend renders (LLVM IR today, OpenCL C next).
+
+Shapes are static, so loop extents and strides are plain integers: the renderers see fully specialised kernels,
+the way Glow specialises its kernels, and LLVM folds every index computation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+Number = Union[int, float]
+
+F32, I64, BOOL = "f32", "i64", "bool"
+
+
+class Expr:
+    """An expression; arithmetic operators build new expressions."""
+
+    dtype: str = F32
+
+    def __add__(self, other: ExprLike) -> Expr:
+        return binary("add", self, other)
+
+    def __radd__(self, other: ExprLike) -> Expr:
+        return binary("add", other, self)
+
+    def __sub__(self, other: ExprLike) -> Expr:
+        return binary("sub", self, other)
+
+    def __rsub__(self, other: ExprLike) -> Expr:
+        return binary("sub", other, self)
+
+    def __mul__(self, other: ExprLike) -> Expr:
+        return binary("mul", self, other)
+
+    def __rmul__(self, other: ExprLike) -> Expr:
+        return binary("mul", other, self)
+
+    def __truediv__(self, other: ExprLike) -> Expr:
+        return binary("div", self, other)
+
+    def __rtruediv__(self, other: ExprLike) -> Expr:
+        return binary("div", other, self)
+
+    def __floordiv__(self, other: ExprLike) -> Expr:
+        return binary("div", self, other)
+
+    def __mod__(self, other: ExprLike) -> Expr:
+        return binary("mod", self, other)
+
+    def __neg__(self) -> Expr:
+        return binary("sub", const(0.0 if self.dtype == F32 else 0, self.dtype), self)
+
+
+ExprLike = Union[Expr, Number]
+
+
+@dataclass(frozen=True, eq=False)
+class Const(Expr):
+    value: Number
+    dtype: str = F32
+
+
+@dataclass(frozen=True, eq=False)
+class Var(Expr):
+    """A loop index or a scalar local, by name."""
+
+    name: str
+    dtype: str = I64
+
+
+@dataclass(frozen=True, eq=False)
+class Load(Expr):
+    buf: str
+    index: Expr
+    dtype: str = F32
+
+
+@dataclass(frozen=True, eq=False)
+class Binary(Expr):
+    """add sub mul div mod max min and comparisons lt le gt ge eq ne (which give BOOL), and/or on BOOL."""
+
+    op: str
+    lhs: Expr
+    rhs: Expr
+    dtype: str = F32
+
+
+@dataclass(frozen=True, eq=False)
+class Call(Expr):
+    """A math function that each renderer provides: exp, log, sqrt, floor."""
+
+    fn: str
+    arg: Expr
+    dtype: str = F32
+
+
+@dataclass(frozen=True, eq=False)
+class Select(Expr):
+    cond: Expr
+    if_true: Expr
+    if_false: Expr
+    dtype: str = F32
+
+
+@dataclass(frozen=True, eq=False)
+class Cast(Expr):
+    arg: Expr
+    dtype: str = F32
+
+
+COMPARISONS = frozenset({"lt", "le", "gt", "ge", "eq", "ne"})
+LOGICAL = frozenset({"and", "or"})
+
+
+def const(value: Number, dtype: str | None = None) -> Const:
+    """A constant; ints default to I64 and floats to F32."""
+    return Const(value, dtype or (I64 if isinstance(value, int) and not isinstance(value, bool) else F32))
+
+
+def wrap(value: ExprLike, like: str = F32) -> Expr:
+    """Turn a Python number into a Const of the dtype of the expression it meets."""
+    if isinstance(value, Expr):
+        return value
+    return Const(float(value) if like == F32 else int(value), like)
+
+
+def binary(op: str, lhs: ExprLike, rhs: ExprLike) -> Expr:
+    """Build a Binary, folding int constants so that index expressions stay small."""
+    like = lhs.dtype if isinstance(lhs, Expr) else rhs.dtype if isinstance(rhs, Expr) else F32
+    a, b = wrap(lhs, like), wrap(rhs, like)
+    folded = _fold_int(op, a, b)
+    if folded is not None:
+        return folded
+    dtype = BOOL if op in COMPARISONS or op in LOGICAL else a.dtype
+    return Binary(op, a, b, dtype)
+
+
+_INT_FOLDS = {
+    "add": lambda x, y: x + y,
+    "sub": lambda x, y: x - y,
+    "mul": lambda x, y: x * y,
+    "div": lambda x, y: x // y,
+    "mod": lambda x, y: x % y,
+}
+
+
+def _fold_int(op: str, a: Expr, b: Expr) -> Expr | None:
+    """Fold constant integer arithmetic and the identities x+0, x*1, x*0 that index math produces."""
+    if a.dtype != I64 or op not in _INT_FOLDS:
+        return None
+    if isinstance(a, Const) and isinstance(b, Const):
+        return Const(_INT_FOLDS[op](a.value, b.value), I64)
+    if isinstance(b, Const) and ((op in ("add", "sub") and b.value == 0) or (op in ("mul", "div") and b.value == 1)):
+        return a
+    if isinstance(a, Const) and ((op == "add" and a.value == 0) or (op == "mul" and a.value == 1)):
+        return b
+    if op == "mul" and any(isinstance(x, Const) and x.value == 0 for x in (a, b)):
+        return Const(0, I64)
+    return None
+
+
+def maximum(a: ExprLike, b: ExprLike) -> Expr:
+    return binary("max", a, b)
+
+
+def minimum(a: ExprLike, b: ExprLike) -> Expr:
+    return binary("min", a, b)
+
+
+def compare(op: str, a: ExprLike, b: ExprLike) -> Expr:
+    return binary(op, a, b)
+
+
+def logical_and(*conds: Expr) -> Expr:
+    result = conds[0]
+    for cond in conds[1:]:
+        result = binary("and", result, cond)
+    return result
+
+
+def select(cond: Expr, if_true: ExprLike, if_false: ExprLike) -> Expr:
+    a = wrap(if_true, if_false.dtype if isinstance(if_false, Expr) else F32)
+    return Select(cond, a, wrap(if_false, a.dtype), a.dtype)
+
+
+def call(fn: str, arg: Expr) -> Expr:
+    return Call(fn, arg)
+
+
+def to_float(arg: Expr) -> Expr:
+    return Cast(arg, F32)
+
+
+class Stmt:
+    """A statement of a kernel body."""
+
+
+@dataclass
+class Loop(Stmt):
+    """for var in range(extent): body."""
+
+    var: Var
+    extent: int
+    body: list[Stmt]
+
+
+@dataclass
+class Store(Stmt):
+    buf: str
+    index: Expr
+    value: Expr
+
+
+@dataclass
+class Assign(Stmt):
+    """Set a scalar local (declared on first assignment; its dtype is the value's)."""
+
+    var: Var
+    value: Expr
+
+
+@dataclass
+class If(Stmt):
+    cond: Expr
+    body: list[Stmt]
+
+
+@dataclass
+class Param:
+    """A kernel argument: a buffer of `dtype` elements that the kernel reads (or writes, if `output`)."""
+
+    name: str
+    dtype: str = F32
+    output: bool = False
+
+
+@dataclass
+class LoopKernel:
+    """A kernel as loops: parameters in call order and a body."""
+
+    params: list[Param]
+    body: list[Stmt]
+
+
+class Names:
+    """Hands out fresh loop-variable and local names inside one kernel."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def var(self, hint: str = "i") -> Var:
+        self.count += 1
+        return Var(f"{hint}{self.count}")
+
+    def local(self, hint: str = "acc", dtype: str = F32) -> Var:
+        self.count += 1
+        return Var(f"{hint}{self.count}", dtype)
+
+
+def strides_of(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major element strides."""
+    strides, step = [], 1
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= dim
+    return tuple(reversed(strides))
+
+
+def flat_index(shape: tuple[int, ...], indices: list[ExprLike]) -> Expr:
+    """Row-major flat index of `indices` in a tensor of `shape`."""
+    result: Expr = Const(0, I64)
+    for stride, index in zip(strides_of(shape), indices):
+        result = result + wrap(index, I64) * stride
+    return result
+
+
+def broadcast_index(in_shape: tuple[int, ...], out_shape: tuple[int, ...], out_vars: list[Var]) -> Expr:
+    """Flat index into an input that numpy-broadcasts to `out_shape`, given the output's loop variables."""
+    offset = len(out_shape) - len(in_shape)
+    indices = [Const(0, I64) if dim == 1 else out_vars[offset + axis] for axis, dim in enumerate(in_shape)]
+    return flat_index(in_shape, indices)
+
+
+def loop_nest(names: Names, shape: tuple[int, ...], make_body) -> tuple[list[Stmt], list[Var]]:
+    """Loops over every index of `shape`; make_body(vars) gives the innermost statements."""
+    loop_vars = [names.var() for _ in shape]
+    body: list[Stmt] = make_body(loop_vars)
+    for var, extent in reversed(list(zip(loop_vars, shape))):
+        body = [Loop(var, extent, body)]
+    return body, loop_vars
+
+
+@dataclass
+class Gemm(Stmt):
+    """C[m, n] = sum_k A[m, k] * B[k, n] over row-major panels at element offsets, with leading dimensions.
+
+    A primitive of the IR rather than three loops, because its speed lives in register blocking that each
+    renderer does its own way (vector accumulators in LLVM, work-group tiles in OpenCL).
+    """
+
+    a: str
+    a_offset: Expr
+    lda: int
+    b: str
+    b_offset: Expr
+    ldb: int
+    c: str
+    c_offset: Expr
+    ldc: int
+    m: int
+    n: int
+    k: int

@@ -1,0 +1,13 @@
+"""The op set: a registry from ONNX op type to its lowering into the loop IR.
+
+Each entry says which node inputs are data buffers (kernel arguments), which constant inputs fold into attributes,
+how to normalise attributes (defaults filled, so equal layers get equal keys) and how to build the loop kernel.
+Importing the op modules fills the registry.
+"""
+
+from __future__ import annotations
+
+from farm.ops.registry import LOWERINGS, OpLowering, SUPPORTED_OPS, lower_kernel, register  # noqa: F401
+from farm.ops import elementwise, nn, tensor  # noqa: F401,E402  (they register themselves)
+
+__all__ = ["LOWERINGS", "OpLowering", "SUPPORTED_OPS", "lower_kernel", "register"]

@@ -1,0 +1,132 @@
+"""Registry of op lowerings and the small helpers every lowering uses."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from farm.codegen import loopir as L
+from farm.errors import UnsupportedError
+from farm.graph import Activation, Node, TensorInfo
+from farm.specs import KernelSpec
+
+
+@dataclass
+class NodeContext:
+    """What attribute normalisation may look at: the node, its value infos, constants and the model's opset."""
+
+    node: Node
+    inputs: list[TensorInfo | None]
+    outputs: list[TensorInfo]
+    constants: dict[str, np.ndarray]
+    opset: int
+
+    def constant(self, index: int) -> np.ndarray | None:
+        """The constant value of input `index`, or None when it is absent; error when it is not constant."""
+        if index >= len(self.node.inputs) or not self.node.inputs[index]:
+            return None
+        name = self.node.inputs[index]
+        if name not in self.constants:
+            raise self.unsupported(f"input {index} ({name!r}) must be a constant")
+        return self.constants[name]
+
+    def unsupported(self, reason: str) -> UnsupportedError:
+        n = self.node
+        return UnsupportedError(reason, node=n.name, op=n.op_type, domain=n.domain, opset=self.opset)
+
+
+def keep_attrs(ctx: NodeContext) -> dict[str, Any]:
+    return dict(ctx.node.attrs)
+
+
+@dataclass(frozen=True)
+class OpLowering:
+    """How one ONNX op becomes a kernel."""
+
+    lower: Callable[[KernelSpec], list[L.Stmt]]
+    normalize: Callable[[NodeContext], dict[str, Any]] = keep_attrs
+    data_inputs: tuple[int, ...] | None = None
+    scratch_floats: Callable[[KernelSpec], int] = field(default=lambda spec: 0)
+
+    def data_input_indices(self, node: Node) -> list[int]:
+        """Indices of the node inputs passed to the kernel as buffers (None: every present input)."""
+        indices = range(len(node.inputs)) if self.data_inputs is None else self.data_inputs
+        return [i for i in indices if i < len(node.inputs) and node.inputs[i]]
+
+
+LOWERINGS: dict[str, OpLowering] = {}
+
+
+def register(*ops: str, **options: Any) -> Callable:
+    """Decorator: register a lowering function for `ops` with OpLowering options."""
+
+    def add(lower: Callable[[KernelSpec], list[L.Stmt]]) -> Callable:
+        for op in ops:
+            LOWERINGS[op] = OpLowering(lower=lower, **options)
+        return lower
+
+    return add
+
+
+class _SupportedOps:
+    """A live view of the registry's op names (ops register on import)."""
+
+    def __contains__(self, op: object) -> bool:
+        return op in LOWERINGS
+
+    def __iter__(self):
+        return iter(sorted(LOWERINGS))
+
+    def __len__(self) -> int:
+        return len(LOWERINGS)
+
+
+SUPPORTED_OPS = _SupportedOps()
+
+
+def lower_kernel(spec: KernelSpec) -> L.LoopKernel:
+    """The loop kernel for `spec`: parameters are outputs, then data inputs, then scratch if any."""
+    lowering = LOWERINGS[spec.op]
+    params = [L.Param(f"out{i}", _ir_dtype(t), output=True) for i, t in enumerate(spec.outputs)]
+    params += [L.Param(f"in{i}", _ir_dtype(t)) for i, t in enumerate(spec.inputs)]
+    if lowering.scratch_floats(spec):
+        params.append(L.Param("scratch", L.F32, output=True))
+    return L.LoopKernel(params, lowering.lower(spec))
+
+
+def _ir_dtype(info: TensorInfo) -> str:
+    return {"float32": L.F32, "int64": L.I64}[info.dtype]
+
+
+ACTIVATIONS: dict[str, Callable[[L.Expr, tuple[float, ...]], L.Expr]] = {
+    "relu": lambda x, p: L.maximum(x, 0.0),
+    "leakyrelu": lambda x, p: L.select(L.compare("lt", x, 0.0), x * p[0], x),
+    "clip": lambda x, p: L.minimum(L.maximum(x, p[0]), p[1]),
+}
+
+
+def activate(value: L.Expr, activation: Activation | None) -> L.Expr:
+    """Apply a fused activation to the value a kernel is about to store."""
+    return value if activation is None else ACTIVATIONS[activation.kind](value, activation.params)
+
+
+def elementwise_loops(names: L.Names, shape: tuple[int, ...], value_at: Callable[[list[L.Var]], L.Expr],
+                      out: str = "out0") -> list[L.Stmt]:
+    """out[i...] = value_at(i...) over every index of `shape`."""
+    body, _ = L.loop_nest(names, shape, lambda v: [L.Store(out, L.flat_index(shape, v), value_at(v))])
+    return body
+
+
+def shape_of(spec: KernelSpec, index: int = 0) -> tuple[int, ...]:
+    return spec.inputs[index].shape
+
+
+def out_shape(spec: KernelSpec, index: int = 0) -> tuple[int, ...]:
+    return spec.outputs[index].shape
+
+
+def prod(values) -> int:
+    return int(np.prod(values, dtype=np.int64))

@@ -1,0 +1,88 @@
+"""The units of work a build is split into: one KernelSpec per distinct kernel and target, one BlobSpec per weight.
+
+Both are frozen, JSON-serialisable and content-keyed (sha256 over everything that changes the compiled bytes), so
+identical layers share one compiled kernel and a key can name a cache entry on any worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from farm import __version__
+from farm.graph import Activation, TensorInfo
+
+CODEGEN_VERSION = f"farm-{__version__}-codegen-1"
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no spaces: the form every content key is hashed from."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One kernel: op, attributes (after defaults and constant inputs are folded in), data shapes, activation."""
+
+    op: str
+    attrs_json: str
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    activation: Activation | None
+    target_id: str
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        return json.loads(self.attrs_json)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "attrs": self.attrs,
+            "inputs": [[list(t.shape), t.dtype] for t in self.inputs],
+            "outputs": [[list(t.shape), t.dtype] for t in self.outputs],
+            "activation": [self.activation.kind, list(self.activation.params)] if self.activation else None,
+            "target": self.target_id,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> KernelSpec:
+        act = data["activation"]
+        return cls(
+            op=data["op"],
+            attrs_json=canonical_json(data["attrs"]),
+            inputs=tuple(TensorInfo(tuple(s), d) for s, d in data["inputs"]),
+            outputs=tuple(TensorInfo(tuple(s), d) for s, d in data["outputs"]),
+            activation=Activation(act[0], tuple(act[1])) if act else None,
+            target_id=data["target"],
+        )
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(canonical_json([CODEGEN_VERSION, self.to_json()]).encode()).hexdigest()
+
+    @property
+    def symbol(self) -> str:
+        return f"farm_k_{self.key[:20]}"
+
+
+@dataclass(frozen=True)
+class BlobSpec:
+    """One constant tensor to be written into an object file; keyed by the sha256 of its bytes and the target."""
+
+    data_sha256: str
+    nbytes: int
+    target_id: str
+
+    @property
+    def symbol(self) -> str:
+        return f"farm_w_{self.data_sha256[:20]}"
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(f"{CODEGEN_VERSION}|blob|{self.data_sha256}|{self.target_id}".encode()).hexdigest()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sha256": self.data_sha256, "bytes": self.nbytes, "target": self.target_id}
