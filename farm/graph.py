@@ -60,6 +60,9 @@ class Graph:
     values: dict[str, TensorInfo]
     constants: dict[str, np.ndarray]
     nodes: list[Node]
+    # Values whose shape is not fully static (a symbolic dim by name, "?" when unknown), kept out of `values` so
+    # that everything downstream sees only static shapes, and kept here so that validate can name the shape.
+    dynamic_shapes: dict[str, tuple[int | str, ...]] = field(default_factory=dict)
 
     def consumers(self) -> dict[str, list[Node]]:
         """Map each value name to the nodes that read it."""

@@ -1,0 +1,256 @@
+"""Tests of farm.frontend: loading ONNX files (safely) into the Graph IR, and validate()."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from farm.errors import ModelLoadError, UnsupportedError
+from farm.frontend import import_model, validate
+from farm.graph import TensorInfo
+from farm.passes import optimize
+
+RNG = np.random.default_rng(1234)
+SUPPORTED = {"Conv", "Relu", "Add", "MaxPool", "Gemm", "Reshape", "Softmax"}
+
+
+def _model(nodes, inputs, outputs, initializers=(), opset=13, domains=()):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    opsets = [helper.make_opsetid("", opset), *(helper.make_opsetid(d, 1) for d in domains)]
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+def _conv_relu_model(opset=13):
+    """x[1,3,8,8] -> Conv(W, B) -> Relu (unnamed) -> Add(Constant node) -> y."""
+    w = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    b = RNG.standard_normal(4).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "W", "B"], ["c"], name="conv", pads=[1, 1, 1, 1], auto_pad="NOTSET"),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.float32([0.5]))),
+        helper.make_node("Add", ["r", "k"], ["y"], name="add"),
+    ]
+    return _model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")],
+        opset,
+    ), w, b
+
+
+def test_import_small_model(onnx_model_path):
+    model, w, b = _conv_relu_model()
+    graph = import_model(onnx_model_path(model))
+    assert graph.opset == 13
+    assert graph.inputs == ["x"] and graph.outputs == ["y"]
+    assert [n.op_type for n in graph.nodes] == ["Conv", "Relu", "Add"]  # the Constant node became a constant
+    assert [n.name for n in graph.nodes] == ["conv", "Relu_1", "add"]
+    np.testing.assert_array_equal(graph.constants["W"], w)
+    np.testing.assert_array_equal(graph.constants["k"], np.float32([0.5]))
+    conv = graph.nodes[0]
+    assert conv.attrs == {"pads": [1, 1, 1, 1], "auto_pad": "NOTSET"} and conv.domain == ""
+    assert graph.values["x"] == TensorInfo((1, 3, 8, 8), "float32")
+    assert graph.values["c"] == TensorInfo((1, 4, 8, 8), "float32")
+    assert graph.values["y"] == TensorInfo((1, 4, 8, 8), "float32")  # inferred although the model left it open
+    assert graph.values["W"] == TensorInfo((4, 3, 3, 3), "float32")
+    validate(graph, SUPPORTED)
+
+
+def test_attribute_kinds_become_python_values(onnx_model_path):
+    tensor = numpy_helper.from_array(np.arange(6, dtype=np.int64).reshape(2, 3))
+    node = helper.make_node(
+        "Custom", ["x"], ["y"], domain="ai.onnx", i=3, f=0.5, s="abc", ints=[1, 2], floats=[0.25], strings=["p", "q"],
+        t=tensor,
+    )
+    model = _model(
+        [node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    graph = import_model(onnx_model_path(model))
+    attrs = graph.nodes[0].attrs
+    assert graph.nodes[0].domain == ""
+    assert (attrs["i"], attrs["f"], attrs["s"]) == (3, 0.5, "abc")
+    assert (attrs["ints"], attrs["floats"], attrs["strings"]) == ([1, 2], [0.25], ["p", "q"])
+    np.testing.assert_array_equal(attrs["t"], np.arange(6).reshape(2, 3))
+
+
+def test_truncated_file_is_a_load_error(onnx_model_path):
+    path = onnx_model_path(_conv_relu_model()[0])
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadError, match=str(path)):
+        import_model(path)
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00\xffnot a model at all\x13\x37"])
+def test_garbage_file_is_a_load_error(tmp_path, content):
+    path = tmp_path / "garbage.onnx"
+    path.write_bytes(content)
+    with pytest.raises(ModelLoadError, match="garbage.onnx"):
+        import_model(path)
+
+
+def test_missing_file_is_a_load_error(tmp_path):
+    with pytest.raises(ModelLoadError, match="nope.onnx"):
+        import_model(tmp_path / "nope.onnx")
+
+
+@pytest.mark.parametrize("opset", [8, 22])
+def test_opset_outside_range_is_unsupported(onnx_model_path, opset):
+    relu = helper.make_node("Relu", ["x"], ["y"])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    with pytest.raises(UnsupportedError, match=f"opset {opset}"):
+        import_model(onnx_model_path(_model([relu], [x], [y], opset=opset)))
+
+
+def _external_model(location: str, offset: int | None = None, length: int | None = None) -> onnx.ModelProto:
+    """y = x + W with W stored externally at `location`."""
+    tensor = TensorProto(name="W", data_type=TensorProto.FLOAT, dims=[2, 3], data_location=TensorProto.EXTERNAL)
+    entries = {"location": location, "offset": offset, "length": length}
+    for key, value in entries.items():
+        if value is not None:
+            tensor.external_data.add(key=key, value=str(value))
+    add = helper.make_node("Add", ["x", "W"], ["y"], name="add")
+    return _model(
+        [add], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [tensor],
+    )
+
+
+def test_external_data_inside_folder_loads(tmp_path):
+    weights = RNG.standard_normal((2, 3)).astype(np.float32)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "w.bin").write_bytes(b"\x07" * 8 + weights.tobytes() + b"\x09" * 4)
+    path = tmp_path / "model.onnx"
+    onnx.save(_external_model("data/w.bin", offset=8, length=weights.nbytes), str(path))
+    graph = import_model(path)
+    np.testing.assert_array_equal(graph.constants["W"], weights)
+    assert graph.values["W"] == TensorInfo((2, 3), "float32")
+
+
+def test_external_data_saved_by_onnx_loads(tmp_path):
+    weights = RNG.standard_normal((64, 64)).astype(np.float32)
+    add = helper.make_node("Add", ["x", "W"], ["y"])
+    model = _model(
+        [add], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])], [numpy_helper.from_array(weights, "W")],
+    )
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path), save_as_external_data=True, location="weights.bin", size_threshold=0)
+    np.testing.assert_array_equal(import_model(path).constants["W"], weights)
+
+
+@pytest.mark.parametrize("location", ["../secret.bin", "data/../../secret.bin", "/etc/passwd", "escape/secret.bin"])
+def test_external_data_outside_folder_is_refused(tmp_path, location):
+    (tmp_path / "secret.bin").write_bytes(b"\x00" * 24)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    os.symlink(tmp_path, folder / "escape")  # a link inside the folder that points out of it
+    path = folder / "model.onnx"
+    onnx.save(_external_model(location), str(path))
+    with pytest.raises(ModelLoadError, match="'W'") as info:
+        import_model(path)
+    assert location in str(info.value)
+
+
+def test_external_data_missing_file_is_refused(tmp_path):
+    path = tmp_path / "model.onnx"
+    onnx.save(_external_model("absent.bin"), str(path))
+    with pytest.raises(ModelLoadError, match="'W'.*absent.bin"):
+        import_model(path)
+
+
+def test_external_data_of_wrong_size_is_refused(tmp_path):
+    (tmp_path / "w.bin").write_bytes(b"\x00" * 10)
+    path = tmp_path / "model.onnx"
+    onnx.save(_external_model("w.bin"), str(path))
+    with pytest.raises(ModelLoadError, match="'W'"):
+        import_model(path)
+
+
+def test_unsupported_op_names_node_op_domain_and_opset(onnx_model_path):
+    node = helper.make_node("Hardmax", ["x"], ["y"], name="hm")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])
+    graph = import_model(onnx_model_path(_model([node], [x], [y], opset=13)))
+    with pytest.raises(UnsupportedError) as info:
+        validate(graph, SUPPORTED)
+    message = str(info.value)
+    for part in ("'hm'", "'Hardmax'", "ai.onnx", "opset 13", "not supported"):
+        assert part in message
+    assert (info.value.node, info.value.op, info.value.opset) == ("hm", "Hardmax", 13)
+
+
+@pytest.mark.parametrize("domains", [["com.example"], []])  # also when the model forgot to import the domain
+def test_custom_domain_op_names_domain(onnx_model_path, domains):
+    node = helper.make_node("Relu", ["x"], ["y"], name="mine", domain="com.example")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    graph = import_model(onnx_model_path(_model([node], [x], [y], domains=domains)))
+    with pytest.raises(UnsupportedError, match="com.example") as info:
+        validate(graph, SUPPORTED)
+    assert info.value.domain == "com.example" and "'mine'" in str(info.value)
+
+
+def test_dynamic_input_dim_fails_in_validate_not_import(onnx_model_path):
+    model, _, _ = _conv_relu_model()
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"
+    graph = import_model(onnx_model_path(model))
+    assert graph.dynamic_shapes["x"] == ("N", 3, 8, 8)
+    with pytest.raises(UnsupportedError, match=r"'x' has dynamic shape \[N, 3, 8, 8\]") as info:
+        validate(graph, SUPPORTED)
+    assert info.value.node == "conv"
+
+
+def test_unknown_intermediate_shape_names_the_value(onnx_model_path):
+    relu = helper.make_node("Relu", ["x"], ["r"], name="relu")
+    mystery = helper.make_node("Mystery", ["r"], ["y"], name="mystery")  # no schema: inference can't type y
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = import_model(onnx_model_path(_model([relu, mystery], [x], [y])))
+    with pytest.raises(UnsupportedError, match="output 'y' has an unknown shape") as info:
+        validate(graph, {"Relu", "Mystery"})
+    assert info.value.node == "mystery"
+
+
+def test_non_float32_model_input_is_unsupported(onnx_model_path):
+    relu = helper.make_node("Relu", ["x"], ["y"], name="relu")
+    x = helper.make_tensor_value_info("x", TensorProto.DOUBLE, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.DOUBLE, [2])
+    graph = import_model(onnx_model_path(_model([relu], [x], [y])))
+    with pytest.raises(UnsupportedError, match="'x' has dtype float64"):
+        validate(graph, SUPPORTED)
+
+
+def test_unsorted_nodes_are_ordered(onnx_model_path):
+    model, _, _ = _conv_relu_model()
+    nodes = list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(reversed(nodes))
+    graph = import_model(onnx_model_path(model))
+    assert [n.op_type for n in graph.nodes] == ["Conv", "Relu", "Add"]
+
+
+LIGHT_MODELS = [
+    "light_bvlc_alexnet", "light_densenet121", "light_inception_v1", "light_inception_v2", "light_resnet50",
+    "light_shufflenet", "light_squeezenet", "light_vgg19", "light_zfnet512",
+]
+
+
+@pytest.mark.parametrize("name", LIGHT_MODELS)
+def test_light_models_import_and_optimize(light_models_dir: Path, name: str):
+    graph = import_model(light_models_dir / f"{name}.onnx")
+    assert graph.opset == 9 and len(graph.inputs) == 1
+    assert any(n.op_type == "ConstantOfShape" for n in graph.nodes)
+    graph = optimize(graph)
+    ops = {n.op_type for n in graph.nodes}
+    assert not ops & {"ConstantOfShape", "Dropout", "Identity", "Unsqueeze"}
+    assert any(n.activation is not None for n in graph.nodes)
+    validate(graph, ops)  # every value is static and the model's I/O is float32

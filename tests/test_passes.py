@@ -1,0 +1,380 @@
+"""Tests of farm.passes: pass-through removal, constant folding, BatchNormalization folding, activation fusion."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from farm.errors import UnsupportedError
+from farm.frontend import import_model
+from farm.graph import Activation, Graph
+from farm.passes import FUSABLE_PRODUCERS, fold_batchnorm, fold_constants, optimize
+
+RNG = np.random.default_rng(42)
+
+
+def _rand(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def _model(nodes, inputs, outputs, initializers=(), opset=13) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, [numpy_helper.from_array(a, n) for n, a in initializers])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _f32(name: str, shape) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def _load(onnx_model_path, model: onnx.ModelProto) -> Graph:
+    return import_model(onnx_model_path(model))
+
+
+def _node(graph: Graph, name: str):
+    return next(n for n in graph.nodes if n.name == name)
+
+
+def _run_onnx(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+# An optimised Graph back to ONNX, activations as separate nodes, to check numerics against the original model.
+_ACTIVATION_NODES = {
+    "relu": lambda x, y, p, init: [helper.make_node("Relu", [x], [y])],
+    "leakyrelu": lambda x, y, p, init: [helper.make_node("LeakyRelu", [x], [y], alpha=p[0])],
+    "clip": lambda x, y, p, init: [
+        init.extend([(y + "__lo", np.float32(p[0])), (y + "__hi", np.float32(p[1]))]),
+        helper.make_node("Clip", [x, y + "__lo", y + "__hi"], [y]),
+    ][1:],
+}
+
+
+def _graph_to_onnx(graph: Graph) -> onnx.ModelProto:
+    initializers = list(graph.constants.items())
+    nodes = []
+    for node in graph.nodes:
+        attrs = {k: numpy_helper.from_array(v) if isinstance(v, np.ndarray) else v for k, v in node.attrs.items()}
+        outputs = list(node.outputs)
+        if node.activation is not None:
+            outputs[0] += "__pre"
+        nodes.append(helper.make_node(node.op_type, node.inputs, outputs, name=node.name, **attrs))
+        if node.activation is not None:
+            make = _ACTIVATION_NODES[node.activation.kind]
+            nodes += make(outputs[0], node.outputs[0], node.activation.params, initializers)
+    inputs = [_f32(name, graph.values[name].shape) for name in graph.inputs]
+    outputs = [_f32(name, graph.values[name].shape) for name in graph.outputs]
+    return _model(nodes, inputs, outputs, initializers, opset=max(graph.opset, 11))
+
+
+def _assert_same_outputs(original: onnx.ModelProto, graph: Graph, feeds: dict[str, np.ndarray]) -> None:
+    expected = _run_onnx(original, feeds)
+    actual = _run_onnx(_graph_to_onnx(graph), feeds)
+    for want, got in zip(expected, actual):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------------ constant folding
+
+
+@pytest.mark.parametrize("opset", [9, 11, 13])
+def test_shape_chain_folds_to_constant_reshape_shape(onnx_model_path, opset):
+    """x[2,3,4] -> Reshape(x, Concat(Unsqueeze(Gather(Shape(x), 0)), [-1])) == Reshape(x, [2, -1])."""
+    axes = {"axes": [0]} if opset < 13 else {}
+    unsqueeze_inputs = ["g"] if opset < 13 else ["g", "axes"]
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["g"], axis=0),
+        helper.make_node("Unsqueeze", unsqueeze_inputs, ["u"], **axes),
+        helper.make_node("Concat", ["u", "minus_one"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape"),
+    ]
+    initializers = [("zero", np.array(0, np.int64)), ("minus_one", np.array([-1], np.int64)),
+                    ("axes", np.array([0], np.int64))]
+    graph = _load(onnx_model_path, _model(nodes, [_f32("x", [2, 3, 4])], [_f32("y", None)], initializers, opset))
+    graph = optimize(graph)
+    assert [n.op_type for n in graph.nodes] == ["Reshape"]
+    reshape = graph.nodes[0]
+    np.testing.assert_array_equal(graph.constants[reshape.inputs[1]], [2, -1])
+    assert graph.values["y"].shape == (2, 12)
+    assert set(graph.constants) == {reshape.inputs[1]}  # the folded chain's constants are gone
+
+
+def test_constant_of_shape_weight_folds_and_unused_constants_go(onnx_model_path):
+    fill = helper.make_tensor("v", TensorProto.FLOAT, [1], [0.25])
+    nodes = [
+        helper.make_node("ConstantOfShape", ["w_shape"], ["w"], value=fill),
+        helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"),
+    ]
+    model = _model(nodes, [_f32("x", [2, 3])], [_f32("y", [2, 5])], [("w_shape", np.array([3, 5], np.int64))], 9)
+    graph = optimize(_load(onnx_model_path, model))
+    assert [n.op_type for n in graph.nodes] == ["MatMul"]
+    np.testing.assert_array_equal(graph.constants["w"], np.full((3, 5), 0.25, np.float32))
+    assert graph.values["w"].shape == (3, 5) and graph.values["w"].dtype == "float32"
+    assert "w_shape" not in graph.constants
+
+
+def test_reshape_with_folded_shape_gets_static_output(onnx_model_path):
+    """A shape only known after folding (ConstantOfShape + Add) still gives the Reshape a static output info."""
+    one = helper.make_tensor("v", TensorProto.INT64, [1], [3])
+    nodes = [
+        helper.make_node("ConstantOfShape", ["two"], ["threes"], value=one),
+        helper.make_node("Add", ["threes", "delta"], ["shape"]),
+        helper.make_node("Reshape", ["x", "shape"], ["r"], name="reshape"),
+        helper.make_node("Shape", ["r"], ["rs"]),
+        helper.make_node("Reshape", ["x2", "rs"], ["y"], name="reshape2"),
+    ]
+    initializers = [("two", np.array([2], np.int64)), ("delta", np.array([-1, 1], np.int64))]
+    model = _model(nodes, [_f32("x", [8]), _f32("x2", [2, 4])], [_f32("y", None), _f32("r", None)], initializers)
+    graph = optimize(_load(onnx_model_path, model))
+    assert [n.op_type for n in graph.nodes] == ["Reshape", "Reshape"]
+    assert graph.values["r"].shape == (2, 4) and graph.values["y"].shape == (2, 4)
+    np.testing.assert_array_equal(graph.constants["rs"], [2, 4])
+
+
+def test_folding_does_not_mutate_or_copy_shared_inputs(onnx_model_path):
+    weight = _rand(4, 3)
+    nodes = [
+        helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]),
+        helper.make_node("MatMul", ["x", "wt"], ["y1"], name="mm1"),
+        helper.make_node("MatMul", ["x2", "w"], ["y2"], name="mm2"),
+    ]
+    model = _model(nodes, [_f32("x", [2, 3]), _f32("x2", [5, 4])], [_f32("y1", [2, 4]), _f32("y2", [5, 3])],
+                   [("w", weight)])
+    graph = fold_constants(_load(onnx_model_path, model))
+    np.testing.assert_array_equal(graph.constants["w"], weight)
+    np.testing.assert_array_equal(graph.constants["wt"], weight.T)
+    assert graph.constants["wt"].flags.c_contiguous
+
+
+# ---------------------------------------------------------------------------------------------- BatchNormalization
+
+
+def _conv_bn_model(with_bias: bool, opset: int = 13, group: int = 1):
+    c_in, c_out = 4, 6
+    params = {
+        "W": _rand(c_out, c_in // group, 3, 3),
+        "scale": _rand(c_out), "beta": _rand(c_out), "mean": _rand(c_out),
+        "var": (RNG.random(c_out) + 0.5).astype(np.float32),
+    }
+    conv_inputs = ["x", "W"]
+    if with_bias:
+        params["B"] = _rand(c_out)
+        conv_inputs.append("B")
+    nodes = [
+        helper.make_node("Conv", conv_inputs, ["c"], name="conv", pads=[1, 1, 1, 1], group=group),
+        helper.make_node("BatchNormalization", ["c", "scale", "beta", "mean", "var"], ["y"], name="bn",
+                         epsilon=1e-3),
+    ]
+    model = _model(nodes, [_f32("x", [2, c_in, 7, 7])], [_f32("y", None)], list(params.items()), opset)
+    return model, params
+
+
+@pytest.mark.parametrize(("with_bias", "group", "opset"), [(True, 1, 13), (False, 1, 9), (False, 2, 15)])
+def test_batchnorm_folds_into_conv(onnx_model_path, with_bias, group, opset):
+    model, p = _conv_bn_model(with_bias, opset, group)
+    graph = optimize(_load(onnx_model_path, model))
+    assert [n.op_type for n in graph.nodes] == ["Conv"]
+    conv = graph.nodes[0]
+    assert conv.outputs == ["y"] and len(conv.inputs) == 3 and "c" not in graph.values
+
+    factor = p["scale"].astype(np.float64) / np.sqrt(p["var"].astype(np.float64) + 1e-3)
+    bias = p.get("B", np.zeros(6, np.float32)).astype(np.float64)
+    np.testing.assert_allclose(graph.constants[conv.inputs[1]], p["W"] * factor[:, None, None, None], rtol=1e-6)
+    np.testing.assert_allclose(graph.constants[conv.inputs[2]], (bias - p["mean"]) * factor + p["beta"], rtol=1e-5,
+                               atol=1e-6)
+    assert graph.constants[conv.inputs[1]].dtype == np.float32
+    _assert_same_outputs(model, graph, {"x": _rand(2, 4, 7, 7)})
+
+
+def test_batchnorm_not_folded_when_conv_output_is_shared(onnx_model_path):
+    model, _ = _conv_bn_model(with_bias=True)
+    model.graph.node.append(helper.make_node("Relu", ["c"], ["r"], name="relu"))
+    model.graph.output.append(_f32("r", None))
+    graph = fold_batchnorm(_load(onnx_model_path, model))
+    assert [n.op_type for n in graph.nodes] == ["Conv", "BatchNormalization", "Relu"]
+
+
+def test_batchnorm_fold_leaves_a_shared_weight_alone(onnx_model_path):
+    model, p = _conv_bn_model(with_bias=True)
+    model.graph.node.append(helper.make_node("Conv", ["x", "W"], ["c2"], name="conv2", pads=[1, 1, 1, 1]))
+    model.graph.output.append(_f32("c2", None))
+    graph = optimize(_load(onnx_model_path, model))
+    conv, conv2 = _node(graph, "conv"), _node(graph, "conv2")
+    assert conv.inputs[1] != "W" and conv2.inputs[1] == "W"
+    np.testing.assert_array_equal(graph.constants["W"], p["W"])
+    _assert_same_outputs(model, graph, {"x": _rand(2, 4, 7, 7)})
+
+
+# ---------------------------------------------------------------------------------------------- activation fusion
+
+
+def _producer_then(activation_nodes, extra_inits=(), opset=13, outputs=("y",)):
+    """x -> Conv (name 'conv') -> activation nodes; the activation writes y."""
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], name="conv"), *activation_nodes]
+    inits = [("W", _rand(3, 2, 1, 1)), ("B", _rand(3)), *extra_inits]
+    return _model(nodes, [_f32("x", [1, 2, 4, 4])], [_f32(name, None) for name in outputs], inits, opset)
+
+
+def test_relu_fuses_into_conv(onnx_model_path):
+    model = _producer_then([helper.make_node("Relu", ["c"], ["y"], name="relu")])
+    graph = optimize(_load(onnx_model_path, model))
+    assert len(graph.nodes) == 1
+    conv = graph.nodes[0]
+    assert conv.activation == Activation("relu") and conv.outputs == ["y"] and "c" not in graph.values
+    _assert_same_outputs(model, graph, {"x": _rand(1, 2, 4, 4)})
+
+
+@pytest.mark.parametrize("opset", [9, 11, 13])
+def test_clip_0_6_fuses_with_its_bounds(onnx_model_path, opset):
+    if opset < 11:
+        clip, inits = helper.make_node("Clip", ["c"], ["y"], name="clip", min=0.0, max=6.0), []
+    else:
+        clip = helper.make_node("Clip", ["c", "lo", "hi"], ["y"], name="clip")
+        inits = [("lo", np.array(0, np.float32)), ("hi", np.array(6, np.float32))]
+    model = _producer_then([clip], inits, opset)
+    graph = optimize(_load(onnx_model_path, model))
+    assert [n.op_type for n in graph.nodes] == ["Conv"]
+    assert graph.nodes[0].activation == Activation("clip", (0.0, 6.0))
+    assert not {"lo", "hi"} & set(graph.constants)
+    _assert_same_outputs(model, graph, {"x": 5 * _rand(1, 2, 4, 4)})
+
+
+def test_clip_with_absent_max_is_unbounded(onnx_model_path):
+    clip = helper.make_node("Clip", ["c", "lo"], ["y"], name="clip")
+    graph = optimize(_load(onnx_model_path, _producer_then([clip], [("lo", np.array(0.5, np.float32))])))
+    assert graph.nodes[0].activation == Activation("clip", (0.5, float("inf")))
+
+
+def test_leaky_relu_fuses_with_alpha(onnx_model_path):
+    model = _producer_then([helper.make_node("LeakyRelu", ["c"], ["y"], alpha=0.2)])
+    graph = optimize(_load(onnx_model_path, model))
+    assert graph.nodes[0].activation == Activation("leakyrelu", (pytest.approx(0.2),))
+
+
+def test_activation_not_fused_when_producer_output_has_two_consumers(onnx_model_path):
+    nodes = [helper.make_node("Relu", ["c"], ["y"], name="relu"), helper.make_node("Clip", ["c"], ["z"], name="clip")]
+    graph = optimize(_load(onnx_model_path, _producer_then(nodes, opset=13, outputs=("y", "z"))))
+    assert [n.op_type for n in graph.nodes] == ["Conv", "Relu", "Clip"]
+    assert graph.nodes[0].activation is None
+
+
+def test_activation_not_fused_when_producer_output_is_a_model_output(onnx_model_path):
+    model = _producer_then([helper.make_node("Relu", ["c"], ["y"])], outputs=("y", "c"))
+    graph = optimize(_load(onnx_model_path, model))
+    assert [n.op_type for n in graph.nodes] == ["Conv", "Relu"]
+
+
+def test_clip_with_non_constant_bound_is_not_fused(onnx_model_path):
+    clip = helper.make_node("Clip", ["c", "lo"], ["y"], name="clip")
+    model = _producer_then([clip])
+    model.graph.input.append(helper.make_tensor_value_info("lo", TensorProto.FLOAT, []))
+    graph = optimize(_load(onnx_model_path, model))
+    assert [n.op_type for n in graph.nodes] == ["Conv", "Clip"]
+
+
+def test_activation_after_non_fusable_op_or_fused_op_stays(onnx_model_path):
+    nodes = [
+        helper.make_node("Relu", ["c"], ["r"], name="relu1"),
+        helper.make_node("Relu", ["r"], ["m"], name="relu2"),  # its producer already carries an activation
+        helper.make_node("MaxPool", ["m"], ["p"], kernel_shape=[2, 2]),
+        helper.make_node("Relu", ["p"], ["y"], name="relu3"),  # MaxPool is not a fusable producer
+    ]
+    graph = optimize(_load(onnx_model_path, _producer_then(nodes)))
+    assert [n.op_type for n in graph.nodes] == ["Conv", "Relu", "MaxPool", "Relu"]
+    assert "MaxPool" not in FUSABLE_PRODUCERS
+
+
+# -------------------------------------------------------------------------------------------- Dropout and Identity
+
+
+def test_dropout_and_identity_dropped(onnx_model_path):
+    nodes = [
+        helper.make_node("Identity", ["x"], ["i"]),
+        helper.make_node("Dropout", ["i"], ["d"], name="dropout"),
+        helper.make_node("Add", ["d", "i"], ["y"], name="add"),
+    ]
+    graph = optimize(_load(onnx_model_path, _model(nodes, [_f32("x", [3])], [_f32("y", [3])])))
+    assert [(n.op_type, n.inputs) for n in graph.nodes] == [("Add", ["x", "x"])]
+
+
+@pytest.mark.parametrize("op", ["Identity", "Dropout"])
+def test_passthrough_writing_a_model_output_renames_the_producer(onnx_model_path, op):
+    nodes = [helper.make_node("Add", ["x", "x"], ["s"], name="add"), helper.make_node(op, ["s"], ["y"])]
+    model = _model(nodes, [_f32("x", [3])], [_f32("y", [3])], opset=11)
+    graph = optimize(_load(onnx_model_path, model))
+    assert [(n.name, n.outputs) for n in graph.nodes] == [("add", ["y"])]
+    assert graph.outputs == ["y"] and graph.values["y"].shape == (3,) and "s" not in graph.values
+
+
+def test_identity_from_model_input_to_model_output_is_kept(onnx_model_path):
+    nodes = [helper.make_node("Dropout", ["x"], ["y"], name="drop"), helper.make_node("Relu", ["y"], ["z"])]
+    model = _model(nodes, [_f32("x", [3])], [_f32("y", [3]), _f32("z", [3])], opset=11)
+    graph = optimize(_load(onnx_model_path, model))
+    assert [(n.op_type, n.inputs, n.outputs) for n in graph.nodes] == [
+        ("Identity", ["x"], ["y"]), ("Relu", ["y"], ["z"])
+    ]
+
+
+def test_identity_to_output_shared_with_another_output_is_kept(onnx_model_path):
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Identity", ["r"], ["y"])]
+    model = _model(nodes, [_f32("x", [3])], [_f32("r", [3]), _f32("y", [3])])
+    graph = optimize(_load(onnx_model_path, model))
+    assert [(n.op_type, n.outputs) for n in graph.nodes] == [("Relu", ["r"]), ("Identity", ["y"])]
+
+
+def test_used_dropout_mask_is_unsupported(onnx_model_path):
+    nodes = [helper.make_node("Dropout", ["x"], ["y", "mask"], name="drop")]
+    model = _model(nodes, [_f32("x", [3])], [_f32("y", [3]), helper.make_tensor_value_info("mask", 9, [3])])
+    with pytest.raises(UnsupportedError, match="'drop'.*mask"):
+        optimize(_load(onnx_model_path, model))
+
+
+# --------------------------------------------------------------------------------------------- dead code, whole
+
+
+def test_dead_nodes_removed(onnx_model_path):
+    nodes = [
+        helper.make_node("Relu", ["x"], ["dead1"], name="dead1"),
+        helper.make_node("Add", ["dead1", "k"], ["dead2"], name="dead2"),
+        helper.make_node("Relu", ["x"], ["y"], name="live"),
+    ]
+    model = _model(nodes, [_f32("x", [3])], [_f32("y", [3])], [("k", _rand(3))])
+    graph = optimize(_load(onnx_model_path, model))
+    assert [n.name for n in graph.nodes] == ["live"] and "k" not in graph.constants and "dead1" not in graph.values
+
+
+def test_small_network_optimises_to_the_same_function(onnx_model_path):
+    """Conv-BN-Relu6, Conv-BN-LeakyRelu, Identity, Dropout, a folded shape chain and Gemm, end to end."""
+    inits = {
+        "W1": _rand(8, 3, 3, 3), "s1": _rand(8), "b1": _rand(8), "m1": _rand(8), "v1": RNG.random(8, np.float32) + 0.5,
+        "W2": _rand(8, 8, 1, 1), "B2": _rand(8), "s2": _rand(8), "b2": _rand(8), "m2": _rand(8),
+        "v2": RNG.random(8, np.float32) + 0.5, "lo": np.array(0, np.float32), "hi": np.array(6, np.float32),
+        "G": _rand(8 * 6 * 6, 10), "GB": _rand(10), "minus_one": np.array([-1], np.int64),
+        "zero": np.array([0], np.int64),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "W1"], ["c1"]),
+        helper.make_node("BatchNormalization", ["c1", "s1", "b1", "m1", "v1"], ["n1"]),
+        helper.make_node("Clip", ["n1", "lo", "hi"], ["a1"]),
+        helper.make_node("Identity", ["a1"], ["i1"]),
+        helper.make_node("Conv", ["i1", "W2", "B2"], ["c2"]),
+        helper.make_node("BatchNormalization", ["c2", "s2", "b2", "m2", "v2"], ["n2"]),
+        helper.make_node("LeakyRelu", ["n2"], ["a2"], alpha=0.1),
+        helper.make_node("Dropout", ["a2"], ["d2"]),
+        helper.make_node("Shape", ["d2"], ["shape"]),
+        helper.make_node("Gather", ["shape", "zero"], ["batch"]),
+        helper.make_node("Concat", ["batch", "minus_one"], ["flat_shape"], axis=0),
+        helper.make_node("Reshape", ["d2", "flat_shape"], ["flat"]),
+        helper.make_node("Gemm", ["flat", "G", "GB"], ["g"]),
+        helper.make_node("Relu", ["g"], ["y"]),
+    ]
+    model = _model(nodes, [_f32("x", [2, 3, 8, 8])], [_f32("y", None)], list(inits.items()))
+    graph = optimize(_load(onnx_model_path, model))
+    assert [(n.op_type, n.activation and n.activation.kind) for n in graph.nodes] == [
+        ("Conv", "clip"), ("Conv", "leakyrelu"), ("Reshape", None), ("Gemm", "relu")
+    ]
+    _assert_same_outputs(model, graph, {"x": _rand(2, 3, 8, 8)})
