@@ -68,7 +68,8 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
     manifest = build_manifest(plan, targets, model_path, hashlib.sha256(model_bytes).hexdigest(), objects)
     members = {f"targets/{t.id}/model.so": libraries[t.id] for t in targets}
     os.makedirs(out_dir, exist_ok=True)
-    artifact = write_artifact(os.path.join(out_dir, f"{Path(model_path).stem}.farm"), manifest, members)
+    artifact = write_artifact(os.path.abspath(os.path.join(out_dir, f"{Path(model_path).stem}.farm")), manifest,
+                              members)
     return BuildResult(job_id_for(manifest["model"]["sha256"], targets), artifact, len(kernel_jobs),
                        len(blob_jobs), time.perf_counter() - started, [t.id for t in targets])
 

@@ -1,0 +1,103 @@
+"""Whole local builds: reproducible artifacts, a complete manifest, cross-compiled targets, nothing partial."""
+
+import hashlib
+import json
+import tarfile
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from farm import examples, runtime
+from farm.artifact import open_artifact
+from farm.build import build_model, job_id_for
+from farm.codegen.targets import host_target, parse_target
+from farm.errors import UnsupportedError
+from farm.executors import LocalExecutor
+
+ELF_MACHINE_AARCH64 = 183
+
+
+@pytest.fixture(scope="module")
+def small_cnn_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model") / "small_cnn.onnx"
+    onnx.save(examples.small_cnn(), path)
+    return path
+
+
+def _sha(path) -> str:
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def test_two_builds_are_byte_identical_in_process_and_in_a_pool(small_cnn_path, tmp_path):
+    with LocalExecutor(1) as inline, LocalExecutor(2) as pool:
+        first = build_model(small_cnn_path, tmp_path / "a", executor=inline)
+        second = build_model(small_cnn_path, tmp_path / "b", executor=pool)
+    assert _sha(first.artifact) == _sha(second.artifact)
+    assert first.job_id == second.job_id
+
+
+def test_manifest_describes_the_artifact(small_cnn_path, tmp_path):
+    result = build_model(small_cnn_path, tmp_path, executor=LocalExecutor(1))
+    manifest = open_artifact(result.artifact).manifest
+    assert manifest["format_version"] == 1 and manifest["farm_version"]
+    assert manifest["model"]["sha256"] == _sha(small_cnn_path)
+    assert [i["name"] for i in manifest["inputs"]] == ["input"]
+    assert manifest["outputs"][0]["shape"] == [1, 10]
+    assert manifest["targets"][0]["id"] == host_target().id
+    assert len({k["kernel"] for k in manifest["kernels"]}) == result.kernels
+    assert len(manifest["blobs"]) == result.blobs
+    assert [s["node"] for s in manifest["schedule"]]
+    assert manifest["memory_plan"]["arena_bytes"] > 0
+    with tarfile.open(result.artifact) as tar:
+        assert sorted(manifest["members"]) == sorted(n for n in tar.getnames() if n != "manifest.json")
+    assert result.artifact.endswith("small_cnn.farm")
+
+
+def test_cross_compiled_target_is_an_aarch64_library_next_to_the_host_one(small_cnn_path, tmp_path):
+    targets = [host_target(), parse_target("cpu:aarch64-linux-gnu")]
+    result = build_model(small_cnn_path, tmp_path, targets, executor=LocalExecutor(1))
+    artifact = open_artifact(result.artifact)
+    aarch64 = next(t for t in artifact.manifest["targets"] if t["triple"].startswith("aarch64"))
+    library = artifact.read_member(aarch64["library"])
+    assert library[:4] == b"\x7fELF" and library[4] == 2
+    assert int.from_bytes(library[18:20], "little") == ELF_MACHINE_AARCH64
+    model = runtime.load(result.artifact)
+    assert model.target["triple"] == host_target().triple
+
+
+def test_unsupported_op_fails_before_compiling_and_writes_nothing(tmp_path):
+    node = helper.make_node("Hardmax", ["x"], ["y"], name="hm")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    path = tmp_path / "bad.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    calls = []
+    with pytest.raises(UnsupportedError, match="'hm'.*Hardmax"):
+        build_model(path, tmp_path / "out", executor=LocalExecutor(1), progress=lambda d, t: calls.append(d))
+    assert calls == [] and not (tmp_path / "out").exists()
+
+
+def test_built_model_runs_like_onnxruntime(small_cnn_path, tmp_path):
+    import onnxruntime
+
+    result = build_model(small_cnn_path, tmp_path, executor=LocalExecutor(1))
+    feeds = examples.random_input(onnx.load(small_cnn_path), seed=3)
+    ours = runtime.load(result.artifact).run(feeds)["output"]
+    reference = onnxruntime.InferenceSession(str(small_cnn_path)).run(None, feeds)[0]
+    assert np.abs(ours - reference).max() <= 1e-4 * max(1.0, np.abs(reference).max())
+
+
+def test_job_id_depends_on_model_and_targets():
+    host, arm = host_target(), parse_target("cpu:aarch64-linux-gnu")
+    assert job_id_for("a" * 64, [host]) == job_id_for("a" * 64, [host])
+    assert len({job_id_for("a" * 64, [host]), job_id_for("b" * 64, [host]), job_id_for("a" * 64, [host, arm])}) == 3
+
+
+def test_progress_reports_every_compile_step(small_cnn_path, tmp_path):
+    seen = []
+    result = build_model(small_cnn_path, tmp_path, executor=LocalExecutor(1), progress=lambda d, t: seen.append((d, t)))
+    total = result.kernels + result.blobs
+    assert seen[-1] == (total, total) and len(seen) == total
+    assert json.loads(json.dumps(result.to_json()))["state"] == "done"

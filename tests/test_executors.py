@@ -1,0 +1,38 @@
+"""The local executor: results in job order, in a real process pool or in-process, and failures surface."""
+
+import operator
+
+import pytest
+
+from farm.errors import BuildError
+from farm.executors import Job, LocalExecutor, default_workers
+
+
+def _fail(name: str) -> bytes:
+    raise BuildError(f"kernel {name} failed")
+
+
+def _bytes_of(n: int) -> bytes:
+    return bytes([n % 256]) * n
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_results_in_job_order_and_progress_counts(workers):
+    jobs = [Job(f"j{i}", _bytes_of, (i,)) for i in range(12)]
+    seen = []
+    with LocalExecutor(workers) as executor:
+        results = executor.run(jobs, lambda job: seen.append(job.name))
+    assert results == [_bytes_of(i) for i in range(12)]
+    assert sorted(seen) == sorted(job.name for job in jobs)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_failing_job_raises_its_error(workers):
+    jobs = [Job("ok", operator.mul, (b"x", 3)), Job("bad", _fail, ("k1",))]
+    with LocalExecutor(workers) as executor, pytest.raises(BuildError, match="kernel k1 failed"):
+        executor.run(jobs)
+
+
+def test_default_workers_is_the_core_count():
+    assert default_workers() >= 1
+    assert LocalExecutor().workers == default_workers()

@@ -1,0 +1,38 @@
+"""KernelSpec and BlobSpec: content keys, JSON round trips."""
+
+from farm.graph import Activation, TensorInfo
+from farm.specs import BlobSpec, KernelSpec, canonical_json
+
+
+def _spec(**changes) -> KernelSpec:
+    fields = dict(op="Relu", attrs_json=canonical_json({}), inputs=(TensorInfo((1, 4)),),
+                  outputs=(TensorInfo((1, 4)),), activation=None, target_id="cpu-x")
+    fields.update(changes)
+    return KernelSpec(**fields)
+
+
+def test_equal_specs_share_a_key_and_symbol():
+    assert _spec().key == _spec().key
+    assert _spec().symbol == _spec().symbol and _spec().symbol.startswith("farm_k_")
+
+
+def test_every_field_changes_the_key():
+    base = _spec().key
+    variants = [_spec(op="Sigmoid"), _spec(attrs_json=canonical_json({"a": 1})), _spec(inputs=(TensorInfo((1, 5)),)),
+                _spec(activation=Activation("relu")), _spec(target_id="cpu-y")]
+    assert len({base, *(v.key for v in variants)}) == 1 + len(variants)
+
+
+def test_kernel_spec_json_round_trip():
+    spec = _spec(activation=Activation("clip", (0.0, 6.0)), attrs_json=canonical_json({"b": [1, 2], "a": 0.5}))
+    assert KernelSpec.from_json(spec.to_json()) == spec
+
+
+def test_canonical_json_sorts_keys():
+    assert canonical_json({"b": 1, "a": [1, 2]}) == '{"a":[1,2],"b":1}'
+
+
+def test_blob_spec_key_depends_on_target_but_symbol_does_not():
+    a, b = BlobSpec("ab" * 32, 10, "cpu-x"), BlobSpec("ab" * 32, 10, "cpu-y")
+    assert a.symbol == b.symbol and a.key != b.key
+    assert a.to_json() == {"sha256": "ab" * 32, "bytes": 10, "target": "cpu-x"}
