@@ -9,10 +9,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 class BuildProgress:
     """A rich progress bar for one build; `update(done, total)` is the build's progress callback."""
 
-    def __init__(self, label: str) -> None:
+    def __init__(self, label: str, console: Console | None = None) -> None:
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("kernels+blobs"), TimeElapsedColumn(),
-                                 console=Console(stderr=True), transient=False)
+                                 console=console or Console(stderr=True), transient=False)
         self.task = self.progress.add_task(f"building {label}", total=None)
         self.started = False
 
