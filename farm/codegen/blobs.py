@@ -49,12 +49,18 @@ def module_asm_ir(target: CpuTarget, assembly: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _scratch_dir() -> str | None:
+    """Memory-backed /dev/shm when the machine has it (the bytes only pass through), else the default temp dir."""
+    return "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+
+
 def _pack_incbin(symbol: str, target: CpuTarget, data: bytes) -> bytes:
-    with tempfile.TemporaryDirectory(prefix="farm-blob-") as folder:
+    with tempfile.TemporaryDirectory(prefix="farm-blob-", dir=_scratch_dir()) as folder:
         path = os.path.join(folder, "blob.bin")
         with open(path, "wb") as file:
             file.write(data)
-        return compile_ir(module_asm_ir(target, blob_assembly(symbol, path, len(data))), target, f"blob {symbol}")
+        return compile_ir(module_asm_ir(target, blob_assembly(symbol, path, len(data))), target, f"blob {symbol}",
+                          optimize=False)
 
 
 def _pack_ir_constant(symbol: str, target: CpuTarget, data: bytes) -> bytes:
@@ -62,7 +68,7 @@ def _pack_ir_constant(symbol: str, target: CpuTarget, data: bytes) -> bytes:
     text = (f'target triple = "{target.triple}"\n'
             f'@{symbol} = hidden constant [{len(data)} x i8] c"{escaped}", '
             f'section ".rodata.{symbol}", align {BLOB_ALIGNMENT}\n')
-    return compile_ir(text, target, f"blob {symbol}")
+    return compile_ir(text, target, f"blob {symbol}", optimize=False)
 
 
 BLOB_PACKERS: dict[str, Callable[[str, CpuTarget, bytes], bytes]] = {

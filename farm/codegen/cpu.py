@@ -26,7 +26,7 @@ def kernel_ir(spec: KernelSpec, target: CpuTarget) -> str:
     return str(module)
 
 
-def compile_ir(text: str, target: CpuTarget, name: str) -> bytes:
+def compile_ir(text: str, target: CpuTarget, name: str, optimize: bool = True) -> bytes:
     """Parse, verify, optimise at O3 (with loop and SLP vectorisation) and emit an object for `target`."""
     machine = target.machine()
     try:
@@ -36,13 +36,18 @@ def compile_ir(text: str, target: CpuTarget, name: str) -> bytes:
         module.verify()
     except RuntimeError as exc:
         raise BuildError(f"{name}: LLVM rejected the generated IR: {exc}") from None
+    if optimize:
+        _optimize(module, machine)
+    return machine.emit_object(module)
+
+
+def _optimize(module: llvm.ModuleRef, machine: llvm.TargetMachine) -> None:
     tuning = llvm.create_pipeline_tuning_options(speed_level=3)
     tuning.loop_vectorization = True
     tuning.slp_vectorization = True
     tuning.loop_unrolling = True
     builder = llvm.create_pass_builder(machine, tuning)
     builder.getModulePassManager().run(module, builder)
-    return machine.emit_object(module)
 
 
 def compile_cpu_kernel(spec: KernelSpec, target: CpuTarget) -> bytes:

@@ -54,11 +54,15 @@ class CpuTarget:
         return {"id": self.id, "kind": "cpu", "triple": self.triple, "cpu": self.cpu, "features": self.features}
 
     def machine(self) -> llvm.TargetMachine:
-        """An LLVM target machine for position-independent code at O3."""
-        init_llvm()
-        target = llvm.Target.from_triple(self.triple)
-        return target.create_target_machine(cpu=self.cpu, features=self.features, opt=3, reloc="pic",
-                                            codemodel="default")
+        """An LLVM target machine for position-independent code at O3 (one per target per process)."""
+        return _machine(self.triple, self.cpu, self.features)
+
+
+@functools.cache
+def _machine(triple: str, cpu: str, features: str) -> llvm.TargetMachine:
+    init_llvm()
+    target = llvm.Target.from_triple(triple)
+    return target.create_target_machine(cpu=cpu, features=features, opt=3, reloc="pic", codemodel="default")
 
 
 def host_target() -> CpuTarget:

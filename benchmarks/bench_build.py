@@ -1,0 +1,408 @@
+#!/usr/bin/env python3
+"""Benchmark farm's build and runtime against the bars of the benchmark issue, in one run.
+
+For every test model (the five examples of `farm.examples`, written to a temporary folder, and the nine light models
+shipped with the onnx package) it measures:
+
+- cold compile: wall seconds of `build_model` in one shared `LocalExecutor`, whose start-up is warmed by a trivial
+  build first and reported on its own;
+- weight packing: the model's distinct constant bytes (`plan_model(path).blobs`) packed through `pack_blob` in this
+  process, total bytes over total wall time of the `pack_blob` calls;
+- inference latency: median of `--repeat` runs of farm's runtime and of onnxruntime (default session options), both
+  after two warm-up runs, their ratio, and the largest absolute difference between their outputs.
+
+Packing is also measured on synthetic random blobs: 256 MB through the host's `.incbin` packer, 32 MB through the
+cross-target (aarch64) IR-constant packer, and 4 MB through both `.incbin` and a C char array compiled by `cc -c -O0`,
+the baseline the incbin packer replaced. MB means 10**6 bytes throughout.
+
+Usage: python3 benchmarks/bench_build.py [--models a,b] [--repeat N] [--json out.json] [--workers N] [--no-fail]
+Exit status: 0 when every bar passes (or --no-fail), 1 when a bar fails, 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from farm import runtime
+from farm.build import build_model, plan_model
+from farm.codegen.blobs import pack_blob, packer_for
+from farm.codegen.targets import CpuTarget, host_target, parse_target
+from farm.examples import EXAMPLES, random_input
+from farm.executors import LocalExecutor
+from farm.specs import BlobSpec
+
+MB = 1_000_000
+LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+LIGHT_MODELS = ("light_bvlc_alexnet", "light_densenet121", "light_inception_v1", "light_inception_v2",
+                "light_resnet50", "light_shufflenet", "light_squeezenet", "light_vgg19", "light_zfnet512")
+ALL_MODELS = (*EXAMPLES, *LIGHT_MODELS)
+WARMUP_RUNS = 2
+
+PACK_BAR_MB_S = 300.0
+RESNET50_BAR_S = 15.0
+LATENCY_BAR_RATIO = 10.0
+SYNTHETIC_LARGE = 256 * MB
+CROSS_TARGET_BLOB = 32 * MB
+C_ARRAY_BLOB = 4 * MB
+CROSS_TARGET = "cpu:aarch64-linux-gnu"
+
+
+@dataclass
+class ModelResult:
+    """Every figure measured for one model; `error` is set (and later figures are None) when a step failed."""
+
+    name: str
+    kernels: int | None = None
+    blobs: int | None = None
+    weight_bytes: int | None = None
+    compile_s: float | None = None
+    pack_s: float | None = None
+    farm_s: float | None = None
+    ort_s: float | None = None
+    max_abs_diff: float | None = None
+    error: str | None = None
+
+    @property
+    def pack_mb_s(self) -> float | None:
+        return _rate(self.weight_bytes, self.pack_s)
+
+    @property
+    def ratio(self) -> float | None:
+        return self.farm_s / self.ort_s if self.farm_s is not None and self.ort_s else None
+
+
+@dataclass
+class Bar:
+    """One bar of the issue: what was measured, against what limit, and whether it passed."""
+
+    name: str
+    measured: str
+    limit: str
+    passed: bool | None  # None: not measured in this run (model not selected)
+
+    @property
+    def verdict(self) -> str:
+        return {True: "PASS", False: "FAIL", None: "SKIP"}[self.passed]
+
+
+def _rate(nbytes: int | None, seconds: float | None) -> float | None:
+    """MB/s, or None when either figure is missing."""
+    return nbytes / MB / seconds if nbytes is not None and seconds else None
+
+
+# -- models --------------------------------------------------------------------------------------------------------
+
+
+def model_path(name: str, folder: Path) -> Path:
+    """The model's .onnx file: examples are written into `folder`, light models are read where onnx installed them."""
+    if name in EXAMPLES:
+        path = folder / f"{name}.onnx"
+        if not path.exists():
+            onnx.save(EXAMPLES[name](), str(path))
+        return path
+    return LIGHT_DIR / f"{name}.onnx"
+
+
+def feeds_for(path: Path) -> dict[str, np.ndarray]:
+    """Seeded standard-normal inputs for every graph input of the model at `path`."""
+    return random_input(onnx.load(str(path)), seed=0)
+
+
+# -- compile -------------------------------------------------------------------------------------------------------
+
+
+def warm_executor(executor: LocalExecutor, folder: Path) -> float:
+    """Seconds of a trivial build (mlp) that starts the executor's worker processes and their LLVM."""
+    started = time.perf_counter()
+    build_model(model_path("mlp", folder), folder / "warmup", executor=executor)
+    return time.perf_counter() - started
+
+
+def timed_build(path: Path, out_dir: Path, executor: LocalExecutor) -> tuple[str, int, int, float]:
+    """Build the model cold (nothing is cached between builds); (artifact, kernels, blobs, wall seconds)."""
+    started = time.perf_counter()
+    result = build_model(path, out_dir, executor=executor)
+    return result.artifact, result.kernels, result.blobs, time.perf_counter() - started
+
+
+# -- packing -------------------------------------------------------------------------------------------------------
+
+
+def pack_seconds(blobs: dict[str, bytes], target: CpuTarget) -> float:
+    """Wall seconds of packing every blob (sha256 -> bytes) through `pack_blob` for `target`, in this process."""
+    total = 0.0
+    for sha, data in blobs.items():
+        spec = BlobSpec(sha, len(data), target.id)
+        started = time.perf_counter()
+        pack_blob(spec, target, data)
+        total += time.perf_counter() - started
+    return total
+
+
+def model_blobs(path: Path) -> dict[str, bytes]:
+    """The model's distinct constant tensors as raw bytes, keyed by sha256, as the build plans them."""
+    return {sha: array.tobytes() for sha, array in plan_model(path).blobs.items()}
+
+
+def synthetic_blob(nbytes: int, seed: int = 0) -> dict[str, bytes]:
+    """One random blob of `nbytes`, keyed by its sha256 (random so that nothing compresses or repeats)."""
+    data = np.random.default_rng(seed).bytes(nbytes)
+    return {hashlib.sha256(data).hexdigest(): data}
+
+
+def c_array_seconds(data: bytes, folder: Path) -> float:
+    """Wall seconds of `cc -c -O0` on `const unsigned char x[] = {...};` holding `data` (writing the .c is untimed)."""
+    table = np.array([f"0x{value:02x},".encode() for value in range(256)], dtype="S5")
+    values = np.frombuffer(data, np.uint8)
+    rows = (table[values[i:i + 4096]].tobytes() for i in range(0, len(values), 4096))
+    source, obj = folder / "blob_c_array.c", folder / "blob_c_array.o"
+    source.write_bytes(b"const unsigned char x[] = {\n" + b"\n".join(rows) + b"\n};\n")
+    started = time.perf_counter()
+    subprocess.run(["cc", "-c", "-O0", str(source), "-o", str(obj)], check=True)
+    return time.perf_counter() - started
+
+
+def packing_baselines(folder: Path) -> dict[str, Any]:
+    """Throughput of packing synthetic blobs: large incbin, cross-target IR constant, and incbin vs a C char array."""
+    host, cross = host_target(), parse_target(CROSS_TARGET)
+    pack_seconds(synthetic_blob(64, seed=9), host)  # first call pays for LLVM's set-up, not for bytes
+    large, cross_blob = synthetic_blob(SYNTHETIC_LARGE, seed=1), synthetic_blob(CROSS_TARGET_BLOB, seed=2)
+    small = synthetic_blob(C_ARRAY_BLOB, seed=3)
+    small_incbin_s = pack_seconds(small, host)
+    small_c_s = c_array_seconds(next(iter(small.values())), folder)
+    return {
+        "large_incbin": {"bytes": SYNTHETIC_LARGE, "packer": packer_for(host),
+                         "seconds": pack_seconds(large, host)},
+        "cross_target": {"bytes": CROSS_TARGET_BLOB, "packer": packer_for(cross), "target": cross.triple,
+                         "seconds": pack_seconds(cross_blob, cross)},
+        "small_incbin": {"bytes": C_ARRAY_BLOB, "packer": packer_for(host), "seconds": small_incbin_s},
+        "small_c_array": {"bytes": C_ARRAY_BLOB, "packer": "cc -c -O0 (C char array)", "seconds": small_c_s},
+        "incbin_over_c_array": small_c_s / small_incbin_s,
+    }
+
+
+# -- inference -----------------------------------------------------------------------------------------------------
+
+
+def median_seconds(fn: Callable[[], object], repeat: int, warmup: int = WARMUP_RUNS) -> float:
+    """Median wall seconds of `repeat` calls of `fn` after `warmup` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def farm_latency(artifact: str, feeds: dict[str, np.ndarray], repeat: int,
+                 cache_dir: Path) -> tuple[float, dict[str, np.ndarray]]:
+    """farm's median latency (single-threaded runtime) and its outputs."""
+    model = runtime.load(artifact, cache_dir=cache_dir)
+    return median_seconds(lambda: model.run(feeds), repeat), model.run(feeds)
+
+
+def ort_latency(path: Path, feeds: dict[str, np.ndarray], repeat: int) -> tuple[float, dict[str, np.ndarray]]:
+    """onnxruntime's median latency with default session options (CPU provider) and its outputs."""
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [output.name for output in session.get_outputs()]
+    outputs = dict(zip(names, session.run(None, feeds), strict=True))
+    return median_seconds(lambda: session.run(None, feeds), repeat), outputs
+
+
+def max_abs_diff(ours: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> float:
+    """The largest absolute difference over the outputs both sides produced."""
+    return max(float(np.max(np.abs(ours[name] - reference[name]))) for name in ours if name in reference)
+
+
+# -- one model -----------------------------------------------------------------------------------------------------
+
+
+def bench_model(name: str, folder: Path, executor: LocalExecutor, repeat: int) -> ModelResult:
+    """Compile, pack and run one model; a failure is recorded in the result rather than raised."""
+    result = ModelResult(name)
+    try:
+        path = model_path(name, folder)
+        artifact, result.kernels, result.blobs, result.compile_s = timed_build(path, folder / "out", executor)
+        blobs = model_blobs(path)
+        result.weight_bytes = sum(len(data) for data in blobs.values())
+        result.pack_s = pack_seconds(blobs, host_target())
+        del blobs
+        feeds = feeds_for(path)
+        result.farm_s, ours = farm_latency(artifact, feeds, repeat, folder / "cache")
+        result.ort_s, reference = ort_latency(path, feeds, repeat)
+        result.max_abs_diff = max_abs_diff(ours, reference)
+    except Exception as error:  # noqa: BLE001 - one failing model must not hide the others' figures
+        result.error = f"{type(error).__name__}: {error}"
+    return result
+
+
+# -- bars and report -----------------------------------------------------------------------------------------------
+
+
+def packing_bars(results: Sequence[ModelResult], baselines: dict[str, Any]) -> list[Bar]:
+    """Weight packing >= 300 MB/s over all models' weights together, and on the 256 MB synthetic blob."""
+    measured = [r for r in results if r.pack_s is not None]
+    total = _rate(sum(r.weight_bytes for r in measured), sum(r.pack_s for r in measured))
+    large = baselines["large_incbin"]
+    large_rate = _rate(large["bytes"], large["seconds"])
+    limit = f">= {PACK_BAR_MB_S:.0f} MB/s"
+    return [Bar("weight packing, all models' weights", f"{total:.0f} MB/s" if total else "n/a", limit,
+                total is not None and total >= PACK_BAR_MB_S if measured else None),
+            Bar(f"weight packing, {large['bytes'] // MB} MB random blob", f"{large_rate:.0f} MB/s", limit,
+                large_rate >= PACK_BAR_MB_S)]
+
+
+def compile_bar(results: Sequence[ModelResult], workers: int) -> Bar:
+    """light ResNet-50 cold compile < 15 s (the issue's bar is for 2 cores)."""
+    resnet = next((r for r in results if r.name == "light_resnet50"), None)
+    name = f"light_resnet50 cold compile, {workers} workers"
+    if resnet is None:
+        return Bar(name, "not selected", f"< {RESNET50_BAR_S:.0f} s", None)
+    if resnet.compile_s is None:
+        return Bar(name, "failed", f"< {RESNET50_BAR_S:.0f} s", False)
+    return Bar(name, f"{resnet.compile_s:.2f} s", f"< {RESNET50_BAR_S:.0f} s", resnet.compile_s < RESNET50_BAR_S)
+
+
+def latency_bar(results: Sequence[ModelResult]) -> Bar:
+    """Every model's farm / onnxruntime latency ratio <= 10 (a model that failed fails the bar)."""
+    worst = max(results, key=lambda r: float("inf") if r.ratio is None else r.ratio)
+    measured = f"worst {worst.name}: " + (f"{worst.ratio:.2f}x" if worst.ratio is not None else "failed")
+    return Bar("latency farm / onnxruntime, every model", measured, f"<= {LATENCY_BAR_RATIO:.0f}x",
+               worst.ratio is not None and worst.ratio <= LATENCY_BAR_RATIO)
+
+
+def _cell(value: float | int | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def model_table(results: Sequence[ModelResult]) -> str:
+    """The per-model figures as a Markdown table."""
+    header = ["model", "kernels", "blobs", "weights MB", "compile s", "pack MB/s", "farm ms", "ort ms", "farm/ort",
+              "max abs diff"]
+    rows = [[r.name, _cell(r.kernels, "d"), _cell(r.blobs, "d"),
+             _cell(None if r.weight_bytes is None else r.weight_bytes / MB, ".2f"), _cell(r.compile_s, ".2f"),
+             _cell(r.pack_mb_s, ".0f"), _cell(None if r.farm_s is None else r.farm_s * 1e3, ".2f"),
+             _cell(None if r.ort_s is None else r.ort_s * 1e3, ".2f"), _cell(r.ratio, ".2f"),
+             _cell(r.max_abs_diff, ".1e")] for r in results]
+    return markdown_table(header, rows)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Column-aligned Markdown: the first column left-aligned, the others right-aligned."""
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: Sequence[str]) -> str:
+        padded = [str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+        return "| " + " | ".join(padded) + " |"
+
+    rule = "|" + "|".join("-" * (w + 2) if i == 0 else "-" * (w + 1) + ":" for i, w in enumerate(widths)) + "|"
+    return "\n".join([line(header), rule, *(line(row) for row in rows)])
+
+
+def packing_table(baselines: dict[str, Any]) -> str:
+    """The synthetic-blob packing figures as a Markdown table."""
+    rows = [[key, f"{entry['bytes'] / MB:.0f}", entry["packer"], f"{entry['seconds']:.3f}",
+             f"{_rate(entry['bytes'], entry['seconds']):.0f}"]
+            for key, entry in baselines.items() if isinstance(entry, dict)]
+    return markdown_table(["blob", "MB", "packer", "seconds", "MB/s"], rows)
+
+
+def bars_table(bars: Sequence[Bar]) -> str:
+    """The bars with their verdicts as a Markdown table."""
+    return markdown_table(["bar", "measured", "limit", "result"], [[b.name, b.measured, b.limit, b.verdict]
+                                                                   for b in bars])
+
+
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo, else whatever `platform` knows."""
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
+                platform.processor())
+
+
+def machine_info(workers: int) -> dict[str, Any]:
+    """What the figures were measured on."""
+    host = host_target()
+    return {"cpu": cpu_name(), "llvm_cpu": host.cpu, "avx512f": "+avx512f" in host.features.split(","),
+            "cores": len(os.sched_getaffinity(0)), "workers": workers, "python": platform.python_version(),
+            "onnxruntime": ort.__version__, "triple": host.triple}
+
+
+# -- main ----------------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line; unknown model names are refused with the list of known ones."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(ALL_MODELS), help="comma-separated names (default: all 14)")
+    parser.add_argument("--repeat", type=int, default=20, help="timed inference runs per model (default 20)")
+    parser.add_argument("--json", type=Path, help="also write every figure to this JSON file")
+    parser.add_argument("--workers", type=int, default=None, help="build worker processes (default: all cores)")
+    parser.add_argument("--no-fail", action="store_true", help="exit 0 even when a bar fails")
+    args = parser.parse_args(argv)
+    args.models = [name.strip() for name in args.models.split(",") if name.strip()]
+    unknown = [name for name in args.models if name not in ALL_MODELS]
+    if unknown or args.repeat < 1:
+        parser.error(f"unknown models {unknown}; known: {', '.join(ALL_MODELS)}" if unknown
+                     else "--repeat must be >= 1")
+    return args
+
+
+def run_benchmarks(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    """Every measurement of one run, as a JSON-ready dict (with the ModelResults kept under `_results`)."""
+    ort.set_default_logger_severity(3)  # the light models carry unused initializers ort warns about
+    with LocalExecutor(args.workers) as executor:
+        warmup_s = warm_executor(executor, folder)
+        print(f"executor: {executor.workers} workers, warm-up build {warmup_s:.2f} s", flush=True)
+        results = []
+        for name in args.models:
+            results.append(bench_model(name, folder, executor, args.repeat))
+            print(f"  {name}: " + (results[-1].error or f"compile {results[-1].compile_s:.2f} s"), flush=True)
+        workers = executor.workers
+    baselines = packing_baselines(folder)
+    bars = [*packing_bars(results, baselines), compile_bar(results, workers), latency_bar(results)]
+    return {"machine": machine_info(workers), "repeat": args.repeat, "executor_warmup_s": warmup_s,
+            "models": [{**asdict(r), "pack_mb_s": r.pack_mb_s, "ratio": r.ratio} for r in results],
+            "packing": baselines, "bars": [{**asdict(b), "verdict": b.verdict} for b in bars],
+            "_results": results, "_bars": bars}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="farm-bench-") as tmp:
+        report = run_benchmarks(args, Path(tmp))
+    results, bars = report.pop("_results"), report.pop("_bars")
+    print(f"\nmachine: {json.dumps(report['machine'])}\n\n{model_table(results)}\n")
+    for r in results:
+        if r.error:
+            print(f"{r.name} failed: {r.error}")
+    print(f"{packing_table(report['packing'])}\n\nincbin / C char array (4 MB): "
+          f"{report['packing']['incbin_over_c_array']:.0f}x\n\n{bars_table(bars)}")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    failed = any(b.passed is False for b in bars)
+    return 1 if failed and not args.no_fail else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
