@@ -38,7 +38,7 @@ def _pointer(module: ir.Module, builder: ir.IRBuilder, arena: ir.Value, arg: lis
         return builder.gep(arena, [ir.Constant(I64_T, where)], inbounds=True, source_etype=I8_T)
     if where not in module.globals:
         blob = ir.GlobalVariable(module, I8_T, where)
-        blob.linkage, blob.visibility = "external", "hidden"
+        blob.linkage, blob.storage_class = "external", "hidden"
     return module.globals[where]
 
 

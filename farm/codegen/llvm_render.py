@@ -23,7 +23,7 @@ FAST = ("reassoc", "contract", "nsz", "arcp")
 def declare_kernel(module: ir.Module, symbol: str, n_params: int) -> ir.Function:
     """Declare (or define later) a kernel: void symbol(ptr noalias, ...), hidden inside the model library."""
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR_T] * n_params), symbol)
-    fn.visibility = "hidden"
+    fn.linkage = "hidden"  # llvmlite prints the linkage slot verbatim and ignores `visibility` on functions
     return fn
 
 
@@ -152,12 +152,14 @@ def _emit_select(state: _State, expr: L.Select) -> ir.Value:
 
 
 def _emit_cast(state: _State, expr: L.Cast) -> ir.Value:
-    value = emit_expr(state, expr.arg)
+    value, b = emit_expr(state, expr.arg), state.builder
     if expr.arg.dtype == expr.dtype:
         return value
+    if expr.arg.dtype == L.BOOL:
+        return b.uitofp(value, F32_T) if expr.dtype == L.F32 else b.zext(value, LLVM_TYPES[expr.dtype])
     if expr.dtype == L.F32:
-        return state.builder.sitofp(value, F32_T)
-    return state.builder.fptosi(value, LLVM_TYPES[expr.dtype])
+        return b.sitofp(value, F32_T)
+    return b.fptosi(value, LLVM_TYPES[expr.dtype])
 
 
 def _emit_call(state: _State, expr: L.Call) -> ir.Value:
@@ -239,19 +241,25 @@ _LOG_POLY = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-
 _LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
 
 
+_EXP_MAX = 88.72283935546875
+
+
 def _exp(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """Cephes expf, inline, so that it vectorises and the library needs no libm."""
+    """Cephes expf, inline, so that it vectorises and the library needs no libm; overflows to +inf like expf."""
     c = lambda v: ir.Constant(F32_T, v)  # noqa: E731
-    x = _fmin(b, _fmax(b, x, c(-87.3)), c(88.37))
-    n = _intrinsic("llvm.floor")(b, b.fadd(b.fmul(x, c(1.44269504088896341)), c(0.5)))
-    r = b.fsub(b.fsub(x, b.fmul(n, c(_LN2_HI))), b.fmul(n, c(_LN2_LO)))
+    clamped = _fmin(b, _fmax(b, x, c(-87.3)), c(_EXP_MAX))
+    n = _intrinsic("llvm.floor")(b, b.fadd(b.fmul(clamped, c(1.44269504088896341)), c(0.5)))
+    r = b.fsub(b.fsub(clamped, b.fmul(n, c(_LN2_HI))), b.fmul(n, c(_LN2_LO)))
     y = b.fadd(b.fadd(b.fmul(_poly(b, r, _EXP_POLY), b.fmul(r, r, flags=FAST), flags=FAST), r), c(1.0))
-    bits = b.shl(b.add(b.fptosi(n, I32_T), ir.Constant(I32_T, 127)), ir.Constant(I32_T, 23))
-    return b.fmul(y, b.bitcast(bits, F32_T))
+    top = b.fcmp_ordered(">", n, c(127.0))
+    y = b.select(top, b.fmul(y, c(2.0)), y)
+    bits = b.shl(b.add(b.fptosi(_fmin(b, n, c(127.0)), I32_T), ir.Constant(I32_T, 127)), ir.Constant(I32_T, 23))
+    result = b.fmul(y, b.bitcast(bits, F32_T))
+    return b.select(b.fcmp_ordered(">", x, c(_EXP_MAX)), c(float("inf")), result)
 
 
 def _log(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """Cephes logf for positive normal x, inline."""
+    """Cephes logf, inline; log(0) = -inf, log(inf) = inf, log of a negative or NaN is NaN."""
     c = lambda v: ir.Constant(F32_T, v)  # noqa: E731
     i = lambda v: ir.Constant(I32_T, v)  # noqa: E731
     bits = b.bitcast(_fmax(b, x, c(1.17549435e-38)), I32_T)
@@ -263,7 +271,10 @@ def _log(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     z = b.fmul(m, m)
     y = b.fmul(b.fmul(_poly(b, m, _LOG_POLY), m), z)
     y = b.fadd(b.fadd(y, b.fmul(e, c(_LN2_LO))), b.fmul(z, c(-0.5)))
-    return b.fadd(b.fadd(m, y), b.fmul(e, c(_LN2_HI)))
+    result = b.fadd(b.fadd(m, y), b.fmul(e, c(_LN2_HI)))
+    result = b.select(b.fcmp_ordered("==", x, c(0.0)), c(float("-inf")), result)
+    result = b.select(b.fcmp_ordered("==", x, c(float("inf"))), x, result)
+    return b.select(b.fcmp_unordered("<", x, c(0.0)), c(float("nan")), result)
 
 
 MATH: dict[str, Callable[[ir.IRBuilder, ir.Value], ir.Value]] = {

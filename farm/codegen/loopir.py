@@ -44,7 +44,8 @@ class Expr:
         return binary("div", other, self)
 
     def __floordiv__(self, other: ExprLike) -> Expr:
-        return binary("div", self, other)
+        quotient = binary("div", self, other)
+        return quotient if self.dtype == I64 else call("floor", quotient)
 
     def __mod__(self, other: ExprLike) -> Expr:
         return binary("mod", self, other)
@@ -137,12 +138,18 @@ def binary(op: str, lhs: ExprLike, rhs: ExprLike) -> Expr:
     return Binary(op, a, b, dtype)
 
 
+def _truncating_div(x: int, y: int) -> int:
+    """Integer division rounding toward zero, as the renderers' sdiv and C's `/` do."""
+    quotient = abs(x) // abs(y)
+    return quotient if (x < 0) == (y < 0) else -quotient
+
+
 _INT_FOLDS = {
     "add": lambda x, y: x + y,
     "sub": lambda x, y: x - y,
     "mul": lambda x, y: x * y,
-    "div": lambda x, y: x // y,
-    "mod": lambda x, y: x % y,
+    "div": _truncating_div,
+    "mod": lambda x, y: x - y * _truncating_div(x, y),
 }
 
 

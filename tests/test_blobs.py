@@ -1,0 +1,125 @@
+"""pack_blob: weight bytes in, an object defining one hidden, 64-byte aligned, read-only symbol out."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+
+import numpy as np
+import pytest
+from native_helpers import EM_AARCH64, aarch64, elf_header, elf_section, elf_section_bytes, elf_symbol, elf_type, host
+
+from farm.codegen.blobs import BLOB_ALIGNMENT, BLOB_PACKERS, blob_assembly, module_asm_ir, pack_blob, packer_for
+from farm.codegen.targets import CpuTarget
+from farm.errors import BuildError
+from farm.specs import BlobSpec
+
+SHF_ALLOC, SHF_WRITE, SHT_PROGBITS = 0x2, 0x1, 1
+
+TARGETS = [pytest.param(host(), "incbin", id="host-incbin"), pytest.param(aarch64(), "ir-constant", id="aarch64")]
+
+PAYLOADS = {
+    "one-byte": b"\x2a",
+    "quote-backslash": b'"\\"\\\\x"\n\\22\\5C',
+    "every-byte": bytes(range(256)) * 3,
+    "floats": np.linspace(-1, 1, 1001, dtype=np.float32).tobytes(),
+    "zeros": bytes(4096),
+}
+
+
+def spec_for(data: bytes, target: CpuTarget) -> BlobSpec:
+    return BlobSpec(hashlib.sha256(data).hexdigest(), len(data), target.id)
+
+
+def test_packer_choice():
+    assert packer_for(host()) == "incbin"
+    assert packer_for(aarch64()) == ("incbin" if host().arch == "aarch64" else "ir-constant")
+
+
+@pytest.mark.parametrize("target, packer", TARGETS)
+@pytest.mark.parametrize("name", sorted(PAYLOADS))
+def test_blob_object_defines_the_bytes_as_a_hidden_aligned_symbol(target, packer, name):
+    data = PAYLOADS[name]
+    spec = spec_for(data, target)
+    assert packer_for(target) == packer
+    obj = pack_blob(spec, target, data)
+    assert elf_type(obj) == 1
+    if target.arch == "aarch64":
+        assert elf_header(obj) == (2, 1, EM_AARCH64)
+    symbol = elf_symbol(obj, spec.symbol)
+    section_name = f".rodata.{spec.symbol}"
+    assert (symbol.type, symbol.bind, symbol.visibility) == ("OBJECT", "GLOBAL", "HIDDEN")
+    assert symbol.size == len(data) and symbol.value == 0 and symbol.section == section_name
+    section = elf_section(obj, section_name)
+    assert section.type == SHT_PROGBITS
+    assert section.addralign == BLOB_ALIGNMENT == 64
+    assert section.flags & SHF_ALLOC and not section.flags & SHF_WRITE  # read-only data
+    assert elf_section_bytes(obj, section_name) == data
+
+
+@pytest.mark.parametrize("target, packer", TARGETS)
+def test_readelf_agrees_on_the_symbol(target, packer, tmp_path):
+    data = PAYLOADS["floats"]
+    spec = spec_for(data, target)
+    path = tmp_path / "blob.o"
+    path.write_bytes(pack_blob(spec, target, data))
+    out = subprocess.run(["readelf", "-sW", str(path)], capture_output=True, text=True, check=True).stdout
+    line = next(line for line in out.splitlines() if line.split()[-1:] == [spec.symbol])
+    fields = line.split()
+    assert fields[2] == str(len(data)) and fields[3] == "OBJECT" and fields[4] == "GLOBAL" and fields[5] == "HIDDEN"
+    sections = subprocess.run(["readelf", "-SW", str(path)], capture_output=True, text=True, check=True).stdout
+    row = next(line for line in sections.splitlines() if f".rodata.{spec.symbol}" in line)
+    assert row.split()[-1] == "64"  # Al column
+
+
+def test_objcopy_extracts_the_same_bytes(tmp_path):
+    target = host()
+    data = PAYLOADS["every-byte"]
+    spec = spec_for(data, target)
+    path, out = tmp_path / "blob.o", tmp_path / "blob.bin"
+    path.write_bytes(pack_blob(spec, target, data))
+    subprocess.run(["objcopy", "-O", "binary", f"--only-section=.rodata.{spec.symbol}", str(path), str(out)],
+                   check=True, capture_output=True)
+    assert out.read_bytes() == data
+
+
+@pytest.mark.parametrize("target, packer", TARGETS)
+def test_packing_is_deterministic(target, packer):
+    data = PAYLOADS["floats"]
+    spec = spec_for(data, target)
+    assert pack_blob(spec, target, data) == pack_blob(spec, target, data)
+
+
+def test_both_packers_give_the_same_section_bytes_for_the_host():
+    target = host()
+    data = np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
+    spec = spec_for(data, target)
+    for packer in BLOB_PACKERS.values():
+        obj = packer(spec.symbol, target, data)
+        assert elf_section_bytes(obj, f".rodata.{spec.symbol}") == data
+        assert elf_symbol(obj, spec.symbol).visibility == "HIDDEN"
+
+
+@pytest.mark.parametrize("target, packer", TARGETS)
+def test_mismatched_sha_is_a_build_error(target, packer):
+    data = b"weights"
+    spec = BlobSpec(hashlib.sha256(b"other weights").hexdigest(), len(data), target.id)
+    with pytest.raises(BuildError, match=f"blob {spec.symbol}: the bytes given do not match"):
+        pack_blob(spec, target, data)
+
+
+def test_mismatched_size_is_a_build_error():
+    data = b"weights"
+    spec = BlobSpec(hashlib.sha256(data).hexdigest(), len(data) + 1, host().id)
+    with pytest.raises(BuildError, match=spec.symbol):
+        pack_blob(spec, host(), data)
+
+
+def test_blob_assembly_and_module_asm_escaping():
+    text = blob_assembly("farm_w_abc", "/tmp/x/blob.bin", 12)
+    assert '.section .rodata.farm_w_abc,"a",@progbits' in text
+    assert ".p2align 6" in text and ".hidden farm_w_abc" in text and ".size farm_w_abc, 12" in text
+    assert '.incbin "/tmp/x/blob.bin"' in text
+    ir_text = module_asm_ir(host(), 'a "quoted" \\ line\nsecond')
+    assert ir_text.splitlines() == [f'target triple = "{host().triple}"', 'module asm "a \\22quoted\\22 \\5C line"',
+                                    'module asm "second"']

@@ -1,0 +1,178 @@
+"""compile_cpu_kernel / compile_ir: a KernelSpec in, ELF object bytes out, for the host and for a cross target."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import numpy as np
+import pytest
+from native_helpers import (
+    EM_AARCH64,
+    EM_X86_64,
+    aarch64,
+    aligned_arena,
+    call_farm_run,
+    elf_header,
+    elf_type,
+    host,
+    layout,
+    load_library,
+)
+
+from farm.codegen.cpu import compile_cpu_kernel, compile_ir, default_blocking, kernel_ir
+from farm.codegen.entry import compile_entry
+from farm.codegen.link import link_library
+from farm.codegen.targets import CpuTarget
+from farm.errors import BuildError
+from farm.graph import Activation, TensorInfo
+from farm.ops import lower_kernel
+from farm.specs import KernelSpec, canonical_json
+
+RELU = Activation("relu")
+CONV_ATTRS = {"kernel_shape": [3, 3], "strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1], "group": 1}
+X_SHAPE, W_SHAPE, B_SHAPE, Y_SHAPE = (1, 8, 10, 10), (16, 8, 3, 3), (16,), (1, 16, 10, 10)
+
+
+def conv_spec(target: CpuTarget, activation: Activation | None = RELU) -> KernelSpec:
+    return KernelSpec(op="Conv", attrs_json=canonical_json(CONV_ATTRS),
+                      inputs=(TensorInfo(X_SHAPE), TensorInfo(W_SHAPE), TensorInfo(B_SHAPE)),
+                      outputs=(TensorInfo(Y_SHAPE),), activation=activation, target_id=target.id)
+
+
+def symbols(obj: bytes, tmp_path) -> dict[str, list[str]]:
+    """name -> readelf -sW columns (Num Value Size Type Bind Vis Ndx) of an object's symbol table."""
+    path = tmp_path / "sym.o"
+    path.write_bytes(obj)
+    text = subprocess.run(["readelf", "-sW", str(path)], capture_output=True, text=True, check=True).stdout
+    table = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 8 and re.fullmatch(r"\d+:", fields[0]):
+            table[fields[7]] = fields[:7]
+    return table
+
+
+def test_host_object_is_a_relocatable_elf_for_the_host_arch():
+    target = host()
+    obj = compile_cpu_kernel(conv_spec(target), target)
+    ei_class, ei_data, machine = elf_header(obj)
+    assert ei_class == 2 and ei_data == 1 and elf_type(obj) == 1
+    if target.arch == "x86_64":
+        assert machine == EM_X86_64
+    elif target.arch == "aarch64":
+        assert machine == EM_AARCH64
+
+
+def test_aarch64_object_is_an_aarch64_elf():
+    target = aarch64()
+    obj = compile_cpu_kernel(conv_spec(target), target)
+    assert obj[:4] == b"\x7fELF"
+    assert obj[4] == 2  # EI_CLASS: 64-bit
+    assert obj[5] == 1  # little-endian
+    assert int.from_bytes(obj[18:20], "little") == 183  # e_machine: AArch64
+    assert elf_type(obj) == 1
+
+
+@pytest.mark.parametrize("target", [host(), aarch64()], ids=["host", "aarch64"])
+def test_compiling_twice_gives_identical_bytes(target):
+    spec = conv_spec(target)
+    assert compile_cpu_kernel(spec, target) == compile_cpu_kernel(spec, target)
+
+
+def test_object_defines_the_kernel_symbol_as_a_global_function(tmp_path):
+    target = host()
+    spec = conv_spec(target)
+    table = symbols(compile_cpu_kernel(spec, target), tmp_path)
+    assert spec.symbol in table
+    _, _, size, kind, bind, _, ndx = table[spec.symbol]
+    assert kind == "FUNC" and bind == "GLOBAL" and ndx != "UND" and int(size) > 0
+
+
+def test_kernel_symbol_is_hidden_in_the_object(tmp_path):
+    """Kernels are 'hidden inside the model library' (llvm_render.declare_kernel); the object must say so."""
+    target = host()
+    spec = conv_spec(target)
+    table = symbols(compile_cpu_kernel(spec, target), tmp_path)
+    assert table[spec.symbol][5] == "HIDDEN", table[spec.symbol]
+
+
+def test_kernel_needs_no_external_symbols(tmp_path):
+    target = host()
+    table = symbols(compile_cpu_kernel(conv_spec(target), target), tmp_path)
+    assert [name for name, fields in table.items() if fields[6] == "UND"] == []
+
+
+def test_kernel_ir_names_the_triple_and_symbol():
+    target = aarch64()
+    spec = conv_spec(target)
+    text = kernel_ir(spec, target)
+    assert f'target triple = "{target.triple}"' in text
+    assert f'@"{spec.symbol}"(' in text or f"@{spec.symbol}(" in text
+
+
+def test_default_blocking_uses_the_target_vector_width():
+    assert default_blocking(CpuTarget("x86_64-unknown-linux-gnu", "generic", "+avx512f")).lanes == 16
+    assert default_blocking(CpuTarget("x86_64-unknown-linux-gnu", "generic", "+avx")).lanes == 8
+    assert default_blocking(aarch64()).lanes == 4
+    blocking = default_blocking(host())
+    assert (blocking.rows, blocking.vectors, blocking.lanes) == (4, 3, host().simd_floats)
+
+
+def test_different_targets_give_different_code():
+    x86 = CpuTarget("x86_64-unknown-linux-gnu", "generic", "+sse2")
+    avx = CpuTarget("x86_64-unknown-linux-gnu", "haswell", "+avx,+avx2,+fma")
+    assert compile_cpu_kernel(conv_spec(x86), x86) != compile_cpu_kernel(conv_spec(avx), avx)
+
+
+def test_invalid_ir_is_a_build_error_naming_the_kernel():
+    spec = conv_spec(host())
+    name = f"kernel {spec.op} {spec.symbol}"
+    with pytest.raises(BuildError) as info:
+        compile_ir("this is not LLVM IR", host(), name)
+    assert str(info.value).startswith(f"{name}: LLVM rejected the generated IR")
+    assert "expected top-level entity" in str(info.value)
+
+
+def test_ir_that_parses_but_fails_verification_is_a_build_error():
+    text = "define void @f() {\nentry:\n  br label %b\nb:\n  %x = add i32 %y, 1\n  %y = add i32 %x, 1\n  ret void\n}\n"
+    with pytest.raises(BuildError, match=r"kernel Conv farm_k_x: .*does not dominate"):
+        compile_ir(text, host(), "kernel Conv farm_k_x")
+
+
+# -- the compiled Conv computes a convolution ----------------------------------------------------------------------
+
+
+def conv_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    out = np.zeros(Y_SHAPE, np.float64)
+    for r in range(3):
+        for s in range(3):
+            out += np.einsum("nchw,mc->nmhw", xp[:, :, r:r + 10, s:s + 10], w[:, :, r, s].astype(np.float64))
+    return out + b.astype(np.float64)[None, :, None, None]
+
+
+@pytest.mark.parametrize("activation", [Activation("relu"), None], ids=["relu", "none"])
+def test_compiled_conv_matches_numpy(activation, tmp_path):
+    target = host()
+    spec = conv_spec(target, activation)
+    kernel = lower_kernel(spec)
+    assert [p.name for p in kernel.params] == ["out0", "in0", "in1", "in2", "scratch"]
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(X_SHAPE).astype(np.float32)
+    w = rng.standard_normal(W_SHAPE).astype(np.float32)
+    b = rng.standard_normal(B_SHAPE).astype(np.float32)
+    arrays = [np.zeros(Y_SHAPE, np.float32), x, w, b, np.zeros(8 * 9 * 100, np.float32)]
+    offsets, size = layout(arrays)
+    schedule = [{"kernel": spec.symbol, "args": [["arena", o] for o in offsets]}]
+    library = load_library(link_library([compile_cpu_kernel(spec, target), compile_entry(schedule, target)], target),
+                           tmp_path)
+    arena = aligned_arena(size)
+    for array, offset in zip(arrays, offsets):
+        arena[offset:offset + array.nbytes] = array.view(np.uint8).reshape(-1)
+    call_farm_run(library, arena)
+    y = arena[:arrays[0].nbytes].view(np.float32).reshape(Y_SHAPE)
+    expected = conv_reference(x, w, b)
+    if activation is not None:
+        expected = np.maximum(expected, 0.0)
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())

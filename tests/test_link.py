@@ -1,0 +1,188 @@
+"""link_library: kernels + blobs + entry objects in, one shared library exporting only farm_run out."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from native_helpers import (
+    EM_AARCH64,
+    aarch64,
+    aligned_arena,
+    call_farm_run,
+    compile_kernels,
+    elf_header,
+    elf_symbol,
+    elf_type,
+    host,
+    load_library,
+)
+
+from farm.codegen import loopir as L
+from farm.codegen.blobs import pack_blob
+from farm.codegen.entry import ENTRY_SYMBOL, compile_entry
+from farm.codegen.link import find_linker, link_library
+from farm.codegen.targets import CpuTarget
+from farm.errors import BuildError
+from farm.specs import BlobSpec
+
+N = 40
+WEIGHTS = np.linspace(-2, 2, N, dtype=np.float32)
+BLOB = BlobSpec(hashlib.sha256(WEIGHTS.tobytes()).hexdigest(), WEIGHTS.nbytes, "test")
+X_AT, Y_AT, Z_AT = 0, 256, 512  # arena byte offsets: x (input), y = x + w, z = exp(y) * 2
+
+
+def add_blob_kernel() -> L.LoopKernel:
+    i = L.Var("i")
+    return L.LoopKernel([L.Param("out", output=True), L.Param("in"), L.Param("w")],
+                        [L.Loop(i, N, [L.Store("out", i, L.Load("in", i) + L.Load("w", i))])])
+
+
+def exp_kernel() -> L.LoopKernel:
+    i = L.Var("i")
+    return L.LoopKernel([L.Param("out", output=True), L.Param("in")],
+                        [L.Loop(i, N, [L.Store("out", i, L.call("exp", L.Load("in", i)) * 2.0)])])
+
+
+SCHEDULE = [
+    {"kernel": "farm_k_add", "args": [["arena", Y_AT], ["arena", X_AT], ["blob", BLOB.symbol]]},
+    {"kernel": "farm_k_exp", "args": [["arena", Z_AT], ["arena", Y_AT]]},
+]
+
+
+def model_objects(target: CpuTarget) -> list[bytes]:
+    """Two kernel objects, one blob object, the entry: what a build links."""
+    return [compile_kernels([("farm_k_add", add_blob_kernel())], target),
+            compile_kernels([("farm_k_exp", exp_kernel())], target),
+            pack_blob(BLOB, target, WEIGHTS.tobytes()),
+            compile_entry(SCHEDULE, target)]
+
+
+@pytest.fixture(scope="module")
+def host_library() -> bytes:
+    return link_library(model_objects(host()), host())
+
+
+def dynamic_symbols(library: bytes, tmp_path) -> list[list[str]]:
+    """readelf --dyn-syms -W rows: [Num, Value, Size, Type, Bind, Vis, Ndx, Name?]."""
+    path = tmp_path / "dyn.so"
+    path.write_bytes(library)
+    out = subprocess.run(["readelf", "--dyn-syms", "-W", str(path)], capture_output=True, text=True, check=True).stdout
+    return [line.split() for line in out.splitlines() if line.split()[:1] and line.split()[0].rstrip(":").isdigit()]
+
+
+def test_library_is_a_shared_object_for_the_host(host_library):
+    assert elf_type(host_library) == 3  # ET_DYN
+    assert elf_header(host_library)[:2] == (2, 1)
+
+
+def test_library_exports_only_farm_run(host_library, tmp_path):
+    defined = sorted(row[7] for row in dynamic_symbols(host_library, tmp_path) if len(row) >= 8 and row[6] != "UND")
+    assert defined == [ENTRY_SYMBOL]
+
+
+def test_library_needs_no_undefined_symbols(host_library, tmp_path):
+    undefined = [row[7] for row in dynamic_symbols(host_library, tmp_path) if len(row) >= 8 and row[6] == "UND"]
+    assert undefined == []
+
+
+def test_linking_is_byte_identical(host_library):
+    assert link_library(model_objects(host()), host()) == host_library
+
+
+def test_blob_is_64_byte_aligned_in_the_library(host_library):
+    symbol = elf_symbol(host_library, BLOB.symbol)
+    assert symbol.value % 64 == 0 and symbol.size == WEIGHTS.nbytes and symbol.visibility == "HIDDEN"
+
+
+def test_no_build_id_and_no_executable_stack(host_library, tmp_path):
+    path = tmp_path / "lib.so"
+    path.write_bytes(host_library)
+    notes = subprocess.run(["readelf", "-nW", str(path)], capture_output=True, text=True, check=True).stdout
+    assert "NT_GNU_BUILD_ID" not in notes
+    segments = subprocess.run(["readelf", "-lW", str(path)], capture_output=True, text=True, check=True).stdout
+    stack = next(line for line in segments.splitlines() if "GNU_STACK" in line)
+    assert "RWE" not in stack
+
+
+def test_library_runs_the_schedule(host_library, tmp_path):
+    library = load_library(host_library, tmp_path)
+    arena = aligned_arena(Z_AT + 4 * N)
+    x = np.linspace(-3, 3, N, dtype=np.float32)
+    arena[X_AT:X_AT + 4 * N].view(np.float32)[:] = x
+    call_farm_run(library, arena)
+    y = arena[Y_AT:Y_AT + 4 * N].view(np.float32)
+    z = arena[Z_AT:Z_AT + 4 * N].view(np.float32)
+    np.testing.assert_array_equal(y, x + WEIGHTS)
+    np.testing.assert_allclose(z, np.exp(y.astype(np.float64)) * 2, rtol=3e-7)
+
+
+def test_link_with_gnu_ld_when_lld_is_absent(host_library, tmp_path, monkeypatch):
+    """find_linker falls back to GNU ld for the host's own architecture."""
+    gnu_ld = shutil.which("ld")
+    if gnu_ld is None:
+        pytest.fail("GNU ld is not installed (apt-get install binutils)")
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    os.symlink(gnu_ld, folder / "ld")
+    monkeypatch.setenv("PATH", str(folder))
+    assert find_linker(host()) == str(folder / "ld")
+    library = link_library(model_objects(host()), host())
+    assert link_library(model_objects(host()), host()) == library
+    assert elf_type(library) == 3
+    loaded = load_library(library, tmp_path)
+    arena = aligned_arena(Z_AT + 4 * N)
+    call_farm_run(loaded, arena)
+    np.testing.assert_array_equal(arena[Y_AT:Y_AT + 4 * N].view(np.float32), WEIGHTS)
+
+
+def test_no_linker_is_a_build_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(BuildError, match="no linker for .*ld.lld"):
+        find_linker(host())
+    with pytest.raises(BuildError, match=r"no linker for aarch64-unknown-linux-gnu: install one of ld\.lld \("):
+        link_library([b""], aarch64())
+
+
+def test_aarch64_link_gives_an_aarch64_shared_object(tmp_path):
+    target = aarch64()
+    library = link_library(model_objects(target), target)
+    assert elf_type(library) == 3
+    assert elf_header(library) == (2, 1, EM_AARCH64)
+    assert any(len(row) >= 8 and row[7] == ENTRY_SYMBOL and row[6] != "UND"
+               for row in dynamic_symbols(library, tmp_path))
+    assert link_library(model_objects(target), target) == library
+
+
+def test_missing_kernel_is_a_build_error_with_the_linker_log():
+    """The entry calls a kernel that no object defines: the link must fail, naming the symbol.
+
+    With the kernels declared at default visibility (see test_entry), `ld -shared` accepts the undefined
+    reference and the failure only shows when the library is loaded ("undefined symbol").
+    """
+    objects = model_objects(host())
+    without_exp = [objects[0], objects[2], objects[3]]
+    with pytest.raises(BuildError) as info:
+        link_library(without_exp, host())
+    message = str(info.value)
+    assert message.startswith(f"linking 3 objects for {host().triple} failed:")
+    assert "farm_k_exp" in message and "undefined" in message
+
+
+def test_invalid_object_is_a_build_error_with_the_linker_stderr():
+    objects = model_objects(host())
+    with pytest.raises(BuildError) as info:
+        link_library([objects[0], b"\x7fELF this is not an object", objects[3]], host())
+    message = str(info.value)
+    assert message.startswith(f"linking 3 objects for {host().triple} failed:\n")
+    assert "000001.o" in message and "error" in message  # the linker's own words, naming the bad input
+
+
+def test_duplicate_kernel_is_a_build_error():
+    objects = model_objects(host())
+    with pytest.raises(BuildError, match="duplicate symbol.*farm_k_add"):
+        link_library([objects[0], *objects], host())

@@ -1,0 +1,179 @@
+"""The register-blocked GEMM: its tiling of C (pure Python) and its numerics (compiled, linked and run)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from native_helpers import run_kernel, run_kernels
+
+from farm.codegen import loopir as L
+from farm.codegen.llvm_gemm import GemmBlocking, regions
+
+BLOCKINGS = [
+    GemmBlocking(),
+    GemmBlocking(rows=1, vectors=1, lanes=1),
+    GemmBlocking(rows=6, vectors=4, lanes=8),
+    GemmBlocking(rows=3, vectors=2, lanes=4),
+    GemmBlocking(rows=5, vectors=1, lanes=16),
+    GemmBlocking(rows=2, vectors=3, lanes=1),
+    GemmBlocking(rows=4, vectors=2, lanes=16),
+    GemmBlocking(rows=1, vectors=4, lanes=4),
+]
+
+
+def blocking_id(blocking: GemmBlocking) -> str:
+    return f"r{blocking.rows}v{blocking.vectors}l{blocking.lanes}"
+
+
+# -- regions ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("blocking", BLOCKINGS, ids=blocking_id)
+def test_regions_cover_every_cell_exactly_once(blocking):
+    for m in range(1, 14):
+        for n in range(1, 71):
+            covered = np.zeros((m, n), np.int64)
+            for region in regions(m, n, blocking):
+                assert region.m > 0 and region.n > 0, (m, n, region)
+                covered[region.m0:region.m0 + region.m, region.n0:region.n0 + region.n] += 1
+            assert (covered == 1).all(), (m, n, blocking, covered)
+
+
+@pytest.mark.parametrize("blocking", BLOCKINGS, ids=blocking_id)
+def test_regions_are_whole_tiles_of_the_allowed_shapes(blocking):
+    for m in range(1, 14):
+        for n in range(1, 71):
+            for region in regions(m, n, blocking):
+                assert region.m % region.rows == 0 and region.n % (region.vectors * region.lanes) == 0, region
+                assert region.rows in (blocking.rows, 1)
+                assert (region.vectors, region.lanes) in ((blocking.vectors, blocking.lanes), (1, blocking.lanes),
+                                                          (1, 1))
+                assert 0 <= region.m0 and region.m0 + region.m <= m and 0 <= region.n0 and region.n0 + region.n <= n
+
+
+def test_regions_use_full_tiles_where_they_fit():
+    blocking = GemmBlocking(rows=4, vectors=3, lanes=16)
+    # 9 x 100: rows 0..8 in 4-row tiles + 1 row; columns 96 in 48-wide tiles, then no 16-vector, then 4 scalars
+    got = {(r.m0, r.m, r.n0, r.n, r.rows, r.vectors, r.lanes) for r in regions(9, 100, blocking)}
+    assert got == {(0, 8, 0, 96, 4, 3, 16), (8, 1, 0, 96, 1, 3, 16),
+                   (0, 8, 96, 4, 4, 1, 1), (8, 1, 96, 4, 1, 1, 1)}
+    # 4 x 48: exactly one region of full tiles
+    assert [(r.m0, r.m, r.n0, r.n) for r in regions(4, 48, blocking)] == [(0, 4, 0, 48)]
+    # 2 x 20: too few rows for a 4-row tile, one 16-lane vector, then 4 scalar columns
+    got = {(r.m0, r.m, r.n0, r.n, r.rows, r.vectors, r.lanes) for r in regions(2, 20, blocking)}
+    assert got == {(0, 2, 0, 16, 1, 1, 16), (0, 2, 16, 4, 1, 1, 1)}
+
+
+# -- numerics ----------------------------------------------------------------------------------------------------------
+
+
+SHAPES = [(1, 1, 1), (5, 47, 3), (17, 100, 33), (64, 3136, 27), (3, 16, 1), (13, 70, 5), (7, 49, 64)]
+
+
+def gemm_kernel(m: int, n: int, k: int, *, a_offset: int = 0, lda: int | None = None, b_offset: int = 0,
+                ldb: int | None = None, c_offset: int = 0, ldc: int | None = None) -> L.LoopKernel:
+    gemm = L.Gemm("a", L.const(a_offset), lda or k, "b", L.const(b_offset), ldb or n, "c", L.const(c_offset),
+                  ldc or n, m, n, k)
+    return L.LoopKernel([L.Param("c", output=True), L.Param("a"), L.Param("b")], [gemm])
+
+
+def reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return a.astype(np.float64) @ b.astype(np.float64)
+
+
+def assert_gemm_close(actual: np.ndarray, expected: np.ndarray) -> None:
+    """1e-4 relative to the magnitude of the result (per-element relative error is meaningless near 0)."""
+    scale = max(float(np.abs(expected).max()), 1.0)
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4 * scale)
+
+
+@pytest.mark.parametrize("blocking", BLOCKINGS + [GemmBlocking(rows=6, vectors=1, lanes=8),
+                                                  GemmBlocking(rows=2, vectors=4, lanes=4)], ids=blocking_id)
+def test_gemm_matches_numpy_for_odd_shapes(blocking, tmp_path):
+    rng = np.random.default_rng(blocking.rows * 100 + blocking.vectors * 10 + blocking.lanes)
+    cases = []
+    for m, n, k in SHAPES:
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        b = rng.standard_normal((k, n)).astype(np.float32)
+        cases.append((gemm_kernel(m, n, k), [np.full((m, n), np.nan, np.float32), a, b]))
+    for (_, arrays), result in zip(cases, run_kernels(cases, tmp_path, blocking)):
+        c, a, b = result
+        assert_gemm_close(c, reference(a, b))
+        np.testing.assert_array_equal(a, arrays[1])  # inputs untouched
+        np.testing.assert_array_equal(b, arrays[2])
+
+
+@pytest.mark.parametrize("blocking", [GemmBlocking(), GemmBlocking(rows=3, vectors=2, lanes=4),
+                                      GemmBlocking(rows=1, vectors=1, lanes=1), GemmBlocking(rows=5, vectors=3, lanes=8)],
+                         ids=blocking_id)
+@pytest.mark.parametrize("m, n, k", [(5, 47, 3), (17, 100, 33), (9, 35, 12)])
+def test_gemm_with_panel_offsets_and_wide_leading_dimensions(m, n, k, blocking, tmp_path):
+    """A, B and C are panels inside bigger row-major buffers; C cells outside the panel keep their values."""
+    rng = np.random.default_rng(m * n * k)
+    lda, ldb, ldc = k + 5, n + 19, n + 3
+    a_row0, a_col0, b_row0, b_col0, c_row0, c_col0 = 2, 3, 1, 7, 3, 1
+    a_full = rng.standard_normal((a_row0 + m + 1, lda)).astype(np.float32)
+    b_full = rng.standard_normal((b_row0 + k + 2, ldb)).astype(np.float32)
+    c_full = rng.standard_normal((c_row0 + m + 2, ldc)).astype(np.float32)
+    kernel = gemm_kernel(m, n, k, a_offset=a_row0 * lda + a_col0, lda=lda, b_offset=b_row0 * ldb + b_col0, ldb=ldb,
+                         c_offset=c_row0 * ldc + c_col0, ldc=ldc)
+    c_out, _, _ = run_kernel(kernel, [c_full, a_full, b_full], tmp_path, blocking)
+    a = a_full[a_row0:a_row0 + m, a_col0:a_col0 + k]
+    b = b_full[b_row0:b_row0 + k, b_col0:b_col0 + n]
+    assert_gemm_close(c_out[c_row0:c_row0 + m, c_col0:c_col0 + n], reference(a, b))
+    outside = np.ones(c_full.shape, bool)
+    outside[c_row0:c_row0 + m, c_col0:c_col0 + n] = False
+    np.testing.assert_array_equal(c_out[outside], c_full[outside])
+
+
+def test_gemm_overwrites_c_rather_than_accumulating(tmp_path):
+    a = np.ones((3, 2), np.float32)
+    b = np.ones((2, 5), np.float32)
+    c, _, _ = run_kernel(gemm_kernel(3, 5, 2), [np.full((3, 5), 100.0, np.float32), a, b], tmp_path)
+    np.testing.assert_array_equal(c, np.full((3, 5), 2.0, np.float32))
+
+
+def test_batched_gemm_in_a_loop_with_variable_offsets(tmp_path):
+    """A Gemm inside a Loop whose panel offsets depend on the loop variable, as Conv lowers per batch/group."""
+    batches, m, n, k = 3, 6, 37, 10
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((batches, m, k)).astype(np.float32)
+    b = rng.standard_normal((batches, k, n)).astype(np.float32)
+    t = L.Var("t")
+    gemm = L.Gemm("a", t * (m * k), k, "b", t * (k * n), n, "c", t * (m * n), n, m, n, k)
+    kernel = L.LoopKernel([L.Param("c", output=True), L.Param("a"), L.Param("b")], [L.Loop(t, batches, [gemm])])
+    c, _, _ = run_kernel(kernel, [np.zeros((batches, m, n), np.float32), a, b], tmp_path,
+                         GemmBlocking(rows=4, vectors=2, lanes=8))
+    assert_gemm_close(c, np.einsum("bmk,bkn->bmn", a.astype(np.float64), b.astype(np.float64)))
+
+
+def test_two_gemms_in_one_kernel(tmp_path):
+    """C1 = A @ B then C2 = C1 @ D in one kernel: the second reads what the first stored."""
+    rng = np.random.default_rng(8)
+    a, b, d = (rng.standard_normal(s).astype(np.float32) for s in ((5, 9), (9, 21), (21, 4)))
+    kernel = L.LoopKernel([L.Param("c2", output=True), L.Param("c1", output=True), L.Param("a"), L.Param("b"),
+                           L.Param("d")], [
+        L.Gemm("a", L.const(0), 9, "b", L.const(0), 21, "c1", L.const(0), 21, 5, 21, 9),
+        L.Gemm("c1", L.const(0), 21, "d", L.const(0), 4, "c2", L.const(0), 4, 5, 4, 21),
+    ])
+    c2, c1, *_ = run_kernel(kernel, [np.zeros((5, 4), np.float32), np.zeros((5, 21), np.float32), a, b, d], tmp_path,
+                            GemmBlocking(rows=2, vectors=2, lanes=4))
+    assert_gemm_close(c1, reference(a, b))
+    assert_gemm_close(c2, reference(a, b) @ d.astype(np.float64))
+
+
+def test_gemm_with_k_zero_writes_zeros(tmp_path):
+    c, _, _ = run_kernel(gemm_kernel(3, 20, 0), [np.full((3, 20), 5.0, np.float32), np.zeros(1, np.float32),
+                                                 np.zeros(1, np.float32)], tmp_path, GemmBlocking(2, 1, 8))
+    np.testing.assert_array_equal(c, np.zeros((3, 20), np.float32))
+
+
+def test_gemm_propagates_nan_and_inf(tmp_path):
+    a = np.ones((4, 3), np.float32)
+    b = np.ones((3, 40), np.float32)
+    a[1, 2] = np.nan
+    b[0, 33] = np.inf
+    c, _, _ = run_kernel(gemm_kernel(4, 40, 3), [np.zeros((4, 40), np.float32), a, b], tmp_path)
+    expected = reference(a, b)
+    np.testing.assert_array_equal(np.isnan(c), np.isnan(expected))
+    np.testing.assert_array_equal(np.isinf(c), np.isinf(expected))

@@ -1,0 +1,367 @@
+"""The LLVM renderer of the loop IR: hand-built kernels compiled at O3, linked and run through farm_run."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import llvmlite.binding as llvm
+import numpy as np
+import pytest
+from native_helpers import (
+    EM_AARCH64,
+    aarch64,
+    compile_kernels,
+    elf_header,
+    host,
+    kernel_module_ir,
+    run_kernel,
+    run_kernels,
+)
+
+from farm.codegen import loopir as L
+from farm.codegen.cpu import compile_ir
+from farm.codegen.llvm_gemm import GemmBlocking
+
+
+def unary_kernel(fn, n: int, in_dtype: str = L.F32, out_dtype: str = L.F32) -> L.LoopKernel:
+    """out[i] = fn(in[i]) for i < n."""
+    i = L.Var("i")
+    return L.LoopKernel([L.Param("out", out_dtype, output=True), L.Param("in", in_dtype)],
+                        [L.Loop(i, n, [L.Store("out", i, fn(L.Load("in", i, in_dtype)))])])
+
+
+def run_unary(fn, x: np.ndarray, tmp_path, out_dtype=np.float32) -> np.ndarray:
+    in_dtype = L.I64 if x.dtype == np.int64 else L.F32
+    ir_out = L.I64 if np.dtype(out_dtype) == np.int64 else L.F32
+    out, _ = run_kernel(unary_kernel(fn, x.size, in_dtype, ir_out), [np.zeros(x.shape, out_dtype), x], tmp_path)
+    return out
+
+
+# -- math functions ----------------------------------------------------------------------------------------------------
+
+
+def test_exp_is_accurate_over_a_wide_range(tmp_path):
+    x = np.concatenate([np.linspace(-80, 80, 200_001, dtype=np.float32),
+                        np.array([0.0, -0.0, 1.0, -1.0, 1e-7, -1e-7, 0.5, 88.0, -87.0], np.float32)])
+    out = run_unary(lambda v: L.call("exp", v), x, tmp_path)
+    np.testing.assert_allclose(out, np.exp(x.astype(np.float64)), rtol=2e-7, atol=0)
+    assert out[-9:-7].tolist() == [1.0, 1.0]  # exp(+0), exp(-0) exactly
+
+
+def test_log_is_accurate_over_a_wide_range(tmp_path):
+    x = np.concatenate([np.logspace(-30, 30, 200_001, dtype=np.float32),
+                        np.array([1.0, 0.5, 2.0, 0.999, 1.001, 1.17549435e-38, 3.4e38], np.float32)])
+    out = run_unary(lambda v: L.call("log", v), x, tmp_path)
+    np.testing.assert_allclose(out, np.log(x.astype(np.float64)), rtol=2e-7, atol=1e-12)
+    assert out[-7] == 0.0  # log(1) exactly
+
+
+def test_exp_propagates_nan_and_saturates_at_negative_infinity(tmp_path):
+    x = np.array([np.nan, -np.inf, -1000.0], np.float32)
+    out = run_unary(lambda v: L.call("exp", v), x, tmp_path)
+    assert np.isnan(out[0])
+    np.testing.assert_allclose(out[1:], 0.0, atol=2e-38)
+
+
+def test_exp_overflows_like_float32_near_the_top_of_its_range(tmp_path):
+    """float32 exp is finite up to ln(FLT_MAX) = 88.7228 and +inf beyond; farm's clamp at 88.37 returns
+    exp(88.37) = 2.39e38 for every larger x (16 % low at 88.5, finite for +inf)."""
+    x = np.array([88.4, 88.5, 88.7, 89.0, 100.0, np.inf], np.float32)
+    out = run_unary(lambda v: L.call("exp", v), x, tmp_path)
+    with np.errstate(over="ignore"):
+        expected = np.exp(x.astype(np.float64)).astype(np.float32)
+    np.testing.assert_allclose(out, expected, rtol=2e-7)
+
+
+def test_log_of_nan_inf_and_zero_follow_ieee(tmp_path):
+    """log(NaN) = NaN, log(+inf) = +inf, log(0) = -inf, log(x < 0) = NaN, as onnxruntime gives.
+
+    farm's inline logf gives 89.13, 88.72, -87.34 and -87.34: the bit tricks treat NaN/inf as huge normals and the
+    clamp to FLT_MIN maps zero and negatives to log(FLT_MIN).
+    """
+    x = np.array([np.nan, np.inf, 0.0, -1.0], np.float32)
+    out = run_unary(lambda v: L.call("log", v), x, tmp_path)
+    assert np.isnan(out[0]), f"log(nan) = {out[0]}"
+    assert out[1] == np.inf, f"log(inf) = {out[1]}"
+    assert out[2] == -np.inf, f"log(0) = {out[2]}"
+    assert np.isnan(out[3]), f"log(-1) = {out[3]}"
+
+
+def test_sqrt_is_correctly_rounded(tmp_path):
+    rng = np.random.default_rng(1)
+    x = np.concatenate([rng.uniform(0, 1e6, 4099).astype(np.float32),
+                        np.array([0.0, 1.0, 2.0, 1e-38, 3.4e38, np.inf, -1.0, np.nan], np.float32)])
+    out = run_unary(lambda v: L.call("sqrt", v), x, tmp_path)
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(out, np.sqrt(x))
+
+
+def test_floor_matches_numpy(tmp_path):
+    rng = np.random.default_rng(2)
+    x = np.concatenate([rng.uniform(-1000, 1000, 1027).astype(np.float32),
+                        np.array([-0.5, 0.5, -1.0, 1.0, 0.0, -2.5, 1e10, -1e10, 8388607.5, np.inf, -np.inf, np.nan],
+                                 np.float32)])
+    np.testing.assert_array_equal(run_unary(lambda v: L.call("floor", v), x, tmp_path), np.floor(x))
+
+
+# -- max/min and NaN -----------------------------------------------------------------------------------------------------
+
+
+SPECIALS = np.array([np.nan, -1.0, 2.0, 7.0, np.inf, -np.inf, 0.0, -3.5], np.float32)
+
+
+def test_relu_style_maximum_propagates_nan(tmp_path):
+    out = run_unary(lambda v: L.maximum(v, 0.0), SPECIALS, tmp_path)
+    assert np.isnan(out[0])
+    np.testing.assert_array_equal(out[1:], np.maximum(SPECIALS[1:], 0.0))
+
+
+def test_clip_style_min_max_propagates_nan(tmp_path):
+    out = run_unary(lambda v: L.minimum(L.maximum(v, 0.0), 6.0), SPECIALS, tmp_path)
+    assert np.isnan(out[0])
+    np.testing.assert_array_equal(out[1:], np.clip(SPECIALS[1:], 0.0, 6.0))
+
+
+def test_relu_of_nan_survives_vectorisation(tmp_path):
+    """A long loop vectorises; NaN must still come through in every lane position."""
+    x = np.linspace(-5, 5, 1000, dtype=np.float32)
+    x[::7] = np.nan
+    out = run_unary(lambda v: L.maximum(v, 0.0), x, tmp_path)
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(x))
+    np.testing.assert_array_equal(out[~np.isnan(x)], np.maximum(x[~np.isnan(x)], 0.0))
+
+
+# -- statements -------------------------------------------------------------------------------------------------------
+
+
+def row_reduce_kernel(rows: int, cols: int, combine, init: float) -> L.LoopKernel:
+    """out[r] = combine over c of in[r, c], through a scalar local (Assign)."""
+    names = L.Names()
+    r, c, acc = names.var("r"), names.var("c"), names.local()
+    body = [L.Loop(r, rows, [
+        L.Assign(acc, L.const(init)),
+        L.Loop(c, cols, [L.Assign(acc, combine(acc, L.Load("in", r * cols + c)))]),
+        L.Store("out", r, acc),
+    ])]
+    return L.LoopKernel([L.Param("out", output=True), L.Param("in")], body)
+
+
+def test_sum_reduction_with_assign(tmp_path):
+    x = np.random.default_rng(3).standard_normal((13, 257)).astype(np.float32)
+    out, _ = run_kernel(row_reduce_kernel(13, 257, lambda a, v: a + v, 0.0), [np.zeros(13, np.float32), x], tmp_path)
+    np.testing.assert_allclose(out, x.astype(np.float64).sum(axis=1), rtol=1e-5, atol=1e-5)
+
+
+def test_max_reduction_with_assign(tmp_path):
+    x = np.random.default_rng(4).standard_normal((9, 100)).astype(np.float32)
+    out, _ = run_kernel(row_reduce_kernel(9, 100, L.maximum, -np.inf), [np.zeros(9, np.float32), x], tmp_path)
+    np.testing.assert_array_equal(out, x.max(axis=1))
+
+
+def test_if_statement_stores_only_where_the_condition_holds(tmp_path):
+    i = L.Var("i")
+    x = np.linspace(-3, 3, 61, dtype=np.float32)
+    kernel = L.LoopKernel([L.Param("out", output=True), L.Param("in")], [
+        L.Loop(i, x.size, [L.If(L.compare("gt", L.Load("in", i), 0.0), [L.Store("out", i, L.Load("in", i) * 2.0)])]),
+    ])
+    out, _ = run_kernel(kernel, [np.full(x.size, -7.0, np.float32), x], tmp_path)
+    np.testing.assert_array_equal(out, np.where(x > 0, x * 2, -7.0).astype(np.float32))
+
+
+def test_if_on_integer_conditions(tmp_path):
+    """Every third index, and only inside [5, 20): integer mod, comparisons and a logical and."""
+    i = L.Var("i")
+    cond = L.logical_and(L.compare("eq", i % 3, 0), L.compare("ge", i, 5), L.compare("lt", i, 20))
+    kernel = L.LoopKernel([L.Param("out", output=True)], [
+        L.Loop(i, 30, [L.If(cond, [L.Store("out", i, L.to_float(i))])]),
+    ])
+    (out,) = run_kernel(kernel, [np.full(30, -1.0, np.float32)], tmp_path)
+    index = np.arange(30)
+    np.testing.assert_array_equal(out, np.where((index % 3 == 0) & (index >= 5) & (index < 20), index, -1.0))
+
+
+def test_select_leaky_relu(tmp_path):
+    x = np.linspace(-4, 4, 101, dtype=np.float32)
+    out = run_unary(lambda v: L.select(L.compare("lt", v, 0.0), v * 0.1, v), x, tmp_path)
+    np.testing.assert_allclose(out, np.where(x < 0, x * np.float32(0.1), x), rtol=1e-7)
+
+
+def test_select_on_integers(tmp_path):
+    i = L.Var("i")
+    kernel = L.LoopKernel([L.Param("out", L.I64, output=True)], [
+        L.Loop(i, 10, [L.Store("out", i, L.select(L.compare("lt", i, 4), i * 10, L.const(-1)))]),
+    ])
+    (out,) = run_kernel(kernel, [np.zeros(10, np.int64)], tmp_path)
+    assert out.tolist() == [0, 10, 20, 30, -1, -1, -1, -1, -1, -1]
+
+
+def test_cast_i64_to_f32(tmp_path):
+    i = L.Var("i")
+    kernel = L.LoopKernel([L.Param("out", output=True)], [L.Loop(i, 50, [L.Store("out", i, L.to_float(i * 3 - 70))])])
+    (out,) = run_kernel(kernel, [np.zeros(50, np.float32)], tmp_path)
+    np.testing.assert_array_equal(out, (np.arange(50) * 3 - 70).astype(np.float32))
+
+
+def test_cast_of_loaded_i64_values_to_f32(tmp_path):
+    x = np.array([0, 1, -1, 2**24, -(2**24), 123456789, -5], np.int64)
+    np.testing.assert_array_equal(run_unary(L.to_float, x, tmp_path), x.astype(np.float32))
+
+
+def test_cast_f32_to_i64_truncates_toward_zero(tmp_path):
+    x = np.array([0.0, 1.9, -1.9, 2.5, -2.5, 1e6 + 0.5, -7.0], np.float32)
+    out = run_unary(lambda v: L.Cast(v, L.I64), x, tmp_path, out_dtype=np.int64)
+    np.testing.assert_array_equal(out, np.trunc(x).astype(np.int64))
+
+
+def test_cast_bool_to_f32_gives_one_for_true(tmp_path):
+    """A comparison is an i1; true must become 1.0. `sitofp i1 true` is -1.0, so this needs uitofp (or zext)."""
+    x = np.array([-1.0, 0.0, 2.0, 3.0], np.float32)
+    out = run_unary(lambda v: L.to_float(L.compare("gt", v, 0.0)), x, tmp_path)
+    np.testing.assert_array_equal(out, (x > 0).astype(np.float32))
+
+
+def test_integer_division_and_modulo_in_indices_transpose(tmp_path):
+    """out[i] = in[(i % R) * C + i // R]: the transpose of an R x C matrix, indexed through div and mod."""
+    rows, cols = 7, 11
+    i = L.Var("i")
+    x = np.arange(rows * cols, dtype=np.float32).reshape(rows, cols)
+    kernel = L.LoopKernel([L.Param("out", output=True), L.Param("in")], [
+        L.Loop(i, rows * cols, [L.Store("out", i, L.Load("in", (i % rows) * cols + i // rows))]),
+    ])
+    out, _ = run_kernel(kernel, [np.zeros(rows * cols, np.float32), x], tmp_path)
+    np.testing.assert_array_equal(out, x.T.reshape(-1))
+
+
+def test_integer_div_mod_folding_agrees_with_the_rendered_code(tmp_path):
+    """An expression must compute the same whether or not its operands are constants.
+
+    loopir folds constant div/mod with Python's // and % (floor), the renderer emits sdiv/srem (truncation), so
+    for negative operands `const(-7) // 2` folds to -4 while the same expression over loaded values gives -3.
+    """
+    pairs = [(-7, 2), (7, -2), (-7, -2), (-1, 3), (7, 2)]
+    i = L.Var("i")
+    body = [L.Loop(i, len(pairs), [
+        L.Store("out", i * 4, L.Load("a", i, L.I64) // L.Load("b", i, L.I64)),
+        L.Store("out", i * 4 + 1, L.Load("a", i, L.I64) % L.Load("b", i, L.I64)),
+    ])]
+    for index, (a, b) in enumerate(pairs):
+        body.append(L.Store("out", L.const(index * 4 + 2), L.const(a) // L.const(b)))
+        body.append(L.Store("out", L.const(index * 4 + 3), L.const(a) % L.const(b)))
+    kernel = L.LoopKernel([L.Param("out", L.I64, output=True), L.Param("a", L.I64), L.Param("b", L.I64)], body)
+    a = np.array([p[0] for p in pairs], np.int64)
+    b = np.array([p[1] for p in pairs], np.int64)
+    out, _, _ = run_kernel(kernel, [np.zeros(4 * len(pairs), np.int64), a, b], tmp_path)
+    rendered, folded = out.reshape(-1, 4)[:, :2], out.reshape(-1, 4)[:, 2:]
+    np.testing.assert_array_equal(folded, rendered)
+
+
+def test_gather_through_an_i64_index_buffer(tmp_path):
+    x = np.arange(10, dtype=np.float32) * 1.5
+    idx = np.array([9, 0, 3, 3, 7], np.int64)
+    i = L.Var("i")
+    kernel = L.LoopKernel([L.Param("out", output=True), L.Param("in"), L.Param("idx", L.I64)], [
+        L.Loop(i, idx.size, [L.Store("out", i, L.Load("in", L.Load("idx", i, L.I64)))]),
+    ])
+    out, _, _ = run_kernel(kernel, [np.zeros(idx.size, np.float32), x, idx], tmp_path)
+    np.testing.assert_array_equal(out, x[idx])
+
+
+def test_broadcasting_add_through_loop_nest(tmp_path):
+    """out = a + b with b broadcast from (3, 1), written by loop_nest / flat_index / broadcast_index."""
+    out_shape, b_shape = (2, 3, 4), (3, 1)
+    body, _ = L.loop_nest(L.Names(), out_shape, lambda v: [
+        L.Store("out", L.flat_index(out_shape, v),
+                L.Load("a", L.flat_index(out_shape, v)) + L.Load("b", L.broadcast_index(b_shape, out_shape, v)))])
+    kernel = L.LoopKernel([L.Param("out", output=True), L.Param("a"), L.Param("b")], body)
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal(out_shape).astype(np.float32), rng.standard_normal(b_shape).astype(np.float32)
+    out, _, _ = run_kernel(kernel, [np.zeros(out_shape, np.float32), a, b], tmp_path)
+    np.testing.assert_array_equal(out, a + b)
+
+
+def test_loops_of_extent_zero_and_one(tmp_path):
+    i, j = L.Var("i"), L.Var("j")
+    kernel = L.LoopKernel([L.Param("out", output=True)], [
+        L.Loop(i, 0, [L.Store("out", L.const(0), L.const(5.0))]),
+        L.Loop(j, 1, [L.Store("out", j + 1, L.const(6.0))]),
+    ])
+    (out,) = run_kernel(kernel, [np.full(3, -1.0, np.float32)], tmp_path)
+    assert out.tolist() == [-1.0, 6.0, -1.0]
+
+
+def test_several_kernels_in_one_module(tmp_path):
+    """Two kernels rendered into one module, each called by farm_run on its own buffers."""
+    x = np.arange(8, dtype=np.float32)
+    results = run_kernels([(unary_kernel(lambda v: v * 2.0, 8), [np.zeros(8, np.float32), x]),
+                           (unary_kernel(lambda v: v + 1.0, 8), [np.zeros(8, np.float32), x])], tmp_path)
+    np.testing.assert_array_equal(results[0][0], x * 2)
+    np.testing.assert_array_equal(results[1][0], x + 1)
+
+
+# -- the IR itself ------------------------------------------------------------------------------------------------------
+
+
+def sample_kernels() -> list[tuple[str, L.LoopKernel]]:
+    names = L.Names()
+    r, c, acc = names.var("r"), names.var("c"), names.local()
+    gemm = L.Gemm("a", L.const(0), 5, "b", L.const(0), 7, "c", L.const(0), 7, 3, 7, 5)
+    return [
+        ("k_exp", unary_kernel(lambda v: L.call("exp", v) + L.call("log", v) * L.call("sqrt", v), 64)),
+        ("k_reduce", L.LoopKernel([L.Param("out", output=True), L.Param("in")], [
+            L.Loop(r, 4, [L.Assign(acc, L.const(0.0)),
+                          L.Loop(c, 8, [L.If(L.compare("gt", L.Load("in", r * 8 + c), 0.0),
+                                             [L.Assign(acc, acc + L.Load("in", r * 8 + c))])]),
+                          L.Store("out", r, L.select(L.compare("gt", acc, 1.0), acc, L.to_float(r)))])])),
+        ("k_gemm", L.LoopKernel([L.Param("c", output=True), L.Param("a"), L.Param("b")], [gemm])),
+    ]
+
+
+def test_ir_round_trips_through_parse_assembly_and_verifies():
+    text = kernel_module_ir(sample_kernels(), host(), GemmBlocking(rows=2, vectors=2, lanes=4))
+    module = llvm.parse_assembly(text)
+    module.verify()
+    functions = {f.name: f for f in module.functions}
+    for symbol in ("k_exp", "k_reduce", "k_gemm"):
+        assert not functions[symbol].is_declaration
+    assert str(llvm.parse_assembly(str(module))) == str(module)
+
+
+def test_kernel_signature_is_hidden_nounwind_with_noalias_pointers():
+    """declare_kernel documents the kernel as hidden inside the model library; llvmlite.ir has no `visibility`
+    attribute, so `fn.visibility = "hidden"` is silently dropped and the kernel is defined with default
+    visibility (and then exported from the .so)."""
+    text = kernel_module_ir(sample_kernels()[:1], host())
+    define = next(line for line in text.splitlines() if line.startswith("define"))
+    assert re.search(r'define hidden void @"?k_exp"?\(ptr noalias %"?out"?, ptr noalias %"?in"?\)', define), define
+    assert "nounwind" in text
+
+
+def test_float_math_is_fast_but_keeps_nan_and_inf():
+    text = kernel_module_ir(sample_kernels(), host())
+    assert re.search(r"fadd reassoc contract nsz arcp float", text)
+    assert "nnan" not in text and "ninf" not in text and " fast " not in text
+
+
+def test_math_functions_are_inline_no_libm(tmp_path):
+    """exp/log are expanded inline and sqrt/floor are instructions: the object needs no external symbol."""
+    target = host()
+    obj = compile_ir(kernel_module_ir(sample_kernels(), target), target, "sample")
+    path = tmp_path / "k.o"
+    path.write_bytes(obj)
+    symbols = subprocess.run(["readelf", "-sW", str(path)], capture_output=True, text=True, check=True).stdout
+    undefined = [line.split()[-1] for line in symbols.splitlines()
+                 if re.match(r"\s*\d+:", line) and " UND " in line and len(line.split()) >= 8]
+    assert undefined == [], symbols
+
+
+def test_kernels_compile_for_aarch64_too():
+    obj = compile_kernels(sample_kernels(), aarch64(), GemmBlocking(rows=4, vectors=3, lanes=4))
+    assert elf_header(obj) == (2, 1, EM_AARCH64)
+
+
+@pytest.mark.parametrize("lanes", [1, 4, 8, 16])
+def test_rendering_is_deterministic(lanes):
+    blocking = GemmBlocking(rows=3, vectors=2, lanes=lanes)
+    assert kernel_module_ir(sample_kernels(), host(), blocking) == kernel_module_ir(sample_kernels(), host(), blocking)
+    assert compile_kernels(sample_kernels(), host(), blocking) == compile_kernels(sample_kernels(), host(), blocking)
