@@ -59,7 +59,43 @@ def import_model(path: str | os.PathLike[str]) -> Graph:
         nodes=_topological_order(nodes, set(inputs) | set(constants), path),
         dynamic_shapes=dynamic,
     )
+    _correct_ceil_mode_pools(graph)
     return graph
+
+
+def _ceil_pool_extent(size: int, kernel: int, stride: int, dilation: int, begin: int, end: int) -> int:
+    """Output size of a ceil_mode pool, dropping a last window that would start in the end padding."""
+    span = (kernel - 1) * dilation + 1
+    out = -(-(size + begin + end - span) // stride) + 1
+    return out - 1 if (out - 1) * stride >= size + begin else out
+
+
+def _correct_ceil_mode_pools(graph: Graph) -> None:
+    """ONNX shape inference keeps a ceil_mode window that starts in the padding; onnxruntime and the ONNX reference
+    drop it. Use the smaller shape and forget every shape downstream, so that folding's re-inference recomputes them.
+    """
+    for node in graph.nodes:
+        if node.op_type not in ("MaxPool", "AveragePool") or not node.attrs.get("ceil_mode"):
+            continue
+        x, y = graph.values.get(node.inputs[0]), graph.values.get(node.outputs[0])
+        if x is None or y is None or len(x.shape) != 4 or node.attrs.get("auto_pad", "NOTSET") != "NOTSET":
+            continue
+        kernel, pads = node.attrs["kernel_shape"], node.attrs.get("pads", [0, 0, 0, 0])
+        strides, dilations = node.attrs.get("strides", [1, 1]), node.attrs.get("dilations", [1, 1])
+        spatial = tuple(_ceil_pool_extent(x.shape[2 + i], kernel[i], strides[i], dilations[i], pads[i], pads[2 + i])
+                        for i in range(2))
+        if spatial != y.shape[2:]:
+            graph.values[node.outputs[0]] = TensorInfo(y.shape[:2] + spatial, y.dtype)
+            _forget_shapes_after(graph, node)
+
+
+def _forget_shapes_after(graph: Graph, changed: Node) -> None:
+    stale = set(changed.outputs)
+    for node in graph.nodes:
+        if node is not changed and stale.intersection(node.inputs):
+            stale.update(node.outputs)
+            for name in node.outputs:
+                graph.values.pop(name, None)
 
 
 def _load_proto(path: str) -> onnx.ModelProto:

@@ -215,13 +215,13 @@ def _lower_pool(spec: KernelSpec) -> list[L.Stmt]:
     plane, y, x, r, s = names.var("p"), names.var("y"), names.var("x"), names.var("r"), names.var("s")
     acc, count = names.local(), names.local("cnt")
     is_max = spec.op == "MaxPool"
-    tap = _input_at(geo, plane * (h * w), y, x, r, s, NEG_INF if is_max else 0.0)
+    tap = _input_at(geo, plane * (h * w), y, x, r, s, -math.inf if is_max else 0.0)
     update = [L.Assign(acc, L.maximum(acc, tap) if is_max else acc + tap)]
     if not is_max:
         update.append(L.Assign(count, count + L.select(_counted(geo, a, y, x, r, s), 1.0, 0.0)))
     kh, kw = a["kernel_shape"]
     result = acc if is_max else acc / count
-    inner = [L.Assign(acc, L.const(NEG_INF if is_max else 0.0)), L.Assign(count, L.const(0.0)),
+    inner = [L.Assign(acc, L.const(-math.inf if is_max else 0.0)), L.Assign(count, L.const(0.0)),
              L.Loop(r, kh, [L.Loop(s, kw, update)]),
              L.Store("out0", (plane * ho + y) * wo + x, activate(result, spec.activation))]
     return [L.Loop(plane, n * c, [L.Loop(y, ho, [L.Loop(x, wo, inner)])])]

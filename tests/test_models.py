@@ -1,0 +1,163 @@
+"""End to end: whole models built by farm match onnxruntime (and the onnx package's stored reference outputs).
+
+The farm.examples models are built once per module; the nine onnx "light" models (real architectures whose
+weights are ConstantOfShape nodes, up to ~550 MB once folded) share one process-pool executor and have their
+artifacts deleted after each test.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from numerics import build_and_load, compare_outputs, run_onnxruntime
+from onnx import TensorProto, helper, numpy_helper
+
+from farm.artifact import read_manifest
+from farm.build import BuildResult
+from farm.examples import EXAMPLES, random_input
+from farm.executors import LocalExecutor
+from farm.runtime import Model
+
+LIGHT_MODELS = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
+                "squeezenet", "vgg19", "zfnet512")
+
+
+@pytest.fixture(scope="module")
+def executor() -> Iterator[LocalExecutor]:
+    """One process pool (one worker per CPU) for every build in this module."""
+    with LocalExecutor() as local:
+        yield local
+
+
+# ------------------------------------------------------------------------------------------- farm.examples
+
+Built = tuple[onnx.ModelProto, Path, BuildResult, Model]
+
+
+@pytest.fixture(scope="module")
+def built_example(tmp_path_factory: pytest.TempPathFactory, executor: LocalExecutor) -> Iterator[Callable[[str], Built]]:
+    """name -> (model, its .onnx path, BuildResult, loaded farm Model), each example built at most once."""
+    root = tmp_path_factory.mktemp("examples")
+    built: dict[str, Built] = {}
+
+    def get(name: str) -> Built:
+        if name not in built:
+            model = EXAMPLES[name]()
+            path = root / f"{name}.onnx"
+            onnx.save(model, str(path))
+            built[name] = (model, path, *build_and_load(path, root / name, executor))
+        return built[name]
+
+    yield get
+    built.clear()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_example_matches_onnxruntime(name: str, built_example: Callable[[str], Built]) -> None:
+    model, path, result, farm_model = built_example(name)
+    assert Path(result.artifact).name == f"{name}.farm"
+    for seed in (0, 1):
+        feeds = random_input(model, seed=seed)
+        compare_outputs(farm_model.run(feeds), run_onnxruntime(path, feeds), f"{name} seed {seed}")
+
+
+def test_resnet18_identical_layers_compile_once(built_example: Callable[[str], Built]) -> None:
+    """ResNet-18's repeated blocks have equal convolutions: one kernel serves them all, so the build compiles
+    fewer Conv kernels than the model has Conv nodes, and fewer kernels than it schedules calls.
+
+    (Counting every kernel, 23 = 15 Conv + 4 Add+Relu + MaxPool, GlobalAveragePool, Flatten and Gemm, which is
+    more than the 20 Conv nodes: the all-kernels count is compared with the schedule instead.)"""
+    model, _, result, _ = built_example("resnet18_style")
+    manifest = read_manifest(result.artifact)
+    convs = sum(1 for node in model.graph.node if node.op_type == "Conv")
+    conv_kernels = [k for k in manifest["kernels"] if k["op"] == "Conv"]
+    assert convs == 20
+    assert result.kernels == len(manifest["kernels"])
+    assert 0 < len(conv_kernels) < convs
+    assert sum(len(k["nodes"]) for k in conv_kernels) == convs
+    assert max(len(k["nodes"]) for k in conv_kernels) >= 2
+    assert result.kernels < len(manifest["schedule"])
+
+
+# --------------------------------------------------------------------------------------- onnx light models
+
+
+def runner_dummy_input(value: onnx.ValueInfoProto) -> np.ndarray:
+    """onnx.backend.test.runner's generate_dummy_data(x, seed=0, name=..., random=False), which made the inputs of
+    the stored light_<name>_output_<i>.pb: arange(n).reshape(shape) / n as float32, unknown dims taken as 1."""
+    tensor_type = value.type.tensor_type
+    assert tensor_type.elem_type == TensorProto.FLOAT, "the runner generates float inputs only"
+    shape = tuple(d.dim_value if d.HasField("dim_value") else 1 for d in tensor_type.shape.dim)
+    n = np.prod(shape)
+    return (np.arange(n).reshape(shape) / n).astype(np.float32)
+
+
+def runner_feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    initializers = {t.name for t in model.graph.initializer}
+    return {v.name: runner_dummy_input(v) for v in model.graph.input if v.name not in initializers}
+
+
+def stored_outputs(folder: Path, name: str, model: onnx.ModelProto) -> dict[str, np.ndarray] | None:
+    """The stored reference outputs by output name, or None unless every output has one (as in the runner)."""
+    files = [folder / f"light_{name}_output_{i}.pb" for i in range(len(model.graph.output))]
+    if not all(f.is_file() for f in files):
+        return None
+    return {out.name: numpy_helper.to_array(onnx.load_tensor(str(f))) for out, f in zip(model.graph.output, files)}
+
+
+def with_feature_output(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
+    """A copy of `model` that also outputs its features: the input of its first Gemm/MatMul, or of its last Conv
+    where it has neither (a 1x1-conv classifier).
+
+    The light models' weights are constants, so their final softmax is the same uniform 1/1000 for any input;
+    the features before the classifier vary, and checking them catches wrong arithmetic on the way."""
+    dense = [n for n in model.graph.node if n.op_type in ("Gemm", "MatMul")]
+    classifier = dense[0] if dense else [n for n in model.graph.node if n.op_type == "Conv"][-1]
+    feature = classifier.input[0]
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    copy.graph.output.append(helper.make_tensor_value_info(feature, TensorProto.FLOAT, None))
+    return copy, feature
+
+
+def test_light_model_list_is_complete(light_models_dir: Path) -> None:
+    found = sorted(p.name[len("light_"):-len(".onnx")] for p in light_models_dir.glob("light_*.onnx"))
+    assert found == sorted(LIGHT_MODELS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LIGHT_MODELS)
+def test_light_model_matches_onnxruntime_and_stored_output(name: str, light_models_dir: Path,
+                                                           executor: LocalExecutor, tmp_path: Path) -> None:
+    original = onnx.load(str(light_models_dir / f"light_{name}.onnx"))
+    model, feature = with_feature_output(original)
+    path = tmp_path / f"light_{name}.onnx"
+    onnx.save(model, str(path))
+    out = tmp_path / "out"
+    try:
+        result, farm_model = build_and_load(path, out, executor)
+        assert [spec.name for spec in farm_model.outputs] == [o.name for o in model.graph.output]
+        assert result.kernels > 0 and result.blobs > 0
+
+        feeds = random_input(model, seed=0)
+        random_out = farm_model.run(feeds)
+        compare_outputs(random_out, run_onnxruntime(path, feeds), f"{name} (random input, seed 0)")
+
+        dummy = runner_feeds(model)
+        dummy_out = farm_model.run(dummy)
+        compare_outputs(dummy_out, run_onnxruntime(path, dummy), f"{name} (runner's input)")
+        stored = stored_outputs(light_models_dir, name, original)
+        if stored is not None:
+            compare_outputs({k: dummy_out[k] for k in stored}, stored, f"{name} vs stored output")
+
+        # Not vacuous: the features differ between elements or between the two inputs.
+        features = (random_out[feature], dummy_out[feature])
+        assert np.ptp(features[0]) > 0 or not np.array_equal(*features), f"{name}: features {feature!r} constant"
+    finally:
+        shutil.rmtree(out, ignore_errors=True)

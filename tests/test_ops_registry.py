@@ -1,0 +1,137 @@
+"""The op registry: every supported op has numerical cases in the test_ops_* files, each op module's ops are
+covered by its own file, and lower_kernel orders a kernel's parameters as the planner passes its arguments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import test_ops_elementwise
+import test_ops_nn
+import test_ops_tensor
+from numerics import graph_model, ops_of, rand
+from onnx import helper, save
+
+from farm.build import plan_model
+from farm.codegen import loopir as L
+from farm.graph import TensorInfo
+from farm.ops import LOWERINGS, SUPPORTED_OPS, lower_kernel
+from farm.specs import KernelSpec, canonical_json
+
+# Each op module and the test file whose cases cover it.
+CASE_FILES = {
+    "farm.ops.elementwise": test_ops_elementwise.CASES,
+    "farm.ops.nn": test_ops_nn.ALL_CASES,
+    "farm.ops.tensor": test_ops_tensor.CASES,
+}
+
+
+# Ops the cases use that never reach a kernel: the frontend turns Constant nodes into constants.
+FRONTEND_OPS = {"Constant"}
+
+
+def test_every_supported_op_has_a_case() -> None:
+    covered = set().union(*(ops_of(cases) for cases in CASE_FILES.values())) - FRONTEND_OPS
+    assert covered == set(SUPPORTED_OPS), (
+        f"supported ops without a case: {sorted(set(SUPPORTED_OPS) - covered)}; "
+        f"cases of unsupported ops: {sorted(covered - set(SUPPORTED_OPS))}"
+    )
+
+
+def test_supported_ops_is_the_documented_set() -> None:
+    assert set(SUPPORTED_OPS) == {
+        "Conv", "BatchNormalization", "Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "Add", "Sub", "Mul", "Div",
+        "Sum", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LRN", "Flatten",
+        "Reshape", "Transpose", "Concat", "Squeeze", "Unsqueeze", "Softmax", "Pad", "Dropout", "Identity",
+    }
+    assert len(SUPPORTED_OPS) == 29 and list(SUPPORTED_OPS) == sorted(SUPPORTED_OPS)
+    assert "Conv" in SUPPORTED_OPS and "ConvTranspose" not in SUPPORTED_OPS
+
+
+@pytest.mark.parametrize("module", sorted(CASE_FILES))
+def test_each_op_module_is_covered_by_its_own_file(module: str) -> None:
+    registered = {op for op, lowering in LOWERINGS.items() if lowering.lower.__module__ == module}
+    assert registered, f"{module} registers no op"
+    assert registered <= ops_of(CASE_FILES[module])
+
+
+def test_each_case_file_has_several_cases_per_op() -> None:
+    """Every op gets attribute variants, not a single smoke case (Identity and Dropout have fewer forms)."""
+    cases = [c for cases in CASE_FILES.values() for c in cases]
+    for op in SUPPORTED_OPS:
+        count = sum(1 for c in cases if any(node.op_type == op for node in c.model.graph.node))
+        assert count >= 3, f"{op} has only {count} cases"
+
+
+# ------------------------------------------------------------------------------------------ parameter order
+
+
+def _spec(op: str, attrs: dict, inputs: list[tuple[int, ...]], outputs: list[tuple[int, ...]]) -> KernelSpec:
+    return KernelSpec(op, canonical_json(attrs), tuple(TensorInfo(s) for s in inputs),
+                      tuple(TensorInfo(s) for s in outputs), None, "")
+
+
+CONV_ATTRS = {"kernel_shape": [3, 3], "strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1], "group": 1}
+
+
+@pytest.mark.parametrize(
+    "spec, names, scratch",
+    [
+        pytest.param(_spec("Conv", CONV_ATTRS, [(1, 4, 8, 8), (6, 4, 3, 3), (6,)], [(1, 6, 8, 8)]),
+                     ["out0", "in0", "in1", "in2"], True, id="conv-im2col-bias"),
+        pytest.param(_spec("Conv", CONV_ATTRS, [(1, 4, 8, 8), (6, 4, 3, 3)], [(1, 6, 8, 8)]),
+                     ["out0", "in0", "in1"], True, id="conv-im2col"),
+        pytest.param(_spec("Conv", {**CONV_ATTRS, "kernel_shape": [1, 1], "pads": [0, 0, 0, 0]},
+                           [(1, 4, 8, 8), (6, 4, 1, 1)], [(1, 6, 8, 8)]),
+                     ["out0", "in0", "in1"], False, id="conv-pointwise"),
+        pytest.param(_spec("Conv", {**CONV_ATTRS, "group": 4}, [(1, 4, 8, 8), (4, 1, 3, 3), (4,)], [(1, 4, 8, 8)]),
+                     ["out0", "in0", "in1", "in2"], False, id="conv-depthwise"),
+        pytest.param(_spec("Concat", {"axis": 1}, [(2, 3), (2, 4), (2, 1)], [(2, 8)]),
+                     ["out0", "in0", "in1", "in2"], False, id="concat"),
+        pytest.param(_spec("Relu", {}, [(5,)], [(5,)]), ["out0", "in0"], False, id="relu"),
+    ],
+)
+def test_lower_kernel_params_are_outputs_then_inputs_then_scratch(spec: KernelSpec, names: list[str],
+                                                                  scratch: bool) -> None:
+    kernel = lower_kernel(spec)
+    expected = names + (["scratch"] if scratch else [])
+    assert [p.name for p in kernel.params] == expected
+    assert [p.output for p in kernel.params] == [n.startswith("out") or n == "scratch" for n in expected]
+    assert all(p.dtype == L.F32 for p in kernel.params)
+    assert (LOWERINGS[spec.op].scratch_floats(spec) > 0) == scratch
+
+
+def test_planned_arguments_match_kernel_params(tmp_path: Path) -> None:
+    """For every step of a planned model, the planner's arguments line up with lower_kernel's parameters: the
+    node's outputs, its data inputs (constant-only inputs such as Clip's bounds or Pad's pads are not passed),
+    then its scratch buffer."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Clip", ["c", "lo", "hi"], ["k"], name="clip"),
+        helper.make_node("Pad", ["k", "pads"], ["p"], name="pad", mode="reflect"),
+        helper.make_node("Conv", ["p", "dw"], ["d"], name="depthwise", group=6, pads=[1, 1, 1, 1]),
+        helper.make_node("Concat", ["d", "p"], ["y"], name="concat", axis=1),
+    ]
+    initializers = {"w": rand(6, 4, 3, 3), "b": rand(6), "lo": np.float32(0), "hi": np.float32(6),
+                    "pads": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "dw": rand(6, 1, 3, 3)}
+    path = tmp_path / "m.onnx"
+    save(graph_model(nodes, [("x", (1, 4, 8, 8))], ["y"], initializers), str(path))
+    plan = plan_model(path)
+    assert [step.spec.op for step in plan.steps] == ["Conv", "Pad", "Conv", "Concat"]  # Clip fused into Conv
+    expected_args = {
+        "conv": [("arena", "k"), ("arena", "x"), ("blob",), ("blob",), ("arena", "conv::scratch")],
+        "pad": [("arena", "p"), ("arena", "k")],
+        "depthwise": [("arena", "d"), ("arena", "p"), ("blob",)],
+        "concat": [("arena", "y"), ("arena", "d"), ("arena", "p")],
+    }
+    for step in plan.steps:
+        kernel = lower_kernel(step.spec)
+        assert len(kernel.params) == len(step.args), step.node
+        got = [(a.kind, a.name) if a.kind == "arena" else (a.kind,) for a in step.args]
+        assert got == expected_args[step.node], step.node
+        outputs = len(step.spec.outputs)
+        for i, (param, arg) in enumerate(zip(kernel.params, step.args)):
+            is_scratch = param.name == "scratch"
+            assert param.output == (i < outputs or is_scratch), (step.node, param)
+            assert is_scratch == arg.name.endswith("::scratch"), (step.node, param, arg)
