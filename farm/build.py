@@ -79,8 +79,8 @@ def _compile_jobs(plan: BuildPlan, targets: Sequence[CpuTarget]) -> tuple[list[J
     kernels = [Job(f"{t.id}/{spec.symbol}", compile_cpu_kernel, (spec, t))
                for t in targets for spec in (for_target(s, t.id) for s in plan.kernels().values())]
     blobs = [Job(f"{t.id}/{_blob_spec(sha, data.nbytes, t).symbol}", pack_blob,
-                 (_blob_spec(sha, data.nbytes, t), t, data.tobytes())) for t in targets for sha, data in
-             plan.blobs.items()]
+                 (_blob_spec(sha, data.nbytes, t), t, memoryview(data).cast("B")), big_bytes=True)
+             for t in targets for sha, data in plan.blobs.items()]
     return kernels, blobs
 
 

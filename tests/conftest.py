@@ -8,6 +8,8 @@ collecting a module (pytest.skip(allow_module_level=True), pytest.importorskip) 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -71,3 +73,11 @@ def light_models_dir() -> Path:
     if not path.is_dir():
         pytest.fail(f"the onnx package has no {path}; reinstall onnx")
     return path
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Give the whole session (and the farm processes it starts) a throwaway runtime cache instead of ~/.cache."""
+    if "FARM_CACHE_DIR" not in os.environ:
+        folder = tempfile.mkdtemp(prefix="farm-test-cache-")
+        os.environ["FARM_CACHE_DIR"] = folder
+        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
