@@ -36,3 +36,26 @@ def test_a_failing_job_raises_its_error(workers):
 def test_default_workers_is_the_core_count():
     assert default_workers() >= 1
     assert LocalExecutor().workers == default_workers()
+
+
+def _pid() -> bytes:
+    import os
+
+    return str(os.getpid()).encode()
+
+
+def test_big_bytes_jobs_stay_in_this_process_and_others_go_to_the_pool():
+    import os
+
+    with LocalExecutor(2) as executor:
+        results = executor.run([Job("blob", _pid, (), big_bytes=True), Job("kernel", _pid, ())])
+    assert results[0] == str(os.getpid()).encode()
+    assert results[1] != results[0]
+
+
+def test_keep_large_buffers_is_safe_to_call_again():
+    from farm.executors import keep_large_buffers
+
+    keep_large_buffers()
+    keep_large_buffers()
+    assert bytearray(64 << 20)[-1] == 0
