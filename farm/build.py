@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from farm.frontend import import_model, validate
 from farm.ops import SUPPORTED_OPS
 from farm.passes import optimize
 from farm.plan import Arg, BuildPlan, for_target, make_plan
-from farm.specs import BlobSpec, canonical_json
+from farm.specs import BlobSpec, KernelSpec, canonical_json
 
 ProgressCallback = Callable[[int, int], None]
 
@@ -61,31 +61,65 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
     targets = list(targets) or [host_target()]
     model_bytes = Path(model_path).read_bytes()
     plan = plan_model(model_path)
-    kernel_jobs, blob_jobs = _compile_jobs(plan, targets)
-    compiled = _run(executor, kernel_jobs + blob_jobs, progress)
-    objects = dict(zip((job.name for job in kernel_jobs + blob_jobs), compiled))
-    libraries = {t.id: link_library(_library_objects(plan, t, objects), t) for t in targets}
-    manifest = build_manifest(plan, targets, model_path, hashlib.sha256(model_bytes).hexdigest(), objects)
-    members = {f"targets/{t.id}/model.so": libraries[t.id] for t in targets}
+    units = compile_units(plan, targets)
+    compiled = _run(executor, [_local_job(unit, plan) for unit in units], progress)
+    objects = {unit.name: data for unit, data in zip(units, compiled)}
+    template = manifest_template(plan, targets, Path(model_path).stem, hashlib.sha256(model_bytes).hexdigest())
+    manifest = complete_manifest(template, {name: hashlib.sha256(data).hexdigest() for name, data in objects.items()})
+    members = {library_member(t): link_library(library_objects(plan, t, objects), t) for t in targets}
     os.makedirs(out_dir, exist_ok=True)
     artifact = write_artifact(os.path.abspath(os.path.join(out_dir, f"{Path(model_path).stem}.farm")), manifest,
                               members)
-    return BuildResult(job_id_for(manifest["model"]["sha256"], targets), artifact, len(kernel_jobs),
-                       len(blob_jobs), time.perf_counter() - started, [t.id for t in targets])
+    kernels = sum(unit.kind == "kernel" for unit in units)
+    return BuildResult(job_id_for(manifest["model"]["sha256"], targets), artifact, kernels, len(units) - kernels,
+                       time.perf_counter() - started, [t.id for t in targets])
 
 
-def _compile_jobs(plan: BuildPlan, targets: Sequence[CpuTarget]) -> tuple[list[Job], list[Job]]:
-    """One job per distinct kernel per target and one per distinct blob per target, named by symbol."""
-    kernels = [Job(f"{t.id}/{spec.symbol}", compile_cpu_kernel, (spec, t))
-               for t in targets for spec in (for_target(s, t.id) for s in plan.kernels().values())]
-    blobs = [Job(f"{t.id}/{_blob_spec(sha, data.nbytes, t).symbol}", pack_blob,
-                 (_blob_spec(sha, data.nbytes, t), t, memoryview(data).cast("B")), big_bytes=True)
-             for t in targets for sha, data in plan.blobs.items()]
-    return kernels, blobs
+@dataclass(frozen=True)
+class CompileUnit:
+    """One object to build: a kernel or a blob for one target. `name` (target id / symbol) orders the link."""
+
+    kind: str
+    spec: KernelSpec | BlobSpec
+    target: CpuTarget
+
+    @property
+    def name(self) -> str:
+        return f"{self.target.id}/{self.spec.symbol}"
+
+    @property
+    def cache_ref(self) -> str:
+        """The store ref under which the compiled object is cached (the spec's content key)."""
+        return f"{self.kind}:{self.spec.key}"
 
 
-def _blob_spec(sha: str, nbytes: int, target: CpuTarget) -> BlobSpec:
+def compile_units(plan: BuildPlan, targets: Sequence[CpuTarget]) -> list[CompileUnit]:
+    """Every distinct kernel and every distinct blob, for every target: the build's compile work."""
+    kernels = [CompileUnit("kernel", for_target(spec, t.id), t) for t in targets for spec in plan.kernels().values()]
+    blobs = [CompileUnit("blob", blob_spec(sha, data.nbytes, t), t) for t in targets for sha, data in plan.blobs.items()]
+    return kernels + blobs
+
+
+def compile_unit(unit: CompileUnit, blob_data: bytes | memoryview | None = None) -> bytes:
+    """The object of one unit: the pure step both executors call."""
+    if unit.kind == "kernel":
+        return compile_cpu_kernel(unit.spec, unit.target)
+    return pack_blob(unit.spec, unit.target, blob_data)
+
+
+def _local_job(unit: CompileUnit, plan: BuildPlan) -> Job:
+    if unit.kind == "kernel":
+        return Job(unit.name, compile_cpu_kernel, (unit.spec, unit.target))
+    data = memoryview(plan.blobs[unit.spec.data_sha256]).cast("B")
+    return Job(unit.name, pack_blob, (unit.spec, unit.target, data), big_bytes=True)
+
+
+def blob_spec(sha: str, nbytes: int, target: CpuTarget) -> BlobSpec:
     return BlobSpec(sha, nbytes, target.id)
+
+
+def library_member(target: CpuTarget) -> str:
+    return f"targets/{target.id}/model.so"
 
 
 def _run(executor: LocalExecutor | None, jobs: list[Job], progress: ProgressCallback | None) -> list[bytes]:
@@ -112,30 +146,43 @@ def schedule_for(plan: BuildPlan, target: CpuTarget) -> list[dict[str, Any]]:
 def _entry_arg(plan: BuildPlan, arg: Arg, target: CpuTarget) -> list:
     if arg.kind == "arena":
         return ["arena", plan.memory.offsets[arg.name]]
-    return ["blob", _blob_spec(arg.name, plan.blobs[arg.name].nbytes, target).symbol]
+    return ["blob", blob_spec(arg.name, plan.blobs[arg.name].nbytes, target).symbol]
 
 
-def _library_objects(plan: BuildPlan, target: CpuTarget, objects: dict[str, bytes]) -> list[bytes]:
-    """The target's kernel and blob objects in name order, then its entry."""
-    mine = [objects[name] for name in sorted(objects) if name.startswith(f"{target.id}/")]
-    return mine + [compile_entry(schedule_for(plan, target), target)]
+def link_order(names: Sequence[str], target: CpuTarget) -> list[str]:
+    """The target's unit names in the order their objects are linked (before the entry)."""
+    return sorted(name for name in names if name.startswith(f"{target.id}/"))
 
 
-def build_manifest(plan: BuildPlan, targets: Sequence[CpuTarget], model_path: str | os.PathLike, model_sha256: str,
-                   objects: dict[str, bytes]) -> dict[str, Any]:
-    """Everything the runtime and later tools need to know about the artifact, in a deterministic form."""
+def library_objects(plan: BuildPlan, target: CpuTarget, objects: Mapping[str, bytes]) -> list[bytes]:
+    """The target's kernel and blob objects in link order, then its entry."""
+    ordered = [objects[name] for name in link_order(list(objects), target)]
+    return ordered + [compile_entry(schedule_for(plan, target), target)]
+
+
+def complete_manifest(template: dict[str, Any], object_sha256: Mapping[str, str]) -> dict[str, Any]:
+    """The manifest with each kernel's object sha256 filled in (by unit name: target id / symbol)."""
+    kernels = [{**entry, "object_sha256": object_sha256[f"{entry['target']}/{entry['symbol']}"]}
+               for entry in template["kernels"]]
+    return {**template, "kernels": kernels}
+
+
+def manifest_template(plan: BuildPlan, targets: Sequence[CpuTarget], model_name: str,
+                      model_sha256: str) -> dict[str, Any]:
+    """Everything the runtime and later tools need to know about the artifact, in a deterministic form, except
+    the compiled objects' hashes (complete_manifest adds them once the objects exist)."""
     graph = plan.graph
     io = lambda name: {"name": name, "shape": list(graph.values[name].shape),  # noqa: E731
                        "dtype": graph.values[name].dtype, "offset": plan.memory.offsets[name]}
     return {
         "format_version": FORMAT_VERSION,
         "farm_version": __version__,
-        "model": {"name": Path(model_path).stem, "sha256": model_sha256, "opset": graph.opset},
+        "model": {"name": model_name, "sha256": model_sha256, "opset": graph.opset},
         "inputs": [io(name) for name in graph.inputs],
         "outputs": [io(name) for name in graph.outputs],
-        "targets": [{**t.to_json(), "library": f"targets/{t.id}/model.so", "entry": ENTRY_SYMBOL} for t in targets],
-        "kernels": _kernel_entries(plan, targets, objects),
-        "blobs": [{"sha256": sha, "bytes": int(data.nbytes), "symbol": _blob_spec(sha, data.nbytes, targets[0]).symbol}
+        "targets": [{**t.to_json(), "library": library_member(t), "entry": ENTRY_SYMBOL} for t in targets],
+        "kernels": _kernel_entries(plan, targets),
+        "blobs": [{"sha256": sha, "bytes": int(data.nbytes), "symbol": blob_spec(sha, data.nbytes, targets[0]).symbol}
                   for sha, data in sorted(plan.blobs.items())],
         "schedule": [{"node": step.node, "op": step.spec.op, "kernel": step.spec.key[:20],
                       "args": [f"{arg.kind}:{arg.name}" for arg in step.args]} for step in plan.steps],
@@ -143,7 +190,7 @@ def build_manifest(plan: BuildPlan, targets: Sequence[CpuTarget], model_path: st
     }
 
 
-def _kernel_entries(plan: BuildPlan, targets: Sequence[CpuTarget], objects: dict[str, bytes]) -> list[dict]:
+def _kernel_entries(plan: BuildPlan, targets: Sequence[CpuTarget]) -> list[dict]:
     nodes: dict[str, list[str]] = {}
     for step in plan.steps:
         nodes.setdefault(step.spec.key, []).append(step.node)
@@ -152,6 +199,5 @@ def _kernel_entries(plan: BuildPlan, targets: Sequence[CpuTarget], objects: dict
         for target in targets:
             symbol = for_target(spec, target.id).symbol
             entries.append({"kernel": key[:20], "op": spec.op, "target": target.id, "symbol": symbol,
-                            "spec": spec.to_json(), "nodes": nodes[key],
-                            "object_sha256": hashlib.sha256(objects[f"{target.id}/{symbol}"]).hexdigest()})
+                            "spec": spec.to_json(), "nodes": nodes[key], "object_sha256": None})
     return entries
