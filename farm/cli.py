@@ -49,27 +49,161 @@ def main() -> None:
     """farm: compile ONNX models into one runnable artifact, on this machine or on a build farm."""
 
 
+broker_option = click.option("--broker", envvar="FARM_BROKER_URL", metavar="URL",
+                             help="Redis URL of the farm (default: $FARM_BROKER_URL).")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+
+
+def _client(broker: str | None):
+    from farm.remote import FarmClient
+
+    if not broker:
+        raise BadInputError("no farm configured: pass --broker URL or set FARM_BROKER_URL")
+    return FarmClient(broker)
+
+
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--target", "targets", multiple=True, metavar="T",
               help="cpu (this host, the default), cpu:TRIPLE or cpu:TRIPLE:CPU[:FEATURES]; repeatable.")
 @click.option("-o", "--output-dir", default="artifacts", show_default=True, type=click.Path(file_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object describing the job on stdout.")
+@json_option
 @click.option("--workers", type=click.IntRange(min=1), help="Local compile processes (default: every core).")
+@broker_option
+@click.option("--no-wait", is_flag=True, help="With a farm: return the job id at once.")
+@click.option("--no-cache", is_flag=True, help="With a farm: rebuild every kernel and blob.")
 @reports_errors
-def submit(model: Path, targets: tuple[str, ...], output_dir: str, as_json: bool, workers: int | None) -> None:
-    """Build MODEL.onnx into OUTPUT_DIR/<stem>.farm and print the artifact's path."""
-    from farm.build import build_model
-    from farm.codegen.targets import parse_target
-    from farm.executors import LocalExecutor
-    from farm.progress import BuildProgress
+def submit(model: Path, targets: tuple[str, ...], output_dir: str, as_json: bool, workers: int | None,
+           broker: str | None, no_wait: bool, no_cache: bool) -> None:
+    """Build MODEL.onnx into OUTPUT_DIR/<stem>.farm and print the artifact's path (on the farm when one is set)."""
+    from farm.codegen.targets import host_target, parse_target
 
     if not model.is_file():
         raise BadInputError(f"{model}: no such model file")
-    parsed = [parse_target(t) for t in targets]
+    parsed = [parse_target(t) for t in targets] or [host_target()]
+    if broker:
+        _submit_to_farm(_client(broker), model, parsed, output_dir, as_json, no_wait, no_cache)
+        return
+    from farm.build import build_model
+    from farm.executors import LocalExecutor
+    from farm.progress import BuildProgress
+
     with LocalExecutor(workers) as executor, BuildProgress(model.name) as progress:
         result = build_model(model, output_dir, parsed, executor=executor, progress=progress.update)
     click.echo(json.dumps(result.to_json(), sort_keys=True) if as_json else result.artifact)
+
+
+def _submit_to_farm(client, model: Path, targets: list, output_dir: str, as_json: bool, no_wait: bool,
+                    no_cache: bool) -> None:
+    job_id = client.submit(model, targets, no_cache=no_cache)
+    if no_wait:
+        click.echo(json.dumps({"job_id": job_id, "state": "queued"}) if as_json else job_id)
+        return
+    status = _wait_with_progress(client, job_id, model.name)
+    artifact = client.download(job_id, output_dir)
+    if as_json:
+        click.echo(json.dumps({**status, "artifact": artifact}, sort_keys=True))
+    else:
+        click.echo(artifact)
+
+
+def _wait_with_progress(client, job_id: str, label: str, timeout: float | None = None) -> dict[str, Any]:
+    from farm.progress import BuildProgress
+    from farm.remote import raise_for_state
+
+    with BuildProgress(f"{label} on the farm") as progress:
+        status = client.wait(job_id, timeout, lambda s: progress.update(s["done"], s["total"]) if s["total"] else None)
+    raise_for_state(status)
+    return status
+
+
+@main.command()
+@click.argument("job_id")
+@broker_option
+@json_option
+@reports_errors
+def status(job_id: str, broker: str | None, as_json: bool) -> None:
+    """Show a farm job: state, tasks done of total, and the failing unit and its error."""
+    info = _client(broker).status(job_id)
+    if as_json:
+        click.echo(json.dumps(info, sort_keys=True))
+        return
+    line = f"{job_id}: {info['state']}, {info['done']}/{info['total']} compile tasks done"
+    click.echo(line + (f"; failed at {info['failed_unit']}: {info['error']}" if info.get("error") else ""))
+
+
+@main.command()
+@click.argument("job_id")
+@broker_option
+@json_option
+@click.option("--timeout", type=float, help="Give up after this many seconds (exit 1).")
+@reports_errors
+def wait(job_id: str, broker: str | None, as_json: bool, timeout: float | None) -> None:
+    """Wait for a farm job to end; the exit status says how it ended."""
+    from farm.errors import BuildError
+    from farm.jobs import TERMINAL
+
+    status = _wait_with_progress(_client(broker), job_id, job_id, timeout)
+    if status["state"] not in TERMINAL:
+        raise BuildError(f"job {job_id} still {status['state']} after {timeout} s")
+    click.echo(json.dumps(status, sort_keys=True) if as_json else f"{job_id}: {status['state']}")
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("-o", "--output-dir", default="artifacts", show_default=True, type=click.Path(file_okay=False))
+@broker_option
+@reports_errors
+def download(job_id: str, output_dir: str, broker: str | None) -> None:
+    """Download a finished job's artifact into OUTPUT_DIR and print its path."""
+    click.echo(_client(broker).download(job_id, output_dir))
+
+
+@main.command()
+@click.argument("job_id")
+@broker_option
+@reports_errors
+def cancel(job_id: str, broker: str | None) -> None:
+    """Cancel a farm job: its remaining tasks are skipped and no artifact is made."""
+    from farm.errors import JobError
+
+    if not _client(broker).cancel(job_id):
+        raise JobError(f"job {job_id} had already ended; nothing to cancel")
+    click.echo(f"{job_id}: cancelled")
+
+
+@main.command()
+@broker_option
+@click.option("--concurrency", type=click.IntRange(min=1), help="Compile processes (default: every core).")
+@click.option("--hostname", help="Worker name (default: farm-<pid>@<host>).")
+@click.option("--loglevel", default="INFO", show_default=True)
+@reports_errors
+def worker(broker: str | None, concurrency: int | None, hostname: str | None, loglevel: str) -> None:
+    """Run a farm worker on this host, consuming the queues its CPU and OpenCL devices can serve."""
+    from workers.main import run_worker
+
+    if not broker:
+        raise BadInputError("no farm configured: pass --broker URL or set FARM_BROKER_URL")
+    run_worker(broker, concurrency, hostname, loglevel)
+
+
+@main.command("workers")
+@broker_option
+@json_option
+@reports_errors
+def list_workers_command(broker: str | None, as_json: bool) -> None:
+    """List live workers with their host, capabilities and queues."""
+    from farm.remote import list_workers
+
+    found = list_workers(_client(broker).broker)
+    if as_json:
+        click.echo(json.dumps(found, sort_keys=True))
+        return
+    for item in found:
+        cpu = item.get("cpu", {})
+        devices = ", ".join(d["device"] for d in item.get("opencl", [])) or "no OpenCL"
+        click.echo(f"{item['name']}: {cpu.get('triple', '?')} {cpu.get('cpu', '?')}; {devices}; "
+                   f"queues {', '.join(item['queues'])}")
 
 
 def _parse_inputs(pairs: tuple[str, ...]) -> dict[str, np.ndarray]:

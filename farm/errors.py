@@ -51,5 +51,11 @@ class RunInputError(BadInputError):
     """The arrays given to a model at run time don't match its inputs."""
 
 
+class JobError(FarmError):
+    """A farm job is unknown (expired or never submitted) or was cancelled."""
+
+    exit_status = ExitStatus.CANCELLED_OR_UNKNOWN
+
+
 class BuildError(FarmError):
     """A compile, pack or link step failed; carries the failing kernel or blob and the tool's log."""

@@ -86,3 +86,7 @@ class BlobSpec:
 
     def to_json(self) -> dict[str, Any]:
         return {"sha256": self.data_sha256, "bytes": self.nbytes, "target": self.target_id}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BlobSpec:
+        return cls(data["sha256"], int(data["bytes"]), data["target"])

@@ -53,6 +53,10 @@ class CpuTarget:
     def to_json(self) -> dict:
         return {"id": self.id, "kind": "cpu", "triple": self.triple, "cpu": self.cpu, "features": self.features}
 
+    @classmethod
+    def from_json(cls, data: dict) -> CpuTarget:
+        return cls(data["triple"], data["cpu"], data["features"])
+
     def machine(self) -> llvm.TargetMachine:
         """An LLVM target machine for position-independent code at O3 (one per target per process)."""
         return _machine(self.triple, self.cpu, self.features)

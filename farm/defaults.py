@@ -1,0 +1,43 @@
+"""Documented defaults of the farm, in one place; each can be overridden by the environment variable named."""
+
+from __future__ import annotations
+
+import os
+
+
+def _seconds(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+def broker_url() -> str | None:
+    """FARM_BROKER_URL: the Redis URL of the farm; unset means builds run on this machine."""
+    return os.environ.get("FARM_BROKER_URL") or None
+
+
+def store_url(broker: str) -> str:
+    """FARM_STORE_URL: where big bytes live; defaults to the broker's Redis."""
+    return os.environ.get("FARM_STORE_URL") or broker
+
+
+def task_soft_time_limit() -> float:
+    """FARM_TASK_SOFT_TIME_LIMIT: seconds a task may run before it is asked to stop (default 600)."""
+    return _seconds("FARM_TASK_SOFT_TIME_LIMIT", 600)
+
+
+def task_time_limit() -> float:
+    """FARM_TASK_TIME_LIMIT: seconds after which a task's process is killed (default 660)."""
+    return _seconds("FARM_TASK_TIME_LIMIT", 660)
+
+
+def visibility_timeout() -> float:
+    """FARM_VISIBILITY_TIMEOUT: seconds before Redis redelivers an unacknowledged task; longer than any task."""
+    return _seconds("FARM_VISIBILITY_TIMEOUT", task_time_limit() + 60)
+
+
+def max_deliveries() -> int:
+    """FARM_MAX_DELIVERIES: deliveries of one task (its first run included) before its job fails (default 3)."""
+    return int(os.environ.get("FARM_MAX_DELIVERIES", 3))
+
+
+POLL_SECONDS = 0.2
+JOB_TTL_SECONDS = 7 * 24 * 3600

@@ -1,0 +1,279 @@
+"""Farm jobs: their records in Redis and the orchestration steps that the Celery tasks in tasks/ run.
+
+Nothing here imports Celery: each step gets a `dispatch(task_name, args)` callable to enqueue what follows, so the
+logic stays plain Python and tasks/ stays thin. Big bytes go through the store; records and messages hold keys.
+
+A job moves queued -> planning -> compiling -> linking -> done, or to failed or cancelled from any live state.
+Progress is counted with Redis sets (one member per finished unit), so a task redelivered after its worker died
+counts once, and exactly one task sees the last unit of a phase finish and dispatches the next phase.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from farm import defaults
+from farm.artifact import write_artifact
+from farm.build import (
+    CompileUnit,
+    compile_unit,
+    compile_units,
+    complete_manifest,
+    library_member,
+    link_order,
+    manifest_template,
+    plan_model,
+    schedule_for,
+)
+from farm.codegen.entry import compile_entry
+from farm.codegen.link import link_library
+from farm.codegen.targets import CpuTarget
+from farm.errors import BadInputError, ExitStatus, FarmError
+from farm.specs import BlobSpec, KernelSpec
+from farm.store import CorruptEntryError, MissingEntryError, Store, StoreUnreachableError, redact_url
+
+Dispatch = Callable[[str, list[Any]], None]
+
+
+class JobState(str, Enum):
+    QUEUED = "queued"
+    PLANNING = "planning"
+    COMPILING = "compiling"
+    LINKING = "linking"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL = frozenset({JobState.DONE.value, JobState.FAILED.value, JobState.CANCELLED.value})
+
+_FINISH_IF_LIVE = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state or state == 'done' or state == 'failed' or state == 'cancelled' then return 0 end
+for i = 1, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+return 1
+"""
+
+
+class JobBoard:
+    """Job records: a Redis hash per job (farm:job:<id>) plus sets counting finished units per phase."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.redis = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=10, decode_responses=True)
+        self._finish_if_live = self.redis.register_script(_FINISH_IF_LIVE)
+
+    @staticmethod
+    def key(job_id: str, suffix: str = "") -> str:
+        return f"farm:job:{job_id}{suffix}"
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as error:
+            raise StoreUnreachableError(f"farm unreachable at {redact_url(self.url)}: {error}") from None
+
+    def create(self, job_id: str, fields: dict[str, Any]) -> None:
+        record = {**fields, "state": JobState.QUEUED.value, "created": time.time(), "updated": time.time()}
+        self._call(self.redis.hset, self.key(job_id), mapping=_flat(record))
+        self._call(self.redis.expire, self.key(job_id), defaults.JOB_TTL_SECONDS)
+
+    def get(self, job_id: str) -> dict[str, str] | None:
+        record = self._call(self.redis.hgetall, self.key(job_id))
+        return record or None
+
+    def update(self, job_id: str, **fields: Any) -> None:
+        self._call(self.redis.hset, self.key(job_id), mapping=_flat({**fields, "updated": time.time()}))
+
+    def finish(self, job_id: str, state: JobState, **fields: Any) -> bool:
+        """Move a live job to a terminal state; False when it had already ended (a cancel wins over a late done)."""
+        args = [item for pair in _flat({**fields, "state": state.value, "updated": time.time()}).items() for item in pair]
+        return bool(self._call(self._finish_if_live, [self.key(job_id)], args))
+
+    def fail(self, job_id: str, error: str, status: ExitStatus = ExitStatus.BUILD_FAILED, unit: str = "") -> bool:
+        return self.finish(job_id, JobState.FAILED, error=error, exit_status=int(status), failed_unit=unit)
+
+    def is_over(self, job_id: str) -> bool:
+        record = self.get(job_id)
+        return record is None or record.get("state") in TERMINAL
+
+    def complete(self, job_id: str, phase: str, name: str) -> int:
+        """Record `name` finished in `phase`; returns how many distinct units of the phase are finished now."""
+        key = self.key(job_id, f":{phase}")
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.sadd(key, name)
+        pipe.scard(key)
+        pipe.expire(key, defaults.JOB_TTL_SECONDS)
+        added, count, _ = self._call(pipe.execute)
+        return count if added else -1
+
+    def count_delivery(self, job_id: str, name: str) -> int:
+        """How many times this unit's task has started (its first run included)."""
+        key = self.key(job_id, f":deliveries:{name}")
+        count = self._call(self.redis.incr, key)
+        self._call(self.redis.expire, key, defaults.JOB_TTL_SECONDS)
+        return int(count)
+
+
+def _flat(record: dict[str, Any]) -> dict[str, str]:
+    """Hash fields as strings: lists and dicts as JSON."""
+    return {name: json.dumps(value) if isinstance(value, (list, dict)) else str(value) for name, value in record.items()}
+
+
+def unit_to_json(unit: CompileUnit) -> dict[str, Any]:
+    return {"kind": unit.kind, "spec": unit.spec.to_json(), "target": unit.target.to_json()}
+
+
+def unit_from_json(data: dict[str, Any]) -> CompileUnit:
+    spec_type = KernelSpec if data["kind"] == "kernel" else BlobSpec
+    return CompileUnit(data["kind"], spec_type.from_json(data["spec"]), CpuTarget.from_json(data["target"]))
+
+
+class Farm:
+    """What every step needs: the job board, the store and a way to enqueue the next tasks."""
+
+    def __init__(self, board: JobBoard, store: Store, dispatch: Dispatch) -> None:
+        self.board, self.store, self.dispatch = board, store, dispatch
+
+    # -- plan ----------------------------------------------------------------------------------------------------
+
+    def plan_job(self, job_id: str) -> None:
+        """Plan the model, put its blobs in the store, dispatch every unit the cache doesn't already hold."""
+        record = self.board.get(job_id)
+        if record is None or record["state"] in TERMINAL:
+            return
+        self.board.update(job_id, state=JobState.PLANNING.value)
+        try:
+            plan = self._plan(record)
+        except BadInputError as error:
+            self.board.fail(job_id, str(error), error.exit_status)
+            return
+        targets = [CpuTarget.from_json(t) for t in json.loads(record["targets"])]
+        units = compile_units(plan, targets)
+        blob_keys = {sha: self.store.put(memoryview(data).cast("B")) for sha, data in plan.blobs.items()}
+        link_plan = self._link_plan(plan, targets, units, record, blob_keys)
+        todo = [u for u in units if record.get("no_cache") == "True" or not self._cached(u)]
+        self.board.update(job_id, state=JobState.COMPILING.value, plan_key=self.store.put(link_plan),
+                          total=len(todo), kernels=sum(u.kind == "kernel" for u in units),
+                          blobs=sum(u.kind == "blob" for u in units), targets_total=len(targets))
+        for unit in todo:
+            self.dispatch(*compile_task(job_id, unit, blob_keys))
+        if not todo:
+            self._start_linking(job_id, targets)
+
+    def _plan(self, record: dict[str, str]):
+        with tempfile.TemporaryDirectory(prefix="farm-job-") as folder:
+            path = Path(folder) / f"{record['model_name']}.onnx"
+            path.write_bytes(self.store.get(record["model_key"]))
+            return plan_model(path)
+
+    def _cached(self, unit: CompileUnit) -> bool:
+        key = self.store.get_ref(unit.cache_ref)
+        return key is not None and self.store.has(key)
+
+    def _link_plan(self, plan, targets: list[CpuTarget], units: list[CompileUnit], record: dict[str, str],
+                   blob_keys: dict[str, str]) -> bytes:
+        """What link and finish need, as JSON in the store: unit refs, schedules, link order, the manifest."""
+        names = [u.name for u in units]
+        return json.dumps({
+            "manifest": manifest_template(plan, targets, record["model_name"], record["model_sha256"]),
+            "units": {u.name: {**unit_to_json(u), "ref": u.cache_ref,
+                               "data_key": blob_keys.get(getattr(u.spec, "data_sha256", ""))} for u in units},
+            "targets": [{"target": t.to_json(), "schedule": schedule_for(plan, t), "order": link_order(names, t)}
+                        for t in targets],
+        }, sort_keys=True).encode()
+
+    # -- compile -------------------------------------------------------------------------------------------------
+
+    def compile(self, job_id: str, unit_json: dict[str, Any], data_key: str | None) -> None:
+        """Build one unit into the store (its cache ref points at the object), then count it done."""
+        unit = unit_from_json(unit_json)
+        if self.board.is_over(job_id) or not self._below_delivery_cap(job_id, unit.name):
+            return
+        try:
+            self._build_into_store(unit, data_key)
+        except FarmError as error:
+            self.board.fail(job_id, f"{unit.kind} {unit.name} failed: {error}", error.exit_status, unit.name)
+            return
+        record = self.board.get(job_id) or {}
+        if self.board.complete(job_id, "compile", unit.name) == int(record.get("total", -2)):
+            self._start_linking(job_id, [CpuTarget.from_json(t) for t in json.loads(record["targets"])])
+
+    def _below_delivery_cap(self, job_id: str, name: str) -> bool:
+        deliveries, cap = self.board.count_delivery(job_id, name), defaults.max_deliveries()
+        if deliveries <= cap:
+            return True
+        self.board.fail(job_id, f"{name} was started {cap} times and never finished (its worker died each time)",
+                        unit=name)
+        return False
+
+    def _build_into_store(self, unit: CompileUnit, data_key: str | None) -> str:
+        data = self.store.get(data_key) if data_key else None
+        key = self.store.put(compile_unit(unit, data))
+        self.store.set_ref(unit.cache_ref, key)
+        return key
+
+    def _start_linking(self, job_id: str, targets: list[CpuTarget]) -> None:
+        self.board.update(job_id, state=JobState.LINKING.value)
+        for target in targets:
+            self.dispatch("farm.link", [job_id, target.id])
+
+    # -- link and finish -----------------------------------------------------------------------------------------
+
+    def link(self, job_id: str, target_id: str) -> None:
+        """Link one target's library from the store's objects (rebuilding any that are corrupt or gone)."""
+        record = self.board.get(job_id)
+        if record is None or record["state"] in TERMINAL:
+            return
+        link_plan = json.loads(self.store.get(record["plan_key"]))
+        entry = next(t for t in link_plan["targets"] if t["target"]["id"] == target_id)
+        target = CpuTarget.from_json(entry["target"])
+        objects = [self._object(link_plan["units"][name]) for name in entry["order"]]
+        try:
+            library = link_library(objects + [compile_entry(entry["schedule"], target)], target)
+        except FarmError as error:
+            self.board.fail(job_id, str(error), error.exit_status, target_id)
+            return
+        self.board.update(job_id, **{f"library:{target_id}": self.store.put(library)})
+        if self.board.complete(job_id, "link", target_id) == len(link_plan["targets"]):
+            self.dispatch("farm.finish", [job_id])
+
+    def _object(self, unit: dict[str, Any]) -> bytes:
+        key = self.store.get_ref(unit["ref"])
+        try:
+            if key is None:
+                raise MissingEntryError(unit["ref"], "cache ref")
+            return self.store.get(key)
+        except (CorruptEntryError, MissingEntryError):
+            return self.store.get(self._build_into_store(unit_from_json(unit), unit.get("data_key")))
+
+    def finish(self, job_id: str) -> None:
+        """Write the artifact into the store and mark the job done (unless it was cancelled meanwhile)."""
+        record = self.board.get(job_id)
+        if record is None or record["state"] in TERMINAL:
+            return
+        link_plan = json.loads(self.store.get(record["plan_key"]))
+        shas = {name: self.store.get_ref(unit["ref"]) for name, unit in link_plan["units"].items()}
+        manifest = complete_manifest(link_plan["manifest"], shas)
+        members = {library_member(CpuTarget.from_json(t["target"])): self.store.get(record[f"library:{t['target']['id']}"])
+                   for t in link_plan["targets"]}
+        with tempfile.TemporaryDirectory(prefix="farm-finish-") as folder:
+            path = write_artifact(os.path.join(folder, f"{record['model_name']}.farm"), manifest, members)
+            artifact_key = self.store.put(Path(path).read_bytes())
+        self.board.finish(job_id, JobState.DONE, artifact_key=artifact_key, finished=time.time())
+
+
+def compile_task(job_id: str, unit: CompileUnit, blob_keys: dict[str, str]) -> tuple[str, list[Any]]:
+    """The task name and arguments for one unit; the arguments name the job, unit, op and target for Flower."""
+    if unit.kind == "kernel":
+        return "farm.compile_cpu_kernel", [job_id, unit.name, unit.spec.op, unit.target.id, unit_to_json(unit)]
+    return "farm.pack_blob", [job_id, unit.name, unit.target.id, unit_to_json(unit), blob_keys[unit.spec.data_sha256]]

@@ -1,0 +1,127 @@
+"""The farm seen from a client (a laptop, CI): submit a model, follow, download and cancel jobs by id.
+
+Every call goes through Redis only (the job board and the store), so any process or host that reaches the broker
+can wait on, download or cancel a job that another one submitted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from farm import defaults
+from farm.codegen.targets import CpuTarget
+from farm.errors import BadInputError, ExitStatus, JobError
+from farm.jobs import TERMINAL, JobBoard, JobState
+from farm.store import Store, open_store
+
+
+class FarmClient:
+    """A connection to one farm: its job board and store, both reached through the broker's Redis."""
+
+    def __init__(self, broker: str) -> None:
+        self.broker = broker
+        self.board = JobBoard(broker)
+        self._store: Store | None = None
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = open_store(defaults.store_url(self.broker))
+        return self._store
+
+    def submit(self, model_path: str | os.PathLike, targets: Sequence[CpuTarget], no_cache: bool = False) -> str:
+        """Store the model, record the job and enqueue its planning on the farm; returns the job id."""
+        path = Path(model_path)
+        if not path.is_file():
+            raise BadInputError(f"{path}: no such model file")
+        data = path.read_bytes()
+        job_id = uuid.uuid4().hex[:16]
+        self.board.create(job_id, {"model_key": self.store.put(data), "model_name": path.stem,
+                                   "model_sha256": hashlib.sha256(data).hexdigest(), "no_cache": no_cache,
+                                   "targets": [t.to_json() for t in targets], "submitted_from": os.uname().nodename})
+        from tasks.app import make_app
+
+        make_app(self.broker).send_task("farm.plan_job", args=[job_id], queue="control")
+        return job_id
+
+    def record(self, job_id: str) -> dict[str, str]:
+        record = self.board.get(job_id)
+        if record is None:
+            raise JobError(f"unknown job {job_id!r} (never submitted to this farm, or expired)")
+        return record
+
+    def status(self, job_id: str) -> dict[str, Any]:
+        """The job's state, compile tasks done of total, and the failing unit and error if it failed."""
+        record = self.record(job_id)
+        done = self.board.redis.scard(self.board.key(job_id, ":compile"))
+        status = {"job_id": job_id, "state": record["state"], "model": record.get("model_name"),
+                  "done": int(done), "total": int(record.get("total", 0)), "kernels": int(record.get("kernels", 0)),
+                  "blobs": int(record.get("blobs", 0))}
+        for field in ("error", "failed_unit", "exit_status", "artifact_key"):
+            if record.get(field):
+                status[field] = int(record[field]) if field == "exit_status" else record[field]
+        status["seconds"] = round(float(record.get("finished", record.get("updated", 0))) -
+                                  float(record.get("created", 0)), 3)
+        return status
+
+    def wait(self, job_id: str, timeout: float | None = None,
+             on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Poll until the job ends (or `timeout` seconds pass: then the last status, not ended)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = self.status(job_id)
+            if on_progress:
+                on_progress(status)
+            if status["state"] in TERMINAL or (deadline is not None and time.monotonic() > deadline):
+                return status
+            time.sleep(defaults.POLL_SECONDS)
+
+    def download(self, job_id: str, out_dir: str | os.PathLike) -> str:
+        """Write the job's artifact to out_dir/<model>.farm (atomically) and return its path."""
+        status = self.status(job_id)
+        raise_for_state(status)
+        if status["state"] != JobState.DONE.value:
+            raise JobError(f"job {job_id} is {status['state']}: no artifact yet (farm wait {job_id})")
+        data = self.store.get(status["artifact_key"])
+        os.makedirs(out_dir, exist_ok=True)
+        path = os.path.abspath(os.path.join(out_dir, f"{status['model']}.farm"))
+        temp = f"{path}.{os.getpid()}.tmp"
+        with open(temp, "wb") as file:
+            file.write(data)
+        os.replace(temp, path)
+        return path
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel a live job: its queued tasks stop at their start; False when it had already ended."""
+        self.record(job_id)
+        return self.board.finish(job_id, JobState.CANCELLED, error="cancelled by user")
+
+
+def raise_for_state(status: dict[str, Any]) -> None:
+    """Turn a failed or cancelled job into the error (and exit status) the CLI reports."""
+    from farm.errors import BuildError
+
+    if status["state"] == JobState.FAILED.value:
+        error = BadInputError if status.get("exit_status") == ExitStatus.BAD_INPUT else BuildError
+        raise error(f"job {status['job_id']} failed: {status.get('error', 'unknown error')}")
+    if status["state"] == JobState.CANCELLED.value:
+        raise JobError(f"job {status['job_id']} was cancelled")
+
+
+def list_workers(broker: str, timeout: float = 1.0) -> list[dict[str, Any]]:
+    """Live workers (those answering a ping) with their host, capabilities and queues."""
+    from tasks.app import make_app
+
+    app = make_app(broker)
+    queues = app.control.inspect(timeout=timeout).active_queues() or {}
+    board = JobBoard(broker)
+    capabilities = board.redis.hgetall("farm:workers")
+    return [{"name": name, "queues": sorted(q["name"] for q in qs),
+             **json.loads(capabilities.get(name, "{}"))} for name, qs in sorted(queues.items())]

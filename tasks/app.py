@@ -1,0 +1,96 @@
+"""The Celery app of the farm, configured in one place, and its thin tasks over farm.jobs.
+
+Each task only unpacks its JSON arguments and calls one step of farm.jobs.Farm; the steps call the same pure compile
+functions as the local executor. Arguments name the job, the unit (target id / symbol), the op and the target, so
+Flower shows what every task serves.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from celery import Celery, Task
+
+from farm import defaults
+from farm.store import StoreUnreachableError
+
+QUEUES = {"farm.plan_job": "control", "farm.finish": "control", "farm.compile_cpu_kernel": "llvm",
+          "farm.pack_blob": "llvm", "farm.link": "llvm"}
+
+
+def make_app(broker: str | None = None) -> Celery:
+    """A Celery app for the broker (default: FARM_BROKER_URL) with the settings production needs."""
+    url = broker or defaults.broker_url() or "redis://127.0.0.1:6379/0"
+    app = Celery("farm", broker=url, backend=url)
+    app.conf.update(
+        task_serializer="json", result_serializer="json", accept_content=["json"], result_accept_content=["json"],
+        task_acks_late=True, task_reject_on_worker_lost=True, worker_prefetch_multiplier=1,
+        task_soft_time_limit=defaults.task_soft_time_limit(), task_time_limit=defaults.task_time_limit(),
+        broker_transport_options={"visibility_timeout": defaults.visibility_timeout(), "socket_connect_timeout": 3,
+                                  "unacked_restore_throttle": 1},
+        result_backend_transport_options={"visibility_timeout": defaults.visibility_timeout()},
+        broker_connection_retry_on_startup=True, broker_connection_timeout=3,
+        worker_send_task_events=True, task_send_sent_event=True, task_track_started=True,
+        task_routes={name: {"queue": queue} for name, queue in QUEUES.items()}, task_default_queue="control",
+        task_ignore_result=True, worker_hijack_root_logger=False, worker_cancel_long_running_tasks_on_connection_loss=False,
+    )
+    return app
+
+
+app = make_app()
+
+
+@functools.cache
+def farm_context():
+    """The job board, store and dispatcher of this worker process (made once, on first use)."""
+    from farm.jobs import Farm, JobBoard
+    from farm.store import open_store
+
+    url = app.conf.broker_url
+    return Farm(JobBoard(url), open_store(defaults.store_url(url)), dispatch)
+
+
+def dispatch(task_name: str, args: list[Any]) -> None:
+    app.send_task(task_name, args=args, queue=QUEUES[task_name])
+
+
+class FarmTask(Task):
+    """A farm task: retried while Redis is away; when it finally fails, its job fails with the error named."""
+
+    autoretry_for = (StoreUnreachableError, ConnectionError)
+    retry_backoff = True
+    retry_backoff_max = 10
+    max_retries = 8
+
+    def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+        if args:
+            farm_context().board.fail(args[0], f"{self.name} failed: {type(exc).__name__}: {exc}")
+
+
+RETRYABLE = {"base": FarmTask}
+
+
+@app.task(name="farm.plan_job", **RETRYABLE)
+def plan_job(job_id: str) -> None:
+    farm_context().plan_job(job_id)
+
+
+@app.task(name="farm.compile_cpu_kernel", **RETRYABLE)
+def compile_cpu_kernel(job_id: str, unit: str, op: str, target: str, unit_json: dict[str, Any]) -> None:
+    farm_context().compile(job_id, unit_json, None)
+
+
+@app.task(name="farm.pack_blob", **RETRYABLE)
+def pack_blob(job_id: str, unit: str, target: str, unit_json: dict[str, Any], data_key: str) -> None:
+    farm_context().compile(job_id, unit_json, data_key)
+
+
+@app.task(name="farm.link", **RETRYABLE)
+def link(job_id: str, target: str) -> None:
+    farm_context().link(job_id, target)
+
+
+@app.task(name="farm.finish", **RETRYABLE)
+def finish(job_id: str) -> None:
+    farm_context().finish(job_id)

@@ -1,0 +1,124 @@
+"""Real farm processes for tests: `farm worker` subprocesses against a real redis-server. No mocks.
+
+A worker runs in its own process group, so `kill()` can SIGKILL it together with its pool children, the way a host
+dies. Its log goes to a file in the test's folder, which failures print.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.services import RedisServer, _started_servers
+
+WORKER_START_TIMEOUT_S = 60.0
+
+# Short limits so that redelivery after a lost worker happens within a test's patience.
+FAST_FARM_ENV = {"FARM_TASK_SOFT_TIME_LIMIT": "50", "FARM_TASK_TIME_LIMIT": "55", "FARM_VISIBILITY_TIMEOUT": "8"}
+
+
+class FarmWorker:
+    """One `farm worker` process (concurrency 1 unless told otherwise)."""
+
+    def __init__(self, broker: str, name: str, folder: Path, env: dict[str, str] | None = None,
+                 concurrency: int = 1) -> None:
+        self.broker, self.name, self.folder = broker, name, folder
+        self.env = {**os.environ, **FAST_FARM_ENV, **(env or {})}
+        self.concurrency = concurrency
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.folder / f"{self.name.replace('@', '_')}.log"
+
+    def start(self) -> FarmWorker:
+        command = [sys.executable, "-m", "farm", "worker", "--broker", self.broker, "--hostname", self.name,
+                   "--concurrency", str(self.concurrency), "--loglevel", "INFO"]
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                            start_new_session=True)
+        self._wait_until_ready()
+        return self
+
+    def _wait_until_ready(self) -> None:
+        client = redis.Redis.from_url(self.broker, decode_responses=True)
+        deadline = time.monotonic() + WORKER_START_TIMEOUT_S
+        while not client.hexists("farm:workers", self.name):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"worker {self.name} did not start:\n{self.log_tail()}")
+            time.sleep(0.1)
+
+    def log_tail(self, lines: int = 40) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def kill(self) -> None:
+        """SIGKILL the worker and its pool children at once."""
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        """Warm shutdown (SIGTERM), then SIGKILL if it lingers."""
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class Farm:
+    """A redis-server and the workers started on it; everything stops when the block ends."""
+
+    def __init__(self, redis_server: RedisServer, folder: Path) -> None:
+        self.redis, self.folder, self.workers = redis_server, folder, []
+
+    @property
+    def url(self) -> str:
+        return self.redis.url
+
+    def add_worker(self, name: str, **options) -> FarmWorker:
+        self.workers.append(FarmWorker(self.url, name, self.folder, **options).start())
+        return self.workers[-1]
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {w.name}\n{w.log_tail()}" for w in self.workers)
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+
+
+def farm_cli(*args: str, broker: str, cwd: Path, timeout: float = 300,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run `farm ARGS` in a fresh process with FARM_BROKER_URL set, as a user or CI would."""
+    return subprocess.run([sys.executable, "-m", "farm", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "FARM_BROKER_URL": broker, **(env or {})})
+
+
+@pytest.fixture(name="farm_factory")
+def farm_factory_fixture(tmp_path: Path) -> Iterator:
+    """`farm_factory(workers=2)`: a fresh redis-server with that many workers; all stopped after the test."""
+    farms: list[Farm] = []
+    with _started_servers() as start_redis:
+        def make(workers: int = 2, **worker_options) -> Farm:
+            farm = Farm(start_redis(), tmp_path)
+            farms.append(farm)
+            for index in range(workers):
+                farm.add_worker(f"w{index + 1}-{len(farms)}@test", **worker_options)
+            return farm
+
+        try:
+            yield make
+        finally:
+            for farm in farms:
+                farm.close()

@@ -1,0 +1,444 @@
+"""The deployment files: docker-compose.yml, deploy/Dockerfile and deploy/redis.conf.
+
+The compose file is read with PyYAML when it is importable and otherwise with `_mini_yaml` below, a small strict
+reader of the YAML subset compose files use (block mappings and sequences, quoted and plain scalars, one-line
+flow sequences, anchors, aliases and `<<` merges): PyYAML is not one of farm's dependencies, and these checks must
+run (not skip) everywhere. Where PyYAML is importable the two readers are also checked to agree.
+
+`docker compose config -q` is run only where `docker compose` works; elsewhere that one check is left out with a
+note (it is not skipped: under CI a skip counts as a failure).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+REDIS_CONF = ROOT / "deploy" / "redis.conf"
+
+FARM_SERVICES = ("flower", "worker-cpu", "worker-opencl")
+BROKER_URL = re.compile(r"^redis://:\$\{FARM_REDIS_PASSWORD(:\?[^}]*)?\}@redis:6379/0$")
+
+try:
+    import yaml
+except ImportError:  # not a farm dependency: fall back to _mini_yaml
+    yaml = None
+
+
+# --- a small, strict YAML reader ---------------------------------------------------------------------------------
+
+
+class MiniYamlError(ValueError):
+    pass
+
+
+def _strip_comment(line: str) -> str:
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "\"'" and (i == 0 or line[i - 1] in " \t[,:-"):
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1] in " \t"):
+            return line[:i].rstrip()
+    return line.rstrip()
+
+
+def _split_outside_quotes(text: str, sep: str) -> list[str]:
+    parts, quote, start = [], None, 0
+    for i, ch in enumerate(text):
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+        elif ch == sep:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts
+
+
+def _key_split(text: str) -> tuple[str, str] | None:
+    """'key: value' -> (key, value); None when the text is not a mapping entry."""
+    quote = None
+    for i, ch in enumerate(text):
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "\"'" and i == 0:
+            quote = ch
+        elif ch == ":" and (i + 1 == len(text) or text[i + 1] == " "):
+            return text[:i].strip(), text[i + 1 :].strip()
+    return None
+
+
+def _scalar(text: str) -> Any:
+    if text.startswith('"'):
+        if not text.endswith('"') or len(text) < 2:
+            raise MiniYamlError(f"unterminated double-quoted scalar: {text}")
+        return json.loads(text)
+    if text.startswith("'"):
+        if not text.endswith("'") or len(text) < 2:
+            raise MiniYamlError(f"unterminated single-quoted scalar: {text}")
+        return text[1:-1].replace("''", "'")
+    if text[:1] in ("|", ">", "{", "!", "?", "%", "@", "`"):
+        if text == "{}":
+            return {}
+        raise MiniYamlError(f"unsupported YAML (block scalar, flow mapping, tag or reserved character): {text}")
+    if text in ("null", "Null", "NULL", "~", ""):
+        return None
+    lowered = text.lower()
+    if lowered in ("true", "yes", "on"):  # YAML 1.1, as PyYAML reads it
+        return True
+    if lowered in ("false", "no", "off"):
+        return False
+    if re.fullmatch(r"[-+]?[0-9]+", text):
+        return int(text)
+    if re.fullmatch(r"[-+]?([0-9]+\.[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?", text):
+        return float(text)
+    return text
+
+
+def _mini_yaml(text: str) -> Any:
+    lines: list[tuple[int, str, int]] = []  # (indent, content, line number)
+    for number, raw in enumerate(text.splitlines(), 1):
+        if "\t" in raw[: len(raw) - len(raw.lstrip())]:
+            raise MiniYamlError(f"line {number}: tab in indentation")
+        content = _strip_comment(raw)
+        if not content.strip():
+            continue
+        if content.strip() in ("---", "..."):
+            raise MiniYamlError(f"line {number}: multiple documents are not supported")
+        lines.append((len(content) - len(content.lstrip(" ")), content.strip(), number))
+    anchors: dict[str, Any] = {}
+
+    def value(text: str, i: int, indent: int, number: int) -> tuple[Any, int]:
+        """The value written after 'key:' or '- ' on line i-1; nested blocks start at line i."""
+        anchor = None
+        if text.startswith("&"):
+            anchor, _, text = text.partition(" ")
+            anchor, text = anchor[1:], text.strip()
+        if text.startswith("*"):
+            if text[1:] not in anchors:
+                raise MiniYamlError(f"line {number}: unknown alias {text}")
+            result = anchors[text[1:]]
+        elif text:
+            if text.startswith("["):
+                if not text.endswith("]"):
+                    raise MiniYamlError(f"line {number}: multi-line flow sequences are not supported")
+                inner = text[1:-1].strip()
+                result = [_scalar(item.strip()) for item in _split_outside_quotes(inner, ",")] if inner else []
+            else:
+                result = _scalar(text)
+        elif i < len(lines) and (lines[i][0] > indent or (lines[i][0] == indent and lines[i][1].startswith("- "))):
+            result, i = block(i, lines[i][0])
+        else:
+            result = None
+        if anchor:
+            anchors[anchor] = result
+        return result, i
+
+    def block(i: int, indent: int) -> tuple[Any, int]:
+        if lines[i][1] == "-" or lines[i][1].startswith("- "):
+            items = []
+            while i < len(lines) and lines[i][0] == indent and (lines[i][1] == "-" or lines[i][1].startswith("- ")):
+                _, content, number = lines[i]
+                item = content[1:].strip()
+                if _key_split(item) is not None and not item.startswith(("'", '"', "[")):
+                    raise MiniYamlError(f"line {number}: mappings inside sequence items are not supported")
+                result, i = value(item, i + 1, indent, number)
+                items.append(result)
+            if i < len(lines) and lines[i][0] > indent:
+                raise MiniYamlError(f"line {lines[i][2]}: unexpected indentation")
+            return items, i
+        mapping: dict[Any, Any] = {}
+        merges: list[dict] = []
+        while i < len(lines) and lines[i][0] == indent:
+            _, content, number = lines[i]
+            split = _key_split(content)
+            if split is None:
+                raise MiniYamlError(f"line {number}: expected 'key: value', got {content!r}")
+            key, rest = split
+            key = _scalar(key) if key[:1] in "\"'" else key
+            result, i = value(rest, i + 1, indent, number)
+            if key == "<<":
+                for merged in result if isinstance(result, list) else [result]:
+                    if not isinstance(merged, dict):
+                        raise MiniYamlError(f"line {number}: '<<' needs a mapping")
+                    merges.append(merged)
+                continue
+            if key in mapping:
+                raise MiniYamlError(f"line {number}: duplicate key {key!r}")
+            mapping[key] = result
+        if i < len(lines) and lines[i][0] > indent:
+            raise MiniYamlError(f"line {lines[i][2]}: unexpected indentation")
+        for merged in merges:  # explicit keys win over merged ones, earlier merges over later ones
+            for key, item in merged.items():
+                mapping.setdefault(key, item)
+        return mapping, i
+
+    if not lines:
+        return None
+    result, i = block(0, lines[0][0])
+    if i != len(lines):
+        raise MiniYamlError(f"line {lines[i][2]}: unexpected dedent or content")
+    return result
+
+
+# --- helpers -------------------------------------------------------------------------------------------------------
+
+
+def _compose() -> dict:
+    text = COMPOSE.read_text()
+    data = yaml.safe_load(text) if yaml is not None else _mini_yaml(text)
+    assert isinstance(data, dict) and isinstance(data.get("services"), dict), "docker-compose.yml has no services"
+    return data
+
+
+def _service(name: str) -> dict:
+    services = _compose()["services"]
+    assert name in services, f"docker-compose.yml has no service {name!r} (has {sorted(services)})"
+    return services[name]
+
+
+def _tokens(command: Any) -> list[str]:
+    """A compose command (exec-form list or shell-form string) as a list of words."""
+    if isinstance(command, str):
+        return shlex.split(command)
+    assert isinstance(command, list), f"command is neither a string nor a list: {command!r}"
+    return [str(word) for word in command]
+
+
+def _environment(service: dict) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):  # ["KEY=value", ...]
+        return dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
+    return {key: "" if item is None else str(item) for key, item in env.items()}
+
+
+def _dockerfile() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined and comments dropped."""
+    instructions: list[tuple[str, str]] = []
+    pending = ""
+    for raw in DOCKERFILE.read_text().splitlines():
+        line = raw.strip()
+        if line.startswith("#") or not line:
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line, pending = pending + line, ""
+        word, _, rest = line.partition(" ")
+        instructions.append((word.upper(), rest.strip()))
+    assert not pending, "Dockerfile ends with a continuation line"
+    return instructions
+
+
+# --- the tests -----------------------------------------------------------------------------------------------------
+
+
+def test_mini_yaml_reads_the_compose_subset():
+    text = """\
+# a comment
+x-base: &base
+  image: farm:latest   # trailing comment
+  environment: &env
+    URL: "redis://:${PW:?set PW}@redis:6379/0"
+  n: 3
+services:
+  one:
+    <<: *base
+    command: ["celery", "-A", 'tasks.app', "a # not a comment"]
+    ports:
+      - "5555:5555"
+  two:
+    <<: *base
+    image: other
+    environment:
+      <<: *env
+      EXTRA: /etc/x
+    list:
+    - a
+    - yes
+    empty:
+volumes:
+  data:
+"""
+    base = {"image": "farm:latest", "environment": {"URL": "redis://:${PW:?set PW}@redis:6379/0"}, "n": 3}
+    expected = {
+        "x-base": base,
+        "services": {
+            "one": {**base, "command": ["celery", "-A", "tasks.app", "a # not a comment"], "ports": ["5555:5555"]},
+            "two": {
+                **base,
+                "image": "other",
+                "environment": {"URL": "redis://:${PW:?set PW}@redis:6379/0", "EXTRA": "/etc/x"},
+                "list": ["a", True],
+                "empty": None,
+            },
+        },
+        "volumes": {"data": None},
+    }
+    assert _mini_yaml(text) == expected
+    for bad in ("a: |\n  text\n", "a:\n  - b: c\n", "a: *nowhere\n", "a: 1\na: 2\n", "a: [1,\n  2]\n"):
+        try:
+            _mini_yaml(bad)
+        except MiniYamlError:
+            continue
+        raise AssertionError(f"_mini_yaml accepted unsupported or invalid YAML: {bad!r}")
+    if yaml is not None:
+        assert _mini_yaml(text) == yaml.safe_load(text)
+        assert _mini_yaml(COMPOSE.read_text()) == yaml.safe_load(COMPOSE.read_text())
+    else:
+        print("note: PyYAML is not importable here; docker-compose.yml is read with _mini_yaml only")
+
+
+def test_compose_has_the_farm_services_and_the_x_farm_anchor():
+    data = _compose()
+    assert {"redis", *FARM_SERVICES} <= set(data["services"])
+    assert "x-farm" in data, "the shared farm service settings live under the x-farm extension key"
+    text = COMPOSE.read_text()
+    assert re.search(r"^x-farm:\s*&farm\b", text, re.MULTILINE), "x-farm must define the &farm anchor"
+    for name in FARM_SERVICES:
+        block = re.search(rf"^  {re.escape(name)}:\n((?:    .*\n|\s*\n)*)", text, re.MULTILINE)
+        assert block and re.search(r"^    <<: \*farm\s*$", block.group(1), re.MULTILINE), f"{name} must merge *farm"
+
+
+def test_redis_has_a_password_appendonly_a_volume_and_a_healthcheck():
+    data = _compose()
+    redis = data["services"]["redis"]
+    assert str(redis["image"]).startswith("redis:7"), redis["image"]
+    words = _tokens(redis["command"])
+    assert words[0] == "redis-server", words
+    assert "--requirepass" in words, f"redis needs --requirepass: {words}"
+    password = words[words.index("--requirepass") + 1]
+    assert password.startswith("${FARM_REDIS_PASSWORD:?"), (
+        f"the password must be required from the environment: {password}"
+    )
+    assert "--appendonly" in words and words[words.index("--appendonly") + 1] == "yes", words
+    volumes = [str(volume) for volume in redis.get("volumes") or []]
+    data_volume = [volume for volume in volumes if volume.split(":")[1:2] == ["/data"]]
+    assert data_volume, f"redis must keep /data in a volume: {volumes}"
+    named = data_volume[0].split(":")[0]
+    assert not named.startswith((".", "/")) and named in (data.get("volumes") or {}), (
+        f"/data must be a named volume: {named}"
+    )
+    for volume in volumes:  # bind-mounted files (deploy/redis.conf) must exist
+        source = volume.split(":")[0]
+        if source.startswith("./"):
+            assert (ROOT / source).exists(), f"redis mounts {source}, which does not exist"
+    health = _tokens(redis["healthcheck"]["test"])
+    assert "redis-cli" in " ".join(health) and "ping" in " ".join(health), health
+    assert "FARM_REDIS_PASSWORD" in str(_environment(redis).get("REDISCLI_AUTH", "")) or "-a" in " ".join(health), (
+        "the healthcheck must authenticate (REDISCLI_AUTH or redis-cli -a)"
+    )
+
+
+def test_redis_conf_is_durable_and_holds_no_password():
+    settings: dict[str, str] = {}
+    for raw in REDIS_CONF.read_text().splitlines():
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            key, _, rest = line.partition(" ")
+            settings[key.lower()] = rest.strip().strip('"')
+    assert settings.get("appendonly") == "yes", settings
+    assert settings.get("appendfsync") == "everysec", settings
+    assert "requirepass" not in settings, "the password is passed on the command line, never kept in redis.conf"
+
+
+def test_flower_has_basic_auth_and_port_5555():
+    flower = _service("flower")
+    words = _tokens(flower["command"])
+    assert words[:4] == ["celery", "-A", "tasks.app", "flower"], words
+    auth = [word for word in words if word.startswith("--basic-auth=")]
+    assert auth, f"flower must run with --basic-auth: {words}"
+    assert "${FLOWER_PASSWORD:?" in auth[0], f"the Flower password must be required from the environment: {auth[0]}"
+    assert "--port=5555" in words, words
+    assert any(str(port).endswith(":5555") for port in flower.get("ports") or []), flower.get("ports")
+    assert flower["depends_on"]["redis"]["condition"] == "service_healthy", flower["depends_on"]
+
+
+def test_workers_run_farm_worker_and_worker_cpu_scales():
+    cpu, opencl = _service("worker-cpu"), _service("worker-opencl")
+    for name, service in (("worker-cpu", cpu), ("worker-opencl", opencl)):
+        words = _tokens(service.get("command", ["farm", "worker"]))  # no command: the image's CMD, farm worker
+        assert words[:2] == ["farm", "worker"], f"{name}: {words}"
+    assert "container_name" not in cpu, "worker-cpu must have no container_name, so --scale worker-cpu=N works"
+    assert not cpu.get("ports"), "worker-cpu must publish no host ports, so --scale worker-cpu=N works"
+    assert "OCL_ICD_VENDORS" not in _environment(opencl), "worker-opencl must see PoCL"
+    hidden = _environment(cpu).get("OCL_ICD_VENDORS")
+    if hidden:  # the folder that hides OpenCL must be made in the image
+        assert any(kind == "RUN" and hidden in args for kind, args in _dockerfile()), (
+            f"the Dockerfile never creates {hidden}"
+        )
+
+
+def test_every_farm_service_has_the_broker_url_and_the_farm_image():
+    for name in FARM_SERVICES:
+        service = _service(name)
+        url = _environment(service).get("FARM_BROKER_URL", "")
+        assert BROKER_URL.match(url), (
+            f"{name}: FARM_BROKER_URL must be redis://:${{FARM_REDIS_PASSWORD}}@redis:6379/0, is {url!r}"
+        )
+        build = service.get("build")
+        assert isinstance(build, dict) and build.get("dockerfile") == "deploy/Dockerfile", f"{name}: build {build!r}"
+        assert build.get("context") in (".", "./"), f"{name}: build context {build.get('context')!r}"
+        assert service["depends_on"]["redis"]["condition"] == "service_healthy", f"{name}: {service['depends_on']}"
+
+
+def test_dockerfile_installs_pocl_and_lld_and_runs_as_farm():
+    instructions = _dockerfile()
+    kinds = [kind for kind, _ in instructions]
+    assert instructions[kinds.index("FROM")][1].split()[0] == "python:3.11-slim-bookworm", instructions[0]
+    installs = " ".join(args for kind, args in instructions if kind == "RUN" and "apt-get install" in args)
+    for package in ("pocl-opencl-icd", "ocl-icd-libopencl1", "clinfo", "lld", "binutils"):
+        assert re.search(rf"(?<![\w.-]){re.escape(package)}(?![\w.-])", installs), (
+            f"the Dockerfile must apt-get install {package}"
+        )
+    assert any(kind == "RUN" and re.search(r"pip install (.* )?\.(\s|$)", args) for kind, args in instructions), (
+        "pip install ."
+    )
+    for kind, args in instructions:
+        if kind == "COPY":
+            sources = [word for word in args.split() if not word.startswith("--")][:-1]
+            for source in sources:
+                assert (ROOT / source).exists(), f"the Dockerfile copies {source}, which does not exist"
+    users = [args.split()[0] for kind, args in instructions if kind == "USER"]
+    assert users, "the Dockerfile must switch to a non-root USER"
+    assert users[-1].split(":")[0] not in ("root", "0"), f"the image must run as non-root, runs as {users[-1]}"
+    assert users[-1].split(":")[0] == "farm", users
+    assert any(kind == "RUN" and "useradd" in args and re.search(r"\bfarm\b", args) for kind, args in instructions)
+    cmd = [args for kind, args in instructions if kind == "CMD"]
+    assert cmd and _tokens(json.loads(cmd[-1]) if cmd[-1].startswith("[") else cmd[-1]) == ["farm", "worker"], cmd
+
+
+def test_docker_compose_config_accepts_the_file():
+    docker = shutil.which("docker")
+    version = None
+    if docker is not None:
+        version = subprocess.run([docker, "compose", "version"], capture_output=True, text=True, timeout=60)
+    if version is None or version.returncode != 0:
+        print("note: `docker compose` is not available here; `docker compose config -q` was not run")
+        return
+    env = {**os.environ, "FARM_REDIS_PASSWORD": "0123456789abcdef", "FLOWER_PASSWORD": "fedcba9876543210"}
+    command = [docker, "compose", "--project-directory", str(ROOT), "-f", str(COMPOSE), "config", "-q"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    if (ROOT / ".env").exists():  # compose would take the passwords from there
+        print("note: a .env file exists; the check that compose refuses to start without the passwords was not run")
+        return
+    for missing in ("FARM_REDIS_PASSWORD", "FLOWER_PASSWORD"):
+        without = {key: value for key, value in env.items() if key != missing}
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=without, cwd=ROOT)
+        assert result.returncode != 0 and missing in result.stderr, f"compose must refuse to start without {missing}"

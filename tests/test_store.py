@@ -1,0 +1,454 @@
+"""The content-addressed store, on both backends: files in tmp_path and a real redis-server (tests/services.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from farm.errors import ExitStatus
+from farm.store import (
+    EMPTY_KEY,
+    BadStoreUrlError,
+    CorruptEntryError,
+    FileStore,
+    MissingEntryError,
+    RedisStore,
+    Store,
+    StoreError,
+    StoreUnreachableError,
+    content_key,
+    default_store_root,
+    open_store,
+    redact_url,
+)
+from tests.services import RedisServer, free_port, redis_server_fixture, redis_servers_fixture  # noqa: F401
+
+MIB = 1 << 20
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(params=["file", "redis"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    """Each backend in turn: a FileStore in tmp_path, a RedisStore on a fresh redis-server."""
+    if request.param == "file":
+        return FileStore(tmp_path / "store")
+    server: RedisServer = request.getfixturevalue("redis_server")
+    redis_store = RedisStore(server.url)
+    request.addfinalizer(redis_store.close)
+    return redis_store
+
+
+def pseudo_random(size: int, seed: int = 0) -> bytes:
+    """Incompressible, reproducible bytes (os.urandom can't be regenerated in another process)."""
+    import random
+
+    return random.Random(seed).randbytes(size)
+
+
+def corrupt(store: Store, key: str) -> None:
+    """Flip one byte of the stored value behind the store's back, as a disk or memory fault would."""
+    if isinstance(store, FileStore):
+        path = store.object_path(key)
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    else:
+        assert isinstance(store, RedisStore)
+        chunk = store.chunk_key(key, 0)
+        middle = store.client.strlen(chunk) // 2
+        byte = store.client.getrange(chunk, middle, middle)
+        store.client.setrange(chunk, middle, bytes([byte[0] ^ 0xFF]))
+
+
+def write_marker(store: Store, key: str) -> object:
+    """Something that changes whenever the store writes the entry again (to prove a second put skips the write)."""
+    if isinstance(store, FileStore):
+        info = store.object_path(key).stat()
+        return info.st_ino, info.st_mtime_ns
+    assert isinstance(store, RedisStore)
+    return store.client.info("commandstats").get("cmdstat_set", {}).get("calls")
+
+
+# --- both backends -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b"", b"x", bytes(range(256)) * 1000, bytearray(b"a bytearray"), memoryview(b"a memoryview")],
+    ids=["empty", "one-byte", "256k", "bytearray", "memoryview"],
+)
+def test_put_get_round_trip(store: Store, value: bytes | bytearray | memoryview) -> None:
+    key = store.put(value)
+    assert key == hashlib.sha256(bytes(value)).hexdigest() == content_key(value)
+    assert store.has(key)
+    assert store.get(key) == bytes(value)
+
+
+def test_empty_value_has_the_empty_key(store: Store) -> None:
+    assert store.put(b"") == EMPTY_KEY
+    assert store.has(EMPTY_KEY) and store.get(EMPTY_KEY) == b""
+
+
+def test_non_contiguous_memoryview_is_stored_by_its_bytes(store: Store) -> None:
+    """A strided view (e.g. of a numpy slice) must be stored as the bytes it shows, not the buffer behind it."""
+    strided = memoryview(bytes(range(100)))[::3]
+    key = store.put(strided)
+    assert store.get(key) == strided.tobytes()
+
+
+def test_50_mb_value_round_trips(store: Store) -> None:
+    value = pseudo_random(50 * MIB)
+    key = store.put(value)
+    assert store.get(key) == value
+    if isinstance(store, RedisStore):  # 8 MiB chunks: 7 of them, none over the chunk size
+        header = store.client.get(store.header_key(key))
+        assert header == f"{50 * MIB}:7".encode()
+        assert max(store.client.strlen(store.chunk_key(key, index)) for index in range(7)) == 8 * MIB
+
+
+def test_put_is_idempotent_and_skips_the_write(store: Store) -> None:
+    value = pseudo_random(3 * MIB)
+    key = store.put(value)
+    marker = write_marker(store, key)
+    time.sleep(0.01)  # so that a rewrite would show in the file's mtime
+    assert store.put(value) == key
+    assert write_marker(store, key) == marker
+    assert store.get(key) == value
+
+
+def test_has_and_delete(store: Store) -> None:
+    key = content_key(b"payload")
+    assert not store.has(key)
+    assert store.put(b"payload") == key
+    assert store.has(key)
+    store.delete(key)
+    assert not store.has(key)
+    with pytest.raises(MissingEntryError):
+        store.get(key)
+    store.delete(key)  # deleting what isn't there is fine
+
+
+def test_missing_entry_names_its_key(store: Store) -> None:
+    key = content_key(b"never stored")
+    with pytest.raises(MissingEntryError, match=key) as caught:
+        store.get(key)
+    assert caught.value.key == key
+    assert caught.value.exit_status == ExitStatus.BUILD_FAILED
+
+
+@pytest.mark.parametrize("bad_key", ["", "../../etc/passwd", "ABC", "A" * 64, "0" * 63, "g" * 64])
+def test_malformed_keys_are_refused(store: Store, bad_key: str) -> None:
+    """Keys become file paths and Redis keys; anything but 64 lowercase hex digits is a caller's bug."""
+    for operation in (store.get, store.has, store.delete):
+        with pytest.raises(StoreError, match="not a store key"):
+            operation(bad_key)
+    with pytest.raises(StoreError, match="not a store key"):
+        store.set_ref("kernel:x", bad_key)
+
+
+def test_refs(store: Store) -> None:
+    first, second = store.put(b"object one"), store.put(b"object two")
+    name = "kernel:" + content_key(b"spec")
+    assert store.get_ref(name) is None
+    store.set_ref(name, first)
+    assert store.get_ref(name) == first
+    store.set_ref(name, second)
+    assert store.get_ref(name) == second
+    store.delete_ref(name)
+    assert store.get_ref(name) is None
+    store.delete_ref(name)  # deleting what isn't there is fine
+    assert store.has(first) and store.has(second)  # refs don't own their targets
+
+
+@pytest.mark.parametrize("name", ["job:42:artifact", "a/b/../c", "ünïcode ✓", "x" * 1000, ""])
+def test_any_string_names_a_ref(store: Store, name: str) -> None:
+    key = store.put(name.encode())
+    store.set_ref(name, key)
+    assert store.get_ref(name) == key
+    assert store.get_ref(name + "-other") is None
+
+
+def test_corrupt_entry_raises_is_deleted_and_can_be_put_again(store: Store) -> None:
+    value = pseudo_random(100_000)
+    key = store.put(value)
+    corrupt(store, key)
+    assert store.has(key)  # has() doesn't hash: only get can tell
+    with pytest.raises(CorruptEntryError, match=key) as caught:
+        store.get(key)
+    assert caught.value.key == key
+    assert not store.has(key)
+    with pytest.raises(MissingEntryError):
+        store.get(key)
+    assert store.put(value) == key  # the rebuild
+    assert store.get(key) == value
+
+
+def test_concurrent_puts_of_one_value_from_threads(store: Store) -> None:
+    value = pseudo_random(20 * MIB)  # three 8 MiB chunks in Redis
+    barrier = threading.Barrier(4)
+    keys: list[str] = []
+    errors: list[BaseException] = []
+
+    def put() -> None:
+        try:
+            barrier.wait()
+            keys.append(store.put(value))
+        except BaseException as exc:  # noqa: B036 -- reported below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=put) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert keys == [content_key(value)] * 4
+    assert store.get(keys[0]) == value
+    if isinstance(store, FileStore):
+        assert sorted(path.name for path in store.root.rglob("*") if path.is_file()) == [keys[0]]  # no temp files
+
+
+def test_concurrent_puts_of_one_value_from_processes(store: Store) -> None:
+    """Four processes that reopen the store from its URL put the same value at the same moment."""
+    script = (
+        "import random, sys, time\n"
+        "from farm.store import open_store\n"
+        "value = random.Random(7).randbytes(9 << 20)\n"
+        "time.sleep(max(0.0, float(sys.argv[2]) - time.time()))\n"
+        "print(open_store(sys.argv[1]).put(value))\n"
+    )
+    start_at = str(time.time() + 1.0)
+    processes = [
+        subprocess.Popen([sys.executable, "-c", script, store.url, start_at], cwd=REPO, stdout=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    outputs = [process.communicate(timeout=60)[0].strip() for process in processes]
+    assert [process.returncode for process in processes] == [0] * 4
+    value = pseudo_random(9 * MIB, seed=7)
+    assert outputs == [content_key(value)] * 4
+    assert store.get(outputs[0]) == value
+
+
+def test_url_reopens_the_same_store(store: Store) -> None:
+    key = store.put(b"shared")
+    store.set_ref("job:1", key)
+    with open_store(store.url) as reopened:
+        assert type(reopened) is type(store)
+        assert reopened.get(key) == b"shared"
+        assert reopened.get_ref("job:1") == key
+
+
+# --- FileStore ---------------------------------------------------------------------------------------------------
+
+
+def test_file_store_layout(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    key = store.put(b"layout")
+    assert (tmp_path / "objects" / key[:2] / key).read_bytes() == b"layout"
+    store.set_ref("kernel:abc", key)
+    ref_file = tmp_path / "refs" / hashlib.sha256(b"kernel:abc").hexdigest()
+    assert ref_file.read_text() == key
+
+
+def test_file_store_truncated_entry_is_corrupt(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    key = store.put(b"0123456789")
+    store.object_path(key).write_bytes(b"01234")
+    with pytest.raises(CorruptEntryError):
+        store.get(key)
+    assert not store.object_path(key).exists()
+
+
+def test_file_store_zero_length_file_is_not_an_entry(tmp_path: Path) -> None:
+    """A crash right after a rename can leave an empty file; has() must say no so that put writes it again."""
+    store = FileStore(tmp_path)
+    key = content_key(b"contents")
+    path = store.object_path(key)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"")
+    assert not store.has(key)
+    assert store.put(b"contents") == key
+    assert store.get(key) == b"contents"
+
+
+def test_file_store_ref_that_holds_no_key_is_a_miss(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    store.ref_path("kernel:x").parent.mkdir(parents=True)
+    store.ref_path("kernel:x").write_text("half-writ")
+    assert store.get_ref("kernel:x") is None
+
+
+# --- RedisStore --------------------------------------------------------------------------------------------------
+
+
+def _corrupt_by(change: str, store: RedisStore, key: str) -> None:
+    """Damage a three-chunk Redis entry in one of the ways a bad write, eviction or hand edit would."""
+    client = store.client
+    if change == "flip a byte in chunk 2":
+        first = client.getrange(store.chunk_key(key, 2), 0, 0)[0]
+        client.setrange(store.chunk_key(key, 2), 0, bytes([first ^ 0xFF]))
+    elif change == "drop chunk 1":
+        client.delete(store.chunk_key(key, 1))
+    elif change == "truncate the last chunk":
+        client.set(store.chunk_key(key, 2), b"")
+    elif change == "garble the header":
+        client.set(store.header_key(key), b"not a header")
+    else:
+        raise AssertionError(change)
+
+
+@pytest.mark.parametrize(
+    "change", ["flip a byte in chunk 2", "drop chunk 1", "truncate the last chunk", "garble the header"]
+)
+def test_redis_damaged_entry_is_corrupt_and_fully_deleted(redis_server: RedisServer, change: str) -> None:
+    store = RedisStore(redis_server.url, chunk_bytes=1000)
+    value = pseudo_random(2500)
+    key = store.put(value)
+    assert store.client.get(store.header_key(key)) == b"2500:3"
+    _corrupt_by(change, store, key)
+    with pytest.raises(CorruptEntryError, match=key):
+        store.get(key)
+    assert store.client.keys(f"{store.prefix}*") == []  # header and every chunk gone
+    assert store.put(value) == key and store.get(key) == value
+
+
+def test_redis_delete_sweeps_chunks_of_a_put_that_died(redis_server: RedisServer) -> None:
+    """A worker killed mid-put leaves chunks without a header; delete must collect them."""
+    store = RedisStore(redis_server.url, chunk_bytes=4)
+    key = content_key(b"0123456789")
+    for index, chunk in enumerate([b"0123", b"4567"]):
+        store.client.set(store.chunk_key(key, index), chunk)
+    assert not store.has(key)
+    store.delete(key)
+    assert store.client.keys("*") == []
+
+
+def test_redis_prefixes_keep_stores_apart(redis_server: RedisServer) -> None:
+    first, second = RedisStore(redis_server.url, prefix="a:"), RedisStore(redis_server.url, prefix="b:")
+    key = first.put(b"only in a")
+    first.set_ref("r", key)
+    assert not second.has(key) and second.get_ref("r") is None
+    assert all(name.startswith(b"a:") for name in first.client.keys("*"))
+
+
+def test_redis_with_password(redis_servers: Callable[..., RedisServer]) -> None:
+    server = redis_servers(password="s3cret")
+    store = open_store(server.url)
+    key = store.put(b"behind a password")
+    assert open_store(store.url).get(key) == b"behind a password"
+    wrong = RedisStore(server.url.replace("s3cret", "wrong"))
+    with pytest.raises(StoreUnreachableError) as caught:
+        wrong.has(key)
+    assert "wrong" not in str(caught.value) and str(server.port) in str(caught.value)
+
+
+def test_unreachable_redis_fails_fast_without_leaking_the_password() -> None:
+    port = free_port()
+    store = RedisStore(f"redis://:hunter2@127.0.0.1:{port}/0")  # constructing doesn't connect
+    key = content_key(b"x")
+    operations: list[Callable[[], object]] = [
+        lambda: store.put(b"x"), lambda: store.get(key), lambda: store.has(key), lambda: store.delete(key),
+        lambda: store.set_ref("r", key), lambda: store.get_ref("r"), lambda: store.delete_ref("r"),
+    ]  # fmt: skip
+    for operation in operations:
+        started = time.monotonic()
+        with pytest.raises(StoreUnreachableError) as caught:
+            operation()
+        assert time.monotonic() - started < 5
+        message = str(caught.value)
+        assert f"127.0.0.1:{port}" in message and "hunter2" not in message and "***" in message
+        assert caught.value.exit_status == ExitStatus.UNREACHABLE == 4
+
+
+def test_redis_silent_server_times_out_once() -> None:
+    """A port that accepts but never answers (not Redis, or hung) fails after one socket timeout, not a retry loop."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        store = RedisStore(f"redis://127.0.0.1:{listener.getsockname()[1]}/0", socket_timeout=1)
+        started = time.monotonic()
+        with pytest.raises(StoreUnreachableError, match="Timeout"):
+            store.has(EMPTY_KEY)
+        assert time.monotonic() - started < 3
+
+
+def test_redis_restart_keeps_data_and_the_store_reconnects(redis_server: RedisServer) -> None:
+    store = RedisStore(redis_server.url, chunk_bytes=MIB)
+    value = pseudo_random(3 * MIB)
+    key = store.put(value)
+    store.set_ref("artifact", key)
+    redis_server.restart()
+    assert store.get(key) == value  # the same store object: its pooled connections went stale
+    assert store.get_ref("artifact") == key
+
+
+def test_redis_killed_server_loses_no_acknowledged_write(redis_server: RedisServer) -> None:
+    """SIGKILL, then restart from the append-only file (fsync always): every acknowledged put is back."""
+    store = RedisStore(redis_server.url)
+    key = store.put(b"survives a crash")
+    redis_server.kill()
+    with pytest.raises(StoreUnreachableError):
+        store.get(key)
+    redis_server.restart()
+    assert store.get(key) == b"survives a crash"
+
+
+# --- choosing a store --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "kind"),
+    [
+        ("redis://127.0.0.1:1/0", RedisStore),
+        ("rediss://user:pw@example.invalid:6380/2", RedisStore),
+        ("file:///tmp/farm-store", FileStore),
+        ("/tmp/farm-store", FileStore),
+        ("relative/store", FileStore),
+        (Path("/tmp/farm-store"), FileStore),
+    ],
+)
+def test_open_store_dispatches_on_the_url(url: str | os.PathLike[str], kind: type[Store]) -> None:
+    assert type(open_store(url)) is kind
+
+
+def test_open_store_file_urls_and_paths(tmp_path: Path) -> None:
+    assert open_store(f"file://{tmp_path}").root == tmp_path  # type: ignore[attr-defined]
+    assert open_store(str(tmp_path)).url == f"file://{tmp_path}"
+    assert open_store(tmp_path).url == f"file://{tmp_path}"
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/key", "http://host/store", "file://"])
+def test_open_store_refuses_unknown_urls(url: str) -> None:
+    with pytest.raises(BadStoreUrlError) as caught:
+        open_store(url)
+    assert caught.value.exit_status == ExitStatus.BAD_INPUT
+
+
+def test_redact_url() -> None:
+    assert redact_url("redis://:pw@host:6379/0") == "redis://:***@host:6379/0"
+    assert redact_url("rediss://me:pw@host/1") == "rediss://me:***@host/1"
+    assert redact_url("redis://host:6379/0") == "redis://host:6379/0"
+
+
+def test_default_store_root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("FARM_CACHE_DIR", str(tmp_path / "cache"))
+    assert default_store_root() == tmp_path / "cache" / "store"
+    monkeypatch.delenv("FARM_CACHE_DIR")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_store_root() == tmp_path / "home" / ".cache" / "farm" / "store"
+
+
+def test_store_error_exit_statuses() -> None:
+    assert StoreError("x").exit_status == ExitStatus.BUILD_FAILED
+    assert CorruptEntryError(EMPTY_KEY, "why").exit_status == ExitStatus.BUILD_FAILED
+    assert MissingEntryError(EMPTY_KEY).exit_status == ExitStatus.BUILD_FAILED
+    assert StoreUnreachableError("x").exit_status == ExitStatus.UNREACHABLE

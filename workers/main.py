@@ -1,0 +1,61 @@
+"""`farm worker`: a Celery worker that consumes the queues this host can serve and advertises its capabilities.
+
+Every worker takes `llvm` (CPU kernels and weight blobs: LLVM cross-compiles, so any host can) and `control`
+(orchestration); a worker with OpenCL devices also takes `opencl.<fingerprint>` for each of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from typing import Any
+
+from farm.codegen.targets import host_target
+from farm.opencl_devices import opencl_devices
+
+WORKERS_KEY = "farm:workers"
+
+
+def detect_capabilities() -> dict[str, Any]:
+    """This host's CPU (triple, cpu name, features) and OpenCL devices."""
+    cpu = host_target()
+    return {"host": socket.gethostname(), "pid": os.getpid(), "cpu": {"triple": cpu.triple, "cpu": cpu.cpu,
+            "features": cpu.features, "simd_floats": cpu.simd_floats}, "opencl": opencl_devices()}
+
+
+def queues_for(capabilities: dict[str, Any]) -> list[str]:
+    return ["control", "llvm"] + [f"opencl.{device['fingerprint']}" for device in capabilities["opencl"]]
+
+
+def default_hostname() -> str:
+    return f"farm-{os.getpid()}@{socket.gethostname()}"
+
+
+def run_worker(broker: str, concurrency: int | None, hostname: str | None, loglevel: str = "INFO") -> None:
+    """Start the worker in this process (blocks until it stops)."""
+    os.environ["FARM_BROKER_URL"] = broker
+    from celery import signals
+
+    from tasks.app import app
+
+    capabilities = detect_capabilities()
+    name = hostname or default_hostname()
+
+    @signals.worker_ready.connect(weak=False)
+    def advertise(sender: Any = None, **_: Any) -> None:
+        from tasks.app import farm_context
+
+        farm_context().board.redis.hset(WORKERS_KEY, name, json.dumps(capabilities))
+
+    @signals.worker_shutdown.connect(weak=False)
+    def withdraw(sender: Any = None, **_: Any) -> None:
+        from tasks.app import farm_context
+
+        farm_context().board.redis.hdel(WORKERS_KEY, name)
+
+    argv = ["worker", "--queues", ",".join(queues_for(capabilities)), "--hostname", name, "--loglevel", loglevel,
+            "--task-events", "--without-mingle"]
+    if concurrency:
+        argv += ["--concurrency", str(concurrency)]
+    app.worker_main(argv)
