@@ -56,7 +56,7 @@ class JobState(str, Enum):
 
 TERMINAL = frozenset({JobState.DONE.value, JobState.FAILED.value, JobState.CANCELLED.value})
 
-_FINISH_IF_LIVE = """
+_SET_IF_LIVE = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state or state == 'done' or state == 'failed' or state == 'cancelled' then return 0 end
 for i = 1, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
@@ -70,7 +70,7 @@ class JobBoard:
     def __init__(self, url: str) -> None:
         self.url = url
         self.redis = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=10, decode_responses=True)
-        self._finish_if_live = self.redis.register_script(_FINISH_IF_LIVE)
+        self._set_if_live = self.redis.register_script(_SET_IF_LIVE)
 
     @staticmethod
     def key(job_id: str, suffix: str = "") -> str:
@@ -94,13 +94,13 @@ class JobBoard:
     def update(self, job_id: str, **fields: Any) -> None:
         self._call(self.redis.hset, self.key(job_id), mapping=_flat({**fields, "updated": time.time()}))
 
-    def finish(self, job_id: str, state: JobState, **fields: Any) -> bool:
-        """Move a live job to a terminal state; False when it had already ended (a cancel wins over a late done)."""
+    def advance(self, job_id: str, state: JobState, **fields: Any) -> bool:
+        """Move a live job to `state`; False when it had already ended (a cancel wins over any later step)."""
         args = [item for pair in _flat({**fields, "state": state.value, "updated": time.time()}).items() for item in pair]
-        return bool(self._call(self._finish_if_live, [self.key(job_id)], args))
+        return bool(self._call(self._set_if_live, [self.key(job_id)], args))
 
     def fail(self, job_id: str, error: str, status: ExitStatus = ExitStatus.BUILD_FAILED, unit: str = "") -> bool:
-        return self.finish(job_id, JobState.FAILED, error=error, exit_status=int(status), failed_unit=unit)
+        return self.advance(job_id, JobState.FAILED, error=error, exit_status=int(status), failed_unit=unit)
 
     def is_over(self, job_id: str) -> bool:
         record = self.get(job_id)
@@ -141,8 +141,10 @@ def unit_from_json(data: dict[str, Any]) -> CompileUnit:
 class Farm:
     """What every step needs: the job board, the store and a way to enqueue the next tasks."""
 
-    def __init__(self, board: JobBoard, store: Store, dispatch: Dispatch) -> None:
-        self.board, self.store, self.dispatch = board, store, dispatch
+    def __init__(self, board: JobBoard, store: Store, dispatch: Dispatch,
+                 before_build: Callable[[str], None] = lambda unit_name: None) -> None:
+        """`before_build(unit name)` runs just before a unit is built (the worker's fault-injection hook)."""
+        self.board, self.store, self.dispatch, self.before_build = board, store, dispatch, before_build
 
     # -- plan ----------------------------------------------------------------------------------------------------
 
@@ -151,7 +153,7 @@ class Farm:
         record = self.board.get(job_id)
         if record is None or record["state"] in TERMINAL:
             return
-        self.board.update(job_id, state=JobState.PLANNING.value)
+        self.board.advance(job_id, JobState.PLANNING)
         try:
             plan = self._plan(record)
         except BadInputError as error:
@@ -162,9 +164,10 @@ class Farm:
         blob_keys = {sha: self.store.put(memoryview(data).cast("B")) for sha, data in plan.blobs.items()}
         link_plan = self._link_plan(plan, targets, units, record, blob_keys)
         todo = [u for u in units if record.get("no_cache") == "True" or not self._cached(u)]
-        self.board.update(job_id, state=JobState.COMPILING.value, plan_key=self.store.put(link_plan),
-                          total=len(todo), kernels=sum(u.kind == "kernel" for u in units),
-                          blobs=sum(u.kind == "blob" for u in units), targets_total=len(targets))
+        counts = {"total": len(todo), "kernels": sum(u.kind == "kernel" for u in units),
+                  "blobs": sum(u.kind == "blob" for u in units), "targets_total": len(targets)}
+        if not self.board.advance(job_id, JobState.COMPILING, plan_key=self.store.put(link_plan), **counts):
+            return
         for unit in todo:
             self.dispatch(*compile_task(job_id, unit, blob_keys))
         if not todo:
@@ -199,6 +202,7 @@ class Farm:
         unit = unit_from_json(unit_json)
         if self.board.is_over(job_id) or not self._below_delivery_cap(job_id, unit.name):
             return
+        self.before_build(unit.name)
         try:
             self._build_into_store(unit, data_key)
         except FarmError as error:
@@ -223,7 +227,8 @@ class Farm:
         return key
 
     def _start_linking(self, job_id: str, targets: list[CpuTarget]) -> None:
-        self.board.update(job_id, state=JobState.LINKING.value)
+        if not self.board.advance(job_id, JobState.LINKING):
+            return
         for target in targets:
             self.dispatch("farm.link", [job_id, target.id])
 
@@ -269,7 +274,7 @@ class Farm:
         with tempfile.TemporaryDirectory(prefix="farm-finish-") as folder:
             path = write_artifact(os.path.join(folder, f"{record['model_name']}.farm"), manifest, members)
             artifact_key = self.store.put(Path(path).read_bytes())
-        self.board.finish(job_id, JobState.DONE, artifact_key=artifact_key, finished=time.time())
+        self.board.advance(job_id, JobState.DONE, artifact_key=artifact_key, finished=time.time())
 
 
 def compile_task(job_id: str, unit: CompileUnit, blob_keys: dict[str, str]) -> tuple[str, list[Any]]:

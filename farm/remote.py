@@ -101,7 +101,7 @@ class FarmClient:
     def cancel(self, job_id: str) -> bool:
         """Cancel a live job: its queued tasks stop at their start; False when it had already ended."""
         self.record(job_id)
-        return self.board.finish(job_id, JobState.CANCELLED, error="cancelled by user")
+        return self.board.advance(job_id, JobState.CANCELLED, error="cancelled by user")
 
 
 def raise_for_state(status: dict[str, Any]) -> None:

@@ -8,6 +8,8 @@ Flower shows what every task serves.
 from __future__ import annotations
 
 import functools
+import os
+import signal
 from typing import Any
 
 from celery import Celery, Task
@@ -48,7 +50,7 @@ def farm_context():
     from farm.store import open_store
 
     url = app.conf.broker_url
-    return Farm(JobBoard(url), open_store(defaults.store_url(url)), dispatch)
+    return Farm(JobBoard(url), open_store(defaults.store_url(url)), dispatch, before_build=die_if_told)
 
 
 def dispatch(task_name: str, args: list[Any]) -> None:
@@ -74,6 +76,14 @@ RETRYABLE = {"base": FarmTask}
 @app.task(name="farm.plan_job", **RETRYABLE)
 def plan_job(job_id: str) -> None:
     farm_context().plan_job(job_id)
+
+
+def die_if_told(unit: str) -> None:
+    """Fault injection for failover drills: FARM_FAULT_KILL_UNIT=<text> SIGKILLs the process running any unit
+    whose name contains <text>, as a crashing compiler would. Unset (the default), it does nothing."""
+    marker = os.environ.get("FARM_FAULT_KILL_UNIT")
+    if marker and marker in unit:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @app.task(name="farm.compile_cpu_kernel", **RETRYABLE)

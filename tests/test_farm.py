@@ -1,0 +1,184 @@
+"""The farm end to end: real redis-server, real `farm worker` processes, the real CLI in other processes."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from farm import examples
+from farm.build import build_model
+from farm.executors import LocalExecutor
+from tests.farm_services import farm_cli, farm_factory_fixture  # noqa: F401
+from tests.services import free_port
+
+
+def _sha(path: str | Path) -> bytes:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).digest()
+
+
+@pytest.fixture(scope="module")
+def resnet(tmp_path_factory) -> tuple[Path, Path]:
+    """resnet18_style.onnx and its local build."""
+    folder = tmp_path_factory.mktemp("resnet")
+    path = folder / "resnet18_style.onnx"
+    onnx.save(examples.resnet18_style(), path)
+    local = build_model(path, folder / "local", executor=LocalExecutor(1)).artifact
+    return path, Path(local)
+
+
+def _submit(farm, model: Path, cwd: Path, *extra: str) -> dict:
+    result = farm_cli("submit", str(model), "--json", "-o", str(cwd / "out"), *extra, broker=farm.url, cwd=cwd)
+    assert result.returncode == 0, result.stderr + farm.logs()
+    return json.loads(result.stdout)
+
+
+def _status(farm, job_id: str, cwd: Path) -> dict:
+    return json.loads(farm_cli("status", job_id, "--json", broker=farm.url, cwd=cwd).stdout)
+
+
+def test_two_workers_build_the_local_artifact_and_a_resubmit_compiles_nothing(farm_factory, resnet, tmp_path):
+    model, local = resnet
+    farm = farm_factory(workers=2)
+    job = _submit(farm, model, tmp_path)
+    assert job["state"] == "done" and job["total"] == job["kernels"] + job["blobs"] > 0
+    assert _sha(job["artifact"]) == _sha(local)
+    again = _submit(farm, model, tmp_path)
+    assert again["total"] == 0 and again["job_id"] != job["job_id"]
+    assert _sha(again["artifact"]) == _sha(local)
+    listed = farm_cli("workers", "--json", broker=farm.url, cwd=tmp_path)
+    names = {w["name"] for w in json.loads(listed.stdout)}
+    assert names == {w.name for w in farm.workers}
+    assert all("llvm" in w["queues"] and w["cpu"]["triple"] for w in json.loads(listed.stdout))
+
+
+def test_no_wait_then_wait_and_download_from_other_processes(farm_factory, resnet, tmp_path):
+    model, local = resnet
+    farm = farm_factory(workers=1)
+    submitted = farm_cli("submit", str(model), "--no-wait", "--json", broker=farm.url, cwd=tmp_path)
+    job_id = json.loads(submitted.stdout)["job_id"]
+    waited = farm_cli("wait", job_id, broker=farm.url, cwd=tmp_path)
+    assert waited.returncode == 0, waited.stderr + farm.logs()
+    downloaded = farm_cli("download", job_id, "-o", str(tmp_path / "dl"), broker=farm.url, cwd=tmp_path)
+    assert downloaded.returncode == 0
+    assert _sha(downloaded.stdout.strip()) == _sha(local)
+
+
+def test_a_killed_worker_loses_no_task(farm_factory, resnet, tmp_path):
+    model, local = resnet
+    farm = farm_factory(workers=2)
+    job_id = json.loads(farm_cli("submit", str(model), "--no-wait", "--json", broker=farm.url,
+                                 cwd=tmp_path).stdout)["job_id"]
+    deadline = time.monotonic() + 60
+    while (status := _status(farm, job_id, tmp_path))["state"] != "compiling" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    farm.workers[0].kill()
+    waited = farm_cli("wait", job_id, "--json", broker=farm.url, cwd=tmp_path, timeout=240)
+    assert waited.returncode == 0, waited.stderr + farm.logs()
+    downloaded = farm_cli("download", job_id, "-o", str(tmp_path / "dl"), broker=farm.url, cwd=tmp_path)
+    assert _sha(downloaded.stdout.strip()) == _sha(local)
+    assert status["state"] == "compiling"
+
+
+def test_a_unit_that_kills_its_worker_every_time_fails_the_job_by_name(farm_factory, tmp_path):
+    from farm.build import plan_model
+    from farm.specs import BlobSpec
+
+    model = tmp_path / "tiny_cnn.onnx"
+    onnx.save(examples.tiny_cnn(), model)
+    doomed = BlobSpec(next(iter(plan_model(model).blobs)), 0, "").symbol
+    farm = farm_factory(workers=1, env={"FARM_FAULT_KILL_UNIT": doomed})
+    result = farm_cli("submit", str(model), "--json", broker=farm.url, cwd=tmp_path, timeout=240)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert doomed in result.stderr and "never finished" in result.stderr
+    assert farm.workers[0].process.poll() is None
+
+
+def _bad_model(path: Path) -> Path:
+    node = helper.make_node("Hardmax", ["x"], ["y"], name="the_node")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+def test_bad_input_fails_fast_with_the_node_named_and_no_worker_dies(farm_factory, tmp_path):
+    farm = farm_factory(workers=1)
+    started = time.monotonic()
+    unsupported = farm_cli("submit", str(_bad_model(tmp_path / "bad.onnx")), "--json", broker=farm.url, cwd=tmp_path)
+    assert unsupported.returncode == 2 and "'the_node'" in unsupported.stderr and "'Hardmax'" in unsupported.stderr
+    model = examples.tiny_cnn().SerializeToString()
+    (tmp_path / "cut.onnx").write_bytes(model[: len(model) // 3])
+    truncated = farm_cli("submit", str(tmp_path / "cut.onnx"), broker=farm.url, cwd=tmp_path)
+    assert truncated.returncode == 2 and "cut.onnx" in truncated.stderr
+    assert time.monotonic() - started < 30
+    assert farm.workers[0].process.poll() is None
+    assert not (tmp_path / "artifacts").exists()
+
+
+def test_cancel_stops_the_job_and_leaves_no_artifact(farm_factory, resnet, tmp_path):
+    model, _ = resnet
+    farm = farm_factory(workers=1)
+    job_id = json.loads(farm_cli("submit", str(model), "--no-wait", "--no-cache", "--json", broker=farm.url,
+                                 cwd=tmp_path).stdout)["job_id"]
+    cancelled = farm_cli("cancel", job_id, broker=farm.url, cwd=tmp_path)
+    assert cancelled.returncode == 0, cancelled.stderr
+    time.sleep(3)
+    status = _status(farm, job_id, tmp_path)
+    assert status["state"] == "cancelled" and "artifact_key" not in status
+    assert status["done"] < status["total"] or status["total"] == 0
+    assert farm_cli("wait", job_id, broker=farm.url, cwd=tmp_path).returncode == 3
+    assert farm_cli("download", job_id, broker=farm.url, cwd=tmp_path).returncode == 3
+    assert farm_cli("status", "no-such-job", broker=farm.url, cwd=tmp_path).returncode == 3
+
+
+def test_unreachable_broker_exits_4_within_seconds(tmp_path):
+    model = tmp_path / "tiny_cnn.onnx"
+    onnx.save(examples.tiny_cnn(), model)
+    started = time.monotonic()
+    result = farm_cli("submit", str(model), broker=f"redis://127.0.0.1:{free_port()}/0", cwd=tmp_path, timeout=60)
+    assert result.returncode == 4, result.stderr
+    assert "reach" in result.stderr and "127.0.0.1" in result.stderr
+    assert time.monotonic() - started < 15
+
+
+def test_redis_restarted_mid_job_the_job_completes(farm_factory, resnet, tmp_path):
+    model, local = resnet
+    farm = farm_factory(workers=2)
+    job_id = json.loads(farm_cli("submit", str(model), "--no-wait", "--no-cache", "--json", broker=farm.url,
+                                 cwd=tmp_path).stdout)["job_id"]
+    deadline = time.monotonic() + 60
+    while _status(farm, job_id, tmp_path)["state"] in ("queued", "planning") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    farm.redis.kill()
+    time.sleep(1)
+    farm.redis.restart()
+    waited = farm_cli("wait", job_id, broker=farm.url, cwd=tmp_path, timeout=240)
+    assert waited.returncode == 0, waited.stderr + farm.logs()
+    downloaded = farm_cli("download", job_id, "-o", str(tmp_path / "dl"), broker=farm.url, cwd=tmp_path)
+    assert _sha(downloaded.stdout.strip()) == _sha(local)
+
+
+def test_a_corrupt_store_entry_is_rebuilt(farm_factory, resnet, tmp_path):
+    model, local = resnet
+    farm = farm_factory(workers=1)
+    _submit(farm, model, tmp_path)
+    client = farm.redis.client()
+    refs = [k for k in client.keys("farm:store:ref:kernel:*")]
+    object_key = client.get(refs[0]).decode()
+    chunk = f"farm:store:obj:{object_key}:0"
+    data = bytearray(client.get(chunk))
+    data[len(data) // 2] ^= 0xFF
+    client.set(chunk, bytes(data))
+    again = _submit(farm, model, tmp_path)
+    assert again["total"] == 0
+    assert _sha(again["artifact"]) == _sha(local)
+    assert client.get(chunk) != bytes(data)
+
+
