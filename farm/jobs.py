@@ -76,7 +76,8 @@ class JobBoard:
     def key(job_id: str, suffix: str = "") -> str:
         return f"farm:job:{job_id}{suffix}"
 
-    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run one Redis call; a lost connection becomes StoreUnreachableError (exit status 4)."""
         try:
             return fn(*args, **kwargs)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as error:
@@ -84,20 +85,20 @@ class JobBoard:
 
     def create(self, job_id: str, fields: dict[str, Any]) -> None:
         record = {**fields, "state": JobState.QUEUED.value, "created": time.time(), "updated": time.time()}
-        self._call(self.redis.hset, self.key(job_id), mapping=_flat(record))
-        self._call(self.redis.expire, self.key(job_id), defaults.JOB_TTL_SECONDS)
+        self.call(self.redis.hset, self.key(job_id), mapping=_flat(record))
+        self.call(self.redis.expire, self.key(job_id), defaults.JOB_TTL_SECONDS)
 
     def get(self, job_id: str) -> dict[str, str] | None:
-        record = self._call(self.redis.hgetall, self.key(job_id))
+        record = self.call(self.redis.hgetall, self.key(job_id))
         return record or None
 
     def update(self, job_id: str, **fields: Any) -> None:
-        self._call(self.redis.hset, self.key(job_id), mapping=_flat({**fields, "updated": time.time()}))
+        self.call(self.redis.hset, self.key(job_id), mapping=_flat({**fields, "updated": time.time()}))
 
     def advance(self, job_id: str, state: JobState, **fields: Any) -> bool:
         """Move a live job to `state`; False when it had already ended (a cancel wins over any later step)."""
         args = [item for pair in _flat({**fields, "state": state.value, "updated": time.time()}).items() for item in pair]
-        return bool(self._call(self._set_if_live, [self.key(job_id)], args))
+        return bool(self.call(self._set_if_live, [self.key(job_id)], args))
 
     def fail(self, job_id: str, error: str, status: ExitStatus = ExitStatus.BUILD_FAILED, unit: str = "") -> bool:
         return self.advance(job_id, JobState.FAILED, error=error, exit_status=int(status), failed_unit=unit)
@@ -113,14 +114,14 @@ class JobBoard:
         pipe.sadd(key, name)
         pipe.scard(key)
         pipe.expire(key, defaults.JOB_TTL_SECONDS)
-        added, count, _ = self._call(pipe.execute)
+        added, count, _ = self.call(pipe.execute)
         return count if added else -1
 
     def count_delivery(self, job_id: str, name: str) -> int:
         """How many times this unit's task has started (its first run included)."""
         key = self.key(job_id, f":deliveries:{name}")
-        count = self._call(self.redis.incr, key)
-        self._call(self.redis.expire, key, defaults.JOB_TTL_SECONDS)
+        count = self.call(self.redis.incr, key)
+        self.call(self.redis.expire, key, defaults.JOB_TTL_SECONDS)
         return int(count)
 
 

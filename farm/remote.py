@@ -19,7 +19,7 @@ from farm import defaults
 from farm.codegen.targets import CpuTarget
 from farm.errors import BadInputError, ExitStatus, JobError
 from farm.jobs import TERMINAL, JobBoard, JobState
-from farm.store import Store, open_store
+from farm.store import Store, StoreUnreachableError, open_store, redact_url
 
 
 class FarmClient:
@@ -60,7 +60,7 @@ class FarmClient:
     def status(self, job_id: str) -> dict[str, Any]:
         """The job's state, compile tasks done of total, and the failing unit and error if it failed."""
         record = self.record(job_id)
-        done = self.board.redis.scard(self.board.key(job_id, ":compile"))
+        done = self.board.call(self.board.redis.scard, self.board.key(job_id, ":compile"))
         status = {"job_id": job_id, "state": record["state"], "model": record.get("model_name"),
                   "done": int(done), "total": int(record.get("total", 0)), "kernels": int(record.get("kernels", 0)),
                   "blobs": int(record.get("blobs", 0))}
@@ -117,11 +117,15 @@ def raise_for_state(status: dict[str, Any]) -> None:
 
 def list_workers(broker: str, timeout: float = 1.0) -> list[dict[str, Any]]:
     """Live workers (those answering a ping) with their host, capabilities and queues."""
+    from kombu.exceptions import OperationalError
+
     from tasks.app import make_app
 
-    app = make_app(broker)
-    queues = app.control.inspect(timeout=timeout).active_queues() or {}
     board = JobBoard(broker)
-    capabilities = board.redis.hgetall("farm:workers")
+    capabilities = board.call(board.redis.hgetall, "farm:workers")
+    try:
+        queues = make_app(broker).control.inspect(timeout=timeout).active_queues() or {}
+    except OperationalError as error:
+        raise StoreUnreachableError(f"farm unreachable at {redact_url(broker)}: {error}") from None
     return [{"name": name, "queues": sorted(q["name"] for q in qs),
              **json.loads(capabilities.get(name, "{}"))} for name, qs in sorted(queues.items())]
