@@ -39,5 +39,11 @@ def max_deliveries() -> int:
     return int(os.environ.get("FARM_MAX_DELIVERIES", 3))
 
 
-POLL_SECONDS = 0.2
+def worker_redis_retries() -> int:
+    """FARM_WORKER_REDIS_RETRIES: reconnections a worker tries (about 0.5 s apart) before a step fails, so that
+    a Redis restart in the middle of a job is waited out (default 60)."""
+    return int(os.environ.get("FARM_WORKER_REDIS_RETRIES", 60))
+
+
+POLL_SECONDS = 0.05
 JOB_TTL_SECONDS = 7 * 24 * 3600

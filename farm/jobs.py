@@ -67,9 +67,16 @@ return 1
 class JobBoard:
     """Job records: a Redis hash per job (farm:job:<id>) plus sets counting finished units per phase."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, retries: int = 1) -> None:
+        """`retries`: reconnections before a call fails (a client fails fast, a worker waits out a restart)."""
+        from redis.backoff import ExponentialBackoff
+        from redis.retry import Retry
+
         self.url = url
-        self.redis = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=10, decode_responses=True)
+        retry = Retry(ExponentialBackoff(cap=0.5, base=0.1), retries,
+                      supported_errors=(redis.exceptions.ConnectionError,))
+        self.redis = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=10, decode_responses=True,
+                                          retry=retry)
         self._set_if_live = self.redis.register_script(_SET_IF_LIVE)
 
     @staticmethod

@@ -450,12 +450,15 @@ def default_store_root() -> Path:
     return default_cache_dir() / "store"
 
 
-def open_store(url: str | os.PathLike[str]) -> Store:
-    """The store a URL names: redis:// or rediss:// -> RedisStore, file://PATH or a plain path -> FileStore."""
+def open_store(url: str | os.PathLike[str], retries: int = 1) -> Store:
+    """The store a URL names: redis:// or rediss:// -> RedisStore, file://PATH or a plain path -> FileStore.
+
+    `retries`: how many times a Redis store reconnects before an operation fails (workers wait out a restart).
+    """
     if isinstance(url, os.PathLike):
         return FileStore(url)
     if url.startswith(_REDIS_SCHEMES):
-        return RedisStore(url)
+        return RedisStore(url, retries=retries)
     if url.startswith(_FILE_SCHEME):
         return FileStore(url[len(_FILE_SCHEME) :])
     if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", url):

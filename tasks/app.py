@@ -50,7 +50,9 @@ def farm_context():
     from farm.store import open_store
 
     url = app.conf.broker_url
-    return Farm(JobBoard(url), open_store(defaults.store_url(url)), dispatch, before_build=die_if_told)
+    retries = defaults.worker_redis_retries()
+    return Farm(JobBoard(url, retries), open_store(defaults.store_url(url), retries), dispatch,
+                before_build=die_if_told)
 
 
 def dispatch(task_name: str, args: list[Any]) -> None:
