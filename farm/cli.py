@@ -140,8 +140,8 @@ def status(job_id: str, broker: str | None, as_json: bool) -> None:
 @reports_errors
 def wait(job_id: str, broker: str | None, as_json: bool, timeout: float | None) -> None:
     """Wait for a farm job to end; the exit status says how it ended."""
+    from farm.board import TERMINAL
     from farm.errors import BuildError
-    from farm.jobs import TERMINAL
 
     status = _wait_with_progress(_client(broker), job_id, job_id, timeout)
     if status["state"] not in TERMINAL:

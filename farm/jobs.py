@@ -1,4 +1,4 @@
-"""Farm jobs: their records in Redis and the orchestration steps that the Celery tasks in tasks/ run.
+"""Farm jobs: the orchestration steps that the Celery tasks in tasks/ run (records live in farm/board.py).
 
 Nothing here imports Celery: each step gets a `dispatch(task_name, args)` callable to enqueue what follows, so the
 logic stays plain Python and tasks/ stays thin. Big bytes go through the store; records and messages hold keys.
@@ -10,19 +10,18 @@ counts once, and exactly one task sees the last unit of a phase finish and dispa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
 import time
 from collections.abc import Callable
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
-import redis
-
 from farm import defaults
 from farm.artifact import write_artifact
+from farm.board import TERMINAL, JobBoard, JobState
 from farm.build import (
     CompileUnit,
     compile_unit,
@@ -37,104 +36,11 @@ from farm.build import (
 from farm.codegen.entry import compile_entry
 from farm.codegen.link import link_library
 from farm.codegen.targets import CpuTarget
-from farm.errors import BadInputError, ExitStatus, FarmError
-from farm.specs import BlobSpec, KernelSpec
-from farm.store import CorruptEntryError, MissingEntryError, Store, StoreUnreachableError, redact_url
+from farm.errors import BadInputError, FarmError
+from farm.specs import CODEGEN_VERSION, BlobSpec, KernelSpec, canonical_json
+from farm.store import CorruptEntryError, MissingEntryError, Store
 
 Dispatch = Callable[[str, list[Any]], None]
-
-
-class JobState(str, Enum):
-    QUEUED = "queued"
-    PLANNING = "planning"
-    COMPILING = "compiling"
-    LINKING = "linking"
-    DONE = "done"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-TERMINAL = frozenset({JobState.DONE.value, JobState.FAILED.value, JobState.CANCELLED.value})
-
-_SET_IF_LIVE = """
-local state = redis.call('HGET', KEYS[1], 'state')
-if not state or state == 'done' or state == 'failed' or state == 'cancelled' then return 0 end
-for i = 1, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
-return 1
-"""
-
-
-class JobBoard:
-    """Job records: a Redis hash per job (farm:job:<id>) plus sets counting finished units per phase."""
-
-    def __init__(self, url: str, retries: int = 1) -> None:
-        """`retries`: reconnections before a call fails (a client fails fast, a worker waits out a restart)."""
-        from redis.backoff import ExponentialBackoff
-        from redis.retry import Retry
-
-        self.url = url
-        retry = Retry(ExponentialBackoff(cap=0.5, base=0.1), retries,
-                      supported_errors=(redis.exceptions.ConnectionError,))
-        self.redis = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=10, decode_responses=True,
-                                          retry=retry)
-        self._set_if_live = self.redis.register_script(_SET_IF_LIVE)
-
-    @staticmethod
-    def key(job_id: str, suffix: str = "") -> str:
-        return f"farm:job:{job_id}{suffix}"
-
-    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run one Redis call; a lost connection becomes StoreUnreachableError (exit status 4)."""
-        try:
-            return fn(*args, **kwargs)
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as error:
-            raise StoreUnreachableError(f"farm unreachable at {redact_url(self.url)}: {error}") from None
-
-    def create(self, job_id: str, fields: dict[str, Any]) -> None:
-        record = {**fields, "state": JobState.QUEUED.value, "created": time.time(), "updated": time.time()}
-        self.call(self.redis.hset, self.key(job_id), mapping=_flat(record))
-        self.call(self.redis.expire, self.key(job_id), defaults.JOB_TTL_SECONDS)
-
-    def get(self, job_id: str) -> dict[str, str] | None:
-        record = self.call(self.redis.hgetall, self.key(job_id))
-        return record or None
-
-    def update(self, job_id: str, **fields: Any) -> None:
-        self.call(self.redis.hset, self.key(job_id), mapping=_flat({**fields, "updated": time.time()}))
-
-    def advance(self, job_id: str, state: JobState, **fields: Any) -> bool:
-        """Move a live job to `state`; False when it had already ended (a cancel wins over any later step)."""
-        args = [item for pair in _flat({**fields, "state": state.value, "updated": time.time()}).items() for item in pair]
-        return bool(self.call(self._set_if_live, [self.key(job_id)], args))
-
-    def fail(self, job_id: str, error: str, status: ExitStatus = ExitStatus.BUILD_FAILED, unit: str = "") -> bool:
-        return self.advance(job_id, JobState.FAILED, error=error, exit_status=int(status), failed_unit=unit)
-
-    def is_over(self, job_id: str) -> bool:
-        record = self.get(job_id)
-        return record is None or record.get("state") in TERMINAL
-
-    def complete(self, job_id: str, phase: str, name: str) -> int:
-        """Record `name` finished in `phase`; returns how many distinct units of the phase are finished now."""
-        key = self.key(job_id, f":{phase}")
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.sadd(key, name)
-        pipe.scard(key)
-        pipe.expire(key, defaults.JOB_TTL_SECONDS)
-        added, count, _ = self.call(pipe.execute)
-        return count if added else -1
-
-    def count_delivery(self, job_id: str, name: str) -> int:
-        """How many times this unit's task has started (its first run included)."""
-        key = self.key(job_id, f":deliveries:{name}")
-        count = self.call(self.redis.incr, key)
-        self.call(self.redis.expire, key, defaults.JOB_TTL_SECONDS)
-        return int(count)
-
-
-def _flat(record: dict[str, Any]) -> dict[str, str]:
-    """Hash fields as strings: lists and dicts as JSON."""
-    return {name: json.dumps(value) if isinstance(value, (list, dict)) else str(value) for name, value in record.items()}
 
 
 def unit_to_json(unit: CompileUnit) -> dict[str, Any]:
@@ -159,7 +65,7 @@ class Farm:
     def plan_job(self, job_id: str) -> None:
         """Plan the model, put its blobs in the store, dispatch every unit the cache doesn't already hold."""
         record = self.board.get(job_id)
-        if record is None or record["state"] in TERMINAL:
+        if record is None or record["state"] in TERMINAL or self._reuse_artifact(job_id, record):
             return
         self.board.advance(job_id, JobState.PLANNING)
         try:
@@ -180,6 +86,19 @@ class Farm:
             self.dispatch(*compile_task(job_id, unit, blob_keys))
         if not todo:
             self._start_linking(job_id, targets)
+
+    def _reuse_artifact(self, job_id: str, record: dict[str, str]) -> bool:
+        """Finish at once when this farm already built the same model bytes for the same targets (unless --no-cache):
+        the artifact is a pure function of them, so it is the cached one, byte for byte."""
+        key = self.store.get_ref(artifact_ref(record))
+        if record.get("no_cache") == "True" or key is None:
+            return False
+        try:
+            self.store.get(key)
+        except (CorruptEntryError, MissingEntryError):
+            return False
+        self.board.advance(job_id, JobState.DONE, artifact_key=key, total=0, finished=time.time(), cached=True)
+        return True
 
     def _plan(self, record: dict[str, str]):
         with tempfile.TemporaryDirectory(prefix="farm-job-") as folder:
@@ -282,7 +201,14 @@ class Farm:
         with tempfile.TemporaryDirectory(prefix="farm-finish-") as folder:
             path = write_artifact(os.path.join(folder, f"{record['model_name']}.farm"), manifest, members)
             artifact_key = self.store.put(Path(path).read_bytes())
+        self.store.set_ref(artifact_ref(record), artifact_key)
         self.board.advance(job_id, JobState.DONE, artifact_key=artifact_key, finished=time.time())
+
+
+def artifact_ref(record: dict[str, str]) -> str:
+    """The cache ref of a job's artifact: everything its bytes depend on (model, targets, farm's codegen)."""
+    inputs = canonical_json([CODEGEN_VERSION, record["model_sha256"], record["model_name"], json.loads(record["targets"])])
+    return f"artifact:{hashlib.sha256(inputs.encode()).hexdigest()}"
 
 
 def compile_task(job_id: str, unit: CompileUnit, blob_keys: dict[str, str]) -> tuple[str, list[Any]]:

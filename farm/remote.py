@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from farm import defaults
-from farm.codegen.targets import CpuTarget
+from farm.board import TERMINAL, JobBoard, JobState
 from farm.errors import BadInputError, ExitStatus, JobError
-from farm.jobs import TERMINAL, JobBoard, JobState
 from farm.store import Store, StoreUnreachableError, open_store, redact_url
 
 
@@ -36,7 +35,7 @@ class FarmClient:
             self._store = open_store(defaults.store_url(self.broker))
         return self._store
 
-    def submit(self, model_path: str | os.PathLike, targets: Sequence[CpuTarget], no_cache: bool = False) -> str:
+    def submit(self, model_path: str | os.PathLike, targets: Sequence[Any], no_cache: bool = False) -> str:
         """Store the model, record the job and enqueue its planning on the farm; returns the job id."""
         path = Path(model_path)
         if not path.is_file():

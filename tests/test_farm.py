@@ -165,20 +165,26 @@ def test_redis_restarted_mid_job_the_job_completes(farm_factory, resnet, tmp_pat
     assert _sha(downloaded.stdout.strip()) == _sha(local)
 
 
-def test_a_corrupt_store_entry_is_rebuilt(farm_factory, resnet, tmp_path):
-    model, local = resnet
-    farm = farm_factory(workers=1)
-    _submit(farm, model, tmp_path)
-    client = farm.redis.client()
-    refs = [k for k in client.keys("farm:store:ref:kernel:*")]
-    object_key = client.get(refs[0]).decode()
+def _corrupt(client, ref_pattern: str) -> tuple[str, bytes]:
+    """Flip a byte in the first chunk of the entry a ref points at; returns the chunk's key and its bad bytes."""
+    object_key = client.get(client.keys(ref_pattern)[0]).decode()
     chunk = f"farm:store:obj:{object_key}:0"
     data = bytearray(client.get(chunk))
     data[len(data) // 2] ^= 0xFF
     client.set(chunk, bytes(data))
+    return chunk, bytes(data)
+
+
+def test_corrupt_store_entries_are_rebuilt_never_shipped(farm_factory, resnet, tmp_path):
+    model, local = resnet
+    farm = farm_factory(workers=1)
+    first = _submit(farm, model, tmp_path)
+    client = farm.redis.client()
+    kernel_chunk, bad_kernel = _corrupt(client, "farm:store:ref:kernel:*")
+    artifact_chunk, bad_artifact = _corrupt(client, "farm:store:ref:artifact:*")
     again = _submit(farm, model, tmp_path)
-    assert again["total"] == 0
+    assert again["total"] == 0 and again["job_id"] != first["job_id"]
     assert _sha(again["artifact"]) == _sha(local)
-    assert client.get(chunk) != bytes(data)
+    assert client.get(kernel_chunk) != bad_kernel and client.get(artifact_chunk) != bad_artifact
 
 

@@ -32,6 +32,14 @@ def default_hostname() -> str:
     return f"farm-{os.getpid()}@{socket.gethostname()}"
 
 
+def preload() -> None:
+    """Import the compiler and initialise LLVM before the pool forks, so no task pays for it."""
+    import farm.jobs  # noqa: F401
+    from farm.codegen.targets import init_llvm
+
+    init_llvm()
+
+
 def run_worker(broker: str, concurrency: int | None, hostname: str | None, loglevel: str = "INFO") -> None:
     """Start the worker in this process (blocks until it stops)."""
     os.environ["FARM_BROKER_URL"] = broker
@@ -41,6 +49,7 @@ def run_worker(broker: str, concurrency: int | None, hostname: str | None, logle
 
     capabilities = detect_capabilities()
     name = hostname or default_hostname()
+    preload()
 
     @signals.worker_ready.connect(weak=False)
     def advertise(sender: Any = None, **_: Any) -> None:
