@@ -75,17 +75,23 @@ class Farm:
             return
         targets = [CpuTarget.from_json(t) for t in json.loads(record["targets"])]
         units = compile_units(plan, targets)
-        blob_keys = {sha: self.store.put(memoryview(data).cast("B")) for sha, data in plan.blobs.items()}
-        link_plan = self._link_plan(plan, targets, units, record, blob_keys)
         todo = [u for u in units if record.get("no_cache") == "True" or not self._cached(u)]
         counts = {"total": len(todo), "kernels": sum(u.kind == "kernel" for u in units),
                   "blobs": sum(u.kind == "blob" for u in units), "targets_total": len(targets)}
-        if not self.board.advance(job_id, JobState.COMPILING, plan_key=self.store.put(link_plan), **counts):
+        link_plan = self.store.put(self._link_plan(plan, targets, units, record))
+        if not self.board.advance(job_id, JobState.COMPILING, plan_key=link_plan, **counts):
             return
-        for unit in todo:
-            self.dispatch(*compile_task(job_id, unit, blob_keys))
+        self._dispatch_units(job_id, plan, todo)
         if not todo:
             self._start_linking(job_id, targets)
+
+    def _dispatch_units(self, job_id: str, plan, todo: list[CompileUnit]) -> None:
+        """Kernels first, so that workers compile while this task is still putting weight bytes in the store;
+        a blob's store key is the sha256 its spec already names."""
+        for unit in sorted(todo, key=lambda u: u.kind != "kernel"):
+            if unit.kind == "blob":
+                self.store.put(memoryview(plan.blobs[unit.spec.data_sha256]).cast("B"))
+            self.dispatch(*compile_task(job_id, unit))
 
     def _reuse_artifact(self, job_id: str, record: dict[str, str]) -> bool:
         """Finish at once when this farm already built the same model bytes for the same targets (unless --no-cache):
@@ -110,14 +116,12 @@ class Farm:
         key = self.store.get_ref(unit.cache_ref)
         return key is not None and self.store.has(key)
 
-    def _link_plan(self, plan, targets: list[CpuTarget], units: list[CompileUnit], record: dict[str, str],
-                   blob_keys: dict[str, str]) -> bytes:
+    def _link_plan(self, plan, targets: list[CpuTarget], units: list[CompileUnit], record: dict[str, str]) -> bytes:
         """What link and finish need, as JSON in the store: unit refs, schedules, link order, the manifest."""
         names = [u.name for u in units]
         return json.dumps({
             "manifest": manifest_template(plan, targets, record["model_name"], record["model_sha256"]),
-            "units": {u.name: {**unit_to_json(u), "ref": u.cache_ref,
-                               "data_key": blob_keys.get(getattr(u.spec, "data_sha256", ""))} for u in units},
+            "units": {u.name: {**unit_to_json(u), "ref": u.cache_ref, "data_key": _data_key(u)} for u in units},
             "targets": [{"target": t.to_json(), "schedule": schedule_for(plan, t), "order": link_order(names, t)}
                         for t in targets],
         }, sort_keys=True).encode()
@@ -211,8 +215,13 @@ def artifact_ref(record: dict[str, str]) -> str:
     return f"artifact:{hashlib.sha256(inputs.encode()).hexdigest()}"
 
 
-def compile_task(job_id: str, unit: CompileUnit, blob_keys: dict[str, str]) -> tuple[str, list[Any]]:
+def _data_key(unit: CompileUnit) -> str | None:
+    """The store key of a blob unit's weight bytes (their sha256, as the store is content-addressed)."""
+    return unit.spec.data_sha256 if unit.kind == "blob" else None
+
+
+def compile_task(job_id: str, unit: CompileUnit) -> tuple[str, list[Any]]:
     """The task name and arguments for one unit; the arguments name the job, unit, op and target for Flower."""
     if unit.kind == "kernel":
         return "farm.compile_cpu_kernel", [job_id, unit.name, unit.spec.op, unit.target.id, unit_to_json(unit)]
-    return "farm.pack_blob", [job_id, unit.name, unit.target.id, unit_to_json(unit), blob_keys[unit.spec.data_sha256]]
+    return "farm.pack_blob", [job_id, unit.name, unit.target.id, unit_to_json(unit), _data_key(unit)]
