@@ -71,10 +71,18 @@ def _tar_bytes(files: Mapping[str, bytes]) -> bytes:
 def write_artifact(path: str | os.PathLike[str], manifest: dict[str, Any], members: Mapping[str, bytes]) -> str:
     """Write the artifact at `path` atomically and return the path.
 
-    The manifest gets `"members": {path: sha256}` for every payload member and `format_version` when it has none.
     Bad member paths raise ValueError before anything is written; any failure leaves neither the artifact nor a
     temporary file behind, and an existing artifact at `path` stays as it was.
     """
+    data = artifact_bytes(manifest, members)
+    path = os.fspath(path)
+    _write_atomically(path, data)
+    return path
+
+
+def artifact_bytes(manifest: dict[str, Any], members: Mapping[str, bytes]) -> bytes:
+    """The artifact file's bytes. The manifest gets `"members": {path: sha256}` for every payload member and
+    `format_version` when it has none."""
     for name in members:
         problem = _path_problem(name)
         if problem or name == MANIFEST:
@@ -86,10 +94,7 @@ def write_artifact(path: str | os.PathLike[str], manifest: dict[str, Any], membe
     payload = {name: bytes(data) for name, data in members.items()}
     full = {"format_version": FORMAT_VERSION, **manifest, "members": {n: _sha256(d) for n, d in payload.items()}}
     text = json.dumps(full, sort_keys=True, indent=2) + "\n"
-    data = _tar_bytes({**payload, MANIFEST: text.encode("utf-8")})
-    path = os.fspath(path)
-    _write_atomically(path, data)
-    return path
+    return _tar_bytes({**payload, MANIFEST: text.encode("utf-8")})
 
 
 def _write_atomically(path: str, data: bytes) -> None:

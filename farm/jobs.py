@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from farm import defaults
-from farm.artifact import write_artifact
+from farm.artifact import artifact_bytes
 from farm.board import TERMINAL, JobBoard, JobState
 from farm.build import (
     CompileUnit,
@@ -202,9 +201,7 @@ class Farm:
         manifest = complete_manifest(link_plan["manifest"], shas)
         members = {library_member(CpuTarget.from_json(t["target"])): self.store.get(record[f"library:{t['target']['id']}"])
                    for t in link_plan["targets"]}
-        with tempfile.TemporaryDirectory(prefix="farm-finish-") as folder:
-            path = write_artifact(os.path.join(folder, f"{record['model_name']}.farm"), manifest, members)
-            artifact_key = self.store.put(Path(path).read_bytes())
+        artifact_key = self.store.put(artifact_bytes(manifest, members))
         self.store.set_ref(artifact_ref(record), artifact_key)
         self.board.advance(job_id, JobState.DONE, artifact_key=artifact_key, finished=time.time())
 
