@@ -1,0 +1,360 @@
+#!/usr/bin/env python3
+"""Benchmark the farm (Celery workers over Redis) against the bars of the farm issue, in one run.
+
+It starts its own redis-server and `farm worker` processes (each `--concurrency 1`, started the way the tests start
+them: tests.services.RedisServer, tests.farm_services.FarmWorker) and measures, on light ResNet-50 (the onnx
+package's light_resnet50.onnx):
+
+- local: wall seconds of `farm submit MODEL` without a broker (the local executor, one process per core), from the
+  command's start to its exit (the artifact written);
+- farm, 1 worker and 2 workers: wall seconds of `farm submit MODEL --no-cache` against the farm, from the command's
+  start to the artifact downloaded (every kernel and blob compiled again); also the job's own seconds as the farm
+  records them (created -> finished) and the client's share (the rest: start-up, upload, polling, download);
+- warm resubmit: the same with the cache on, after the builds above (zero compile tasks: planning, link, finish);
+- worker time per task name: from the workers' logs ("Task farm.X[...] succeeded in Ys"), summed per run, which
+  shows what a build's time goes to, and the best 2 workers could do over 1 if only compile and pack split;
+- broker throughput: `farm.finish` on an unknown job id (the task returns at once) sent --tasks times with
+  `app.send_task` while the 2 workers don't consume `control` (send rate), then consumed by them: tasks/s from
+  the resume until the `control` queue is empty and no message is left unacknowledged.
+
+Every timed figure is the median of --repeat runs; before the timed runs the workers are warmed by a build of
+tiny_cnn (their first task imports LLVM). Workers use production time limits, not the tests' short ones, and
+redis-server fsyncs its append-only file every second, as deploy/redis.conf does. The machine's load average
+before the run is printed: other processes on the cores skew every figure, the 2-worker ones most.
+
+Usage: python3 benchmarks/bench_farm.py [--repeat N] [--tasks N] [--json out.json] [--no-fail]
+Exit status: 0 when every bar passes (or --no-fail), 1 when a bar fails, 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # tests/ holds the real-service helpers the benchmark reuses
+
+import onnx  # noqa: E402
+import redis  # noqa: E402
+
+from farm.codegen.targets import host_target  # noqa: E402
+from farm.examples import EXAMPLES  # noqa: E402
+from tests.farm_services import FarmWorker  # noqa: E402
+from tests.services import RedisServer  # noqa: E402
+
+MODEL = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / "light_resnet50.onnx"
+SCALING_BAR = 1.7  # 2 workers at least this many times faster than 1
+WARM_BAR_S = 2.0  # warm resubmit under this many seconds
+LOCAL_BAR = 1.2  # the farm on 2 workers within this factor of the local executor
+# Production limits (farm.defaults), not the tests' short ones: a benchmark must not trigger redelivery.
+WORKER_ENV = {"FARM_TASK_SOFT_TIME_LIMIT": "600", "FARM_TASK_TIME_LIMIT": "660", "FARM_VISIBILITY_TIMEOUT": "720",
+              "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+TASK_NAMES = ("farm.plan_job", "farm.compile_cpu_kernel", "farm.pack_blob", "farm.link", "farm.finish")
+CLI_TIMEOUT_S = 600
+DRAIN_TIMEOUT_S = 300
+
+
+@dataclass
+class Bar:
+    """One bar of the issue: what was measured, against what limit, and whether it passed."""
+
+    name: str
+    measured: str
+    limit: str
+    passed: bool
+
+    @property
+    def verdict(self) -> str:
+        return "PASS" if self.passed else "FAIL"
+
+
+@dataclass
+class Build:
+    """The median of several timed `farm submit` runs of one configuration."""
+
+    config: str
+    wall_s: float  # median wall seconds of the CLI, start to artifact on disk
+    job_s: float | None  # median seconds the farm recorded for the job (created -> finished); None when local
+    compile_tasks: int | None  # compile tasks of one run (kernels + blobs dispatched); None when local
+    runs: list[float]  # every run's wall seconds
+    task_s: dict[str, float] = field(default_factory=dict)  # per run: seconds the workers spent in each task name
+
+    @property
+    def client_s(self) -> float | None:
+        """What the job's record doesn't cover: CLI start-up, upload, enqueueing, polling and download."""
+        return None if self.job_s is None else self.wall_s - self.job_s
+
+
+# -- running farm --------------------------------------------------------------------------------------------------
+
+
+def cli(args: Sequence[str], cwd: Path, broker: str | None) -> tuple[float, dict[str, Any]]:
+    """Run `farm ARGS --json` as a user would; (wall seconds, its JSON). Without a broker the build is local."""
+    env = {key: value for key, value in os.environ.items() if key != "FARM_BROKER_URL"}
+    if broker:
+        env["FARM_BROKER_URL"] = broker
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "farm", *args, "--json"], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=CLI_TIMEOUT_S)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"farm {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
+    return wall, json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def timed_builds(config: str, model: Path, folder: Path, broker: str | None, repeat: int,
+                 no_cache: bool = True, workers: Sequence[FarmWorker] = ()) -> Build:
+    """`farm submit MODEL` `repeat` times (with --no-cache on a farm unless told otherwise); the medians.
+
+    With `workers`, their logs over these runs give the seconds spent in each task name (mean per run).
+    """
+    walls, jobs, tasks = [], [], None
+    offsets = [log_size(worker) for worker in workers]
+    for index in range(repeat):
+        out = folder / f"{config}-{index}"
+        args = ["submit", str(model), "-o", str(out)] + (["--no-cache"] if broker and no_cache else [])
+        wall, result = cli(args, folder, broker)
+        if not Path(result["artifact"]).is_file():
+            raise RuntimeError(f"{config}: no artifact at {result['artifact']}")
+        walls.append(wall)
+        if broker:
+            jobs.append(float(result["seconds"]))
+            tasks = int(result["total"])
+        print(f"  {config} run {index + 1}: {wall:.2f} s" + (f" (job {result['seconds']:.2f} s, "
+              f"{result['total']} compile tasks)" if broker else ""), flush=True)
+    spent = task_seconds(workers, offsets)
+    return Build(config, statistics.median(walls), statistics.median(jobs) if jobs else None, tasks, walls,
+                 {name: seconds / repeat for name, seconds in spent.items()})
+
+
+TASK_DONE = re.compile(r"Task (farm\.\w+)\[[^\]]+\] succeeded in ([0-9.eE+-]+)s")
+
+
+def log_size(worker: FarmWorker) -> int:
+    return worker.log_path.stat().st_size if worker.log_path.exists() else 0
+
+
+def task_seconds(workers: Sequence[FarmWorker], offsets: Sequence[int]) -> dict[str, float]:
+    """Seconds spent in each task name, summed over the workers' log lines written since `offsets` ({}: none)."""
+    if not workers:
+        return {}
+    spent = dict.fromkeys(TASK_NAMES, 0.0)
+    for worker, offset in zip(workers, offsets):
+        with open(worker.log_path, "rb") as log:
+            log.seek(offset)
+            for match in TASK_DONE.finditer(log.read().decode(errors="replace")):
+                spent[match.group(1)] = spent.get(match.group(1), 0.0) + float(match.group(2))
+    return spent
+
+
+def warm_up(folder: Path, broker: str) -> None:
+    """Build tiny_cnn with the cache off, so that every worker's pool has imported LLVM before timing starts."""
+    model = folder / "tiny_cnn.onnx"
+    if not model.exists():
+        onnx.save(EXAMPLES["tiny_cnn"](), str(model))
+    for _ in range(2):
+        cli(["submit", str(model), "-o", str(folder / "warmup"), "--no-cache"], folder, broker)
+
+
+def broker_throughput(broker: str, workers: Sequence[FarmWorker], tasks: int) -> dict[str, float]:
+    """Tasks/s through the broker: `tasks` farm.finish tasks on an unknown job id (each returns at once).
+
+    The workers stop consuming `control` while the tasks are sent (timed on its own: what one client, or plan_job
+    dispatching a job's units, pays per task), then resume; consumption is timed from the resume until the queue
+    is empty and no message is left unacknowledged.
+    """
+    from tasks.app import make_app
+
+    app = make_app(broker)
+    names = [worker.name for worker in workers]
+    connection = redis.Redis.from_url(broker)
+    try:
+        app.control.cancel_consumer("control", destination=names, reply=True, timeout=5)
+        started = time.perf_counter()
+        with app.producer_or_acquire() as producer:
+            for index in range(tasks):
+                app.send_task("farm.finish", args=[f"bench-unknown-{index}"], queue="control", producer=producer)
+        sent = time.perf_counter() - started
+        queued = connection.llen("control")
+        started = time.perf_counter()
+        app.control.add_consumer("control", destination=names, reply=True, timeout=5)
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while connection.llen("control") or connection.hlen("unacked"):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{connection.llen('control')} tasks still queued after {DRAIN_TIMEOUT_S} s")
+            time.sleep(0.002)
+        consumed = time.perf_counter() - started
+    finally:
+        app.control.add_consumer("control", destination=names, reply=True, timeout=5)
+        connection.close()
+    if queued != tasks:
+        raise RuntimeError(f"{queued} of {tasks} tasks were queued while the workers were paused")
+    return {"tasks": tasks, "workers": len(names), "send_s": sent, "sent_per_s": tasks / sent,
+            "send_ms_per_task": sent / tasks * 1e3, "consume_s": consumed, "tasks_per_s": tasks / consumed,
+            "ms_per_task": consumed / tasks * 1e3}
+
+
+# -- report --------------------------------------------------------------------------------------------------------
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Column-aligned Markdown: the first column left-aligned, the others right-aligned."""
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: Sequence[str]) -> str:
+        padded = [str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+        return "| " + " | ".join(padded) + " |"
+
+    rule = "|" + "|".join("-" * (w + 2) if i == 0 else "-" * (w + 1) + ":" for i, w in enumerate(widths)) + "|"
+    return "\n".join([line(header), rule, *(line(row) for row in rows)])
+
+
+def _cell(value: float | int | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def builds_table(builds: Sequence[Build]) -> str:
+    rows = [[b.config, _cell(b.compile_tasks, "d"), f"{b.wall_s:.2f}", _cell(b.job_s, ".2f"), _cell(b.client_s, ".2f"),
+             " ".join(f"{r:.2f}" for r in b.runs)] for b in builds]
+    return markdown_table(["build", "compile tasks", "wall s", "job s", "client s", "runs s"], rows)
+
+
+def breakdown_table(builds: Sequence[Build]) -> str:
+    """Seconds per run the workers spent in each task name (summed over tasks and workers) for the farm builds."""
+    farm = [b for b in builds if b.task_s]
+    rows = [[name.removeprefix("farm."), *(f"{b.task_s.get(name, 0.0):.2f}" for b in farm)] for name in TASK_NAMES]
+    rows.append(["all tasks", *(f"{sum(b.task_s.values()):.2f}" for b in farm)])
+    return markdown_table(["task seconds per run", *(b.config.removeprefix("farm, ") for b in farm)], rows)
+
+
+def amdahl_bound(one: Build) -> float | None:
+    """The best 2 workers could do over 1 if compile and pack tasks split perfectly and nothing else changed:
+    everything else (client, plan, link, finish, dispatch gaps) stays serial."""
+    parallel = one.task_s.get("farm.compile_cpu_kernel", 0.0) + one.task_s.get("farm.pack_blob", 0.0)
+    return one.wall_s / (one.wall_s - parallel / 2) if parallel else None
+
+
+def bars_for(local: Build, one: Build, two: Build, warm: Build) -> list[Bar]:
+    scaling, vs_local = one.wall_s / two.wall_s, two.wall_s / local.wall_s
+    return [
+        Bar("2 workers vs 1 (1 worker s / 2 workers s)", f"{scaling:.2f}x", f">= {SCALING_BAR}x", scaling >= SCALING_BAR),
+        Bar("warm resubmit (cache on, 0 compile tasks)", f"{warm.wall_s:.2f} s", f"< {WARM_BAR_S:.0f} s",
+            warm.wall_s < WARM_BAR_S and warm.compile_tasks == 0),
+        Bar("farm on 2 workers vs local (farm s / local s)", f"{vs_local:.2f}x", f"<= {LOCAL_BAR}x",
+            vs_local <= LOCAL_BAR),
+    ]
+
+
+def machine_info() -> dict[str, Any]:
+    """What the figures were measured on."""
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.processor())
+    redis_version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()
+    import celery
+
+    return {"cpu": cpu, "llvm_cpu": host_target().cpu, "cores": len(os.sched_getaffinity(0)),
+            "python": platform.python_version(), "celery": celery.__version__,
+            "redis_server": next((w.split("=", 1)[1] for w in redis_version if w.startswith("v=")), "?")}
+
+
+# -- main ----------------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs per configuration (default 3; median)")
+    parser.add_argument("--tasks", type=int, default=500, help="trivial tasks for the broker figure (default 500)")
+    parser.add_argument("--json", type=Path, help="also write every figure to this JSON file")
+    parser.add_argument("--no-fail", action="store_true", help="exit 0 even when a bar fails")
+    args = parser.parse_args(argv)
+    if args.repeat < 1 or args.tasks < 1:
+        parser.error("--repeat and --tasks must be >= 1")
+    return args
+
+
+class ProductionRedis(RedisServer):
+    """The tests' redis-server, but with the durability of deploy/redis.conf (fsync every second, not every write)."""
+
+    def _arguments(self) -> list[str]:
+        arguments = super()._arguments()
+        if "--appendfsync" in arguments:
+            arguments[arguments.index("--appendfsync") + 1] = "everysec"
+        return arguments
+
+
+def run_benchmarks(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    """Every measurement of one run, as a JSON-ready dict (Builds and Bars kept under `_builds`, `_bars`)."""
+    print(f"model: {MODEL}", flush=True)
+    load_before = os.getloadavg()
+    local = timed_builds("local executor", MODEL, folder, None, args.repeat)
+    workers: list[FarmWorker] = []
+    with ProductionRedis() as server:
+        try:
+            workers.append(FarmWorker(server.url, "bench1@farm", folder, env=WORKER_ENV).start())
+            warm_up(folder, server.url)
+            one = timed_builds("farm, 1 worker", MODEL, folder, server.url, args.repeat, workers=workers)
+            workers.append(FarmWorker(server.url, "bench2@farm", folder, env=WORKER_ENV).start())
+            warm_up(folder, server.url)
+            two = timed_builds("farm, 2 workers", MODEL, folder, server.url, args.repeat, workers=workers)
+            warm = timed_builds("farm, 2 workers, warm resubmit", MODEL, folder, server.url, args.repeat,
+                                no_cache=False, workers=workers)
+            broker = broker_throughput(server.url, workers, args.tasks)
+            print(f"  broker: {broker['tasks']} tasks consumed in {broker['consume_s']:.2f} s", flush=True)
+        except Exception:
+            for worker in workers:
+                print(f"--- {worker.name}\n{worker.log_tail()}", file=sys.stderr)
+            raise
+        finally:
+            for worker in workers:
+                worker.stop()
+    builds = [local, one, two, warm]
+    bars = bars_for(local, one, two, warm)
+    return {"machine": machine_info(), "model": MODEL.name, "repeat": args.repeat,
+            "load_average_before": load_before, "load_average_after": os.getloadavg(),
+            "builds": [{**asdict(b), "client_s": b.client_s} for b in builds],
+            "ratios": {"two_vs_one_worker": one.wall_s / two.wall_s, "farm_two_vs_local": two.wall_s / local.wall_s,
+                       "job_two_vs_one_worker": one.job_s / two.job_s, "two_vs_one_bound": amdahl_bound(one)},
+            "broker": broker, "bars": [{**asdict(b), "verdict": b.verdict} for b in bars],
+            "_builds": builds, "_bars": bars}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="farm-bench-farm-") as tmp:
+        report = run_benchmarks(args, Path(tmp))
+    builds, bars = report.pop("_builds"), report.pop("_bars")
+    broker, ratios = report["broker"], report["ratios"]
+    load = " ".join(f"{value:.2f}" for value in report["load_average_before"])
+    print(f"\nmachine: {json.dumps(report['machine'])}\nload average before the run: {load}\n")
+    print(f"{builds_table(builds)}\n\n{breakdown_table(builds)}\n")
+    bound = ratios["two_vs_one_bound"]
+    print(f"2 workers vs 1: {ratios['two_vs_one_worker']:.2f}x wall, {ratios['job_two_vs_one_worker']:.2f}x job "
+          f"(at best {_cell(bound, '.2f')}x with compile and pack split perfectly and the rest serial); "
+          f"farm (2 workers) / local: {ratios['farm_two_vs_local']:.2f}x")
+    print(f"broker: {broker['tasks']} farm.finish tasks sent by one client in {broker['send_s']:.2f} s "
+          f"({broker['sent_per_s']:.0f}/s, {broker['send_ms_per_task']:.1f} ms each), consumed by "
+          f"{broker['workers']} workers in {broker['consume_s']:.2f} s: {broker['tasks_per_s']:.0f} tasks/s, "
+          f"{broker['ms_per_task']:.1f} ms per task\n")
+    print(markdown_table(["bar", "measured", "limit", "result"], [[b.name, b.measured, b.limit, b.verdict]
+                                                                  for b in bars]))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    failed = any(not b.passed for b in bars)
+    return 1 if failed and not args.no_fail else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""Flower against a real farm: a real `celery flower` process on the test broker, real workers, a real job.
+
+Flower is started as README.md says (`celery -A tasks.app flower --basic-auth=...`, the broker from
+FARM_BROKER_URL), before the job is submitted, since Flower only sees the events sent after it connects. Its HTTP
+API is read with urllib (requests is not a dependency of farm) and polled, because events reach Flower a moment
+after the job ends.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+
+from farm.examples import EXAMPLES
+from tests.farm_services import Farm, farm_cli, farm_factory_fixture  # noqa: F401
+from tests.services import free_port, redis_server_fixture  # noqa: F401
+
+USER, PASSWORD = "farm", "secret"
+START_TIMEOUT_S = 30.0
+EVENTS_TIMEOUT_S = 30.0
+JOB_TASKS = ("farm.plan_job", "farm.compile_cpu_kernel", "farm.pack_blob", "farm.link", "farm.finish")
+
+
+class Flower:
+    """One `celery -A tasks.app flower` process in its own process group, its log in a file."""
+
+    def __init__(self, broker: str, folder: Path) -> None:
+        self.port = free_port()
+        self.log_path = folder / "flower.log"
+        command = [sys.executable, "-m", "celery", "-A", "tasks.app", "flower", f"--port={self.port}",
+                   "--address=127.0.0.1", f"--basic-auth={USER}:{PASSWORD}"]
+        env = {**os.environ, "FARM_BROKER_URL": broker}
+        repo = Path(__file__).resolve().parent.parent
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(command, cwd=repo, stdin=subprocess.DEVNULL, stdout=log,
+                                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else "(no log)"
+
+    def get(self, path: str, auth: bool = True, timeout: float = 10.0) -> tuple[int, Any]:
+        """(HTTP status, decoded JSON body or None) of GET `path`, with basic auth unless told otherwise."""
+        request = urllib.request.Request(self.base + path)
+        if auth:
+            token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+            request.add_header("Authorization", f"Basic {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                body = response.read()
+                return response.status, json.loads(body) if body else None
+        except urllib.error.HTTPError as error:
+            return error.code, None
+
+    def wait_until_up(self) -> None:
+        """Return once the HTTP API answers an authenticated request; fail with Flower's log otherwise."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"flower exited with {self.process.returncode} at start:\n{self.log()}")
+            try:
+                if self.get("/api/workers", timeout=2)[0] == 200:
+                    return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.2)
+        pytest.fail(f"flower did not answer on port {self.port} within {START_TIMEOUT_S} s:\n{self.log()}")
+
+    def stop(self) -> None:
+        """SIGTERM the process group, SIGKILL if it lingers."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+
+
+@pytest.fixture(name="flower_for")
+def flower_for_fixture(tmp_path: Path) -> Iterator:
+    """`flower_for(farm)`: a running Flower on the farm's broker, stopped (its log printed) after the test."""
+    started: list[Flower] = []
+
+    def start(farm: Farm) -> Flower:
+        flower = Flower(farm.url, tmp_path)
+        started.append(flower)
+        flower.wait_until_up()
+        return flower
+
+    yield start
+    for flower in started:
+        flower.stop()
+        print(f"--- flower log\n{flower.log()}")  # shown by pytest only when the test failed
+
+
+def poll(fetch, done, timeout: float = EVENTS_TIMEOUT_S):
+    """Call fetch() until done(result) holds or `timeout` passes; returns the last result."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = fetch()
+        if done(result) or time.monotonic() > deadline:
+            return result
+        time.sleep(0.5)
+
+
+def job_tasks(flower: Flower, job_id: str) -> list[dict[str, Any]]:
+    """Flower's tasks whose arguments name the job."""
+    status, tasks = flower.get("/api/tasks?limit=1000")
+    assert status == 200, f"GET /api/tasks answered {status}"
+    return [task for task in (tasks or {}).values() if job_id in str(task.get("args"))]
+
+
+def all_succeeded(tasks: list[dict[str, Any]], expected: int) -> bool:
+    names = {task.get("name") for task in tasks}
+    return (len(tasks) >= expected and set(JOB_TASKS) <= names
+            and all(task.get("state") == "SUCCESS" for task in tasks))
+
+
+def test_flower_shows_workers_and_a_jobs_tasks(farm_factory, flower_for, tmp_path: Path) -> None:
+    farm = farm_factory(workers=2)
+    flower = flower_for(farm)
+    model = tmp_path / "tiny_cnn.onnx"
+    onnx.save(EXAMPLES["tiny_cnn"](), str(model))
+
+    submitted = farm_cli("submit", str(model), "--json", "-o", str(tmp_path / "out"), broker=farm.url,
+                         cwd=tmp_path, timeout=180)
+    assert submitted.returncode == 0, f"{submitted.stdout}\n{submitted.stderr}\n{farm.logs()}"
+    job = json.loads(submitted.stdout)
+    assert job["state"] == "done"
+    job_id = job["job_id"]
+    # plan + one task per kernel and blob + one link (one target) + finish
+    expected = 1 + job["total"] + 1 + 1
+
+    names = [worker.name for worker in farm.workers]
+    status, workers = poll(lambda: flower.get("/api/workers?refresh=true"),
+                           lambda answer: answer[0] == 200 and set(names) <= set(answer[1] or {}))
+    assert status == 200, f"GET /api/workers answered {status}"
+    assert set(names) <= set(workers), f"flower lists workers {sorted(workers)}, expected {names}"
+    for name in names:
+        queues = {queue["name"] for queue in workers[name].get("active_queues") or []}
+        assert {"control", "llvm"} <= queues, f"{name} consumes {queues}"
+
+    tasks = poll(lambda: job_tasks(flower, job_id), lambda found: all_succeeded(found, expected))
+    summary = "\n".join(f"{t.get('name')} {t.get('state')} {t.get('args')}" for t in tasks)
+    assert all_succeeded(tasks, expected), f"job {job_id}: flower shows {len(tasks)} tasks, expected {expected}:\n{summary}"
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for task in tasks:
+        by_name.setdefault(task["name"], []).append(task)
+    assert len(by_name["farm.plan_job"]) == 1 and len(by_name["farm.link"]) == 1 and len(by_name["farm.finish"]) == 1
+    assert len(by_name["farm.compile_cpu_kernel"]) == job["kernels"], summary
+    assert len(by_name["farm.pack_blob"]) == job["blobs"], summary
+    assert {task.get("worker") for task in tasks} <= set(names)
+    for task in tasks:  # every task's arguments start with the job id
+        assert str(task["args"]).lstrip("[(").startswith((f"'{job_id}'", f'"{job_id}"')), task["args"]
+
+    assert flower.get("/api/workers", auth=False)[0] == 401
+    assert flower.get("/api/tasks", auth=False)[0] == 401
+    status, found = flower.get(f"/api/tasks?search={job_id}&limit=1000")  # README: one job's tasks
+    assert status == 200 and set(found or {}) == {task["uuid"] for task in tasks}, sorted(found or {})
