@@ -100,6 +100,10 @@ class JobBoard:
         added, count, _ = self.call(pipe.execute)
         return count if added else -1
 
+    def is_complete(self, job_id: str, phase: str, name: str) -> bool:
+        """Whether `name` already finished in `phase` (a duplicate delivery must not run or count again)."""
+        return bool(self.call(self.redis.sismember, self.key(job_id, f":{phase}"), name))
+
     def count_delivery(self, job_id: str, name: str) -> int:
         """How many times this unit's task has started (its first run included)."""
         key = self.key(job_id, f":deliveries:{name}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import tempfile
 import time
 from collections.abc import Callable
@@ -37,7 +38,7 @@ from farm.codegen.link import link_library
 from farm.codegen.targets import CpuTarget
 from farm.errors import BadInputError, FarmError
 from farm.specs import CODEGEN_VERSION, BlobSpec, KernelSpec, canonical_json
-from farm.store import CorruptEntryError, MissingEntryError, Store
+from farm.store import CorruptEntryError, MissingEntryError, Store, StoreUnreachableError
 
 Dispatch = Callable[[str, list[Any]], None]
 
@@ -66,16 +67,19 @@ class Farm:
         record = self.board.get(job_id)
         if record is None or record["state"] in TERMINAL or self._reuse_artifact(job_id, record):
             return
-        self.board.advance(job_id, JobState.PLANNING)
+        if not self.board.advance(job_id, JobState.PLANNING):
+            return
         try:
             plan = self._plan(record)
         except BadInputError as error:
-            self.board.fail(job_id, str(error), error.exit_status)
+            self.board.fail(job_id, _submitted_path(str(error)), error.exit_status)
             return
         targets = [CpuTarget.from_json(t) for t in json.loads(record["targets"])]
         units = compile_units(plan, targets)
         todo = [u for u in units if record.get("no_cache") == "True" or not self._cached(u)]
-        counts = {"total": len(todo), "kernels": sum(u.kind == "kernel" for u in units),
+        if "total" in record:
+            todo = [u for u in todo if not self.board.is_complete(job_id, "compile", u.name)]
+        counts = {"total": int(record.get("total", len(todo))), "kernels": sum(u.kind == "kernel" for u in units),
                   "blobs": sum(u.kind == "blob" for u in units), "targets_total": len(targets)}
         link_plan = self.store.put(self._link_plan(plan, targets, units, record))
         if not self.board.advance(job_id, JobState.COMPILING, plan_key=link_plan, **counts):
@@ -130,11 +134,15 @@ class Farm:
     def compile(self, job_id: str, unit_json: dict[str, Any], data_key: str | None) -> None:
         """Build one unit into the store (its cache ref points at the object), then count it done."""
         unit = unit_from_json(unit_json)
-        if self.board.is_over(job_id) or not self._below_delivery_cap(job_id, unit.name):
+        if self.board.is_over(job_id) or self.board.is_complete(job_id, "compile", unit.name):
+            return
+        if not self._below_delivery_cap(job_id, unit.name):
             return
         self.before_build(unit.name)
         try:
             self._build_into_store(unit, data_key)
+        except StoreUnreachableError:
+            raise
         except FarmError as error:
             self.board.fail(job_id, f"{unit.kind} {unit.name} failed: {error}", error.exit_status, unit.name)
             return
@@ -204,6 +212,11 @@ class Farm:
         artifact_key = self.store.put(artifact_bytes(manifest, members))
         self.store.set_ref(artifact_ref(record), artifact_key)
         self.board.advance(job_id, JobState.DONE, artifact_key=artifact_key, finished=time.time())
+
+
+def _submitted_path(message: str) -> str:
+    """A planning error names the model by its file name, not by the worker's temporary copy of it."""
+    return re.sub(r"\S*farm-job-[^/\s]+/", "", message)
 
 
 def artifact_ref(record: dict[str, str]) -> str:

@@ -1,0 +1,616 @@
+"""Farm jobs: the job board (farm/board.py) on a real redis-server, and the steps of farm/jobs.py driven in-process.
+
+The Farm steps run here without Celery: `dispatch` appends (task name, args) to a list, and `run_tasks` plays the
+part of the workers, calling the Farm method each task of tasks/app.py calls, in the order the tasks were sent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+
+from farm import defaults, examples
+from farm.board import TERMINAL, JobBoard, JobState
+from farm.build import CompileUnit, build_model, compile_unit, compile_units, plan_model
+from farm.codegen.targets import host_target
+from farm.errors import ExitStatus
+from farm.executors import LocalExecutor
+from farm.jobs import Farm, artifact_ref, compile_task, unit_from_json, unit_to_json
+from farm.remote import FarmClient
+from farm.store import FileStore, RedisStore, StoreUnreachableError
+from tests.services import RedisServer, free_port, redis_server_fixture, redis_servers_fixture  # noqa: F401
+
+COMPILE_TASKS = ("farm.compile_cpu_kernel", "farm.pack_blob")
+
+
+# --- helpers -----------------------------------------------------------------------------------------------------
+
+
+class Tasks(list):
+    """The queue of dispatched tasks, as (task name, args); `dispatch` is the Farm's way of enqueuing, and `sent`
+    counts every task ever dispatched."""
+
+    sent = 0
+
+    def dispatch(self, name: str, args: list[Any]) -> None:
+        json.dumps(args)  # the real dispatcher sends JSON: every argument must survive it
+        self.append((name, args))
+        self.sent += 1
+
+
+def run_task(farm: Farm, name: str, args: list[Any]) -> None:
+    """Run one task the way tasks/app.py does: unpack its arguments and call one Farm step."""
+    if name == "farm.plan_job":
+        farm.plan_job(args[0])
+    elif name == "farm.compile_cpu_kernel":
+        job_id, _unit, _op, _target, unit_json = args
+        farm.compile(job_id, unit_json, None)
+    elif name == "farm.pack_blob":
+        job_id, _unit, _target, unit_json, data_key = args
+        farm.compile(job_id, unit_json, data_key or None)
+    elif name == "farm.link":
+        farm.link(*args)
+    elif name == "farm.finish":
+        farm.finish(*args)
+    else:
+        raise AssertionError(f"unknown task {name}")
+
+
+def run_tasks(farm: Farm, tasks: Tasks, before: Callable[[int, str], None] | None = None) -> list[str]:
+    """Run dispatched tasks first in, first out until none remain; returns the names of those run, in order."""
+    ran: list[str] = []
+    while tasks:
+        name, args = tasks.pop(0)
+        if before is not None:
+            before(len(ran), name)
+        ran.append(name)
+        run_task(farm, name, args)
+    return ran
+
+
+def create_job(board: JobBoard, store: FileStore, model: Path, no_cache: bool = False) -> str:
+    """A job record as FarmClient.submit writes it (the model's bytes in the store, the record naming them)."""
+    data = model.read_bytes()
+    job_id = uuid.uuid4().hex[:16]
+    board.create(job_id, {"model_key": store.put(data), "model_name": model.stem,
+                          "model_sha256": hashlib.sha256(data).hexdigest(), "no_cache": no_cache,
+                          "targets": [host_target().to_json()]})
+    return job_id
+
+
+def run_job(farm: Farm, tasks: Tasks, job_id: str, **options: Any) -> list[str]:
+    """Plan the job (as the queued farm.plan_job would) and run everything that follows."""
+    tasks.append(("farm.plan_job", [job_id]))
+    return run_tasks(farm, tasks, **options)
+
+
+def forget_artifact(farm: Farm, job_id: str) -> None:
+    """Drop the cached artifact of a finished job, so that the next job for the model plans and links again."""
+    farm.store.delete_ref(artifact_ref(farm.board.get(job_id)))
+
+
+def artifact_bytes(farm: Farm, job_id: str) -> bytes:
+    record = farm.board.get(job_id)
+    assert record is not None and record["state"] == "done", record
+    return farm.store.get(record["artifact_key"])
+
+
+# --- fixtures ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "tiny_cnn.onnx"
+    onnx.save(examples.tiny_cnn(), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def local_artifact(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """The artifact of a local build of the same model: what every farm build must equal byte for byte."""
+    with LocalExecutor(1) as executor:
+        result = build_model(model_path, tmp_path_factory.mktemp("local"), executor=executor)
+    return Path(result.artifact).read_bytes()
+
+
+@pytest.fixture(scope="module")
+def units(model_path: Path) -> list[CompileUnit]:
+    return compile_units(plan_model(model_path), [host_target()])
+
+
+@pytest.fixture
+def board(redis_server: RedisServer) -> JobBoard:
+    return JobBoard(redis_server.url)
+
+
+@pytest.fixture
+def tasks() -> Tasks:
+    return Tasks()
+
+
+@pytest.fixture
+def farm(board: JobBoard, tmp_path: Path, tasks: Tasks) -> Farm:
+    return Farm(board, FileStore(tmp_path / "store"), tasks.dispatch)
+
+
+# --- the job board -----------------------------------------------------------------------------------------------
+
+
+def test_create_get_and_update_a_job_record(board: JobBoard) -> None:
+    assert board.get("nope") is None
+    board.create("j1", {"model_name": "m", "targets": [{"id": "t"}], "no_cache": False, "total": 0})
+    record = board.get("j1")
+    assert record is not None
+    assert record["state"] == "queued" and record["model_name"] == "m"
+    assert json.loads(record["targets"]) == [{"id": "t"}] and record["no_cache"] == "False"
+    assert float(record["created"]) <= float(record["updated"]) <= time.time()
+    assert 0 < board.redis.ttl(board.key("j1")) <= defaults.JOB_TTL_SECONDS
+
+    time.sleep(0.01)
+    board.update("j1", state=JobState.COMPILING.value, total=5, kernels=[1, 2])
+    updated = board.get("j1")
+    assert updated["state"] == "compiling" and updated["total"] == "5" and json.loads(updated["kernels"]) == [1, 2]
+    assert float(updated["updated"]) > float(record["updated"])
+    assert updated["model_name"] == "m" and not board.is_over("j1")
+
+
+def test_advance_moves_only_a_live_job(board: JobBoard) -> None:
+    board.create("j", {"model_name": "m"})
+    assert board.advance("j", JobState.PLANNING) and board.advance("j", JobState.COMPILING, total=3)
+    assert board.get("j")["state"] == "compiling" and board.get("j")["total"] == "3"
+    assert board.advance("j", JobState.CANCELLED, error="cancelled by user") is True
+    assert board.is_over("j")
+    assert board.advance("j", JobState.DONE, artifact_key="k") is False  # a late done can't undo the cancel
+    assert board.fail("j", "too late") is False
+    record = board.get("j")
+    assert record["state"] == "cancelled" and record["error"] == "cancelled by user" and "artifact_key" not in record
+
+    assert board.advance("never-created", JobState.DONE) is False
+    assert board.get("never-created") is None  # finishing an unknown job writes nothing
+    assert board.is_over("never-created")
+
+
+@pytest.mark.parametrize("state", sorted(TERMINAL))
+def test_no_terminal_state_can_be_left(board: JobBoard, state: str) -> None:
+    board.create("j", {})
+    assert board.advance("j", JobState(state))
+    for other in JobState:  # neither to another end nor back to a live state
+        assert board.advance("j", other, extra="x") is False
+    assert board.get("j")["state"] == state and "extra" not in board.get("j")
+
+
+def test_fail_records_the_error_exit_status_and_unit(board: JobBoard) -> None:
+    board.create("j", {})
+    assert board.fail("j", "kernel k failed: boom", ExitStatus.BAD_INPUT, "cpu-x/farm_k_1")
+    record = board.get("j")
+    assert record["state"] == "failed" and record["error"] == "kernel k failed: boom"
+    assert record["exit_status"] == "2" and record["failed_unit"] == "cpu-x/farm_k_1"
+
+    board.create("k", {})
+    assert board.fail("k", "link failed")
+    assert board.get("k")["exit_status"] == str(int(ExitStatus.BUILD_FAILED)) and board.get("k")["failed_unit"] == ""
+
+
+def test_complete_counts_distinct_names_per_phase(board: JobBoard) -> None:
+    assert board.complete("j", "compile", "a") == 1
+    assert board.complete("j", "compile", "b") == 2
+    assert board.complete("j", "compile", "a") == -1  # a redelivered task counts once
+    assert board.complete("j", "link", "a") == 1  # phases count apart
+    assert board.complete("other", "compile", "a") == 1  # and jobs too
+    assert board.complete("j", "compile", "c") == 3
+    assert 0 < board.redis.ttl(board.key("j", ":compile")) <= defaults.JOB_TTL_SECONDS
+
+
+def test_exactly_one_of_many_concurrent_completions_sees_the_last_unit(board: JobBoard) -> None:
+    """8 threads each complete all 50 names (every unit delivered 8 times): each count 1..50 is seen exactly once."""
+    names = [f"unit-{i}" for i in range(50)]
+    barrier = threading.Barrier(8)
+    results: list[int] = []
+    lock = threading.Lock()
+
+    def work(seed: int) -> None:
+        order = names[:]
+        random.Random(seed).shuffle(order)
+        barrier.wait()
+        seen = [board.complete("j", "compile", name) for name in order]
+        with lock:
+            results.extend(seen)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(results) == 400
+    assert results.count(50) == 1
+    assert sorted(r for r in results if r != -1) == list(range(1, 51))
+    assert results.count(-1) == 350
+
+
+def test_count_delivery_increments_per_job_and_unit(board: JobBoard) -> None:
+    assert [board.count_delivery("j", "u") for _ in range(3)] == [1, 2, 3]
+    assert board.count_delivery("j", "v") == 1
+    assert board.count_delivery("other", "u") == 1
+    assert 0 < board.redis.ttl(board.key("j", ":deliveries:u")) <= defaults.JOB_TTL_SECONDS
+
+
+@pytest.mark.parametrize("operation", ["create", "get", "update", "advance", "complete", "count_delivery"])
+def test_an_unreachable_redis_raises_store_unreachable_quickly(operation: str) -> None:
+    url = f"redis://:secret@127.0.0.1:{free_port()}/0"  # nothing listens there
+    board = JobBoard(url)
+    calls = {"create": lambda: board.create("j", {"a": 1}), "get": lambda: board.get("j"),
+             "update": lambda: board.update("j", state="x"), "advance": lambda: board.advance("j", JobState.DONE),
+             "complete": lambda: board.complete("j", "compile", "u"),
+             "count_delivery": lambda: board.count_delivery("j", "u")}
+    started = time.monotonic()
+    with pytest.raises(StoreUnreachableError) as caught:
+        calls[operation]()
+    assert time.monotonic() - started < 5
+    assert caught.value.exit_status == ExitStatus.UNREACHABLE == 4
+    assert "unreachable" in str(caught.value) and "secret" not in str(caught.value)
+
+
+# --- units as JSON -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["kernel", "blob"])
+def test_unit_json_round_trip(units: list[CompileUnit], kind: str) -> None:
+    unit = next(u for u in units if u.kind == kind)
+    data = json.loads(json.dumps(unit_to_json(unit)))  # as a Celery JSON message carries it
+    back = unit_from_json(data)
+    assert back == unit
+    assert back.name == unit.name and back.cache_ref == unit.cache_ref and back.spec.key == unit.spec.key
+    assert type(back.spec) is type(unit.spec) and back.target == unit.target
+
+
+def test_every_unit_round_trips_to_the_same_object(units: list[CompileUnit], model_path: Path) -> None:
+    plan = plan_model(model_path)
+    for unit in units:
+        back = unit_from_json(json.loads(json.dumps(unit_to_json(unit))))
+        data = memoryview(plan.blobs[unit.spec.data_sha256]).cast("B") if unit.kind == "blob" else None
+        if unit.kind == "kernel":  # a blob's object is the same by construction; a kernel's spec is rebuilt
+            assert compile_unit(back, data) == compile_unit(unit, data)
+
+
+def test_compile_task_arguments_name_the_job_unit_op_and_target(units: list[CompileUnit]) -> None:
+    kernel = next(u for u in units if u.kind == "kernel")
+    blob = next(u for u in units if u.kind == "blob")
+    name, args = compile_task("j", kernel)
+    assert name == "farm.compile_cpu_kernel" and args[:4] == ["j", kernel.name, kernel.spec.op, kernel.target.id]
+    name, args = compile_task("j", blob)
+    assert name == "farm.pack_blob" and args[:3] == ["j", blob.name, blob.target.id]
+    assert args[4] == blob.spec.data_sha256  # the store is content-addressed: the weights' key is their sha256
+
+
+# --- the Farm steps, in-process ----------------------------------------------------------------------------------
+
+
+def test_a_job_builds_the_same_artifact_as_a_local_build(farm: Farm, tasks: Tasks, model_path: Path,
+                                                         local_artifact: bytes, units: list[CompileUnit]) -> None:
+    job_id = create_job(farm.board, farm.store, model_path)
+    ran = run_job(farm, tasks, job_id)
+
+    compiles = [name for name in ran if name in COMPILE_TASKS]
+    assert len(compiles) == len(units)
+    assert ran.count("farm.compile_cpu_kernel") == sum(u.kind == "kernel" for u in units)
+    assert ran[0] == "farm.plan_job" and ran[-2:] == ["farm.link", "farm.finish"]
+    record = farm.board.get(job_id)
+    assert record["state"] == "done" and int(record["total"]) == len(units)
+    assert int(record["kernels"]) + int(record["blobs"]) == len(units) and record["targets_total"] == "1"
+    assert farm.board.redis.scard(farm.board.key(job_id, ":compile")) == len(units)
+    assert artifact_bytes(farm, job_id) == local_artifact
+
+
+def test_a_second_job_for_the_same_model_compiles_nothing(farm: Farm, tasks: Tasks, model_path: Path,
+                                                          local_artifact: bytes, units: list[CompileUnit]) -> None:
+    first = create_job(farm.board, farm.store, model_path)
+    run_job(farm, tasks, first)
+
+    second = create_job(farm.board, farm.store, model_path)
+    ran = run_job(farm, tasks, second)
+    assert ran == ["farm.plan_job"]  # the same model bytes and targets: the cached artifact, at once
+    record = farm.board.get(second)
+    assert record["total"] == "0" and record["cached"] == "True"
+    assert artifact_bytes(farm, second) == local_artifact
+
+    forget_artifact(farm, second)  # without the artifact, the objects are still cached: link, but compile nothing
+    third = create_job(farm.board, farm.store, model_path)
+    ran = run_job(farm, tasks, third)
+    assert ran == ["farm.plan_job", "farm.link", "farm.finish"]
+    record = farm.board.get(third)  # progress (done of total) is complete, however cached units are counted
+    assert int(record["total"]) == farm.board.redis.scard(farm.board.key(third, ":compile"))
+    assert artifact_bytes(farm, third) == local_artifact
+
+    uncached = create_job(farm.board, farm.store, model_path, no_cache=True)
+    ran = run_job(farm, tasks, uncached)
+    assert sum(name in COMPILE_TASKS for name in ran) == len(units)
+    assert artifact_bytes(farm, uncached) == local_artifact
+
+
+def test_a_truncated_model_fails_the_job_with_bad_input(farm: Farm, tasks: Tasks, model_path: Path,
+                                                        tmp_path: Path) -> None:
+    broken = tmp_path / "broken_net.onnx"
+    data = model_path.read_bytes()
+    broken.write_bytes(data[: len(data) // 2])
+    job_id = create_job(farm.board, farm.store, broken)
+    ran = run_job(farm, tasks, job_id)
+
+    assert ran == ["farm.plan_job"]  # nothing compiled
+    record = farm.board.get(job_id)
+    assert record["state"] == "failed" and record["exit_status"] == str(int(ExitStatus.BAD_INPUT))
+    assert "broken_net.onnx" in record["error"]
+    assert "artifact_key" not in record
+
+
+@pytest.mark.parametrize("cancel_before", [0, 1, 6, 14, 15], ids=["plan", "first-compile", "mid-compile", "link",
+                                                                   "finish"])
+def test_a_cancel_between_steps_stops_the_job(farm: Farm, tasks: Tasks, model_path: Path, redis_server: RedisServer,
+                                              units: list[CompileUnit], cancel_before: int) -> None:
+    """Tasks run in order: 0 plan_job, 1-13 the compiles, 14 link, 15 finish; the cancel comes before one of them."""
+    assert len(units) == 13  # the indices above assume tiny_cnn's 7 kernels and 6 blobs
+    job_id = create_job(farm.board, farm.store, model_path)
+    client = FarmClient(redis_server.url)
+    sent_at_cancel: list[int] = []
+
+    def cancel(index: int, name: str) -> None:
+        if index == cancel_before:
+            assert client.cancel(job_id) is True
+            sent_at_cancel.append(tasks.sent)
+
+    run_job(farm, tasks, job_id, before=cancel)
+    assert sent_at_cancel == [tasks.sent], "the job ended before the cancel, or dispatched tasks after it"
+    record = farm.board.get(job_id)
+    assert record["state"] == "cancelled" and record["error"] == "cancelled by user"
+    assert "artifact_key" not in record
+
+
+def test_a_cancel_stops_all_dispatching(farm: Farm, tasks: Tasks, model_path: Path) -> None:
+    job_id = create_job(farm.board, farm.store, model_path)
+    farm.plan_job(job_id)
+    queued = list(tasks)
+    assert len(queued) == 13
+    assert farm.board.advance(job_id, JobState.CANCELLED, error="cancelled by user")
+    tasks.clear()
+    for name, args in queued:  # every queued compile still runs, as a worker would take it, and does nothing
+        run_task(farm, name, args)
+    assert tasks == []
+    assert farm.board.redis.scard(farm.board.key(job_id, ":compile")) == 0
+    assert farm.board.get(job_id)["state"] == "cancelled"
+
+
+class HookedStore(FileStore):
+    """A real FileStore that calls `hook(method, argument)` first: lets a test act, as a second client would, at an
+    exact point inside a step (there is no other way to interleave deterministically)."""
+
+    def __init__(self, root: Path, hook: Callable[[str, str], None]) -> None:
+        super().__init__(root)
+        self.hook = hook
+
+    def get(self, key: str) -> bytes:
+        self.hook("get", key)
+        return super().get(key)
+
+    def set_ref(self, name: str, key: str) -> None:
+        self.hook("set_ref", name)
+        super().set_ref(name, key)
+
+
+@pytest.mark.parametrize("during", ["planning", "last-compile", "link"])
+def test_a_cancel_during_a_step_is_not_undone(board: JobBoard, tmp_path: Path, model_path: Path,
+                                              units: list[CompileUnit], during: str) -> None:
+    """A user cancels while a worker is inside a step: the step must not move the job back to a live state.
+
+    planning: the cancel lands while the model is being planned (after plan_job read the record);
+    last-compile: it lands while the last unit compiles (after compile checked the job was live);
+    link: it lands while a library links.
+    """
+    tasks = Tasks()
+    state = {"job": "", "armed": True}
+    last_ref = units[-1].cache_ref
+
+    def hook(method: str, argument: str) -> None:
+        if not state["armed"] or not state["job"]:
+            return
+        record = board.get(state["job"]) or {}
+        hit = {"planning": method == "get" and argument == record.get("model_key"),
+               "last-compile": method == "set_ref" and argument == last_ref,
+               "link": method == "get" and record.get("state") == "linking" and argument == record.get("plan_key")}
+        if hit[during]:
+            state["armed"] = False
+            assert board.advance(state["job"], JobState.CANCELLED, error="cancelled by user")
+
+    store = HookedStore(tmp_path / "store", hook)
+    farm = Farm(board, store, tasks.dispatch)
+    state["job"] = create_job(board, store, model_path)
+    run_job(farm, tasks, state["job"])
+
+    assert not state["armed"], "the cancel never happened"
+    record = board.get(state["job"])
+    assert record["state"] == "cancelled", (
+        f"a cancel during {during} was overwritten: the job went on to {record['state']!r} "
+        "(a step set the state without checking that the job is still live)")
+    assert "artifact_key" not in record
+
+
+@pytest.mark.parametrize("kind", ["kernel", "blob"])
+def test_a_corrupt_cached_object_is_rebuilt_at_link(farm: Farm, tasks: Tasks, model_path: Path, local_artifact: bytes,
+                                                    units: list[CompileUnit], kind: str) -> None:
+    first = create_job(farm.board, farm.store, model_path)
+    run_job(farm, tasks, first)
+    forget_artifact(farm, first)
+    unit = next(u for u in units if u.kind == kind)
+    key = farm.store.get_ref(unit.cache_ref)
+    assert key is not None
+    good = farm.store.get(key)
+    farm.store.object_path(key).write_bytes(b"not the object: a disk fault" * 10)
+
+    job_id = create_job(farm.board, farm.store, model_path)
+    ran = run_job(farm, tasks, job_id)
+    assert ran == ["farm.plan_job", "farm.link", "farm.finish"]  # the cheap check believed the cache
+    assert artifact_bytes(farm, job_id) == local_artifact  # and link rebuilt the object
+    assert farm.store.get(key) == good and farm.store.get_ref(unit.cache_ref) == key
+
+
+def test_a_missing_cached_object_is_compiled_again(farm: Farm, tasks: Tasks, model_path: Path,
+                                                   local_artifact: bytes, units: list[CompileUnit]) -> None:
+    first = create_job(farm.board, farm.store, model_path)
+    run_job(farm, tasks, first)
+    forget_artifact(farm, first)
+    unit = units[0]
+    farm.store.delete(farm.store.get_ref(unit.cache_ref))
+
+    job_id = create_job(farm.board, farm.store, model_path)
+    ran = run_job(farm, tasks, job_id)
+    assert [name for name in ran if name in COMPILE_TASKS] == ["farm.compile_cpu_kernel"]
+    assert artifact_bytes(farm, job_id) == local_artifact
+
+
+def _plan_and_take_first_compile(farm: Farm, tasks: Tasks, job_id: str) -> tuple[str, list[Any]]:
+    farm.plan_job(job_id)
+    return tasks.pop(0)
+
+
+def test_a_unit_delivered_more_than_the_cap_fails_the_job(farm: Farm, tasks: Tasks, model_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FARM_MAX_DELIVERIES", raising=False)
+    assert defaults.max_deliveries() == 3
+    job_id = create_job(farm.board, farm.store, model_path)
+    name, args = _plan_and_take_first_compile(farm, tasks, job_id)
+    unit_name = args[1]
+    for _ in range(3):  # three earlier deliveries, each lost with its worker
+        farm.board.count_delivery(job_id, unit_name)
+
+    run_task(farm, name, args)
+    record = farm.board.get(job_id)
+    assert record["state"] == "failed" and record["failed_unit"] == unit_name
+    assert unit_name in record["error"] and "3 times" in record["error"]
+    assert record["exit_status"] == str(int(ExitStatus.BUILD_FAILED))
+    assert farm.store.get_ref(unit_from_json(args[4]).cache_ref) is None  # it was not compiled
+
+    run_tasks(farm, tasks)  # the rest of the job's tasks do nothing
+    assert farm.board.get(job_id)["state"] == "failed" and "artifact_key" not in farm.board.get(job_id)
+
+
+def test_the_last_delivery_below_the_cap_still_runs(farm: Farm, tasks: Tasks, model_path: Path,
+                                                    local_artifact: bytes) -> None:
+    job_id = create_job(farm.board, farm.store, model_path)
+    name, args = _plan_and_take_first_compile(farm, tasks, job_id)
+    for _ in range(defaults.max_deliveries() - 1):
+        farm.board.count_delivery(job_id, args[1])
+    tasks.insert(0, (name, args))
+    run_tasks(farm, tasks)
+    assert artifact_bytes(farm, job_id) == local_artifact
+
+
+def test_a_failing_compile_fails_the_job_naming_the_unit(farm: Farm, tasks: Tasks, model_path: Path) -> None:
+    job_id = create_job(farm.board, farm.store, model_path)
+    farm.plan_job(job_id)
+    blobs = [args for name, args in tasks if name == "farm.pack_blob"]
+    size = {args[4]: len(farm.store.get(args[4])) for args in blobs}
+    victim = blobs[0]
+    wrong_key = next(key for key in size if size[key] != size[victim[4]])
+    run_task(farm, "farm.pack_blob", [*victim[:4], wrong_key])  # the bytes of another (differently sized) weight
+
+    record = farm.board.get(job_id)
+    assert record["state"] == "failed" and record["failed_unit"] == victim[1]
+    assert victim[1] in record["error"] and record["exit_status"] == str(int(ExitStatus.BUILD_FAILED))
+
+
+def test_every_task_delivered_twice_still_links_and_finishes_once(farm: Farm, tasks: Tasks, model_path: Path,
+                                                                  local_artifact: bytes) -> None:
+    """Redis redelivers an unacknowledged task after its worker died: each step must count once."""
+    job_id = create_job(farm.board, farm.store, model_path)
+    farm.plan_job(job_id)
+    ran: list[str] = []
+    while tasks:
+        name, args = tasks.pop(0)
+        for _ in range(2):
+            ran.append(name)
+            run_task(farm, name, json.loads(json.dumps(args)))
+    assert ran.count("farm.link") == 2 and ran.count("farm.finish") == 2  # each dispatched once, run twice
+    assert artifact_bytes(farm, job_id) == local_artifact
+
+
+def test_deliveries_of_a_unit_that_already_finished_dont_fail_the_job(farm: Farm, tasks: Tasks, model_path: Path,
+                                                                      local_artifact: bytes) -> None:
+    """The cap is for a unit "started N times and never finished"; a unit that finished at its first delivery can
+    still be run again by duplicate messages (a redelivered plan_job dispatches every uncached unit again, and each
+    message can itself be redelivered when its worker dies before the ack). Those runs must not fail the job."""
+    job_id = create_job(farm.board, farm.store, model_path)
+    farm.plan_job(job_id)
+    name, args = tasks.pop(0)
+    for _ in range(defaults.max_deliveries() + 1):
+        run_task(farm, name, args)
+    record = farm.board.get(job_id)
+    assert record["state"] == "compiling", (
+        f"a unit that finished at its first run failed the job: {record.get('error')!r} (compile counts a delivery "
+        "before checking whether the unit is already in the job's :compile set)")
+    run_tasks(farm, tasks)
+    assert artifact_bytes(farm, job_id) == local_artifact
+
+
+@pytest.mark.parametrize("compiled_before", [0, 10, 13])
+def test_a_redelivered_plan_job_still_finishes_the_job(farm: Farm, tasks: Tasks, model_path: Path,
+                                                       local_artifact: bytes, compiled_before: int) -> None:
+    """plan_job's worker dies after dispatching (acks_late: Redis redelivers it) while other workers compile.
+
+    The second plan_job sees some units cached and must not leave the job waiting for a count it can't reach.
+    """
+    job_id = create_job(farm.board, farm.store, model_path)
+    farm.plan_job(job_id)
+    for _ in range(compiled_before):
+        run_task(farm, *tasks.pop(0))
+    farm.plan_job(job_id)  # the redelivery
+    run_tasks(farm, tasks)
+    record = farm.board.get(job_id)
+    assert record["state"] == "done", (
+        f"after {compiled_before} of 13 units compiled, a second plan_job set total={record.get('total')} and the "
+        f"job stays {record['state']!r}: the compile count (13 distinct units) never equals the new total")
+    assert artifact_bytes(farm, job_id) == local_artifact
+
+
+@pytest.mark.parametrize("step", ["compile", "link"])
+def test_a_store_outage_is_left_to_the_task_to_retry(redis_servers: Callable[..., RedisServer], model_path: Path,
+                                                      local_artifact: bytes, step: str) -> None:
+    """The store on its own server (FARM_STORE_URL) goes away mid-job: the step must raise StoreUnreachableError,
+    which FarmTask retries ("retried while Redis is away"), not fail the job as if the unit's code were wrong."""
+    board_server, store_server = redis_servers(), redis_servers()
+    tasks = Tasks()
+    farm = Farm(JobBoard(board_server.url), RedisStore(store_server.url), tasks.dispatch)
+    job_id = create_job(farm.board, farm.store, model_path)
+    farm.plan_job(job_id)
+    if step == "link":
+        while tasks[0][0] != "farm.link":
+            run_task(farm, *tasks.pop(0))
+    store_server.stop()
+    with pytest.raises(StoreUnreachableError):
+        run_task(farm, *tasks[0])
+    record = farm.board.get(job_id)
+    assert record["state"] not in TERMINAL, f"a store outage failed the job: {record.get('error')}"
+
+    store_server.start()  # the retry, once the store is back, finishes the job
+    run_tasks(farm, tasks)
+    assert artifact_bytes(farm, job_id) == local_artifact
+
+
+def test_a_corrupt_cached_artifact_is_never_reused(farm: Farm, tasks: Tasks, model_path: Path,
+                                                   local_artifact: bytes) -> None:
+    first = create_job(farm.board, farm.store, model_path)
+    run_job(farm, tasks, first)
+    key = farm.board.get(first)["artifact_key"]
+    farm.store.object_path(key).write_bytes(local_artifact[:-10] + b"x" * 10)  # same size, other bytes
+
+    second = create_job(farm.board, farm.store, model_path)
+    ran = run_job(farm, tasks, second)
+    assert ran == ["farm.plan_job", "farm.link", "farm.finish"]  # rebuilt from the cached objects
+    assert artifact_bytes(farm, second) == local_artifact and farm.board.get(second)["artifact_key"] == key

@@ -1,0 +1,87 @@
+"""`farm worker` (workers/main.py): what it detects on this host, which queues it takes, and what it advertises.
+
+PoCL is installed here, so the host has one OpenCL device; without it these tests fail rather than skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+from pathlib import Path
+
+import pyopencl as cl
+import pytest
+import redis
+
+from farm.codegen.targets import host_target
+from farm.opencl_devices import fingerprint
+from tasks.app import make_app
+from tests.farm_services import FarmWorker
+from tests.services import RedisServer, redis_server_fixture  # noqa: F401
+from workers.main import WORKERS_KEY, default_hostname, detect_capabilities, queues_for
+
+POCL = "Portable Computing Language"
+HEX16 = re.compile(r"[0-9a-f]{16}")
+
+
+@pytest.fixture(scope="module")
+def capabilities() -> dict:
+    return detect_capabilities()
+
+
+def test_capabilities_name_this_hosts_cpu(capabilities: dict) -> None:
+    host = host_target()
+    assert capabilities["cpu"] == {"triple": host.triple, "cpu": host.cpu, "features": host.features,
+                                   "simd_floats": host.simd_floats}
+    assert capabilities["cpu"]["features"].startswith("+") or capabilities["cpu"]["features"].startswith("-")
+    assert capabilities["host"] == socket.gethostname() and capabilities["pid"] == os.getpid()
+    assert json.loads(json.dumps(capabilities)) == capabilities  # it is advertised as JSON
+
+
+def test_capabilities_list_pocls_device_with_a_fingerprint(capabilities: dict) -> None:
+    pocl = [device for device in capabilities["opencl"] if device["platform"] == POCL]
+    assert pocl, f"PoCL's device is missing from {capabilities['opencl']} (install pocl-opencl-icd)"
+    for device in capabilities["opencl"]:
+        assert HEX16.fullmatch(device["fingerprint"]), device
+        info = {name: value for name, value in device.items() if name != "fingerprint"}
+        assert fingerprint(info) == device["fingerprint"]
+        assert device["device"] and device["driver_version"] and device["opencl_c_version"].startswith("OpenCL C")
+    expected = sum(len(platform.get_devices()) for platform in cl.get_platforms())
+    assert len(capabilities["opencl"]) == expected
+
+
+def test_queues_for_takes_control_llvm_and_each_opencl_device(capabilities: dict) -> None:
+    queues = queues_for(capabilities)
+    assert queues[:2] == ["control", "llvm"]
+    assert queues[2:] == [f"opencl.{device['fingerprint']}" for device in capabilities["opencl"]]
+    assert any(re.fullmatch(r"opencl\.[0-9a-f]{16}", queue) for queue in queues)
+
+    assert queues_for({"opencl": []}) == ["control", "llvm"]  # a CPU-only host
+    two = {"opencl": [{"fingerprint": "0" * 16}, {"fingerprint": "f" * 16}]}
+    assert queues_for(two) == ["control", "llvm", f"opencl.{'0' * 16}", f"opencl.{'f' * 16}"]
+
+
+def test_default_hostname_names_the_process_and_host() -> None:
+    name = default_hostname()
+    assert name == f"farm-{os.getpid()}@{socket.gethostname()}"
+    assert re.fullmatch(r"farm-\d+@.+", name)
+
+
+def test_a_running_worker_advertises_its_capabilities_and_consumes_its_queues(redis_server: RedisServer,
+                                                                             tmp_path: Path,
+                                                                             capabilities: dict) -> None:
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    worker = FarmWorker(redis_server.url, "caps@test", tmp_path).start()
+    try:
+        advertised = json.loads(client.hget(WORKERS_KEY, "caps@test"))
+        assert advertised["cpu"] == capabilities["cpu"] and advertised["opencl"] == capabilities["opencl"]
+        assert advertised["pid"] != os.getpid() and advertised["host"] == socket.gethostname()
+
+        queues = make_app(redis_server.url).control.inspect(timeout=5, destination=["caps@test"]).active_queues()
+        assert queues, f"the worker didn't answer inspect:\n{worker.log_tail()}"
+        assert sorted(queue["name"] for queue in queues["caps@test"]) == sorted(queues_for(capabilities))
+    finally:
+        worker.stop()
+    assert not client.hexists(WORKERS_KEY, "caps@test"), "a stopped worker still advertises itself"
