@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
+from report import cell, markdown_table
 
 from farm import runtime
 from farm.build import build_model, plan_model
@@ -295,32 +296,16 @@ def latency_bar(results: Sequence[ModelResult]) -> Bar:
                worst.ratio is not None and worst.ratio <= LATENCY_BAR_RATIO)
 
 
-def _cell(value: float | int | None, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
-
-
 def model_table(results: Sequence[ModelResult]) -> str:
     """The per-model figures as a Markdown table."""
     header = ["model", "kernels", "blobs", "weights MB", "compile s", "pack MB/s", "farm ms", "ort ms", "farm/ort",
               "max abs diff"]
-    rows = [[r.name, _cell(r.kernels, "d"), _cell(r.blobs, "d"),
-             _cell(None if r.weight_bytes is None else r.weight_bytes / MB, ".2f"), _cell(r.compile_s, ".2f"),
-             _cell(r.pack_mb_s, ".0f"), _cell(None if r.farm_s is None else r.farm_s * 1e3, ".2f"),
-             _cell(None if r.ort_s is None else r.ort_s * 1e3, ".2f"), _cell(r.ratio, ".2f"),
-             _cell(r.max_abs_diff, ".1e")] for r in results]
+    rows = [[r.name, cell(r.kernels, "d"), cell(r.blobs, "d"),
+             cell(None if r.weight_bytes is None else r.weight_bytes / MB, ".2f"), cell(r.compile_s, ".2f"),
+             cell(r.pack_mb_s, ".0f"), cell(None if r.farm_s is None else r.farm_s * 1e3, ".2f"),
+             cell(None if r.ort_s is None else r.ort_s * 1e3, ".2f"), cell(r.ratio, ".2f"),
+             cell(r.max_abs_diff, ".1e")] for r in results]
     return markdown_table(header, rows)
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Column-aligned Markdown: the first column left-aligned, the others right-aligned."""
-    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
-
-    def line(cells: Sequence[str]) -> str:
-        padded = [str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths))]
-        return "| " + " | ".join(padded) + " |"
-
-    rule = "|" + "|".join("-" * (w + 2) if i == 0 else "-" * (w + 1) + ":" for i, w in enumerate(widths)) + "|"
-    return "\n".join([line(header), rule, *(line(row) for row in rows)])
 
 
 def packing_table(baselines: dict[str, Any]) -> str:

@@ -48,6 +48,7 @@ sys.path.insert(0, str(REPO))  # tests/ holds the real-service helpers the bench
 
 import onnx  # noqa: E402
 import redis  # noqa: E402
+from report import cell, markdown_table  # noqa: E402
 
 from farm.codegen.targets import host_target  # noqa: E402
 from farm.examples import EXAMPLES  # noqa: E402
@@ -209,24 +210,8 @@ def broker_throughput(broker: str, workers: Sequence[FarmWorker], tasks: int) ->
 # -- report --------------------------------------------------------------------------------------------------------
 
 
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Column-aligned Markdown: the first column left-aligned, the others right-aligned."""
-    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
-
-    def line(cells: Sequence[str]) -> str:
-        padded = [str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths))]
-        return "| " + " | ".join(padded) + " |"
-
-    rule = "|" + "|".join("-" * (w + 2) if i == 0 else "-" * (w + 1) + ":" for i, w in enumerate(widths)) + "|"
-    return "\n".join([line(header), rule, *(line(row) for row in rows)])
-
-
-def _cell(value: float | int | None, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
-
-
 def builds_table(builds: Sequence[Build]) -> str:
-    rows = [[b.config, _cell(b.compile_tasks, "d"), f"{b.wall_s:.2f}", _cell(b.job_s, ".2f"), _cell(b.client_s, ".2f"),
+    rows = [[b.config, cell(b.compile_tasks, "d"), f"{b.wall_s:.2f}", cell(b.job_s, ".2f"), cell(b.client_s, ".2f"),
              " ".join(f"{r:.2f}" for r in b.runs)] for b in builds]
     return markdown_table(["build", "compile tasks", "wall s", "job s", "client s", "runs s"], rows)
 
@@ -342,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{builds_table(builds)}\n\n{breakdown_table(builds)}\n")
     bound = ratios["two_vs_one_bound"]
     print(f"2 workers vs 1: {ratios['two_vs_one_worker']:.2f}x wall, {ratios['job_two_vs_one_worker']:.2f}x job "
-          f"(at best {_cell(bound, '.2f')}x with compile and pack split perfectly and the rest serial); "
+          f"(at best {cell(bound, '.2f')}x with compile and pack split perfectly and the rest serial); "
           f"farm (2 workers) / local: {ratios['farm_two_vs_local']:.2f}x")
     print(f"broker: {broker['tasks']} farm.finish tasks sent by one client in {broker['send_s']:.2f} s "
           f"({broker['sent_per_s']:.0f}/s, {broker['send_ms_per_task']:.1f} ms each), consumed by "

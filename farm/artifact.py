@@ -14,10 +14,10 @@ import json
 import os
 import posixpath
 import tarfile
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
+from farm.atomic import write_atomically
 from farm.errors import ArtifactError
 
 FORMAT_VERSION = 1
@@ -76,7 +76,7 @@ def write_artifact(path: str | os.PathLike[str], manifest: dict[str, Any], membe
     """
     data = artifact_bytes(manifest, members)
     path = os.fspath(path)
-    _write_atomically(path, data)
+    write_atomically(path, data, fsync=True)
     return path
 
 
@@ -95,22 +95,6 @@ def artifact_bytes(manifest: dict[str, Any], members: Mapping[str, bytes]) -> by
     full = {"format_version": FORMAT_VERSION, **manifest, "members": {n: _sha256(d) for n, d in payload.items()}}
     text = json.dumps(full, sort_keys=True, indent=2) + "\n"
     return _tar_bytes({**payload, MANIFEST: text.encode("utf-8")})
-
-
-def _write_atomically(path: str, data: bytes) -> None:
-    """Write to a temporary file in the target folder, then rename, so that readers never see a partial artifact."""
-    folder, base = os.path.split(os.path.abspath(path))
-    fd, temp = tempfile.mkstemp(dir=folder, prefix=f".{base}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except BaseException:
-        os.unlink(temp)
-        raise
 
 
 class Artifact:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from farm import defaults
+from farm.atomic import write_atomically
 from farm.board import TERMINAL, JobBoard, JobState
 from farm.errors import BadInputError, ExitStatus, JobError
 from farm.store import Store, StoreUnreachableError, open_store, redact_url
@@ -89,12 +90,8 @@ class FarmClient:
         if status["state"] != JobState.DONE.value:
             raise JobError(f"job {job_id} is {status['state']}: no artifact yet (farm wait {job_id})")
         data = self.store.get(status["artifact_key"])
-        os.makedirs(out_dir, exist_ok=True)
         path = os.path.abspath(os.path.join(out_dir, f"{status['model']}.farm"))
-        temp = f"{path}.{os.getpid()}.tmp"
-        with open(temp, "wb") as file:
-            file.write(data)
-        os.replace(temp, path)
+        write_atomically(path, data)
         return path
 
     def cancel(self, job_id: str) -> bool:

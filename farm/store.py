@@ -20,13 +20,13 @@ import hashlib
 import io
 import os
 import re
-import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn, Union
 from urllib.parse import urlsplit, urlunsplit
 
+from farm.atomic import write_atomically
 from farm.errors import ExitStatus, FarmError
 from farm.runtime.cache import default_cache_dir
 
@@ -182,7 +182,7 @@ class FileStore(Store):
         key = hashlib.sha256(view).hexdigest()
         path = self.object_path(key)
         if not self._present(path, key):
-            _write_atomically(path, view)
+            write_atomically(path, view)
         return key
 
     def get(self, key: str) -> bytes:
@@ -207,7 +207,7 @@ class FileStore(Store):
         self.object_path(key).unlink(missing_ok=True)
 
     def set_ref(self, name: str, key: str) -> None:
-        _write_atomically(self.ref_path(name), _check_key(key).encode("ascii"))
+        write_atomically(self.ref_path(name), _check_key(key).encode("ascii"))
 
     def get_ref(self, name: str) -> str | None:
         """The target of `name`; a ref file that doesn't hold a key counts as no ref (a cache miss, then rewritten)."""
@@ -240,21 +240,6 @@ class FileStore(Store):
             now = path.stat()
             if (now.st_dev, now.st_ino) == (identity.st_dev, identity.st_ino):
                 path.unlink()
-
-
-def _write_atomically(path: Path, data: Data) -> None:
-    """Write `data` to `path` through a temporary file in the same folder and os.replace (atomic on one volume)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:16]}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as file:
-            file.write(data)
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
 
 
 # --- Redis -------------------------------------------------------------------------------------------------------

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from pathlib import Path
+
+from farm.atomic import write_atomically
 
 
 def default_cache_dir() -> Path:
@@ -33,14 +34,5 @@ def cached_library(data: bytes, cache_dir: str | os.PathLike[str] | None = None)
     target = folder / f"{sha256}.so"
     if _has_content(target, sha256):
         return target
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=folder, prefix=f".{sha256}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as file:
-            file.write(data)
-        os.chmod(temp, 0o644)
-        os.replace(temp, target)
-    except BaseException:
-        os.unlink(temp)
-        raise
+    write_atomically(target, data)
     return target
