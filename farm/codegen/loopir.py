@@ -206,11 +206,13 @@ class Stmt:
 
 @dataclass
 class Loop(Stmt):
-    """for var in range(extent): body."""
+    """for var in range(extent): body. `parallel`: iterations are independent (no shared scratch, no reduction
+    across them), so a backend may run them at once (OpenCL maps them to work-items)."""
 
     var: Var
     extent: int
     body: list[Stmt]
+    parallel: bool = False
 
 
 @dataclass
@@ -290,12 +292,13 @@ def broadcast_index(in_shape: tuple[int, ...], out_shape: tuple[int, ...], out_v
     return flat_index(in_shape, indices)
 
 
-def loop_nest(names: Names, shape: tuple[int, ...], make_body) -> tuple[list[Stmt], list[Var]]:
-    """Loops over every index of `shape`; make_body(vars) gives the innermost statements."""
+def loop_nest(names: Names, shape: tuple[int, ...], make_body, parallel: bool = False) -> tuple[list[Stmt], list[Var]]:
+    """Loops over every index of `shape`; make_body(vars) gives the innermost statements. With `parallel`, the
+    loops are marked independent (the body writes a distinct element per index)."""
     loop_vars = [names.var() for _ in shape]
     body: list[Stmt] = make_body(loop_vars)
     for var, extent in reversed(list(zip(loop_vars, shape))):
-        body = [Loop(var, extent, body)]
+        body = [Loop(var, extent, body, parallel)]
     return body, loop_vars
 
 

@@ -115,8 +115,8 @@ def activate(value: L.Expr, activation: Activation | None) -> L.Expr:
 
 def elementwise_loops(names: L.Names, shape: tuple[int, ...], value_at: Callable[[list[L.Var]], L.Expr],
                       out: str = "out0") -> list[L.Stmt]:
-    """out[i...] = value_at(i...) over every index of `shape`."""
-    body, _ = L.loop_nest(names, shape, lambda v: [L.Store(out, L.flat_index(shape, v), value_at(v))])
+    """out[i...] = value_at(i...) over every index of `shape` (independent iterations: marked parallel)."""
+    body, _ = L.loop_nest(names, shape, lambda v: [L.Store(out, L.flat_index(shape, v), value_at(v))], parallel=True)
     return body
 
 

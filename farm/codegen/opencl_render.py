@@ -1,0 +1,130 @@
+"""Render a loop-IR kernel as OpenCL C: the second backend over the same op lowering as the LLVM path.
+
+Shapes are constants here too. A kernel whose body is one loop marked parallel becomes one work-item per iteration
+of that loop (get_global_id(0)); any other kernel runs as a single work-item, which is always correct. The Gemm
+primitive is a plain triple loop for now; work-group tiling belongs to the OpenCL speed work.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from farm.codegen import loopir as L
+
+C_TYPES = {L.F32: "float", L.I64: "long", L.BOOL: "int"}
+FLOAT_OPS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+INT_OPS = {**FLOAT_OPS, "mod": "%"}
+COMPARE_OPS = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "and": "&&", "or": "||"}
+
+
+def render_opencl(symbol: str, kernel: L.LoopKernel) -> str:
+    """OpenCL C source of one kernel named `symbol`."""
+    params = ", ".join(_param(p) for p in kernel.params)
+    parallel = len(kernel.body) == 1 and isinstance(kernel.body[0], L.Loop) and kernel.body[0].parallel
+    locals_ = "".join(f"    {C_TYPES[dtype]} {name};\n" for name, dtype in sorted(_locals(kernel.body).items()))
+    if parallel:
+        loop = kernel.body[0]
+        body = (f"    const long {loop.var.name} = get_global_id(0);\n    if ({loop.var.name} >= {loop.extent}L) return;\n"
+                + locals_ + _block(loop.body, 1))
+    else:
+        body = locals_ + _block(kernel.body, 1)
+    return f"__kernel void {symbol}({params})\n{{\n{body}}}\n"
+
+
+def global_size(kernel: L.LoopKernel) -> int:
+    """Work-items to launch: the parallel loop's extent, or 1."""
+    first = kernel.body[0] if len(kernel.body) == 1 else None
+    return first.extent if isinstance(first, L.Loop) and first.parallel else 1
+
+
+def _param(param: L.Param) -> str:
+    qualifier = "" if param.output else "const "
+    return f"__global {qualifier}{C_TYPES[param.dtype]}* restrict {param.name}"
+
+
+def _locals(stmts: list[L.Stmt], found: dict[str, str] | None = None) -> dict[str, str]:
+    """Every scalar local assigned anywhere in `stmts`, with its type."""
+    found = {} if found is None else found
+    for stmt in stmts:
+        if isinstance(stmt, L.Assign):
+            found[stmt.var.name] = stmt.value.dtype
+        for child in (getattr(stmt, "body", None) or []):
+            _locals([child], found)
+    return found
+
+
+def _block(stmts: list[L.Stmt], depth: int) -> str:
+    return "".join(STMT_RENDERERS[type(s)](s, depth) for s in stmts)
+
+
+def _indent(depth: int) -> str:
+    return "    " * depth
+
+
+def _loop(loop: L.Loop, depth: int) -> str:
+    v, pad = loop.var.name, _indent(depth)
+    return f"{pad}for (long {v} = 0; {v} < {loop.extent}L; ++{v}) {{\n{_block(loop.body, depth + 1)}{pad}}}\n"
+
+
+def _store(store: L.Store, depth: int) -> str:
+    return f"{_indent(depth)}{store.buf}[{expr(store.index)}] = {expr(store.value)};\n"
+
+
+def _assign(assign: L.Assign, depth: int) -> str:
+    return f"{_indent(depth)}{assign.var.name} = {expr(assign.value)};\n"
+
+
+def _if(stmt: L.If, depth: int) -> str:
+    return f"{_indent(depth)}if ({expr(stmt.cond)}) {{\n{_block(stmt.body, depth + 1)}{_indent(depth)}}}\n"
+
+
+def _gemm(g: L.Gemm, depth: int) -> str:
+    pad, a, b, c = _indent(depth), expr(g.a_offset), expr(g.b_offset), expr(g.c_offset)
+    return (f"{pad}for (long gm = 0; gm < {g.m}L; ++gm) for (long gn = 0; gn < {g.n}L; ++gn) {{\n"
+            f"{pad}    float gacc = 0.0f;\n"
+            f"{pad}    for (long gk = 0; gk < {g.k}L; ++gk) gacc = fma({g.a}[{a} + gm * {g.lda}L + gk], "
+            f"{g.b}[{b} + gk * {g.ldb}L + gn], gacc);\n"
+            f"{pad}    {g.c}[{c} + gm * {g.ldc}L + gn] = gacc;\n{pad}}}\n")
+
+
+STMT_RENDERERS: dict[type, Callable[[L.Stmt, int], str]] = {
+    L.Loop: _loop, L.Store: _store, L.Assign: _assign, L.If: _if, L.Gemm: _gemm,
+}
+
+
+def expr(e: L.Expr) -> str:
+    """C text of one expression, fully parenthesised."""
+    return EXPR_RENDERERS[type(e)](e)
+
+
+def _const(c: L.Const) -> str:
+    if c.dtype != L.F32:
+        return f"{int(c.value)}L"
+    value = float(c.value)
+    if math.isnan(value):
+        return "NAN"
+    if math.isinf(value):
+        return "INFINITY" if value > 0 else "(-INFINITY)"
+    return f"({value.hex()}f)"
+
+
+def _binary(b: L.Binary) -> str:
+    lhs, rhs = expr(b.lhs), expr(b.rhs)
+    if b.op == "max":
+        return f"(({lhs}) < ({rhs}) ? ({rhs}) : ({lhs}))"
+    if b.op == "min":
+        return f"(({lhs}) > ({rhs}) ? ({rhs}) : ({lhs}))"
+    symbol = COMPARE_OPS.get(b.op) or (FLOAT_OPS if b.lhs.dtype == L.F32 else INT_OPS)[b.op]
+    return f"({lhs} {symbol} {rhs})"
+
+
+EXPR_RENDERERS: dict[type, Callable[[L.Expr], str]] = {
+    L.Const: _const,
+    L.Var: lambda v: v.name,
+    L.Load: lambda ld: f"{ld.buf}[{expr(ld.index)}]",
+    L.Binary: _binary,
+    L.Call: lambda c: f"{c.fn}({expr(c.arg)})",
+    L.Select: lambda s: f"({expr(s.cond)} ? {expr(s.if_true)} : {expr(s.if_false)})",
+    L.Cast: lambda c: f"(({C_TYPES[c.dtype]})({expr(c.arg)}))",
+}

@@ -1,0 +1,103 @@
+"""The OpenCL C renderer on real OpenCL (PoCL): the same op lowerings as the LLVM path, numerics against onnxruntime.
+
+A missing OpenCL platform fails these tests (it is an install step: pocl-opencl-icd), it never skips them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pyopencl as cl
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from farm.build import plan_model
+from farm.codegen import loopir as L
+from farm.codegen.opencl_render import global_size, render_opencl
+from farm.ops import LOWERINGS, lower_kernel
+
+
+@pytest.fixture(scope="module")
+def context():
+    platforms = cl.get_platforms()
+    assert platforms, "no OpenCL platform: install pocl-opencl-icd (scripts/setup.sh does)"
+    return cl.Context(platforms[0].get_devices()[:1])
+
+
+def _model(op, inputs, initializers=(), opset=17, **attrs):
+    node = helper.make_node(op, [n for n, _ in inputs] + [i.name for i in initializers], ["y"], **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              initializer=list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def _weight(name, *shape, seed=0):
+    return numpy_helper.from_array(np.random.default_rng(seed).standard_normal(shape).astype(np.float32), name)
+
+
+CASES = {
+    "relu": _model("Relu", [("x", [2, 3, 5])]),
+    "sigmoid": _model("Sigmoid", [("x", [4, 7])]),
+    "add_broadcast": _model("Add", [("x", [2, 3, 4]), ("z", [3, 1])]),
+    "conv3x3": _model("Conv", [("x", [1, 4, 6, 6])], [_weight("w", 5, 4, 3, 3), _weight("b", 5)], pads=[1, 1, 1, 1]),
+    "depthwise": _model("Conv", [("x", [1, 4, 6, 6])], [_weight("w", 4, 1, 3, 3)], group=4, strides=[2, 2]),
+    "gemm": _model("Gemm", [("x", [3, 8])], [_weight("w", 6, 8), _weight("c", 6)], transB=1),
+    "maxpool": _model("MaxPool", [("x", [1, 2, 7, 7])], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+    "softmax": _model("Softmax", [("x", [2, 9])]),
+    "transpose": _model("Transpose", [("x", [2, 3, 4])], perm=[2, 0, 1]),
+    "lrn": _model("LRN", [("x", [1, 6, 3, 3])], size=3),
+}
+
+
+def _run(context, spec, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """Build the spec's kernel for the device and run it on `arrays` (its data inputs, in order)."""
+    kernel = lower_kernel(spec)
+    program = cl.Program(context, render_opencl("k", kernel)).build()
+    queue = cl.CommandQueue(context)
+    flags = cl.mem_flags
+    outputs = [np.zeros(t.shape, np.float32) for t in spec.outputs]
+    buffers = [cl.Buffer(context, flags.READ_WRITE, max(o.nbytes, 4)) for o in outputs]
+    buffers += [cl.Buffer(context, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a))
+                for a in arrays]
+    scratch = LOWERINGS[spec.op].scratch_floats(spec)
+    if scratch:
+        buffers.append(cl.Buffer(context, flags.READ_WRITE, scratch * 4))
+    program.k(queue, (global_size(kernel),), None, *buffers)
+    for output, buffer in zip(outputs, buffers):
+        cl.enqueue_copy(queue, output, buffer)
+    queue.finish()
+    return outputs
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_kernels_match_onnxruntime_on_pocl(name, context, tmp_path):
+    import onnxruntime
+
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(CASES[name], path)
+    plan = plan_model(path)
+    feeds = {n: np.random.default_rng(1).standard_normal(plan.graph.values[n].shape).astype(np.float32)
+             for n in plan.graph.inputs}
+    (step,) = plan.steps
+    arrays = [plan.blobs[a.name] if a.kind == "blob" else feeds[a.name] for a in step.args[1:]
+              if not a.name.endswith("::scratch")]
+    (ours,) = _run(context, step.spec, arrays)
+    (reference,) = onnxruntime.InferenceSession(str(path)).run(None, feeds)
+    assert np.abs(ours - reference).max() <= 1e-4 * max(1.0, np.abs(reference).max())
+
+
+def test_elementwise_kernels_run_one_work_item_per_element_and_others_one():
+    x = L.Var("i")
+    parallel = L.LoopKernel([L.Param("out0", output=True)], [L.Loop(x, 10, [L.Store("out0", x, L.const(1.0))], True)])
+    serial = L.LoopKernel([L.Param("out0", output=True)], [L.Loop(x, 10, [L.Store("out0", x, L.const(1.0))])])
+    assert global_size(parallel) == 10 and "get_global_id(0)" in render_opencl("k", parallel)
+    assert global_size(serial) == 1 and "get_global_id" not in render_opencl("k", serial)
+
+
+def test_float_constants_are_exact_and_special_values_spelled_out():
+    from farm.codegen.opencl_render import expr
+
+    assert expr(L.const(0.1)) == f"({(0.1).hex()}f)"
+    assert expr(L.const(float("inf"))) == "INFINITY" and expr(L.const(float("-inf"))) == "(-INFINITY)"
+    assert expr(L.const(7)) == "7L"
