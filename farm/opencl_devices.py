@@ -18,7 +18,7 @@ def fingerprint(info: dict[str, str]) -> str:
     return hashlib.sha256(canonical_json(info).encode()).hexdigest()[:16]
 
 
-def _device_info(platform: Any, device: Any) -> dict[str, str]:
+def device_info(platform: Any, device: Any) -> dict[str, str]:
     import pyopencl as cl
 
     return {"platform": platform.name, "platform_version": platform.version, "device": device.name,
@@ -37,6 +37,6 @@ def opencl_devices() -> list[dict[str, str]]:
     devices = []
     for platform in platforms:
         for device in platform.get_devices():
-            info = _device_info(platform, device)
+            info = device_info(platform, device)
             devices.append({**info, "fingerprint": fingerprint(info)})
     return devices

@@ -1,0 +1,61 @@
+"""compile_cl_kernel on real OpenCL (PoCL): binaries that load and run right, errors that name kernel and device."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyopencl as cl
+import pytest
+
+from farm.codegen.opencl import build_program, compile_cl_kernel, device_context, kernel_source
+from farm.codegen.opencl_render import global_size
+from farm.errors import BuildError
+from farm.graph import Activation, TensorInfo
+from farm.opencl_devices import opencl_devices
+from farm.ops import lower_kernel
+from farm.specs import KernelSpec, canonical_json
+
+
+@pytest.fixture(scope="module")
+def fingerprint() -> str:
+    devices = opencl_devices()
+    assert devices, "no OpenCL device: install pocl-opencl-icd (scripts/setup.sh does)"
+    return devices[0]["fingerprint"]
+
+
+def _relu_spec() -> KernelSpec:
+    return KernelSpec("Add", canonical_json({}), (TensorInfo((4, 8)), TensorInfo((8,))), (TensorInfo((4, 8)),),
+                      Activation("relu"), target_id="opencl")
+
+
+def test_a_binary_loads_and_computes_like_numpy(fingerprint):
+    spec = _relu_spec()
+    binary = compile_cl_kernel(spec, fingerprint)
+    context, device = device_context(fingerprint)
+    program = cl.Program(context, [device], [binary]).build()
+    queue = cl.CommandQueue(context)
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    b = np.random.default_rng(1).standard_normal(8).astype(np.float32)
+    flags = cl.mem_flags
+    out = cl.Buffer(context, flags.WRITE_ONLY, x.nbytes)
+    inputs = [cl.Buffer(context, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=a) for a in (x, b)]
+    getattr(program, spec.symbol)(queue, (global_size(lower_kernel(spec)),), None, out, *inputs)
+    result = np.empty_like(x)
+    cl.enqueue_copy(queue, result, out)
+    np.testing.assert_allclose(result, np.maximum(x + b, 0), rtol=1e-6)
+
+
+def test_source_names_the_kernel_symbol():
+    spec = _relu_spec()
+    assert f"__kernel void {spec.symbol}(" in kernel_source(spec)
+
+
+def test_a_build_error_names_what_failed_and_the_device_and_carries_the_log(fingerprint):
+    with pytest.raises(BuildError) as caught:
+        build_program("__kernel void k() { no_such_function(); }", "kernel Broken farm_k_x", fingerprint)
+    message = str(caught.value)
+    assert "kernel Broken farm_k_x" in message and fingerprint in message and "no_such_function" in message
+
+
+def test_an_unknown_fingerprint_is_a_build_error():
+    with pytest.raises(BuildError, match="0000000000000000"):
+        device_context("0000000000000000")
