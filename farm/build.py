@@ -55,10 +55,15 @@ def plan_model(model_path: str | os.PathLike) -> BuildPlan:
 
 
 def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targets: Sequence[CpuTarget] = (),
-                executor: LocalExecutor | None = None, progress: ProgressCallback | None = None) -> BuildResult:
-    """Build `<out_dir>/<model-stem>.farm`; the artifact appears only when every step succeeded."""
+                executor: LocalExecutor | None = None, progress: ProgressCallback | None = None,
+                opencl: Sequence[str] = ()) -> BuildResult:
+    """Build `<out_dir>/<model-stem>.farm`; the artifact appears only when every step succeeded.
+
+    `opencl`: device fingerprints to build program binaries for. With neither CPU targets nor devices, the
+    artifact is for this host's CPU.
+    """
     started = time.perf_counter()
-    targets = list(targets) or [host_target()]
+    targets = list(targets) or ([] if opencl else [host_target()])
     model_bytes = Path(model_path).read_bytes()
     plan = plan_model(model_path)
     units = compile_units(plan, targets)
@@ -67,12 +72,17 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
     template = manifest_template(plan, targets, Path(model_path).stem, hashlib.sha256(model_bytes).hexdigest())
     manifest = complete_manifest(template, {name: hashlib.sha256(data).hexdigest() for name, data in objects.items()})
     members = {library_member(t): link_library(library_objects(plan, t, objects), t) for t in targets}
+    if opencl:
+        from farm.opencl_build import opencl_part
+
+        manifest["opencl"], opencl_members = opencl_part(plan, opencl, lambda jobs: _run(executor, jobs, None))
+        members.update(opencl_members)
     os.makedirs(out_dir, exist_ok=True)
     artifact = write_artifact(os.path.abspath(os.path.join(out_dir, f"{Path(model_path).stem}.farm")), manifest,
                               members)
     kernels = sum(unit.kind == "kernel" for unit in units)
     return BuildResult(job_id_for(manifest["model"]["sha256"], targets), artifact, kernels, len(units) - kernels,
-                       time.perf_counter() - started, [t.id for t in targets])
+                       time.perf_counter() - started, [t.id for t in targets] + [f"opencl:{fp}" for fp in opencl])
 
 
 @dataclass(frozen=True)
@@ -182,7 +192,7 @@ def manifest_template(plan: BuildPlan, targets: Sequence[CpuTarget], model_name:
         "outputs": [io(name) for name in graph.outputs],
         "targets": [{**t.to_json(), "library": library_member(t), "entry": ENTRY_SYMBOL} for t in targets],
         "kernels": _kernel_entries(plan, targets),
-        "blobs": [{"sha256": sha, "bytes": int(data.nbytes), "symbol": blob_spec(sha, data.nbytes, targets[0]).symbol}
+        "blobs": [{"sha256": sha, "bytes": int(data.nbytes), "symbol": BlobSpec(sha, data.nbytes, "").symbol}
                   for sha, data in sorted(plan.blobs.items())],
         "schedule": [{"node": step.node, "op": step.spec.op, "kernel": step.spec.key[:20],
                       "args": [f"{arg.kind}:{arg.name}" for arg in step.args]} for step in plan.steps],

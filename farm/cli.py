@@ -80,8 +80,12 @@ def submit(model: Path, targets: tuple[str, ...], output_dir: str, as_json: bool
 
     if not model.is_file():
         raise BadInputError(f"{model}: no such model file")
-    parsed = [parse_target(t) for t in targets] or [host_target()]
+    parsed = [parse_target(t) for t in targets if not t.startswith("opencl")]
+    devices = [fp for t in targets if t.startswith("opencl") for fp in _opencl_fingerprints(t)]
+    parsed = parsed or ([] if devices else [host_target()])
     if broker:
+        if devices:
+            raise BadInputError("--target opencl on the farm arrives with the OpenCL queues; build it locally for now")
         _submit_to_farm(_client(broker), model, parsed, output_dir, as_json, no_wait, no_cache)
         return
     from farm.build import build_model
@@ -89,8 +93,21 @@ def submit(model: Path, targets: tuple[str, ...], output_dir: str, as_json: bool
     from farm.progress import BuildProgress
 
     with LocalExecutor(workers) as executor, BuildProgress(model.name) as progress:
-        result = build_model(model, output_dir, parsed, executor=executor, progress=progress.update)
+        result = build_model(model, output_dir, parsed, executor=executor, progress=progress.update, opencl=devices)
     click.echo(json.dumps(result.to_json(), sort_keys=True) if as_json else result.artifact)
+
+
+def _opencl_fingerprints(target: str) -> list[str]:
+    """`opencl`: every OpenCL device this host has; `opencl:<fingerprint>`: that one (it must be here)."""
+    from farm.opencl_devices import opencl_devices
+
+    local = [device["fingerprint"] for device in opencl_devices()]
+    _, _, wanted = target.partition(":")
+    chosen = [wanted] if wanted else local
+    unknown = [fp for fp in chosen if fp not in local]
+    if not chosen or unknown:
+        raise BadInputError(f"--target {target}: no such OpenCL device on this host (found: {local or 'none'})")
+    return chosen
 
 
 def _submit_to_farm(client, model: Path, targets: list, output_dir: str, as_json: bool, no_wait: bool,
@@ -214,7 +231,7 @@ def _parse_inputs(pairs: tuple[str, ...]) -> dict[str, np.ndarray]:
             raise BadInputError(f"--input {pair!r}: expected NAME=FILE.npy")
         try:
             feeds[name] = np.load(file, allow_pickle=False)
-        except (OSError, ValueError) as error:
+        except (OSError, ValueError, EOFError) as error:
             raise BadInputError(f"--input {name}: can't read {file!r} as a .npy array: {error}") from None
     return feeds
 
@@ -231,12 +248,14 @@ def _summary(name: str, array: np.ndarray) -> str:
 @click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy", help="One model input; repeatable.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the outputs to this .npz file.")
 @click.option("--print", "show", is_flag=True, help="Print each output's shape and first values.")
+@click.option("--device", type=click.Choice(["cpu", "opencl"]), default="cpu", show_default=True,
+              help="Run the CPU library, or the OpenCL kernels on this host's OpenCL device.")
 @reports_errors
-def run(artifact: str, inputs: tuple[str, ...], output: str | None, show: bool) -> None:
+def run(artifact: str, inputs: tuple[str, ...], output: str | None, show: bool, device: str) -> None:
     """Run ARTIFACT on the given inputs with farm's runtime."""
     from farm import runtime
 
-    model = runtime.load(artifact)
+    model = runtime.load(artifact, device=device)
     outputs = model.run(_parse_inputs(inputs))
     if output:
         np.savez(output, **outputs)

@@ -48,7 +48,8 @@ class FarmClient:
                                    "targets": [t.to_json() for t in targets], "submitted_from": os.uname().nodename})
         from tasks.app import make_app
 
-        make_app(self.broker).send_task("farm.plan_job", args=[job_id], queue="control")
+        make_app(self.broker).send_task("farm.plan_job", args=[job_id], queue="control",
+                                        retry_policy={"max_retries": 2, "interval_start": 0.1})
         return job_id
 
     def record(self, job_id: str) -> dict[str, str]:

@@ -35,7 +35,10 @@ def make_app(broker: str | None = None) -> Celery:
         broker_connection_retry_on_startup=True, broker_connection_timeout=3,
         worker_send_task_events=True, task_send_sent_event=True, task_track_started=True,
         task_routes={name: {"queue": queue} for name, queue in QUEUES.items()}, task_default_queue="control",
-        task_ignore_result=True, worker_hijack_root_logger=False, worker_cancel_long_running_tasks_on_connection_loss=False,
+        task_ignore_result=True, task_publish_retry=True,
+        task_publish_retry_policy={"max_retries": defaults.worker_redis_retries(), "interval_start": 0.1,
+                                   "interval_step": 0.25, "interval_max": 0.5},
+        worker_hijack_root_logger=False, worker_cancel_long_running_tasks_on_connection_loss=False,
     )
     return app
 

@@ -17,9 +17,19 @@ from farm.runtime.model import Model, TensorSpec
 __all__ = ["Model", "TensorSpec", "default_cache_dir", "load"]
 
 
-def load(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None) -> Model:
-    """Verify the artifact, choose this host's target and load its library from the cache (<cache_dir>/runtime/)."""
+def load(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None,
+         device: str = "cpu") -> Model:
+    """Verify the artifact, choose this host's target and load its library from the cache (<cache_dir>/runtime/).
+
+    `device="opencl"` runs the artifact's OpenCL part on this host's OpenCL device instead (farm.runtime.opencl).
+    """
     artifact = verify(path)
+    if device == "opencl":
+        from farm.runtime.opencl import OpenCLModel
+
+        return OpenCLModel(artifact, cache_dir)
+    if device != "cpu":
+        raise ArtifactError(f"unknown device {device!r}: expected 'cpu' or 'opencl'")
     targets = artifact.manifest.get("targets")
     if not isinstance(targets, list) or not all(isinstance(target, dict) for target in targets):
         raise ArtifactError(f"{artifact.path}: manifest 'targets' is not a list of objects")

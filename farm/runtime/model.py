@@ -52,6 +52,28 @@ def _slots(path: str, entries: Any, arena_bytes: int, role: str) -> list[tuple[T
     return slots
 
 
+def check_feeds(inputs: list[TensorSpec], feeds: Mapping[str, np.ndarray]) -> None:
+    """Refuse feeds that don't match the inputs exactly: no casting, so that precision is never lost silently."""
+    expected = [spec.name for spec in inputs]
+    if not isinstance(feeds, Mapping):
+        raise RunInputError(f"feeds must map input names to arrays, got {type(feeds).__name__}; inputs: {expected}")
+    for name in feeds:
+        if name not in expected:
+            raise RunInputError(f"unknown input {name!r}; the model's inputs are {expected}")
+    for spec in inputs:
+        if spec.name not in feeds:
+            raise RunInputError(f"missing input {spec.name!r}; the model's inputs are {expected}")
+        array = feeds[spec.name]
+        if not isinstance(array, np.ndarray):
+            raise RunInputError(f"input {spec.name!r}: expected a numpy array, got {type(array).__name__}")
+        if array.dtype != np.dtype(spec.dtype):
+            raise RunInputError(
+                f"input {spec.name!r}: expected dtype {spec.dtype}, got {array.dtype} (cast it explicitly)"
+            )
+        if array.shape != spec.shape:
+            raise RunInputError(f"input {spec.name!r}: expected shape {spec.shape}, got {array.shape}")
+
+
 class Model:
     """A model ready to run on this host. `run` is thread-safe: calls take turns on the one arena."""
 
@@ -77,25 +99,7 @@ class Model:
         return self._arena[offset : offset + spec.nbytes].view(spec.dtype).reshape(spec.shape)
 
     def _check(self, feeds: Mapping[str, np.ndarray]) -> None:
-        """Refuse feeds that don't match the inputs exactly: no casting, so that precision is never lost silently."""
-        expected = [spec.name for spec in self.inputs]
-        if not isinstance(feeds, Mapping):
-            raise RunInputError(f"feeds must map input names to arrays, got {type(feeds).__name__}; inputs: {expected}")
-        for name in feeds:
-            if name not in expected:
-                raise RunInputError(f"unknown input {name!r}; the model's inputs are {expected}")
-        for spec in self.inputs:
-            if spec.name not in feeds:
-                raise RunInputError(f"missing input {spec.name!r}; the model's inputs are {expected}")
-            array = feeds[spec.name]
-            if not isinstance(array, np.ndarray):
-                raise RunInputError(f"input {spec.name!r}: expected a numpy array, got {type(array).__name__}")
-            if array.dtype != np.dtype(spec.dtype):
-                raise RunInputError(
-                    f"input {spec.name!r}: expected dtype {spec.dtype}, got {array.dtype} (cast it explicitly)"
-                )
-            if array.shape != spec.shape:
-                raise RunInputError(f"input {spec.name!r}: expected shape {spec.shape}, got {array.shape}")
+        check_feeds(self.inputs, feeds)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run once; returns fresh arrays, so results stay valid after later runs reuse the arena."""

@@ -1,0 +1,53 @@
+"""The OpenCL part of a build: every kernel's source, a program binary per kernel per device, the weights and the
+schedule, so that the runtime can go cache -> shipped binary -> parallel source build and never build serially."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from farm.codegen.opencl import compile_cl_kernel, kernel_source
+from farm.codegen.opencl_render import global_size
+from farm.executors import Job
+from farm.ops import lower_kernel
+from farm.plan import BuildPlan, for_target
+from farm.specs import KernelSpec
+
+OPENCL_TARGET_ID = "opencl"
+
+
+def opencl_kernels(plan: BuildPlan) -> list[KernelSpec]:
+    """The plan's distinct kernels, specialised for OpenCL (one source serves every device)."""
+    return [for_target(spec, OPENCL_TARGET_ID) for spec in plan.kernels().values()]
+
+
+def binary_jobs(plan: BuildPlan, fingerprints: Sequence[str]) -> list[Job]:
+    """One job per kernel per device: its program binary, built where that device is."""
+    return [Job(f"opencl/{fp}/{spec.symbol}", compile_cl_kernel, (spec, fp))
+            for fp in fingerprints for spec in opencl_kernels(plan)]
+
+
+def opencl_part(plan: BuildPlan, fingerprints: Sequence[str],
+                run: Callable[[list[Job]], list[bytes]]) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The manifest's `opencl` section and the artifact members it names."""
+    jobs = binary_jobs(plan, fingerprints)
+    members = {f"{job.name}.bin": binary for job, binary in zip(jobs, run(jobs))}
+    kernels = []
+    for spec in opencl_kernels(plan):
+        members[f"opencl/source/{spec.symbol}.cl"] = kernel_source(spec).encode()
+        kernels.append({"symbol": spec.symbol, "source": f"opencl/source/{spec.symbol}.cl",
+                        "binaries": {fp: f"opencl/{fp}/{spec.symbol}.bin" for fp in fingerprints}})
+    members.update({f"weights/{sha}.bin": data.tobytes() for sha, data in plan.blobs.items()})
+    section = {"devices": list(fingerprints), "kernels": kernels, "schedule": _schedule(plan),
+               "buffers": dict(sorted(plan.memory.sizes.items())),
+               "blobs": {sha: f"weights/{sha}.bin" for sha in sorted(plan.blobs)}}
+    return section, members
+
+
+def _schedule(plan: BuildPlan) -> list[dict[str, Any]]:
+    steps = []
+    for step in plan.steps:
+        spec = for_target(step.spec, OPENCL_TARGET_ID)
+        steps.append({"node": step.node, "kernel": spec.symbol, "global_size": global_size(lower_kernel(spec)),
+                      "args": [f"{arg.kind}:{arg.name}" for arg in step.args]})
+    return steps

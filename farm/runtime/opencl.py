@@ -1,0 +1,162 @@
+"""Running an artifact's OpenCL part: programs from the local cache, else the shipped binary for this device's
+fingerprint, else one source build of every missing kernel at once (in parallel), never a serial source build.
+
+The cache holds binaries under <cache root>/opencl/<fingerprint>/<sha256 of the source>-<sha256 of the binary>.bin,
+written atomically; a cached binary whose bytes don't match its name, or a binary the device rejects, falls back to
+the source build with a warning (some drivers accept a damaged binary, so the hash is checked first). Buffers stay on the device between kernels; only inputs and outputs cross.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import warnings
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from farm.artifact import Artifact
+from farm.atomic import write_atomically
+from farm.errors import ArtifactError
+from farm.opencl_devices import BUILD_OPTIONS, device_info, fingerprint
+from farm.runtime.cache import default_cache_dir
+from farm.runtime.model import TensorSpec, check_feeds
+
+
+def this_device() -> tuple[Any, Any, str]:
+    """(context, device, fingerprint) of this host's first OpenCL device."""
+    import pyopencl as cl
+
+    for platform in cl.get_platforms():
+        for device in platform.get_devices():
+            return cl.Context([device]), device, fingerprint(device_info(platform, device))
+    raise ArtifactError("no OpenCL device on this host")
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class ProgramLoader:
+    """Finds a program for every kernel: cache, shipped binary, then a parallel source build of the rest."""
+
+    def __init__(self, artifact: Artifact, context: Any, device: Any, device_fingerprint: str,
+                 cache_dir: str | Path | None) -> None:
+        self.artifact, self.context, self.device, self.fingerprint = artifact, context, device, device_fingerprint
+        self.folder = Path(cache_dir if cache_dir is not None else default_cache_dir()) / "opencl" / device_fingerprint
+        self.source_builds = 0
+
+    def load_all(self, kernels: list[dict[str, Any]]) -> dict[str, Any]:
+        sources = {k["symbol"]: self.artifact.read_member(k["source"]) for k in kernels}
+        programs = {k["symbol"]: self._from_binaries(k, sources[k["symbol"]]) for k in kernels}
+        missing = [symbol for symbol, program in programs.items() if program is None]
+        with ThreadPoolExecutor(max(1, len(missing))) as pool:
+            built = dict(zip(missing, pool.map(lambda s: self._build_from_source(sources[s]), missing)))
+        self.source_builds += len(missing)
+        return {**programs, **built}
+
+    def _cache_path(self, source: bytes, binary: bytes) -> Path:
+        return self.folder / f"{_sha(source)}-{_sha(binary)}.bin"
+
+    def _cached_binary(self, source: bytes) -> bytes | None:
+        """The cached binary built from `source`, if one is there and intact (a damaged one is removed)."""
+        for path in sorted(self.folder.glob(f"{_sha(source)}-*.bin")):
+            binary = path.read_bytes()
+            if path.name == self._cache_path(source, binary).name:
+                return binary
+            warnings.warn(f"cached binary {path} is damaged; removing it", stacklevel=3)
+            path.unlink(missing_ok=True)
+        return None
+
+    def _from_binaries(self, kernel: dict[str, Any], source: bytes) -> Any | None:
+        cached = self._cached_binary(source)
+        if cached is not None:
+            program = self._program_from_binary(cached, "cached binary")
+            if program is not None:
+                return program
+        shipped = kernel.get("binaries", {}).get(self.fingerprint)
+        if shipped:
+            binary = self.artifact.read_member(shipped)
+            program = self._program_from_binary(binary, f"shipped binary {shipped}")
+            if program is not None:
+                write_atomically(self._cache_path(source, binary), binary)
+                return program
+        return None
+
+    def _program_from_binary(self, binary: bytes, what: str) -> Any | None:
+        import pyopencl as cl
+
+        try:
+            return cl.Program(self.context, [self.device], [binary]).build(options=BUILD_OPTIONS.split())
+        except (cl.Error, ValueError) as error:
+            warnings.warn(f"{what} rejected by {self.device.name} ({error}); building from source", stacklevel=2)
+            return None
+
+    def _build_from_source(self, source: bytes) -> Any:
+        import pyopencl as cl
+
+        program = cl.Program(self.context, source.decode()).build(options=BUILD_OPTIONS.split())
+        binary = bytes(program.get_info(cl.program_info.BINARIES)[0])
+        write_atomically(self._cache_path(source, binary), binary)
+        return program
+
+
+class OpenCLModel:
+    """A model whose kernels run on this host's OpenCL device. `run` is thread-safe (calls take turns)."""
+
+    def __init__(self, artifact: Artifact, cache_dir: str | Path | None = None) -> None:
+        import pyopencl as cl
+
+        manifest = artifact.manifest
+        part = manifest.get("opencl")
+        if not part:
+            raise ArtifactError(f"{artifact.path}: the artifact has no OpenCL part (build with --target opencl)")
+        self.context, self.device, self.fingerprint = this_device()
+        self.loader = ProgramLoader(artifact, self.context, self.device, self.fingerprint, cache_dir)
+        programs = self.loader.load_all(part["kernels"])
+        self.queue = cl.CommandQueue(self.context)
+        self._buffers = {name: cl.Buffer(self.context, cl.mem_flags.READ_WRITE, max(int(size), 4))
+                         for name, size in part["buffers"].items()}
+        self._buffers.update({f"blob:{sha}": self._upload(artifact.read_member(member))
+                              for sha, member in part["blobs"].items()})
+        kernels = {symbol: cl.Kernel(program, symbol) for symbol, program in programs.items()}
+        self._calls = [(kernels[step["kernel"]], (int(step["global_size"]),), [self._buffer(arg) for arg in step["args"]])
+                       for step in part["schedule"]]
+        self.inputs = [TensorSpec(e["name"], tuple(e["shape"]), e["dtype"]) for e in manifest["inputs"]]
+        self.outputs = [TensorSpec(e["name"], tuple(e["shape"]), e["dtype"]) for e in manifest["outputs"]]
+        self._lock = threading.Lock()
+
+    @property
+    def source_builds(self) -> int:
+        """How many kernels this load had to build from source (0 when the cache or the artifact had them)."""
+        return self.loader.source_builds
+
+    def _upload(self, data: bytes) -> Any:
+        import pyopencl as cl
+
+        if not data:
+            return cl.Buffer(self.context, cl.mem_flags.READ_ONLY, 4)
+        flags = cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR
+        return cl.Buffer(self.context, flags, hostbuf=np.frombuffer(data, np.uint8))
+
+    def _buffer(self, arg: str) -> Any:
+        kind, _, name = arg.partition(":")
+        return self._buffers[f"blob:{name}" if kind == "blob" else name]
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import pyopencl as cl
+
+        check_feeds(self.inputs, feeds)
+        with self._lock:
+            for spec in self.inputs:
+                cl.enqueue_copy(self.queue, self._buffers[spec.name], np.ascontiguousarray(feeds[spec.name]))
+            for kernel, size, args in self._calls:
+                kernel(self.queue, size, None, *args)
+            results = {spec.name: np.empty(spec.shape, spec.dtype) for spec in self.outputs}
+            for spec in self.outputs:
+                cl.enqueue_copy(self.queue, results[spec.name], self._buffers[spec.name])
+            self.queue.finish()
+        return results
