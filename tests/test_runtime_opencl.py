@@ -98,3 +98,25 @@ def test_an_artifact_without_an_opencl_part_is_refused(tmp_path):
         runtime.load(artifact, device="opencl")
     with pytest.raises(ArtifactError, match="unknown device"):
         runtime.load(artifact, device="tpu")
+
+
+def test_a_cpu_only_host_loads_the_cpu_part_without_pyopencl(built, fingerprint, tmp_path):
+    import subprocess
+    import sys
+
+    from farm.codegen.targets import host_target
+
+    path, _ = built
+    artifact = build_model(path, tmp_path, [host_target()], executor=LocalExecutor(1), opencl=[fingerprint]).artifact
+    script = (
+        "import sys; sys.modules['pyopencl'] = None\n"
+        "import numpy as np, onnx\n"
+        "from farm import examples, runtime\n"
+        f"model = runtime.load({str(artifact)!r})\n"
+        f"out = model.run(examples.random_input(onnx.load({str(path)!r})))\n"
+        "assert 'pyopencl' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
+        "print(list(out))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "output" in result.stdout
