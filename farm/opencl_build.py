@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from farm.codegen.opencl import compile_cl_kernel, kernel_source
-from farm.codegen.opencl_render import global_size
+from farm.codegen.opencl_render import launches
 from farm.executors import Job
 from farm.ops import lower_kernel
 from farm.plan import BuildPlan, for_target
@@ -48,6 +48,6 @@ def _schedule(plan: BuildPlan) -> list[dict[str, Any]]:
     steps = []
     for step in plan.steps:
         spec = for_target(step.spec, OPENCL_TARGET_ID)
-        steps.append({"node": step.node, "kernel": spec.symbol, "global_size": global_size(lower_kernel(spec)),
-                      "args": [f"{arg.kind}:{arg.name}" for arg in step.args]})
+        steps.append({"node": step.node, "kernel": spec.symbol, "args": [f"{arg.kind}:{arg.name}" for arg in step.args],
+                      "launches": [[name, list(size)] for name, size in launches(spec.symbol, lower_kernel(spec))]})
     return steps

@@ -10,9 +10,11 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import time
 from typing import Any
 
 from celery import Celery, Task
+from kombu.exceptions import OperationalError
 
 from farm import defaults
 from farm.store import StoreUnreachableError
@@ -35,9 +37,7 @@ def make_app(broker: str | None = None) -> Celery:
         broker_connection_retry_on_startup=True, broker_connection_timeout=3,
         worker_send_task_events=True, task_send_sent_event=True, task_track_started=True,
         task_routes={name: {"queue": queue} for name, queue in QUEUES.items()}, task_default_queue="control",
-        task_ignore_result=True, task_publish_retry=True,
-        task_publish_retry_policy={"max_retries": defaults.worker_redis_retries(), "interval_start": 0.1,
-                                   "interval_step": 0.25, "interval_max": 0.5},
+        task_ignore_result=True,
         worker_hijack_root_logger=False, worker_cancel_long_running_tasks_on_connection_loss=False,
     )
     return app
@@ -59,7 +59,19 @@ def farm_context():
 
 
 def dispatch(task_name: str, args: list[Any]) -> None:
-    app.send_task(task_name, args=args, queue=QUEUES[task_name])
+    """Enqueue a task on a fresh broker connection, retrying through a Redis restart: kombu's own publish retry can
+    fail on a channel the outage broke (AttributeError inside kombu), so each attempt starts from scratch."""
+    attempts = defaults.worker_redis_retries()
+    for attempt in range(attempts + 1):
+        try:
+            with app.connection_for_write() as connection:
+                app.send_task(task_name, args=args, queue=QUEUES[task_name], connection=connection,
+                              retry=False)
+            return
+        except (OperationalError, ConnectionError, AttributeError):
+            if attempt == attempts:
+                raise
+            time.sleep(0.5)
 
 
 class FarmTask(Task):

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from farm.build import plan_model
 from farm.codegen import loopir as L
-from farm.codegen.opencl_render import global_size, render_opencl
+from farm.codegen.opencl_render import launches, render_opencl
 from farm.ops import LOWERINGS, lower_kernel
 
 
@@ -63,7 +63,8 @@ def _run(context, spec, arrays: list[np.ndarray]) -> list[np.ndarray]:
     scratch = LOWERINGS[spec.op].scratch_floats(spec)
     if scratch:
         buffers.append(cl.Buffer(context, flags.READ_WRITE, scratch * 4))
-    program.k(queue, (global_size(kernel),), None, *buffers)
+    for name, size in launches("k", kernel):
+        getattr(program, name)(queue, size, None, *buffers)
     for output, buffer in zip(outputs, buffers):
         cl.enqueue_copy(queue, output, buffer)
     queue.finish()
@@ -87,12 +88,18 @@ def test_kernels_match_onnxruntime_on_pocl(name, context, tmp_path):
     assert np.abs(ours - reference).max() <= 1e-4 * max(1.0, np.abs(reference).max())
 
 
-def test_elementwise_kernels_run_one_work_item_per_element_and_others_one():
-    x = L.Var("i")
-    parallel = L.LoopKernel([L.Param("out0", output=True)], [L.Loop(x, 10, [L.Store("out0", x, L.const(1.0))], True)])
-    serial = L.LoopKernel([L.Param("out0", output=True)], [L.Loop(x, 10, [L.Store("out0", x, L.const(1.0))])])
-    assert global_size(parallel) == 10 and "get_global_id(0)" in render_opencl("k", parallel)
-    assert global_size(serial) == 1 and "get_global_id" not in render_opencl("k", serial)
+def test_parallel_loops_and_gemms_get_their_own_launches_and_the_rest_one_work_item():
+    x, b = L.Var("i"), L.Var("b")
+    store = L.Store("out0", x, L.const(1.0))
+    parallel = L.LoopKernel([L.Param("out0", output=True)], [L.Loop(x, 10, [store], True)])
+    serial = L.LoopKernel([L.Param("out0", output=True)], [L.Loop(x, 10, [store]), L.Loop(x, 3, [store])])
+    gemm = L.Gemm("in0", L.const(0), 4, "in1", L.const(0), 5, "out0", L.const(0), 5, 3, 5, 4)
+    batch_of_one = L.LoopKernel([L.Param("out0", output=True), L.Param("in0"), L.Param("in1")],
+                                [L.Loop(b, 1, [gemm, L.Loop(x, 15, [store], True)])])
+    assert launches("k", parallel) == [("k_0", (10,))] and "get_global_id(0)" in render_opencl("k", parallel)
+    assert launches("k", serial) == [("k_0", (1,))] and "get_global_id" not in render_opencl("k", serial)
+    assert launches("k", batch_of_one) == [("k_0", (3, 5)), ("k_1", (15,))]
+    assert "const long b = 0;" in render_opencl("k", batch_of_one)
 
 
 def test_float_constants_are_exact_and_special_values_spelled_out():

@@ -174,3 +174,21 @@ def test_a_real_worker_refuses_a_pickled_task_message(redis_server: RedisServer,
         worker.stop()
     assert not marker.exists(), "the worker unpickled the message"
     assert raw.llen("control") == 0 and raw.hlen("unacked") == 0
+
+
+def test_dispatch_waits_out_a_redis_restart(redis_server: RedisServer) -> None:
+    """A worker dispatching while Redis restarts still enqueues the task (kombu's own retry can't, see dispatch)."""
+    import threading
+
+    redis_server.stop()
+    restarter = threading.Timer(1.5, redis_server.restart)
+    restarter.start()
+    code = "from tasks.app import dispatch; dispatch('farm.finish', ['job'])"
+    env = {**os.environ, "FARM_BROKER_URL": redis_server.url}
+    try:
+        done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=60)
+    finally:
+        restarter.join()
+    assert done.returncode == 0, done.stderr
+    assert redis_server.client().llen("control") == 1

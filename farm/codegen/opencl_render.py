@@ -1,8 +1,9 @@
 """Render a loop-IR kernel as OpenCL C: the second backend over the same op lowering as the LLVM path.
 
-Shapes are constants here too. A kernel whose body is one loop marked parallel becomes one work-item per iteration
-of that loop (get_global_id(0)); any other kernel runs as a single work-item, which is always correct. The Gemm
-primitive is a plain triple loop for now; work-group tiling belongs to the OpenCL speed work.
+Shapes are constants here too. A kernel becomes one or more launches, run in order on one queue: each top-level
+loop marked parallel is a launch with one work-item per iteration, each Gemm a 2-D launch with one work-item per
+output element, and other statements run on a single work-item (always correct). Top-level loops of extent 1 (a
+batch of one) are unwrapped first, so a convolution is im2col, Gemm and epilogue, each parallel.
 """
 
 from __future__ import annotations
@@ -18,24 +19,78 @@ INT_OPS = {**FLOAT_OPS, "mod": "%"}
 COMPARE_OPS = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "and": "&&", "or": "||"}
 
 
+def _peel(stmts: list[L.Stmt], fixed: list[str]) -> list[L.Stmt]:
+    """Top-level loops of extent 1 (a batch of one, a single group) unwrapped; their variables are fixed at 0."""
+    peeled: list[L.Stmt] = []
+    for stmt in stmts:
+        if isinstance(stmt, L.Loop) and stmt.extent == 1:
+            fixed.append(stmt.var.name)
+            peeled += _peel(stmt.body, fixed)
+        else:
+            peeled.append(stmt)
+    return peeled
+
+
+def _groups(kernel: L.LoopKernel) -> tuple[list[str], list[list[L.Stmt]]]:
+    """The fixed variables and the statement groups that each become one launch: a parallel loop or a Gemm alone,
+    consecutive other statements together (run by one work-item)."""
+    fixed: list[str] = []
+    groups: list[list[L.Stmt]] = []
+    for stmt in _peel(kernel.body, fixed):
+        alone = isinstance(stmt, L.Gemm) or (isinstance(stmt, L.Loop) and stmt.parallel)
+        if alone or not groups or _launch_shape(groups[-1]) != (1,):
+            groups.append([stmt])
+        else:
+            groups[-1].append(stmt)
+    return fixed, groups
+
+
+def _launch_shape(group: list[L.Stmt]) -> tuple[int, ...]:
+    first = group[0]
+    if isinstance(first, L.Gemm):
+        return (first.m, first.n)
+    if isinstance(first, L.Loop) and first.parallel:
+        return (first.extent,)
+    return (1,)
+
+
+def launches(symbol: str, kernel: L.LoopKernel) -> list[tuple[str, tuple[int, ...]]]:
+    """(OpenCL kernel name, global size) of every launch that runs `kernel`, in order."""
+    _, groups = _groups(kernel)
+    return [(f"{symbol}_{index}", _launch_shape(group)) for index, group in enumerate(groups)]
+
+
 def render_opencl(symbol: str, kernel: L.LoopKernel) -> str:
-    """OpenCL C source of one kernel named `symbol`."""
+    """OpenCL C source of one kernel: a __kernel function per launch (see `launches`)."""
     params = ", ".join(_param(p) for p in kernel.params)
-    parallel = len(kernel.body) == 1 and isinstance(kernel.body[0], L.Loop) and kernel.body[0].parallel
-    locals_ = "".join(f"    {C_TYPES[dtype]} {name};\n" for name, dtype in sorted(_locals(kernel.body).items()))
-    if parallel:
-        loop = kernel.body[0]
-        body = (f"    const long {loop.var.name} = get_global_id(0);\n    if ({loop.var.name} >= {loop.extent}L) return;\n"
-                + locals_ + _block(loop.body, 1))
-    else:
-        body = locals_ + _block(kernel.body, 1)
-    return f"__kernel void {symbol}({params})\n{{\n{body}}}\n"
+    fixed, groups = _groups(kernel)
+    prologue = "".join(f"    const long {name} = 0;\n" for name in fixed)
+    functions = [f"__kernel void {name}({params})\n{{\n{prologue}{_launch_body(group)}}}\n"
+                 for (name, _), group in zip(launches(symbol, kernel), groups)]
+    return "\n".join(functions)
 
 
-def global_size(kernel: L.LoopKernel) -> int:
-    """Work-items to launch: the parallel loop's extent, or 1."""
-    first = kernel.body[0] if len(kernel.body) == 1 else None
-    return first.extent if isinstance(first, L.Loop) and first.parallel else 1
+def _launch_body(group: list[L.Stmt]) -> str:
+    locals_ = "".join(f"    {C_TYPES[dtype]} {name};\n" for name, dtype in sorted(_locals(group).items()))
+    first = group[0]
+    if isinstance(first, L.Gemm):
+        return _parallel_gemm(first)
+    if isinstance(first, L.Loop) and first.parallel:
+        v = first.var.name
+        return (f"    const long {v} = get_global_id(0);\n    if ({v} >= {first.extent}L) return;\n"
+                + locals_ + _block(first.body, 1))
+    return locals_ + _block(group, 1)
+
+
+def _parallel_gemm(g: L.Gemm) -> str:
+    """One work-item per output element; work-group tiling belongs to the OpenCL speed work."""
+    a, b, c = expr(g.a_offset), expr(g.b_offset), expr(g.c_offset)
+    return (f"    const long gm = get_global_id(0), gn = get_global_id(1);\n"
+            f"    if (gm >= {g.m}L || gn >= {g.n}L) return;\n"
+            f"    float gacc = 0.0f;\n"
+            f"    for (long gk = 0; gk < {g.k}L; ++gk) gacc = fma({g.a}[{a} + gm * {g.lda}L + gk], "
+            f"{g.b}[{b} + gk * {g.ldb}L + gn], gacc);\n"
+            f"    {g.c}[{c} + gm * {g.ldc}L + gn] = gacc;\n")
 
 
 def _param(param: L.Param) -> str:

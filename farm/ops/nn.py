@@ -92,7 +92,7 @@ def _im2col(names: L.Names, geo: dict[str, int], x_base: L.Expr) -> list[L.Stmt]
     store = L.Store("scratch", row * p + oh * geo["wo"] + ow, _input_at(geo, x_base + c * hw, oh, ow, r, s, 0.0))
     body: list[L.Stmt] = [store]
     for var, extent in ((ow, geo["wo"]), (oh, geo["ho"]), (s, geo["kw"]), (r, geo["kh"]), (c, geo["cg"])):
-        body = [L.Loop(var, extent, body)]
+        body = [L.Loop(var, extent, body, parallel=True)]
     return body
 
 
@@ -107,7 +107,7 @@ def _bias_activation_epilogue(names: L.Names, spec: KernelSpec, rows: int, cols:
     if bias is not None:
         value = value + L.Load(bias, m)
     store = L.Store("out0", index, activate(value, spec.activation))
-    return [L.Loop(b, batches, [L.Loop(m, rows, [L.Loop(p, cols, [store])])])]
+    return [L.Loop(b, batches, [L.Loop(m, rows, [L.Loop(p, cols, [store], True)], True)], True)]
 
 
 def _depthwise(names: L.Names, spec: KernelSpec, geo: dict[str, int]) -> list[L.Stmt]:
@@ -121,7 +121,8 @@ def _depthwise(names: L.Names, spec: KernelSpec, geo: dict[str, int]) -> list[L.
     inner = [L.Assign(acc, init),
              L.Loop(r, geo["kh"], [L.Loop(s, geo["kw"], [L.Assign(acc, acc + tap)])]),
              L.Store("out0", out_index, activate(acc, spec.activation))]
-    return [L.Loop(n, geo["n"], [L.Loop(ch, geo["m"], [L.Loop(oh, geo["ho"], [L.Loop(ow, geo["wo"], inner)])])])]
+    return [L.Loop(n, geo["n"], [L.Loop(ch, geo["m"], [L.Loop(oh, geo["ho"], [L.Loop(ow, geo["wo"], inner, True)], True)],
+                                        True)], True)]
 
 
 def _lower_conv(spec: KernelSpec) -> list[L.Stmt]:
@@ -170,11 +171,11 @@ def _lower_gemm(spec: KernelSpec) -> list[L.Stmt]:
         value = value + L.Load("in2", L.broadcast_index(shape_of(spec, 2), (rows, cols), [m, n])) * a["beta"]
     store = L.Store("out0", m * cols + n, activate(value, spec.activation))
     if product is not None:
-        return body + [L.Loop(m, rows, [L.Loop(n, cols, [store])])]
+        return body + [L.Loop(m, rows, [L.Loop(n, cols, [store], True)], True)]
     a_index = k * rows + m if a["transA"] else m * depth + k
     b_index = n * depth + k if a["transB"] else k * cols + n
     dot = L.Loop(k, depth, [L.Assign(acc, acc + L.Load("in0", a_index) * L.Load("in1", b_index))])
-    return [L.Loop(m, rows, [L.Loop(n, cols, [L.Assign(acc, L.const(0.0)), dot, store])])]
+    return [L.Loop(m, rows, [L.Loop(n, cols, [L.Assign(acc, L.const(0.0)), dot, store], True)], True)]
 
 
 @register("MatMul")
@@ -224,7 +225,7 @@ def _lower_pool(spec: KernelSpec) -> list[L.Stmt]:
     inner = [L.Assign(acc, L.const(-math.inf if is_max else 0.0)), L.Assign(count, L.const(0.0)),
              L.Loop(r, kh, [L.Loop(s, kw, update)]),
              L.Store("out0", (plane * ho + y) * wo + x, activate(result, spec.activation))]
-    return [L.Loop(plane, n * c, [L.Loop(y, ho, [L.Loop(x, wo, inner)])])]
+    return [L.Loop(plane, n * c, [L.Loop(y, ho, [L.Loop(x, wo, inner, True)], True)], True)]
 
 
 def _counted(geo: dict, attrs: dict, y: L.Var, x: L.Var, r: L.Var, s: L.Var) -> L.Expr:
@@ -252,7 +253,7 @@ def _lower_global_pool(spec: KernelSpec) -> list[L.Stmt]:
     tap = L.Load("in0", p * size + i)
     is_max = spec.op == "GlobalMaxPool"
     result = acc if is_max else acc * (1.0 / size)
-    return [L.Loop(p, planes, [
+    return [L.Loop(p, planes, parallel=True, body=[
         L.Assign(acc, L.const(NEG_INF if is_max else 0.0)),
         L.Loop(i, size, [L.Assign(acc, L.maximum(acc, tap) if is_max else acc + tap)]),
         L.Store("out0", p, activate(result, spec.activation)),
@@ -283,7 +284,7 @@ def _lower_lrn(spec: KernelSpec) -> list[L.Stmt]:
         L.Assign(acc, L.const(0.0)),
         L.Loop(j, a["size"], [L.Assign(acc, acc + L.select(inside, x_other * x_other, 0.0))]),
         L.Store("out0", center, activate(value, spec.activation)),
-    ])])])]
+    ], True)], True)], True)]
 
 
 def _bn_attrs(ctx: NodeContext) -> dict[str, Any]:
@@ -301,7 +302,8 @@ def _lower_batchnorm(spec: KernelSpec) -> list[L.Stmt]:
     index = (b * c + ch) * inner + i
     scale = L.Load("in1", ch) / L.call("sqrt", L.Load("in4", ch) + spec.attrs["epsilon"])
     value = (L.Load("in0", index) - L.Load("in3", ch)) * scale + L.Load("in2", ch)
-    return [L.Loop(b, n, [L.Loop(ch, c, [L.Loop(i, inner, [L.Store("out0", index, activate(value, spec.activation))])])])]
+    store = L.Store("out0", index, activate(value, spec.activation))
+    return [L.Loop(b, n, [L.Loop(ch, c, [L.Loop(i, inner, [store], True)], True)], True)]
 
 
 def _softmax_attrs(ctx: NodeContext) -> dict[str, Any]:
@@ -320,7 +322,7 @@ def _lower_softmax(spec: KernelSpec) -> list[L.Stmt]:
     o, t, i, mx, total = names.var("o"), names.var("t"), names.var("i"), names.local("mx"), names.local("sum")
     index = (o * a["length"] + i) * a["inner"] + t
     x = L.Load("in0", index)
-    return [L.Loop(o, a["outer"], [L.Loop(t, a["inner"], [
+    return [L.Loop(o, a["outer"], parallel=True, body=[L.Loop(t, a["inner"], parallel=True, body=[
         L.Assign(mx, L.const(NEG_INF)),
         L.Loop(i, a["length"], [L.Assign(mx, L.maximum(mx, x))]),
         L.Assign(total, L.const(0.0)),

@@ -54,7 +54,7 @@ def _lower_concat(spec: KernelSpec) -> list[L.Stmt]:
             value = activate(L.Load(f"in{i}", L.flat_index(info.shape, v)), spec.activation)
             return [L.Store("out0", L.flat_index(shape, out_index), value)]
 
-        loops, _ = L.loop_nest(names, info.shape, copy)
+        loops, _ = L.loop_nest(names, info.shape, copy, parallel=True)
         body += loops
         start += info.shape[axis]
     return body

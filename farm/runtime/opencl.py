@@ -122,9 +122,9 @@ class OpenCLModel:
                          for name, size in part["buffers"].items()}
         self._buffers.update({f"blob:{sha}": self._upload(artifact.read_member(member))
                               for sha, member in part["blobs"].items()})
-        kernels = {symbol: cl.Kernel(program, symbol) for symbol, program in programs.items()}
-        self._calls = [(kernels[step["kernel"]], (int(step["global_size"]),), [self._buffer(arg) for arg in step["args"]])
-                       for step in part["schedule"]]
+        self._calls = [(cl.Kernel(programs[step["kernel"]], name), tuple(int(n) for n in size),
+                        [self._buffer(arg) for arg in step["args"]])
+                       for step in part["schedule"] for name, size in step["launches"]]
         self.inputs = [TensorSpec(e["name"], tuple(e["shape"]), e["dtype"]) for e in manifest["inputs"]]
         self.outputs = [TensorSpec(e["name"], tuple(e["shape"]), e["dtype"]) for e in manifest["outputs"]]
         self._lock = threading.Lock()
