@@ -81,12 +81,10 @@ def submit(model: Path, targets: tuple[str, ...], output_dir: str, as_json: bool
     if not model.is_file():
         raise BadInputError(f"{model}: no such model file")
     parsed = [parse_target(t) for t in targets if not t.startswith("opencl")]
-    devices = [fp for t in targets if t.startswith("opencl") for fp in _opencl_fingerprints(t)]
+    devices = [fp for t in targets if t.startswith("opencl") for fp in _opencl_fingerprints(t, broker)]
     parsed = parsed or ([] if devices else [host_target()])
     if broker:
-        if devices:
-            raise BadInputError("--target opencl on the farm arrives with the OpenCL queues; build it locally for now")
-        _submit_to_farm(_client(broker), model, parsed, output_dir, as_json, no_wait, no_cache)
+        _submit_to_farm(_client(broker), model, parsed, output_dir, as_json, no_wait, no_cache, devices)
         return
     from farm.build import build_model
     from farm.executors import LocalExecutor
@@ -97,22 +95,24 @@ def submit(model: Path, targets: tuple[str, ...], output_dir: str, as_json: bool
     click.echo(json.dumps(result.to_json(), sort_keys=True) if as_json else result.artifact)
 
 
-def _opencl_fingerprints(target: str) -> list[str]:
-    """`opencl`: every OpenCL device this host has; `opencl:<fingerprint>`: that one (it must be here)."""
+def _opencl_fingerprints(target: str, broker: str | None) -> list[str]:
+    """`opencl`: every OpenCL device there is (on the farm's live workers, or on this host without a farm);
+    `opencl:<fingerprint>`: that one, which must be among them."""
     from farm.opencl_devices import opencl_devices
+    from farm.remote import farm_fingerprints
 
-    local = [device["fingerprint"] for device in opencl_devices()]
+    available = farm_fingerprints(broker) if broker else [device["fingerprint"] for device in opencl_devices()]
+    where = "on the farm's workers" if broker else "on this host"
     _, _, wanted = target.partition(":")
-    chosen = [wanted] if wanted else local
-    unknown = [fp for fp in chosen if fp not in local]
-    if not chosen or unknown:
-        raise BadInputError(f"--target {target}: no such OpenCL device on this host (found: {local or 'none'})")
+    chosen = [wanted] if wanted else available
+    if not chosen or any(fp not in available for fp in chosen):
+        raise BadInputError(f"--target {target}: no such OpenCL device {where} (found: {available or 'none'})")
     return chosen
 
 
 def _submit_to_farm(client, model: Path, targets: list, output_dir: str, as_json: bool, no_wait: bool,
-                    no_cache: bool) -> None:
-    job_id = client.submit(model, targets, no_cache=no_cache)
+                    no_cache: bool, devices: list[str]) -> None:
+    job_id = client.submit(model, targets, no_cache=no_cache, opencl=devices)
     if no_wait:
         click.echo(json.dumps({"job_id": job_id, "state": "queued"}) if as_json else job_id)
         return

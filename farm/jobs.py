@@ -40,7 +40,8 @@ from farm.errors import BadInputError, FarmError
 from farm.specs import CODEGEN_VERSION, BlobSpec, KernelSpec, canonical_json
 from farm.store import CorruptEntryError, MissingEntryError, Store, StoreUnreachableError
 
-Dispatch = Callable[[str, list[Any]], None]
+Dispatch = Callable[..., None]
+"""dispatch(task_name, args, queue=None): enqueue a task (on its fixed queue unless one is given)."""
 
 
 def unit_to_json(unit: CompileUnit) -> dict[str, Any]:
@@ -79,14 +80,31 @@ class Farm:
         todo = [u for u in units if record.get("no_cache") == "True" or not self._cached(u)]
         if "total" in record:
             todo = [u for u in todo if not self.board.is_complete(job_id, "compile", u.name)]
-        counts = {"total": int(record.get("total", len(todo))), "kernels": sum(u.kind == "kernel" for u in units),
-                  "blobs": sum(u.kind == "blob" for u in units), "targets_total": len(targets)}
-        link_plan = self.store.put(self._link_plan(plan, targets, units, record))
+        fingerprints = json.loads(record.get("opencl", "[]"))
+        cl_todo = self._cl_todo(job_id, plan, fingerprints, record)
+        counts = {"total": int(record.get("total", len(todo) + len(cl_todo))),
+                  "kernels": sum(u.kind == "kernel" for u in units), "blobs": sum(u.kind == "blob" for u in units),
+                  "targets_total": len(targets)}
+        link_plan = self.store.put(self._link_plan(plan, targets, units, record, fingerprints))
         if not self.board.advance(job_id, JobState.COMPILING, plan_key=link_plan, **counts):
             return
+        for name, spec, fp in cl_todo:
+            self.dispatch("farm.compile_cl_kernel", [job_id, name, spec.op, fp, spec.to_json()], f"opencl.{fp}")
         self._dispatch_units(job_id, plan, todo)
-        if not todo:
+        if fingerprints:
+            for data in plan.blobs.values():
+                self.store.put(memoryview(data).cast("B"))
+        if not todo and not cl_todo:
             self._start_linking(job_id, targets)
+
+    def _cl_todo(self, job_id: str, plan, fingerprints: list[str], record: dict[str, str]) -> list[tuple]:
+        """(unit name, spec, fingerprint) of every OpenCL binary to build: not cached, not already finished."""
+        from farm.opencl_build import binary_member, opencl_kernels
+
+        wanted = [(binary_member(fp, spec.symbol), spec, fp) for fp in fingerprints for spec in opencl_kernels(plan)]
+        return [(name, spec, fp) for name, spec, fp in wanted
+                if (record.get("no_cache") == "True" or not self._has_ref(cl_ref(spec, fp)))
+                and not self.board.is_complete(job_id, "compile", name)]
 
     def _dispatch_units(self, job_id: str, plan, todo: list[CompileUnit]) -> None:
         """Kernels first, so that workers compile while this task is still putting weight bytes in the store;
@@ -116,10 +134,14 @@ class Farm:
             return plan_model(path)
 
     def _cached(self, unit: CompileUnit) -> bool:
-        key = self.store.get_ref(unit.cache_ref)
+        return self._has_ref(unit.cache_ref)
+
+    def _has_ref(self, ref: str) -> bool:
+        key = self.store.get_ref(ref)
         return key is not None and self.store.has(key)
 
-    def _link_plan(self, plan, targets: list[CpuTarget], units: list[CompileUnit], record: dict[str, str]) -> bytes:
+    def _link_plan(self, plan, targets: list[CpuTarget], units: list[CompileUnit], record: dict[str, str],
+                   fingerprints: list[str]) -> bytes:
         """What link and finish need, as JSON in the store: unit refs, schedules, link order, the manifest."""
         names = [u.name for u in units]
         return json.dumps({
@@ -127,6 +149,7 @@ class Farm:
             "units": {u.name: {**unit_to_json(u), "ref": u.cache_ref, "data_key": _data_key(u)} for u in units},
             "targets": [{"target": t.to_json(), "schedule": schedule_for(plan, t), "order": link_order(names, t)}
                         for t in targets],
+            **({"opencl": _opencl_link_plan(plan, fingerprints)} if fingerprints else {}),
         }, sort_keys=True).encode()
 
     # -- compile -------------------------------------------------------------------------------------------------
@@ -134,20 +157,35 @@ class Farm:
     def compile(self, job_id: str, unit_json: dict[str, Any], data_key: str | None) -> None:
         """Build one unit into the store (its cache ref points at the object), then count it done."""
         unit = unit_from_json(unit_json)
-        if self.board.is_over(job_id) or self.board.is_complete(job_id, "compile", unit.name):
+        self._build_unit(job_id, unit.name, unit.kind, lambda: self._build_into_store(unit, data_key))
+
+    def compile_cl(self, job_id: str, name: str, spec_json: dict[str, Any], device_fingerprint: str) -> None:
+        """Build one kernel's program binary on this worker's device into the store, then count it done."""
+        from farm.codegen.opencl import compile_cl_kernel
+
+        spec = KernelSpec.from_json(spec_json)
+
+        def build() -> None:
+            key = self.store.put(compile_cl_kernel(spec, device_fingerprint))
+            self.store.set_ref(cl_ref(spec, device_fingerprint), key)
+
+        self._build_unit(job_id, name, "OpenCL kernel", build)
+
+    def _build_unit(self, job_id: str, name: str, kind: str, build: Callable[[], object]) -> None:
+        if self.board.is_over(job_id) or self.board.is_complete(job_id, "compile", name):
             return
-        if not self._below_delivery_cap(job_id, unit.name):
+        if not self._below_delivery_cap(job_id, name):
             return
-        self.before_build(unit.name)
+        self.before_build(name)
         try:
-            self._build_into_store(unit, data_key)
+            build()
         except StoreUnreachableError:
             raise
         except FarmError as error:
-            self.board.fail(job_id, f"{unit.kind} {unit.name} failed: {error}", error.exit_status, unit.name)
+            self.board.fail(job_id, f"{kind} {name} failed: {error}", error.exit_status, name)
             return
         record = self.board.get(job_id) or {}
-        if self.board.complete(job_id, "compile", unit.name) == int(record.get("total", -2)):
+        if self.board.complete(job_id, "compile", name) == int(record.get("total", -2)):
             self._start_linking(job_id, [CpuTarget.from_json(t) for t in json.loads(record["targets"])])
 
     def _below_delivery_cap(self, job_id: str, name: str) -> bool:
@@ -165,10 +203,20 @@ class Farm:
         return key
 
     def _start_linking(self, job_id: str, targets: list[CpuTarget]) -> None:
+        """Link every CPU target; with none (an OpenCL-only job) go straight to finish."""
         if not self.board.advance(job_id, JobState.LINKING):
             return
         for target in targets:
             self.dispatch("farm.link", [job_id, target.id])
+        if not targets:
+            self.dispatch("farm.finish", [job_id])
+
+    def _opencl_members(self, part: dict[str, Any]) -> dict[str, bytes]:
+        """Sources (kept in the link plan), binaries (by their cache refs) and weights (by sha256) from the store."""
+        members = {member: source.encode() for member, source in part["sources"].items()}
+        members.update({member: self.store.get(self.store.get_ref(ref)) for member, ref in part["binaries"].items()})
+        members.update({member: self.store.get(sha) for member, sha in part["weights"].items()})
+        return members
 
     # -- link and finish -----------------------------------------------------------------------------------------
 
@@ -209,9 +257,28 @@ class Farm:
         manifest = complete_manifest(link_plan["manifest"], shas)
         members = {library_member(CpuTarget.from_json(t["target"])): self.store.get(record[f"library:{t['target']['id']}"])
                    for t in link_plan["targets"]}
+        if "opencl" in link_plan:
+            manifest["opencl"] = link_plan["opencl"]["section"]
+            members.update(self._opencl_members(link_plan["opencl"]))
         artifact_key = self.store.put(artifact_bytes(manifest, members))
         self.store.set_ref(artifact_ref(record), artifact_key)
         self.board.advance(job_id, JobState.DONE, artifact_key=artifact_key, finished=time.time())
+
+
+def _opencl_link_plan(plan, fingerprints: list[str]) -> dict[str, Any]:
+    """What finish needs for the artifact's OpenCL part: the section, sources, binary refs and weight keys."""
+    from farm.opencl_build import binary_member, opencl_kernels, opencl_layout
+
+    section, sources = opencl_layout(plan, fingerprints)
+    return {"section": section, "sources": {m: text.decode() for m, text in sources.items()},
+            "binaries": {binary_member(fp, spec.symbol): cl_ref(spec, fp)
+                         for fp in fingerprints for spec in opencl_kernels(plan)},
+            "weights": {f"weights/{sha}.bin": sha for sha in plan.blobs}}
+
+
+def cl_ref(spec: KernelSpec, device_fingerprint: str) -> str:
+    """The cache ref of a kernel's program binary for one device."""
+    return f"clkernel:{device_fingerprint}:{spec.key}"
 
 
 def _submitted_path(message: str) -> str:

@@ -27,20 +27,30 @@ def binary_jobs(plan: BuildPlan, fingerprints: Sequence[str]) -> list[Job]:
             for fp in fingerprints for spec in opencl_kernels(plan)]
 
 
-def opencl_part(plan: BuildPlan, fingerprints: Sequence[str],
-                run: Callable[[list[Job]], list[bytes]]) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """The manifest's `opencl` section and the artifact members it names."""
-    jobs = binary_jobs(plan, fingerprints)
-    members = {f"{job.name}.bin": binary for job, binary in zip(jobs, run(jobs))}
-    kernels = []
+def opencl_layout(plan: BuildPlan, fingerprints: Sequence[str]) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The manifest's `opencl` section and its source members (binaries and weights are added by the caller)."""
+    kernels, members = [], {}
     for spec in opencl_kernels(plan):
         members[f"opencl/source/{spec.symbol}.cl"] = kernel_source(spec).encode()
         kernels.append({"symbol": spec.symbol, "source": f"opencl/source/{spec.symbol}.cl",
-                        "binaries": {fp: f"opencl/{fp}/{spec.symbol}.bin" for fp in fingerprints}})
-    members.update({f"weights/{sha}.bin": data.tobytes() for sha, data in plan.blobs.items()})
+                        "binaries": {fp: binary_member(fp, spec.symbol) for fp in fingerprints}})
     section = {"devices": list(fingerprints), "kernels": kernels, "schedule": _schedule(plan),
                "buffers": dict(sorted(plan.memory.sizes.items())),
                "blobs": {sha: f"weights/{sha}.bin" for sha in sorted(plan.blobs)}}
+    return section, members
+
+
+def binary_member(fingerprint: str, symbol: str) -> str:
+    return f"opencl/{fingerprint}/{symbol}.bin"
+
+
+def opencl_part(plan: BuildPlan, fingerprints: Sequence[str],
+                run: Callable[[list[Job]], list[bytes]]) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The manifest's `opencl` section and the artifact members it names, binaries built by `run`."""
+    section, members = opencl_layout(plan, fingerprints)
+    members.update({f"weights/{sha}.bin": data.tobytes() for sha, data in plan.blobs.items()})
+    jobs = binary_jobs(plan, fingerprints)
+    members.update({f"{job.name}.bin": binary for job, binary in zip(jobs, run(jobs))})
     return section, members
 
 

@@ -36,7 +36,8 @@ class FarmClient:
             self._store = open_store(defaults.store_url(self.broker))
         return self._store
 
-    def submit(self, model_path: str | os.PathLike, targets: Sequence[Any], no_cache: bool = False) -> str:
+    def submit(self, model_path: str | os.PathLike, targets: Sequence[Any], no_cache: bool = False,
+               opencl: Sequence[str] = ()) -> str:
         """Store the model, record the job and enqueue its planning on the farm; returns the job id."""
         path = Path(model_path)
         if not path.is_file():
@@ -45,7 +46,8 @@ class FarmClient:
         job_id = uuid.uuid4().hex[:16]
         self.board.create(job_id, {"model_key": self.store.put(data), "model_name": path.stem,
                                    "model_sha256": hashlib.sha256(data).hexdigest(), "no_cache": no_cache,
-                                   "targets": [t.to_json() for t in targets], "submitted_from": os.uname().nodename})
+                                   "targets": [t.to_json() for t in targets], "opencl": list(opencl),
+                                   "submitted_from": os.uname().nodename})
         from tasks.app import make_app
 
         make_app(self.broker).send_task("farm.plan_job", args=[job_id], queue="control",
@@ -110,6 +112,13 @@ def raise_for_state(status: dict[str, Any]) -> None:
         raise error(f"job {status['job_id']} failed: {status.get('error', 'unknown error')}")
     if status["state"] == JobState.CANCELLED.value:
         raise JobError(f"job {status['job_id']} was cancelled")
+
+
+def farm_fingerprints(broker: str) -> list[str]:
+    """Fingerprints of every OpenCL device that a worker advertises (sorted, each once)."""
+    board = JobBoard(broker)
+    advertised = board.call(board.redis.hgetall, "farm:workers").values()
+    return sorted({device["fingerprint"] for caps in advertised for device in json.loads(caps).get("opencl", [])})
 
 
 def list_workers(broker: str, timeout: float = 1.0) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from farm.store import StoreUnreachableError
 
 QUEUES = {"farm.plan_job": "control", "farm.finish": "control", "farm.compile_cpu_kernel": "llvm",
           "farm.pack_blob": "llvm", "farm.link": "llvm"}
+"""Fixed routes; farm.compile_cl_kernel goes to the queue of its device, opencl.<fingerprint>."""
 
 
 def make_app(broker: str | None = None) -> Celery:
@@ -58,14 +59,14 @@ def farm_context():
                 before_build=die_if_told)
 
 
-def dispatch(task_name: str, args: list[Any]) -> None:
+def dispatch(task_name: str, args: list[Any], queue: str | None = None) -> None:
     """Enqueue a task on a fresh broker connection, retrying through a Redis restart: kombu's own publish retry can
     fail on a channel the outage broke (AttributeError inside kombu), so each attempt starts from scratch."""
     attempts = defaults.worker_redis_retries()
     for attempt in range(attempts + 1):
         try:
             with app.connection_for_write() as connection:
-                app.send_task(task_name, args=args, queue=QUEUES[task_name], connection=connection,
+                app.send_task(task_name, args=args, queue=queue or QUEUES[task_name], connection=connection,
                               retry=False)
             return
         except (OperationalError, ConnectionError, AttributeError):
@@ -111,6 +112,11 @@ def compile_cpu_kernel(job_id: str, unit: str, op: str, target: str, unit_json: 
 @app.task(name="farm.pack_blob", **RETRYABLE)
 def pack_blob(job_id: str, unit: str, target: str, unit_json: dict[str, Any], data_key: str) -> None:
     farm_context().compile(job_id, unit_json, data_key)
+
+
+@app.task(name="farm.compile_cl_kernel", **RETRYABLE)
+def compile_cl_kernel(job_id: str, unit: str, op: str, device: str, spec_json: dict[str, Any]) -> None:
+    farm_context().compile_cl(job_id, unit, spec_json, device)
 
 
 @app.task(name="farm.link", **RETRYABLE)

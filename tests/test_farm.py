@@ -190,3 +190,27 @@ def test_corrupt_store_entries_are_rebuilt_never_shipped(farm_factory, resnet, t
     assert client.get(kernel_chunk) != bad_kernel and client.get(artifact_chunk) != bad_artifact
 
 
+
+
+def test_opencl_tasks_go_to_the_worker_that_has_the_device(farm_factory, tmp_path):
+    from farm.codegen.targets import host_target
+    from farm.opencl_devices import opencl_devices
+
+    model = tmp_path / "small_cnn.onnx"
+    onnx.save(examples.small_cnn(), model)
+    (tmp_path / "no-icd").mkdir()
+    farm = farm_factory(workers=0)
+    with_device = farm.add_worker("gpu@test")
+    without = farm.add_worker("cpu@test", env={"OCL_ICD_VENDORS": str(tmp_path / "no-icd")})
+    fingerprint = opencl_devices()[0]["fingerprint"]
+    job = _submit(farm, model, tmp_path, "--target", "cpu", "--target", "opencl")
+    local = build_model(model, tmp_path / "local", [host_target()], executor=LocalExecutor(1), opencl=[fingerprint])
+    assert _sha(job["artifact"]) == _sha(local.artifact)
+    def received(worker) -> int:
+        return sum("Task farm.compile_cl_kernel[" in line and line.endswith("received")
+                   for line in worker.log_path.read_text().splitlines())
+
+    assert received(with_device) == job["kernels"] and received(without) == 0
+    queues = {w["name"]: w["queues"] for w in json.loads(farm_cli("workers", "--json", broker=farm.url,
+                                                                  cwd=tmp_path).stdout)}
+    assert f"opencl.{fingerprint}" in queues["gpu@test"] and f"opencl.{fingerprint}" not in queues["cpu@test"]

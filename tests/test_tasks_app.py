@@ -80,9 +80,9 @@ def test_routes(task: str, queue: str) -> None:
 
 
 def test_every_farm_task_is_registered_as_a_farm_task() -> None:
-    assert {name for name in app.tasks if name.startswith("farm.")} == TASK_NAMES
-    assert set(QUEUES) == TASK_NAMES
-    for name in TASK_NAMES:
+    assert {name for name in app.tasks if name.startswith("farm.")} == TASK_NAMES | {"farm.compile_cl_kernel"}
+    assert set(QUEUES) == TASK_NAMES  # farm.compile_cl_kernel is routed per call, to opencl.<fingerprint>
+    for name in TASK_NAMES | {"farm.compile_cl_kernel"}:
         assert isinstance(app.tasks[name], FarmTask), name  # retried while Redis is away; fails its job at last
 
 
