@@ -18,7 +18,7 @@ from typing import Any
 from farm import defaults
 from farm.atomic import write_atomically
 from farm.board import TERMINAL, JobBoard, JobState
-from farm.errors import BadInputError, ExitStatus, JobError
+from farm.errors import BadInputError, BuildError, ExitStatus, JobError
 from farm.store import Store, StoreUnreachableError, open_store, redact_url
 
 
@@ -105,8 +105,6 @@ class FarmClient:
 
 def raise_for_state(status: dict[str, Any]) -> None:
     """Turn a failed or cancelled job into the error (and exit status) the CLI reports."""
-    from farm.errors import BuildError
-
     if status["state"] == JobState.FAILED.value:
         error = BadInputError if status.get("exit_status") == ExitStatus.BAD_INPUT else BuildError
         raise error(f"job {status['job_id']} failed: {status.get('error', 'unknown error')}")

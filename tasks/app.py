@@ -88,10 +88,8 @@ class FarmTask(Task):
             farm_context().board.fail(args[0], f"{self.name} failed: {type(exc).__name__}: {exc}")
 
 
-RETRYABLE = {"base": FarmTask}
 
-
-@app.task(name="farm.plan_job", **RETRYABLE)
+@app.task(name="farm.plan_job", base=FarmTask)
 def plan_job(job_id: str) -> None:
     farm_context().plan_job(job_id)
 
@@ -104,26 +102,26 @@ def die_if_told(unit: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-@app.task(name="farm.compile_cpu_kernel", **RETRYABLE)
+@app.task(name="farm.compile_cpu_kernel", base=FarmTask)
 def compile_cpu_kernel(job_id: str, unit: str, op: str, target: str, unit_json: dict[str, Any]) -> None:
     farm_context().compile(job_id, unit_json, None)
 
 
-@app.task(name="farm.pack_blob", **RETRYABLE)
+@app.task(name="farm.pack_blob", base=FarmTask)
 def pack_blob(job_id: str, unit: str, target: str, unit_json: dict[str, Any], data_key: str) -> None:
     farm_context().compile(job_id, unit_json, data_key)
 
 
-@app.task(name="farm.compile_cl_kernel", **RETRYABLE)
+@app.task(name="farm.compile_cl_kernel", base=FarmTask)
 def compile_cl_kernel(job_id: str, unit: str, op: str, device: str, spec_json: dict[str, Any]) -> None:
     farm_context().compile_cl(job_id, unit, spec_json, device)
 
 
-@app.task(name="farm.link", **RETRYABLE)
+@app.task(name="farm.link", base=FarmTask)
 def link(job_id: str, target: str) -> None:
     farm_context().link(job_id, target)
 
 
-@app.task(name="farm.finish", **RETRYABLE)
+@app.task(name="farm.finish", base=FarmTask)
 def finish(job_id: str) -> None:
     farm_context().finish(job_id)
