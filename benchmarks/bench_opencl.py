@@ -1,37 +1,66 @@
 #!/usr/bin/env python3
 """Time to first result (load + first inference) of a ResNet-18-style model on this host's OpenCL device, in one
-run: from the artifact's shipped binaries, from a serial source build, and from farm's parallel source build.
+run: from the artifact's shipped binaries, from farm's parallel source build, and from two serial source builds.
 
-PoCL's own kernel cache is switched off (POCL_KERNEL_CACHE=0), so every source build really compiles. Each
-measurement starts from an empty farm cache.
+- serial source build, binaries kept: farm's runtime limited to one process, the same work as the parallel build
+  (build every kernel, compile its launches, read the binary back for the cache), one kernel after another.
+- serial source build, nothing kept: what a runtime without a binary cache does (MACE's fallback, TVM): build each
+  kernel from source in turn and let the first run compile the launches; cheaper once, paid on every start.
 
-Usage: python3 benchmarks/bench_opencl.py [--no-fail]. Bars (issue 4): shipped binaries >= 20x faster than the
-serial source build; parallel source build >= 1.6x faster than serial on 2 cores.
+Each measurement is a fresh process with an empty farm cache and an empty PoCL cache directory (PoCL's kernel
+cache on, as an app's first start would find it), so every source build really compiles; the clock starts after
+the OpenCL platform is up (common to every row) and stops at the first inference's outputs. Each row is the
+median of --repeat runs.
+
+Usage: python3 benchmarks/bench_opencl.py [--no-fail] [--repeat N]. Bars (issue 4): shipped binaries >= 20x
+faster than the serial source build (the cheaper serial row); parallel source build >= 1.6x faster than the
+serial build of the same work, on 2 cores.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
 
-os.environ["POCL_KERNEL_CACHE"] = "0"
+import numpy as np
+import onnx
+from report import markdown_table
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import onnx  # noqa: E402
-from report import markdown_table  # noqa: E402
-
-from farm import examples, runtime  # noqa: E402
-from farm.artifact import open_artifact, write_artifact  # noqa: E402
-from farm.build import build_model  # noqa: E402
-from farm.executors import LocalExecutor  # noqa: E402
-from farm.opencl_devices import BUILD_OPTIONS, opencl_devices  # noqa: E402
+from farm import examples
+from farm.artifact import open_artifact, write_artifact
+from farm.build import build_model
+from farm.executors import LocalExecutor
+from farm.opencl_devices import BUILD_OPTIONS, opencl_devices
+from farm.runtime.opencl import OpenCLModel, this_device
 
 SHIPPED_BAR, PARALLEL_BAR = 20.0, 1.6
+
+
+class UncachedSerialModel(OpenCLModel):
+    """A runtime without a binary cache: each kernel built from source in turn, launches compiled by the first run."""
+
+    def load_programs(self, kernels: list[dict[str, Any]]) -> dict[str, Any]:
+        import pyopencl as cl
+
+        return {k["symbol"]: cl.Program(self.context, self.loader.artifact.read_member(k["source"]).decode())
+                .build(options=BUILD_OPTIONS.split()) for k in kernels}
+
+
+# scenario: (artifact to load: the real one or the one without binaries for this device, model class, options)
+SCENARIOS: dict[str, tuple[str, type[OpenCLModel], dict[str, Any]]] = {
+    "shipped binaries": ("shipped", OpenCLModel, {}),
+    "parallel source build, binaries kept (farm)": ("no_device", OpenCLModel, {}),
+    "serial source build, binaries kept": ("no_device", OpenCLModel, {"build_processes": 1}),
+    "serial source build, nothing kept": ("no_device", UncachedSerialModel, {}),
+}
 
 
 def for_no_device(artifact: str, folder: Path) -> str:
@@ -44,59 +73,66 @@ def for_no_device(artifact: str, folder: Path) -> str:
     return write_artifact(folder / "no_device.farm", manifest, members)
 
 
-def first_result(artifact: str, feeds: dict, cache: Path) -> float:
+def measure(scenario: str, folder: Path) -> float:
+    """In this (fresh) process: seconds from opening the artifact to the first inference's outputs."""
+    which, model_class, options = SCENARIOS[scenario]
+    feeds = dict(np.load(folder / "feeds.npz"))
+    this_device()
     started = time.perf_counter()
-    runtime.load(artifact, device="opencl", cache_dir=cache).run(feeds)
+    model_class(open_artifact(folder / f"{which}.farm"), folder / f"cache-{time.time_ns()}", **options).run(feeds)
     return time.perf_counter() - started
 
 
-def serial_first_result(artifact: str, feeds: dict, cache: Path) -> float:
-    """Build every kernel from source one after another (what a runtime without binaries does), then run."""
-    import pyopencl as cl
+def measure_in_a_fresh_process(scenario: str, folder: Path) -> float:
+    with tempfile.TemporaryDirectory(prefix="pocl-cache-") as pocl_cache:
+        env = {**os.environ, "POCL_CACHE_DIR": pocl_cache, "POCL_KERNEL_CACHE": "1"}
+        done = subprocess.run([sys.executable, __file__, "--measure", scenario, str(folder)], env=env,
+                              capture_output=True, text=True, check=True)
+    return float(done.stdout.split()[-1])
 
-    from farm.runtime.opencl import this_device
 
-    started = time.perf_counter()
-    context, _, _ = this_device()
-    opened = open_artifact(artifact)
-    for kernel in opened.manifest["opencl"]["kernels"]:
-        cl.Program(context, opened.read_member(kernel["source"]).decode()).build(options=BUILD_OPTIONS.split())
-    built = time.perf_counter() - started
-    return built + first_result(artifact, feeds, cache)
+def prepare(folder: Path, fingerprint: str) -> int:
+    """Build the model for the device; write shipped.farm, no_device.farm and feeds.npz; return the kernel count."""
+    model = examples.resnet18_style()
+    onnx.save(model, folder / "resnet18_style.onnx")
+    with LocalExecutor() as executor:
+        artifact = build_model(folder / "resnet18_style.onnx", folder, executor=executor, opencl=[fingerprint]).artifact
+    os.replace(artifact, folder / "shipped.farm")
+    for_no_device(str(folder / "shipped.farm"), folder)
+    np.savez(folder / "feeds.npz", **examples.random_input(model))
+    return len(open_artifact(folder / "shipped.farm").manifest["opencl"]["kernels"])
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--no-fail", action="store_true")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--measure", nargs=2, metavar=("SCENARIO", "FOLDER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.measure:
+        print(f"{measure(args.measure[0], Path(args.measure[1])):.6f}")
+        return 0
     devices = opencl_devices()
     if not devices:
         print("no OpenCL device", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="farm-bench-cl-") as name:
         folder = Path(name)
-        model = examples.resnet18_style()
-        onnx.save(model, folder / "resnet18_style.onnx")
-        with LocalExecutor() as executor:
-            artifact = build_model(folder / "resnet18_style.onnx", folder, executor=executor,
-                                   opencl=[devices[0]["fingerprint"]]).artifact
-        feeds = examples.random_input(model)
-        no_device = for_no_device(artifact, folder)
-        kernels = len(open_artifact(artifact).manifest["opencl"]["kernels"])
-        shipped = first_result(artifact, feeds, folder / "cache-shipped")
-        parallel = first_result(no_device, feeds, folder / "cache-parallel")
-        serial = serial_first_result(no_device, feeds, folder / "cache-serial")
-    rows = [["shipped binaries", f"{shipped:.3f}"], ["parallel source build (farm)", f"{parallel:.3f}"],
-            ["serial source build", f"{serial:.3f}"]]
+        kernels = prepare(folder, devices[0]["fingerprint"])
+        seconds = {scenario: statistics.median(measure_in_a_fresh_process(scenario, folder)
+                                               for _ in range(args.repeat)) for scenario in SCENARIOS}
     print(f"device: {devices[0]['device']} ({devices[0]['platform_version']}); {kernels} kernels; "
-          f"cores: {os.cpu_count()}\n")
-    print(markdown_table(["time to first result", "seconds"], rows))
-    bars = [["shipped vs serial source build", f"{serial / shipped:.1f}x", f">= {SHIPPED_BAR:.0f}x",
-             "PASS" if serial / shipped >= SHIPPED_BAR else "FAIL"],
-            ["parallel vs serial source build", f"{serial / parallel:.2f}x", f">= {PARALLEL_BAR}x",
-             "PASS" if serial / parallel >= PARALLEL_BAR else "FAIL"]]
+          f"cores: {os.cpu_count()}; median of {args.repeat}; load average {os.getloadavg()[0]:.2f}\n")
+    print(markdown_table(["time to first result", "seconds"], [[s, f"{t:.3f}"] for s, t in seconds.items()]))
+    shipped, parallel, serial, uncached = seconds.values()
+    cheapest_serial = min(serial, uncached)
+    bars = [["shipped vs the cheaper serial source build", f"{cheapest_serial / shipped:.1f}x", f">= {SHIPPED_BAR:.0f}x",
+             "PASS" if cheapest_serial / shipped >= SHIPPED_BAR else "FAIL"],
+            ["parallel vs serial source build (binaries kept)", f"{serial / parallel:.2f}x", f">= {PARALLEL_BAR}x",
+             "PASS" if serial / parallel >= PARALLEL_BAR else "FAIL"],
+            ["parallel vs serial source build (nothing kept)", f"{uncached / parallel:.2f}x", "(reported)", ""]]
     print("\n" + markdown_table(["bar", "measured", "limit", "result"], bars))
-    return 0 if args.no_fail or all(b[3] == "PASS" for b in bars) else 1
+    return 0 if args.no_fail or all(b[3] != "FAIL" for b in bars) else 1
 
 
 if __name__ == "__main__":

@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from farm.codegen.opencl import compile_cl_kernel, kernel_source
-from farm.codegen.opencl_render import launches
+from farm.codegen.opencl import compile_cl_kernel, kernel_launches, kernel_source
 from farm.executors import Job
-from farm.ops import lower_kernel
+from farm.ops import argument_bytes
 from farm.plan import BuildPlan, for_target
 from farm.specs import KernelSpec
 
@@ -33,6 +32,8 @@ def opencl_layout(plan: BuildPlan, fingerprints: Sequence[str]) -> tuple[dict[st
     for spec in opencl_kernels(plan):
         members[f"opencl/source/{spec.symbol}.cl"] = kernel_source(spec).encode()
         kernels.append({"symbol": spec.symbol, "source": f"opencl/source/{spec.symbol}.cl",
+                        "launches": [[name, list(size)] for name, size in kernel_launches(spec)],
+                        "arguments": argument_bytes(spec),
                         "binaries": {fp: binary_member(fp, spec.symbol) for fp in fingerprints}})
     section = {"devices": list(fingerprints), "kernels": kernels, "schedule": _schedule(plan),
                "buffers": dict(sorted(plan.memory.sizes.items())),
@@ -55,9 +56,6 @@ def opencl_part(plan: BuildPlan, fingerprints: Sequence[str],
 
 
 def _schedule(plan: BuildPlan) -> list[dict[str, Any]]:
-    steps = []
-    for step in plan.steps:
-        spec = for_target(step.spec, OPENCL_TARGET_ID)
-        steps.append({"node": step.node, "kernel": spec.symbol, "args": [f"{arg.kind}:{arg.name}" for arg in step.args],
-                      "launches": [[name, list(size)] for name, size in launches(spec.symbol, lower_kernel(spec))]})
-    return steps
+    """Each node's kernel and arguments, in order (the kernel's entry lists its launches and argument sizes)."""
+    return [{"node": step.node, "kernel": for_target(step.spec, OPENCL_TARGET_ID).symbol,
+             "args": [f"{arg.kind}:{arg.name}" for arg in step.args]} for step in plan.steps]

@@ -7,8 +7,11 @@ fingerprint hashes all of them; it names the device's queue (`opencl.<fingerprin
 from __future__ import annotations
 
 import hashlib
+import json
+import subprocess
 from typing import Any
 
+from farm.child_python import module_command
 from farm.specs import canonical_json
 
 BUILD_OPTIONS = "-cl-std=CL1.2"
@@ -40,3 +43,17 @@ def opencl_devices() -> list[dict[str, str]]:
             info = device_info(platform, device)
             devices.append({**info, "fingerprint": fingerprint(info)})
     return devices
+
+
+def opencl_devices_of_a_fresh_process() -> list[dict[str, str]]:
+    """`opencl_devices()`, asked of a child process so that this one never starts an OpenCL driver.
+
+    A process that will fork workers (Celery's prefork pool) must not: PoCL starts its device threads with the
+    platform, a forked child has none of them, and its first kernel launch waits forever.
+    """
+    listing = subprocess.run(module_command("farm.opencl_devices"), capture_output=True, text=True)
+    return json.loads(listing.stdout) if listing.returncode == 0 else []
+
+
+if __name__ == "__main__":
+    print(json.dumps(opencl_devices()))

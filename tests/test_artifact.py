@@ -141,8 +141,8 @@ def test_duplicate_member_is_refused(tmp_path: Path) -> None:
         (None, "has no manifest.json"),
         (b"{not json", "not valid JSON"),
         (b"[1, 2]", "not a JSON object"),
-        (json.dumps({"format_version": 2, "members": {}}).encode(), "format_version 2 is not supported"),
-        (json.dumps({"format_version": 1}).encode(), "no valid 'members'"),
+        (json.dumps({"format_version": 99, "members": {}}).encode(), "format_version 99 is not supported"),
+        (json.dumps({"format_version": FORMAT_VERSION}).encode(), "no valid 'members'"),
     ],
 )
 def test_bad_manifest_is_refused(tmp_path: Path, manifest: bytes | None, message: str) -> None:

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from farm import examples, runtime
-from farm.artifact import open_artifact
+from farm.artifact import FORMAT_VERSION, open_artifact
 from farm.build import build_model, job_id_for
 from farm.codegen.targets import host_target, parse_target
 from farm.errors import UnsupportedError
@@ -41,7 +41,7 @@ def test_two_builds_are_byte_identical_in_process_and_in_a_pool(small_cnn_path, 
 def test_manifest_describes_the_artifact(small_cnn_path, tmp_path):
     result = build_model(small_cnn_path, tmp_path, executor=LocalExecutor(1))
     manifest = open_artifact(result.artifact).manifest
-    assert manifest["format_version"] == 1 and manifest["farm_version"]
+    assert manifest["format_version"] == FORMAT_VERSION and manifest["farm_version"]
     assert manifest["model"]["sha256"] == _sha(small_cnn_path)
     assert [i["name"] for i in manifest["inputs"]] == ["input"]
     assert manifest["outputs"][0]["shape"] == [1, 10]

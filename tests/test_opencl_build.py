@@ -44,7 +44,7 @@ def test_the_artifact_lists_sources_binaries_weights_and_schedule(model, fingerp
         assert kernel["source"] in members and kernel["binaries"][fingerprint] in members
         assert f"__kernel void {kernel['symbol']}_0(" in artifact.read_member(kernel["source"]).decode()
     assert set(part["blobs"].values()) <= set(members)
-    assert [step["kernel"] for step in part["schedule"]] and all(s["launches"] for s in part["schedule"])
+    assert [step["kernel"] for step in part["schedule"]] and all(k["launches"] and k["arguments"] for k in part["kernels"])
     assert f"opencl:{fingerprint}" in result.targets
 
 

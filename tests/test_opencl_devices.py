@@ -75,3 +75,11 @@ def test_no_platform_means_no_devices(tmp_path: Path) -> None:
 
 def test_no_pyopencl_means_no_devices() -> None:
     assert _devices_in_a_fresh_process({}, "import sys; sys.modules['pyopencl'] = None\n") == []
+
+
+def test_a_fresh_process_lists_the_same_devices_without_starting_a_driver_here() -> None:
+    code = ("import json, sys; from farm.opencl_devices import opencl_devices_of_a_fresh_process as listed; "
+            "devices = listed(); print(json.dumps([devices, 'pyopencl' in sys.modules]))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    devices, imported_pyopencl = json.loads(done.stdout)
+    assert devices == opencl_devices() and not imported_pyopencl

@@ -88,6 +88,30 @@ def test_kernels_match_onnxruntime_on_pocl(name, context, tmp_path):
     assert np.abs(ours - reference).max() <= 1e-4 * max(1.0, np.abs(reference).max())
 
 
+@pytest.mark.parametrize("m, n", [(8, 16), (5, 12), (6, 7), (1, 1)])
+def test_register_tiled_gemm_matches_numpy_with_offsets_and_leading_dimensions(context, m, n):
+    k, lda, ldb, ldc, (a_at, b_at, c_at) = 9, 11, n + 3, n + 1, (3, 2, 1)
+    rng = np.random.default_rng(m * n)
+    a, b = (rng.standard_normal(size).astype(np.float32) for size in (a_at + m * lda, b_at + k * ldb))
+    gemm = L.Gemm("in0", L.const(a_at, L.I64), lda, "in1", L.const(b_at, L.I64), ldb, "out0", L.const(c_at, L.I64),
+                  ldc, m, n, k)
+    kernel = L.LoopKernel([L.Param("out0", output=True), L.Param("in0"), L.Param("in1")], [gemm])
+    program = cl.Program(context, render_opencl("k", kernel)).build()
+    queue = cl.CommandQueue(context)
+    flags = cl.mem_flags
+    c = np.full(c_at + m * ldc, 7.0, np.float32)
+    buffers = [cl.Buffer(context, flags.READ_WRITE | flags.COPY_HOST_PTR, hostbuf=array) for array in (c, a, b)]
+    for name, size in launches("k", kernel):
+        getattr(program, name)(queue, size, None, *buffers)
+    cl.enqueue_copy(queue, c, buffers[0])
+    queue.finish()
+    a_panel = a[a_at:].reshape(m, lda)[:, :k]
+    b_panel = b[b_at:].reshape(k, ldb)[:, :n]
+    written = c[c_at:].reshape(m, ldc)
+    np.testing.assert_allclose(written[:, :n], a_panel @ b_panel, rtol=1e-5, atol=1e-5)
+    assert (written[:, n:] == 7.0).all() and c[0] == 7.0
+
+
 def test_parallel_loops_and_gemms_get_their_own_launches_and_the_rest_one_work_item():
     x, b = L.Var("i"), L.Var("b")
     store = L.Store("out0", x, L.const(1.0))
@@ -98,7 +122,7 @@ def test_parallel_loops_and_gemms_get_their_own_launches_and_the_rest_one_work_i
                                 [L.Loop(b, 1, [gemm, L.Loop(x, 15, [store], True)])])
     assert launches("k", parallel) == [("k_0", (10,))] and "get_global_id(0)" in render_opencl("k", parallel)
     assert launches("k", serial) == [("k_0", (1,))] and "get_global_id" not in render_opencl("k", serial)
-    assert launches("k", batch_of_one) == [("k_0", (3, 5)), ("k_1", (15,))]
+    assert launches("k", batch_of_one) == [("k_0", (2, 1)), ("k_1", (15,))]
     assert "const long b = 0;" in render_opencl("k", batch_of_one)
 
 

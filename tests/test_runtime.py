@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from llvmlite import ir
 
-from farm.artifact import write_artifact
+from farm.artifact import FORMAT_VERSION, write_artifact
 from farm.errors import ArtifactError, RunInputError
 from farm.runtime import TensorSpec, load
 from farm.runtime.host import Host, choose_target, this_host
@@ -76,7 +76,7 @@ def _host_target() -> dict[str, Any]:
 
 def _write(path: Path, library: bytes, targets: list[dict[str, Any]]) -> Path:
     manifest = {
-        "format_version": 1,
+        "format_version": FORMAT_VERSION,
         "farm_version": "0.1.0",
         "model": {"name": "affine", "sha256": "0" * 64},
         "inputs": [{"name": "x", "shape": [1, COUNT], "dtype": "float32", "offset": IN_OFFSET}],

@@ -12,16 +12,16 @@ import socket
 from typing import Any
 
 from farm.codegen.targets import host_target
-from farm.opencl_devices import opencl_devices
+from farm.opencl_devices import opencl_devices_of_a_fresh_process
 
 WORKERS_KEY = "farm:workers"
 
 
 def detect_capabilities() -> dict[str, Any]:
-    """This host's CPU (triple, cpu name, features) and OpenCL devices."""
+    """This host's CPU (triple, cpu name, features) and OpenCL devices (listed by a child process: the pool forks)."""
     cpu = host_target()
     return {"host": socket.gethostname(), "pid": os.getpid(), "cpu": {"triple": cpu.triple, "cpu": cpu.cpu,
-            "features": cpu.features, "simd_floats": cpu.simd_floats}, "opencl": opencl_devices()}
+            "features": cpu.features, "simd_floats": cpu.simd_floats}, "opencl": opencl_devices_of_a_fresh_process()}
 
 
 def queues_for(capabilities: dict[str, Any]) -> list[str]:

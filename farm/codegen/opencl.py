@@ -2,17 +2,23 @@
 
 It must run on a host that owns a device with that fingerprint (a program binary is only valid for the exact
 platform, device, driver and build options the fingerprint hashes). pyopencl is imported lazily.
+
+Some drivers finish compiling only at a kernel's first launch, for the launch's work-group geometry (PoCL
+generates its work-group functions then: 0.05 s per kernel, seconds per model). Shapes are static here, so
+`build_binary` runs every launch once on zeroed scratch buffers before it reads the binary, and the binary
+carries the code for exactly the launches the runtime will make.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
-from farm.codegen.opencl_render import render_opencl
+from farm.codegen.opencl_render import launches, render_opencl
 from farm.errors import BuildError
 from farm.opencl_devices import BUILD_OPTIONS, device_info, fingerprint
-from farm.ops import lower_kernel
+from farm.ops import argument_bytes, lower_kernel
 from farm.specs import KernelSpec
 
 
@@ -46,9 +52,39 @@ def build_program(source: str, what: str, device_fingerprint: str) -> Any:
         raise BuildError(f"{what} failed to build on {device.name} ({device_fingerprint}):\n{log.strip()}") from None
 
 
-def compile_cl_kernel(spec: KernelSpec, device_fingerprint: str) -> bytes:
-    """The program binary of one kernel for one device."""
+Launch = tuple[str, Sequence[int]]
+
+
+def kernel_launches(spec: KernelSpec) -> list[Launch]:
+    """(OpenCL kernel name, global size) of every launch that runs the kernel, in order."""
+    return launches(spec.symbol, lower_kernel(spec))
+
+
+def run_launches(program: Any, launch_list: Sequence[Launch], sizes: Sequence[int]) -> None:
+    """Run every launch once on zeroed buffers of the given byte sizes (zeros keep any index argument in bounds)."""
     import pyopencl as cl
 
-    program = build_program(kernel_source(spec), f"kernel {spec.op} {spec.symbol}", device_fingerprint)
+    context = program.get_info(cl.program_info.CONTEXT)
+    queue = cl.CommandQueue(context)
+    buffers = [cl.Buffer(context, cl.mem_flags.READ_WRITE, max(int(size), 4)) for size in sizes]
+    for buffer, size in zip(buffers, sizes):
+        cl.enqueue_fill_buffer(queue, buffer, b"\0\0\0\0", 0, max(int(size), 4))
+    for name, global_size in launch_list:
+        cl.Kernel(program, name)(queue, tuple(int(n) for n in global_size), None, *buffers)
+    queue.finish()
+
+
+def build_binary(source: str, what: str, device_fingerprint: str, launch_list: Sequence[Launch],
+                 sizes: Sequence[int]) -> bytes:
+    """Build `source`, run its launches once (see the module docstring) and return the program binary."""
+    import pyopencl as cl
+
+    program = build_program(source, what, device_fingerprint)
+    run_launches(program, launch_list, sizes)
     return bytes(program.get_info(cl.program_info.BINARIES)[0])
+
+
+def compile_cl_kernel(spec: KernelSpec, device_fingerprint: str) -> bytes:
+    """The program binary of one kernel for one device, compiled for the kernel's launches."""
+    return build_binary(kernel_source(spec), f"kernel {spec.op} {spec.symbol}", device_fingerprint,
+                        kernel_launches(spec), argument_bytes(spec))

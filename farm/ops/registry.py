@@ -97,6 +97,13 @@ def lower_kernel(spec: KernelSpec) -> L.LoopKernel:
     return L.LoopKernel(params, lowering.lower(spec))
 
 
+def argument_bytes(spec: KernelSpec) -> list[int]:
+    """The byte size of each of `lower_kernel(spec)`'s parameters, in order (what a caller must allocate)."""
+    sizes = [info.nbytes for info in (*spec.outputs, *spec.inputs)]
+    scratch = LOWERINGS[spec.op].scratch_floats(spec)
+    return sizes + ([scratch * 4] if scratch else [])
+
+
 def _ir_dtype(info: TensorInfo) -> str:
     return {"float32": L.F32, "int64": L.I64}[info.dtype]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-from farm.artifact import verify
+from farm.artifact import open_artifact, verify
 from farm.errors import ArtifactError
 from farm.runtime.cache import cached_library, default_cache_dir
 from farm.runtime.host import choose_target, this_host
@@ -21,13 +21,15 @@ def load(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | No
          device: str = "cpu") -> Model:
     """Verify the artifact, choose this host's target and load its library from the cache (<cache_dir>/runtime/).
 
-    `device="opencl"` runs the artifact's OpenCL part on this host's OpenCL device instead (farm.runtime.opencl).
+    `device="opencl"` runs the artifact's OpenCL part on this host's OpenCL device instead (farm.runtime.opencl);
+    that load reads every member it uses, each checked against its sha256 as it is read, so the artifact is
+    opened without hashing it all twice.
     """
-    artifact = verify(path)
     if device == "opencl":
         from farm.runtime.opencl import OpenCLModel
 
-        return OpenCLModel(artifact, cache_dir)
+        return OpenCLModel(open_artifact(path), cache_dir)
+    artifact = verify(path)
     if device != "cpu":
         raise ArtifactError(f"unknown device {device!r}: expected 'cpu' or 'opencl'")
     targets = artifact.manifest.get("targets")

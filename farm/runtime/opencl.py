@@ -1,5 +1,6 @@
 """Running an artifact's OpenCL part: programs from the local cache, else the shipped binary for this device's
-fingerprint, else one source build of every missing kernel at once (in parallel), never a serial source build.
+fingerprint, else one source build of every missing kernel at once (in parallel, across processes:
+farm.runtime.opencl_builder), never a serial source build.
 
 The cache holds binaries under <cache root>/opencl/<fingerprint>/<sha256 of the source>-<sha256 of the binary>.bin,
 written atomically; a cached binary whose bytes don't match its name, or a binary the device rejects, falls back to
@@ -12,7 +13,6 @@ import hashlib
 import threading
 import warnings
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from farm.errors import ArtifactError
 from farm.opencl_devices import BUILD_OPTIONS, device_info, fingerprint
 from farm.runtime.cache import default_cache_dir
 from farm.runtime.model import TensorSpec, check_feeds
+from farm.runtime.opencl_builder import SourceJob, build_all
 
 
 def this_device() -> tuple[Any, Any, str]:
@@ -41,22 +42,27 @@ def _sha(data: bytes) -> str:
 
 
 class ProgramLoader:
-    """Finds a program for every kernel: cache, shipped binary, then a parallel source build of the rest."""
+    """Finds a program for every kernel: cache, shipped binary, then a parallel source build of the rest
+    (`build_processes` processes at most; default: every CPU this process may use)."""
 
     def __init__(self, artifact: Artifact, context: Any, device: Any, device_fingerprint: str,
-                 cache_dir: str | Path | None) -> None:
+                 cache_dir: str | Path | None, build_processes: int | None = None) -> None:
         self.artifact, self.context, self.device, self.fingerprint = artifact, context, device, device_fingerprint
         self.folder = Path(cache_dir if cache_dir is not None else default_cache_dir()) / "opencl" / device_fingerprint
+        self.build_processes = build_processes
         self.source_builds = 0
 
     def load_all(self, kernels: list[dict[str, Any]]) -> dict[str, Any]:
         sources = {k["symbol"]: self.artifact.read_member(k["source"]) for k in kernels}
         programs = {k["symbol"]: self._from_binaries(k, sources[k["symbol"]]) for k in kernels}
-        missing = [symbol for symbol, program in programs.items() if program is None]
-        with ThreadPoolExecutor(max(1, len(missing))) as pool:
-            built = dict(zip(missing, pool.map(lambda s: self._build_from_source(sources[s]), missing)))
+        missing = [k for k in kernels if programs[k["symbol"]] is None]
+        jobs = [SourceJob(sources[k["symbol"]].decode(), f"kernel {k['symbol']}", k["launches"], k["arguments"])
+                for k in missing]
+        for kernel, binary in zip(missing, build_all(jobs, self.fingerprint, self.build_processes)):
+            write_atomically(self._cache_path(sources[kernel["symbol"]], binary), binary)
+            programs[kernel["symbol"]] = self._program_from_binary(binary, f"kernel {kernel['symbol']}", fallback=False)
         self.source_builds += len(missing)
-        return {**programs, **built}
+        return programs
 
     def _cache_path(self, source: bytes, binary: bytes) -> Path:
         return self.folder / f"{_sha(source)}-{_sha(binary)}.bin"
@@ -86,28 +92,24 @@ class ProgramLoader:
                 return program
         return None
 
-    def _program_from_binary(self, binary: bytes, what: str) -> Any | None:
+    def _program_from_binary(self, binary: bytes, what: str, fallback: bool = True) -> Any | None:
+        """The program, or None (with a warning) when the device rejects the binary and a source build can follow."""
         import pyopencl as cl
 
         try:
             return cl.Program(self.context, [self.device], [binary]).build(options=BUILD_OPTIONS.split())
         except (cl.Error, ValueError) as error:
+            if not fallback:
+                raise ArtifactError(f"{what}: {self.device.name} rejected the binary it just built ({error})") from None
             warnings.warn(f"{what} rejected by {self.device.name} ({error}); building from source", stacklevel=2)
             return None
-
-    def _build_from_source(self, source: bytes) -> Any:
-        import pyopencl as cl
-
-        program = cl.Program(self.context, source.decode()).build(options=BUILD_OPTIONS.split())
-        binary = bytes(program.get_info(cl.program_info.BINARIES)[0])
-        write_atomically(self._cache_path(source, binary), binary)
-        return program
 
 
 class OpenCLModel:
     """A model whose kernels run on this host's OpenCL device. `run` is thread-safe (calls take turns)."""
 
-    def __init__(self, artifact: Artifact, cache_dir: str | Path | None = None) -> None:
+    def __init__(self, artifact: Artifact, cache_dir: str | Path | None = None,
+                 build_processes: int | None = None) -> None:
         import pyopencl as cl
 
         manifest = artifact.manifest
@@ -115,19 +117,23 @@ class OpenCLModel:
         if not part:
             raise ArtifactError(f"{artifact.path}: the artifact has no OpenCL part (build with --target opencl)")
         self.context, self.device, self.fingerprint = this_device()
-        self.loader = ProgramLoader(artifact, self.context, self.device, self.fingerprint, cache_dir)
-        programs = self.loader.load_all(part["kernels"])
+        self.loader = ProgramLoader(artifact, self.context, self.device, self.fingerprint, cache_dir, build_processes)
+        programs = self.load_programs(part["kernels"])
+        launches = {kernel["symbol"]: kernel["launches"] for kernel in part["kernels"]}
         self.queue = cl.CommandQueue(self.context)
         self._buffers = {name: cl.Buffer(self.context, cl.mem_flags.READ_WRITE, max(int(size), 4))
                          for name, size in part["buffers"].items()}
         self._buffers.update({f"blob:{sha}": self._upload(artifact.read_member(member))
                               for sha, member in part["blobs"].items()})
-        self._calls = [(cl.Kernel(programs[step["kernel"]], name), tuple(int(n) for n in size),
-                        [self._buffer(arg) for arg in step["args"]])
-                       for step in part["schedule"] for name, size in step["launches"]]
+        self._calls = [(self._kernel(programs[step["kernel"]], name, step["args"]), tuple(int(n) for n in size))
+                       for step in part["schedule"] for name, size in launches[step["kernel"]]]
         self.inputs = [TensorSpec(e["name"], tuple(e["shape"]), e["dtype"]) for e in manifest["inputs"]]
         self.outputs = [TensorSpec(e["name"], tuple(e["shape"]), e["dtype"]) for e in manifest["outputs"]]
         self._lock = threading.Lock()
+
+    def load_programs(self, kernels: list[dict[str, Any]]) -> dict[str, Any]:
+        """A built program per kernel symbol (the loader's cache -> shipped binary -> parallel source build)."""
+        return self.loader.load_all(kernels)
 
     @property
     def source_builds(self) -> int:
@@ -142,6 +148,15 @@ class OpenCLModel:
         flags = cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR
         return cl.Buffer(self.context, flags, hostbuf=np.frombuffer(data, np.uint8))
 
+    def _kernel(self, program: Any, name: str, args: list[str]) -> Any:
+        """One launch's kernel object with its buffers bound once (a run only enqueues it)."""
+        import pyopencl as cl
+
+        kernel = cl.Kernel(program, name)
+        for index, arg in enumerate(args):
+            kernel.set_arg(index, self._buffer(arg))
+        return kernel
+
     def _buffer(self, arg: str) -> Any:
         kind, _, name = arg.partition(":")
         return self._buffers[f"blob:{name}" if kind == "blob" else name]
@@ -153,8 +168,8 @@ class OpenCLModel:
         with self._lock:
             for spec in self.inputs:
                 cl.enqueue_copy(self.queue, self._buffers[spec.name], np.ascontiguousarray(feeds[spec.name]))
-            for kernel, size, args in self._calls:
-                kernel(self.queue, size, None, *args)
+            for kernel, size in self._calls:
+                cl.enqueue_nd_range_kernel(self.queue, kernel, size, None)
             results = {spec.name: np.empty(spec.shape, spec.dtype) for spec in self.outputs}
             for spec in self.outputs:
                 cl.enqueue_copy(self.queue, results[spec.name], self._buffers[spec.name])
