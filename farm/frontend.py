@@ -18,7 +18,7 @@ from farm.errors import ModelLoadError, UnsupportedError
 from farm.graph import Graph, Node, TensorInfo
 
 MIN_OPSET = 9
-MAX_OPSET = 21
+MAX_OPSET = 28  # the newest opset of onnx 1.23, whose conformance cases check every supported op
 DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
 
 # Initializers up to this many elements stay in the model given to shape inference (they may hold shapes that
@@ -33,7 +33,7 @@ def import_model(path: str | os.PathLike[str]) -> Graph:
     """Load the ONNX model at `path` into a Graph with static value infos, constants and named nodes.
 
     Raises ModelLoadError when the file can't be read, is not an ONNX model or refers to external data outside its
-    folder, and UnsupportedError when its ai.onnx opset is outside 9..21. Dynamic shapes and unknown ops are left
+    folder, and UnsupportedError when its ai.onnx opset is outside 9..28. Dynamic shapes and unknown ops are left
     for `validate`, which can name the node that uses them.
     """
     path = os.fspath(path)
@@ -398,7 +398,8 @@ def _dtype_name(elem_type: int) -> str:
 
 
 def validate(graph: Graph, supported_ops: Collection[str]) -> None:
-    """Refuse a graph farm can't build: an op outside `supported_ops`, a non-static shape, non-float32 model I/O.
+    """Refuse a graph farm can't build: an op outside `supported_ops`, a non-static shape, a dtype outside
+    VALUE_DTYPES.
 
     Raises UnsupportedError naming the node (op, domain, opset) and the value at fault.
     """
@@ -431,21 +432,33 @@ def _check_op(graph: Graph, node: Node, supported: frozenset[str]) -> None:
         raise _unsupported(graph, node, "op is not supported by farm")
 
 
+# Element types a computed value may have: float32 compute, int64/int32 indices and shapes, bool masks.
+VALUE_DTYPES = ("float32", "int64", "int32", "bool")
+
+
 def _check_model_io(graph: Graph, name: str, role: str, node: Node | None) -> None:
-    """A model input or output must have a static shape and dtype float32."""
+    """A model input or output must have a static shape and a dtype farm computes with."""
     _check_static(graph, name, f"model {role}", node)
-    dtype = graph.values[name].dtype
-    if dtype != "float32":
-        raise _unsupported(graph, node, f"model {role} {name!r} has dtype {dtype}; farm supports float32 only")
+    _check_dtype(graph, name, f"model {role}", node)
 
 
 def _check_node_values(graph: Graph, node: Node) -> None:
     for name in node.inputs:
         if name:
             _check_static(graph, name, "input", node)
+            if name not in graph.constants:
+                _check_dtype(graph, name, "input", node)
     for name in node.outputs:
         if name:
             _check_static(graph, name, "output", node)
+            _check_dtype(graph, name, "output", node)
+
+
+def _check_dtype(graph: Graph, name: str, role: str, node: Node | None) -> None:
+    dtype = graph.values[name].dtype
+    if dtype not in VALUE_DTYPES:
+        raise _unsupported(graph, node, f"{role} {name!r} has dtype {dtype}; farm computes with "
+                                        f"{', '.join(VALUE_DTYPES)}")
 
 
 def _check_static(graph: Graph, name: str, role: str, node: Node | None) -> None:

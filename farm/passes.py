@@ -88,14 +88,20 @@ def _identity_source(graph: Graph, node: Node, users: dict[str, list[Node]], out
 
 
 def _dropout_source(graph: Graph, node: Node, users: dict[str, list[Node]], outputs: set[str]) -> str:
-    """Inference Dropout passes input 0 through; its mask has no inference meaning, so a used mask is an error."""
+    """Inference Dropout passes input 0 through; its mask has no inference meaning, so a used mask is an error,
+    and so is training mode (random drops) unless it is a constant false."""
     mask = node.outputs[1] if len(node.outputs) > 1 else ""
     if mask and (mask in users or mask in outputs):
-        raise UnsupportedError(
-            f"Dropout mask output {mask!r} is used; farm only runs inference", node=node.name, op=node.op_type,
-            domain=node.domain, opset=graph.opset,
-        )
+        raise _inference_only(graph, node, f"Dropout mask output {mask!r} is used")
+    training = node.inputs[2] if len(node.inputs) > 2 else ""
+    if training and (training not in graph.constants or bool(np.any(graph.constants[training]))):
+        raise _inference_only(graph, node, f"Dropout training_mode input {training!r} is not a constant false")
     return node.inputs[0]
+
+
+def _inference_only(graph: Graph, node: Node, reason: str) -> UnsupportedError:
+    return UnsupportedError(f"{reason}; farm only runs inference", node=node.name, op=node.op_type,
+                            domain=node.domain, opset=graph.opset)
 
 
 # Pass-through ops: each returns the value the node's output 0 equals at inference.

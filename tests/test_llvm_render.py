@@ -365,3 +365,35 @@ def test_rendering_is_deterministic(lanes):
     blocking = GemmBlocking(rows=3, vectors=2, lanes=lanes)
     assert kernel_module_ir(sample_kernels(), host(), blocking) == kernel_module_ir(sample_kernels(), host(), blocking)
     assert compile_kernels(sample_kernels(), host(), blocking) == compile_kernels(sample_kernels(), host(), blocking)
+
+
+def mask_and_narrow_kernel(n: int) -> L.LoopKernel:
+    """mask[i] = a[i] < b[i] (int32 vs int32), flags[i] = !keep[i], wide[i] = a[i] * 2 (int32 in, int64 out),
+    narrow[i] = b[i] - 1 (int32 out): every buffer dtype's loads and stores."""
+    i = L.Var("i")
+    a, b = L.Load("a", i, L.I64), L.Load("b", i, L.I64)
+    keep = L.Load("keep", i, L.BOOL)
+    params = [L.Param("mask", L.BOOL, output=True), L.Param("flags", L.BOOL, output=True),
+              L.Param("wide", L.I64, output=True), L.Param("narrow", L.I32, output=True),
+              L.Param("a", L.I32), L.Param("b", L.I32), L.Param("keep", L.BOOL)]
+    body = [L.Store("mask", i, L.compare("lt", a, b)), L.Store("flags", i, L.select(keep, L.const(False, L.BOOL),
+                                                                                   L.const(True, L.BOOL))),
+            L.Store("wide", i, a * 2), L.Store("narrow", i, b - 1)]
+    return L.LoopKernel(params, [L.Loop(i, n, body, True)])
+
+
+def mask_and_narrow_arrays(n: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(arrays to pass, expected outputs) for _mask_and_narrow_kernel."""
+    rng = np.random.default_rng(3)
+    a, b = (rng.integers(-2**31, 2**31 - 1, n, dtype=np.int32) for _ in range(2))
+    keep = rng.integers(0, 2, n).astype(bool)
+    outputs = [np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, np.int64), np.zeros(n, np.int32)]
+    expected = [a < b, ~keep, a.astype(np.int64) * 2, (b.astype(np.int64) - 1).astype(np.int32)]
+    return outputs + [a, b, keep], expected
+
+
+def test_bool_and_int32_buffers_load_and_store_as_numpy_lays_them_out(tmp_path):
+    arrays, expected = mask_and_narrow_arrays(37)
+    results = run_kernel(mask_and_narrow_kernel(37), arrays, tmp_path)
+    for got, want in zip(results, expected):
+        np.testing.assert_array_equal(got, want)

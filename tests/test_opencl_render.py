@@ -132,3 +132,21 @@ def test_float_constants_are_exact_and_special_values_spelled_out():
     assert expr(L.const(0.1)) == f"({(0.1).hex()}f)"
     assert expr(L.const(float("inf"))) == "INFINITY" and expr(L.const(float("-inf"))) == "(-INFINITY)"
     assert expr(L.const(7)) == "7L"
+
+
+def test_bool_and_int32_buffers_load_and_store_as_numpy_lays_them_out(context):
+    from test_llvm_render import mask_and_narrow_arrays, mask_and_narrow_kernel
+
+    arrays, expected = mask_and_narrow_arrays(37)
+    kernel = mask_and_narrow_kernel(37)
+    program = cl.Program(context, render_opencl("k", kernel)).build()
+    queue = cl.CommandQueue(context)
+    flags = cl.mem_flags
+    buffers = [cl.Buffer(context, flags.READ_WRITE | flags.COPY_HOST_PTR, hostbuf=array) for array in arrays]
+    for name, size in launches("k", kernel):
+        getattr(program, name)(queue, size, None, *buffers)
+    for array, buffer in zip(arrays, buffers):
+        cl.enqueue_copy(queue, array, buffer)
+    queue.finish()
+    for got, want in zip(arrays, expected):
+        np.testing.assert_array_equal(got, want)

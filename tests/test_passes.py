@@ -333,6 +333,28 @@ def test_used_dropout_mask_is_unsupported(onnx_model_path):
         optimize(_load(onnx_model_path, model))
 
 
+@pytest.mark.parametrize("training", [True, None])  # a constant true, or a graph input
+def test_dropout_in_training_mode_is_unsupported(onnx_model_path, training):
+    nodes = [helper.make_node("Dropout", ["x", "ratio", "train"], ["y"], name="drop")]
+    constants = [("ratio", np.array(0.5, np.float32))]
+    inputs = [_f32("x", [3])]
+    if training is None:
+        inputs.append(helper.make_tensor_value_info("train", 9, []))
+    else:
+        constants.append(("train", np.array(training)))
+    model = _model(nodes, inputs, [_f32("y", [3])], constants)
+    with pytest.raises(UnsupportedError, match="'drop'.*training_mode input 'train' is not a constant false"):
+        optimize(_load(onnx_model_path, model))
+
+
+def test_dropout_with_training_mode_false_passes_through(onnx_model_path):
+    nodes = [helper.make_node("Dropout", ["x", "ratio", "train"], ["d"], name="drop"),
+             helper.make_node("Relu", ["d"], ["y"])]
+    model = _model(nodes, [_f32("x", [3])], [_f32("y", [3])],
+                   [("ratio", np.array(0.5, np.float32)), ("train", np.array(False))])
+    assert [n.op_type for n in optimize(_load(onnx_model_path, model)).nodes] == ["Relu"]
+
+
 # --------------------------------------------------------------------------------------------- dead code, whole
 
 

@@ -17,6 +17,8 @@ from farm.codegen.llvm_gemm import GemmBlocking, emit_gemm, intrinsic
 F32_T, I64_T, BOOL_T, I32_T = ir.FloatType(), ir.IntType(64), ir.IntType(1), ir.IntType(32)
 PTR_T = ir.PointerType()
 LLVM_TYPES = {L.F32: F32_T, L.I64: I64_T, L.BOOL: BOOL_T}
+# How each buffer dtype sits in memory (numpy's layouts: bool is one byte).
+STORAGE_TYPES = {L.F32: F32_T, L.I64: I64_T, L.I32: I32_T, L.BOOL: ir.IntType(8)}
 FAST = ("reassoc", "contract", "nsz", "arcp")
 
 
@@ -36,7 +38,8 @@ def render_kernel(module: ir.Module, symbol: str, kernel: L.LoopKernel, blocking
         arg.add_attribute("noalias")
     entry = fn.append_basic_block("entry")
     body = fn.append_basic_block("body")
-    state = _State(ir.IRBuilder(entry), {p.name: arg for p, arg in zip(kernel.params, fn.args)}, blocking)
+    state = _State(ir.IRBuilder(entry), {p.name: arg for p, arg in zip(kernel.params, fn.args)}, blocking,
+                   {p.name: p.dtype for p in kernel.params})
     state.builder.position_at_end(body)
     _emit_block(state, kernel.body)
     state.builder.ret_void()
@@ -47,8 +50,9 @@ def render_kernel(module: ir.Module, symbol: str, kernel: L.LoopKernel, blocking
 class _State:
     """What statement emission needs: the builder, buffer arguments and scalar slots (allocas)."""
 
-    def __init__(self, builder: ir.IRBuilder, buffers: dict[str, ir.Argument], blocking: GemmBlocking):
-        self.builder, self.buffers, self.blocking = builder, buffers, blocking
+    def __init__(self, builder: ir.IRBuilder, buffers: dict[str, ir.Argument], blocking: GemmBlocking,
+                 buffer_dtypes: dict[str, str]):
+        self.builder, self.buffers, self.blocking, self.buffer_dtypes = builder, buffers, blocking, buffer_dtypes
         self.slots: dict[str, ir.AllocaInstr] = {}
         self.entry_block = builder.block
 
@@ -89,9 +93,22 @@ def _emit_loop(state: _State, loop: L.Loop) -> None:
 
 
 def _emit_store(state: _State, store: L.Store) -> None:
-    b = state.builder
-    value = emit_expr(state, store.value)
-    b.store(value, _address(state, store.buf, store.index, value.type), align=4)
+    storage = STORAGE_TYPES[state.buffer_dtypes.get(store.buf, store.value.dtype)]
+    value = _to_storage(state.builder, emit_expr(state, store.value), storage)
+    state.builder.store(value, _address(state, store.buf, store.index, storage), align=storage_align(storage))
+
+
+def storage_align(storage: ir.Type) -> int:
+    return 1 if storage == ir.IntType(8) else 4
+
+
+def _to_storage(b: ir.IRBuilder, value: ir.Value, storage: ir.Type) -> ir.Value:
+    """A value as its buffer holds it: i1 widened to a byte, i64 narrowed to i32."""
+    if value.type == storage:
+        return value
+    if value.type == BOOL_T:
+        return b.zext(value, storage)
+    return b.trunc(value, storage)
 
 
 def _emit_assign(state: _State, assign: L.Assign) -> None:
@@ -136,8 +153,13 @@ def _emit_var(state: _State, expr: L.Var) -> ir.Value:
 
 
 def _emit_load(state: _State, expr: L.Load) -> ir.Value:
-    elem = LLVM_TYPES[expr.dtype]
-    return state.builder.load(_address(state, expr.buf, expr.index, elem), align=4, typ=elem)
+    b, storage = state.builder, STORAGE_TYPES[state.buffer_dtypes.get(expr.buf, expr.dtype)]
+    value = b.load(_address(state, expr.buf, expr.index, storage), align=storage_align(storage), typ=storage)
+    if expr.dtype == L.BOOL and storage != BOOL_T:
+        return b.icmp_unsigned("!=", value, ir.Constant(storage, 0))
+    if storage == I32_T:
+        return b.sext(value, I64_T)
+    return value
 
 
 def _emit_binary(state: _State, expr: L.Binary) -> ir.Value:

@@ -12,6 +12,10 @@ from typing import Union
 Number = Union[int, float]
 
 F32, I64, BOOL = "f32", "i64", "bool"
+# A buffer may also hold int32 (I32): loads from it give I64 values and stores into it take them. BOOL buffers
+# hold one byte per element (numpy's bool); loads give BOOL values.
+I32 = "i32"
+VALUE_DTYPES = {F32: F32, I64: I64, I32: I64, BOOL: BOOL}
 
 
 class Expr:
@@ -238,7 +242,8 @@ class If(Stmt):
 
 @dataclass
 class Param:
-    """A kernel argument: a buffer of `dtype` elements that the kernel reads (or writes, if `output`)."""
+    """A kernel argument: a buffer of `dtype` elements (F32, I64, I32 or BOOL) that the kernel reads (or writes,
+    if `output`). Loads from it have dtype VALUE_DTYPES[dtype]."""
 
     name: str
     dtype: str = F32

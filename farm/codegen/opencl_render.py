@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from farm.codegen import loopir as L
 
 C_TYPES = {L.F32: "float", L.I64: "long", L.BOOL: "int"}
+# Buffer element types (numpy's layouts: bool is one byte); C's conversions widen and narrow on load and store.
+BUFFER_C_TYPES = {L.F32: "float", L.I64: "long", L.I32: "int", L.BOOL: "uchar"}
 FLOAT_OPS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 INT_OPS = {**FLOAT_OPS, "mod": "%"}
 COMPARE_OPS = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "and": "&&", "or": "||"}
@@ -148,7 +150,7 @@ def _gemm_store(g: L.Gemm, tile: GemmTile, r: int, v: int) -> str:
 
 def _param(param: L.Param) -> str:
     qualifier = "" if param.output else "const "
-    return f"__global {qualifier}{C_TYPES[param.dtype]}* restrict {param.name}"
+    return f"__global {qualifier}{BUFFER_C_TYPES[param.dtype]}* restrict {param.name}"
 
 
 def _locals(stmts: list[L.Stmt], found: dict[str, str] | None = None) -> dict[str, str]:
@@ -230,7 +232,7 @@ def _binary(b: L.Binary) -> str:
 EXPR_RENDERERS: dict[type, Callable[[L.Expr], str]] = {
     L.Const: _const,
     L.Var: lambda v: v.name,
-    L.Load: lambda ld: f"{ld.buf}[{expr(ld.index)}]",
+    L.Load: lambda ld: f"({ld.buf}[{expr(ld.index)}] != 0)" if ld.dtype == L.BOOL else f"{ld.buf}[{expr(ld.index)}]",
     L.Binary: _binary,
     L.Call: lambda c: f"{c.fn}({expr(c.arg)})",
     L.Select: lambda s: f"({expr(s.cond)} ? {expr(s.if_true)} : {expr(s.if_false)})",

@@ -104,8 +104,11 @@ def argument_bytes(spec: KernelSpec) -> list[int]:
     return sizes + ([scratch * 4] if scratch else [])
 
 
+BUFFER_DTYPES = {"float32": L.F32, "int64": L.I64, "int32": L.I32, "bool": L.BOOL}
+
+
 def _ir_dtype(info: TensorInfo) -> str:
-    return {"float32": L.F32, "int64": L.I64}[info.dtype]
+    return BUFFER_DTYPES[info.dtype]
 
 
 ACTIVATIONS: dict[str, Callable[[L.Expr, tuple[float, ...]], L.Expr]] = {
