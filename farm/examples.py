@@ -12,9 +12,13 @@ batch-norm parameters stay near the identity (positive variance), so outputs kee
 | `tiny_cnn`         | (1, 3, 32, 32)    | (1, 10)     | 2 x (Conv+Relu, MaxPool), Flatten, Gemm, Softmax      |
 | `resnet18_style`   | (1, 3, 64, 64)    | (1, 1000)   | ResNet-18 layout: 4 stages of 2 basic blocks          |
 | `mobilenetv2_style`| (1, 3, 64, 64)    | (1, 1000)   | MobileNetV2 layout: inverted residuals, Clip(0, 6)    |
+| `bert_style`       | 2 x (1, 32) int64 | (1, 32, 128)| BERT encoder: Gather embeddings, 4 x (attention, GELU) |
+| `vit_style`        | (1, 3, 32, 32)    | (1, 10)     | ViT: strided-Conv patches, class token, 4 blocks      |
 
 The image size of `resnet18_style` and `mobilenetv2_style` is a parameter (`image=64`); the registry `EXAMPLES`
-maps each name above to its builder called with defaults.
+maps each name above to its builder called with defaults. `bert_style` takes `input_ids` and `attention_mask`
+(int64) and gives `output`; its model properties `farm.example.range.<input>` bound the integers `random_input`
+draws (token ids below the vocabulary size, a 0/1 mask).
 """
 
 from __future__ import annotations
@@ -259,18 +263,149 @@ def mobilenetv2_style(image: int = 64, classes: int = 1000, seed: int = 0) -> on
     return g.model("mobilenetv2_style", (1, 3, image, image), (1, classes), mobilenetv2_style.__doc__ or "")
 
 
+class _TransformerBuilder(_GraphBuilder):
+    """Transformer layers as an exporter writes them: MatMul + Add, Reshape/Transpose for heads, Erf-form GELU."""
+
+    def dense(self, x: str, name: str, fin: int, fout: int) -> str:
+        weight = self.const(f"{name}.weight", (self.rng.standard_normal((fin, fout)) / np.sqrt(fin)).astype(np.float32))
+        bias = self.const(f"{name}.bias", (self.rng.standard_normal(fout) * 0.02).astype(np.float32))
+        return self.node("Add", [self.node("MatMul", [x, weight], f"{name}.matmul"), bias], name)
+
+    def layer_norm(self, x: str, name: str, width: int) -> str:
+        scale = self.const(f"{name}.weight", self.rng.uniform(0.8, 1.2, width).astype(np.float32))
+        shift = self.const(f"{name}.bias", (self.rng.standard_normal(width) * 0.02).astype(np.float32))
+        return self.node("LayerNormalization", [x, scale, shift], name, axis=-1, epsilon=1e-12)
+
+    def gelu(self, x: str, name: str) -> str:
+        """0.5 * x * (1 + erf(x / sqrt 2)), the form BERT exports carry."""
+        if "gelu.sqrt2" not in self._names:
+            self.const("gelu.sqrt2", np.array(np.sqrt(2.0), np.float32))
+            self.const("gelu.one", np.array(1.0, np.float32))
+            self.const("gelu.half", np.array(0.5, np.float32))
+        erf = self.node("Erf", [self.node("Div", [x, "gelu.sqrt2"], f"{name}.div")], f"{name}.erf")
+        scaled = self.node("Mul", [x, self.node("Add", [erf, "gelu.one"], f"{name}.add")], f"{name}.mul")
+        return self.node("Mul", [scaled, "gelu.half"], name)
+
+    def split_heads(self, x: str, name: str, seq: int, heads: int, head_dim: int, perm: Sequence[int]) -> str:
+        shape = self.const(f"{name}.shape", np.array([1, seq, heads, head_dim], np.int64))
+        return self.node("Transpose", [self.node("Reshape", [x, shape], f"{name}.reshape")], name, perm=list(perm))
+
+    def attention(self, x: str, name: str, seq: int, width: int, heads: int, mask: str | None) -> str:
+        """Multi-head self-attention: softmax(Q K^T / sqrt(d) + mask) V, heads merged, output projection."""
+        head_dim = width // heads
+        q = self.split_heads(self.dense(x, f"{name}.query", width, width), f"{name}.q", seq, heads, head_dim,
+                             (0, 2, 1, 3))
+        k = self.split_heads(self.dense(x, f"{name}.key", width, width), f"{name}.k", seq, heads, head_dim,
+                             (0, 2, 3, 1))
+        v = self.split_heads(self.dense(x, f"{name}.value", width, width), f"{name}.v", seq, heads, head_dim,
+                             (0, 2, 1, 3))
+        scale = self.const(f"{name}.scale", np.array(np.sqrt(head_dim), np.float32))
+        scores = self.node("Div", [self.node("MatMul", [q, k], f"{name}.scores"), scale], f"{name}.scaled")
+        if mask is not None:
+            scores = self.node("Add", [scores, mask], f"{name}.masked")
+        probs = self.node("Softmax", [scores], f"{name}.softmax", axis=-1)
+        context = self.node("Transpose", [self.node("MatMul", [probs, v], f"{name}.context")], f"{name}.merge",
+                            perm=[0, 2, 1, 3])
+        shape = self.const(f"{name}.merged_shape", np.array([1, seq, width], np.int64))
+        return self.dense(self.node("Reshape", [context, shape], f"{name}.merged"), f"{name}.output", width, width)
+
+    def mlp_block(self, x: str, name: str, width: int, hidden: int) -> str:
+        return self.dense(self.gelu(self.dense(x, f"{name}.fc1", width, hidden), f"{name}.gelu"), f"{name}.fc2",
+                          hidden, width)
+
+    def additive_mask(self, mask: str) -> str:
+        """(1 - mask) * -10000 as float, shaped [1, 1, 1, seq] to broadcast over heads and query positions."""
+        as_float = self.node("Cast", [mask], "mask.cast", to=TensorProto.FLOAT)
+        one = self.const("mask.one", np.array(1.0, np.float32))
+        big = self.const("mask.big", np.array(-10000.0, np.float32))
+        inverted = self.node("Sub", [one, as_float], "mask.invert")
+        axes = self.const("mask.axes", np.array([1, 2], np.int64))
+        return self.node("Unsqueeze", [self.node("Mul", [inverted, big], "mask.scale"), axes], "mask.additive")
+
+
+def _typed_model(builder: _GraphBuilder, name: str, inputs: Sequence[onnx.ValueInfoProto], output_shape: Sequence[int],
+                 doc: str, ranges: dict[str, tuple[int, int]] | None = None) -> onnx.ModelProto:
+    graph = helper.make_graph(builder.nodes, name, list(inputs),
+                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, list(output_shape))],
+                              initializer=builder.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION,
+                              producer_name="farm.examples", doc_string=doc)
+    helper.set_model_props(model, {f"farm.example.range.{k}": f"{lo} {hi}" for k, (lo, hi) in (ranges or {}).items()})
+    return model
+
+
+def bert_style(seq: int = 32, width: int = 128, heads: int = 4, layers: int = 4, vocab: int = 1000,
+               seed: int = 0) -> onnx.ModelProto:
+    """A BERT encoder: token + position + segment embeddings (Gather), LayerNorm, `layers` post-norm blocks of
+    multi-head attention (additive mask from attention_mask) and a GELU MLP."""
+    g = _TransformerBuilder(seed)
+    table = lambda rows: (g.rng.standard_normal((rows, width)) * 0.1).astype(np.float32)  # noqa: E731
+    tokens = g.node("Gather", [g.const("embeddings.word", table(vocab)), "input_ids"], "embeddings.tokens")
+    positions = g.node("Gather", [g.const("embeddings.position", table(512)),
+                                  g.const("embeddings.position_ids", np.arange(seq, dtype=np.int64)[None, :])],
+                       "embeddings.positions")
+    x = g.layer_norm(g.node("Add", [tokens, positions], "embeddings.sum"), "embeddings.norm", width)
+    mask = g.additive_mask("attention_mask")
+    for layer in range(layers):
+        name = f"encoder.{layer}"
+        x = g.layer_norm(g.node("Add", [x, g.attention(x, f"{name}.attention", seq, width, heads, mask)],
+                                f"{name}.residual1"), f"{name}.norm1", width)
+        x = g.layer_norm(g.node("Add", [x, g.mlp_block(x, f"{name}.mlp", width, 4 * width)], f"{name}.residual2"),
+                         f"{name}.norm2", width)
+    g.node("Identity", [x], "output")
+    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, [1, seq]) for n in ("input_ids", "attention_mask")]
+    return _typed_model(g, "bert_style", inputs, (1, seq, width), bert_style.__doc__ or "",
+                        {"input_ids": (0, vocab), "attention_mask": (0, 2)})
+
+
+def vit_style(image: int = 32, patch: int = 4, width: int = 64, heads: int = 4, layers: int = 4, classes: int = 10,
+              seed: int = 0) -> onnx.ModelProto:
+    """A ViT: patch embedding by a strided Conv, Reshape/Transpose to tokens, a class token by Concat, position
+    embeddings, `layers` pre-norm attention blocks, and a linear head on the class token."""
+    g = _TransformerBuilder(seed)
+    patches = (image // patch) ** 2
+    weight = g.const("patch.weight", g.he_normal((width, 3, patch, patch), 3 * patch * patch))
+    bias = g.const("patch.bias", (g.rng.standard_normal(width) * 0.02).astype(np.float32))
+    x = g.node("Conv", ["input", weight, bias], "patch", kernel_shape=[patch, patch], strides=[patch, patch])
+    x = g.node("Reshape", [x, g.const("patch.shape", np.array([1, width, patches], np.int64))], "patch.flat")
+    x = g.node("Transpose", [x], "patch.tokens", perm=[0, 2, 1])
+    cls = g.const("cls_token", (g.rng.standard_normal((1, 1, width)) * 0.1).astype(np.float32))
+    x = g.node("Concat", [cls, x], "tokens", axis=1)
+    positions = g.const("position", (g.rng.standard_normal((1, patches + 1, width)) * 0.1).astype(np.float32))
+    x = g.node("Add", [x, positions], "embedded")
+    for layer in range(layers):
+        name = f"blocks.{layer}"
+        attended = g.attention(g.layer_norm(x, f"{name}.norm1", width), f"{name}.attention", patches + 1, width, heads,
+                               None)
+        x = g.node("Add", [x, attended], f"{name}.residual1")
+        x = g.node("Add", [x, g.mlp_block(g.layer_norm(x, f"{name}.norm2", width), f"{name}.mlp", width, 2 * width)],
+                   f"{name}.residual2")
+    x = g.layer_norm(x, "norm", width)
+    first = g.const("cls_index", np.array(0, np.int64))
+    x = g.node("Gather", [x, first], "cls", axis=1)
+    weight = g.const("head.weight", g.he_normal((width, classes), width))
+    head_bias = g.const("head.bias", (g.rng.standard_normal(classes) * 0.02).astype(np.float32))
+    g.node("Add", [g.node("MatMul", [x, weight], "head.matmul"), head_bias], "head", output="output")
+    inputs = [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, image, image])]
+    return _typed_model(g, "vit_style", inputs, (1, classes), vit_style.__doc__ or "")
+
+
 EXAMPLES: dict[str, Callable[[], onnx.ModelProto]] = {
     "mlp": mlp,
     "small_cnn": small_cnn,
     "tiny_cnn": tiny_cnn,
     "resnet18_style": resnet18_style,
     "mobilenetv2_style": mobilenetv2_style,
+    "bert_style": bert_style,
+    "vit_style": vit_style,
 }
 
 
 def random_input(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    """Standard-normal arrays for each graph input that is not an initializer, keyed by input name."""
+    """Standard-normal arrays for each float graph input that is not an initializer, keyed by input name; integer
+    inputs draw from the model property `farm.example.range.<name>` ("low high", default 0 2)."""
     rng = np.random.default_rng(seed)
+    ranges = {p.key.removeprefix("farm.example.range."): p.value for p in model.metadata_props}
     initializers = {t.name for t in model.graph.initializer}
     feeds: dict[str, np.ndarray] = {}
     for value in model.graph.input:
@@ -282,6 +417,10 @@ def random_input(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]
             if not dim.HasField("dim_value"):
                 raise ValueError(f"input {value.name!r} has a dynamic dimension {dim.dim_param!r}; need static shapes")
             shape.append(dim.dim_value)
-        dtype = helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
-        feeds[value.name] = rng.standard_normal(shape).astype(dtype)
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
+        if dtype.kind in "iub":
+            low, high = (int(bound) for bound in ranges.get(value.name, "0 2").split())
+            feeds[value.name] = rng.integers(low, high, shape).astype(dtype)
+        else:
+            feeds[value.name] = rng.standard_normal(shape).astype(dtype)
     return feeds

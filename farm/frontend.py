@@ -33,7 +33,8 @@ def import_model(path: str | os.PathLike[str]) -> Graph:
     """Load the ONNX model at `path` into a Graph with static value infos, constants and named nodes.
 
     Raises ModelLoadError when the file can't be read, is not an ONNX model or refers to external data outside its
-    folder, and UnsupportedError when its ai.onnx opset is outside 9..28. Dynamic shapes and unknown ops are left
+    folder, and UnsupportedError when its ai.onnx opset is outside 9..28 (older ones
+    only where its ops have not changed since 9). Dynamic shapes and unknown ops are left
     for `validate`, which can name the node that uses them.
     """
     path = os.fspath(path)
@@ -115,11 +116,26 @@ def _default_opset(model: onnx.ModelProto, path: str) -> int:
     if not versions:
         raise ModelLoadError(f"{path} imports no ai.onnx opset")
     opset = int(versions[0])
-    if not MIN_OPSET <= opset <= MAX_OPSET:
+    if opset > MAX_OPSET or (opset < MIN_OPSET and not _ops_unchanged_since(model, opset)):
         raise UnsupportedError(
-            f"ai.onnx opset {opset} is not supported (farm supports opsets {MIN_OPSET} to {MAX_OPSET})", opset=opset
+            f"ai.onnx opset {opset} is not supported (farm supports opsets {MIN_OPSET} to {MAX_OPSET}, and older "
+            f"ones for models whose ops have not changed since)", opset=opset
         )
     return opset
+
+
+def _ops_unchanged_since(model: onnx.ModelProto, opset: int) -> bool:
+    """True when every ai.onnx op of the main graph means at `opset` what it means at MIN_OPSET (the same schema
+    version), so an old model that uses only such ops (And at opset 7, Not at opset 1) builds as it is."""
+    return all(_schema_version(node.op_type, opset) == _schema_version(node.op_type, MIN_OPSET)
+               for node in model.graph.node if node.domain in DEFAULT_DOMAINS)
+
+
+def _schema_version(op: str, opset: int) -> int | None:
+    try:
+        return onnx.defs.get_schema(op, opset).since_version
+    except onnx.defs.SchemaError:
+        return None
 
 
 # ---------------------------------------------------------------------------------------------- tensors and data

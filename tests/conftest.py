@@ -81,3 +81,13 @@ def pytest_configure(config: pytest.Config) -> None:
         folder = tempfile.mkdtemp(prefix="farm-test-cache-")
         os.environ["FARM_CACHE_DIR"] = folder
         config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+
+
+@pytest.fixture(scope="session")
+def fingerprint() -> str:
+    """The fingerprint of this host's first OpenCL device (PoCL here); no device is a failure, never a skip."""
+    from farm.opencl_devices import opencl_devices
+
+    devices = opencl_devices()
+    assert devices, "no OpenCL device: install pocl-opencl-icd (scripts/setup.sh does)"
+    return devices[0]["fingerprint"]

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from numpy.typing import DTypeLike
 from onnx import TensorProto, helper, numpy_helper
 
 import farm.runtime
@@ -28,6 +29,10 @@ OPSET = 17
 IR_VERSION = 8
 
 Shape = Sequence[int]
+# A graph input of any dtype: (name, shape, dtype), dtype anything np.dtype accepts ("int64", np.bool_, ...).
+TypedInput = tuple[str, Shape, DTypeLike]
+# A graph input of graph_model and single_op_model: (name, shape) for float32, or a TypedInput.
+GraphInput = tuple[str, Shape] | TypedInput
 # A reference for a model that onnxruntime refuses although ONNX allows it: feeds -> outputs by name.
 Reference = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
 
@@ -65,19 +70,30 @@ def assert_close(actual: np.ndarray, reference: np.ndarray, what: str = "output"
 # --------------------------------------------------------------------------------------------------- models
 
 
+def _input_info(graph_input: GraphInput) -> onnx.ValueInfoProto:
+    name, shape, *dtype = graph_input
+    elem_type = helper.np_dtype_to_tensor_dtype(np.dtype(dtype[0] if dtype else np.float32))
+    return helper.make_tensor_value_info(name, elem_type, list(shape))
+
+
 def graph_model(
     nodes: Sequence[onnx.NodeProto],
-    inputs: Sequence[tuple[str, Shape]],
+    inputs: Sequence[GraphInput],
     outputs: Sequence[str] = ("y",),
     initializers: Mapping[str, np.ndarray] | None = None,
     opset: int = OPSET,
 ) -> onnx.ModelProto:
-    """A model of `nodes` with float32 graph inputs (name, shape), initializers, and outputs typed by shape inference."""
+    """A model of `nodes` with graph inputs `inputs`, initializers, and graph outputs `outputs`.
+
+    Each graph input is (name, shape), a float32 tensor, or (name, shape, dtype), where dtype is anything
+    `np.dtype` accepts ("int64", np.int64, np.bool_, an array's .dtype); for an ONNX TensorProto element type, pass
+    `helper.tensor_dtype_to_np_dtype(t)`. The outputs are declared untyped and unshaped: strict shape inference
+    gives them their element type and shape, then the intermediate value_info is dropped."""
     graph = helper.make_graph(
         list(nodes),
         "g",
-        [helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)) for name, shape in inputs],
-        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in outputs],
+        [_input_info(graph_input) for graph_input in inputs],
+        [helper.make_tensor_value_info(name, TensorProto.UNDEFINED, None) for name in outputs],
         initializer=[numpy_helper.from_array(np.asarray(a), name) for name, a in (initializers or {}).items()],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
@@ -90,7 +106,7 @@ def graph_model(
 
 def single_op_model(
     op: str,
-    inputs: Sequence[tuple[str, Shape]],
+    inputs: Sequence[GraphInput],
     attrs: Mapping[str, object] | None = None,
     initializers: Mapping[str, np.ndarray] | None = None,
     opset: int = OPSET,
@@ -99,8 +115,9 @@ def single_op_model(
     outputs: Sequence[str] = ("y",),
 ) -> onnx.ModelProto:
     """One `op` node reading the graph inputs then the initializers, in order (or `node_inputs`, where "" marks an
-    absent optional input), and writing the graph output(s) `outputs`."""
-    names = list(node_inputs) if node_inputs is not None else [n for n, _ in inputs] + list(initializers or {})
+    absent optional input), and writing the graph output(s) `outputs`. Graph inputs as in `graph_model`: (name,
+    shape) for float32, (name, shape, dtype) for any other dtype."""
+    names = list(node_inputs) if node_inputs is not None else [i[0] for i in inputs] + list(initializers or {})
     node = helper.make_node(op, names, list(outputs), name=f"{op.lower()}_0", **dict(attrs or {}))
     return graph_model([node], inputs, outputs, initializers, opset)
 
@@ -211,6 +228,18 @@ def params(cases: Iterable[OpCase]) -> list:
 def ops_of(cases: Iterable[OpCase]) -> set[str]:
     """The op types the cases' models use."""
     return {node.op_type for c in cases for node in c.model.graph.node}
+
+
+def check_case_on_opencl(c: OpCase, fingerprint: str, tmp_path: Path) -> None:
+    """Build `c` with an OpenCL part for `fingerprint`, run it on that device and compare with onnxruntime (or the
+    case's reference)."""
+    path = tmp_path / "model.onnx"
+    onnx.save(c.model, path)
+    artifact = build_model(path, tmp_path, executor=LocalExecutor(1), opencl=[fingerprint]).artifact
+    model = farm.runtime.load(artifact, device="opencl", cache_dir=tmp_path / "cache")
+    feeds = dict(c.feeds) if c.feeds is not None else random_feeds(c.model)
+    expected = c.reference(feeds) if c.reference is not None else run_onnxruntime(path, feeds)
+    compare_outputs(model.run(feeds), expected, "opencl")
 
 
 def check_case(c: OpCase, tmp_path: str | os.PathLike) -> BuildResult:

@@ -11,15 +11,24 @@ import pytest
 
 from farm.examples import EXAMPLES, random_input, tiny_cnn
 
-# The shapes each builder documents (farm/examples.py's table).
+# The inputs (name, shape, dtype) and output shape each builder documents (farm/examples.py's table).
+IMAGE = [("input", (1, 3, 32, 32), np.float32)]
 DOCUMENTED = {
-    "mlp": ((1, 784), (1, 10)),
-    "small_cnn": ((1, 3, 32, 32), (1, 10)),
-    "tiny_cnn": ((1, 3, 32, 32), (1, 10)),
-    "resnet18_style": ((1, 3, 64, 64), (1, 1000)),
-    "mobilenetv2_style": ((1, 3, 64, 64), (1, 1000)),
+    "mlp": ([("input", (1, 784), np.float32)], (1, 10)),
+    "small_cnn": (IMAGE, (1, 10)),
+    "tiny_cnn": (IMAGE, (1, 10)),
+    "resnet18_style": ([("input", (1, 3, 64, 64), np.float32)], (1, 1000)),
+    "mobilenetv2_style": ([("input", (1, 3, 64, 64), np.float32)], (1, 1000)),
+    "bert_style": ([("input_ids", (1, 32), np.int64), ("attention_mask", (1, 32), np.int64)], (1, 32, 128)),
+    "vit_style": (IMAGE, (1, 10)),
 }
 PROBABILITIES = {"mlp", "tiny_cnn"}  # these end in Softmax
+
+
+def test_integer_inputs_draw_from_their_documented_range() -> None:
+    feeds = random_input(EXAMPLES["bert_style"](), seed=1)
+    assert 0 <= feeds["input_ids"].min() and feeds["input_ids"].max() < 1000 and feeds["input_ids"].max() > 100
+    assert set(np.unique(feeds["attention_mask"])) == {0, 1}
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -44,17 +53,15 @@ def test_example_is_valid_and_runs(name: str) -> None:
     assert model.ir_version == 8
     assert [(o.domain, o.version) for o in model.opset_import] == [("", 17)]
 
-    input_shape, output_shape = DOCUMENTED[name]
-    assert [v.name for v in model.graph.input] == ["input"]
+    inputs, output_shape = DOCUMENTED[name]
+    assert [v.name for v in model.graph.input] == [input_name for input_name, _, _ in inputs]
     assert [v.name for v in model.graph.output] == ["output"]
-    assert _shape(model.graph.input[0]) == input_shape
+    assert [_shape(v) for v in model.graph.input] == [shape for _, shape, _ in inputs]
     assert _shape(model.graph.output[0]) == output_shape
-    for value in (*model.graph.input, *model.graph.output):
-        assert value.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
 
     feeds = random_input(model, seed=0)
-    assert set(feeds) == {"input"}
-    assert feeds["input"].shape == input_shape and feeds["input"].dtype == np.float32
+    assert [(k, v.shape, v.dtype) for k, v in feeds.items()] == [(n, shape, np.dtype(t)) for n, shape, t in inputs]
     output = _run(model, feeds)
     assert output.shape == output_shape
     assert output.dtype == np.float32

@@ -88,6 +88,12 @@ def test_log_of_nan_inf_and_zero_follow_ieee(tmp_path):
     assert np.isnan(out[3]), f"log(-1) = {out[3]}"
 
 
+def test_log_of_subnormals_is_accurate(tmp_path):
+    x = np.array([1e-38, 5e-39, 1e-40, 1e-44, 1.4e-45, 1.1754942e-38], np.float32)
+    out = run_unary(lambda v: L.call("log", v), x, tmp_path)
+    np.testing.assert_allclose(out, np.log(x.astype(np.float64)), rtol=2e-7)
+
+
 def test_sqrt_is_correctly_rounded(tmp_path):
     rng = np.random.default_rng(1)
     x = np.concatenate([rng.uniform(0, 1e6, 4099).astype(np.float32),

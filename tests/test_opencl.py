@@ -60,3 +60,10 @@ def test_a_build_error_names_what_failed_and_the_device_and_carries_the_log(fing
 def test_an_unknown_fingerprint_is_a_build_error():
     with pytest.raises(BuildError, match="0000000000000000"):
         device_context("0000000000000000")
+
+
+def test_kernels_over_odd_sized_bool_buffers_build(fingerprint):
+    """The launches run once at build time on zeroed buffers: a 5-byte bool buffer must not break the fill."""
+    info = TensorInfo((5,), "bool")
+    spec = KernelSpec("Not", canonical_json({}), (info,), (info,), None, target_id="opencl")
+    assert compile_cl_kernel(spec, fingerprint)

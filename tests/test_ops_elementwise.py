@@ -1,12 +1,30 @@
-"""farm.ops.elementwise against onnxruntime: activations (Relu, LeakyRelu, Clip, Sigmoid, Tanh) and the
-broadcasting arithmetic ops (Add, Sub, Mul, Div, Sum), one op per model."""
+"""farm.ops.elementwise against onnxruntime, one op per model: activations, math functions, broadcasting
+arithmetic (float32 and int64/int32), comparisons, logic, Where and Cast; a sample of the cases also on OpenCL."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
 import numpy as np
+import onnx
 import pytest
-from numerics import OpCase, case, check_case, graph_model, params, rand, single_op_model
-from onnx import helper
+from numerics import (
+    OPSET,
+    OpCase,
+    case,
+    check_case,
+    check_case_on_opencl,
+    graph_model,
+    params,
+    rand,
+    single_op_model,
+)
+from onnx import TensorProto, helper
+
+from farm.build import plan_model
+from farm.errors import UnsupportedError
 
 X4 = [("x", (2, 3, 5, 7))]
 
@@ -111,9 +129,355 @@ ARITHMETIC_CASES: list[OpCase] = [
     case("sum-scalars", single_op_model("Sum", [("a", ()), ("b", ())])),
 ]
 
-CASES: list[OpCase] = ACTIVATION_CASES + ARITHMETIC_CASES
+# ------------------------------------------------------------------------------------------ typed models
+
+NAN, INF = math.nan, math.inf
+def _i64(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.int64)
+
+
+def _ints(shape: tuple[int, ...], seed: int, low: int = -20, high: int = 20, dtype=np.int64) -> np.ndarray:
+    return np.asarray(np.random.default_rng(seed).integers(low, high, shape), dtype=dtype)
+
+
+def _bools(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    return np.asarray(np.random.default_rng(seed).random(shape) < 0.5)
+
+
+def _unary_case(id: str, op: str, x: np.ndarray, attrs: Mapping[str, object] | None = None,
+                opset: int = OPSET) -> OpCase:
+    return case(id, single_op_model(op, [("x", x.shape, x.dtype.type)], attrs, opset=opset), {"x": x})
+
+
+def _binary_case(id: str, op: str, a: np.ndarray, b: np.ndarray, attrs: Mapping[str, object] | None = None,
+                 opset: int = OPSET) -> OpCase:
+    inputs = [("a", a.shape, a.dtype.type), ("b", b.shape, b.dtype.type)]
+    return case(id, single_op_model(op, inputs, attrs, opset=opset), {"a": a, "b": b})
+
+
+SPECIAL = _f32([NAN, INF, -INF, 0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 1e-30, 30.0, -30.0])
+X3 = (2, 3, 4)
+
+# ---------------------------------------------------------------------------------------- float unary ops
+
+# op -> input data (random, special values, a third variant); attribute variants get their own cases below.
+UNARY_DATA: dict[str, tuple[np.ndarray, ...]] = {
+    "Sqrt": (np.abs(rand(*X3, scale=10.0)), _f32([0, INF, NAN, -1, 1e-20, 4, 1e30]), _f32(2.0)),
+    "Reciprocal": (_f32(rand(*X3, positive=True) * np.sign(rand(*X3, seed=1))), _f32([INF, -INF, NAN, 0, 3, -8]),
+                   _f32(-0.25)),
+    "Exp": (rand(*X3, scale=10.0), _f32([-INF, INF, NAN, 88.5, 89.0, -100.0, 0]), _f32(np.linspace(-80, 80, 33))),
+    "Log": (np.abs(rand(*X3, scale=10.0)) + 1e-3, _f32([0, INF, NAN, -1, 1e-37, 1e38, 1]),
+            _f32(np.logspace(-30, 30, 25))),
+    "Floor": (rand(*X3, scale=5.0), SPECIAL, _f32(np.arange(-4, 4, 0.5))),
+    "Ceil": (rand(*X3, scale=5.0), SPECIAL, _f32(np.arange(-4, 4, 0.5))),
+    "Round": (_f32(np.arange(-5, 5, 0.5)), SPECIAL, _f32([0.49999997, -0.49999997, 1.5000001, 8388609.0, 1e10, -2.5])),
+    "Sin": (rand(*X3, scale=3.0), SPECIAL, _f32(np.linspace(-100, 100, 101))),
+    "Cos": (rand(*X3, scale=3.0), SPECIAL, _f32(np.linspace(-100, 100, 101))),
+    "Tan": (rand(*X3, scale=1.5), _f32([NAN, INF, -INF, 0, 1, -1, 3, 10, -10, 100]), _f32(np.linspace(-20, 20, 81))),
+    "Atan": (rand(*X3, scale=3.0), SPECIAL, _f32(np.logspace(-5, 10, 31) * np.resize([1, -1], 31))),
+    "Erf": (rand(*X3, scale=2.0), SPECIAL, _f32(np.linspace(-6, 6, 49))),
+    "Softsign": (rand(*X3, scale=5.0), SPECIAL, _f32(1e20)),
+    "Softplus": (rand(*X3, scale=5.0), SPECIAL, _f32(np.linspace(-100, 100, 41))),
+    "HardSwish": (rand(*X3, scale=5.0), SPECIAL, _f32(np.linspace(-4, 4, 17))),
+    "Mish": (rand(*X3, scale=5.0), _f32([NAN, INF, 0, -0.0, 1, -1, -30, 30, -100]), _f32(np.linspace(-20, 20, 41))),
+    "IsNaN": (rand(*X3), SPECIAL, _f32(NAN)),
+    "Neg": (rand(*X3), SPECIAL, _ints(X3, seed=4)),
+    "Abs": (rand(*X3), SPECIAL, _ints(X3, seed=4)),
+    "Sign": (rand(*X3), SPECIAL, _ints(X3, seed=4)),
+}
+
+# Ops newer than the default opset.
+FIRST_OPSET = {"Mish": 18, "Gelu": 20}
+
+UNARY_CASES: list[OpCase] = [
+    _unary_case(f"{op.lower()}-{variant}", op, x, opset=max(OPSET, FIRST_OPSET.get(op, OPSET)))
+    for op, data in UNARY_DATA.items() for variant, x in zip(("random", "special", "more"), data)
+] + [
+    _unary_case("neg-int32", "Neg", _ints((7,), seed=5, dtype=np.int32)),
+    _unary_case("abs-int32", "Abs", _ints((7,), seed=5, dtype=np.int32)),
+    _unary_case("abs-int64-extremes", "Abs", _i64([2 ** 62, -(2 ** 62), 0, -1])),
+    _unary_case("sign-int32", "Sign", _ints((7,), seed=5, dtype=np.int32)),
+    _unary_case("isnan-opset20", "IsNaN", SPECIAL, opset=20),
+    _unary_case("elu-default", "Elu", rand(*X3, scale=3.0)),
+    _unary_case("elu-alpha", "Elu", rand(*X3, scale=3.0), {"alpha": 0.5}),
+    _unary_case("elu-special", "Elu", SPECIAL, {"alpha": 2.0}),
+    _unary_case("selu-default", "Selu", rand(*X3, scale=3.0)),
+    _unary_case("selu-attrs", "Selu", rand(*X3, scale=3.0), {"alpha": 2.0, "gamma": 3.0}),
+    _unary_case("selu-special", "Selu", SPECIAL),
+    _unary_case("celu-default", "Celu", rand(*X3, scale=3.0)),
+    _unary_case("celu-alpha", "Celu", rand(*X3, scale=3.0), {"alpha": 2.0}),
+    _unary_case("celu-special", "Celu", SPECIAL, {"alpha": 0.5}),
+    _unary_case("hardsigmoid-default", "HardSigmoid", rand(*X3, scale=5.0)),
+    _unary_case("hardsigmoid-attrs", "HardSigmoid", rand(*X3, scale=5.0), {"alpha": 0.5, "beta": 0.6}),
+    _unary_case("hardsigmoid-special", "HardSigmoid", SPECIAL),
+    _unary_case("thresholdedrelu-default", "ThresholdedRelu", rand(*X3, scale=2.0)),
+    _unary_case("thresholdedrelu-alpha", "ThresholdedRelu", rand(*X3, scale=2.0), {"alpha": 0.3}),
+    _unary_case("thresholdedrelu-negative-alpha", "ThresholdedRelu", SPECIAL, {"alpha": -0.5}),
+    _unary_case("shrink-default", "Shrink", rand(*X3, scale=2.0)),
+    _unary_case("shrink-lambd-bias", "Shrink", rand(*X3, scale=2.0), {"lambd": 1.0, "bias": 0.5}),
+    _unary_case("shrink-special", "Shrink", SPECIAL, {"lambd": 0.0, "bias": 1.5}),
+    _unary_case("gelu-default", "Gelu", rand(*X3, scale=3.0), opset=20),
+    _unary_case("gelu-none", "Gelu", _f32(np.linspace(-10, 10, 41)), {"approximate": "none"}, opset=20),
+    _unary_case("gelu-tanh", "Gelu", rand(*X3, scale=3.0), {"approximate": "tanh"}, opset=20),
+    _unary_case("gelu-special", "Gelu", SPECIAL, opset=20),
+    _unary_case("gelu-tanh-special", "Gelu", SPECIAL, {"approximate": "tanh"}, opset=20),
+    _unary_case("isinf-default", "IsInf", SPECIAL),
+    _unary_case("isinf-positive-only", "IsInf", SPECIAL, {"detect_negative": 0}),
+    _unary_case("isinf-negative-only", "IsInf", SPECIAL, {"detect_positive": 0}),
+    _unary_case("isinf-neither", "IsInf", SPECIAL, {"detect_positive": 0, "detect_negative": 0}),
+]
+
+# -------------------------------------------------------------------------------------------- binary ops
+
+INT_BROADCAST = [((2, 3, 4), (2, 3, 4)), ((2, 3, 4), (4,)), ((3, 1), (1, 4)), ((), (2, 3))]
+
+
+def _int_binary(op: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...], dtype=np.int64) -> OpCase:
+    """`op` on integers of both signs; divisors are non-zero."""
+    a = _ints(a_shape, seed=1, low=-50, high=50, dtype=dtype)
+    b = _ints(b_shape, seed=2, low=1, high=9, dtype=dtype) * np.where(_bools(b_shape, seed=3), 1, -1).astype(dtype)
+    name = f"{op.lower()}-{np.dtype(dtype).name}-{_shape_id(a_shape)}-{_shape_id(b_shape)}"
+    return _binary_case(name, op, a, b)
+
+
+def _pow_base() -> np.ndarray:
+    return rand(*X3, positive=True, scale=2.0)
+
+
+POW_SPECIAL_X = _f32([-2, -2, 0, 0, 0, -8, 2, NAN, 1, -1, -1, INF, -INF, -INF, 0.5, 3])
+POW_SPECIAL_Y = _f32([2, 0.5, 0, -1, 3, 1 / 3, NAN, 0, NAN, INF, -INF, -2, 3, 2, INF, 40])
+
+INTEGER_ARITHMETIC_CASES: list[OpCase] = [
+    _int_binary(op, a, b) for op in ("Add", "Sub", "Mul", "Div", "Mod") for a, b in INT_BROADCAST
+] + [
+    _int_binary(op, (2, 3, 4), (3, 1), dtype=np.int32) for op in ("Add", "Sub", "Mul", "Div", "Mod")
+] + [
+    _binary_case("div-int64-truncates", "Div", _i64([7, -7, 7, -7, 0, 2 ** 40]), _i64([2, 2, -2, -2, 3, -3])),
+    _binary_case("mod-int64-signs", "Mod", _i64([7, -7, 7, -7, 0, 9]), _i64([3, 3, -3, -3, 5, 3])),
+    _binary_case("mod-int64-fmod", "Mod", _i64([7, -7, 7, -7, 0, 9]), _i64([3, 3, -3, -3, 5, 3]), {"fmod": 1}),
+    _binary_case("mod-float-fmod", "Mod", rand(*X3, scale=10.0), _f32(rand(4, seed=3, positive=True) * 3),
+                 {"fmod": 1}),
+    _binary_case("mod-float-fmod-signs", "Mod", _f32([-4.3, 7.2, 5.0, 4.3, -7.2, 8.0]),
+                 _f32([2.1, -3.4, 8.0, -2.1, 3.4, 5.0]), {"fmod": 1}),
+    _binary_case("mod-float-fmod-special", "Mod", _f32([0, -0.0, -3, 3, INF, 1, NAN, 1, 5.5]),
+                 _f32([2, 2, INF, -INF, 2, 0, 2, NAN, -2]), {"fmod": 1}),
+    _binary_case("mod-float-floor-opset28", "Mod", _f32([-4.3, 7.2, 5.0, 4.3, -7.2, 8.0]),
+                 _f32([2.1, -3.4, 8.0, -2.1, 3.4, 5.0]), opset=28),
+    _binary_case("mod-float-floor-special-opset28", "Mod", _f32([0, -0.0, 0, -3, 3, -1, 1, INF, -INF, 1, NAN]),
+                 _f32([-2, 2, 2, INF, INF, -INF, -INF, 2, 2, 0, 2]), opset=28),
+    case("add-int64-fused-clip", graph_model(
+        [helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Clip", ["s", "lo", "hi"], ["y"])],
+        [("a", X3, np.int64)], initializers={"b": _i64([1, -2, 3, 50]), "lo": _i64(-5), "hi": _i64(30)}),
+        {"a": _ints(X3, 1)}, schedule=("Add",)),
+    case("add-int64-fused-clip-unbounded-max", graph_model(
+        [helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Clip", ["s", "lo"], ["y"])],
+        [("a", X3, np.int64), ("b", X3, np.int64)], initializers={"lo": _i64(0)}),
+        {"a": _ints(X3, 1), "b": _ints(X3, 2)}, schedule=("Add",)),
+    _binary_case("pow-float-float", "Pow", _pow_base(), rand(*X3, seed=2, scale=2.0)),
+    _binary_case("pow-float-int64", "Pow", rand(*X3, scale=2.0), _ints(X3, seed=2, low=-4, high=5)),
+    _binary_case("pow-float-int32-broadcast", "Pow", rand(*X3, scale=2.0), _ints((4,), seed=2, low=-3, high=4,
+                                                                               dtype=np.int32)),
+    _binary_case("pow-negative-base-integer-exponents", "Pow", rand(*X3, scale=3.0),
+                 _f32(np.resize([0, 1, 2, 3, -1, -2, 5, 0.5], X3))),
+    _binary_case("pow-scalar-exponent-input", "Pow", _pow_base(), _f32(1.7)),
+    _binary_case("pow-special", "Pow", POW_SPECIAL_X, POW_SPECIAL_Y),
+    _binary_case("pow-int64-int64", "Pow", _ints((12,), seed=1, low=-5, high=6), _ints((12,), seed=2, low=-2, high=9)),
+    _binary_case("pow-int32-int32", "Pow", _ints((12,), seed=1, low=-5, high=6, dtype=np.int32),
+                 _ints((12,), seed=2, low=0, high=9, dtype=np.int32)),
+    _binary_case("pow-int64-float-integral", "Pow", _ints((12,), seed=1, low=-5, high=6),
+                 _f32(_ints((12,), seed=2, low=0, high=9))),
+    _binary_case("pow-int64-float-fractional", "Pow", _i64([4, 9, 16, 27, 2, 10, 100, 8]),
+                 _f32([0.5, 0.5, 0.25, 1 / 3, 0.5, 1.5, 0.5, 2 / 3])),
+    _binary_case("pow-int32-float-fractional-nan", "Pow", np.asarray([4, 9, 2, 3, 7, -4], np.int32),
+                 _f32([0.5, 0.5, NAN, 0.5, 1.5, 0.5])),
+    *[case(f"pow-constant-exponent-{exponent:g}",
+           single_op_model("Pow", [("x", X3)], {}, {"e": _f32(exponent)}), {"x": rand(*X3, scale=3.0)})
+      for exponent in (2.0, 3.0, -1.0, -2.0, 0.0, 1.0, 0.5, 1.7)],
+    case("pow-constant-exponent-int64", single_op_model("Pow", [("x", X3)], {}, {"e": _i64(3)})),
+    case("pow-constant-exponent-special", single_op_model("Pow", [("x", (12,))], {}, {"e": _f32(2.0)}),
+         {"x": SPECIAL}),
+    case("pow-constant-sqrt-special", single_op_model("Pow", [("x", (12,))], {}, {"e": _f32(0.5)}),
+         {"x": SPECIAL}),
+]
+
+# ------------------------------------------------------------------------------- Min, Max, Mean, PRelu, Clip
+
+
+def _variadic(op: str, shapes: Sequence[tuple[int, ...]], dtype=np.float32, opset: int = OPSET) -> OpCase:
+    names = [f"x{i}" for i in range(len(shapes))]
+    data = {n: (_ints(s, seed=i) if dtype != np.float32 else rand(*s, seed=i)).astype(dtype)
+            for i, (n, s) in enumerate(zip(names, shapes))}
+    id = f"{op.lower()}-{np.dtype(dtype).name}-" + "-".join(_shape_id(s) for s in shapes)
+    return case(id + ("" if opset == OPSET else f"-opset{opset}"),
+                single_op_model(op, [(n, s, dtype) for n, s in zip(names, shapes)], opset=opset), data)
+
+
+VARIADIC_SHAPES = [[(2, 3)], [(2, 3, 4), (4,)], [(2, 1), (3,), (1, 1)], [(), (2, 2)]]
+
+MIN_MAX_MEAN_CASES: list[OpCase] = [
+    _variadic(op, shapes) for op in ("Min", "Max", "Mean") for shapes in VARIADIC_SHAPES
+] + [
+    _variadic(op, [(2, 3, 4), (3, 1)], dtype) for op in ("Min", "Max") for dtype in (np.int64, np.int32)
+] + [
+    _variadic("Max", [(2, 3), (3,)], opset=9),
+    _variadic("Mean", [(2, 3), (2, 3)], opset=9),
+    _binary_case("max-nan", "Max", _f32([NAN, 1, NAN, INF, -INF]), _f32([1, NAN, NAN, 2, 3])),
+    _binary_case("min-nan", "Min", _f32([NAN, 1, NAN, INF, -INF]), _f32([1, NAN, NAN, 2, 3])),
+]
+
+PRELU_CASES: list[OpCase] = [
+    case("prelu-channel-slope", single_op_model("PRelu", [("x", (2, 3, 4, 5))], {}, {"s": rand(3, 1, 1, seed=1)})),
+    case("prelu-scalar-slope", single_op_model("PRelu", [("x", X3)], {}, {"s": _f32(0.25)})),
+    case("prelu-same-shape-input", single_op_model("PRelu", [("x", X3), ("s", X3)])),
+    case("prelu-special", single_op_model("PRelu", [("x", (12,))], {}, {"s": _f32([0.1])}), {"x": SPECIAL}),
+]
+
+CLIP_CASES: list[OpCase] = [
+    case("clip-int64", single_op_model("Clip", [("x", X3, np.int64)], initializers={"lo": _i64(-5), "hi": _i64(7)}),
+         {"x": _ints(X3, 1)}),
+    case("clip-int64-only-max", single_op_model("Clip", [("x", X3, np.int64)], {}, {"hi": _i64(3)},
+                                                node_inputs=["x", "", "hi"]), {"x": _ints(X3, 1)}),
+    case("clip-int32-unbounded", single_op_model("Clip", [("x", X3, np.int32)]), {"x": _ints(X3, 1, dtype=np.int32)}),
+    case("clip-runtime-bounds", single_op_model("Clip", [("x", X3, np.float32), ("lo", (), np.float32),
+                                                     ("hi", (), np.float32)]),
+         {"x": rand(*X3), "lo": _f32(-0.5), "hi": _f32(0.7)}),
+    case("clip-runtime-max-constant-min", single_op_model("Clip", [("x", X3, np.float32), ("hi", (), np.float32)],
+                                                          {}, {"lo": _f32(-0.2)}, node_inputs=["x", "lo", "hi"]),
+         {"x": rand(*X3), "hi": _f32(0.3)}),
+    case("clip-runtime-min-only", single_op_model("Clip", [("x", X3, np.float32), ("lo", (), np.float32)]),
+         {"x": rand(*X3), "lo": _f32(0.1)}),
+    case("clip-inf-unbounded", single_op_model("Clip", [("x", (12,))]), {"x": SPECIAL}),
+]
+
+# ------------------------------------------------------------------------------------ comparisons and logic
+
+COMPARISON_OPS = ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual")
+
+
+def _rounded(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """Floats with many ties, so that equality is exercised."""
+    return _f32(np.round(rand(*shape, seed=seed) * 2) / 2)
+
+
+COMPARISON_CASES: list[OpCase] = [
+    _binary_case(f"{op.lower()}-float-{_shape_id(a)}-{_shape_id(b)}", op, _rounded(a, 1), _rounded(b, 2))
+    for op in COMPARISON_OPS for a, b in [((2, 3, 4), (2, 3, 4)), ((2, 3, 4), (3, 1)), ((), (5,))]
+] + [
+    _binary_case(f"{op.lower()}-int64", op, _ints(X3, 1, -3, 3), _ints((4,), 2, -3, 3)) for op in COMPARISON_OPS
+] + [
+    _binary_case(f"{op.lower()}-int32", op, _ints(X3, 1, -3, 3, np.int32), _ints(X3, 2, -3, 3, np.int32))
+    for op in COMPARISON_OPS
+] + [
+    _binary_case(f"{op.lower()}-nan-inf", op, _f32([NAN, NAN, 1, INF, -INF, 0.0]), _f32([NAN, 1, NAN, INF, 1, -0.0]))
+    for op in COMPARISON_OPS
+] + [
+    _binary_case("equal-bool", "Equal", _bools(X3, 1), _bools((4,), 2)),
+    _binary_case("less-opset9", "Less", _rounded(X3, 1), _rounded((4,), 2), opset=9),
+    _binary_case("equal-opset11", "Equal", _ints(X3, 1, -3, 3), _ints((4,), 2, -3, 3), opset=11),
+]
+
+LOGIC_SHAPES = [((2, 3, 4), (2, 3, 4)), ((2, 3, 4), (4,)), ((3, 1), (1, 4)), ((), (5,))]
+
+LOGIC_CASES: list[OpCase] = [
+    _binary_case(f"{op.lower()}-{_shape_id(a)}-{_shape_id(b)}", op, _bools(a, 1), _bools(b, 2))
+    for op in ("And", "Or", "Xor") for a, b in LOGIC_SHAPES
+] + [
+    _unary_case("not-3d", "Not", _bools(X3, 1)),
+    _unary_case("not-1d", "Not", _bools((7,), 2)),
+    _unary_case("not-scalar", "Not", np.asarray(True)),
+]
+
+# ---------------------------------------------------------------------------------------------- Where, Cast
+
+
+def _where(id: str, c: tuple[int, ...], x: np.ndarray, y: np.ndarray) -> OpCase:
+    model = single_op_model("Where", [("c", c, np.bool_), ("a", x.shape, x.dtype.type), ("b", y.shape, y.dtype.type)])
+    # onnxruntime has no bool Where: numpy is the reference there.
+    reference = (lambda f: {"y": np.where(f["c"], f["a"], f["b"])}) if x.dtype == np.bool_ else None
+    return case(f"where-{id}", model, {"c": _bools(c, 1), "a": x, "b": y}, reference=reference)
+
+
+WHERE_CASES: list[OpCase] = [
+    _where("float", X3, rand(*X3, seed=2), rand(*X3, seed=3)),
+    _where("float-broadcast", (3, 1), rand(2, 1, 4, seed=2), rand(4, seed=3)),
+    _where("int64", X3, _ints(X3, 2), _ints((4,), 3)),
+    _where("int32-scalar-values", X3, np.asarray(7, np.int32), np.asarray(-3, np.int32)),
+    _where("bool-values", (2, 1), _bools((1, 4), 2), _bools((2, 4), 3)),
+    _where("scalar-condition", (), rand(3, seed=2), rand(3, seed=3)),
+]
+
+CAST_VALUES = _f32([2.7, -2.7, 0.5, -0.5, 0.0, -0.0, 1e10, -1e10, 3e9, NAN, 100.0, -7.0])
+CAST_SOURCES: dict[str, np.ndarray] = {
+    "float32": CAST_VALUES,
+    "int64": _i64([0, 1, -1, 2 ** 40 + 5, -(2 ** 33), 7, 2 ** 62, -3, 5, 0, 12, -12]),
+    "int32": np.asarray([0, 1, -1, 2 ** 30, -(2 ** 31), 7, 2 ** 31 - 1, -3, 5, 0, 12, -12], np.int32),
+    "bool": np.resize([True, False, False], 12),
+}
+CAST_TARGETS = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64, "int32": TensorProto.INT32,
+                "bool": TensorProto.BOOL}
+# Float to int of NaN and out-of-range values: onnxruntime gives x86's "integer indefinite" (the dtype's minimum).
+CAST_CASES: list[OpCase] = [
+    _unary_case(f"cast-{source}-to-{target}", "Cast", data, {"to": CAST_TARGETS[target]})
+    for source, data in CAST_SOURCES.items() for target in CAST_TARGETS
+] + [
+    _unary_case("cast-float32-to-int64-opset9", "Cast", rand(*X3, scale=100.0), {"to": TensorProto.INT64}, opset=9),
+    _unary_case("cast-float32-to-bool-opset19-saturate", "Cast", SPECIAL, {"to": TensorProto.BOOL, "saturate": 1},
+                opset=19),
+    case("castlike-float32-to-int64", single_op_model("CastLike", [("x", (12,), np.float32)],
+                                                  initializers={"like": _i64([0])}), {"x": CAST_VALUES}),
+    case("castlike-int64-to-float32", single_op_model("CastLike", [("x", (12,), np.int64)],
+                                                  initializers={"like": _f32([0])}), {"x": CAST_SOURCES["int64"]}),
+    case("castlike-float32-to-bool-input", single_op_model("CastLike", [("x", (12,), np.float32), ("like", (2,), np.bool_)]),
+         {"x": SPECIAL, "like": np.asarray([True, False])}),
+    case("castlike-bool-to-int32", single_op_model("CastLike", [("x", (12,), np.bool_)],
+                                               initializers={"like": np.asarray([1], np.int32)}),
+         {"x": CAST_SOURCES["bool"]}),
+]
+
+CASES: list[OpCase] = (ACTIVATION_CASES + ARITHMETIC_CASES + UNARY_CASES + INTEGER_ARITHMETIC_CASES
+                       + MIN_MAX_MEAN_CASES + PRELU_CASES + CLIP_CASES + COMPARISON_CASES + LOGIC_CASES + WHERE_CASES
+                       + CAST_CASES)
 
 
 @pytest.mark.parametrize("c", params(CASES))
 def test_matches_onnxruntime(c: OpCase, tmp_path) -> None:
     check_case(c, tmp_path)
+
+
+@pytest.mark.parametrize("model, message", [
+    pytest.param(single_op_model("Relu", [("x", X3, np.int64)]), "farm's Relu takes float32", id="relu-int64"),
+    pytest.param(single_op_model("Mean", [("a", X3, np.int32), ("b", X3, np.int32)]), "input 0 has dtype int32",
+                 id="mean-int32"),
+    pytest.param(single_op_model("Gelu", [("x", X3, np.float32)], {"approximate": "erf"}, opset=20),
+                 "Gelu approximate='erf'", id="gelu-unknown-approximation"),
+    pytest.param(single_op_model("Pow", [("a", X3, np.float32)], initializers={"b": np.ones(4, np.float64)}),
+                 "input 1 has dtype float64", id="pow-float64-exponent"),
+])
+def test_unsupported_variants_are_refused(model: onnx.ModelProto, message: str, tmp_path: Path) -> None:
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    with pytest.raises(UnsupportedError, match=message):
+        plan_model(path)
+
+
+# ------------------------------------------------------------------------------------------------- OpenCL
+
+# One or two cases per kind of kernel: the math functions' polynomials and selects, integer division, bool
+# buffers, casts, broadcasting and runtime bounds, rendered as OpenCL C and run on this host's device.
+OPENCL_SAMPLE = [
+    "erf-random", "gelu-tanh", "sin-more", "cos-special", "tan-random", "atan-more", "round-special", "mish-more",
+    "softplus-more", "isinf-default", "pow-special", "pow-int64-int64", "pow-constant-exponent-2", "max-nan",
+    "mod-int64-signs", "mod-float-floor-special-opset28", "div-int64-truncates", "add-int64-2x3x4-4", "less-float-2x3x4-3x1",
+    "equal-bool", "xor-2x3x4-2x3x4", "not-3d", "where-float-broadcast", "where-bool-values", "cast-float32-to-int64",
+    "cast-float32-to-bool", "cast-bool-to-float32", "cast-int64-to-int32", "clip-runtime-bounds",
+    "add-int64-fused-clip",
+]
+
+
+@pytest.mark.parametrize("c", params(c for c in CASES if c.id in OPENCL_SAMPLE))
+def test_opencl_matches_onnxruntime(c: OpCase, fingerprint: str, tmp_path: Path) -> None:
+    check_case_on_opencl(c, fingerprint, tmp_path)
+
+
+def test_opencl_sample_names_cases() -> None:
+    assert set(OPENCL_SAMPLE) <= {c.id for c in CASES}

@@ -1,13 +1,27 @@
-"""farm.ops.nn against onnxruntime: Conv, Gemm, MatMul, pools, LRN, BatchNormalization and Softmax, one op per
-model over their attribute variants; then activations fused into their producer by the passes."""
+"""farm.ops.nn against onnxruntime: Conv, ConvTranspose, Gemm, MatMul, pools, LRN, BatchNormalization, the
+softmax family (Softmax, LogSoftmax, Hardmax) and the normalisations (Layer, Instance, Group, MeanVariance, Lp), one
+op per model over their attribute variants; then activations fused into their producer by the passes; a sample
+also on OpenCL."""
 
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
-from numerics import OpCase, assert_close, case, check_case, graph_model, params, rand, single_op_model
-from onnx import helper
+from numerics import (
+    IR_VERSION,
+    OpCase,
+    assert_close,
+    case,
+    check_case,
+    check_case_on_opencl,
+    graph_model,
+    params,
+    rand,
+    single_op_model,
+)
+from onnx import TensorProto, helper, numpy_helper
 
 # ---------------------------------------------------------------------------------------------------------- Conv
 
@@ -66,6 +80,50 @@ CONV_CASES: list[OpCase] = [
     _conv("pads-beyond-kernel", (1, 3, 4, 4), (4, 3, 3, 3), {"pads": [3, 0, 4, 1]}),
     case("conv-weight-as-graph-input",
          single_op_model("Conv", [("x", (1, 3, 6, 6)), ("w", (4, 3, 3, 3))], {"pads": [1, 1, 1, 1]})),
+]
+
+# ------------------------------------------------------------------------------------------------- ConvTranspose
+
+
+def _conv_transpose(id: str, x: tuple[int, ...], w: tuple[int, ...], attrs: dict | None = None, bias: bool = True,
+                    opset: int = 17) -> OpCase:
+    """ConvTranspose of x with weights w (C, M/group, k...) and a bias of M = w[1] * group."""
+    initializers = {"w": rand(*w, seed=1, scale=1.0 / np.sqrt(np.prod(w[1:])))}
+    if bias:
+        initializers["b"] = rand(w[1] * (attrs or {}).get("group", 1), seed=2)
+    return case(f"convtranspose-{id}", single_op_model("ConvTranspose", [("x", x)], attrs or {}, initializers, opset))
+
+
+CONV_TRANSPOSE_CASES: list[OpCase] = [
+    _conv_transpose("3x3", (1, 4, 5, 5), (4, 6, 3, 3)),
+    _conv_transpose("3x3-no-bias", (1, 4, 5, 6), (4, 3, 3, 3), bias=False),
+    _conv_transpose("stride2-pads1", (1, 4, 5, 5), (4, 6, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    _conv_transpose("stride2-output-padding", (1, 3, 4, 5), (3, 2, 3, 3),
+                    {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]}),
+    _conv_transpose("stride-3-2", (2, 3, 4, 5), (3, 2, 3, 2), {"strides": [3, 2]}),
+    _conv_transpose("4x4-stride2-pad1-dcgan", (1, 32, 8, 8), (32, 16, 4, 4), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    _conv_transpose("dilation2", (1, 2, 5, 5), (2, 3, 3, 3), {"dilations": [2, 2]}),
+    _conv_transpose("dilation2-stride2", (1, 2, 4, 4), (2, 3, 3, 3), {"dilations": [2, 2], "strides": [2, 2],
+                                                                      "pads": [2, 1, 0, 1]}),
+    _conv_transpose("asymmetric-pads", (1, 3, 5, 5), (3, 2, 3, 3), {"pads": [0, 2, 1, 0]}),
+    _conv_transpose("groups2", (1, 4, 5, 5), (4, 3, 3, 3), {"group": 2}),
+    _conv_transpose("groups2-batch2-stride2", (2, 4, 4, 4), (4, 2, 3, 3), {"group": 2, "strides": [2, 2]}),
+    _conv_transpose("depthwise", (1, 4, 5, 5), (4, 1, 3, 3), {"group": 4, "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    _conv_transpose("kernel-shape-attr", (1, 2, 4, 4), (2, 3, 3, 3), {"kernel_shape": [3, 3]}),
+    _conv_transpose("output-shape", (1, 2, 3, 3), (2, 3, 3, 3), {"strides": [3, 2], "output_shape": [10, 8]}),
+    _conv_transpose("output-shape-odd-padding", (1, 2, 3, 3), (2, 3, 3, 3),
+                    {"strides": [2, 2], "output_shape": [6, 5]}),
+    _conv_transpose("output-shape-same-upper", (1, 2, 3, 3), (2, 3, 3, 3), {"strides": [2, 2], "output_shape": [6, 5],
+                                                                           "auto_pad": "SAME_UPPER"}),
+    _conv_transpose("auto-pad-same-upper", (1, 2, 4, 5), (2, 3, 3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    _conv_transpose("auto-pad-same-lower", (1, 2, 4, 5), (2, 3, 4, 3), {"auto_pad": "SAME_LOWER", "strides": [2, 2]}),
+    _conv_transpose("auto-pad-valid", (1, 2, 4, 4), (2, 3, 3, 3), {"auto_pad": "VALID", "strides": [2, 2]}),
+    _conv_transpose("1x1", (1, 8, 4, 4), (8, 5, 1, 1)),
+    _conv_transpose("1d", (2, 3, 7), (3, 4, 3), {"strides": [2], "pads": [1, 0]}),
+    _conv_transpose("3d", (1, 2, 3, 4, 3), (2, 3, 2, 3, 2), {"strides": [2, 1, 2], "pads": [0, 1, 0, 0, 1, 1]}),
+    _conv_transpose("opset9", (1, 2, 4, 4), (2, 3, 3, 3), {"strides": [2, 2]}, opset=9),
+    case("convtranspose-weight-as-graph-input",
+         single_op_model("ConvTranspose", [("x", (1, 3, 4, 4)), ("w", (3, 2, 3, 3))], {"strides": [2, 2]})),
 ]
 
 # ---------------------------------------------------------------------------------------------------------- Gemm
@@ -291,6 +349,119 @@ SOFTMAX_CASES: list[OpCase] = [
     case("softmax-large-logits", single_op_model("Softmax", [("x", (2, 50))]), {"x": rand(2, 50, scale=80.0)}),
 ]
 
+def _softmax_family(op: str, x: tuple[int, ...], axis: int | None, opset: int, scale: float = 3.0) -> OpCase:
+    attrs = {} if axis is None else {"axis": axis}
+    name = f"{op.lower()}-{len(x)}d-axis{'default' if axis is None else axis}-opset{opset}"
+    return case(name, single_op_model(op, [("x", x)], attrs, opset=opset), {"x": rand(*x, scale=scale)})
+
+
+SOFTMAX_FAMILY_CASES: list[OpCase] = [
+    _softmax_family(op, shape, axis, opset)
+    for op in ("LogSoftmax", "Hardmax")
+    for opset in (11, 13)
+    for shape in SOFTMAX_SHAPES
+    for axis in sorted({0, 1, len(shape) - 1, -1}) + [None]
+] + [
+    _softmax_family("LogSoftmax", (2, 3, 4, 5), -2, 9),
+    _softmax_family("Hardmax", (2, 3, 4, 5), 2, 9),
+    _softmax_family("LogSoftmax", (3, 1000), None, 17),
+    _softmax_family("Softmax", (8, 16, 32), 1, 17),
+    case("logsoftmax-large-logits", single_op_model("LogSoftmax", [("x", (2, 50))]), {"x": rand(2, 50, scale=80.0)}),
+    case("hardmax-ties-first", single_op_model("Hardmax", [("x", (3, 4))]),
+         {"x": np.array([[1, 3, 3, 0], [2, 2, 2, 2], [-1, -5, -1, -3]], np.float32)}),
+]
+
+# --------------------------------------------------------------------------------------------- normalisations
+
+
+def _layernorm(id: str, x: tuple[int, ...], axis: int | None = None, scale: tuple[int, ...] | None = None,
+               bias: bool = True, attrs: dict | None = None, graph_params: bool = False) -> OpCase:
+    """LayerNormalization with scale (and bias) of shape `scale` (default: the normalised shape) as initializers,
+    or as graph inputs with graph_params."""
+    attrs = {**(attrs or {}), **({} if axis is None else {"axis": axis})}
+    param_shape = scale or x[(axis if axis is not None else -1):]
+    params = {"scale": rand(*param_shape, seed=1), **({"bias": rand(*param_shape, seed=2)} if bias else {})}
+    if graph_params:
+        model = single_op_model("LayerNormalization", [("x", x), *[(n, a.shape) for n, a in params.items()]], attrs)
+        feeds = {"x": rand(*x, scale=2.0) + 1.0, **params}
+    else:
+        model = single_op_model("LayerNormalization", [("x", x)], attrs, params)
+        feeds = {"x": rand(*x, scale=2.0) + 1.0}
+    return case(f"layernorm-{id}", model, feeds)
+
+
+def _layernorm_statistics(outputs: list[str], axis: int) -> OpCase:
+    """LayerNormalization with its optional Mean and InvStdDev outputs ("" for one left out) as graph outputs."""
+    x = (2, 3, 4, 5)
+    params = {"scale": rand(*x[axis:], seed=1), "bias": rand(*x[axis:], seed=2)}
+    node = helper.make_node("LayerNormalization", ["x", *params], outputs, axis=axis)
+    present = [name for name in outputs if name]
+    return case(f"layernorm-statistics-{'-'.join(present[1:])}", graph_model([node], [("x", x)], present, params))
+
+
+def _same_shape_model(op: str, inputs: list[tuple[str, tuple[int, ...]]], attrs: dict, initializers: dict,
+                      opset: int) -> onnx.ModelProto:
+    """One `op` node whose output y is declared with x's shape: ONNX shape inference leaves GroupNormalization's
+    output untyped. (The checker refuses GroupNormalization-18, deprecated since opset 21 though models use it.)"""
+    node = helper.make_node(op, [n for n, _ in inputs] + list(initializers), ["y"], name=f"{op.lower()}_0", **attrs)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(shape)) for n, shape in inputs],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(inputs[0][1]))],
+        initializer=[numpy_helper.from_array(a, n) for n, a in initializers.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
+    if (op, opset) != ("GroupNormalization", 18):
+        onnx.checker.check_model(model)
+    return model
+
+
+def _norm(op: str, id: str, x: tuple[int, ...], attrs: dict | None = None, params: dict | None = None,
+          opset: int = 17, graph_params: bool = False) -> OpCase:
+    params = params or {}
+    inputs = [("x", x)] + ([(n, a.shape) for n, a in params.items()] if graph_params else [])
+    model = _same_shape_model(op, inputs, attrs or {}, {} if graph_params else params, opset)
+    return case(f"{op.lower()}-{id}", model, {"x": rand(*x, scale=2.0) + 0.5, **(params if graph_params else {})})
+
+
+def _channel_params(c: int) -> dict:
+    return {"scale": rand(c, seed=1), "bias": rand(c, seed=2)}
+
+
+NORM_CASES: list[OpCase] = [
+    _layernorm("last-axis", (2, 5, 16)),
+    _layernorm("axis1", (2, 3, 4, 5), axis=1),
+    _layernorm("axis0", (3, 4), axis=0),
+    _layernorm("negative-axis", (2, 3, 4, 5), axis=-2),
+    _layernorm("no-bias", (4, 32), bias=False),
+    _layernorm("epsilon", (4, 8), attrs={"epsilon": 0.5}),
+    _layernorm("scale-broadcast", (2, 3, 4, 5), axis=2, scale=(5,)),
+    _layernorm("scale-leading-ones", (2, 6, 8), scale=(1, 1, 8)),
+    _layernorm("graph-input-params", (2, 3, 10), graph_params=True),
+    _layernorm("transformer-row", (1, 16, 768)),
+    _layernorm_statistics(["y", "mean", "inv_std"], 1),
+    _layernorm_statistics(["y", "mean"], -1),
+    _layernorm_statistics(["y", "", "inv_std"], 2),
+    _norm("InstanceNormalization", "4d", (2, 3, 5, 6), params=_channel_params(3)),
+    _norm("InstanceNormalization", "3d-epsilon", (2, 4, 7), {"epsilon": 0.01}, _channel_params(4)),
+    _norm("InstanceNormalization", "graph-input-params", (1, 3, 4, 4), params=_channel_params(3), graph_params=True),
+    _norm("InstanceNormalization", "opset9", (1, 2, 3, 3), params=_channel_params(2), opset=9),
+    _norm("GroupNormalization", "opset21-per-channel", (2, 6, 4, 5), {"num_groups": 3}, _channel_params(6), opset=21),
+    _norm("GroupNormalization", "opset21-one-group", (2, 4, 3, 3), {"num_groups": 1, "epsilon": 0.01},
+          _channel_params(4), opset=21),
+    _norm("GroupNormalization", "opset21-channel-groups", (1, 4, 6), {"num_groups": 4}, _channel_params(4),
+          opset=21),
+    _norm("GroupNormalization", "opset18-per-group", (2, 6, 4, 5), {"num_groups": 3}, _channel_params(3), opset=18),
+    _norm("MeanVarianceNormalization", "default-axes", (2, 3, 4, 5)),
+    _norm("MeanVarianceNormalization", "axes-2-3", (2, 3, 4, 5), {"axes": [2, 3]}),
+    _norm("MeanVarianceNormalization", "axes-1", (2, 3, 4, 5), {"axes": [1]}),
+    _norm("MeanVarianceNormalization", "opset9", (2, 3, 4, 5), opset=9),
+    _norm("LpNormalization", "default", (3, 4, 5)),
+    _norm("LpNormalization", "p1-axis1", (3, 4, 5), {"p": 1, "axis": 1}),
+    _norm("LpNormalization", "p2-axis0", (3, 4), {"p": 2, "axis": 0}),
+    _norm("LpNormalization", "p1-negative-axis", (2, 3, 4), {"p": 1, "axis": -3}),
+    case("lpnormalization-zero-row", single_op_model("LpNormalization", [("x", (3, 4))]),
+         {"x": np.array([[0, 0, 0, 0], [1, 2, 3, 4], [0, -1, 0, 0]], np.float32)}),
+]
+
 # ------------------------------------------------------------------------------------------- fused activations
 
 
@@ -319,6 +490,8 @@ FUSED_CASES: list[OpCase] = [
     _pair("conv-leakyrelu", CONV, ("LeakyRelu", [], {"alpha": 0.1}), CONV_X, W, schedule=("Conv",)),
     _pair("depthwise-conv-clip", ("Conv", ["dw"], {"group": 4, "pads": [1, 1, 1, 1]}), ("Clip", ["lo", "hi"], {}),
           CONV_X, {"dw": rand(4, 1, 3, 3, seed=3), "lo": np.float32(0.0), "hi": np.float32(0.5)}, schedule=("Conv",)),
+    _pair("convtranspose-relu", ("ConvTranspose", ["tw", "tb"], {"strides": [2, 2]}), ("Relu", [], {}), CONV_X,
+          {"tw": rand(4, 3, 3, 3, seed=8), "tb": rand(3, seed=9)}, schedule=("ConvTranspose",)),
     _pair("pointwise-conv-relu", ("Conv", ["pw"], {}), ("Relu", [], {}), CONV_X, {"pw": rand(5, 4, 1, 1, seed=4)},
           schedule=("Conv",)),
     _pair("gemm-leakyrelu", ("Gemm", ["gw", "gb"], {"transB": 1}), ("LeakyRelu", [], {"alpha": 0.2}),
@@ -349,7 +522,8 @@ FUSED_CASES: list[OpCase] = [
         CONV_X, ["c", "y"], W), schedule=("Conv", "Relu")),
 ]
 
-CASES: list[OpCase] = CONV_CASES + GEMM_CASES + MATMUL_CASES + POOL_CASES + LRN_CASES + BN_CASES + SOFTMAX_CASES
+CASES: list[OpCase] = (CONV_CASES + CONV_TRANSPOSE_CASES + GEMM_CASES + MATMUL_CASES + POOL_CASES + LRN_CASES
+                       + BN_CASES + SOFTMAX_CASES + SOFTMAX_FAMILY_CASES + NORM_CASES)
 ALL_CASES: list[OpCase] = CASES + FUSED_CASES
 
 
@@ -383,3 +557,25 @@ def test_fused_activation_matches_onnxruntime(c: OpCase, tmp_path) -> None:
     """The passes fuse the activation into its producer (the schedule shows one kernel) and the result still
     matches onnxruntime; where fusion must not happen, the activation stays a kernel of its own."""
     check_case(c, tmp_path)
+
+
+# ------------------------------------------------------------------------------------------------- OpenCL
+
+# The kernels added with the softmax family, the normalisations and ConvTranspose (transposed weights, Gemm into
+# scratch, col2im with tap skipping, fused activation), rendered as OpenCL C and run on this host's device.
+OPENCL_SAMPLE = [
+    "softmax-3d-axis1-opset17", "logsoftmax-3d-axis1-opset13", "hardmax-4d-axis2-opset9", "layernorm-scale-broadcast",
+    "layernorm-statistics-mean-inv_std", "instancenormalization-4d", "groupnormalization-opset21-per-channel",
+    "meanvariancenormalization-axes-1", "lpnormalization-p1-axis1", "convtranspose-stride2-output-padding",
+    "convtranspose-groups2-batch2-stride2", "convtranspose-dilation2-stride2", "convtranspose-3d",
+    "fused-convtranspose-relu",
+]
+
+
+@pytest.mark.parametrize("c", params(c for c in ALL_CASES if c.id in OPENCL_SAMPLE))
+def test_opencl_matches_onnxruntime(c: OpCase, fingerprint: str, tmp_path) -> None:
+    check_case_on_opencl(c, fingerprint, tmp_path)
+
+
+def test_opencl_sample_names_cases() -> None:
+    assert set(OPENCL_SAMPLE) <= {c.id for c in ALL_CASES}

@@ -8,7 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import test_ops_elementwise
+import test_ops_indexing
 import test_ops_nn
+import test_ops_reduce
 import test_ops_tensor
 from numerics import graph_model, ops_of, rand
 from onnx import helper, save
@@ -24,6 +26,8 @@ CASE_FILES = {
     "farm.ops.elementwise": test_ops_elementwise.CASES,
     "farm.ops.nn": test_ops_nn.ALL_CASES,
     "farm.ops.tensor": test_ops_tensor.CASES,
+    "farm.ops.reduce": test_ops_reduce.CASES,
+    "farm.ops.indexing": test_ops_indexing.CASES,
 }
 
 
@@ -39,14 +43,11 @@ def test_every_supported_op_has_a_case() -> None:
     )
 
 
-def test_supported_ops_is_the_documented_set() -> None:
-    assert set(SUPPORTED_OPS) == {
-        "Conv", "BatchNormalization", "Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "Add", "Sub", "Mul", "Div",
-        "Sum", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LRN", "Flatten",
-        "Reshape", "Transpose", "Concat", "Squeeze", "Unsqueeze", "Softmax", "Pad", "Dropout", "Identity",
-    }
-    assert len(SUPPORTED_OPS) == 29 and list(SUPPORTED_OPS) == sorted(SUPPORTED_OPS)
-    assert "Conv" in SUPPORTED_OPS and "ConvTranspose" not in SUPPORTED_OPS
+def test_the_op_set_reaches_the_transformer_issues_bar() -> None:
+    """At least 80 ONNX op types (issue 5), listed in order; docs/conformance.md has a row for each
+    (tests/test_conformance.py checks that)."""
+    assert len(SUPPORTED_OPS) >= 80 and list(SUPPORTED_OPS) == sorted(SUPPORTED_OPS)
+    assert {"LayerNormalization", "Gather", "Erf", "Where", "Einsum", "TopK", "ConvTranspose"} <= set(SUPPORTED_OPS)
 
 
 @pytest.mark.parametrize("module", sorted(CASE_FILES))

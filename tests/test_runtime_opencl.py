@@ -41,7 +41,8 @@ def _check(model, path, seed=0):
         assert np.abs(got - want).max() <= 1e-4 * max(1.0, np.abs(want).max())
 
 
-@pytest.mark.parametrize("name", ["mlp", "tiny_cnn", "small_cnn", "mobilenetv2_style", "resnet18_style"])
+@pytest.mark.parametrize("name", ["mlp", "tiny_cnn", "small_cnn", "mobilenetv2_style", "resnet18_style", "bert_style",
+                                  "vit_style"])
 def test_spine_models_match_onnxruntime_on_pocl(name, fingerprint, tmp_path):
     path = tmp_path / f"{name}.onnx"
     onnx.save(examples.EXAMPLES[name](), path)

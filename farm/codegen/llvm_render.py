@@ -281,11 +281,14 @@ def _exp(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
 
 
 def _log(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """Cephes logf, inline; log(0) = -inf, log(inf) = inf, log of a negative or NaN is NaN."""
+    """Cephes logf, inline; log(0) = -inf, log(inf) = inf, log of a negative or NaN is NaN. Subnormal inputs are
+    scaled by 2^23 first (and the exponent corrected), so they keep full accuracy."""
     c = lambda v: ir.Constant(F32_T, v)  # noqa: E731
     i = lambda v: ir.Constant(I32_T, v)  # noqa: E731
-    bits = b.bitcast(_fmax(b, x, c(1.17549435e-38)), I32_T)
-    e = b.sitofp(b.sub(b.lshr(bits, i(23)), i(126)), F32_T)
+    subnormal = b.fcmp_ordered("<", x, c(1.17549435e-38))
+    scaled = b.select(subnormal, b.fmul(x, c(8388608.0)), x)
+    bits = b.bitcast(_fmax(b, scaled, c(1.17549435e-38)), I32_T)
+    e = b.sitofp(b.sub(b.lshr(bits, i(23)), b.select(subnormal, i(149), i(126))), F32_T)
     m = b.bitcast(b.or_(b.and_(bits, i(0x807FFFFF)), i(0x3F000000)), F32_T)
     small = b.fcmp_ordered("<", m, c(0.707106781186547524))
     e = b.select(small, b.fsub(e, c(1.0)), e)

@@ -66,9 +66,10 @@ def run_launches(program: Any, launch_list: Sequence[Launch], sizes: Sequence[in
 
     context = program.get_info(cl.program_info.CONTEXT)
     queue = cl.CommandQueue(context)
-    buffers = [cl.Buffer(context, cl.mem_flags.READ_WRITE, max(int(size), 4)) for size in sizes]
-    for buffer, size in zip(buffers, sizes):
-        cl.enqueue_fill_buffer(queue, buffer, b"\0\0\0\0", 0, max(int(size), 4))
+    padded = [-(-max(int(size), 4) // 4) * 4 for size in sizes]  # fills go in whole 4-byte patterns
+    buffers = [cl.Buffer(context, cl.mem_flags.READ_WRITE, size) for size in padded]
+    for buffer, size in zip(buffers, padded):
+        cl.enqueue_fill_buffer(queue, buffer, b"\0\0\0\0", 0, size)
     for name, global_size in launch_list:
         cl.Kernel(program, name)(queue, tuple(int(n) for n in global_size), None, *buffers)
     queue.finish()

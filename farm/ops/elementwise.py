@@ -1,69 +1,432 @@
-"""Elementwise ops: activations and numpy-broadcasting arithmetic."""
+"""Elementwise ops: activations and math functions, numpy-broadcasting arithmetic, comparisons, logic, Where and
+Cast.
+
+Every op here is one table entry (`Elementwise`): its value at one output element, given one element of each input
+(broadcast numpy-style to the output shape), plus the dtypes its inputs may have and its attributes. One lowering
+turns any entry into a parallel loop nest. Values are float32, int64 (int32 buffers load and store as int64) or
+bool, as ONNX allows per op; math functions come from farm.ops.mathfns.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import reduce
 from typing import Any
 
 from farm.codegen import loopir as L
-from farm.ops.registry import NodeContext, activate, elementwise_loops, out_shape, register
+from farm.graph import Activation
+from farm.ops import mathfns as M
+from farm.ops.registry import BUFFER_DTYPES, NodeContext, activate, out_shape, register
 from farm.specs import KernelSpec
 
+FLOAT = frozenset({"float32"})
+INT = frozenset({"int64", "int32"})
+BOOL = frozenset({"bool"})
+NUMERIC = FLOAT | INT
+ANY = NUMERIC | BOOL
 
-def _tanh(x: L.Expr) -> L.Expr:
-    """tanh from one exp of a non-positive argument, so that it never overflows."""
-    t = L.call("exp", -2.0 * L.select(L.compare("lt", x, 0.0), -x, x))
-    magnitude = (1.0 - t) / (1.0 + t)
-    return L.select(L.compare("lt", x, 0.0), -magnitude, magnitude)
-
-
-def _sigmoid(x: L.Expr) -> L.Expr:
-    return 1.0 / (1.0 + L.call("exp", -x))
+# The value of an op at one element: scope for intermediate locals, the inputs' elements, normalised attributes.
+Value = Callable[[M.Scope, list[L.Expr], dict[str, Any]], L.Expr]
 
 
-UNARY: dict[str, Callable[[L.Expr, dict[str, Any]], L.Expr]] = {
-    "Relu": lambda x, a: L.maximum(x, 0.0),
-    "LeakyRelu": lambda x, a: L.select(L.compare("lt", x, 0.0), x * a.get("alpha", 0.01), x),
-    "Clip": lambda x, a: L.minimum(L.maximum(x, a["min"]), a["max"]),
-    "Sigmoid": lambda x, a: _sigmoid(x),
-    "Tanh": lambda x, a: _tanh(x),
-}
+@dataclass(frozen=True)
+class Elementwise:
+    """One elementwise op.
+
+    `dtypes` gives the dtypes allowed for input 0, 1, ... (the last entry covers the remaining inputs);
+    `defaults` the attributes with their default values (their type is the attribute's); `attributes`, where
+    given, reads further attributes from the node (constant inputs, checked enums); `data_inputs` as in register.
+    """
+
+    value: Value
+    dtypes: tuple[frozenset[str], ...] = (FLOAT,)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    attributes: Callable[[NodeContext], dict[str, Any]] | None = None
+    data_inputs: tuple[int, ...] | None = None
+
+
+def _unary(fn: Callable[[M.Scope, L.Expr, dict[str, Any]], L.Expr]) -> Value:
+    return lambda s, xs, a: fn(s, xs[0], a)
+
+
+def _math(fn: Callable[[M.Scope, L.Expr], L.Expr]) -> Value:
+    """An attribute-free float function of mathfns."""
+    return lambda s, xs, a: fn(s, xs[0])
+
+
+def _fold(combine: Callable[[M.Scope, L.Expr, L.Expr], L.Expr]) -> Value:
+    """A variadic op as a left fold over its inputs."""
+    return lambda s, xs, a: reduce(lambda acc, x: combine(s, acc, x), xs)
+
+
+def _binary(op: str) -> Callable[[M.Scope, L.Expr, L.Expr], L.Expr]:
+    return lambda s, a, b: L.binary(op, a, b)
+
+
+def _as_float(x: L.Expr) -> L.Expr:
+    return x if x.dtype == L.F32 else L.to_float(x)
+
+
+# ------------------------------------------------------------------------------------------ activations
+
+
+def _leaky_relu(s: M.Scope, x: L.Expr, a: dict[str, Any]) -> L.Expr:
+    x = s.bind(x)
+    return L.select(L.compare("lt", x, 0.0), x * a["alpha"], x)
+
+
+def _clip(s: M.Scope, xs: list[L.Expr], a: dict[str, Any]) -> L.Expr:
+    """Lower bound first, then upper (so min > max gives max everywhere, as onnxruntime does). A bound is a number,
+    None (unbounded) or "input": read from the kernel's next input buffer."""
+    x, runtime_bounds = xs[0], iter(xs[1:])
+    for key, bound in (("min", L.maximum), ("max", L.minimum)):
+        if a[key] is not None:
+            x = bound(x, next(runtime_bounds) if a[key] == "input" else a[key])
+    return x
+
+
+def _elu(s: M.Scope, x: L.Expr, a: dict[str, Any]) -> L.Expr:
+    x = s.bind(x)
+    return L.select(L.compare("lt", x, 0.0), a["alpha"] * M.expm1(x), x)
+
+
+def _selu(s: M.Scope, x: L.Expr, a: dict[str, Any]) -> L.Expr:
+    x = s.bind(x)
+    return L.select(L.compare("le", x, 0.0), (a["gamma"] * a["alpha"]) * M.expm1(x), a["gamma"] * x)
+
+
+def _celu(s: M.Scope, x: L.Expr, a: dict[str, Any]) -> L.Expr:
+    x = s.bind(x)
+    return L.maximum(x, 0.0) + L.minimum(a["alpha"] * M.expm1(x / a["alpha"]), 0.0)
+
+
+def _hard_sigmoid(s: M.Scope, x: L.Expr, a: dict[str, Any]) -> L.Expr:
+    """min(max(alpha x + beta, 0), 1), the value first in each so that NaN propagates."""
+    return L.minimum(L.maximum(a["alpha"] * x + a["beta"], 0.0), 1.0)
+
+
+def _hard_swish(s: M.Scope, x: L.Expr, a: dict[str, Any]) -> L.Expr:
+    x = s.bind(x)
+    return x * _hard_sigmoid(s, x, {"alpha": 1.0 / 6.0, "beta": 0.5})
+
+
+def _thresholded_relu(s: M.Scope, x: L.Expr, a: dict[str, Any]) -> L.Expr:
+    x = s.bind(x)
+    return L.select(L.compare("gt", x, a["alpha"]), x, 0.0)
+
+
+def _shrink(s: M.Scope, x: L.Expr, a: dict[str, Any]) -> L.Expr:
+    x, lambd, bias = s.bind(x), a["lambd"], a["bias"]
+    return L.select(L.compare("lt", x, -lambd), x + bias, L.select(L.compare("gt", x, lambd), x - bias, 0.0))
+
+
+def _softsign(s: M.Scope, x: L.Expr) -> L.Expr:
+    x = s.bind(x)
+    return x / (1.0 + M.absolute(s, x))
+
+
+def _mish(s: M.Scope, x: L.Expr) -> L.Expr:
+    x = s.bind(x)
+    return x * M.tanh(s, M.softplus(s, x))
+
+
+_SQRT_HALF, _SQRT_2_OVER_PI = math.sqrt(0.5), math.sqrt(2.0 / math.pi)
+
+
+def _gelu(s: M.Scope, x: L.Expr, a: dict[str, Any]) -> L.Expr:
+    x = s.bind(x)
+    if a["approximate"] == "tanh":
+        inner = _SQRT_2_OVER_PI * (x + 0.044715 * (x * x * x))
+        return 0.5 * x * (1.0 + M.tanh(s, inner))
+    return 0.5 * x * (1.0 + M.erf(s, x * _SQRT_HALF))
+
+
+def _is_inf(s: M.Scope, x: L.Expr, a: dict[str, Any]) -> L.Expr:
+    x = s.bind(x)
+    found = [L.compare("eq", x, sign * M.INF) for sign, attr in ((1.0, "detect_positive"), (-1.0, "detect_negative"))
+             if a[attr]]
+    return reduce(M.logical_or, found) if found else M.FALSE
+
+
+# ----------------------------------------------------------------------------------------------- arithmetic
+
+
+def _divide(s: M.Scope, a: L.Expr, b: L.Expr) -> L.Expr:
+    """Float division, or integer division truncating toward zero (x / 0 gives 0 instead of trapping, and
+    x / -1 is a negation, so that INT64_MIN / -1 can't trap either)."""
+    if a.dtype == L.F32:
+        return a / b
+    a, b = s.bind(a), s.bind(b)
+    quotient = a / _safe_divisor(s, b)
+    return L.select(L.compare("eq", b, -1), -a, L.select(L.compare("eq", b, 0), 0, quotient))
+
+
+def _safe_divisor(s: M.Scope, b: L.Expr) -> L.Expr:
+    """b, or 1 where b is 0 or -1: divisors that can't trap (x % 1 = x % -1 = 0)."""
+    return L.select(M.logical_or(L.compare("eq", b, 0), L.compare("eq", b, -1)), 1, b)
+
+
+def _nan_max(s: M.Scope, a: L.Expr, b: L.Expr) -> L.Expr:
+    """max that propagates NaN from either side, as onnxruntime's Max does."""
+    if a.dtype != L.F32:
+        return L.maximum(a, b)
+    b = s.bind(b)
+    return L.select(M.is_nan(b), b, L.maximum(a, b))
+
+
+def _nan_min(s: M.Scope, a: L.Expr, b: L.Expr) -> L.Expr:
+    if a.dtype != L.F32:
+        return L.minimum(a, b)
+    b = s.bind(b)
+    return L.select(M.is_nan(b), b, L.minimum(a, b))
+
+
+def _mean(s: M.Scope, xs: list[L.Expr], a: dict[str, Any]) -> L.Expr:
+    return reduce(lambda acc, x: acc + x, xs) * (1.0 / len(xs))
+
+
+def _prelu(s: M.Scope, xs: list[L.Expr], a: dict[str, Any]) -> L.Expr:
+    x = s.bind(xs[0])
+    return L.select(L.compare("lt", x, 0.0), xs[1] * x, x)
+
+
+def _mod(s: M.Scope, xs: list[L.Expr], a: dict[str, Any]) -> L.Expr:
+    """fmod=1: C's fmod (the sign of the dividend); fmod=0: the sign of the divisor (numpy's mod). An integer
+    remainder by 0 gives 0 instead of trapping."""
+    x, y = xs
+    if x.dtype == L.F32:
+        return M.fmod(s, x, y) if a["fmod"] else M.floor_mod(s, x, y)
+    y = s.bind(y)
+    r = s.bind(x % _safe_divisor(s, y))
+    if a["fmod"]:
+        return r
+    differ = L.compare("ne", L.compare("lt", r, 0), L.compare("lt", y, 0))
+    return L.select(L.logical_and(M.logical_not(L.compare("eq", r, 0)), differ), r + y, r)
+
+
+# --------------------------------------------------------------------------------------------------- powers
+
+# Constant exponents computed by multiplication: Pow(x, 2) is how exported norms square.
+_MULTIPLY_EXPONENTS = 16
+
+
+def _power(s: M.Scope, xs: list[L.Expr], a: dict[str, Any]) -> L.Expr:
+    x, y = xs
+    if x.dtype == L.I64:
+        return _int_base_power(s, x, y, a["to"])
+    exponent = a["exponent"]
+    if exponent is not None and exponent == int(exponent) and abs(exponent) <= _MULTIPLY_EXPONENTS:
+        return M.integer_power(s, x, int(exponent))
+    if exponent == 0.5:
+        x = s.bind(x)
+        return L.select(L.compare("eq", x, -M.INF), M.INF, L.call("sqrt", x))
+    return M.power(s, x, _as_float(y))
+
+
+def _int_base_power(s: M.Scope, x: L.Expr, y: L.Expr, dtype: str) -> L.Expr:
+    """An integer base: exact for an integer (or integer-valued float) exponent; for a fractional one, the float
+    power truncated toward zero to `dtype`, snapped to the nearest integer when within float rounding of it."""
+    if y.dtype == L.I64:
+        return M.int_power(s, x, y)
+    y = s.bind(y)
+    whole = L.compare("eq", L.call("floor", y), y)
+    exact = M.int_power(s, x, L.Cast(L.minimum(L.maximum(y, -64.0), 64.0), L.I64))
+    approximate = s.bind(M.power(s, L.to_float(x), y))
+    nearest = s.bind(L.call("floor", approximate + 0.5))
+    close = L.compare("le", M.absolute(s, approximate - nearest), 1e-5 * M.absolute(s, nearest))
+    truncated = _float_to_int(s, L.select(close, nearest, approximate), dtype)
+    return L.select(whole, exact, truncated)
+
+
+# ------------------------------------------------------------------------------------------------- casts
+
+# Smallest value of each integer dtype: what x86's float-to-int conversion (and so onnxruntime) gives for NaN and
+# out-of-range values. INT64_MIN is written as a cast of -2^63 (a float): OpenCL C has no literal for it.
+_INT_MIN = {"int64": L.Cast(L.const(-(2.0 ** 63)), L.I64), "int32": L.const(-(2 ** 31))}
+_INT_RANGE = {"int64": 2.0 ** 63, "int32": 2.0 ** 31}
+
+
+def _float_to_int(s: M.Scope, x: L.Expr, dtype: str) -> L.Expr:
+    """Truncation toward zero; NaN and out-of-range values give the dtype's smallest value."""
+    x = s.bind(x)
+    in_range = L.compare("lt", M.absolute(s, x), _INT_RANGE[dtype])
+    return L.select(in_range, L.Cast(x, L.I64), _INT_MIN[dtype])
+
+
+def _cast(s: M.Scope, xs: list[L.Expr], a: dict[str, Any]) -> L.Expr:
+    """Cast among float32, int64, int32 and bool: float to int truncates, anything to bool is x != 0."""
+    x, to = xs[0], a["to"]
+    if to == "bool":
+        return M.nonzero(x)
+    if to == "float32":
+        return _as_float(x)
+    if x.dtype == L.F32:
+        return _float_to_int(s, x, to)
+    return L.Cast(x, L.I64) if x.dtype == L.BOOL else x
+
+
+# ------------------------------------------------------------------------------------------ normalisation
+
+
+_FLT_MAX = 3.4028234663852886e38
 
 
 def _clip_bounds(ctx: NodeContext) -> dict[str, Any]:
-    """Clip's bounds from attributes (opset < 11) or constant inputs (opset >= 11); absent means unbounded."""
-    low, high = ctx.node.attrs.get("min", -math.inf), ctx.node.attrs.get("max", math.inf)
-    low_input, high_input = ctx.constant(1), ctx.constant(2)
-    low = float(low_input) if low_input is not None else low
-    high = float(high_input) if high_input is not None else high
-    return {"min": max(low, -3.4028234663852886e38), "max": min(high, 3.4028234663852886e38)}
+    """Clip's bounds: attributes before opset 11; from 11 inputs, which are kernel buffers ("input"). An absent
+    float bound is +-FLT_MAX (onnxruntime clamps infinities to it), an absent integer bound None (no clamp)."""
+    is_float = ctx.inputs[0].dtype == "float32"
+    bounds = {"min": -_FLT_MAX if is_float else None, "max": _FLT_MAX if is_float else None}
+    for index, key in ((1, "min"), (2, "max")):
+        if index < len(ctx.node.inputs) and ctx.node.inputs[index]:
+            bounds[key] = "input"
+        elif key in ctx.node.attrs:
+            bounds[key] = float(ctx.node.attrs[key])
+    return bounds
 
 
-def _lower_unary(spec: KernelSpec) -> list[L.Stmt]:
-    shape, fn, attrs = out_shape(spec), UNARY[spec.op], spec.attrs
-    load = lambda v: L.Load("in0", L.flat_index(shape, v))  # noqa: E731
-    return elementwise_loops(L.Names(), shape, lambda v: activate(fn(load(v), attrs), spec.activation))
+def _pow_attrs(ctx: NodeContext) -> dict[str, Any]:
+    """Pow's exponent when it is a one-element constant (a float base then gets a specialised kernel), and the
+    output dtype (an integer base's float power saturates to it)."""
+    value = ctx.constants.get(ctx.node.inputs[1])
+    exponent = float(value.item()) if value is not None and value.size == 1 else None
+    finite = exponent is not None and math.isfinite(exponent)
+    return {"exponent": exponent if finite else None, "to": ctx.outputs[0].dtype}
 
 
-for _op in ("Relu", "LeakyRelu", "Sigmoid", "Tanh"):
-    register(_op)(_lower_unary)
-register("Clip", normalize=_clip_bounds, data_inputs=(0,))(_lower_unary)
+def _gelu_attrs(ctx: NodeContext) -> dict[str, Any]:
+    approximate = ctx.node.attrs.get("approximate", "none")
+    if approximate not in ("none", "tanh"):
+        raise ctx.unsupported(f"Gelu approximate={approximate!r} (supported: 'none', 'tanh')")
+    return {"approximate": approximate}
 
 
-BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Sum": "add"}
+def _cast_target(ctx: NodeContext) -> dict[str, Any]:
+    """The output dtype: Cast's `to` or CastLike's second input (already in the output's info). `saturate` only
+    matters for float8 types, which farm doesn't compute with."""
+    to = ctx.outputs[0].dtype
+    if to not in ANY:
+        raise ctx.unsupported(f"cast to {to} (supported: {', '.join(sorted(ANY))})")
+    return {"to": to}
 
 
-@register("Add", "Sub", "Mul", "Div", "Sum")
-def _lower_broadcasting(spec: KernelSpec) -> list[L.Stmt]:
-    """out = in0 (op) in1 (op) ..., each input broadcast numpy-style to the output shape."""
-    shape, op = out_shape(spec), BINARY[spec.op]
+def _normalize(op: Elementwise) -> Callable[[NodeContext], dict[str, Any]]:
+    """The op's attribute normaliser: dtypes checked, defaults filled, then its own `attributes`."""
 
-    def value(v: list[L.Var]) -> L.Expr:
-        result: L.Expr | None = None
-        for i, info in enumerate(spec.inputs):
-            term = L.Load(f"in{i}", L.broadcast_index(info.shape, shape, v))
-            result = term if result is None else L.binary(op, result, term)
-        return activate(result, spec.activation)
+    def normalize(ctx: NodeContext) -> dict[str, Any]:
+        _check_dtypes(ctx, op.dtypes)
+        attrs = {name: type(default)(ctx.node.attrs.get(name, default)) for name, default in op.defaults.items()}
+        return attrs | (op.attributes(ctx) if op.attributes else {})
 
-    return elementwise_loops(L.Names(), shape, value)
+    return normalize
+
+
+def _check_dtypes(ctx: NodeContext, allowed: tuple[frozenset[str], ...]) -> None:
+    for index, info in enumerate(ctx.inputs):
+        accepted = allowed[min(index, len(allowed) - 1)]
+        if info is not None and info.dtype not in accepted:
+            raise ctx.unsupported(f"input {index} has dtype {info.dtype}; farm's {ctx.node.op_type} takes "
+                                  f"{', '.join(sorted(accepted))}")
+
+
+# --------------------------------------------------------------------------------------------------- table
+
+_SELU_ALPHA, _SELU_GAMMA = 1.67326319217681884765625, 1.05070102214813232421875
+_COMPARISONS = {"Equal": "eq", "Less": "lt", "Greater": "gt", "LessOrEqual": "le", "GreaterOrEqual": "ge"}
+
+ELEMENTWISE: dict[str, Elementwise] = {
+    # activations
+    "Relu": Elementwise(_unary(lambda s, x, a: L.maximum(x, 0.0))),
+    "LeakyRelu": Elementwise(_unary(_leaky_relu), defaults={"alpha": 0.01}),
+    "Clip": Elementwise(_clip, (NUMERIC,), attributes=_clip_bounds),
+    "Sigmoid": Elementwise(_unary(lambda s, x, a: M.sigmoid(x))),
+    "Tanh": Elementwise(_math(M.tanh)),
+    "Elu": Elementwise(_unary(_elu), defaults={"alpha": 1.0}),
+    "Selu": Elementwise(_unary(_selu), defaults={"alpha": _SELU_ALPHA, "gamma": _SELU_GAMMA}),
+    "Celu": Elementwise(_unary(_celu), defaults={"alpha": 1.0}),
+    "HardSigmoid": Elementwise(_unary(_hard_sigmoid), defaults={"alpha": 0.2, "beta": 0.5}),
+    "HardSwish": Elementwise(_unary(_hard_swish)),
+    "ThresholdedRelu": Elementwise(_unary(_thresholded_relu), defaults={"alpha": 1.0}),
+    "Shrink": Elementwise(_unary(_shrink), defaults={"lambd": 0.5, "bias": 0.0}),
+    "Softsign": Elementwise(_math(_softsign)),
+    "Softplus": Elementwise(_math(M.softplus)),
+    "Mish": Elementwise(_math(_mish)),
+    "Gelu": Elementwise(_unary(_gelu), attributes=_gelu_attrs),
+    # math functions
+    "Erf": Elementwise(_math(M.erf)),
+    "Sqrt": Elementwise(_unary(lambda s, x, a: L.call("sqrt", x))),
+    "Reciprocal": Elementwise(_unary(lambda s, x, a: 1.0 / x)),
+    "Exp": Elementwise(_unary(lambda s, x, a: L.call("exp", x))),
+    "Log": Elementwise(_unary(lambda s, x, a: L.call("log", x))),
+    "Floor": Elementwise(_unary(lambda s, x, a: L.call("floor", x))),
+    "Ceil": Elementwise(_unary(lambda s, x, a: M.ceil(x))),
+    "Round": Elementwise(_math(M.round_half_even)),
+    "Sin": Elementwise(_math(M.sin)),
+    "Cos": Elementwise(_math(M.cos)),
+    "Tan": Elementwise(_math(M.tan)),
+    "Atan": Elementwise(_math(M.atan)),
+    "Neg": Elementwise(_unary(lambda s, x, a: -x), (NUMERIC,)),
+    "Abs": Elementwise(_math(M.absolute), (NUMERIC,)),
+    "Sign": Elementwise(_math(M.sign), (NUMERIC,)),
+    "IsNaN": Elementwise(_unary(lambda s, x, a: M.is_nan(x))),
+    "IsInf": Elementwise(_unary(_is_inf), defaults={"detect_positive": 1, "detect_negative": 1}),
+    # arithmetic (numpy broadcasting, variadic where ONNX is)
+    "Add": Elementwise(_fold(_binary("add")), (NUMERIC,)),
+    "Sub": Elementwise(_fold(_binary("sub")), (NUMERIC,)),
+    "Mul": Elementwise(_fold(_binary("mul")), (NUMERIC,)),
+    "Div": Elementwise(_fold(_divide), (NUMERIC,)),
+    "Sum": Elementwise(_fold(_binary("add"))),
+    "Max": Elementwise(_fold(_nan_max), (NUMERIC,)),
+    "Min": Elementwise(_fold(_nan_min), (NUMERIC,)),
+    "Mean": Elementwise(_mean),
+    "PRelu": Elementwise(_prelu),
+    "Mod": Elementwise(_mod, (NUMERIC,), defaults={"fmod": 0}),
+    "Pow": Elementwise(_power, (NUMERIC,), attributes=_pow_attrs),
+    # comparisons and logic (bool out)
+    **{op: Elementwise(_fold(_binary(cmp)), (ANY if op == "Equal" else NUMERIC,)) for op, cmp in _COMPARISONS.items()},
+    "Not": Elementwise(_unary(lambda s, x, a: M.logical_not(x)), (BOOL,)),
+    "And": Elementwise(_fold(_binary("and")), (BOOL,)),
+    "Or": Elementwise(_fold(_binary("or")), (BOOL,)),
+    "Xor": Elementwise(_fold(_binary("ne")), (BOOL,)),
+    "Where": Elementwise(lambda s, xs, a: L.select(*xs), (BOOL, ANY)),
+    # casts
+    "Cast": Elementwise(_cast, (ANY,), attributes=_cast_target),
+    "CastLike": Elementwise(_cast, (ANY,), attributes=_cast_target, data_inputs=(0,)),
+}
+
+
+# ------------------------------------------------------------------------------------------------ lowering
+
+
+def _load(spec: KernelSpec, index: int, at: L.Expr) -> L.Expr:
+    return L.Load(f"in{index}", at, L.VALUE_DTYPES[BUFFER_DTYPES[spec.inputs[index].dtype]])
+
+
+def _activated(value: L.Expr, activation: Activation | None) -> L.Expr:
+    """The fused activation applied to a numeric value; integer values get integer bounds (clamped so that the
+    +-inf of an unbounded Clip stays representable)."""
+    if activation is None or value.dtype == L.BOOL:
+        return value
+    if value.dtype == L.I64:
+        limit = 2 ** 63 - 1
+        activation = Activation(activation.kind, tuple(int(max(min(p, limit), -limit)) for p in activation.params))
+    return activate(value, activation)
+
+
+def _lower(spec: KernelSpec) -> list[L.Stmt]:
+    """out0[i...] = the op's value at i..., every input broadcast to the output shape; iterations independent."""
+    op, shape, names = ELEMENTWISE[spec.op], out_shape(spec), L.Names()
+
+    def element(v: list[L.Var]) -> list[L.Stmt]:
+        scope = M.Scope(names)
+        inputs = [_load(spec, i, L.broadcast_index(info.shape, shape, v)) for i, info in enumerate(spec.inputs)]
+        value = _activated(op.value(scope, inputs, spec.attrs), spec.activation)
+        return [*scope.stmts, L.Store("out0", L.flat_index(shape, v), value)]
+
+    body, _ = L.loop_nest(names, shape, element, parallel=True)
+    return body
+
+
+for _name, _op in ELEMENTWISE.items():
+    register(_name, normalize=_normalize(_op), data_inputs=_op.data_inputs)(_lower)

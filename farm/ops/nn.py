@@ -1,11 +1,14 @@
-"""Neural-network ops: convolution and matrix products (through the IR's Gemm primitive), pools, norms, softmax."""
+"""Neural-network ops: convolution, transposed convolution and matrix products (through the IR's Gemm primitive),
+pools, normalisations, the softmax family."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from farm.codegen import loopir as L
+from farm.ops.reduce import ReduceLayout, absolute, axis_view, over_rows
 from farm.ops.registry import NodeContext, activate, out_shape, prod, register, shape_of
 from farm.specs import KernelSpec
 
@@ -146,6 +149,136 @@ def _lower_conv(spec: KernelSpec) -> list[L.Stmt]:
 register("Conv", normalize=_conv_attrs, scratch_floats=_conv_scratch)(_lower_conv)
 
 
+def _conv_transpose_attrs(ctx: NodeContext) -> dict[str, Any]:
+    """kernel_shape, strides, dilations, group and the begin pad of each spatial axis (all the kernel needs besides
+    the output shape; output_padding and end pads only shape the output)."""
+    x, a = ctx.inputs[0], ctx.node.attrs
+    spatial = len(x.shape) - 2
+    if spatial < 1:
+        raise ctx.unsupported("ConvTranspose needs at least one spatial axis (N, C, D...)")
+    ones = [1] * spatial
+    kernel = [int(k) for k in a.get("kernel_shape", ctx.inputs[1].shape[2:])]
+    strides, dilations = list(a.get("strides", ones)), list(a.get("dilations", ones))
+    return {"kernel_shape": kernel, "strides": strides, "dilations": dilations, "group": int(a.get("group", 1)),
+            "pads": _transpose_pad_begins(ctx, kernel, strides, dilations)}
+
+
+def _transpose_pad_begins(ctx: NodeContext, kernel: list[int], strides: list[int], dilations: list[int]) -> list[int]:
+    """Begin pads: from `pads`, or, for output_shape or SAME auto_pad, from the total padding that yields the target
+    size, split as ONNX says (the odd one at the end for SAME_UPPER, at the begin otherwise)."""
+    a, sizes = ctx.node.attrs, ctx.inputs[0].shape[2:]
+    auto_pad = a.get("auto_pad", "NOTSET")
+    if "output_shape" not in a and auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
+        return [0] * len(sizes) if auto_pad == "VALID" else list(a.get("pads", [0] * 2 * len(sizes)))[:len(sizes)]
+    targets = list(a["output_shape"])[-len(sizes):] if "output_shape" in a else [n * s for n, s in zip(sizes, strides)]
+    output_padding = list(a.get("output_padding", [0] * len(sizes)))
+    begins = []
+    for n, k, s, d, extra, target in zip(sizes, kernel, strides, dilations, output_padding, targets):
+        total = s * (n - 1) + extra + (k - 1) * d + 1 - target
+        begins.append(total // 2 if auto_pad == "SAME_UPPER" else total - total // 2)
+    return begins
+
+
+def _conv_transpose_geometry(spec: KernelSpec) -> dict[str, Any]:
+    """Sizes of the lowering: per group, W^T is (mg*K, cg) and the column buffer (mg*K, P), K kernel taps and P
+    input pixels."""
+    n, c, *sizes = shape_of(spec)
+    _, m, *out_sizes = out_shape(spec)
+    g = spec.attrs["group"]
+    taps = prod(spec.attrs["kernel_shape"])
+    geo = dict(n=n, c=c, m=m, g=g, cg=c // g, mg=m // g, sizes=sizes, out_sizes=out_sizes, taps=taps,
+               pixels=prod(sizes), rows=(m // g) * taps)
+    geo["col"] = g * geo["rows"] * geo["cg"]  # the column buffer starts after W^T in the scratch
+    return geo
+
+
+def _conv_transpose_scratch(spec: KernelSpec) -> int:
+    geo = _conv_transpose_geometry(spec)
+    return geo["col"] + geo["rows"] * geo["pixels"]
+
+
+def _unflatten(index: L.Expr, shape: tuple[int, ...]) -> list[L.Expr]:
+    """The row-major coordinates of flat `index` in `shape` (divisions by constants, once per element)."""
+    coords: list[L.Expr] = []
+    for position, extent in enumerate(reversed(shape)):
+        coords.append(index if position == len(shape) - 1 else index % extent)
+        index = index // extent
+    return coords[::-1]
+
+
+def _transpose_weights(names: L.Names, geo: dict[str, Any]) -> list[L.Stmt]:
+    """scratch[g, row, c] = W[g*cg + c, row] (row = output channel in group * K + tap): W^T per group, one
+    work-item per weight."""
+    source = names.var("w")
+    group, channel, row = _unflatten(source, (geo["g"], geo["cg"], geo["rows"]))
+    store = L.Store("scratch", (group * geo["rows"] + row) * geo["cg"] + channel, L.Load("in1", source))
+    return [L.Loop(source, geo["col"], [store], parallel=True)]
+
+
+def _taps_landing_on(o: L.Expr, j: L.Var, size: int, kernel: int, stride: int, dilation: int,
+                     pad: int) -> tuple[int, L.Expr, list[L.Expr], L.Expr]:
+    """Along one axis, the taps whose contribution lands on output coordinate `o`: tap k of input i lands on
+    o = i * stride - pad + k * dilation. Returns (extent of the loop over j, the input coordinate at j (clamped
+    inside the input), the conditions for a real contribution, the tap k at j). Where dilation is invertible modulo
+    the stride, only the taps of the one residue class that can land are visited (k = k0 + j * stride), else every
+    tap with a divisibility check."""
+    shifted = o + pad
+    if stride > 1 and math.gcd(dilation, stride) == 1:
+        residue = shifted % stride if pad >= 0 else (shifted % stride + stride) % stride
+        k = (residue * pow(dilation, -1, stride)) % stride + j * stride
+        extent, conditions = -(-kernel // stride), [L.compare("lt", k, kernel)]
+    else:
+        k, extent, conditions = j, kernel, []
+    t = shifted - k * dilation
+    conditions += [L.compare("ge", t, 0), L.compare("lt", t, size * stride)]
+    if stride > 1 and math.gcd(dilation, stride) != 1:
+        conditions.append(L.compare("eq", t % stride, 0))
+    return extent, L.minimum(L.maximum(t // stride, 0), size - 1), conditions, k
+
+
+def _col2im(names: L.Names, spec: KernelSpec, geo: dict[str, Any], batch: L.Var, group: L.Var) -> list[L.Stmt]:
+    """Each output pixel of the group sums the column entries of the taps that land on it: one work-item per
+    pixel, so that no two write one element."""
+    a = spec.attrs
+    pixel, acc = names.var("p"), names.local()
+    channel, *outs = _unflatten(pixel, (geo["mg"], *geo["out_sizes"]))
+    loop_vars = [names.var("j") for _ in a["kernel_shape"]]
+    extents, inputs, taps, valid = [], [], [], []
+    for o, j, size, kernel, stride, dilation, pad in zip(outs, loop_vars, geo["sizes"], a["kernel_shape"],
+                                                         a["strides"], a["dilations"], a["pads"]):
+        extent, source, conditions, k = _taps_landing_on(o, j, size, kernel, stride, dilation, pad)
+        extents.append(extent)
+        inputs.append(source)
+        taps.append(k)
+        valid += conditions
+    tap = L.flat_index(tuple(a["kernel_shape"]), taps)
+    column = geo["col"] + (channel * geo["taps"] + tap) * geo["pixels"] + L.flat_index(tuple(geo["sizes"]), inputs)
+    in_range = L.minimum(L.maximum(column, geo["col"]), geo["col"] + geo["rows"] * geo["pixels"] - 1)
+    accumulate: list[L.Stmt] = [L.Assign(acc, acc + L.select(L.logical_and(*valid), L.Load("scratch", in_range), 0.0))]
+    for j, extent in reversed(list(zip(loop_vars, extents))):
+        accumulate = [L.Loop(j, extent, accumulate)]
+    out_channel = group * geo["mg"] + channel
+    init = L.Load("in2", out_channel) if len(spec.inputs) > 2 else L.const(0.0)
+    out_index = (batch * geo["g"] + group) * (geo["mg"] * prod(geo["out_sizes"])) + pixel
+    body = [L.Assign(acc, init), *accumulate, L.Store("out0", out_index, activate(acc, spec.activation))]
+    return [L.Loop(pixel, geo["mg"] * prod(geo["out_sizes"]), body, parallel=True)]
+
+
+@register("ConvTranspose", normalize=_conv_transpose_attrs, scratch_floats=_conv_transpose_scratch)
+def _lower_conv_transpose(spec: KernelSpec) -> list[L.Stmt]:
+    """ConvTranspose over any number of spatial axes, per (batch, group): a Gemm of W^T (mg*K, cg) by the input
+    (cg, P) into a column buffer (mg*K, P) of every tap's contribution, then col2im with a work-item per output
+    pixel gathering its contributions (no two work-items write one pixel), bias and activation included."""
+    names, geo = L.Names(), _conv_transpose_geometry(spec)
+    batch, group = names.var("n"), names.var("g")
+    gemm = L.Gemm(a="scratch", a_offset=group * (geo["rows"] * geo["cg"]), lda=geo["cg"],
+                  b="in0", b_offset=(batch * geo["c"] + group * geo["cg"]) * geo["pixels"], ldb=geo["pixels"],
+                  c="scratch", c_offset=L.const(geo["col"]), ldc=geo["pixels"],
+                  m=geo["rows"], n=geo["pixels"], k=geo["cg"])
+    per_group = [gemm, *_col2im(names, spec, geo, batch, group)]
+    return _transpose_weights(names, geo) + [L.Loop(batch, geo["n"], [L.Loop(group, geo["g"], per_group)])]
+
+
 def _gemm_attrs(ctx: NodeContext) -> dict[str, Any]:
     a = ctx.node.attrs
     return {"alpha": float(a.get("alpha", 1.0)), "beta": float(a.get("beta", 1.0)),
@@ -180,22 +313,66 @@ def _lower_gemm(spec: KernelSpec) -> list[L.Stmt]:
 
 @register("MatMul")
 def _lower_matmul(spec: KernelSpec) -> list[L.Stmt]:
-    """numpy matmul: batch dims broadcast, one Gemm per output batch; 1-D operands as in numpy."""
+    """numpy matmul: batch dims broadcast, 1-D operands as in numpy. Float32 goes through Gemm (one per output
+    batch, the batch loop parallel), integers through a loop nest."""
     names = L.Names()
     a_shape, b_shape, o_shape = shape_of(spec, 0), shape_of(spec, 1), out_shape(spec)
     a_mat = (1, *a_shape) if len(a_shape) == 1 else a_shape
     b_mat = (*b_shape, 1) if len(b_shape) == 1 else b_shape
-    rows, depth, cols = a_mat[-2], a_mat[-1], b_mat[-1]
     batch = tuple(o_shape[: len(o_shape) - (len(a_shape) > 1) - (len(b_shape) > 1)])
+    if spec.inputs[0].dtype != "float32":
+        return _matmul_loops(names, spec, a_mat, b_mat, batch)
+    return _matmul_gemms(names, a_mat, b_mat, batch) + _bias_activation_epilogue(names, spec, 1, prod(o_shape), 1,
+                                                                                 None)
 
-    def gemm(v: list[L.Var]) -> list[L.Stmt]:
-        a_off = L.broadcast_index(a_mat[:-2], batch, v) * (rows * depth) if len(a_mat) > 2 else L.const(0)
-        b_off = L.broadcast_index(b_mat[:-2], batch, v) * (depth * cols) if len(b_mat) > 2 else L.const(0)
+
+def _matmul_gemms(names: L.Names, a_mat: tuple[int, ...], b_mat: tuple[int, ...],
+                  batch: tuple[int, ...]) -> list[L.Stmt]:
+    """One Gemm when B is shared by every batch and A holds them all (the batches are just more rows of A, as in
+    a transformer's linear layers); else a Gemm per batch, in one flat parallel loop when each operand either
+    holds every batch or is shared (attention's [B, H, S, D] products), a parallel loop nest when it broadcasts."""
+    rows, depth, cols = a_mat[-2], a_mat[-1], b_mat[-1]
+    a_batch, b_batch, batches = a_mat[:-2], b_mat[:-2], prod(batch)
+    if prod(b_batch) == 1 and prod(a_batch) == batches:
+        return [L.Gemm("in0", L.const(0), depth, "in1", L.const(0), cols, "out0", L.const(0), cols,
+                       batches * rows, cols, depth)]
+    if prod(a_batch) in (1, batches) and prod(b_batch) in (1, batches):
+        b = names.var("b")
+
+        def offset(operand_batch: tuple[int, ...], size: int) -> L.Expr:
+            return b * size if prod(operand_batch) == batches else L.const(0)
+
+        gemm = L.Gemm("in0", offset(a_batch, rows * depth), depth, "in1", offset(b_batch, depth * cols), cols,
+                      "out0", b * (rows * cols), cols, rows, cols, depth)
+        return [L.Loop(b, batches, [gemm], parallel=True)]
+
+    def gemm_at(v: list[L.Var]) -> list[L.Stmt]:
+        a_off = L.broadcast_index(a_batch, batch, v) * (rows * depth)
+        b_off = L.broadcast_index(b_batch, batch, v) * (depth * cols)
         c_off = L.flat_index(batch, v) * (rows * cols)
         return [L.Gemm("in0", a_off, depth, "in1", b_off, cols, "out0", c_off, cols, rows, cols, depth)]
 
-    body, _ = L.loop_nest(names, batch, gemm)
-    return body + _bias_activation_epilogue(names, spec, 1, prod(o_shape), 1, None)
+    body, _ = L.loop_nest(names, batch, gemm_at, parallel=True)
+    return body
+
+
+def _matmul_loops(names: L.Names, spec: KernelSpec, a_mat: tuple[int, ...], b_mat: tuple[int, ...],
+                  batch: tuple[int, ...]) -> list[L.Stmt]:
+    """Integer matmul: out[b, m, n] = sum over k of a[b, m, k] * b[b, k, n], batches broadcast."""
+    rows, depth, cols = a_mat[-2], a_mat[-1], b_mat[-1]
+    k, acc = names.var("k"), names.local("acc", L.I64)
+
+    def element(v: list[L.Var]) -> list[L.Stmt]:
+        bv, m, n = v[:-2], v[-2], v[-1]
+        a_index = (L.broadcast_index(a_mat[:-2], batch, bv) * rows + m) * depth + k
+        b_index = (L.broadcast_index(b_mat[:-2], batch, bv) * depth + k) * cols + n
+        product = L.Load("in0", a_index, L.I64) * L.Load("in1", b_index, L.I64)
+        out_index = L.flat_index((*batch, rows, cols), v)
+        return [L.Assign(acc, L.const(0)), L.Loop(k, depth, [L.Assign(acc, acc + product)]),
+                L.Store("out0", out_index, activate(acc, spec.activation))]
+
+    body, _ = L.loop_nest(names, (*batch, rows, cols), element, parallel=True)
+    return body
 
 
 def _pool_attrs(ctx: NodeContext) -> dict[str, Any]:
@@ -316,18 +493,257 @@ def _softmax_attrs(ctx: NodeContext) -> dict[str, Any]:
     return {"outer": prod(shape[:axis]), "length": length, "inner": inner}
 
 
+def _along(a: dict[str, Any], o: L.Expr, t: L.Expr) -> Callable[[L.ExprLike], L.Expr]:
+    """Flat index of element k of row (o, t) of a tensor seen as (outer, length, inner)."""
+    base = o * (a["length"] * a["inner"]) + t
+    return lambda k: base + k * a["inner"]
+
+
+def _row_max(names: L.Names, x_at: Callable[[L.Expr], L.Expr], length: int, top: L.Var) -> list[L.Stmt]:
+    i = names.var("i")
+    return [L.Assign(top, L.const(NEG_INF)), L.Loop(i, length, [L.Assign(top, L.maximum(top, x_at(i)))])]
+
+
+Tail = Callable[[Callable[[L.Expr], L.Expr], Callable[[L.Expr], L.Expr], L.Var, L.Var, L.Var, int], list[L.Stmt]]
+
+
+def _rows_after_max(spec: KernelSpec, tail: Tail) -> list[L.Stmt]:
+    """The softmax family per row: the row's max into `top`, `total` zeroed, then tail(x, at, i, top, total,
+    length); subtracting the max keeps large logits from overflowing."""
+    names, a = L.Names(), spec.attrs
+    i, top, total = names.var("i"), names.local("mx"), names.local("sum")
+
+    def row(o: L.Expr, t: L.Expr) -> list[L.Stmt]:
+        at = _along(a, o, t)
+        x = lambda k: L.Load("in0", at(k))  # noqa: E731
+        return [*_row_max(names, x, a["length"], top), L.Assign(total, L.const(0.0)),
+                *tail(x, at, i, top, total, a["length"])]
+
+    return over_rows(names, a["outer"], a["inner"], row)
+
+
 @register("Softmax", normalize=_softmax_attrs)
 def _lower_softmax(spec: KernelSpec) -> list[L.Stmt]:
+    """exp(x - max) / sum, the exponentials stored once and scaled."""
+
+    def tail(x, at, i, top, total, length):
+        return [L.Loop(i, length, [L.Store("out0", at(i), L.call("exp", x(i) - top)),
+                                   L.Assign(total, total + L.Load("out0", at(i)))]),
+                L.Assign(total, 1.0 / total),
+                L.Loop(i, length, [L.Store("out0", at(i), activate(L.Load("out0", at(i)) * total, spec.activation))])]
+
+    return _rows_after_max(spec, tail)
+
+
+@register("LogSoftmax", normalize=_softmax_attrs)
+def _lower_log_softmax(spec: KernelSpec) -> list[L.Stmt]:
+    """x - max - log(sum(exp(x - max))): log-sum-exp around the max."""
+
+    def tail(x, at, i, top, total, length):
+        return [L.Loop(i, length, [L.Assign(total, total + L.call("exp", x(i) - top))]),
+                L.Assign(total, top + L.call("log", total)),
+                L.Loop(i, length, [L.Store("out0", at(i), x(i) - total)])]
+
+    return _rows_after_max(spec, tail)
+
+
+@register("Hardmax", normalize=_softmax_attrs)
+def _lower_hardmax(spec: KernelSpec) -> list[L.Stmt]:
+    """1 at the first maximum of each row, 0 elsewhere."""
     names, a = L.Names(), spec.attrs
-    o, t, i, mx, total = names.var("o"), names.var("t"), names.var("i"), names.local("mx"), names.local("sum")
-    index = (o * a["length"] + i) * a["inner"] + t
-    x = L.Load("in0", index)
-    return [L.Loop(o, a["outer"], parallel=True, body=[L.Loop(t, a["inner"], parallel=True, body=[
-        L.Assign(mx, L.const(NEG_INF)),
-        L.Loop(i, a["length"], [L.Assign(mx, L.maximum(mx, x))]),
-        L.Assign(total, L.const(0.0)),
-        L.Loop(i, a["length"], [L.Store("out0", index, L.call("exp", x - mx)),
-                                L.Assign(total, total + L.Load("out0", index))]),
-        L.Assign(total, 1.0 / total),
-        L.Loop(i, a["length"], [L.Store("out0", index, activate(L.Load("out0", index) * total, spec.activation))]),
-    ])])]
+    i, best, where = names.var("i"), names.local("best"), names.local("at", L.I64)
+
+    def row(o: L.Expr, t: L.Expr) -> list[L.Stmt]:
+        at = _along(a, o, t)
+        better = L.compare("gt", L.Load("in0", at(i)), best)
+        return [L.Assign(best, L.Load("in0", at(0))), L.Assign(where, L.const(0)),
+                L.Loop(i, a["length"], [L.Assign(where, L.select(better, i, where)),
+                                        L.Assign(best, L.maximum(best, L.Load("in0", at(i))))]),
+                L.Loop(i, a["length"], [L.Store("out0", at(i), L.select(L.compare("eq", i, where), 1.0, 0.0))])]
+
+    return over_rows(names, a["outer"], a["inner"], row)
+
+
+# ------------------------------------------------------------------------------------------------ normalisations
+
+# Loops over the elements one statistic covers: over(body) calls body(input index) inside fresh loops.
+Over = Callable[[Callable[[L.Expr], list[L.Stmt]]], list[L.Stmt]]
+
+
+def _contiguous(names: L.Names, base: L.Expr, length: int) -> Over:
+    """The `length` consecutive elements from `base`."""
+    def over(body: Callable[[L.Expr], list[L.Stmt]]) -> list[L.Stmt]:
+        i = names.var("i")
+        return [L.Loop(i, length, body(base + i))]
+    return over
+
+
+def _moments(names: L.Names, over: Over, count: int) -> tuple[list[L.Stmt], L.Var, L.Var]:
+    """Statements that set the mean and the variance of in0 over `over`'s elements, in two passes (squared
+    deviations: accurate where E[x^2] - E[x]^2 would cancel)."""
+    mean, variance = names.local("mean"), names.local("var")
+    x = lambda index: L.Load("in0", index)  # noqa: E731
+    stmts = [L.Assign(mean, L.const(0.0)), *over(lambda i: [L.Assign(mean, mean + x(i))]),
+             L.Assign(mean, mean * (1.0 / count)),
+             L.Assign(variance, L.const(0.0)),
+             *over(lambda i: [L.Assign(variance, variance + (x(i) - mean) * (x(i) - mean))]),
+             L.Assign(variance, variance * (1.0 / count))]
+    return stmts, mean, variance
+
+
+def _standardize(names: L.Names, over: Over, count: int, epsilon: float) -> tuple[list[L.Stmt], L.Var, L.Var]:
+    """Statements that set the mean and 1 / sqrt(variance + epsilon)."""
+    stmts, mean, variance = _moments(names, over, count)
+    return stmts + [L.Assign(variance, 1.0 / L.call("sqrt", variance + epsilon))], mean, variance
+
+
+# LayerNormalization's optional outputs after Y, in order.
+LAYERNORM_STATISTICS = ("mean", "inv_std")
+
+
+def _layernorm_attrs(ctx: NodeContext) -> dict[str, Any]:
+    """axis, epsilon, and which of the optional Mean and InvStdDev outputs the node has (they are the kernel's
+    outputs after Y, in that order)."""
+    a = ctx.node.attrs
+    if int(a.get("stash_type", 1)) != 1:
+        raise ctx.unsupported(f"stash_type {a['stash_type']} is not supported (1, float32, is)")
+    shape = ctx.inputs[0].shape
+    axis = int(a.get("axis", -1)) % len(shape)
+    for info in ctx.inputs[1:]:
+        if info is not None and len(_trailing(info.shape, len(shape) - axis)) > len(shape) - axis:
+            raise ctx.unsupported(f"scale/bias of shape {list(info.shape)} don't broadcast to {list(shape[axis:])}")
+    outputs = ctx.node.outputs
+    statistics = [name for i, name in enumerate(LAYERNORM_STATISTICS, 1) if i < len(outputs) and outputs[i]]
+    return {"axis": axis, "epsilon": float(a.get("epsilon", 1e-5)), "statistics": statistics}
+
+
+def _trailing(shape: tuple[int, ...], rank: int) -> tuple[int, ...]:
+    """`shape` without leading ones beyond `rank` axes (a scale of shape (1, 1, C) for normalised shape (C,))."""
+    extra = max(len(shape) - rank, 0)
+    return shape[extra:] if all(d == 1 for d in shape[:extra]) else shape
+
+
+@register("LayerNormalization", normalize=_layernorm_attrs)
+def _lower_layernorm(spec: KernelSpec) -> list[L.Stmt]:
+    """y = (x - mean) / sqrt(var + eps) * scale + bias over the axes from `axis` on; scale and bias broadcast to
+    that normalised shape. One work-item per normalised row, which also writes the row's requested statistics."""
+    names, a, shape = L.Names(), spec.attrs, shape_of(spec)
+    normalized = shape[a["axis"]:]
+    length = prod(normalized)
+    params = [(f"in{i}", _trailing(shape_of(spec, i), len(normalized))) for i in range(1, len(spec.inputs))]
+
+    def row(o: L.Expr, _: L.Expr) -> list[L.Stmt]:
+        base = o * length
+        stats, mean, scale = _standardize(names, _contiguous(names, base, length), length, a["epsilon"])
+
+        def store(v: list[L.Var]) -> list[L.Stmt]:
+            value = (L.Load("in0", base + L.flat_index(normalized, v)) - mean) * scale
+            value = value * L.Load(*_broadcast(params[0], normalized, v))
+            if len(params) > 1:
+                value = value + L.Load(*_broadcast(params[1], normalized, v))
+            return [L.Store("out0", base + L.flat_index(normalized, v), value)]
+
+        loops, _ = L.loop_nest(names, normalized, store)
+        values = {"mean": mean, "inv_std": scale}
+        return stats + loops + [L.Store(f"out{k}", o, values[name]) for k, name in enumerate(a["statistics"], 1)]
+
+    return over_rows(names, prod(shape[:a["axis"]]), 1, row)
+
+
+def _broadcast(param: tuple[str, tuple[int, ...]], shape: tuple[int, ...], v: list[L.Var]) -> tuple[str, L.Expr]:
+    buf, param_shape = param
+    return buf, L.broadcast_index(param_shape, shape, v)
+
+
+def _epsilon_attrs(ctx: NodeContext) -> dict[str, Any]:
+    return {"epsilon": float(ctx.node.attrs.get("epsilon", 1e-5))}
+
+
+@register("InstanceNormalization", normalize=_epsilon_attrs)
+def _lower_instancenorm(spec: KernelSpec) -> list[L.Stmt]:
+    """Each (batch, channel) plane normalised on its own, then scale[c] and bias[c]: a work-item per plane."""
+    names, shape = L.Names(), shape_of(spec)
+    channels, size = shape[1], prod(shape[2:])
+    plane = names.var("p")
+    over = _contiguous(names, plane * size, size)
+    stats, mean, scale = _standardize(names, over, size, spec.attrs["epsilon"])
+    channel = plane % channels
+    factor = names.local("factor")
+    normalize = over(lambda i: [L.Store("out0", i, (L.Load("in0", i) - mean) * factor + L.Load("in2", channel))])
+    return [L.Loop(plane, shape[0] * channels, [*stats, L.Assign(factor, scale * L.Load("in1", channel)), *normalize],
+                   parallel=True)]
+
+
+def _groupnorm_attrs(ctx: NodeContext) -> dict[str, Any]:
+    """num_groups, epsilon, and whether scale and bias hold a value per channel (opset 21) or per group (18)."""
+    a = ctx.node.attrs
+    groups, channels = int(a["num_groups"]), ctx.inputs[0].shape[1]
+    if channels % groups:
+        raise ctx.unsupported(f"{channels} channels don't split into {groups} groups")
+    if int(a.get("stash_type", 1)) != 1:
+        raise ctx.unsupported(f"stash_type {a['stash_type']} is not supported (1, float32, is)")
+    return {"groups": groups, "epsilon": float(a.get("epsilon", 1e-5)), "per_channel": int(ctx.opset >= 21)}
+
+
+@register("GroupNormalization", normalize=_groupnorm_attrs)
+def _lower_groupnorm(spec: KernelSpec) -> list[L.Stmt]:
+    """The channels of each group (with their spatial extent) normalised together: a work-item per (batch, group)."""
+    names, a, shape = L.Names(), spec.attrs, shape_of(spec)
+    groups, per_group, size = a["groups"], shape[1] // a["groups"], prod(shape[2:])
+    unit, channel, i = names.var("u"), names.var("c"), names.var("i")
+    base = unit * (per_group * size)
+    stats, mean, scale = _standardize(names, _contiguous(names, base, per_group * size), per_group * size,
+                                      a["epsilon"])
+    param = (unit % groups) * per_group + channel if a["per_channel"] else unit % groups
+    index = base + channel * size + i
+    value = (L.Load("in0", index) - mean) * scale * L.Load("in1", param) + L.Load("in2", param)
+    return [L.Loop(unit, shape[0] * groups, [
+        *stats, L.Loop(channel, per_group, [L.Loop(i, size, [L.Store("out0", index, value)])])], parallel=True)]
+
+
+def _mvn_attrs(ctx: NodeContext) -> dict[str, Any]:
+    rank = len(ctx.inputs[0].shape)
+    return {"axes": sorted({int(axis) % rank for axis in ctx.node.attrs.get("axes", [0, 2, 3])})}
+
+
+@register("MeanVarianceNormalization", normalize=_mvn_attrs)
+def _lower_mvn(spec: KernelSpec) -> list[L.Stmt]:
+    """(x - mean) / (sqrt(var) + 1e-9) over `axes`, as ONNX's function body defines it."""
+    names = L.Names()
+    inv_std = names.local("inv_std")
+    layout = ReduceLayout.of(shape_of(spec), spec.attrs["axes"])
+
+    def per_output(_: L.Expr, base: L.Expr) -> list[L.Stmt]:
+        over: Over = lambda body: layout.over_reduced(names, base, body)  # noqa: E731
+        stats, mean, variance = _moments(names, over, layout.count)
+        return [*stats, L.Assign(inv_std, 1.0 / (L.call("sqrt", variance) + 1e-9)),
+                *over(lambda i: [L.Store("out0", i, (L.Load("in0", i) - mean) * inv_std)])]
+
+    return layout.over_outputs(names, per_output)
+
+
+def _lp_attrs(ctx: NodeContext) -> dict[str, Any]:
+    p = int(ctx.node.attrs.get("p", 2))
+    if p not in (1, 2):
+        raise ctx.unsupported(f"LpNormalization p={p} is not supported (1 and 2 are)")
+    shape = ctx.inputs[0].shape
+    outer, length, inner = axis_view(shape, int(ctx.node.attrs.get("axis", -1)) % len(shape))
+    return {"p": p, "outer": outer, "length": length, "inner": inner}
+
+
+@register("LpNormalization", normalize=_lp_attrs)
+def _lower_lp_normalization(spec: KernelSpec) -> list[L.Stmt]:
+    """x / ||row||_p along the axis; a zero row gives zeros, as onnxruntime does."""
+    names, a = L.Names(), spec.attrs
+    i, norm = names.var("i"), names.local("norm")
+    magnitude = (lambda x: x * x) if a["p"] == 2 else absolute
+
+    def row(o: L.Expr, t: L.Expr) -> list[L.Stmt]:
+        at = _along(a, o, t)
+        x = L.Load("in0", at(i))
+        total = L.call("sqrt", norm) if a["p"] == 2 else norm
+        return [L.Assign(norm, L.const(0.0)), L.Loop(i, a["length"], [L.Assign(norm, norm + magnitude(x))]),
+                L.Assign(norm, L.select(L.compare("eq", norm, 0.0), 0.0, 1.0 / total)),
+                L.Loop(i, a["length"], [L.Store("out0", at(i), x * norm)])]
+
+    return over_rows(names, a["outer"], a["inner"], row)
