@@ -262,3 +262,28 @@ def run(artifact: str, inputs: tuple[str, ...], output: str | None, show: bool, 
     if show or not output:
         for name, array in outputs.items():
             click.echo(_summary(name, array))
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(dir_okay=False))
+@click.option("--compare", "baseline", type=click.Path(dir_okay=False), metavar="OTHER.farm",
+              help="Compare with this artifact (the baseline), node by node; flags nodes more than 5% slower.")
+@click.option("--repeat", type=click.IntRange(min=1), default=20, show_default=True, help="Timed runs.")
+@click.option("--fail-on-regression", is_flag=True,
+              help="Exit with status 5 when --compare flags a node (for CI).")
+@json_option
+@reports_errors
+def bench(artifact: str, baseline: str | None, repeat: int, fail_on_regression: bool, as_json: bool) -> None:
+    """Time ARTIFACT on this host: whole-model latency, and each kernel's time and GFLOP/s."""
+    from farm.bench import bench_artifact, compare, comparison_json, format_comparison, format_report
+
+    report = bench_artifact(artifact, repeat)
+    if baseline is None:
+        click.echo(json.dumps(report.to_json()) if as_json else format_report(report))
+        return
+    before = bench_artifact(baseline, repeat)
+    changes = compare(before, report)
+    click.echo(comparison_json(before, report, changes) if as_json else
+               format_report(report) + "\n\n" + format_comparison(before, report, changes))
+    if fail_on_regression and any(change.flagged for change in changes):
+        sys.exit(int(ExitStatus.REGRESSION))

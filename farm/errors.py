@@ -16,6 +16,7 @@ class ExitStatus(IntEnum):
     BAD_INPUT = 2
     CANCELLED_OR_UNKNOWN = 3
     UNREACHABLE = 4
+    REGRESSION = 5
 
 
 class FarmError(Exception):

@@ -80,7 +80,7 @@ class LocalExecutor:
             return [self._run_inline(job, on_done) for job in jobs]
         futures: dict[Future, Job] = {self._submit(job): job for job in jobs}
         for future in futures:
-            future.add_done_callback(lambda f: on_done(futures[f]) if f.exception() is None else None)
+            future.add_done_callback(lambda f: on_done(futures[f]) if not f.cancelled() and f.exception() is None else None)
         done, pending = wait(futures, return_when=FIRST_EXCEPTION)
         failed = [f for f in done if f.exception() is not None]
         if failed:

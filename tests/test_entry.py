@@ -53,14 +53,26 @@ def test_entry_ir_verifies_and_defines_farm_run():
     assert f'target triple = "{host().triple}"' in text
 
 
+def _function_text(text: str, name: str) -> str:
+    """The IR of one function definition in a module's text."""
+    return re.search(rf'define [^\n]*@"?{name}"?\(.*?\n}}', text, flags=re.DOTALL).group(0)
+
+
 def test_entry_calls_kernels_in_schedule_order_with_arena_offsets_and_blobs():
-    text = entry_ir(SCHEDULE, host())
+    text = _function_text(entry_ir(SCHEDULE, host()), "farm_run")
     calls = call_lines(text)
     assert [re.search(r'@"?(\w+)"?\(', c).group(1) for c in calls] == ["farm_k_first", "farm_k_second",
                                                                         "farm_k_first"]
     offsets = [int(x) for x in re.findall(r"getelementptr inbounds i8, ptr %\"?[.\w]+\"?, i64 (\d+)", text)]
     assert offsets == [0, 256, 512, 0, 1024, 512]
     assert "farm_w_aaaa" in calls[0] and "farm_w_bbbb" in calls[2] and "farm_w" not in calls[1]
+
+
+def test_farm_run_steps_runs_any_range_of_steps():
+    text = _function_text(entry_ir(SCHEDULE, host()), "farm_run_steps")
+    assert text.count("switch i64") == 1
+    assert [re.search(r'@"?(\w+)"?\(', c).group(1) for c in call_lines(text)] == ["farm_k_first", "farm_k_second",
+                                                                                  "farm_k_first"]
 
 
 def test_each_kernel_and_blob_is_declared_once():

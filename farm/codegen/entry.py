@@ -2,6 +2,8 @@
 
 The entry calls every kernel in schedule order with pointers into the arena (activations, inputs, outputs,
 scratch) or to the weight blobs linked into the same library, so a whole inference is one native call.
+`farm_run_steps(arena, begin, end)` runs steps [begin, end) of the same schedule, so that `farm bench` can time
+each step on its own.
 """
 
 from __future__ import annotations
@@ -15,21 +17,55 @@ from farm.codegen.llvm_render import PTR_T, declare_kernel
 from farm.codegen.targets import CpuTarget
 
 ENTRY_SYMBOL = "farm_run"
+STEPS_SYMBOL = "farm_run_steps"
 I8_T, I64_T = ir.IntType(8), ir.IntType(64)
 
 
 def entry_ir(schedule: list[dict[str, Any]], target: CpuTarget) -> str:
-    """IR of farm_run for `schedule`: [{"kernel": symbol, "args": [["arena", offset] | ["blob", symbol]]}]."""
+    """IR of farm_run and farm_run_steps for `schedule`:
+    [{"kernel": symbol, "args": [["arena", offset] | ["blob", symbol]]}]."""
     module = ir.Module(name=ENTRY_SYMBOL)
     module.triple = target.triple
     entry = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR_T]), ENTRY_SYMBOL)
     entry.attributes.add("nounwind")
     builder = ir.IRBuilder(entry.append_basic_block("entry"))
     for call in schedule:
-        kernel = module.globals.get(call["kernel"]) or declare_kernel(module, call["kernel"], len(call["args"]))
-        builder.call(kernel, [_pointer(module, builder, entry.args[0], arg) for arg in call["args"]])
+        _call_step(module, builder, entry.args[0], call)
     builder.ret_void()
+    _steps_function(module, schedule)
     return str(module)
+
+
+def _call_step(module: ir.Module, builder: ir.IRBuilder, arena: ir.Value, call: dict[str, Any]) -> None:
+    kernel = module.globals.get(call["kernel"]) or declare_kernel(module, call["kernel"], len(call["args"]))
+    builder.call(kernel, [_pointer(module, builder, arena, arg) for arg in call["args"]])
+
+
+def _steps_function(module: ir.Module, schedule: list[dict[str, Any]]) -> None:
+    """farm_run_steps(arena, begin, end): for i in [begin, end): switch (i) { case k: step k }."""
+    function = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR_T, I64_T, I64_T]), STEPS_SYMBOL)
+    function.attributes.add("nounwind")
+    arena, begin, end = function.args
+    head, done = function.append_basic_block("head"), function.append_basic_block("done")
+    entry = ir.IRBuilder(function.append_basic_block("entry"))
+    function.basic_blocks.insert(0, function.basic_blocks.pop())
+    counter = entry.alloca(I64_T)
+    entry.store(begin, counter)
+    entry.branch(head)
+    builder = ir.IRBuilder(head)
+    index = builder.load(counter)
+    body, latch = function.append_basic_block("body"), function.append_basic_block("latch")
+    builder.cbranch(builder.icmp_signed("<", index, end), body, done)
+    switch = ir.IRBuilder(body).switch(index, latch)
+    for number, call in enumerate(schedule):
+        case = ir.IRBuilder(function.append_basic_block(f"step{number}"))
+        _call_step(module, case, arena, call)
+        case.branch(latch)
+        switch.add_case(ir.Constant(I64_T, number), case.block)
+    step = ir.IRBuilder(latch)
+    step.store(step.add(step.load(counter), ir.Constant(I64_T, 1)), counter)
+    step.branch(head)
+    ir.IRBuilder(done).ret_void()
 
 
 def _pointer(module: ir.Module, builder: ir.IRBuilder, arena: ir.Value, arg: list) -> ir.Value:

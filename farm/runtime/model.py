@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ctypes
+import statistics
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -94,12 +96,38 @@ class Model:
         self._entry.argtypes, self._entry.restype = [ctypes.c_void_p], None
         self._arena = _aligned_zeros(max(arena_bytes, 1), max(int(plan.get("alignment", 0)), _MIN_ALIGNMENT))
         self._lock = threading.Lock()
+        self.path, self.schedule = path, list(manifest.get("schedule", []))
 
     def _view(self, spec: TensorSpec, offset: int) -> np.ndarray:
         return self._arena[offset : offset + spec.nbytes].view(spec.dtype).reshape(spec.shape)
 
     def _check(self, feeds: Mapping[str, np.ndarray]) -> None:
         check_feeds(self.inputs, feeds)
+
+    def time_steps(self, feeds: Mapping[str, np.ndarray], repeat: int = 10) -> list[float]:
+        """Median seconds of each schedule step over `repeat` runs, each step called on its own
+        (farm_run_steps); the steps run in order on the real activations of `feeds`."""
+        self._check(feeds)
+        steps = self._steps_entry()
+        timings: list[list[float]] = [[] for _ in self.schedule]
+        with self._lock:
+            for _ in range(repeat):
+                for spec, offset in self._inputs:  # every pass: later steps may reuse an input's arena slot
+                    np.copyto(self._view(spec, offset), feeds[spec.name], casting="no")
+                for index, samples in enumerate(timings):
+                    started = time.perf_counter()
+                    steps(self._arena.ctypes.data, index, index + 1)
+                    samples.append(time.perf_counter() - started)
+        return [statistics.median(samples) for samples in timings]
+
+    def _steps_entry(self) -> Any:
+        try:
+            steps = self._library.farm_run_steps
+        except AttributeError:
+            raise ArtifactError(f"{self.path}: the library has no farm_run_steps (built by an older farm: rebuild "
+                                "it)") from None
+        steps.argtypes, steps.restype = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64], None
+        return steps
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run once; returns fresh arrays, so results stay valid after later runs reuse the arena."""

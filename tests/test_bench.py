@@ -1,0 +1,104 @@
+"""farm.bench and `farm bench`: per-kernel times and GFLOP/s of a real artifact, and a comparison that flags a
+kernel made slower on purpose (the same convolution compiled for the x86-64 baseline instead of this host)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from farm.bench import FLOPS, BenchReport, Change, StepTime, bench_artifact, compare, kernel_label
+from farm.build import build_model
+from farm.codegen.targets import host_target, parse_target
+from farm.executors import LocalExecutor
+
+
+def _conv_relu_model() -> onnx.ModelProto:
+    """A 3x3 convolution heavy enough (75 MFLOP) that the baseline build is clearly slower, then a Relu."""
+    weight = np.random.default_rng(0).standard_normal((64, 64, 3, 3)).astype(np.float32) * 0.05
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["c"], ["y"], name="act")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 32, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 32, 32])],
+                              [numpy_helper.from_array(weight, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory) -> tuple[str, str]:
+    """(built for this host, built for the x86-64 baseline: the same kernels, slower)."""
+    folder = tmp_path_factory.mktemp("bench")
+    onnx.save(_conv_relu_model(), folder / "m.onnx")
+    fast = build_model(folder / "m.onnx", folder / "fast", executor=LocalExecutor(1)).artifact
+    baseline = parse_target(f"cpu:{host_target().triple}:x86-64")
+    slow = build_model(folder / "m.onnx", folder / "slow", [baseline], executor=LocalExecutor(1)).artifact
+    return fast, slow
+
+
+def test_a_report_times_every_step_and_counts_the_convs_flops(artifacts) -> None:
+    report = bench_artifact(artifacts[0], repeat=3)
+    assert [step.node for step in report.steps] == ["conv", "act"]
+    conv = report.steps[0]
+    assert conv.op == "Conv" and conv.flops == 2 * 64 * 32 * 32 * 64 * 9
+    assert conv.kernel == "Conv 1x64x32x32,64x64x3x3 -> 1x64x32x32"
+    assert all(step.seconds > 0 for step in report.steps) and report.latency > 0
+    rows = report.kernels()
+    assert {row["op"] for row in rows} == {"Conv", "Sigmoid"}
+    assert next(row for row in rows if row["op"] == "Conv")["gflops"] > 0
+    assert next(row for row in rows if row["op"] == "Sigmoid")["gflops"] is None
+
+
+def test_the_comparison_flags_the_kernel_made_slower(artifacts) -> None:
+    fast, slow = artifacts
+    changes = {change.node: change for change in compare(bench_artifact(fast, 5), bench_artifact(slow, 5))}
+    assert changes["conv"].flagged and changes["conv"].ratio > 1.05
+
+
+def test_cli_prints_kernels_and_fails_on_regression_when_asked(artifacts, tmp_path: Path) -> None:
+    fast, slow = artifacts
+    plain = _farm("bench", fast, "--repeat", "3", cwd=tmp_path)
+    assert plain.returncode == 0 and "GFLOP/s" in plain.stdout and "Conv 1x64x32x32" in plain.stdout
+    checked = _farm("bench", slow, "--compare", fast, "--repeat", "5", "--fail-on-regression", "--json", cwd=tmp_path)
+    assert checked.returncode == 5, checked.stderr
+    flagged = [c["node"] for c in json.loads(checked.stdout)["changes"] if c["flagged"]]
+    assert "conv" in flagged
+
+
+def test_a_missing_artifact_is_bad_input(tmp_path: Path) -> None:
+    result = _farm("bench", tmp_path / "nope.farm", cwd=tmp_path)
+    assert result.returncode == 2 and "nope.farm" in result.stderr
+
+
+def test_changes_flag_only_real_slowdowns() -> None:
+    assert Change("n", "k", 1e-3, 1.2e-3).flagged
+    assert not Change("n", "k", 1e-3, 1.04e-3).flagged  # within 5%
+    assert not Change("n", "k", 1e-6, 2e-6).flagged  # 2x, but under the timer's noise
+    assert not Change("n", "k", None, 1e-3).flagged and Change("n", "k", 1e-3, None).ratio is None
+
+
+def test_unmatched_nodes_are_listed_from_both_sides() -> None:
+    step = lambda node: StepTime(node, "Relu", "Relu 4 -> 4", 1e-3, None)  # noqa: E731
+    before, after = BenchReport("a", "t", 1.0, [step("x"), step("old")]), BenchReport("b", "t", 1.0, [step("x"),
+                                                                                                    step("new")])
+    assert [(c.node, c.before is None, c.after is None) for c in compare(before, after)] == [
+        ("x", False, False), ("new", True, False), ("old", False, True)]
+
+
+def test_flop_counts_for_gemm_and_matmul() -> None:
+    gemm = {"op": "Gemm", "attrs": {"transA": 1}, "inputs": [[[8, 3], "float32"], [[8, 5], "float32"]],
+            "outputs": [[[3, 5], "float32"]], "activation": None}
+    matmul = {"op": "MatMul", "attrs": {}, "inputs": [[[2, 4, 6], "float32"], [[6, 7], "float32"]],
+              "outputs": [[[2, 4, 7], "float32"]], "activation": ["relu", []]}
+    assert FLOPS["Gemm"](gemm) == 2 * 3 * 5 * 8 and FLOPS["MatMul"](matmul) == 2 * 2 * 4 * 7 * 6
+    assert kernel_label(matmul) == "MatMul 2x4x6,6x7 -> 2x4x7 +relu"
+
+
+def _farm(*args, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "farm", *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
