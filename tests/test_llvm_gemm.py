@@ -46,22 +46,23 @@ def test_regions_are_whole_tiles_of_the_allowed_shapes(blocking):
             for region in regions(m, n, blocking):
                 assert region.m % region.rows == 0 and region.n % (region.vectors * region.lanes) == 0, region
                 assert region.rows in (blocking.rows, 1)
-                assert (region.vectors, region.lanes) in ((blocking.vectors, blocking.lanes), (1, blocking.lanes),
-                                                          (1, 1))
+                narrower = {(1, lanes) for lanes in (8, 4) if lanes < blocking.lanes}
+                assert (region.vectors, region.lanes) in {(blocking.vectors, blocking.lanes), (1, blocking.lanes),
+                                                          *narrower, (1, 1)}
                 assert 0 <= region.m0 and region.m0 + region.m <= m and 0 <= region.n0 and region.n0 + region.n <= n
 
 
 def test_regions_use_full_tiles_where_they_fit():
     blocking = GemmBlocking(rows=4, vectors=3, lanes=16)
-    # 9 x 100: rows 0..8 in 4-row tiles + 1 row; columns 96 in 48-wide tiles, then no 16-vector, then 4 scalars
+    # 9 x 100: rows 0..8 in 4-row tiles + 1 row; columns 96 in 48-wide tiles, then no 16-vector, one 4-lane
     got = {(r.m0, r.m, r.n0, r.n, r.rows, r.vectors, r.lanes) for r in regions(9, 100, blocking)}
     assert got == {(0, 8, 0, 96, 4, 3, 16), (8, 1, 0, 96, 1, 3, 16),
-                   (0, 8, 96, 4, 4, 1, 1), (8, 1, 96, 4, 1, 1, 1)}
+                   (0, 8, 96, 4, 4, 1, 4), (8, 1, 96, 4, 1, 1, 4)}
     # 4 x 48: exactly one region of full tiles
     assert [(r.m0, r.m, r.n0, r.n) for r in regions(4, 48, blocking)] == [(0, 4, 0, 48)]
-    # 2 x 20: too few rows for a 4-row tile, one 16-lane vector, then 4 scalar columns
-    got = {(r.m0, r.m, r.n0, r.n, r.rows, r.vectors, r.lanes) for r in regions(2, 20, blocking)}
-    assert got == {(0, 2, 0, 16, 1, 1, 16), (0, 2, 16, 4, 1, 1, 1)}
+    # 2 x 23: too few rows for a 4-row tile, one 16-lane vector, a 4-lane vector, then 3 scalar columns
+    got = {(r.m0, r.m, r.n0, r.n, r.rows, r.vectors, r.lanes) for r in regions(2, 23, blocking)}
+    assert got == {(0, 2, 0, 16, 1, 1, 16), (0, 2, 16, 4, 1, 1, 4), (0, 2, 20, 3, 1, 1, 1)}
 
 
 # -- numerics ----------------------------------------------------------------------------------------------------------

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import statistics
 import threading
 import time
 from collections.abc import Mapping
@@ -105,8 +104,9 @@ class Model:
         check_feeds(self.inputs, feeds)
 
     def time_steps(self, feeds: Mapping[str, np.ndarray], repeat: int = 10) -> list[float]:
-        """Median seconds of each schedule step over `repeat` runs, each step called on its own
-        (farm_run_steps); the steps run in order on the real activations of `feeds`."""
+        """Best (least) seconds of each schedule step over `repeat` runs, each step called on its own
+        (farm_run_steps); the steps run in order on the real activations of `feeds`. The best of several runs
+        filters out interruptions, which a per-kernel comparison must not mistake for regressions."""
         self._check(feeds)
         steps = self._steps_entry()
         timings: list[list[float]] = [[] for _ in self.schedule]
@@ -118,7 +118,7 @@ class Model:
                     started = time.perf_counter()
                     steps(self._arena.ctypes.data, index, index + 1)
                     samples.append(time.perf_counter() - started)
-        return [statistics.median(samples) for samples in timings]
+        return [min(samples) for samples in timings]
 
     def _steps_entry(self) -> Any:
         try:
