@@ -1,9 +1,17 @@
-"""A loaded model: its native entry point, one arena and the copies of inputs and outputs through it."""
+"""A loaded model: its native entry point, one arena and the copies of inputs and outputs through it.
+
+With `threads` > 1 the model runs its schedule launch by launch (the library's farm_launch): a parallel launch with
+enough work is cut into contiguous ranges that the calling thread and a persistent pool of helper threads run at
+once (ctypes releases the GIL for the call), and the next launch starts when all its ranges are done.
+"""
 
 from __future__ import annotations
 
 import ctypes
+import os
+import queue
 import threading
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +21,71 @@ import numpy as np
 from farm.errors import ArtifactError, RunInputError
 
 _MIN_ALIGNMENT = 64
+# The least work (loopir.work, about 1-4 per ns of one core) worth one more thread: handing a range to a helper
+# thread and waiting for it costs some 10-50 us of Python and thread wake-ups.
+MIN_WORK_PER_THREAD = 100_000
+
+
+def default_threads() -> int:
+    """The number of CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def split_range(extent: int, grain: int, parts: int) -> list[tuple[int, int]]:
+    """[0, extent) cut into at most `parts` contiguous, near-equal ranges whose inner boundaries are multiples of
+    `grain` (none empty)."""
+    blocks = -(-extent // grain)
+    parts = max(1, min(parts, blocks))
+    cuts = [min(blocks * j // parts * grain, extent) for j in range(parts + 1)]
+    return [(begin, end) for begin, end in zip(cuts, cuts[1:]) if end > begin]
+
+
+def launch_plan(launches: list[Any], threads: int) -> list[tuple[int, list[tuple[int, int]]]]:
+    """(launch index, its ranges) for every launch of the schedule: one range unless the launch is worth
+    splitting across `threads`."""
+    plan = []
+    for index, (extent, grain, work) in enumerate(launches):
+        parts = min(threads, int(work) // MIN_WORK_PER_THREAD) if int(extent) > 1 else 1
+        plan.append((index, split_range(int(extent), max(int(grain), 1), parts)))
+    return plan
+
+
+class _Helpers:
+    """Persistent daemon threads that each run the (index, begin, end) ranges put on their queue."""
+
+    def __init__(self, launch: Any, count: int) -> None:
+        self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(count)]
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+        for work in self._queues:
+            threading.Thread(target=_helper, args=(launch, work, self._done), daemon=True,
+                             name="farm-runtime").start()
+        self.stop = weakref.finalize(self, _stop, self._queues)
+
+    def run(self, launch: Any, index: int, ranges: list[tuple[int, int]], arena: int) -> None:
+        """Run every range of launch `index`, the first on this thread, and return when all are done."""
+        for work, (begin, end) in zip(self._queues, ranges[1:]):
+            work.put((index, begin, end, arena))
+        launch(index, ranges[0][0], ranges[0][1], arena)
+        failures = [error for error in (self._done.get() for _ in ranges[1:]) if error is not None]
+        if failures:
+            raise failures[0]
+
+
+def _helper(launch: Any, work: queue.SimpleQueue, done: queue.SimpleQueue) -> None:
+    while (item := work.get()) is not None:
+        try:
+            launch(*item)
+            done.put(None)
+        except BaseException as error:  # noqa: BLE001 (handed to the thread that waits)
+            done.put(error)
+
+
+def _stop(queues: list[queue.SimpleQueue]) -> None:
+    for work in queues:
+        work.put(None)
 
 
 @dataclass(frozen=True)
@@ -75,9 +148,11 @@ def check_feeds(inputs: list[TensorSpec], feeds: Mapping[str, np.ndarray]) -> No
 
 
 class Model:
-    """A model ready to run on this host. `run` is thread-safe: calls take turns on the one arena."""
+    """A model ready to run on this host. `run` is thread-safe: calls take turns on the one arena. `threads`: how
+    many threads one run may use (1: the whole schedule in one native call, farm_run)."""
 
-    def __init__(self, path: str, manifest: dict[str, Any], target: dict[str, Any], library: ctypes.CDLL) -> None:
+    def __init__(self, path: str, manifest: dict[str, Any], target: dict[str, Any], library: ctypes.CDLL,
+                 threads: int = 1) -> None:
         plan = manifest.get("memory_plan", {})
         arena_bytes = int(plan.get("arena_bytes", 0))
         self._inputs = _slots(path, manifest.get("inputs"), arena_bytes, "inputs")
@@ -92,6 +167,19 @@ class Model:
         except AttributeError:
             raise ArtifactError(f"{path}: target {target.get('id')!r} library has no entry point {entry!r}") from None
         self._entry.argtypes, self._entry.restype = [ctypes.c_void_p], None
+        self.threads = max(1, int(threads))
+        self._plan: list[tuple[int, list[tuple[int, int]]]] | None = None
+        if self.threads > 1 and isinstance(target.get("launches"), list) and target.get("launch_entry"):
+            try:
+                self._launch = getattr(library, str(target["launch_entry"]))
+                ranges = launch_plan(target["launches"], self.threads)
+            except (AttributeError, TypeError, ValueError) as error:
+                raise ArtifactError(f"{path}: target {target.get('id')!r} launches are unusable: {error}") from None
+            self._launch.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+            self._launch.restype = None
+            if any(len(split) > 1 for _, split in ranges):
+                self._plan = ranges
+                self._helpers = _Helpers(self._launch, self.threads - 1)
         self._arena = _aligned_zeros(max(arena_bytes, 1), max(int(plan.get("alignment", 0)), _MIN_ALIGNMENT))
         self._lock = threading.Lock()
 
@@ -107,5 +195,16 @@ class Model:
         with self._lock:
             for spec, offset in self._inputs:
                 np.copyto(self._view(spec, offset), feeds[spec.name], casting="no")
-            self._entry(self._arena.ctypes.data)
+            if self._plan is None:
+                self._entry(self._arena.ctypes.data)
+            else:
+                self._run_launches(self._arena.ctypes.data)
             return {spec.name: self._view(spec, offset).copy() for spec, offset in self._outputs}
+
+    def _run_launches(self, arena: int) -> None:
+        launch, helpers = self._launch, self._helpers
+        for index, ranges in self._plan:
+            if len(ranges) == 1:
+                launch(index, ranges[0][0], ranges[0][1], arena)
+            else:
+                helpers.run(launch, index, ranges, arena)
