@@ -143,9 +143,13 @@ def _call_launch(library, index: int, begin: int, end: int, arena: np.ndarray) -
     launch(index, begin, end, arena.ctypes.data)
 
 
-def _launch_library(kernels, schedule, tmp_path, blocking=GemmBlocking(rows=4, vectors=2, lanes=4)):
+SMALL_BLOCKING = GemmBlocking(rows=4, vectors=2, lanes=4)
+
+
+def _launch_library(kernels, schedule, tmp_path):
     target = host()
-    return load_library(link_library([compile_kernels(kernels, target, blocking), compile_entry(schedule, target)],
+    return load_library(link_library([compile_kernels(kernels, target, SMALL_BLOCKING),
+                                      compile_entry(schedule, target)],
                                      target), tmp_path)
 
 

@@ -17,8 +17,8 @@ from llvmlite import ir
 from farm.artifact import FORMAT_VERSION, write_artifact
 from farm.errors import ArtifactError, RunInputError
 from farm.runtime import TensorSpec, default_threads, load
-from farm.runtime.model import MIN_WORK_PER_THREAD, launch_plan, split_range
 from farm.runtime.host import Host, choose_target, this_host
+from farm.runtime.model import MIN_WORK_PER_THREAD, launch_plan, split_range
 
 IN_OFFSET, OUT_OFFSET, COUNT = 0, 64, 4
 HOST = this_host()
