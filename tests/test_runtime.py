@@ -18,7 +18,7 @@ from farm.artifact import FORMAT_VERSION, write_artifact
 from farm.errors import ArtifactError, RunInputError
 from farm.runtime import TensorSpec, default_threads, load
 from farm.runtime.host import Host, choose_target, this_host
-from farm.runtime.model import MIN_WORK_PER_THREAD, launch_plan, split_range
+from farm.runtime.model import MIN_WORK_PER_THREAD, RANGES_PER_THREAD, launch_plan, split_range
 
 IN_OFFSET, OUT_OFFSET, COUNT = 0, 64, 4
 HOST = this_host()
@@ -219,10 +219,17 @@ def test_split_range_cuts_contiguous_ranges_at_multiples_of_the_grain(extent, gr
 
 
 def test_launch_plan_splits_only_parallel_launches_with_enough_work() -> None:
-    big = MIN_WORK_PER_THREAD * 4
-    launches = [[1, 1, big], [64, 1, big], [64, 1, MIN_WORK_PER_THREAD - 1], [64, 4, MIN_WORK_PER_THREAD * 2]]
-    assert launch_plan(launches, 3) == [(0, [(0, 1)]), (1, [(0, 21), (21, 42), (42, 64)]), (2, [(0, 64)]),
-                                        (3, [(0, 32), (32, 64)])]
+    """Up to RANGES_PER_THREAD ranges per thread, each with at least MIN_WORK_PER_THREAD work."""
+    big = MIN_WORK_PER_THREAD * 100
+    launches = [[1, 1, big], [64, 1, big], [64, 1, MIN_WORK_PER_THREAD * 2 - 1], [64, 4, MIN_WORK_PER_THREAD * 2],
+                [7, 1, big]]
+    plan = launch_plan(launches, 2)
+    assert [index for index, _ in plan] == [0, 1, 2, 3, 4]
+    assert [len(ranges) for _, ranges in plan] == [1, 2 * RANGES_PER_THREAD, 1, 2, min(7, 2 * RANGES_PER_THREAD)]
+    assert plan[3][1] == [(0, 32), (32, 64)]
+    for (extent, _, _), (_, ranges) in zip(launches, plan):
+        assert ranges[0][0] == 0 and ranges[-1][1] == extent
+        assert all(end == begin for (_, end), (begin, _) in zip(ranges, ranges[1:]))
     assert all(len(ranges) == 1 for _, ranges in launch_plan(launches, 1))
 
 

@@ -8,6 +8,7 @@ once (ctypes releases the GIL for the call), and the next launch starts when all
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import queue
 import threading
@@ -43,49 +44,74 @@ def split_range(extent: int, grain: int, parts: int) -> list[tuple[int, int]]:
     return [(begin, end) for begin, end in zip(cuts, cuts[1:]) if end > begin]
 
 
+# Ranges per thread of a split launch: threads claim ranges as they come free, so a thread the OS runs late (a
+# busy machine) takes fewer instead of holding everyone up.
+RANGES_PER_THREAD = 3
+
+
 def launch_plan(launches: list[Any], threads: int) -> list[tuple[int, list[tuple[int, int]]]]:
     """(launch index, its ranges) for every launch of the schedule: one range unless the launch is worth
-    splitting across `threads`."""
+    splitting across `threads`, else up to RANGES_PER_THREAD ranges per thread, each with at least
+    MIN_WORK_PER_THREAD work."""
     plan = []
     for index, (extent, grain, work) in enumerate(launches):
-        parts = min(threads, int(work) // MIN_WORK_PER_THREAD) if int(extent) > 1 else 1
+        worth = int(work) // MIN_WORK_PER_THREAD
+        parts = 1 if int(extent) <= 1 or threads <= 1 or worth < 2 else min(threads * RANGES_PER_THREAD, worth)
         plan.append((index, split_range(int(extent), max(int(grain), 1), parts)))
     return plan
 
 
+class _Job:
+    """One split launch: its ranges, claimed in order by whichever thread is free."""
+
+    def __init__(self, index: int, ranges: list[tuple[int, int]], arena: int) -> None:
+        self.index, self.ranges, self.arena = index, ranges, arena
+        self.claims = itertools.count()  # next() is atomic under the GIL
+        self.finished: queue.SimpleQueue = queue.SimpleQueue()
+
+    def work(self, launch: Any) -> int:
+        """Run ranges until none is left; returns how many this thread ran."""
+        ran = 0
+        while (claim := next(self.claims)) < len(self.ranges):
+            begin, end = self.ranges[claim]
+            launch(self.index, begin, end, self.arena)
+            ran += 1
+        return ran
+
+
 class _Helpers:
-    """Persistent daemon threads that each run the (index, begin, end) ranges put on their queue."""
+    """Persistent daemon threads that join in each split launch they are woken for."""
 
     def __init__(self, launch: Any, count: int) -> None:
         self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(count)]
-        self._done: queue.SimpleQueue = queue.SimpleQueue()
-        for work in self._queues:
-            threading.Thread(target=_helper, args=(launch, work, self._done), daemon=True,
-                             name="farm-runtime").start()
+        for jobs in self._queues:
+            threading.Thread(target=_helper, args=(launch, jobs), daemon=True, name="farm-runtime").start()
         self.stop = weakref.finalize(self, _stop, self._queues)
 
     def run(self, launch: Any, index: int, ranges: list[tuple[int, int]], arena: int) -> None:
-        """Run every range of launch `index`, the first on this thread, and return when all are done."""
-        for work, (begin, end) in zip(self._queues, ranges[1:]):
-            work.put((index, begin, end, arena))
-        launch(index, ranges[0][0], ranges[0][1], arena)
-        failures = [error for error in (self._done.get() for _ in ranges[1:]) if error is not None]
-        if failures:
-            raise failures[0]
+        """Run every range of launch `index`, this thread too, and return when all are done."""
+        job = _Job(index, ranges, arena)
+        for jobs in self._queues:
+            jobs.put(job)
+        remaining = len(ranges) - job.work(launch)
+        for _ in range(remaining):
+            error = job.finished.get()
+            if error is not None:
+                raise error
 
 
-def _helper(launch: Any, work: queue.SimpleQueue, done: queue.SimpleQueue) -> None:
-    while (item := work.get()) is not None:
+def _helper(launch: Any, jobs: queue.SimpleQueue) -> None:
+    while (job := jobs.get()) is not None:
         try:
-            launch(*item)
-            done.put(None)
+            for _ in range(job.work(launch)):
+                job.finished.put(None)
         except BaseException as error:  # noqa: BLE001 (handed to the thread that waits)
-            done.put(error)
+            job.finished.put(error)
 
 
 def _stop(queues: list[queue.SimpleQueue]) -> None:
-    for work in queues:
-        work.put(None)
+    for jobs in queues:
+        jobs.put(None)
 
 
 @dataclass(frozen=True)
