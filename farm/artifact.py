@@ -20,7 +20,7 @@ from typing import Any
 from farm.atomic import write_atomically
 from farm.errors import ArtifactError
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 MANIFEST = "manifest.json"
 _END_OF_ARCHIVE = b"\0" * (2 * tarfile.BLOCKSIZE)
 _KINDS = {

@@ -13,8 +13,8 @@ from typing import Any
 from farm import __version__
 from farm.artifact import FORMAT_VERSION, write_artifact
 from farm.codegen.blobs import pack_blob
-from farm.codegen.cpu import compile_cpu_kernel
-from farm.codegen.entry import ENTRY_SYMBOL, compile_entry
+from farm.codegen.cpu import compile_cpu_kernel, cpu_launches
+from farm.codegen.entry import ENTRY_SYMBOL, LAUNCH_SYMBOL, compile_entry
 from farm.codegen.link import link_library
 from farm.codegen.targets import CpuTarget, host_target
 from farm.executors import Job, LocalExecutor
@@ -147,10 +147,21 @@ def _run(executor: LocalExecutor | None, jobs: list[Job], progress: ProgressCall
 
 
 def schedule_for(plan: BuildPlan, target: CpuTarget) -> list[dict[str, Any]]:
-    """The entry's call list for `target`: kernel symbols and arena offsets or blob symbols."""
-    return [{"kernel": for_target(step.spec, target.id).symbol, "args": [_entry_arg(plan, arg, target)
-                                                                         for arg in step.args]}
-            for step in plan.steps]
+    """The entry's call list for `target`: kernel symbols, arena offsets or blob symbols, and the kernel's launches
+    ([extent, grain, work] each)."""
+    launches = step_launches(plan, target)
+    return [{"kernel": for_target(step.spec, target.id).symbol,
+             "args": [_entry_arg(plan, arg, target) for arg in step.args], "launches": step_launch}
+            for step, step_launch in zip(plan.steps, launches)]
+
+
+def step_launches(plan: BuildPlan, target: CpuTarget) -> list[list[list[int]]]:
+    """Each step's launches on `target` (each distinct kernel lowered once)."""
+    by_key: dict[str, list[list[int]]] = {}
+    for step in plan.steps:
+        if step.spec.key not in by_key:
+            by_key[step.spec.key] = cpu_launches(step.spec, target)
+    return [by_key[step.spec.key] for step in plan.steps]
 
 
 def _entry_arg(plan: BuildPlan, arg: Arg, target: CpuTarget) -> list:
@@ -190,7 +201,9 @@ def manifest_template(plan: BuildPlan, targets: Sequence[CpuTarget], model_name:
         "model": {"name": model_name, "sha256": model_sha256, "opset": graph.opset},
         "inputs": [io(name) for name in graph.inputs],
         "outputs": [io(name) for name in graph.outputs],
-        "targets": [{**t.to_json(), "library": library_member(t), "entry": ENTRY_SYMBOL} for t in targets],
+        "targets": [{**t.to_json(), "library": library_member(t), "entry": ENTRY_SYMBOL,
+                     "launch_entry": LAUNCH_SYMBOL,
+                     "launches": [launch for step in step_launches(plan, t) for launch in step]} for t in targets],
         "kernels": _kernel_entries(plan, targets),
         "blobs": [{"sha256": sha, "bytes": int(data.nbytes), "symbol": BlobSpec(sha, data.nbytes, "").symbol}
                   for sha, data in sorted(plan.blobs.items())],

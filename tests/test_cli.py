@@ -12,10 +12,15 @@ from onnx import TensorProto, helper, numpy_helper
 
 from farm import examples
 
+# The checkout under test first on the path, so that `python -m farm` runs it even where another checkout is the
+# installed one.
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(examples.__file__)))
+
 
 def farm(*args, cwd, env=None) -> subprocess.CompletedProcess:
+    path = os.pathsep.join(p for p in (CHECKOUT, os.environ.get("PYTHONPATH")) if p)
     return subprocess.run([sys.executable, "-m", "farm", *map(str, args)], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=300)
+                          env={**os.environ, "PYTHONPATH": path, **(env or {})}, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +68,11 @@ def test_run_writes_outputs_that_match_onnxruntime(built):
     ours = np.load(folder / "out.npz")["output"]
     reference = onnxruntime.InferenceSession(str(folder / "tiny_cnn.onnx")).run(None, {"input": np.load(folder / "x.npy")})
     assert np.abs(ours - reference[0]).max() <= 1e-4
+    threaded = farm("run", job["artifact"], "--input", "input=x.npy", "-o", "out3.npz", "--threads", "3", cwd=folder)
+    assert threaded.returncode == 0, threaded.stderr
+    np.testing.assert_array_equal(np.load(folder / "out3.npz")["output"], ours)
+    refused = farm("run", job["artifact"], "--input", "input=x.npy", "--threads", "0", cwd=folder)
+    assert refused.returncode == 2 and "--threads" in refused.stderr
 
 
 def _assert_bad_input(result, *fragments):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import re
 
 import llvmlite.binding as llvm
@@ -23,6 +24,7 @@ from native_helpers import (
 from farm.codegen import loopir as L
 from farm.codegen.entry import ENTRY_SYMBOL, compile_entry, entry_ir
 from farm.codegen.link import link_library
+from farm.codegen.llvm_gemm import GemmBlocking
 from farm.codegen.targets import CpuTarget
 
 SCHEDULE = [
@@ -141,3 +143,95 @@ def test_farm_run_calls_kernels_in_order_through_a_shared_arena(order, tmp_path)
     call_farm_run(library, arena)
     expected = x * 2 + 1 if order == ("double", "inc") else (x + 1) * 2
     np.testing.assert_array_equal(arena.view(np.float32), expected)
+
+
+# -- farm_launch: one launch over a range, as a threaded runtime calls it -------------------------------------------
+
+
+def _call_launch(library, index: int, begin: int, end: int, arena: np.ndarray) -> None:
+    launch = library.farm_launch
+    launch.restype = None
+    launch.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    launch(index, begin, end, arena.ctypes.data)
+
+
+SMALL_BLOCKING = GemmBlocking(rows=4, vectors=2, lanes=4)
+
+
+def _launch_library(kernels, schedule, tmp_path):
+    target = host()
+    return load_library(link_library([compile_kernels(kernels, target, SMALL_BLOCKING),
+                                      compile_entry(schedule, target)],
+                                     target), tmp_path)
+
+
+def test_farm_launch_runs_a_parallel_loop_split_at_odd_boundaries(tmp_path):
+    """A launch of extent 7 run as 3 ranges writes every element once, each range only its own."""
+    n = 7
+    i = L.Var("i")
+    kernel = L.LoopKernel([L.Param("out", output=True), L.Param("in")],
+                          [L.Loop(i, n, [L.Store("out", i, L.Load("in", i) * 3.0 + 1.0)], parallel=True)])
+    launches = [info.to_json() for info in L.launch_info(kernel, 4)]
+    assert launches == [[7, 1, 7]]
+    schedule = [{"kernel": "scale", "args": [["arena", 0], ["arena", 64]], "launches": launches}]
+    library = _launch_library([("scale", kernel)], schedule, tmp_path)
+    arena = aligned_arena(128)
+    out, x = arena[:28].view(np.float32), arena[64:92].view(np.float32)
+    x[:] = np.arange(n, dtype=np.float32)
+    out[:] = -1.0
+    _call_launch(library, 0, 2, 5, arena)
+    np.testing.assert_array_equal(out, [-1, -1, 7, 10, 13, -1, -1])
+    for begin, end in ((0, 2), (5, 7)):
+        _call_launch(library, 0, begin, end, arena)
+    np.testing.assert_array_equal(out, x * 3 + 1)
+    _call_launch(library, 1, 0, 7, arena)  # past the last launch: does nothing
+    np.testing.assert_array_equal(out, x * 3 + 1)
+
+
+@pytest.mark.parametrize("cuts", [(0, 13), (0, 4, 8, 12, 13), (0, 5, 6, 13), (0, 1, 2, 3, 11, 13)])
+def test_farm_launch_runs_gemm_rows_split_anywhere(cuts, tmp_path):
+    """C = A @ B with m = 13 (not a multiple of the 4-row tile) and n = 15 (full, vector and scalar column tiles),
+    its rows run as the given ranges: every row once, rows outside a range untouched."""
+    m, n, k = 13, 15, 6
+    gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k)
+    kernel = L.LoopKernel([L.Param("a"), L.Param("b"), L.Param("c", output=True)], [gemm])
+    launches = [info.to_json() for info in L.launch_info(kernel, 4)]
+    assert [launch[:2] for launch in launches] == [[13, 4]]
+    a_at, b_at, c_at = 0, 384, 768
+    schedule = [{"kernel": "mm", "args": [["arena", a_at], ["arena", b_at], ["arena", c_at]], "launches": launches}]
+    library = _launch_library([("mm", kernel)], schedule, tmp_path)
+    arena = aligned_arena(1600)
+    rng = np.random.default_rng(0)
+    a = arena[a_at:a_at + m * k * 4].view(np.float32).reshape(m, k)
+    b = arena[b_at:b_at + k * n * 4].view(np.float32).reshape(k, n)
+    c = arena[c_at:c_at + m * n * 4].view(np.float32).reshape(m, n)
+    a[:], b[:], c[:] = rng.standard_normal((m, k)), rng.standard_normal((k, n)), np.nan
+    whole = a.astype(np.float64) @ b.astype(np.float64)
+    for begin, end in zip(cuts, cuts[1:]):
+        _call_launch(library, 0, begin, end, arena)
+        assert np.isnan(c[end:]).all()
+        np.testing.assert_allclose(c[:end], whole[:end], rtol=1e-5, atol=1e-5)
+    reference = c.copy()
+    call_farm_run(library, arena)  # the whole kernel, in one call: the same bits
+    np.testing.assert_array_equal(c, reference)
+
+
+def test_farm_launch_numbers_launches_across_the_schedule(tmp_path):
+    """Two steps of a two-launch kernel: launches 0-1 are the first step's, 2-3 the second's, each with its own
+    arguments; farm_run runs them all."""
+    i, j = L.Var("i"), L.Var("j")
+    kernel = L.LoopKernel([L.Param("out", output=True)],
+                          [L.Loop(i, 4, [L.Store("out", i, L.const(1.0))], parallel=True),
+                           L.Loop(j, 4, [L.Store("out", j + 4, L.const(2.0))], parallel=True)])
+    launches = [info.to_json() for info in L.launch_info(kernel, 4)]
+    schedule = [{"kernel": "two", "args": [["arena", offset]], "launches": launches} for offset in (0, 64)]
+    library = _launch_library([("two", kernel)], schedule, tmp_path)
+    arena = aligned_arena(128)
+    values = arena.view(np.float32)
+    _call_launch(library, 3, 1, 3, arena)
+    assert values[16 + 4:16 + 8].tolist() == [0, 2, 2, 0] and not values[:16].any()
+    _call_launch(library, 0, 0, 4, arena)
+    assert values[:8].tolist() == [1, 1, 1, 1, 0, 0, 0, 0]
+    arena[:] = 0
+    call_farm_run(library, arena)
+    assert values[:8].tolist() == values[16:24].tolist() == [1, 1, 1, 1, 2, 2, 2, 2]

@@ -338,8 +338,11 @@ def test_kernel_signature_is_hidden_nounwind_with_noalias_pointers():
     attribute, so `fn.visibility = "hidden"` is silently dropped and the kernel is defined with default
     visibility (and then exported from the .so)."""
     text = kernel_module_ir(sample_kernels()[:1], host())
-    define = next(line for line in text.splitlines() if line.startswith("define"))
+    define = next(line for line in text.splitlines() if re.match(r'define .*@"?k_exp"?\(', line))
     assert re.search(r'define hidden void @"?k_exp"?\(ptr noalias %"?out"?, ptr noalias %"?in"?\)', define), define
+    launch = next(line for line in text.splitlines() if re.match(r'define .*@"?k_exp_0"?\(', line))
+    assert re.search(r'define hidden void @"?k_exp_0"?\(ptr noalias %"?out"?, ptr noalias %"?in"?, i64 %"?begin"?, '
+                     r'i64 %"?end"?\)', launch), launch
     assert "nounwind" in text
 
 

@@ -316,3 +316,40 @@ def test_loop_nest_variables_are_fresh_across_nests():
     _, first = L.loop_nest(names, (2, 2), lambda v: [])
     _, second = L.loop_nest(names, (2, 2), lambda v: [])
     assert not {v.name for v in first} & {v.name for v in second}
+
+
+# -- launches: how both renderers split a kernel --------------------------------------------------------------------
+
+
+def _gemm(m: int, n: int, k: int) -> L.Gemm:
+    return L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k)
+
+
+def _launch_kernel() -> L.LoopKernel:
+    """A batch-of-one loop around: a serial store, a parallel loop, two serial stores, a Gemm, a serial loop."""
+    b, i, j, s = L.Var("b"), L.Var("i"), L.Var("j"), L.Var("s")
+    store = lambda index: L.Store("c", L.const(index), L.const(0.0))  # noqa: E731
+    body = [store(0), L.Loop(i, 7, [L.Store("c", i, L.const(1.0))], parallel=True), store(1), store(2),
+            _gemm(13, 5, 3), L.Loop(s, 4, [L.Store("c", s, L.const(2.0))]),
+            L.Loop(j, 6, [L.Store("c", j, L.const(3.0))], parallel=True)]
+    return L.LoopKernel([L.Param("a"), L.Param("b"), L.Param("c", output=True)], [L.Loop(b, 1, body)])
+
+
+def test_launch_groups_peel_batch_of_one_and_keep_parallel_loops_and_gemms_alone():
+    fixed, groups = L.launch_groups(_launch_kernel())
+    assert fixed == ["b"]
+    kinds = [[type(stmt).__name__ for stmt in group] for group in groups]
+    assert kinds == [["Store"], ["Loop"], ["Store", "Store"], ["Gemm"], ["Loop"], ["Loop"]]
+
+
+def test_launch_info_gives_extent_grain_and_work():
+    infos = L.launch_info(_launch_kernel(), gemm_rows=4)
+    assert [(i.extent, i.grain) for i in infos] == [(1, 1), (7, 1), (1, 1), (13, 4), (1, 1), (6, 1)]
+    assert [i.work for i in infos] == [1, 7, 2, 13 * 5 * 3 // L.GEMM_WORK_DIVISOR, 4, 6]
+    assert infos[1].to_json() == [7, 1, 7]
+
+
+def test_work_counts_nested_loops_and_ifs():
+    i, j = L.Var("i"), L.Var("j")
+    inner = L.Loop(j, 5, [L.If(L.compare("lt", j, 2), [L.Store("c", j, L.const(0.0))])])
+    assert L.work([L.Loop(i, 3, [inner, L.Store("c", i, L.const(1.0))])]) == 3 * (5 * 2 + 1)

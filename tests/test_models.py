@@ -17,6 +17,7 @@ import pytest
 from numerics import build_and_load, compare_outputs, run_onnxruntime
 from onnx import TensorProto, helper, numpy_helper
 
+import farm.runtime.model
 from farm.artifact import read_manifest
 from farm.build import BuildResult
 from farm.examples import EXAMPLES, random_input
@@ -65,6 +66,38 @@ def test_example_matches_onnxruntime(name: str, built_example: Callable[[str], B
     for seed in (0, 1):
         feeds = random_input(model, seed=seed)
         compare_outputs(farm_model.run(feeds), run_onnxruntime(path, feeds), f"{name} seed {seed}")
+
+
+THREADED_EXAMPLES = ("resnet18_style", "mobilenetv2_style", "bert_style", "vit_style")
+
+
+@pytest.mark.parametrize("name", THREADED_EXAMPLES)
+def test_example_with_two_threads_matches_one_thread_and_onnxruntime(
+        name: str, built_example: Callable[[str], Built], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """threads=2 splits every parallel launch (the work threshold lowered to 1, so every op's launches run as
+    ranges on two threads): the single native call's results and onnxruntime's numerics. (Not always the same
+    bits: where a range boundary moves iterations between a vectorised loop body and its scalar remainder,
+    fast-math reassociation may change the last bits.)"""
+    model, path, result, _ = built_example(name)
+    single = farm.runtime.load(result.artifact, cache_dir=tmp_path, threads=1)
+    monkeypatch.setattr(farm.runtime.model, "MIN_WORK_PER_THREAD", 1)
+    threaded = farm.runtime.load(result.artifact, cache_dir=tmp_path, threads=2)
+    launches = read_manifest(result.artifact)["targets"][0]["launches"]
+    assert threaded._plan is not None and sum(len(ranges) > 1 for _, ranges in threaded._plan) == sum(
+        extent > 1 and work > 1 for extent, _, work in launches)
+    for seed in (0, 1):
+        feeds = random_input(model, seed=seed)
+        outputs = threaded.run(feeds)
+        for output, expected in single.run(feeds).items():
+            np.testing.assert_allclose(outputs[output], expected, rtol=1e-4, atol=1e-5,
+                                       err_msg=f"{name} seed {seed} {output}")
+        compare_outputs(outputs, run_onnxruntime(path, feeds), f"{name} seed {seed} threads=2")
+
+
+def test_single_thread_runs_one_native_call(built_example: Callable[[str], Built], tmp_path: Path) -> None:
+    _, _, result, _ = built_example("bert_style")
+    single = farm.runtime.load(result.artifact, cache_dir=tmp_path, threads=1)
+    assert single.threads == 1 and single._plan is None
 
 
 def test_resnet18_identical_layers_compile_once(built_example: Callable[[str], Built]) -> None:

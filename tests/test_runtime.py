@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import threading
 from pathlib import Path
@@ -15,8 +16,9 @@ from llvmlite import ir
 
 from farm.artifact import FORMAT_VERSION, write_artifact
 from farm.errors import ArtifactError, RunInputError
-from farm.runtime import TensorSpec, load
+from farm.runtime import TensorSpec, default_threads, load
 from farm.runtime.host import Host, choose_target, this_host
+from farm.runtime.model import MIN_WORK_PER_THREAD, RANGES_PER_THREAD, launch_plan, split_range
 
 IN_OFFSET, OUT_OFFSET, COUNT = 0, 64, 4
 HOST = this_host()
@@ -197,3 +199,47 @@ def test_choose_target_prefers_exact_cpu_and_skips_missing_features() -> None:
         ArtifactError, match=r"'too-new' \(x86_64-unknown-linux-gnu, cpu znver4: host lacks \+avx512f\)"
     ):
         choose_target([too_new], host, "a.farm")
+
+
+# -- threads: how a run splits its launches -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("extent", "grain", "parts", "expected"), [
+    (7, 1, 3, [(0, 2), (2, 4), (4, 7)]),
+    (13, 4, 2, [(0, 8), (8, 13)]),
+    (13, 4, 4, [(0, 4), (4, 8), (8, 12), (12, 13)]),
+    (13, 4, 8, [(0, 4), (4, 8), (8, 12), (12, 13)]),
+    (5, 1, 1, [(0, 5)]),
+    (1, 1, 4, [(0, 1)]),
+])
+def test_split_range_cuts_contiguous_ranges_at_multiples_of_the_grain(extent, grain, parts, expected) -> None:
+    ranges = split_range(extent, grain, parts)
+    assert ranges == expected
+    assert all(begin % grain == 0 for begin, _ in ranges)
+
+
+def test_launch_plan_splits_only_parallel_launches_with_enough_work() -> None:
+    """Up to RANGES_PER_THREAD ranges per thread, each with at least MIN_WORK_PER_THREAD work."""
+    big = MIN_WORK_PER_THREAD * 100
+    launches = [[1, 1, big], [64, 1, big], [64, 1, MIN_WORK_PER_THREAD * 2 - 1], [64, 4, MIN_WORK_PER_THREAD * 2],
+                [7, 1, big]]
+    plan = launch_plan(launches, 2)
+    assert [index for index, _ in plan] == [0, 1, 2, 3, 4]
+    assert [len(ranges) for _, ranges in plan] == [1, 2 * RANGES_PER_THREAD, 1, 2, min(7, 2 * RANGES_PER_THREAD)]
+    assert plan[3][1] == [(0, 32), (32, 64)]
+    for (extent, _, _), (_, ranges) in zip(launches, plan):
+        assert ranges[0][0] == 0 and ranges[-1][1] == extent
+        assert all(end == begin for (_, end), (begin, _) in zip(ranges, ranges[1:]))
+    assert all(len(ranges) == 1 for _, ranges in launch_plan(launches, 1))
+
+
+def test_default_threads_is_the_cpus_this_process_may_use() -> None:
+    assert default_threads() == len(os.sched_getaffinity(0))
+
+
+def test_threads_fall_back_to_farm_run_without_launches(artifact: Path, tmp_path: Path) -> None:
+    """This artifact's target (an older layout) names no launches: any thread count runs farm_run."""
+    model = load(artifact, cache_dir=tmp_path / "cache", threads=4)
+    assert model.threads == 4
+    x = np.array([[0.0, 1.0, -2.5, 3.25]], dtype=np.float32)
+    np.testing.assert_array_equal(model.run({"x": x})["y"], 2 * x + 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import llvmlite.binding as llvm
 from llvmlite import ir
 
+from farm.codegen import loopir as L
 from farm.codegen.llvm_gemm import GemmBlocking
 from farm.codegen.llvm_render import render_kernel
 from farm.codegen.targets import CpuTarget
@@ -24,6 +25,11 @@ def kernel_ir(spec: KernelSpec, target: CpuTarget) -> str:
     module.triple = target.triple
     render_kernel(module, spec.symbol, lower_kernel(spec), default_blocking(target))
     return str(module)
+
+
+def cpu_launches(spec: KernelSpec, target: CpuTarget) -> list[list[int]]:
+    """[extent, grain, work] of each launch of the kernel (the functions `<symbol>_<index>` that it defines)."""
+    return [info.to_json() for info in L.launch_info(lower_kernel(spec), default_blocking(target).rows)]
 
 
 def compile_ir(text: str, target: CpuTarget, name: str, optimize: bool = True) -> bytes:

@@ -1,7 +1,10 @@
-"""compile_entry: the schedule in, an object with `farm_run(uint8_t *arena)` out.
+"""compile_entry: the schedule in, an object with `farm_run(uint8_t *arena)` and
+`farm_launch(int64_t index, int64_t begin, int64_t end, uint8_t *arena)` out.
 
-The entry calls every kernel in schedule order with pointers into the arena (activations, inputs, outputs,
+farm_run calls every kernel in schedule order with pointers into the arena (activations, inputs, outputs,
 scratch) or to the weight blobs linked into the same library, so a whole inference is one native call.
+farm_launch runs one launch of the schedule (the launches of every step's kernel, numbered in order; see
+loopir.launch_groups) over iterations [begin, end): a multithreaded runtime calls it from several threads.
 `farm_run_steps(arena, begin, end)` runs steps [begin, end) of the same schedule, so that `farm bench` can time
 each step on its own.
 """
@@ -13,17 +16,18 @@ from typing import Any
 from llvmlite import ir
 
 from farm.codegen.cpu import compile_ir
-from farm.codegen.llvm_render import PTR_T, declare_kernel
+from farm.codegen.llvm_render import PTR_T, declare_kernel, declare_launch, launch_symbol
 from farm.codegen.targets import CpuTarget
 
 ENTRY_SYMBOL = "farm_run"
 STEPS_SYMBOL = "farm_run_steps"
+LAUNCH_SYMBOL = "farm_launch"
 I8_T, I64_T = ir.IntType(8), ir.IntType(64)
 
 
 def entry_ir(schedule: list[dict[str, Any]], target: CpuTarget) -> str:
-    """IR of farm_run and farm_run_steps for `schedule`:
-    [{"kernel": symbol, "args": [["arena", offset] | ["blob", symbol]]}]."""
+    """IR of farm_run, farm_run_steps and farm_launch for `schedule`: [{"kernel": symbol, "args": [["arena",
+    offset] | ["blob", symbol]], "launches": [[extent, grain, work], ...]}] (a call without "launches" has none)."""
     module = ir.Module(name=ENTRY_SYMBOL)
     module.triple = target.triple
     entry = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR_T]), ENTRY_SYMBOL)
@@ -33,6 +37,7 @@ def entry_ir(schedule: list[dict[str, Any]], target: CpuTarget) -> str:
         _call_step(module, builder, entry.args[0], call)
     builder.ret_void()
     _steps_function(module, schedule)
+    _launch_entry(module, schedule)
     return str(module)
 
 
@@ -66,6 +71,30 @@ def _steps_function(module: ir.Module, schedule: list[dict[str, Any]]) -> None:
     step.store(step.add(step.load(counter), ir.Constant(I64_T, 1)), counter)
     step.branch(head)
     ir.IRBuilder(done).ret_void()
+
+
+def _launch_entry(module: ir.Module, schedule: list[dict[str, Any]]) -> None:
+    """farm_launch: a switch over every launch of the schedule, each case calling one launch function."""
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64_T, I64_T, I64_T, PTR_T]), LAUNCH_SYMBOL)
+    fn.attributes.add("nounwind")
+    index, begin, end, arena = fn.args
+    index.name, begin.name, end.name, arena.name = "index", "begin", "end", "arena"
+    builder = ir.IRBuilder(fn.append_basic_block("entry"))
+    done = fn.append_basic_block("done")
+    switch = builder.switch(index, done)
+    number = 0
+    for call in schedule:
+        for launch in range(len(call.get("launches", []))):
+            case = fn.append_basic_block(f"launch{number}")
+            switch.add_case(ir.Constant(I64_T, number), case)
+            builder.position_at_end(case)
+            symbol = launch_symbol(call["kernel"], launch)
+            callee = module.globals.get(symbol) or declare_launch(module, symbol, len(call["args"]))
+            builder.call(callee, [*(_pointer(module, builder, arena, arg) for arg in call["args"]), begin, end])
+            builder.branch(done)
+            number += 1
+    builder.position_at_end(done)
+    builder.ret_void()
 
 
 def _pointer(module: ir.Module, builder: ir.IRBuilder, arena: ir.Value, arg: list) -> ir.Value:

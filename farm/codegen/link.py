@@ -34,7 +34,8 @@ def find_linker(target: CpuTarget) -> str:
 
 
 def link_library(objects: Sequence[bytes], target: CpuTarget) -> bytes:
-    """A shared library holding every object; only non-hidden symbols (farm_run) are exported."""
+    """A shared library holding every object; only non-hidden symbols (farm_run, farm_launch, farm_run_steps)
+    are exported."""
     linker = find_linker(target)
     with tempfile.TemporaryDirectory(prefix="farm-link-") as folder:
         paths = []

@@ -31,8 +31,8 @@ class GemmBlocking:
 class _Region:
     """A rectangle of C tiled uniformly: [m0, m0+m) x [n0, n0+n) in tiles of rows x (vectors * lanes)."""
 
-    m0: int
-    m: int
+    m0: int | ir.Value
+    m: int | ir.Value
     n0: int
     n: int
     rows: int
@@ -40,10 +40,10 @@ class _Region:
     lanes: int
 
 
-def regions(m: int, n: int, blocking: GemmBlocking) -> list[_Region]:
-    """Cover an m x n output with full tiles, then single vectors, then narrower vectors (half the lanes, down to
-    4), then scalar tails. The narrower vectors matter when n is small: a 2x2 feature map's 4 columns would
-    otherwise all be scalar tails under 16-lane tiles (6 GFLOP/s, against 22 with 4-lane vectors)."""
+def _columns(n: int, blocking: GemmBlocking) -> list[tuple[int, int, int, int]]:
+    """(first column, columns, vectors, lanes): full tiles, then single vectors, then narrower vectors (half the
+    lanes, down to 4), then scalars. The narrower vectors matter when n is small: a 2x2 feature map's 4 columns
+    would otherwise all be scalar tails under 16-lane tiles (6 GFLOP/s, against 22 with 4-lane vectors)."""
     widths = [(blocking.vectors, blocking.lanes), (1, blocking.lanes)]
     widths += [(1, lanes) for lanes in _halvings(blocking.lanes) if lanes >= 4] + [(1, 1)]
     columns, n0 = [], 0
@@ -51,9 +51,15 @@ def regions(m: int, n: int, blocking: GemmBlocking) -> list[_Region]:
         count = (n - n0) // (vectors * lanes) * (vectors * lanes)
         columns.append((n0, count, vectors, lanes))
         n0 += count
+    return columns
+
+
+def regions(m: int, n: int, blocking: GemmBlocking) -> list[_Region]:
+    """Cover an m x n output with the column groups of `_columns`, each in full row tiles then single rows."""
     m_main = m // blocking.rows * blocking.rows
     rows = [(0, m_main, blocking.rows), (m_main, m - m_main, 1)]
-    return [_Region(m0, mc, n0, nc, r, v, lanes) for n0, nc, v, lanes in columns for m0, mc, r in rows if mc and nc]
+    return [_Region(m0, mc, n0, nc, r, v, lanes) for n0, nc, v, lanes in _columns(n, blocking)
+            for m0, mc, r in rows if mc and nc]
 
 
 def _halvings(lanes: int) -> list[int]:
@@ -61,10 +67,23 @@ def _halvings(lanes: int) -> list[int]:
 
 
 def emit_gemm(builder: ir.IRBuilder, slot: Callable[[str, ir.Type], ir.AllocaInstr], a: ir.Value, b: ir.Value,
-              c: ir.Value, gemm: L.Gemm, blocking: GemmBlocking) -> None:
-    """Emit C = A @ B for `gemm`'s shapes; a, b, c point at the panels' first elements."""
-    for region in regions(gemm.m, gemm.n, blocking):
-        _emit_region(_Gen(builder, slot, a, b, c, gemm), region)
+              c: ir.Value, gemm: L.Gemm, blocking: GemmBlocking,
+              rows: tuple[ir.Value, ir.Value] | None = None) -> None:
+    """Emit C = A @ B for `gemm`'s shapes; a, b, c point at the panels' first elements. With `rows` (runtime
+    i64 values begin, end), only rows [begin, end) of C: whole register tiles from begin, then one row at a time."""
+    gen = _Gen(builder, slot, a, b, c, gemm)
+    if rows is None:
+        for region in regions(gemm.m, gemm.n, blocking):
+            _emit_region(gen, region)
+        return
+    begin, end = rows
+    size = ir.Constant(I64_T, blocking.rows)
+    main = builder.mul(builder.sdiv(builder.sub(end, begin), size), size)
+    edge_begin = builder.add(begin, main)
+    for n0, nc, vectors, lanes in _columns(gemm.n, blocking):
+        if nc:
+            _emit_region(gen, _Region(begin, main, n0, nc, blocking.rows, vectors, lanes))
+            _emit_region(gen, _Region(edge_begin, builder.sub(end, edge_begin), n0, nc, 1, vectors, lanes))
 
 
 class _Gen:
@@ -72,9 +91,9 @@ class _Gen:
         self.b, self.slot, self.a, self.bm, self.c, self.gemm = builder, slot, a, b, c, gemm
         self.count = 0
 
-    def loop(self, extent: int, body: Callable[[ir.Value], None]) -> None:
-        """A counted loop 0..extent whose body gets the i64 index."""
-        if extent == 1:
+    def loop(self, extent: int | ir.Value, body: Callable[[ir.Value], None]) -> None:
+        """A counted loop 0..extent (a constant or a runtime i64) whose body gets the i64 index."""
+        if isinstance(extent, int) and extent == 1:
             body(ir.Constant(I64_T, 0))
             return
         b = self.b
@@ -84,7 +103,7 @@ class _Gen:
         head, loop_body, done = (b.append_basic_block(f"gemm{self.count}.{s}") for s in ("head", "body", "done"))
         b.branch(head)
         b.position_at_end(head)
-        b.cbranch(b.icmp_signed("<", b.load(counter), ir.Constant(I64_T, extent)), loop_body, done)
+        b.cbranch(b.icmp_signed("<", b.load(counter), _i64(extent)), loop_body, done)
         b.position_at_end(loop_body)
         body(b.load(counter))
         b.store(b.add(b.load(counter), ir.Constant(I64_T, 1)), counter)
@@ -103,6 +122,10 @@ class _Gen:
         return total
 
 
+def _i64(value: int | ir.Value) -> ir.Value:
+    return ir.Constant(I64_T, value) if isinstance(value, int) else value
+
+
 def intrinsic(module: ir.Module, name: str, typ: ir.Type, arity: int) -> ir.Function:
     """Declare an overloaded float intrinsic (llvm.fmuladd, llvm.sqrt, ...) for f32 or a vector of f32."""
     suffix = f"v{typ.count}f32" if isinstance(typ, ir.VectorType) else "f32"
@@ -118,14 +141,17 @@ def _vector_type(lanes: int) -> ir.Type:
 
 def _emit_region(gen: _Gen, region: _Region) -> None:
     width = region.vectors * region.lanes
-    gen.loop(region.n // width, lambda jt: gen.loop(region.m // region.rows,
-                                                    lambda it: _emit_tile(gen, region, it, jt)))
+    if isinstance(region.m, int):
+        row_tiles = region.m // region.rows
+    else:
+        row_tiles = region.m if region.rows == 1 else gen.b.sdiv(region.m, ir.Constant(I64_T, region.rows))
+    gen.loop(region.n // width, lambda jt: gen.loop(row_tiles, lambda it: _emit_tile(gen, region, it, jt)))
 
 
 def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value) -> None:
     b, g = gen.b, gen.gemm
     vec_t = _vector_type(region.lanes)
-    m0 = b.add(ir.Constant(I64_T, region.m0), b.mul(it, ir.Constant(I64_T, region.rows)))
+    m0 = b.add(_i64(region.m0), b.mul(it, ir.Constant(I64_T, region.rows)))
     n0 = b.add(ir.Constant(I64_T, region.n0), b.mul(jt, ir.Constant(I64_T, region.vectors * region.lanes)))
     accs = [[gen.slot(f"acc.{region.lanes}.{i}.{j}", vec_t) for j in range(region.vectors)]
             for i in range(region.rows)]

@@ -29,19 +29,62 @@ def declare_kernel(module: ir.Module, symbol: str, n_params: int) -> ir.Function
     return fn
 
 
+def launch_symbol(symbol: str, index: int) -> str:
+    """The function that runs launch `index` of kernel `symbol` (see loopir.launch_groups)."""
+    return f"{symbol}_{index}"
+
+
+def declare_launch(module: ir.Module, symbol: str, n_params: int) -> ir.Function:
+    """Declare a launch: void symbol(ptr noalias, ..., i64 begin, i64 end), hidden inside the model library."""
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR_T] * n_params + [I64_T, I64_T]), symbol)
+    fn.linkage = "hidden"
+    return fn
+
+
 def render_kernel(module: ir.Module, symbol: str, kernel: L.LoopKernel, blocking: GemmBlocking) -> ir.Function:
-    """Add `kernel` to `module` as function `symbol`; Gemm statements use `blocking`."""
+    """Add `kernel` to `module` as function `symbol`, and each of its launches as `symbol_<index>(..., begin, end)`
+    running only iterations [begin, end) of the launch's parallel loop or rows of its Gemm (a serial launch ignores
+    the range). `symbol` runs every launch over its whole range, in order. Gemm statements use `blocking`."""
+    fixed, groups = L.launch_groups(kernel)
+    launches = [_render_launch(module, launch_symbol(symbol, index), kernel, fixed, group, blocking)
+                for index, group in enumerate(groups)]
     fn = declare_kernel(module, symbol, len(kernel.params))
     fn.attributes.add("nounwind")
     for arg, param in zip(fn.args, kernel.params):
         arg.name = param.name
         arg.add_attribute("noalias")
+    builder = ir.IRBuilder(fn.append_basic_block("entry"))
+    for launch, info in zip(launches, L.launch_info(kernel, blocking.rows)):
+        builder.call(launch, [*fn.args, ir.Constant(I64_T, 0), ir.Constant(I64_T, info.extent)])
+    builder.ret_void()
+    return fn
+
+
+def _render_launch(module: ir.Module, symbol: str, kernel: L.LoopKernel, fixed: list[str], group: list[L.Stmt],
+                   blocking: GemmBlocking) -> ir.Function:
+    fn = declare_launch(module, symbol, len(kernel.params))
+    # noinline: the kernel calls each launch once; inlining would only duplicate the code in the object.
+    fn.attributes.add("nounwind")
+    fn.attributes.add("noinline")
+    for arg, param in zip(fn.args, kernel.params):
+        arg.name = param.name
+        arg.add_attribute("noalias")
+    begin, end = fn.args[-2:]
+    begin.name, end.name = "begin", "end"
     entry = fn.append_basic_block("entry")
     body = fn.append_basic_block("body")
     state = _State(ir.IRBuilder(entry), {p.name: arg for p, arg in zip(kernel.params, fn.args)}, blocking,
                    {p.name: p.dtype for p in kernel.params})
     state.builder.position_at_end(body)
-    _emit_block(state, kernel.body)
+    for name in fixed:
+        state.builder.store(ir.Constant(I64_T, 0), state.slot(L.Var(name)))
+    first = group[0]
+    if isinstance(first, L.Gemm):
+        _emit_gemm(state, first, (begin, end))
+    elif isinstance(first, L.Loop) and first.parallel:
+        _emit_loop(state, first, (begin, end))
+    else:
+        _emit_block(state, group)
     state.builder.ret_void()
     ir.IRBuilder(entry).branch(body)
     return fn
@@ -75,16 +118,18 @@ def _emit_block(state: _State, stmts: list[L.Stmt]) -> None:
         STMT_EMITTERS[type(stmt)](state, stmt)
 
 
-def _emit_loop(state: _State, loop: L.Loop) -> None:
+def _emit_loop(state: _State, loop: L.Loop, bounds: tuple[ir.Value, ir.Value] | None = None) -> None:
+    """The loop over [0, extent), or over the runtime range `bounds` (a launch's share of it)."""
     b = state.builder
     counter = state.slot(loop.var)
-    b.store(ir.Constant(I64_T, 0), counter)
+    start, stop = bounds or (ir.Constant(I64_T, 0), ir.Constant(I64_T, loop.extent))
+    b.store(start, counter)
     head = b.append_basic_block(f"{loop.var.name}.head")
     body = b.append_basic_block(f"{loop.var.name}.body")
     done = b.append_basic_block(f"{loop.var.name}.done")
     b.branch(head)
     b.position_at_end(head)
-    b.cbranch(b.icmp_signed("<", b.load(counter), ir.Constant(I64_T, loop.extent)), body, done)
+    b.cbranch(b.icmp_signed("<", b.load(counter), stop), body, done)
     b.position_at_end(body)
     _emit_block(state, loop.body)
     b.store(b.add(b.load(counter), ir.Constant(I64_T, 1), flags=("nsw", "nuw")), counter)
@@ -120,10 +165,10 @@ def _emit_if(state: _State, stmt: L.If) -> None:
         _emit_block(state, stmt.body)
 
 
-def _emit_gemm(state: _State, gemm: L.Gemm) -> None:
+def _emit_gemm(state: _State, gemm: L.Gemm, rows: tuple[ir.Value, ir.Value] | None = None) -> None:
     panels = [_address(state, buf, offset, F32_T) for buf, offset in
               ((gemm.a, gemm.a_offset), (gemm.b, gemm.b_offset), (gemm.c, gemm.c_offset))]
-    emit_gemm(state.builder, state.typed_slot, *panels, gemm, state.blocking)
+    emit_gemm(state.builder, state.typed_slot, *panels, gemm, state.blocking, rows)
 
 
 STMT_EMITTERS: dict[type, Callable[[_State, L.Stmt], None]] = {

@@ -327,3 +327,84 @@ class Gemm(Stmt):
     m: int
     n: int
     k: int
+
+
+# -- launches: how a kernel splits into pieces that run one after another, each across many workers ------------
+
+
+def peel(stmts: list[Stmt], fixed: list[str]) -> list[Stmt]:
+    """Top-level loops of extent 1 (a batch of one, a single group) unwrapped; their variables are fixed at 0."""
+    peeled: list[Stmt] = []
+    for stmt in stmts:
+        if isinstance(stmt, Loop) and stmt.extent == 1:
+            fixed.append(stmt.var.name)
+            peeled += peel(stmt.body, fixed)
+        else:
+            peeled.append(stmt)
+    return peeled
+
+
+def runs_alone(stmt: Stmt) -> bool:
+    """A Gemm or a parallel loop is a launch of its own; other statements share one serial launch."""
+    return isinstance(stmt, Gemm) or (isinstance(stmt, Loop) and stmt.parallel)
+
+
+def launch_groups(kernel: LoopKernel) -> tuple[list[str], list[list[Stmt]]]:
+    """The fixed variables and the statement groups that each become one launch: a parallel loop or a Gemm alone,
+    consecutive other statements together (run by one worker). Both renderers split kernels this way."""
+    fixed: list[str] = []
+    groups: list[list[Stmt]] = []
+    for stmt in peel(kernel.body, fixed):
+        if runs_alone(stmt) or not groups or runs_alone(groups[-1][0]):
+            groups.append([stmt])
+        else:
+            groups[-1].append(stmt)
+    return fixed, groups
+
+
+GEMM_WORK_DIVISOR = 16
+
+
+def work(stmts: list[Stmt]) -> int:
+    """A rough measure of the time `stmts` take, in innermost statements run (each about 0.3-1 ns on a 2020s core
+    once vectorised); a Gemm counts m*n*k / GEMM_WORK_DIVISOR, its register-blocked FMAs being about that much
+    cheaper. What a runtime weighs against the cost of splitting a launch across threads."""
+    total = 0
+    for stmt in stmts:
+        if isinstance(stmt, Loop):
+            total += stmt.extent * work(stmt.body)
+        elif isinstance(stmt, If):
+            total += 1 + work(stmt.body)
+        elif isinstance(stmt, Gemm):
+            total += stmt.m * stmt.n * stmt.k // GEMM_WORK_DIVISOR
+        else:
+            total += 1
+    return total
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """One launch of a kernel as a CPU runtime sees it: its iterations [0, extent) may be split into contiguous
+    ranges at multiples of `grain` (the rows of a Gemm, the iterations of a parallel loop); a serial launch has
+    extent 1. `work` estimates the whole launch's scalar operations."""
+
+    extent: int
+    grain: int
+    work: int
+
+    def to_json(self) -> list[int]:
+        return [self.extent, self.grain, self.work]
+
+
+def launch_info(kernel: LoopKernel, gemm_rows: int) -> list[LaunchInfo]:
+    """Every launch of `kernel`, in order; a Gemm splits by rows in multiples of `gemm_rows` (its register tile)."""
+    infos = []
+    for group in launch_groups(kernel)[1]:
+        first = group[0]
+        if isinstance(first, Gemm):
+            infos.append(LaunchInfo(first.m, gemm_rows, work(group)))
+        elif isinstance(first, Loop) and first.parallel:
+            infos.append(LaunchInfo(first.extent, 1, work(group)))
+        else:
+            infos.append(LaunchInfo(1, 1, work(group)))
+    return infos

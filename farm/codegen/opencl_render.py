@@ -23,32 +23,6 @@ INT_OPS = {**FLOAT_OPS, "mod": "%"}
 COMPARE_OPS = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "and": "&&", "or": "||"}
 
 
-def _peel(stmts: list[L.Stmt], fixed: list[str]) -> list[L.Stmt]:
-    """Top-level loops of extent 1 (a batch of one, a single group) unwrapped; their variables are fixed at 0."""
-    peeled: list[L.Stmt] = []
-    for stmt in stmts:
-        if isinstance(stmt, L.Loop) and stmt.extent == 1:
-            fixed.append(stmt.var.name)
-            peeled += _peel(stmt.body, fixed)
-        else:
-            peeled.append(stmt)
-    return peeled
-
-
-def _groups(kernel: L.LoopKernel) -> tuple[list[str], list[list[L.Stmt]]]:
-    """The fixed variables and the statement groups that each become one launch: a parallel loop or a Gemm alone,
-    consecutive other statements together (run by one work-item)."""
-    fixed: list[str] = []
-    groups: list[list[L.Stmt]] = []
-    for stmt in _peel(kernel.body, fixed):
-        alone = isinstance(stmt, L.Gemm) or (isinstance(stmt, L.Loop) and stmt.parallel)
-        if alone or not groups or _launch_shape(groups[-1]) != (1,):
-            groups.append([stmt])
-        else:
-            groups[-1].append(stmt)
-    return fixed, groups
-
-
 @dataclass(frozen=True)
 class GemmTile:
     """The block of C one work-item computes: `rows` rows by `vectors` x `width` columns, accumulated in registers.
@@ -89,14 +63,14 @@ def _launch_shape(group: list[L.Stmt]) -> tuple[int, ...]:
 
 def launches(symbol: str, kernel: L.LoopKernel) -> list[tuple[str, tuple[int, ...]]]:
     """(OpenCL kernel name, global size) of every launch that runs `kernel`, in order."""
-    _, groups = _groups(kernel)
+    _, groups = L.launch_groups(kernel)
     return [(f"{symbol}_{index}", _launch_shape(group)) for index, group in enumerate(groups)]
 
 
 def render_opencl(symbol: str, kernel: L.LoopKernel) -> str:
     """OpenCL C source of one kernel: a __kernel function per launch (see `launches`)."""
     params = ", ".join(_param(p) for p in kernel.params)
-    fixed, groups = _groups(kernel)
+    fixed, groups = L.launch_groups(kernel)
     prologue = "".join(f"    const long {name} = 0;\n" for name in fixed)
     functions = [f"__kernel void {name}({params})\n{{\n{prologue}{_launch_body(group)}}}\n"
                  for (name, _), group in zip(launches(symbol, kernel), groups)]

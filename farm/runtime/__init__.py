@@ -12,14 +12,17 @@ from farm.artifact import open_artifact, verify
 from farm.errors import ArtifactError
 from farm.runtime.cache import cached_library, default_cache_dir
 from farm.runtime.host import choose_target, this_host
-from farm.runtime.model import Model, TensorSpec
+from farm.runtime.model import Model, TensorSpec, default_threads
 
-__all__ = ["Model", "TensorSpec", "default_cache_dir", "load"]
+__all__ = ["Model", "TensorSpec", "default_cache_dir", "default_threads", "load"]
 
 
 def load(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None,
-         device: str = "cpu") -> Model:
+         device: str = "cpu", threads: int | None = None) -> Model:
     """Verify the artifact, choose this host's target and load its library from the cache (<cache_dir>/runtime/).
+
+    `threads`: how many threads a CPU run may use (default: the CPUs this process may run on; 1 runs the whole
+    schedule in one native call).
 
     `device="opencl"` runs the artifact's OpenCL part on this host's OpenCL device instead (farm.runtime.opencl);
     that load reads every member it uses, each checked against its sha256 as it is read, so the artifact is
@@ -44,4 +47,5 @@ def load(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | No
         library = ctypes.CDLL(str(library_file))
     except OSError as error:
         raise ArtifactError(f"{artifact.path}: can't load target {target.get('id')!r} library: {error}") from None
-    return Model(artifact.path, artifact.manifest, target, library)
+    return Model(artifact.path, artifact.manifest, target, library,
+                 default_threads() if threads is None else threads)

@@ -1,10 +1,19 @@
-"""A loaded model: its native entry point, one arena and the copies of inputs and outputs through it."""
+"""A loaded model: its native entry point, one arena and the copies of inputs and outputs through it.
+
+With `threads` > 1 the model runs its schedule launch by launch (the library's farm_launch): a parallel launch with
+enough work is cut into contiguous ranges that the calling thread and a persistent pool of helper threads run at
+once (ctypes releases the GIL for the call), and the next launch starts when all its ranges are done.
+"""
 
 from __future__ import annotations
 
 import ctypes
+import itertools
+import os
+import queue
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +23,96 @@ import numpy as np
 from farm.errors import ArtifactError, RunInputError
 
 _MIN_ALIGNMENT = 64
+# The least work (loopir.work, about 1-4 per ns of one core) worth one more thread: handing a range to a helper
+# thread and waiting for it costs some 10-50 us of Python and thread wake-ups.
+MIN_WORK_PER_THREAD = 100_000
+
+
+def default_threads() -> int:
+    """The number of CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def split_range(extent: int, grain: int, parts: int) -> list[tuple[int, int]]:
+    """[0, extent) cut into at most `parts` contiguous, near-equal ranges whose inner boundaries are multiples of
+    `grain` (none empty)."""
+    blocks = -(-extent // grain)
+    parts = max(1, min(parts, blocks))
+    cuts = [min(blocks * j // parts * grain, extent) for j in range(parts + 1)]
+    return [(begin, end) for begin, end in zip(cuts, cuts[1:]) if end > begin]
+
+
+# Ranges per thread of a split launch: threads claim ranges as they come free, so a thread the OS runs late (a
+# busy machine) takes fewer instead of holding everyone up.
+RANGES_PER_THREAD = 3
+
+
+def launch_plan(launches: list[Any], threads: int) -> list[tuple[int, list[tuple[int, int]]]]:
+    """(launch index, its ranges) for every launch of the schedule: one range unless the launch is worth
+    splitting across `threads`, else up to RANGES_PER_THREAD ranges per thread, each with at least
+    MIN_WORK_PER_THREAD work."""
+    plan = []
+    for index, (extent, grain, work) in enumerate(launches):
+        worth = int(work) // MIN_WORK_PER_THREAD
+        parts = 1 if int(extent) <= 1 or threads <= 1 or worth < 2 else min(threads * RANGES_PER_THREAD, worth)
+        plan.append((index, split_range(int(extent), max(int(grain), 1), parts)))
+    return plan
+
+
+class _Job:
+    """One split launch: its ranges, claimed in order by whichever thread is free."""
+
+    def __init__(self, index: int, ranges: list[tuple[int, int]], arena: int) -> None:
+        self.index, self.ranges, self.arena = index, ranges, arena
+        self.claims = itertools.count()  # next() is atomic under the GIL
+        self.finished: queue.SimpleQueue = queue.SimpleQueue()
+
+    def work(self, launch: Any) -> int:
+        """Run ranges until none is left; returns how many this thread ran."""
+        ran = 0
+        while (claim := next(self.claims)) < len(self.ranges):
+            begin, end = self.ranges[claim]
+            launch(self.index, begin, end, self.arena)
+            ran += 1
+        return ran
+
+
+class _Helpers:
+    """Persistent daemon threads that join in each split launch they are woken for."""
+
+    def __init__(self, launch: Any, count: int) -> None:
+        self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(count)]
+        for jobs in self._queues:
+            threading.Thread(target=_helper, args=(launch, jobs), daemon=True, name="farm-runtime").start()
+        self.stop = weakref.finalize(self, _stop, self._queues)
+
+    def run(self, launch: Any, index: int, ranges: list[tuple[int, int]], arena: int) -> None:
+        """Run every range of launch `index`, this thread too, and return when all are done."""
+        job = _Job(index, ranges, arena)
+        for jobs in self._queues:
+            jobs.put(job)
+        remaining = len(ranges) - job.work(launch)
+        for _ in range(remaining):
+            error = job.finished.get()
+            if error is not None:
+                raise error
+
+
+def _helper(launch: Any, jobs: queue.SimpleQueue) -> None:
+    while (job := jobs.get()) is not None:
+        try:
+            for _ in range(job.work(launch)):
+                job.finished.put(None)
+        except BaseException as error:  # noqa: BLE001 (handed to the thread that waits)
+            job.finished.put(error)
+
+
+def _stop(queues: list[queue.SimpleQueue]) -> None:
+    for jobs in queues:
+        jobs.put(None)
 
 
 @dataclass(frozen=True)
@@ -76,9 +175,11 @@ def check_feeds(inputs: list[TensorSpec], feeds: Mapping[str, np.ndarray]) -> No
 
 
 class Model:
-    """A model ready to run on this host. `run` is thread-safe: calls take turns on the one arena."""
+    """A model ready to run on this host. `run` is thread-safe: calls take turns on the one arena. `threads`: how
+    many threads one run may use (1: the whole schedule in one native call, farm_run)."""
 
-    def __init__(self, path: str, manifest: dict[str, Any], target: dict[str, Any], library: ctypes.CDLL) -> None:
+    def __init__(self, path: str, manifest: dict[str, Any], target: dict[str, Any], library: ctypes.CDLL,
+                 threads: int = 1) -> None:
         plan = manifest.get("memory_plan", {})
         arena_bytes = int(plan.get("arena_bytes", 0))
         self._inputs = _slots(path, manifest.get("inputs"), arena_bytes, "inputs")
@@ -93,6 +194,19 @@ class Model:
         except AttributeError:
             raise ArtifactError(f"{path}: target {target.get('id')!r} library has no entry point {entry!r}") from None
         self._entry.argtypes, self._entry.restype = [ctypes.c_void_p], None
+        self.threads = max(1, int(threads))
+        self._plan: list[tuple[int, list[tuple[int, int]]]] | None = None
+        if self.threads > 1 and isinstance(target.get("launches"), list) and target.get("launch_entry"):
+            try:
+                self._launch = getattr(library, str(target["launch_entry"]))
+                ranges = launch_plan(target["launches"], self.threads)
+            except (AttributeError, TypeError, ValueError) as error:
+                raise ArtifactError(f"{path}: target {target.get('id')!r} launches are unusable: {error}") from None
+            self._launch.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+            self._launch.restype = None
+            if any(len(split) > 1 for _, split in ranges):
+                self._plan = ranges
+                self._helpers = _Helpers(self._launch, self.threads - 1)
         self._arena = _aligned_zeros(max(arena_bytes, 1), max(int(plan.get("alignment", 0)), _MIN_ALIGNMENT))
         self._lock = threading.Lock()
         self.path, self.schedule = path, list(manifest.get("schedule", []))
@@ -135,5 +249,16 @@ class Model:
         with self._lock:
             for spec, offset in self._inputs:
                 np.copyto(self._view(spec, offset), feeds[spec.name], casting="no")
-            self._entry(self._arena.ctypes.data)
+            if self._plan is None:
+                self._entry(self._arena.ctypes.data)
+            else:
+                self._run_launches(self._arena.ctypes.data)
             return {spec.name: self._view(spec, offset).copy() for spec, offset in self._outputs}
+
+    def _run_launches(self, arena: int) -> None:
+        launch, helpers = self._launch, self._helpers
+        for index, ranges in self._plan:
+            if len(ranges) == 1:
+                launch(index, ranges[0][0], ranges[0][1], arena)
+            else:
+                helpers.run(launch, index, ranges, arena)
