@@ -71,7 +71,9 @@ def test_run_writes_outputs_that_match_onnxruntime(built):
     threaded = farm("run", job["artifact"], "--input", "input=x.npy", "-o", "out3.npz", "--threads", "3", cwd=folder)
     assert threaded.returncode == 0, threaded.stderr
     np.testing.assert_array_equal(np.load(folder / "out3.npz")["output"], ours)
-    refused = farm("run", job["artifact"], "--input", "input=x.npy", "--threads", "0", cwd=folder)
+    every_cpu = farm("run", job["artifact"], "--input", "input=x.npy", "-o", "out0.npz", "--threads", "0", cwd=folder)
+    assert every_cpu.returncode == 0, every_cpu.stderr
+    refused = farm("run", job["artifact"], "--input", "input=x.npy", "--threads", "-1", cwd=folder)
     assert refused.returncode == 2 and "--threads" in refused.stderr
 
 

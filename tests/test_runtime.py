@@ -233,8 +233,10 @@ def test_launch_plan_splits_only_parallel_launches_with_enough_work() -> None:
     assert all(len(ranges) == 1 for _, ranges in launch_plan(launches, 1))
 
 
-def test_default_threads_is_the_cpus_this_process_may_use() -> None:
+def test_threads_default_to_one_and_zero_means_every_cpu(artifact: Path, tmp_path: Path) -> None:
     assert default_threads() == len(os.sched_getaffinity(0))
+    assert load(artifact, cache_dir=tmp_path / "cache").threads == 1
+    assert load(artifact, cache_dir=tmp_path / "cache", threads=0).threads == default_threads()
 
 
 def test_threads_fall_back_to_farm_run_without_launches(artifact: Path, tmp_path: Path) -> None:
