@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-import os
 import queue
 import threading
 import time
@@ -26,14 +25,6 @@ _MIN_ALIGNMENT = 64
 # The least work (loopir.work, about 1-4 per ns of one core) worth one more thread: handing a range to a helper
 # thread and waiting for it costs some 10-50 us of Python and thread wake-ups.
 MIN_WORK_PER_THREAD = 100_000
-
-
-def default_threads() -> int:
-    """The number of CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def split_range(extent: int, grain: int, parts: int) -> list[tuple[int, int]]:

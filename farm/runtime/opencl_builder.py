@@ -26,6 +26,7 @@ from typing import IO, Any
 from farm.child_python import module_command
 from farm.codegen.opencl import build_binary
 from farm.errors import BuildError
+from farm.executors import default_workers
 
 
 @dataclass(frozen=True)
@@ -39,11 +40,6 @@ class SourceJob:
 
     def build(self, device_fingerprint: str) -> bytes:
         return build_binary(self.source, self.what, device_fingerprint, self.launches, self.arguments)
-
-
-def default_processes() -> int:
-    """The CPUs this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class _WorkList:
@@ -67,7 +63,7 @@ class _WorkList:
 def build_all(jobs: Sequence[SourceJob], device_fingerprint: str, processes: int | None = None) -> list[bytes]:
     """Program binaries for `jobs`, in order, built by this thread and up to `processes - 1` helper processes."""
     work = _WorkList(jobs)
-    helpers = min(max(0, (processes or default_processes()) - 1), max(0, len(jobs) - 1))
+    helpers = min(max(0, (processes or default_workers()) - 1), max(0, len(jobs) - 1))
     threads = [threading.Thread(target=_feed_helper, args=(work, device_fingerprint), daemon=True)
                for _ in range(helpers)]
     for thread in threads:
