@@ -14,7 +14,7 @@ from farm import __version__
 from farm.artifact import FORMAT_VERSION, write_artifact
 from farm.codegen.blobs import pack_blob
 from farm.codegen.cpu import compile_cpu_kernel, cpu_launches
-from farm.codegen.entry import ENTRY_SYMBOL, LAUNCH_SYMBOL, compile_entry
+from farm.codegen.entry import ENTRY_SYMBOL, LAUNCH_SYMBOL, WORK_SYMBOL, compile_entry
 from farm.codegen.link import link_library
 from farm.codegen.targets import CpuTarget, host_target
 from farm.executors import Job, LocalExecutor
@@ -202,7 +202,7 @@ def manifest_template(plan: BuildPlan, targets: Sequence[CpuTarget], model_name:
         "inputs": [io(name) for name in graph.inputs],
         "outputs": [io(name) for name in graph.outputs],
         "targets": [{**t.to_json(), "library": library_member(t), "entry": ENTRY_SYMBOL,
-                     "launch_entry": LAUNCH_SYMBOL,
+                     "launch_entry": LAUNCH_SYMBOL, "work_entry": WORK_SYMBOL,
                      "launches": [launch for step in step_launches(plan, t) for launch in step]} for t in targets],
         "kernels": _kernel_entries(plan, targets),
         "blobs": [{"sha256": sha, "bytes": int(data.nbytes), "symbol": BlobSpec(sha, data.nbytes, "").symbol}

@@ -250,7 +250,7 @@ def _summary(name: str, array: np.ndarray) -> str:
 @click.option("--print", "show", is_flag=True, help="Print each output's shape and first values.")
 @click.option("--device", type=click.Choice(["cpu", "opencl"]), default="cpu", show_default=True,
               help="Run the CPU library, or the OpenCL kernels on this host's OpenCL device.")
-@click.option("--threads", type=click.IntRange(min=0), default=1, show_default=True,
+@click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
               help="CPU threads one run may use (0: every CPU this process may run on).")
 @reports_errors
 def run(artifact: str, inputs: tuple[str, ...], output: str | None, show: bool, device: str,

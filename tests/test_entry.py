@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import threading
 
 import llvmlite.binding as llvm
 import numpy as np
@@ -79,7 +80,8 @@ def test_farm_run_steps_runs_any_range_of_steps():
 
 def test_each_kernel_and_blob_is_declared_once():
     module = parsed_entry(SCHEDULE, host())
-    declared = sorted(f.name for f in module.functions if f.is_declaration and not f.name.startswith("llvm."))
+    declared = sorted(f.name for f in module.functions
+                      if f.is_declaration and f.name.startswith("farm_"))
     assert declared == ["farm_k_first", "farm_k_second"]
     assert sorted(g.name for g in module.global_variables) == ["farm_w_aaaa", "farm_w_bbbb"]
     assert [len(list(module.get_function(k).arguments)) for k in declared] == [3, 2]
@@ -101,7 +103,7 @@ def test_kernels_and_blobs_are_declared_hidden():
 
 def test_empty_schedule_is_a_function_that_returns():
     text = entry_ir([], host())
-    assert call_lines(text) == []
+    assert call_lines(_function_text(text, "farm_run")) == []
     llvm.parse_assembly(text).verify()
 
 
@@ -114,7 +116,7 @@ def test_entry_object_defines_farm_run_and_references_the_rest(target):
     assert (farm_run.type, farm_run.bind, farm_run.visibility) == ("FUNC", "GLOBAL", "DEFAULT")
     assert farm_run.section != "UND"
     undefined = {s.name for s in elf_symbols(obj) if s.section == "UND" and s.name}
-    assert undefined == {"farm_k_first", "farm_k_second", "farm_w_aaaa", "farm_w_bbbb"}
+    assert undefined == {"farm_k_first", "farm_k_second", "farm_w_aaaa", "farm_w_bbbb", "sched_yield"}
     assert compile_entry(SCHEDULE, target) == obj
 
 
@@ -235,3 +237,53 @@ def test_farm_launch_numbers_launches_across_the_schedule(tmp_path):
     arena[:] = 0
     call_farm_run(library, arena)
     assert values[:8].tolist() == values[16:24].tolist() == [1, 1, 1, 1, 2, 2, 2, 2]
+
+
+def test_farm_work_defines_the_thread_pool_body_for_each_architecture():
+    """farm_work(arena, table, counters) exists on every target; the spin-wait hint is the architecture's own."""
+    for target, hint in ((host(), "llvm.x86.sse2.pause"), (aarch64(), "llvm.aarch64.hint")):
+        text = entry_ir(SCHEDULE, target)
+        work = _function_text(text, "farm_work")
+        assert re.search(r'define void @"?farm_work"?\(ptr %"?arena"?, ptr %"?table"?, ptr %"?counters"?\)', work)
+        assert "atomicrmw add" in work and "load atomic" in work and hint in work and "sched_yield" in work
+
+
+# -- farm_work: the native pool's body, called by every thread of a run ----------------------------------------------
+
+
+def _parallel_affine(scale: float, shift: float, n: int) -> L.LoopKernel:
+    i = L.Var("i")
+    return L.LoopKernel([L.Param("out", output=True), L.Param("in")],
+                        [L.Loop(i, n, [L.Store("out", i, L.Load("in", i) * scale + shift)], parallel=True)])
+
+
+@pytest.mark.parametrize("threads", [1, 3, 6])
+def test_farm_work_threads_run_every_range_once_and_launches_in_order(threads, tmp_path):
+    """Three in-place launches over 1000 floats, cut into 7 ranges each: x -> x*2 -> x*2+1 -> (x*2+1)*3. Any range
+    run twice or a launch started before the previous one finished changes the result. More threads than CPUs
+    (6) exercise the wait of a thread for a descheduled one."""
+    from farm.runtime.model import split_range, work_table
+
+    n = 1000
+    kernels = [("double", _parallel_affine(2.0, 0.0, n)), ("inc", _parallel_affine(1.0, 1.0, n)),
+               ("triple", _parallel_affine(3.0, 0.0, n))]
+    schedule = [{"kernel": name, "args": [["arena", 0], ["arena", 0]], "launches": [[n, 1, n]]}
+                for name, _ in kernels]
+    library = _launch_library(kernels, schedule, tmp_path)
+    work = library.farm_work
+    work.argtypes, work.restype = [ctypes.c_void_p] * 3, None
+    table = work_table([(index, split_range(n, 1, 7)) for index in range(3)])
+    arena = aligned_arena(n * 4)
+    x = np.linspace(-5, 5, n, dtype=np.float32)
+    for _ in range(5):
+        arena.view(np.float32)[:] = x
+        counters = np.zeros(6, dtype=np.int64)
+        helpers = [threading.Thread(target=work, args=(arena.ctypes.data, table.ctypes.data, counters.ctypes.data))
+                   for _ in range(threads - 1)]
+        for helper in helpers:
+            helper.start()
+        work(arena.ctypes.data, table.ctypes.data, counters.ctypes.data)
+        for helper in helpers:
+            helper.join()
+        np.testing.assert_array_equal(arena.view(np.float32), (x * 2 + 1) * 3)
+        assert counters.tolist() == [7 + threads, 7] * 3  # every thread made one failed claim per launch

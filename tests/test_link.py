@@ -24,7 +24,7 @@ from native_helpers import (
 
 from farm.codegen import loopir as L
 from farm.codegen.blobs import pack_blob
-from farm.codegen.entry import ENTRY_SYMBOL, LAUNCH_SYMBOL, STEPS_SYMBOL, compile_entry
+from farm.codegen.entry import ENTRY_SYMBOL, LAUNCH_SYMBOL, STEPS_SYMBOL, WORK_SYMBOL, compile_entry
 from farm.codegen.link import find_linker, link_library
 from farm.codegen.targets import CpuTarget
 from farm.errors import BuildError
@@ -82,12 +82,14 @@ def test_library_is_a_shared_object_for_the_host(host_library):
 
 def test_library_exports_only_the_entry_points(host_library, tmp_path):
     defined = sorted(row[7] for row in dynamic_symbols(host_library, tmp_path) if len(row) >= 8 and row[6] != "UND")
-    assert defined == sorted([ENTRY_SYMBOL, LAUNCH_SYMBOL, STEPS_SYMBOL])
+    assert defined == sorted([ENTRY_SYMBOL, LAUNCH_SYMBOL, STEPS_SYMBOL, WORK_SYMBOL])
 
 
-def test_library_needs_no_undefined_symbols(host_library, tmp_path):
+def test_library_needs_nothing_but_sched_yield(host_library, tmp_path):
+    """Self-contained code: the one outside symbol is libc's sched_yield (every process that can load a library
+    has it), which farm_work's threads call while they wait for a thread the OS has descheduled."""
     undefined = [row[7] for row in dynamic_symbols(host_library, tmp_path) if len(row) >= 8 and row[6] == "UND"]
-    assert undefined == []
+    assert undefined == ["sched_yield"]
 
 
 def test_linking_is_byte_identical(host_library):

@@ -18,7 +18,7 @@ from farm.artifact import FORMAT_VERSION, write_artifact
 from farm.errors import ArtifactError, RunInputError
 from farm.runtime import TensorSpec, default_threads, load
 from farm.runtime.host import Host, choose_target, this_host
-from farm.runtime.model import MIN_WORK_PER_THREAD, RANGES_PER_THREAD, launch_plan, split_range
+from farm.runtime.model import MIN_WORK_PER_RANGE, RANGES_PER_THREAD, launch_plan, split_range, work_table
 
 IN_OFFSET, OUT_OFFSET, COUNT = 0, 64, 4
 HOST = this_host()
@@ -219,9 +219,9 @@ def test_split_range_cuts_contiguous_ranges_at_multiples_of_the_grain(extent, gr
 
 
 def test_launch_plan_splits_only_parallel_launches_with_enough_work() -> None:
-    """Up to RANGES_PER_THREAD ranges per thread, each with at least MIN_WORK_PER_THREAD work."""
-    big = MIN_WORK_PER_THREAD * 100
-    launches = [[1, 1, big], [64, 1, big], [64, 1, MIN_WORK_PER_THREAD * 2 - 1], [64, 4, MIN_WORK_PER_THREAD * 2],
+    """Up to RANGES_PER_THREAD ranges per thread, each with at least MIN_WORK_PER_RANGE work."""
+    big = MIN_WORK_PER_RANGE * 100
+    launches = [[1, 1, big], [64, 1, big], [64, 1, MIN_WORK_PER_RANGE * 2 - 1], [64, 4, MIN_WORK_PER_RANGE * 2],
                 [7, 1, big]]
     plan = launch_plan(launches, 2)
     assert [index for index, _ in plan] == [0, 1, 2, 3, 4]
@@ -233,9 +233,17 @@ def test_launch_plan_splits_only_parallel_launches_with_enough_work() -> None:
     assert all(len(ranges) == 1 for _, ranges in launch_plan(launches, 1))
 
 
-def test_threads_default_to_one_and_zero_means_every_cpu(artifact: Path, tmp_path: Path) -> None:
+def test_work_table_lists_each_launch_as_a_group_of_ranges() -> None:
+    """The layout farm_work reads: group count, each group's first range and the end, then (launch, begin, end)."""
+    table = work_table([(0, [(0, 5)]), (1, [(0, 4), (4, 8), (8, 9)]), (2, [(0, 1)])])
+    assert table.dtype == np.int64 and table.flags.c_contiguous
+    assert table.tolist() == [3, 0, 1, 4, 5, 0, 0, 5, 1, 0, 4, 1, 4, 8, 1, 8, 9, 2, 0, 1]
+
+
+def test_threads_default_to_every_cpu(artifact: Path, tmp_path: Path) -> None:
     assert default_threads() == len(os.sched_getaffinity(0))
-    assert load(artifact, cache_dir=tmp_path / "cache").threads == 1
+    assert load(artifact, cache_dir=tmp_path / "cache").threads == default_threads()
+    assert load(artifact, cache_dir=tmp_path / "cache", threads=1).threads == 1
     assert load(artifact, cache_dir=tmp_path / "cache", threads=0).threads == default_threads()
 
 

@@ -113,19 +113,46 @@ def _bias_activation_epilogue(names: L.Names, spec: KernelSpec, rows: int, cols:
     return [L.Loop(b, batches, [L.Loop(m, rows, [L.Loop(p, cols, [store], True)], True)], True)]
 
 
+def _interior(geo: dict[str, int], axis: str) -> tuple[int, int]:
+    """[lo, hi): the outputs along `axis` ("h" or "w") whose every window tap lands inside the input."""
+    stride, pad, dilation = geo[f"s{axis}"], geo[f"p{axis}"], geo[f"d{axis}"]
+    size, outputs, taps = geo[axis], geo[f"{'h' if axis == 'h' else 'w'}o"], geo[f"k{axis}"]
+    lo = -(-pad // stride)
+    hi = min(outputs, (size - 1 + pad - (taps - 1) * dilation) // stride + 1)
+    return min(lo, outputs), max(min(lo, outputs), hi)
+
+
 def _depthwise(names: L.Names, spec: KernelSpec, geo: dict[str, int]) -> list[L.Stmt]:
-    """Direct depthwise conv: one output channel per input channel, no GEMM to feed."""
-    n, ch, oh, ow, r, s, acc = names.var("n"), names.var("c"), names.var("y"), names.var("x"), \
-        names.var("r"), names.var("s"), names.local()
+    """Direct depthwise conv: one output channel per input channel, no GEMM to feed. Each output row runs its
+    interior (every tap inside the input) with plain loads that the loop vectoriser turns into vector loads, and
+    only the border columns and rows with the padding guard."""
+    n, ch, oh = names.var("n"), names.var("c"), names.var("y")
     plane = (n * geo["c"] + ch) * (geo["h"] * geo["w"])
-    tap = _input_at(geo, plane, oh, ow, r, s, 0.0) * L.Load("in1", (ch * geo["kh"] + r) * geo["kw"] + s)
     init = L.Load("in2", ch) if len(spec.inputs) > 2 else L.const(0.0)
-    out_index = ((n * geo["m"] + ch) * geo["ho"] + oh) * geo["wo"] + ow
-    inner = [L.Assign(acc, init),
-             L.Loop(r, geo["kh"], [L.Loop(s, geo["kw"], [L.Assign(acc, acc + tap)])]),
-             L.Store("out0", out_index, activate(acc, spec.activation))]
-    return [L.Loop(n, geo["n"], [L.Loop(ch, geo["m"], [L.Loop(oh, geo["ho"], [L.Loop(ow, geo["wo"], inner, True)], True)],
-                                        True)], True)]
+    out_row = ((n * geo["m"] + ch) * geo["ho"] + oh) * geo["wo"]
+
+    def pixels(begin: int, end: int, guarded: bool) -> list[L.Stmt]:
+        """out[n, ch, oh, ow] for ow in [begin, end)."""
+        if end <= begin:
+            return []
+        x, r, s, acc = names.var("x"), names.var("r"), names.var("s"), names.local()
+        ow = x + begin
+        if guarded:
+            value = _input_at(geo, plane, oh, ow, r, s, 0.0)
+        else:
+            ih = oh * geo["sh"] - geo["ph"] + r * geo["dh"]
+            value = L.Load("in0", plane + ih * geo["w"] + ow * geo["sw"] - geo["pw"] + s * geo["dw"])
+        tap = value * L.Load("in1", (ch * geo["kh"] + r) * geo["kw"] + s)
+        inner = [L.Assign(acc, init), L.Loop(r, geo["kh"], [L.Loop(s, geo["kw"], [L.Assign(acc, acc + tap)])]),
+                 L.Store("out0", out_row + ow, activate(acc, spec.activation))]
+        return [L.Loop(x, end - begin, inner, True)]
+
+    (row_lo, row_hi), (lo, hi) = _interior(geo, "h"), _interior(geo, "w")
+    inside = L.logical_and(L.compare("ge", oh, row_lo), L.compare("lt", oh, row_hi))
+    outside = L.binary("or", L.compare("lt", oh, row_lo), L.compare("ge", oh, row_hi))
+    row = [L.If(inside, pixels(0, lo, True) + pixels(lo, hi, False) + pixels(hi, geo["wo"], True)),
+           L.If(outside, pixels(0, geo["wo"], True))]
+    return [L.Loop(n, geo["n"], [L.Loop(ch, geo["m"], [L.Loop(oh, geo["ho"], row, True)], True)], True)]
 
 
 def _lower_conv(spec: KernelSpec) -> list[L.Stmt]:

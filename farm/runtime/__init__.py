@@ -19,12 +19,11 @@ __all__ = ["Model", "TensorSpec", "default_cache_dir", "default_threads", "load"
 
 
 def load(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None,
-         device: str = "cpu", threads: int = 1) -> Model:
+         device: str = "cpu", threads: int = 0) -> Model:
     """Verify the artifact, choose this host's target and load its library from the cache (<cache_dir>/runtime/).
 
-    `threads`: how many threads a CPU run may use; 1 (the default) runs the whole schedule in one native call, 0
-    means every CPU this process may run on. Threads are opt-in until the pool is native: on this project's
-    2-core machine the Python-driven split gained at most 1.09x (resnet18_style) and cost mobilenetv2_style 20%.
+    `threads`: how many threads a CPU run may use; 0 (the default) means every CPU this process may run on, 1 runs
+    the whole schedule in one native call (farm_run) on the calling thread.
 
     `device="opencl"` runs the artifact's OpenCL part on this host's OpenCL device instead (farm.runtime.opencl);
     that load reads every member it uses, each checked against its sha256 as it is read, so the artifact is

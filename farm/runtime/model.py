@@ -1,14 +1,14 @@
 """A loaded model: its native entry point, one arena and the copies of inputs and outputs through it.
 
-With `threads` > 1 the model runs its schedule launch by launch (the library's farm_launch): a parallel launch with
-enough work is cut into contiguous ranges that the calling thread and a persistent pool of helper threads run at
-once (ctypes releases the GIL for the call), and the next launch starts when all its ranges are done.
+With `threads` > 1 a run is one native call per thread: the calling thread and `threads - 1` persistent helper
+threads each call the library's farm_work, which claims ranges of each launch from shared atomic counters and
+waits natively for a launch's ranges to finish before the next (see farm.codegen.entry). Python only wakes the
+helpers, once per run; ctypes releases the GIL for the calls.
 """
 
 from __future__ import annotations
 
 import ctypes
-import itertools
 import queue
 import threading
 import time
@@ -22,9 +22,12 @@ import numpy as np
 from farm.errors import ArtifactError, RunInputError
 
 _MIN_ALIGNMENT = 64
-# The least work (loopir.work, about 1-4 per ns of one core) worth one more thread: handing a range to a helper
-# thread and waiting for it costs some 10-50 us of Python and thread wake-ups.
-MIN_WORK_PER_THREAD = 100_000
+# The least work (loopir.work, about 1-4 per ns of one core) of one range of a split launch: a claim costs tens of
+# nanoseconds, a range's own loop set-up a little more, so ranges of some 5-20 us keep the threads busy.
+MIN_WORK_PER_RANGE = 20_000
+# Ranges per thread of a split launch: threads claim ranges as they come free, so a thread the OS runs late (a
+# busy machine) takes fewer instead of holding everyone up.
+RANGES_PER_THREAD = 4
 
 
 def split_range(extent: int, grain: int, parts: int) -> list[tuple[int, int]]:
@@ -36,74 +39,55 @@ def split_range(extent: int, grain: int, parts: int) -> list[tuple[int, int]]:
     return [(begin, end) for begin, end in zip(cuts, cuts[1:]) if end > begin]
 
 
-# Ranges per thread of a split launch: threads claim ranges as they come free, so a thread the OS runs late (a
-# busy machine) takes fewer instead of holding everyone up.
-RANGES_PER_THREAD = 3
-
-
 def launch_plan(launches: list[Any], threads: int) -> list[tuple[int, list[tuple[int, int]]]]:
     """(launch index, its ranges) for every launch of the schedule: one range unless the launch is worth
     splitting across `threads`, else up to RANGES_PER_THREAD ranges per thread, each with at least
-    MIN_WORK_PER_THREAD work."""
+    MIN_WORK_PER_RANGE work."""
     plan = []
     for index, (extent, grain, work) in enumerate(launches):
-        worth = int(work) // MIN_WORK_PER_THREAD
+        worth = int(work) // MIN_WORK_PER_RANGE
         parts = 1 if int(extent) <= 1 or threads <= 1 or worth < 2 else min(threads * RANGES_PER_THREAD, worth)
         plan.append((index, split_range(int(extent), max(int(grain), 1), parts)))
     return plan
 
 
-class _Job:
-    """One split launch: its ranges, claimed in order by whichever thread is free."""
-
-    def __init__(self, index: int, ranges: list[tuple[int, int]], arena: int) -> None:
-        self.index, self.ranges, self.arena = index, ranges, arena
-        self.claims = itertools.count()  # next() is atomic under the GIL
-        self.finished: queue.SimpleQueue = queue.SimpleQueue()
-
-    def work(self, launch: Any) -> int:
-        """Run ranges until none is left; returns how many this thread ran."""
-        ran = 0
-        while (claim := next(self.claims)) < len(self.ranges):
-            begin, end = self.ranges[claim]
-            launch(self.index, begin, end, self.arena)
-            ran += 1
-        return ran
+def work_table(plan: list[tuple[int, list[tuple[int, int]]]]) -> np.ndarray:
+    """The int64 table farm_work reads: [groups, first range of each group and the end, (launch, begin, end)...],
+    one group per launch."""
+    firsts = np.cumsum([0] + [len(ranges) for _, ranges in plan])
+    rows = [(index, begin, end) for index, ranges in plan for begin, end in ranges]
+    return np.ascontiguousarray(np.concatenate([[len(plan)], firsts, np.asarray(rows, np.int64).ravel()]),
+                                dtype=np.int64)
 
 
-class _Helpers:
-    """Persistent daemon threads that join in each split launch they are woken for."""
+class _Pool:
+    """`count` daemon threads, each calling farm_work once per run it is handed; the calling thread makes one
+    more. Each run gets fresh counters, so a helper the OS wakes late runs its (by then finished) pass over the
+    same counters without touching the next run's."""
 
-    def __init__(self, launch: Any, count: int) -> None:
+    def __init__(self, work: Any, table: np.ndarray, count: int) -> None:
+        self._table = table
         self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(count)]
-        for jobs in self._queues:
-            threading.Thread(target=_helper, args=(launch, jobs), daemon=True, name="farm-runtime").start()
+        for runs in self._queues:
+            threading.Thread(target=_helper, args=(work, table, runs), daemon=True, name="farm-runtime").start()
         self.stop = weakref.finalize(self, _stop, self._queues)
 
-    def run(self, launch: Any, index: int, ranges: list[tuple[int, int]], arena: int) -> None:
-        """Run every range of launch `index`, this thread too, and return when all are done."""
-        job = _Job(index, ranges, arena)
-        for jobs in self._queues:
-            jobs.put(job)
-        remaining = len(ranges) - job.work(launch)
-        for _ in range(remaining):
-            error = job.finished.get()
-            if error is not None:
-                raise error
+    def run(self, work: Any, arena: int) -> None:
+        counters = np.zeros(2 * int(self._table[0]), dtype=np.int64)
+        for runs in self._queues:
+            runs.put((arena, counters))
+        work(arena, self._table.ctypes.data, counters.ctypes.data)
 
 
-def _helper(launch: Any, jobs: queue.SimpleQueue) -> None:
-    while (job := jobs.get()) is not None:
-        try:
-            for _ in range(job.work(launch)):
-                job.finished.put(None)
-        except BaseException as error:  # noqa: BLE001 (handed to the thread that waits)
-            job.finished.put(error)
+def _helper(work: Any, table: np.ndarray, runs: queue.SimpleQueue) -> None:
+    while (job := runs.get()) is not None:
+        arena, counters = job
+        work(arena, table.ctypes.data, counters.ctypes.data)
 
 
 def _stop(queues: list[queue.SimpleQueue]) -> None:
-    for jobs in queues:
-        jobs.put(None)
+    for runs in queues:
+        runs.put(None)
 
 
 @dataclass(frozen=True)
@@ -167,7 +151,8 @@ def check_feeds(inputs: list[TensorSpec], feeds: Mapping[str, np.ndarray]) -> No
 
 class Model:
     """A model ready to run on this host. `run` is thread-safe: calls take turns on the one arena. `threads`: how
-    many threads one run may use (1: the whole schedule in one native call, farm_run)."""
+    many threads one run may use (1: the whole schedule in one native call, farm_run; more: one farm_work call
+    per thread, when some launch has enough work to split)."""
 
     def __init__(self, path: str, manifest: dict[str, Any], target: dict[str, Any], library: ctypes.CDLL,
                  threads: int = 1) -> None:
@@ -187,17 +172,7 @@ class Model:
         self._entry.argtypes, self._entry.restype = [ctypes.c_void_p], None
         self.threads = max(1, int(threads))
         self._plan: list[tuple[int, list[tuple[int, int]]]] | None = None
-        if self.threads > 1 and isinstance(target.get("launches"), list) and target.get("launch_entry"):
-            try:
-                self._launch = getattr(library, str(target["launch_entry"]))
-                ranges = launch_plan(target["launches"], self.threads)
-            except (AttributeError, TypeError, ValueError) as error:
-                raise ArtifactError(f"{path}: target {target.get('id')!r} launches are unusable: {error}") from None
-            self._launch.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-            self._launch.restype = None
-            if any(len(split) > 1 for _, split in ranges):
-                self._plan = ranges
-                self._helpers = _Helpers(self._launch, self.threads - 1)
+        self._pool = self._thread_pool(path, target) if self.threads > 1 else None
         self._arena = _aligned_zeros(max(arena_bytes, 1), max(int(plan.get("alignment", 0)), _MIN_ALIGNMENT))
         self._lock = threading.Lock()
         self.path, self.schedule = path, list(manifest.get("schedule", []))
@@ -240,16 +215,24 @@ class Model:
         with self._lock:
             for spec, offset in self._inputs:
                 np.copyto(self._view(spec, offset), feeds[spec.name], casting="no")
-            if self._plan is None:
+            if self._pool is None:
                 self._entry(self._arena.ctypes.data)
             else:
-                self._run_launches(self._arena.ctypes.data)
+                self._pool.run(self._work, self._arena.ctypes.data)
             return {spec.name: self._view(spec, offset).copy() for spec, offset in self._outputs}
 
-    def _run_launches(self, arena: int) -> None:
-        launch, helpers = self._launch, self._helpers
-        for index, ranges in self._plan:
-            if len(ranges) == 1:
-                launch(index, ranges[0][0], ranges[0][1], arena)
-            else:
-                helpers.run(launch, index, ranges, arena)
+    def _thread_pool(self, path: str, target: dict[str, Any]) -> _Pool | None:
+        """The pool for a threaded run, or None when no launch is worth splitting (one farm_run call is then
+        fastest) or the library predates farm_work."""
+        if not isinstance(target.get("launches"), list) or not target.get("work_entry"):
+            return None
+        try:
+            self._work = getattr(self._library, str(target["work_entry"]))
+            plan = launch_plan(target["launches"], self.threads)
+        except (AttributeError, TypeError, ValueError) as error:
+            raise ArtifactError(f"{path}: target {target.get('id')!r} launches are unusable: {error}") from None
+        if all(len(ranges) == 1 for _, ranges in plan):
+            return None
+        self._work.argtypes, self._work.restype = [ctypes.c_void_p] * 3, None
+        self._plan = plan
+        return _Pool(self._work, work_table(plan), self.threads - 1)
