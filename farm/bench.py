@@ -131,9 +131,10 @@ def kernel_label(spec: Mapping[str, Any]) -> str:
     return f"{spec['op']} {shapes(spec['inputs'])} -> {shapes(spec['outputs'])}{activation}"
 
 
-def bench_artifact(path: str, repeat: int = 20, warmup: int = 2) -> BenchReport:
-    """Time the artifact's CPU part on this host: whole-model latency, then each step on its own."""
-    model = runtime.load(path)
+def bench_artifact(path: str, repeat: int = 20, warmup: int = 2, threads: int = 0) -> BenchReport:
+    """Time the artifact's CPU part on this host: whole-model latency with `threads` (0: every CPU), then each
+    step on its own on one thread (a step's own time, comparable across machines' core counts)."""
+    model = runtime.load(path, threads=threads)
     feeds = sample_feeds(model.inputs)
     for _ in range(warmup):
         model.run(feeds)

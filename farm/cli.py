@@ -272,19 +272,22 @@ def run(artifact: str, inputs: tuple[str, ...], output: str | None, show: bool, 
 @click.option("--compare", "baseline", type=click.Path(dir_okay=False), metavar="OTHER.farm",
               help="Compare with this artifact (the baseline), node by node; flags nodes more than 5% slower.")
 @click.option("--repeat", type=click.IntRange(min=1), default=20, show_default=True, help="Timed runs.")
+@click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Threads of the whole-model runs (0: every CPU); kernels are timed on one thread.")
 @click.option("--fail-on-regression", is_flag=True,
               help="Exit with status 5 when --compare flags a node (for CI).")
 @json_option
 @reports_errors
-def bench(artifact: str, baseline: str | None, repeat: int, fail_on_regression: bool, as_json: bool) -> None:
+def bench(artifact: str, baseline: str | None, repeat: int, threads: int, fail_on_regression: bool,
+          as_json: bool) -> None:
     """Time ARTIFACT on this host: whole-model latency, and each kernel's time and GFLOP/s."""
     from farm.bench import bench_artifact, compare, comparison_json, format_comparison, format_report
 
-    report = bench_artifact(artifact, repeat)
+    report = bench_artifact(artifact, repeat, threads=threads)
     if baseline is None:
         click.echo(json.dumps(report.to_json()) if as_json else format_report(report))
         return
-    before = bench_artifact(baseline, repeat)
+    before = bench_artifact(baseline, repeat, threads=threads)
     changes = compare(before, report)
     click.echo(comparison_json(before, report, changes) if as_json else
                format_report(report) + "\n\n" + format_comparison(before, report, changes))
