@@ -145,6 +145,17 @@ def open_artifact(path: str | os.PathLike[str]) -> Artifact:
     return Artifact(path, manifest, index)
 
 
+def manifest_of(data: bytes) -> dict[str, Any]:
+    """The manifest of an artifact held in memory (a store entry whose bytes the store has already checked)."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            member = tar.extractfile(MANIFEST)
+            text = member.read() if member else b""
+    except (tarfile.TarError, KeyError) as error:
+        raise ArtifactError(f"an artifact in the store has no readable {MANIFEST}: {error}") from None
+    return _parse_manifest("an artifact in the store", text)
+
+
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The manifest of a structurally sound artifact."""
     return open_artifact(path).manifest

@@ -23,6 +23,7 @@ from farm.store import StoreUnreachableError, redact_url
 class JobState(str, Enum):
     QUEUED = "queued"
     PLANNING = "planning"
+    TUNING = "tuning"
     COMPILING = "compiling"
     LINKING = "linking"
     DONE = "done"

@@ -21,8 +21,10 @@ from farm.executors import Job, LocalExecutor
 from farm.frontend import import_model, validate
 from farm.ops import SUPPORTED_OPS
 from farm.passes import optimize
-from farm.plan import Arg, BuildPlan, for_target, make_plan
+from farm.plan import Arg, BuildPlan, make_plan
 from farm.specs import BlobSpec, KernelSpec, canonical_json
+from farm.store import FileStore, Store, default_store_root
+from farm.tuning import TuningReport, choose_variants, manifest_variant
 
 ProgressCallback = Callable[[int, int], None]
 
@@ -35,10 +37,13 @@ class BuildResult:
     blobs: int
     seconds: float
     targets: list[str] = field(default_factory=list)
+    tuning: TuningReport | None = None
+    """What `--tune` did (None when it wasn't asked for)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "state": "done", "artifact": self.artifact, "kernels": self.kernels,
+        data = {"job_id": self.job_id, "state": "done", "artifact": self.artifact, "kernels": self.kernels,
                 "blobs": self.blobs, "seconds": round(self.seconds, 3), "targets": self.targets}
+        return {**data, "tuning": self.tuning.to_json()} if self.tuning else data
 
 
 def job_id_for(model_sha256: str, targets: Sequence[CpuTarget]) -> str:
@@ -56,16 +61,20 @@ def plan_model(model_path: str | os.PathLike) -> BuildPlan:
 
 def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targets: Sequence[CpuTarget] = (),
                 executor: LocalExecutor | None = None, progress: ProgressCallback | None = None,
-                opencl: Sequence[str] = ()) -> BuildResult:
+                opencl: Sequence[str] = (), tune: bool = False, retune: bool = False, store: Store | None = None,
+                tune_progress: ProgressCallback | None = None) -> BuildResult:
     """Build `<out_dir>/<model-stem>.farm`; the artifact appears only when every step succeeded.
 
     `opencl`: device fingerprints to build program binaries for. With neither CPU targets nor devices, the
-    artifact is for this host's CPU.
+    artifact is for this host's CPU. Every tunable kernel uses the variant the tuning database in `store` (default:
+    the local store, farm.store.default_store_root) holds for its target; `tune` first times, on this host, the
+    kernels it lacks for targets this host can run (`retune`: all of them), reporting each one to `tune_progress`.
     """
     started = time.perf_counter()
     targets = list(targets) or ([] if opencl else [host_target()])
     model_bytes = Path(model_path).read_bytes()
     plan = plan_model(model_path)
+    tuning = choose_variants(plan, targets, store or FileStore(default_store_root()), tune, retune, tune_progress)
     units = compile_units(plan, targets)
     compiled = _run(executor, [_local_job(unit, plan) for unit in units], progress)
     objects = {unit.name: data for unit, data in zip(units, compiled)}
@@ -82,7 +91,8 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
                               members)
     kernels = sum(unit.kind == "kernel" for unit in units)
     return BuildResult(job_id_for(manifest["model"]["sha256"], targets), artifact, kernels, len(units) - kernels,
-                       time.perf_counter() - started, [t.id for t in targets] + [f"opencl:{fp}" for fp in opencl])
+                       time.perf_counter() - started, [t.id for t in targets] + [f"opencl:{fp}" for fp in opencl],
+                       tuning if tune or retune else None)
 
 
 @dataclass(frozen=True)
@@ -104,8 +114,9 @@ class CompileUnit:
 
 
 def compile_units(plan: BuildPlan, targets: Sequence[CpuTarget]) -> list[CompileUnit]:
-    """Every distinct kernel and every distinct blob, for every target: the build's compile work."""
-    kernels = [CompileUnit("kernel", for_target(spec, t.id), t) for t in targets for spec in plan.kernels().values()]
+    """Every distinct kernel (with its variant for the target) and every distinct blob, for every target: the
+    build's compile work."""
+    kernels = [CompileUnit("kernel", plan.kernel_for(spec, t.id), t) for t in targets for spec in plan.kernels().values()]
     blobs = [CompileUnit("blob", blob_spec(sha, data.nbytes, t), t) for t in targets for sha, data in plan.blobs.items()]
     return kernels + blobs
 
@@ -150,17 +161,17 @@ def schedule_for(plan: BuildPlan, target: CpuTarget) -> list[dict[str, Any]]:
     """The entry's call list for `target`: kernel symbols, arena offsets or blob symbols, and the kernel's launches
     ([extent, grain, work] each)."""
     launches = step_launches(plan, target)
-    return [{"kernel": for_target(step.spec, target.id).symbol,
+    return [{"kernel": plan.kernel_for(step.spec, target.id).symbol,
              "args": [_entry_arg(plan, arg, target) for arg in step.args], "launches": step_launch}
             for step, step_launch in zip(plan.steps, launches)]
 
 
 def step_launches(plan: BuildPlan, target: CpuTarget) -> list[list[list[int]]]:
-    """Each step's launches on `target` (each distinct kernel lowered once)."""
+    """Each step's launches on `target` (each distinct kernel lowered once; a Gemm's grain is its variant's)."""
     by_key: dict[str, list[list[int]]] = {}
     for step in plan.steps:
         if step.spec.key not in by_key:
-            by_key[step.spec.key] = cpu_launches(step.spec, target)
+            by_key[step.spec.key] = cpu_launches(plan.kernel_for(step.spec, target.id), target)
     return [by_key[step.spec.key] for step in plan.steps]
 
 
@@ -220,7 +231,8 @@ def _kernel_entries(plan: BuildPlan, targets: Sequence[CpuTarget]) -> list[dict]
     entries = []
     for key, spec in sorted(plan.kernels().items()):
         for target in targets:
-            symbol = for_target(spec, target.id).symbol
+            symbol = plan.kernel_for(spec, target.id).symbol
             entries.append({"kernel": key[:20], "op": spec.op, "target": target.id, "symbol": symbol,
-                            "spec": spec.to_json(), "nodes": nodes[key], "object_sha256": None})
+                            "spec": spec.to_json(), "nodes": nodes[key], "object_sha256": None,
+                            **manifest_variant(plan, spec, target)})
     return entries

@@ -72,10 +72,16 @@ def _client(broker: str | None):
 @broker_option
 @click.option("--no-wait", is_flag=True, help="With a farm: return the job id at once.")
 @click.option("--no-cache", is_flag=True, help="With a farm: rebuild every kernel and blob.")
+@click.option("--tune", is_flag=True,
+              help="First time the GEMM variants of each kernel the tuning database lacks, on a CPU of its target "
+                   "(this host, or a farm worker of that CPU class), and record the fastest.")
+@click.option("--retune", is_flag=True, help="Like --tune, but time every tunable kernel again.")
 @reports_errors
 def submit(model: Path, targets: tuple[str, ...], output_dir: str, as_json: bool, workers: int | None,
-           broker: str | None, no_wait: bool, no_cache: bool) -> None:
-    """Build MODEL.onnx into OUTPUT_DIR/<stem>.farm and print the artifact's path (on the farm when one is set)."""
+           broker: str | None, no_wait: bool, no_cache: bool, tune: bool, retune: bool) -> None:
+    """Build MODEL.onnx into OUTPUT_DIR/<stem>.farm and print the artifact's path (on the farm when one is set).
+
+    Kernels use the variants the tuning database holds for their target (the default where it holds none)."""
     from farm.codegen.targets import host_target, parse_target
 
     if not model.is_file():
@@ -84,14 +90,18 @@ def submit(model: Path, targets: tuple[str, ...], output_dir: str, as_json: bool
     devices = [fp for t in targets if t.startswith("opencl") for fp in _opencl_fingerprints(t, broker)]
     parsed = parsed or ([] if devices else [host_target()])
     if broker:
-        _submit_to_farm(_client(broker), model, parsed, output_dir, as_json, no_wait, no_cache, devices)
+        _submit_to_farm(_client(broker), model, parsed, output_dir, as_json, no_wait, no_cache, devices,
+                        {"tune": tune, "retune": retune})
         return
     from farm.build import build_model
     from farm.executors import LocalExecutor
     from farm.progress import BuildProgress
 
     with LocalExecutor(workers) as executor, BuildProgress(model.name) as progress:
-        result = build_model(model, output_dir, parsed, executor=executor, progress=progress.update, opencl=devices)
+        result = build_model(model, output_dir, parsed, executor=executor, progress=progress.update, opencl=devices,
+                             tune=tune, retune=retune, tune_progress=progress.tuning)
+    for note in result.tuning.notes if result.tuning else []:
+        click.echo(f"farm: note: {note}", err=True)
     click.echo(json.dumps(result.to_json(), sort_keys=True) if as_json else result.artifact)
 
 
@@ -111,12 +121,14 @@ def _opencl_fingerprints(target: str, broker: str | None) -> list[str]:
 
 
 def _submit_to_farm(client, model: Path, targets: list, output_dir: str, as_json: bool, no_wait: bool,
-                    no_cache: bool, devices: list[str]) -> None:
-    job_id = client.submit(model, targets, no_cache=no_cache, opencl=devices)
+                    no_cache: bool, devices: list[str], tuning: dict[str, bool]) -> None:
+    job_id = client.submit(model, targets, no_cache=no_cache, opencl=devices, **tuning)
     if no_wait:
         click.echo(json.dumps({"job_id": job_id, "state": "queued"}) if as_json else job_id)
         return
     status = _wait_with_progress(client, job_id, model.name)
+    if status.get("tuning_note"):
+        click.echo(f"farm: note: {status['tuning_note']}", err=True)
     artifact = client.download(job_id, output_dir)
     if as_json:
         click.echo(json.dumps({**status, "artifact": artifact}, sort_keys=True))

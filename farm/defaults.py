@@ -45,5 +45,11 @@ def worker_redis_retries() -> int:
     return int(os.environ.get("FARM_WORKER_REDIS_RETRIES", 60))
 
 
+def tune_seconds_per_variant() -> float:
+    """FARM_TUNE_SECONDS_PER_VARIANT: about how long tuning times each variant of a kernel (default 0.03; at least
+    3 rounds whatever it says)."""
+    return _seconds("FARM_TUNE_SECONDS_PER_VARIANT", 0.03)
+
+
 POLL_SECONDS = 0.05
 JOB_TTL_SECONDS = 7 * 24 * 3600

@@ -3,7 +3,8 @@
 Nothing here imports Celery: each step gets a `dispatch(task_name, args)` callable to enqueue what follows, so the
 logic stays plain Python and tasks/ stays thin. Big bytes go through the store; records and messages hold keys.
 
-A job moves queued -> planning -> compiling -> linking -> done, or to failed or cancelled from any live state.
+A job moves queued -> planning -> compiling -> linking -> done, or to failed or cancelled from any live state; with
+`--tune`, planning first dispatches tuning tasks (state tuning) and the last of them plans the job again.
 Progress is counted with Redis sets (one member per finished unit), so a task redelivered after its worker died
 counts once, and exactly one task sees the last unit of a phase finish and dispatches the next phase.
 """
@@ -19,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from farm import defaults
-from farm.artifact import artifact_bytes
+from farm import defaults, tuning
+from farm.artifact import artifact_bytes, manifest_of
 from farm.board import TERMINAL, JobBoard, JobState
 from farm.build import (
     CompileUnit,
@@ -36,7 +37,8 @@ from farm.build import (
 from farm.codegen.entry import compile_entry
 from farm.codegen.link import link_library
 from farm.codegen.targets import CpuTarget
-from farm.errors import BadInputError, FarmError
+from farm.errors import ArtifactError, BadInputError, FarmError
+from farm.plan import BuildPlan
 from farm.specs import CODEGEN_VERSION, BlobSpec, KernelSpec, canonical_json
 from farm.store import CorruptEntryError, MissingEntryError, Store, StoreUnreachableError
 
@@ -57,14 +59,18 @@ class Farm:
     """What every step needs: the job board, the store and a way to enqueue the next tasks."""
 
     def __init__(self, board: JobBoard, store: Store, dispatch: Dispatch,
-                 before_build: Callable[[str], None] = lambda unit_name: None) -> None:
-        """`before_build(unit name)` runs just before a unit is built (the worker's fault-injection hook)."""
+                 before_build: Callable[[str], None] = lambda unit_name: None,
+                 live_queues: Callable[[], set[str]] = set) -> None:
+        """`before_build(unit name)` runs just before a unit is built (the worker's fault-injection hook);
+        `live_queues()` names the queues that live workers consume now (tuning is dispatched only to those)."""
         self.board, self.store, self.dispatch, self.before_build = board, store, dispatch, before_build
+        self.live_queues = live_queues
 
     # -- plan ----------------------------------------------------------------------------------------------------
 
     def plan_job(self, job_id: str) -> None:
-        """Plan the model, put its blobs in the store, dispatch every unit the cache doesn't already hold."""
+        """Plan the model, choose its variants (first dispatching its tuning, with --tune), put its blobs in the
+        store, dispatch every unit the cache doesn't already hold."""
         record = self.board.get(job_id)
         if record is None or record["state"] in TERMINAL or self._reuse_artifact(job_id, record):
             return
@@ -76,6 +82,9 @@ class Farm:
             self.board.fail(job_id, _submitted_path(str(error)), error.exit_status)
             return
         targets = [CpuTarget.from_json(t) for t in json.loads(record["targets"])]
+        if self._dispatch_tuning(job_id, plan, targets, record):
+            return
+        tuning.apply(self.store, plan, targets)
         units = compile_units(plan, targets)
         todo = [u for u in units if record.get("no_cache") == "True" or not self._cached(u)]
         if "total" in record:
@@ -115,17 +124,98 @@ class Farm:
             self.dispatch(*compile_task(job_id, unit))
 
     def _reuse_artifact(self, job_id: str, record: dict[str, str]) -> bool:
-        """Finish at once when this farm already built the same model bytes for the same targets (unless --no-cache):
-        the artifact is a pure function of them, so it is the cached one, byte for byte."""
+        """Finish at once when this farm already built the same model bytes for the same targets (unless --no-cache
+        or --retune) with the variants the tuning database holds now, and --tune has nothing to time: the artifact
+        is a pure function of them, so it is the cached one, byte for byte."""
         key = self.store.get_ref(artifact_ref(record))
-        if record.get("no_cache") == "True" or key is None:
+        if record.get("no_cache") == "True" or key is None or _tuning_asked(record, "retune"):
             return False
         try:
-            self.store.get(key)
-        except (CorruptEntryError, MissingEntryError):
+            manifest = manifest_of(self.store.get(key))
+        except (CorruptEntryError, MissingEntryError, ArtifactError):
+            return False
+        if not tuning.manifest_current(self.store, manifest) or (
+                _tuning_asked(record, "tune") and self._tunable_on(tuning.untuned_targets(manifest))):
             return False
         self.board.advance(job_id, JobState.DONE, artifact_key=key, total=0, finished=time.time(), cached=True)
         return True
+
+    # -- tune ----------------------------------------------------------------------------------------------------
+
+    def _tunable_on(self, target_ids: set[str]) -> set[str]:
+        """Those of `target_ids` whose tuning queue a live worker consumes (asks the workers only when needed)."""
+        if not target_ids:
+            return set()
+        live = self.live_queues()
+        return {target_id for target_id in target_ids if tuning.queue_name(target_id) in live}
+
+    def _dispatch_tuning(self, job_id: str, plan: BuildPlan, targets: list[CpuTarget],
+                         record: dict[str, str]) -> bool:
+        """With --tune (or --retune), before anything compiles: dispatch a farm.tune_kernel to `tune.<cpu id>` for
+        each tunable kernel the database lacks (every one with --retune) on a target whose queue a live worker
+        consumes, and say in the job record which targets keep the default. True when tasks went out: the job
+        waits in state tuning, and the last task plans it again."""
+        if not (_tuning_asked(record, "tune") or _tuning_asked(record, "retune")):
+            return False
+        todo, note = self._tuning_units(job_id, plan, targets, record)
+        if not todo:
+            if note:
+                self.board.update(job_id, tuning_note=note)
+            return False
+        names = (json.loads(record["tune_units"]) if "tune_units" in record
+                 else [tuning.tune_name(spec, target.id) for spec, target in todo])
+        if not self.board.advance(job_id, JobState.TUNING, tune_units=names, tuning_note=note):
+            return True
+        for spec, target in todo:
+            self.dispatch("farm.tune_kernel", [job_id, tuning.tune_name(spec, target.id), spec.op, target.id,
+                                               spec.to_json(), target.to_json()], tuning.queue_name(target.id))
+        return True
+
+    def _tuning_units(self, job_id: str, plan: BuildPlan, targets: list[CpuTarget],
+                      record: dict[str, str]) -> tuple[list[tuple[KernelSpec, CpuTarget]], str]:
+        """The (kernel, target) pairs to time, and the note on targets no live worker can time. A plan_job
+        redelivered after it dispatched them gets the same units, less those finished."""
+        if "tune_units" in record:
+            names = set(json.loads(record["tune_units"]))
+            return [(spec, target) for spec, target in tuning.missing(self.store, plan, targets, retune=True)
+                    if (name := tuning.tune_name(spec, target.id)) in names
+                    and not self.board.is_complete(job_id, "tune", name)], record.get("tuning_note", "")
+        todo = tuning.missing(self.store, plan, targets, _tuning_asked(record, "retune"))
+        served = self._tunable_on({target.id for _, target in todo})
+        unserved = sorted({target.id for _, target in todo} - served)
+        note = (f"no live worker consumes {', '.join(tuning.queue_name(t) for t in unserved)}: the default variant "
+                "is used there" if unserved else "")
+        return [(spec, target) for spec, target in todo if target.id in served], note
+
+    def tune(self, job_id: str, name: str, spec_json: dict[str, Any], target_json: dict[str, Any]) -> None:
+        """Time one kernel's variants on this worker and record the winner. Tuning never fails a job: a kernel
+        whose timing fails, or whose worker dies on every delivery, keeps the default."""
+        if self.board.is_over(job_id) or self.board.is_complete(job_id, "tune", name):
+            return
+        if self.board.count_delivery(job_id, f"tune:{name}") > defaults.max_deliveries():
+            self.tune_done(job_id, name, "its worker died on every delivery")
+            return
+        self.before_build(name)
+        spec, target = KernelSpec.from_json(spec_json), CpuTarget.from_json(target_json)
+        try:
+            tuning.record(self.store, spec, target, tuning.time_variants(spec_json, target_json))
+        except StoreUnreachableError:
+            raise
+        except FarmError as error:
+            self.tune_done(job_id, name, str(error))
+            return
+        self.tune_done(job_id, name)
+
+    def tune_done(self, job_id: str, name: str, error: str = "") -> None:
+        """Count a tuning unit finished (an error is noted in the job record; the kernel keeps the default); the
+        last one plans the job again, which now finds every record it can."""
+        if error:
+            self.board.update(job_id, **{f"tune_error:{name}": f"{error} (the default variant is used)"})
+        record = self.board.get(job_id) or {}
+        finished = self.board.complete(job_id, "tune", name)
+        if finished == len(json.loads(record.get("tune_units", "[]"))) and self.board.advance(
+                job_id, JobState.PLANNING, tuned=True):
+            self.dispatch("farm.plan_job", [job_id])
 
     def _plan(self, record: dict[str, str]):
         with tempfile.TemporaryDirectory(prefix="farm-job-") as folder:
@@ -279,6 +369,11 @@ def _opencl_link_plan(plan, fingerprints: list[str]) -> dict[str, Any]:
 def cl_ref(spec: KernelSpec, device_fingerprint: str) -> str:
     """The cache ref of a kernel's program binary for one device."""
     return f"clkernel:{device_fingerprint}:{spec.key}"
+
+
+def _tuning_asked(record: dict[str, str], flag: str) -> bool:
+    """Whether the job asked for `flag` ("tune" or "retune") and its tuning phase hasn't run yet."""
+    return record.get(flag) == "True" and record.get("tuned") != "True"
 
 
 def _submitted_path(message: str) -> str:

@@ -2,7 +2,8 @@
 
 One KernelSpec per distinct (op, attributes, shapes, dtype, activation), shared by every node that needs it, a
 BlobSpec per distinct constant, a schedule of steps in graph order and a static memory plan that reuses buffers
-once their last reader has run. The plan is target-independent; kernels are specialised per target at build time.
+once their last reader has run. The plan is target-independent; kernels are specialised per target at build time
+(with the variant tuning chose for that target, if any).
 """
 
 from __future__ import annotations
@@ -55,14 +56,23 @@ class MemoryPlan:
 
 @dataclass
 class BuildPlan:
+    """What to build. `tuned` holds the variants that tuning chose (farm/tuning.py), by (kernel key, target id):
+    the variant JSON the kernel's spec carries on that target, "" when the default won. A kernel that is not in it
+    uses the default variant."""
+
     graph: Graph
     steps: list[Step]
     blobs: dict[str, np.ndarray]
     memory: MemoryPlan
+    tuned: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
 
     def kernels(self) -> dict[str, KernelSpec]:
         """Distinct kernel specs by key, in first-use order."""
         return {step.spec.key: step.spec for step in self.steps}
+
+    def kernel_for(self, spec: KernelSpec, target_id: str) -> KernelSpec:
+        """The spec that is compiled for `target_id`: the plan's spec with that target and its tuned variant."""
+        return dataclasses.replace(spec, target_id=target_id, variant_json=self.tuned.get((spec.key, target_id), ""))
 
 
 def _jsonable(value: Any) -> Any:

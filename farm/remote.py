@@ -37,8 +37,9 @@ class FarmClient:
         return self._store
 
     def submit(self, model_path: str | os.PathLike, targets: Sequence[Any], no_cache: bool = False,
-               opencl: Sequence[str] = ()) -> str:
-        """Store the model, record the job and enqueue its planning on the farm; returns the job id."""
+               opencl: Sequence[str] = (), tune: bool = False, retune: bool = False) -> str:
+        """Store the model, record the job and enqueue its planning on the farm; returns the job id. `tune`: time
+        the kernels the tuning database lacks first (`retune`: all of them), on workers of each target's CPU class."""
         path = Path(model_path)
         if not path.is_file():
             raise BadInputError(f"{path}: no such model file")
@@ -47,6 +48,7 @@ class FarmClient:
         self.board.create(job_id, {"model_key": self.store.put(data), "model_name": path.stem,
                                    "model_sha256": hashlib.sha256(data).hexdigest(), "no_cache": no_cache,
                                    "targets": [t.to_json() for t in targets], "opencl": list(opencl),
+                                   "tune": tune, "retune": retune,
                                    "submitted_from": os.uname().nodename})
         from tasks.app import make_app
 
@@ -67,9 +69,13 @@ class FarmClient:
         status = {"job_id": job_id, "state": record["state"], "model": record.get("model_name"),
                   "done": int(done), "total": int(record.get("total", 0)), "kernels": int(record.get("kernels", 0)),
                   "blobs": int(record.get("blobs", 0))}
-        for field in ("error", "failed_unit", "exit_status", "artifact_key"):
+        for field in ("error", "failed_unit", "exit_status", "artifact_key", "tuning_note"):
             if record.get(field):
                 status[field] = int(record[field]) if field == "exit_status" else record[field]
+        if "tune_units" in record:
+            tuned = self.board.call(self.board.redis.scard, self.board.key(job_id, ":tune"))
+            errors = {name.partition(":")[2]: error for name, error in record.items() if name.startswith("tune_error:")}
+            status["tuning"] = {"done": int(tuned), "total": len(json.loads(record["tune_units"])), "errors": errors}
         status["seconds"] = round(float(record.get("finished", record.get("updated", 0))) -
                                   float(record.get("created", 0)), 3)
         return status

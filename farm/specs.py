@@ -24,7 +24,13 @@ def canonical_json(value: Any) -> str:
 
 @dataclass(frozen=True)
 class KernelSpec:
-    """One kernel: op, attributes (after defaults and constant inputs are folded in), data shapes, activation."""
+    """One kernel: op, attributes (after defaults and constant inputs are folded in), data shapes, activation, and
+    the code generator's variant.
+
+    `variant_json` is a tuned GEMM blocking (farm/tuning.py) as canonical JSON; "" means the documented default
+    (codegen.cpu.default_blocking). It enters the JSON form and the key only when set, so an untuned kernel keeps
+    the key, symbol and cache entries it had before tuning existed.
+    """
 
     op: str
     attrs_json: str
@@ -32,13 +38,19 @@ class KernelSpec:
     outputs: tuple[TensorInfo, ...]
     activation: Activation | None
     target_id: str
+    variant_json: str = ""
 
     @property
     def attrs(self) -> dict[str, Any]:
         return json.loads(self.attrs_json)
 
+    @property
+    def variant(self) -> dict[str, Any] | None:
+        """The variant as a dict, None for the default."""
+        return json.loads(self.variant_json) if self.variant_json else None
+
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "op": self.op,
             "attrs": self.attrs,
             "inputs": [[list(t.shape), t.dtype] for t in self.inputs],
@@ -46,6 +58,7 @@ class KernelSpec:
             "activation": [self.activation.kind, list(self.activation.params)] if self.activation else None,
             "target": self.target_id,
         }
+        return {**data, "variant": self.variant} if self.variant_json else data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> KernelSpec:
@@ -57,6 +70,7 @@ class KernelSpec:
             outputs=tuple(TensorInfo(tuple(s), d) for s, d in data["outputs"]),
             activation=Activation(act[0], tuple(act[1])) if act else None,
             target_id=data["target"],
+            variant_json=canonical_json(data["variant"]) if data.get("variant") else "",
         )
 
     @property

@@ -21,7 +21,8 @@ from farm.store import StoreUnreachableError
 
 QUEUES = {"farm.plan_job": "control", "farm.finish": "control", "farm.compile_cpu_kernel": "llvm",
           "farm.pack_blob": "llvm", "farm.link": "llvm"}
-"""Fixed routes; farm.compile_cl_kernel goes to the queue of its device, opencl.<fingerprint>."""
+"""Fixed routes; farm.compile_cl_kernel goes to the queue of its device, opencl.<fingerprint>, and farm.tune_kernel
+to the queue of its CPU class, tune.<cpu id>."""
 
 
 def make_app(broker: str | None = None) -> Celery:
@@ -56,7 +57,14 @@ def farm_context():
     url = app.conf.broker_url
     retries = defaults.worker_redis_retries()
     return Farm(JobBoard(url, retries), open_store(defaults.store_url(url), retries), dispatch,
-                before_build=die_if_told)
+                before_build=die_if_told, live_queues=live_queues)
+
+
+def live_queues() -> set[str]:
+    """The queues that live workers (those answering a ping) consume now."""
+    from farm.remote import list_workers
+
+    return {queue for worker in list_workers(app.conf.broker_url) for queue in worker["queues"]}
 
 
 def dispatch(task_name: str, args: list[Any], queue: str | None = None) -> None:
@@ -87,6 +95,14 @@ class FarmTask(Task):
         if args:
             farm_context().board.fail(args[0], f"{self.name} failed: {type(exc).__name__}: {exc}")
 
+
+class TuneTask(FarmTask):
+    """A tuning task: when it finally fails, its kernel keeps the default variant and the job goes on (tuning
+    never fails a build)."""
+
+    def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+        if args:
+            farm_context().tune_done(args[0], args[1], f"{self.name} failed: {type(exc).__name__}: {exc}")
 
 
 @app.task(name="farm.plan_job", base=FarmTask)
@@ -125,3 +141,9 @@ def link(job_id: str, target: str) -> None:
 @app.task(name="farm.finish", base=FarmTask)
 def finish(job_id: str) -> None:
     farm_context().finish(job_id)
+
+
+@app.task(name="farm.tune_kernel", base=TuneTask)
+def tune_kernel(job_id: str, unit: str, op: str, target: str, spec_json: dict[str, Any],
+                target_json: dict[str, Any]) -> None:
+    farm_context().tune(job_id, unit, spec_json, target_json)

@@ -1,7 +1,9 @@
 """KernelSpec and BlobSpec: content keys, JSON round trips."""
 
+import hashlib
+
 from farm.graph import Activation, TensorInfo
-from farm.specs import BlobSpec, KernelSpec, canonical_json
+from farm.specs import CODEGEN_VERSION, BlobSpec, KernelSpec, canonical_json
 
 
 def _spec(**changes) -> KernelSpec:
@@ -19,13 +21,25 @@ def test_equal_specs_share_a_key_and_symbol():
 def test_every_field_changes_the_key():
     base = _spec().key
     variants = [_spec(op="Sigmoid"), _spec(attrs_json=canonical_json({"a": 1})), _spec(inputs=(TensorInfo((1, 5)),)),
-                _spec(activation=Activation("relu")), _spec(target_id="cpu-y")]
+                _spec(activation=Activation("relu")), _spec(target_id="cpu-y"),
+                _spec(variant_json=canonical_json({"rows": 6, "vectors": 4, "lanes": 16}))]
     assert len({base, *(v.key for v in variants)}) == 1 + len(variants)
 
 
 def test_kernel_spec_json_round_trip():
     spec = _spec(activation=Activation("clip", (0.0, 6.0)), attrs_json=canonical_json({"b": [1, 2], "a": 0.5}))
     assert KernelSpec.from_json(spec.to_json()) == spec
+
+
+def test_a_variant_round_trips_and_an_untuned_spec_keeps_its_pre_tuning_form_and_key():
+    tuned = _spec(variant_json=canonical_json({"rows": 6, "vectors": 4, "lanes": 16}))
+    assert KernelSpec.from_json(tuned.to_json()) == tuned and tuned.variant == {"rows": 6, "vectors": 4, "lanes": 16}
+    untuned = _spec()
+    assert "variant" not in untuned.to_json() and untuned.variant is None
+    before_tuning = {"op": "Relu", "attrs": {}, "inputs": [[[1, 4], "float32"]], "outputs": [[[1, 4], "float32"]],
+                     "activation": None, "target": "cpu-x"}  # the JSON form every cached kernel was keyed by
+    assert untuned.to_json() == before_tuning
+    assert untuned.key == hashlib.sha256(canonical_json([CODEGEN_VERSION, before_tuning]).encode()).hexdigest()
 
 
 def test_canonical_json_sorts_keys():

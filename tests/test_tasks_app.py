@@ -17,7 +17,7 @@ from kombu import Connection
 from kombu.exceptions import ContentDisallowed
 from kombu.serialization import dumps, loads, prepare_accept_content
 
-from tasks.app import QUEUES, FarmTask, app, make_app
+from tasks.app import QUEUES, FarmTask, TuneTask, app, make_app
 from tests.farm_services import FarmWorker
 from tests.services import RedisServer, redis_server_fixture  # noqa: F401
 
@@ -58,7 +58,7 @@ def test_delivery_guarantees(clean_env: None) -> None:
     assert conf.broker_transport_options["visibility_timeout"] > conf.task_time_limit
     assert conf.result_backend_transport_options["visibility_timeout"] > conf.task_time_limit
     assert conf.broker_connection_retry_on_startup is True
-    for name in TASK_NAMES:  # what each registered task actually runs with
+    for name in TASK_NAMES | {"farm.tune_kernel"}:  # what each registered task actually runs with
         task = app.tasks[name]
         assert task.acks_late is True and task.reject_on_worker_lost is True, name
         assert task.ignore_result is True, name
@@ -80,10 +80,12 @@ def test_routes(task: str, queue: str) -> None:
 
 
 def test_every_farm_task_is_registered_as_a_farm_task() -> None:
-    assert {name for name in app.tasks if name.startswith("farm.")} == TASK_NAMES | {"farm.compile_cl_kernel"}
-    assert set(QUEUES) == TASK_NAMES  # farm.compile_cl_kernel is routed per call, to opencl.<fingerprint>
-    for name in TASK_NAMES | {"farm.compile_cl_kernel"}:
-        assert isinstance(app.tasks[name], FarmTask), name  # retried while Redis is away; fails its job at last
+    routed_per_call = {"farm.compile_cl_kernel", "farm.tune_kernel"}  # to opencl.<fingerprint>, tune.<cpu id>
+    assert {name for name in app.tasks if name.startswith("farm.")} == TASK_NAMES | routed_per_call
+    assert set(QUEUES) == TASK_NAMES
+    for name in TASK_NAMES | routed_per_call:
+        assert isinstance(app.tasks[name], FarmTask), name  # retried while Redis is away
+    assert isinstance(app.tasks["farm.tune_kernel"], TuneTask)  # whose failure leaves the default, not a failed job
 
 
 def _settings_in_a_fresh_process(env: dict[str, str]) -> dict:

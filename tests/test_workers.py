@@ -33,7 +33,7 @@ def capabilities() -> dict:
 
 def test_capabilities_name_this_hosts_cpu(capabilities: dict) -> None:
     host = host_target()
-    assert capabilities["cpu"] == {"triple": host.triple, "cpu": host.cpu, "features": host.features,
+    assert capabilities["cpu"] == {"id": host.id, "triple": host.triple, "cpu": host.cpu, "features": host.features,
                                    "simd_floats": host.simd_floats}
     assert capabilities["cpu"]["features"].startswith("+") or capabilities["cpu"]["features"].startswith("-")
     assert capabilities["host"] == socket.gethostname() and capabilities["pid"] == os.getpid()
@@ -52,15 +52,19 @@ def test_capabilities_list_pocls_device_with_a_fingerprint(capabilities: dict) -
     assert len(capabilities["opencl"]) == expected
 
 
-def test_queues_for_takes_control_llvm_and_each_opencl_device(capabilities: dict) -> None:
+def test_queues_for_takes_control_llvm_this_cpus_tuning_and_each_opencl_device(capabilities: dict) -> None:
     queues = queues_for(capabilities)
-    assert queues[:2] == ["control", "llvm"]
-    assert queues[2:] == [f"opencl.{device['fingerprint']}" for device in capabilities["opencl"]]
+    tune = f"tune.{host_target().id}"
+    assert queues[:3] == ["control", "llvm", tune]
+    assert queues[3:] == [f"opencl.{device['fingerprint']}" for device in capabilities["opencl"]]
     assert any(re.fullmatch(r"opencl\.[0-9a-f]{16}", queue) for queue in queues)
 
-    assert queues_for({"opencl": []}) == ["control", "llvm"]  # a CPU-only host
-    two = {"opencl": [{"fingerprint": "0" * 16}, {"fingerprint": "f" * 16}]}
-    assert queues_for(two) == ["control", "llvm", f"opencl.{'0' * 16}", f"opencl.{'f' * 16}"]
+    cpu = capabilities["cpu"]
+    assert queues_for({"cpu": cpu, "opencl": []}) == ["control", "llvm", tune]  # a CPU-only host
+    two = {"cpu": cpu, "opencl": [{"fingerprint": "0" * 16}, {"fingerprint": "f" * 16}]}
+    assert queues_for(two) == ["control", "llvm", tune, f"opencl.{'0' * 16}", f"opencl.{'f' * 16}"]
+    other = {"cpu": {**cpu, "cpu": "neoverse-n1", "triple": "aarch64-unknown-linux-gnu"}, "opencl": []}
+    assert queues_for(other)[2] != tune  # another CPU class: another tuning queue
 
 
 def test_default_hostname_names_the_process_and_host() -> None:

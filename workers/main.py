@@ -1,7 +1,8 @@
 """`farm worker`: a Celery worker that consumes the queues this host can serve and advertises its capabilities.
 
-Every worker takes `llvm` (CPU kernels and weight blobs: LLVM cross-compiles, so any host can) and `control`
-(orchestration); a worker with OpenCL devices also takes `opencl.<fingerprint>` for each of them.
+Every worker takes `llvm` (CPU kernels and weight blobs: LLVM cross-compiles, so any host can), `control`
+(orchestration) and `tune.<cpu id>` (timing kernel variants, which needs this very CPU class); a worker with OpenCL
+devices also takes `opencl.<fingerprint>` for each of them.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import os
 import socket
 from typing import Any
 
-from farm.codegen.targets import host_target
+from farm.codegen.targets import CpuTarget, host_target
 from farm.opencl_devices import opencl_devices_of_a_fresh_process
+from farm.tuning import queue_name
 
 WORKERS_KEY = "farm:workers"
 
@@ -20,12 +22,16 @@ WORKERS_KEY = "farm:workers"
 def detect_capabilities() -> dict[str, Any]:
     """This host's CPU (triple, cpu name, features) and OpenCL devices (listed by a child process: the pool forks)."""
     cpu = host_target()
-    return {"host": socket.gethostname(), "pid": os.getpid(), "cpu": {"triple": cpu.triple, "cpu": cpu.cpu,
-            "features": cpu.features, "simd_floats": cpu.simd_floats}, "opencl": opencl_devices_of_a_fresh_process()}
+    return {"host": socket.gethostname(), "pid": os.getpid(), "cpu": {"id": cpu.id, "triple": cpu.triple,
+            "cpu": cpu.cpu, "features": cpu.features, "simd_floats": cpu.simd_floats},
+            "opencl": opencl_devices_of_a_fresh_process()}
 
 
 def queues_for(capabilities: dict[str, Any]) -> list[str]:
-    return ["control", "llvm"] + [f"opencl.{device['fingerprint']}" for device in capabilities["opencl"]]
+    """control and llvm (any host), tune.<cpu id> (this CPU class), opencl.<fingerprint> for each device."""
+    cpu = capabilities["cpu"]
+    tune = queue_name(CpuTarget(cpu["triple"], cpu["cpu"], cpu["features"]).id)
+    return ["control", "llvm", tune] + [f"opencl.{device['fingerprint']}" for device in capabilities["opencl"]]
 
 
 def default_hostname() -> str:

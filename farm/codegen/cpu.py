@@ -15,21 +15,33 @@ from farm.specs import KernelSpec
 
 
 def default_blocking(target: CpuTarget) -> GemmBlocking:
-    """The untuned micro-kernel shape: 4 rows x 3 vectors of the target's widest float vector."""
+    """The untuned micro-kernel shape (the documented default variant): 4 rows x 3 vectors of the target's widest
+    float vector."""
     return GemmBlocking(rows=4, vectors=3, lanes=target.simd_floats)
+
+
+def blocking_for(spec: KernelSpec, target: CpuTarget) -> GemmBlocking:
+    """The GEMM blocking `spec` asks for: its variant, or the target's default when it names none."""
+    if not spec.variant_json:
+        return default_blocking(target)
+    try:
+        return GemmBlocking.from_json(spec.variant)
+    except ValueError as error:
+        raise BuildError(f"kernel {spec.op} {spec.symbol}: unusable variant: {error}") from None
 
 
 def kernel_ir(spec: KernelSpec, target: CpuTarget) -> str:
     """The kernel's LLVM IR text, before optimisation."""
     module = ir.Module(name=spec.symbol)
     module.triple = target.triple
-    render_kernel(module, spec.symbol, lower_kernel(spec), default_blocking(target))
+    render_kernel(module, spec.symbol, lower_kernel(spec), blocking_for(spec, target))
     return str(module)
 
 
 def cpu_launches(spec: KernelSpec, target: CpuTarget) -> list[list[int]]:
-    """[extent, grain, work] of each launch of the kernel (the functions `<symbol>_<index>` that it defines)."""
-    return [info.to_json() for info in L.launch_info(lower_kernel(spec), default_blocking(target).rows)]
+    """[extent, grain, work] of each launch of the kernel (the functions `<symbol>_<index>` that it defines); a
+    GEMM's grain is its variant's tile rows."""
+    return [info.to_json() for info in L.launch_info(lower_kernel(spec), blocking_for(spec, target).rows)]
 
 
 def compile_ir(text: str, target: CpuTarget, name: str, optimize: bool = True) -> bytes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from llvmlite import ir
 
@@ -25,6 +26,24 @@ class GemmBlocking:
     rows: int = 4
     vectors: int = 3
     lanes: int = 16
+
+    @property
+    def name(self) -> str:
+        """rows x vectors x lanes, e.g. "4x3x16": how tuning reports and records a variant."""
+        return f"{self.rows}x{self.vectors}x{self.lanes}"
+
+    def to_json(self) -> dict[str, int]:
+        return {"rows": self.rows, "vectors": self.vectors, "lanes": self.lanes}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GemmBlocking:
+        """The blocking of a variant's JSON form; ValueError unless it is exactly rows, vectors and lanes, each a
+        positive integer (a variant comes from a store or a message, so it is checked before code is made)."""
+        if not isinstance(data, dict) or set(data) != {"rows", "vectors", "lanes"}:
+            raise ValueError(f"a GEMM variant is {{rows, vectors, lanes}}, got {data!r}")
+        if not all(type(value) is int and value > 0 for value in data.values()):
+            raise ValueError(f"a GEMM variant's rows, vectors and lanes are positive integers, got {data!r}")
+        return cls(data["rows"], data["vectors"], data["lanes"])
 
 
 @dataclass(frozen=True)
