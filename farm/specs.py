@@ -14,7 +14,7 @@ from typing import Any
 from farm import __version__
 from farm.graph import Activation, TensorInfo
 
-CODEGEN_VERSION = f"farm-{__version__}-codegen-4"
+CODEGEN_VERSION = f"farm-{__version__}-codegen-5"
 
 
 def canonical_json(value: Any) -> str:

@@ -218,6 +218,36 @@ def test_farm_launch_runs_gemm_rows_split_anywhere(cuts, tmp_path):
     np.testing.assert_array_equal(c, reference)
 
 
+@pytest.mark.parametrize("cuts", [(0, 6), (0, 1, 2, 3, 4, 5, 6), (0, 5, 6), (0, 2, 6), (0, 3, 5, 6)])
+def test_farm_launch_runs_gemm_column_blocks_split_anywhere(cuts, tmp_path):
+    """A Gemm wider than tall (m = 7, n = 45) splits by blocks of one register tile's columns (8 here: 5 full
+    blocks, then a partial one with the narrower vector and scalar tails): every column once, each range only its
+    own, whatever the cut; the rows include a 4-row tile and 3 edge rows."""
+    m, n, k = 7, 45, 5
+    gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k)
+    kernel = L.LoopKernel([L.Param("a"), L.Param("b"), L.Param("c", output=True)], [gemm])
+    launches = [info.to_json() for info in L.launch_info(kernel, SMALL_BLOCKING.rows, SMALL_BLOCKING.tile_columns)]
+    assert launches == [[6, 1, m * n * k // L.GEMM_WORK_DIVISOR]]
+    a_at, b_at, c_at = 0, 256, 1280
+    schedule = [{"kernel": "mm", "args": [["arena", a_at], ["arena", b_at], ["arena", c_at]], "launches": launches}]
+    library = _launch_library([("mm", kernel)], schedule, tmp_path)
+    arena = aligned_arena(2600)
+    rng = np.random.default_rng(1)
+    a = arena[a_at:a_at + m * k * 4].view(np.float32).reshape(m, k)
+    b = arena[b_at:b_at + k * n * 4].view(np.float32).reshape(k, n)
+    c = arena[c_at:c_at + m * n * 4].view(np.float32).reshape(m, n)
+    a[:], b[:], c[:] = rng.standard_normal((m, k)), rng.standard_normal((k, n)), np.nan
+    whole = a.astype(np.float64) @ b.astype(np.float64)
+    for begin, end in zip(cuts, cuts[1:]):
+        _call_launch(library, 0, begin, end, arena)
+        done = min(end * 8, n)
+        assert np.isnan(c[:, done:]).all()
+        np.testing.assert_allclose(c[:, :done], whole[:, :done], rtol=1e-5, atol=1e-5)
+    reference = c.copy()
+    call_farm_run(library, arena)
+    np.testing.assert_array_equal(c, reference)
+
+
 def test_farm_launch_numbers_launches_across_the_schedule(tmp_path):
     """Two steps of a two-launch kernel: launches 0-1 are the first step's, 2-3 the second's, each with its own
     arguments; farm_run runs them all."""

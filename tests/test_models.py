@@ -81,6 +81,7 @@ def test_example_with_two_threads_matches_one_thread_and_onnxruntime(
     model, path, result, _ = built_example(name)
     single = farm.runtime.load(result.artifact, cache_dir=tmp_path, threads=1)
     monkeypatch.setattr(farm.runtime.model, "MIN_WORK_PER_RANGE", 1)
+    monkeypatch.setattr(farm.runtime.model, "MIN_SPLIT_WORK_FOR_THREADS", 1)
     threaded = farm.runtime.load(result.artifact, cache_dir=tmp_path, threads=2)
     launches = read_manifest(result.artifact)["targets"][0]["launches"]
     assert threaded._plan is not None and sum(len(ranges) > 1 for _, ranges in threaded._plan) == sum(
@@ -102,6 +103,7 @@ def test_more_threads_than_cpus_give_the_same_numbers(
     tolerance, and with onnxruntime."""
     model, path, result, _ = built_example("resnet18_style")
     monkeypatch.setattr(farm.runtime.model, "MIN_WORK_PER_RANGE", 1)
+    monkeypatch.setattr(farm.runtime.model, "MIN_SPLIT_WORK_FOR_THREADS", 1)
     threaded = farm.runtime.load(result.artifact, cache_dir=tmp_path, threads=5)
     single = farm.runtime.load(result.artifact, cache_dir=tmp_path, threads=1)
     feeds = random_input(model, seed=3)

@@ -11,6 +11,7 @@ from typing import Any
 
 import llvmlite.binding as llvm
 import numpy as np
+import onnx
 import pytest
 from llvmlite import ir
 
@@ -238,6 +239,18 @@ def test_work_table_lists_each_launch_as_a_group_of_ranges() -> None:
     table = work_table([(0, [(0, 5)]), (1, [(0, 4), (4, 8), (8, 9)]), (2, [(0, 1)])])
     assert table.dtype == np.int64 and table.flags.c_contiguous
     assert table.tolist() == [3, 0, 1, 4, 5, 0, 0, 5, 1, 0, 4, 1, 4, 8, 1, 8, 9, 2, 0, 1]
+
+
+def test_small_models_run_as_one_native_call_whatever_the_threads(tmp_path: Path) -> None:
+    """A model whose split launches hold less than MIN_SPLIT_WORK_FOR_THREADS work in all gains nothing from
+    waking helper threads: threads=2 keeps it one farm_run call."""
+    from farm.build import build_model
+    from farm.examples import EXAMPLES
+
+    path = tmp_path / "tiny_cnn.onnx"
+    onnx.save(EXAMPLES["tiny_cnn"](), str(path))
+    model = load(build_model(path, tmp_path / "out").artifact, cache_dir=tmp_path / "cache", threads=2)
+    assert model.threads == 2 and model._pool is None
 
 
 def test_threads_default_to_every_cpu(artifact: Path, tmp_path: Path) -> None:

@@ -41,7 +41,8 @@ def kernel_ir(spec: KernelSpec, target: CpuTarget) -> str:
 def cpu_launches(spec: KernelSpec, target: CpuTarget) -> list[list[int]]:
     """[extent, grain, work] of each launch of the kernel (the functions `<symbol>_<index>` that it defines); a
     GEMM's grain is its variant's tile rows."""
-    return [info.to_json() for info in L.launch_info(lower_kernel(spec), blocking_for(spec, target).rows)]
+    blocking = blocking_for(spec, target)
+    return [info.to_json() for info in L.launch_info(lower_kernel(spec), blocking.rows, blocking.tile_columns)]
 
 
 def compile_ir(text: str, target: CpuTarget, name: str, optimize: bool = True) -> bytes:

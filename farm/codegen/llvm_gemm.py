@@ -28,6 +28,11 @@ class GemmBlocking:
     lanes: int = 16
 
     @property
+    def tile_columns(self) -> int:
+        """Columns of one register tile: the block a column-split launch claims (loopir.splits_columns)."""
+        return self.vectors * self.lanes
+
+    @property
     def name(self) -> str:
         """rows x vectors x lanes, e.g. "4x3x16": how tuning reports and records a variant."""
         return f"{self.rows}x{self.vectors}x{self.lanes}"
@@ -87,15 +92,23 @@ def _halvings(lanes: int) -> list[int]:
 
 def emit_gemm(builder: ir.IRBuilder, slot: Callable[[str, ir.Type], ir.AllocaInstr], a: ir.Value, b: ir.Value,
               c: ir.Value, gemm: L.Gemm, blocking: GemmBlocking,
-              rows: tuple[ir.Value, ir.Value] | None = None) -> None:
-    """Emit C = A @ B for `gemm`'s shapes; a, b, c point at the panels' first elements. With `rows` (runtime
-    i64 values begin, end), only rows [begin, end) of C: whole register tiles from begin, then one row at a time."""
+              launch_range: tuple[ir.Value, ir.Value] | None = None) -> None:
+    """Emit C = A @ B for `gemm`'s shapes; a, b, c point at the panels' first elements. With `launch_range`
+    (runtime i64 values begin, end), only part of C, as loopir.launch_info cut it: column blocks [begin, end) when
+    the launch splits columns (loopir.splits_columns), else rows [begin, end): whole register tiles from begin,
+    then one row at a time."""
     gen = _Gen(builder, slot, a, b, c, gemm)
-    if rows is None:
+    if launch_range is None:
         for region in regions(gemm.m, gemm.n, blocking):
             _emit_region(gen, region)
-        return
-    begin, end = rows
+    elif L.splits_columns(gemm, blocking.tile_columns):
+        _emit_column_blocks(gen, blocking, *launch_range)
+    else:
+        _emit_rows(gen, blocking, *launch_range)
+
+
+def _emit_rows(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end: ir.Value) -> None:
+    builder, gemm = gen.b, gen.gemm
     size = ir.Constant(I64_T, blocking.rows)
     main = builder.mul(builder.sdiv(builder.sub(end, begin), size), size)
     edge_begin = builder.add(begin, main)
@@ -103,6 +116,29 @@ def emit_gemm(builder: ir.IRBuilder, slot: Callable[[str, ir.Type], ir.AllocaIns
         if nc:
             _emit_region(gen, _Region(begin, main, n0, nc, blocking.rows, vectors, lanes))
             _emit_region(gen, _Region(edge_begin, builder.sub(end, edge_begin), n0, nc, 1, vectors, lanes))
+
+
+def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end: ir.Value) -> None:
+    """Columns [begin * width, end * width) of C, every row: the full-width blocks in the range, each down all row
+    tiles and then the edge rows; the range holding the last, partial block also does the narrower column tails."""
+    builder, gemm, width = gen.b, gen.gemm, blocking.tile_columns
+    full = ir.Constant(I64_T, gemm.n // width)
+    stop = builder.select(builder.icmp_signed("<", end, full), end, full)
+    m_main = gemm.m // blocking.rows * blocking.rows
+    tiles = _Region(0, m_main, 0, width, blocking.rows, blocking.vectors, blocking.lanes)
+    edge = _Region(m_main, gemm.m - m_main, 0, width, 1, blocking.vectors, blocking.lanes)
+
+    def block(index: ir.Value) -> None:
+        column_block = builder.add(begin, index)
+        gen.loop(m_main // blocking.rows, lambda it: _emit_tile(gen, tiles, it, column_block))
+        gen.loop(gemm.m - m_main, lambda it: _emit_tile(gen, edge, it, column_block))
+
+    gen.loop(builder.sub(stop, begin), block)
+    tails = [region for region in regions(gemm.m, gemm.n, blocking) if region.n0 >= gemm.n // width * width]
+    if tails:
+        with builder.if_then(builder.icmp_signed(">", end, full)):
+            for region in tails:
+                _emit_region(gen, region)
 
 
 class _Gen:

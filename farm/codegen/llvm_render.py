@@ -54,7 +54,7 @@ def render_kernel(module: ir.Module, symbol: str, kernel: L.LoopKernel, blocking
         arg.name = param.name
         arg.add_attribute("noalias")
     builder = ir.IRBuilder(fn.append_basic_block("entry"))
-    for launch, info in zip(launches, L.launch_info(kernel, blocking.rows)):
+    for launch, info in zip(launches, L.launch_info(kernel, blocking.rows, blocking.tile_columns)):
         builder.call(launch, [*fn.args, ir.Constant(I64_T, 0), ir.Constant(I64_T, info.extent)])
     builder.ret_void()
     return fn
@@ -165,10 +165,10 @@ def _emit_if(state: _State, stmt: L.If) -> None:
         _emit_block(state, stmt.body)
 
 
-def _emit_gemm(state: _State, gemm: L.Gemm, rows: tuple[ir.Value, ir.Value] | None = None) -> None:
+def _emit_gemm(state: _State, gemm: L.Gemm, launch_range: tuple[ir.Value, ir.Value] | None = None) -> None:
     panels = [_address(state, buf, offset, F32_T) for buf, offset in
               ((gemm.a, gemm.a_offset), (gemm.b, gemm.b_offset), (gemm.c, gemm.c_offset))]
-    emit_gemm(state.builder, state.typed_slot, *panels, gemm, state.blocking, rows)
+    emit_gemm(state.builder, state.typed_slot, *panels, gemm, state.blocking, launch_range)
 
 
 STMT_EMITTERS: dict[type, Callable[[_State, L.Stmt], None]] = {

@@ -396,12 +396,23 @@ class LaunchInfo:
         return [self.extent, self.grain, self.work]
 
 
-def launch_info(kernel: LoopKernel, gemm_rows: int) -> list[LaunchInfo]:
-    """Every launch of `kernel`, in order; a Gemm splits by rows in multiples of `gemm_rows` (its register tile)."""
+def splits_columns(gemm: Gemm, tile_columns: int) -> bool:
+    """Whether a Gemm launch is split by blocks of `tile_columns` columns rather than by rows: when B (k x n) is the
+    larger operand. Every range reads all of the operand the split doesn't cut, so cutting rows makes each range
+    stream all of B (a conv's 128x1152 weights by a 1152x3136 im2col matrix: 8 ranges read 14 MB 8 times, and two
+    threads ran slower than one); cutting columns re-reads only A. 0 columns: always rows."""
+    return tile_columns > 0 and gemm.n > gemm.m and gemm.n >= 2 * tile_columns
+
+
+def launch_info(kernel: LoopKernel, gemm_rows: int, gemm_columns: int = 0) -> list[LaunchInfo]:
+    """Every launch of `kernel`, in order; a Gemm splits by rows in multiples of `gemm_rows` (its register tile),
+    or by blocks of `gemm_columns` columns (see splits_columns)."""
     infos = []
     for group in launch_groups(kernel)[1]:
         first = group[0]
-        if isinstance(first, Gemm):
+        if isinstance(first, Gemm) and splits_columns(first, gemm_columns):
+            infos.append(LaunchInfo(-(-first.n // gemm_columns), 1, work(group)))
+        elif isinstance(first, Gemm):
             infos.append(LaunchInfo(first.m, gemm_rows, work(group)))
         elif isinstance(first, Loop) and first.parallel:
             infos.append(LaunchInfo(first.extent, 1, work(group)))

@@ -25,6 +25,10 @@ _MIN_ALIGNMENT = 64
 # The least work (loopir.work, about 1-4 per ns of one core) of one range of a split launch: a claim costs tens of
 # nanoseconds, a range's own loop set-up a little more, so ranges of some 5-20 us keep the threads busy.
 MIN_WORK_PER_RANGE = 20_000
+# The least work of all split launches together for a run to use threads at all: waking the helpers costs some
+# 10-50 us per run, more than small models gain (measured on 2 cores: tiny_cnn 0.41x, small_cnn 0.83x, vit_style
+# 0.96x with 0.06-0.44M split work; bert_style 1.08x at 1.4M, mobilenetv2_style 1.37x at 5.4M).
+MIN_SPLIT_WORK_FOR_THREADS = 1_000_000
 # Ranges per thread of a split launch: threads claim ranges as they come free, so a thread the OS runs late (a
 # busy machine) takes fewer instead of holding everyone up.
 RANGES_PER_THREAD = 4
@@ -222,8 +226,8 @@ class Model:
             return {spec.name: self._view(spec, offset).copy() for spec, offset in self._outputs}
 
     def _thread_pool(self, path: str, target: dict[str, Any]) -> _Pool | None:
-        """The pool for a threaded run, or None when no launch is worth splitting (one farm_run call is then
-        fastest) or the library predates farm_work."""
+        """The pool for a threaded run, or None when the launches worth splitting hold too little work in all
+        (MIN_SPLIT_WORK_FOR_THREADS: one farm_run call is then fastest) or the library predates farm_work."""
         if not isinstance(target.get("launches"), list) or not target.get("work_entry"):
             return None
         try:
@@ -231,7 +235,8 @@ class Model:
             plan = launch_plan(target["launches"], self.threads)
         except (AttributeError, TypeError, ValueError) as error:
             raise ArtifactError(f"{path}: target {target.get('id')!r} launches are unusable: {error}") from None
-        if all(len(ranges) == 1 for _, ranges in plan):
+        split_work = sum(int(target["launches"][index][2]) for index, ranges in plan if len(ranges) > 1)
+        if split_work < MIN_SPLIT_WORK_FOR_THREADS:
             return None
         self._work.argtypes, self._work.restype = [ctypes.c_void_p] * 3, None
         self._plan = plan
