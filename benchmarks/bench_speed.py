@@ -48,6 +48,7 @@ EVERY_MODEL_BAR = 2.0
 PEAK_CHAINS = 12  # independent accumulators: enough to cover FMA latency x throughput on current cores
 PEAK_ITERATIONS = 2_000_000
 HEAVIEST_CONVS = 6
+SETTLE_SECONDS = 0.1
 
 
 def fma_peak_gflops() -> float:
@@ -98,12 +99,15 @@ def _seconds(fn: Callable[[], object]) -> float:
 
 def interleaved_latency(runners: dict[str, Callable[[], object]], rounds: int, runs: int) -> dict[str, float]:
     """Median over `rounds` of each runner's mean seconds over `runs` calls; the runners take turns every round
-    (after two warm-up calls each)."""
+    (after two warm-up calls each), with a pause of SETTLE_SECONDS before each turn: onnxruntime's pool threads
+    spin for a while after a run, and without the pause they take a core from the next runner (measured:
+    resnet18_style on two farm threads 3.67 ms alone, 4.49 ms right after onnxruntime's runs)."""
     for fn in runners.values():
         fn(), fn()
     samples: dict[str, list[float]] = {name: [] for name in runners}
     for _ in range(rounds):
         for name, fn in runners.items():
+            time.sleep(SETTLE_SECONDS)
             samples[name].append(_seconds(lambda call=fn: [call() for _ in range(runs)]) / runs)
     return {name: statistics.median(values) for name, values in samples.items()}
 

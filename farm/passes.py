@@ -390,6 +390,76 @@ def _merge_bn_into_conv(graph: Graph, conv: Node, bn: Node, taken: set[str]) -> 
     graph.values.pop(old_output, None)
 
 
+def fold_channel_affine(graph: Graph) -> Graph:
+    """Fold Mul and Add by per-output-channel constants that follow a Conv into its weight and bias.
+
+    Exporters often write an inference BatchNormalization as Conv -> Mul(scale) -> Add(shift) (the light
+    inception_v2 does, 58 times): folded, the scale and shift cost nothing instead of two passes over every
+    activation (8% of that model's time), and a following Relu fuses into the Conv. Mul: W' = W * s[m],
+    b' = b * s[m]; Add: b' = b + t[m]. Chains fold in one sweep (the Conv takes over each node's output).
+    """
+    users, producers, outputs = graph.consumers(), graph.producers(), set(graph.outputs)
+    taken = _all_names(graph)
+    folded: set[int] = set()
+    for node in graph.nodes:
+        found = _conv_and_channel_constant(graph, node, users, producers, outputs)
+        if found is not None:
+            conv, constant = found
+            _merge_affine_into_conv(graph, conv, node, constant, taken)
+            users.pop(conv.outputs[0], None)
+            conv.outputs = [node.outputs[0], *conv.outputs[1:]]
+            producers[node.outputs[0]] = conv
+            folded.add(id(node))
+    graph.nodes = [node for node in graph.nodes if id(node) not in folded]
+    return _prune_unreferenced(graph) if folded else graph
+
+
+def _conv_and_channel_constant(
+    graph: Graph, node: Node, users: dict[str, list[Node]], producers: dict[str, Node], outputs: set[str]
+) -> tuple[Node, np.ndarray] | None:
+    """(the Conv, the per-channel constant as a vector) when `node` is a Mul or Add of a Conv's output alone by a
+    constant of shape (M, 1, 1) or (1, M, 1, 1) or one value; None when folding would change the result."""
+    if node.op_type not in ("Mul", "Add") or node.domain or len(node.inputs) != 2:
+        return None
+    for data, other in ((node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])):
+        conv = producers.get(data)
+        if conv is None or other not in graph.constants or conv.op_type != "Conv" or conv.domain:
+            continue
+        if conv.activation is not None or data in outputs or users.get(data) != [node] or conv.outputs[0] != data:
+            continue
+        if len(conv.inputs) < 2 or not all(name in graph.constants for name in conv.inputs[1:3] if name):
+            continue
+        weight, constant = graph.constants[conv.inputs[1]], graph.constants[other]
+        channels = weight.shape[0]
+        if weight.dtype.kind != "f" or constant.dtype != weight.dtype or graph.values[node.outputs[0]].shape != \
+                graph.values[data].shape:
+            continue
+        shape = (1,) * (len(graph.values[data].shape) - constant.ndim) + constant.shape
+        if constant.ndim <= len(shape) and shape[0] == 1 and shape[1] in (1, channels) and \
+                all(dim == 1 for dim in shape[2:]):
+            return conv, np.broadcast_to(constant.reshape(-1), (channels,))
+    return None
+
+
+def _merge_affine_into_conv(graph: Graph, conv: Node, node: Node, constant: np.ndarray, taken: set[str]) -> None:
+    """Give conv a new weight and bias with node's per-channel Mul or Add applied; forget conv's old output."""
+    weight = graph.constants[conv.inputs[1]]
+    has_bias = len(conv.inputs) > 2 and conv.inputs[2]
+    bias = graph.constants[conv.inputs[2]] if has_bias else np.zeros(weight.shape[0], weight.dtype)
+    if node.op_type == "Mul":
+        weight = weight * constant.reshape((-1,) + (1,) * (weight.ndim - 1))
+        bias = bias * constant
+    else:
+        bias = bias + constant
+    names = []
+    for label, array in (("weight", weight), ("bias", bias)):
+        names.append(_unique_name(taken, f"{conv.name}/{node.op_type.lower()}_folded_{label}"))
+        graph.constants[names[-1]] = np.ascontiguousarray(array, dtype=weight.dtype)
+        graph.values[names[-1]] = _info_of(graph.constants[names[-1]])
+    graph.values.pop(conv.outputs[0], None)
+    conv.inputs = [conv.inputs[0], *names]
+
+
 # ------------------------------------------------------------------------------------------ 4. activation fusion
 
 
@@ -485,6 +555,7 @@ PIPELINE: tuple[Callable[[Graph], Graph], ...] = (
     drop_passthrough,
     fold_constants,
     fold_batchnorm,
+    fold_channel_affine,
     fuse_activations,
     remove_dead_nodes,
 )

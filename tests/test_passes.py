@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from farm.errors import UnsupportedError
 from farm.frontend import import_model
 from farm.graph import Activation, Graph
-from farm.passes import FUSABLE_PRODUCERS, fold_batchnorm, fold_constants, optimize
+from farm.passes import FUSABLE_PRODUCERS, fold_batchnorm, fold_channel_affine, fold_constants, optimize
 
 RNG = np.random.default_rng(42)
 
@@ -207,6 +207,56 @@ def test_batchnorm_fold_leaves_a_shared_weight_alone(onnx_model_path):
     assert conv.inputs[1] != "W" and conv2.inputs[1] == "W"
     np.testing.assert_array_equal(graph.constants["W"], p["W"])
     _assert_same_outputs(model, graph, {"x": _rand(2, 4, 7, 7)})
+
+
+def _conv_mul_add_model(scale_shape, shift_shape, with_bias: bool = True, constant_first: bool = False):
+    """Conv -> Mul(scale) -> Add(shift) -> Relu: a BatchNormalization as some exporters write it."""
+    c_in, c_out = 4, 6
+    params = {"W": _rand(c_out, c_in, 3, 3), "scale": _rand(*scale_shape), "shift": _rand(*shift_shape)}
+    conv_inputs = ["x", "W"]
+    if with_bias:
+        params["B"] = _rand(c_out)
+        conv_inputs.append("B")
+    mul_inputs = ["scale", "c"] if constant_first else ["c", "scale"]
+    nodes = [helper.make_node("Conv", conv_inputs, ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Mul", mul_inputs, ["m"], name="mul"),
+             helper.make_node("Add", ["m", "shift"], ["a"], name="add"),
+             helper.make_node("Relu", ["a"], ["y"], name="relu")]
+    return _model(nodes, [_f32("x", [1, c_in, 7, 7])], [_f32("y", [1, c_out, 7, 7])], list(params.items())), params
+
+
+@pytest.mark.parametrize(("scale_shape", "shift_shape", "with_bias", "constant_first"), [
+    ((6, 1, 1), (6, 1, 1), True, False),
+    ((1, 6, 1, 1), (1, 6, 1, 1), False, True),
+    ((1,), (6, 1, 1), True, False),
+])
+def test_channel_mul_and_add_fold_into_the_conv(onnx_model_path, scale_shape, shift_shape, with_bias,
+                                                constant_first):
+    """Both fold (in one sweep), the Relu then fuses: one Conv node computes what the four did."""
+    model, p = _conv_mul_add_model(scale_shape, shift_shape, with_bias, constant_first)
+    graph = optimize(_load(onnx_model_path, model))
+    assert [n.op_type for n in graph.nodes] == ["Conv"]
+    conv = graph.nodes[0]
+    assert conv.outputs == ["y"] and conv.activation == Activation("relu") and len(conv.inputs) == 3
+    scale = np.broadcast_to(p["scale"].reshape(-1), (6,))
+    np.testing.assert_allclose(graph.constants[conv.inputs[1]], p["W"] * scale[:, None, None, None], rtol=1e-6)
+    bias = p.get("B", np.zeros(6, np.float32))
+    np.testing.assert_allclose(graph.constants[conv.inputs[2]], bias * scale + p["shift"].reshape(-1), rtol=1e-5)
+    assert "W" not in graph.constants and "c" not in graph.values and "m" not in graph.values
+    _assert_same_outputs(model, graph, {"x": _rand(1, 4, 7, 7)})
+
+
+@pytest.mark.parametrize("case", ["spatial-constant", "shared-output", "model-output", "broadcast-out"])
+def test_channel_affine_not_folded_when_it_would_change_the_result(onnx_model_path, case):
+    shapes = {"spatial-constant": ((1, 1, 7, 7), (6, 1, 1)), "broadcast-out": ((2, 6, 1, 1), (6, 1, 1))}
+    model, _ = _conv_mul_add_model(*shapes.get(case, ((6, 1, 1), (6, 1, 1))))
+    if case == "shared-output":
+        model.graph.node.append(helper.make_node("Relu", ["c"], ["r"], name="relu2"))
+        model.graph.output.append(_f32("r", None))
+    if case == "model-output":
+        model.graph.output.append(_f32("c", None))
+    graph = fold_channel_affine(_load(onnx_model_path, model))
+    assert [n.op_type for n in graph.nodes][:2] == ["Conv", "Mul"]
 
 
 # ---------------------------------------------------------------------------------------------- activation fusion
