@@ -49,6 +49,9 @@ PEAK_CHAINS = 12  # independent accumulators: enough to cover FMA latency x thro
 PEAK_ITERATIONS = 2_000_000
 HEAVIEST_CONVS = 6
 SETTLE_SECONDS = 0.1
+# Each runner's turn in a round lasts about this long: long enough that the first runs after the pause (cold
+# caches, a helper thread's wake-up from an idle CPU) weigh little in the mean.
+ROUND_SECONDS = 0.25
 
 
 def fma_peak_gflops() -> float:
@@ -121,7 +124,7 @@ def bench_model(name: str, folder: Path, executor: LocalExecutor, rounds: int) -
     single = runtime.load(artifact, cache_dir=folder / "cache", threads=1)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     single_run = single.run(feeds)
-    runs = max(1, int(0.05 / max(_seconds(lambda: single.run(feeds)), 1e-6)))  # some 50 ms per round and runner
+    runs = max(1, int(ROUND_SECONDS / max(_seconds(lambda: single.run(feeds)), 1e-6)))
     seconds = interleaved_latency({"farm": lambda: threaded.run(feeds), "farm_1": lambda: single.run(feeds),
                                    "ort": lambda: session.run(None, feeds)}, rounds, runs)
     return {"name": name, "artifact": artifact, "threads": threaded.threads, **seconds,

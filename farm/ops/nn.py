@@ -71,7 +71,9 @@ def _is_depthwise(geo: dict[str, int]) -> bool:
 
 def _conv_scratch(spec: KernelSpec) -> int:
     geo = _conv_geometry(spec)
-    if _is_pointwise(geo) or _is_depthwise(geo):
+    if _is_depthwise(geo):
+        return geo["n"] * geo["m"] * prod(_padded_plane(geo))
+    if _is_pointwise(geo):
         return 0
     return geo["cg"] * geo["kh"] * geo["kw"] * geo["ho"] * geo["wo"]
 
@@ -149,46 +151,51 @@ def _bias_activation_epilogue(names: L.Names, spec: KernelSpec, rows: int, cols:
     return [L.Loop(b, batches, [L.Loop(m, rows, [L.Loop(p, cols, [store], True)], True)], True)]
 
 
-def _interior(geo: dict[str, int], axis: str) -> tuple[int, int]:
-    """[lo, hi): the outputs along `axis` ("h" or "w") whose every window tap lands inside the input."""
-    stride, pad, dilation = geo[f"s{axis}"], geo[f"p{axis}"], geo[f"d{axis}"]
-    size, outputs, taps = geo[axis], geo[f"{'h' if axis == 'h' else 'w'}o"], geo[f"k{axis}"]
-    lo = -(-pad // stride)
-    hi = min(outputs, (size - 1 + pad - (taps - 1) * dilation) // stride + 1)
-    return min(lo, outputs), max(min(lo, outputs), hi)
+def _padded_plane(geo: dict[str, int]) -> tuple[int, int]:
+    """Rows and columns of the input window every output reads, padding included."""
+    return ((geo["ho"] - 1) * geo["sh"] + (geo["kh"] - 1) * geo["dh"] + 1,
+            (geo["wo"] - 1) * geo["sw"] + (geo["kw"] - 1) * geo["dw"] + 1)
 
 
 def _depthwise(names: L.Names, spec: KernelSpec, geo: dict[str, int]) -> list[L.Stmt]:
-    """Direct depthwise conv: one output channel per input channel, no GEMM to feed. Each output row runs its
-    interior (every tap inside the input) with plain loads that the loop vectoriser turns into vector loads, and
-    only the border columns and rows with the padding guard."""
-    n, ch, oh = names.var("n"), names.var("c"), names.var("y")
-    plane = (n * geo["c"] + ch) * (geo["h"] * geo["w"])
+    """Direct depthwise conv, one work-item per (batch, channel): the channel's input window is first copied into
+    a zero-padded plane in scratch (rows of zeros, copy, zeros), then every output sums its taps with plain loads,
+    no padding guard (vectorised along the row for stride 1). Guarding every tap instead ran the small maps of
+    mobilenetv2 at 5-11 GFLOP/s."""
+    n, ch = names.var("n"), names.var("c")
+    rows, columns = _padded_plane(geo)
+    plane = (n * geo["m"] + ch) * (rows * columns)
+    source = (n * geo["c"] + ch) * (geo["h"] * geo["w"])
+    return [L.Loop(n, geo["n"], [L.Loop(ch, geo["m"], _pad_plane(names, geo, plane, source)
+                                        + _depthwise_outputs(names, spec, geo, plane, n, ch), True)], True)]
+
+
+def _pad_plane(names: L.Names, geo: dict[str, int], plane: L.Expr, source: L.Expr) -> list[L.Stmt]:
+    """scratch[plane + i * columns + j] = x[source + (i - ph) * w + (j - pw)], 0 outside the input."""
+    i = names.var("i")
+    rows, columns = _padded_plane(geo)
+    ih = i - geo["ph"]
+    inside = L.logical_and(L.compare("ge", ih, 0), L.compare("lt", ih, geo["h"]))
+    outside = L.binary("or", L.compare("lt", ih, 0), L.compare("ge", ih, geo["h"]))
+    start = plane + i * columns
+    lo, hi = min(geo["pw"], columns), min(geo["pw"] + geo["w"], columns)
+    row = (_fill(names, start, 0, lo) + _copy(names, start, source + ih * geo["w"] - geo["pw"], 1, lo, hi)
+           + _fill(names, start, hi, columns))
+    return [L.Loop(i, rows, [L.If(inside, row), L.If(outside, _fill(names, start, 0, columns))])]
+
+
+def _depthwise_outputs(names: L.Names, spec: KernelSpec, geo: dict[str, int], plane: L.Expr, n: L.Var,
+                       ch: L.Var) -> list[L.Stmt]:
+    """out[n, ch, oh, ow] = bias + sum over taps of the padded plane times the channel's weights."""
+    oh, ow, r, s, acc = names.var("y"), names.var("x"), names.var("r"), names.var("s"), names.local()
+    columns = _padded_plane(geo)[1]
+    tap = L.Load("scratch", plane + (oh * geo["sh"] + r * geo["dh"]) * columns + ow * geo["sw"] + s * geo["dw"])
+    weight = L.Load("in1", (ch * geo["kh"] + r) * geo["kw"] + s)
     init = L.Load("in2", ch) if len(spec.inputs) > 2 else L.const(0.0)
-    out_row = ((n * geo["m"] + ch) * geo["ho"] + oh) * geo["wo"]
-
-    def pixels(begin: int, end: int, guarded: bool) -> list[L.Stmt]:
-        """out[n, ch, oh, ow] for ow in [begin, end)."""
-        if end <= begin:
-            return []
-        x, r, s, acc = names.var("x"), names.var("r"), names.var("s"), names.local()
-        ow = x + begin
-        if guarded:
-            value = _input_at(geo, plane, oh, ow, r, s, 0.0)
-        else:
-            ih = oh * geo["sh"] - geo["ph"] + r * geo["dh"]
-            value = L.Load("in0", plane + ih * geo["w"] + ow * geo["sw"] - geo["pw"] + s * geo["dw"])
-        tap = value * L.Load("in1", (ch * geo["kh"] + r) * geo["kw"] + s)
-        inner = [L.Assign(acc, init), L.Loop(r, geo["kh"], [L.Loop(s, geo["kw"], [L.Assign(acc, acc + tap)])]),
-                 L.Store("out0", out_row + ow, activate(acc, spec.activation))]
-        return [L.Loop(x, end - begin, inner, True)]
-
-    (row_lo, row_hi), (lo, hi) = _interior(geo, "h"), _interior(geo, "w")
-    inside = L.logical_and(L.compare("ge", oh, row_lo), L.compare("lt", oh, row_hi))
-    outside = L.binary("or", L.compare("lt", oh, row_lo), L.compare("ge", oh, row_hi))
-    row = [L.If(inside, pixels(0, lo, True) + pixels(lo, hi, False) + pixels(hi, geo["wo"], True)),
-           L.If(outside, pixels(0, geo["wo"], True))]
-    return [L.Loop(n, geo["n"], [L.Loop(ch, geo["m"], [L.Loop(oh, geo["ho"], row, True)], True)], True)]
+    out_index = ((n * geo["m"] + ch) * geo["ho"] + oh) * geo["wo"] + ow
+    inner = [L.Assign(acc, init), L.Loop(r, geo["kh"], [L.Loop(s, geo["kw"], [L.Assign(acc, acc + tap * weight)])]),
+             L.Store("out0", out_index, activate(acc, spec.activation))]
+    return [L.Loop(oh, geo["ho"], [L.Loop(ow, geo["wo"], inner)])]
 
 
 def _lower_conv(spec: KernelSpec) -> list[L.Stmt]:
