@@ -70,23 +70,24 @@ class _Pool:
     same counters without touching the next run's."""
 
     def __init__(self, work: Any, table: np.ndarray, count: int) -> None:
-        self._table = table
+        self._table, self._table_address, self._counters = table, table.ctypes.data, 2 * int(table[0])
         self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(count)]
         for runs in self._queues:
             threading.Thread(target=_helper, args=(work, table, runs), daemon=True, name="farm-runtime").start()
         self.stop = weakref.finalize(self, _stop, self._queues)
 
     def run(self, work: Any, arena: int) -> None:
-        counters = np.zeros(2 * int(self._table[0]), dtype=np.int64)
+        counters = np.zeros(self._counters, dtype=np.int64)
+        job = (arena, counters.ctypes.data, counters)  # the array rides along: helpers keep it alive
         for runs in self._queues:
-            runs.put((arena, counters))
-        work(arena, self._table.ctypes.data, counters.ctypes.data)
+            runs.put(job)
+        work(arena, self._table_address, job[1])
 
 
 def _helper(work: Any, table: np.ndarray, runs: queue.SimpleQueue) -> None:
+    table_address = table.ctypes.data
     while (job := runs.get()) is not None:
-        arena, counters = job
-        work(arena, table.ctypes.data, counters.ctypes.data)
+        work(job[0], table_address, job[1])
 
 
 def _stop(queues: list[queue.SimpleQueue]) -> None:
@@ -178,6 +179,11 @@ class Model:
         self._plan: list[tuple[int, list[tuple[int, int]]]] | None = None
         self._pool = self._thread_pool(path, target) if self.threads > 1 else None
         self._arena = _aligned_zeros(max(arena_bytes, 1), max(int(plan.get("alignment", 0)), _MIN_ALIGNMENT))
+        # Fixed for the model's life: a run of a small model is tens of microseconds, and making these per run
+        # cost some 5 us of it.
+        self._arena_address = self._arena.ctypes.data
+        self._input_views = [(spec.name, self._view(spec, offset)) for spec, offset in self._inputs]
+        self._output_views = [(spec.name, self._view(spec, offset)) for spec, offset in self._outputs]
         self._lock = threading.Lock()
         self.path, self.schedule = path, list(manifest.get("schedule", []))
 
@@ -217,13 +223,13 @@ class Model:
         """Run once; returns fresh arrays, so results stay valid after later runs reuse the arena."""
         self._check(feeds)
         with self._lock:
-            for spec, offset in self._inputs:
-                np.copyto(self._view(spec, offset), feeds[spec.name], casting="no")
+            for name, view in self._input_views:
+                np.copyto(view, feeds[name], casting="no")
             if self._pool is None:
-                self._entry(self._arena.ctypes.data)
+                self._entry(self._arena_address)
             else:
-                self._pool.run(self._work, self._arena.ctypes.data)
-            return {spec.name: self._view(spec, offset).copy() for spec, offset in self._outputs}
+                self._pool.run(self._work, self._arena_address)
+            return {name: view.copy() for name, view in self._output_views}
 
     def _thread_pool(self, path: str, target: dict[str, Any]) -> _Pool | None:
         """The pool for a threaded run, or None when the launches worth splitting hold too little work in all
