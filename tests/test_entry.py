@@ -160,9 +160,9 @@ def _call_launch(library, index: int, begin: int, end: int, arena: np.ndarray) -
 SMALL_BLOCKING = GemmBlocking(rows=4, vectors=2, lanes=4)
 
 
-def _launch_library(kernels, schedule, tmp_path):
+def _launch_library(kernels, schedule, tmp_path, blocking=SMALL_BLOCKING):
     target = host()
-    return load_library(link_library([compile_kernels(kernels, target, SMALL_BLOCKING),
+    return load_library(link_library([compile_kernels(kernels, target, blocking),
                                       compile_entry(schedule, target)],
                                      target), tmp_path)
 
@@ -218,19 +218,21 @@ def test_farm_launch_runs_gemm_rows_split_anywhere(cuts, tmp_path):
     np.testing.assert_array_equal(c, reference)
 
 
+@pytest.mark.parametrize("blocking", [SMALL_BLOCKING, GemmBlocking(rows=4, vectors=2, lanes=4, k_block=2,
+                                                                   order="rows")], ids=lambda b: b.name)
 @pytest.mark.parametrize("cuts", [(0, 6), (0, 1, 2, 3, 4, 5, 6), (0, 5, 6), (0, 2, 6), (0, 3, 5, 6)])
-def test_farm_launch_runs_gemm_column_blocks_split_anywhere(cuts, tmp_path):
+def test_farm_launch_runs_gemm_column_blocks_split_anywhere(cuts, blocking, tmp_path):
     """A Gemm wider than tall (m = 7, n = 45) splits by blocks of one register tile's columns (8 here: 5 full
     blocks, then a partial one with the narrower vector and scalar tails): every column once, each range only its
-    own, whatever the cut; the rows include a 4-row tile and 3 edge rows."""
+    own, whatever the cut; the rows include a 4-row tile and 3 edge rows; also with the k loop cache-tiled."""
     m, n, k = 7, 45, 5
     gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k)
     kernel = L.LoopKernel([L.Param("a"), L.Param("b"), L.Param("c", output=True)], [gemm])
-    launches = [info.to_json() for info in L.launch_info(kernel, SMALL_BLOCKING.rows, SMALL_BLOCKING.tile_columns)]
+    launches = [info.to_json() for info in L.launch_info(kernel, blocking.rows, blocking.tile_columns)]
     assert launches == [[6, 1, m * n * k // L.GEMM_WORK_DIVISOR]]
     a_at, b_at, c_at = 0, 256, 1280
     schedule = [{"kernel": "mm", "args": [["arena", a_at], ["arena", b_at], ["arena", c_at]], "launches": launches}]
-    library = _launch_library([("mm", kernel)], schedule, tmp_path)
+    library = _launch_library([("mm", kernel)], schedule, tmp_path, blocking)
     arena = aligned_arena(2600)
     rng = np.random.default_rng(1)
     a = arena[a_at:a_at + m * k * 4].view(np.float32).reshape(m, k)

@@ -22,7 +22,7 @@ BLOCKINGS = [
 
 
 def blocking_id(blocking: GemmBlocking) -> str:
-    return f"r{blocking.rows}v{blocking.vectors}l{blocking.lanes}"
+    return blocking.name
 
 
 # -- regions ----------------------------------------------------------------------------------------------------------
@@ -88,9 +88,16 @@ def assert_gemm_close(actual: np.ndarray, expected: np.ndarray) -> None:
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4 * scale)
 
 
-@pytest.mark.parametrize("blocking", BLOCKINGS + [GemmBlocking(rows=6, vectors=1, lanes=8),
-                                                  GemmBlocking(rows=2, vectors=4, lanes=4)], ids=blocking_id)
+CACHE_TILED = [GemmBlocking(rows=4, vectors=2, lanes=8, k_block=8), GemmBlocking(rows=3, vectors=1, lanes=4, k_block=5),
+               GemmBlocking(rows=4, vectors=3, lanes=16, k_block=16, order="rows"),
+               GemmBlocking(rows=2, vectors=2, lanes=4, order="rows"), GemmBlocking(rows=1, vectors=1, lanes=1, k_block=2)]
+
+
+@pytest.mark.parametrize("blocking", BLOCKINGS + CACHE_TILED + [GemmBlocking(rows=6, vectors=1, lanes=8),
+                                                                GemmBlocking(rows=2, vectors=4, lanes=4)],
+                         ids=blocking_id)
 def test_gemm_matches_numpy_for_odd_shapes(blocking, tmp_path):
+    """Every shape, with k shorter than, equal to, a multiple of and not a multiple of the k block."""
     rng = np.random.default_rng(blocking.rows * 100 + blocking.vectors * 10 + blocking.lanes)
     cases = []
     for m, n, k in SHAPES:
@@ -105,7 +112,8 @@ def test_gemm_matches_numpy_for_odd_shapes(blocking, tmp_path):
 
 
 @pytest.mark.parametrize("blocking", [GemmBlocking(), GemmBlocking(rows=3, vectors=2, lanes=4),
-                                      GemmBlocking(rows=1, vectors=1, lanes=1), GemmBlocking(rows=5, vectors=3, lanes=8)],
+                                      GemmBlocking(rows=1, vectors=1, lanes=1), GemmBlocking(rows=5, vectors=3, lanes=8),
+                                      GemmBlocking(rows=2, vectors=2, lanes=4, k_block=7, order="rows")],
                          ids=blocking_id)
 @pytest.mark.parametrize("m, n, k", [(5, 47, 3), (17, 100, 33), (9, 35, 12)])
 def test_gemm_with_panel_offsets_and_wide_leading_dimensions(m, n, k, blocking, tmp_path):
@@ -178,3 +186,20 @@ def test_gemm_propagates_nan_and_inf(tmp_path):
     expected = reference(a, b)
     np.testing.assert_array_equal(np.isnan(c), np.isnan(expected))
     np.testing.assert_array_equal(np.isinf(c), np.isinf(expected))
+
+
+def test_blocking_json_round_trips_and_keeps_the_short_form_for_the_defaults():
+    """k_block and order appear in a variant's JSON only when set, so records and keys made before they existed
+    stay equal; anything malformed is refused."""
+    plain = GemmBlocking(rows=8, vectors=3, lanes=16)
+    assert plain.to_json() == {"rows": 8, "vectors": 3, "lanes": 16} and plain.name == "8x3x16"
+    tiled = GemmBlocking(rows=4, vectors=3, lanes=16, k_block=256, order="rows")
+    assert tiled.to_json() == {"rows": 4, "vectors": 3, "lanes": 16, "k_block": 256, "order": "rows"}
+    assert tiled.name == "4x3x16-k256-rows"
+    for blocking in (plain, tiled):
+        assert GemmBlocking.from_json(blocking.to_json()) == blocking
+    for bad in ({"rows": 4, "vectors": 3, "lanes": 16, "k_block": -1}, {"rows": 4, "vectors": 3, "lanes": 16,
+                                                                        "order": "diagonal"},
+                {"rows": 4, "vectors": 3, "lanes": 16, "k_block": 1.5}, {"rows": 4, "vectors": 3, "lanes": 16, "x": 1}):
+        with pytest.raises(ValueError):
+            GemmBlocking.from_json(bad)

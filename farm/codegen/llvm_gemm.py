@@ -19,13 +19,21 @@ from farm.codegen import loopir as L
 F32_T, I64_T, I32_T = ir.FloatType(), ir.IntType(64), ir.IntType(32)
 
 
+LOOP_ORDERS = ("columns", "rows")
+"""Which tile loop is outer: "columns" (each column panel of B stays in cache while every row tile passes over
+it) or "rows" (each row panel of A stays while every column tile passes)."""
+
+
 @dataclass(frozen=True)
 class GemmBlocking:
-    """Register blocking of the micro-kernel: output rows x vectors of `lanes` floats."""
+    """The micro-kernel's shape: register tiles of output rows x vectors of `lanes` floats, the cache tiling of the
+    k loop (`k_block` k steps per pass over C, 0: all of k in one pass) and the tile loop order."""
 
     rows: int = 4
     vectors: int = 3
     lanes: int = 16
+    k_block: int = 0
+    order: str = "columns"
 
     @property
     def tile_columns(self) -> int:
@@ -34,21 +42,34 @@ class GemmBlocking:
 
     @property
     def name(self) -> str:
-        """rows x vectors x lanes, e.g. "4x3x16": how tuning reports and records a variant."""
-        return f"{self.rows}x{self.vectors}x{self.lanes}"
+        """rows x vectors x lanes, then k block and order when not the default: "4x3x16", "4x3x16-k256-rows"."""
+        suffix = (f"-k{self.k_block}" if self.k_block else "") + (f"-{self.order}" if self.order != "columns" else "")
+        return f"{self.rows}x{self.vectors}x{self.lanes}{suffix}"
 
-    def to_json(self) -> dict[str, int]:
-        return {"rows": self.rows, "vectors": self.vectors, "lanes": self.lanes}
+    def to_json(self) -> dict[str, Any]:
+        """rows, vectors and lanes; k_block and order only when not the default (so older records stay equal)."""
+        data: dict[str, Any] = {"rows": self.rows, "vectors": self.vectors, "lanes": self.lanes}
+        if self.k_block:
+            data["k_block"] = self.k_block
+        if self.order != "columns":
+            data["order"] = self.order
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GemmBlocking:
-        """The blocking of a variant's JSON form; ValueError unless it is exactly rows, vectors and lanes, each a
-        positive integer (a variant comes from a store or a message, so it is checked before code is made)."""
-        if not isinstance(data, dict) or set(data) != {"rows", "vectors", "lanes"}:
-            raise ValueError(f"a GEMM variant is {{rows, vectors, lanes}}, got {data!r}")
-        if not all(type(value) is int and value > 0 for value in data.values()):
+        """The blocking of a variant's JSON form; ValueError unless it is rows, vectors and lanes (positive
+        integers), optionally k_block (an integer >= 0) and order (one of LOOP_ORDERS): a variant comes from a store
+        or a message, so it is checked before code is made."""
+        required, optional = {"rows", "vectors", "lanes"}, {"k_block", "order"}
+        if not isinstance(data, dict) or not required <= set(data) <= required | optional:
+            raise ValueError(f"a GEMM variant is {{rows, vectors, lanes[, k_block, order]}}, got {data!r}")
+        if not all(type(data[key]) is int and data[key] > 0 for key in required):
             raise ValueError(f"a GEMM variant's rows, vectors and lanes are positive integers, got {data!r}")
-        return cls(data["rows"], data["vectors"], data["lanes"])
+        k_block, order = data.get("k_block", 0), data.get("order", "columns")
+        if type(k_block) is not int or k_block < 0 or order not in LOOP_ORDERS:
+            raise ValueError(f"a GEMM variant's k_block is an integer >= 0 and its order one of {LOOP_ORDERS}, "
+                             f"got {data!r}")
+        return cls(data["rows"], data["vectors"], data["lanes"], k_block, order)
 
 
 @dataclass(frozen=True)
@@ -97,7 +118,7 @@ def emit_gemm(builder: ir.IRBuilder, slot: Callable[[str, ir.Type], ir.AllocaIns
     (runtime i64 values begin, end), only part of C, as loopir.launch_info cut it: column blocks [begin, end) when
     the launch splits columns (loopir.splits_columns), else rows [begin, end): whole register tiles from begin,
     then one row at a time."""
-    gen = _Gen(builder, slot, a, b, c, gemm)
+    gen = _Gen(builder, slot, a, b, c, gemm, blocking)
     if launch_range is None:
         for region in regions(gemm.m, gemm.n, blocking):
             _emit_region(gen, region)
@@ -128,12 +149,16 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
     tiles = _Region(0, m_main, 0, width, blocking.rows, blocking.vectors, blocking.lanes)
     edge = _Region(m_main, gemm.m - m_main, 0, width, 1, blocking.vectors, blocking.lanes)
 
-    def block(index: ir.Value) -> None:
-        column_block = builder.add(begin, index)
-        gen.loop(m_main // blocking.rows, lambda it: _emit_tile(gen, tiles, it, column_block))
-        gen.loop(gemm.m - m_main, lambda it: _emit_tile(gen, edge, it, column_block))
+    def blocks(k0: ir.Value, steps: int, accumulate: bool) -> None:
+        def block(index: ir.Value) -> None:
+            column_block = builder.add(begin, index)
+            gen.loop(m_main // blocking.rows, lambda it: _emit_tile(gen, tiles, it, column_block, k0, steps,
+                                                                    accumulate))
+            gen.loop(gemm.m - m_main, lambda it: _emit_tile(gen, edge, it, column_block, k0, steps, accumulate))
 
-    gen.loop(builder.sub(stop, begin), block)
+        gen.loop(builder.sub(stop, begin), block)
+
+    _k_blocks(gen, blocks)
     tails = [region for region in regions(gemm.m, gemm.n, blocking) if region.n0 >= gemm.n // width * width]
     if tails:
         with builder.if_then(builder.icmp_signed(">", end, full)):
@@ -142,8 +167,9 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
 
 
 class _Gen:
-    def __init__(self, builder, slot, a, b, c, gemm: L.Gemm) -> None:
+    def __init__(self, builder, slot, a, b, c, gemm: L.Gemm, blocking: GemmBlocking) -> None:
         self.b, self.slot, self.a, self.bm, self.c, self.gemm = builder, slot, a, b, c, gemm
+        self.blocking = blocking
         self.count = 0
 
     def loop(self, extent: int | ir.Value, body: Callable[[ir.Value], None]) -> None:
@@ -194,25 +220,58 @@ def _vector_type(lanes: int) -> ir.Type:
     return F32_T if lanes == 1 else ir.VectorType(F32_T, lanes)
 
 
+def _k_blocks(gen: _Gen, emit: Callable[[ir.Value, int, bool], None]) -> None:
+    """emit(k0, steps, accumulate) over the k loop cut into blocks of blocking.k_block steps: the first block
+    writes C, the later ones (a runtime loop over the full blocks, then the remainder) add to it. With no k_block,
+    or k no larger, one pass over all of k."""
+    k, size = gen.gemm.k, gen.blocking.k_block
+    if not size or k <= size:
+        emit(ir.Constant(I64_T, 0), k, False)
+        return
+    full, b = k // size, gen.b
+    emit(ir.Constant(I64_T, 0), size, False)
+    gen.loop(full - 1, lambda j: emit(b.mul(b.add(j, ir.Constant(I64_T, 1)), ir.Constant(I64_T, size)), size, True))
+    if k % size:
+        emit(ir.Constant(I64_T, full * size), k % size, True)
+
+
 def _emit_region(gen: _Gen, region: _Region) -> None:
+    """Every tile of the region, k block by k block, the tile loops in the blocking's order."""
     width = region.vectors * region.lanes
     if isinstance(region.m, int):
         row_tiles = region.m // region.rows
     else:
         row_tiles = region.m if region.rows == 1 else gen.b.sdiv(region.m, ir.Constant(I64_T, region.rows))
-    gen.loop(region.n // width, lambda jt: gen.loop(row_tiles, lambda it: _emit_tile(gen, region, it, jt)))
+    column_tiles = region.n // width
+
+    def tiles(k0: ir.Value, steps: int, accumulate: bool) -> None:
+        tile = lambda it, jt: _emit_tile(gen, region, it, jt, k0, steps, accumulate)  # noqa: E731
+        if gen.blocking.order == "rows":
+            gen.loop(row_tiles, lambda it: gen.loop(column_tiles, lambda jt: tile(it, jt)))
+        else:
+            gen.loop(column_tiles, lambda jt: gen.loop(row_tiles, lambda it: tile(it, jt)))
+
+    _k_blocks(gen, tiles)
 
 
-def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value) -> None:
+def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Value | None = None,
+               steps: int | None = None, accumulate: bool = False) -> None:
+    """One register tile of C over k steps [k0, k0 + steps) (all of k by default): accumulators start at zero, or
+    at C's values when `accumulate` (a later k block), and are stored to C at the end."""
     b, g = gen.b, gen.gemm
+    k0 = ir.Constant(I64_T, 0) if k0 is None else k0
+    steps = g.k if steps is None else steps
     vec_t = _vector_type(region.lanes)
     m0 = b.add(_i64(region.m0), b.mul(it, ir.Constant(I64_T, region.rows)))
     n0 = b.add(ir.Constant(I64_T, region.n0), b.mul(jt, ir.Constant(I64_T, region.vectors * region.lanes)))
     accs = [[gen.slot(f"acc.{region.lanes}.{i}.{j}", vec_t) for j in range(region.vectors)]
             for i in range(region.rows)]
-    for row in accs:
-        for acc in row:
-            b.store(ir.Constant(vec_t, None), acc)
+    for i, row in enumerate(accs):
+        c_row = gen.offset((b.add(m0, ir.Constant(I64_T, i)), g.ldc))
+        for j, acc in enumerate(row):
+            column = b.add(c_row, b.add(n0, ir.Constant(I64_T, j * region.lanes)))
+            start = _load(b, gen.address(gen.c, column), vec_t) if accumulate else ir.Constant(vec_t, None)
+            b.store(start, acc)
     fma = intrinsic(b.module, "llvm.fmuladd", vec_t, 3)
 
     def step(k: ir.Value) -> None:
@@ -226,7 +285,7 @@ def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value) -> None:
             for acc, b_value in zip(row, loaded):
                 b.store(b.call(fma, [a_value, b_value, b.load(acc)]), acc)
 
-    gen.loop(g.k, step)
+    gen.loop(steps, lambda k: step(b.add(k0, k)))
     for i, row in enumerate(accs):
         c_row = gen.offset((b.add(m0, ir.Constant(I64_T, i)), g.ldc))
         for j, acc in enumerate(row):
