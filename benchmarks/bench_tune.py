@@ -7,8 +7,8 @@ With a fresh store (a temporary folder, so nothing is reused from earlier runs) 
 - tuning: wall seconds of `tuning.choose_variants(..., tune=True)` for this host, as a local `farm submit --tune`
   and a farm worker run it: one kernel at a time on one core, each variant compiled, checked and timed;
 - both builds (the default from an empty database, the tuned one from the records just made, which times nothing);
-- latency: median of `--repeat` runs of each model (threads=1), the two models taking turns so that a busy moment
-  of the machine costs both alike, after two warm-up runs each;
+- latency: median of `--repeat` runs of each model (default threads: every CPU), the two models taking turns so
+  that a busy moment of the machine costs both alike, after two warm-up runs each;
 - per kernel: the variant chosen and the default's and winner's seconds as tuning measured them.
 
 Usage: python3 benchmarks/bench_tune.py [--repeat N] [--json out.json] [--no-fail]
