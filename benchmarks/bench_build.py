@@ -350,12 +350,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=None, help="build worker processes (default: all cores)")
     parser.add_argument("--no-fail", action="store_true", help="exit 0 even when a bar fails")
     args = parser.parse_args(argv)
-    args.models = [name.strip() for name in args.models.split(",") if name.strip()]
-    unknown = [name for name in args.models if name not in ALL_MODELS]
-    if unknown or args.repeat < 1:
-        parser.error(f"unknown models {unknown}; known: {', '.join(ALL_MODELS)}" if unknown
-                     else "--repeat must be >= 1")
+    args.models = model_names(parser, args.models)
+    if args.repeat < 1:
+        parser.error("--repeat must be >= 1")
     return args
+
+
+def model_names(parser: argparse.ArgumentParser, text: str) -> list[str]:
+    """The comma-separated model names of --models; unknown ones are refused with the list of known ones."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in ALL_MODELS]
+    if unknown:
+        parser.error(f"unknown models {unknown}; known: {', '.join(ALL_MODELS)}")
+    return names
 
 
 def run_benchmarks(args: argparse.Namespace, folder: Path) -> dict[str, Any]:

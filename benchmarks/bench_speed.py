@@ -32,7 +32,7 @@ from typing import Any
 
 import llvmlite.binding as llvm
 import onnxruntime as ort
-from bench_build import ALL_MODELS, feeds_for, machine_info, model_path
+from bench_build import ALL_MODELS, feeds_for, machine_info, model_names, model_path
 from llvmlite import ir
 from report import cell, markdown_table
 
@@ -177,11 +177,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, help="also write every figure to this JSON file")
     parser.add_argument("--no-fail", action="store_true", help="exit 0 even when a bar fails")
     args = parser.parse_args(argv)
-    args.models = [name.strip() for name in args.models.split(",") if name.strip()]
-    unknown = [name for name in args.models if name not in ALL_MODELS]
-    if unknown or args.rounds < 1:
-        parser.error(f"unknown models {unknown}; known: {', '.join(ALL_MODELS)}" if unknown
-                     else "--rounds must be >= 1")
+    args.models = model_names(parser, args.models)
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
     return args
 
 

@@ -190,6 +190,26 @@ def test_farm_launch_runs_a_parallel_loop_split_at_odd_boundaries(tmp_path):
     np.testing.assert_array_equal(out, x * 3 + 1)
 
 
+def _gemm_launch_setup(kernel, launches, shape, blocking, tmp_path):
+    """The library of one Gemm kernel "mm" (A, B, C in one arena: A and B random, C all NaN): (library, arena, a
+    view of C, A @ B in float64)."""
+    m, n, k = shape
+    a_at, b_at, c_at = 0, _aligned(m * k * 4), _aligned(m * k * 4) + _aligned(k * n * 4)
+    schedule = [{"kernel": "mm", "args": [["arena", a_at], ["arena", b_at], ["arena", c_at]], "launches": launches}]
+    library = _launch_library([("mm", kernel)], schedule, tmp_path, blocking)
+    arena = aligned_arena(c_at + _aligned(m * n * 4))
+    rng = np.random.default_rng(0)
+    a = arena[a_at:a_at + m * k * 4].view(np.float32).reshape(m, k)
+    b = arena[b_at:b_at + k * n * 4].view(np.float32).reshape(k, n)
+    c = arena[c_at:c_at + m * n * 4].view(np.float32).reshape(m, n)
+    a[:], b[:], c[:] = rng.standard_normal((m, k)), rng.standard_normal((k, n)), np.nan
+    return library, arena, c, a.astype(np.float64) @ b.astype(np.float64)
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // 64) * 64
+
+
 @pytest.mark.parametrize("cuts", [(0, 13), (0, 4, 8, 12, 13), (0, 5, 6, 13), (0, 1, 2, 3, 11, 13)])
 def test_farm_launch_runs_gemm_rows_split_anywhere(cuts, tmp_path):
     """C = A @ B with m = 13 (not a multiple of the 4-row tile) and n = 15 (full, vector and scalar column tiles),
@@ -199,16 +219,7 @@ def test_farm_launch_runs_gemm_rows_split_anywhere(cuts, tmp_path):
     kernel = L.LoopKernel([L.Param("a"), L.Param("b"), L.Param("c", output=True)], [gemm])
     launches = [info.to_json() for info in L.launch_info(kernel, 4)]
     assert [launch[:2] for launch in launches] == [[13, 4]]
-    a_at, b_at, c_at = 0, 384, 768
-    schedule = [{"kernel": "mm", "args": [["arena", a_at], ["arena", b_at], ["arena", c_at]], "launches": launches}]
-    library = _launch_library([("mm", kernel)], schedule, tmp_path)
-    arena = aligned_arena(1600)
-    rng = np.random.default_rng(0)
-    a = arena[a_at:a_at + m * k * 4].view(np.float32).reshape(m, k)
-    b = arena[b_at:b_at + k * n * 4].view(np.float32).reshape(k, n)
-    c = arena[c_at:c_at + m * n * 4].view(np.float32).reshape(m, n)
-    a[:], b[:], c[:] = rng.standard_normal((m, k)), rng.standard_normal((k, n)), np.nan
-    whole = a.astype(np.float64) @ b.astype(np.float64)
+    library, arena, c, whole = _gemm_launch_setup(kernel, launches, (m, n, k), SMALL_BLOCKING, tmp_path)
     for begin, end in zip(cuts, cuts[1:]):
         _call_launch(library, 0, begin, end, arena)
         assert np.isnan(c[end:]).all()
@@ -230,16 +241,7 @@ def test_farm_launch_runs_gemm_column_blocks_split_anywhere(cuts, blocking, tmp_
     kernel = L.LoopKernel([L.Param("a"), L.Param("b"), L.Param("c", output=True)], [gemm])
     launches = [info.to_json() for info in L.launch_info(kernel, blocking.rows, blocking.tile_columns)]
     assert launches == [[6, 1, m * n * k // L.GEMM_WORK_DIVISOR]]
-    a_at, b_at, c_at = 0, 256, 1280
-    schedule = [{"kernel": "mm", "args": [["arena", a_at], ["arena", b_at], ["arena", c_at]], "launches": launches}]
-    library = _launch_library([("mm", kernel)], schedule, tmp_path, blocking)
-    arena = aligned_arena(2600)
-    rng = np.random.default_rng(1)
-    a = arena[a_at:a_at + m * k * 4].view(np.float32).reshape(m, k)
-    b = arena[b_at:b_at + k * n * 4].view(np.float32).reshape(k, n)
-    c = arena[c_at:c_at + m * n * 4].view(np.float32).reshape(m, n)
-    a[:], b[:], c[:] = rng.standard_normal((m, k)), rng.standard_normal((k, n)), np.nan
-    whole = a.astype(np.float64) @ b.astype(np.float64)
+    library, arena, c, whole = _gemm_launch_setup(kernel, launches, (m, n, k), blocking, tmp_path)
     for begin, end in zip(cuts, cuts[1:]):
         _call_launch(library, 0, begin, end, arena)
         done = min(end * 8, n)
