@@ -87,7 +87,7 @@ CONV_ATTRS = {"kernel_shape": [3, 3], "strides": [1, 1], "dilations": [1, 1], "p
                            [(1, 4, 8, 8), (6, 4, 1, 1)], [(1, 6, 8, 8)]),
                      ["out0", "in0", "in1"], False, id="conv-pointwise"),
         pytest.param(_spec("Conv", {**CONV_ATTRS, "group": 4}, [(1, 4, 8, 8), (4, 1, 3, 3), (4,)], [(1, 4, 8, 8)]),
-                     ["out0", "in0", "in1", "in2"], False, id="conv-depthwise"),
+                     ["out0", "in0", "in1", "in2"], True, id="conv-depthwise"),
         pytest.param(_spec("Concat", {"axis": 1}, [(2, 3), (2, 4), (2, 1)], [(2, 8)]),
                      ["out0", "in0", "in1", "in2"], False, id="concat"),
         pytest.param(_spec("Relu", {}, [(5,)], [(5,)]), ["out0", "in0"], False, id="relu"),
@@ -123,7 +123,7 @@ def test_planned_arguments_match_kernel_params(tmp_path: Path) -> None:
     expected_args = {
         "conv": [("arena", "k"), ("arena", "x"), ("blob",), ("blob",), ("arena", "conv::scratch")],
         "pad": [("arena", "p"), ("arena", "k")],
-        "depthwise": [("arena", "d"), ("arena", "p"), ("blob",)],
+        "depthwise": [("arena", "d"), ("arena", "p"), ("blob",), ("arena", "depthwise::scratch")],
         "concat": [("arena", "y"), ("arena", "d"), ("arena", "p")],
     }
     for step in plan.steps:
