@@ -13,15 +13,15 @@ from typing import Any
 from farm import __version__
 from farm.artifact import FORMAT_VERSION, write_artifact
 from farm.codegen.blobs import pack_blob
-from farm.codegen.cpu import compile_cpu_kernel, cpu_launches
+from farm.codegen.cpu import compile_cpu_kernel, cpu_launches, packed_params
 from farm.codegen.entry import ENTRY_SYMBOL, LAUNCH_SYMBOL, WORK_SYMBOL, compile_entry
 from farm.codegen.link import link_library
 from farm.codegen.targets import CpuTarget, host_target
 from farm.executors import Job, LocalExecutor
 from farm.frontend import import_model, validate
-from farm.ops import SUPPORTED_OPS
+from farm.ops import SUPPORTED_OPS, lower_kernel
 from farm.passes import optimize
-from farm.plan import Arg, BuildPlan, make_plan
+from farm.plan import BuildPlan, make_plan
 from farm.specs import BlobSpec, KernelSpec, canonical_json
 from farm.store import FileStore, Store, default_store_root
 from farm.tuning import TuningReport, choose_variants, manifest_variant
@@ -114,10 +114,11 @@ class CompileUnit:
 
 
 def compile_units(plan: BuildPlan, targets: Sequence[CpuTarget]) -> list[CompileUnit]:
-    """Every distinct kernel (with its variant for the target) and every distinct blob, for every target: the
-    build's compile work."""
+    """Every distinct kernel (with its variant for the target) and every distinct blob as the target's kernels
+    read it (plain, or pre-packed for a Gemm), for every target: the build's compile work."""
     kernels = [CompileUnit("kernel", plan.kernel_for(spec, t.id), t) for t in targets for spec in plan.kernels().values()]
-    blobs = [CompileUnit("blob", blob_spec(sha, data.nbytes, t), t) for t in targets for sha, data in plan.blobs.items()]
+    blobs = [CompileUnit("blob", blob, t) for t in targets
+             for blob in dict.fromkeys(blob for step in blob_args(plan, t) for blob in step.values())]
     return kernels + blobs
 
 
@@ -135,8 +136,19 @@ def _local_job(unit: CompileUnit, plan: BuildPlan) -> Job:
     return Job(unit.name, pack_blob, (unit.spec, unit.target, data), big_bytes=True)
 
 
-def blob_spec(sha: str, nbytes: int, target: CpuTarget) -> BlobSpec:
-    return BlobSpec(sha, nbytes, target.id)
+def blob_args(plan: BuildPlan, target: CpuTarget) -> list[dict[int, BlobSpec]]:
+    """Per step, the BlobSpec of each of its blob arguments on `target`, by argument index: pre-packed in panels
+    where the step's kernel reads that parameter so (codegen.cpu.packed_params), else the plain bytes."""
+    packing: dict[str, dict[int, tuple[int, int, int]]] = {}
+    steps = []
+    for step in plan.steps:
+        spec = plan.kernel_for(step.spec, target.id)
+        if spec.key not in packing:
+            params = [param.name for param in lower_kernel(spec).params]
+            packing[spec.key] = {params.index(name): panels for name, panels in packed_params(spec, target).items()}
+        steps.append({index: BlobSpec(arg.name, plan.blobs[arg.name].nbytes, target.id, packing[spec.key].get(index))
+                      for index, arg in enumerate(step.args) if arg.kind == "blob"})
+    return steps
 
 
 def library_member(target: CpuTarget) -> str:
@@ -160,10 +172,12 @@ def _run(executor: LocalExecutor | None, jobs: list[Job], progress: ProgressCall
 def schedule_for(plan: BuildPlan, target: CpuTarget) -> list[dict[str, Any]]:
     """The entry's call list for `target`: kernel symbols, arena offsets or blob symbols, and the kernel's launches
     ([extent, grain, work] each)."""
-    launches = step_launches(plan, target)
+    launches, blobs = step_launches(plan, target), blob_args(plan, target)
     return [{"kernel": plan.kernel_for(step.spec, target.id).symbol,
-             "args": [_entry_arg(plan, arg, target) for arg in step.args], "launches": step_launch}
-            for step, step_launch in zip(plan.steps, launches)]
+             "args": [["blob", step_blobs[index].symbol] if arg.kind == "blob" else
+                      ["arena", plan.memory.offsets[arg.name]] for index, arg in enumerate(step.args)],
+             "launches": step_launch}
+            for step, step_launch, step_blobs in zip(plan.steps, launches, blobs)]
 
 
 def step_launches(plan: BuildPlan, target: CpuTarget) -> list[list[list[int]]]:
@@ -173,12 +187,6 @@ def step_launches(plan: BuildPlan, target: CpuTarget) -> list[list[list[int]]]:
         if step.spec.key not in by_key:
             by_key[step.spec.key] = cpu_launches(plan.kernel_for(step.spec, target.id), target)
     return [by_key[step.spec.key] for step in plan.steps]
-
-
-def _entry_arg(plan: BuildPlan, arg: Arg, target: CpuTarget) -> list:
-    if arg.kind == "arena":
-        return ["arena", plan.memory.offsets[arg.name]]
-    return ["blob", blob_spec(arg.name, plan.blobs[arg.name].nbytes, target).symbol]
 
 
 def link_order(names: Sequence[str], target: CpuTarget) -> list[str]:

@@ -14,7 +14,7 @@ from typing import Any
 from farm import __version__
 from farm.graph import Activation, TensorInfo
 
-CODEGEN_VERSION = f"farm-{__version__}-codegen-5"
+CODEGEN_VERSION = f"farm-{__version__}-codegen-6"
 
 
 def canonical_json(value: Any) -> str:
@@ -84,23 +84,35 @@ class KernelSpec:
 
 @dataclass(frozen=True)
 class BlobSpec:
-    """One constant tensor to be written into an object file; keyed by the sha256 of its bytes and the target."""
+    """One constant tensor to be written into an object file; keyed by the sha256 of its bytes and the target.
+
+    `panels` (rows, m, k), when set: the object holds the float32 tensor pre-packed for a Gemm that reads it in
+    panels of `rows` (codegen.llvm_gemm.pack_panels, per m x k block): packing is part of the pure step, so the
+    source bytes (by data_sha256) travel and the packed ones are made where the object is.
+    """
 
     data_sha256: str
     nbytes: int
     target_id: str
+    panels: tuple[int, int, int] | None = None
 
     @property
     def symbol(self) -> str:
-        return f"farm_w_{self.data_sha256[:20]}"
+        suffix = "" if self.panels is None else "_p" + hashlib.sha256(str(self.panels).encode()).hexdigest()[:8]
+        return f"farm_w_{self.data_sha256[:20]}{suffix}"
 
     @property
     def key(self) -> str:
-        return hashlib.sha256(f"{CODEGEN_VERSION}|blob|{self.data_sha256}|{self.target_id}".encode()).hexdigest()
+        packing = "" if self.panels is None else f"|panels{list(self.panels)}"
+        return hashlib.sha256(f"{CODEGEN_VERSION}|blob|{self.data_sha256}|{self.target_id}{packing}".encode()
+                              ).hexdigest()
 
     def to_json(self) -> dict[str, Any]:
-        return {"sha256": self.data_sha256, "bytes": self.nbytes, "target": self.target_id}
+        data = {"sha256": self.data_sha256, "bytes": self.nbytes, "target": self.target_id}
+        return data if self.panels is None else {**data, "panels": list(self.panels)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> BlobSpec:
-        return cls(data["sha256"], int(data["bytes"]), data["target"])
+        panels = data.get("panels")
+        return cls(data["sha256"], int(data["bytes"]), data["target"],
+                   None if panels is None else tuple(int(v) for v in panels))

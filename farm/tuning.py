@@ -30,10 +30,10 @@ import numpy as np
 
 from farm import __version__, defaults
 from farm.codegen import loopir as L
-from farm.codegen.cpu import blocking_for, compile_cpu_kernel, default_blocking
+from farm.codegen.cpu import blocking_for, compile_cpu_kernel, default_blocking, packed_params
 from farm.codegen.entry import STEPS_SYMBOL, compile_entry
 from farm.codegen.link import link_library
-from farm.codegen.llvm_gemm import GemmBlocking
+from farm.codegen.llvm_gemm import GemmBlocking, pack_panels
 from farm.codegen.targets import CpuTarget, host_target
 from farm.graph import TensorInfo
 from farm.ops import argument_bytes, lower_kernel
@@ -210,7 +210,10 @@ class _Harness:
         spec = specs[0]
         self.outputs = list(spec.outputs)
         self.offsets, size = _layout(argument_bytes(spec))
-        self.library = _link_variants(specs, target, self.offsets, folder / "harness.so")
+        copies, size = _packed_copies(specs, target, size)
+        variant_offsets = [[copies.get((index, param), (offset, None))[0] for param, offset in enumerate(self.offsets)]
+                           for index in range(len(specs))]
+        self.library = _link_variants(specs, target, variant_offsets, folder / "harness.so")
         self._steps = getattr(self.library, STEPS_SYMBOL)
         self._steps.argtypes, self._steps.restype = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64], None
         raw = np.zeros(size + ARENA_ALIGNMENT, np.uint8)
@@ -220,6 +223,10 @@ class _Harness:
         for info, offset in zip(spec.inputs, self.offsets[len(self.outputs):]):
             view = self._view(info, offset)
             view[...] = rng.standard_normal(view.shape) if view.dtype.kind == "f" else 0
+        for (_, param), (offset, (rows, m, k)) in copies.items():
+            source = self.arena[self.offsets[param] : self.offsets[param] + argument_bytes(spec)[param]]
+            packed = pack_panels(source.view(np.float32).reshape(-1, m, k), rows).view(np.uint8).ravel()
+            self.arena[offset : offset + packed.size] = packed
 
     def _view(self, info: TensorInfo, offset: int) -> np.ndarray:
         return self.arena[offset : offset + info.nbytes].view(info.dtype).reshape(info.shape)
@@ -246,15 +253,30 @@ class _Harness:
         _ctypes.dlclose(self.library._handle)
 
 
-def _link_variants(specs: Sequence[KernelSpec], target: CpuTarget, offsets: Sequence[int],
+def _link_variants(specs: Sequence[KernelSpec], target: CpuTarget, offsets: Sequence[Sequence[int]],
                    path: Path) -> ctypes.CDLL:
     """Compile every variant as a build would, link them with an entry whose step i calls variant i with the
-    arena buffers at `offsets`, and load the library from `path`."""
-    args = [["arena", offset] for offset in offsets]
-    schedule = [{"kernel": variant.symbol, "args": args} for variant in specs]
+    arena buffers at offsets[i], and load the library from `path`."""
+    schedule = [{"kernel": variant.symbol, "args": [["arena", offset] for offset in variant_offsets]}
+                for variant, variant_offsets in zip(specs, offsets)]
     objects = [compile_cpu_kernel(variant, target) for variant in specs]
     path.write_bytes(link_library([*objects, compile_entry(schedule, target)], target))
     return ctypes.CDLL(str(path))
+
+
+def _packed_copies(specs: Sequence[KernelSpec], target: CpuTarget,
+                   size: int) -> tuple[dict[tuple[int, int], tuple[int, tuple[int, int, int]]], int]:
+    """Where each variant's pre-packed inputs go (codegen.cpu.packed_params: a conv's weights in panels of the
+    variant's tile rows, as a build links them): {(variant, parameter): (arena offset, panels)}, placed after
+    `size` bytes, and the new size."""
+    copies = {}
+    for index, spec in enumerate(specs):
+        names = [param.name for param in lower_kernel(spec).params]
+        for name, panels in packed_params(spec, target).items():
+            param = names.index(name)
+            copies[(index, param)] = (size, panels)
+            size += _layout([argument_bytes(spec)[param]])[1]
+    return copies, size
 
 
 def _layout(sizes: Sequence[int]) -> tuple[list[int], int]:

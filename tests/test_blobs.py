@@ -115,3 +115,24 @@ def test_blob_assembly_and_module_asm_escaping():
     ir_text = module_asm_ir(host(), 'a "quoted" \\ line\nsecond')
     assert ir_text.splitlines() == [f'target triple = "{host().triple}"', 'module asm "a \\22quoted\\22 \\5C line"',
                                     'module asm "second"']
+
+
+@pytest.mark.parametrize("target, packer", TARGETS)
+def test_a_blob_with_panels_holds_the_tensor_pre_packed(target, packer):
+    """BlobSpec.panels = (rows, m, k): the object holds the float32 tensor in the Gemm's panel layout, per m x k
+    block, made from the source bytes inside the pure step."""
+    from farm.codegen.llvm_gemm import pack_panels
+
+    weights = np.arange(2 * 5 * 3, dtype=np.float32).reshape(2, 5, 3)
+    data = weights.tobytes()
+    spec = BlobSpec(hashlib.sha256(data).hexdigest(), len(data), target.id, panels=(2, 5, 3))
+    obj = pack_blob(spec, target, data)
+    assert elf_section_bytes(obj, f".rodata.{spec.symbol}") == pack_panels(weights, 2).tobytes()
+    assert spec.symbol != spec_for(data, target).symbol  # the plain and the packed bytes never share a symbol
+
+
+def test_panels_that_do_not_divide_the_blob_are_a_build_error():
+    data = np.zeros(7, np.float32).tobytes()
+    spec = BlobSpec(hashlib.sha256(data).hexdigest(), len(data), host().id, panels=(2, 2, 2))
+    with pytest.raises(BuildError, match="not float32 blocks of 2 x 2"):
+        pack_blob(spec, host(), data)

@@ -101,3 +101,22 @@ def test_progress_reports_every_compile_step(small_cnn_path, tmp_path):
     total = result.kernels + result.blobs
     assert seen[-1] == (total, total) and len(seen) == total
     assert json.loads(json.dumps(result.to_json()))["state"] == "done"
+
+
+def test_conv_weights_are_linked_pre_packed_for_the_kernels_tile_rows(small_cnn_path, tmp_path):
+    """Each Conv's constant weights get a BlobSpec with panels (the kernel's tile rows, out channels, taps); other
+    constants (biases, the Gemm's weights) stay plain."""
+    from farm.build import blob_args, compile_units, plan_model
+    from farm.codegen.cpu import default_blocking
+
+    plan, target = plan_model(small_cnn_path), host_target()
+    for step, blobs in zip(plan.steps, blob_args(plan, target)):
+        packed = [blob.panels for blob in blobs.values() if blob.panels]
+        if step.spec.op == "Conv":
+            weight = step.spec.inputs[1].shape
+            assert packed == [(default_blocking(target).rows, weight[0], int(np.prod(weight[1:])))]
+        else:
+            assert packed == []
+    units = [unit.spec for unit in compile_units(plan, [target]) if unit.kind == "blob"]
+    assert sum(spec.panels is not None for spec in units) == sum(s.spec.op == "Conv" for s in plan.steps)
+    assert len(units) == len(plan.blobs)  # each conv weight linked once, packed instead of plain

@@ -25,7 +25,7 @@ from native_helpers import (
 from farm.codegen import loopir as L
 from farm.codegen.entry import ENTRY_SYMBOL, compile_entry, entry_ir
 from farm.codegen.link import link_library
-from farm.codegen.llvm_gemm import GemmBlocking
+from farm.codegen.llvm_gemm import GemmBlocking, pack_panels
 from farm.codegen.targets import CpuTarget
 
 SCHEDULE = [
@@ -191,8 +191,8 @@ def test_farm_launch_runs_a_parallel_loop_split_at_odd_boundaries(tmp_path):
 
 
 def _gemm_launch_setup(kernel, launches, shape, blocking, tmp_path):
-    """The library of one Gemm kernel "mm" (A, B, C in one arena: A and B random, C all NaN): (library, arena, a
-    view of C, A @ B in float64)."""
+    """The library of one Gemm kernel "mm" (A, B, C in one arena: A and B random, C all NaN; A pre-packed in
+    the blocking's panels when the Gemm reads it so): (library, arena, a view of C, A @ B in float64)."""
     m, n, k = shape
     a_at, b_at, c_at = 0, _aligned(m * k * 4), _aligned(m * k * 4) + _aligned(k * n * 4)
     schedule = [{"kernel": "mm", "args": [["arena", a_at], ["arena", b_at], ["arena", c_at]], "launches": launches}]
@@ -203,19 +203,27 @@ def _gemm_launch_setup(kernel, launches, shape, blocking, tmp_path):
     b = arena[b_at:b_at + k * n * 4].view(np.float32).reshape(k, n)
     c = arena[c_at:c_at + m * n * 4].view(np.float32).reshape(m, n)
     a[:], b[:], c[:] = rng.standard_normal((m, k)), rng.standard_normal((k, n)), np.nan
-    return library, arena, c, a.astype(np.float64) @ b.astype(np.float64)
+    whole = a.astype(np.float64) @ b.astype(np.float64)
+    if kernel.body[0].a_panels:
+        a[:] = pack_panels(a[None].copy(), blocking.rows)[0].reshape(m, k)
+    return library, arena, c, whole
 
 
 def _aligned(nbytes: int) -> int:
     return -(-nbytes // 64) * 64
 
 
-@pytest.mark.parametrize("cuts", [(0, 13), (0, 4, 8, 12, 13), (0, 5, 6, 13), (0, 1, 2, 3, 11, 13)])
-def test_farm_launch_runs_gemm_rows_split_anywhere(cuts, tmp_path):
+@pytest.mark.parametrize(("cuts", "packed"), [
+    ((0, 13), False), ((0, 4, 8, 12, 13), False), ((0, 5, 6, 13), False), ((0, 1, 2, 3, 11, 13), False),
+    ((0, 13), True), ((0, 4, 8, 12, 13), True), ((0, 8, 13), True),
+])
+def test_farm_launch_runs_gemm_rows_split_anywhere(cuts, packed, tmp_path):
     """C = A @ B with m = 13 (not a multiple of the 4-row tile) and n = 15 (full, vector and scalar column tiles),
-    its rows run as the given ranges: every row once, rows outside a range untouched."""
+    its rows run as the given ranges: every row once, rows outside a range untouched. Row-major A may be cut
+    anywhere; pre-packed A (panels of the tile's rows) at multiples of the grain, as launch_info promises and the
+    runtime cuts."""
     m, n, k = 13, 15, 6
-    gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k)
+    gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k, a_panels=packed)
     kernel = L.LoopKernel([L.Param("a"), L.Param("b"), L.Param("c", output=True)], [gemm])
     launches = [info.to_json() for info in L.launch_info(kernel, 4)]
     assert [launch[:2] for launch in launches] == [[13, 4]]
@@ -231,13 +239,14 @@ def test_farm_launch_runs_gemm_rows_split_anywhere(cuts, tmp_path):
 
 @pytest.mark.parametrize("blocking", [SMALL_BLOCKING, GemmBlocking(rows=4, vectors=2, lanes=4, k_block=2,
                                                                    order="rows")], ids=lambda b: b.name)
+@pytest.mark.parametrize("packed", [False, True], ids=["row-major", "packed"])
 @pytest.mark.parametrize("cuts", [(0, 6), (0, 1, 2, 3, 4, 5, 6), (0, 5, 6), (0, 2, 6), (0, 3, 5, 6)])
-def test_farm_launch_runs_gemm_column_blocks_split_anywhere(cuts, blocking, tmp_path):
+def test_farm_launch_runs_gemm_column_blocks_split_anywhere(cuts, blocking, packed, tmp_path):
     """A Gemm wider than tall (m = 7, n = 45) splits by blocks of one register tile's columns (8 here: 5 full
     blocks, then a partial one with the narrower vector and scalar tails): every column once, each range only its
     own, whatever the cut; the rows include a 4-row tile and 3 edge rows; also with the k loop cache-tiled."""
     m, n, k = 7, 45, 5
-    gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k)
+    gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k, a_panels=packed)
     kernel = L.LoopKernel([L.Param("a"), L.Param("b"), L.Param("c", output=True)], [gemm])
     launches = [info.to_json() for info in L.launch_info(kernel, blocking.rows, blocking.tile_columns)]
     assert launches == [[6, 1, m * n * k // L.GEMM_WORK_DIVISOR]]

@@ -7,7 +7,7 @@ import pytest
 from native_helpers import run_kernel, run_kernels
 
 from farm.codegen import loopir as L
-from farm.codegen.llvm_gemm import GemmBlocking, regions
+from farm.codegen.llvm_gemm import GemmBlocking, pack_panels, regions
 
 BLOCKINGS = [
     GemmBlocking(),
@@ -203,3 +203,36 @@ def test_blocking_json_round_trips_and_keeps_the_short_form_for_the_defaults():
                 {"rows": 4, "vectors": 3, "lanes": 16, "k_block": 1.5}, {"rows": 4, "vectors": 3, "lanes": 16, "x": 1}):
         with pytest.raises(ValueError):
             GemmBlocking.from_json(bad)
+
+
+# -- pre-packed A -----------------------------------------------------------------------------------------------------
+
+
+def test_pack_panels_lays_out_full_panels_then_edge_rows_k_major():
+    """m = 5 rows of k = 3 in panels of 2: rows (0, 1) then (2, 3) side by side for each k, then row 4."""
+    a = np.arange(15, dtype=np.float32).reshape(1, 5, 3)
+    expected = [0, 3, 1, 4, 2, 5, 6, 9, 7, 10, 8, 11, 12, 13, 14]
+    np.testing.assert_array_equal(pack_panels(a, 2).ravel(), expected)
+    np.testing.assert_array_equal(pack_panels(a, 1).ravel(), a.ravel())  # one-row panels are row-major
+    two_blocks = np.concatenate([a, a + 100])
+    np.testing.assert_array_equal(pack_panels(two_blocks, 2)[1], np.asarray(expected) + 100)
+
+
+@pytest.mark.parametrize("blocking", [GemmBlocking(), GemmBlocking(rows=3, vectors=2, lanes=4),
+                                      GemmBlocking(rows=1, vectors=1, lanes=1), GemmBlocking(rows=8, vectors=3, lanes=16),
+                                      GemmBlocking(rows=4, vectors=2, lanes=8, k_block=8, order="rows")],
+                         ids=blocking_id)
+def test_gemm_reads_a_prepacked_in_panels_of_its_tile_rows(blocking, tmp_path):
+    """a_panels: A arrives in pack_panels(A, blocking.rows); every shape (edge rows included) matches numpy."""
+    rng = np.random.default_rng(7)
+    cases = []
+    for m, n, k in SHAPES:
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        b = rng.standard_normal((k, n)).astype(np.float32)
+        gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k, a_panels=True)
+        kernel = L.LoopKernel([L.Param("c", output=True), L.Param("a"), L.Param("b")], [gemm])
+        cases.append((kernel, [np.full((m, n), np.nan, np.float32), pack_panels(a[None], blocking.rows)[0], b],
+                      reference(a, b)))
+    results = run_kernels([(kernel, arrays) for kernel, arrays, _ in cases], tmp_path, blocking)
+    for (_, _, expected), (c, _, _) in zip(cases, results):
+        assert_gemm_close(c, expected)

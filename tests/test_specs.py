@@ -50,3 +50,11 @@ def test_blob_spec_key_depends_on_target_but_symbol_does_not():
     a, b = BlobSpec("ab" * 32, 10, "cpu-x"), BlobSpec("ab" * 32, 10, "cpu-y")
     assert a.symbol == b.symbol and a.key != b.key
     assert a.to_json() == {"sha256": "ab" * 32, "bytes": 10, "target": "cpu-x"}
+
+
+def test_blob_spec_panels_enter_key_symbol_and_json_only_when_set():
+    plain, packed = BlobSpec("ab" * 32, 48, "cpu-x"), BlobSpec("ab" * 32, 48, "cpu-x", panels=(4, 4, 3))
+    assert packed.key != plain.key and packed.symbol != plain.symbol
+    assert packed.symbol.startswith(plain.symbol)
+    assert "panels" not in plain.to_json() and packed.to_json()["panels"] == [4, 4, 3]
+    assert BlobSpec.from_json(packed.to_json()) == packed and BlobSpec.from_json(plain.to_json()) == plain

@@ -16,6 +16,7 @@ import llvmlite.binding as llvm
 import numpy as np
 
 from farm.codegen.cpu import compile_ir
+from farm.codegen.llvm_gemm import pack_panels
 from farm.codegen.targets import CpuTarget, init_llvm
 from farm.errors import BuildError
 from farm.specs import BlobSpec
@@ -89,4 +90,15 @@ def pack_blob(spec: BlobSpec, target: CpuTarget, data: bytes | memoryview) -> by
     """
     if len(data) != spec.nbytes:
         raise BuildError(f"blob {spec.symbol}: {len(data)} bytes given, the spec says {spec.nbytes}")
+    if spec.panels is not None:
+        data = _packed(spec, data)
     return BLOB_PACKERS[packer_for(target)](spec.symbol, target, data)
+
+
+def _packed(spec: BlobSpec, data: bytes | memoryview) -> memoryview:
+    """The float32 tensor in the Gemm's panel layout (spec.panels = rows, m, k per block)."""
+    rows, m, k = spec.panels
+    if m * k == 0 or spec.nbytes % (4 * m * k):
+        raise BuildError(f"blob {spec.symbol}: {spec.nbytes} bytes are not float32 blocks of {m} x {k}")
+    tensor = np.frombuffer(data, dtype=np.float32).reshape(-1, m, k)
+    return memoryview(pack_panels(tensor, rows)).cast("B")

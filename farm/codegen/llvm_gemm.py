@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from llvmlite import ir
 
 from farm.codegen import loopir as L
@@ -279,7 +280,7 @@ def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Va
         loaded = [_load(b, gen.address(gen.bm, b.add(b_row, b.add(n0, ir.Constant(I64_T, j * region.lanes)))),
                         vec_t) for j in range(region.vectors)]
         for i, row in enumerate(accs):
-            a_index = b.add(gen.offset((b.add(m0, ir.Constant(I64_T, i)), g.lda)), k)
+            a_index = _a_index(gen, region, m0, i, k)
             scalar = b.load(gen.address(gen.a, a_index), align=4, typ=F32_T)
             a_value = _splat(b, scalar, region.lanes)
             for acc, b_value in zip(row, loaded):
@@ -291,6 +292,32 @@ def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Va
         for j, acc in enumerate(row):
             target = gen.address(gen.c, b.add(c_row, b.add(n0, ir.Constant(I64_T, j * region.lanes))))
             b.store(b.load(acc), target, align=4)
+
+
+def _a_index(gen: _Gen, region: _Region, m0: ir.Value, i: int, k: ir.Value) -> ir.Value:
+    """Where A[m0 + i, k] is: row-major, or in the pre-packed panels (L.Gemm.a_panels) of the blocking's rows R:
+    a full tile's panel starts at m0 * k (m0 a multiple of R: row ranges are cut at multiples of the grain, R)
+    and holds the R values of each k side by side; one-row tiles are the m % R rows past the full panels, in the
+    last panel."""
+    b, g = gen.b, gen.gemm
+    if not g.a_panels:
+        return b.add(gen.offset((b.add(m0, ir.Constant(I64_T, i)), g.lda)), k)
+    rows = gen.blocking.rows
+    if region.rows == rows:
+        return b.add(gen.offset((m0, g.k), (k, rows)), ir.Constant(I64_T, i))
+    main = g.m // rows * rows
+    edge_row = b.sub(b.add(m0, ir.Constant(I64_T, i)), ir.Constant(I64_T, main))
+    return b.add(gen.offset((main, g.k), (k, g.m - main)), edge_row)
+
+
+def pack_panels(a: np.ndarray, rows: int) -> np.ndarray:
+    """A (blocks x m x k, row-major) in the layout a_panels reads: per block, the full panels of `rows` rows
+    k-major, then the m % rows edge rows k-major."""
+    blocks, m, k = a.shape
+    main = m // rows * rows
+    panels = a[:, :main].reshape(blocks, main // rows, rows, k).transpose(0, 1, 3, 2).reshape(blocks, -1)
+    edge = a[:, main:].transpose(0, 2, 1).reshape(blocks, -1)
+    return np.ascontiguousarray(np.concatenate([panels, edge], axis=1))
 
 
 def _load(b: ir.IRBuilder, address: ir.Value, vec_t: ir.Type) -> ir.Value:

@@ -327,6 +327,11 @@ class Gemm(Stmt):
     m: int
     n: int
     k: int
+    a_panels: bool = False
+    """A (a constant: a conv's weights) may be read pre-packed. A CPU build then stores it in panels of the
+    micro-kernel's tile rows R, each panel k-major (the R values of one k side by side), the m % R edge rows last
+    (k-major too), per m x k block at a_offset; lda must be k. Renderers that don't pack (OpenCL) read it row-major
+    and get it so."""
 
 
 # -- launches: how a kernel splits into pieces that run one after another, each across many workers ------------

@@ -46,6 +46,7 @@ def _conv_attrs(ctx: NodeContext) -> dict[str, Any]:
     weight = ctx.inputs[1]
     attrs = _spatial_attrs(ctx, list(ctx.node.attrs.get("kernel_shape", weight.shape[2:])))
     attrs["group"] = int(ctx.node.attrs.get("group", 1))
+    attrs["constant_weight"] = ctx.node.inputs[1] in ctx.constants  # then the build may pre-pack it
     return attrs
 
 
@@ -209,7 +210,8 @@ def _lower_conv(spec: KernelSpec) -> list[L.Stmt]:
     pointwise = _is_pointwise(geo)
     gemm = L.Gemm(a="in1", a_offset=g * (geo["mg"] * kdim), lda=kdim,
                   b="in0" if pointwise else "scratch", b_offset=x_base if pointwise else L.const(0), ldb=p,
-                  c="out0", c_offset=(n * geo["m"] + g * geo["mg"]) * p, ldc=p, m=geo["mg"], n=p, k=kdim)
+                  c="out0", c_offset=(n * geo["m"] + g * geo["mg"]) * p, ldc=p, m=geo["mg"], n=p, k=kdim,
+                  a_panels=bool(spec.attrs.get("constant_weight")))
     per_group = ([] if pointwise else _im2col(names, geo, x_base)) + [gemm]
     body = [L.Loop(n, geo["n"], [L.Loop(g, geo["g"], per_group)])]
     bias = "in2" if len(spec.inputs) > 2 else None
