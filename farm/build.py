@@ -19,7 +19,7 @@ from farm.codegen.link import link_library
 from farm.codegen.targets import CpuTarget, host_target
 from farm.executors import Job, LocalExecutor
 from farm.frontend import import_model, validate
-from farm.ops import SUPPORTED_OPS, lower_kernel
+from farm.ops import SUPPORTED_OPS
 from farm.passes import optimize
 from farm.plan import BuildPlan, make_plan
 from farm.specs import BlobSpec, KernelSpec, canonical_json
@@ -144,8 +144,7 @@ def blob_args(plan: BuildPlan, target: CpuTarget) -> list[dict[int, BlobSpec]]:
     for step in plan.steps:
         spec = plan.kernel_for(step.spec, target.id)
         if spec.key not in packing:
-            params = [param.name for param in lower_kernel(spec).params]
-            packing[spec.key] = {params.index(name): panels for name, panels in packed_params(spec, target).items()}
+            packing[spec.key] = packed_params(spec, target)
         steps.append({index: BlobSpec(arg.name, plan.blobs[arg.name].nbytes, target.id, packing[spec.key].get(index))
                       for index, arg in enumerate(step.args) if arg.kind == "blob"})
     return steps

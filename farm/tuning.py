@@ -29,8 +29,7 @@ from typing import Any
 import numpy as np
 
 from farm import __version__, defaults
-from farm.codegen import loopir as L
-from farm.codegen.cpu import blocking_for, compile_cpu_kernel, default_blocking, packed_params
+from farm.codegen.cpu import blocking_for, compile_cpu_kernel, default_blocking, gemms, packed_params
 from farm.codegen.entry import STEPS_SYMBOL, compile_entry
 from farm.codegen.link import link_library
 from farm.codegen.llvm_gemm import GemmBlocking, pack_panels
@@ -99,11 +98,7 @@ def candidate_variants(target: CpuTarget) -> list[GemmBlocking]:
 
 def tunable(spec: KernelSpec) -> bool:
     """Whether the kernel's lowering holds a Gemm: only then does the variant change its code."""
-    return _has_gemm(lower_kernel(spec).body)
-
-
-def _has_gemm(stmts: Sequence[L.Stmt]) -> bool:
-    return any(isinstance(s, L.Gemm) or _has_gemm(getattr(s, "body", ())) for s in stmts)
+    return bool(gemms(lower_kernel(spec).body))
 
 
 def variant_json(blocking: GemmBlocking, target: CpuTarget) -> str:
@@ -209,7 +204,8 @@ class _Harness:
     def __init__(self, specs: Sequence[KernelSpec], target: CpuTarget, folder: Path) -> None:
         spec = specs[0]
         self.outputs = list(spec.outputs)
-        self.offsets, size = _layout(argument_bytes(spec))
+        sizes = argument_bytes(spec)
+        self.offsets, size = _layout(sizes)
         copies, size = _packed_copies(specs, target, size)
         variant_offsets = [[copies.get((index, param), (offset, None))[0] for param, offset in enumerate(self.offsets)]
                            for index in range(len(specs))]
@@ -224,7 +220,7 @@ class _Harness:
             view = self._view(info, offset)
             view[...] = rng.standard_normal(view.shape) if view.dtype.kind == "f" else 0
         for (_, param), (offset, (rows, m, k)) in copies.items():
-            source = self.arena[self.offsets[param] : self.offsets[param] + argument_bytes(spec)[param]]
+            source = self.arena[self.offsets[param] : self.offsets[param] + sizes[param]]
             packed = pack_panels(source.view(np.float32).reshape(-1, m, k), rows).view(np.uint8).ravel()
             self.arena[offset : offset + packed.size] = packed
 
@@ -271,11 +267,10 @@ def _packed_copies(specs: Sequence[KernelSpec], target: CpuTarget,
     `size` bytes, and the new size."""
     copies = {}
     for index, spec in enumerate(specs):
-        names = [param.name for param in lower_kernel(spec).params]
-        for name, panels in packed_params(spec, target).items():
-            param = names.index(name)
+        sizes = argument_bytes(spec)
+        for param, panels in packed_params(spec, target).items():
             copies[(index, param)] = (size, panels)
-            size += _layout([argument_bytes(spec)[param]])[1]
+            size += _layout([sizes[param]])[1]
     return copies, size
 
 

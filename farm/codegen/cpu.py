@@ -30,17 +30,20 @@ def blocking_for(spec: KernelSpec, target: CpuTarget) -> GemmBlocking:
         raise BuildError(f"kernel {spec.op} {spec.symbol}: unusable variant: {error}") from None
 
 
-def packed_params(spec: KernelSpec, target: CpuTarget) -> dict[str, tuple[int, int, int]]:
-    """Kernel parameter -> (rows, m, k) of each constant the kernel reads pre-packed (L.Gemm.a_panels) on
+def packed_params(spec: KernelSpec, target: CpuTarget) -> dict[int, tuple[int, int, int]]:
+    """Parameter index -> (rows, m, k) of each constant the kernel reads pre-packed (L.Gemm.a_panels) on
     `target`: its blob must be built with BlobSpec.panels equal to this."""
     rows = blocking_for(spec, target).rows
-    return {gemm.a: (rows, gemm.m, gemm.k) for gemm in _gemms(lower_kernel(spec).body) if gemm.a_panels}
+    kernel = lower_kernel(spec)
+    names = [param.name for param in kernel.params]
+    return {names.index(gemm.a): (rows, gemm.m, gemm.k) for gemm in gemms(kernel.body) if gemm.a_panels}
 
 
-def _gemms(stmts: list[L.Stmt]) -> list[L.Gemm]:
+def gemms(stmts: list[L.Stmt]) -> list[L.Gemm]:
+    """Every Gemm among `stmts`, nested ones included, in order."""
     found = []
     for stmt in stmts:
-        found += [stmt] if isinstance(stmt, L.Gemm) else _gemms(getattr(stmt, "body", []))
+        found += [stmt] if isinstance(stmt, L.Gemm) else gemms(getattr(stmt, "body", []))
     return found
 
 

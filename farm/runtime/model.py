@@ -205,11 +205,11 @@ class Model:
         timings: list[list[float]] = [[] for _ in self.schedule]
         with self._lock:
             for _ in range(repeat):
-                for spec, offset in self._inputs:  # every pass: later steps may reuse an input's arena slot
-                    np.copyto(self._view(spec, offset), feeds[spec.name], casting="no")
+                for name, view in self._input_views:  # every pass: later steps may reuse an input's arena slot
+                    np.copyto(view, feeds[name], casting="no")
                 for index, samples in enumerate(timings):
                     started = time.perf_counter()
-                    steps(self._arena.ctypes.data, index, index + 1)
+                    steps(self._arena_address, index, index + 1)
                     samples.append(time.perf_counter() - started)
         return [min(samples) for samples in timings]
 
