@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark farm's build and runtime against the bars of the benchmark issue, in one run.
 
-For every test model (the five examples of `farm.examples`, written to a temporary folder, and the nine light models
+For every test model (the five examples of `farm.tools.examples`, written to a temporary folder, and the nine light models
 shipped with the onnx package) it measures:
 
 - cold compile: wall seconds of `build_model` in one shared `LocalExecutor`, whose start-up is warmed by a trivial
@@ -42,12 +42,12 @@ import onnxruntime as ort
 from report import cell, markdown_table
 
 from farm import runtime
-from farm.build import build_model, plan_model
-from farm.codegen.blobs import pack_blob, packer_for
-from farm.codegen.targets import CpuTarget, host_target, parse_target
-from farm.examples import EXAMPLES, random_input
-from farm.executors import Job, LocalExecutor
-from farm.specs import BlobSpec
+from farm.backends.llvm.blobs import pack_blob, packer_for
+from farm.backends.llvm.target import CpuTarget, host_target, parse_target
+from farm.build.assembly import build_model, plan_model
+from farm.build.executor import Job, LocalExecutor
+from farm.ir.specs import BlobSpec
+from farm.tools.examples import EXAMPLES, random_input
 
 MB = 1_000_000
 LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"

@@ -50,8 +50,8 @@ import onnx  # noqa: E402
 import redis  # noqa: E402
 from report import cell, markdown_table  # noqa: E402
 
-from farm.codegen.targets import host_target  # noqa: E402
-from farm.examples import EXAMPLES  # noqa: E402
+from farm.backends.llvm.target import host_target  # noqa: E402
+from farm.tools.examples import EXAMPLES  # noqa: E402
 from tests.farm_services import FarmWorker  # noqa: E402
 from tests.services import RedisServer  # noqa: E402
 
@@ -176,7 +176,7 @@ def broker_throughput(broker: str, workers: Sequence[FarmWorker], tasks: int) ->
     dispatching a job's units, pays per task), then resume; consumption is timed from the resume until the queue
     is empty and no message is left unacknowledged.
     """
-    from tasks.app import make_app
+    from farm.distributed.celery_app import make_app
 
     app = make_app(broker)
     names = [worker.name for worker in workers]

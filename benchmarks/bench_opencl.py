@@ -34,12 +34,12 @@ import numpy as np
 import onnx
 from report import markdown_table
 
-from farm import examples
 from farm.artifact import open_artifact, write_artifact
-from farm.build import build_model
-from farm.executors import LocalExecutor
-from farm.opencl_devices import BUILD_OPTIONS, opencl_devices
+from farm.backends.opencl.devices import BUILD_OPTIONS, opencl_devices
+from farm.build.assembly import build_model
+from farm.build.executor import LocalExecutor
 from farm.runtime.opencl import OpenCLModel, this_device
+from farm.tools import examples
 
 SHIPPED_BAR, PARALLEL_BAR = 20.0, 1.6
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark farm's inference speed against onnxruntime and the machine's fp32 peak, in one run (issue 6's bars).
 
-For every test model (the examples of `farm.examples` and the nine light models shipped with the onnx package) it
+For every test model (the examples of `farm.tools.examples` and the nine light models shipped with the onnx package) it
 builds the artifact for this host and measures, interleaved round by round so that a busy moment hits every side
 alike: farm with its default threads (every CPU), farm on one thread, and onnxruntime with its default session
 options (its own default threads). Each figure is the median over rounds of the mean of a round's runs.
@@ -37,10 +37,10 @@ from llvmlite import ir
 from report import cell, markdown_table
 
 from farm import runtime
-from farm.bench import bench_artifact
-from farm.build import build_model
-from farm.codegen.targets import host_target, init_llvm
-from farm.executors import LocalExecutor
+from farm.backends.llvm.target import host_target, init_llvm
+from farm.build.assembly import build_model
+from farm.build.executor import LocalExecutor
+from farm.cli.bench import bench_artifact
 
 RESNET50 = "light_resnet50"
 RESNET50_BAR = 1.5

@@ -30,14 +30,15 @@ from typing import Any
 import onnx
 from report import cell, markdown_table
 
-from farm import runtime, tuning
-from farm.bench import kernel_label
-from farm.build import build_model, plan_model
-from farm.codegen.llvm_gemm import GemmBlocking
-from farm.codegen.targets import host_target
-from farm.examples import random_input
-from farm.executors import LocalExecutor
+from farm import runtime
+from farm.backends.llvm.gemm import GemmBlocking
+from farm.backends.llvm.target import host_target
+from farm.build.assembly import build_model, plan_model
+from farm.build.executor import LocalExecutor
+from farm.cli.bench import kernel_label
 from farm.store import FileStore, Store
+from farm.tools.examples import random_input
+from farm.tuning import variants as tuning
 
 MODEL = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / "light_resnet50.onnx"
 TUNING_BAR_S = 300.0

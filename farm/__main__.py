@@ -1,5 +1,5 @@
 """`python -m farm` is the `farm` command."""
 
-from farm.cli import main
+from farm.cli.main import main
 
 main()

@@ -1,4 +1,4 @@
-"""Regenerate the bundled example files in examples/ from farm.examples (deterministic: same bytes every run).
+"""Regenerate the bundled example files in examples/ from farm.tools.examples (deterministic: same bytes every run).
 
 Usage: `python scripts/make_examples.py` writes examples/tiny_cnn.onnx and examples/tiny_cnn_input.npy;
 `python scripts/make_examples.py --check` exits 1 if the committed files differ from what it would write.
@@ -16,7 +16,7 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from farm.examples import random_input, tiny_cnn  # noqa: E402
+from farm.tools.examples import random_input, tiny_cnn  # noqa: E402
 
 EXAMPLES_DIR = REPO_ROOT / "examples"
 

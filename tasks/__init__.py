@@ -1,1 +1,1 @@
-"""Celery tasks of the farm: `tasks.app` holds the app (configured in one place) and thin tasks over farm.jobs."""
+"""Celery entry point of the farm: `celery -A tasks.app` (the app is farm.distributed.celery_app)."""

@@ -86,7 +86,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def fingerprint() -> str:
     """The fingerprint of this host's first OpenCL device (PoCL here); no device is a failure, never a skip."""
-    from farm.opencl_devices import opencl_devices
+    from farm.backends.opencl.devices import opencl_devices
 
     devices = opencl_devices()
     assert devices, "no OpenCL device: install pocl-opencl-icd (scripts/setup.sh does)"

@@ -19,13 +19,13 @@ from pathlib import Path
 import numpy as np
 from llvmlite import ir
 
-from farm.codegen import loopir as L
-from farm.codegen.cpu import compile_ir
-from farm.codegen.entry import compile_entry
-from farm.codegen.link import link_library
-from farm.codegen.llvm_gemm import GemmBlocking
-from farm.codegen.llvm_render import render_kernel
-from farm.codegen.targets import CpuTarget, host_target, parse_target
+from farm.backends.llvm.entry import compile_entry
+from farm.backends.llvm.gemm import GemmBlocking
+from farm.backends.llvm.kernel import compile_ir
+from farm.backends.llvm.link import link_library
+from farm.backends.llvm.render import render_kernel
+from farm.backends.llvm.target import CpuTarget, host_target, parse_target
+from farm.ir import loopir as L
 
 ARENA_ALIGN = 64
 DEFAULT_BLOCKING = GemmBlocking()

@@ -1,4 +1,4 @@
-"""farm.bench and `farm bench`: per-kernel times and GFLOP/s of a real artifact, and a comparison that flags a
+"""farm.cli.bench and `farm bench`: per-kernel times and GFLOP/s of a real artifact, and a comparison that flags a
 kernel made slower on purpose (the same convolution compiled for the x86-64 baseline instead of this host)."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from farm.bench import FLOPS, BenchReport, Change, StepTime, bench_artifact, compare, kernel_label
-from farm.build import build_model
-from farm.codegen.targets import host_target, parse_target
-from farm.executors import LocalExecutor
+from farm.backends.llvm.target import host_target, parse_target
+from farm.build.assembly import build_model
+from farm.build.executor import LocalExecutor
+from farm.cli.bench import FLOPS, BenchReport, Change, StepTime, bench_artifact, compare, kernel_label
 
 
 def _conv_relu_model() -> onnx.ModelProto:

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from native_helpers import EM_AARCH64, aarch64, elf_header, elf_section, elf_section_bytes, elf_symbol, elf_type, host
 
-from farm.codegen.blobs import BLOB_ALIGNMENT, BLOB_PACKERS, blob_assembly, module_asm_ir, pack_blob, packer_for
-from farm.codegen.targets import CpuTarget
+from farm.backends.llvm.blobs import BLOB_ALIGNMENT, BLOB_PACKERS, blob_assembly, module_asm_ir, pack_blob, packer_for
+from farm.backends.llvm.target import CpuTarget
 from farm.errors import BuildError
-from farm.specs import BlobSpec
+from farm.ir.specs import BlobSpec
 
 SHF_ALLOC, SHF_WRITE, SHT_PROGBITS = 0x2, 0x1, 1
 
@@ -121,7 +121,7 @@ def test_blob_assembly_and_module_asm_escaping():
 def test_a_blob_with_panels_holds_the_tensor_pre_packed(target, packer):
     """BlobSpec.panels = (rows, m, k): the object holds the float32 tensor in the Gemm's panel layout, per m x k
     block, made from the source bytes inside the pure step."""
-    from farm.codegen.llvm_gemm import pack_panels
+    from farm.backends.llvm.gemm import pack_panels
 
     weights = np.arange(2 * 5 * 3, dtype=np.float32).reshape(2, 5, 3)
     data = weights.tobytes()

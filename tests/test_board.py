@@ -1,4 +1,4 @@
-"""The job board (farm/board.py) on a real redis-server: records, state changes, counters, unreachable Redis."""
+"""The job board (farm/distributed/board.py) on a real redis-server: records, state changes, counters, unreachable Redis."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 import pytest
 
 from farm import defaults
-from farm.board import TERMINAL, JobBoard, JobState
+from farm.distributed.board import TERMINAL, JobBoard, JobState
 from farm.errors import ExitStatus
 from farm.store import StoreUnreachableError
 from tests.services import RedisServer, free_port, redis_server_fixture  # noqa: F401

@@ -9,12 +9,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from farm import examples, runtime
+from farm import runtime
 from farm.artifact import FORMAT_VERSION, open_artifact
-from farm.build import build_model, job_id_for
-from farm.codegen.targets import host_target, parse_target
+from farm.backends.llvm.target import host_target, parse_target
+from farm.build.assembly import build_model, job_id_for
+from farm.build.executor import LocalExecutor
 from farm.errors import UnsupportedError
-from farm.executors import LocalExecutor
+from farm.tools import examples
 
 ELF_MACHINE_AARCH64 = 183
 
@@ -106,8 +107,8 @@ def test_progress_reports_every_compile_step(small_cnn_path, tmp_path):
 def test_conv_weights_are_linked_pre_packed_for_the_kernels_tile_rows(small_cnn_path, tmp_path):
     """Each Conv's constant weights get a BlobSpec with panels (the kernel's tile rows, out channels, taps); other
     constants (biases, the Gemm's weights) stay plain."""
-    from farm.build import blob_args, compile_units, plan_model
-    from farm.codegen.cpu import default_blocking
+    from farm.backends.llvm.kernel import default_blocking
+    from farm.build.assembly import blob_args, compile_units, plan_model
 
     plan, target = plan_model(small_cnn_path), host_target()
     for step, blobs in zip(plan.steps, blob_args(plan, target)):

@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from farm import examples
+from farm.tools import examples
 
 # The checkout under test first on the path, so that `python -m farm` runs it even where another checkout is the
 # installed one.

@@ -1,9 +1,9 @@
 """ONNX's own conformance cases (collect_testcases) for every op farm supports, through the local build and the
-runtime (farm.conformance): each passes, or is refused with a clear UnsupportedError and listed in
+runtime (farm.tools.conformance): each passes, or is refused with a clear UnsupportedError and listed in
 docs/conformance.md with the reason. Wrong numbers, crashes and build errors always fail.
 
 On OpenCL (PoCL), one case per supported op (its plainest case) runs the same way; the full OpenCL run is
-`python3 -m farm.conformance --device opencl`.
+`python3 -m farm.tools.conformance --device opencl`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from farm.conformance import conformance_cases, run_case
 from farm.ops import SUPPORTED_OPS
+from farm.tools.conformance import conformance_cases, run_case
 
 REPORT = Path(__file__).resolve().parent.parent / "docs" / "conformance.md"
 CASES = conformance_cases()
@@ -47,7 +47,7 @@ def test_conformance_case_on_the_cpu(case) -> None:
     if outcome.result == "unsupported":
         assert case.name in NOT_PASSING, f"refused but not listed in {REPORT.name}: {outcome.reason}"
     else:
-        assert case.name not in NOT_PASSING, f"passes now: regenerate {REPORT.name} (python3 -m farm.conformance)"
+        assert case.name not in NOT_PASSING, f"passes now: regenerate {REPORT.name} (python3 -m farm.tools.conformance)"
 
 
 @pytest.mark.parametrize("case", _first_case_per_op(), ids=lambda case: case.name)
@@ -59,11 +59,11 @@ def test_conformance_case_on_opencl(case) -> None:
 def test_the_report_covers_every_supported_op() -> None:
     text = REPORT.read_text(encoding="utf-8")
     missing = [op for op in SUPPORTED_OPS if f"| {op} |" not in text]
-    assert not missing, f"{REPORT.name} has no row for {missing}: regenerate it (python3 -m farm.conformance)"
+    assert not missing, f"{REPORT.name} has no row for {missing}: regenerate it (python3 -m farm.tools.conformance)"
 
 
 def test_compare_checks_shape_dtype_nan_and_the_tolerance() -> None:
-    from farm.conformance import compare
+    from farm.tools.conformance import compare
 
     x = np.array([1.0, np.nan, np.inf, 100.0], np.float32)
     assert compare([x], [x.copy()]) == ""

@@ -20,14 +20,14 @@ from native_helpers import (
     load_library,
 )
 
-from farm.codegen.cpu import compile_cpu_kernel, compile_ir, default_blocking, kernel_ir
-from farm.codegen.entry import compile_entry
-from farm.codegen.link import link_library
-from farm.codegen.targets import CpuTarget
+from farm.backends.llvm.entry import compile_entry
+from farm.backends.llvm.kernel import compile_cpu_kernel, compile_ir, default_blocking, kernel_ir
+from farm.backends.llvm.link import link_library
+from farm.backends.llvm.target import CpuTarget
 from farm.errors import BuildError
-from farm.graph import Activation, TensorInfo
+from farm.ir.graph import Activation, TensorInfo
+from farm.ir.specs import KernelSpec, canonical_json
 from farm.ops import lower_kernel
-from farm.specs import KernelSpec, canonical_json
 
 RELU = Activation("relu")
 CONV_ATTRS = {"kernel_shape": [3, 3], "strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1], "group": 1}

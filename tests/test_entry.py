@@ -22,11 +22,11 @@ from native_helpers import (
     load_library,
 )
 
-from farm.codegen import loopir as L
-from farm.codegen.entry import ENTRY_SYMBOL, compile_entry, entry_ir
-from farm.codegen.link import link_library
-from farm.codegen.llvm_gemm import GemmBlocking, pack_panels
-from farm.codegen.targets import CpuTarget
+from farm.backends.llvm.entry import ENTRY_SYMBOL, compile_entry, entry_ir
+from farm.backends.llvm.gemm import GemmBlocking, pack_panels
+from farm.backends.llvm.link import link_library
+from farm.backends.llvm.target import CpuTarget
+from farm.ir import loopir as L
 
 SCHEDULE = [
     {"kernel": "farm_k_first", "args": [["arena", 0], ["arena", 256], ["blob", "farm_w_aaaa"]]},

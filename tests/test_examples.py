@@ -1,4 +1,4 @@
-"""farm.examples builds valid, deterministic models that onnxruntime runs; the bundled example files are current."""
+"""farm.tools.examples builds valid, deterministic models that onnxruntime runs; the bundled example files are current."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from farm.examples import EXAMPLES, random_input, tiny_cnn
+from farm.tools.examples import EXAMPLES, random_input, tiny_cnn
 
-# The inputs (name, shape, dtype) and output shape each builder documents (farm/examples.py's table).
+# The inputs (name, shape, dtype) and output shape each builder documents (farm/tools/examples.py's table).
 IMAGE = [("input", (1, 3, 32, 32), np.float32)]
 DOCUMENTED = {
     "mlp": ([("input", (1, 784), np.float32)], (1, 10)),

@@ -4,8 +4,8 @@ import operator
 
 import pytest
 
+from farm.build.executor import Job, LocalExecutor, default_workers
 from farm.errors import BuildError
-from farm.executors import Job, LocalExecutor, default_workers
 
 
 def _fail(name: str) -> bytes:
@@ -54,7 +54,7 @@ def test_big_bytes_jobs_stay_in_this_process_and_others_go_to_the_pool():
 
 
 def test_keep_large_buffers_is_safe_to_call_again():
-    from farm.executors import keep_large_buffers
+    from farm.build.executor import keep_large_buffers
 
     keep_large_buffers()
     keep_large_buffers()

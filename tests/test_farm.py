@@ -10,9 +10,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from farm import examples
-from farm.build import build_model
-from farm.executors import LocalExecutor
+from farm.build.assembly import build_model
+from farm.build.executor import LocalExecutor
+from farm.tools import examples
 from tests.farm_services import farm_cli, farm_factory_fixture  # noqa: F401
 from tests.services import free_port
 
@@ -87,8 +87,8 @@ def test_a_killed_worker_loses_no_task(farm_factory, resnet, tmp_path):
 
 
 def test_a_unit_that_kills_its_worker_every_time_fails_the_job_by_name(farm_factory, tmp_path):
-    from farm.build import plan_model
-    from farm.specs import BlobSpec
+    from farm.build.assembly import plan_model
+    from farm.ir.specs import BlobSpec
 
     model = tmp_path / "tiny_cnn.onnx"
     onnx.save(examples.tiny_cnn(), model)
@@ -193,8 +193,8 @@ def test_corrupt_store_entries_are_rebuilt_never_shipped(farm_factory, resnet, t
 
 
 def test_opencl_tasks_go_to_the_worker_that_has_the_device(farm_factory, tmp_path):
-    from farm.codegen.targets import host_target
-    from farm.opencl_devices import opencl_devices
+    from farm.backends.llvm.target import host_target
+    from farm.backends.opencl.devices import opencl_devices
 
     model = tmp_path / "small_cnn.onnx"
     onnx.save(examples.small_cnn(), model)

@@ -24,7 +24,7 @@ from typing import Any
 import onnx
 import pytest
 
-from farm.examples import EXAMPLES
+from farm.tools.examples import EXAMPLES
 from tests.farm_services import Farm, farm_cli, farm_factory_fixture  # noqa: F401
 from tests.services import free_port, redis_server_fixture  # noqa: F401
 

@@ -1,4 +1,4 @@
-"""Tests of farm.frontend: loading ONNX files (safely) into the Graph IR, and validate()."""
+"""Tests of farm.frontend.onnx_import: loading ONNX files (safely) into the Graph IR, and validate()."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from farm.errors import ModelLoadError, UnsupportedError
-from farm.frontend import import_model, validate
-from farm.graph import TensorInfo
-from farm.passes import optimize
+from farm.frontend.onnx_import import import_model, validate
+from farm.frontend.passes import optimize
+from farm.ir.graph import TensorInfo
 
 RNG = np.random.default_rng(1234)
 SUPPORTED = {"Conv", "Relu", "Add", "MaxPool", "Gemm", "Reshape", "Softmax"}

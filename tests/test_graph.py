@@ -1,6 +1,6 @@
 """The graph IR's small helpers."""
 
-from farm.graph import Graph, Node, TensorInfo
+from farm.ir.graph import Graph, Node, TensorInfo
 
 
 def test_tensor_info_sizes():

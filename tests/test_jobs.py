@@ -1,8 +1,8 @@
-"""Farm jobs: the steps of farm/jobs.py driven in-process against a real redis-server (the job board's own tests
+"""Farm jobs: the steps of farm/distributed/steps.py driven in-process against a real redis-server (the job board's own tests
 are in test_board.py).
 
 The Farm steps run here without Celery: `dispatch` appends (task name, args) to a list, and `run_tasks` plays the
-part of the workers, calling the Farm method each task of tasks/app.py calls, in the order the tasks were sent.
+part of the workers, calling the Farm method each task of farm/distributed/celery_app.py calls, in the order the tasks were sent.
 """
 
 from __future__ import annotations
@@ -17,15 +17,16 @@ from typing import Any
 import onnx
 import pytest
 
-from farm import defaults, examples
-from farm.board import TERMINAL, JobBoard, JobState
-from farm.build import CompileUnit, build_model, compile_unit, compile_units, plan_model
-from farm.codegen.targets import host_target
+from farm import defaults
+from farm.backends.llvm.target import host_target
+from farm.build.assembly import CompileUnit, build_model, compile_unit, compile_units, plan_model
+from farm.build.executor import LocalExecutor
+from farm.distributed.board import TERMINAL, JobBoard, JobState
+from farm.distributed.client import FarmClient
+from farm.distributed.steps import Farm, artifact_ref, compile_task, unit_from_json, unit_to_json
 from farm.errors import ExitStatus
-from farm.executors import LocalExecutor
-from farm.jobs import Farm, artifact_ref, compile_task, unit_from_json, unit_to_json
-from farm.remote import FarmClient
 from farm.store import FileStore, RedisStore, StoreUnreachableError
+from farm.tools import examples
 from tests.services import RedisServer, free_port, redis_server_fixture, redis_servers_fixture  # noqa: F401
 
 COMPILE_TASKS = ("farm.compile_cpu_kernel", "farm.pack_blob")
@@ -47,7 +48,7 @@ class Tasks(list):
 
 
 def run_task(farm: Farm, name: str, args: list[Any]) -> None:
-    """Run one task the way tasks/app.py does: unpack its arguments and call one Farm step."""
+    """Run one task the way farm/distributed/celery_app.py does: unpack its arguments and call one Farm step."""
     if name == "farm.plan_job":
         farm.plan_job(args[0])
     elif name == "farm.compile_cpu_kernel":

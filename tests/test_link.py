@@ -22,13 +22,13 @@ from native_helpers import (
     load_library,
 )
 
-from farm.codegen import loopir as L
-from farm.codegen.blobs import pack_blob
-from farm.codegen.entry import ENTRY_SYMBOL, LAUNCH_SYMBOL, STEPS_SYMBOL, WORK_SYMBOL, compile_entry
-from farm.codegen.link import find_linker, link_library
-from farm.codegen.targets import CpuTarget
+from farm.backends.llvm.blobs import pack_blob
+from farm.backends.llvm.entry import ENTRY_SYMBOL, LAUNCH_SYMBOL, STEPS_SYMBOL, WORK_SYMBOL, compile_entry
+from farm.backends.llvm.link import find_linker, link_library
+from farm.backends.llvm.target import CpuTarget
 from farm.errors import BuildError
-from farm.specs import BlobSpec
+from farm.ir import loopir as L
+from farm.ir.specs import BlobSpec
 
 N = 40
 WEIGHTS = np.linspace(-2, 2, N, dtype=np.float32)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from native_helpers import run_kernel, run_kernels
 
-from farm.codegen import loopir as L
-from farm.codegen.llvm_gemm import GemmBlocking, pack_panels, regions
+from farm.backends.llvm.gemm import GemmBlocking, pack_panels, regions
+from farm.ir import loopir as L
 
 BLOCKINGS = [
     GemmBlocking(),

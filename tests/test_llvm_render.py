@@ -19,9 +19,9 @@ from native_helpers import (
     run_kernels,
 )
 
-from farm.codegen import loopir as L
-from farm.codegen.cpu import compile_ir
-from farm.codegen.llvm_gemm import GemmBlocking
+from farm.backends.llvm.gemm import GemmBlocking
+from farm.backends.llvm.kernel import compile_ir
+from farm.ir import loopir as L
 
 
 def unary_kernel(fn, n: int, in_dtype: str = L.F32, out_dtype: str = L.F32) -> L.LoopKernel:

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from farm.codegen import loopir as L
+from farm.ir import loopir as L
 
 # -- a tiny evaluator for integer index expressions, with the renderer's C-like (truncating) division ---------------
 

@@ -1,6 +1,6 @@
 """End to end: whole models built by farm match onnxruntime (and the onnx package's stored reference outputs).
 
-The farm.examples models are built once per module; the nine onnx "light" models (real architectures whose
+The farm.tools.examples models are built once per module; the nine onnx "light" models (real architectures whose
 weights are ConstantOfShape nodes, up to ~550 MB once folded) share one process-pool executor and have their
 artifacts deleted after each test.
 """
@@ -19,10 +19,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 import farm.runtime.model
 from farm.artifact import read_manifest
-from farm.build import BuildResult
-from farm.examples import EXAMPLES, random_input
-from farm.executors import LocalExecutor
+from farm.build.assembly import BuildResult
+from farm.build.executor import LocalExecutor
 from farm.runtime import Model
+from farm.tools.examples import EXAMPLES, random_input
 
 LIGHT_MODELS = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
                 "squeezenet", "vgg19", "zfnet512")
@@ -35,7 +35,7 @@ def executor() -> Iterator[LocalExecutor]:
         yield local
 
 
-# ------------------------------------------------------------------------------------------- farm.examples
+# ------------------------------------------------------------------------------------------- farm.tools.examples
 
 Built = tuple[onnx.ModelProto, Path, BuildResult, Model]
 

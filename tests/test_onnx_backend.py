@@ -1,4 +1,4 @@
-"""farm.onnx_backend: farm behind ONNX's Backend interface, driven by ONNX's own test runner too."""
+"""farm.tools.onnx_backend: farm behind ONNX's Backend interface, driven by ONNX's own test runner too."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.backend.test import BackendTest
 
-from farm import onnx_backend
 from farm.errors import RunInputError, UnsupportedError
-from farm.onnx_backend import FarmBackend
+from farm.tools import onnx_backend
+from farm.tools.onnx_backend import FarmBackend
 
 # ONNX's runner (onnx.backend.test.BackendTest) loads these cases' files and checks farm's outputs itself.
 RUNNER_CASES = ["test_relu_cpu", "test_add_bcast_cpu", "test_softmax_axis_1_cpu", "test_conv_with_strides_padding_cpu",

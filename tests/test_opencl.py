@@ -6,13 +6,13 @@ import numpy as np
 import pyopencl as cl
 import pytest
 
-from farm.codegen.opencl import build_program, compile_cl_kernel, device_context, kernel_source
-from farm.codegen.opencl_render import launches
+from farm.backends.opencl.devices import opencl_devices
+from farm.backends.opencl.kernel import build_program, compile_cl_kernel, device_context, kernel_source
+from farm.backends.opencl.render import launches
 from farm.errors import BuildError
-from farm.graph import Activation, TensorInfo
-from farm.opencl_devices import opencl_devices
+from farm.ir.graph import Activation, TensorInfo
+from farm.ir.specs import KernelSpec, canonical_json
 from farm.ops import lower_kernel
-from farm.specs import KernelSpec, canonical_json
 
 
 @pytest.fixture(scope="module")

@@ -5,12 +5,12 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from farm import examples
 from farm.artifact import open_artifact
-from farm.build import build_model, plan_model
-from farm.executors import LocalExecutor
-from farm.opencl_build import OPENCL_TARGET_ID, binary_jobs, opencl_kernels
-from farm.opencl_devices import opencl_devices
+from farm.backends.opencl.devices import opencl_devices
+from farm.backends.opencl.part import OPENCL_TARGET_ID, binary_jobs, opencl_kernels
+from farm.build.assembly import build_model, plan_model
+from farm.build.executor import LocalExecutor
+from farm.tools import examples
 
 
 @pytest.fixture(scope="module")

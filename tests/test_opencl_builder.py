@@ -10,8 +10,8 @@ import numpy as np
 import pyopencl as cl
 import pytest
 
+from farm.backends.opencl.devices import opencl_devices
 from farm.errors import BuildError
-from farm.opencl_devices import opencl_devices
 from farm.runtime.opencl import this_device
 from farm.runtime.opencl_builder import SourceJob, build_all, serve
 

@@ -1,4 +1,4 @@
-"""OpenCL devices and their fingerprints (farm/opencl_devices.py), on the real PoCL platform installed here.
+"""OpenCL devices and their fingerprints (farm/backends/opencl/devices.py), on the real PoCL platform installed here.
 
 A host (or CI runner) without an OpenCL platform fails these tests, it doesn't skip them: install pocl-opencl-icd.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 import pyopencl as cl
 import pytest
 
-from farm.opencl_devices import BUILD_OPTIONS, fingerprint, opencl_devices
+from farm.backends.opencl.devices import BUILD_OPTIONS, fingerprint, opencl_devices
 
 REPO = Path(__file__).resolve().parent.parent
 INFO = {"platform": "Portable Computing Language", "platform_version": "OpenCL 3.0 PoCL 3.1", "device": "cpu",
@@ -28,7 +28,7 @@ def test_a_fingerprint_is_16_hex_digits_and_stable() -> None:
     assert re.fullmatch(r"[0-9a-f]{16}", first)
     assert fingerprint(dict(INFO)) == first
     assert fingerprint(dict(reversed(list(INFO.items())))) == first  # the order of fields doesn't matter
-    code = "import json, sys; from farm.opencl_devices import fingerprint; print(fingerprint(json.loads(sys.argv[1])))"
+    code = "import json, sys; from farm.backends.opencl.devices import fingerprint; print(fingerprint(json.loads(sys.argv[1])))"
     other_process = subprocess.run([sys.executable, "-c", code, json.dumps(INFO)], cwd=REPO, capture_output=True,
                                    text=True, timeout=60, env={**os.environ, "PYTHONHASHSEED": "123"})
     assert other_process.stdout.strip() == first, other_process.stderr  # nothing per process goes into it
@@ -55,7 +55,7 @@ def test_opencl_devices_finds_pocl_here() -> None:
 
 
 def _devices_in_a_fresh_process(env: dict[str, str], prelude: str = "") -> list:
-    code = f"{prelude}import json; from farm.opencl_devices import opencl_devices; print(json.dumps(opencl_devices()))"
+    code = f"{prelude}import json; from farm.backends.opencl.devices import opencl_devices; print(json.dumps(opencl_devices()))"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
                           env={**os.environ, **env})
     assert done.returncode == 0, done.stderr
@@ -78,7 +78,7 @@ def test_no_pyopencl_means_no_devices() -> None:
 
 
 def test_a_fresh_process_lists_the_same_devices_without_starting_a_driver_here() -> None:
-    code = ("import json, sys; from farm.opencl_devices import opencl_devices_of_a_fresh_process as listed; "
+    code = ("import json, sys; from farm.backends.opencl.devices import opencl_devices_of_a_fresh_process as listed; "
             "devices = listed(); print(json.dumps([devices, 'pyopencl' in sys.modules]))")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     devices, imported_pyopencl = json.loads(done.stdout)

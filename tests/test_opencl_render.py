@@ -11,9 +11,9 @@ import pyopencl as cl
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from farm.build import plan_model
-from farm.codegen import loopir as L
-from farm.codegen.opencl_render import launches, render_opencl
+from farm.backends.opencl.render import launches, render_opencl
+from farm.build.assembly import plan_model
+from farm.ir import loopir as L
 from farm.ops import LOWERINGS, lower_kernel
 
 
@@ -127,7 +127,7 @@ def test_parallel_loops_and_gemms_get_their_own_launches_and_the_rest_one_work_i
 
 
 def test_float_constants_are_exact_and_special_values_spelled_out():
-    from farm.codegen.opencl_render import expr
+    from farm.backends.opencl.render import expr
 
     assert expr(L.const(0.1)) == f"({(0.1).hex()}f)"
     assert expr(L.const(float("inf"))) == "INFINITY" and expr(L.const(float("-inf"))) == "(-INFINITY)"

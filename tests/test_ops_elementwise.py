@@ -23,7 +23,7 @@ from numerics import (
 )
 from onnx import TensorProto, helper
 
-from farm.build import plan_model
+from farm.build.assembly import plan_model
 from farm.errors import UnsupportedError
 
 X4 = [("x", (2, 3, 5, 7))]

@@ -27,7 +27,7 @@ from test_ops_tensor import (
     typed_case,
 )
 
-from farm.build import plan_model
+from farm.build.assembly import plan_model
 from farm.errors import UnsupportedError
 
 

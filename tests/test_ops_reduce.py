@@ -20,9 +20,9 @@ from numerics import (
 )
 from onnx import TensorProto, helper
 
-from farm.graph import TensorInfo
+from farm.ir.graph import TensorInfo
+from farm.ir.specs import KernelSpec, canonical_json
 from farm.ops import lower_kernel
-from farm.specs import KernelSpec, canonical_json
 
 X3 = (3, 4, 5)
 X4 = (2, 3, 4, 5)

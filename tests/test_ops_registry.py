@@ -15,11 +15,11 @@ import test_ops_tensor
 from numerics import graph_model, ops_of, rand
 from onnx import helper, save
 
-from farm.build import plan_model
-from farm.codegen import loopir as L
-from farm.graph import TensorInfo
+from farm.build.assembly import plan_model
+from farm.ir import loopir as L
+from farm.ir.graph import TensorInfo
+from farm.ir.specs import KernelSpec, canonical_json
 from farm.ops import LOWERINGS, SUPPORTED_OPS, lower_kernel
-from farm.specs import KernelSpec, canonical_json
 
 # Each op module and the test file whose cases cover it.
 CASE_FILES = {

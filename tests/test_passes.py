@@ -1,4 +1,4 @@
-"""Tests of farm.passes: pass-through removal, constant folding, BatchNormalization folding, activation fusion."""
+"""Tests of farm.frontend.passes: pass-through removal, constant folding, BatchNormalization folding, activation fusion."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from farm.errors import UnsupportedError
-from farm.frontend import import_model
-from farm.graph import Activation, Graph
-from farm.passes import FUSABLE_PRODUCERS, fold_batchnorm, fold_channel_affine, fold_constants, optimize
+from farm.frontend.onnx_import import import_model
+from farm.frontend.passes import FUSABLE_PRODUCERS, fold_batchnorm, fold_channel_affine, fold_constants, optimize
+from farm.ir.graph import Activation, Graph
 
 RNG = np.random.default_rng(42)
 

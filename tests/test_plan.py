@@ -5,8 +5,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from farm.build import plan_model
-from farm.plan import ALIGNMENT, _first_gap, plan_memory
+from farm.build.assembly import plan_model
+from farm.plan.planner import ALIGNMENT, _first_gap, plan_memory
 
 
 def _conv_chain(tmp_path, layers: int = 4, same_weights: bool = False):

@@ -4,7 +4,7 @@ import io
 
 from rich.console import Console
 
-from farm.progress import BuildProgress
+from farm.cli.progress import BuildProgress
 
 
 def test_bar_starts_with_the_first_update_and_counts_steps():

@@ -1,4 +1,4 @@
-"""The farm client (farm/remote.py) against a real redis-server with no workers: what submit, status, cancel and
+"""The farm client (farm/distributed/client.py) against a real redis-server with no workers: what submit, status, cancel and
 download leave in Redis and raise. Jobs stay queued, since nothing consumes the `control` queue."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from pathlib import Path
 import onnx
 import pytest
 
-from farm import examples
-from farm.board import JobState
-from farm.codegen.targets import host_target
+from farm.backends.llvm.target import host_target
+from farm.distributed.board import JobState
+from farm.distributed.client import FarmClient, raise_for_state
 from farm.errors import BadInputError, BuildError, ExitStatus, JobError
-from farm.remote import FarmClient, raise_for_state
 from farm.store import RedisStore
+from farm.tools import examples
 from tests.services import RedisServer, redis_server_fixture  # noqa: F401
 
 

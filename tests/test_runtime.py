@@ -244,8 +244,8 @@ def test_work_table_lists_each_launch_as_a_group_of_ranges() -> None:
 def test_small_models_run_as_one_native_call_whatever_the_threads(tmp_path: Path) -> None:
     """A model whose split launches hold less than MIN_SPLIT_WORK_FOR_THREADS work in all gains nothing from
     waking helper threads: threads=2 keeps it one farm_run call."""
-    from farm.build import build_model
-    from farm.examples import EXAMPLES
+    from farm.build.assembly import build_model
+    from farm.tools.examples import EXAMPLES
 
     path = tmp_path / "tiny_cnn.onnx"
     onnx.save(EXAMPLES["tiny_cnn"](), str(path))

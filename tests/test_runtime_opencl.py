@@ -9,12 +9,13 @@ import onnx
 import onnxruntime
 import pytest
 
-from farm import examples, runtime
+from farm import runtime
 from farm.artifact import open_artifact, write_artifact
-from farm.build import build_model
+from farm.backends.opencl.devices import opencl_devices
+from farm.build.assembly import build_model
+from farm.build.executor import LocalExecutor
 from farm.errors import ArtifactError
-from farm.executors import LocalExecutor
-from farm.opencl_devices import opencl_devices
+from farm.tools import examples
 
 
 @pytest.fixture(scope="module")
@@ -105,14 +106,14 @@ def test_a_cpu_only_host_loads_the_cpu_part_without_pyopencl(built, fingerprint,
     import subprocess
     import sys
 
-    from farm.codegen.targets import host_target
+    from farm.backends.llvm.target import host_target
 
     path, _ = built
     artifact = build_model(path, tmp_path, [host_target()], executor=LocalExecutor(1), opencl=[fingerprint]).artifact
     script = (
         "import sys; sys.modules['pyopencl'] = None\n"
         "import numpy as np, onnx\n"
-        "from farm import examples, runtime\n"
+        "from farm import runtime\nfrom farm.tools import examples\n"
         f"model = runtime.load({str(artifact)!r})\n"
         f"out = model.run(examples.random_input(onnx.load({str(path)!r})))\n"
         "assert 'pyopencl' not in [m for m in sys.modules if sys.modules[m] is not None]\n"

@@ -2,8 +2,8 @@
 
 import hashlib
 
-from farm.graph import Activation, TensorInfo
-from farm.specs import CODEGEN_VERSION, BlobSpec, KernelSpec, canonical_json
+from farm.ir.graph import Activation, TensorInfo
+from farm.ir.specs import CODEGEN_VERSION, BlobSpec, KernelSpec, canonical_json
 
 
 def _spec(**changes) -> KernelSpec:

@@ -8,7 +8,7 @@ import sys
 import llvmlite.binding as llvm
 import pytest
 
-from farm.codegen.targets import CpuTarget, host_target, parse_target
+from farm.backends.llvm.target import CpuTarget, host_target, parse_target
 from farm.errors import BadInputError, ExitStatus
 
 
@@ -102,7 +102,7 @@ def test_id_is_a_stable_function_of_triple_cpu_and_features():
 
 
 def test_id_is_the_same_in_a_fresh_process():
-    code = ("from farm.codegen.targets import parse_target; "
+    code = ("from farm.backends.llvm.target import parse_target; "
             "print(parse_target('cpu:x86_64-unknown-linux-gnu:skylake:+avx2').id)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == parse_target("cpu:x86_64-unknown-linux-gnu:skylake:+avx2").id

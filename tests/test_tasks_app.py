@@ -1,4 +1,4 @@
-"""The farm's Celery app (tasks/app.py): its settings, its routes, its tasks, and a real worker refusing pickle."""
+"""The farm's Celery app (farm/distributed/celery_app.py): its settings, its routes, its tasks, and a real worker refusing pickle."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from kombu import Connection
 from kombu.exceptions import ContentDisallowed
 from kombu.serialization import dumps, loads, prepare_accept_content
 
-from tasks.app import QUEUES, FarmTask, TuneTask, app, make_app
+from farm.distributed.celery_app import QUEUES, FarmTask, TuneTask, app, make_app
 from tests.farm_services import FarmWorker
 from tests.services import RedisServer, redis_server_fixture  # noqa: F401
 
@@ -90,7 +90,7 @@ def test_every_farm_task_is_registered_as_a_farm_task() -> None:
 
 def _settings_in_a_fresh_process(env: dict[str, str]) -> dict:
     code = (
-        "import json; from tasks.app import app, make_app\n"
+        "import json; from farm.distributed.celery_app import app, make_app\n"
         "def show(a):\n"
         "    c = a.conf\n"
         "    return {'broker': c.broker_url, 'soft': c.task_soft_time_limit, 'hard': c.task_time_limit,\n"
@@ -185,7 +185,7 @@ def test_dispatch_waits_out_a_redis_restart(redis_server: RedisServer) -> None:
     redis_server.stop()
     restarter = threading.Timer(1.5, redis_server.restart)
     restarter.start()
-    code = "from tasks.app import dispatch; dispatch('farm.finish', ['job'])"
+    code = "from farm.distributed.celery_app import dispatch; dispatch('farm.finish', ['job'])"
     env = {**os.environ, "FARM_BROKER_URL": redis_server.url}
     try:
         done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,

@@ -1,4 +1,4 @@
-"""Tuning (farm/tuning.py): the variants tried, that every one of them computes what onnxruntime does, timing and
+"""Tuning (farm/tuning/variants.py): the variants tried, that every one of them computes what onnxruntime does, timing and
 choosing, the tuning database in the store, reuse without timing, the manifest, and `--tune` on a real farm."""
 
 from __future__ import annotations
@@ -17,21 +17,22 @@ import pytest
 from llvmlite import ir
 
 import farm.runtime
-from farm import examples, tuning
 from farm.artifact import read_manifest
-from farm.board import JobBoard
-from farm.build import build_model, plan_model
-from farm.codegen.cpu import blocking_for, compile_cpu_kernel, compile_ir, default_blocking
-from farm.codegen.llvm_gemm import GemmBlocking
-from farm.codegen.llvm_render import render_kernel
-from farm.codegen.targets import CpuTarget, host_target, parse_target
-from farm.executors import LocalExecutor
-from farm.graph import Activation
-from farm.jobs import Farm
+from farm.backends.llvm.gemm import GemmBlocking
+from farm.backends.llvm.kernel import blocking_for, compile_cpu_kernel, compile_ir, default_blocking
+from farm.backends.llvm.render import render_kernel
+from farm.backends.llvm.target import CpuTarget, host_target, parse_target
+from farm.build.assembly import build_model, plan_model
+from farm.build.executor import LocalExecutor
+from farm.distributed.board import JobBoard
+from farm.distributed.celery_app import QUEUES
+from farm.distributed.steps import Farm
+from farm.ir.graph import Activation
+from farm.ir.specs import KernelSpec
 from farm.ops import lower_kernel
-from farm.specs import KernelSpec
 from farm.store import FileStore, RedisStore, Store
-from tasks.app import QUEUES
+from farm.tools import examples
+from farm.tuning import variants as tuning
 from tests.farm_services import farm_cli, farm_factory_fixture  # noqa: F401
 from tests.numerics import assert_close, rand, random_feeds, run_onnxruntime, single_op_model
 from tests.services import RedisServer, redis_server_fixture  # noqa: F401
@@ -264,7 +265,7 @@ def test_a_corrupt_record_counts_as_none(tmp_path: Path) -> None:
     assert [e["variant_source"] for e in kernel_entries(build_with(path, tmp_path / "out", store))] == ["default"]
 
 
-# --- the farm, in-process: the steps of farm/jobs.py against a real redis-server ---------------------------------
+# --- the farm, in-process: the steps of farm/distributed/steps.py against a real redis-server ---------------------------------
 
 STEPS: dict[str, Callable[[Farm, list[Any]], None]] = {
     "farm.plan_job": lambda farm, a: farm.plan_job(a[0]),
@@ -274,7 +275,7 @@ STEPS: dict[str, Callable[[Farm, list[Any]], None]] = {
     "farm.link": lambda farm, a: farm.link(*a),
     "farm.finish": lambda farm, a: farm.finish(*a),
 }
-"""What each task of tasks/app.py calls."""
+"""What each task of farm/distributed/celery_app.py calls."""
 
 
 class Queues(list):

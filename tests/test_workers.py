@@ -1,4 +1,4 @@
-"""`farm worker` (workers/main.py): what it detects on this host, which queues it takes, and what it advertises.
+"""`farm worker` (farm/distributed/worker.py): what it detects on this host, which queues it takes, and what it advertises.
 
 PoCL is installed here, so the host has one OpenCL device; without it these tests fail rather than skip.
 """
@@ -15,12 +15,12 @@ import pyopencl as cl
 import pytest
 import redis
 
-from farm.codegen.targets import host_target
-from farm.opencl_devices import fingerprint
-from tasks.app import make_app
+from farm.backends.llvm.target import host_target
+from farm.backends.opencl.devices import fingerprint
+from farm.distributed.celery_app import make_app
+from farm.distributed.worker import WORKERS_KEY, default_hostname, detect_capabilities, queues_for
 from tests.farm_services import FarmWorker
 from tests.services import RedisServer, redis_server_fixture  # noqa: F401
-from workers.main import WORKERS_KEY, default_hostname, detect_capabilities, queues_for
 
 POCL = "Portable Computing Language"
 HEX16 = re.compile(r"[0-9a-f]{16}")

@@ -1,1 +1,1 @@
-"""Worker start-up: detect what this host can build for, choose the queues, run a Celery worker (`farm worker`)."""
+"""Worker entry point of the farm: `farm worker` runs farm.distributed.worker.run_worker."""

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any
 
-from farm.codegen import loopir as L
-from farm.graph import Activation
+from farm.ir import loopir as L
+from farm.ir.graph import Activation
+from farm.ir.specs import KernelSpec
 from farm.ops import mathfns as M
 from farm.ops.registry import BUFFER_DTYPES, NodeContext, activate, out_shape, register
-from farm.specs import KernelSpec
 
 FLOAT = frozenset({"float32"})
 INT = frozenset({"int64", "int32"})

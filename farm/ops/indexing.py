@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from farm.codegen import loopir as L
+from farm.ir import loopir as L
+from farm.ir.specs import KernelSpec
 from farm.ops.registry import NodeContext, elementwise_loops, out_shape, register
 from farm.ops.tensor import axis_attr, load, no_attrs, scalar, typed_const, value_dtype
-from farm.specs import KernelSpec
 
 
 def _wrap_index(index: L.Expr, size: int) -> L.Expr:

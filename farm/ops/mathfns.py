@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from farm.codegen import loopir as L
+from farm.ir import loopir as L
 
 FALSE = L.Const(0, L.BOOL)
 INF = math.inf

@@ -7,10 +7,10 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from farm.codegen import loopir as L
+from farm.ir import loopir as L
+from farm.ir.specs import KernelSpec
 from farm.ops.reduce import ReduceLayout, absolute, axis_view, over_rows
 from farm.ops.registry import NodeContext, activate, out_shape, prod, register, shape_of
-from farm.specs import KernelSpec
 
 NEG_INF = -3.4028234663852886e38
 

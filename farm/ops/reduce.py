@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from farm.codegen import loopir as L
+from farm.ir import loopir as L
+from farm.ir.specs import KernelSpec
 from farm.ops.registry import NodeContext, prod, register, shape_of
-from farm.specs import KernelSpec
 
 FLOAT = frozenset({"float32"})
 NUMERIC = frozenset({"float32", "int64", "int32"})

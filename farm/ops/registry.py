@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from farm.codegen import loopir as L
 from farm.errors import UnsupportedError
-from farm.graph import Activation, Node, TensorInfo
-from farm.specs import KernelSpec
+from farm.ir import loopir as L
+from farm.ir.graph import Activation, Node, TensorInfo
+from farm.ir.specs import KernelSpec
 
 
 @dataclass

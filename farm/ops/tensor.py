@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from farm.codegen import loopir as L
-from farm.graph import TensorInfo
+from farm.ir import loopir as L
+from farm.ir.graph import TensorInfo
+from farm.ir.specs import KernelSpec
 from farm.ops.registry import (
     BUFFER_DTYPES,
     NodeContext,
@@ -20,7 +21,6 @@ from farm.ops.registry import (
     register,
     shape_of,
 )
-from farm.specs import KernelSpec
 
 # ------------------------------------------------------------------------------------------------ dtype helpers
 

@@ -9,8 +9,8 @@ import ctypes
 import os
 
 from farm.artifact import open_artifact, verify
+from farm.build.executor import default_workers as default_threads  # the CPUs this process may run on
 from farm.errors import ArtifactError
-from farm.executors import default_workers as default_threads  # the CPUs this process may run on
 from farm.runtime.cache import cached_library, default_cache_dir
 from farm.runtime.host import choose_target, this_host
 from farm.runtime.model import Model, TensorSpec

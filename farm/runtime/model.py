@@ -2,7 +2,7 @@
 
 With `threads` > 1 a run is one native call per thread: the calling thread and `threads - 1` persistent helper
 threads each call the library's farm_work, which claims ranges of each launch from shared atomic counters and
-waits natively for a launch's ranges to finish before the next (see farm.codegen.entry). Python only wakes the
+waits natively for a launch's ranges to finish before the next (see farm.backends.llvm.entry). Python only wakes the
 helpers, once per run; ctypes releases the GIL for the calls.
 """
 

@@ -20,8 +20,8 @@ import numpy as np
 
 from farm.artifact import Artifact
 from farm.atomic import write_atomically
+from farm.backends.opencl.devices import BUILD_OPTIONS, device_info, fingerprint
 from farm.errors import ArtifactError
-from farm.opencl_devices import BUILD_OPTIONS, device_info, fingerprint
 from farm.runtime.cache import default_cache_dir
 from farm.runtime.model import TensorSpec, check_feeds
 from farm.runtime.opencl_builder import SourceJob, build_all

@@ -3,7 +3,7 @@
 Drivers compile one program at a time per process (PoCL holds one compiler lock; threads gave 1.0x on 2 cores),
 so parallelism needs processes. The calling thread builds too, from the same work list, so helpers that are still
 starting (0.4 s for Python and pyopencl) cost nothing and a host with one core builds in-process. Helpers are plain
-`python -m farm.runtime.opencl_builder` subprocesses (farm.child_python), so a caller's unguarded `__main__` is
+`python -m farm.runtime.opencl_builder` subprocesses (farm.backends.opencl.child_python), so a caller's unguarded `__main__` is
 never re-imported. A helper that dies hands its kernel back to the list; a kernel that fails to build raises
 BuildError with the driver's log.
 
@@ -23,10 +23,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import IO, Any
 
-from farm.child_python import module_command
-from farm.codegen.opencl import build_binary
+from farm.backends.opencl.child_python import module_command
+from farm.backends.opencl.kernel import build_binary
+from farm.build.executor import default_workers
 from farm.errors import BuildError
-from farm.executors import default_workers
 
 
 @dataclass(frozen=True)

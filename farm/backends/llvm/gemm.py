@@ -1,0 +1,333 @@
+"""The LLVM rendering of the loop IR's Gemm: a register-blocked micro-kernel over explicit vector types.
+
+The output is cut into tiles of `rows` x (`vectors` x lanes) held in vector accumulators for the whole k loop;
+each k step loads `vectors` vectors of B and broadcasts `rows` scalars of A, so every load feeds several FMAs.
+Edges use the same tile code with fewer rows, one vector, or scalars (lanes = 1). Tile sizes and the vector
+width are parameters (GemmBlocking), not constants, so that tuning can try others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from llvmlite import ir
+
+from farm.ir import loopir as L
+
+F32_T, I64_T, I32_T = ir.FloatType(), ir.IntType(64), ir.IntType(32)
+
+
+LOOP_ORDERS = ("columns", "rows")
+"""Which tile loop is outer: "columns" (each column panel of B stays in cache while every row tile passes over
+it) or "rows" (each row panel of A stays while every column tile passes)."""
+
+
+@dataclass(frozen=True)
+class GemmBlocking:
+    """The micro-kernel's shape: register tiles of output rows x vectors of `lanes` floats, the cache tiling of the
+    k loop (`k_block` k steps per pass over C, 0: all of k in one pass) and the tile loop order."""
+
+    rows: int = 4
+    vectors: int = 3
+    lanes: int = 16
+    k_block: int = 0
+    order: str = "columns"
+
+    @property
+    def tile_columns(self) -> int:
+        """Columns of one register tile: the block a column-split launch claims (loopir.splits_columns)."""
+        return self.vectors * self.lanes
+
+    @property
+    def name(self) -> str:
+        """rows x vectors x lanes, then k block and order when not the default: "4x3x16", "4x3x16-k256-rows"."""
+        suffix = (f"-k{self.k_block}" if self.k_block else "") + (f"-{self.order}" if self.order != "columns" else "")
+        return f"{self.rows}x{self.vectors}x{self.lanes}{suffix}"
+
+    def to_json(self) -> dict[str, Any]:
+        """rows, vectors and lanes; k_block and order only when not the default (so older records stay equal)."""
+        data: dict[str, Any] = {"rows": self.rows, "vectors": self.vectors, "lanes": self.lanes}
+        if self.k_block:
+            data["k_block"] = self.k_block
+        if self.order != "columns":
+            data["order"] = self.order
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GemmBlocking:
+        """The blocking of a variant's JSON form; ValueError unless it is rows, vectors and lanes (positive
+        integers), optionally k_block (an integer >= 0) and order (one of LOOP_ORDERS): a variant comes from a store
+        or a message, so it is checked before code is made."""
+        required, optional = {"rows", "vectors", "lanes"}, {"k_block", "order"}
+        if not isinstance(data, dict) or not required <= set(data) <= required | optional:
+            raise ValueError(f"a GEMM variant is {{rows, vectors, lanes[, k_block, order]}}, got {data!r}")
+        if not all(type(data[key]) is int and data[key] > 0 for key in required):
+            raise ValueError(f"a GEMM variant's rows, vectors and lanes are positive integers, got {data!r}")
+        k_block, order = data.get("k_block", 0), data.get("order", "columns")
+        if type(k_block) is not int or k_block < 0 or order not in LOOP_ORDERS:
+            raise ValueError(f"a GEMM variant's k_block is an integer >= 0 and its order one of {LOOP_ORDERS}, "
+                             f"got {data!r}")
+        return cls(data["rows"], data["vectors"], data["lanes"], k_block, order)
+
+
+@dataclass(frozen=True)
+class _Region:
+    """A rectangle of C tiled uniformly: [m0, m0+m) x [n0, n0+n) in tiles of rows x (vectors * lanes)."""
+
+    m0: int | ir.Value
+    m: int | ir.Value
+    n0: int
+    n: int
+    rows: int
+    vectors: int
+    lanes: int
+
+
+def _columns(n: int, blocking: GemmBlocking) -> list[tuple[int, int, int, int]]:
+    """(first column, columns, vectors, lanes): full tiles, then single vectors, then narrower vectors (half the
+    lanes, down to 4), then scalars. The narrower vectors matter when n is small: a 2x2 feature map's 4 columns
+    would otherwise all be scalar tails under 16-lane tiles (6 GFLOP/s, against 22 with 4-lane vectors)."""
+    widths = [(blocking.vectors, blocking.lanes), (1, blocking.lanes)]
+    widths += [(1, lanes) for lanes in _halvings(blocking.lanes) if lanes >= 4] + [(1, 1)]
+    columns, n0 = [], 0
+    for vectors, lanes in widths:
+        count = (n - n0) // (vectors * lanes) * (vectors * lanes)
+        columns.append((n0, count, vectors, lanes))
+        n0 += count
+    return columns
+
+
+def regions(m: int, n: int, blocking: GemmBlocking) -> list[_Region]:
+    """Cover an m x n output with the column groups of `_columns`, each in full row tiles then single rows."""
+    m_main = m // blocking.rows * blocking.rows
+    rows = [(0, m_main, blocking.rows), (m_main, m - m_main, 1)]
+    return [_Region(m0, mc, n0, nc, r, v, lanes) for n0, nc, v, lanes in _columns(n, blocking)
+            for m0, mc, r in rows if mc and nc]
+
+
+def _halvings(lanes: int) -> list[int]:
+    return [lanes >> shift for shift in range(1, lanes.bit_length()) if lanes >> shift]
+
+
+def emit_gemm(builder: ir.IRBuilder, slot: Callable[[str, ir.Type], ir.AllocaInstr], a: ir.Value, b: ir.Value,
+              c: ir.Value, gemm: L.Gemm, blocking: GemmBlocking,
+              launch_range: tuple[ir.Value, ir.Value] | None = None) -> None:
+    """Emit C = A @ B for `gemm`'s shapes; a, b, c point at the panels' first elements. With `launch_range`
+    (runtime i64 values begin, end), only part of C, as loopir.launch_info cut it: column blocks [begin, end) when
+    the launch splits columns (loopir.splits_columns), else rows [begin, end): whole register tiles from begin,
+    then one row at a time."""
+    gen = _Gen(builder, slot, a, b, c, gemm, blocking)
+    if launch_range is None:
+        for region in regions(gemm.m, gemm.n, blocking):
+            _emit_region(gen, region)
+    elif L.splits_columns(gemm, blocking.tile_columns):
+        _emit_column_blocks(gen, blocking, *launch_range)
+    else:
+        _emit_rows(gen, blocking, *launch_range)
+
+
+def _emit_rows(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end: ir.Value) -> None:
+    builder, gemm = gen.b, gen.gemm
+    size = ir.Constant(I64_T, blocking.rows)
+    main = builder.mul(builder.sdiv(builder.sub(end, begin), size), size)
+    edge_begin = builder.add(begin, main)
+    for n0, nc, vectors, lanes in _columns(gemm.n, blocking):
+        if nc:
+            _emit_region(gen, _Region(begin, main, n0, nc, blocking.rows, vectors, lanes))
+            _emit_region(gen, _Region(edge_begin, builder.sub(end, edge_begin), n0, nc, 1, vectors, lanes))
+
+
+def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end: ir.Value) -> None:
+    """Columns [begin * width, end * width) of C, every row: the full-width blocks in the range, each down all row
+    tiles and then the edge rows; the range holding the last, partial block also does the narrower column tails."""
+    builder, gemm, width = gen.b, gen.gemm, blocking.tile_columns
+    full = ir.Constant(I64_T, gemm.n // width)
+    stop = builder.select(builder.icmp_signed("<", end, full), end, full)
+    m_main = gemm.m // blocking.rows * blocking.rows
+    tiles = _Region(0, m_main, 0, width, blocking.rows, blocking.vectors, blocking.lanes)
+    edge = _Region(m_main, gemm.m - m_main, 0, width, 1, blocking.vectors, blocking.lanes)
+
+    def blocks(k0: ir.Value, steps: int, accumulate: bool) -> None:
+        def block(index: ir.Value) -> None:
+            column_block = builder.add(begin, index)
+            gen.loop(m_main // blocking.rows, lambda it: _emit_tile(gen, tiles, it, column_block, k0, steps,
+                                                                    accumulate))
+            gen.loop(gemm.m - m_main, lambda it: _emit_tile(gen, edge, it, column_block, k0, steps, accumulate))
+
+        gen.loop(builder.sub(stop, begin), block)
+
+    _k_blocks(gen, blocks)
+    tails = [region for region in regions(gemm.m, gemm.n, blocking) if region.n0 >= gemm.n // width * width]
+    if tails:
+        with builder.if_then(builder.icmp_signed(">", end, full)):
+            for region in tails:
+                _emit_region(gen, region)
+
+
+class _Gen:
+    def __init__(self, builder, slot, a, b, c, gemm: L.Gemm, blocking: GemmBlocking) -> None:
+        self.b, self.slot, self.a, self.bm, self.c, self.gemm = builder, slot, a, b, c, gemm
+        self.blocking = blocking
+        self.count = 0
+
+    def loop(self, extent: int | ir.Value, body: Callable[[ir.Value], None]) -> None:
+        """A counted loop 0..extent (a constant or a runtime i64) whose body gets the i64 index."""
+        if isinstance(extent, int) and extent == 1:
+            body(ir.Constant(I64_T, 0))
+            return
+        b = self.b
+        self.count += 1
+        counter = self.slot(f"gemm.i{self.count}", I64_T)
+        b.store(ir.Constant(I64_T, 0), counter)
+        head, loop_body, done = (b.append_basic_block(f"gemm{self.count}.{s}") for s in ("head", "body", "done"))
+        b.branch(head)
+        b.position_at_end(head)
+        b.cbranch(b.icmp_signed("<", b.load(counter), _i64(extent)), loop_body, done)
+        b.position_at_end(loop_body)
+        body(b.load(counter))
+        b.store(b.add(b.load(counter), ir.Constant(I64_T, 1)), counter)
+        b.branch(head)
+        b.position_at_end(done)
+
+    def address(self, base: ir.Value, index: ir.Value) -> ir.Value:
+        return self.b.gep(base, [index], inbounds=True, source_etype=F32_T)
+
+    def offset(self, *terms: tuple[ir.Value | int, int]) -> ir.Value:
+        """sum of value * scale, as i64."""
+        total: ir.Value = ir.Constant(I64_T, 0)
+        for value, scale in terms:
+            value = ir.Constant(I64_T, value) if isinstance(value, int) else value
+            total = self.b.add(total, self.b.mul(value, ir.Constant(I64_T, scale)))
+        return total
+
+
+def _i64(value: int | ir.Value) -> ir.Value:
+    return ir.Constant(I64_T, value) if isinstance(value, int) else value
+
+
+def intrinsic(module: ir.Module, name: str, typ: ir.Type, arity: int) -> ir.Function:
+    """Declare an overloaded float intrinsic (llvm.fmuladd, llvm.sqrt, ...) for f32 or a vector of f32."""
+    suffix = f"v{typ.count}f32" if isinstance(typ, ir.VectorType) else "f32"
+    full = f"{name}.{suffix}"
+    if full in module.globals:
+        return module.globals[full]
+    return ir.Function(module, ir.FunctionType(typ, [typ] * arity), full)
+
+
+def _vector_type(lanes: int) -> ir.Type:
+    return F32_T if lanes == 1 else ir.VectorType(F32_T, lanes)
+
+
+def _k_blocks(gen: _Gen, emit: Callable[[ir.Value, int, bool], None]) -> None:
+    """emit(k0, steps, accumulate) over the k loop cut into blocks of blocking.k_block steps: the first block
+    writes C, the later ones (a runtime loop over the full blocks, then the remainder) add to it. With no k_block,
+    or k no larger, one pass over all of k."""
+    k, size = gen.gemm.k, gen.blocking.k_block
+    if not size or k <= size:
+        emit(ir.Constant(I64_T, 0), k, False)
+        return
+    full, b = k // size, gen.b
+    emit(ir.Constant(I64_T, 0), size, False)
+    gen.loop(full - 1, lambda j: emit(b.mul(b.add(j, ir.Constant(I64_T, 1)), ir.Constant(I64_T, size)), size, True))
+    if k % size:
+        emit(ir.Constant(I64_T, full * size), k % size, True)
+
+
+def _emit_region(gen: _Gen, region: _Region) -> None:
+    """Every tile of the region, k block by k block, the tile loops in the blocking's order."""
+    width = region.vectors * region.lanes
+    if isinstance(region.m, int):
+        row_tiles = region.m // region.rows
+    else:
+        row_tiles = region.m if region.rows == 1 else gen.b.sdiv(region.m, ir.Constant(I64_T, region.rows))
+    column_tiles = region.n // width
+
+    def tiles(k0: ir.Value, steps: int, accumulate: bool) -> None:
+        tile = lambda it, jt: _emit_tile(gen, region, it, jt, k0, steps, accumulate)  # noqa: E731
+        if gen.blocking.order == "rows":
+            gen.loop(row_tiles, lambda it: gen.loop(column_tiles, lambda jt: tile(it, jt)))
+        else:
+            gen.loop(column_tiles, lambda jt: gen.loop(row_tiles, lambda it: tile(it, jt)))
+
+    _k_blocks(gen, tiles)
+
+
+def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Value | None = None,
+               steps: int | None = None, accumulate: bool = False) -> None:
+    """One register tile of C over k steps [k0, k0 + steps) (all of k by default): accumulators start at zero, or
+    at C's values when `accumulate` (a later k block), and are stored to C at the end."""
+    b, g = gen.b, gen.gemm
+    k0 = ir.Constant(I64_T, 0) if k0 is None else k0
+    steps = g.k if steps is None else steps
+    vec_t = _vector_type(region.lanes)
+    m0 = b.add(_i64(region.m0), b.mul(it, ir.Constant(I64_T, region.rows)))
+    n0 = b.add(ir.Constant(I64_T, region.n0), b.mul(jt, ir.Constant(I64_T, region.vectors * region.lanes)))
+    accs = [[gen.slot(f"acc.{region.lanes}.{i}.{j}", vec_t) for j in range(region.vectors)]
+            for i in range(region.rows)]
+    for i, row in enumerate(accs):
+        c_row = gen.offset((b.add(m0, ir.Constant(I64_T, i)), g.ldc))
+        for j, acc in enumerate(row):
+            column = b.add(c_row, b.add(n0, ir.Constant(I64_T, j * region.lanes)))
+            start = _load(b, gen.address(gen.c, column), vec_t) if accumulate else ir.Constant(vec_t, None)
+            b.store(start, acc)
+    fma = intrinsic(b.module, "llvm.fmuladd", vec_t, 3)
+
+    def step(k: ir.Value) -> None:
+        b_row = gen.offset((k, g.ldb))
+        loaded = [_load(b, gen.address(gen.bm, b.add(b_row, b.add(n0, ir.Constant(I64_T, j * region.lanes)))),
+                        vec_t) for j in range(region.vectors)]
+        for i, row in enumerate(accs):
+            a_index = _a_index(gen, region, m0, i, k)
+            scalar = b.load(gen.address(gen.a, a_index), align=4, typ=F32_T)
+            a_value = _splat(b, scalar, region.lanes)
+            for acc, b_value in zip(row, loaded):
+                b.store(b.call(fma, [a_value, b_value, b.load(acc)]), acc)
+
+    gen.loop(steps, lambda k: step(b.add(k0, k)))
+    for i, row in enumerate(accs):
+        c_row = gen.offset((b.add(m0, ir.Constant(I64_T, i)), g.ldc))
+        for j, acc in enumerate(row):
+            target = gen.address(gen.c, b.add(c_row, b.add(n0, ir.Constant(I64_T, j * region.lanes))))
+            b.store(b.load(acc), target, align=4)
+
+
+def _a_index(gen: _Gen, region: _Region, m0: ir.Value, i: int, k: ir.Value) -> ir.Value:
+    """Where A[m0 + i, k] is: row-major, or in the pre-packed panels (L.Gemm.a_panels) of the blocking's rows R:
+    a full tile's panel starts at m0 * k (m0 a multiple of R: row ranges are cut at multiples of the grain, R)
+    and holds the R values of each k side by side; one-row tiles are the m % R rows past the full panels, in the
+    last panel."""
+    b, g = gen.b, gen.gemm
+    if not g.a_panels:
+        return b.add(gen.offset((b.add(m0, ir.Constant(I64_T, i)), g.lda)), k)
+    rows = gen.blocking.rows
+    if region.rows == rows:
+        return b.add(gen.offset((m0, g.k), (k, rows)), ir.Constant(I64_T, i))
+    main = g.m // rows * rows
+    edge_row = b.sub(b.add(m0, ir.Constant(I64_T, i)), ir.Constant(I64_T, main))
+    return b.add(gen.offset((main, g.k), (k, g.m - main)), edge_row)
+
+
+def pack_panels(a: np.ndarray, rows: int) -> np.ndarray:
+    """A (blocks x m x k, row-major) in the layout a_panels reads: per block, the full panels of `rows` rows
+    k-major, then the m % rows edge rows k-major."""
+    blocks, m, k = a.shape
+    main = m // rows * rows
+    panels = a[:, :main].reshape(blocks, main // rows, rows, k).transpose(0, 1, 3, 2).reshape(blocks, -1)
+    edge = a[:, main:].transpose(0, 2, 1).reshape(blocks, -1)
+    return np.ascontiguousarray(np.concatenate([panels, edge], axis=1))
+
+
+def _load(b: ir.IRBuilder, address: ir.Value, vec_t: ir.Type) -> ir.Value:
+    return b.load(address, align=4, typ=vec_t)
+
+
+def _splat(b: ir.IRBuilder, scalar: ir.Value, lanes: int) -> ir.Value:
+    if lanes == 1:
+        return scalar
+    vec_t = ir.VectorType(F32_T, lanes)
+    single = b.insert_element(ir.Constant(vec_t, ir.Undefined), scalar, ir.Constant(I32_T, 0))
+    mask = ir.Constant(ir.VectorType(I32_T, lanes), [0] * lanes)
+    return b.shuffle_vector(single, ir.Constant(vec_t, ir.Undefined), mask)

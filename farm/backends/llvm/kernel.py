@@ -1,0 +1,91 @@
+"""compile_cpu_kernel: a KernelSpec and a CPU target in, an object file's bytes out (a pure function)."""
+
+from __future__ import annotations
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+
+from farm.backends.llvm.gemm import GemmBlocking
+from farm.backends.llvm.render import render_kernel
+from farm.backends.llvm.target import CpuTarget
+from farm.errors import BuildError
+from farm.ir import loopir as L
+from farm.ir.specs import KernelSpec
+from farm.ops import lower_kernel
+
+
+def default_blocking(target: CpuTarget) -> GemmBlocking:
+    """The untuned micro-kernel shape (the documented default variant): 4 rows x 3 vectors of the target's widest
+    float vector."""
+    return GemmBlocking(rows=4, vectors=3, lanes=target.simd_floats)
+
+
+def blocking_for(spec: KernelSpec, target: CpuTarget) -> GemmBlocking:
+    """The GEMM blocking `spec` asks for: its variant, or the target's default when it names none."""
+    if not spec.variant_json:
+        return default_blocking(target)
+    try:
+        return GemmBlocking.from_json(spec.variant)
+    except ValueError as error:
+        raise BuildError(f"kernel {spec.op} {spec.symbol}: unusable variant: {error}") from None
+
+
+def packed_params(spec: KernelSpec, target: CpuTarget) -> dict[int, tuple[int, int, int]]:
+    """Parameter index -> (rows, m, k) of each constant the kernel reads pre-packed (L.Gemm.a_panels) on
+    `target`: its blob must be built with BlobSpec.panels equal to this."""
+    rows = blocking_for(spec, target).rows
+    kernel = lower_kernel(spec)
+    names = [param.name for param in kernel.params]
+    return {names.index(gemm.a): (rows, gemm.m, gemm.k) for gemm in gemms(kernel.body) if gemm.a_panels}
+
+
+def gemms(stmts: list[L.Stmt]) -> list[L.Gemm]:
+    """Every Gemm among `stmts`, nested ones included, in order."""
+    found = []
+    for stmt in stmts:
+        found += [stmt] if isinstance(stmt, L.Gemm) else gemms(getattr(stmt, "body", []))
+    return found
+
+
+def kernel_ir(spec: KernelSpec, target: CpuTarget) -> str:
+    """The kernel's LLVM IR text, before optimisation."""
+    module = ir.Module(name=spec.symbol)
+    module.triple = target.triple
+    render_kernel(module, spec.symbol, lower_kernel(spec), blocking_for(spec, target))
+    return str(module)
+
+
+def cpu_launches(spec: KernelSpec, target: CpuTarget) -> list[list[int]]:
+    """[extent, grain, work] of each launch of the kernel (the functions `<symbol>_<index>` that it defines); a
+    GEMM's grain is its variant's tile rows."""
+    blocking = blocking_for(spec, target)
+    return [info.to_json() for info in L.launch_info(lower_kernel(spec), blocking.rows, blocking.tile_columns)]
+
+
+def compile_ir(text: str, target: CpuTarget, name: str, optimize: bool = True) -> bytes:
+    """Parse, verify, optimise at O3 (with loop and SLP vectorisation) and emit an object for `target`."""
+    machine = target.machine()
+    try:
+        module = llvm.parse_assembly(text)
+        module.triple = target.triple
+        module.data_layout = str(machine.target_data)
+        module.verify()
+    except RuntimeError as exc:
+        raise BuildError(f"{name}: LLVM rejected the generated IR: {exc}") from None
+    if optimize:
+        _optimize(module, machine)
+    return machine.emit_object(module)
+
+
+def _optimize(module: llvm.ModuleRef, machine: llvm.TargetMachine) -> None:
+    tuning = llvm.create_pipeline_tuning_options(speed_level=3)
+    tuning.loop_vectorization = True
+    tuning.slp_vectorization = True
+    tuning.loop_unrolling = True
+    builder = llvm.create_pass_builder(machine, tuning)
+    builder.getModulePassManager().run(module, builder)
+
+
+def compile_cpu_kernel(spec: KernelSpec, target: CpuTarget) -> bytes:
+    """The object code of one kernel for one CPU target."""
+    return compile_ir(kernel_ir(spec, target), target, f"kernel {spec.op} {spec.symbol}")

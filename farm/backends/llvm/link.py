@@ -1,0 +1,52 @@
+"""link_library: object files in, one shared library out, through the system linker.
+
+`ld.lld` links for every ELF architecture; GNU `ld` links for the host's. Inputs are named by position so that
+the same objects always give the same bytes (no build id, no timestamps).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+
+import llvmlite.binding as llvm
+
+from farm.backends.llvm.target import CpuTarget
+from farm.errors import BuildError
+
+
+def _linkers(target: CpuTarget) -> list[str]:
+    """Linkers that can link `target`, best first."""
+    native = target.arch == llvm.get_process_triple().split("-")[0]
+    return ["ld.lld"] + (["ld"] if native else [])
+
+
+def find_linker(target: CpuTarget) -> str:
+    for name in _linkers(target):
+        path = shutil.which(name)
+        if path:
+            return path
+    raise BuildError(f"no linker for {target.triple}: install one of {', '.join(_linkers(target))} "
+                     "(Debian: apt-get install lld binutils)")
+
+
+def link_library(objects: Sequence[bytes], target: CpuTarget) -> bytes:
+    """A shared library holding every object; only non-hidden symbols (farm_run, farm_launch, farm_run_steps)
+    are exported."""
+    linker = find_linker(target)
+    with tempfile.TemporaryDirectory(prefix="farm-link-") as folder:
+        paths = []
+        for index, data in enumerate(objects):
+            paths.append(os.path.join(folder, f"{index:06d}.o"))
+            with open(paths[-1], "wb") as file:
+                file.write(data)
+        output = os.path.join(folder, "model.so")
+        command = [linker, "-shared", "--build-id=none", "-z", "noexecstack", "-o", output, *paths]
+        result = subprocess.run(command, capture_output=True, text=True, cwd=folder)
+        if result.returncode != 0:
+            raise BuildError(f"linking {len(paths)} objects for {target.triple} failed:\n{result.stderr.strip()}")
+        with open(output, "rb") as file:
+            return file.read()

@@ -1,0 +1,355 @@
+"""Render a loop-IR kernel as an LLVM IR function with llvmlite's IR builder.
+
+Loops become counted basic-block loops over allocas that mem2reg promotes; O3's loop vectoriser then widens the
+inner loops to the target's SIMD width. Float math carries the fast-math flags that allow reassociation and FMA
+contraction (reductions vectorise), but not nnan/ninf, so NaN and infinities propagate as in onnxruntime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from llvmlite import ir
+
+from farm.backends.llvm.gemm import GemmBlocking, emit_gemm, intrinsic
+from farm.ir import loopir as L
+
+F32_T, I64_T, BOOL_T, I32_T = ir.FloatType(), ir.IntType(64), ir.IntType(1), ir.IntType(32)
+PTR_T = ir.PointerType()
+LLVM_TYPES = {L.F32: F32_T, L.I64: I64_T, L.BOOL: BOOL_T}
+# How each buffer dtype sits in memory (numpy's layouts: bool is one byte).
+STORAGE_TYPES = {L.F32: F32_T, L.I64: I64_T, L.I32: I32_T, L.BOOL: ir.IntType(8)}
+FAST = ("reassoc", "contract", "nsz", "arcp")
+
+
+def declare_kernel(module: ir.Module, symbol: str, n_params: int) -> ir.Function:
+    """Declare (or define later) a kernel: void symbol(ptr noalias, ...), hidden inside the model library."""
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR_T] * n_params), symbol)
+    fn.linkage = "hidden"  # llvmlite prints the linkage slot verbatim and ignores `visibility` on functions
+    return fn
+
+
+def launch_symbol(symbol: str, index: int) -> str:
+    """The function that runs launch `index` of kernel `symbol` (see loopir.launch_groups)."""
+    return f"{symbol}_{index}"
+
+
+def declare_launch(module: ir.Module, symbol: str, n_params: int) -> ir.Function:
+    """Declare a launch: void symbol(ptr noalias, ..., i64 begin, i64 end), hidden inside the model library."""
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR_T] * n_params + [I64_T, I64_T]), symbol)
+    fn.linkage = "hidden"
+    return fn
+
+
+def render_kernel(module: ir.Module, symbol: str, kernel: L.LoopKernel, blocking: GemmBlocking) -> ir.Function:
+    """Add `kernel` to `module` as function `symbol`, and each of its launches as `symbol_<index>(..., begin, end)`
+    running only iterations [begin, end) of the launch's parallel loop or rows of its Gemm (a serial launch ignores
+    the range). `symbol` runs every launch over its whole range, in order. Gemm statements use `blocking`."""
+    fixed, groups = L.launch_groups(kernel)
+    launches = [_render_launch(module, launch_symbol(symbol, index), kernel, fixed, group, blocking)
+                for index, group in enumerate(groups)]
+    fn = declare_kernel(module, symbol, len(kernel.params))
+    fn.attributes.add("nounwind")
+    for arg, param in zip(fn.args, kernel.params):
+        arg.name = param.name
+        arg.add_attribute("noalias")
+    builder = ir.IRBuilder(fn.append_basic_block("entry"))
+    for launch, info in zip(launches, L.launch_info(kernel, blocking.rows, blocking.tile_columns)):
+        builder.call(launch, [*fn.args, ir.Constant(I64_T, 0), ir.Constant(I64_T, info.extent)])
+    builder.ret_void()
+    return fn
+
+
+def _render_launch(module: ir.Module, symbol: str, kernel: L.LoopKernel, fixed: list[str], group: list[L.Stmt],
+                   blocking: GemmBlocking) -> ir.Function:
+    fn = declare_launch(module, symbol, len(kernel.params))
+    # noinline: the kernel calls each launch once; inlining would only duplicate the code in the object.
+    fn.attributes.add("nounwind")
+    fn.attributes.add("noinline")
+    for arg, param in zip(fn.args, kernel.params):
+        arg.name = param.name
+        arg.add_attribute("noalias")
+    begin, end = fn.args[-2:]
+    begin.name, end.name = "begin", "end"
+    entry = fn.append_basic_block("entry")
+    body = fn.append_basic_block("body")
+    state = _State(ir.IRBuilder(entry), {p.name: arg for p, arg in zip(kernel.params, fn.args)}, blocking,
+                   {p.name: p.dtype for p in kernel.params})
+    state.builder.position_at_end(body)
+    for name in fixed:
+        state.builder.store(ir.Constant(I64_T, 0), state.slot(L.Var(name)))
+    first = group[0]
+    if isinstance(first, L.Gemm):
+        _emit_gemm(state, first, (begin, end))
+    elif isinstance(first, L.Loop) and first.parallel:
+        _emit_loop(state, first, (begin, end))
+    else:
+        _emit_block(state, group)
+    state.builder.ret_void()
+    ir.IRBuilder(entry).branch(body)
+    return fn
+
+
+class _State:
+    """What statement emission needs: the builder, buffer arguments and scalar slots (allocas)."""
+
+    def __init__(self, builder: ir.IRBuilder, buffers: dict[str, ir.Argument], blocking: GemmBlocking,
+                 buffer_dtypes: dict[str, str]):
+        self.builder, self.buffers, self.blocking, self.buffer_dtypes = builder, buffers, blocking, buffer_dtypes
+        self.slots: dict[str, ir.AllocaInstr] = {}
+        self.entry_block = builder.block
+
+    def slot(self, var: L.Var) -> ir.AllocaInstr:
+        """The alloca behind a loop variable or local."""
+        return self.typed_slot(var.name, LLVM_TYPES[var.dtype])
+
+    def typed_slot(self, name: str, typ: ir.Type) -> ir.AllocaInstr:
+        """An alloca in the entry block, created on first use (mem2reg turns it into registers)."""
+        if name not in self.slots:
+            entry = ir.IRBuilder(self.entry_block)
+            if self.entry_block.instructions:
+                entry.position_before(self.entry_block.instructions[0])
+            self.slots[name] = entry.alloca(typ, name=name)
+        return self.slots[name]
+
+
+def _emit_block(state: _State, stmts: list[L.Stmt]) -> None:
+    for stmt in stmts:
+        STMT_EMITTERS[type(stmt)](state, stmt)
+
+
+def _emit_loop(state: _State, loop: L.Loop, bounds: tuple[ir.Value, ir.Value] | None = None) -> None:
+    """The loop over [0, extent), or over the runtime range `bounds` (a launch's share of it)."""
+    b = state.builder
+    counter = state.slot(loop.var)
+    start, stop = bounds or (ir.Constant(I64_T, 0), ir.Constant(I64_T, loop.extent))
+    b.store(start, counter)
+    head = b.append_basic_block(f"{loop.var.name}.head")
+    body = b.append_basic_block(f"{loop.var.name}.body")
+    done = b.append_basic_block(f"{loop.var.name}.done")
+    b.branch(head)
+    b.position_at_end(head)
+    b.cbranch(b.icmp_signed("<", b.load(counter), stop), body, done)
+    b.position_at_end(body)
+    _emit_block(state, loop.body)
+    b.store(b.add(b.load(counter), ir.Constant(I64_T, 1), flags=("nsw", "nuw")), counter)
+    b.branch(head)
+    b.position_at_end(done)
+
+
+def _emit_store(state: _State, store: L.Store) -> None:
+    storage = STORAGE_TYPES[state.buffer_dtypes.get(store.buf, store.value.dtype)]
+    value = _to_storage(state.builder, emit_expr(state, store.value), storage)
+    state.builder.store(value, _address(state, store.buf, store.index, storage), align=storage_align(storage))
+
+
+def storage_align(storage: ir.Type) -> int:
+    return 1 if storage == ir.IntType(8) else 4
+
+
+def _to_storage(b: ir.IRBuilder, value: ir.Value, storage: ir.Type) -> ir.Value:
+    """A value as its buffer holds it: i1 widened to a byte, i64 narrowed to i32."""
+    if value.type == storage:
+        return value
+    if value.type == BOOL_T:
+        return b.zext(value, storage)
+    return b.trunc(value, storage)
+
+
+def _emit_assign(state: _State, assign: L.Assign) -> None:
+    state.builder.store(emit_expr(state, assign.value), state.slot(assign.var))
+
+
+def _emit_if(state: _State, stmt: L.If) -> None:
+    with state.builder.if_then(emit_expr(state, stmt.cond)):
+        _emit_block(state, stmt.body)
+
+
+def _emit_gemm(state: _State, gemm: L.Gemm, launch_range: tuple[ir.Value, ir.Value] | None = None) -> None:
+    panels = [_address(state, buf, offset, F32_T) for buf, offset in
+              ((gemm.a, gemm.a_offset), (gemm.b, gemm.b_offset), (gemm.c, gemm.c_offset))]
+    emit_gemm(state.builder, state.typed_slot, *panels, gemm, state.blocking, launch_range)
+
+
+STMT_EMITTERS: dict[type, Callable[[_State, L.Stmt], None]] = {
+    L.Gemm: _emit_gemm,
+    L.Loop: _emit_loop,
+    L.Store: _emit_store,
+    L.Assign: _emit_assign,
+    L.If: _emit_if,
+}
+
+
+def _address(state: _State, buf: str, index: L.Expr, elem: ir.Type) -> ir.Value:
+    return state.builder.gep(state.buffers[buf], [emit_expr(state, index)], inbounds=True, source_etype=elem)
+
+
+def emit_expr(state: _State, expr: L.Expr) -> ir.Value:
+    """Emit one expression tree and return its value."""
+    return EXPR_EMITTERS[type(expr)](state, expr)
+
+
+def _emit_const(state: _State, expr: L.Const) -> ir.Value:
+    return ir.Constant(LLVM_TYPES[expr.dtype], expr.value)
+
+
+def _emit_var(state: _State, expr: L.Var) -> ir.Value:
+    return state.builder.load(state.slot(expr))
+
+
+def _emit_load(state: _State, expr: L.Load) -> ir.Value:
+    b, storage = state.builder, STORAGE_TYPES[state.buffer_dtypes.get(expr.buf, expr.dtype)]
+    value = b.load(_address(state, expr.buf, expr.index, storage), align=storage_align(storage), typ=storage)
+    if expr.dtype == L.BOOL and storage != BOOL_T:
+        return b.icmp_unsigned("!=", value, ir.Constant(storage, 0))
+    if storage == I32_T:
+        return b.sext(value, I64_T)
+    return value
+
+
+def _emit_binary(state: _State, expr: L.Binary) -> ir.Value:
+    lhs, rhs = emit_expr(state, expr.lhs), emit_expr(state, expr.rhs)
+    table = FLOAT_BINARY if expr.lhs.dtype == L.F32 else INT_BINARY
+    return table[expr.op](state.builder, lhs, rhs)
+
+
+def _emit_select(state: _State, expr: L.Select) -> ir.Value:
+    cond = emit_expr(state, expr.cond)
+    return state.builder.select(cond, emit_expr(state, expr.if_true), emit_expr(state, expr.if_false))
+
+
+def _emit_cast(state: _State, expr: L.Cast) -> ir.Value:
+    value, b = emit_expr(state, expr.arg), state.builder
+    if expr.arg.dtype == expr.dtype:
+        return value
+    if expr.arg.dtype == L.BOOL:
+        return b.uitofp(value, F32_T) if expr.dtype == L.F32 else b.zext(value, LLVM_TYPES[expr.dtype])
+    if expr.dtype == L.F32:
+        return b.sitofp(value, F32_T)
+    return b.fptosi(value, LLVM_TYPES[expr.dtype])
+
+
+def _emit_call(state: _State, expr: L.Call) -> ir.Value:
+    return MATH[expr.fn](state.builder, emit_expr(state, expr.arg))
+
+
+EXPR_EMITTERS: dict[type, Callable[[_State, L.Expr], ir.Value]] = {
+    L.Const: _emit_const,
+    L.Var: _emit_var,
+    L.Load: _emit_load,
+    L.Binary: _emit_binary,
+    L.Select: _emit_select,
+    L.Cast: _emit_cast,
+    L.Call: _emit_call,
+}
+
+
+def _fcmp(op: str):
+    return lambda b, x, y: b.fcmp_ordered(op, x, y)
+
+
+def _icmp(op: str):
+    return lambda b, x, y: b.icmp_signed(op, x, y)
+
+
+def _fmax(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    """max that returns x when x is NaN, as onnxruntime's Relu/Clip/MaxPool do."""
+    return b.select(b.fcmp_ordered("<", x, y), y, x)
+
+
+def _fmin(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    return b.select(b.fcmp_ordered(">", x, y), y, x)
+
+
+FLOAT_BINARY = {
+    "add": lambda b, x, y: b.fadd(x, y, flags=FAST),
+    "sub": lambda b, x, y: b.fsub(x, y, flags=FAST),
+    "mul": lambda b, x, y: b.fmul(x, y, flags=FAST),
+    "div": lambda b, x, y: b.fdiv(x, y, flags=FAST),
+    "max": _fmax,
+    "min": _fmin,
+    **{name: _fcmp(sym) for name, sym in
+       {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}.items()},
+}
+
+INT_BINARY = {
+    "add": lambda b, x, y: b.add(x, y),
+    "sub": lambda b, x, y: b.sub(x, y),
+    "mul": lambda b, x, y: b.mul(x, y),
+    "div": lambda b, x, y: b.sdiv(x, y),
+    "mod": lambda b, x, y: b.srem(x, y),
+    "max": lambda b, x, y: b.select(b.icmp_signed(">", x, y), x, y),
+    "min": lambda b, x, y: b.select(b.icmp_signed("<", x, y), x, y),
+    "and": lambda b, x, y: b.and_(x, y),
+    "or": lambda b, x, y: b.or_(x, y),
+    **{name: _icmp(sym) for name, sym in
+       {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}.items()},
+}
+
+
+def _intrinsic(name: str):
+    def emit(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+        return b.call(intrinsic(b.module, name, x.type, 1), [x])
+
+    return emit
+
+
+def _poly(b: ir.IRBuilder, x: ir.Value, coeffs: tuple[float, ...]) -> ir.Value:
+    """Horner evaluation of coeffs (highest degree first) at x."""
+    acc = ir.Constant(F32_T, coeffs[0])
+    for c in coeffs[1:]:
+        acc = b.fadd(b.fmul(acc, x, flags=FAST), ir.Constant(F32_T, c), flags=FAST)
+    return acc
+
+
+_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
+_LOG_POLY = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1, 1.4249322787e-1,
+             -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1, 3.3333331174e-1)
+_LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
+
+
+_EXP_MAX = 88.72283935546875
+
+
+def _exp(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """Cephes expf, inline, so that it vectorises and the library needs no libm; overflows to +inf like expf."""
+    c = lambda v: ir.Constant(F32_T, v)  # noqa: E731
+    clamped = _fmin(b, _fmax(b, x, c(-87.3)), c(_EXP_MAX))
+    n = _intrinsic("llvm.floor")(b, b.fadd(b.fmul(clamped, c(1.44269504088896341)), c(0.5)))
+    r = b.fsub(b.fsub(clamped, b.fmul(n, c(_LN2_HI))), b.fmul(n, c(_LN2_LO)))
+    y = b.fadd(b.fadd(b.fmul(_poly(b, r, _EXP_POLY), b.fmul(r, r, flags=FAST), flags=FAST), r), c(1.0))
+    top = b.fcmp_ordered(">", n, c(127.0))
+    y = b.select(top, b.fmul(y, c(2.0)), y)
+    bits = b.shl(b.add(b.fptosi(_fmin(b, n, c(127.0)), I32_T), ir.Constant(I32_T, 127)), ir.Constant(I32_T, 23))
+    result = b.fmul(y, b.bitcast(bits, F32_T))
+    return b.select(b.fcmp_ordered(">", x, c(_EXP_MAX)), c(float("inf")), result)
+
+
+def _log(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """Cephes logf, inline; log(0) = -inf, log(inf) = inf, log of a negative or NaN is NaN. Subnormal inputs are
+    scaled by 2^23 first (and the exponent corrected), so they keep full accuracy."""
+    c = lambda v: ir.Constant(F32_T, v)  # noqa: E731
+    i = lambda v: ir.Constant(I32_T, v)  # noqa: E731
+    subnormal = b.fcmp_ordered("<", x, c(1.17549435e-38))
+    scaled = b.select(subnormal, b.fmul(x, c(8388608.0)), x)
+    bits = b.bitcast(_fmax(b, scaled, c(1.17549435e-38)), I32_T)
+    e = b.sitofp(b.sub(b.lshr(bits, i(23)), b.select(subnormal, i(149), i(126))), F32_T)
+    m = b.bitcast(b.or_(b.and_(bits, i(0x807FFFFF)), i(0x3F000000)), F32_T)
+    small = b.fcmp_ordered("<", m, c(0.707106781186547524))
+    e = b.select(small, b.fsub(e, c(1.0)), e)
+    m = b.fsub(b.select(small, b.fadd(m, m), m), c(1.0))
+    z = b.fmul(m, m)
+    y = b.fmul(b.fmul(_poly(b, m, _LOG_POLY), m), z)
+    y = b.fadd(b.fadd(y, b.fmul(e, c(_LN2_LO))), b.fmul(z, c(-0.5)))
+    result = b.fadd(b.fadd(m, y), b.fmul(e, c(_LN2_HI)))
+    result = b.select(b.fcmp_ordered("==", x, c(0.0)), c(float("-inf")), result)
+    result = b.select(b.fcmp_ordered("==", x, c(float("inf"))), x, result)
+    return b.select(b.fcmp_unordered("<", x, c(0.0)), c(float("nan")), result)
+
+
+MATH: dict[str, Callable[[ir.IRBuilder, ir.Value], ir.Value]] = {
+    "exp": _exp,
+    "log": _log,
+    "sqrt": _intrinsic("llvm.sqrt"),
+    "floor": _intrinsic("llvm.floor"),
+}

@@ -1,0 +1,1 @@
+"""The OpenCL backend: OpenCL C, program binaries per device fingerprint."""

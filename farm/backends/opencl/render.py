@@ -1,0 +1,214 @@
+"""Render a loop-IR kernel as OpenCL C: the second backend over the same op lowering as the LLVM path.
+
+Shapes are constants here too. A kernel becomes one or more launches, run in order on one queue: each top-level
+loop marked parallel is a launch with one work-item per iteration, each Gemm a 2-D launch with one work-item per
+register tile of the output (`GemmTile`), and other statements run on a single work-item (always correct).
+Top-level loops of extent 1 (a batch of one) are unwrapped first, so a convolution is im2col, Gemm and epilogue,
+each parallel.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from farm.ir import loopir as L
+
+C_TYPES = {L.F32: "float", L.I64: "long", L.BOOL: "int"}
+# Buffer element types (numpy's layouts: bool is one byte); C's conversions widen and narrow on load and store.
+BUFFER_C_TYPES = {L.F32: "float", L.I64: "long", L.I32: "int", L.BOOL: "uchar"}
+FLOAT_OPS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+INT_OPS = {**FLOAT_OPS, "mod": "%"}
+COMPARE_OPS = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "and": "&&", "or": "||"}
+
+
+@dataclass(frozen=True)
+class GemmTile:
+    """The block of C one work-item computes: `rows` rows by `vectors` x `width` columns, accumulated in registers.
+
+    Measured on PoCL (2 cores, Zen 4) over resnet18_style's GEMM shapes: 4 rows x 2 float4 columns runs 10-25x
+    faster than one work-item per element (3.5 -> 40-97 GFLOP/s); rows beyond m are clamped on load and skipped
+    on store. Columns use float4 loads when n allows, else scalars with the same clamping.
+    """
+
+    rows: int
+    vectors: int
+    width: int
+
+    @property
+    def columns(self) -> int:
+        return self.vectors * self.width
+
+    def grid(self, g: L.Gemm) -> tuple[int, int]:
+        """Global size: column tiles (dimension 0, adjacent work-items read adjacent B columns), then row tiles."""
+        return (-(-g.n // self.columns), -(-g.m // self.rows))
+
+
+def gemm_tile(g: L.Gemm) -> GemmTile:
+    for vectors, width in ((2, 4), (1, 4)):
+        if g.n % (vectors * width) == 0:
+            return GemmTile(4, vectors, width)
+    return GemmTile(4, 4, 1)
+
+
+def _launch_shape(group: list[L.Stmt]) -> tuple[int, ...]:
+    first = group[0]
+    if isinstance(first, L.Gemm):
+        return gemm_tile(first).grid(first)
+    if isinstance(first, L.Loop) and first.parallel:
+        return (first.extent,)
+    return (1,)
+
+
+def launches(symbol: str, kernel: L.LoopKernel) -> list[tuple[str, tuple[int, ...]]]:
+    """(OpenCL kernel name, global size) of every launch that runs `kernel`, in order."""
+    _, groups = L.launch_groups(kernel)
+    return [(f"{symbol}_{index}", _launch_shape(group)) for index, group in enumerate(groups)]
+
+
+def render_opencl(symbol: str, kernel: L.LoopKernel) -> str:
+    """OpenCL C source of one kernel: a __kernel function per launch (see `launches`)."""
+    params = ", ".join(_param(p) for p in kernel.params)
+    fixed, groups = L.launch_groups(kernel)
+    prologue = "".join(f"    const long {name} = 0;\n" for name in fixed)
+    functions = [f"__kernel void {name}({params})\n{{\n{prologue}{_launch_body(group)}}}\n"
+                 for (name, _), group in zip(launches(symbol, kernel), groups)]
+    return "\n".join(functions)
+
+
+def _launch_body(group: list[L.Stmt]) -> str:
+    locals_ = "".join(f"    {C_TYPES[dtype]} {name};\n" for name, dtype in sorted(_locals(group).items()))
+    first = group[0]
+    if isinstance(first, L.Gemm):
+        return _parallel_gemm(first)
+    if isinstance(first, L.Loop) and first.parallel:
+        v = first.var.name
+        return (f"    const long {v} = get_global_id(0);\n    if ({v} >= {first.extent}L) return;\n"
+                + locals_ + _block(first.body, 1))
+    return locals_ + _block(group, 1)
+
+
+def _parallel_gemm(g: L.Gemm) -> str:
+    """One work-item per `GemmTile` of C: A values broadcast against B vectors into tile accumulators."""
+    tile = gemm_tile(g)
+    vector = "float" if tile.width == 1 else f"float{tile.width}"
+    rows, vectors = range(tile.rows), range(tile.vectors)
+    lines = [f"const long gn0 = get_global_id(0) * {tile.columns}L, gm0 = get_global_id(1) * {tile.rows}L;",
+             f"__global const float* ga = {g.a} + ({expr(g.a_offset)});",
+             f"__global const float* gb = {g.b} + ({expr(g.b_offset)});",
+             f"__global float* gc = {g.c} + ({expr(g.c_offset)});"]
+    lines += [f"const long ga{r} = min(gm0 + {r}L, {g.m - 1}L) * {g.lda}L;" for r in rows]
+    lines += [f"{vector} gacc{r}_{v} = 0.0f;" for r in rows for v in vectors]
+    lines += [f"for (long gk = 0; gk < {g.k}L; ++gk) {{"]
+    lines += [f"    const float gx{r} = ga[ga{r} + gk];" for r in rows]
+    lines += [f"    const {vector} gy{v} = {_gemm_load(g, tile, v)};" for v in vectors]
+    lines += [f"    gacc{r}_{v} = fma(({vector})(gx{r}), gy{v}, gacc{r}_{v});" for r in rows for v in vectors]
+    lines += ["}"]
+    lines += [_gemm_store(g, tile, r, v) for r in rows for v in vectors]
+    return "".join(f"    {line}\n" for line in lines)
+
+
+def _gemm_load(g: L.Gemm, tile: GemmTile, v: int) -> str:
+    if tile.width == 1:
+        return f"gb[gk * {g.ldb}L + min(gn0 + {v}L, {g.n - 1}L)]"
+    return f"vload{tile.width}(0, gb + gk * {g.ldb}L + gn0 + {v * tile.width}L)"
+
+
+def _gemm_store(g: L.Gemm, tile: GemmTile, r: int, v: int) -> str:
+    row = f"gm0 + {r}L < {g.m}L"
+    if tile.width == 1:
+        return f"if ({row} && gn0 + {v}L < {g.n}L) gc[(gm0 + {r}L) * {g.ldc}L + gn0 + {v}L] = gacc{r}_{v};"
+    return f"if ({row}) vstore{tile.width}(gacc{r}_{v}, 0, gc + (gm0 + {r}L) * {g.ldc}L + gn0 + {v * tile.width}L);"
+
+
+def _param(param: L.Param) -> str:
+    qualifier = "" if param.output else "const "
+    return f"__global {qualifier}{BUFFER_C_TYPES[param.dtype]}* restrict {param.name}"
+
+
+def _locals(stmts: list[L.Stmt], found: dict[str, str] | None = None) -> dict[str, str]:
+    """Every scalar local assigned anywhere in `stmts`, with its type."""
+    found = {} if found is None else found
+    for stmt in stmts:
+        if isinstance(stmt, L.Assign):
+            found[stmt.var.name] = stmt.value.dtype
+        for child in (getattr(stmt, "body", None) or []):
+            _locals([child], found)
+    return found
+
+
+def _block(stmts: list[L.Stmt], depth: int) -> str:
+    return "".join(STMT_RENDERERS[type(s)](s, depth) for s in stmts)
+
+
+def _indent(depth: int) -> str:
+    return "    " * depth
+
+
+def _loop(loop: L.Loop, depth: int) -> str:
+    v, pad = loop.var.name, _indent(depth)
+    return f"{pad}for (long {v} = 0; {v} < {loop.extent}L; ++{v}) {{\n{_block(loop.body, depth + 1)}{pad}}}\n"
+
+
+def _store(store: L.Store, depth: int) -> str:
+    return f"{_indent(depth)}{store.buf}[{expr(store.index)}] = {expr(store.value)};\n"
+
+
+def _assign(assign: L.Assign, depth: int) -> str:
+    return f"{_indent(depth)}{assign.var.name} = {expr(assign.value)};\n"
+
+
+def _if(stmt: L.If, depth: int) -> str:
+    return f"{_indent(depth)}if ({expr(stmt.cond)}) {{\n{_block(stmt.body, depth + 1)}{_indent(depth)}}}\n"
+
+
+def _gemm(g: L.Gemm, depth: int) -> str:
+    pad, a, b, c = _indent(depth), expr(g.a_offset), expr(g.b_offset), expr(g.c_offset)
+    return (f"{pad}for (long gm = 0; gm < {g.m}L; ++gm) for (long gn = 0; gn < {g.n}L; ++gn) {{\n"
+            f"{pad}    float gacc = 0.0f;\n"
+            f"{pad}    for (long gk = 0; gk < {g.k}L; ++gk) gacc = fma({g.a}[{a} + gm * {g.lda}L + gk], "
+            f"{g.b}[{b} + gk * {g.ldb}L + gn], gacc);\n"
+            f"{pad}    {g.c}[{c} + gm * {g.ldc}L + gn] = gacc;\n{pad}}}\n")
+
+
+STMT_RENDERERS: dict[type, Callable[[L.Stmt, int], str]] = {
+    L.Loop: _loop, L.Store: _store, L.Assign: _assign, L.If: _if, L.Gemm: _gemm,
+}
+
+
+def expr(e: L.Expr) -> str:
+    """C text of one expression, fully parenthesised."""
+    return EXPR_RENDERERS[type(e)](e)
+
+
+def _const(c: L.Const) -> str:
+    if c.dtype != L.F32:
+        return f"{int(c.value)}L"
+    value = float(c.value)
+    if math.isnan(value):
+        return "NAN"
+    if math.isinf(value):
+        return "INFINITY" if value > 0 else "(-INFINITY)"
+    return f"({value.hex()}f)"
+
+
+def _binary(b: L.Binary) -> str:
+    lhs, rhs = expr(b.lhs), expr(b.rhs)
+    if b.op == "max":
+        return f"(({lhs}) < ({rhs}) ? ({rhs}) : ({lhs}))"
+    if b.op == "min":
+        return f"(({lhs}) > ({rhs}) ? ({rhs}) : ({lhs}))"
+    symbol = COMPARE_OPS.get(b.op) or (FLOAT_OPS if b.lhs.dtype == L.F32 else INT_OPS)[b.op]
+    return f"({lhs} {symbol} {rhs})"
+
+
+EXPR_RENDERERS: dict[type, Callable[[L.Expr], str]] = {
+    L.Const: _const,
+    L.Var: lambda v: v.name,
+    L.Load: lambda ld: f"({ld.buf}[{expr(ld.index)}] != 0)" if ld.dtype == L.BOOL else f"{ld.buf}[{expr(ld.index)}]",
+    L.Binary: _binary,
+    L.Call: lambda c: f"{c.fn}({expr(c.arg)})",
+    L.Select: lambda s: f"({expr(s.cond)} ? {expr(s.if_true)} : {expr(s.if_false)})",
+    L.Cast: lambda c: f"(({C_TYPES[c.dtype]})({expr(c.arg)}))",
+}

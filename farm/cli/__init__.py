@@ -1,0 +1,1 @@
+"""The `farm` command line and its helpers (progress display, benchmarking)."""

@@ -1,0 +1,307 @@
+"""The `farm` command line: `farm submit` builds an artifact, `farm run` runs one.
+
+Exit statuses (README.md, "Exit statuses"): 0 done, 1 build failed, 2 bad input, 3 cancelled or unknown job,
+4 farm unreachable. Errors go to stderr as one line that names what is wrong; `--json` also puts them on stdout.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from farm import __version__
+from farm.errors import BadInputError, ExitStatus, FarmError
+
+
+def _fail(error: str, status: ExitStatus, as_json: bool) -> None:
+    click.echo(f"farm: error: {error}", err=True)
+    if as_json:
+        click.echo(json.dumps({"state": "failed", "error": error, "exit_status": int(status)}))
+    sys.exit(int(status))
+
+
+def reports_errors(command: Callable) -> Callable:
+    """Turn farm's errors into their documented exit status and a one-line message."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        as_json = bool(kwargs.get("as_json"))
+        try:
+            return command(*args, **kwargs)
+        except FarmError as error:
+            _fail(str(error), error.exit_status, as_json)
+        except OSError as error:
+            _fail(f"{error.filename or ''}: {error.strerror or error}".lstrip(": "), ExitStatus.BAD_INPUT, as_json)
+
+    return wrapper
+
+
+@click.group()
+@click.version_option(__version__, prog_name="farm")
+def main() -> None:
+    """farm: compile ONNX models into one runnable artifact, on this machine or on a build farm."""
+
+
+broker_option = click.option("--broker", envvar="FARM_BROKER_URL", metavar="URL",
+                             help="Redis URL of the farm (default: $FARM_BROKER_URL).")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+
+
+def _client(broker: str | None):
+    from farm.distributed.client import FarmClient
+
+    if not broker:
+        raise BadInputError("no farm configured: pass --broker URL or set FARM_BROKER_URL")
+    return FarmClient(broker)
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--target", "targets", multiple=True, metavar="T",
+              help="cpu (this host, the default), cpu:TRIPLE or cpu:TRIPLE:CPU[:FEATURES]; repeatable.")
+@click.option("-o", "--output-dir", default="artifacts", show_default=True, type=click.Path(file_okay=False))
+@json_option
+@click.option("--workers", type=click.IntRange(min=1), help="Local compile processes (default: every core).")
+@broker_option
+@click.option("--no-wait", is_flag=True, help="With a farm: return the job id at once.")
+@click.option("--no-cache", is_flag=True, help="With a farm: rebuild every kernel and blob.")
+@click.option("--tune", is_flag=True,
+              help="First time the GEMM variants of each kernel the tuning database lacks, on a CPU of its target "
+                   "(this host, or a farm worker of that CPU class), and record the fastest.")
+@click.option("--retune", is_flag=True, help="Like --tune, but time every tunable kernel again.")
+@reports_errors
+def submit(model: Path, targets: tuple[str, ...], output_dir: str, as_json: bool, workers: int | None,
+           broker: str | None, no_wait: bool, no_cache: bool, tune: bool, retune: bool) -> None:
+    """Build MODEL.onnx into OUTPUT_DIR/<stem>.farm and print the artifact's path (on the farm when one is set).
+
+    Kernels use the variants the tuning database holds for their target (the default where it holds none)."""
+    from farm.backends.llvm.target import host_target, parse_target
+
+    if not model.is_file():
+        raise BadInputError(f"{model}: no such model file")
+    parsed = [parse_target(t) for t in targets if not t.startswith("opencl")]
+    devices = [fp for t in targets if t.startswith("opencl") for fp in _opencl_fingerprints(t, broker)]
+    parsed = parsed or ([] if devices else [host_target()])
+    if broker:
+        _submit_to_farm(_client(broker), model, parsed, output_dir, as_json, no_wait, no_cache, devices,
+                        {"tune": tune, "retune": retune})
+        return
+    from farm.build.assembly import build_model
+    from farm.build.executor import LocalExecutor
+    from farm.cli.progress import BuildProgress
+
+    with LocalExecutor(workers) as executor, BuildProgress(model.name) as progress:
+        result = build_model(model, output_dir, parsed, executor=executor, progress=progress.update, opencl=devices,
+                             tune=tune, retune=retune, tune_progress=progress.tuning)
+    for note in result.tuning.notes if result.tuning else []:
+        click.echo(f"farm: note: {note}", err=True)
+    click.echo(json.dumps(result.to_json(), sort_keys=True) if as_json else result.artifact)
+
+
+def _opencl_fingerprints(target: str, broker: str | None) -> list[str]:
+    """`opencl`: every OpenCL device there is (on the farm's live workers, or on this host without a farm);
+    `opencl:<fingerprint>`: that one, which must be among them."""
+    from farm.backends.opencl.devices import opencl_devices
+    from farm.distributed.client import farm_fingerprints
+
+    available = farm_fingerprints(broker) if broker else [device["fingerprint"] for device in opencl_devices()]
+    where = "on the farm's workers" if broker else "on this host"
+    _, _, wanted = target.partition(":")
+    chosen = [wanted] if wanted else available
+    if not chosen or any(fp not in available for fp in chosen):
+        raise BadInputError(f"--target {target}: no such OpenCL device {where} (found: {available or 'none'})")
+    return chosen
+
+
+def _submit_to_farm(client, model: Path, targets: list, output_dir: str, as_json: bool, no_wait: bool,
+                    no_cache: bool, devices: list[str], tuning: dict[str, bool]) -> None:
+    job_id = client.submit(model, targets, no_cache=no_cache, opencl=devices, **tuning)
+    if no_wait:
+        click.echo(json.dumps({"job_id": job_id, "state": "queued"}) if as_json else job_id)
+        return
+    status = _wait_with_progress(client, job_id, model.name)
+    if status.get("tuning_note"):
+        click.echo(f"farm: note: {status['tuning_note']}", err=True)
+    artifact = client.download(job_id, output_dir)
+    if as_json:
+        click.echo(json.dumps({**status, "artifact": artifact}, sort_keys=True))
+    else:
+        click.echo(artifact)
+
+
+def _wait_with_progress(client, job_id: str, label: str, timeout: float | None = None) -> dict[str, Any]:
+    from farm.cli.progress import BuildProgress
+    from farm.distributed.client import raise_for_state
+
+    with BuildProgress(f"{label} on the farm") as progress:
+        status = client.wait(job_id, timeout, lambda s: progress.update(s["done"], s["total"]) if s["total"] else None)
+    raise_for_state(status)
+    return status
+
+
+@main.command()
+@click.argument("job_id")
+@broker_option
+@json_option
+@reports_errors
+def status(job_id: str, broker: str | None, as_json: bool) -> None:
+    """Show a farm job: state, tasks done of total, and the failing unit and its error."""
+    info = _client(broker).status(job_id)
+    if as_json:
+        click.echo(json.dumps(info, sort_keys=True))
+        return
+    line = f"{job_id}: {info['state']}, {info['done']}/{info['total']} compile tasks done"
+    click.echo(line + (f"; failed at {info['failed_unit']}: {info['error']}" if info.get("error") else ""))
+
+
+@main.command()
+@click.argument("job_id")
+@broker_option
+@json_option
+@click.option("--timeout", type=float, help="Give up after this many seconds (exit 1).")
+@reports_errors
+def wait(job_id: str, broker: str | None, as_json: bool, timeout: float | None) -> None:
+    """Wait for a farm job to end; the exit status says how it ended."""
+    from farm.distributed.board import TERMINAL
+    from farm.errors import BuildError
+
+    status = _wait_with_progress(_client(broker), job_id, job_id, timeout)
+    if status["state"] not in TERMINAL:
+        raise BuildError(f"job {job_id} still {status['state']} after {timeout} s")
+    click.echo(json.dumps(status, sort_keys=True) if as_json else f"{job_id}: {status['state']}")
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("-o", "--output-dir", default="artifacts", show_default=True, type=click.Path(file_okay=False))
+@broker_option
+@reports_errors
+def download(job_id: str, output_dir: str, broker: str | None) -> None:
+    """Download a finished job's artifact into OUTPUT_DIR and print its path."""
+    click.echo(_client(broker).download(job_id, output_dir))
+
+
+@main.command()
+@click.argument("job_id")
+@broker_option
+@reports_errors
+def cancel(job_id: str, broker: str | None) -> None:
+    """Cancel a farm job: its remaining tasks are skipped and no artifact is made."""
+    from farm.errors import JobError
+
+    if not _client(broker).cancel(job_id):
+        raise JobError(f"job {job_id} had already ended; nothing to cancel")
+    click.echo(f"{job_id}: cancelled")
+
+
+@main.command()
+@broker_option
+@click.option("--concurrency", type=click.IntRange(min=1), help="Compile processes (default: every core).")
+@click.option("--hostname", help="Worker name (default: farm-<pid>@<host>).")
+@click.option("--loglevel", default="INFO", show_default=True)
+@reports_errors
+def worker(broker: str | None, concurrency: int | None, hostname: str | None, loglevel: str) -> None:
+    """Run a farm worker on this host, consuming the queues its CPU and OpenCL devices can serve."""
+    from farm.distributed.worker import run_worker
+
+    if not broker:
+        raise BadInputError("no farm configured: pass --broker URL or set FARM_BROKER_URL")
+    run_worker(broker, concurrency, hostname, loglevel)
+
+
+@main.command("workers")
+@broker_option
+@json_option
+@reports_errors
+def list_workers_command(broker: str | None, as_json: bool) -> None:
+    """List live workers with their host, capabilities and queues."""
+    from farm.distributed.client import list_workers
+
+    found = list_workers(_client(broker).broker)
+    if as_json:
+        click.echo(json.dumps(found, sort_keys=True))
+        return
+    for item in found:
+        cpu = item.get("cpu", {})
+        devices = ", ".join(d["device"] for d in item.get("opencl", [])) or "no OpenCL"
+        click.echo(f"{item['name']}: {cpu.get('triple', '?')} {cpu.get('cpu', '?')}; {devices}; "
+                   f"queues {', '.join(item['queues'])}")
+
+
+def _parse_inputs(pairs: tuple[str, ...]) -> dict[str, np.ndarray]:
+    feeds = {}
+    for pair in pairs:
+        name, sep, file = pair.partition("=")
+        if not sep or not name or not file:
+            raise BadInputError(f"--input {pair!r}: expected NAME=FILE.npy")
+        try:
+            feeds[name] = np.load(file, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as error:
+            raise BadInputError(f"--input {name}: can't read {file!r} as a .npy array: {error}") from None
+    return feeds
+
+
+def _summary(name: str, array: np.ndarray) -> str:
+    flat = array.reshape(-1)
+    head = ", ".join(f"{v:.6g}" for v in flat[:8])
+    more = ", ..." if flat.size > 8 else ""
+    return f"{name}: shape {list(array.shape)} {array.dtype} argmax {int(flat.argmax())} [{head}{more}]"
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(dir_okay=False))
+@click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy", help="One model input; repeatable.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the outputs to this .npz file.")
+@click.option("--print", "show", is_flag=True, help="Print each output's shape and first values.")
+@click.option("--device", type=click.Choice(["cpu", "opencl"]), default="cpu", show_default=True,
+              help="Run the CPU library, or the OpenCL kernels on this host's OpenCL device.")
+@click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
+              help="CPU threads one run may use (0: every CPU this process may run on).")
+@reports_errors
+def run(artifact: str, inputs: tuple[str, ...], output: str | None, show: bool, device: str,
+        threads: int) -> None:
+    """Run ARTIFACT on the given inputs with farm's runtime."""
+    from farm import runtime
+
+    model = runtime.load(artifact, device=device, threads=threads)
+    outputs = model.run(_parse_inputs(inputs))
+    if output:
+        np.savez(output, **outputs)
+    if show or not output:
+        for name, array in outputs.items():
+            click.echo(_summary(name, array))
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(dir_okay=False))
+@click.option("--compare", "baseline", type=click.Path(dir_okay=False), metavar="OTHER.farm",
+              help="Compare with this artifact (the baseline), node by node; flags nodes more than 5% slower.")
+@click.option("--repeat", type=click.IntRange(min=1), default=20, show_default=True, help="Timed runs.")
+@click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Threads of the whole-model runs (0: every CPU); kernels are timed on one thread.")
+@click.option("--fail-on-regression", is_flag=True,
+              help="Exit with status 5 when --compare flags a node (for CI).")
+@json_option
+@reports_errors
+def bench(artifact: str, baseline: str | None, repeat: int, threads: int, fail_on_regression: bool,
+          as_json: bool) -> None:
+    """Time ARTIFACT on this host: whole-model latency, and each kernel's time and GFLOP/s."""
+    from farm.cli.bench import bench_artifact, compare, comparison_json, format_comparison, format_report
+
+    report = bench_artifact(artifact, repeat, threads=threads)
+    if baseline is None:
+        click.echo(json.dumps(report.to_json()) if as_json else format_report(report))
+        return
+    before = bench_artifact(baseline, repeat, threads=threads)
+    changes = compare(before, report)
+    click.echo(comparison_json(before, report, changes) if as_json else
+               format_report(report) + "\n\n" + format_comparison(before, report, changes))
+    if fail_on_regression and any(change.flagged for change in changes):
+        sys.exit(int(ExitStatus.REGRESSION))

@@ -1,1 +1,0 @@
-"""Code generation: ops are lowered once into the loop IR (loopir) and rendered per backend (llvm for CPUs)."""

@@ -1,0 +1,490 @@
+"""ONNX frontend: turn a .onnx file into farm's Graph IR, and check that a graph is inside farm's op set.
+
+This is the only module that reads ONNX protobufs. Models are untrusted input: external weight files are read only
+from inside the model's own folder, and every refusal names the file, initializer, node or value at fault.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Collection, Iterable
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, TensorProto, numpy_helper
+
+from farm.errors import ModelLoadError, UnsupportedError
+from farm.ir.graph import Graph, Node, TensorInfo
+
+MIN_OPSET = 9
+MAX_OPSET = 28  # the newest opset of onnx 1.23, whose conformance cases check every supported op
+DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
+
+# Initializers up to this many elements stay in the model given to shape inference (they may hold shapes that
+# inference needs); bigger ones are replaced by typed inputs so that inference never serialises large weights.
+_SHAPE_DATA_MAX_ELEMENTS = 4096
+
+
+# --------------------------------------------------------------------------------------------------- import_model
+
+
+def import_model(path: str | os.PathLike[str]) -> Graph:
+    """Load the ONNX model at `path` into a Graph with static value infos, constants and named nodes.
+
+    Raises ModelLoadError when the file can't be read, is not an ONNX model or refers to external data outside its
+    folder, and UnsupportedError when its ai.onnx opset is outside 9..28 (older ones
+    only where its ops have not changed since 9). Dynamic shapes and unknown ops are left
+    for `validate`, which can name the node that uses them.
+    """
+    path = os.fspath(path)
+    model = _load_proto(path)
+    opset = _default_opset(model, path)
+    model_dir = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    constants = _read_initializers(model.graph, model_dir)
+    nodes, node_constants = _convert_nodes(model.graph.node, model_dir)
+    constants.update(node_constants)
+    inferred = _infer_shapes(model, constants, path)
+    values, dynamic = _collect_value_infos(inferred.graph)
+    values.update({name: _info_of(array) for name, array in constants.items()})
+    for name in values:
+        dynamic.pop(name, None)
+    inputs = [vi.name for vi in model.graph.input if vi.name not in constants]
+    graph = Graph(
+        name=model.graph.name or os.path.splitext(os.path.basename(path))[0],
+        opset=opset,
+        inputs=inputs,
+        outputs=[vi.name for vi in model.graph.output],
+        values=values,
+        constants=constants,
+        nodes=_topological_order(nodes, set(inputs) | set(constants), path),
+        dynamic_shapes=dynamic,
+    )
+    _correct_ceil_mode_pools(graph)
+    return graph
+
+
+def _ceil_pool_extent(size: int, kernel: int, stride: int, dilation: int, begin: int, end: int) -> int:
+    """Output size of a ceil_mode pool, dropping a last window that would start in the end padding."""
+    span = (kernel - 1) * dilation + 1
+    out = -(-(size + begin + end - span) // stride) + 1
+    return out - 1 if (out - 1) * stride >= size + begin else out
+
+
+def _correct_ceil_mode_pools(graph: Graph) -> None:
+    """ONNX shape inference keeps a ceil_mode window that starts in the padding; onnxruntime and the ONNX reference
+    drop it. Use the smaller shape and forget every shape downstream, so that folding's re-inference recomputes them.
+    """
+    for node in graph.nodes:
+        if node.op_type not in ("MaxPool", "AveragePool") or not node.attrs.get("ceil_mode"):
+            continue
+        x, y = graph.values.get(node.inputs[0]), graph.values.get(node.outputs[0])
+        if x is None or y is None or len(x.shape) != 4 or node.attrs.get("auto_pad", "NOTSET") != "NOTSET":
+            continue
+        kernel, pads = node.attrs["kernel_shape"], node.attrs.get("pads", [0, 0, 0, 0])
+        strides, dilations = node.attrs.get("strides", [1, 1]), node.attrs.get("dilations", [1, 1])
+        spatial = tuple(_ceil_pool_extent(x.shape[2 + i], kernel[i], strides[i], dilations[i], pads[i], pads[2 + i])
+                        for i in range(2))
+        if spatial != y.shape[2:]:
+            graph.values[node.outputs[0]] = TensorInfo(y.shape[:2] + spatial, y.dtype)
+            _forget_shapes_after(graph, node)
+
+
+def _forget_shapes_after(graph: Graph, changed: Node) -> None:
+    stale = set(changed.outputs)
+    for node in graph.nodes:
+        if node is not changed and stale.intersection(node.inputs):
+            stale.update(node.outputs)
+            for name in node.outputs:
+                graph.values.pop(name, None)
+
+
+def _load_proto(path: str) -> onnx.ModelProto:
+    """Parse the file without touching external data: those paths are checked by _read_external before any read."""
+    try:
+        model = onnx.load(path, load_external_data=False)
+    except Exception as exc:  # protobuf raises several unrelated types for a truncated or garbage file
+        raise ModelLoadError(f"can't read ONNX model {path}: {exc}") from exc
+    if not model.HasField("graph") or not model.opset_import:
+        raise ModelLoadError(f"{path} is not an ONNX model (no graph or no opset import); is the file truncated?")
+    return model
+
+
+def _default_opset(model: onnx.ModelProto, path: str) -> int:
+    """The ai.onnx opset version, which decides every default-domain op's semantics."""
+    versions = [entry.version for entry in model.opset_import if entry.domain in DEFAULT_DOMAINS]
+    if not versions:
+        raise ModelLoadError(f"{path} imports no ai.onnx opset")
+    opset = int(versions[0])
+    if opset > MAX_OPSET or (opset < MIN_OPSET and not _ops_unchanged_since(model, opset)):
+        raise UnsupportedError(
+            f"ai.onnx opset {opset} is not supported (farm supports opsets {MIN_OPSET} to {MAX_OPSET}, and older "
+            f"ones for models whose ops have not changed since)", opset=opset
+        )
+    return opset
+
+
+def _ops_unchanged_since(model: onnx.ModelProto, opset: int) -> bool:
+    """True when every ai.onnx op of the main graph means at `opset` what it means at MIN_OPSET (the same schema
+    version), so an old model that uses only such ops (And at opset 7, Not at opset 1) builds as it is."""
+    return all(_schema_version(node.op_type, opset) == _schema_version(node.op_type, MIN_OPSET)
+               for node in model.graph.node if node.domain in DEFAULT_DOMAINS)
+
+
+def _schema_version(op: str, opset: int) -> int | None:
+    try:
+        return onnx.defs.get_schema(op, opset).since_version
+    except onnx.defs.SchemaError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------- tensors and data
+
+
+def _read_initializers(graph: onnx.GraphProto, model_dir: str) -> dict[str, np.ndarray]:
+    """Every initializer as a numpy array, external ones read from inside model_dir only."""
+    if graph.sparse_initializer:
+        name = graph.sparse_initializer[0].values.name
+        raise UnsupportedError(f"sparse initializer {name!r} is not supported")
+    return {tensor.name: _tensor_to_array(tensor, model_dir) for tensor in graph.initializer}
+
+
+def _tensor_to_array(tensor: TensorProto, model_dir: str) -> np.ndarray:
+    """Convert a TensorProto, reading its bytes from a file next to the model when they are stored externally."""
+    if tensor.data_location == TensorProto.EXTERNAL:
+        return _read_external(tensor, model_dir)
+    try:
+        return numpy_helper.to_array(tensor)
+    except Exception as exc:
+        raise ModelLoadError(f"tensor {tensor.name!r} can't be decoded: {exc}") from exc
+
+
+def _read_external(tensor: TensorProto, model_dir: str) -> np.ndarray:
+    """Read an external tensor's bytes, refusing any location that is absolute or leaves the model's folder."""
+    info = {entry.key: entry.value for entry in tensor.external_data}
+    location = info.get("location", "")
+    file_path = _external_path(tensor.name, location, model_dir)
+    try:
+        offset, length = int(info.get("offset", 0)), int(info["length"]) if "length" in info else -1
+        with open(file_path, "rb") as f:
+            f.seek(offset)
+            data = f.read(length)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"initializer {tensor.name!r}: can't read external data {file_path}: {exc}") from exc
+    if length >= 0 and len(data) != length:
+        raise ModelLoadError(
+            f"initializer {tensor.name!r}: external data {file_path} holds {len(data)} bytes at offset {offset}, "
+            f"expected {length}"
+        )
+    return _array_from_bytes(tensor, data, file_path)
+
+
+def _external_path(name: str, location: str, model_dir: str) -> str:
+    """Resolve `location` inside model_dir; symlinks and '..' are resolved before the containment check."""
+    if not location or os.path.isabs(location):
+        raise ModelLoadError(f"initializer {name!r}: external data path {location!r} must be relative to the model")
+    resolved = os.path.realpath(os.path.join(model_dir, location))
+    if os.path.commonpath([resolved, model_dir]) != model_dir:
+        raise ModelLoadError(
+            f"initializer {name!r}: external data path {location!r} resolves to {resolved}, outside the model's "
+            f"folder {model_dir}"
+        )
+    if not os.path.isfile(resolved):
+        raise ModelLoadError(f"initializer {name!r}: external data file {resolved} does not exist")
+    return resolved
+
+
+def _array_from_bytes(tensor: TensorProto, data: bytes, file_path: str) -> np.ndarray:
+    """Little-endian raw bytes as an array: a zero-copy view for plain numeric types, onnx's decoder otherwise."""
+    dims = tuple(int(d) for d in tensor.dims)
+    count = int(np.prod(dims, dtype=np.int64))
+    try:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelLoadError(f"initializer {tensor.name!r} has unknown data type {tensor.data_type}") from exc
+    if dtype.kind in "fiub":
+        if len(data) != count * dtype.itemsize:
+            raise ModelLoadError(
+                f"initializer {tensor.name!r}: external data {file_path} has {len(data)} bytes, "
+                f"expected {count * dtype.itemsize} for {dtype.name}{list(dims)}"
+            )
+        return np.frombuffer(data, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False).reshape(dims)
+    raw = TensorProto(name=tensor.name, data_type=tensor.data_type, dims=dims, raw_data=data)
+    return _tensor_to_array(raw, "")
+
+
+def _info_of(array: np.ndarray) -> TensorInfo:
+    return TensorInfo(tuple(int(d) for d in array.shape), array.dtype.name)
+
+
+# ----------------------------------------------------------------------------------------------- nodes and attrs
+
+
+def _read_tensor_attr(attr: AttributeProto, model_dir: str) -> np.ndarray:
+    return _tensor_to_array(attr.t, model_dir)
+
+
+def _read_sparse_attr(attr: AttributeProto, model_dir: str) -> Any:
+    raise UnsupportedError(f"sparse tensor attribute {attr.name!r} is not supported")
+
+
+# Attribute readers by ONNX attribute type. Subgraphs stay protobufs: farm runs no op that has them, so validate
+# rejects such nodes by op, and keeping the proto lets that error name the node instead of crashing here.
+_ATTR_READERS: dict[int, Callable[[AttributeProto, str], Any]] = {
+    AttributeProto.FLOAT: lambda a, _: float(a.f),
+    AttributeProto.INT: lambda a, _: int(a.i),
+    AttributeProto.STRING: lambda a, _: a.s.decode("utf-8", errors="replace"),
+    AttributeProto.TENSOR: _read_tensor_attr,
+    AttributeProto.SPARSE_TENSOR: _read_sparse_attr,
+    AttributeProto.GRAPH: lambda a, _: a.g,
+    AttributeProto.TYPE_PROTO: lambda a, _: a.tp,
+    AttributeProto.FLOATS: lambda a, _: [float(v) for v in a.floats],
+    AttributeProto.INTS: lambda a, _: [int(v) for v in a.ints],
+    AttributeProto.STRINGS: lambda a, _: [s.decode("utf-8", errors="replace") for s in a.strings],
+    AttributeProto.TENSORS: lambda a, d: [_tensor_to_array(t, d) for t in a.tensors],
+    AttributeProto.GRAPHS: lambda a, _: list(a.graphs),
+    AttributeProto.TYPE_PROTOS: lambda a, _: list(a.type_protos),
+}
+
+# How each of Constant's mutually exclusive attributes becomes an array (after _ATTR_READERS ran).
+_CONSTANT_VALUES: dict[str, Callable[[Any], np.ndarray]] = {
+    "value": np.asarray,
+    "value_float": lambda v: np.array(v, dtype=np.float32),
+    "value_floats": lambda v: np.array(v, dtype=np.float32),
+    "value_int": lambda v: np.array(v, dtype=np.int64),
+    "value_ints": lambda v: np.array(v, dtype=np.int64),
+    "value_string": lambda v: np.array(v, dtype=object),
+    "value_strings": lambda v: np.array(v, dtype=object),
+}
+
+
+def _convert_nodes(protos: Iterable[onnx.NodeProto], model_dir: str) -> tuple[list[Node], dict[str, np.ndarray]]:
+    """Nodes as farm Nodes with Python attributes; Constant nodes become constants instead of nodes."""
+    nodes: list[Node] = []
+    constants: dict[str, np.ndarray] = {}
+    used_names: set[str] = set()
+    for index, proto in enumerate(protos):
+        node = _convert_node(proto, index, model_dir, used_names)
+        if node.op_type == "Constant" and node.domain == "":
+            constants[node.outputs[0]] = _constant_value(node)
+        else:
+            nodes.append(node)
+    return nodes, constants
+
+
+def _convert_node(proto: onnx.NodeProto, index: int, model_dir: str, used_names: set[str]) -> Node:
+    """One node; an unnamed node gets the stable name `<op_type>_<index>` so that errors can point at it."""
+    domain = "" if proto.domain in DEFAULT_DOMAINS else proto.domain
+    name = proto.name or _fresh_name(f"{proto.op_type}_{index}", used_names)
+    used_names.add(name)
+    try:
+        attrs = {attr.name: _ATTR_READERS[attr.type](attr, model_dir) for attr in proto.attribute}
+    except KeyError as exc:
+        raise UnsupportedError(
+            f"attribute of unknown type {exc}", node=name, op=proto.op_type, domain=domain
+        ) from exc
+    return Node(name, proto.op_type, list(proto.input), list(proto.output), attrs, domain)
+
+
+def _fresh_name(base: str, used: set[str]) -> str:
+    name, suffix = base, 1
+    while name in used:
+        name, suffix = f"{base}_{suffix}", suffix + 1
+    return name
+
+
+def _constant_value(node: Node) -> np.ndarray:
+    """The array a Constant node holds, whichever of its attributes carries it."""
+    for key, convert in _CONSTANT_VALUES.items():
+        if key in node.attrs:
+            return convert(node.attrs[key])
+    raise UnsupportedError(
+        f"Constant with attributes {sorted(node.attrs)} is not supported", node=node.name, op="Constant"
+    )
+
+
+def _topological_order(nodes: list[Node], defined: set[str], path: str) -> list[Node]:
+    """Nodes in an order where every input is defined first; the usual already-sorted case costs one scan."""
+    known = set(defined) | {""}
+    if all(_defines_in_order(node, known) for node in nodes):
+        return nodes
+    pending, known, ordered = list(nodes), set(defined) | {""}, []
+    while pending:
+        ready = [node for node in pending if all(name in known for name in node.inputs)]
+        if not ready:
+            node = pending[0]
+            missing = next(name for name in node.inputs if name not in known)
+            raise ModelLoadError(
+                f"{path}: node {node.name!r} reads {missing!r}, which no input, initializer or node defines "
+                f"(or the graph has a cycle)"
+            )
+        ready_ids = {id(node) for node in ready}
+        pending = [node for node in pending if id(node) not in ready_ids]
+        ordered.extend(ready)
+        known.update(out for node in ready for out in node.outputs)
+    return ordered
+
+
+def _defines_in_order(node: Node, known: set[str]) -> bool:
+    """True when all of node's inputs are already known; records its outputs as known."""
+    ok = all(name in known for name in node.inputs)
+    known.update(node.outputs)
+    return ok
+
+
+# --------------------------------------------------------------------------------------------- shape inference
+
+
+def _infer_shapes(model: onnx.ModelProto, constants: dict[str, np.ndarray], path: str) -> onnx.ModelProto:
+    """Run ONNX shape inference on a copy of the model without its big weights, which inference doesn't need."""
+    skeleton = _shape_skeleton(model, constants)
+    try:
+        return onnx.shape_inference.infer_shapes(skeleton, strict_mode=False, data_prop=True)
+    except Exception:
+        pass  # data propagation is an extra; retry without it before giving up
+    try:
+        return onnx.shape_inference.infer_shapes(skeleton, strict_mode=False)
+    except Exception as exc:
+        raise ModelLoadError(f"ONNX shape inference failed on {path}: {exc}") from exc
+
+
+def _shape_skeleton(model: onnx.ModelProto, constants: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """The model with small initializers only; big ones become typed graph inputs (declared once)."""
+    graph = model.graph
+    skeleton_graph = onnx.GraphProto(name=graph.name)
+    skeleton_graph.node.extend(graph.node)
+    skeleton_graph.input.extend(graph.input)
+    skeleton_graph.output.extend(graph.output)
+    skeleton_graph.value_info.extend(graph.value_info)
+    declared = {vi.name for vi in graph.input}
+    for tensor in graph.initializer:
+        array = constants[tensor.name]
+        if array.size <= _SHAPE_DATA_MAX_ELEMENTS and array.dtype != object:
+            skeleton_graph.initializer.append(numpy_helper.from_array(array, tensor.name))
+        elif tensor.name not in declared:
+            skeleton_graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, array.shape))
+    skeleton = onnx.ModelProto(ir_version=model.ir_version, graph=skeleton_graph)
+    skeleton.functions.extend(model.functions)
+    _normalise_domains(skeleton, model)
+    return skeleton
+
+
+def _normalise_domains(skeleton: onnx.ModelProto, model: onnx.ModelProto) -> None:
+    """Spell ai.onnx as "" and import every domain a node uses, so inference skips unknown ops instead of failing."""
+    opsets = {("" if e.domain in DEFAULT_DOMAINS else e.domain): e.version for e in model.opset_import}
+    for node in skeleton.graph.node:
+        if node.domain in DEFAULT_DOMAINS:
+            node.domain = ""
+        opsets.setdefault(node.domain, 1)
+    skeleton.opset_import.extend(onnx.helper.make_opsetid(domain, version) for domain, version in opsets.items())
+
+
+def _collect_value_infos(graph: onnx.GraphProto) -> tuple[dict[str, TensorInfo], dict[str, tuple[int | str, ...]]]:
+    """Static infos of every typed value, and the partial shapes of those with symbolic or unknown dims."""
+    values: dict[str, TensorInfo] = {}
+    dynamic: dict[str, tuple[int | str, ...]] = {}
+    for vi in (*graph.input, *graph.output, *graph.value_info):
+        tensor_type = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type") or not tensor_type.HasField("shape"):
+            continue
+        dims = tuple(_dim_of(d) for d in tensor_type.shape.dim)
+        dtype = _dtype_name(tensor_type.elem_type)
+        if dtype and all(isinstance(d, int) for d in dims):
+            values[vi.name] = TensorInfo(dims, dtype)  # type: ignore[arg-type]
+        else:
+            dynamic[vi.name] = dims
+    return values, dynamic
+
+
+def _dim_of(dim: onnx.TensorShapeProto.Dimension) -> int | str:
+    if dim.HasField("dim_value"):
+        return int(dim.dim_value)
+    return dim.dim_param or "?"
+
+
+def _dtype_name(elem_type: int) -> str:
+    """numpy dtype name of an ONNX element type ("" when undefined or unknown to numpy)."""
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).name
+    except (KeyError, TypeError, ValueError):
+        return ""
+
+
+# ------------------------------------------------------------------------------------------------------ validate
+
+
+def validate(graph: Graph, supported_ops: Collection[str]) -> None:
+    """Refuse a graph farm can't build: an op outside `supported_ops`, a non-static shape, a dtype outside
+    VALUE_DTYPES.
+
+    Raises UnsupportedError naming the node (op, domain, opset) and the value at fault.
+    """
+    supported = frozenset(supported_ops)
+    for node in graph.nodes:
+        _check_op(graph, node, supported)
+    first_user: dict[str, Node] = {}
+    for node in graph.nodes:
+        for name in node.inputs:
+            first_user.setdefault(name, node)
+    producers = graph.producers()
+    for name in graph.inputs:
+        _check_model_io(graph, name, "input", first_user.get(name))
+    for node in graph.nodes:
+        _check_node_values(graph, node)
+    for name in graph.outputs:
+        _check_model_io(graph, name, "output", producers.get(name))
+
+
+def _unsupported(graph: Graph, node: Node | None, reason: str) -> UnsupportedError:
+    if node is None:
+        return UnsupportedError(reason, opset=graph.opset)
+    return UnsupportedError(reason, node=node.name, op=node.op_type, domain=node.domain, opset=graph.opset)
+
+
+def _check_op(graph: Graph, node: Node, supported: frozenset[str]) -> None:
+    if node.domain:
+        raise _unsupported(graph, node, f"ops of domain {node.domain!r} are not supported by farm")
+    if node.op_type not in supported:
+        raise _unsupported(graph, node, "op is not supported by farm")
+
+
+# Element types a computed value may have: float32 compute, int64/int32 indices and shapes, bool masks.
+VALUE_DTYPES = ("float32", "int64", "int32", "bool")
+
+
+def _check_model_io(graph: Graph, name: str, role: str, node: Node | None) -> None:
+    """A model input or output must have a static shape and a dtype farm computes with."""
+    _check_static(graph, name, f"model {role}", node)
+    _check_dtype(graph, name, f"model {role}", node)
+
+
+def _check_node_values(graph: Graph, node: Node) -> None:
+    for name in node.inputs:
+        if name:
+            _check_static(graph, name, "input", node)
+            if name not in graph.constants:
+                _check_dtype(graph, name, "input", node)
+    for name in node.outputs:
+        if name:
+            _check_static(graph, name, "output", node)
+            _check_dtype(graph, name, "output", node)
+
+
+def _check_dtype(graph: Graph, name: str, role: str, node: Node | None) -> None:
+    dtype = graph.values[name].dtype
+    if dtype not in VALUE_DTYPES:
+        raise _unsupported(graph, node, f"{role} {name!r} has dtype {dtype}; farm computes with "
+                                        f"{', '.join(VALUE_DTYPES)}")
+
+
+def _check_static(graph: Graph, name: str, role: str, node: Node | None) -> None:
+    """The value must have a TensorInfo of positive static dims (constants: any static shape, even empty)."""
+    info = graph.values.get(name)
+    if info is None:
+        partial = graph.dynamic_shapes.get(name)
+        if partial is None:
+            raise _unsupported(graph, node, f"{role} {name!r} has an unknown shape")
+        shown = ", ".join(str(d) for d in partial)
+        raise _unsupported(graph, node, f"{role} {name!r} has dynamic shape [{shown}]")
+    if name not in graph.constants and any(d <= 0 for d in info.shape):
+        raise _unsupported(graph, node, f"{role} {name!r} has an empty dim in shape {list(info.shape)}")

@@ -1,0 +1,118 @@
+"""The units of work a build is split into: one KernelSpec per distinct kernel and target, one BlobSpec per weight.
+
+Both are frozen, JSON-serialisable and content-keyed (sha256 over everything that changes the compiled bytes), so
+identical layers share one compiled kernel and a key can name a cache entry on any worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from farm import __version__
+from farm.ir.graph import Activation, TensorInfo
+
+CODEGEN_VERSION = f"farm-{__version__}-codegen-6"
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no spaces: the form every content key is hashed from."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One kernel: op, attributes (after defaults and constant inputs are folded in), data shapes, activation, and
+    the code generator's variant.
+
+    `variant_json` is a tuned GEMM blocking (farm/tuning/variants.py) as canonical JSON; "" means the documented default
+    (codegen.cpu.default_blocking). It enters the JSON form and the key only when set, so an untuned kernel keeps
+    the key, symbol and cache entries it had before tuning existed.
+    """
+
+    op: str
+    attrs_json: str
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    activation: Activation | None
+    target_id: str
+    variant_json: str = ""
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        return json.loads(self.attrs_json)
+
+    @property
+    def variant(self) -> dict[str, Any] | None:
+        """The variant as a dict, None for the default."""
+        return json.loads(self.variant_json) if self.variant_json else None
+
+    def to_json(self) -> dict[str, Any]:
+        data = {
+            "op": self.op,
+            "attrs": self.attrs,
+            "inputs": [[list(t.shape), t.dtype] for t in self.inputs],
+            "outputs": [[list(t.shape), t.dtype] for t in self.outputs],
+            "activation": [self.activation.kind, list(self.activation.params)] if self.activation else None,
+            "target": self.target_id,
+        }
+        return {**data, "variant": self.variant} if self.variant_json else data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> KernelSpec:
+        act = data["activation"]
+        return cls(
+            op=data["op"],
+            attrs_json=canonical_json(data["attrs"]),
+            inputs=tuple(TensorInfo(tuple(s), d) for s, d in data["inputs"]),
+            outputs=tuple(TensorInfo(tuple(s), d) for s, d in data["outputs"]),
+            activation=Activation(act[0], tuple(act[1])) if act else None,
+            target_id=data["target"],
+            variant_json=canonical_json(data["variant"]) if data.get("variant") else "",
+        )
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(canonical_json([CODEGEN_VERSION, self.to_json()]).encode()).hexdigest()
+
+    @property
+    def symbol(self) -> str:
+        return f"farm_k_{self.key[:20]}"
+
+
+@dataclass(frozen=True)
+class BlobSpec:
+    """One constant tensor to be written into an object file; keyed by the sha256 of its bytes and the target.
+
+    `panels` (rows, m, k), when set: the object holds the float32 tensor pre-packed for a Gemm that reads it in
+    panels of `rows` (codegen.llvm_gemm.pack_panels, per m x k block): packing is part of the pure step, so the
+    source bytes (by data_sha256) travel and the packed ones are made where the object is.
+    """
+
+    data_sha256: str
+    nbytes: int
+    target_id: str
+    panels: tuple[int, int, int] | None = None
+
+    @property
+    def symbol(self) -> str:
+        suffix = "" if self.panels is None else "_p" + hashlib.sha256(str(self.panels).encode()).hexdigest()[:8]
+        return f"farm_w_{self.data_sha256[:20]}{suffix}"
+
+    @property
+    def key(self) -> str:
+        packing = "" if self.panels is None else f"|panels{list(self.panels)}"
+        return hashlib.sha256(f"{CODEGEN_VERSION}|blob|{self.data_sha256}|{self.target_id}{packing}".encode()
+                              ).hexdigest()
+
+    def to_json(self) -> dict[str, Any]:
+        data = {"sha256": self.data_sha256, "bytes": self.nbytes, "target": self.target_id}
+        return data if self.panels is None else {**data, "panels": list(self.panels)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BlobSpec:
+        panels = data.get("panels")
+        return cls(data["sha256"], int(data["bytes"]), data["target"],
+                   None if panels is None else tuple(int(v) for v in panels))
