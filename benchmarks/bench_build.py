@@ -44,8 +44,9 @@ from report import cell, markdown_table
 from farm import runtime
 from farm.backends.llvm.blobs import pack_blob, packer_for
 from farm.backends.llvm.target import CpuTarget, host_target, parse_target
-from farm.build.assembly import build_model, plan_model
+from farm.build.assembly import plan_model
 from farm.build.executor import Job, LocalExecutor
+from farm.build.local import build_model
 from farm.ir.specs import BlobSpec
 from farm.tools.examples import EXAMPLES, random_input
 

@@ -36,8 +36,8 @@ from report import markdown_table
 
 from farm.artifact import open_artifact, write_artifact
 from farm.backends.opencl.devices import BUILD_OPTIONS, opencl_devices
-from farm.build.assembly import build_model
 from farm.build.executor import LocalExecutor
+from farm.build.local import build_model
 from farm.runtime.opencl import OpenCLModel, this_device
 from farm.tools import examples
 

@@ -38,8 +38,8 @@ from report import cell, markdown_table
 
 from farm import runtime
 from farm.backends.llvm.target import host_target, init_llvm
-from farm.build.assembly import build_model
 from farm.build.executor import LocalExecutor
+from farm.build.local import build_model
 from farm.cli.bench import bench_artifact
 
 RESNET50 = "light_resnet50"

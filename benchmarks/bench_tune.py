@@ -33,8 +33,9 @@ from report import cell, markdown_table
 from farm import runtime
 from farm.backends.llvm.gemm import GemmBlocking
 from farm.backends.llvm.target import host_target
-from farm.build.assembly import build_model, plan_model
+from farm.build.assembly import plan_model
 from farm.build.executor import LocalExecutor
+from farm.build.local import build_model
 from farm.cli.bench import kernel_label
 from farm.store import FileStore, Store
 from farm.tools.examples import random_input

@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 
 def _seconds(name: str, default: float) -> float:
     return float(os.environ.get(name, default))
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on (its affinity mask): the default number of local compile processes and of
+    runtime threads."""
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def cache_dir() -> Path:
+    """FARM_CACHE_DIR: farm's cache root (the embedded store, the runtime's libraries and programs); default
+    ~/.cache/farm."""
+    configured = os.environ.get("FARM_CACHE_DIR")
+    return Path(configured) if configured else Path.home() / ".cache" / "farm"
 
 
 def broker_url() -> str | None:

@@ -6,6 +6,7 @@ Every error names what is wrong (the node, the op, the file) so that a user can 
 from __future__ import annotations
 
 from enum import IntEnum
+from urllib.parse import urlsplit, urlunsplit
 
 
 class ExitStatus(IntEnum):
@@ -52,6 +53,12 @@ class RunInputError(BadInputError):
     """The arrays given to a model at run time don't match its inputs."""
 
 
+class UnreachableError(FarmError):
+    """The farm's Redis (broker, job board or store) can't be reached: down, wrong address, refused credentials."""
+
+    exit_status = ExitStatus.UNREACHABLE
+
+
 class JobError(FarmError):
     """A farm job is unknown (expired or never submitted) or was cancelled."""
 
@@ -60,3 +67,13 @@ class JobError(FarmError):
 
 class BuildError(FarmError):
     """A compile, pack or link step failed; carries the failing kernel or blob and the tool's log."""
+
+
+def redact_url(url: str) -> str:
+    """`url` with its password replaced by ***, fit for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))

@@ -1,1 +1,1 @@
-"""Celery entry point of the farm: `celery -A tasks.app` (the app is farm.distributed.celery_app)."""
+"""Celery entry point of the farm: `celery -A tasks.app` (the tasks are farm.distributed.tasks)."""

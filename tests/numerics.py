@@ -21,8 +21,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import farm.runtime
 from farm.artifact import read_manifest
-from farm.build.assembly import BuildResult, build_model
 from farm.build.executor import LocalExecutor
+from farm.build.local import BuildResult, build_model
 
 RELATIVE_TOLERANCE = 1e-4
 OPSET = 17

@@ -14,8 +14,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from farm.backends.llvm.target import host_target, parse_target
-from farm.build.assembly import build_model
 from farm.build.executor import LocalExecutor
+from farm.build.local import build_model
 from farm.cli.bench import FLOPS, BenchReport, Change, StepTime, bench_artifact, compare, kernel_label
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 import threading
 import time
@@ -10,10 +9,14 @@ import time
 import pytest
 
 from farm import defaults
-from farm.distributed.board import TERMINAL, JobBoard, JobState
-from farm.errors import ExitStatus
-from farm.store import StoreUnreachableError
+from farm.backends.llvm.target import CpuTarget
+from farm.distributed import protocol
+from farm.distributed.board import JobBoard
+from farm.distributed.protocol import TERMINAL, JobRecord, JobState
+from farm.errors import ExitStatus, UnreachableError
 from tests.services import RedisServer, free_port, redis_server_fixture  # noqa: F401
+
+J1, J2 = "0123456789abcdef", "fedcba9876543210"
 
 
 @pytest.fixture
@@ -21,59 +24,73 @@ def board(redis_server: RedisServer) -> JobBoard:
     return JobBoard(redis_server.url)
 
 
+def new_record(**fields: object) -> JobRecord:
+    now = time.time()
+    return JobRecord(JobState.QUEUED, "a" * 64, "m", "b" * 64, [CpuTarget("x86_64-unknown-linux-gnu")],
+                     created=now, updated=now, **fields)
+
+
 def test_create_get_and_update_a_job_record(board: JobBoard) -> None:
-    assert board.get("nope") is None
-    board.create("j1", {"model_name": "m", "targets": [{"id": "t"}], "no_cache": False, "total": 0})
-    record = board.get("j1")
+    assert board.get(J1) is None
+    board.create(J1, new_record(no_cache=False))
+    record = board.get(J1)
     assert record is not None
-    assert record["state"] == "queued" and record["model_name"] == "m"
-    assert json.loads(record["targets"]) == [{"id": "t"}] and record["no_cache"] == "False"
-    assert float(record["created"]) <= float(record["updated"]) <= time.time()
-    assert 0 < board.redis.ttl(board.key("j1")) <= defaults.JOB_TTL_SECONDS
+    assert record.state == JobState.QUEUED and record.model_name == "m" and record.no_cache is False
+    assert record.targets == [CpuTarget("x86_64-unknown-linux-gnu")] and record.total is None
+    assert record.created <= record.updated <= time.time()
+    assert 0 < board.redis.ttl(protocol.job_key(J1)) <= defaults.JOB_TTL_SECONDS
 
     time.sleep(0.01)
-    board.update("j1", state=JobState.COMPILING.value, total=5, kernels=[1, 2])
-    updated = board.get("j1")
-    assert updated["state"] == "compiling" and updated["total"] == "5" and json.loads(updated["kernels"]) == [1, 2]
-    assert float(updated["updated"]) > float(record["updated"])
-    assert updated["model_name"] == "m" and not board.is_over("j1")
+    board.update(J1, state=JobState.COMPILING, total=5, tune_units=["a", "b"])
+    updated = board.get(J1)
+    assert updated.state == JobState.COMPILING and updated.total == 5 and updated.tune_units == ["a", "b"]
+    assert updated.updated > record.updated
+    assert updated.model_name == "m" and not board.is_over(J1)
+
+
+def test_map_fields_gain_entries_without_losing_others(board: JobBoard) -> None:
+    board.create(J1, new_record())
+    board.update(J1, libraries={"cpu-a": "1" * 64})
+    board.update(J1, libraries={"cpu-b": "2" * 64}, tune_errors={"t/k": "boom"})
+    record = board.get(J1)
+    assert record.libraries == {"cpu-a": "1" * 64, "cpu-b": "2" * 64} and record.tune_errors == {"t/k": "boom"}
 
 
 def test_advance_moves_only_a_live_job(board: JobBoard) -> None:
-    board.create("j", {"model_name": "m"})
-    assert board.advance("j", JobState.PLANNING) and board.advance("j", JobState.COMPILING, total=3)
-    assert board.get("j")["state"] == "compiling" and board.get("j")["total"] == "3"
-    assert board.advance("j", JobState.CANCELLED, error="cancelled by user") is True
-    assert board.is_over("j")
-    assert board.advance("j", JobState.DONE, artifact_key="k") is False  # a late done can't undo the cancel
-    assert board.fail("j", "too late") is False
-    record = board.get("j")
-    assert record["state"] == "cancelled" and record["error"] == "cancelled by user" and "artifact_key" not in record
+    board.create(J1, new_record())
+    assert board.advance(J1, JobState.PLANNING) and board.advance(J1, JobState.COMPILING, total=3)
+    assert board.get(J1).state == JobState.COMPILING and board.get(J1).total == 3
+    assert board.advance(J1, JobState.CANCELLED, error="cancelled by user") is True
+    assert board.is_over(J1)
+    assert board.advance(J1, JobState.DONE, artifact_key="c" * 64) is False  # a late done can't undo the cancel
+    assert board.fail(J1, "too late") is False
+    record = board.get(J1)
+    assert record.state == JobState.CANCELLED and record.error == "cancelled by user" and record.artifact_key is None
 
-    assert board.advance("never-created", JobState.DONE) is False
-    assert board.get("never-created") is None  # finishing an unknown job writes nothing
-    assert board.is_over("never-created")
+    assert board.advance(J2, JobState.DONE) is False
+    assert board.get(J2) is None  # finishing an unknown job writes nothing
+    assert board.is_over(J2)
 
 
 @pytest.mark.parametrize("state", sorted(TERMINAL))
-def test_no_terminal_state_can_be_left(board: JobBoard, state: str) -> None:
-    board.create("j", {})
-    assert board.advance("j", JobState(state))
+def test_no_terminal_state_can_be_left(board: JobBoard, state: JobState) -> None:
+    board.create(J1, new_record())
+    assert board.advance(J1, state)
     for other in JobState:  # neither to another end nor back to a live state
-        assert board.advance("j", other, extra="x") is False
-    assert board.get("j")["state"] == state and "extra" not in board.get("j")
+        assert board.advance(J1, other, error="x") is False
+    assert board.get(J1).state == state and board.get(J1).error == ""
 
 
 def test_fail_records_the_error_exit_status_and_unit(board: JobBoard) -> None:
-    board.create("j", {})
-    assert board.fail("j", "kernel k failed: boom", ExitStatus.BAD_INPUT, "cpu-x/farm_k_1")
-    record = board.get("j")
-    assert record["state"] == "failed" and record["error"] == "kernel k failed: boom"
-    assert record["exit_status"] == "2" and record["failed_unit"] == "cpu-x/farm_k_1"
+    board.create(J1, new_record())
+    assert board.fail(J1, "kernel k failed: boom", ExitStatus.BAD_INPUT, "cpu-x/farm_k_1")
+    record = board.get(J1)
+    assert record.state == JobState.FAILED and record.error == "kernel k failed: boom"
+    assert record.exit_status == 2 and record.failed_unit == "cpu-x/farm_k_1"
 
-    board.create("k", {})
-    assert board.fail("k", "link failed")
-    assert board.get("k")["exit_status"] == str(int(ExitStatus.BUILD_FAILED)) and board.get("k")["failed_unit"] == ""
+    board.create(J2, new_record())
+    assert board.fail(J2, "link failed")
+    assert board.get(J2).exit_status == ExitStatus.BUILD_FAILED and board.get(J2).failed_unit == ""
 
 
 def test_complete_counts_distinct_names_per_phase(board: JobBoard) -> None:
@@ -83,7 +100,7 @@ def test_complete_counts_distinct_names_per_phase(board: JobBoard) -> None:
     assert board.complete("j", "link", "a") == 1  # phases count apart
     assert board.complete("other", "compile", "a") == 1  # and jobs too
     assert board.complete("j", "compile", "c") == 3
-    assert 0 < board.redis.ttl(board.key("j", ":compile")) <= defaults.JOB_TTL_SECONDS
+    assert 0 < board.redis.ttl(protocol.phase_key("j", "compile")) <= defaults.JOB_TTL_SECONDS
 
 
 def test_exactly_one_of_many_concurrent_completions_sees_the_last_unit(board: JobBoard) -> None:
@@ -116,19 +133,19 @@ def test_count_delivery_increments_per_job_and_unit(board: JobBoard) -> None:
     assert [board.count_delivery("j", "u") for _ in range(3)] == [1, 2, 3]
     assert board.count_delivery("j", "v") == 1
     assert board.count_delivery("other", "u") == 1
-    assert 0 < board.redis.ttl(board.key("j", ":deliveries:u")) <= defaults.JOB_TTL_SECONDS
+    assert 0 < board.redis.ttl(protocol.deliveries_key("j", "u")) <= defaults.JOB_TTL_SECONDS
 
 
 @pytest.mark.parametrize("operation", ["create", "get", "update", "advance", "complete", "count_delivery"])
 def test_an_unreachable_redis_raises_store_unreachable_quickly(operation: str) -> None:
     url = f"redis://:secret@127.0.0.1:{free_port()}/0"  # nothing listens there
     board = JobBoard(url)
-    calls = {"create": lambda: board.create("j", {"a": 1}), "get": lambda: board.get("j"),
-             "update": lambda: board.update("j", state="x"), "advance": lambda: board.advance("j", JobState.DONE),
+    calls = {"create": lambda: board.create(J1, new_record()), "get": lambda: board.get("j"),
+             "update": lambda: board.update(J1, error="x"), "advance": lambda: board.advance("j", JobState.DONE),
              "complete": lambda: board.complete("j", "compile", "u"),
              "count_delivery": lambda: board.count_delivery("j", "u")}
     started = time.monotonic()
-    with pytest.raises(StoreUnreachableError) as caught:
+    with pytest.raises(UnreachableError) as caught:
         calls[operation]()
     assert time.monotonic() - started < 5
     assert caught.value.exit_status == ExitStatus.UNREACHABLE == 4

@@ -12,8 +12,9 @@ from onnx import TensorProto, helper
 from farm import runtime
 from farm.artifact import FORMAT_VERSION, open_artifact
 from farm.backends.llvm.target import host_target, parse_target
-from farm.build.assembly import build_model, job_id_for
+from farm.build.assembly import build_identity
 from farm.build.executor import LocalExecutor
+from farm.build.local import build_model
 from farm.errors import UnsupportedError
 from farm.tools import examples
 
@@ -90,10 +91,11 @@ def test_built_model_runs_like_onnxruntime(small_cnn_path, tmp_path):
     assert np.abs(ours - reference).max() <= 1e-4 * max(1.0, np.abs(reference).max())
 
 
-def test_job_id_depends_on_model_and_targets():
+def test_build_identity_depends_on_model_name_and_targets():
     host, arm = host_target(), parse_target("cpu:aarch64-linux-gnu")
-    assert job_id_for("a" * 64, [host]) == job_id_for("a" * 64, [host])
-    assert len({job_id_for("a" * 64, [host]), job_id_for("b" * 64, [host]), job_id_for("a" * 64, [host, arm])}) == 3
+    assert build_identity("a" * 64, "m", [host]) == build_identity("a" * 64, "m", [host])
+    assert len({build_identity("a" * 64, "m", [host]), build_identity("b" * 64, "m", [host]),
+                build_identity("a" * 64, "m", [host, arm]), build_identity("a" * 64, "n", [host])}) == 4
 
 
 def test_progress_reports_every_compile_step(small_cnn_path, tmp_path):
@@ -108,7 +110,8 @@ def test_conv_weights_are_linked_pre_packed_for_the_kernels_tile_rows(small_cnn_
     """Each Conv's constant weights get a BlobSpec with panels (the kernel's tile rows, out channels, taps); other
     constants (biases, the Gemm's weights) stay plain."""
     from farm.backends.llvm.kernel import default_blocking
-    from farm.build.assembly import blob_args, compile_units, plan_model
+    from farm.build.assembly import compile_units, plan_model
+    from farm.build.parts import blob_args
 
     plan, target = plan_model(small_cnn_path), host_target()
     for step, blobs in zip(plan.steps, blob_args(plan, target)):

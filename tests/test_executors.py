@@ -1,10 +1,12 @@
-"""The local executor: results in job order, in a real process pool or in-process, and failures surface."""
+"""The local executor: results in call order, in a real process pool or in-process, and failures surface."""
 
 import operator
+import os
 
 import pytest
 
-from farm.build.executor import Job, LocalExecutor, default_workers
+from farm import defaults
+from farm.build.executor import LocalExecutor, StepCall
 from farm.errors import BuildError
 
 
@@ -18,24 +20,23 @@ def _bytes_of(n: int) -> bytes:
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_results_in_job_order_and_progress_counts(workers):
-    jobs = [Job(f"j{i}", _bytes_of, (i,)) for i in range(12)]
+    calls = [StepCall(f"j{i}", _bytes_of, (i,)) for i in range(12)]
     seen = []
     with LocalExecutor(workers) as executor:
-        results = executor.run(jobs, lambda job: seen.append(job.name))
+        results = executor.run(calls, lambda call: seen.append(call.name))
     assert results == [_bytes_of(i) for i in range(12)]
-    assert sorted(seen) == sorted(job.name for job in jobs)
+    assert sorted(seen) == sorted(call.name for call in calls)
 
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_failing_job_raises_its_error(workers):
-    jobs = [Job("ok", operator.mul, (b"x", 3)), Job("bad", _fail, ("k1",))]
+    calls = [StepCall("ok", operator.mul, (b"x", 3)), StepCall("bad", _fail, ("k1",))]
     with LocalExecutor(workers) as executor, pytest.raises(BuildError, match="kernel k1 failed"):
-        executor.run(jobs)
+        executor.run(calls)
 
 
-def test_default_workers_is_the_core_count():
-    assert default_workers() >= 1
-    assert LocalExecutor().workers == default_workers()
+def test_default_workers_are_the_cpus_this_process_may_use():
+    assert LocalExecutor().workers == defaults.cpu_count() == len(os.sched_getaffinity(0))
 
 
 def _pid() -> bytes:
@@ -48,7 +49,7 @@ def test_big_bytes_jobs_stay_in_this_process_and_others_go_to_the_pool():
     import os
 
     with LocalExecutor(2) as executor:
-        results = executor.run([Job("blob", _pid, (), big_bytes=True), Job("kernel", _pid, ())])
+        results = executor.run([StepCall("blob", _pid, (), big_bytes=True), StepCall("kernel", _pid, ())])
     assert results[0] == str(os.getpid()).encode()
     assert results[1] != results[0]
 

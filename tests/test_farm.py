@@ -10,8 +10,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from farm.build.assembly import build_model
 from farm.build.executor import LocalExecutor
+from farm.build.local import build_model
 from farm.tools import examples
 from tests.farm_services import farm_cli, farm_factory_fixture  # noqa: F401
 from tests.services import free_port

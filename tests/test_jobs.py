@@ -1,8 +1,9 @@
-"""Farm jobs: the steps of farm/distributed/steps.py driven in-process against a real redis-server (the job board's own tests
-are in test_board.py).
+"""Farm jobs: the steps of farm/distributed/steps.py driven in-process against a real redis-server (the job board's
+own tests are in test_board.py).
 
 The Farm steps run here without Celery: `dispatch` appends (task name, args) to a list, and `run_tasks` plays the
-part of the workers, calling the Farm method each task of farm/distributed/celery_app.py calls, in the order the tasks were sent.
+part of the workers, decoding each task's arguments and running its step as farm/distributed/tasks.py does, in the
+order the tasks were sent.
 """
 
 from __future__ import annotations
@@ -19,11 +20,15 @@ import pytest
 
 from farm import defaults
 from farm.backends.llvm.target import host_target
-from farm.build.assembly import CompileUnit, build_model, compile_unit, compile_units, plan_model
+from farm.build.assembly import compile_units, plan_model
 from farm.build.executor import LocalExecutor
-from farm.distributed.board import TERMINAL, JobBoard, JobState
+from farm.build.local import build_model
+from farm.build.units import CompileUnit, compile_unit
+from farm.distributed import protocol
+from farm.distributed.board import JobBoard
 from farm.distributed.client import FarmClient
-from farm.distributed.steps import Farm, artifact_ref, compile_task, unit_from_json, unit_to_json
+from farm.distributed.protocol import TERMINAL, Compile, JobRecord, JobState, Message
+from farm.distributed.steps import Farm, artifact_ref
 from farm.errors import ExitStatus
 from farm.store import FileStore, RedisStore, StoreUnreachableError
 from farm.tools import examples
@@ -41,28 +46,14 @@ class Tasks(list):
 
     sent = 0
 
-    def dispatch(self, name: str, args: list[Any]) -> None:
-        json.dumps(args)  # the real dispatcher sends JSON: every argument must survive it
-        self.append((name, args))
+    def dispatch(self, message: Message) -> None:
+        self.append((message.task, json.loads(json.dumps(message.args))))  # as the real dispatcher sends JSON
         self.sent += 1
 
 
 def run_task(farm: Farm, name: str, args: list[Any]) -> None:
-    """Run one task the way farm/distributed/celery_app.py does: unpack its arguments and call one Farm step."""
-    if name == "farm.plan_job":
-        farm.plan_job(args[0])
-    elif name == "farm.compile_cpu_kernel":
-        job_id, _unit, _op, _target, unit_json = args
-        farm.compile(job_id, unit_json, None)
-    elif name == "farm.pack_blob":
-        job_id, _unit, _target, unit_json, data_key = args
-        farm.compile(job_id, unit_json, data_key or None)
-    elif name == "farm.link":
-        farm.link(*args)
-    elif name == "farm.finish":
-        farm.finish(*args)
-    else:
-        raise AssertionError(f"unknown task {name}")
+    """Run one task the way farm/distributed/tasks.py does: decode its arguments and run its step."""
+    farm.run(protocol.decode(name, args))
 
 
 def run_tasks(farm: Farm, tasks: Tasks, before: Callable[[int, str], None] | None = None) -> list[str]:
@@ -81,9 +72,8 @@ def create_job(board: JobBoard, store: FileStore, model: Path, no_cache: bool = 
     """A job record as FarmClient.submit writes it (the model's bytes in the store, the record naming them)."""
     data = model.read_bytes()
     job_id = uuid.uuid4().hex[:16]
-    board.create(job_id, {"model_key": store.put(data), "model_name": model.stem,
-                          "model_sha256": hashlib.sha256(data).hexdigest(), "no_cache": no_cache,
-                          "targets": [host_target().to_json()]})
+    board.create(job_id, JobRecord(JobState.QUEUED, store.put(data), model.stem, hashlib.sha256(data).hexdigest(),
+                                   [host_target()], no_cache=no_cache))
     return job_id
 
 
@@ -100,8 +90,8 @@ def forget_artifact(farm: Farm, job_id: str) -> None:
 
 def artifact_bytes(farm: Farm, job_id: str) -> bytes:
     record = farm.board.get(job_id)
-    assert record is not None and record["state"] == "done", record
-    return farm.store.get(record["artifact_key"])
+    assert record is not None and record.state == "done", record
+    return farm.store.get(record.artifact_key)
 
 
 # --- fixtures ----------------------------------------------------------------------------------------------------
@@ -148,8 +138,8 @@ def farm(board: JobBoard, tmp_path: Path, tasks: Tasks) -> Farm:
 @pytest.mark.parametrize("kind", ["kernel", "blob"])
 def test_unit_json_round_trip(units: list[CompileUnit], kind: str) -> None:
     unit = next(u for u in units if u.kind == kind)
-    data = json.loads(json.dumps(unit_to_json(unit)))  # as a Celery JSON message carries it
-    back = unit_from_json(data)
+    data = json.loads(json.dumps(unit.to_json()))  # as a Celery JSON message carries it
+    back = CompileUnit.from_json(data)
     assert back == unit
     assert back.name == unit.name and back.cache_ref == unit.cache_ref and back.spec.key == unit.spec.key
     assert type(back.spec) is type(unit.spec) and back.target == unit.target
@@ -158,7 +148,7 @@ def test_unit_json_round_trip(units: list[CompileUnit], kind: str) -> None:
 def test_every_unit_round_trips_to_the_same_object(units: list[CompileUnit], model_path: Path) -> None:
     plan = plan_model(model_path)
     for unit in units:
-        back = unit_from_json(json.loads(json.dumps(unit_to_json(unit))))
+        back = CompileUnit.from_json(json.loads(json.dumps(unit.to_json())))
         data = memoryview(plan.blobs[unit.spec.data_sha256]).cast("B") if unit.kind == "blob" else None
         if unit.kind == "kernel":  # a blob's object is the same by construction; a kernel's spec is rebuilt
             assert compile_unit(back, data) == compile_unit(unit, data)
@@ -167,11 +157,15 @@ def test_every_unit_round_trips_to_the_same_object(units: list[CompileUnit], mod
 def test_compile_task_arguments_name_the_job_unit_op_and_target(units: list[CompileUnit]) -> None:
     kernel = next(u for u in units if u.kind == "kernel")
     blob = next(u for u in units if u.kind == "blob")
-    name, args = compile_task("j", kernel)
-    assert name == "farm.compile_cpu_kernel" and args[:4] == ["j", kernel.name, kernel.spec.op, kernel.target.id]
-    name, args = compile_task("j", blob)
-    assert name == "farm.pack_blob" and args[:3] == ["j", blob.name, blob.target.id]
-    assert args[4] == blob.spec.data_sha256  # the store is content-addressed: the weights' key is their sha256
+    job_id = "0123456789abcdef"
+    message = Compile(job_id, kernel).message()
+    assert message.task == "farm.compile_cpu_kernel" and message.queue == "llvm"
+    assert message.args[:4] == [job_id, kernel.name, kernel.spec.op, kernel.target.id]
+    message = Compile(job_id, blob).message()
+    assert message.task == "farm.pack_blob" and message.args[:4] == [job_id, blob.name, f"{blob.spec.nbytes} bytes",
+                                                                      blob.target.id]
+    assert protocol.decode(message.task, message.args) == Compile(job_id, blob)
+    assert blob.data_key == blob.spec.data_sha256  # the store is content-addressed: the weights' key is their sha256
 
 
 # --- the Farm steps, in-process ----------------------------------------------------------------------------------
@@ -187,9 +181,9 @@ def test_a_job_builds_the_same_artifact_as_a_local_build(farm: Farm, tasks: Task
     assert ran.count("farm.compile_cpu_kernel") == sum(u.kind == "kernel" for u in units)
     assert ran[0] == "farm.plan_job" and ran[-2:] == ["farm.link", "farm.finish"]
     record = farm.board.get(job_id)
-    assert record["state"] == "done" and int(record["total"]) == len(units)
-    assert int(record["kernels"]) + int(record["blobs"]) == len(units) and record["targets_total"] == "1"
-    assert farm.board.redis.scard(farm.board.key(job_id, ":compile")) == len(units)
+    assert record.state == "done" and record.total == len(units)
+    assert record.kernels + record.blobs == len(units) and record.targets_total == 1
+    assert farm.board.finished(job_id, "compile") == len(units)
     assert artifact_bytes(farm, job_id) == local_artifact
 
 
@@ -202,7 +196,7 @@ def test_a_second_job_for_the_same_model_compiles_nothing(farm: Farm, tasks: Tas
     ran = run_job(farm, tasks, second)
     assert ran == ["farm.plan_job"]  # the same model bytes and targets: the cached artifact, at once
     record = farm.board.get(second)
-    assert record["total"] == "0" and record["cached"] == "True"
+    assert record.total == 0 and record.cached
     assert artifact_bytes(farm, second) == local_artifact
 
     forget_artifact(farm, second)  # without the artifact, the objects are still cached: link, but compile nothing
@@ -210,7 +204,7 @@ def test_a_second_job_for_the_same_model_compiles_nothing(farm: Farm, tasks: Tas
     ran = run_job(farm, tasks, third)
     assert ran == ["farm.plan_job", "farm.link", "farm.finish"]
     record = farm.board.get(third)  # progress (done of total) is complete, however cached units are counted
-    assert int(record["total"]) == farm.board.redis.scard(farm.board.key(third, ":compile"))
+    assert record.total == farm.board.finished(third, "compile")
     assert artifact_bytes(farm, third) == local_artifact
 
     uncached = create_job(farm.board, farm.store, model_path, no_cache=True)
@@ -229,9 +223,9 @@ def test_a_truncated_model_fails_the_job_with_bad_input(farm: Farm, tasks: Tasks
 
     assert ran == ["farm.plan_job"]  # nothing compiled
     record = farm.board.get(job_id)
-    assert record["state"] == "failed" and record["exit_status"] == str(int(ExitStatus.BAD_INPUT))
-    assert "broken_net.onnx" in record["error"]
-    assert "artifact_key" not in record
+    assert record.state == "failed" and record.exit_status == ExitStatus.BAD_INPUT
+    assert "broken_net.onnx" in record.error
+    assert record.artifact_key is None
 
 
 @pytest.mark.parametrize("cancel_before", [0, 1, 6, 14, 15], ids=["plan", "first-compile", "mid-compile", "link",
@@ -252,8 +246,8 @@ def test_a_cancel_between_steps_stops_the_job(farm: Farm, tasks: Tasks, model_pa
     run_job(farm, tasks, job_id, before=cancel)
     assert sent_at_cancel == [tasks.sent], "the job ended before the cancel, or dispatched tasks after it"
     record = farm.board.get(job_id)
-    assert record["state"] == "cancelled" and record["error"] == "cancelled by user"
-    assert "artifact_key" not in record
+    assert record.state == "cancelled" and record.error == "cancelled by user"
+    assert record.artifact_key is None
 
 
 def test_a_cancel_stops_all_dispatching(farm: Farm, tasks: Tasks, model_path: Path) -> None:
@@ -266,8 +260,8 @@ def test_a_cancel_stops_all_dispatching(farm: Farm, tasks: Tasks, model_path: Pa
     for name, args in queued:  # every queued compile still runs, as a worker would take it, and does nothing
         run_task(farm, name, args)
     assert tasks == []
-    assert farm.board.redis.scard(farm.board.key(job_id, ":compile")) == 0
-    assert farm.board.get(job_id)["state"] == "cancelled"
+    assert farm.board.finished(job_id, "compile") == 0
+    assert farm.board.get(job_id).state == "cancelled"
 
 
 class HookedStore(FileStore):
@@ -303,10 +297,10 @@ def test_a_cancel_during_a_step_is_not_undone(board: JobBoard, tmp_path: Path, m
     def hook(method: str, argument: str) -> None:
         if not state["armed"] or not state["job"]:
             return
-        record = board.get(state["job"]) or {}
-        hit = {"planning": method == "get" and argument == record.get("model_key"),
+        record = board.get(state["job"])
+        hit = {"planning": method == "get" and argument == record.model_key,
                "last-compile": method == "set_ref" and argument == last_ref,
-               "link": method == "get" and record.get("state") == "linking" and argument == record.get("plan_key")}
+               "link": method == "get" and record.state == "linking" and argument == record.link_plan_key}
         if hit[during]:
             state["armed"] = False
             assert board.advance(state["job"], JobState.CANCELLED, error="cancelled by user")
@@ -318,10 +312,10 @@ def test_a_cancel_during_a_step_is_not_undone(board: JobBoard, tmp_path: Path, m
 
     assert not state["armed"], "the cancel never happened"
     record = board.get(state["job"])
-    assert record["state"] == "cancelled", (
-        f"a cancel during {during} was overwritten: the job went on to {record['state']!r} "
+    assert record.state == "cancelled", (
+        f"a cancel during {during} was overwritten: the job went on to {record.state!r} "
         "(a step set the state without checking that the job is still live)")
-    assert "artifact_key" not in record
+    assert record.artifact_key is None
 
 
 @pytest.mark.parametrize("kind", ["kernel", "blob"])
@@ -374,13 +368,13 @@ def test_a_unit_delivered_more_than_the_cap_fails_the_job(farm: Farm, tasks: Tas
 
     run_task(farm, name, args)
     record = farm.board.get(job_id)
-    assert record["state"] == "failed" and record["failed_unit"] == unit_name
-    assert unit_name in record["error"] and "3 times" in record["error"]
-    assert record["exit_status"] == str(int(ExitStatus.BUILD_FAILED))
-    assert farm.store.get_ref(unit_from_json(args[4]).cache_ref) is None  # it was not compiled
+    assert record.state == "failed" and record.failed_unit == unit_name
+    assert unit_name in record.error and "3 times" in record.error
+    assert record.exit_status == ExitStatus.BUILD_FAILED
+    assert farm.store.get_ref(CompileUnit.from_json(args[4]).cache_ref) is None  # it was not compiled
 
     run_tasks(farm, tasks)  # the rest of the job's tasks do nothing
-    assert farm.board.get(job_id)["state"] == "failed" and "artifact_key" not in farm.board.get(job_id)
+    assert farm.board.get(job_id).state == "failed" and farm.board.get(job_id).artifact_key is None
 
 
 def test_the_last_delivery_below_the_cap_still_runs(farm: Farm, tasks: Tasks, model_path: Path,
@@ -397,15 +391,13 @@ def test_the_last_delivery_below_the_cap_still_runs(farm: Farm, tasks: Tasks, mo
 def test_a_failing_compile_fails_the_job_naming_the_unit(farm: Farm, tasks: Tasks, model_path: Path) -> None:
     job_id = create_job(farm.board, farm.store, model_path)
     farm.plan_job(job_id)
-    blobs = [args for name, args in tasks if name == "farm.pack_blob"]
-    size = {args[4]: len(farm.store.get(args[4])) for args in blobs}
-    victim = blobs[0]
-    wrong_key = next(key for key in size if size[key] != size[victim[4]])
-    run_task(farm, "farm.pack_blob", [*victim[:4], wrong_key])  # the bytes of another (differently sized) weight
+    victim = next(args for name, args in tasks if name == "farm.pack_blob")
+    victim[4]["spec"]["bytes"] += 4  # the spec no longer matches its weights' bytes: pack_blob refuses them
+    run_task(farm, "farm.pack_blob", victim)
 
     record = farm.board.get(job_id)
-    assert record["state"] == "failed" and record["failed_unit"] == victim[1]
-    assert victim[1] in record["error"] and record["exit_status"] == str(int(ExitStatus.BUILD_FAILED))
+    assert record.state == "failed" and record.failed_unit == victim[1]
+    assert victim[1] in record.error and record.exit_status == ExitStatus.BUILD_FAILED
 
 
 def test_every_task_delivered_twice_still_links_and_finishes_once(farm: Farm, tasks: Tasks, model_path: Path,
@@ -434,8 +426,8 @@ def test_deliveries_of_a_unit_that_already_finished_dont_fail_the_job(farm: Farm
     for _ in range(defaults.max_deliveries() + 1):
         run_task(farm, name, args)
     record = farm.board.get(job_id)
-    assert record["state"] == "compiling", (
-        f"a unit that finished at its first run failed the job: {record.get('error')!r} (compile counts a delivery "
+    assert record.state == "compiling", (
+        f"a unit that finished at its first run failed the job: {record.error!r} (compile counts a delivery "
         "before checking whether the unit is already in the job's :compile set)")
     run_tasks(farm, tasks)
     assert artifact_bytes(farm, job_id) == local_artifact
@@ -455,9 +447,9 @@ def test_a_redelivered_plan_job_still_finishes_the_job(farm: Farm, tasks: Tasks,
     farm.plan_job(job_id)  # the redelivery
     run_tasks(farm, tasks)
     record = farm.board.get(job_id)
-    assert record["state"] == "done", (
-        f"after {compiled_before} of 13 units compiled, a second plan_job set total={record.get('total')} and the "
-        f"job stays {record['state']!r}: the compile count (13 distinct units) never equals the new total")
+    assert record.state == "done", (
+        f"after {compiled_before} of 13 units compiled, a second plan_job set total={record.total} and the "
+        f"job stays {record.state!r}: the compile count (13 distinct units) never equals the new total")
     assert artifact_bytes(farm, job_id) == local_artifact
 
 
@@ -478,7 +470,7 @@ def test_a_store_outage_is_left_to_the_task_to_retry(redis_servers: Callable[...
     with pytest.raises(StoreUnreachableError):
         run_task(farm, *tasks[0])
     record = farm.board.get(job_id)
-    assert record["state"] not in TERMINAL, f"a store outage failed the job: {record.get('error')}"
+    assert record.state not in TERMINAL, f"a store outage failed the job: {record.error}"
 
     store_server.start()  # the retry, once the store is back, finishes the job
     run_tasks(farm, tasks)
@@ -489,10 +481,10 @@ def test_a_corrupt_cached_artifact_is_never_reused(farm: Farm, tasks: Tasks, mod
                                                    local_artifact: bytes) -> None:
     first = create_job(farm.board, farm.store, model_path)
     run_job(farm, tasks, first)
-    key = farm.board.get(first)["artifact_key"]
+    key = farm.board.get(first).artifact_key
     farm.store.object_path(key).write_bytes(local_artifact[:-10] + b"x" * 10)  # same size, other bytes
 
     second = create_job(farm.board, farm.store, model_path)
     ran = run_job(farm, tasks, second)
     assert ran == ["farm.plan_job", "farm.link", "farm.finish"]  # rebuilt from the cached objects
-    assert artifact_bytes(farm, second) == local_artifact and farm.board.get(second)["artifact_key"] == key
+    assert artifact_bytes(farm, second) == local_artifact and farm.board.get(second).artifact_key == key

@@ -19,8 +19,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import farm.runtime.model
 from farm.artifact import read_manifest
-from farm.build.assembly import BuildResult
 from farm.build.executor import LocalExecutor
+from farm.build.local import BuildResult
 from farm.runtime import Model
 from farm.tools.examples import EXAMPLES, random_input
 

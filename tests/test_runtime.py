@@ -15,9 +15,10 @@ import onnx
 import pytest
 from llvmlite import ir
 
+from farm import defaults
 from farm.artifact import FORMAT_VERSION, write_artifact
 from farm.errors import ArtifactError, RunInputError
-from farm.runtime import TensorSpec, default_threads, load
+from farm.runtime import TensorSpec, load
 from farm.runtime.host import Host, choose_target, this_host
 from farm.runtime.model import MIN_WORK_PER_RANGE, RANGES_PER_THREAD, launch_plan, split_range, work_table
 
@@ -244,7 +245,7 @@ def test_work_table_lists_each_launch_as_a_group_of_ranges() -> None:
 def test_small_models_run_as_one_native_call_whatever_the_threads(tmp_path: Path) -> None:
     """A model whose split launches hold less than MIN_SPLIT_WORK_FOR_THREADS work in all gains nothing from
     waking helper threads: threads=2 keeps it one farm_run call."""
-    from farm.build.assembly import build_model
+    from farm.build.local import build_model
     from farm.tools.examples import EXAMPLES
 
     path = tmp_path / "tiny_cnn.onnx"
@@ -254,10 +255,10 @@ def test_small_models_run_as_one_native_call_whatever_the_threads(tmp_path: Path
 
 
 def test_threads_default_to_every_cpu(artifact: Path, tmp_path: Path) -> None:
-    assert default_threads() == len(os.sched_getaffinity(0))
-    assert load(artifact, cache_dir=tmp_path / "cache").threads == default_threads()
+    assert defaults.cpu_count() == len(os.sched_getaffinity(0))
+    assert load(artifact, cache_dir=tmp_path / "cache").threads == defaults.cpu_count()
     assert load(artifact, cache_dir=tmp_path / "cache", threads=1).threads == 1
-    assert load(artifact, cache_dir=tmp_path / "cache", threads=0).threads == default_threads()
+    assert load(artifact, cache_dir=tmp_path / "cache", threads=0).threads == defaults.cpu_count()
 
 
 def test_threads_fall_back_to_farm_run_without_launches(artifact: Path, tmp_path: Path) -> None:

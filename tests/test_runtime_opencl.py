@@ -12,8 +12,9 @@ import pytest
 from farm import runtime
 from farm.artifact import open_artifact, write_artifact
 from farm.backends.opencl.devices import opencl_devices
-from farm.build.assembly import build_model
+from farm.backends.opencl.target import OpenClTarget
 from farm.build.executor import LocalExecutor
+from farm.build.local import build_model
 from farm.errors import ArtifactError
 from farm.tools import examples
 
@@ -31,7 +32,7 @@ def built(tmp_path_factory, fingerprint):
     folder = tmp_path_factory.mktemp("cl")
     path = folder / "small_cnn.onnx"
     onnx.save(examples.small_cnn(), path)
-    return path, build_model(path, folder, executor=LocalExecutor(1), opencl=[fingerprint]).artifact
+    return path, build_model(path, folder, executor=LocalExecutor(1), targets=[OpenClTarget(fingerprint)]).artifact
 
 
 def _check(model, path, seed=0):
@@ -48,7 +49,7 @@ def test_spine_models_match_onnxruntime_on_pocl(name, fingerprint, tmp_path):
     path = tmp_path / f"{name}.onnx"
     onnx.save(examples.EXAMPLES[name](), path)
     with LocalExecutor() as executor:
-        artifact = build_model(path, tmp_path, executor=executor, opencl=[fingerprint]).artifact
+        artifact = build_model(path, tmp_path, executor=executor, targets=[OpenClTarget(fingerprint)]).artifact
     model = runtime.load(artifact, device="opencl", cache_dir=tmp_path / "cache")
     assert model.source_builds == 0
     _check(model, path)
@@ -109,7 +110,7 @@ def test_a_cpu_only_host_loads_the_cpu_part_without_pyopencl(built, fingerprint,
     from farm.backends.llvm.target import host_target
 
     path, _ = built
-    artifact = build_model(path, tmp_path, [host_target()], executor=LocalExecutor(1), opencl=[fingerprint]).artifact
+    artifact = build_model(path, tmp_path, [host_target()], executor=LocalExecutor(1), targets=[OpenClTarget(fingerprint)]).artifact
     script = (
         "import sys; sys.modules['pyopencl'] = None\n"
         "import numpy as np, onnx\n"

@@ -16,7 +16,6 @@ import pytest
 
 from farm.errors import ExitStatus
 from farm.store import (
-    EMPTY_KEY,
     BadStoreUrlError,
     CorruptEntryError,
     FileStore,
@@ -28,8 +27,8 @@ from farm.store import (
     content_key,
     default_store_root,
     open_store,
-    redact_url,
 )
+from farm.store.base import EMPTY_KEY
 from tests.services import RedisServer, free_port, redis_server_fixture, redis_servers_fixture  # noqa: F401
 
 MIB = 1 << 20
@@ -431,12 +430,6 @@ def test_open_store_refuses_unknown_urls(url: str) -> None:
     with pytest.raises(BadStoreUrlError) as caught:
         open_store(url)
     assert caught.value.exit_status == ExitStatus.BAD_INPUT
-
-
-def test_redact_url() -> None:
-    assert redact_url("redis://:pw@host:6379/0") == "redis://:***@host:6379/0"
-    assert redact_url("rediss://me:pw@host/1") == "rediss://me:***@host/1"
-    assert redact_url("redis://host:6379/0") == "redis://host:6379/0"
 
 
 def test_default_store_root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

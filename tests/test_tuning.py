@@ -22,8 +22,9 @@ from farm.backends.llvm.gemm import GemmBlocking
 from farm.backends.llvm.kernel import blocking_for, compile_cpu_kernel, compile_ir, default_blocking
 from farm.backends.llvm.render import render_kernel
 from farm.backends.llvm.target import CpuTarget, host_target, parse_target
-from farm.build.assembly import build_model, plan_model
+from farm.build.assembly import plan_model
 from farm.build.executor import LocalExecutor
+from farm.build.local import build_model
 from farm.distributed.board import JobBoard
 from farm.distributed.celery_app import QUEUES
 from farm.distributed.steps import Farm

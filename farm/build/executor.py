@@ -9,18 +9,21 @@ from __future__ import annotations
 import ctypes
 import functools
 import multiprocessing
-import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
+from farm import defaults
+
 
 @dataclass(frozen=True)
-class Job:
-    """One call of a step function; `name` says what it builds (kernel, blob or library) for progress and errors.
+class StepCall:
+    """One call of a pure compile step; `name` says what it builds (the unit's name) for progress and errors.
 
-    `big_bytes` marks a job whose arguments or result are large (a weight blob): it runs in this process, on one
+    (Not a farm job: a job is a whole build on the farm, farm.distributed.)
+
+    `big_bytes` marks a call whose arguments or result are large (a weight blob): it runs in this process, on one
     background thread, instead of crossing a process pipe twice (LLVM releases the GIL while it assembles).
     """
 
@@ -49,18 +52,15 @@ def keep_large_buffers() -> None:
         mallopt(M_TRIM_THRESHOLD, (1 << 31) - 1)
 
 
-def default_workers() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-
 
 class LocalExecutor:
-    """Runs jobs in `workers` processes (spawned, so no LLVM state is forked); one worker runs them in-process.
+    """Runs calls in `workers` processes (spawned, so no LLVM state is forked); one worker runs them in-process.
 
     Every process that compiles keeps its large buffers (keep_large_buffers), this one included.
     """
 
     def __init__(self, workers: int | None = None) -> None:
-        self.workers = workers or default_workers()
+        self.workers = workers or defaults.cpu_count()
         self._pool: ProcessPoolExecutor | None = None
         self._thread: ThreadPoolExecutor | None = None
         keep_large_buffers()
@@ -74,11 +74,11 @@ class LocalExecutor:
                 executor.shutdown(wait=True, cancel_futures=True)
         self._pool = self._thread = None
 
-    def run(self, jobs: Sequence[Job], on_done: Callable[[Job], None] = lambda job: None) -> list[bytes]:
-        """Results in job order; the first failure cancels what has not started and is raised."""
-        if self.workers == 1 or len(jobs) <= 1:
-            return [self._run_inline(job, on_done) for job in jobs]
-        futures: dict[Future, Job] = {self._submit(job): job for job in jobs}
+    def run(self, calls: Sequence[StepCall], on_done: Callable[[StepCall], None] = lambda call: None) -> list[bytes]:
+        """Results in call order; the first failure cancels what has not started and is raised."""
+        if self.workers == 1 or len(calls) <= 1:
+            return [self._run_inline(call, on_done) for call in calls]
+        futures: dict[Future, StepCall] = {self._submit(call): call for call in calls}
         for future in futures:
             future.add_done_callback(lambda f: on_done(futures[f]) if not f.cancelled() and f.exception() is None else None)
         done, pending = wait(futures, return_when=FIRST_EXCEPTION)
@@ -90,17 +90,17 @@ class LocalExecutor:
         return [future.result() for future in futures]
 
     @staticmethod
-    def _run_inline(job: Job, on_done: Callable[[Job], None]) -> bytes:
-        result = job.fn(*job.args)
-        on_done(job)
+    def _run_inline(call: StepCall, on_done: Callable[[StepCall], None]) -> bytes:
+        result = call.fn(*call.args)
+        on_done(call)
         return result
 
-    def _submit(self, job: Job) -> Future:
-        if job.big_bytes:
+    def _submit(self, call: StepCall) -> Future:
+        if call.big_bytes:
             if self._thread is None:
                 self._thread = ThreadPoolExecutor(1, thread_name_prefix="farm-big-bytes")
-            return self._thread.submit(job.fn, *job.args)
-        return self._ensure_pool().submit(job.fn, *job.args)
+            return self._thread.submit(call.fn, *call.args)
+        return self._ensure_pool().submit(call.fn, *call.args)
 
     def _ensure_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:

@@ -65,7 +65,8 @@ def _client(broker: str | None):
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--target", "targets", multiple=True, metavar="T",
-              help="cpu (this host, the default), cpu:TRIPLE or cpu:TRIPLE:CPU[:FEATURES]; repeatable.")
+              help="cpu (this host, the default), cpu:TRIPLE, cpu:TRIPLE:CPU[:FEATURES], opencl (every OpenCL "
+                   "device) or opencl:FINGERPRINT; repeatable.")
 @click.option("-o", "--output-dir", default="artifacts", show_default=True, type=click.Path(file_okay=False))
 @json_option
 @click.option("--workers", type=click.IntRange(min=1), help="Local compile processes (default: every core).")
@@ -82,47 +83,42 @@ def submit(model: Path, targets: tuple[str, ...], output_dir: str, as_json: bool
     """Build MODEL.onnx into OUTPUT_DIR/<stem>.farm and print the artifact's path (on the farm when one is set).
 
     Kernels use the variants the tuning database holds for their target (the default where it holds none)."""
-    from farm.backends.llvm.target import host_target, parse_target
+    from farm.backends.registry import parse_targets
 
     if not model.is_file():
         raise BadInputError(f"{model}: no such model file")
-    parsed = [parse_target(t) for t in targets if not t.startswith("opencl")]
-    devices = [fp for t in targets if t.startswith("opencl") for fp in _opencl_fingerprints(t, broker)]
-    parsed = parsed or ([] if devices else [host_target()])
+    chosen = parse_targets(targets, _devices(broker))
     if broker:
-        _submit_to_farm(_client(broker), model, parsed, output_dir, as_json, no_wait, no_cache, devices,
+        _submit_to_farm(_client(broker), model, chosen, output_dir, as_json, no_wait, no_cache,
                         {"tune": tune, "retune": retune})
         return
-    from farm.build.assembly import build_model
     from farm.build.executor import LocalExecutor
+    from farm.build.local import build_model
     from farm.cli.progress import BuildProgress
 
     with LocalExecutor(workers) as executor, BuildProgress(model.name) as progress:
-        result = build_model(model, output_dir, parsed, executor=executor, progress=progress.update, opencl=devices,
-                             tune=tune, retune=retune, tune_progress=progress.tuning)
+        result = build_model(model, output_dir, chosen, executor=executor, progress=progress.update, tune=tune,
+                             retune=retune, tune_progress=progress.tuning)
     for note in result.tuning.notes if result.tuning else []:
         click.echo(f"farm: note: {note}", err=True)
     click.echo(json.dumps(result.to_json(), sort_keys=True) if as_json else result.artifact)
 
 
-def _opencl_fingerprints(target: str, broker: str | None) -> list[str]:
-    """`opencl`: every OpenCL device there is (on the farm's live workers, or on this host without a farm);
-    `opencl:<fingerprint>`: that one, which must be among them."""
+def _devices(broker: str | None):
+    """What `--target opencl` means: every device of the farm's live workers, or of this host without a farm."""
     from farm.backends.opencl.devices import opencl_devices
-    from farm.distributed.client import farm_fingerprints
+    from farm.backends.registry import Devices
 
-    available = farm_fingerprints(broker) if broker else [device["fingerprint"] for device in opencl_devices()]
-    where = "on the farm's workers" if broker else "on this host"
-    _, _, wanted = target.partition(":")
-    chosen = [wanted] if wanted else available
-    if not chosen or any(fp not in available for fp in chosen):
-        raise BadInputError(f"--target {target}: no such OpenCL device {where} (found: {available or 'none'})")
-    return chosen
+    if broker:
+        from farm.distributed.fleet import farm_fingerprints
+
+        return Devices("on the farm's workers", lambda: farm_fingerprints(broker))
+    return Devices("on this host", lambda: [device["fingerprint"] for device in opencl_devices()])
 
 
 def _submit_to_farm(client, model: Path, targets: list, output_dir: str, as_json: bool, no_wait: bool,
-                    no_cache: bool, devices: list[str], tuning: dict[str, bool]) -> None:
-    job_id = client.submit(model, targets, no_cache=no_cache, opencl=devices, **tuning)
+                    no_cache: bool, tuning: dict[str, bool]) -> None:
+    job_id = client.submit(model, targets, no_cache=no_cache, **tuning)
     if no_wait:
         click.echo(json.dumps({"job_id": job_id, "state": "queued"}) if as_json else job_id)
         return
@@ -169,11 +165,11 @@ def status(job_id: str, broker: str | None, as_json: bool) -> None:
 @reports_errors
 def wait(job_id: str, broker: str | None, as_json: bool, timeout: float | None) -> None:
     """Wait for a farm job to end; the exit status says how it ended."""
-    from farm.distributed.board import TERMINAL
+    from farm.distributed.protocol import TERMINAL, JobState
     from farm.errors import BuildError
 
     status = _wait_with_progress(_client(broker), job_id, job_id, timeout)
-    if status["state"] not in TERMINAL:
+    if JobState(status["state"]) not in TERMINAL:
         raise BuildError(f"job {job_id} still {status['state']} after {timeout} s")
     click.echo(json.dumps(status, sort_keys=True) if as_json else f"{job_id}: {status['state']}")
 
@@ -222,7 +218,7 @@ def worker(broker: str | None, concurrency: int | None, hostname: str | None, lo
 @reports_errors
 def list_workers_command(broker: str | None, as_json: bool) -> None:
     """List live workers with their host, capabilities and queues."""
-    from farm.distributed.client import list_workers
+    from farm.distributed.fleet import list_workers
 
     found = list_workers(_client(broker).broker)
     if as_json:

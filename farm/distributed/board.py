@@ -1,41 +1,28 @@
 """The job board: one Redis hash per farm job, and the counters its tasks share.
 
-Kept apart from the orchestration (farm/distributed/steps.py) so that clients, which only read and cancel jobs, import nothing
-heavier than redis. Every state change goes through one Lua script that only moves live jobs, so a cancel wins
-over any later step; progress is a Redis set per phase, so a redelivered task counts once.
+Kept apart from the orchestration (farm/distributed/steps.py) so that clients, which only read and cancel jobs,
+import nothing heavier than redis. Records are typed (farm.distributed.protocol.JobRecord) and encoded by the
+protocol. Every state change goes through one Lua script that only moves live jobs, so a cancel wins over any later
+step; progress is a Redis set per phase, so a redelivered task counts once.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
-from enum import Enum
 from typing import Any
 
 import redis
 
 from farm import defaults
-from farm.errors import ExitStatus
-from farm.store import StoreUnreachableError, redact_url
+from farm.distributed import protocol
+from farm.distributed.protocol import JobRecord, JobState
+from farm.errors import ExitStatus, UnreachableError, redact_url
 
-
-class JobState(str, Enum):
-    QUEUED = "queued"
-    PLANNING = "planning"
-    TUNING = "tuning"
-    COMPILING = "compiling"
-    LINKING = "linking"
-    DONE = "done"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-TERMINAL = frozenset({JobState.DONE.value, JobState.FAILED.value, JobState.CANCELLED.value})
-
-_SET_IF_LIVE = """
+_ENDED = " or ".join(f"state == '{state.value}'" for state in sorted(protocol.TERMINAL))
+_SET_IF_LIVE = f"""
 local state = redis.call('HGET', KEYS[1], 'state')
-if not state or state == 'done' or state == 'failed' or state == 'cancelled' then return 0 end
+if not state or {_ENDED} then return 0 end
 for i = 1, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 return 1
 """
@@ -56,44 +43,44 @@ class JobBoard:
                                           retry=retry)
         self._set_if_live = self.redis.register_script(_SET_IF_LIVE)
 
-    @staticmethod
-    def key(job_id: str, suffix: str = "") -> str:
-        return f"farm:job:{job_id}{suffix}"
-
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run one Redis call; a lost connection becomes StoreUnreachableError (exit status 4)."""
+        """Run one Redis call; a lost connection becomes UnreachableError (exit status 4)."""
         try:
             return fn(*args, **kwargs)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as error:
-            raise StoreUnreachableError(f"farm unreachable at {redact_url(self.url)}: {error}") from None
+            raise UnreachableError(f"farm unreachable at {redact_url(self.url)}: {error}") from None
 
-    def create(self, job_id: str, fields: dict[str, Any]) -> None:
-        record = {**fields, "state": JobState.QUEUED.value, "created": time.time(), "updated": time.time()}
-        self.call(self.redis.hset, self.key(job_id), mapping=_flat(record))
-        self.call(self.redis.expire, self.key(job_id), defaults.JOB_TTL_SECONDS)
+    def create(self, job_id: str, record: JobRecord) -> None:
+        """Record a new job (its state, times and fields as given)."""
+        key = protocol.job_key(job_id)
+        self.call(self.redis.hset, key, mapping=protocol.encode_record(record))
+        self.call(self.redis.expire, key, defaults.JOB_TTL_SECONDS)
 
-    def get(self, job_id: str) -> dict[str, str] | None:
-        record = self.call(self.redis.hgetall, self.key(job_id))
-        return record or None
+    def get(self, job_id: str) -> JobRecord | None:
+        """The job's record; None when there is none (never submitted, or expired)."""
+        fields = self.call(self.redis.hgetall, protocol.job_key(job_id))
+        return JobRecord.decode(fields) if fields else None
 
     def update(self, job_id: str, **fields: Any) -> None:
-        self.call(self.redis.hset, self.key(job_id), mapping=_flat({**fields, "updated": time.time()}))
+        self.call(self.redis.hset, protocol.job_key(job_id),
+                  mapping=protocol.encode_fields(**fields, updated=time.time()))
 
     def advance(self, job_id: str, state: JobState, **fields: Any) -> bool:
         """Move a live job to `state`; False when it had already ended (a cancel wins over any later step)."""
-        args = [item for pair in _flat({**fields, "state": state.value, "updated": time.time()}).items() for item in pair]
-        return bool(self.call(self._set_if_live, [self.key(job_id)], args))
+        encoded = protocol.encode_fields(**fields, state=state, updated=time.time())
+        args = [item for pair in encoded.items() for item in pair]
+        return bool(self.call(self._set_if_live, [protocol.job_key(job_id)], args))
 
     def fail(self, job_id: str, error: str, status: ExitStatus = ExitStatus.BUILD_FAILED, unit: str = "") -> bool:
         return self.advance(job_id, JobState.FAILED, error=error, exit_status=int(status), failed_unit=unit)
 
     def is_over(self, job_id: str) -> bool:
         record = self.get(job_id)
-        return record is None or record.get("state") in TERMINAL
+        return record is None or record.is_over
 
     def complete(self, job_id: str, phase: str, name: str) -> int:
         """Record `name` finished in `phase`; returns how many distinct units of the phase are finished now."""
-        key = self.key(job_id, f":{phase}")
+        key = protocol.phase_key(job_id, phase)
         pipe = self.redis.pipeline(transaction=True)
         pipe.sadd(key, name)
         pipe.scard(key)
@@ -101,18 +88,17 @@ class JobBoard:
         added, count, _ = self.call(pipe.execute)
         return count if added else -1
 
+    def finished(self, job_id: str, phase: str) -> int:
+        """How many distinct units of `phase` are finished."""
+        return int(self.call(self.redis.scard, protocol.phase_key(job_id, phase)))
+
     def is_complete(self, job_id: str, phase: str, name: str) -> bool:
         """Whether `name` already finished in `phase` (a duplicate delivery must not run or count again)."""
-        return bool(self.call(self.redis.sismember, self.key(job_id, f":{phase}"), name))
+        return bool(self.call(self.redis.sismember, protocol.phase_key(job_id, phase), name))
 
     def count_delivery(self, job_id: str, name: str) -> int:
         """How many times this unit's task has started (its first run included)."""
-        key = self.key(job_id, f":deliveries:{name}")
+        key = protocol.deliveries_key(job_id, name)
         count = self.call(self.redis.incr, key)
         self.call(self.redis.expire, key, defaults.JOB_TTL_SECONDS)
         return int(count)
-
-
-def _flat(record: dict[str, Any]) -> dict[str, str]:
-    """Hash fields as strings: lists and dicts as JSON."""
-    return {name: json.dumps(value) if isinstance(value, (list, dict)) else str(value) for name, value in record.items()}

@@ -7,7 +7,6 @@ can wait on, download or cancel a job that another one submitted.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 import uuid
@@ -17,9 +16,11 @@ from typing import Any
 
 from farm import defaults
 from farm.atomic import write_atomically
-from farm.distributed.board import TERMINAL, JobBoard, JobState
+from farm.backends.registry import Target
+from farm.distributed.board import JobBoard
+from farm.distributed.protocol import TERMINAL, JobRecord, JobState, PlanJob, check_model_name
 from farm.errors import BadInputError, BuildError, ExitStatus, JobError
-from farm.store import Store, StoreUnreachableError, open_store, redact_url
+from farm.store import Store, open_store
 
 
 class FarmClient:
@@ -36,8 +37,8 @@ class FarmClient:
             self._store = open_store(defaults.store_url(self.broker))
         return self._store
 
-    def submit(self, model_path: str | os.PathLike, targets: Sequence[Any], no_cache: bool = False,
-               opencl: Sequence[str] = (), tune: bool = False, retune: bool = False) -> str:
+    def submit(self, model_path: str | os.PathLike, targets: Sequence[Target], no_cache: bool = False,
+               tune: bool = False, retune: bool = False) -> str:
         """Store the model, record the job and enqueue its planning on the farm; returns the job id. `tune`: time
         the kernels the tuning database lacks first (`retune`: all of them), on workers of each target's CPU class."""
         path = Path(model_path)
@@ -45,18 +46,19 @@ class FarmClient:
             raise BadInputError(f"{path}: no such model file")
         data = path.read_bytes()
         job_id = uuid.uuid4().hex[:16]
-        self.board.create(job_id, {"model_key": self.store.put(data), "model_name": path.stem,
-                                   "model_sha256": hashlib.sha256(data).hexdigest(), "no_cache": no_cache,
-                                   "targets": [t.to_json() for t in targets], "opencl": list(opencl),
-                                   "tune": tune, "retune": retune,
-                                   "submitted_from": os.uname().nodename})
+        now = time.time()
+        self.board.create(job_id, JobRecord(JobState.QUEUED, self.store.put(data), check_model_name(path.stem),
+                                            hashlib.sha256(data).hexdigest(), list(targets), no_cache=no_cache,
+                                            tune=tune, retune=retune, submitted_from=os.uname().nodename,
+                                            created=now, updated=now))
         from farm.distributed.celery_app import make_app
 
-        make_app(self.broker).send_task("farm.plan_job", args=[job_id], queue="control",
+        message = PlanJob(job_id).message()
+        make_app(self.broker).send_task(message.task, args=message.args, queue=message.queue,
                                         retry_policy={"max_retries": 2, "interval_start": 0.1})
         return job_id
 
-    def record(self, job_id: str) -> dict[str, str]:
+    def record(self, job_id: str) -> JobRecord:
         record = self.board.get(job_id)
         if record is None:
             raise JobError(f"unknown job {job_id!r} (never submitted to this farm, or expired)")
@@ -65,19 +67,16 @@ class FarmClient:
     def status(self, job_id: str) -> dict[str, Any]:
         """The job's state, compile tasks done of total, and the failing unit and error if it failed."""
         record = self.record(job_id)
-        done = self.board.call(self.board.redis.scard, self.board.key(job_id, ":compile"))
-        status = {"job_id": job_id, "state": record["state"], "model": record.get("model_name"),
-                  "done": int(done), "total": int(record.get("total", 0)), "kernels": int(record.get("kernels", 0)),
-                  "blobs": int(record.get("blobs", 0))}
+        status = {"job_id": job_id, "state": record.state.value, "model": record.model_name,
+                  "done": self.board.finished(job_id, "compile"), "total": record.total or 0,
+                  "kernels": record.kernels, "blobs": record.blobs}
         for field in ("error", "failed_unit", "exit_status", "artifact_key", "tuning_note"):
-            if record.get(field):
-                status[field] = int(record[field]) if field == "exit_status" else record[field]
-        if "tune_units" in record:
-            tuned = self.board.call(self.board.redis.scard, self.board.key(job_id, ":tune"))
-            errors = {name.partition(":")[2]: error for name, error in record.items() if name.startswith("tune_error:")}
-            status["tuning"] = {"done": int(tuned), "total": len(json.loads(record["tune_units"])), "errors": errors}
-        status["seconds"] = round(float(record.get("finished", record.get("updated", 0))) -
-                                  float(record.get("created", 0)), 3)
+            if getattr(record, field):
+                status[field] = getattr(record, field)
+        if record.tune_units is not None:
+            status["tuning"] = {"done": self.board.finished(job_id, "tune"), "total": len(record.tune_units),
+                                "errors": record.tune_errors}
+        status["seconds"] = round((record.finished or record.updated) - record.created, 3)
         return status
 
     def wait(self, job_id: str, timeout: float | None = None,
@@ -88,7 +87,7 @@ class FarmClient:
             status = self.status(job_id)
             if on_progress:
                 on_progress(status)
-            if status["state"] in TERMINAL or (deadline is not None and time.monotonic() > deadline):
+            if JobState(status["state"]) in TERMINAL or (deadline is not None and time.monotonic() > deadline):
                 return status
             time.sleep(defaults.POLL_SECONDS)
 
@@ -116,26 +115,3 @@ def raise_for_state(status: dict[str, Any]) -> None:
         raise error(f"job {status['job_id']} failed: {status.get('error', 'unknown error')}")
     if status["state"] == JobState.CANCELLED.value:
         raise JobError(f"job {status['job_id']} was cancelled")
-
-
-def farm_fingerprints(broker: str) -> list[str]:
-    """Fingerprints of every OpenCL device that a worker advertises (sorted, each once)."""
-    board = JobBoard(broker)
-    advertised = board.call(board.redis.hgetall, "farm:workers").values()
-    return sorted({device["fingerprint"] for caps in advertised for device in json.loads(caps).get("opencl", [])})
-
-
-def list_workers(broker: str, timeout: float = 1.0) -> list[dict[str, Any]]:
-    """Live workers (those answering a ping) with their host, capabilities and queues."""
-    from kombu.exceptions import OperationalError
-
-    from farm.distributed.celery_app import make_app
-
-    board = JobBoard(broker)
-    capabilities = board.call(board.redis.hgetall, "farm:workers")
-    try:
-        queues = make_app(broker).control.inspect(timeout=timeout).active_queues() or {}
-    except OperationalError as error:
-        raise StoreUnreachableError(f"farm unreachable at {redact_url(broker)}: {error}") from None
-    return [{"name": name, "queues": sorted(q["name"] for q in qs),
-             **json.loads(capabilities.get(name, "{}"))} for name, qs in sorted(queues.items())]

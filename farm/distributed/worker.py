@@ -14,9 +14,7 @@ from typing import Any
 
 from farm.backends.llvm.target import CpuTarget, host_target
 from farm.backends.opencl.devices import opencl_devices_of_a_fresh_process
-from farm.tuning.variants import queue_name
-
-WORKERS_KEY = "farm:workers"
+from farm.distributed.protocol import WORKERS_KEY, worker_queues
 
 
 def detect_capabilities() -> dict[str, Any]:
@@ -30,8 +28,8 @@ def detect_capabilities() -> dict[str, Any]:
 def queues_for(capabilities: dict[str, Any]) -> list[str]:
     """control and llvm (any host), tune.<cpu id> (this CPU class), opencl.<fingerprint> for each device."""
     cpu = capabilities["cpu"]
-    tune = queue_name(CpuTarget(cpu["triple"], cpu["cpu"], cpu["features"]).id)
-    return ["control", "llvm", tune] + [f"opencl.{device['fingerprint']}" for device in capabilities["opencl"]]
+    return worker_queues(CpuTarget(cpu["triple"], cpu["cpu"], cpu["features"]).id,
+                         [device["fingerprint"] for device in capabilities["opencl"]])
 
 
 def default_hostname() -> str:
@@ -51,7 +49,7 @@ def run_worker(broker: str, concurrency: int | None, hostname: str | None, logle
     os.environ["FARM_BROKER_URL"] = broker
     from celery import signals
 
-    from farm.distributed.celery_app import app
+    from farm.distributed.tasks import app
 
     capabilities = detect_capabilities()
     name = hostname or default_hostname()
@@ -59,13 +57,13 @@ def run_worker(broker: str, concurrency: int | None, hostname: str | None, logle
 
     @signals.worker_ready.connect(weak=False)
     def advertise(sender: Any = None, **_: Any) -> None:
-        from farm.distributed.celery_app import farm_context
+        from farm.distributed.tasks import farm_context
 
         farm_context().board.redis.hset(WORKERS_KEY, name, json.dumps(capabilities))
 
     @signals.worker_shutdown.connect(weak=False)
     def withdraw(sender: Any = None, **_: Any) -> None:
-        from farm.distributed.celery_app import farm_context
+        from farm.distributed.tasks import farm_context
 
         farm_context().board.redis.hdel(WORKERS_KEY, name)
 

@@ -6,13 +6,8 @@ import hashlib
 import os
 from pathlib import Path
 
+from farm import defaults
 from farm.atomic import write_atomically
-
-
-def default_cache_dir() -> Path:
-    """farm's cache root: $FARM_CACHE_DIR when set, else ~/.cache/farm."""
-    configured = os.environ.get("FARM_CACHE_DIR")
-    return Path(configured) if configured else Path.home() / ".cache" / "farm"
 
 
 def _has_content(path: Path, sha256: str) -> bool:
@@ -30,7 +25,7 @@ def cached_library(data: bytes, cache_dir: str | os.PathLike[str] | None = None)
     it is skipped when a file with that name and content is already there.
     """
     sha256 = hashlib.sha256(data).hexdigest()
-    folder = Path(cache_dir if cache_dir is not None else default_cache_dir()) / "runtime"
+    folder = Path(cache_dir if cache_dir is not None else defaults.cache_dir()) / "runtime"
     target = folder / f"{sha256}.so"
     if _has_content(target, sha256):
         return target

@@ -10,6 +10,7 @@ the source build with a warning (some drivers accept a damaged binary, so the ha
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import warnings
 from collections.abc import Mapping
@@ -18,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from farm.artifact import Artifact
+from farm import defaults
+from farm.artifact import Artifact, open_artifact
 from farm.atomic import write_atomically
 from farm.backends.opencl.devices import BUILD_OPTIONS, device_info, fingerprint
 from farm.errors import ArtifactError
-from farm.runtime.cache import default_cache_dir
 from farm.runtime.model import TensorSpec, check_feeds
 from farm.runtime.opencl_builder import SourceJob, build_all
 
@@ -48,7 +49,7 @@ class ProgramLoader:
     def __init__(self, artifact: Artifact, context: Any, device: Any, device_fingerprint: str,
                  cache_dir: str | Path | None, build_processes: int | None = None) -> None:
         self.artifact, self.context, self.device, self.fingerprint = artifact, context, device, device_fingerprint
-        self.folder = Path(cache_dir if cache_dir is not None else default_cache_dir()) / "opencl" / device_fingerprint
+        self.folder = Path(cache_dir if cache_dir is not None else defaults.cache_dir()) / "opencl" / device_fingerprint
         self.build_processes = build_processes
         self.source_builds = 0
 
@@ -175,3 +176,8 @@ class OpenCLModel:
                 cl.enqueue_copy(self.queue, results[spec.name], self._buffers[spec.name])
             self.queue.finish()
         return results
+
+
+def load_opencl_model(path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None) -> OpenCLModel:
+    """The OpenCL backend's loader (see farm.runtime.load)."""
+    return OpenCLModel(open_artifact(path), cache_dir)

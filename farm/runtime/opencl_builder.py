@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import IO, Any
 
+from farm import defaults
 from farm.backends.opencl.child_python import module_command
 from farm.backends.opencl.kernel import build_binary
-from farm.build.executor import default_workers
 from farm.errors import BuildError
 
 
@@ -63,7 +63,7 @@ class _WorkList:
 def build_all(jobs: Sequence[SourceJob], device_fingerprint: str, processes: int | None = None) -> list[bytes]:
     """Program binaries for `jobs`, in order, built by this thread and up to `processes - 1` helper processes."""
     work = _WorkList(jobs)
-    helpers = min(max(0, (processes or default_workers()) - 1), max(0, len(jobs) - 1))
+    helpers = min(max(0, (processes or defaults.cpu_count()) - 1), max(0, len(jobs) - 1))
     threads = [threading.Thread(target=_feed_helper, args=(work, device_fingerprint), daemon=True)
                for _ in range(helpers)]
     for thread in threads:

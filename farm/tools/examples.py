@@ -142,7 +142,7 @@ class _GraphBuilder:
             graph,
             opset_imports=[helper.make_opsetid("", OPSET)],
             ir_version=IR_VERSION,
-            producer_name="farm.tools.examples",
+            producer_name="farm.examples",
             doc_string=doc,
         )
         return model
@@ -329,7 +329,7 @@ def _typed_model(builder: _GraphBuilder, name: str, inputs: Sequence[onnx.ValueI
                               [helper.make_tensor_value_info("output", TensorProto.FLOAT, list(output_shape))],
                               initializer=builder.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION,
-                              producer_name="farm.tools.examples", doc_string=doc)
+                              producer_name="farm.examples", doc_string=doc)
     helper.set_model_props(model, {f"farm.example.range.{k}": f"{lo} {hi}" for k, (lo, hi) in (ranges or {}).items()})
     return model
 

@@ -21,8 +21,9 @@ import onnx
 from onnx.backend.base import Backend, BackendRep
 
 from farm import runtime
-from farm.build.assembly import build_model
+from farm.backends.opencl.target import OpenClTarget
 from farm.build.executor import LocalExecutor
+from farm.build.local import build_model
 from farm.errors import RunInputError
 
 DEVICES = ("CPU", "OPENCL")
@@ -59,8 +60,8 @@ class FarmBackend(Backend):
         with tempfile.TemporaryDirectory(prefix="farm-onnx-backend-") as folder:
             path = Path(folder) / "model.onnx"
             onnx.save(model, path)
-            opencl = _opencl_fingerprints() if kind == "OPENCL" else ()
-            result = build_model(path, folder, executor=LocalExecutor(1), opencl=opencl)
+            targets = [OpenClTarget(fp) for fp in _opencl_fingerprints()] if kind == "OPENCL" else []
+            result = build_model(path, folder, targets, executor=LocalExecutor(1))
             return FarmRep(runtime.load(result.artifact, device=kind.lower()))
 
     @classmethod

@@ -353,6 +353,11 @@ def apply(store: Store, plan: BuildPlan, targets: Sequence[CpuTarget]) -> None:
                 plan.tuned[(key, target.id)] = variant_json(blocking, target)
 
 
+def with_variants(store: Store, plan: BuildPlan, targets: Sequence[CpuTarget]) -> BuildPlan:
+    apply(store, plan, targets)
+    return plan
+
+
 def can_time_here(target: CpuTarget) -> bool:
     """Whether this host runs `target`'s code as that CPU would: same triple and CPU, and every feature the target
     enables is one this host has."""
@@ -379,7 +384,7 @@ def choose_variants(plan: BuildPlan, targets: Sequence[CpuTarget], store: Store,
             if progress:
                 progress(done, len(here))
     apply(store, plan, targets)
-    return report
+    return plan, report
 
 
 # --- the manifest ------------------------------------------------------------------------------------------------

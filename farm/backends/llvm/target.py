@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from dataclasses import dataclass
+from typing import ClassVar
 
 import llvmlite.binding as llvm
 
@@ -15,6 +17,8 @@ from farm.errors import BadInputError
 
 TRIPLE_ALIASES = {"aarch64-linux-gnu": "aarch64-unknown-linux-gnu", "x86_64-linux-gnu": "x86_64-unknown-linux-gnu"}
 
+NAME = re.compile(r"[A-Za-z0-9_.-]+")
+FEATURES = re.compile(r"([+-][A-Za-z0-9_.-]+(,[+-][A-Za-z0-9_.-]+)*)?")
 SIMD_WIDTHS = (("+avx512f", 16), ("+avx", 8), ("+sse2", 4), ("+neon", 4))
 
 
@@ -33,6 +37,14 @@ class CpuTarget:
     triple: str
     cpu: str = "generic"
     features: str = ""
+    kind: ClassVar[str] = "cpu"
+
+    def __post_init__(self) -> None:
+        """Triple, CPU and features go into IR text, file names and queue names: refuse anything but plain names."""
+        for field, value, pattern in (("triple", self.triple, NAME), ("cpu", self.cpu, NAME),
+                                      ("features", self.features, FEATURES)):
+            if not isinstance(value, str) or not pattern.fullmatch(value):
+                raise BadInputError(f"CPU target {field} {value!r} is not a plain LLVM name")
 
     @property
     def arch(self) -> str:
@@ -51,7 +63,7 @@ class CpuTarget:
         return max(widths, default=4 if self.arch in ("aarch64", "x86_64") else 1)
 
     def to_json(self) -> dict:
-        return {"id": self.id, "kind": "cpu", "triple": self.triple, "cpu": self.cpu, "features": self.features}
+        return {"id": self.id, "kind": self.kind, "triple": self.triple, "cpu": self.cpu, "features": self.features}
 
     @classmethod
     def from_json(cls, data: dict) -> CpuTarget:

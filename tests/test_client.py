@@ -1,5 +1,5 @@
-"""The farm client (farm/distributed/client.py) against a real redis-server with no workers: what submit, status, cancel and
-download leave in Redis and raise. Jobs stay queued, since nothing consumes the `control` queue."""
+"""The farm client (farm/distributed/client.py) against a real redis-server with no workers: what submit, status,
+cancel and download leave in Redis and raise. Jobs stay queued, since nothing consumes the `control` queue."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import onnx
 import pytest
 
 from farm.backends.llvm.target import host_target
-from farm.distributed.board import JobState
+from farm.distributed.protocol import JobState
 from farm.distributed.client import FarmClient, raise_for_state
 from farm.errors import BadInputError, BuildError, ExitStatus, JobError
 from farm.store import RedisStore
@@ -38,10 +38,10 @@ def test_submit_stores_the_model_records_a_queued_job_and_queues_its_planning(
 
     data = model_path.read_bytes()
     record = client.record(job_id)
-    assert record["state"] == "queued" and record["model_name"] == "tiny_cnn"
-    assert record["model_sha256"] == hashlib.sha256(data).hexdigest() and record["no_cache"] == "False"
-    assert json.loads(record["targets"]) == [host_target().to_json()]
-    assert RedisStore(redis_server.url).get(record["model_key"]) == data  # the store is the broker's Redis
+    assert record.state == "queued" and record.model_name == "tiny_cnn"
+    assert record.model_sha256 == hashlib.sha256(data).hexdigest() and record.no_cache is False
+    assert record.targets == [host_target()]
+    assert RedisStore(redis_server.url).get(record.model_key) == data  # the store is the broker's Redis
 
     raw = redis_server.client()
     assert raw.llen("control") == 1

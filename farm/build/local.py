@@ -1,0 +1,97 @@
+"""A whole build on this machine: plan, tune (when asked), compile every unit in the local executor, link and
+write the artifact, all through the one assembly (farm.build.assembly) that the farm's steps use too."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from farm.artifact import write_artifact
+from farm.backends.registry import Target
+from farm.build import assembly
+from farm.build.executor import LocalExecutor, StepCall
+from farm.build.parts import BuiltUnits
+from farm.build.units import UNIT_KINDS, CompileUnit, compile_unit
+from farm.plan.planner import BuildPlan
+from farm.store import FileStore, Store, default_store_root
+from farm.tuning.variants import TuningReport, choose_variants
+
+ProgressCallback = Callable[[int, int], None]
+
+
+@dataclass
+class BuildResult:
+    job_id: str
+    artifact: str
+    kernels: int
+    blobs: int
+    seconds: float
+    targets: list[str] = field(default_factory=list)
+    tuning: TuningReport | None = None
+    """What `--tune` did (None when it wasn't asked for)."""
+
+    def to_json(self) -> dict[str, Any]:
+        data = {"job_id": self.job_id, "state": "done", "artifact": self.artifact, "kernels": self.kernels,
+                "blobs": self.blobs, "seconds": round(self.seconds, 3), "targets": self.targets}
+        return {**data, "tuning": self.tuning.to_json()} if self.tuning else data
+
+
+def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targets: Sequence[Target] = (),
+                executor: LocalExecutor | None = None, progress: ProgressCallback | None = None,
+                tune: bool = False, retune: bool = False, store: Store | None = None,
+                tune_progress: ProgressCallback | None = None) -> BuildResult:
+    """Build `<out_dir>/<model-stem>.farm`; the artifact appears only when every step succeeded.
+
+    `targets`: CPU and OpenCL targets (farm.backends.registry.parse_targets); none means this host's CPU. Every
+    tunable kernel uses the variant the tuning database in `store` (default: the local store,
+    farm.store.default_store_root) holds for its target; `tune` first times, on this host, the kernels it lacks for
+    targets this host can run (`retune`: all of them), reporting each one to `tune_progress`.
+    """
+    from farm.backends.llvm.target import host_target
+
+    started = time.perf_counter()
+    targets = list(targets) or [host_target()]
+    name, model_sha256 = Path(model_path).stem, hashlib.sha256(Path(model_path).read_bytes()).hexdigest()
+    cpu_targets = [t for t in targets if t.kind == "cpu"]
+    plan, tuning = choose_variants(assembly.plan_model(model_path), cpu_targets,
+                                   store or FileStore(default_store_root()), tune, retune, tune_progress)
+    units = assembly.compile_units(plan, targets)
+    objects = dict(zip((unit.name for unit in units), _run(executor, [_step_call(unit, plan) for unit in units],
+                                                             progress)))
+    plan_json = assembly.link_plan(plan, targets, name, model_sha256, units)
+    libraries: dict[str, bytes] = {}
+    built = BuiltUnits(objects.__getitem__, lambda unit: hashlib.sha256(objects[unit]).hexdigest(),
+                       libraries.__getitem__, lambda sha: plan.blobs[sha].tobytes())
+    for library in assembly.libraries(plan_json):
+        libraries[library["target"]["id"]] = assembly.link_library(plan_json, library["target"]["id"], built)
+    manifest, members = assembly.artifact_contents(plan_json, built)
+    os.makedirs(out_dir, exist_ok=True)
+    artifact = write_artifact(os.path.abspath(os.path.join(out_dir, f"{name}.farm")), manifest, members)
+    return BuildResult(assembly.build_identity(model_sha256, name, targets)[:16], artifact,
+                       sum(unit.kind == "kernel" for unit in units), sum(unit.kind == "blob" for unit in units),
+                       time.perf_counter() - started, [t.id for t in targets], tuning if tune or retune else None)
+
+
+def _step_call(unit: CompileUnit, plan: BuildPlan) -> StepCall:
+    """The unit's pure step as an executor call; a blob's weights are passed as a view, not copied."""
+    data = memoryview(plan.blobs[unit.data_key]).cast("B") if unit.data_key else None
+    return StepCall(unit.name, compile_unit, (unit, data), big_bytes=UNIT_KINDS[unit.kind].big_bytes)
+
+
+def _run(executor: LocalExecutor | None, calls: list[StepCall], progress: ProgressCallback | None) -> list[bytes]:
+    done = [0]
+
+    def on_done(call: StepCall) -> None:
+        done[0] += 1
+        if progress:
+            progress(done[0], len(calls))
+
+    if executor is not None:
+        return executor.run(calls, on_done)
+    with LocalExecutor() as local:
+        return local.run(calls, on_done)

@@ -1,0 +1,231 @@
+"""What each backend adds to a build: its compile units, what assembling its part needs (a JSON layout, kept in
+the link plan), and its manifest fields and members once the units are built.
+
+- CPU (`CpuPart`): a kernel object per distinct kernel and a blob object per distinct weight as the target's
+  kernels read it, then per target an entry object (farm_run, farm_launch, farm_work, farm_run_steps) and one
+  shared library; the manifest's `targets` and `kernels`.
+- OpenCL (`OpenClPart`): every kernel's source, a program binary per kernel per device, the weights and the
+  schedule, so the runtime goes cache -> shipped binary -> parallel source build and never builds serially; the
+  manifest's `opencl` section.
+
+`PARTS` is keyed by backend kind (farm.backends.registry), in the order parts are assembled.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from farm.backends.registry import Target
+from farm.build.units import CompileUnit
+from farm.ir.specs import BlobSpec, KernelSpec
+from farm.plan.planner import BuildPlan, for_target
+
+
+@dataclass(frozen=True)
+class BuiltUnits:
+    """How assembly reads what the units built: bytes and sha256 by unit name, libraries by target id, and
+    weights by sha256 (in memory locally, from the store on the farm)."""
+
+    object_of: Callable[[str], bytes]
+    sha256_of: Callable[[str], str]
+    library_of: Callable[[str], bytes]
+    blob_of: Callable[[str], bytes]
+
+
+class Part(ABC):
+    """One backend's part. `always`: its manifest fields are written even when the build has none of its targets
+    (a CPU-less build still lists `targets` and `kernels`, empty)."""
+
+    kind: ClassVar[str]
+    always: ClassVar[bool] = False
+
+    @abstractmethod
+    def units(self, plan: BuildPlan, targets: Sequence[Target]) -> list[CompileUnit]:
+        """The units this part needs built for `targets` (all of this part's kind)."""
+
+    @abstractmethod
+    def layout(self, plan: BuildPlan, targets: Sequence[Target], units: Sequence[CompileUnit]) -> dict[str, Any]:
+        """JSON: everything assembling this part needs besides the built bytes."""
+
+    @abstractmethod
+    def manifest_fields(self, plan: BuildPlan, targets: Sequence[Target]) -> dict[str, Any]:
+        """This part's manifest fields that are known before anything is built."""
+
+    @abstractmethod
+    def assemble(self, layout: dict[str, Any], manifest: dict[str, Any],
+                 built: BuiltUnits) -> tuple[dict[str, Any], dict[str, bytes]]:
+        """This part's manifest fields completed with what was built (`manifest`: the template), and its members."""
+
+
+# --- CPU -------------------------------------------------------------------------------------------------------
+
+
+def blob_args(plan: BuildPlan, target: Target) -> list[dict[int, BlobSpec]]:
+    """Per step, the BlobSpec of each of its blob arguments on `target`, by argument index: pre-packed in panels
+    where the step's kernel reads that parameter so (backends.llvm.kernel.packed_params), else the plain bytes."""
+    from farm.backends.llvm.kernel import packed_params
+
+    packing: dict[str, dict[int, tuple[int, int, int]]] = {}
+    steps = []
+    for step in plan.steps:
+        spec = plan.kernel_for(step.spec, target.id)
+        if spec.key not in packing:
+            packing[spec.key] = packed_params(spec, target)
+        steps.append({index: BlobSpec(arg.name, plan.blobs[arg.name].nbytes, target.id, packing[spec.key].get(index))
+                      for index, arg in enumerate(step.args) if arg.kind == "blob"})
+    return steps
+
+
+def library_member(target_id: str) -> str:
+    return f"targets/{target_id}/model.so"
+
+
+def step_launches(plan: BuildPlan, target: Target) -> list[list[list[int]]]:
+    """Each step's launches on `target` (each distinct kernel lowered once; a Gemm's grain is its variant's)."""
+    from farm.backends.llvm.kernel import cpu_launches
+
+    by_key: dict[str, list[list[int]]] = {}
+    for step in plan.steps:
+        if step.spec.key not in by_key:
+            by_key[step.spec.key] = cpu_launches(plan.kernel_for(step.spec, target.id), target)
+    return [by_key[step.spec.key] for step in plan.steps]
+
+
+def schedule_for(plan: BuildPlan, target: Target) -> list[dict[str, Any]]:
+    """The entry's call list for `target`: kernel symbols, arena offsets or blob symbols, and the kernel's launches
+    ([extent, grain, work] each)."""
+    launches, blobs = step_launches(plan, target), blob_args(plan, target)
+    return [{"kernel": plan.kernel_for(step.spec, target.id).symbol,
+             "args": [["blob", step_blobs[index].symbol] if arg.kind == "blob" else
+                      ["arena", plan.memory.offsets[arg.name]] for index, arg in enumerate(step.args)],
+             "launches": step_launch}
+            for step, step_launch, step_blobs in zip(plan.steps, launches, blobs)]
+
+
+def link_order(names: Sequence[str], target: Target) -> list[str]:
+    """The target's unit names in the order their objects are linked (before the entry)."""
+    return sorted(name for name in names if name.startswith(f"{target.id}/"))
+
+
+def link_target(library: dict[str, Any], object_of: Callable[[str], bytes]) -> bytes:
+    """One CPU target's shared library: its units' objects in link order, then its entry (from the schedule)."""
+    from farm.backends.llvm.entry import compile_entry
+    from farm.backends.llvm.link import link_library
+    from farm.backends.registry import target_from_json
+
+    target = target_from_json(library["target"])
+    objects = [object_of(name) for name in library["order"]]
+    return link_library(objects + [compile_entry(library["schedule"], target)], target)
+
+
+class CpuPart(Part):
+    kind = "cpu"
+    always = True
+
+    def units(self, plan: BuildPlan, targets: Sequence[Target]) -> list[CompileUnit]:
+        kernels = [CompileUnit("kernel", plan.kernel_for(spec, t.id), t)
+                   for t in targets for spec in plan.kernels().values()]
+        blobs = [CompileUnit("blob", blob, t) for t in targets
+                 for blob in dict.fromkeys(blob for step in blob_args(plan, t) for blob in step.values())]
+        return kernels + blobs
+
+    def layout(self, plan: BuildPlan, targets: Sequence[Target], units: Sequence[CompileUnit]) -> dict[str, Any]:
+        names = [unit.name for unit in units]
+        return {"libraries": [{"target": t.to_json(), "schedule": schedule_for(plan, t), "order": link_order(names, t)}
+                              for t in targets]}
+
+    def manifest_fields(self, plan: BuildPlan, targets: Sequence[Target]) -> dict[str, Any]:
+        from farm.backends.llvm.entry import ENTRY_SYMBOL, LAUNCH_SYMBOL, WORK_SYMBOL
+
+        return {"targets": [{**t.to_json(), "library": library_member(t.id), "entry": ENTRY_SYMBOL,
+                             "launch_entry": LAUNCH_SYMBOL, "work_entry": WORK_SYMBOL,
+                             "launches": [launch for step in step_launches(plan, t) for launch in step]}
+                            for t in targets],
+                "kernels": _kernel_entries(plan, targets)}
+
+    def assemble(self, layout: dict[str, Any], manifest: dict[str, Any],
+                 built: BuiltUnits) -> tuple[dict[str, Any], dict[str, bytes]]:
+        ids = [library["target"]["id"] for library in layout["libraries"]]
+        members = {library_member(target_id): built.library_of(target_id) for target_id in ids}
+        kernels = [{**entry, "object_sha256": built.sha256_of(f"{entry['target']}/{entry['symbol']}")}
+                   for entry in manifest["kernels"]]
+        return {"kernels": kernels}, members
+
+
+def _kernel_entries(plan: BuildPlan, targets: Sequence[Target]) -> list[dict]:
+    from farm.tuning.variants import manifest_variant
+
+    nodes: dict[str, list[str]] = {}
+    for step in plan.steps:
+        nodes.setdefault(step.spec.key, []).append(step.node)
+    entries = []
+    for key, spec in sorted(plan.kernels().items()):
+        for target in targets:
+            symbol = plan.kernel_for(spec, target.id).symbol
+            entries.append({"kernel": key[:20], "op": spec.op, "target": target.id, "symbol": symbol,
+                            "spec": spec.to_json(), "nodes": nodes[key], "object_sha256": None,
+                            **manifest_variant(plan, spec, target)})
+    return entries
+
+
+# --- OpenCL ----------------------------------------------------------------------------------------------------
+
+
+def opencl_kernels(plan: BuildPlan) -> list[KernelSpec]:
+    """The plan's distinct kernels, specialised for OpenCL (one source, and one symbol, serves every device)."""
+    from farm.backends.opencl.target import SPEC_TARGET_ID
+
+    return [for_target(spec, SPEC_TARGET_ID) for spec in plan.kernels().values()]
+
+
+def binary_member(fingerprint: str, symbol: str) -> str:
+    return f"opencl/{fingerprint}/{symbol}.bin"
+
+
+class OpenClPart(Part):
+    kind = "opencl"
+
+    def units(self, plan: BuildPlan, targets: Sequence[Target]) -> list[CompileUnit]:
+        return [CompileUnit("clkernel", spec, t) for t in targets for spec in opencl_kernels(plan)]
+
+    def layout(self, plan: BuildPlan, targets: Sequence[Target], units: Sequence[CompileUnit]) -> dict[str, Any]:
+        from farm.backends.opencl.kernel import kernel_source
+
+        return {"sources": {f"opencl/source/{spec.symbol}.cl": kernel_source(spec) for spec in opencl_kernels(plan)},
+                "binaries": {binary_member(unit.target.fingerprint, unit.spec.symbol): unit.name for unit in units},
+                "weights": {f"weights/{sha}.bin": sha for sha in sorted(plan.blobs)}}
+
+    def manifest_fields(self, plan: BuildPlan, targets: Sequence[Target]) -> dict[str, Any]:
+        from farm.backends.opencl.kernel import kernel_launches
+        from farm.ops import argument_bytes
+
+        fingerprints = [t.fingerprint for t in targets]
+        kernels = [{"symbol": spec.symbol, "source": f"opencl/source/{spec.symbol}.cl",
+                    "launches": [[name, list(size)] for name, size in kernel_launches(spec)],
+                    "arguments": argument_bytes(spec),
+                    "binaries": {fp: binary_member(fp, spec.symbol) for fp in fingerprints}}
+                   for spec in opencl_kernels(plan)]
+        return {"opencl": {"devices": fingerprints, "kernels": kernels, "schedule": _opencl_schedule(plan),
+                           "buffers": dict(sorted(plan.memory.sizes.items())),
+                           "blobs": {sha: f"weights/{sha}.bin" for sha in sorted(plan.blobs)}}}
+
+    def assemble(self, layout: dict[str, Any], manifest: dict[str, Any],
+                 built: BuiltUnits) -> tuple[dict[str, Any], dict[str, bytes]]:
+        members = {member: source.encode() for member, source in layout["sources"].items()}
+        members.update({member: built.object_of(name) for member, name in layout["binaries"].items()})
+        members.update({member: built.blob_of(sha) for member, sha in layout["weights"].items()})
+        return {}, members
+
+
+def _opencl_schedule(plan: BuildPlan) -> list[dict[str, Any]]:
+    """Each node's kernel and arguments, in order (the kernel's entry lists its launches and argument sizes)."""
+    from farm.backends.opencl.target import SPEC_TARGET_ID
+
+    return [{"node": step.node, "kernel": for_target(step.spec, SPEC_TARGET_ID).symbol,
+             "args": [f"{arg.kind}:{arg.name}" for arg in step.args]} for step in plan.steps]
+
+
+PARTS: dict[str, Part] = {part.kind: part for part in (CpuPart(), OpenClPart())}

@@ -1,0 +1,100 @@
+"""A build's compile units: one object per distinct kernel per CPU target, one per weight blob per CPU target as
+that target's kernels read it, one program binary per kernel per OpenCL device.
+
+Each unit kind names its pure step, (spec, target, input bytes) -> bytes, and its cache ref: the local executor
+and the farm's workers call the same step on the same unit, so both build the same bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Union
+
+from farm.backends.registry import Target, backend_of, target_from_json
+from farm.errors import BadInputError
+from farm.ir.specs import BlobSpec, KernelSpec
+from farm.store import refs
+
+Spec = Union[KernelSpec, BlobSpec]
+Data = Union[bytes, memoryview, None]
+
+
+def _compile_kernel(spec: KernelSpec, target: Target, data: Data) -> bytes:
+    return backend_of(target).compile_kernel(spec, target)
+
+
+def _pack_blob(spec: BlobSpec, target: Target, data: Data) -> bytes:
+    from farm.backends.llvm.blobs import pack_blob
+
+    return pack_blob(spec, target, data)
+
+
+@dataclass(frozen=True)
+class UnitKind:
+    """What a kind of unit is: its spec type, its step, its cache ref, how errors name it.
+
+    `big_bytes`: its input is a weight blob, so the local executor runs it in the building process (LLVM releases
+    the GIL) instead of sending the bytes through a pipe."""
+
+    label: str
+    spec_type: type
+    build: Callable[[Any, Target, Data], bytes]
+    ref: Callable[[Any, Target], str]
+    big_bytes: bool = False
+
+
+UNIT_KINDS: dict[str, UnitKind] = {
+    "kernel": UnitKind("kernel", KernelSpec, _compile_kernel, lambda spec, target: refs.kernel(spec.key)),
+    "blob": UnitKind("blob", BlobSpec, _pack_blob, lambda spec, target: refs.blob(spec.key), big_bytes=True),
+    "clkernel": UnitKind("OpenCL kernel", KernelSpec, _compile_kernel,
+                         lambda spec, target: refs.opencl_binary(target.fingerprint, spec.key)),
+}
+
+
+@dataclass(frozen=True)
+class CompileUnit:
+    """One thing to build: a kernel or blob object, or a program binary, for one target. `name` (target id /
+    symbol) names it in progress, errors, the link order and Flower."""
+
+    kind: str
+    spec: Spec
+    target: Target
+
+    @property
+    def name(self) -> str:
+        return f"{self.target.id}/{self.spec.symbol}"
+
+    @property
+    def cache_ref(self) -> str:
+        """The store ref under which the built bytes are cached."""
+        return UNIT_KINDS[self.kind].ref(self.spec, self.target)
+
+    @property
+    def data_key(self) -> str | None:
+        """The store key of the unit's input bytes (a blob's weights, by their sha256), None without input."""
+        return self.spec.data_sha256 if isinstance(self.spec, BlobSpec) else None
+
+    @property
+    def label(self) -> str:
+        return UNIT_KINDS[self.kind].label
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "spec": self.spec.to_json(), "target": self.target.to_json()}
+
+    @classmethod
+    def from_json(cls, data: Any) -> CompileUnit:
+        """A unit from its JSON form, or BadInputError: units cross the farm in messages and link plans."""
+        if not isinstance(data, dict) or data.get("kind") not in UNIT_KINDS:
+            raise BadInputError(f"not a compile unit: {str(data)[:200]!r}")
+        kind = UNIT_KINDS[data["kind"]]
+        try:
+            spec = kind.spec_type.from_json(data["spec"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise BadInputError(f"compile unit with a malformed spec: {error!r}") from None
+        return cls(data["kind"], spec, target_from_json(data.get("target")))
+
+
+def compile_unit(unit: CompileUnit, data: Data = None) -> bytes:
+    """The bytes of one unit: the pure step both the local executor and the farm's workers call."""
+    return UNIT_KINDS[unit.kind].build(unit.spec, unit.target, data)

@@ -1,0 +1,393 @@
+"""The farm's wire protocol, in one place: task names, queues, Redis key names, the job record and each task's
+arguments, with their encodings. The client, the Celery app, the steps, the workers and the tests all use it;
+nothing else knows a task name, a queue or how a field is written.
+
+Everything here crosses a trust boundary (submitters are not trusted), so every decode validates what it reads and
+raises BadInputError naming the field: a bad message fails its task, never reaches IR, paths or shell text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields
+from enum import Enum
+from typing import Any, ClassVar
+
+from farm.backends.registry import Target, target_from_json
+from farm.build.units import CompileUnit
+from farm.errors import BadInputError
+from farm.ir.specs import KernelSpec
+from farm.store.base import is_key
+
+# --- Redis keys --------------------------------------------------------------------------------------------------
+
+WORKERS_KEY = "farm:workers"
+"""A hash: worker name -> its advertised capabilities (JSON)."""
+JOB_ID = re.compile(r"[0-9a-f]{16}")
+
+
+def check_job_id(job_id: object) -> str:
+    if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
+        raise BadInputError(f"not a job id (16 lowercase hex digits): {str(job_id)[:80]!r}")
+    return job_id
+
+
+def job_key(job_id: str) -> str:
+    """The job's record, a Redis hash."""
+    return f"farm:job:{job_id}"
+
+
+def phase_key(job_id: str, phase: str) -> str:
+    """The set of units finished in one phase of the job ("compile", "link", "tune")."""
+    return f"{job_key(job_id)}:{phase}"
+
+
+def deliveries_key(job_id: str, unit: str) -> str:
+    """How many times one unit's task has started."""
+    return f"{job_key(job_id)}:deliveries:{unit}"
+
+
+# --- queues ------------------------------------------------------------------------------------------------------
+
+CONTROL_QUEUE = "control"
+"""Planning and finishing jobs: any worker."""
+LLVM_QUEUE = "llvm"
+"""CPU kernels, weight blobs and links: any worker (LLVM cross-compiles)."""
+
+
+def opencl_queue(fingerprint: str) -> str:
+    """Program binaries for one OpenCL device class: only workers that own such a device."""
+    return f"opencl.{fingerprint}"
+
+
+def tune_queue(cpu_id: str) -> str:
+    """Timing kernel variants for one CPU class: only workers on such a CPU."""
+    return f"tune.{cpu_id}"
+
+
+COMPILE_QUEUES: dict[str, Callable[[Any], str]] = {
+    "cpu": lambda target: LLVM_QUEUE,
+    "opencl": lambda target: opencl_queue(target.fingerprint),
+}
+"""Each backend's compile queue, by backend kind (farm.backends.registry)."""
+
+
+def worker_queues(cpu_id: str, fingerprints: list[str]) -> list[str]:
+    """The queues of a worker on a CPU of class `cpu_id` owning OpenCL devices with `fingerprints`."""
+    return [CONTROL_QUEUE, LLVM_QUEUE, tune_queue(cpu_id)] + [opencl_queue(fp) for fp in fingerprints]
+
+
+# --- tasks and their arguments -----------------------------------------------------------------------------------
+
+
+class TaskName(str, Enum):
+    PLAN_JOB = "farm.plan_job"
+    TUNE_KERNEL = "farm.tune_kernel"
+    COMPILE_CPU_KERNEL = "farm.compile_cpu_kernel"
+    PACK_BLOB = "farm.pack_blob"
+    COMPILE_CL_KERNEL = "farm.compile_cl_kernel"
+    LINK = "farm.link"
+    FINISH = "farm.finish"
+
+
+COMPILE_TASKS = {"kernel": TaskName.COMPILE_CPU_KERNEL, "blob": TaskName.PACK_BLOB,
+                 "clkernel": TaskName.COMPILE_CL_KERNEL}
+"""The task of each compile unit kind (farm.build.units): a name each, so Flower tells them apart."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """One task to enqueue: its name, JSON arguments and queue."""
+
+    task: str
+    args: list[Any]
+    queue: str
+
+
+class TaskArgs:
+    """A task's arguments: `encode` gives the positional JSON list Celery carries (readable in Flower: job, unit,
+    op, target first), `decode` reads one back and validates it."""
+
+    tasks: ClassVar[tuple[TaskName, ...]]
+
+    def message(self) -> Message:
+        return Message(self.task.value, self.encode(), self.queue)
+
+    @property
+    def task(self) -> TaskName:
+        return self.tasks[0]
+
+    @property
+    def queue(self) -> str:
+        return CONTROL_QUEUE
+
+    def encode(self) -> list[Any]:
+        return [self.job_id]
+
+    @classmethod
+    def decode(cls, args: list[Any]) -> TaskArgs:
+        return cls(check_job_id(_arg(args, 0, 1)))
+
+
+def _arg(args: Any, index: int, count: int) -> Any:
+    if not isinstance(args, list) or len(args) != count:
+        raise BadInputError(f"task arguments must be a list of {count}, got {str(args)[:200]!r}")
+    return args[index]
+
+
+@dataclass(frozen=True)
+class PlanJob(TaskArgs):
+    job_id: str
+    tasks: ClassVar = (TaskName.PLAN_JOB,)
+
+
+@dataclass(frozen=True)
+class Finish(TaskArgs):
+    job_id: str
+    tasks: ClassVar = (TaskName.FINISH,)
+
+
+@dataclass(frozen=True)
+class Link(TaskArgs):
+    job_id: str
+    target_id: str
+    tasks: ClassVar = (TaskName.LINK,)
+
+    @property
+    def queue(self) -> str:
+        return LLVM_QUEUE
+
+    def encode(self) -> list[Any]:
+        return [self.job_id, self.target_id]
+
+    @classmethod
+    def decode(cls, args: list[Any]) -> Link:
+        target_id = _arg(args, 1, 2)
+        if not isinstance(target_id, str):
+            raise BadInputError(f"farm.link: target id must be a string, got {target_id!r}")
+        return cls(check_job_id(args[0]), target_id)
+
+
+@dataclass(frozen=True)
+class Compile(TaskArgs):
+    """Build one unit: [job id, unit name, what (op or blob size), target id, unit JSON]."""
+
+    job_id: str
+    unit: CompileUnit
+    tasks: ClassVar = tuple(COMPILE_TASKS.values())
+
+    @property
+    def task(self) -> TaskName:
+        return COMPILE_TASKS[self.unit.kind]
+
+    @property
+    def queue(self) -> str:
+        return COMPILE_QUEUES[self.unit.target.kind](self.unit.target)
+
+    def encode(self) -> list[Any]:
+        what = getattr(self.unit.spec, "op", None) or f"{self.unit.spec.nbytes} bytes"
+        return [self.job_id, self.unit.name, what, self.unit.target.id, self.unit.to_json()]
+
+    @classmethod
+    def decode(cls, args: list[Any]) -> Compile:
+        return cls(check_job_id(_arg(args, 0, 5)), CompileUnit.from_json(args[4]))
+
+
+@dataclass(frozen=True)
+class Tune(TaskArgs):
+    """Time one kernel's variants: [job id, unit name, op, target id, spec JSON, target JSON]."""
+
+    job_id: str
+    name: str
+    spec: KernelSpec
+    target: Target
+    tasks: ClassVar = (TaskName.TUNE_KERNEL,)
+
+    @property
+    def queue(self) -> str:
+        return tune_queue(self.target.id)
+
+    def encode(self) -> list[Any]:
+        return [self.job_id, self.name, self.spec.op, self.target.id, self.spec.to_json(), self.target.to_json()]
+
+    @classmethod
+    def decode(cls, args: list[Any]) -> Tune:
+        job_id, name = check_job_id(_arg(args, 0, 6)), args[1]
+        if not isinstance(name, str):
+            raise BadInputError(f"farm.tune_kernel: unit name must be a string, got {name!r}")
+        try:
+            spec = KernelSpec.from_json(args[4])
+        except (KeyError, TypeError, ValueError) as error:
+            raise BadInputError(f"farm.tune_kernel: malformed kernel spec: {error!r}") from None
+        return cls(job_id, name, spec, target_from_json(args[5]))
+
+
+TASK_ARGS: dict[str, type[TaskArgs]] = {task.value: args for args in (PlanJob, Tune, Compile, Link, Finish)
+                                        for task in args.tasks}
+FIXED_QUEUES = {TaskName.PLAN_JOB.value: CONTROL_QUEUE, TaskName.FINISH.value: CONTROL_QUEUE,
+                TaskName.LINK.value: LLVM_QUEUE}
+"""Tasks whose queue never depends on their arguments (the others follow their target)."""
+
+
+def decode(task: str, args: list[Any]) -> TaskArgs:
+    """A task's typed arguments from its name and JSON list."""
+    if task not in TASK_ARGS:
+        raise BadInputError(f"unknown farm task {task!r}")
+    return TASK_ARGS[task].decode(args)
+
+
+# --- the job record ----------------------------------------------------------------------------------------------
+
+
+class JobState(str, Enum):
+    QUEUED = "queued"
+    PLANNING = "planning"
+    TUNING = "tuning"
+    COMPILING = "compiling"
+    LINKING = "linking"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL = frozenset({JobState.DONE, JobState.FAILED, JobState.CANCELLED})
+
+
+@dataclass(frozen=True)
+class Codec:
+    encode: Callable[[Any], str]
+    decode: Callable[[str], Any]
+
+
+def _json_list(text: str) -> list:
+    value = json.loads(text)
+    if not isinstance(value, list):
+        raise ValueError("not a list")
+    return value
+
+
+def _string_list(text: str) -> list[str]:
+    value = _json_list(text)
+    if not all(isinstance(item, str) for item in value):
+        raise ValueError("not a list of strings")
+    return value
+
+
+def _key(text: str) -> str:
+    if not is_key(text):
+        raise ValueError(f"{text[:80]!r} is not a store key")
+    return text
+
+
+def check_model_name(name: str) -> str:
+    """A model's name (its file's stem) names files on workers and in artifacts: no folders, no dot names."""
+    if not isinstance(name, str) or not 0 < len(name) <= 200 or "/" in name or "\\" in name or "\0" in name \
+            or name in (".", ".."):
+        raise BadInputError(f"model name {str(name)[:80]!r} can't name a file (no '/', at most 200 characters)")
+    return name
+
+
+STR = Codec(str, str)
+KEY = Codec(_key, _key)
+NAME = Codec(check_model_name, check_model_name)
+BOOL = Codec(lambda value: str(bool(value)), lambda text: text == "True")
+INT = Codec(lambda value: str(int(value)), int)
+FLOAT = Codec(lambda value: repr(float(value)), float)
+STATE = Codec(lambda state: JobState(state).value, JobState)
+TARGETS = Codec(lambda targets: json.dumps([t.to_json() for t in targets]),
+                lambda text: [target_from_json(data) for data in _json_list(text)])
+STRINGS = Codec(json.dumps, _string_list)
+
+MAP_FIELDS = {"tune_errors": "tune_error:", "libraries": "library:"}
+"""Record fields that are maps, kept as one hash field per entry (`<prefix><key>`), so that concurrent steps
+add entries without overwriting each other."""
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A farm job as the board keeps it (one Redis hash per job); see `encode_fields` for the wire form."""
+
+    state: JobState
+    model_key: str
+    model_name: str
+    model_sha256: str
+    targets: list[Target]
+    no_cache: bool = False
+    tune: bool = False
+    retune: bool = False
+    submitted_from: str = ""
+    created: float = 0.0
+    updated: float = 0.0
+    finished: float | None = None
+    total: int | None = None
+    kernels: int = 0
+    blobs: int = 0
+    targets_total: int = 0
+    link_plan_key: str | None = None
+    artifact_key: str | None = None
+    cached: bool = False
+    error: str = ""
+    exit_status: int | None = None
+    failed_unit: str = ""
+    tuning_note: str = ""
+    tune_units: list[str] | None = None
+    tuned: bool = False
+    tune_errors: dict[str, str] = field(default_factory=dict)
+    libraries: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_over(self) -> bool:
+        return self.state in TERMINAL
+
+    def tuning_asked(self, flag: str) -> bool:
+        """Whether the job asked for `flag` ("tune" or "retune") and its tuning phase hasn't run yet."""
+        return bool(getattr(self, flag)) and not self.tuned
+
+    @classmethod
+    def decode(cls, hash_fields: dict[str, str]) -> JobRecord:
+        """A record from its Redis hash; BadInputError names the first field that doesn't parse."""
+        values: dict[str, Any] = {name: {} for name in MAP_FIELDS}
+        for name, text in hash_fields.items():
+            mapped = next((m for m, prefix in MAP_FIELDS.items() if name.startswith(prefix)), None)
+            if mapped:
+                values[mapped][name[len(MAP_FIELDS[mapped]):]] = text
+            elif name in CODECS:
+                try:
+                    values[name] = CODECS[name].decode(text)
+                except (ValueError, TypeError, KeyError) as error:
+                    raise BadInputError(f"job record field {name!r} is malformed ({error})") from None
+        missing = [f.name for f in fields(cls) if f.name not in values and f.default is MISSING
+                   and f.default_factory is MISSING]
+        if missing:
+            raise BadInputError(f"job record lacks {', '.join(missing)}")
+        return cls(**values)
+
+
+CODECS: dict[str, Codec] = {
+    "state": STATE, "model_key": KEY, "model_name": NAME, "model_sha256": KEY, "targets": TARGETS,
+    "no_cache": BOOL, "tune": BOOL, "retune": BOOL, "submitted_from": STR, "created": FLOAT, "updated": FLOAT,
+    "finished": FLOAT, "total": INT, "kernels": INT, "blobs": INT, "targets_total": INT, "link_plan_key": KEY,
+    "artifact_key": KEY, "cached": BOOL, "error": STR, "exit_status": INT, "failed_unit": STR, "tuning_note": STR,
+    "tune_units": STRINGS, "tuned": BOOL,
+}
+
+
+def encode_fields(**values: Any) -> dict[str, str]:
+    """Record fields as Redis hash fields (strings); map fields become one hash field per entry."""
+    encoded = {}
+    for name, value in values.items():
+        if name in MAP_FIELDS:
+            encoded.update({f"{MAP_FIELDS[name]}{key}": str(item) for key, item in value.items()})
+        elif name in CODECS:
+            encoded[name] = CODECS[name].encode(value)
+        else:
+            raise ValueError(f"no job record field {name!r}")
+    return encoded
+
+
+def encode_record(record: JobRecord) -> dict[str, str]:
+    """Every set field of a record (None fields are left out)."""
+    return encode_fields(**{f.name: getattr(record, f.name) for f in fields(record)
+                            if getattr(record, f.name) is not None})

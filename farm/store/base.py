@@ -1,0 +1,124 @@
+"""What every store shares: keys (sha256 of the bytes), the errors a store raises, and the Store interface."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from abc import ABC, abstractmethod
+from typing import Union
+
+from farm.errors import ExitStatus, FarmError, UnreachableError, redact_url
+
+Data = Union[bytes, bytearray, memoryview]
+
+EMPTY_KEY = hashlib.sha256(b"").hexdigest()
+_KEY_PATTERN = re.compile(r"[0-9a-f]{64}")
+
+
+class StoreError(FarmError):
+    """The store can't give or keep an entry; the build that needed it fails."""
+
+
+class BadStoreUrlError(StoreError):
+    """A store URL names no backend farm knows, so nothing was read or built."""
+
+    exit_status = ExitStatus.BAD_INPUT
+
+
+class MissingEntryError(StoreError):
+    """No entry has this key: it was never put, or was deleted (e.g. found corrupt)."""
+
+    def __init__(self, key: str, where: str = "") -> None:
+        self.key = key
+        super().__init__(f"store entry {key} is missing" + (f" from {where}" if where else ""))
+
+
+class CorruptEntryError(StoreError):
+    """An entry's bytes don't hash to its key; it has been deleted so a rebuild can put it again."""
+
+    def __init__(self, key: str, reason: str, where: str = "") -> None:
+        self.key = key
+        where_text = f" in {where}" if where else ""
+        super().__init__(f"store entry {key}{where_text} is corrupt ({reason}); it was deleted, rebuild it")
+
+
+class StoreUnreachableError(StoreError, UnreachableError):
+    """The store's server can't be reached (down, wrong address, refused credentials)."""
+
+
+def content_key(data: Data) -> str:
+    """The key of `data`: its sha256 as 64 lowercase hex digits."""
+    return hashlib.sha256(as_bytes_view(data)).hexdigest()
+
+
+def is_key(text: object) -> bool:
+    """Whether `text` has the form of a key; keys become file names and Redis keys, so anything else is refused."""
+    return isinstance(text, str) and _KEY_PATTERN.fullmatch(text) is not None
+
+
+def check_key(key: str) -> str:
+    """`key` itself, or StoreError: a malformed key is a caller's bug, and must never reach a file path."""
+    if not is_key(key):
+        raise StoreError(f"not a store key (64 lowercase hex digits of a sha256): {key!r}")
+    return key
+
+
+def as_bytes_view(data: Data) -> memoryview:
+    """A flat byte view of `data` without copying it when it is contiguous (big blobs shouldn't be copied twice)."""
+    view = memoryview(data)
+    if not view.c_contiguous:
+        view = memoryview(view.tobytes())
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+class Store(ABC):
+    """A content-addressed byte store plus small named refs; safe to share between threads and processes."""
+
+    @property
+    @abstractmethod
+    def url(self) -> str:
+        """A URL that `open_store` turns back into a store over the same entries."""
+
+    @abstractmethod
+    def put(self, data: Data) -> str:
+        """Keep `data` and return its key; skips the write when the entry is already there."""
+
+    @abstractmethod
+    def get(self, key: str) -> bytes:
+        """The bytes of `key`, checked against it; CorruptEntryError (entry deleted) or MissingEntryError."""
+
+    @abstractmethod
+    def has(self, key: str) -> bool:
+        """Whether `key` has an entry; cheap (no hashing), so get can still find it corrupt."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the entry of `key` if there is one."""
+
+    @abstractmethod
+    def set_ref(self, name: str, key: str) -> None:
+        """Point the ref `name` at `key`, replacing any earlier target."""
+
+    @abstractmethod
+    def get_ref(self, name: str) -> str | None:
+        """The key the ref `name` points at, or None when there is no such ref."""
+
+    @abstractmethod
+    def delete_ref(self, name: str) -> None:
+        """Remove the ref `name` if there is one."""
+
+    def close(self) -> None:
+        """Release connections or handles; the store must not be used afterwards. Files hold none."""
+        return None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({redact_url(self.url)!r})"
+
+
+# --- files -------------------------------------------------------------------------------------------------------
