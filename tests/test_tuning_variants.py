@@ -1,8 +1,9 @@
-"""Choosing a build's variants (farm/tuning/variants.py): records made with --tune and reused without timing, the
-manifest, targets this host can't time, and `--tune` on a real farm."""
+"""Choosing a build's variants (farm/tuning/variants.py): the plan left unchanged, records made with --tune and
+reused without timing, the manifest, targets this host can't time, and `--tune` on a real farm."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import uuid
@@ -10,8 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from farm.backends.llvm.gemm import GemmBlocking
-from farm.build.assembly import build_model
+from farm.build.assembly import build_model, plan_model
 from farm.build.executor import LocalExecutor
 from farm.distributed.board import JobBoard
 from farm.distributed.celery_app import QUEUES
@@ -20,11 +23,33 @@ from farm.ir.specs import KernelSpec
 from farm.store import FileStore, RedisStore
 from farm.tools import examples
 from farm.tuning import database, variants
+from farm.tuning.space import candidate_variants, variant_spec
 from tests.farm_services import farm_cli, farm_factory_fixture  # noqa: F401
 from tests.services import RedisServer, redis_server_fixture  # noqa: F401
 from tests.test_cli import farm as cli
 from tests.test_tuning_harness import QUICK, quick_timing  # noqa: F401
 from tests.test_tuning_space import AARCH64, CASES, HOST, build_with, kernel_entries, save, tunable_specs
+
+# --- the plan is a value -----------------------------------------------------------------------------------------
+
+
+def test_with_variants_and_choose_variants_leave_the_plan_unchanged(tmp_path: Path) -> None:
+    path = save(CASES["matmul"], tmp_path)
+    store = FileStore(tmp_path / "store")
+    plan = plan_model(path)
+    spec = tunable_specs(path)[0]
+    chosen = candidate_variants(HOST)[1]
+    database.record(store, spec, HOST, {"variant": chosen.to_json()})
+
+    tuned = variants.with_variants(store, plan, [HOST])
+    again, report = variants.choose_variants(plan, [HOST], store)
+    assert plan.tuned == {} and plan.kernel_for(spec, HOST.id).variant_json == ""
+    assert tuned.kernel_for(spec, HOST.id) == again.kernel_for(spec, HOST.id) == variant_spec(spec, HOST, chosen)
+    assert tuned.tuned == again.tuned == {(spec.key, HOST.id): variant_spec(spec, HOST, chosen).variant_json}
+    assert report.timed == [] and report.notes == []
+    with pytest.raises(dataclasses.FrozenInstanceError):  # a plan can't be given variants in place
+        plan.tuned = tuned.tuned
+
 
 # --- records made with --tune, reuse without timing and the manifest -------------------------------------------
 

@@ -74,7 +74,7 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
     targets = list(targets) or ([] if opencl else [host_target()])
     model_bytes = Path(model_path).read_bytes()
     plan = plan_model(model_path)
-    tuning = choose_variants(plan, targets, store or FileStore(default_store_root()), tune, retune, tune_progress)
+    plan, tuning = choose_variants(plan, targets, store or FileStore(default_store_root()), tune, retune, tune_progress)
     units = compile_units(plan, targets)
     compiled = _run(executor, [_local_job(unit, plan) for unit in units], progress)
     objects = {unit.name: data for unit, data in zip(units, compiled)}

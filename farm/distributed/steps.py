@@ -85,7 +85,7 @@ class Farm:
         targets = [CpuTarget.from_json(t) for t in json.loads(record["targets"])]
         if self._dispatch_tuning(job_id, plan, targets, record):
             return
-        tuning.apply(self.store, plan, targets)
+        plan = tuning.with_variants(self.store, plan, targets)
         units = compile_units(plan, targets)
         todo = [u for u in units if record.get("no_cache") == "True" or not self._cached(u)]
         if "total" in record:

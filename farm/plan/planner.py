@@ -40,11 +40,12 @@ class Step:
     args: list[Arg]
 
 
-@dataclass
+@dataclass(frozen=True)
 class BuildPlan:
-    """What to build. `tuned` holds the variants that tuning chose (farm/tuning/variants.py), by (kernel key, target id):
-    the variant JSON the kernel's spec carries on that target, "" when the default won. A kernel that is not in it
-    uses the default variant."""
+    """What to build. `tuned` holds the variants that tuning chose, by (kernel key, target id): the variant JSON
+    the kernel's spec carries on that target, "" when the default won. A kernel that is not in it uses the default
+    variant. A plan is a value: farm/tuning/variants.py `with_variants` gives a new plan with the variants, so a
+    plan never changes under whoever holds it."""
 
     graph: Graph
     steps: list[Step]

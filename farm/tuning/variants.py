@@ -2,11 +2,13 @@
 plan the recorded ones, and what the manifest says of them.
 
 The pieces live beside this module: the variants tried (farm/tuning/space.py), timing them
-(farm/tuning/harness.py) and the database of winners in the store (farm/tuning/database.py).
+(farm/tuning/harness.py) and the database of winners in the store (farm/tuning/database.py). A plan is a value:
+`with_variants` and `choose_variants` return a new BuildPlan and leave the one they were given as it was.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,13 +56,16 @@ def missing(store: Store, plan: BuildPlan, targets: Sequence[CpuTarget], retune:
             if tunable(spec) and (retune or lookup(store, spec, target.id) is None)]
 
 
-def apply(store: Store, plan: BuildPlan, targets: Sequence[CpuTarget]) -> None:
-    """Give every tunable kernel of the plan its recorded variant on each target (plan.tuned)."""
+def with_variants(store: Store, plan: BuildPlan, targets: Sequence[CpuTarget]) -> BuildPlan:
+    """The plan with every tunable kernel's recorded variant on each target in `tuned`. A new plan: `plan` is left
+    as it was, so whoever else holds it never sees variants change under it."""
+    tuned = dict(plan.tuned)
     for target in targets:
         for key, spec in plan.kernels().items():
             blocking = lookup(store, spec, target.id) if tunable(spec) else None
             if blocking is not None:
-                plan.tuned[(key, target.id)] = variant_json(blocking, target)
+                tuned[(key, target.id)] = variant_json(blocking, target)
+    return dataclasses.replace(plan, tuned=tuned)
 
 
 def can_time_here(target: CpuTarget) -> bool:
@@ -72,10 +77,11 @@ def can_time_here(target: CpuTarget) -> bool:
 
 
 def choose_variants(plan: BuildPlan, targets: Sequence[CpuTarget], store: Store, tune: bool = False,
-                    retune: bool = False, progress: Callable[[int, int], None] | None = None) -> TuningReport:
+                    retune: bool = False, progress: Callable[[int, int], None] | None = None,
+                    ) -> tuple[BuildPlan, TuningReport]:
     """A local build's variants: with `tune`, first time (in this process, one kernel at a time, before any
     compile job starts) every tunable kernel the database lacks (all with `retune`) for the targets this host can
-    run, and record them; then give every kernel its recorded variant."""
+    run, and record them; then the plan with every kernel's recorded variant (with_variants), and what was done."""
     report = TuningReport()
     if tune or retune:
         todo = missing(store, plan, targets, retune)
@@ -88,8 +94,7 @@ def choose_variants(plan: BuildPlan, targets: Sequence[CpuTarget], store: Store,
             report.timed.append(tune_name(spec, target.id))
             if progress:
                 progress(done, len(here))
-    apply(store, plan, targets)
-    return report
+    return with_variants(store, plan, targets), report
 
 
 # --- the manifest ------------------------------------------------------------------------------------------------
