@@ -4,7 +4,7 @@ and the tuned model is never slower than the one with the default variant.
 
 With a fresh store (a temporary folder, so nothing is reused from earlier runs) it measures:
 
-- tuning: wall seconds of `tuning.choose_variants(..., tune=True)` for this host, as a local `farm submit --tune`
+- tuning: wall seconds of `choose_variants(..., tune=True)` for this host, as a local `farm submit --tune`
   and a farm worker run it: one kernel at a time on one core, each variant compiled, checked and timed;
 - both builds (the default from an empty database, the tuned one from the records just made, which times nothing);
 - latency: median of `--repeat` runs of each model (default threads: every CPU), the two models taking turns so
@@ -39,7 +39,9 @@ from farm.build.local import build_model
 from farm.cli.bench import kernel_label
 from farm.store import FileStore, Store
 from farm.tools.examples import random_input
-from farm.tuning import variants as tuning
+from farm.tuning.database import db_ref
+from farm.tuning.space import tunable
+from farm.tuning.variants import choose_variants
 
 MODEL = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / "light_resnet50.onnx"
 TUNING_BAR_S = 300.0
@@ -50,7 +52,7 @@ WARMUP_RUNS = 2
 def tune(path: Path, store: Store) -> tuple[float, int]:
     """Seconds to tune every tunable kernel of the model for this host into `store`, and how many were timed."""
     started = time.perf_counter()
-    report = tuning.choose_variants(plan_model(path), [host_target()], store, tune=True)
+    _, report = choose_variants(plan_model(path), [host_target()], store, tune=True)
     return time.perf_counter() - started, len(report.timed)
 
 
@@ -75,9 +77,9 @@ def kernel_rows(path: Path, store: Store) -> list[dict[str, Any]]:
     target = host_target()
     rows = []
     for spec in plan_model(path).kernels().values():
-        if not tuning.tunable(spec):
+        if not tunable(spec):
             continue
-        record = json.loads(store.get(store.get_ref(tuning.db_ref(spec, target.id))))
+        record = json.loads(store.get(store.get_ref(db_ref(spec, target.id))))
         chosen = GemmBlocking.from_json(record["variant"]).name
         rows.append({"kernel": kernel_label(spec.to_json()), "variant": chosen,
                      "default_s": record["default_seconds"], "chosen_s": record["seconds"][chosen],

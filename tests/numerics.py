@@ -21,6 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import farm.runtime
 from farm.artifact import read_manifest
+from farm.backends.opencl.target import OpenClTarget
 from farm.build.executor import LocalExecutor
 from farm.build.local import BuildResult, build_model
 
@@ -235,7 +236,7 @@ def check_case_on_opencl(c: OpCase, fingerprint: str, tmp_path: Path) -> None:
     case's reference)."""
     path = tmp_path / "model.onnx"
     onnx.save(c.model, path)
-    artifact = build_model(path, tmp_path, executor=LocalExecutor(1), opencl=[fingerprint]).artifact
+    artifact = build_model(path, tmp_path, [OpenClTarget(fingerprint)], executor=LocalExecutor(1)).artifact
     model = farm.runtime.load(artifact, device="opencl", cache_dir=tmp_path / "cache")
     feeds = dict(c.feeds) if c.feeds is not None else random_feeds(c.model)
     expected = c.reference(feeds) if c.reference is not None else run_onnxruntime(path, feeds)

@@ -12,8 +12,8 @@ import onnx
 import pytest
 
 from farm.backends.llvm.target import host_target
-from farm.distributed.protocol import JobState
 from farm.distributed.client import FarmClient, raise_for_state
+from farm.distributed.protocol import JobState
 from farm.errors import BadInputError, BuildError, ExitStatus, JobError
 from farm.store import RedisStore
 from farm.tools import examples

@@ -10,6 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from farm.backends.opencl.target import OpenClTarget
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
 from farm.tools import examples
@@ -204,7 +205,7 @@ def test_opencl_tasks_go_to_the_worker_that_has_the_device(farm_factory, tmp_pat
     without = farm.add_worker("cpu@test", env={"OCL_ICD_VENDORS": str(tmp_path / "no-icd")})
     fingerprint = opencl_devices()[0]["fingerprint"]
     job = _submit(farm, model, tmp_path, "--target", "cpu", "--target", "opencl")
-    local = build_model(model, tmp_path / "local", [host_target()], executor=LocalExecutor(1), opencl=[fingerprint])
+    local = build_model(model, tmp_path / "local", [host_target(), OpenClTarget(fingerprint)], executor=LocalExecutor(1))
     assert _sha(job["artifact"]) == _sha(local.artifact)
     def received(worker) -> int:
         return sum("Task farm.compile_cl_kernel[" in line and line.endswith("received")

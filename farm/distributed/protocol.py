@@ -227,8 +227,10 @@ class Tune(TaskArgs):
 TASK_ARGS: dict[str, type[TaskArgs]] = {task.value: args for args in (PlanJob, Tune, Compile, Link, Finish)
                                         for task in args.tasks}
 FIXED_QUEUES = {TaskName.PLAN_JOB.value: CONTROL_QUEUE, TaskName.FINISH.value: CONTROL_QUEUE,
-                TaskName.LINK.value: LLVM_QUEUE}
-"""Tasks whose queue never depends on their arguments (the others follow their target)."""
+                TaskName.LINK.value: LLVM_QUEUE, TaskName.COMPILE_CPU_KERNEL.value: LLVM_QUEUE,
+                TaskName.PACK_BLOB.value: LLVM_QUEUE}
+"""Tasks whose queue never depends on their arguments: the Celery app's routes. farm.compile_cl_kernel goes to
+its device's queue and farm.tune_kernel to its CPU class's."""
 
 
 def decode(task: str, args: list[Any]) -> TaskArgs:

@@ -33,7 +33,9 @@ from farm.distributed.protocol import Compile, Finish, JobRecord, JobState, Link
 from farm.errors import ArtifactError, BadInputError, FarmError, UnreachableError
 from farm.plan.planner import BuildPlan
 from farm.store import CorruptEntryError, MissingEntryError, Store, refs
+from farm.tuning import database
 from farm.tuning import variants as tuning
+from farm.tuning.harness import time_variants
 
 Dispatch = Callable[[Message], None]
 """dispatch(message): enqueue one task."""
@@ -186,8 +188,8 @@ class Farm:
             return
         self.before_build(name)
         try:
-            result = tuning.time_variants(args.spec.to_json(), args.target.to_json())
-            tuning.record(self.store, args.spec, args.target, result)
+            result = time_variants(args.spec.to_json(), args.target.to_json())
+            database.record(self.store, args.spec, args.target, result)
         except UnreachableError:
             raise
         except FarmError as error:
@@ -300,10 +302,10 @@ class Farm:
 
 STEPS: dict[type, Callable[[Farm, Any], None]] = {
     PlanJob: lambda farm, args: farm.plan_job(args.job_id),
-    Tune: Farm.tune,
-    Compile: Farm.compile,
-    Link: Farm.link,
-    Finish: Farm.finish,
+    Tune: lambda farm, args: farm.tune(args),
+    Compile: lambda farm, args: farm.compile(args),
+    Link: lambda farm, args: farm.link(args),
+    Finish: lambda farm, args: farm.finish(args),
 }
 """The step each task runs, by the type of its arguments (farm.distributed.protocol)."""
 

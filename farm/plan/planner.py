@@ -1,9 +1,9 @@
 """The planner: from an optimised, validated Graph to a BuildPlan.
 
 One KernelSpec per distinct (op, attributes, shapes, dtype, activation), shared by every node that needs it, a
-BlobSpec per distinct constant, a schedule of steps in graph order and a static memory plan that reuses buffers
-once their last reader has run. The plan is target-independent; kernels are specialised per target at build time
-(with the variant tuning chose for that target, if any).
+BlobSpec per distinct constant, a schedule of steps in graph order and a static memory plan (farm/plan/memory.py)
+that reuses buffers once their last reader has run. The plan is target-independent; kernels are specialised per
+target at build time (with the variant tuning chose for that target, if any).
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from farm.ir.graph import Graph, Node
 from farm.ir.specs import KernelSpec, canonical_json
 from farm.ops import LOWERINGS
 from farm.ops.registry import NodeContext
-
-ALIGNMENT = 64
+from farm.plan.memory import MemoryPlan, plan_memory
 
 
 @dataclass(frozen=True)
@@ -41,24 +40,12 @@ class Step:
     args: list[Arg]
 
 
-@dataclass
-class MemoryPlan:
-    """Offsets of every arena buffer (activations, graph inputs and outputs, scratch) in one arena."""
-
-    arena_bytes: int
-    offsets: dict[str, int]
-    sizes: dict[str, int]
-
-    def to_json(self) -> dict[str, Any]:
-        buffers = [{"name": n, "offset": self.offsets[n], "bytes": self.sizes[n]} for n in sorted(self.offsets)]
-        return {"arena_bytes": self.arena_bytes, "alignment": ALIGNMENT, "buffers": buffers}
-
-
-@dataclass
+@dataclass(frozen=True)
 class BuildPlan:
-    """What to build. `tuned` holds the variants that tuning chose (farm/tuning/variants.py), by (kernel key, target id):
-    the variant JSON the kernel's spec carries on that target, "" when the default won. A kernel that is not in it
-    uses the default variant."""
+    """What to build. `tuned` holds the variants that tuning chose, by (kernel key, target id): the variant JSON
+    the kernel's spec carries on that target, "" when the default won. A kernel that is not in it uses the default
+    variant. A plan is a value: farm/tuning/variants.py `with_variants` gives a new plan with the variants, so a
+    plan never changes under whoever holds it."""
 
     graph: Graph
     steps: list[Step]
@@ -121,54 +108,6 @@ def make_plan(graph: Graph) -> BuildPlan:
     blobs: dict[str, np.ndarray] = {}
     steps = [plan_node(node, graph, blobs) for node in graph.nodes]
     return BuildPlan(graph, steps, blobs, plan_memory(graph, steps))
-
-
-def _buffer_bytes(name: str, graph: Graph, steps: list[Step]) -> int:
-    if name in graph.values:
-        return graph.values[name].nbytes
-    step = next(s for s in steps if Arg("arena", name) in s.args)
-    return LOWERINGS[step.spec.op].scratch_floats(step.spec) * 4
-
-
-def _lifetimes(graph: Graph, steps: list[Step]) -> dict[str, list[int]]:
-    """[first step that writes or holds it, last step that reads it] for every arena buffer."""
-    spans: dict[str, list[int]] = {name: [-1, -1] for name in graph.inputs}
-    for index, step in enumerate(steps):
-        for arg in step.args:
-            if arg.kind == "arena":
-                spans.setdefault(arg.name, [index, index])[1] = index
-    for name in graph.outputs:
-        spans[name][1] = len(steps)
-    return spans
-
-
-def plan_memory(graph: Graph, steps: list[Step]) -> MemoryPlan:
-    """First-fit placement: a buffer shares bytes only with buffers whose lifetimes don't overlap its own."""
-    spans = _lifetimes(graph, steps)
-    offsets: dict[str, int] = {}
-    sizes = {name: _align(max(_buffer_bytes(name, graph, steps), 1)) for name in spans}
-    placed: list[tuple[int, int, int, int]] = []
-    for name in sorted(spans, key=lambda n: (spans[n][0], n)):
-        start, end = spans[name]
-        busy = sorted((off, size) for off, size, s, e in placed if s <= end and start <= e)
-        offsets[name] = _first_gap(busy, sizes[name])
-        placed.append((offsets[name], sizes[name], start, end))
-    arena = max((off + size for off, size, _, _ in placed), default=0)
-    return MemoryPlan(arena, offsets, sizes)
-
-
-def _first_gap(busy: list[tuple[int, int]], size: int) -> int:
-    """Lowest offset where `size` bytes fit between the (offset, size) ranges in `busy`."""
-    candidate = 0
-    for offset, length in busy:
-        if candidate + size <= offset:
-            return candidate
-        candidate = max(candidate, offset + length)
-    return candidate
-
-
-def _align(nbytes: int) -> int:
-    return (nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
 
 
 def for_target(spec: KernelSpec, target_id: str) -> KernelSpec:

@@ -1,4 +1,5 @@
-"""The farm's Celery app (farm/distributed/celery_app.py): its settings, its routes, its tasks, and a real worker refusing pickle."""
+"""The farm's Celery app (farm/distributed/celery_app.py, its tasks in farm/distributed/tasks.py): its settings, its
+routes, its tasks, and a real worker refusing pickle."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from kombu import Connection
 from kombu.exceptions import ContentDisallowed
 from kombu.serialization import dumps, loads, prepare_accept_content
 
-from farm.distributed.celery_app import QUEUES, FarmTask, TuneTask, app, make_app
+from farm.distributed.celery_app import make_app
+from farm.distributed.protocol import FIXED_QUEUES as QUEUES
+from farm.distributed.tasks import FarmTask, TuneTask, app
 from tests.farm_services import FarmWorker
 from tests.services import RedisServer, redis_server_fixture  # noqa: F401
 
@@ -90,7 +93,7 @@ def test_every_farm_task_is_registered_as_a_farm_task() -> None:
 
 def _settings_in_a_fresh_process(env: dict[str, str]) -> dict:
     code = (
-        "import json; from farm.distributed.celery_app import app, make_app\n"
+        "import json; from farm.distributed.celery_app import make_app; from farm.distributed.tasks import app\n"
         "def show(a):\n"
         "    c = a.conf\n"
         "    return {'broker': c.broker_url, 'soft': c.task_soft_time_limit, 'hard': c.task_time_limit,\n"
@@ -165,7 +168,7 @@ def test_a_real_worker_refuses_a_pickled_task_message(redis_server: RedisServer,
                   "the refused message to be dropped (not requeued, not left unacknowledged)", worker)
 
         # The same worker runs a JSON task sent on the same queue: it was the content type it refused.
-        accepted_id = make_app(redis_server.url).send_task("farm.plan_job", args=["no-such-job"],
+        accepted_id = make_app(redis_server.url).send_task("farm.plan_job", args=["0123456789abcdef"],
                                                            queue="control").id
         _wait_for(lambda: f"farm.plan_job[{accepted_id}] succeeded" in worker.log_path.read_text(errors="replace"),
                   60, "the JSON task to run", worker)
@@ -185,7 +188,8 @@ def test_dispatch_waits_out_a_redis_restart(redis_server: RedisServer) -> None:
     redis_server.stop()
     restarter = threading.Timer(1.5, redis_server.restart)
     restarter.start()
-    code = "from farm.distributed.celery_app import dispatch; dispatch('farm.finish', ['job'])"
+    code = ("from farm.distributed.protocol import Finish; from farm.distributed.tasks import dispatch; "
+            "dispatch(Finish('0123456789abcdef').message())")
     env = {**os.environ, "FARM_BROKER_URL": redis_server.url}
     try:
         done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,

@@ -1,0 +1,51 @@
+"""The static memory plan (farm/plan/memory.py): safe (live buffers never overlap), reusing, aligned, deterministic."""
+
+import pytest
+
+from farm.plan.memory import ALIGNMENT, _first_gap, plan_memory
+from tests.test_planner import conv_chain
+
+
+def _ranges_overlap(a, b) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def test_memory_plan_never_overlaps_live_buffers_and_reuses_dead_ones(tmp_path):
+    plan = conv_chain(tmp_path, layers=6)
+    memory = plan.memory
+    spans = {}
+    for index, step in enumerate(plan.steps):
+        for arg in step.args:
+            if arg.kind == "arena":
+                spans.setdefault(arg.name, [index, index])[1] = index
+    spans["x"][0] = -1
+    spans[plan.graph.outputs[0]][1] = len(plan.steps)
+    names = sorted(spans)
+    for i, a in enumerate(names):
+        assert memory.offsets[a] % ALIGNMENT == 0
+        for b in names[i + 1:]:
+            live_together = spans[a][0] <= spans[b][1] and spans[b][0] <= spans[a][1]
+            if live_together:
+                ra = (memory.offsets[a], memory.offsets[a] + memory.sizes[a])
+                rb = (memory.offsets[b], memory.offsets[b] + memory.sizes[b])
+                assert not _ranges_overlap(ra, rb), (a, b)
+    assert memory.arena_bytes < sum(memory.sizes.values())
+
+
+def test_memory_plan_json_lists_every_buffer(tmp_path):
+    plan = conv_chain(tmp_path, layers=2)
+    data = plan.memory.to_json()
+    assert data["alignment"] == ALIGNMENT and data["arena_bytes"] == plan.memory.arena_bytes
+    assert {b["name"] for b in data["buffers"]} == set(plan.memory.offsets)
+
+
+@pytest.mark.parametrize("busy, size, expected", [([], 64, 0), ([(0, 64)], 64, 64), ([(64, 64)], 64, 0),
+                                                  ([(0, 64), (192, 64)], 128, 64), ([(0, 64), (128, 64)], 128, 192)])
+def test_first_gap(busy, size, expected):
+    assert _first_gap(busy, size) == expected
+
+
+def test_plan_memory_is_deterministic(tmp_path):
+    plan = conv_chain(tmp_path, layers=3)
+    again = plan_memory(plan.graph, plan.steps)
+    assert again.offsets == plan.memory.offsets and again.arena_bytes == plan.memory.arena_bytes
