@@ -1,7 +1,12 @@
-"""A small loop IR that every op lowers into once, and that each backend renders (LLVM IR today, OpenCL C next).
+"""A small loop IR that every op lowers into once (farm/ops), and that each backend renders: as LLVM IR for CPUs
+(farm/backends/llvm) and as OpenCL C (farm/backends/opencl).
 
 Shapes are static, so loop extents and strides are plain integers: the renderers see fully specialised kernels,
 the way Glow specialises its kernels, and LLVM folds every index computation.
+
+A kernel runs as launches, one after another. `launch_groups` splits it into them and gives each its LaunchKind
+(a Gemm, a parallel loop, or serial statements) once, so that both renderers and `launch_info` (the CPU runtime's
+launch table) dispatch on the same kinds.
 """
 
 from __future__ import annotations
