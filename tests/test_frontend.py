@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +62,17 @@ def test_import_small_model(onnx_model_path):
     assert graph.values["y"] == TensorInfo((1, 4, 8, 8), "float32")  # inferred although the model left it open
     assert graph.values["W"] == TensorInfo((4, 3, 3, 3), "float32")
     validate(graph, SUPPORTED)
+
+
+def test_tensor_info_of_array_has_python_int_dims_and_the_dtype_name():
+    info = TensorInfo.of_array(np.zeros((2, 3), np.int32))
+    assert info == TensorInfo((2, 3), "int32") and all(type(dim) is int for dim in info.shape)
+
+
+def test_onnx_import_does_not_import_the_passes():
+    """The passes build on the import; the import standing alone keeps the frontend free of cycles."""
+    code = "import sys, farm.frontend.onnx_import; assert 'farm.frontend.passes' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_attribute_kinds_become_python_values(onnx_model_path):

@@ -7,7 +7,9 @@ import subprocess
 
 import llvmlite.binding as llvm
 import numpy as np
+import onnx
 import pytest
+from llvmlite import ir
 from native_helpers import (
     EM_AARCH64,
     aarch64,
@@ -19,9 +21,14 @@ from native_helpers import (
     run_kernels,
 )
 
+from farm.backends.llvm import render
 from farm.backends.llvm.gemm import GemmBlocking
 from farm.backends.llvm.kernel import compile_ir
+from farm.backends.opencl import render as cl_render
+from farm.build.assembly import plan_model
 from farm.ir import loopir as L
+from farm.ops import lower_kernel
+from farm.tools.examples import EXAMPLES
 
 
 def unary_kernel(fn, n: int, in_dtype: str = L.F32, out_dtype: str = L.F32) -> L.LoopKernel:
@@ -406,3 +413,69 @@ def test_bool_and_int32_buffers_load_and_store_as_numpy_lays_them_out(tmp_path):
     results = run_kernel(mask_and_narrow_kernel(37), arrays, tmp_path)
     for got, want in zip(results, expected):
         np.testing.assert_array_equal(got, want)
+
+
+# -- launches: the kind loopir gives each launch, as both renderers and launch_info see it -------------------------------
+
+
+def test_every_launch_kind_has_an_emitter():
+    assert set(render.LAUNCH_EMITTERS) == set(L.LaunchKind)
+
+
+@pytest.fixture(scope="module")
+def example_kernels(tmp_path_factory) -> dict[str, L.LoopKernel]:
+    """Every distinct kernel of three example models: im2col convs with a serial epilogue, pointwise and depthwise
+    convs, pools, attention and layer norms."""
+    folder = tmp_path_factory.mktemp("examples")
+    kernels = {}
+    for name in ("tiny_cnn", "mobilenetv2_style", "bert_style"):
+        path = folder / f"{name}.onnx"
+        onnx.save(EXAMPLES[name](), str(path))
+        kernels.update({spec.symbol: lower_kernel(spec) for spec in plan_model(path).kernels().values()})
+    return kernels
+
+
+def _record_kinds(monkeypatch, table: dict, seen: list) -> None:
+    """Make each handler of a launch-kind table note the kind it was called for."""
+    for kind, handler in list(table.items()):
+        def recording(*args, kind=kind, handler=handler):
+            seen.append(kind)
+            return handler(*args)
+
+        monkeypatch.setitem(table, kind, recording)
+
+
+def _kind_of_launch_info(info: L.LaunchInfo, gemm_rows: int) -> L.LaunchKind:
+    """A Gemm's grain is its tile rows; a serial launch is one iteration; a parallel loop is never peeled to one."""
+    if info.grain == gemm_rows:
+        return L.LaunchKind.GEMM
+    return L.LaunchKind.SERIAL if info.extent == 1 else L.LaunchKind.PARALLEL
+
+
+def _kind_of_global_size(size: tuple[int, ...]) -> L.LaunchKind:
+    if len(size) == 2:
+        return L.LaunchKind.GEMM
+    return L.LaunchKind.SERIAL if size == (1,) else L.LaunchKind.PARALLEL
+
+
+def test_renderers_and_launch_info_agree_on_the_launches_of_real_kernels(example_kernels, monkeypatch):
+    emitted, shaped, bodies = [], [], []
+    _record_kinds(monkeypatch, render.LAUNCH_EMITTERS, emitted)
+    _record_kinds(monkeypatch, cl_render.LAUNCH_SHAPES, shaped)
+    _record_kinds(monkeypatch, cl_render.LAUNCH_BODIES, bodies)
+    seen_kinds = set()
+    for symbol, kernel in example_kernels.items():
+        kinds = [group.kind for group in L.launch_groups(kernel)[1]]
+        for seen in (emitted, shaped, bodies):
+            seen.clear()
+        module = ir.Module(name=symbol)
+        render.render_kernel(module, "k", kernel, GemmBlocking(rows=3, vectors=1, lanes=4))
+        assert emitted == kinds, symbol
+        assert [f.name for f in module.functions if f.name.startswith("k_")] == [f"k_{i}" for i in range(len(kinds))]
+        global_sizes = [size for _, size in cl_render.launches("k", kernel)]
+        assert shaped == kinds and [_kind_of_global_size(size) for size in global_sizes] == kinds, symbol
+        assert cl_render.render_opencl("k", kernel).count("__kernel void") == len(kinds) and bodies == kinds, symbol
+        infos = L.launch_info(kernel, gemm_rows=3)
+        assert [_kind_of_launch_info(info, 3) for info in infos] == kinds, symbol
+        seen_kinds.update(kinds)
+    assert seen_kinds == set(L.LaunchKind)

@@ -338,8 +338,38 @@ def _launch_kernel() -> L.LoopKernel:
 def test_launch_groups_peel_batch_of_one_and_keep_parallel_loops_and_gemms_alone():
     fixed, groups = L.launch_groups(_launch_kernel())
     assert fixed == ["b"]
-    kinds = [[type(stmt).__name__ for stmt in group] for group in groups]
-    assert kinds == [["Store"], ["Loop"], ["Store", "Store"], ["Gemm"], ["Loop"], ["Loop"]]
+    statements = [[type(stmt).__name__ for stmt in group.stmts] for group in groups]
+    assert statements == [["Store"], ["Loop"], ["Store", "Store"], ["Gemm"], ["Loop"], ["Loop"]]
+    serial, parallel, gemm = L.LaunchKind.SERIAL, L.LaunchKind.PARALLEL, L.LaunchKind.GEMM
+    assert [group.kind for group in groups] == [serial, parallel, serial, gemm, serial, parallel]
+    assert all(group.head is group.stmts[0] for group in groups)
+
+
+def test_launch_kind_recognises_gemms_parallel_loops_and_everything_else_as_serial():
+    i, x = L.Var("i"), L.Var("x", L.F32)
+    store = L.Store("c", i, L.const(1.0))
+    assert L.launch_kind(_gemm(4, 4, 4)) is L.LaunchKind.GEMM
+    assert L.launch_kind(L.Loop(i, 8, [store], parallel=True)) is L.LaunchKind.PARALLEL
+    serial = [L.Loop(i, 8, [store]), store, L.Assign(x, L.const(0.0)), L.If(L.compare("lt", i, 2), [store])]
+    assert [L.launch_kind(stmt) for stmt in serial] == [L.LaunchKind.SERIAL] * 4
+
+
+def test_a_kernel_of_one_kind_is_one_launch_of_that_kind_and_serial_statements_between_others_merge():
+    i, j = L.Var("i"), L.Var("j")
+    parallel = L.Loop(i, 8, [L.Store("c", i, L.const(1.0))], parallel=True)
+    stores = [L.Store("c", L.const(index), L.const(0.0)) for index in range(3)]
+    for body, kinds in (([_gemm(2, 3, 4)], ["gemm"]), ([parallel], ["parallel"]), (stores, ["serial"]),
+                        ([stores[0], L.Loop(j, 1, stores[1:])], ["serial"]),
+                        ([_gemm(2, 3, 4), _gemm(2, 3, 4), *stores, parallel], ["gemm", "gemm", "serial", "parallel"])):
+        groups = L.launch_groups(L.LoopKernel([L.Param("c", output=True)], body))[1]
+        assert [group.kind.value for group in groups] == kinds
+
+
+def test_launch_ranges_handle_every_kind_and_split_wide_gemms_by_columns():
+    assert set(L.LAUNCH_RANGES) == set(L.LaunchKind)
+    wide = L.LoopKernel([L.Param("a"), L.Param("b"), L.Param("c", output=True)], [_gemm(3, 40, 2)])
+    assert [(i.extent, i.grain) for i in L.launch_info(wide, gemm_rows=4, gemm_columns=8)] == [(5, 1)]
+    assert [(i.extent, i.grain) for i in L.launch_info(wide, gemm_rows=4)] == [(3, 4)]
 
 
 def test_launch_info_gives_extent_grain_and_work():

@@ -11,7 +11,7 @@ import pyopencl as cl
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from farm.backends.opencl.render import launches, render_opencl
+from farm.backends.opencl.render import LAUNCH_BODIES, LAUNCH_SHAPES, launches, render_opencl
 from farm.build.assembly import plan_model
 from farm.ir import loopir as L
 from farm.ops import LOWERINGS, lower_kernel
@@ -124,6 +124,10 @@ def test_parallel_loops_and_gemms_get_their_own_launches_and_the_rest_one_work_i
     assert launches("k", serial) == [("k_0", (1,))] and "get_global_id" not in render_opencl("k", serial)
     assert launches("k", batch_of_one) == [("k_0", (2, 1)), ("k_1", (15,))]
     assert "const long b = 0;" in render_opencl("k", batch_of_one)
+
+
+def test_every_launch_kind_has_a_global_size_and_a_body():
+    assert set(LAUNCH_SHAPES) == set(LAUNCH_BODIES) == set(L.LaunchKind)
 
 
 def test_float_constants_are_exact_and_special_values_spelled_out():

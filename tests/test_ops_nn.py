@@ -23,6 +23,10 @@ from numerics import (
 )
 from onnx import TensorProto, helper, numpy_helper
 
+from farm.build.assembly import plan_model
+from farm.ir.specs import KernelSpec
+from farm.ops import nn
+
 # ---------------------------------------------------------------------------------------------------------- Conv
 
 
@@ -561,6 +565,46 @@ def test_fused_activation_matches_onnxruntime(c: OpCase, tmp_path) -> None:
     """The passes fuse the activation into its producer (the schedule shows one kernel) and the result still
     matches onnxruntime; where fusion must not happen, the activation stays a kernel of its own."""
     check_case(c, tmp_path)
+
+
+# ----------------------------------------------------------------------------------------------- geometry
+
+
+def _spec_of(model: onnx.ModelProto, tmp_path) -> KernelSpec:
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    return plan_model(path).steps[0].spec
+
+
+def test_conv_geometry_names_the_sizes_of_a_grouped_strided_dilated_conv(tmp_path) -> None:
+    attrs = {"group": 2, "strides": [2, 1], "dilations": [1, 2], "pads": [1, 0, 1, 2]}
+    spec = _spec_of(single_op_model("Conv", [("x", (2, 6, 9, 11))], attrs, {"w": rand(4, 3, 3, 2)}), tmp_path)
+    geo = nn._conv_geometry(spec)
+    assert geo == nn.ConvGeometry(batch=2, in_channels=6, out_channels=4, groups=2, height=9, width=11,
+                                  out_height=5, out_width=11, kernel_height=3, kernel_width=2, stride_height=2,
+                                  stride_width=1, dilation_height=1, dilation_width=2, pad_top=1, pad_left=0)
+    assert (geo.in_channels_per_group, geo.out_channels_per_group) == (3, 2)
+    assert (geo.in_pixels, geo.out_pixels, geo.column_rows) == (99, 55, 3 * 3 * 2)
+    assert nn._conv_scratch(spec) == geo.column_rows * geo.out_pixels  # one group's im2col matrix
+
+
+def test_pool_window_is_the_conv_window_without_channels(tmp_path) -> None:
+    attrs = {"kernel_shape": [3, 2], "strides": [2, 2], "pads": [1, 1, 0, 0]}
+    spec = _spec_of(single_op_model("MaxPool", [("x", (1, 3, 8, 7))], attrs), tmp_path)
+    assert nn._window(spec) == nn.Window(height=8, width=7, out_height=4, out_width=4, kernel_height=3,
+                                         kernel_width=2, stride_height=2, stride_width=2, dilation_height=1,
+                                         dilation_width=1, pad_top=1, pad_left=1)
+
+
+def test_conv_transpose_geometry_sizes_the_transposed_weights_and_the_column_buffer(tmp_path) -> None:
+    model = single_op_model("ConvTranspose", [("x", (1, 4, 5, 6))], {"group": 2, "strides": [2, 2]},
+                            {"w": rand(4, 3, 3, 2)})
+    spec = _spec_of(model, tmp_path)
+    geo = nn._conv_transpose_geometry(spec)
+    assert (geo.batch, geo.in_channels, geo.out_channels, geo.groups) == (1, 4, 6, 2)
+    assert (geo.in_sizes, geo.out_sizes, geo.taps, geo.in_pixels) == ([5, 6], [11, 12], 6, 30)
+    assert (geo.in_channels_per_group, geo.column_rows, geo.column_start) == (2, 3 * 6, 2 * 18 * 2)
+    assert nn._conv_transpose_scratch(spec) == geo.column_start + geo.column_rows * geo.in_pixels
 
 
 # ------------------------------------------------------------------------------------------------- OpenCL

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from farm.errors import UnsupportedError
 from farm.frontend.onnx_import import import_model
 from farm.frontend.passes import FUSABLE_PRODUCERS, fold_batchnorm, fold_channel_affine, fold_constants, optimize
-from farm.ir.graph import Activation, Graph
+from farm.ir.graph import Activation, Graph, TensorInfo
 
 RNG = np.random.default_rng(42)
 
@@ -113,7 +113,7 @@ def test_constant_of_shape_weight_folds_and_unused_constants_go(onnx_model_path)
     graph = optimize(_load(onnx_model_path, model))
     assert [n.op_type for n in graph.nodes] == ["MatMul"]
     np.testing.assert_array_equal(graph.constants["w"], np.full((3, 5), 0.25, np.float32))
-    assert graph.values["w"].shape == (3, 5) and graph.values["w"].dtype == "float32"
+    assert graph.values["w"] == TensorInfo.of_array(graph.constants["w"]) == TensorInfo((3, 5), "float32")
     assert "w_shape" not in graph.constants
 
 

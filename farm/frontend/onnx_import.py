@@ -46,7 +46,7 @@ def import_model(path: str | os.PathLike[str]) -> Graph:
     constants.update(node_constants)
     inferred = _infer_shapes(model, constants, path)
     values, dynamic = _collect_value_infos(inferred.graph)
-    values.update({name: _info_of(array) for name, array in constants.items()})
+    values.update({name: TensorInfo.of_array(array) for name, array in constants.items()})
     for name in values:
         dynamic.pop(name, None)
     inputs = [vi.name for vi in model.graph.input if vi.name not in constants]
@@ -211,10 +211,6 @@ def _array_from_bytes(tensor: TensorProto, data: bytes, file_path: str) -> np.nd
         return np.frombuffer(data, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False).reshape(dims)
     raw = TensorProto(name=tensor.name, data_type=tensor.data_type, dims=dims, raw_data=data)
     return _tensor_to_array(raw, "")
-
-
-def _info_of(array: np.ndarray) -> TensorInfo:
-    return TensorInfo(tuple(int(d) for d in array.shape), array.dtype.name)
 
 
 # ----------------------------------------------------------------------------------------------- nodes and attrs

@@ -76,10 +76,6 @@ def _prune_unreferenced(graph: Graph) -> Graph:
     return graph
 
 
-def _info_of(array: np.ndarray) -> TensorInfo:
-    return TensorInfo(tuple(int(d) for d in array.shape), array.dtype.name)
-
-
 # ---------------------------------------------------------------------------------------- 1. Dropout and Identity
 
 
@@ -193,7 +189,7 @@ def _fold_sweep(graph: Graph) -> int:
         for name, array in zip(node.outputs, arrays):
             if name:
                 graph.constants[name] = array
-                graph.values[name] = _info_of(array)
+                graph.values[name] = TensorInfo.of_array(array)
                 graph.dynamic_shapes.pop(name, None)
     folded = len(graph.nodes) - len(kept)
     graph.nodes = kept
@@ -401,7 +397,7 @@ def _merge_bn_into_conv(graph: Graph, conv: Node, bn: Node, taken: set[str]) -> 
     b_name = _unique_name(taken, f"{conv.name}/bn_folded_bias")
     for name, array in ((w_name, new_weight), (b_name, new_bias)):
         graph.constants[name] = array
-        graph.values[name] = _info_of(array)
+        graph.values[name] = TensorInfo.of_array(array)
     old_output = conv.outputs[0]
     conv.inputs = [conv.inputs[0], w_name, b_name]
     conv.outputs = [bn.outputs[0], *conv.outputs[1:]]
@@ -471,7 +467,7 @@ def _merge_affine_into_conv(graph: Graph, conv: Node, node: Node, constant: np.n
     for label, array in (("weight", weight), ("bias", bias)):
         names.append(_unique_name(taken, f"{conv.name}/{node.op_type.lower()}_folded_{label}"))
         graph.constants[names[-1]] = np.ascontiguousarray(array, dtype=weight.dtype)
-        graph.values[names[-1]] = _info_of(graph.constants[names[-1]])
+        graph.values[names[-1]] = TensorInfo.of_array(graph.constants[names[-1]])
     graph.values.pop(conv.outputs[0], None)
     conv.inputs = [conv.inputs[0], *names]
 

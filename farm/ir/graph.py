@@ -27,6 +27,11 @@ class TensorInfo:
     shape: tuple[int, ...]
     dtype: str = "float32"
 
+    @classmethod
+    def of_array(cls, array: np.ndarray) -> TensorInfo:
+        """The info of a constant: the import and the passes that make new constants both describe them so."""
+        return cls(tuple(int(d) for d in array.shape), array.dtype.name)
+
     @property
     def size(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))

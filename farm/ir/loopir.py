@@ -1,13 +1,20 @@
-"""A small loop IR that every op lowers into once, and that each backend renders (LLVM IR today, OpenCL C next).
+"""A small loop IR that every op lowers into once (farm/ops), and that each backend renders: as LLVM IR for CPUs
+(farm/backends/llvm) and as OpenCL C (farm/backends/opencl).
 
 Shapes are static, so loop extents and strides are plain integers: the renderers see fully specialised kernels,
 the way Glow specialises its kernels, and LLVM folds every index computation.
+
+A kernel runs as launches, one after another. `launch_groups` splits it into them and gives each its LaunchKind
+(a Gemm, a parallel loop, or serial statements) once, so that both renderers and `launch_info` (the CPU runtime's
+launch table) dispatch on the same kinds.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Union
+from enum import Enum
+from typing import Any, Union
 
 Number = Union[int, float]
 
@@ -349,21 +356,52 @@ def peel(stmts: list[Stmt], fixed: list[str]) -> list[Stmt]:
     return peeled
 
 
-def runs_alone(stmt: Stmt) -> bool:
-    """A Gemm or a parallel loop is a launch of its own; other statements share one serial launch."""
-    return isinstance(stmt, Gemm) or (isinstance(stmt, Loop) and stmt.parallel)
+class LaunchKind(str, Enum):
+    """How a launch runs, decided once here so that every backend and the CPU runtime's launch table agree."""
+
+    GEMM = "gemm"
+    """A Gemm alone, split by rows (or blocks of columns) of C."""
+    PARALLEL = "parallel"
+    """A parallel loop alone, split by its iterations."""
+    SERIAL = "serial"
+    """Consecutive other statements, run in order by one worker."""
 
 
-def launch_groups(kernel: LoopKernel) -> tuple[list[str], list[list[Stmt]]]:
-    """The fixed variables and the statement groups that each become one launch: a parallel loop or a Gemm alone,
-    consecutive other statements together (run by one worker). Both renderers split kernels this way."""
+@dataclass
+class LaunchGroup:
+    """The statements of one launch and their kind: a GEMM or PARALLEL launch holds its Gemm or parallel Loop
+    alone."""
+
+    kind: LaunchKind
+    stmts: list[Stmt]
+
+    @property
+    def head(self) -> Stmt:
+        """The Gemm of a GEMM launch, the loop of a PARALLEL one (a SERIAL launch's first statement)."""
+        return self.stmts[0]
+
+
+def launch_kind(stmt: Stmt) -> LaunchKind:
+    """The kind of launch `stmt` starts: a Gemm or a parallel loop runs alone; other statements share one serial
+    launch."""
+    if isinstance(stmt, Gemm):
+        return LaunchKind.GEMM
+    if isinstance(stmt, Loop) and stmt.parallel:
+        return LaunchKind.PARALLEL
+    return LaunchKind.SERIAL
+
+
+def launch_groups(kernel: LoopKernel) -> tuple[list[str], list[LaunchGroup]]:
+    """The fixed variables and the groups of statements that each become one launch: a parallel loop or a Gemm
+    alone, consecutive other statements together (run by one worker). Both renderers split kernels this way."""
     fixed: list[str] = []
-    groups: list[list[Stmt]] = []
+    groups: list[LaunchGroup] = []
     for stmt in peel(kernel.body, fixed):
-        if runs_alone(stmt) or not groups or runs_alone(groups[-1][0]):
-            groups.append([stmt])
+        kind = launch_kind(stmt)
+        if kind is LaunchKind.SERIAL and groups and groups[-1].kind is LaunchKind.SERIAL:
+            groups[-1].stmts.append(stmt)
         else:
-            groups[-1].append(stmt)
+            groups.append(LaunchGroup(kind, [stmt]))
     return fixed, groups
 
 
@@ -409,18 +447,31 @@ def splits_columns(gemm: Gemm, tile_columns: int) -> bool:
     return tile_columns > 0 and gemm.n > gemm.m and gemm.n >= 2 * tile_columns
 
 
+def _gemm_range(gemm: Gemm, gemm_rows: int, gemm_columns: int) -> tuple[int, int]:
+    """Blocks of columns where splits_columns says so, else rows in multiples of the register tile's."""
+    if splits_columns(gemm, gemm_columns):
+        return -(-gemm.n // gemm_columns), 1
+    return gemm.m, gemm_rows
+
+
+def _parallel_range(loop: Loop, gemm_rows: int, gemm_columns: int) -> tuple[int, int]:
+    return loop.extent, 1
+
+
+def _serial_range(first: Stmt, gemm_rows: int, gemm_columns: int) -> tuple[int, int]:
+    return 1, 1
+
+
+LAUNCH_RANGES: dict[LaunchKind, Callable[[Any, int, int], tuple[int, int]]] = {
+    LaunchKind.GEMM: _gemm_range,
+    LaunchKind.PARALLEL: _parallel_range,
+    LaunchKind.SERIAL: _serial_range,
+}
+"""(extent, grain) of a launch of each kind, from its head statement and the Gemm tile's rows and columns."""
+
+
 def launch_info(kernel: LoopKernel, gemm_rows: int, gemm_columns: int = 0) -> list[LaunchInfo]:
     """Every launch of `kernel`, in order; a Gemm splits by rows in multiples of `gemm_rows` (its register tile),
     or by blocks of `gemm_columns` columns (see splits_columns)."""
-    infos = []
-    for group in launch_groups(kernel)[1]:
-        first = group[0]
-        if isinstance(first, Gemm) and splits_columns(first, gemm_columns):
-            infos.append(LaunchInfo(-(-first.n // gemm_columns), 1, work(group)))
-        elif isinstance(first, Gemm):
-            infos.append(LaunchInfo(first.m, gemm_rows, work(group)))
-        elif isinstance(first, Loop) and first.parallel:
-            infos.append(LaunchInfo(first.extent, 1, work(group)))
-        else:
-            infos.append(LaunchInfo(1, 1, work(group)))
-    return infos
+    return [LaunchInfo(*LAUNCH_RANGES[group.kind](group.head, gemm_rows, gemm_columns), work(group.stmts))
+            for group in launch_groups(kernel)[1]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from farm.ir import loopir as L
@@ -50,47 +51,114 @@ def _conv_attrs(ctx: NodeContext) -> dict[str, Any]:
     return attrs
 
 
-def _conv_geometry(spec: KernelSpec) -> dict[str, int]:
+@dataclass(frozen=True)
+class Window:
+    """How a 2-D sliding window (a conv's kernel, a pool's) reads an NCHW input plane: the input and output plane
+    sizes, the kernel's, strides, dilations and the top and left pads (the bottom and right ones only shape the
+    output)."""
+
+    height: int
+    width: int
+    out_height: int
+    out_width: int
+    kernel_height: int
+    kernel_width: int
+    stride_height: int
+    stride_width: int
+    dilation_height: int
+    dilation_width: int
+    pad_top: int
+    pad_left: int
+
+    @property
+    def in_pixels(self) -> int:
+        return self.height * self.width
+
+    @property
+    def out_pixels(self) -> int:
+        return self.out_height * self.out_width
+
+
+def _window(spec: KernelSpec) -> Window:
+    """The window of a conv or pool kernel, from its shapes and normalised attributes (see _spatial_attrs)."""
     a = spec.attrs
-    n, c, h, w = shape_of(spec)
-    _, m, ho, wo = out_shape(spec)
-    g = a["group"]
+    *_, h, w = shape_of(spec)
+    *_, ho, wo = out_shape(spec)
     kh, kw = a["kernel_shape"]
-    return dict(n=n, c=c, h=h, w=w, m=m, ho=ho, wo=wo, g=g, cg=c // g, mg=m // g, kh=kh, kw=kw,
-                sh=a["strides"][0], sw=a["strides"][1], dh=a["dilations"][0], dw=a["dilations"][1],
-                ph=a["pads"][0], pw=a["pads"][1])
+    return Window(height=h, width=w, out_height=ho, out_width=wo, kernel_height=kh, kernel_width=kw,
+                  stride_height=a["strides"][0], stride_width=a["strides"][1], dilation_height=a["dilations"][0],
+                  dilation_width=a["dilations"][1], pad_top=a["pads"][0], pad_left=a["pads"][1])
 
 
-def _is_pointwise(geo: dict[str, int]) -> bool:
+@dataclass(frozen=True)
+class GroupedChannels:
+    """The channels of a grouped (transposed) convolution: each of `groups` groups maps in_channels_per_group
+    input channels to out_channels_per_group output channels, for each of `batch` images."""
+
+    batch: int
+    in_channels: int
+    out_channels: int
+    groups: int
+
+    @property
+    def in_channels_per_group(self) -> int:
+        return self.in_channels // self.groups
+
+    @property
+    def out_channels_per_group(self) -> int:
+        return self.out_channels // self.groups
+
+
+def _channels(spec: KernelSpec) -> GroupedChannels:
+    n, c, *_ = shape_of(spec)
+    return GroupedChannels(batch=n, in_channels=c, out_channels=out_shape(spec)[1], groups=spec.attrs["group"])
+
+
+@dataclass(frozen=True)
+class ConvGeometry(Window, GroupedChannels):
+    """The sizes a 2-D Conv lowers with: its window and its channels."""
+
+    @property
+    def column_rows(self) -> int:
+        """Rows of a group's im2col matrix (one per input channel and kernel tap): the GEMM's k."""
+        return self.in_channels_per_group * self.kernel_height * self.kernel_width
+
+
+def _conv_geometry(spec: KernelSpec) -> ConvGeometry:
+    return ConvGeometry(**asdict(_channels(spec)), **asdict(_window(spec)))
+
+
+def _is_pointwise(geo: ConvGeometry) -> bool:
     """A 1x1, stride-1, unpadded conv reads its input as the GEMM's B matrix directly: no im2col."""
-    return (geo["kh"], geo["kw"], geo["sh"], geo["sw"], geo["ph"], geo["pw"]) == (1, 1, 1, 1, 0, 0)
+    window = (geo.kernel_height, geo.kernel_width, geo.stride_height, geo.stride_width, geo.pad_top, geo.pad_left)
+    return window == (1, 1, 1, 1, 0, 0)
 
 
-def _is_depthwise(geo: dict[str, int]) -> bool:
-    return geo["cg"] == 1 and geo["mg"] == 1
+def _is_depthwise(geo: ConvGeometry) -> bool:
+    return geo.in_channels_per_group == 1 and geo.out_channels_per_group == 1
 
 
 def _conv_scratch(spec: KernelSpec) -> int:
     geo = _conv_geometry(spec)
     if _is_depthwise(geo):
-        return geo["n"] * geo["m"] * prod(_padded_plane(geo))
+        return geo.batch * geo.out_channels * prod(_padded_plane(geo))
     if _is_pointwise(geo):
         return 0
-    return geo["cg"] * geo["kh"] * geo["kw"] * geo["ho"] * geo["wo"]
+    return geo.column_rows * geo.out_pixels
 
 
-def _input_at(geo: dict[str, int], base: L.Expr, oh: L.Expr, ow: L.Expr, r: L.ExprLike, s: L.ExprLike,
+def _input_at(geo: Window, base: L.Expr, oh: L.Expr, ow: L.Expr, r: L.ExprLike, s: L.ExprLike,
               fill: float) -> L.Expr:
     """x[base + ih*W + iw] for the window tap (r, s) of output (oh, ow), or `fill` in the padding."""
-    ih = oh * geo["sh"] - geo["ph"] + L.wrap(r, L.I64) * geo["dh"]
-    iw = ow * geo["sw"] - geo["pw"] + L.wrap(s, L.I64) * geo["dw"]
-    inside = L.logical_and(L.compare("ge", ih, 0), L.compare("lt", ih, geo["h"]),
-                           L.compare("ge", iw, 0), L.compare("lt", iw, geo["w"]))
-    clamped = L.minimum(L.maximum(ih, 0), geo["h"] - 1) * geo["w"] + L.minimum(L.maximum(iw, 0), geo["w"] - 1)
+    ih = oh * geo.stride_height - geo.pad_top + L.wrap(r, L.I64) * geo.dilation_height
+    iw = ow * geo.stride_width - geo.pad_left + L.wrap(s, L.I64) * geo.dilation_width
+    inside = L.logical_and(L.compare("ge", ih, 0), L.compare("lt", ih, geo.height),
+                           L.compare("ge", iw, 0), L.compare("lt", iw, geo.width))
+    clamped = L.minimum(L.maximum(ih, 0), geo.height - 1) * geo.width + L.minimum(L.maximum(iw, 0), geo.width - 1)
     return L.select(inside, L.Load("in0", base + clamped), fill)
 
 
-def _im2col(names: L.Names, geo: dict[str, int], x_base: L.Expr) -> list[L.Stmt]:
+def _im2col(names: L.Names, geo: ConvGeometry, x_base: L.Expr) -> list[L.Stmt]:
     """scratch[(c*kh*kw + r*kw + s) * P + oh*Wo + ow] = x[c, ih, iw] (0 in the padding) for one group.
 
     One work-item per (c, oh) writes its row of every tap (r, s). The tap columns s are unrolled (not the rows:
@@ -99,26 +167,27 @@ def _im2col(names: L.Names, geo: dict[str, int], x_base: L.Expr) -> list[L.Stmt]
     zeros for the whole row where the tap's input row is padding. (With the guard on every element the copy ran at
     5 GB/s and took more time than the GEMM it feeds in small convs.)"""
     c, oh, r = names.var("c"), names.var("y"), names.var("r")
-    ih = oh * geo["sh"] - geo["ph"] + r * geo["dh"]
-    inside = L.logical_and(L.compare("ge", ih, 0), L.compare("lt", ih, geo["h"]))
-    outside = L.binary("or", L.compare("lt", ih, 0), L.compare("ge", ih, geo["h"]))
+    ih = oh * geo.stride_height - geo.pad_top + r * geo.dilation_height
+    inside = L.logical_and(L.compare("ge", ih, 0), L.compare("lt", ih, geo.height))
+    outside = L.binary("or", L.compare("lt", ih, 0), L.compare("ge", ih, geo.height))
     taps: list[L.Stmt] = []
-    for s in range(geo["kw"]):
-        start = ((c * geo["kh"] + r) * geo["kw"] + s) * (geo["ho"] * geo["wo"]) + oh * geo["wo"]
+    for s in range(geo.kernel_width):
+        start = ((c * geo.kernel_height + r) * geo.kernel_width + s) * geo.out_pixels + oh * geo.out_width
         lo, hi = _tap_columns(geo, s)
-        source = x_base + c * (geo["h"] * geo["w"]) + ih * geo["w"] + (s * geo["dw"] - geo["pw"])
-        row = _fill(names, start, 0, lo) + _copy(names, start, source, geo["sw"], lo, hi) + _fill(names, start, hi,
-                                                                                                   geo["wo"])
-        taps += [L.If(inside, row), L.If(outside, _fill(names, start, 0, geo["wo"]))]
-    return [L.Loop(c, geo["cg"], [L.Loop(oh, geo["ho"], [L.Loop(r, geo["kh"], taps)], True)], True)]
+        source = x_base + c * geo.in_pixels + ih * geo.width + (s * geo.dilation_width - geo.pad_left)
+        row = (_fill(names, start, 0, lo) + _copy(names, start, source, geo.stride_width, lo, hi)
+               + _fill(names, start, hi, geo.out_width))
+        taps += [L.If(inside, row), L.If(outside, _fill(names, start, 0, geo.out_width))]
+    rows = L.Loop(oh, geo.out_height, [L.Loop(r, geo.kernel_height, taps)], True)
+    return [L.Loop(c, geo.in_channels_per_group, [rows], True)]
 
 
-def _tap_columns(geo: dict[str, int], s: int) -> tuple[int, int]:
+def _tap_columns(geo: Window, s: int) -> tuple[int, int]:
     """[lo, hi): the output columns whose input column for tap column `s` lies inside the input."""
-    shift = geo["pw"] - s * geo["dw"]  # ow * sw - shift is the input column
-    lo = max(0, -(-shift // geo["sw"]))
-    hi = min(geo["wo"], (geo["w"] - 1 + shift) // geo["sw"] + 1)
-    return min(lo, geo["wo"]), max(min(lo, geo["wo"]), hi)
+    shift = geo.pad_left - s * geo.dilation_width  # ow * sw - shift is the input column
+    lo = max(0, -(-shift // geo.stride_width))
+    hi = min(geo.out_width, (geo.width - 1 + shift) // geo.stride_width + 1)
+    return min(lo, geo.out_width), max(min(lo, geo.out_width), hi)
 
 
 def _fill(names: L.Names, start: L.Expr, begin: int, end: int) -> list[L.Stmt]:
@@ -152,51 +221,52 @@ def _bias_activation_epilogue(names: L.Names, spec: KernelSpec, rows: int, cols:
     return [L.Loop(b, batches, [L.Loop(m, rows, [L.Loop(p, cols, [store], True)], True)], True)]
 
 
-def _padded_plane(geo: dict[str, int]) -> tuple[int, int]:
+def _padded_plane(geo: Window) -> tuple[int, int]:
     """Rows and columns of the input window every output reads, padding included."""
-    return ((geo["ho"] - 1) * geo["sh"] + (geo["kh"] - 1) * geo["dh"] + 1,
-            (geo["wo"] - 1) * geo["sw"] + (geo["kw"] - 1) * geo["dw"] + 1)
+    return ((geo.out_height - 1) * geo.stride_height + (geo.kernel_height - 1) * geo.dilation_height + 1,
+            (geo.out_width - 1) * geo.stride_width + (geo.kernel_width - 1) * geo.dilation_width + 1)
 
 
-def _depthwise(names: L.Names, spec: KernelSpec, geo: dict[str, int]) -> list[L.Stmt]:
+def _depthwise(names: L.Names, spec: KernelSpec, geo: ConvGeometry) -> list[L.Stmt]:
     """Direct depthwise conv, one work-item per (batch, channel): the channel's input window is first copied into
     a zero-padded plane in scratch (rows of zeros, copy, zeros), then every output sums its taps with plain loads,
     no padding guard (vectorised along the row for stride 1). Guarding every tap instead ran the small maps of
     mobilenetv2 at 5-11 GFLOP/s."""
     n, ch = names.var("n"), names.var("c")
     rows, columns = _padded_plane(geo)
-    plane = (n * geo["m"] + ch) * (rows * columns)
-    source = (n * geo["c"] + ch) * (geo["h"] * geo["w"])
-    return [L.Loop(n, geo["n"], [L.Loop(ch, geo["m"], _pad_plane(names, geo, plane, source)
-                                        + _depthwise_outputs(names, spec, geo, plane, n, ch), True)], True)]
+    plane = (n * geo.out_channels + ch) * (rows * columns)
+    source = (n * geo.in_channels + ch) * geo.in_pixels
+    per_channel = _pad_plane(names, geo, plane, source) + _depthwise_outputs(names, spec, geo, plane, n, ch)
+    return [L.Loop(n, geo.batch, [L.Loop(ch, geo.out_channels, per_channel, True)], True)]
 
 
-def _pad_plane(names: L.Names, geo: dict[str, int], plane: L.Expr, source: L.Expr) -> list[L.Stmt]:
+def _pad_plane(names: L.Names, geo: ConvGeometry, plane: L.Expr, source: L.Expr) -> list[L.Stmt]:
     """scratch[plane + i * columns + j] = x[source + (i - ph) * w + (j - pw)], 0 outside the input."""
     i = names.var("i")
     rows, columns = _padded_plane(geo)
-    ih = i - geo["ph"]
-    inside = L.logical_and(L.compare("ge", ih, 0), L.compare("lt", ih, geo["h"]))
-    outside = L.binary("or", L.compare("lt", ih, 0), L.compare("ge", ih, geo["h"]))
+    ih = i - geo.pad_top
+    inside = L.logical_and(L.compare("ge", ih, 0), L.compare("lt", ih, geo.height))
+    outside = L.binary("or", L.compare("lt", ih, 0), L.compare("ge", ih, geo.height))
     start = plane + i * columns
-    lo, hi = min(geo["pw"], columns), min(geo["pw"] + geo["w"], columns)
-    row = (_fill(names, start, 0, lo) + _copy(names, start, source + ih * geo["w"] - geo["pw"], 1, lo, hi)
+    lo, hi = min(geo.pad_left, columns), min(geo.pad_left + geo.width, columns)
+    row = (_fill(names, start, 0, lo) + _copy(names, start, source + ih * geo.width - geo.pad_left, 1, lo, hi)
            + _fill(names, start, hi, columns))
     return [L.Loop(i, rows, [L.If(inside, row), L.If(outside, _fill(names, start, 0, columns))])]
 
 
-def _depthwise_outputs(names: L.Names, spec: KernelSpec, geo: dict[str, int], plane: L.Expr, n: L.Var,
+def _depthwise_outputs(names: L.Names, spec: KernelSpec, geo: ConvGeometry, plane: L.Expr, n: L.Var,
                        ch: L.Var) -> list[L.Stmt]:
     """out[n, ch, oh, ow] = bias + sum over taps of the padded plane times the channel's weights."""
     oh, ow, r, s, acc = names.var("y"), names.var("x"), names.var("r"), names.var("s"), names.local()
     columns = _padded_plane(geo)[1]
-    tap = L.Load("scratch", plane + (oh * geo["sh"] + r * geo["dh"]) * columns + ow * geo["sw"] + s * geo["dw"])
-    weight = L.Load("in1", (ch * geo["kh"] + r) * geo["kw"] + s)
+    tap = L.Load("scratch", plane + (oh * geo.stride_height + r * geo.dilation_height) * columns
+                 + ow * geo.stride_width + s * geo.dilation_width)
+    weight = L.Load("in1", (ch * geo.kernel_height + r) * geo.kernel_width + s)
     init = L.Load("in2", ch) if len(spec.inputs) > 2 else L.const(0.0)
-    out_index = ((n * geo["m"] + ch) * geo["ho"] + oh) * geo["wo"] + ow
-    inner = [L.Assign(acc, init), L.Loop(r, geo["kh"], [L.Loop(s, geo["kw"], [L.Assign(acc, acc + tap * weight)])]),
-             L.Store("out0", out_index, activate(acc, spec.activation))]
-    return [L.Loop(oh, geo["ho"], [L.Loop(ow, geo["wo"], inner)])]
+    out_index = ((n * geo.out_channels + ch) * geo.out_height + oh) * geo.out_width + ow
+    window = L.Loop(r, geo.kernel_height, [L.Loop(s, geo.kernel_width, [L.Assign(acc, acc + tap * weight)])])
+    inner = [L.Assign(acc, init), window, L.Store("out0", out_index, activate(acc, spec.activation))]
+    return [L.Loop(oh, geo.out_height, [L.Loop(ow, geo.out_width, inner)])]
 
 
 def _lower_conv(spec: KernelSpec) -> list[L.Stmt]:
@@ -205,17 +275,17 @@ def _lower_conv(spec: KernelSpec) -> list[L.Stmt]:
     if _is_depthwise(geo):
         return _depthwise(names, spec, geo)
     n, g = names.var("n"), names.var("g")
-    kdim, p, hw = geo["cg"] * geo["kh"] * geo["kw"], geo["ho"] * geo["wo"], geo["h"] * geo["w"]
-    x_base = (n * geo["c"] + g * geo["cg"]) * hw
+    kdim, p, group_out = geo.column_rows, geo.out_pixels, geo.out_channels_per_group
+    x_base = (n * geo.in_channels + g * geo.in_channels_per_group) * geo.in_pixels
     pointwise = _is_pointwise(geo)
-    gemm = L.Gemm(a="in1", a_offset=g * (geo["mg"] * kdim), lda=kdim,
+    gemm = L.Gemm(a="in1", a_offset=g * (group_out * kdim), lda=kdim,
                   b="in0" if pointwise else "scratch", b_offset=x_base if pointwise else L.const(0), ldb=p,
-                  c="out0", c_offset=(n * geo["m"] + g * geo["mg"]) * p, ldc=p, m=geo["mg"], n=p, k=kdim,
+                  c="out0", c_offset=(n * geo.out_channels + g * group_out) * p, ldc=p, m=group_out, n=p, k=kdim,
                   a_panels=bool(spec.attrs.get("constant_weight")))
     per_group = ([] if pointwise else _im2col(names, geo, x_base)) + [gemm]
-    body = [L.Loop(n, geo["n"], [L.Loop(g, geo["g"], per_group)])]
+    body = [L.Loop(n, geo.batch, [L.Loop(g, geo.groups, per_group)])]
     bias = "in2" if len(spec.inputs) > 2 else None
-    return body + _bias_activation_epilogue(names, spec, geo["m"], p, geo["n"], bias)
+    return body + _bias_activation_epilogue(names, spec, geo.out_channels, p, geo.batch, bias)
 
 
 register("Conv", normalize=_conv_attrs, scratch_floats=_conv_scratch)(_lower_conv)
@@ -251,22 +321,39 @@ def _transpose_pad_begins(ctx: NodeContext, kernel: list[int], strides: list[int
     return begins
 
 
-def _conv_transpose_geometry(spec: KernelSpec) -> dict[str, Any]:
-    """Sizes of the lowering: per group, W^T is (mg*K, cg) and the column buffer (mg*K, P), K kernel taps and P
-    input pixels."""
-    n, c, *sizes = shape_of(spec)
-    _, m, *out_sizes = out_shape(spec)
-    g = spec.attrs["group"]
-    taps = prod(spec.attrs["kernel_shape"])
-    geo = dict(n=n, c=c, m=m, g=g, cg=c // g, mg=m // g, sizes=sizes, out_sizes=out_sizes, taps=taps,
-               pixels=prod(sizes), rows=(m // g) * taps)
-    geo["col"] = g * geo["rows"] * geo["cg"]  # the column buffer starts after W^T in the scratch
-    return geo
+@dataclass(frozen=True)
+class ConvTransposeGeometry(GroupedChannels):
+    """The sizes a ConvTranspose lowers with: per group, W^T is (column_rows, in_channels_per_group) and the column
+    buffer (column_rows, in_pixels), column_rows being out_channels_per_group times the `taps` of the kernel."""
+
+    in_sizes: list[int]
+    out_sizes: list[int]
+    taps: int
+
+    @property
+    def in_pixels(self) -> int:
+        return prod(self.in_sizes)
+
+    @property
+    def column_rows(self) -> int:
+        return self.out_channels_per_group * self.taps
+
+    @property
+    def column_start(self) -> int:
+        """Where the column buffer starts in the scratch: after every group's W^T."""
+        return self.groups * self.column_rows * self.in_channels_per_group
+
+
+def _conv_transpose_geometry(spec: KernelSpec) -> ConvTransposeGeometry:
+    _, _, *sizes = shape_of(spec)
+    _, _, *out_sizes = out_shape(spec)
+    return ConvTransposeGeometry(**asdict(_channels(spec)), in_sizes=sizes, out_sizes=out_sizes,
+                                 taps=prod(spec.attrs["kernel_shape"]))
 
 
 def _conv_transpose_scratch(spec: KernelSpec) -> int:
     geo = _conv_transpose_geometry(spec)
-    return geo["col"] + geo["rows"] * geo["pixels"]
+    return geo.column_start + geo.column_rows * geo.in_pixels
 
 
 def _unflatten(index: L.Expr, shape: tuple[int, ...]) -> list[L.Expr]:
@@ -278,13 +365,13 @@ def _unflatten(index: L.Expr, shape: tuple[int, ...]) -> list[L.Expr]:
     return coords[::-1]
 
 
-def _transpose_weights(names: L.Names, geo: dict[str, Any]) -> list[L.Stmt]:
-    """scratch[g, row, c] = W[g*cg + c, row] (row = output channel in group * K + tap): W^T per group, one
-    work-item per weight."""
-    source = names.var("w")
-    group, channel, row = _unflatten(source, (geo["g"], geo["cg"], geo["rows"]))
-    store = L.Store("scratch", (group * geo["rows"] + row) * geo["cg"] + channel, L.Load("in1", source))
-    return [L.Loop(source, geo["col"], [store], parallel=True)]
+def _transpose_weights(names: L.Names, geo: ConvTransposeGeometry) -> list[L.Stmt]:
+    """scratch[g, row, c] = W[g * in_channels_per_group + c, row] (row = output channel in group * K + tap): W^T
+    per group, one work-item per weight."""
+    source, group_in = names.var("w"), geo.in_channels_per_group
+    group, channel, row = _unflatten(source, (geo.groups, group_in, geo.column_rows))
+    store = L.Store("scratch", (group * geo.column_rows + row) * group_in + channel, L.Load("in1", source))
+    return [L.Loop(source, geo.column_start, [store], parallel=True)]
 
 
 def _taps_landing_on(o: L.Expr, j: L.Var, size: int, kernel: int, stride: int, dilation: int,
@@ -308,15 +395,15 @@ def _taps_landing_on(o: L.Expr, j: L.Var, size: int, kernel: int, stride: int, d
     return extent, L.minimum(L.maximum(t // stride, 0), size - 1), conditions, k
 
 
-def _col2im(names: L.Names, spec: KernelSpec, geo: dict[str, Any], batch: L.Var, group: L.Var) -> list[L.Stmt]:
+def _col2im(names: L.Names, spec: KernelSpec, geo: ConvTransposeGeometry, batch: L.Var, group: L.Var) -> list[L.Stmt]:
     """Each output pixel of the group sums the column entries of the taps that land on it: one work-item per
     pixel, so that no two write one element."""
     a = spec.attrs
     pixel, acc = names.var("p"), names.local()
-    channel, *outs = _unflatten(pixel, (geo["mg"], *geo["out_sizes"]))
+    channel, *outs = _unflatten(pixel, (geo.out_channels_per_group, *geo.out_sizes))
     loop_vars = [names.var("j") for _ in a["kernel_shape"]]
     extents, inputs, taps, valid = [], [], [], []
-    for o, j, size, kernel, stride, dilation, pad in zip(outs, loop_vars, geo["sizes"], a["kernel_shape"],
+    for o, j, size, kernel, stride, dilation, pad in zip(outs, loop_vars, geo.in_sizes, a["kernel_shape"],
                                                          a["strides"], a["dilations"], a["pads"]):
         extent, source, conditions, k = _taps_landing_on(o, j, size, kernel, stride, dilation, pad)
         extents.append(extent)
@@ -324,31 +411,33 @@ def _col2im(names: L.Names, spec: KernelSpec, geo: dict[str, Any], batch: L.Var,
         taps.append(k)
         valid += conditions
     tap = L.flat_index(tuple(a["kernel_shape"]), taps)
-    column = geo["col"] + (channel * geo["taps"] + tap) * geo["pixels"] + L.flat_index(tuple(geo["sizes"]), inputs)
-    in_range = L.minimum(L.maximum(column, geo["col"]), geo["col"] + geo["rows"] * geo["pixels"] - 1)
+    column = geo.column_start + (channel * geo.taps + tap) * geo.in_pixels + L.flat_index(tuple(geo.in_sizes), inputs)
+    in_range = L.minimum(L.maximum(column, geo.column_start), geo.column_start + geo.column_rows * geo.in_pixels - 1)
     accumulate: list[L.Stmt] = [L.Assign(acc, acc + L.select(L.logical_and(*valid), L.Load("scratch", in_range), 0.0))]
     for j, extent in reversed(list(zip(loop_vars, extents))):
         accumulate = [L.Loop(j, extent, accumulate)]
-    out_channel = group * geo["mg"] + channel
+    out_channel = group * geo.out_channels_per_group + channel
     init = L.Load("in2", out_channel) if len(spec.inputs) > 2 else L.const(0.0)
-    out_index = (batch * geo["g"] + group) * (geo["mg"] * prod(geo["out_sizes"])) + pixel
+    out_index = (batch * geo.groups + group) * (geo.out_channels_per_group * prod(geo.out_sizes)) + pixel
     body = [L.Assign(acc, init), *accumulate, L.Store("out0", out_index, activate(acc, spec.activation))]
-    return [L.Loop(pixel, geo["mg"] * prod(geo["out_sizes"]), body, parallel=True)]
+    return [L.Loop(pixel, geo.out_channels_per_group * prod(geo.out_sizes), body, parallel=True)]
 
 
 @register("ConvTranspose", normalize=_conv_transpose_attrs, scratch_floats=_conv_transpose_scratch)
 def _lower_conv_transpose(spec: KernelSpec) -> list[L.Stmt]:
-    """ConvTranspose over any number of spatial axes, per (batch, group): a Gemm of W^T (mg*K, cg) by the input
-    (cg, P) into a column buffer (mg*K, P) of every tap's contribution, then col2im with a work-item per output
-    pixel gathering its contributions (no two work-items write one pixel), bias and activation included."""
+    """ConvTranspose over any number of spatial axes, per (batch, group): a Gemm of W^T (column_rows,
+    in_channels_per_group) by the input (in_channels_per_group, in_pixels) into a column buffer (column_rows,
+    in_pixels) of every tap's contribution, then col2im with a work-item per output pixel gathering its
+    contributions (no two work-items write one pixel), bias and activation included."""
     names, geo = L.Names(), _conv_transpose_geometry(spec)
     batch, group = names.var("n"), names.var("g")
-    gemm = L.Gemm(a="scratch", a_offset=group * (geo["rows"] * geo["cg"]), lda=geo["cg"],
-                  b="in0", b_offset=(batch * geo["c"] + group * geo["cg"]) * geo["pixels"], ldb=geo["pixels"],
-                  c="scratch", c_offset=L.const(geo["col"]), ldc=geo["pixels"],
-                  m=geo["rows"], n=geo["pixels"], k=geo["cg"])
+    group_in, pixels = geo.in_channels_per_group, geo.in_pixels
+    gemm = L.Gemm(a="scratch", a_offset=group * (geo.column_rows * group_in), lda=group_in,
+                  b="in0", b_offset=(batch * geo.in_channels + group * group_in) * pixels, ldb=pixels,
+                  c="scratch", c_offset=L.const(geo.column_start), ldc=pixels,
+                  m=geo.column_rows, n=pixels, k=group_in)
     per_group = [gemm, *_col2im(names, spec, geo, batch, group)]
-    return _transpose_weights(names, geo) + [L.Loop(batch, geo["n"], [L.Loop(group, geo["g"], per_group)])]
+    return _transpose_weights(names, geo) + [L.Loop(batch, geo.batch, [L.Loop(group, geo.groups, per_group)])]
 
 
 def _gemm_attrs(ctx: NodeContext) -> dict[str, Any]:
@@ -460,8 +549,7 @@ def _lower_pool(spec: KernelSpec) -> list[L.Stmt]:
     names, a = L.Names(), spec.attrs
     n, c, h, w = shape_of(spec)
     _, _, ho, wo = out_shape(spec)
-    geo = dict(h=h, w=w, sh=a["strides"][0], sw=a["strides"][1], dh=a["dilations"][0], dw=a["dilations"][1],
-               ph=a["pads"][0], pw=a["pads"][1])
+    geo = _window(spec)
     plane, y, x, r, s = names.var("p"), names.var("y"), names.var("x"), names.var("r"), names.var("s")
     acc, count = names.local(), names.local("cnt")
     is_max = spec.op == "MaxPool"
@@ -477,13 +565,13 @@ def _lower_pool(spec: KernelSpec) -> list[L.Stmt]:
     return [L.Loop(plane, n * c, [L.Loop(y, ho, [L.Loop(x, wo, inner, True)], True)], True)]
 
 
-def _counted(geo: dict, attrs: dict, y: L.Var, x: L.Var, r: L.Var, s: L.Var) -> L.Expr:
+def _counted(geo: Window, attrs: dict, y: L.Var, x: L.Var, r: L.Var, s: L.Var) -> L.Expr:
     """Whether tap (r, s) counts towards the average: inside the input, or inside the pads under count_include_pad."""
-    ih = y * geo["sh"] - geo["ph"] + r * geo["dh"]
-    iw = x * geo["sw"] - geo["pw"] + s * geo["dw"]
+    ih = y * geo.stride_height - geo.pad_top + r * geo.dilation_height
+    iw = x * geo.stride_width - geo.pad_left + s * geo.dilation_width
     pads = attrs["pads"] if attrs["count_include_pad"] else [0, 0, 0, 0]
-    return L.logical_and(L.compare("ge", ih, -pads[0]), L.compare("lt", ih, geo["h"] + pads[2]),
-                         L.compare("ge", iw, -pads[1]), L.compare("lt", iw, geo["w"] + pads[3]))
+    return L.logical_and(L.compare("ge", ih, -pads[0]), L.compare("lt", ih, geo.height + pads[2]),
+                         L.compare("ge", iw, -pads[1]), L.compare("lt", iw, geo.width + pads[3]))
 
 
 register("MaxPool", "AveragePool", normalize=_pool_attrs, data_inputs=(0,))(_lower_pool)

@@ -60,7 +60,7 @@ def render_kernel(module: ir.Module, symbol: str, kernel: L.LoopKernel, blocking
     return fn
 
 
-def _render_launch(module: ir.Module, symbol: str, kernel: L.LoopKernel, fixed: list[str], group: list[L.Stmt],
+def _render_launch(module: ir.Module, symbol: str, kernel: L.LoopKernel, fixed: list[str], group: L.LaunchGroup,
                    blocking: GemmBlocking) -> ir.Function:
     fn = declare_launch(module, symbol, len(kernel.params))
     # noinline: the kernel calls each launch once; inlining would only duplicate the code in the object.
@@ -78,13 +78,7 @@ def _render_launch(module: ir.Module, symbol: str, kernel: L.LoopKernel, fixed: 
     state.builder.position_at_end(body)
     for name in fixed:
         state.builder.store(ir.Constant(I64_T, 0), state.slot(L.Var(name)))
-    first = group[0]
-    if isinstance(first, L.Gemm):
-        _emit_gemm(state, first, (begin, end))
-    elif isinstance(first, L.Loop) and first.parallel:
-        _emit_loop(state, first, (begin, end))
-    else:
-        _emit_block(state, group)
+    LAUNCH_EMITTERS[group.kind](state, group, (begin, end))
     state.builder.ret_void()
     ir.IRBuilder(entry).branch(body)
     return fn
@@ -169,6 +163,28 @@ def _emit_gemm(state: _State, gemm: L.Gemm, launch_range: tuple[ir.Value, ir.Val
     panels = [_address(state, buf, offset, F32_T) for buf, offset in
               ((gemm.a, gemm.a_offset), (gemm.b, gemm.b_offset), (gemm.c, gemm.c_offset))]
     emit_gemm(state.builder, state.typed_slot, *panels, gemm, state.blocking, launch_range)
+
+
+def _emit_gemm_launch(state: _State, group: L.LaunchGroup, launch_range: tuple[ir.Value, ir.Value]) -> None:
+    """The rows (or column blocks) [begin, end) of the launch's Gemm."""
+    _emit_gemm(state, group.head, launch_range)
+
+
+def _emit_parallel_launch(state: _State, group: L.LaunchGroup, launch_range: tuple[ir.Value, ir.Value]) -> None:
+    """Iterations [begin, end) of the launch's parallel loop."""
+    _emit_loop(state, group.head, launch_range)
+
+
+def _emit_serial_launch(state: _State, group: L.LaunchGroup, launch_range: tuple[ir.Value, ir.Value]) -> None:
+    """Every statement, in order; one worker runs a serial launch whole, so the range is ignored."""
+    _emit_block(state, group.stmts)
+
+
+LAUNCH_EMITTERS: dict[L.LaunchKind, Callable[[_State, L.LaunchGroup, tuple[ir.Value, ir.Value]], None]] = {
+    L.LaunchKind.GEMM: _emit_gemm_launch,
+    L.LaunchKind.PARALLEL: _emit_parallel_launch,
+    L.LaunchKind.SERIAL: _emit_serial_launch,
+}
 
 
 STMT_EMITTERS: dict[type, Callable[[_State, L.Stmt], None]] = {

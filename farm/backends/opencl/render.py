@@ -52,19 +52,10 @@ def gemm_tile(g: L.Gemm) -> GemmTile:
     return GemmTile(4, 4, 1)
 
 
-def _launch_shape(group: list[L.Stmt]) -> tuple[int, ...]:
-    first = group[0]
-    if isinstance(first, L.Gemm):
-        return gemm_tile(first).grid(first)
-    if isinstance(first, L.Loop) and first.parallel:
-        return (first.extent,)
-    return (1,)
-
-
 def launches(symbol: str, kernel: L.LoopKernel) -> list[tuple[str, tuple[int, ...]]]:
     """(OpenCL kernel name, global size) of every launch that runs `kernel`, in order."""
     _, groups = L.launch_groups(kernel)
-    return [(f"{symbol}_{index}", _launch_shape(group)) for index, group in enumerate(groups)]
+    return [(f"{symbol}_{index}", LAUNCH_SHAPES[group.kind](group)) for index, group in enumerate(groups)]
 
 
 def render_opencl(symbol: str, kernel: L.LoopKernel) -> str:
@@ -72,21 +63,40 @@ def render_opencl(symbol: str, kernel: L.LoopKernel) -> str:
     params = ", ".join(_param(p) for p in kernel.params)
     fixed, groups = L.launch_groups(kernel)
     prologue = "".join(f"    const long {name} = 0;\n" for name in fixed)
-    functions = [f"__kernel void {name}({params})\n{{\n{prologue}{_launch_body(group)}}}\n"
+    functions = [f"__kernel void {name}({params})\n{{\n{prologue}{LAUNCH_BODIES[group.kind](group)}}}\n"
                  for (name, _), group in zip(launches(symbol, kernel), groups)]
     return "\n".join(functions)
 
 
-def _launch_body(group: list[L.Stmt]) -> str:
-    locals_ = "".join(f"    {C_TYPES[dtype]} {name};\n" for name, dtype in sorted(_locals(group).items()))
-    first = group[0]
-    if isinstance(first, L.Gemm):
-        return _parallel_gemm(first)
-    if isinstance(first, L.Loop) and first.parallel:
-        v = first.var.name
-        return (f"    const long {v} = get_global_id(0);\n    if ({v} >= {first.extent}L) return;\n"
-                + locals_ + _block(first.body, 1))
-    return locals_ + _block(group, 1)
+def _parallel_body(group: L.LaunchGroup) -> str:
+    """A work-item per iteration of the launch's loop; one past its extent does nothing."""
+    loop, v = group.head, group.head.var.name
+    return (f"    const long {v} = get_global_id(0);\n    if ({v} >= {loop.extent}L) return;\n"
+            + _declare_locals(group.stmts) + _block(loop.body, 1))
+
+
+def _serial_body(group: L.LaunchGroup) -> str:
+    """Every statement on the one work-item, in order."""
+    return _declare_locals(group.stmts) + _block(group.stmts, 1)
+
+
+def _declare_locals(stmts: list[L.Stmt]) -> str:
+    return "".join(f"    {C_TYPES[dtype]} {name};\n" for name, dtype in sorted(_locals(stmts).items()))
+
+
+LAUNCH_SHAPES: dict[L.LaunchKind, Callable[[L.LaunchGroup], tuple[int, ...]]] = {
+    L.LaunchKind.GEMM: lambda group: gemm_tile(group.head).grid(group.head),
+    L.LaunchKind.PARALLEL: lambda group: (group.head.extent,),
+    L.LaunchKind.SERIAL: lambda group: (1,),
+}
+"""The global size of a launch of each kind: a work-item per GemmTile, per loop iteration, or one."""
+
+LAUNCH_BODIES: dict[L.LaunchKind, Callable[[L.LaunchGroup], str]] = {
+    L.LaunchKind.GEMM: lambda group: _parallel_gemm(group.head),
+    L.LaunchKind.PARALLEL: _parallel_body,
+    L.LaunchKind.SERIAL: _serial_body,
+}
+"""The __kernel body of a launch of each kind, for the global size LAUNCH_SHAPES gives it."""
 
 
 def _parallel_gemm(g: L.Gemm) -> str:
