@@ -1,0 +1,111 @@
+"""The shape of the code base: no import cycle among farm's modules (imports inside functions included), a
+handful of modules at the top of farm/, every other one in a stage's subpackage."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("farm", "tasks", "workers")
+TOP_LEVEL_MODULES = {"__init__.py", "__main__.py", "artifact.py", "atomic.py", "defaults.py", "errors.py"}
+
+
+def project_modules() -> dict[str, Path]:
+    """Dotted name -> file of every module of the project (a package by its __init__.py)."""
+    modules = {}
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def imported(node: ast.AST, modules: dict[str, Path]) -> set[str]:
+    """The project modules an import statement names: `from a import b` is module a.b when that is a module,
+    else a (the package whose attribute b is)."""
+    names: list[str] = []
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        names = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module
+                 for alias in node.names]
+    found = set()
+    for name in names:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        if name:
+            found.add(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    graph = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        graph[name] = {target for node in ast.walk(tree) for target in imported(node, modules)} - {name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for successor in sorted(graph[node]):
+            if successor not in index:
+                visit(successor)
+                low[node] = min(low[node], low[successor])
+            elif successor in stack:
+                low[node] = min(low[node], index[successor])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle_among_the_projects_modules() -> None:
+    graph = import_graph()
+    assert "farm.distributed.steps" in graph and "farm.build.assembly" in graph["farm.distributed.steps"]
+    assert cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_farm_keeps_a_handful_of_modules_at_its_top() -> None:
+    top = {path.name for path in (REPO / "farm").glob("*.py")}
+    assert top == TOP_LEVEL_MODULES
+
+
+def test_the_stages_are_subpackages() -> None:
+    stages = {"ir", "frontend", "ops", "plan", "tuning", "backends", "build", "store", "runtime", "distributed",
+              "cli", "tools"}
+    assert {path.parent.name for path in (REPO / "farm").glob("*/__init__.py")} == stages
+
+
+def test_celery_and_the_farm_protocol_stay_out_of_the_compiler() -> None:
+    """The compile steps are pure functions: nothing below farm.distributed imports it or Celery."""
+    graph = import_graph()
+    below = [name for name in graph if name.startswith(("farm.ir", "farm.ops", "farm.plan", "farm.backends",
+                                                         "farm.build", "farm.tuning", "farm.store", "farm.runtime"))]
+    leaks = {name: sorted(t for t in graph[name] if t.startswith(("farm.distributed", "farm.cli", "tasks", "workers")))
+             for name in below}
+    assert {name: targets for name, targets in leaks.items() if targets} == {}
