@@ -110,7 +110,7 @@ def test_a_cpu_only_host_loads_the_cpu_part_without_pyopencl(built, fingerprint,
     from farm.backends.llvm.target import host_target
 
     path, _ = built
-    artifact = build_model(path, tmp_path, [host_target()], executor=LocalExecutor(1), targets=[OpenClTarget(fingerprint)]).artifact
+    artifact = build_model(path, tmp_path, [host_target(), OpenClTarget(fingerprint)], executor=LocalExecutor(1)).artifact
     script = (
         "import sys; sys.modules['pyopencl'] = None\n"
         "import numpy as np, onnx\n"
