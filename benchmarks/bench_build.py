@@ -45,7 +45,7 @@ from farm import runtime
 from farm.backends.llvm.blobs import pack_blob, packer_for
 from farm.backends.llvm.target import CpuTarget, host_target, parse_target
 from farm.build.assembly import plan_model
-from farm.build.executor import Job, LocalExecutor
+from farm.build.executor import LocalExecutor, StepCall
 from farm.build.local import build_model
 from farm.ir.specs import BlobSpec
 from farm.tools.examples import EXAMPLES, random_input
@@ -149,7 +149,7 @@ def timed_build(path: Path, out_dir: Path, executor: LocalExecutor) -> tuple[str
 
 def pool_pack_seconds(blobs: dict[str, bytes], target: CpuTarget, executor: LocalExecutor) -> float:
     """Wall seconds of packing every blob as a build does: one pack_blob job per blob in the executor."""
-    jobs = [Job(sha, pack_blob, (BlobSpec(sha, len(data), target.id), target, data), big_bytes=True)
+    jobs = [StepCall(sha, pack_blob, (BlobSpec(sha, len(data), target.id), target, data), big_bytes=True)
             for sha, data in blobs.items()]
     started = time.perf_counter()
     executor.run(jobs)

@@ -51,6 +51,7 @@ import redis  # noqa: E402
 from report import cell, markdown_table  # noqa: E402
 
 from farm.backends.llvm.target import host_target  # noqa: E402
+from farm.distributed.protocol import TaskName  # noqa: E402
 from farm.tools.examples import EXAMPLES  # noqa: E402
 from tests.farm_services import FarmWorker  # noqa: E402
 from tests.services import RedisServer  # noqa: E402
@@ -62,7 +63,7 @@ LOCAL_BAR = 1.2  # the farm on 2 workers within this factor of the local executo
 # Production limits (farm.defaults), not the tests' short ones: a benchmark must not trigger redelivery.
 WORKER_ENV = {"FARM_TASK_SOFT_TIME_LIMIT": "600", "FARM_TASK_TIME_LIMIT": "660", "FARM_VISIBILITY_TIMEOUT": "720",
               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-TASK_NAMES = ("farm.plan_job", "farm.compile_cpu_kernel", "farm.pack_blob", "farm.link", "farm.finish")
+TASK_NAMES = tuple(task.value for task in TaskName if task not in (TaskName.TUNE_KERNEL, TaskName.COMPILE_CL_KERNEL))
 CLI_TIMEOUT_S = 600
 DRAIN_TIMEOUT_S = 300
 

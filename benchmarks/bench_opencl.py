@@ -36,6 +36,7 @@ from report import markdown_table
 
 from farm.artifact import open_artifact, write_artifact
 from farm.backends.opencl.devices import BUILD_OPTIONS, opencl_devices
+from farm.backends.opencl.target import OpenClTarget
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
 from farm.runtime.opencl import OpenCLModel, this_device
@@ -96,7 +97,7 @@ def prepare(folder: Path, fingerprint: str) -> int:
     model = examples.resnet18_style()
     onnx.save(model, folder / "resnet18_style.onnx")
     with LocalExecutor() as executor:
-        artifact = build_model(folder / "resnet18_style.onnx", folder, executor=executor, opencl=[fingerprint]).artifact
+        artifact = build_model(folder / "resnet18_style.onnx", folder, [OpenClTarget(fingerprint)], executor=executor).artifact
     os.replace(artifact, folder / "shipped.farm")
     for_no_device(str(folder / "shipped.farm"), folder)
     np.savez(folder / "feeds.npz", **examples.random_input(model))

@@ -21,10 +21,10 @@ from llvmlite import ir
 
 from farm.backends.llvm.entry import compile_entry
 from farm.backends.llvm.gemm import GemmBlocking
-from farm.backends.llvm.kernel import compile_ir
 from farm.backends.llvm.link import link_library
 from farm.backends.llvm.render import render_kernel
 from farm.backends.llvm.target import CpuTarget, host_target, parse_target
+from farm.backends.llvm.toolchain import compile_ir
 from farm.ir import loopir as L
 
 ARENA_ALIGN = 64

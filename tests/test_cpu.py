@@ -21,9 +21,10 @@ from native_helpers import (
 )
 
 from farm.backends.llvm.entry import compile_entry
-from farm.backends.llvm.kernel import compile_cpu_kernel, compile_ir, default_blocking, kernel_ir
+from farm.backends.llvm.kernel import compile_cpu_kernel, default_blocking, kernel_ir
 from farm.backends.llvm.link import link_library
 from farm.backends.llvm.target import CpuTarget
+from farm.backends.llvm.toolchain import compile_ir
 from farm.errors import BuildError
 from farm.ir.graph import Activation, TensorInfo
 from farm.ir.specs import KernelSpec, canonical_json

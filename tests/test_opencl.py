@@ -7,7 +7,13 @@ import pyopencl as cl
 import pytest
 
 from farm.backends.opencl.devices import opencl_devices
-from farm.backends.opencl.kernel import build_program, compile_cl_kernel, device_context, kernel_source
+from farm.backends.opencl.kernel import (
+    build_program,
+    compile_cl_kernel,
+    device_context,
+    kernel_launches,
+    kernel_source,
+)
 from farm.backends.opencl.render import launches
 from farm.errors import BuildError
 from farm.ir.graph import Activation, TensorInfo
@@ -66,4 +72,20 @@ def test_kernels_over_odd_sized_bool_buffers_build(fingerprint):
     """The launches run once at build time on zeroed buffers: a 5-byte bool buffer must not break the fill."""
     info = TensorInfo((5,), "bool")
     spec = KernelSpec("Not", canonical_json({}), (info,), (info,), None, target_id="opencl")
-    assert compile_cl_kernel(spec, fingerprint)
+    binary = compile_cl_kernel(spec, fingerprint)
+    assert _run_binary(binary, spec, fingerprint, np.array([1, 0, 1, 1, 0], bool)).tolist() == [0, 1, 0, 0, 1]
+
+
+def _run_binary(binary: bytes, spec: KernelSpec, fingerprint: str, data: np.ndarray) -> np.ndarray:
+    """Load a program binary on its device and run the kernel's launches on `data`: the binary is this kernel."""
+    context, device = device_context(fingerprint)
+    program = cl.Program(context, [device], [binary]).build()
+    queue = cl.CommandQueue(context)
+    flags = cl.mem_flags
+    source = cl.Buffer(context, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=data)
+    result = cl.Buffer(context, flags.READ_WRITE, data.nbytes)
+    for name, size in kernel_launches(spec):
+        cl.Kernel(program, name)(queue, tuple(size), None, result, source)
+    out = np.empty_like(data)
+    cl.enqueue_copy(queue, out, result)
+    return out

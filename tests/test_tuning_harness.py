@@ -11,9 +11,10 @@ import pytest
 from llvmlite import ir
 
 from farm.backends.llvm.gemm import GemmBlocking
-from farm.backends.llvm.kernel import compile_cpu_kernel, compile_ir, default_blocking
+from farm.backends.llvm.kernel import compile_cpu_kernel, default_blocking
 from farm.backends.llvm.render import render_kernel
 from farm.backends.llvm.target import CpuTarget
+from farm.backends.llvm.toolchain import compile_ir
 from farm.ir.graph import Activation
 from farm.ir.specs import KernelSpec
 from farm.ops import lower_kernel

@@ -153,7 +153,10 @@ def target_from_json(data: Any) -> Target:
     """A target from its JSON form, or BadInputError: job records and messages carry them across the farm."""
     if not isinstance(data, dict) or not isinstance(data.get("kind"), str):
         raise BadInputError(f"not a target: {data!r}")
-    target = backend_named(data["kind"], "target kind").target_from_json(data)
+    try:
+        target = backend_named(data["kind"], "target kind").target_from_json(data)
+    except (KeyError, TypeError) as error:
+        raise BadInputError(f"{data['kind']} target lacks {error}: {str(data)[:200]}") from None
     if data.get("id", target.id) != target.id:
         raise BadInputError(f"target {data.get('id')!r} does not match its fields (id {target.id!r})")
     return target

@@ -27,7 +27,7 @@ class KernelSpec:
     """One kernel: op, attributes (after defaults and constant inputs are folded in), data shapes, activation, and
     the code generator's variant.
 
-    `variant_json` is a tuned GEMM blocking (farm/tuning/variants.py) as canonical JSON; "" means the documented default
+    `variant_json` is a tuned GEMM blocking (farm/tuning/space.py) as canonical JSON; "" means the documented default
     (codegen.cpu.default_blocking). It enters the JSON form and the key only when set, so an untuned kernel keeps
     the key, symbol and cache entries it had before tuning existed.
     """

@@ -16,8 +16,8 @@ import llvmlite.binding as llvm
 import numpy as np
 
 from farm.backends.llvm.gemm import pack_panels
-from farm.backends.llvm.kernel import compile_ir
 from farm.backends.llvm.target import CpuTarget, init_llvm
+from farm.backends.llvm.toolchain import compile_ir
 from farm.errors import BuildError
 from farm.ir.specs import BlobSpec
 

@@ -17,9 +17,9 @@ from typing import Any
 
 from llvmlite import ir
 
-from farm.backends.llvm.kernel import compile_ir
 from farm.backends.llvm.render import PTR_T, declare_kernel, declare_launch, launch_symbol
 from farm.backends.llvm.target import CpuTarget
+from farm.backends.llvm.toolchain import compile_ir
 
 ENTRY_SYMBOL = "farm_run"
 STEPS_SYMBOL = "farm_run_steps"

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import llvmlite.binding as llvm
 from llvmlite import ir
 
 from farm.backends.llvm.gemm import GemmBlocking
 from farm.backends.llvm.render import render_kernel
 from farm.backends.llvm.target import CpuTarget
+from farm.backends.llvm.toolchain import compile_ir
 from farm.errors import BuildError
 from farm.ir import loopir as L
 from farm.ir.specs import KernelSpec
@@ -60,30 +60,6 @@ def cpu_launches(spec: KernelSpec, target: CpuTarget) -> list[list[int]]:
     GEMM's grain is its variant's tile rows."""
     blocking = blocking_for(spec, target)
     return [info.to_json() for info in L.launch_info(lower_kernel(spec), blocking.rows, blocking.tile_columns)]
-
-
-def compile_ir(text: str, target: CpuTarget, name: str, optimize: bool = True) -> bytes:
-    """Parse, verify, optimise at O3 (with loop and SLP vectorisation) and emit an object for `target`."""
-    machine = target.machine()
-    try:
-        module = llvm.parse_assembly(text)
-        module.triple = target.triple
-        module.data_layout = str(machine.target_data)
-        module.verify()
-    except RuntimeError as exc:
-        raise BuildError(f"{name}: LLVM rejected the generated IR: {exc}") from None
-    if optimize:
-        _optimize(module, machine)
-    return machine.emit_object(module)
-
-
-def _optimize(module: llvm.ModuleRef, machine: llvm.TargetMachine) -> None:
-    tuning = llvm.create_pipeline_tuning_options(speed_level=3)
-    tuning.loop_vectorization = True
-    tuning.slp_vectorization = True
-    tuning.loop_unrolling = True
-    builder = llvm.create_pass_builder(machine, tuning)
-    builder.getModulePassManager().run(module, builder)
 
 
 def compile_cpu_kernel(spec: KernelSpec, target: CpuTarget) -> bytes:

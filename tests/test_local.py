@@ -12,7 +12,6 @@ from onnx import TensorProto, helper
 from farm import runtime
 from farm.artifact import FORMAT_VERSION, open_artifact
 from farm.backends.llvm.target import host_target, parse_target
-from farm.build.assembly import build_identity
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
 from farm.errors import UnsupportedError
@@ -89,13 +88,6 @@ def test_built_model_runs_like_onnxruntime(small_cnn_path, tmp_path):
     ours = runtime.load(result.artifact).run(feeds)["output"]
     reference = onnxruntime.InferenceSession(str(small_cnn_path)).run(None, feeds)[0]
     assert np.abs(ours - reference).max() <= 1e-4 * max(1.0, np.abs(reference).max())
-
-
-def test_build_identity_depends_on_model_name_and_targets():
-    host, arm = host_target(), parse_target("cpu:aarch64-linux-gnu")
-    assert build_identity("a" * 64, "m", [host]) == build_identity("a" * 64, "m", [host])
-    assert len({build_identity("a" * 64, "m", [host]), build_identity("b" * 64, "m", [host]),
-                build_identity("a" * 64, "m", [host, arm]), build_identity("a" * 64, "n", [host])}) == 4
 
 
 def test_progress_reports_every_compile_step(small_cnn_path, tmp_path):

@@ -1,0 +1,68 @@
+"""The one assembly of a build (farm/build/assembly.py), driven by hand the way the farm's steps drive it: the
+link plan survives JSON (the farm keeps it in the store), and the artifact it assembles is the local build's."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+
+from farm.artifact import artifact_bytes
+from farm.backends.llvm.target import CpuTarget, host_target
+from farm.backends.opencl.target import OpenClTarget
+from farm.build import assembly
+from farm.build.executor import LocalExecutor
+from farm.build.local import build_model
+from farm.build.parts import BuiltUnits
+from farm.build.units import compile_unit
+from farm.tools import examples
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("m") / "tiny_cnn.onnx"
+    onnx.save(examples.tiny_cnn(), path)
+    return path
+
+
+def test_the_assembly_driven_step_by_step_gives_the_local_builds_artifact(model: Path, tmp_path: Path) -> None:
+    targets = [host_target(), CpuTarget("aarch64-unknown-linux-gnu")]
+    plan = assembly.plan_model(model)
+    units = assembly.compile_units(plan, targets)
+    sha = hashlib.sha256(model.read_bytes()).hexdigest()
+    plan_json = json.loads(json.dumps(assembly.link_plan(plan, targets, model.stem, sha, units)))
+    assert set(plan_json["units"]) == {unit.name for unit in units} and set(plan_json["layouts"]) == {"cpu"}
+
+    objects = {unit.name: compile_unit(unit, memoryview(plan.blobs[unit.data_key]).cast("B") if unit.data_key else None)
+               for unit in units}
+    libraries: dict[str, bytes] = {}
+    built = BuiltUnits(objects.__getitem__, lambda name: hashlib.sha256(objects[name]).hexdigest(),
+                       libraries.__getitem__, lambda key: plan.blobs[key].tobytes())
+    for target in targets:
+        libraries[target.id] = assembly.link_library(plan_json, target.id, built)
+    manifest, members = assembly.artifact_contents(plan_json, built)
+
+    local = build_model(model, tmp_path, targets, executor=LocalExecutor(1))
+    assert artifact_bytes(manifest, members) == Path(local.artifact).read_bytes()
+    assert local.job_id == assembly.build_identity(sha, model.stem, targets)[:16]
+
+
+def test_an_opencl_only_plan_has_no_libraries_and_still_lists_cpu_fields(model: Path) -> None:
+    plan, device = assembly.plan_model(model), OpenClTarget("0123456789abcdef")
+    units = assembly.compile_units(plan, [device])
+    plan_json = assembly.link_plan(plan, [device], "m", "0" * 64, units)
+    assert assembly.libraries(plan_json) == [] and {unit.kind for unit in units} == {"clkernel"}
+    assert plan_json["manifest"]["targets"] == [] and plan_json["manifest"]["kernels"] == []
+    assert plan_json["manifest"]["opencl"]["devices"] == [device.fingerprint]
+    assert set(plan_json["layouts"]["opencl"]["binaries"].values()) == {unit.name for unit in units}
+
+
+def test_the_build_identity_names_everything_the_bytes_depend_on() -> None:
+    host, arm = host_target(), CpuTarget("aarch64-unknown-linux-gnu")
+    identities = {assembly.build_identity("a" * 64, "m", [host]), assembly.build_identity("b" * 64, "m", [host]),
+                  assembly.build_identity("a" * 64, "n", [host]), assembly.build_identity("a" * 64, "m", [host, arm]),
+                  assembly.build_identity("a" * 64, "m", [host, OpenClTarget("0123456789abcdef")])}
+    assert len(identities) == 5 and assembly.build_identity("a" * 64, "m", [host]) in identities

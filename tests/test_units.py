@@ -1,0 +1,49 @@
+"""Compile units (farm/build/units.py): every kind's JSON form, cache ref and pure step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from farm.backends.llvm.kernel import compile_cpu_kernel
+from farm.backends.llvm.target import CpuTarget
+from farm.backends.opencl.target import OpenClTarget
+from farm.build.units import UNIT_KINDS, CompileUnit, compile_unit
+from farm.errors import BadInputError
+from farm.ir.graph import TensorInfo
+from farm.ir.specs import BlobSpec, KernelSpec
+
+CPU = CpuTarget("x86_64-unknown-linux-gnu")
+DEVICE = OpenClTarget("0123456789abcdef")
+RELU = KernelSpec("Relu", "{}", (TensorInfo((2, 8), "float32"),), (TensorInfo((2, 8), "float32"),), None, CPU.id)
+UNITS = [CompileUnit("kernel", RELU, CPU), CompileUnit("blob", BlobSpec("ab" * 32, 16, CPU.id), CPU),
+         CompileUnit("clkernel", KernelSpec(**{**RELU.__dict__, "target_id": "opencl"}), DEVICE)]
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=lambda unit: unit.kind)
+def test_a_unit_round_trips_through_json(unit: CompileUnit) -> None:
+    assert CompileUnit.from_json(json.loads(json.dumps(unit.to_json()))) == unit
+    assert unit.name == f"{unit.target.id}/{unit.spec.symbol}"
+
+
+def test_every_kind_has_its_own_cache_ref_and_only_blobs_have_input_bytes() -> None:
+    assert set(UNIT_KINDS) == {unit.kind for unit in UNITS}
+    assert [unit.cache_ref.split(":")[0] for unit in UNITS] == ["kernel", "blob", "clkernel"]
+    assert UNITS[2].cache_ref == f"clkernel:{DEVICE.fingerprint}:{UNITS[2].spec.key}"
+    assert [unit.data_key for unit in UNITS] == [None, "ab" * 32, None]
+
+
+def test_a_units_step_is_its_backends_compile_step() -> None:
+    assert compile_unit(UNITS[0]) == compile_cpu_kernel(RELU, CPU)
+    assert compile_unit(UNITS[1], bytes(range(16)))[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"kind": "sh", "spec": {}, "target": CPU.to_json()}, "not a compile unit"),
+    ({"kind": "blob", "spec": {"sha256": "x"}, "target": CPU.to_json()}, "malformed spec"),
+    ({"kind": "kernel", "spec": RELU.to_json(), "target": {"kind": "gpu"}}, "unknown target kind"),
+])
+def test_a_malformed_unit_is_refused(data: dict, message: str) -> None:
+    with pytest.raises(BadInputError, match=message):
+        CompileUnit.from_json(data)
