@@ -134,3 +134,10 @@ def test_every_task_has_arguments_and_a_queue() -> None:
 def test_a_worker_consumes_control_llvm_its_cpus_tuning_and_its_devices() -> None:
     assert protocol.worker_queues(CPU.id, ["ab" * 8]) == ["control", "llvm", f"tune.{CPU.id}", f"opencl.{'ab' * 8}"]
     assert protocol.job_key(JOB) == f"farm:job:{JOB}" and protocol.phase_key(JOB, "compile").endswith(":compile")
+
+
+def test_capabilities_round_trip_and_garbage_advertises_nothing() -> None:
+    capabilities = {"host": "h", "cpu": {"id": CPU.id}, "opencl": [{"fingerprint": DEVICE.fingerprint}]}
+    assert protocol.decode_capabilities(protocol.encode_capabilities(capabilities)) == capabilities
+    assert protocol.decode_capabilities("not json") == protocol.decode_capabilities("[1]") == {}
+    assert protocol.decode_capabilities(None) == {}

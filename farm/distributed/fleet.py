@@ -4,7 +4,6 @@ when it starts (protocol.WORKERS_KEY)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from farm.distributed import protocol
@@ -25,7 +24,7 @@ def list_workers(broker: str, timeout: float = 1.0) -> list[dict[str, Any]]:
     except OperationalError as error:
         raise UnreachableError(f"farm unreachable at {redact_url(broker)}: {error}") from None
     return [{"name": name, "queues": sorted(q["name"] for q in qs),
-             **json.loads(capabilities.get(name, "{}"))} for name, qs in sorted(queues.items())]
+             **protocol.decode_capabilities(capabilities.get(name))} for name, qs in sorted(queues.items())]
 
 
 def live_queues(broker: str) -> set[str]:
@@ -37,4 +36,5 @@ def farm_fingerprints(broker: str) -> list[str]:
     """Fingerprints of every OpenCL device that a worker advertises (sorted, each once)."""
     board = JobBoard(broker)
     advertised = board.call(board.redis.hgetall, protocol.WORKERS_KEY).values()
-    return sorted({device["fingerprint"] for caps in advertised for device in json.loads(caps).get("opencl", [])})
+    return sorted({device["fingerprint"] for text in advertised
+                   for device in protocol.decode_capabilities(text).get("opencl", [])})

@@ -24,7 +24,7 @@ from farm.store.base import is_key
 # --- Redis keys --------------------------------------------------------------------------------------------------
 
 WORKERS_KEY = "farm:workers"
-"""A hash: worker name -> its advertised capabilities (JSON)."""
+"""A hash: worker name -> its advertised capabilities (`encode_capabilities`)."""
 JOB_ID = re.compile(r"[0-9a-f]{16}")
 
 
@@ -47,6 +47,21 @@ def phase_key(job_id: str, phase: str) -> str:
 def deliveries_key(job_id: str, unit: str) -> str:
     """How many times one unit's task has started."""
     return f"{job_key(job_id)}:deliveries:{unit}"
+
+
+def encode_capabilities(capabilities: dict[str, Any]) -> str:
+    """A worker's advertisement: host, pid, CPU and OpenCL devices, as JSON."""
+    return json.dumps(capabilities, sort_keys=True)
+
+
+def decode_capabilities(text: str | None) -> dict[str, Any]:
+    """An advertisement read back; {} when it is missing or not a JSON object (a worker that wrote garbage
+    advertises nothing)."""
+    try:
+        value = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 # --- queues ------------------------------------------------------------------------------------------------------

@@ -7,14 +7,13 @@ devices also takes `opencl.<fingerprint>` for each of them.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from typing import Any
 
 from farm.backends.llvm.target import CpuTarget, host_target
 from farm.backends.opencl.devices import opencl_devices_of_a_fresh_process
-from farm.distributed.protocol import WORKERS_KEY, worker_queues
+from farm.distributed.protocol import WORKERS_KEY, encode_capabilities, worker_queues
 
 
 def detect_capabilities() -> dict[str, Any]:
@@ -59,7 +58,7 @@ def run_worker(broker: str, concurrency: int | None, hostname: str | None, logle
     def advertise(sender: Any = None, **_: Any) -> None:
         from farm.distributed.tasks import farm_context
 
-        farm_context().board.redis.hset(WORKERS_KEY, name, json.dumps(capabilities))
+        farm_context().board.redis.hset(WORKERS_KEY, name, encode_capabilities(capabilities))
 
     @signals.worker_shutdown.connect(weak=False)
     def withdraw(sender: Any = None, **_: Any) -> None:
