@@ -11,13 +11,16 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
 
 from farm import __version__
 from farm.errors import BadInputError, ExitStatus, FarmError
+
+if TYPE_CHECKING:
+    from farm.backends.registry import Devices
 
 
 def _fail(error: str, status: ExitStatus, as_json: bool) -> None:
@@ -104,7 +107,7 @@ def submit(model: Path, targets: tuple[str, ...], output_dir: str, as_json: bool
     click.echo(json.dumps(result.to_json(), sort_keys=True) if as_json else result.artifact)
 
 
-def _devices(broker: str | None):
+def _devices(broker: str | None) -> Devices:
     """What `--target opencl` means: every device of the farm's live workers, or of this host without a farm."""
     from farm.backends.opencl.devices import opencl_devices
     from farm.backends.registry import Devices
