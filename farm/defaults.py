@@ -48,6 +48,12 @@ def visibility_timeout() -> float:
     return _seconds("FARM_VISIBILITY_TIMEOUT", task_time_limit() + 60)
 
 
+def worker_lease_seconds() -> float:
+    """FARM_WORKER_LEASE_SECONDS: how long a worker's liveness lease lasts without renewal (default 10; renewed
+    every quarter of that). When it lapses, the tasks the worker had started are dispatched again."""
+    return _seconds("FARM_WORKER_LEASE_SECONDS", 10)
+
+
 def max_deliveries() -> int:
     """FARM_MAX_DELIVERIES: deliveries of one task (its first run included) before its job fails (default 3)."""
     return int(os.environ.get("FARM_MAX_DELIVERIES", 3))

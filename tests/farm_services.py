@@ -21,8 +21,10 @@ from tests.services import RedisServer, _started_servers
 
 WORKER_START_TIMEOUT_S = 60.0
 
-# Short limits so that redelivery after a lost worker happens within a test's patience.
-FAST_FARM_ENV = {"FARM_TASK_SOFT_TIME_LIMIT": "50", "FARM_TASK_TIME_LIMIT": "55", "FARM_VISIBILITY_TIMEOUT": "8"}
+FARM_ENV_OVERRIDES = ("FARM_TASK_SOFT_TIME_LIMIT", "FARM_TASK_TIME_LIMIT", "FARM_VISIBILITY_TIMEOUT",
+                      "FARM_WORKER_LEASE_SECONDS", "FARM_MAX_DELIVERIES", "FARM_STORE_MAX_BYTES")
+"""Settings a worker takes from the environment: cleared, so every worker here runs with the production defaults
+unless a test names a setting it is about."""
 
 
 class FarmWorker:
@@ -31,7 +33,8 @@ class FarmWorker:
     def __init__(self, broker: str, name: str, folder: Path, env: dict[str, str] | None = None,
                  concurrency: int = 1) -> None:
         self.broker, self.name, self.folder = broker, name, folder
-        self.env = {**os.environ, **FAST_FARM_ENV, **(env or {})}
+        inherited = {name: value for name, value in os.environ.items() if name not in FARM_ENV_OVERRIDES}
+        self.env = {**inherited, **(env or {})}
         self.concurrency = concurrency
         self.process: subprocess.Popen | None = None
 

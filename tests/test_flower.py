@@ -23,6 +23,7 @@ from typing import Any
 
 import onnx
 import pytest
+from onnx import TensorProto, helper
 
 from farm.tools.examples import EXAMPLES
 from tests.farm_services import Farm, farm_cli, farm_factory_fixture  # noqa: F401
@@ -175,3 +176,53 @@ def test_flower_shows_workers_and_a_jobs_tasks(farm_factory, flower_for, tmp_pat
     assert flower.get("/api/tasks", auth=False)[0] == 401
     status, found = flower.get(f"/api/tasks?search={job_id}&limit=1000")  # README: one job's tasks
     assert status == 200 and set(found or {}) == {task["uuid"] for task in tasks}, sorted(found or {})
+
+
+def _unsupported_model(path: Path) -> Path:
+    node = helper.make_node("Acos", ["x"], ["y"], name="the_node")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+def _failed_tasks(flower: Flower, job_id: str) -> list[dict[str, Any]]:
+    status, tasks = flower.get("/api/tasks?state=FAILURE&limit=1000")
+    assert status == 200
+    return [task for task in (tasks or {}).values() if job_id in str(task.get("args"))]
+
+
+def test_the_task_that_fails_a_job_is_a_failure_in_flower_with_its_error(farm_factory, flower_for,
+                                                                        tmp_path: Path) -> None:
+    """A failed job's failing task ends in Celery state FAILURE carrying the job's error; the skipped tasks of a
+    cancelled or failed job succeed with a note saying why they did nothing."""
+    model = tmp_path / "tiny_cnn.onnx"
+    onnx.save(EXAMPLES["tiny_cnn"](), str(model))
+    from farm.build.assembly import plan_model
+    from farm.distributed.celery_app import make_app
+    from farm.distributed.protocol import Finish
+    from farm.ir.specs import BlobSpec
+
+    doomed = BlobSpec(next(iter(plan_model(model).blobs)), 0, "").symbol
+    farm = farm_factory(workers=1, env={"FARM_FAULT_KILL_UNIT": doomed})
+    flower = flower_for(farm)
+
+    bad = farm_cli("submit", str(_unsupported_model(tmp_path / "bad.onnx")), "--no-wait", "--json",
+                   broker=farm.url, cwd=tmp_path)
+    crashing = farm_cli("submit", str(model), "--no-wait", "--json", broker=farm.url, cwd=tmp_path)
+    bad_id, crashing_id = json.loads(bad.stdout)["job_id"], json.loads(crashing.stdout)["job_id"]
+    for job_id in (bad_id, crashing_id):
+        assert farm_cli("wait", job_id, broker=farm.url, cwd=tmp_path, timeout=120).returncode in (1, 2)
+
+    failed = poll(lambda: _failed_tasks(flower, bad_id), bool)
+    assert [task["name"] for task in failed] == ["farm.plan_job"], farm.logs()
+    assert "the_node" in failed[0]["exception"] and "Acos" in failed[0]["exception"]
+
+    failed = poll(lambda: _failed_tasks(flower, crashing_id), bool)
+    assert len(failed) == 1 and failed[0]["name"] == "farm.pack_blob", failed
+    assert "never finished" in failed[0]["exception"] and doomed in failed[0]["exception"]
+    late = Finish(crashing_id).message()  # a task of the job that arrives after it ended, as a redelivery would
+    make_app(farm.url).send_task(late.task, args=late.args, queue=late.queue)
+    skipped = poll(lambda: [t for t in job_tasks(flower, crashing_id) if "skipped" in str(t.get("result"))], bool)
+    assert [t["name"] for t in skipped] == ["farm.finish"] and skipped[0]["state"] == "SUCCESS"
+    assert f"job {crashing_id} is failed" in skipped[0]["result"]

@@ -8,6 +8,7 @@ order the tasks were sent.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import uuid
@@ -28,7 +29,7 @@ from farm.distributed import protocol
 from farm.distributed.board import JobBoard
 from farm.distributed.client import FarmClient
 from farm.distributed.protocol import TERMINAL, Compile, JobRecord, JobState, Message
-from farm.distributed.steps import Farm, artifact_ref
+from farm.distributed.steps import Farm, JobFailed, artifact_ref
 from farm.errors import ExitStatus
 from farm.store import FileStore, RedisStore, StoreUnreachableError
 from farm.tools import examples
@@ -51,9 +52,12 @@ class Tasks(list):
         self.sent += 1
 
 
-def run_task(farm: Farm, name: str, args: list[Any]) -> None:
-    """Run one task the way farm/distributed/tasks.py does: decode its arguments and run its step."""
-    farm.run(protocol.decode(name, args))
+def run_task(farm: Farm, name: str, args: list[Any]) -> str | None:
+    """Run one task the way farm/distributed/tasks.py does: decode its arguments and run its step. A step that
+    fails its job raises JobFailed, which Celery records as the task's FAILURE: here it ends the task too."""
+    with contextlib.suppress(JobFailed):
+        return farm.run(protocol.decode(name, args))
+    return None
 
 
 def run_tasks(farm: Farm, tasks: Tasks, before: Callable[[int, str], None] | None = None) -> list[str]:
@@ -366,13 +370,17 @@ def test_a_unit_delivered_more_than_the_cap_fails_the_job(farm: Farm, tasks: Tas
     for _ in range(3):  # three earlier deliveries, each lost with its worker
         farm.board.count_delivery(job_id, unit_name)
 
-    run_task(farm, name, args)
+    with pytest.raises(JobFailed, match="started 3 times and never finished"):
+        farm.run(protocol.decode(name, args))
     record = farm.board.get(job_id)
     assert record.state == "failed" and record.failed_unit == unit_name
     assert unit_name in record.error and "3 times" in record.error
+    unit = CompileUnit.from_json(args[4])
+    assert f"kernel {unit.spec.op} of node" in record.error  # named as the user knows it: op and ONNX node
     assert record.exit_status == ExitStatus.BUILD_FAILED
-    assert farm.store.get_ref(CompileUnit.from_json(args[4]).cache_ref) is None  # it was not compiled
+    assert farm.store.get_ref(unit.cache_ref) is None  # it was not compiled
 
+    assert run_task(farm, *tasks[0]) == f"skipped: job {job_id} is failed"  # Flower shows why it did nothing
     run_tasks(farm, tasks)  # the rest of the job's tasks do nothing
     assert farm.board.get(job_id).state == "failed" and farm.board.get(job_id).artifact_key is None
 
@@ -393,7 +401,9 @@ def test_a_failing_compile_fails_the_job_naming_the_unit(farm: Farm, tasks: Task
     farm.plan_job(job_id)
     victim = next(args for name, args in tasks if name == "farm.pack_blob")
     victim[4]["spec"]["bytes"] += 4  # the spec no longer matches its weights' bytes: pack_blob refuses them
-    run_task(farm, "farm.pack_blob", victim)
+    with pytest.raises(JobFailed) as failed:
+        farm.run(protocol.decode("farm.pack_blob", victim))
+    assert failed.value.exit_status == ExitStatus.BUILD_FAILED and victim[1] in str(failed.value)
 
     record = farm.board.get(job_id)
     assert record.state == "failed" and record.failed_unit == victim[1]

@@ -109,3 +109,9 @@ def artifact_contents(plan_json: dict[str, Any], built: BuiltUnits) -> tuple[dic
         manifest.update(fields)
         members.update(part_members)
     return manifest, members
+
+
+
+def unit_nodes(plan_json: dict[str, Any], unit: CompileUnit) -> list[str]:
+    """The ONNX nodes a unit serves (from the link plan's manifest), so that an error can name them."""
+    return PARTS[unit.target.kind].nodes_of(plan_json["manifest"], unit)

@@ -59,6 +59,10 @@ class Part(ABC):
                  built: BuiltUnits) -> tuple[dict[str, Any], dict[str, bytes]]:
         """This part's manifest fields completed with what was built (`manifest`: the template), and its members."""
 
+    @abstractmethod
+    def nodes_of(self, manifest: dict[str, Any], unit: CompileUnit) -> list[str]:
+        """The ONNX nodes one of this part's units serves, as the manifest template names them."""
+
 
 # --- CPU -------------------------------------------------------------------------------------------------------
 
@@ -155,6 +159,14 @@ class CpuPart(Part):
         return {"kernels": kernels}, members
 
 
+    def nodes_of(self, manifest: dict[str, Any], unit: CompileUnit) -> list[str]:
+        """A kernel's nodes, or the nodes that read a blob's weights."""
+        if unit.data_key:
+            return [step["node"] for step in manifest["schedule"] if f"blob:{unit.data_key}" in step["args"]]
+        return next((entry["nodes"] for entry in manifest["kernels"]
+                     if entry["symbol"] == unit.spec.symbol and entry["target"] == unit.target.id), [])
+
+
 def _kernel_entries(plan: BuildPlan, targets: Sequence[Target]) -> list[dict]:
     from farm.tuning.variants import manifest_variant
 
@@ -218,6 +230,9 @@ class OpenClPart(Part):
         members.update({member: built.object_of(name) for member, name in layout["binaries"].items()})
         members.update({member: built.blob_of(sha) for member, sha in layout["weights"].items()})
         return {}, members
+
+    def nodes_of(self, manifest: dict[str, Any], unit: CompileUnit) -> list[str]:
+        return [step["node"] for step in manifest["opencl"]["schedule"] if step["kernel"] == unit.spec.symbol]
 
 
 def _opencl_schedule(plan: BuildPlan) -> list[dict[str, Any]]:

@@ -49,6 +49,16 @@ def deliveries_key(job_id: str, unit: str) -> str:
     return f"{job_key(job_id)}:deliveries:{unit}"
 
 
+RUNNING_KEY = "farm:running"
+"""A hash: Celery task id -> the task running now and who runs it (`RunningTask`): what a dead worker's peers
+dispatch again."""
+
+
+def lease_key(worker: str) -> str:
+    """A worker's liveness lease: a string holding its incarnation, which expires unless the worker renews it."""
+    return f"farm:lease:{worker}"
+
+
 def encode_capabilities(capabilities: dict[str, Any]) -> str:
     """A worker's advertisement: host, pid, CPU and OpenCL devices, as JSON."""
     return json.dumps(capabilities, sort_keys=True)
@@ -408,3 +418,40 @@ def encode_record(record: JobRecord) -> dict[str, str]:
     """Every set field of a record (None fields are left out)."""
     return encode_fields(**{f.name: getattr(record, f.name) for f in fields(record)
                             if getattr(record, f.name) is not None})
+
+
+# --- running tasks -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunningTask:
+    """A task a worker has started and not finished: `holder` is "<worker name>#<incarnation>" (its lease holds the
+    incarnation), `message` the task to send again if the holder dies."""
+
+    holder: str
+    message: Message
+
+    def encode(self) -> str:
+        return json.dumps({"holder": self.holder, "task": self.message.task, "args": self.message.args,
+                           "queue": self.message.queue}, sort_keys=True)
+
+    @classmethod
+    def decode(cls, text: str) -> RunningTask:
+        """A running task read back, re-validated: its message is rebuilt from its decoded arguments, so a forged
+        entry can only ever resend a well-formed farm task."""
+        try:
+            data = json.loads(text)
+            holder, task, args = data["holder"], data["task"], data["args"]
+        except (ValueError, KeyError, TypeError) as error:
+            raise BadInputError(f"malformed running-task entry: {error!r}") from None
+        if not isinstance(holder, str) or "#" not in holder:
+            raise BadInputError(f"running-task entry with a malformed holder {str(holder)[:80]!r}")
+        return cls(holder, decode(task, args).message())
+
+    @property
+    def worker(self) -> str:
+        return self.holder.rpartition("#")[0]
+
+    @property
+    def incarnation(self) -> str:
+        return self.holder.rpartition("#")[2]

@@ -30,7 +30,7 @@ from farm.build.units import CompileUnit, compile_unit
 from farm.distributed import protocol
 from farm.distributed.board import JobBoard
 from farm.distributed.protocol import Compile, Finish, JobRecord, JobState, Link, Message, PlanJob, TaskArgs, Tune
-from farm.errors import ArtifactError, BadInputError, FarmError, UnreachableError
+from farm.errors import ArtifactError, BadInputError, ExitStatus, FarmError, UnreachableError
 from farm.plan.planner import BuildPlan
 from farm.store import CorruptEntryError, MissingEntryError, Store, refs
 from farm.tuning import database
@@ -39,6 +39,15 @@ from farm.tuning.harness import time_variants
 
 Dispatch = Callable[[Message], None]
 """dispatch(message): enqueue one task."""
+
+
+class JobFailed(FarmError):
+    """A step failed its job (the job record holds the error): the task ends in Celery state FAILURE with this
+    error, so Flower shows the task that failed the job and why."""
+
+    def __init__(self, message: str, exit_status: ExitStatus = ExitStatus.BUILD_FAILED) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
 
 
 def artifact_ref(record: JobRecord) -> str:
@@ -57,28 +66,40 @@ class Farm:
         self.board, self.store, self.dispatch, self.before_build = board, store, dispatch, before_build
         self.live_queues = live_queues
 
-    def run(self, args: TaskArgs) -> None:
-        """Run the step a task's arguments call for (what every Celery task does)."""
-        STEPS[type(args)](self, args)
+    def run(self, args: TaskArgs) -> str | None:
+        """Run the step a task's arguments call for (what every Celery task does); a note when it was skipped."""
+        return STEPS[type(args)](self, args)
+
+    def _fail(self, job_id: str, error: str, status: ExitStatus = ExitStatus.BUILD_FAILED, unit: str = "") -> None:
+        """Fail the job and raise JobFailed, unless the job had already ended (then this step failed nothing)."""
+        if self.board.fail(job_id, error, status, unit):
+            raise JobFailed(error, status)
+
+    def _skipped(self, job_id: str) -> str | None:
+        """The note a step leaves when it does nothing because its job has ended (None while it is live)."""
+        record = self.board.get(job_id)
+        if record is None:
+            return f"skipped: job {job_id} is unknown (never submitted, or expired)"
+        return f"skipped: job {job_id} is {record.state.value}" if record.is_over else None
 
     # -- plan ----------------------------------------------------------------------------------------------------
 
-    def plan_job(self, job_id: str) -> None:
+    def plan_job(self, job_id: str) -> str | None:
         """Plan the model, choose its variants (first dispatching its tuning, with --tune), put its blobs in the
         store, dispatch every unit the cache doesn't already hold."""
         record = self.board.get(job_id)
-        if record is None or record.is_over or self._reuse_artifact(job_id, record):
-            return
-        if not self.board.advance(job_id, JobState.PLANNING):
-            return
+        if record is None or record.is_over:
+            return self._skipped(job_id)
+        if self._reuse_artifact(job_id, record) or not self.board.advance(job_id, JobState.PLANNING):
+            return None
         try:
             plan = self._plan(record)
         except BadInputError as error:
-            self.board.fail(job_id, _submitted_path(str(error)), error.exit_status)
-            return
+            self._fail(job_id, _submitted_path(str(error)), error.exit_status)
+            return None
         cpu_targets = [t for t in record.targets if t.kind == CpuTarget.kind]
         if self._dispatch_tuning(job_id, plan, cpu_targets, record):
-            return
+            return None
         plan = tuning.with_variants(self.store, plan, cpu_targets)
         units = assembly.compile_units(plan, record.targets)
         todo = [u for u in units if record.no_cache or not self._cached(u)]
@@ -90,13 +111,14 @@ class Farm:
                   "kernels": sum(u.kind == "kernel" for u in units), "blobs": sum(u.kind == "blob" for u in units),
                   "targets_total": len(assembly.libraries(plan_json))}
         if not self.board.advance(job_id, JobState.COMPILING, link_plan_key=link_plan_key, **counts):
-            return
+            return None
         self._dispatch_units(job_id, plan, todo)
         if any(t.kind != CpuTarget.kind for t in record.targets):
             for data in plan.blobs.values():
                 self.store.put(memoryview(data).cast("B"))
         if not todo:
             self._start_linking(job_id, plan_json)
+        return None
 
     def _dispatch_units(self, job_id: str, plan: BuildPlan, todo: list[CompileUnit]) -> None:
         """Kernels first, so that workers compile while this task is still putting weight bytes in the store;
@@ -177,15 +199,17 @@ class Farm:
                 "variant is used there" if unserved else "")
         return [(spec, target) for spec, target in todo if target.id in served], note
 
-    def tune(self, args: Tune) -> None:
+    def tune(self, args: Tune) -> str | None:
         """Time one kernel's variants on this worker and record the winner. Tuning never fails a job: a kernel
         whose timing fails, or whose worker dies on every delivery, keeps the default."""
         job_id, name = args.job_id, args.name
-        if self.board.is_over(job_id) or self.board.is_complete(job_id, "tune", name):
-            return
+        if self.board.is_over(job_id):
+            return self._skipped(job_id)
+        if self.board.is_complete(job_id, "tune", name):
+            return None
         if self.board.count_delivery(job_id, f"tune:{name}") > defaults.max_deliveries():
             self.tune_done(job_id, name, "its worker died on every delivery")
-            return
+            return None
         self.before_build(name)
         try:
             result = time_variants(args.spec.to_json(), args.target.to_json())
@@ -194,8 +218,9 @@ class Farm:
             raise
         except FarmError as error:
             self.tune_done(job_id, name, str(error))
-            return
+            return None
         self.tune_done(job_id, name)
+        return None
 
     def tune_done(self, job_id: str, name: str, error: str = "") -> None:
         """Count a tuning unit finished (an error is noted in the job record; the kernel keeps the default); the
@@ -210,32 +235,38 @@ class Farm:
 
     # -- compile -------------------------------------------------------------------------------------------------
 
-    def compile(self, args: Compile) -> None:
+    def compile(self, args: Compile) -> str | None:
         """Build one unit into the store (its cache ref points at the bytes), then count it done."""
         job_id, unit = args.job_id, args.unit
-        if self.board.is_over(job_id) or self.board.is_complete(job_id, "compile", unit.name):
-            return
-        if not self._below_delivery_cap(job_id, unit.name):
-            return
+        if self.board.is_over(job_id):
+            return self._skipped(job_id)
+        if self.board.is_complete(job_id, "compile", unit.name):
+            return None
+        cap = defaults.max_deliveries()
+        if self.board.count_delivery(job_id, unit.name) > cap:
+            self._fail(job_id, f"{self._describe(job_id, unit)} was started {cap} times and never finished (its "
+                               "worker died each time)", unit=unit.name)
+            return None
         self.before_build(unit.name)
         try:
             self._build_into_store(unit)
         except UnreachableError:
             raise
         except FarmError as error:
-            self.board.fail(job_id, f"{unit.label} {unit.name} failed: {error}", error.exit_status, unit.name)
-            return
+            self._fail(job_id, f"{self._describe(job_id, unit)} failed: {error}", error.exit_status, unit.name)
+            return None
         record = self.board.get(job_id)
         if record is not None and self.board.complete(job_id, "compile", unit.name) == record.total:
             self._start_linking(job_id, self._link_plan(record))
+        return None
 
-    def _below_delivery_cap(self, job_id: str, name: str) -> bool:
-        deliveries, cap = self.board.count_delivery(job_id, name), defaults.max_deliveries()
-        if deliveries <= cap:
-            return True
-        self.board.fail(job_id, f"{name} was started {cap} times and never finished (its worker died each time)",
-                        unit=name)
-        return False
+    def _describe(self, job_id: str, unit: CompileUnit) -> str:
+        """The unit as a user knows it: its kind, op and the ONNX nodes it serves, then its name."""
+        record = self.board.get(job_id)
+        nodes = assembly.unit_nodes(self._link_plan(record), unit) if record and record.link_plan_key else []
+        shown = ", ".join(repr(node) for node in nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
+        what = f"{unit.label} {getattr(unit.spec, 'op', '')}".rstrip()
+        return f"{what} of node{'s' if len(nodes) > 1 else ''} {shown} ({unit.name})" if nodes else f"{what} {unit.name}"
 
     def _build_into_store(self, unit: CompileUnit) -> str:
         data = self.store.get(unit.data_key) if unit.data_key else None
@@ -264,20 +295,23 @@ class Farm:
         return BuiltUnits(lambda name: self._object(units[name]), lambda name: self.store.get_ref(units[name]["ref"]),
                           lambda target_id: self.store.get(record.libraries[target_id]), self.store.get)
 
-    def link(self, args: Link) -> None:
+    def link(self, args: Link) -> str | None:
         """Link one target's library from the store's objects (rebuilding any that are corrupt or gone)."""
         record = self.board.get(args.job_id)
         if record is None or record.is_over:
-            return
+            return self._skipped(args.job_id)
         plan_json = self._link_plan(record)
         try:
             library = assembly.link_library(plan_json, args.target_id, self._built(plan_json, record))
+        except UnreachableError:
+            raise
         except FarmError as error:
-            self.board.fail(args.job_id, str(error), error.exit_status, args.target_id)
-            return
+            self._fail(args.job_id, str(error), error.exit_status, args.target_id)
+            return None
         self.board.update(args.job_id, libraries={args.target_id: self.store.put(library)})
         if self.board.complete(args.job_id, "link", args.target_id) == len(assembly.libraries(plan_json)):
             self.dispatch(Finish(args.job_id).message())
+        return None
 
     def _object(self, unit: dict[str, Any]) -> bytes:
         key = self.store.get_ref(unit["ref"])
@@ -288,19 +322,20 @@ class Farm:
         except (CorruptEntryError, MissingEntryError):
             return self.store.get(self._build_into_store(CompileUnit.from_json(unit)))
 
-    def finish(self, args: Finish) -> None:
+    def finish(self, args: Finish) -> str | None:
         """Write the artifact into the store and mark the job done (unless it was cancelled meanwhile)."""
         record = self.board.get(args.job_id)
         if record is None or record.is_over:
-            return
+            return self._skipped(args.job_id)
         plan_json = self._link_plan(record)
         manifest, members = assembly.artifact_contents(plan_json, self._built(plan_json, record))
         artifact_key = self.store.put(artifact_bytes(manifest, members))
         self.store.set_ref(artifact_ref(record), artifact_key)
         self.board.advance(args.job_id, JobState.DONE, artifact_key=artifact_key, finished=time.time())
+        return None
 
 
-STEPS: dict[type, Callable[[Farm, Any], None]] = {
+STEPS: dict[type, Callable[[Farm, Any], str | None]] = {
     PlanJob: lambda farm, args: farm.plan_job(args.job_id),
     Tune: lambda farm, args: farm.tune(args),
     Compile: lambda farm, args: farm.compile(args),

@@ -19,6 +19,7 @@ from kombu.exceptions import OperationalError
 from farm import defaults
 from farm.distributed import protocol
 from farm.distributed.celery_app import make_app
+from farm.distributed.leases import INCARNATION_VARIABLE, Leases, holder_of
 from farm.distributed.protocol import Message, TaskName
 from farm.errors import BadInputError, UnreachableError
 
@@ -36,6 +37,13 @@ def farm_context():
     retries = defaults.worker_redis_retries()
     return Farm(JobBoard(url, retries), open_store(defaults.store_url(url), retries), dispatch,
                 before_build=die_if_told, live_queues=live_queues)
+
+
+@functools.cache
+def farm_leases() -> Leases:
+    """Leases and running tasks on this worker process's board."""
+    board = farm_context().board
+    return Leases(board.redis, board.call)
 
 
 def live_queues() -> set[str]:
@@ -77,8 +85,16 @@ class FarmTask(Task):
     retry_backoff_max = 10
     max_retries = 8
 
-    def run_step(self, *args: Any) -> None:
-        farm_context().run(protocol.decode(self.name, list(args)))
+    def run_step(self, *args: Any) -> str | None:
+        """Decode the arguments and run the step, registered as running under this worker's lease (so that its
+        peers dispatch it again if this host dies). A step that fails its job raises JobFailed: the task ends in
+        state FAILURE with the job's error, which Flower shows; a step skipped for an ended job returns a note."""
+        step = protocol.decode(self.name, list(args))
+        incarnation = os.environ.get(INCARNATION_VARIABLE)
+        if not incarnation:  # not started by `farm worker`: no lease, so nothing to hand over
+            return farm_context().run(step)
+        with farm_leases().running(self.request.id, holder_of(self.request.hostname, incarnation), step.message()):
+            return farm_context().run(step)
 
     def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
         job_id = _job_id(args)
@@ -107,8 +123,8 @@ def _job_id(args: Any) -> str | None:
 def _register(task: TaskName, base: type[FarmTask]) -> None:
     """One Celery task per protocol task name, each running its step."""
 
-    def step(self: FarmTask, *args: Any) -> None:
-        self.run_step(*args)
+    def step(self: FarmTask, *args: Any) -> str | None:
+        return self.run_step(*args)
 
     step.__name__ = task.value.removeprefix("farm.")
     app.task(name=task.value, base=base, bind=True)(step)

@@ -13,6 +13,8 @@ from typing import Any
 
 from farm.backends.llvm.target import CpuTarget, host_target
 from farm.backends.opencl.devices import opencl_devices_of_a_fresh_process
+from farm.distributed.board import JobBoard
+from farm.distributed.leases import INCARNATION_VARIABLE, LeaseKeeper, Leases, new_incarnation
 from farm.distributed.protocol import WORKERS_KEY, encode_capabilities, worker_queues
 
 
@@ -43,6 +45,19 @@ def preload() -> None:
     init_llvm()
 
 
+def _lease_keeper(broker: str, name: str) -> LeaseKeeper:
+    """This worker's lease, taken now (before any task can start) and kept by a thread from worker_ready on; the
+    incarnation goes to the pool's processes through the environment."""
+    from farm.distributed.tasks import dispatch
+
+    incarnation = new_incarnation()
+    os.environ[INCARNATION_VARIABLE] = incarnation
+    board = JobBoard(broker)
+    keeper = LeaseKeeper(Leases(board.redis, board.call), name, incarnation, dispatch)
+    keeper.leases.renew(name, incarnation, keeper.seconds)
+    return keeper
+
+
 def run_worker(broker: str, concurrency: int | None, hostname: str | None, loglevel: str = "INFO") -> None:
     """Start the worker in this process (blocks until it stops)."""
     os.environ["FARM_BROKER_URL"] = broker
@@ -53,17 +68,20 @@ def run_worker(broker: str, concurrency: int | None, hostname: str | None, logle
     capabilities = detect_capabilities()
     name = hostname or default_hostname()
     preload()
+    keeper = _lease_keeper(broker, name)
 
     @signals.worker_ready.connect(weak=False)
     def advertise(sender: Any = None, **_: Any) -> None:
         from farm.distributed.tasks import farm_context
 
         farm_context().board.redis.hset(WORKERS_KEY, name, encode_capabilities(capabilities))
+        keeper.start()
 
     @signals.worker_shutdown.connect(weak=False)
     def withdraw(sender: Any = None, **_: Any) -> None:
         from farm.distributed.tasks import farm_context
 
+        keeper.stop()
         farm_context().board.redis.hdel(WORKERS_KEY, name)
 
     argv = ["worker", "--queues", ",".join(queues_for(capabilities)), "--hostname", name, "--loglevel", loglevel,

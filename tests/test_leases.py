@@ -1,0 +1,90 @@
+"""Worker leases and running tasks (farm/distributed/leases.py) on a real redis-server: a dead holder's tasks are
+dispatched again exactly once, a live holder's never."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from farm.distributed import protocol
+from farm.distributed.board import JobBoard
+from farm.distributed.leases import LeaseKeeper, Leases, holder_of
+from farm.distributed.protocol import Finish, Link, Message, PlanJob
+from tests.services import RedisServer, redis_server_fixture  # noqa: F401
+
+JOB = "0123456789abcdef"
+
+
+@pytest.fixture
+def leases(redis_server: RedisServer) -> Leases:
+    board = JobBoard(redis_server.url)
+    return Leases(board.redis, board.call)
+
+
+def test_a_lease_lapses_unless_renewed_and_release_spares_a_newer_incarnation(leases: Leases) -> None:
+    leases.renew("w1", "old", 0.3)
+    assert leases.redis.get(protocol.lease_key("w1")) == "old"
+    time.sleep(0.5)
+    assert leases.redis.get(protocol.lease_key("w1")) is None
+    leases.renew("w1", "new", 5)
+    leases.release("w1", "old")  # the old incarnation shutting down late must not drop the restarted worker's lease
+    assert leases.redis.get(protocol.lease_key("w1")) == "new"
+    leases.release("w1", "new")
+    assert leases.redis.get(protocol.lease_key("w1")) is None
+
+
+def test_a_task_is_running_for_the_time_of_its_step_even_when_it_raises(leases: Leases) -> None:
+    message = PlanJob(JOB).message()
+    with leases.running("t1", holder_of("w1", "i1"), message):
+        entry = protocol.RunningTask.decode(leases.redis.hget(protocol.RUNNING_KEY, "t1"))
+        assert entry.message == message and (entry.worker, entry.incarnation) == ("w1", "i1")
+    with pytest.raises(RuntimeError), leases.running("t2", holder_of("w1", "i1"), message):
+        raise RuntimeError("the step failed")
+    assert leases.redis.hlen(protocol.RUNNING_KEY) == 0
+
+
+def test_reap_dispatches_a_dead_holders_tasks_and_leaves_a_live_holders(leases: Leases) -> None:
+    leases.renew("alive", "i1", 5)
+    leases.renew("restarted", "new", 5)
+    tasks = {"t1": ("alive#i1", Link(JOB, "cpu-x").message()), "t2": ("dead#i2", PlanJob(JOB).message()),
+             "t3": ("restarted#old", Finish(JOB).message())}
+    for task_id, (holder, message) in tasks.items():
+        leases.redis.hset(protocol.RUNNING_KEY, task_id, protocol.RunningTask(holder, message).encode())
+    leases.redis.hset(protocol.RUNNING_KEY, "forged", '{"holder": "x#y", "task": "os.system", "args": ["id"]}')
+    sent: list[Message] = []
+    leases.reap(sent.append)
+    assert sorted(sent, key=str) == sorted([PlanJob(JOB).message(), Finish(JOB).message()], key=str)
+    assert set(leases.redis.hkeys(protocol.RUNNING_KEY)) == {"t1"}  # the forged entry was dropped, not sent
+
+
+def test_concurrent_reapers_dispatch_each_lost_task_once(leases: Leases) -> None:
+    for index in range(40):
+        leases.redis.hset(protocol.RUNNING_KEY, f"t{index}", protocol.RunningTask("dead#i", PlanJob(JOB).message()
+                                                                                  ).encode())
+    sent: list[Message] = []
+    lock = threading.Lock()
+
+    def dispatch(message: Message) -> None:
+        with lock:
+            sent.append(message)
+
+    reapers = [threading.Thread(target=leases.reap, args=(dispatch,)) for _ in range(4)]
+    for reaper in reapers:
+        reaper.start()
+    for reaper in reapers:
+        reaper.join(30)
+    assert len(sent) == 40
+
+
+def test_the_keeper_renews_reaps_and_releases(leases: Leases) -> None:
+    leases.redis.hset(protocol.RUNNING_KEY, "lost", protocol.RunningTask("gone#i", PlanJob(JOB).message()).encode())
+    sent: list[Message] = []
+    keeper = LeaseKeeper(leases, "w1", "i1", sent.append, seconds=0.4)
+    keeper.start()
+    time.sleep(1.0)  # longer than the lease: renewals keep it
+    assert leases.redis.get(protocol.lease_key("w1")) == "i1" and sent == [PlanJob(JOB).message()]
+    keeper.stop()
+    keeper.join(5)
+    assert leases.redis.get(protocol.lease_key("w1")) is None
