@@ -22,7 +22,13 @@ tiny_cnn (their first task imports LLVM). Workers use production time limits, no
 redis-server fsyncs its append-only file every second, as deploy/redis.conf does. The machine's load average
 before the run is printed: other processes on the cores skew every figure, the 2-worker ones most.
 
-Usage: python3 benchmarks/bench_farm.py [--repeat N] [--tasks N] [--json out.json] [--no-fail]
+With --failover, only this (production defaults, WORKER_ENV): light ResNet-50 `--no-cache` on 2 workers, timed
+without a fault, then again with one worker SIGKILLed (its whole process group, as when a host dies) as soon as
+it runs a task; the figure is the extra seconds the kill costs the job (bar: <= FAILOVER_BAR_S). The lost tasks
+are dispatched again when the dead worker's lease lapses (FARM_WORKER_LEASE_SECONDS), not after Redis'
+visibility timeout (720 s).
+
+Usage: python3 benchmarks/bench_farm.py [--repeat N] [--tasks N] [--json out.json] [--no-fail] [--failover]
 Exit status: 0 when every bar passes (or --no-fail), 1 when a bar fails, 2 on bad arguments.
 """
 
@@ -65,6 +71,7 @@ WORKER_ENV = {"FARM_TASK_SOFT_TIME_LIMIT": "600", "FARM_TASK_TIME_LIMIT": "660",
               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 TASK_NAMES = tuple(task.value for task in TaskName if task not in (TaskName.TUNE_KERNEL, TaskName.COMPILE_CL_KERNEL))
 CLI_TIMEOUT_S = 600
+FAILOVER_BAR_S = 30.0  # a SIGKILLed worker costs a job at most this many seconds
 DRAIN_TIMEOUT_S = 300
 
 
@@ -256,6 +263,61 @@ def machine_info() -> dict[str, Any]:
             "redis_server": next((w.split("=", 1)[1] for w in redis_version if w.startswith("v=")), "?")}
 
 
+# -- failover ------------------------------------------------------------------------------------------------------
+
+
+def submitted_job(model: Path, folder: Path, broker: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "farm", "submit", str(model), "--no-cache", "--no-wait", "--json"],
+                          cwd=folder, env={**os.environ, "FARM_BROKER_URL": broker}, capture_output=True, text=True,
+                          timeout=CLI_TIMEOUT_S, check=True)
+    return json.loads(done.stdout)["job_id"]
+
+
+def job_seconds(broker: str, job_id: str) -> float:
+    """Wait for the job (its own record's created -> finished seconds)."""
+    _, status = cli(["wait", job_id], REPO, broker)
+    if status["state"] != "done":
+        raise RuntimeError(f"job {job_id} ended {status['state']}: {status.get('error')}")
+    return float(status["seconds"])
+
+
+def kill_when_running(broker: str, worker: FarmWorker) -> None:
+    """SIGKILL `worker` with its pool as soon as it runs a farm task."""
+    from farm.distributed.protocol import RUNNING_KEY, RunningTask
+
+    client = redis.Redis.from_url(broker, decode_responses=True)
+    deadline = time.monotonic() + 120
+    while not any(RunningTask.decode(text).worker == worker.name for text in client.hgetall(RUNNING_KEY).values()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{worker.name} never ran a task")
+        time.sleep(0.01)
+    worker.kill()
+
+
+def failover(folder: Path, repeat: int) -> dict[str, Any]:
+    """Seconds of a job on 2 workers without a fault (median) and with one worker killed mid-job (median)."""
+    clean, killed = [], []
+    with ProductionRedis() as server:
+        workers = [FarmWorker(server.url, f"fo{i}@farm", folder, env=WORKER_ENV).start() for i in (1, 2)]
+        try:
+            warm_up(folder, server.url)
+            for index in range(repeat):
+                clean.append(job_seconds(server.url, submitted_job(MODEL, folder, server.url)))
+                job_id = submitted_job(MODEL, folder, server.url)
+                kill_when_running(server.url, workers[0])
+                killed.append(job_seconds(server.url, job_id))
+                workers[0] = FarmWorker(server.url, f"fo1-{index}@farm", folder, env=WORKER_ENV).start()
+                print(f"  failover run {index + 1}: {clean[-1]:.2f} s clean, {killed[-1]:.2f} s with a worker "
+                      "killed", flush=True)
+        finally:
+            for worker in workers:
+                worker.stop()
+    extra = statistics.median(killed) - statistics.median(clean)
+    return {"clean_s": clean, "killed_s": killed, "extra_s": extra,
+            "bar": asdict(Bar("extra seconds a SIGKILLed worker costs a job", f"{extra:.1f} s",
+                              f"<= {FAILOVER_BAR_S:.0f} s", extra <= FAILOVER_BAR_S))}
+
+
 # -- main ----------------------------------------------------------------------------------------------------------
 
 
@@ -265,6 +327,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--tasks", type=int, default=500, help="trivial tasks for the broker figure (default 500)")
     parser.add_argument("--json", type=Path, help="also write every figure to this JSON file")
     parser.add_argument("--no-fail", action="store_true", help="exit 0 even when a bar fails")
+    parser.add_argument("--failover", action="store_true", help="only measure what a SIGKILLed worker costs a job")
     args = parser.parse_args(argv)
     if args.repeat < 1 or args.tasks < 1:
         parser.error("--repeat and --tasks must be >= 1")
@@ -319,6 +382,8 @@ def run_benchmarks(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.failover:
+        return report_failover(args)
     with tempfile.TemporaryDirectory(prefix="farm-bench-farm-") as tmp:
         report = run_benchmarks(args, Path(tmp))
     builds, bars = report.pop("_builds"), report.pop("_bars")
@@ -340,6 +405,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     failed = any(not b.passed for b in bars)
     return 1 if failed and not args.no_fail else 0
+
+
+
+
+def report_failover(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="farm-bench-failover-") as tmp:
+        figures = failover(Path(tmp), args.repeat)
+    bar = figures["bar"]
+    print(markdown_table(["bar", "measured", "limit", "result"],
+                         [[bar["name"], bar["measured"], bar["limit"], "PASS" if bar["passed"] else "FAIL"]]))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0 if bar["passed"] or args.no_fail else 1
 
 
 if __name__ == "__main__":

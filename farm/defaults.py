@@ -44,7 +44,8 @@ def task_time_limit() -> float:
 
 
 def visibility_timeout() -> float:
-    """FARM_VISIBILITY_TIMEOUT: seconds before Redis redelivers an unacknowledged task; longer than any task."""
+    """FARM_VISIBILITY_TIMEOUT: seconds before Redis redelivers an unacknowledged task; longer than any task. A lost
+    worker's tasks are normally sent again much sooner, when its lease lapses (worker_lease_seconds)."""
     return _seconds("FARM_VISIBILITY_TIMEOUT", task_time_limit() + 60)
 
 
