@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+from urllib.parse import urlsplit
+
+from farm.errors import BadInputError
+
+REDIS_URL_FORM = "redis://[:password@]host:port/db or rediss://..."
 
 
 def _seconds(name: str, default: float) -> float:
@@ -26,6 +32,31 @@ def cache_dir() -> Path:
 def broker_url() -> str | None:
     """FARM_BROKER_URL: the Redis URL of the farm; unset means builds run on this machine."""
     return os.environ.get("FARM_BROKER_URL") or None
+
+
+def redis_url(url: str, source: str = "--broker") -> str:
+    """`url` when it is a Redis URL the farm can use (redis:// or rediss://, a host, a numeric port if any, a
+    numeric database if any), else BadInputError naming `source` (where the URL came from) and the URL without its
+    password. Every command that takes --broker and the worker check here before anything connects (redis-py's own
+    answer to a URL without a scheme is a long traceback)."""
+    try:
+        parts = urlsplit(url)
+        usable = (parts.scheme in ("redis", "rediss") and bool(parts.hostname)
+                  and (parts.port is None or parts.port > 0) and re.fullmatch(r"/?|/\d+", parts.path) is not None)
+    except ValueError:  # a port that is no number, a malformed IPv6 address
+        usable = False
+    if not usable:
+        raise BadInputError(f"{source} {_hide_credentials(url)}: not a Redis URL ({REDIS_URL_FORM})")
+    return url
+
+
+def _hide_credentials(text: str) -> str:
+    """`text` with whatever precedes its host (user and password) replaced by ***, even when it doesn't parse."""
+    before, at, host = text.rpartition("@")
+    if not at:
+        return text
+    scheme = re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", before)
+    return f"{scheme.group(0) if scheme else ''}***@{host}"
 
 
 def store_url(broker: str) -> str:
@@ -70,6 +101,13 @@ def tune_seconds_per_variant() -> float:
     """FARM_TUNE_SECONDS_PER_VARIANT: about how long tuning times each variant of a kernel (default 0.03; at least
     3 rounds whatever it says)."""
     return _seconds("FARM_TUNE_SECONDS_PER_VARIANT", 0.03)
+
+
+def toolchain_label() -> str:
+    """FARM_TOOLCHAIN_LABEL: a mark added to this process's toolchain identity, so that its compile and artifact
+    cache entries are kept apart from those of processes with another label (default: none). It can only split
+    caches, never make two toolchains share one (farm.backends.llvm.toolchain)."""
+    return os.environ.get("FARM_TOOLCHAIN_LABEL", "")
 
 
 POLL_SECONDS = 0.05

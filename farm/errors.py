@@ -59,6 +59,21 @@ class UnreachableError(FarmError):
     exit_status = ExitStatus.UNREACHABLE
 
 
+class CredentialsRefusedError(UnreachableError):
+    """The farm's Redis answered but refused the URL's credentials. Unlike a server that is down, this won't pass
+    by waiting, so a worker exits at once rather than retrying."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(credentials_refused(url))
+
+
+def credentials_refused(url: str) -> str:
+    """The message for a Redis that refused `url`'s credentials: whether the URL lacks a password or has a wrong
+    one (never the password itself)."""
+    wrong = "has a wrong password (or user)" if urlsplit(url).password else "lacks the password the server requires"
+    return f"the farm's Redis at {redact_url(url)} refused the connection: the URL {wrong}"
+
+
 class JobError(FarmError):
     """A farm job is unknown (expired or never submitted) or was cancelled."""
 

@@ -66,3 +66,19 @@ def test_the_build_identity_names_everything_the_bytes_depend_on() -> None:
                   assembly.build_identity("a" * 64, "n", [host]), assembly.build_identity("a" * 64, "m", [host, arm]),
                   assembly.build_identity("a" * 64, "m", [host, OpenClTarget("0123456789abcdef")])}
     assert len(identities) == 5 and assembly.build_identity("a" * 64, "m", [host]) in identities
+
+
+def test_the_build_identity_holds_the_toolchain_but_the_artifact_does_not(model: Path, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another toolchain is another artifact cache entry (and local job id); the bytes stay a function of the model,
+    the targets and the toolchain itself, so a label that only marks the toolchain changes no byte."""
+    monkeypatch.delenv("FARM_TOOLCHAIN_LABEL", raising=False)
+    sha, targets = hashlib.sha256(model.read_bytes()).hexdigest(), [host_target()]
+    plain = build_model(model, tmp_path / "plain", targets, executor=LocalExecutor(1))
+    assert plain.job_id == assembly.build_identity(sha, model.stem, targets)[:16]
+
+    monkeypatch.setenv("FARM_TOOLCHAIN_LABEL", "other")
+    assert assembly.build_identity(sha, model.stem, targets)[:16] != plain.job_id
+    labelled = build_model(model, tmp_path / "labelled", targets, executor=LocalExecutor(1))
+    assert labelled.job_id == assembly.build_identity(sha, model.stem, targets)[:16]
+    assert Path(labelled.artifact).read_bytes() == Path(plain.artifact).read_bytes()

@@ -13,8 +13,8 @@ from farm.backends.llvm.target import CpuTarget
 from farm.distributed import protocol
 from farm.distributed.board import JobBoard
 from farm.distributed.protocol import TERMINAL, JobRecord, JobState
-from farm.errors import ExitStatus, UnreachableError
-from tests.services import RedisServer, free_port, redis_server_fixture  # noqa: F401
+from farm.errors import CredentialsRefusedError, ExitStatus, UnreachableError
+from tests.services import RedisServer, free_port, redis_server_fixture, redis_servers_fixture  # noqa: F401
 
 J1, J2 = "0123456789abcdef", "fedcba9876543210"
 
@@ -152,3 +152,15 @@ def test_an_unreachable_redis_raises_store_unreachable_quickly(operation: str) -
     assert "unreachable" in str(caught.value) and "secret" not in str(caught.value)
 
 
+
+
+def test_refused_credentials_say_so_without_the_password(redis_servers) -> None:
+    server = redis_servers(password="s3cret")
+    for url, why in ((server.url.replace(":s3cret@", ""), "lacks the password the server requires"),
+                     (server.url.replace("s3cret", "guess"), "has a wrong password (or user)")):
+        board = JobBoard(url)
+        with pytest.raises(CredentialsRefusedError) as caught:
+            board.get(J1)
+        assert str(caught.value).endswith(f"refused the connection: the URL {why}")
+        assert "guess" not in str(caught.value) and caught.value.exit_status == ExitStatus.UNREACHABLE
+    assert JobBoard(server.url).get(J1) is None  # the right password gets in

@@ -11,10 +11,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from farm.tools import examples
+from tests.services import RedisServer
 
 # The checkout under test first on the path, so that `python -m farm` runs it even where another checkout is the
 # installed one.
-CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(examples.__file__)))
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(examples.__file__))))
 
 
 def farm(*args, cwd, env=None) -> subprocess.CompletedProcess:
@@ -155,3 +156,66 @@ def test_build_failure_exits_1_and_leaves_no_artifact(tmp_path):
     assert result.returncode == 1, result.stderr
     assert "linker" in result.stderr
     assert not (tmp_path / "artifacts" / "m.farm").exists()
+
+
+# --- bad connection settings, against a real redis-server that requires a password ---------------------------------
+
+JOB = "0123456789abcdef"
+BROKER_COMMANDS = {"submit": ["submit", "m.onnx"], "status": ["status", JOB], "wait": ["wait", JOB],
+                   "download": ["download", JOB], "cancel": ["cancel", JOB], "workers": ["workers"],
+                   "worker": ["worker"]}
+"""Every command that takes --broker, with arguments that would otherwise go on to reach the farm."""
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    """A redis-server with a password, and a folder holding a model to submit."""
+    folder = tmp_path_factory.mktemp("secured")
+    onnx.save(examples.tiny_cnn(), folder / "m.onnx")
+    with RedisServer(password="s3cret-Pa55") as server:
+        yield server, folder
+
+
+def _one_error_line(result) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", BROKER_COMMANDS)
+@pytest.mark.parametrize("source", ["--broker", "FARM_BROKER_URL"])
+def test_a_broker_url_without_a_scheme_is_refused_at_once(secured, command, source):
+    server, folder = secured
+    url = f"127.0.0.1:{server.port}"
+    options, env = (["--broker", url], {}) if source == "--broker" else ([], {"FARM_BROKER_URL": url})
+    result = farm(*BROKER_COMMANDS[command], *options, cwd=folder, env=env)
+    assert result.returncode == 2, result.stderr
+    assert _one_error_line(result) == (f"farm: error: {source} {url}: not a Redis URL "
+                                       "(redis://[:password@]host:port/db or rediss://...)")
+
+
+@pytest.mark.parametrize("command", BROKER_COMMANDS)
+def test_a_url_without_the_password_is_refused_by_the_server_and_said_so(secured, command):
+    server, folder = secured
+    url = f"redis://127.0.0.1:{server.port}/0"
+    result = farm(*BROKER_COMMANDS[command], "--broker", url, cwd=folder)
+    assert result.returncode == 4, result.stderr
+    assert _one_error_line(result) == (f"farm: error: the farm's Redis at {url} refused the connection: the URL "
+                                       "lacks the password the server requires")
+
+
+@pytest.mark.parametrize("command", BROKER_COMMANDS)
+def test_a_wrong_password_is_refused_at_once_and_never_printed(secured, command):
+    """`farm worker` too: no wait mends a password, so it exits before Celery would retry (1/100), (2/100)..."""
+    server, folder = secured
+    result = farm(*BROKER_COMMANDS[command], "--broker", f"redis://:wrong-pw@127.0.0.1:{server.port}/0", cwd=folder)
+    assert result.returncode == 4, result.stderr
+    assert _one_error_line(result) == (f"farm: error: the farm's Redis at redis://:***@127.0.0.1:{server.port}/0 "
+                                       "refused the connection: the URL has a wrong password (or user)")
+    assert "wrong-pw" not in result.stdout + result.stderr
+
+
+def test_the_right_password_gets_through(secured):
+    server, folder = secured
+    result = farm("status", JOB, "--broker", server.url, cwd=folder)
+    assert result.returncode == 3 and "unknown job" in result.stderr  # it reached the farm's job board

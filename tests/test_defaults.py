@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from farm import defaults
+from farm.errors import BadInputError, ExitStatus
 
 FARM_ENV = ("FARM_BROKER_URL", "FARM_STORE_URL", "FARM_TASK_SOFT_TIME_LIMIT", "FARM_TASK_TIME_LIMIT",
-            "FARM_VISIBILITY_TIMEOUT", "FARM_MAX_DELIVERIES", "FARM_WORKER_REDIS_RETRIES")
+            "FARM_VISIBILITY_TIMEOUT", "FARM_MAX_DELIVERIES", "FARM_WORKER_REDIS_RETRIES", "FARM_TOOLCHAIN_LABEL")
 
 
 @pytest.fixture(autouse=True)
@@ -24,6 +25,7 @@ def test_defaults() -> None:
     assert defaults.visibility_timeout() == 720
     assert defaults.max_deliveries() == 3
     assert defaults.worker_redis_retries() == 60  # about 30 s: a worker waits out a Redis restart
+    assert defaults.toolchain_label() == ""
     assert defaults.POLL_SECONDS > 0 and defaults.JOB_TTL_SECONDS == 7 * 24 * 3600
 
 
@@ -40,6 +42,7 @@ def test_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FARM_VISIBILITY_TIMEOUT", "45")
     monkeypatch.setenv("FARM_MAX_DELIVERIES", "7")
     monkeypatch.setenv("FARM_WORKER_REDIS_RETRIES", "2")
+    monkeypatch.setenv("FARM_TOOLCHAIN_LABEL", "canary")
     assert defaults.broker_url() == "redis://broker:6379/1"
     assert defaults.store_url("redis://broker:6379/1") == "file:///srv/farm-store"
     assert defaults.task_soft_time_limit() == 10.5
@@ -47,6 +50,7 @@ def test_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     assert defaults.visibility_timeout() == 45
     assert defaults.max_deliveries() == 7
     assert defaults.worker_redis_retries() == 2
+    assert defaults.toolchain_label() == "canary"
 
 
 def test_the_visibility_timeout_follows_an_overridden_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -66,3 +70,27 @@ def test_values_are_read_at_each_call(monkeypatch: pytest.MonkeyPatch) -> None:
     assert defaults.max_deliveries() == 3
     monkeypatch.setenv("FARM_MAX_DELIVERIES", "1")
     assert defaults.max_deliveries() == 1
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0", "redis://:pw@farm-host:6379/0", "rediss://me:pw@h/2",
+                                 "redis://h", "redis://h:6379", "redis://h:6379/", "redis://[::1]:6379/0",
+                                 "redis://h:6379/0?socket_timeout=5"])
+def test_redis_urls_the_farm_can_use(url: str) -> None:
+    assert defaults.redis_url(url) == url
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("127.0.0.1:6379", "127.0.0.1:6379"),  # no scheme: redis-py's answer was a 43-line traceback
+    ("localhost", "localhost"), ("", ""), ("http://h:6379/0", "http://h:6379/0"), ("unix:///run/r.sock", None),
+    ("redis://", None), ("redis://h:port/0", None), ("redis://h:0/0", None), ("redis://h:99999/0", None),
+    ("redis://h:6379/db", None), ("redis://[::1/0", None),
+    (":hunter2@h:6379", "***@h:6379"), ("redis://:hunter2@h:x/0", "redis://***@h:x/0"),
+    ("http://u:hunter2@h/0", "http://***@h/0"), ("redis://:hun@ter2@h:1/x", "redis://***@h:1/x"),
+])
+def test_anything_else_is_refused_naming_its_source_and_never_its_password(url: str, shown: str | None) -> None:
+    with pytest.raises(BadInputError) as caught:
+        defaults.redis_url(url, "FARM_BROKER_URL")
+    assert str(caught.value) == (f"FARM_BROKER_URL {url if shown is None else shown}: not a Redis URL "
+                                 "(redis://[:password@]host:port/db or rediss://...)")
+    assert "hunter2" not in str(caught.value) and "ter2" not in str(caught.value)
+    assert caught.value.exit_status == ExitStatus.BAD_INPUT == 2

@@ -498,3 +498,57 @@ def test_a_corrupt_cached_artifact_is_never_reused(farm: Farm, tasks: Tasks, mod
     ran = run_job(farm, tasks, second)
     assert ran == ["farm.plan_job", "farm.link", "farm.finish"]  # rebuilt from the cached objects
     assert artifact_bytes(farm, second) == local_artifact and farm.board.get(second).artifact_key == key
+
+
+# --- toolchains --------------------------------------------------------------------------------------------------
+# A process's toolchain is measured (farm/backends/llvm/toolchain.py); FARM_TOOLCHAIN_LABEL marks it, so two
+# farms in this one process report different toolchains by running under different labels.
+
+
+def test_farms_with_different_toolchains_never_share_an_object_or_an_artifact(
+        board: JobBoard, tmp_path: Path, model_path: Path, local_artifact: bytes, units: list[CompileUnit],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    store = FileStore(tmp_path / "store")  # one store: only the refs keep the toolchains apart
+    tasks_a, tasks_b = Tasks(), Tasks()
+    farm_a, farm_b = Farm(board, store, tasks_a.dispatch), Farm(board, store, tasks_b.dispatch)
+
+    monkeypatch.setenv("FARM_TOOLCHAIN_LABEL", "toolchain-a")
+    first = create_job(board, store, model_path)
+    assert sum(name in COMPILE_TASKS for name in run_job(farm_a, tasks_a, first)) == len(units)
+    refs_a, artifact_a = {unit.cache_ref for unit in units}, artifact_ref(board.get(first))
+
+    monkeypatch.setenv("FARM_TOOLCHAIN_LABEL", "toolchain-b")
+    second = create_job(board, store, model_path)
+    ran = run_job(farm_b, tasks_b, second)
+    assert sum(name in COMPILE_TASKS for name in ran) == len(units)  # nothing of toolchain a was read
+    refs_b, artifact_b = {unit.cache_ref for unit in units}, artifact_ref(board.get(second))
+    assert refs_a.isdisjoint(refs_b) and artifact_a != artifact_b
+    assert all(store.get_ref(ref) for ref in refs_a | refs_b | {artifact_a, artifact_b})
+    assert not board.get(second).cached
+    assert artifact_bytes(farm_a, first) == artifact_bytes(farm_b, second) == local_artifact  # same real LLVM
+
+    monkeypatch.setenv("FARM_TOOLCHAIN_LABEL", "toolchain-a")  # the same toolchain still shares everything
+    third = create_job(board, store, model_path)
+    assert run_job(farm_a, tasks_a, third) == ["farm.plan_job"] and board.get(third).cached
+    assert artifact_bytes(farm_a, third) == local_artifact
+
+
+def test_a_worker_links_only_objects_its_own_toolchain_built(farm: Farm, tasks: Tasks, model_path: Path,
+                                                             local_artifact: bytes, units: list[CompileUnit],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mixed farm: the job is planned and compiled by workers of toolchain a, linked and finished by one of
+    toolchain b, which compiles the objects again rather than link a's."""
+    cpu_units = [unit for unit in units if unit.kind in ("kernel", "blob")]
+    monkeypatch.setenv("FARM_TOOLCHAIN_LABEL", "toolchain-a")
+    job_id = create_job(farm.board, farm.store, model_path)
+
+    def switch_at_link(index: int, name: str) -> None:
+        if name == "farm.link":
+            monkeypatch.setenv("FARM_TOOLCHAIN_LABEL", "toolchain-b")
+            assert not any(farm.store.get_ref(unit.cache_ref) for unit in cpu_units)
+
+    ran = run_job(farm, tasks, job_id, before=switch_at_link)
+    assert ran[-2:] == ["farm.link", "farm.finish"]
+    assert all(farm.store.get_ref(unit.cache_ref) for unit in cpu_units)  # built again, under b's refs
+    assert farm.store.get_ref(artifact_ref(farm.board.get(job_id)))
+    assert artifact_bytes(farm, job_id) == local_artifact

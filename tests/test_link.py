@@ -24,7 +24,7 @@ from native_helpers import (
 
 from farm.backends.llvm.blobs import pack_blob
 from farm.backends.llvm.entry import ENTRY_SYMBOL, LAUNCH_SYMBOL, STEPS_SYMBOL, WORK_SYMBOL, compile_entry
-from farm.backends.llvm.link import find_linker, link_library
+from farm.backends.llvm.link import find_linker, link_library, linker_identity
 from farm.backends.llvm.target import CpuTarget
 from farm.errors import BuildError
 from farm.ir import loopir as L
@@ -189,3 +189,28 @@ def test_duplicate_kernel_is_a_build_error():
     objects = model_objects(host())
     with pytest.raises(BuildError, match="duplicate symbol.*farm_k_add"):
         link_library([objects[0], *objects], host())
+
+
+@pytest.fixture
+def fresh_linker_identity():
+    """linker_identity is asked once per process: forget it around a test that changes PATH."""
+    linker_identity.cache_clear()
+    yield
+    linker_identity.cache_clear()
+
+
+def test_linker_identity_names_the_linker_and_its_version(fresh_linker_identity, tmp_path, monkeypatch):
+    version = subprocess.run(["ld.lld", "--version"], capture_output=True, text=True, check=True).stdout
+    assert linker_identity() == f"ld.lld: {version.splitlines()[0].strip()}"
+
+    folder = tmp_path / "bin"  # without lld, GNU ld links for the host: that is the linker then
+    folder.mkdir()
+    os.symlink(shutil.which("ld"), folder / "ld")
+    monkeypatch.setenv("PATH", str(folder))
+    linker_identity.cache_clear()
+    gnu = subprocess.run(["ld", "--version"], capture_output=True, text=True, check=True).stdout
+    assert linker_identity() == f"ld: {gnu.splitlines()[0].strip()}" and "GNU ld" in gnu
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    linker_identity.cache_clear()
+    assert linker_identity() == "no linker"

@@ -344,10 +344,13 @@ def test_redis_with_password(redis_servers: Callable[..., RedisServer]) -> None:
     store = open_store(server.url)
     key = store.put(b"behind a password")
     assert open_store(store.url).get(key) == b"behind a password"
-    wrong = RedisStore(server.url.replace("s3cret", "wrong"))
+    wrong = RedisStore(server.url.replace("s3cret", "guess"))
     with pytest.raises(StoreUnreachableError) as caught:
         wrong.has(key)
-    assert "wrong" not in str(caught.value) and str(server.port) in str(caught.value)
+    assert "guess" not in str(caught.value) and str(server.port) in str(caught.value)
+    assert str(caught.value).endswith("refused the connection: the URL has a wrong password (or user)")
+    with pytest.raises(StoreUnreachableError, match="the URL lacks the password the server requires$"):
+        RedisStore(server.url.replace(":s3cret@", "")).has(key)
 
 
 def test_unreachable_redis_fails_fast_without_leaking_the_password() -> None:

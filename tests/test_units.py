@@ -8,6 +8,7 @@ import pytest
 
 from farm.backends.llvm.kernel import compile_cpu_kernel
 from farm.backends.llvm.target import CpuTarget
+from farm.backends.llvm.toolchain import toolchain
 from farm.backends.opencl.target import OpenClTarget
 from farm.build.units import UNIT_KINDS, CompileUnit, compile_unit
 from farm.errors import BadInputError
@@ -32,6 +33,25 @@ def test_every_kind_has_its_own_cache_ref_and_only_blobs_have_input_bytes() -> N
     assert [unit.cache_ref.split(":")[0] for unit in UNITS] == ["kernel", "blob", "clkernel"]
     assert UNITS[2].cache_ref == f"clkernel:{DEVICE.fingerprint}:{UNITS[2].spec.key}"
     assert [unit.data_key for unit in UNITS] == [None, "ab" * 32, None]
+
+
+def test_cpu_cache_refs_hold_this_processs_compiler_and_opencl_refs_the_device(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another LLVM may write other bytes for the same spec, so CPU objects are cached per compiler; a program
+    binary is already cached per device fingerprint (which holds the driver's version). Specs, symbols and the
+    built bytes don't change: an artifact stays byte-identical for the same toolchain."""
+    monkeypatch.delenv("FARM_TOOLCHAIN_LABEL", raising=False)
+    compiler = toolchain().compiler_key
+    assert UNITS[0].cache_ref == f"kernel:{compiler}:{RELU.key}"
+    assert UNITS[1].cache_ref == f"blob:{compiler}:{UNITS[1].spec.key}"
+    before = [(unit.cache_ref, unit.spec.key, unit.spec.symbol) for unit in UNITS]
+    built = compile_unit(UNITS[0])
+
+    monkeypatch.setenv("FARM_TOOLCHAIN_LABEL", "other")  # as a process with another toolchain sees them
+    after = [(unit.cache_ref, unit.spec.key, unit.spec.symbol) for unit in UNITS]
+    assert [a[0] != b[0] for a, b in zip(after, before)] == [True, True, False]
+    assert [a[1:] for a in after] == [b[1:] for b in before]
+    assert compile_unit(UNITS[0]) == built
 
 
 def test_a_units_step_is_its_backends_compile_step() -> None:

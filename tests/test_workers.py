@@ -9,8 +9,12 @@ import json
 import os
 import re
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import onnx
 import pyopencl as cl
 import pytest
 import redis
@@ -19,8 +23,9 @@ from farm.backends.llvm.target import host_target
 from farm.backends.opencl.devices import fingerprint
 from farm.distributed.celery_app import make_app
 from farm.distributed.worker import WORKERS_KEY, default_hostname, detect_capabilities, queues_for
-from tests.farm_services import FarmWorker
-from tests.services import RedisServer, redis_server_fixture  # noqa: F401
+from farm.tools import examples
+from tests.farm_services import FAST_FARM_ENV, FarmWorker, farm_cli
+from tests.services import RedisServer, free_port, redis_server_fixture, redis_servers_fixture  # noqa: F401
 
 POCL = "Portable Computing Language"
 HEX16 = re.compile(r"[0-9a-f]{16}")
@@ -89,3 +94,114 @@ def test_a_running_worker_advertises_its_capabilities_and_consumes_its_queues(re
     finally:
         worker.stop()
     assert not client.hexists(WORKERS_KEY, "caps@test"), "a stopped worker still advertises itself"
+
+
+# --- connection settings and shutdown, with the production defaults ------------------------------------------------
+
+
+def production_worker(url: str, name: str, folder: Path, **env: str) -> FarmWorker:
+    """A `farm worker` with the farm's production limits (not tests/farm_services.py's shortened ones)."""
+    worker = FarmWorker(url, name, folder)
+    worker.env = {**{k: v for k, v in worker.env.items() if k not in FAST_FARM_ENV}, **env}
+    return worker
+
+
+def stop_and_time(worker: FarmWorker) -> float:
+    """SIGTERM the worker's process group, as systemd or `docker stop` does, and return the seconds it took to
+    exit; it must exit by itself (status 0), never by the SIGKILL that FarmWorker.stop sends after 20 s."""
+    started = time.monotonic()
+    worker.stop()
+    seconds = time.monotonic() - started
+    assert worker.process.returncode == 0, f"exit status {worker.process.returncode}:\n{worker.log_tail()}"
+    return seconds
+
+
+def test_a_sigterm_stops_a_worker_promptly_without_a_traceback(redis_servers, tmp_path: Path) -> None:
+    server = redis_servers(password="s3cret")
+    client = server.client()
+    worker = production_worker(server.url, "term@test", tmp_path).start()
+    seconds = stop_and_time(worker)
+    log = worker.log_path.read_text()
+    print(f"a SIGTERM'd idle worker exited after {seconds:.2f} s")
+    assert "Traceback" not in log and "Warm shutdown" in log
+    assert not client.hexists(WORKERS_KEY, "term@test")  # withdrawn
+
+
+def test_a_sigterm_to_a_busy_workers_group_lets_the_task_in_hand_finish(redis_servers, tmp_path: Path) -> None:
+    """The whole process group gets the SIGTERM, pool processes included: the task in hand (planning a ResNet-style
+    model, about a second) still finishes, and the worker exits after it, without a traceback."""
+    server = redis_servers(password="s3cret")
+    model = tmp_path / "resnet18_style.onnx"
+    onnx.save(examples.resnet18_style(), model)
+    worker = production_worker(server.url, "busy@test", tmp_path).start()
+    submitted = farm_cli("submit", str(model), "--no-wait", "--json", broker=server.url, cwd=tmp_path)
+    job_key = f"farm:job:{json.loads(submitted.stdout)['job_id']}"
+    client = server.client()
+    while client.hget(job_key, "state") in (None, b"queued"):
+        time.sleep(0.02)
+    seconds = stop_and_time(worker)
+    log = worker.log_path.read_text()
+    print(f"a worker SIGTERM'd while planning exited after {seconds:.2f} s")
+    assert "Traceback" not in log and "WorkerLostError" not in log
+    assert re.search(r"Warm shutdown.*farm\.plan_job\[[^]]+\] succeeded", log, re.S), log[-3000:]
+    assert client.hget(job_key, "state") == b"compiling"  # planned to the end: its units are on the queue
+
+
+def test_a_worker_whose_redis_is_gone_still_stops_promptly_with_one_line(redis_servers, tmp_path: Path) -> None:
+    """Its advertisement can't be withdrawn then: one warning says so (a ping-less entry shows nowhere)."""
+    server = redis_servers(password="s3cret")
+    worker = production_worker(server.url, "orphan@test", tmp_path).start()
+    server.stop()
+    seconds = stop_and_time(worker)
+    log = worker.log_path.read_text()
+    print(f"a SIGTERM'd worker whose Redis was gone exited after {seconds:.2f} s")
+    shutdown = log.partition("Warm shutdown")[2]  # (Celery may log its own traceback when the connection drops)
+    assert "Traceback" not in shutdown, shutdown
+    assert len([line for line in shutdown.splitlines() if "could not withdraw its advertisement" in line]) == 1
+    assert "s3cret" not in log
+
+
+def test_a_worker_waits_for_a_redis_that_is_down_then_serves_it(tmp_path: Path) -> None:
+    """A server that doesn't answer yet is a passing fault: the worker waits for it (Celery's retries), as before."""
+    server = RedisServer(password="s3cret", port=free_port())
+    worker = production_worker(server.url, "patient@test", tmp_path)
+    try:
+        with open(worker.log_path, "ab") as log:
+            worker.process = subprocess.Popen([sys.executable, "-m", "farm", "worker", "--hostname", worker.name,
+                                               "--concurrency", "1"], stdout=log, stderr=subprocess.STDOUT,
+                                              env={**worker.env, "FARM_BROKER_URL": server.url},
+                                              start_new_session=True)
+        deadline = time.monotonic() + 60
+        while "Cannot connect" not in worker.log_tail() and time.monotonic() < deadline:
+            assert worker.process.poll() is None, worker.log_tail()
+            time.sleep(0.2)
+        assert "Trying again" in worker.log_tail()
+        server.start()
+        worker._wait_until_ready()
+        assert stop_and_time(worker) < 20
+    finally:
+        worker.kill()
+        server.close()
+    assert "Traceback" not in worker.log_path.read_text()
+
+
+def test_workers_with_different_toolchains_share_no_cache_entry(redis_server: RedisServer, tmp_path: Path) -> None:
+    """Two real workers, one after the other, reporting different toolchains (FARM_TOOLCHAIN_LABEL): the second
+    compiles every unit again and caches its own artifact; each advertises its toolchain."""
+    model = tmp_path / "tiny_cnn.onnx"
+    onnx.save(examples.tiny_cnn(), model)
+    keys = []
+    for label in ("a", "b", "a"):
+        worker = FarmWorker(redis_server.url, f"toolchain-{label}@test", tmp_path,
+                            env={"FARM_TOOLCHAIN_LABEL": label}).start()
+        try:
+            listed = json.loads(farm_cli("workers", "--json", broker=redis_server.url, cwd=tmp_path).stdout)
+            keys.append(listed[0]["toolchain"]["key"])
+            result = farm_cli("submit", str(model), "--json", "-o", str(tmp_path / label), broker=redis_server.url,
+                              cwd=tmp_path)
+            assert result.returncode == 0, result.stderr + worker.log_tail()
+            assert json.loads(result.stdout)["total"] == (0 if len(keys) == 3 else 13)  # 0: the cached artifact
+        finally:
+            worker.stop()
+    assert keys[0] == keys[2] != keys[1]
+    assert (tmp_path / "a" / "tiny_cnn.farm").read_bytes() == (tmp_path / "b" / "tiny_cnn.farm").read_bytes()

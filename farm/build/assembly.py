@@ -18,6 +18,7 @@ from typing import Any
 
 from farm import __version__
 from farm.artifact import FORMAT_VERSION
+from farm.backends.llvm.toolchain import toolchain
 from farm.backends.registry import Target
 from farm.build.parts import PARTS, BuiltUnits, link_target
 from farm.build.units import CompileUnit
@@ -38,9 +39,11 @@ def plan_model(model_path: str | os.PathLike) -> BuildPlan:
 
 
 def build_identity(model_sha256: str, model_name: str, targets: Sequence[Target]) -> str:
-    """Everything an artifact's bytes depend on besides the tuning database: farm's codegen, the model's bytes and
-    name, the targets. It names a local build's job and the farm's artifact cache entry."""
-    text = canonical_json([CODEGEN_VERSION, model_sha256, model_name, [t.to_json() for t in targets]])
+    """Everything an artifact's bytes depend on besides the tuning database: farm's codegen, this process's toolchain
+    (LLVM and the linker), the model's bytes and name, the targets. It names a local build's job and the farm's
+    artifact cache entry."""
+    text = canonical_json([CODEGEN_VERSION, toolchain().key, model_sha256, model_name,
+                           [t.to_json() for t in targets]])
     return hashlib.sha256(text.encode()).hexdigest()
 
 

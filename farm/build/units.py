@@ -2,7 +2,9 @@
 that target's kernels read it, one program binary per kernel per OpenCL device.
 
 Each unit kind names its pure step, (spec, target, input bytes) -> bytes, and its cache ref: the local executor
-and the farm's workers call the same step on the same unit, so both build the same bytes.
+and the farm's workers call the same step on the same unit, so both build the same bytes. A CPU unit's ref holds
+the compiler key of the process that asks (farm.backends.llvm.toolchain), an OpenCL unit's the device fingerprint
+(which holds the driver's version), so no process reads bytes that another toolchain built.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Union
 
+from farm.backends.llvm.toolchain import toolchain
 from farm.backends.registry import Target, backend_of, target_from_json
 from farm.errors import BadInputError
 from farm.ir.specs import BlobSpec, KernelSpec
@@ -45,8 +48,10 @@ class UnitKind:
 
 
 UNIT_KINDS: dict[str, UnitKind] = {
-    "kernel": UnitKind("kernel", KernelSpec, _compile_kernel, lambda spec, target: refs.kernel(spec.key)),
-    "blob": UnitKind("blob", BlobSpec, _pack_blob, lambda spec, target: refs.blob(spec.key), big_bytes=True),
+    "kernel": UnitKind("kernel", KernelSpec, _compile_kernel,
+                       lambda spec, target: refs.kernel(toolchain().compiler_key, spec.key)),
+    "blob": UnitKind("blob", BlobSpec, _pack_blob, lambda spec, target: refs.blob(toolchain().compiler_key, spec.key),
+                     big_bytes=True),
     "clkernel": UnitKind("OpenCL kernel", KernelSpec, _compile_kernel,
                          lambda spec, target: refs.opencl_binary(target.fingerprint, spec.key)),
 }
@@ -67,7 +72,7 @@ class CompileUnit:
 
     @property
     def cache_ref(self) -> str:
-        """The store ref under which the built bytes are cached."""
+        """The store ref under which the built bytes are cached, for this process's toolchain."""
         return UNIT_KINDS[self.kind].ref(self.spec, self.target)
 
     @property

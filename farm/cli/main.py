@@ -57,12 +57,21 @@ broker_option = click.option("--broker", envvar="FARM_BROKER_URL", metavar="URL"
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 
 
-def _client(broker: str | None):
-    from farm.distributed.client import FarmClient
+def _broker(broker: str | None) -> str:
+    """The farm's URL, checked before anything connects (farm.defaults.redis_url); the error names where it came
+    from, --broker or FARM_BROKER_URL."""
+    from farm.defaults import redis_url
 
     if not broker:
         raise BadInputError("no farm configured: pass --broker URL or set FARM_BROKER_URL")
-    return FarmClient(broker)
+    from_env = click.get_current_context().get_parameter_source("broker") is click.core.ParameterSource.ENVIRONMENT
+    return redis_url(broker, "FARM_BROKER_URL" if from_env else "--broker")
+
+
+def _client(broker: str | None):
+    from farm.distributed.client import FarmClient
+
+    return FarmClient(_broker(broker))
 
 
 @main.command()
@@ -90,9 +99,10 @@ def submit(model: Path, targets: tuple[str, ...], output_dir: str, as_json: bool
 
     if not model.is_file():
         raise BadInputError(f"{model}: no such model file")
-    chosen = parse_targets(targets, _devices(broker))
-    if broker:
-        _submit_to_farm(_client(broker), model, chosen, output_dir, as_json, no_wait, no_cache,
+    client = _client(broker) if broker else None
+    chosen = parse_targets(targets, _devices(client.broker if client else None))
+    if client:
+        _submit_to_farm(client, model, chosen, output_dir, as_json, no_wait, no_cache,
                         {"tune": tune, "retune": retune})
         return
     from farm.build.executor import LocalExecutor
@@ -210,9 +220,7 @@ def worker(broker: str | None, concurrency: int | None, hostname: str | None, lo
     """Run a farm worker on this host, consuming the queues its CPU and OpenCL devices can serve."""
     from farm.distributed.worker import run_worker
 
-    if not broker:
-        raise BadInputError("no farm configured: pass --broker URL or set FARM_BROKER_URL")
-    run_worker(broker, concurrency, hostname, loglevel)
+    run_worker(_broker(broker), concurrency, hostname, loglevel)
 
 
 @main.command("workers")
@@ -231,7 +239,7 @@ def list_workers_command(broker: str | None, as_json: bool) -> None:
         cpu = item.get("cpu", {})
         devices = ", ".join(d["device"] for d in item.get("opencl", [])) or "no OpenCL"
         click.echo(f"{item['name']}: {cpu.get('triple', '?')} {cpu.get('cpu', '?')}; {devices}; "
-                   f"queues {', '.join(item['queues'])}")
+                   f"toolchain {item.get('toolchain', {}).get('key', '?')}; queues {', '.join(item['queues'])}")
 
 
 def _parse_inputs(pairs: tuple[str, ...]) -> dict[str, np.ndarray]:

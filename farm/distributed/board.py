@@ -17,7 +17,7 @@ import redis
 from farm import defaults
 from farm.distributed import protocol
 from farm.distributed.protocol import JobRecord, JobState
-from farm.errors import ExitStatus, UnreachableError, redact_url
+from farm.errors import CredentialsRefusedError, ExitStatus, UnreachableError, redact_url
 
 _ENDED = " or ".join(f"state == '{state.value}'" for state in sorted(protocol.TERMINAL))
 _SET_IF_LIVE = f"""
@@ -44,9 +44,12 @@ class JobBoard:
         self._set_if_live = self.redis.register_script(_SET_IF_LIVE)
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run one Redis call; a lost connection becomes UnreachableError (exit status 4)."""
+        """Run one Redis call; refused credentials become CredentialsRefusedError and a lost connection
+        UnreachableError (both exit status 4)."""
         try:
             return fn(*args, **kwargs)
+        except (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError):
+            raise CredentialsRefusedError(self.url) from None
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as error:
             raise UnreachableError(f"farm unreachable at {redact_url(self.url)}: {error}") from None
 

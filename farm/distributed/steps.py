@@ -290,9 +290,12 @@ class Farm:
         return json.loads(self.store.get(record.link_plan_key))
 
     def _built(self, plan_json: dict[str, Any], record: JobRecord) -> BuiltUnits:
-        """What the units built, read from the store (a corrupt or missing object is rebuilt)."""
-        units = plan_json["units"]
-        return BuiltUnits(lambda name: self._object(units[name]), lambda name: self.store.get_ref(units[name]["ref"]),
+        """What the units built, read from the store under this worker's own cache refs, which hold its toolchain (a
+        corrupt or missing object is rebuilt, so a worker never links an object that another toolchain built)."""
+        def unit(name: str) -> CompileUnit:
+            return CompileUnit.from_json(plan_json["units"][name])
+
+        return BuiltUnits(lambda name: self._object(unit(name)), lambda name: self.store.get_ref(unit(name).cache_ref),
                           lambda target_id: self.store.get(record.libraries[target_id]), self.store.get)
 
     def link(self, args: Link) -> str | None:
@@ -313,14 +316,14 @@ class Farm:
             self.dispatch(Finish(args.job_id).message())
         return None
 
-    def _object(self, unit: dict[str, Any]) -> bytes:
-        key = self.store.get_ref(unit["ref"])
+    def _object(self, unit: CompileUnit) -> bytes:
+        key = self.store.get_ref(unit.cache_ref)
         try:
             if key is None:
-                raise MissingEntryError(unit["ref"], "cache ref")
+                raise MissingEntryError(unit.cache_ref, "cache ref")
             return self.store.get(key)
         except (CorruptEntryError, MissingEntryError):
-            return self.store.get(self._build_into_store(CompileUnit.from_json(unit)))
+            return self.store.get(self._build_into_store(unit))
 
     def finish(self, args: Finish) -> str | None:
         """Write the artifact into the store and mark the job done (unless it was cancelled meanwhile)."""

@@ -7,23 +7,31 @@ devices also takes `opencl.<fingerprint>` for each of them.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from typing import Any
 
+from farm import defaults
 from farm.backends.llvm.target import CpuTarget, host_target
+from farm.backends.llvm.toolchain import toolchain
 from farm.backends.opencl.devices import opencl_devices_of_a_fresh_process
 from farm.distributed.board import JobBoard
 from farm.distributed.leases import INCARNATION_VARIABLE, LeaseKeeper, Leases, new_incarnation
 from farm.distributed.protocol import WORKERS_KEY, encode_capabilities, worker_queues
+from farm.errors import CredentialsRefusedError, UnreachableError
+from farm.store.redis_store import REDIS_SCHEMES
+
+logger = logging.getLogger(__name__)
 
 
 def detect_capabilities() -> dict[str, Any]:
-    """This host's CPU (triple, cpu name, features) and OpenCL devices (listed by a child process: the pool forks)."""
+    """This host's CPU (triple, cpu name, features), OpenCL devices (listed by a child process: the pool forks) and
+    toolchain (its keys show which workers share compile caches)."""
     cpu = host_target()
     return {"host": socket.gethostname(), "pid": os.getpid(), "cpu": {"id": cpu.id, "triple": cpu.triple,
             "cpu": cpu.cpu, "features": cpu.features, "simd_floats": cpu.simd_floats},
-            "opencl": opencl_devices_of_a_fresh_process()}
+            "opencl": opencl_devices_of_a_fresh_process(), "toolchain": toolchain().to_json()}
 
 
 def queues_for(capabilities: dict[str, Any]) -> list[str]:
@@ -58,8 +66,28 @@ def _lease_keeper(broker: str, name: str) -> LeaseKeeper:
     return keeper
 
 
+def check_credentials(url: str) -> None:
+    """PING the Redis at `url` once, before Celery starts: credentials it refuses raise CredentialsRefusedError at
+    once (exit status 4), since no wait fixes a password and Celery would retry it a hundred times. A server that
+    doesn't answer is left to Celery, which waits for it as it always has."""
+    board = JobBoard(url, retries=0)
+    try:
+        board.call(board.redis.ping)
+    except CredentialsRefusedError:
+        raise
+    except UnreachableError:
+        return
+    finally:
+        board.redis.close()
+
+
 def run_worker(broker: str, concurrency: int | None, hostname: str | None, loglevel: str = "INFO") -> None:
-    """Start the worker in this process (blocks until it stops)."""
+    """Start the worker in this process (blocks until it stops). A broker that isn't a Redis URL (exit status 2)
+    or whose Redis refuses its credentials (4) stops it before Celery starts."""
+    defaults.redis_url(broker)
+    for url in dict.fromkeys([broker, defaults.store_url(broker)]):
+        if url.startswith(REDIS_SCHEMES):
+            check_credentials(url)
     os.environ["FARM_BROKER_URL"] = broker
     from celery import signals
 
@@ -67,22 +95,33 @@ def run_worker(broker: str, concurrency: int | None, hostname: str | None, logle
 
     capabilities = detect_capabilities()
     name = hostname or default_hostname()
+    registry = JobBoard(broker)
     preload()
     keeper = _lease_keeper(broker, name)
 
     @signals.worker_ready.connect(weak=False)
     def advertise(sender: Any = None, **_: Any) -> None:
-        from farm.distributed.tasks import farm_context
-
-        farm_context().board.redis.hset(WORKERS_KEY, name, encode_capabilities(capabilities))
+        registry.call(registry.redis.hset, WORKERS_KEY, name, encode_capabilities(capabilities))
         keeper.start()
+
+    @signals.worker_process_init.connect(weak=False)
+    def leave_the_process_group(**_: Any) -> None:
+        """In each pool process: a SIGTERM sent to the worker's whole process group (`kill -TERM -PGID`, a shell's
+        job control, tests/farm_services.py) then reaches only the main process, whose warm shutdown lets the task
+        in hand finish, instead of killing the task mid-way (a WorkerLostError traceback and a redelivery). Celery
+        has already set the pool process to die with the main one (PR_SET_PDEATHSIG), so a SIGKILL to the group,
+        or a host's death, still takes the pool with it."""
+        os.setpgid(0, 0)
 
     @signals.worker_shutdown.connect(weak=False)
     def withdraw(sender: Any = None, **_: Any) -> None:
-        from farm.distributed.tasks import farm_context
-
+        """Remove the advertisement; a Redis that is gone by then costs one log line, not the shutdown (`farm
+        workers` lists only workers that answer a ping, so a stale entry shows nowhere)."""
         keeper.stop()
-        farm_context().board.redis.hdel(WORKERS_KEY, name)
+        try:
+            registry.call(registry.redis.hdel, WORKERS_KEY, name)
+        except UnreachableError as error:
+            logger.warning("%s: could not withdraw its advertisement: %s", name, error)
 
     argv = ["worker", "--queues", ",".join(queues_for(capabilities)), "--hostname", name, "--loglevel", loglevel,
             "--task-events", "--without-mingle"]

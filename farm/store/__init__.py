@@ -4,8 +4,8 @@ Entries are named by the sha256 of their bytes, so a key names one value anywher
 costs nothing, and a reader can always check what it got. Celery messages carry keys, never the bytes.
 
 The store is also the compile cache and the tuning database: refs (farm.store.refs) are small named pointers to
-keys ("kernel:<spec key>" -> object key), so a worker that finds a ref skips the compile. Two backends share one
-interface (farm.store.base.Store):
+keys ("kernel:<compiler key>:<spec key>" -> object key), so a worker that finds a ref skips the compile. Two
+backends share one interface (farm.store.base.Store):
 
 - `FileStore(root)` (farm.store.file_store): files under a folder; the embedded default.
 - `RedisStore(url)` (farm.store.redis_store): keys in Redis, values in chunks.

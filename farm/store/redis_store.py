@@ -8,7 +8,7 @@ import io
 from collections.abc import Iterator
 from typing import NoReturn
 
-from farm.errors import redact_url
+from farm.errors import credentials_refused, redact_url
 from farm.store.base import (
     BadStoreUrlError,
     CorruptEntryError,
@@ -189,6 +189,8 @@ class RedisStore(Store):
 
         try:
             yield
+        except (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError) as exc:
+            raise StoreUnreachableError(credentials_refused(self.url)) from exc
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             raise StoreUnreachableError(f"can't reach the store at {redact_url(self.url)}: {exc}") from exc
         except redis.exceptions.InvalidResponse as exc:

@@ -1,20 +1,21 @@
 """The names of store refs: the compile cache, the tuning database and the artifact cache, in one place.
 
 A ref is a small named pointer to a content key. Each name holds everything its value depends on (the spec key
-holds farm's codegen version, the op, attributes, shapes and target), so a ref never points at a stale entry.
+holds farm's codegen version, the op, attributes, shapes and target; the compiler key names the LLVM that writes
+objects, farm.backends.llvm.toolchain), so a ref never points at a stale entry or at another toolchain's bytes.
 """
 
 from __future__ import annotations
 
 
-def kernel(spec_key: str) -> str:
-    """A CPU kernel's object (the spec key names the target)."""
-    return f"kernel:{spec_key}"
+def kernel(compiler_key: str, spec_key: str) -> str:
+    """A CPU kernel's object as one compiler built it (the spec key names the target)."""
+    return f"kernel:{compiler_key}:{spec_key}"
 
 
-def blob(spec_key: str) -> str:
-    """A weight blob's object (the spec key names the target and the packing)."""
-    return f"blob:{spec_key}"
+def blob(compiler_key: str, spec_key: str) -> str:
+    """A weight blob's object as one compiler built it (the spec key names the target and the packing)."""
+    return f"blob:{compiler_key}:{spec_key}"
 
 
 def opencl_binary(fingerprint: str, spec_key: str) -> str:
@@ -28,5 +29,5 @@ def tuning_record(cpu_id: str, kernel_key: str) -> str:
 
 
 def artifact(build_identity: str) -> str:
-    """A whole build's artifact (farm.build.assembly.build_identity)."""
+    """A whole build's artifact (farm.build.assembly.build_identity, which holds the toolchain key)."""
     return f"artifact:{build_identity}"

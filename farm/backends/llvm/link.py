@@ -6,6 +6,7 @@ the same objects always give the same bytes (no build id, no timestamps).
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 
 import llvmlite.binding as llvm
 
-from farm.backends.llvm.target import CpuTarget
+from farm.backends.llvm.target import CpuTarget, host_target
 from farm.errors import BuildError
 
 
@@ -31,6 +32,24 @@ def find_linker(target: CpuTarget) -> str:
             return path
     raise BuildError(f"no linker for {target.triple}: install one of {', '.join(_linkers(target))} "
                      "(Debian: apt-get install lld binutils)")
+
+
+@functools.cache
+def linker_identity() -> str:
+    """The linker this host links with and the first line of its `--version` (e.g. "ld.lld: Debian LLD 14.0.6
+    (compatible with GNU linkers)"), or "no linker": part of the toolchain identity (farm.backends.llvm.toolchain),
+    since another linker may write other bytes. ld.lld, when installed, links every target; otherwise GNU ld links
+    the host's, so the host's choice is the linker of every link that can succeed here. Asked once per process."""
+    try:
+        path = find_linker(host_target())
+    except BuildError:
+        return "no linker"
+    try:
+        result = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+        first_line = (result.stdout.strip().splitlines() or [f"exit status {result.returncode}"])[0]
+    except (OSError, subprocess.TimeoutExpired) as error:
+        first_line = f"unknown version ({error})"
+    return f"{os.path.basename(path)}: {first_line.strip()}"
 
 
 def link_library(objects: Sequence[bytes], target: CpuTarget) -> bytes:

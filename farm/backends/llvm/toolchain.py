@@ -1,12 +1,69 @@
 """LLVM as farm's toolchain: parse, verify, optimise and emit an object for a CPU target. Kernels, weight blobs and
-the entry all become objects here."""
+the entry all become objects here.
+
+The toolchain's identity (`toolchain()`: llvmlite's and LLVM's versions, the linker and its version) is part of
+every cache ref of what it builds, since another LLVM or linker may write other bytes for the same spec: kernel and
+blob objects are cached under `Toolchain.compiler_key`, artifacts under a build identity that holds `Toolchain.key`
+(docs/architecture.md, "Cache keys"). Each process uses its own, so a worker never reads what another toolchain
+built; farm's own code generation is versioned apart (farm.ir.specs.CODEGEN_VERSION, in every spec key).
+"""
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
+from dataclasses import dataclass, replace
+
+import llvmlite
 import llvmlite.binding as llvm
 
+from farm import defaults
+from farm.backends.llvm.link import linker_identity
 from farm.backends.llvm.target import CpuTarget
 from farm.errors import BuildError
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """What turns farm's LLVM IR into bytes. `label` (FARM_TOOLCHAIN_LABEL) is an operator's mark that keeps this
+    process's cache entries apart from those of every other label; it can split caches, never merge them."""
+
+    llvmlite: str
+    llvm: str
+    linker: str
+    label: str = ""
+
+    @property
+    def compiler_key(self) -> str:
+        """16 hex digits naming what writes objects (llvmlite, LLVM, the label): kernel and blob cache refs hold it.
+        The linker is left out, since it never touches an object."""
+        return _digest([self.llvmlite, self.llvm, self.label])
+
+    @property
+    def key(self) -> str:
+        """16 hex digits naming the whole toolchain (the compiler and the linker): build identities hold it."""
+        return _digest([self.llvmlite, self.llvm, self.linker, self.label])
+
+    def to_json(self) -> dict[str, str]:
+        """As workers advertise it (`farm workers --json`), keys included."""
+        return {"llvmlite": self.llvmlite, "llvm": self.llvm, "linker": self.linker, "label": self.label,
+                "compiler_key": self.compiler_key, "key": self.key}
+
+
+def _digest(parts: list[str]) -> str:
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+
+
+@functools.cache
+def _measured() -> Toolchain:
+    return Toolchain(llvmlite.__version__, ".".join(map(str, llvm.llvm_version_info)), linker_identity())
+
+
+def toolchain() -> Toolchain:
+    """This process's toolchain: measured once per process (the linker's version is one subprocess), labelled with
+    FARM_TOOLCHAIN_LABEL as it is set now."""
+    return replace(_measured(), label=defaults.toolchain_label())
 
 
 def compile_ir(text: str, target: CpuTarget, name: str, optimize: bool = True) -> bytes:

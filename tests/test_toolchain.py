@@ -1,0 +1,60 @@
+"""The toolchain (farm/backends/llvm/toolchain.py): compile_ir is tested with the kernels (test_cpu.py); here, the
+toolchain's identity, which every CPU cache ref and build identity holds."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import llvmlite
+import llvmlite.binding as llvm
+import pytest
+
+from farm.backends.llvm.link import linker_identity
+from farm.backends.llvm.toolchain import Toolchain, toolchain
+
+HEX16 = re.compile(r"[0-9a-f]{16}")
+
+
+@pytest.fixture(autouse=True)
+def no_label(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FARM_TOOLCHAIN_LABEL", raising=False)
+
+
+def test_the_identity_names_llvmlite_llvm_and_the_linker_this_process_uses() -> None:
+    found = toolchain()
+    assert found.llvmlite == llvmlite.__version__
+    assert found.llvm == ".".join(map(str, llvm.llvm_version_info))
+    assert found.linker == linker_identity() and found.linker.startswith("ld.lld: ")  # lld is installed here
+    assert found.label == ""
+    assert HEX16.fullmatch(found.compiler_key) and HEX16.fullmatch(found.key) and found.key != found.compiler_key
+    assert toolchain() == found  # measured once per process: the same every time
+
+
+def test_any_other_llvmlite_llvm_or_label_is_another_compiler_and_another_toolchain() -> None:
+    base = toolchain()
+    for other in (replace(base, llvmlite="0.0.1"), replace(base, llvm="1.0.0"), replace(base, label="canary")):
+        assert other.compiler_key != base.compiler_key and other.key != base.key, other
+
+
+def test_another_linker_is_another_toolchain_but_the_same_compiler() -> None:
+    """Objects never pass through the linker, so kernels and blobs stay shared; artifacts (linked) do not."""
+    base = toolchain()
+    gnu = replace(base, linker="ld: GNU ld (GNU Binutils for Debian) 2.40")
+    assert gnu.compiler_key == base.compiler_key and gnu.key != base.key
+
+
+def test_the_label_is_read_from_the_environment_at_each_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    unlabelled = toolchain()
+    monkeypatch.setenv("FARM_TOOLCHAIN_LABEL", "canary")
+    labelled = toolchain()
+    assert labelled == replace(unlabelled, label="canary") and labelled.key != unlabelled.key
+    monkeypatch.setenv("FARM_TOOLCHAIN_LABEL", "")
+    assert toolchain() == unlabelled
+
+
+def test_the_json_form_carries_the_parts_and_both_keys() -> None:
+    found = Toolchain("0.50.0", "22.1.0", "ld.lld: LLD 14", "x")
+    assert found.to_json() == {"llvmlite": "0.50.0", "llvm": "22.1.0", "linker": "ld.lld: LLD 14", "label": "x",
+                               "compiler_key": found.compiler_key, "key": found.key}
+    assert Toolchain("0.50.0", "22.1.0", "ld.lld: LLD 14", "x").key == found.key  # a pure function of the parts
