@@ -24,7 +24,7 @@ from farm.backends.opencl.devices import fingerprint
 from farm.distributed.celery_app import make_app
 from farm.distributed.worker import WORKERS_KEY, default_hostname, detect_capabilities, queues_for
 from farm.tools import examples
-from tests.farm_services import FAST_FARM_ENV, FarmWorker, farm_cli
+from tests.farm_services import FarmWorker, farm_cli
 from tests.services import RedisServer, free_port, redis_server_fixture, redis_servers_fixture  # noqa: F401
 
 POCL = "Portable Computing Language"
@@ -100,10 +100,8 @@ def test_a_running_worker_advertises_its_capabilities_and_consumes_its_queues(re
 
 
 def production_worker(url: str, name: str, folder: Path, **env: str) -> FarmWorker:
-    """A `farm worker` with the farm's production limits (not tests/farm_services.py's shortened ones)."""
-    worker = FarmWorker(url, name, folder)
-    worker.env = {**{k: v for k, v in worker.env.items() if k not in FAST_FARM_ENV}, **env}
-    return worker
+    """A `farm worker` with the farm's production limits (tests/farm_services.py keeps them unless told)."""
+    return FarmWorker(url, name, folder, env=env)
 
 
 def stop_and_time(worker: FarmWorker) -> float:
