@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from farm import defaults
+from farm.errors import BadInputError
 
 FARM_ENV = ("FARM_BROKER_URL", "FARM_STORE_URL", "FARM_TASK_SOFT_TIME_LIMIT", "FARM_TASK_TIME_LIMIT",
-            "FARM_VISIBILITY_TIMEOUT", "FARM_MAX_DELIVERIES", "FARM_WORKER_REDIS_RETRIES")
+            "FARM_VISIBILITY_TIMEOUT", "FARM_MAX_DELIVERIES", "FARM_WORKER_REDIS_RETRIES", "FARM_STORE_MAX_BYTES")
 
 
 @pytest.fixture(autouse=True)
@@ -25,6 +26,7 @@ def test_defaults() -> None:
     assert defaults.max_deliveries() == 3
     assert defaults.worker_redis_retries() == 60  # about 30 s: a worker waits out a Redis restart
     assert defaults.POLL_SECONDS > 0 and defaults.JOB_TTL_SECONDS == 7 * 24 * 3600
+    assert defaults.store_max_bytes() == defaults.STORE_MAX_BYTES == 2 << 30
 
 
 def test_the_default_limits_are_ordered() -> None:
@@ -40,6 +42,7 @@ def test_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FARM_VISIBILITY_TIMEOUT", "45")
     monkeypatch.setenv("FARM_MAX_DELIVERIES", "7")
     monkeypatch.setenv("FARM_WORKER_REDIS_RETRIES", "2")
+    monkeypatch.setenv("FARM_STORE_MAX_BYTES", "1048576")
     assert defaults.broker_url() == "redis://broker:6379/1"
     assert defaults.store_url("redis://broker:6379/1") == "file:///srv/farm-store"
     assert defaults.task_soft_time_limit() == 10.5
@@ -47,6 +50,7 @@ def test_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     assert defaults.visibility_timeout() == 45
     assert defaults.max_deliveries() == 7
     assert defaults.worker_redis_retries() == 2
+    assert defaults.store_max_bytes() == 1 << 20
 
 
 def test_the_visibility_timeout_follows_an_overridden_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -66,3 +70,10 @@ def test_values_are_read_at_each_call(monkeypatch: pytest.MonkeyPatch) -> None:
     assert defaults.max_deliveries() == 3
     monkeypatch.setenv("FARM_MAX_DELIVERIES", "1")
     assert defaults.max_deliveries() == 1
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "2GB", "1.5e9", "lots"])
+def test_a_bad_store_cap_is_bad_input_naming_the_variable(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("FARM_STORE_MAX_BYTES", value)
+    with pytest.raises(BadInputError, match="FARM_STORE_MAX_BYTES"):
+        defaults.store_max_bytes()

@@ -11,6 +11,7 @@ import os
 import socket
 from typing import Any
 
+from farm import defaults
 from farm.backends.llvm.target import CpuTarget, host_target
 from farm.backends.opencl.devices import opencl_devices_of_a_fresh_process
 from farm.distributed.protocol import WORKERS_KEY, encode_capabilities, worker_queues
@@ -52,6 +53,7 @@ def run_worker(broker: str, concurrency: int | None, hostname: str | None, logle
 
     capabilities = detect_capabilities()
     name = hostname or default_hostname()
+    store_max_bytes = defaults.store_max_bytes()  # a bad FARM_STORE_MAX_BYTES stops the worker before it starts
     preload()
 
     @signals.worker_ready.connect(weak=False)
@@ -59,6 +61,7 @@ def run_worker(broker: str, concurrency: int | None, hostname: str | None, logle
         from farm.distributed.tasks import farm_context
 
         farm_context().board.redis.hset(WORKERS_KEY, name, encode_capabilities(capabilities))
+        farm_context().store.set_max_bytes(store_max_bytes)
 
     @signals.worker_shutdown.connect(weak=False)
     def withdraw(sender: Any = None, **_: Any) -> None:
