@@ -15,7 +15,12 @@ package's light_resnet50.onnx):
   shows what a build's time goes to, and the best 2 workers could do over 1 if only compile and pack split;
 - broker throughput: `farm.finish` on an unknown job id (the task returns at once) sent --tasks times with
   `app.send_task` while the 2 workers don't consume `control` (send rate), then consumed by them: tasks/s from
-  the resume until the `control` queue is empty and no message is left unacknowledged.
+  the resume until the `control` queue is empty and no message is left unacknowledged;
+- Redis used memory across a stream of distinct builds under the cap: --store-builds resnet18_style models (a
+  seed each: the same kernels, different weights) built one after the other by `farm submit` on a fresh Redis
+  and 2 workers with FARM_STORE_MAX_BYTES=--store-cap; after each build, Redis' used memory (INFO memory
+  used_memory) and its high-water mark (used_memory_peak), and the store's own count (`farm store stats`).
+  `--store-only` runs this measurement alone.
 
 Every timed figure is the median of --repeat runs; before the timed runs the workers are warmed by a build of
 tiny_cnn (their first task imports LLVM). Workers use production time limits, not the tests' short ones, and
@@ -28,7 +33,8 @@ it runs a task; the figure is the extra seconds the kill costs the job (bar: <= 
 are dispatched again when the dead worker's lease lapses (FARM_WORKER_LEASE_SECONDS), not after Redis'
 visibility timeout (720 s).
 
-Usage: python3 benchmarks/bench_farm.py [--repeat N] [--tasks N] [--json out.json] [--no-fail] [--failover]
+Usage: python3 benchmarks/bench_farm.py [--repeat N] [--tasks N] [--store-builds N] [--store-cap BYTES]
+                                       [--store-only] [--failover] [--json out.json] [--no-fail]
 Exit status: 0 when every bar passes (or --no-fail), 1 when a bar fails, 2 on bad arguments.
 """
 
@@ -58,7 +64,7 @@ from report import cell, markdown_table  # noqa: E402
 
 from farm.backends.llvm.target import host_target  # noqa: E402
 from farm.distributed.protocol import TaskName  # noqa: E402
-from farm.tools.examples import EXAMPLES  # noqa: E402
+from farm.tools.examples import EXAMPLES, resnet18_style  # noqa: E402
 from tests.farm_services import FarmWorker  # noqa: E402
 from tests.services import RedisServer  # noqa: E402
 
@@ -66,6 +72,8 @@ MODEL = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / "li
 SCALING_BAR = 1.7  # 2 workers at least this many times faster than 1
 WARM_BAR_S = 2.0  # warm resubmit under this many seconds
 LOCAL_BAR = 1.2  # the farm on 2 workers within this factor of the local executor
+STORE_BAR = 1.25  # Redis' peak used memory under the store's cap at most this many times the cap
+MIB = 1 << 20
 # Production limits (farm.defaults), not the tests' short ones: a benchmark must not trigger redelivery.
 WORKER_ENV = {"FARM_TASK_SOFT_TIME_LIMIT": "600", "FARM_TASK_TIME_LIMIT": "660", "FARM_VISIBILITY_TIMEOUT": "720",
               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
@@ -215,6 +223,85 @@ def broker_throughput(broker: str, workers: Sequence[FarmWorker], tasks: int) ->
             "ms_per_task": consumed / tasks * 1e3}
 
 
+@dataclass
+class StoreSample:
+    """Redis and the store after one build of the stream under the cap."""
+
+    build: int
+    wall_s: float
+    used_memory: int  # INFO memory used_memory
+    peak_memory: int  # INFO memory used_memory_peak, since the server started
+    store_bytes: int  # the entries' bytes the store counts (farm store stats)
+    store_entries: int
+    pinned_bytes: int
+
+
+def store_stream(folder: Path, builds: int, cap: int) -> list[StoreSample]:
+    """Distinct resnet18_style builds, one after another, on a fresh Redis whose workers cap the store at `cap`."""
+    from farm.store import RedisStore
+
+    samples = []
+    workers: list[FarmWorker] = []
+    with ProductionRedis() as server:
+        try:
+            for index in range(2):
+                workers.append(FarmWorker(server.url, f"store{index + 1}@farm", folder,
+                                          env={**WORKER_ENV, "FARM_STORE_MAX_BYTES": str(cap)}).start())
+            client, store = server.client(), RedisStore(server.url)
+            for seed in range(builds):
+                model = folder / f"resnet18_style_{seed}.onnx"
+                onnx.save(resnet18_style(seed=seed), str(model))
+                wall, _ = cli(["submit", str(model), "-o", str(folder / "store-stream")], folder, server.url)
+                memory, stats = client.info("memory"), store.stats()
+                samples.append(StoreSample(seed + 1, wall, int(memory["used_memory"]), int(memory["used_memory_peak"]),
+                                           stats.bytes, stats.entries, stats.pinned_bytes))
+                print(f"  store stream build {seed + 1}: {wall:.2f} s, Redis used {memory['used_memory'] / MIB:.0f} "
+                      f"MiB (peak {memory['used_memory_peak'] / MIB:.0f}), store {stats.bytes / MIB:.0f} MiB in "
+                      f"{stats.entries} entries", flush=True)
+        except Exception:
+            for worker in workers:
+                print(f"--- {worker.name}\n{worker.log_tail()}", file=sys.stderr)
+            raise
+        finally:
+            for worker in workers:
+                worker.stop()
+    return samples
+
+
+def store_figures(samples: Sequence[StoreSample], cap: int) -> dict[str, Any]:
+    """The stream's figures: what one build adds to the store (the first build's count, before any eviction when
+    one build fits), what the stream would hold without the cap, and Redis' peak against the cap."""
+    per_build = samples[0].store_bytes
+    peak = max(sample.peak_memory for sample in samples)
+    return {"cap_bytes": cap, "builds": len(samples), "store_bytes_per_build": per_build,
+            "uncapped_store_bytes": per_build * len(samples), "peak_used_memory": peak,
+            "peak_over_cap": peak / cap, "last_used_memory": samples[-1].used_memory,
+            "samples": [asdict(sample) for sample in samples]}
+
+
+def store_table(samples: Sequence[StoreSample]) -> str:
+    rows = [[str(s.build), f"{s.wall_s:.2f}", f"{s.used_memory / MIB:.0f}", f"{s.peak_memory / MIB:.0f}",
+             f"{s.store_bytes / MIB:.0f}", str(s.store_entries), f"{s.pinned_bytes / MIB:.0f}"] for s in samples]
+    return markdown_table(["build", "wall s", "Redis used MiB", "Redis peak MiB", "store MiB", "store entries",
+                           "pinned MiB"], rows)
+
+
+def store_bar(figures: dict[str, Any]) -> Bar:
+    ratio = figures["peak_over_cap"]
+    return Bar("Redis peak used memory / store cap, distinct builds", f"{ratio:.2f}x", f"<= {STORE_BAR}x",
+               ratio <= STORE_BAR)
+
+
+def print_store(figures: dict[str, Any]) -> None:
+    samples = [StoreSample(**sample) for sample in figures["samples"]]
+    print(f"\nstore under the cap (FARM_STORE_MAX_BYTES={figures['cap_bytes']}, {figures['cap_bytes'] / MIB:.0f} MiB): "
+          f"{figures['builds']} distinct resnet18_style builds, {figures['store_bytes_per_build'] / MIB:.0f} MiB of "
+          f"store entries each ({figures['uncapped_store_bytes'] / MIB:.0f} MiB for the stream without a cap); "
+          f"Redis used memory peaked at {figures['peak_used_memory'] / MIB:.0f} MiB "
+          f"({figures['peak_over_cap']:.2f}x the cap)\n")
+    print(store_table(samples) + "\n")
+
+
 # -- report --------------------------------------------------------------------------------------------------------
 
 
@@ -325,12 +412,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per configuration (default 3; median)")
     parser.add_argument("--tasks", type=int, default=500, help="trivial tasks for the broker figure (default 500)")
+    parser.add_argument("--store-builds", type=int, default=8,
+                        help="distinct builds for the store figure (default 8)")
+    parser.add_argument("--store-cap", type=int, default=512 * MIB,
+                        help="FARM_STORE_MAX_BYTES for the store figure (default 512 MiB: about two builds)")
+    parser.add_argument("--store-only", action="store_true",
+                        help="measure only Redis' used memory across distinct builds under the cap")
     parser.add_argument("--json", type=Path, help="also write every figure to this JSON file")
     parser.add_argument("--no-fail", action="store_true", help="exit 0 even when a bar fails")
     parser.add_argument("--failover", action="store_true", help="only measure what a SIGKILLed worker costs a job")
     args = parser.parse_args(argv)
-    if args.repeat < 1 or args.tasks < 1:
-        parser.error("--repeat and --tasks must be >= 1")
+    if args.repeat < 1 or args.tasks < 1 or args.store_builds < 1 or args.store_cap < 1:
+        parser.error("--repeat, --tasks, --store-builds and --store-cap must be >= 1")
     return args
 
 
@@ -370,8 +463,9 @@ def run_benchmarks(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
             for worker in workers:
                 worker.stop()
     builds = [local, one, two, warm]
-    bars = bars_for(local, one, two, warm)
-    return {"machine": machine_info(), "model": MODEL.name, "repeat": args.repeat,
+    store = store_figures(store_stream(folder, args.store_builds, args.store_cap), args.store_cap)
+    bars = [*bars_for(local, one, two, warm), store_bar(store)]
+    return {"machine": machine_info(), "model": MODEL.name, "repeat": args.repeat, "store": store,
             "load_average_before": load_before, "load_average_after": os.getloadavg(),
             "builds": [{**asdict(b), "client_s": b.client_s} for b in builds],
             "ratios": {"two_vs_one_worker": one.wall_s / two.wall_s, "farm_two_vs_local": two.wall_s / local.wall_s,
@@ -380,10 +474,26 @@ def run_benchmarks(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
             "_builds": builds, "_bars": bars}
 
 
+def store_only(args: argparse.Namespace) -> int:
+    """`--store-only`: the stream of distinct builds under the cap, alone."""
+    with tempfile.TemporaryDirectory(prefix="farm-bench-farm-") as tmp:
+        figures = store_figures(store_stream(Path(tmp), args.store_builds, args.store_cap), args.store_cap)
+    print(f"\nmachine: {json.dumps(machine_info())}")
+    print_store(figures)
+    bar = store_bar(figures)
+    print(markdown_table(["bar", "measured", "limit", "result"], [[bar.name, bar.measured, bar.limit, bar.verdict]]))
+    if args.json:
+        args.json.write_text(json.dumps({"machine": machine_info(), "store": figures, "bars": [asdict(bar)]},
+                                        indent=2) + "\n")
+    return 1 if not bar.passed and not args.no_fail else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.failover:
         return report_failover(args)
+    if args.store_only:
+        return store_only(args)
     with tempfile.TemporaryDirectory(prefix="farm-bench-farm-") as tmp:
         report = run_benchmarks(args, Path(tmp))
     builds, bars = report.pop("_builds"), report.pop("_bars")
@@ -398,7 +508,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"broker: {broker['tasks']} farm.finish tasks sent by one client in {broker['send_s']:.2f} s "
           f"({broker['sent_per_s']:.0f}/s, {broker['send_ms_per_task']:.1f} ms each), consumed by "
           f"{broker['workers']} workers in {broker['consume_s']:.2f} s: {broker['tasks_per_s']:.0f} tasks/s, "
-          f"{broker['ms_per_task']:.1f} ms per task\n")
+          f"{broker['ms_per_task']:.1f} ms per task")
+    print_store(report["store"])
     print(markdown_table(["bar", "measured", "limit", "result"], [[b.name, b.measured, b.limit, b.verdict]
                                                                   for b in bars]))
     if args.json:

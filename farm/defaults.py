@@ -97,6 +97,29 @@ def worker_redis_retries() -> int:
     return int(os.environ.get("FARM_WORKER_REDIS_RETRIES", 60))
 
 
+STORE_MAX_BYTES = 2 << 30
+"""The default FARM_STORE_MAX_BYTES: 2 GiB. The farm's store shares one Redis with the queues, which must never be
+refused a write (deploy/redis.conf runs with noeviction), so the store is kept well below the memory a small farm
+host gives Redis: Redis uses 5-10% more than the entries' bytes (measured in benchmarks/bench_farm.py), so
+about 2.2 GiB, which leaves room on a 4 GiB host for the queues and for the copy-on-write of an append-only-file
+rewrite's fork. A job keeps about five times its model's weights in the store (model, weights, weight objects,
+library, artifact), so the cap holds four jobs of a ResNet-50-sized model (100 MB of weights) at once, and a
+running job of a model with up to about 400 MB of weights still fits under it (what a running job pins is never
+evicted, so a bigger one takes the store above the cap until it ends)."""
+
+
+def store_max_bytes() -> int:
+    """FARM_STORE_MAX_BYTES: the cap on the bytes of the store's entries (default STORE_MAX_BYTES, 2 GiB). The
+    farm's workers publish it in the store at start; least recently used entries that no live job pins are
+    evicted to stay under it."""
+    text = os.environ.get("FARM_STORE_MAX_BYTES", "").strip()
+    if not text:
+        return STORE_MAX_BYTES
+    if not text.isdigit() or int(text) <= 0:
+        raise BadInputError(f"FARM_STORE_MAX_BYTES={text[:40]!r}: expected a positive whole number of bytes")
+    return int(text)
+
+
 def tune_seconds_per_variant() -> float:
     """FARM_TUNE_SECONDS_PER_VARIANT: about how long tuning times each variant of a kernel (default 0.03; at least
     3 rounds whatever it says)."""

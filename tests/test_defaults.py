@@ -8,7 +8,8 @@ from farm import defaults
 from farm.errors import BadInputError, ExitStatus
 
 FARM_ENV = ("FARM_BROKER_URL", "FARM_STORE_URL", "FARM_TASK_SOFT_TIME_LIMIT", "FARM_TASK_TIME_LIMIT",
-            "FARM_VISIBILITY_TIMEOUT", "FARM_MAX_DELIVERIES", "FARM_WORKER_REDIS_RETRIES", "FARM_TOOLCHAIN_LABEL")
+            "FARM_VISIBILITY_TIMEOUT", "FARM_MAX_DELIVERIES", "FARM_WORKER_REDIS_RETRIES", "FARM_TOOLCHAIN_LABEL",
+            "FARM_STORE_MAX_BYTES", "FARM_WORKER_LEASE_SECONDS")
 
 
 @pytest.fixture(autouse=True)
@@ -27,6 +28,7 @@ def test_defaults() -> None:
     assert defaults.worker_redis_retries() == 60  # about 30 s: a worker waits out a Redis restart
     assert defaults.toolchain_label() == ""
     assert defaults.POLL_SECONDS > 0 and defaults.JOB_TTL_SECONDS == 7 * 24 * 3600
+    assert defaults.store_max_bytes() == defaults.STORE_MAX_BYTES == 2 << 30
 
 
 def test_the_default_limits_are_ordered() -> None:
@@ -43,6 +45,7 @@ def test_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FARM_MAX_DELIVERIES", "7")
     monkeypatch.setenv("FARM_WORKER_REDIS_RETRIES", "2")
     monkeypatch.setenv("FARM_TOOLCHAIN_LABEL", "canary")
+    monkeypatch.setenv("FARM_STORE_MAX_BYTES", "1048576")
     assert defaults.broker_url() == "redis://broker:6379/1"
     assert defaults.store_url("redis://broker:6379/1") == "file:///srv/farm-store"
     assert defaults.task_soft_time_limit() == 10.5
@@ -51,6 +54,7 @@ def test_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     assert defaults.max_deliveries() == 7
     assert defaults.worker_redis_retries() == 2
     assert defaults.toolchain_label() == "canary"
+    assert defaults.store_max_bytes() == 1 << 20
 
 
 def test_the_visibility_timeout_follows_an_overridden_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -94,3 +98,10 @@ def test_anything_else_is_refused_naming_its_source_and_never_its_password(url: 
                                  "(redis://[:password@]host:port/db or rediss://...)")
     assert "hunter2" not in str(caught.value) and "ter2" not in str(caught.value)
     assert caught.value.exit_status == ExitStatus.BAD_INPUT == 2
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "2GB", "1.5e9", "lots"])
+def test_a_bad_store_cap_is_bad_input_naming_the_variable(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("FARM_STORE_MAX_BYTES", value)
+    with pytest.raises(BadInputError, match="FARM_STORE_MAX_BYTES"):
+        defaults.store_max_bytes()

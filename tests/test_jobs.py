@@ -552,3 +552,25 @@ def test_a_worker_links_only_objects_its_own_toolchain_built(farm: Farm, tasks: 
     assert all(farm.store.get_ref(unit.cache_ref) for unit in cpu_units)  # built again, under b's refs
     assert farm.store.get_ref(artifact_ref(farm.board.get(job_id)))
     assert artifact_bytes(farm, job_id) == local_artifact
+
+def test_a_job_whose_entries_were_evicted_between_runs_rebuilds_them(board: JobBoard, tasks: Tasks,
+                                                                      redis_server: RedisServer, model_path: Path,
+                                                                      local_artifact: bytes, units: list[CompileUnit],
+                                                                      tmp_path: Path) -> None:
+    """Every kind of entry a job leaves (model, weights, link plan, objects, library, artifact) evicted, with the
+    refs to them: the next job for the model is a cache miss throughout, and builds the same artifact."""
+    store = RedisStore(redis_server.url)
+    farm = Farm(board, store, tasks.dispatch)
+    first = create_job(board, store, model_path)
+    run_job(farm, tasks, first)
+    FarmClient(redis_server.url).download(first, tmp_path)  # the artifact's pin goes with the download
+    store.set_max_bytes(1)
+    store.evict()
+    assert store.stats().entries == 0 and store.get_ref(artifact_ref(board.get(first))) is None
+    assert all(store.get_ref(unit.cache_ref) is None for unit in units)
+
+    store.set_max_bytes(1 << 30)
+    second = create_job(board, store, model_path)
+    ran = run_job(farm, tasks, second)
+    assert sum(name in COMPILE_TASKS for name in ran) == len(units)
+    assert artifact_bytes(farm, second) == local_artifact

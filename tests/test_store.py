@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import socket
@@ -28,7 +29,8 @@ from farm.store import (
     default_store_root,
     open_store,
 )
-from farm.store.base import EMPTY_KEY
+from farm.store.base import EMPTY_KEY, Eviction
+from farm.store.redis_store import CHUNK_BYTES
 from tests.services import RedisServer, free_port, redis_server_fixture, redis_servers_fixture  # noqa: F401
 
 MIB = 1 << 20
@@ -70,9 +72,8 @@ def corrupt(store: Store, key: str) -> None:
 
 def write_marker(store: Store, key: str) -> object:
     """Something that changes whenever the store writes the entry again (to prove a second put skips the write)."""
-    if isinstance(store, FileStore):
-        info = store.object_path(key).stat()
-        return info.st_ino, info.st_mtime_ns
+    if isinstance(store, FileStore):  # a write renames a new file into place (a put of a present entry only
+        return store.object_path(key).stat().st_ino  # touches its mtime: a use)
     assert isinstance(store, RedisStore)
     return store.client.info("commandstats").get("cmdstat_set", {}).get("calls")
 
@@ -108,17 +109,16 @@ def test_50_mb_value_round_trips(store: Store) -> None:
     value = pseudo_random(50 * MIB)
     key = store.put(value)
     assert store.get(key) == value
-    if isinstance(store, RedisStore):  # 8 MiB chunks: 7 of them, none over the chunk size
+    if isinstance(store, RedisStore):  # chunks of 8 MiB less a page: 7 of them, none over the chunk size
         header = store.client.get(store.header_key(key))
         assert header == f"{50 * MIB}:7".encode()
-        assert max(store.client.strlen(store.chunk_key(key, index)) for index in range(7)) == 8 * MIB
+        assert max(store.client.strlen(store.chunk_key(key, index)) for index in range(7)) == CHUNK_BYTES
 
 
 def test_put_is_idempotent_and_skips_the_write(store: Store) -> None:
     value = pseudo_random(3 * MIB)
     key = store.put(value)
     marker = write_marker(store, key)
-    time.sleep(0.01)  # so that a rewrite would show in the file's mtime
     assert store.put(value) == key
     assert write_marker(store, key) == marker
     assert store.get(key) == value
@@ -246,6 +246,238 @@ def test_url_reopens_the_same_store(store: Store) -> None:
         assert reopened.get_ref("job:1") == key
 
 
+# --- the cap, eviction and pins (both backends: Redis evicts on put, files when asked, as `farm store gc` does) --
+
+KIB = 1 << 10
+
+
+def later() -> None:
+    """Let the clock move on, so that uses are ordered (file mtimes are coarse; Redis counts milliseconds)."""
+    time.sleep(0.02)
+
+
+def put_in_order(store: Store, *seeds: int, size: int = KIB) -> list[str]:
+    keys = []
+    for seed in seeds:
+        keys.append(store.put(pseudo_random(size, seed)))
+        later()
+    return keys
+
+
+def present(store: Store, keys: list[str]) -> list[bool]:
+    return [store.has(key) for key in keys]
+
+
+def test_the_least_recently_used_entries_are_evicted_first(store: Store) -> None:
+    store.set_max_bytes(3 * KIB)
+    a, b, c = put_in_order(store, 0, 1, 2)
+    store.get(a)  # a use: b is now the least recently used
+    later()
+    d = store.put(pseudo_random(KIB, 3))
+    later()
+    store.put(pseudo_random(KIB, 1))  # b again, the last used (another eviction: c goes now)
+    store.evict()
+    assert present(store, [a, b, c, d]) == [True, True, False, True]
+    assert (store.stats().entries, store.stats().bytes, store.stats().max_bytes) == (3, 3 * KIB, 3 * KIB)
+
+
+def test_a_put_of_a_present_entry_counts_as_a_use(store: Store) -> None:
+    store.set_max_bytes(2 * KIB)
+    a, b = put_in_order(store, 0, 1)
+    assert store.put(pseudo_random(KIB, 0)) == a
+    later()
+    store.put(pseudo_random(KIB, 2))
+    assert store.evict().bytes_left == 2 * KIB
+    assert present(store, [a, b]) == [True, False]
+
+
+def test_pins_keep_entries_until_every_owner_releases_them(store: Store) -> None:
+    a, b, c = put_in_order(store, 0, 1, 2)
+    pending = content_key(b"not put yet")
+    store.pin("job:1", [a], ttl=60)
+    store.pin("job:2", [a, pending], ttl=60)  # a key can be pinned before its put
+    store.set_max_bytes(2 * KIB)
+    freed = store.evict()
+    assert present(store, [a, b, c]) == [True, False, True]  # b was the least recently used unpinned entry
+    stats = store.stats()
+    assert (stats.pinned_entries, stats.pinned_bytes, stats.pin_owners) == (1, KIB, ["job:1", "job:2"])
+    assert freed == Eviction(1, KIB, 2 * KIB) and stats.bytes == 2 * KIB
+    store.unpin("job:1")
+    store.put(b"not put yet")
+    store.evict()
+    assert present(store, [a, c, pending]) == [True, False, True]  # job:2 still pins a
+    store.unpin("job:2", [a])
+    store.put(pseudo_random(KIB, 3))
+    store.evict()
+    assert store.has(pending) and not store.has(a)
+    assert store.stats().pin_owners == ["job:2"]
+
+
+def test_a_store_whose_entries_are_all_pinned_stays_above_its_cap(store: Store) -> None:
+    store.set_max_bytes(KIB)
+    keys = [content_key(pseudo_random(KIB, seed)) for seed in range(3)]
+    store.pin("job:1", keys, ttl=60)
+    put_in_order(store, 0, 1, 2)
+    assert store.evict() == Eviction(0, 0, 3 * KIB)
+    assert present(store, keys) == [True] * 3
+    stats = store.stats()
+    assert (stats.bytes, stats.pinned_entries, stats.pinned_bytes) == (3 * KIB, 3, 3 * KIB)
+
+
+def test_a_pin_expires_after_its_ttl(store: Store) -> None:
+    store.set_max_bytes(KIB)
+    (a,) = put_in_order(store, 0)
+    store.pin("job:1", [a], ttl=0.2)
+    store.put(pseudo_random(KIB, 1))
+    store.evict()
+    assert store.has(a) and store.pin_owners() == ["job:1"]
+    time.sleep(0.3)
+    assert store.pin_owners() == []
+    store.put(pseudo_random(KIB, 2))
+    store.evict()
+    assert not store.has(a)
+
+
+def test_replacing_pins_keeps_only_the_new_keys(store: Store) -> None:
+    a, b, c = put_in_order(store, 0, 1, 2)
+    store.pin("job:1", [a, b], ttl=60)
+    store.pin("job:1", [c], ttl=60, replace=True)
+    store.set_max_bytes(KIB)
+    store.evict()
+    assert present(store, [a, b, c]) == [False, False, True]
+    store.pin("job:1", [], ttl=60, replace=True)  # nothing left: the owner is gone
+    assert store.pin_owners() == []
+
+
+@pytest.mark.parametrize("owner", ["", "job 1", "x" * 101, "job/1"])
+def test_malformed_pin_owners_are_refused(store: Store, owner: str) -> None:
+    with pytest.raises(StoreError, match="pin owner"):
+        store.pin(owner, [EMPTY_KEY], ttl=1)
+
+
+def test_the_cap_is_published_in_the_store(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FARM_STORE_MAX_BYTES", "5000")
+    assert store.max_bytes == 5000  # nothing published: this process's setting
+    store.set_max_bytes(7000)
+    monkeypatch.setenv("FARM_STORE_MAX_BYTES", "9000")
+    with open_store(store.url) as reopened:
+        assert reopened.max_bytes == 7000 and reopened.stats().max_bytes == 7000
+    with pytest.raises(StoreError, match="positive"):
+        store.set_max_bytes(0)
+
+
+def test_the_byte_count_stays_exact_through_deletes_and_corrupt_entries(store: Store) -> None:
+    values = [pseudo_random(size, seed) for seed, size in enumerate([0, 1, 1000, 70_000, 3 * MIB])]
+    keys = [store.put(value) for value in values + values]  # every value twice: counted once
+    store.delete(keys[2])
+    store.delete(keys[2])  # twice: nothing more to subtract
+    store.delete(content_key(b"never put"))
+    corrupt(store, keys[3])
+    with pytest.raises(CorruptEntryError):
+        store.get(keys[3])
+    left = [values[0], values[1], values[4]]
+    assert (store.stats().entries, store.stats().bytes) == (3, sum(len(value) for value in left))
+    store.put(values[3])  # the rebuild of the corrupt one
+    assert store.stats().bytes == sum(len(value) for value in left) + len(values[3])
+
+
+# --- RedisStore's cap --------------------------------------------------------------------------------------------
+
+
+def test_redis_a_put_makes_room_before_it_writes(redis_server: RedisServer) -> None:
+    store = RedisStore(redis_server.url)
+    store.set_max_bytes(3 * KIB)
+    a, b, c = put_in_order(store, 0, 1, 2)
+    d = store.put(pseudo_random(2 * KIB, 3))  # no evict call: the put evicts, a and b, before its chunks go in
+    assert present(store, [a, b, c, d]) == [False, False, True, True]
+    assert store.stats().bytes == 3 * KIB
+
+
+def test_redis_evicting_an_entry_deletes_the_refs_that_point_at_it(redis_server: RedisServer) -> None:
+    store = RedisStore(redis_server.url)
+    a, b = put_in_order(store, 0, 1)
+    store.set_ref("kernel:x", a)
+    store.set_ref("blob:y", a)
+    store.set_ref("blob:z", b)
+    store.set_ref("blob:y", b)  # moved on: evicting a must leave it
+    store.set_max_bytes(KIB)
+    store.evict()
+    assert not store.has(a)
+    assert (store.get_ref("kernel:x"), store.get_ref("blob:y"), store.get_ref("blob:z")) == (None, b, b)
+    store.delete(b)
+    assert (store.get_ref("blob:y"), store.get_ref("blob:z")) == (None, None)
+    assert store.client.keys(f"{store.prefix}backrefs:*") == []
+
+
+def test_redis_counts_entries_an_older_farm_wrote(redis_server: RedisServer) -> None:
+    """Entries written before the store had a cap (no count, no last use) are adopted as the least recently used:
+    by gc all at once, or by their next use."""
+    store = RedisStore(redis_server.url)
+    old = [pseudo_random(KIB, seed) for seed in range(3)]
+    for value in old:
+        store.client.set(store.chunk_key(content_key(value), 0), value)
+        store.client.set(store.header_key(content_key(value)), f"{KIB}:1")
+    fresh = store.put(b"new")
+    assert (store.stats().entries, store.stats().bytes) == (1, 3)
+    assert store.get(content_key(old[0])) == old[0]  # a use counts it
+    assert store.adopt_unaccounted() == 2 and store.adopt_unaccounted() == 0
+    assert (store.stats().entries, store.stats().bytes) == (4, 3 * KIB + 3)
+    store.set_max_bytes(KIB + 3)
+    store.evict()
+    assert present(store, [content_key(value) for value in old] + [fresh]) == [True, False, False, True]
+
+
+def test_redis_concurrent_puts_gets_and_deletes_keep_the_count_exact(redis_server: RedisServer) -> None:
+    """Four threads put, read and delete overlapping values under a cap that keeps evicting: afterwards the count
+    equals the entries there are, to the byte."""
+    store = RedisStore(redis_server.url, chunk_bytes=4 * KIB)
+    store.set_max_bytes(64 * KIB)
+    values = [pseudo_random(1000 + 997 * seed, seed) for seed in range(40)]
+    errors: list[BaseException] = []
+
+    def churn(offset: int) -> None:
+        try:
+            for step in range(120):
+                value = values[(step * 7 + offset) % len(values)]
+                key = store.put(value)
+                if step % 5 == 0:
+                    store.delete(key)
+                with contextlib.suppress(MissingEntryError):  # evicted or deleted by another thread meanwhile
+                    assert store.get(key) == value
+        except BaseException as exc:  # noqa: B036 -- reported below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=churn, args=(offset,)) for offset in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    headers = {key: int(store.client.get(store.header_key(key)).split(b":")[0])
+               for key in map(content_key, values) if store.has(key)}
+    sizes = {key.decode(): int(size) for key, size in store.client.hgetall(f"{store.prefix}sizes").items()}
+    assert sizes == headers and store.stats().bytes == sum(headers.values()) <= 64 * KIB
+    assert store.client.zcard(f"{store.prefix}lru") == len(headers)
+
+
+def test_redis_an_entry_evicted_while_it_is_read_is_missing_not_corrupt(redis_server: RedisServer) -> None:
+    class EvictedMidRead(RedisStore):
+        """Deletes the entry, as another process's eviction would, just before its second chunk is read."""
+
+        reading = False
+
+        def chunk_key(self, key: str, index: int) -> str:
+            if self.reading and index == 1:
+                RedisStore(self.url).delete(key)
+            return super().chunk_key(key, index)
+
+    store = EvictedMidRead(redis_server.url, chunk_bytes=KIB)
+    key = store.put(pseudo_random(3 * KIB))
+    store.reading = True
+    with pytest.raises(MissingEntryError, match="evicted or deleted while being read"):
+        store.get(key)
+
+
 # --- FileStore ---------------------------------------------------------------------------------------------------
 
 
@@ -316,7 +548,8 @@ def test_redis_damaged_entry_is_corrupt_and_fully_deleted(redis_server: RedisSer
     _corrupt_by(change, store, key)
     with pytest.raises(CorruptEntryError, match=key):
         store.get(key)
-    assert store.client.keys(f"{store.prefix}*") == []  # header and every chunk gone
+    assert store.client.keys(f"{store.prefix}obj:*") == []  # header and every chunk gone
+    assert (store.stats().entries, store.stats().bytes) == (0, 0)  # and no longer counted
     assert store.put(value) == key and store.get(key) == value
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from farm.backends.llvm.gemm import GemmBlocking
 from farm.store import FileStore
-from farm.tuning.database import db_ref, lookup, record, tuning_key
+from farm.tuning.database import PIN_OWNER, db_ref, lookup, record, tuning_key
 from farm.tuning.space import candidate_variants, variant_spec
 from tests.test_tuning_space import AARCH64, CASES, HOST, build_with, kernel_entries, save, tunable_specs
 
@@ -34,3 +34,24 @@ def test_a_corrupt_record_counts_as_none(tmp_path: Path) -> None:
     store.set_ref(db_ref(spec, HOST.id), store.put(b'{"variant": {"rows": -1}}'))
     assert lookup(store, spec, HOST.id) is None
     assert [e["variant_source"] for e in kernel_entries(build_with(path, tmp_path / "out", store))] == ["default"]
+
+
+def test_records_are_pinned_so_eviction_never_takes_one_and_a_replaced_one_ages_out(tmp_path: Path) -> None:
+    store = FileStore(tmp_path / "store")
+    spec = tunable_specs(save(CASES["gemm"], tmp_path))[0]
+    first, second = candidate_variants(HOST)[1:3]
+    old = record(store, spec, HOST, {"variant": first.to_json()})
+    store.set_max_bytes(1)
+    store.evict()
+    assert lookup(store, spec, HOST.id) == first and store.stats().pin_owners == [PIN_OWNER]
+    new = record(store, spec, HOST, {"variant": second.to_json()})  # a retune
+    store.evict()
+    assert not store.has(old) and store.has(new) and lookup(store, spec, HOST.id) == second
+
+
+def test_a_missing_record_counts_as_none(tmp_path: Path) -> None:
+    """An entry gone from the store (deleted as corrupt) is a cache miss: the default variant, as with no record."""
+    store = FileStore(tmp_path / "store")
+    spec = tunable_specs(save(CASES["gemm"], tmp_path))[0]
+    store.delete(record(store, spec, HOST, {"variant": candidate_variants(HOST)[1].to_json()}))
+    assert lookup(store, spec, HOST.id) is None

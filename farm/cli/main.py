@@ -17,6 +17,7 @@ import click
 import numpy as np
 
 from farm import __version__
+from farm.cli.store import store_group
 from farm.errors import BadInputError, ExitStatus, FarmError
 
 if TYPE_CHECKING:
@@ -312,3 +313,6 @@ def bench(artifact: str, baseline: str | None, repeat: int, threads: int, fail_o
                format_report(report) + "\n\n" + format_comparison(before, report, changes))
     if fail_on_regression and any(change.flagged for change in changes):
         sys.exit(int(ExitStatus.REGRESSION))
+
+
+main.add_command(store_group(reports_errors, broker_option, json_option))

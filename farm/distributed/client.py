@@ -17,10 +17,11 @@ from typing import Any
 from farm import defaults
 from farm.atomic import write_atomically
 from farm.backends.registry import Target
+from farm.distributed import pins
 from farm.distributed.board import JobBoard
 from farm.distributed.protocol import TERMINAL, JobRecord, JobState, PlanJob, check_model_name
 from farm.errors import BadInputError, BuildError, ExitStatus, JobError
-from farm.store import Store, open_store
+from farm.store import CorruptEntryError, MissingEntryError, Store, open_store
 
 
 class FarmClient:
@@ -47,8 +48,10 @@ class FarmClient:
         data = path.read_bytes()
         job_id = uuid.uuid4().hex[:16]
         now = time.time()
+        model_sha256 = hashlib.sha256(data).hexdigest()
+        pins.pin_for_job(self.store, job_id, [model_sha256])
         self.board.create(job_id, JobRecord(JobState.QUEUED, self.store.put(data), check_model_name(path.stem),
-                                            hashlib.sha256(data).hexdigest(), list(targets), no_cache=no_cache,
+                                            model_sha256, list(targets), no_cache=no_cache,
                                             tune=tune, retune=retune, submitted_from=os.uname().nodename,
                                             created=now, updated=now))
         from farm.distributed.celery_app import make_app
@@ -97,15 +100,23 @@ class FarmClient:
         raise_for_state(status)
         if status["state"] != JobState.DONE.value:
             raise JobError(f"job {job_id} is {status['state']}: no artifact yet (farm wait {job_id})")
-        data = self.store.get(status["artifact_key"])
+        try:
+            data = self.store.get(status["artifact_key"])
+        except (MissingEntryError, CorruptEntryError):
+            raise JobError(f"job {job_id}'s artifact is no longer in the farm's store (evicted after its first "
+                           "download, or damaged); submit the model again to rebuild it") from None
         path = os.path.abspath(os.path.join(out_dir, f"{status['model']}.farm"))
         write_atomically(path, data)
+        pins.release_job(self.store, job_id)
         return path
 
     def cancel(self, job_id: str) -> bool:
         """Cancel a live job: its queued tasks stop at their start; False when it had already ended."""
         self.record(job_id)
-        return self.board.advance(job_id, JobState.CANCELLED, error="cancelled by user")
+        cancelled = self.board.advance(job_id, JobState.CANCELLED, error="cancelled by user")
+        if cancelled:
+            pins.release_job(self.store, job_id)
+        return cancelled
 
 
 def raise_for_state(status: dict[str, Any]) -> None:

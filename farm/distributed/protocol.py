@@ -58,6 +58,16 @@ def lease_key(worker: str) -> str:
     """A worker's liveness lease: a string holding its incarnation, which expires unless the worker renews it."""
     return f"farm:lease:{worker}"
 
+def store_pin_owner(job_id: str) -> str:
+    """The owner of a job's pins in the store (what the job needs, then its artifact until downloaded)."""
+    return f"job:{check_job_id(job_id)}"
+
+
+def job_of_pin_owner(owner: str) -> str | None:
+    """The job id a store pin owner names, or None when the owner isn't a job (the tuning database, say)."""
+    prefix, _, job_id = owner.partition(":")
+    return job_id if prefix == "job" and JOB_ID.fullmatch(job_id) else None
+
 
 def encode_capabilities(capabilities: dict[str, Any]) -> str:
     """A worker's advertisement: host, pid, CPU and OpenCL devices, as JSON."""

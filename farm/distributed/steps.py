@@ -27,12 +27,12 @@ from farm.backends.llvm.target import CpuTarget
 from farm.build import assembly
 from farm.build.parts import BuiltUnits
 from farm.build.units import CompileUnit, compile_unit
-from farm.distributed import protocol
+from farm.distributed import pins, protocol
 from farm.distributed.board import JobBoard
 from farm.distributed.protocol import Compile, Finish, JobRecord, JobState, Link, Message, PlanJob, TaskArgs, Tune
 from farm.errors import ArtifactError, BadInputError, ExitStatus, FarmError, UnreachableError
 from farm.plan.planner import BuildPlan
-from farm.store import CorruptEntryError, MissingEntryError, Store, refs
+from farm.store import CorruptEntryError, MissingEntryError, Store, content_key, refs
 from farm.tuning import database
 from farm.tuning import variants as tuning
 from farm.tuning.harness import time_variants
@@ -92,6 +92,7 @@ class Farm:
             return self._skipped(job_id)
         if self._reuse_artifact(job_id, record) or not self.board.advance(job_id, JobState.PLANNING):
             return None
+        pins.release_ended_jobs(self.board, self.store)
         try:
             plan = self._plan(record)
         except BadInputError as error:
@@ -102,11 +103,14 @@ class Farm:
             return None
         plan = tuning.with_variants(self.store, plan, cpu_targets)
         units = assembly.compile_units(plan, record.targets)
-        todo = [u for u in units if record.no_cache or not self._cached(u)]
+        cached = set() if record.no_cache else self._pin_cached(job_id, units)
+        todo = [u for u in units if u.name not in cached]
         if record.total is not None:
             todo = [u for u in todo if not self.board.is_complete(job_id, "compile", u.name)]
         plan_json = assembly.link_plan(plan, record.targets, record.model_name, record.model_sha256, units)
-        link_plan_key = self.store.put(json.dumps(plan_json, sort_keys=True).encode())
+        plan_bytes = json.dumps(plan_json, sort_keys=True).encode()
+        pins.pin_for_job(self.store, job_id, [record.model_key, content_key(plan_bytes), *plan.blobs])
+        link_plan_key = self.store.put(plan_bytes)
         counts = {"total": record.total if record.total is not None else len(todo),
                   "kernels": sum(u.kind == "kernel" for u in units), "blobs": sum(u.kind == "blob" for u in units),
                   "targets_total": len(assembly.libraries(plan_json))}
@@ -135,6 +139,7 @@ class Farm:
         key = self.store.get_ref(artifact_ref(record))
         if record.no_cache or key is None or record.tuning_asked("retune"):
             return False
+        pins.pin_for_job(self.store, job_id, [key])
         try:
             manifest = manifest_of(self.store.get(key))
         except (CorruptEntryError, MissingEntryError, ArtifactError):
@@ -142,7 +147,8 @@ class Farm:
         if not tuning.manifest_current(self.store, manifest) or (
                 record.tuning_asked("tune") and self._tunable_on(tuning.untuned_targets(manifest))):
             return False
-        self.board.advance(job_id, JobState.DONE, artifact_key=key, total=0, finished=time.time(), cached=True)
+        if self.board.advance(job_id, JobState.DONE, artifact_key=key, total=0, finished=time.time(), cached=True):
+            pins.keep_only_artifact(self.store, job_id, key)
         return True
 
     def _plan(self, record: JobRecord) -> BuildPlan:
@@ -151,9 +157,12 @@ class Farm:
             path.write_bytes(self.store.get(record.model_key))
             return assembly.plan_model(path)
 
-    def _cached(self, unit: CompileUnit) -> bool:
-        key = self.store.get_ref(unit.cache_ref)
-        return key is not None and self.store.has(key)
+    def _pin_cached(self, job_id: str, units: list[CompileUnit]) -> set[str]:
+        """The names of the units whose objects the cache holds, each pinned for the job before its presence is
+        checked (so none is evicted between the check and the link)."""
+        keys = {unit.name: self.store.get_ref(unit.cache_ref) for unit in units}
+        pins.pin_for_job(self.store, job_id, [key for key in keys.values() if key])
+        return {name for name, key in keys.items() if key and self.store.has(key)}
 
     # -- tune ----------------------------------------------------------------------------------------------------
 
@@ -249,7 +258,7 @@ class Farm:
             return None
         self.before_build(unit.name)
         try:
-            self._build_into_store(unit)
+            self._build_into_store(job_id, unit)
         except UnreachableError:
             raise
         except FarmError as error:
@@ -268,9 +277,11 @@ class Farm:
         what = f"{unit.label} {getattr(unit.spec, 'op', '')}".rstrip()
         return f"{what} of node{'s' if len(nodes) > 1 else ''} {shown} ({unit.name})" if nodes else f"{what} {unit.name}"
 
-    def _build_into_store(self, unit: CompileUnit) -> str:
+    def _build_into_store(self, job_id: str, unit: CompileUnit) -> str:
         data = self.store.get(unit.data_key) if unit.data_key else None
-        key = self.store.put(compile_unit(unit, data))
+        built = compile_unit(unit, data)
+        pins.pin_for_job(self.store, job_id, [content_key(built)])
+        key = self.store.put(built)
         self.store.set_ref(unit.cache_ref, key)
         return key
 
@@ -289,13 +300,14 @@ class Farm:
     def _link_plan(self, record: JobRecord) -> dict[str, Any]:
         return json.loads(self.store.get(record.link_plan_key))
 
-    def _built(self, plan_json: dict[str, Any], record: JobRecord) -> BuiltUnits:
+    def _built(self, plan_json: dict[str, Any], record: JobRecord, job_id: str) -> BuiltUnits:
         """What the units built, read from the store under this worker's own cache refs, which hold its toolchain (a
         corrupt or missing object is rebuilt, so a worker never links an object that another toolchain built)."""
         def unit(name: str) -> CompileUnit:
             return CompileUnit.from_json(plan_json["units"][name])
 
-        return BuiltUnits(lambda name: self._object(unit(name)), lambda name: self.store.get_ref(unit(name).cache_ref),
+        return BuiltUnits(lambda name: self._object(job_id, unit(name)),
+                          lambda name: self.store.get_ref(unit(name).cache_ref),
                           lambda target_id: self.store.get(record.libraries[target_id]), self.store.get)
 
     def link(self, args: Link) -> str | None:
@@ -305,25 +317,26 @@ class Farm:
             return self._skipped(args.job_id)
         plan_json = self._link_plan(record)
         try:
-            library = assembly.link_library(plan_json, args.target_id, self._built(plan_json, record))
+            library = assembly.link_library(plan_json, args.target_id, self._built(plan_json, record, args.job_id))
         except UnreachableError:
             raise
         except FarmError as error:
             self._fail(args.job_id, str(error), error.exit_status, args.target_id)
             return None
+        pins.pin_for_job(self.store, args.job_id, [content_key(library)])
         self.board.update(args.job_id, libraries={args.target_id: self.store.put(library)})
         if self.board.complete(args.job_id, "link", args.target_id) == len(assembly.libraries(plan_json)):
             self.dispatch(Finish(args.job_id).message())
         return None
 
-    def _object(self, unit: CompileUnit) -> bytes:
+    def _object(self, job_id: str, unit: CompileUnit) -> bytes:
         key = self.store.get_ref(unit.cache_ref)
         try:
             if key is None:
                 raise MissingEntryError(unit.cache_ref, "cache ref")
             return self.store.get(key)
         except (CorruptEntryError, MissingEntryError):
-            return self.store.get(self._build_into_store(unit))
+            return self.store.get(self._build_into_store(job_id, unit))
 
     def finish(self, args: Finish) -> str | None:
         """Write the artifact into the store and mark the job done (unless it was cancelled meanwhile)."""
@@ -331,10 +344,15 @@ class Farm:
         if record is None or record.is_over:
             return self._skipped(args.job_id)
         plan_json = self._link_plan(record)
-        manifest, members = assembly.artifact_contents(plan_json, self._built(plan_json, record))
-        artifact_key = self.store.put(artifact_bytes(manifest, members))
+        manifest, members = assembly.artifact_contents(plan_json, self._built(plan_json, record, args.job_id))
+        artifact = artifact_bytes(manifest, members)
+        pins.pin_for_job(self.store, args.job_id, [content_key(artifact)])
+        artifact_key = self.store.put(artifact)
         self.store.set_ref(artifact_ref(record), artifact_key)
-        self.board.advance(args.job_id, JobState.DONE, artifact_key=artifact_key, finished=time.time())
+        if self.board.advance(args.job_id, JobState.DONE, artifact_key=artifact_key, finished=time.time()):
+            pins.keep_only_artifact(self.store, args.job_id, artifact_key)
+        else:  # cancelled meanwhile
+            pins.release_job(self.store, args.job_id)
         return None
 
 

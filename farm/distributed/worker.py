@@ -96,12 +96,16 @@ def run_worker(broker: str, concurrency: int | None, hostname: str | None, logle
     capabilities = detect_capabilities()
     name = hostname or default_hostname()
     registry = JobBoard(broker)
+    store_max_bytes = defaults.store_max_bytes()  # a bad FARM_STORE_MAX_BYTES stops the worker before it starts
     preload()
     keeper = _lease_keeper(broker, name)
 
     @signals.worker_ready.connect(weak=False)
     def advertise(sender: Any = None, **_: Any) -> None:
+        from farm.distributed.tasks import farm_context
+
         registry.call(registry.redis.hset, WORKERS_KEY, name, encode_capabilities(capabilities))
+        farm_context().store.set_max_bytes(store_max_bytes)
         keeper.start()
 
     @signals.worker_process_init.connect(weak=False)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Union
 
 from farm.errors import ExitStatus, FarmError, UnreachableError, redact_url
@@ -13,6 +15,7 @@ Data = Union[bytes, bytearray, memoryview]
 
 EMPTY_KEY = hashlib.sha256(b"").hexdigest()
 _KEY_PATTERN = re.compile(r"[0-9a-f]{64}")
+_OWNER_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 
 
 class StoreError(FarmError):
@@ -63,6 +66,42 @@ def check_key(key: str) -> str:
     return key
 
 
+def check_owner(owner: str) -> str:
+    """`owner` itself, or StoreError: a pin's owner names a Redis key or a file, so it is a short plain name."""
+    if not isinstance(owner, str) or not _OWNER_PATTERN.fullmatch(owner):
+        raise StoreError(f"not a pin owner (1-100 of A-Z a-z 0-9 _ . : -): {str(owner)[:120]!r}")
+    return owner
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """What the store holds: its entries and their bytes, the cap, and what pins keep from eviction."""
+
+    entries: int
+    bytes: int
+    max_bytes: int
+    pinned_entries: int
+    pinned_bytes: int
+    pin_owners: list[str]
+
+    def to_json(self) -> dict[str, object]:
+        return {"entries": self.entries, "bytes": self.bytes, "max_bytes": self.max_bytes,
+                "pinned_entries": self.pinned_entries, "pinned_bytes": self.pinned_bytes,
+                "pin_owners": self.pin_owners}
+
+
+@dataclass(frozen=True)
+class Eviction:
+    """What one eviction pass freed, and the bytes of entries left (above the cap only when pins hold them)."""
+
+    entries: int
+    bytes: int
+    bytes_left: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"freed_entries": self.entries, "freed_bytes": self.bytes, "bytes_left": self.bytes_left}
+
+
 def as_bytes_view(data: Data) -> memoryview:
     """A flat byte view of `data` without copying it when it is contiguous (big blobs shouldn't be copied twice)."""
     view = memoryview(data)
@@ -106,6 +145,45 @@ class Store(ABC):
     @abstractmethod
     def delete_ref(self, name: str) -> None:
         """Remove the ref `name` if there is one."""
+
+    # -- the cap, eviction and pins (see docs/architecture.md, "The store's cap") --
+
+    @property
+    @abstractmethod
+    def max_bytes(self) -> int:
+        """The cap on the bytes of entries: the one published in the store (`set_max_bytes`), else this process's
+        FARM_STORE_MAX_BYTES (farm.defaults.store_max_bytes)."""
+
+    @abstractmethod
+    def set_max_bytes(self, max_bytes: int) -> None:
+        """Publish the cap in the store, so every process that writes it evicts down to the same one."""
+
+    @abstractmethod
+    def pin(self, owner: str, keys: Iterable[str], ttl: float | None, replace: bool = False) -> None:
+        """Keep `keys` (present or yet to be put) from eviction for `owner` (a job, the tuning database) until it
+        unpins them or `ttl` seconds pass (None: no expiry); every call restarts the owner's ttl. `replace`
+        makes `keys` the owner's only pins, atomically (what was pinned stays pinned until the new set is)."""
+
+    @abstractmethod
+    def unpin(self, owner: str, keys: Iterable[str] | None = None) -> None:
+        """Release `keys` pinned by `owner`, or all of them."""
+
+    @abstractmethod
+    def pin_owners(self) -> list[str]:
+        """The owners holding live (not expired) pins."""
+
+    @abstractmethod
+    def stats(self) -> StoreStats:
+        """Entries, bytes, the cap and the pinned entries and bytes, as of now."""
+
+    @abstractmethod
+    def evict(self) -> Eviction:
+        """Evict least recently used entries that no live pin holds until the entries' bytes are within the cap."""
+
+    def adopt_unaccounted(self) -> int:
+        """Count entries written before the store kept a count (an older farm's); returns how many. A store that
+        counts by walking its entries has none."""
+        return 0
 
     def close(self) -> None:
         """Release connections or handles; the store must not be used afterwards. Files hold none."""

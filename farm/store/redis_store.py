@@ -1,28 +1,211 @@
-"""RedisStore: entries in Redis, values split into chunks so that no single command carries a big value."""
+"""RedisStore: entries in Redis, values split into chunks so that no single command carries a big value, kept
+under a byte cap by evicting the least recently used entries that no pin holds."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import io
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import NoReturn
 
+from farm import defaults
 from farm.errors import credentials_refused, redact_url
 from farm.store.base import (
     BadStoreUrlError,
     CorruptEntryError,
     Data,
+    Eviction,
     MissingEntryError,
     Store,
     StoreError,
+    StoreStats,
     StoreUnreachableError,
     as_bytes_view,
     check_key,
+    check_owner,
     is_key,
 )
 
 REDIS_SCHEMES = ("redis://", "rediss://")
+
+CHUNK_BYTES = (8 << 20) - 4096
+"""8 MiB less a page: Redis allocates a value with its header through jemalloc, whose size classes above 8 MiB are
+2 MiB apart, so a chunk of exactly 8 MiB took a 10 MiB allocation and Redis used 30% more memory than the store
+held (measured: 130 MiB of used memory for a 100 MiB entry, 101 MiB with this size)."""
+PUT_ATTEMPTS = 3
+"""Writes of one put's chunks before it gives up, when concurrent deletes of the same key keep sweeping them."""
+EVICT_BATCH = 1000
+"""Entries one eviction script deletes at most, so that Redis (which runs a script to its end) answers the queues
+between batches."""
+
+# Every script gets the store's prefix as ARGV[1] and the cap this process defaults to as ARGV[2], and builds its
+# key names from the prefix (one Redis server, no cluster: the farm's Celery transport needs one anyway).
+_LUA_COMMON = """
+if redis.replicate_commands then redis.replicate_commands() end
+local prefix = ARGV[1]
+local LRU, SIZES, BYTES, PINS = prefix .. 'lru', prefix .. 'sizes', prefix .. 'bytes', prefix .. 'pins'
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function cap() return tonumber(redis.call('GET', prefix .. 'max_bytes') or ARGV[2]) end
+local function total() return tonumber(redis.call('GET', BYTES) or '0') end
+local function header_key(key) return prefix .. 'obj:' .. key end
+local function account(key, size, now)
+  if redis.call('HSETNX', SIZES, key, size) == 1 then redis.call('INCRBY', BYTES, size) end
+  redis.call('ZADD', LRU, now, key)
+end
+local function touch(key, now)
+  local header = redis.call('GET', header_key(key))
+  if not header then return 0 end
+  local size = tonumber(string.match(header, '^(%d+):'))
+  if size then account(key, size, now) end
+  return 1
+end
+local function drop(key)
+  local header = redis.call('GETDEL', header_key(key))
+  local count = header and tonumber(string.match(header, ':(%d+)$')) or 0
+  for i = 0, count - 1 do redis.call('UNLINK', header_key(key) .. ':' .. i) end
+  while redis.call('UNLINK', header_key(key) .. ':' .. count) == 1 do count = count + 1 end
+  local backrefs = prefix .. 'backrefs:' .. key
+  for _, name in ipairs(redis.call('SMEMBERS', backrefs)) do
+    if redis.call('GET', prefix .. 'ref:' .. name) == key then redis.call('DEL', prefix .. 'ref:' .. name) end
+  end
+  redis.call('DEL', backrefs)
+  local size = redis.call('HGET', SIZES, key)
+  if size then
+    redis.call('HDEL', SIZES, key)
+    redis.call('DECRBY', BYTES, size)
+  end
+  redis.call('ZREM', LRU, key)
+  return tonumber(size) or 0
+end
+local function live_owners()
+  redis.call('ZREMRANGEBYSCORE', PINS, '-inf', '(' .. now_ms())
+  return redis.call('ZRANGE', PINS, 0, -1)
+end
+local function pinned(key, owners)
+  for _, owner in ipairs(owners) do
+    if redis.call('SISMEMBER', prefix .. 'pin:' .. owner, key) == 1 then return true end
+  end
+  return false
+end
+local function add_members(set, first)
+  for i = first, #ARGV, 1000 do redis.call('SADD', set, unpack(ARGV, i, math.min(i + 999, #ARGV))) end
+end
+"""
+
+_LUA_TOUCH = _LUA_COMMON + "return {touch(ARGV[3], now_ms()), total(), cap()}"
+"""A use of an entry: {1 and the entry marked used now (counted, if an older farm wrote it), or 0 when absent;
+the entries' bytes; the cap}."""
+
+_LUA_COMMIT = _LUA_COMMON + """
+for i = 0, tonumber(ARGV[5]) - 1 do
+  if redis.call('EXISTS', header_key(ARGV[3]) .. ':' .. i) == 0 then return {0, total(), cap()} end
+end
+redis.call('SET', header_key(ARGV[3]), ARGV[4] .. ':' .. ARGV[5])
+account(ARGV[3], tonumber(ARGV[4]), now_ms())
+return {1, total(), cap()}
+"""
+"""The last step of a put: the header (which makes the entry exist) and its accounting, at once, but only when
+every chunk is there (a concurrent delete of the same key may have swept them): {1 or 0, bytes, cap}."""
+
+_LUA_DROP = _LUA_COMMON + "return drop(ARGV[3])"
+"""Delete an entry: header first, its chunks (a dead put's orphans too), the refs that point at it, its bytes."""
+
+_LUA_EVICT = _LUA_COMMON + """
+local now, limit, most = now_ms(), cap() - tonumber(ARGV[4]), tonumber(ARGV[3])
+local owners, left = live_owners(), total()
+local entries, freed = 0, 0
+while left > limit and entries < most do
+  local batch = redis.call('ZRANGEBYSCORE', LRU, '-inf', now, 'LIMIT', 0, 100)
+  if #batch == 0 then break end
+  for _, key in ipairs(batch) do
+    if left <= limit or entries >= most then break end
+    if pinned(key, owners) then
+      redis.call('ZADD', LRU, now + 1, key)
+    else
+      local size = drop(key)
+      left, freed, entries = left - size, freed + size, entries + 1
+    end
+  end
+end
+return {entries, freed, left, (left > limit and entries >= most) and 1 or 0}
+"""
+"""One batch of eviction, least recently used first, until the bytes are within the cap less ARGV[4] (room for a
+put about to write): {entries, bytes freed, bytes left, 1 when the batch limit stopped it above that}. A pinned
+entry is in use: it is marked used now, so that the next eviction doesn't walk over it again (long-pinned
+entries, such as tuning records, would otherwise sit at the old end and be checked by every put)."""
+
+_LUA_PIN = _LUA_COMMON + """
+local set = prefix .. 'pin:' .. ARGV[3]
+if ARGV[5] == '1' then redis.call('DEL', set) end
+add_members(set, 6)
+if redis.call('EXISTS', set) == 0 then
+  redis.call('ZREM', PINS, ARGV[3])
+elseif ARGV[4] == '' then
+  redis.call('PERSIST', set)
+  redis.call('ZADD', PINS, 'inf', ARGV[3])
+else
+  redis.call('PEXPIRE', set, ARGV[4])
+  redis.call('ZADD', PINS, now_ms() + tonumber(ARGV[4]), ARGV[3])
+end
+return 1
+"""
+"""Pin keys for an owner (ARGV: owner, ttl in ms or '' for none, '1' to replace its pins, keys...)."""
+
+_LUA_UNPIN = _LUA_COMMON + """
+local set = prefix .. 'pin:' .. ARGV[3]
+if #ARGV == 3 then
+  redis.call('DEL', set)
+else
+  for i = 4, #ARGV, 1000 do redis.call('SREM', set, unpack(ARGV, i, math.min(i + 999, #ARGV))) end
+end
+if redis.call('EXISTS', set) == 0 then redis.call('ZREM', PINS, ARGV[3]) end
+return 1
+"""
+
+_LUA_OWNERS = _LUA_COMMON + "return live_owners()"
+
+_LUA_STATS = _LUA_COMMON + """
+local owners, seen, entries, bytes = live_owners(), {}, 0, 0
+for _, owner in ipairs(owners) do
+  for _, key in ipairs(redis.call('SMEMBERS', prefix .. 'pin:' .. owner)) do
+    if not seen[key] then
+      seen[key] = true
+      local size = redis.call('HGET', SIZES, key)
+      if size then entries, bytes = entries + 1, bytes + tonumber(size) end
+    end
+  end
+end
+return {redis.call('HLEN', SIZES), total(), cap(), entries, bytes, owners}
+"""
+"""Entries, bytes, cap, pinned entries and bytes (each entry once, however many owners pin it), live owners."""
+
+_LUA_SET_REF = _LUA_COMMON + """
+redis.call('SET', prefix .. 'ref:' .. ARGV[3], ARGV[4])
+if redis.call('EXISTS', header_key(ARGV[4])) == 1 then redis.call('SADD', prefix .. 'backrefs:' .. ARGV[4], ARGV[3]) end
+return 1
+"""
+"""Point a ref at a key and remember it beside the entry, so that evicting the entry deletes the ref too (refs
+stay as bounded as the entries)."""
+
+_LUA_ADOPT = _LUA_COMMON + """
+local adopted = 0
+for i = 3, #ARGV do
+  if redis.call('HEXISTS', SIZES, ARGV[i]) == 0 then
+    local header = redis.call('GET', header_key(ARGV[i]))
+    local size = header and tonumber(string.match(header, '^(%d+):'))
+    if size then
+      account(ARGV[i], size, 0)
+      adopted = adopted + 1
+    end
+  end
+end
+return adopted
+"""
+"""Count entries that an older farm wrote without accounting, as the least recently used of all."""
 
 
 class RedisStore(Store):
@@ -32,6 +215,13 @@ class RedisStore(Store):
     delete or an eviction, which the hash check on every read catches). Each chunk travels in its own command, so
     neither side ever holds a big value in one request buffer. Refs are plain string keys `{prefix}ref:{name}`.
 
+    The cap: `{prefix}sizes` (a hash: key -> bytes), `{prefix}bytes` (their sum) and `{prefix}lru` (a sorted set:
+    key -> last use, in Redis' milliseconds) are updated by Lua scripts together with the header, so the count
+    is exact whoever writes or deletes. A put that takes the bytes above the cap (`{prefix}max_bytes`, published
+    by the workers, else FARM_STORE_MAX_BYTES) evicts least recently used entries that no pin holds. Pins are
+    sets `{prefix}pin:{owner}` with a TTL, listed in `{prefix}pins` (a sorted set: owner -> expiry); refs that
+    point at an entry are listed in `{prefix}backrefs:{key}` and deleted with it.
+
     The connection is lazy (a worker may start before Redis does); timeouts are short and retries few, so an
     unreachable server is reported as StoreUnreachableError within seconds rather than hanging a build.
     """
@@ -40,7 +230,7 @@ class RedisStore(Store):
         self,
         url: str,
         prefix: str = "farm:store:",
-        chunk_bytes: int = 8 << 20,
+        chunk_bytes: int = CHUNK_BYTES,
         *,
         connect_timeout: float = 3.0,
         socket_timeout: float = 10.0,
@@ -65,6 +255,12 @@ class RedisStore(Store):
             )
         except ValueError as exc:  # redis-py's answer to a malformed URL
             raise BadStoreUrlError(f"bad Redis URL {redact_url(url)}: {exc}") from exc
+        script = self.client.register_script
+        self._touch, self._commit, self._drop, self._evict = (
+            script(_LUA_TOUCH), script(_LUA_COMMIT), script(_LUA_DROP), script(_LUA_EVICT))
+        self._pin, self._unpin, self._owners, self._stats = (
+            script(_LUA_PIN), script(_LUA_UNPIN), script(_LUA_OWNERS), script(_LUA_STATS))
+        self._set_ref, self._adopt = script(_LUA_SET_REF), script(_LUA_ADOPT)
 
     @property
     def url(self) -> str:
@@ -83,15 +279,29 @@ class RedisStore(Store):
         return f"{self.prefix}ref:{name}"
 
     def put(self, data: Data) -> str:
+        """Write the entry (or, when it is there, mark it used). Eviction first makes room for it when it wouldn't
+        fit (so Redis never holds the new bytes on top of a full store), and runs again if concurrent puts took
+        the bytes above the cap meanwhile."""
         view = as_bytes_view(data)
         key = hashlib.sha256(view).hexdigest()
         with self._errors():
-            if self.client.exists(self.header_key(key)):
-                return key
-            count = 0
-            for count, start in enumerate(range(0, len(view), self.chunk_bytes), start=1):
-                self.client.set(self.chunk_key(key, count - 1), view[start : start + self.chunk_bytes])
-            self.client.set(self.header_key(key), f"{len(view)}:{count}")
+            present, total, cap = self._script(self._touch, check_key(key))
+        if present:
+            return key
+        if int(total) + len(view) > int(cap):
+            self._evict_to(room=len(view))
+        with self._errors():
+            for _ in range(PUT_ATTEMPTS):
+                count = 0
+                for count, start in enumerate(range(0, len(view), self.chunk_bytes), start=1):
+                    self.client.set(self.chunk_key(key, count - 1), view[start : start + self.chunk_bytes])
+                committed, total, cap = self._script(self._commit, key, len(view), count)
+                if committed:
+                    break
+            else:
+                raise StoreError(f"store entry {key} lost its chunks to concurrent deletes {PUT_ATTEMPTS} times")
+        if int(total) > int(cap):
+            self.evict()
         return key
 
     def get(self, key: str) -> bytes:
@@ -100,29 +310,27 @@ class RedisStore(Store):
             if header is None:
                 raise MissingEntryError(key, redact_url(self.url))
             size, count = self._parse_header(key, header)
-            return self._read_chunks(key, size, count)
+            data = self._read_chunks(key, size, count)
+            self._script(self._touch, key)
+        return data
 
     def has(self, key: str) -> bool:
         with self._errors():
             return bool(self.client.exists(self.header_key(key)))
 
     def delete(self, key: str) -> None:
-        """Delete the header first (readers stop seeing the entry), then its chunks, then any orphans after them.
+        """Delete the header first (readers stop seeing the entry), then its chunks, then any orphans after them,
+        the refs that point at it and its bytes from the count, in one script.
 
         Orphans are chunks of a put that died before its header; they are numbered from 0 upwards without gaps,
         so deleting on from the header's count until a chunk is absent collects them without a SCAN.
         """
         with self._errors():
-            header = self.client.getdel(self.header_key(key))
-            count = self._header_count(header)
-            if count:
-                self.client.delete(*(self.chunk_key(key, index) for index in range(count)))
-            while self.client.delete(self.chunk_key(key, count)):
-                count += 1
+            self._script(self._drop, check_key(key))
 
     def set_ref(self, name: str, key: str) -> None:
         with self._errors():
-            self.client.set(self.ref_key(name), check_key(key))
+            self._script(self._set_ref, name, check_key(key))
 
     def get_ref(self, name: str) -> str | None:
         """The target of `name`; a value that isn't a key counts as no ref (a cache miss, then rewritten)."""
@@ -134,6 +342,78 @@ class RedisStore(Store):
     def delete_ref(self, name: str) -> None:
         with self._errors():
             self.client.delete(self.ref_key(name))
+
+    # -- the cap, eviction and pins --
+
+    @property
+    def max_bytes(self) -> int:
+        with self._errors():
+            published = self.client.get(f"{self.prefix}max_bytes")
+        return int(published) if published else defaults.store_max_bytes()
+
+    def set_max_bytes(self, max_bytes: int) -> None:
+        if max_bytes <= 0:
+            raise StoreError(f"the store's cap must be a positive number of bytes, got {max_bytes}")
+        with self._errors():
+            self.client.set(f"{self.prefix}max_bytes", int(max_bytes))
+
+    def pin(self, owner: str, keys: Iterable[str], ttl: float | None, replace: bool = False) -> None:
+        ttl_ms = "" if ttl is None else str(max(1, int(ttl * 1000)))
+        with self._errors():
+            self._script(self._pin, check_owner(owner), ttl_ms, "1" if replace else "0",
+                         *(check_key(key) for key in keys))
+
+    def unpin(self, owner: str, keys: Iterable[str] | None = None) -> None:
+        chosen = None if keys is None else [check_key(key) for key in keys]
+        if chosen == []:
+            return
+        with self._errors():
+            self._script(self._unpin, check_owner(owner), *(chosen or ()))
+
+    def pin_owners(self) -> list[str]:
+        with self._errors():
+            return [owner.decode() for owner in self._script(self._owners)]
+
+    def stats(self) -> StoreStats:
+        with self._errors():
+            entries, total, cap, pinned_entries, pinned_bytes, owners = self._script(self._stats)
+        return StoreStats(int(entries), int(total), int(cap), int(pinned_entries), int(pinned_bytes),
+                          [owner.decode() for owner in owners])
+
+    def evict(self) -> Eviction:
+        return self._evict_to(room=0)
+
+    def _evict_to(self, room: int) -> Eviction:
+        """Evict in batches of EVICT_BATCH entries until `room` bytes are free under the cap (or only pinned
+        entries are left)."""
+        freed_entries = freed_bytes = 0
+        with self._errors():
+            while True:
+                entries, freed, left, more = self._script(self._evict, EVICT_BATCH, room)
+                freed_entries, freed_bytes = freed_entries + int(entries), freed_bytes + int(freed)
+                if not int(more):
+                    return Eviction(freed_entries, freed_bytes, int(left))
+
+    def adopt_unaccounted(self) -> int:
+        """Count the entries an older farm wrote before the store had a cap (they are the least recently used
+        now); returns how many. A SCAN over the whole database: `farm store gc` runs it, nothing else."""
+        adopted = 0
+        with self._errors():
+            batch: list[str] = []
+            for name in self.client.scan_iter(match=f"{self.prefix}obj:*", count=1000):
+                key = name.decode(errors="replace")[len(self.prefix) + 4:]
+                if is_key(key):
+                    batch.append(key)
+                if len(batch) >= 1000:
+                    adopted += int(self._script(self._adopt, *batch))
+                    batch = []
+            if batch:
+                adopted += int(self._script(self._adopt, *batch))
+        return adopted
+
+    def _script(self, script, *args: object) -> object:
+        """Run one of the store's Lua scripts with the prefix and this process's default cap before `args`."""
+        return script(args=[self.prefix, defaults.store_max_bytes(), *args])
 
     def close(self) -> None:
         self.client.close()
@@ -147,6 +427,8 @@ class RedisStore(Store):
         digest, buffer = hashlib.sha256(), io.BytesIO()
         for index in range(count):
             chunk = self.client.get(self.chunk_key(key, index))
+            if chunk is None and not self.client.exists(self.header_key(key)):
+                raise MissingEntryError(key, f"{redact_url(self.url)} (evicted or deleted while being read)")
             if chunk is None:
                 self._fail_corrupt(key, f"chunk {index} of {count} is missing")
             digest.update(chunk)
@@ -168,14 +450,6 @@ class RedisStore(Store):
         if size < 0 or count < 0:
             self._fail_corrupt(key, f"its header {header[:40]!r} is negative")
         return size, count
-
-    @staticmethod
-    def _header_count(header: bytes | None) -> int:
-        """The chunk count of a header, 0 when there is none or it is unreadable (delete then sweeps from 0)."""
-        try:
-            return max(0, int(header.split(b":")[1])) if header else 0
-        except (IndexError, ValueError):
-            return 0
 
     def _fail_corrupt(self, key: str, reason: str) -> NoReturn:
         """Delete the entry of `key` and raise CorruptEntryError, so the next build puts a good copy."""

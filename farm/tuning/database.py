@@ -4,6 +4,8 @@ The ref `tune:<cpu id>:<kernel key>` points at a JSON record of the timings (the
 farm/tuning/harness.py `time_variants`, plus farm's version), where the cpu id is the CpuTarget id (triple, cpu
 name and features: the CPU class) and the kernel key is the spec's key without target or variant. Every build
 looks its tunable kernels up there; a kernel with no record uses the documented default, cpu.default_blocking.
+Records are pinned (PIN_OWNER), so the store's eviction never takes one; a record replaced by a retune is
+unpinned and ages out like any cache entry.
 """
 
 from __future__ import annotations
@@ -16,7 +18,11 @@ from farm import __version__
 from farm.backends.llvm.gemm import GemmBlocking
 from farm.backends.llvm.target import CpuTarget
 from farm.ir.specs import KernelSpec
-from farm.store import CorruptEntryError, MissingEntryError, Store, refs
+from farm.store import CorruptEntryError, MissingEntryError, Store, content_key, refs
+
+PIN_OWNER = "tuning-database"
+"""The store pins every current record under this owner, without expiry: a record is data, not cache (timing it
+again takes minutes, and without it a build silently falls back to the default variant), and records are small."""
 
 
 def tuning_key(spec: KernelSpec) -> str:
@@ -33,8 +39,14 @@ def record(store: Store, spec: KernelSpec, target: CpuTarget, result: dict[str, 
     """Keep a `time_variants` result as the kernel's record for the target's CPU class; returns its store key."""
     entry = {**result, "farm_version": __version__, "kernel": tuning_key(spec), "op": spec.op,
              "target": target.to_json()}
-    key = store.put(json.dumps(entry, sort_keys=True).encode())
-    store.set_ref(db_ref(spec, target.id), key)
+    data = json.dumps(entry, sort_keys=True).encode()
+    ref, key = db_ref(spec, target.id), content_key(data)
+    before = store.get_ref(ref)
+    store.pin(PIN_OWNER, [key], ttl=None)
+    store.put(data)
+    store.set_ref(ref, key)
+    if before not in (None, key):
+        store.unpin(PIN_OWNER, [before])
     return key
 
 

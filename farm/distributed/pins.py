@@ -1,0 +1,54 @@
+"""What a farm job keeps from the store's eviction: pins owned by the job (farm.store.base.Store.pin).
+
+While a job runs it pins everything it will read again: its model, weights, link plan, the objects it compiled or
+found cached, its libraries. Each is pinned before it is put (or, for a cached object, before its presence is
+checked), so no eviction can fall between the two. When the job is done its pins shrink to the artifact, which
+stays until the artifact is first downloaded; a failed or cancelled job releases them all. Every pin lives at
+most as long as a job record (JOB_TTL_SECONDS, restarted by each pin), so a pin that no step released (a worker
+lost with its job) can't hold entries forever, and `release_ended_jobs` drops such pins as soon as planning or
+`farm store gc` looks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from farm import defaults
+from farm.distributed import protocol
+from farm.distributed.board import JobBoard
+from farm.distributed.protocol import JobState
+from farm.errors import BadInputError
+from farm.store import Store
+
+
+def pin_for_job(store: Store, job_id: str, keys: Iterable[str]) -> None:
+    """Keep `keys` (present or about to be put) while the job needs them."""
+    store.pin(protocol.store_pin_owner(job_id), keys, defaults.JOB_TTL_SECONDS)
+
+
+def keep_only_artifact(store: Store, job_id: str, artifact_key: str) -> None:
+    """A job is done: release everything but its artifact, which stays until it is downloaded."""
+    store.pin(protocol.store_pin_owner(job_id), [artifact_key], defaults.JOB_TTL_SECONDS, replace=True)
+
+
+def release_job(store: Store, job_id: str) -> None:
+    """The job needs nothing more (its artifact was downloaded, or it failed or was cancelled)."""
+    store.unpin(protocol.store_pin_owner(job_id))
+
+
+def release_ended_jobs(board: JobBoard, store: Store) -> list[str]:
+    """Release the pins of jobs that failed, were cancelled or whose record expired (a done job keeps its
+    artifact's pin until the download); returns their job ids."""
+    released = []
+    for owner in store.pin_owners():
+        job_id = protocol.job_of_pin_owner(owner)
+        if job_id is None:
+            continue
+        try:
+            record = board.get(job_id)
+        except BadInputError:  # a malformed record: leave its pins to their expiry
+            continue
+        if record is None or record.state in (JobState.FAILED, JobState.CANCELLED):
+            release_job(store, job_id)
+            released.append(job_id)
+    return released

@@ -1,0 +1,62 @@
+"""The farm's store under its cap, end to end: a real redis-server, real `farm worker` processes and the real CLI
+build more distinct models than fit under FARM_STORE_MAX_BYTES (the workers publish it in the store)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+
+from farm import runtime
+from farm.tools import examples
+from tests.farm_services import farm_cli, farm_factory_fixture  # noqa: F401
+
+MIB = 1 << 20
+CAP = 24 * MIB  # about two jobs of the mlp below: model, weights, weight objects, library, artifact, 2.3 MB each
+MODELS = 8
+ROUNDING = 1.25  # jemalloc's size classes: a value takes up to a quarter more than its bytes (here about 11%)
+SLACK = 16 * MIB
+"""What Redis holds beside the entries: an empty server (about 1 MiB), queues, job records, the store's sets and
+refs, and the clients' query buffers (Redis keeps each as big as the last value the client sent: about 2.5 MiB
+for each worker process and client here) and puts in flight. Measured: a peak of 41 MiB under the 24 MiB cap,
+where the same builds without a cap hold over 100 MiB."""
+
+
+def _models(folder: Path) -> list[Path]:
+    """Distinct models of one shape: same kernels, different weights (a seed each)."""
+    paths = []
+    for seed in range(MODELS):
+        path = folder / f"mlp_{seed}.onnx"
+        onnx.save(examples.mlp(seed=seed), path)
+        paths.append(path)
+    return paths
+
+
+def _cli_json(farm, cwd: Path, *args: str) -> dict:
+    result = farm_cli(*args, "--json", broker=farm.url, cwd=cwd)
+    assert result.returncode == 0, result.stderr + farm.logs()
+    return json.loads(result.stdout)
+
+
+def test_more_distinct_models_than_fit_all_build_download_and_redis_stays_near_the_cap(farm_factory, tmp_path):
+    farm = farm_factory(workers=2, env={"FARM_STORE_MAX_BYTES": str(CAP)})
+    first, *rest = _models(tmp_path)
+    early = _cli_json(farm, tmp_path, "submit", str(first), "--no-wait")["job_id"]
+    assert _cli_json(farm, tmp_path, "wait", early)["state"] == "done"
+    built = [_cli_json(farm, tmp_path, "submit", str(model), "-o", str(tmp_path / "out")) for model in rest]
+    downloaded = farm_cli("download", early, "-o", str(tmp_path / "early"), broker=farm.url, cwd=tmp_path)
+    peak = int(farm.redis.client().info("memory")["used_memory_peak"])  # Redis' own high-water mark
+    assert downloaded.returncode == 0, downloaded.stderr  # pinned until downloaded, through every build after it
+    artifacts = [Path(downloaded.stdout.strip())] + [Path(job["artifact"]) for job in built]
+    assert all(job["state"] == "done" and job["total"] > 0 for job in built)
+    for path in artifacts:
+        runtime.load(path).run(examples.random_input(examples.mlp()))  # every member verified on load
+
+    stats = _cli_json(farm, tmp_path, "store", "stats")
+    footprint = sum(path.stat().st_size for path in artifacts) * 5  # model, weights, objects, library, artifact
+    assert footprint > 3 * CAP  # far more than fits
+    assert stats["max_bytes"] == CAP and stats["bytes"] <= CAP and stats["pinned_entries"] == 0
+    print(f"cap {CAP / MIB:.0f} MiB, {MODELS} models of about {footprint / MODELS / MIB:.1f} MiB of entries each: "
+          f"Redis used memory peaked at {peak / MIB:.1f} MiB; the store holds {stats['bytes'] / MIB:.1f} MiB")
+    assert peak <= CAP * ROUNDING + SLACK
