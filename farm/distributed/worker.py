@@ -7,6 +7,7 @@ devices also takes `opencl.<fingerprint>` for each of them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -62,7 +63,8 @@ def _lease_keeper(broker: str, name: str) -> LeaseKeeper:
     os.environ[INCARNATION_VARIABLE] = incarnation
     board = JobBoard(broker)
     keeper = LeaseKeeper(Leases(board.redis, board.call), name, incarnation, dispatch)
-    keeper.leases.renew(name, incarnation, keeper.seconds)
+    with contextlib.suppress(UnreachableError):  # a Redis that is down is waited for by Celery; the keeper renews
+        keeper.leases.renew(name, incarnation, keeper.seconds)
     return keeper
 
 
