@@ -152,3 +152,22 @@ def test_an_unreachable_redis_raises_store_unreachable_quickly(operation: str) -
     assert "unreachable" in str(caught.value) and "secret" not in str(caught.value)
 
 
+
+
+def test_each_state_change_and_finished_unit_is_published_on_the_jobs_channel(board: JobBoard) -> None:
+    """Waiting clients block on the job's channel (farm/distributed/client.py JobEvents) instead of polling."""
+    pubsub = board.redis.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(protocol.job_events_channel(J1))
+    assert pubsub.get_message(timeout=5) is None  # the subscription's confirmation, taken
+    board.create(J1, new_record())
+    assert board.advance(J1, JobState.PLANNING)
+    assert board.complete(J1, "compile", "cpu/farm_k_1") == 1
+    assert board.complete(J2, "compile", "cpu/farm_k_1") == 1  # another job's channel
+    assert board.fail(J1, "boom")
+    assert not board.advance(J1, JobState.DONE)  # refused: nothing changed, nothing said
+    received = []
+    while (message := pubsub.get_message(timeout=1)) is not None:
+        received.append((message["channel"], message["data"]))
+    channel = protocol.job_events_channel(J1)
+    assert received == [(channel, "planning"), (channel, "compile"), (channel, "failed")]
+    pubsub.close()

@@ -7,7 +7,7 @@ import pytest
 from farm import defaults
 
 FARM_ENV = ("FARM_BROKER_URL", "FARM_STORE_URL", "FARM_TASK_SOFT_TIME_LIMIT", "FARM_TASK_TIME_LIMIT",
-            "FARM_VISIBILITY_TIMEOUT", "FARM_MAX_DELIVERIES", "FARM_WORKER_REDIS_RETRIES")
+            "FARM_VISIBILITY_TIMEOUT", "FARM_MAX_DELIVERIES", "FARM_WORKER_REDIS_RETRIES", "FARM_WAIT_FALLBACK_SECONDS")
 
 
 @pytest.fixture(autouse=True)
@@ -25,6 +25,8 @@ def test_defaults() -> None:
     assert defaults.max_deliveries() == 3
     assert defaults.worker_redis_retries() == 60  # about 30 s: a worker waits out a Redis restart
     assert defaults.POLL_SECONDS > 0 and defaults.JOB_TTL_SECONDS == 7 * 24 * 3600
+    assert defaults.wait_fallback_seconds() == 5  # a waiting client blocks on notifications, reads at least this often
+    assert 0 < defaults.LIVENESS_FIRST_CHECK_SECONDS < defaults.LIVENESS_CHECK_SECONDS < defaults.LIVENESS_CHECK_MAX_SECONDS
 
 
 def test_the_default_limits_are_ordered() -> None:
@@ -40,6 +42,7 @@ def test_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FARM_VISIBILITY_TIMEOUT", "45")
     monkeypatch.setenv("FARM_MAX_DELIVERIES", "7")
     monkeypatch.setenv("FARM_WORKER_REDIS_RETRIES", "2")
+    monkeypatch.setenv("FARM_WAIT_FALLBACK_SECONDS", "0.5")
     assert defaults.broker_url() == "redis://broker:6379/1"
     assert defaults.store_url("redis://broker:6379/1") == "file:///srv/farm-store"
     assert defaults.task_soft_time_limit() == 10.5
@@ -47,6 +50,7 @@ def test_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     assert defaults.visibility_timeout() == 45
     assert defaults.max_deliveries() == 7
     assert defaults.worker_redis_retries() == 2
+    assert defaults.wait_fallback_seconds() == 0.5
 
 
 def test_the_visibility_timeout_follows_an_overridden_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -49,6 +49,17 @@ def deliveries_key(job_id: str, unit: str) -> str:
     return f"{job_key(job_id)}:deliveries:{unit}"
 
 
+def job_events_channel(job_id: str) -> str:
+    """The pub/sub channel on which the board signals each state change and finished unit of the job; waiting
+    clients block on it instead of polling the record."""
+    return f"{job_key(job_id)}:events"
+
+
+JOBS_KEY = "farm:jobs"
+"""A sorted set: job id -> its creation time (Unix seconds), the index behind `farm jobs`. Entries older than the
+job records' time to live are dropped whenever a job is added."""
+
+
 def encode_capabilities(capabilities: dict[str, Any]) -> str:
     """A worker's advertisement: host, pid, CPU and OpenCL devices, as JSON."""
     return json.dumps(capabilities, sort_keys=True)
