@@ -22,6 +22,11 @@ package's light_resnet50.onnx):
   used_memory) and its high-water mark (used_memory_peak), and the store's own count (`farm store stats`).
   `--store-only` runs this measurement alone.
 
+With --waiting-clients N it measures only what idle waiting costs Redis: N `farm wait` processes, each on a job of
+its own that makes no progress (a record in state compiling, no worker: every client also checks for live workers),
+and Redis' `INFO stats` total_commands_processed over --window seconds, less the same window without them:
+commands per second per waiting client.
+
 Every timed figure is the median of --repeat runs; before the timed runs the workers are warmed by a build of
 tiny_cnn (their first task imports LLVM). Workers use production time limits, not the tests' short ones, and
 redis-server fsyncs its append-only file every second, as deploy/redis.conf does. The machine's load average
@@ -35,6 +40,7 @@ visibility timeout (720 s).
 
 Usage: python3 benchmarks/bench_farm.py [--repeat N] [--tasks N] [--store-builds N] [--store-cap BYTES]
                                        [--store-only] [--failover] [--json out.json] [--no-fail]
+       python3 benchmarks/bench_farm.py --waiting-clients N [--window S] [--json out.json]
 Exit status: 0 when every bar passes (or --no-fail), 1 when a bar fails, 2 on bad arguments.
 """
 
@@ -81,6 +87,7 @@ TASK_NAMES = tuple(task.value for task in TaskName if task not in (TaskName.TUNE
 CLI_TIMEOUT_S = 600
 FAILOVER_BAR_S = 30.0  # a SIGKILLed worker costs a job at most this many seconds
 DRAIN_TIMEOUT_S = 300
+CLIENT_START_TIMEOUT_S = 120
 
 
 @dataclass
@@ -302,6 +309,52 @@ def print_store(figures: dict[str, Any]) -> None:
     print(store_table(samples) + "\n")
 
 
+def commands_per_second(connection: redis.Redis, window: float) -> float:
+    """Commands Redis processed per second over `window` seconds (INFO stats; the two INFO calls included)."""
+    before = connection.info("stats")["total_commands_processed"]
+    time.sleep(window)
+    return (connection.info("stats")["total_commands_processed"] - before) / window
+
+
+def waiting_cost(clients: int, window: float) -> dict[str, float]:
+    """Redis commands per second per idle waiting client: `clients` `farm wait` processes on jobs of their own that
+    make no progress (records in state compiling, made through the job board; no worker), measured once every
+    client has connected and had --window seconds' head start, less the rate with none waiting."""
+    from farm.distributed.board import JobBoard
+    from farm.distributed.protocol import JobRecord, JobState
+
+    env = {**os.environ, "PYTHONPATH": WORKER_ENV["PYTHONPATH"]}
+    with ProductionRedis() as server:
+        board, connection = JobBoard(server.url), redis.Redis.from_url(server.url)
+        ids = [f"{index:016x}" for index in range(clients)]
+        for job_id in ids:
+            now = time.time()
+            board.create(job_id, JobRecord(JobState.QUEUED, "0" * 64, "bench", "0" * 64, [host_target()],
+                                           created=now, updated=now))
+            board.advance(job_id, JobState.COMPILING, total=100)
+        idle = commands_per_second(connection, window)
+        connected = len(connection.client_list())
+        waiting = [subprocess.Popen([sys.executable, "-m", "farm", "wait", job_id], env={**env, "FARM_BROKER_URL": server.url},
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for job_id in ids]
+        try:
+            deadline = time.monotonic() + CLIENT_START_TIMEOUT_S
+            while len(connection.client_list()) < connected + clients:
+                if time.monotonic() > deadline or any(p.poll() is not None for p in waiting):
+                    raise RuntimeError(f"{clients} `farm wait` clients didn't all connect")
+                time.sleep(0.2)
+            time.sleep(window)
+            busy = commands_per_second(connection, window)
+        finally:
+            for process in waiting:
+                process.terminate()
+                process.wait(30)
+    per_client = (busy - idle) / clients
+    print(f"  waiting: {clients} idle `farm wait` clients: {busy:.1f} commands/s (idle Redis {idle:.1f}/s): "
+          f"{per_client:.2f} commands/s per waiting client", flush=True)
+    return {"clients": clients, "window_s": window, "idle_commands_per_s": idle, "commands_per_s": busy,
+            "commands_per_s_per_client": per_client}
+
+
 # -- report --------------------------------------------------------------------------------------------------------
 
 
@@ -421,9 +474,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, help="also write every figure to this JSON file")
     parser.add_argument("--no-fail", action="store_true", help="exit 0 even when a bar fails")
     parser.add_argument("--failover", action="store_true", help="only measure what a SIGKILLed worker costs a job")
+    parser.add_argument("--waiting-clients", type=int, metavar="N",
+                        help="measure only the Redis commands per second that N idle `farm wait` clients cost")
+    parser.add_argument("--window", type=float, default=60.0,
+                        help="seconds of the --waiting-clients measurement, and of the head start before it (default 60)")
     args = parser.parse_args(argv)
     if args.repeat < 1 or args.tasks < 1 or args.store_builds < 1 or args.store_cap < 1:
         parser.error("--repeat, --tasks, --store-builds and --store-cap must be >= 1")
+    if (args.waiting_clients is not None and args.waiting_clients < 1) or args.window <= 0:
+        parser.error("--waiting-clients and --window must be > 0")
     return args
 
 
@@ -494,6 +553,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return report_failover(args)
     if args.store_only:
         return store_only(args)
+    if args.waiting_clients:
+        report = {"machine": machine_info(), "waiting": waiting_cost(args.waiting_clients, args.window)}
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=2) + "\n")
+        return 0
     with tempfile.TemporaryDirectory(prefix="farm-bench-farm-") as tmp:
         report = run_benchmarks(args, Path(tmp))
     builds, bars = report.pop("_builds"), report.pop("_bars")

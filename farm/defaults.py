@@ -132,6 +132,20 @@ def toolchain_label() -> str:
     caches, never make two toolchains share one (farm.backends.llvm.toolchain)."""
     return os.environ.get("FARM_TOOLCHAIN_LABEL", "")
 
+def wait_fallback_seconds() -> float:
+    """FARM_WAIT_FALLBACK_SECONDS: a waiting client blocks on its job's notifications and reads the job again at
+    least this often anyway, so a missed notification (a dropped connection) only delays it (default 5)."""
+    return _seconds("FARM_WAIT_FALLBACK_SECONDS", 5)
+
 
 POLL_SECONDS = 0.05
+"""The least time between two reads of a job by one waiting client: a burst of notifications is one read."""
+LIVENESS_FIRST_CHECK_SECONDS = 2.0
+"""A waiting client first asks which of its job's queues have no live worker this long after it starts, unless the
+job ended: a check may take a second (it pings the workers), and a job a live farm ends at once needs none."""
+LIVENESS_CHECK_SECONDS = 5.0
+"""It asks again after the job has shown no change for this long; the pause doubles after each check while the job
+still shows none."""
+LIVENESS_CHECK_MAX_SECONDS = 60.0
+"""The longest pause between two such checks of a job that shows no change."""
 JOB_TTL_SECONDS = 7 * 24 * 3600

@@ -18,6 +18,7 @@ class ExitStatus(IntEnum):
     CANCELLED_OR_UNKNOWN = 3
     UNREACHABLE = 4
     REGRESSION = 5
+    INTERRUPTED = 130
 
 
 class FarmError(Exception):

@@ -164,3 +164,21 @@ def test_refused_credentials_say_so_without_the_password(redis_servers) -> None:
         assert str(caught.value).endswith(f"refused the connection: the URL {why}")
         assert "guess" not in str(caught.value) and caught.value.exit_status == ExitStatus.UNREACHABLE
     assert JobBoard(server.url).get(J1) is None  # the right password gets in
+
+def test_each_state_change_and_finished_unit_is_published_on_the_jobs_channel(board: JobBoard) -> None:
+    """Waiting clients block on the job's channel (farm/distributed/client.py JobEvents) instead of polling."""
+    pubsub = board.redis.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(protocol.job_events_channel(J1))
+    assert pubsub.get_message(timeout=5) is None  # the subscription's confirmation, taken
+    board.create(J1, new_record())
+    assert board.advance(J1, JobState.PLANNING)
+    assert board.complete(J1, "compile", "cpu/farm_k_1") == 1
+    assert board.complete(J2, "compile", "cpu/farm_k_1") == 1  # another job's channel
+    assert board.fail(J1, "boom")
+    assert not board.advance(J1, JobState.DONE)  # refused: nothing changed, nothing said
+    received = []
+    while (message := pubsub.get_message(timeout=1)) is not None:
+        received.append((message["channel"], message["data"]))
+    channel = protocol.job_events_channel(J1)
+    assert received == [(channel, "planning"), (channel, "compile"), (channel, "failed")]
+    pubsub.close()

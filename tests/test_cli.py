@@ -1,17 +1,31 @@
 """The `farm` command end to end, as a user runs it: real processes, real files, documented exit statuses."""
 
+import hashlib
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from farm.backends.llvm.target import host_target
+from farm.distributed.board import JobBoard
+from farm.distributed.protocol import JobRecord, JobState
+from farm.errors import ExitStatus
+from farm.store import RedisStore
 from farm.tools import examples
-from tests.services import RedisServer
+from tests.farm_services import farm_cli
+from tests.services import RedisServer, _started_servers, redis_server_fixture  # noqa: F401
 
 # The checkout under test first on the path, so that `python -m farm` runs it even where another checkout is the
 # installed one.
@@ -219,3 +233,274 @@ def test_the_right_password_gets_through(secured):
     server, folder = secured
     result = farm("status", JOB, "--broker", server.url, cwd=folder)
     assert result.returncode == 3 and "unknown job" in result.stderr  # it reached the farm's job board
+
+
+# -- farm jobs through the CLI against a real redis-server with no worker ------------------------------------------
+
+ARTIFACT = b"artifact bytes"
+ARTIFACT_KEY = hashlib.sha256(ARTIFACT).hexdigest()
+UNIT = "cpu-x/farm_k_1"
+Step = Callable[[JobBoard, str], object]
+
+
+def _to(state: JobState, **fields: object) -> Step:
+    return lambda board, job_id: board.advance(job_id, state, **fields)
+
+
+def _finished(phase: str, *names: str) -> Step:
+    return lambda board, job_id: [board.complete(job_id, phase, name) for name in names]
+
+
+_COMPILING = [_to(JobState.PLANNING), _to(JobState.COMPILING, total=4, kernels=3, blobs=1),
+              _finished("compile", "a", "b")]
+_LINKING = [*_COMPILING, _finished("compile", "c", "d"), _to(JobState.LINKING)]
+PATHS: dict[str, list[Step]] = {
+    "queued": [],
+    "planning": [_to(JobState.PLANNING)],
+    "tuning": [_to(JobState.PLANNING), _to(JobState.TUNING, tune_units=["t/k1", "t/k2"]), _finished("tune", "t/k1")],
+    "compiling": _COMPILING,
+    "linking": _LINKING,
+    "done": [*_LINKING, lambda board, job_id: board.advance(job_id, JobState.DONE, artifact_key=ARTIFACT_KEY,
+                                                            finished=time.time())],
+    "failed before compile": [_to(JobState.PLANNING), lambda board, job_id: board.fail(
+        job_id, "can't read ONNX model m.onnx: truncated", ExitStatus.BAD_INPUT)],
+    "failed at a unit": [*_COMPILING, lambda board, job_id: board.fail(job_id, f"kernel {UNIT} failed: boom",
+                                                                      ExitStatus.BUILD_FAILED, UNIT)],
+    "cancelled": [_to(JobState.CANCELLED, error="cancelled by user")],
+}
+"""How the job board takes a job to each state the CLI must show (a cancelled job and one that failed while
+planning have no failed unit)."""
+LINES = {
+    "queued": "queued, 0/0 compile tasks done",
+    "planning": "planning, 0/0 compile tasks done",
+    "tuning": "tuning, 0/0 compile tasks done, 1/2 kernels timed",
+    "compiling": "compiling, 2/4 compile tasks done",
+    "linking": "linking, 4/4 compile tasks done",
+    "done": "done, 4/4 compile tasks done",
+    "failed before compile": "failed, 0/0 compile tasks done: can't read ONNX model m.onnx: truncated",
+    "failed at a unit": f"failed, 2/4 compile tasks done; failed at {UNIT}: kernel {UNIT} failed: boom",
+    "cancelled": "cancelled, 0/0 compile tasks done: cancelled by user",
+}
+LIVE = {"queued", "planning", "tuning", "compiling", "linking"}
+ENDED_EXIT = {"done": 0, "failed before compile": 2, "failed at a unit": 1, "cancelled": 3}
+ENDED_ERROR = {"failed before compile": "failed: can't read ONNX model m.onnx: truncated",
+               "failed at a unit": f"failed: kernel {UNIT} failed: boom", "cancelled": "was cancelled"}
+NO_WORKER = "farm: no live worker consumes queues control, llvm; start one with 'farm worker'"
+NO_TUNER = (f"farm: no live worker consumes queue tune.{host_target().id}; start 'farm worker' on a host of CPU class "
+            f"{host_target().id}, or its kernels keep the default variants")
+
+
+def _unserved_lines(state: str) -> str:
+    """What a command says on stderr about a job in `state` on a farm with no worker."""
+    return "".join(f"{line}\n" for line in [NO_WORKER] * (state in LIVE) + [NO_TUNER] * (state == "tuning"))
+
+
+@pytest.fixture(scope="module")
+def farm_redis() -> Iterator[RedisServer]:
+    """One redis-server for the module's jobs (each test makes its own), with no worker."""
+    with _started_servers() as start:
+        yield start()
+
+
+def _job_in(server: RedisServer, state: str) -> str:
+    board, store = JobBoard(server.url), RedisStore(server.url)
+    job_id, now = uuid.uuid4().hex[:16], time.time()
+    board.create(job_id, JobRecord(JobState.QUEUED, store.put(b"model"), "m", "b" * 64, [host_target()],
+                                   tune=state == "tuning", created=now, updated=now))
+    assert store.put(ARTIFACT) == ARTIFACT_KEY
+    for step in PATHS[state]:
+        step(board, job_id)
+    assert board.get(job_id).state.value == state.split()[0]
+    return job_id
+
+
+def _check_status(job_id: str, state: str, result: subprocess.CompletedProcess, server: RedisServer) -> None:
+    assert result.returncode == 0 and result.stdout == f"{job_id}: {LINES[state]}\n"
+    assert result.stderr == _unserved_lines(state)
+
+
+def _check_status_json(job_id: str, state: str, result: subprocess.CompletedProcess, server: RedisServer) -> None:
+    info = json.loads(result.stdout)
+    assert result.returncode == 0 and info["job_id"] == job_id and info["state"] == state.split()[0]
+    expected = ["control", "llvm"] + [f"tune.{host_target().id}"] * (state == "tuning") if state in LIVE else None
+    assert info.get("no_live_worker") == expected
+    assert info.get("failed_unit") == (UNIT if state == "failed at a unit" else None)
+
+
+def _check_wait(job_id: str, state: str, result: subprocess.CompletedProcess, server: RedisServer) -> None:
+    if state in LIVE:
+        assert result.returncode == 1 and f"job {job_id} still {state} after 4.0 s" in result.stderr
+        assert NO_WORKER in result.stderr
+        return
+    assert result.returncode == ENDED_EXIT[state]
+    if state == "done":
+        assert result.stdout == f"{job_id}: done\n"
+    else:  # the last line, after any progress bar
+        assert result.stderr.splitlines()[-1] == f"farm: error: job {job_id} {ENDED_ERROR[state]}"
+
+
+def _check_download(job_id: str, state: str, result: subprocess.CompletedProcess, server: RedisServer) -> None:
+    if state in LIVE:
+        assert result.returncode == 3 and f"job {job_id} is {state}: no artifact yet" in result.stderr
+        return
+    assert result.returncode == ENDED_EXIT[state]
+    if state == "done":
+        assert Path(result.stdout.strip()).read_bytes() == ARTIFACT and result.stdout.strip().endswith("m.farm")
+    else:
+        assert result.stderr == f"farm: error: job {job_id} {ENDED_ERROR[state]}\n"
+
+
+def _check_cancel(job_id: str, state: str, result: subprocess.CompletedProcess, server: RedisServer) -> None:
+    after = JobBoard(server.url).get(job_id).state.value
+    if state in LIVE:
+        assert result.returncode == 0 and result.stdout == f"{job_id}: cancelled\n" and after == "cancelled"
+    else:
+        assert result.returncode == 3 and "had already ended" in result.stderr and after == state.split()[0]
+
+
+COMMANDS = {
+    "status": (["status"], _check_status),
+    "status --json": (["status", "--json"], _check_status_json),
+    "wait": (["wait"], _check_wait),
+    "download": (["download", "-o", "{tmp}"], _check_download),
+    "cancel": (["cancel"], _check_cancel),
+}
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+@pytest.mark.parametrize("state", list(PATHS))
+def test_every_job_state_through_every_command(farm_redis: RedisServer, tmp_path: Path, state: str,
+                                               command: str) -> None:
+    job_id = _job_in(farm_redis, state)
+    words, check = COMMANDS[command]
+    args = [words[0], job_id, *(w.format(tmp=tmp_path) for w in words[1:])]
+    if command == "wait" and state in LIVE:
+        args += ["--timeout", "4"]  # past the first liveness check (2 s)
+    result = farm_cli(*args, broker=farm_redis.url, cwd=tmp_path)
+    assert "Traceback" not in result.stderr, result.stderr
+    check(job_id, state, result, farm_redis)
+
+
+class Running:
+    """A `farm` command running in the background with FARM_BROKER_URL set; its stderr collected line by line."""
+
+    def __init__(self, *args: str, broker: str, cwd: Path) -> None:
+        path = os.pathsep.join(p for p in (CHECKOUT, os.environ.get("PYTHONPATH")) if p)
+        self.started = time.monotonic()
+        self.process = subprocess.Popen([sys.executable, "-m", "farm", *args], cwd=cwd, text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        env={**os.environ, "PYTHONPATH": path, "FARM_BROKER_URL": broker})
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(self.process.stderr), daemon=True)
+        self.reader.start()
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, text: str, seconds: float) -> str:
+        """The stderr so far once it holds `text`; fails after `seconds` from the command's start."""
+        while text not in self.stderr:
+            assert time.monotonic() - self.started < seconds, f"no {text!r} within {seconds} s:\n{self.stderr}"
+            assert self.process.poll() is None or text in self.stderr, f"exited {self.process.returncode}:\n" \
+                                                                       f"{self.stderr}"
+            time.sleep(0.05)
+        return self.stderr
+
+    def interrupt(self) -> tuple[int, str]:
+        """Ctrl-C: SIGINT, then its exit status and stdout."""
+        self.process.send_signal(signal.SIGINT)
+        return self.finish()
+
+    def finish(self) -> tuple[int, str]:
+        stdout = self.process.stdout.read()
+        status = self.process.wait(60)
+        self.reader.join(10)
+        return status, stdout
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("farm-model") / "tiny_cnn.onnx"
+    onnx.save(examples.tiny_cnn(), path)
+    return path
+
+
+def _submitted_job(stderr: str) -> str:
+    found = re.search(r"farm: job ([0-9a-f]{16}) submitted; farm status \1 / farm cancel \1", stderr)
+    assert found, stderr
+    return found.group(1)
+
+
+def test_submit_names_its_job_says_no_worker_within_10_s_and_ctrl_c_cancels_it(farm_redis: RedisServer,
+                                                                                 model_file: Path,
+                                                                                 tmp_path: Path) -> None:
+    running = Running("submit", str(model_file), broker=farm_redis.url, cwd=tmp_path)
+    job_id = _submitted_job(running.wait_for("submitted", 10))
+    running.wait_for(NO_WORKER, 10)  # the production defaults: said within 10 s of the command's start
+    status, stdout = running.interrupt()
+    assert status == ExitStatus.INTERRUPTED == 130 and stdout == ""
+    assert f"farm: interrupted; job {job_id} cancelled" in running.stderr and "Aborted" not in running.stderr
+    assert JobBoard(farm_redis.url).get(job_id).state == JobState.CANCELLED
+    assert not (tmp_path / "artifacts").exists()
+
+
+def test_submit_detach_leaves_the_job_running_at_ctrl_c(farm_redis: RedisServer, model_file: Path,
+                                                        tmp_path: Path) -> None:
+    running = Running("submit", str(model_file), "--detach", broker=farm_redis.url, cwd=tmp_path)
+    job_id = _submitted_job(running.wait_for(NO_WORKER, 10))
+    status, _ = running.interrupt()
+    assert status == 130 and f"job {job_id} goes on: farm wait {job_id}" in running.stderr
+    assert JobBoard(farm_redis.url).get(job_id).state == JobState.QUEUED
+
+
+def test_wait_stops_at_ctrl_c_and_leaves_the_job_running(farm_redis: RedisServer, tmp_path: Path) -> None:
+    job_id = _job_in(farm_redis, "compiling")
+    running = Running("wait", job_id, broker=farm_redis.url, cwd=tmp_path)
+    running.wait_for(NO_WORKER, 10)
+    status, _ = running.interrupt()
+    assert status == 130 and f"job {job_id} goes on" in running.stderr
+    assert JobBoard(farm_redis.url).get(job_id).state == JobState.COMPILING
+
+
+def test_no_wait_still_names_the_job_on_stderr(farm_redis: RedisServer, model_file: Path, tmp_path: Path) -> None:
+    result = farm_cli("submit", str(model_file), "--no-wait", "--json", broker=farm_redis.url, cwd=tmp_path)
+    assert result.returncode == 0
+    assert json.loads(result.stdout)["job_id"] == _submitted_job(result.stderr)
+
+
+def test_redis_lost_while_submit_waits_names_the_job_to_resume(redis_server: RedisServer, model_file: Path,
+                                                               tmp_path: Path) -> None:
+    running = Running("submit", str(model_file), broker=redis_server.url, cwd=tmp_path)
+    job_id = _submitted_job(running.wait_for(NO_WORKER, 10))
+    redis_server.kill()
+    status, stdout = running.finish()
+    assert status == ExitStatus.UNREACHABLE == 4 and stdout == ""
+    assert f"job {job_id} may still be running" in running.stderr and f"'farm wait {job_id}'" in running.stderr
+    assert "Traceback" not in running.stderr
+
+
+def test_jobs_lists_recent_jobs_newest_first(redis_server: RedisServer, model_file: Path, tmp_path: Path) -> None:
+    empty = farm_cli("jobs", "--json", broker=redis_server.url, cwd=tmp_path)
+    assert empty.returncode == 0 and json.loads(empty.stdout) == [] and "no jobs" in empty.stderr
+    ids = [json.loads(farm_cli("submit", str(model_file), "--no-wait", "--json", broker=redis_server.url,
+                               cwd=tmp_path).stdout)["job_id"] for _ in range(2)]
+    assert farm_cli("cancel", ids[0], broker=redis_server.url, cwd=tmp_path).returncode == 0
+    listed = farm_cli("jobs", broker=redis_server.url, cwd=tmp_path)
+    assert listed.returncode == 0 and listed.stderr == ""
+    rows = [line.split() for line in listed.stdout.splitlines()]
+    assert [row[:3] for row in rows] == [[ids[1], "queued", "tiny_cnn"], [ids[0], "cancelled", "tiny_cnn"]]
+    assert all(re.fullmatch(r"\d+[smhd]", row[3]) and row[4] == "ago" for row in rows)
+    one = json.loads(farm_cli("jobs", "--json", "--limit", "1", broker=redis_server.url, cwd=tmp_path).stdout)
+    assert [(job["job_id"], job["state"], job["model"]) for job in one] == [(ids[1], "queued", "tiny_cnn")]
+    assert one[0]["age_s"] >= 0 and one[0]["created"] > 0
+    bad = farm_cli("jobs", "--limit", "0", broker=redis_server.url, cwd=tmp_path)
+    assert bad.returncode == 2 and "--limit" in bad.stderr
+
+
+def test_workers_says_when_none_is_live(redis_server: RedisServer, tmp_path: Path) -> None:
+    text = farm_cli("workers", broker=redis_server.url, cwd=tmp_path)
+    assert text.returncode == 0 and text.stdout == ""
+    assert text.stderr == "farm: no live worker on this farm; start one with 'farm worker'\n"
+    listed = farm_cli("workers", "--json", broker=redis_server.url, cwd=tmp_path)
+    assert listed.returncode == 0 and json.loads(listed.stdout) == [] and "no live worker" in listed.stderr

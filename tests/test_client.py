@@ -6,15 +6,20 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import threading
+import time
 from pathlib import Path
 
 import onnx
 import pytest
 
+from farm import defaults
 from farm.backends.llvm.target import host_target
-from farm.distributed.client import FarmClient, raise_for_state
-from farm.distributed.protocol import JobState
-from farm.errors import BadInputError, BuildError, ExitStatus, JobError
+from farm.backends.opencl.target import OpenClTarget
+from farm.distributed import protocol
+from farm.distributed.client import ANY_WORKER, FarmClient, LivenessWatch, job_queues, raise_for_state
+from farm.distributed.protocol import JobRecord, JobState
+from farm.errors import BadInputError, BuildError, ExitStatus, JobError, UnreachableError
 from farm.store import RedisStore
 from farm.tools import examples
 from tests.services import RedisServer, redis_server_fixture  # noqa: F401
@@ -143,3 +148,145 @@ def test_submit_of_a_missing_file_is_bad_input(client: FarmClient, redis_server:
         client.submit(tmp_path, [host_target()])  # a folder is no model either
     raw = redis_server.client()
     assert raw.llen("control") == 0 and raw.keys("farm:job:*") == []
+
+
+def _record(targets: list, **fields: object) -> JobRecord:
+    return JobRecord(JobState.QUEUED, "a" * 64, "m", "b" * 64, targets, **fields)
+
+
+def test_a_jobs_queues_come_from_its_targets() -> None:
+    cpu, device = host_target(), OpenClTarget("0123456789abcdef")
+    assert job_queues(_record([cpu])) == {"control": ANY_WORKER, "llvm": ANY_WORKER}
+    opencl_only = job_queues(_record([device]))
+    assert list(opencl_only) == ["control", "opencl.0123456789abcdef"]
+    assert "0123456789abcdef" in opencl_only["opencl.0123456789abcdef"]
+    tuning = job_queues(_record([cpu, device], tune=True))
+    assert set(tuning) == {"control", "llvm", "opencl.0123456789abcdef", f"tune.{cpu.id}"}
+    assert "default variants" in tuning[f"tune.{cpu.id}"]
+    assert f"tune.{cpu.id}" not in job_queues(_record([cpu], tune=True, tuned=True))  # its tuning has run
+
+
+def test_jobs_lists_the_newest_first_and_skips_records_that_are_gone(client: FarmClient, redis_server: RedisServer,
+                                                                     model_path: Path) -> None:
+    assert client.jobs() == []
+    ids = [client.submit(model_path, [host_target()]) for _ in range(3)]
+    client.cancel(ids[0])
+    listed = client.jobs()
+    assert [job["job_id"] for job in listed] == ids[::-1]
+    assert [job["state"] for job in listed] == ["queued", "queued", "cancelled"]
+    assert all(job["model"] == "tiny_cnn" and 0 <= job["age_s"] < 60 for job in listed)
+    assert [job["job_id"] for job in client.jobs(limit=2)] == [ids[2], ids[1]]
+
+    raw = redis_server.client()
+    assert 0 < raw.ttl(protocol.JOBS_KEY) <= defaults.JOB_TTL_SECONDS
+    raw.delete(protocol.job_key(ids[1]))  # a record gone before its index entry
+    assert [job["job_id"] for job in client.jobs(limit=2)] == [ids[2], ids[0]]
+
+    old = "0" * 16
+    client.board.create(old, _record([host_target()], created=time.time() - defaults.JOB_TTL_SECONDS - 60))
+    raw.zadd(protocol.JOBS_KEY, {old: time.time() - defaults.JOB_TTL_SECONDS - 60})
+    assert old not in {job["job_id"] for job in client.jobs()}  # older than a record lives: not listed
+    client.submit(model_path, [host_target()])
+    assert raw.zscore(protocol.JOBS_KEY, old) is None  # and dropped from the index at the next submit
+
+    raw.zadd(protocol.JOBS_KEY, {"../../etc": time.time()})
+    unreadable = client.jobs(limit=1)[0]
+    assert unreadable["state"] == "unreadable" and "not a job id" in unreadable["error"]
+
+
+def test_wait_wakes_at_the_boards_notifications_not_at_its_poll(client: FarmClient, model_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FARM_WAIT_FALLBACK_SECONDS", "60")
+    job_id = client.submit(model_path, [host_target()])
+    board, key = client.board, client.store.put(b"artifact")
+
+    def build() -> None:
+        board.advance(job_id, JobState.PLANNING)
+        time.sleep(0.3)
+        board.advance(job_id, JobState.COMPILING, total=2)
+        board.complete(job_id, "compile", "a")
+        board.complete(job_id, "compile", "b")
+        board.advance(job_id, JobState.LINKING)
+        board.advance(job_id, JobState.DONE, artifact_key=key, finished=time.time())
+
+    seen: list[tuple[str, int]] = []
+    threading.Timer(0.5, build).start()
+    started = time.monotonic()
+    status = client.wait(job_id, on_progress=lambda s: seen.append((s["state"], s["done"])))
+    assert status["state"] == "done" and time.monotonic() - started < 30  # the fallback poll would take 60 s
+    assert seen[0] == ("queued", 0) and ("planning", 0) in seen and seen[-1] == ("done", 2)
+    assert len(seen) <= 7  # one read per notification (or burst of them), no polling between
+
+
+def test_a_change_nobody_announced_is_seen_at_the_fallback_poll(client: FarmClient, model_path: Path,
+                                                                redis_server: RedisServer,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FARM_WAIT_FALLBACK_SECONDS", "0.5")
+    job_id = client.submit(model_path, [host_target()])
+    threading.Timer(0.3, lambda: redis_server.client().hset(protocol.job_key(job_id), "state", "cancelled")).start()
+    assert client.wait(job_id, timeout=30)["state"] == "cancelled"
+
+
+def test_an_idle_wait_reads_its_job_once_per_fallback_period(client: FarmClient, model_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FARM_WAIT_FALLBACK_SECONDS", "1")
+    job_id = client.submit(model_path, [host_target()])
+    reads: list[dict] = []
+    client.wait(job_id, timeout=2.5, on_progress=reads.append)
+    assert 3 <= len(reads) <= 5  # at 0, 1, 2 and 2.5 s (polling every POLL_SECONDS would be 50)
+
+
+def test_wait_says_once_which_queues_have_no_live_worker(client: FarmClient, model_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(defaults, "LIVENESS_FIRST_CHECK_SECONDS", 0.1)
+    monkeypatch.setattr(defaults, "LIVENESS_CHECK_SECONDS", 0.1)
+    job_id = client.submit(model_path, [host_target()])
+    assert client.unserved_queues(job_id) == {"control": ANY_WORKER, "llvm": ANY_WORKER}  # no worker runs here
+    said: list[dict[str, str]] = []
+    client.wait(job_id, timeout=3, on_unserved=said.append)
+    assert said == [{"control": ANY_WORKER, "llvm": ANY_WORKER}]  # checked again and again, said once
+    client.cancel(job_id)
+    assert client.unserved_queues(job_id) == {}  # an ended job needs no worker
+
+
+def test_liveness_checks_back_off_while_the_job_shows_no_change() -> None:
+    answers = iter([{"control": "x"}, {"control": "x"}, {}, {"control": "x"}] + [{"control": "x"}] * 10)
+    checks: list[float] = []
+    said: list[dict[str, str]] = []
+    now = 0.0
+
+    def unserved() -> dict[str, str]:
+        checks.append(now)
+        return next(answers)
+
+    watch = LivenessWatch(unserved, said.append)
+    for now in (0, 1.9, 2, 6.9, 7, 16.9, 17):
+        watch.saw({"state": "queued"}, now)
+    assert checks == [2, 7, 17]  # LIVENESS_FIRST_CHECK_SECONDS after the start, then after pauses of 5 and 10 s
+    assert said == [{"control": "x"}]  # the same queue again is not said again
+    for now in (18, 22.9, 23):
+        watch.saw({"state": "planning"}, now)  # a change: the pause is 5 s again
+    assert checks == [2, 7, 17, 23]
+    assert said == [{"control": "x"}, {"control": "x"}]  # served at 17, unserved again at 23: said again
+    for now in range(24, 200):
+        watch.saw({"state": "planning"}, now)
+    assert checks[4:] == [28, 38, 58, 98, 158]  # doubling up to LIVENESS_CHECK_MAX_SECONDS
+    assert defaults.LIVENESS_FIRST_CHECK_SECONDS == 2 and defaults.LIVENESS_CHECK_MAX_SECONDS == 60
+
+
+def test_a_job_that_ends_at_once_is_never_held_up_by_a_liveness_check() -> None:
+    checks: list[int] = []
+    watch = LivenessWatch(lambda: checks.append(1) or {}, lambda queues: None)
+    watch.saw({"state": "queued"}, 100.0)
+    watch.saw({"state": "planning"}, 101.0)
+    assert checks == [] and watch.next_check == 106.0
+
+
+def test_a_redis_lost_mid_wait_names_the_job_to_resume(redis_server: RedisServer, model_path: Path) -> None:
+    client = FarmClient(redis_server.url)
+    job_id = client.submit(model_path, [host_target()])
+    threading.Timer(1, redis_server.kill).start()
+    started = time.monotonic()
+    with pytest.raises(UnreachableError, match=f"'farm wait {job_id}' resumes") as caught:
+        client.wait(job_id)
+    assert caught.value.exit_status == 4 and time.monotonic() - started < 30

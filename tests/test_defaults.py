@@ -9,7 +9,7 @@ from farm.errors import BadInputError, ExitStatus
 
 FARM_ENV = ("FARM_BROKER_URL", "FARM_STORE_URL", "FARM_TASK_SOFT_TIME_LIMIT", "FARM_TASK_TIME_LIMIT",
             "FARM_VISIBILITY_TIMEOUT", "FARM_MAX_DELIVERIES", "FARM_WORKER_REDIS_RETRIES", "FARM_TOOLCHAIN_LABEL",
-            "FARM_STORE_MAX_BYTES", "FARM_WORKER_LEASE_SECONDS")
+            "FARM_STORE_MAX_BYTES", "FARM_WORKER_LEASE_SECONDS", "FARM_WAIT_FALLBACK_SECONDS")
 
 
 @pytest.fixture(autouse=True)
@@ -29,6 +29,8 @@ def test_defaults() -> None:
     assert defaults.toolchain_label() == ""
     assert defaults.POLL_SECONDS > 0 and defaults.JOB_TTL_SECONDS == 7 * 24 * 3600
     assert defaults.store_max_bytes() == defaults.STORE_MAX_BYTES == 2 << 30
+    assert defaults.wait_fallback_seconds() == 5  # a waiting client blocks on notifications, reads at least this often
+    assert 0 < defaults.LIVENESS_FIRST_CHECK_SECONDS < defaults.LIVENESS_CHECK_SECONDS < defaults.LIVENESS_CHECK_MAX_SECONDS
 
 
 def test_the_default_limits_are_ordered() -> None:
@@ -46,6 +48,7 @@ def test_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FARM_WORKER_REDIS_RETRIES", "2")
     monkeypatch.setenv("FARM_TOOLCHAIN_LABEL", "canary")
     monkeypatch.setenv("FARM_STORE_MAX_BYTES", "1048576")
+    monkeypatch.setenv("FARM_WAIT_FALLBACK_SECONDS", "0.5")
     assert defaults.broker_url() == "redis://broker:6379/1"
     assert defaults.store_url("redis://broker:6379/1") == "file:///srv/farm-store"
     assert defaults.task_soft_time_limit() == 10.5
@@ -55,6 +58,7 @@ def test_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     assert defaults.worker_redis_retries() == 2
     assert defaults.toolchain_label() == "canary"
     assert defaults.store_max_bytes() == 1 << 20
+    assert defaults.wait_fallback_seconds() == 0.5
 
 
 def test_the_visibility_timeout_follows_an_overridden_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -234,3 +234,29 @@ def test_opencl_tasks_go_to_the_worker_that_has_the_device(farm_factory, tmp_pat
     queues = {w["name"]: w["queues"] for w in json.loads(farm_cli("workers", "--json", broker=farm.url,
                                                                   cwd=tmp_path).stdout)}
     assert f"opencl.{fingerprint}" in queues["gpu@test"] and f"opencl.{fingerprint}" not in queues["cpu@test"]
+
+
+def test_a_device_no_live_worker_owns_is_named_by_status_and_wait(farm_factory, tmp_path):
+    from farm.backends.llvm.target import host_target
+    from farm.distributed.client import FarmClient
+
+    (tmp_path / "no-icd").mkdir()
+    farm = farm_factory(workers=0)
+    farm.add_worker("cpu@test", env={"OCL_ICD_VENDORS": str(tmp_path / "no-icd")})
+    model = tmp_path / "tiny_cnn.onnx"
+    onnx.save(examples.tiny_cnn(), model)
+    absent = "0123456789abcdef"  # no worker has this device; control and llvm are served
+    client = FarmClient(farm.url)
+    job_id = client.submit(model, [host_target(), OpenClTarget(absent)])
+    said = (f"farm: no live worker consumes queue opencl.{absent}; start 'farm worker' on a host with OpenCL "
+            f"device {absent}\n")
+    status = farm_cli("status", job_id, broker=farm.url, cwd=tmp_path)
+    assert status.returncode == 0 and status.stderr == said, status.stderr + farm.logs()
+    started = time.monotonic()
+    waited = farm_cli("wait", job_id, "--timeout", "12", broker=farm.url, cwd=tmp_path)
+    assert waited.returncode == 1 and waited.stderr.count(said) == 1, waited.stderr
+    assert time.monotonic() - started < 60
+    assert client.status(job_id)["state"] in ("planning", "compiling")  # its OpenCL units wait for a worker
+    workers = farm_cli("workers", broker=farm.url, cwd=tmp_path)
+    assert workers.returncode == 0 and workers.stderr == "" and "cpu@test" in workers.stdout
+    assert client.cancel(job_id)

@@ -141,3 +141,8 @@ def test_capabilities_round_trip_and_garbage_advertises_nothing() -> None:
     assert protocol.decode_capabilities(protocol.encode_capabilities(capabilities)) == capabilities
     assert protocol.decode_capabilities("not json") == protocol.decode_capabilities("[1]") == {}
     assert protocol.decode_capabilities(None) == {}
+
+
+def test_the_job_index_and_events_channel_are_named_here() -> None:
+    assert protocol.JOBS_KEY == "farm:jobs"
+    assert protocol.job_events_channel(JOB) == f"farm:job:{JOB}:events"

@@ -1,7 +1,8 @@
 """The `farm` command line: `farm submit` builds an artifact, `farm run` runs one.
 
 Exit statuses (README.md, "Exit statuses"): 0 done, 1 build failed, 2 bad input, 3 cancelled or unknown job,
-4 farm unreachable. Errors go to stderr as one line that names what is wrong; `--json` also puts them on stdout.
+4 farm unreachable, 130 interrupted (Ctrl-C). Errors go to stderr as one line that names what is wrong; `--json`
+also puts them on stdout.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 import numpy as np
@@ -43,6 +44,9 @@ def reports_errors(command: Callable) -> Callable:
             _fail(str(error), error.exit_status, as_json)
         except OSError as error:
             _fail(f"{error.filename or ''}: {error.strerror or error}".lstrip(": "), ExitStatus.BAD_INPUT, as_json)
+        except KeyboardInterrupt:
+            click.echo("farm: interrupted", err=True)
+            sys.exit(int(ExitStatus.INTERRUPTED))
 
     return wrapper
 
@@ -85,6 +89,8 @@ def _client(broker: str | None):
 @click.option("--workers", type=click.IntRange(min=1), help="Local compile processes (default: every core).")
 @broker_option
 @click.option("--no-wait", is_flag=True, help="With a farm: return the job id at once.")
+@click.option("--detach", is_flag=True,
+              help="With a farm: Ctrl-C stops waiting but leaves the job running (default: Ctrl-C cancels it).")
 @click.option("--no-cache", is_flag=True, help="With a farm: rebuild every kernel and blob.")
 @click.option("--tune", is_flag=True,
               help="First time the GEMM variants of each kernel the tuning database lacks, on a CPU of its target "
@@ -92,10 +98,12 @@ def _client(broker: str | None):
 @click.option("--retune", is_flag=True, help="Like --tune, but time every tunable kernel again.")
 @reports_errors
 def submit(model: Path, targets: tuple[str, ...], output_dir: str, as_json: bool, workers: int | None,
-           broker: str | None, no_wait: bool, no_cache: bool, tune: bool, retune: bool) -> None:
+           broker: str | None, no_wait: bool, detach: bool, no_cache: bool, tune: bool, retune: bool) -> None:
     """Build MODEL.onnx into OUTPUT_DIR/<stem>.farm and print the artifact's path (on the farm when one is set).
 
-    Kernels use the variants the tuning database holds for their target (the default where it holds none)."""
+    Kernels use the variants the tuning database holds for their target (the default where it holds none). On the
+    farm the job id goes to stderr first thing; Ctrl-C while waiting cancels the job (with --detach: leaves it
+    running) and exits 130."""
     from farm.backends.registry import parse_targets
 
     if not model.is_file():
@@ -103,7 +111,7 @@ def submit(model: Path, targets: tuple[str, ...], output_dir: str, as_json: bool
     client = _client(broker) if broker else None
     chosen = parse_targets(targets, _devices(client.broker if client else None))
     if client:
-        _submit_to_farm(client, model, chosen, output_dir, as_json, no_wait, no_cache,
+        _submit_to_farm(client, model, chosen, output_dir, as_json, no_wait, detach, no_cache,
                         {"tune": tune, "retune": retune})
         return
     from farm.build.executor import LocalExecutor
@@ -131,19 +139,59 @@ def _devices(broker: str | None) -> Devices:
 
 
 def _submit_to_farm(client, model: Path, targets: list, output_dir: str, as_json: bool, no_wait: bool,
-                    no_cache: bool, tuning: dict[str, bool]) -> None:
+                    detach: bool, no_cache: bool, tuning: dict[str, bool]) -> None:
+    from farm.errors import UnreachableError
+
     job_id = client.submit(model, targets, no_cache=no_cache, **tuning)
+    click.echo(f"farm: job {job_id} submitted; farm status {job_id} / farm cancel {job_id}", err=True)
     if no_wait:
         click.echo(json.dumps({"job_id": job_id, "state": "queued"}) if as_json else job_id)
         return
-    status = _wait_with_progress(client, job_id, model.name)
+    try:
+        status = _wait_with_progress(client, job_id, model.name)
+    except KeyboardInterrupt:
+        _interrupted(client, job_id, cancel=not detach)
     if status.get("tuning_note"):
         click.echo(f"farm: note: {status['tuning_note']}", err=True)
-    artifact = client.download(job_id, output_dir)
+    try:
+        artifact = client.download(job_id, output_dir)
+    except UnreachableError as error:
+        raise UnreachableError(f"{error}; job {job_id} is done: 'farm download {job_id}' fetches it") from None
     if as_json:
         click.echo(json.dumps({**status, "artifact": artifact}, sort_keys=True))
     else:
         click.echo(artifact)
+
+
+def _interrupted(client, job_id: str, cancel: bool) -> NoReturn:
+    """Ctrl-C while waiting: cancel the job (or leave it running), say which, exit 130. A second Ctrl-C can't cut
+    the cancel short."""
+    import signal
+
+    from farm.errors import UnreachableError
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not cancel:
+        click.echo(f"farm: interrupted; job {job_id} goes on: farm wait {job_id} / farm cancel {job_id}", err=True)
+    else:
+        try:
+            cancelled = client.cancel(job_id)
+            click.echo(f"farm: interrupted; job {job_id} " + ("cancelled" if cancelled else
+                                                              f"had already ended: farm status {job_id}"), err=True)
+        except UnreachableError as error:
+            click.echo(f"farm: interrupted, but job {job_id} could not be cancelled ({error}): "
+                       f"farm cancel {job_id}", err=True)
+    sys.exit(int(ExitStatus.INTERRUPTED))
+
+
+def _say_unserved(queues: dict[str, str]) -> None:
+    """One line on stderr per way to serve them: `farm: no live worker consumes queue(s) Q[, ...]; HINT`."""
+    by_hint: dict[str, list[str]] = {}
+    for queue, hint in queues.items():
+        by_hint.setdefault(hint, []).append(queue)
+    for hint, names in by_hint.items():
+        noun = "queue" if len(names) == 1 else "queues"
+        click.echo(f"farm: no live worker consumes {noun} {', '.join(names)}; {hint}", err=True)
 
 
 def _wait_with_progress(client, job_id: str, label: str, timeout: float | None = None) -> dict[str, Any]:
@@ -151,7 +199,8 @@ def _wait_with_progress(client, job_id: str, label: str, timeout: float | None =
     from farm.distributed.client import raise_for_state
 
     with BuildProgress(f"{label} on the farm") as progress:
-        status = client.wait(job_id, timeout, lambda s: progress.update(s["done"], s["total"]) if s["total"] else None)
+        status = client.wait(job_id, timeout, lambda s: progress.update(s["done"], s["total"]) if s["total"] else None,
+                             _say_unserved)
     raise_for_state(status)
     return status
 
@@ -162,13 +211,27 @@ def _wait_with_progress(client, job_id: str, label: str, timeout: float | None =
 @json_option
 @reports_errors
 def status(job_id: str, broker: str | None, as_json: bool) -> None:
-    """Show a farm job: state, tasks done of total, and the failing unit and its error."""
-    info = _client(broker).status(job_id)
+    """Show a farm job: state, tasks done of total, and the failing unit and its error. For a live job, stderr
+    names each of its queues that no live worker consumes (--json: the list `no_live_worker` too)."""
+    client = _client(broker)
+    info = client.status(job_id)
+    unserved = client.unserved_queues(job_id)
+    _say_unserved(unserved)
     if as_json:
-        click.echo(json.dumps(info, sort_keys=True))
+        click.echo(json.dumps({**info, **({"no_live_worker": list(unserved)} if unserved else {})}, sort_keys=True))
         return
-    line = f"{job_id}: {info['state']}, {info['done']}/{info['total']} compile tasks done"
-    click.echo(line + (f"; failed at {info['failed_unit']}: {info['error']}" if info.get("error") else ""))
+    click.echo(_status_line(info))
+
+
+def _status_line(info: dict[str, Any]) -> str:
+    """`JOB: state, done/total compile tasks done`, then the tuning progress, the failing unit and the error when
+    there are."""
+    line = f"{info['job_id']}: {info['state']}, {info['done']}/{info['total']} compile tasks done"
+    if "tuning" in info:
+        line += f", {info['tuning']['done']}/{info['tuning']['total']} kernels timed"
+    if info.get("failed_unit"):
+        line += f"; failed at {info['failed_unit']}"
+    return line + (f": {info['error']}" if info.get("error") else "")
 
 
 @main.command()
@@ -178,11 +241,16 @@ def status(job_id: str, broker: str | None, as_json: bool) -> None:
 @click.option("--timeout", type=float, help="Give up after this many seconds (exit 1).")
 @reports_errors
 def wait(job_id: str, broker: str | None, as_json: bool, timeout: float | None) -> None:
-    """Wait for a farm job to end; the exit status says how it ended."""
+    """Wait for a farm job to end; the exit status says how it ended. Ctrl-C stops waiting (exit 130) and leaves
+    the job running."""
     from farm.distributed.protocol import TERMINAL, JobState
     from farm.errors import BuildError
 
-    status = _wait_with_progress(_client(broker), job_id, job_id, timeout)
+    client = _client(broker)
+    try:
+        status = _wait_with_progress(client, job_id, job_id, timeout)
+    except KeyboardInterrupt:
+        _interrupted(client, job_id, cancel=False)
     if JobState(status["state"]) not in TERMINAL:
         raise BuildError(f"job {job_id} still {status['state']} after {timeout} s")
     click.echo(json.dumps(status, sort_keys=True) if as_json else f"{job_id}: {status['state']}")
@@ -233,6 +301,8 @@ def list_workers_command(broker: str | None, as_json: bool) -> None:
     from farm.distributed.fleet import list_workers
 
     found = list_workers(_client(broker).broker)
+    if not found:
+        click.echo("farm: no live worker on this farm; start one with 'farm worker'", err=True)
     if as_json:
         click.echo(json.dumps(found, sort_keys=True))
         return
@@ -241,6 +311,34 @@ def list_workers_command(broker: str | None, as_json: bool) -> None:
         devices = ", ".join(d["device"] for d in item.get("opencl", [])) or "no OpenCL"
         click.echo(f"{item['name']}: {cpu.get('triple', '?')} {cpu.get('cpu', '?')}; {devices}; "
                    f"toolchain {item.get('toolchain', {}).get('key', '?')}; queues {', '.join(item['queues'])}")
+
+
+@main.command()
+@broker_option
+@json_option
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Jobs to list.")
+@reports_errors
+def jobs(broker: str | None, as_json: bool, limit: int) -> None:
+    """List the farm's recent jobs, newest first: id, state, model and age (jobs are kept 7 days)."""
+    found = _client(broker).jobs(limit)
+    if not found:
+        from farm.defaults import JOB_TTL_SECONDS
+
+        click.echo(f"farm: no jobs on this farm in the last {JOB_TTL_SECONDS // 86400} days", err=True)
+    if as_json:
+        click.echo(json.dumps(found, sort_keys=True))
+        return
+    for job in found:
+        click.echo(f"{job['job_id']}  {job['state']:<10} {job.get('model', '?'):<24} "
+                   + (_age(job["age_s"]) if "age_s" in job else job.get("error", "")))
+
+
+def _age(seconds: float) -> str:
+    """An age as people read it: 42s, 7m, 3h, 2d ago."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit} ago"
+    return f"{int(seconds)}s ago"
 
 
 def _parse_inputs(pairs: tuple[str, ...]) -> dict[str, np.ndarray]:

@@ -3,7 +3,8 @@
 Kept apart from the orchestration (farm/distributed/steps.py) so that clients, which only read and cancel jobs,
 import nothing heavier than redis. Records are typed (farm.distributed.protocol.JobRecord) and encoded by the
 protocol. Every state change goes through one Lua script that only moves live jobs, so a cancel wins over any later
-step; progress is a Redis set per phase, so a redelivered task counts once.
+step; progress is a Redis set per phase, so a redelivered task counts once. Both are published on the job's events
+channel (protocol.job_events_channel), which waiting clients block on instead of polling.
 """
 
 from __future__ import annotations
@@ -72,7 +73,10 @@ class JobBoard:
         """Move a live job to `state`; False when it had already ended (a cancel wins over any later step)."""
         encoded = protocol.encode_fields(**fields, state=state, updated=time.time())
         args = [item for pair in encoded.items() for item in pair]
-        return bool(self.call(self._set_if_live, [protocol.job_key(job_id)], args))
+        moved = bool(self.call(self._set_if_live, [protocol.job_key(job_id)], args))
+        if moved:
+            self.call(self.redis.publish, protocol.job_events_channel(job_id), state.value)
+        return moved
 
     def fail(self, job_id: str, error: str, status: ExitStatus = ExitStatus.BUILD_FAILED, unit: str = "") -> bool:
         return self.advance(job_id, JobState.FAILED, error=error, exit_status=int(status), failed_unit=unit)
@@ -88,7 +92,8 @@ class JobBoard:
         pipe.sadd(key, name)
         pipe.scard(key)
         pipe.expire(key, defaults.JOB_TTL_SECONDS)
-        added, count, _ = self.call(pipe.execute)
+        pipe.publish(protocol.job_events_channel(job_id), phase)
+        added, count, _, _ = self.call(pipe.execute)
         return count if added else -1
 
     def finished(self, job_id: str, phase: str) -> int:

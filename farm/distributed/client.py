@@ -1,7 +1,10 @@
 """The farm seen from a client (a laptop, CI): submit a model, follow, download and cancel jobs by id.
 
 Every call goes through Redis only (the job board and the store), so any process or host that reaches the broker
-can wait on, download or cancel a job that another one submitted.
+can wait on, download or cancel a job that another one submitted. Waiting blocks on the job's events channel, which
+the board publishes on at every state change and finished unit, with a slow poll behind it; a job that shows no
+change is checked for queues that no live worker consumes (farm.distributed.fleet), so a farm without the right
+workers is said, not sat out in silence.
 """
 
 from __future__ import annotations
@@ -16,12 +19,34 @@ from typing import Any
 
 from farm import defaults
 from farm.atomic import write_atomically
+from farm.backends.llvm.target import CpuTarget
 from farm.backends.registry import Target
-from farm.distributed import pins
+from farm.distributed import pins, protocol
 from farm.distributed.board import JobBoard
-from farm.distributed.protocol import TERMINAL, JobRecord, JobState, PlanJob, check_model_name
-from farm.errors import BadInputError, BuildError, ExitStatus, JobError
+from farm.distributed.protocol import TERMINAL, JobRecord, JobState, PlanJob, check_job_id, check_model_name
+from farm.errors import BadInputError, BuildError, ExitStatus, JobError, UnreachableError
 from farm.store import CorruptEntryError, MissingEntryError, Store, open_store
+
+ANY_WORKER = "start one with 'farm worker'"
+SERVED_BY: dict[str, Callable[[Any], str]] = {
+    "cpu": lambda target: ANY_WORKER,
+    "opencl": lambda target: f"start 'farm worker' on a host with OpenCL device {target.fingerprint}",
+}
+"""What serves each backend's compile queue (by backend kind), said when no live worker does."""
+
+
+def job_queues(record: JobRecord) -> dict[str, str]:
+    """Every queue the job's tasks go to, each with how to get a worker for it: `control` always, each target's
+    compile queue, and with --tune (until its tuning ran) each CPU target's tuning queue."""
+    queues = {protocol.CONTROL_QUEUE: ANY_WORKER}
+    for target in record.targets:
+        queues[protocol.COMPILE_QUEUES[target.kind](target)] = SERVED_BY.get(target.kind, lambda t: ANY_WORKER)(target)
+    if record.tuning_asked("tune") or record.tuning_asked("retune"):
+        for target in record.targets:
+            if target.kind == CpuTarget.kind:
+                queues[protocol.tune_queue(target.id)] = (f"start 'farm worker' on a host of CPU class {target.id}, "
+                                                          "or its kernels keep the default variants")
+    return queues
 
 
 class FarmClient:
@@ -54,12 +79,45 @@ class FarmClient:
                                             model_sha256, list(targets), no_cache=no_cache,
                                             tune=tune, retune=retune, submitted_from=os.uname().nodename,
                                             created=now, updated=now))
+        self._index(job_id, now)
         from farm.distributed.celery_app import make_app
 
         message = PlanJob(job_id).message()
         make_app(self.broker).send_task(message.task, args=message.args, queue=message.queue,
                                         retry_policy={"max_retries": 2, "interval_start": 0.1})
         return job_id
+
+    def _index(self, job_id: str, created: float) -> None:
+        """Add the job to the index of `farm jobs` and drop entries older than the records' time to live."""
+        pipe = self.board.redis.pipeline(transaction=True)
+        pipe.zadd(protocol.JOBS_KEY, {job_id: created})
+        pipe.zremrangebyscore(protocol.JOBS_KEY, "-inf", created - defaults.JOB_TTL_SECONDS)
+        pipe.expire(protocol.JOBS_KEY, defaults.JOB_TTL_SECONDS)
+        self.board.call(pipe.execute)
+
+    def jobs(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The `limit` newest jobs of the last JOB_TTL_SECONDS, newest first: id, state, model, creation time and
+        age. Ids whose record is gone are skipped; a record that doesn't decode is listed with its error."""
+        now, found, offset = time.time(), [], 0
+        while len(found) < limit:
+            ids = self.board.call(self.board.redis.zrevrangebyscore, protocol.JOBS_KEY, "+inf",
+                                  now - defaults.JOB_TTL_SECONDS, start=offset, num=limit)
+            if not ids:
+                break
+            offset += len(ids)
+            found += [entry for entry in (self._listed(job_id, now) for job_id in ids) if entry][:limit - len(found)]
+        return found
+
+    def _listed(self, job_id: str, now: float) -> dict[str, Any] | None:
+        """One job as `farm jobs` lists it; None when its record is gone."""
+        try:
+            record = self.board.get(check_job_id(job_id))
+        except BadInputError as error:
+            return {"job_id": job_id, "state": "unreadable", "error": str(error)}
+        if record is None:
+            return None
+        return {"job_id": job_id, "state": record.state.value, "model": record.model_name, "created": record.created,
+                "age_s": round(now - record.created, 1)}
 
     def record(self, job_id: str) -> JobRecord:
         record = self.board.get(job_id)
@@ -82,17 +140,47 @@ class FarmClient:
         status["seconds"] = round((record.finished or record.updated) - record.created, 3)
         return status
 
+    def unserved_queues(self, job_id: str) -> dict[str, str]:
+        """The queues of a live job that no live worker consumes, each with how to get one ({} once it ended)."""
+        from farm.distributed.fleet import live_queues
+
+        record = self.record(job_id)
+        if record.is_over:
+            return {}
+        live = live_queues(self.broker)
+        return {queue: hint for queue, hint in sorted(job_queues(record).items()) if queue not in live}
+
     def wait(self, job_id: str, timeout: float | None = None,
-             on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-        """Poll until the job ends (or `timeout` seconds pass: then the last status, not ended)."""
+             on_progress: Callable[[dict[str, Any]], None] | None = None,
+             on_unserved: Callable[[dict[str, str]], None] | None = None) -> dict[str, Any]:
+        """Follow the job until it ends (or `timeout` seconds pass: then the last status, not ended), reading it
+        again at each notification of the board (at most every POLL_SECONDS) or every wait_fallback_seconds().
+        `on_unserved(queues)`: called soon after the start and whenever the job has shown no change for a while
+        (LivenessWatch), with the job's queues that have newly lost (or never had) a live worker. A lost Redis raises
+        UnreachableError naming the job, so the user can resume with `farm wait`."""
+        try:
+            with JobEvents(self.board, job_id) as events:
+                return self._follow(job_id, events, timeout, on_progress, on_unserved)
+        except UnreachableError as error:
+            raise UnreachableError(f"{error}; job {job_id} may still be running: once the farm is back, "
+                                   f"'farm wait {job_id}' resumes waiting") from None
+
+    def _follow(self, job_id: str, events: JobEvents, timeout: float | None,
+                on_progress: Callable[[dict[str, Any]], None] | None,
+                on_unserved: Callable[[dict[str, str]], None] | None) -> dict[str, Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
+        watch = LivenessWatch(lambda: self.unserved_queues(job_id), on_unserved)
         while True:
             status = self.status(job_id)
             if on_progress:
                 on_progress(status)
-            if JobState(status["state"]) in TERMINAL or (deadline is not None and time.monotonic() > deadline):
+            now = time.monotonic()
+            if JobState(status["state"]) in TERMINAL or (deadline is not None and now > deadline):
                 return status
-            time.sleep(defaults.POLL_SECONDS)
+            watch.saw(status, now)
+            pause = defaults.wait_fallback_seconds() if deadline is None else min(
+                defaults.wait_fallback_seconds(), deadline - now)
+            events.wait(max(0.0, min(pause, watch.next_check - time.monotonic())))
 
     def download(self, job_id: str, out_dir: str | os.PathLike) -> str:
         """Write the job's artifact to out_dir/<model>.farm (atomically) and return its path."""
@@ -117,6 +205,73 @@ class FarmClient:
         if cancelled:
             pins.release_job(self.store, job_id)
         return cancelled
+
+
+SUBSCRIBE_SECONDS = 5.0
+"""How long a waiting client waits for Redis to confirm its subscription (after that the slow poll still holds)."""
+
+
+class JobEvents:
+    """The board's notifications for one job (protocol.job_events_channel) on a pub/sub connection of its own.
+    The subscription is confirmed before the first read of the job, so no change between the two is missed."""
+
+    def __init__(self, board: JobBoard, job_id: str) -> None:
+        self.board = board
+        self.pubsub = board.redis.pubsub()
+        board.call(self.pubsub.subscribe, protocol.job_events_channel(job_id))
+        board.call(self.pubsub.get_message, timeout=SUBSCRIBE_SECONDS)
+
+    def wait(self, seconds: float) -> bool:
+        """Block until the job changes or `seconds` pass; True when it changed. Notifications that come within
+        POLL_SECONDS of the first are taken with it, so a burst of finished units costs one read of the job."""
+        if not self.board.call(self.pubsub.get_message, ignore_subscribe_messages=True, timeout=seconds):
+            return False
+        time.sleep(defaults.POLL_SECONDS)
+        while self.board.call(self.pubsub.get_message, ignore_subscribe_messages=True, timeout=0):
+            pass
+        return True
+
+    def __enter__(self) -> JobEvents:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.pubsub.close()
+
+
+class LivenessWatch:
+    """When a waiting client asks which of its job's queues no live worker consumes: LIVENESS_FIRST_CHECK_SECONDS
+    after it starts (a job that a live farm ends at once, such as a cached artifact, is never held up by a check,
+    which may ping every worker), then once the job has shown no change for LIVENESS_CHECK_SECONDS, the pause
+    doubling after each check (up to LIVENESS_CHECK_MAX_SECONDS) while it still shows none, so a hundred stalled
+    clients don't flood the workers. Each queue is reported when it becomes unserved, not at every check."""
+
+    def __init__(self, unserved: Callable[[], dict[str, str]],
+                 report: Callable[[dict[str, str]], None] | None) -> None:
+        self.unserved, self.report = unserved, report
+        self.last: dict[str, Any] | None = None
+        self.pause = defaults.LIVENESS_CHECK_SECONDS
+        self.next_check = float("inf")
+        self.reported: set[str] = set()
+
+    def saw(self, status: dict[str, Any], now: float) -> None:
+        """Note the job's status as read at `now`, and check its queues when it is time."""
+        if self.report is None:
+            return
+        if self.last is None:
+            self.next_check = now + defaults.LIVENESS_FIRST_CHECK_SECONDS
+        elif status != self.last:
+            self.pause = defaults.LIVENESS_CHECK_SECONDS
+            self.next_check = now + self.pause
+        self.last = status
+        if now < self.next_check:
+            return
+        queues = self.unserved()
+        fresh = {queue: hint for queue, hint in queues.items() if queue not in self.reported}
+        self.reported = set(queues)
+        if fresh:
+            self.report(fresh)
+        self.next_check = now + self.pause
+        self.pause = min(2 * self.pause, defaults.LIVENESS_CHECK_MAX_SECONDS)
 
 
 def raise_for_state(status: dict[str, Any]) -> None:

@@ -58,6 +58,7 @@ def lease_key(worker: str) -> str:
     """A worker's liveness lease: a string holding its incarnation, which expires unless the worker renews it."""
     return f"farm:lease:{worker}"
 
+
 def store_pin_owner(job_id: str) -> str:
     """The owner of a job's pins in the store (what the job needs, then its artifact until downloaded)."""
     return f"job:{check_job_id(job_id)}"
@@ -67,6 +68,16 @@ def job_of_pin_owner(owner: str) -> str | None:
     """The job id a store pin owner names, or None when the owner isn't a job (the tuning database, say)."""
     prefix, _, job_id = owner.partition(":")
     return job_id if prefix == "job" and JOB_ID.fullmatch(job_id) else None
+
+def job_events_channel(job_id: str) -> str:
+    """The pub/sub channel on which the board signals each state change and finished unit of the job; waiting
+    clients block on it instead of polling the record."""
+    return f"{job_key(job_id)}:events"
+
+
+JOBS_KEY = "farm:jobs"
+"""A sorted set: job id -> its creation time (Unix seconds), the index behind `farm jobs`. Entries older than the
+job records' time to live are dropped whenever a job is added."""
 
 
 def encode_capabilities(capabilities: dict[str, Any]) -> str:
