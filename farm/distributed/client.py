@@ -24,7 +24,7 @@ from farm.backends.registry import Target
 from farm.distributed import pins, protocol
 from farm.distributed.board import JobBoard
 from farm.distributed.protocol import TERMINAL, JobRecord, JobState, PlanJob, check_job_id, check_model_name
-from farm.errors import BadInputError, BuildError, ExitStatus, JobError, UnreachableError
+from farm.errors import BadInputError, BuildError, CredentialsRefusedError, ExitStatus, JobError, UnreachableError
 from farm.store import CorruptEntryError, MissingEntryError, Store, open_store
 
 ANY_WORKER = "start one with 'farm worker'"
@@ -161,6 +161,8 @@ class FarmClient:
         try:
             with JobEvents(self.board, job_id) as events:
                 return self._follow(job_id, events, timeout, on_progress, on_unserved)
+        except CredentialsRefusedError:
+            raise  # the URL is wrong, not the farm away: nothing to resume
         except UnreachableError as error:
             raise UnreachableError(f"{error}; job {job_id} may still be running: once the farm is back, "
                                    f"'farm wait {job_id}' resumes waiting") from None

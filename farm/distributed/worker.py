@@ -106,7 +106,8 @@ def run_worker(broker: str, concurrency: int | None, hostname: str | None, logle
     def advertise(sender: Any = None, **_: Any) -> None:
         from farm.distributed.tasks import farm_context
 
-        registry.call(registry.redis.hset, WORKERS_KEY, name, encode_capabilities(capabilities))
+        advertised = {**capabilities, "queues": queues_for(capabilities)}
+        registry.call(registry.redis.hset, WORKERS_KEY, name, encode_capabilities(advertised))
         farm_context().store.set_max_bytes(store_max_bytes)
         keeper.start()
 
