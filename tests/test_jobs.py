@@ -574,3 +574,42 @@ def test_a_job_whose_entries_were_evicted_between_runs_rebuilds_them(board: JobB
     ran = run_job(farm, tasks, second)
     assert sum(name in COMPILE_TASKS for name in ran) == len(units)
     assert artifact_bytes(farm, second) == local_artifact
+
+
+# --- refs are pointers: what they point at is checked -------------------------------------------------------------
+
+
+def test_a_cache_ref_pointing_at_an_object_with_load_time_code_is_rebuilt(farm: Farm, tasks: Tasks, model_path: Path,
+                                                                         local_artifact: bytes,
+                                                                         units: list[CompileUnit]) -> None:
+    """Someone who can write the store pointed a kernel's ref at an object with a constructor: the link checks the
+    bytes, builds the kernel again, and the artifact is the local build's."""
+    from farm.backends.llvm.toolchain import compile_ir
+
+    first = create_job(farm.board, farm.store, model_path)
+    run_job(farm, tasks, first)
+    forget_artifact(farm, first)
+    victim = next(unit for unit in units if unit.kind == "kernel")
+    ir = ('module asm ".section .init_array,\\22aw\\22"\nmodule asm ".quad farm_evil"\n'
+          "define void @farm_evil() { ret void }\n")
+    farm.store.set_ref(victim.cache_ref, farm.store.put(compile_ir(ir, host_target(), "evil", optimize=False)))
+
+    job_id = create_job(farm.board, farm.store, model_path)
+    assert run_job(farm, tasks, job_id) == ["farm.plan_job", "farm.link", "farm.finish"]
+    assert artifact_bytes(farm, job_id) == local_artifact
+
+
+def test_a_cached_artifact_is_reused_only_when_it_names_the_submitted_model(farm: Farm, tasks: Tasks,
+                                                                           model_path: Path, local_artifact: bytes,
+                                                                           tmp_path: Path) -> None:
+    """The artifact ref of one model pointed at another model's artifact: the job builds its own."""
+    other = tmp_path / "other.onnx"
+    onnx.save(examples.small_cnn(), other)
+    decoy = create_job(farm.board, farm.store, other)
+    run_job(farm, tasks, decoy)
+    first = create_job(farm.board, farm.store, model_path)
+    farm.store.set_ref(artifact_ref(farm.board.get(first)), farm.board.get(decoy).artifact_key)
+
+    ran = run_job(farm, tasks, first)
+    assert ran[0] == "farm.plan_job" and "farm.finish" in ran and not farm.board.get(first).cached
+    assert artifact_bytes(farm, first) == local_artifact

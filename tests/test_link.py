@@ -26,6 +26,7 @@ from farm.backends.llvm.blobs import pack_blob
 from farm.backends.llvm.entry import ENTRY_SYMBOL, LAUNCH_SYMBOL, STEPS_SYMBOL, WORK_SYMBOL, compile_entry
 from farm.backends.llvm.link import find_linker, link_library, linker_identity
 from farm.backends.llvm.target import CpuTarget
+from farm.backends.llvm.toolchain import compile_ir
 from farm.errors import BuildError
 from farm.ir import loopir as L
 from farm.ir.specs import BlobSpec
@@ -176,13 +177,19 @@ def test_missing_kernel_is_a_build_error_with_the_linker_log():
     assert "farm_k_exp" in message and "undefined" in message
 
 
-def test_invalid_object_is_a_build_error_with_the_linker_stderr():
+def test_an_invalid_object_is_a_build_error_naming_it():
+    objects = model_objects(host())
+    with pytest.raises(BuildError, match=f"object 1 of 3 for {host().triple}: not an ELF object"):
+        link_library([objects[0], b"\x7fELF this is not an object", objects[3]], host())
+
+
+def test_a_link_error_carries_the_linker_stderr():
     objects = model_objects(host())
     with pytest.raises(BuildError) as info:
-        link_library([objects[0], b"\x7fELF this is not an object", objects[3]], host())
+        link_library([objects[0], objects[0]], host())  # every symbol of the kernel defined twice
     message = str(info.value)
-    assert message.startswith(f"linking 3 objects for {host().triple} failed:\n")
-    assert "000001.o" in message and "error" in message  # the linker's own words, naming the bad input
+    assert message.startswith(f"linking 2 objects for {host().triple} failed:\n")
+    assert "000001.o" in message and ("duplicate symbol" in message or "multiple definition" in message)
 
 
 def test_duplicate_kernel_is_a_build_error():
@@ -214,3 +221,28 @@ def test_linker_identity_names_the_linker_and_its_version(fresh_linker_identity,
     monkeypatch.setenv("PATH", str(tmp_path))
     linker_identity.cache_clear()
     assert linker_identity() == "no linker"
+
+
+# --- objects that would run code at load are refused ----------------------------------------------------------
+
+STARTUP_ASSEMBLY = {
+    "an .init_array section": '.section .init_array,\\22aw\\22',
+    "a .ctors section": '.section .ctors.65535,\\22aw\\22',
+    "an init_array by type under another name": '.section .data.innocent,\\22aw\\22,@init_array',
+}
+
+
+@pytest.mark.parametrize("how", STARTUP_ASSEMBLY)
+def test_an_object_with_load_time_code_is_never_linked(how: str) -> None:
+    """A library farm links runs only when it is called: a poisoned cache entry with a constructor is refused."""
+    ir = (f'module asm "{STARTUP_ASSEMBLY[how]}"\nmodule asm ".quad farm_evil"\n'
+          "define void @farm_evil() { ret void }\n")
+    evil = compile_ir(ir, host(), "evil", optimize=False)
+    with pytest.raises(BuildError, match="holds load-time code"):
+        link_library([evil], host())
+
+
+@pytest.mark.parametrize("data", [b"", b"\x7fELF" + b"\0" * 60, b"\x7fELF\x02\x01" + b"\xff" * 200, os.urandom(4096)])
+def test_garbage_in_place_of_an_object_is_a_build_error_not_a_crash(data: bytes) -> None:
+    with pytest.raises(BuildError, match="ELF"):
+        link_library([data], host())

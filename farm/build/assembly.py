@@ -118,3 +118,11 @@ def artifact_contents(plan_json: dict[str, Any], built: BuiltUnits) -> tuple[dic
 def unit_nodes(plan_json: dict[str, Any], unit: CompileUnit) -> list[str]:
     """The ONNX nodes a unit serves (from the link plan's manifest), so that an error can name them."""
     return PARTS[unit.target.kind].nodes_of(plan_json["manifest"], unit)
+
+
+def manifest_names(manifest: dict[str, Any], model_sha256: str, model_name: str, targets: Sequence[Target]) -> bool:
+    """Whether an artifact's manifest names this model (bytes and name) and exactly these targets. A cache ref is
+    only a pointer: an artifact reused from the cache must say it was built from what was submitted."""
+    model = manifest.get("model")
+    return (isinstance(model, dict) and model.get("sha256") == model_sha256 and model.get("name") == model_name
+            and all(PARTS[kind].names_targets(manifest, chosen) for kind, chosen in by_kind(targets).items()))

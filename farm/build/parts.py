@@ -63,6 +63,10 @@ class Part(ABC):
     def nodes_of(self, manifest: dict[str, Any], unit: CompileUnit) -> list[str]:
         """The ONNX nodes one of this part's units serves, as the manifest template names them."""
 
+    @abstractmethod
+    def names_targets(self, manifest: dict[str, Any], targets: Sequence[Target]) -> bool:
+        """Whether an artifact's manifest was built for exactly these targets of this part's kind."""
+
 
 # --- CPU -------------------------------------------------------------------------------------------------------
 
@@ -159,6 +163,11 @@ class CpuPart(Part):
         return {"kernels": kernels}, members
 
 
+    def names_targets(self, manifest: dict[str, Any], targets: Sequence[Target]) -> bool:
+        listed = manifest.get("targets")
+        return isinstance(listed, list) and [entry.get("id") for entry in listed if isinstance(entry, dict)] == [
+            t.id for t in targets]
+
     def nodes_of(self, manifest: dict[str, Any], unit: CompileUnit) -> list[str]:
         """A kernel's nodes, or the nodes that read a blob's weights."""
         if unit.data_key:
@@ -233,6 +242,11 @@ class OpenClPart(Part):
 
     def nodes_of(self, manifest: dict[str, Any], unit: CompileUnit) -> list[str]:
         return [step["node"] for step in manifest["opencl"]["schedule"] if step["kernel"] == unit.spec.symbol]
+
+    def names_targets(self, manifest: dict[str, Any], targets: Sequence[Target]) -> bool:
+        part = manifest.get("opencl")
+        devices = part.get("devices") if isinstance(part, dict) else []
+        return devices == [t.fingerprint for t in targets]
 
 
 def _opencl_schedule(plan: BuildPlan) -> list[dict[str, Any]]:

@@ -27,6 +27,12 @@ def _compile_kernel(spec: KernelSpec, target: Target, data: Data) -> bytes:
     return backend_of(target).compile_kernel(spec, target)
 
 
+def _runs_nothing_at_load(data: bytes, what: str) -> None:
+    from farm.backends.llvm.link import check_no_startup_code
+
+    check_no_startup_code(data, what)
+
+
 def _pack_blob(spec: BlobSpec, target: Target, data: Data) -> bytes:
     from farm.backends.llvm.blobs import pack_blob
 
@@ -38,20 +44,23 @@ class UnitKind:
     """What a kind of unit is: its spec type, its step, its cache ref, how errors name it.
 
     `big_bytes`: its input is a weight blob, so the local executor runs it in the building process (LLVM releases
-    the GIL) instead of sending the bytes through a pipe."""
+    the GIL) instead of sending the bytes through a pipe. `verify(bytes, what)`: raises BuildError when bytes read
+    back from the cache can't be what the step makes (an object with load-time code), so they are rebuilt."""
 
     label: str
     spec_type: type
     build: Callable[[Any, Target, Data], bytes]
     ref: Callable[[Any, Target], str]
     big_bytes: bool = False
+    verify: Callable[[bytes, str], None] = lambda data, what: None
 
 
 UNIT_KINDS: dict[str, UnitKind] = {
     "kernel": UnitKind("kernel", KernelSpec, _compile_kernel,
-                       lambda spec, target: refs.kernel(toolchain().compiler_key, spec.key)),
+                       lambda spec, target: refs.kernel(toolchain().compiler_key, spec.key),
+                       verify=_runs_nothing_at_load),
     "blob": UnitKind("blob", BlobSpec, _pack_blob, lambda spec, target: refs.blob(toolchain().compiler_key, spec.key),
-                     big_bytes=True),
+                     big_bytes=True, verify=_runs_nothing_at_load),
     "clkernel": UnitKind("OpenCL kernel", KernelSpec, _compile_kernel,
                          lambda spec, target: refs.opencl_binary(target.fingerprint, spec.key)),
 }
@@ -103,3 +112,9 @@ class CompileUnit:
 def compile_unit(unit: CompileUnit, data: Data = None) -> bytes:
     """The bytes of one unit: the pure step both the local executor and the farm's workers call."""
     return UNIT_KINDS[unit.kind].build(unit.spec, unit.target, data)
+
+
+def verify_cached(unit: CompileUnit, data: bytes) -> bytes:
+    """`data` if it can be what the unit's step makes, else BuildError (see UnitKind.verify)."""
+    UNIT_KINDS[unit.kind].verify(data, f"cached {unit.label} {unit.name}")
+    return data

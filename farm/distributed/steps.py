@@ -26,11 +26,11 @@ from farm.artifact import artifact_bytes, manifest_of
 from farm.backends.llvm.target import CpuTarget
 from farm.build import assembly
 from farm.build.parts import BuiltUnits
-from farm.build.units import CompileUnit, compile_unit
+from farm.build.units import CompileUnit, compile_unit, verify_cached
 from farm.distributed import pins, protocol
 from farm.distributed.board import JobBoard
 from farm.distributed.protocol import Compile, Finish, JobRecord, JobState, Link, Message, PlanJob, TaskArgs, Tune
-from farm.errors import ArtifactError, BadInputError, ExitStatus, FarmError, UnreachableError
+from farm.errors import ArtifactError, BadInputError, BuildError, ExitStatus, FarmError, UnreachableError
 from farm.plan.planner import BuildPlan
 from farm.store import CorruptEntryError, MissingEntryError, Store, content_key, refs
 from farm.tuning import database
@@ -144,6 +144,8 @@ class Farm:
             manifest = manifest_of(self.store.get(key))
         except (CorruptEntryError, MissingEntryError, ArtifactError):
             return False
+        if not assembly.manifest_names(manifest, record.model_sha256, record.model_name, record.targets):
+            return False  # the ref points at another build's artifact: never ship it, build this one
         if not tuning.manifest_current(self.store, manifest) or (
                 record.tuning_asked("tune") and self._tunable_on(tuning.untuned_targets(manifest))):
             return False
@@ -330,12 +332,14 @@ class Farm:
         return None
 
     def _object(self, job_id: str, unit: CompileUnit) -> bytes:
+        """A unit's bytes from the cache; rebuilt when they are gone, corrupt, or can't be what its step makes (a
+        cache ref pointed at an object with load-time code: refs are pointers, so the bytes are checked)."""
         key = self.store.get_ref(unit.cache_ref)
         try:
             if key is None:
                 raise MissingEntryError(unit.cache_ref, "cache ref")
-            return self.store.get(key)
-        except (CorruptEntryError, MissingEntryError):
+            return verify_cached(unit, self.store.get(key))
+        except (CorruptEntryError, MissingEntryError, BuildError):
             return self.store.get(self._build_into_store(job_id, unit))
 
     def finish(self, args: Finish) -> str | None:
