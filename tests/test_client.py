@@ -290,3 +290,16 @@ def test_a_redis_lost_mid_wait_names_the_job_to_resume(redis_server: RedisServer
     with pytest.raises(UnreachableError, match=f"'farm wait {job_id}' resumes") as caught:
         client.wait(job_id)
     assert caught.value.exit_status == 4 and time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize("name", ["../../escaped", "/tmp/absolute", ".."])
+def test_a_forged_model_name_never_names_a_path_outside_the_download_folder(client: FarmClient, model_path: Path,
+                                                                           tmp_path: Path, name: str) -> None:
+    """The job record is written by submitters, who are not trusted: its model name is read as a file name only."""
+    job_id = client.submit(model_path, [host_target()])
+    key = client.store.put(b"an artifact")
+    assert client.board.advance(job_id, JobState.DONE, artifact_key=key)
+    client.board.redis.hset(protocol.job_key(job_id), "model_name", name)  # as a forger with the Redis password would
+    with pytest.raises(BadInputError, match="model name .* can't name a file"):
+        client.download(job_id, tmp_path / "dl")
+    assert not any(tmp_path.rglob("*.farm")) and not Path("/tmp/absolute.farm").exists()
