@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -130,3 +131,19 @@ def test_machines_are_created_for_the_target(spec):
     machine = target.machine()
     assert machine.triple == target.triple
     assert str(machine.target_data)  # a data layout string
+
+
+@pytest.mark.parametrize(("spec", "named"), [("cpu:x86_64-linux-gnu:bogus", "'bogus' is not a recognized processor"),
+                                             ("cpu:x86_64-linux-gnu:skylake:+nofeat", "'+nofeat' is not a recognized feature")])
+def test_a_cpu_or_feature_llvm_does_not_know_is_refused_before_any_compile(spec: str, named: str) -> None:
+    """LLVM only warns and goes on, then aborts the compiling process ('64-bit code requested on a subtarget that
+    doesn't support it'): farm reads the warning and refuses the target with exit status 2."""
+    with pytest.raises(BadInputError, match=re.escape(named)):
+        parse_target(spec)
+
+
+def test_a_forged_target_with_an_unknown_cpu_fails_its_compile_cleanly() -> None:
+    """A target from a job record or message never went through parse_target: machine() checks it too."""
+    forged = CpuTarget("x86_64-unknown-linux-gnu", "bogus2", "")
+    with pytest.raises(BadInputError, match="'bogus2' is not a recognized processor"):
+        forged.machine()

@@ -5,9 +5,13 @@ LLVM cross-compiles, so any worker can build for any triple; only running the co
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import os
 import re
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -76,9 +80,38 @@ class CpuTarget:
 
 @functools.cache
 def _machine(triple: str, cpu: str, features: str) -> llvm.TargetMachine:
+    """The target machine, or BadInputError when LLVM doesn't know the triple, the CPU or a feature. LLVM only
+    warns on stderr about an unknown CPU or feature and goes on without it, and then may abort the process later
+    (an x86-64 'bogus' CPU loses 64-bit mode: "LLVM ERROR: 64-bit code requested..."), so its warnings are read."""
     init_llvm()
-    target = llvm.Target.from_triple(triple)
-    return target.create_target_machine(cpu=cpu, features=features, opt=3, reloc="pic", codemodel="default")
+    try:
+        target = llvm.Target.from_triple(triple)
+    except RuntimeError as exc:
+        raise BadInputError(f"CPU target {triple}: LLVM does not know triple {triple!r} ({exc})") from None
+    with _stderr_captured() as warnings:
+        machine = target.create_target_machine(cpu=cpu, features=features, opt=3, reloc="pic", codemodel="default")
+        str(machine.target_data)  # the subtarget is made here too
+    unknown = sorted({line.split(" (ignoring")[0] for line in warnings if "is not a recognized" in line})
+    if unknown:
+        raise BadInputError(f"CPU target {triple}:{cpu}:{features}: {'; '.join(unknown)} (LLVM)")
+    return machine
+
+
+@contextlib.contextmanager
+def _stderr_captured() -> Iterator[list[str]]:
+    """Redirect this process's file descriptor 2 (where LLVM writes) to a temporary file for the block; the list it
+    yields holds the lines written once the block has ended."""
+    lines: list[str] = []
+    with tempfile.TemporaryFile() as capture:
+        saved = os.dup(2)
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            lines.extend(capture.read().decode(errors="replace").splitlines())
 
 
 def host_target() -> CpuTarget:
@@ -102,4 +135,6 @@ def parse_target(spec: str) -> CpuTarget:
         llvm.Target.from_triple(triple)
     except RuntimeError as exc:
         raise BadInputError(f"target {spec!r}: LLVM does not know triple {triple!r} ({exc})") from None
-    return CpuTarget(triple, cpu or "generic", features)
+    target = CpuTarget(triple, cpu or "generic", features)
+    target.machine()  # an unknown CPU or feature is refused now, not when a compile process aborts on it
+    return target
