@@ -126,6 +126,13 @@ def tune_seconds_per_variant() -> float:
     return _seconds("FARM_TUNE_SECONDS_PER_VARIANT", 0.03)
 
 
+def tune_lock_timeout() -> float:
+    """FARM_TUNE_LOCK_TIMEOUT: seconds tuning waits for this host's tuning lock (another process timing a kernel)
+    before it gives up on that kernel, which keeps its default variant (default 120; a kernel's timing holds the
+    lock about a second)."""
+    return _seconds("FARM_TUNE_LOCK_TIMEOUT", 120)
+
+
 def toolchain_label() -> str:
     """FARM_TOOLCHAIN_LABEL: a mark added to this process's toolchain identity, so that its compile and artifact
     cache entries are kept apart from those of processes with another label (default: none). It can only split

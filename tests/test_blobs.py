@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
 import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 from native_helpers import EM_AARCH64, aarch64, elf_header, elf_section, elf_section_bytes, elf_symbol, elf_type, host
 
-from farm.backends.llvm.blobs import BLOB_ALIGNMENT, BLOB_PACKERS, blob_assembly, module_asm_ir, pack_blob, packer_for
+from farm.backends.llvm.blobs import (
+    BLOB_ALIGNMENT,
+    BLOB_PACKERS,
+    STALE_SCRATCH_SECONDS,
+    blob_assembly,
+    module_asm_ir,
+    pack_blob,
+    packer_for,
+    sweep_stale_scratch,
+)
 from farm.backends.llvm.target import CpuTarget
 from farm.errors import BuildError
 from farm.ir.specs import BlobSpec
@@ -136,3 +150,105 @@ def test_panels_that_do_not_divide_the_blob_are_a_build_error():
     spec = BlobSpec(hashlib.sha256(data).hexdigest(), len(data), host().id, panels=(2, 2, 2))
     with pytest.raises(BuildError, match="not float32 blocks of 2 x 2"):
         pack_blob(spec, host(), data)
+
+
+# --- scratch that nothing can leak --------------------------------------------------------------------------------
+
+LARGE_BLOB = 256 << 20
+
+PACK_A_LARGE_BLOB = f"""
+import hashlib, os, sys
+from farm.backends.llvm.blobs import pack_blob
+from farm.backends.llvm.target import host_target
+from farm.ir.specs import BlobSpec
+marker = bytes.fromhex(os.environ["BLOB_MARKER"])
+target, data = host_target(), marker + bytes({LARGE_BLOB} - len(marker))
+spec = BlobSpec(hashlib.sha256(data).hexdigest(), len(data), target.id)
+print("packing", flush=True)
+while True:
+    pack_blob(spec, target, data)
+"""
+
+
+def blob_scratch(pid: int) -> list[str]:
+    """The blob scratch process `pid` holds open or mapped: farm-blob memory files, or an older version's
+    farm-blob-* files."""
+    links = []
+    for entry in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            links.append(os.readlink(entry))
+        except OSError:  # closed meanwhile
+            continue
+    maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    return [name for name in links + maps if "farm-blob" in name]
+
+
+def files_starting_with(folder: Path, marker: bytes) -> list[Path]:
+    """Files under `folder` (not following links) whose bytes begin with `marker`: what is left of one blob."""
+    found = []
+    for root, _, names in os.walk(folder, onerror=lambda error: None):
+        for name in names:
+            path = Path(root) / name
+            try:
+                with open(path, "rb") as file:
+                    head = file.read(len(marker))
+            except OSError:  # not ours to read, or gone meanwhile
+                continue
+            if head == marker:
+                found.append(path)
+    return found
+
+
+def test_a_packing_process_killed_mid_pack_leaves_nothing_behind(tmp_path):
+    """A real child process packs a large blob, is SIGKILLed while its scratch is open, and nothing remains in
+    /dev/shm or its temp folder: the scratch was an anonymous memory file, freed with the process."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    marker = os.urandom(32)
+    env = {**os.environ, "TMPDIR": str(scratch), "BLOB_MARKER": marker.hex()}
+    child = subprocess.Popen([sys.executable, "-c", PACK_A_LARGE_BLOB], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "packing\n"
+        deadline = time.monotonic() + 120
+        while not blob_scratch(child.pid):
+            assert child.poll() is None and time.monotonic() < deadline, "the child never held its blob scratch"
+            time.sleep(0.005)
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == -signal.SIGKILL
+    assert list(scratch.iterdir()) == []
+    assert files_starting_with(Path("/dev/shm"), marker) == []
+
+
+def old_scratch(folder: Path, name: str, age: float) -> Path:
+    """What an older version's crash left: farm-blob-*/blob.bin, `age` seconds old."""
+    path = folder / name
+    path.mkdir()
+    (path / "blob.bin").write_bytes(b"leaked weights")
+    then = time.time() - age
+    for item in (path / "blob.bin", path):
+        os.utime(item, (then, then))
+    return path
+
+
+def test_stale_scratch_of_older_versions_is_swept(tmp_path):
+    stale = old_scratch(tmp_path, "farm-blob-old", STALE_SCRATCH_SECONDS + 60)
+    fresh = old_scratch(tmp_path, "farm-blob-busy", 1)  # an older process on this host may still be packing it
+    other = old_scratch(tmp_path, "not-farm", STALE_SCRATCH_SECONDS + 60)
+    assert sweep_stale_scratch([tmp_path]) == [stale]
+    assert not stale.exists() and fresh.exists() and other.exists()
+
+
+def test_the_sweep_never_follows_a_symlink(tmp_path):
+    victim = old_scratch(tmp_path, "victim", STALE_SCRATCH_SECONDS + 60)
+    scratch = tmp_path / "shm"
+    scratch.mkdir()
+    (scratch / "farm-blob-planted").symlink_to(victim)
+    assert sweep_stale_scratch([scratch], now=time.time() + 10 * STALE_SCRATCH_SECONDS) == []
+    assert (victim / "blob.bin").read_bytes() == b"leaked weights"
+
+
+def test_a_missing_folder_is_nothing_to_sweep(tmp_path):
+    assert sweep_stale_scratch([tmp_path / "absent"]) == []

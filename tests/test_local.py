@@ -3,6 +3,7 @@
 import hashlib
 import json
 import tarfile
+import tempfile
 
 import numpy as np
 import onnx
@@ -11,11 +12,13 @@ from onnx import TensorProto, helper
 
 from farm import runtime
 from farm.artifact import FORMAT_VERSION, open_artifact
+from farm.backends.llvm.blobs import STALE_SCRATCH_SECONDS
 from farm.backends.llvm.target import host_target, parse_target
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
 from farm.errors import UnsupportedError
 from farm.tools import examples
+from tests.test_blobs import old_scratch
 
 ELF_MACHINE_AARCH64 = 183
 
@@ -116,3 +119,12 @@ def test_conv_weights_are_linked_pre_packed_for_the_kernels_tile_rows(small_cnn_
     units = [unit.spec for unit in compile_units(plan, [target]) if unit.kind == "blob"]
     assert sum(spec.panels is not None for spec in units) == sum(s.spec.op == "Conv" for s in plan.steps)
     assert len(units) == len(plan.blobs)  # each conv weight linked once, packed instead of plain
+
+
+def test_a_local_build_sweeps_the_blob_scratch_older_versions_leaked(small_cnn_path, tmp_path, monkeypatch):
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    leaked = old_scratch(temp, "farm-blob-crashed", STALE_SCRATCH_SECONDS + 60)
+    build_model(small_cnn_path, tmp_path / "out", executor=LocalExecutor(1))
+    assert not leaked.exists()

@@ -3,7 +3,15 @@ a variant whose numbers differ rejected, and the agreement check."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +23,7 @@ from farm.backends.llvm.kernel import compile_cpu_kernel, default_blocking
 from farm.backends.llvm.render import render_kernel
 from farm.backends.llvm.target import CpuTarget
 from farm.backends.llvm.toolchain import compile_ir
+from farm.errors import BuildError
 from farm.ir.graph import Activation
 from farm.ir.specs import KernelSpec
 from farm.ops import lower_kernel
@@ -68,3 +77,86 @@ def test_agreement_is_within_1e_4_of_the_reference_scale() -> None:
     assert harness._agrees([np.array([100.009, -3.0, np.nan], np.float32)], reference)
     assert not harness._agrees([np.array([100.02, -3.0, np.nan], np.float32)], reference)
     assert not harness._agrees([np.array([100.0, -3.0, 0.0], np.float32)], reference)
+
+
+# --- the host's tuning lock ----------------------------------------------------------------------------------------
+
+LOCK_HOLDER = """
+import sys
+from farm.tuning.harness import host_lock
+with host_lock():
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+@pytest.fixture(name="temp_folder")
+def temp_folder_fixture(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """The shared temp folder of these tests (tempfile's, here and in child processes)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+@contextlib.contextmanager
+def lock_held_by_another_process(temp: Path) -> Iterator[None]:
+    """A real child process holding the host's tuning lock until the block ends."""
+    child = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER], env={**os.environ, "TMPDIR": str(temp)},
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "held\n"
+        yield
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
+
+
+def test_the_lock_is_in_a_folder_private_to_this_user(temp_folder: Path) -> None:
+    with harness.host_lock():
+        folder = temp_folder / f"farm-{os.getuid()}"
+        assert harness.lock_folder() == folder
+        assert stat.S_IMODE(folder.lstat().st_mode) == 0o700 and folder.lstat().st_uid == os.getuid()
+        assert stat.S_IMODE((folder / harness.LOCK_FILE).lstat().st_mode) == 0o600
+
+
+def test_a_symlink_planted_as_the_lock_file_is_not_followed(temp_folder: Path) -> None:
+    victim, missing = temp_folder / "victim", temp_folder / "would-be-created"
+    victim.write_text("precious")
+    for target in (victim, missing):
+        lock = harness.lock_folder() / harness.LOCK_FILE
+        lock.symlink_to(target)
+        with pytest.raises(BuildError, match=rf"tuning lock {lock}: .*\(a link is never followed\)"):
+            with harness.host_lock():
+                pass
+        lock.unlink()
+    assert victim.read_text() == "precious" and not missing.exists()
+
+
+def test_a_lock_folder_planted_by_someone_else_is_refused(temp_folder: Path) -> None:
+    folder = temp_folder / f"farm-{os.getuid()}"
+    planted = temp_folder / "attackers"
+    planted.mkdir()
+    folder.symlink_to(planted)
+    with pytest.raises(BuildError, match=rf"tuning lock folder {folder}: .*\(a link is never followed\)"):
+        with harness.host_lock():
+            pass
+    assert list(planted.iterdir()) == []
+    folder.unlink()
+    folder.mkdir(mode=0o700)
+    folder.chmod(0o777)  # anyone could swap the lock file
+    with pytest.raises(BuildError, match=rf"tuning lock folder {folder}: not private to this user .*mode 777"):
+        with harness.host_lock():
+            pass
+
+
+def test_a_held_lock_times_out_with_a_clear_error(temp_folder: Path) -> None:
+    lock = temp_folder / f"farm-{os.getuid()}" / harness.LOCK_FILE
+    with lock_held_by_another_process(temp_folder):
+        started = time.monotonic()
+        with pytest.raises(BuildError) as raised:
+            with harness.host_lock(timeout=0.5):
+                pass
+        assert time.monotonic() - started >= 0.5
+    assert str(raised.value) == (f"tuning lock {lock}: still held by another tuning process after 0.5 s "
+                                 "(FARM_TUNE_LOCK_TIMEOUT)")
+    with harness.host_lock(timeout=0.5):  # free again once its holder has gone
+        pass

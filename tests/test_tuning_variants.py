@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,12 @@ from farm.tuning.space import candidate_variants, variant_spec
 from tests.farm_services import farm_cli, farm_factory_fixture  # noqa: F401
 from tests.services import RedisServer, redis_server_fixture  # noqa: F401
 from tests.test_cli import farm as cli
-from tests.test_tuning_harness import QUICK, quick_timing  # noqa: F401
+from tests.test_tuning_harness import (  # noqa: F401
+    QUICK,
+    lock_held_by_another_process,
+    quick_timing,
+    temp_folder_fixture,
+)
 from tests.test_tuning_space import AARCH64, CASES, HOST, build_with, kernel_entries, save, tunable_specs
 
 # --- the plan is a value -----------------------------------------------------------------------------------------
@@ -104,6 +110,23 @@ def test_a_target_this_host_cannot_run_keeps_the_default_and_says_so(tmp_path: P
     assert "default variant" in result.tuning.notes[0]
     assert [e["variant_source"] for e in kernel_entries(result.artifact)] == ["default"]
     assert not variants.can_time_here(AARCH64) and variants.can_time_here(HOST)
+
+
+@pytest.mark.slow
+def test_a_tuning_lock_held_past_the_default_timeout_keeps_the_default_and_the_build_succeeds(
+        temp_folder: Path) -> None:
+    """With the production FARM_TUNE_LOCK_TIMEOUT (120 s): another process holds the host's tuning lock
+    throughout; the kernel keeps its default variant, the report says why, and the build succeeds."""
+    path = save(CASES["conv1x1"], temp_folder)
+    with lock_held_by_another_process(temp_folder):
+        result = build_model(path, temp_folder / "out", executor=LocalExecutor(1),
+                             store=FileStore(temp_folder / "store"), tune=True)
+    (spec,) = tunable_specs(path)
+    assert result.tuning.timed == []
+    assert result.tuning.notes == [f"{variants.tune_name(spec, HOST.id)}: tuning lock "
+                                   f"{temp_folder / f'farm-{os.getuid()}' / 'tune.lock'}: still held by another "
+                                   "tuning process after 120 s (FARM_TUNE_LOCK_TIMEOUT) (the default variant is used)"]
+    assert [e["variant_source"] for e in kernel_entries(result.artifact)] == ["default"]
 
 
 # --- the farm, in-process: the steps of farm/distributed/steps.py against a real redis-server ------------------

@@ -19,6 +19,7 @@ import pyopencl as cl
 import pytest
 import redis
 
+from farm.backends.llvm.blobs import STALE_SCRATCH_SECONDS
 from farm.backends.llvm.target import host_target
 from farm.backends.opencl.devices import fingerprint
 from farm.distributed.celery_app import make_app
@@ -26,6 +27,7 @@ from farm.distributed.worker import WORKERS_KEY, default_hostname, detect_capabi
 from farm.tools import examples
 from tests.farm_services import FarmWorker, farm_cli
 from tests.services import RedisServer, free_port, redis_server_fixture, redis_servers_fixture  # noqa: F401
+from tests.test_blobs import old_scratch
 
 POCL = "Portable Computing Language"
 HEX16 = re.compile(r"[0-9a-f]{16}")
@@ -112,6 +114,17 @@ def stop_and_time(worker: FarmWorker) -> float:
     seconds = time.monotonic() - started
     assert worker.process.returncode == 0, f"exit status {worker.process.returncode}:\n{worker.log_tail()}"
     return seconds
+
+
+def test_a_starting_worker_sweeps_the_blob_scratch_older_versions_leaked(redis_server: RedisServer,
+                                                                        tmp_path: Path) -> None:
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    leaked = old_scratch(temp, "farm-blob-crashed", STALE_SCRATCH_SECONDS + 60)
+    busy = old_scratch(temp, "farm-blob-busy", 1)  # an older process on this host may still be packing it
+    worker = production_worker(redis_server.url, "sweep@test", tmp_path, TMPDIR=str(temp)).start()
+    worker.stop()
+    assert not leaked.exists() and busy.exists()
 
 
 def test_a_sigterm_stops_a_worker_promptly_without_a_traceback(redis_servers, tmp_path: Path) -> None:

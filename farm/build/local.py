@@ -52,9 +52,11 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
     farm.store.default_store_root) holds for its target; `tune` first times, on this host, the kernels it lacks for
     targets this host can run (`retune`: all of them), reporting each one to `tune_progress`.
     """
+    from farm.backends.llvm.blobs import sweep_stale_scratch
     from farm.backends.llvm.target import host_target
 
     started = time.perf_counter()
+    sweep_stale_scratch()  # what older versions' crashed packers left in /dev/shm
     targets = list(targets) or [host_target()]
     name, model_sha256 = Path(model_path).stem, hashlib.sha256(Path(model_path).read_bytes()).hexdigest()
     cpu_targets = [t for t in targets if t.kind == "cpu"]

@@ -14,6 +14,7 @@ import socket
 from typing import Any
 
 from farm import defaults
+from farm.backends.llvm.blobs import sweep_stale_scratch
 from farm.backends.llvm.target import CpuTarget, host_target
 from farm.backends.llvm.toolchain import toolchain
 from farm.backends.opencl.devices import opencl_devices_of_a_fresh_process
@@ -99,6 +100,7 @@ def run_worker(broker: str, concurrency: int | None, hostname: str | None, logle
     name = hostname or default_hostname()
     registry = JobBoard(broker)
     store_max_bytes = defaults.store_max_bytes()  # a bad FARM_STORE_MAX_BYTES stops the worker before it starts
+    sweep_stale_scratch()  # what older versions' crashed packers left in /dev/shm
     preload()
     keeper = _lease_keeper(broker, name)
 

@@ -12,6 +12,7 @@ import ctypes
 import fcntl
 import math
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -26,6 +27,7 @@ from farm.backends.llvm.gemm import GemmBlocking, pack_panels
 from farm.backends.llvm.kernel import compile_cpu_kernel, default_blocking, packed_params
 from farm.backends.llvm.link import link_library
 from farm.backends.llvm.target import CpuTarget
+from farm.errors import BuildError
 from farm.ir.graph import TensorInfo
 from farm.ir.specs import KernelSpec
 from farm.ops import argument_bytes
@@ -37,7 +39,8 @@ MIN_SAMPLE_SECONDS = 1e-3
 """Each timing sample runs the kernel this long at least, so call overhead and timer resolution don't count."""
 MIN_ROUNDS, MAX_ROUNDS = 3, 100
 ARENA_ALIGNMENT = 64
-LOCK_FILE = "farm-tune.lock"
+LOCK_FILE = "tune.lock"
+LOCK_POLL_SECONDS = 0.02
 
 
 def time_variants(spec_json: dict[str, Any], target_json: dict[str, Any],
@@ -80,15 +83,69 @@ def _choose(best: dict[int, float], default_index: int) -> int:
 
 
 @contextlib.contextmanager
-def host_lock() -> Iterator[None]:
-    """Hold this host's tuning lock (a file lock in the temporary folder): one measurement at a time per host, so
-    two tuning processes (a worker's pool processes, two local builds) don't disturb each other's timings."""
-    descriptor = os.open(Path(tempfile.gettempdir()) / LOCK_FILE, os.O_RDONLY | os.O_CREAT, 0o666)
+def host_lock(timeout: float | None = None) -> Iterator[None]:
+    """Hold this host's tuning lock: one measurement at a time per host, so two tuning processes of this user (a
+    worker's pool processes, two local builds) don't disturb each other's timings.
+
+    The lock file lives in this user's private folder (lock_folder) and is opened without following links, so
+    nobody else can plant a symlink or hold the lock; a lock still held after `timeout` seconds (default
+    FARM_TUNE_LOCK_TIMEOUT) is a BuildError naming the lock: the kernel keeps its default variant.
+    """
+    timeout = defaults.tune_lock_timeout() if timeout is None else timeout
+    folder = lock_folder()
+    descriptor = _open_private(folder, LOCK_FILE)
     try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        _wait_for_lock(descriptor, folder / LOCK_FILE, timeout)
         yield
     finally:
         os.close(descriptor)  # releases the lock
+
+
+def lock_folder() -> Path:
+    """`farm-<uid>` in the temp folder: made 0700 by this user, refused when it is anything else (a link, another
+    user's, open to others), since anyone may create names in the shared temp folder."""
+    folder = Path(tempfile.gettempdir()) / f"farm-{os.getuid()}"
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as error:
+        raise BuildError(f"tuning lock folder {folder}: {error.strerror}") from None
+    return folder
+
+
+def _open_private(folder: Path, name: str) -> int:
+    """A descriptor of `folder`/`name` (made 0600), opened without following a link at either step, after checking
+    that the folder opened is a real folder of this user that nobody else may write."""
+    nofollow = os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        folder_descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | nofollow)
+    except OSError as error:
+        raise BuildError(f"tuning lock folder {folder}: {error.strerror} (a link is never followed)") from None
+    try:
+        info = os.fstat(folder_descriptor)
+        if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise BuildError(f"tuning lock folder {folder}: not private to this user (owner uid {info.st_uid}, "
+                             f"mode {stat.S_IMODE(info.st_mode):o}); remove it")
+        return os.open(name, os.O_RDWR | os.O_CREAT | nofollow, 0o600, dir_fd=folder_descriptor)
+    except OSError as error:
+        raise BuildError(f"tuning lock {folder / name}: {error.strerror} (a link is never followed)") from None
+    finally:
+        os.close(folder_descriptor)
+
+
+def _wait_for_lock(descriptor: int, path: Path, timeout: float) -> None:
+    """Take the exclusive lock on `descriptor`, or raise a BuildError once `timeout` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise BuildError(f"tuning lock {path}: still held by another tuning process after {timeout:g} s "
+                                 "(FARM_TUNE_LOCK_TIMEOUT)") from None
+            time.sleep(LOCK_POLL_SECONDS)
 
 
 def _best_seconds(harness: _Harness, indices: list[int], seconds_per_variant: float) -> dict[int, float]:

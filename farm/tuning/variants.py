@@ -16,6 +16,7 @@ from typing import Any
 from farm.backends.llvm.gemm import GemmBlocking
 from farm.backends.llvm.kernel import blocking_for
 from farm.backends.llvm.target import CpuTarget, host_target
+from farm.errors import BuildError
 from farm.ir.specs import KernelSpec
 from farm.plan.planner import BuildPlan
 from farm.store import Store
@@ -75,7 +76,8 @@ def choose_variants(plan: BuildPlan, targets: Sequence[CpuTarget], store: Store,
                     ) -> tuple[BuildPlan, TuningReport]:
     """A local build's variants: with `tune`, first time (in this process, one kernel at a time, before any
     compile job starts) every tunable kernel the database lacks (all with `retune`) for the targets this host can
-    run, and record them; then the plan with every kernel's recorded variant (with_variants), and what was done."""
+    run, and record them (a kernel whose timing fails keeps the default variant, with a note: tuning never fails
+    a build); then the plan with every kernel's recorded variant (with_variants), and what was done."""
     report = TuningReport()
     if tune or retune:
         todo = missing(store, plan, targets, retune)
@@ -84,8 +86,11 @@ def choose_variants(plan: BuildPlan, targets: Sequence[CpuTarget], store: Store,
             report.notes.append(f"target {target_id} can't be timed on this host: its kernels use the default "
                                 "variant (tune them on a farm worker of that CPU class)")
         for done, (spec, target) in enumerate(here, start=1):
-            record(store, spec, target, time_variants(spec.to_json(), target.to_json()))
-            report.timed.append(tune_name(spec, target.id))
+            try:
+                record(store, spec, target, time_variants(spec.to_json(), target.to_json()))
+                report.timed.append(tune_name(spec, target.id))
+            except BuildError as error:  # tuning never fails a build
+                report.notes.append(f"{tune_name(spec, target.id)}: {error} (the default variant is used)")
             if progress:
                 progress(done, len(here))
     return with_variants(store, plan, targets), report

@@ -1,16 +1,25 @@
 """pack_blob: weight bytes in, an object file that defines them as one 64-byte aligned hidden symbol out.
 
 LLVM writes every blob object; no C compiler is involved. For the host's architecture, LLVM assembles a module
-made only of module-level assembly that `.incbin`s the raw bytes, which runs near disk speed (a C char array
+made only of module-level assembly that `.incbin`s the raw bytes, which runs near memory speed (a C char array
 through cc managed about 1 MB/s here, an IR constant about 18-30 MB/s). llvmlite only initialises the host's
 assembly parser, so other architectures get the bytes as an IR constant: slower, but still LLVM and still exact.
+
+The bytes `.incbin` reads live in an anonymous memory file (memfd) of this process, named to the assembler as
+/proc/self/fd/N: it has no name in any folder, so a packing process that aborts or is killed leaves nothing behind
+(the kernel frees the memory with the process), and the path in the assembly is always farm's own. Older versions
+wrote `farm-blob-*` folders in /dev/shm or the temp folder; sweep_stale_scratch removes what their crashes left.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import llvmlite.binding as llvm
 import numpy as np
@@ -49,18 +58,66 @@ def module_asm_ir(target: CpuTarget, assembly: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _scratch_dir() -> str | None:
-    """Memory-backed /dev/shm when the machine has it (the bytes only pass through), else the default temp dir."""
-    return "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-
-
 def _pack_incbin(symbol: str, target: CpuTarget, data: bytes) -> bytes:
-    with tempfile.TemporaryDirectory(prefix="farm-blob-", dir=_scratch_dir()) as folder:
-        path = os.path.join(folder, "blob.bin")
-        with open(path, "wb") as file:
+    """The blob assembled from an anonymous memory file: nothing to clean up, whatever happens to this process."""
+    descriptor = os.memfd_create("farm-blob", os.MFD_CLOEXEC)
+    try:
+        with open(descriptor, "wb", closefd=False) as file:
             file.write(data)
+        path = f"/proc/self/fd/{descriptor}"
         return compile_ir(module_asm_ir(target, blob_assembly(symbol, path, len(data))), target, f"blob {symbol}",
                           optimize=False)
+    finally:
+        os.close(descriptor)
+
+
+def _incbin_possible() -> bool:
+    """Anonymous memory files and /proc/self/fd to name them (Linux): the incbin packer's scratch."""
+    return hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
+
+
+STALE_SCRATCH_PREFIX = "farm-blob-"
+STALE_SCRATCH_SECONDS = 300
+"""An older version's `farm-blob-*` folder untouched this long is a crash's leftover: that version held one only
+while it assembled one blob (seconds), so a younger one may still be in use by an older process on this host."""
+
+
+def scratch_folders() -> list[Path]:
+    """Where older versions put their blob scratch: /dev/shm and the temp folder."""
+    return [Path("/dev/shm"), Path(tempfile.gettempdir())]
+
+
+def sweep_stale_scratch(folders: Iterable[Path] | None = None, now: float | None = None) -> list[Path]:
+    """Remove the `farm-blob-*` folders (default: in scratch_folders) that this user owns and that are
+    STALE_SCRATCH_SECONDS old; returns what was removed. Symbolic links and other users' entries are left alone
+    (never followed). Called when a worker or a local build starts, so leaked gigabytes don't outlive a restart."""
+    now = time.time() if now is None else now
+    removed = []
+    for folder in scratch_folders() if folders is None else folders:
+        for entry in _stale_entries(Path(folder), now):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
+
+
+def _stale_entries(folder: Path, now: float) -> list[Path]:
+    try:
+        names = [name for name in os.listdir(folder) if name.startswith(STALE_SCRATCH_PREFIX)]
+    except OSError:  # no such folder, or not ours to read
+        return []
+    return [folder / name for name in names if _is_stale_scratch(folder / name, now)]
+
+
+def _is_stale_scratch(path: Path, now: float) -> bool:
+    """A real folder of this user whose newest mtime (its own, or its blob.bin's) is STALE_SCRATCH_SECONDS old."""
+    try:
+        info = os.lstat(path)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            return False
+        newest = max([info.st_mtime, *(os.lstat(child).st_mtime for child in path.iterdir())])
+    except OSError:  # gone meanwhile (its owner finished), or unreadable
+        return False
+    return now - newest >= STALE_SCRATCH_SECONDS
 
 
 def _pack_ir_constant(symbol: str, target: CpuTarget, data: bytes) -> bytes:
@@ -78,9 +135,11 @@ BLOB_PACKERS: dict[str, Callable[[str, CpuTarget, bytes], bytes]] = {
 
 
 def packer_for(target: CpuTarget) -> str:
-    """`incbin` where llvmlite can assemble for the target (the host's architecture), else `ir-constant`."""
+    """`incbin` where llvmlite can assemble for the target (the host's architecture) and the bytes can live in an
+    anonymous memory file (Linux), else `ir-constant`."""
     init_llvm()
-    return "incbin" if target.arch == llvm.get_process_triple().split("-")[0] else "ir-constant"
+    host_arch = target.arch == llvm.get_process_triple().split("-")[0]
+    return "incbin" if host_arch and _incbin_possible() else "ir-constant"
 
 
 def pack_blob(spec: BlobSpec, target: CpuTarget, data: bytes | memoryview) -> bytes:
