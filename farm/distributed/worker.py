@@ -133,7 +133,7 @@ def run_worker(broker: str, concurrency: int | None, hostname: str | None, logle
             logger.warning("%s: could not withdraw its advertisement: %s", name, error)
 
     argv = ["worker", "--queues", ",".join(queues_for(capabilities)), "--hostname", name, "--loglevel", loglevel,
-            "--task-events", "--without-mingle"]
+            "--task-events", "--without-mingle", "--without-gossip"]
     if concurrency:
         argv += ["--concurrency", str(concurrency)]
     app.worker_main(argv)
