@@ -1,8 +1,10 @@
 """The artifact file: one uncompressed POSIX tar holding `manifest.json` and the payload members.
 
 The bytes are deterministic (members sorted by path, zeroed metadata, ustar headers without pax timestamps) so that
-the same build gives the same file, and every payload member's sha256 is in the manifest so that a reader can refuse
-a tampered or truncated artifact before it loads anything from it. Reading never extracts: members are read into
+the same build gives the same file, and every payload member's sha256 is in the manifest, whose own sha256 is the
+member `manifest.sha256`, so that a reader can refuse a tampered or truncated artifact before it loads anything from
+it. The manifest is parsed with bounds (size, nesting depth, digits of a number) so that a hostile one is refused
+with an ArtifactError rather than a RecursionError or a ValueError. Reading never extracts: members are read into
 memory by offset, after their path and type have been checked.
 """
 
@@ -13,6 +15,7 @@ import io
 import json
 import os
 import posixpath
+import re
 import tarfile
 from collections.abc import Mapping
 from typing import Any
@@ -20,8 +23,15 @@ from typing import Any
 from farm.atomic import write_atomically
 from farm.errors import ArtifactError
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 MANIFEST = "manifest.json"
+MANIFEST_DIGEST = "manifest.sha256"
+_RESERVED = (MANIFEST, MANIFEST_DIGEST)
+# Bounds on manifest.json before it is parsed: a real one is some 10-500 KB deep 6 levels, with no number over 20
+# digits; past these a manifest is hostile (json would recurse into a RecursionError or build 5000-digit ints).
+MAX_MANIFEST_BYTES = 64 << 20
+MAX_MANIFEST_DEPTH = 32
+MAX_NUMBER_CHARS = 40
 _END_OF_ARCHIVE = b"\0" * (2 * tarfile.BLOCKSIZE)
 _KINDS = {
     tarfile.SYMTYPE: "a symbolic link",
@@ -85,7 +95,7 @@ def artifact_bytes(manifest: dict[str, Any], members: Mapping[str, bytes]) -> by
     `format_version` when it has none."""
     for name in members:
         problem = _path_problem(name)
-        if problem or name == MANIFEST:
+        if problem or name in _RESERVED:
             raise ValueError(f"artifact member path {name!r} {problem or 'is reserved for the manifest'}")
     if manifest.get("format_version", FORMAT_VERSION) != FORMAT_VERSION:
         raise ValueError(
@@ -93,8 +103,8 @@ def artifact_bytes(manifest: dict[str, Any], members: Mapping[str, bytes]) -> by
         )
     payload = {name: bytes(data) for name, data in members.items()}
     full = {"format_version": FORMAT_VERSION, **manifest, "members": {n: _sha256(d) for n, d in payload.items()}}
-    text = json.dumps(full, sort_keys=True, indent=2) + "\n"
-    return _tar_bytes({**payload, MANIFEST: text.encode("utf-8")})
+    text = (json.dumps(full, sort_keys=True, indent=2) + "\n").encode("utf-8")
+    return _tar_bytes({**payload, MANIFEST: text, MANIFEST_DIGEST: f"{_sha256(text)}\n".encode()})
 
 
 class Artifact:
@@ -134,7 +144,13 @@ def open_artifact(path: str | os.PathLike[str]) -> Artifact:
     index = _index(path)
     if MANIFEST not in index:
         raise ArtifactError(f"{path}: the artifact has no {MANIFEST}")
-    manifest = _parse_manifest(path, _read_range(path, *index.pop(MANIFEST)))
+    if MANIFEST_DIGEST not in index:
+        raise ArtifactError(f"{path}: the artifact has no {MANIFEST_DIGEST} (built by an older farm: rebuild it)")
+    if index[MANIFEST][1] > MAX_MANIFEST_BYTES or index[MANIFEST_DIGEST][1] > 100:
+        raise ArtifactError(f"{path}: {MANIFEST} is over {MAX_MANIFEST_BYTES} bytes; refused")
+    text = _read_range(path, *index.pop(MANIFEST))
+    _check_digest(path, text, _read_range(path, *index.pop(MANIFEST_DIGEST)))
+    manifest = _parse_manifest(path, text)
     listed = manifest["members"]
     for name in sorted(listed):
         if name not in index:
@@ -149,10 +165,11 @@ def manifest_of(data: bytes) -> dict[str, Any]:
     """The manifest of an artifact held in memory (a store entry whose bytes the store has already checked)."""
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-            member = tar.extractfile(MANIFEST)
-            text = member.read() if member else b""
+            member, digest = tar.extractfile(MANIFEST), tar.extractfile(MANIFEST_DIGEST)
+            text, expected = (member.read() if member else b""), (digest.read() if digest else b"")
     except (tarfile.TarError, KeyError) as error:
         raise ArtifactError(f"an artifact in the store has no readable {MANIFEST}: {error}") from None
+    _check_digest("an artifact in the store", text, expected)
     return _parse_manifest("an artifact in the store", text)
 
 
@@ -212,12 +229,51 @@ def _read_range(path: str, offset: int, size: int) -> bytes:
         return file.read(size)
 
 
+def _check_digest(path: str, text: bytes, expected: bytes) -> None:
+    """Refuse a manifest whose bytes differ from the sha256 recorded beside it (an edit that forgot to rehash)."""
+    if expected.strip().decode("ascii", "replace") != _sha256(text):
+        raise ArtifactError(f"{path}: {MANIFEST} was tampered with (its sha256 differs from {MANIFEST_DIGEST})")
+
+
+def _nesting_depth(text: str) -> int:
+    """The deepest nesting of arrays and objects in JSON `text`, found without recursion (brackets inside strings
+    don't count)."""
+    outside = re.sub(r'"(?:[^"\\]|\\.)*"', '""', text)
+    depth = deepest = 0
+    for char in re.findall(r"[\[\]{}]", outside):
+        depth += 1 if char in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def _bounded_number(kind: type) -> Any:
+    def parse(literal: str) -> Any:
+        if len(literal) > MAX_NUMBER_CHARS:
+            raise ValueError(f"a number of {len(literal)} characters (at most {MAX_NUMBER_CHARS})")
+        return kind(literal)
+    return parse
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _decode(path: str, data: bytes) -> Any:
+    """json.loads within the bounds: no deeper than MAX_MANIFEST_DEPTH, no number longer than MAX_NUMBER_CHARS,
+    no NaN or Infinity."""
+    try:
+        text = data.decode("utf-8")
+        if _nesting_depth(text) > MAX_MANIFEST_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_MANIFEST_DEPTH} levels")
+        return json.loads(text, parse_int=_bounded_number(int), parse_float=_bounded_number(float),
+                          parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, ValueError) as error:
+        raise ArtifactError(f"{path}: {MANIFEST} is not valid JSON: {error}") from None
+
+
 def _parse_manifest(path: str, data: bytes) -> dict[str, Any]:
     """Decode manifest.json and check the fields every reader relies on: format_version and the member hashes."""
-    try:
-        manifest = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ArtifactError(f"{path}: {MANIFEST} is not valid JSON: {error}") from None
+    manifest = _decode(path, data)
     if not isinstance(manifest, dict):
         raise ArtifactError(f"{path}: {MANIFEST} is not a JSON object")
     version = manifest.get("format_version")
