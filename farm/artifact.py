@@ -17,7 +17,7 @@ import os
 import posixpath
 import re
 import tarfile
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from farm.atomic import write_atomically
@@ -26,7 +26,9 @@ from farm.errors import ArtifactError
 FORMAT_VERSION = 4
 MANIFEST = "manifest.json"
 MANIFEST_DIGEST = "manifest.sha256"
-_RESERVED = (MANIFEST, MANIFEST_DIGEST)
+SIGNATURE = "manifest.sig"
+_RESERVED = (MANIFEST, MANIFEST_DIGEST, SIGNATURE)
+_MAX_SIGNATURE_BYTES = 1024
 # Bounds on manifest.json before it is parsed: a real one is some 10-500 KB deep 6 levels, with no number over 20
 # digits; past these a manifest is hostile (json would recurse into a RecursionError or build 5000-digit ints).
 MAX_MANIFEST_BYTES = 64 << 20
@@ -110,9 +112,11 @@ def artifact_bytes(manifest: dict[str, Any], members: Mapping[str, bytes]) -> by
 class Artifact:
     """An opened artifact whose layout has been checked; member bytes are verified each time they are read."""
 
-    def __init__(self, path: str, manifest: dict[str, Any], index: dict[str, tuple[int, int]]) -> None:
+    def __init__(self, path: str, manifest: dict[str, Any], index: dict[str, tuple[int, int]],
+                 manifest_text: bytes = b"", signature: bytes | None = None) -> None:
         self.path = path
         self.manifest = manifest
+        self.manifest_text, self.signature = manifest_text, signature
         self._index = index
         self._hashes = dict(manifest["members"])
 
@@ -150,6 +154,7 @@ def open_artifact(path: str | os.PathLike[str]) -> Artifact:
         raise ArtifactError(f"{path}: {MANIFEST} is over {MAX_MANIFEST_BYTES} bytes; refused")
     text = _read_range(path, *index.pop(MANIFEST))
     _check_digest(path, text, _read_range(path, *index.pop(MANIFEST_DIGEST)))
+    signature = _read_signature(path, index.pop(SIGNATURE, None))
     manifest = _parse_manifest(path, text)
     listed = manifest["members"]
     for name in sorted(listed):
@@ -158,7 +163,15 @@ def open_artifact(path: str | os.PathLike[str]) -> Artifact:
     for name in sorted(index):
         if name not in listed:
             raise ArtifactError(f"{path}: member {name!r} is not listed in the manifest")
-    return Artifact(path, manifest, index)
+    return Artifact(path, manifest, index, text, signature)
+
+
+def _read_signature(path: str, place: tuple[int, int] | None) -> bytes | None:
+    if place is None:
+        return None
+    if place[1] > _MAX_SIGNATURE_BYTES:
+        raise ArtifactError(f"{path}: {SIGNATURE} is over {_MAX_SIGNATURE_BYTES} bytes; refused")
+    return _read_range(path, *place)
 
 
 def manifest_of(data: bytes) -> dict[str, Any]:
@@ -285,3 +298,69 @@ def _parse_manifest(path: str, data: bytes) -> dict[str, Any]:
     ):
         raise ArtifactError(f"{path}: {MANIFEST} has no valid 'members' table of sha256 digests")
     return manifest
+
+
+def _signature_record(key_hex: str, signature_hex: str) -> bytes:
+    return (json.dumps({"key": key_hex, "signature": signature_hex}, sort_keys=True) + "\n").encode()
+
+
+def sign_artifact(path: str | os.PathLike[str], private_key_pem: bytes) -> str:
+    """Sign the artifact at `path` in place with an Ed25519 private key (PEM, as `openssl genpkey -algorithm
+    ed25519` writes it) and return the signer's public key in hex. The signature covers manifest.json, which holds
+    every payload member's sha256, so it covers the whole artifact; an existing signature is replaced."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    try:
+        key = serialization.load_pem_private_key(private_key_pem, password=None)
+    except (ValueError, TypeError) as error:
+        raise ArtifactError(f"the signing key is not an unencrypted PEM private key: {error}") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ArtifactError("the signing key is not an Ed25519 key")
+    artifact = verify(path)
+    files = {name: artifact.read_member(name) for name in artifact.manifest["members"]}
+    public = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+    record = _signature_record(public, key.sign(artifact.manifest_text).hex())
+    files.update({MANIFEST: artifact.manifest_text, MANIFEST_DIGEST: f"{_sha256(artifact.manifest_text)}\n".encode(),
+                  SIGNATURE: record})
+    write_atomically(artifact.path, _tar_bytes(files), fsync=True)
+    return public
+
+
+def public_key_hex(public_key: bytes) -> str:
+    """The raw Ed25519 public key, in hex, of a PEM public key file's bytes or of 64 hex digits."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    text = public_key.strip()
+    if len(text) == 64 and all(chr(c) in "0123456789abcdefABCDEF" for c in text):
+        return text.decode().lower()
+    try:
+        key = serialization.load_pem_public_key(text)
+    except (ValueError, TypeError) as error:
+        raise ArtifactError(f"a trusted key is neither a PEM public key nor 64 hex digits: {error}") from None
+    if not isinstance(key, Ed25519PublicKey):
+        raise ArtifactError("a trusted key is not an Ed25519 public key")
+    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+
+
+def check_signed(artifact: Artifact, trusted: Collection[str]) -> str:
+    """The signer's public key (hex) when the artifact's manifest is signed by one of the `trusted` keys (hex);
+    else ArtifactError: unsigned, signed by a key not trusted, or a signature that doesn't match."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    if artifact.signature is None:
+        raise ArtifactError(f"{artifact.path}: the artifact is not signed, and this runtime trusts only signed ones")
+    try:
+        record = json.loads(artifact.signature)
+        key_hex, signature = str(record["key"]), bytes.fromhex(str(record["signature"]))
+    except (ValueError, TypeError, KeyError) as error:
+        raise ArtifactError(f"{artifact.path}: {SIGNATURE} is malformed: {error}") from None
+    if key_hex not in trusted:
+        raise ArtifactError(f"{artifact.path}: signed by key {key_hex[:16]}..., which is not trusted")
+    try:
+        Ed25519PublicKey.from_public_bytes(bytes.fromhex(key_hex)).verify(signature, artifact.manifest_text)
+    except (InvalidSignature, ValueError):
+        raise ArtifactError(f"{artifact.path}: the signature does not match the manifest (tampered)") from None
+    return key_hex
