@@ -120,7 +120,6 @@ FIELD_EDITS: list[tuple[str, Edit, str]] = [
     ("work entry odd", _set("targets.0.work_entry", 7), r"targets\[0\].work_entry"),
     ("launches huge", _set("targets.0.launches", [[2**60, 1, 1]]), r"targets\[0\].launches\[0\] extent"),
     ("launch grain zero", _set("targets.0.launches.0.1", 0), r"targets\[0\].launches\[0\] grain"),
-    ("launch grain past extent", _set("targets.0.launches.0.1", 4), r"targets\[0\].launches\[0\] grain"),
     ("launch work negative", _set("targets.0.launches.0.2", -1), r"targets\[0\].launches\[0\] work"),
     ("launch of two numbers", _set("targets.0.launches.0", [3, 1]), r"targets\[0\].launches\[0\] is not a list"),
     ("kernels an object", _set("kernels", {}), "kernels is not a list"),
@@ -186,6 +185,57 @@ def test_edits_that_crashed_the_runtime_exit_2_with_one_line(built: Path, tmp_pa
 
 def _env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "FARM_CACHE_DIR": str(tmp_path / "cache")}
+
+
+@pytest.fixture(scope="module")
+def other_library(built: Path) -> bytes:
+    """The library of another model (small_cnn) built for the same target."""
+    onnx.save(EXAMPLES["small_cnn"](), str(built.parent / "small_cnn.onnx"))
+    other = Path(build_model(built.parent / "small_cnn.onnx", built.parent).artifact)
+    return next(data for name, data in _members(other).items() if name.endswith(".so"))
+
+
+def _with_library(built: Path, tmp_path: Path, library: bytes, edit: Edit | None = None) -> Path:
+    """The artifact with its library replaced and every sha256 recomputed, as an attacker who knows the format
+    would (only a signature tells this apart); `edit` changes the manifest as well."""
+    files = _members(built)
+    manifest = json.loads(files["manifest.json"])
+    member = manifest["targets"][0]["library"]
+    files[member] = library
+    manifest["members"][member] = hashlib.sha256(library).hexdigest()
+    if edit:
+        edit(manifest)
+    files["manifest.json"] = json.dumps(manifest).encode()
+    files["manifest.sha256"] = hashlib.sha256(files["manifest.json"]).hexdigest().encode()
+    return _write(tmp_path / "swapped.farm", files)
+
+
+def test_another_models_library_is_refused_before_loading(built: Path, tmp_path: Path, other_library: bytes) -> None:
+    """It used to abort the runtime (SIGABRT): its kernels are not the manifest's."""
+    path = _with_library(built, tmp_path, other_library)
+    result = subprocess.run([sys.executable, "-m", "farm", "run", str(path), "--input",
+                             f"input={built.parent.parent / 'input.npy'}"], capture_output=True, text=True,
+                            timeout=120, env=_env(tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.splitlines()) == 1
+    assert re.search(r"kernel \w+ symbol farm_k_\w+ is not defined by its library", result.stderr), result.stderr
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (_set("targets.0.entry", "system"), r"entry 'system' is not defined by its library"),
+    (lambda m: m["targets"][0]["launches"].append([1, 1, 1]), r"launches number 12, but its schedule's kernels "
+                                                               "define 11"),
+    (_set("schedule.0.kernel", "0123"), r"schedule\[0\].kernel 0123 is not a kernel of target"),
+    (lambda m: m["kernels"].append({**m["kernels"][0], "kernel": "k2", "symbol": "farm_k_absent"}),
+     "symbol farm_k_absent is not defined by its library"),
+])
+def test_manifest_disagreeing_with_its_library_is_refused(built: Path, tmp_path: Path, edit: Edit,
+                                                          message: str) -> None:
+    library = next(data for name, data in _members(built).items() if name.endswith(".so"))
+    with pytest.raises(ArtifactError, match=message):
+        load(_with_library(built, tmp_path, library, edit), cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()
 
 
 def test_untampered_artifact_still_runs(built: Path, tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from farm.artifact import verify
 from farm.errors import ArtifactError
 from farm.runtime.cache import cached_library
 from farm.runtime.host import choose_target, this_host
-from farm.runtime.manifest import check_manifest
+from farm.runtime.manifest import check_library, check_manifest
 from farm.runtime.model import Model
 
 
@@ -20,8 +20,9 @@ def load_library_model(path: str | os.PathLike[str], cache_dir: str | os.PathLik
     artifact = verify(path)
     check_manifest(artifact.path, artifact.manifest)
     target = choose_target(artifact.manifest["targets"], this_host(), artifact.path)
-    member = target["library"]
-    library_file = cached_library(artifact.read_member(member), cache_dir)
+    library_bytes = artifact.read_member(target["library"])
+    check_library(artifact.path, artifact.manifest, target, library_bytes)
+    library_file = cached_library(library_bytes, cache_dir)
     try:
         library = ctypes.CDLL(str(library_file))
     except OSError as error:

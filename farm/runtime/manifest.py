@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from farm.errors import ArtifactError
+from farm.runtime.elf import defined_symbols
 
 MAX_ARENA_BYTES = 1 << 36  # 64 GiB
 MAX_TENSORS = 4096  # inputs or outputs
@@ -76,9 +77,56 @@ def check_manifest(path: str, manifest: dict[str, Any]) -> None:
     targets = fields.items(manifest.get("targets"), "targets", MAX_TARGETS)
     for index, target in enumerate(targets):
         _check_target(fields, target, f"targets[{index}]", members)
-    for key in ("kernels", "blobs", "schedule"):
-        if key in manifest:
-            fields.items(manifest[key], key)
+    for key in ("kernels", "schedule"):
+        for index, entry in enumerate(fields.items(manifest.get(key, []), key)):
+            entry = fields.obj(entry, f"{key}[{index}]")
+            fields.text(entry.get("kernel"), f"{key}[{index}].kernel", PLAIN)
+            if key == "kernels":
+                fields.text(entry.get("target"), f"kernels[{index}].target", PLAIN)
+                fields.text(entry.get("symbol"), f"kernels[{index}].symbol", SYMBOL)
+    fields.items(manifest.get("blobs", []), "blobs")
+
+
+def check_library(path: str, manifest: dict[str, Any], target: dict[str, Any], library: bytes) -> None:
+    """Cross-check a checked manifest's CPU target with its library before it is loaded: the library defines the
+    target's entry points and every kernel the manifest gives the target, and the target's launches are as many
+    as the schedule's kernels define (`<symbol>_<n>`). Another model's or target's library fails here."""
+    fields = _Fields(path)
+    try:
+        names = defined_symbols(library)
+    except ArtifactError as error:
+        raise ArtifactError(f"{path}: target {target['id']!r}: {error}; refused") from None
+    field = f"target {target['id']!r}"
+    for key in ("entry", "launch_entry", "work_entry"):
+        if (key in target or key == "entry") and target.get(key, "farm_run") not in names:
+            raise fields.refuse(f"{field} {key}", f"{target.get(key, 'farm_run')!r} is not defined by its library")
+    symbols = {entry["kernel"]: entry["symbol"] for entry in manifest.get("kernels", [])
+               if entry["target"] == target["id"]}
+    launches = _launch_counts(names, set(symbols.values()))
+    for kernel, symbol in sorted(symbols.items()):
+        if symbol not in names:
+            raise fields.refuse(f"{field} kernel {kernel}", f"symbol {symbol} is not defined by its library "
+                                "(another model's or target's library?)")
+    if "launches" not in target:
+        return
+    total = 0
+    for index, step in enumerate(manifest.get("schedule", [])):
+        if step["kernel"] not in symbols:
+            raise fields.refuse(f"schedule[{index}].kernel", f"{step['kernel']} is not a kernel of {field}")
+        total += launches[symbols[step["kernel"]]]
+    if total != len(target["launches"]):
+        raise fields.refuse(f"{field} launches", f"number {len(target['launches'])}, but its schedule's kernels "
+                            f"define {total}")
+
+
+def _launch_counts(names: set[str], symbols: set[str]) -> dict[str, int]:
+    """How many launch functions (`<symbol>_<n>`) each kernel symbol has among `names`."""
+    counts = dict.fromkeys(symbols, 0)
+    for name in names:
+        symbol, _, number = name.rpartition("_")
+        if symbol in counts and number.isdigit():
+            counts[symbol] += 1
+    return counts
 
 
 def _check_memory_plan(fields: _Fields, value: Any) -> int:
@@ -138,9 +186,10 @@ def _check_target(fields: _Fields, value: Any, field: str, members: dict[str, An
 
 
 def _check_launch(fields: _Fields, value: Any, field: str) -> None:
-    """[extent, grain, work]: 0 <= extent <= MAX_EXTENT, 1 <= grain <= max(extent, 1), 0 <= work <= MAX_WORK."""
+    """[extent, grain, work]: 0 <= extent <= MAX_EXTENT, 1 <= grain <= MAX_EXTENT (a GEMM's grain, its tile rows,
+    may exceed a small extent), 0 <= work <= MAX_WORK."""
     launch = fields.items(value, field, 3, 3)
-    extent = fields.integer(launch[0], f"{field} extent", 0, MAX_EXTENT)
-    fields.integer(launch[1], f"{field} grain", 1, max(extent, 1))
+    fields.integer(launch[0], f"{field} extent", 0, MAX_EXTENT)
+    fields.integer(launch[1], f"{field} grain", 1, MAX_EXTENT)
     fields.integer(launch[2], f"{field} work", 0, MAX_WORK)
 
