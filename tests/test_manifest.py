@@ -26,6 +26,7 @@ import pytest
 from farm.build.local import build_model
 from farm.errors import ArtifactError
 from farm.runtime import load
+from farm.runtime.manifest import check_manifest
 from farm.tools.examples import EXAMPLES
 
 Edit = Callable[[dict[str, Any]], None]
@@ -241,3 +242,38 @@ def test_manifest_disagreeing_with_its_library_is_refused(built: Path, tmp_path:
 def test_untampered_artifact_still_runs(built: Path, tmp_path: Path) -> None:
     model = load(built, cache_dir=tmp_path / "cache")
     assert model.run({"input": np.zeros((1, 3, 32, 32), np.float32)})["output"].shape == (1, 10)
+
+
+@pytest.fixture(scope="module")
+def opencl_manifest(built: Path) -> tuple[str, dict[str, Any]]:
+    """The checked manifest of tiny_cnn built for this host's OpenCL device."""
+    from farm.artifact import verify
+    from farm.backends.opencl.devices import opencl_devices
+    from farm.backends.opencl.target import OpenClTarget
+    from farm.build.executor import LocalExecutor
+
+    devices = opencl_devices()
+    assert devices, "no OpenCL device: install pocl-opencl-icd (scripts/setup.sh does)"
+    path = build_model(built.parent.parent / "tiny_cnn.onnx", built.parent.parent / "cl", executor=LocalExecutor(1),
+                       targets=[OpenClTarget(devices[0]["fingerprint"])]).artifact
+    manifest = verify(path).manifest
+    check_manifest(path, manifest)
+    return path, manifest
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (_set("opencl.buffers.input", 2**50), r"opencl.buffers\['input'\]"),
+    (_set("opencl.kernels.0.source", "../x.cl"), r"opencl.kernels\[0\].source is not a member"),
+    (_set("opencl.kernels.0.launches.0.1", [2**40]), r"opencl.kernels\[0\].launches\[0\] size\[0\]"),
+    (_set("opencl.kernels.0.launches.0.1", [1, 1, 1, 1]), r"opencl.kernels\[0\].launches\[0\] size is not a list"),
+    (_set("opencl.schedule.0.kernel", "farm_k_other"), r"opencl.schedule\[0\].kernel is not one of"),
+    (_set("opencl.schedule.0.args.0", "arena:nowhere"), r"opencl.schedule\[0\].args\[0\] names no buffer or blob"),
+    (_set("opencl.schedule.0.args.0", 7), r"opencl.schedule\[0\].args\[0\] names no buffer or blob"),
+])
+def test_opencl_part_out_of_bounds_is_refused(opencl_manifest: tuple[str, dict[str, Any]], edit: Edit,
+                                              message: str) -> None:
+    path, manifest = opencl_manifest
+    edited = json.loads(json.dumps(manifest))
+    edit(edited)
+    with pytest.raises(ArtifactError, match=message):
+        check_manifest(path, edited)

@@ -25,7 +25,6 @@ MAX_WORK = 1 << 62
 MAX_LIST = 1 << 22  # buffers, kernels, blobs, schedule steps
 DTYPE_BYTES = {"float16": 2, "float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4, "int64": 8,
                "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1}
-NAME = re.compile(r"[A-Za-z0-9_.:/-]{1,256}")
 PLAIN = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 FEATURES = re.compile(r"([+-][A-Za-z0-9_.-]+(,[+-][A-Za-z0-9_.-]+)*)?")
@@ -85,6 +84,46 @@ def check_manifest(path: str, manifest: dict[str, Any]) -> None:
                 fields.text(entry.get("target"), f"kernels[{index}].target", PLAIN)
                 fields.text(entry.get("symbol"), f"kernels[{index}].symbol", SYMBOL)
     fields.items(manifest.get("blobs", []), "blobs")
+    if "opencl" in manifest:
+        _check_opencl(fields, manifest["opencl"], members)
+
+
+def _check_opencl(fields: _Fields, value: Any, members: dict[str, Any]) -> None:
+    """The OpenCL part: bounded buffer sizes, members that are listed, launches of 1-3 bounded dimensions and a
+    schedule of its own kernels."""
+    part = fields.obj(value, "opencl")
+    buffers = fields.obj(part.get("buffers"), "opencl.buffers")
+    for name, size in buffers.items():
+        fields.integer(size, f"opencl.buffers[{name!r}]", 0, MAX_ARENA_BYTES)
+    blobs = fields.obj(part.get("blobs", {}), "opencl.blobs")
+    for sha, member in blobs.items():
+        _member(fields, member, f"opencl.blobs[{sha!r}]", members)
+    symbols = set()
+    for index, kernel in enumerate(fields.items(part.get("kernels"), "opencl.kernels")):
+        field = f"opencl.kernels[{index}]"
+        kernel = fields.obj(kernel, field)
+        symbols.add(fields.text(kernel.get("symbol"), f"{field}.symbol", SYMBOL))
+        _member(fields, kernel.get("source"), f"{field}.source", members)
+        for device, member in fields.obj(kernel.get("binaries", {}), f"{field}.binaries").items():
+            _member(fields, member, f"{field}.binaries[{device!r}]", members)
+        for number, launch in enumerate(fields.items(kernel.get("launches"), f"{field}.launches", MAX_LAUNCHES)):
+            name, size = fields.items(launch, f"{field}.launches[{number}]", 2, 2)
+            fields.text(name, f"{field}.launches[{number}] name", SYMBOL)
+            for axis, extent in enumerate(fields.items(size, f"{field}.launches[{number}] size", 3, 1)):
+                fields.integer(extent, f"{field}.launches[{number}] size[{axis}]", 1, MAX_DIMENSION)
+    for index, step in enumerate(fields.items(part.get("schedule"), "opencl.schedule")):
+        step = fields.obj(step, f"opencl.schedule[{index}]")
+        if step.get("kernel") not in symbols:
+            raise fields.refuse(f"opencl.schedule[{index}].kernel", "is not one of opencl.kernels")
+        for number, arg in enumerate(fields.items(step.get("args"), f"opencl.schedule[{index}].args")):
+            kind, _, name = arg.partition(":") if isinstance(arg, str) else ("", "", "")
+            if not (name in blobs if kind == "blob" else name in buffers):
+                raise fields.refuse(f"opencl.schedule[{index}].args[{number}]", "names no buffer or blob")
+
+
+def _member(fields: _Fields, value: Any, field: str, members: dict[str, Any]) -> None:
+    if not isinstance(value, str) or value not in members:
+        raise fields.refuse(field, "is not a member of the artifact")
 
 
 def check_library(path: str, manifest: dict[str, Any], target: dict[str, Any], library: bytes) -> None:
