@@ -20,6 +20,8 @@ import tarfile
 from collections.abc import Collection, Mapping
 from typing import Any
 
+import numpy as np
+
 from farm.atomic import write_atomically
 from farm.errors import ArtifactError
 
@@ -29,9 +31,10 @@ MANIFEST_DIGEST = "manifest.sha256"
 SIGNATURE = "manifest.sig"
 _RESERVED = (MANIFEST, MANIFEST_DIGEST, SIGNATURE)
 _MAX_SIGNATURE_BYTES = 1024
-# Bounds on manifest.json before it is parsed: a real one is some 10-500 KB deep 6 levels, with no number over 20
+# Bounds on manifest.json before it is parsed: a real one is some 10-110 KB (the examples) deep 6 levels, with no number over 20
 # digits; past these a manifest is hostile (json would recurse into a RecursionError or build 5000-digit ints).
-MAX_MANIFEST_BYTES = 64 << 20
+MAX_MANIFEST_BYTES = 16 << 20
+_OPENERS, _CLOSERS = np.frombuffer(b"[{", np.uint8), np.frombuffer(b"]}", np.uint8)
 MAX_MANIFEST_DEPTH = 32
 MAX_NUMBER_CHARS = 40
 _END_OF_ARCHIVE = b"\0" * (2 * tarfile.BLOCKSIZE)
@@ -251,12 +254,9 @@ def _check_digest(path: str, text: bytes, expected: bytes) -> None:
 def _nesting_depth(text: str) -> int:
     """The deepest nesting of arrays and objects in JSON `text`, found without recursion (brackets inside strings
     don't count)."""
-    outside = re.sub(r'"(?:[^"\\]|\\.)*"', '""', text)
-    depth = deepest = 0
-    for char in re.findall(r"[\[\]{}]", outside):
-        depth += 1 if char in "[{" else -1
-        deepest = max(deepest, depth)
-    return deepest
+    outside = np.frombuffer(re.sub(r'"(?:[^"\\]|\\.)*"', '""', text).encode("utf-8"), np.uint8)
+    steps = np.isin(outside, _OPENERS).astype(np.int8) - np.isin(outside, _CLOSERS).astype(np.int8)
+    return int(np.cumsum(steps, dtype=np.int32).max(initial=0))
 
 
 def _bounded_number(kind: type) -> Any:
