@@ -31,8 +31,9 @@ MANIFEST_DIGEST = "manifest.sha256"
 SIGNATURE = "manifest.sig"
 _RESERVED = (MANIFEST, MANIFEST_DIGEST, SIGNATURE)
 _MAX_SIGNATURE_BYTES = 1024
-# Bounds on manifest.json before it is parsed: a real one is some 10-110 KB (the examples) deep 6 levels, with no number over 20
-# digits; past these a manifest is hostile (json would recurse into a RecursionError or build 5000-digit ints).
+# Bounds on manifest.json before it is parsed: a real one is some 10-110 KB (the examples) deep 6 levels, with no
+# number over 20 digits; past these a manifest is hostile (json would recurse into a RecursionError or build
+# 5000-digit ints).
 MAX_MANIFEST_BYTES = 16 << 20
 _OPENERS, _CLOSERS = np.frombuffer(b"[{", np.uint8), np.frombuffer(b"]}", np.uint8)
 MAX_MANIFEST_DEPTH = 32
