@@ -307,7 +307,8 @@ def test_signed_artifact_runs_only_for_its_trusted_key(artifact: Path, tmp_path:
     assert _farm("run", artifact, "--input", f"x={x}", "--trust", public, env=cache).returncode == 0
     trusted = {**cache, "FARM_TRUSTED_KEYS": str(public)}
     assert _farm("run", artifact, "--input", f"x={x}", env=trusted).returncode == 0
-    refused = _farm("run", artifact, "--input", f"x={x}", "--trust", foreign, env={"FARM_CACHE_DIR": str(tmp_path / "c2")})
+    refused = _farm("run", artifact, "--input", f"x={x}", "--trust", foreign,
+                    env={"FARM_CACHE_DIR": str(tmp_path / "c2")})
     assert refused.returncode == 2 and "which is not trusted" in refused.stderr
     assert not (tmp_path / "c2").exists()
     assert _farm("run", artifact, "--input", f"x={x}", env=cache).returncode == 0, "no keys: no signature needed"

@@ -1,8 +1,9 @@
 """farm's runtime: load an artifact, pick the target built for this host and run it.
 
-Nothing is loaded before every member's sha256 has been checked against the manifest, the manifest against its
-schema (farm.runtime.manifest) and, when the runtime is given trusted keys, its signature against them. Each backend brings its
-loader (farm.backends.registry): the CPU library (farm.runtime.cpu) or the OpenCL programs (farm.runtime.opencl).
+Nothing is loaded before the manifest's signature has been checked (when the runtime is given trusted keys), the
+manifest against its schema (farm.runtime.manifest) and every member's sha256 against the manifest. Each backend
+brings its loader (farm.backends.registry): the CPU library (farm.runtime.cpu) or the OpenCL programs
+(farm.runtime.opencl).
 """
 
 from __future__ import annotations
