@@ -354,7 +354,10 @@ def check_signed(artifact: Artifact, trusted: Collection[str]) -> str:
     if artifact.signature is None:
         raise ArtifactError(f"{artifact.path}: the artifact is not signed, and this runtime trusts only signed ones")
     try:
-        record = json.loads(artifact.signature)
+        text = artifact.signature.decode("utf-8")
+        if _nesting_depth(text) > 1:
+            raise ValueError("nested")
+        record = json.loads(text)
         key_hex, signature = str(record["key"]), bytes.fromhex(str(record["signature"]))
     except (ValueError, TypeError, KeyError) as error:
         raise ArtifactError(f"{artifact.path}: {SIGNATURE} is malformed: {error}") from None
