@@ -1,8 +1,10 @@
 """The artifact file: one uncompressed POSIX tar holding `manifest.json` and the payload members.
 
 The bytes are deterministic (members sorted by path, zeroed metadata, ustar headers without pax timestamps) so that
-the same build gives the same file, and every payload member's sha256 is in the manifest so that a reader can refuse
-a tampered or truncated artifact before it loads anything from it. Reading never extracts: members are read into
+the same build gives the same file, and every payload member's sha256 is in the manifest, whose own sha256 is the
+member `manifest.sha256`, so that a reader can refuse a tampered or truncated artifact before it loads anything from
+it. The manifest is parsed with bounds (size, nesting depth, digits of a number) so that a hostile one is refused
+with an ArtifactError rather than a RecursionError or a ValueError. Reading never extracts: members are read into
 memory by offset, after their path and type have been checked.
 """
 
@@ -13,15 +15,29 @@ import io
 import json
 import os
 import posixpath
+import re
 import tarfile
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
+
+import numpy as np
 
 from farm.atomic import write_atomically
 from farm.errors import ArtifactError
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 MANIFEST = "manifest.json"
+MANIFEST_DIGEST = "manifest.sha256"
+SIGNATURE = "manifest.sig"
+_RESERVED = (MANIFEST, MANIFEST_DIGEST, SIGNATURE)
+_MAX_SIGNATURE_BYTES = 1024
+# Bounds on manifest.json before it is parsed: a real one is some 10-110 KB (the examples) deep 6 levels, with no
+# number over 20 digits; past these a manifest is hostile (json would recurse into a RecursionError or build
+# 5000-digit ints).
+MAX_MANIFEST_BYTES = 16 << 20
+_OPENERS, _CLOSERS = np.frombuffer(b"[{", np.uint8), np.frombuffer(b"]}", np.uint8)
+MAX_MANIFEST_DEPTH = 32
+MAX_NUMBER_CHARS = 40
 _END_OF_ARCHIVE = b"\0" * (2 * tarfile.BLOCKSIZE)
 _KINDS = {
     tarfile.SYMTYPE: "a symbolic link",
@@ -85,7 +101,7 @@ def artifact_bytes(manifest: dict[str, Any], members: Mapping[str, bytes]) -> by
     `format_version` when it has none."""
     for name in members:
         problem = _path_problem(name)
-        if problem or name == MANIFEST:
+        if problem or name in _RESERVED:
             raise ValueError(f"artifact member path {name!r} {problem or 'is reserved for the manifest'}")
     if manifest.get("format_version", FORMAT_VERSION) != FORMAT_VERSION:
         raise ValueError(
@@ -93,16 +109,18 @@ def artifact_bytes(manifest: dict[str, Any], members: Mapping[str, bytes]) -> by
         )
     payload = {name: bytes(data) for name, data in members.items()}
     full = {"format_version": FORMAT_VERSION, **manifest, "members": {n: _sha256(d) for n, d in payload.items()}}
-    text = json.dumps(full, sort_keys=True, indent=2) + "\n"
-    return _tar_bytes({**payload, MANIFEST: text.encode("utf-8")})
+    text = (json.dumps(full, sort_keys=True, indent=2) + "\n").encode("utf-8")
+    return _tar_bytes({**payload, MANIFEST: text, MANIFEST_DIGEST: f"{_sha256(text)}\n".encode()})
 
 
 class Artifact:
     """An opened artifact whose layout has been checked; member bytes are verified each time they are read."""
 
-    def __init__(self, path: str, manifest: dict[str, Any], index: dict[str, tuple[int, int]]) -> None:
+    def __init__(self, path: str, manifest: dict[str, Any], index: dict[str, tuple[int, int]],
+                 manifest_text: bytes = b"", signature: bytes | None = None) -> None:
         self.path = path
         self.manifest = manifest
+        self.manifest_text, self.signature = manifest_text, signature
         self._index = index
         self._hashes = dict(manifest["members"])
 
@@ -134,7 +152,14 @@ def open_artifact(path: str | os.PathLike[str]) -> Artifact:
     index = _index(path)
     if MANIFEST not in index:
         raise ArtifactError(f"{path}: the artifact has no {MANIFEST}")
-    manifest = _parse_manifest(path, _read_range(path, *index.pop(MANIFEST)))
+    if MANIFEST_DIGEST not in index:
+        raise ArtifactError(f"{path}: the artifact has no {MANIFEST_DIGEST} (built by an older farm: rebuild it)")
+    if index[MANIFEST][1] > MAX_MANIFEST_BYTES or index[MANIFEST_DIGEST][1] > 100:
+        raise ArtifactError(f"{path}: {MANIFEST} is over {MAX_MANIFEST_BYTES} bytes; refused")
+    text = _read_range(path, *index.pop(MANIFEST))
+    _check_digest(path, text, _read_range(path, *index.pop(MANIFEST_DIGEST)))
+    signature = _read_signature(path, index.pop(SIGNATURE, None))
+    manifest = _parse_manifest(path, text)
     listed = manifest["members"]
     for name in sorted(listed):
         if name not in index:
@@ -142,17 +167,26 @@ def open_artifact(path: str | os.PathLike[str]) -> Artifact:
     for name in sorted(index):
         if name not in listed:
             raise ArtifactError(f"{path}: member {name!r} is not listed in the manifest")
-    return Artifact(path, manifest, index)
+    return Artifact(path, manifest, index, text, signature)
+
+
+def _read_signature(path: str, place: tuple[int, int] | None) -> bytes | None:
+    if place is None:
+        return None
+    if place[1] > _MAX_SIGNATURE_BYTES:
+        raise ArtifactError(f"{path}: {SIGNATURE} is over {_MAX_SIGNATURE_BYTES} bytes; refused")
+    return _read_range(path, *place)
 
 
 def manifest_of(data: bytes) -> dict[str, Any]:
     """The manifest of an artifact held in memory (a store entry whose bytes the store has already checked)."""
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-            member = tar.extractfile(MANIFEST)
-            text = member.read() if member else b""
+            member, digest = tar.extractfile(MANIFEST), tar.extractfile(MANIFEST_DIGEST)
+            text, expected = (member.read() if member else b""), (digest.read() if digest else b"")
     except (tarfile.TarError, KeyError) as error:
         raise ArtifactError(f"an artifact in the store has no readable {MANIFEST}: {error}") from None
+    _check_digest("an artifact in the store", text, expected)
     return _parse_manifest("an artifact in the store", text)
 
 
@@ -212,12 +246,48 @@ def _read_range(path: str, offset: int, size: int) -> bytes:
         return file.read(size)
 
 
+def _check_digest(path: str, text: bytes, expected: bytes) -> None:
+    """Refuse a manifest whose bytes differ from the sha256 recorded beside it (an edit that forgot to rehash)."""
+    if expected.strip().decode("ascii", "replace") != _sha256(text):
+        raise ArtifactError(f"{path}: {MANIFEST} was tampered with (its sha256 differs from {MANIFEST_DIGEST})")
+
+
+def _nesting_depth(text: str) -> int:
+    """The deepest nesting of arrays and objects in JSON `text`, found without recursion (brackets inside strings
+    don't count)."""
+    outside = np.frombuffer(re.sub(r'"(?:[^"\\]|\\.)*"', '""', text).encode("utf-8"), np.uint8)
+    steps = np.isin(outside, _OPENERS).astype(np.int8) - np.isin(outside, _CLOSERS).astype(np.int8)
+    return int(np.cumsum(steps, dtype=np.int32).max(initial=0))
+
+
+def _bounded_number(kind: type) -> Any:
+    def parse(literal: str) -> Any:
+        if len(literal) > MAX_NUMBER_CHARS:
+            raise ValueError(f"a number of {len(literal)} characters (at most {MAX_NUMBER_CHARS})")
+        return kind(literal)
+    return parse
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _decode(path: str, data: bytes) -> Any:
+    """json.loads within the bounds: no deeper than MAX_MANIFEST_DEPTH, no number longer than MAX_NUMBER_CHARS,
+    no NaN or Infinity."""
+    try:
+        text = data.decode("utf-8")
+        if _nesting_depth(text) > MAX_MANIFEST_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_MANIFEST_DEPTH} levels")
+        return json.loads(text, parse_int=_bounded_number(int), parse_float=_bounded_number(float),
+                          parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, ValueError) as error:
+        raise ArtifactError(f"{path}: {MANIFEST} is not valid JSON: {error}") from None
+
+
 def _parse_manifest(path: str, data: bytes) -> dict[str, Any]:
     """Decode manifest.json and check the fields every reader relies on: format_version and the member hashes."""
-    try:
-        manifest = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ArtifactError(f"{path}: {MANIFEST} is not valid JSON: {error}") from None
+    manifest = _decode(path, data)
     if not isinstance(manifest, dict):
         raise ArtifactError(f"{path}: {MANIFEST} is not a JSON object")
     version = manifest.get("format_version")
@@ -229,3 +299,72 @@ def _parse_manifest(path: str, data: bytes) -> dict[str, Any]:
     ):
         raise ArtifactError(f"{path}: {MANIFEST} has no valid 'members' table of sha256 digests")
     return manifest
+
+
+def _signature_record(key_hex: str, signature_hex: str) -> bytes:
+    return (json.dumps({"key": key_hex, "signature": signature_hex}, sort_keys=True) + "\n").encode()
+
+
+def sign_artifact(path: str | os.PathLike[str], private_key_pem: bytes) -> str:
+    """Sign the artifact at `path` in place with an Ed25519 private key (PEM, as `openssl genpkey -algorithm
+    ed25519` writes it) and return the signer's public key in hex. The signature covers manifest.json, which holds
+    every payload member's sha256, so it covers the whole artifact; an existing signature is replaced."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    try:
+        key = serialization.load_pem_private_key(private_key_pem, password=None)
+    except (ValueError, TypeError) as error:
+        raise ArtifactError(f"the signing key is not an unencrypted PEM private key: {error}") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ArtifactError("the signing key is not an Ed25519 key")
+    artifact = verify(path)
+    files = {name: artifact.read_member(name) for name in artifact.manifest["members"]}
+    public = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+    record = _signature_record(public, key.sign(artifact.manifest_text).hex())
+    files.update({MANIFEST: artifact.manifest_text, MANIFEST_DIGEST: f"{_sha256(artifact.manifest_text)}\n".encode(),
+                  SIGNATURE: record})
+    write_atomically(artifact.path, _tar_bytes(files), fsync=True)
+    return public
+
+
+def public_key_hex(public_key: bytes) -> str:
+    """The raw Ed25519 public key, in hex, of a PEM public key file's bytes or of 64 hex digits."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    text = public_key.strip()
+    if len(text) == 64 and all(chr(c) in "0123456789abcdefABCDEF" for c in text):
+        return text.decode().lower()
+    try:
+        key = serialization.load_pem_public_key(text)
+    except (ValueError, TypeError) as error:
+        raise ArtifactError(f"a trusted key is neither a PEM public key nor 64 hex digits: {error}") from None
+    if not isinstance(key, Ed25519PublicKey):
+        raise ArtifactError("a trusted key is not an Ed25519 public key")
+    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+
+
+def check_signed(artifact: Artifact, trusted: Collection[str]) -> str:
+    """The signer's public key (hex) when the artifact's manifest is signed by one of the `trusted` keys (hex);
+    else ArtifactError: unsigned, signed by a key not trusted, or a signature that doesn't match."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    if artifact.signature is None:
+        raise ArtifactError(f"{artifact.path}: the artifact is not signed, and this runtime trusts only signed ones")
+    try:
+        text = artifact.signature.decode("utf-8")
+        if _nesting_depth(text) > 1:
+            raise ValueError("nested")
+        record = json.loads(text)
+        key_hex, signature = str(record["key"]), bytes.fromhex(str(record["signature"]))
+    except (ValueError, TypeError, KeyError) as error:
+        raise ArtifactError(f"{artifact.path}: {SIGNATURE} is malformed: {error}") from None
+    if key_hex not in trusted:
+        raise ArtifactError(f"{artifact.path}: signed by key {key_hex[:16]}..., which is not trusted")
+    try:
+        Ed25519PublicKey.from_public_bytes(bytes.fromhex(key_hex)).verify(signature, artifact.manifest_text)
+    except (InvalidSignature, ValueError):
+        raise ArtifactError(f"{artifact.path}: the signature does not match the manifest (tampered)") from None
+    return key_hex

@@ -29,6 +29,12 @@ def cache_dir() -> Path:
     return Path(configured) if configured else Path.home() / ".cache" / "farm"
 
 
+def trusted_keys() -> list[str]:
+    """FARM_TRUSTED_KEYS: the Ed25519 public keys the runtime trusts, separated by os.pathsep, each a PEM file's path
+    or 64 hex digits; unset or empty means artifacts need no signature (unless `farm run --trust` names a key)."""
+    return [entry for entry in os.environ.get("FARM_TRUSTED_KEYS", "").split(os.pathsep) if entry]
+
+
 def broker_url() -> str | None:
     """FARM_BROKER_URL: the Redis URL of the farm; unset means builds run on this machine."""
     return os.environ.get("FARM_BROKER_URL") or None

@@ -22,12 +22,17 @@ def _write(tmp_path: Path, name: str = "m.farm") -> Path:
     return Path(write_artifact(tmp_path / name, MANIFEST, MEMBERS))
 
 
+def _manifest_members(manifest: bytes) -> dict[str, bytes]:
+    """manifest.json and the manifest.sha256 that covers it."""
+    return {"manifest.json": manifest, "manifest.sha256": hashlib.sha256(manifest).hexdigest().encode()}
+
+
 def _craft(path: Path, files: dict[str, bytes], *, listed: dict[str, bytes] | None = None) -> Path:
     """A tar made by hand whose manifest lists `listed` (default: `files`) with their true hashes."""
     listed = files if listed is None else listed
     manifest = {**MANIFEST, "members": {n: hashlib.sha256(d).hexdigest() for n, d in listed.items()}}
     with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-        for name, data in {"manifest.json": json.dumps(manifest).encode(), **files}.items():
+        for name, data in {**_manifest_members(json.dumps(manifest).encode()), **files}.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -48,7 +53,7 @@ def test_layout_is_deterministic_and_sorted(tmp_path: Path) -> None:
     assert first.read_bytes() == second.read_bytes()
     with tarfile.open(first) as tar:
         infos = tar.getmembers()
-    assert [i.name for i in infos] == sorted(["manifest.json", *MEMBERS])
+    assert [i.name for i in infos] == sorted(["manifest.json", "manifest.sha256", *MEMBERS])
     assert all((i.mtime, i.uid, i.gid, i.uname, i.gname, i.mode) == (0, 0, 0, "", "", 0o644) for i in infos)
     text = open_artifact(first).manifest
     assert first.read_bytes().count(json.dumps(text, sort_keys=True, indent=2).encode() + b"\n") == 1
@@ -102,9 +107,10 @@ def test_link_device_or_folder_member_is_refused(tmp_path: Path, kind: bytes) ->
     path = tmp_path / "link.farm"
     manifest = json.dumps({**MANIFEST, "members": {}}).encode()
     with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-        info = tarfile.TarInfo("manifest.json")
-        info.size = len(manifest)
-        tar.addfile(info, io.BytesIO(manifest))
+        for name, data in _manifest_members(manifest).items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
         link = tarfile.TarInfo("targets/cpu-a/model.so")
         link.type, link.linkname = kind, "/etc/passwd"
         tar.addfile(link)
@@ -143,20 +149,24 @@ def test_duplicate_member_is_refused(tmp_path: Path) -> None:
         (b"[1, 2]", "not a JSON object"),
         (json.dumps({"format_version": 99, "members": {}}).encode(), "format_version 99 is not supported"),
         (json.dumps({"format_version": FORMAT_VERSION}).encode(), "no valid 'members'"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested deeper than 32 levels"),
+        (b'{"format_version": ' + b"9" * 5000 + b"}", "a number of 5000 characters"),
+        (b'{"format_version": NaN}', "NaN is not a JSON number"),
     ],
 )
 def test_bad_manifest_is_refused(tmp_path: Path, manifest: bytes | None, message: str) -> None:
     path = tmp_path / "bad.farm"
     with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-        name, data = ("manifest.json", manifest) if manifest is not None else ("other.json", b"{}")
-        info = tarfile.TarInfo(name)
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
+        files = _manifest_members(manifest) if manifest is not None else {"other.json": b"{}"}
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
     with pytest.raises(ArtifactError, match=message):
         read_manifest(path)
 
 
-@pytest.mark.parametrize("name", ["../evil", "/abs", "a/./b", "a//b", "", "manifest.json", "a\\b"])
+@pytest.mark.parametrize("name", ["../evil", "/abs", "a/./b", "a//b", "", "manifest.json", "manifest.sha256", "a\\b"])
 def test_invalid_member_path_is_refused_when_writing(tmp_path: Path, name: str) -> None:
     with pytest.raises(ValueError, match="artifact member path"):
         write_artifact(tmp_path / "m.farm", MANIFEST, {name: b"x"})
@@ -175,3 +185,18 @@ def test_failed_write_leaves_no_partial_file_and_keeps_the_old_one(tmp_path: Pat
 def test_wrong_format_version_is_refused_when_writing(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="format_version"):
         write_artifact(tmp_path / "m.farm", {**MANIFEST, "format_version": 7}, MEMBERS)
+
+
+def test_manifest_edited_without_rehash_is_refused(tmp_path: Path) -> None:
+    """manifest.sha256 covers the manifest: an edit that forgets to recompute it is refused before parsing."""
+    path = tmp_path / "edited.farm"
+    with tarfile.open(_write(tmp_path)) as tar:
+        files = {info.name: tar.extractfile(info).read() for info in tar.getmembers()}
+    files["manifest.json"] = files["manifest.json"].replace(b'"m"', b'"x"')
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(ArtifactError, match=r"manifest.json was tampered with"):
+        open_artifact(path)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import io
+import json
 import os
 import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -267,3 +270,105 @@ def test_threads_fall_back_to_farm_run_without_launches(artifact: Path, tmp_path
     assert model.threads == 4
     x = np.array([[0.0, 1.0, -2.5, 3.25]], dtype=np.float32)
     np.testing.assert_array_equal(model.run({"x": x})["y"], 2 * x + 1)
+
+
+def _key_pair(folder: Path, name: str) -> tuple[Path, Path]:
+    """An Ed25519 private key (PEM, as openssl genpkey writes it) and its public key (PEM) in `folder`."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    private, public = folder / f"{name}.pem", folder / f"{name}.pub"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    return private, public
+
+
+def _farm(*args: object, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "farm", *map(str, args)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})})
+
+
+def test_signed_artifact_runs_only_for_its_trusted_key(artifact: Path, tmp_path: Path) -> None:
+    """farm sign adds manifest.sig; a runtime given trusted keys (--trust, FARM_TRUSTED_KEYS) runs what they signed
+    and refuses an unsigned or foreign-signed artifact before loading anything (exit 2, one line)."""
+    private, public = _key_pair(tmp_path, "ours")
+    _, foreign = _key_pair(tmp_path, "theirs")
+    x = tmp_path / "x.npy"
+    np.save(x, np.ones((1, COUNT), np.float32))
+    cache = {"FARM_CACHE_DIR": str(tmp_path / "cache")}
+    unsigned = _farm("run", artifact, "--input", f"x={x}", "--trust", public, env=cache)
+    assert unsigned.returncode == 2 and "not signed" in unsigned.stderr and len(unsigned.stderr.splitlines()) == 1
+    assert not (tmp_path / "cache").exists()
+    signed = _farm("sign", artifact, "--key", private)
+    assert signed.returncode == 0, signed.stderr
+    assert _farm("run", artifact, "--input", f"x={x}", "--trust", public, env=cache).returncode == 0
+    trusted = {**cache, "FARM_TRUSTED_KEYS": str(public)}
+    assert _farm("run", artifact, "--input", f"x={x}", env=trusted).returncode == 0
+    refused = _farm("run", artifact, "--input", f"x={x}", "--trust", foreign,
+                    env={"FARM_CACHE_DIR": str(tmp_path / "c2")})
+    assert refused.returncode == 2 and "which is not trusted" in refused.stderr
+    assert not (tmp_path / "c2").exists()
+    assert _farm("run", artifact, "--input", f"x={x}", env=cache).returncode == 0, "no keys: no signature needed"
+
+
+def test_signature_covers_every_member(artifact: Path, tmp_path: Path, library: bytes) -> None:
+    """A signed artifact whose library is swapped and every sha256 recomputed (manifest and manifest.sha256 too)
+    no longer matches its signature."""
+    import tarfile
+
+    from farm.artifact import public_key_hex, sign_artifact
+
+    private, public = _key_pair(tmp_path, "ours")
+    sign_artifact(artifact, private.read_bytes())
+    with tarfile.open(artifact) as tar:
+        files = {info.name: tar.extractfile(info).read() for info in tar.getmembers()}  # type: ignore[union-attr]
+    manifest = json.loads(files["manifest.json"])
+    member = next(iter(manifest["members"]))
+    files[member] = library + b"\0"
+    manifest["members"][member] = hashlib.sha256(files[member]).hexdigest()
+    files["manifest.json"] = json.dumps(manifest).encode()
+    files["manifest.sha256"] = hashlib.sha256(files["manifest.json"]).hexdigest().encode()
+    swapped = tmp_path / "swapped.farm"
+    with tarfile.open(swapped, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    key = public_key_hex(public.read_bytes())
+    with pytest.raises(ArtifactError, match="does not match the manifest"):
+        load(swapped, cache_dir=tmp_path / "cache", trust=[key])
+    assert load(artifact, cache_dir=tmp_path / "cache", trust=[key]).outputs
+
+
+def test_bad_signing_or_trusted_key_is_bad_input(artifact: Path, tmp_path: Path) -> None:
+    from farm.artifact import sign_artifact
+
+    (tmp_path / "junk.pem").write_bytes(b"not a key")
+    with pytest.raises(ArtifactError, match="not an unencrypted PEM private key"):
+        sign_artifact(artifact, b"not a key")
+    with pytest.raises(ArtifactError, match="neither a PEM public key nor 64 hex digits"):
+        load(artifact, cache_dir=tmp_path / "cache", trust=[str(tmp_path / "junk.pem")])
+    with pytest.raises(ArtifactError, match="can't read trusted key"):
+        load(artifact, cache_dir=tmp_path / "cache", trust=[str(tmp_path / "missing.pub")])
+
+
+@pytest.mark.parametrize("record", [b"[" * 500 + b"]" * 500, b"x" * 2000, b"{}", b'{"key": "00", "signature": "zz"}', b"\xff"])
+def test_malformed_signature_is_refused(artifact: Path, tmp_path: Path, record: bytes) -> None:
+    import tarfile
+
+    from farm.artifact import public_key_hex
+
+    _, public = _key_pair(tmp_path, "ours")
+    with tarfile.open(artifact) as tar:
+        files = {info.name: tar.extractfile(info).read() for info in tar.getmembers()}  # type: ignore[union-attr]
+    files["manifest.sig"] = record
+    with tarfile.open(artifact, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(ArtifactError, match="manifest.sig is (malformed|over 1024 bytes)|which is not trusted"):
+        load(artifact, cache_dir=tmp_path / "cache", trust=[public_key_hex(public.read_bytes())])

@@ -370,19 +370,35 @@ def _summary(name: str, array: np.ndarray) -> str:
               help="Run the CPU library, or the OpenCL kernels on this host's OpenCL device.")
 @click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
               help="CPU threads one run may use (0: every CPU this process may run on).")
+@click.option("--trust", "trust", multiple=True, metavar="PUBKEY",
+              help="Run only if signed by this Ed25519 public key (PEM file or hex); repeatable; adds to "
+                   "FARM_TRUSTED_KEYS.")
 @reports_errors
 def run(artifact: str, inputs: tuple[str, ...], output: str | None, show: bool, device: str,
-        threads: int) -> None:
+        threads: int, trust: tuple[str, ...]) -> None:
     """Run ARTIFACT on the given inputs with farm's runtime."""
     from farm import runtime
 
-    model = runtime.load(artifact, device=device, threads=threads)
+    model = runtime.load(artifact, device=device, threads=threads, trust=trust)
     outputs = model.run(_parse_inputs(inputs))
     if output:
         np.savez(output, **outputs)
     if show or not output:
         for name, array in outputs.items():
             click.echo(_summary(name, array))
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(dir_okay=False))
+@click.option("--key", "key", required=True, type=click.Path(dir_okay=False),
+              help="Ed25519 private key, PEM (openssl genpkey -algorithm ed25519).")
+@reports_errors
+def sign(artifact: str, key: str) -> None:
+    """Sign ARTIFACT in place (its manifest, which holds every member's sha256); print the public key in hex."""
+    from farm.artifact import sign_artifact
+
+    with open(key, "rb") as file:
+        click.echo(sign_artifact(artifact, file.read()))
 
 
 @main.command()

@@ -1,13 +1,19 @@
 """farm's runtime: load an artifact, pick the target built for this host and run it.
 
-Nothing is loaded before every member's sha256 has been checked against the manifest. Each backend brings its
-loader (farm.backends.registry): the CPU library (farm.runtime.cpu) or the OpenCL programs (farm.runtime.opencl).
+Nothing is loaded before the manifest's signature has been checked (when the runtime is given trusted keys), the
+manifest against its schema (farm.runtime.manifest) and every member's sha256 against the manifest. Each backend
+brings its loader (farm.backends.registry): the CPU library (farm.runtime.cpu) or the OpenCL programs
+(farm.runtime.opencl).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from pathlib import Path
 
+from farm import defaults
+from farm.artifact import check_signed, open_artifact, public_key_hex
 from farm.backends.registry import backend_named
 from farm.errors import ArtifactError
 from farm.runtime.model import Model, TensorSpec
@@ -16,7 +22,7 @@ __all__ = ["Model", "TensorSpec", "load"]
 
 
 def load(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None,
-         device: str = "cpu", threads: int = 0) -> Model:
+         device: str = "cpu", threads: int = 0, trust: Sequence[str] = ()) -> Model:
     """Verify the artifact, choose this host's target and load its library from the cache (<cache_dir>/runtime/).
 
     `threads`: how many threads a CPU run may use; 0 (the default) means every CPU this process may run on, 1 runs
@@ -25,5 +31,21 @@ def load(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | No
     `device="opencl"` runs the artifact's OpenCL part on this host's OpenCL device instead (farm.runtime.opencl);
     that load reads every member it uses, each checked against its sha256 as it is read, so the artifact is
     opened without hashing it all twice.
+
+    `trust`: Ed25519 public keys (PEM file paths or 64 hex digits), with those of FARM_TRUSTED_KEYS; when there is
+    any, an artifact not signed by one of them is refused before anything is loaded.
     """
+    keys = {public_key_hex(_key_bytes(source)) for source in [*trust, *defaults.trusted_keys()]}
+    if keys:
+        check_signed(open_artifact(path), keys)
     return backend_named(device, "device", ArtifactError).load(path, cache_dir, threads)
+
+
+def _key_bytes(source: str) -> bytes:
+    """A trusted key as given: 64 hex digits as they are, else the bytes of the file it names."""
+    if len(source) == 64 and all(char in "0123456789abcdefABCDEF" for char in source):
+        return source.encode()
+    try:
+        return Path(source).read_bytes()
+    except OSError as error:
+        raise ArtifactError(f"can't read trusted key {source!r}: {error.strerror or error}") from None

@@ -10,6 +10,7 @@ from farm.artifact import verify
 from farm.errors import ArtifactError
 from farm.runtime.cache import cached_library
 from farm.runtime.host import choose_target, this_host
+from farm.runtime.manifest import check_library, check_manifest
 from farm.runtime.model import Model
 
 
@@ -17,14 +18,11 @@ def load_library_model(path: str | os.PathLike[str], cache_dir: str | os.PathLik
                        threads: int) -> Model:
     """Verify every member, choose this host's target and load its library (see farm.runtime.load)."""
     artifact = verify(path)
-    targets = artifact.manifest.get("targets")
-    if not isinstance(targets, list) or not all(isinstance(target, dict) for target in targets):
-        raise ArtifactError(f"{artifact.path}: manifest 'targets' is not a list of objects")
-    target = choose_target(targets, this_host(), artifact.path)
-    member = target.get("library")
-    if not isinstance(member, str):
-        raise ArtifactError(f"{artifact.path}: target {target.get('id')!r} names no library member")
-    library_file = cached_library(artifact.read_member(member), cache_dir)
+    check_manifest(artifact.path, artifact.manifest)
+    target = choose_target(artifact.manifest["targets"], this_host(), artifact.path)
+    library_bytes = artifact.read_member(target["library"])
+    check_library(artifact.path, artifact.manifest, target, library_bytes)
+    library_file = cached_library(library_bytes, cache_dir)
     try:
         library = ctypes.CDLL(str(library_file))
     except OSError as error:

@@ -24,6 +24,7 @@ from farm.artifact import Artifact, open_artifact
 from farm.atomic import write_atomically
 from farm.backends.opencl.devices import BUILD_OPTIONS, device_info, fingerprint
 from farm.errors import ArtifactError
+from farm.runtime.manifest import check_manifest
 from farm.runtime.model import TensorSpec, check_feeds
 from farm.runtime.opencl_builder import SourceJob, build_all
 
@@ -180,4 +181,6 @@ class OpenCLModel:
 
 def load_opencl_model(path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None) -> OpenCLModel:
     """The OpenCL backend's loader (see farm.runtime.load)."""
-    return OpenCLModel(open_artifact(path), cache_dir)
+    artifact = open_artifact(path)
+    check_manifest(artifact.path, artifact.manifest)
+    return OpenCLModel(artifact, cache_dir)

@@ -1,0 +1,234 @@
+"""The manifest's schema as the runtime relies on it, checked before any library or program is loaded.
+
+An artifact is code that the runtime hands an arena described by the manifest: an offset past the arena, a launch
+past its kernel, a shape whose product overflows or a dtype numpy can't copy would make the native code or numpy
+read and write out of bounds. `check_manifest` refuses each with one ArtifactError naming the field, so that a
+damaged or hostile manifest (its sha256 recomputed) never reaches ctypes. Bounds are far above any real model's.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from farm.errors import ArtifactError
+from farm.runtime.elf import defined_symbols
+
+MAX_ARENA_BYTES = 1 << 36  # 64 GiB
+MAX_TENSORS = 4096  # inputs or outputs
+MAX_RANK = 16
+MAX_DIMENSION = 1 << 31
+MAX_TARGETS = 64
+MAX_LAUNCHES = 1 << 20
+MAX_EXTENT = 1 << 40
+MAX_WORK = 1 << 62
+MAX_LIST = 1 << 22  # buffers, kernels, blobs, schedule steps
+DTYPE_BYTES = {"float16": 2, "float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4, "int64": 8,
+               "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1}
+PLAIN = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+FEATURES = re.compile(r"([+-][A-Za-z0-9_.-]+(,[+-][A-Za-z0-9_.-]+)*)?")
+SHA256 = re.compile(r"[0-9a-f]{64}")
+TENSOR_NAME_CHARS = 1024
+
+
+class _Fields:
+    """Reads fields of one manifest, raising ArtifactError '<artifact>: manifest <field> ...' for any misfit."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def refuse(self, field: str, why: str) -> ArtifactError:
+        return ArtifactError(f"{self.path}: manifest {field} {why}; refused")
+
+    def obj(self, value: Any, field: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.refuse(field, "is not an object")
+        return value
+
+    def items(self, value: Any, field: str, most: int = MAX_LIST, least: int = 0) -> list[Any]:
+        if not isinstance(value, list) or not least <= len(value) <= most:
+            raise self.refuse(field, f"is not a list of {least} to {most} entries")
+        return value
+
+    def integer(self, value: Any, field: str, least: int, most: int) -> int:
+        if type(value) is not int or not least <= value <= most:
+            raise self.refuse(field, f"is not an integer from {least} to {most}")
+        return value
+
+    def text(self, value: Any, field: str, pattern: re.Pattern[str]) -> str:
+        if not isinstance(value, str) or not pattern.fullmatch(value):
+            raise self.refuse(field, f"is not a string matching {pattern.pattern}")
+        return value
+
+
+def check_manifest(path: str, manifest: dict[str, Any]) -> None:
+    """Refuse a manifest the runtime can't use safely: every field it reads typed and bounded, every offset and
+    size within the arena, every launch sane, every target well-formed and its library a listed member."""
+    fields = _Fields(path)
+    fields.text(fields.obj(manifest.get("model"), "model").get("sha256"), "model.sha256", SHA256)
+    arena = _check_memory_plan(fields, manifest.get("memory_plan"))
+    names: set[str] = set()
+    for role in ("inputs", "outputs"):
+        for index, entry in enumerate(fields.items(manifest.get(role), role, MAX_TENSORS)):
+            _check_tensor(fields, entry, f"{role}[{index}]", arena, names)
+    members = manifest.get("members", {})
+    targets = fields.items(manifest.get("targets"), "targets", MAX_TARGETS)
+    for index, target in enumerate(targets):
+        _check_target(fields, target, f"targets[{index}]", members)
+    for key in ("kernels", "schedule"):
+        for index, entry in enumerate(fields.items(manifest.get(key, []), key)):
+            entry = fields.obj(entry, f"{key}[{index}]")
+            fields.text(entry.get("kernel"), f"{key}[{index}].kernel", PLAIN)
+            if key == "kernels":
+                fields.text(entry.get("target"), f"kernels[{index}].target", PLAIN)
+                fields.text(entry.get("symbol"), f"kernels[{index}].symbol", SYMBOL)
+    fields.items(manifest.get("blobs", []), "blobs")
+    if "opencl" in manifest:
+        _check_opencl(fields, manifest["opencl"], members)
+
+
+def _check_opencl(fields: _Fields, value: Any, members: dict[str, Any]) -> None:
+    """The OpenCL part: bounded buffer sizes, members that are listed, launches of 1-3 bounded dimensions and a
+    schedule of its own kernels."""
+    part = fields.obj(value, "opencl")
+    buffers = fields.obj(part.get("buffers"), "opencl.buffers")
+    for name, size in buffers.items():
+        fields.integer(size, f"opencl.buffers[{name!r}]", 0, MAX_ARENA_BYTES)
+    blobs = fields.obj(part.get("blobs", {}), "opencl.blobs")
+    for sha, member in blobs.items():
+        _member(fields, member, f"opencl.blobs[{sha!r}]", members)
+    symbols = set()
+    for index, kernel in enumerate(fields.items(part.get("kernels"), "opencl.kernels")):
+        field = f"opencl.kernels[{index}]"
+        kernel = fields.obj(kernel, field)
+        symbols.add(fields.text(kernel.get("symbol"), f"{field}.symbol", SYMBOL))
+        _member(fields, kernel.get("source"), f"{field}.source", members)
+        for device, member in fields.obj(kernel.get("binaries", {}), f"{field}.binaries").items():
+            _member(fields, member, f"{field}.binaries[{device!r}]", members)
+        for number, launch in enumerate(fields.items(kernel.get("launches"), f"{field}.launches", MAX_LAUNCHES)):
+            name, size = fields.items(launch, f"{field}.launches[{number}]", 2, 2)
+            fields.text(name, f"{field}.launches[{number}] name", SYMBOL)
+            for axis, extent in enumerate(fields.items(size, f"{field}.launches[{number}] size", 3, 1)):
+                fields.integer(extent, f"{field}.launches[{number}] size[{axis}]", 1, MAX_DIMENSION)
+    for index, step in enumerate(fields.items(part.get("schedule"), "opencl.schedule")):
+        step = fields.obj(step, f"opencl.schedule[{index}]")
+        if step.get("kernel") not in symbols:
+            raise fields.refuse(f"opencl.schedule[{index}].kernel", "is not one of opencl.kernels")
+        for number, arg in enumerate(fields.items(step.get("args"), f"opencl.schedule[{index}].args")):
+            kind, _, name = arg.partition(":") if isinstance(arg, str) else ("", "", "")
+            if not (name in blobs if kind == "blob" else name in buffers):
+                raise fields.refuse(f"opencl.schedule[{index}].args[{number}]", "names no buffer or blob")
+
+
+def _member(fields: _Fields, value: Any, field: str, members: dict[str, Any]) -> None:
+    if not isinstance(value, str) or value not in members:
+        raise fields.refuse(field, "is not a member of the artifact")
+
+
+def check_library(path: str, manifest: dict[str, Any], target: dict[str, Any], library: bytes) -> None:
+    """Cross-check a checked manifest's CPU target with its library before it is loaded: the library defines the
+    target's entry points and every kernel the manifest gives the target, and the target's launches are as many
+    as the schedule's kernels define (`<symbol>_<n>`). Another model's or target's library fails here."""
+    fields = _Fields(path)
+    try:
+        names = defined_symbols(library)
+    except ArtifactError as error:
+        raise ArtifactError(f"{path}: target {target['id']!r}: {error}; refused") from None
+    field = f"target {target['id']!r}"
+    for key in ("entry", "launch_entry", "work_entry"):
+        if (key in target or key == "entry") and target.get(key, "farm_run") not in names:
+            raise fields.refuse(f"{field} {key}", f"{target.get(key, 'farm_run')!r} is not defined by its library")
+    symbols = {entry["kernel"]: entry["symbol"] for entry in manifest.get("kernels", [])
+               if entry["target"] == target["id"]}
+    launches = _launch_counts(names, set(symbols.values()))
+    for kernel, symbol in sorted(symbols.items()):
+        if symbol not in names:
+            raise fields.refuse(f"{field} kernel {kernel}", f"symbol {symbol} is not defined by its library "
+                                "(another model's or target's library?)")
+    if "launches" not in target:
+        return
+    total = 0
+    for index, step in enumerate(manifest.get("schedule", [])):
+        if step["kernel"] not in symbols:
+            raise fields.refuse(f"schedule[{index}].kernel", f"{step['kernel']} is not a kernel of {field}")
+        total += launches[symbols[step["kernel"]]]
+    if total != len(target["launches"]):
+        raise fields.refuse(f"{field} launches", f"number {len(target['launches'])}, but its schedule's kernels "
+                            f"define {total}")
+
+
+def _launch_counts(names: set[str], symbols: set[str]) -> dict[str, int]:
+    """How many launch functions (`<symbol>_<n>`) each kernel symbol has among `names`."""
+    counts = dict.fromkeys(symbols, 0)
+    for name in names:
+        symbol, _, number = name.rpartition("_")
+        if symbol in counts and number.isdigit():
+            counts[symbol] += 1
+    return counts
+
+
+def _check_memory_plan(fields: _Fields, value: Any) -> int:
+    """The arena's size, after checking its alignment and every buffer lies within it."""
+    plan = fields.obj(value, "memory_plan")
+    arena = fields.integer(plan.get("arena_bytes"), "memory_plan.arena_bytes", 0, MAX_ARENA_BYTES)
+    alignment = fields.integer(plan.get("alignment", 64), "memory_plan.alignment", 1, 4096)
+    if alignment & (alignment - 1):
+        raise fields.refuse("memory_plan.alignment", "is not a power of two")
+    for index, buffer in enumerate(fields.items(plan.get("buffers", []), "memory_plan.buffers")):
+        field = f"memory_plan.buffers[{index}]"
+        buffer = fields.obj(buffer, field)
+        offset = fields.integer(buffer.get("offset"), f"{field}.offset", 0, arena)
+        fields.integer(buffer.get("bytes"), f"{field}.bytes", 0, arena - offset)
+    return arena
+
+
+def _check_tensor(fields: _Fields, value: Any, field: str, arena: int, names: set[str]) -> None:
+    """An input or output: a unique name, a bounded shape, a dtype from DTYPE_BYTES and bytes within the arena."""
+    entry = fields.obj(value, field)
+    name = entry.get("name")
+    if not isinstance(name, str) or not 0 < len(name) <= TENSOR_NAME_CHARS or "\0" in name:
+        raise fields.refuse(f"{field}.name", "is not a non-empty string without NUL")
+    if name in names:
+        raise fields.refuse(f"{field}.name", f"{name!r} is not unique")
+    names.add(name)
+    shape = fields.items(entry.get("shape"), f"{field}.shape", MAX_RANK)
+    elements = 1
+    for axis, size in enumerate(shape):
+        elements *= fields.integer(size, f"{field}.shape[{axis}]", 0, MAX_DIMENSION)
+    dtype = entry.get("dtype")
+    if dtype not in DTYPE_BYTES:
+        raise fields.refuse(f"{field}.dtype", f"is not one of {', '.join(DTYPE_BYTES)}")
+    offset = fields.integer(entry.get("offset"), f"{field}.offset", 0, arena)
+    if offset + elements * DTYPE_BYTES[dtype] > arena:
+        raise fields.refuse(field, f"({elements} x {dtype} at offset {offset}) does not fit the {arena}-byte arena")
+
+
+def _check_target(fields: _Fields, value: Any, field: str, members: dict[str, Any]) -> None:
+    """A target the runtime may choose: plain names, a library that is a listed member, symbol-like entries and
+    sane launches. Targets of other kinds (opencl) need only a plain id and kind."""
+    target = fields.obj(value, field)
+    fields.text(target.get("id"), f"{field}.id", PLAIN)
+    if fields.text(target.get("kind"), f"{field}.kind", PLAIN) != "cpu":
+        return
+    for key, pattern in (("triple", PLAIN), ("cpu", PLAIN), ("features", FEATURES)):
+        fields.text(target.get(key), f"{field}.{key}", pattern)
+    library = target.get("library")
+    if not isinstance(library, str) or library not in members:
+        raise fields.refuse(f"{field}.library", "is not a member of the artifact")
+    for key in ("entry", "launch_entry", "work_entry"):
+        if key in target or key == "entry":
+            fields.text(target.get(key, "farm_run"), f"{field}.{key}", SYMBOL)
+    if "launches" in target:
+        for index, launch in enumerate(fields.items(target["launches"], f"{field}.launches", MAX_LAUNCHES)):
+            _check_launch(fields, launch, f"{field}.launches[{index}]")
+
+
+def _check_launch(fields: _Fields, value: Any, field: str) -> None:
+    """[extent, grain, work]: 0 <= extent <= MAX_EXTENT, 1 <= grain <= MAX_EXTENT (a GEMM's grain, its tile rows,
+    may exceed a small extent), 0 <= work <= MAX_WORK."""
+    launch = fields.items(value, field, 3, 3)
+    fields.integer(launch[0], f"{field} extent", 0, MAX_EXTENT)
+    fields.integer(launch[1], f"{field} grain", 1, MAX_EXTENT)
+    fields.integer(launch[2], f"{field} work", 0, MAX_WORK)
+
