@@ -41,3 +41,14 @@ def test_section_table_past_the_end_is_refused(library: bytes) -> None:
     struct.pack_into("<Q", lying, 0x28, len(library) + 4096)
     with pytest.raises(ArtifactError, match="outside the file"):
         defined_symbols(bytes(lying))
+
+
+def test_sections_of_32_and_64_bit_objects_of_either_byte_order() -> None:
+    """The link step reads the sections of every target's objects: ELF64 (x86-64, AArch64) and ELF32 (ARMv7)."""
+    from farm.backends.llvm.target import CpuTarget
+    from farm.backends.llvm.toolchain import compile_ir
+    from farm.runtime.elf import sections
+
+    for triple in ("x86_64-unknown-linux-gnu", "aarch64-unknown-linux-gnu", "armv7-unknown-linux-gnueabihf"):
+        names = [s.name for s in sections(compile_ir("define void @k() { ret void }\n", CpuTarget(triple), "k"))]
+        assert ".text" in names and ".symtab" in names and ".strtab" in names, (triple, names)

@@ -1,47 +1,98 @@
-"""The names a shared library defines, read from its ELF symbol table without loading it.
+"""ELF files read by hand, every offset and size bounds-checked: the bytes may come from an artifact or a cache
+entry anyone could have written, and dlopen (or LLVM's object reader) trusts its input.
 
-dlopen runs code and trusts the file, so the runtime reads the symbol table first to cross-check the library
-against the manifest (farm.runtime.manifest.check_library): a library of another model or target defines other
-kernels. Every offset and size is bounds-checked; anything malformed is an ArtifactError.
+Two readers use it: the runtime checks which symbols a library defines before it loads it
+(farm.runtime.manifest.check_library), and the link step checks which sections an object holds before it links
+it (farm.backends.llvm.link: no load-time code).
 """
 
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 
-from farm.errors import ArtifactError
+from farm.errors import ArtifactError, FarmError
 
-_SYMTAB, _SYMBOL_BYTES, _SECTION_BYTES = 2, 24, 64
+SYMTAB = 2
+"""sh_type of a symbol table."""
 
 
-def _unpack(data: bytes, fmt: str, offset: int, what: str) -> tuple[int, ...]:
+@dataclass(frozen=True)
+class Layout:
+    """Where an ELF class keeps the fields read here."""
+
+    word: str  # the format of an address-sized field
+    section_table_at: int  # e_shoff
+    section_entry_at: int  # e_shentsize, then e_shnum and e_shstrndx
+    section_bytes: int  # the size of one section header
+    section_format: str  # a section header up to sh_entsize
+    symbol_format: str  # (name, info, other, shndx) of a symbol, in the class's order
+    symbol_bytes: int
+
+
+LAYOUTS = {
+    1: Layout("I", 0x20, 0x2E, 40, "IIIIIIIIII", "I4xI4xBBH", 16),
+    2: Layout("Q", 0x28, 0x3A, 64, "IIQQQQIIQQ", "IBBH16x", 24),
+}
+"""ELF32 and ELF64. A section header's fields: name, type, flags, addr, offset, size, link, info, align, entsize."""
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str
+    kind: int
+    offset: int
+    size: int
+    link: int
+
+
+def _unpack(data: bytes, fmt: str, offset: int, what: str, error: type[FarmError]) -> tuple[int, ...]:
     if offset < 0 or offset + struct.calcsize(fmt) > len(data):
-        raise ArtifactError(f"the library's {what} lies outside the file")
+        raise error(f"the {what} lies outside the file")
     return struct.unpack_from(fmt, data, offset)
+
+
+def _header(data: bytes, error: type[FarmError]) -> tuple[Layout, str]:
+    if len(data) < 0x40 or data[:4] != b"\x7fELF" or data[4] not in LAYOUTS or data[5] not in (1, 2):
+        raise error("not an ELF object")
+    return LAYOUTS[data[4]], "<" if data[5] == 1 else ">"
+
+
+def sections(data: bytes, error: type[FarmError] = ArtifactError) -> list[Section]:
+    """Every section of an ELF file (32- or 64-bit, either byte order), named; `error` for anything malformed."""
+    data = bytes(data)
+    layout, order = _header(data, error)
+    table, = _unpack(data, order + layout.word, layout.section_table_at, "section table", error)
+    entry, count, names_index = _unpack(data, order + "HHH", layout.section_entry_at, "section table", error)
+    if entry != layout.section_bytes or count == 0 or names_index >= count:
+        raise error("malformed ELF object: bad section table")
+    headers = [_unpack(data, order + layout.section_format, table + i * entry, "section header", error)
+               for i in range(count)]
+    names_at, names_size = headers[names_index][4], headers[names_index][5]
+    if names_at + names_size > len(data):
+        raise error("malformed ELF object: the section names lie outside the file")
+    names = data[names_at:names_at + names_size]
+    return [Section(_string(names, header[0]), header[1], header[4], header[5], header[6]) for header in headers]
+
+
+def _string(table: bytes, at: int) -> str:
+    return table[at:table.find(b"\0", at)].decode("ascii", "replace") if 0 <= at < len(table) else ""
 
 
 def defined_symbols(data: bytes) -> set[str]:
     """The names of the symbols `data` (a 64-bit ELF file) defines in its .symtab (local ones included)."""
-    if data[:4] != b"\x7fELF" or len(data) < 64 or data[4] != 2 or data[5] not in (1, 2):
+    if data[4:5] != b"\x02":
         raise ArtifactError("the library is not a 64-bit ELF file")
-    order = "<" if data[5] == 1 else ">"
-    section_table, = _unpack(data, order + "Q", 0x28, "section table")
-    entry_size, count = _unpack(data, order + "HH", 0x3A, "section table")
-    if entry_size != _SECTION_BYTES:
-        raise ArtifactError("the library's section headers have an unexpected size")
-    sections = [_unpack(data, order + "IIQQQQIIQQ", section_table + i * _SECTION_BYTES, "section header")
-                for i in range(count)]
+    layout, order = _header(data, ArtifactError)
+    found = sections(data)
     names: set[str] = set()
-    for header in sections:
-        if header[1] != _SYMTAB:
-            continue
-        offset, size, link = header[4], header[5], header[6]
-        if link >= len(sections):
+    for section in (s for s in found if s.kind == SYMTAB):
+        if section.link >= len(found):
             raise ArtifactError("the library's symbol table names no string table")
-        strings_at, strings_size = sections[link][4], sections[link][5]
-        strings = data[strings_at:strings_at + strings_size]
-        for at in range(offset, offset + size - _SYMBOL_BYTES + 1, _SYMBOL_BYTES):
-            name_at, _, _, section = _unpack(data, order + "IBBH", at, "symbol table")
-            if section != 0 and name_at < len(strings):
-                names.add(strings[name_at:strings.find(b"\0", name_at)].decode("ascii", "replace"))
+        strings = data[found[section.link].offset:found[section.link].offset + found[section.link].size]
+        end = section.offset + section.size - layout.symbol_bytes + 1
+        for at in range(section.offset, end, layout.symbol_bytes):
+            name_at, _, _, index = _unpack(data, order + layout.symbol_format, at, "symbol table", ArtifactError)
+            if index != 0:
+                names.add(_string(strings, name_at))
     return names

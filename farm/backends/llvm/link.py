@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import struct
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -18,6 +17,7 @@ import llvmlite.binding as llvm
 
 from farm.backends.llvm.target import CpuTarget, host_target
 from farm.errors import BuildError
+from farm.runtime import elf
 
 
 def _linkers(target: CpuTarget) -> list[str]:
@@ -60,43 +60,14 @@ them, so an object that does was not made by farm's compile steps (a poisoned ca
 
 STARTUP_SECTION_TYPES = {14, 15, 16}
 """SHT_INIT_ARRAY, SHT_FINI_ARRAY, SHT_PREINIT_ARRAY."""
-ELF_LAYOUTS = {1: ("I", 0x20, 0x2E, 0x10, 0x14, 4), 2: ("Q", 0x28, 0x3A, 0x18, 0x20, 8)}
-"""ELF class -> (word format, e_shoff at, e_shentsize at, sh_offset at, sh_size at, word bytes) for ELF32/ELF64."""
-
-
-def elf_sections(data: bytes) -> list[tuple[str, int]]:
-    """(name, sh_type) of each section of an ELF object, read by hand with every offset bounds-checked (the bytes may come from a
-    cache entry anyone could have written, and LLVM's object reader trusts its input). BuildError when malformed."""
-    data = bytes(data)
-    if len(data) < 0x40 or data[:4] != b"\x7fELF" or data[4] not in ELF_LAYOUTS or data[5] not in (1, 2):
-        raise BuildError("not an ELF object")
-    word, shoff_at, shentsize_at, offset_at, size_at, word_bytes = ELF_LAYOUTS[data[4]]
-    order = "<" if data[5] == 1 else ">"
-
-    def read(fmt: str, at: int) -> int:
-        if at < 0 or at + struct.calcsize(order + fmt) > len(data):
-            raise BuildError("malformed ELF object: a field lies outside the file")
-        return struct.unpack_from(order + fmt, data, at)[0]
-
-    shoff, entsize = read(word, shoff_at), read("H", shentsize_at)
-    count, names_index = read("H", shentsize_at + 2), read("H", shentsize_at + 4)
-    if count == 0 or names_index >= count or entsize < offset_at + 2 * word_bytes:
-        raise BuildError("malformed ELF object: bad section table")
-    headers = [shoff + index * entsize for index in range(count)]
-    names_at, names_size = read(word, headers[names_index] + offset_at), read(word, headers[names_index] + size_at)
-    if names_at + names_size > len(data):
-        raise BuildError("malformed ELF object: the section names lie outside the file")
-    table = data[names_at:names_at + names_size]
-    return [(table[start:table.find(b"\0", start)].decode(errors="replace") if 0 <= start < len(table) else "",
-             read("I", header + 4)) for start, header in ((read("I", header), header) for header in headers)]
 
 
 def startup_sections(data: bytes) -> list[str]:
     """The load-time code sections an object file holds: by name (`.init_array`, `.ctors`, ... and their numbered
     forms) or by type (SHT_INIT_ARRAY, SHT_FINI_ARRAY, SHT_PREINIT_ARRAY, whatever their name)."""
-    return [name or f"section of type {kind}" for name, kind in elf_sections(data)
-            if kind in STARTUP_SECTION_TYPES
-            or any(name == section or name.startswith(section + ".") for section in STARTUP_SECTIONS)]
+    return [section.name or f"section of type {section.kind}" for section in elf.sections(data, BuildError)
+            if section.kind in STARTUP_SECTION_TYPES
+            or any(section.name == name or section.name.startswith(name + ".") for name in STARTUP_SECTIONS)]
 
 
 def check_no_startup_code(data: bytes, what: str) -> None:
