@@ -119,6 +119,18 @@ def test_dynamic_dimension(tmp_path):
     assert not (tmp_path / "artifacts" / "m.farm").exists()
 
 
+def test_declared_output_larger_than_computed_is_refused(tmp_path):
+    """A Gemm declaring a [64, 64] output it computes as [2, 4] once built an artifact that read out of bounds."""
+    node = helper.make_node("Gemm", ["x", "W"], ["y"], name="gemm", transB=1)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])],
+                              [numpy_helper.from_array(np.ones((4, 3), np.float32), "W")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "m.onnx")
+    result = farm("submit", "m.onnx", cwd=tmp_path)
+    _assert_bad_input(result, "'gemm'", "'y' is declared with shape [64, 64]", "[2, 4]")
+    assert "Traceback" not in result.stderr and not (tmp_path / "artifacts" / "m.farm").exists()
+
+
 def test_external_data_outside_the_model_folder(tmp_path):
     (tmp_path / "secret.bin").write_bytes(np.ones(6, np.float32).tobytes())
     inner = tmp_path / "model"

@@ -274,3 +274,35 @@ def test_an_older_opset_is_accepted_when_its_ops_have_not_changed_since(onnx_mod
     values = [helper.make_tensor_value_info(n, TensorProto.BOOL, [3]) for n in ("a", "b", "y")]
     graph = import_model(onnx_model_path(_model([node], values[:2], values[2:], opset=7)))
     assert graph.opset == 7 and [n.op_type for n in graph.nodes] == ["And"]
+
+
+# ------------------------------------------------------------------------------------------ declared shapes
+
+
+def _gemm_declaring(output_shape):
+    """x[2,3] -> Gemm(W[4,3], transB) -> y, which computes to [2, 4] whatever the model declares."""
+    node = helper.make_node("Gemm", ["x", "W"], ["y"], name="gemm", transB=1)
+    return _model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, output_shape)],
+                  [numpy_helper.from_array(np.ones((4, 3), np.float32), "W")])
+
+
+@pytest.mark.parametrize("declared", [[64, 64], [1, 4], [2, 4, 1]])
+def test_declared_output_shape_must_match_the_computed_one(onnx_model_path, declared):
+    with pytest.raises(UnsupportedError) as info:
+        import_model(onnx_model_path(_gemm_declaring(declared)))
+    message = str(info.value)
+    assert "'gemm'" in message and "'Gemm'" in message and f"'y' is declared with shape {declared}" in message
+    assert "[2, 4]" in message
+
+
+def test_declared_output_shape_that_agrees_is_kept(onnx_model_path):
+    assert import_model(onnx_model_path(_gemm_declaring(["N", 4]))).values["y"] == TensorInfo((2, 4))
+    assert import_model(onnx_model_path(_gemm_declaring([2, 4]))).values["y"] == TensorInfo((2, 4))
+
+
+def test_declared_value_info_contradicting_inference_is_refused(onnx_model_path):
+    model, _, _ = _conv_relu_model()
+    model.graph.value_info.append(helper.make_tensor_value_info("c", TensorProto.FLOAT, [1, 4, 9, 9]))
+    with pytest.raises(UnsupportedError, match=r"'conv'.*'c' is declared with shape \[1, 4, 9, 9\]"):
+        import_model(onnx_model_path(model))

@@ -332,8 +332,19 @@ def _defines_in_order(node: Node, known: set[str]) -> bool:
 
 
 def _infer_shapes(model: onnx.ModelProto, constants: dict[str, np.ndarray], path: str) -> onnx.ModelProto:
-    """Run ONNX shape inference on a copy of the model without its big weights, which inference doesn't need."""
+    """Run ONNX shape inference on a copy of the model without its big weights, which inference doesn't need.
+
+    The shapes a model declares for its outputs and intermediate values are untrusted: inference runs without
+    them, each must agree with the inferred shape (a larger declared output would make kernels write past their
+    buffers), and only a value inference can't shape keeps its declared shape.
+    """
     skeleton = _shape_skeleton(model, constants)
+    inferred = _run_inference(skeleton, path)
+    _check_declared_shapes(model, inferred)
+    return inferred
+
+
+def _run_inference(skeleton: onnx.ModelProto, path: str) -> onnx.ModelProto:
     try:
         return onnx.shape_inference.infer_shapes(skeleton, strict_mode=False, data_prop=True)
     except Exception:
@@ -344,14 +355,80 @@ def _infer_shapes(model: onnx.ModelProto, constants: dict[str, np.ndarray], path
         raise ModelLoadError(f"ONNX shape inference failed on {path}: {exc}") from exc
 
 
+def _without_shape(vi: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
+    """A copy of a declared value info with its element type but no shape, for inference to fill in."""
+    bare = onnx.ValueInfoProto()
+    bare.CopyFrom(vi)
+    if bare.type.HasField("tensor_type"):
+        bare.type.tensor_type.ClearField("shape")
+    return bare
+
+
+def _check_declared_shapes(model: onnx.ModelProto, inferred: onnx.ModelProto) -> None:
+    """Refuse a declared output or value-info shape that contradicts inference; adopt it where inference has none
+    (and its static dims where inference has symbolic ones).
+
+    Raises UnsupportedError naming the value, its producing node and both shapes.
+    """
+    found = {vi.name: vi for vi in (*inferred.graph.output, *inferred.graph.value_info)
+             if vi.type.tensor_type.HasField("shape")}
+    producers = {out: node for node in model.graph.node for out in node.output}
+    outputs = {vi.name for vi in inferred.graph.output}
+    for declared in (*model.graph.output, *model.graph.value_info):
+        if not declared.type.tensor_type.HasField("shape"):
+            continue
+        ours = found.get(declared.name)
+        if ours is None:
+            if declared.name not in outputs:
+                inferred.graph.value_info.append(declared)
+            else:
+                _replace_output(inferred.graph, declared)
+            continue
+        claimed = tuple(_dim_of(d) for d in declared.type.tensor_type.shape.dim)
+        computed = tuple(_dim_of(d) for d in ours.type.tensor_type.shape.dim)
+        if not _shapes_agree(claimed, computed):
+            reason = f"value {declared.name!r} is declared with shape {list(claimed)} but computes to {list(computed)}"
+            raise _node_error(reason, producers.get(declared.name), model)
+        _fill_unknown_dims(ours, declared)
+
+
+def _fill_unknown_dims(ours: onnx.ValueInfoProto, declared: onnx.ValueInfoProto) -> None:
+    """Take the declared size of each dim inference left symbolic (a data-dependent shape the model states);
+    folding checks it again once the value is computed."""
+    for dim, stated in zip(ours.type.tensor_type.shape.dim, declared.type.tensor_type.shape.dim):
+        if not dim.HasField("dim_value") and stated.HasField("dim_value"):
+            dim.dim_value = stated.dim_value
+
+
+def _node_error(reason: str, node: onnx.NodeProto | None, model: onnx.ModelProto) -> UnsupportedError:
+    """An UnsupportedError naming `node` as the rest of farm names it (unnamed nodes as `<op_type>_<index>`)."""
+    if node is None:
+        return UnsupportedError(reason)
+    name = node.name or f"{node.op_type}_{list(model.graph.node).index(node)}"
+    domain = "" if node.domain in DEFAULT_DOMAINS else node.domain
+    opset = next((int(e.version) for e in model.opset_import if e.domain in DEFAULT_DOMAINS), 0)
+    return UnsupportedError(reason, node=name, op=node.op_type, domain=domain, opset=opset)
+
+
+def _replace_output(graph: onnx.GraphProto, declared: onnx.ValueInfoProto) -> None:
+    for vi in graph.output:
+        if vi.name == declared.name:
+            vi.CopyFrom(declared)
+
+
+def _shapes_agree(claimed: tuple[int | str, ...], computed: tuple[int | str, ...]) -> bool:
+    """Same rank, and every dim that both know statically is equal."""
+    return len(claimed) == len(computed) and all(
+        a == b for a, b in zip(claimed, computed) if isinstance(a, int) and isinstance(b, int))
+
+
 def _shape_skeleton(model: onnx.ModelProto, constants: dict[str, np.ndarray]) -> onnx.ModelProto:
     """The model with small initializers only; big ones become typed graph inputs (declared once)."""
     graph = model.graph
     skeleton_graph = onnx.GraphProto(name=graph.name)
     skeleton_graph.node.extend(graph.node)
     skeleton_graph.input.extend(graph.input)
-    skeleton_graph.output.extend(graph.output)
-    skeleton_graph.value_info.extend(graph.value_info)
+    skeleton_graph.output.extend(_without_shape(vi) for vi in graph.output)
     declared = {vi.name for vi in graph.input}
     for tensor in graph.initializer:
         array = constants[tensor.name]

@@ -188,12 +188,22 @@ def _fold_sweep(graph: Graph) -> int:
             continue
         for name, array in zip(node.outputs, arrays):
             if name:
+                _check_folded_shape(graph, node, name, array)
                 graph.constants[name] = array
                 graph.values[name] = TensorInfo.of_array(array)
                 graph.dynamic_shapes.pop(name, None)
     folded = len(graph.nodes) - len(kept)
     graph.nodes = kept
     return folded
+
+
+def _check_folded_shape(graph: Graph, node: Node, name: str, array: np.ndarray) -> None:
+    """A value whose shape the model declared (and inference could not check) must fold to that shape."""
+    info = graph.values.get(name)
+    if info is not None and info.shape != array.shape:
+        raise UnsupportedError(f"value {name!r} is declared with shape {list(info.shape)} but computes to "
+                               f"{list(array.shape)}", node=node.name, op=node.op_type, domain=node.domain,
+                               opset=graph.opset)
 
 
 def _try_fold(graph: Graph, node: Node) -> list[np.ndarray] | None:
