@@ -306,3 +306,34 @@ def test_declared_value_info_contradicting_inference_is_refused(onnx_model_path)
     model.graph.value_info.append(helper.make_tensor_value_info("c", TensorProto.FLOAT, [1, 4, 9, 9]))
     with pytest.raises(UnsupportedError, match=r"'conv'.*'c' is declared with shape \[1, 4, 9, 9\]"):
         import_model(onnx_model_path(model))
+
+
+# ---------------------------------------------------------------------------------------------------- size limits
+
+
+def test_input_claiming_more_than_the_tensor_limit_is_refused_before_inference(onnx_model_path):
+    node = helper.make_node("Add", ["x", "x"], ["y"], name="add")
+    model = _model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2**20, 2**20])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    with pytest.raises(UnsupportedError, match=r"input 'x' of shape \[1048576, 1048576\] float32 needs 4398046511104"):
+        import_model(onnx_model_path(model))
+
+
+def test_initializer_claiming_more_than_the_tensor_limit_is_refused(onnx_model_path):
+    node = helper.make_node("Add", ["x", "W"], ["y"], name="add")
+    model = _model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                   [TensorProto(name="W", data_type=TensorProto.FLOAT, dims=[2**32, 2**32])])
+    with pytest.raises(UnsupportedError, match=r"initializer 'W' of shape \[4294967296, 4294967296\]"):
+        import_model(onnx_model_path(model))
+
+
+def test_computed_value_over_the_tensor_limit_is_refused_by_validate(onnx_model_path):
+    shape = numpy_helper.from_array(np.array([2**20, 2**20], np.int64), "shape")
+    nodes = [helper.make_node("ConstantOfShape", ["shape"], ["z"], name="fill"),
+             helper.make_node("Add", ["x", "z"], ["y"], name="add")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [shape])
+    graph = optimize(import_model(onnx_model_path(model)))
+    with pytest.raises(UnsupportedError, match=r"'fill'.*'z' of shape \[1048576, 1048576\] float32 needs"):
+        validate(graph, SUPPORTED | {"ConstantOfShape"})

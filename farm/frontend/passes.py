@@ -15,7 +15,9 @@ import onnx
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from farm import defaults
 from farm.errors import UnsupportedError
+from farm.frontend.onnx_import import infer_shapes_bounded
 from farm.ir.graph import Activation, Graph, Node, TensorInfo
 
 # Ops whose output the fused activation may be applied to, in the op's own kernel.
@@ -218,7 +220,19 @@ def _try_fold(graph: Graph, node: Node) -> list[np.ndarray] | None:
         return None
     if any(_is_subgraph(value) for value in node.attrs.values()):
         return None  # a subgraph may read values from the outer graph that the one-node model would lack
+    if _too_big_to_fold(graph, node):
+        return None
     return _evaluate(graph, node)
+
+
+def _too_big_to_fold(graph: Graph, node: Node) -> bool:
+    """True when an output is known (declared, or inferred from the constant inputs) to exceed
+    MAX_FOLDED_CONSTANT_BYTES: evaluating Range(0, 2**28) at build time would take gigabytes."""
+    infos = [graph.values.get(name) for name in node.outputs if name]
+    if any(info is None for info in infos):
+        inferred = _infer_node(graph, node)
+        infos = [graph.values.get(name) or inferred.get(name) for name in node.outputs if name]
+    return any(info is not None and info.nbytes > defaults.MAX_FOLDED_CONSTANT_BYTES for info in infos)
 
 
 def _fold_shape(node: Node, info: TensorInfo) -> np.ndarray:
@@ -311,7 +325,7 @@ def _infer_node(graph: Graph, node: Node) -> dict[str, TensorInfo]:
     one_node = onnx.helper.make_graph([proto], "infer", inputs, [], initializers)
     model = onnx.helper.make_model(one_node, opset_imports=[onnx.helper.make_opsetid("", graph.opset)])
     try:
-        typed = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        typed = infer_shapes_bounded(model)
     except Exception:
         return {}
     return {vi.name: info for vi in typed.graph.value_info if (info := _static_info(vi)) is not None}

@@ -6,6 +6,7 @@ ONNX protobufs stop at the frontend so that nothing downstream depends on them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +35,8 @@ class TensorInfo:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        """The element count, exact (numpy's int64 product would wrap for a hostile shape such as 2**32 x 2**32)."""
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
