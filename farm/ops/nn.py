@@ -614,7 +614,10 @@ def _lower_global_pool(spec: KernelSpec) -> list[L.Stmt]:
 
 
 def _lrn_attrs(ctx: NodeContext) -> dict[str, Any]:
+    """LRN's attributes; `size` (the channel window) must be at least 1, it divides alpha."""
     a = ctx.node.attrs
+    if int(a.get("size", 0)) < 1:
+        raise ctx.unsupported(f"attribute 'size' is {a.get('size')}; it must be at least 1")
     return {"size": int(a["size"]), "alpha": float(a.get("alpha", 1e-4)), "beta": float(a.get("beta", 0.75)),
             "bias": float(a.get("bias", 1.0))}
 
