@@ -476,3 +476,18 @@ def test_folding_checks_a_declared_shape_inference_could_not(onnx_model_path):
     model.graph.value_info.append(_f32("u", [3]))
     with pytest.raises(UnsupportedError, match=r"'unique'.*'u' is declared with shape \[3\] but computes to \[2\]"):
         fold_constants(_load(onnx_model_path, model))
+
+
+def test_a_declared_shape_folding_makes_checkable_is_checked(onnx_model_path):
+    """Reshape's shape is only known after folding; a value info declaring a bigger output must then be refused
+    (the Reshape kernel would copy past its input)."""
+    nodes = [helper.make_node("Max", ["k", "k"], ["shape"], name="same"),
+             helper.make_node("Reshape", ["x", "shape"], ["r"], name="reshape"),
+             helper.make_node("Relu", ["r"], ["y"], name="relu")]
+    model = _model(nodes, [_f32("x", [2, 3])], [_f32("y", None)], [("k", np.array([3, 2], np.int64))], opset=17)
+    model.graph.value_info.append(_f32("r", [8, 8]))
+    graph = _load(onnx_model_path, model)
+    assert "r" in graph.declared_shapes
+    with pytest.raises(UnsupportedError, match=r"'reshape'.*'r' is declared with shape \[8, 8\] but computes to "
+                                                r"\[3, 2\]"):
+        fold_constants(graph)

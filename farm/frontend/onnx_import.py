@@ -47,7 +47,7 @@ def import_model(path: str | os.PathLike[str]) -> Graph:
     constants = _read_initializers(model.graph, model_dir)
     nodes, node_constants = _convert_nodes(model.graph.node, model_dir, opset)
     constants.update(node_constants)
-    inferred = _infer_shapes(model, constants, path)
+    inferred, declared = _infer_shapes(model, constants, path)
     values, dynamic = _collect_value_infos(inferred.graph)
     values.update({name: TensorInfo.of_array(array) for name, array in constants.items()})
     for name in values:
@@ -62,6 +62,7 @@ def import_model(path: str | os.PathLike[str]) -> Graph:
         constants=constants,
         nodes=_topological_order(nodes, set(inputs) | set(constants), path),
         dynamic_shapes=dynamic,
+        declared_shapes=declared & set(values),
     )
     _correct_ceil_mode_pools(graph)
     return graph
@@ -409,17 +410,18 @@ def _defines_in_order(node: Node, known: set[str]) -> bool:
 # --------------------------------------------------------------------------------------------- shape inference
 
 
-def _infer_shapes(model: onnx.ModelProto, constants: dict[str, np.ndarray], path: str) -> onnx.ModelProto:
+def _infer_shapes(model: onnx.ModelProto, constants: dict[str, np.ndarray],
+                  path: str) -> tuple[onnx.ModelProto, set[str]]:
     """Run ONNX shape inference on a copy of the model without its big weights, which inference doesn't need.
 
     The shapes a model declares for its outputs and intermediate values are untrusted: inference runs without
     them, each must agree with the inferred shape (a larger declared output would make kernels write past their
-    buffers), and only a value inference can't shape keeps its declared shape.
+    buffers), and only a value inference can't shape keeps its declared shape: those are returned too, for
+    passes.fold_constants to check again.
     """
     skeleton = _shape_skeleton(model, constants)
     inferred = _run_inference(skeleton, path)
-    _check_declared_shapes(model, inferred)
-    return inferred
+    return inferred, _check_declared_shapes(model, inferred)
 
 
 def _run_inference(skeleton: onnx.ModelProto, path: str) -> onnx.ModelProto:
@@ -462,21 +464,24 @@ def _without_shape(vi: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
     return bare
 
 
-def _check_declared_shapes(model: onnx.ModelProto, inferred: onnx.ModelProto) -> None:
+def _check_declared_shapes(model: onnx.ModelProto, inferred: onnx.ModelProto) -> set[str]:
     """Refuse a declared output or value-info shape that contradicts inference; adopt it where inference has none
     (and its static dims where inference has symbolic ones).
 
-    Raises UnsupportedError naming the value, its producing node and both shapes.
+    Returns the names whose shape (or some dim) was taken from the declaration; raises UnsupportedError naming the
+    value, its producing node and both shapes.
     """
     found = {vi.name: vi for vi in (*inferred.graph.output, *inferred.graph.value_info)
              if vi.type.tensor_type.HasField("shape")}
     producers = {out: node for node in model.graph.node for out in node.output}
     outputs = {vi.name for vi in inferred.graph.output}
+    trusted: set[str] = set()
     for declared in (*model.graph.output, *model.graph.value_info):
         if not declared.type.tensor_type.HasField("shape"):
             continue
         ours = found.get(declared.name)
         if ours is None:
+            trusted.add(declared.name)
             if declared.name not in outputs:
                 inferred.graph.value_info.append(declared)
             else:
@@ -487,7 +492,10 @@ def _check_declared_shapes(model: onnx.ModelProto, inferred: onnx.ModelProto) ->
         if not _shapes_agree(claimed, computed):
             reason = f"value {declared.name!r} is declared with shape {list(claimed)} but computes to {list(computed)}"
             raise _node_error(reason, producers.get(declared.name), model)
-        _fill_unknown_dims(ours, declared)
+        if any(not isinstance(d, int) for d in computed):
+            trusted.add(declared.name)
+            _fill_unknown_dims(ours, declared)
+    return trusted
 
 
 def _fill_unknown_dims(ours: onnx.ValueInfoProto, declared: onnx.ValueInfoProto) -> None:

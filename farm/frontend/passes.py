@@ -176,7 +176,23 @@ def fold_constants(graph: Graph) -> Graph:
         _fold_sweep(graph)
         if not _infer_missing_shapes(graph):
             break
+    _recheck_declared_shapes(graph)
     return _prune_unreferenced(graph)
+
+
+def _recheck_declared_shapes(graph: Graph) -> None:
+    """Infer again, now that folding made inputs constant, each node output whose shape import took from the
+    model's declaration; a declaration inference now contradicts is refused (it would size the kernel's buffers)."""
+    for node in graph.nodes:
+        names = [name for name in node.outputs if name in graph.declared_shapes and name in graph.values]
+        if not names or node.domain or not all(name in graph.values for name in node.inputs if name):
+            continue
+        inferred = _infer_node(graph, node)
+        for name in names:
+            if name in inferred and inferred[name].shape != graph.values[name].shape:
+                raise UnsupportedError(
+                    f"value {name!r} is declared with shape {list(graph.values[name].shape)} but computes to "
+                    f"{list(inferred[name].shape)}", node=node.name, op=node.op_type, opset=graph.opset)
 
 
 def _fold_sweep(graph: Graph) -> int:

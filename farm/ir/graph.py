@@ -70,6 +70,9 @@ class Graph:
     # Values whose shape is not fully static (a symbolic dim by name, "?" when unknown), kept out of `values` so
     # that everything downstream sees only static shapes, and kept here so that validate can name the shape.
     dynamic_shapes: dict[str, tuple[int | str, ...]] = field(default_factory=dict)
+    # Values whose static shape came from the model's own declaration because inference could not compute it; the
+    # passes check each again once its inputs are known (a wrong declared shape would size a kernel's buffers).
+    declared_shapes: set[str] = field(default_factory=set)
 
     def consumers(self) -> dict[str, list[Node]]:
         """Map each value name to the nodes that read it."""
