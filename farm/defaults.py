@@ -103,6 +103,16 @@ def worker_redis_retries() -> int:
     return int(os.environ.get("FARM_WORKER_REDIS_RETRIES", 60))
 
 
+MAX_TENSOR_BYTES = 4 << 30
+"""The largest value (model input, output, weight or intermediate) a model may have: 4 GiB. Shapes are multiplied
+in exact integers and checked against it before anything is allocated, so a tiny file that claims a 2**40-element
+tensor is refused (exit 2) instead of exhausting memory or wrapping int64 arithmetic."""
+
+MAX_FOLDED_CONSTANT_BYTES = 1 << 30
+"""The largest constant that constant folding evaluates at build time: 1 GiB (real models make weights of a few
+hundred MiB with ConstantOfShape). A bigger result (Range(0, 2**28) is 2 GiB) stays a node that the artifact
+computes, within MAX_TENSOR_BYTES."""
+
 STORE_MAX_BYTES = 2 << 30
 """The default FARM_STORE_MAX_BYTES: 2 GiB. The farm's store shares one Redis with the queues, which must never be
 refused a write (deploy/redis.conf runs with noeviction), so the store is kept well below the memory a small farm

@@ -119,6 +119,18 @@ def test_dynamic_dimension(tmp_path):
     assert not (tmp_path / "artifacts" / "m.farm").exists()
 
 
+def test_declared_output_larger_than_computed_is_refused(tmp_path):
+    """A Gemm declaring a [64, 64] output it computes as [2, 4] once built an artifact that read out of bounds."""
+    node = helper.make_node("Gemm", ["x", "W"], ["y"], name="gemm", transB=1)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])],
+                              [numpy_helper.from_array(np.ones((4, 3), np.float32), "W")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "m.onnx")
+    result = farm("submit", "m.onnx", cwd=tmp_path)
+    _assert_bad_input(result, "'gemm'", "'y' is declared with shape [64, 64]", "[2, 4]")
+    assert "Traceback" not in result.stderr and not (tmp_path / "artifacts" / "m.farm").exists()
+
+
 def test_external_data_outside_the_model_folder(tmp_path):
     (tmp_path / "secret.bin").write_bytes(np.ones(6, np.float32).tobytes())
     inner = tmp_path / "model"
@@ -504,3 +516,103 @@ def test_workers_says_when_none_is_live(redis_server: RedisServer, tmp_path: Pat
     assert text.stderr == "farm: no live worker on this farm; start one with 'farm worker'\n"
     listed = farm_cli("workers", "--json", broker=redis_server.url, cwd=tmp_path)
     assert listed.returncode == 0 and json.loads(listed.stdout) == [] and "no live worker" in listed.stderr
+
+
+# ------------------------------------------------------------------------------------ hostile models and inputs
+
+
+def _save_graph(path, nodes, inputs, outputs, initializers=()):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+
+
+def _conv(x_type=TensorProto.FLOAT, channels=3, w_dtype=np.float32, **attrs):
+    """x[1, channels, 8, 8] -> Conv(W[4, 3, 3, 3]) named 'conv' -> y."""
+    return ([helper.make_node("Conv", ["x", "W"], ["y"], name="conv", **attrs)],
+            [helper.make_tensor_value_info("x", x_type, [1, channels, 8, 8])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+            [numpy_helper.from_array(np.ones((4, 3, 3, 3), w_dtype), "W")])
+
+
+_HOSTILE_MODELS = {
+    "group-zero": (_conv(group=0), ["'conv'", "'group' is 0"]),
+    "group-negative": (_conv(group=-2), ["'conv'", "'group' is -2"]),
+    "group-string": (_conv(group="two"), ["'conv'", "'group' is of type STRING, expected INT"]),
+    "pads-floats": (_conv(pads=[1.0, 1.0, 1.0, 1.0]), ["'conv'", "'pads' is of type FLOATS, expected INTS"]),
+    "integer-input": (_conv(TensorProto.INT64, w_dtype=np.int64), ["'conv'", "input 'x' has dtype int64"]),
+    "channel-mismatch": (_conv(channels=5), ["'conv'", "input 'x' has 5 channels"]),
+    "alpha-ints": (([helper.make_node("LeakyRelu", ["x"], ["y"], name="lrelu", alpha=[1, 2])],
+                    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
+                   ["'lrelu'", "'alpha' is of type INTS, expected FLOAT"]),
+    "axis-graph": (([helper.make_node("Softmax", ["x"], ["y"], name="sm", axis=helper.make_graph([], "s", [], []))],
+                    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
+                   ["'sm'", "'axis' is of type GRAPH, expected INT"]),
+    "lrn-size-zero": (([helper.make_node("LRN", ["x"], ["y"], name="lrn", size=0)],
+                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
+                      ["'lrn'", "'size' is 0"]),
+    "undefined-output": (([helper.make_node("Relu", ["x"], ["y"], name="relu")],
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "nope")]),
+                         ["graph output 'nope' is not defined"]),
+    "empty-input-name": (([helper.make_node("Relu", ["x"], ["y"], name="relu")],
+                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("", "x")],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
+                         ["a graph input has an empty name"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_HOSTILE_MODELS))
+def test_hostile_model_is_refused_with_one_line(tmp_path, case):
+    parts, fragments = _HOSTILE_MODELS[case]
+    _save_graph(tmp_path / "m.onnx", *parts)
+    result = farm("submit", "m.onnx", cwd=tmp_path)
+    _assert_bad_input(result, *fragments)
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "artifacts" / "m.farm").exists()
+
+
+def test_invalid_utf8_name_and_nul_in_external_location(tmp_path):
+    _save_graph(tmp_path / "m.onnx", [helper.make_node("Relu", ["x"], ["qq"], name="relu")],
+                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                [helper.make_tensor_value_info("qq", TensorProto.FLOAT, None)])
+    (tmp_path / "utf8.onnx").write_bytes((tmp_path / "m.onnx").read_bytes().replace(b"qq", b"\xff\xfe"))
+    result = farm("submit", "utf8.onnx", cwd=tmp_path)
+    _assert_bad_input(result, "is not valid UTF-8")
+    assert "Traceback" not in result.stderr
+    weight = numpy_helper.from_array(np.ones(6, np.float32), "W")
+    weight.ClearField("raw_data")
+    weight.data_location = TensorProto.EXTERNAL
+    weight.external_data.add(key="location", value="w\x00.bin")
+    _save_graph(tmp_path / "nul.onnx", [helper.make_node("Add", ["x", "W"], ["y"], name="add")],
+                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6])],
+                [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [weight])
+    result = farm("submit", "nul.onnx", cwd=tmp_path)
+    _assert_bad_input(result, "'W'", "NUL byte")
+    assert "Traceback" not in result.stderr
+
+
+def test_npy_header_claiming_more_than_the_file_holds(built, tmp_path):
+    folder, job = built
+    header = {"descr": "<f4", "fortran_order": False, "shape": (2**20, 2**20)}
+    with open(tmp_path / "huge.npy", "wb") as f:
+        np.lib.format.write_array_header_1_0(f, header)
+        f.write(b"\0" * 64)
+    result = farm("run", job["artifact"], "--input", f"input={tmp_path / 'huge.npy'}", cwd=tmp_path)
+    _assert_bad_input(result, "huge.npy", "claims shape [1048576, 1048576]")
+    assert "Traceback" not in result.stderr and "MemoryError" not in result.stderr
+
+
+@pytest.mark.parametrize("name", ["file", "allow_pickle"])
+def test_outputs_named_like_savez_arguments_are_written(tmp_path, name):
+    _save_graph(tmp_path / "m.onnx", [helper.make_node("Relu", ["x"], [name], name="relu")],
+                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                [helper.make_tensor_value_info(name, TensorProto.FLOAT, None)])
+    assert farm("submit", "m.onnx", cwd=tmp_path).returncode == 0
+    x = np.float32([[-1, 2, -3], [4, -5, 6]])
+    np.save(tmp_path / "x.npy", x)
+    result = farm("run", "artifacts/m.farm", "--input", "x=x.npy", "-o", "out.npz", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npz")[name], np.maximum(x, 0))

@@ -274,3 +274,66 @@ def test_an_older_opset_is_accepted_when_its_ops_have_not_changed_since(onnx_mod
     values = [helper.make_tensor_value_info(n, TensorProto.BOOL, [3]) for n in ("a", "b", "y")]
     graph = import_model(onnx_model_path(_model([node], values[:2], values[2:], opset=7)))
     assert graph.opset == 7 and [n.op_type for n in graph.nodes] == ["And"]
+
+
+# ------------------------------------------------------------------------------------------ declared shapes
+
+
+def _gemm_declaring(output_shape):
+    """x[2,3] -> Gemm(W[4,3], transB) -> y, which computes to [2, 4] whatever the model declares."""
+    node = helper.make_node("Gemm", ["x", "W"], ["y"], name="gemm", transB=1)
+    return _model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, output_shape)],
+                  [numpy_helper.from_array(np.ones((4, 3), np.float32), "W")])
+
+
+@pytest.mark.parametrize("declared", [[64, 64], [1, 4], [2, 4, 1]])
+def test_declared_output_shape_must_match_the_computed_one(onnx_model_path, declared):
+    with pytest.raises(UnsupportedError) as info:
+        import_model(onnx_model_path(_gemm_declaring(declared)))
+    message = str(info.value)
+    assert "'gemm'" in message and "'Gemm'" in message and f"'y' is declared with shape {declared}" in message
+    assert "[2, 4]" in message
+
+
+def test_declared_output_shape_that_agrees_is_kept(onnx_model_path):
+    assert import_model(onnx_model_path(_gemm_declaring(["N", 4]))).values["y"] == TensorInfo((2, 4))
+    assert import_model(onnx_model_path(_gemm_declaring([2, 4]))).values["y"] == TensorInfo((2, 4))
+
+
+def test_declared_value_info_contradicting_inference_is_refused(onnx_model_path):
+    model, _, _ = _conv_relu_model()
+    model.graph.value_info.append(helper.make_tensor_value_info("c", TensorProto.FLOAT, [1, 4, 9, 9]))
+    with pytest.raises(UnsupportedError, match=r"'conv'.*'c' is declared with shape \[1, 4, 9, 9\]"):
+        import_model(onnx_model_path(model))
+
+
+# ---------------------------------------------------------------------------------------------------- size limits
+
+
+def test_input_claiming_more_than_the_tensor_limit_is_refused_before_inference(onnx_model_path):
+    node = helper.make_node("Add", ["x", "x"], ["y"], name="add")
+    model = _model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2**20, 2**20])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    with pytest.raises(UnsupportedError, match=r"input 'x' of shape \[1048576, 1048576\] float32 needs 4398046511104"):
+        import_model(onnx_model_path(model))
+
+
+def test_initializer_claiming_more_than_the_tensor_limit_is_refused(onnx_model_path):
+    node = helper.make_node("Add", ["x", "W"], ["y"], name="add")
+    model = _model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                   [TensorProto(name="W", data_type=TensorProto.FLOAT, dims=[2**32, 2**32])])
+    with pytest.raises(UnsupportedError, match=r"initializer 'W' of shape \[4294967296, 4294967296\]"):
+        import_model(onnx_model_path(model))
+
+
+def test_computed_value_over_the_tensor_limit_is_refused_by_validate(onnx_model_path):
+    shape = numpy_helper.from_array(np.array([2**20, 2**20], np.int64), "shape")
+    nodes = [helper.make_node("ConstantOfShape", ["shape"], ["z"], name="fill"),
+             helper.make_node("Add", ["x", "z"], ["y"], name="add")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [shape])
+    graph = optimize(import_model(onnx_model_path(model)))
+    with pytest.raises(UnsupportedError, match=r"'fill'.*'z' of shape \[1048576, 1048576\] float32 needs"):
+        validate(graph, SUPPORTED | {"ConstantOfShape"})

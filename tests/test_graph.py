@@ -15,3 +15,9 @@ def test_consumers_and_producers():
     graph = Graph("g", 17, ["x"], ["z"], {}, {}, [a, b])
     assert graph.producers() == {"y": a, "z": b}
     assert graph.consumers()["y"] == [b, b] and graph.consumers()["x"] == [a]
+
+
+def test_tensor_info_sizes_do_not_wrap():
+    """numpy's int64 product of (2**32, 2**32) is 0; a hostile shape must not look like an empty tensor."""
+    info = TensorInfo((2**32, 2**32), "float32")
+    assert info.size == 2**64 and info.nbytes == 2**66

@@ -255,6 +255,8 @@ def test_channel_affine_not_folded_when_it_would_change_the_result(onnx_model_pa
         model.graph.output.append(_f32("r", None))
     if case == "model-output":
         model.graph.output.append(_f32("c", None))
+    if case == "broadcast-out":  # the output is [2, 6, 7, 7], not the declared [1, 6, 7, 7]: let inference say so
+        model.graph.output[0].type.tensor_type.ClearField("shape")
     graph = fold_channel_affine(_load(onnx_model_path, model))
     assert [n.op_type for n in graph.nodes][:2] == ["Conv", "Mul"]
 
@@ -450,3 +452,42 @@ def test_small_network_optimises_to_the_same_function(onnx_model_path):
         ("Conv", "clip"), ("Conv", "leakyrelu"), ("Reshape", None), ("Gemm", "relu")
     ]
     _assert_same_outputs(model, graph, {"x": _rand(2, 3, 8, 8)})
+
+
+def test_folding_leaves_a_too_big_constant_as_a_node(onnx_model_path):
+    """Range(0, 2**28) as int64 is 2 GiB: over MAX_FOLDED_CONSTANT_BYTES, so it is not evaluated at build time."""
+    nodes = [helper.make_node("Range", ["a", "b", "c"], ["r"], name="range"),
+             helper.make_node("Range", ["a", "small", "c"], ["s"], name="small_range"),
+             helper.make_node("Concat", ["r", "s"], ["y"], name="concat", axis=0)]
+    inits = [("a", np.array(0, np.int64)), ("b", np.array(2**28, np.int64)), ("c", np.array(1, np.int64)),
+             ("small", np.array(4, np.int64))]
+    model = _model(nodes, [], [helper.make_tensor_value_info("y", TensorProto.INT64, None)], inits, opset=17)
+    graph = fold_constants(_load(onnx_model_path, model))
+    assert [n.name for n in graph.nodes] == ["range", "concat"]
+    np.testing.assert_array_equal(graph.constants["s"], np.arange(4))
+    assert graph.values["r"] == TensorInfo((2**28,), "int64")
+
+
+def test_folding_checks_a_declared_shape_inference_could_not(onnx_model_path):
+    """A value whose declared shape import had to take on trust must fold to that shape."""
+    nodes = [helper.make_node("Unique", ["k"], ["u"], name="unique"),
+             helper.make_node("Add", ["x", "u"], ["y"], name="add")]
+    model = _model(nodes, [_f32("x", [3])], [_f32("y", None)], [("k", np.float32([1, 1, 2]))], opset=17)
+    model.graph.value_info.append(_f32("u", [3]))
+    with pytest.raises(UnsupportedError, match=r"'unique'.*'u' is declared with shape \[3\] but computes to \[2\]"):
+        fold_constants(_load(onnx_model_path, model))
+
+
+def test_a_declared_shape_folding_makes_checkable_is_checked(onnx_model_path):
+    """Reshape's shape is only known after folding; a value info declaring a bigger output must then be refused
+    (the Reshape kernel would copy past its input)."""
+    nodes = [helper.make_node("Max", ["k", "k"], ["shape"], name="same"),
+             helper.make_node("Reshape", ["x", "shape"], ["r"], name="reshape"),
+             helper.make_node("Relu", ["r"], ["y"], name="relu")]
+    model = _model(nodes, [_f32("x", [2, 3])], [_f32("y", None)], [("k", np.array([3, 2], np.int64))], opset=17)
+    model.graph.value_info.append(_f32("r", [8, 8]))
+    graph = _load(onnx_model_path, model)
+    assert "r" in graph.declared_shapes
+    with pytest.raises(UnsupportedError, match=r"'reshape'.*'r' is declared with shape \[8, 8\] but computes to "
+                                                r"\[3, 2\]"):
+        fold_constants(graph)

@@ -6,6 +6,7 @@ from inside the model's own folder, and every refusal names the file, initialize
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
@@ -14,6 +15,7 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, TensorProto, numpy_helper
 
+from farm import defaults
 from farm.errors import ModelLoadError, UnsupportedError
 from farm.ir.graph import Graph, Node, TensorInfo
 
@@ -41,10 +43,11 @@ def import_model(path: str | os.PathLike[str]) -> Graph:
     model = _load_proto(path)
     opset = _default_opset(model, path)
     model_dir = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    _check_declared_sizes(model.graph)
     constants = _read_initializers(model.graph, model_dir)
-    nodes, node_constants = _convert_nodes(model.graph.node, model_dir)
+    nodes, node_constants = _convert_nodes(model.graph.node, model_dir, opset)
     constants.update(node_constants)
-    inferred = _infer_shapes(model, constants, path)
+    inferred, declared = _infer_shapes(model, constants, path)
     values, dynamic = _collect_value_infos(inferred.graph)
     values.update({name: TensorInfo.of_array(array) for name, array in constants.items()})
     for name in values:
@@ -59,6 +62,7 @@ def import_model(path: str | os.PathLike[str]) -> Graph:
         constants=constants,
         nodes=_topological_order(nodes, set(inputs) | set(constants), path),
         dynamic_shapes=dynamic,
+        declared_shapes=declared & set(values),
     )
     _correct_ceil_mode_pools(graph)
     return graph
@@ -99,6 +103,25 @@ def _forget_shapes_after(graph: Graph, changed: Node) -> None:
                 graph.values.pop(name, None)
 
 
+def _check_declared_sizes(graph: onnx.GraphProto) -> None:
+    """Refuse a graph input or initializer whose claimed shape exceeds MAX_TENSOR_BYTES before anything (shape
+    inference's data propagation, decoding) allocates for it: a 200-byte file may claim 2**40 elements."""
+    for vi in graph.input:
+        dims = [d.dim_value for d in vi.type.tensor_type.shape.dim if d.HasField("dim_value")]
+        _check_size(vi.name, "input", dims, _dtype_name(vi.type.tensor_type.elem_type) or "float32")
+    for tensor in graph.initializer:
+        _check_size(tensor.name, "initializer", list(tensor.dims), _dtype_name(tensor.data_type) or "float32")
+
+
+def _check_size(name: str, role: str, dims: list[int], dtype: str) -> None:
+    if any(d < 0 for d in dims):
+        raise UnsupportedError(f"{role} {name!r} has a negative dim in shape {dims}")
+    nbytes = math.prod(dims) * np.dtype(dtype).itemsize
+    if nbytes > defaults.MAX_TENSOR_BYTES:
+        raise UnsupportedError(f"{role} {name!r} of shape {dims} {dtype} needs {nbytes} bytes, over farm's limit of "
+                               f"{defaults.MAX_TENSOR_BYTES} per tensor")
+
+
 def _load_proto(path: str) -> onnx.ModelProto:
     """Parse the file without touching external data: those paths are checked by _read_external before any read."""
     try:
@@ -107,7 +130,34 @@ def _load_proto(path: str) -> onnx.ModelProto:
         raise ModelLoadError(f"can't read ONNX model {path}: {exc}") from exc
     if not model.HasField("graph") or not model.opset_import:
         raise ModelLoadError(f"{path} is not an ONNX model (no graph or no opset import); is the file truncated?")
+    _check_names(model.graph, path)
     return model
+
+
+def _check_names(graph: onnx.GraphProto, path: str) -> None:
+    """Every name must be text (protobuf hands back bytes for invalid UTF-8), and graph inputs and outputs must be
+    named and defined, so that later stages can compare, sort and print names."""
+    for where, names in _graph_names(graph):
+        for name in names:
+            if not isinstance(name, str):
+                raise ModelLoadError(f"{path}: {where} name {name!r} is not valid UTF-8")
+    for role, infos in (("input", graph.input), ("output", graph.output)):
+        if any(not vi.name for vi in infos):
+            raise ModelLoadError(f"{path}: a graph {role} has an empty name")
+    defined = {vi.name for vi in graph.input} | {t.name for t in graph.initializer}
+    defined |= {out for node in graph.node for out in node.output}
+    for vi in graph.output:
+        if vi.name not in defined:
+            raise ModelLoadError(f"{path}: graph output {vi.name!r} is not defined by any input, initializer or node")
+
+
+def _graph_names(graph: onnx.GraphProto) -> Iterable[tuple[str, Iterable[Any]]]:
+    yield "graph", [graph.name]
+    yield "value", [vi.name for vi in (*graph.input, *graph.output, *graph.value_info)]
+    yield "initializer", [t.name for t in graph.initializer]
+    for node in graph.node:
+        yield "node", [node.name, node.op_type, node.domain, *node.input, *node.output]
+        yield "attribute", [attr.name for attr in node.attribute]
 
 
 def _default_opset(model: onnx.ModelProto, path: str) -> int:
@@ -181,6 +231,8 @@ def _read_external(tensor: TensorProto, model_dir: str) -> np.ndarray:
 
 def _external_path(name: str, location: str, model_dir: str) -> str:
     """Resolve `location` inside model_dir; symlinks and '..' are resolved before the containment check."""
+    if "\x00" in location:
+        raise ModelLoadError(f"initializer {name!r}: external data path {location!r} contains a NUL byte")
     if not location or os.path.isabs(location):
         raise ModelLoadError(f"initializer {name!r}: external data path {location!r} must be relative to the model")
     resolved = os.path.realpath(os.path.join(model_dir, location))
@@ -254,13 +306,15 @@ _CONSTANT_VALUES: dict[str, Callable[[Any], np.ndarray]] = {
 }
 
 
-def _convert_nodes(protos: Iterable[onnx.NodeProto], model_dir: str) -> tuple[list[Node], dict[str, np.ndarray]]:
+def _convert_nodes(protos: Iterable[onnx.NodeProto], model_dir: str,
+                   opset: int) -> tuple[list[Node], dict[str, np.ndarray]]:
     """Nodes as farm Nodes with Python attributes; Constant nodes become constants instead of nodes."""
     nodes: list[Node] = []
     constants: dict[str, np.ndarray] = {}
     used_names: set[str] = set()
     for index, proto in enumerate(protos):
         node = _convert_node(proto, index, model_dir, used_names)
+        _check_attr_types(proto, node, opset)
         if node.op_type == "Constant" and node.domain == "":
             constants[node.outputs[0]] = _constant_value(node)
         else:
@@ -280,6 +334,31 @@ def _convert_node(proto: onnx.NodeProto, index: int, model_dir: str, used_names:
             f"attribute of unknown type {exc}", node=name, op=proto.op_type, domain=domain
         ) from exc
     return Node(name, proto.op_type, list(proto.input), list(proto.output), attrs, domain)
+
+
+def _check_attr_types(proto: onnx.NodeProto, node: Node, opset: int) -> None:
+    """Each attribute of an ai.onnx op must have the type its schema gives (an INTS where FLOATS are expected, a
+    GRAPH or STRING where an INT is, would otherwise reach an op's normalisation as the wrong Python type)."""
+    if node.domain:
+        return
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset)
+    except onnx.defs.SchemaError:
+        return  # an unknown op: validate names it
+    for attr in proto.attribute:
+        expected = schema.attributes.get(attr.name)
+        if expected is not None and attr.type != expected.type:
+            raise UnsupportedError(
+                f"attribute {attr.name!r} is of type {_attr_type_name(attr.type)}, expected "
+                f"{_attr_type_name(expected.type)}", node=node.name, op=node.op_type, opset=opset,
+            )
+
+
+def _attr_type_name(attr_type: int) -> str:
+    try:
+        return AttributeProto.AttributeType.Name(attr_type)
+    except ValueError:
+        return str(attr_type)
 
 
 def _fresh_name(base: str, used: set[str]) -> str:
@@ -331,17 +410,122 @@ def _defines_in_order(node: Node, known: set[str]) -> bool:
 # --------------------------------------------------------------------------------------------- shape inference
 
 
-def _infer_shapes(model: onnx.ModelProto, constants: dict[str, np.ndarray], path: str) -> onnx.ModelProto:
-    """Run ONNX shape inference on a copy of the model without its big weights, which inference doesn't need."""
+def _infer_shapes(model: onnx.ModelProto, constants: dict[str, np.ndarray],
+                  path: str) -> tuple[onnx.ModelProto, set[str]]:
+    """Run ONNX shape inference on a copy of the model without its big weights, which inference doesn't need.
+
+    The shapes a model declares for its outputs and intermediate values are untrusted: inference runs without
+    them, each must agree with the inferred shape (a larger declared output would make kernels write past their
+    buffers), and only a value inference can't shape keeps its declared shape: those are returned too, for
+    passes.fold_constants to check again.
+    """
     skeleton = _shape_skeleton(model, constants)
+    inferred = _run_inference(skeleton, path)
+    return inferred, _check_declared_shapes(model, inferred)
+
+
+def _run_inference(skeleton: onnx.ModelProto, path: str) -> onnx.ModelProto:
     try:
-        return onnx.shape_inference.infer_shapes(skeleton, strict_mode=False, data_prop=True)
-    except Exception:
-        pass  # data propagation is an extra; retry without it before giving up
-    try:
-        return onnx.shape_inference.infer_shapes(skeleton, strict_mode=False)
+        return infer_shapes_bounded(skeleton)
     except Exception as exc:
         raise ModelLoadError(f"ONNX shape inference failed on {path}: {exc}") from exc
+
+
+def infer_shapes_bounded(model: onnx.ModelProto) -> onnx.ModelProto:
+    """ONNX shape inference, with data propagation only where it stays small.
+
+    Data propagation computes integer values (shapes) in memory, so Range(0, 2**28) would take gigabytes: plain
+    inference runs first, and propagation only when no integer value it found has more than
+    _SHAPE_DATA_MAX_ELEMENTS elements (a shape never has). Raises what onnx raises when plain inference fails.
+    """
+    plain = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    if any(_is_big_integer_value(vi) for vi in (*plain.graph.value_info, *plain.graph.output)):
+        return plain
+    try:
+        return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except Exception:
+        return plain  # data propagation is an extra
+
+
+def _is_big_integer_value(vi: onnx.ValueInfoProto) -> bool:
+    tensor_type = vi.type.tensor_type
+    if tensor_type.elem_type not in (TensorProto.INT64, TensorProto.INT32) or not tensor_type.HasField("shape"):
+        return False
+    dims = [d.dim_value if d.HasField("dim_value") else _SHAPE_DATA_MAX_ELEMENTS + 1 for d in tensor_type.shape.dim]
+    return math.prod(dims) > _SHAPE_DATA_MAX_ELEMENTS
+
+
+def _without_shape(vi: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
+    """A copy of a declared value info with its element type but no shape, for inference to fill in."""
+    bare = onnx.ValueInfoProto()
+    bare.CopyFrom(vi)
+    if bare.type.HasField("tensor_type"):
+        bare.type.tensor_type.ClearField("shape")
+    return bare
+
+
+def _check_declared_shapes(model: onnx.ModelProto, inferred: onnx.ModelProto) -> set[str]:
+    """Refuse a declared output or value-info shape that contradicts inference; adopt it where inference has none
+    (and its static dims where inference has symbolic ones).
+
+    Returns the names whose shape (or some dim) was taken from the declaration; raises UnsupportedError naming the
+    value, its producing node and both shapes.
+    """
+    found = {vi.name: vi for vi in (*inferred.graph.output, *inferred.graph.value_info)
+             if vi.type.tensor_type.HasField("shape")}
+    producers = {out: node for node in model.graph.node for out in node.output}
+    outputs = {vi.name for vi in inferred.graph.output}
+    trusted: set[str] = set()
+    for declared in (*model.graph.output, *model.graph.value_info):
+        if not declared.type.tensor_type.HasField("shape"):
+            continue
+        ours = found.get(declared.name)
+        if ours is None:
+            trusted.add(declared.name)
+            if declared.name not in outputs:
+                inferred.graph.value_info.append(declared)
+            else:
+                _replace_output(inferred.graph, declared)
+            continue
+        claimed = tuple(_dim_of(d) for d in declared.type.tensor_type.shape.dim)
+        computed = tuple(_dim_of(d) for d in ours.type.tensor_type.shape.dim)
+        if not _shapes_agree(claimed, computed):
+            reason = f"value {declared.name!r} is declared with shape {list(claimed)} but computes to {list(computed)}"
+            raise _node_error(reason, producers.get(declared.name), model)
+        if any(not isinstance(d, int) for d in computed):
+            trusted.add(declared.name)
+            _fill_unknown_dims(ours, declared)
+    return trusted
+
+
+def _fill_unknown_dims(ours: onnx.ValueInfoProto, declared: onnx.ValueInfoProto) -> None:
+    """Take the declared size of each dim inference left symbolic (a data-dependent shape the model states);
+    folding checks it again once the value is computed."""
+    for dim, stated in zip(ours.type.tensor_type.shape.dim, declared.type.tensor_type.shape.dim):
+        if not dim.HasField("dim_value") and stated.HasField("dim_value"):
+            dim.dim_value = stated.dim_value
+
+
+def _node_error(reason: str, node: onnx.NodeProto | None, model: onnx.ModelProto) -> UnsupportedError:
+    """An UnsupportedError naming `node` as the rest of farm names it (unnamed nodes as `<op_type>_<index>`)."""
+    if node is None:
+        return UnsupportedError(reason)
+    name = node.name or f"{node.op_type}_{list(model.graph.node).index(node)}"
+    domain = "" if node.domain in DEFAULT_DOMAINS else node.domain
+    opset = next((int(e.version) for e in model.opset_import if e.domain in DEFAULT_DOMAINS), 0)
+    return UnsupportedError(reason, node=name, op=node.op_type, domain=domain, opset=opset)
+
+
+def _replace_output(graph: onnx.GraphProto, declared: onnx.ValueInfoProto) -> None:
+    for vi in graph.output:
+        if vi.name == declared.name:
+            vi.CopyFrom(declared)
+
+
+def _shapes_agree(claimed: tuple[int | str, ...], computed: tuple[int | str, ...]) -> bool:
+    """Same rank, and every dim that both know statically is equal."""
+    return len(claimed) == len(computed) and all(
+        a == b for a, b in zip(claimed, computed) if isinstance(a, int) and isinstance(b, int))
 
 
 def _shape_skeleton(model: onnx.ModelProto, constants: dict[str, np.ndarray]) -> onnx.ModelProto:
@@ -350,8 +534,7 @@ def _shape_skeleton(model: onnx.ModelProto, constants: dict[str, np.ndarray]) ->
     skeleton_graph = onnx.GraphProto(name=graph.name)
     skeleton_graph.node.extend(graph.node)
     skeleton_graph.input.extend(graph.input)
-    skeleton_graph.output.extend(graph.output)
-    skeleton_graph.value_info.extend(graph.value_info)
+    skeleton_graph.output.extend(_without_shape(vi) for vi in graph.output)
     declared = {vi.name for vi in graph.input}
     for tensor in graph.initializer:
         array = constants[tensor.name]
@@ -460,10 +643,33 @@ def _check_node_values(graph: Graph, node: Node) -> None:
             _check_static(graph, name, "input", node)
             if name not in graph.constants:
                 _check_dtype(graph, name, "input", node)
+    _check_input_types(graph, node)
     for name in node.outputs:
         if name:
             _check_static(graph, name, "output", node)
             _check_dtype(graph, name, "output", node)
+
+
+# ONNX's spelling of the numpy dtypes whose names differ from ONNX's, for a schema's type constraints.
+_ONNX_ELEMENT_NAMES = {"float32": "float", "float64": "double", "object": "string"}
+
+
+def _check_input_types(graph: Graph, node: Node) -> None:
+    """Each input's dtype must be one the op's schema allows (an int64 input to Conv would reach codegen)."""
+    try:
+        schema = onnx.defs.get_schema(node.op_type, graph.opset)
+    except onnx.defs.SchemaError:
+        return
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+    for index, name in enumerate(node.inputs):
+        if not name or not schema.inputs:
+            continue
+        formal = schema.inputs[min(index, len(schema.inputs) - 1)]
+        dtype = graph.values[name].dtype
+        types = allowed.get(formal.type_str, {formal.type_str})
+        if f"tensor({_ONNX_ELEMENT_NAMES.get(dtype, dtype)})" not in types:
+            raise _unsupported(graph, node, f"input {name!r} has dtype {dtype}, which {node.op_type} does not "
+                                            f"take for {formal.name!r} ({', '.join(sorted(types))})")
 
 
 def _check_dtype(graph: Graph, name: str, role: str, node: Node | None) -> None:
@@ -484,3 +690,7 @@ def _check_static(graph: Graph, name: str, role: str, node: Node | None) -> None
         raise _unsupported(graph, node, f"{role} {name!r} has dynamic shape [{shown}]")
     if name not in graph.constants and any(d <= 0 for d in info.shape):
         raise _unsupported(graph, node, f"{role} {name!r} has an empty dim in shape {list(info.shape)}")
+    if info.nbytes > defaults.MAX_TENSOR_BYTES:
+        raise _unsupported(graph, node, f"{role} {name!r} of shape {list(info.shape)} {info.dtype} needs "
+                                        f"{info.nbytes} bytes, over farm's limit of {defaults.MAX_TENSOR_BYTES} "
+                                        f"per tensor")

@@ -15,7 +15,9 @@ import onnx
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from farm import defaults
 from farm.errors import UnsupportedError
+from farm.frontend.onnx_import import infer_shapes_bounded
 from farm.ir.graph import Activation, Graph, Node, TensorInfo
 
 # Ops whose output the fused activation may be applied to, in the op's own kernel.
@@ -174,7 +176,23 @@ def fold_constants(graph: Graph) -> Graph:
         _fold_sweep(graph)
         if not _infer_missing_shapes(graph):
             break
+    _recheck_declared_shapes(graph)
     return _prune_unreferenced(graph)
+
+
+def _recheck_declared_shapes(graph: Graph) -> None:
+    """Infer again, now that folding made inputs constant, each node output whose shape import took from the
+    model's declaration; a declaration inference now contradicts is refused (it would size the kernel's buffers)."""
+    for node in graph.nodes:
+        names = [name for name in node.outputs if name in graph.declared_shapes and name in graph.values]
+        if not names or node.domain or not all(name in graph.values for name in node.inputs if name):
+            continue
+        inferred = _infer_node(graph, node)
+        for name in names:
+            if name in inferred and inferred[name].shape != graph.values[name].shape:
+                raise UnsupportedError(
+                    f"value {name!r} is declared with shape {list(graph.values[name].shape)} but computes to "
+                    f"{list(inferred[name].shape)}", node=node.name, op=node.op_type, opset=graph.opset)
 
 
 def _fold_sweep(graph: Graph) -> int:
@@ -188,12 +206,22 @@ def _fold_sweep(graph: Graph) -> int:
             continue
         for name, array in zip(node.outputs, arrays):
             if name:
+                _check_folded_shape(graph, node, name, array)
                 graph.constants[name] = array
                 graph.values[name] = TensorInfo.of_array(array)
                 graph.dynamic_shapes.pop(name, None)
     folded = len(graph.nodes) - len(kept)
     graph.nodes = kept
     return folded
+
+
+def _check_folded_shape(graph: Graph, node: Node, name: str, array: np.ndarray) -> None:
+    """A value whose shape the model declared (and inference could not check) must fold to that shape."""
+    info = graph.values.get(name)
+    if info is not None and info.shape != array.shape:
+        raise UnsupportedError(f"value {name!r} is declared with shape {list(info.shape)} but computes to "
+                               f"{list(array.shape)}", node=node.name, op=node.op_type, domain=node.domain,
+                               opset=graph.opset)
 
 
 def _try_fold(graph: Graph, node: Node) -> list[np.ndarray] | None:
@@ -208,7 +236,19 @@ def _try_fold(graph: Graph, node: Node) -> list[np.ndarray] | None:
         return None
     if any(_is_subgraph(value) for value in node.attrs.values()):
         return None  # a subgraph may read values from the outer graph that the one-node model would lack
+    if _too_big_to_fold(graph, node):
+        return None
     return _evaluate(graph, node)
+
+
+def _too_big_to_fold(graph: Graph, node: Node) -> bool:
+    """True when an output is known (declared, or inferred from the constant inputs) to exceed
+    MAX_FOLDED_CONSTANT_BYTES: evaluating Range(0, 2**28) at build time would take gigabytes."""
+    infos = [graph.values.get(name) for name in node.outputs if name]
+    if any(info is None for info in infos):
+        inferred = _infer_node(graph, node)
+        infos = [graph.values.get(name) or inferred.get(name) for name in node.outputs if name]
+    return any(info is not None and info.nbytes > defaults.MAX_FOLDED_CONSTANT_BYTES for info in infos)
 
 
 def _fold_shape(node: Node, info: TensorInfo) -> np.ndarray:
@@ -301,7 +341,7 @@ def _infer_node(graph: Graph, node: Node) -> dict[str, TensorInfo]:
     one_node = onnx.helper.make_graph([proto], "infer", inputs, [], initializers)
     model = onnx.helper.make_model(one_node, opset_imports=[onnx.helper.make_opsetid("", graph.opset)])
     try:
-        typed = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        typed = infer_shapes_bounded(model)
     except Exception:
         return {}
     return {vi.name: info for vi in typed.graph.value_info if (info := _static_info(vi)) is not None}

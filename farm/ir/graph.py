@@ -6,6 +6,7 @@ ONNX protobufs stop at the frontend so that nothing downstream depends on them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +35,8 @@ class TensorInfo:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        """The element count, exact (numpy's int64 product would wrap for a hostile shape such as 2**32 x 2**32)."""
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -68,6 +70,9 @@ class Graph:
     # Values whose shape is not fully static (a symbolic dim by name, "?" when unknown), kept out of `values` so
     # that everything downstream sees only static shapes, and kept here so that validate can name the shape.
     dynamic_shapes: dict[str, tuple[int | str, ...]] = field(default_factory=dict)
+    # Values whose static shape came from the model's own declaration because inference could not compute it; the
+    # passes check each again once its inputs are known (a wrong declared shape would size a kernel's buffers).
+    declared_shapes: set[str] = field(default_factory=set)
 
     def consumers(self) -> dict[str, list[Node]]:
         """Map each value name to the nodes that read it."""

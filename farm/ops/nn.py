@@ -46,9 +46,25 @@ def _same_pads(spatial, kernel, strides, dilations, *, upper: bool) -> list[int]
 def _conv_attrs(ctx: NodeContext) -> dict[str, Any]:
     weight = ctx.inputs[1]
     attrs = _spatial_attrs(ctx, list(ctx.node.attrs.get("kernel_shape", weight.shape[2:])))
-    attrs["group"] = int(ctx.node.attrs.get("group", 1))
+    attrs["group"] = _checked_group(ctx)
     attrs["constant_weight"] = ctx.node.inputs[1] in ctx.constants  # then the build may pre-pack it
     return attrs
+
+
+def _checked_group(ctx: NodeContext) -> int:
+    """`group` must split the input channels into groups that each match the weight's input channels, and the
+    output channels evenly (else the kernel would read past its buffers or divide by zero)."""
+    group = int(ctx.node.attrs.get("group", 1))
+    x, weight = ctx.inputs[0], ctx.inputs[1]
+    if group < 1:
+        raise ctx.unsupported(f"attribute 'group' is {group}; it must be at least 1")
+    if weight is None or len(weight.shape) != 4:
+        raise ctx.unsupported("the weight must be a 4-D tensor [M, C/group, kH, kW]")
+    if x.shape[1] != weight.shape[1] * group or weight.shape[0] % group:
+        raise ctx.unsupported(
+            f"input {ctx.node.inputs[0]!r} has {x.shape[1]} channels but weight {ctx.node.inputs[1]!r} of shape "
+            f"{list(weight.shape)} with group {group} expects {weight.shape[1] * group} (and M divisible by group)")
+    return group
 
 
 @dataclass(frozen=True)
@@ -598,7 +614,10 @@ def _lower_global_pool(spec: KernelSpec) -> list[L.Stmt]:
 
 
 def _lrn_attrs(ctx: NodeContext) -> dict[str, Any]:
+    """LRN's attributes; `size` (the channel window) must be at least 1, it divides alpha."""
     a = ctx.node.attrs
+    if int(a.get("size", 0)) < 1:
+        raise ctx.unsupported(f"attribute 'size' is {a.get('size')}; it must be at least 1")
     return {"size": int(a["size"]), "alpha": float(a.get("alpha", 1e-4)), "beta": float(a.get("beta", 0.75)),
             "bias": float(a.get("bias", 1.0))}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -139,4 +140,5 @@ def out_shape(spec: KernelSpec, index: int = 0) -> tuple[int, ...]:
 
 
 def prod(values) -> int:
-    return int(np.prod(values, dtype=np.int64))
+    """The exact product of `values` (no int64 wrap-around)."""
+    return math.prod(int(v) for v in values)
