@@ -268,19 +268,15 @@ def _bounded_number(kind: type) -> Any:
     return parse
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
 def _decode(path: str, data: bytes) -> Any:
-    """json.loads within the bounds: no deeper than MAX_MANIFEST_DEPTH, no number longer than MAX_NUMBER_CHARS,
-    no NaN or Infinity."""
+    """json.loads within the bounds: no deeper than MAX_MANIFEST_DEPTH, no number longer than MAX_NUMBER_CHARS.
+    Infinity and NaN are read as floats: a kernel's attributes hold them (an unbounded Clip's max is Infinity), and
+    every field the runtime reads as a size or offset is checked as an integer (farm.runtime.manifest)."""
     try:
         text = data.decode("utf-8")
         if _nesting_depth(text) > MAX_MANIFEST_DEPTH:
             raise ValueError(f"nested deeper than {MAX_MANIFEST_DEPTH} levels")
-        return json.loads(text, parse_int=_bounded_number(int), parse_float=_bounded_number(float),
-                          parse_constant=_refuse_constant)
+        return json.loads(text, parse_int=_bounded_number(int), parse_float=_bounded_number(float))
     except (UnicodeDecodeError, ValueError) as error:
         raise ArtifactError(f"{path}: {MANIFEST} is not valid JSON: {error}") from None
 

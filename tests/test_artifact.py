@@ -151,7 +151,7 @@ def test_duplicate_member_is_refused(tmp_path: Path) -> None:
         (json.dumps({"format_version": FORMAT_VERSION}).encode(), "no valid 'members'"),
         (b"[" * 100_000 + b"]" * 100_000, "nested deeper than 32 levels"),
         (b'{"format_version": ' + b"9" * 5000 + b"}", "a number of 5000 characters"),
-        (b'{"format_version": NaN}', "NaN is not a JSON number"),
+        (b'{"format_version": NaN}', "format_version nan is not supported"),
     ],
 )
 def test_bad_manifest_is_refused(tmp_path: Path, manifest: bytes | None, message: str) -> None:
