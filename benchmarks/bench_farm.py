@@ -47,6 +47,7 @@ Exit status: 0 when every bar passes (or --no-fail), 1 when a bar fails, 2 on ba
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -56,7 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -250,7 +251,7 @@ def store_stream(folder: Path, builds: int, cap: int) -> list[StoreSample]:
     samples = []
     workers: list[FarmWorker] = []
     with ProductionRedis() as server:
-        try:
+        with workers_logged(workers):
             for index in range(2):
                 workers.append(FarmWorker(server.url, f"store{index + 1}@farm", folder,
                                           env={**WORKER_ENV, "FARM_STORE_MAX_BYTES": str(cap)}).start())
@@ -265,13 +266,6 @@ def store_stream(folder: Path, builds: int, cap: int) -> list[StoreSample]:
                 print(f"  store stream build {seed + 1}: {wall:.2f} s, Redis used {memory['used_memory'] / MIB:.0f} "
                       f"MiB (peak {memory['used_memory_peak'] / MIB:.0f}), store {stats.bytes / MIB:.0f} MiB in "
                       f"{stats.entries} entries", flush=True)
-        except Exception:
-            for worker in workers:
-                print(f"--- {worker.name}\n{worker.log_tail()}", file=sys.stderr)
-            raise
-        finally:
-            for worker in workers:
-                worker.stop()
     return samples
 
 
@@ -403,6 +397,20 @@ def machine_info() -> dict[str, Any]:
             "redis_server": next((w.split("=", 1)[1] for w in redis_version if w.startswith("v=")), "?")}
 
 
+@contextlib.contextmanager
+def workers_logged(workers: list[FarmWorker]) -> Iterator[None]:
+    """Print each worker's log tail when the block fails, and stop every worker after it (the list may grow)."""
+    try:
+        yield
+    except Exception:
+        for worker in workers:
+            print(f"--- {worker.name}\n{worker.log_tail()}", file=sys.stderr)
+        raise
+    finally:
+        for worker in workers:
+            worker.stop()
+
+
 # -- failover ------------------------------------------------------------------------------------------------------
 
 
@@ -439,7 +447,7 @@ def failover(folder: Path, repeat: int) -> dict[str, Any]:
     clean, killed = [], []
     with ProductionRedis() as server:
         workers = [FarmWorker(server.url, f"fo{i}@farm", folder, env=WORKER_ENV).start() for i in (1, 2)]
-        try:
+        with workers_logged(workers):
             warm_up(folder, server.url)
             for index in range(repeat):
                 clean.append(job_seconds(server.url, submitted_job(MODEL, folder, server.url)))
@@ -449,9 +457,6 @@ def failover(folder: Path, repeat: int) -> dict[str, Any]:
                 workers[0] = FarmWorker(server.url, f"fo1-{index}@farm", folder, env=WORKER_ENV).start()
                 print(f"  failover run {index + 1}: {clean[-1]:.2f} s clean, {killed[-1]:.2f} s with a worker "
                       "killed", flush=True)
-        finally:
-            for worker in workers:
-                worker.stop()
     extra = statistics.median(killed) - statistics.median(clean)
     return {"clean_s": clean, "killed_s": killed, "extra_s": extra,
             "bar": asdict(Bar("extra seconds a SIGKILLed worker costs a job", f"{extra:.1f} s",
@@ -503,7 +508,7 @@ def run_benchmarks(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     local = timed_builds("local executor", MODEL, folder, None, args.repeat)
     workers: list[FarmWorker] = []
     with ProductionRedis() as server:
-        try:
+        with workers_logged(workers):
             workers.append(FarmWorker(server.url, "bench1@farm", folder, env=WORKER_ENV).start())
             warm_up(folder, server.url)
             one = timed_builds("farm, 1 worker", MODEL, folder, server.url, args.repeat, workers=workers)
@@ -514,13 +519,6 @@ def run_benchmarks(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
                                 no_cache=False, workers=workers)
             broker = broker_throughput(server.url, workers, args.tasks)
             print(f"  broker: {broker['tasks']} tasks consumed in {broker['consume_s']:.2f} s", flush=True)
-        except Exception:
-            for worker in workers:
-                print(f"--- {worker.name}\n{worker.log_tail()}", file=sys.stderr)
-            raise
-        finally:
-            for worker in workers:
-                worker.stop()
     builds = [local, one, two, warm]
     store = store_figures(store_stream(folder, args.store_builds, args.store_cap), args.store_cap)
     bars = [*bars_for(local, one, two, warm), store_bar(store)]
