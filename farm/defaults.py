@@ -172,3 +172,6 @@ still shows none."""
 LIVENESS_CHECK_MAX_SECONDS = 60.0
 """The longest pause between two such checks of a job that shows no change."""
 JOB_TTL_SECONDS = 7 * 24 * 3600
+STAGED_TTL_SECONDS = 24 * 3600
+"""How long a submitter's uploaded model waits beside the store for a worker to accept its job (it is dropped at
+acceptance; this bounds what an abandoned upload holds)."""

@@ -75,6 +75,16 @@ def credentials_refused(url: str) -> str:
     return f"the farm's Redis at {redact_url(url)} refused the connection: the URL {wrong}"
 
 
+class NotPermittedError(CredentialsRefusedError):
+    """The farm's Redis took the URL's user but refused it a command or key (its ACL, farm.distributed.acl): a
+    submitter's credentials used for what only workers and the operator may do."""
+
+    def __init__(self, url: str, refusal: str) -> None:
+        FarmError.__init__(self, f"the farm's Redis at {redact_url(url)} refused this to the URL's user ({refusal}): "
+                                 "submitters' credentials submit, follow, cancel and download jobs; workers and "
+                                 "`farm store` need the workers' credentials")
+
+
 class JobError(FarmError):
     """A farm job is unknown (expired or never submitted) or was cancelled."""
 

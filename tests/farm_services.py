@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from farm.distributed.acl import ROLES, acl_file
 from tests.services import RedisServer, _started_servers
 
 WORKER_START_TIMEOUT_S = 60.0
@@ -79,18 +80,38 @@ class FarmWorker:
                 self.kill()
 
 
+PASSWORDS = {role: f"{role}-secret" for role in ROLES}
+"""The farm's Redis users' passwords in tests (farm.distributed.acl)."""
+FARM_ACL = acl_file(PASSWORDS, default_user="on nopass ~* &* +@all")
+"""The ACL a test farm's Redis runs with: the farm's users as production has them, plus the default user for the
+tests' own pokes at Redis (production turns it off)."""
+
+
 class Farm:
-    """A redis-server and the workers started on it; everything stops when the block ends."""
+    """A redis-server with the farm's ACL users, and the workers started on it; everything stops when the block
+    ends. Workers log in as farm-worker; `url` is a submitter's (what users and CI hold), `worker_url` the
+    workers' and the operator's, `flower_url` Flower's."""
 
     def __init__(self, redis_server: RedisServer, folder: Path) -> None:
         self.redis, self.folder, self.workers = redis_server, folder, []
 
+    def role_url(self, role: str) -> str:
+        return self.redis.url_for(ROLES[role].user, PASSWORDS[role])
+
     @property
     def url(self) -> str:
-        return self.redis.url
+        return self.role_url("submitter")
+
+    @property
+    def worker_url(self) -> str:
+        return self.role_url("worker")
+
+    @property
+    def flower_url(self) -> str:
+        return self.role_url("flower")
 
     def add_worker(self, name: str, **options) -> FarmWorker:
-        self.workers.append(FarmWorker(self.url, name, self.folder, **options).start())
+        self.workers.append(FarmWorker(self.worker_url, name, self.folder, **options).start())
         return self.workers[-1]
 
     def logs(self) -> str:
@@ -114,7 +135,7 @@ def farm_factory_fixture(tmp_path: Path) -> Iterator:
     farms: list[Farm] = []
     with _started_servers() as start_redis:
         def make(workers: int = 2, **worker_options) -> Farm:
-            farm = Farm(start_redis(), tmp_path)
+            farm = Farm(start_redis(acl=FARM_ACL), tmp_path)
             farms.append(farm)
             for index in range(workers):
                 farm.add_worker(f"w{index + 1}-{len(farms)}@test", **worker_options)

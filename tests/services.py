@@ -70,8 +70,11 @@ class RedisServer:
     the server reloads its append-only file.
     """
 
-    def __init__(self, password: str | None = None, port: int | None = None, folder: Path | None = None) -> None:
-        self.password = password
+    def __init__(self, password: str | None = None, port: int | None = None, folder: Path | None = None,
+                 acl: str | None = None) -> None:
+        """`acl`: the text of an ACL file (farm.distributed.acl) the server loads; its users log in with
+        `url_for`, while `url` stays the default user's."""
+        self.password, self.acl = password, acl
         self._own_folder = folder is None
         self.folder = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="farm-test-redis-"))
         self.port = port or 0
@@ -82,6 +85,10 @@ class RedisServer:
         """The redis:// URL of database 0, with the password when there is one."""
         auth = f":{self.password}@" if self.password else ""
         return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def url_for(self, user: str, password: str) -> str:
+        """The redis:// URL of database 0 for one of the ACL's users."""
+        return f"redis://{user}:{password}@127.0.0.1:{self.port}/0"
 
     @property
     def log_path(self) -> Path:
@@ -158,6 +165,9 @@ class RedisServer:
         ]  # fmt: skip
         if self.password:
             arguments += ["--requirepass", self.password]
+        if self.acl is not None:
+            (self.folder / "users.acl").write_text(self.acl)
+            arguments += ["--aclfile", str(self.folder / "users.acl")]
         return arguments
 
     def _spawn(self) -> None:
@@ -222,8 +232,8 @@ def _started_servers() -> Iterator[Callable[..., RedisServer]]:
     """A function that starts servers, all closed when the block ends (shared by both fixtures below)."""
     started: list[RedisServer] = []
 
-    def start(password: str | None = None) -> RedisServer:
-        server = RedisServer(password=password)
+    def start(password: str | None = None, acl: str | None = None) -> RedisServer:
+        server = RedisServer(password=password, acl=acl)
         started.append(server)
         return server.start()
 

@@ -101,7 +101,7 @@ def flower_for_fixture(tmp_path: Path) -> Iterator:
     started: list[Flower] = []
 
     def start(farm: Farm) -> Flower:
-        flower = Flower(farm.url, tmp_path)
+        flower = Flower(farm.flower_url, tmp_path)
         started.append(flower)
         flower.wait_until_up()
         return flower
@@ -222,7 +222,7 @@ def test_the_task_that_fails_a_job_is_a_failure_in_flower_with_its_error(farm_fa
     assert len(failed) == 1 and failed[0]["name"] == "farm.pack_blob", failed
     assert "never finished" in failed[0]["exception"] and doomed in failed[0]["exception"]
     late = Finish(crashing_id).message()  # a task of the job that arrives after it ended, as a redelivery would
-    make_app(farm.url).send_task(late.task, args=late.args, queue=late.queue)
+    make_app(farm.worker_url).send_task(late.task, args=late.args, queue=late.queue)
     skipped = poll(lambda: [t for t in job_tasks(flower, crashing_id) if "skipped" in str(t.get("result"))], bool)
     assert [t["name"] for t in skipped] == ["farm.finish"] and skipped[0]["state"] == "SUCCESS"
     assert f"job {crashing_id} is failed" in skipped[0]["result"]

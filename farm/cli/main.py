@@ -295,6 +295,20 @@ def worker(broker: str | None, concurrency: int | None, hostname: str | None, lo
     run_worker(_broker(broker), concurrency, hostname, loglevel)
 
 
+@main.command("acl")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="The ACL file to write (redis.conf's aclfile).")
+@reports_errors
+def acl_command(output: str) -> None:
+    """Write the farm's Redis users (farm-worker, farm-submitter, farm-flower) as a Redis ACL file. Their passwords
+    come from FARM_WORKER_PASSWORD, FARM_SUBMITTER_PASSWORD and FARM_FLOWER_REDIS_PASSWORD, never from the command
+    line; the file holds their SHA-256 only."""
+    from farm.atomic import write_atomically
+    from farm.distributed.acl import acl_file, passwords_from_environment
+
+    write_atomically(output, acl_file(passwords_from_environment()).encode(), fsync=True)
+
+
 @main.command("workers")
 @broker_option
 @json_option

@@ -9,6 +9,7 @@ channel (protocol.job_events_channel), which waiting clients block on instead of
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,15 +19,30 @@ import redis
 from farm import defaults
 from farm.distributed import protocol
 from farm.distributed.protocol import JobRecord, JobState
-from farm.errors import CredentialsRefusedError, ExitStatus, UnreachableError, redact_url
+from farm.errors import CredentialsRefusedError, ExitStatus, NotPermittedError, UnreachableError, redact_url
+
+CANCELLED_BY_USER = "cancelled by user"
 
 _ENDED = " or ".join(f"state == '{state.value}'" for state in sorted(protocol.TERMINAL))
 _SET_IF_LIVE = f"""
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state or {_ENDED} then return 0 end
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('HSET', KEYS[1], 'state', '{JobState.CANCELLED.value}', 'error', '{CANCELLED_BY_USER}')
+  return 0
+end
 for i = 1, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 return 1
 """
+"""Move a live job (KEYS[1]) by setting the fields in ARGV; a job whose cancel flag (KEYS[2]) is raised is moved
+to cancelled instead, so the record catches up with the flag at the first step that tries to move it."""
+_CREATE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+for i = 2, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
+"""Create a record (KEYS[1], fields in ARGV[2:], time to live ARGV[1]) unless it exists."""
 
 
 class JobBoard:
@@ -43,27 +59,82 @@ class JobBoard:
         self.redis = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=10, decode_responses=True,
                                           retry=retry)
         self._set_if_live = self.redis.register_script(_SET_IF_LIVE)
+        self._create = self.redis.register_script(_CREATE)
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run one Redis call; refused credentials become CredentialsRefusedError and a lost connection
         UnreachableError (both exit status 4)."""
         try:
             return fn(*args, **kwargs)
+        except redis.exceptions.NoPermissionError as error:
+            raise NotPermittedError(self.url, str(error)) from None
         except (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError):
             raise CredentialsRefusedError(self.url) from None
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as error:
             raise UnreachableError(f"farm unreachable at {redact_url(self.url)}: {error}") from None
 
-    def create(self, job_id: str, record: JobRecord) -> None:
-        """Record a new job (its state, times and fields as given)."""
-        key = protocol.job_key(job_id)
-        self.call(self.redis.hset, key, mapping=protocol.encode_record(record))
-        self.call(self.redis.expire, key, defaults.JOB_TTL_SECONDS)
+    def create(self, job_id: str, record: JobRecord) -> bool:
+        """Record a new job (its state, times and fields as given); False when the job already has a record (a
+        record is written once, by the worker that accepts the job)."""
+        fields = [item for pair in protocol.encode_record(record).items() for item in pair]
+        return bool(self.call(self._create, [protocol.job_key(job_id)], [defaults.JOB_TTL_SECONDS, *fields]))
 
     def get(self, job_id: str) -> JobRecord | None:
-        """The job's record; None when there is none (never submitted, or expired)."""
-        fields = self.call(self.redis.hgetall, protocol.job_key(job_id))
-        return JobRecord.decode(fields) if fields else None
+        """The job's record, cancelled if its cancel flag is raised and it hadn't ended; None when there is none
+        (never accepted, or expired)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(protocol.job_key(job_id))
+        pipe.exists(protocol.cancel_key(job_id))
+        fields, cancelled = self.call(pipe.execute)
+        return _with_cancel(JobRecord.decode(fields), cancelled) if fields else None
+
+    def view(self, job_id: str) -> JobRecord | None:
+        """The job as clients show it: its record, or until a worker accepts it, its request as a queued job;
+        None when there is neither (never submitted, or expired)."""
+        record = self.get(job_id)
+        if record is not None:
+            return record
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(protocol.request_key(job_id))
+        pipe.exists(protocol.cancel_key(job_id))
+        fields, cancelled = self.call(pipe.execute)
+        return _with_cancel(protocol.decode_request(fields, job_id), cancelled) if fields else None
+
+    def request(self, job_id: str) -> JobRecord | None:
+        """The queued record a submitter's request asks for (BadInputError when it is malformed); None if none."""
+        fields = self.call(self.redis.hgetall, protocol.request_key(job_id))
+        return protocol.decode_request(fields, job_id) if fields else None
+
+    def submit(self, record: JobRecord) -> str:
+        """Write a new job's request, index it for `farm jobs` and hand its id to the workers' intake
+        (farm.distributed.intake): all a submitter may write, since the record is the accepting worker's. Returns
+        the job id, which the request's contents determine (protocol.encode_request)."""
+        job_id, request = protocol.encode_request(record)
+        key = protocol.request_key(job_id)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(key, mapping=request)
+        pipe.expire(key, defaults.JOB_TTL_SECONDS)
+        pipe.zadd(protocol.JOBS_KEY, {job_id: record.created})
+        pipe.zremrangebyscore(protocol.JOBS_KEY, "-inf", record.created - defaults.JOB_TTL_SECONDS)
+        pipe.expire(protocol.JOBS_KEY, defaults.JOB_TTL_SECONDS)
+        pipe.lpush(protocol.SUBMITTED_KEY, job_id)
+        self.call(pipe.execute)
+        return job_id
+
+    def nudge(self, job_id: str) -> None:
+        """Hand a submitted job's id to the intake again (its first pop may have died with its worker)."""
+        self.call(self.redis.lpush, protocol.SUBMITTED_KEY, job_id)
+
+    def raise_flag(self, job_id: str, flag: Callable[[str], str]) -> None:
+        """Raise one of the flags a submitter may set on a job (protocol.cancel_key, protocol.downloaded_key) and
+        wake the job's waiting clients."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.set(flag(job_id), "1", ex=defaults.JOB_TTL_SECONDS)
+        pipe.publish(protocol.job_events_channel(job_id), "flag")
+        self.call(pipe.execute)
+
+    def flag_raised(self, job_id: str, flag: Callable[[str], str]) -> bool:
+        return bool(self.call(self.redis.exists, flag(job_id)))
 
     def update(self, job_id: str, **fields: Any) -> None:
         self.call(self.redis.hset, protocol.job_key(job_id),
@@ -73,7 +144,7 @@ class JobBoard:
         """Move a live job to `state`; False when it had already ended (a cancel wins over any later step)."""
         encoded = protocol.encode_fields(**fields, state=state, updated=time.time())
         args = [item for pair in encoded.items() for item in pair]
-        moved = bool(self.call(self._set_if_live, [protocol.job_key(job_id)], args))
+        moved = bool(self.call(self._set_if_live, [protocol.job_key(job_id), protocol.cancel_key(job_id)], args))
         if moved:
             self.call(self.redis.publish, protocol.job_events_channel(job_id), state.value)
         return moved
@@ -110,3 +181,10 @@ class JobBoard:
         count = self.call(self.redis.incr, key)
         self.call(self.redis.expire, key, defaults.JOB_TTL_SECONDS)
         return int(count)
+
+
+def _with_cancel(record: JobRecord, cancelled: int) -> JobRecord:
+    """A record as its cancel flag makes it: a live job whose flag is raised is cancelled (an ended one stays)."""
+    if not cancelled or record.is_over:
+        return record
+    return dataclasses.replace(record, state=JobState.CANCELLED, error=CANCELLED_BY_USER)

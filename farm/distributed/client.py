@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,9 +20,9 @@ from farm import defaults
 from farm.atomic import write_atomically
 from farm.backends.llvm.target import CpuTarget
 from farm.backends.registry import Target
-from farm.distributed import pins, protocol
+from farm.distributed import protocol
 from farm.distributed.board import JobBoard
-from farm.distributed.protocol import TERMINAL, JobRecord, JobState, PlanJob, check_job_id, check_model_name
+from farm.distributed.protocol import TERMINAL, JobRecord, JobState, check_job_id, check_model_name
 from farm.errors import BadInputError, BuildError, CredentialsRefusedError, ExitStatus, JobError, UnreachableError
 from farm.store import CorruptEntryError, MissingEntryError, Store, open_store
 
@@ -65,35 +64,20 @@ class FarmClient:
 
     def submit(self, model_path: str | os.PathLike, targets: Sequence[Target], no_cache: bool = False,
                tune: bool = False, retune: bool = False) -> str:
-        """Store the model, record the job and enqueue its planning on the farm; returns the job id. `tune`: time
-        the kernels the tuning database lacks first (`retune`: all of them), on workers of each target's CPU class."""
+        """Upload the model (unless the store has it) and submit the job's request to the workers' intake
+        (farm.distributed.intake), which makes its record and plans it; returns the job id. `tune`: time the
+        kernels the tuning database lacks first (`retune`: all of them), on workers of each target's CPU class."""
         path = Path(model_path)
         if not path.is_file():
             raise BadInputError(f"{path}: no such model file")
         data = path.read_bytes()
-        job_id = uuid.uuid4().hex[:16]
         now = time.time()
         model_sha256 = hashlib.sha256(data).hexdigest()
-        pins.pin_for_job(self.store, job_id, [model_sha256])
-        self.board.create(job_id, JobRecord(JobState.QUEUED, self.store.put(data), check_model_name(path.stem),
-                                            model_sha256, list(targets), no_cache=no_cache,
-                                            tune=tune, retune=retune, submitted_from=os.uname().nodename,
-                                            created=now, updated=now))
-        self._index(job_id, now)
-        from farm.distributed.celery_app import make_app
-
-        message = PlanJob(job_id).message()
-        make_app(self.broker).send_task(message.task, args=message.args, queue=message.queue,
-                                        retry_policy={"max_retries": 2, "interval_start": 0.1})
-        return job_id
-
-    def _index(self, job_id: str, created: float) -> None:
-        """Add the job to the index of `farm jobs` and drop entries older than the records' time to live."""
-        pipe = self.board.redis.pipeline(transaction=True)
-        pipe.zadd(protocol.JOBS_KEY, {job_id: created})
-        pipe.zremrangebyscore(protocol.JOBS_KEY, "-inf", created - defaults.JOB_TTL_SECONDS)
-        pipe.expire(protocol.JOBS_KEY, defaults.JOB_TTL_SECONDS)
-        self.board.call(pipe.execute)
+        if not self.store.has(model_sha256):
+            self.store.stage(data)
+        return self.board.submit(JobRecord(JobState.QUEUED, model_sha256, check_model_name(path.stem), model_sha256,
+                                            list(targets), no_cache=no_cache, tune=tune, retune=retune,
+                                            submitted_from=os.uname().nodename[:255], created=now, updated=now))
 
     def jobs(self, limit: int = 20) -> list[dict[str, Any]]:
         """The `limit` newest jobs of the last JOB_TTL_SECONDS, newest first: id, state, model, creation time and
@@ -111,7 +95,7 @@ class FarmClient:
     def _listed(self, job_id: str, now: float) -> dict[str, Any] | None:
         """One job as `farm jobs` lists it; None when its record is gone."""
         try:
-            record = self.board.get(check_job_id(job_id))
+            record = self.board.view(check_job_id(job_id))
         except BadInputError as error:
             return {"job_id": job_id, "state": "unreadable", "error": str(error)}
         if record is None:
@@ -120,7 +104,8 @@ class FarmClient:
                 "age_s": round(now - record.created, 1)}
 
     def record(self, job_id: str) -> JobRecord:
-        record = self.board.get(job_id)
+        """The job as clients see it: its record, or its request while no worker has accepted it."""
+        record = self.board.view(job_id)
         if record is None:
             raise JobError(f"unknown job {job_id!r} (never submitted to this farm, or expired)")
         return record
@@ -172,6 +157,7 @@ class FarmClient:
                 on_unserved: Callable[[dict[str, str]], None] | None) -> dict[str, Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
         watch = LivenessWatch(lambda: self.unserved_queues(job_id), on_unserved)
+        next_nudge = time.monotonic() + INTAKE_NUDGE_SECONDS
         while True:
             status = self.status(job_id)
             if on_progress:
@@ -180,9 +166,13 @@ class FarmClient:
             if JobState(status["state"]) in TERMINAL or (deadline is not None and now > deadline):
                 return status
             watch.saw(status, now)
+            if status["state"] == JobState.QUEUED.value and now >= next_nudge:
+                if self.board.get(job_id) is None:
+                    self.board.nudge(job_id)
+                next_nudge = now + INTAKE_NUDGE_SECONDS
             pause = defaults.wait_fallback_seconds() if deadline is None else min(
                 defaults.wait_fallback_seconds(), deadline - now)
-            events.wait(max(0.0, min(pause, watch.next_check - time.monotonic())))
+            events.wait(max(0.0, min(pause, watch.next_check - time.monotonic(), next_nudge - time.monotonic())))
 
     def download(self, job_id: str, out_dir: str | os.PathLike) -> str:
         """Write the job's artifact to out_dir/<model>.farm (atomically) and return its path."""
@@ -191,24 +181,27 @@ class FarmClient:
         if status["state"] != JobState.DONE.value:
             raise JobError(f"job {job_id} is {status['state']}: no artifact yet (farm wait {job_id})")
         try:
-            data = self.store.get(status["artifact_key"])
+            data = self.store.peek(status["artifact_key"])
         except (MissingEntryError, CorruptEntryError):
             raise JobError(f"job {job_id}'s artifact is no longer in the farm's store (evicted after its first "
                            "download, or damaged); submit the model again to rebuild it") from None
         path = os.path.abspath(os.path.join(out_dir, f"{status['model']}.farm"))
         write_atomically(path, data)
-        pins.release_job(self.store, job_id)
+        self.board.raise_flag(job_id, protocol.downloaded_key)
         return path
 
     def cancel(self, job_id: str) -> bool:
-        """Cancel a live job: its queued tasks stop at their start; False when it had already ended."""
-        self.record(job_id)
-        cancelled = self.board.advance(job_id, JobState.CANCELLED, error="cancelled by user")
-        if cancelled:
-            pins.release_job(self.store, job_id)
-        return cancelled
+        """Cancel a live job by raising its cancel flag: from then on it reads as cancelled and its queued tasks
+        stop at their start; False when it had already ended."""
+        if self.record(job_id).is_over:
+            return False
+        self.board.raise_flag(job_id, protocol.cancel_key)
+        return self.record(job_id).state == JobState.CANCELLED
 
 
+INTAKE_NUDGE_SECONDS = 30.0
+"""A waiting client pushes its job's id to the intake again when no worker has accepted the job for this long (a
+worker that popped it may have died; accepting twice does nothing)."""
 SUBSCRIBE_SECONDS = 5.0
 """How long a waiting client waits for Redis to confirm its subscription (after that the slow poll still holds)."""
 

@@ -3,7 +3,9 @@
 While a job runs it pins everything it will read again: its model, weights, link plan, the objects it compiled or
 found cached, its libraries. Each is pinned before it is put (or, for a cached object, before its presence is
 checked), so no eviction can fall between the two. When the job is done its pins shrink to the artifact, which
-stays until the artifact is first downloaded; a failed or cancelled job releases them all. Every pin lives at
+stays until the artifact is first downloaded; a failed or cancelled job releases them all. Submitters can't write
+pins, so what a download or a cancel releases is released by the next sweep (`release_ended_jobs`, run by every
+planning and by `farm store gc`). Every pin lives at
 most as long as a job record (JOB_TTL_SECONDS, restarted by each pin), so a pin that no step released (a worker
 lost with its job) can't hold entries forever, and `release_ended_jobs` drops such pins as soon as planning or
 `farm store gc` looks.
@@ -32,13 +34,14 @@ def keep_only_artifact(store: Store, job_id: str, artifact_key: str) -> None:
 
 
 def release_job(store: Store, job_id: str) -> None:
-    """The job needs nothing more (its artifact was downloaded, or it failed or was cancelled)."""
+    """The job needs nothing more (it failed, was cancelled, or was downloaded)."""
     store.unpin(protocol.store_pin_owner(job_id))
 
 
 def release_ended_jobs(board: JobBoard, store: Store) -> list[str]:
-    """Release the pins of jobs that failed, were cancelled or whose record expired (a done job keeps its
-    artifact's pin until the download); returns their job ids."""
+    """Release the pins of jobs that failed, were cancelled, whose record expired, or that are done and were
+    downloaded (protocol.downloaded_key: a submitter can't touch pins, so its download only raises the flag);
+    returns their job ids."""
     released = []
     for owner in store.pin_owners():
         job_id = protocol.job_of_pin_owner(owner)
@@ -48,7 +51,8 @@ def release_ended_jobs(board: JobBoard, store: Store) -> list[str]:
             record = board.get(job_id)
         except BadInputError:  # a malformed record: leave its pins to their expiry
             continue
-        if record is None or record.state in (JobState.FAILED, JobState.CANCELLED):
+        if record is None or record.state in (JobState.FAILED, JobState.CANCELLED) or (
+                record.state == JobState.DONE and board.flag_raised(job_id, protocol.downloaded_key)):
             release_job(store, job_id)
             released.append(job_id)
     return released

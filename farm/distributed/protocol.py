@@ -8,8 +8,11 @@ raises BadInputError naming the field: a bad message fails its task, never reach
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import re
+import secrets
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from enum import Enum
@@ -77,7 +80,33 @@ def job_events_channel(job_id: str) -> str:
 
 JOBS_KEY = "farm:jobs"
 """A sorted set: job id -> its creation time (Unix seconds), the index behind `farm jobs`. Entries older than the
-job records' time to live are dropped whenever a job is added."""
+job records' time to live are dropped whenever a job is added. Submitters write it, so every id read from it is
+checked and one with no request or record is skipped."""
+
+# Keys a submitter writes (farm.distributed.acl gives it these, the jobs index and the store's staging area and
+# nothing else to write): its job's request and the flags it raises on its job. Workers read them as untrusted input.
+
+
+def request_key(job_id: str) -> str:
+    """The job as its submitter asked for it (a hash of REQUEST_FIELDS), which the worker that accepts the job
+    turns into its record (job_key); until then clients show the request as a queued job."""
+    return f"farm:request:{job_id}"
+
+
+def cancel_key(job_id: str) -> str:
+    """Raised by `farm cancel`: the job counts as cancelled from then on (farm.distributed.board)."""
+    return f"{request_key(job_id)}:cancel"
+
+
+SUBMITTED_KEY = "farm:submitted"
+"""A list of job ids whose request is new: a submitter pushes its job's id, a worker's intake
+(farm.distributed.intake) pops it and accepts the job. Submitters never write a Celery queue: a message there could
+name any task, queue or routing it liked, an id here names nothing but a request."""
+
+
+def downloaded_key(job_id: str) -> str:
+    """Raised by `farm download`: the job's artifact may leave the store once its pins are swept."""
+    return f"{request_key(job_id)}:downloaded"
 
 
 def encode_capabilities(capabilities: dict[str, Any]) -> str:
@@ -99,6 +128,7 @@ def decode_capabilities(text: str | None) -> dict[str, Any]:
 
 CONTROL_QUEUE = "control"
 """Planning and finishing jobs: any worker."""
+
 LLVM_QUEUE = "llvm"
 """CPU kernels, weight blobs and links: any worker (LLVM cross-compiles)."""
 
@@ -420,6 +450,47 @@ CODECS: dict[str, Codec] = {
     "artifact_key": KEY, "cached": BOOL, "error": STR, "exit_status": INT, "failed_unit": STR, "tuning_note": STR,
     "tune_units": STRINGS, "tuned": BOOL,
 }
+
+
+REQUEST_FIELDS = ("model_name", "model_sha256", "targets", "no_cache", "tune", "retune", "submitted_from", "created")
+"""The record fields a submitter chooses; every other field (state, keys, counts, errors) is the farm's."""
+NONCE = re.compile(r"[0-9a-f]{32}")
+
+
+def encode_request(record: JobRecord) -> tuple[str, dict[str, str]]:
+    """A new job's id and request (request_key): the submitter's fields of `record` and a random nonce. The id is
+    the start of the request's sha256, so a request rewritten by another submitter no longer matches its job."""
+    request = {**encode_fields(**{name: getattr(record, name) for name in REQUEST_FIELDS}),
+               "nonce": secrets.token_hex(16)}
+    return request_job_id(request), request
+
+
+def request_job_id(request: dict[str, str]) -> str:
+    """The job id a request stands for: the first 16 hex digits of the sha256 of its fields."""
+    return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def decode_request(hash_fields: dict[str, str], job_id: str) -> JobRecord:
+    """The queued record a request asks for. A request is a submitter's word: a field it may not set, a field
+    missing or one that doesn't parse is refused (BadInputError naming it), so is a request that isn't the one
+    its job id was made from, and the model's key is its sha256."""
+    allowed = (*REQUEST_FIELDS, "nonce")
+    extra = sorted(set(hash_fields) - set(allowed))
+    missing = [name for name in allowed if name not in hash_fields]
+    if extra or missing:
+        raise BadInputError(f"job request {'has fields it may not set: ' + ', '.join(extra) if extra else ''}"
+                            f"{'; ' if extra and missing else ''}{'lacks ' + ', '.join(missing) if missing else ''}")
+    if not NONCE.fullmatch(hash_fields["nonce"]) or request_job_id(hash_fields) != job_id:
+        raise BadInputError(f"job request of {job_id} is not the one its id was made from (rewritten)")
+    values = {}
+    for name in REQUEST_FIELDS:
+        try:
+            values[name] = CODECS[name].decode(hash_fields[name])
+        except (ValueError, TypeError, KeyError) as error:
+            raise BadInputError(f"job request field {name!r} is malformed ({error})") from None
+    if not math.isfinite(values["created"]) or len(values["submitted_from"]) > 255:
+        raise BadInputError("job request field 'created' or 'submitted_from' is out of range")
+    return JobRecord(JobState.QUEUED, values["model_sha256"], updated=values["created"], **values)
 
 
 def encode_fields(**values: Any) -> dict[str, str]:

@@ -18,6 +18,7 @@ import re
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,34 @@ class Farm:
             if unit.data_key:
                 self.store.put(memoryview(plan.blobs[unit.data_key]).cast("B"))
             self.dispatch(Compile(job_id, unit).message())
+
+    def accept(self, job_id: str) -> str:
+        """Make a new job's record from its submitter's request and dispatch its planning (what a worker's intake
+        does with each submitted id). Only the fields a submitter may choose are taken, each validated
+        (protocol.decode_request), and the model is admitted into the store from staging once its bytes match the
+        sha256 the request names. An id with a record already, or with no request, does nothing; a malformed request
+        is dropped (the job becomes unknown); a model not staged whole fails the job. Returns what it did."""
+        if self.board.get(job_id) is not None:
+            return f"job {job_id} was accepted already"
+        try:
+            request = self.board.request(job_id)
+        except BadInputError as error:
+            self.board.call(self.board.redis.delete, protocol.request_key(job_id))
+            return f"job {job_id} refused: {error}"
+        if request is None:
+            return f"job {job_id} has no request (never submitted, or expired)"
+        pins.pin_for_job(self.store, job_id, [request.model_key])
+        now = time.time()
+        if not (self.store.admit(request.model_key) or self.store.has(request.model_key)):
+            request = replace(request, state=JobState.FAILED, exit_status=int(ExitStatus.BAD_INPUT), finished=now,
+                              error=f"the model's upload ({request.model_key}) is not on the farm: it expired "
+                                    "before a worker took the job, or was damaged; submit the model again")
+        if not self.board.create(job_id, replace(request, updated=now)):
+            return f"job {job_id} was accepted already"
+        if request.state == JobState.FAILED:
+            return f"job {job_id} failed: {request.error}"
+        self.dispatch(PlanJob(job_id).message())
+        return f"job {job_id} accepted"
 
     def _reuse_artifact(self, job_id: str, record: JobRecord) -> bool:
         """Finish at once when this farm already built the same model bytes for the same targets (unless --no-cache

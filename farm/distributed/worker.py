@@ -1,4 +1,6 @@
-"""`farm worker`: a Celery worker that consumes the queues this host can serve and advertises its capabilities.
+"""`farm worker`: a Celery worker that consumes the queues this host can serve and advertises its capabilities;
+its main process also keeps its lease (farm.distributed.leases) and takes in submitted jobs
+(farm.distributed.intake).
 
 Every worker takes `llvm` (CPU kernels and weight blobs: LLVM cross-compiles, so any host can), `control`
 (orchestration) and `tune.<cpu id>` (timing kernel variants, which needs this very CPU class); a worker with OpenCL
@@ -19,6 +21,7 @@ from farm.backends.llvm.target import CpuTarget, host_target
 from farm.backends.llvm.toolchain import toolchain
 from farm.backends.opencl.devices import opencl_devices_of_a_fresh_process
 from farm.distributed.board import JobBoard
+from farm.distributed.intake import Intake
 from farm.distributed.leases import INCARNATION_VARIABLE, LeaseKeeper, Leases, new_incarnation
 from farm.distributed.protocol import WORKERS_KEY, encode_capabilities, worker_queues
 from farm.errors import CredentialsRefusedError, UnreachableError
@@ -94,7 +97,7 @@ def run_worker(broker: str, concurrency: int | None, hostname: str | None, logle
     os.environ["FARM_BROKER_URL"] = broker
     from celery import signals
 
-    from farm.distributed.tasks import app
+    from farm.distributed.tasks import app, farm_context
 
     capabilities = detect_capabilities()
     name = hostname or default_hostname()
@@ -103,15 +106,15 @@ def run_worker(broker: str, concurrency: int | None, hostname: str | None, logle
     sweep_stale_scratch()  # what older versions' crashed packers left in /dev/shm
     preload()
     keeper = _lease_keeper(broker, name)
+    intake = Intake(JobBoard(broker), lambda job_id: farm_context().accept(job_id))
 
     @signals.worker_ready.connect(weak=False)
     def advertise(sender: Any = None, **_: Any) -> None:
-        from farm.distributed.tasks import farm_context
-
         advertised = {**capabilities, "queues": queues_for(capabilities)}
         registry.call(registry.redis.hset, WORKERS_KEY, name, encode_capabilities(advertised))
         farm_context().store.set_max_bytes(store_max_bytes)
         keeper.start()
+        intake.start()
 
     @signals.worker_process_init.connect(weak=False)
     def leave_the_process_group(**_: Any) -> None:
@@ -127,6 +130,7 @@ def run_worker(broker: str, concurrency: int | None, hostname: str | None, logle
         """Remove the advertisement; a Redis that is gone by then costs one log line, not the shutdown (`farm
         workers` lists only workers that answer a ping, so a stale entry shows nowhere)."""
         keeper.stop()
+        intake.stop()
         try:
             registry.call(registry.redis.hdel, WORKERS_KEY, name)
         except UnreachableError as error:

@@ -130,6 +130,20 @@ class Store(ABC):
     def has(self, key: str) -> bool:
         """Whether `key` has an entry; cheap (no hashing), so get can still find it corrupt."""
 
+    def peek(self, key: str) -> bytes:
+        """The bytes of `key` read as a writer the store doesn't trust may (farm.store.redis_store separates such
+        writers: submitters); here, where every writer is trusted, `get`."""
+        return self.get(key)
+
+    def stage(self, data: Data) -> str:
+        """Offer bytes for a trusted process to `admit` into the store; here, where every writer is trusted, `put`."""
+        return self.put(data)
+
+    def admit(self, key: str) -> bool:
+        """Move staged bytes into the store, checked against `key`; False when none are staged (or they are not
+        whole). Here, where staging is the store itself, whether the entry is there."""
+        return self.has(key)
+
     @abstractmethod
     def delete(self, key: str) -> None:
         """Remove the entry of `key` if there is one."""

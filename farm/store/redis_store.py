@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator
 from typing import NoReturn
 
 from farm import defaults
-from farm.errors import credentials_refused, redact_url
+from farm.errors import NotPermittedError, credentials_refused, redact_url
 from farm.store.base import (
     BadStoreUrlError,
     CorruptEntryError,
@@ -305,14 +305,50 @@ class RedisStore(Store):
         return key
 
     def get(self, key: str) -> bytes:
+        data = self.peek(key, repair=True)
         with self._errors():
-            header = self.client.get(self.header_key(key))
-            if header is None:
-                raise MissingEntryError(key, redact_url(self.url))
-            size, count = self._parse_header(key, header)
-            data = self._read_chunks(key, size, count)
             self._script(self._touch, key)
         return data
+
+    def peek(self, key: str, repair: bool = False) -> bytes:
+        """The entry's bytes, read as a submitter's credentials allow (farm.distributed.acl): without marking it
+        used, and a corrupt entry reported but left for a worker to delete (`repair`: delete it, as `get` does)."""
+        with self._errors():
+            return self._read(self.header_key(key), key, repair)
+
+    def stage(self, data: Data) -> str:
+        """Write bytes where a writer the store doesn't trust may (a submitter's model): not in the store but beside
+        it (`{prefix}staged:{key}`, chunked like an entry), for STAGED_TTL_SECONDS, until a worker admits them."""
+        view = as_bytes_view(data)
+        key, ttl = hashlib.sha256(view).hexdigest(), defaults.STAGED_TTL_SECONDS
+        with self._errors():
+            count = 0
+            for count, start in enumerate(range(0, len(view), self.chunk_bytes), start=1):
+                self.client.set(f"{self.staged_key(key)}:{count - 1}", view[start : start + self.chunk_bytes], ex=ttl)
+            self.client.set(self.staged_key(key), f"{len(view)}:{count}", ex=ttl)
+        return key
+
+    def admit(self, key: str) -> bool:
+        """Put staged bytes into the store once their sha256 is checked against `key` (so a stager can't make a key
+        stand for other bytes), then drop them from staging; False when nothing whole is staged under `key`."""
+        staged = self.staged_key(key)
+        try:
+            with self._errors():
+                data = self._read(staged, key, repair=False)
+        except (MissingEntryError, CorruptEntryError):
+            data = None
+        if data is not None:
+            self.put(data)
+        with self._errors():
+            self.client.delete(staged)
+            index = 0
+            while self.client.delete(f"{staged}:{index}"):
+                index += 1
+        return data is not None
+
+    def staged_key(self, key: str) -> str:
+        """The Redis key of staged bytes' header (their chunks at `<it>:<i>`)."""
+        return f"{self.prefix}staged:{check_key(key)}"
 
     def has(self, key: str) -> bool:
         with self._errors():
@@ -418,7 +454,15 @@ class RedisStore(Store):
     def close(self) -> None:
         self.client.close()
 
-    def _read_chunks(self, key: str, size: int, count: int) -> bytes:
+    def _read(self, header_key: str, key: str, repair: bool) -> bytes:
+        """The bytes of the header at `header_key` and its chunks, which must hash to `key`."""
+        header = self.client.get(header_key)
+        if header is None:
+            raise MissingEntryError(key, redact_url(self.url))
+        size, count = self._parse_header(key, header, repair)
+        return self._read_chunks(header_key, key, size, count, repair)
+
+    def _read_chunks(self, header_key: str, key: str, size: int, count: int, repair: bool) -> bytes:
         """Read, hash and join the chunks; a missing chunk, a wrong size or a wrong hash makes the entry corrupt.
 
         The chunks are appended to one BytesIO whose getvalue doesn't copy, so a big entry costs about its size
@@ -426,34 +470,35 @@ class RedisStore(Store):
         """
         digest, buffer = hashlib.sha256(), io.BytesIO()
         for index in range(count):
-            chunk = self.client.get(self.chunk_key(key, index))
-            if chunk is None and not self.client.exists(self.header_key(key)):
+            chunk = self.client.get(f"{header_key}:{index}")
+            if chunk is None and not self.client.exists(header_key):
                 raise MissingEntryError(key, f"{redact_url(self.url)} (evicted or deleted while being read)")
             if chunk is None:
-                self._fail_corrupt(key, f"chunk {index} of {count} is missing")
+                self._fail_corrupt(key, f"chunk {index} of {count} is missing", repair)
             digest.update(chunk)
             buffer.write(chunk)
             del chunk
         if buffer.tell() != size:
-            self._fail_corrupt(key, f"{buffer.tell()} bytes where the header says {size}")
+            self._fail_corrupt(key, f"{buffer.tell()} bytes where the header says {size}", repair)
         if digest.hexdigest() != key:
-            self._fail_corrupt(key, f"its {size} bytes have another sha256")
+            self._fail_corrupt(key, f"its {size} bytes have another sha256", repair)
         return buffer.getvalue()
 
-    def _parse_header(self, key: str, header: bytes) -> tuple[int, int]:
+    def _parse_header(self, key: str, header: bytes, repair: bool) -> tuple[int, int]:
         """(size, chunk count) from a header; an unreadable header makes the entry corrupt."""
         try:
             size_text, count_text = header.decode("ascii").split(":")
             size, count = int(size_text), int(count_text)
         except (UnicodeDecodeError, ValueError):
-            self._fail_corrupt(key, f"its header {header[:40]!r} is not 'size:chunks'")
+            self._fail_corrupt(key, f"its header {header[:40]!r} is not 'size:chunks'", repair)
         if size < 0 or count < 0:
-            self._fail_corrupt(key, f"its header {header[:40]!r} is negative")
+            self._fail_corrupt(key, f"its header {header[:40]!r} is negative", repair)
         return size, count
 
-    def _fail_corrupt(self, key: str, reason: str) -> NoReturn:
-        """Delete the entry of `key` and raise CorruptEntryError, so the next build puts a good copy."""
-        self.delete(key)
+    def _fail_corrupt(self, key: str, reason: str, repair: bool) -> NoReturn:
+        """Raise CorruptEntryError; `repair`: delete the entry of `key` first, so the next build puts a good copy."""
+        if repair:
+            self.delete(key)
         raise CorruptEntryError(key, reason, redact_url(self.url))
 
     @contextlib.contextmanager
@@ -463,6 +508,8 @@ class RedisStore(Store):
 
         try:
             yield
+        except redis.exceptions.NoPermissionError as exc:
+            raise NotPermittedError(self.url, str(exc)) from exc
         except (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError) as exc:
             raise StoreUnreachableError(credentials_refused(self.url)) from exc
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:

@@ -1,0 +1,91 @@
+"""The farm's Redis users: what workers, submitters and Flower may do, as Redis ACL rules (Redis 7), built from the
+key names of farm.distributed.protocol and the store, so that the rules and the keys can't drift apart.
+
+Submitters (CI jobs, laptops) are authenticated but not trusted. With the submitter's credentials one can read
+what clients show (job records and their progress, the jobs index, workers' advertisements and leases, store
+entries to download) and write only what a submission needs: the job's request and the flags a client raises on it
+(cancel, downloaded), the jobs index, the intake list of submitted ids (farm.distributed.intake), the store's
+staging area for models. Never a job record, a store entry, a ref, a pin, a Celery queue or control message, a
+script, a key listing (SCAN, KEYS) or a server setting. Whatever a submitter writes, a worker reads as untrusted:
+a request's fields are validated and bound to its job id, staged bytes are checked against their sha256.
+
+Workers, and the operator with their credentials (`farm store`), may do anything but administer the server.
+Flower reads Celery's events, queue lengths and worker replies, and sends Celery's control commands (its buttons
+are the operator's, behind its own password).
+
+`farm acl` writes the file (redis.conf's `aclfile`) from passwords in the environment, never from argv.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+
+from farm.distributed import protocol
+from farm.errors import BadInputError
+
+STORE_PREFIX = "farm:store:"
+"""The prefix of the farm's store in Redis (farm.store.redis_store.RedisStore's default)."""
+
+
+@dataclass(frozen=True)
+class Role:
+    """One Redis user of the farm: its name, the variable its password comes from, and its rules."""
+
+    user: str
+    password_variable: str
+    rules: str
+
+
+def _submitter_rules() -> str:
+    """Read what clients show, write only a submission's keys; the commands the client's calls use, no others."""
+    commands = ("+ping +auth +hello +select +client|setname +multi +exec +discard +get +mget +exists +hgetall "
+                "+scard +zrevrangebyscore +hset +set +expire +zadd +zremrangebyscore +lpush "
+                "+subscribe +unsubscribe +publish")
+    reads = [protocol.job_key("*"), protocol.request_key("*"), protocol.JOBS_KEY, protocol.WORKERS_KEY,
+             protocol.lease_key("*"), f"{STORE_PREFIX}obj:*"]
+    writes = [protocol.request_key("*"), protocol.JOBS_KEY, protocol.SUBMITTED_KEY, f"{STORE_PREFIX}staged:*"]
+    keys = " ".join([f"%R~{pattern}" for pattern in reads] + [f"%W~{pattern}" for pattern in writes])
+    return f"resetkeys resetchannels -@all {commands} {keys} &{protocol.job_events_channel('*')}"
+
+
+_CELERY_KEYS = ("~_kombu.binding.* ~*.reply.celery.pidbox* ~celeryev.* ~unacked* "
+                + " ".join(f"%R~{queue}*" for queue in ("celery", protocol.CONTROL_QUEUE, protocol.LLVM_QUEUE,
+                                                         protocol.opencl_queue(""), protocol.tune_queue(""))))
+"""What Flower reads and writes in Celery's keys: exchange bindings, its replies to control commands, its event
+queue, and (read only) the farm's queues, whose lengths its Broker page shows (kombu names a queue's priority
+levels `<queue>\x06\x16<n>`, hence the trailing *)."""
+
+ROLES: dict[str, Role] = {
+    "worker": Role("farm-worker", "FARM_WORKER_PASSWORD", "resetkeys resetchannels ~* &* +@all -@admin -@dangerous"),
+    "submitter": Role("farm-submitter", "FARM_SUBMITTER_PASSWORD", _submitter_rules()),
+    "flower": Role("farm-flower", "FARM_FLOWER_REDIS_PASSWORD",
+                   f"resetkeys resetchannels {_CELERY_KEYS} &* -@all +@connection +@pubsub +@read +@list +@set "
+                   "+@transaction +@scripting +del +expire -@dangerous"),
+}
+"""The farm's Redis users, by role."""
+
+
+def user_line(role: Role, password: str) -> str:
+    """The ACL file line of one user; the password is stored as its SHA-256, as Redis allows."""
+    if not password:
+        raise BadInputError(f"{role.password_variable} is empty: every farm user needs a password")
+    return f"user {role.user} on #{hashlib.sha256(password.encode()).hexdigest()} {role.rules}"
+
+
+def acl_file(passwords: dict[str, str], default_user: str = "off") -> str:
+    """The ACL file for the given passwords (by role): `default_user` rules the unnamed user (off: every client
+    must name its user, so no connection gets more than its role)."""
+    lines = [f"user default {default_user}"]
+    lines += [user_line(ROLES[role], password) for role, password in passwords.items()]
+    return "\n".join(lines) + "\n"
+
+
+def passwords_from_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Each role's password from its variable; BadInputError naming the missing ones."""
+    environ = os.environ if environ is None else environ
+    missing = [role.password_variable for role in ROLES.values() if not environ.get(role.password_variable)]
+    if missing:
+        raise BadInputError(f"set {', '.join(missing)} (the farm's Redis passwords; see deploy/README.md)")
+    return {name: environ[role.password_variable] for name, role in ROLES.items()}

@@ -1,0 +1,65 @@
+"""A worker's intake: the thread that turns submitted job ids into jobs.
+
+Submitters are not trusted, and a Celery queue is no place for their words: a message there may name any task, and
+its routing (which Redis restores it by) is whatever the sender wrote. So submitters write no queue at all
+(farm.distributed.acl). A client writes its job's request (protocol.request_key) and pushes the job's id on one
+list (protocol.SUBMITTED_KEY); the intake of every worker pops ids from it (each id reaches one worker) and accepts
+the job (farm.distributed.steps.Farm.accept), which checks the request, makes the record and dispatches the
+planning from the worker's own credentials. An id popped by a worker that dies before accepting it is pushed again
+by the client that waits on the job (farm.distributed.client.INTAKE_NUDGE_SECONDS); accepting is idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from farm.distributed import protocol
+from farm.distributed.board import JobBoard
+from farm.errors import BadInputError, UnreachableError
+
+log = logging.getLogger(__name__)
+
+POP_SECONDS = 1.0
+"""How long one pop blocks, so that a stopping worker's intake ends within about that."""
+
+
+class Intake(threading.Thread):
+    """Pops submitted ids and calls `accept(job_id)` (returning a note it logs) for each well-formed one."""
+
+    def __init__(self, board: JobBoard, accept: Callable[[str], str]) -> None:
+        super().__init__(name="farm-intake", daemon=True)
+        self.board, self.accept = board, accept
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            self.take_one()
+
+    def take_one(self) -> str | None:
+        """Pop one id (waiting up to POP_SECONDS) and accept its job; the note, or None when nothing came. Nothing
+        a submitter pushes, and no error, ends the thread: a worker without intake would accept no job."""
+        try:
+            popped = self.board.call(self.board.redis.brpop, [protocol.SUBMITTED_KEY], timeout=POP_SECONDS)
+        except UnreachableError as error:
+            log.warning("intake: %s", error)
+            time.sleep(POP_SECONDS)
+            return None
+        return self._accept(popped[1]) if popped else None
+
+    def _accept(self, raw: Any) -> str:
+        try:
+            note = self.accept(protocol.check_job_id(raw))
+        except BadInputError as error:
+            note = f"refused a submission: {error}"
+        except Exception as error:  # noqa: BLE001 - logged; the thread must outlive any one submission
+            log.exception("intake: accepting %r failed", raw)
+            note = f"accepting {str(raw)[:40]!r} failed: {type(error).__name__}: {error}"
+        log.info("intake: %s", note)
+        return note
+
+    def stop(self) -> None:
+        self._stopping.set()

@@ -1,0 +1,184 @@
+"""The farm's Redis users (farm/distributed/acl.py) on a real redis-server, and attacks made with a submitter's
+credentials (what a CI job holds) against a real farm: every write outside a submission is refused by Redis, and
+every submission a worker reads is checked, so a forged one is refused while the farm goes on serving."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import onnx
+import pytest
+import redis
+
+from farm.backends.llvm.target import host_target
+from farm.distributed import acl, protocol
+from farm.distributed.board import JobBoard
+from farm.distributed.celery_app import make_app
+from farm.distributed.client import FarmClient
+from farm.distributed.protocol import JobRecord, JobState
+from farm.errors import BadInputError
+from farm.store import RedisStore
+from farm.tools import examples
+from tests.farm_services import FARM_ACL, Farm, farm_cli, farm_factory_fixture  # noqa: F401
+from tests.services import RedisServer, _started_servers
+
+JOB = "0123456789abcdef"
+SHA = "ab" * 32
+
+
+@pytest.fixture
+def farm_redis() -> RedisServer:
+    with _started_servers() as start:
+        yield start(acl=FARM_ACL)
+
+
+@pytest.fixture
+def submitter(farm_redis: RedisServer) -> redis.Redis:
+    return redis.Redis.from_url(Farm(farm_redis, Path()).url)
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "tiny_cnn.onnx"
+    onnx.save(examples.tiny_cnn(), path)
+    return path
+
+
+def test_the_file_names_each_role_with_its_password_hashed_and_turns_the_default_user_off() -> None:
+    text = acl.acl_file({"worker": "w-pass", "submitter": "s-pass", "flower": "f-pass"})
+    lines = text.splitlines()
+    assert lines[0] == "user default off"
+    assert [line.split()[1] for line in lines[1:]] == ["farm-worker", "farm-submitter", "farm-flower"]
+    assert "s-pass" not in text and f"#{hashlib.sha256(b's-pass').hexdigest()}" in lines[2]
+    with pytest.raises(BadInputError, match="FARM_SUBMITTER_PASSWORD is empty"):
+        acl.acl_file({"submitter": ""})
+
+
+def test_passwords_come_from_the_environment_and_a_missing_one_is_named() -> None:
+    environ = {"FARM_WORKER_PASSWORD": "a", "FARM_SUBMITTER_PASSWORD": "b", "FARM_FLOWER_REDIS_PASSWORD": "c"}
+    assert acl.passwords_from_environment(environ) == {"worker": "a", "submitter": "b", "flower": "c"}
+    with pytest.raises(BadInputError, match="set FARM_FLOWER_REDIS_PASSWORD"):
+        acl.passwords_from_environment({**environ, "FARM_FLOWER_REDIS_PASSWORD": ""})
+
+
+def test_farm_acl_writes_the_file_from_the_environment_only(tmp_path: Path) -> None:
+    env = {"FARM_WORKER_PASSWORD": "a", "FARM_SUBMITTER_PASSWORD": "b", "FARM_FLOWER_REDIS_PASSWORD": "c"}
+    written = farm_cli("acl", "-o", str(tmp_path / "users.acl"), broker="", cwd=tmp_path, env=env)
+    assert written.returncode == 0, written.stderr
+    assert (tmp_path / "users.acl").read_text() == acl.acl_file({"worker": "a", "submitter": "b", "flower": "c"})
+    missing = farm_cli("acl", "-o", str(tmp_path / "other.acl"), broker="", cwd=tmp_path,
+                       env={name: "" for name in env})
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "FARM_WORKER_PASSWORD" in missing.stderr
+
+
+FORBIDDEN_WRITES = {
+    "a job record": ("HSET", protocol.job_key(JOB), "state", "done"),
+    "a job's artifact": ("HSET", protocol.job_key(JOB), "artifact_key", SHA),
+    "a job's progress": ("SADD", protocol.phase_key(JOB, "compile"), "unit"),
+    "a cache ref": ("SET", f"{acl.STORE_PREFIX}ref:kernel:x", SHA),
+    "a compiled object": ("SET", f"{acl.STORE_PREFIX}obj:{SHA}", "1:1"),
+    "an object's chunk": ("SET", f"{acl.STORE_PREFIX}obj:{SHA}:0", "x"),
+    "a pin": ("SADD", f"{acl.STORE_PREFIX}pin:job:{JOB}", SHA),
+    "the store's cap": ("SET", f"{acl.STORE_PREFIX}max_bytes", "1"),
+    "the control queue": ("LPUSH", protocol.CONTROL_QUEUE, "{}"),
+    "the llvm queue": ("LPUSH", protocol.LLVM_QUEUE, "{}"),
+    "a device's queue": ("LPUSH", protocol.opencl_queue("ab" * 8), "{}"),
+    "a tuning queue": ("LPUSH", protocol.tune_queue("x86_64"), "{}"),
+    "Celery's routing": ("SADD", "_kombu.binding.control", "x"),
+    "Celery's unacked tasks": ("HSET", "unacked", "t", "{}"),
+    "a running task": ("HSET", protocol.RUNNING_KEY, "t", "{}"),
+    "a worker's lease": ("SET", protocol.lease_key("w1@host"), "x"),
+    "a worker's advertisement": ("HSET", protocol.WORKERS_KEY, "w1@host", "{}"),
+    "a tuning record": ("SET", f"{acl.STORE_PREFIX}ref:tuning:x", SHA),
+    "a control broadcast": ("PUBLISH", "/0.celery.pidbox", "{}"),
+    "a Flower event": ("PUBLISH", "/0.celeryev/task.failed", "{}"),
+    "a script": ("EVAL", "return redis.call('FLUSHALL')", "0"),
+    "a key listing": ("SCAN", "0"),
+    "KEYS": ("KEYS", "*"),
+    "a server setting": ("CONFIG", "SET", "maxmemory", "1"),
+    "a flush": ("FLUSHALL",),
+    "deleting a record": ("DEL", protocol.job_key(JOB)),
+}
+"""What a submitter must never do, each as a Redis command: write the farm's records, the store, Celery's queues
+and control channels, workers' liveness, or run anything that reaches all keys."""
+
+
+@pytest.mark.parametrize("command", FORBIDDEN_WRITES.values(), ids=FORBIDDEN_WRITES.keys())
+def test_a_submitter_is_refused(submitter: redis.Redis, command: tuple[str, ...]) -> None:
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        submitter.execute_command(*command)
+
+
+def test_a_submitter_cant_send_a_celery_task(farm_redis: RedisServer) -> None:
+    from kombu.exceptions import OperationalError
+
+    app = make_app(Farm(farm_redis, Path()).url)
+    with pytest.raises(OperationalError, match="no permissions"):
+        app.send_task("farm.finish", args=[JOB], queue=protocol.CONTROL_QUEUE, retry=False)
+    assert farm_redis.client().llen(protocol.CONTROL_QUEUE) == 0
+
+
+def test_a_submitter_submits_follows_cancels_and_reads_but_writes_nothing_else(
+        farm_redis: RedisServer, model_path: Path) -> None:
+    client = FarmClient(Farm(farm_redis, Path()).url)
+    job_id = client.submit(model_path, [host_target()])
+    assert client.status(job_id)["state"] == "queued" and client.jobs()[0]["job_id"] == job_id
+    assert client.cancel(job_id) is True and client.status(job_id)["state"] == "cancelled"
+    raw = farm_redis.client()
+    assert raw.lrange(protocol.SUBMITTED_KEY, 0, -1) == [job_id.encode()]
+    assert not raw.exists(protocol.job_key(job_id))  # the record is a worker's to write
+    assert set(raw.keys("farm:store:*")) == {f"farm:store:staged:{client.record(job_id).model_key}".encode(),
+                                             f"farm:store:staged:{client.record(job_id).model_key}:0".encode()}
+
+
+def test_farm_store_with_a_submitters_credentials_is_refused_in_one_line(farm_redis: RedisServer,
+                                                                         tmp_path: Path) -> None:
+    for args in (["store", "stats"], ["store", "gc"]):
+        result = farm_cli(*args, broker=Farm(farm_redis, Path()).url, cwd=tmp_path)
+        assert result.returncode == 4, (args, result.stderr)
+        assert result.stderr.count("\n") == 1 and "refused this to the URL's user" in result.stderr
+
+
+def _forged_request(board: JobBoard, model_sha256: str, **changes: str) -> str:
+    """A request written by hand as an attacker would, with fields changed after its id was made; its id pushed."""
+    record = JobRecord(JobState.QUEUED, model_sha256, "tiny_cnn", model_sha256, [host_target()], created=time.time())
+    job_id, request = protocol.encode_request(record)
+    board.redis.hset(protocol.request_key(job_id), mapping={**request, **changes})
+    board.redis.lpush(protocol.SUBMITTED_KEY, job_id)
+    return job_id
+
+
+def test_forged_submissions_are_refused_and_the_farm_goes_on(farm_factory, model_path: Path, tmp_path: Path) -> None:
+    """Submitter-written keys are all a worker reads from a submitter: junk ids, a request rewritten after its id
+    was made (another user's pending job, say), one that sets fields only the farm sets, and a model whose staged
+    bytes aren't the ones named. Each is refused; a real submission then builds."""
+    farm: Farm = farm_factory(workers=1)
+    board = JobBoard(farm.url)
+    store = RedisStore(farm.url)
+    data = model_path.read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    store.stage(data)
+    for junk in ("../../etc/passwd", "x" * 100_000, JOB, "DEADBEEFDEADBEEF"):
+        board.redis.lpush(protocol.SUBMITTED_KEY, junk)
+    rewritten = _forged_request(board, sha, targets=json.dumps([{"kind": "cpu", "triple": "aarch64-linux-gnu",
+                                                                   "cpu": "generic", "features": ""}]))
+    with_artifact = _forged_request(board, sha, artifact_key=SHA)
+    other_bytes = hashlib.sha256(b"not the model").hexdigest()
+    store.stage(b"not the model")
+    farm.redis.client().set(f"farm:store:staged:{other_bytes}:0", data)  # the staged bytes swapped (as the operator)
+    swapped = _forged_request(board, other_bytes)
+
+    submitted = farm_cli("submit", str(model_path), "--json", "-o", str(tmp_path / "out"), broker=farm.url,
+                         cwd=tmp_path, timeout=300)
+    assert submitted.returncode == 0, submitted.stderr + farm.logs()
+
+    client = FarmClient(farm.url)
+    for job_id in (rewritten, with_artifact):
+        assert board.get(job_id) is None and board.view(job_id) is None  # refused and dropped: an unknown job
+    failed = client.status(swapped)
+    assert failed["state"] == "failed" and failed["exit_status"] == 2 and "upload" in failed["error"]
+    assert farm.workers[0].process.poll() is None
+    assert "refused a submission" in farm.workers[0].log_path.read_text()
