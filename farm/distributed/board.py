@@ -18,7 +18,14 @@ import redis
 from farm import defaults
 from farm.distributed import protocol
 from farm.distributed.protocol import JobRecord, JobState
-from farm.errors import CredentialsRefusedError, ExitStatus, UnreachableError, redact_url
+from farm.errors import (
+    CredentialsRefusedError,
+    ExitStatus,
+    TlsRefusedError,
+    UnreachableError,
+    redact_url,
+    tls_verification_failure,
+)
 
 _ENDED = " or ".join(f"state == '{state.value}'" for state in sorted(protocol.TERMINAL))
 _SET_IF_LIVE = f"""
@@ -45,13 +52,16 @@ class JobBoard:
         self._set_if_live = self.redis.register_script(_SET_IF_LIVE)
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run one Redis call; refused credentials become CredentialsRefusedError and a lost connection
-        UnreachableError (both exit status 4)."""
+        """Run one Redis call; refused credentials become CredentialsRefusedError, a server certificate that fails
+        verification TlsRefusedError and a lost connection UnreachableError (all exit status 4)."""
         try:
             return fn(*args, **kwargs)
         except (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError):
             raise CredentialsRefusedError(self.url) from None
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as error:
+            failure = tls_verification_failure(error)
+            if failure:
+                raise TlsRefusedError(self.url, failure) from None
             raise UnreachableError(f"farm unreachable at {redact_url(self.url)}: {error}") from None
 
     def create(self, job_id: str, record: JobRecord) -> None:
