@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import pytest
 import redis
+from kombu.exceptions import OperationalError
 
 from farm.distributed import protocol
 from farm.tools.examples import EXAMPLES
@@ -117,6 +118,22 @@ def test_a_server_certificate_from_another_ca_is_refused_in_one_line(tls_farm: F
     worker = farm_cli("worker", "--hostname", "wrong-ca@tls", broker=url, cwd=tmp_path, timeout=60)
     _one_line_error(worker, 4, *expected)  # at once: no retry fixes a certificate
 
+
+
+def test_celerys_broker_and_result_backend_verify_the_server_certificate(tls_farm: Farm, tmp_path: Path) -> None:
+    """The worker's own check refuses a wrong CA before Celery starts, so Celery's clients are tried here directly:
+    kombu's broker connection and the result backend's client trust the URL's CA and nothing else."""
+    from farm.distributed.celery_app import make_app
+
+    right = make_app(tls_farm.url)
+    with right.connection_for_write() as connection:
+        connection.ensure_connection(max_retries=0)
+    assert right.backend.client.ping()
+    wrong = make_app(_with_ca(tls_farm.url, make_tls_files(tmp_path / "wrong").ca))
+    with wrong.connection_for_write() as connection, pytest.raises(OperationalError, match="certificate verify failed"):
+        connection.ensure_connection(max_retries=0)
+    with pytest.raises(redis.exceptions.ConnectionError, match="certificate verify failed"):
+        wrong.backend.client.ping()
 
 @pytest.mark.parametrize(("query", "named"), [("ssl_cert_reqs=sometimes", "ssl_cert_reqs"),
                                               ("ssl_ca_certs=/no/such/ca.pem", "ssl_ca_certs /no/such/ca.pem")])
