@@ -58,7 +58,7 @@ def redis_url(url: str, source: str = "--broker") -> str:
 
 
 TLS_CERT_REQS = ("required", "optional", "none")
-"""What a rediss:// URL's ssl_cert_reqs may say (redis-py's spellings); absent means `required`."""
+"""What a rediss:// URL's ssl_cert_reqs may say (redis-py's spellings, lower case); absent means `required`."""
 
 TLS_FILE_PARAMETERS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 """A rediss:// URL's files: the CA that signed the server's certificate, the client's certificate and its key."""
@@ -72,7 +72,7 @@ def redis_tls_options(url: str) -> dict[str, str] | None:
     if urlsplit(url).scheme != "rediss":
         return None
     query = _query(url)
-    options = {"ssl_cert_reqs": query.get("ssl_cert_reqs", "required").lower()}
+    options = {"ssl_cert_reqs": query.get("ssl_cert_reqs", "required")}
     return options | {name: query[name] for name in TLS_FILE_PARAMETERS if name in query}
 
 

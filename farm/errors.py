@@ -80,8 +80,8 @@ class TlsRefusedError(UnreachableError):
 def tls_refused(url: str, failure: ssl.SSLCertVerificationError) -> str:
     """The message for a Redis at `url` whose certificate failed verification: why, and which option to check."""
     reason = getattr(failure, "verify_message", None) or str(failure)
-    return (f"the farm's Redis at {redact_url(url)} failed TLS verification: {reason} (is the URL's ssl_ca_certs "
-            "the CA that signed the server's certificate?)")
+    return (f"the farm's Redis at {redact_url(url)} failed TLS verification: {reason} (check that the URL's "
+            "ssl_ca_certs is the CA that signed the server's certificate and that the certificate names the URL's host)")
 
 
 def tls_verification_failure(error: BaseException) -> ssl.SSLCertVerificationError | None:

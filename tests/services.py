@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -281,8 +282,9 @@ class TlsRedisServer(RedisServer):
     """A redis-server that speaks only TLS: `--port 0` closes the plain port and the TLS port takes its number, so
     nothing travels in clear. `url` is the rediss:// URL naming the test CA (ssl_ca_certs)."""
 
-    def __init__(self, tls: TlsFiles, **options: object) -> None:
-        super().__init__(**options)  # type: ignore[arg-type]
+    def __init__(self, tls: TlsFiles, **options: Any) -> None:
+        """`options`: RedisServer's (password, port, folder)."""
+        super().__init__(**options)
         self.tls = tls
 
     @property

@@ -115,7 +115,7 @@ def test_a_rediss_url_verifies_the_server_by_default_and_names_its_files(tmp_pat
     ca = tmp_path / "ca.pem"
     ca.write_text("")
     assert defaults.redis_tls_options("rediss://h/0") == {"ssl_cert_reqs": "required"}
-    assert defaults.redis_tls_options(f"rediss://:pw@h/0?ssl_ca_certs={ca}&ssl_cert_reqs=NONE&socket_timeout=5") == {
+    assert defaults.redis_tls_options(f"rediss://:pw@h/0?ssl_ca_certs={ca}&ssl_cert_reqs=none&socket_timeout=5") == {
         "ssl_cert_reqs": "none", "ssl_ca_certs": str(ca)}
     assert defaults.redis_tls_options("redis://h/0") is None
     url = f"rediss://:pw@h:6380/0?ssl_cert_reqs=required&ssl_ca_certs={ca}&ssl_certfile={ca}&ssl_keyfile={ca}"
@@ -124,6 +124,7 @@ def test_a_rediss_url_verifies_the_server_by_default_and_names_its_files(tmp_pat
 
 @pytest.mark.parametrize(("query", "named"), [
     ("ssl_cert_reqs=CERT_MAYBE", "ssl_cert_reqs must be one of required, optional, none"),
+    ("ssl_cert_reqs=REQUIRED", "ssl_cert_reqs must be one of required, optional, none"),  # redis-py: lower case
     ("ssl_ca_certs=/no/such/ca.pem", "ssl_ca_certs /no/such/ca.pem: no such readable file"),
     ("ssl_keyfile=/no/key.pem", "ssl_keyfile /no/key.pem: no such readable file"),
 ])
