@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from farm.errors import BadInputError
 
@@ -53,7 +53,48 @@ def redis_url(url: str, source: str = "--broker") -> str:
         usable = False
     if not usable:
         raise BadInputError(f"{source} {_hide_credentials(url)}: not a Redis URL ({REDIS_URL_FORM})")
+    _check_tls_parameters(url, source)
     return url
+
+
+TLS_CERT_REQS = ("required", "optional", "none")
+"""What a rediss:// URL's ssl_cert_reqs may say (redis-py's spellings, lower case); absent means `required`."""
+
+TLS_FILE_PARAMETERS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+"""A rediss:// URL's files: the CA that signed the server's certificate, the client's certificate and its key."""
+
+
+def redis_tls_options(url: str) -> dict[str, str] | None:
+    """The TLS options of a rediss:// URL as redis-py, Celery's result backend, kombu and Flower all take them
+    (`ssl_cert_reqs` plus the files of TLS_FILE_PARAMETERS that the URL names), None for redis://.
+    ssl_cert_reqs defaults to `required`, redis-py's own default: Celery refuses a rediss:// URL without it and
+    kombu would then skip the certificate check altogether."""
+    if urlsplit(url).scheme != "rediss":
+        return None
+    query = _query(url)
+    options = {"ssl_cert_reqs": query.get("ssl_cert_reqs", "required")}
+    return options | {name: query[name] for name in TLS_FILE_PARAMETERS if name in query}
+
+
+def _query(url: str) -> dict[str, str]:
+    """The URL's query parameters, the last value of each (as redis-py reads them)."""
+    return {name: values[-1] for name, values in parse_qs(urlsplit(url).query).items()}
+
+
+def _check_tls_parameters(url: str, source: str) -> None:
+    """BadInputError for TLS parameters the URL's clients would choke on later, deep in a connection attempt: ssl_*
+    on a plain redis:// URL, an ssl_cert_reqs outside TLS_CERT_REQS, a certificate or key file that can't be read."""
+    query, shown = _query(url), _hide_credentials(url)
+    options = redis_tls_options(url)
+    if options is None:
+        if any(name.startswith("ssl_") for name in query):
+            raise BadInputError(f"{source} {shown}: ssl_* parameters need a rediss:// URL")
+        return
+    if options["ssl_cert_reqs"] not in TLS_CERT_REQS:
+        raise BadInputError(f"{source} {shown}: ssl_cert_reqs must be one of {', '.join(TLS_CERT_REQS)}")
+    for name in TLS_FILE_PARAMETERS:
+        if name in options and not os.access(options[name], os.R_OK):
+            raise BadInputError(f"{source} {shown}: {name} {options[name]}: no such readable file")
 
 
 def _hide_credentials(text: str) -> str:

@@ -5,6 +5,7 @@ Every error names what is wrong (the node, the op, the file) so that a user can 
 
 from __future__ import annotations
 
+import ssl
 from enum import IntEnum
 from urllib.parse import urlsplit, urlunsplit
 
@@ -66,6 +67,30 @@ class CredentialsRefusedError(UnreachableError):
 
     def __init__(self, url: str) -> None:
         super().__init__(credentials_refused(url))
+
+
+class TlsRefusedError(UnreachableError):
+    """The farm's Redis answered a rediss:// URL with a certificate that fails verification (another CA than the
+    URL's ssl_ca_certs, a name it wasn't issued for). Like refused credentials, no wait fixes it."""
+
+    def __init__(self, url: str, failure: ssl.SSLCertVerificationError) -> None:
+        super().__init__(tls_refused(url, failure))
+
+
+def tls_refused(url: str, failure: ssl.SSLCertVerificationError) -> str:
+    """The message for a Redis at `url` whose certificate failed verification: why, and which option to check."""
+    reason = getattr(failure, "verify_message", None) or str(failure)
+    return (f"the farm's Redis at {redact_url(url)} failed TLS verification: {reason} (check that the URL's "
+            "ssl_ca_certs is the CA that signed the server's certificate and that the certificate names the URL's host)")
+
+
+def tls_verification_failure(error: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate verification failure behind a client's connection error, if that is what it was (redis-py
+    raises its own ConnectionError while handling the ssl module's error, so the cause is in the chain)."""
+    seen: BaseException | None = error
+    while seen is not None and not isinstance(seen, ssl.SSLCertVerificationError):
+        seen = seen.__cause__ or seen.__context__
+    return seen
 
 
 def credentials_refused(url: str) -> str:

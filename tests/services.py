@@ -28,7 +28,10 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import pytest
 import redis
@@ -256,3 +259,52 @@ def redis_server_fixture() -> Iterator[RedisServer]:
     """A fresh, empty redis-server (no password) for one test."""
     with _started_servers() as start:
         yield start()
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """A test certificate authority and a server certificate it signed for 127.0.0.1 and localhost (PEM files)."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+
+def make_tls_files(folder: Path) -> TlsFiles:
+    """A fresh CA and a server certificate for 127.0.0.1/localhost in `folder`, made with openssl (one day, 2048-bit
+    RSA); two calls give two unrelated CAs, so one can play the wrong CA."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files = TlsFiles(folder / "ca.pem", folder / "server.pem", folder / "server.key")
+    ca_key, request, extensions = folder / "ca.key", folder / "server.csr", folder / "server.ext"
+    extensions.write_text("subjectAltName = IP:127.0.0.1, DNS:localhost\n")
+    for command in (
+        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=farm test CA",
+         "-keyout", ca_key, "-out", files.ca],
+        ["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", files.key, "-out", request],
+        ["x509", "-req", "-in", request, "-CA", files.ca, "-CAkey", ca_key, "-CAcreateserial", "-days", "1",
+         "-extfile", extensions, "-out", files.cert],
+    ):
+        subprocess.run(["openssl", *map(str, command)], check=True, capture_output=True)
+    return files
+
+
+class TlsRedisServer(RedisServer):
+    """A redis-server that speaks only TLS: `--port 0` closes the plain port and the TLS port takes its number, so
+    nothing travels in clear. `url` is the rediss:// URL naming the test CA (ssl_ca_certs)."""
+
+    def __init__(self, tls: TlsFiles, **options: Any) -> None:
+        """`options`: RedisServer's (password, port, folder)."""
+        super().__init__(**options)
+        self.tls = tls
+
+    @property
+    def url(self) -> str:
+        return f"rediss://{super().url.removeprefix('redis://')}?ssl_ca_certs={quote(str(self.tls.ca))}"
+
+    def _arguments(self) -> list[str]:
+        arguments = super()._arguments()
+        plain = arguments.index("--port")
+        arguments[plain + 1] = "0"
+        return arguments + ["--tls-port", str(self.port), "--tls-cert-file", str(self.tls.cert),
+                            "--tls-key-file", str(self.tls.key), "--tls-ca-cert-file", str(self.tls.ca),
+                            "--tls-auth-clients", "no"]

@@ -37,6 +37,26 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
+
+def test_a_rediss_url_gives_celery_kombu_and_flower_its_tls_options(clean_env: None, tmp_path: Path) -> None:
+    """Celery's redis backend refuses a rediss:// URL without ssl_cert_reqs and kombu would skip verification, so
+    make_app states the documented default (`required`) in broker_use_ssl and redis_backend_use_ssl (where Flower
+    reads it too), with the URL's CA file."""
+    import ssl
+
+    ca = tmp_path / "ca.pem"
+    ca.write_text("")
+    tls_app = make_app(f"rediss://:pw@127.0.0.1:1/0?ssl_ca_certs={ca}")
+    expected = {"ssl_cert_reqs": "required", "ssl_ca_certs": str(ca)}
+    assert tls_app.conf.broker_use_ssl == tls_app.conf.redis_backend_use_ssl == expected
+    assert tls_app.backend.connparams["ssl_cert_reqs"] == ssl.CERT_REQUIRED
+    assert tls_app.backend.connparams["ssl_ca_certs"] == str(ca)
+    bare = make_app("rediss://127.0.0.1:1/0")  # no query at all: still verified, never kombu's CERT_NONE
+    assert bare.backend.connparams["ssl_cert_reqs"] == ssl.CERT_REQUIRED
+    with bare.connection_for_write() as connection:
+        assert connection.ssl == {"ssl_cert_reqs": "required"}
+    assert not make_app(UNUSED_URL).conf.broker_use_ssl
+
 def test_messages_are_json_only(clean_env: None) -> None:
     conf = make_app(UNUSED_URL).conf
     assert conf.task_serializer == "json" and conf.result_serializer == "json"

@@ -109,3 +109,31 @@ def test_a_bad_store_cap_is_bad_input_naming_the_variable(monkeypatch: pytest.Mo
     monkeypatch.setenv("FARM_STORE_MAX_BYTES", value)
     with pytest.raises(BadInputError, match="FARM_STORE_MAX_BYTES"):
         defaults.store_max_bytes()
+
+
+def test_a_rediss_url_verifies_the_server_by_default_and_names_its_files(tmp_path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("")
+    assert defaults.redis_tls_options("rediss://h/0") == {"ssl_cert_reqs": "required"}
+    assert defaults.redis_tls_options(f"rediss://:pw@h/0?ssl_ca_certs={ca}&ssl_cert_reqs=none&socket_timeout=5") == {
+        "ssl_cert_reqs": "none", "ssl_ca_certs": str(ca)}
+    assert defaults.redis_tls_options("redis://h/0") is None
+    url = f"rediss://:pw@h:6380/0?ssl_cert_reqs=required&ssl_ca_certs={ca}&ssl_certfile={ca}&ssl_keyfile={ca}"
+    assert defaults.redis_url(url) == url
+
+
+@pytest.mark.parametrize(("query", "named"), [
+    ("ssl_cert_reqs=CERT_MAYBE", "ssl_cert_reqs must be one of required, optional, none"),
+    ("ssl_cert_reqs=REQUIRED", "ssl_cert_reqs must be one of required, optional, none"),  # redis-py: lower case
+    ("ssl_ca_certs=/no/such/ca.pem", "ssl_ca_certs /no/such/ca.pem: no such readable file"),
+    ("ssl_keyfile=/no/key.pem", "ssl_keyfile /no/key.pem: no such readable file"),
+])
+def test_tls_parameters_that_cannot_work_are_bad_input_naming_the_parameter(query: str, named: str) -> None:
+    with pytest.raises(BadInputError) as caught:
+        defaults.redis_url(f"rediss://:hunter2@h:6380/0?{query}", "FARM_BROKER_URL")
+    assert str(caught.value) == f"FARM_BROKER_URL rediss://***@h:6380/0?{query}: {named}"
+
+
+def test_tls_parameters_on_a_plain_url_are_bad_input() -> None:
+    with pytest.raises(BadInputError, match=r"ssl_\* parameters need a rediss:// URL"):
+        defaults.redis_url("redis://h:6379/0?ssl_ca_certs=/etc/ca.pem")

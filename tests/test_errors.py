@@ -1,5 +1,7 @@
 """Error types carry the exit statuses the CLI documents and name what is wrong."""
 
+import ssl
+
 from farm.errors import (
     ArtifactError,
     BuildError,
@@ -11,6 +13,8 @@ from farm.errors import (
     UnsupportedError,
     credentials_refused,
     redact_url,
+    tls_refused,
+    tls_verification_failure,
 )
 
 
@@ -30,6 +34,8 @@ def test_redact_url() -> None:
     assert redact_url("redis://:pw@host:6379/0") == "redis://:***@host:6379/0"
     assert redact_url("rediss://me:pw@host/1") == "rediss://me:***@host/1"
     assert redact_url("redis://host:6379/0") == "redis://host:6379/0"
+    assert (redact_url("rediss://me:pw@host:6380/0?ssl_cert_reqs=required&ssl_ca_certs=/etc/farm/ca.pem")
+            == "rediss://me:***@host:6380/0?ssl_cert_reqs=required&ssl_ca_certs=/etc/farm/ca.pem")
 
 
 def test_refused_credentials_name_the_url_and_whether_its_password_is_missing_or_wrong() -> None:
@@ -40,3 +46,19 @@ def test_refused_credentials_name_the_url_and_whether_its_password_is_missing_or
     error = CredentialsRefusedError("redis://:pw@h:6379/0")
     assert isinstance(error, UnreachableError) and error.exit_status == ExitStatus.UNREACHABLE == 4
     assert str(error) == credentials_refused("redis://:pw@h:6379/0")
+
+
+def test_a_certificate_failure_is_found_behind_a_clients_connection_error() -> None:
+    """redis-py raises its ConnectionError while handling the ssl module's error, so the cause is in the chain."""
+    try:
+        try:
+            raise ssl.SSLCertVerificationError(1, "certificate verify failed")
+        except ssl.SSLError as failure:
+            raise ConnectionError(f"Error 1 connecting to h:6380. {failure}") from None
+    except ConnectionError as error:
+        caught = error
+    assert isinstance(tls_verification_failure(caught), ssl.SSLCertVerificationError)
+    assert tls_verification_failure(ConnectionError("Connection refused")) is None
+    message = tls_refused("rediss://:pw@h:6380/0", ssl.SSLCertVerificationError(1, "verify failed"))
+    assert message.startswith("the farm's Redis at rediss://:***@h:6380/0 failed TLS verification: ")
+    assert "ssl_ca_certs" in message

@@ -19,7 +19,15 @@ import redis
 from farm import defaults
 from farm.distributed import protocol
 from farm.distributed.protocol import JobRecord, JobState
-from farm.errors import CredentialsRefusedError, ExitStatus, NotPermittedError, UnreachableError, redact_url
+from farm.errors import (
+    CredentialsRefusedError,
+    ExitStatus,
+    NotPermittedError,
+    TlsRefusedError,
+    UnreachableError,
+    redact_url,
+    tls_verification_failure,
+)
 
 CANCELLED_BY_USER = "cancelled by user"
 
@@ -62,8 +70,8 @@ class JobBoard:
         self._create = self.redis.register_script(_CREATE)
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run one Redis call; refused credentials become CredentialsRefusedError and a lost connection
-        UnreachableError (both exit status 4)."""
+        """Run one Redis call; refused credentials become CredentialsRefusedError, a server certificate that fails
+        verification TlsRefusedError and a lost connection UnreachableError (all exit status 4)."""
         try:
             return fn(*args, **kwargs)
         except redis.exceptions.NoPermissionError as error:
@@ -71,6 +79,9 @@ class JobBoard:
         except (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError):
             raise CredentialsRefusedError(self.url) from None
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as error:
+            failure = tls_verification_failure(error)
+            if failure:
+                raise TlsRefusedError(self.url, failure) from None
             raise UnreachableError(f"farm unreachable at {redact_url(self.url)}: {error}") from None
 
     def create(self, job_id: str, record: JobRecord) -> bool:

@@ -11,9 +11,14 @@ from farm.distributed.protocol import CONTROL_QUEUE, FIXED_QUEUES
 
 def make_app(broker: str | None = None) -> Celery:
     """A Celery app for the broker (default: FARM_BROKER_URL): JSON only, acks late and rejected on a lost worker,
-    prefetch 1, time limits, a visibility timeout longer than the hard limit, events for Flower."""
+    prefetch 1, time limits, a visibility timeout longer than the hard limit, events for Flower. A rediss://
+    URL's TLS options (farm.defaults.redis_tls_options) also go to broker_use_ssl and redis_backend_use_ssl, where
+    Celery's backend and Flower's queue view read them."""
     url = broker or defaults.broker_url() or "redis://127.0.0.1:6379/0"
     app = Celery("farm", broker=url, backend=url)
+    tls = defaults.redis_tls_options(url)
+    if tls:
+        app.conf.update(broker_use_ssl=tls, redis_backend_use_ssl=tls)
     app.conf.update(
         task_serializer="json", result_serializer="json", accept_content=["json"], result_accept_content=["json"],
         task_acks_late=True, task_reject_on_worker_lost=True, worker_prefetch_multiplier=1,

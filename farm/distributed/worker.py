@@ -24,7 +24,7 @@ from farm.distributed.board import JobBoard
 from farm.distributed.intake import Intake
 from farm.distributed.leases import INCARNATION_VARIABLE, LeaseKeeper, Leases, new_incarnation
 from farm.distributed.protocol import WORKERS_KEY, encode_capabilities, worker_queues
-from farm.errors import CredentialsRefusedError, UnreachableError
+from farm.errors import CredentialsRefusedError, TlsRefusedError, UnreachableError
 from farm.store.redis_store import REDIS_SCHEMES
 
 logger = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ def check_credentials(url: str) -> None:
     board = JobBoard(url, retries=0)
     try:
         board.call(board.redis.ping)
-    except CredentialsRefusedError:
+    except (CredentialsRefusedError, TlsRefusedError):
         raise
     except UnreachableError:
         return

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator
 from typing import NoReturn
 
 from farm import defaults
-from farm.errors import NotPermittedError, credentials_refused, redact_url
+from farm.errors import NotPermittedError, credentials_refused, redact_url, tls_refused, tls_verification_failure
 from farm.store.base import (
     BadStoreUrlError,
     CorruptEntryError,
@@ -513,6 +513,9 @@ class RedisStore(Store):
         except (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError) as exc:
             raise StoreUnreachableError(credentials_refused(self.url)) from exc
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            failure = tls_verification_failure(exc)
+            if failure:
+                raise StoreUnreachableError(tls_refused(self.url, failure)) from exc
             raise StoreUnreachableError(f"can't reach the store at {redact_url(self.url)}: {exc}") from exc
         except redis.exceptions.InvalidResponse as exc:
             raise StoreUnreachableError(f"the store at {redact_url(self.url)} is not a Redis server? {exc}") from exc
