@@ -50,7 +50,7 @@ def _submitter_rules() -> str:
     return f"resetkeys resetchannels -@all {commands} {keys} &{protocol.job_events_channel('*')}"
 
 
-_CELERY_KEYS = ("~_kombu.binding.* ~*.reply.celery.pidbox* ~celeryev.* ~unacked* "
+_CELERY_KEYS = ("~_kombu.binding* ~*.reply.celery.pidbox* ~celeryev.* ~unacked* "
                 + " ".join(f"%R~{queue}*" for queue in ("celery", protocol.CONTROL_QUEUE, protocol.LLVM_QUEUE,
                                                          protocol.opencl_queue(""), protocol.tune_queue(""))))
 """What Flower reads and writes in Celery's keys: exchange bindings, its replies to control commands, its event
@@ -61,8 +61,8 @@ ROLES: dict[str, Role] = {
     "worker": Role("farm-worker", "FARM_WORKER_PASSWORD", "resetkeys resetchannels ~* &* +@all -@admin -@dangerous"),
     "submitter": Role("farm-submitter", "FARM_SUBMITTER_PASSWORD", _submitter_rules()),
     "flower": Role("farm-flower", "FARM_FLOWER_REDIS_PASSWORD",
-                   f"resetkeys resetchannels {_CELERY_KEYS} &* -@all +@connection +@pubsub +@read +@list +@set "
-                   "+@transaction +@scripting +del +expire -@dangerous"),
+                   f"resetkeys resetchannels {_CELERY_KEYS} &* -@all +@connection +@pubsub +@read +@list +@set +@sortedset +@hash "
+                   "+@transaction +@scripting +set +del +expire +time -@dangerous"),
 }
 """The farm's Redis users, by role."""
 
