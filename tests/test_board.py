@@ -182,3 +182,50 @@ def test_each_state_change_and_finished_unit_is_published_on_the_jobs_channel(bo
     channel = protocol.job_events_channel(J1)
     assert received == [(channel, "planning"), (channel, "compile"), (channel, "failed")]
     pubsub.close()
+
+
+def test_a_record_is_created_once(board: JobBoard, redis_server: RedisServer) -> None:
+    assert board.create(J1, new_record()) is True
+    board.advance(J1, JobState.COMPILING)
+    assert board.create(J1, new_record(tune=True)) is False
+    assert board.get(J1).state == JobState.COMPILING and not board.get(J1).tune
+    assert 0 < redis_server.client().ttl(protocol.job_key(J1)) <= defaults.JOB_TTL_SECONDS
+
+
+def test_a_submitted_request_reads_as_a_queued_job_until_a_record_exists(board: JobBoard,
+                                                                        redis_server: RedisServer) -> None:
+    job_id = board.submit(new_record(no_cache=True))
+    raw = redis_server.client()
+    assert raw.lrange(protocol.SUBMITTED_KEY, 0, -1) == [job_id.encode()]
+    assert raw.zscore(protocol.JOBS_KEY, job_id) is not None and raw.ttl(protocol.request_key(job_id)) > 0
+    assert board.get(job_id) is None
+    viewed = board.view(job_id)
+    assert viewed == board.request(job_id) and viewed.state == JobState.QUEUED and viewed.no_cache
+    board.create(job_id, new_record(tune=True))
+    assert board.view(job_id).tune  # the record, once there, is what clients see
+    board.nudge(job_id)
+    assert raw.lrange(protocol.SUBMITTED_KEY, 0, -1) == [job_id.encode()] * 2
+    assert board.view(J2) is None and board.request(J2) is None
+
+
+def test_a_raised_cancel_flag_cancels_a_live_job_and_wins_over_every_later_step(board: JobBoard) -> None:
+    board.create(J1, new_record())
+    board.advance(J1, JobState.COMPILING)
+    board.raise_flag(J1, protocol.cancel_key)
+    record = board.get(J1)
+    assert record.state == JobState.CANCELLED and record.error == "cancelled by user" and record.is_over
+    assert board.advance(J1, JobState.LINKING) is False  # the step that tries to move it stops ...
+    assert board.call(board.redis.hget, protocol.job_key(J1), "state") == "cancelled"  # ... and the record catches up
+    assert board.advance(J1, JobState.DONE, artifact_key="c" * 64) is False
+
+    board.create(J2, new_record())
+    board.advance(J2, JobState.DONE, artifact_key="c" * 64)
+    board.raise_flag(J2, protocol.cancel_key)
+    assert board.get(J2).state == JobState.DONE  # an ended job stays as it ended
+
+
+def test_a_request_cancelled_before_acceptance_reads_as_cancelled(board: JobBoard) -> None:
+    job_id = board.submit(new_record())
+    board.raise_flag(job_id, protocol.cancel_key)
+    assert board.view(job_id).state == JobState.CANCELLED
+    assert board.flag_raised(job_id, protocol.cancel_key) and not board.flag_raised(job_id, protocol.downloaded_key)

@@ -8,6 +8,7 @@ import hashlib
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import onnx
@@ -18,7 +19,8 @@ from farm.backends.llvm.target import host_target
 from farm.backends.opencl.target import OpenClTarget
 from farm.distributed import protocol
 from farm.distributed.client import ANY_WORKER, FarmClient, LivenessWatch, job_queues, raise_for_state
-from farm.distributed.protocol import JobRecord, JobState
+from farm.distributed.protocol import JobRecord, JobState, Message, PlanJob
+from farm.distributed.steps import Farm
 from farm.errors import BadInputError, BuildError, ExitStatus, JobError, UnreachableError
 from farm.store import RedisStore
 from farm.tools import examples
@@ -37,31 +39,53 @@ def client(redis_server: RedisServer) -> FarmClient:
     return FarmClient(redis_server.url)
 
 
-def test_submit_stores_the_model_records_a_queued_job_and_queues_its_planning(
-        client: FarmClient, redis_server: RedisServer, model_path: Path) -> None:
+@pytest.fixture
+def dispatched() -> list[Message]:
+    """The tasks that `accept` dispatched (nothing consumes them here)."""
+    return []
+
+
+@pytest.fixture
+def accept(client: FarmClient, dispatched: list[Message]) -> Callable[[str], str]:
+    """What a worker's intake does with a submitted id (farm.distributed.steps.Farm.accept), its dispatches kept."""
+    return Farm(client.board, client.store, dispatched.append).accept
+
+
+def test_submit_stages_the_model_and_writes_a_request_that_a_worker_accepts(
+        client: FarmClient, redis_server: RedisServer, model_path: Path, accept, dispatched: list[Message]) -> None:
     job_id = client.submit(model_path, [host_target()])
 
     data = model_path.read_bytes()
     record = client.record(job_id)
     assert record.state == "queued" and record.model_name == "tiny_cnn"
-    assert record.model_sha256 == hashlib.sha256(data).hexdigest() and record.no_cache is False
+    assert record.model_sha256 == hashlib.sha256(data).hexdigest() == record.model_key and record.no_cache is False
     assert record.targets == [host_target()]
-    assert RedisStore(redis_server.url).get(record.model_key) == data  # the store is the broker's Redis
-
     raw = redis_server.client()
-    assert raw.llen("control") == 1
-    message = json.loads(raw.lindex("control", 0))
-    assert message["content-type"] == "application/json"
-    assert message["headers"]["task"] == "farm.plan_job"
-    args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
-    assert args == [job_id] and kwargs == {}
-
+    assert raw.lrange(protocol.SUBMITTED_KEY, 0, -1) == [job_id.encode()] and raw.llen("control") == 0
+    assert not raw.exists(protocol.job_key(job_id)) and not client.store.has(record.model_key)  # staged only
     status = client.status(job_id)
     assert status["state"] == "queued" and status["done"] == 0 and status["model"] == "tiny_cnn"
     assert "error" not in status and "artifact_key" not in status
 
-    assert client.submit(model_path, [host_target()], no_cache=True) != job_id  # every submit is a new job
-    assert raw.llen("control") == 2
+    assert accept(job_id) == f"job {job_id} accepted"
+    assert client.board.get(job_id) == client.record(job_id) and client.record(job_id).updated >= record.created
+    assert RedisStore(redis_server.url).get(record.model_key) == data  # admitted into the store, the broker's Redis
+    assert not raw.exists(f"farm:store:staged:{record.model_key}")
+    assert dispatched == [PlanJob(job_id).message()]
+    assert accept(job_id) == f"job {job_id} was accepted already" and len(dispatched) == 1
+
+    second = client.submit(model_path, [host_target()], no_cache=True)
+    assert second != job_id and not raw.exists(f"farm:store:staged:{record.model_key}")  # the store has the model
+    assert accept(second) == f"job {second} accepted" and client.record(second).no_cache
+
+
+def test_a_job_whose_upload_is_gone_fails_at_acceptance_naming_it(client: FarmClient, redis_server: RedisServer,
+                                                                  model_path: Path, accept) -> None:
+    job_id = client.submit(model_path, [host_target()])
+    redis_server.client().delete(f"farm:store:staged:{client.record(job_id).model_key}")
+    assert accept(job_id).startswith(f"job {job_id} failed: the model's upload")
+    status = client.status(job_id)
+    assert status["state"] == "failed" and status["exit_status"] == 2 and "submit the model again" in status["error"]
 
 
 def test_status_of_an_unknown_job_is_a_job_error(client: FarmClient) -> None:
@@ -102,18 +126,23 @@ def test_download_of_a_queued_job_says_there_is_no_artifact_yet(client: FarmClie
         client.download(job_id, tmp_path)
 
 
-def test_download_of_a_done_job_writes_the_artifact(client: FarmClient, model_path: Path, tmp_path: Path) -> None:
+def test_download_of_a_done_job_writes_the_artifact(client: FarmClient, model_path: Path, tmp_path: Path,
+                                                    accept) -> None:
     job_id = client.submit(model_path, [host_target()])
+    accept(job_id)
     key = client.store.put(b"artifact bytes")
     assert client.board.advance(job_id, JobState.DONE, artifact_key=key)
     path = client.download(job_id, tmp_path / "out")
     assert path == str(tmp_path / "out" / "tiny_cnn.farm")
     assert Path(path).read_bytes() == b"artifact bytes"
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["tiny_cnn.farm"]  # no temporary file left
+    assert client.board.flag_raised(job_id, protocol.downloaded_key)  # the next pin sweep releases its artifact
 
 
-def test_a_failed_job_reports_its_error_and_exit_status(client: FarmClient, model_path: Path, tmp_path: Path) -> None:
+def test_a_failed_job_reports_its_error_and_exit_status(client: FarmClient, model_path: Path, tmp_path: Path,
+                                                        accept) -> None:
     job_id = client.submit(model_path, [host_target()])
+    accept(job_id)
     client.board.fail(job_id, "can't read ONNX model tiny_cnn.onnx", ExitStatus.BAD_INPUT, "")
     status = client.status(job_id)
     assert status["state"] == "failed" and status["exit_status"] == 2
@@ -147,7 +176,7 @@ def test_submit_of_a_missing_file_is_bad_input(client: FarmClient, redis_server:
     with pytest.raises(BadInputError):
         client.submit(tmp_path, [host_target()])  # a folder is no model either
     raw = redis_server.client()
-    assert raw.llen("control") == 0 and raw.keys("farm:job:*") == []
+    assert raw.keys("farm:*") == []
 
 
 def _record(targets: list, **fields: object) -> JobRecord:
@@ -179,7 +208,7 @@ def test_jobs_lists_the_newest_first_and_skips_records_that_are_gone(client: Far
 
     raw = redis_server.client()
     assert 0 < raw.ttl(protocol.JOBS_KEY) <= defaults.JOB_TTL_SECONDS
-    raw.delete(protocol.job_key(ids[1]))  # a record gone before its index entry
+    raw.delete(protocol.request_key(ids[1]))  # a request gone before its index entry
     assert [job["job_id"] for job in client.jobs(limit=2)] == [ids[2], ids[0]]
 
     old = "0" * 16
@@ -194,10 +223,11 @@ def test_jobs_lists_the_newest_first_and_skips_records_that_are_gone(client: Far
     assert unreadable["state"] == "unreadable" and "not a job id" in unreadable["error"]
 
 
-def test_wait_wakes_at_the_boards_notifications_not_at_its_poll(client: FarmClient, model_path: Path,
+def test_wait_wakes_at_the_boards_notifications_not_at_its_poll(client: FarmClient, model_path: Path, accept,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FARM_WAIT_FALLBACK_SECONDS", "60")
     job_id = client.submit(model_path, [host_target()])
+    accept(job_id)
     board, key = client.board, client.store.put(b"artifact")
 
     def build() -> None:
@@ -218,11 +248,12 @@ def test_wait_wakes_at_the_boards_notifications_not_at_its_poll(client: FarmClie
     assert len(seen) <= 7  # one read per notification (or burst of them), no polling between
 
 
-def test_a_change_nobody_announced_is_seen_at_the_fallback_poll(client: FarmClient, model_path: Path,
+def test_a_change_nobody_announced_is_seen_at_the_fallback_poll(client: FarmClient, model_path: Path, accept,
                                                                 redis_server: RedisServer,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FARM_WAIT_FALLBACK_SECONDS", "0.5")
     job_id = client.submit(model_path, [host_target()])
+    accept(job_id)
     threading.Timer(0.3, lambda: redis_server.client().hset(protocol.job_key(job_id), "state", "cancelled")).start()
     assert client.wait(job_id, timeout=30)["state"] == "cancelled"
 
@@ -294,12 +325,13 @@ def test_a_redis_lost_mid_wait_names_the_job_to_resume(redis_server: RedisServer
 
 @pytest.mark.parametrize("name", ["../../escaped", "/tmp/absolute", ".."])
 def test_a_forged_model_name_never_names_a_path_outside_the_download_folder(client: FarmClient, model_path: Path,
-                                                                           tmp_path: Path, name: str) -> None:
-    """The job record is written by submitters, who are not trusted: its model name is read as a file name only."""
+                                                                           tmp_path: Path, name: str, accept) -> None:
+    """A record forged in Redis (with a worker's password, or a bug) has its model name read as a file name only."""
     job_id = client.submit(model_path, [host_target()])
+    accept(job_id)
     key = client.store.put(b"an artifact")
     assert client.board.advance(job_id, JobState.DONE, artifact_key=key)
-    client.board.redis.hset(protocol.job_key(job_id), "model_name", name)  # as a forger with the Redis password would
+    client.board.redis.hset(protocol.job_key(job_id), "model_name", name)  # as a forger with a worker's password would
     with pytest.raises(BadInputError, match="model name .* can't name a file"):
         client.download(job_id, tmp_path / "dl")
     assert not any(tmp_path.rglob("*.farm")) and not Path("/tmp/absolute.farm").exists()

@@ -24,7 +24,7 @@ from farm.store import RedisStore, content_key
 from farm.tools import examples
 from farm.tuning.database import PIN_OWNER
 from tests.services import RedisServer, redis_server_fixture  # noqa: F401
-from tests.test_jobs import Tasks, create_job, run_job, run_tasks
+from tests.test_jobs import Tasks, create_job, run_tasks
 
 
 @pytest.fixture(name="model_path", scope="module")
@@ -79,6 +79,10 @@ def test_release_ended_jobs_releases_failed_cancelled_and_expired_jobs_only(redi
     kept = {protocol.job_of_pin_owner(owner) for owner in store.pin_owners()}
     assert kept == {jobs[state] for state in JobState if state not in (JobState.FAILED, JobState.CANCELLED)} | {None}
 
+    board.raise_flag(jobs[JobState.DONE], protocol.downloaded_key)  # its artifact was downloaded
+    board.raise_flag(jobs[JobState.COMPILING], protocol.downloaded_key)  # a flag on a live job changes nothing
+    assert pins.release_ended_jobs(board, store) == [jobs[JobState.DONE]]
+
 
 def test_job_pins_expire_with_the_job_record(store: RedisStore) -> None:
     job_id = uuid.uuid4().hex[:16]
@@ -109,6 +113,8 @@ def test_a_job_pins_what_it_will_read_then_only_its_artifact_until_downloaded(
     record = steps.board.get(job_id)
     assert record.state == "done" and pinned(store, job_id) == {record.artifact_key}
     FarmClient(redis_server.url).download(job_id, tmp_path / "out")
+    assert pinned(store, job_id) == {record.artifact_key}  # a submitter can't unpin: it raised the flag
+    assert pins.release_ended_jobs(steps.board, store) == [job_id]
     assert pinned(store, job_id) == set() and store.pin_owners() == []
 
 
@@ -121,21 +127,26 @@ def test_a_job_finishes_under_a_cap_that_evicts_everything_it_doesnt_pin(
     steps, tasks = farm
     store.set_max_bytes(1)
     client = FarmClient(redis_server.url)
-    job_id = client.submit(model_path, [host_target()])  # the client pins the model before it puts it
-    run_job(steps, tasks, job_id)
+    job_id = client.submit(model_path, [host_target()])
+    steps.accept(job_id)  # pins the model before it admits it into the store
+    run_tasks(steps, tasks)
     assert Path(client.download(job_id, tmp_path / "out")).read_bytes() == local_artifact
+    pins.release_ended_jobs(steps.board, store)
     store.evict()
     assert store.stats().entries == 0
     with pytest.raises(JobError, match="no longer in the farm's store"):
         client.download(job_id, tmp_path / "again")
 
 
-def test_a_cancelled_job_releases_its_pins(redis_server: RedisServer, store: RedisStore, model_path: Path) -> None:
+def test_a_cancelled_job_releases_its_pins_at_the_next_sweep(farm: tuple[Farm, Tasks], store: RedisStore,
+                                                               redis_server: RedisServer, model_path: Path) -> None:
+    steps, _ = farm
     client = FarmClient(redis_server.url)
     job_id = client.submit(model_path, [host_target()])
-    assert pinned(store, job_id) == {content_key(model_path.read_bytes())}  # pinned before it was put
+    steps.accept(job_id)
+    assert pinned(store, job_id) == {content_key(model_path.read_bytes())}
     assert client.cancel(job_id)
-    assert pinned(store, job_id) == set()
+    assert pins.release_ended_jobs(steps.board, store) == [job_id] and pinned(store, job_id) == set()
 
 
 def test_a_failed_jobs_pins_are_released_when_the_next_job_is_planned(

@@ -146,3 +146,41 @@ def test_capabilities_round_trip_and_garbage_advertises_nothing() -> None:
 def test_the_job_index_and_events_channel_are_named_here() -> None:
     assert protocol.JOBS_KEY == "farm:jobs"
     assert protocol.job_events_channel(JOB) == f"farm:job:{JOB}:events"
+
+
+def test_a_request_round_trips_to_a_queued_record_whose_model_key_is_its_sha256() -> None:
+    job_id, request = protocol.encode_request(record(no_cache=True, submitted_from="ci-runner"))
+    assert protocol.check_job_id(job_id) == job_id and set(request) == {*protocol.REQUEST_FIELDS, "nonce"}
+    decoded = protocol.decode_request(request, job_id)
+    assert decoded.state == JobState.QUEUED and decoded.model_key == decoded.model_sha256 == "b" * 64
+    assert decoded.targets == [CPU, DEVICE] and decoded.no_cache and decoded.submitted_from == "ci-runner"
+    assert protocol.encode_request(record())[0] != protocol.encode_request(record())[0]  # the nonce differs
+
+
+REQUEST_FORGERIES = {
+    "a field only the farm sets": ({"artifact_key": "c" * 64}, "fields it may not set: artifact_key"),
+    "a state": ({"state": "done"}, "fields it may not set: state"),
+    "a rewritten target": ({"targets": json.dumps([CPU.to_json()])}, "not the one its id was made from"),
+    "a rewritten model": ({"model_sha256": "c" * 64}, "not the one its id was made from"),
+    "a malformed nonce": ({"nonce": "x"}, "not the one its id was made from"),
+}
+
+
+@pytest.mark.parametrize(("changes", "message"), REQUEST_FORGERIES.values(), ids=REQUEST_FORGERIES.keys())
+def test_a_forged_request_is_refused_naming_why(changes: dict[str, str], message: str) -> None:
+    job_id, request = protocol.encode_request(record())
+    with pytest.raises(BadInputError, match=message):
+        protocol.decode_request({**request, **changes}, job_id)
+
+
+def test_a_request_with_a_field_missing_or_malformed_is_refused_even_when_its_id_matches() -> None:
+    _, request = protocol.encode_request(record())
+    del request["targets"]
+    with pytest.raises(BadInputError, match="lacks targets"):
+        protocol.decode_request(request, protocol.request_job_id(request))
+    _, request = protocol.encode_request(record())
+    for name, bad, message in (("model_name", "../x", "model name"), ("created", "inf", "created"),
+                               ("targets", '[{"kind": "cpu", "triple": "x\\n"}]', "cpu target")):
+        forged = {**request, name: bad}
+        with pytest.raises(BadInputError, match=message):
+            protocol.decode_request(forged, protocol.request_job_id(forged))

@@ -1,0 +1,58 @@
+"""A worker's intake (farm/distributed/intake.py) on a real redis-server: it pops submitted ids and accepts each
+well-formed one, and nothing a submitter pushes, nor any error of an acceptance, stops it."""
+
+from __future__ import annotations
+
+import time
+
+from farm.distributed import protocol
+from farm.distributed.board import JobBoard
+from farm.distributed.intake import POP_SECONDS, Intake
+from tests.services import RedisServer, redis_server_fixture  # noqa: F401
+
+JOB = "0123456789abcdef"
+
+
+def test_each_id_is_accepted_once_and_junk_is_refused(redis_server: RedisServer) -> None:
+    board = JobBoard(redis_server.url)
+    accepted: list[str] = []
+    intake = Intake(board, lambda job_id: accepted.append(job_id) or f"job {job_id} accepted")
+    for pushed in (JOB, "../../etc/passwd", "x" * 10_000, JOB.upper()):
+        board.redis.lpush(protocol.SUBMITTED_KEY, pushed)
+
+    notes = [intake.take_one() for _ in range(4)]
+    assert accepted == [JOB]
+    assert notes[0] == f"job {JOB} accepted" and all(note.startswith("refused a submission") for note in notes[1:])
+    assert intake.take_one() is None  # nothing left: it waited POP_SECONDS and came back
+
+
+def test_an_acceptance_that_raises_is_logged_and_the_intake_goes_on(redis_server: RedisServer) -> None:
+    board = JobBoard(redis_server.url)
+
+    def accept(job_id: str) -> str:
+        if job_id == JOB:
+            raise RuntimeError("boom")
+        return f"job {job_id} accepted"
+
+    intake = Intake(board, accept)
+    intake.start()
+    try:
+        board.redis.lpush(protocol.SUBMITTED_KEY, JOB, "fedcba9876543210")
+        deadline = time.monotonic() + 10
+        while board.redis.llen(protocol.SUBMITTED_KEY) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert board.redis.llen(protocol.SUBMITTED_KEY) == 0 and intake.is_alive()
+    finally:
+        intake.stop()
+        intake.join(POP_SECONDS + 5)
+    assert not intake.is_alive()
+
+
+def test_a_lost_redis_is_waited_out(redis_server: RedisServer) -> None:
+    board = JobBoard(redis_server.url)
+    intake = Intake(board, lambda job_id: f"job {job_id} accepted")
+    redis_server.stop()
+    assert intake.take_one() is None
+    redis_server.start()
+    board.redis.lpush(protocol.SUBMITTED_KEY, JOB)
+    assert intake.take_one() == f"job {JOB} accepted"
