@@ -12,12 +12,18 @@ check is left out with a note (it is not skipped: under CI a skip counts as a fa
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +33,7 @@ import redis
 
 from farm.distributed import acl, protocol
 from tests.farm_services import farm_cli
-from tests.services import RedisServer
+from tests.services import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -38,6 +44,8 @@ FARM_SERVICES = ("flower", "worker-cpu", "worker-opencl")
 ACL_SERVICE, ACL_VOLUME = "redis-acl", "redis-acl"
 ROLE_PASSWORDS = {role: spec.password_variable for role, spec in acl.ROLES.items()}
 SECRET_VARIABLES = (*ROLE_PASSWORDS.values(), "FLOWER_PASSWORD")
+PASSWORDS = {variable: f"{variable.lower()}-0123456789abcdef" for variable in SECRET_VARIABLES}
+"""The values of the compose file's password variables in the tests that run compose or start its processes."""
 
 try:
     import yaml
@@ -501,7 +509,7 @@ def test_docker_compose_config_accepts_the_file_and_requires_every_password():
     if compose is None:
         print("note: neither `docker compose` nor `docker-compose` is available here; `config -q` was not run")
         return
-    env = {**os.environ, **{variable: f"{index:02d}23456789abcdef" for index, variable in enumerate(SECRET_VARIABLES)}}
+    env = {**os.environ, **PASSWORDS}
     command = [*compose, "--project-directory", str(ROOT), "-f", str(COMPOSE), "config", "-q"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert result.returncode == 0, result.stderr
@@ -533,32 +541,95 @@ class DeployedRedis(RedisServer):
         return [binary, str(REDIS_CONF), *options, "--aclfile", str(self.aclfile)]
 
 
-def test_the_acl_file_farm_acl_writes_is_what_redis_loads(tmp_path: Path):
-    passwords = {variable: f"{variable.lower()}-0123456789abcdef" for variable in ROLE_PASSWORDS.values()}
+@pytest.fixture(name="deployed_redis")
+def deployed_redis_fixture(tmp_path: Path) -> Iterator[DeployedRedis]:
+    """redis-server with deploy/redis.conf and the ACL file `farm acl` wrote from PASSWORDS in its environment."""
     aclfile = tmp_path / "users.acl"
-    written = farm_cli("acl", "-o", str(aclfile), broker="", cwd=tmp_path, env=passwords)
+    written = farm_cli("acl", "-o", str(aclfile), broker="", cwd=tmp_path, env=PASSWORDS)
     assert written.returncode == 0, written.stderr
-    assert aclfile.stat().st_mode & 0o777 == 0o644, "redis-server runs as another user (uid 999): it must read it"
-    assert not any(password in aclfile.read_text() for password in passwords.values()), "only hashes are stored"
-    with DeployedRedis(aclfile, passwords[ROLE_PASSWORDS["worker"]]) as server:
-        nobody = redis.Redis(port=server.port, socket_timeout=10)
-        with pytest.raises(redis.exceptions.AuthenticationError):  # NOAUTH: the default user is off
-            nobody.ping()
+    with DeployedRedis(aclfile, PASSWORDS[ROLE_PASSWORDS["worker"]]) as server:
+        yield server
+
+
+def test_the_acl_file_farm_acl_writes_is_what_redis_loads(deployed_redis: DeployedRedis):
+    assert deployed_redis.aclfile.stat().st_mode & 0o777 == 0o644, "redis-server runs as user redis: it must read it"
+    text = deployed_redis.aclfile.read_text()
+    assert not any(password in text for password in PASSWORDS.values()), "only the passwords' hashes are stored"
+    nobody = redis.Redis(port=deployed_redis.port, socket_timeout=10)
+    with pytest.raises(redis.exceptions.AuthenticationError):  # NOAUTH: the default user is off
+        nobody.ping()
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        nobody.auth("", "default")
+    clients = {}
+    for role, spec in acl.ROLES.items():
+        clients[role] = redis.Redis.from_url(deployed_redis.url_for(spec.user, PASSWORDS[spec.password_variable]))
+        assert clients[role].ping(), f"{spec.user} can't log in"
         with pytest.raises(redis.exceptions.AuthenticationError):
-            nobody.auth("", "default")
-        clients = {}
-        for role, spec in acl.ROLES.items():
-            clients[role] = redis.Redis.from_url(server.url_for(spec.user, passwords[spec.password_variable]))
-            assert clients[role].ping(), f"{spec.user} can't log in"
-            with pytest.raises(redis.exceptions.AuthenticationError):
-                redis.Redis.from_url(server.url_for(spec.user, "wrong")).ping()
-        with pytest.raises(redis.exceptions.NoPermissionError):
-            clients["submitter"].lpush(protocol.CONTROL_QUEUE, "forged")
-        assert clients["submitter"].lpush(protocol.SUBMITTED_KEY, "0123456789abcdef") == 1
-        assert clients["worker"].lpush(protocol.CONTROL_QUEUE, "task") == 1
-        with pytest.raises(redis.exceptions.NoPermissionError):
-            clients["flower"].lpush(protocol.CONTROL_QUEUE, "forged")
-        _run_the_healthcheck(server, passwords[ROLE_PASSWORDS["submitter"]])
+            redis.Redis.from_url(deployed_redis.url_for(spec.user, "wrong")).ping()
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        clients["submitter"].lpush(protocol.CONTROL_QUEUE, "forged")
+    assert clients["submitter"].lpush(protocol.SUBMITTED_KEY, "0123456789abcdef") == 1
+    assert clients["worker"].lpush(protocol.CONTROL_QUEUE, "task") == 1
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        clients["flower"].lpush(protocol.CONTROL_QUEUE, "forged")
+    _run_the_healthcheck(deployed_redis, PASSWORDS[ROLE_PASSWORDS["submitter"]])
+
+
+def _interpolate(value: str, environ: dict[str, str]) -> str:
+    """A compose value with its ${VAR}, ${VAR:-default} and ${VAR:?message} replaced from `environ`."""
+    def one(match: re.Match[str]) -> str:
+        name, operator, rest = match.group(1), match.group(2), match.group(3)
+        if environ.get(name):
+            return environ[name]
+        assert operator != ":?", f"{name} is required: {rest}"
+        return rest if operator == ":-" else ""
+    return re.sub(r"\$\{(\w+)(?:(:[-?])([^}]*))?\}", one, value)
+
+
+def test_flower_starts_as_compose_runs_it_and_asks_for_its_login(deployed_redis: DeployedRedis, tmp_path: Path):
+    """The flower service's command and environment (its broker URL pointed at this server): Flower logs in to
+    Redis as farm-flower and takes its web login from FLOWER_BASIC_AUTH, with nothing secret in its argv."""
+    flower = _service("flower")
+    env = {name: _interpolate(value, PASSWORDS) for name, value in _environment(flower).items()}
+    env["FARM_BROKER_URL"] = env["FARM_BROKER_URL"].replace("@redis:6379/", f"@127.0.0.1:{deployed_redis.port}/")
+    port = free_port()
+    words = [word for word in _tokens(flower["command"]) if not word.startswith("--port=")]
+    command = [sys.executable, "-m", *words, f"--port={port}", "--address=127.0.0.1"]
+    assert not any(password in " ".join(command) for password in PASSWORDS.values())
+    log = tmp_path / "flower.log"
+    with open(log, "wb") as output:
+        process = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "PYTHONPATH": str(ROOT), **env}, start_new_session=True)
+    try:
+        login = env["FLOWER_BASIC_AUTH"]
+        assert _flower_status(port, login, process, log) == 200
+        assert _flower_status(port, None, process, log) == 401
+        assert _flower_status(port, login.split(":")[0] + ":wrong", process, log) == 401
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def _flower_status(port: int, login: str | None, process: subprocess.Popen, log: Path) -> int:
+    """The HTTP status of Flower's /api/workers with this basic-auth login (None: none), once Flower answers."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/api/workers")
+    if login is not None:
+        request.add_header("Authorization", "Basic " + base64.b64encode(login.encode()).decode())
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"flower exited at start:\n{log.read_text(errors='replace')}"
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status
+        except urllib.error.HTTPError as error:
+            return error.code
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            time.sleep(0.2)
+    raise AssertionError(f"flower did not answer on port {port}:\n{log.read_text(errors='replace')}")
 
 
 def _run_the_healthcheck(server: RedisServer, submitter_password: str) -> None:
