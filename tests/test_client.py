@@ -3,9 +3,7 @@ cancel and download leave in Redis and raise. Jobs stay queued, since nothing co
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import json
 import threading
 import time
 from collections.abc import Callable

@@ -1,24 +1,39 @@
-"""The deployment files: docker-compose.yml, deploy/Dockerfile and deploy/redis.conf.
+"""The deployment files: docker-compose.yml, deploy/Dockerfile and deploy/redis.conf, and the ACL file that
+docker-compose.yml's redis-acl writes (`farm acl`), loaded with deploy/redis.conf by a real redis-server.
 
 The compose file is read with PyYAML when it is importable and otherwise with `_mini_yaml` below, a small strict
 reader of the YAML subset compose files use (block mappings and sequences, quoted and plain scalars, one-line
 flow sequences, anchors, aliases and `<<` merges): PyYAML is not one of farm's dependencies, and these checks must
 run (not skip) everywhere. Where PyYAML is importable the two readers are also checked to agree.
 
-`docker compose config -q` is run only where `docker compose` works; elsewhere that one check is left out with a
-note (it is not skipped: under CI a skip counts as a failure).
+`docker compose config -q` is run where `docker compose` (or the older `docker-compose`) works; elsewhere that one
+check is left out with a note (it is not skipped: under CI a skip counts as a failure).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
+import redis
+
+from farm.distributed import acl, protocol
+from tests.farm_services import farm_cli
+from tests.services import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -26,7 +41,11 @@ DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 REDIS_CONF = ROOT / "deploy" / "redis.conf"
 
 FARM_SERVICES = ("flower", "worker-cpu", "worker-opencl")
-BROKER_URL = re.compile(r"^redis://:\$\{FARM_REDIS_PASSWORD(:\?[^}]*)?\}@redis:6379/0$")
+ACL_SERVICE, ACL_VOLUME = "redis-acl", "redis-acl"
+ROLE_PASSWORDS = {role: spec.password_variable for role, spec in acl.ROLES.items()}
+SECRET_VARIABLES = (*ROLE_PASSWORDS.values(), "FLOWER_PASSWORD")
+PASSWORDS = {variable: f"{variable.lower()}-0123456789abcdef" for variable in SECRET_VARIABLES}
+"""The values of the compose file's password variables in the tests that run compose or start its processes."""
 
 try:
     import yaml
@@ -227,6 +246,18 @@ def _environment(service: dict) -> dict[str, str]:
     return {key: "" if item is None else str(item) for key, item in env.items()}
 
 
+def _secret_references(node: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """The paths (keys and list indexes) of the compose file's strings that read a password variable."""
+    if isinstance(node, dict):
+        for key, item in node.items():
+            yield from _secret_references(item, (*path, str(key)))
+    elif isinstance(node, list):
+        for index, item in enumerate(node):
+            yield from _secret_references(item, (*path, str(index)))
+    elif isinstance(node, str) and any(f"${{{variable}" in node for variable in SECRET_VARIABLES):
+        yield path
+
+
 def _dockerfile() -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) pairs, continuation lines joined and comments dropped."""
     instructions: list[tuple[str, str]] = []
@@ -315,17 +346,14 @@ def test_compose_has_the_farm_services_and_the_x_farm_anchor():
         assert block and re.search(r"^    <<: \*farm\s*$", block.group(1), re.MULTILINE), f"{name} must merge *farm"
 
 
-def test_redis_has_a_password_appendonly_a_volume_and_a_healthcheck():
+def test_redis_loads_the_acl_file_keeps_appendonly_a_volume_and_a_healthcheck():
     data = _compose()
     redis = data["services"]["redis"]
     assert str(redis["image"]).startswith("redis:7"), redis["image"]
     words = _tokens(redis["command"])
     assert words[0] == "redis-server", words
-    assert "--requirepass" in words, f"redis needs --requirepass: {words}"
-    password = words[words.index("--requirepass") + 1]
-    assert password.startswith("${FARM_REDIS_PASSWORD:?"), (
-        f"the password must be required from the environment: {password}"
-    )
+    assert "--requirepass" not in words, f"the password must not be on redis's command line: {words}"
+    assert "--aclfile" in words and words[words.index("--aclfile") + 1] == "/acl/users.acl", words
     assert "--appendonly" in words and words[words.index("--appendonly") + 1] == "yes", words
     volumes = [str(volume) for volume in redis.get("volumes") or []]
     data_volume = [volume for volume in volumes if volume.split(":")[1:2] == ["/data"]]
@@ -334,15 +362,50 @@ def test_redis_has_a_password_appendonly_a_volume_and_a_healthcheck():
     assert not named.startswith((".", "/")) and named in (data.get("volumes") or {}), (
         f"/data must be a named volume: {named}"
     )
+    assert f"{ACL_VOLUME}:/acl:ro" in volumes, f"redis must mount the ACL volume read-only at /acl: {volumes}"
     for volume in volumes:  # bind-mounted files (deploy/redis.conf) must exist
         source = volume.split(":")[0]
         if source.startswith("./"):
             assert (ROOT / source).exists(), f"redis mounts {source}, which does not exist"
-    health = _tokens(redis["healthcheck"]["test"])
-    assert "redis-cli" in " ".join(health) and "ping" in " ".join(health), health
-    assert "FARM_REDIS_PASSWORD" in str(_environment(redis).get("REDISCLI_AUTH", "")) or "-a" in " ".join(health), (
-        "the healthcheck must authenticate (REDISCLI_AUTH or redis-cli -a)"
+    assert redis["depends_on"][ACL_SERVICE]["condition"] == "service_completed_successfully", redis["depends_on"]
+    health = " ".join(_tokens(redis["healthcheck"]["test"]))
+    assert "redis-cli --user farm-submitter ping" in health and "PONG" in health, health
+    assert _environment(redis).get("REDISCLI_AUTH", "").startswith("${FARM_SUBMITTER_PASSWORD:?"), (
+        "the healthcheck logs in as farm-submitter with the password in REDISCLI_AUTH, never in argv"
     )
+
+
+def test_the_acl_service_writes_the_file_once_from_the_environment():
+    data = _compose()
+    service = _service(ACL_SERVICE)
+    assert _tokens(service["command"]) == ["farm", "acl", "-o", "/etc/farm/acl/users.acl"], service["command"]
+    assert service["image"] == data["x-farm"]["image"] and service["build"] == data["x-farm"]["build"], service
+    assert service["restart"] == "no", "redis-acl is one-shot: restarting it would loop"
+    assert "depends_on" not in service, "redis-acl runs before redis, so it can't wait for it"
+    env = _environment(service)
+    for variable in ROLE_PASSWORDS.values():
+        assert env.get(variable, "").startswith(f"${{{variable}:?"), f"redis-acl must require {variable}: {env}"
+    assert [str(volume) for volume in service["volumes"]] == [f"{ACL_VOLUME}:/etc/farm/acl"], service["volumes"]
+    assert ACL_VOLUME in (data.get("volumes") or {}), f"{ACL_VOLUME} must be a named volume"
+    # The image's folder belongs to farm, so the new volume mounted there does, and `farm acl` (as farm) can write.
+    assert any(kind == "RUN" and re.search(r"install -d -o farm -g farm -m 0755 /etc/farm/acl(\s|$)", args)
+               for kind, args in _dockerfile()), "the Dockerfile must make /etc/farm/acl farm's"
+
+
+def test_no_secret_is_on_any_command_line():
+    """Every password variable is read only into an `environment` value: never into a command, an entrypoint or a
+    healthcheck, whose words every user of the host can read (ps, /proc, docker inspect)."""
+    data = _compose()
+    for name, service in data["services"].items():
+        for field in ("command", "entrypoint"):
+            if field in service:
+                assert "$" not in " ".join(_tokens(service[field])), f"{name}: no variable in its {field}"
+        if "healthcheck" in service:
+            assert "$" not in " ".join(_tokens(service["healthcheck"]["test"])), f"{name}: healthcheck"
+    places = list(_secret_references(data))
+    assert places, "no password variable found in docker-compose.yml"
+    for path in places:
+        assert len(path) >= 2 and path[-2] == "environment", f"a password variable is read at {'.'.join(path)}"
 
 
 def test_redis_conf_is_durable_and_holds_no_password():
@@ -354,16 +417,19 @@ def test_redis_conf_is_durable_and_holds_no_password():
             settings[key.lower()] = rest.strip().strip('"')
     assert settings.get("appendonly") == "yes", settings
     assert settings.get("appendfsync") == "everysec", settings
-    assert "requirepass" not in settings, "the password is passed on the command line, never kept in redis.conf"
+    assert "requirepass" not in settings and "user" not in settings, "redis.conf holds no password and no user"
+    assert "aclfile" not in settings, "the ACL file is named by whoever starts redis (docker-compose.yml: --aclfile)"
 
 
-def test_flower_has_basic_auth_and_port_5555():
+def test_flower_takes_its_basic_auth_from_the_environment_and_listens_on_5555():
     flower = _service("flower")
     words = _tokens(flower["command"])
     assert words[:4] == ["celery", "-A", "tasks.app", "flower"], words
-    auth = [word for word in words if word.startswith("--basic-auth=")]
-    assert auth, f"flower must run with --basic-auth: {words}"
-    assert "${FLOWER_PASSWORD:?" in auth[0], f"the Flower password must be required from the environment: {auth[0]}"
+    assert not any(word.startswith("--basic-auth") for word in words), f"Flower's password must not be in argv: {words}"
+    auth = _environment(flower).get("FLOWER_BASIC_AUTH", "")  # Flower reads FLOWER_<option>: user:password
+    assert re.fullmatch(r"\$\{FLOWER_USER(:-[^}]*)?\}:\$\{FLOWER_PASSWORD:\?[^}]*\}", auth), (
+        f"FLOWER_BASIC_AUTH must be ${{FLOWER_USER}}:${{FLOWER_PASSWORD}}, the password required: {auth!r}"
+    )
     assert "--port=5555" in words, words
     assert any(str(port).endswith(":5555") for port in flower.get("ports") or []), flower.get("ports")
     assert flower["depends_on"]["redis"]["condition"] == "service_healthy", flower["depends_on"]
@@ -384,12 +450,15 @@ def test_workers_run_farm_worker_and_worker_cpu_scales():
         )
 
 
-def test_every_farm_service_has_the_broker_url_and_the_farm_image():
+def test_every_farm_service_logs_in_as_its_role_and_runs_the_farm_image():
     for name in FARM_SERVICES:
         service = _service(name)
+        role = acl.ROLES["flower" if name == "flower" else "worker"]
         url = _environment(service).get("FARM_BROKER_URL", "")
-        assert BROKER_URL.match(url), (
-            f"{name}: FARM_BROKER_URL must be redis://:${{FARM_REDIS_PASSWORD}}@redis:6379/0, is {url!r}"
+        expected = rf"redis://{re.escape(role.user)}:\$\{{{role.password_variable}:\?[^}}]*\}}@redis:6379/0"
+        assert re.fullmatch(expected, url), (
+            f"{name}: FARM_BROKER_URL must be redis://{role.user}:${{{role.password_variable}}}@redis:6379/0, "
+            f"is {url!r}"
         )
         build = service.get("build")
         assert isinstance(build, dict) and build.get("dockerfile") == "deploy/Dockerfile", f"{name}: build {build!r}"
@@ -423,22 +492,157 @@ def test_dockerfile_installs_pocl_and_lld_and_runs_as_farm():
     assert cmd and _tokens(json.loads(cmd[-1]) if cmd[-1].startswith("[") else cmd[-1]) == ["farm", "worker"], cmd
 
 
-def test_docker_compose_config_accepts_the_file():
+def _compose_command() -> list[str] | None:
+    """`docker compose`, else the older `docker-compose`, where one works (neither needs the daemon for config)."""
     docker = shutil.which("docker")
-    version = None
-    if docker is not None:
-        version = subprocess.run([docker, "compose", "version"], capture_output=True, text=True, timeout=60)
-    if version is None or version.returncode != 0:
-        print("note: `docker compose` is not available here; `docker compose config -q` was not run")
+    candidates = ([[docker, "compose"]] if docker else []) + [[found] for found in [shutil.which("docker-compose")]
+                                                               if found]
+    for candidate in candidates:
+        version = subprocess.run([*candidate, "version"], capture_output=True, text=True, timeout=60)
+        if version.returncode == 0:
+            return candidate
+    return None
+
+
+def test_docker_compose_config_accepts_the_file_and_requires_every_password():
+    compose = _compose_command()
+    if compose is None:
+        print("note: neither `docker compose` nor `docker-compose` is available here; `config -q` was not run")
         return
-    env = {**os.environ, "FARM_REDIS_PASSWORD": "0123456789abcdef", "FLOWER_PASSWORD": "fedcba9876543210"}
-    command = [docker, "compose", "--project-directory", str(ROOT), "-f", str(COMPOSE), "config", "-q"]
+    env = {**os.environ, **PASSWORDS}
+    command = [*compose, "--project-directory", str(ROOT), "-f", str(COMPOSE), "config", "-q"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     if (ROOT / ".env").exists():  # compose would take the passwords from there
         print("note: a .env file exists; the check that compose refuses to start without the passwords was not run")
         return
-    for missing in ("FARM_REDIS_PASSWORD", "FLOWER_PASSWORD"):
+    for missing in SECRET_VARIABLES:
         without = {key: value for key, value in env.items() if key != missing}
         result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=without, cwd=ROOT)
-        assert result.returncode != 0 and missing in result.stderr, f"compose must refuse to start without {missing}"
+        assert result.returncode != 0 and re.search(rf"set {missing}\s*$", result.stderr), (
+            f"compose must refuse to start without {missing}: {result.stderr}"
+        )
+
+
+class DeployedRedis(RedisServer):
+    """redis-server as docker-compose.yml starts it: deploy/redis.conf, then `--aclfile` (on 127.0.0.1 and a free
+    port here). The default user is off, so readiness is checked as farm-worker."""
+
+    def __init__(self, aclfile: Path, worker_password: str) -> None:
+        super().__init__()
+        self.aclfile, self.worker_password = aclfile, worker_password
+
+    @property
+    def url(self) -> str:
+        return self.url_for(acl.ROLES["worker"].user, self.worker_password)
+
+    def _arguments(self) -> list[str]:
+        binary, *options = super()._arguments()
+        return [binary, str(REDIS_CONF), *options, "--aclfile", str(self.aclfile)]
+
+
+@pytest.fixture(name="deployed_redis")
+def deployed_redis_fixture(tmp_path: Path) -> Iterator[DeployedRedis]:
+    """redis-server with deploy/redis.conf and the ACL file `farm acl` wrote from PASSWORDS in its environment."""
+    aclfile = tmp_path / "users.acl"
+    written = farm_cli("acl", "-o", str(aclfile), broker="", cwd=tmp_path, env=PASSWORDS)
+    assert written.returncode == 0, written.stderr
+    with DeployedRedis(aclfile, PASSWORDS[ROLE_PASSWORDS["worker"]]) as server:
+        yield server
+
+
+def test_the_acl_file_farm_acl_writes_is_what_redis_loads(deployed_redis: DeployedRedis):
+    assert deployed_redis.aclfile.stat().st_mode & 0o777 == 0o644, "redis-server runs as user redis: it must read it"
+    text = deployed_redis.aclfile.read_text()
+    assert not any(password in text for password in PASSWORDS.values()), "only the passwords' hashes are stored"
+    nobody = redis.Redis(port=deployed_redis.port, socket_timeout=10)
+    with pytest.raises(redis.exceptions.AuthenticationError):  # NOAUTH: the default user is off
+        nobody.ping()
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        nobody.auth("", "default")
+    clients = {}
+    for role, spec in acl.ROLES.items():
+        clients[role] = redis.Redis.from_url(deployed_redis.url_for(spec.user, PASSWORDS[spec.password_variable]))
+        assert clients[role].ping(), f"{spec.user} can't log in"
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            redis.Redis.from_url(deployed_redis.url_for(spec.user, "wrong")).ping()
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        clients["submitter"].lpush(protocol.CONTROL_QUEUE, "forged")
+    assert clients["submitter"].lpush(protocol.SUBMITTED_KEY, "0123456789abcdef") == 1
+    assert clients["worker"].lpush(protocol.CONTROL_QUEUE, "task") == 1
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        clients["flower"].lpush(protocol.CONTROL_QUEUE, "forged")
+    _run_the_healthcheck(deployed_redis, PASSWORDS[ROLE_PASSWORDS["submitter"]])
+
+
+def _interpolate(value: str, environ: dict[str, str]) -> str:
+    """A compose value with its ${VAR}, ${VAR:-default} and ${VAR:?message} replaced from `environ`."""
+    def one(match: re.Match[str]) -> str:
+        name, operator, rest = match.group(1), match.group(2), match.group(3)
+        if environ.get(name):
+            return environ[name]
+        assert operator != ":?", f"{name} is required: {rest}"
+        return rest if operator == ":-" else ""
+    return re.sub(r"\$\{(\w+)(?:(:[-?])([^}]*))?\}", one, value)
+
+
+def test_flower_starts_as_compose_runs_it_and_asks_for_its_login(deployed_redis: DeployedRedis, tmp_path: Path):
+    """The flower service's command and environment (its broker URL pointed at this server): Flower logs in to
+    Redis as farm-flower and takes its web login from FLOWER_BASIC_AUTH, with nothing secret in its argv."""
+    flower = _service("flower")
+    env = {name: _interpolate(value, PASSWORDS) for name, value in _environment(flower).items()}
+    env["FARM_BROKER_URL"] = env["FARM_BROKER_URL"].replace("@redis:6379/", f"@127.0.0.1:{deployed_redis.port}/")
+    port = free_port()
+    words = [word for word in _tokens(flower["command"]) if not word.startswith("--port=")]
+    command = [sys.executable, "-m", *words, f"--port={port}", "--address=127.0.0.1"]
+    assert not any(password in " ".join(command) for password in PASSWORDS.values())
+    log = tmp_path / "flower.log"
+    with open(log, "wb") as output:
+        process = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "PYTHONPATH": str(ROOT), **env}, start_new_session=True)
+    try:
+        login = env["FLOWER_BASIC_AUTH"]
+        assert _flower_status(port, login, process, log) == 200
+        assert _flower_status(port, None, process, log) == 401
+        assert _flower_status(port, login.split(":")[0] + ":wrong", process, log) == 401
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def _flower_status(port: int, login: str | None, process: subprocess.Popen, log: Path) -> int:
+    """The HTTP status of Flower's /api/workers with this basic-auth login (None: none), once Flower answers."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/api/workers")
+    if login is not None:
+        request.add_header("Authorization", "Basic " + base64.b64encode(login.encode()).decode())
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"flower exited at start:\n{log.read_text(errors='replace')}"
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status
+        except urllib.error.HTTPError as error:
+            return error.code
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            time.sleep(0.2)
+    raise AssertionError(f"flower did not answer on port {port}:\n{log.read_text(errors='replace')}")
+
+
+def _run_the_healthcheck(server: RedisServer, submitter_password: str) -> None:
+    """docker-compose.yml's healthcheck of redis, pointed at this server: it passes with the password redis's
+    environment gives it, and fails with another."""
+    cli = shutil.which("redis-cli")
+    if cli is None:
+        print("note: redis-cli is not installed here; the compose healthcheck was not run against redis-server")
+        return
+    kind, test = _service("redis")["healthcheck"]["test"]
+    assert kind == "CMD-SHELL", kind
+    shell = test.replace("redis-cli", f"{shlex.quote(cli)} -p {server.port}", 1)
+    for password, status in ((submitter_password, 0), ("wrong", 1)):
+        result = subprocess.run(["sh", "-c", shell], capture_output=True, text=True, timeout=30,
+                                env={**os.environ, "REDISCLI_AUTH": password})
+        assert result.returncode == status, f"healthcheck with password {password!r}: {result}"
