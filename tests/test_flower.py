@@ -1,7 +1,7 @@
 """Flower against a real farm: a real `celery flower` process on the test broker, real workers, a real job.
 
-Flower is started as README.md says (`celery -A tasks.app flower --basic-auth=...`, the broker from
-FARM_BROKER_URL), before the job is submitted, since Flower only sees the events sent after it connects. Its HTTP
+Flower is started as README.md says (`celery -A tasks.app flower`, its login from FLOWER_BASIC_AUTH and the broker
+from FARM_BROKER_URL, as the farm-flower user), before the job is submitted, since Flower only sees the events sent after it connects. Its HTTP
 API is read with urllib (requests is not a dependency of farm) and polled, because events reach Flower a moment
 after the job ends.
 """
@@ -42,8 +42,8 @@ class Flower:
         self.port = free_port()
         self.log_path = folder / "flower.log"
         command = [sys.executable, "-m", "celery", "-A", "tasks.app", "flower", f"--port={self.port}",
-                   "--address=127.0.0.1", f"--basic-auth={USER}:{PASSWORD}"]
-        env = {**os.environ, "FARM_BROKER_URL": broker}
+                   "--address=127.0.0.1"]
+        env = {**os.environ, "FARM_BROKER_URL": broker, "FLOWER_BASIC_AUTH": f"{USER}:{PASSWORD}"}
         repo = Path(__file__).resolve().parent.parent
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))
         with open(self.log_path, "ab") as log:
