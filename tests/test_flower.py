@@ -1,9 +1,9 @@
 """Flower against a real farm: a real `celery flower` process on the test broker, real workers, a real job.
 
 Flower is started as README.md says (`celery -A tasks.app flower`, its login from FLOWER_BASIC_AUTH and the broker
-from FARM_BROKER_URL, as the farm-flower user), before the job is submitted, since Flower only sees the events sent after it connects. Its HTTP
-API is read with urllib (requests is not a dependency of farm) and polled, because events reach Flower a moment
-after the job ends.
+from FARM_BROKER_URL, as the farm-flower user), before the job is submitted, since Flower only sees the events sent
+after it connects. Its HTTP API is read with urllib (requests is not a dependency of farm) and polled, because
+events reach Flower a moment after the job ends.
 """
 
 from __future__ import annotations
