@@ -293,13 +293,19 @@ class TlsRedisServer(RedisServer):
     nothing travels in clear. `url` is the rediss:// URL naming the test CA (ssl_ca_certs)."""
 
     def __init__(self, tls: TlsFiles, **options: Any) -> None:
-        """`options`: RedisServer's (password, port, folder)."""
+        """`options`: RedisServer's (password, port, folder, acl)."""
         super().__init__(**options)
         self.tls = tls
 
     @property
     def url(self) -> str:
-        return f"rediss://{super().url.removeprefix('redis://')}?ssl_ca_certs={quote(str(self.tls.ca))}"
+        return self._over_tls(super().url)
+
+    def url_for(self, user: str, password: str) -> str:
+        return self._over_tls(super().url_for(user, password))
+
+    def _over_tls(self, url: str) -> str:
+        return f"rediss://{url.removeprefix('redis://')}?ssl_ca_certs={quote(str(self.tls.ca))}"
 
     def _arguments(self) -> list[str]:
         arguments = super()._arguments()

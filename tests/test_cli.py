@@ -453,7 +453,7 @@ def test_submit_names_its_job_says_no_worker_within_10_s_and_ctrl_c_cancels_it(f
     status, stdout = running.interrupt()
     assert status == ExitStatus.INTERRUPTED == 130 and stdout == ""
     assert f"farm: interrupted; job {job_id} cancelled" in running.stderr and "Aborted" not in running.stderr
-    assert JobBoard(farm_redis.url).get(job_id).state == JobState.CANCELLED
+    assert JobBoard(farm_redis.url).view(job_id).state == JobState.CANCELLED  # no worker accepted it yet
     assert not (tmp_path / "artifacts").exists()
 
 
@@ -463,7 +463,7 @@ def test_submit_detach_leaves_the_job_running_at_ctrl_c(farm_redis: RedisServer,
     job_id = _submitted_job(running.wait_for(NO_WORKER, 10))
     status, _ = running.interrupt()
     assert status == 130 and f"job {job_id} goes on: farm wait {job_id}" in running.stderr
-    assert JobBoard(farm_redis.url).get(job_id).state == JobState.QUEUED
+    assert JobBoard(farm_redis.url).view(job_id).state == JobState.QUEUED
 
 
 def test_wait_stops_at_ctrl_c_and_leaves_the_job_running(farm_redis: RedisServer, tmp_path: Path) -> None:

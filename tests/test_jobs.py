@@ -25,7 +25,7 @@ from farm.build.assembly import compile_units, plan_model
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
 from farm.build.units import CompileUnit, compile_unit
-from farm.distributed import protocol
+from farm.distributed import pins, protocol
 from farm.distributed.board import JobBoard
 from farm.distributed.client import FarmClient
 from farm.distributed.protocol import TERMINAL, Compile, JobRecord, JobState, Message
@@ -563,7 +563,8 @@ def test_a_job_whose_entries_were_evicted_between_runs_rebuilds_them(board: JobB
     farm = Farm(board, store, tasks.dispatch)
     first = create_job(board, store, model_path)
     run_job(farm, tasks, first)
-    FarmClient(redis_server.url).download(first, tmp_path)  # the artifact's pin goes with the download
+    FarmClient(redis_server.url).download(first, tmp_path)  # the artifact's pin goes at the sweep after the download
+    pins.release_ended_jobs(board, store)
     store.set_max_bytes(1)
     store.evict()
     assert store.stats().entries == 0 and store.get_ref(artifact_ref(board.get(first))) is None

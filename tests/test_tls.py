@@ -19,18 +19,18 @@ from kombu.exceptions import OperationalError
 
 from farm.distributed import protocol
 from farm.tools.examples import EXAMPLES
-from tests.farm_services import Farm, farm_cli
+from tests.farm_services import FARM_ACL, PASSWORDS, Farm, farm_cli
 from tests.services import TlsFiles, TlsRedisServer, make_tls_files
 from tests.test_flower import Flower, poll
 
-PASSWORD = "tls-secret"
+PASSWORD = PASSWORDS["submitter"]
 
 
 @pytest.fixture(scope="module")
 def tls_farm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Farm]:
-    """A TLS-only redis-server with a password, and one worker on its rediss:// URL."""
+    """A TLS-only redis-server with the farm's ACL users, and one worker on its rediss:// URL."""
     folder = tmp_path_factory.mktemp("tls-farm")
-    with TlsRedisServer(make_tls_files(folder / "tls"), password=PASSWORD) as server:
+    with TlsRedisServer(make_tls_files(folder / "tls"), acl=FARM_ACL) as server:
         farm = Farm(server, folder)
         try:
             farm.add_worker("w1@tls")
@@ -60,7 +60,7 @@ def _with_ca(url: str, ca: Path) -> str:
 
 def test_nothing_travels_in_clear(tls_farm: Farm) -> None:
     assert tls_farm.url.startswith("rediss://") and "ssl_cert_reqs" not in tls_farm.url
-    client = redis.Redis.from_url(tls_farm.url, decode_responses=True)
+    client = redis.Redis.from_url(tls_farm.redis.url, decode_responses=True)
     assert client.config_get("port") == {"port": "0"}  # the plain port is closed
     assert client.exists(protocol.lease_key("w1@tls")) == 1  # the worker's lease keeper renews over TLS
 
@@ -90,7 +90,7 @@ def test_submit_wait_download_and_run_over_tls(tls_farm: Farm, model: Path, tmp_
 def test_flower_reads_the_farm_over_tls(tls_farm: Farm, tmp_path: Path) -> None:
     """Flower takes the TLS options from the app (broker_use_ssl): its worker list comes over the broker's events,
     its queue lengths from its own Redis client."""
-    flower = Flower(tls_farm.url, tmp_path)
+    flower = Flower(tls_farm.flower_url, tmp_path)
     try:
         flower.wait_until_up()
         status, workers = poll(lambda: flower.get("/api/workers?refresh=true"),
@@ -104,7 +104,7 @@ def test_flower_reads_the_farm_over_tls(tls_farm: Farm, tmp_path: Path) -> None:
 
 def test_a_plain_client_is_refused_by_the_tls_port(tls_farm: Farm, model: Path, tmp_path: Path) -> None:
     plain = tls_farm.url.partition("?")[0].replace("rediss://", "redis://", 1)
-    _one_line_error(farm_cli("submit", str(model), broker=plain, cwd=tmp_path), 4, "redis://:***@127.0.0.1")
+    _one_line_error(farm_cli("submit", str(model), broker=plain, cwd=tmp_path), 4, "redis://farm-submitter:***@127.0.0.1")
 
 
 def test_a_server_certificate_from_another_ca_is_refused_in_one_line(tls_farm: Farm, model: Path,
