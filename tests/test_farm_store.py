@@ -61,4 +61,5 @@ def test_more_distinct_models_than_fit_all_build_download_and_redis_stays_near_t
     assert stats["max_bytes"] == CAP and stats["bytes"] <= CAP and stats["pinned_entries"] == 0
     print(f"cap {CAP / MIB:.0f} MiB, {MODELS} models of about {footprint / MODELS / MIB:.1f} MiB of entries each: "
           f"Redis used memory peaked at {peak / MIB:.1f} MiB; the store holds {stats['bytes'] / MIB:.1f} MiB")
-    assert peak <= CAP * ROUNDING + SLACK
+    staged = first.stat().st_size * ROUNDING  # a submitted model waits beside the store until a worker admits it
+    assert peak <= CAP * ROUNDING + SLACK + staged

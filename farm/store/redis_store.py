@@ -337,13 +337,13 @@ class RedisStore(Store):
                 data = self._read(staged, key, repair=False)
         except (MissingEntryError, CorruptEntryError):
             data = None
-        if data is not None:
-            self.put(data)
-        with self._errors():
+        with self._errors():  # dropped before the put, so Redis never holds the bytes twice
             self.client.delete(staged)
             index = 0
             while self.client.delete(f"{staged}:{index}"):
                 index += 1
+        if data is not None:
+            self.put(data)
         return data is not None
 
     def staged_key(self, key: str) -> str:
