@@ -134,9 +134,9 @@ def test_a_submitter_submits_follows_cancels_and_reads_but_writes_nothing_else(
                                              f"farm:store:staged:{client.record(job_id).model_key}:0".encode()}
 
 
-def test_farm_store_with_a_submitters_credentials_is_refused_in_one_line(farm_redis: RedisServer,
-                                                                         tmp_path: Path) -> None:
-    for args in (["store", "stats"], ["store", "gc"]):
+def test_farm_store_or_worker_with_a_submitters_credentials_is_refused_in_one_line(farm_redis: RedisServer,
+                                                                                   tmp_path: Path) -> None:
+    for args in (["store", "stats"], ["store", "gc"], ["worker", "--hostname", "sneaky@host"]):
         result = farm_cli(*args, broker=Farm(farm_redis, Path()).url, cwd=tmp_path)
         assert result.returncode == 4, (args, result.stderr)
         assert result.stderr.count("\n") == 1 and "refused this to the URL's user" in result.stderr

@@ -23,7 +23,7 @@ from farm.backends.opencl.devices import opencl_devices_of_a_fresh_process
 from farm.distributed.board import JobBoard
 from farm.distributed.intake import Intake
 from farm.distributed.leases import INCARNATION_VARIABLE, LeaseKeeper, Leases, new_incarnation
-from farm.distributed.protocol import WORKERS_KEY, encode_capabilities, worker_queues
+from farm.distributed.protocol import RUNNING_KEY, WORKERS_KEY, encode_capabilities, worker_queues
 from farm.errors import CredentialsRefusedError, TlsRefusedError, UnreachableError
 from farm.store.redis_store import REDIS_SCHEMES
 
@@ -73,12 +73,14 @@ def _lease_keeper(broker: str, name: str) -> LeaseKeeper:
 
 
 def check_credentials(url: str) -> None:
-    """PING the Redis at `url` once, before Celery starts: credentials it refuses raise CredentialsRefusedError at
-    once (exit status 4), since no wait fixes a password and Celery would retry it a hundred times. A server that
-    doesn't answer is left to Celery, which waits for it as it always has."""
+    """PING the Redis at `url` once, before Celery starts, and read a key only workers may read: credentials it
+    refuses, or a user that isn't a worker's (a submitter's URL, farm.distributed.acl), raise
+    CredentialsRefusedError at once (exit status 4), since no wait fixes a password and Celery would retry it a
+    hundred times. A server that doesn't answer is left to Celery, which waits for it as it always has."""
     board = JobBoard(url, retries=0)
     try:
         board.call(board.redis.ping)
+        board.call(board.redis.exists, RUNNING_KEY)
     except (CredentialsRefusedError, TlsRefusedError):
         raise
     except UnreachableError:
