@@ -491,3 +491,30 @@ def test_a_declared_shape_folding_makes_checkable_is_checked(onnx_model_path):
     with pytest.raises(UnsupportedError, match=r"'reshape'.*'r' is declared with shape \[8, 8\] but computes to "
                                                 r"\[3, 2\]"):
         fold_constants(graph)
+
+
+RUNTIME_SHAPED = {
+    "reshape past its input": ("Reshape", [1, 4], [1000, 4], "doesn't fit input 'x' \\[1, 4\\]"),
+    "tile to a non-multiple": ("Tile", [2, 4], [3, 4], "doesn't fit input 'x' \\[2, 4\\]"),
+    "an op that has no check": ("Slice", [2, 4], [2, 4], "known only at run time"),
+}
+
+
+@pytest.mark.parametrize(("op", "source", "declared", "message"), RUNTIME_SHAPED.values(), ids=RUNTIME_SHAPED.keys())
+def test_a_shape_only_a_declaration_gives_must_fit_the_ops_input(onnx_model_path, op: str, source: list[int],
+                                                                 declared: list[int], message: str):
+    """An output shape that depends on a graph input's values (a Reshape to a shape given at run time) is taken
+    from the declaration only when the op's kernel then reads inside its input; otherwise it is refused, naming
+    the node (the kernel would read past its input: an out-of-bounds read made by the model)."""
+    nodes = [helper.make_node(op, ["x", "shape"] + (["shape"] if op == "Slice" else []), ["y"], name="rt")]
+    shape = helper.make_tensor_value_info("shape", TensorProto.INT64, [len(source)])
+    model = _model(nodes, [_f32("x", source), shape], [_f32("y", declared)], [], opset=17)
+    with pytest.raises(UnsupportedError, match=f"'rt'.*{message}"):
+        fold_constants(_load(onnx_model_path, model))
+
+
+def test_a_runtime_shaped_reshape_that_fits_is_built_for_its_declared_shape(onnx_model_path):
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["y"], name="rt")]
+    shape = helper.make_tensor_value_info("shape", TensorProto.INT64, [2])
+    model = _model(nodes, [_f32("x", [1, 4]), shape], [_f32("y", [2, 2])], [], opset=17)
+    assert fold_constants(_load(onnx_model_path, model)).values["y"].shape == (2, 2)

@@ -182,7 +182,10 @@ def fold_constants(graph: Graph) -> Graph:
 
 def _recheck_declared_shapes(graph: Graph) -> None:
     """Infer again, now that folding made inputs constant, each node output whose shape import took from the
-    model's declaration; a declaration inference now contradicts is refused (it would size the kernel's buffers)."""
+    model's declaration; a declaration inference now contradicts is refused (it would size the kernel's buffers).
+    One that inference still can't confirm because it depends on the values of integer inputs given at run time
+    (a Reshape to a shape that is a graph input) is kept only where the op can't read past its inputs with it
+    (RUNTIME_SHAPE_CHECKS), and refused otherwise."""
     for node in graph.nodes:
         names = [name for name in node.outputs if name in graph.declared_shapes and name in graph.values]
         if not names or node.domain or not all(name in graph.values for name in node.inputs if name):
@@ -193,6 +196,71 @@ def _recheck_declared_shapes(graph: Graph) -> None:
                 raise UnsupportedError(
                     f"value {name!r} is declared with shape {list(graph.values[name].shape)} but computes to "
                     f"{list(inferred[name].shape)}", node=node.name, op=node.op_type, opset=graph.opset)
+        if not all(name in inferred for name in names) and _reads_runtime_integers(graph, node):
+            _check_runtime_shapes(graph, node)
+
+
+def _reads_runtime_integers(graph: Graph, node: Node) -> bool:
+    """Whether an integer input of `node` is known only at run time (a shape, axes, sizes or repeats)."""
+    return any(name and name not in graph.constants and np.dtype(graph.values[name].dtype).kind in "iu"
+               for name in node.inputs)
+
+
+def _same_count(graph: Graph, node: Node) -> bool:
+    return math.prod(graph.values[node.inputs[0]].shape) == math.prod(graph.values[node.outputs[0]].shape)
+
+
+def _broadcasts_to_output(graph: Graph, node: Node) -> bool:
+    source, shape = graph.values[node.inputs[0]].shape, graph.values[node.outputs[0]].shape
+    try:
+        return np.broadcast_shapes(source, shape) == tuple(shape)
+    except ValueError:
+        return False
+
+
+def _tiles_output(graph: Graph, node: Node) -> bool:
+    source, shape = graph.values[node.inputs[0]].shape, graph.values[node.outputs[0]].shape
+    return len(source) == len(shape) and all(s > 0 and o % s == 0 for s, o in zip(source, shape))
+
+
+def _splits_input(graph: Graph, node: Node) -> bool:
+    source = graph.values[node.inputs[0]].shape
+    axis = int(node.attrs.get("axis", 0)) % max(len(source), 1)
+    parts = [graph.values[name].shape for name in node.outputs if name]
+    others = [tuple(d for i, d in enumerate(part) if i != axis) for part in parts]
+    rest = tuple(d for i, d in enumerate(source) if i != axis)
+    return all(len(part) == len(source) for part in parts) and all(o == rest for o in others) and \
+        sum(part[axis] for part in parts) == source[axis]
+
+
+def _indices_fill_output(graph: Graph, node: Node) -> bool:
+    indices, shape = graph.values[node.inputs[0]].shape, graph.values[node.outputs[0]].shape
+    axis = int(node.attrs.get("axis", -1)) % max(len(shape), 1)
+    return len(shape) == len(indices) + 1 and tuple(shape[:axis]) + tuple(shape[axis + 1:]) == tuple(indices)
+
+
+RUNTIME_SHAPE_CHECKS: dict[str, Callable[[Graph, Node], bool] | None] = {
+    "Reshape": _same_count, "Squeeze": _same_count, "Unsqueeze": _same_count,
+    "Expand": _broadcasts_to_output, "Tile": _tiles_output, "Split": _splits_input, "OneHot": _indices_fill_output,
+    "ConstantOfShape": None, "Range": None,
+}
+"""The ops whose output shape may come from the model's declaration when it depends on run-time integer inputs,
+each with the relation its kernel needs between that shape and its input's, so that it reads only inside its
+input (None: the op reads no tensor the output shape indexes). The artifact is built for the declared shape; the
+run-time values are not checked against it. Any other op with such an output is refused."""
+
+
+def _check_runtime_shapes(graph: Graph, node: Node) -> None:
+    declared = ", ".join(f"{name!r} {list(graph.values[name].shape)}" for name in node.outputs if name)
+    if node.op_type not in RUNTIME_SHAPE_CHECKS:
+        raise UnsupportedError(f"the shape of {declared} depends on the values of integer inputs known only at run "
+                               "time, and farm compiles static shapes", node=node.name, op=node.op_type,
+                               opset=graph.opset)
+    check = RUNTIME_SHAPE_CHECKS[node.op_type]
+    if check is not None and not check(graph, node):
+        raise UnsupportedError(f"the declared shape of {declared} doesn't fit input {node.inputs[0]!r} "
+                               f"{list(graph.values[node.inputs[0]].shape)} (it depends on run-time inputs, so only "
+                               "the declaration gives it)", node=node.name, op=node.op_type, opset=graph.opset)
 
 
 def _fold_sweep(graph: Graph) -> int:
