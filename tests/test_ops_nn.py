@@ -304,6 +304,10 @@ def _lrn_even_reference(feeds):
     return {"y": lrn_reference(feeds["x"], 4, alpha=0.1, beta=0.5)}
 
 
+def _lrn_huge_reference(feeds):
+    return {"y": lrn_reference(feeds["x"], 2**62, alpha=2.0**61, beta=0.75)}
+
+
 LRN_CASES: list[OpCase] = [
     case("lrn-size3", single_op_model("LRN", [("x", (1, 8, 5, 5))], {"size": 3})),
     case("lrn-size5", single_op_model("LRN", [("x", (2, 8, 5, 5))],
@@ -313,6 +317,10 @@ LRN_CASES: list[OpCase] = [
     case("lrn-size1", single_op_model("LRN", [("x", (1, 3, 4, 4))], {"size": 1, "alpha": 0.5, "bias": 1.5})),
     case("lrn-size-larger-than-channels", single_op_model("LRN", [("x", (1, 3, 4, 4))],
                                                           {"size": 7, "alpha": 0.3, "beta": 1.0})),
+    # A hostile window of 2**62 channels (issue 13): the kernel loops over the channels it covers, not 2**62 times;
+    # onnxruntime can't run it (it pads its buffer by the window), so the spec's formula is the reference.
+    case("lrn-size-2**62", single_op_model("LRN", [("x", (1, 5, 3, 3))], {"size": 2**62, "alpha": 2.0**61}),
+         reference=_lrn_huge_reference),
     case("lrn-alexnet", single_op_model("LRN", [("x", (1, 16, 6, 6))],
                                         {"size": 5, "alpha": 1e-4, "beta": 0.75, "bias": 1.0}),
          {"x": rand(1, 16, 6, 6, scale=30.0)}),

@@ -622,6 +622,18 @@ def _lrn_attrs(ctx: NodeContext) -> dict[str, Any]:
             "bias": float(a.get("bias", 1.0))}
 
 
+def _lrn_window(size: int, channels: int) -> tuple[int, int]:
+    """The channels before the centre and the loop's extent of LRN's window, the window clipped to the channels.
+
+    ONNX sums channels max(0, c - floor((size-1)/2)) .. min(C-1, c + ceil((size-1)/2)); neither side reaches past
+    C-1 channels, so clipping both to that gives the same sum for every c, and a hostile size (2**62) costs a loop
+    of at most 2C-1 steps instead of a kernel that never ends. The divisor stays the model's `size`."""
+    before = (size - 1) // 2
+    after = size - 1 - before
+    clipped_before, clipped_after = min(before, channels - 1), min(after, channels - 1)
+    return clipped_before, clipped_before + clipped_after + 1
+
+
 @register("LRN", normalize=_lrn_attrs)
 def _lower_lrn(spec: KernelSpec) -> list[L.Stmt]:
     """y = x / (bias + alpha/size * sum of x^2 over the channel window)^beta."""
@@ -629,7 +641,7 @@ def _lower_lrn(spec: KernelSpec) -> list[L.Stmt]:
     n, c, h, w = shape_of(spec)
     hw = h * w
     b, ch, i, j, acc = names.var("b"), names.var("c"), names.var("i"), names.var("j"), names.local()
-    before = (a["size"] - 1) // 2
+    before, window = _lrn_window(a["size"], c)
     other = ch - before + j
     inside = L.logical_and(L.compare("ge", other, 0), L.compare("lt", other, c))
     x_other = L.Load("in0", (b * c + L.minimum(L.maximum(other, 0), c - 1)) * hw + i)
@@ -638,7 +650,7 @@ def _lower_lrn(spec: KernelSpec) -> list[L.Stmt]:
     value = L.Load("in0", center) * L.call("exp", L.call("log", base) * (-a["beta"]))
     return [L.Loop(b, n, [L.Loop(ch, c, [L.Loop(i, hw, [
         L.Assign(acc, L.const(0.0)),
-        L.Loop(j, a["size"], [L.Assign(acc, acc + L.select(inside, x_other * x_other, 0.0))]),
+        L.Loop(j, window, [L.Assign(acc, acc + L.select(inside, x_other * x_other, 0.0))]),
         L.Store("out0", center, activate(value, spec.activation)),
     ], True)], True)], True)]
 
