@@ -13,10 +13,12 @@ from numerics import (
     IR_VERSION,
     OpCase,
     assert_close,
+    assert_refused,
     case,
     check_case,
     check_case_on_opencl,
     graph_model,
+    hostile_op_model,
     params,
     rand,
     single_op_model,
@@ -635,3 +637,36 @@ def test_opencl_matches_onnxruntime(c: OpCase, fingerprint: str, tmp_path) -> No
 
 def test_opencl_sample_names_cases() -> None:
     assert set(OPENCL_SAMPLE) <= {c.id for c in ALL_CASES}
+
+
+# Hostile attributes (issue 13): each is refused with one line naming the node, before anything is built. A pool
+# window of 2**40 with pads of half that has a small output but would loop 2**40 times per element: the planner's
+# bound on a kernel's work refuses it (farm/plan/planner.py MAX_KERNEL_WORK).
+HOSTILE = [
+    pytest.param(hostile_op_model("Softmax", {"axis": 2**40}), "axis 1099511627776 is out of range for rank 4",
+                 id="softmax-axis"),
+    pytest.param(hostile_op_model("Hardmax", {"axis": 2**40}), "axis 1099511627776 is out of range", id="hardmax-axis"),
+    pytest.param(hostile_op_model("LayerNormalization", {"axis": 2**40}, {"scale": np.ones(4, np.float32)}),
+                 "axis 1099511627776 is out of range", id="layernorm-axis"),
+    pytest.param(hostile_op_model("LpNormalization", {"axis": 2**40}), "axis 1099511627776 is out of range",
+                 id="lpnorm-axis"),
+    pytest.param(hostile_op_model("MaxPool", {"kernel_shape": [2**40, 1], "pads": [2**39, 0, 2**39, 0]}),
+                 "its kernel would run .* loop steps, over farm's limit", id="maxpool-window-huge"),
+    pytest.param(hostile_op_model("AveragePool", {"kernel_shape": [2**40, 1], "pads": [2**39, 0, 2**39, 0],
+                                                  "count_include_pad": 1}),
+                 "its kernel would run .* loop steps, over farm's limit", id="averagepool-window-huge"),
+    pytest.param(hostile_op_model("MaxPool", {"kernel_shape": [2**62, 1], "pads": [2**61, 0, 2**61, 0]}),
+                 "its kernel would run .* loop steps", id="maxpool-window-2**62"),
+    pytest.param(hostile_op_model("Conv", {"kernel_shape": [2**40, 2**40]}, {"w": np.ones((2, 2, 1, 1), np.float32)}),
+                 "empty dim", id="conv-kernel-huge"),
+    pytest.param(hostile_op_model("Conv", {"pads": [2**40] * 4}, {"w": np.ones((2, 2, 1, 1), np.float32)}),
+                 "over farm's limit of 4294967296 per tensor", id="conv-pads-huge"),
+    pytest.param(hostile_op_model("ConvTranspose", {"output_shape": [2**40, 2**40]},
+                                  {"w": np.ones((2, 2, 1, 1), np.float32)}),
+                 "over farm's limit of 4294967296 per tensor", id="convtranspose-output-shape"),
+]
+
+
+@pytest.mark.parametrize("model, message", HOSTILE)
+def test_hostile_attributes_are_refused(model, message: str, tmp_path) -> None:
+    assert_refused(model, message, tmp_path)

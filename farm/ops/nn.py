@@ -11,7 +11,7 @@ from typing import Any
 from farm.ir import loopir as L
 from farm.ir.specs import KernelSpec
 from farm.ops.reduce import ReduceLayout, absolute, axis_view, over_rows
-from farm.ops.registry import NodeContext, activate, out_shape, prod, register, shape_of
+from farm.ops.registry import NodeContext, activate, axis_in_range, out_shape, prod, register, shape_of
 
 NEG_INF = -3.4028234663852886e38
 
@@ -678,7 +678,7 @@ def _softmax_attrs(ctx: NodeContext) -> dict[str, Any]:
     """Softmax as (outer, length, inner): before opset 13 it covers every axis from `axis` on, later just `axis`."""
     shape = ctx.inputs[0].shape
     legacy = ctx.opset < 13
-    axis = int(ctx.node.attrs.get("axis", 1 if legacy else -1)) % len(shape)
+    axis = axis_in_range(ctx, ctx.node.attrs.get("axis", 1 if legacy else -1), len(shape))
     length = prod(shape[axis:]) if legacy else shape[axis]
     inner = 1 if legacy else prod(shape[axis + 1:])
     return {"outer": prod(shape[:axis]), "length": length, "inner": inner}
@@ -799,7 +799,7 @@ def _layernorm_attrs(ctx: NodeContext) -> dict[str, Any]:
     if int(a.get("stash_type", 1)) != 1:
         raise ctx.unsupported(f"stash_type {a['stash_type']} is not supported (1, float32, is)")
     shape = ctx.inputs[0].shape
-    axis = int(a.get("axis", -1)) % len(shape)
+    axis = axis_in_range(ctx, a.get("axis", -1), len(shape))
     for info in ctx.inputs[1:]:
         if info is not None and len(_trailing(info.shape, len(shape) - axis)) > len(shape) - axis:
             raise ctx.unsupported(f"scale/bias of shape {list(info.shape)} don't broadcast to {list(shape[axis:])}")
@@ -894,7 +894,7 @@ def _lower_groupnorm(spec: KernelSpec) -> list[L.Stmt]:
 
 def _mvn_attrs(ctx: NodeContext) -> dict[str, Any]:
     rank = len(ctx.inputs[0].shape)
-    return {"axes": sorted({int(axis) % rank for axis in ctx.node.attrs.get("axes", [0, 2, 3])})}
+    return {"axes": sorted({axis_in_range(ctx, axis, rank) for axis in ctx.node.attrs.get("axes", [0, 2, 3])})}
 
 
 @register("MeanVarianceNormalization", normalize=_mvn_attrs)
@@ -918,7 +918,7 @@ def _lp_attrs(ctx: NodeContext) -> dict[str, Any]:
     if p not in (1, 2):
         raise ctx.unsupported(f"LpNormalization p={p} is not supported (1 and 2 are)")
     shape = ctx.inputs[0].shape
-    outer, length, inner = axis_view(shape, int(ctx.node.attrs.get("axis", -1)) % len(shape))
+    outer, length, inner = axis_view(shape, axis_in_range(ctx, ctx.node.attrs.get("axis", -1), len(shape)))
     return {"p": p, "outer": outer, "length": length, "inner": inner}
 
 
