@@ -10,7 +10,8 @@ runs each, and prints seconds, microseconds per node and the ratio of each count
 Bars: the in-order and reversed 20,000-node chains plan within 5 s each, and 50,000 nodes take at most 3.5 times
 20,000 (2.5 is linear).
 
-Usage: python3 benchmarks/bench_plan.py [--nodes 2000,5000,20000,50000] [--repeat N] [--submit]
+Usage: python3 benchmarks/bench_plan.py [--nodes 2000,5000,20000,50000] [--orders in-order,reversed] [--repeat N]
+                                        [--submit]
                                         [--submit-nodes N] [--no-fail]
 Exit status: 0 when every bar passes (or --no-fail), 1 when a bar fails, 2 on bad arguments.
 """
@@ -67,6 +68,7 @@ def time_submit(path: Path, out: Path) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", default="2000,5000,20000,50000", help="node counts, comma-separated")
+    parser.add_argument("--orders", default="in-order,reversed", help="chains to time: in-order, reversed or both")
     parser.add_argument("--repeat", type=int, default=1, help="runs per count, the best is kept (default 1)")
     parser.add_argument("--submit", action="store_true", help="also time a whole local farm submit")
     parser.add_argument("--submit-nodes", type=int, default=20000, help="nodes of the submitted chain (default 20000)")
@@ -76,13 +78,14 @@ def main() -> int:
         counts = sorted({int(n) for n in args.nodes.split(",")})
     except ValueError:
         parser.error(f"--nodes {args.nodes!r}: expected whole numbers separated by commas")
-    if not counts or counts[0] < 2 or args.repeat < 1:
-        parser.error("node counts must be at least 2 and --repeat at least 1")
+    orders = args.orders.split(",")
+    if not counts or counts[0] < 2 or args.repeat < 1 or not set(orders) <= {"in-order", "reversed"}:
+        parser.error("node counts must be at least 2, --repeat at least 1, --orders in-order and/or reversed")
     failures: list[str] = []
     with tempfile.TemporaryDirectory(prefix="farm-bench-plan-") as scratch:
         folder = Path(scratch)
         print(f"{'chain':<10}{'nodes':>8}{'seconds':>10}{'us/node':>10}{'ratio':>8}")
-        for order in ("in-order", "reversed"):
+        for order in orders:
             seconds: dict[int, float] = {}
             for nodes in counts:
                 path = folder / f"{order}{nodes}.onnx"
