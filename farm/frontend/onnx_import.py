@@ -311,7 +311,8 @@ def _convert_nodes(protos: Iterable[onnx.NodeProto], model_dir: str,
     """Nodes as farm Nodes with Python attributes; Constant nodes become constants instead of nodes."""
     nodes: list[Node] = []
     constants: dict[str, np.ndarray] = {}
-    used_names: set[str] = set()
+    protos = list(protos)
+    used_names = _unique_node_names(protos)
     for index, proto in enumerate(protos):
         node = _convert_node(proto, index, model_dir, used_names)
         _check_attr_types(proto, node, opset)
@@ -322,8 +323,22 @@ def _convert_nodes(protos: Iterable[onnx.NodeProto], model_dir: str,
     return nodes, constants
 
 
+def _unique_node_names(protos: list[onnx.NodeProto]) -> set[str]:
+    """The names the model gives its nodes, refused when two nodes share one (onnxruntime refuses such a model too):
+    names key per-node buffers such as a Conv's scratch, which two nodes of one name shared at the first one's size,
+    so that the second wrote past it (issue 13)."""
+    names: set[str] = set()
+    for proto in protos:
+        if proto.name in names:
+            raise ModelLoadError(f"two nodes are named {proto.name!r}; node names must be unique")
+        if proto.name:
+            names.add(proto.name)
+    return names
+
+
 def _convert_node(proto: onnx.NodeProto, index: int, model_dir: str, used_names: set[str]) -> Node:
-    """One node; an unnamed node gets the stable name `<op_type>_<index>` so that errors can point at it."""
+    """One node; an unnamed node gets the stable name `<op_type>_<index>` (one no node of the model has) so that
+    errors can point at it."""
     domain = "" if proto.domain in DEFAULT_DOMAINS else proto.domain
     name = proto.name or _fresh_name(f"{proto.op_type}_{index}", used_names)
     used_names.add(name)
