@@ -670,3 +670,31 @@ HOSTILE = [
 @pytest.mark.parametrize("model, message", HOSTILE)
 def test_hostile_attributes_are_refused(model, message: str, tmp_path) -> None:
     assert_refused(model, message, tmp_path)
+
+
+def test_a_gemm_whose_operands_disagree_is_refused_before_its_kernel_reads_past_b(tmp_path):
+    """A fuzzed small_cnn whose Flatten was rewired to a bigger value: inference gave the Gemm no shape, the declared
+    output stood in, and the kernel read 4096 columns of a 32-column B (SIGSEGV at run, issue 13)."""
+    from numerics import assert_refused
+
+    model = hostile_op_model("Gemm", {"transB": 1}, {"b": np.ones((10, 32), np.float32)}, x=(1, 4096))
+    model.graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT
+    model.graph.output[0].type.tensor_type.shape.dim.add().dim_value = 1
+    model.graph.output[0].type.tensor_type.shape.dim.add().dim_value = 10
+    assert_refused(model, "input shapes are inconsistent", tmp_path)
+
+
+def test_gemm_and_matmul_check_their_operands_whatever_inference_found():
+    from farm.errors import UnsupportedError
+    from farm.ir.graph import Node, TensorInfo
+    from farm.ops.registry import NodeContext
+
+    def context(op, a, b, y):
+        return NodeContext(Node("victim", op, ["a", "b"], ["y"]), [TensorInfo(a), TensorInfo(b)], [TensorInfo(y)],
+                           {}, 17)
+
+    with pytest.raises(UnsupportedError, match="can't give Y"):
+        nn._gemm_attrs(context("Gemm", (1, 4096), (32, 10), (1, 10)))
+    with pytest.raises(UnsupportedError, match="the inner dims differ"):
+        nn._matmul_attrs(context("MatMul", (2, 1, 4096), (32, 10), (2, 1, 10)))
+    assert nn._matmul_attrs(context("MatMul", (2, 3, 32), (32,), (2, 3))) == {}

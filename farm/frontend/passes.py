@@ -188,11 +188,25 @@ def _recheck_declared_shapes(graph: Graph) -> None:
         if not names or node.domain or not all(name in graph.values for name in node.inputs if name):
             continue
         inferred = _infer_node(graph, node)
+        if any(name not in inferred for name in names):
+            _check_consistent(graph, node)
         for name in names:
             if name in inferred and inferred[name].shape != graph.values[name].shape:
                 raise UnsupportedError(
                     f"value {name!r} is declared with shape {list(graph.values[name].shape)} but computes to "
                     f"{list(inferred[name].shape)}", node=node.name, op=node.op_type, opset=graph.opset)
+
+
+def _check_consistent(graph: Graph, node: Node) -> None:
+    """Refuse a node whose static input shapes ONNX's strict shape inference finds inconsistent. Inference without
+    strict mode gives such a node no output shape, and a shape the model declares then stood in: a Gemm whose A has
+    2048 columns and whose B has 16 rows built, and its kernel read past B (SIGSEGV at run, issue 13)."""
+    try:
+        onnx.shape_inference.infer_shapes(_node_model(graph, node), strict_mode=True)
+    except Exception as exc:  # onnx raises InferenceError, or ValueError / RuntimeError from a converter
+        reason = str(exc).replace("\n", " ").strip()
+        raise UnsupportedError(f"its input shapes are inconsistent ({reason})", node=node.name, op=node.op_type,
+                               domain=node.domain, opset=graph.opset) from exc
 
 
 def _fold_sweep(graph: Graph) -> int:
@@ -329,6 +343,15 @@ def _infer_missing_shapes(graph: Graph) -> int:
 
 def _infer_node(graph: Graph, node: Node) -> dict[str, TensorInfo]:
     """Static output infos of one node from ONNX shape inference, small constant inputs given as data."""
+    try:
+        typed = infer_shapes_bounded(_node_model(graph, node))
+    except Exception:
+        return {}
+    return {vi.name: info for vi in typed.graph.value_info if (info := _static_info(vi)) is not None}
+
+
+def _node_model(graph: Graph, node: Node) -> onnx.ModelProto:
+    """A model of `node` alone: its inputs typed with their static shapes, small constant inputs given as data."""
     inputs, initializers = [], []
     for name in dict.fromkeys(name for name in node.inputs if name):
         info, array = graph.values[name], graph.constants.get(name)
@@ -339,12 +362,7 @@ def _infer_node(graph: Graph, node: Node) -> dict[str, TensorInfo]:
             inputs.append(onnx.helper.make_tensor_value_info(name, elem, info.shape))
     proto = onnx.helper.make_node(node.op_type, node.inputs, node.outputs, **_proto_attrs(node.attrs))
     one_node = onnx.helper.make_graph([proto], "infer", inputs, [], initializers)
-    model = onnx.helper.make_model(one_node, opset_imports=[onnx.helper.make_opsetid("", graph.opset)])
-    try:
-        typed = infer_shapes_bounded(model)
-    except Exception:
-        return {}
-    return {vi.name: info for vi in typed.graph.value_info if (info := _static_info(vi)) is not None}
+    return onnx.helper.make_model(one_node, opset_imports=[onnx.helper.make_opsetid("", graph.opset)])
 
 
 def _static_info(vi: onnx.ValueInfoProto) -> TensorInfo | None:

@@ -458,8 +458,23 @@ def _lower_conv_transpose(spec: KernelSpec) -> list[L.Stmt]:
 
 def _gemm_attrs(ctx: NodeContext) -> dict[str, Any]:
     a = ctx.node.attrs
-    return {"alpha": float(a.get("alpha", 1.0)), "beta": float(a.get("beta", 1.0)),
-            "transA": int(a.get("transA", 0)), "transB": int(a.get("transB", 0))}
+    attrs = {"alpha": float(a.get("alpha", 1.0)), "beta": float(a.get("beta", 1.0)),
+             "transA": int(a.get("transA", 0)), "transB": int(a.get("transB", 0))}
+    _check_gemm_shapes(ctx, attrs["transA"], attrs["transB"])
+    return attrs
+
+
+def _check_gemm_shapes(ctx: NodeContext, trans_a: int, trans_b: int) -> None:
+    """op(A) is M x K, op(B) K x N and Y M x N: the kernel indexes A, B and Y by these, so a mismatch would read or
+    write past a buffer (the frontend refuses what ONNX's strict inference finds; this holds whatever it found)."""
+    a, b, y = ctx.inputs[0].shape, ctx.inputs[1].shape, ctx.outputs[0].shape
+    if len(a) != 2 or len(b) != 2:
+        raise ctx.unsupported(f"Gemm's A {list(a)} and B {list(b)} must be matrices")
+    m, k = (a[1], a[0]) if trans_a else a
+    k_b, n = (b[1], b[0]) if trans_b else b
+    if k != k_b or y != (m, n):
+        raise ctx.unsupported(f"Gemm of A {list(a)} (transA={trans_a}) and B {list(b)} (transB={trans_b}) can't give "
+                              f"Y {list(y)}")
 
 
 @register("Gemm", normalize=_gemm_attrs)
@@ -488,7 +503,15 @@ def _lower_gemm(spec: KernelSpec) -> list[L.Stmt]:
     return [L.Loop(m, rows, [L.Loop(n, cols, [L.Assign(acc, L.const(0.0)), dot, store], True)], True)]
 
 
-@register("MatMul")
+def _matmul_attrs(ctx: NodeContext) -> dict[str, Any]:
+    """MatMul has no attributes; the operands' inner dims must agree (the kernel indexes both by them)."""
+    a, b = ctx.inputs[0].shape, ctx.inputs[1].shape
+    if not a or not b or a[-1] != (b[0] if len(b) == 1 else b[-2]):
+        raise ctx.unsupported(f"MatMul of {list(a)} and {list(b)}: the inner dims differ")
+    return {}
+
+
+@register("MatMul", normalize=_matmul_attrs)
 def _lower_matmul(spec: KernelSpec) -> list[L.Stmt]:
     """numpy matmul: batch dims broadcast, 1-D operands as in numpy. Float32 goes through Gemm (one per output
     batch, the batch loop parallel), integers through a loop nest."""
