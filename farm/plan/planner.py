@@ -132,8 +132,7 @@ def _check_work(graph: Graph, steps: list[Step]) -> None:
         if total > MAX_KERNEL_WORK:
             node = nodes[step.node]
             raise UnsupportedError(f"its kernel would run {total} loop steps, over farm's limit of {MAX_KERNEL_WORK} "
-                                   f"per call", node=node.name,
-                                   op=node.op_type, domain=node.domain, opset=graph.opset)
+                                   f"per call", node=node.name, op=node.op_type, domain=node.domain, opset=graph.opset)
 
 
 def for_target(spec: KernelSpec, target_id: str) -> KernelSpec:
