@@ -248,3 +248,30 @@ def check_case(c: OpCase, tmp_path: str | os.PathLike) -> BuildResult:
     if c.schedule is not None:
         assert tuple(scheduled_ops(result)) == c.schedule
     return result
+
+
+def hostile_op_model(op: str, attrs: Mapping[str, object] | None = None,
+                     initializers: Mapping[str, np.ndarray] | None = None, x: Sequence[int] | None = (1, 2, 4, 4),
+                     opset: int = OPSET, outputs: Sequence[str] = ("y",)) -> onnx.ModelProto:
+    """One `op` node named "victim" reading graph input x (float32, omitted when `x` is None) then the initializers
+    and writing `outputs`, with no shape inference or checker run: a hostile model as an attacker writes it (issue
+    13)."""
+    inputs = [] if x is None else [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x))]
+    names = [i.name for i in inputs] + list(initializers or {})
+    node = helper.make_node(op, names, list(outputs), name="victim", **dict(attrs or {}))
+    graph = helper.make_graph(
+        [node], "hostile", inputs, [helper.make_tensor_value_info(name, TensorProto.UNDEFINED, None) for name in outputs],
+        initializer=[numpy_helper.from_array(np.asarray(a), name) for name, a in (initializers or {}).items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
+
+
+def assert_refused(model: onnx.ModelProto, message: str, folder: str | os.PathLike) -> None:
+    """plan_model refuses `model` with one line that names the node "victim" and matches `message`."""
+    from farm.build.assembly import plan_model
+    from farm.errors import UnsupportedError
+
+    path = Path(folder) / "hostile.onnx"
+    onnx.save(model, path)
+    with pytest.raises(UnsupportedError, match=message) as refusal:
+        plan_model(path)
+    assert "victim" in str(refusal.value) and "\n" not in str(refusal.value)

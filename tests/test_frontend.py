@@ -337,3 +337,24 @@ def test_computed_value_over_the_tensor_limit_is_refused_by_validate(onnx_model_
     graph = optimize(import_model(onnx_model_path(model)))
     with pytest.raises(UnsupportedError, match=r"'fill'.*'z' of shape \[1048576, 1048576\] float32 needs"):
         validate(graph, SUPPORTED | {"ConstantOfShape"})
+
+
+def test_nodes_that_share_a_name_are_refused(onnx_model_path):
+    """Two Conv nodes of one name shared one scratch buffer sized for the first, and the second, bigger one wrote
+    past it: the output was garbage (issue 13). onnxruntime refuses such a model too."""
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], name="same", pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["a", "w2"], ["y"], name="same", pads=[1, 1, 1, 1])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 8, 8])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                   [numpy_helper.from_array(np.ones((4, 2, 3, 3), np.float32), "w1"),
+                    numpy_helper.from_array(np.ones((16, 4, 3, 3), np.float32), "w2")])
+    with pytest.raises(ModelLoadError, match="two nodes are named 'same'; node names must be unique"):
+        import_model(onnx_model_path(model))
+
+
+def test_a_generated_name_avoids_the_names_the_model_gives(onnx_model_path):
+    """An unnamed node is `<op_type>_<index>` unless a node of the model has that name: then it gets a suffix."""
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Relu", ["a"], ["y"], name="Relu_0")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    assert [node.name for node in import_model(onnx_model_path(model)).nodes] == ["Relu_0_1", "Relu_0"]

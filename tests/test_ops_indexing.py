@@ -11,9 +11,11 @@ from numerics import (
     OPSET,
     OpCase,
     TypedInput,
+    assert_refused,
     case,
     check_case,
     graph_model,
+    hostile_op_model,
     params,
     rand,
     single_op_model,
@@ -335,3 +337,30 @@ def test_unsupported_variants_are_refused_clearly(model, message: str, tmp_path)
     save(model, str(path))
     with pytest.raises(UnsupportedError, match=message):
         plan_model(path)
+
+
+# Hostile attributes and shape inputs (issue 13): each is refused with one line naming the node, before anything is
+# built or allocated (a size past farm's per-tensor limit, or a shape inference can't give).
+_EMPTY = np.zeros(0, np.float32)
+HOSTILE = [
+    pytest.param(hostile_op_model("Resize", {}, {"roi": _EMPTY, "scales": np.array([1, 1, 1e12, 1e12], np.float32)}),
+                 "over farm's limit", id="resize-scales-huge"),
+    pytest.param(hostile_op_model("Resize", {}, {"roi": _EMPTY, "scales": np.array([1, 1, np.inf, 1], np.float32)}),
+                 "empty dim", id="resize-scales-inf"),
+    pytest.param(hostile_op_model("Resize", {}, {"roi": _EMPTY, "scales": _EMPTY,
+                                                 "sizes": np.array([1, 2, 2**40, 2**40])}),
+                 "over farm's limit", id="resize-sizes-huge"),
+    pytest.param(hostile_op_model("Resize", {"axes": [2**40]}, {"roi": _EMPTY, "scales": np.array([2], np.float32)},
+                                  opset=18),
+                 "out of range|shape", id="resize-axes"),
+    pytest.param(hostile_op_model("OneHot", {}, {"indices": np.array([0, 1]), "depth": np.array(2**40),
+                                                 "values": np.array([0, 1], np.float32)}, x=None),
+                 "over farm's limit|constant", id="onehot-depth"),
+    pytest.param(hostile_op_model("Gather", {"axis": 2**40}, {"i": np.array([0])}),
+                 "axis 1099511627776 is out of range", id="gather-axis"),
+]
+
+
+@pytest.mark.parametrize("model, message", HOSTILE)
+def test_hostile_attributes_are_refused(model, message: str, tmp_path) -> None:
+    assert_refused(model, message, tmp_path)

@@ -13,10 +13,12 @@ from numerics import (
     IR_VERSION,
     OpCase,
     assert_close,
+    assert_refused,
     case,
     check_case,
     check_case_on_opencl,
     graph_model,
+    hostile_op_model,
     params,
     rand,
     single_op_model,
@@ -304,6 +306,10 @@ def _lrn_even_reference(feeds):
     return {"y": lrn_reference(feeds["x"], 4, alpha=0.1, beta=0.5)}
 
 
+def _lrn_huge_reference(feeds):
+    return {"y": lrn_reference(feeds["x"], 2**62, alpha=2.0**61, beta=0.75)}
+
+
 LRN_CASES: list[OpCase] = [
     case("lrn-size3", single_op_model("LRN", [("x", (1, 8, 5, 5))], {"size": 3})),
     case("lrn-size5", single_op_model("LRN", [("x", (2, 8, 5, 5))],
@@ -313,6 +319,10 @@ LRN_CASES: list[OpCase] = [
     case("lrn-size1", single_op_model("LRN", [("x", (1, 3, 4, 4))], {"size": 1, "alpha": 0.5, "bias": 1.5})),
     case("lrn-size-larger-than-channels", single_op_model("LRN", [("x", (1, 3, 4, 4))],
                                                           {"size": 7, "alpha": 0.3, "beta": 1.0})),
+    # A hostile window of 2**62 channels (issue 13): the kernel loops over the channels it covers, not 2**62 times;
+    # onnxruntime can't run it (it pads its buffer by the window), so the spec's formula is the reference.
+    case("lrn-size-2**62", single_op_model("LRN", [("x", (1, 5, 3, 3))], {"size": 2**62, "alpha": 2.0**61}),
+         reference=_lrn_huge_reference),
     case("lrn-alexnet", single_op_model("LRN", [("x", (1, 16, 6, 6))],
                                         {"size": 5, "alpha": 1e-4, "beta": 0.75, "bias": 1.0}),
          {"x": rand(1, 16, 6, 6, scale=30.0)}),
@@ -627,3 +637,64 @@ def test_opencl_matches_onnxruntime(c: OpCase, fingerprint: str, tmp_path) -> No
 
 def test_opencl_sample_names_cases() -> None:
     assert set(OPENCL_SAMPLE) <= {c.id for c in ALL_CASES}
+
+
+# Hostile attributes (issue 13): each is refused with one line naming the node, before anything is built. A pool
+# window of 2**40 with pads of half that has a small output but would loop 2**40 times per element: the planner's
+# bound on a kernel's work refuses it (farm/plan/planner.py MAX_KERNEL_WORK).
+HOSTILE = [
+    pytest.param(hostile_op_model("Softmax", {"axis": 2**40}), "axis 1099511627776 is out of range for rank 4",
+                 id="softmax-axis"),
+    pytest.param(hostile_op_model("Hardmax", {"axis": 2**40}), "axis 1099511627776 is out of range", id="hardmax-axis"),
+    pytest.param(hostile_op_model("LayerNormalization", {"axis": 2**40}, {"scale": np.ones(4, np.float32)}),
+                 "axis 1099511627776 is out of range", id="layernorm-axis"),
+    pytest.param(hostile_op_model("LpNormalization", {"axis": 2**40}), "axis 1099511627776 is out of range",
+                 id="lpnorm-axis"),
+    pytest.param(hostile_op_model("MaxPool", {"kernel_shape": [2**40, 1], "pads": [2**39, 0, 2**39, 0]}),
+                 "its kernel would run .* loop steps, over farm's limit", id="maxpool-window-huge"),
+    pytest.param(hostile_op_model("AveragePool", {"kernel_shape": [2**40, 1], "pads": [2**39, 0, 2**39, 0],
+                                                  "count_include_pad": 1}),
+                 "its kernel would run .* loop steps, over farm's limit", id="averagepool-window-huge"),
+    pytest.param(hostile_op_model("MaxPool", {"kernel_shape": [2**62, 1], "pads": [2**61, 0, 2**61, 0]}),
+                 "its kernel would run .* loop steps", id="maxpool-window-2**62"),
+    pytest.param(hostile_op_model("Conv", {"kernel_shape": [2**40, 2**40]}, {"w": np.ones((2, 2, 1, 1), np.float32)}),
+                 "empty dim", id="conv-kernel-huge"),
+    pytest.param(hostile_op_model("Conv", {"pads": [2**40] * 4}, {"w": np.ones((2, 2, 1, 1), np.float32)}),
+                 "over farm's limit of 4294967296 per tensor", id="conv-pads-huge"),
+    pytest.param(hostile_op_model("ConvTranspose", {"output_shape": [2**40, 2**40]},
+                                  {"w": np.ones((2, 2, 1, 1), np.float32)}),
+                 "over farm's limit of 4294967296 per tensor", id="convtranspose-output-shape"),
+]
+
+
+@pytest.mark.parametrize("model, message", HOSTILE)
+def test_hostile_attributes_are_refused(model, message: str, tmp_path) -> None:
+    assert_refused(model, message, tmp_path)
+
+
+def test_a_gemm_whose_operands_disagree_is_refused_before_its_kernel_reads_past_b(tmp_path):
+    """A fuzzed small_cnn whose Flatten was rewired to a bigger value: inference gave the Gemm no shape, the declared
+    output stood in, and the kernel read 4096 columns of a 32-column B (SIGSEGV at run, issue 13)."""
+    from numerics import assert_refused
+
+    model = hostile_op_model("Gemm", {"transB": 1}, {"b": np.ones((10, 32), np.float32)}, x=(1, 4096))
+    model.graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT
+    model.graph.output[0].type.tensor_type.shape.dim.add().dim_value = 1
+    model.graph.output[0].type.tensor_type.shape.dim.add().dim_value = 10
+    assert_refused(model, "input shapes are inconsistent", tmp_path)
+
+
+def test_gemm_and_matmul_check_their_operands_whatever_inference_found():
+    from farm.errors import UnsupportedError
+    from farm.ir.graph import Node, TensorInfo
+    from farm.ops.registry import NodeContext
+
+    def context(op, a, b, y):
+        return NodeContext(Node("victim", op, ["a", "b"], ["y"]), [TensorInfo(a), TensorInfo(b)], [TensorInfo(y)],
+                           {}, 17)
+
+    with pytest.raises(UnsupportedError, match="can't give Y"):
+        nn._gemm_attrs(context("Gemm", (1, 4096), (32, 10), (1, 10)))
+    with pytest.raises(UnsupportedError, match="the inner dims differ"):
+        nn._matmul_attrs(context("MatMul", (2, 1, 4096), (32, 10), (2, 1, 10)))
+    assert nn._matmul_attrs(context("MatMul", (2, 3, 32), (32,), (2, 3))) == {}

@@ -11,9 +11,11 @@ from native_helpers import run_kernel
 from numerics import (
     OPSET,
     OpCase,
+    assert_refused,
     case,
     check_case,
     check_case_on_opencl,
+    hostile_op_model,
     params,
     rand,
     single_op_model,
@@ -223,3 +225,17 @@ def test_opencl_matches_onnxruntime(c: OpCase, fingerprint: str, tmp_path) -> No
 
 def test_opencl_sample_names_cases() -> None:
     assert set(OPENCL_SAMPLE) <= {c.id for c in CASES}
+
+
+# Hostile attributes (issue 13): each is refused with one line naming the node, before anything is built.
+HOSTILE = [
+    pytest.param(hostile_op_model("ArgMax", {"axis": 2**40}), "out of range for rank 4|unknown shape",
+                 id="argmax-axis"),
+    pytest.param(hostile_op_model("TopK", {"axis": -(2**40)}, {"k": np.array([1])}, outputs=("y", "i")),
+                 "out of range for rank 4|unknown shape", id="topk-axis"),
+]
+
+
+@pytest.mark.parametrize("model, message", HOSTILE)
+def test_hostile_attributes_are_refused(model, message: str, tmp_path) -> None:
+    assert_refused(model, message, tmp_path)

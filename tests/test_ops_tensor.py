@@ -15,9 +15,11 @@ from numerics import (
     OpCase,
     Reference,
     TypedInput,
+    assert_refused,
     case,
     check_case,
     graph_model,
+    hostile_op_model,
     params,
     rand,
     single_op_model,
@@ -469,3 +471,26 @@ CASES: list[OpCase] = (RESHAPE_CASES + PASSTHROUGH_CASES + TRANSPOSE_CASES + CON
 @pytest.mark.parametrize("c", params(CASES))
 def test_matches_onnxruntime(c: OpCase, tmp_path) -> None:
     check_case(c, tmp_path)
+
+
+# Hostile attributes (issue 13): each is refused with one line naming the node, before anything is built.
+HOSTILE = [
+    pytest.param(hostile_op_model("Pad", {"mode": "reflect"}, {"pads": np.array([0, 0, 2**20, 0, 0, 0, 2**20, 0])}),
+                 "reflect pads 1048576, 1048576 of axis 2 exceed its size 4 less one", id="pad-reflect-huge"),
+    pytest.param(hostile_op_model("Pad", {"mode": "reflect"}, {"pads": np.array([0, 0, 4, 0, 0, 0, 0, 0])}),
+                 "reflect pads 4, 0 of axis 2 exceed", id="pad-reflect-dim"),
+    pytest.param(hostile_op_model("Flatten", {"axis": 2**40}), "axis 1099511627776 is out of range for Flatten",
+                 id="flatten-axis"),
+    pytest.param(hostile_op_model("Concat", {"axis": 2**40}), "axis 1099511627776 is out of range for rank 4",
+                 id="concat-axis"),
+    pytest.param(hostile_op_model("Transpose", {"perm": [0, 0, 1, 2]}), "not a permutation|unknown shape",
+                 id="transpose-perm"),
+    pytest.param(hostile_op_model("ReverseSequence", {"batch_axis": 2**40, "time_axis": 0},
+                                  {"lens": np.array([1, 1])}, x=(4, 2)),
+                 "batch_axis 1099511627776 and time_axis 0 must be 0 and 1", id="reversesequence-axes"),
+]
+
+
+@pytest.mark.parametrize("model, message", HOSTILE)
+def test_hostile_attributes_are_refused(model, message: str, tmp_path) -> None:
+    assert_refused(model, message, tmp_path)

@@ -1,5 +1,7 @@
 """The planner (farm/plan/planner.py): shared kernels for identical layers, deduplicated blobs, scratch buffers."""
 
+import sys
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -41,3 +43,62 @@ def test_scratch_buffer_for_im2col(tmp_path):
     scratch = [arg.name for arg in plan.steps[0].args if arg.name.endswith("::scratch")]
     assert scratch and plan.memory.sizes[scratch[0]] >= 8 * 9 * 16 * 16 * 4
 
+
+
+def relu_chain(path, nodes: int, reverse: bool = False):
+    """x -> Relu -> Relu -> ... (`nodes` of them), saved at `path`; listed last to first when `reverse`."""
+    chain = [helper.make_node("Relu", [f"v{i - 1}" if i else "x"], [f"v{i}"], name=f"relu{i}") for i in range(nodes)]
+    graph = helper.make_graph(chain[::-1] if reverse else chain, "chain",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info(f"v{nodes - 1}", TensorProto.FLOAT, None)])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+class _LineBudget:
+    """Counts the lines run in one module while active and fails once they pass `limit`: a structural measure of an
+    algorithm's cost (a quadratic scan runs n**2 lines) that doesn't depend on the machine's speed."""
+
+    def __init__(self, module, limit: int):
+        self.filename, self.limit, self.lines = module.__file__, limit, 0
+
+    def _local(self, frame, event, arg):
+        if event == "line":
+            self.lines += 1
+            assert self.lines <= self.limit, f"over {self.limit} lines run in {self.filename}"
+        return self._local
+
+    def _global(self, frame, event, arg):
+        return self._local if frame.f_code.co_filename == self.filename else None
+
+    def __enter__(self):
+        sys.settrace(self._global)
+        return self
+
+    def __exit__(self, *exc):
+        sys.settrace(None)
+
+
+def test_a_long_chain_plans_its_memory_in_linear_steps(tmp_path):
+    """Planning stays near-linear in the node count (issue 13: a 20,000-node chain took over a minute when every
+    placement scanned every buffer placed before it, 2*10**8 steps). The seconds per node count are measured by
+    benchmarks/bench_plan.py; this counts the lines the memory plan runs."""
+    from farm.plan import memory
+
+    plan = plan_model(relu_chain(tmp_path / "chain.onnx", 20_000))
+    assert len(plan.steps) == 20_000
+    with _LineBudget(memory, limit=60 * 20_000) as budget:
+        again = memory.plan_memory(plan.graph, plan.steps)
+    assert again.offsets == plan.memory.offsets and budget.lines > 20_000
+    assert plan.memory.arena_bytes <= 2 * 64  # two 32-byte activations, aligned, take turns
+
+
+def test_a_chain_listed_backwards_is_ordered_in_linear_steps(tmp_path):
+    """An unsorted graph is put in order by counting each node's undefined inputs, not by rescanning every pending
+    node each round (which made a reversed 20,000-node chain quadratic)."""
+    from farm.frontend import onnx_import
+
+    path = relu_chain(tmp_path / "reversed.onnx", 20_000, reverse=True)
+    with _LineBudget(onnx_import, limit=200 * 20_000):
+        graph = onnx_import.import_model(path)
+    assert [node.name for node in graph.nodes] == [f"relu{i}" for i in range(20_000)]

@@ -191,6 +191,8 @@ def _recheck_declared_shapes(graph: Graph) -> None:
         if not names or node.domain or not all(name in graph.values for name in node.inputs if name):
             continue
         inferred = _infer_node(graph, node)
+        if any(name not in inferred for name in names):
+            _check_consistent(graph, node)
         for name in names:
             if name in inferred and inferred[name].shape != graph.values[name].shape:
                 raise UnsupportedError(
@@ -261,6 +263,26 @@ def _check_runtime_shapes(graph: Graph, node: Node) -> None:
         raise UnsupportedError(f"the declared shape of {declared} doesn't fit input {node.inputs[0]!r} "
                                f"{list(graph.values[node.inputs[0]].shape)} (it depends on run-time inputs, so only "
                                "the declaration gives it)", node=node.name, op=node.op_type, opset=graph.opset)
+
+
+def _check_consistent(graph: Graph, node: Node) -> None:
+    """Refuse a node whose static input shapes ONNX's strict shape inference finds inconsistent. Inference without
+    strict mode gives such a node no output shape, and a shape the model declares then stood in: a Gemm whose A has
+    2048 columns and whose B has 16 rows built, and its kernel read past B (SIGSEGV at run, issue 13). Ops ONNX
+    defines by a function body are skipped: strict inference fails inside some bodies of valid nodes
+    (MeanVarianceNormalization's Constant), and their normalisations check what their kernels index by."""
+    try:
+        schema = onnx.defs.get_schema(node.op_type, graph.opset)
+    except onnx.defs.SchemaError:
+        return
+    if schema.has_function or schema.has_context_dependent_function:
+        return
+    try:
+        onnx.shape_inference.infer_shapes(_node_model(graph, node), strict_mode=True)
+    except Exception as exc:  # onnx raises InferenceError, or ValueError / RuntimeError from a converter
+        reason = str(exc).replace("\n", " ").strip()
+        raise UnsupportedError(f"its input shapes are inconsistent ({reason})", node=node.name, op=node.op_type,
+                               domain=node.domain, opset=graph.opset) from exc
 
 
 def _fold_sweep(graph: Graph) -> int:
@@ -397,6 +419,15 @@ def _infer_missing_shapes(graph: Graph) -> int:
 
 def _infer_node(graph: Graph, node: Node) -> dict[str, TensorInfo]:
     """Static output infos of one node from ONNX shape inference, small constant inputs given as data."""
+    try:
+        typed = infer_shapes_bounded(_node_model(graph, node))
+    except Exception:
+        return {}
+    return {vi.name: info for vi in typed.graph.value_info if (info := _static_info(vi)) is not None}
+
+
+def _node_model(graph: Graph, node: Node) -> onnx.ModelProto:
+    """A model of `node` alone: its inputs typed with their static shapes, small constant inputs given as data."""
     inputs, initializers = [], []
     for name in dict.fromkeys(name for name in node.inputs if name):
         info, array = graph.values[name], graph.constants.get(name)
@@ -407,12 +438,7 @@ def _infer_node(graph: Graph, node: Node) -> dict[str, TensorInfo]:
             inputs.append(onnx.helper.make_tensor_value_info(name, elem, info.shape))
     proto = onnx.helper.make_node(node.op_type, node.inputs, node.outputs, **_proto_attrs(node.attrs))
     one_node = onnx.helper.make_graph([proto], "infer", inputs, [], initializers)
-    model = onnx.helper.make_model(one_node, opset_imports=[onnx.helper.make_opsetid("", graph.opset)])
-    try:
-        typed = infer_shapes_bounded(model)
-    except Exception:
-        return {}
-    return {vi.name: info for vi in typed.graph.value_info if (info := _static_info(vi)) is not None}
+    return onnx.helper.make_model(one_node, opset_imports=[onnx.helper.make_opsetid("", graph.opset)])
 
 
 def _static_info(vi: onnx.ValueInfoProto) -> TensorInfo | None:

@@ -14,7 +14,7 @@ import numpy as np
 
 from farm.ir import loopir as L
 from farm.ir.specs import KernelSpec
-from farm.ops.registry import NodeContext, elementwise_loops, out_shape, register
+from farm.ops.registry import NodeContext, axis_in_range, elementwise_loops, out_shape, register
 from farm.ops.tensor import axis_attr, load, no_attrs, scalar, typed_const, value_dtype
 
 
@@ -315,7 +315,7 @@ def _resize_attrs(ctx: NodeContext) -> dict[str, Any]:
     options = _resize_options(ctx)
     in_shape, out = ctx.inputs[0].shape, ctx.outputs[0].shape
     rank = len(in_shape)
-    axes = [int(axis) % rank for axis in ctx.node.attrs.get("axes", range(rank))]
+    axes = [axis_in_range(ctx, axis, rank) for axis in ctx.node.attrs.get("axes", range(rank))]
     scales = _resize_scales(ctx, axes)
     crop = options["transform"] == "tf_crop_and_resize"
     roi = _resize_roi(ctx, axes, rank) if crop else [(F32(0), F32(1))] * rank

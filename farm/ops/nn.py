@@ -11,7 +11,7 @@ from typing import Any
 from farm.ir import loopir as L
 from farm.ir.specs import KernelSpec
 from farm.ops.reduce import ReduceLayout, absolute, axis_view, over_rows
-from farm.ops.registry import NodeContext, activate, out_shape, prod, register, shape_of
+from farm.ops.registry import NodeContext, activate, axis_in_range, out_shape, prod, register, shape_of
 
 NEG_INF = -3.4028234663852886e38
 
@@ -458,8 +458,23 @@ def _lower_conv_transpose(spec: KernelSpec) -> list[L.Stmt]:
 
 def _gemm_attrs(ctx: NodeContext) -> dict[str, Any]:
     a = ctx.node.attrs
-    return {"alpha": float(a.get("alpha", 1.0)), "beta": float(a.get("beta", 1.0)),
-            "transA": int(a.get("transA", 0)), "transB": int(a.get("transB", 0))}
+    attrs = {"alpha": float(a.get("alpha", 1.0)), "beta": float(a.get("beta", 1.0)),
+             "transA": int(a.get("transA", 0)), "transB": int(a.get("transB", 0))}
+    _check_gemm_shapes(ctx, attrs["transA"], attrs["transB"])
+    return attrs
+
+
+def _check_gemm_shapes(ctx: NodeContext, trans_a: int, trans_b: int) -> None:
+    """op(A) is M x K, op(B) K x N and Y M x N: the kernel indexes A, B and Y by these, so a mismatch would read or
+    write past a buffer (the frontend refuses what ONNX's strict inference finds; this holds whatever it found)."""
+    a, b, y = ctx.inputs[0].shape, ctx.inputs[1].shape, ctx.outputs[0].shape
+    if len(a) != 2 or len(b) != 2:
+        raise ctx.unsupported(f"Gemm's A {list(a)} and B {list(b)} must be matrices")
+    m, k = (a[1], a[0]) if trans_a else a
+    k_b, n = (b[1], b[0]) if trans_b else b
+    if k != k_b or y != (m, n):
+        raise ctx.unsupported(f"Gemm of A {list(a)} (transA={trans_a}) and B {list(b)} (transB={trans_b}) can't give "
+                              f"Y {list(y)}")
 
 
 @register("Gemm", normalize=_gemm_attrs)
@@ -488,7 +503,15 @@ def _lower_gemm(spec: KernelSpec) -> list[L.Stmt]:
     return [L.Loop(m, rows, [L.Loop(n, cols, [L.Assign(acc, L.const(0.0)), dot, store], True)], True)]
 
 
-@register("MatMul")
+def _matmul_attrs(ctx: NodeContext) -> dict[str, Any]:
+    """MatMul has no attributes; the operands' inner dims must agree (the kernel indexes both by them)."""
+    a, b = ctx.inputs[0].shape, ctx.inputs[1].shape
+    if not a or not b or a[-1] != (b[0] if len(b) == 1 else b[-2]):
+        raise ctx.unsupported(f"MatMul of {list(a)} and {list(b)}: the inner dims differ")
+    return {}
+
+
+@register("MatMul", normalize=_matmul_attrs)
 def _lower_matmul(spec: KernelSpec) -> list[L.Stmt]:
     """numpy matmul: batch dims broadcast, 1-D operands as in numpy. Float32 goes through Gemm (one per output
     batch, the batch loop parallel), integers through a loop nest."""
@@ -622,6 +645,18 @@ def _lrn_attrs(ctx: NodeContext) -> dict[str, Any]:
             "bias": float(a.get("bias", 1.0))}
 
 
+def _lrn_window(size: int, channels: int) -> tuple[int, int]:
+    """The channels before the centre and the loop's extent of LRN's window, the window clipped to the channels.
+
+    ONNX sums channels max(0, c - floor((size-1)/2)) .. min(C-1, c + ceil((size-1)/2)); neither side reaches past
+    C-1 channels, so clipping both to that gives the same sum for every c, and a hostile size (2**62) costs a loop
+    of at most 2C-1 steps instead of a kernel that never ends. The divisor stays the model's `size`."""
+    before = (size - 1) // 2
+    after = size - 1 - before
+    clipped_before, clipped_after = min(before, channels - 1), min(after, channels - 1)
+    return clipped_before, clipped_before + clipped_after + 1
+
+
 @register("LRN", normalize=_lrn_attrs)
 def _lower_lrn(spec: KernelSpec) -> list[L.Stmt]:
     """y = x / (bias + alpha/size * sum of x^2 over the channel window)^beta."""
@@ -629,7 +664,7 @@ def _lower_lrn(spec: KernelSpec) -> list[L.Stmt]:
     n, c, h, w = shape_of(spec)
     hw = h * w
     b, ch, i, j, acc = names.var("b"), names.var("c"), names.var("i"), names.var("j"), names.local()
-    before = (a["size"] - 1) // 2
+    before, window = _lrn_window(a["size"], c)
     other = ch - before + j
     inside = L.logical_and(L.compare("ge", other, 0), L.compare("lt", other, c))
     x_other = L.Load("in0", (b * c + L.minimum(L.maximum(other, 0), c - 1)) * hw + i)
@@ -638,7 +673,7 @@ def _lower_lrn(spec: KernelSpec) -> list[L.Stmt]:
     value = L.Load("in0", center) * L.call("exp", L.call("log", base) * (-a["beta"]))
     return [L.Loop(b, n, [L.Loop(ch, c, [L.Loop(i, hw, [
         L.Assign(acc, L.const(0.0)),
-        L.Loop(j, a["size"], [L.Assign(acc, acc + L.select(inside, x_other * x_other, 0.0))]),
+        L.Loop(j, window, [L.Assign(acc, acc + L.select(inside, x_other * x_other, 0.0))]),
         L.Store("out0", center, activate(value, spec.activation)),
     ], True)], True)], True)]
 
@@ -666,7 +701,7 @@ def _softmax_attrs(ctx: NodeContext) -> dict[str, Any]:
     """Softmax as (outer, length, inner): before opset 13 it covers every axis from `axis` on, later just `axis`."""
     shape = ctx.inputs[0].shape
     legacy = ctx.opset < 13
-    axis = int(ctx.node.attrs.get("axis", 1 if legacy else -1)) % len(shape)
+    axis = axis_in_range(ctx, ctx.node.attrs.get("axis", 1 if legacy else -1), len(shape))
     length = prod(shape[axis:]) if legacy else shape[axis]
     inner = 1 if legacy else prod(shape[axis + 1:])
     return {"outer": prod(shape[:axis]), "length": length, "inner": inner}
@@ -787,7 +822,7 @@ def _layernorm_attrs(ctx: NodeContext) -> dict[str, Any]:
     if int(a.get("stash_type", 1)) != 1:
         raise ctx.unsupported(f"stash_type {a['stash_type']} is not supported (1, float32, is)")
     shape = ctx.inputs[0].shape
-    axis = int(a.get("axis", -1)) % len(shape)
+    axis = axis_in_range(ctx, a.get("axis", -1), len(shape))
     for info in ctx.inputs[1:]:
         if info is not None and len(_trailing(info.shape, len(shape) - axis)) > len(shape) - axis:
             raise ctx.unsupported(f"scale/bias of shape {list(info.shape)} don't broadcast to {list(shape[axis:])}")
@@ -882,7 +917,7 @@ def _lower_groupnorm(spec: KernelSpec) -> list[L.Stmt]:
 
 def _mvn_attrs(ctx: NodeContext) -> dict[str, Any]:
     rank = len(ctx.inputs[0].shape)
-    return {"axes": sorted({int(axis) % rank for axis in ctx.node.attrs.get("axes", [0, 2, 3])})}
+    return {"axes": sorted({axis_in_range(ctx, axis, rank) for axis in ctx.node.attrs.get("axes", [0, 2, 3])})}
 
 
 @register("MeanVarianceNormalization", normalize=_mvn_attrs)
@@ -906,7 +941,7 @@ def _lp_attrs(ctx: NodeContext) -> dict[str, Any]:
     if p not in (1, 2):
         raise ctx.unsupported(f"LpNormalization p={p} is not supported (1 and 2 are)")
     shape = ctx.inputs[0].shape
-    outer, length, inner = axis_view(shape, int(ctx.node.attrs.get("axis", -1)) % len(shape))
+    outer, length, inner = axis_view(shape, axis_in_range(ctx, ctx.node.attrs.get("axis", -1), len(shape)))
     return {"p": p, "outer": outer, "length": length, "inner": inner}
 
 

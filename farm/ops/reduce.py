@@ -16,7 +16,7 @@ import numpy as np
 
 from farm.ir import loopir as L
 from farm.ir.specs import KernelSpec
-from farm.ops.registry import NodeContext, prod, register, shape_of
+from farm.ops.registry import NodeContext, axis_in_range, prod, register, shape_of
 
 FLOAT = frozenset({"float32"})
 NUMERIC = frozenset({"float32", "int64", "int32"})
@@ -259,7 +259,7 @@ ARG_COMPARISONS = {("ArgMax", 0): "gt", ("ArgMax", 1): "ge", ("ArgMin", 0): "lt"
 def _arg_attrs(ctx: NodeContext) -> dict[str, Any]:
     _check_dtype(ctx, NUMERIC)
     rank = len(ctx.inputs[0].shape)
-    return {"axis": int(ctx.node.attrs.get("axis", 0)) % rank,
+    return {"axis": axis_in_range(ctx, ctx.node.attrs.get("axis", 0), rank),
             "last": int(ctx.node.attrs.get("select_last_index", 0))}
 
 
@@ -290,7 +290,7 @@ def _lower_arg(spec: KernelSpec) -> list[L.Stmt]:
 def _topk_attrs(ctx: NodeContext) -> dict[str, Any]:
     _check_dtype(ctx, NUMERIC)
     shape = ctx.inputs[0].shape
-    axis = int(ctx.node.attrs.get("axis", -1)) % len(shape)
+    axis = axis_in_range(ctx, ctx.node.attrs.get("axis", -1), len(shape))
     if ctx.opset >= 10:
         k_input = ctx.constant(1)
         if k_input is None:

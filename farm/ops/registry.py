@@ -39,6 +39,15 @@ class NodeContext:
         return UnsupportedError(reason, node=n.name, op=n.op_type, domain=n.domain, opset=self.opset)
 
 
+def axis_in_range(ctx: NodeContext, axis: Any, rank: int, what: str = "axis") -> int:
+    """`axis` as an index in [0, rank), refused unless ONNX allows it ([-rank, rank)): taking it modulo the rank
+    unchecked would quietly compute something for an axis of 2**40."""
+    axis = int(axis)
+    if not -rank <= axis < rank:
+        raise ctx.unsupported(f"{what} {axis} is out of range for rank {rank}")
+    return axis % rank
+
+
 def keep_attrs(ctx: NodeContext) -> dict[str, Any]:
     return dict(ctx.node.attrs)
 

@@ -15,6 +15,7 @@ from farm.ops.registry import (
     BUFFER_DTYPES,
     NodeContext,
     activate,
+    axis_in_range,
     elementwise_loops,
     out_shape,
     prod,
@@ -52,10 +53,7 @@ def no_attrs(ctx: NodeContext) -> dict[str, Any]:
 def axis_attr(ctx: NodeContext, rank: int | None = None, default: int = 0) -> dict[str, Any]:
     """{"axis": the node's axis attribute in [0, rank)}; rank defaults to input 0's."""
     rank = len(ctx.inputs[0].shape) if rank is None else rank
-    axis = int(ctx.node.attrs.get("axis", default))
-    if not -rank <= axis < rank:
-        raise ctx.unsupported(f"axis {axis} is out of range for rank {rank}")
-    return {"axis": axis % rank}
+    return {"axis": axis_in_range(ctx, ctx.node.attrs.get("axis", default), rank)}
 
 
 def _copy_loops(spec: KernelSpec, shape: tuple[int, ...], source_index, out: str = "out0",
@@ -68,7 +66,7 @@ def _copy_loops(spec: KernelSpec, shape: tuple[int, ...], source_index, out: str
 # ---------------------------------------------------------------------------------------------------- reshapes
 
 
-@register("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout", normalize=no_attrs, data_inputs=(0,))
+@register("Reshape", "Squeeze", "Unsqueeze", "Identity", "Dropout", normalize=no_attrs, data_inputs=(0,))
 def _lower_copy(spec: KernelSpec) -> list[L.Stmt]:
     """Reshapes keep the row-major bytes: the kernel copies them (the planner may alias later)."""
     size = prod(out_shape(spec))
@@ -76,9 +74,23 @@ def _lower_copy(spec: KernelSpec) -> list[L.Stmt]:
                                                                      spec.activation))
 
 
+def _flatten_attrs(ctx: NodeContext) -> dict[str, Any]:
+    """Flatten copies like a reshape; its axis, in [-rank, rank], is checked only (the output shape holds it)."""
+    rank, axis = len(ctx.inputs[0].shape), int(ctx.node.attrs.get("axis", 1))
+    if not -rank <= axis <= rank:
+        raise ctx.unsupported(f"axis {axis} is out of range for Flatten of rank {rank}")
+    return {}
+
+
+register("Flatten", normalize=_flatten_attrs, data_inputs=(0,))(_lower_copy)
+
+
 def _transpose_attrs(ctx: NodeContext) -> dict[str, Any]:
     rank = len(ctx.inputs[0].shape)
-    return {"perm": [int(p) % rank for p in ctx.node.attrs.get("perm", range(rank - 1, -1, -1))]}
+    perm = [axis_in_range(ctx, p, rank, "perm entry") for p in ctx.node.attrs.get("perm", range(rank - 1, -1, -1))]
+    if sorted(perm) != list(range(rank)):
+        raise ctx.unsupported(f"perm {ctx.node.attrs['perm']} is not a permutation of the {rank} axes")
+    return {"perm": perm}
 
 
 @register("Transpose", normalize=_transpose_attrs)
@@ -95,7 +107,7 @@ def _lower_transpose(spec: KernelSpec) -> list[L.Stmt]:
 
 
 def _concat_attrs(ctx: NodeContext) -> dict[str, Any]:
-    return {"axis": int(ctx.node.attrs["axis"]) % len(ctx.outputs[0].shape)}
+    return {"axis": axis_in_range(ctx, ctx.node.attrs["axis"], len(ctx.outputs[0].shape))}
 
 
 @register("Concat", normalize=_concat_attrs)
@@ -127,10 +139,24 @@ def _pad_attrs(ctx: NodeContext) -> dict[str, Any]:
         raise ctx.unsupported("Pad's axes input is not supported")
     pads = [int(p) for p in (pads_input if pads_input is not None else attrs.get("pads", []))]
     value = scalar(value_input) if value_input is not None and value_input.size else float(attrs.get("value", 0.0))
+    if len(pads) != 2 * len(ctx.inputs[0].shape):
+        raise ctx.unsupported(f"pads {pads} must hold two values per axis of the rank-{len(ctx.inputs[0].shape)} input")
     mode = attrs.get("mode", "constant")
     if mode not in PAD_MODES:
         raise ctx.unsupported(f"Pad mode {mode!r} is not supported (constant, reflect, edge are)")
+    if mode == "reflect":
+        _check_reflect_pads(ctx, pads)
     return {"pads": pads, "value": value, "mode": mode}
+
+
+def _check_reflect_pads(ctx: NodeContext, pads: list[int]) -> None:
+    """A reflection mirrors once: a pad of the dim or more would read outside the input (onnxruntime refuses it
+    too), so each pad must be at most the dim less one."""
+    shape = ctx.inputs[0].shape
+    for axis, dim in enumerate(shape):
+        begin, end = pads[axis], pads[axis + len(shape)]
+        if max(begin, end) > dim - 1:
+            raise ctx.unsupported(f"reflect pads {begin}, {end} of axis {axis} exceed its size {dim} less one")
 
 
 def _reflect(i: L.Expr, size: int) -> L.Expr:
@@ -337,7 +363,11 @@ def _lower_space_to_depth(spec: KernelSpec) -> list[L.Stmt]:
 
 def _reverse_sequence_attrs(ctx: NodeContext) -> dict[str, Any]:
     a = ctx.node.attrs
-    return {"batch_axis": int(a.get("batch_axis", 1)), "time_axis": int(a.get("time_axis", 0))}
+    axes = {"batch_axis": int(a.get("batch_axis", 1)), "time_axis": int(a.get("time_axis", 0))}
+    if sorted(axes.values()) != [0, 1]:
+        raise ctx.unsupported(f"batch_axis {axes['batch_axis']} and time_axis {axes['time_axis']} must be 0 and 1, "
+                              f"one each")
+    return axes
 
 
 @register("ReverseSequence", normalize=_reverse_sequence_attrs)

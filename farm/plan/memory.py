@@ -7,6 +7,8 @@ importing them: the planner imports this module to lay out its plan.
 
 from __future__ import annotations
 
+import bisect
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -51,11 +53,22 @@ class MemoryPlan:
         return {"arena_bytes": self.arena_bytes, "alignment": ALIGNMENT, "buffers": buffers}
 
 
-def _buffer_bytes(name: str, graph: Graph, steps: Sequence[Call]) -> int:
+def _scratch_steps(steps: Sequence[Call]) -> dict[str, Call]:
+    """The step that names each arena buffer, for the scratch buffers, which are no graph values (one pass, so
+    that sizing every scratch buffer stays linear in the step count)."""
+    owners: dict[str, Call] = {}
+    for step in steps:
+        for arg in step.args:
+            if arg.kind == "arena":
+                owners.setdefault(arg.name, step)
+    return owners
+
+
+def _buffer_bytes(name: str, graph: Graph, owners: dict[str, Call]) -> int:
     """A graph value's bytes, or the scratch of the step that names the buffer (scratch is no graph value)."""
     if name in graph.values:
         return graph.values[name].nbytes
-    step = next(s for s in steps if any(arg.kind == "arena" and arg.name == name for arg in s.args))
+    step = owners[name]
     return LOWERINGS[step.spec.op].scratch_floats(step.spec) * 4
 
 
@@ -72,17 +85,29 @@ def _lifetimes(graph: Graph, steps: Sequence[Call]) -> dict[str, list[int]]:
 
 
 def plan_memory(graph: Graph, steps: Sequence[Call]) -> MemoryPlan:
-    """First-fit placement: a buffer shares bytes only with buffers whose lifetimes don't overlap its own."""
+    """First-fit placement: a buffer shares bytes only with buffers whose lifetimes don't overlap its own.
+
+    Buffers are placed in order of their first step, so a placed buffer whose last step is before the current
+    buffer's first can never overlap this or any later buffer: it leaves the live set for good (a heap by last
+    step), and each placement scans only the buffers live at that point. Planning so stays near-linear in the
+    node count (a 20,000-node chain took over a minute when every placement scanned every placed buffer).
+    """
     spans = _lifetimes(graph, steps)
+    owners = _scratch_steps(steps)
     offsets: dict[str, int] = {}
-    sizes = {name: _align(max(_buffer_bytes(name, graph, steps), 1)) for name in spans}
-    placed: list[tuple[int, int, int, int]] = []
+    sizes = {name: _align(max(_buffer_bytes(name, graph, owners), 1)) for name in spans}
+    live: list[tuple[int, int, str]] = []  # (offset, size, name), sorted: the busy ranges in offset order
+    ending: list[tuple[int, int, int, str]] = []  # heap of (last step, offset, size, name) of the live buffers
+    arena = 0
     for name in sorted(spans, key=lambda n: (spans[n][0], n)):
         start, end = spans[name]
-        busy = sorted((off, size) for off, size, s, e in placed if s <= end and start <= e)
-        offsets[name] = _first_gap(busy, sizes[name])
-        placed.append((offsets[name], sizes[name], start, end))
-    arena = max((off + size for off, size, _, _ in placed), default=0)
+        while ending and ending[0][0] < start:
+            _, offset, size, dead = heapq.heappop(ending)
+            del live[bisect.bisect_left(live, (offset, size, dead))]
+        offsets[name] = _first_gap([(offset, size) for offset, size, _ in live], sizes[name])
+        bisect.insort(live, (offsets[name], sizes[name], name))
+        heapq.heappush(ending, (end, offsets[name], sizes[name], name))
+        arena = max(arena, offsets[name] + sizes[name])
     return MemoryPlan(arena, offsets, sizes)
 
 

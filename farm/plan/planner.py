@@ -16,10 +16,11 @@ from typing import Any
 import numpy as np
 
 from farm.errors import UnsupportedError
+from farm.ir import loopir as L
 from farm.ir.graph import Graph, Node
 from farm.ir.specs import KernelSpec, canonical_json
 from farm.ops import LOWERINGS
-from farm.ops.registry import NodeContext
+from farm.ops.registry import NodeContext, lower_kernel
 from farm.plan.memory import MemoryPlan, plan_memory
 
 
@@ -100,6 +101,13 @@ def _blob_arg(array: np.ndarray, blobs: dict[str, np.ndarray]) -> Arg:
     return Arg("blob", sha)
 
 
+# The most work (farm/ir/loopir.py `work`: innermost statements run, each about a nanosecond) one kernel call may
+# take: 2**40 is over ten minutes on one core, far beyond any real model's kernel. A hostile attribute can make a
+# kernel loop that long over a small output (MaxPool with kernel_shape 2**40 and pads of half that, five outputs
+# per row), so such a model is refused when it is planned instead of building an artifact that never finishes.
+MAX_KERNEL_WORK = 2**40
+
+
 def make_plan(graph: Graph) -> BuildPlan:
     """Plan the whole graph."""
     for name in graph.outputs:
@@ -107,7 +115,24 @@ def make_plan(graph: Graph) -> BuildPlan:
             raise UnsupportedError(f"graph output {name!r} is a constant; farm needs it computed by a node")
     blobs: dict[str, np.ndarray] = {}
     steps = [plan_node(node, graph, blobs) for node in graph.nodes]
+    _check_work(graph, steps)
     return BuildPlan(graph, steps, blobs, plan_memory(graph, steps))
+
+
+def _check_work(graph: Graph, steps: list[Step]) -> None:
+    """Refuse a kernel whose loops would run over MAX_KERNEL_WORK, naming the first node that uses it (each distinct
+    kernel is lowered once here; compiling lowers it again per target)."""
+    checked: set[str] = set()
+    nodes = {node.name: node for node in graph.nodes}
+    for step in steps:
+        if step.spec.key in checked:
+            continue
+        checked.add(step.spec.key)
+        total = L.work(lower_kernel(step.spec).body)
+        if total > MAX_KERNEL_WORK:
+            node = nodes[step.node]
+            raise UnsupportedError(f"its kernel would run {total} loop steps, over farm's limit of {MAX_KERNEL_WORK} "
+                                   f"per call", node=node.name, op=node.op_type, domain=node.domain, opset=graph.opset)
 
 
 def for_target(spec: KernelSpec, target_id: str) -> KernelSpec:
