@@ -16,7 +16,19 @@ from onnx import TensorProto, helper, numpy_helper
 from farm.backends.llvm.target import host_target, parse_target
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
-from farm.cli.bench import FLOPS, BenchReport, Change, StepTime, bench_artifact, compare, kernel_label
+from farm.cli.bench import (
+    FAMILY_ALPHA,
+    FLOPS,
+    BenchReport,
+    Change,
+    StepTime,
+    bench_artifact,
+    bench_pair,
+    compare,
+    kernel_label,
+    repeats_needed,
+    slower_p_value,
+)
 
 
 def _conv_relu_model() -> onnx.ModelProto:
@@ -54,20 +66,50 @@ def test_a_report_times_every_step_and_counts_the_convs_flops(artifacts) -> None
     assert next(row for row in rows if row["op"] == "Sigmoid")["gflops"] is None
 
 
-def test_the_comparison_flags_the_kernel_made_slower(artifacts) -> None:
+def test_the_comparison_flags_the_kernel_made_slower_every_time(artifacts) -> None:
     fast, slow = artifacts
-    changes = {change.node: change for change in compare(bench_artifact(fast, 5), bench_artifact(slow, 5))}
-    assert changes["conv"].flagged and changes["conv"].ratio > 1.05
+    for _ in range(3):
+        changes = {change.node: change for change in compare(*bench_pair([fast, slow], 20))}
+        assert changes["conv"].flagged and changes["conv"].ratio > 1.05 and changes["conv"].p_value < FAMILY_ALPHA
+
+
+def test_an_artifact_compared_with_itself_never_fails(artifacts, tmp_path: Path) -> None:
+    """With production defaults (20 alternating repeats), again and again: noise alone never flags a node."""
+    for _ in range(3):
+        checked = _farm("bench", artifacts[0], "--compare", artifacts[0], "--fail-on-regression", "--json",
+                        cwd=tmp_path)
+        assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr
+        report = json.loads(checked.stdout)
+        assert report["after"]["repeat"] == 20 and not any(c["flagged"] for c in report["changes"])
 
 
 def test_cli_prints_kernels_and_fails_on_regression_when_asked(artifacts, tmp_path: Path) -> None:
     fast, slow = artifacts
     plain = _farm("bench", fast, "--repeat", "3", cwd=tmp_path)
     assert plain.returncode == 0 and "GFLOP/s" in plain.stdout and "Conv 1x64x32x32" in plain.stdout
-    checked = _farm("bench", slow, "--compare", fast, "--repeat", "5", "--fail-on-regression", "--json", cwd=tmp_path)
+    checked = _farm("bench", slow, "--compare", fast, "--fail-on-regression", "--json", cwd=tmp_path)
     assert checked.returncode == 5, checked.stderr
     flagged = [c["node"] for c in json.loads(checked.stdout)["changes"] if c["flagged"]]
     assert "conv" in flagged
+
+
+def test_too_few_repeats_to_see_past_the_noise_are_refused_when_failing_on_regression(artifacts,
+                                                                                       tmp_path: Path) -> None:
+    result = _farm("bench", artifacts[1], "--compare", artifacts[0], "--repeat", "3", "--fail-on-regression",
+                   cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert f"needs --repeat {repeats_needed(2)} or more" in result.stderr
+
+
+def test_the_noise_test_ranks_repeats() -> None:
+    rng = np.random.default_rng(1)
+    same = [list(1 + 0.05 * rng.random(20)) for _ in range(2)]
+    assert slower_p_value(*same) > 0.01
+    assert slower_p_value(same[0], [value * 1.1 for value in same[1]]) < 1e-6
+    assert slower_p_value([1.0] * 10, [1.0] * 10) == 1.0  # all tied: nothing to tell apart
+    interrupted = same[1][:-2] + [50.0, 60.0]  # two repeats interrupted: ranks, not means, decide
+    assert slower_p_value(same[0], interrupted) > 0.001
+    assert repeats_needed(2) < repeats_needed(100) <= 20  # the default repeat covers a hundred nodes
 
 
 def test_a_missing_artifact_is_bad_input(tmp_path: Path) -> None:
@@ -80,6 +122,8 @@ def test_changes_flag_only_real_slowdowns() -> None:
     assert not Change("n", "k", 1e-3, 1.04e-3).flagged  # within 5%
     assert not Change("n", "k", 1e-6, 2e-6).flagged  # 2x, but under the timer's noise
     assert not Change("n", "k", None, 1e-3).flagged and Change("n", "k", 1e-3, None).ratio is None
+    assert Change("n", "k", 1e-3, 1.2e-3, p_value=FAMILY_ALPHA / 2).flagged
+    assert not Change("n", "k", 1e-3, 1.2e-3, p_value=0.2).flagged  # 20% slower, but within its repeats' noise
 
 
 def test_unmatched_nodes_are_listed_from_both_sides() -> None:
@@ -102,3 +146,27 @@ def test_flop_counts_for_gemm_and_matmul() -> None:
 def _farm(*args, cwd) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "farm", *map(str, args)], cwd=cwd, capture_output=True, text=True,
                           timeout=300)
+
+
+@pytest.fixture(scope="module")
+def opencl_artifact(tmp_path_factory) -> str:
+    """The conv model built for this host's OpenCL device (PoCL in CI) as well as its CPU."""
+    from farm.backends.opencl.devices import opencl_devices
+    from farm.backends.opencl.target import OpenClTarget
+
+    devices = opencl_devices()
+    assert devices, "no OpenCL device: install pocl-opencl-icd (scripts/setup.sh does)"
+    folder = tmp_path_factory.mktemp("bench-opencl")
+    onnx.save(_conv_relu_model(), folder / "m.onnx")
+    targets = [host_target(), OpenClTarget(devices[0]["fingerprint"])]
+    return build_model(folder / "m.onnx", folder / "out", targets, executor=LocalExecutor(1)).artifact
+
+
+def test_the_opencl_part_is_timed_step_by_step_and_compares_with_itself(opencl_artifact, tmp_path: Path) -> None:
+    report = bench_artifact(opencl_artifact, repeat=3, device="opencl")
+    assert report.target.startswith("opencl-") and [step.node for step in report.steps] == ["conv", "act"]
+    assert report.steps[0].kernel == "Conv 1x64x32x32,64x64x3x3 -> 1x64x32x32" and report.steps[0].flops
+    checked = _farm("bench", opencl_artifact, "--compare", opencl_artifact, "--device", "opencl",
+                    "--fail-on-regression", "--json", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stderr
+    assert json.loads(checked.stdout)["after"]["target"] == report.target

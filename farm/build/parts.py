@@ -224,7 +224,7 @@ class OpenClPart(Part):
         from farm.ops import argument_bytes
 
         fingerprints = [t.fingerprint for t in targets]
-        kernels = [{"symbol": spec.symbol, "source": f"opencl/source/{spec.symbol}.cl",
+        kernels = [{"symbol": spec.symbol, "spec": spec.to_json(), "source": f"opencl/source/{spec.symbol}.cl",
                     "launches": [[name, list(size)] for name, size in kernel_launches(spec)],
                     "arguments": argument_bytes(spec),
                     "binaries": {fp: binary_member(fp, spec.symbol) for fp in fingerprints}}

@@ -3,13 +3,18 @@
 Regressions hide in single kernels: a whole-model latency that moves 3% can hide one convolution that got 40%
 slower. `bench_artifact` runs the artifact's CPU part on this host, times the whole model and then every
 schedule step on its own (`farm_run_steps`, on the real activations), and sums the steps per kernel with its
-GFLOP/s where the op's work is known. `compare` matches two reports node by node (a node keeps its name across
-builds of the same model, whatever farm version compiled it) and flags every node more than 5% slower.
+GFLOP/s where the op's work is known. `bench_pair` times a baseline and a candidate in alternating rounds, so that
+drift (a CPU warming up, another job starting) falls on both alike, and `compare` matches the two node by node (a
+node keeps its name across builds of the same model, whatever farm version compiled it). A node is flagged only
+when it is more than 5% slower and the slowdown is beyond its noise: a one-sided Mann-Whitney U test of its
+repeats, with the Bonferroni correction over the nodes compared, must put the chance of so many slower repeats
+below FAMILY_ALPHA. A CI runner's noise then can't flag a node, while a kernel made slower is flagged every time.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +28,7 @@ from farm.runtime.model import TensorSpec
 
 SLOWER_BY = 0.05  # a node this much slower is flagged
 NOISE_SECONDS = 2e-6  # ... unless it lost less time than this (timer and call overhead)
+FAMILY_ALPHA = 1e-3  # ... or its repeats don't show the slowdown beyond this chance over all the nodes compared
 
 
 def _prod(values: Sequence[int]) -> int:
@@ -59,23 +65,26 @@ FLOPS: dict[str, Callable[[Mapping[str, Any]], int]] = {
 
 @dataclass(frozen=True)
 class StepTime:
-    """One schedule step: its node, the kernel it calls (a label that names op and shapes), seconds and flops."""
+    """One schedule step: its node, the kernel it calls (a label that names op and shapes), its best seconds, flops,
+    and the seconds of every repeat."""
 
     node: str
     op: str
     kernel: str
     seconds: float
     flops: int | None
+    samples: tuple[float, ...] = ()
 
 
 @dataclass
 class BenchReport:
-    """An artifact's whole-model latency (median seconds) and its steps' times."""
+    """An artifact's whole-model latency (median seconds, and every repeat's) and its steps' times."""
 
     artifact: str
     target: str
     latency: float
     steps: list[StepTime] = field(default_factory=list)
+    latencies: tuple[float, ...] = ()
 
     def kernels(self) -> list[dict[str, Any]]:
         """Per kernel: calls, seconds per inference, share of the steps' time and GFLOP/s; slowest first."""
@@ -95,17 +104,26 @@ class BenchReport:
 
     def to_json(self) -> dict[str, Any]:
         return {"artifact": self.artifact, "target": self.target, "latency": self.latency,
+                "repeat": len(self.latencies), "latency_spread": spread(self.latencies),
                 "steps": [asdict(step) for step in self.steps], "kernels": self.kernels()}
+
+
+def spread(samples: Sequence[float]) -> dict[str, float] | None:
+    """Least, median and greatest of some repeats' seconds (None without repeats)."""
+    return {"min": min(samples), "median": statistics.median(samples), "max": max(samples)} if samples else None
 
 
 @dataclass(frozen=True)
 class Change:
-    """A node's time in the baseline and in the candidate; `flagged` when it got more than 5% slower."""
+    """A node's best time in the baseline and in the candidate, and `p_value`: the chance, over all the nodes
+    compared (Bonferroni), that its repeats rank as much slower by noise alone (None: no repeats to test).
+    `flagged` when it got more than 5% slower, by more than the timer's noise, and p_value < FAMILY_ALPHA."""
 
     node: str
     kernel: str
     before: float | None
     after: float | None
+    p_value: float | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -114,7 +132,30 @@ class Change:
     @property
     def flagged(self) -> bool:
         return (self.before is not None and self.after is not None and self.after > self.before * (1 + SLOWER_BY)
-                and self.after - self.before > NOISE_SECONDS)
+                and self.after - self.before > NOISE_SECONDS and (self.p_value is None or self.p_value < FAMILY_ALPHA))
+
+
+def slower_p_value(before: Sequence[float], after: Sequence[float]) -> float:
+    """One-sided Mann-Whitney U test: the chance that `after`'s repeats rank at least this far above `before`'s
+    if both came from one distribution (normal approximation, corrected for ties and continuity). It asks only
+    whether one sample tends to be slower than the other, so a few interrupted repeats on either side don't
+    decide it."""
+    values = sorted([(value, 0) for value in before] + [(value, 1) for value in after])
+    ranks, ties, index = [0.0] * len(values), 0.0, 0
+    while index < len(values):
+        end = index
+        while end + 1 < len(values) and values[end + 1][0] == values[index][0]:
+            end += 1
+        ranks[index:end + 1] = [(index + end) / 2 + 1] * (end - index + 1)
+        ties += (end - index + 1) ** 3 - (end - index + 1)
+        index = end + 1
+    n1, n2 = len(before), len(after)
+    total = n1 + n2
+    u = sum(rank for rank, (_, side) in zip(ranks, values) if side) - n2 * (n2 + 1) / 2
+    variance = n1 * n2 / 12 * ((total + 1) - ties / (total * (total - 1)))
+    if variance <= 0:
+        return 1.0
+    return 0.5 * math.erfc((u - n1 * n2 / 2 - 0.5) / math.sqrt(variance) / math.sqrt(2))
 
 
 def sample_feeds(inputs: Sequence[TensorSpec], seed: int = 0) -> dict[str, np.ndarray]:
@@ -131,41 +172,86 @@ def kernel_label(spec: Mapping[str, Any]) -> str:
     return f"{spec['op']} {shapes(spec['inputs'])} -> {shapes(spec['outputs'])}{activation}"
 
 
-def bench_artifact(path: str, repeat: int = 20, warmup: int = 2, threads: int = 0) -> BenchReport:
-    """Time the artifact's CPU part on this host: whole-model latency with `threads` (0: every CPU), then each
-    step on its own on one thread (a step's own time, comparable across machines' core counts)."""
-    model = runtime.load(path, threads=threads)
-    feeds = sample_feeds(model.inputs)
-    for _ in range(warmup):
-        model.run(feeds)
-    samples = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        model.run(feeds)
-        samples.append(time.perf_counter() - started)
-    specs = {entry["kernel"]: entry["spec"] for entry in _manifest_kernels(path)}
+def bench_artifact(path: str, repeat: int = 20, warmup: int = 2, threads: int = 0,
+                   device: str = "cpu") -> BenchReport:
+    """Time the artifact on this host's `device` (its CPU part, or with "opencl" its OpenCL part): whole-model
+    latency with `threads` (0: every CPU), then each step on its own (on the CPU on one thread: a step's own time,
+    comparable across machines' core counts)."""
+    return bench_pair([path], repeat, warmup, threads, device)[0]
+
+
+def bench_pair(paths: Sequence[str], repeat: int = 20, warmup: int = 2, threads: int = 0,
+               device: str = "cpu") -> list[BenchReport]:
+    """Time several artifacts (a baseline and a candidate) in alternating rounds, the order of each round
+    reversed from the last: every drift of the machine meets each artifact alike."""
+    models = [runtime.load(path, threads=threads, device=device) for path in paths]
+    feeds = [sample_feeds(model.inputs) for model in models]
+    for model, feed in zip(models, feeds):
+        for _ in range(warmup):
+            model.run(feed)
+    latencies: list[list[float]] = [[] for _ in models]
+    samples: list[list[list[float]]] = [[[] for _ in model.schedule] for model in models]
+    for round_ in range(repeat):
+        for index in _round_order(len(models), round_):
+            started = time.perf_counter()
+            models[index].run(feeds[index])
+            latencies[index].append(time.perf_counter() - started)
+    for round_ in range(repeat):
+        for index in _round_order(len(models), round_):
+            for step, seconds in zip(samples[index], models[index].sample_steps(feeds[index], 1)):
+                step.extend(seconds)
+    return [_report(path, model, lat, steps) for path, model, lat, steps in zip(paths, models, latencies, samples)]
+
+
+def _round_order(count: int, round_: int) -> list[int]:
+    return list(range(count)) if round_ % 2 == 0 else list(reversed(range(count)))
+
+
+def _report(path: str, model: Any, latencies: list[float], samples: list[list[float]]) -> BenchReport:
+    specs = _kernel_specs(path)
     steps = []
-    for step, seconds in zip(model.schedule, model.time_steps(feeds, repeat)):
+    for step, seconds in zip(model.schedule, samples):
         spec = specs[step["kernel"]]
         flops = FLOPS[spec["op"]](spec) if spec["op"] in FLOPS else None
-        steps.append(StepTime(step["node"], spec["op"], kernel_label(spec), seconds, flops))
-    return BenchReport(path, str(model.target.get("id")), statistics.median(samples), steps)
+        steps.append(StepTime(step["node"], spec["op"], kernel_label(spec), min(seconds), flops, tuple(seconds)))
+    return BenchReport(path, str(model.target.get("id")), statistics.median(latencies), steps, tuple(latencies))
 
 
-def _manifest_kernels(path: str) -> list[dict[str, Any]]:
+def _kernel_specs(path: str) -> dict[str, dict[str, Any]]:
+    """Each kernel symbol's spec, of the CPU part and the OpenCL part."""
     from farm.artifact import read_manifest
 
-    return read_manifest(path)["kernels"]
+    manifest = read_manifest(path)
+    specs = {entry["kernel"]: entry["spec"] for entry in manifest.get("kernels", [])}
+    specs.update({entry["symbol"]: entry["spec"] for entry in manifest.get("opencl", {}).get("kernels", [])})
+    return specs
 
 
 def compare(before: BenchReport, after: BenchReport) -> list[Change]:
-    """Every node of either report, matched by name, in the candidate's schedule order then the baseline's rest."""
+    """Every node of either report, matched by name, in the candidate's schedule order then the baseline's rest;
+    each node in both with its p-value over all of them (Bonferroni: multiplied by their count)."""
     old = {step.node: step for step in before.steps}
     new = {step.node: step for step in after.steps}
-    changes = [Change(node, step.kernel, old[node].seconds if node in old else None, step.seconds)
-               for node, step in new.items()]
+    tested = len(old.keys() & new.keys())
+    changes = [Change(node, step.kernel, old[node].seconds if node in old else None, step.seconds,
+                      _p_value(old.get(node), step, tested)) for node, step in new.items()]
     changes += [Change(node, step.kernel, step.seconds, None) for node, step in old.items() if node not in new]
     return changes
+
+
+def repeats_needed(nodes: int) -> int:
+    """The fewest repeats with which a node that is slower in every repeat is flagged among `nodes` nodes: with
+    fewer, no slowdown can pass the test, and a comparison would pass whatever it compared."""
+    repeat = 3
+    while slower_p_value(range(repeat), range(repeat, 2 * repeat)) * max(nodes, 1) >= FAMILY_ALPHA:
+        repeat += 1
+    return repeat
+
+
+def _p_value(before: StepTime | None, after: StepTime, tested: int) -> float | None:
+    if before is None or not before.samples or not after.samples:
+        return None
+    return min(1.0, slower_p_value(before.samples, after.samples) * tested)
 
 
 def _ms(seconds: float | None) -> str:
@@ -185,7 +271,8 @@ def format_report(report: BenchReport) -> str:
 def format_comparison(before: BenchReport, after: BenchReport, changes: Sequence[Change]) -> str:
     flagged = [change for change in changes if change.flagged]
     lines = [f"latency {_ms(before.latency)} -> {_ms(after.latency)} ms ({after.latency / before.latency:.2f}x); "
-             f"{len(flagged)} node(s) more than {SLOWER_BY:.0%} slower", "",
+             f"{len(flagged)} node(s) more than {SLOWER_BY:.0%} slower beyond their noise (one-sided Mann-Whitney U "
+             f"over {len(after.latencies)} alternating repeats, p < {FAMILY_ALPHA:g} over all nodes)", "",
              f"{'before ms':>10} {'after ms':>9} {'ratio':>6}  node  kernel"]
     for change in changes:
         ratio = "-" if change.ratio is None else f"{change.ratio:.2f}"

@@ -447,24 +447,39 @@ def sign(artifact: str, key: str) -> None:
 @main.command()
 @click.argument("artifact", type=click.Path(dir_okay=False))
 @click.option("--compare", "baseline", type=click.Path(dir_okay=False), metavar="OTHER.farm",
-              help="Compare with this artifact (the baseline), node by node; flags nodes more than 5% slower.")
+              help="Compare with this artifact (the baseline), timed in alternating rounds, node by node; flags nodes "
+                   "more than 5% slower beyond their noise (a one-sided Mann-Whitney U test of the repeats).")
 @click.option("--repeat", type=click.IntRange(min=1), default=20, show_default=True, help="Timed runs.")
 @click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
               help="Threads of the whole-model runs (0: every CPU); kernels are timed on one thread.")
 @click.option("--fail-on-regression", is_flag=True,
               help="Exit with status 5 when --compare flags a node (for CI).")
+@click.option("--device", type=click.Choice(["cpu", "opencl"]), default="cpu", show_default=True,
+              help="Time the artifact's CPU part, or its OpenCL part on this host's OpenCL device.")
 @json_option
 @reports_errors
-def bench(artifact: str, baseline: str | None, repeat: int, threads: int, fail_on_regression: bool,
+def bench(artifact: str, baseline: str | None, repeat: int, threads: int, fail_on_regression: bool, device: str,
           as_json: bool) -> None:
     """Time ARTIFACT on this host: whole-model latency, and each kernel's time and GFLOP/s."""
-    from farm.cli.bench import bench_artifact, compare, comparison_json, format_comparison, format_report
+    from farm.cli.bench import (
+        bench_artifact,
+        bench_pair,
+        compare,
+        comparison_json,
+        format_comparison,
+        format_report,
+        repeats_needed,
+    )
 
-    report = bench_artifact(artifact, repeat, threads=threads)
     if baseline is None:
+        report = bench_artifact(artifact, repeat, threads=threads, device=device)
         click.echo(json.dumps(report.to_json()) if as_json else format_report(report))
         return
-    before = bench_artifact(baseline, repeat, threads=threads)
+    before, report = bench_pair([baseline, artifact], repeat, threads=threads, device=device)
+    needed = repeats_needed(len(report.steps))
+    if fail_on_regression and repeat < needed:
+        raise BadInputError(f"--repeat {repeat} is too few to show a slowdown beyond noise over "
+                            f"{len(report.steps)} nodes: --fail-on-regression needs --repeat {needed} or more")
     changes = compare(before, report)
     click.echo(comparison_json(before, report, changes) if as_json else
                format_report(report) + "\n\n" + format_comparison(before, report, changes))

@@ -197,9 +197,13 @@ class Model:
         check_feeds(self.inputs, feeds)
 
     def time_steps(self, feeds: Mapping[str, np.ndarray], repeat: int = 10) -> list[float]:
-        """Best (least) seconds of each schedule step over `repeat` runs, each step called on its own
-        (farm_run_steps); the steps run in order on the real activations of `feeds`. The best of several runs
-        filters out interruptions, which a per-kernel comparison must not mistake for regressions."""
+        """Best (least) seconds of each schedule step over `repeat` runs (`sample_steps`). The best of several
+        runs filters out interruptions, which a per-kernel comparison must not mistake for regressions."""
+        return [min(samples) for samples in self.sample_steps(feeds, repeat)]
+
+    def sample_steps(self, feeds: Mapping[str, np.ndarray], repeat: int = 10) -> list[list[float]]:
+        """Seconds of each schedule step in each of `repeat` runs, each step called on its own (farm_run_steps);
+        the steps run in order on the real activations of `feeds`."""
         self._check(feeds)
         steps = self._steps_entry()
         timings: list[list[float]] = [[] for _ in self.schedule]
@@ -211,7 +215,7 @@ class Model:
                     started = time.perf_counter()
                     steps(self._arena_address, index, index + 1)
                     samples.append(time.perf_counter() - started)
-        return [min(samples) for samples in timings]
+        return timings
 
     def _steps_entry(self) -> Any:
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -127,8 +128,10 @@ class OpenCLModel:
                          for name, size in part["buffers"].items()}
         self._buffers.update({f"blob:{sha}": self._upload(artifact.read_member(member))
                               for sha, member in part["blobs"].items()})
-        self._calls = [(self._kernel(programs[step["kernel"]], name, step["args"]), tuple(int(n) for n in size))
-                       for step in part["schedule"] for name, size in launches[step["kernel"]]]
+        self.schedule = list(part["schedule"])
+        self.target = {"id": f"opencl-{self.fingerprint}", "kind": "opencl"}
+        self._steps = [[(self._kernel(programs[step["kernel"]], name, step["args"]), tuple(int(n) for n in size))
+                        for name, size in launches[step["kernel"]]] for step in self.schedule]
         self.inputs = [TensorSpec(e["name"], tuple(e["shape"]), e["dtype"]) for e in manifest["inputs"]]
         self.outputs = [TensorSpec(e["name"], tuple(e["shape"]), e["dtype"]) for e in manifest["outputs"]]
         self._lock = threading.Lock()
@@ -168,15 +171,43 @@ class OpenCLModel:
 
         check_feeds(self.inputs, feeds)
         with self._lock:
-            for spec in self.inputs:
-                cl.enqueue_copy(self.queue, self._buffers[spec.name], np.ascontiguousarray(feeds[spec.name]))
-            for kernel, size in self._calls:
-                cl.enqueue_nd_range_kernel(self.queue, kernel, size, None)
+            self._copy_in(feeds)
+            for launches in self._steps:
+                self._enqueue(launches)
             results = {spec.name: np.empty(spec.shape, spec.dtype) for spec in self.outputs}
             for spec in self.outputs:
                 cl.enqueue_copy(self.queue, results[spec.name], self._buffers[spec.name])
             self.queue.finish()
         return results
+
+
+    def sample_steps(self, feeds: Mapping[str, np.ndarray], repeat: int = 10) -> list[list[float]]:
+        """Seconds of each schedule step in each of `repeat` runs: its launches enqueued and finished on their own,
+        on the real activations of `feeds` (what `farm bench --device opencl` times)."""
+        check_feeds(self.inputs, feeds)
+        timings: list[list[float]] = [[] for _ in self._steps]
+        with self._lock:
+            for _ in range(repeat):
+                self._copy_in(feeds)
+                self.queue.finish()
+                for launches, samples in zip(self._steps, timings):
+                    started = time.perf_counter()
+                    self._enqueue(launches)
+                    self.queue.finish()
+                    samples.append(time.perf_counter() - started)
+        return timings
+
+    def _copy_in(self, feeds: Mapping[str, np.ndarray]) -> None:
+        import pyopencl as cl
+
+        for spec in self.inputs:
+            cl.enqueue_copy(self.queue, self._buffers[spec.name], np.ascontiguousarray(feeds[spec.name]))
+
+    def _enqueue(self, launches: list[tuple[Any, tuple[int, ...]]]) -> None:
+        import pyopencl as cl
+
+        for kernel, size in launches:
+            cl.enqueue_nd_range_kernel(self.queue, kernel, size, None)
 
 
 def load_opencl_model(path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None) -> OpenCLModel:
