@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import NoReturn
 
 from farm import defaults
@@ -314,7 +314,7 @@ class RedisStore(Store):
         """The entry's bytes, read as a submitter's credentials allow (farm.distributed.acl): without marking it
         used, and a corrupt entry reported but left for a worker to delete (`repair`: delete it, as `get` does)."""
         with self._errors():
-            return self._read(self.header_key(key), key, repair)
+            return self._read(self.header_key(key), lambda index: self.chunk_key(key, index), key, repair)
 
     def stage(self, data: Data) -> str:
         """Write bytes where a writer the store doesn't trust may (a submitter's model): not in the store but beside
@@ -334,7 +334,7 @@ class RedisStore(Store):
         staged = self.staged_key(key)
         try:
             with self._errors():
-                data = self._read(staged, key, repair=False)
+                data = self._read(staged, lambda index: f"{staged}:{index}", key, repair=False)
         except (MissingEntryError, CorruptEntryError):
             data = None
         with self._errors():  # dropped before the put, so Redis never holds the bytes twice
@@ -454,15 +454,16 @@ class RedisStore(Store):
     def close(self) -> None:
         self.client.close()
 
-    def _read(self, header_key: str, key: str, repair: bool) -> bytes:
-        """The bytes of the header at `header_key` and its chunks, which must hash to `key`."""
+    def _read(self, header_key: str, chunk_key: Callable[[int], str], key: str, repair: bool) -> bytes:
+        """The bytes of the header at `header_key` and its chunks (`chunk_key(i)`), which must hash to `key`."""
         header = self.client.get(header_key)
         if header is None:
             raise MissingEntryError(key, redact_url(self.url))
         size, count = self._parse_header(key, header, repair)
-        return self._read_chunks(header_key, key, size, count, repair)
+        return self._read_chunks(header_key, chunk_key, key, size, count, repair)
 
-    def _read_chunks(self, header_key: str, key: str, size: int, count: int, repair: bool) -> bytes:
+    def _read_chunks(self, header_key: str, chunk_key: Callable[[int], str], key: str, size: int, count: int,
+                     repair: bool) -> bytes:
         """Read, hash and join the chunks; a missing chunk, a wrong size or a wrong hash makes the entry corrupt.
 
         The chunks are appended to one BytesIO whose getvalue doesn't copy, so a big entry costs about its size
@@ -470,7 +471,7 @@ class RedisStore(Store):
         """
         digest, buffer = hashlib.sha256(), io.BytesIO()
         for index in range(count):
-            chunk = self.client.get(f"{header_key}:{index}")
+            chunk = self.client.get(chunk_key(index))
             if chunk is None and not self.client.exists(header_key):
                 raise MissingEntryError(key, f"{redact_url(self.url)} (evicted or deleted while being read)")
             if chunk is None:
