@@ -478,6 +478,38 @@ def test_redis_an_entry_evicted_while_it_is_read_is_missing_not_corrupt(redis_se
         store.get(key)
 
 
+def test_redis_staged_bytes_enter_the_store_only_when_admitted_whole_and_matching(redis_server: RedisServer) -> None:
+    """What a submitter uploads (RedisStore.stage) waits beside the store with a time to live; a worker's admit
+    checks it against its key, puts it and drops it from staging."""
+    from farm import defaults
+
+    store = RedisStore(redis_server.url, chunk_bytes=KIB)
+    data = pseudo_random(3 * KIB)
+    key = store.stage(data)
+    raw = redis_server.client()
+    assert not store.has(key) and 0 < raw.ttl(store.staged_key(key)) <= defaults.STAGED_TTL_SECONDS
+    assert store.admit(key) and store.get(key) == data
+    assert raw.keys(f"{store.prefix}staged:*") == []
+    assert not store.admit(key)  # nothing staged any more (the caller then finds it in the store)
+
+    other = store.stage(pseudo_random(3 * KIB, seed=1))
+    raw.set(f"{store.staged_key(other)}:1", b"x" * KIB)  # swapped bytes under the same key
+    assert not store.admit(other) and not store.has(other) and raw.keys(f"{store.prefix}staged:*") == []
+
+
+def test_redis_peek_neither_marks_use_nor_deletes_a_corrupt_entry(redis_server: RedisServer) -> None:
+    store = RedisStore(redis_server.url, chunk_bytes=KIB)
+    key = store.put(pseudo_random(2 * KIB))
+    assert store.peek(key) == pseudo_random(2 * KIB)
+    redis_server.client().set(store.chunk_key(key, 0), b"y" * KIB)
+    with pytest.raises(CorruptEntryError):
+        store.peek(key)
+    assert store.has(key)  # left for a worker, whose get deletes it
+    with pytest.raises(CorruptEntryError):
+        store.get(key)
+    assert not store.has(key)
+
+
 # --- FileStore ---------------------------------------------------------------------------------------------------
 
 
