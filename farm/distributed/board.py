@@ -132,6 +132,10 @@ class JobBoard:
         self.call(pipe.execute)
         return job_id
 
+    def drop_request(self, job_id: str) -> None:
+        """Delete a request that was refused (the job becomes unknown to clients)."""
+        self.call(self.redis.delete, protocol.request_key(job_id))
+
     def nudge(self, job_id: str) -> None:
         """Hand a submitted job's id to the intake again (its first pop may have died with its worker)."""
         self.call(self.redis.lpush, protocol.SUBMITTED_KEY, job_id)

@@ -144,7 +144,7 @@ class Farm:
         try:
             request = self.board.request(job_id)
         except BadInputError as error:
-            self.board.call(self.board.redis.delete, protocol.request_key(job_id))
+            self.board.drop_request(job_id)
             return f"job {job_id} refused: {error}"
         if request is None:
             return f"job {job_id} has no request (never submitted, or expired)"
