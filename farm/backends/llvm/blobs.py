@@ -156,9 +156,8 @@ def pack_blob(spec: BlobSpec, target: CpuTarget, data: bytes | memoryview) -> by
 
 def _packed(spec: BlobSpec, data: bytes | memoryview) -> memoryview:
     """The float32 tensor in the Gemm's panel layout (spec.panels: llvm_gemm.PANEL_LAYOUTS)."""
-    _, m, k = spec.panels[:3]
-    if m * k == 0 or spec.nbytes % (4 * m * k):
-        raise BuildError(f"blob {spec.symbol}: {spec.nbytes} bytes are not float32 blocks of {m} x {k}")
+    if spec.nbytes % 4:
+        raise BuildError(f"blob {spec.symbol}: {spec.nbytes} bytes are not float32 values")
     try:
         return memoryview(pack_operand(np.frombuffer(data, dtype=np.float32), spec.panels)).cast("B")
     except ValueError as error:
