@@ -527,8 +527,7 @@ def _lower_matmul(spec: KernelSpec) -> list[L.Stmt]:
     if spec.inputs[0].dtype != "float32":
         return _matmul_loops(names, spec, a_mat, b_mat, batch)
     gemms = _matmul_gemms(names, a_mat, b_mat, batch, bool(spec.attrs.get("constant_weight")))
-    return gemms + _bias_activation_epilogue(names, spec, 1, prod(o_shape), 1,
-                                                                                 None)
+    return gemms + _bias_activation_epilogue(names, spec, 1, prod(o_shape), 1, None)
 
 
 def _matmul_gemms(names: L.Names, a_mat: tuple[int, ...], b_mat: tuple[int, ...], batch: tuple[int, ...],
@@ -549,8 +548,7 @@ def _matmul_gemms(names: L.Names, a_mat: tuple[int, ...], b_mat: tuple[int, ...]
             return b * size if prod(operand_batch) == batches else L.const(0)
 
         gemm = L.Gemm("in0", offset(a_batch, rows * depth), depth, "in1", offset(b_batch, depth * cols), cols,
-                      "out0", b * (rows * cols), cols, rows, cols, depth,
-                      b_panels=constant_b)
+                      "out0", b * (rows * cols), cols, rows, cols, depth, b_panels=constant_b)
         return [L.Loop(b, batches, [gemm], parallel=True)]
 
     def gemm_at(v: list[L.Var]) -> list[L.Stmt]:
