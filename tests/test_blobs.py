@@ -150,6 +150,24 @@ def test_panels_that_do_not_divide_the_blob_are_a_build_error():
     spec = BlobSpec(hashlib.sha256(data).hexdigest(), len(data), host().id, panels=(2, 2, 2))
     with pytest.raises(BuildError, match="not float32 blocks of 2 x 2"):
         pack_blob(spec, host(), data)
+    odd = np.zeros(9, np.float32).tobytes()
+    for panels in ((0, 3, 3), (2, 3, 3, 2), (2, 3), (3, 3, 1, 0, 1), (-1, 3, 3)):  # as a message might carry them
+        spec = BlobSpec(hashlib.sha256(odd).hexdigest(), len(odd), host().id, panels=panels)
+        with pytest.raises(BuildError, match="neither"):
+            pack_blob(spec, host(), odd)
+
+
+def test_a_blob_with_column_panels_holds_b_pre_packed_and_transposed_when_stored_so():
+    """BlobSpec.panels = (width, k, n, transposed): B in pack_columns' layout, turned first when stored n x k."""
+    from farm.backends.llvm.gemm import pack_columns
+
+    weights = np.arange(2 * 3 * 5, dtype=np.float32).reshape(2, 3, 5)
+    data = weights.tobytes()
+    for transposed in (0, 1):
+        spec = BlobSpec(hashlib.sha256(data).hexdigest(), len(data), host().id, panels=(2, 3, 5, transposed))
+        obj = pack_blob(spec, host(), data)
+        stored = weights.reshape(2, 5, 3) if transposed else weights
+        assert elf_section_bytes(obj, f".rodata.{spec.symbol}") == pack_columns(stored, 2, bool(transposed)).tobytes()
 
 
 # --- scratch that nothing can leak --------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from native_helpers import (
 )
 
 from farm.backends.llvm.entry import ENTRY_SYMBOL, compile_entry, entry_ir
-from farm.backends.llvm.gemm import GemmBlocking, pack_panels
+from farm.backends.llvm.gemm import GemmBlocking, pack_columns, pack_panels
 from farm.backends.llvm.link import link_library
 from farm.backends.llvm.target import CpuTarget
 from farm.ir import loopir as L
@@ -192,7 +192,7 @@ def test_farm_launch_runs_a_parallel_loop_split_at_odd_boundaries(tmp_path):
 
 def _gemm_launch_setup(kernel, launches, shape, blocking, tmp_path):
     """The library of one Gemm kernel "mm" (A, B, C in one arena: A and B random, C all NaN; A pre-packed in
-    the blocking's panels when the Gemm reads it so): (library, arena, a view of C, A @ B in float64)."""
+    the blocking's panels, B in its column panels, when the Gemm reads them so): (library, arena, a view of C, A @ B in float64)."""
     m, n, k = shape
     a_at, b_at, c_at = 0, _aligned(m * k * 4), _aligned(m * k * 4) + _aligned(k * n * 4)
     schedule = [{"kernel": "mm", "args": [["arena", a_at], ["arena", b_at], ["arena", c_at]], "launches": launches}]
@@ -206,6 +206,8 @@ def _gemm_launch_setup(kernel, launches, shape, blocking, tmp_path):
     whole = a.astype(np.float64) @ b.astype(np.float64)
     if kernel.body[0].a_panels:
         a[:] = pack_panels(a[None].copy(), blocking.rows)[0].reshape(m, k)
+    if kernel.body[0].b_panels:
+        b[:] = pack_columns(b[None].copy(), blocking.tile_columns)[0].reshape(k, n)
     return library, arena, c, whole
 
 
@@ -220,10 +222,10 @@ def _aligned(nbytes: int) -> int:
 def test_farm_launch_runs_gemm_rows_split_anywhere(cuts, packed, tmp_path):
     """C = A @ B with m = 13 (not a multiple of the 4-row tile) and n = 15 (full, vector and scalar column tiles),
     its rows run as the given ranges: every row once, rows outside a range untouched. Row-major A may be cut
-    anywhere; pre-packed A (panels of the tile's rows) at multiples of the grain, as launch_info promises and the
-    runtime cuts."""
+    anywhere; pre-packed A (panels of the tile's rows, with B in column panels) at multiples of the grain, as
+    launch_info promises and the runtime cuts."""
     m, n, k = 13, 15, 6
-    gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k, a_panels=packed)
+    gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k, a_panels=packed, b_panels=packed)
     kernel = L.LoopKernel([L.Param("a"), L.Param("b"), L.Param("c", output=True)], [gemm])
     launches = [info.to_json() for info in L.launch_info(kernel, 4)]
     assert [launch[:2] for launch in launches] == [[13, 4]]
@@ -244,9 +246,10 @@ def test_farm_launch_runs_gemm_rows_split_anywhere(cuts, packed, tmp_path):
 def test_farm_launch_runs_gemm_column_blocks_split_anywhere(cuts, blocking, packed, tmp_path):
     """A Gemm wider than tall (m = 7, n = 45) splits by blocks of one register tile's columns (8 here: 5 full
     blocks, then a partial one with the narrower vector and scalar tails): every column once, each range only its
-    own, whatever the cut; the rows include a 4-row tile and 3 edge rows; also with the k loop cache-tiled."""
+    own, whatever the cut; the rows include a 4-row tile and 3 edge rows; also with the k loop cache-tiled, and
+    with A and B pre-packed (B's column panels are the blocks' columns)."""
     m, n, k = 7, 45, 5
-    gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k, a_panels=packed)
+    gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k, a_panels=packed, b_panels=packed)
     kernel = L.LoopKernel([L.Param("a"), L.Param("b"), L.Param("c", output=True)], [gemm])
     launches = [info.to_json() for info in L.launch_info(kernel, blocking.rows, blocking.tile_columns)]
     assert launches == [[6, 1, m * n * k // L.GEMM_WORK_DIVISOR]]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from native_helpers import run_kernel, run_kernels
 
-from farm.backends.llvm.gemm import GemmBlocking, pack_panels, regions
+from farm.backends.llvm.gemm import GemmBlocking, pack_columns, pack_operand, pack_panels, regions
 from farm.ir import loopir as L
 
 BLOCKINGS = [
@@ -236,3 +236,71 @@ def test_gemm_reads_a_prepacked_in_panels_of_its_tile_rows(blocking, tmp_path):
     results = run_kernels([(kernel, arrays) for kernel, arrays, _ in cases], tmp_path, blocking)
     for (_, _, expected), (c, _, _) in zip(cases, results):
         assert_gemm_close(c, expected)
+
+
+# -- pre-packed B -----------------------------------------------------------------------------------------------------
+
+
+def test_pack_columns_lays_out_full_column_panels_k_major_then_edge_columns_row_major():
+    """k = 2 rows of n = 5 columns in panels of 2: columns (0, 1) for k 0 and 1, then (2, 3), then column 4."""
+    b = np.arange(10, dtype=np.float32).reshape(1, 2, 5)
+    expected = [0, 1, 5, 6, 2, 3, 7, 8, 4, 9]
+    np.testing.assert_array_equal(pack_columns(b, 2).ravel(), expected)
+    np.testing.assert_array_equal(pack_columns(b, 5).ravel(), b.ravel())  # one panel as wide as B is row-major
+    np.testing.assert_array_equal(pack_columns(b, 8).ravel(), b.ravel())  # all edge: row-major
+    np.testing.assert_array_equal(pack_columns(b.transpose(0, 2, 1).copy(), 2, transposed=True).ravel(), expected)
+    two_blocks = np.concatenate([b, b + 100])
+    np.testing.assert_array_equal(pack_columns(two_blocks, 2)[1], np.asarray(expected) + 100)
+
+
+def test_pack_operand_dispatches_on_the_panels_form_and_refuses_partial_blocks():
+    a = np.arange(15, dtype=np.float32)
+    np.testing.assert_array_equal(pack_operand(a, (2, 5, 3)), pack_panels(a.reshape(1, 5, 3), 2).ravel())
+    np.testing.assert_array_equal(pack_operand(a, (2, 3, 5, 0)), pack_columns(a.reshape(1, 3, 5), 2).ravel())
+    np.testing.assert_array_equal(pack_operand(a, (2, 3, 5, 1)),
+                                  pack_columns(a.reshape(1, 5, 3), 2, transposed=True).ravel())
+    for bad in ((2, 4, 3), (2, 2, 2, 0), (2, 5)):
+        with pytest.raises(ValueError):
+            pack_operand(a, bad)
+
+
+@pytest.mark.parametrize("blocking", [GemmBlocking(), GemmBlocking(rows=3, vectors=2, lanes=4),
+                                      GemmBlocking(rows=1, vectors=1, lanes=1), GemmBlocking(rows=8, vectors=3, lanes=16),
+                                      GemmBlocking(rows=4, vectors=2, lanes=8, k_block=8, order="rows"),
+                                      GemmBlocking(rows=4, vectors=1, lanes=16, k_block=16)],
+                         ids=blocking_id)
+@pytest.mark.parametrize("transposed", [False, True], ids=["b", "b-transposed"])
+def test_gemm_reads_b_prepacked_in_column_panels_of_its_tile_width(blocking, transposed, tmp_path):
+    """b_panels: B arrives in pack_columns(B, blocking.tile_columns), from n x k when transposed; every shape (edge
+    columns of every narrower width included) matches numpy, with A pre-packed too or not."""
+    rng = np.random.default_rng(11)
+    cases = []
+    for index, (m, n, k) in enumerate(SHAPES):
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        b = rng.standard_normal((k, n)).astype(np.float32)
+        stored = b.T.copy() if transposed else b
+        a_panels = index % 2 == 1
+        gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), k if transposed else n, "c", L.const(0), n, m, n, k,
+                      a_panels=a_panels, b_panels=True, b_transposed=transposed)
+        kernel = L.LoopKernel([L.Param("c", output=True), L.Param("a"), L.Param("b")], [gemm])
+        packed_a = pack_panels(a[None], blocking.rows)[0] if a_panels else a
+        packed_b = pack_columns(stored[None], blocking.tile_columns, transposed)[0]
+        cases.append((kernel, [np.full((m, n), np.nan, np.float32), packed_a, packed_b], reference(a, b)))
+    results = run_kernels([(kernel, arrays) for kernel, arrays, _ in cases], tmp_path, blocking)
+    for (_, _, expected), (c, _, _) in zip(cases, results):
+        assert_gemm_close(c, expected)
+
+
+def test_batched_gemm_reads_each_block_of_b_prepacked(tmp_path):
+    """A Gemm per batch whose B offset is a whole k x n block: each block packed on its own."""
+    batches, m, n, k = 3, 6, 37, 10
+    blocking = GemmBlocking(rows=4, vectors=2, lanes=8)
+    rng = np.random.default_rng(12)
+    a = rng.standard_normal((batches, m, k)).astype(np.float32)
+    b = rng.standard_normal((batches, k, n)).astype(np.float32)
+    t = L.Var("t")
+    gemm = L.Gemm("a", t * (m * k), k, "b", t * (k * n), n, "c", t * (m * n), n, m, n, k, b_panels=True)
+    kernel = L.LoopKernel([L.Param("c", output=True), L.Param("a"), L.Param("b")], [L.Loop(t, batches, [gemm])])
+    c, _, _ = run_kernel(kernel, [np.zeros((batches, m, n), np.float32), a, pack_columns(b, blocking.tile_columns)],
+                         tmp_path, blocking)
+    assert_gemm_close(c, np.einsum("bmk,bkn->bmn", a.astype(np.float64), b.astype(np.float64)))

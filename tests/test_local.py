@@ -101,24 +101,29 @@ def test_progress_reports_every_compile_step(small_cnn_path, tmp_path):
     assert json.loads(json.dumps(result.to_json()))["state"] == "done"
 
 
-def test_conv_weights_are_linked_pre_packed_for_the_kernels_tile_rows(small_cnn_path, tmp_path):
-    """Each Conv's constant weights get a BlobSpec with panels (the kernel's tile rows, out channels, taps); other
-    constants (biases, the Gemm's weights) stay plain."""
+def test_constant_weights_are_linked_pre_packed_for_the_kernels_tiles(small_cnn_path, tmp_path):
+    """Each Conv's constant weights get a BlobSpec with panels (the kernel's tile rows, out channels, taps), the
+    Gemm's constant B (stored transposed: transB) column panels (the tile's width, k, n, transposed); other
+    constants (biases) stay plain."""
     from farm.backends.llvm.kernel import default_blocking
     from farm.build.assembly import compile_units, plan_model
     from farm.build.parts import blob_args
 
     plan, target = plan_model(small_cnn_path), host_target()
+    blocking = default_blocking(target)
     for step, blobs in zip(plan.steps, blob_args(plan, target)):
         packed = [blob.panels for blob in blobs.values() if blob.panels]
         if step.spec.op == "Conv":
             weight = step.spec.inputs[1].shape
-            assert packed == [(default_blocking(target).rows, weight[0], int(np.prod(weight[1:])))]
+            assert packed == [(blocking.rows, weight[0], int(np.prod(weight[1:])))]
+        elif step.spec.op == "Gemm":
+            n, k = step.spec.inputs[1].shape
+            assert packed == [(blocking.tile_columns, k, n, 1)]
         else:
             assert packed == []
     units = [unit.spec for unit in compile_units(plan, [target]) if unit.kind == "blob"]
-    assert sum(spec.panels is not None for spec in units) == sum(s.spec.op == "Conv" for s in plan.steps)
-    assert len(units) == len(plan.blobs)  # each conv weight linked once, packed instead of plain
+    assert sum(spec.panels is not None for spec in units) == sum(s.spec.op in ("Conv", "Gemm") for s in plan.steps)
+    assert len(units) == len(plan.blobs)  # each weight linked once, packed instead of plain
 
 
 def test_a_local_build_sweeps_the_blob_scratch_older_versions_leaked(small_cnn_path, tmp_path, monkeypatch):

@@ -174,6 +174,7 @@ GEMM_CASES: list[OpCase] = [
     _gemm("b-graph-input", 4, 6, 3, b_input=True),
     _gemm("b-graph-input-transB", 4, 6, 3, {"transB": 1}, b_input=True),
     _gemm("large", 33, 70, 65, {"transB": 1}),
+    _gemm("large-constant-b", 33, 70, 113),
     _gemm("large-transA", 67, 129, 70, {"transA": 1}),
     case("gemm-a-initializer", single_op_model("Gemm", [("b", (5, 4))], {"transA": 1}, {"a": rand(5, 3), "c": rand(4)},
                                                node_inputs=["a", "b", "c"])),
@@ -210,6 +211,11 @@ MATMUL_CASES: list[OpCase] = [
     _matmul((7,), (7,)),
     _matmul((67, 259), (259, 131)),
     _matmul((3, 33, 130), (130, 65)),
+    # a constant B is read pre-packed in column panels, per k x n block: shared, batched, broadcast, a vector
+    _matmul((67, 259), (259, 131), b_initializer=True),
+    _matmul((3, 5), (2, 5, 60), b_initializer=True),
+    _matmul((2, 1, 3, 4), (5, 4, 70), b_initializer=True),
+    _matmul((2, 3, 5), (5,), b_initializer=True),
     case("matmul-a-initializer", single_op_model("MatMul", [("b", (2, 5, 4))], {}, {"a": rand(3, 5)},
                                                  node_inputs=["a", "b"])),
 ]

@@ -42,6 +42,8 @@ CASES = {
                                     {"w": rand(10, 3, 3, 3, seed=1)}),
     "gemm": single_op_model("Gemm", [("a", (7, 19))], {"alpha": 0.5}, {"b": rand(19, 37, seed=1),
                                                                          "c": rand(37, seed=2)}),
+    "gemm_transposed": single_op_model("Gemm", [("a", (7, 19))], {"transB": 1}, {"b": rand(37, 19, seed=1),
+                                                                             "c": rand(37, seed=2)}),
     "matmul": single_op_model("MatMul", [("a", (3, 9, 21))], {}, {"b": rand(21, 35, seed=1)}),
 }
 DEPTHWISE = single_op_model("Conv", [("x", (1, 4, 8, 8))], {"group": 4, "pads": [1, 1, 1, 1]},
@@ -95,8 +97,8 @@ def test_only_kernels_with_a_gemm_are_tunable(tmp_path: Path) -> None:
     assert not tunable_specs(save(DEPTHWISE, tmp_path / "depthwise"))  # a direct loop: nothing to tune
     relu = single_op_model("Relu", [("x", (2, 3))])
     assert not tunable_specs(save(relu, tmp_path / "relu"))
-    transposed = single_op_model("Gemm", [("a", (7, 19))], {"transB": 1}, {"b": rand(37, 19, seed=1)})
-    assert not tunable_specs(save(transposed, tmp_path / "transposed"))  # a loop nest, not the Gemm primitive
+    transposed = single_op_model("Gemm", [("a", (7, 19)), ("b", (37, 19))], {"transB": 1})
+    assert not tunable_specs(save(transposed, tmp_path / "transposed"))  # B not constant: a loop nest
 
 
 def test_a_variant_reaches_the_code_and_the_launch_grain() -> None:

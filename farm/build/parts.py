@@ -76,7 +76,7 @@ def blob_args(plan: BuildPlan, target: Target) -> list[dict[int, BlobSpec]]:
     where the step's kernel reads that parameter so (backends.llvm.kernel.packed_params), else the plain bytes."""
     from farm.backends.llvm.kernel import packed_params
 
-    packing: dict[str, dict[int, tuple[int, int, int]]] = {}
+    packing: dict[str, dict[int, tuple[int, ...]]] = {}
     steps = []
     for step in plan.steps:
         spec = plan.kernel_for(step.spec, target.id)

@@ -339,6 +339,14 @@ class Gemm(Stmt):
     micro-kernel's tile rows R, each panel k-major (the R values of one k side by side), the m % R edge rows last
     (k-major too), per m x k block at a_offset; lda must be k. Renderers that don't pack (OpenCL) read it row-major
     and get it so."""
+    b_panels: bool = False
+    """B (a constant: a layer's weights) may be read pre-packed. A CPU build then stores it in column panels of the
+    micro-kernel's tile width W (vectors x lanes), each panel k-major (the W values of one k side by side), the
+    n % W edge columns last (row-major, k x (n % W)), per k x n block at b_offset; ldb must be n (k when
+    b_transposed). Renderers that don't pack (OpenCL) read it as stored."""
+    b_transposed: bool = False
+    """B is stored transposed (n x k per block, ldb = k: Gemm's transB). Only with b_panels, whose packing turns
+    it: the LLVM renderer never reads a transposed B itself."""
 
 
 # -- launches: how a kernel splits into pieces that run one after another, each across many workers ------------

@@ -15,7 +15,7 @@ from typing import Any
 from farm import __version__
 from farm.ir.graph import Activation, TensorInfo
 
-CODEGEN_VERSION = f"farm-{__version__}-codegen-6"
+CODEGEN_VERSION = f"farm-{__version__}-codegen-7"
 
 
 def canonical_json(value: Any) -> str:
@@ -89,15 +89,17 @@ class KernelSpec:
 class BlobSpec:
     """One constant tensor to be written into an object file; keyed by the sha256 of its bytes and the target.
 
-    `panels` (rows, m, k), when set: the object holds the float32 tensor pre-packed for a Gemm that reads it in
-    panels of `rows` (codegen.llvm_gemm.pack_panels, per m x k block): packing is part of the pure step, so the
-    source bytes (by data_sha256) travel and the packed ones are made where the object is.
+    `panels`, when set: the object holds the float32 tensor pre-packed for a Gemm that reads it so: (rows, m, k)
+    for its A in panels of `rows` (llvm_gemm.pack_panels, per m x k block), (width, k, n, transposed) for its B in
+    column panels of `width` (llvm_gemm.pack_columns, per k x n block, stored n x k when transposed). Packing is
+    part of the pure step, so the source bytes (by data_sha256) travel and the packed ones are made where the
+    object is.
     """
 
     data_sha256: str
     nbytes: int
     target_id: str
-    panels: tuple[int, int, int] | None = None
+    panels: tuple[int, ...] | None = None
 
     @property
     def symbol(self) -> str:

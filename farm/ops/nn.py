@@ -461,6 +461,7 @@ def _gemm_attrs(ctx: NodeContext) -> dict[str, Any]:
     attrs = {"alpha": float(a.get("alpha", 1.0)), "beta": float(a.get("beta", 1.0)),
              "transA": int(a.get("transA", 0)), "transB": int(a.get("transB", 0))}
     _check_gemm_shapes(ctx, attrs["transA"], attrs["transB"])
+    attrs["constant_weight"] = ctx.node.inputs[1] in ctx.constants  # then the build may pre-pack B
     return attrs
 
 
@@ -479,13 +480,16 @@ def _check_gemm_shapes(ctx: NodeContext, trans_a: int, trans_b: int) -> None:
 
 @register("Gemm", normalize=_gemm_attrs)
 def _lower_gemm(spec: KernelSpec) -> list[L.Stmt]:
-    """Y = alpha * op(A) @ op(B) + beta * C; the plain layout goes through the Gemm primitive."""
+    """Y = alpha * op(A) @ op(B) + beta * C; the plain layout goes through the Gemm primitive, and so does a
+    constant B stored transposed (transB, as exporters write linear layers): its pre-packing turns it."""
     names, a = L.Names(), spec.attrs
     rows, cols = out_shape(spec)
     depth = shape_of(spec, 0)[0 if a["transA"] else 1]
-    if not a["transA"] and not a["transB"]:
-        body: list[L.Stmt] = [L.Gemm("in0", L.const(0), depth, "in1", L.const(0), cols, "out0", L.const(0), cols,
-                                     rows, cols, depth)]
+    constant_b = bool(a.get("constant_weight"))
+    if not a["transA"] and (not a["transB"] or constant_b):
+        ldb = depth if a["transB"] else cols
+        body: list[L.Stmt] = [L.Gemm("in0", L.const(0), depth, "in1", L.const(0), ldb, "out0", L.const(0), cols,
+                                     rows, cols, depth, b_panels=constant_b, b_transposed=bool(a["transB"]))]
         product = lambda m, n: L.Load("out0", m * cols + n)  # noqa: E731
     else:
         body, product = [], None
@@ -508,7 +512,7 @@ def _matmul_attrs(ctx: NodeContext) -> dict[str, Any]:
     a, b = ctx.inputs[0].shape, ctx.inputs[1].shape
     if not a or not b or a[-1] != (b[0] if len(b) == 1 else b[-2]):
         raise ctx.unsupported(f"MatMul of {list(a)} and {list(b)}: the inner dims differ")
-    return {}
+    return {"constant_weight": True} if ctx.node.inputs[1] in ctx.constants else {}  # then the build may pre-pack B
 
 
 @register("MatMul", normalize=_matmul_attrs)
@@ -522,20 +526,21 @@ def _lower_matmul(spec: KernelSpec) -> list[L.Stmt]:
     batch = tuple(o_shape[: len(o_shape) - (len(a_shape) > 1) - (len(b_shape) > 1)])
     if spec.inputs[0].dtype != "float32":
         return _matmul_loops(names, spec, a_mat, b_mat, batch)
-    return _matmul_gemms(names, a_mat, b_mat, batch) + _bias_activation_epilogue(names, spec, 1, prod(o_shape), 1,
-                                                                                 None)
+    gemms = _matmul_gemms(names, a_mat, b_mat, batch, bool(spec.attrs.get("constant_weight")))
+    return gemms + _bias_activation_epilogue(names, spec, 1, prod(o_shape), 1, None)
 
 
-def _matmul_gemms(names: L.Names, a_mat: tuple[int, ...], b_mat: tuple[int, ...],
-                  batch: tuple[int, ...]) -> list[L.Stmt]:
+def _matmul_gemms(names: L.Names, a_mat: tuple[int, ...], b_mat: tuple[int, ...], batch: tuple[int, ...],
+                  constant_b: bool) -> list[L.Stmt]:
     """One Gemm when B is shared by every batch and A holds them all (the batches are just more rows of A, as in
     a transformer's linear layers); else a Gemm per batch, in one flat parallel loop when each operand either
-    holds every batch or is shared (attention's [B, H, S, D] products), a parallel loop nest when it broadcasts."""
+    holds every batch or is shared (attention's [B, H, S, D] products), a parallel loop nest when it broadcasts.
+    A constant B (a layer's weights) is read pre-packed (b_panels); every Gemm's B offset is a whole k x n block."""
     rows, depth, cols = a_mat[-2], a_mat[-1], b_mat[-1]
     a_batch, b_batch, batches = a_mat[:-2], b_mat[:-2], prod(batch)
     if prod(b_batch) == 1 and prod(a_batch) == batches:
         return [L.Gemm("in0", L.const(0), depth, "in1", L.const(0), cols, "out0", L.const(0), cols,
-                       batches * rows, cols, depth)]
+                       batches * rows, cols, depth, b_panels=constant_b)]
     if prod(a_batch) in (1, batches) and prod(b_batch) in (1, batches):
         b = names.var("b")
 
@@ -543,14 +548,15 @@ def _matmul_gemms(names: L.Names, a_mat: tuple[int, ...], b_mat: tuple[int, ...]
             return b * size if prod(operand_batch) == batches else L.const(0)
 
         gemm = L.Gemm("in0", offset(a_batch, rows * depth), depth, "in1", offset(b_batch, depth * cols), cols,
-                      "out0", b * (rows * cols), cols, rows, cols, depth)
+                      "out0", b * (rows * cols), cols, rows, cols, depth, b_panels=constant_b)
         return [L.Loop(b, batches, [gemm], parallel=True)]
 
     def gemm_at(v: list[L.Var]) -> list[L.Stmt]:
         a_off = L.broadcast_index(a_batch, batch, v) * (rows * depth)
         b_off = L.broadcast_index(b_batch, batch, v) * (depth * cols)
         c_off = L.flat_index(batch, v) * (rows * cols)
-        return [L.Gemm("in0", a_off, depth, "in1", b_off, cols, "out0", c_off, cols, rows, cols, depth)]
+        return [L.Gemm("in0", a_off, depth, "in1", b_off, cols, "out0", c_off, cols, rows, cols, depth,
+                       b_panels=constant_b)]
 
     body, _ = L.loop_nest(names, batch, gemm_at, parallel=True)
     return body

@@ -23,7 +23,7 @@ import numpy as np
 
 from farm import defaults
 from farm.backends.llvm.entry import STEPS_SYMBOL, compile_entry
-from farm.backends.llvm.gemm import GemmBlocking, pack_panels
+from farm.backends.llvm.gemm import GemmBlocking, pack_operand
 from farm.backends.llvm.kernel import compile_cpu_kernel, default_blocking, packed_params
 from farm.backends.llvm.link import link_library
 from farm.backends.llvm.target import CpuTarget
@@ -201,9 +201,9 @@ class _Harness:
         for info, offset in zip(spec.inputs, self.offsets[len(self.outputs):]):
             view = self._view(info, offset)
             view[...] = rng.standard_normal(view.shape) if view.dtype.kind == "f" else 0
-        for (_, param), (offset, (rows, m, k)) in copies.items():
+        for (_, param), (offset, panels) in copies.items():
             source = self.arena[self.offsets[param] : self.offsets[param] + sizes[param]]
-            packed = pack_panels(source.view(np.float32).reshape(-1, m, k), rows).view(np.uint8).ravel()
+            packed = pack_operand(source.view(np.float32), panels).view(np.uint8)
             self.arena[offset : offset + packed.size] = packed
 
     def _view(self, info: TensorInfo, offset: int) -> np.ndarray:
@@ -243,9 +243,9 @@ def _link_variants(specs: Sequence[KernelSpec], target: CpuTarget, offsets: Sequ
 
 
 def _packed_copies(specs: Sequence[KernelSpec], target: CpuTarget,
-                   size: int) -> tuple[dict[tuple[int, int], tuple[int, tuple[int, int, int]]], int]:
-    """Where each variant's pre-packed inputs go (codegen.cpu.packed_params: a conv's weights in panels of the
-    variant's tile rows, as a build links them): {(variant, parameter): (arena offset, panels)}, placed after
+                   size: int) -> tuple[dict[tuple[int, int], tuple[int, tuple[int, ...]]], int]:
+    """Where each variant's pre-packed inputs go (backends.llvm.kernel.packed_params: a conv's weights in panels
+    of the variant's tile rows, a layer's constant B in column panels of its tile width, as a build links them): {(variant, parameter): (arena offset, panels)}, placed after
     `size` bytes, and the new size."""
     copies = {}
     for index, spec in enumerate(specs):

@@ -24,7 +24,7 @@ from pathlib import Path
 import llvmlite.binding as llvm
 import numpy as np
 
-from farm.backends.llvm.gemm import pack_panels
+from farm.backends.llvm.gemm import pack_operand
 from farm.backends.llvm.target import CpuTarget, init_llvm
 from farm.backends.llvm.toolchain import compile_ir
 from farm.errors import BuildError
@@ -155,9 +155,10 @@ def pack_blob(spec: BlobSpec, target: CpuTarget, data: bytes | memoryview) -> by
 
 
 def _packed(spec: BlobSpec, data: bytes | memoryview) -> memoryview:
-    """The float32 tensor in the Gemm's panel layout (spec.panels = rows, m, k per block)."""
-    rows, m, k = spec.panels
-    if m * k == 0 or spec.nbytes % (4 * m * k):
-        raise BuildError(f"blob {spec.symbol}: {spec.nbytes} bytes are not float32 blocks of {m} x {k}")
-    tensor = np.frombuffer(data, dtype=np.float32).reshape(-1, m, k)
-    return memoryview(pack_panels(tensor, rows)).cast("B")
+    """The float32 tensor in the Gemm's panel layout (spec.panels: llvm_gemm.PANEL_LAYOUTS)."""
+    if spec.nbytes % 4:
+        raise BuildError(f"blob {spec.symbol}: {spec.nbytes} bytes are not float32 values")
+    try:
+        return memoryview(pack_operand(np.frombuffer(data, dtype=np.float32), spec.panels)).cast("B")
+    except ValueError as error:
+        raise BuildError(f"blob {spec.symbol}: {error}") from None

@@ -30,13 +30,20 @@ def blocking_for(spec: KernelSpec, target: CpuTarget) -> GemmBlocking:
         raise BuildError(f"kernel {spec.op} {spec.symbol}: unusable variant: {error}") from None
 
 
-def packed_params(spec: KernelSpec, target: CpuTarget) -> dict[int, tuple[int, int, int]]:
-    """Parameter index -> (rows, m, k) of each constant the kernel reads pre-packed (L.Gemm.a_panels) on
-    `target`: its blob must be built with BlobSpec.panels equal to this."""
-    rows = blocking_for(spec, target).rows
+def packed_params(spec: KernelSpec, target: CpuTarget) -> dict[int, tuple[int, ...]]:
+    """Parameter index -> panels of each constant the kernel reads pre-packed on `target`: (rows, m, k) for an A
+    read in panels of the tile rows (L.Gemm.a_panels), (width, k, n, transposed) for a B read in column panels of
+    the tile width (L.Gemm.b_panels). Its blob must be built with BlobSpec.panels equal to this."""
+    blocking = blocking_for(spec, target)
     kernel = lower_kernel(spec)
     names = [param.name for param in kernel.params]
-    return {names.index(gemm.a): (rows, gemm.m, gemm.k) for gemm in gemms(kernel.body) if gemm.a_panels}
+    packed: dict[int, tuple[int, ...]] = {}
+    for gemm in gemms(kernel.body):
+        if gemm.a_panels:
+            packed[names.index(gemm.a)] = (blocking.rows, gemm.m, gemm.k)
+        if gemm.b_panels:
+            packed[names.index(gemm.b)] = (blocking.tile_columns, gemm.k, gemm.n, int(gemm.b_transposed))
+    return packed
 
 
 def gemms(stmts: list[L.Stmt]) -> list[L.Gemm]:

@@ -120,9 +120,19 @@ def _parallel_gemm(g: L.Gemm) -> str:
 
 
 def _gemm_load(g: L.Gemm, tile: GemmTile, v: int) -> str:
+    if g.b_transposed:
+        return _transposed_load(g, tile, v)
     if tile.width == 1:
         return f"gb[gk * {g.ldb}L + min(gn0 + {v}L, {g.n - 1}L)]"
     return f"vload{tile.width}(0, gb + gk * {g.ldb}L + gn0 + {v * tile.width}L)"
+
+
+def _transposed_load(g: L.Gemm, tile: GemmTile, v: int) -> str:
+    """B's values for one k when B is stored n x k (L.Gemm.b_transposed): one load per column, gathered."""
+    if tile.width == 1:
+        return f"gb[min(gn0 + {v}L, {g.n - 1}L) * {g.ldb}L + gk]"
+    columns = ", ".join(f"gb[(gn0 + {v * tile.width + i}L) * {g.ldb}L + gk]" for i in range(tile.width))
+    return f"(float{tile.width})({columns})"
 
 
 def _gemm_store(g: L.Gemm, tile: GemmTile, r: int, v: int) -> str:
@@ -175,10 +185,11 @@ def _if(stmt: L.If, depth: int) -> str:
 
 def _gemm(g: L.Gemm, depth: int) -> str:
     pad, a, b, c = _indent(depth), expr(g.a_offset), expr(g.b_offset), expr(g.c_offset)
+    b_at = f"gn * {g.ldb}L + gk" if g.b_transposed else f"gk * {g.ldb}L + gn"
     return (f"{pad}for (long gm = 0; gm < {g.m}L; ++gm) for (long gn = 0; gn < {g.n}L; ++gn) {{\n"
             f"{pad}    float gacc = 0.0f;\n"
             f"{pad}    for (long gk = 0; gk < {g.k}L; ++gk) gacc = fma({g.a}[{a} + gm * {g.lda}L + gk], "
-            f"{g.b}[{b} + gk * {g.ldb}L + gn], gacc);\n"
+            f"{g.b}[{b} + {b_at}], gacc);\n"
             f"{pad}    {g.c}[{c} + gm * {g.ldc}L + gn] = gacc;\n{pad}}}\n")
 
 
