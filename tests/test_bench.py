@@ -162,11 +162,16 @@ def opencl_artifact(tmp_path_factory) -> str:
     return build_model(folder / "m.onnx", folder / "out", targets, executor=LocalExecutor(1)).artifact
 
 
-def test_the_opencl_part_is_timed_step_by_step_and_compares_with_itself(opencl_artifact, tmp_path: Path) -> None:
+def test_the_opencl_part_is_timed_step_by_step_and_compared(opencl_artifact, tmp_path: Path) -> None:
+    """The OpenCL part's steps, timed and compared node by node. (Two loads of one artifact each get an OpenCL
+    context of their own, which on PoCL compete for the same cores: a self-comparison there has flagged a node
+    under load, so this test doesn't ask for exit 0 with --fail-on-regression.)"""
     report = bench_artifact(opencl_artifact, repeat=3, device="opencl")
     assert report.target.startswith("opencl-") and [step.node for step in report.steps] == ["conv", "act"]
     assert report.steps[0].kernel == "Conv 1x64x32x32,64x64x3x3 -> 1x64x32x32" and report.steps[0].flops
-    checked = _farm("bench", opencl_artifact, "--compare", opencl_artifact, "--device", "opencl",
-                    "--fail-on-regression", "--json", cwd=tmp_path)
+    checked = _farm("bench", opencl_artifact, "--compare", opencl_artifact, "--device", "opencl", "--json",
+                    cwd=tmp_path)
     assert checked.returncode == 0, checked.stderr
-    assert json.loads(checked.stdout)["after"]["target"] == report.target
+    compared = json.loads(checked.stdout)
+    assert compared["after"]["target"] == report.target and [c["node"] for c in compared["changes"]] == ["conv", "act"]
+    assert all(c["p_value"] is not None for c in compared["changes"])
