@@ -93,10 +93,7 @@ class JobBoard:
     def get(self, job_id: str) -> JobRecord | None:
         """The job's record, cancelled if its cancel flag is raised and it hadn't ended; None when there is none
         (never accepted, or expired)."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hgetall(protocol.job_key(job_id))
-        pipe.exists(protocol.cancel_key(job_id))
-        fields, cancelled = self.call(pipe.execute)
+        fields, cancelled = self._hash_and_cancel(protocol.job_key(job_id), job_id)
         return _with_cancel(JobRecord.decode(fields), cancelled) if fields else None
 
     def view(self, job_id: str) -> JobRecord | None:
@@ -105,11 +102,17 @@ class JobBoard:
         record = self.get(job_id)
         if record is not None:
             return record
+        fields, cancelled = self._hash_and_cancel(protocol.request_key(job_id), job_id)
+        return _with_cancel(protocol.decode_request(fields, job_id), cancelled) if fields else None
+
+    def _hash_and_cancel(self, key: str, job_id: str) -> tuple[dict[str, str], int]:
+        """The hash at `key` (a record or a request) and whether the job's cancel flag is raised, in one round
+        trip."""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hgetall(protocol.request_key(job_id))
+        pipe.hgetall(key)
         pipe.exists(protocol.cancel_key(job_id))
         fields, cancelled = self.call(pipe.execute)
-        return _with_cancel(protocol.decode_request(fields, job_id), cancelled) if fields else None
+        return fields, cancelled
 
     def request(self, job_id: str) -> JobRecord | None:
         """The queued record a submitter's request asks for (BadInputError when it is malformed); None if none."""

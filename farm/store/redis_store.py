@@ -292,9 +292,7 @@ class RedisStore(Store):
             self._evict_to(room=len(view))
         with self._errors():
             for _ in range(PUT_ATTEMPTS):
-                count = 0
-                for count, start in enumerate(range(0, len(view), self.chunk_bytes), start=1):
-                    self.client.set(self.chunk_key(key, count - 1), view[start : start + self.chunk_bytes])
+                count = self._write_chunks(view, lambda index: self.chunk_key(key, index))
                 committed, total, cap = self._script(self._commit, key, len(view), count)
                 if committed:
                     break
@@ -322,11 +320,16 @@ class RedisStore(Store):
         view = as_bytes_view(data)
         key, ttl = hashlib.sha256(view).hexdigest(), defaults.STAGED_TTL_SECONDS
         with self._errors():
-            count = 0
-            for count, start in enumerate(range(0, len(view), self.chunk_bytes), start=1):
-                self.client.set(f"{self.staged_key(key)}:{count - 1}", view[start : start + self.chunk_bytes], ex=ttl)
+            count = self._write_chunks(view, lambda index: f"{self.staged_key(key)}:{index}", ttl)
             self.client.set(self.staged_key(key), f"{len(view)}:{count}", ex=ttl)
         return key
+
+    def _write_chunks(self, view: memoryview, chunk_key: Callable[[int], str], ttl: int | None = None) -> int:
+        """Write `view` in chunks of chunk_bytes, each in its own command, under `chunk_key(i)`; returns how many."""
+        count = 0
+        for count, start in enumerate(range(0, len(view), self.chunk_bytes), start=1):
+            self.client.set(chunk_key(count - 1), view[start : start + self.chunk_bytes], ex=ttl)
+        return count
 
     def admit(self, key: str) -> bool:
         """Put staged bytes into the store once their sha256 is checked against `key` (so a stager can't make a key
