@@ -86,10 +86,11 @@ def test_a_killed_host_costs_seconds_not_the_visibility_timeout(farm_factory, re
         time.sleep(0.02)
     farm.workers[0].kill()
     killed = time.monotonic()
+    held = _running_on(farm, farm.workers[0].name)  # its task may have ended between the check and the kill
     waited = farm_cli("wait", job_id, "--json", broker=farm.url, cwd=tmp_path, timeout=240)
     assert waited.returncode == 0, waited.stderr + farm.logs()
     assert time.monotonic() - killed < 120, "the lost tasks waited for the visibility timeout, not for the lease"
-    assert "again: its worker's lease lapsed" in farm.workers[1].log_path.read_text()
+    assert not held or "again: its worker's lease lapsed" in farm.workers[1].log_path.read_text()
     downloaded = farm_cli("download", job_id, "-o", str(tmp_path / "dl"), broker=farm.url, cwd=tmp_path)
     assert _sha(downloaded.stdout.strip()) == _sha(local)
     assert status["state"] == "compiling"
