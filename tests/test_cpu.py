@@ -29,6 +29,7 @@ from farm.errors import BuildError
 from farm.ir.graph import Activation, TensorInfo
 from farm.ir.specs import KernelSpec, canonical_json
 from farm.ops import lower_kernel
+from farm.ops.registry import argument_bytes
 
 RELU = Activation("relu")
 CONV_ATTRS = {"kernel_shape": [3, 3], "strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1], "group": 1}
@@ -112,12 +113,14 @@ def test_kernel_ir_names_the_triple_and_symbol():
     assert f'@"{spec.symbol}"(' in text or f"@{spec.symbol}(" in text
 
 
-def test_default_blocking_uses_the_target_vector_width():
-    assert default_blocking(CpuTarget("x86_64-unknown-linux-gnu", "generic", "+avx512f")).lanes == 16
-    assert default_blocking(CpuTarget("x86_64-unknown-linux-gnu", "generic", "+avx")).lanes == 8
-    assert default_blocking(aarch64()).lanes == 4
+def test_default_blocking_uses_the_target_vector_width_and_register_file():
+    avx512 = CpuTarget("x86_64-unknown-linux-gnu", "generic", "+avx512f")
+    avx = CpuTarget("x86_64-unknown-linux-gnu", "generic", "+avx")
+    assert (avx512.vector_registers, avx.vector_registers, aarch64().vector_registers) == (32, 16, 32)
+    shapes = [(b.rows, b.vectors, b.lanes) for b in map(default_blocking, (avx512, avx, aarch64()))]
+    assert shapes == [(8, 3, 16), (4, 3, 8), (8, 3, 4)]
     blocking = default_blocking(host())
-    assert (blocking.rows, blocking.vectors, blocking.lanes) == (4, 3, host().simd_floats)
+    assert blocking.lanes == host().simd_floats and blocking.rows == (8 if host().vector_registers == 32 else 4)
 
 
 def test_different_targets_give_different_code():
@@ -163,7 +166,7 @@ def test_compiled_conv_matches_numpy(activation, tmp_path):
     x = rng.standard_normal(X_SHAPE).astype(np.float32)
     w = rng.standard_normal(W_SHAPE).astype(np.float32)
     b = rng.standard_normal(B_SHAPE).astype(np.float32)
-    arrays = [np.zeros(Y_SHAPE, np.float32), x, w, b, np.zeros(8 * 9 * 100, np.float32)]
+    arrays = [np.zeros(Y_SHAPE, np.float32), x, w, b, np.zeros(argument_bytes(spec)[-1] // 4, np.float32)]
     offsets, size = layout(arrays)
     schedule = [{"kernel": spec.symbol, "args": [["arena", o] for o in offsets]}]
     library = load_library(link_library([compile_cpu_kernel(spec, target), compile_entry(schedule, target)], target),

@@ -304,3 +304,46 @@ def test_batched_gemm_reads_each_block_of_b_prepacked(tmp_path):
     c, _, _ = run_kernel(kernel, [np.zeros((batches, m, n), np.float32), a, pack_columns(b, blocking.tile_columns)],
                          tmp_path, blocking)
     assert_gemm_close(c, np.einsum("bmk,bkn->bmn", a.astype(np.float64), b.astype(np.float64)))
+
+
+EPILOGUE_BLOCKINGS = [GemmBlocking(), GemmBlocking(rows=3, vectors=2, lanes=4), GemmBlocking(rows=1, vectors=1, lanes=1),
+                      GemmBlocking(rows=4, vectors=2, lanes=8, k_block=8), GemmBlocking(rows=2, vectors=3, lanes=4,
+                                                                                        k_block=5, order="rows")]
+EPILOGUE_ACTIVATIONS = [None, ("relu", ()), ("leakyrelu", (0.1,)), ("clip", (-0.5, 0.75))]
+
+
+def _activated(value: np.ndarray, activation: tuple[str, tuple[float, ...]] | None) -> np.ndarray:
+    if activation is None:
+        return value
+    kind, params = activation
+    return {"relu": lambda: np.maximum(value, 0), "leakyrelu": lambda: np.where(value < 0, value * params[0], value),
+            "clip": lambda: np.clip(value, *params)}[kind]()
+
+
+@pytest.mark.parametrize("blocking", EPILOGUE_BLOCKINGS, ids=blocking_id)
+@pytest.mark.parametrize("transposed", [False, True], ids=["row-major", "a-and-c-transposed"])
+def test_gemm_epilogue_adds_bias_and_residual_then_activates_as_it_stores(blocking, transposed, tmp_path):
+    """GemmEpilogue: C = act(A @ B + bias + residual), the bias per row or per column, for every shape and every
+    activation, with A read transposed and C stored transposed (a small-plane conv's GEMM) or not; with a k block
+    only the last block applies it."""
+    rng = np.random.default_rng(21)
+    cases = []
+    for index, (m, n, k) in enumerate(SHAPES):
+        a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+        on_columns, activation = index % 2 == 1, EPILOGUE_ACTIVATIONS[index % len(EPILOGUE_ACTIVATIONS)]
+        bias = rng.standard_normal(n if on_columns else m).astype(np.float32)
+        residual = rng.standard_normal((m, n)).astype(np.float32)
+        epilogue = L.GemmEpilogue(bias="bias", bias_offset=L.const(2), bias_on_columns=on_columns,
+                                  residual="residual", residual_offset=L.const(0), activation=activation)
+        gemm = L.Gemm("a", L.const(0), m if transposed else k, "b", L.const(0), n, "c", L.const(0),
+                      m if transposed else n, m, n, k, a_transposed=transposed, c_transposed=transposed,
+                      epilogue=epilogue)
+        params = [L.Param("c", output=True), L.Param("a"), L.Param("b"), L.Param("bias"), L.Param("residual")]
+        stored = (lambda x: x.T.copy()) if transposed else (lambda x: x)
+        arrays = [np.full((n, m) if transposed else (m, n), np.nan, np.float32), stored(a), b,
+                  np.concatenate([np.zeros(2, np.float32), bias]), stored(residual)]
+        expected = reference(a, b) + (bias[None, :] if on_columns else bias[:, None]) + residual
+        cases.append((L.LoopKernel(params, [gemm]), arrays, stored(_activated(expected, activation))))
+    results = run_kernels([(kernel, arrays) for kernel, arrays, _ in cases], tmp_path, blocking)
+    for (_, _, expected), (c, *_) in zip(cases, results):
+        assert_gemm_close(c, expected)

@@ -88,6 +88,14 @@ CONV_CASES: list[OpCase] = [
     _conv("depthwise-multiplier3", (1, 4, 9, 9), (12, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}),
     _conv("1x1-pads2", (1, 3, 4, 4), (4, 3, 1, 1), {"pads": [2, 2, 2, 2]}),
     _conv("pads-beyond-kernel", (1, 3, 4, 4), (4, 3, 3, 3), {"pads": [3, 0, 4, 1]}),
+    # Small output planes run transposed (pixels as the GEMM's rows, nn._pixels_as_rows): im2col, pointwise,
+    # grouped and strided, a channel tail narrower than a vector, and a single pixel.
+    _conv("small-plane-3x3", (1, 32, 7, 7), (48, 32, 3, 3), {"pads": [1, 1, 1, 1]}),
+    _conv("small-plane-pointwise", (1, 64, 7, 7), (80, 64, 1, 1)),
+    _conv("small-plane-groups2-batch2-stride2", (2, 32, 13, 13), (64, 16, 3, 3),
+          {"group": 2, "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    _conv("small-plane-channel-tail", (1, 16, 5, 5), (40, 16, 3, 3), {"pads": [1, 1, 1, 1]}, bias=False),
+    _conv("single-pixel-pointwise", (1, 64, 1, 1), (32, 64, 1, 1)),
     case("conv-weight-as-graph-input",
          single_op_model("Conv", [("x", (1, 3, 6, 6)), ("w", (4, 3, 3, 3))], {"pads": [1, 1, 1, 1]})),
 ]
@@ -516,6 +524,17 @@ FUSED_CASES: list[OpCase] = [
           CONV_X, {"dw": rand(4, 1, 3, 3, seed=3), "lo": np.float32(0.0), "hi": np.float32(0.5)}, schedule=("Conv",)),
     _pair("convtranspose-relu", ("ConvTranspose", ["tw", "tb"], {"strides": [2, 2]}), ("Relu", [], {}), CONV_X,
           {"tw": rand(4, 3, 3, 3, seed=8), "tb": rand(3, seed=9)}, schedule=("ConvTranspose",)),
+    _pair("small-plane-conv-clip", ("Conv", ["sw", "sb"], {"pads": [1, 1, 1, 1]}), ("Clip", ["lo", "hi"], {}),
+          [("x", (1, 16, 7, 7))], {"sw": rand(32, 16, 3, 3, seed=5, scale=0.1), "sb": rand(32, seed=6),
+                                   "lo": np.float32(-0.5), "hi": np.float32(0.5)}, schedule=("Conv",)),
+    _pair("small-plane-pointwise-conv-leakyrelu", ("Conv", ["sw"], {}), ("LeakyRelu", [], {"alpha": 0.1}),
+          [("x", (1, 16, 7, 7))], {"sw": rand(40, 16, 1, 1, seed=7)}, schedule=("Conv",)),
+    case("fused-conv-residual-relu", graph_model(
+        [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Add", ["c", "r"], ["s"]),
+         helper.make_node("Relu", ["s"], ["y"])], [*CONV_X, ("r", (1, 6, 8, 8))], ["y"], W), schedule=("Conv",)),
+    case("fused-small-plane-pointwise-conv-residual", graph_model(
+        [helper.make_node("Conv", ["x", "pw"], ["c"]), helper.make_node("Sum", ["r", "c"], ["y"])],
+        [("x", (1, 16, 7, 7)), ("r", (1, 32, 7, 7))], ["y"], {"pw": rand(32, 16, 1, 1, seed=8)}), schedule=("Conv",)),
     _pair("pointwise-conv-relu", ("Conv", ["pw"], {}), ("Relu", [], {}), CONV_X, {"pw": rand(5, 4, 1, 1, seed=4)},
           schedule=("Conv",)),
     _pair("gemm-leakyrelu", ("Gemm", ["gw", "gb"], {"transB": 1}), ("LeakyRelu", [], {"alpha": 0.2}),
@@ -601,7 +620,8 @@ def test_conv_geometry_names_the_sizes_of_a_grouped_strided_dilated_conv(tmp_pat
                                   stride_width=1, dilation_height=1, dilation_width=2, pad_top=1, pad_left=0)
     assert (geo.in_channels_per_group, geo.out_channels_per_group) == (3, 2)
     assert (geo.in_pixels, geo.out_pixels, geo.column_rows) == (99, 55, 3 * 3 * 2)
-    assert nn._conv_scratch(spec) == geo.column_rows * geo.out_pixels  # one group's im2col matrix
+    assert geo.column_stride == 64  # 55 pixels a row, padded to a cache line
+    assert nn._conv_scratch(spec) == geo.column_rows * geo.column_stride  # one group's im2col matrix
 
 
 def test_pool_window_is_the_conv_window_without_channels(tmp_path) -> None:
@@ -626,13 +646,17 @@ def test_conv_transpose_geometry_sizes_the_transposed_weights_and_the_column_buf
 # ------------------------------------------------------------------------------------------------- OpenCL
 
 # The kernels added with the softmax family, the normalisations and ConvTranspose (transposed weights, Gemm into
-# scratch, col2im with tap skipping, fused activation), rendered as OpenCL C and run on this host's device.
+# scratch, col2im with tap skipping, fused activation), and convs whose GEMM runs transposed (small planes) or
+# reads im2col rows padded to a cache line, rendered as OpenCL C and run on this host's device.
 OPENCL_SAMPLE = [
     "softmax-3d-axis1-opset17", "logsoftmax-3d-axis1-opset13", "hardmax-4d-axis2-opset9", "layernorm-scale-broadcast",
     "layernorm-statistics-mean-inv_std", "instancenormalization-4d", "groupnormalization-opset21-per-channel",
     "meanvariancenormalization-axes-1", "lpnormalization-p1-axis1", "convtranspose-stride2-output-padding",
     "convtranspose-groups2-batch2-stride2", "convtranspose-dilation2-stride2", "convtranspose-3d",
-    "fused-convtranspose-relu",
+    "fused-convtranspose-relu", "conv-small-plane-3x3", "conv-small-plane-pointwise",
+    "conv-small-plane-groups2-batch2-stride2", "conv-small-plane-channel-tail", "conv-3x3-stride2-asymmetric-pads",
+    "fused-conv-relu", "fused-conv-leakyrelu", "fused-conv-clip-0-6", "fused-small-plane-conv-clip",
+    "fused-small-plane-pointwise-conv-leakyrelu", "fused-conv-residual-relu", "fused-small-plane-pointwise-conv-residual",
 ]
 
 

@@ -24,7 +24,7 @@ from farm.build.local import build_model
 from farm.ir.specs import KernelSpec
 from farm.store import FileStore, Store
 from farm.tuning.database import record
-from farm.tuning.space import candidate_variants, fits, lane_widths, tunable, variant_spec, vector_registers
+from farm.tuning.space import candidate_variants, fits, lane_widths, tunable, variant_spec
 from tests.numerics import assert_close, rand, random_feeds, run_onnxruntime, single_op_model
 
 HOST = host_target()
@@ -77,7 +77,7 @@ def test_candidates_start_with_the_default_and_fit_the_register_file(target: Cpu
     variants = candidate_variants(target)
     assert variants[0] == default_blocking(target) and len(set(variants)) == len(variants)
     assert 4 <= len(variants) <= 14
-    assert all(fits(v, vector_registers(target)) for v in variants)
+    assert all(fits(v, target.vector_registers) for v in variants)
     assert {v.lanes for v in variants} == set(lane_widths(target))
     assert all(v.lanes >= 4 for v in variants)
 
@@ -85,7 +85,6 @@ def test_candidates_start_with_the_default_and_fit_the_register_file(target: Cpu
 def test_register_budget_and_lane_widths() -> None:
     avx512 = CpuTarget("x86_64-unknown-linux-gnu", "x", "+avx512f,+avx2,+avx")
     avx2 = CpuTarget("x86_64-unknown-linux-gnu", "x", "+avx2,+avx")
-    assert (vector_registers(avx512), vector_registers(avx2), vector_registers(AARCH64)) == (32, 16, 32)
     assert lane_widths(avx512) == [16, 8] and lane_widths(avx2) == [8, 4]
     assert lane_widths(AARCH64) == [4]
     assert fits(GemmBlocking(6, 4, 16), 32) and not fits(GemmBlocking(6, 4, 8), 16)

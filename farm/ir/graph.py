@@ -54,6 +54,9 @@ class Node:
     attrs: dict[str, Any] = field(default_factory=dict)
     domain: str = ""
     activation: Activation | None = None
+    residual: bool = False
+    """Set by the residual-add fusion pass only (never read from a model file): the node's last input is added to
+    its output before the activation (a Conv that absorbed the Add of a skip connection)."""
 
 
 @dataclass

@@ -315,6 +315,21 @@ def loop_nest(names: Names, shape: tuple[int, ...], make_body, parallel: bool = 
 
 
 @dataclass
+class GemmEpilogue:
+    """What a Gemm does to each value of C before storing it, so that no second pass over C runs: add a bias (one
+    value per row of C at bias[bias_offset + row], or per column with bias_on_columns), add a residual laid out like
+    C (residual[residual_offset + the value's place in C]), then apply an activation: (kind, params) of one of
+    ops.registry.ACTIVATIONS (relu, leakyrelu, clip), which each renderer implements."""
+
+    bias: str | None = None
+    bias_offset: Expr | None = None
+    bias_on_columns: bool = False
+    residual: str | None = None
+    residual_offset: Expr | None = None
+    activation: tuple[str, tuple[float, ...]] | None = None
+
+
+@dataclass
 class Gemm(Stmt):
     """C[m, n] = sum_k A[m, k] * B[k, n] over row-major panels at element offsets, with leading dimensions.
 
@@ -347,6 +362,14 @@ class Gemm(Stmt):
     b_transposed: bool = False
     """B is stored transposed (n x k per block, ldb = k: Gemm's transB). Only with b_panels, whose packing turns
     it: the LLVM renderer never reads a transposed B itself."""
+    a_transposed: bool = False
+    """A is stored transposed (k x m per block, A[m, k] at k * lda + m, lda >= m): a conv's column matrix read as
+    pixels x taps when the pixels are the rows (a small output plane). Never with a_panels."""
+    c_transposed: bool = False
+    """C is stored transposed (n x m, C[m, n] at n * ldc + m, ldc >= m): the NCHW output of a conv whose GEMM has
+    the pixels as rows."""
+    epilogue: GemmEpilogue | None = None
+    """Bias, residual and activation applied as C is stored (see GemmEpilogue)."""
 
 
 # -- launches: how a kernel splits into pieces that run one after another, each across many workers ------------

@@ -15,7 +15,7 @@ from typing import Any
 from farm import __version__
 from farm.ir.graph import Activation, TensorInfo
 
-CODEGEN_VERSION = f"farm-{__version__}-codegen-8"
+CODEGEN_VERSION = f"farm-{__version__}-codegen-9"
 
 
 def canonical_json(value: Any) -> str:

@@ -8,12 +8,24 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from farm.errors import BuildError
 from farm.ir import loopir as L
 from farm.ir.specs import KernelSpec
 from farm.ops.reduce import ReduceLayout, absolute, axis_view, over_rows
 from farm.ops.registry import NodeContext, activate, axis_in_range, out_shape, prod, register, shape_of
 
 NEG_INF = -3.4028234663852886e38
+COLUMN_ALIGNMENT = 16
+"""Floats per cache line (64 bytes): im2col rows start at multiples of it, and output planes that fill their vectors
+of this many floats this badly run transposed (_pixels_as_rows)."""
+SMALL_PLANE_WASTE = 1.15
+"""Padded-to-vectors / actual pixels above which a conv runs pixels as rows: 7x7 (1.31) and 5x5 (1.28) do, 14x14
+(1.06) and 28x28 (1.0) don't."""
+TRANSPOSED_OPERAND_BYTES = 1 << 20
+"""The most bytes of column matrix plus one panel of weights for which a conv runs pixels as rows: half of a
+2 MB L2, so that both stay in cache while the panel passes over the matrix."""
+WEIGHT_PANEL_COLUMNS = 48
+"""Columns of a weight panel in that estimate (the AVX-512 default tile's 3 vectors of 16)."""
 
 
 def _spatial_attrs(ctx: NodeContext, kernel_shape: list[int]) -> dict[str, Any]:
@@ -48,6 +60,8 @@ def _conv_attrs(ctx: NodeContext) -> dict[str, Any]:
     attrs = _spatial_attrs(ctx, list(ctx.node.attrs.get("kernel_shape", weight.shape[2:])))
     attrs["group"] = _checked_group(ctx)
     attrs["constant_weight"] = ctx.node.inputs[1] in ctx.constants  # then the build may pre-pack it
+    if ctx.node.residual:
+        attrs["residual"] = True
     return attrs
 
 
@@ -139,9 +153,34 @@ class ConvGeometry(Window, GroupedChannels):
         """Rows of a group's im2col matrix (one per input channel and kernel tap): the GEMM's k."""
         return self.in_channels_per_group * self.kernel_height * self.kernel_width
 
+    @property
+    def column_stride(self) -> int:
+        """Floats from one im2col row to the next: the output pixels rounded up to a multiple of COLUMN_ALIGNMENT,
+        so that every row starts on a cache line and the GEMM's vector loads never straddle two (14x14 outputs,
+        196 floats a row, read three lines in four split: light ResNet-50's 3x3 convs at 14x14 156 -> 184 GFLOP/s
+        on one Xeon core)."""
+        return -(-self.out_pixels // COLUMN_ALIGNMENT) * COLUMN_ALIGNMENT
+
 
 def _conv_geometry(spec: KernelSpec) -> ConvGeometry:
     return ConvGeometry(**asdict(_channels(spec)), **asdict(_window(spec)))
+
+
+def _pixels_as_rows(spec: KernelSpec, geo: ConvGeometry) -> bool:
+    """Whether the conv's GEMM runs transposed: out^T (pixels x channels) = columns^T @ W^T, the pixels as the
+    micro-kernel's rows and the output channels as its vector columns. Chosen when the output plane fills its
+    vectors badly (7x7 = 49 pixels fill 3 vectors of 16 and 1 float of a fourth; 512 channels fill 32), the
+    weights are constant (they are then packed as a transposed B) and the column matrix with one panel of weights
+    fits TRANSPOSED_OPERAND_BYTES: each panel of weights passes over all of the column matrix, which must stay in
+    cache (light ResNet-50 on one Xeon core: 7x7 pointwise convs 146-161 -> 171-174 GFLOP/s transposed, but its
+    7x7 3x3 convs, whose 4608 x 64 column matrix does not fit beside a panel, 147 -> 95)."""
+    lanes = COLUMN_ALIGNMENT
+    waste = -(-geo.out_pixels // lanes) * lanes / geo.out_pixels
+    channel_waste = -(-geo.out_channels_per_group // lanes) * lanes / geo.out_channels_per_group
+    stride = geo.out_pixels if _is_pointwise(geo) else geo.column_stride
+    operand_bytes = geo.column_rows * (stride + WEIGHT_PANEL_COLUMNS) * 4
+    return (bool(spec.attrs.get("constant_weight")) and waste > SMALL_PLANE_WASTE and channel_waste < waste
+            and operand_bytes <= TRANSPOSED_OPERAND_BYTES)
 
 
 def _is_pointwise(geo: ConvGeometry) -> bool:
@@ -160,7 +199,7 @@ def _conv_scratch(spec: KernelSpec) -> int:
         return geo.batch * geo.out_channels * prod(_padded_plane(geo))
     if _is_pointwise(geo):
         return 0
-    return geo.column_rows * geo.out_pixels
+    return geo.column_rows * geo.column_stride
 
 
 def _input_at(geo: Window, base: L.Expr, oh: L.Expr, ow: L.Expr, r: L.ExprLike, s: L.ExprLike,
@@ -188,7 +227,7 @@ def _im2col(names: L.Names, geo: ConvGeometry, x_base: L.Expr) -> list[L.Stmt]:
     outside = L.binary("or", L.compare("lt", ih, 0), L.compare("ge", ih, geo.height))
     taps: list[L.Stmt] = []
     for s in range(geo.kernel_width):
-        start = ((c * geo.kernel_height + r) * geo.kernel_width + s) * geo.out_pixels + oh * geo.out_width
+        start = ((c * geo.kernel_height + r) * geo.kernel_width + s) * geo.column_stride + oh * geo.out_width
         lo, hi = _tap_columns(geo, s)
         source = x_base + c * geo.in_pixels + ih * geo.width + (s * geo.dilation_width - geo.pad_left)
         row = (_fill(names, start, 0, lo) + _copy(names, start, source, geo.stride_width, lo, hi)
@@ -286,22 +325,73 @@ def _depthwise_outputs(names: L.Names, spec: KernelSpec, geo: ConvGeometry, plan
 
 
 def _lower_conv(spec: KernelSpec) -> list[L.Stmt]:
-    """Conv as im2col + GEMM per (batch, group): out[m, p] = W[m, k] @ col[k, p]; bias and activation after."""
+    """Conv as im2col + GEMM per (batch, group): out[m, p] = W[m, k] @ col[k, p] (or its transpose, see
+    _pixels_as_rows), bias and activation applied as the GEMM stores its tiles."""
     names, geo = L.Names(), _conv_geometry(spec)
+    residual = _conv_residual(spec)
     if _is_depthwise(geo):
         return _depthwise(names, spec, geo)
     n, g = names.var("n"), names.var("g")
-    kdim, p, group_out = geo.column_rows, geo.out_pixels, geo.out_channels_per_group
     x_base = (n * geo.in_channels + g * geo.in_channels_per_group) * geo.in_pixels
     pointwise = _is_pointwise(geo)
-    gemm = L.Gemm(a="in1", a_offset=g * (group_out * kdim), lda=kdim,
-                  b="in0" if pointwise else "scratch", b_offset=x_base if pointwise else L.const(0), ldb=p,
-                  c="out0", c_offset=(n * geo.out_channels + g * group_out) * p, ldc=p, m=group_out, n=p, k=kdim,
-                  a_panels=bool(spec.attrs.get("constant_weight")))
+    columns = ("in0", x_base, geo.out_pixels) if pointwise else ("scratch", L.const(0), geo.column_stride)
+    transposed = _pixels_as_rows(spec, geo)
+    out_offset = (n * geo.out_channels + g * geo.out_channels_per_group) * geo.out_pixels
+    gemm = CONV_GEMMS[transposed](spec, geo, g, columns, out_offset)
+    bias = "in2" if len(spec.inputs) > 2 + bool(residual) else None
+    gemm.epilogue = gemm_epilogue(spec, bias, g * geo.out_channels_per_group, bias_on_columns=transposed,
+                                  residual=residual, residual_offset=out_offset)
     per_group = ([] if pointwise else _im2col(names, geo, x_base)) + [gemm]
-    body = [L.Loop(n, geo.batch, [L.Loop(g, geo.groups, per_group)])]
-    bias = "in2" if len(spec.inputs) > 2 else None
-    return body + _bias_activation_epilogue(names, spec, geo.out_channels, p, geo.batch, bias)
+    return [L.Loop(n, geo.batch, [L.Loop(g, geo.groups, per_group)])]
+
+
+def _conv_residual(spec: KernelSpec) -> str | None:
+    """The buffer a conv that absorbed a skip connection's Add (passes.fuse_residual_adds) adds to its output: its
+    last input, which must have the output's shape (the attribute may come from a message)."""
+    if not spec.attrs.get("residual"):
+        return None
+    if len(spec.inputs) < 3 or spec.inputs[-1] != spec.outputs[0] or _is_depthwise(_conv_geometry(spec)):
+        raise BuildError(f"Conv with a residual: its last input {spec.inputs[-1]} must be laid out like its output "
+                         f"{spec.outputs[0]}, and the conv not depthwise")
+    return f"in{len(spec.inputs) - 1}"
+
+
+def gemm_epilogue(spec: KernelSpec, bias: str | None, bias_offset: L.Expr, bias_on_columns: bool = False,
+                  residual: str | None = None, residual_offset: L.Expr | None = None) -> L.GemmEpilogue | None:
+    """The GEMM epilogue of a kernel whose output is the GEMM's C: its bias (a buffer, None without), a residual
+    laid out like C, and the spec's fused activation; None when there is none of them."""
+    if bias is None and residual is None and spec.activation is None:
+        return None
+    activation = None if spec.activation is None else (spec.activation.kind, tuple(spec.activation.params))
+    return L.GemmEpilogue(bias=bias, bias_offset=bias_offset if bias else None, bias_on_columns=bias_on_columns,
+                          residual=residual, residual_offset=residual_offset if residual else None,
+                          activation=activation)
+
+
+def _channels_by_pixels(spec: KernelSpec, geo: ConvGeometry, g: L.Var, columns: tuple[str, L.Expr, int],
+                        out_offset: L.Expr) -> L.Gemm:
+    """out (channels x pixels) = W (channels x taps, read in the micro-kernel's row panels when constant) @ the
+    column matrix (taps x pixels)."""
+    buffer, offset, stride = columns
+    group_out, kdim = geo.out_channels_per_group, geo.column_rows
+    return L.Gemm(a="in1", a_offset=g * (group_out * kdim), lda=kdim, b=buffer, b_offset=offset, ldb=stride,
+                  c="out0", c_offset=out_offset, ldc=geo.out_pixels, m=group_out, n=geo.out_pixels, k=kdim,
+                  a_panels=bool(spec.attrs.get("constant_weight")))
+
+
+def _pixels_by_channels(spec: KernelSpec, geo: ConvGeometry, g: L.Var, columns: tuple[str, L.Expr, int],
+                        out_offset: L.Expr) -> L.Gemm:
+    """out^T (pixels x channels) = the column matrix read transposed (pixels x taps) @ W^T (taps x channels,
+    packed as a transposed constant B), stored transposed into out."""
+    buffer, offset, stride = columns
+    group_out, kdim = geo.out_channels_per_group, geo.column_rows
+    return L.Gemm(a=buffer, a_offset=offset, lda=stride, b="in1", b_offset=g * (group_out * kdim), ldb=kdim,
+                  c="out0", c_offset=out_offset, ldc=geo.out_pixels, m=geo.out_pixels, n=group_out, k=kdim,
+                  a_transposed=True, b_panels=True, b_transposed=True, c_transposed=True)
+
+
+CONV_GEMMS = {False: _channels_by_pixels, True: _pixels_by_channels}
+"""The conv's GEMM by _pixels_as_rows."""
 
 
 register("Conv", normalize=_conv_attrs, scratch_floats=_conv_scratch)(_lower_conv)

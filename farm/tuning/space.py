@@ -15,8 +15,8 @@ from farm.backends.llvm.target import CpuTarget
 from farm.ir.specs import KernelSpec, canonical_json
 from farm.ops import lower_kernel
 
-TILE_SHAPES = ((4, 3), (6, 4), (8, 3), (4, 4), (8, 2), (6, 2), (2, 4), (4, 2))
-"""(rows, vectors) of the tiles tried, in this order; the first is the default's. Those that don't fit the
+TILE_SHAPES = ((8, 3), (4, 3), (6, 4), (4, 4), (8, 2), (6, 2), (2, 4), (4, 2))
+"""(rows, vectors) of the tiles tried, in this order; the first that fits is the default's. Those that don't fit the
 register file are left out."""
 CACHE_TILINGS = ((4, 3, 256, "columns"), (8, 3, 256, "columns"), (8, 3, 0, "rows"))
 """(rows, vectors, k_block, order) of the cache-tiled and row-ordered variants also tried at full width, where
@@ -24,11 +24,6 @@ they fit: on a 2-core Zen 4 (1 MB L2) they were within 3% of the plain tiles on 
 cores with smaller caches or other bandwidths may choose them."""
 HALF_LANE_SHAPES = 3
 """How many of the fitting tiles are also tried at half the vector width (narrow outputs waste fewer lanes)."""
-
-
-def vector_registers(target: CpuTarget) -> int:
-    """Vector registers of the target: 32 with AVX-512 and on AArch64 (NEON), 16 otherwise."""
-    return 32 if target.arch == "aarch64" or "+avx512f" in target.features.split(",") else 16
 
 
 def fits(blocking: GemmBlocking, registers: int) -> bool:
@@ -47,7 +42,7 @@ def candidate_variants(target: CpuTarget) -> list[GemmBlocking]:
     """The variants tuning times on `target`, the default first: every tile of TILE_SHAPES that fits the register
     file at full width, the first HALF_LANE_SHAPES of them at half width, then the CACHE_TILINGS that fit (at
     most 14)."""
-    registers = vector_registers(target)
+    registers = target.vector_registers
     variants = [default_blocking(target)]
     for index, lanes in enumerate(lane_widths(target)):
         fitting = [b for b in (GemmBlocking(r, v, lanes) for r, v in TILE_SHAPES) if fits(b, registers)]

@@ -114,12 +114,14 @@ def _halvings(lanes: int) -> list[int]:
 
 def emit_gemm(builder: ir.IRBuilder, slot: Callable[[str, ir.Type], ir.AllocaInstr], a: ir.Value, b: ir.Value,
               c: ir.Value, gemm: L.Gemm, blocking: GemmBlocking,
-              launch_range: tuple[ir.Value, ir.Value] | None = None) -> None:
+              launch_range: tuple[ir.Value, ir.Value] | None = None,
+              epilogue: tuple[ir.Value | None, ir.Value | None] = (None, None)) -> None:
     """Emit C = A @ B for `gemm`'s shapes; a, b, c point at the panels' first elements. With `launch_range`
     (runtime i64 values begin, end), only part of C, as loopir.launch_info cut it: column blocks [begin, end) when
     the launch splits columns (loopir.splits_columns), else rows [begin, end): whole register tiles from begin,
-    then one row at a time."""
+    then one row at a time. `epilogue` points at the gemm.epilogue's bias and residual (at their offsets)."""
     gen = _Gen(builder, slot, a, b, c, gemm, blocking)
+    gen.bias, gen.residual = epilogue
     if launch_range is None:
         for region in regions(gemm.m, gemm.n, blocking):
             _emit_region(gen, region)
@@ -150,12 +152,13 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
     tiles = _Region(0, m_main, 0, width, blocking.rows, blocking.vectors, blocking.lanes)
     edge = _Region(m_main, gemm.m - m_main, 0, width, 1, blocking.vectors, blocking.lanes)
 
-    def blocks(k0: ir.Value, steps: int, accumulate: bool) -> None:
+    def blocks(k0: ir.Value, steps: int, accumulate: bool, final: bool) -> None:
         def block(index: ir.Value) -> None:
             column_block = builder.add(begin, index)
             gen.loop(m_main // blocking.rows, lambda it: _emit_tile(gen, tiles, it, column_block, k0, steps,
-                                                                    accumulate))
-            gen.loop(gemm.m - m_main, lambda it: _emit_tile(gen, edge, it, column_block, k0, steps, accumulate))
+                                                                    accumulate, final))
+            gen.loop(gemm.m - m_main, lambda it: _emit_tile(gen, edge, it, column_block, k0, steps, accumulate,
+                                                            final))
 
         gen.loop(builder.sub(stop, begin), block)
 
@@ -172,6 +175,8 @@ class _Gen:
         self.b, self.slot, self.a, self.bm, self.c, self.gemm = builder, slot, a, b, c, gemm
         self.blocking = blocking
         self.count = 0
+        self.bias: ir.Value | None = None
+        self.residual: ir.Value | None = None
 
     def loop(self, extent: int | ir.Value, body: Callable[[ir.Value], None]) -> None:
         """A counted loop 0..extent (a constant or a runtime i64) whose body gets the i64 index."""
@@ -221,19 +226,20 @@ def _vector_type(lanes: int) -> ir.Type:
     return F32_T if lanes == 1 else ir.VectorType(F32_T, lanes)
 
 
-def _k_blocks(gen: _Gen, emit: Callable[[ir.Value, int, bool], None]) -> None:
-    """emit(k0, steps, accumulate) over the k loop cut into blocks of blocking.k_block steps: the first block
-    writes C, the later ones (a runtime loop over the full blocks, then the remainder) add to it. With no k_block,
-    or k no larger, one pass over all of k."""
+def _k_blocks(gen: _Gen, emit: Callable[[ir.Value, int, bool, bool], None]) -> None:
+    """emit(k0, steps, accumulate, final) over the k loop cut into blocks of blocking.k_block steps: the first
+    block writes C, the later ones (a runtime loop over the middle blocks, then the last, which may be shorter)
+    add to it, and only the last (`final`) applies the epilogue. With no k_block, or k no larger, one pass over
+    all of k."""
     k, size = gen.gemm.k, gen.blocking.k_block
     if not size or k <= size:
-        emit(ir.Constant(I64_T, 0), k, False)
+        emit(ir.Constant(I64_T, 0), k, False, True)
         return
-    full, b = k // size, gen.b
-    emit(ir.Constant(I64_T, 0), size, False)
-    gen.loop(full - 1, lambda j: emit(b.mul(b.add(j, ir.Constant(I64_T, 1)), ir.Constant(I64_T, size)), size, True))
-    if k % size:
-        emit(ir.Constant(I64_T, full * size), k % size, True)
+    blocks, b = -(-k // size), gen.b
+    emit(ir.Constant(I64_T, 0), size, False, False)
+    gen.loop(blocks - 2, lambda j: emit(b.mul(b.add(j, ir.Constant(I64_T, 1)), ir.Constant(I64_T, size)), size,
+                                        True, False))
+    emit(ir.Constant(I64_T, (blocks - 1) * size), k - (blocks - 1) * size, True, True)
 
 
 def _emit_region(gen: _Gen, region: _Region) -> None:
@@ -245,8 +251,8 @@ def _emit_region(gen: _Gen, region: _Region) -> None:
         row_tiles = region.m if region.rows == 1 else gen.b.sdiv(region.m, ir.Constant(I64_T, region.rows))
     column_tiles = region.n // width
 
-    def tiles(k0: ir.Value, steps: int, accumulate: bool) -> None:
-        tile = lambda it, jt: _emit_tile(gen, region, it, jt, k0, steps, accumulate)  # noqa: E731
+    def tiles(k0: ir.Value, steps: int, accumulate: bool, final: bool) -> None:
+        tile = lambda it, jt: _emit_tile(gen, region, it, jt, k0, steps, accumulate, final)  # noqa: E731
         if gen.blocking.order == "rows":
             gen.loop(row_tiles, lambda it: gen.loop(column_tiles, lambda jt: tile(it, jt)))
         else:
@@ -256,9 +262,10 @@ def _emit_region(gen: _Gen, region: _Region) -> None:
 
 
 def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Value | None = None,
-               steps: int | None = None, accumulate: bool = False) -> None:
+               steps: int | None = None, accumulate: bool = False, final: bool = True) -> None:
     """One register tile of C over k steps [k0, k0 + steps) (all of k by default): accumulators start at zero, or
-    at C's values when `accumulate` (a later k block), and are stored to C at the end."""
+    at C's values when `accumulate` (a later k block), and are stored to C at the end, through the Gemm's
+    epilogue when `final` (the last k block)."""
     b, g = gen.b, gen.gemm
     k0 = ir.Constant(I64_T, 0) if k0 is None else k0
     steps = g.k if steps is None else steps
@@ -267,12 +274,12 @@ def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Va
     n0 = b.add(ir.Constant(I64_T, region.n0), b.mul(jt, ir.Constant(I64_T, region.vectors * region.lanes)))
     accs = [[gen.slot(f"acc.{region.lanes}.{i}.{j}", vec_t) for j in range(region.vectors)]
             for i in range(region.rows)]
-    for i, row in enumerate(accs):
-        c_row = gen.offset((b.add(m0, ir.Constant(I64_T, i)), g.ldc))
-        for j, acc in enumerate(row):
-            column = b.add(c_row, b.add(n0, ir.Constant(I64_T, j * region.lanes)))
-            start = _load(b, gen.address(gen.c, column), vec_t) if accumulate else ir.Constant(vec_t, None)
-            b.store(start, acc)
+    places = [[(b.add(m0, ir.Constant(I64_T, i)), b.add(n0, ir.Constant(I64_T, j * region.lanes)))
+               for j in range(region.vectors)] for i in range(region.rows)]
+    outputs = [[_c_index(gen, m, n) for m, n in row] for row in places]
+    for row, indices in zip(accs, outputs):
+        for acc, index in zip(row, indices):
+            b.store(_load_c(gen, gen.c, index, vec_t) if accumulate else ir.Constant(vec_t, None), acc)
     fma = intrinsic(b.module, "llvm.fmuladd", vec_t, 3)
 
     def step(k: ir.Value) -> None:
@@ -286,19 +293,104 @@ def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Va
                 b.store(b.call(fma, [a_value, b_value, b.load(acc)]), acc)
 
     gen.loop(steps, lambda k: step(b.add(k0, k)))
-    for i, row in enumerate(accs):
-        c_row = gen.offset((b.add(m0, ir.Constant(I64_T, i)), g.ldc))
-        for j, acc in enumerate(row):
-            target = gen.address(gen.c, b.add(c_row, b.add(n0, ir.Constant(I64_T, j * region.lanes))))
-            b.store(b.load(acc), target, align=4)
+    epilogue = g.epilogue if final else None
+    for row, indices, row_places in zip(accs, outputs, places):
+        for acc, index, place in zip(row, indices, row_places):
+            value = b.load(acc)
+            _store_c(gen, _apply_epilogue(gen, epilogue, value, place, index) if epilogue else value, index)
+
+
+def _c_index(gen: _Gen, m: ir.Value, n: ir.Value) -> tuple[ir.Value, int]:
+    """Where C[m, n] is, and the element stride along n: 1 row-major, ldc when C is stored transposed
+    (L.Gemm.c_transposed)."""
+    g = gen.gemm
+    if g.c_transposed:
+        return gen.offset((n, g.ldc), (m, 1)), g.ldc
+    return gen.offset((m, g.ldc), (n, 1)), 1
+
+
+def _apply_epilogue(gen: _Gen, epilogue: L.GemmEpilogue, value: ir.Value, place: tuple[ir.Value, ir.Value],
+                    index: tuple[ir.Value, int]) -> ir.Value:
+    """value (the accumulators of C[m, n:n+lanes]) + bias + residual, through the activation."""
+    b, (m, n), vec_t = gen.b, place, value.type
+    if epilogue.bias is not None:
+        bias = (_load(b, gen.address(gen.bias, n), vec_t) if epilogue.bias_on_columns
+                else _splat(b, b.load(gen.address(gen.bias, m), align=4, typ=F32_T), _lanes(vec_t)))
+        value = b.fadd(value, bias)
+    if epilogue.residual is not None:
+        value = b.fadd(value, _load_c(gen, gen.residual, index, vec_t))
+    if epilogue.activation is not None:
+        kind, params = epilogue.activation
+        value = VECTOR_ACTIVATIONS[kind](b, value, params)
+    return value
+
+
+def _constant(typ: ir.Type, number: float) -> ir.Constant:
+    return ir.Constant(typ, [number] * typ.count if isinstance(typ, ir.VectorType) else number)
+
+
+def _maximum(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    return b.select(b.fcmp_ordered("<", x, y), y, x)
+
+
+def _minimum(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    return b.select(b.fcmp_ordered(">", x, y), y, x)
+
+
+def _leaky_relu(b: ir.IRBuilder, x: ir.Value, params: tuple[float, ...]) -> ir.Value:
+    return b.select(b.fcmp_ordered("<", x, _constant(x.type, 0.0)), b.fmul(x, _constant(x.type, params[0])), x)
+
+
+VECTOR_ACTIVATIONS: dict[str, Callable[[ir.IRBuilder, ir.Value, tuple[float, ...]], ir.Value]] = {
+    "relu": lambda b, x, p: _maximum(b, x, _constant(x.type, 0.0)),
+    "leakyrelu": _leaky_relu,
+    "clip": lambda b, x, p: _minimum(b, _maximum(b, x, _constant(x.type, p[0])), _constant(x.type, p[1])),
+}
+"""ops.registry.ACTIVATIONS on a vector of C (or one float), as the loop IR renders max and min: a Gemm's epilogue."""
+
+
+def _load_c(gen: _Gen, base: ir.Value, index: tuple[ir.Value, int], vec_t: ir.Type) -> ir.Value:
+    """Values laid out like C (C itself for a later k block, or a residual) for one accumulator: one vector load,
+    or one load per lane when C is transposed."""
+    start, stride = index
+    if stride == 1:
+        return _load(gen.b, gen.address(base, start), vec_t)
+    lanes = _lanes(vec_t)
+    values = [gen.b.load(gen.address(base, gen.b.add(start, ir.Constant(I64_T, lane * stride))), align=4, typ=F32_T)
+              for lane in range(lanes)]
+    if lanes == 1:
+        return values[0]
+    vector: ir.Value = ir.Constant(vec_t, ir.Undefined)
+    for lane, value in enumerate(values):
+        vector = gen.b.insert_element(vector, value, ir.Constant(I32_T, lane))
+    return vector
+
+
+def _store_c(gen: _Gen, value: ir.Value, index: tuple[ir.Value, int]) -> None:
+    """Store an accumulator into C: one vector store, or one store per lane when C is transposed (once per tile
+    per k pass: over a conv's thousands of k steps, the scattered stores cost little)."""
+    start, stride = index
+    if stride == 1:
+        gen.b.store(value, gen.address(gen.c, start), align=4)
+        return
+    lanes = _lanes(value.type)
+    for lane in range(lanes):
+        scalar = value if lanes == 1 else gen.b.extract_element(value, ir.Constant(I32_T, lane))
+        gen.b.store(scalar, gen.address(gen.c, gen.b.add(start, ir.Constant(I64_T, lane * stride))), align=4)
+
+
+def _lanes(typ: ir.Type) -> int:
+    return typ.count if isinstance(typ, ir.VectorType) else 1
 
 
 def _a_index(gen: _Gen, region: _Region, m0: ir.Value, i: int, k: ir.Value) -> ir.Value:
-    """Where A[m0 + i, k] is: row-major, or in the pre-packed panels (L.Gemm.a_panels) of the blocking's rows R:
+    """Where A[m0 + i, k] is: row-major, transposed (L.Gemm.a_transposed), or in the pre-packed panels (L.Gemm.a_panels) of the blocking's rows R:
     a full tile's panel starts at m0 * k (m0 a multiple of R: row ranges are cut at multiples of the grain, R)
     and holds the R values of each k side by side; one-row tiles are the m % R rows past the full panels, in the
     last panel."""
     b, g = gen.b, gen.gemm
+    if g.a_transposed:
+        return b.add(gen.offset((k, g.lda)), b.add(m0, ir.Constant(I64_T, i)))
     if not g.a_panels:
         return b.add(gen.offset((b.add(m0, ir.Constant(I64_T, i)), g.lda)), k)
     rows = gen.blocking.rows

@@ -162,7 +162,10 @@ def _emit_if(state: _State, stmt: L.If) -> None:
 def _emit_gemm(state: _State, gemm: L.Gemm, launch_range: tuple[ir.Value, ir.Value] | None = None) -> None:
     panels = [_address(state, buf, offset, F32_T) for buf, offset in
               ((gemm.a, gemm.a_offset), (gemm.b, gemm.b_offset), (gemm.c, gemm.c_offset))]
-    emit_gemm(state.builder, state.typed_slot, *panels, gemm, state.blocking, launch_range)
+    epilogue = gemm.epilogue or L.GemmEpilogue()
+    extras = tuple(None if buf is None else _address(state, buf, offset or L.const(0), F32_T) for buf, offset in
+                   ((epilogue.bias, epilogue.bias_offset), (epilogue.residual, epilogue.residual_offset)))
+    emit_gemm(state.builder, state.typed_slot, *panels, gemm, state.blocking, launch_range, extras)
 
 
 def _emit_gemm_launch(state: _State, group: L.LaunchGroup, launch_range: tuple[ir.Value, ir.Value]) -> None:

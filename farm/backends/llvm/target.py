@@ -66,6 +66,11 @@ class CpuTarget:
         widths = [lanes for feature, lanes in SIMD_WIDTHS if feature in enabled]
         return max(widths, default=4 if self.arch in ("aarch64", "x86_64") else 1)
 
+    @property
+    def vector_registers(self) -> int:
+        """Vector registers of the target: 32 with AVX-512 and on AArch64 (NEON), 16 otherwise."""
+        return 32 if self.arch == "aarch64" or "+avx512f" in self.features.split(",") else 16
+
     def to_json(self) -> dict:
         return {"id": self.id, "kind": self.kind, "triple": self.triple, "cpu": self.cpu, "features": self.features}
 

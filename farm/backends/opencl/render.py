@@ -108,15 +108,25 @@ def _parallel_gemm(g: L.Gemm) -> str:
              f"__global const float* ga = {g.a} + ({expr(g.a_offset)});",
              f"__global const float* gb = {g.b} + ({expr(g.b_offset)});",
              f"__global float* gc = {g.c} + ({expr(g.c_offset)});"]
-    lines += [f"const long ga{r} = min(gm0 + {r}L, {g.m - 1}L) * {g.lda}L;" for r in rows]
+    lines += [f"const long ga{r} = min(gm0 + {r}L, {g.m - 1}L);" for r in rows]
     lines += [f"{vector} gacc{r}_{v} = 0.0f;" for r in rows for v in vectors]
     lines += [f"for (long gk = 0; gk < {g.k}L; ++gk) {{"]
-    lines += [f"    const float gx{r} = ga[ga{r} + gk];" for r in rows]
+    lines += [f"    const float gx{r} = ga[{_a_at(g, f'ga{r}', 'gk')}];" for r in rows]
     lines += [f"    const {vector} gy{v} = {_gemm_load(g, tile, v)};" for v in vectors]
     lines += [f"    gacc{r}_{v} = fma(({vector})(gx{r}), gy{v}, gacc{r}_{v});" for r in rows for v in vectors]
     lines += ["}"]
     lines += [_gemm_store(g, tile, r, v) for r in rows for v in vectors]
     return "".join(f"    {line}\n" for line in lines)
+
+
+def _a_at(g: L.Gemm, row: str, k: str) -> str:
+    """Where A[row, k] is: row-major, or transposed (L.Gemm.a_transposed)."""
+    return f"{k} * {g.lda}L + {row}" if g.a_transposed else f"{row} * {g.lda}L + {k}"
+
+
+def _c_at(g: L.Gemm, row: str, column: str) -> str:
+    """Where C[row, column] is: row-major, or transposed (L.Gemm.c_transposed)."""
+    return f"({column}) * {g.ldc}L + {row}" if g.c_transposed else f"({row}) * {g.ldc}L + {column}"
 
 
 def _gemm_load(g: L.Gemm, tile: GemmTile, v: int) -> str:
@@ -136,10 +146,62 @@ def _transposed_load(g: L.Gemm, tile: GemmTile, v: int) -> str:
 
 
 def _gemm_store(g: L.Gemm, tile: GemmTile, r: int, v: int) -> str:
-    row = f"gm0 + {r}L < {g.m}L"
+    row, column = f"gm0 + {r}L", f"gn0 + {v * tile.width}L"
+    value = _epilogue(g, f"gacc{r}_{v}", row, column, tile.width)
     if tile.width == 1:
-        return f"if ({row} && gn0 + {v}L < {g.n}L) gc[(gm0 + {r}L) * {g.ldc}L + gn0 + {v}L] = gacc{r}_{v};"
-    return f"if ({row}) vstore{tile.width}(gacc{r}_{v}, 0, gc + (gm0 + {r}L) * {g.ldc}L + gn0 + {v * tile.width}L);"
+        return f"if ({row} < {g.m}L && {column} < {g.n}L) gc[{_c_at(g, row, column)}] = {value};"
+    if g.c_transposed:
+        lanes = "".join(f" gc[{_c_at(g, row, f'{column} + {i}L')}] = gout.s{i:x};" for i in range(tile.width))
+        return f"if ({row} < {g.m}L) {{ const float{tile.width} gout = {value};{lanes} }}"
+    return f"if ({row} < {g.m}L) vstore{tile.width}({value}, 0, gc + ({row}) * {g.ldc}L + {column});"
+
+
+def _epilogue(g: L.Gemm, value: str, row: str, column: str, width: int) -> str:
+    """`value` (C[row, column:column+width]) + bias + residual, through the activation (L.GemmEpilogue)."""
+    epilogue = g.epilogue
+    if epilogue is None:
+        return value
+    vector = "float" if width == 1 else f"float{width}"
+    if epilogue.bias is not None:
+        bias = f"{epilogue.bias} + ({expr(epilogue.bias_offset or L.const(0))})"
+        on_columns = width > 1 and epilogue.bias_on_columns
+        term = f"vload{width}(0, {bias} + {column})" if on_columns else \
+            f"({bias})[{column if epilogue.bias_on_columns else row}]"
+        value = f"({value} + {term})"
+    if epilogue.residual is not None:
+        residual = f"({epilogue.residual} + ({expr(epilogue.residual_offset or L.const(0))}))"
+        value = f"({value} + {_laid_out_like_c(g, residual, row, column, width)})"
+    if epilogue.activation is not None:
+        kind, params = epilogue.activation
+        constants = [f"(({vector})({_const(L.const(float(p)))}))" for p in params]
+        value = OPENCL_ACTIVATIONS[kind](f"({value})", constants, vector)
+    return value
+
+
+def _laid_out_like_c(g: L.Gemm, buffer: str, row: str, column: str, width: int) -> str:
+    if width == 1:
+        return f"{buffer}[{_c_at(g, row, column)}]"
+    if g.c_transposed:
+        lanes = [f"{buffer}[{_c_at(g, row, column + f' + {i}L')}]" for i in range(width)]
+        return f"((float{width})({', '.join(lanes)}))"
+    return f"vload{width}(0, {buffer} + ({row}) * {g.ldc}L + {column})"
+
+
+def _maximum(x: str, y: str) -> str:
+    return f"({x} < {y} ? {y} : {x})"
+
+
+def _minimum(x: str, y: str) -> str:
+    return f"({x} > {y} ? {y} : {x})"
+
+
+OPENCL_ACTIVATIONS: dict[str, Callable[[str, list[str], str], str]] = {
+    "relu": lambda x, p, t: _maximum(x, f"(({t})(0.0f))"),
+    "leakyrelu": lambda x, p, t: f"({x} < (({t})(0.0f)) ? {x} * {p[0]} : {x})",
+    "clip": lambda x, p, t: _minimum(_maximum(x, p[0]), p[1]),
+}
+"""ops.registry.ACTIVATIONS in OpenCL C on a float or floatN (as the loop IR renders max and min): a Gemm's
+epilogue."""
 
 
 def _param(param: L.Param) -> str:
@@ -188,9 +250,9 @@ def _gemm(g: L.Gemm, depth: int) -> str:
     b_at = f"gn * {g.ldb}L + gk" if g.b_transposed else f"gk * {g.ldb}L + gn"
     return (f"{pad}for (long gm = 0; gm < {g.m}L; ++gm) for (long gn = 0; gn < {g.n}L; ++gn) {{\n"
             f"{pad}    float gacc = 0.0f;\n"
-            f"{pad}    for (long gk = 0; gk < {g.k}L; ++gk) gacc = fma({g.a}[{a} + gm * {g.lda}L + gk], "
+            f"{pad}    for (long gk = 0; gk < {g.k}L; ++gk) gacc = fma({g.a}[{a} + {_a_at(g, 'gm', 'gk')}], "
             f"{g.b}[{b} + {b_at}], gacc);\n"
-            f"{pad}    {g.c}[{c} + gm * {g.ldc}L + gn] = gacc;\n{pad}}}\n")
+            f"{pad}    {g.c}[{c} + {_c_at(g, 'gm', 'gn')}] = {_epilogue(g, 'gacc', 'gm', 'gn', 1)};\n{pad}}}\n")
 
 
 STMT_RENDERERS: dict[type, Callable[[L.Stmt, int], str]] = {
