@@ -347,3 +347,35 @@ def test_gemm_epilogue_adds_bias_and_residual_then_activates_as_it_stores(blocki
     results = run_kernels([(kernel, arrays) for kernel, arrays, _ in cases], tmp_path, blocking)
     for (_, _, expected), (c, *_) in zip(cases, results):
         assert_gemm_close(c, expected)
+
+
+@pytest.mark.parametrize("blocking", [GemmBlocking(), GemmBlocking(rows=3, vectors=2, lanes=4),
+                                      GemmBlocking(rows=1, vectors=1, lanes=1),
+                                      GemmBlocking(rows=4, vectors=2, lanes=8, k_block=8)], ids=blocking_id)
+@pytest.mark.parametrize("stride, dilation", [((1, 1), (1, 1)), ((2, 1), (1, 2))], ids=["plain", "strided-dilated"])
+def test_implicit_gemm_reads_a_padded_plane_as_its_im2col_matrix(blocking, stride, dilation, tmp_path):
+    """a_window (L.ImplicitColumns): C^T = columns(x)^T @ W^T with A the padded input plane itself, every output
+    row's pixels in tiles that straddle output rows; a k block is ignored (the k loop is channels x taps)."""
+    channels, out_channels, kernel, out_size = 5, 19, (3, 2), (6, 7)
+    rows = (out_size[0] - 1) * stride[0] + (kernel[0] - 1) * dilation[0] + 1
+    columns = (out_size[1] - 1) * stride[1] + (kernel[1] - 1) * dilation[1] + 1
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal((channels, rows, columns)).astype(np.float32)
+    w = rng.standard_normal((out_channels, channels, *kernel)).astype(np.float32)
+    window = L.ImplicitColumns(out_size[1], stride[0] * columns, stride[1], rows * columns, *kernel,
+                               dilation[0] * columns, dilation[1])
+    m, n, k = out_size[0] * out_size[1], out_channels, channels * kernel[0] * kernel[1]
+    gemm = L.Gemm("a", L.const(0), 0, "b", L.const(0), k, "c", L.const(0), m, m, n, k, b_panels=True,
+                  b_transposed=True, c_transposed=True, a_window=window)
+    kernel_ir = L.LoopKernel([L.Param("c", output=True), L.Param("a"), L.Param("b")], [gemm])
+    packed = pack_columns(w.reshape(1, n, k), blocking.tile_columns, transposed=True)[0]
+    [c, _, _] = run_kernel(kernel_ir, [np.full((n, m), np.nan, np.float32), x, packed], tmp_path, blocking)
+    expected = np.zeros((out_channels, *out_size))
+    for r in range(kernel[0]):
+        for s in range(kernel[1]):
+            taps = x[:, r * dilation[0]::stride[0], s * dilation[1]::stride[1]][:, :out_size[0], :out_size[1]]
+            expected += np.einsum("chw,oc->ohw", taps.astype(np.float64), w[:, :, r, s].astype(np.float64))
+    assert_gemm_close(c, expected.reshape(n, m))
+    assert [window.row_base(p) + window.tap_offset(q) for p, q in ((0, 0), (m - 1, k - 1))] == \
+        [0, (out_size[0] - 1) * stride[0] * columns + (out_size[1] - 1) * stride[1] + (channels - 1) * rows * columns
+         + (kernel[0] - 1) * dilation[0] * columns + (kernel[1] - 1) * dilation[1]]

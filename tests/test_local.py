@@ -102,9 +102,10 @@ def test_progress_reports_every_compile_step(small_cnn_path, tmp_path):
 
 
 def test_constant_weights_are_linked_pre_packed_for_the_kernels_tiles(small_cnn_path, tmp_path):
-    """Each Conv's constant weights get a BlobSpec with panels (the kernel's tile rows, out channels, taps), the
-    Gemm's constant B (stored transposed: transB) column panels (the tile's width, k, n, transposed); other
-    constants (biases) stay plain."""
+    """Each Conv's constant weights get a BlobSpec with panels: the kernel's tile rows, out channels and taps
+    where the weights are the GEMM's A, or the tile's width, taps, out channels and transposed where they are its
+    transposed B (an implicit GEMM or a small plane's transposed one); the Gemm's constant B (stored transposed:
+    transB) column panels (the tile's width, k, n, transposed); other constants (biases) stay plain."""
     from farm.backends.llvm.kernel import default_blocking
     from farm.build.assembly import compile_units, plan_model
     from farm.build.parts import blob_args
@@ -114,8 +115,8 @@ def test_constant_weights_are_linked_pre_packed_for_the_kernels_tiles(small_cnn_
     for step, blobs in zip(plan.steps, blob_args(plan, target)):
         packed = [blob.panels for blob in blobs.values() if blob.panels]
         if step.spec.op == "Conv":
-            weight = step.spec.inputs[1].shape
-            assert packed == [(blocking.rows, weight[0], int(np.prod(weight[1:])))]
+            out_channels, taps = step.spec.inputs[1].shape[0], int(np.prod(step.spec.inputs[1].shape[1:]))
+            assert packed in ([(blocking.rows, out_channels, taps)], [(blocking.tile_columns, taps, out_channels, 1)])
         elif step.spec.op == "Gemm":
             n, k = step.spec.inputs[1].shape
             assert packed == [(blocking.tile_columns, k, n, 1)]

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from farm.backends.opencl.render import LAUNCH_BODIES, LAUNCH_SHAPES, launches, render_opencl
 from farm.build.assembly import plan_model
+from farm.errors import BuildError
 from farm.ir import loopir as L
 from farm.ops import LOWERINGS, lower_kernel
 
@@ -154,3 +155,11 @@ def test_bool_and_int32_buffers_load_and_store_as_numpy_lays_them_out(context):
     queue.finish()
     for got, want in zip(arrays, expected):
         np.testing.assert_array_equal(got, want)
+
+
+def test_an_implicit_gemm_is_refused_rather_than_read_as_a_matrix():
+    window = L.ImplicitColumns(4, 8, 1, 64, 3, 3, 8, 1)
+    gemm = L.Gemm("a", L.const(0), 0, "b", L.const(0), 9, "c", L.const(0), 16, 16, 4, 9, a_window=window)
+    kernel = L.LoopKernel([L.Param("c", output=True), L.Param("a"), L.Param("b")], [gemm])
+    with pytest.raises(BuildError, match="implicit GEMM"):
+        render_opencl("k", kernel)

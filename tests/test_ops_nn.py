@@ -88,6 +88,15 @@ CONV_CASES: list[OpCase] = [
     _conv("depthwise-multiplier3", (1, 4, 9, 9), (12, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}),
     _conv("1x1-pads2", (1, 3, 4, 4), (4, 3, 1, 1), {"pads": [2, 2, 2, 2]}),
     _conv("pads-beyond-kernel", (1, 3, 4, 4), (4, 3, 3, 3), {"pads": [3, 0, 4, 1]}),
+    # Big column matrices of the convs that keep im2col on a CPU (1x1 strided, under 64 taps) are built band by
+    # band (nn._column_bands): full bands and a rest; two full bands of a strided 1x1 conv.
+    _conv("banded-few-taps-rest", (1, 4, 160, 160), (16, 4, 3, 3), {"pads": [1, 1, 1, 1]}),
+    _conv("banded-strided-1x1", (1, 64, 128, 128), (16, 64, 1, 1), {"strides": [2, 2]}),
+    # Convs of 64 taps or more, wider than 1x1, run as implicit GEMMs on a CPU (nn._implicit_gemm): grouped,
+    # batched, dilated, strided by rows only, with uneven pads.
+    _conv("implicit-groups2-batch2-dilated", (2, 32, 15, 15), (32, 16, 3, 3),
+          {"group": 2, "dilations": [2, 2], "strides": [1, 2], "pads": [2, 1, 2, 3]}),
+    _conv("implicit-64-channels-rows", (1, 64, 40, 40), (16, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
     # Small output planes run transposed (pixels as the GEMM's rows, nn._pixels_as_rows): im2col, pointwise,
     # grouped and strided, a channel tail narrower than a vector, and a single pixel.
     _conv("small-plane-3x3", (1, 32, 7, 7), (48, 32, 3, 3), {"pads": [1, 1, 1, 1]}),
@@ -532,6 +541,10 @@ FUSED_CASES: list[OpCase] = [
     case("fused-conv-residual-relu", graph_model(
         [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Add", ["c", "r"], ["s"]),
          helper.make_node("Relu", ["s"], ["y"])], [*CONV_X, ("r", (1, 6, 8, 8))], ["y"], W), schedule=("Conv",)),
+    case("fused-implicit-conv-residual-relu", graph_model(
+        [helper.make_node("Conv", ["x", "bw", "bb"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Add", ["c", "r"], ["s"]),
+         helper.make_node("Relu", ["s"], ["y"])], [("x", (1, 64, 40, 40)), ("r", (1, 16, 40, 40))], ["y"],
+        {"bw": rand(16, 64, 3, 3, seed=9, scale=0.05), "bb": rand(16, seed=10)}), schedule=("Conv",)),
     case("fused-small-plane-pointwise-conv-residual", graph_model(
         [helper.make_node("Conv", ["x", "pw"], ["c"]), helper.make_node("Sum", ["r", "c"], ["y"])],
         [("x", (1, 16, 7, 7)), ("r", (1, 32, 7, 7))], ["y"], {"pw": rand(32, 16, 1, 1, seed=8)}), schedule=("Conv",)),
@@ -657,6 +670,7 @@ OPENCL_SAMPLE = [
     "conv-small-plane-groups2-batch2-stride2", "conv-small-plane-channel-tail", "conv-3x3-stride2-asymmetric-pads",
     "fused-conv-relu", "fused-conv-leakyrelu", "fused-conv-clip-0-6", "fused-small-plane-conv-clip",
     "fused-small-plane-pointwise-conv-leakyrelu", "fused-conv-residual-relu", "fused-small-plane-pointwise-conv-residual",
+    "conv-banded-strided-1x1", "conv-implicit-groups2-batch2-dilated", "fused-implicit-conv-residual-relu",
 ]
 
 

@@ -314,6 +314,31 @@ def loop_nest(names: Names, shape: tuple[int, ...], make_body, parallel: bool = 
     return body, loop_vars
 
 
+@dataclass(frozen=True)
+class ImplicitColumns:
+    """A read as the im2col matrix of a zero-padded input plane (pixels x taps) without building it (an implicit
+    GEMM): A[m, k] is at a_offset + row_base(m) + tap_offset(k), with m = output row * out_width + output column,
+    row_base(m) = (m // out_width) * row_step + (m % out_width) * column_step, and k = (channel * kernel_height + r)
+    * kernel_width + s, tap_offset(k) = channel * plane + r * tap_row_step + s * tap_column_step."""
+
+    out_width: int
+    row_step: int
+    column_step: int
+    plane: int
+    kernel_height: int
+    kernel_width: int
+    tap_row_step: int
+    tap_column_step: int
+
+    def row_base(self, m: int) -> int:
+        return m // self.out_width * self.row_step + m % self.out_width * self.column_step
+
+    def tap_offset(self, k: int) -> int:
+        taps = self.kernel_height * self.kernel_width
+        return (k // taps * self.plane + k % taps // self.kernel_width * self.tap_row_step
+                + k % self.kernel_width * self.tap_column_step)
+
+
 @dataclass
 class GemmEpilogue:
     """What a Gemm does to each value of C before storing it, so that no second pass over C runs: add a bias (one
@@ -370,6 +395,9 @@ class Gemm(Stmt):
     the pixels as rows."""
     epilogue: GemmEpilogue | None = None
     """Bias, residual and activation applied as C is stored (see GemmEpilogue)."""
+    a_window: ImplicitColumns | None = None
+    """A is a padded input plane read as its im2col matrix (ImplicitColumns); lda is unused, k must be a whole
+    number of channels' taps, and the k loop is not cut into blocks. Only the LLVM renderer reads it."""
 
 
 # -- launches: how a kernel splits into pieces that run one after another, each across many workers ------------

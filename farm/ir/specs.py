@@ -16,6 +16,8 @@ from farm import __version__
 from farm.ir.graph import Activation, TensorInfo
 
 CODEGEN_VERSION = f"farm-{__version__}-codegen-9"
+OPENCL_TARGET_ID = "opencl"
+"""The target id of every OpenCL kernel spec (one source serves every device); every other id is a CPU's."""
 
 
 def canonical_json(value: Any) -> str:

@@ -3,6 +3,8 @@ pools, normalisations, the softmax family."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -10,7 +12,7 @@ from typing import Any
 
 from farm.errors import BuildError
 from farm.ir import loopir as L
-from farm.ir.specs import KernelSpec
+from farm.ir.specs import OPENCL_TARGET_ID, KernelSpec
 from farm.ops.reduce import ReduceLayout, absolute, axis_view, over_rows
 from farm.ops.registry import NodeContext, activate, axis_in_range, out_shape, prod, register, shape_of
 
@@ -21,6 +23,15 @@ of this many floats this badly run transposed (_pixels_as_rows)."""
 SMALL_PLANE_WASTE = 1.15
 """Padded-to-vectors / actual pixels above which a conv runs pixels as rows: 7x7 (1.31) and 5x5 (1.28) do, 14x14
 (1.06) and 28x28 (1.0) don't."""
+COLUMN_BAND_BYTES = 1 << 19
+"""The most bytes of im2col matrix a CPU conv builds at once (_column_bands): a quarter of a 2 MB L2, leaving room
+for the weights the GEMM streams beside it."""
+IMPLICIT_MIN_DEPTH = 64
+"""The fewest taps (k) for which a CPU conv runs as an implicit GEMM (_implicit): each tile's scattered stores into
+the NCHW output must be worth its k loop. ResNet's 7x7 stem (147 taps) went from 97 to 173 GFLOP/s implicit,
+MobileNetV2's 3x3 stem on 3 channels (27 taps) from 140 to 84, so it keeps im2col."""
+BANDED_WEIGHT_BYTES = 1 << 20
+"""The most bytes of weights a banded conv reads once per band (half of a 2 MB L2, where they stay)."""
 TRANSPOSED_OPERAND_BYTES = 1 << 20
 """The most bytes of column matrix plus one panel of weights for which a conv runs pixels as rows: half of a
 2 MB L2, so that both stay in cache while the panel passes over the matrix."""
@@ -199,7 +210,8 @@ def _conv_scratch(spec: KernelSpec) -> int:
         return geo.batch * geo.out_channels * prod(_padded_plane(geo))
     if _is_pointwise(geo):
         return 0
-    return geo.column_rows * geo.column_stride
+    padded = geo.in_channels_per_group * prod(_padded_plane(geo))
+    return max(padded, _banded_scratch(geo, _column_bands(dataclasses.replace(spec, target_id=""), geo)))
 
 
 def _input_at(geo: Window, base: L.Expr, oh: L.Expr, ow: L.Expr, r: L.ExprLike, s: L.ExprLike,
@@ -213,27 +225,40 @@ def _input_at(geo: Window, base: L.Expr, oh: L.Expr, ow: L.Expr, r: L.ExprLike, 
     return L.select(inside, L.Load("in0", base + clamped), fill)
 
 
-def _im2col(names: L.Names, geo: ConvGeometry, x_base: L.Expr) -> list[L.Stmt]:
-    """scratch[(c*kh*kw + r*kw + s) * P + oh*Wo + ow] = x[c, ih, iw] (0 in the padding) for one group.
+@dataclass(frozen=True)
+class ColumnBand:
+    """The output rows [first_row, first_row + rows) whose im2col columns go to scratch[start ...], each im2col row
+    `stride` floats from the next: the whole plane (first row 0, the plane's column_stride), or one band of a
+    conv whose column matrix is built and consumed band by band (_banded_columns)."""
 
-    One work-item per (c, oh) writes its row of every tap (r, s). The tap columns s are unrolled (not the rows:
+    first_row: L.Expr
+    rows: int
+    start: L.Expr
+    stride: int
+
+
+def _im2col(names: L.Names, geo: ConvGeometry, x_base: L.Expr, band: ColumnBand) -> list[L.Stmt]:
+    """scratch[band.start + (c*kh*kw + r*kw + s) * band.stride + y*Wo + ow] = x[c, ih, iw] (0 in the padding) for
+    the band's output rows y (oh = band.first_row + y), one group.
+
+    One work-item per (c, y) writes its row of every tap (r, s). The tap columns s are unrolled (not the rows:
     an 11x11 kernel unrolled both ways took LLVM minutes), so each one's columns inside the input are a constant
     range: there a plain copy (vectorised, no guard), zeros on either side, and
     zeros for the whole row where the tap's input row is padding. (With the guard on every element the copy ran at
     5 GB/s and took more time than the GEMM it feeds in small convs.)"""
-    c, oh, r = names.var("c"), names.var("y"), names.var("r")
-    ih = oh * geo.stride_height - geo.pad_top + r * geo.dilation_height
+    c, y, r = names.var("c"), names.var("y"), names.var("r")
+    ih = (band.first_row + y) * geo.stride_height - geo.pad_top + r * geo.dilation_height
     inside = L.logical_and(L.compare("ge", ih, 0), L.compare("lt", ih, geo.height))
     outside = L.binary("or", L.compare("lt", ih, 0), L.compare("ge", ih, geo.height))
     taps: list[L.Stmt] = []
     for s in range(geo.kernel_width):
-        start = ((c * geo.kernel_height + r) * geo.kernel_width + s) * geo.column_stride + oh * geo.out_width
+        start = band.start + ((c * geo.kernel_height + r) * geo.kernel_width + s) * band.stride + y * geo.out_width
         lo, hi = _tap_columns(geo, s)
         source = x_base + c * geo.in_pixels + ih * geo.width + (s * geo.dilation_width - geo.pad_left)
         row = (_fill(names, start, 0, lo) + _copy(names, start, source, geo.stride_width, lo, hi)
                + _fill(names, start, hi, geo.out_width))
         taps += [L.If(inside, row), L.If(outside, _fill(names, start, 0, geo.out_width))]
-    rows = L.Loop(oh, geo.out_height, [L.Loop(r, geo.kernel_height, taps)], True)
+    rows = L.Loop(y, band.rows, [L.Loop(r, geo.kernel_height, taps)], True)
     return [L.Loop(c, geo.in_channels_per_group, [rows], True)]
 
 
@@ -326,23 +351,132 @@ def _depthwise_outputs(names: L.Names, spec: KernelSpec, geo: ConvGeometry, plan
 
 def _lower_conv(spec: KernelSpec) -> list[L.Stmt]:
     """Conv as im2col + GEMM per (batch, group): out[m, p] = W[m, k] @ col[k, p] (or its transpose, see
-    _pixels_as_rows), bias and activation applied as the GEMM stores its tiles."""
+    _pixels_as_rows; or band by band, see _column_bands), bias, residual and activation applied as the GEMM stores
+    its tiles."""
     names, geo = L.Names(), _conv_geometry(spec)
     residual = _conv_residual(spec)
     if _is_depthwise(geo):
         return _depthwise(names, spec, geo)
     n, g = names.var("n"), names.var("g")
     x_base = (n * geo.in_channels + g * geo.in_channels_per_group) * geo.in_pixels
-    pointwise = _is_pointwise(geo)
-    columns = ("in0", x_base, geo.out_pixels) if pointwise else ("scratch", L.const(0), geo.column_stride)
-    transposed = _pixels_as_rows(spec, geo)
     out_offset = (n * geo.out_channels + g * geo.out_channels_per_group) * geo.out_pixels
-    gemm = CONV_GEMMS[transposed](spec, geo, g, columns, out_offset)
     bias = "in2" if len(spec.inputs) > 2 + bool(residual) else None
-    gemm.epilogue = gemm_epilogue(spec, bias, g * geo.out_channels_per_group, bias_on_columns=transposed,
-                                  residual=residual, residual_offset=out_offset)
-    per_group = ([] if pointwise else _im2col(names, geo, x_base)) + [gemm]
+    epilogue = functools.partial(gemm_epilogue, spec, bias, g * geo.out_channels_per_group, residual=residual)
+    if _implicit(spec, geo):
+        per_group = _implicit_gemm(spec, geo, names, g, x_base, out_offset, epilogue)
+    elif _is_pointwise(geo) or _pixels_as_rows(spec, geo):
+        per_group = _whole_plane(spec, geo, names, g, x_base, out_offset, epilogue)
+    else:
+        band_rows = _column_bands(spec, geo)
+        per_group = [stmt for band in _bands(geo, band_rows, names) for stmt in
+                     _band(spec, geo, names, g, x_base, out_offset, epilogue, band)]
     return [L.Loop(n, geo.batch, [L.Loop(g, geo.groups, per_group)])]
+
+
+def _implicit(spec: KernelSpec, geo: ConvGeometry) -> bool:
+    """Whether a conv runs as an implicit GEMM on a CPU (_implicit_gemm): a kernel wider than 1x1 (a strided 1x1
+    conv reads each input value once, so its whole padded input passes again for every panel of weights: light
+    ResNet-50's 256 -> 512 one at 56 -> 28 ran at 90 GFLOP/s instead of 160-179 through im2col), constant weights
+    (packed as a transposed B), at least IMPLICIT_MIN_DEPTH taps, and not on OpenCL (whose renderer reads A as a
+    matrix)."""
+    return (spec.target_id != OPENCL_TARGET_ID and geo.kernel_height * geo.kernel_width > 1
+            and geo.column_rows >= IMPLICIT_MIN_DEPTH and bool(spec.attrs.get("constant_weight")))
+
+
+def _implicit_gemm(spec: KernelSpec, geo: ConvGeometry, names: L.Names, g: L.Var, x_base: L.Expr,
+                   out_offset: L.Expr, epilogue: Callable[..., L.GemmEpilogue | None]) -> list[L.Stmt]:
+    """out^T (pixels x channels) = the zero-padded input read as its im2col matrix (loopir.ImplicitColumns) @ W^T
+    (packed as a transposed B): the input is copied once into a padded plane per channel (its own size), and no
+    column matrix (kh x kw times the input) is written and read back. Direct convolution's data flow, through
+    the GEMM micro-kernel: ResNet-18's 3x3 convs on one Xeon core went from 85-161 to 112-207 GFLOP/s (the model
+    from 1.52x to 1.21x onnxruntime's time)."""
+    rows, columns = _padded_plane(geo)
+    plane = rows * columns
+    c = names.var("c")
+    pad = [L.Loop(c, geo.in_channels_per_group,
+                  _pad_plane(names, geo, c * plane, x_base + c * geo.in_pixels), True)]
+    window = L.ImplicitColumns(geo.out_width, geo.stride_height * columns, geo.stride_width, plane, geo.kernel_height,
+                               geo.kernel_width, geo.dilation_height * columns, geo.dilation_width)
+    group_out, kdim = geo.out_channels_per_group, geo.column_rows
+    gemm = L.Gemm(a="scratch", a_offset=L.const(0), lda=0, b="in1", b_offset=g * (group_out * kdim), ldb=kdim,
+                  c="out0", c_offset=out_offset, ldc=geo.out_pixels, m=geo.out_pixels, n=group_out, k=kdim,
+                  b_panels=True, b_transposed=True, c_transposed=True, a_window=window,
+                  epilogue=epilogue(bias_on_columns=True, residual_offset=out_offset))
+    return [*pad, gemm]
+
+
+def _whole_plane(spec: KernelSpec, geo: ConvGeometry, names: L.Names, g: L.Var, x_base: L.Expr,
+                 out_offset: L.Expr, epilogue: Callable[..., L.GemmEpilogue | None]) -> list[L.Stmt]:
+    """A pointwise conv's GEMM on its input, or a small plane's transposed GEMM on its whole column matrix."""
+    if _is_pointwise(geo):
+        columns, stmts = ("in0", x_base, geo.out_pixels), []
+    else:
+        columns = ("scratch", L.const(0), geo.column_stride)
+        stmts = _im2col(names, geo, x_base, ColumnBand(L.const(0), geo.out_height, L.const(0), geo.column_stride))
+    transposed = _pixels_as_rows(spec, geo)
+    gemm = CONV_GEMMS[transposed](spec, geo, g, columns, out_offset, geo.out_pixels)
+    gemm.epilogue = epilogue(bias_on_columns=transposed, residual_offset=out_offset)
+    return [*stmts, gemm]
+
+
+def _band(spec: KernelSpec, geo: ConvGeometry, names: L.Names, g: L.Var, x_base: L.Expr, out_offset: L.Expr,
+          epilogue: Callable[..., L.GemmEpilogue | None], band: tuple[L.Var | None, ColumnBand]) -> list[L.Stmt]:
+    """im2col of one band of output rows, then the GEMM of all output channels by the band's pixels; a parallel
+    loop over the bands when `band` carries its index variable."""
+    index, columns = band
+    pixels = columns.rows * geo.out_width
+    offset = out_offset + columns.first_row * geo.out_width
+    gemm = _channels_by_pixels(spec, geo, g, ("scratch", columns.start, columns.stride), offset, pixels)
+    gemm.epilogue = epilogue(residual_offset=offset)
+    body = [*_im2col(names, geo, x_base, columns), gemm]
+    return body if index is None else [L.Loop(index, _band_count(geo, columns.rows), body, True)]
+
+
+def _column_bands(spec: KernelSpec, geo: ConvGeometry) -> int:
+    """Output rows per band of a CPU conv whose column matrix is built and consumed band by band, so that a
+    band's columns are still in cache when the GEMM reads them (COLUMN_BAND_BYTES); the whole plane (out_height)
+    when it fits, when the weights are too big to be read again for every band (BANDED_WEIGHT_BYTES: ResNet-18's
+    7x7 convs, 9.4 MB of weights in three bands, ran at 59 GFLOP/s instead of 85), and always on OpenCL (whose
+    GEMM launch wants the whole matrix). Light ResNet-50's 56x56 3x3 convs wrote and re-read a 7.2 MB column
+    matrix."""
+    row_bytes = geo.column_rows * geo.out_width * 4
+    weight_bytes = geo.out_channels_per_group * geo.column_rows * 4
+    if (spec.target_id == OPENCL_TARGET_ID or geo.column_rows * geo.column_stride * 4 <= COLUMN_BAND_BYTES
+            or weight_bytes > BANDED_WEIGHT_BYTES):
+        return geo.out_height
+    return max(1, min(geo.out_height, COLUMN_BAND_BYTES // row_bytes))
+
+
+def _band_count(geo: ConvGeometry, rows: int) -> int:
+    return geo.out_height // rows
+
+
+def _bands(geo: ConvGeometry, rows: int, names: L.Names) -> list[tuple[L.Var | None, ColumnBand]]:
+    """The bands of `rows` output rows (a parallel loop over the full ones, the band variable its index), then
+    the rest; one band of every row when `rows` is the plane's height."""
+    stride = _aligned(rows * geo.out_width)
+    if rows >= geo.out_height:
+        return [(None, ColumnBand(L.const(0), geo.out_height, L.const(0), geo.column_stride))]
+    index, full = names.var("band"), _band_count(geo, rows)
+    bands = [(index, ColumnBand(index * rows, rows, index * (geo.column_rows * stride), stride))]
+    rest = geo.out_height - full * rows
+    if rest:
+        bands.append((None, ColumnBand(L.const(full * rows), rest, L.const(full * geo.column_rows * stride),
+                                       _aligned(rest * geo.out_width))))
+    return bands
+
+
+def _aligned(floats: int) -> int:
+    return -(-floats // COLUMN_ALIGNMENT) * COLUMN_ALIGNMENT
+
+
+def _banded_scratch(geo: ConvGeometry, rows: int) -> int:
+    """Floats of scratch the bands of `rows` rows use (at least the whole plane's, so that the memory plan, made
+    before the target is known, covers both forms)."""
+    full = _band_count(geo, rows)
+    rest = geo.out_height - full * rows
+    banded = geo.column_rows * (full * _aligned(rows * geo.out_width) + (_aligned(rest * geo.out_width) if rest else 0))
+    return max(banded, geo.column_rows * geo.column_stride)
 
 
 def _conv_residual(spec: KernelSpec) -> str | None:
@@ -369,24 +503,24 @@ def gemm_epilogue(spec: KernelSpec, bias: str | None, bias_offset: L.Expr, bias_
 
 
 def _channels_by_pixels(spec: KernelSpec, geo: ConvGeometry, g: L.Var, columns: tuple[str, L.Expr, int],
-                        out_offset: L.Expr) -> L.Gemm:
-    """out (channels x pixels) = W (channels x taps, read in the micro-kernel's row panels when constant) @ the
-    column matrix (taps x pixels)."""
+                        out_offset: L.Expr, pixels: int) -> L.Gemm:
+    """out (channels x `pixels` from out_offset) = W (channels x taps, read in the micro-kernel's row panels when
+    constant) @ the column matrix (taps x pixels)."""
     buffer, offset, stride = columns
     group_out, kdim = geo.out_channels_per_group, geo.column_rows
     return L.Gemm(a="in1", a_offset=g * (group_out * kdim), lda=kdim, b=buffer, b_offset=offset, ldb=stride,
-                  c="out0", c_offset=out_offset, ldc=geo.out_pixels, m=group_out, n=geo.out_pixels, k=kdim,
+                  c="out0", c_offset=out_offset, ldc=geo.out_pixels, m=group_out, n=pixels, k=kdim,
                   a_panels=bool(spec.attrs.get("constant_weight")))
 
 
 def _pixels_by_channels(spec: KernelSpec, geo: ConvGeometry, g: L.Var, columns: tuple[str, L.Expr, int],
-                        out_offset: L.Expr) -> L.Gemm:
+                        out_offset: L.Expr, pixels: int) -> L.Gemm:
     """out^T (pixels x channels) = the column matrix read transposed (pixels x taps) @ W^T (taps x channels,
     packed as a transposed constant B), stored transposed into out."""
     buffer, offset, stride = columns
     group_out, kdim = geo.out_channels_per_group, geo.column_rows
     return L.Gemm(a=buffer, a_offset=offset, lda=stride, b="in1", b_offset=g * (group_out * kdim), ldb=kdim,
-                  c="out0", c_offset=out_offset, ldc=geo.out_pixels, m=geo.out_pixels, n=group_out, k=kdim,
+                  c="out0", c_offset=out_offset, ldc=geo.out_pixels, m=pixels, n=group_out, k=kdim,
                   a_transposed=True, b_panels=True, b_transposed=True, c_transposed=True)
 
 

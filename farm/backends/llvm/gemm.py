@@ -232,7 +232,7 @@ def _k_blocks(gen: _Gen, emit: Callable[[ir.Value, int, bool, bool], None]) -> N
     add to it, and only the last (`final`) applies the epilogue. With no k_block, or k no larger, one pass over
     all of k."""
     k, size = gen.gemm.k, gen.blocking.k_block
-    if not size or k <= size:
+    if not size or k <= size or gen.gemm.a_window is not None:
         emit(ir.Constant(I64_T, 0), k, False, True)
         return
     blocks, b = -(-k // size), gen.b
@@ -282,22 +282,42 @@ def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Va
             b.store(_load_c(gen, gen.c, index, vec_t) if accumulate else ir.Constant(vec_t, None), acc)
     fma = intrinsic(b.module, "llvm.fmuladd", vec_t, 3)
 
-    def step(k: ir.Value) -> None:
+    def step(k: ir.Value, a_indices: list[ir.Value]) -> None:
         loaded = [_load(b, gen.address(gen.bm, _b_index(gen, region, n0, j, k)), vec_t)
                   for j in range(region.vectors)]
-        for i, row in enumerate(accs):
-            a_index = _a_index(gen, region, m0, i, k)
+        for row, a_index in zip(accs, a_indices):
             scalar = b.load(gen.address(gen.a, a_index), align=4, typ=F32_T)
             a_value = _splat(b, scalar, region.lanes)
             for acc, b_value in zip(row, loaded):
                 b.store(b.call(fma, [a_value, b_value, b.load(acc)]), acc)
 
-    gen.loop(steps, lambda k: step(b.add(k0, k)))
+    if g.a_window is None:
+        gen.loop(steps, lambda k: step(b.add(k0, k), [_a_index(gen, region, m0, i, b.add(k0, k))
+                                                     for i in range(region.rows)]))
+    else:
+        _window_steps(gen, g.a_window, [b.add(m0, ir.Constant(I64_T, i)) for i in range(region.rows)], step)
     epilogue = g.epilogue if final else None
     for row, indices, row_places in zip(accs, outputs, places):
         for acc, index, place in zip(row, indices, row_places):
             value = b.load(acc)
             _store_c(gen, _apply_epilogue(gen, epilogue, value, place, index) if epilogue else value, index)
+
+
+def _window_steps(gen: _Gen, window: L.ImplicitColumns, rows: list[ir.Value],
+                  step: Callable[[ir.Value, list[ir.Value]], None]) -> None:
+    """The k loop of an implicit GEMM (L.ImplicitColumns) as loops over channels, kernel rows and kernel columns:
+    each row's base in the padded plane is computed once per tile, and each k step adds the tap's offset."""
+    b, width = gen.b, ir.Constant(I64_T, window.out_width)
+    bases = [gen.offset((b.sdiv(m, width), window.row_step), (b.srem(m, width), window.column_step)) for m in rows]
+    taps = window.kernel_height * window.kernel_width
+
+    def tap(channel: ir.Value, r: ir.Value, s: ir.Value) -> None:
+        k = gen.offset((channel, taps), (r, window.kernel_width), (s, 1))
+        offset = gen.offset((channel, window.plane), (r, window.tap_row_step), (s, window.tap_column_step))
+        step(k, [b.add(base, offset) for base in bases])
+
+    gen.loop(gen.gemm.k // taps, lambda channel: gen.loop(
+        window.kernel_height, lambda r: gen.loop(window.kernel_width, lambda s: tap(channel, r, s))))
 
 
 def _c_index(gen: _Gen, m: ir.Value, n: ir.Value) -> tuple[ir.Value, int]:

@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from farm.errors import BuildError
 from farm.ir import loopir as L
 
 C_TYPES = {L.F32: "float", L.I64: "long", L.BOOL: "int"}
@@ -101,6 +102,7 @@ LAUNCH_BODIES: dict[L.LaunchKind, Callable[[L.LaunchGroup], str]] = {
 
 def _parallel_gemm(g: L.Gemm) -> str:
     """One work-item per `GemmTile` of C: A values broadcast against B vectors into tile accumulators."""
+    _check_matrix_a(g)
     tile = gemm_tile(g)
     vector = "float" if tile.width == 1 else f"float{tile.width}"
     rows, vectors = range(tile.rows), range(tile.vectors)
@@ -245,7 +247,14 @@ def _if(stmt: L.If, depth: int) -> str:
     return f"{_indent(depth)}if ({expr(stmt.cond)}) {{\n{_block(stmt.body, depth + 1)}{_indent(depth)}}}\n"
 
 
+def _check_matrix_a(g: L.Gemm) -> None:
+    """OpenCL reads A as a matrix: the lowering never gives it an implicit GEMM (L.Gemm.a_window)."""
+    if g.a_window is not None:
+        raise BuildError("an implicit GEMM (A read as a padded input plane) has no OpenCL rendering")
+
+
 def _gemm(g: L.Gemm, depth: int) -> str:
+    _check_matrix_a(g)
     pad, a, b, c = _indent(depth), expr(g.a_offset), expr(g.b_offset), expr(g.c_offset)
     b_at = f"gn * {g.ldb}L + gk" if g.b_transposed else f"gk * {g.ldb}L + gn"
     return (f"{pad}for (long gm = 0; gm < {g.m}L; ++gm) for (long gn = 0; gn < {g.n}L; ++gn) {{\n"

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from farm.errors import BadInputError
+from farm.ir.specs import OPENCL_TARGET_ID
 
 FINGERPRINT = re.compile(r"[0-9a-f]{16}")
-SPEC_TARGET_ID = "opencl"
+SPEC_TARGET_ID = OPENCL_TARGET_ID
 """The target id OpenCL kernel specs carry: one source (and one symbol) serves every device."""
 
 
