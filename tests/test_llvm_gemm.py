@@ -379,3 +379,24 @@ def test_implicit_gemm_reads_a_padded_plane_as_its_im2col_matrix(blocking, strid
     assert [window.row_base(p) + window.tap_offset(q) for p, q in ((0, 0), (m - 1, k - 1))] == \
         [0, (out_size[0] - 1) * stride[0] * columns + (out_size[1] - 1) * stride[1] + (channels - 1) * rows * columns
          + (kernel[0] - 1) * dilation[0] * columns + (kernel[1] - 1) * dilation[1]]
+
+
+@pytest.mark.parametrize("blocking", [GemmBlocking(), GemmBlocking(rows=3, vectors=2, lanes=4),
+                                      GemmBlocking(rows=4, vectors=1, lanes=8, k_block=64)], ids=blocking_id)
+@pytest.mark.parametrize("m, n, k", [(20, 100, 600), (9, 130, 513)])
+def test_few_rows_and_a_deep_k_keep_partial_sums_per_k_block(m, n, k, blocking, tmp_path):
+    """A column-split GEMM with few rows (gemm._small_m_k_block) runs each column block k block by k block, the
+    partial sums in a scratch tile; the epilogue (bias per column, residual, clip) only at the last block, and the
+    narrower column tails past the last full block as usual."""
+    rng = np.random.default_rng(m + n + k)
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    bias, residual = rng.standard_normal(n).astype(np.float32), rng.standard_normal((m, n)).astype(np.float32)
+    epilogue = L.GemmEpilogue(bias="bias", bias_offset=L.const(0), bias_on_columns=True, residual="residual",
+                              residual_offset=L.const(0), activation=("clip", (-20.0, 20.0)))
+    gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k, b_panels=True,
+                  epilogue=epilogue)
+    params = [L.Param("c", output=True), L.Param("a"), L.Param("b"), L.Param("bias"), L.Param("residual")]
+    packed = pack_columns(b[None], blocking.tile_columns)[0]
+    [c, *_] = run_kernel(L.LoopKernel(params, [gemm]), [np.full((m, n), np.nan, np.float32), a, packed, bias,
+                                                       residual], tmp_path, blocking)
+    assert_gemm_close(c, np.clip(reference(a, b) + bias[None, :] + residual, -20, 20))

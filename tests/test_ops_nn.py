@@ -97,6 +97,10 @@ CONV_CASES: list[OpCase] = [
     _conv("implicit-groups2-batch2-dilated", (2, 32, 15, 15), (32, 16, 3, 3),
           {"group": 2, "dilations": [2, 2], "strides": [1, 2], "pads": [2, 1, 2, 3]}),
     _conv("implicit-64-channels-rows", (1, 64, 40, 40), (16, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
+    # A few pixels by many channels and a deep k: column blocks run k block by k block with their partial sums in
+    # a scratch tile (gemm._small_m_k_block), implicit and transposed pointwise.
+    _conv("small-plane-deep-implicit", (1, 64, 7, 7), (100, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
+    _conv("small-plane-deep-pointwise", (1, 600, 7, 7), (112, 600, 1, 1)),
     # Small output planes run transposed (pixels as the GEMM's rows, nn._pixels_as_rows): im2col, pointwise,
     # grouped and strided, a channel tail narrower than a vector, and a single pixel.
     _conv("small-plane-3x3", (1, 32, 7, 7), (48, 32, 3, 3), {"pads": [1, 1, 1, 1]}),
@@ -545,6 +549,12 @@ FUSED_CASES: list[OpCase] = [
         [helper.make_node("Conv", ["x", "bw", "bb"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Add", ["c", "r"], ["s"]),
          helper.make_node("Relu", ["s"], ["y"])], [("x", (1, 64, 40, 40)), ("r", (1, 16, 40, 40))], ["y"],
         {"bw": rand(16, 64, 3, 3, seed=9, scale=0.05), "bb": rand(16, seed=10)}), schedule=("Conv",)),
+    case("fused-small-plane-deep-conv-residual-clip", graph_model(
+        [helper.make_node("Conv", ["x", "dw_", "db"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Add", ["c", "r"], ["s"]), helper.make_node("Clip", ["s", "lo", "hi"], ["y"])],
+        [("x", (1, 64, 7, 7)), ("r", (1, 100, 7, 7))], ["y"],
+        {"dw_": rand(100, 64, 3, 3, seed=11, scale=0.05), "db": rand(100, seed=12), "lo": np.float32(-0.5),
+         "hi": np.float32(0.5)}), schedule=("Conv",)),
     case("fused-small-plane-pointwise-conv-residual", graph_model(
         [helper.make_node("Conv", ["x", "pw"], ["c"]), helper.make_node("Sum", ["r", "c"], ["y"])],
         [("x", (1, 16, 7, 7)), ("r", (1, 32, 7, 7))], ["y"], {"pw": rand(32, 16, 1, 1, seed=8)}), schedule=("Conv",)),

@@ -25,6 +25,13 @@ LOOP_ORDERS = ("columns", "rows")
 it) or "rows" (each row panel of A stays while every column tile passes)."""
 
 
+SMALL_M_ROWS = 256
+"""The most rows of C for which a column-split GEMM keeps partial sums per k block (_small_m_k_block)."""
+SMALL_M_K_BLOCK = 256
+"""k steps per block there (rounded down to whole channels of an implicit GEMM): a panel block of 256 x 48 floats
+(48 KB) stays in L1/L2 while every row tile uses it."""
+
+
 @dataclass(frozen=True)
 class GemmBlocking:
     """The micro-kernel's shape: register tiles of output rows x vectors of `lanes` floats, the cache tiling of the
@@ -144,7 +151,9 @@ def _emit_rows(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end: ir.Value
 
 def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end: ir.Value) -> None:
     """Columns [begin * width, end * width) of C, every row: the full-width blocks in the range, each down all row
-    tiles and then the edge rows; the range holding the last, partial block also does the narrower column tails."""
+    tiles and then the edge rows; the range holding the last, partial block also does the narrower column tails.
+    A GEMM of few rows and a deep k (_small_m_k_block) runs each block k block by k block, every row tile per k
+    block, its partial sums in a scratch tile."""
     builder, gemm, width = gen.b, gen.gemm, blocking.tile_columns
     full = ir.Constant(I64_T, gemm.n // width)
     stop = builder.select(builder.icmp_signed("<", end, full), end, full)
@@ -152,22 +161,49 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
     tiles = _Region(0, m_main, 0, width, blocking.rows, blocking.vectors, blocking.lanes)
     edge = _Region(m_main, gemm.m - m_main, 0, width, 1, blocking.vectors, blocking.lanes)
 
-    def blocks(k0: ir.Value, steps: int, accumulate: bool, final: bool) -> None:
+    def rows(column_block: ir.Value, k0: ir.Value, steps: int, accumulate: bool, final: bool) -> None:
+        gen.loop(m_main // blocking.rows, lambda it: _emit_tile(gen, tiles, it, column_block, k0, steps,
+                                                                accumulate, final))
+        gen.loop(gemm.m - m_main, lambda it: _emit_tile(gen, edge, it, column_block, k0, steps, accumulate,
+                                                        final))
+
+    size = _small_m_k_block(gemm, blocking)
+    if size:
+        gen.partial = gen.slot("gemm.partial", ir.ArrayType(_vector_type(blocking.lanes), gemm.m * blocking.vectors))
+        gen.prefetch = size * (width if gemm.b_panels else gemm.ldb)
+
         def block(index: ir.Value) -> None:
             column_block = builder.add(begin, index)
-            gen.loop(m_main // blocking.rows, lambda it: _emit_tile(gen, tiles, it, column_block, k0, steps,
-                                                                    accumulate, final))
-            gen.loop(gemm.m - m_main, lambda it: _emit_tile(gen, edge, it, column_block, k0, steps, accumulate,
-                                                            final))
+            _k_blocks(gen, lambda k0, steps, accumulate, final: rows(column_block, k0, steps, accumulate, final),
+                      size)
 
         gen.loop(builder.sub(stop, begin), block)
+        gen.partial, gen.prefetch = None, 0
+    else:
+        def blocks(k0: ir.Value, steps: int, accumulate: bool, final: bool) -> None:
+            gen.loop(builder.sub(stop, begin), lambda index: rows(builder.add(begin, index), k0, steps, accumulate,
+                                                                  final))
 
-    _k_blocks(gen, blocks)
+        _k_blocks(gen, blocks)
     tails = [region for region in regions(gemm.m, gemm.n, blocking) if region.n0 >= gemm.n // width * width]
     if tails:
         with builder.if_then(builder.icmp_signed(">", end, full)):
             for region in tails:
                 _emit_region(gen, region)
+
+
+def _small_m_k_block(gemm: L.Gemm, blocking: GemmBlocking) -> int:
+    """k steps per block when a column block of a few-row GEMM runs k block by k block (0: it doesn't). With at
+    most SMALL_M_ROWS rows, each column panel of B serves only a handful of row tiles: over all of k, the first
+    tile reads the panel from memory and the others from cache, so that first pass is bound by memory bandwidth
+    (light ResNet-50's 7x7-plane convs: 4608 x 48 floats of weights a panel, 46-57% of a core's peak). A block
+    of SMALL_M_K_BLOCK steps (whole channels of an implicit GEMM) is read once and used by every row tile while it
+    is in L1, the weights streaming at the pace of the FMAs."""
+    if gemm.m > SMALL_M_ROWS:
+        return 0
+    taps = gemm.a_window.kernel_height * gemm.a_window.kernel_width if gemm.a_window else 1
+    size = max(1, SMALL_M_K_BLOCK // taps) * taps
+    return size if gemm.k >= 2 * size else 0
 
 
 class _Gen:
@@ -177,6 +213,11 @@ class _Gen:
         self.count = 0
         self.bias: ir.Value | None = None
         self.residual: ir.Value | None = None
+        self.prefetch = 0
+        """Floats ahead of each B load to prefetch (the next k block's, in _small_m_k_block's path); 0: none."""
+        self.partial: ir.Value | None = None
+        """Where tiles keep their partial sums between k blocks (_small_m_k_block): m x vectors vectors, the
+        column block's own; None: in C itself."""
 
     def loop(self, extent: int | ir.Value, body: Callable[[ir.Value], None]) -> None:
         """A counted loop 0..extent (a constant or a runtime i64) whose body gets the i64 index."""
@@ -226,13 +267,14 @@ def _vector_type(lanes: int) -> ir.Type:
     return F32_T if lanes == 1 else ir.VectorType(F32_T, lanes)
 
 
-def _k_blocks(gen: _Gen, emit: Callable[[ir.Value, int, bool, bool], None]) -> None:
-    """emit(k0, steps, accumulate, final) over the k loop cut into blocks of blocking.k_block steps: the first
-    block writes C, the later ones (a runtime loop over the middle blocks, then the last, which may be shorter)
-    add to it, and only the last (`final`) applies the epilogue. With no k_block, or k no larger, one pass over
-    all of k."""
-    k, size = gen.gemm.k, gen.blocking.k_block
-    if not size or k <= size or gen.gemm.a_window is not None:
+def _k_blocks(gen: _Gen, emit: Callable[[ir.Value, int, bool, bool], None], size: int | None = None) -> None:
+    """emit(k0, steps, accumulate, final) over the k loop cut into blocks of `size` steps (the blocking's k_block
+    by default): the first block writes C, the later ones (a runtime loop over the middle blocks, then the last,
+    which may be shorter) add to it, and only the last (`final`) applies the epilogue. With no size, or k no
+    larger, one pass over all of k. An implicit GEMM's k is cut only by _small_m_blocks (whole channels)."""
+    k = gen.gemm.k
+    size = gen.blocking.k_block if size is None else size
+    if not size or k <= size or (gen.gemm.a_window is not None and gen.partial is None):
         emit(ir.Constant(I64_T, 0), k, False, True)
         return
     blocks, b = -(-k // size), gen.b
@@ -277,14 +319,21 @@ def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Va
     places = [[(b.add(m0, ir.Constant(I64_T, i)), b.add(n0, ir.Constant(I64_T, j * region.lanes)))
                for j in range(region.vectors)] for i in range(region.rows)]
     outputs = [[_c_index(gen, m, n) for m, n in row] for row in places]
-    for row, indices in zip(accs, outputs):
-        for acc, index in zip(row, indices):
-            b.store(_load_c(gen, gen.c, index, vec_t) if accumulate else ir.Constant(vec_t, None), acc)
+    kept = [[_partial_index(gen, region, m, j) for j, (m, _) in enumerate(row)] for row in places]
+    for row, indices, partials in zip(accs, outputs, kept):
+        for acc, index, partial in zip(row, indices, partials):
+            start = ir.Constant(vec_t, None)
+            if accumulate:
+                start = _load_c(gen, gen.c, index, vec_t) if gen.partial is None else b.load(partial)
+            b.store(start, acc)
     fma = intrinsic(b.module, "llvm.fmuladd", vec_t, 3)
 
     def step(k: ir.Value, a_indices: list[ir.Value]) -> None:
-        loaded = [_load(b, gen.address(gen.bm, _b_index(gen, region, n0, j, k)), vec_t)
-                  for j in range(region.vectors)]
+        b_indices = [_b_index(gen, region, n0, j, k) for j in range(region.vectors)]
+        loaded = [_load(b, gen.address(gen.bm, index), vec_t) for index in b_indices]
+        if gen.prefetch:
+            for index in b_indices:
+                _prefetch(gen, gen.address(gen.bm, b.add(index, ir.Constant(I64_T, gen.prefetch))))
         for row, a_index in zip(accs, a_indices):
             scalar = b.load(gen.address(gen.a, a_index), align=4, typ=F32_T)
             a_value = _splat(b, scalar, region.lanes)
@@ -295,29 +344,54 @@ def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Va
         gen.loop(steps, lambda k: step(b.add(k0, k), [_a_index(gen, region, m0, i, b.add(k0, k))
                                                      for i in range(region.rows)]))
     else:
-        _window_steps(gen, g.a_window, [b.add(m0, ir.Constant(I64_T, i)) for i in range(region.rows)], step)
+        _window_steps(gen, g.a_window, [b.add(m0, ir.Constant(I64_T, i)) for i in range(region.rows)], step, k0,
+                      steps)
     epilogue = g.epilogue if final else None
-    for row, indices, row_places in zip(accs, outputs, places):
-        for acc, index, place in zip(row, indices, row_places):
+    for row, indices, row_places, partials in zip(accs, outputs, places, kept):
+        for acc, index, place, partial in zip(row, indices, row_places, partials):
             value = b.load(acc)
-            _store_c(gen, _apply_epilogue(gen, epilogue, value, place, index) if epilogue else value, index)
+            if not final and gen.partial is not None:
+                b.store(value, partial)
+            else:
+                _store_c(gen, _apply_epilogue(gen, epilogue, value, place, index) if epilogue else value, index)
+
+
+def _prefetch(gen: _Gen, address: ir.Value) -> None:
+    """A read prefetch of `address` into every cache level (llvm.prefetch; it never faults)."""
+    module = gen.b.module
+    name = "llvm.prefetch.p0"
+    function = module.globals.get(name) or ir.Function(
+        module, ir.FunctionType(ir.VoidType(), [address.type, I32_T, I32_T, I32_T]), name)
+    gen.b.call(function, [address, ir.Constant(I32_T, 0), ir.Constant(I32_T, 2), ir.Constant(I32_T, 1)])
+
+
+def _partial_index(gen: _Gen, region: _Region, m: ir.Value, j: int) -> ir.Value | None:
+    """The address of a tile's partial sums for row m, vector j (gen.partial: the `vectors` vectors of each row,
+    row after row); None without a partial buffer."""
+    if gen.partial is None:
+        return None
+    index = gen.b.add(gen.b.mul(m, ir.Constant(I64_T, region.vectors)), ir.Constant(I64_T, j))
+    return gen.b.gep(gen.partial, [ir.Constant(I32_T, 0), index], inbounds=True)
 
 
 def _window_steps(gen: _Gen, window: L.ImplicitColumns, rows: list[ir.Value],
-                  step: Callable[[ir.Value, list[ir.Value]], None]) -> None:
-    """The k loop of an implicit GEMM (L.ImplicitColumns) as loops over channels, kernel rows and kernel columns:
-    each row's base in the padded plane is computed once per tile, and each k step adds the tap's offset."""
+                  step: Callable[[ir.Value, list[ir.Value]], None], k0: ir.Value, steps: int) -> None:
+    """The k steps [k0, k0 + steps) of an implicit GEMM (L.ImplicitColumns; whole channels) as loops over
+    channels, kernel rows and kernel columns: each row's base in the padded plane is computed once per tile, and
+    each k step adds the tap's offset."""
     b, width = gen.b, ir.Constant(I64_T, window.out_width)
     bases = [gen.offset((b.sdiv(m, width), window.row_step), (b.srem(m, width), window.column_step)) for m in rows]
     taps = window.kernel_height * window.kernel_width
+    first = b.sdiv(k0, ir.Constant(I64_T, taps))
 
-    def tap(channel: ir.Value, r: ir.Value, s: ir.Value) -> None:
+    def tap(index: ir.Value, r: ir.Value, s: ir.Value) -> None:
+        channel = b.add(first, index)
         k = gen.offset((channel, taps), (r, window.kernel_width), (s, 1))
         offset = gen.offset((channel, window.plane), (r, window.tap_row_step), (s, window.tap_column_step))
         step(k, [b.add(base, offset) for base in bases])
 
-    gen.loop(gen.gemm.k // taps, lambda channel: gen.loop(
-        window.kernel_height, lambda r: gen.loop(window.kernel_width, lambda s: tap(channel, r, s))))
+    gen.loop(steps // taps, lambda index: gen.loop(
+        window.kernel_height, lambda r: gen.loop(window.kernel_width, lambda s: tap(index, r, s))))
 
 
 def _c_index(gen: _Gen, m: ir.Value, n: ir.Value) -> tuple[ir.Value, int]:
