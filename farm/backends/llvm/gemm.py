@@ -184,7 +184,9 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
             gen.loop(builder.sub(stop, begin), lambda index: rows(builder.add(begin, index), k0, steps, accumulate,
                                                                   final))
 
+        gen.prefetch = 0 if gemm.b_panels else width
         _k_blocks(gen, blocks)
+        gen.prefetch = 0
     tails = [region for region in regions(gemm.m, gemm.n, blocking) if region.n0 >= gemm.n // width * width]
     if tails:
         with builder.if_then(builder.icmp_signed(">", end, full)):
