@@ -225,8 +225,8 @@ def test_another_models_library_is_refused_before_loading(built: Path, tmp_path:
 
 @pytest.mark.parametrize(("edit", "message"), [
     (_set("targets.0.entry", "system"), r"entry 'system' is not defined by its library"),
-    (lambda m: m["targets"][0]["launches"].append([1, 1, 1]), r"launches number 13, but its schedule's kernels "
-                                                               "define 12"),
+    (lambda m: m["targets"][0]["launches"].append([1, 1, 1]), r"launches number \d+, but its schedule's kernels "
+                                                               r"define \d+"),
     (_set("schedule.0.kernel", "0123"), r"schedule\[0\].kernel 0123 is not a kernel of target"),
     (lambda m: m["kernels"].append({**m["kernels"][0], "kernel": "k2", "symbol": "farm_k_absent"}),
      "symbol farm_k_absent is not defined by its library"),

@@ -17,7 +17,9 @@ from farm.ir.graph import Activation, TensorInfo
 
 CODEGEN_VERSION = f"farm-{__version__}-codegen-10"
 OPENCL_TARGET_ID = "opencl"
-"""The target id of every OpenCL kernel spec (one source serves every device); every other id is a CPU's."""
+"""The target id of every OpenCL kernel spec (one source serves every device)."""
+CPU_TARGET_PREFIX = "cpu-"
+"""How every CPU target's id starts (backends.llvm.target.CpuTarget.id)."""
 
 
 def canonical_json(value: Any) -> str:
@@ -85,6 +87,12 @@ class KernelSpec:
     @property
     def symbol(self) -> str:
         return f"farm_k_{self.key[:20]}"
+
+    @property
+    def for_cpu(self) -> bool:
+        """Whether the spec is specialised for a CPU target: lowerings that only the LLVM renderer reads (an
+        implicit GEMM, im2col in bands) apply then, never to an OpenCL spec or an unspecialised one."""
+        return self.target_id.startswith(CPU_TARGET_PREFIX)
 
 
 @dataclass(frozen=True)

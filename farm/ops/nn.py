@@ -3,7 +3,6 @@ pools, normalisations, the softmax family."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -12,7 +11,7 @@ from typing import Any
 
 from farm.errors import BuildError
 from farm.ir import loopir as L
-from farm.ir.specs import OPENCL_TARGET_ID, KernelSpec
+from farm.ir.specs import KernelSpec
 from farm.ops.reduce import ReduceLayout, absolute, axis_view, over_rows
 from farm.ops.registry import NodeContext, activate, axis_in_range, out_shape, prod, register, shape_of
 
@@ -211,7 +210,7 @@ def _conv_scratch(spec: KernelSpec) -> int:
     if _is_pointwise(geo):
         return 0
     padded = geo.in_channels_per_group * prod(_padded_plane(geo))
-    return max(padded, _banded_scratch(geo, _column_bands(dataclasses.replace(spec, target_id=""), geo)))
+    return max(padded, _banded_scratch(geo, _band_rows(geo)))
 
 
 def _input_at(geo: Window, base: L.Expr, oh: L.Expr, ow: L.Expr, r: L.ExprLike, s: L.ExprLike,
@@ -403,9 +402,9 @@ def _implicit(spec: KernelSpec, geo: ConvGeometry) -> bool:
     """Whether a conv runs as an implicit GEMM on a CPU (_implicit_gemm): a kernel wider than 1x1 (a strided 1x1
     conv reads each input value once, so its whole padded input passes again for every panel of weights: light
     ResNet-50's 256 -> 512 one at 56 -> 28 ran at 90 GFLOP/s instead of 160-179 through im2col), constant weights
-    (packed as a transposed B), at least IMPLICIT_MIN_DEPTH taps, and not on OpenCL (whose renderer reads A as a
+    (packed as a transposed B), at least IMPLICIT_MIN_DEPTH taps, and a CPU spec (OpenCL's renderer reads A as a
     matrix)."""
-    return (spec.target_id != OPENCL_TARGET_ID and geo.kernel_height * geo.kernel_width > 1
+    return (spec.for_cpu and geo.kernel_height * geo.kernel_width > 1
             and geo.column_rows >= IMPLICIT_MIN_DEPTH and bool(spec.attrs.get("constant_weight")))
 
 
@@ -459,16 +458,19 @@ def _band(spec: KernelSpec, geo: ConvGeometry, names: L.Names, g: L.Var, x_base:
 
 
 def _column_bands(spec: KernelSpec, geo: ConvGeometry) -> int:
-    """Output rows per band of a CPU conv whose column matrix is built and consumed band by band, so that a
-    band's columns are still in cache when the GEMM reads them (COLUMN_BAND_BYTES); the whole plane (out_height)
-    when it fits, when the weights are too big to be read again for every band (BANDED_WEIGHT_BYTES: ResNet-18's
-    7x7 convs, 9.4 MB of weights in three bands, ran at 59 GFLOP/s instead of 85), and always on OpenCL (whose
-    GEMM launch wants the whole matrix). Light ResNet-50's 56x56 3x3 convs wrote and re-read a 7.2 MB column
-    matrix."""
+    """Output rows per band of a conv whose column matrix is built and consumed band by band on a CPU
+    (_band_rows); the whole plane (out_height) for any other spec (OpenCL's GEMM launch wants the whole matrix)."""
+    return _band_rows(geo) if spec.for_cpu else geo.out_height
+
+
+def _band_rows(geo: ConvGeometry) -> int:
+    """Output rows per band so that a band's columns are still in cache when the GEMM reads them
+    (COLUMN_BAND_BYTES); the whole plane (out_height) when it fits, or when the weights are too big to be read
+    again for every band (BANDED_WEIGHT_BYTES: ResNet-18's 7x7 convs, 9.4 MB of weights in three bands, ran at
+    59 GFLOP/s instead of 85). Light ResNet-50's 56x56 3x3 convs wrote and re-read a 7.2 MB column matrix."""
     row_bytes = geo.column_rows * geo.out_width * 4
     weight_bytes = geo.out_channels_per_group * geo.column_rows * 4
-    if (spec.target_id == OPENCL_TARGET_ID or geo.column_rows * geo.column_stride * 4 <= COLUMN_BAND_BYTES
-            or weight_bytes > BANDED_WEIGHT_BYTES):
+    if geo.column_rows * geo.column_stride * 4 <= COLUMN_BAND_BYTES or weight_bytes > BANDED_WEIGHT_BYTES:
         return geo.out_height
     return max(1, min(geo.out_height, COLUMN_BAND_BYTES // row_bytes))
 

@@ -18,6 +18,7 @@ from typing import ClassVar
 import llvmlite.binding as llvm
 
 from farm.errors import BadInputError
+from farm.ir.specs import CPU_TARGET_PREFIX
 
 TRIPLE_ALIASES = {"aarch64-linux-gnu": "aarch64-unknown-linux-gnu", "x86_64-linux-gnu": "x86_64-unknown-linux-gnu"}
 
@@ -57,7 +58,7 @@ class CpuTarget:
     @property
     def id(self) -> str:
         digest = hashlib.sha256(f"{self.triple}|{self.cpu}|{self.features}".encode()).hexdigest()[:8]
-        return f"cpu-{self.triple}-{self.cpu}-{digest}"
+        return f"{CPU_TARGET_PREFIX}{self.triple}-{self.cpu}-{digest}"
 
     @property
     def simd_floats(self) -> int:
