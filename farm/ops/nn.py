@@ -386,7 +386,7 @@ def _lower_conv(spec: KernelSpec) -> list[L.Stmt]:
     x_base = (n * geo.in_channels + g * geo.in_channels_per_group) * geo.in_pixels
     out_offset = (n * geo.out_channels + g * geo.out_channels_per_group) * geo.out_pixels
     bias = "in2" if len(spec.inputs) > 2 + bool(residual) else None
-    epilogue = functools.partial(gemm_epilogue, spec, bias, g * geo.out_channels_per_group, residual=residual)
+    epilogue = functools.partial(_gemm_epilogue, spec, bias, g * geo.out_channels_per_group, residual=residual)
     if _implicit(spec, geo):
         per_group = _implicit_gemm(spec, geo, names, g, x_base, out_offset, epilogue)
     elif _is_pointwise(geo) or _pixels_as_rows(spec, geo):
@@ -518,7 +518,7 @@ def _conv_residual(spec: KernelSpec) -> str | None:
     return f"in{len(spec.inputs) - 1}"
 
 
-def gemm_epilogue(spec: KernelSpec, bias: str | None, bias_offset: L.Expr, bias_on_columns: bool = False,
+def _gemm_epilogue(spec: KernelSpec, bias: str | None, bias_offset: L.Expr, bias_on_columns: bool = False,
                   residual: str | None = None, residual_offset: L.Expr | None = None) -> L.GemmEpilogue | None:
     """The GEMM epilogue of a kernel whose output is the GEMM's C: its bias (a buffer, None without), a residual
     laid out like C, and the spec's fused activation; None when there is none of them."""
