@@ -169,7 +169,7 @@ class ConvGeometry(Window, GroupedChannels):
         so that every row starts on a cache line and the GEMM's vector loads never straddle two (14x14 outputs,
         196 floats a row, read three lines in four split: light ResNet-50's 3x3 convs at 14x14 156 -> 184 GFLOP/s
         on one Xeon core)."""
-        return -(-self.out_pixels // COLUMN_ALIGNMENT) * COLUMN_ALIGNMENT
+        return _aligned(self.out_pixels)
 
 
 def _conv_geometry(spec: KernelSpec) -> ConvGeometry:
@@ -184,9 +184,8 @@ def _pixels_as_rows(spec: KernelSpec, geo: ConvGeometry) -> bool:
     fits TRANSPOSED_OPERAND_BYTES: each panel of weights passes over all of the column matrix, which must stay in
     cache (light ResNet-50 on one Xeon core: 7x7 pointwise convs 146-161 -> 171-174 GFLOP/s transposed, but its
     7x7 3x3 convs, whose 4608 x 64 column matrix does not fit beside a panel, 147 -> 95)."""
-    lanes = COLUMN_ALIGNMENT
-    waste = -(-geo.out_pixels // lanes) * lanes / geo.out_pixels
-    channel_waste = -(-geo.out_channels_per_group // lanes) * lanes / geo.out_channels_per_group
+    waste = _aligned(geo.out_pixels) / geo.out_pixels
+    channel_waste = _aligned(geo.out_channels_per_group) / geo.out_channels_per_group
     stride = geo.out_pixels if _is_pointwise(geo) else geo.column_stride
     operand_bytes = geo.column_rows * (stride + WEIGHT_PANEL_COLUMNS) * 4
     return (bool(spec.attrs.get("constant_weight")) and waste > SMALL_PLANE_WASTE and channel_waste < waste
@@ -495,6 +494,7 @@ def _bands(geo: ConvGeometry, rows: int, names: L.Names) -> list[tuple[L.Var | N
 
 
 def _aligned(floats: int) -> int:
+    """`floats` rounded up to a whole number of cache lines (COLUMN_ALIGNMENT floats)."""
     return -(-floats // COLUMN_ALIGNMENT) * COLUMN_ALIGNMENT
 
 

@@ -273,7 +273,7 @@ def _k_blocks(gen: _Gen, emit: Callable[[ir.Value, int, bool, bool], None], size
     """emit(k0, steps, accumulate, final) over the k loop cut into blocks of `size` steps (the blocking's k_block
     by default): the first block writes C, the later ones (a runtime loop over the middle blocks, then the last,
     which may be shorter) add to it, and only the last (`final`) applies the epilogue. With no size, or k no
-    larger, one pass over all of k. An implicit GEMM's k is cut only by _small_m_blocks (whole channels)."""
+    larger, one pass over all of k. An implicit GEMM's k is cut only by _small_m_k_block's blocks (whole channels)."""
     k = gen.gemm.k
     size = gen.blocking.k_block if size is None else size
     if not size or k <= size or (gen.gemm.a_window is not None and gen.partial is None):
@@ -359,7 +359,7 @@ def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Va
 
 
 def _prefetch(gen: _Gen, address: ir.Value) -> None:
-    """A read prefetch of `address` into every cache level (llvm.prefetch; it never faults)."""
+    """A read prefetch of `address` into L2 (llvm.prefetch, locality 2; it never faults)."""
     module = gen.b.module
     name = "llvm.prefetch.p0"
     function = module.globals.get(name) or ir.Function(
@@ -425,11 +425,14 @@ def _constant(typ: ir.Type, number: float) -> ir.Constant:
     return ir.Constant(typ, [number] * typ.count if isinstance(typ, ir.VectorType) else number)
 
 
-def _maximum(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+def fmax(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    """max of floats or float vectors that returns x when x is NaN, as onnxruntime's Relu/Clip/MaxPool do (the
+    loop IR's "max" renders through it too)."""
     return b.select(b.fcmp_ordered("<", x, y), y, x)
 
 
-def _minimum(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+def fmin(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    """min of floats or float vectors, returning x when x is NaN (the loop IR's "min" renders through it too)."""
     return b.select(b.fcmp_ordered(">", x, y), y, x)
 
 
@@ -438,9 +441,9 @@ def _leaky_relu(b: ir.IRBuilder, x: ir.Value, params: tuple[float, ...]) -> ir.V
 
 
 VECTOR_ACTIVATIONS: dict[str, Callable[[ir.IRBuilder, ir.Value, tuple[float, ...]], ir.Value]] = {
-    "relu": lambda b, x, p: _maximum(b, x, _constant(x.type, 0.0)),
+    "relu": lambda b, x, p: fmax(b, x, _constant(x.type, 0.0)),
     "leakyrelu": _leaky_relu,
-    "clip": lambda b, x, p: _minimum(b, _maximum(b, x, _constant(x.type, p[0])), _constant(x.type, p[1])),
+    "clip": lambda b, x, p: fmin(b, fmax(b, x, _constant(x.type, p[0])), _constant(x.type, p[1])),
 }
 """ops.registry.ACTIVATIONS on a vector of C (or one float), as the loop IR renders max and min: a Gemm's epilogue."""
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
-from farm.backends.llvm.gemm import GemmBlocking, emit_gemm, intrinsic
+from farm.backends.llvm.gemm import GemmBlocking, emit_gemm, fmax, fmin, intrinsic
 from farm.ir import loopir as L
 
 F32_T, I64_T, BOOL_T, I32_T = ir.FloatType(), ir.IntType(64), ir.IntType(1), ir.IntType(32)
@@ -271,22 +271,13 @@ def _icmp(op: str):
     return lambda b, x, y: b.icmp_signed(op, x, y)
 
 
-def _fmax(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
-    """max that returns x when x is NaN, as onnxruntime's Relu/Clip/MaxPool do."""
-    return b.select(b.fcmp_ordered("<", x, y), y, x)
-
-
-def _fmin(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
-    return b.select(b.fcmp_ordered(">", x, y), y, x)
-
-
 FLOAT_BINARY = {
     "add": lambda b, x, y: b.fadd(x, y, flags=FAST),
     "sub": lambda b, x, y: b.fsub(x, y, flags=FAST),
     "mul": lambda b, x, y: b.fmul(x, y, flags=FAST),
     "div": lambda b, x, y: b.fdiv(x, y, flags=FAST),
-    "max": _fmax,
-    "min": _fmin,
+    "max": fmax,
+    "min": fmin,
     **{name: _fcmp(sym) for name, sym in
        {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}.items()},
 }
@@ -341,13 +332,13 @@ def _exp(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     """Cephes expf, inline, so that it vectorises and the library needs no libm; overflows to +inf like expf and
     underflows to 0 below _EXP_MIN."""
     c = lambda v: ir.Constant(F32_T, v)  # noqa: E731
-    clamped = _fmin(b, _fmax(b, x, c(_EXP_MIN)), c(_EXP_MAX))
+    clamped = fmin(b, fmax(b, x, c(_EXP_MIN)), c(_EXP_MAX))
     n = _intrinsic("llvm.floor")(b, b.fadd(b.fmul(clamped, c(1.44269504088896341)), c(0.5)))
     r = b.fsub(b.fsub(clamped, b.fmul(n, c(_LN2_HI))), b.fmul(n, c(_LN2_LO)))
     y = b.fadd(b.fadd(b.fmul(_poly(b, r, _EXP_POLY), b.fmul(r, r, flags=FAST), flags=FAST), r), c(1.0))
     top = b.fcmp_ordered(">", n, c(127.0))
     y = b.select(top, b.fmul(y, c(2.0)), y)
-    bits = b.shl(b.add(b.fptosi(_fmin(b, n, c(127.0)), I32_T), ir.Constant(I32_T, 127)), ir.Constant(I32_T, 23))
+    bits = b.shl(b.add(b.fptosi(fmin(b, n, c(127.0)), I32_T), ir.Constant(I32_T, 127)), ir.Constant(I32_T, 23))
     result = b.select(b.fcmp_ordered("<", x, c(_EXP_MIN)), c(0.0), b.fmul(y, b.bitcast(bits, F32_T)))
     return b.select(b.fcmp_ordered(">", x, c(_EXP_MAX)), c(float("inf")), result)
 
@@ -359,7 +350,7 @@ def _log(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     i = lambda v: ir.Constant(I32_T, v)  # noqa: E731
     subnormal = b.fcmp_ordered("<", x, c(1.17549435e-38))
     scaled = b.select(subnormal, b.fmul(x, c(8388608.0)), x)
-    bits = b.bitcast(_fmax(b, scaled, c(1.17549435e-38)), I32_T)
+    bits = b.bitcast(fmax(b, scaled, c(1.17549435e-38)), I32_T)
     e = b.sitofp(b.sub(b.lshr(bits, i(23)), b.select(subnormal, i(149), i(126))), F32_T)
     m = b.bitcast(b.or_(b.and_(bits, i(0x807FFFFF)), i(0x3F000000)), F32_T)
     small = b.fcmp_ordered("<", m, c(0.707106781186547524))
