@@ -28,6 +28,7 @@ from farm.errors import (
     redact_url,
     tls_verification_failure,
 )
+from farm.store.lua import LuaScript
 
 CANCELLED_BY_USER = "cancelled by user"
 
@@ -66,8 +67,8 @@ class JobBoard:
                       supported_errors=(redis.exceptions.ConnectionError,))
         self.redis = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=10, decode_responses=True,
                                           retry=retry)
-        self._set_if_live = self.redis.register_script(_SET_IF_LIVE)
-        self._create = self.redis.register_script(_CREATE)
+        self._set_if_live = LuaScript(self.redis, _SET_IF_LIVE)
+        self._create = LuaScript(self.redis, _CREATE)
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run one Redis call; refused credentials become CredentialsRefusedError, a server certificate that fails

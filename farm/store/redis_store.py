@@ -26,6 +26,7 @@ from farm.store.base import (
     check_owner,
     is_key,
 )
+from farm.store.lua import LuaScript
 
 REDIS_SCHEMES = ("redis://", "rediss://")
 
@@ -255,7 +256,9 @@ class RedisStore(Store):
             )
         except ValueError as exc:  # redis-py's answer to a malformed URL
             raise BadStoreUrlError(f"bad Redis URL {redact_url(url)}: {exc}") from exc
-        script = self.client.register_script
+        def script(source: str) -> LuaScript:
+            return LuaScript(self.client, source)
+
         self._touch, self._commit, self._drop, self._evict = (
             script(_LUA_TOUCH), script(_LUA_COMMIT), script(_LUA_DROP), script(_LUA_EVICT))
         self._pin, self._unpin, self._owners, self._stats = (
