@@ -337,6 +337,11 @@ def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Va
                 start = _load_c(gen, gen.c, index, vec_t) if gen.partial is None else b.load(partial)
             b.store(start, acc)
     fma = intrinsic(b.module, "llvm.fmuladd", vec_t, 3)
+    # A pre-packed A (a conv's weights) is read panel after panel, one per row tile; each k step prefetches the
+    # next panel's values at the same k, so they come from L2, not memory, when the next tile starts: a layer's
+    # weights are cold once a run (ResNet-50's 14x14 pointwise convs 0.70-0.76 -> 0.64-0.69 ms in a run, the
+    # model on one Xeon core 1.12-1.13x -> 1.09x onnxruntime).
+    a_ahead = ir.Constant(I64_T, region.rows * g.k) if g.a_panels and region.rows == gen.blocking.rows else None
     if gen.c_prefetch and final and not g.c_transposed:  # see _emit_column_blocks
         ahead = ir.Constant(I64_T, gen.c_prefetch)
         for row in outputs:
@@ -351,6 +356,8 @@ def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Va
         if gen.prefetch:
             for index in b_indices:
                 _prefetch(gen, gen.address(gen.bm, b.add(index, ir.Constant(I64_T, gen.prefetch))))
+        if a_ahead:
+            _prefetch(gen, gen.address(gen.a, b.add(a_indices[0], a_ahead)))
         for row, a_index in zip(accs, a_indices):
             scalar = b.load(gen.address(gen.a, a_index), align=4, typ=F32_T)
             a_value = _splat(b, scalar, region.lanes)
