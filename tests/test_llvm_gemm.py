@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
 import numpy as np
 import pytest
-from native_helpers import run_kernel, run_kernels
+from native_helpers import host, kernel_module_ir, run_kernel, run_kernels
 
 from farm.backends.llvm.gemm import GemmBlocking, pack_columns, pack_operand, pack_panels, regions
 from farm.ir import loopir as L
@@ -308,7 +311,8 @@ def test_batched_gemm_reads_each_block_of_b_prepacked(tmp_path):
 
 EPILOGUE_BLOCKINGS = [GemmBlocking(), GemmBlocking(rows=3, vectors=2, lanes=4), GemmBlocking(rows=1, vectors=1, lanes=1),
                       GemmBlocking(rows=4, vectors=2, lanes=8, k_block=8), GemmBlocking(rows=2, vectors=3, lanes=4,
-                                                                                        k_block=5, order="rows")]
+                                                                                        k_block=5, order="rows"),
+                      GemmBlocking(rows=8, vectors=3, lanes=16), GemmBlocking(rows=16, vectors=1, lanes=16)]
 EPILOGUE_ACTIVATIONS = [None, ("relu", ()), ("leakyrelu", (0.1,)), ("clip", (-0.5, 0.75))]
 
 
@@ -400,3 +404,30 @@ def test_few_rows_and_a_deep_k_keep_partial_sums_per_k_block(m, n, k, blocking, 
     [c, *_] = run_kernel(L.LoopKernel(params, [gemm]), [np.full((m, n), np.nan, np.float32), a, packed, bias,
                                                        residual], tmp_path, blocking)
     assert_gemm_close(c, np.clip(reference(a, b) + bias[None, :] + residual, -20, 20))
+
+
+def _prefetches(kernel: L.LoopKernel) -> set[int]:
+    """The rw flags (0 read, 1 write) of the llvm.prefetch calls in the kernel's IR."""
+    text = kernel_module_ir([("farm_k_test", kernel)], host())
+    return {int(flag) for flag in re.findall(r'call void @"?llvm\.prefetch\.p0"?\(ptr [^,]+, i32 (\d)', text)}
+
+
+def test_column_split_tiles_prefetch_the_next_blocks_c_for_writing():
+    """A column-split GEMM's tiles store to every row of C, a plane apart (too many streams for the hardware
+    prefetcher): each prefetches, for writing, the C lines of the next column block, and the residual's."""
+    epilogue = L.GemmEpilogue(residual="residual", residual_offset=L.const(0))
+    gemm = L.Gemm("a", L.const(0), 64, "b", L.const(0), 3136, "c", L.const(0), 3136, 256, 3136, 64, epilogue=epilogue)
+    params = [L.Param("c", output=True), L.Param("a"), L.Param("b"), L.Param("residual")]
+    assert L.splits_columns(gemm, GemmBlocking().tile_columns)
+    assert _prefetches(L.LoopKernel(params, [gemm])) == {0, 1}
+
+
+def test_tiles_reading_packed_a_prefetch_the_next_panel():
+    """Row-split GEMMs whose A is pre-packed (a conv's weights) read it panel after panel: each k step prefetches
+    the next panel (a read), and nothing is written ahead."""
+    gemm = L.Gemm("a", L.const(0), 256, "b", L.const(0), 196, "c", L.const(0), 196, 1024, 196, 256, a_panels=True)
+    plain = dataclasses.replace(gemm, a_panels=False)
+    params = [L.Param("c", output=True), L.Param("a"), L.Param("b")]
+    assert not L.splits_columns(gemm, GemmBlocking().tile_columns)
+    assert _prefetches(L.LoopKernel(params, [gemm])) == {0}
+    assert _prefetches(L.LoopKernel(params, [plain])) == set()
