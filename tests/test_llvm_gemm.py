@@ -414,12 +414,15 @@ def _prefetches(kernel: L.LoopKernel) -> set[int]:
 
 def test_column_split_tiles_prefetch_the_next_blocks_c_for_writing():
     """A column-split GEMM's tiles store to every row of C, a plane apart (too many streams for the hardware
-    prefetcher): each prefetches, for writing, the C lines of the next column block, and the residual's."""
+    prefetcher): with a C bigger than gemm.C_PREFETCH_MIN_BYTES each prefetches, for writing, the C lines of the
+    next column block, and the residual's."""
     epilogue = L.GemmEpilogue(residual="residual", residual_offset=L.const(0))
     gemm = L.Gemm("a", L.const(0), 64, "b", L.const(0), 3136, "c", L.const(0), 3136, 256, 3136, 64, epilogue=epilogue)
     params = [L.Param("c", output=True), L.Param("a"), L.Param("b"), L.Param("residual")]
     assert L.splits_columns(gemm, GemmBlocking().tile_columns)
     assert _prefetches(L.LoopKernel(params, [gemm])) == {0, 1}
+    small = dataclasses.replace(gemm, ldb=784, ldc=784, m=32, n=784)  # 100 KB of C stays in cache: no prefetch
+    assert L.splits_columns(small, GemmBlocking().tile_columns) and 1 not in _prefetches(L.LoopKernel(params, [small]))
 
 
 def test_tiles_reading_packed_a_prefetch_the_next_panel():

@@ -27,6 +27,10 @@ it) or "rows" (each row panel of A stays while every column tile passes)."""
 
 SMALL_M_ROWS = 256
 """The most rows of C for which a column-split GEMM keeps partial sums per k block (_small_m_k_block)."""
+C_PREFETCH_MIN_BYTES = 1 << 20
+"""The least bytes of C for which a column-split GEMM's tiles prefetch the next column block's C (_emit_column_blocks):
+half of a 2 MB L2. Smaller outputs stay in cache, and there the prefetch cost time (MobileNetV2's 28x28 pointwise
+convs, 47 -> 50 us on one thread)."""
 SMALL_M_K_BLOCK = 256
 """k steps per block there (rounded down to whole channels of an implicit GEMM): a panel block of 256 x 48 floats
 (48 KB) stays in L1/L2 while every row tile uses it."""
@@ -153,11 +157,13 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
     """Columns [begin * width, end * width) of C, every row: the full-width blocks in the range, each down all row
     tiles and then the edge rows; the range holding the last, partial block also does the narrower column tails.
     A GEMM of few rows and a deep k (_small_m_k_block) runs each block k block by k block, every row tile per k
-    block, its partial sums in a scratch tile. Otherwise each tile, as it starts, prefetches the lines of C (for
-    writing) and of the residual that the same rows of the next column block will touch: a block's tiles store to
-    every row of C, a plane apart, too many streams for the hardware prefetcher, and at 56x56 planes C and the
-    residual (3.2 MB each) live beyond L2 (ResNet-50's 64 -> 256 pointwise convs with the residual 0.95-1.19 ->
-    0.78-0.93 ms in a run, one Xeon core)."""
+    block, its partial sums in a scratch tile. Otherwise, when C has C_PREFETCH_MIN_BYTES or more, each tile, as it
+    starts, prefetches the lines of C (for writing) and of the residual that the same rows of the next column block
+    will touch: a block's tiles store to every row of C, a plane apart, too many streams for the hardware
+    prefetcher, and at 56x56 planes C and the residual (3.2 MB each) live beyond L2 (ResNet-50's 64 -> 256
+    pointwise convs with the residual 0.95-1.19 -> 0.78-0.93 ms in a run, one Xeon core). The range's last block
+    prefetches nothing ahead: the next block is another thread's, and taking its lines for writing made
+    MobileNetV2's 28x28 pointwise convs slower on two threads than on one."""
     builder, gemm, width = gen.b, gen.gemm, blocking.tile_columns
     full = ir.Constant(I64_T, gemm.n // width)
     stop = builder.select(builder.icmp_signed("<", end, full), end, full)
@@ -166,6 +172,9 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
     edge = _Region(m_main, gemm.m - m_main, 0, width, 1, blocking.vectors, blocking.lanes)
 
     def rows(column_block: ir.Value, k0: ir.Value, steps: int, accumulate: bool, final: bool) -> None:
+        if gen.c_prefetch is not None:  # the next block's lines, while it is this range's (never another thread's)
+            more = builder.icmp_signed("<", builder.add(column_block, ir.Constant(I64_T, 1)), stop)
+            gen.c_prefetch = builder.select(more, ir.Constant(I64_T, width), ir.Constant(I64_T, 0))
         gen.loop(m_main // blocking.rows, lambda it: _emit_tile(gen, tiles, it, column_block, k0, steps,
                                                                 accumulate, final))
         gen.loop(gemm.m - m_main, lambda it: _emit_tile(gen, edge, it, column_block, k0, steps, accumulate,
@@ -189,9 +198,9 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
                                                                   final))
 
         gen.prefetch = 0 if gemm.b_panels else width
-        gen.c_prefetch = width
+        gen.c_prefetch = ir.Constant(I64_T, 0) if gemm.m * gemm.n * 4 >= C_PREFETCH_MIN_BYTES else None
         _k_blocks(gen, blocks)
-        gen.prefetch = gen.c_prefetch = 0
+        gen.prefetch, gen.c_prefetch = 0, None
     tails = [region for region in regions(gemm.m, gemm.n, blocking) if region.n0 >= gemm.n // width * width]
     if tails:
         with builder.if_then(builder.icmp_signed(">", end, full)):
@@ -222,9 +231,10 @@ class _Gen:
         self.residual: ir.Value | None = None
         self.prefetch = 0
         """Floats ahead of each B load to prefetch (the next k block's, in _small_m_k_block's path); 0: none."""
-        self.c_prefetch = 0
-        """Columns ahead of each tile's C (and residual) to prefetch as the tile starts: the next column block's,
-        in a column-split GEMM (_emit_column_blocks); 0: none."""
+        self.c_prefetch: ir.Value | None = None
+        """Columns ahead (a runtime i64) of each tile's C (and residual) to prefetch as the tile starts: the next
+        column block's in a column-split GEMM with a big C (_emit_column_blocks), 0 in the range's last block;
+        None: no prefetch."""
         self.partial: ir.Value | None = None
         """Where tiles keep their partial sums between k blocks (_small_m_k_block): m x vectors vectors, the
         column block's own; None: in C itself."""
@@ -342,8 +352,8 @@ def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Va
     # weights are cold once a run (ResNet-50's 14x14 pointwise convs 0.70-0.76 -> 0.64-0.69 ms in a run, the
     # model on one Xeon core 1.12-1.13x -> 1.09x onnxruntime).
     a_ahead = ir.Constant(I64_T, region.rows * g.k) if g.a_panels and region.rows == gen.blocking.rows else None
-    if gen.c_prefetch and final and not g.c_transposed:  # see _emit_column_blocks
-        ahead = ir.Constant(I64_T, gen.c_prefetch)
+    if gen.c_prefetch is not None and final and not g.c_transposed:  # see _emit_column_blocks
+        ahead = gen.c_prefetch
         for row in outputs:
             for start, _ in row:
                 _prefetch(gen, gen.address(gen.c, b.add(start, ahead)), write=True)
