@@ -86,6 +86,10 @@ CONV_CASES: list[OpCase] = [
     _conv("large-64-channels", (1, 64, 17, 17), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
     _conv("depthwise-dilation2", (1, 4, 9, 9), (4, 1, 3, 3), {"group": 4, "dilations": [2, 2], "pads": [2, 2, 2, 2]}),
     _conv("depthwise-multiplier3", (1, 4, 9, 9), (12, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}),
+    # On a CPU the channels of a depthwise conv run in blocks of 8 sharing one padded plane (nn._channel_block):
+    # three blocks per image, two images.
+    _conv("depthwise-channel-blocks-batch2-stride2", (2, 24, 17, 17), (24, 1, 3, 3),
+          {"group": 24, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
     _conv("1x1-pads2", (1, 3, 4, 4), (4, 3, 1, 1), {"pads": [2, 2, 2, 2]}),
     _conv("pads-beyond-kernel", (1, 3, 4, 4), (4, 3, 3, 3), {"pads": [3, 0, 4, 1]}),
     # Big column matrices of the convs that keep im2col on a CPU (1x1 strided, under 64 taps) are built band by

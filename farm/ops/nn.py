@@ -35,6 +35,10 @@ TRANSPOSED_OPERAND_BYTES = 1 << 20
 """The most bytes of column matrix plus one panel of weights for which a conv runs pixels as rows: half of a
 2 MB L2, so that both stay in cache while the panel passes over the matrix."""
 WEIGHT_PANEL_COLUMNS = 48
+DEPTHWISE_CHANNEL_BLOCK = 8
+"""Channels of a depthwise conv that run one after the other on one padded plane in scratch (_depthwise): the plane
+is rewritten while it is still in cache, instead of each channel filling a fresh one (MobileNetV2's 112x112
+stride-2 depthwise conv wrote 5 MB of scratch beside its 4.8 MB input)."""
 """Columns of a weight panel in that estimate (the AVX-512 default tile's 3 vectors of 16)."""
 
 
@@ -205,7 +209,7 @@ def _is_depthwise(geo: ConvGeometry) -> bool:
 def _conv_scratch(spec: KernelSpec) -> int:
     geo = _conv_geometry(spec)
     if _is_depthwise(geo):
-        return geo.batch * geo.out_channels * _phased_plane_floats(geo)
+        return geo.batch * (geo.out_channels // _channel_block(spec, geo)) * _phased_plane_floats(geo)
     if _is_pointwise(geo):
         return 0
     padded = geo.in_channels_per_group * prod(_padded_plane(geo))
@@ -306,17 +310,30 @@ def _padded_plane(geo: Window) -> tuple[int, int]:
 
 
 def _depthwise(names: L.Names, spec: KernelSpec, geo: ConvGeometry) -> list[L.Stmt]:
-    """Direct depthwise conv, one work-item per (batch, channel): the channel's input window is first copied into
-    a zero-padded plane in scratch (rows of zeros, copy, zeros), its columns split by the stride's phases
-    (_pad_plane), then every output sums its taps with plain loads at unit stride along the row, no padding guard
-    (vectorised). Guarding every tap instead ran the small maps of mobilenetv2 at 5-11 GFLOP/s; reading a
-    stride-2 conv's taps two floats apart kept MobileNetV2's stride-2 depthwise convs at 8-16 GFLOP/s."""
-    n, ch = names.var("n"), names.var("c")
-    plane = (n * geo.out_channels + ch) * _phased_plane_floats(geo)
+    """Direct depthwise conv, one work-item per (batch, block of _channel_block channels): each channel's input
+    window is first copied into a zero-padded plane in scratch (rows of zeros, copy, zeros), its columns split by
+    the stride's phases (_pad_plane), then every output sums its taps with plain loads at unit stride along the
+    row, no padding guard (vectorised). Guarding every tap instead ran the small maps of mobilenetv2 at 5-11
+    GFLOP/s; reading a stride-2 conv's taps two floats apart kept MobileNetV2's stride-2 depthwise convs at 8-16
+    GFLOP/s. The channels of a block share one plane (DEPTHWISE_CHANNEL_BLOCK)."""
+    n, block, index = names.var("n"), names.var("cb"), names.var("c")
+    size = _channel_block(spec, geo)
+    ch = block * size + index
+    plane = (n * (geo.out_channels // size) + block) * _phased_plane_floats(geo)
     source = (n * geo.in_channels + ch) * geo.in_pixels
     per_channel = (_pad_plane(names, geo, plane, source, geo.stride_width)
                    + _depthwise_outputs(names, spec, geo, plane, n, ch))
-    return [L.Loop(n, geo.batch, [L.Loop(ch, geo.out_channels, per_channel, True)], True)]
+    return [L.Loop(n, geo.batch, [L.Loop(block, geo.out_channels // size, [L.Loop(index, size, per_channel)],
+                                         True)], True)]
+
+
+def _channel_block(spec: KernelSpec, geo: ConvGeometry) -> int:
+    """Channels per block of a depthwise conv on a CPU: DEPTHWISE_CHANNEL_BLOCK or the largest power of two below
+    it that divides the channel count. One elsewhere: a GPU runs a work-item per block, and needs them all."""
+    size = DEPTHWISE_CHANNEL_BLOCK if spec.for_cpu else 1
+    while geo.out_channels % size:
+        size //= 2
+    return size
 
 
 def _phase_length(geo: Window, phases: int) -> int:
@@ -353,7 +370,7 @@ def _pad_plane(names: L.Names, geo: ConvGeometry, plane: L.Expr, source: L.Expr,
 
 
 def _depthwise_outputs(names: L.Names, spec: KernelSpec, geo: ConvGeometry, plane: L.Expr, n: L.Var,
-                       ch: L.Var) -> list[L.Stmt]:
+                       ch: L.Expr) -> list[L.Stmt]:
     """out[n, ch, oh, ow] = bias + sum over taps of the phased padded plane times the channel's weights (the tap
     columns unrolled: each reads its phase's run at ow + a constant)."""
     oh, ow, r, acc = names.var("y"), names.var("x"), names.var("r"), names.local()
