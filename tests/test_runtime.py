@@ -23,7 +23,15 @@ from farm.artifact import FORMAT_VERSION, write_artifact
 from farm.errors import ArtifactError, RunInputError
 from farm.runtime import TensorSpec, load
 from farm.runtime.host import Host, choose_target, this_host
-from farm.runtime.model import MIN_WORK_PER_RANGE, RANGES_PER_THREAD, launch_plan, split_range, work_table
+from farm.runtime.model import (
+    HEAD_SHARE,
+    MIN_WORK_PER_RANGE,
+    RANGES_PER_THREAD,
+    launch_plan,
+    shares_range,
+    split_range,
+    work_table,
+)
 
 IN_OFFSET, OUT_OFFSET, COUNT = 0, 64, 4
 HOST = this_host()
@@ -223,15 +231,37 @@ def test_split_range_cuts_contiguous_ranges_at_multiples_of_the_grain(extent, gr
     assert all(begin % grain == 0 for begin, _ in ranges)
 
 
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_shares_range_gives_each_thread_a_head_then_a_tail_range(threads) -> None:
+    """One range per thread holding HEAD_SHARE of the blocks together, then a tail range per thread: contiguous,
+    whole grains, covering the launch; a launch too small for tail ranges of MIN_WORK_PER_RANGE gets near-equal
+    ranges instead."""
+    for extent, grain, worth in [(3136, 1, 500), (1000, 8, 60), (17, 1, 40), (64, 4, 16)]:
+        ranges = shares_range(extent, grain, threads, worth)
+        assert ranges[0][0] == 0 and ranges[-1][1] == extent
+        assert all(end == begin for (_, end), (begin, _) in zip(ranges, ranges[1:]))
+        assert all(end > begin and begin % grain == 0 for begin, end in ranges)
+        blocks = -(-extent // grain)
+        heads = [-(-(end - begin) // grain) for begin, end in ranges[:threads]]
+        if len(ranges) == 2 * threads:
+            assert heads == [int(blocks * HEAD_SHARE / threads)] * threads
+        else:
+            assert ranges == split_range(extent, grain, min(threads * RANGES_PER_THREAD, worth))
+    assert len(shares_range(3136, 1, threads, 500)) == 2 * threads
+
+
 def test_launch_plan_splits_only_parallel_launches_with_enough_work() -> None:
-    """Up to RANGES_PER_THREAD ranges per thread, each with at least MIN_WORK_PER_RANGE work."""
+    """A head range per thread and a tail range per thread where the tail ranges have MIN_WORK_PER_RANGE work,
+    else up to RANGES_PER_THREAD near-equal ranges per thread, each with at least that work."""
     big = MIN_WORK_PER_RANGE * 100
     launches = [[1, 1, big], [64, 1, big], [64, 1, MIN_WORK_PER_RANGE * 2 - 1], [64, 4, MIN_WORK_PER_RANGE * 2],
-                [7, 1, big]]
+                [7, 1, big], [100, 1, MIN_WORK_PER_RANGE * 6]]
     plan = launch_plan(launches, 2)
-    assert [index for index, _ in plan] == [0, 1, 2, 3, 4]
-    assert [len(ranges) for _, ranges in plan] == [1, 2 * RANGES_PER_THREAD, 1, 2, min(7, 2 * RANGES_PER_THREAD)]
+    assert [index for index, _ in plan] == [0, 1, 2, 3, 4, 5]
+    assert [len(ranges) for _, ranges in plan] == [1, 4, 1, 2, 4, 2 * 3]
+    assert plan[1][1] == [(0, 25), (25, 50), (50, 57), (57, 64)]
     assert plan[3][1] == [(0, 32), (32, 64)]
+    assert len(plan[5][1]) <= 2 * RANGES_PER_THREAD
     for (extent, _, _), (_, ranges) in zip(launches, plan):
         assert ranges[0][0] == 0 and ranges[-1][1] == extent
         assert all(end == begin for (_, end), (begin, _) in zip(ranges, ranges[1:]))
