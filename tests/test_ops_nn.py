@@ -273,6 +273,9 @@ POOL_CASES: list[OpCase] = [
     _pool("MaxPool", "non-square", {"kernel_shape": [2, 3], "strides": [1, 2]}, x=(2, 3, 8, 11)),
     _pool("MaxPool", "opset9", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, opset=9),
     _pool("MaxPool", "opset11-ceil", {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}, opset=11),
+    # On a CPU a MaxPool reads padded planes shared by blocks of 8 channels (nn._max_pool_planes): four blocks.
+    _pool("MaxPool", "channel-blocks-batch2", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+          x=(2, 16, 21, 20)),
     _pool("AveragePool", "2x2-s2", {"kernel_shape": [2, 2], "strides": [2, 2]}),
     _pool("AveragePool", "pads-exclude", {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1]}),
     _pool("AveragePool", "pads-include", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1],
@@ -673,8 +676,9 @@ def test_conv_transpose_geometry_sizes_the_transposed_weights_and_the_column_buf
 # ------------------------------------------------------------------------------------------------- OpenCL
 
 # The kernels added with the softmax family, the normalisations and ConvTranspose (transposed weights, Gemm into
-# scratch, col2im with tap skipping, fused activation), and convs whose GEMM runs transposed (small planes) or
-# reads im2col rows padded to a cache line, rendered as OpenCL C and run on this host's device.
+# scratch, col2im with tap skipping, fused activation), convs whose GEMM runs transposed (small planes) or reads
+# im2col rows padded to a cache line, and the MaxPools and depthwise convs whose CPU form blocks channels (OpenCL
+# keeps a work-item per channel), rendered as OpenCL C and run on this host's device.
 OPENCL_SAMPLE = [
     "softmax-3d-axis1-opset17", "logsoftmax-3d-axis1-opset13", "hardmax-4d-axis2-opset9", "layernorm-scale-broadcast",
     "layernorm-statistics-mean-inv_std", "instancenormalization-4d", "groupnormalization-opset21-per-channel",
@@ -685,6 +689,7 @@ OPENCL_SAMPLE = [
     "fused-conv-relu", "fused-conv-leakyrelu", "fused-conv-clip-0-6", "fused-small-plane-conv-clip",
     "fused-small-plane-pointwise-conv-leakyrelu", "fused-conv-residual-relu", "fused-small-plane-pointwise-conv-residual",
     "conv-banded-strided-1x1", "conv-implicit-groups2-batch2-dilated", "fused-implicit-conv-residual-relu",
+    "maxpool-3x3-s2-pads", "maxpool-3x3-s2-ceil-pads", "conv-depthwise-channel-blocks-batch2-stride2",
 ]
 
 
