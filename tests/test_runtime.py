@@ -231,7 +231,7 @@ def test_split_range_cuts_contiguous_ranges_at_multiples_of_the_grain(extent, gr
     assert all(begin % grain == 0 for begin, _ in ranges)
 
 
-@pytest.mark.parametrize("threads", [2, 3, 8])
+@pytest.mark.parametrize("threads", [2, 3, 8, 16])
 def test_shares_range_gives_each_thread_a_head_then_a_tail_range(threads) -> None:
     """One range per thread holding HEAD_SHARE of the blocks together, then a tail range per thread: contiguous,
     whole grains, covering the launch; a launch too small for tail ranges of MIN_WORK_PER_RANGE gets near-equal
@@ -240,7 +240,7 @@ def test_shares_range_gives_each_thread_a_head_then_a_tail_range(threads) -> Non
         ranges = shares_range(extent, grain, threads, worth)
         assert ranges[0][0] == 0 and ranges[-1][1] == extent
         assert all(end == begin for (_, end), (begin, _) in zip(ranges, ranges[1:]))
-        assert all(end > begin and begin % grain == 0 for begin, end in ranges)
+        assert all(end > begin and begin % grain == 0 for begin, end in ranges)  # none empty, even for 16 threads
         blocks = -(-extent // grain)
         heads = [-(-(end - begin) // grain) for begin, end in ranges[:threads]]
         if len(ranges) == 2 * threads:

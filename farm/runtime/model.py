@@ -60,7 +60,7 @@ def shares_range(extent: int, grain: int, threads: int, worth: int) -> list[tupl
     blocks = -(-extent // grain)
     head = int(blocks * HEAD_SHARE / threads)
     tail = (blocks - head * threads) // threads
-    if tail < 1 or tail * worth < blocks:
+    if head < 1 or tail < 1 or tail * worth < blocks:
         return split_range(extent, grain, min(threads * RANGES_PER_THREAD, worth))
     sizes = [head] * threads + [tail] * (threads - 1) + [blocks - head * threads - tail * (threads - 1)]
     cuts = [min(grain * sum(sizes[:j]), extent) for j in range(len(sizes) + 1)]
