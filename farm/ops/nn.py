@@ -35,11 +35,11 @@ TRANSPOSED_OPERAND_BYTES = 1 << 20
 """The most bytes of column matrix plus one panel of weights for which a conv runs pixels as rows: half of a
 2 MB L2, so that both stay in cache while the panel passes over the matrix."""
 WEIGHT_PANEL_COLUMNS = 48
-DEPTHWISE_CHANNEL_BLOCK = 8
-"""Channels of a depthwise conv that run one after the other on one padded plane in scratch (_depthwise): the plane
-is rewritten while it is still in cache, instead of each channel filling a fresh one (MobileNetV2's 112x112
-stride-2 depthwise conv wrote 5 MB of scratch beside its 4.8 MB input)."""
 """Columns of a weight panel in that estimate (the AVX-512 default tile's 3 vectors of 16)."""
+DEPTHWISE_CHANNEL_BLOCK = 8
+"""Channels of a depthwise conv (or a MaxPool) that run one after the other on one padded plane in scratch
+(_depthwise, _max_pool_planes) on a CPU: the plane is rewritten while it is still in cache, instead of each channel
+filling a fresh one (MobileNetV2's 112x112 stride-2 depthwise conv wrote 5 MB of scratch beside its 4.8 MB input)."""
 
 
 def _spatial_attrs(ctx: NodeContext, kernel_shape: list[int]) -> dict[str, Any]:
@@ -891,6 +891,8 @@ def _lower_pool(spec: KernelSpec) -> list[L.Stmt]:
 
 
 def _pools_planes(spec: KernelSpec) -> bool:
+    """Whether the pool runs on padded planes (_max_pool_planes): a MaxPool for a CPU (padding an average would
+    need its counts kept apart; a GPU wants a work-item per output)."""
     return spec.op == "MaxPool" and spec.for_cpu
 
 

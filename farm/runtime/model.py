@@ -9,6 +9,7 @@ helpers, once per run; ctypes releases the GIL for the calls.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import queue
 import threading
 import time
@@ -63,7 +64,7 @@ def shares_range(extent: int, grain: int, threads: int, worth: int) -> list[tupl
     if head < 1 or tail < 1 or tail * worth < blocks:
         return split_range(extent, grain, min(threads * RANGES_PER_THREAD, worth))
     sizes = [head] * threads + [tail] * (threads - 1) + [blocks - head * threads - tail * (threads - 1)]
-    cuts = [min(grain * sum(sizes[:j]), extent) for j in range(len(sizes) + 1)]
+    cuts = [0, *(min(grain * total, extent) for total in itertools.accumulate(sizes))]
     return list(zip(cuts, cuts[1:]))
 
 
