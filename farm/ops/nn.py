@@ -382,20 +382,24 @@ def _depthwise_outputs(names: L.Names, spec: KernelSpec, geo: ConvGeometry, plan
     """out[n, ch, oh, ow] = bias + sum over taps of the phased padded plane times the channel's weights (the tap
     columns unrolled: each reads its phase's run at ow + a constant)."""
     oh, ow, r, acc = names.var("y"), names.var("x"), names.var("r"), names.local()
-    phases = geo.stride_width
-    length = _phase_length(geo, phases)
-    row = plane + (oh * geo.stride_height + r * geo.dilation_height) * (phases * length)
     taps: list[L.Stmt] = []
     for s in range(geo.kernel_width):
-        column = s * geo.dilation_width
-        tap = L.Load("scratch", row + (column % phases) * length + ow + column // phases)
         weight = L.Load("in1", (ch * geo.kernel_height + r) * geo.kernel_width + s)
-        taps.append(L.Assign(acc, acc + tap * weight))
+        taps.append(L.Assign(acc, acc + _phased_tap(geo, plane, oh, ow, r, s) * weight))
     init = L.Load("in2", ch) if len(spec.inputs) > 2 else L.const(0.0)
     out_index = ((n * geo.out_channels + ch) * geo.out_height + oh) * geo.out_width + ow
     inner = [L.Assign(acc, init), L.Loop(r, geo.kernel_height, taps),
              L.Store("out0", out_index, activate(acc, spec.activation))]
     return [L.Loop(oh, geo.out_height, [L.Loop(ow, geo.out_width, inner)])]
+
+
+def _phased_tap(geo: Window, plane: L.Expr, oh: L.Var, ow: L.Var, r: L.Var, s: int) -> L.Expr:
+    """Tap (r, s) of output (oh, ow) in a phased padded plane (_pad_plane with the stride's phases): its phase's
+    run, at ow + a constant."""
+    phases, length = geo.stride_width, _phase_length(geo, geo.stride_width)
+    row = plane + (oh * geo.stride_height + r * geo.dilation_height) * (phases * length)
+    column = s * geo.dilation_width
+    return L.Load("scratch", row + (column % phases) * length + ow + column // phases)
 
 
 def _lower_conv(spec: KernelSpec) -> list[L.Stmt]:
@@ -917,15 +921,12 @@ def _max_pool_planes(spec: KernelSpec) -> list[L.Stmt]:
     channel = block * size + index
     plane = block * _phased_plane_floats(geo)
     oh, ow, r, acc = names.var("y"), names.var("x"), names.var("r"), names.local()
-    phases, length = geo.stride_width, _phase_length(geo, geo.stride_width)
-    row = plane + (oh * geo.stride_height + r * geo.dilation_height) * (phases * length)
-    taps = [L.Assign(acc, L.maximum(acc, L.Load("scratch", row + (column % phases) * length + ow + column // phases)))
-            for column in (s * geo.dilation_width for s in range(geo.kernel_width))]
+    taps = [L.Assign(acc, L.maximum(acc, _phased_tap(geo, plane, oh, ow, r, s))) for s in range(geo.kernel_width)]
     out_index = (channel * geo.out_height + oh) * geo.out_width + ow
     outputs = [L.Loop(oh, geo.out_height, [L.Loop(ow, geo.out_width, [
         L.Assign(acc, L.const(-math.inf)), L.Loop(r, geo.kernel_height, taps),
         L.Store("out0", out_index, activate(acc, spec.activation))])])]
-    per_channel = _pad_plane(names, geo, plane, channel * (h * w), phases, -math.inf) + outputs
+    per_channel = _pad_plane(names, geo, plane, channel * (h * w), geo.stride_width, -math.inf) + outputs
     return [L.Loop(block, n * c // size, [L.Loop(index, size, per_channel)], True)]
 
 

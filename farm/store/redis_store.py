@@ -4,6 +4,7 @@ under a byte cap by evicting the least recently used entries that no pin holds."
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 from collections.abc import Callable, Iterable, Iterator
@@ -256,9 +257,7 @@ class RedisStore(Store):
             )
         except ValueError as exc:  # redis-py's answer to a malformed URL
             raise BadStoreUrlError(f"bad Redis URL {redact_url(url)}: {exc}") from exc
-        def script(source: str) -> LuaScript:
-            return LuaScript(self.client, source)
-
+        script = functools.partial(LuaScript, self.client)
         self._touch, self._commit, self._drop, self._evict = (
             script(_LUA_TOUCH), script(_LUA_COMMIT), script(_LUA_DROP), script(_LUA_EVICT))
         self._pin, self._unpin, self._owners, self._stats = (

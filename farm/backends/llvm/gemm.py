@@ -428,7 +428,7 @@ def _store_transposed(gen: _Gen, epilogue: L.GemmEpilogue | None, values: list[i
         mask = ir.Constant(ir.VectorType(I32_T, rows), list(range(slot * rows, slot * rows + rows)))
         piece = b.shuffle_vector(values[vector], ir.Constant(values[vector].type, ir.Undefined), mask)
         n = b.add(n0, ir.Constant(I64_T, column))
-        start = gen.offset((n, gen.gemm.ldc), (m0, 1))
+        start, _ = _c_index(gen, m0, n)  # the column's rows lie side by side from there
         if epilogue is not None:
             piece = _apply_epilogue(gen, epilogue, piece, (m0, n), (start, 1), along_rows=True)
         gen.b.store(piece, gen.address(gen.c, start), align=4)
