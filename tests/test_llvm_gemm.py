@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from native_helpers import host, kernel_module_ir, run_kernel, run_kernels
 
-from farm.backends.llvm.gemm import GemmBlocking, pack_columns, pack_operand, pack_panels, regions
+from farm.backends.llvm.gemm import SWEEP_MAX_B_BYTES, GemmBlocking, pack_columns, pack_operand, pack_panels, regions
 from farm.ir import loopir as L
 
 BLOCKINGS = [
@@ -415,14 +415,36 @@ def _prefetches(kernel: L.LoopKernel) -> set[int]:
 def test_column_split_tiles_prefetch_the_next_blocks_c_for_writing():
     """A column-split GEMM's tiles store to every row of C, a plane apart (too many streams for the hardware
     prefetcher): with a C bigger than gemm.C_PREFETCH_MIN_BYTES each prefetches, for writing, the C lines of the
-    next column block, and the residual's."""
+    next column block, and the residual's. Not where C is small, nor where B is small enough for the row tiles to
+    sweep across the blocks (their stores are then a few streams)."""
     epilogue = L.GemmEpilogue(residual="residual", residual_offset=L.const(0))
-    gemm = L.Gemm("a", L.const(0), 64, "b", L.const(0), 3136, "c", L.const(0), 3136, 256, 3136, 64, epilogue=epilogue)
+    gemm = L.Gemm("a", L.const(0), 256, "b", L.const(0), 3136, "c", L.const(0), 3136, 256, 3136, 256,
+                  epilogue=epilogue)
     params = [L.Param("c", output=True), L.Param("a"), L.Param("b"), L.Param("residual")]
-    assert L.splits_columns(gemm, GemmBlocking().tile_columns)
+    assert L.splits_columns(gemm, GemmBlocking().tile_columns) and gemm.k * gemm.n * 4 > SWEEP_MAX_B_BYTES
     assert _prefetches(L.LoopKernel(params, [gemm])) == {0, 1}
     small = dataclasses.replace(gemm, ldb=784, ldc=784, m=32, n=784)  # 100 KB of C stays in cache: no prefetch
     assert L.splits_columns(small, GemmBlocking().tile_columns) and 1 not in _prefetches(L.LoopKernel(params, [small]))
+    swept = dataclasses.replace(gemm, lda=64, k=64)
+    assert swept.k * swept.n * 4 <= SWEEP_MAX_B_BYTES and 1 not in _prefetches(L.LoopKernel(params, [swept]))
+
+
+@pytest.mark.parametrize("blocking", [GemmBlocking(), GemmBlocking(rows=3, vectors=2, lanes=4)], ids=blocking_id)
+def test_column_split_gemm_with_a_small_b_sweeps_each_row_tile_across_the_blocks(blocking, tmp_path):
+    """A column-split GEMM whose B fits gemm.SWEEP_MAX_B_BYTES runs row tile by row tile, each across every column
+    block: edge rows, the narrower column tails and the epilogue (bias per row, residual, relu) as usual."""
+    m, n, k = 37, 5 * blocking.tile_columns + 21, 33
+    rng = np.random.default_rng(m + n + k)
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    bias, residual = rng.standard_normal(m).astype(np.float32), rng.standard_normal((m, n)).astype(np.float32)
+    epilogue = L.GemmEpilogue(bias="bias", bias_offset=L.const(0), residual="residual", residual_offset=L.const(0),
+                              activation=("relu", ()))
+    gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k, epilogue=epilogue)
+    assert L.splits_columns(gemm, blocking.tile_columns) and k * n * 4 <= SWEEP_MAX_B_BYTES
+    params = [L.Param("c", output=True), L.Param("a"), L.Param("b"), L.Param("bias"), L.Param("residual")]
+    [c, *_] = run_kernel(L.LoopKernel(params, [gemm]), [np.full((m, n), np.nan, np.float32), a, b, bias, residual],
+                         tmp_path, blocking)
+    assert_gemm_close(c, np.maximum(reference(a, b) + bias[:, None] + residual, 0))
 
 
 def test_tiles_reading_packed_a_prefetch_the_next_panel():
