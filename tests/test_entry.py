@@ -240,25 +240,35 @@ def test_farm_launch_runs_gemm_rows_split_anywhere(cuts, packed, tmp_path):
 
 
 @pytest.mark.parametrize("blocking", [SMALL_BLOCKING, GemmBlocking(rows=4, vectors=2, lanes=4, k_block=2,
-                                                                   order="rows")], ids=lambda b: b.name)
+                                                                   order="rows"),
+                                      GemmBlocking(rows=4, vectors=3, lanes=4)], ids=lambda b: b.name)
 @pytest.mark.parametrize("packed", [False, True], ids=["row-major", "packed"])
-@pytest.mark.parametrize("cuts", [(0, 6), (0, 1, 2, 3, 4, 5, 6), (0, 5, 6), (0, 2, 6), (0, 3, 5, 6)])
-def test_farm_launch_runs_gemm_column_blocks_split_anywhere(cuts, blocking, packed, tmp_path):
-    """A Gemm wider than tall (m = 7, n = 45) splits by blocks of one register tile's columns (8 here: 5 full
-    blocks, then a partial one with the narrower vector and scalar tails): every column once, each range only its
-    own, whatever the cut; the rows include a 4-row tile and 3 edge rows; also with the k loop cache-tiled, and
-    with A and B pre-packed (B's column panels are the blocks' columns)."""
-    m, n, k = 7, 45, 5
-    gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k, a_panels=packed, b_panels=packed)
+@pytest.mark.parametrize("cut", ["whole", "every-unit", "half", "mid-blocks", "within-a-block"])
+@pytest.mark.parametrize("m, n, k", [(7, 45, 5), (7, 45, 600), (259, 269, 1000)],
+                         ids=["sweep", "few-rows-deep-k", "blocks"])
+def test_farm_launch_runs_gemm_column_units_split_anywhere(m, n, k, cut, blocking, packed, tmp_path):
+    """A Gemm wider than tall splits by column units (loopir.column_units): each vector of the full column
+    blocks, then one unit for the narrower vector and scalar tails past them. Every column once, each range only
+    its own, whatever the cut, also in the middle of a block (pieces of 1 or 2 of its vectors), in each of
+    gemm._emit_column_blocks' ways: a small B swept by each row tile, few rows and a deep k in k blocks, and block
+    by block (B past gemm.SWEEP_MAX_B_BYTES); the rows include 4-row tiles and 3 edge rows; also with the k loop
+    cache-tiled, and with A and B pre-packed (a piece reads part of its block's panel)."""
+    gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k, a_panels=packed,
+                  b_panels=packed)
     kernel = L.LoopKernel([L.Param("a"), L.Param("b"), L.Param("c", output=True)], [gemm])
-    launches = [info.to_json() for info in L.launch_info(kernel, blocking.rows, blocking.tile_columns)]
-    assert launches == [[6, 1, m * n * k // L.GEMM_WORK_DIVISOR]]
+    launches = [info.to_json() for info in L.launch_info(kernel, blocking.rows, blocking.tile_columns,
+                                                         blocking.vectors)]
+    units = n // blocking.tile_columns * blocking.vectors + 1
+    assert launches == [[units, 1, m * n * k // L.GEMM_WORK_DIVISOR]]
     library, arena, c, whole = _gemm_launch_setup(kernel, launches, (m, n, k), blocking, tmp_path)
+    inner = {"whole": [], "every-unit": range(1, units), "half": [units // 2], "mid-blocks": [1, 4, units - 4],
+             "within-a-block": [2, 3, units - 2]}[cut]
+    cuts = (0, *inner, units)
     for begin, end in zip(cuts, cuts[1:]):
         _call_launch(library, 0, begin, end, arena)
-        done = min(end * 8, n)
+        done = n if end == units else end * blocking.lanes
         assert np.isnan(c[:, done:]).all()
-        np.testing.assert_allclose(c[:, :done], whole[:, :done], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(c[:, :done], whole[:, :done], rtol=1e-5, atol=1e-6 * k)  # float32 sums of k
     reference = c.copy()
     call_farm_run(library, arena)
     np.testing.assert_array_equal(c, reference)

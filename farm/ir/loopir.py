@@ -506,31 +506,42 @@ def splits_columns(gemm: Gemm, tile_columns: int) -> bool:
     return tile_columns > 0 and gemm.n > gemm.m and gemm.n >= 2 * tile_columns
 
 
-def _gemm_range(gemm: Gemm, gemm_rows: int, gemm_columns: int) -> tuple[int, int]:
-    """Blocks of columns where splits_columns says so, else rows in multiples of the register tile's."""
+def column_units(gemm: Gemm, tile_columns: int, vectors: int) -> int:
+    """How many units a column-split Gemm launch (splits_columns) is cut in: each vector (tile_columns / vectors
+    columns) of the full column blocks, then one unit for the n % tile_columns columns past them. Cut at vectors,
+    a GEMM of few blocks still splits evenly: 256 columns in blocks of 48 gave two threads 144 and 112 columns
+    (3 blocks each, the last 16 wide), 8 vectors of 16 each now."""
+    return gemm.n // tile_columns * vectors + (1 if gemm.n % tile_columns else 0)
+
+
+def _gemm_range(gemm: Gemm, gemm_rows: int, gemm_columns: int, gemm_vectors: int) -> tuple[int, int]:
+    """Column units (column_units) where splits_columns says so, else rows in multiples of the register tile's."""
     if splits_columns(gemm, gemm_columns):
-        return -(-gemm.n // gemm_columns), 1
+        return column_units(gemm, gemm_columns, gemm_vectors), 1
     return gemm.m, gemm_rows
 
 
-def _parallel_range(loop: Loop, gemm_rows: int, gemm_columns: int) -> tuple[int, int]:
+def _parallel_range(loop: Loop, gemm_rows: int, gemm_columns: int, gemm_vectors: int) -> tuple[int, int]:
     return loop.extent, 1
 
 
-def _serial_range(first: Stmt, gemm_rows: int, gemm_columns: int) -> tuple[int, int]:
+def _serial_range(first: Stmt, gemm_rows: int, gemm_columns: int, gemm_vectors: int) -> tuple[int, int]:
     return 1, 1
 
 
-LAUNCH_RANGES: dict[LaunchKind, Callable[[Any, int, int], tuple[int, int]]] = {
+LAUNCH_RANGES: dict[LaunchKind, Callable[[Any, int, int, int], tuple[int, int]]] = {
     LaunchKind.GEMM: _gemm_range,
     LaunchKind.PARALLEL: _parallel_range,
     LaunchKind.SERIAL: _serial_range,
 }
-"""(extent, grain) of a launch of each kind, from its head statement and the Gemm tile's rows and columns."""
+"""(extent, grain) of a launch of each kind, from its head statement and the Gemm tile's rows, columns and vectors."""
 
 
-def launch_info(kernel: LoopKernel, gemm_rows: int, gemm_columns: int = 0) -> list[LaunchInfo]:
+def launch_info(kernel: LoopKernel, gemm_rows: int, gemm_columns: int = 0, gemm_vectors: int = 1,
+                ) -> list[LaunchInfo]:
     """Every launch of `kernel`, in order; a Gemm splits by rows in multiples of `gemm_rows` (its register tile),
-    or by blocks of `gemm_columns` columns (see splits_columns)."""
-    return [LaunchInfo(*LAUNCH_RANGES[group.kind](group.head, gemm_rows, gemm_columns), work(group.stmts))
+    or by the column units of a tile `gemm_columns` wide in `gemm_vectors` vectors (see splits_columns and
+    column_units)."""
+    return [LaunchInfo(*LAUNCH_RANGES[group.kind](group.head, gemm_rows, gemm_columns, gemm_vectors),
+                       work(group.stmts))
             for group in launch_groups(kernel)[1]]

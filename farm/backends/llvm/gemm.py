@@ -90,11 +90,12 @@ class GemmBlocking:
 
 @dataclass(frozen=True)
 class _Region:
-    """A rectangle of C tiled uniformly: [m0, m0+m) x [n0, n0+n) in tiles of rows x (vectors * lanes)."""
+    """A rectangle of C tiled uniformly: [m0, m0+m) x [n0, n0+n) in tiles of rows x (vectors * lanes). A runtime
+    n0 is a piece of a column-split launch (_column_pieces), within one full column block."""
 
     m0: int | ir.Value
     m: int | ir.Value
-    n0: int
+    n0: int | ir.Value
     n: int
     rows: int
     vectors: int
@@ -158,73 +159,103 @@ def _emit_rows(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end: ir.Value
 
 
 def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end: ir.Value) -> None:
-    """Columns [begin * width, end * width) of C, every row: the full-width blocks in the range, each down all row
-    tiles and then the edge rows; the range holding the last, partial block also does the narrower column tails.
-    A GEMM of few rows and a deep k (_small_m_k_block) runs each block k block by k block, every row tile per k
+    """Column units [begin, end) of C (loopir.column_units: the vectors of the full column blocks, then one unit
+    for the narrower tails past them), every row: the range's columns as pieces (_column_pieces: a partial block,
+    whole blocks, a partial block), each down all row tiles and then the edge rows; the range holding the tails'
+    unit also does them.
+    A GEMM of few rows and a deep k (_small_m_k_block) runs each piece k block by k block, every row tile per k
     block, its partial sums in a scratch tile. A GEMM whose B has at most SWEEP_MAX_B_BYTES sweeps each row tile
-    across the range's blocks instead (ResNet-50's 64 -> 256 pointwise convs at 56x56 planes: 0.69-0.87 ->
+    across the range's pieces instead (ResNet-50's 64 -> 256 pointwise convs at 56x56 planes: 0.69-0.87 ->
     0.56-0.73 ms in a run, one Xeon core; with 256 -> 64, where B is 3.2 MB, the sweep took 0.62 -> 0.95 ms).
-    Otherwise, when C has C_PREFETCH_MIN_BYTES or more, each tile, as it
-    starts, prefetches the lines of C (for writing) and of the residual that the same rows of the next column block
-    will touch: a block's tiles store to every row of C, a plane apart, too many streams for the hardware
-    prefetcher, and at 56x56 planes C and the residual (3.2 MB each) live beyond L2 (ResNet-50's 64 -> 256
-    pointwise convs with the residual 0.95-1.19 -> 0.78-0.93 ms in a run, one Xeon core). The range's last block
-    prefetches nothing ahead: the next block is another thread's, and taking its lines for writing made
-    MobileNetV2's 28x28 pointwise convs slower on two threads than on one."""
+    Otherwise, when C has C_PREFETCH_MIN_BYTES or more, each tile of a whole block, as it starts, prefetches the
+    lines of C (for writing) and of the residual that the same rows of the next block will touch: a block's tiles
+    store to every row of C, a plane apart, too many streams for the hardware prefetcher, and at 56x56 planes C and
+    the residual (3.2 MB each) live beyond L2 (ResNet-50's 64 -> 256 pointwise convs with the residual 0.95-1.19 ->
+    0.78-0.93 ms in a run, one Xeon core). The range's last block prefetches nothing ahead: the next block is
+    another thread's, and taking its lines for writing made MobileNetV2's 28x28 pointwise convs slower on two
+    threads than on one."""
     builder, gemm, width = gen.b, gen.gemm, blocking.tile_columns
-    full = ir.Constant(I64_T, gemm.n // width)
-    stop = builder.select(builder.icmp_signed("<", end, full), end, full)
     m_main = gemm.m // blocking.rows * blocking.rows
-    tiles = _Region(0, m_main, 0, width, blocking.rows, blocking.vectors, blocking.lanes)
-    edge = _Region(m_main, gemm.m - m_main, 0, width, 1, blocking.vectors, blocking.lanes)
+    units = ir.Constant(I64_T, gemm.n // width * blocking.vectors)
+    stop = builder.select(builder.icmp_signed("<", end, units), end, units)
+    last_block = builder.sdiv(stop, ir.Constant(I64_T, blocking.vectors))
 
-    def rows(column_block: ir.Value, k0: ir.Value, steps: int, accumulate: bool, final: bool) -> None:
+    def piece_regions(n0: ir.Value, vectors: int) -> tuple[_Region, _Region]:
+        """The piece's full row tiles and its edge rows."""
+        columns = vectors * blocking.lanes
+        return (_Region(0, m_main, n0, columns, blocking.rows, vectors, blocking.lanes),
+                _Region(m_main, gemm.m - m_main, n0, columns, 1, vectors, blocking.lanes))
+
+    def rows(n0: ir.Value, vectors: int, block: ir.Value | None, k0: ir.Value, steps: int, accumulate: bool,
+             final: bool) -> None:
+        tiles, edge = piece_regions(n0, vectors)
+        zero = ir.Constant(I64_T, 0)
         if gen.c_prefetch is not None:  # the next block's lines, while it is this range's (never another thread's)
-            more = builder.icmp_signed("<", builder.add(column_block, ir.Constant(I64_T, 1)), stop)
-            gen.c_prefetch = builder.select(more, ir.Constant(I64_T, width), ir.Constant(I64_T, 0))
-        gen.loop(m_main // blocking.rows, lambda it: _emit_tile(gen, tiles, it, column_block, k0, steps,
-                                                                accumulate, final))
-        gen.loop(gemm.m - m_main, lambda it: _emit_tile(gen, edge, it, column_block, k0, steps, accumulate,
-                                                        final))
+            more = None if block is None else builder.icmp_signed("<", builder.add(block, ir.Constant(I64_T, 1)),
+                                                                    last_block)
+            gen.c_prefetch = zero if more is None else builder.select(more, ir.Constant(I64_T, width), zero)
+        gen.loop(m_main // blocking.rows, lambda it: _emit_tile(gen, tiles, it, zero, k0, steps, accumulate, final))
+        gen.loop(gemm.m - m_main, lambda it: _emit_tile(gen, edge, it, zero, k0, steps, accumulate, final))
 
     size = _small_m_k_block(gemm, blocking)
     if size:
         gen.partial = gen.slot("gemm.partial", ir.ArrayType(_vector_type(blocking.lanes), gemm.m * blocking.vectors))
         gen.prefetch = size * (width if gemm.b_panels else gemm.ldb)
-
-        def block(index: ir.Value) -> None:
-            column_block = builder.add(begin, index)
-            _k_blocks(gen, lambda k0, steps, accumulate, final: rows(column_block, k0, steps, accumulate, final),
-                      size)
-
-        gen.loop(builder.sub(stop, begin), block)
+        _column_pieces(gen, blocking, begin, stop, lambda n0, vectors, block: _k_blocks(
+            gen, lambda k0, steps, accumulate, final: rows(n0, vectors, block, k0, steps, accumulate, final), size))
         gen.partial, gen.prefetch = None, 0
     elif gemm.k * gemm.n * 4 <= SWEEP_MAX_B_BYTES:
         def sweeps(k0: ir.Value, steps: int, accumulate: bool, final: bool) -> None:
-            def sweep(region: _Region, it: ir.Value) -> None:
-                gen.loop(builder.sub(stop, begin), lambda index: _emit_tile(
-                    gen, region, it, builder.add(begin, index), k0, steps, accumulate, final))
+            def sweep(edge: bool, it: ir.Value) -> None:
+                _column_pieces(gen, blocking, begin, stop, lambda n0, vectors, block: _emit_tile(
+                    gen, piece_regions(n0, vectors)[edge], it, ir.Constant(I64_T, 0), k0, steps, accumulate, final))
 
-            gen.loop(m_main // blocking.rows, lambda it: sweep(tiles, it))
-            gen.loop(gemm.m - m_main, lambda it: sweep(edge, it))
+            gen.loop(m_main // blocking.rows, lambda it: sweep(False, it))
+            gen.loop(gemm.m - m_main, lambda it: sweep(True, it))
 
         gen.prefetch = 0 if gemm.b_panels else width
         _k_blocks(gen, sweeps)
         gen.prefetch = 0
     else:
-        def blocks(k0: ir.Value, steps: int, accumulate: bool, final: bool) -> None:
-            gen.loop(builder.sub(stop, begin), lambda index: rows(builder.add(begin, index), k0, steps, accumulate,
-                                                                  final))
-
         gen.prefetch = 0 if gemm.b_panels else width
-        gen.c_prefetch = ir.Constant(I64_T, 0) if gemm.m * gemm.n * 4 >= C_PREFETCH_MIN_BYTES else None
-        _k_blocks(gen, blocks)
+        prefetch_c = ir.Constant(I64_T, 0) if gemm.m * gemm.n * 4 >= C_PREFETCH_MIN_BYTES else None
+        gen.c_prefetch = prefetch_c
+        _k_blocks(gen, lambda k0, steps, accumulate, final: _column_pieces(
+            gen, blocking, begin, stop, lambda n0, vectors, block: rows(n0, vectors, block, k0, steps, accumulate,
+                                                                        final)))
         gen.prefetch, gen.c_prefetch = 0, None
     tails = [region for region in regions(gemm.m, gemm.n, blocking) if region.n0 >= gemm.n // width * width]
     if tails:
-        with builder.if_then(builder.icmp_signed(">", end, full)):
+        with builder.if_then(builder.icmp_signed(">", end, units)):
             for region in tails:
                 _emit_region(gen, region)
+
+
+def _column_pieces(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, stop: ir.Value,
+                   piece: Callable[[ir.Value, int, ir.Value | None], None]) -> None:
+    """piece(first column, vectors, block) over the vectors [begin, stop) of the full column blocks: the vectors
+    before the first whole block (fewer than a tile's, in one block: one branch per count), every whole block
+    (its index as `block`), then the vectors after the last (block None for both partial pieces). Every piece lies
+    within one block, so a pre-packed B's panel holds it whole (_b_index)."""
+    b, vectors = gen.b, blocking.vectors
+    per_block = ir.Constant(I64_T, vectors)
+    first_block = b.sdiv(b.add(begin, ir.Constant(I64_T, vectors - 1)), per_block)
+    last_block = b.sdiv(stop, per_block)
+    lead_end = b.mul(first_block, per_block)
+    lead_end = b.select(b.icmp_signed("<", lead_end, stop), lead_end, stop)
+    trail_begin = b.mul(last_block, per_block)
+    trail_begin = b.select(b.icmp_signed(">", trail_begin, lead_end), trail_begin, lead_end)
+
+    def partial(first: ir.Value, count: ir.Value) -> None:
+        for size in range(1, vectors):
+            with b.if_then(b.icmp_signed("==", count, ir.Constant(I64_T, size))):
+                piece(b.mul(first, ir.Constant(I64_T, blocking.lanes)), size, None)
+
+    partial(begin, b.sub(lead_end, begin))
+    gen.loop(b.sub(last_block, first_block), lambda index: piece(
+        b.mul(b.add(first_block, index), ir.Constant(I64_T, blocking.tile_columns)), vectors,
+        b.add(first_block, index)))
+    partial(trail_begin, b.sub(stop, trail_begin))
 
 
 def _small_m_k_block(gemm: L.Gemm, blocking: GemmBlocking) -> int:
@@ -352,7 +383,7 @@ def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Va
     steps = g.k if steps is None else steps
     vec_t = _vector_type(region.lanes)
     m0 = b.add(_i64(region.m0), b.mul(it, ir.Constant(I64_T, region.rows)))
-    n0 = b.add(ir.Constant(I64_T, region.n0), b.mul(jt, ir.Constant(I64_T, region.vectors * region.lanes)))
+    n0 = b.add(_i64(region.n0), b.mul(jt, ir.Constant(I64_T, region.vectors * region.lanes)))
     accs = [[gen.slot(f"acc.{region.lanes}.{i}.{j}", vec_t) for j in range(region.vectors)]
             for i in range(region.rows)]
     places = [[(b.add(m0, ir.Constant(I64_T, i)), b.add(n0, ir.Constant(I64_T, j * region.lanes)))
@@ -600,14 +631,18 @@ def _a_index(gen: _Gen, region: _Region, m0: ir.Value, i: int, k: ir.Value) -> i
 def _b_index(gen: _Gen, region: _Region, n0: ir.Value, j: int, k: ir.Value) -> ir.Value:
     """Where B[k, n0 + j * lanes] is: row-major, or in the pre-packed column panels (L.Gemm.b_panels) of the
     blocking's tile width W: a full tile's panel starts at n0 * k (n0 a multiple of W: full tiles and column blocks
-    start so) and holds the W values of each k side by side; the narrower edge tiles read the n % W columns past
-    the full panels, stored row-major after them."""
+    start so) and holds the W values of each k side by side; a piece of a block (a runtime region.n0) starts
+    n0 % W into its block's panel; the narrower edge tiles read the n % W columns past the full panels, stored
+    row-major after them."""
     b, g = gen.b, gen.gemm
     column = ir.Constant(I64_T, j * region.lanes)
     if not g.b_panels:
         return b.add(gen.offset((k, g.ldb)), b.add(n0, column))
     width, main = gen.blocking.tile_columns, g.n // gen.blocking.tile_columns * gen.blocking.tile_columns
-    if region.n0 + region.n <= main:
+    if isinstance(region.n0, ir.Value) and region.vectors < gen.blocking.vectors:
+        within = b.srem(n0, ir.Constant(I64_T, width))
+        return b.add(gen.offset((b.sub(n0, within), g.k), (k, width)), b.add(within, column))
+    if isinstance(region.n0, ir.Value) or region.n0 + region.n <= main:
         return b.add(gen.offset((n0, g.k), (k, width)), column)
     edge_column = b.sub(b.add(n0, column), ir.Constant(I64_T, main))
     return b.add(gen.offset((main, g.k), (k, g.n - main)), edge_column)

@@ -54,7 +54,7 @@ def render_kernel(module: ir.Module, symbol: str, kernel: L.LoopKernel, blocking
         arg.name = param.name
         arg.add_attribute("noalias")
     builder = ir.IRBuilder(fn.append_basic_block("entry"))
-    for launch, info in zip(launches, L.launch_info(kernel, blocking.rows, blocking.tile_columns)):
+    for launch, info in zip(launches, L.launch_info(kernel, blocking.rows, blocking.tile_columns, blocking.vectors)):
         builder.call(launch, [*fn.args, ir.Constant(I64_T, 0), ir.Constant(I64_T, info.extent)])
     builder.ret_void()
     return fn
