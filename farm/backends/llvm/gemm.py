@@ -35,6 +35,12 @@ SWEEP_MAX_B_BYTES = 1 << 20
 """The most bytes of B (k x n) for which a column-split GEMM sweeps each row tile across the range's column blocks
 (_emit_column_blocks) instead of taking each column block down every row tile: B then stays in L2 while every row
 tile passes over it, and C is written `rows` rows at a time, streams the hardware prefetcher follows."""
+PACK_B_MAX_BYTES = 256 << 10
+"""The most bytes of a B panel packed on the fly (_pack_b_panel): it lives on the launch's stack, and 1024 k steps of a
+48-column tile (a 1024-channel pointwise conv) take 192 KB."""
+PACK_B_MIN_ROW_TILES = 16
+"""The fewest row tiles of C for which B is packed on the fly: the copy is paid once per panel, the gain once per
+row tile (a 64 x 3136 x 256 GEMM, 8 row tiles: 535 -> 577 us packed; 128 x 3136 x 256: 1069 -> 1031 us)."""
 SMALL_M_K_BLOCK = 256
 """k steps per block there (rounded down to whole channels of an implicit GEMM): a panel block of 256 x 48 floats
 (48 KB) stays in L1/L2 while every row tile uses it."""
@@ -148,14 +154,69 @@ def emit_gemm(builder: ir.IRBuilder, slot: Callable[[str, ir.Type], ir.AllocaIns
 
 
 def _emit_rows(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end: ir.Value) -> None:
+    """Rows [begin, end) of C: whole register tiles from begin, then one row at a time, over every column group
+    of _columns. The full-width columns, when B is packed on the fly (_packs_b_panel), go column tile by column tile:
+    the tile's panel of B packed once, then every row tile of the range over it."""
     builder, gemm = gen.b, gen.gemm
     size = ir.Constant(I64_T, blocking.rows)
     main = builder.mul(builder.sdiv(builder.sub(end, begin), size), size)
     edge_begin = builder.add(begin, main)
     for n0, nc, vectors, lanes in _columns(gemm.n, blocking):
-        if nc:
-            _emit_region(gen, _Region(begin, main, n0, nc, blocking.rows, vectors, lanes))
-            _emit_region(gen, _Region(edge_begin, builder.sub(end, edge_begin), n0, nc, 1, vectors, lanes))
+        if not nc:
+            continue
+        if (vectors, lanes) == (blocking.vectors, blocking.lanes) and blocking.order == "columns" \
+                and not blocking.k_block and _packs_b_panel(gemm, blocking, gemm.k):
+            def column(jt: ir.Value, n0: int = n0) -> None:
+                width, zero = blocking.tile_columns, ir.Constant(I64_T, 0)
+                first = builder.add(ir.Constant(I64_T, n0), builder.mul(jt, ir.Constant(I64_T, width)))
+                _pack_b_panel(gen, first, blocking.vectors, zero, gemm.k)
+                tiles = _Region(begin, main, first, width, blocking.rows, blocking.vectors, blocking.lanes)
+                edge = _Region(edge_begin, builder.sub(end, edge_begin), first, width, 1, blocking.vectors,
+                               blocking.lanes)
+                gen.loop(builder.sdiv(main, size), lambda it: _emit_tile(gen, tiles, it, zero))
+                gen.loop(builder.sub(end, edge_begin), lambda it: _emit_tile(gen, edge, it, zero))
+                gen.b_packed = None
+
+            gen.loop(nc // blocking.tile_columns, column)
+            continue
+        _emit_region(gen, _Region(begin, main, n0, nc, blocking.rows, vectors, lanes))
+        _emit_region(gen, _Region(edge_begin, builder.sub(end, edge_begin), n0, nc, 1, vectors, lanes))
+
+
+def _packs_b_panel(gemm: L.Gemm, blocking: GemmBlocking, steps: int) -> bool:
+    """Whether tiles read B through a panel packed on the fly (_pack_b_panel): B row-major and not pre-packed (an
+    activation: a pointwise conv's input), a panel of `steps` k steps at most PACK_B_MAX_BYTES, and at least
+    PACK_B_MIN_ROW_TILES row tiles to share it."""
+    return (not gemm.b_panels and not gemm.b_transposed and gemm.m >= PACK_B_MIN_ROW_TILES * blocking.rows
+            and steps * blocking.tile_columns * 4 <= PACK_B_MAX_BYTES)
+
+
+def _pack_b_panel(gen: _Gen, n0: ir.Value, vectors: int, k0: ir.Value, steps: int) -> None:
+    """Copy B[k0:k0 + steps, n0:n0 + vectors * lanes] into a scratch panel on the stack, k-major, and have the
+    tiles read B there (gen.b_packed) until reset. Each k step of B is a row of C's width apart (12.5 KB at 56x56
+    planes): every row tile that read its panel in place walked hundreds of pages, the lines falling in a few L1
+    sets; the packed panel is contiguous. Each row read prefetches gen.prefetch floats ahead, as the tiles would."""
+    b, g, lanes = gen.b, gen.gemm, gen.blocking.lanes
+    width, vec_t = vectors * lanes, _vector_type(lanes)
+    panel = gen.slot(f"gemm.b_panel.{steps}x{width}", ir.ArrayType(vec_t, steps * vectors))
+    panel.align = 64
+
+    def row(step: ir.Value) -> None:
+        source = b.add(gen.offset((b.add(k0, step), g.ldb)), n0)
+        for j in range(vectors):
+            index = b.add(source, ir.Constant(I64_T, j * lanes))
+            value = _load(b, gen.address(gen.bm, index), vec_t)
+            if gen.prefetch:
+                _prefetch(gen, gen.address(gen.bm, b.add(index, ir.Constant(I64_T, gen.prefetch))))
+            b.store(value, _panel_vector(gen, panel, gen.offset((step, vectors), (j, 1))))
+
+    gen.loop(steps, row)
+    gen.b_packed = (panel, k0, vectors)
+
+
+def _panel_vector(gen: _Gen, panel: ir.Value, index: ir.Value) -> ir.Value:
+    """The address of vector `index` of a panel packed on the fly (_pack_b_panel)."""
+    return gen.b.gep(panel, [ir.Constant(I32_T, 0), index], inbounds=True)
 
 
 def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end: ir.Value) -> None:
@@ -194,8 +255,11 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
             more = None if block is None else builder.icmp_signed("<", builder.add(block, ir.Constant(I64_T, 1)),
                                                                     last_block)
             gen.c_prefetch = zero if more is None else builder.select(more, ir.Constant(I64_T, width), zero)
+        if _packs_b_panel(gemm, blocking, steps):
+            _pack_b_panel(gen, n0, vectors, k0, steps)
         gen.loop(m_main // blocking.rows, lambda it: _emit_tile(gen, tiles, it, zero, k0, steps, accumulate, final))
         gen.loop(gemm.m - m_main, lambda it: _emit_tile(gen, edge, it, zero, k0, steps, accumulate, final))
+        gen.b_packed = None
 
     size = _small_m_k_block(gemm, blocking)
     if size:
@@ -285,6 +349,9 @@ class _Gen:
         """Columns ahead (a runtime i64) of each tile's C (and residual) to prefetch as the tile starts: the next
         column block's in a column-split GEMM with a big C (_emit_column_blocks), 0 in the range's last block;
         None: no prefetch."""
+        self.b_packed: tuple[ir.Value, ir.Value, int] | None = None
+        """Where tiles read B while a panel of it is packed on the fly (_pack_b_panel): the panel, its first k and its
+        vectors per k; None: B itself."""
         self.partial: ir.Value | None = None
         """Where tiles keep their partial sums between k blocks (_small_m_k_block): m x vectors vectors, the
         column block's own; None: in C itself."""
@@ -411,11 +478,17 @@ def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Va
                     _prefetch(gen, gen.address(gen.residual, b.add(start, ahead)))
 
     def step(k: ir.Value, a_indices: list[ir.Value]) -> None:
-        b_indices = [_b_index(gen, region, n0, j, k) for j in range(region.vectors)]
-        loaded = [_load(b, gen.address(gen.bm, index), vec_t) for index in b_indices]
-        if gen.prefetch:
-            for index in b_indices:
-                _prefetch(gen, gen.address(gen.bm, b.add(index, ir.Constant(I64_T, gen.prefetch))))
+        if gen.b_packed is not None:
+            panel, packed_k0, packed_vectors = gen.b_packed
+            row_start = gen.offset((b.sub(k, packed_k0), packed_vectors))
+            loaded = [b.load(_panel_vector(gen, panel, b.add(row_start, ir.Constant(I64_T, j))))
+                      for j in range(region.vectors)]
+        else:
+            b_indices = [_b_index(gen, region, n0, j, k) for j in range(region.vectors)]
+            loaded = [_load(b, gen.address(gen.bm, index), vec_t) for index in b_indices]
+            if gen.prefetch:
+                for index in b_indices:
+                    _prefetch(gen, gen.address(gen.bm, b.add(index, ir.Constant(I64_T, gen.prefetch))))
         if a_ahead:
             _prefetch(gen, gen.address(gen.a, b.add(a_indices[0], a_ahead)))
         for row, a_index in zip(accs, a_indices):
