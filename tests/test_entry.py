@@ -247,9 +247,9 @@ def test_farm_launch_runs_gemm_rows_split_anywhere(cuts, packed, tmp_path):
 @pytest.mark.parametrize("m, n, k", [(7, 45, 5), (7, 45, 600), (259, 269, 1000)],
                          ids=["sweep", "few-rows-deep-k", "blocks"])
 def test_farm_launch_runs_gemm_column_units_split_anywhere(m, n, k, cut, blocking, packed, tmp_path):
-    """A Gemm wider than tall splits by column units (loopir.column_units): each vector of the full column
-    blocks, then one unit for the narrower vector and scalar tails past them. Every column once, each range only
-    its own, whatever the cut, also in the middle of a block (pieces of 1 or 2 of its vectors), in each of
+    """A Gemm wider than tall splits by column units (loopir.column_units): each vector of columns (the full
+    column blocks' and those past them), then one unit for the columns short of a vector. Every column once, each
+    range only its own, whatever the cut, also in the middle of a block (pieces of 1 or 2 of its vectors), in each of
     gemm._emit_column_blocks' ways: a small B swept by each row tile, few rows and a deep k in k blocks, and block
     by block (B past gemm.SWEEP_MAX_B_BYTES); the rows include 4-row tiles and 3 edge rows; also with the k loop
     cache-tiled, and with A and B pre-packed (a piece reads part of its block's panel)."""
@@ -258,7 +258,7 @@ def test_farm_launch_runs_gemm_column_units_split_anywhere(m, n, k, cut, blockin
     kernel = L.LoopKernel([L.Param("a"), L.Param("b"), L.Param("c", output=True)], [gemm])
     launches = [info.to_json() for info in L.launch_info(kernel, blocking.rows, blocking.tile_columns,
                                                          blocking.vectors)]
-    units = n // blocking.tile_columns * blocking.vectors + 1
+    units = -(-n // blocking.lanes)
     assert launches == [[units, 1, m * n * k // L.GEMM_WORK_DIVISOR]]
     library, arena, c, whole = _gemm_launch_setup(kernel, launches, (m, n, k), blocking, tmp_path)
     inner = {"whole": [], "every-unit": range(1, units), "half": [units // 2], "mid-blocks": [1, 4, units - 4],

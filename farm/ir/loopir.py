@@ -508,10 +508,11 @@ def splits_columns(gemm: Gemm, tile_columns: int) -> bool:
 
 def column_units(gemm: Gemm, tile_columns: int, vectors: int) -> int:
     """How many units a column-split Gemm launch (splits_columns) is cut in: each vector (tile_columns / vectors
-    columns) of the full column blocks, then one unit for the n % tile_columns columns past them. Cut at vectors,
-    a GEMM of few blocks still splits evenly: 256 columns in blocks of 48 gave two threads 144 and 112 columns
-    (3 blocks each, the last 16 wide), 8 vectors of 16 each now."""
-    return gemm.n // tile_columns * vectors + (1 if gemm.n % tile_columns else 0)
+    columns), then one unit for the columns short of a vector. Cut at vectors, a GEMM of few blocks still splits
+    evenly: 256 columns in blocks of 48 gave two threads 144 and 112 columns (3 blocks each, the last 16 wide), 8
+    vectors of 16 each now; and the vectors past the full blocks are units of their own (512 columns: 32 units,
+    where one unit of the last 32 columns left a thread 2 vectors behind on every 7x7 conv of ResNet-50)."""
+    return -(-gemm.n // (tile_columns // vectors))
 
 
 def _gemm_range(gemm: Gemm, gemm_rows: int, gemm_columns: int, gemm_vectors: int) -> tuple[int, int]:

@@ -97,7 +97,8 @@ class GemmBlocking:
 @dataclass(frozen=True)
 class _Region:
     """A rectangle of C tiled uniformly: [m0, m0+m) x [n0, n0+n) in tiles of rows x (vectors * lanes). A runtime
-    n0 is a piece of a column-split launch (_column_pieces), within one full column block."""
+    n0 is a piece of a column-split launch (_column_pieces): `in_block` when it lies within one full column block
+    (a pre-packed B's panel holds it), else one vector past them (in the edge columns)."""
 
     m0: int | ir.Value
     m: int | ir.Value
@@ -106,6 +107,7 @@ class _Region:
     rows: int
     vectors: int
     lanes: int
+    in_block: bool = False
 
 
 def _columns(n: int, blocking: GemmBlocking) -> list[tuple[int, int, int, int]]:
@@ -220,10 +222,10 @@ def _panel_vector(gen: _Gen, panel: ir.Value, index: ir.Value) -> ir.Value:
 
 
 def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end: ir.Value) -> None:
-    """Column units [begin, end) of C (loopir.column_units: the vectors of the full column blocks, then one unit
-    for the narrower tails past them), every row: the range's columns as pieces (_column_pieces: a partial block,
-    whole blocks, a partial block), each down all row tiles and then the edge rows; the range holding the tails'
-    unit also does them.
+    """Column units [begin, end) of C (loopir.column_units: each vector of columns, then one unit for the
+    columns short of a vector), every row: the range's columns as pieces (_column_pieces: a partial block, whole
+    blocks, a partial block, then the whole vectors past the full blocks), each down all row tiles and then the
+    edge rows; the range holding the last unit also does the columns short of a vector.
     A GEMM of few rows and a deep k (_small_m_k_block) runs each piece k block by k block, every row tile per k
     block, its partial sums in a scratch tile. A GEMM whose B has at most SWEEP_MAX_B_BYTES sweeps each row tile
     across the range's pieces instead (ResNet-50's 64 -> 256 pointwise convs at 56x56 planes: 0.69-0.87 ->
@@ -238,18 +240,18 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
     builder, gemm, width = gen.b, gen.gemm, blocking.tile_columns
     m_main = gemm.m // blocking.rows * blocking.rows
     units = ir.Constant(I64_T, gemm.n // width * blocking.vectors)
-    stop = builder.select(builder.icmp_signed("<", end, units), end, units)
-    last_block = builder.sdiv(stop, ir.Constant(I64_T, blocking.vectors))
+    last_block = builder.sdiv(builder.select(builder.icmp_signed("<", end, units), end, units),
+                              ir.Constant(I64_T, blocking.vectors))
 
-    def piece_regions(n0: ir.Value, vectors: int) -> tuple[_Region, _Region]:
+    def piece_regions(n0: ir.Value, vectors: int, in_block: bool) -> tuple[_Region, _Region]:
         """The piece's full row tiles and its edge rows."""
         columns = vectors * blocking.lanes
-        return (_Region(0, m_main, n0, columns, blocking.rows, vectors, blocking.lanes),
-                _Region(m_main, gemm.m - m_main, n0, columns, 1, vectors, blocking.lanes))
+        return (_Region(0, m_main, n0, columns, blocking.rows, vectors, blocking.lanes, in_block),
+                _Region(m_main, gemm.m - m_main, n0, columns, 1, vectors, blocking.lanes, in_block))
 
-    def rows(n0: ir.Value, vectors: int, block: ir.Value | None, k0: ir.Value, steps: int, accumulate: bool,
-             final: bool) -> None:
-        tiles, edge = piece_regions(n0, vectors)
+    def rows(n0: ir.Value, vectors: int, block: ir.Value | None, in_block: bool, k0: ir.Value, steps: int,
+             accumulate: bool, final: bool) -> None:
+        tiles, edge = piece_regions(n0, vectors, in_block)
         zero = ir.Constant(I64_T, 0)
         if gen.c_prefetch is not None:  # the next block's lines, while it is this range's (never another thread's)
             more = None if block is None else builder.icmp_signed("<", builder.add(block, ir.Constant(I64_T, 1)),
@@ -265,14 +267,16 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
     if size:
         gen.partial = gen.slot("gemm.partial", ir.ArrayType(_vector_type(blocking.lanes), gemm.m * blocking.vectors))
         gen.prefetch = size * (width if gemm.b_panels else gemm.ldb)
-        _column_pieces(gen, blocking, begin, stop, lambda n0, vectors, block: _k_blocks(
-            gen, lambda k0, steps, accumulate, final: rows(n0, vectors, block, k0, steps, accumulate, final), size))
+        _column_pieces(gen, blocking, begin, end, lambda n0, vectors, block, in_block: _k_blocks(
+            gen, lambda k0, steps, accumulate, final: rows(n0, vectors, block, in_block, k0, steps, accumulate,
+                                                           final), size))
         gen.partial, gen.prefetch = None, 0
     elif gemm.k * gemm.n * 4 <= SWEEP_MAX_B_BYTES:
         def sweeps(k0: ir.Value, steps: int, accumulate: bool, final: bool) -> None:
             def sweep(edge: bool, it: ir.Value) -> None:
-                _column_pieces(gen, blocking, begin, stop, lambda n0, vectors, block: _emit_tile(
-                    gen, piece_regions(n0, vectors)[edge], it, ir.Constant(I64_T, 0), k0, steps, accumulate, final))
+                _column_pieces(gen, blocking, begin, end, lambda n0, vectors, block, in_block: _emit_tile(
+                    gen, piece_regions(n0, vectors, in_block)[edge], it, ir.Constant(I64_T, 0), k0, steps,
+                    accumulate, final))
 
             gen.loop(m_main // blocking.rows, lambda it: sweep(False, it))
             gen.loop(gemm.m - m_main, lambda it: sweep(True, it))
@@ -285,23 +289,27 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
         prefetch_c = ir.Constant(I64_T, 0) if gemm.m * gemm.n * 4 >= C_PREFETCH_MIN_BYTES else None
         gen.c_prefetch = prefetch_c
         _k_blocks(gen, lambda k0, steps, accumulate, final: _column_pieces(
-            gen, blocking, begin, stop, lambda n0, vectors, block: rows(n0, vectors, block, k0, steps, accumulate,
-                                                                        final)))
+            gen, blocking, begin, end, lambda n0, vectors, block, in_block: rows(
+                n0, vectors, block, in_block, k0, steps, accumulate, final)))
         gen.prefetch, gen.c_prefetch = 0, None
-    tails = [region for region in regions(gemm.m, gemm.n, blocking) if region.n0 >= gemm.n // width * width]
+    tails = [region for region in regions(gemm.m, gemm.n, blocking)
+             if region.n0 >= gemm.n // width * width and region.lanes < blocking.lanes]
     if tails:
-        with builder.if_then(builder.icmp_signed(">", end, units)):
+        with builder.if_then(builder.icmp_signed(">", end, ir.Constant(I64_T, gemm.n // blocking.lanes))):
             for region in tails:
                 _emit_region(gen, region)
 
 
-def _column_pieces(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, stop: ir.Value,
-                   piece: Callable[[ir.Value, int, ir.Value | None], None]) -> None:
-    """piece(first column, vectors, block) over the vectors [begin, stop) of the full column blocks: the vectors
-    before the first whole block (fewer than a tile's, in one block: one branch per count), every whole block
-    (its index as `block`), then the vectors after the last (block None for both partial pieces). Every piece lies
-    within one block, so a pre-packed B's panel holds it whole (_b_index)."""
-    b, vectors = gen.b, blocking.vectors
+def _column_pieces(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end: ir.Value,
+                   piece: Callable[[ir.Value, int, ir.Value | None, bool], None]) -> None:
+    """piece(first column, vectors, block, in_block) over the whole vectors among column units [begin, end): in
+    the full column blocks, the vectors before the first whole block (fewer than a tile's, in one block: one branch
+    per count), every whole block (its index as `block`), then the vectors after the last (block None for both
+    partial pieces), each within one block (`in_block`: a pre-packed B's panel holds it whole, _b_index); then each
+    whole vector past the full blocks on its own."""
+    b, vectors, gemm = gen.b, blocking.vectors, gen.gemm
+    full_units = ir.Constant(I64_T, gemm.n // blocking.tile_columns * vectors)
+    stop = b.select(b.icmp_signed("<", end, full_units), end, full_units)
     per_block = ir.Constant(I64_T, vectors)
     first_block = b.sdiv(b.add(begin, ir.Constant(I64_T, vectors - 1)), per_block)
     last_block = b.sdiv(stop, per_block)
@@ -310,16 +318,23 @@ def _column_pieces(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, stop: ir.
     trail_begin = b.mul(last_block, per_block)
     trail_begin = b.select(b.icmp_signed(">", trail_begin, lead_end), trail_begin, lead_end)
 
+    lanes = ir.Constant(I64_T, blocking.lanes)
+
     def partial(first: ir.Value, count: ir.Value) -> None:
         for size in range(1, vectors):
             with b.if_then(b.icmp_signed("==", count, ir.Constant(I64_T, size))):
-                piece(b.mul(first, ir.Constant(I64_T, blocking.lanes)), size, None)
+                piece(b.mul(first, lanes), size, None, True)
 
     partial(begin, b.sub(lead_end, begin))
     gen.loop(b.sub(last_block, first_block), lambda index: piece(
         b.mul(b.add(first_block, index), ir.Constant(I64_T, blocking.tile_columns)), vectors,
-        b.add(first_block, index)))
+        b.add(first_block, index), True))
     partial(trail_begin, b.sub(stop, trail_begin))
+    edge_units = ir.Constant(I64_T, gemm.n // blocking.lanes)
+    first_edge = b.select(b.icmp_signed(">", begin, full_units), begin, full_units)
+    last_edge = b.select(b.icmp_signed("<", end, edge_units), end, edge_units)
+    gen.loop(b.sub(last_edge, first_edge), lambda index: piece(b.mul(b.add(first_edge, index), lanes), 1, None,
+                                                                False))
 
 
 def _small_m_k_block(gemm: L.Gemm, blocking: GemmBlocking) -> int:
@@ -712,10 +727,10 @@ def _b_index(gen: _Gen, region: _Region, n0: ir.Value, j: int, k: ir.Value) -> i
     if not g.b_panels:
         return b.add(gen.offset((k, g.ldb)), b.add(n0, column))
     width, main = gen.blocking.tile_columns, g.n // gen.blocking.tile_columns * gen.blocking.tile_columns
-    if isinstance(region.n0, ir.Value) and region.vectors < gen.blocking.vectors:
+    if region.in_block and region.vectors < gen.blocking.vectors:
         within = b.srem(n0, ir.Constant(I64_T, width))
         return b.add(gen.offset((b.sub(n0, within), g.k), (k, width)), b.add(within, column))
-    if isinstance(region.n0, ir.Value) or region.n0 + region.n <= main:
+    if region.in_block or (isinstance(region.n0, int) and region.n0 + region.n <= main):
         return b.add(gen.offset((n0, g.k), (k, width)), column)
     edge_column = b.sub(b.add(n0, column), ir.Constant(I64_T, main))
     return b.add(gen.offset((main, g.k), (k, g.n - main)), edge_column)
