@@ -36,11 +36,13 @@ SWEEP_MAX_B_BYTES = 1 << 20
 (_emit_column_blocks) instead of taking each column block down every row tile: B then stays in L2 while every row
 tile passes over it, and C is written `rows` rows at a time, streams the hardware prefetcher follows."""
 PACK_B_MAX_BYTES = 256 << 10
-"""The most bytes of a B panel packed on the fly (_pack_b_panel): it lives on the launch's stack, and 1024 k steps of a
-48-column tile (a 1024-channel pointwise conv) take 192 KB."""
+"""The most bytes of a B panel packed on the fly (_pack_b_panel): it lives on the launch's stack; a k block of a
+few-row GEMM (256 steps of a 48-column piece) takes 48 KB, a 1024-channel pointwise conv's whole k 192 KB."""
 PACK_B_MIN_ROW_TILES = 16
-"""The fewest row tiles of C for which B is packed on the fly: the copy is paid once per panel, the gain once per
-row tile (a 64 x 3136 x 256 GEMM, 8 row tiles: 535 -> 577 us packed; 128 x 3136 x 256: 1069 -> 1031 us)."""
+"""The fewest row tiles of C for which a column-split GEMM packs B on the fly: the copy is paid once per panel, the
+gain once per row tile (a 64 x 3136 x 256 GEMM, 8 row tiles: 535 -> 577 us packed; 128 x 3136 x 256: 1069 -> 1031
+us). Row-split GEMMs read B in place: each range would pack all of B, and packing there, 8-10% faster launch by
+launch, left ResNet-50 as fast as before on one thread and on two."""
 SMALL_M_K_BLOCK = 256
 """k steps per block there (rounded down to whole channels of an implicit GEMM): a panel block of 256 x 48 floats
 (48 KB) stays in L1/L2 while every row tile uses it."""
@@ -159,33 +161,14 @@ def emit_gemm(builder: ir.IRBuilder, slot: Callable[[str, ir.Type], ir.AllocaIns
 
 
 def _emit_rows(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end: ir.Value) -> None:
-    """Rows [begin, end) of C: whole register tiles from begin, then one row at a time, over every column group
-    of _columns. The full-width columns, when B is packed on the fly (_packs_b_panel), go column tile by column tile:
-    the tile's panel of B packed once, then every row tile of the range over it."""
     builder, gemm = gen.b, gen.gemm
     size = ir.Constant(I64_T, blocking.rows)
     main = builder.mul(builder.sdiv(builder.sub(end, begin), size), size)
     edge_begin = builder.add(begin, main)
     for n0, nc, vectors, lanes in _columns(gemm.n, blocking):
-        if not nc:
-            continue
-        if (vectors, lanes) == (blocking.vectors, blocking.lanes) and blocking.order == "columns" \
-                and not blocking.k_block and _packs_b_panel(gemm, blocking, gemm.k):
-            def column(jt: ir.Value, n0: int = n0) -> None:
-                width, zero = blocking.tile_columns, ir.Constant(I64_T, 0)
-                first = builder.add(ir.Constant(I64_T, n0), builder.mul(jt, ir.Constant(I64_T, width)))
-                _pack_b_panel(gen, first, blocking.vectors, zero, gemm.k)
-                tiles = _Region(begin, main, first, width, blocking.rows, blocking.vectors, blocking.lanes)
-                edge = _Region(edge_begin, builder.sub(end, edge_begin), first, width, 1, blocking.vectors,
-                               blocking.lanes)
-                gen.loop(builder.sdiv(main, size), lambda it: _emit_tile(gen, tiles, it, zero))
-                gen.loop(builder.sub(end, edge_begin), lambda it: _emit_tile(gen, edge, it, zero))
-                gen.b_packed = None
-
-            gen.loop(nc // blocking.tile_columns, column)
-            continue
-        _emit_region(gen, _Region(begin, main, n0, nc, blocking.rows, vectors, lanes))
-        _emit_region(gen, _Region(edge_begin, builder.sub(end, edge_begin), n0, nc, 1, vectors, lanes))
+        if nc:
+            _emit_region(gen, _Region(begin, main, n0, nc, blocking.rows, vectors, lanes))
+            _emit_region(gen, _Region(edge_begin, builder.sub(end, edge_begin), n0, nc, 1, vectors, lanes))
 
 
 def _packs_b_panel(gemm: L.Gemm, blocking: GemmBlocking, steps: int) -> bool:
