@@ -225,9 +225,6 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
     threads than on one."""
     builder, gemm, width = gen.b, gen.gemm, blocking.tile_columns
     m_main = gemm.m // blocking.rows * blocking.rows
-    units = ir.Constant(I64_T, gemm.n // width * blocking.vectors)
-    last_block = builder.sdiv(builder.select(builder.icmp_signed("<", end, units), end, units),
-                              ir.Constant(I64_T, blocking.vectors))
 
     def piece_regions(n0: ir.Value, vectors: int, in_block: bool) -> tuple[_Region, _Region]:
         """The piece's full row tiles and its edge rows."""
@@ -235,14 +232,12 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
         return (_Region(0, m_main, n0, columns, blocking.rows, vectors, blocking.lanes, in_block),
                 _Region(m_main, gemm.m - m_main, n0, columns, 1, vectors, blocking.lanes, in_block))
 
-    def rows(n0: ir.Value, vectors: int, block: ir.Value | None, in_block: bool, k0: ir.Value, steps: int,
+    def rows(n0: ir.Value, vectors: int, ahead: ir.Value | None, in_block: bool, k0: ir.Value, steps: int,
              accumulate: bool, final: bool) -> None:
         tiles, edge = piece_regions(n0, vectors, in_block)
         zero = ir.Constant(I64_T, 0)
         if gen.c_prefetch is not None:  # the next block's lines, while it is this range's (never another thread's)
-            more = None if block is None else builder.icmp_signed("<", builder.add(block, ir.Constant(I64_T, 1)),
-                                                                    last_block)
-            gen.c_prefetch = zero if more is None else builder.select(more, ir.Constant(I64_T, width), zero)
+            gen.c_prefetch = zero if ahead is None else builder.select(ahead, ir.Constant(I64_T, width), zero)
         if _packs_b_panel(gemm, blocking, steps):
             _pack_b_panel(gen, n0, vectors, k0, steps)
         gen.loop(m_main // blocking.rows, lambda it: _emit_tile(gen, tiles, it, zero, k0, steps, accumulate, final))
@@ -253,14 +248,14 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
     if size:
         gen.partial = gen.slot("gemm.partial", ir.ArrayType(_vector_type(blocking.lanes), gemm.m * blocking.vectors))
         gen.prefetch = size * (width if gemm.b_panels else gemm.ldb)
-        _column_pieces(gen, blocking, begin, end, lambda n0, vectors, block, in_block: _k_blocks(
-            gen, lambda k0, steps, accumulate, final: rows(n0, vectors, block, in_block, k0, steps, accumulate,
+        _column_pieces(gen, blocking, begin, end, lambda n0, vectors, ahead, in_block: _k_blocks(
+            gen, lambda k0, steps, accumulate, final: rows(n0, vectors, ahead, in_block, k0, steps, accumulate,
                                                            final), size))
         gen.partial, gen.prefetch = None, 0
     elif gemm.k * gemm.n * 4 <= SWEEP_MAX_B_BYTES:
         def sweeps(k0: ir.Value, steps: int, accumulate: bool, final: bool) -> None:
             def sweep(edge: bool, it: ir.Value) -> None:
-                _column_pieces(gen, blocking, begin, end, lambda n0, vectors, block, in_block: _emit_tile(
+                _column_pieces(gen, blocking, begin, end, lambda n0, vectors, ahead, in_block: _emit_tile(
                     gen, piece_regions(n0, vectors, in_block)[edge], it, ir.Constant(I64_T, 0), k0, steps,
                     accumulate, final))
 
@@ -272,11 +267,10 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
         gen.prefetch = 0
     else:
         gen.prefetch = 0 if gemm.b_panels else width
-        prefetch_c = ir.Constant(I64_T, 0) if gemm.m * gemm.n * 4 >= C_PREFETCH_MIN_BYTES else None
-        gen.c_prefetch = prefetch_c
+        gen.c_prefetch = ir.Constant(I64_T, 0) if gemm.m * gemm.n * 4 >= C_PREFETCH_MIN_BYTES else None
         _k_blocks(gen, lambda k0, steps, accumulate, final: _column_pieces(
-            gen, blocking, begin, end, lambda n0, vectors, block, in_block: rows(
-                n0, vectors, block, in_block, k0, steps, accumulate, final)))
+            gen, blocking, begin, end, lambda n0, vectors, ahead, in_block: rows(
+                n0, vectors, ahead, in_block, k0, steps, accumulate, final)))
         gen.prefetch, gen.c_prefetch = 0, None
     tails = [region for region in regions(gemm.m, gemm.n, blocking)
              if region.n0 >= gemm.n // width * width and region.lanes < blocking.lanes]
@@ -288,11 +282,11 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
 
 def _column_pieces(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end: ir.Value,
                    piece: Callable[[ir.Value, int, ir.Value | None, bool], None]) -> None:
-    """piece(first column, vectors, block, in_block) over the whole vectors among column units [begin, end): in
+    """piece(first column, vectors, ahead, in_block) over the whole vectors among column units [begin, end): in
     the full column blocks, the vectors before the first whole block (fewer than a tile's, in one block: one branch
-    per count), every whole block (its index as `block`), then the vectors after the last (block None for both
-    partial pieces), each within one block (`in_block`: a pre-packed B's panel holds it whole, _b_index); then each
-    whole vector past the full blocks on its own."""
+    per count), every whole block (`ahead`: whether the next whole block is this range's too), then the vectors
+    after the last (`ahead` None for both partial pieces), each within one block (`in_block`: a pre-packed B's
+    panel holds it whole, _b_index); then each whole vector past the full blocks on its own."""
     b, vectors, gemm = gen.b, blocking.vectors, gen.gemm
     full_units = ir.Constant(I64_T, gemm.n // blocking.tile_columns * vectors)
     stop = b.select(b.icmp_signed("<", end, full_units), end, full_units)
@@ -303,7 +297,6 @@ def _column_pieces(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end: ir.V
     lead_end = b.select(b.icmp_signed("<", lead_end, stop), lead_end, stop)
     trail_begin = b.mul(last_block, per_block)
     trail_begin = b.select(b.icmp_signed(">", trail_begin, lead_end), trail_begin, lead_end)
-
     lanes = ir.Constant(I64_T, blocking.lanes)
 
     def partial(first: ir.Value, count: ir.Value) -> None:
@@ -312,9 +305,12 @@ def _column_pieces(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end: ir.V
                 piece(b.mul(first, lanes), size, None, True)
 
     partial(begin, b.sub(lead_end, begin))
-    gen.loop(b.sub(last_block, first_block), lambda index: piece(
-        b.mul(b.add(first_block, index), ir.Constant(I64_T, blocking.tile_columns)), vectors,
-        b.add(first_block, index), True))
+    def whole(index: ir.Value) -> None:
+        block = b.add(first_block, index)
+        ahead = b.icmp_signed("<", b.add(block, ir.Constant(I64_T, 1)), last_block)
+        piece(b.mul(block, ir.Constant(I64_T, blocking.tile_columns)), vectors, ahead, True)
+
+    gen.loop(b.sub(last_block, first_block), whole)
     partial(trail_begin, b.sub(stop, trail_begin))
     edge_units = ir.Constant(I64_T, gemm.n // blocking.lanes)
     first_edge = b.select(b.icmp_signed(">", begin, full_units), begin, full_units)

@@ -69,8 +69,8 @@ def cpu_launches(spec: KernelSpec, target: CpuTarget) -> list[list[int]]:
     """[extent, grain, work] of each launch of the kernel (the functions `<symbol>_<index>` that it defines); a
     GEMM's grain is its variant's tile rows."""
     blocking = blocking_for(spec, target)
-    return [info.to_json() for info in L.launch_info(lower_kernel(spec), blocking.rows, blocking.tile_columns,
-                                                             blocking.vectors)]
+    infos = L.launch_info(lower_kernel(spec), blocking.rows, blocking.tile_columns, blocking.vectors)
+    return [info.to_json() for info in infos]
 
 
 def compile_cpu_kernel(spec: KernelSpec, target: CpuTarget) -> bytes:
