@@ -334,12 +334,9 @@ def _activated(value: np.ndarray, activation: tuple[str, tuple[float, ...]] | No
             "clip": lambda: np.clip(value, *params)}[kind]()
 
 
-@pytest.mark.parametrize("blocking", EPILOGUE_BLOCKINGS, ids=blocking_id)
-@pytest.mark.parametrize("transposed", [False, True], ids=["row-major", "a-and-c-transposed"])
-def test_gemm_epilogue_adds_bias_and_residual_then_activates_as_it_stores(blocking, transposed, tmp_path):
-    """GemmEpilogue: C = act(A @ B + bias + residual), the bias per row or per column, for every shape and every
-    activation, with A read transposed and C stored transposed (a small-plane conv's GEMM) or not; with a k block
-    only the last block applies it."""
+def _epilogue_cases(transposed: bool, residual_in_c: bool) -> list[tuple[L.LoopKernel, list[np.ndarray], np.ndarray]]:
+    """(kernel, arrays, expected C) per SHAPES entry: C = act(A @ B + bias + residual), the residual its own
+    parameter or C's values as the kernel starts (residual_in_c)."""
     rng = np.random.default_rng(21)
     cases = []
     for index, (m, n, k) in enumerate(SHAPES):
@@ -348,16 +345,38 @@ def test_gemm_epilogue_adds_bias_and_residual_then_activates_as_it_stores(blocki
         bias = rng.standard_normal(n if on_columns else m).astype(np.float32)
         residual = rng.standard_normal((m, n)).astype(np.float32)
         epilogue = L.GemmEpilogue(bias="bias", bias_offset=L.const(2), bias_on_columns=on_columns,
-                                  residual="residual", residual_offset=L.const(0), activation=activation)
+                                  residual="c" if residual_in_c else "residual", residual_offset=L.const(0),
+                                  activation=activation)
         gemm = L.Gemm("a", L.const(0), m if transposed else k, "b", L.const(0), n, "c", L.const(0),
                       m if transposed else n, m, n, k, a_transposed=transposed, c_transposed=transposed,
                       epilogue=epilogue)
         params = [L.Param("c", output=True), L.Param("a"), L.Param("b"), L.Param("bias"), L.Param("residual")]
         stored = (lambda x: x.T.copy()) if transposed else (lambda x: x)
-        arrays = [np.full((n, m) if transposed else (m, n), np.nan, np.float32), stored(a), b,
-                  np.concatenate([np.zeros(2, np.float32), bias]), stored(residual)]
+        c = stored(residual) if residual_in_c else np.full((n, m) if transposed else (m, n), np.nan, np.float32)
+        arrays = [c, stored(a), b, np.concatenate([np.zeros(2, np.float32), bias]), stored(residual)]
         expected = reference(a, b) + (bias[None, :] if on_columns else bias[:, None]) + residual
         cases.append((L.LoopKernel(params, [gemm]), arrays, stored(_activated(expected, activation))))
+    return cases
+
+
+@pytest.mark.parametrize("blocking", EPILOGUE_BLOCKINGS, ids=blocking_id)
+@pytest.mark.parametrize("transposed", [False, True], ids=["row-major", "a-and-c-transposed"])
+def test_gemm_epilogue_adds_bias_and_residual_then_activates_as_it_stores(blocking, transposed, tmp_path):
+    """GemmEpilogue: C = act(A @ B + bias + residual), the bias per row or per column, for every shape and every
+    activation, with A read transposed and C stored transposed (a small-plane conv's GEMM) or not; with a k block
+    only the last block applies it."""
+    cases = _epilogue_cases(transposed, residual_in_c=False)
+    results = run_kernels([(kernel, arrays) for kernel, arrays, _ in cases], tmp_path, blocking)
+    for (_, _, expected), (c, *_) in zip(cases, results):
+        assert_gemm_close(c, expected)
+
+
+@pytest.mark.parametrize("blocking", [GemmBlocking(), *(b for b in EPILOGUE_BLOCKINGS if b.k_block)], ids=blocking_id)
+@pytest.mark.parametrize("transposed", [False, True], ids=["row-major", "a-and-c-transposed"])
+def test_gemm_adds_the_residual_it_finds_in_c(blocking, transposed, tmp_path):
+    """A residual that is C itself (a conv writing over a residual that dies there): each value is read before C is
+    first written, and k blocks that keep their sums in C start from it and don't add it again at the end."""
+    cases = _epilogue_cases(transposed, residual_in_c=True)
     results = run_kernels([(kernel, arrays) for kernel, arrays, _ in cases], tmp_path, blocking)
     for (_, _, expected), (c, *_) in zip(cases, results):
         assert_gemm_close(c, expected)
@@ -397,22 +416,25 @@ def test_implicit_gemm_reads_a_padded_plane_as_its_im2col_matrix(blocking, strid
 
 @pytest.mark.parametrize("blocking", [GemmBlocking(), GemmBlocking(rows=3, vectors=2, lanes=4),
                                       GemmBlocking(rows=4, vectors=1, lanes=8, k_block=64)], ids=blocking_id)
-@pytest.mark.parametrize("m, n, k", [(20, 100, 600), (9, 130, 513)])
-def test_few_rows_and_a_deep_k_keep_partial_sums_per_k_block(m, n, k, blocking, tmp_path):
+@pytest.mark.parametrize("m, n, k, residual_in_c", [(20, 100, 600, False), (9, 130, 513, False),
+                                                   (9, 130, 513, True)], ids=["20x100x600", "9x130x513",
+                                                                              "9x130x513-residual-in-c"])
+def test_few_rows_and_a_deep_k_keep_partial_sums_per_k_block(m, n, k, residual_in_c, blocking, tmp_path):
     """A column-split GEMM with few rows (gemm._small_m_k_block) runs each column block k block by k block, the
     partial sums in a scratch tile; the epilogue (bias per column, residual, clip) only at the last block, and the
-    narrower column tails past the last full block as usual."""
+    narrower column tails past the last full block as usual. A residual in C is read there, before C is written."""
     rng = np.random.default_rng(m + n + k)
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     bias, residual = rng.standard_normal(n).astype(np.float32), rng.standard_normal((m, n)).astype(np.float32)
-    epilogue = L.GemmEpilogue(bias="bias", bias_offset=L.const(0), bias_on_columns=True, residual="residual",
-                              residual_offset=L.const(0), activation=("clip", (-20.0, 20.0)))
+    epilogue = L.GemmEpilogue(bias="bias", bias_offset=L.const(0), bias_on_columns=True,
+                              residual="c" if residual_in_c else "residual", residual_offset=L.const(0),
+                              activation=("clip", (-20.0, 20.0)))
     gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k, b_panels=True,
                   epilogue=epilogue)
     params = [L.Param("c", output=True), L.Param("a"), L.Param("b"), L.Param("bias"), L.Param("residual")]
     packed = pack_columns(b[None], blocking.tile_columns)[0]
-    [c, *_] = run_kernel(L.LoopKernel(params, [gemm]), [np.full((m, n), np.nan, np.float32), a, packed, bias,
-                                                       residual], tmp_path, blocking)
+    c = residual.copy() if residual_in_c else np.full((m, n), np.nan, np.float32)
+    [c, *_] = run_kernel(L.LoopKernel(params, [gemm]), [c, a, packed, bias, residual], tmp_path, blocking)
     assert_gemm_close(c, np.clip(reference(a, b) + bias[None, :] + residual, -20, 20))
 
 

@@ -556,6 +556,16 @@ FUSED_CASES: list[OpCase] = [
         [helper.make_node("Conv", ["x", "bw", "bb"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Add", ["c", "r"], ["s"]),
          helper.make_node("Relu", ["s"], ["y"])], [("x", (1, 64, 40, 40)), ("r", (1, 16, 40, 40))], ["y"],
         {"bw": rand(16, 64, 3, 3, seed=9, scale=0.05), "bb": rand(16, seed=10)}), schedule=("Conv",)),
+    # The residual an activation that dies at the conv, which writes over it (planner._residuals_in_place).
+    case("fused-conv-residual-in-place-relu", graph_model(
+        [helper.make_node("Relu", ["r"], ["q"]), helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Add", ["c", "q"], ["s"]), helper.make_node("Relu", ["s"], ["y"])],
+        [*CONV_X, ("r", (1, 6, 8, 8))], ["y"], W), schedule=("Relu", "Conv")),
+    case("fused-implicit-conv-residual-in-place", graph_model(
+        [helper.make_node("Relu", ["r"], ["q"]), helper.make_node("Conv", ["x", "bw"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Add", ["q", "c"], ["y"]), helper.make_node("Sigmoid", ["y"], ["z"])],
+        [("x", (1, 64, 40, 40)), ("r", (1, 16, 40, 40))], ["z"], {"bw": rand(16, 64, 3, 3, seed=9, scale=0.05)}),
+        schedule=("Relu", "Conv", "Sigmoid")),
     case("fused-small-plane-deep-conv-residual-clip", graph_model(
         [helper.make_node("Conv", ["x", "dw_", "db"], ["c"], pads=[1, 1, 1, 1]),
          helper.make_node("Add", ["c", "r"], ["s"]), helper.make_node("Clip", ["s", "lo", "hi"], ["y"])],
@@ -689,7 +699,7 @@ OPENCL_SAMPLE = [
     "fused-conv-relu", "fused-conv-leakyrelu", "fused-conv-clip-0-6", "fused-small-plane-conv-clip",
     "fused-small-plane-pointwise-conv-leakyrelu", "fused-conv-residual-relu", "fused-small-plane-pointwise-conv-residual",
     "conv-banded-strided-1x1", "conv-implicit-groups2-batch2-dilated", "fused-implicit-conv-residual-relu",
-    "maxpool-3x3-s2-pads", "maxpool-3x3-s2-ceil-pads", "conv-depthwise-channel-blocks-batch2-stride2",
+    "fused-conv-residual-in-place-relu", "fused-implicit-conv-residual-in-place", "maxpool-3x3-s2-pads", "maxpool-3x3-s2-ceil-pads", "conv-depthwise-channel-blocks-batch2-stride2",
 ]
 
 

@@ -102,3 +102,66 @@ def test_a_chain_listed_backwards_is_ordered_in_linear_steps(tmp_path):
     with _LineBudget(onnx_import, limit=200 * 20_000):
         graph = onnx_import.import_model(path)
     assert [node.name for node in graph.nodes] == [f"relu{i}" for i in range(20_000)]
+
+
+def residual_blocks(tmp_path, blocks: int = 2, *, reread: bool = False, residual_is_input: bool = False,
+                    output_is_block: bool = False, from_model_input: bool = False):
+    """x -> Relu -> `blocks` times (Conv 3x3 of Relu(a), Add a, Relu) -> Sigmoid: each residual is an activation that
+    dies at the conv, so the conv writes over it. `reread`: the Sigmoid's Mul also reads the first block's input;
+    `residual_is_input`: Add(conv(a), a), the conv's own input; `output_is_block`: no Sigmoid, the last block's
+    output is the model's; `from_model_input`: no first Relu, the first residual is the model's input."""
+    rng = np.random.default_rng(1)
+    first = "x" if from_model_input else "a0"
+    nodes, inits, prev = [] if from_model_input else [helper.make_node("Relu", ["x"], ["a0"])], [], first
+    for i in range(blocks):
+        inits.append(numpy_helper.from_array(rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.1, f"w{i}"))
+        source = prev
+        if not residual_is_input:
+            nodes.append(helper.make_node("Relu", [prev], [f"b{i}"]))
+            source = f"b{i}"
+        nodes += [helper.make_node("Conv", [source, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1], name=f"conv{i}"),
+                  helper.make_node("Add", [f"c{i}", prev], [f"s{i}"]), helper.make_node("Relu", [f"s{i}"], [f"a{i + 1}"])]
+        prev = f"a{i + 1}"
+    if not output_is_block:
+        nodes.append(helper.make_node("Sigmoid", [prev], ["y"]))
+        prev = "y"
+    if reread:
+        nodes.append(helper.make_node("Mul", [prev, first], ["m"]))
+        prev = "m"
+    graph = helper.make_graph(nodes, "residuals", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 6, 6])],
+                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, None)], initializer=inits)
+    path = tmp_path / "residuals.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+def _residual_kinds(path) -> list:
+    return [step.spec.attrs["residual"] for step in plan_model(path).steps if step.spec.op == "Conv"]
+
+
+def test_a_conv_writes_over_a_residual_that_dies_there(tmp_path):
+    """The conv's spec says so (no residual input), its output is the residual's buffer, and the next block reads
+    it there: the blocks' outputs have no buffer of their own."""
+    plan = plan_model(residual_blocks(tmp_path))
+    convs = [step for step in plan.steps if step.spec.op == "Conv"]
+    assert [step.spec.attrs["residual"] for step in convs] == ["in_place", "in_place"]
+    assert [len(step.spec.inputs) for step in convs] == [2, 2]  # x and the weight: no bias, no residual
+    assert [step.args[0].name for step in convs] == ["a0", "a0"]
+    assert [arg.name for arg in plan.steps[-1].args] == ["y", "a0"]
+    assert not {"a1", "a2"} & set(plan.memory.offsets)
+
+
+def test_a_residual_read_later_or_by_the_conv_itself_is_kept(tmp_path):
+    """The first block's input read again after the blocks (reread), or the conv's own input: no conv may write over
+    it; the second block's residual still dies at its conv."""
+    assert _residual_kinds(residual_blocks(tmp_path, reread=True)) == [True, "in_place"]
+    assert _residual_kinds(residual_blocks(tmp_path, residual_is_input=True)) == [True, True]
+
+
+def test_a_model_input_or_output_is_never_written_over(tmp_path):
+    """A residual that is the model's input (the caller's feed) and a conv whose output is the model's output (its
+    own slot) keep their buffers."""
+    assert _residual_kinds(residual_blocks(tmp_path, from_model_input=True)) == [True, "in_place"]
+    plan = plan_model(residual_blocks(tmp_path, output_is_block=True))
+    assert [step.spec.attrs["residual"] for step in plan.steps if step.spec.op == "Conv"] == ["in_place", True]
+    assert "a2" in plan.memory.offsets

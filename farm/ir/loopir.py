@@ -344,7 +344,11 @@ class GemmEpilogue:
     """What a Gemm does to each value of C before storing it, so that no second pass over C runs: add a bias (one
     value per row of C at bias[bias_offset + row], or per column with bias_on_columns), add a residual laid out like
     C (residual[residual_offset + the value's place in C]), then apply an activation: (kind, params) of one of
-    ops.registry.ACTIVATIONS (relu, leakyrelu, clip), which each renderer implements."""
+    ops.registry.ACTIVATIONS (relu, leakyrelu, clip), which each renderer implements.
+
+    The residual may be C itself, at C's offset (residual_in_c: a conv that writes over a residual which dies
+    there, plan.planner._residuals_in_place): renderers then read each value of C before they first write it,
+    and a k loop cut into blocks that keep their sums in C starts from C's values instead of zero."""
 
     bias: str | None = None
     bias_offset: Expr | None = None
@@ -352,6 +356,10 @@ class GemmEpilogue:
     residual: str | None = None
     residual_offset: Expr | None = None
     activation: tuple[str, tuple[float, ...]] | None = None
+
+    def residual_in_c(self, gemm: Gemm) -> bool:
+        """Whether the residual is the Gemm's C itself (see above; its offset is then C's)."""
+        return self.residual == gemm.c
 
 
 @dataclass

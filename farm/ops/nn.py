@@ -413,7 +413,7 @@ def _lower_conv(spec: KernelSpec) -> list[L.Stmt]:
     n, g = names.var("n"), names.var("g")
     x_base = (n * geo.in_channels + g * geo.in_channels_per_group) * geo.in_pixels
     out_offset = (n * geo.out_channels + g * geo.out_channels_per_group) * geo.out_pixels
-    bias = "in2" if len(spec.inputs) > 2 + bool(residual) else None
+    bias = "in2" if len(spec.inputs) > 2 + (spec.attrs.get("residual") is True) else None
     epilogue = functools.partial(_gemm_epilogue, spec, bias, g * geo.out_channels_per_group, residual=residual)
     if _implicit(spec, geo):
         per_group = _implicit_gemm(spec, geo, names, g, x_base, out_offset, epilogue)
@@ -536,21 +536,34 @@ def _banded_scratch(geo: ConvGeometry, rows: int) -> int:
     return max(banded, geo.column_rows * geo.column_stride)
 
 
+RESIDUAL_IN_PLACE = "in_place"
+"""A conv's `residual` attribute when its output buffer holds the residual as it starts (set by the planner's
+_residuals_in_place, never by a model): it reads the residual where it writes."""
+
+
 def _conv_residual(spec: KernelSpec) -> str | None:
-    """The buffer a conv that absorbed a skip connection's Add (passes.fuse_residual_adds) adds to its output: its
-    last input, which must have the output's shape (the attribute may come from a message)."""
-    if not spec.attrs.get("residual"):
+    """Where a conv that absorbed a skip connection's Add (passes.fuse_residual_adds) finds the residual it adds
+    to its output: its last input, which must have the output's shape, or its output itself (RESIDUAL_IN_PLACE).
+    None without one. The attribute may come from a message, so its value and the shapes are checked."""
+    residual = spec.attrs.get("residual")
+    if residual is None or residual is False:
         return None
-    if len(spec.inputs) < 3 or spec.inputs[-1] != spec.outputs[0] or _is_depthwise(_conv_geometry(spec)):
+    if residual not in (True, RESIDUAL_IN_PLACE) or _is_depthwise(_conv_geometry(spec)):
+        raise BuildError(f"Conv with a residual: the attribute is true or {RESIDUAL_IN_PLACE!r} (got {residual!r}), "
+                         f"and the conv not depthwise")
+    if residual == RESIDUAL_IN_PLACE:
+        return "out0"
+    if len(spec.inputs) < 3 or spec.inputs[-1] != spec.outputs[0]:
         raise BuildError(f"Conv with a residual: its last input {spec.inputs[-1]} must be laid out like its output "
-                         f"{spec.outputs[0]}, and the conv not depthwise")
+                         f"{spec.outputs[0]}")
     return f"in{len(spec.inputs) - 1}"
 
 
 def _gemm_epilogue(spec: KernelSpec, bias: str | None, bias_offset: L.Expr, bias_on_columns: bool = False,
                   residual: str | None = None, residual_offset: L.Expr | None = None) -> L.GemmEpilogue | None:
     """The GEMM epilogue of a kernel whose output is the GEMM's C: its bias (a buffer, None without), a residual
-    laid out like C, and the spec's fused activation; None when there is none of them."""
+    laid out like C (which may be C itself: _conv_residual), and the spec's fused activation; None when there is
+    none of them."""
     if bias is None and residual is None and spec.activation is None:
         return None
     activation = None if spec.activation is None else (spec.activation.kind, tuple(spec.activation.params))

@@ -20,6 +20,7 @@ from farm.ir import loopir as L
 from farm.ir.graph import Graph, Node
 from farm.ir.specs import KernelSpec, canonical_json
 from farm.ops import LOWERINGS
+from farm.ops.nn import RESIDUAL_IN_PLACE
 from farm.ops.registry import NodeContext, lower_kernel
 from farm.plan.memory import MemoryPlan, plan_memory
 
@@ -114,9 +115,56 @@ def make_plan(graph: Graph) -> BuildPlan:
         if name in graph.constants:
             raise UnsupportedError(f"graph output {name!r} is a constant; farm needs it computed by a node")
     blobs: dict[str, np.ndarray] = {}
-    steps = [plan_node(node, graph, blobs) for node in graph.nodes]
+    steps = _residuals_in_place(graph, [plan_node(node, graph, blobs) for node in graph.nodes])
     _check_work(graph, steps)
     return BuildPlan(graph, steps, blobs, plan_memory(graph, steps))
+
+
+def _residuals_in_place(graph: Graph, steps: list[Step]) -> list[Step]:
+    """Convs that add a residual which dies there write their output over it: one buffer instead of two, so that
+    the lines the conv stores are the ones its residual loads just brought into cache (ResNet-50 on one Xeon
+    thread 54.1 -> 52.7 ms, its 56x56 pointwise convs with the residual 0.63-0.77 -> 0.55-0.62 ms). Such a conv's spec says so (residual
+    RESIDUAL_IN_PLACE: no residual input), its output argument is the residual's buffer, and every later step
+    reads the output there. The residual must be an activation (no constant, model input or output) that no other
+    argument of the conv and no later step reads; the output no model output."""
+    last_reader: dict[str, int] = {}
+    for index, step in enumerate(steps):
+        for arg in step.args:
+            last_reader[arg.name] = index
+    kept = set(graph.inputs) | set(graph.outputs)
+    buffer_of: dict[str, str] = {}
+    placed = []
+    for index, original in enumerate(steps):
+        residual = _dying_residual(original, last_reader, index, kept)
+        step = Step(original.node, original.spec,
+                    [Arg(arg.kind, buffer_of.get(arg.name, arg.name)) for arg in original.args])
+        if residual is not None:
+            buffer_of[original.args[0].name] = step.args[residual].name
+            step = _written_over_residual(step, residual)
+        placed.append(step)
+    return placed
+
+
+def _dying_residual(step: Step, last_reader: dict[str, int], index: int, kept: set[str]) -> int | None:
+    """The argument index of the residual that conv step `index` may write over (_residuals_in_place), or None;
+    `step` names the graph's values (no buffer renamed yet)."""
+    if step.spec.op != "Conv" or step.spec.attrs.get("residual") is not True:
+        return None
+    position = len(step.spec.outputs) + len(step.spec.inputs) - 1
+    value, output = step.args[position], step.args[0].name
+    names = [arg.name for arg in step.args]
+    if value.kind != "arena" or value.name in kept or output in kept or names.count(value.name) != 1:
+        return None
+    return position if last_reader[value.name] == index else None
+
+
+def _written_over_residual(step: Step, residual: int) -> Step:
+    """The conv step that writes its output into its residual's buffer and has no residual input."""
+    spec = step.spec
+    attrs = {**spec.attrs, "residual": RESIDUAL_IN_PLACE}
+    spec = dataclasses.replace(spec, attrs_json=canonical_json(attrs), inputs=spec.inputs[:-1])
+    args = [step.args[residual], *step.args[1:residual], *step.args[residual + 1:]]
+    return Step(step.node, spec, args)
 
 
 def _check_work(graph: Graph, steps: list[Step]) -> None:

@@ -352,6 +352,10 @@ class _Gen:
         self.partial: ir.Value | None = None
         """Where tiles keep their partial sums between k blocks (_small_m_k_block): m x vectors vectors, the
         column block's own; None: in C itself."""
+        self.residual_in_c = gemm.epilogue is not None and gemm.epilogue.residual_in_c(gemm)
+        """C holds the residual as the kernel starts (L.GemmEpilogue.residual_in_c)."""
+        self.residual_summed = False
+        """The sums being emitted started from the residual in C (_k_blocks), so the epilogue doesn't add it."""
 
     def loop(self, extent: int | ir.Value, body: Callable[[ir.Value], None]) -> None:
         """A counted loop 0..extent (a constant or a runtime i64) whose body gets the i64 index."""
@@ -403,8 +407,9 @@ def _vector_type(lanes: int) -> ir.Type:
 
 def _k_blocks(gen: _Gen, emit: Callable[[ir.Value, int, bool, bool], None], size: int | None = None) -> None:
     """emit(k0, steps, accumulate, final) over the k loop cut into blocks of `size` steps (the blocking's k_block
-    by default): the first block writes C, the later ones (a runtime loop over the middle blocks, then the last,
-    which may be shorter) add to it, and only the last (`final`) applies the epilogue. With no size, or k no
+    by default): the first block writes C (or adds to it when C holds the residual and the sums are kept there: the
+    first write would lose it), the later ones (a runtime loop over the middle blocks, then the last, which may be
+    shorter) add to it, and only the last (`final`) applies the epilogue. With no size, or k no
     larger, one pass over all of k. An implicit GEMM's k is cut only by _small_m_k_block's blocks (whole channels)."""
     k = gen.gemm.k
     size = gen.blocking.k_block if size is None else size
@@ -412,10 +417,12 @@ def _k_blocks(gen: _Gen, emit: Callable[[ir.Value, int, bool, bool], None], size
         emit(ir.Constant(I64_T, 0), k, False, True)
         return
     blocks, b = -(-k // size), gen.b
-    emit(ir.Constant(I64_T, 0), size, False, False)
+    gen.residual_summed = gen.residual_in_c and gen.partial is None
+    emit(ir.Constant(I64_T, 0), size, gen.residual_summed, False)
     gen.loop(blocks - 2, lambda j: emit(b.mul(b.add(j, ir.Constant(I64_T, 1)), ir.Constant(I64_T, size)), size,
                                         True, False))
     emit(ir.Constant(I64_T, (blocks - 1) * size), k - (blocks - 1) * size, True, True)
+    gen.residual_summed = False
 
 
 def _emit_region(gen: _Gen, region: _Region) -> None:
@@ -471,7 +478,7 @@ def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Va
         for row in outputs:
             for start, _ in row:
                 _prefetch(gen, gen.address(gen.c, b.add(start, ahead)), write=True)
-                if g.epilogue is not None and g.epilogue.residual is not None:
+                if g.epilogue is not None and g.epilogue.residual is not None and not gen.residual_in_c:
                     _prefetch(gen, gen.address(gen.residual, b.add(start, ahead)))
 
     def step(k: ir.Value, a_indices: list[ir.Value]) -> None:
@@ -611,7 +618,7 @@ def _apply_epilogue(gen: _Gen, epilogue: L.GemmEpilogue, value: ir.Value, place:
         bias = (_load(b, at, vec_t) if epilogue.bias_on_columns != along_rows
                 else _splat(b, b.load(at, align=4, typ=F32_T), _lanes(vec_t)))
         value = b.fadd(value, bias)
-    if epilogue.residual is not None:
+    if epilogue.residual is not None and not gen.residual_summed:
         value = b.fadd(value, _load_c(gen, gen.residual, index, vec_t))
     if epilogue.activation is not None:
         kind, params = epilogue.activation
