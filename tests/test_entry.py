@@ -333,7 +333,7 @@ def test_farm_work_threads_run_every_range_once_and_launches_in_order(threads, t
     x = np.linspace(-5, 5, n, dtype=np.float32)
     for _ in range(5):
         arena.view(np.float32)[:] = x
-        counters = np.zeros(6, dtype=np.int64)
+        counters = _work_counters(3, threads, 21)
         helpers = [threading.Thread(target=work, args=(arena.ctypes.data, table.ctypes.data, counters.ctypes.data))
                    for _ in range(threads - 1)]
         for helper in helpers:
@@ -342,4 +342,45 @@ def test_farm_work_threads_run_every_range_once_and_launches_in_order(threads, t
         for helper in helpers:
             helper.join()
         np.testing.assert_array_equal(arena.view(np.float32), (x * 2 + 1) * 3)
-        assert counters.tolist() == [7 + threads, 7] * 3  # every thread made one failed claim per launch
+        # each launch's 7 ranges done, every thread arrived once, every range's flag taken
+        assert counters.tolist() == [0, 7] * 3 + [threads, threads] + [1] * 21
+
+
+def _work_counters(groups: int, threads: int, ranges: int) -> np.ndarray:
+    """Zeroed counters for farm_work (entry._work_function's layout) with the run's thread count set."""
+    counters = np.zeros(2 * groups + 2 + ranges, dtype=np.int64)
+    counters[2 * groups + 1] = threads
+    return counters
+
+
+def test_farm_work_runs_only_the_ranges_still_free(tmp_path):
+    """A range runs once, for the thread that takes its flag: a thread arriving second of two (its own slice the
+    last ranges) whose first ranges another thread has taken runs the rest and waits for those; one arriving when
+    every range is taken and done passes through without touching the arena (a helper the OS woke late), even
+    past the run's thread count (its slice empty, nothing past the group's ranges read or taken)."""
+    from farm.runtime.model import split_range, work_table
+
+    n = 1000
+    kernels = [("double", _parallel_affine(2.0, 0.0, n))]
+    library = _launch_library(kernels, [{"kernel": "double", "args": [["arena", 0], ["arena", 0]],
+                                         "launches": [[n, 1, n]]}], tmp_path)
+    work = library.farm_work
+    work.argtypes, work.restype = [ctypes.c_void_p] * 3, None
+    ranges = split_range(n, 1, 4)
+    table = work_table([(0, ranges)])
+    arena = aligned_arena(n * 4)
+    x = np.linspace(-5, 5, n, dtype=np.float32)
+    arena.view(np.float32)[:] = x
+    counters = _work_counters(1, 2, 4)
+    counters[2] = 1  # the first thread has arrived
+    counters[[4, 5]] = 1  # ... and taken the first two ranges, and finished them
+    counters[1] = 2
+    work(arena.ctypes.data, table.ctypes.data, counters.ctypes.data)
+    expected = x.copy()
+    expected[ranges[2][0]:] *= 2
+    np.testing.assert_array_equal(arena.view(np.float32), expected)
+    assert counters.tolist() == [0, 4, 2, 2, 1, 1, 1, 1]
+    guarded = np.concatenate([counters, np.zeros(8, np.int64)])
+    work(arena.ctypes.data, table.ctypes.data, guarded.ctypes.data)
+    np.testing.assert_array_equal(arena.view(np.float32), expected)
+    assert guarded.tolist() == [0, 4, 3, 2, 1, 1, 1, 1] + [0] * 8

@@ -1,9 +1,9 @@
 """A loaded model: its native entry point, one arena and the copies of inputs and outputs through it.
 
 With `threads` > 1 a run is one native call per thread: the calling thread and `threads - 1` persistent helper
-threads each call the library's farm_work, which claims ranges of each launch from shared atomic counters and
-waits natively for a launch's ranges to finish before the next (see farm.backends.llvm.entry). Python only wakes the
-helpers, once per run; ctypes releases the GIL for the calls.
+threads each call the library's farm_work, which runs its own slice of each launch's ranges, then takes any range
+still free (atomic flags in shared counters), and waits natively for a launch's ranges to finish before the next
+(see farm.backends.llvm.entry). Python only wakes the helpers, once per run; ctypes releases the GIL for the calls.
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ RANGES_PER_THREAD = 4
 # The share of a split launch that the threads' first ranges take together, one range each (shares_range): 4 equal
 # ranges per thread ran ResNet-18, ResNet-50 and MobileNetV2 5-9% slower on an idle 2-core Xeon than one range per
 # thread (11.24 -> 10.55, 26.7 -> 25.3, 3.33 -> 3.03 ms): every range of a row-split GEMM streams all of B, and
-# ranges claimed in turn scatter a tensor's lines over both cores' caches for the next launch to fetch.
+# ranges claimed in turn scatter a tensor's lines over both cores' caches for the next launch to fetch. Each thread's
+# slice is its head range then its tail range (farm_work runs its own slice first, then takes others' free ranges,
+# last first), so a thread that keeps up runs the same part of every launch.
 HEAD_SHARE = 0.8
 
 
@@ -53,17 +55,18 @@ def split_range(extent: int, grain: int, parts: int) -> list[tuple[int, int]]:
 
 
 def shares_range(extent: int, grain: int, threads: int, worth: int) -> list[tuple[int, int]]:
-    """[0, extent) cut for `threads` threads into contiguous ranges whose inner boundaries are multiples of `grain`:
-    one range per thread holding together HEAD_SHARE of the blocks (when every thread runs on time, each claims
-    one), then one range per thread of the rest, taken by whichever thread is free first, so a thread the OS runs
-    late holds the others up less. A launch whose `worth` (its work / MIN_WORK_PER_RANGE) is too small for a tail
-    range gets near-equal ranges, up to RANGES_PER_THREAD per thread (split_range)."""
+    """[0, extent) cut for `threads` threads into contiguous ranges whose inner boundaries are multiples of `grain`,
+    two per thread in its slice's order: a head range (together HEAD_SHARE of the blocks), which the thread runs
+    first when it keeps up, then a tail range of the rest, which whichever thread is free first may take, so a
+    thread the OS runs late holds the others up less. A launch whose `worth` (its work / MIN_WORK_PER_RANGE) is
+    too small for a tail range gets near-equal ranges, up to RANGES_PER_THREAD per thread (split_range)."""
     blocks = -(-extent // grain)
     head = int(blocks * HEAD_SHARE / threads)
     tail = (blocks - head * threads) // threads
     if head < 1 or tail < 1 or tail * worth < blocks:
         return split_range(extent, grain, min(threads * RANGES_PER_THREAD, worth))
-    sizes = [head] * threads + [tail] * (threads - 1) + [blocks - head * threads - tail * (threads - 1)]
+    tails = [tail] * (threads - 1) + [blocks - head * threads - tail * (threads - 1)]
+    sizes = [size for last in tails for size in (head, last)]
     cuts = [0, *(min(grain * total, extent) for total in itertools.accumulate(sizes))]
     return list(zip(cuts, cuts[1:]))
 
@@ -92,11 +95,14 @@ def work_table(plan: list[tuple[int, list[tuple[int, int]]]]) -> np.ndarray:
 
 class _Pool:
     """`count` daemon threads, each calling farm_work once per run it is handed; the calling thread makes one
-    more. Each run gets fresh counters, so a helper the OS wakes late runs its (by then finished) pass over the
-    same counters without touching the next run's."""
+    more. Each run gets fresh counters (entry._work_function's layout: two per launch, the thread count pair, a flag
+    per range), so a helper the OS wakes late runs its (by then finished) pass over the same counters without
+    touching the next run's."""
 
     def __init__(self, work: Any, table: np.ndarray, count: int) -> None:
-        self._table, self._table_address, self._counters = table, table.ctypes.data, 2 * int(table[0])
+        self._table, self._table_address = table, table.ctypes.data
+        groups, ranges = int(table[0]), int(table[int(table[0]) + 1])
+        self._counters, self._threads_at, self._threads = 2 * groups + 2 + ranges, 2 * groups + 1, count + 1
         self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(count)]
         for runs in self._queues:
             threading.Thread(target=_helper, args=(work, table, runs), daemon=True, name="farm-runtime").start()
@@ -104,6 +110,7 @@ class _Pool:
 
     def run(self, work: Any, arena: int) -> None:
         counters = np.zeros(self._counters, dtype=np.int64)
+        counters[self._threads_at] = self._threads
         job = (arena, counters.ctypes.data, counters)  # the array rides along: helpers keep it alive
         for runs in self._queues:
             runs.put(job)

@@ -124,24 +124,38 @@ def _work_function(module: ir.Module, launch: ir.Function, target: CpuTarget) ->
     """farm_work(arena, table, counters): one thread's share of a multithreaded run.
 
     table (int64): [groups, first_0 .. first_groups, (launch, begin, end) ...]: group g is ranges
-    [first_g, first_g+1) of one launch. counters (int64, zeroed before the run): [claimed_g, done_g] per group.
-    Each thread claims ranges of group g (atomic add on claimed_g) and runs them until none is left, then waits for
-    done_g to reach the group's count before group g+1, whose ranges may read what g wrote. A thread the OS runs
-    late holds nobody up: it finds the ranges claimed and the group done, so only a range being run is waited for.
+    [first_g, first_g+1) of one launch, in the order of the iterations they cover. counters (int64, zeroed before
+    the run, then `threads` at [2 * groups + 1]): [claimed_g, done_g] per group (claimed_g only for libraries built
+    before slices, which claim with it), the thread count pair
+    [arrivals, threads], then one flag per range. Each thread takes an index as it arrives (an atomic add on
+    `arrivals`) and, in every group, first runs the ranges of its own slice (its index's share of the group's
+    ranges, in order), then takes any range still free, last first; a range runs once, for whichever thread swaps
+    its flag from 0. It then waits for done_g to reach the group's count before group g+1, whose ranges may read
+    what g wrote. So in a run where every thread keeps up, a thread runs the same share of every launch, and what
+    it wrote stays in its core's cache for the next launch that reads it (ResNet-50 on two Xeon threads 34.3 ->
+    33.0 ms against ranges going to whichever thread claimed first); a thread the OS runs late holds nobody up: the
+    others take its free ranges, so only a range being run is waited for.
     """
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR_T, PTR_T, PTR_T]), WORK_SYMBOL)
     fn.attributes.add("nounwind")
     arena, table, counters = fn.args
     arena.name, table.name, counters.name = "arena", "table", "counters"
-    blocks = {name: fn.append_basic_block(name) for name in
-              ("entry", "group", "body", "claim", "run", "wait", "spin", "pause", "yield", "next", "done")}
+    names = ("entry", "group", "body", "own", "own_try", "steal_from", "steal", "steal_try", "wait", "spin", "pause",
+             "yield", "next", "done")
+    blocks = {name: fn.append_basic_block(name) for name in names}
     b = ir.IRBuilder(blocks["entry"])
     at = lambda base, index: b.gep(base, [index], inbounds=True, source_etype=I64_T)  # noqa: E731
-    one = ir.Constant(I64_T, 1)
-    groups = b.load(at(table, ir.Constant(I64_T, 0)), typ=I64_T)
-    group_slot, spin_slot = b.alloca(I64_T), b.alloca(I64_T)
-    b.store(ir.Constant(I64_T, 0), group_slot)
-    b.store(ir.Constant(I64_T, 0), spin_slot)
+    one, zero = ir.Constant(I64_T, 1), ir.Constant(I64_T, 0)
+    groups = b.load(at(table, zero), typ=I64_T)
+    pair = b.mul(groups, ir.Constant(I64_T, 2))
+    me = b.atomic_rmw("add", at(counters, pair), one, "monotonic")
+    given = b.load(at(counters, b.add(pair, one)), typ=I64_T)
+    threads = b.select(b.icmp_signed("<", given, one), one, given)
+    flags = at(counters, b.add(pair, ir.Constant(I64_T, 2)))
+    ranges = at(table, b.add(groups, ir.Constant(I64_T, 2)))
+    group_slot, spin_slot, index_slot = b.alloca(I64_T), b.alloca(I64_T), b.alloca(I64_T)
+    b.store(zero, group_slot)
+    b.store(zero, spin_slot)
     b.branch(blocks["group"])
 
     b.position_at_end(blocks["group"])
@@ -151,23 +165,39 @@ def _work_function(module: ir.Module, launch: ir.Function, target: CpuTarget) ->
     b.position_at_end(blocks["body"])
     first = b.load(at(table, b.add(group, one)), typ=I64_T)
     count = b.sub(b.load(at(table, b.add(group, ir.Constant(I64_T, 2))), typ=I64_T), first)
-    claimed = at(counters, b.mul(group, ir.Constant(I64_T, 2)))
     finished = at(counters, b.add(b.mul(group, ir.Constant(I64_T, 2)), one))
-    ranges = at(table, b.add(groups, ir.Constant(I64_T, 2)))
-    b.branch(blocks["claim"])
+    own_end = _slice_start(b, b.add(me, one), count, threads)
+    b.store(_slice_start(b, me, count, threads), index_slot)
+    b.branch(blocks["own"])
 
-    b.position_at_end(blocks["claim"])
-    claim = b.atomic_rmw("add", claimed, one, "monotonic")
-    b.cbranch(b.icmp_signed("<", claim, count), blocks["run"], blocks["wait"])
+    def try_range(index: ir.Value, after: ir.Block) -> None:
+        """Run range `index` of the group if this thread is the one that takes it, then go to `after`."""
+        taken = b.atomic_rmw("xchg", at(flags, b.add(first, index)), one, "monotonic")
+        with b.if_then(b.icmp_signed("==", taken, zero)):
+            row = at(ranges, b.mul(b.add(first, index), ir.Constant(I64_T, 3)))
+            fields = [b.load(b.gep(row, [ir.Constant(I64_T, i)], inbounds=True, source_etype=I64_T), typ=I64_T)
+                      for i in range(3)]
+            b.call(launch, [*fields, arena])
+            b.atomic_rmw("add", finished, one, "release")
+        b.branch(after)
 
-    b.position_at_end(blocks["run"])
-    row = at(ranges, b.mul(b.add(first, claim), ir.Constant(I64_T, 3)))
-    fields = [b.load(b.gep(row, [ir.Constant(I64_T, i)], inbounds=True, source_etype=I64_T), typ=I64_T)
-              for i in range(3)]
-    b.call(launch, [*fields, arena])
-    b.atomic_rmw("add", finished, one, "release")
-    b.store(ir.Constant(I64_T, 0), spin_slot)
-    b.branch(blocks["claim"])
+    b.position_at_end(blocks["own"])
+    index = b.load(index_slot)
+    b.cbranch(b.icmp_signed("<", index, own_end), blocks["own_try"], blocks["steal_from"])
+    b.position_at_end(blocks["own_try"])
+    b.store(b.add(index, one), index_slot)
+    try_range(index, blocks["own"])
+
+    b.position_at_end(blocks["steal_from"])
+    b.store(count, index_slot)
+    b.store(zero, spin_slot)
+    b.branch(blocks["steal"])
+    b.position_at_end(blocks["steal"])
+    index = b.sub(b.load(index_slot), one)
+    b.cbranch(b.icmp_signed(">=", index, zero), blocks["steal_try"], blocks["wait"])
+    b.position_at_end(blocks["steal_try"])
+    b.store(index, index_slot)
+    try_range(index, blocks["steal"])
 
     b.position_at_end(blocks["wait"])
     done = b.load_atomic(finished, "acquire", 8, typ=I64_T)
@@ -189,11 +219,17 @@ def _work_function(module: ir.Module, launch: ir.Function, target: CpuTarget) ->
 
     b.position_at_end(blocks["next"])
     b.store(b.add(group, one), group_slot)
-    b.store(ir.Constant(I64_T, 0), spin_slot)
     b.branch(blocks["group"])
 
     b.position_at_end(blocks["done"])
     b.ret_void()
+
+
+def _slice_start(b: ir.IRBuilder, thread: ir.Value, count: ir.Value, threads: ir.Value) -> ir.Value:
+    """The first range of `thread`'s slice of a group's `count` ranges (ceil(thread * count / threads)), at most
+    count: a thread past the run's count (none should be) has an empty slice."""
+    start = b.sdiv(b.add(b.mul(thread, count), b.sub(threads, ir.Constant(I64_T, 1))), threads)
+    return b.select(b.icmp_signed("<", start, count), start, count)
 
 
 def _pointer(module: ir.Module, builder: ir.IRBuilder, arena: ir.Value, arg: list) -> ir.Value:
