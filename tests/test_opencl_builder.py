@@ -53,7 +53,10 @@ def test_helpers_and_this_process_build_every_job_in_order(fingerprint):
         np.testing.assert_array_equal(_run(binary, factor), np.arange(8) * factor)
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_helper_that_cannot_start_leaves_its_work_to_this_process(fingerprint, monkeypatch):
+    """The helper exits at once (/bin/false): its feeding thread gives the job back without raising, even when
+    closing the helper's stdin meets a broken pipe."""
     monkeypatch.setattr(sys, "executable", "/bin/false")
     binaries = build_all([_job(2), _job(3)], fingerprint, processes=2)
     np.testing.assert_array_equal(_run(binaries[1], 3), np.arange(8) * 3)

@@ -13,6 +13,7 @@ followed by N bytes of program binary, or `{"error": message}`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -85,7 +86,8 @@ def _build_here(work: _WorkList, device_fingerprint: str) -> None:
 
 
 def _feed_helper(work: _WorkList, device_fingerprint: str) -> None:
-    """Start a helper process and hand it jobs until the list is empty; if it dies, its job goes back."""
+    """Start a helper process and hand it jobs until the list is empty; if it dies, its job goes back (and closing
+    its stdin, which may still hold a request, must not raise: the pipe is broken)."""
     try:
         helper = subprocess.Popen(module_command("farm.runtime.opencl_builder"), stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE)
@@ -101,7 +103,8 @@ def _feed_helper(work: _WorkList, device_fingerprint: str) -> None:
                 work.give_back(index)
                 return
     finally:
-        helper.stdin.close()
+        with contextlib.suppress(BrokenPipeError):
+            helper.stdin.close()
         helper.wait()
 
 
