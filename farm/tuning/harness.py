@@ -43,16 +43,21 @@ LOCK_FILE = "tune.lock"
 LOCK_POLL_SECONDS = 0.02
 
 
+class TuningLockBusy(BuildError):
+    """The host's tuning lock was still held by another tuning process when the wait for it ended."""
+
+
 def time_variants(spec_json: dict[str, Any], target_json: dict[str, Any],
                   variants: Sequence[GemmBlocking] | None = None,
-                  seconds_per_variant: float | None = None) -> dict[str, Any]:
+                  seconds_per_variant: float | None = None, lock_timeout: float | None = None) -> dict[str, Any]:
     """Time each variant of one kernel on this host and choose one.
 
     Every variant is compiled by the build's own compile_cpu_kernel, linked into one library with an entry whose
     step i calls variant i on one arena (inputs filled with random numbers), and run once; a variant whose outputs
     differ from the default's by more than 1e-4 (relative to max(1, max |default|)) is rejected. The others are
     timed in interleaved rounds (best of each; about `seconds_per_variant` each, default
-    FARM_TUNE_SECONDS_PER_VARIANT), one timing per host at a time (host_lock). The default is always timed, and
+    FARM_TUNE_SECONDS_PER_VARIANT), one timing per host at a time (host_lock, waiting `lock_timeout` seconds for it,
+    default FARM_TUNE_LOCK_TIMEOUT; TuningLockBusy after that). The default is always timed, and
     another variant wins only when it is MIN_GAIN faster, so the choice is never slower than the default as
     measured. Returns {"variant", "default", "seconds": {name: best seconds}, "default_seconds", "rejected"}.
     """
@@ -64,7 +69,7 @@ def time_variants(spec_json: dict[str, Any], target_json: dict[str, Any],
     with tempfile.TemporaryDirectory(prefix="farm-tune-") as folder:
         harness = _Harness(specs, target, Path(folder))
         try:
-            with host_lock():
+            with host_lock(lock_timeout):
                 outputs = [harness.run_once(index) for index in range(len(specs))]
                 agreeing = [i for i, output in enumerate(outputs) if _agrees(output, outputs[0])]
                 best = _best_seconds(harness, agreeing, seconds_per_variant)
@@ -89,7 +94,7 @@ def host_lock(timeout: float | None = None) -> Iterator[None]:
 
     The lock file lives in this user's private folder (lock_folder) and is opened without following links, so
     nobody else can plant a symlink or hold the lock; a lock still held after `timeout` seconds (default
-    FARM_TUNE_LOCK_TIMEOUT) is a BuildError naming the lock: the kernel keeps its default variant.
+    FARM_TUNE_LOCK_TIMEOUT; 0 tries once) is a TuningLockBusy naming the lock: the kernel keeps its default variant.
     """
     timeout = defaults.tune_lock_timeout() if timeout is None else timeout
     folder = lock_folder()
@@ -135,7 +140,7 @@ def _open_private(folder: Path, name: str) -> int:
 
 
 def _wait_for_lock(descriptor: int, path: Path, timeout: float) -> None:
-    """Take the exclusive lock on `descriptor`, or raise a BuildError once `timeout` seconds have passed."""
+    """Take the exclusive lock on `descriptor`, or raise TuningLockBusy once `timeout` seconds have passed."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -143,8 +148,8 @@ def _wait_for_lock(descriptor: int, path: Path, timeout: float) -> None:
             return
         except BlockingIOError:
             if time.monotonic() >= deadline:
-                raise BuildError(f"tuning lock {path}: still held by another tuning process after {timeout:g} s "
-                                 "(FARM_TUNE_LOCK_TIMEOUT)") from None
+                raise TuningLockBusy(f"tuning lock {path}: still held by another tuning process after {timeout:g} s "
+                                     "(FARM_TUNE_LOCK_TIMEOUT)") from None
             time.sleep(LOCK_POLL_SECONDS)
 
 

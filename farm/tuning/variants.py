@@ -21,7 +21,7 @@ from farm.ir.specs import KernelSpec
 from farm.plan.planner import BuildPlan
 from farm.store import Store
 from farm.tuning.database import lookup, record
-from farm.tuning.harness import time_variants
+from farm.tuning.harness import TuningLockBusy, time_variants
 from farm.tuning.space import tunable, variant_json
 
 # --- choosing the variants of a build ----------------------------------------------------------------------------
@@ -77,7 +77,9 @@ def choose_variants(plan: BuildPlan, targets: Sequence[CpuTarget], store: Store,
     """A local build's variants: with `tune`, first time (in this process, one kernel at a time, before any
     compile job starts) every tunable kernel the database lacks (all with `retune`) for the targets this host can
     run, and record them (a kernel whose timing fails keeps the default variant, with a note: tuning never fails
-    a build); then the plan with every kernel's recorded variant (with_variants), and what was done."""
+    a build); then the plan with every kernel's recorded variant (with_variants), and what was done. A build waits
+    for a busy host tuning lock once (FARM_TUNE_LOCK_TIMEOUT): after that wait ran out, each later kernel is timed
+    only if the lock is free when its turn comes, so that a stuck lock costs one timeout, not one per kernel."""
     report = TuningReport()
     if tune or retune:
         todo = missing(store, plan, targets, retune)
@@ -85,15 +87,28 @@ def choose_variants(plan: BuildPlan, targets: Sequence[CpuTarget], store: Store,
         for target_id in sorted({target.id for _, target in todo if not can_time_here(target)}):
             report.notes.append(f"target {target_id} can't be timed on this host: its kernels use the default "
                                 "variant (tune them on a farm worker of that CPU class)")
+        lock_timeout: float | None = None  # FARM_TUNE_LOCK_TIMEOUT until one wait has run out
         for done, (spec, target) in enumerate(here, start=1):
             try:
-                record(store, spec, target, time_variants(spec.to_json(), target.to_json()))
+                record(store, spec, target, time_variants(spec.to_json(), target.to_json(), lock_timeout=lock_timeout))
                 report.timed.append(tune_name(spec, target.id))
+            except TuningLockBusy as error:
+                report.notes.append(f"{tune_name(spec, target.id)}: {_busy_lock_note(error, lock_timeout)}")
+                lock_timeout = 0.0
             except BuildError as error:  # tuning never fails a build
                 report.notes.append(f"{tune_name(spec, target.id)}: {error} (the default variant is used)")
             if progress:
                 progress(done, len(here))
     return with_variants(store, plan, targets), report
+
+
+def _busy_lock_note(error: TuningLockBusy, lock_timeout: float | None) -> str:
+    """What a build says of a kernel left untimed by a busy tuning lock: the wait that ran out, or that it was not
+    waited for again."""
+    if lock_timeout is None:
+        return f"{error} (the default variant is used)"
+    return ("tuning lock still held by another tuning process, not waited for again in this build "
+            "(the default variant is used)")
 
 
 # --- the manifest ------------------------------------------------------------------------------------------------
