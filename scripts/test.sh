@@ -7,9 +7,12 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/setup.sh
 
-echo "[test] + .venv/bin/python -m pytest -q -ra $*"
+# Two pytest-xdist workers, a test file each at a time (--dist loadfile: a module's fixtures are built once):
+# the suite's service tests mostly wait on processes, so two workers halve it on two cores (22 -> 13 minutes).
+# Arguments given later win: `bash scripts/test.sh -n 0` runs it in one process.
+echo "[test] + .venv/bin/python -m pytest -q -ra -n 2 --dist loadfile $*"
 status=0
-.venv/bin/python -m pytest -q -ra "$@" || status=$?
+.venv/bin/python -m pytest -q -ra -n 2 --dist loadfile "$@" || status=$?
 
 if [ "$status" -eq 5 ]; then
     echo "[test] error: pytest collected no tests (exit status 5)" >&2
