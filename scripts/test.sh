@@ -8,7 +8,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 
 # Two pytest-xdist workers, a test file each at a time (--dist loadfile: a module's fixtures are built once):
-# the suite's service tests mostly wait on processes, so two workers halve it on two cores (22 -> 13 minutes).
+# the suite's service tests mostly wait on processes, so two workers save a third on two cores (22 -> 15 minutes).
 # Arguments given later win: `bash scripts/test.sh -n 0` runs it in one process.
 echo "[test] + .venv/bin/python -m pytest -q -ra -n 2 --dist loadfile $*"
 status=0
