@@ -101,7 +101,8 @@ class _Pool:
 
     def __init__(self, work: Any, table: np.ndarray, count: int) -> None:
         self._table, self._table_address = table, table.ctypes.data
-        groups, ranges = int(table[0]), int(table[int(table[0]) + 1])
+        groups = int(table[0])
+        ranges = int(table[groups + 1])  # first_groups: where the ranges end
         self._counters, self._threads_at, self._threads = 2 * groups + 2 + ranges, 2 * groups + 1, count + 1
         self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(count)]
         for runs in self._queues:
