@@ -11,6 +11,8 @@ from native_helpers import host, kernel_module_ir, run_kernel, run_kernels
 
 from farm.backends.llvm.gemm import (
     PACK_B_MIN_ROW_TILES,
+    SMALL_M_K_BLOCK,
+    SMALL_M_PREFETCH_BLOCKS,
     SWEEP_MAX_B_BYTES,
     GemmBlocking,
     pack_columns,
@@ -477,6 +479,16 @@ def test_column_split_gemm_with_a_small_b_sweeps_each_row_tile_across_the_blocks
     [c, *_] = run_kernel(L.LoopKernel(params, [gemm]), [np.full((m, n), np.nan, np.float32), a, b, bias, residual],
                          tmp_path, blocking)
     assert_gemm_close(c, np.maximum(reference(a, b) + bias[:, None] + residual, 0))
+
+
+def test_few_rows_and_a_deep_k_prefetch_b_blocks_ahead():
+    """A few-row GEMM with a deep k (gemm._small_m_k_block) prefetches, with each B load, the same columns
+    SMALL_M_PREFETCH_BLOCKS k blocks ahead in B's panel (the weights come from memory once a run)."""
+    gemm = L.Gemm("a", L.const(0), 600, "b", L.const(0), 100, "c", L.const(0), 100, 20, 100, 600, b_panels=True)
+    kernel = L.LoopKernel([L.Param("c", output=True), L.Param("a"), L.Param("b")], [gemm])
+    ahead = SMALL_M_PREFETCH_BLOCKS * SMALL_M_K_BLOCK * GemmBlocking().tile_columns
+    assert SMALL_M_PREFETCH_BLOCKS >= 2 and _prefetches(kernel) == {0}
+    assert re.search(rf"= add i64 %\S+, {ahead}\n", kernel_module_ir([("farm_k_test", kernel)], host()))
 
 
 def test_tiles_reading_packed_a_prefetch_the_next_panel():

@@ -46,6 +46,11 @@ launch, left ResNet-50 as fast as before on one thread and on two."""
 SMALL_M_K_BLOCK = 256
 """k steps per block there (rounded down to whole channels of an implicit GEMM): a panel block of 256 x 48 floats
 (48 KB) stays in L1/L2 while every row tile uses it."""
+SMALL_M_PREFETCH_BLOCKS = 2
+"""How many k blocks ahead those tiles prefetch B (the weights, cold from memory once a run): the next block's
+lines, requested while the few row tiles of this one run, were not all in L2 when its first tile came (one
+Xeon core, a busy host, interleaved medians: light ResNet-50 63.3-63.6 -> 61.1-61.6 ms with 2, 62.6 with 4;
+bert_base2 32.0-33.9 -> 31.0-31.3 ms with 2 or 4)."""
 
 
 @dataclass(frozen=True)
@@ -247,7 +252,7 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
     size = _small_m_k_block(gemm, blocking)
     if size:
         gen.partial = gen.slot("gemm.partial", ir.ArrayType(_vector_type(blocking.lanes), gemm.m * blocking.vectors))
-        gen.prefetch = size * (width if gemm.b_panels else gemm.ldb)
+        gen.prefetch = SMALL_M_PREFETCH_BLOCKS * size * (width if gemm.b_panels else gemm.ldb)
         _column_pieces(gen, blocking, begin, end, lambda n0, vectors, ahead, in_block: _k_blocks(
             gen, lambda k0, steps, accumulate, final: rows(n0, vectors, ahead, in_block, k0, steps, accumulate,
                                                            final), size))
@@ -341,7 +346,8 @@ class _Gen:
         self.bias: ir.Value | None = None
         self.residual: ir.Value | None = None
         self.prefetch = 0
-        """Floats ahead of each B load to prefetch (the next k block's, in _small_m_k_block's path); 0: none."""
+        """Floats ahead of each B load to prefetch (SMALL_M_PREFETCH_BLOCKS k blocks ahead in _small_m_k_block's path,
+        the next column block's elsewhere); 0: none."""
         self.c_prefetch: ir.Value | None = None
         """Columns ahead (a runtime i64) of each tile's C (and residual) to prefetch as the tile starts: the next
         column block's in a column-split GEMM with a big C (_emit_column_blocks), 0 in the range's last block;
