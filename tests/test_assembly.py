@@ -64,8 +64,11 @@ def test_the_build_identity_names_everything_the_bytes_depend_on() -> None:
     host, arm = host_target(), CpuTarget("aarch64-unknown-linux-gnu")
     identities = {assembly.build_identity("a" * 64, "m", [host]), assembly.build_identity("b" * 64, "m", [host]),
                   assembly.build_identity("a" * 64, "n", [host]), assembly.build_identity("a" * 64, "m", [host, arm]),
-                  assembly.build_identity("a" * 64, "m", [host, OpenClTarget("0123456789abcdef")])}
-    assert len(identities) == 5 and assembly.build_identity("a" * 64, "m", [host]) in identities
+                  assembly.build_identity("a" * 64, "m", [host, OpenClTarget("0123456789abcdef")]),
+                  assembly.build_identity("a" * 64, "m", [host], {"batch": (1,)}),
+                  assembly.build_identity("a" * 64, "m", [host], {"batch": (2,)})}
+    assert len(identities) == 7 and assembly.build_identity("a" * 64, "m", [host]) in identities
+    assert assembly.build_identity("a" * 64, "m", [host], {}) == assembly.build_identity("a" * 64, "m", [host])
 
 
 def test_the_build_identity_holds_the_toolchain_but_the_artifact_does_not(model: Path, tmp_path: Path,

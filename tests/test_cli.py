@@ -24,6 +24,7 @@ from farm.distributed.protocol import JobRecord, JobState
 from farm.errors import ExitStatus
 from farm.store import RedisStore
 from farm.tools import examples
+from tests.dynamic_models import dynamic_cnn
 from tests.farm_services import farm_cli
 from tests.services import RedisServer, _started_servers, redis_server_fixture  # noqa: F401
 
@@ -71,6 +72,28 @@ def test_submit_prints_the_artifact_path_and_shows_progress(built, tmp_path):
     assert result.returncode == 0
     assert result.stdout.strip() == str(tmp_path / "tiny_cnn.farm")
     assert "kernels+blobs" in result.stderr
+
+
+def test_submit_shape_pins_a_dynamic_dimension_and_bad_or_missing_pins_exit_2_on_one_line(tmp_path):
+    """A dynamic model builds with --shape (by dimension name or whole input); without it, or with a pin that is
+    malformed or names nothing in the model, submit exits 2 with one line that says what to pass."""
+    dynamic_cnn(tmp_path / "dyn.onnx")
+    missing = farm("submit", "dyn.onnx", cwd=tmp_path)
+    assert missing.returncode == ExitStatus.BAD_INPUT and missing.stderr.count("\n") == 1
+    assert "model input 'x' has dynamic shape [batch, 3, 8, 8]; pin it with --shape batch=N" in missing.stderr
+    for bad, says in (("batch", "expected NAME=SIZE"), ("seq=4", "no input or symbolic dimension"),
+                      ("batch=1,8", "one size per name")):
+        result = farm("submit", "dyn.onnx", "--shape", bad, cwd=tmp_path)
+        assert result.returncode == ExitStatus.BAD_INPUT and says in result.stderr
+        assert result.stderr.startswith("farm: error: ") and result.stderr.count("\n") == 1
+    assert not (tmp_path / "artifacts").exists()
+    np.save(tmp_path / "x.npy", np.ones((2, 3, 8, 8), np.float32))
+    for pin in ("batch=2", "x=2x3x8x8"):
+        built = farm("submit", "dyn.onnx", "--shape", pin, "--json", "-o", pin, cwd=tmp_path)
+        assert built.returncode == 0, built.stderr
+        ran = farm("run", json.loads(built.stdout)["artifact"], "--input", "x=x.npy", "-o", "y.npz", cwd=tmp_path)
+        assert ran.returncode == 0, ran.stderr
+        assert np.load(tmp_path / "y.npz")["y"].shape == (2, 5)
 
 
 def test_run_writes_outputs_that_match_onnxruntime(built):

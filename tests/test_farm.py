@@ -14,6 +14,7 @@ from farm.backends.opencl.target import OpenClTarget
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
 from farm.tools import examples
+from tests.dynamic_models import dynamic_cnn
 from tests.farm_services import farm_cli, farm_factory_fixture  # noqa: F401
 from tests.services import free_port
 
@@ -141,6 +142,19 @@ def test_bad_input_fails_fast_with_the_node_named_and_no_worker_dies(farm_factor
     assert time.monotonic() - started < 30
     assert farm.workers[0].process.poll() is None
     assert not (tmp_path / "artifacts").exists()
+
+
+def test_a_dynamic_model_builds_on_the_farm_with_shape_as_it_does_locally(farm_factory, tmp_path):
+    """--shape travels in the job request: the farm builds the artifact a local build with the same pins makes,
+    and without a pin the job fails with the local build's message."""
+    model = tmp_path / "dyn.onnx"
+    dynamic_cnn(model)
+    local = build_model(model, tmp_path / "local", executor=LocalExecutor(1), shapes={"batch": (2,)}).artifact
+    farm = farm_factory(workers=1)
+    job = _submit(farm, model, tmp_path, "--shape", "batch=2")
+    assert job["state"] == "done" and _sha(job["artifact"]) == _sha(local)
+    unpinned = farm_cli("submit", str(model), broker=farm.url, cwd=tmp_path)
+    assert unpinned.returncode == 2 and "pin it with --shape batch=N" in unpinned.stderr
 
 
 def test_cancel_stops_the_job_and_leaves_no_artifact(farm_factory, resnet, tmp_path):

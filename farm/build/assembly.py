@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from farm import __version__
@@ -22,28 +22,31 @@ from farm.backends.llvm.toolchain import toolchain
 from farm.backends.registry import Target
 from farm.build.parts import PARTS, BuiltUnits, link_target
 from farm.build.units import CompileUnit
+from farm.frontend.shapes import shapes_to_json
 from farm.ir.specs import CODEGEN_VERSION, BlobSpec, canonical_json
 from farm.plan.planner import BuildPlan
 
 
-def plan_model(model_path: str | os.PathLike) -> BuildPlan:
-    """Import, optimise and validate the model, then plan it; raises before any compiling on bad input."""
+def plan_model(model_path: str | os.PathLike, shapes: Mapping[str, tuple[int, ...]] | None = None) -> BuildPlan:
+    """Import (with the input dimensions `shapes` fixes: farm.frontend.shapes), optimise and validate the model,
+    then plan it; raises before any compiling on bad input."""
     from farm.frontend.onnx_import import import_model, validate
     from farm.frontend.passes import optimize
     from farm.ops import SUPPORTED_OPS
     from farm.plan.planner import make_plan
 
-    graph = optimize(import_model(model_path))
+    graph = optimize(import_model(model_path, shapes))
     validate(graph, SUPPORTED_OPS)
     return make_plan(graph)
 
 
-def build_identity(model_sha256: str, model_name: str, targets: Sequence[Target]) -> str:
+def build_identity(model_sha256: str, model_name: str, targets: Sequence[Target],
+                   shapes: Mapping[str, tuple[int, ...]] | None = None) -> str:
     """Everything an artifact's bytes depend on besides the tuning database: farm's codegen, this process's toolchain
-    (LLVM and the linker), the model's bytes and name, the targets. It names a local build's job and the farm's
-    artifact cache entry."""
-    text = canonical_json([CODEGEN_VERSION, toolchain().key, model_sha256, model_name,
-                           [t.to_json() for t in targets]])
+    (LLVM and the linker), the model's bytes and name, the targets, the pinned shapes (none: the identity builds
+    had before shapes could be pinned). It names a local build's job and the farm's artifact cache entry."""
+    parts = [CODEGEN_VERSION, toolchain().key, model_sha256, model_name, [t.to_json() for t in targets]]
+    text = canonical_json([*parts, shapes_to_json(shapes)] if shapes else parts)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,13 +44,15 @@ class BuildResult:
 def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targets: Sequence[Target] = (),
                 executor: LocalExecutor | None = None, progress: ProgressCallback | None = None,
                 tune: bool = False, retune: bool = False, store: Store | None = None,
-                tune_progress: ProgressCallback | None = None) -> BuildResult:
+                tune_progress: ProgressCallback | None = None,
+                shapes: Mapping[str, tuple[int, ...]] | None = None) -> BuildResult:
     """Build `<out_dir>/<model-stem>.farm`; the artifact appears only when every step succeeded.
 
     `targets`: CPU and OpenCL targets (farm.backends.registry.parse_targets); none means this host's CPU. Every
     tunable kernel uses the variant the tuning database in `store` (default: the local store,
     farm.store.default_store_root) holds for its target; `tune` first times, on this host, the kernels it lacks for
-    targets this host can run (`retune`: all of them), reporting each one to `tune_progress`.
+    targets this host can run (`retune`: all of them), reporting each one to `tune_progress`. `shapes` fixes the
+    sizes of dynamic input dimensions (`--shape`, farm.frontend.shapes).
     """
     from farm.backends.llvm.blobs import sweep_stale_scratch
     from farm.backends.llvm.target import host_target
@@ -60,7 +62,7 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
     targets = list(targets) or [host_target()]
     name, model_sha256 = Path(model_path).stem, hashlib.sha256(Path(model_path).read_bytes()).hexdigest()
     cpu_targets = [t for t in targets if t.kind == "cpu"]
-    plan, tuning = choose_variants(assembly.plan_model(model_path), cpu_targets,
+    plan, tuning = choose_variants(assembly.plan_model(model_path, shapes), cpu_targets,
                                    store or FileStore(default_store_root()), tune, retune, tune_progress)
     units = assembly.compile_units(plan, targets)
     objects = dict(zip((unit.name for unit in units), _run(executor, [_step_call(unit, plan) for unit in units],
@@ -74,7 +76,7 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
     manifest, members = assembly.artifact_contents(plan_json, built)
     os.makedirs(out_dir, exist_ok=True)
     artifact = write_artifact(os.path.abspath(os.path.join(out_dir, f"{name}.farm")), manifest, members)
-    return BuildResult(assembly.build_identity(model_sha256, name, targets)[:16], artifact,
+    return BuildResult(assembly.build_identity(model_sha256, name, targets, shapes)[:16], artifact,
                        sum(unit.kind == "kernel" for unit in units), sum(unit.kind == "blob" for unit in units),
                        time.perf_counter() - started, [t.id for t in targets], tuning if tune or retune else None)
 

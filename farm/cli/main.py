@@ -99,23 +99,30 @@ def _client(broker: str | None):
               help="First time the GEMM variants of each kernel the tuning database lacks, on a CPU of its target "
                    "(this host, or a farm worker of that CPU class), and record the fastest.")
 @click.option("--retune", is_flag=True, help="Like --tune, but time every tunable kernel again.")
+@click.option("--shape", "shape_specs", multiple=True, metavar="NAME=SIZE",
+              help="Pin a dynamic dimension by its symbolic name (batch=1) or a whole input (input_ids=1x128); "
+                   "repeatable.")
 @reports_errors
 def submit(model: Path, targets: tuple[str, ...], output_dir: str, as_json: bool, workers: int | None,
-           broker: str | None, no_wait: bool, detach: bool, no_cache: bool, tune: bool, retune: bool) -> None:
+           broker: str | None, no_wait: bool, detach: bool, no_cache: bool, tune: bool, retune: bool,
+           shape_specs: tuple[str, ...]) -> None:
     """Build MODEL.onnx into OUTPUT_DIR/<stem>.farm and print the artifact's path (on the farm when one is set).
 
-    Kernels use the variants the tuning database holds for their target (the default where it holds none). On the
+    Kernels use the variants the tuning database holds for their target (the default where it holds none). A model
+    with dynamic dimensions needs --shape for each (exported batch or sequence sizes). On the
     farm the job id goes to stderr first thing; Ctrl-C while waiting cancels the job (with --detach: leaves it
     running) and exits 130."""
     from farm.backends.registry import parse_targets
+    from farm.frontend.shapes import parse_shapes
 
     if not model.is_file():
         raise BadInputError(f"{model}: no such model file")
+    shapes = parse_shapes(shape_specs)
     client = _client(broker) if broker else None
     chosen = parse_targets(targets, _devices(client.broker if client else None))
     if client:
         _submit_to_farm(client, model, chosen, output_dir, as_json, no_wait, detach, no_cache,
-                        {"tune": tune, "retune": retune})
+                        {"tune": tune, "retune": retune, "shapes": shapes})
         return
     from farm.build.executor import LocalExecutor
     from farm.build.local import build_model
@@ -123,7 +130,7 @@ def submit(model: Path, targets: tuple[str, ...], output_dir: str, as_json: bool
 
     with LocalExecutor(workers) as executor, BuildProgress(model.name) as progress:
         result = build_model(model, output_dir, chosen, executor=executor, progress=progress.update, tune=tune,
-                             retune=retune, tune_progress=progress.tuning)
+                             retune=retune, tune_progress=progress.tuning, shapes=shapes)
     for note in result.tuning.notes if result.tuning else []:
         click.echo(f"farm: note: {note}", err=True)
     click.echo(json.dumps(result.to_json(), sort_keys=True) if as_json else result.artifact)
@@ -142,10 +149,10 @@ def _devices(broker: str | None) -> Devices:
 
 
 def _submit_to_farm(client, model: Path, targets: list, output_dir: str, as_json: bool, no_wait: bool,
-                    detach: bool, no_cache: bool, tuning: dict[str, bool]) -> None:
+                    detach: bool, no_cache: bool, options: dict[str, Any]) -> None:
     from farm.errors import UnreachableError
 
-    job_id = client.submit(model, targets, no_cache=no_cache, **tuning)
+    job_id = client.submit(model, targets, no_cache=no_cache, **options)
     click.echo(f"farm: job {job_id} submitted; farm status {job_id} / farm cancel {job_id}", err=True)
     if no_wait:
         click.echo(json.dumps({"job_id": job_id, "state": "queued"}) if as_json else job_id)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +63,11 @@ class FarmClient:
         return self._store
 
     def submit(self, model_path: str | os.PathLike, targets: Sequence[Target], no_cache: bool = False,
-               tune: bool = False, retune: bool = False) -> str:
+               tune: bool = False, retune: bool = False, shapes: Mapping[str, tuple[int, ...]] | None = None) -> str:
         """Upload the model (unless the store has it) and submit the job's request to the workers' intake
         (farm.distributed.intake), which makes its record and plans it; returns the job id. `tune`: time the
-        kernels the tuning database lacks first (`retune`: all of them), on workers of each target's CPU class."""
+        kernels the tuning database lacks first (`retune`: all of them), on workers of each target's CPU class.
+        `shapes`: dynamic input dimensions pinned (farm.frontend.shapes)."""
         path = Path(model_path)
         if not path.is_file():
             raise BadInputError(f"{path}: no such model file")
@@ -77,6 +78,7 @@ class FarmClient:
             self.store.stage(data)
         return self.board.submit(JobRecord(JobState.QUEUED, model_sha256, check_model_name(path.stem), model_sha256,
                                             list(targets), no_cache=no_cache, tune=tune, retune=retune,
+                                            shapes=dict(shapes or {}),
                                             submitted_from=os.uname().nodename[:255], created=now, updated=now))
 
     def jobs(self, limit: int = 20) -> list[dict[str, Any]]:

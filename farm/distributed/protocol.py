@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 from farm.backends.registry import Target, target_from_json
 from farm.build.units import CompileUnit
 from farm.errors import BadInputError
+from farm.frontend.shapes import shapes_from_json, shapes_to_json
 from farm.ir.specs import KernelSpec
 from farm.store.base import is_key
 
@@ -377,6 +378,7 @@ STATE = Codec(lambda state: JobState(state).value, JobState)
 TARGETS = Codec(lambda targets: json.dumps([t.to_json() for t in targets]),
                 lambda text: [target_from_json(data) for data in _json_list(text)])
 STRINGS = Codec(json.dumps, _string_list)
+SHAPES = Codec(lambda shapes: json.dumps(shapes_to_json(shapes)), lambda text: shapes_from_json(json.loads(text)))
 
 MAP_FIELDS = {"tune_errors": "tune_error:", "libraries": "library:"}
 """Record fields that are maps, kept as one hash field per entry (`<prefix><key>`), so that concurrent steps
@@ -395,6 +397,8 @@ class JobRecord:
     no_cache: bool = False
     tune: bool = False
     retune: bool = False
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Dynamic input dimensions the submitter pinned (`--shape`, farm.frontend.shapes)."""
     submitted_from: str = ""
     created: float = 0.0
     updated: float = 0.0
@@ -448,11 +452,12 @@ CODECS: dict[str, Codec] = {
     "no_cache": BOOL, "tune": BOOL, "retune": BOOL, "submitted_from": STR, "created": FLOAT, "updated": FLOAT,
     "finished": FLOAT, "total": INT, "kernels": INT, "blobs": INT, "targets_total": INT, "link_plan_key": KEY,
     "artifact_key": KEY, "cached": BOOL, "error": STR, "exit_status": INT, "failed_unit": STR, "tuning_note": STR,
-    "tune_units": STRINGS, "tuned": BOOL,
+    "tune_units": STRINGS, "tuned": BOOL, "shapes": SHAPES,
 }
 
 
-REQUEST_FIELDS = ("model_name", "model_sha256", "targets", "no_cache", "tune", "retune", "submitted_from", "created")
+REQUEST_FIELDS = ("model_name", "model_sha256", "targets", "no_cache", "tune", "retune", "shapes", "submitted_from",
+                  "created")
 """The record fields a submitter chooses; every other field (state, keys, counts, errors) is the farm's."""
 NONCE = re.compile(r"[0-9a-f]{32}")
 

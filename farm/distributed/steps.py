@@ -52,8 +52,10 @@ class JobFailed(FarmError):
 
 
 def artifact_ref(record: JobRecord) -> str:
-    """The cache ref of a job's artifact: its build identity (model, name, targets, farm's codegen)."""
-    return refs.artifact(assembly.build_identity(record.model_sha256, record.model_name, record.targets))
+    """The cache ref of a job's artifact: its build identity (model, name, targets, pinned shapes, farm's
+    codegen)."""
+    return refs.artifact(assembly.build_identity(record.model_sha256, record.model_name, record.targets,
+                                                 record.shapes))
 
 
 class Farm:
@@ -186,7 +188,7 @@ class Farm:
         with tempfile.TemporaryDirectory(prefix="farm-job-") as folder:
             path = Path(folder) / f"{record.model_name}.onnx"
             path.write_bytes(self.store.get(record.model_key))
-            return assembly.plan_model(path)
+            return assembly.plan_model(path, record.shapes)
 
     def _pin_cached(self, job_id: str, units: list[CompileUnit]) -> set[str]:
         """The names of the units whose objects the cache holds, each pinned for the job before its presence is

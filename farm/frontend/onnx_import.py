@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -17,6 +17,7 @@ from onnx import AttributeProto, TensorProto, numpy_helper
 
 from farm import defaults
 from farm.errors import ModelLoadError, UnsupportedError
+from farm.frontend.shapes import apply_shapes, dynamic_input_hint
 from farm.ir.graph import Graph, Node, TensorInfo
 
 MIN_OPSET = 9
@@ -31,16 +32,19 @@ _SHAPE_DATA_MAX_ELEMENTS = 4096
 # --------------------------------------------------------------------------------------------------- import_model
 
 
-def import_model(path: str | os.PathLike[str]) -> Graph:
-    """Load the ONNX model at `path` into a Graph with static value infos, constants and named nodes.
+def import_model(path: str | os.PathLike[str], shapes: Mapping[str, tuple[int, ...]] | None = None) -> Graph:
+    """Load the ONNX model at `path` into a Graph with static value infos, constants and named nodes; `shapes`
+    (farm.frontend.shapes, from `--shape`) fix the sizes of dynamic input dimensions before shape inference.
 
     Raises ModelLoadError when the file can't be read, is not an ONNX model or refers to external data outside its
-    folder, and UnsupportedError when its ai.onnx opset is outside 9..28 (older ones
-    only where its ops have not changed since 9). Dynamic shapes and unknown ops are left
+    folder, BadInputError for a pinned shape that doesn't fit the model, and UnsupportedError when its ai.onnx opset is
+    outside 9..28 (older ones only where its ops have not changed since 9). Dynamic shapes and unknown ops are left
     for `validate`, which can name the node that uses them.
     """
     path = os.fspath(path)
     model = _load_proto(path)
+    if shapes:
+        apply_shapes(model.graph, shapes, path)
     opset = _default_opset(model, path)
     model_dir = os.path.realpath(os.path.dirname(os.path.abspath(path)))
     _check_declared_sizes(model.graph)
@@ -725,7 +729,8 @@ def _check_static(graph: Graph, name: str, role: str, node: Node | None) -> None
         if partial is None:
             raise _unsupported(graph, node, f"{role} {name!r} has an unknown shape")
         shown = ", ".join(str(d) for d in partial)
-        raise _unsupported(graph, node, f"{role} {name!r} has dynamic shape [{shown}]")
+        hint = f"; {dynamic_input_hint(name, partial)}" if role == "model input" else ""
+        raise _unsupported(graph, node, f"{role} {name!r} has dynamic shape [{shown}]{hint}")
     if name not in graph.constants and any(d <= 0 for d in info.shape):
         raise _unsupported(graph, node, f"{role} {name!r} has an empty dim in shape {list(info.shape)}")
     if info.nbytes > defaults.MAX_TENSOR_BYTES:

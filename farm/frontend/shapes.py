@@ -1,0 +1,144 @@
+"""Pinned shapes (`farm submit --shape`): how a model with dynamic dimensions becomes one farm can build.
+
+Exporters leave a model's batch or sequence length symbolic (`[batch, 3, 224, 224]`, `input_ids: [batch, seq]`).
+A pin names either a symbolic dimension (`batch=1`: every input dimension of that name) or a whole input
+(`input_ids=1x128`); the import (onnx_import.import_model) writes the pinned sizes into the graph's inputs before
+ONNX shape inference, so that the Shape -> Gather -> Concat -> Reshape chains exporters emit fold like any
+static model's. Pins come from the command line and, on the farm, from a job record: both are untrusted, so
+every name and size is checked where it is read (parse_shapes, shapes_from_json) and again against the model
+(apply_shapes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import onnx
+
+from farm.errors import BadInputError
+
+MAX_PINS = 64
+"""The most pins one build takes (a model has a handful of symbolic dimensions)."""
+MAX_PIN_NAME = 256
+"""The longest input or dimension name a pin may give."""
+MAX_PIN_SIZE = 1 << 31
+"""The largest size a pinned dimension may have (tensor sizes are checked against farm's limit afterwards)."""
+
+PinnedShapes = dict[str, tuple[int, ...]]
+"""Pinned sizes by name: one size for a symbolic dimension or a one-dimensional input, several for an input."""
+
+
+def parse_shapes(specs: Iterable[str]) -> PinnedShapes:
+    """`--shape` values (NAME=SIZE or NAME=AxBxC) as pins; BadInputError naming the spec that is malformed, a
+    name given twice, or several sizes for one dimension (one artifact per set of sizes, for now)."""
+    pins: PinnedShapes = {}
+    for spec in specs:
+        name, sep, sizes = spec.partition("=")
+        if not sep or not name:
+            raise BadInputError(f"--shape {spec!r}: expected NAME=SIZE (a symbolic dimension, e.g. batch=1) or "
+                                f"INPUT=AxBxC (a whole input, e.g. input_ids=1x128)")
+        if "," in sizes:
+            raise BadInputError(f"--shape {spec!r}: one size per name; an artifact holding a schedule per size is "
+                                f"not supported yet, so build one artifact per size")
+        if name in pins:
+            raise BadInputError(f"--shape {spec!r}: {name!r} is pinned twice")
+        pins[name] = _sizes(spec, sizes)
+    return _checked(pins)
+
+
+def _sizes(spec: str, text: str) -> tuple[int, ...]:
+    parts = text.split("x")
+    if not all(part.isdigit() and part.isascii() for part in parts):
+        raise BadInputError(f"--shape {spec!r}: sizes are positive integers separated by 'x' (1x128)")
+    return tuple(int(part) for part in parts)
+
+
+def shapes_to_json(pins: Mapping[str, tuple[int, ...]]) -> dict[str, list[int]]:
+    """Pins as JSON, in name order (they are part of a build's identity)."""
+    return {name: list(pins[name]) for name in sorted(pins)}
+
+
+def shapes_from_json(data: object) -> PinnedShapes:
+    """Pins read back from a job record or a message; BadInputError unless they are {name: [sizes]} within the
+    limits parse_shapes enforces."""
+    if not isinstance(data, dict) or not all(isinstance(sizes, list) and all(type(s) is int for s in sizes)
+                                             for sizes in data.values()):
+        raise BadInputError(f"pinned shapes are {{name: [sizes]}}, got {str(data)[:200]!r}")
+    return _checked({name: tuple(sizes) for name, sizes in data.items()})
+
+
+def _checked(pins: PinnedShapes) -> PinnedShapes:
+    if len(pins) > MAX_PINS:
+        raise BadInputError(f"{len(pins)} pinned shapes; at most {MAX_PINS}")
+    for name, sizes in pins.items():
+        if not isinstance(name, str) or not name or len(name) > MAX_PIN_NAME or not name.isprintable():
+            raise BadInputError(f"pinned shape name {str(name)[:80]!r}: 1 to {MAX_PIN_NAME} printable characters")
+        if not sizes or not all(1 <= size <= MAX_PIN_SIZE for size in sizes):
+            raise BadInputError(f"--shape {name}={'x'.join(map(str, sizes))}: every size is an integer from 1 to "
+                                f"{MAX_PIN_SIZE}")
+    return pins
+
+
+def apply_shapes(graph: onnx.GraphProto, pins: Mapping[str, tuple[int, ...]], path: str) -> None:
+    """Write `pins` into the graph's inputs (in place): a name that is a graph input fixes that input's whole
+    shape; any other fixes each input dimension of that symbolic name. A pin that names neither, that gives an
+    input another rank, or that contradicts a static size is a BadInputError naming the model's inputs and
+    symbolic dimensions."""
+    initializers = {tensor.name for tensor in graph.initializer}
+    inputs = {vi.name: vi for vi in graph.input if vi.name not in initializers}
+    symbolic = {dim.dim_param for vi in inputs.values() for dim in _dims(vi) if dim.dim_param}
+    for name, sizes in pins.items():
+        if name in inputs:
+            _pin_input(inputs[name], sizes, path)
+        elif name in symbolic and len(sizes) == 1:
+            for vi in inputs.values():
+                _pin_dimension(vi, name, sizes[0])
+        else:
+            raise BadInputError(f"{path}: --shape {name}: the model has no input or symbolic dimension of that name "
+                                f"({_described(inputs.values())})")
+
+
+def _dims(vi: onnx.ValueInfoProto) -> list[onnx.TensorShapeProto.Dimension]:
+    return list(vi.type.tensor_type.shape.dim) if vi.type.tensor_type.HasField("shape") else []
+
+
+def _pin_input(vi: onnx.ValueInfoProto, sizes: tuple[int, ...], path: str) -> None:
+    dims = _dims(vi)
+    shown = "x".join(map(str, sizes))
+    if vi.type.tensor_type.HasField("shape") and len(dims) != len(sizes):
+        raise BadInputError(f"{path}: --shape {vi.name}={shown}: input {vi.name!r} has {len(dims)} dimensions "
+                            f"({_shape_text(vi)})")
+    for dim, size in zip(dims, sizes):
+        if dim.HasField("dim_value") and dim.dim_value != size:
+            raise BadInputError(f"{path}: --shape {vi.name}={shown}: input {vi.name!r} is {_shape_text(vi)}")
+    shape = vi.type.tensor_type.shape
+    shape.ClearField("dim")
+    for size in sizes:
+        shape.dim.add().dim_value = size
+
+
+def _pin_dimension(vi: onnx.ValueInfoProto, name: str, size: int) -> None:
+    for dim in _dims(vi):
+        if dim.dim_param == name:
+            dim.dim_value = size
+
+
+def _shape_text(vi: onnx.ValueInfoProto) -> str:
+    dims = _dims(vi)
+    if not vi.type.tensor_type.HasField("shape"):
+        return "of unknown rank"
+    return "[" + ", ".join(str(d.dim_value) if d.HasField("dim_value") else d.dim_param or "?" for d in dims) + "]"
+
+
+def _described(inputs: Iterable[onnx.ValueInfoProto]) -> str:
+    listed = [f"{vi.name} {_shape_text(vi)}" for vi in inputs]
+    return "inputs: " + ("; ".join(listed) if listed else "none")
+
+
+def dynamic_input_hint(name: str, dims: tuple[int | str, ...]) -> str:
+    """What to pass to build a model whose input `name` has the symbolic or unknown dims in `dims`: a --shape
+    per symbolic name, or for the whole input."""
+    symbolic = [d for d in dims if isinstance(d, str) and d != "?"]
+    whole = "x".join(str(d) if isinstance(d, int) else "N" for d in dims)
+    by_name = " ".join(f"--shape {d}=N" for d in dict.fromkeys(symbolic))
+    return f"pin it with {by_name + ' or ' if by_name else ''}--shape {name}={whole}"
