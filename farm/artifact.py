@@ -140,6 +140,12 @@ class Artifact:
             )
         return data
 
+    def member_size(self, name: str) -> int:
+        """The bytes of payload member `name` as the archive holds it (not read)."""
+        if name not in self._hashes:
+            raise ArtifactError(f"{self.path}: the manifest lists no member {name!r}")
+        return self._index[name][1]
+
     def verify(self) -> None:
         """Read and check every payload member, so that a damaged artifact fails now rather than at first use."""
         for name in sorted(self._hashes):

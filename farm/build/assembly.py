@@ -81,6 +81,7 @@ def manifest_template(plan: BuildPlan, targets: Sequence[Target], model_name: st
     manifest = {
         "format_version": FORMAT_VERSION,
         "farm_version": __version__,
+        "toolchain": toolchain_versions(),
         "model": {"name": model_name, "sha256": model_sha256, "opset": graph.opset},
         "inputs": [io(name) for name in graph.inputs],
         "outputs": [io(name) for name in graph.outputs],
@@ -94,6 +95,14 @@ def manifest_template(plan: BuildPlan, targets: Sequence[Target], model_name: st
         if chosen or PARTS[kind].always:
             manifest.update(PARTS[kind].manifest_fields(plan, chosen))
     return manifest
+
+
+def toolchain_versions() -> dict[str, str]:
+    """The planning process's toolchain as the manifest records it for `farm inspect`: llvmlite's and LLVM's
+    versions and the linker, not its label (which must change no byte). On a farm of mixed versions another
+    worker may link; a label keeps such toolchains' caches apart."""
+    found = toolchain()
+    return {"llvmlite": found.llvmlite, "llvm": found.llvm, "linker": found.linker}
 
 
 def libraries(plan_json: dict[str, Any]) -> list[dict[str, Any]]:

@@ -216,6 +216,21 @@ def _wait_with_progress(client, job_id: str, label: str, timeout: float | None =
 
 
 @main.command()
+@click.argument("artifact", type=click.Path(dir_okay=False, path_type=Path))
+@json_option
+@reports_errors
+def inspect(artifact: Path, as_json: bool) -> None:
+    """Show what ARTIFACT holds: the model's inputs and outputs (names, dtypes, shapes), its targets, kernel and
+    weight counts and sizes, and the farm and toolchain that built it. Every member's sha256 is checked first."""
+    from farm.cli.inspect import describe, format_description
+
+    if not artifact.is_file():
+        raise BadInputError(f"{artifact}: no such artifact file")
+    description = describe(artifact)
+    click.echo(json.dumps(description, sort_keys=True) if as_json else format_description(description))
+
+
+@main.command()
 @click.argument("job_id")
 @broker_option
 @json_option

@@ -1,0 +1,98 @@
+"""`farm inspect`: what an artifact holds, read from its verified manifest without loading any code.
+
+Users learn an artifact's inputs here instead of by provoking an error from `farm run`, and CI scripts read the
+same facts with --json (`describe` is that object; `format_description` the text form).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from farm.artifact import Artifact, verify
+from farm.runtime.manifest import check_manifest
+
+INSPECT_SCHEMA = 1
+"""The version of `farm inspect --json`'s object: bumped when a key changes meaning or goes away."""
+
+
+def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The artifact at `path` as `farm inspect --json` prints it, after checking every member's sha256 and the
+    manifest's schema (ArtifactError otherwise, as `farm run` would refuse it)."""
+    artifact = verify(path)
+    manifest = artifact.manifest
+    check_manifest(artifact.path, manifest)
+    members = manifest["members"]
+    return {
+        "schema": INSPECT_SCHEMA,
+        "artifact": os.path.abspath(artifact.path),
+        "bytes": os.path.getsize(artifact.path),
+        "model": manifest["model"],
+        "farm_version": manifest.get("farm_version"),
+        "format_version": manifest.get("format_version"),
+        "toolchain": manifest.get("toolchain"),
+        "signed": artifact.signature is not None,
+        "inputs": [_tensor(entry) for entry in manifest["inputs"]],
+        "outputs": [_tensor(entry) for entry in manifest["outputs"]],
+        "targets": _targets(artifact),
+        "kernels": len(manifest.get("kernels", [])),
+        "opencl_kernels": len(manifest.get("opencl", {}).get("kernels", [])),
+        "steps": len(manifest.get("schedule", [])),
+        "blobs": len(manifest.get("blobs", [])),
+        "blob_bytes": sum(int(blob["bytes"]) for blob in manifest.get("blobs", [])),
+        "members": len(members),
+    }
+
+
+def _tensor(entry: dict[str, Any]) -> dict[str, Any]:
+    return {"name": entry["name"], "dtype": entry["dtype"], "shape": list(entry["shape"])}
+
+
+def _targets(artifact: Artifact) -> list[dict[str, Any]]:
+    """Each CPU target with its library's bytes, then each OpenCL device class with its program binaries' bytes."""
+    manifest = artifact.manifest
+    targets = [{"id": t["id"], "kind": "cpu", "member_bytes": artifact.member_size(t["library"])}
+               for t in manifest["targets"]]
+    opencl = manifest.get("opencl", {})
+    for fingerprint in opencl.get("devices", []):
+        binaries = [kernel["binaries"][fingerprint] for kernel in opencl.get("kernels", [])]
+        targets.append({"id": f"opencl:{fingerprint}", "kind": "opencl",
+                        "member_bytes": sum(artifact.member_size(name) for name in binaries)})
+    return targets
+
+
+def format_description(description: dict[str, Any]) -> str:
+    """The text `farm inspect` prints: one fact per line, tensors one per line. The manifest's strings are the
+    artifact's word, so each is printed escaped where it holds anything but printable characters."""
+    model, toolchain = description["model"], description["toolchain"]
+    built = f"farm {_shown(description['farm_version'])} (artifact format {description['format_version']})"
+    if isinstance(toolchain, dict):
+        built += (f", llvmlite {_shown(toolchain.get('llvmlite'))}, LLVM {_shown(toolchain.get('llvm'))}, "
+                  f"{_shown(toolchain.get('linker'))}")
+    lines = [_shown(description["artifact"]),
+             f"  model    {_shown(model.get('name'))} (ai.onnx opset {_shown(model.get('opset'))}, sha256 "
+             f"{model['sha256'][:16]})",
+             f"  built by {built}{'; signed' if description['signed'] else ''}"]
+    for role in ("inputs", "outputs"):
+        for index, tensor in enumerate(description[role]):
+            shape = "x".join(map(str, tensor["shape"])) or "scalar"
+            lines.append(f"  {'' if index else role:<8} {_shown(tensor['name'])}: {tensor['dtype']} {shape}")
+    for index, target in enumerate(description["targets"]):
+        lines.append(f"  {'targets' if index == 0 else '':<8} {target['id']} ({_size(target['member_bytes'])})")
+    lines.append(f"  kernels  {description['kernels']} CPU, {description['opencl_kernels']} OpenCL; "
+                 f"{description['steps']} steps")
+    lines.append(f"  weights  {description['blobs']} blobs, {_size(description['blob_bytes'])}; the artifact "
+                 f"{_size(description['bytes'])}")
+    return "\n".join(lines)
+
+
+def _shown(value: Any) -> str:
+    text = str(value)
+    return text if text.isprintable() else ascii(text)
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} B"
