@@ -146,9 +146,10 @@ class Artifact:
             raise ArtifactError(f"{self.path}: the manifest lists no member {name!r}")
         return self._index[name][1]
 
-    def verify(self) -> None:
-        """Read and check every payload member, so that a damaged artifact fails now rather than at first use."""
-        for name in sorted(self._hashes):
+    def verify(self, skip: Collection[str] = ()) -> None:
+        """Read and check every payload member (but those in `skip`, which the caller reads and so checks itself),
+        so that a damaged artifact fails now rather than at first use."""
+        for name in sorted(set(self._hashes) - set(skip)):
             self.read_member(name)
 
 

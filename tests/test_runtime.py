@@ -19,7 +19,7 @@ import pytest
 from llvmlite import ir
 
 from farm import defaults
-from farm.artifact import FORMAT_VERSION, write_artifact
+from farm.artifact import FORMAT_VERSION, Artifact, write_artifact
 from farm.errors import ArtifactError, RunInputError
 from farm.runtime import TensorSpec, load
 from farm.runtime.host import Host, choose_target, this_host
@@ -177,13 +177,51 @@ def test_no_target_for_this_host(tmp_path: Path, library: bytes) -> None:
 
 def test_second_load_reuses_the_cached_library(artifact: Path, tmp_path: Path) -> None:
     load(artifact, cache_dir=tmp_path / "cache")
-    (cached,) = (tmp_path / "cache" / "runtime").iterdir()
+    (cached,) = (tmp_path / "cache" / "runtime").glob("*.so")
     before = cached.stat()
     model = load(artifact, cache_dir=tmp_path / "cache")
     after = cached.stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
-    assert list((tmp_path / "cache" / "runtime").iterdir()) == [cached]
+    assert list((tmp_path / "cache" / "runtime").glob("*.so")) == [cached]
     np.testing.assert_array_equal(model.run({"x": np.ones((1, COUNT), np.float32)})["y"], np.full((1, COUNT), 3.0))
+
+
+def test_a_second_load_of_the_same_file_hashes_nothing_and_reads_no_member(artifact: Path, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The artifact file was verified and its library cached by the first load (farm.runtime.cache): the second
+    reads the manifest only."""
+    load(artifact, cache_dir=tmp_path / "cache")
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a second load read a member")
+
+    monkeypatch.setattr(Artifact, "read_member", refuse)
+    model = load(artifact, cache_dir=tmp_path / "cache")
+    np.testing.assert_array_equal(model.run({"x": np.ones((1, COUNT), np.float32)})["y"], np.full((1, COUNT), 3.0))
+
+
+def test_an_artifact_rewritten_after_a_good_load_is_verified_again(artifact: Path, library: bytes,
+                                                                   tmp_path: Path) -> None:
+    """A file rewritten in place (another mtime or size) is another identity: a member tampered after the first
+    load is refused, even though the cache holds the good library."""
+    load(artifact, cache_dir=tmp_path / "cache")
+    data = bytearray(artifact.read_bytes())
+    data[data.index(library[:64]) + 40] ^= 0xFF
+    artifact.write_bytes(bytes(data))
+    os.utime(artifact, ns=(1, 1))
+    with pytest.raises(ArtifactError, match="was tampered"):
+        load(artifact, cache_dir=tmp_path / "cache")
+
+
+def test_a_cached_library_replaced_behind_the_runtime_is_written_again(artifact: Path, library: bytes,
+                                                                       tmp_path: Path) -> None:
+    load(artifact, cache_dir=tmp_path / "cache")
+    (cached,) = (tmp_path / "cache" / "runtime").glob("*.so")
+    cached.unlink()
+    cached.write_bytes(b"\x7fELF replaced by something else")
+    model = load(artifact, cache_dir=tmp_path / "cache")
+    assert cached.read_bytes() == library
+    np.testing.assert_array_equal(model.run({"x": np.zeros((1, COUNT), np.float32)})["y"], np.ones((1, COUNT)))
 
 
 def test_cache_dir_defaults_to_farm_cache_dir(artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,7 +1,8 @@
 """farm's runtime: load an artifact, pick the target built for this host and run it.
 
 Nothing is loaded before the manifest's signature has been checked (when the runtime is given trusted keys), the
-manifest against its schema (farm.runtime.manifest) and every member's sha256 against the manifest. Each backend
+manifest against its schema (farm.runtime.manifest) and every member's sha256 against the manifest (once per
+artifact file: farm.runtime.cache). Each backend
 brings its loader (farm.backends.registry): the CPU library (farm.runtime.cpu) or the OpenCL programs
 (farm.runtime.opencl).
 """
@@ -23,7 +24,8 @@ __all__ = ["Model", "TensorSpec", "load"]
 
 def load(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None,
          device: str = "cpu", threads: int = 0, trust: Sequence[str] = ()) -> Model:
-    """Verify the artifact, choose this host's target and load its library from the cache (<cache_dir>/runtime/).
+    """Verify the artifact (once per artifact file), choose this host's target and load its library from the cache
+    (<cache_dir>/runtime/, written on the first load).
 
     `threads`: how many threads a CPU run may use; 0 (the default) means every CPU this process may run on, 1 runs
     the whole schedule in one native call (farm_run) on the calling thread.

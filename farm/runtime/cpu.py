@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import mmap
 import os
 
 from farm import defaults
-from farm.artifact import verify
+from farm.artifact import open_artifact
 from farm.errors import ArtifactError
-from farm.runtime.cache import cached_library
+from farm.runtime.cache import cached_library, is_verified, mark_verified, store_library
 from farm.runtime.host import choose_target, this_host
 from farm.runtime.manifest import check_library, check_manifest
 from farm.runtime.model import Model
@@ -16,13 +18,28 @@ from farm.runtime.model import Model
 
 def load_library_model(path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None,
                        threads: int) -> Model:
-    """Verify every member, choose this host's target and load its library (see farm.runtime.load)."""
-    artifact = verify(path)
+    """Verify the artifact (every member's sha256, once per artifact file: farm.runtime.cache), choose this host's
+    target and load its library from the cache, writing it there first when it is not (see farm.runtime.load).
+    A second load of the same file hashes nothing: it reads the manifest, checks the library's symbols through a
+    memory map and dlopens the cached file, whose weights the OS maps rather than copies."""
+    artifact = open_artifact(path)
     check_manifest(artifact.path, artifact.manifest)
     target = choose_target(artifact.manifest["targets"], this_host(), artifact.path)
-    library_bytes = artifact.read_member(target["library"])
-    check_library(artifact.path, artifact.manifest, target, library_bytes)
-    library_file = cached_library(library_bytes, cache_dir)
+    manifest_sha256 = hashlib.sha256(artifact.manifest_text).hexdigest()
+    verified = is_verified(artifact.path, manifest_sha256, cache_dir)
+    library_sha256 = artifact.manifest["members"][target["library"]]
+    library_file = cached_library(library_sha256, cache_dir)
+    if not verified:  # the library's bytes are checked as they are read below, when the cache lacks them
+        artifact.verify(skip=(target["library"],) if library_file is None else ())
+    if library_file is None:
+        data = artifact.read_member(target["library"])
+        check_library(artifact.path, artifact.manifest, target, data)
+        library_file = store_library(library_sha256, data, cache_dir)
+    else:
+        with open(library_file, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            check_library(artifact.path, artifact.manifest, target, mapped)
+    if not verified:
+        mark_verified(artifact.path, manifest_sha256, cache_dir)
     try:
         library = ctypes.CDLL(str(library_file))
     except OSError as error:

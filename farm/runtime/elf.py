@@ -8,6 +8,7 @@ it (farm.backends.llvm.link: no load-time code).
 
 from __future__ import annotations
 
+import mmap
 import struct
 from dataclasses import dataclass
 
@@ -79,8 +80,9 @@ def _string(table: bytes, at: int) -> str:
     return table[at:table.find(b"\0", at)].decode("ascii", "replace") if 0 <= at < len(table) else ""
 
 
-def defined_symbols(data: bytes) -> set[str]:
-    """The names of the symbols `data` (a 64-bit ELF file) defines in its .symtab (local ones included)."""
+def defined_symbols(data: bytes | mmap.mmap) -> set[str]:
+    """The names of the symbols `data` (a 64-bit ELF file, or a memory map of one) defines in its .symtab (local
+    ones included)."""
     if data[4:5] != b"\x02":
         raise ArtifactError("the library is not a 64-bit ELF file")
     layout, order = _header(data, ArtifactError)

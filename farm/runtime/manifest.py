@@ -8,6 +8,7 @@ damaged or hostile manifest (its sha256 recomputed) never reaches ctypes. Bounds
 
 from __future__ import annotations
 
+import mmap
 import re
 from typing import Any
 
@@ -126,8 +127,9 @@ def _member(fields: _Fields, value: Any, field: str, members: dict[str, Any]) ->
         raise fields.refuse(field, "is not a member of the artifact")
 
 
-def check_library(path: str, manifest: dict[str, Any], target: dict[str, Any], library: bytes) -> None:
-    """Cross-check a checked manifest's CPU target with its library before it is loaded: the library defines the
+def check_library(path: str, manifest: dict[str, Any], target: dict[str, Any], library: bytes | mmap.mmap) -> None:
+    """Cross-check a checked manifest's CPU target with its library (its bytes, or a memory map of the cached file,
+    so that a load reads only the pages the symbol tables are on) before it is loaded: the library defines the
     target's entry points and every kernel the manifest gives the target, and the target's launches are as many
     as the schedule's kernels define (`<symbol>_<n>`). Another model's or target's library fails here."""
     fields = _Fields(path)
