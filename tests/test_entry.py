@@ -68,7 +68,9 @@ def test_entry_calls_kernels_in_schedule_order_with_arena_offsets_and_blobs():
                                                                         "farm_k_first"]
     offsets = [int(x) for x in re.findall(r"getelementptr inbounds i8, ptr %\"?[.\w]+\"?, i64 (\d+)", text)]
     assert offsets == [0, 256, 512, 0, 1024, 512]
-    assert "farm_w_aaaa" in calls[0] and "farm_w_bbbb" in calls[2] and "farm_w" not in calls[1]
+    loads = re.findall(r'(%"?[.\w]+"?) = load ptr, ptr @"?(farm_w_\w+)\.address"?', text)
+    assert [blob for _, blob in loads] == ["farm_w_aaaa", "farm_w_bbbb"]
+    assert loads[0][0] in calls[0] and loads[1][0] in calls[2] and not any(var in calls[1] for var, _ in loads)
 
 
 def test_farm_run_steps_runs_any_range_of_steps():
@@ -83,7 +85,8 @@ def test_each_kernel_and_blob_is_declared_once():
     declared = sorted(f.name for f in module.functions
                       if f.is_declaration and f.name.startswith("farm_"))
     assert declared == ["farm_k_first", "farm_k_second"]
-    assert sorted(g.name for g in module.global_variables) == ["farm_w_aaaa", "farm_w_bbbb"]
+    assert sorted(g.name for g in module.global_variables) == [
+        "farm_bss_anchor", "farm_w_aaaa", "farm_w_aaaa.address", "farm_w_bbbb", "farm_w_bbbb.address"]
     assert [len(list(module.get_function(k).arguments)) for k in declared] == [3, 2]
 
 

@@ -16,6 +16,7 @@ from native_helpers import (
     call_farm_run,
     compile_kernels,
     elf_header,
+    elf_section,
     elf_symbol,
     elf_type,
     host,
@@ -101,6 +102,31 @@ def test_linking_is_byte_identical(host_library):
 def test_blob_is_64_byte_aligned_in_the_library(host_library):
     symbol = elf_symbol(host_library, BLOB.symbol)
     assert symbol.value % 64 == 0 and symbol.size == WEIGHTS.nbytes and symbol.visibility == "HIDDEN"
+
+
+def test_weights_lie_after_code_and_data_and_the_entry_reaches_them_through_64_bit_addresses(host_library,
+                                                                                                tmp_path):
+    """Every blob goes into .farm.weights, the library's last loaded section (link.WEIGHTS_SCRIPT: after the PLT's
+    slots too), and the entry
+    holds each blob's address as a 64-bit pointer in .data (an R_X86_64_RELATIVE relocation), never a 32-bit
+    offset: so a library whose weights span gigabytes keeps its code within 2 GB of its own constants."""
+    path = tmp_path / "lib.so"
+    path.write_bytes(host_library)
+    headers = subprocess.run(["readelf", "-SW", str(path)], capture_output=True, text=True, check=True).stdout
+    names = [line.split("]")[1].split()[0] for line in headers.splitlines() if "]" in line and "[Nr]" not in line
+             and line.split("]")[1].split()]
+    assert names.index(".farm.weights") == max(names.index(name) for name in names if not name.startswith(
+        (".comment", ".symtab", ".strtab", ".shstrtab")))
+    assert names.index(".farm.weights") > max(names.index(".text"), names.index(".data"), names.index(".got.plt"),
+                                              names.index(".bss"))
+    weights = elf_section(host_library, ".farm.weights")
+    assert weights.addralign == 64 and weights.size == WEIGHTS.nbytes
+    entry = tmp_path / "entry.o"
+    entry.write_bytes(compile_entry(SCHEDULE, host()))
+    relocations = subprocess.run(["readelf", "-rW", str(entry)], capture_output=True, text=True, check=True).stdout
+    blob_relocations = [line.split()[2] for line in relocations.splitlines()
+                        if len(line.split()) > 4 and line.split()[4] == BLOB.symbol]
+    assert blob_relocations == ["R_X86_64_64"]
 
 
 def test_no_build_id_and_no_executable_stack(host_library, tmp_path):

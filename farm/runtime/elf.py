@@ -59,9 +59,10 @@ def _header(data: bytes, error: type[FarmError]) -> tuple[Layout, str]:
     return LAYOUTS[data[4]], "<" if data[5] == 1 else ">"
 
 
-def sections(data: bytes, error: type[FarmError] = ArtifactError) -> list[Section]:
-    """Every section of an ELF file (32- or 64-bit, either byte order), named; `error` for anything malformed."""
-    data = bytes(data)
+def sections(data: bytes | mmap.mmap, error: type[FarmError] = ArtifactError) -> list[Section]:
+    """Every section of an ELF file (32- or 64-bit, either byte order), named; `error` for anything malformed. A
+    memory map is read in place (a copy of a 2.7 GB library took 2 s), other buffers are copied into bytes."""
+    data = data if isinstance(data, (bytes, mmap.mmap)) else bytes(data)
     layout, order = _header(data, error)
     table, = _unpack(data, order + layout.word, layout.section_table_at, "section table", error)
     entry, count, names_index = _unpack(data, order + "HHH", layout.section_entry_at, "section table", error)

@@ -44,6 +44,7 @@ def entry_ir(schedule: list[dict[str, Any]], target: CpuTarget) -> str:
     builder.ret_void()
     _steps_function(module, schedule)
     _work_function(module, _launch_entry(module, schedule), target)
+    _bss_anchor(module)
     return str(module)
 
 
@@ -233,13 +234,39 @@ def _slice_start(b: ir.IRBuilder, thread: ir.Value, count: ir.Value, threads: ir
 
 
 def _pointer(module: ir.Module, builder: ir.IRBuilder, arena: ir.Value, arg: list) -> ir.Value:
+    """An argument's address: into the arena, or a weight blob's, loaded from its address slot (_blob_address)."""
     kind, where = arg
     if kind == "arena":
         return builder.gep(arena, [ir.Constant(I64_T, where)], inbounds=True, source_etype=I8_T)
-    if where not in module.globals:
-        blob = ir.GlobalVariable(module, I8_T, where)
+    return builder.load(_blob_address(module, where), typ=PTR_T)
+
+
+BLOB_ADDRESS_SECTION = ".data.farm_blob_addresses"
+"""Where the entry keeps each weight blob's address, a 64-bit pointer, in .data: the entry reads a blob's address
+there, never as a 32-bit offset from its own code, because a library's weights may span gigabytes, past the +-2 GB
+that a RIP-relative reference reaches (a model of ten 8192 x 8192 MatMuls, 2.7 GB, failed to link with
+R_X86_64_PC32 out of range). The link places the weights after .bss, the last of everything else
+(link.WEIGHTS_SCRIPT); the entry always defines something in .bss (_bss_anchor) so that there is one."""
+BSS_ANCHOR_SECTION = ".bss.farm_anchor"
+BSS_ANCHOR_SYMBOL = "farm_bss_anchor"
+
+
+def _blob_address(module: ir.Module, symbol: str) -> ir.GlobalVariable:
+    """The blob's address slot: a hidden, writable (so that LLVM can't fold a load from it into a direct reference
+    to the blob) pointer initialised with the blob's address (an R_X86_64_RELATIVE relocation: 64 bits)."""
+    name = f"{symbol}.address"
+    if name not in module.globals:
+        blob = module.globals.get(symbol) or ir.GlobalVariable(module, I8_T, symbol)
         blob.linkage, blob.storage_class = "external", "hidden"
-    return module.globals[where]
+        slot = ir.GlobalVariable(module, PTR_T, name)
+        slot.storage_class, slot.section, slot.align, slot.initializer = "hidden", BLOB_ADDRESS_SECTION, 8, blob
+    return module.globals[name]
+
+
+def _bss_anchor(module: ir.Module) -> None:
+    anchor = ir.GlobalVariable(module, I64_T, BSS_ANCHOR_SYMBOL)
+    anchor.storage_class, anchor.section, anchor.align = "hidden", BSS_ANCHOR_SECTION, 8
+    anchor.initializer = ir.Constant(I64_T, 0)
 
 
 def compile_entry(schedule: list[dict[str, Any]], target: CpuTarget) -> bytes:
