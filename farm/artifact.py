@@ -18,7 +18,7 @@ import posixpath
 import re
 import tarfile
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -139,6 +139,28 @@ class Artifact:
                 f"{self.path}: member {name!r} was tampered with (its sha256 differs from the manifest)"
             )
         return data
+
+    def copy_member(self, name: str, file: BinaryIO, chunk: int = 16 << 20) -> None:
+        """Write payload member `name` to `file` a chunk at a time, hashing as it goes: ArtifactError when its bytes
+        differ from the manifest's sha256 (the caller discards what was written). A library of gigabytes is never
+        held in memory."""
+        if name not in self._hashes:
+            raise ArtifactError(f"{self.path}: the manifest lists no member {name!r}")
+        offset, size = self._index[name]
+        digest, left = hashlib.sha256(), size
+        with open(self.path, "rb") as source:
+            source.seek(offset)
+            while left:
+                block = source.read(min(chunk, left))
+                if not block:
+                    raise ArtifactError(f"{self.path}: member {name!r} is truncated ({size - left} of {size} bytes)")
+                digest.update(block)
+                file.write(block)
+                left -= len(block)
+        if digest.hexdigest() != self._hashes[name]:
+            raise ArtifactError(
+                f"{self.path}: member {name!r} was tampered with (its sha256 differs from the manifest)"
+            )
 
     def member_size(self, name: str) -> int:
         """The bytes of payload member `name` as the archive holds it (not read)."""

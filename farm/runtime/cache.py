@@ -15,13 +15,17 @@ entry instead of once per load:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import mmap
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from farm import defaults
-from farm.atomic import write_atomically
+from farm.atomic import stream_atomically, write_atomically
 
 
 def runtime_folder(cache_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -77,12 +81,26 @@ def cached_library(sha256: str, cache_dir: str | os.PathLike[str] | None = None)
     return target if stamp is not None and _marker_holds(folder / f"{sha256}.so.stat", stamp) else None
 
 
-def store_library(sha256: str, data: bytes, cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """Write `data` (a library's bytes, already checked against `sha256`) to <cache root>/runtime/<sha256>.so: to a
-    temporary file then os.replace, so that a concurrent loader never dlopens a partial library; then the marker
-    of its stat."""
+def store_library(sha256: str, write: Callable[[BinaryIO], object], check: Callable[[mmap.mmap], object],
+                  cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Make <cache root>/runtime/<sha256>.so: `write(file)` streams the library's bytes into a temporary file
+    (raising when they don't match `sha256`), `check(memory map of it)` may refuse it, then os.replace puts it in
+    place (a concurrent loader never dlopens a partial library) and the marker of its stat follows. Nothing is
+    left behind on a failure, and the library is never held in memory whole."""
     folder = runtime_folder(cache_dir)
     target = folder / f"{sha256}.so"
-    write_atomically(target, data)
+    missing = [path for path in (folder.parent, folder) if not path.exists()]
+
+    def check_file(temp: str) -> None:
+        with open(temp, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            check(mapped)
+
+    try:
+        stream_atomically(target, write, check=check_file)
+    except BaseException:
+        for path in reversed(missing):  # the folders this call made, so a refused library leaves no trace
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        raise
     write_atomically(folder / f"{sha256}.so.stat", json.dumps(_stamp(target), sort_keys=True).encode())
     return target

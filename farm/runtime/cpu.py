@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import mmap
 import os
@@ -29,15 +30,15 @@ def load_library_model(path: str | os.PathLike[str], cache_dir: str | os.PathLik
     verified = is_verified(artifact.path, manifest_sha256, cache_dir)
     library_sha256 = artifact.manifest["members"][target["library"]]
     library_file = cached_library(library_sha256, cache_dir)
-    if not verified:  # the library's bytes are checked as they are read below, when the cache lacks them
+    if not verified:  # the library's bytes are checked as they are copied below, when the cache lacks them
         artifact.verify(skip=(target["library"],) if library_file is None else ())
+    check = functools.partial(check_library, artifact.path, artifact.manifest, target)
     if library_file is None:
-        data = artifact.read_member(target["library"])
-        check_library(artifact.path, artifact.manifest, target, data)
-        library_file = store_library(library_sha256, data, cache_dir)
+        library_file = store_library(library_sha256, functools.partial(artifact.copy_member, target["library"]),
+                                     check, cache_dir)
     else:
         with open(library_file, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            check_library(artifact.path, artifact.manifest, target, mapped)
+            check(mapped)
     if not verified:
         mark_verified(artifact.path, manifest_sha256, cache_dir)
     try:
