@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from farm.atomic import write_atomically
+from farm.atomic import stream_atomically
 from farm.errors import ArtifactError
 
 FORMAT_VERSION = 4
@@ -75,30 +75,38 @@ def _tar_info(name: str, size: int) -> tarfile.TarInfo:
     return info
 
 
-def _tar_bytes(files: Mapping[str, bytes]) -> bytes:
-    """The whole archive in memory: ustar format so that tarfile never adds pax headers carrying timestamps."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT, encoding="utf-8") as tar:
+def _write_tar(file: BinaryIO, files: Mapping[str, bytes]) -> None:
+    """The archive, member by member in name order, into `file`: ustar format so that tarfile never adds pax
+    headers carrying timestamps. Members are read in place (a bytes object backs its BytesIO without a copy)."""
+    with tarfile.open(fileobj=file, mode="w", format=tarfile.USTAR_FORMAT, encoding="utf-8") as tar:
         for name in sorted(files):
             tar.addfile(_tar_info(name, len(files[name])), io.BytesIO(files[name]))
-    return buffer.getvalue()
 
 
 def write_artifact(path: str | os.PathLike[str], manifest: dict[str, Any], members: Mapping[str, bytes]) -> str:
-    """Write the artifact at `path` atomically and return the path.
+    """Write the artifact at `path` atomically and return the path. The archive streams into the file: a model of
+    gigabytes is never copied into an archive in memory (artifact_bytes's bytes are the same).
 
     Bad member paths raise ValueError before anything is written; any failure leaves neither the artifact nor a
     temporary file behind, and an existing artifact at `path` stays as it was.
     """
-    data = artifact_bytes(manifest, members)
+    files = _archive_files(manifest, members)
     path = os.fspath(path)
-    write_atomically(path, data, fsync=True)
+    stream_atomically(path, lambda file: _write_tar(file, files), fsync=True)
     return path
 
 
 def artifact_bytes(manifest: dict[str, Any], members: Mapping[str, bytes]) -> bytes:
     """The artifact file's bytes. The manifest gets `"members": {path: sha256}` for every payload member and
     `format_version` when it has none."""
+    buffer = io.BytesIO()
+    _write_tar(buffer, _archive_files(manifest, members))
+    return buffer.getvalue()
+
+
+def _archive_files(manifest: dict[str, Any], members: Mapping[str, bytes]) -> dict[str, bytes]:
+    """Every file of the archive: the members (bytes as they are, other buffers copied into bytes), the manifest
+    completed with their sha256s, and its digest; ValueError for a bad member path or format version."""
     for name in members:
         problem = _path_problem(name)
         if problem or name in _RESERVED:
@@ -107,10 +115,10 @@ def artifact_bytes(manifest: dict[str, Any], members: Mapping[str, bytes]) -> by
         raise ValueError(
             f"manifest format_version is {manifest['format_version']!r}, this farm writes {FORMAT_VERSION}"
         )
-    payload = {name: bytes(data) for name, data in members.items()}
+    payload = {name: data if isinstance(data, bytes) else bytes(data) for name, data in members.items()}
     full = {"format_version": FORMAT_VERSION, **manifest, "members": {n: _sha256(d) for n, d in payload.items()}}
     text = (json.dumps(full, sort_keys=True, indent=2) + "\n").encode("utf-8")
-    return _tar_bytes({**payload, MANIFEST: text, MANIFEST_DIGEST: f"{_sha256(text)}\n".encode()})
+    return {**payload, MANIFEST: text, MANIFEST_DIGEST: f"{_sha256(text)}\n".encode()}
 
 
 class Artifact:
@@ -349,7 +357,7 @@ def sign_artifact(path: str | os.PathLike[str], private_key_pem: bytes) -> str:
     record = _signature_record(public, key.sign(artifact.manifest_text).hex())
     files.update({MANIFEST: artifact.manifest_text, MANIFEST_DIGEST: f"{_sha256(artifact.manifest_text)}\n".encode(),
                   SIGNATURE: record})
-    write_atomically(artifact.path, _tar_bytes(files), fsync=True)
+    stream_atomically(artifact.path, lambda file: _write_tar(file, files), fsync=True)
     return public
 
 
