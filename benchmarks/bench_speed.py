@@ -12,8 +12,10 @@ dividing it by onnxruntime's multi-threaded time would charge farm for the cores
 
 Feeds: the built-in models get seeded standard-normal inputs (`farm.tools.examples.random_input`); an --onnx model
 gets seeded standard-normal floats for float inputs, ones for an integer input whose name contains "mask" (an
-attention mask), and integers in [0, 100) for other integer inputs (token ids valid for any vocabulary). Every
---onnx input must have static shapes. The largest difference between farm's one-thread outputs and onnxruntime's,
+attention mask), and integers in [0, 100) for other integer inputs (token ids valid for any vocabulary). An
+--onnx model's dynamic dimensions are pinned with --shape (NAME=SIZE or INPUT=AxB, as `farm submit --shape`
+takes them; the same pins for every --onnx model), and onnxruntime runs the dynamic model on the feeds of those
+shapes. The largest difference between farm's one-thread outputs and onnxruntime's,
 divided by the largest magnitude of onnxruntime's outputs, is reported per model as a sanity check.
 
 It also measures this machine's fp32 peak: a JIT-compiled loop of independent fused multiply-adds on the widest
@@ -23,14 +25,16 @@ step timing, best of repeats), onnxruntime's nodes of the same op family and wor
 repeats), each against one core's peak measured again just before that model's kernels are timed (a shared host's
 peak drifts by 5-10% within a minute).
 
-Bars (issue 14): light_resnet50 <= 1.05x onnxruntime; every model <= 1.25x; the heaviest multiply-add kernel of
-every model that takes at least KERNEL_BAR_MIN_SECONDS on one thread at >= 75% of one core's peak.
+Bars (issue 14): light_resnet50 <= 1.05x onnxruntime; every model of at least KERNEL_BAR_MIN_SECONDS on one
+thread <= 1.25x; the heaviest compute-bound multiply-add kernel of each such model at >= 75% of one core's peak.
 
-Usage: python3 benchmarks/bench_speed.py [--models a,b] [--onnx PATH]... [--rounds N] [--json out.json] [--no-fail]
+Usage: python3 benchmarks/bench_speed.py [--models a,b] [--onnx PATH]... [--shape NAME=SIZE]... [--rounds N]
+                                         [--json out.json] [--no-fail]
 Without --onnx every built-in model is measured; with --onnx only the given files, plus the built-in models that
 --models names. Bars apply to every measured model.
 Exit status: 0 when every bar passes (or --no-fail), 1 when a bar fails, 2 on bad arguments (an unknown model, an
---onnx path that is missing or not a readable ONNX model, an input with a dynamic dimension, two models of one name).
+--onnx path that is missing or not a readable ONNX model, an input left dynamic or a --shape that fits no input or
+dimension, two models of one name).
 """
 
 from __future__ import annotations
@@ -64,6 +68,8 @@ from farm.backends.llvm.target import host_target, init_llvm
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
 from farm.cli.bench import bench_artifact, kernel_label
+from farm.errors import BadInputError
+from farm.frontend.shapes import PinnedShapes, apply_shapes, parse_shapes
 
 RESNET50 = "light_resnet50"
 RESNET50_BAR = 1.05
@@ -98,6 +104,8 @@ class Subject:
     name: str
     path: Path
     feeds: dict[str, np.ndarray]
+    shapes: PinnedShapes | None = None
+    """The --shape pins an --onnx model with dynamic dimensions is built and fed with."""
 
 
 def fma_peak_gflops() -> float:
@@ -172,7 +180,7 @@ def static_inputs(model: onnx.ModelProto) -> list[tuple[str, np.dtype, list[int]
         dynamic = [dim.dim_param or "?" for dim in tensor_type.shape.dim if not dim.HasField("dim_value")]
         if dynamic or not tensor_type.HasField("shape"):
             raise ValueError(f"input {value.name!r} has a dynamic shape ({', '.join(dynamic) or 'no shape'}); "
-                             "export with static shapes")
+                             "pin it with --shape")
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
         inputs.append((value.name, dtype, [dim.dim_value for dim in tensor_type.shape.dim]))
     return inputs
@@ -188,12 +196,15 @@ def onnx_feed(name: str, dtype: np.dtype, shape: list[int], rng: np.random.Gener
     return rng.integers(0, TOKEN_LIMIT, shape).astype(dtype)
 
 
-def onnx_feeds(path: Path) -> dict[str, np.ndarray]:
-    """Seeded feeds for every input of the ONNX file at `path` (weights in external data are not read)."""
+def onnx_feeds(path: Path, shapes: PinnedShapes | None = None) -> dict[str, np.ndarray]:
+    """Seeded feeds for every input of the ONNX file at `path` (weights in external data are not read), its
+    dynamic dimensions pinned by `shapes` (`--shape`, as `farm submit` takes them)."""
     rng = np.random.default_rng(FEED_SEED)
     model = onnx.load(str(path), load_external_data=False)
     if not model.graph.node:
         raise ValueError("the file holds no graph")
+    if shapes:
+        apply_shapes(model.graph, shapes, str(path))
     return {name: onnx_feed(name, dtype, shape, rng) for name, dtype, shape in static_inputs(model)}
 
 
@@ -216,7 +227,7 @@ def one_thread_session_options() -> ort.SessionOptions:
 def bench_model(subject: Subject, folder: Path, executor: LocalExecutor, rounds: int) -> dict[str, Any]:
     """Build the model; time, interleaved, farm and onnxruntime at their default threads and both at one; then,
     once those sessions are closed (onnxruntime's pool threads spin after its runs), the heaviest kernels."""
-    artifact = build_model(subject.path, folder / "out", executor=executor).artifact
+    artifact = build_model(subject.path, folder / "out", executor=executor, shapes=subject.shapes).artifact
     result = model_latencies(subject, artifact, folder, rounds)
     time.sleep(SETTLE_SECONDS)
     return {**result, "kernels": heaviest_kernels(artifact, ort_kernel_times(subject.path, subject.feeds, folder))}
@@ -381,15 +392,16 @@ def kernel_cells(kernel: dict[str, Any]) -> list[str]:
             "-" if kernel["ort_of_peak"] is None else f"{kernel['ort_of_peak']:.0%}"]
 
 
-def onnx_subject(parser: argparse.ArgumentParser, path: Path) -> Subject:
-    """An --onnx file as a Subject named by its stem; a missing, unreadable or dynamic-shaped model is refused."""
+def onnx_subject(parser: argparse.ArgumentParser, path: Path, shapes: PinnedShapes) -> Subject:
+    """An --onnx file as a Subject named by its stem, its dynamic dimensions pinned by --shape; a missing or
+    unreadable model, or one left with a dynamic input, is refused."""
     if not path.is_file():
         parser.error(f"--onnx {path}: {'not a file' if path.exists() else 'no such file'}")
     try:
-        feeds = onnx_feeds(path)
-    except (OSError, ValueError, DecodeError) as error:
+        feeds = onnx_feeds(path, shapes)
+    except (OSError, ValueError, DecodeError, BadInputError) as error:
         parser.error(f"--onnx {path}: not a usable ONNX model: {error}")
-    return Subject(path.stem, path, feeds)
+    return Subject(path.stem, path, feeds, shapes)
 
 
 def unique_names(parser: argparse.ArgumentParser, models: Sequence[str], subjects: Sequence[Subject]) -> None:
@@ -408,6 +420,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                          "--onnx is given)")
     parser.add_argument("--onnx", type=Path, action="append", default=[], metavar="PATH",
                         help="also measure this ONNX file, named by its stem (repeatable)")
+    parser.add_argument("--shape", action="append", default=[], metavar="NAME=SIZE",
+                        help="pin a dynamic dimension of the --onnx models (batch=1) or a whole input "
+                             "(input_ids=1x128), as farm submit --shape does; repeatable")
     parser.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds per model (default 15)")
     parser.add_argument("--json", type=Path, help="also write every figure to this JSON file")
     parser.add_argument("--no-fail", action="store_true", help="exit 0 even when a bar fails")
@@ -416,7 +431,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--rounds must be >= 1")
     default_models = "" if args.onnx else ",".join(ALL_MODELS)
     args.models = model_names(parser, default_models if args.models is None else args.models)
-    args.onnx = [onnx_subject(parser, path) for path in args.onnx]
+    try:
+        shapes = parse_shapes(args.shape)
+    except BadInputError as error:
+        parser.error(str(error))
+    args.onnx = [onnx_subject(parser, path, shapes) for path in args.onnx]
     unique_names(parser, args.models, args.onnx)
     return args
 
