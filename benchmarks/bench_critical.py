@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""How much a farm of N workers could speed up one build: every step timed serially on one core, the compile
+units then scheduled on N simulated workers (issue 15 item 5: ResNet-50 plan 0.60 s, 139 units 3.30 s, link 0.63 s
+gave at most 1.6x on 2 workers and 3.1x on 64; DenseNet-121 5.3x on 64; BERT-base 1.3x).
+
+For each model it times, in this process on one core: the plan (import, passes, validation, planning and hashing
+every weight: `assembly.plan_model`), each compile unit on its own (`build.units.compile_unit`, the step a worker
+runs: a kernel or a weight blob for this host), and the finish (linking the library and writing the artifact).
+The plan and the finish are serial; the units are list-scheduled longest first on N workers (each unit on the
+first free worker). Speedup on N = (plan + every unit + finish) / (plan + the N-worker schedule's length +
+finish): what a farm of N idle workers gives at best, transfers aside. Built-in models: the light models shipped
+with onnx (light_resnet50, light_densenet121, ...), the examples, and bert_base (bert_style at BERT-base's size).
+
+Targets (issue 15): >= 10x on 64 workers for light_densenet121 and light_resnet50, >= 4x for bert_base.
+
+Usage: python3 benchmarks/bench_critical.py [--models light_resnet50,light_densenet121,bert_base]
+                                            [--workers 2,8,64] [--no-fail]
+Exit status: 0 when every target is met (or --no-fail), 1 when one is not, 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import heapq
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import onnx
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(CHECKOUT))
+
+from bench_build import ALL_MODELS, model_path  # noqa: E402
+from report import markdown_table  # noqa: E402
+
+from farm.artifact import write_artifact  # noqa: E402
+from farm.backends.llvm.target import host_target  # noqa: E402
+from farm.build import assembly  # noqa: E402
+from farm.build.parts import BuiltUnits  # noqa: E402
+from farm.build.units import compile_unit  # noqa: E402
+from farm.tools import examples  # noqa: E402
+
+TARGETS = {"light_resnet50": 10.0, "light_densenet121": 10.0, "bert_base": 4.0}
+EXTRA: dict[str, Callable[[], onnx.ModelProto]] = {
+    "bert_base": lambda: examples.bert_style(seq=128, width=768, heads=12, layers=12, vocab=30522),
+}
+
+
+def _timed(fn: Callable[[], object]) -> tuple[float, object]:
+    started = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - started, result
+
+
+def schedule_length(durations: list[float], workers: int) -> float:
+    """The makespan of list scheduling, longest first, on `workers` identical workers."""
+    free = [0.0] * workers
+    for duration in sorted(durations, reverse=True):
+        heapq.heappush(free, heapq.heappop(free) + duration)
+    return max(free)
+
+
+def measure(path: Path, folder: Path) -> dict[str, object]:
+    """Plan, every unit and the finish of one host build, each timed on its own."""
+    target = host_target()
+    plan_s, plan = _timed(lambda: assembly.plan_model(path))
+    units = assembly.compile_units(plan, [target])
+    compile_unit(units[0], None if not units[0].data_key else memoryview(plan.blobs[units[0].data_key]).cast("B"))
+    objects, unit_s = {}, []  # timed after one warm-up unit: LLVM's set-up is a worker's once, not a unit's
+    for unit in units:
+        data = memoryview(plan.blobs[unit.data_key]).cast("B") if unit.data_key else None
+        seconds, objects[unit.name] = _timed(lambda unit=unit, data=data: compile_unit(unit, data))
+        unit_s.append(seconds)
+
+    def finish() -> None:
+        plan_json = assembly.link_plan(plan, [target], path.stem, "0" * 64, units)
+        libraries: dict[str, bytes] = {}
+        built = BuiltUnits(objects.__getitem__, lambda name: hashlib.sha256(objects[name]).hexdigest(),
+                           libraries.__getitem__, lambda sha: plan.blobs[sha].tobytes())
+        libraries[target.id] = assembly.link_library(plan_json, target.id, built)
+        manifest, members = assembly.artifact_contents(plan_json, built)
+        write_artifact(folder / f"{path.stem}.farm", manifest, members)
+
+    finish_s, _ = _timed(finish)
+    return {"model": path.stem, "plan": plan_s, "units": unit_s, "finish": finish_s}
+
+
+def speedups(row: dict[str, object], workers: list[int]) -> dict[int, float]:
+    serial = row["plan"] + sum(row["units"]) + row["finish"]
+    return {n: serial / (row["plan"] + schedule_length(row["units"], n) + row["finish"]) for n in workers}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="light_resnet50,light_densenet121,bert_base",
+                        help="comma-separated models (light models, examples, bert_base)")
+    parser.add_argument("--workers", default="2,8,64", help="simulated worker counts (default 2,8,64)")
+    parser.add_argument("--no-fail", action="store_true", help="exit 0 even when a target is missed")
+    args = parser.parse_args(argv)
+    names = [name for name in args.models.split(",") if name]
+    unknown = [name for name in names if name not in (*ALL_MODELS, *EXTRA)]
+    if unknown:
+        parser.error(f"unknown model {', '.join(unknown)}")
+    try:
+        workers = sorted({int(n) for n in args.workers.split(",") if n})
+    except ValueError:
+        parser.error("--workers takes comma-separated integers")
+    if not workers or min(workers) < 1:
+        parser.error("--workers takes counts of at least 1")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="farm-critical-") as tmp:
+        for name in names:
+            path = Path(tmp) / f"{name}.onnx"
+            if name in EXTRA:
+                onnx.save(EXTRA[name](), path)
+            else:
+                path = model_path(name, Path(tmp))
+            rows.append(measure(path, Path(tmp)))
+            print(f"  {name}: plan {rows[-1]['plan']:.2f} s, {len(rows[-1]['units'])} units "
+                  f"{sum(rows[-1]['units']):.2f} s, finish {rows[-1]['finish']:.2f} s", flush=True)
+    table = [[r["model"], f"{r['plan']:.2f}", str(len(r["units"])), f"{sum(r['units']):.2f}", f"{max(r['units']):.2f}",
+              f"{r['finish']:.2f}", *(f"{s:.1f}x" for s in speedups(r, workers).values())] for r in rows]
+    print(markdown_table(["model", "plan s", "units", "units s", "longest s", "finish s",
+                          *(f"{n} workers" for n in workers)], table))
+    met = True
+    for row in rows:
+        target = TARGETS.get(row["model"])
+        if target is not None:
+            best = speedups(row, [64])[64]
+            met &= best >= target
+            print(f"target: {row['model']} >= {target:.0f}x on 64 workers: {best:.1f}x "
+                  f"{'MET' if best >= target else 'NOT MET'}")
+    return 0 if met or args.no_fail else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
