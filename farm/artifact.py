@@ -134,47 +134,50 @@ class Artifact:
 
     def read_member(self, name: str) -> bytes:
         """The bytes of payload member `name`, after checking them against the manifest's sha256."""
-        if name not in self._hashes:
-            raise ArtifactError(f"{self.path}: the manifest lists no member {name!r}")
-        offset, size = self._index[name]
+        offset, size = self._place(name)
         with open(self.path, "rb") as file:
             file.seek(offset)
             data = file.read(size)
         if len(data) != size:
-            raise ArtifactError(f"{self.path}: member {name!r} is truncated ({len(data)} of {size} bytes)")
-        if _sha256(data) != self._hashes[name]:
-            raise ArtifactError(
-                f"{self.path}: member {name!r} was tampered with (its sha256 differs from the manifest)"
-            )
+            raise self._truncated(name, len(data), size)
+        self._check_digest(name, _sha256(data))
         return data
 
     def copy_member(self, name: str, file: BinaryIO, chunk: int = 16 << 20) -> None:
         """Write payload member `name` to `file` a chunk at a time, hashing as it goes: ArtifactError when its bytes
         differ from the manifest's sha256 (the caller discards what was written). A library of gigabytes is never
         held in memory."""
-        if name not in self._hashes:
-            raise ArtifactError(f"{self.path}: the manifest lists no member {name!r}")
-        offset, size = self._index[name]
+        offset, size = self._place(name)
         digest, left = hashlib.sha256(), size
         with open(self.path, "rb") as source:
             source.seek(offset)
             while left:
                 block = source.read(min(chunk, left))
                 if not block:
-                    raise ArtifactError(f"{self.path}: member {name!r} is truncated ({size - left} of {size} bytes)")
+                    raise self._truncated(name, size - left, size)
                 digest.update(block)
                 file.write(block)
                 left -= len(block)
-        if digest.hexdigest() != self._hashes[name]:
-            raise ArtifactError(
-                f"{self.path}: member {name!r} was tampered with (its sha256 differs from the manifest)"
-            )
+        self._check_digest(name, digest.hexdigest())
 
     def member_size(self, name: str) -> int:
         """The bytes of payload member `name` as the archive holds it (not read)."""
+        return self._place(name)[1]
+
+    def _place(self, name: str) -> tuple[int, int]:
+        """(offset, size) of a listed payload member in the archive."""
         if name not in self._hashes:
             raise ArtifactError(f"{self.path}: the manifest lists no member {name!r}")
-        return self._index[name][1]
+        return self._index[name]
+
+    def _truncated(self, name: str, found: int, size: int) -> ArtifactError:
+        return ArtifactError(f"{self.path}: member {name!r} is truncated ({found} of {size} bytes)")
+
+    def _check_digest(self, name: str, sha256: str) -> None:
+        if sha256 != self._hashes[name]:
+            raise ArtifactError(
+                f"{self.path}: member {name!r} was tampered with (its sha256 differs from the manifest)"
+            )
 
     def verify(self, skip: Collection[str] = ()) -> None:
         """Read and check every payload member (but those in `skip`, which the caller reads and so checks itself),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from farm import __version__
@@ -22,12 +22,12 @@ from farm.backends.llvm.toolchain import toolchain
 from farm.backends.registry import Target
 from farm.build.parts import PARTS, BuiltUnits, link_target
 from farm.build.units import CompileUnit
-from farm.frontend.shapes import shapes_to_json
+from farm.frontend.shapes import PinnedShapes, shapes_to_json
 from farm.ir.specs import CODEGEN_VERSION, BlobSpec, canonical_json
 from farm.plan.planner import BuildPlan
 
 
-def plan_model(model_path: str | os.PathLike, shapes: Mapping[str, tuple[int, ...]] | None = None) -> BuildPlan:
+def plan_model(model_path: str | os.PathLike, shapes: PinnedShapes | None = None) -> BuildPlan:
     """Import (with the input dimensions `shapes` fixes: farm.frontend.shapes), optimise and validate the model,
     then plan it; raises before any compiling on bad input."""
     from farm.frontend.onnx_import import import_model, validate
@@ -41,7 +41,7 @@ def plan_model(model_path: str | os.PathLike, shapes: Mapping[str, tuple[int, ..
 
 
 def build_identity(model_sha256: str, model_name: str, targets: Sequence[Target],
-                   shapes: Mapping[str, tuple[int, ...]] | None = None) -> str:
+                   shapes: PinnedShapes | None = None) -> str:
     """Everything an artifact's bytes depend on besides the tuning database: farm's codegen, this process's toolchain
     (LLVM and the linker), the model's bytes and name, the targets, the pinned shapes (none: the identity builds
     had before shapes could be pinned). It names a local build's job and the farm's artifact cache entry."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from farm.build import assembly
 from farm.build.executor import LocalExecutor, StepCall
 from farm.build.parts import BuiltUnits
 from farm.build.units import UNIT_KINDS, CompileUnit, compile_unit
+from farm.frontend.shapes import PinnedShapes
 from farm.plan.planner import BuildPlan
 from farm.store import FileStore, Store, default_store_root
 from farm.tuning.variants import TuningReport, choose_variants
@@ -45,7 +46,7 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
                 executor: LocalExecutor | None = None, progress: ProgressCallback | None = None,
                 tune: bool = False, retune: bool = False, store: Store | None = None,
                 tune_progress: ProgressCallback | None = None,
-                shapes: Mapping[str, tuple[int, ...]] | None = None) -> BuildResult:
+                shapes: PinnedShapes | None = None) -> BuildResult:
     """Build `<out_dir>/<model-stem>.farm`; the artifact appears only when every step succeeded.
 
     `targets`: CPU and OpenCL targets (farm.backends.registry.parse_targets); none means this host's CPU. Every

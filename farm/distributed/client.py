@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from farm.distributed import protocol
 from farm.distributed.board import JobBoard
 from farm.distributed.protocol import TERMINAL, JobRecord, JobState, check_job_id, check_model_name
 from farm.errors import BadInputError, BuildError, CredentialsRefusedError, ExitStatus, JobError, UnreachableError
+from farm.frontend.shapes import PinnedShapes
 from farm.store import CorruptEntryError, MissingEntryError, Store, open_store
 
 ANY_WORKER = "start one with 'farm worker'"
@@ -63,7 +64,7 @@ class FarmClient:
         return self._store
 
     def submit(self, model_path: str | os.PathLike, targets: Sequence[Target], no_cache: bool = False,
-               tune: bool = False, retune: bool = False, shapes: Mapping[str, tuple[int, ...]] | None = None) -> str:
+               tune: bool = False, retune: bool = False, shapes: PinnedShapes | None = None) -> str:
         """Upload the model (unless the store has it) and submit the job's request to the workers' intake
         (farm.distributed.intake), which makes its record and plans it; returns the job id. `tune`: time the
         kernels the tuning database lacks first (`retune`: all of them), on workers of each target's CPU class.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 import numpy as np
@@ -17,7 +17,7 @@ from onnx import AttributeProto, TensorProto, numpy_helper
 
 from farm import defaults
 from farm.errors import ModelLoadError, UnsupportedError
-from farm.frontend.shapes import apply_shapes, dynamic_input_hint
+from farm.frontend.shapes import PinnedShapes, apply_shapes, dynamic_input_hint
 from farm.ir.graph import Graph, Node, TensorInfo
 
 MIN_OPSET = 9
@@ -32,7 +32,7 @@ _SHAPE_DATA_MAX_ELEMENTS = 4096
 # --------------------------------------------------------------------------------------------------- import_model
 
 
-def import_model(path: str | os.PathLike[str], shapes: Mapping[str, tuple[int, ...]] | None = None) -> Graph:
+def import_model(path: str | os.PathLike[str], shapes: PinnedShapes | None = None) -> Graph:
     """Load the ONNX model at `path` into a Graph with static value infos, constants and named nodes; `shapes`
     (farm.frontend.shapes, from `--shape`) fix the sizes of dynamic input dimensions before shape inference.
 

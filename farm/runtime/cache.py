@@ -81,6 +81,12 @@ def cached_library(sha256: str, cache_dir: str | os.PathLike[str] | None = None)
     return target if stamp is not None and _marker_holds(folder / f"{sha256}.so.stat", stamp) else None
 
 
+def check_mapped(path: str | os.PathLike[str], check: Callable[[mmap.mmap], object]) -> None:
+    """`check(a read-only memory map of the file at path)`: only the pages it reads are read."""
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        check(mapped)
+
+
 def store_library(sha256: str, write: Callable[[BinaryIO], object], check: Callable[[mmap.mmap], object],
                   cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Make <cache root>/runtime/<sha256>.so: `write(file)` streams the library's bytes into a temporary file
@@ -91,12 +97,8 @@ def store_library(sha256: str, write: Callable[[BinaryIO], object], check: Calla
     target = folder / f"{sha256}.so"
     missing = [path for path in (folder.parent, folder) if not path.exists()]
 
-    def check_file(temp: str) -> None:
-        with open(temp, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            check(mapped)
-
     try:
-        stream_atomically(target, write, check=check_file)
+        stream_atomically(target, write, check=lambda temp: check_mapped(temp, check))
     except BaseException:
         for path in reversed(missing):  # the folders this call made, so a refused library leaves no trace
             with contextlib.suppress(OSError):

@@ -5,13 +5,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import mmap
 import os
 
 from farm import defaults
 from farm.artifact import open_artifact
 from farm.errors import ArtifactError
-from farm.runtime.cache import cached_library, is_verified, mark_verified, store_library
+from farm.runtime.cache import cached_library, check_mapped, is_verified, mark_verified, store_library
 from farm.runtime.host import choose_target, this_host
 from farm.runtime.manifest import check_library, check_manifest
 from farm.runtime.model import Model
@@ -37,8 +36,7 @@ def load_library_model(path: str | os.PathLike[str], cache_dir: str | os.PathLik
         library_file = store_library(library_sha256, functools.partial(artifact.copy_member, target["library"]),
                                      check, cache_dir)
     else:
-        with open(library_file, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            check(mapped)
+        check_mapped(library_file, check)
     if not verified:
         mark_verified(artifact.path, manifest_sha256, cache_dir)
     try:
