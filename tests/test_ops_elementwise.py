@@ -1,5 +1,6 @@
 """farm.ops.elementwise against onnxruntime, one op per model: activations, math functions, broadcasting
-arithmetic (float32 and int64/int32), comparisons, logic, Where and Cast; a sample of the cases also on OpenCL."""
+arithmetic (float32 and int64/int32), comparisons, logic, Where and Cast, and the storage dtypes (float16, float64,
+8-32 bit integers); a sample of the cases also on OpenCL."""
 
 from __future__ import annotations
 
@@ -434,9 +435,53 @@ CAST_CASES: list[OpCase] = [
          {"x": CAST_SOURCES["bool"]}),
 ]
 
+# ------------------------------------------------------------------------------- storage dtypes (issue 15)
+#
+# float16 loads as float32 and stores rounded to nearest even; float64 computes in double; the narrow integers load
+# as int64 and store their low bits (numpy's wrap-around).
+
+NARROW_INTS = (np.int8, np.uint8, np.int16, np.uint16, np.uint32)
+NARROW_CAST_TARGETS = {"float16": TensorProto.FLOAT16, "float64": TensorProto.DOUBLE, "int8": TensorProto.INT8,
+                       "uint8": TensorProto.UINT8, "int16": TensorProto.INT16, "uint16": TensorProto.UINT16,
+                       "uint32": TensorProto.UINT32}
+WIDE_FLOATS = np.asarray([2.7, -2.7, 0.5, 65504.0, 65520.0, 1e-8, 1e16 + 2, -1e300, NAN, INF, 7.0, 1.0 / 3.0])
+
+
+def _wrapping(op: str, dtype) -> OpCase:
+    """`op` over the whole range of a narrow integer dtype, so that sums and products wrap around."""
+    info = np.iinfo(dtype)
+    a = np.asarray(np.linspace(info.min, info.max, 24), dtype=dtype).reshape(2, 3, 4)
+    b = np.asarray(np.resize([1, 3, 7, 100, 2, 5], 4), dtype=dtype)
+    return _binary_case(f"{op.lower()}-{np.dtype(dtype).name}-wraps", op, a, b)
+
+
+# Float to uint32 outside [0, 2^32) is undefined (C++ and ONNX); onnxruntime's answers there follow no one rule.
+UINT32_CAST_VALUES = _f32([2.7, -2.7, 0.5, -0.5, 0.0, -0.0, 3e9, 4.2e9, 100.0, -7.0, 65536.5, 1.0])
+DTYPE_CASES: list[OpCase] = [
+    *[_unary_case(f"cast-float32-to-{target}", "Cast", UINT32_CAST_VALUES if target == "uint32" else CAST_VALUES,
+                  {"to": code}) for target, code in NARROW_CAST_TARGETS.items()],
+    *[_unary_case(f"cast-{np.dtype(t).name}-to-float32", "Cast", _ints((12,), 4, 0, 120, t), {"to": TensorProto.FLOAT})
+      for t in NARROW_INTS],
+    _unary_case("cast-float64-to-float16", "Cast", WIDE_FLOATS, {"to": TensorProto.FLOAT16}),
+    _unary_case("cast-float64-to-float32", "Cast", WIDE_FLOATS, {"to": TensorProto.FLOAT}),
+    _unary_case("cast-float16-to-float64", "Cast", WIDE_FLOATS.astype(np.float16), {"to": TensorProto.DOUBLE}),
+    _unary_case("cast-int64-to-uint8", "Cast", CAST_SOURCES["int64"], {"to": TensorProto.UINT8}),
+    _unary_case("cast-int32-to-float16", "Cast", CAST_SOURCES["int32"], {"to": TensorProto.FLOAT16}),
+    *[_wrapping(op, t) for t in NARROW_INTS for op in ("Add", "Mul")],
+    _int_binary("Div", (2, 3, 4), (4,), dtype=np.int8),
+    _int_binary("Sub", (2, 3, 4), (4,), dtype=np.int16),
+    _binary_case("add-float16", "Add", rand(*X3, seed=5).astype(np.float16), rand(4, seed=6).astype(np.float16)),
+    _binary_case("div-float16", "Div", rand(*X3, seed=5).astype(np.float16), rand(4, seed=6).astype(np.float16) + 2),
+    _unary_case("sigmoid-float16", "Sigmoid", rand(*X3, seed=7).astype(np.float16)),
+    _binary_case("add-float64-exact", "Add", np.asarray([1e16, 1.0, -1e300, 0.1]), np.asarray([1.0, 1e-17, 1e300, 0.2])),
+    _binary_case("mul-float64", "Mul", rand(*X3, seed=8).astype(np.float64), rand(4, seed=9).astype(np.float64)),
+    _unary_case("sqrt-float64", "Sqrt", np.asarray([2.0, 1e-300, 1e300, 0.0, INF, 3.0])),
+    _binary_case("less-uint32", "Less", np.asarray([0, 2 ** 32 - 1, 5], np.uint32), np.asarray([1, 2 ** 31, 5], np.uint32)),
+]
+
 CASES: list[OpCase] = (ACTIVATION_CASES + ARITHMETIC_CASES + UNARY_CASES + INTEGER_ARITHMETIC_CASES
                        + MIN_MAX_MEAN_CASES + PRELU_CASES + CLIP_CASES + COMPARISON_CASES + LOGIC_CASES + WHERE_CASES
-                       + CAST_CASES)
+                       + CAST_CASES + DTYPE_CASES)
 
 
 @pytest.mark.parametrize("c", params(CASES))
@@ -445,13 +490,18 @@ def test_matches_onnxruntime(c: OpCase, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("model, message", [
-    pytest.param(single_op_model("Relu", [("x", X3, np.int64)]), "farm's Relu takes float32", id="relu-int64"),
+    pytest.param(single_op_model("Relu", [("x", X3, np.int64)]), "farm's Relu takes float16, float32, float64", id="relu-int64"),
     pytest.param(single_op_model("Mean", [("a", X3, np.int32), ("b", X3, np.int32)]), "input 'a' has dtype int32, which Mean does not take",
                  id="mean-int32"),
     pytest.param(single_op_model("Gelu", [("x", X3, np.float32)], {"approximate": "erf"}, opset=20),
                  "Gelu approximate='erf'", id="gelu-unknown-approximation"),
     pytest.param(single_op_model("Pow", [("a", X3, np.float32)], initializers={"b": np.ones(4, np.float64)}),
                  "input 1 has dtype float64", id="pow-float64-exponent"),
+    pytest.param(single_op_model("Exp", [("x", X3, np.float64)]), "farm's Exp takes float16, float32$",
+                 id="exp-float64-would-be-float32-accurate"),
+    pytest.param(single_op_model("MatMul", [("a", (2, 3), np.float16), ("b", (3, 4), np.float16)]),
+                 "input 'a' has dtype float16; MatMul takes bool, float32, int32, int64 in farm",
+                 id="matmul-float16-has-no-gemm"),
 ])
 def test_unsupported_variants_are_refused(model: onnx.ModelProto, message: str, tmp_path: Path) -> None:
     path = tmp_path / "model.onnx"
@@ -470,7 +520,8 @@ OPENCL_SAMPLE = [
     "mod-int64-signs", "mod-float-floor-special-opset28", "div-int64-truncates", "add-int64-2x3x4-4", "less-float-2x3x4-3x1",
     "equal-bool", "xor-2x3x4-2x3x4", "not-3d", "where-float-broadcast", "where-bool-values", "cast-float32-to-int64",
     "cast-float32-to-bool", "cast-bool-to-float32", "cast-int64-to-int32", "clip-runtime-bounds",
-    "add-int64-fused-clip",
+    "add-int64-fused-clip", "cast-float32-to-float16", "cast-float64-to-float16", "cast-float16-to-float64",
+    "add-uint8-wraps", "mul-int16-wraps", "cast-float32-to-uint32", "sigmoid-float16", "add-float64-exact",
 ]
 
 

@@ -19,6 +19,7 @@ from farm import defaults
 from farm.errors import ModelLoadError, UnsupportedError
 from farm.frontend.shapes import PinnedShapes, apply_shapes, dynamic_input_hint
 from farm.ir.graph import Graph, Node, TensorInfo
+from farm.ops.registry import ALL_DTYPES
 
 MIN_OPSET = 9
 MAX_OPSET = 28  # the newest opset of onnx 1.23, whose conformance cases check every supported op
@@ -669,8 +670,8 @@ def _check_op(graph: Graph, node: Node, supported: frozenset[str]) -> None:
         raise _unsupported(graph, node, "op is not supported by farm")
 
 
-# Element types a computed value may have: float32 compute, int64/int32 indices and shapes, bool masks.
-VALUE_DTYPES = ("float32", "int64", "int32", "bool")
+# Element types a computed value may have (each op says which of them it takes: ops.registry.OpLowering.dtypes).
+VALUE_DTYPES = tuple(sorted(ALL_DTYPES))
 
 
 def _check_model_io(graph: Graph, name: str, role: str, node: Node | None) -> None:

@@ -18,11 +18,16 @@ from typing import Any, Union
 
 Number = Union[int, float]
 
-F32, I64, BOOL = "f32", "i64", "bool"
-# A buffer may also hold int32 (I32): loads from it give I64 values and stores into it take them. BOOL buffers
-# hold one byte per element (numpy's bool); loads give BOOL values.
-I32 = "i32"
-VALUE_DTYPES = {F32: F32, I64: I64, I32: I64, BOOL: BOOL}
+F32, F64, I64, BOOL = "f32", "f64", "i64", "bool"
+FLOATS = frozenset({F32, F64})
+"""The float value dtypes: float32, and float64 where a kernel computes in double precision."""
+# Buffers may also hold narrower element types, which loads widen and stores narrow: float16 and bfloat16 (F16,
+# BF16) as F32 values (stores round to nearest even), the signed and unsigned integers of 8-32 bits as I64 values
+# (stores keep the low bits: wrap-around, as numpy's integer arithmetic). BOOL buffers hold one byte per element
+# (numpy's bool); loads give BOOL values.
+F16, BF16, I8, I16, I32, U8, U16, U32 = "f16", "bf16", "i8", "i16", "i32", "u8", "u16", "u32"
+VALUE_DTYPES = {F32: F32, F64: F64, F16: F32, BF16: F32, I64: I64, I8: I64, I16: I64, I32: I64, U8: I64, U16: I64,
+                U32: I64, BOOL: BOOL}
 
 
 class Expr:
@@ -62,7 +67,7 @@ class Expr:
         return binary("mod", self, other)
 
     def __neg__(self) -> Expr:
-        return binary("sub", const(0.0 if self.dtype == F32 else 0, self.dtype), self)
+        return binary("sub", const(0.0 if self.dtype in FLOATS else 0, self.dtype), self)
 
 
 ExprLike = Union[Expr, Number]
@@ -135,7 +140,7 @@ def wrap(value: ExprLike, like: str = F32) -> Expr:
     """Turn a Python number into a Const of the dtype of the expression it meets."""
     if isinstance(value, Expr):
         return value
-    return Const(float(value) if like == F32 else int(value), like)
+    return Const(float(value) if like in FLOATS else int(value), like)
 
 
 def binary(op: str, lhs: ExprLike, rhs: ExprLike) -> Expr:
@@ -204,11 +209,13 @@ def select(cond: Expr, if_true: ExprLike, if_false: ExprLike) -> Expr:
 
 
 def call(fn: str, arg: Expr) -> Expr:
-    return Call(fn, arg)
+    """fn(arg), in arg's float dtype (float32 for an integer argument)."""
+    return Call(fn, arg, arg.dtype if arg.dtype in FLOATS else F32)
 
 
 def to_float(arg: Expr) -> Expr:
-    return Cast(arg, F32)
+    """arg as a float value: float32 unless it is float64 already."""
+    return arg if arg.dtype in FLOATS else Cast(arg, F32)
 
 
 class Stmt:
@@ -249,8 +256,8 @@ class If(Stmt):
 
 @dataclass
 class Param:
-    """A kernel argument: a buffer of `dtype` elements (F32, I64, I32 or BOOL) that the kernel reads (or writes,
-    if `output`). Loads from it have dtype VALUE_DTYPES[dtype]."""
+    """A kernel argument: a buffer of `dtype` elements (a key of VALUE_DTYPES) that the kernel reads (or writes, if
+    `output`). Loads from it have dtype VALUE_DTYPES[dtype]."""
 
     name: str
     dtype: str = F32

@@ -3,8 +3,10 @@ Cast.
 
 Every op here is one table entry (`Elementwise`): its value at one output element, given one element of each input
 (broadcast numpy-style to the output shape), plus the dtypes its inputs may have and its attributes. One lowering
-turns any entry into a parallel loop nest. Values are float32, int64 (int32 buffers load and store as int64) or
-bool, as ONNX allows per op; math functions come from farm.ops.mathfns.
+turns any entry into a parallel loop nest. Values are float32 (float16 buffers load and store as float32), float64,
+int64 (narrower integer buffers load and store as int64) or bool, as ONNX allows per op; math functions come from
+farm.ops.mathfns, which are float32's: an op that calls one doesn't take float64 (DOUBLE), which it would compute
+to float32's accuracy.
 """
 
 from __future__ import annotations
@@ -19,13 +21,26 @@ from farm.ir import loopir as L
 from farm.ir.graph import Activation
 from farm.ir.specs import KernelSpec
 from farm.ops import mathfns as M
-from farm.ops.registry import BUFFER_DTYPES, NodeContext, activate, out_shape, register
+from farm.ops.registry import (
+    ALL_DTYPES,
+    BUFFER_DTYPES,
+    HALF_FLOATS,
+    NARROW_INTS,
+    NodeContext,
+    activate,
+    out_shape,
+    register,
+)
 
-FLOAT = frozenset({"float32"})
-INT = frozenset({"int64", "int32"})
+FLOAT = frozenset({"float32"}) | HALF_FLOATS
+DOUBLE = frozenset({"float64"})
+EXACT_FLOAT = FLOAT | DOUBLE
+"""For ops made of arithmetic, comparisons and floor alone, exact in float64 too."""
+INT = frozenset({"int64", "int32"}) | NARROW_INTS
 BOOL = frozenset({"bool"})
 NUMERIC = FLOAT | INT
-ANY = NUMERIC | BOOL
+EXACT_NUMERIC = EXACT_FLOAT | INT
+ANY = EXACT_NUMERIC | BOOL
 
 # The value of an op at one element: scope for intermediate locals, the inputs' elements, normalised attributes.
 Value = Callable[[M.Scope, list[L.Expr], dict[str, Any]], L.Expr]
@@ -63,10 +78,6 @@ def _fold(combine: Callable[[M.Scope, L.Expr, L.Expr], L.Expr]) -> Value:
 
 def _binary(op: str) -> Callable[[M.Scope, L.Expr, L.Expr], L.Expr]:
     return lambda s, a, b: L.binary(op, a, b)
-
-
-def _as_float(x: L.Expr) -> L.Expr:
-    return x if x.dtype == L.F32 else L.to_float(x)
 
 
 # ------------------------------------------------------------------------------------------ activations
@@ -156,7 +167,7 @@ def _is_inf(s: M.Scope, x: L.Expr, a: dict[str, Any]) -> L.Expr:
 def _divide(s: M.Scope, a: L.Expr, b: L.Expr) -> L.Expr:
     """Float division, or integer division truncating toward zero (x / 0 gives 0 instead of trapping, and
     x / -1 is a negation, so that INT64_MIN / -1 can't trap either)."""
-    if a.dtype == L.F32:
+    if a.dtype in L.FLOATS:
         return a / b
     a, b = s.bind(a), s.bind(b)
     quotient = a / _safe_divisor(s, b)
@@ -170,14 +181,14 @@ def _safe_divisor(s: M.Scope, b: L.Expr) -> L.Expr:
 
 def _nan_max(s: M.Scope, a: L.Expr, b: L.Expr) -> L.Expr:
     """max that propagates NaN from either side, as onnxruntime's Max does."""
-    if a.dtype != L.F32:
+    if a.dtype not in L.FLOATS:
         return L.maximum(a, b)
     b = s.bind(b)
     return L.select(M.is_nan(b), b, L.maximum(a, b))
 
 
 def _nan_min(s: M.Scope, a: L.Expr, b: L.Expr) -> L.Expr:
-    if a.dtype != L.F32:
+    if a.dtype not in L.FLOATS:
         return L.minimum(a, b)
     b = s.bind(b)
     return L.select(M.is_nan(b), b, L.minimum(a, b))
@@ -196,7 +207,7 @@ def _mod(s: M.Scope, xs: list[L.Expr], a: dict[str, Any]) -> L.Expr:
     """fmod=1: C's fmod (the sign of the dividend); fmod=0: the sign of the divisor (numpy's mod). An integer
     remainder by 0 gives 0 instead of trapping."""
     x, y = xs
-    if x.dtype == L.F32:
+    if x.dtype in L.FLOATS:
         return M.fmod(s, x, y) if a["fmod"] else M.floor_mod(s, x, y)
     y = s.bind(y)
     r = s.bind(x % _safe_divisor(s, y))
@@ -222,7 +233,7 @@ def _power(s: M.Scope, xs: list[L.Expr], a: dict[str, Any]) -> L.Expr:
     if exponent == 0.5:
         x = s.bind(x)
         return L.select(L.compare("eq", x, -M.INF), M.INF, L.call("sqrt", x))
-    return M.power(s, x, _as_float(y))
+    return M.power(s, x, L.to_float(y))
 
 
 def _int_base_power(s: M.Scope, x: L.Expr, y: L.Expr, dtype: str) -> L.Expr:
@@ -242,27 +253,45 @@ def _int_base_power(s: M.Scope, x: L.Expr, y: L.Expr, dtype: str) -> L.Expr:
 
 # ------------------------------------------------------------------------------------------------- casts
 
-# Smallest value of each integer dtype: what x86's float-to-int conversion (and so onnxruntime) gives for NaN and
-# out-of-range values. INT64_MIN is written as a cast of -2^63 (a float): OpenCL C has no literal for it.
-_INT_MIN = {"int64": L.Cast(L.const(-(2.0 ** 63)), L.I64), "int32": L.const(-(2 ** 31))}
-_INT_RANGE = {"int64": 2.0 ** 63, "int32": 2.0 ** 31}
+# Smallest value of the integer that x86's float-to-int conversion (and so onnxruntime) produces: what NaN and
+# out-of-range values give. Narrower targets convert through int32 (C's conversion of a float to a short or a byte
+# on x86) and uint32 through int64, keeping the low bits. INT64_MIN is written as a cast of -2^63 (a float):
+# OpenCL C has no literal for it.
+_INT64_RULE = (2.0 ** 63, L.Cast(L.const(-(2.0 ** 63)), L.I64))
+_INT32_RULE = (2.0 ** 31, L.const(-(2 ** 31)))
+_FLOAT_TO_INT_RULES = {"int64": _INT64_RULE, "uint32": _INT64_RULE, "int32": _INT32_RULE, "int16": _INT32_RULE,
+                       "uint16": _INT32_RULE, "int8": _INT32_RULE, "uint8": _INT32_RULE}
 
 
 def _float_to_int(s: M.Scope, x: L.Expr, dtype: str) -> L.Expr:
-    """Truncation toward zero; NaN and out-of-range values give the dtype's smallest value."""
+    """Truncation toward zero; NaN and out-of-range values give the converting integer's smallest value (the store
+    then keeps `dtype`'s low bits)."""
     x = s.bind(x)
-    in_range = L.compare("lt", M.absolute(s, x), _INT_RANGE[dtype])
-    return L.select(in_range, L.Cast(x, L.I64), _INT_MIN[dtype])
+    limit, smallest = _FLOAT_TO_INT_RULES[dtype]
+    in_range = L.compare("lt", M.absolute(s, x), limit)
+    return L.select(in_range, L.Cast(x, L.I64), smallest)
+
+
+def _to_float(x: L.Expr, to: str) -> L.Expr:
+    """x as the value a float buffer of dtype `to` stores with one rounding: a float64 value stays float64 when the
+    target is float16 (the store rounds double to half directly); an integer becomes float32 for a float16 target
+    (exact up to 2^24, and float16 overflows past 65504)."""
+    if to == "float64":
+        return L.Cast(x, L.F64) if x.dtype != L.F64 else x
+    if to == "float16" and x.dtype == L.F64:
+        return x
+    return L.Cast(x, L.F32) if x.dtype != L.F32 else x
 
 
 def _cast(s: M.Scope, xs: list[L.Expr], a: dict[str, Any]) -> L.Expr:
-    """Cast among float32, int64, int32 and bool: float to int truncates, anything to bool is x != 0."""
+    """Cast among the buffer dtypes: float to int truncates (see _float_to_int), anything to bool is x != 0,
+    integers wrap to a narrower integer, floats round to nearest even."""
     x, to = xs[0], a["to"]
     if to == "bool":
         return M.nonzero(x)
-    if to == "float32":
-        return _as_float(x)
-    if x.dtype == L.F32:
+    if to in EXACT_FLOAT:
+        return _to_float(x, to)
+    if x.dtype in L.FLOATS:
         return _float_to_int(s, x, to)
     return L.Cast(x, L.I64) if x.dtype == L.BOOL else x
 
@@ -337,9 +366,9 @@ _COMPARISONS = {"Equal": "eq", "Less": "lt", "Greater": "gt", "LessOrEqual": "le
 
 ELEMENTWISE: dict[str, Elementwise] = {
     # activations
-    "Relu": Elementwise(_unary(lambda s, x, a: L.maximum(x, 0.0))),
+    "Relu": Elementwise(_unary(lambda s, x, a: L.maximum(x, 0.0)), (EXACT_FLOAT,)),
     "LeakyRelu": Elementwise(_unary(_leaky_relu), defaults={"alpha": 0.01}),
-    "Clip": Elementwise(_clip, (NUMERIC,), attributes=_clip_bounds),
+    "Clip": Elementwise(_clip, (EXACT_NUMERIC,), attributes=_clip_bounds),
     "Sigmoid": Elementwise(_unary(lambda s, x, a: M.sigmoid(x))),
     "Tanh": Elementwise(_math(M.tanh)),
     "Elu": Elementwise(_unary(_elu), defaults={"alpha": 1.0}),
@@ -355,36 +384,36 @@ ELEMENTWISE: dict[str, Elementwise] = {
     "Gelu": Elementwise(_unary(_gelu), attributes=_gelu_attrs),
     # math functions
     "Erf": Elementwise(_math(M.erf)),
-    "Sqrt": Elementwise(_unary(lambda s, x, a: L.call("sqrt", x))),
-    "Reciprocal": Elementwise(_unary(lambda s, x, a: 1.0 / x)),
+    "Sqrt": Elementwise(_unary(lambda s, x, a: L.call("sqrt", x)), (EXACT_FLOAT,)),
+    "Reciprocal": Elementwise(_unary(lambda s, x, a: 1.0 / x), (EXACT_FLOAT,)),
     "Exp": Elementwise(_unary(lambda s, x, a: L.call("exp", x))),
     "Log": Elementwise(_unary(lambda s, x, a: L.call("log", x))),
-    "Floor": Elementwise(_unary(lambda s, x, a: L.call("floor", x))),
-    "Ceil": Elementwise(_unary(lambda s, x, a: M.ceil(x))),
-    "Round": Elementwise(_math(M.round_half_even)),
+    "Floor": Elementwise(_unary(lambda s, x, a: L.call("floor", x)), (EXACT_FLOAT,)),
+    "Ceil": Elementwise(_unary(lambda s, x, a: M.ceil(x)), (EXACT_FLOAT,)),
+    "Round": Elementwise(_math(M.round_half_even), (EXACT_FLOAT,)),
     "Sin": Elementwise(_math(M.sin)),
     "Cos": Elementwise(_math(M.cos)),
     "Tan": Elementwise(_math(M.tan)),
     "Atan": Elementwise(_math(M.atan)),
-    "Neg": Elementwise(_unary(lambda s, x, a: -x), (NUMERIC,)),
-    "Abs": Elementwise(_math(M.absolute), (NUMERIC,)),
-    "Sign": Elementwise(_math(M.sign), (NUMERIC,)),
-    "IsNaN": Elementwise(_unary(lambda s, x, a: M.is_nan(x))),
-    "IsInf": Elementwise(_unary(_is_inf), defaults={"detect_positive": 1, "detect_negative": 1}),
+    "Neg": Elementwise(_unary(lambda s, x, a: -x), (EXACT_NUMERIC,)),
+    "Abs": Elementwise(_math(M.absolute), (EXACT_NUMERIC,)),
+    "Sign": Elementwise(_math(M.sign), (EXACT_NUMERIC,)),
+    "IsNaN": Elementwise(_unary(lambda s, x, a: M.is_nan(x)), (EXACT_FLOAT,)),
+    "IsInf": Elementwise(_unary(_is_inf), (EXACT_FLOAT,), defaults={"detect_positive": 1, "detect_negative": 1}),
     # arithmetic (numpy broadcasting, variadic where ONNX is)
-    "Add": Elementwise(_fold(_binary("add")), (NUMERIC,)),
-    "Sub": Elementwise(_fold(_binary("sub")), (NUMERIC,)),
-    "Mul": Elementwise(_fold(_binary("mul")), (NUMERIC,)),
-    "Div": Elementwise(_fold(_divide), (NUMERIC,)),
-    "Sum": Elementwise(_fold(_binary("add"))),
-    "Max": Elementwise(_fold(_nan_max), (NUMERIC,)),
-    "Min": Elementwise(_fold(_nan_min), (NUMERIC,)),
-    "Mean": Elementwise(_mean),
-    "PRelu": Elementwise(_prelu),
-    "Mod": Elementwise(_mod, (NUMERIC,), defaults={"fmod": 0}),
+    "Add": Elementwise(_fold(_binary("add")), (EXACT_NUMERIC,)),
+    "Sub": Elementwise(_fold(_binary("sub")), (EXACT_NUMERIC,)),
+    "Mul": Elementwise(_fold(_binary("mul")), (EXACT_NUMERIC,)),
+    "Div": Elementwise(_fold(_divide), (EXACT_NUMERIC,)),
+    "Sum": Elementwise(_fold(_binary("add")), (EXACT_FLOAT,)),
+    "Max": Elementwise(_fold(_nan_max), (EXACT_NUMERIC,)),
+    "Min": Elementwise(_fold(_nan_min), (EXACT_NUMERIC,)),
+    "Mean": Elementwise(_mean, (EXACT_FLOAT,)),
+    "PRelu": Elementwise(_prelu, (EXACT_FLOAT,)),
+    "Mod": Elementwise(_mod, (EXACT_NUMERIC,), defaults={"fmod": 0}),
     "Pow": Elementwise(_power, (NUMERIC,), attributes=_pow_attrs),
     # comparisons and logic (bool out)
-    **{op: Elementwise(_fold(_binary(cmp)), (ANY if op == "Equal" else NUMERIC,)) for op, cmp in _COMPARISONS.items()},
+    **{op: Elementwise(_fold(_binary(cmp)), (ANY if op == "Equal" else EXACT_NUMERIC,)) for op, cmp in _COMPARISONS.items()},
     "Not": Elementwise(_unary(lambda s, x, a: M.logical_not(x)), (BOOL,)),
     "And": Elementwise(_fold(_binary("and")), (BOOL,)),
     "Or": Elementwise(_fold(_binary("or")), (BOOL,)),
@@ -429,4 +458,4 @@ def _lower(spec: KernelSpec) -> list[L.Stmt]:
 
 
 for _name, _op in ELEMENTWISE.items():
-    register(_name, normalize=_normalize(_op), data_inputs=_op.data_inputs)(_lower)
+    register(_name, normalize=_normalize(_op), data_inputs=_op.data_inputs, dtypes=ALL_DTYPES)(_lower)

@@ -14,7 +14,7 @@ import numpy as np
 
 from farm.ir import loopir as L
 from farm.ir.specs import KernelSpec
-from farm.ops.registry import NodeContext, axis_in_range, elementwise_loops, out_shape, register
+from farm.ops.registry import ALL_DTYPES, NodeContext, axis_in_range, elementwise_loops, out_shape, register
 from farm.ops.tensor import axis_attr, load, no_attrs, scalar, typed_const, value_dtype
 
 
@@ -27,7 +27,7 @@ def _wrap_index(index: L.Expr, size: int) -> L.Expr:
 # -------------------------------------------------------------------------------------------------- gathers
 
 
-@register("Gather", normalize=axis_attr)
+@register("Gather", normalize=axis_attr, dtypes=ALL_DTYPES)
 def _lower_gather(spec: KernelSpec) -> list[L.Stmt]:
     """out[a..., j..., b...] = data[a..., indices[j...], b...] (embedding lookups: axis 0 of a [V, D] table)."""
     axis, (data, indices) = spec.attrs["axis"], spec.inputs
@@ -54,8 +54,8 @@ def _size_attrs(ctx: NodeContext) -> dict[str, Any]:
     return {"values": [ctx.inputs[0].size]}
 
 
-@register("Shape", normalize=_shape_attrs, data_inputs=())
-@register("Size", normalize=_size_attrs, data_inputs=())
+@register("Shape", normalize=_shape_attrs, data_inputs=(), dtypes=ALL_DTYPES)
+@register("Size", normalize=_size_attrs, data_inputs=(), dtypes=ALL_DTYPES)
 def _lower_constant_values(spec: KernelSpec) -> list[L.Stmt]:
     """Store the static values (usually folded into constants before planning; kept for graph outputs)."""
     dtype = value_dtype(spec.outputs[0])
@@ -67,22 +67,22 @@ def _constant_of_shape_attrs(ctx: NodeContext) -> dict[str, Any]:
     return {"value": 0.0 if value is None else scalar(value)}
 
 
-@register("ConstantOfShape", normalize=_constant_of_shape_attrs, data_inputs=())
+@register("ConstantOfShape", normalize=_constant_of_shape_attrs, data_inputs=(), dtypes=ALL_DTYPES)
 def _lower_constant_of_shape(spec: KernelSpec) -> list[L.Stmt]:
     value = typed_const(spec.attrs["value"], value_dtype(spec.outputs[0]))
     return elementwise_loops(L.Names(), out_shape(spec), lambda v: value)
 
 
-@register("Range", normalize=no_attrs, data_inputs=(0, 2))
+@register("Range", normalize=no_attrs, data_inputs=(0, 2), dtypes=ALL_DTYPES)
 def _lower_range(spec: KernelSpec) -> list[L.Stmt]:
     """out[i] = start + i * delta, start and delta read from their inputs (the output length is static)."""
     dtype = value_dtype(spec.outputs[0])
     start, delta = (load(f"in{i}", spec.inputs[i], L.const(0)) for i in (0, 1))
-    step = (lambda i: L.to_float(i)) if dtype == L.F32 else (lambda i: i)
+    step = (lambda i: L.Cast(i, dtype)) if dtype in L.FLOATS else (lambda i: i)
     return elementwise_loops(L.Names(), out_shape(spec), lambda v: start + step(v[0]) * delta)
 
 
-@register("GatherElements", normalize=axis_attr)
+@register("GatherElements", normalize=axis_attr, dtypes=ALL_DTYPES)
 def _lower_gather_elements(spec: KernelSpec) -> list[L.Stmt]:
     """out[i...] = data[i... with the axis index replaced by indices[i...]]."""
     axis, (data, indices) = spec.attrs["axis"], spec.inputs
@@ -98,7 +98,7 @@ def _gather_nd_attrs(ctx: NodeContext) -> dict[str, Any]:
     return {"batch_dims": int(ctx.node.attrs.get("batch_dims", 0))}
 
 
-@register("GatherND", normalize=_gather_nd_attrs)
+@register("GatherND", normalize=_gather_nd_attrs, dtypes=ALL_DTYPES)
 def _lower_gather_nd(spec: KernelSpec) -> list[L.Stmt]:
     """out[b..., j..., s...] = data[b..., indices[b..., j..., :], s...]: each index tuple picks a slice of data."""
     batch, (data, indices) = spec.attrs["batch_dims"], spec.inputs
@@ -121,7 +121,7 @@ def _one_hot_attrs(ctx: NodeContext) -> dict[str, Any]:
     return axis_attr(ctx, len(ctx.outputs[0].shape), default=-1)
 
 
-@register("OneHot", normalize=_one_hot_attrs, data_inputs=(0, 2))
+@register("OneHot", normalize=_one_hot_attrs, data_inputs=(0, 2), dtypes=ALL_DTYPES)
 def _lower_one_hot(spec: KernelSpec) -> list[L.Stmt]:
     """out[..., d, ...] = values[1] where d == indices[...] (negatives count from depth), else values[0]. The depth
     is the output's extent along `axis`, so it needs no constant."""
@@ -142,7 +142,7 @@ def _eye_like_attrs(ctx: NodeContext) -> dict[str, Any]:
     return {"k": int(ctx.node.attrs.get("k", 0))}
 
 
-@register("EyeLike", normalize=_eye_like_attrs, data_inputs=())
+@register("EyeLike", normalize=_eye_like_attrs, data_inputs=(), dtypes=ALL_DTYPES)
 def _lower_eye_like(spec: KernelSpec) -> list[L.Stmt]:
     """Ones on the k-th diagonal, zeros elsewhere, in the output's dtype (only the input's shape matters)."""
     dtype = value_dtype(spec.outputs[0])

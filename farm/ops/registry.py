@@ -52,14 +52,29 @@ def keep_attrs(ctx: NodeContext) -> dict[str, Any]:
     return dict(ctx.node.attrs)
 
 
+CORE_DTYPES = frozenset({"float32", "int64", "int32", "bool"})
+"""The dtypes every lowering handles: what an op takes unless it declares more (OpLowering.dtypes)."""
+NARROW_INTS = frozenset({"int8", "int16", "uint8", "uint16", "uint32"})
+"""Integer dtypes that load as int64 values and store back wrapped to their width."""
+HALF_FLOATS = frozenset({"float16"})
+"""Float dtypes that load as float32 values and store back rounded to nearest even (onnxruntime's CPU kernels for
+float16 compute in float32 the same way)."""
+ALL_DTYPES = CORE_DTYPES | NARROW_INTS | HALF_FLOATS | {"float64"}
+"""Every dtype a buffer may hold: what pure data movement (Reshape, Transpose, Gather, ...) takes."""
+
+
 @dataclass(frozen=True)
 class OpLowering:
-    """How one ONNX op becomes a kernel."""
+    """How one ONNX op becomes a kernel.
+
+    `dtypes` are the dtypes its data inputs and outputs may have: CORE_DTYPES unless the op's kernels are written
+    for more (a MatMul's Gemm reads float32 panels, so a float16 MatMul is refused rather than misread)."""
 
     lower: Callable[[KernelSpec], list[L.Stmt]]
     normalize: Callable[[NodeContext], dict[str, Any]] = keep_attrs
     data_inputs: tuple[int, ...] | None = None
     scratch_floats: Callable[[KernelSpec], int] = field(default=lambda spec: 0)
+    dtypes: frozenset[str] = CORE_DTYPES
 
     def data_input_indices(self, node: Node) -> list[int]:
         """Indices of the node inputs passed to the kernel as buffers (None: every present input)."""
@@ -114,7 +129,20 @@ def argument_bytes(spec: KernelSpec) -> list[int]:
     return sizes + ([scratch * 4] if scratch else [])
 
 
-BUFFER_DTYPES = {"float32": L.F32, "int64": L.I64, "int32": L.I32, "bool": L.BOOL}
+BUFFER_DTYPES = {"float32": L.F32, "float64": L.F64, "float16": L.F16, "int64": L.I64, "int32": L.I32,
+                 "int16": L.I16, "int8": L.I8, "uint32": L.U32, "uint16": L.U16, "uint8": L.U8, "bool": L.BOOL}
+"""The loop IR's buffer dtype for each numpy dtype a tensor may have."""
+
+
+def check_dtypes(ctx: NodeContext, allowed: frozenset[str]) -> None:
+    """Refuse a node whose data inputs or outputs have a dtype its lowering doesn't take, naming it."""
+    for role, infos in (("input", ctx.inputs), ("output", ctx.outputs)):
+        for index, info in enumerate(infos):
+            if info is not None and info.dtype not in allowed:
+                names = ctx.node.inputs if role == "input" else [n for n in ctx.node.outputs if n]
+                name = names[index]
+                raise ctx.unsupported(f"{role} {name!r} has dtype {info.dtype}; {ctx.node.op_type} takes "
+                                      f"{', '.join(sorted(allowed))} in farm")
 
 
 def _ir_dtype(info: TensorInfo) -> str:

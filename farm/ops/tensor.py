@@ -1,7 +1,8 @@
 """Data-movement ops: reshapes (a flat copy), Transpose, Concat, Pad, Expand, Tile, Slice, Split, Trilu,
 DepthToSpace, SpaceToDepth, ReverseSequence, and Einsum (Gemm where the contraction is matmul-shaped).
 
-Every copy works on each buffer dtype (float32, int64, int32, bool): loads take the buffer's value dtype.
+Every copy works on each buffer dtype (registry.ALL_DTYPES): loads take the buffer's value dtype, stores give it back
+unchanged.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from farm.ir import loopir as L
 from farm.ir.graph import TensorInfo
 from farm.ir.specs import KernelSpec
 from farm.ops.registry import (
+    ALL_DTYPES,
     BUFFER_DTYPES,
     NodeContext,
     activate,
@@ -38,7 +40,7 @@ def load(buf: str, info: TensorInfo, index: L.Expr) -> L.Load:
 
 def typed_const(value: float | int | bool, dtype: str) -> L.Const:
     """A constant of IR value dtype `dtype`."""
-    return L.Const(float(value) if dtype == L.F32 else int(value), dtype)
+    return L.Const(float(value) if dtype in L.FLOATS else int(value), dtype)
 
 
 def scalar(array: Any) -> float | int | bool:
@@ -66,7 +68,7 @@ def _copy_loops(spec: KernelSpec, shape: tuple[int, ...], source_index, out: str
 # ---------------------------------------------------------------------------------------------------- reshapes
 
 
-@register("Reshape", "Squeeze", "Unsqueeze", "Identity", "Dropout", normalize=no_attrs, data_inputs=(0,))
+@register("Reshape", "Squeeze", "Unsqueeze", "Identity", "Dropout", normalize=no_attrs, data_inputs=(0,), dtypes=ALL_DTYPES)
 def _lower_copy(spec: KernelSpec) -> list[L.Stmt]:
     """Reshapes keep the row-major bytes: the kernel copies them (the planner may alias later)."""
     size = prod(out_shape(spec))
@@ -82,7 +84,7 @@ def _flatten_attrs(ctx: NodeContext) -> dict[str, Any]:
     return {}
 
 
-register("Flatten", normalize=_flatten_attrs, data_inputs=(0,))(_lower_copy)
+register("Flatten", normalize=_flatten_attrs, data_inputs=(0,), dtypes=ALL_DTYPES)(_lower_copy)
 
 
 def _transpose_attrs(ctx: NodeContext) -> dict[str, Any]:
@@ -93,7 +95,7 @@ def _transpose_attrs(ctx: NodeContext) -> dict[str, Any]:
     return {"perm": perm}
 
 
-@register("Transpose", normalize=_transpose_attrs)
+@register("Transpose", normalize=_transpose_attrs, dtypes=ALL_DTYPES)
 def _lower_transpose(spec: KernelSpec) -> list[L.Stmt]:
     perm, in_shape = spec.attrs["perm"], shape_of(spec)
 
@@ -110,7 +112,7 @@ def _concat_attrs(ctx: NodeContext) -> dict[str, Any]:
     return {"axis": axis_in_range(ctx, ctx.node.attrs["axis"], len(ctx.outputs[0].shape))}
 
 
-@register("Concat", normalize=_concat_attrs)
+@register("Concat", normalize=_concat_attrs, dtypes=ALL_DTYPES)
 def _lower_concat(spec: KernelSpec) -> list[L.Stmt]:
     """Each input copied into its slice of the output along `axis`."""
     names, axis, shape = L.Names(), spec.attrs["axis"], out_shape(spec)
@@ -171,7 +173,7 @@ PAD_MODES = {
 }
 
 
-@register("Pad", normalize=_pad_attrs, data_inputs=(0,))
+@register("Pad", normalize=_pad_attrs, data_inputs=(0,), dtypes=ALL_DTYPES)
 def _lower_pad(spec: KernelSpec) -> list[L.Stmt]:
     a, x = spec.attrs, spec.inputs[0]
     in_shape, source_index = x.shape, PAD_MODES[a["mode"]]
@@ -191,14 +193,14 @@ def _lower_pad(spec: KernelSpec) -> list[L.Stmt]:
 # ------------------------------------------------------------------------------------------ Expand and Tile
 
 
-@register("Expand", normalize=no_attrs, data_inputs=(0,))
+@register("Expand", normalize=no_attrs, data_inputs=(0,), dtypes=ALL_DTYPES)
 def _lower_expand(spec: KernelSpec) -> list[L.Stmt]:
     """numpy broadcasting to the (statically inferred) output shape."""
     shape = out_shape(spec)
     return _copy_loops(spec, shape, lambda v: L.broadcast_index(shape_of(spec), shape, v))
 
 
-@register("Tile", normalize=no_attrs, data_inputs=(0,))
+@register("Tile", normalize=no_attrs, data_inputs=(0,), dtypes=ALL_DTYPES)
 def _lower_tile(spec: KernelSpec) -> list[L.Stmt]:
     """out[r*n + i] = in[i] per axis: loops over (repeat, index) pairs in output order, so no division."""
     in_shape, shape = shape_of(spec), out_shape(spec)
@@ -252,7 +254,7 @@ def _slice_attrs(ctx: NodeContext) -> dict[str, Any]:
     return {"starts": first, "steps": stride}
 
 
-@register("Slice", normalize=_slice_attrs, data_inputs=(0,))
+@register("Slice", normalize=_slice_attrs, data_inputs=(0,), dtypes=ALL_DTYPES)
 def _lower_slice(spec: KernelSpec) -> list[L.Stmt]:
     """out[i] = in[start + step * i] per axis (the output shape already holds the clamped extents)."""
     starts, steps = spec.attrs["starts"], spec.attrs["steps"]
@@ -263,7 +265,7 @@ def _lower_slice(spec: KernelSpec) -> list[L.Stmt]:
 # ------------------------------------------------------------------------------------------------------ Split
 
 
-@register("Split", normalize=axis_attr, data_inputs=(0,))
+@register("Split", normalize=axis_attr, data_inputs=(0,), dtypes=ALL_DTYPES)
 def _lower_split(spec: KernelSpec) -> list[L.Stmt]:
     """Each output copies its slab of the input along `axis`; the output shapes hold the split sizes, however the
     node gave them (the split attribute or input, num_outputs, or equal parts)."""
@@ -286,7 +288,7 @@ def _trilu_attrs(ctx: NodeContext) -> dict[str, Any]:
     return {"upper": int(ctx.node.attrs.get("upper", 1))}
 
 
-@register("Trilu", normalize=_trilu_attrs)
+@register("Trilu", normalize=_trilu_attrs, dtypes=ALL_DTYPES)
 def _lower_trilu(spec: KernelSpec) -> list[L.Stmt]:
     """Keep the elements on and above (upper) or on and below (lower) the k-th diagonal of the last two axes; k is
     read from its (one-element) input, so a constant and a computed k share the kernel."""
@@ -333,7 +335,7 @@ def _space_loops(spec: KernelSpec, space_shape: tuple[int, ...], store) -> list[
     return loops
 
 
-@register("DepthToSpace", normalize=_block_attrs)
+@register("DepthToSpace", normalize=_block_attrs, dtypes=ALL_DTYPES)
 def _lower_depth_to_space(spec: KernelSpec) -> list[L.Stmt]:
     x, shape = spec.inputs[0], out_shape(spec)
 
@@ -345,7 +347,7 @@ def _lower_depth_to_space(spec: KernelSpec) -> list[L.Stmt]:
     return _space_loops(spec, shape, store)
 
 
-@register("SpaceToDepth", normalize=_block_attrs)
+@register("SpaceToDepth", normalize=_block_attrs, dtypes=ALL_DTYPES)
 def _lower_space_to_depth(spec: KernelSpec) -> list[L.Stmt]:
     """The inverse permutation: loops over the input (the space tensor), storing each element into its depth slot."""
     x, shape = spec.inputs[0], out_shape(spec)
@@ -370,7 +372,7 @@ def _reverse_sequence_attrs(ctx: NodeContext) -> dict[str, Any]:
     return axes
 
 
-@register("ReverseSequence", normalize=_reverse_sequence_attrs)
+@register("ReverseSequence", normalize=_reverse_sequence_attrs, dtypes=ALL_DTYPES)
 def _lower_reverse_sequence(spec: KernelSpec) -> list[L.Stmt]:
     """out[.., t, .., b, ..] = x[.., lens[b] - 1 - t, .., b, ..] for t < lens[b], else x itself."""
     x, lens = spec.inputs

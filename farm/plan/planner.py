@@ -21,7 +21,7 @@ from farm.ir.graph import Graph, Node
 from farm.ir.specs import KernelSpec, canonical_json
 from farm.ops import LOWERINGS
 from farm.ops.nn import RESIDUAL_IN_PLACE
-from farm.ops.registry import NodeContext, lower_kernel
+from farm.ops.registry import NodeContext, check_dtypes, lower_kernel
 from farm.plan.memory import MemoryPlan, plan_memory
 
 
@@ -82,6 +82,7 @@ def plan_node(node: Node, graph: Graph, blobs: dict[str, np.ndarray]) -> Step:
     lowering = LOWERINGS[node.op_type]
     ctx = NodeContext(node, [graph.values.get(name) for name in node.inputs],
                       [graph.values[name] for name in node.outputs if name], graph.constants, graph.opset)
+    check_dtypes(ctx, lowering.dtypes)
     attrs = {k: _jsonable(v) for k, v in lowering.normalize(ctx).items()}
     data = [node.inputs[i] for i in lowering.data_input_indices(node)]
     outputs = [name for name in node.outputs if name]

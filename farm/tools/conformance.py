@@ -70,7 +70,7 @@ def run_case(case: Any, device: str = "cpu") -> Outcome:
     try:
         prepared = FarmBackend.prepare(case.model, device.upper())
         for index, (inputs, expected) in enumerate(case.data_sets):
-            mismatch = compare(prepared.run(list(inputs)), list(expected))
+            mismatch = compare(prepared.run(_arrays(inputs)), _arrays(expected))
             if mismatch:
                 return Outcome(case.name, ops, "fail", f"data set {index}: {mismatch}")
     except UnsupportedError as error:
@@ -78,6 +78,11 @@ def run_case(case: Any, device: str = "cpu") -> Outcome:
     except Exception as error:  # noqa: BLE001 - any other error is a failure, recorded with its message
         return Outcome(case.name, ops, "fail", f"{type(error).__name__}: {error}")
     return Outcome(case.name, ops, "pass")
+
+
+def _arrays(values: Sequence[Any]) -> list[Any]:
+    """A data set's values as numpy arrays: some cases (casts with special values) give TensorProtos."""
+    return [onnx.numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else v for v in values]
 
 
 def compare(actual: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> str:

@@ -399,8 +399,8 @@ def _i64(value: int | ir.Value) -> ir.Value:
 
 
 def intrinsic(module: ir.Module, name: str, typ: ir.Type, arity: int) -> ir.Function:
-    """Declare an overloaded float intrinsic (llvm.fmuladd, llvm.sqrt, ...) for f32 or a vector of f32."""
-    suffix = f"v{typ.count}f32" if isinstance(typ, ir.VectorType) else "f32"
+    """Declare an overloaded float intrinsic (llvm.fmuladd, llvm.sqrt, ...) for f32, f64 or a vector of f32."""
+    suffix = f"v{typ.count}f32" if isinstance(typ, ir.VectorType) else "f64" if typ == ir.DoubleType() else "f32"
     full = f"{name}.{suffix}"
     if full in module.globals:
         return module.globals[full]

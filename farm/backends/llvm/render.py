@@ -15,10 +15,14 @@ from farm.backends.llvm.gemm import GemmBlocking, emit_gemm, fmax, fmin, intrins
 from farm.ir import loopir as L
 
 F32_T, I64_T, BOOL_T, I32_T = ir.FloatType(), ir.IntType(64), ir.IntType(1), ir.IntType(32)
+F64_T, F16_T, I16_T, I8_T = ir.DoubleType(), ir.HalfType(), ir.IntType(16), ir.IntType(8)
 PTR_T = ir.PointerType()
-LLVM_TYPES = {L.F32: F32_T, L.I64: I64_T, L.BOOL: BOOL_T}
-# How each buffer dtype sits in memory (numpy's layouts: bool is one byte).
-STORAGE_TYPES = {L.F32: F32_T, L.I64: I64_T, L.I32: I32_T, L.BOOL: ir.IntType(8)}
+LLVM_TYPES = {L.F32: F32_T, L.F64: F64_T, L.I64: I64_T, L.BOOL: BOOL_T}
+# How each buffer dtype sits in memory (numpy's layouts: bool is one byte; unsigned integers are LLVM's integers of
+# their width, read with zero extension).
+STORAGE_TYPES = {L.F32: F32_T, L.F64: F64_T, L.F16: F16_T, L.I64: I64_T, L.I32: I32_T, L.I16: I16_T, L.I8: I8_T,
+                 L.U32: I32_T, L.U16: I16_T, L.U8: I8_T, L.BOOL: I8_T}
+UNSIGNED = frozenset({L.U32, L.U16, L.U8})
 FAST = ("reassoc", "contract", "nsz", "arcp")
 
 
@@ -137,17 +141,24 @@ def _emit_store(state: _State, store: L.Store) -> None:
     state.builder.store(value, _address(state, store.buf, store.index, storage), align=storage_align(storage))
 
 
+STORAGE_BYTES = {F32_T: 4, F64_T: 8, F16_T: 2, I64_T: 8, I32_T: 4, I16_T: 2, I8_T: 1}
+
+
 def storage_align(storage: ir.Type) -> int:
-    return 1 if storage == ir.IntType(8) else 4
+    """The alignment a buffer of `storage` elements has (its element size, up to the 4 that numpy guarantees)."""
+    return min(STORAGE_BYTES[storage], 4)
 
 
 def _to_storage(b: ir.IRBuilder, value: ir.Value, storage: ir.Type) -> ir.Value:
-    """A value as its buffer holds it: i1 widened to a byte, i64 narrowed to i32."""
+    """A value as its buffer holds it: i1 widened to a byte, integers narrowed to their width (wrapping), floats
+    rounded to nearest even to a narrower float or widened to a wider one."""
     if value.type == storage:
         return value
     if value.type == BOOL_T:
         return b.zext(value, storage)
-    return b.trunc(value, storage)
+    if isinstance(storage, ir.IntType):
+        return b.trunc(value, storage)
+    return b.fpext(value, storage) if STORAGE_BYTES[storage] > STORAGE_BYTES[value.type] else b.fptrunc(value, storage)
 
 
 def _emit_assign(state: _State, assign: L.Assign) -> None:
@@ -217,18 +228,29 @@ def _emit_var(state: _State, expr: L.Var) -> ir.Value:
 
 
 def _emit_load(state: _State, expr: L.Load) -> ir.Value:
-    b, storage = state.builder, STORAGE_TYPES[state.buffer_dtypes.get(expr.buf, expr.dtype)]
+    b, dtype = state.builder, state.buffer_dtypes.get(expr.buf, expr.dtype)
+    storage = STORAGE_TYPES[dtype]
     value = b.load(_address(state, expr.buf, expr.index, storage), align=storage_align(storage), typ=storage)
     if expr.dtype == L.BOOL and storage != BOOL_T:
         return b.icmp_unsigned("!=", value, ir.Constant(storage, 0))
-    if storage == I32_T:
-        return b.sext(value, I64_T)
-    return value
+    wide = LLVM_TYPES[expr.dtype]
+    if value.type == wide:
+        return value
+    if isinstance(wide, ir.IntType):
+        return b.zext(value, wide) if dtype in UNSIGNED else b.sext(value, wide)
+    return _fenced(b, b.fpext(value, wide))
+
+
+def _fenced(b: ir.IRBuilder, value: ir.Value) -> ir.Value:
+    """`value` behind llvm.arithmetic.fence, so that LLVM keeps computing in its type: it would otherwise shrink
+    fptrunc(fdiv(fpext a, fpext b)) of float16 values to a half division, which the fast-math flags then let it
+    compute with an approximate reciprocal (0.662 came out 0.6626: 5e-4 off, several float16 ulp)."""
+    return b.call(intrinsic(b.module, "llvm.arithmetic.fence", value.type, 1), [value])
 
 
 def _emit_binary(state: _State, expr: L.Binary) -> ir.Value:
     lhs, rhs = emit_expr(state, expr.lhs), emit_expr(state, expr.rhs)
-    table = FLOAT_BINARY if expr.lhs.dtype == L.F32 else INT_BINARY
+    table = FLOAT_BINARY if expr.lhs.dtype in L.FLOATS else INT_BINARY
     return table[expr.op](state.builder, lhs, rhs)
 
 
@@ -238,14 +260,17 @@ def _emit_select(state: _State, expr: L.Select) -> ir.Value:
 
 
 def _emit_cast(state: _State, expr: L.Cast) -> ir.Value:
-    value, b = emit_expr(state, expr.arg), state.builder
+    value, b, to = emit_expr(state, expr.arg), state.builder, LLVM_TYPES[expr.dtype]
     if expr.arg.dtype == expr.dtype:
         return value
+    source_float, target_float = expr.arg.dtype in L.FLOATS, expr.dtype in L.FLOATS
+    if source_float and target_float:
+        return b.fpext(value, to) if expr.dtype == L.F64 else b.fptrunc(value, to)
     if expr.arg.dtype == L.BOOL:
-        return b.uitofp(value, F32_T) if expr.dtype == L.F32 else b.zext(value, LLVM_TYPES[expr.dtype])
-    if expr.dtype == L.F32:
-        return b.sitofp(value, F32_T)
-    return b.fptosi(value, LLVM_TYPES[expr.dtype])
+        return b.uitofp(value, to) if target_float else b.zext(value, to)
+    if target_float:
+        return b.sitofp(value, to)
+    return b.fptosi(value, to)
 
 
 def _emit_call(state: _State, expr: L.Call) -> ir.Value:

@@ -11,14 +11,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from farm.errors import BuildError
 from farm.ir import loopir as L
 
-C_TYPES = {L.F32: "float", L.I64: "long", L.BOOL: "int"}
-# Buffer element types (numpy's layouts: bool is one byte); C's conversions widen and narrow on load and store.
-BUFFER_C_TYPES = {L.F32: "float", L.I64: "long", L.I32: "int", L.BOOL: "uchar"}
+C_TYPES = {L.F32: "float", L.F64: "double", L.I64: "long", L.BOOL: "int"}
+# Buffer element types (numpy's layouts: bool is one byte); C's conversions widen and narrow on load and store,
+# except for half, which OpenCL C reads and writes only through vload_half and vstore_half (no cl_khr_fp16 needed).
+BUFFER_C_TYPES = {L.F32: "float", L.F64: "double", L.F16: "half", L.I64: "long", L.I32: "int", L.I16: "short",
+                  L.I8: "char", L.U32: "uint", L.U16: "ushort", L.U8: "uchar", L.BOOL: "uchar"}
+FP64_PRAGMA = "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
+"""Double precision is an extension (most desktop GPUs and PoCL have it, many phone GPUs don't): a kernel with a
+float64 buffer enables it, and a device without it fails that kernel's build, naming the device."""
+_HALF_BUFFERS: ContextVar[frozenset[str]] = ContextVar("half_buffers", default=frozenset())
+"""The buffers of the kernel being rendered that hold half (float16) elements."""
 FLOAT_OPS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 INT_OPS = {**FLOAT_OPS, "mod": "%"}
 COMPARE_OPS = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "and": "&&", "or": "||"}
@@ -64,9 +72,14 @@ def render_opencl(symbol: str, kernel: L.LoopKernel) -> str:
     params = ", ".join(_param(p) for p in kernel.params)
     fixed, groups = L.launch_groups(kernel)
     prologue = "".join(f"    const long {name} = 0;\n" for name in fixed)
-    functions = [f"__kernel void {name}({params})\n{{\n{prologue}{LAUNCH_BODIES[group.kind](group)}}}\n"
-                 for (name, _), group in zip(launches(symbol, kernel), groups)]
-    return "\n".join(functions)
+    token = _HALF_BUFFERS.set(frozenset(p.name for p in kernel.params if p.dtype == L.F16))
+    try:
+        functions = [f"__kernel void {name}({params})\n{{\n{prologue}{LAUNCH_BODIES[group.kind](group)}}}\n"
+                     for (name, _), group in zip(launches(symbol, kernel), groups)]
+    finally:
+        _HALF_BUFFERS.reset(token)
+    pragma = FP64_PRAGMA if any(p.dtype == L.F64 for p in kernel.params) else ""
+    return pragma + "\n".join(functions)
 
 
 def _parallel_body(group: L.LaunchGroup) -> str:
@@ -236,6 +249,8 @@ def _loop(loop: L.Loop, depth: int) -> str:
 
 
 def _store(store: L.Store, depth: int) -> str:
+    if store.buf in _HALF_BUFFERS.get():
+        return f"{_indent(depth)}vstore_half_rte({expr(store.value)}, {expr(store.index)}, {store.buf});\n"
     return f"{_indent(depth)}{store.buf}[{expr(store.index)}] = {expr(store.value)};\n"
 
 
@@ -275,14 +290,22 @@ def expr(e: L.Expr) -> str:
 
 
 def _const(c: L.Const) -> str:
-    if c.dtype != L.F32:
+    if c.dtype not in L.FLOATS:
         return f"{int(c.value)}L"
     value = float(c.value)
     if math.isnan(value):
-        return "NAN"
+        return "NAN" if c.dtype == L.F32 else "((double)NAN)"
     if math.isinf(value):
-        return "INFINITY" if value > 0 else "(-INFINITY)"
-    return f"({value.hex()}f)"
+        infinity = "INFINITY" if c.dtype == L.F32 else "((double)INFINITY)"
+        return infinity if value > 0 else f"(-{infinity})"
+    return f"({value.hex()}{'f' if c.dtype == L.F32 else ''})"
+
+
+def _load(ld: L.Load) -> str:
+    if ld.buf in _HALF_BUFFERS.get():
+        return f"vload_half({expr(ld.index)}, {ld.buf})"
+    element = f"{ld.buf}[{expr(ld.index)}]"
+    return f"({element} != 0)" if ld.dtype == L.BOOL else element
 
 
 def _binary(b: L.Binary) -> str:
@@ -291,14 +314,14 @@ def _binary(b: L.Binary) -> str:
         return f"(({lhs}) < ({rhs}) ? ({rhs}) : ({lhs}))"
     if b.op == "min":
         return f"(({lhs}) > ({rhs}) ? ({rhs}) : ({lhs}))"
-    symbol = COMPARE_OPS.get(b.op) or (FLOAT_OPS if b.lhs.dtype == L.F32 else INT_OPS)[b.op]
+    symbol = COMPARE_OPS.get(b.op) or (FLOAT_OPS if b.lhs.dtype in L.FLOATS else INT_OPS)[b.op]
     return f"({lhs} {symbol} {rhs})"
 
 
 EXPR_RENDERERS: dict[type, Callable[[L.Expr], str]] = {
     L.Const: _const,
     L.Var: lambda v: v.name,
-    L.Load: lambda ld: f"({ld.buf}[{expr(ld.index)}] != 0)" if ld.dtype == L.BOOL else f"{ld.buf}[{expr(ld.index)}]",
+    L.Load: _load,
     L.Binary: _binary,
     L.Call: lambda c: f"{c.fn}({expr(c.arg)})",
     L.Select: lambda s: f"({expr(s.cond)} ? {expr(s.if_true)} : {expr(s.if_false)})",
