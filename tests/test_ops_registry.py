@@ -11,6 +11,7 @@ import test_ops_elementwise
 import test_ops_indexing
 import test_ops_nn
 import test_ops_reduce
+import test_ops_scatter
 import test_ops_tensor
 from numerics import graph_model, ops_of, rand
 from onnx import helper, save
@@ -28,6 +29,7 @@ CASE_FILES = {
     "farm.ops.tensor": test_ops_tensor.CASES,
     "farm.ops.reduce": test_ops_reduce.CASES,
     "farm.ops.indexing": test_ops_indexing.CASES,
+    "farm.ops.scatter": test_ops_scatter.CASES,
 }
 
 
