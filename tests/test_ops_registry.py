@@ -10,6 +10,7 @@ import pytest
 import test_ops_elementwise
 import test_ops_indexing
 import test_ops_nn
+import test_ops_normalization
 import test_ops_reduce
 import test_ops_scatter
 import test_ops_tensor
@@ -26,6 +27,7 @@ from farm.ops import LOWERINGS, SUPPORTED_OPS, lower_kernel
 CASE_FILES = {
     "farm.ops.elementwise": test_ops_elementwise.CASES,
     "farm.ops.nn": test_ops_nn.ALL_CASES,
+    "farm.ops.normalization": test_ops_normalization.CASES,
     "farm.ops.tensor": test_ops_tensor.CASES,
     "farm.ops.reduce": test_ops_reduce.CASES,
     "farm.ops.indexing": test_ops_indexing.CASES,
