@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import test_ops_elementwise
 import test_ops_indexing
+import test_ops_linalg
 import test_ops_nn
 import test_ops_normalization
 import test_ops_reduce
@@ -26,6 +27,7 @@ from farm.ops import LOWERINGS, SUPPORTED_OPS, lower_kernel
 # Each op module and the test file whose cases cover it.
 CASE_FILES = {
     "farm.ops.elementwise": test_ops_elementwise.CASES,
+    "farm.ops.linalg": test_ops_linalg.CASES,
     "farm.ops.nn": test_ops_nn.ALL_CASES,
     "farm.ops.normalization": test_ops_normalization.CASES,
     "farm.ops.tensor": test_ops_tensor.CASES,
