@@ -961,8 +961,8 @@ def _lp_pool_attrs(ctx: NodeContext) -> dict[str, Any]:
     explicit pads (all begins, then all ends) with auto_pad resolved, and the integer power p. ceil_mode only
     shapes the output, which shape inference gives."""
     x, a = ctx.inputs[0], ctx.node.attrs
-    if x is None or len(x.shape) < 3:
-        raise ctx.unsupported("LpPool needs an input of shape (N, C, D1, ...)")
+    if x is None or len(x.shape) < 3 or x.dtype != "float32":
+        raise ctx.unsupported("LpPool needs a float32 input of shape (N, C, D1, ...)")
     rank = len(x.shape) - 2
     kernel = [int(k) for k in a.get("kernel_shape", ())]
     strides, dilations = ([int(v) for v in a.get(name, [1] * rank)] for name in ("strides", "dilations"))

@@ -16,6 +16,8 @@ def _rms_attrs(ctx: NodeContext) -> dict[str, Any]:
     """axis and epsilon. The statistics are float32 (stash_type 1, the only one farm computes in), and the scale
     must broadcast to the normalised shape (the axes from `axis` on): the kernel reads it at the broadcast index."""
     a, shape = ctx.node.attrs, ctx.inputs[0].shape
+    if {info.dtype for info in ctx.inputs[:2]} != {"float32"}:
+        raise ctx.unsupported("RMSNormalization computes on float32 only")
     if int(a.get("stash_type", 1)) != 1:
         raise ctx.unsupported(f"stash_type {a['stash_type']} is not supported (1, float32, is)")
     axis = axis_in_range(ctx, a.get("axis", -1), len(shape))

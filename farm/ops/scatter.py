@@ -29,10 +29,15 @@ REDUCTIONS: dict[str, Callable[[L.Expr, L.Expr], L.Expr]] = {
     "min": L.minimum,
 }
 NUMERIC = frozenset({"float32", "int64", "int32"})
+INDICES = frozenset({"int64", "int32"})
 
 
 def _reduction(ctx: NodeContext) -> str:
-    """The reduction, refused where farm doesn't compute it (an unknown name, arithmetic on bool data)."""
+    """The reduction, refused where farm doesn't compute it (an unknown name, arithmetic on bool data), after the
+    dtypes (data the kernels store, int64 or int32 indices)."""
+    data, indices = ctx.inputs[0].dtype, ctx.inputs[1].dtype
+    if data not in NUMERIC | {"bool"} or indices not in INDICES:
+        raise ctx.unsupported(f"{data} data with {indices} indices is not supported")
     reduction = str(ctx.node.attrs.get("reduction", "none"))
     if reduction not in REDUCTIONS:
         raise ctx.unsupported(f"reduction {reduction!r} is not supported ({', '.join(REDUCTIONS)} are)")
