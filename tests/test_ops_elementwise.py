@@ -158,6 +158,11 @@ def _binary_case(id: str, op: str, a: np.ndarray, b: np.ndarray, attrs: Mapping[
 
 SPECIAL = _f32([NAN, INF, -INF, 0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 1e-30, 30.0, -30.0])
 X3 = (2, 3, 4)
+# The edges of asin, acos and atanh: +-1, the half-angle switch at +-0.5 and its neighbours, just outside [-1, 1].
+UNIT_EDGES = _f32([NAN, INF, -INF, 1, -1, 0.5, -0.5, 0.49999997, 0.50000006, 0.99999994, -0.99999994, 1.0000001,
+                   -2, 0.0, -0.0, 1e-30])
+# sinh and cosh up to and past float32's overflow (89.4), where exp alone overflows first (88.7).
+HYPERBOLIC_RANGE = _f32([-89.4, -88.8, -50, -1.0001, -1, -0.5, 1e-8, 0.9999, 1, 20, 88.8, 89.4, 89.5, 100])
 
 # ---------------------------------------------------------------------------------------- float unary ops
 
@@ -181,6 +186,15 @@ UNARY_DATA: dict[str, tuple[np.ndarray, ...]] = {
     "Softplus": (rand(*X3, scale=5.0), SPECIAL, _f32(np.linspace(-100, 100, 41))),
     "HardSwish": (rand(*X3, scale=5.0), SPECIAL, _f32(np.linspace(-4, 4, 17))),
     "Mish": (rand(*X3, scale=5.0), _f32([NAN, INF, 0, -0.0, 1, -1, -30, 30, -100]), _f32(np.linspace(-20, 20, 41))),
+    "Asin": (_f32(np.linspace(-1, 1, 41)), UNIT_EDGES, rand(*X3, scale=0.5)),
+    "Acos": (_f32(np.linspace(-1, 1, 41)), UNIT_EDGES, rand(*X3, scale=0.5)),
+    "Atanh": (_f32(np.linspace(-0.999, 0.999, 41)), UNIT_EDGES, rand(*X3, scale=0.5)),
+    "Sinh": (rand(*X3, scale=3.0), SPECIAL, HYPERBOLIC_RANGE),
+    "Cosh": (rand(*X3, scale=3.0), SPECIAL, HYPERBOLIC_RANGE),
+    "Asinh": (rand(*X3, scale=3.0), SPECIAL, _f32(np.logspace(-6, 38, 45) * np.resize([1, -1], 45))),
+    "Acosh": (1 + np.abs(rand(*X3, scale=3.0)), _f32([NAN, INF, -INF, 0, 1, 0.999, 1.0001, 1.5, 1500, 1e38]),
+              _f32(1 + np.logspace(-7, 30, 38))),
+    "Swish": (rand(*X3, scale=5.0), SPECIAL, _f32(np.linspace(-100, 100, 41))),
     "IsNaN": (rand(*X3), SPECIAL, _f32(NAN)),
     "Neg": (rand(*X3), SPECIAL, _ints(X3, seed=4)),
     "Abs": (rand(*X3), SPECIAL, _ints(X3, seed=4)),
@@ -188,7 +202,7 @@ UNARY_DATA: dict[str, tuple[np.ndarray, ...]] = {
 }
 
 # Ops newer than the default opset.
-FIRST_OPSET = {"Mish": 18, "Gelu": 20}
+FIRST_OPSET = {"Mish": 18, "Gelu": 20, "Swish": 24}
 
 UNARY_CASES: list[OpCase] = [
     _unary_case(f"{op.lower()}-{variant}", op, x, opset=max(OPSET, FIRST_OPSET.get(op, OPSET)))
@@ -222,6 +236,8 @@ UNARY_CASES: list[OpCase] = [
     _unary_case("gelu-tanh", "Gelu", rand(*X3, scale=3.0), {"approximate": "tanh"}, opset=20),
     _unary_case("gelu-special", "Gelu", SPECIAL, opset=20),
     _unary_case("gelu-tanh-special", "Gelu", SPECIAL, {"approximate": "tanh"}, opset=20),
+    _unary_case("swish-alpha", "Swish", rand(*X3, scale=5.0), {"alpha": 0.5}, opset=24),
+    _unary_case("swish-negative-alpha", "Swish", SPECIAL, {"alpha": -1.702}, opset=24),
     _unary_case("isinf-default", "IsInf", SPECIAL),
     _unary_case("isinf-positive-only", "IsInf", SPECIAL, {"detect_negative": 0}),
     _unary_case("isinf-negative-only", "IsInf", SPECIAL, {"detect_positive": 0}),
@@ -522,6 +538,8 @@ OPENCL_SAMPLE = [
     "cast-float32-to-bool", "cast-bool-to-float32", "cast-int64-to-int32", "clip-runtime-bounds",
     "add-int64-fused-clip", "cast-float32-to-float16", "cast-float64-to-float16", "cast-float16-to-float64",
     "add-uint8-wraps", "mul-int16-wraps", "cast-float32-to-uint32", "sigmoid-float16", "add-float64-exact",
+    "asin-special", "acos-special", "sinh-more", "cosh-more", "asinh-more", "acosh-special", "atanh-special",
+    "swish-negative-alpha",
 ]
 
 

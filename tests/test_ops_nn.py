@@ -319,6 +319,26 @@ POOL_CASES: list[OpCase] = [
          {"x": np.where(np.arange(18).reshape(1, 2, 3, 3) < 9, -np.inf, rand(1, 2, 3, 3)).astype(np.float32)}),
 ]
 
+# LpPool over 1, 2 and 3 spatial axes (one N-D kernel); its padding adds nothing to the sum.
+LP_POOL_CASES: list[OpCase] = [
+    _pool("LpPool", "2d-default", {"kernel_shape": [3, 3]}, opset=18),
+    _pool("LpPool", "1d", {"kernel_shape": [3]}, x=(2, 3, 11), opset=18),
+    _pool("LpPool", "3d", {"kernel_shape": [2, 3, 2], "strides": [1, 2, 1]}, x=(1, 2, 4, 6, 5), opset=18),
+    _pool("LpPool", "p1", {"kernel_shape": [2, 2], "p": 1}, opset=18),
+    _pool("LpPool", "p3-strides-pads", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 0, 2, 1], "p": 3},
+          opset=18),
+    _pool("LpPool", "same-upper", {"kernel_shape": [2, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"},
+          x=(1, 2, 7, 8), opset=18),
+    _pool("LpPool", "same-lower", {"kernel_shape": [2, 2], "auto_pad": "SAME_LOWER"}, x=(1, 2, 7, 7), opset=18),
+    _pool("LpPool", "valid", {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "VALID"}, x=(1, 2, 9, 10),
+          opset=18),
+    _pool("LpPool", "dilations", {"kernel_shape": [2, 2], "dilations": [2, 3], "pads": [1, 1, 1, 1]}, opset=18),
+    _pool("LpPool", "ceil", {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}, opset=18),
+    _pool("LpPool", "1d-ceil-pads", {"kernel_shape": [2], "strides": [2], "pads": [1, 1], "ceil_mode": 1},
+          x=(1, 3, 6), opset=18),
+    _pool("LpPool", "opset11", {"kernel_shape": [2, 2], "strides": [2, 2], "p": 4}, opset=11),
+]
+
 # --------------------------------------------------------------------------------------- LRN, BN and Softmax
 
 def lrn_reference(x: np.ndarray, size: int, alpha: float = 1e-4, beta: float = 0.75, bias: float = 1.0) -> np.ndarray:
@@ -605,7 +625,7 @@ FUSED_CASES: list[OpCase] = [
         CONV_X, ["c", "y"], W), schedule=("Conv", "Relu")),
 ]
 
-CASES: list[OpCase] = (CONV_CASES + CONV_TRANSPOSE_CASES + GEMM_CASES + MATMUL_CASES + POOL_CASES + LRN_CASES
+CASES: list[OpCase] = (CONV_CASES + CONV_TRANSPOSE_CASES + GEMM_CASES + MATMUL_CASES + POOL_CASES + LP_POOL_CASES + LRN_CASES
                        + BN_CASES + SOFTMAX_CASES + SOFTMAX_FAMILY_CASES + NORM_CASES)
 ALL_CASES: list[OpCase] = CASES + FUSED_CASES
 
@@ -700,6 +720,7 @@ OPENCL_SAMPLE = [
     "fused-small-plane-pointwise-conv-leakyrelu", "fused-conv-residual-relu", "fused-small-plane-pointwise-conv-residual",
     "conv-banded-strided-1x1", "conv-implicit-groups2-batch2-dilated", "fused-implicit-conv-residual-relu",
     "fused-conv-residual-in-place-relu", "fused-implicit-conv-residual-in-place", "maxpool-3x3-s2-pads", "maxpool-3x3-s2-ceil-pads", "conv-depthwise-channel-blocks-batch2-stride2",
+    "lppool-3d", "lppool-p3-strides-pads", "lppool-1d-ceil-pads",
 ]
 
 
@@ -730,6 +751,14 @@ HOSTILE = [
                  "its kernel would run .* loop steps, over farm's limit", id="averagepool-window-huge"),
     pytest.param(hostile_op_model("MaxPool", {"kernel_shape": [2**62, 1], "pads": [2**61, 0, 2**61, 0]}),
                  "its kernel would run .* loop steps", id="maxpool-window-2**62"),
+    pytest.param(hostile_op_model("LpPool", {"kernel_shape": [2**40, 1], "pads": [2**39, 0, 2**39, 0]}),
+                 "its kernel would run .* loop steps, over farm's limit", id="lppool-window-huge"),
+    pytest.param(hostile_op_model("LpPool", {"kernel_shape": [2, 2], "p": 0}), "p=0 is not supported",
+                 id="lppool-p0"),
+    pytest.param(hostile_op_model("LpPool", {"kernel_shape": [2, 2], "strides": [0, 1]}),
+                 "must be positive|shape", id="lppool-stride0"),
+    pytest.param(hostile_op_model("LpPool", {"kernel_shape": [2]}), "must cover the 2 spatial axes|shape",
+                 id="lppool-kernel-rank"),
     pytest.param(hostile_op_model("Conv", {"kernel_shape": [2**40, 2**40]}, {"w": np.ones((2, 2, 1, 1), np.float32)}),
                  "empty dim", id="conv-kernel-huge"),
     pytest.param(hostile_op_model("Conv", {"pads": [2**40] * 4}, {"w": np.ones((2, 2, 1, 1), np.float32)}),

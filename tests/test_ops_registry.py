@@ -9,8 +9,11 @@ import numpy as np
 import pytest
 import test_ops_elementwise
 import test_ops_indexing
+import test_ops_linalg
 import test_ops_nn
+import test_ops_normalization
 import test_ops_reduce
+import test_ops_scatter
 import test_ops_tensor
 from numerics import graph_model, ops_of, rand
 from onnx import helper, save
@@ -24,10 +27,13 @@ from farm.ops import LOWERINGS, SUPPORTED_OPS, lower_kernel
 # Each op module and the test file whose cases cover it.
 CASE_FILES = {
     "farm.ops.elementwise": test_ops_elementwise.CASES,
+    "farm.ops.linalg": test_ops_linalg.CASES,
     "farm.ops.nn": test_ops_nn.ALL_CASES,
+    "farm.ops.normalization": test_ops_normalization.CASES,
     "farm.ops.tensor": test_ops_tensor.CASES,
     "farm.ops.reduce": test_ops_reduce.CASES,
     "farm.ops.indexing": test_ops_indexing.CASES,
+    "farm.ops.scatter": test_ops_scatter.CASES,
 }
 
 

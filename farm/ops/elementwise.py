@@ -138,6 +138,12 @@ def _softsign(s: M.Scope, x: L.Expr) -> L.Expr:
     return x / (1.0 + M.absolute(s, x))
 
 
+def _swish(s: M.Scope, x: L.Expr, a: dict[str, Any]) -> L.Expr:
+    """x sigmoid(alpha x), as ONNX's Swish (opset 24) defines it."""
+    x = s.bind(x)
+    return x * M.sigmoid(a["alpha"] * x)
+
+
 def _mish(s: M.Scope, x: L.Expr) -> L.Expr:
     x = s.bind(x)
     return x * M.tanh(s, M.softplus(s, x))
@@ -382,6 +388,7 @@ ELEMENTWISE: dict[str, Elementwise] = {
     "Softplus": Elementwise(_math(M.softplus)),
     "Mish": Elementwise(_math(_mish)),
     "Gelu": Elementwise(_unary(_gelu), attributes=_gelu_attrs),
+    "Swish": Elementwise(_unary(_swish), defaults={"alpha": 1.0}),
     # math functions
     "Erf": Elementwise(_math(M.erf)),
     "Sqrt": Elementwise(_unary(lambda s, x, a: L.call("sqrt", x)), (EXACT_FLOAT,)),
@@ -395,6 +402,13 @@ ELEMENTWISE: dict[str, Elementwise] = {
     "Cos": Elementwise(_math(M.cos)),
     "Tan": Elementwise(_math(M.tan)),
     "Atan": Elementwise(_math(M.atan)),
+    "Asin": Elementwise(_math(M.asin)),
+    "Acos": Elementwise(_math(M.acos)),
+    "Sinh": Elementwise(_math(M.sinh)),
+    "Cosh": Elementwise(_math(M.cosh)),
+    "Asinh": Elementwise(_math(M.asinh)),
+    "Acosh": Elementwise(_math(M.acosh)),
+    "Atanh": Elementwise(_math(M.atanh)),
     "Neg": Elementwise(_unary(lambda s, x, a: -x), (EXACT_NUMERIC,)),
     "Abs": Elementwise(_math(M.absolute), (EXACT_NUMERIC,)),
     "Sign": Elementwise(_math(M.sign), (EXACT_NUMERIC,)),

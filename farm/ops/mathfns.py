@@ -292,3 +292,121 @@ def floor_mod(s: Scope, x: L.Expr, y: L.Expr) -> L.Expr:
     r = s.bind(fmod(s, x, y))
     differ = L.compare("ne", L.compare("lt", r, 0.0), L.compare("lt", y, 0.0))
     return L.select(L.logical_and(logical_not(L.compare("eq", r, 0.0)), differ), r + y, r)
+
+
+# ------------------------------------------------------------------------------------- inverse trigonometry
+
+# Cephes asinf: asin(w) = w + w z P(z), z = w^2, for |w| <= 1/2; larger arguments go through the half-angle
+# identity asin(a) = pi/2 - 2 asin(sqrt((1 - a) / 2)), whose 1 - a is exact there (Sterbenz).
+_ASIN_POLY = (4.2163199048e-2, 2.4181311049e-2, 4.5470025998e-2, 7.4953002686e-2, 1.6666752422e-1)
+
+
+def _asin_small(s: Scope, w: L.Expr) -> L.Expr:
+    """asin(w) for |w| <= 1/2."""
+    w = s.bind(w)
+    z = s.bind(w * w)
+    return s.bind(w + w * z * horner(z, _ASIN_POLY))
+
+
+def _half_angle(s: Scope, x: L.Expr) -> tuple[L.Expr, L.Expr]:
+    """(big, w): whether |x| > 1/2, and w = sqrt((1 - |x|) / 2) there, x itself elsewhere. |x| > 1 gives a NaN w
+    (the square root of a negative number), and NaN stays NaN (it is not big)."""
+    big = s.bind(L.compare("gt", absolute(s, x), 0.5))
+    return big, s.bind(L.select(big, L.call("sqrt", 0.5 * (1.0 - absolute(s, x))), x))
+
+
+def asin(s: Scope, x: L.Expr) -> L.Expr:
+    x = s.bind(x)
+    big, w = _half_angle(s, x)
+    p = _asin_small(s, w)
+    magnitude = s.bind(math.pi / 2 - 2.0 * p)
+    return L.select(big, L.select(L.compare("lt", x, 0.0), -magnitude, magnitude), p)
+
+
+def acos(s: Scope, x: L.Expr) -> L.Expr:
+    """acos(x) = pi/2 - asin(x) for |x| <= 1/2; 2 asin(sqrt((1 - |x|) / 2)) (or pi less it for negative x) beyond,
+    so that acos near 1 keeps float32's relative accuracy."""
+    x = s.bind(x)
+    big, w = _half_angle(s, x)
+    p = _asin_small(s, w)
+    outer = L.select(L.compare("lt", x, 0.0), math.pi - 2.0 * p, 2.0 * p)
+    return L.select(big, outer, math.pi / 2 - p)
+
+
+# ------------------------------------------------------------------------------------------------ hyperbolic
+
+# exp(a) for a above this is computed as exp(a - _EXP_SHIFT) * exp(_EXP_SHIFT): exp(89) overflows float32 while
+# sinh(89) and cosh(89) (half of it) don't. a - 80 is exact for the a where the result is finite.
+_EXP_SHIFT = 80.0
+_HALF_EXP_SHIFT = 0.5 * math.exp(_EXP_SHIFT)
+# Cephes sinhf on |x| <= 1 (where exp(x) - exp(-x) would cancel): x + x z P(z), z = x^2.
+_SINH_POLY = (2.03721912945e-4, 8.33028376239e-3, 1.66667160211e-1)
+
+
+def _half_exp(s: Scope, a: L.Expr) -> L.Expr:
+    """exp(a) / 2 for a >= 0, finite wherever the result is."""
+    a = s.bind(a)
+    shifted = s.bind(L.compare("gt", a, _EXP_SHIFT))
+    e = s.bind(L.call("exp", L.select(shifted, a - _EXP_SHIFT, a)))
+    return s.bind(L.select(shifted, e * _HALF_EXP_SHIFT, 0.5 * e))
+
+
+def sinh(s: Scope, x: L.Expr) -> L.Expr:
+    x = s.bind(x)
+    a = s.bind(absolute(s, x))
+    half = _half_exp(s, a)
+    z = s.bind(x * x)
+    small = x + x * z * horner(z, _SINH_POLY)
+    magnitude = s.bind(half - 0.25 / half)
+    large = L.select(L.compare("lt", x, 0.0), -magnitude, magnitude)
+    return L.select(L.compare("le", a, 1.0), small, large)
+
+
+def cosh(s: Scope, x: L.Expr) -> L.Expr:
+    """(exp(|x|) + exp(-|x|)) / 2: no cancellation, and no overflow before the result's."""
+    half = _half_exp(s, absolute(s, x))
+    return half + 0.25 / half
+
+
+# Cephes asinhf (|x| < 1/2) and acoshf (x - 1 < 1/2) polynomials; above _LOG_ONLY, asinh and acosh are
+# log(2x) = log(x) + log 2 (x^2 would overflow, and the +-1 under the root is below float32's resolution).
+_ASINH_POLY = (2.0122003309e-2, -4.2699340972e-2, 7.4847586088e-2, -1.6666288134e-1)
+_ACOSH_POLY = (1.7596881071e-3, -7.5272886713e-3, 2.6454905019e-2, -1.1784741703e-1, 1.4142135263e0)
+_LOG_ONLY = 1500.0
+_LN2 = math.log(2.0)
+
+
+def asinh(s: Scope, x: L.Expr) -> L.Expr:
+    x = s.bind(x)
+    a = s.bind(absolute(s, x))
+    z = s.bind(x * x)
+    small = x + x * z * horner(z, _ASINH_POLY)
+    log_form = L.select(L.compare("gt", a, _LOG_ONLY), L.call("log", a) + _LN2,
+                        L.call("log", a + L.call("sqrt", z + 1.0)))
+    magnitude = s.bind(log_form)
+    large = L.select(L.compare("lt", x, 0.0), -magnitude, magnitude)
+    return L.select(L.compare("lt", a, 0.5), small, large)
+
+
+def acosh(s: Scope, x: L.Expr) -> L.Expr:
+    """NaN below 1; near 1, sqrt(x - 1) times a polynomial (x - 1 is exact there)."""
+    x = s.bind(x)
+    z = s.bind(x - 1.0)
+    small = horner(z, _ACOSH_POLY) * L.call("sqrt", z)
+    log_form = L.select(L.compare("gt", x, _LOG_ONLY), L.call("log", x) + _LN2,
+                        L.call("log", x + L.call("sqrt", z * (x + 1.0))))
+    value = L.select(L.compare("lt", z, 0.5), small, log_form)
+    return L.select(L.compare("lt", x, 1.0), math.nan, value)
+
+
+# Cephes atanhf for |x| < 1/2: x + x z P(z), z = x^2; beyond, log((1 + x) / (1 - x)) / 2, which gives +-inf at
+# +-1 and NaN beyond, as IEEE division and log do.
+_ATANH_POLY = (1.81740078349e-1, 8.24370301058e-2, 1.46691431730e-1, 1.99782164500e-1, 3.33337300303e-1)
+
+
+def atanh(s: Scope, x: L.Expr) -> L.Expr:
+    x = s.bind(x)
+    z = s.bind(x * x)
+    small = x + x * z * horner(z, _ATANH_POLY)
+    large = 0.5 * L.call("log", (1.0 + x) / (1.0 - x))
+    return L.select(L.compare("lt", absolute(s, x), 0.5), small, large)

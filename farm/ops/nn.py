@@ -12,6 +12,7 @@ from typing import Any
 from farm.errors import BuildError
 from farm.ir import loopir as L
 from farm.ir.specs import KernelSpec
+from farm.ops import mathfns as M
 from farm.ops.reduce import ReduceLayout, absolute, axis_view, over_rows
 from farm.ops.registry import NodeContext, activate, axis_in_range, out_shape, prod, register, shape_of
 
@@ -953,6 +954,68 @@ def _counted(geo: Window, attrs: dict, y: L.Var, x: L.Var, r: L.Var, s: L.Var) -
 
 
 register("MaxPool", "AveragePool", normalize=_pool_attrs, data_inputs=(0,), scratch_floats=_pool_scratch)(_lower_pool)
+
+
+def _lp_pool_attrs(ctx: NodeContext) -> dict[str, Any]:
+    """LpPool's window over any number of spatial axes (N, C, D1, D2, ...): kernel_shape, strides, dilations and
+    explicit pads (all begins, then all ends) with auto_pad resolved, and the integer power p. ceil_mode only
+    shapes the output, which shape inference gives."""
+    x, a = ctx.inputs[0], ctx.node.attrs
+    if x is None or len(x.shape) < 3 or x.dtype != "float32":
+        raise ctx.unsupported("LpPool needs a float32 input of shape (N, C, D1, ...)")
+    rank = len(x.shape) - 2
+    kernel = [int(k) for k in a.get("kernel_shape", ())]
+    strides, dilations = ([int(v) for v in a.get(name, [1] * rank)] for name in ("strides", "dilations"))
+    pads = [int(v) for v in a.get("pads", [0] * 2 * rank)]
+    if any(len(v) != rank for v in (kernel, strides, dilations)) or len(pads) != 2 * rank:
+        raise ctx.unsupported(f"kernel_shape, strides, dilations and pads must cover the {rank} spatial axes")
+    if min(kernel + strides + dilations) < 1 or min(pads) < 0:
+        raise ctx.unsupported("kernel_shape, strides and dilations must be positive and pads not negative")
+    auto_pad = a.get("auto_pad", "NOTSET")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        pads = _same_pads(x.shape[2:], kernel, strides, dilations, upper=auto_pad == "SAME_UPPER")
+    elif auto_pad == "VALID":
+        pads = [0] * 2 * rank
+    p = float(a.get("p", 2))
+    if p != int(p) or p < 1:
+        raise ctx.unsupported(f"p={p:g} is not supported (integer powers from 1 are)")
+    return {"kernel_shape": kernel, "strides": strides, "dilations": dilations, "pads": pads, "p": int(p)}
+
+
+def _lp_tap(names: L.Names, a: dict[str, Any], spatial: tuple[int, ...], plane: L.Expr, out_vars: list[L.Var],
+            taps: list[L.Var]) -> tuple[list[L.Stmt], L.Expr]:
+    """(statements, |x|^p) of one window tap, 0 where the tap lies in the padding (or past the input, under
+    ceil_mode)."""
+    coords = [o * s - pad + k * d for o, k, s, d, pad in zip(out_vars, taps, a["strides"], a["dilations"], a["pads"])]
+    inside = L.logical_and(*(L.logical_and(L.compare("ge", i, 0), L.compare("lt", i, size))
+                             for i, size in zip(coords, spatial)))
+    clamped = [L.minimum(L.maximum(i, 0), size - 1) for i, size in zip(coords, spatial)]
+    scope = M.Scope(names)
+    x = absolute(L.Load("in0", plane * prod(spatial) + L.flat_index(spatial, clamped)))
+    return scope.stmts, L.select(inside, M.integer_power(scope, x, a["p"]), 0.0)
+
+
+@register("LpPool", normalize=_lp_pool_attrs)
+def _lower_lp_pool(spec: KernelSpec) -> list[L.Stmt]:
+    """(sum of |x|^p over each window) ^ (1/p); the padding contributes nothing. Any number of spatial axes: one
+    work-item per output element, its taps in a serial loop nest."""
+    names, a = L.Names(), spec.attrs
+    n, c, *spatial = shape_of(spec)
+    out_spatial = out_shape(spec)[2:]
+    total = names.local("sum")
+
+    def element(v: list[L.Var]) -> list[L.Stmt]:
+        def tap(taps: list[L.Var]) -> list[L.Stmt]:
+            stmts, value = _lp_tap(names, a, tuple(spatial), v[0], v[1:], taps)
+            return [*stmts, L.Assign(total, total + value)]
+
+        window, _ = L.loop_nest(names, tuple(a["kernel_shape"]), tap)
+        root = {1: total, 2: L.call("sqrt", total)}.get(a["p"], L.call("exp", L.call("log", total) * (1.0 / a["p"])))
+        return [L.Assign(total, L.const(0.0)), *window,
+                L.Store("out0", L.flat_index((n * c, *out_spatial), v), root)]
+
+    body, _ = L.loop_nest(names, (n * c, *out_spatial), element, parallel=True)
+    return body
 
 
 def _no_attrs(ctx: NodeContext) -> dict[str, Any]:
