@@ -6,7 +6,8 @@ half to even under `nearest`, and, when it falls outside the borders ([-0.5, siz
 align_corners), clamped into [0, size - 1] (`border`) or reflected about them (`reflection`). Its neighbours (one,
 two or four per axis for nearest, linear and cubic) are then read with the same padding: 0 outside the input
 (`zeros`), the index clamped (`border`) or reflected (`reflection`). Every spatial rank ONNX allows runs: 4-D
-inputs (and 5-D from opset 20, where the modes are linear/nearest/cubic instead of bilinear/nearest/bicubic).
+inputs, and from opset 20 (where the modes are linear/nearest/cubic instead of bilinear/nearest/bicubic) any rank
+from 3 (1-D, 3-D volumetric, ... sampling).
 
 The grid is data, so every float becomes an index only after a guard that maps NaN and values far outside the
 input to a bound (a cast of either is undefined) and every index is clamped before its load: no grid value reads
@@ -29,6 +30,10 @@ MODE_NAMES = {16: {"bilinear": "linear", "nearest": "nearest", "bicubic": "cubic
               20: {"linear": "linear", "nearest": "nearest", "cubic": "cubic"}}
 PADDING_MODES = ("zeros", "border", "reflection")
 CUBIC_ALPHA = -0.75
+TAP_LIMIT = 256
+"""The most input reads one output may combine (taps per axis ** spatial axes): cubic sampling in 4 spatial
+dimensions; past it the kernel's code would grow with each axis fourfold."""
+TAPS_PER_AXIS = {"nearest": 1, "linear": 2, "cubic": 4}
 GUARD = 4
 """How far outside [0, size - 1] a coordinate is clamped before it becomes an integer: past every neighbour."""
 
@@ -37,7 +42,7 @@ Tap = tuple[L.Expr, L.Expr | None]
 
 
 def _grid_sample_attrs(ctx: NodeContext) -> dict[str, Any]:
-    """Canonical mode, padding and align_corners; 4-D inputs (5-D too from opset 20), float32 only."""
+    """Canonical mode, padding and align_corners; 4-D inputs (any rank from 3 from opset 20), float32 only."""
     x, grid = ctx.inputs[0], ctx.inputs[1]
     names = MODE_NAMES[20 if ctx.opset >= 20 else 16]
     default = "linear" if ctx.opset >= 20 else "bilinear"
@@ -48,14 +53,15 @@ def _grid_sample_attrs(ctx: NodeContext) -> dict[str, Any]:
         raise ctx.unsupported(f"padding_mode {padding!r} is not supported ({', '.join(PADDING_MODES)} are)")
     if x.dtype != "float32" or grid.dtype != "float32":
         raise ctx.unsupported(f"input {x.dtype} and grid {grid.dtype}: only float32 is supported")
-    ranks = (4, 5) if ctx.opset >= 20 else (4,)
-    if len(x.shape) not in ranks:
+    if len(x.shape) != 4 and (ctx.opset < 20 or len(x.shape) < 3):
         raise ctx.unsupported(f"a rank-{len(x.shape)} input is not supported at opset {ctx.opset}")
     spatial = len(x.shape) - 2
     if len(grid.shape) != len(x.shape) or grid.shape[0] != x.shape[0] or grid.shape[-1] != spatial:
         raise ctx.unsupported(f"grid {list(grid.shape)} does not fit input {list(x.shape)}")
     if min(x.shape[2:]) < 1:
         raise ctx.unsupported("an input with an empty spatial axis has nothing to sample")
+    if TAPS_PER_AXIS[names[mode]] ** spatial > TAP_LIMIT:
+        raise ctx.unsupported(f"{mode} sampling in {spatial} spatial dimensions reads more than {TAP_LIMIT} taps")
     return {"mode": names[mode], "padding": padding, "align_corners": bool(int(ctx.node.attrs.get("align_corners", 0)))}
 
 
