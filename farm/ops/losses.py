@@ -27,8 +27,8 @@ TARGET_DTYPES = ("int64", "int32")
 LogProb = Callable[[L.Names, L.Expr, L.Expr, L.Expr], tuple[list[L.Stmt], L.Expr]]
 
 
-def _loss_attrs(ctx: NodeContext) -> dict[str, Any]:
-    """The (N, C, D) view, the reduction and ignore_index (None when absent: no target is ignored)."""
+def _check_inputs(ctx: NodeContext) -> None:
+    """float32 input (N x C x d1 ..., C >= 1) and weight (C), int64 or int32 targets (N x d1 ...)."""
     x, target = ctx.inputs[0], ctx.inputs[1]
     weight = ctx.inputs[2] if len(ctx.inputs) > 2 else None
     if x.dtype != "float32" or (weight is not None and weight.dtype != "float32"):
@@ -40,10 +40,16 @@ def _loss_attrs(ctx: NodeContext) -> dict[str, Any]:
     n, classes, *spatial = x.shape
     if tuple(target.shape) != (n, *spatial) or (weight is not None and tuple(weight.shape) != (classes,)):
         raise ctx.unsupported(f"target {list(target.shape)} or weight does not match input {list(x.shape)}")
+
+
+def _loss_attrs(ctx: NodeContext) -> dict[str, Any]:
+    """The (N, C, D) view, the reduction and ignore_index (None when absent: no target is ignored)."""
+    _check_inputs(ctx)
     reduction = ctx.node.attrs.get("reduction", "mean")
     if reduction not in REDUCTIONS:
         raise ctx.unsupported(f"reduction {reduction!r} is not supported ({', '.join(REDUCTIONS)} are)")
     ignore = ctx.node.attrs.get("ignore_index")
+    n, classes, *spatial = ctx.inputs[0].shape
     return {"reduction": reduction, "ignore_index": None if ignore is None else int(ignore),
             "outer": n, "classes": classes, "inner": prod(spatial)}
 
@@ -59,9 +65,10 @@ def _element_loss(spec: KernelSpec, names: L.Names, e: L.Expr, logp: LogProb) ->
     has weight 0 and loss 0 (whatever the input holds there)."""
     a = spec.attrs
     n, d = (e, L.const(0)) if a["inner"] == 1 else (e // a["inner"], e % a["inner"])
-    target, loss, weight = names.local("t", L.I64), names.local("loss"), names.local("w")
-    stmts: list[L.Stmt] = [L.Assign(target, load("in1", spec.inputs[1], e))]
-    safe = L.minimum(L.maximum(target, 0), a["classes"] - 1)
+    target, safe = names.local("t", L.I64), names.local("class", L.I64)
+    loss, weight = names.local("loss"), names.local("w")
+    stmts: list[L.Stmt] = [L.Assign(target, load("in1", spec.inputs[1], e)),
+                           L.Assign(safe, L.minimum(L.maximum(target, 0), a["classes"] - 1))]
     picked_stmts, picked = logp(names, n, d, safe)
     stmts += picked_stmts
     w: L.Expr = load("in2", spec.inputs[2], safe) if len(spec.inputs) > 2 else L.const(1.0)

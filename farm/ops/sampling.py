@@ -41,16 +41,19 @@ GUARD = 4
 Tap = tuple[L.Expr, L.Expr | None]
 
 
-def _grid_sample_attrs(ctx: NodeContext) -> dict[str, Any]:
-    """Canonical mode, padding and align_corners; 4-D inputs (any rank from 3 from opset 20), float32 only."""
-    x, grid = ctx.inputs[0], ctx.inputs[1]
+def _mode(ctx: NodeContext) -> str:
+    """The canonical mode, from the names of the node's opset."""
     names = MODE_NAMES[20 if ctx.opset >= 20 else 16]
-    default = "linear" if ctx.opset >= 20 else "bilinear"
-    mode, padding = ctx.node.attrs.get("mode", default), ctx.node.attrs.get("padding_mode", "zeros")
+    mode = ctx.node.attrs.get("mode", "linear" if ctx.opset >= 20 else "bilinear")
     if mode not in names:
         raise ctx.unsupported(f"mode {mode!r} is not supported at opset {ctx.opset} ({', '.join(names)} are)")
-    if padding not in PADDING_MODES:
-        raise ctx.unsupported(f"padding_mode {padding!r} is not supported ({', '.join(PADDING_MODES)} are)")
+    return names[mode]
+
+
+def _check_shapes(ctx: NodeContext, mode: str) -> None:
+    """float32 input and grid; a 4-D input (any rank from 3 from opset 20) with a grid of the same batch and one
+    component per spatial axis, and no more than TAP_LIMIT taps per output."""
+    x, grid = ctx.inputs[0], ctx.inputs[1]
     if x.dtype != "float32" or grid.dtype != "float32":
         raise ctx.unsupported(f"input {x.dtype} and grid {grid.dtype}: only float32 is supported")
     if len(x.shape) != 4 and (ctx.opset < 20 or len(x.shape) < 3):
@@ -60,9 +63,17 @@ def _grid_sample_attrs(ctx: NodeContext) -> dict[str, Any]:
         raise ctx.unsupported(f"grid {list(grid.shape)} does not fit input {list(x.shape)}")
     if min(x.shape[2:]) < 1:
         raise ctx.unsupported("an input with an empty spatial axis has nothing to sample")
-    if TAPS_PER_AXIS[names[mode]] ** spatial > TAP_LIMIT:
+    if TAPS_PER_AXIS[mode] ** spatial > TAP_LIMIT:
         raise ctx.unsupported(f"{mode} sampling in {spatial} spatial dimensions reads more than {TAP_LIMIT} taps")
-    return {"mode": names[mode], "padding": padding, "align_corners": bool(int(ctx.node.attrs.get("align_corners", 0)))}
+
+
+def _grid_sample_attrs(ctx: NodeContext) -> dict[str, Any]:
+    """Canonical mode, padding and align_corners."""
+    mode, padding = _mode(ctx), ctx.node.attrs.get("padding_mode", "zeros")
+    if padding not in PADDING_MODES:
+        raise ctx.unsupported(f"padding_mode {padding!r} is not supported ({', '.join(PADDING_MODES)} are)")
+    _check_shapes(ctx, mode)
+    return {"mode": mode, "padding": padding, "align_corners": bool(int(ctx.node.attrs.get("align_corners", 0)))}
 
 
 def _borders(size: int, align_corners: bool) -> tuple[float, float]:

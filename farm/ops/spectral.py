@@ -61,14 +61,18 @@ def _candidate(ctx: NodeContext, axis: int, inverse: bool, onesided: bool) -> di
     return {"axis": axis, "length": length} if fits else None
 
 
-def _dft_attrs(ctx: NodeContext) -> dict[str, Any]:
-    """inverse, onesided, and the candidate axes (one for a constant axis) with their DFT lengths."""
+def _check_input(ctx: NodeContext) -> None:
     x = ctx.inputs[0]
-    rank = len(x.shape)
     if x.dtype != "float32":
         raise ctx.unsupported(f"DFT of {x.dtype} is not supported (float32 is)")
-    if rank < 2 or x.shape[-1] not in (1, 2):
+    if len(x.shape) < 2 or x.shape[-1] not in (1, 2):
         raise ctx.unsupported(f"the input {list(x.shape)} must end in an axis of 1 (real) or 2 (complex)")
+
+
+def _dft_attrs(ctx: NodeContext) -> dict[str, Any]:
+    """inverse, onesided, and the candidate axes (one for a constant axis) with their DFT lengths."""
+    _check_input(ctx)
+    rank = len(ctx.inputs[0].shape)
     inverse, onesided = bool(int(ctx.node.attrs.get("inverse", 0))), bool(int(ctx.node.attrs.get("onesided", 0)))
     axis = _constant_axis(ctx)
     if axis is not None and not (-rank <= axis <= -2 or 0 <= axis <= rank - 2):
