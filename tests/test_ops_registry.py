@@ -10,10 +10,13 @@ import pytest
 import test_ops_elementwise
 import test_ops_indexing
 import test_ops_linalg
+import test_ops_losses
 import test_ops_nn
 import test_ops_normalization
 import test_ops_reduce
+import test_ops_sampling
 import test_ops_scatter
+import test_ops_spectral
 import test_ops_tensor
 from numerics import graph_model, ops_of, rand
 from onnx import helper, save
@@ -34,6 +37,9 @@ CASE_FILES = {
     "farm.ops.reduce": test_ops_reduce.CASES,
     "farm.ops.indexing": test_ops_indexing.CASES,
     "farm.ops.scatter": test_ops_scatter.CASES,
+    "farm.ops.losses": test_ops_losses.CASES,
+    "farm.ops.sampling": test_ops_sampling.CASES,
+    "farm.ops.spectral": test_ops_spectral.CASES,
 }
 
 

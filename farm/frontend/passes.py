@@ -241,10 +241,18 @@ def _indices_fill_output(graph: Graph, node: Node) -> bool:
     return len(shape) == len(indices) + 1 and tuple(shape[:axis]) + tuple(shape[axis + 1:]) == tuple(indices)
 
 
+def _transforms_one_axis(graph: Graph, node: Node) -> bool:
+    """DFT with its axis a run-time input: the output differs from the input in one axis before the last (the
+    transform's) and in the last (1 or 2); its normalisation checks that some axis gives exactly that shape."""
+    source, shape = graph.values[node.inputs[0]].shape, graph.values[node.outputs[0]].shape
+    changed = [i for i, (s, o) in enumerate(zip(source[:-1], shape[:-1])) if s != o]
+    return len(shape) == len(source) and len(changed) <= 1 and shape[-1] in (1, 2)
+
+
 RUNTIME_SHAPE_CHECKS: dict[str, Callable[[Graph, Node], bool] | None] = {
     "Reshape": _same_count, "Squeeze": _same_count, "Unsqueeze": _same_count,
     "Expand": _broadcasts_to_output, "Tile": _tiles_output, "Split": _splits_input, "OneHot": _indices_fill_output,
-    "ConstantOfShape": None, "Range": None,
+    "ConstantOfShape": None, "Range": None, "DFT": _transforms_one_axis,
 }
 """The ops whose output shape may come from the model's declaration when it depends on run-time integer inputs,
 each with the relation its kernel needs between that shape and its input's, so that it reads only inside its
