@@ -7,7 +7,7 @@ Importing the op modules fills the registry.
 
 from __future__ import annotations
 
-from farm.ops import elementwise, indexing, nn, reduce, tensor  # noqa: F401,E402  (they register themselves)
+from farm.ops import attention, elementwise, indexing, nn, reduce, tensor  # noqa: F401,E402  (they register themselves)
 from farm.ops.registry import LOWERINGS, SUPPORTED_OPS, OpLowering, argument_bytes, lower_kernel, register  # noqa: F401
 
 __all__ = ["LOWERINGS", "OpLowering", "SUPPORTED_OPS", "argument_bytes", "lower_kernel", "register"]
