@@ -126,10 +126,12 @@ def test_rotary_matches_reference(c: OpCase, tmp_path) -> None:
     check_case(c, tmp_path)
 
 
+CASES: list[OpCase] = ATTENTION_CASES + ROTARY_CASES
+
 OPENCL_SAMPLE = ["attention-3d-past-all-outputs", "attention-nonpad-causal", "rotary-4d-interleaved-partial"]
 
 
-@pytest.mark.parametrize("c", params(c for c in ATTENTION_CASES + ROTARY_CASES if c.id in OPENCL_SAMPLE))
+@pytest.mark.parametrize("c", params(c for c in CASES if c.id in OPENCL_SAMPLE))
 def test_opencl_matches_reference(c: OpCase, fingerprint: str, tmp_path: Path) -> None:
     check_case_on_opencl(c, fingerprint, tmp_path)
 

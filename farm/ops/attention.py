@@ -184,6 +184,20 @@ def _check_dtypes(ctx: NodeContext) -> None:
         raise ctx.unsupported(f"nonpad_kv_seqlen must be 1-D int64, got {nonpad.dtype} {list(nonpad.shape)}")
 
 
+def _check_outputs(ctx: NodeContext, dims: AttentionDims, roles: list[str]) -> None:
+    """Each present output must have the shape the kernel writes (Y in Q's layout, the caches 4-D with every key,
+    qk_matmul_output one score per query and key): the kernel indexes them by these sizes."""
+    d = dims
+    y = (d.batch, d.q_len, d.q_heads * d.v_head_size) if d.packed else (d.batch, d.q_heads, d.q_len, d.v_head_size)
+    expected = {"y": y, "present_key": (d.batch, d.kv_heads, d.total, d.head_size),
+                "present_value": (d.batch, d.kv_heads, d.total, d.v_head_size),
+                "qk": (d.batch, d.q_heads, d.q_len, d.total)}
+    for role, info in zip(roles, ctx.outputs):
+        if info.shape != expected[role] or info.dtype != "float32":
+            raise ctx.unsupported(f"output {role} is {info.dtype} {list(info.shape)}, expected float32 "
+                                  f"{list(expected[role])}")
+
+
 def _attention_attrs(ctx: NodeContext) -> dict[str, Any]:
     """Sizes, scale, masking and which inputs and outputs are present, all the kernel needs."""
     _check_dtypes(ctx)
@@ -199,6 +213,7 @@ def _attention_attrs(ctx: NodeContext) -> dict[str, Any]:
     if nonpad is not None and nonpad.shape[0] != dims.batch:
         raise ctx.unsupported(f"nonpad_kv_seqlen has {nonpad.shape[0]} entries for a batch of {dims.batch}")
     outputs = _role_map(ctx.node.outputs, ATTENTION_OUTPUTS, "out")
+    _check_outputs(ctx, dims, list(outputs))
     softcap = float(attrs.get("softcap", 0.0))
     return {**dataclasses.asdict(dims), **_mask_attrs(ctx, dims),
             "root_scale": _root_scale(ctx, dims.head_size), "causal": bool(int(attrs.get("is_causal", 0))),
@@ -278,8 +293,12 @@ def _append(names: L.Names, d: AttentionDims, size: int, past: str | None, new: 
     return stmts
 
 
-def _copies(names: L.Names, a: dict[str, Any], d: AttentionDims, scratch: ScratchLayout) -> tuple[list[L.Stmt], str,
-                                                                                                 Callable[..., Any]]:
+ValueSource = tuple[str, Callable[[L.Expr, L.Expr], tuple[L.Expr, int]]]
+"""Where phase 4's Gemm reads the values: a buffer and, for (batch, kv head), the block's offset and row stride."""
+
+
+def _copies(names: L.Names, a: dict[str, Any], d: AttentionDims, scratch: ScratchLayout
+            ) -> tuple[list[L.Stmt], ValueSource]:
     """Phase 1: scaled Q and K^T into scratch, the caches into present_key/present_value (or scratch). Also returns
     where the Gemm of phase 4 reads the values: buffer and (offset, ldb) of a (b, kv head)."""
     ins, outs, root = a["inputs"], a["outputs"], a["root_scale"]
@@ -297,11 +316,11 @@ def _copies(names: L.Names, a: dict[str, Any], d: AttentionDims, scratch: Scratc
     stmts += _append(names, d, d.head_size, ins.get("past_key"), ins["k"], keys)
     values, source = _value_destinations(a, d, scratch)
     stmts += _append(names, d, d.v_head_size, ins.get("past_value"), ins["v"], values)
-    return stmts, *source
+    return stmts, source
 
 
 def _value_destinations(a: dict[str, Any], d: AttentionDims, scratch: ScratchLayout
-                        ) -> tuple[list[Destination], tuple[str, Callable[..., Any]]]:
+                        ) -> tuple[list[Destination], ValueSource]:
     """Where the values are copied (present_value if requested, else scratch when a past must be prepended,
     else nowhere) and where the final Gemm reads them: (buffer, (b, g) -> (offset, ldb))."""
     outs = a["outputs"]
@@ -335,9 +354,11 @@ def _scores_gemm(d: AttentionDims, scratch: ScratchLayout) -> Callable[[L.Expr, 
     return gemm
 
 
-def _output_gemm(d: AttentionDims, scratch: ScratchLayout, y: str, values: str,
-                 value_at: Callable[..., Any]) -> Callable[[L.Expr, L.Expr, L.Expr], L.Gemm]:
+def _output_gemm(d: AttentionDims, scratch: ScratchLayout, y: str, source: ValueSource
+                 ) -> Callable[[L.Expr, L.Expr, L.Expr], L.Gemm]:
     """Phase 4: Y[b, h] (Sq x Dv) = probabilities[b, h] (Sq x T) @ V[b, g] (T x Dv), stored in Y's layout."""
+    values, value_at = source
+
     def gemm(b: L.Expr, h: L.Expr, g: L.Expr) -> L.Gemm:
         if d.packed:
             y_offset, ldc = (b * (d.q_len * d.q_heads) + h) * d.v_head_size, d.q_heads * d.v_head_size
@@ -452,9 +473,9 @@ def _lower_attention(spec: KernelSpec) -> list[L.Stmt]:
     """softmax(softcap(Q K^T * scale) + bias) @ V per (batch, head), in the four phases of the module docstring."""
     names, a = L.Names(), spec.attrs
     d, scratch = _dims(a), _scratch_layout(a)
-    copies, values, value_at = _copies(names, a, d, scratch)
+    copies, values = _copies(names, a, d, scratch)
     return [*copies, _per_head_gemms(names, d, _scores_gemm(d, scratch)), _softmax_rows(names, a, d, scratch),
-            _per_head_gemms(names, d, _output_gemm(d, scratch, "out0", values, value_at))]
+            _per_head_gemms(names, d, _output_gemm(d, scratch, "out0", values))]
 
 
 # ------------------------------------------------------------------------------------------ RotaryEmbedding
