@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import test_ops_attention
 import test_ops_elementwise
 import test_ops_indexing
 import test_ops_linalg
@@ -29,6 +30,7 @@ from farm.ops import LOWERINGS, SUPPORTED_OPS, lower_kernel
 
 # Each op module and the test file whose cases cover it.
 CASE_FILES = {
+    "farm.ops.attention": test_ops_attention.CASES,
     "farm.ops.elementwise": test_ops_elementwise.CASES,
     "farm.ops.linalg": test_ops_linalg.CASES,
     "farm.ops.nn": test_ops_nn.ALL_CASES,

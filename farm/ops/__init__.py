@@ -8,6 +8,7 @@ Importing the op modules fills the registry.
 from __future__ import annotations
 
 from farm.ops import (  # noqa: F401,E402  (they register themselves)
+    attention,
     elementwise,
     indexing,
     linalg,
