@@ -164,6 +164,11 @@ class Artifact:
         """The bytes of payload member `name` as the archive holds it (not read)."""
         return self._place(name)[1]
 
+    def member_place(self, name: str) -> tuple[int, int]:
+        """(offset, size) of payload member `name` in the artifact file (a tar: offsets are multiples of 512), for a
+        reader that maps the file (the runtime's weights) after checking the member once."""
+        return self._place(name)
+
     def _place(self, name: str) -> tuple[int, int]:
         """(offset, size) of a listed payload member in the archive."""
         if name not in self._hashes:

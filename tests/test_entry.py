@@ -29,14 +29,15 @@ from farm.backends.llvm.target import CpuTarget
 from farm.ir import loopir as L
 
 SCHEDULE = [
-    {"kernel": "farm_k_first", "args": [["arena", 0], ["arena", 256], ["blob", "farm_w_aaaa"]]},
+    {"kernel": "farm_k_first", "args": [["arena", 0], ["arena", 256], ["weight", 0]]},
     {"kernel": "farm_k_second", "args": [["arena", 512], ["arena", 0]]},
-    {"kernel": "farm_k_first", "args": [["arena", 1024], ["arena", 512], ["blob", "farm_w_bbbb"]]},
+    {"kernel": "farm_k_first", "args": [["arena", 1024], ["arena", 512], ["weight", 1]]},
 ]
+TABLE_AT = 2048
 
 
 def parsed_entry(schedule, target: CpuTarget) -> llvm.ModuleRef:
-    module = llvm.parse_assembly(entry_ir(schedule, target))
+    module = llvm.parse_assembly(entry_ir(schedule, target, TABLE_AT))
     module.verify()
     return module
 
@@ -61,16 +62,16 @@ def _function_text(text: str, name: str) -> str:
     return re.search(rf'define [^\n]*@"?{name}"?\(.*?\n}}', text, flags=re.DOTALL).group(0)
 
 
-def test_entry_calls_kernels_in_schedule_order_with_arena_offsets_and_blobs():
-    text = _function_text(entry_ir(SCHEDULE, host()), "farm_run")
+def test_entry_calls_kernels_in_schedule_order_with_arena_offsets_and_weights():
+    """A weight argument is the pointer in its slot of the table after the arena: slot i at TABLE_AT + 8 i."""
+    text = _function_text(entry_ir(SCHEDULE, host(), TABLE_AT), "farm_run")
     calls = call_lines(text)
     assert [re.search(r'@"?(\w+)"?\(', c).group(1) for c in calls] == ["farm_k_first", "farm_k_second",
                                                                         "farm_k_first"]
     offsets = [int(x) for x in re.findall(r"getelementptr inbounds i8, ptr %\"?[.\w]+\"?, i64 (\d+)", text)]
-    assert offsets == [0, 256, 512, 0, 1024, 512]
-    loads = re.findall(r'(%"?[.\w]+"?) = load ptr, ptr @"?(farm_w_\w+)\.address"?', text)
-    assert [blob for _, blob in loads] == ["farm_w_aaaa", "farm_w_bbbb"]
-    assert loads[0][0] in calls[0] and loads[1][0] in calls[2] and not any(var in calls[1] for var, _ in loads)
+    assert offsets == [0, 256, TABLE_AT, 512, 0, 1024, 512, TABLE_AT + 8]
+    loads = re.findall(r'(%"?[.\w]+"?) = load ptr, ptr (%"?[.\w]+"?)', text)
+    assert len(loads) == 2 and loads[0][0] in calls[0] and loads[1][0] in calls[2]
 
 
 def test_farm_run_steps_runs_any_range_of_steps():
@@ -80,28 +81,22 @@ def test_farm_run_steps_runs_any_range_of_steps():
                                                                                   "farm_k_first"]
 
 
-def test_each_kernel_and_blob_is_declared_once():
+def test_each_kernel_is_declared_once_and_the_entry_has_no_globals():
+    """No global state: two models loaded from one library (the same code, other weights) share nothing."""
     module = parsed_entry(SCHEDULE, host())
     declared = sorted(f.name for f in module.functions
                       if f.is_declaration and f.name.startswith("farm_"))
     assert declared == ["farm_k_first", "farm_k_second"]
-    assert sorted(g.name for g in module.global_variables) == [
-        "farm_bss_anchor", "farm_w_aaaa", "farm_w_aaaa.address", "farm_w_bbbb", "farm_w_bbbb.address"]
+    assert list(module.global_variables) == []
     assert [len(list(module.get_function(k).arguments)) for k in declared] == [3, 2]
 
 
-def test_kernels_and_blobs_are_declared_hidden():
-    """Kernels and blobs live inside the library: the entry must reference them as hidden symbols, so that they
-    bind locally (no PLT/GOT, nothing exported) and a missing one is a link error instead of a dlopen error.
-
-    Today entry_ir sets `.visibility = "hidden"` on llvmlite.ir objects, which llvmlite ignores (it has no
-    visibility support), so the IR says `declare void @k(...)` and `@w = external global i8`.
-    """
+def test_kernels_are_declared_hidden():
+    """Kernels live inside the library: the entry must reference them as hidden symbols, so that they bind locally
+    (no PLT/GOT, nothing exported) and a missing one is a link error instead of a dlopen error."""
     module = parsed_entry(SCHEDULE, host())
     for name in ("farm_k_first", "farm_k_second"):
         assert module.get_function(name).visibility == llvm.Visibility.hidden, name
-    for name in ("farm_w_aaaa", "farm_w_bbbb"):
-        assert module.get_global_variable(name).visibility == llvm.Visibility.hidden, name
 
 
 def test_empty_schedule_is_a_function_that_returns():
@@ -119,7 +114,7 @@ def test_entry_object_defines_farm_run_and_references_the_rest(target):
     assert (farm_run.type, farm_run.bind, farm_run.visibility) == ("FUNC", "GLOBAL", "DEFAULT")
     assert farm_run.section != "UND"
     undefined = {s.name for s in elf_symbols(obj) if s.section == "UND" and s.name}
-    assert undefined == {"farm_k_first", "farm_k_second", "farm_w_aaaa", "farm_w_bbbb", "sched_yield"}
+    assert undefined == {"farm_k_first", "farm_k_second", "sched_yield"}
     assert compile_entry(SCHEDULE, target) == obj
 
 

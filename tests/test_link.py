@@ -1,8 +1,8 @@
-"""link_library: kernels + blobs + entry objects in, one shared library exporting only farm_run out."""
+"""link_library: kernel + entry objects in, one shared library of code alone exporting only the entry points out;
+the entry reads each weight's address from the weight table after the arena."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -16,26 +16,22 @@ from native_helpers import (
     call_farm_run,
     compile_kernels,
     elf_header,
-    elf_section,
-    elf_symbol,
     elf_type,
     host,
     load_library,
 )
 
-from farm.backends.llvm.blobs import pack_blob
 from farm.backends.llvm.entry import ENTRY_SYMBOL, LAUNCH_SYMBOL, STEPS_SYMBOL, WORK_SYMBOL, compile_entry
 from farm.backends.llvm.link import find_linker, link_library, linker_identity
 from farm.backends.llvm.target import CpuTarget
 from farm.backends.llvm.toolchain import compile_ir
 from farm.errors import BuildError
 from farm.ir import loopir as L
-from farm.ir.specs import BlobSpec
 
 N = 40
 WEIGHTS = np.linspace(-2, 2, N, dtype=np.float32)
-BLOB = BlobSpec(hashlib.sha256(WEIGHTS.tobytes()).hexdigest(), WEIGHTS.nbytes, "test")
 X_AT, Y_AT, Z_AT = 0, 256, 512  # arena byte offsets: x (input), y = x + w, z = exp(y) * 2
+TABLE_AT = 768  # the weight table: one 64-bit pointer per weight, after the arena
 
 
 def add_blob_kernel() -> L.LoopKernel:
@@ -51,17 +47,16 @@ def exp_kernel() -> L.LoopKernel:
 
 
 SCHEDULE = [
-    {"kernel": "farm_k_add", "args": [["arena", Y_AT], ["arena", X_AT], ["blob", BLOB.symbol]]},
+    {"kernel": "farm_k_add", "args": [["arena", Y_AT], ["arena", X_AT], ["weight", 0]]},
     {"kernel": "farm_k_exp", "args": [["arena", Z_AT], ["arena", Y_AT]]},
 ]
 
 
 def model_objects(target: CpuTarget) -> list[bytes]:
-    """Two kernel objects, one blob object, the entry: what a build links."""
+    """Two kernel objects and the entry: what a build links."""
     return [compile_kernels([("farm_k_add", add_blob_kernel())], target),
             compile_kernels([("farm_k_exp", exp_kernel())], target),
-            pack_blob(BLOB, target, WEIGHTS.tobytes()),
-            compile_entry(SCHEDULE, target)]
+            compile_entry(SCHEDULE, target, TABLE_AT)]
 
 
 @pytest.fixture(scope="module")
@@ -99,34 +94,14 @@ def test_linking_is_byte_identical(host_library):
     assert link_library(model_objects(host()), host()) == host_library
 
 
-def test_blob_is_64_byte_aligned_in_the_library(host_library):
-    symbol = elf_symbol(host_library, BLOB.symbol)
-    assert symbol.value % 64 == 0 and symbol.size == WEIGHTS.nbytes and symbol.visibility == "HIDDEN"
-
-
-def test_weights_lie_after_code_and_data_and_the_entry_reaches_them_through_64_bit_addresses(host_library,
-                                                                                                tmp_path):
-    """Every blob goes into .farm.weights, the library's last loaded section (link.WEIGHTS_SCRIPT: after the PLT's
-    slots too), and the entry
-    holds each blob's address as a 64-bit pointer in .data (an R_X86_64_RELATIVE relocation), never a 32-bit
-    offset: so a library whose weights span gigabytes keeps its code within 2 GB of its own constants."""
-    path = tmp_path / "lib.so"
-    path.write_bytes(host_library)
-    headers = subprocess.run(["readelf", "-SW", str(path)], capture_output=True, text=True, check=True).stdout
-    names = [line.split("]")[1].split()[0] for line in headers.splitlines() if "]" in line and "[Nr]" not in line
-             and line.split("]")[1].split()]
-    assert names.index(".farm.weights") == max(names.index(name) for name in names if not name.startswith(
-        (".comment", ".symtab", ".strtab", ".shstrtab")))
-    assert names.index(".farm.weights") > max(names.index(".text"), names.index(".data"), names.index(".got.plt"),
-                                              names.index(".bss"))
-    weights = elf_section(host_library, ".farm.weights")
-    assert weights.addralign == 64 and weights.size == WEIGHTS.nbytes
+def test_the_library_holds_no_weights_and_the_entry_reads_their_addresses_from_the_table(host_library, tmp_path):
+    """Weights are artifact members that the runtime maps: the library is code, and the entry loads each weight's
+    address from its 64-bit slot at arena + weights_offset (no relocation names a weight)."""
+    assert WEIGHTS.tobytes() not in host_library
     entry = tmp_path / "entry.o"
-    entry.write_bytes(compile_entry(SCHEDULE, host()))
+    entry.write_bytes(compile_entry(SCHEDULE, host(), TABLE_AT))
     relocations = subprocess.run(["readelf", "-rW", str(entry)], capture_output=True, text=True, check=True).stdout
-    blob_relocations = [line.split()[2] for line in relocations.splitlines()
-                        if len(line.split()) > 4 and line.split()[4] == BLOB.symbol]
-    assert blob_relocations == ["R_X86_64_64"]
+    assert "farm_w_" not in relocations
 
 
 def test_no_build_id_and_no_executable_stack(host_library, tmp_path):
@@ -141,9 +116,10 @@ def test_no_build_id_and_no_executable_stack(host_library, tmp_path):
 
 def test_library_runs_the_schedule(host_library, tmp_path):
     library = load_library(host_library, tmp_path)
-    arena = aligned_arena(Z_AT + 4 * N)
+    arena = aligned_arena(TABLE_AT + 8)
     x = np.linspace(-3, 3, N, dtype=np.float32)
     arena[X_AT:X_AT + 4 * N].view(np.float32)[:] = x
+    arena[TABLE_AT:TABLE_AT + 8].view(np.uint64)[0] = WEIGHTS.ctypes.data
     call_farm_run(library, arena)
     y = arena[Y_AT:Y_AT + 4 * N].view(np.float32)
     z = arena[Z_AT:Z_AT + 4 * N].view(np.float32)
@@ -165,7 +141,8 @@ def test_link_with_gnu_ld_when_lld_is_absent(host_library, tmp_path, monkeypatch
     assert link_library(model_objects(host()), host()) == library
     assert elf_type(library) == 3
     loaded = load_library(library, tmp_path)
-    arena = aligned_arena(Z_AT + 4 * N)
+    arena = aligned_arena(TABLE_AT + 8)
+    arena[TABLE_AT:TABLE_AT + 8].view(np.uint64)[0] = WEIGHTS.ctypes.data
     call_farm_run(loaded, arena)
     np.testing.assert_array_equal(arena[Y_AT:Y_AT + 4 * N].view(np.float32), WEIGHTS)
 
@@ -195,18 +172,18 @@ def test_missing_kernel_is_a_build_error_with_the_linker_log():
     reference and the failure only shows when the library is loaded ("undefined symbol").
     """
     objects = model_objects(host())
-    without_exp = [objects[0], objects[2], objects[3]]
+    without_exp = [objects[0], objects[2]]
     with pytest.raises(BuildError) as info:
         link_library(without_exp, host())
     message = str(info.value)
-    assert message.startswith(f"linking 3 objects for {host().triple} failed:")
+    assert message.startswith(f"linking 2 objects for {host().triple} failed:")
     assert "farm_k_exp" in message and "undefined" in message
 
 
 def test_an_invalid_object_is_a_build_error_naming_it():
     objects = model_objects(host())
     with pytest.raises(BuildError, match=f"object 1 of 3 for {host().triple}: not an ELF object"):
-        link_library([objects[0], b"\x7fELF this is not an object", objects[3]], host())
+        link_library([objects[0], b"\x7fELF this is not an object", objects[2]], host())
 
 
 def test_a_link_error_carries_the_linker_stderr():

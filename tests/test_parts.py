@@ -13,7 +13,7 @@ from farm.backends.opencl.target import SPEC_TARGET_ID, OpenClTarget
 from farm.build.assembly import compile_units, plan_model
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
-from farm.build.parts import PARTS, link_order
+from farm.build.parts import PARTS, link_order, target_weights, weight_member
 from farm.tools import examples
 
 
@@ -40,12 +40,31 @@ def test_one_binary_unit_per_kernel_per_device(model):
     assert len({u.cache_ref for u in units}) == len(units)  # but each device's binary is cached apart
 
 
-def test_cpu_units_are_every_kernel_and_every_blob_as_the_target_reads_it(model):
+def test_cpu_units_are_every_kernel_and_every_weight_the_target_reads_packed(model):
+    """Plain weights are the model's bytes (artifact members as they are): only packed ones are built."""
     plan, target = plan_model(model), host_target()
     units = PARTS["cpu"].units(plan, [target])
     assert sum(u.kind == "kernel" for u in units) == len(plan.kernels())
-    assert {u.spec.data_sha256 for u in units if u.kind == "blob"} == set(plan.blobs)
-    assert link_order([u.name for u in units], target) == sorted(u.name for u in units)
+    packed = [blob for blob in target_weights(plan, target) if blob.panels is not None]
+    assert [u.spec for u in units if u.kind == "blob"] == packed and packed
+    assert link_order(units, target) == sorted(u.name for u in units if u.kind == "kernel")
+
+
+def test_each_weight_is_a_member_the_target_lists_in_slot_order(model, tmp_path):
+    """The manifest's target lists its weights' members in the entry's slot order: plain ones shared with every
+    other part by sha256, packed ones the target's own; each member holds what the kernels read."""
+    from farm.backends.llvm.blobs import pack_weights
+
+    result = build_model(model, tmp_path, executor=LocalExecutor(1))
+    artifact = open_artifact(result.artifact)
+    plan, target = plan_model(model), host_target()
+    entry = artifact.manifest["targets"][0]
+    weights = target_weights(plan, target)
+    assert entry["weights"] == [weight_member(target.id, blob) for blob in weights]
+    assert entry["weights_offset"] >= artifact.manifest["memory_plan"]["arena_bytes"]
+    for blob, member in zip(weights, entry["weights"]):
+        source = plan.blobs[blob.data_sha256].tobytes()
+        assert artifact.read_member(member) == pack_weights(blob, target, source)
 
 
 def test_compile_units_of_mixed_targets_are_each_parts_units(model):

@@ -56,7 +56,7 @@ def test_cpu_cache_refs_hold_this_processs_compiler_and_opencl_refs_the_device(
 
 def test_a_units_step_is_its_backends_compile_step() -> None:
     assert compile_unit(UNITS[0]) == compile_cpu_kernel(RELU, CPU)
-    assert compile_unit(UNITS[1], bytes(range(16)))[:4] == b"\x7fELF"
+    assert compile_unit(UNITS[1], bytes(range(16))) == bytes(range(16))  # a weight without panels is its bytes
 
 
 @pytest.mark.parametrize(("data", "message"), [

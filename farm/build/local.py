@@ -74,9 +74,6 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
                        libraries.__getitem__, lambda sha: plan.blobs[sha].tobytes())
     for library in assembly.libraries(plan_json):
         libraries[library["target"]["id"]] = assembly.link_library(plan_json, library["target"]["id"], built)
-    for unit in units:  # linked into the libraries now: a model's weights are not held twice while it is written
-        if unit.kind == "blob":
-            del objects[unit.name]
     manifest, members = assembly.artifact_contents(plan_json, built)
     os.makedirs(out_dir, exist_ok=True)
     artifact = write_artifact(os.path.abspath(os.path.join(out_dir, f"{name}.farm")), manifest, members)

@@ -1,9 +1,11 @@
 """What each backend adds to a build: its compile units, what assembling its part needs (a JSON layout, kept in
 the link plan), and its manifest fields and members once the units are built.
 
-- CPU (`CpuPart`): a kernel object per distinct kernel and a blob object per distinct weight as the target's
-  kernels read it, then per target an entry object (farm_run, farm_launch, farm_work, farm_run_steps) and one
-  shared library; the manifest's `targets` and `kernels`.
+- CPU (`CpuPart`): a kernel object per distinct kernel and, per weight that a target's kernels read pre-packed in
+  panels, the packed bytes; then per target an entry object (farm_run, farm_launch, farm_work, farm_run_steps) and
+  one shared library of code alone. Weights are members of the artifact (`weights/<sha256>.bin` as the model has
+  them, `targets/<id>/weights/<symbol>.bin` packed), which the runtime maps and hands to the entry through a table
+  of pointers after the arena (see `weight_members`); the manifest's `targets` and `kernels`.
 - OpenCL (`OpenClPart`): every kernel's source, a program binary per kernel per device, the weights and the
   schedule, so the runtime goes cache -> shipped binary -> parallel source build and never builds serially; the
   manifest's `opencl` section.
@@ -91,6 +93,33 @@ def library_member(target_id: str) -> str:
     return f"targets/{target_id}/model.so"
 
 
+def weights_member(sha256: str) -> str:
+    """A weight as the model holds it (shared by the OpenCL part and every CPU target that reads it unpacked)."""
+    return f"weights/{sha256}.bin"
+
+
+def packed_weights_member(target_id: str, blob: BlobSpec) -> str:
+    return f"targets/{target_id}/weights/{blob.symbol}.bin"
+
+
+def weight_member(target_id: str, blob: BlobSpec) -> str:
+    return weights_member(blob.data_sha256) if blob.panels is None else packed_weights_member(target_id, blob)
+
+
+def target_weights(plan: BuildPlan, target: Target) -> list[BlobSpec]:
+    """The distinct weights `target`'s kernels read, in slot order: slot i of the entry's weight table (after the
+    arena, at weights_offset) points at the i-th one's bytes."""
+    return list(dict.fromkeys(blob for step in blob_args(plan, target) for blob in step.values()))
+
+
+WEIGHT_TABLE_ALIGNMENT = 64
+
+
+def weights_offset(plan: BuildPlan) -> int:
+    """Where in the runtime's arena the weight table starts: after everything the memory plan places."""
+    return -(-plan.memory.arena_bytes // WEIGHT_TABLE_ALIGNMENT) * WEIGHT_TABLE_ALIGNMENT
+
+
 def step_launches(plan: BuildPlan, target: Target) -> list[list[list[int]]]:
     """Each step's launches on `target` (each distinct kernel lowered once; a Gemm's grain is its variant's)."""
     from farm.backends.llvm.kernel import cpu_launches
@@ -103,30 +132,31 @@ def step_launches(plan: BuildPlan, target: Target) -> list[list[list[int]]]:
 
 
 def schedule_for(plan: BuildPlan, target: Target) -> list[dict[str, Any]]:
-    """The entry's call list for `target`: kernel symbols, arena offsets or blob symbols, and the kernel's launches
-    ([extent, grain, work] each)."""
+    """The entry's call list for `target`: kernel symbols, arena offsets or weight slots (target_weights), and the
+    kernel's launches ([extent, grain, work] each)."""
     launches, blobs = step_launches(plan, target), blob_args(plan, target)
+    slots = {blob: slot for slot, blob in enumerate(target_weights(plan, target))}
     return [{"kernel": plan.kernel_for(step.spec, target.id).symbol,
-             "args": [["blob", step_blobs[index].symbol] if arg.kind == "blob" else
+             "args": [["weight", slots[step_blobs[index]]] if arg.kind == "blob" else
                       ["arena", plan.memory.offsets[arg.name]] for index, arg in enumerate(step.args)],
              "launches": step_launch}
             for step, step_launch, step_blobs in zip(plan.steps, launches, blobs)]
 
 
-def link_order(names: Sequence[str], target: Target) -> list[str]:
-    """The target's unit names in the order their objects are linked (before the entry)."""
-    return sorted(name for name in names if name.startswith(f"{target.id}/"))
+def link_order(units: Sequence[CompileUnit], target: Target) -> list[str]:
+    """The names of the target's kernel units in the order their objects are linked (before the entry)."""
+    return sorted(unit.name for unit in units if unit.kind == "kernel" and unit.target.id == target.id)
 
 
 def link_target(library: dict[str, Any], object_of: Callable[[str], bytes]) -> bytes:
-    """One CPU target's shared library: its units' objects in link order, then its entry (from the schedule)."""
+    """One CPU target's shared library: its kernels' objects in link order, then its entry (from the schedule)."""
     from farm.backends.llvm.entry import compile_entry
     from farm.backends.llvm.link import link_library
     from farm.backends.registry import target_from_json
 
     target = target_from_json(library["target"])
     objects = [object_of(name) for name in library["order"]]
-    return link_library(objects + [compile_entry(library["schedule"], target)], target)
+    return link_library(objects + [compile_entry(library["schedule"], target, library["weights_offset"])], target)
 
 
 class CpuPart(Part):
@@ -134,23 +164,29 @@ class CpuPart(Part):
     always = True
 
     def units(self, plan: BuildPlan, targets: Sequence[Target]) -> list[CompileUnit]:
+        """A kernel unit per distinct kernel, a blob unit per weight the target reads packed (plain weights are
+        the model's bytes: nothing to build)."""
         kernels = [CompileUnit("kernel", plan.kernel_for(spec, t.id), t)
                    for t in targets for spec in plan.kernels().values()]
-        blobs = [CompileUnit("blob", blob, t) for t in targets
-                 for blob in dict.fromkeys(blob for step in blob_args(plan, t) for blob in step.values())]
+        blobs = [CompileUnit("blob", blob, t) for t in targets for blob in target_weights(plan, t)
+                 if blob.panels is not None]
         return kernels + blobs
 
     def layout(self, plan: BuildPlan, targets: Sequence[Target], units: Sequence[CompileUnit]) -> dict[str, Any]:
-        names = [unit.name for unit in units]
-        return {"libraries": [{"target": t.to_json(), "schedule": schedule_for(plan, t), "order": link_order(names, t)}
-                              for t in targets]}
+        return {"libraries": [{"target": t.to_json(), "schedule": schedule_for(plan, t), "order": link_order(units, t),
+                               "weights_offset": weights_offset(plan)} for t in targets],
+                "weights": {weight_member(t.id, blob): (f"{t.id}/{blob.symbol}" if blob.panels is not None else None,
+                                                        blob.data_sha256)
+                            for t in targets for blob in target_weights(plan, t)}}
 
     def manifest_fields(self, plan: BuildPlan, targets: Sequence[Target]) -> dict[str, Any]:
         from farm.backends.llvm.entry import ENTRY_SYMBOL, LAUNCH_SYMBOL, WORK_SYMBOL
 
         return {"targets": [{**t.to_json(), "library": library_member(t.id), "entry": ENTRY_SYMBOL,
                              "launch_entry": LAUNCH_SYMBOL, "work_entry": WORK_SYMBOL,
-                             "launches": [launch for step in step_launches(plan, t) for launch in step]}
+                             "launches": [launch for step in step_launches(plan, t) for launch in step],
+                             "weights": [weight_member(t.id, blob) for blob in target_weights(plan, t)],
+                             "weights_offset": weights_offset(plan)}
                             for t in targets],
                 "kernels": _kernel_entries(plan, targets)}
 
@@ -158,6 +194,8 @@ class CpuPart(Part):
                  built: BuiltUnits) -> tuple[dict[str, Any], dict[str, bytes]]:
         ids = [library["target"]["id"] for library in layout["libraries"]]
         members = {library_member(target_id): built.library_of(target_id) for target_id in ids}
+        members.update({member: built.object_of(unit) if unit else built.blob_of(sha)
+                        for member, (unit, sha) in layout.get("weights", {}).items()})
         kernels = [{**entry, "object_sha256": built.sha256_of(f"{entry['target']}/{entry['symbol']}")}
                    for entry in manifest["kernels"]]
         return {"kernels": kernels}, members
@@ -217,7 +255,7 @@ class OpenClPart(Part):
 
         return {"sources": {f"opencl/source/{spec.symbol}.cl": kernel_source(spec) for spec in opencl_kernels(plan)},
                 "binaries": {binary_member(unit.target.fingerprint, unit.spec.symbol): unit.name for unit in units},
-                "weights": {f"weights/{sha}.bin": sha for sha in sorted(plan.blobs)}}
+                "weights": {weights_member(sha): sha for sha in sorted(plan.blobs)}}
 
     def manifest_fields(self, plan: BuildPlan, targets: Sequence[Target]) -> dict[str, Any]:
         from farm.backends.opencl.kernel import kernel_launches
@@ -231,7 +269,7 @@ class OpenClPart(Part):
                    for spec in opencl_kernels(plan)]
         return {"opencl": {"devices": fingerprints, "kernels": kernels, "schedule": _opencl_schedule(plan),
                            "buffers": dict(sorted(plan.memory.sizes.items())),
-                           "blobs": {sha: f"weights/{sha}.bin" for sha in sorted(plan.blobs)}}}
+                           "blobs": {sha: weights_member(sha) for sha in sorted(plan.blobs)}}}
 
     def assemble(self, layout: dict[str, Any], manifest: dict[str, Any],
                  built: BuiltUnits) -> tuple[dict[str, Any], dict[str, bytes]]:

@@ -1,5 +1,5 @@
-"""A build's compile units: one object per distinct kernel per CPU target, one per weight blob per CPU target as
-that target's kernels read it, one program binary per kernel per OpenCL device.
+"""A build's compile units: one object per distinct kernel per CPU target, one packed weight per weight that a CPU
+target's kernels read pre-packed in panels, one program binary per kernel per OpenCL device.
 
 Each unit kind names its pure step, (spec, target, input bytes) -> bytes, and its cache ref: the local executor
 and the farm's workers call the same step on the same unit, so both build the same bytes. A CPU unit's ref holds
@@ -33,10 +33,10 @@ def _runs_nothing_at_load(data: bytes, what: str) -> None:
     check_no_startup_code(data, what)
 
 
-def _pack_blob(spec: BlobSpec, target: Target, data: Data) -> bytes:
-    from farm.backends.llvm.blobs import pack_blob
+def _pack_weights(spec: BlobSpec, target: Target, data: Data) -> bytes:
+    from farm.backends.llvm.blobs import pack_weights
 
-    return pack_blob(spec, target, data)
+    return pack_weights(spec, target, data)
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,8 @@ UNIT_KINDS: dict[str, UnitKind] = {
     "kernel": UnitKind("kernel", KernelSpec, _compile_kernel,
                        lambda spec, target: refs.kernel(toolchain().compiler_key, spec.key),
                        verify=_runs_nothing_at_load),
-    "blob": UnitKind("blob", BlobSpec, _pack_blob, lambda spec, target: refs.blob(toolchain().compiler_key, spec.key),
-                     big_bytes=True, verify=_runs_nothing_at_load),
+    "blob": UnitKind("packed weight", BlobSpec, _pack_weights,
+                     lambda spec, target: refs.blob(toolchain().compiler_key, spec.key), big_bytes=True),
     "clkernel": UnitKind("OpenCL kernel", KernelSpec, _compile_kernel,
                          lambda spec, target: refs.opencl_binary(target.fingerprint, spec.key)),
 }
@@ -68,7 +68,7 @@ UNIT_KINDS: dict[str, UnitKind] = {
 
 @dataclass(frozen=True)
 class CompileUnit:
-    """One thing to build: a kernel or blob object, or a program binary, for one target. `name` (target id /
+    """One thing to build: a kernel object, a packed weight or a program binary, for one target. `name` (target id /
     symbol) names it in progress, errors, the link order and Flower."""
 
     kind: str

@@ -15,7 +15,7 @@ from typing import Any
 from farm import __version__
 from farm.ir.graph import Activation, TensorInfo
 
-CODEGEN_VERSION = f"farm-{__version__}-codegen-12"
+CODEGEN_VERSION = f"farm-{__version__}-codegen-13"
 OPENCL_TARGET_ID = "opencl"
 """The target id of every OpenCL kernel spec (one source serves every device)."""
 CPU_TARGET_PREFIX = "cpu-"
@@ -97,13 +97,13 @@ class KernelSpec:
 
 @dataclass(frozen=True)
 class BlobSpec:
-    """One constant tensor to be written into an object file; keyed by the sha256 of its bytes and the target.
+    """One constant tensor as a CPU target's kernels read it; keyed by the sha256 of its bytes and the target.
 
-    `panels`, when set: the object holds the float32 tensor pre-packed for a Gemm that reads it so: (rows, m, k)
-    for its A in panels of `rows` (llvm_gemm.pack_panels, per m x k block), (width, k, n, transposed) for its B in
-    column panels of `width` (llvm_gemm.pack_columns, per k x n block, stored n x k when transposed). Packing is
-    part of the pure step, so the source bytes (by data_sha256) travel and the packed ones are made where the
-    object is.
+    `panels`, when set: the float32 tensor pre-packed for a Gemm that reads it so: (rows, m, k) for its A in panels
+    of `rows` (llvm_gemm.pack_panels, per m x k block), (width, k, n, transposed) for its B in column panels of
+    `width` (llvm_gemm.pack_columns, per k x n block, stored n x k when transposed). Packing is a pure step (a
+    "blob" unit), so the source bytes (by data_sha256) travel and the packed ones are made where the unit runs.
+    Without panels the weight is the model's bytes, used as they are.
     """
 
     data_sha256: str

@@ -5,10 +5,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import mmap
 import os
 
+import numpy as np
+
 from farm import defaults
-from farm.artifact import open_artifact
+from farm.artifact import Artifact, open_artifact
 from farm.errors import ArtifactError
 from farm.runtime.cache import cached_library, check_mapped, is_verified, mark_verified, store_library
 from farm.runtime.host import choose_target, this_host
@@ -21,7 +24,7 @@ def load_library_model(path: str | os.PathLike[str], cache_dir: str | os.PathLik
     """Verify the artifact (every member's sha256, once per artifact file: farm.runtime.cache), choose this host's
     target and load its library from the cache, writing it there first when it is not (see farm.runtime.load).
     A second load of the same file hashes nothing: it reads the manifest, checks the library's symbols through a
-    memory map and dlopens the cached file, whose weights the OS maps rather than copies."""
+    memory map, dlopens the cached file (code alone) and maps the artifact's weight members (map_weights)."""
     artifact = open_artifact(path)
     check_manifest(artifact.path, artifact.manifest)
     target = choose_target(artifact.manifest["targets"], this_host(), artifact.path)
@@ -43,5 +46,19 @@ def load_library_model(path: str | os.PathLike[str], cache_dir: str | os.PathLik
         library = ctypes.CDLL(str(library_file))
     except OSError as error:
         raise ArtifactError(f"{artifact.path}: can't load target {target.get('id')!r} library: {error}") from None
+    addresses, mapped = map_weights(artifact, target.get("weights", []))
     return Model(artifact.path, artifact.manifest, target, library,
-                 defaults.cpu_count() if threads == 0 else threads)
+                 defaults.cpu_count() if threads == 0 else threads, addresses, mapped)
+
+
+def map_weights(artifact: Artifact, members: list[str]) -> tuple[list[int], np.ndarray | None]:
+    """The address of each weight member in a read-only memory map of the artifact file (checked: every member's
+    sha256 was verified for this file, see load_library_model), and the map, which must outlive their use. Nothing
+    is copied: the OS reads a weight's pages when a kernel first touches them, and shares them between processes.
+    A tar member's data starts at a multiple of 512 bytes, so every weight is 64-byte aligned for the kernels."""
+    if not members:
+        return [], None
+    with open(artifact.path, "rb") as file:
+        view = np.frombuffer(mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ), dtype=np.uint8)
+    base = view.ctypes.data
+    return [base + artifact.member_place(name)[0] for name in members], view

@@ -76,7 +76,7 @@ def check_manifest(path: str, manifest: dict[str, Any]) -> None:
     members = manifest.get("members", {})
     targets = fields.items(manifest.get("targets"), "targets", MAX_TARGETS)
     for index, target in enumerate(targets):
-        _check_target(fields, target, f"targets[{index}]", members)
+        _check_target(fields, target, f"targets[{index}]", members, arena)
     for key in ("kernels", "schedule"):
         for index, entry in enumerate(fields.items(manifest.get(key, []), key)):
             entry = fields.obj(entry, f"{key}[{index}]")
@@ -206,9 +206,10 @@ def _check_tensor(fields: _Fields, value: Any, field: str, arena: int, names: se
         raise fields.refuse(field, f"({elements} x {dtype} at offset {offset}) does not fit the {arena}-byte arena")
 
 
-def _check_target(fields: _Fields, value: Any, field: str, members: dict[str, Any]) -> None:
-    """A target the runtime may choose: plain names, a library that is a listed member, symbol-like entries and
-    sane launches. Targets of other kinds (opencl) need only a plain id and kind."""
+def _check_target(fields: _Fields, value: Any, field: str, members: dict[str, Any], arena: int) -> None:
+    """A target the runtime may choose: plain names, a library and weights that are listed members, a weight table
+    after the arena, symbol-like entries and sane launches. Targets of other kinds (opencl) need only a plain id
+    and kind."""
     target = fields.obj(value, field)
     fields.text(target.get("id"), f"{field}.id", PLAIN)
     if fields.text(target.get("kind"), f"{field}.kind", PLAIN) != "cpu":
@@ -224,6 +225,20 @@ def _check_target(fields: _Fields, value: Any, field: str, members: dict[str, An
     if "launches" in target:
         for index, launch in enumerate(fields.items(target["launches"], f"{field}.launches", MAX_LAUNCHES)):
             _check_launch(fields, launch, f"{field}.launches[{index}]")
+    _check_weights(fields, target, field, members, arena)
+
+
+def _check_weights(fields: _Fields, target: dict[str, Any], field: str, members: dict[str, Any], arena: int) -> None:
+    """The target's weights are listed members, and its weight table (8 bytes a weight) starts 8-byte aligned at or
+    after the arena's end and is bounded like it."""
+    weights = fields.items(target.get("weights", []), f"{field}.weights")
+    for index, member in enumerate(weights):
+        if not isinstance(member, str) or member not in members:
+            raise fields.refuse(f"{field}.weights[{index}]", "is not a member of the artifact")
+    offset = fields.integer(target.get("weights_offset", arena), f"{field}.weights_offset", arena,
+                            MAX_ARENA_BYTES - 8 * len(weights))
+    if offset % 8:
+        raise fields.refuse(f"{field}.weights_offset", "is not a multiple of 8")
 
 
 def _check_launch(fields: _Fields, value: Any, field: str) -> None:

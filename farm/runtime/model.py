@@ -14,7 +14,7 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,7 +194,10 @@ class Model:
     per thread, when some launch has enough work to split)."""
 
     def __init__(self, path: str, manifest: dict[str, Any], target: dict[str, Any], library: ctypes.CDLL,
-                 threads: int = 1) -> None:
+                 threads: int = 1, weights: Sequence[int] = (), keep: Any = None) -> None:
+        """`weights`: the address of each weight the target's entry reads (its manifest `weights`, in slot order),
+        written into the weight table after the arena; `keep`: what keeps those addresses valid (the artifact's
+        memory map), held as long as the model."""
         plan = manifest.get("memory_plan", {})
         arena_bytes = int(plan.get("arena_bytes", 0))
         self._inputs = _slots(path, manifest.get("inputs"), arena_bytes, "inputs")
@@ -212,7 +215,11 @@ class Model:
         self.threads = max(1, int(threads))
         self._plan: list[tuple[int, list[tuple[int, int]]]] | None = None
         self._pool = self._thread_pool(path, target) if self.threads > 1 else None
-        self._arena = _aligned_zeros(max(arena_bytes, 1), max(int(plan.get("alignment", 0)), _MIN_ALIGNMENT))
+        table = int(target.get("weights_offset", arena_bytes))
+        self._arena = _aligned_zeros(max(arena_bytes, table + 8 * len(weights), 1),
+                                     max(int(plan.get("alignment", 0)), _MIN_ALIGNMENT))
+        self._arena[table : table + 8 * len(weights)].view(np.uint64)[:] = weights
+        self._weights_map = keep
         # Fixed for the model's life: a run of a small model is tens of microseconds, and making these per run
         # cost some 5 us of it.
         self._arena_address = self._arena.ctypes.data

@@ -1,14 +1,11 @@
-"""pack_blob: weight bytes in, an object file that defines them as one 64-byte aligned hidden symbol out.
+"""pack_weights: a weight's bytes in, the bytes a target's kernels read out: the float32 tensor pre-packed in the
+panels of the Gemm that reads it (BlobSpec.panels), a pure function of (spec, target, bytes).
 
-LLVM writes every blob object; no C compiler is involved. For the host's architecture, LLVM assembles a module
-made only of module-level assembly that `.incbin`s the raw bytes, which runs near memory speed (a C char array
-through cc managed about 1 MB/s here, an IR constant about 18-30 MB/s). llvmlite only initialises the host's
-assembly parser, so other architectures get the bytes as an IR constant: slower, but still LLVM and still exact.
-
-The bytes `.incbin` reads live in an anonymous memory file (memfd) of this process, named to the assembler as
-/proc/self/fd/N: it has no name in any folder, so a packing process that aborts or is killed leaves nothing behind
-(the kernel frees the memory with the process), and the path in the assembly is always farm's own. Older versions
-wrote `farm-blob-*` folders in /dev/shm or the temp folder; sweep_stale_scratch removes what their crashes left.
+Weights never go through a compiler or the linker: they are members of the artifact, which the runtime maps into
+memory and hands to the entry through its weight table (farm.build.parts.weights_offset). Until codegen 12 each
+weight was an object file that LLVM assembled (`.incbin`) and ld.lld linked into the library: a 2.5 GiB model then
+peaked at 5.06 GiB in ld.lld alone (it maps its inputs and writes its output), and linking BERT-base's 430 MB took
+3.2 s on the job's critical path (docs/architecture.md, "Weights are artifact members").
 """
 
 from __future__ import annotations
@@ -18,62 +15,27 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
-import llvmlite.binding as llvm
 import numpy as np
 
 from farm.backends.llvm.gemm import pack_operand
-from farm.backends.llvm.target import CpuTarget, init_llvm
-from farm.backends.llvm.toolchain import compile_ir
+from farm.backends.llvm.target import CpuTarget
 from farm.errors import BuildError
 from farm.ir.specs import BlobSpec
 
-BLOB_ALIGNMENT = 64
-_HEX_ESCAPES = np.array([f"\\{value:02X}".encode() for value in range(256)], dtype="S3")
 
+def pack_weights(spec: BlobSpec, target: CpuTarget, data: bytes | memoryview) -> bytes:
+    """The weight's bytes as `target`'s kernels read it: packed in panels when the spec says so, else as given.
 
-def blob_assembly(symbol: str, path: str, nbytes: int) -> str:
-    """ELF assembly for a hidden, 64-byte aligned, read-only symbol holding the file at `path`."""
-    return "\n".join([
-        f'.section .rodata.{symbol},"a",@progbits',
-        f".p2align {BLOB_ALIGNMENT.bit_length() - 1}",
-        f".globl {symbol}",
-        f".hidden {symbol}",
-        f".type {symbol},@object",
-        f".size {symbol}, {nbytes}",
-        f"{symbol}:",
-        f'.incbin "{path}"',
-        "",
-    ])
-
-
-def module_asm_ir(target: CpuTarget, assembly: str) -> str:
-    """LLVM IR text of a module made of module-level assembly only (llvmlite.ir cannot express `module asm`)."""
-    lines = [f'target triple = "{target.triple}"']
-    for line in assembly.splitlines():
-        escaped = line.replace("\\", "\\5C").replace('"', "\\22")
-        lines.append(f'module asm "{escaped}"')
-    return "\n".join(lines) + "\n"
-
-
-def _pack_incbin(symbol: str, target: CpuTarget, data: bytes) -> bytes:
-    """The blob assembled from an anonymous memory file: nothing to clean up, whatever happens to this process."""
-    descriptor = os.memfd_create("farm-blob", os.MFD_CLOEXEC)
-    try:
-        with open(descriptor, "wb", closefd=False) as file:
-            file.write(data)
-        path = f"/proc/self/fd/{descriptor}"
-        return compile_ir(module_asm_ir(target, blob_assembly(symbol, path, len(data))), target, f"blob {symbol}",
-                          optimize=False)
-    finally:
-        os.close(descriptor)
-
-
-def _incbin_possible() -> bool:
-    """Anonymous memory files and /proc/self/fd to name them (Linux): the incbin packer's scratch."""
-    return hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
+    The bytes are not hashed again here: the planner derived the spec from them, and the store checks every read.
+    """
+    if len(data) != spec.nbytes:
+        raise BuildError(f"weight {spec.symbol}: {len(data)} bytes given, the spec says {spec.nbytes}")
+    if spec.panels is None:
+        return bytes(data)
+    return _packed(spec, data).tobytes()
 
 
 STALE_SCRATCH_PREFIX = "farm-blob-"
@@ -120,45 +82,11 @@ def _is_stale_scratch(path: Path, now: float) -> bool:
     return now - newest >= STALE_SCRATCH_SECONDS
 
 
-def _pack_ir_constant(symbol: str, target: CpuTarget, data: bytes) -> bytes:
-    escaped = _HEX_ESCAPES[np.frombuffer(data, np.uint8)].tobytes().decode("ascii")
-    text = (f'target triple = "{target.triple}"\n'
-            f'@{symbol} = hidden constant [{len(data)} x i8] c"{escaped}", '
-            f'section ".rodata.{symbol}", align {BLOB_ALIGNMENT}\n')
-    return compile_ir(text, target, f"blob {symbol}", optimize=False)
-
-
-BLOB_PACKERS: dict[str, Callable[[str, CpuTarget, bytes], bytes]] = {
-    "incbin": _pack_incbin,
-    "ir-constant": _pack_ir_constant,
-}
-
-
-def packer_for(target: CpuTarget) -> str:
-    """`incbin` where llvmlite can assemble for the target (the host's architecture) and the bytes can live in an
-    anonymous memory file (Linux), else `ir-constant`."""
-    init_llvm()
-    host_arch = target.arch == llvm.get_process_triple().split("-")[0]
-    return "incbin" if host_arch and _incbin_possible() else "ir-constant"
-
-
-def pack_blob(spec: BlobSpec, target: CpuTarget, data: bytes | memoryview) -> bytes:
-    """The object file defining `spec.symbol` as `data`, for `target`.
-
-    The bytes are not hashed again here: the planner derived the spec from them, and the store checks every read.
-    """
-    if len(data) != spec.nbytes:
-        raise BuildError(f"blob {spec.symbol}: {len(data)} bytes given, the spec says {spec.nbytes}")
-    if spec.panels is not None:
-        data = _packed(spec, data)
-    return BLOB_PACKERS[packer_for(target)](spec.symbol, target, data)
-
-
 def _packed(spec: BlobSpec, data: bytes | memoryview) -> memoryview:
     """The float32 tensor in the Gemm's panel layout (spec.panels: llvm_gemm.PANEL_LAYOUTS)."""
     if spec.nbytes % 4:
-        raise BuildError(f"blob {spec.symbol}: {spec.nbytes} bytes are not float32 values")
+        raise BuildError(f"weight {spec.symbol}: {spec.nbytes} bytes are not float32 values")
     try:
         return memoryview(pack_operand(np.frombuffer(data, dtype=np.float32), spec.panels)).cast("B")
     except ValueError as error:
-        raise BuildError(f"blob {spec.symbol}: {error}") from None
+        raise BuildError(f"weight {spec.symbol}: {error}") from None

@@ -2,7 +2,10 @@
 `farm_launch(int64_t index, int64_t begin, int64_t end, uint8_t *arena)` out.
 
 farm_run calls every kernel in schedule order with pointers into the arena (activations, inputs, outputs,
-scratch) or to the weight blobs linked into the same library, so a whole inference is one native call.
+scratch) or to the weights, so a whole inference is one native call. The library holds code alone: the weights
+are members of the artifact that the runtime maps, and it writes their addresses into a table of 64-bit pointers
+after the arena (farm.build.parts.weights_offset), which the entry reads. A library is thus the same file for every
+model of the same architecture and shapes, and two models loaded from it never share a weight.
 farm_launch runs one launch of the schedule (the launches of every step's kernel, numbered in order; see
 loopir.launch_groups) over iterations [begin, end): a multithreaded runtime calls it from several threads.
 `farm_run_steps(arena, begin, end)` runs steps [begin, end) of the same schedule, so that `farm bench` can time
@@ -31,11 +34,13 @@ I8_T, I32_T, I64_T = ir.IntType(8), ir.IntType(32), ir.IntType(64)
 SPINS_BEFORE_YIELD = 1024
 
 
-def entry_ir(schedule: list[dict[str, Any]], target: CpuTarget) -> str:
+def entry_ir(schedule: list[dict[str, Any]], target: CpuTarget, weights_offset: int = 0) -> str:
     """IR of farm_run, farm_run_steps and farm_launch for `schedule`: [{"kernel": symbol, "args": [["arena",
-    offset] | ["blob", symbol]], "launches": [[extent, grain, work], ...]}] (a call without "launches" has none)."""
+    offset] | ["weight", slot]], "launches": [[extent, grain, work], ...]}] (a call without "launches" has none);
+    weight slots are read from the table at arena + `weights_offset`."""
     module = ir.Module(name=ENTRY_SYMBOL)
     module.triple = target.triple
+    schedule = [{**call, "args": [_table_slot(arg, weights_offset) for arg in call["args"]]} for call in schedule]
     entry = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR_T]), ENTRY_SYMBOL)
     entry.attributes.add("nounwind")
     builder = ir.IRBuilder(entry.append_basic_block("entry"))
@@ -44,7 +49,6 @@ def entry_ir(schedule: list[dict[str, Any]], target: CpuTarget) -> str:
     builder.ret_void()
     _steps_function(module, schedule)
     _work_function(module, _launch_entry(module, schedule), target)
-    _bss_anchor(module)
     return str(module)
 
 
@@ -233,42 +237,20 @@ def _slice_start(b: ir.IRBuilder, thread: ir.Value, count: ir.Value, threads: ir
     return b.select(b.icmp_signed("<", start, count), start, count)
 
 
-def _pointer(module: ir.Module, builder: ir.IRBuilder, arena: ir.Value, arg: list) -> ir.Value:
-    """An argument's address: into the arena, or a weight blob's, loaded from its address slot (_blob_address)."""
+def _table_slot(arg: list, weights_offset: int) -> list:
+    """["weight", slot] as ["table", the arena offset of its pointer]; other arguments as they are."""
     kind, where = arg
-    if kind == "arena":
-        return builder.gep(arena, [ir.Constant(I64_T, where)], inbounds=True, source_etype=I8_T)
-    return builder.load(_blob_address(module, where), typ=PTR_T)
+    return ["table", weights_offset + 8 * where] if kind == "weight" else arg
 
 
-BLOB_ADDRESS_SECTION = ".data.farm_blob_addresses"
-"""Where the entry keeps each weight blob's address, a 64-bit pointer, in .data: the entry reads a blob's address
-there, never as a 32-bit offset from its own code, because a library's weights may span gigabytes, past the +-2 GB
-that a RIP-relative reference reaches (a model of ten 8192 x 8192 MatMuls, 2.7 GB, failed to link with
-R_X86_64_PC32 out of range). The link places the weights after .bss, the last of everything else
-(link.WEIGHTS_SCRIPT); the entry always defines something in .bss (_bss_anchor) so that there is one."""
-BSS_ANCHOR_SECTION = ".bss.farm_anchor"
-BSS_ANCHOR_SYMBOL = "farm_bss_anchor"
+def _pointer(module: ir.Module, builder: ir.IRBuilder, arena: ir.Value, arg: list) -> ir.Value:
+    """An argument's address: into the arena, or a weight's, loaded from its pointer in the weight table that the
+    runtime writes after the arena (["table", offset of the pointer])."""
+    kind, where = arg
+    address = builder.gep(arena, [ir.Constant(I64_T, where)], inbounds=True, source_etype=I8_T)
+    return address if kind == "arena" else builder.load(address, typ=PTR_T, align=8)
 
 
-def _blob_address(module: ir.Module, symbol: str) -> ir.GlobalVariable:
-    """The blob's address slot: a hidden, writable (so that LLVM can't fold a load from it into a direct reference
-    to the blob) pointer initialised with the blob's address (an R_X86_64_RELATIVE relocation: 64 bits)."""
-    name = f"{symbol}.address"
-    if name not in module.globals:
-        blob = module.globals.get(symbol) or ir.GlobalVariable(module, I8_T, symbol)
-        blob.linkage, blob.storage_class = "external", "hidden"
-        slot = ir.GlobalVariable(module, PTR_T, name)
-        slot.storage_class, slot.section, slot.align, slot.initializer = "hidden", BLOB_ADDRESS_SECTION, 8, blob
-    return module.globals[name]
-
-
-def _bss_anchor(module: ir.Module) -> None:
-    anchor = ir.GlobalVariable(module, I64_T, BSS_ANCHOR_SYMBOL)
-    anchor.storage_class, anchor.section, anchor.align = "hidden", BSS_ANCHOR_SECTION, 8
-    anchor.initializer = ir.Constant(I64_T, 0)
-
-
-def compile_entry(schedule: list[dict[str, Any]], target: CpuTarget) -> bytes:
-    """The entry's object code for `target`."""
-    return compile_ir(entry_ir(schedule, target), target, ENTRY_SYMBOL)
+def compile_entry(schedule: list[dict[str, Any]], target: CpuTarget, weights_offset: int = 0) -> bytes:
+    """The entry's object code for `target` (`weights_offset`: where the weight table starts in the arena)."""
+    return compile_ir(entry_ir(schedule, target, weights_offset), target, ENTRY_SYMBOL)

@@ -54,7 +54,7 @@ def linker_identity() -> str:
 
 
 STARTUP_SECTIONS = (".init_array", ".preinit_array", ".ctors", ".fini_array", ".dtors", ".init", ".fini")
-"""Sections whose code runs when a library is loaded or unloaded. farm's kernels, blobs and entries never have
+"""Sections whose code runs when a library is loaded or unloaded. farm's kernels and entries never have
 them, so an object that does was not made by farm's compile steps (a poisoned cache entry, say)."""
 
 
@@ -80,16 +80,6 @@ def check_no_startup_code(data: bytes, what: str) -> None:
         raise BuildError(f"{what} holds load-time code ({', '.join(found)}): not an object farm's compile steps make")
 
 
-WEIGHTS_SCRIPT = "SECTIONS { .farm.weights : { *(.rodata.farm_w_*) } } INSERT AFTER .bss;\n"
-"""A linker script that adds to the linker's default layout (INSERT: ld.lld and GNU ld both keep the rest): every
-weight blob's section (blobs.blob_assembly, `.rodata.<symbol>`) goes into one output section after .bss, the last
-thing in the library (the entry always has a .bss: entry.BSS_ANCHOR_SECTION). Among .rodata, gigabytes of weights
-would put the code more than 2 GB from its own constants; before .got.plt, its PLT stubs more than 2 GB from
-their slots (ld.lld wrote those displacements wrapped, without an error: a 2.7 GB library crashed in its first
-call of sched_yield). After everything, the weights are reached only through the 64-bit addresses the entry
-holds (entry.BLOB_ADDRESS_SECTION)."""
-
-
 def link_library(objects: Sequence[bytes], target: CpuTarget) -> bytes:
     """A shared library holding every object; only non-hidden symbols (farm_run, farm_launch, farm_run_steps)
     are exported. An object with load-time code is refused: an artifact's library runs only when it is called."""
@@ -102,10 +92,8 @@ def link_library(objects: Sequence[bytes], target: CpuTarget) -> bytes:
             paths.append(os.path.join(folder, f"{index:06d}.o"))
             with open(paths[-1], "wb") as file:
                 file.write(data)
-        output, script = os.path.join(folder, "model.so"), os.path.join(folder, "weights.ld")
-        with open(script, "w") as file:
-            file.write(WEIGHTS_SCRIPT)
-        command = [linker, "-shared", "--build-id=none", "-z", "noexecstack", "-T", script, "-o", output, *paths]
+        output = os.path.join(folder, "model.so")
+        command = [linker, "-shared", "--build-id=none", "-z", "noexecstack", "-o", output, *paths]
         result = subprocess.run(command, capture_output=True, text=True, cwd=folder)
         if result.returncode != 0:
             raise BuildError(f"linking {len(paths)} objects for {target.triple} failed:\n{result.stderr.strip()}")
