@@ -731,7 +731,7 @@ HOSTILE = [
     pytest.param(hostile_op_model("MaxPool", {"kernel_shape": [2**62, 1], "pads": [2**61, 0, 2**61, 0]}),
                  "its kernel would run .* loop steps", id="maxpool-window-2**62"),
     pytest.param(hostile_op_model("Conv", {"kernel_shape": [2**40, 2**40]}, {"w": np.ones((2, 2, 1, 1), np.float32)}),
-                 "empty dim", id="conv-kernel-huge"),
+                 "negative dim", id="conv-kernel-huge"),
     pytest.param(hostile_op_model("Conv", {"pads": [2**40] * 4}, {"w": np.ones((2, 2, 1, 1), np.float32)}),
                  "over farm's limit of 4294967296 per tensor", id="conv-pads-huge"),
     pytest.param(hostile_op_model("ConvTranspose", {"output_shape": [2**40, 2**40]},

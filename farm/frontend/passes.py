@@ -170,8 +170,10 @@ def _rename_produced(
 def fold_constants(graph: Graph) -> Graph:
     """Evaluate every node whose inputs are all constants (and Shape/Size of static shapes) into constants.
 
-    Nodes that write a model output are left in place so that each output stays computed by a node.
+    Nodes that write a model output are left in place so that each output stays computed by a node. Empty
+    tensors fold too (`_empty_inputs_as_constants`, `_empty_outputs`).
     """
+    _empty_inputs_as_constants(graph)
     for _ in range(_MAX_FOLD_ROUNDS):
         _fold_sweep(graph)
         if not _infer_missing_shapes(graph):
@@ -314,10 +316,36 @@ def _check_folded_shape(graph: Graph, node: Node, name: str, array: np.ndarray) 
                                opset=graph.opset)
 
 
+def _empty_inputs_as_constants(graph: Graph) -> None:
+    """A graph input of a static shape with a 0 dim can only ever be fed one value, the empty array of that shape
+    and dtype: it becomes a constant too (so that an empty `axes` input reads as no axes, and nodes that read only
+    constants fold), and stays a graph input that the runtime is fed."""
+    for name in graph.inputs:
+        info = graph.values.get(name)
+        if info is not None and info.size == 0:
+            graph.constants.setdefault(name, np.zeros(info.shape, info.dtype))
+
+
+def _empty_outputs(graph: Graph, node: Node) -> list[np.ndarray] | None:
+    """Empty arrays for a node whose outputs all have a static shape with a 0 dim, else None: such an output has
+    one possible value whatever its inputs (even ones known only at run time), so the node folds without running.
+    Not where a shape came from the model's declaration alone: _recheck_declared_shapes checks those first."""
+    names = [name for name in node.outputs if name]
+    infos = [graph.values.get(name) for name in names]
+    if not names or any(info is None or info.size or name in graph.declared_shapes
+                        for name, info in zip(names, infos)):
+        return None
+    return [np.zeros(graph.values[name].shape, graph.values[name].dtype) if name else np.empty(0)
+            for name in node.outputs]
+
+
 def _try_fold(graph: Graph, node: Node) -> list[np.ndarray] | None:
     """The node's output arrays when it can be evaluated now, else None."""
-    if node.domain or node.op_type in _NEVER_FOLD:
+    if node.domain:
         return None
+    empty = _empty_outputs(graph, node)
+    if empty is not None or node.op_type in _NEVER_FOLD:
+        return empty
     shape_folder = _SHAPE_FOLDERS.get(node.op_type)
     if shape_folder is not None:
         info = graph.values.get(node.inputs[0])

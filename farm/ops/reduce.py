@@ -229,10 +229,10 @@ def _empty_reduction(spec: KernelSpec, layout: ReduceLayout) -> list[L.Stmt]:
 
 
 for _op in REDUCERS:
-    register(_op, normalize=_reduce_attrs, data_inputs=(0,))(_lower_reduce)
+    register(_op, normalize=_reduce_attrs, data_inputs=(0,), empty_operands=True)(_lower_reduce)
 
 
-@register("ReduceLogSumExp", normalize=_reduce_attrs, data_inputs=(0,))
+@register("ReduceLogSumExp", normalize=_reduce_attrs, data_inputs=(0,), empty_operands=True)
 def _lower_reduce_log_sum_exp(spec: KernelSpec) -> list[L.Stmt]:
     """log(sum(exp(x))) as m + log(sum(exp(x - m))) with m the maximum, so that large inputs don't overflow."""
     names = L.Names()

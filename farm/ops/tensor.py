@@ -110,7 +110,7 @@ def _concat_attrs(ctx: NodeContext) -> dict[str, Any]:
     return {"axis": axis_in_range(ctx, ctx.node.attrs["axis"], len(ctx.outputs[0].shape))}
 
 
-@register("Concat", normalize=_concat_attrs)
+@register("Concat", normalize=_concat_attrs, empty_operands=True)
 def _lower_concat(spec: KernelSpec) -> list[L.Stmt]:
     """Each input copied into its slice of the output along `axis`."""
     names, axis, shape = L.Names(), spec.attrs["axis"], out_shape(spec)
@@ -263,7 +263,7 @@ def _lower_slice(spec: KernelSpec) -> list[L.Stmt]:
 # ------------------------------------------------------------------------------------------------------ Split
 
 
-@register("Split", normalize=axis_attr, data_inputs=(0,))
+@register("Split", normalize=axis_attr, data_inputs=(0,), empty_operands=True)
 def _lower_split(spec: KernelSpec) -> list[L.Stmt]:
     """Each output copies its slab of the input along `axis`; the output shapes hold the split sizes, however the
     node gave them (the split attribute or input, num_outputs, or equal parts)."""
