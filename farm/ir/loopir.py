@@ -459,10 +459,11 @@ def launch_kind(stmt: Stmt) -> LaunchKind:
 
 
 def runs_nothing(stmt: Stmt) -> bool:
-    """Whether `stmt` does nothing at all: a loop of extent 0 or a Gemm with no element of C (a loop over an empty
-    tensor). Such a statement becomes no launch: OpenCL refuses a launch of 0 work-items."""
+    """Whether `stmt` does nothing at all: a loop of extent 0 or of only such statements, or a Gemm with no element
+    of C (the loops over an empty tensor). Such a statement becomes no launch: OpenCL refuses a launch of 0
+    work-items, and a launch whose work-items do nothing would only cost its start."""
     if isinstance(stmt, Loop):
-        return stmt.extent == 0
+        return stmt.extent == 0 or all(runs_nothing(inner) for inner in stmt.body)
     return isinstance(stmt, Gemm) and stmt.m * stmt.n == 0
 
 

@@ -1,7 +1,8 @@
 """Reductions over any set of axes, ArgMax/ArgMin and TopK.
 
 Every kernel here is one parallel loop with a work-item per output element (or per row along an axis), the
-reduction running sequentially inside it. `ReduceLayout` and `over_rows` are shared with the normalisations and
+reduction running sequentially inside it. The Reduce* kernels take empty operands: a reduction over nothing stores
+ONNX's value for it (`Reducer`). `ReduceLayout` and `over_rows` are shared with the normalisations and
 the softmax family in farm.ops.nn.
 """
 
@@ -126,8 +127,9 @@ def absolute(x: L.Expr) -> L.Expr:
 class Reducer:
     """One reduction: acc = combine(acc, element(x)) over the reduced elements, then finish(acc, count).
 
-    `neutral` starts the accumulator (so a reduction over nothing gives finish(neutral, 0): 0, 1, NaN, -inf as
-    ONNX says); None means start from the first element instead (max and min, which have no finite neutral
+    `neutral` starts the accumulator (so a reduction over nothing gives finish(neutral, 0): 0, 1, -inf as ONNX
+    says, and NaN for a mean, which ONNX leaves undefined: numpy's and the ONNX reference's value, where
+    onnxruntime gives 0); None means start from the first element instead (max and min, which have no finite neutral
     element), with `empty` (by numpy dtype) the result of a reduction over nothing.
     """
 

@@ -2,8 +2,9 @@
 
 One KernelSpec per distinct (op, attributes, shapes, dtype, activation), shared by every node that needs it, a
 BlobSpec per distinct constant, a schedule of steps in graph order and a static memory plan (farm/plan/memory.py)
-that reuses buffers once their last reader has run. The plan is target-independent; kernels are specialised per
-target at build time (with the variant tuning chose for that target, if any).
+that reuses buffers once their last reader has run. A node that writes only empty tensors (a 0 dim) gets no step.
+The plan is target-independent; kernels are specialised per target at build time (with the variant tuning chose
+for that target, if any).
 """
 
 from __future__ import annotations
@@ -103,8 +104,9 @@ def _check_empty_operands(node: Node, graph: Graph, lowering: OpLowering, names:
     empty = next((name for name in names if graph.values[name].size == 0), None)
     if empty is None or lowering.empty_operands:
         return
-    raise UnsupportedError(f"{empty!r} is empty (shape {list(graph.values[empty].shape)}) while the node computes a "
-                           f"non-empty output; farm's {node.op_type} kernel is not written for empty operands",
+    role = "output" if empty in node.outputs else "input"
+    raise UnsupportedError(f"{role} {empty!r} is empty (shape {list(graph.values[empty].shape)}) and the node "
+                           f"computes a non-empty output; farm's {node.op_type} kernel is not written for empty operands",
                            node=node.name, op=node.op_type, domain=node.domain, opset=graph.opset)
 
 
