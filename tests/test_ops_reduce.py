@@ -195,16 +195,34 @@ TOPK_CASES: list[OpCase] = [
 
 def _empty_reduce(op: str, dtype: int = TensorProto.FLOAT, axes: list[int] | None = (1,), shape=(2, 0, 4),
                   opset: int = 18, **attrs) -> OpCase:
-    """op over an empty graph input (constant axes, or none). Against ONNX's reference evaluator where onnxruntime
-    differs: it refuses a max or min of no bools, and gives 0 for a mean of nothing, which ONNX leaves undefined
-    (farm gives numpy's and the ONNX reference's NaN)."""
+    """op over an empty graph input (constant axes, or none)."""
     initializers = {} if axes is None else {"axes": _i64(axes)}
     model = typed_model(op, shape, dtype, attrs, initializers, _axes_input_opset(op) if opset == 18 else opset)
-    name = f"{op}-empty-{np.dtype(helper.tensor_dtype_to_np_dtype(dtype)).name}-{axes}-{shape}"
+    return _over_nothing_case(f"{op}-empty-{np.dtype(helper.tensor_dtype_to_np_dtype(dtype)).name}-{axes}-{shape}",
+                              model)
+
+
+def _runtime_axes(op: str, shape, out_shape, axes: list[int], dtype: int = TensorProto.FLOAT, **attrs) -> OpCase:
+    """op over an empty input x with its axes a graph input, fed at run time, and the output shape the model
+    declares (inference can't give it): whatever the axes, a reduction of an empty tensor reduces nothing."""
+    node = helper.make_node(op, ["x", "axes"], ["y"], name="reduce", **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", dtype, shape),
+                                            helper.make_tensor_value_info("axes", TensorProto.INT64, [len(axes)])],
+                              [helper.make_tensor_value_info("y", dtype, out_shape)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=9)
+    feeds = {"x": np.zeros(shape, helper.tensor_dtype_to_np_dtype(dtype)), "axes": _i64(axes)}
+    return _over_nothing_case(f"{op}-empty-run-time-axes-{axes}-{shape}", model, feeds)
+
+
+def _over_nothing_case(name: str, model: onnx.ModelProto, feeds: dict | None = None) -> OpCase:
+    """Against onnxruntime, or ONNX's reference evaluator where onnxruntime differs: it refuses a max or min of no
+    bools, and gives 0 for a mean of nothing, which ONNX leaves undefined (farm gives numpy's and the ONNX
+    reference's NaN)."""
+    op, dtype = model.graph.node[0].op_type, model.graph.input[0].type.tensor_type.elem_type
     if op != "ReduceMean" and dtype != TensorProto.BOOL:
-        return case(name, model)
+        return case(name, model, feeds)
     evaluator = ReferenceEvaluator(model)
-    return case(name, model, reference=lambda feeds: {"y": evaluator.run(None, dict(feeds))[0]})
+    return case(name, model, feeds, reference=lambda feeds: {"y": evaluator.run(None, dict(feeds))[0]})
 
 
 EMPTY_CASES: list[OpCase] = [
@@ -215,6 +233,12 @@ EMPTY_CASES: list[OpCase] = [
     _empty_reduce("ReduceSum", axes=None, keepdims=0),
     _empty_reduce("ReduceMax", axes=[2]),  # an empty output: the node needs no kernel
     _empty_reduce("ReduceSum", axes=[0, 1], shape=(3, 0, 2)),
+    _runtime_axes("ReduceSum", (2, 0, 4), (2, 1, 4), [1]),
+    _runtime_axes("ReduceMean", (2, 0, 4), (2, 4), [-2], keepdims=0),
+    _runtime_axes("ReduceLogSumExp", (0, 3), (1, 1), [0, 1]),
+    _runtime_axes("ReduceMax", (2, 0), (2, 1), [1], TensorProto.BOOL),
+    _runtime_axes("ReduceMin", (2, 0), (2, 1), [1], TensorProto.INT64),
+    _runtime_axes("ReduceSum", (2, 0, 4), (2, 0, 1), [2]),  # an empty output: no kernel at all
 ]
 
 CASES: list[OpCase] = REDUCE_CASES + ARG_CASES + TOPK_CASES
@@ -245,7 +269,7 @@ def _check_exactly(c: OpCase, tmp_path, device: str = "cpu", targets=()) -> None
     path = tmp_path / "model.onnx"
     onnx.save(c.model, path)
     artifact = build_model(path, tmp_path, [host_target(), *targets], executor=LocalExecutor(1)).artifact
-    feeds = random_feeds(c.model)
+    feeds = dict(c.feeds) if c.feeds is not None else random_feeds(c.model)
     expected = c.reference(feeds) if c.reference is not None else run_onnxruntime(path, feeds)
     outputs = farm.runtime.load(artifact, device=device, cache_dir=tmp_path / "cache").run(feeds)
     for name, want in expected.items():

@@ -609,3 +609,22 @@ def test_an_empty_shape_only_a_declaration_gives_is_checked_not_folded(onnx_mode
     model.graph.value_info.append(_f32("r", [0, 4]))
     with pytest.raises(UnsupportedError, match=r"'rt'.*doesn't fit input 'x' \[1, 4\]"):
         fold_constants(_load(onnx_model_path, model))
+
+
+@pytest.mark.parametrize(("shape", "declared", "keepdims", "builds"), [
+    ([2, 0, 4], [2, 1, 4], 1, True), ([2, 0, 4], [2, 4], 0, True), ([2, 0, 4], [2, 0, 1], 1, True),
+    ([2, 0, 4], [2, 4], 1, False),  # keepdims: the declared output must have the input's rank
+    ([2, 3, 4], [2, 1, 4], 1, False),  # the values depend on the axes: refused
+])
+def test_a_reduction_of_an_empty_input_takes_its_declared_shape_with_run_time_axes(onnx_model_path, shape, declared,
+                                                                                   keepdims, builds):
+    """Each element of a non-empty output of a reduction of an empty tensor reduces nothing, whatever the axes: the
+    declared shape stands as for RUNTIME_SHAPE_CHECKS. A non-empty input's reduction depends on the axes' values."""
+    nodes = [helper.make_node("ReduceSum", ["x", "axes"], ["y"], name="rt", keepdims=keepdims)]
+    axes = helper.make_tensor_value_info("axes", TensorProto.INT64, [1])
+    model = _model(nodes, [_f32("x", shape), axes], [_f32("y", declared)], [], opset=17)
+    if builds:
+        assert fold_constants(_load(onnx_model_path, model)).values["y"].shape == tuple(declared)
+    else:
+        with pytest.raises(UnsupportedError, match="'rt'.*known only at run time"):
+            fold_constants(_load(onnx_model_path, model))

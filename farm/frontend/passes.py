@@ -200,7 +200,8 @@ def _recheck_declared_shapes(graph: Graph) -> None:
                 raise UnsupportedError(
                     f"value {name!r} is declared with shape {list(graph.values[name].shape)} but computes to "
                     f"{list(inferred[name].shape)}", node=node.name, op=node.op_type, opset=graph.opset)
-        if not all(name in inferred for name in names) and _reads_runtime_integers(graph, node):
+        if not all(name in inferred for name in names) and _reads_runtime_integers(graph, node) and \
+                not _reduces_empty_input(graph, node):
             _check_runtime_shapes(graph, node)
 
 
@@ -252,6 +253,21 @@ RUNTIME_SHAPE_CHECKS: dict[str, Callable[[Graph, Node], bool] | None] = {
 each with the relation its kernel needs between that shape and its input's, so that it reads only inside its
 input (None: the op reads no tensor the output shape indexes). The artifact is built for the declared shape; the
 run-time values are not checked against it. Any other op with such an output is refused."""
+
+
+REDUCTIONS = frozenset({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+                        "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"})
+
+
+def _reduces_empty_input(graph: Graph, node: Node) -> bool:
+    """Whether `node` reduces an empty input into an output of the input's rank (keepdims) or less: the output's
+    values then don't depend on axes given at run time (each element of a non-empty output reduces every axis of
+    extent 0, so it is the op's value over nothing; an empty output has no value), and its shape is the
+    declaration's, as for RUNTIME_SHAPE_CHECKS."""
+    if node.op_type not in REDUCTIONS or graph.values[node.inputs[0]].size:
+        return False
+    rank, out_rank = len(graph.values[node.inputs[0]].shape), len(graph.values[node.outputs[0]].shape)
+    return out_rank == rank if node.attrs.get("keepdims", 1) else out_rank <= rank
 
 
 def _check_runtime_shapes(graph: Graph, node: Node) -> None:
