@@ -611,6 +611,15 @@ def test_an_empty_shape_only_a_declaration_gives_is_checked_not_folded(onnx_mode
         fold_constants(_load(onnx_model_path, model))
 
 
+def test_an_empty_output_of_an_op_without_a_run_time_check_takes_its_declared_shape(onnx_model_path):
+    """A Slice whose starts and ends come at run time, declared to select nothing: its output has no value, whatever
+    the run gives, and the node gets no kernel (an op with a RUNTIME_SHAPE_CHECKS entry keeps its check: above)."""
+    nodes = [helper.make_node("Slice", ["x", "starts", "ends"], ["y"], name="rt")]
+    bounds = [helper.make_tensor_value_info(name, TensorProto.INT64, [1]) for name in ("starts", "ends")]
+    model = _model(nodes, [_f32("x", [3, 4]), *bounds], [_f32("y", [3, 0])], [], opset=17)
+    assert fold_constants(_load(onnx_model_path, model)).values["y"].shape == (3, 0)
+
+
 @pytest.mark.parametrize(("shape", "declared", "keepdims", "builds"), [
     ([2, 0, 4], [2, 1, 4], 1, True), ([2, 0, 4], [2, 4], 0, True), ([2, 0, 4], [2, 0, 1], 1, True),
     ([2, 0, 4], [2, 4], 1, False),  # keepdims: the declared output must have the input's rank

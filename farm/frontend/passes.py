@@ -200,8 +200,7 @@ def _recheck_declared_shapes(graph: Graph) -> None:
                 raise UnsupportedError(
                     f"value {name!r} is declared with shape {list(graph.values[name].shape)} but computes to "
                     f"{list(inferred[name].shape)}", node=node.name, op=node.op_type, opset=graph.opset)
-        if not all(name in inferred for name in names) and _reads_runtime_integers(graph, node) and \
-                not _reduces_empty_input(graph, node):
+        if not all(name in inferred for name in names) and _reads_runtime_integers(graph, node):
             _check_runtime_shapes(graph, node)
 
 
@@ -252,18 +251,22 @@ RUNTIME_SHAPE_CHECKS: dict[str, Callable[[Graph, Node], bool] | None] = {
 """The ops whose output shape may come from the model's declaration when it depends on run-time integer inputs,
 each with the relation its kernel needs between that shape and its input's, so that it reads only inside its
 input (None: the op reads no tensor the output shape indexes). The artifact is built for the declared shape; the
-run-time values are not checked against it. Any other op with such an output is refused."""
+run-time values are not checked against it. Any other op with such an output is refused, unless the output's
+values don't depend on those inputs (_ignores_runtime_values: an empty output, a reduction of an empty input)."""
 
 
 REDUCTIONS = frozenset({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
                         "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"})
 
 
-def _reduces_empty_input(graph: Graph, node: Node) -> bool:
-    """Whether `node` reduces an empty input into an output of the input's rank (keepdims) or less: the output's
-    values then don't depend on axes given at run time (each element of a non-empty output reduces every axis of
-    extent 0, so it is the op's value over nothing; an empty output has no value), and its shape is the
-    declaration's, as for RUNTIME_SHAPE_CHECKS."""
+def _ignores_runtime_values(graph: Graph, node: Node) -> bool:
+    """Whether the node's outputs, at the shapes the model declares, are the same whatever the values of its
+    run-time integer inputs, so that those shapes stand for an op that has no RUNTIME_SHAPE_CHECKS entry: when every
+    output is empty (no value, and no kernel runs: farm.plan.planner), or when the node reduces an empty input into
+    an output of the input's rank (keepdims) or less (each element of a non-empty output reduces every axis of
+    extent 0, whatever the axes, so it is the op's value over nothing)."""
+    if all(graph.values[name].size == 0 for name in node.outputs if name):
+        return True
     if node.op_type not in REDUCTIONS or graph.values[node.inputs[0]].size:
         return False
     rank, out_rank = len(graph.values[node.inputs[0]].shape), len(graph.values[node.outputs[0]].shape)
@@ -273,6 +276,8 @@ def _reduces_empty_input(graph: Graph, node: Node) -> bool:
 def _check_runtime_shapes(graph: Graph, node: Node) -> None:
     declared = ", ".join(f"{name!r} {list(graph.values[name].shape)}" for name in node.outputs if name)
     if node.op_type not in RUNTIME_SHAPE_CHECKS:
+        if _ignores_runtime_values(graph, node):
+            return
         raise UnsupportedError(f"the shape of {declared} depends on the values of integer inputs known only at run "
                                "time, and farm compiles static shapes", node=node.name, op=node.op_type,
                                opset=graph.opset)
