@@ -352,9 +352,8 @@ def _empty_outputs(graph: Graph, node: Node) -> list[np.ndarray] | None:
     one possible value whatever its inputs (even ones known only at run time), so the node folds without running.
     Not where a shape came from the model's declaration alone: _recheck_declared_shapes checks those first."""
     names = [name for name in node.outputs if name]
-    infos = [graph.values.get(name) for name in names]
-    if not names or any(info is None or info.size or name in graph.declared_shapes
-                        for name, info in zip(names, infos)):
+    if not names or any(name not in graph.values or graph.values[name].size or name in graph.declared_shapes
+                        for name in names):
         return None
     return [np.zeros(graph.values[name].shape, graph.values[name].dtype) if name else np.empty(0)
             for name in node.outputs]

@@ -2,8 +2,8 @@
 
 Every kernel here is one parallel loop with a work-item per output element (or per row along an axis), the
 reduction running sequentially inside it. The Reduce* kernels take empty operands: a reduction of an empty input
-stores ONNX's value over nothing (OVER_NOTHING). `ReduceLayout` and `over_rows` are shared with the normalisations and
-the softmax family in farm.ops.nn.
+stores ONNX's value over nothing (OVER_NOTHING). `ReduceLayout` and `over_rows` are shared with the
+normalisations and the softmax family in farm.ops.nn.
 """
 
 from __future__ import annotations
