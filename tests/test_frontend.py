@@ -358,3 +358,24 @@ def test_a_generated_name_avoids_the_names_the_model_gives(onnx_model_path):
     model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     assert [node.name for node in import_model(onnx_model_path(model)).nodes] == ["Relu_0_1", "Relu_0"]
+
+
+def test_an_empty_dim_is_imported_and_validated(onnx_model_path):
+    """A 0 dim makes an empty tensor, which farm computes (the planner decides what each node needs)."""
+    nodes = [helper.make_node("Concat", ["x", "a"], ["y"], name="concat", axis=1)]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 0]),
+              helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3])]
+    graph = import_model(onnx_model_path(_model(nodes, inputs, [helper.make_tensor_value_info("y", 0, None)])))
+    assert graph.values["x"] == TensorInfo((2, 0), "float32") and graph.values["y"] == TensorInfo((2, 3), "float32")
+    validate(graph, {"Concat"})
+
+
+def test_a_negative_dim_is_refused_naming_the_value(onnx_model_path):
+    """Inference gives a Conv whose kernel is larger than its padded input a negative dim: no tensor has that shape."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], name="conv")]
+    w = numpy_helper.from_array(np.ones((2, 3, 5, 5), np.float32), "w")
+    graph = import_model(onnx_model_path(_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 2, 2])],
+                                                [helper.make_tensor_value_info("y", 0, None)], [w])))
+    with pytest.raises(UnsupportedError, match=r"output 'y' has a negative dim in shape \[1, 2, -2, -2\]") as info:
+        validate(graph, {"Conv"})
+    assert info.value.node == "conv"

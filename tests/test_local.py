@@ -137,3 +137,70 @@ def test_a_local_build_sweeps_the_blob_scratch_older_versions_leaked(small_cnn_p
     leaked = old_scratch(temp, "farm-blob-crashed", STALE_SCRATCH_SECONDS + 60)
     build_model(small_cnn_path, tmp_path / "out", executor=LocalExecutor(1))
     assert not leaked.exists()
+
+
+def empty_tensors_model() -> onnx.ModelProto:
+    """Empty graph inputs (x float32 [2, 0, 4], xi int64 [0, 3]) and a full one (a [2, 3, 4]) through reductions
+    over nothing, Concats with empty inputs, a Split with a zero-size part, and empty model outputs (one a node's
+    that needs no kernel, one an empty part of the Split); an empty intermediate (s2 * s2) folds away."""
+    nodes = [helper.make_node("ReduceSum", ["x", "axis1"], ["sum"], keepdims=1),
+             helper.make_node("ReduceMax", ["x"], ["max"], axes=[1], keepdims=0),
+             helper.make_node("ReduceLogSumExp", ["x"], ["lse"], axes=[1]),
+             helper.make_node("ReduceProd", ["xi"], ["prod"], axes=[0]),
+             helper.make_node("ReduceMin", ["xi"], ["min"], axes=[0]),
+             helper.make_node("Concat", ["a", "x"], ["cat"], axis=1),
+             helper.make_node("Relu", ["x"], ["relu"]),
+             helper.make_node("Split", ["a", "parts"], ["s1", "s2"], axis=1),
+             helper.make_node("Mul", ["s2", "s2"], ["s2sq"]),
+             helper.make_node("Concat", ["s2sq", "s1", "x"], ["cat2"], axis=1)]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 0, 4]),
+              helper.make_tensor_value_info("xi", TensorProto.INT64, [0, 3]),
+              helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3, 4])]
+    outputs = ["sum", "max", "lse", "prod", "min", "cat", "relu", "s2", "cat2"]
+    graph = helper.make_graph(nodes, "empty", inputs, [helper.make_tensor_value_info(n, 0, None) for n in outputs],
+                              [helper.make_tensor("axis1", TensorProto.INT64, [1], [1]),
+                               helper.make_tensor("parts", TensorProto.INT64, [2], [3, 0])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return onnx.shape_inference.infer_shapes(model, strict_mode=True)  # types the outputs, as onnxruntime needs
+
+
+def empty_tensors_feeds() -> dict[str, np.ndarray]:
+    return {"x": np.zeros((2, 0, 4), np.float32), "xi": np.zeros((0, 3), np.int64),
+            "a": np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)}
+
+
+def assert_same_as_onnxruntime(model, path, feeds: dict[str, np.ndarray]) -> None:
+    """Every output of `model` (farm's) equals onnxruntime's exactly: shape, dtype and every value (the identities
+    of reductions over nothing, -inf included, and copies)."""
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(path))
+    names = [output.name for output in session.get_outputs()]
+    ours = model.run(feeds)
+    for name, want in zip(names, session.run(names, feeds)):
+        assert ours[name].shape == want.shape and ours[name].dtype == want.dtype, name
+        np.testing.assert_array_equal(ours[name], want, err_msg=name)
+
+
+def test_a_model_with_empty_inputs_and_outputs_runs_like_onnxruntime(tmp_path):
+    path = tmp_path / "empty.onnx"
+    onnx.save(empty_tensors_model(), path)
+    result = build_model(path, tmp_path, executor=LocalExecutor(1))
+    manifest = open_artifact(result.artifact).manifest
+    assert {step["op"] for step in manifest["schedule"]} == {"ReduceSum", "ReduceMax", "ReduceLogSumExp", "ReduceProd",
+                                                             "ReduceMin", "Concat", "Split"}  # no Relu, no Mul
+    assert [o["shape"] for o in manifest["outputs"] if o["name"] in ("relu", "s2")] == [[2, 0, 4], [2, 0, 4]]
+    assert_same_as_onnxruntime(runtime.load(result.artifact), path, empty_tensors_feeds())
+
+
+def test_a_model_whose_every_node_is_empty_has_an_empty_schedule(tmp_path):
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Identity", ["x"], ["z"])],
+                              "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [0, 3])],
+                              [helper.make_tensor_value_info(n, 0, None) for n in "yz"])
+    path = tmp_path / "nothing.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    result = build_model(path, tmp_path, executor=LocalExecutor(1))
+    assert open_artifact(result.artifact).manifest["schedule"] == []
+    outputs = runtime.load(result.artifact).run({"x": np.zeros((0, 3), np.float32)})
+    assert {name: (array.shape, array.dtype) for name, array in outputs.items()} == {
+        "y": ((0, 3), np.float32), "z": ((0, 3), np.float32)}

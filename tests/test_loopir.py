@@ -345,6 +345,23 @@ def test_launch_groups_peel_batch_of_one_and_keep_parallel_loops_and_gemms_alone
     assert all(group.head is group.stmts[0] for group in groups)
 
 
+def test_statements_that_run_nothing_make_no_launch():
+    """Loops over an empty tensor (an extent 0 anywhere in the nest) or a Gemm with no element of C: OpenCL refuses
+    a launch of 0 work-items, and there is nothing to run. A loop that runs something beside them stays."""
+    i, j = L.Var("i"), L.Var("j")
+    store = L.Store("c", i, L.const(1.0))
+    assert L.runs_nothing(L.Loop(i, 0, [store], parallel=True)) and L.runs_nothing(_gemm(0, 4, 4))
+    assert L.runs_nothing(_gemm(4, 0, 4)) and not L.runs_nothing(_gemm(4, 4, 0))
+    assert L.runs_nothing(L.Loop(i, 3, [L.Loop(j, 0, [store])], parallel=True))
+    assert not L.runs_nothing(L.Loop(i, 2, [store])) and not L.runs_nothing(store)
+    kept = L.Loop(i, 3, [L.Loop(j, 0, [store]), store], parallel=True)
+    body = [L.Loop(L.Var("b"), 1, [L.Loop(j, 0, [store], parallel=True)]), _gemm(0, 5, 3), kept, store]
+    kernel = L.LoopKernel([L.Param("a"), L.Param("b"), L.Param("c", output=True)], body)
+    fixed, groups = L.launch_groups(kernel)
+    assert [group.stmts for group in groups] == [[kept], [store]]
+    assert [(info.extent, info.work) for info in L.launch_info(kernel, gemm_rows=4)] == [(3, 3), (1, 1)]
+
+
 def test_launch_kind_recognises_gemms_parallel_loops_and_everything_else_as_serial():
     i, x = L.Var("i"), L.Var("x", L.F32)
     store = L.Store("c", i, L.const(1.0))

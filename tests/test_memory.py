@@ -1,7 +1,10 @@
 """The static memory plan (farm/plan/memory.py): safe (live buffers never overlap), reusing, aligned, deterministic."""
 
+from types import SimpleNamespace
+
 import pytest
 
+from farm.ir.graph import Graph, TensorInfo
 from farm.plan.memory import ALIGNMENT, _first_gap, plan_memory
 from tests.test_planner import conv_chain
 
@@ -49,3 +52,15 @@ def test_plan_memory_is_deterministic(tmp_path):
     plan = conv_chain(tmp_path, layers=3)
     again = plan_memory(plan.graph, plan.steps)
     assert again.offsets == plan.memory.offsets and again.arena_bytes == plan.memory.arena_bytes
+
+
+def test_an_empty_output_no_step_writes_gets_a_buffer_of_its_own():
+    """A node that writes only empty tensors has no step (farm.plan.planner); its model output is still in the
+    manifest, so it gets ALIGNMENT bytes, held from the end of the run like every output."""
+    infos = {"x": TensorInfo((4,)), "y": TensorInfo((4,)), "z": TensorInfo((0, 4))}
+    graph = Graph("g", 17, ["x"], ["y", "z"], infos, {}, [])
+    step = SimpleNamespace(spec=None, args=[SimpleNamespace(kind="arena", name=n) for n in ("y", "x")])
+    memory = plan_memory(graph, [step])
+    assert memory.sizes["z"] == ALIGNMENT
+    ranges = {name: (memory.offsets[name], memory.offsets[name] + memory.sizes[name]) for name in ("y", "z")}
+    assert not _ranges_overlap(ranges["y"], ranges["z"])

@@ -15,6 +15,8 @@ from farm.backends.opencl.render import LAUNCH_BODIES, LAUNCH_SHAPES, launches, 
 from farm.build.assembly import plan_model
 from farm.errors import BuildError
 from farm.ir import loopir as L
+from farm.ir.graph import TensorInfo
+from farm.ir.specs import KernelSpec, canonical_json
 from farm.ops import LOWERINGS, lower_kernel
 
 
@@ -125,6 +127,30 @@ def test_parallel_loops_and_gemms_get_their_own_launches_and_the_rest_one_work_i
     assert launches("k", serial) == [("k_0", (1,))] and "get_global_id" not in render_opencl("k", serial)
     assert launches("k", batch_of_one) == [("k_0", (2, 1)), ("k_1", (15,))]
     assert "const long b = 0;" in render_opencl("k", batch_of_one)
+
+
+def test_a_loop_over_an_empty_output_is_no_launch_and_no_function(context):
+    """A Split with a zero-size part: a launch of 0 work-items is invalid OpenCL, so that part has none (and the
+    source no __kernel for it); the launches left run on the device."""
+    spec = KernelSpec("Split", canonical_json({"axis": 1}), (TensorInfo((2, 5)),),
+                      (TensorInfo((2, 2)), TensorInfo((2, 0)), TensorInfo((2, 3))), None, "")
+    kernel = lower_kernel(spec)
+    found = launches("k", kernel)
+    assert [size for _, size in found] == [(2,), (2,)]
+    source = render_opencl("k", kernel)
+    assert source.count("__kernel") == 2
+    program = cl.Program(context, source).build()
+    queue = cl.CommandQueue(context)
+    x = np.arange(10, dtype=np.float32).reshape(2, 5)
+    buffers = [cl.Buffer(context, cl.mem_flags.READ_WRITE, size) for size in (16, 4, 24)]
+    buffers.append(cl.Buffer(context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=x))
+    for name, size in found:
+        cl.Kernel(program, name)(queue, size, None, *buffers)
+    first, last = np.empty((2, 2), np.float32), np.empty((2, 3), np.float32)
+    cl.enqueue_copy(queue, first, buffers[0])
+    cl.enqueue_copy(queue, last, buffers[2])
+    np.testing.assert_array_equal(first, x[:, :2])
+    np.testing.assert_array_equal(last, x[:, 2:])
 
 
 def test_every_launch_kind_has_a_global_size_and_a_body():

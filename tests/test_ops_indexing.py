@@ -346,7 +346,7 @@ HOSTILE = [
     pytest.param(hostile_op_model("Resize", {}, {"roi": _EMPTY, "scales": np.array([1, 1, 1e12, 1e12], np.float32)}),
                  "over farm's limit", id="resize-scales-huge"),
     pytest.param(hostile_op_model("Resize", {}, {"roi": _EMPTY, "scales": np.array([1, 1, np.inf, 1], np.float32)}),
-                 "empty dim", id="resize-scales-inf"),
+                 "negative dim", id="resize-scales-inf"),
     pytest.param(hostile_op_model("Resize", {}, {"roi": _EMPTY, "scales": _EMPTY,
                                                  "sizes": np.array([1, 2, 2**40, 2**40])}),
                  "over farm's limit", id="resize-sizes-huge"),

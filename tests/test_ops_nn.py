@@ -760,7 +760,7 @@ HOSTILE = [
     pytest.param(hostile_op_model("LpPool", {"kernel_shape": [2]}), "must cover the 2 spatial axes|shape",
                  id="lppool-kernel-rank"),
     pytest.param(hostile_op_model("Conv", {"kernel_shape": [2**40, 2**40]}, {"w": np.ones((2, 2, 1, 1), np.float32)}),
-                 "empty dim", id="conv-kernel-huge"),
+                 "negative dim", id="conv-kernel-huge"),
     pytest.param(hostile_op_model("Conv", {"pads": [2**40] * 4}, {"w": np.ones((2, 2, 1, 1), np.float32)}),
                  "over farm's limit of 4294967296 per tensor", id="conv-pads-huge"),
     pytest.param(hostile_op_model("ConvTranspose", {"output_shape": [2**40, 2**40]},

@@ -18,10 +18,18 @@ from numerics import (
     hostile_op_model,
     params,
     rand,
+    random_feeds,
+    run_onnxruntime,
     single_op_model,
 )
 from onnx import TensorProto, helper
+from onnx.reference import ReferenceEvaluator
 
+import farm.runtime
+from farm.backends.llvm.target import host_target
+from farm.backends.opencl.target import OpenClTarget
+from farm.build.executor import LocalExecutor
+from farm.build.local import build_model
 from farm.ir.graph import TensorInfo
 from farm.ir.specs import KernelSpec, canonical_json
 from farm.ops import lower_kernel
@@ -185,6 +193,54 @@ TOPK_CASES: list[OpCase] = [
          {"x": rand(3, 7)}, reference=_sorted_topk_reference(3, -1)),
 ]
 
+def _empty_reduce(op: str, dtype: int = TensorProto.FLOAT, axes: list[int] | None = (1,), shape=(2, 0, 4),
+                  opset: int = 18, **attrs) -> OpCase:
+    """op over an empty graph input (constant axes, or none)."""
+    initializers = {} if axes is None else {"axes": _i64(axes)}
+    model = typed_model(op, shape, dtype, attrs, initializers, _axes_input_opset(op) if opset == 18 else opset)
+    return _over_nothing_case(f"{op}-empty-{np.dtype(helper.tensor_dtype_to_np_dtype(dtype)).name}-{axes}-{shape}",
+                              model)
+
+
+def _runtime_axes(op: str, shape, out_shape, axes: list[int], dtype: int = TensorProto.FLOAT, **attrs) -> OpCase:
+    """op over an empty input x with its axes a graph input, fed at run time, and the output shape the model
+    declares (inference can't give it): whatever the axes, a reduction of an empty tensor reduces nothing."""
+    node = helper.make_node(op, ["x", "axes"], ["y"], name="reduce", **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", dtype, shape),
+                                            helper.make_tensor_value_info("axes", TensorProto.INT64, [len(axes)])],
+                              [helper.make_tensor_value_info("y", dtype, out_shape)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=9)
+    feeds = {"x": np.zeros(shape, helper.tensor_dtype_to_np_dtype(dtype)), "axes": _i64(axes)}
+    return _over_nothing_case(f"{op}-empty-run-time-axes-{axes}-{shape}", model, feeds)
+
+
+def _over_nothing_case(name: str, model: onnx.ModelProto, feeds: dict | None = None) -> OpCase:
+    """Against onnxruntime, or ONNX's reference evaluator where onnxruntime differs: it refuses a max or min of no
+    bools, and gives 0 for a mean of nothing, which ONNX leaves undefined (farm gives numpy's and the ONNX
+    reference's NaN)."""
+    op, dtype = model.graph.node[0].op_type, model.graph.input[0].type.tensor_type.elem_type
+    if op != "ReduceMean" and dtype != TensorProto.BOOL:
+        return case(name, model, feeds)
+    evaluator = ReferenceEvaluator(model)
+    return case(name, model, feeds, reference=lambda feeds: {"y": evaluator.run(None, dict(feeds))[0]})
+
+
+EMPTY_CASES: list[OpCase] = [
+    *[_empty_reduce(op) for op in REDUCE_OPS],
+    *[_empty_reduce(op, TensorProto.INT64) for op in ("ReduceSum", "ReduceProd", "ReduceMax", "ReduceMin")],
+    _empty_reduce("ReduceSum", TensorProto.INT32, [0], shape=(0, 3), keepdims=0),
+    *[_empty_reduce(op, TensorProto.BOOL, opset=20) for op in ("ReduceMax", "ReduceMin")],
+    _empty_reduce("ReduceSum", axes=None, keepdims=0),
+    _empty_reduce("ReduceMax", axes=[2]),  # an empty output: the node needs no kernel
+    _empty_reduce("ReduceSum", axes=[0, 1], shape=(3, 0, 2)),
+    _runtime_axes("ReduceSum", (2, 0, 4), (2, 1, 4), [1]),
+    _runtime_axes("ReduceMean", (2, 0, 4), (2, 4), [-2], keepdims=0),
+    _runtime_axes("ReduceLogSumExp", (0, 3), (1, 1), [0, 1]),
+    _runtime_axes("ReduceMax", (2, 0), (2, 1), [1], TensorProto.BOOL),
+    _runtime_axes("ReduceMin", (2, 0), (2, 1), [1], TensorProto.INT64),
+    _runtime_axes("ReduceSum", (2, 0, 4), (2, 0, 1), [2]),  # an empty output: no kernel at all
+]
+
 CASES: list[OpCase] = REDUCE_CASES + ARG_CASES + TOPK_CASES
 
 
@@ -200,11 +256,30 @@ EMPTY_REDUCTIONS = {"ReduceSum": 0.0, "ReduceMean": np.nan, "ReduceProd": 1.0, "
 
 @pytest.mark.parametrize("op", sorted(EMPTY_REDUCTIONS))
 def test_reduction_over_nothing_gives_the_onnx_value(op: str, tmp_path) -> None:
-    """An axis of extent 0 (which the frontend refuses for graph inputs today) reduces to ONNX's empty value."""
+    """An axis of extent 0 reduces to ONNX's value for a reduction over nothing."""
     spec = KernelSpec(op, canonical_json({"axes": [1]}), (TensorInfo((2, 0, 4)),), (TensorInfo((2, 1, 4)),), None, "")
     out, _ = run_kernel(lower_kernel(spec), [np.full((2, 1, 4), 7.0, np.float32), np.zeros((2, 0, 4), np.float32)],
                         tmp_path)
     np.testing.assert_array_equal(out, np.full((2, 1, 4), EMPTY_REDUCTIONS[op], np.float32))
+
+
+def _check_exactly(c: OpCase, tmp_path, device: str = "cpu", targets=()) -> None:
+    """Build and run `c` on `device` and compare with its reference exactly, dtype, NaN and the infinities' signs
+    included (compare_outputs checks only where the reference is finite)."""
+    path = tmp_path / "model.onnx"
+    onnx.save(c.model, path)
+    artifact = build_model(path, tmp_path, [host_target(), *targets], executor=LocalExecutor(1)).artifact
+    feeds = dict(c.feeds) if c.feeds is not None else random_feeds(c.model)
+    expected = c.reference(feeds) if c.reference is not None else run_onnxruntime(path, feeds)
+    outputs = farm.runtime.load(artifact, device=device, cache_dir=tmp_path / "cache").run(feeds)
+    for name, want in expected.items():
+        assert outputs[name].dtype == want.dtype
+        np.testing.assert_array_equal(outputs[name], want)
+
+
+@pytest.mark.parametrize("c", params(EMPTY_CASES))
+def test_reductions_over_nothing_match_exactly(c: OpCase, tmp_path) -> None:
+    _check_exactly(c, tmp_path)
 
 
 # ------------------------------------------------------------------------------------------------- OpenCL
@@ -221,6 +296,13 @@ OPENCL_SAMPLE = [
 @pytest.mark.parametrize("c", params(c for c in CASES if c.id in OPENCL_SAMPLE))
 def test_opencl_matches_onnxruntime(c: OpCase, fingerprint: str, tmp_path) -> None:
     check_case_on_opencl(c, fingerprint, tmp_path)
+
+
+@pytest.mark.parametrize("c", params(c for c in EMPTY_CASES if c.id in (
+    "ReduceMean-empty-float32-(1,)-(2, 0, 4)", "ReduceMin-empty-int64-(1,)-(2, 0, 4)",
+    "ReduceMax-empty-float32-[2]-(2, 0, 4)")))
+def test_opencl_reductions_over_nothing_match_exactly(c: OpCase, fingerprint: str, tmp_path) -> None:
+    _check_exactly(c, tmp_path, "opencl", [OpenClTarget(fingerprint)])
 
 
 def test_opencl_sample_names_cases() -> None:

@@ -151,6 +151,13 @@ CONCAT_CASES: list[OpCase] = [
                                                             {"c": rand(1, 3, seed=4)}, node_inputs=["c", "x", "c"])),
     case("concat-same-input-twice", single_op_model("Concat", [("a", (2, 3))], {"axis": 1}, node_inputs=["a", "a"])),
     case("concat-opset9", single_op_model("Concat", [("a", (2, 3)), ("b", (2, 2))], {"axis": 1}, opset=9)),
+    # Empty inputs copy nothing (the rest fill the output); empty outputs need no kernel at all.
+    case("concat-empty-input", single_op_model("Concat", [("a", (2, 3)), ("e", (2, 0))], {"axis": 1})),
+    typed_case("concat-empty-inputs-around-int64", "Concat", [("a", (2, 0, 3), "int64"), ("b", (2, 4, 3), "int64"),
+                                                             ("c", (2, 0, 3), "int64")], {"axis": 1}),
+    case("concat-empty-initializer", single_op_model("Concat", [("a", (2, 3))], {"axis": 0},
+                                                     {"e": np.zeros((0, 3), np.float32)})),
+    case("concat-all-empty", single_op_model("Concat", [("a", (0, 3)), ("b", (0, 2))], {"axis": 1})),
 ]
 
 # -------------------------------------------------------------------------------------------------------- Pad
@@ -308,6 +315,9 @@ SPLIT_CASES: list[OpCase] = [
     _split("int64", (4, 3), 2, dtype="int64"),
     _split("bool", (2, 4), 2, {"axis": 1}, dtype="bool"),
     _split("int32", (6,), 3, dtype="int32"),
+    _split("zero-size-part", (2, 5), 3, {"axis": 1}, split=[2, 0, 3]),
+    _split("zero-size-parts-bool", (4, 3), 3, split=[0, 4, 0], dtype="bool"),
+    _split("empty-input", (0, 4), 2),
 ]
 
 # ------------------------------------------------------------------------------------------------------ Trilu

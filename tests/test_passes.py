@@ -569,3 +569,71 @@ def test_a_runtime_shaped_reshape_that_fits_is_built_for_its_declared_shape(onnx
     shape = helper.make_tensor_value_info("shape", TensorProto.INT64, [2])
     model = _model(nodes, [_f32("x", [1, 4]), shape], [_f32("y", [2, 2])], [], opset=17)
     assert fold_constants(_load(onnx_model_path, model)).values["y"].shape == (2, 2)
+
+
+def test_an_empty_graph_input_is_a_constant_that_stays_an_input(onnx_model_path):
+    """An empty `axes` input can only be fed []: it folds into the ReduceSum as "no axes" (all of them)."""
+    nodes = [helper.make_node("ReduceSum", ["x", "axes"], ["y"], name="sum")]
+    axes = helper.make_tensor_value_info("axes", TensorProto.INT64, [0])
+    graph = fold_constants(_load(onnx_model_path, _model(nodes, [_f32("x", [2, 3]), axes], [_f32("y", None)])))
+    assert graph.inputs == ["x", "axes"]
+    assert graph.constants["axes"].shape == (0,) and graph.constants["axes"].dtype == np.int64
+    assert graph.values["y"] == TensorInfo((1, 1), "float32")
+
+
+def test_a_node_whose_outputs_are_all_empty_folds_without_running(onnx_model_path):
+    """A Slice of a graph input that selects nothing has one possible value, whatever the input holds; the Mul
+    of that empty value folds in turn, and the Concat reads the empty constant."""
+    nodes = [helper.make_node("Slice", ["x", "starts", "ends"], ["s"], name="slice"),
+             helper.make_node("Mul", ["s", "s"], ["m"], name="mul"),
+             helper.make_node("Concat", ["m", "x"], ["y"], name="concat", axis=1)]
+    inits = [("starts", np.array([1], np.int64)), ("ends", np.array([1], np.int64))]
+    graph = fold_constants(_load(onnx_model_path, _model(nodes, [_f32("x", [2, 3])], [_f32("y", None)], inits)))
+    assert [n.name for n in graph.nodes] == ["concat"]
+    assert graph.constants["m"].shape == (0, 3) and graph.constants["m"].dtype == np.float32
+
+
+def test_an_empty_model_output_is_still_computed_by_its_node(onnx_model_path):
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name="relu")]
+    graph = fold_constants(_load(onnx_model_path, _model(nodes, [_f32("x", [0, 3])], [_f32("y", None)])))
+    assert [n.name for n in graph.nodes] == ["relu"] and "y" not in graph.constants
+
+
+def test_an_empty_shape_only_a_declaration_gives_is_checked_not_folded(onnx_model_path):
+    """A Reshape to a shape given at run time, declared [0, 4] on a 4-element input, does not fold to an empty
+    constant: the declaration is checked against the input first, and refused."""
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"], name="rt"),
+             helper.make_node("Concat", ["r", "x"], ["y"], name="concat", axis=0)]
+    shape = helper.make_tensor_value_info("shape", TensorProto.INT64, [2])
+    model = _model(nodes, [_f32("x", [1, 4]), shape], [_f32("y", None)], [], opset=17)
+    model.graph.value_info.append(_f32("r", [0, 4]))
+    with pytest.raises(UnsupportedError, match=r"'rt'.*doesn't fit input 'x' \[1, 4\]"):
+        fold_constants(_load(onnx_model_path, model))
+
+
+def test_an_empty_output_of_an_op_without_a_run_time_check_takes_its_declared_shape(onnx_model_path):
+    """A Slice whose starts and ends come at run time, declared to select nothing: its output has no value, whatever
+    the run gives, and the node gets no kernel (an op with a RUNTIME_SHAPE_CHECKS entry keeps its check: above)."""
+    nodes = [helper.make_node("Slice", ["x", "starts", "ends"], ["y"], name="rt")]
+    bounds = [helper.make_tensor_value_info(name, TensorProto.INT64, [1]) for name in ("starts", "ends")]
+    model = _model(nodes, [_f32("x", [3, 4]), *bounds], [_f32("y", [3, 0])], [], opset=17)
+    assert fold_constants(_load(onnx_model_path, model)).values["y"].shape == (3, 0)
+
+
+@pytest.mark.parametrize(("shape", "declared", "keepdims", "builds"), [
+    ([2, 0, 4], [2, 1, 4], 1, True), ([2, 0, 4], [2, 4], 0, True), ([2, 0, 4], [2, 0, 1], 1, True),
+    ([2, 0, 4], [2, 4], 1, False),  # keepdims: the declared output must have the input's rank
+    ([2, 3, 4], [2, 1, 4], 1, False),  # the values depend on the axes: refused
+])
+def test_a_reduction_of_an_empty_input_takes_its_declared_shape_with_run_time_axes(onnx_model_path, shape, declared,
+                                                                                   keepdims, builds):
+    """Each element of a non-empty output of a reduction of an empty tensor reduces nothing, whatever the axes: the
+    declared shape stands as for RUNTIME_SHAPE_CHECKS. A non-empty input's reduction depends on the axes' values."""
+    nodes = [helper.make_node("ReduceSum", ["x", "axes"], ["y"], name="rt", keepdims=keepdims)]
+    axes = helper.make_tensor_value_info("axes", TensorProto.INT64, [1])
+    model = _model(nodes, [_f32("x", shape), axes], [_f32("y", declared)], [], opset=17)
+    if builds:
+        assert fold_constants(_load(onnx_model_path, model)).values["y"].shape == tuple(declared)
+    else:
+        with pytest.raises(UnsupportedError, match="'rt'.*known only at run time"):
+            fold_constants(_load(onnx_model_path, model))

@@ -4,9 +4,11 @@ import sys
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from farm.build.assembly import plan_model
+from farm.errors import UnsupportedError
 
 
 def conv_chain(tmp_path, layers: int = 4, same_weights: bool = False):
@@ -165,3 +167,41 @@ def test_a_model_input_or_output_is_never_written_over(tmp_path):
     plan = plan_model(residual_blocks(tmp_path, output_is_block=True))
     assert [step.spec.attrs["residual"] for step in plan.steps if step.spec.op == "Conv"] == ["in_place", True]
     assert "a2" in plan.memory.offsets
+
+
+def _save(tmp_path, nodes, inputs, outputs, initializers=()):
+    """A model of `nodes` over graph inputs (name, shape) of float32 and float32 initializers, saved for plan_model."""
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+                              [helper.make_tensor_value_info(n, TensorProto.UNDEFINED, None) for n in outputs],
+                              initializer=[numpy_helper.from_array(a, n) for n, a in initializers])
+    path = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+def test_a_node_that_writes_only_empty_tensors_gets_no_step(tmp_path):
+    """Its outputs are model outputs all the same: each keeps a buffer (of no bytes, ALIGNMENT in the arena)."""
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name="relu"),
+             helper.make_node("Split", ["a", "parts"], ["p", "q"], name="split", axis=1)]
+    path = _save(tmp_path, nodes, [("x", [0, 3]), ("a", [2, 4])], ["y", "p", "q"],
+                 [("parts", np.array([4, 0], np.int64))])
+    plan = plan_model(path)
+    assert [step.node for step in plan.steps] == ["split"]  # a Split with one empty part still writes the other
+    assert {"x", "y", "p", "q"} <= set(plan.memory.offsets)
+    assert plan.memory.sizes["y"] == plan.memory.sizes["q"] == 64
+
+
+def test_an_empty_constant_is_an_arena_argument_not_a_blob(tmp_path):
+    """A blob of no bytes has no object to link and no OpenCL buffer to upload; the kernel never reads it."""
+    nodes = [helper.make_node("Concat", ["x", "e"], ["y"], name="concat", axis=0)]
+    plan = plan_model(_save(tmp_path, nodes, [("x", [2, 3])], ["y"], [("e", np.zeros((0, 3), np.float32))]))
+    assert not plan.blobs
+    assert [(arg.kind, arg.name) for arg in plan.steps[0].args] == [("arena", "y"), ("arena", "x"), ("arena", "e")]
+
+
+def test_an_op_whose_kernel_takes_no_empty_operand_is_refused(tmp_path):
+    """A MatMul over an empty inner axis is all zeros, but its kernel was not written for it: refused, not guessed."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="matmul")]
+    with pytest.raises(UnsupportedError, match=r"'matmul'.*input 'x' is empty \(shape \[2, 0\]\) and the node "
+                                                r"computes a non-empty output; farm's MatMul kernel is not written"):
+        plan_model(_save(tmp_path, nodes, [("x", [2, 0]), ("w", [0, 3])], ["y"]))

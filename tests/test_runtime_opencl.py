@@ -123,3 +123,25 @@ def test_a_cpu_only_host_loads_the_cpu_part_without_pyopencl(built, fingerprint,
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "output" in result.stdout
+
+
+def test_a_model_with_empty_inputs_and_outputs_runs_like_onnxruntime_on_pocl(fingerprint, tmp_path, monkeypatch):
+    """test_local's model of empty tensors on the device: launches of no work-items are left out, and no copy of no
+    bytes is enqueued (invalid OpenCL, which PoCL lets pass but other drivers refuse)."""
+    import pyopencl
+
+    from tests.test_local import assert_same_as_onnxruntime, empty_tensors_feeds, empty_tensors_model
+
+    path = tmp_path / "empty.onnx"
+    onnx.save(empty_tensors_model(), path)
+    artifact = build_model(path, tmp_path, executor=LocalExecutor(1), targets=[OpenClTarget(fingerprint)]).artifact
+    model = runtime.load(artifact, device="opencl", cache_dir=tmp_path / "cache")
+    copied, copy = [], pyopencl.enqueue_copy
+
+    def counted_copy(queue, dest, src, **kwargs):
+        copied.append(next(a.nbytes for a in (dest, src) if isinstance(a, np.ndarray)))
+        return copy(queue, dest, src, **kwargs)
+
+    monkeypatch.setattr(pyopencl, "enqueue_copy", counted_copy)
+    assert_same_as_onnxruntime(model, path, empty_tensors_feeds())
+    assert copied and 0 not in copied

@@ -723,7 +723,9 @@ def _check_dtype(graph: Graph, name: str, role: str, node: Node | None) -> None:
 
 
 def _check_static(graph: Graph, name: str, role: str, node: Node | None) -> None:
-    """The value must have a TensorInfo of positive static dims (constants: any static shape, even empty)."""
+    """The value must have a TensorInfo of static dims. A dim may be 0: an empty tensor is computed like any other
+    (farm.frontend.passes makes it a constant where it can, farm.plan.planner skips the nodes that write only
+    empty tensors and refuses an op whose kernel was not written for empty operands)."""
     info = graph.values.get(name)
     if info is None:
         partial = graph.dynamic_shapes.get(name)
@@ -732,8 +734,8 @@ def _check_static(graph: Graph, name: str, role: str, node: Node | None) -> None
         shown = ", ".join(str(d) for d in partial)
         hint = f"; {dynamic_input_hint(name, partial)}" if role == "model input" else ""
         raise _unsupported(graph, node, f"{role} {name!r} has dynamic shape [{shown}]{hint}")
-    if name not in graph.constants and any(d <= 0 for d in info.shape):
-        raise _unsupported(graph, node, f"{role} {name!r} has an empty dim in shape {list(info.shape)}")
+    if any(d < 0 for d in info.shape):
+        raise _unsupported(graph, node, f"{role} {name!r} has a negative dim in shape {list(info.shape)}")
     if info.nbytes > defaults.MAX_TENSOR_BYTES:
         raise _unsupported(graph, node, f"{role} {name!r} of shape {list(info.shape)} {info.dtype} needs "
                                         f"{info.nbytes} bytes, over farm's limit of {defaults.MAX_TENSOR_BYTES} "

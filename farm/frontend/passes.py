@@ -170,8 +170,10 @@ def _rename_produced(
 def fold_constants(graph: Graph) -> Graph:
     """Evaluate every node whose inputs are all constants (and Shape/Size of static shapes) into constants.
 
-    Nodes that write a model output are left in place so that each output stays computed by a node.
+    Nodes that write a model output are left in place so that each output stays computed by a node. Empty
+    tensors fold too (`_empty_inputs_as_constants`, `_empty_outputs`).
     """
+    _empty_inputs_as_constants(graph)
     for _ in range(_MAX_FOLD_ROUNDS):
         _fold_sweep(graph)
         if not _infer_missing_shapes(graph):
@@ -257,12 +259,33 @@ RUNTIME_SHAPE_CHECKS: dict[str, Callable[[Graph, Node], bool] | None] = {
 """The ops whose output shape may come from the model's declaration when it depends on run-time integer inputs,
 each with the relation its kernel needs between that shape and its input's, so that it reads only inside its
 input (None: the op reads no tensor the output shape indexes). The artifact is built for the declared shape; the
-run-time values are not checked against it. Any other op with such an output is refused."""
+run-time values are not checked against it. Any other op with such an output is refused, unless the output's
+values don't depend on those inputs (_ignores_runtime_values: an empty output, a reduction of an empty input)."""
+
+
+REDUCTIONS = frozenset({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+                        "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"})
+
+
+def _ignores_runtime_values(graph: Graph, node: Node) -> bool:
+    """Whether the node's outputs, at the shapes the model declares, are the same whatever the values of its
+    run-time integer inputs, so that those shapes stand for an op that has no RUNTIME_SHAPE_CHECKS entry: when every
+    output is empty (no value, and no kernel runs: farm.plan.planner), or when the node reduces an empty input into
+    an output of the input's rank (keepdims) or less (each element of a non-empty output reduces every axis of
+    extent 0, whatever the axes, so it is the op's value over nothing)."""
+    if all(graph.values[name].size == 0 for name in node.outputs if name):
+        return True
+    if node.op_type not in REDUCTIONS or graph.values[node.inputs[0]].size:
+        return False
+    rank, out_rank = len(graph.values[node.inputs[0]].shape), len(graph.values[node.outputs[0]].shape)
+    return out_rank == rank if node.attrs.get("keepdims", 1) else out_rank <= rank
 
 
 def _check_runtime_shapes(graph: Graph, node: Node) -> None:
     declared = ", ".join(f"{name!r} {list(graph.values[name].shape)}" for name in node.outputs if name)
     if node.op_type not in RUNTIME_SHAPE_CHECKS:
+        if _ignores_runtime_values(graph, node):
+            return
         raise UnsupportedError(f"the shape of {declared} depends on the values of integer inputs known only at run "
                                "time, and farm compiles static shapes", node=node.name, op=node.op_type,
                                opset=graph.opset)
@@ -322,10 +345,35 @@ def _check_folded_shape(graph: Graph, node: Node, name: str, array: np.ndarray) 
                                opset=graph.opset)
 
 
+def _empty_inputs_as_constants(graph: Graph) -> None:
+    """A graph input of a static shape with a 0 dim can only ever be fed one value, the empty array of that shape
+    and dtype: it becomes a constant too (so that an empty `axes` input reads as no axes, and nodes that read only
+    constants fold), and stays a graph input that the runtime is fed."""
+    for name in graph.inputs:
+        info = graph.values.get(name)
+        if info is not None and info.size == 0:
+            graph.constants.setdefault(name, np.zeros(info.shape, info.dtype))
+
+
+def _empty_outputs(graph: Graph, node: Node) -> list[np.ndarray] | None:
+    """Empty arrays for a node whose outputs all have a static shape with a 0 dim, else None: such an output has
+    one possible value whatever its inputs (even ones known only at run time), so the node folds without running.
+    Not where a shape came from the model's declaration alone: _recheck_declared_shapes checks those first."""
+    names = [name for name in node.outputs if name]
+    if not names or any(name not in graph.values or graph.values[name].size or name in graph.declared_shapes
+                        for name in names):
+        return None
+    return [np.zeros(graph.values[name].shape, graph.values[name].dtype) if name else np.empty(0)
+            for name in node.outputs]
+
+
 def _try_fold(graph: Graph, node: Node) -> list[np.ndarray] | None:
     """The node's output arrays when it can be evaluated now, else None."""
-    if node.domain or node.op_type in _NEVER_FOLD:
+    if node.domain:
         return None
+    empty = _empty_outputs(graph, node)
+    if empty is not None or node.op_type in _NEVER_FOLD:
+        return empty
     shape_folder = _SHAPE_FOLDERS.get(node.op_type)
     if shape_folder is not None:
         info = graph.values.get(node.inputs[0])

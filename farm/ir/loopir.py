@@ -465,12 +465,24 @@ def launch_kind(stmt: Stmt) -> LaunchKind:
     return LaunchKind.SERIAL
 
 
+def runs_nothing(stmt: Stmt) -> bool:
+    """Whether `stmt` does nothing at all: a loop of extent 0 or of only such statements, or a Gemm with no element
+    of C (the loops over an empty tensor). Such a statement becomes no launch: OpenCL refuses a launch of 0
+    work-items, and a launch whose work-items do nothing would only cost its start."""
+    if isinstance(stmt, Loop):
+        return stmt.extent == 0 or all(runs_nothing(inner) for inner in stmt.body)
+    return isinstance(stmt, Gemm) and stmt.m * stmt.n == 0
+
+
 def launch_groups(kernel: LoopKernel) -> tuple[list[str], list[LaunchGroup]]:
     """The fixed variables and the groups of statements that each become one launch: a parallel loop or a Gemm
-    alone, consecutive other statements together (run by one worker). Both renderers split kernels this way."""
+    alone, consecutive other statements together (run by one worker); top-level statements that run nothing
+    (`runs_nothing`) are left out. Both renderers split kernels this way."""
     fixed: list[str] = []
     groups: list[LaunchGroup] = []
     for stmt in peel(kernel.body, fixed):
+        if runs_nothing(stmt):
+            continue
         kind = launch_kind(stmt)
         if kind is LaunchKind.SERIAL and groups and groups[-1].kind is LaunchKind.SERIAL:
             groups[-1].stmts.append(stmt)

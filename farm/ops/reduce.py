@@ -1,8 +1,9 @@
 """Reductions over any set of axes, ArgMax/ArgMin and TopK.
 
 Every kernel here is one parallel loop with a work-item per output element (or per row along an axis), the
-reduction running sequentially inside it. `ReduceLayout` and `over_rows` are shared with the normalisations and
-the softmax family in farm.ops.nn.
+reduction running sequentially inside it. The Reduce* kernels take empty operands: a reduction of an empty input
+stores ONNX's value over nothing (OVER_NOTHING). `ReduceLayout` and `over_rows` are shared with the
+normalisations and the softmax family in farm.ops.nn.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 
 from farm.ir import loopir as L
 from farm.ir.specs import KernelSpec
-from farm.ops.registry import NodeContext, axis_in_range, prod, register, shape_of
+from farm.ops.registry import NodeContext, axis_in_range, elementwise_loops, prod, register, shape_of
 
 FLOAT = frozenset({"float32"})
 NUMERIC = frozenset({"float32", "int64", "int32"})
@@ -126,9 +127,8 @@ def absolute(x: L.Expr) -> L.Expr:
 class Reducer:
     """One reduction: acc = combine(acc, element(x)) over the reduced elements, then finish(acc, count).
 
-    `neutral` starts the accumulator (so a reduction over nothing gives finish(neutral, 0): 0, 1, NaN, -inf as
-    ONNX says); None means start from the first element instead (max and min, which have no finite neutral
-    element), with `empty` (by numpy dtype) the result of a reduction over nothing.
+    `neutral` starts the accumulator; None means start from the first element instead (max and min, which have no
+    finite neutral element). A reduction over nothing has a kernel of its own (OVER_NOTHING).
     """
 
     combine: Callable[[L.Expr, L.Expr], L.Expr]
@@ -136,7 +136,6 @@ class Reducer:
     neutral: float | None = 0.0
     element: Callable[[L.Expr], L.Expr] = lambda x: x
     finish: Callable[[L.Expr, int], L.Expr] = lambda acc, count: acc
-    empty: Callable[[str], float | int] | None = None
 
 
 def _lowest(dtype: str) -> float | int:
@@ -156,8 +155,8 @@ REDUCERS: dict[str, Reducer] = {
     "ReduceSum": Reducer(lambda a, x: a + x, NUMERIC),
     "ReduceMean": Reducer(lambda a, x: a + x, FLOAT, finish=lambda acc, count: acc / float(count)),
     "ReduceProd": Reducer(lambda a, x: a * x, NUMERIC, neutral=1.0),
-    "ReduceMax": Reducer(L.maximum, ORDERED, neutral=None, empty=_lowest),
-    "ReduceMin": Reducer(L.minimum, ORDERED, neutral=None, empty=_highest),
+    "ReduceMax": Reducer(L.maximum, ORDERED, neutral=None),
+    "ReduceMin": Reducer(L.minimum, ORDERED, neutral=None),
     "ReduceL1": Reducer(lambda a, x: a + x, FLOAT, element=absolute),
     "ReduceL2": Reducer(lambda a, x: a + x, FLOAT, element=lambda x: x * x,
                         finish=lambda acc, count: L.call("sqrt", acc)),
@@ -167,6 +166,17 @@ REDUCERS: dict[str, Reducer] = {
 
 # The dtypes each reduction takes (ReduceLogSumExp has a lowering of its own).
 REDUCE_DTYPES = {**{op: reducer.dtypes for op, reducer in REDUCERS.items()}, "ReduceLogSumExp": FLOAT}
+
+OVER_NOTHING: dict[str, Callable[[str], float | int]] = {
+    "ReduceSum": lambda dtype: 0, "ReduceMean": lambda dtype: math.nan, "ReduceProd": lambda dtype: 1,
+    "ReduceMax": _lowest, "ReduceMin": _highest, "ReduceL1": lambda dtype: 0, "ReduceL2": lambda dtype: 0,
+    "ReduceSumSquare": lambda dtype: 0, "ReduceLogSum": lambda dtype: -math.inf,
+    "ReduceLogSumExp": lambda dtype: -math.inf,
+}
+"""Each reduction's value over nothing, by the input's numpy dtype, as ONNX gives it: 0 for the sums, 1 for the
+product, the dtype's lowest and highest value for max and min (-inf and inf for floats, False and True for bools),
+-inf for the log-sums; and NaN for the mean, which ONNX leaves undefined (numpy's and the ONNX reference's value,
+where onnxruntime gives 0)."""
 
 # The opset from which each reduction takes its axes as an input rather than an attribute.
 AXES_INPUT_OPSET = {"ReduceSum": 13}
@@ -189,9 +199,11 @@ def reduce_axes(ctx: NodeContext) -> list[int]:
 
 
 def _reduce_attrs(ctx: NodeContext) -> dict[str, Any]:
-    """Only the reduced axes: keepdims changes the output's shape, not its row-major layout."""
+    """Only the reduced axes: keepdims changes the output's shape, not its row-major layout. An empty input needs
+    none: each element of a non-empty output reduces every axis of extent 0, whatever the axes, so each is the
+    reduction of nothing (`_lower_over_nothing`), and the axes may be an input known only at run time."""
     _check_dtype(ctx, REDUCE_DTYPES[ctx.node.op_type])
-    return {"axes": reduce_axes(ctx)}
+    return {} if ctx.inputs[0].size == 0 else {"axes": reduce_axes(ctx)}
 
 
 def _reduced_value(spec: KernelSpec) -> tuple[Callable[[L.Expr], L.Expr], Callable[[L.Expr], L.Expr], str]:
@@ -205,10 +217,10 @@ def _reduced_value(spec: KernelSpec) -> tuple[Callable[[L.Expr], L.Expr], Callab
 
 def _lower_reduce(spec: KernelSpec) -> list[L.Stmt]:
     """A work-item per output, accumulating in a local."""
+    if spec.inputs[0].size == 0:
+        return _lower_over_nothing(spec)
     names, reducer = L.Names(), REDUCERS[spec.op]
     layout = ReduceLayout.of(shape_of(spec), spec.attrs["axes"])
-    if layout.count == 0 and reducer.neutral is None:
-        return _empty_reduction(spec, layout)
     to_acc, to_out, dtype = _reduced_value(spec)
     load = lambda index: reducer.element(to_acc(L.Load("in0", index, value_dtype(spec.inputs[0].dtype))))  # noqa: E731
     acc = names.local("acc", dtype)
@@ -221,20 +233,23 @@ def _lower_reduce(spec: KernelSpec) -> list[L.Stmt]:
     return layout.over_outputs(names, per_output)
 
 
-def _empty_reduction(spec: KernelSpec, layout: ReduceLayout) -> list[L.Stmt]:
-    """Every output of a max or min over nothing is the lowest or highest value of the dtype, as ONNX says."""
-    empty = REDUCERS[spec.op].empty(spec.inputs[0].dtype)
-    return layout.over_outputs(L.Names(), lambda out, _: [
-        L.Store("out0", out, L.const(empty, value_dtype(spec.outputs[0].dtype)))])
+def _lower_over_nothing(spec: KernelSpec) -> list[L.Stmt]:
+    """An empty input: every output is the op's value over nothing (OVER_NOTHING), and no input is read."""
+    dtype = value_dtype(spec.outputs[0].dtype)
+    value = OVER_NOTHING[spec.op](spec.inputs[0].dtype)
+    constant = L.Const(float(value) if dtype == L.F32 else int(value), dtype)
+    return elementwise_loops(L.Names(), (spec.outputs[0].size,), lambda v: constant)
 
 
 for _op in REDUCERS:
-    register(_op, normalize=_reduce_attrs, data_inputs=(0,))(_lower_reduce)
+    register(_op, normalize=_reduce_attrs, data_inputs=(0,), empty_operands=True)(_lower_reduce)
 
 
-@register("ReduceLogSumExp", normalize=_reduce_attrs, data_inputs=(0,))
+@register("ReduceLogSumExp", normalize=_reduce_attrs, data_inputs=(0,), empty_operands=True)
 def _lower_reduce_log_sum_exp(spec: KernelSpec) -> list[L.Stmt]:
     """log(sum(exp(x))) as m + log(sum(exp(x - m))) with m the maximum, so that large inputs don't overflow."""
+    if spec.inputs[0].size == 0:
+        return _lower_over_nothing(spec)
     names = L.Names()
     layout = ReduceLayout.of(shape_of(spec), spec.attrs["axes"])
     top, total = names.local("mx"), names.local("sum")

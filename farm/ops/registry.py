@@ -75,6 +75,10 @@ class OpLowering:
     data_inputs: tuple[int, ...] | None = None
     scratch_floats: Callable[[KernelSpec], int] = field(default=lambda spec: 0)
     dtypes: frozenset[str] = CORE_DTYPES
+    empty_operands: bool = False
+    """The kernel is right when some of its inputs or outputs are empty and others are not: its loops over an empty
+    tensor run no iteration, and nothing else reads one (a reduction over nothing stores its identity). The
+    planner refuses such a node of any other op (a node whose outputs are all empty gets no kernel)."""
 
     def data_input_indices(self, node: Node) -> list[int]:
         """Indices of the node inputs passed to the kernel as buffers (None: every present input)."""

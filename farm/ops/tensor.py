@@ -112,9 +112,10 @@ def _concat_attrs(ctx: NodeContext) -> dict[str, Any]:
     return {"axis": axis_in_range(ctx, ctx.node.attrs["axis"], len(ctx.outputs[0].shape))}
 
 
-@register("Concat", normalize=_concat_attrs, dtypes=ALL_DTYPES)
+@register("Concat", normalize=_concat_attrs, dtypes=ALL_DTYPES, empty_operands=True)
 def _lower_concat(spec: KernelSpec) -> list[L.Stmt]:
-    """Each input copied into its slice of the output along `axis`."""
+    """Each input copied into its slice of the output along `axis` (an empty input copies nothing: the loops over it
+    run no iteration, so Concat takes empty operands)."""
     names, axis, shape = L.Names(), spec.attrs["axis"], out_shape(spec)
     body: list[L.Stmt] = []
     start = 0
@@ -265,10 +266,11 @@ def _lower_slice(spec: KernelSpec) -> list[L.Stmt]:
 # ------------------------------------------------------------------------------------------------------ Split
 
 
-@register("Split", normalize=axis_attr, data_inputs=(0,), dtypes=ALL_DTYPES)
+@register("Split", normalize=axis_attr, data_inputs=(0,), dtypes=ALL_DTYPES, empty_operands=True)
 def _lower_split(spec: KernelSpec) -> list[L.Stmt]:
     """Each output copies its slab of the input along `axis`; the output shapes hold the split sizes, however the
-    node gave them (the split attribute or input, num_outputs, or equal parts)."""
+    node gave them (the split attribute or input, num_outputs, or equal parts). An output of a zero-size split gets
+    loops of no iteration, so Split takes empty operands."""
     names, axis, in_shape = L.Names(), spec.attrs["axis"], shape_of(spec)
     body: list[L.Stmt] = []
     start = 0

@@ -79,8 +79,8 @@ def _lifetimes(graph: Graph, steps: Sequence[Call]) -> dict[str, list[int]]:
         for arg in step.args:
             if arg.kind == "arena":
                 spans.setdefault(arg.name, [index, index])[1] = index
-    for name in graph.outputs:
-        spans[name][1] = len(steps)
+    for name in graph.outputs:  # an empty output that no step writes is held from the end of the run
+        spans.setdefault(name, [len(steps), len(steps)])[1] = len(steps)
     return spans
 
 

@@ -2,8 +2,9 @@
 
 One KernelSpec per distinct (op, attributes, shapes, dtype, activation), shared by every node that needs it, a
 BlobSpec per distinct constant, a schedule of steps in graph order and a static memory plan (farm/plan/memory.py)
-that reuses buffers once their last reader has run. The plan is target-independent; kernels are specialised per
-target at build time (with the variant tuning chose for that target, if any).
+that reuses buffers once their last reader has run. A node that writes only empty tensors (a 0 dim) gets no step.
+The plan is target-independent; kernels are specialised per target at build time (with the variant tuning chose
+for that target, if any).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from farm.ir.graph import Graph, Node
 from farm.ir.specs import KernelSpec, canonical_json
 from farm.ops import LOWERINGS
 from farm.ops.nn import RESIDUAL_IN_PLACE
-from farm.ops.registry import NodeContext, check_dtypes, lower_kernel
+from farm.ops.registry import NodeContext, OpLowering, check_dtypes, lower_kernel
 from farm.plan.memory import MemoryPlan, plan_memory
 
 
@@ -88,11 +89,39 @@ def plan_node(node: Node, graph: Graph, blobs: dict[str, np.ndarray]) -> Step:
     outputs = [name for name in node.outputs if name]
     spec = KernelSpec(node.op_type, canonical_json(attrs), tuple(graph.values[n] for n in data),
                       tuple(graph.values[n] for n in outputs), node.activation, target_id="")
+    _check_empty_operands(node, graph, lowering, [*outputs, *data])
     args = [Arg("arena", n) for n in outputs]
-    args += [_blob_arg(graph.constants[n], blobs) if n in graph.constants else Arg("arena", n) for n in data]
+    args += [_data_arg(n, graph, blobs) for n in data]
     if lowering.scratch_floats(spec):
         args.append(Arg("arena", f"{node.name}::scratch"))
     return Step(node.name, spec, args)
+
+
+def _check_empty_operands(node: Node, graph: Graph, lowering: OpLowering, names: list[str]) -> None:
+    """Refuse a kernel that would compute a non-empty output with an empty buffer among its arguments, unless its
+    op's lowering says it is right so (OpLowering.empty_operands: a reduction over nothing gives its identity, a
+    Concat copies nothing from an empty input): other kernels were not written for it (a Gather from an empty
+    tensor, a MatMul over an empty inner axis)."""
+    empty = next((name for name in names if graph.values[name].size == 0), None)
+    if empty is None or lowering.empty_operands:
+        return
+    role = "output" if empty in node.outputs else "input"
+    raise UnsupportedError(f"{role} {empty!r} is empty (shape {list(graph.values[empty].shape)}) and the node "
+                           f"computes a non-empty output; farm's {node.op_type} kernel is not written for empty operands",
+                           node=node.name, op=node.op_type, domain=node.domain, opset=graph.opset)
+
+
+def _writes_something(node: Node, graph: Graph) -> bool:
+    """Whether some output of `node` has an element: a node whose outputs are all empty has nothing to compute and
+    gets no step (its outputs still get their buffers of no bytes)."""
+    return any(graph.values[name].size for name in node.outputs if name)
+
+
+def _data_arg(name: str, graph: Graph, blobs: dict[str, np.ndarray]) -> Arg:
+    """A data input's argument: a constant's blob, else its arena buffer. An empty constant (an empty graph input
+    among them) gets an arena buffer, which its kernel never reads, rather than a blob of no bytes."""
+    array = graph.constants.get(name)
+    return Arg("arena", name) if array is None or array.size == 0 else _blob_arg(array, blobs)
 
 
 def _blob_arg(array: np.ndarray, blobs: dict[str, np.ndarray]) -> Arg:
@@ -116,7 +145,8 @@ def make_plan(graph: Graph) -> BuildPlan:
         if name in graph.constants:
             raise UnsupportedError(f"graph output {name!r} is a constant; farm needs it computed by a node")
     blobs: dict[str, np.ndarray] = {}
-    steps = _residuals_in_place(graph, [plan_node(node, graph, blobs) for node in graph.nodes])
+    steps = _residuals_in_place(graph, [plan_node(node, graph, blobs) for node in graph.nodes
+                                        if _writes_something(node, graph)])
     _check_work(graph, steps)
     return BuildPlan(graph, steps, blobs, plan_memory(graph, steps))
 

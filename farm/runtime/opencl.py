@@ -176,7 +176,8 @@ class OpenCLModel:
                 self._enqueue(launches)
             results = {spec.name: np.empty(spec.shape, spec.dtype) for spec in self.outputs}
             for spec in self.outputs:
-                cl.enqueue_copy(self.queue, results[spec.name], self._buffers[spec.name])
+                if spec.nbytes:  # a copy of no bytes is invalid OpenCL (CL_INVALID_VALUE); an empty result is made
+                    cl.enqueue_copy(self.queue, results[spec.name], self._buffers[spec.name])
             self.queue.finish()
         return results
 
@@ -201,7 +202,8 @@ class OpenCLModel:
         import pyopencl as cl
 
         for spec in self.inputs:
-            cl.enqueue_copy(self.queue, self._buffers[spec.name], np.ascontiguousarray(feeds[spec.name]))
+            if spec.nbytes:  # an empty input has nothing to copy (and a copy of no bytes is invalid OpenCL)
+                cl.enqueue_copy(self.queue, self._buffers[spec.name], np.ascontiguousarray(feeds[spec.name]))
 
     def _enqueue(self, launches: list[tuple[Any, tuple[int, ...]]]) -> None:
         import pyopencl as cl
