@@ -306,12 +306,13 @@ def _min_max(names: L.Names, size: int, low: L.Var, high: L.Var) -> list[L.Stmt]
 
 @register("DynamicQuantizeLinear", normalize=_dynamic_attrs, dtypes=ALL_DTYPES)
 def _lower_dynamic_quantize(spec: KernelSpec) -> list[L.Stmt]:
-    """The reference's steps: scale = (max - min) / 255 (1 / 255 for an all-zero input), zero point =
-    round(clamp(0 - min / scale, 0, 255)) (both stored first, serially), then every element quantized with them."""
+    """onnxruntime's steps: scale = (max - min) / 255, or 1 for an all-zero input (ONNX's reference gives 1 / 255
+    there; the quantized zeros are the same), zero point = round(clamp(0 - min / scale, 0, 255)) (both stored
+    first, serially), then every element quantized with them."""
     names, size = L.Names(), prod(out_shape(spec))
     low, high, scale = names.local("low"), names.local("high"), names.local("scale")
     s = M.Scope(names)
-    span = L.select(L.compare("eq", high, low), 1.0, high - low)
+    span = L.select(L.compare("eq", high, low), 255.0, high - low)
     zero = M.round_half_even(s, L.minimum(L.maximum(0.0 - L.exact_div(low, scale), 0.0), 255.0))
     parameters = [*_min_max(names, size, low, high), L.Assign(scale, L.exact_div(span, 255.0)),
                   L.Store("out1", L.const(0), scale), *s.stmts, L.Store("out2", L.const(0), L.Cast(zero, L.I64))]
