@@ -7,6 +7,7 @@ writes it; and the refusals."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -16,6 +17,7 @@ from numerics import (
     assert_refused,
     case,
     check_case,
+    check_case_on_opencl,
     graph_model,
     hostile_op_model,
     params,
@@ -296,6 +298,21 @@ def test_matches_onnxruntime(c: OpCase, tmp_path) -> None:
     check_case(c, tmp_path)
 
 
+# One case per op, and the exact divisions (OpenCL renders them in double: its float division may be 2.5 ulp off).
+OPENCL_SAMPLE = ["quantize-halfway-0.3", "quantize-blocked", "dequantize-per-axis", "dynamic-quantize-halfway",
+                 "matmul-integer-per-column", "conv-integer-group", "qlinear-matmul-float16-scales",
+                 "qlinear-conv-int8-per-channel", "qdq-conv-matmul-opset21"]
+
+
+@pytest.mark.parametrize("c", params(c for c in CASES if c.id in OPENCL_SAMPLE))
+def test_opencl_matches_onnxruntime(c: OpCase, fingerprint: str, tmp_path: Path) -> None:
+    check_case_on_opencl(c, fingerprint, tmp_path)
+
+
+def test_opencl_sample_names_cases() -> None:
+    assert set(OPENCL_SAMPLE) <= {c.id for c in CASES}
+
+
 @pytest.mark.parametrize("c, weight_kernels", [(QDQ_CASES[0], 3), (QDQ_CASES[1], 0)], ids=["opset13", "opset21"])
 def test_qdq_model_runs_activation_quantization(c: OpCase, weight_kernels: int, tmp_path) -> None:
     """Each activation's Q -> DQ pair runs as kernels. The weights' DequantizeLinear folds into float constants at
@@ -362,7 +379,7 @@ UNSUPPORTED = [
                  "farm takes one value", id="matmul-integer-per-row"),
     pytest.param(single_op_model("ConvInteger", [("x", (1, 3, 7), "uint8"), ("w", (2, 3, 3), "uint8")], {},
                                  opset=10),
-                 "only 2-D spatial inputs", id="conv-integer-1d"),
+                 "the weight must be a 4-D tensor", id="conv-integer-1d"),
     pytest.param(single_op_model("QLinearMatMul", [("a", (4, 7), "uint8"), ("b", (7, 5), "uint8")], {},
                                  {"a_scale": rand(4, positive=True), "a_zero_point": scalar(0, "uint8"),
                                   "b_scale": scalar(0.1), "b_zero_point": scalar(0, "uint8"), "y_scale": scalar(1.0),

@@ -97,6 +97,14 @@ def _scalar(spec: KernelSpec, index: int, default: L.Expr) -> L.Expr:
     return _load_or(spec, index, L.const(0), default)
 
 
+def _required(ctx: NodeContext, count: int) -> None:
+    """Refuse a node that lacks one of its first `count` inputs (all required by ONNX; a hostile model may omit
+    one)."""
+    missing = [i for i in range(count) if i >= len(ctx.inputs) or ctx.inputs[i] is None]
+    if missing:
+        raise ctx.unsupported(f"required input {missing[0]} is missing")
+
+
 def _require(ctx: NodeContext, index: int, allowed: frozenset[str], what: str) -> TensorInfo | None:
     """Node input `index`'s info (None if absent), refused unless its dtype is one of `allowed`."""
     info = ctx.inputs[index] if index < len(ctx.inputs) else None
@@ -237,6 +245,7 @@ def _division_dtype(ctx: NodeContext, x: TensorInfo, scale: TensorInfo) -> str:
 
 
 def _quantize_attrs(ctx: NodeContext) -> dict[str, Any]:
+    _required(ctx, 2)
     x = _require(ctx, 0, frozenset({"float32", "float16", "int32"}), "input")
     scale = _require(ctx, 1, SCALE_DTYPES, "scale")
     _require(ctx, 2, frozenset(QUANT_RANGES), "zero point")
@@ -247,12 +256,14 @@ def _quantize_attrs(ctx: NodeContext) -> dict[str, Any]:
 def _quantize_value(spec: KernelSpec, s: M.Scope, v: list[L.Var]) -> L.Expr:
     """saturate(round_half_even(x / scale) + zero point)."""
     division = DIVISIONS[spec.attrs["division"]]
-    x, shape = spec.inputs[0], out_shape(spec)
+    x, scale, shape = spec.inputs[0], spec.inputs[1], out_shape(spec)
 
-    def operand(value: L.Expr) -> L.Expr:
-        return _half_if(s, _as(value, division.dtype), division.half)
+    def operand(value: L.Expr, info: TensorInfo) -> L.Expr:
+        """The operand in the division's dtype (a float16 buffer's values are float16 already)."""
+        return _half_if(s, _as(value, division.dtype), division.half and info.dtype != "float16")
 
-    quotient = L.exact_div(operand(load("in0", x, L.flat_index(shape, v))), operand(_param(spec, 1, v, L.const(1.0))))
+    quotient = L.exact_div(operand(load("in0", x, L.flat_index(shape, v)), x),
+                           operand(_param(spec, 1, v, L.const(1.0)), scale))
     rounded = M.round_half_even(s, _half_if(s, quotient, division.half))
     zero = _as(_param(spec, 2, v, L.const(0)), division.dtype)
     return _saturate(s, rounded + zero, spec.attrs["to"])
@@ -267,6 +278,7 @@ def _lower_quantize(spec: KernelSpec) -> list[L.Stmt]:
 
 
 def _dequantize_attrs(ctx: NodeContext) -> dict[str, Any]:
+    _required(ctx, 2)
     x = _require(ctx, 0, DEQUANTIZED_INTS, "input")
     _require(ctx, 1, SCALE_DTYPES, "scale")
     zero = _require(ctx, 2, DEQUANTIZED_INTS, "zero point")
@@ -292,6 +304,7 @@ def _lower_dequantize(spec: KernelSpec) -> list[L.Stmt]:
 
 
 def _dynamic_attrs(ctx: NodeContext) -> dict[str, Any]:
+    _required(ctx, 1)
     _require(ctx, 0, frozenset({"float32"}), "input")
     return {}
 
@@ -410,10 +423,11 @@ def _conv_view(ctx: NodeContext, w_index: int) -> NodeContext:
 def _conv_attrs(ctx: NodeContext, w_index: int) -> dict[str, Any]:
     """Conv's window attributes (2-D NCHW; auto_pad resolved) and group, for a conv whose weight is input w_index."""
     view = _conv_view(ctx, w_index)
-    weight = view.inputs[1]
-    kernel = list(ctx.node.attrs.get("kernel_shape", weight.shape[2:] if weight is not None else []))
-    attrs = _spatial_attrs(view, kernel)
-    return {**attrs, "group": _checked_group(view), "present": _buffers(ctx)}
+    group = _checked_group(view)  # the weight is 4-D
+    kernel = list(view.inputs[1].shape[2:])
+    if list(ctx.node.attrs.get("kernel_shape", kernel)) != kernel:
+        raise ctx.unsupported(f"kernel_shape {list(ctx.node.attrs['kernel_shape'])} differs from the weight's {kernel}")
+    return {**_spatial_attrs(view, kernel), "group": group, "present": _buffers(ctx)}
 
 
 def _integer_conv(spec: KernelSpec, w_index: int, x_zero: L.Expr, w_zero: ZeroAt, finish: Finish) -> list[L.Stmt]:
@@ -465,6 +479,7 @@ def _integer_operands(ctx: NodeContext, operands: tuple[int, int], zeros: tuple[
 
 
 def _matmul_integer_attrs(ctx: NodeContext) -> dict[str, Any]:
+    _required(ctx, 2)
     _integer_operands(ctx, (0, 1), (2, 3))
     _require_output(ctx, INT32)
     _require_channels(ctx, 3, _check_matmul(ctx, 0, 1), "b_zero_point")
@@ -477,6 +492,7 @@ def _lower_matmul_integer(spec: KernelSpec) -> list[L.Stmt]:
 
 
 def _conv_integer_attrs(ctx: NodeContext) -> dict[str, Any]:
+    _required(ctx, 2)
     _integer_operands(ctx, (0, 1), (2, 3))
     _require_output(ctx, INT32)
     attrs = _conv_attrs(ctx, 1)
@@ -530,6 +546,7 @@ def _requantize(spec: KernelSpec) -> Finish:
 
 
 def _qlinear_matmul_attrs(ctx: NodeContext) -> dict[str, Any]:
+    _required(ctx, 8)
     return _qlinear_attrs(ctx, _check_matmul(ctx, 0, 3))
 
 
@@ -539,6 +556,7 @@ def _lower_qlinear_matmul(spec: KernelSpec) -> list[L.Stmt]:
 
 
 def _qlinear_conv_attrs(ctx: NodeContext) -> dict[str, Any]:
+    _required(ctx, 8)
     attrs = _conv_attrs(ctx, 3)
     out_channels = ctx.inputs[3].shape[0]
     bias = _require(ctx, 8, INT32, "bias")
