@@ -87,14 +87,10 @@ def _buffer(spec: KernelSpec, index: int) -> tuple[str, TensorInfo] | None:
     return f"in{at}", spec.inputs[at]
 
 
-def _load_or(spec: KernelSpec, index: int, at: L.Expr, default: L.Expr) -> L.Expr:
-    """Node input `index` at flat index `at`, or `default` when the node lacks it."""
-    buffer = _buffer(spec, index)
-    return default if buffer is None else load(buffer[0], buffer[1], at)
-
-
 def _scalar(spec: KernelSpec, index: int, default: L.Expr) -> L.Expr:
-    return _load_or(spec, index, L.const(0), default)
+    """The first element of node input `index` (a per-tensor scale or zero point), or `default` if it is absent."""
+    buffer = _buffer(spec, index)
+    return default if buffer is None else load(buffer[0], buffer[1], L.const(0))
 
 
 def _required(ctx: NodeContext, count: int) -> None:
@@ -114,7 +110,8 @@ def _require(ctx: NodeContext, index: int, allowed: frozenset[str], what: str) -
     return info
 
 
-def _require_output(ctx: NodeContext, allowed: frozenset[str] | dict) -> str:
+def _require_output(ctx: NodeContext, allowed: frozenset[str] | dict[str, Any]) -> str:
+    """The output's dtype, refused unless it is one of `allowed`."""
     dtype = ctx.outputs[0].dtype
     if dtype not in allowed:
         raise ctx.unsupported(f"output dtype {dtype} is not supported ({', '.join(sorted(allowed))} are; "
