@@ -14,6 +14,7 @@ import test_ops_linalg
 import test_ops_losses
 import test_ops_nn
 import test_ops_normalization
+import test_ops_quantize
 import test_ops_reduce
 import test_ops_sampling
 import test_ops_scatter
@@ -35,6 +36,7 @@ CASE_FILES = {
     "farm.ops.linalg": test_ops_linalg.CASES,
     "farm.ops.nn": test_ops_nn.ALL_CASES,
     "farm.ops.normalization": test_ops_normalization.CASES,
+    "farm.ops.quantize": test_ops_quantize.CASES,
     "farm.ops.tensor": test_ops_tensor.CASES,
     "farm.ops.reduce": test_ops_reduce.CASES,
     "farm.ops.indexing": test_ops_indexing.CASES,

@@ -96,7 +96,8 @@ class Load(Expr):
 
 @dataclass(frozen=True, eq=False)
 class Binary(Expr):
-    """add sub mul div mod max min and comparisons lt le gt ge eq ne (which give BOOL), and/or on BOOL."""
+    """add sub mul div mod max min and comparisons lt le gt ge eq ne (which give BOOL), and/or on BOOL; exact_div
+    (floats only: see `exact_div`)."""
 
     op: str
     lhs: Expr
@@ -190,6 +191,14 @@ def maximum(a: ExprLike, b: ExprLike) -> Expr:
 
 def minimum(a: ExprLike, b: ExprLike) -> Expr:
     return binary("min", a, b)
+
+
+def exact_div(a: ExprLike, b: ExprLike) -> Expr:
+    """a / b for floats, correctly rounded in their dtype (IEEE division). A plain "div" carries the renderers'
+    fast-math freedom to multiply by a reciprocal instead (LLVM hoists 1/b out of a loop where b is invariant),
+    which is one ulp off now and then: harmless for arithmetic compared within a tolerance, wrong where the
+    quotient's last bit decides a rounding (QuantizeLinear's round(x / scale))."""
+    return binary("exact_div", a, b)
 
 
 def compare(op: str, a: ExprLike, b: ExprLike) -> Expr:

@@ -15,6 +15,7 @@ from farm.ops import (  # noqa: F401,E402  (they register themselves)
     losses,
     nn,
     normalization,
+    quantize,
     reduce,
     sampling,
     scatter,

@@ -301,6 +301,7 @@ FLOAT_BINARY = {
     "sub": lambda b, x, y: b.fsub(x, y, flags=FAST),
     "mul": lambda b, x, y: b.fmul(x, y, flags=FAST),
     "div": lambda b, x, y: b.fdiv(x, y, flags=FAST),
+    "exact_div": lambda b, x, y: b.fdiv(x, y),  # no fast-math flags: no reciprocal, no shrinking (L.exact_div)
     "max": fmax,
     "min": fmin,
     **{name: _fcmp(sym) for name, sym in

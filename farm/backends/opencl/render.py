@@ -10,6 +10,7 @@ each parallel.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -23,8 +24,9 @@ C_TYPES = {L.F32: "float", L.F64: "double", L.I64: "long", L.BOOL: "int"}
 BUFFER_C_TYPES = {L.F32: "float", L.F64: "double", L.F16: "half", L.I64: "long", L.I32: "int", L.I16: "short",
                   L.I8: "char", L.U32: "uint", L.U16: "ushort", L.U8: "uchar", L.BOOL: "uchar"}
 FP64_PRAGMA = "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
-"""Double precision is an extension (most desktop GPUs and PoCL have it, many phone GPUs don't): a kernel with a
-float64 buffer enables it, and a device without it fails that kernel's build, naming the device."""
+"""Double precision is an extension (most desktop GPUs and PoCL have it, many phone GPUs don't): a kernel that uses
+double (a float64 buffer, an exact division) enables it, and a device without it fails that kernel's build, naming
+the device."""
 _HALF_BUFFERS: ContextVar[frozenset[str]] = ContextVar("half_buffers", default=frozenset())
 """The buffers of the kernel being rendered that hold half (float16) elements."""
 FLOAT_OPS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
@@ -78,8 +80,8 @@ def render_opencl(symbol: str, kernel: L.LoopKernel) -> str:
                      for (name, _), group in zip(launches(symbol, kernel), groups)]
     finally:
         _HALF_BUFFERS.reset(token)
-    pragma = FP64_PRAGMA if any(p.dtype == L.F64 for p in kernel.params) else ""
-    return pragma + "\n".join(functions)
+    source = "\n".join(functions)
+    return (FP64_PRAGMA if re.search(r"\bdouble\b", source) else "") + source
 
 
 def _parallel_body(group: L.LaunchGroup) -> str:
@@ -314,8 +316,19 @@ def _binary(b: L.Binary) -> str:
         return f"(({lhs}) < ({rhs}) ? ({rhs}) : ({lhs}))"
     if b.op == "min":
         return f"(({lhs}) > ({rhs}) ? ({rhs}) : ({lhs}))"
+    if b.op == "exact_div":
+        return _exact_div(b, lhs, rhs)
     symbol = COMPARE_OPS.get(b.op) or (FLOAT_OPS if b.lhs.dtype in L.FLOATS else INT_OPS)[b.op]
     return f"({lhs} {symbol} {rhs})"
+
+
+def _exact_div(b: L.Binary, lhs: str, rhs: str) -> str:
+    """L.exact_div: OpenCL C's float division may be 2.5 ulp off (only double division must be correctly rounded),
+    so a float quotient is taken in double and rounded once to float, which is the correctly rounded float
+    quotient (double has more than twice float's precision). The kernel then needs cl_khr_fp64."""
+    if b.lhs.dtype == L.F64:
+        return f"({lhs} / {rhs})"
+    return f"((float)((double)({lhs}) / (double)({rhs})))"
 
 
 EXPR_RENDERERS: dict[type, Callable[[L.Expr], str]] = {
