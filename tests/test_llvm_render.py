@@ -418,6 +418,57 @@ def test_bool_and_int32_buffers_load_and_store_as_numpy_lays_them_out(tmp_path):
         np.testing.assert_array_equal(got, want)
 
 
+BIT_OPS = {"shl": lambda a, s: a << s, "shr": lambda a, s: a >> s, "bitand": lambda a, b: a & b,
+           "bitor": lambda a, b: a | b, "bitxor": lambda a, b: a ^ b}
+"""Each loop-IR bit operation and its meaning on Python ints (shr: arithmetic, as Python's >> is)."""
+
+
+def bit_operations_kernel(n: int) -> L.LoopKernel:
+    """wide[i, k] = BIT_OPS[k](a[i], s[i]) on int64, then the narrow buffers: right[i] = u8[i] >> t[i] and
+    left[i] = u8[i] << t[i] (a uint8 value zero-extended, the left shift wrapping as it is stored), arith[i] =
+    i8[i] >> t[i] (sign-extended: an arithmetic shift)."""
+    i = L.Var("i")
+    a, s, t = L.Load("a", i, L.I64), L.Load("s", i, L.I64), L.Load("t", i, L.I64)
+    u8, i8 = L.Load("u8", i, L.I64), L.Load("i8", i, L.I64)
+    params = [L.Param("wide", L.I64, output=True), L.Param("right", L.U8, output=True),
+              L.Param("left", L.U8, output=True), L.Param("arith", L.I8, output=True),
+              L.Param("a", L.I64), L.Param("s", L.I64), L.Param("t", L.I64), L.Param("u8", L.U8), L.Param("i8", L.I8)]
+    body = [L.Store("wide", i * len(BIT_OPS) + k, L.binary(op, a, s)) for k, op in enumerate(BIT_OPS)]
+    body += [L.Store("right", i, L.binary("shr", u8, t)), L.Store("left", i, L.binary("shl", u8, t)),
+             L.Store("arith", i, L.binary("shr", i8, t))]
+    return L.LoopKernel(params, [L.Loop(i, n, body, True)])
+
+
+def bit_operations_arrays(n: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(arrays to pass, expected outputs) for bit_operations_kernel: values of both signs up to int64's extremes,
+    shifts over [0, 64) and [0, 8)."""
+    rng = np.random.default_rng(4)
+    a = rng.integers(-2**63, 2**63 - 1, n, dtype=np.int64)
+    a[:3] = [-2**63, -1, 2**63 - 1]
+    s = np.resize(np.arange(64, dtype=np.int64), n)
+    t = np.resize(np.arange(8, dtype=np.int64), n)
+    u8 = rng.integers(0, 256, n, dtype=np.uint8)
+    i8 = rng.integers(-128, 128, n, dtype=np.int8)
+    wide = [[_wrapped(fn(int(x), int(y)), 64) for fn in BIT_OPS.values()] for x, y in zip(a, s)]
+    expected = [np.asarray(wide, np.int64).reshape(-1), u8 >> t.astype(np.uint8), u8 << t.astype(np.uint8),
+                i8 >> t.astype(np.int8)]
+    outputs = [np.zeros(n * len(BIT_OPS), np.int64), np.zeros(n, np.uint8), np.zeros(n, np.uint8), np.zeros(n, np.int8)]
+    return outputs + [a, s, t, u8, i8], expected
+
+
+def _wrapped(value: int, bits: int) -> int:
+    """`value`'s low `bits` bits as a signed integer."""
+    value &= (1 << bits) - 1
+    return value - (1 << bits) if value >> (bits - 1) else value
+
+
+def test_bit_operations_on_int64_and_narrow_buffers(tmp_path):
+    arrays, expected = bit_operations_arrays(70)
+    results = run_kernel(bit_operations_kernel(70), arrays, tmp_path)
+    for got, want in zip(results, expected):
+        np.testing.assert_array_equal(got, want)
+
+
 # -- launches: the kind loopir gives each launch, as both renderers and launch_info see it -------------------------------
 
 

@@ -194,6 +194,23 @@ def test_max_min_keep_the_operand_dtype():
     assert L.minimum(i, 4).dtype == L.I64 and is_const(L.minimum(i, 4).rhs, 4, L.I64)
 
 
+@pytest.mark.parametrize("op", sorted(L.BITWISE))
+def test_bit_operations_are_i64_and_never_folded(op):
+    i = L.Var("i")
+    expr = L.binary(op, i, 3)
+    assert isinstance(expr, L.Binary) and expr.op == op and expr.dtype == L.I64 and is_const(expr.rhs, 3, L.I64)
+    folded = L.binary(op, L.const(6), L.const(3))
+    assert isinstance(folded, L.Binary)  # constants stay: only add sub mul div mod fold
+
+
+@pytest.mark.parametrize("op", sorted(L.BITWISE))
+def test_bit_operations_refuse_float_and_bool_operands(op):
+    with pytest.raises(ValueError, match=f"{op} takes I64 operands"):
+        L.binary(op, L.Load("in", L.Var("i")), 1.0)
+    with pytest.raises(ValueError, match=f"{op} takes I64 operands"):
+        L.binary(op, L.compare("lt", L.Var("i"), 3), L.compare("gt", L.Var("i"), 1))
+
+
 def test_select_takes_its_dtype_from_the_branches():
     cond = L.compare("gt", L.Var("i"), 2)
     x, i = L.Load("in", L.Var("i")), L.Var("j")

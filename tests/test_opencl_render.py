@@ -183,6 +183,26 @@ def test_bool_and_int32_buffers_load_and_store_as_numpy_lays_them_out(context):
         np.testing.assert_array_equal(got, want)
 
 
+def test_bit_operations_on_int64_and_narrow_buffers(context):
+    """The loop IR's bit operations as the LLVM renderer's test runs them: a left shift of a negative value wraps
+    (rendered through ulong), a right shift is arithmetic."""
+    from test_llvm_render import bit_operations_arrays, bit_operations_kernel
+
+    arrays, expected = bit_operations_arrays(70)
+    kernel = bit_operations_kernel(70)
+    program = cl.Program(context, render_opencl("k", kernel)).build()
+    queue = cl.CommandQueue(context)
+    flags = cl.mem_flags
+    buffers = [cl.Buffer(context, flags.READ_WRITE | flags.COPY_HOST_PTR, hostbuf=array) for array in arrays]
+    for name, size in launches("k", kernel):
+        getattr(program, name)(queue, size, None, *buffers)
+    for array, buffer in zip(arrays, buffers):
+        cl.enqueue_copy(queue, array, buffer)
+    queue.finish()
+    for got, want in zip(arrays, expected):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_an_implicit_gemm_is_refused_rather_than_read_as_a_matrix():
     window = L.ImplicitColumns(4, 8, 1, 64, 3, 3, 8, 1)
     gemm = L.Gemm("a", L.const(0), 0, "b", L.const(0), 9, "c", L.const(0), 16, 16, 4, 9, a_window=window)

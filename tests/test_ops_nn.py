@@ -117,6 +117,32 @@ CONV_CASES: list[OpCase] = [
          single_op_model("Conv", [("x", (1, 3, 6, 6)), ("w", (4, 3, 3, 3))], {"pads": [1, 1, 1, 1]})),
 ]
 
+# 1-D convs run as 2-D ones of height 1 (nn._as_plane), through each of the 2-D paths: im2col, pointwise, depthwise,
+# grouped, implicit GEMM (96 taps), a small plane's transposed GEMM. 3-D convs run as a loop nest.
+CONV_1D_3D_CASES: list[OpCase] = [
+    _conv("1d-3tap-pads-batch2", (2, 4, 11), (5, 4, 3), {"pads": [1, 1]}),
+    _conv("1d-strided-dilated-asymmetric-pads", (1, 3, 20), (4, 3, 3), {"strides": [2], "dilations": [2],
+                                                                        "pads": [2, 1]}),
+    _conv("1d-pointwise", (1, 8, 9), (6, 8, 1), bias=False),
+    _conv("1d-depthwise-causal", (2, 6, 15), (6, 1, 4), {"group": 6, "pads": [3, 0]}),
+    _conv("1d-groups2", (1, 8, 10), (6, 4, 3), {"group": 2}),
+    _conv("1d-implicit", (1, 32, 30), (16, 32, 3), {"pads": [1, 1]}),
+    _conv("1d-small-plane-pointwise", (1, 64, 7), (80, 64, 1)),
+    _conv("1d-auto-pad-same-upper-stride2", (1, 3, 10), (4, 3, 4), {"auto_pad": "SAME_UPPER", "strides": [2]}),
+    _conv("1d-kernel-shape-attr", (1, 3, 9), (4, 3, 5), {"kernel_shape": [5], "pads": [2, 2]}),
+    case("conv-1d-weight-as-graph-input",
+         single_op_model("Conv", [("x", (1, 3, 12)), ("w", (4, 3, 3))], {"strides": [3]})),
+    _conv("3d-pads", (1, 2, 5, 6, 7), (3, 2, 3, 3, 3), {"pads": [1] * 6}),
+    _conv("3d-strides-dilations-asymmetric-pads", (2, 3, 7, 8, 6), (4, 3, 2, 3, 2),
+          {"strides": [2, 1, 2], "dilations": [1, 2, 1], "pads": [1, 0, 1, 0, 2, 1]}, bias=False),
+    _conv("3d-groups2", (1, 4, 4, 5, 5), (6, 2, 3, 3, 3), {"group": 2}),
+    _conv("3d-depthwise", (1, 3, 5, 5, 5), (3, 1, 3, 3, 3), {"group": 3, "pads": [1] * 6}),
+    _conv("3d-pointwise", (1, 5, 3, 4, 5), (4, 5, 1, 1, 1)),
+    _conv("3d-auto-pad-same-lower", (1, 2, 5, 5, 5), (2, 2, 2, 2, 2), {"auto_pad": "SAME_LOWER"}),
+    case("conv-3d-weight-as-graph-input",
+         single_op_model("Conv", [("x", (1, 2, 4, 4, 4)), ("w", (3, 2, 2, 2, 2))], {"pads": [0, 1, 0, 1, 0, 1]})),
+]
+
 # ------------------------------------------------------------------------------------------------- ConvTranspose
 
 
@@ -317,6 +343,28 @@ POOL_CASES: list[OpCase] = [
     # A window of -inf only: the max is -inf (onnxruntime agrees), not the most negative float.
     case("maxpool-all-minus-inf-window", single_op_model("MaxPool", [("x", (1, 2, 3, 3))], {"kernel_shape": [2, 2]}),
          {"x": np.where(np.arange(18).reshape(1, 2, 3, 3) < 9, -np.inf, rand(1, 2, 3, 3)).astype(np.float32)}),
+]
+
+# MaxPool and AveragePool over 1-D inputs (planes of height 1: the 2-D kernels, channel blocks on a CPU included)
+# and 3-D ones (a loop nest), with pads, dilations, ceil_mode, auto_pad and count_include_pad.
+POOL_1D_3D_CASES: list[OpCase] = [
+    _pool("MaxPool", "1d-pads-s2", {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}, x=(2, 3, 11)),
+    _pool("MaxPool", "1d-ceil-dilated", {"kernel_shape": [2], "strides": [2], "dilations": [2], "ceil_mode": 1},
+          x=(1, 2, 10)),
+    _pool("MaxPool", "1d-channel-blocks", {"kernel_shape": [3], "strides": [2]}, x=(2, 16, 21)),
+    _pool("AveragePool", "1d-include-pad", {"kernel_shape": [3], "strides": [2], "pads": [1, 2],
+                                            "count_include_pad": 1}, x=(1, 3, 12)),
+    _pool("AveragePool", "1d-same-upper", {"kernel_shape": [4], "auto_pad": "SAME_UPPER"}, x=(1, 3, 9)),
+    _pool("MaxPool", "3d-2x2x2-s2", {"kernel_shape": [2, 2, 2], "strides": [2, 2, 2]}, x=(1, 2, 6, 7, 8)),
+    _pool("MaxPool", "3d-pads-dilations", {"kernel_shape": [3, 2, 3], "strides": [1, 2, 2],
+                                           "pads": [1, 0, 1, 1, 1, 0], "dilations": [1, 2, 1]}, x=(2, 2, 5, 6, 7)),
+    _pool("MaxPool", "3d-ceil", {"kernel_shape": [3, 3, 3], "strides": [2, 2, 2], "ceil_mode": 1}, x=(1, 2, 8, 7, 9)),
+    _pool("AveragePool", "3d-pads-exclude", {"kernel_shape": [3, 3, 3], "strides": [2, 2, 2], "pads": [1] * 6},
+          x=(1, 2, 7, 6, 5)),
+    _pool("AveragePool", "3d-ceil-pads-include", {"kernel_shape": [3, 3, 2], "strides": [2, 2, 2], "ceil_mode": 1,
+                                                  "pads": [1, 0, 1, 1, 0, 0], "count_include_pad": 1},
+          x=(1, 2, 8, 7, 6)),
+    _pool("AveragePool", "3d-same-upper", {"kernel_shape": [2, 3, 2], "auto_pad": "SAME_UPPER"}, x=(1, 2, 5, 5, 5)),
 ]
 
 # LpPool over 1, 2 and 3 spatial axes (one N-D kernel); its padding adds nothing to the sum.
@@ -620,13 +668,37 @@ FUSED_CASES: list[OpCase] = [
         CONV_X, ["y"],
         {**W, "s": rand(6, seed=1), "bb": rand(6, seed=2), "m": rand(6, seed=3), "v": rand(6, seed=4, positive=True)}),
         schedule=("Conv",)),
+    _pair("conv1d-relu", ("Conv", ["w1"], {"pads": [1, 1]}), ("Relu", [], {}), [("x", (1, 4, 9))],
+          {"w1": rand(6, 4, 3, seed=13)}, schedule=("Conv",)),
+    _pair("conv3d-clip", ("Conv", ["w3", "b3"], {"pads": [1] * 6}), ("Clip", ["lo", "hi"], {}), [("x", (1, 2, 4, 5, 4))],
+          {"w3": rand(3, 2, 3, 3, 3, seed=14, scale=0.3), "b3": rand(3, seed=15), "lo": np.float32(-0.5),
+           "hi": np.float32(0.5)}, schedule=("Conv",)),
+    case("fused-conv3d-residual-relu", graph_model(
+        [helper.make_node("Conv", ["x", "w3", "b3"], ["c"], pads=[1] * 6), helper.make_node("Add", ["c", "r"], ["s"]),
+         helper.make_node("Relu", ["s"], ["y"])], [("x", (1, 2, 4, 5, 4)), ("r", (1, 3, 4, 5, 4))], ["y"],
+        {"w3": rand(3, 2, 3, 3, 3, seed=14, scale=0.3), "b3": rand(3, seed=15)}), schedule=("Conv",)),
+    case("fused-conv3d-residual-in-place", graph_model(
+        [helper.make_node("Relu", ["r"], ["q"]), helper.make_node("Conv", ["x", "w3"], ["c"], pads=[1] * 6),
+         helper.make_node("Add", ["q", "c"], ["y"]), helper.make_node("Sigmoid", ["y"], ["z"])],
+        [("x", (1, 2, 4, 5, 4)), ("r", (1, 3, 4, 5, 4))], ["z"], {"w3": rand(3, 2, 3, 3, 3, seed=14, scale=0.3)}),
+        schedule=("Relu", "Conv", "Sigmoid")),
+    case("fused-conv3d-batchnorm", graph_model(
+        [helper.make_node("Conv", ["x", "w3", "b3"], ["c"]),
+         helper.make_node("BatchNormalization", ["c", "s", "bb", "m", "v"], ["y"])],
+        [("x", (1, 2, 4, 5, 4))], ["y"],
+        {"w3": rand(3, 2, 3, 3, 3, seed=14, scale=0.3), "b3": rand(3, seed=15), "s": rand(3, seed=1),
+         "bb": rand(3, seed=2), "m": rand(3, seed=3), "v": rand(3, seed=4, positive=True)}), schedule=("Conv",)),
+    # A depthwise conv never absorbs a residual (its kernel has no GEMM epilogue), 1-D ones included.
+    case("fused-conv1d-depthwise-residual-not-absorbed", graph_model(
+        [helper.make_node("Conv", ["x", "dw1"], ["c"], group=4, pads=[1, 1]), helper.make_node("Add", ["c", "r"], ["y"])],
+        [("x", (1, 4, 9)), ("r", (1, 4, 9))], ["y"], {"dw1": rand(4, 1, 3, seed=16)}), schedule=("Conv", "Add")),
     case("fused-conv-relu-output-also-used", graph_model(
         [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])],
         CONV_X, ["c", "y"], W), schedule=("Conv", "Relu")),
 ]
 
-CASES: list[OpCase] = (CONV_CASES + CONV_TRANSPOSE_CASES + GEMM_CASES + MATMUL_CASES + POOL_CASES + LP_POOL_CASES + LRN_CASES
-                       + BN_CASES + SOFTMAX_CASES + SOFTMAX_FAMILY_CASES + NORM_CASES)
+CASES: list[OpCase] = (CONV_CASES + CONV_1D_3D_CASES + CONV_TRANSPOSE_CASES + GEMM_CASES + MATMUL_CASES + POOL_CASES
+                       + POOL_1D_3D_CASES + LP_POOL_CASES + LRN_CASES + BN_CASES + SOFTMAX_CASES + SOFTMAX_FAMILY_CASES + NORM_CASES)
 ALL_CASES: list[OpCase] = CASES + FUSED_CASES
 
 
@@ -692,6 +764,25 @@ def test_pool_window_is_the_conv_window_without_channels(tmp_path) -> None:
                                          dilation_width=1, pad_top=1, pad_left=1)
 
 
+def test_a_1d_window_is_a_plane_of_height_1(tmp_path) -> None:
+    """A 1-D conv's attributes come out as a 2-D conv's (nn._as_plane), so its kernel is a 2-D one's."""
+    attrs = {"strides": [2], "dilations": [3], "pads": [2, 1]}
+    spec = _spec_of(single_op_model("Conv", [("x", (1, 3, 20))], attrs, {"w": rand(4, 3, 3)}), tmp_path)
+    assert {key: spec.attrs[key] for key in ("kernel_shape", "strides", "dilations", "pads")} == {
+        "kernel_shape": [1, 3], "strides": [1, 2], "dilations": [1, 3], "pads": [0, 2, 0, 1]}
+    assert nn._window(spec) == nn.Window(height=1, width=20, out_height=1, out_width=9, kernel_height=1,
+                                         kernel_width=3, stride_height=1, stride_width=2, dilation_height=1,
+                                         dilation_width=3, pad_top=0, pad_left=2)
+
+
+def test_3d_convs_and_pools_lower_to_loop_nests_without_scratch(tmp_path) -> None:
+    conv = _spec_of(single_op_model("Conv", [("x", (1, 2, 4, 4, 4))], {}, {"w": rand(3, 2, 2, 2, 2)}), tmp_path)
+    pool = _spec_of(single_op_model("MaxPool", [("x", (1, 2, 4, 4, 4))], {"kernel_shape": [2, 2, 2]}), tmp_path)
+    assert nn._conv_scratch(conv) == nn._pool_scratch(pool) == 0
+    assert nn.CONV_LOWERINGS[nn._spatial_rank(conv)].lower is nn._lower_conv_volumes
+    assert nn.POOL_LOWERINGS[nn._spatial_rank(pool)].lower is nn._lower_pool_volumes
+
+
 def test_conv_transpose_geometry_sizes_the_transposed_weights_and_the_column_buffer(tmp_path) -> None:
     model = single_op_model("ConvTranspose", [("x", (1, 4, 5, 6))], {"group": 2, "strides": [2, 2]},
                             {"w": rand(4, 3, 3, 2)})
@@ -720,7 +811,10 @@ OPENCL_SAMPLE = [
     "fused-small-plane-pointwise-conv-leakyrelu", "fused-conv-residual-relu", "fused-small-plane-pointwise-conv-residual",
     "conv-banded-strided-1x1", "conv-implicit-groups2-batch2-dilated", "fused-implicit-conv-residual-relu",
     "fused-conv-residual-in-place-relu", "fused-implicit-conv-residual-in-place", "maxpool-3x3-s2-pads", "maxpool-3x3-s2-ceil-pads", "conv-depthwise-channel-blocks-batch2-stride2",
-    "lppool-3d", "lppool-p3-strides-pads", "lppool-1d-ceil-pads",
+    "lppool-3d", "lppool-p3-strides-pads", "lppool-1d-ceil-pads", "conv-1d-implicit", "conv-1d-depthwise-causal",
+    "conv-1d-strided-dilated-asymmetric-pads", "conv-3d-strides-dilations-asymmetric-pads", "conv-3d-groups2",
+    "maxpool-1d-pads-s2", "averagepool-1d-include-pad", "maxpool-3d-pads-dilations", "averagepool-3d-ceil-pads-include",
+    "fused-conv3d-residual-in-place", "fused-conv3d-clip",
 ]
 
 
@@ -759,6 +853,19 @@ HOSTILE = [
                  "must be positive|shape", id="lppool-stride0"),
     pytest.param(hostile_op_model("LpPool", {"kernel_shape": [2]}), "must cover the 2 spatial axes|shape",
                  id="lppool-kernel-rank"),
+    pytest.param(hostile_op_model("MaxPool", {"kernel_shape": [2**40, 1, 1], "pads": [2**39, 0, 0, 2**39, 0, 0]},
+                                  x=(1, 2, 4, 4, 4)), "its kernel would run .* loop steps, over farm's limit",
+                 id="maxpool-3d-window-huge"),
+    pytest.param(hostile_op_model("Conv", {"kernel_shape": [2**40, 1, 1]}, {"w": np.ones((2, 2, 1, 1, 1), np.float32)},
+                                  x=(1, 2, 4, 4, 4)), "empty dim|differs from the weight's", id="conv-3d-kernel-huge"),
+    pytest.param(hostile_op_model("Conv", {"kernel_shape": [1, 1]}, {"w": np.ones((2, 2, 3, 3), np.float32)}),
+                 "kernel_shape \\[1, 1\\] differs from the weight's \\[3, 3\\]", id="conv-kernel-shape-not-the-weights"),
+    pytest.param(hostile_op_model("Conv", {}, {"w": np.ones((2, 2, 3, 3), np.float32)}, x=(1, 2, 4, 4, 4)),
+                 "the weight must be a tensor \\[M, C/group, k...\\] of the input's rank|shape", id="conv-weight-rank"),
+    pytest.param(hostile_op_model("Conv", {}, {"w": np.ones((2, 2, 1, 1, 1, 1), np.float32)}, x=(1, 2, 3, 3, 3, 3)),
+                 "only 1-D, 2-D and 3-D spatial inputs", id="conv-4d-spatial"),
+    pytest.param(hostile_op_model("MaxPool", {"kernel_shape": [2, 2, 2]}, x=(1, 2, 4, 4)),
+                 "must cover the 2 spatial axes|shape", id="maxpool-kernel-rank"),
     pytest.param(hostile_op_model("Conv", {"kernel_shape": [2**40, 2**40]}, {"w": np.ones((2, 2, 1, 1), np.float32)}),
                  "negative dim", id="conv-kernel-huge"),
     pytest.param(hostile_op_model("Conv", {"pads": [2**40] * 4}, {"w": np.ones((2, 2, 1, 1), np.float32)}),
@@ -800,3 +907,24 @@ def test_gemm_and_matmul_check_their_operands_whatever_inference_found():
     with pytest.raises(UnsupportedError, match="the inner dims differ"):
         nn._matmul_attrs(context("MatMul", (2, 1, 4096), (32, 10), (2, 1, 10)))
     assert nn._matmul_attrs(context("MatMul", (2, 3, 32), (32,), (2, 3))) == {}
+
+
+def test_conv_and_pool_windows_are_checked_whatever_inference_found():
+    """The weight's rank, kernel_shape against the weight, and the window's attributes against the spatial rank:
+    the kernels index by them, so a mismatch would read the wrong weights or past a buffer."""
+    from farm.errors import UnsupportedError
+    from farm.ir.graph import Node, TensorInfo
+    from farm.ops.registry import NodeContext
+
+    def context(op, x, attrs, weight=None):
+        inputs = [TensorInfo(x)] + ([TensorInfo(weight)] if weight else [])
+        return NodeContext(Node("victim", op, ["x", "w"][:len(inputs)], ["y"], attrs), inputs, [TensorInfo(x)], {}, 17)
+
+    with pytest.raises(UnsupportedError, match="of the input's rank"):
+        nn._conv_attrs(context("Conv", (1, 2, 4, 4, 4), {}, (3, 2, 2, 2)))
+    with pytest.raises(UnsupportedError, match="differs from the weight's"):
+        nn._conv_attrs(context("Conv", (1, 2, 9), {"kernel_shape": [2]}, (3, 2, 3)))
+    with pytest.raises(UnsupportedError, match="must cover the 3 spatial axes"):
+        nn._pool_attrs(context("MaxPool", (1, 2, 4, 4, 4), {"kernel_shape": [2, 2]}))
+    with pytest.raises(UnsupportedError, match="must cover the 1 spatial axes"):
+        nn._pool_attrs(context("AveragePool", (1, 2, 9), {"kernel_shape": [2], "pads": [1, 1, 1, 1]}))

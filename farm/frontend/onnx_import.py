@@ -88,12 +88,15 @@ def _correct_ceil_mode_pools(graph: Graph) -> None:
         if node.op_type not in ("MaxPool", "AveragePool") or not node.attrs.get("ceil_mode"):
             continue
         x, y = graph.values.get(node.inputs[0]), graph.values.get(node.outputs[0])
-        if x is None or y is None or len(x.shape) != 4 or node.attrs.get("auto_pad", "NOTSET") != "NOTSET":
+        if x is None or y is None or len(x.shape) < 3 or node.attrs.get("auto_pad", "NOTSET") != "NOTSET":
             continue
-        kernel, pads = node.attrs["kernel_shape"], node.attrs.get("pads", [0, 0, 0, 0])
-        strides, dilations = node.attrs.get("strides", [1, 1]), node.attrs.get("dilations", [1, 1])
-        spatial = tuple(_ceil_pool_extent(x.shape[2 + i], kernel[i], strides[i], dilations[i], pads[i], pads[2 + i])
-                        for i in range(2))
+        rank = len(x.shape) - 2
+        kernel, pads = node.attrs["kernel_shape"], node.attrs.get("pads", [0] * 2 * rank)
+        strides, dilations = node.attrs.get("strides", [1] * rank), node.attrs.get("dilations", [1] * rank)
+        if any(len(v) != rank for v in (kernel, strides, dilations)) or len(pads) != 2 * rank:
+            continue  # the op's normalisation refuses it
+        spatial = tuple(_ceil_pool_extent(x.shape[2 + i], kernel[i], strides[i], dilations[i], pads[i],
+                                          pads[rank + i]) for i in range(rank))
         if spatial != y.shape[2:]:
             graph.values[node.outputs[0]] = TensorInfo(y.shape[:2] + spatial, y.dtype)
             _forget_shapes_after(graph, node)

@@ -702,7 +702,7 @@ def _absorbs_residual(graph: Graph, conv: Node, value: str, residual: str, users
         return False
     weight = graph.values.get(conv.inputs[1]) if len(conv.inputs) > 1 else None
     group = int(conv.attrs.get("group", 1))
-    depthwise = weight is not None and len(weight.shape) == 4 and weight.shape[1] == 1 and weight.shape[0] == group
+    depthwise = weight is not None and len(weight.shape) >= 3 and weight.shape[1] == 1 and weight.shape[0] == group
     return info.dtype == "float32" and weight is not None and not depthwise
 
 

@@ -97,7 +97,9 @@ class Load(Expr):
 @dataclass(frozen=True, eq=False)
 class Binary(Expr):
     """add sub mul div mod max min and comparisons lt le gt ge eq ne (which give BOOL), and/or on BOOL; exact_div
-    (floats only: see `exact_div`)."""
+    (floats only: see `exact_div`); and the bit operations of I64 values (BITWISE): shl, shr (arithmetic: a narrow
+    buffer's value is sign- or zero-extended on load, so it shifts as its own dtype would), bitand, bitor, bitxor.
+    A shift's amount must lie in [0, 64): each renderer's shift is undefined (LLVM) or masked (OpenCL C) past it."""
 
     op: str
     lhs: Expr
@@ -130,6 +132,8 @@ class Cast(Expr):
 
 COMPARISONS = frozenset({"lt", "le", "gt", "ge", "eq", "ne"})
 LOGICAL = frozenset({"and", "or"})
+BITWISE = frozenset({"shl", "shr", "bitand", "bitor", "bitxor"})
+"""The bit operations, on I64 values only (see Binary)."""
 
 
 def const(value: Number, dtype: str | None = None) -> Const:
@@ -148,6 +152,8 @@ def binary(op: str, lhs: ExprLike, rhs: ExprLike) -> Expr:
     """Build a Binary, folding int constants so that index expressions stay small."""
     like = lhs.dtype if isinstance(lhs, Expr) else rhs.dtype if isinstance(rhs, Expr) else F32
     a, b = wrap(lhs, like), wrap(rhs, like)
+    if op in BITWISE and (a.dtype, b.dtype) != (I64, I64):
+        raise ValueError(f"{op} takes I64 operands, not {a.dtype} and {b.dtype}")
     folded = _fold_int(op, a, b)
     if folded is not None:
         return folded

@@ -1,5 +1,5 @@
-"""Elementwise ops: activations and math functions, numpy-broadcasting arithmetic, comparisons, logic, Where and
-Cast.
+"""Elementwise ops: activations and math functions, numpy-broadcasting arithmetic, comparisons, logic, bit
+operations, Where and Cast.
 
 Every op here is one table entry (`Elementwise`): its value at one output element, given one element of each input
 (broadcast numpy-style to the output shape), plus the dtypes its inputs may have and its attributes. One lowering
@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any
+
+import numpy as np
 
 from farm.ir import loopir as L
 from farm.ir.graph import Activation
@@ -221,6 +223,29 @@ def _mod(s: M.Scope, xs: list[L.Expr], a: dict[str, Any]) -> L.Expr:
         return r
     differ = L.compare("ne", L.compare("lt", r, 0), L.compare("lt", y, 0))
     return L.select(L.logical_and(M.logical_not(L.compare("eq", r, 0)), differ), r + y, r)
+
+
+# ------------------------------------------------------------------------------------------ bit operations
+
+
+def _bit_shift(s: M.Scope, xs: list[L.Expr], a: dict[str, Any]) -> L.Expr:
+    """x shifted by y bits, as ONNX's BitShift-28 says for every integer dtype: a shift outside [0, bits) leaves
+    only the sign fill (0, or -1 for a right shift of a negative x), as numpy and onnxruntime give for the unsigned
+    dtypes too. Values are int64, sign- or zero-extended from their dtype, so an arithmetic right shift is the
+    dtype's own (logical for the unsigned ones), and the store keeps a left shift's low bits."""
+    x, y = s.bind(xs[0]), s.bind(xs[1])
+    in_range = s.bind(L.logical_and(L.compare("ge", y, 0), L.compare("lt", y, a["bits"])))
+    if a["direction"] == "LEFT":
+        return L.select(in_range, L.binary("shl", x, L.select(in_range, y, 0)), 0)
+    return L.binary("shr", x, L.select(in_range, y, 63))
+
+
+def _shift_attrs(ctx: NodeContext) -> dict[str, Any]:
+    """BitShift's direction, and the bit width of its dtype (the shifts it allows)."""
+    direction = ctx.node.attrs.get("direction")
+    if direction not in ("LEFT", "RIGHT"):
+        raise ctx.unsupported(f"BitShift direction={direction!r} (supported: 'LEFT', 'RIGHT')")
+    return {"direction": direction, "bits": np.dtype(ctx.inputs[0].dtype).itemsize * 8}
 
 
 # --------------------------------------------------------------------------------------------------- powers
@@ -433,6 +458,12 @@ ELEMENTWISE: dict[str, Elementwise] = {
     "Or": Elementwise(_fold(_binary("or")), (BOOL,)),
     "Xor": Elementwise(_fold(_binary("ne")), (BOOL,)),
     "Where": Elementwise(lambda s, xs, a: L.select(*xs), (BOOL, ANY)),
+    # bit operations (integers; the store keeps the dtype's low bits)
+    "BitShift": Elementwise(_bit_shift, (INT,), attributes=_shift_attrs),
+    "BitwiseAnd": Elementwise(_fold(_binary("bitand")), (INT,)),
+    "BitwiseOr": Elementwise(_fold(_binary("bitor")), (INT,)),
+    "BitwiseXor": Elementwise(_fold(_binary("bitxor")), (INT,)),
+    "BitwiseNot": Elementwise(_unary(lambda s, x, a: L.binary("bitxor", x, -1)), (INT,)),
     # casts
     "Cast": Elementwise(_cast, (ANY,), attributes=_cast_target),
     "CastLike": Elementwise(_cast, (ANY,), attributes=_cast_target, data_inputs=(0,)),

@@ -43,21 +43,51 @@ DEPTHWISE_CHANNEL_BLOCK = 8
 filling a fresh one (MobileNetV2's 112x112 stride-2 depthwise conv wrote 5 MB of scratch beside its 4.8 MB input)."""
 
 
+SPATIAL_RANKS = (1, 2, 3)
+"""The spatial ranks of the inputs a Conv or a pool takes: 1-D runs as 2-D (_as_plane), 3-D as a loop nest."""
+
+
 def _spatial_attrs(ctx: NodeContext, kernel_shape: list[int]) -> dict[str, Any]:
-    """kernel_shape, strides, dilations and explicit [top, left, bottom, right] pads, with auto_pad resolved."""
+    """kernel_shape, strides, dilations and explicit pads (all begins, then all ends: [top, left, bottom, right] in
+    2-D), with auto_pad resolved. A 1-D window comes out as a 2-D one of height 1 (_as_plane)."""
     x = ctx.inputs[0]
-    if x is None or len(x.shape) != 4:
-        raise ctx.unsupported("only 2-D spatial inputs (NCHW) are supported")
-    attrs = ctx.node.attrs
-    strides = list(attrs.get("strides", [1, 1]))
-    dilations = list(attrs.get("dilations", [1, 1]))
-    pads = list(attrs.get("pads", [0, 0, 0, 0]))
+    rank = 0 if x is None else len(x.shape) - 2
+    if rank not in SPATIAL_RANKS:
+        raise ctx.unsupported("only 1-D, 2-D and 3-D spatial inputs (N, C, D...) are supported")
+    attrs, ones = ctx.node.attrs, [1] * rank
+    strides = list(attrs.get("strides", ones))
+    dilations = list(attrs.get("dilations", ones))
+    pads = list(attrs.get("pads", [0] * 2 * rank))
+    if any(len(v) != rank for v in (kernel_shape, strides, dilations)) or len(pads) != 2 * rank:
+        raise ctx.unsupported(f"kernel_shape, strides, dilations and pads must cover the {rank} spatial axes")
     auto_pad = attrs.get("auto_pad", "NOTSET")
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         pads = _same_pads(x.shape[2:], kernel_shape, strides, dilations, upper=auto_pad == "SAME_UPPER")
     elif auto_pad == "VALID":
-        pads = [0, 0, 0, 0]
-    return {"kernel_shape": list(kernel_shape), "strides": strides, "dilations": dilations, "pads": pads}
+        pads = [0] * 2 * rank
+    window = {"kernel_shape": list(kernel_shape), "strides": strides, "dilations": dilations, "pads": pads}
+    return _as_plane(window) if rank == 1 else window
+
+
+def _as_plane(window: dict[str, list[int]]) -> dict[str, list[int]]:
+    """A 1-D window as a 2-D one of height 1: an (N, C, W) tensor lies in memory as (N, C, 1, W) (and a 1-D conv's
+    weight (M, C, k) as (M, C, 1, k)), so the 2-D kernels, their fast paths included, run it unchanged."""
+    begin, end = window["pads"]
+    return {"kernel_shape": [1, *window["kernel_shape"]], "strides": [1, *window["strides"]],
+            "dilations": [1, *window["dilations"]], "pads": [0, begin, 0, end]}
+
+
+def _nchw(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """An (N, C, H, W) tensor's shape, or an (N, C, W) one's as (N, C, 1, W): the planes a 1-D window (_as_plane)
+    slides over."""
+    n, c, *plane = shape
+    h, w = (1, *plane) if len(plane) == 1 else plane
+    return n, c, h, w
+
+
+def _spatial_rank(spec: KernelSpec) -> int:
+    """The spatial axes a conv or pool kernel slides its window over: 2 (planes, 1-D ones included) or 3."""
+    return len(spec.attrs["kernel_shape"])
 
 
 def _same_pads(spatial, kernel, strides, dilations, *, upper: bool) -> list[int]:
@@ -71,9 +101,13 @@ def _same_pads(spatial, kernel, strides, dilations, *, upper: bool) -> list[int]
 
 
 def _conv_attrs(ctx: NodeContext) -> dict[str, Any]:
+    group = _checked_group(ctx)
     weight = ctx.inputs[1]
-    attrs = _spatial_attrs(ctx, list(ctx.node.attrs.get("kernel_shape", weight.shape[2:])))
-    attrs["group"] = _checked_group(ctx)
+    kernel = [int(k) for k in ctx.node.attrs.get("kernel_shape", weight.shape[2:])]
+    if tuple(kernel) != tuple(weight.shape[2:]):
+        raise ctx.unsupported(f"kernel_shape {kernel} differs from the weight's {list(weight.shape[2:])}")
+    attrs = _spatial_attrs(ctx, kernel)
+    attrs["group"] = group
     attrs["constant_weight"] = ctx.node.inputs[1] in ctx.constants  # then the build may pre-pack it
     if ctx.node.residual:
         attrs["residual"] = True
@@ -87,8 +121,8 @@ def _checked_group(ctx: NodeContext) -> int:
     x, weight = ctx.inputs[0], ctx.inputs[1]
     if group < 1:
         raise ctx.unsupported(f"attribute 'group' is {group}; it must be at least 1")
-    if weight is None or len(weight.shape) != 4:
-        raise ctx.unsupported("the weight must be a 4-D tensor [M, C/group, kH, kW]")
+    if x is None or weight is None or len(weight.shape) != len(x.shape):
+        raise ctx.unsupported("the weight must be a tensor [M, C/group, k...] of the input's rank")
     if x.shape[1] != weight.shape[1] * group or weight.shape[0] % group:
         raise ctx.unsupported(
             f"input {ctx.node.inputs[0]!r} has {x.shape[1]} channels but weight {ctx.node.inputs[1]!r} of shape "
@@ -127,8 +161,8 @@ class Window:
 def _window(spec: KernelSpec) -> Window:
     """The window of a conv or pool kernel, from its shapes and normalised attributes (see _spatial_attrs)."""
     a = spec.attrs
-    *_, h, w = shape_of(spec)
-    *_, ho, wo = out_shape(spec)
+    *_, h, w = _nchw(shape_of(spec))
+    *_, ho, wo = _nchw(out_shape(spec))
     kh, kw = a["kernel_shape"]
     return Window(height=h, width=w, out_height=ho, out_width=wo, kernel_height=kh, kernel_width=kw,
                   stride_height=a["strides"][0], stride_width=a["strides"][1], dilation_height=a["dilations"][0],
@@ -203,11 +237,11 @@ def _is_pointwise(geo: ConvGeometry) -> bool:
     return window == (1, 1, 1, 1, 0, 0)
 
 
-def _is_depthwise(geo: ConvGeometry) -> bool:
+def _is_depthwise(geo: GroupedChannels) -> bool:
     return geo.in_channels_per_group == 1 and geo.out_channels_per_group == 1
 
 
-def _conv_scratch(spec: KernelSpec) -> int:
+def _conv_plane_scratch(spec: KernelSpec) -> int:
     geo = _conv_geometry(spec)
     if _is_depthwise(geo):
         return geo.batch * (geo.out_channels // _channel_block(spec, geo.out_channels)) * _phased_plane_floats(geo)
@@ -403,8 +437,8 @@ def _phased_tap(geo: Window, plane: L.Expr, oh: L.Var, ow: L.Var, r: L.Var, s: i
     return L.Load("scratch", row + (column % phases) * length + ow + column // phases)
 
 
-def _lower_conv(spec: KernelSpec) -> list[L.Stmt]:
-    """Conv as im2col + GEMM per (batch, group): out[m, p] = W[m, k] @ col[k, p] (or its transpose, see
+def _lower_conv_planes(spec: KernelSpec) -> list[L.Stmt]:
+    """A 2-D (or 1-D: _as_plane) Conv as im2col + GEMM per (batch, group): out[m, p] = W[m, k] @ col[k, p] (or its transpose, see
     _pixels_as_rows; or band by band, see _column_bands), bias, residual and activation applied as the GEMM stores
     its tiles."""
     names, geo = L.Names(), _conv_geometry(spec)
@@ -549,7 +583,7 @@ def _conv_residual(spec: KernelSpec) -> str | None:
     residual = spec.attrs.get("residual")
     if residual is None or residual is False:
         return None
-    if residual not in (True, RESIDUAL_IN_PLACE) or _is_depthwise(_conv_geometry(spec)):
+    if residual not in (True, RESIDUAL_IN_PLACE) or _is_depthwise(_channels(spec)):
         raise BuildError(f"Conv with a residual: the attribute is true or {RESIDUAL_IN_PLACE!r} (got {residual!r}), "
                          f"and the conv not depthwise")
     if residual == RESIDUAL_IN_PLACE:
@@ -597,6 +631,82 @@ def _pixels_by_channels(spec: KernelSpec, geo: ConvGeometry, g: L.Var, columns: 
 
 CONV_GEMMS = {False: _channels_by_pixels, True: _pixels_by_channels}
 """The conv's GEMM by _pixels_as_rows."""
+
+
+def _lower_conv_volumes(spec: KernelSpec) -> list[L.Stmt]:
+    """A 3-D Conv as a plain loop nest, a first correct version (no im2col, no GEMM): a work-item per output element
+    sums its window over its group's input channels (taps in the padding read as 0), then adds the bias and the
+    residual (read at the element it writes, so it may be the output itself) and applies the activation."""
+    names, a, channels = L.Names(), spec.attrs, _channels(spec)
+    _, _, *sizes = shape_of(spec)
+    kernel, shape = tuple(a["kernel_shape"]), out_shape(spec)
+    residual = _conv_residual(spec)
+    has_bias = len(spec.inputs) > 2 + (a.get("residual") is True)
+    acc, c = names.local(), names.var("c")
+
+    def element(v: list[L.Var]) -> list[L.Stmt]:
+        n, m, outs = v[0], v[1], v[2:]
+        first = (m // channels.out_channels_per_group) * channels.in_channels_per_group
+        plane = (n * channels.in_channels + first + c) * prod(sizes)
+        weights = (m * channels.in_channels_per_group + c) * prod(kernel)
+
+        def tap(taps: list[L.Var]) -> list[L.Stmt]:
+            inside, at = _window_tap(a, sizes, outs, taps)
+            x = L.select(inside, L.Load("in0", plane + at), 0.0)
+            return [L.Assign(acc, acc + x * L.Load("in1", weights + L.flat_index(kernel, taps)))]
+
+        window, _ = L.loop_nest(names, kernel, tap)
+        value: L.Expr = acc + L.Load("in2", m) if has_bias else acc
+        value = value if residual is None else value + L.Load(residual, L.flat_index(shape, v))
+        return [L.Assign(acc, L.const(0.0)), L.Loop(c, channels.in_channels_per_group, window),
+                L.Store("out0", L.flat_index(shape, v), activate(value, spec.activation))]
+
+    body, _ = L.loop_nest(names, shape, element, parallel=True)
+    return body
+
+
+def _window_tap(a: dict[str, Any], sizes: list[int], outs: list[L.Var], taps: list[L.Var]) -> tuple[L.Expr, L.Expr]:
+    """(whether window tap `taps` of output `outs` lies inside the input of `sizes`, and its flat index there,
+    clamped inside) for a window of any rank: kernel_shape, strides, dilations and begin pads in `a`."""
+    coords = _tap_coordinates(a, outs, taps)
+    clamped = [L.minimum(L.maximum(i, 0), size - 1) for i, size in zip(coords, sizes)]
+    return _within(coords, [0] * len(sizes), sizes), L.flat_index(tuple(sizes), clamped)
+
+
+def _tap_coordinates(a: dict[str, Any], outs: list[L.Var], taps: list[L.Var]) -> list[L.Expr]:
+    """The input coordinates of window tap `taps` of output `outs`, the begin pads not yet added back."""
+    return [o * s - pad + k * d for o, k, s, d, pad in zip(outs, taps, a["strides"], a["dilations"], a["pads"])]
+
+
+def _within(coords: list[L.Expr], lows: list[int], highs: list[int]) -> L.Expr:
+    """Whether lows[i] <= coords[i] < highs[i] on every axis."""
+    return L.logical_and(*(L.logical_and(L.compare("ge", i, low), L.compare("lt", i, high))
+                           for i, low, high in zip(coords, lows, highs)))
+
+
+@dataclass(frozen=True)
+class WindowLowering:
+    """How a Conv or a pool lowers for one spatial rank (_spatial_rank): its kernel and the scratch floats it uses."""
+
+    lower: Callable[[KernelSpec], list[L.Stmt]]
+    scratch: Callable[[KernelSpec], int]
+
+
+def _no_scratch(spec: KernelSpec) -> int:
+    return 0
+
+
+CONV_LOWERINGS = {2: WindowLowering(_lower_conv_planes, _conv_plane_scratch),
+                  3: WindowLowering(_lower_conv_volumes, _no_scratch)}
+"""Conv by spatial rank: planes (1-D ones as planes of height 1) through the GEMM paths, volumes as a loop nest."""
+
+
+def _lower_conv(spec: KernelSpec) -> list[L.Stmt]:
+    return CONV_LOWERINGS[_spatial_rank(spec)].lower(spec)
+
+
+def _conv_scratch(spec: KernelSpec) -> int:
+    return CONV_LOWERINGS[_spatial_rank(spec)].scratch(spec)
 
 
 register("Conv", normalize=_conv_attrs, scratch_floats=_conv_scratch)(_lower_conv)
@@ -884,14 +994,14 @@ def _pool_attrs(ctx: NodeContext) -> dict[str, Any]:
     return attrs
 
 
-def _lower_pool(spec: KernelSpec) -> list[L.Stmt]:
-    """Max or average over each window; the average divides by the window's count under count_include_pad. A
-    MaxPool on a CPU reads padded planes instead (_max_pool_planes)."""
+def _lower_pool_planes(spec: KernelSpec) -> list[L.Stmt]:
+    """Max or average over each window of a plane (or a 1-D input's row: _as_plane); the average divides by the
+    window's count under count_include_pad. A MaxPool on a CPU reads padded planes instead (_max_pool_planes)."""
     if _pools_planes(spec):
         return _max_pool_planes(spec)
     names, a = L.Names(), spec.attrs
-    n, c, h, w = shape_of(spec)
-    _, _, ho, wo = out_shape(spec)
+    n, c, h, w = _nchw(shape_of(spec))
+    _, _, ho, wo = _nchw(out_shape(spec))
     geo = _window(spec)
     plane, y, x, r, s = names.var("p"), names.var("y"), names.var("x"), names.var("r"), names.var("s")
     acc, count = names.local(), names.local("cnt")
@@ -914,12 +1024,12 @@ def _pools_planes(spec: KernelSpec) -> bool:
     return spec.op == "MaxPool" and spec.for_cpu
 
 
-def _pool_scratch(spec: KernelSpec) -> int:
+def _pool_plane_scratch(spec: KernelSpec) -> int:
     """A MaxPool's padded planes on a CPU (_max_pool_planes): one per block of channels. Sized so for any spec (the
     memory plan reads the unspecialised one); the other renderers' MaxPool reads no scratch."""
     if spec.op != "MaxPool":
         return 0
-    n, c, _, _ = shape_of(spec)
+    n, c, *_ = shape_of(spec)
     return n * c // _cpu_channel_block(n * c) * _phased_plane_floats(_window(spec))
 
 
@@ -929,7 +1039,7 @@ def _max_pool_planes(spec: KernelSpec) -> list[L.Stmt]:
     read at unit stride (vectorised). Guarding every tap and reading stride-2 taps two floats apart ran ResNet-50's
     3x3 stride-2 MaxPool in 0.29 ms, against onnxruntime's 0.16."""
     names, geo = L.Names(), _window(spec)
-    n, c, h, w = shape_of(spec)
+    n, c, h, w = _nchw(shape_of(spec))
     size = _cpu_channel_block(n * c)
     block, index = names.var("cb"), names.var("c")
     channel = block * size + index
@@ -951,6 +1061,57 @@ def _counted(geo: Window, attrs: dict, y: L.Var, x: L.Var, r: L.Var, s: L.Var) -
     pads = attrs["pads"] if attrs["count_include_pad"] else [0, 0, 0, 0]
     return L.logical_and(L.compare("ge", ih, -pads[0]), L.compare("lt", ih, geo.height + pads[2]),
                          L.compare("ge", iw, -pads[1]), L.compare("lt", iw, geo.width + pads[3]))
+
+
+def _lower_pool_volumes(spec: KernelSpec) -> list[L.Stmt]:
+    """MaxPool or AveragePool over 3 spatial axes as a plain loop nest, a first correct version: a work-item per
+    output element, its window in a serial loop nest. Taps in the padding are -inf for the max and add nothing to
+    the average, whose count includes them under count_include_pad (up to the end pads: a ceil_mode window past
+    them counts only what lies inside them, as in 2-D)."""
+    names, a = L.Names(), spec.attrs
+    n, c, *sizes = shape_of(spec)
+    shape = (n * c, *out_shape(spec)[2:])
+    acc, count = names.local(), names.local("cnt")
+    is_max = spec.op == "MaxPool"
+
+    def element(v: list[L.Var]) -> list[L.Stmt]:
+        def tap(taps: list[L.Var]) -> list[L.Stmt]:
+            inside, at = _window_tap(a, sizes, v[1:], taps)
+            value = L.select(inside, L.Load("in0", v[0] * prod(sizes) + at), -math.inf if is_max else 0.0)
+            if is_max:
+                return [L.Assign(acc, L.maximum(acc, value))]
+            counted = L.select(_counted_tap(a, sizes, v[1:], taps), 1.0, 0.0)
+            return [L.Assign(acc, acc + value), L.Assign(count, count + counted)]
+
+        window, _ = L.loop_nest(names, tuple(a["kernel_shape"]), tap)
+        result = acc if is_max else acc / count
+        return [L.Assign(acc, L.const(-math.inf if is_max else 0.0)), L.Assign(count, L.const(0.0)), *window,
+                L.Store("out0", L.flat_index(shape, v), activate(result, spec.activation))]
+
+    body, _ = L.loop_nest(names, shape, element, parallel=True)
+    return body
+
+
+def _counted_tap(a: dict[str, Any], sizes: list[int], outs: list[L.Var], taps: list[L.Var]) -> L.Expr:
+    """Whether a tap counts towards the average (any rank): inside the input, or inside the pads under
+    count_include_pad."""
+    rank = len(sizes)
+    pads = a["pads"] if a["count_include_pad"] else [0] * 2 * rank
+    highs = [size + end for size, end in zip(sizes, pads[rank:])]
+    return _within(_tap_coordinates(a, outs, taps), [-begin for begin in pads[:rank]], highs)
+
+
+POOL_LOWERINGS = {2: WindowLowering(_lower_pool_planes, _pool_plane_scratch),
+                  3: WindowLowering(_lower_pool_volumes, _no_scratch)}
+"""MaxPool and AveragePool by spatial rank: planes (1-D ones as planes of height 1), volumes as a loop nest."""
+
+
+def _lower_pool(spec: KernelSpec) -> list[L.Stmt]:
+    return POOL_LOWERINGS[_spatial_rank(spec)].lower(spec)
+
+
+def _pool_scratch(spec: KernelSpec) -> int:
+    return POOL_LOWERINGS[_spatial_rank(spec)].scratch(spec)
 
 
 register("MaxPool", "AveragePool", normalize=_pool_attrs, data_inputs=(0,), scratch_floats=_pool_scratch)(_lower_pool)
@@ -986,12 +1147,9 @@ def _lp_tap(names: L.Names, a: dict[str, Any], spatial: tuple[int, ...], plane: 
             taps: list[L.Var]) -> tuple[list[L.Stmt], L.Expr]:
     """(statements, |x|^p) of one window tap, 0 where the tap lies in the padding (or past the input, under
     ceil_mode)."""
-    coords = [o * s - pad + k * d for o, k, s, d, pad in zip(out_vars, taps, a["strides"], a["dilations"], a["pads"])]
-    inside = L.logical_and(*(L.logical_and(L.compare("ge", i, 0), L.compare("lt", i, size))
-                             for i, size in zip(coords, spatial)))
-    clamped = [L.minimum(L.maximum(i, 0), size - 1) for i, size in zip(coords, spatial)]
+    inside, at = _window_tap(a, list(spatial), out_vars, taps)
     scope = M.Scope(names)
-    x = absolute(L.Load("in0", plane * prod(spatial) + L.flat_index(spatial, clamped)))
+    x = absolute(L.Load("in0", plane * prod(spatial) + at))
     return scope.stmts, L.select(inside, M.integer_power(scope, x, a["p"]), 0.0)
 
 

@@ -318,6 +318,13 @@ INT_BINARY = {
     "min": lambda b, x, y: b.select(b.icmp_signed("<", x, y), x, y),
     "and": lambda b, x, y: b.and_(x, y),
     "or": lambda b, x, y: b.or_(x, y),
+    # Bit operations on i64 (loopir.BITWISE): shl without nsw/nuw, so that bits leaving the top wrap as ONNX's
+    # BitShift says; shr arithmetic, which is logical for a zero-extended unsigned value.
+    "shl": lambda b, x, y: b.shl(x, y),
+    "shr": lambda b, x, y: b.ashr(x, y),
+    "bitand": lambda b, x, y: b.and_(x, y),
+    "bitor": lambda b, x, y: b.or_(x, y),
+    "bitxor": lambda b, x, y: b.xor(x, y),
     **{name: _icmp(sym) for name, sym in
        {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}.items()},
 }

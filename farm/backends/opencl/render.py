@@ -30,7 +30,8 @@ the device."""
 _HALF_BUFFERS: ContextVar[frozenset[str]] = ContextVar("half_buffers", default=frozenset())
 """The buffers of the kernel being rendered that hold half (float16) elements."""
 FLOAT_OPS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
-INT_OPS = {**FLOAT_OPS, "mod": "%"}
+INT_OPS = {**FLOAT_OPS, "mod": "%", "shr": ">>", "bitand": "&", "bitor": "|", "bitxor": "^"}
+"""On long values; OpenCL C defines >> of a negative value as arithmetic (the sign fills the vacated bits)."""
 COMPARE_OPS = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "and": "&&", "or": "||"}
 
 
@@ -310,14 +311,21 @@ def _load(ld: L.Load) -> str:
     return f"({element} != 0)" if ld.dtype == L.BOOL else element
 
 
+SPELLED_BINARY: dict[str, Callable[[str, str], str]] = {
+    "max": lambda x, y: f"(({x}) < ({y}) ? ({y}) : ({x}))",
+    "min": lambda x, y: f"(({x}) > ({y}) ? ({y}) : ({x}))",
+    "shl": lambda x, y: f"((long)((ulong)({x}) << ({y})))",
+}
+"""Binary ops that are no single C operator: max and min as selects, and shl through ulong, so that bits leave
+the top of a negative value as they do in LLVM's shl (a left shift of a negative signed value is undefined in C)."""
+
+
 def _binary(b: L.Binary) -> str:
     lhs, rhs = expr(b.lhs), expr(b.rhs)
-    if b.op == "max":
-        return f"(({lhs}) < ({rhs}) ? ({rhs}) : ({lhs}))"
-    if b.op == "min":
-        return f"(({lhs}) > ({rhs}) ? ({rhs}) : ({lhs}))"
     if b.op == "exact_div":
         return _exact_div(b, lhs, rhs)
+    if b.op in SPELLED_BINARY:
+        return SPELLED_BINARY[b.op](lhs, rhs)
     symbol = COMPARE_OPS.get(b.op) or (FLOAT_OPS if b.lhs.dtype in L.FLOATS else INT_OPS)[b.op]
     return f"({lhs} {symbol} {rhs})"
 
