@@ -157,6 +157,25 @@ def test_bool_and_int32_buffers_load_and_store_as_numpy_lays_them_out(context):
         np.testing.assert_array_equal(got, want)
 
 
+def test_bfloat16_buffers_round_to_nearest_even_and_widen_exactly(context):
+    """As on the CPU: ushort buffers, bit manipulation through as_uint and as_float, a double rounded once."""
+    from test_llvm_render import assert_same_bits, bfloat16_arrays, bfloat16_kernel
+
+    arrays, expected = bfloat16_arrays(1001)
+    kernel = bfloat16_kernel(1001)
+    program = cl.Program(context, render_opencl("k", kernel)).build()
+    queue = cl.CommandQueue(context)
+    flags = cl.mem_flags
+    buffers = [cl.Buffer(context, flags.READ_WRITE | flags.COPY_HOST_PTR, hostbuf=array) for array in arrays]
+    for name, size in launches("k", kernel):
+        getattr(program, name)(queue, size, None, *buffers)
+    for array, buffer in zip(arrays, buffers):
+        cl.enqueue_copy(queue, array, buffer)
+    queue.finish()
+    for got, want in zip(arrays, expected):
+        assert_same_bits(got, want)
+
+
 def test_an_implicit_gemm_is_refused_rather_than_read_as_a_matrix():
     window = L.ImplicitColumns(4, 8, 1, 64, 3, 3, 8, 1)
     gemm = L.Gemm("a", L.const(0), 0, "b", L.const(0), 9, "c", L.const(0), 16, 16, 4, 9, a_window=window)
