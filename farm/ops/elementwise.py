@@ -338,6 +338,10 @@ def _gelu_attrs(ctx: NodeContext) -> dict[str, Any]:
     return {"approximate": approximate}
 
 
+_ROUNDED_TWICE = {"bfloat16": frozenset({"int32", "uint32", "int64"})}
+"""Source dtypes whose values float32 may round before a cast to the key rounds them again, landing on a tie."""
+
+
 def _cast_target(ctx: NodeContext) -> dict[str, Any]:
     """The output dtype: Cast's `to` or CastLike's second input (already in the output's info). `saturate` only
     matters for float8 types, which farm doesn't compute with."""
@@ -348,10 +352,6 @@ def _cast_target(ctx: NodeContext) -> dict[str, Any]:
         raise ctx.unsupported(f"cast from {source} to {to}: farm converts integers through float32, which would round "
                               "twice past 2^24 (one bfloat16 step off at some values)")
     return {"to": to}
-
-
-_ROUNDED_TWICE = {"bfloat16": frozenset({"int32", "uint32", "int64"})}
-"""Source dtypes whose values float32 may round before a cast to the key rounds them again, landing on a tie."""
 
 
 def _normalize(op: Elementwise) -> Callable[[NodeContext], dict[str, Any]]:
