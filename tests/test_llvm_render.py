@@ -6,6 +6,7 @@ import re
 import subprocess
 
 import llvmlite.binding as llvm
+import ml_dtypes
 import numpy as np
 import onnx
 import pytest
@@ -467,6 +468,55 @@ def test_bit_operations_on_int64_and_narrow_buffers(tmp_path):
     results = run_kernel(bit_operations_kernel(70), arrays, tmp_path)
     for got, want in zip(results, expected):
         np.testing.assert_array_equal(got, want)
+
+
+def bfloat16_kernel(n: int) -> L.LoopKernel:
+    """from32[i] = x32[i], from64[i] = x64[i] (both bfloat16 out: rounded), wide[i] = b[i] (bfloat16 in, float32
+    out), in a parallel loop (the vectoriser widens it)."""
+    i = L.Var("i")
+    params = [L.Param("from32", L.BF16, output=True), L.Param("from64", L.BF16, output=True),
+              L.Param("wide", L.F32, output=True), L.Param("x32", L.F32), L.Param("x64", L.F64), L.Param("b", L.BF16)]
+    body = [L.Store("from32", i, L.Load("x32", i, L.F32)), L.Store("from64", i, L.Load("x64", i, L.F64)),
+            L.Store("wide", i, L.Load("b", i, L.F32))]
+    return L.LoopKernel(params, [L.Loop(i, n, body, True)])
+
+
+def bfloat16_arrays(n: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(arrays to pass, expected outputs) for bfloat16_kernel, bfloat16 buffers as their uint16 bits (OpenCL's
+    buffers take only dtypes of Python's buffer protocol): random bit patterns (NaNs with payloads included), ties
+    to even both ways, the largest finite values and the overflow to infinity, subnormals, and doubles just off a
+    tie (which a rounding through float32's nearest would put on it); expected: ml_dtypes' conversions."""
+    rng = np.random.default_rng(4)
+    special = np.asarray([0x3F808000, 0x3F818000, 0xBF808000, 0x7F7F7FFF, 0x7F7F8000, 0x7F7FFFFF, 0x00008000,
+                          0x00018000, 0x80008001, 0x00000001, 0x7F800000, 0xFF800000, 0x7F800001, 0xFFC12345, 0, 1 << 31],
+                         np.uint32)
+    x32 = np.resize(np.concatenate([special, rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)]), n)
+    x32 = x32.view(np.float32)
+    ties = (1.0 + np.arange(1, 64) * 2.0**-8) * 2.0 ** rng.integers(-133, 127, 63)
+    wide = np.concatenate([ties + ties * 2.0**-40, ties - ties * 2.0**-40, ties, [1e300, -1e-300, np.nan, -np.inf]])
+    x64 = np.resize(np.concatenate([wide, rng.standard_normal(n) * 10.0 ** rng.integers(-40, 39, n)]), n)
+    b = rng.integers(0, 2**16, n, dtype=np.uint16)
+    outputs = [np.zeros(n, np.uint16), np.zeros(n, np.uint16), np.zeros(n, np.float32)]
+    bfloat16 = ml_dtypes.bfloat16
+    with np.errstate(invalid="ignore", over="ignore"):
+        expected = [x32.astype(bfloat16).view(np.uint16), x64.astype(bfloat16).view(np.uint16),
+                    b.view(bfloat16).astype(np.float32)]
+    return outputs + [x32, x64, b], expected
+
+
+def assert_same_bits(got: np.ndarray, want: np.ndarray) -> None:
+    """Equal bit for bit (NaNs included), the first differences shown in hex."""
+    bits = {2: np.uint16, 4: np.uint32}[want.itemsize]
+    got, want = got.view(bits), want.view(bits)
+    wrong = np.flatnonzero(got != want)
+    assert wrong.size == 0, [(int(i), hex(got[i]), hex(want[i])) for i in wrong[:5]]
+
+
+def test_bfloat16_buffers_round_to_nearest_even_and_widen_exactly(tmp_path):
+    arrays, expected = bfloat16_arrays(1001)
+    results = run_kernel(bfloat16_kernel(1001), arrays, tmp_path)
+    for got, want in zip(results, expected):
+        assert_same_bits(got, want)
 
 
 # -- launches: the kind loopir gives each launch, as both renderers and launch_info see it -------------------------------

@@ -165,11 +165,8 @@ def test_float_constants_are_exact_and_special_values_spelled_out():
     assert expr(L.const(7)) == "7L"
 
 
-def test_bool_and_int32_buffers_load_and_store_as_numpy_lays_them_out(context):
-    from test_llvm_render import mask_and_narrow_arrays, mask_and_narrow_kernel
-
-    arrays, expected = mask_and_narrow_arrays(37)
-    kernel = mask_and_narrow_kernel(37)
+def run_on_device(context, kernel: L.LoopKernel, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """Render `kernel`, run its launches in order on `context`'s device over copies of `arrays`, read them back."""
     program = cl.Program(context, render_opencl("k", kernel)).build()
     queue = cl.CommandQueue(context)
     flags = cl.mem_flags
@@ -179,7 +176,14 @@ def test_bool_and_int32_buffers_load_and_store_as_numpy_lays_them_out(context):
     for array, buffer in zip(arrays, buffers):
         cl.enqueue_copy(queue, array, buffer)
     queue.finish()
-    for got, want in zip(arrays, expected):
+    return arrays
+
+
+def test_bool_and_int32_buffers_load_and_store_as_numpy_lays_them_out(context):
+    from test_llvm_render import mask_and_narrow_arrays, mask_and_narrow_kernel
+
+    arrays, expected = mask_and_narrow_arrays(37)
+    for got, want in zip(run_on_device(context, mask_and_narrow_kernel(37), arrays), expected):
         np.testing.assert_array_equal(got, want)
 
 
@@ -189,18 +193,17 @@ def test_bit_operations_on_int64_and_narrow_buffers(context):
     from test_llvm_render import bit_operations_arrays, bit_operations_kernel
 
     arrays, expected = bit_operations_arrays(70)
-    kernel = bit_operations_kernel(70)
-    program = cl.Program(context, render_opencl("k", kernel)).build()
-    queue = cl.CommandQueue(context)
-    flags = cl.mem_flags
-    buffers = [cl.Buffer(context, flags.READ_WRITE | flags.COPY_HOST_PTR, hostbuf=array) for array in arrays]
-    for name, size in launches("k", kernel):
-        getattr(program, name)(queue, size, None, *buffers)
-    for array, buffer in zip(arrays, buffers):
-        cl.enqueue_copy(queue, array, buffer)
-    queue.finish()
-    for got, want in zip(arrays, expected):
+    for got, want in zip(run_on_device(context, bit_operations_kernel(70), arrays), expected):
         np.testing.assert_array_equal(got, want)
+
+
+def test_bfloat16_buffers_round_to_nearest_even_and_widen_exactly(context):
+    """As on the CPU: ushort buffers, bit manipulation through as_uint and as_float, a double rounded once."""
+    from test_llvm_render import assert_same_bits, bfloat16_arrays, bfloat16_kernel
+
+    arrays, expected = bfloat16_arrays(1001)
+    for got, want in zip(run_on_device(context, bfloat16_kernel(1001), arrays), expected):
+        assert_same_bits(got, want)
 
 
 def test_an_implicit_gemm_is_refused_rather_than_read_as_a_matrix():

@@ -1,13 +1,14 @@
 """farm.ops.elementwise against onnxruntime, one op per model: activations, math functions, broadcasting
-arithmetic (float32 and int64/int32), comparisons, logic, Where and Cast, and the storage dtypes (float16, float64,
-8-32 bit integers); a sample of the cases also on OpenCL."""
+arithmetic (float32 and int64/int32), comparisons, logic, Where and Cast, and the storage dtypes (float16, bfloat16,
+float64, 8-32 bit integers); a sample of the cases also on OpenCL."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import onnx
 import pytest
@@ -547,9 +548,68 @@ DTYPE_CASES: list[OpCase] = [
     _binary_case("less-uint32", "Less", np.asarray([0, 2 ** 32 - 1, 5], np.uint32), np.asarray([1, 2 ** 31, 5], np.uint32)),
 ]
 
+# ------------------------------------------------------------------------------------------------- bfloat16
+#
+# bfloat16 loads as float32 and stores rounded to nearest even. onnxruntime's Python API has no bfloat16 arrays, so
+# the reference is numpy with ml_dtypes' bfloat16, which computes each op in float32 and rounds the same way. Values
+# stay near 1 (the tolerance, 1e-4 of the largest, is then under one bfloat16 step, 2^-8 there): the renderer tests
+# check the conversions bit for bit over the whole range.
+
+BF16 = ml_dtypes.bfloat16
+STEP = 2.0 ** -8  # one bfloat16 step in [1, 2)
+# Random values, ties to even both ways, just off ties, the overflow to infinity (float32's largest), NaN, inf.
+BF16_SOURCES = np.concatenate([rand(24, seed=10), 1 + STEP * np.asarray([0.5, 1.5, 2.5, -0.25, 0.51, 1.49]),
+                               [3.4028235e38, -3.4e38, NAN, INF, -INF, 0.0, -0.0, 1e-40]]).astype(np.float32)
+# Doubles a rounding through float32's nearest would put on a tie, then round again to the even neighbour.
+BF16_DOUBLES = np.concatenate([1 + STEP * (np.arange(12) + 0.5) + sign * 2.0 ** -40 for sign in (1, -1)])
+
+
+def _bfloat16_case(id: str, op: str, inputs: Mapping[str, np.ndarray], reference: Callable[..., np.ndarray],
+                   attrs: Mapping[str, object] | None = None) -> OpCase:
+    """`op` over graph inputs `inputs` (in order), output y compared with reference(*inputs)."""
+    model = single_op_model(op, [(name, x.shape, x.dtype) for name, x in inputs.items()], attrs)
+    return case(id, model, inputs, reference=lambda feeds: {"y": np.asarray(reference(*feeds.values()))})
+
+
+def _bfloat16_cast(source: np.ndarray, to) -> OpCase:
+    """Cast `source` to `to` (a numpy dtype) against numpy's astype (ml_dtypes' conversions)."""
+    return _bfloat16_case(f"cast-{source.dtype.name}-to-{np.dtype(to).name}", "Cast", {"x": source},
+                          lambda x: x.astype(to), {"to": helper.np_dtype_to_tensor_dtype(np.dtype(to))})
+
+
+def _bfloat16_random(*shape: int, seed: int) -> np.ndarray:
+    return rand(*shape, seed=seed).astype(BF16)
+
+
+BFLOAT16_CASES: list[OpCase] = [
+    _bfloat16_cast(BF16_SOURCES, BF16),
+    _bfloat16_cast(BF16_SOURCES.astype(BF16), np.float32),
+    _bfloat16_cast(BF16_DOUBLES, BF16),
+    _bfloat16_cast(BF16_DOUBLES.astype(BF16), np.float64),
+    _bfloat16_cast(np.concatenate([BF16_SOURCES[:30], [65504.0, 70000.0]]).astype(BF16), np.float16),
+    _bfloat16_cast((BF16_SOURCES[:30] * 100).astype(np.float16), BF16),
+    _bfloat16_cast((BF16_SOURCES[:30] * 100).astype(BF16), np.int64),
+    _bfloat16_cast(BF16_SOURCES.astype(BF16), np.bool_),
+    _bfloat16_cast(np.asarray([True, False, True]), BF16),
+    _bfloat16_cast(np.arange(-32768, 32768, 257).astype(np.int16), BF16),
+    _bfloat16_cast(np.arange(0, 256, 3).astype(np.uint8), BF16),
+    *[_bfloat16_case(f"{op.lower()}-bfloat16", op, {"a": _bfloat16_random(*X3, seed=11), "b": b}, fn)
+      for op, fn, b in [("Add", np.add, _bfloat16_random(4, seed=12)),
+                        ("Sub", np.subtract, _bfloat16_random(3, 1, seed=12)),
+                        ("Mul", np.multiply, _bfloat16_random(4, seed=13)),
+                        ("Div", np.divide, (rand(4, seed=14, positive=True) * 3).astype(BF16)),
+                        ("Max", np.maximum, _bfloat16_random(4, seed=15))]],
+    _bfloat16_case("relu-bfloat16", "Relu", {"x": BF16_SOURCES.astype(BF16)}, lambda x: np.maximum(x, BF16(0))),
+    _bfloat16_case("neg-bfloat16", "Neg", {"x": BF16_SOURCES.astype(BF16)}, np.negative),
+    _bfloat16_case("less-bfloat16", "Less", {"a": _bfloat16_random(*X3, seed=16), "b": _bfloat16_random(4, seed=17)},
+                   np.less),
+    _bfloat16_case("where-bfloat16", "Where", {"c": _bools(X3, 18), "a": _bfloat16_random(*X3, seed=19),
+                                               "b": _bfloat16_random(4, seed=20)}, np.where),
+]
+
 CASES: list[OpCase] = (ACTIVATION_CASES + ARITHMETIC_CASES + UNARY_CASES + INTEGER_ARITHMETIC_CASES
                        + MIN_MAX_MEAN_CASES + PRELU_CASES + CLIP_CASES + COMPARISON_CASES + LOGIC_CASES + WHERE_CASES
-                       + BIT_CASES + CAST_CASES + DTYPE_CASES)
+                       + BIT_CASES + CAST_CASES + DTYPE_CASES + BFLOAT16_CASES)
 
 
 @pytest.mark.parametrize("c", params(CASES))
@@ -570,14 +630,14 @@ def test_wide_bit_results_are_exact(c: OpCase, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("model, message", [
-    pytest.param(single_op_model("Relu", [("x", X3, np.int64)]), "farm's Relu takes float16, float32, float64", id="relu-int64"),
+    pytest.param(single_op_model("Relu", [("x", X3, np.int64)]), "farm's Relu takes bfloat16, float16, float32, float64", id="relu-int64"),
     pytest.param(single_op_model("Mean", [("a", X3, np.int32), ("b", X3, np.int32)]), "input 'a' has dtype int32, which Mean does not take",
                  id="mean-int32"),
     pytest.param(single_op_model("Gelu", [("x", X3, np.float32)], {"approximate": "erf"}, opset=20),
                  "Gelu approximate='erf'", id="gelu-unknown-approximation"),
     pytest.param(single_op_model("Pow", [("a", X3, np.float32)], initializers={"b": np.ones(4, np.float64)}),
                  "input 1 has dtype float64", id="pow-float64-exponent"),
-    pytest.param(single_op_model("Exp", [("x", X3, np.float64)]), "farm's Exp takes float16, float32$",
+    pytest.param(single_op_model("Exp", [("x", X3, np.float64)]), "farm's Exp takes bfloat16, float16, float32$",
                  id="exp-float64-would-be-float32-accurate"),
     pytest.param(single_op_model("MatMul", [("a", (2, 3), np.float16), ("b", (3, 4), np.float16)]),
                  "input 'a' has dtype float16; MatMul takes bool, float32, int32, int64 in farm",
@@ -588,6 +648,12 @@ def test_wide_bit_results_are_exact(c: OpCase, tmp_path: Path) -> None:
                  id="bitwisenot-uint64"),
     pytest.param(single_op_model("BitShift", [("a", X3, np.uint8), ("b", X3, np.uint8)], {"direction": "UP"},
                                  opset=11), "BitShift direction='UP'", id="bitshift-unknown-direction"),
+    pytest.param(single_op_model("Cast", [("x", (3,), np.int64)], {"to": TensorProto.BFLOAT16}),
+                 "cast from int64 to bfloat16: .* round twice", id="cast-int64-to-bfloat16-would-round-twice"),
+    pytest.param(single_op_model("Cast", [("x", (3,), np.int32)], {"to": TensorProto.BFLOAT16}),
+                 "cast from int32 to bfloat16", id="cast-int32-to-bfloat16-would-round-twice"),
+    pytest.param(single_op_model("MatMul", [("a", (2, 3), ml_dtypes.bfloat16), ("b", (3, 4), ml_dtypes.bfloat16)]),
+                 "input 'a' has dtype bfloat16; MatMul takes", id="matmul-bfloat16-has-no-gemm"),
 ])
 def test_unsupported_variants_are_refused(model: onnx.ModelProto, message: str, tmp_path: Path) -> None:
     path = tmp_path / "model.onnx"
@@ -610,7 +676,8 @@ OPENCL_SAMPLE = [
     "add-uint8-wraps", "mul-int16-wraps", "cast-float32-to-uint32", "sigmoid-float16", "add-float64-exact",
     "asin-special", "acos-special", "sinh-more", "cosh-more", "asinh-more", "acosh-special", "atanh-special",
     "swish-negative-alpha", "bitshift-right-int8-3x1", "bitshift-left-uint32-2x3x4", "bitshift-right-int64-3x1",
-    "bitwisexor-int64-2x3x4", "bitwiseand-uint8-4", "bitwisenot-uint16",
+    "bitwisexor-int64-2x3x4", "bitwiseand-uint8-4", "bitwisenot-uint16", "cast-float32-to-bfloat16",
+    "cast-float64-to-bfloat16", "cast-bfloat16-to-float32", "div-bfloat16", "where-bfloat16",
 ]
 
 

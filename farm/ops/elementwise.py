@@ -3,10 +3,10 @@ operations, Where and Cast.
 
 Every op here is one table entry (`Elementwise`): its value at one output element, given one element of each input
 (broadcast numpy-style to the output shape), plus the dtypes its inputs may have and its attributes. One lowering
-turns any entry into a parallel loop nest. Values are float32 (float16 buffers load and store as float32), float64,
-int64 (narrower integer buffers load and store as int64) or bool, as ONNX allows per op; math functions come from
-farm.ops.mathfns, which are float32's: an op that calls one doesn't take float64 (DOUBLE), which it would compute
-to float32's accuracy.
+turns any entry into a parallel loop nest. Values are float32 (float16 and bfloat16 buffers load and store as
+float32), float64, int64 (narrower integer buffers load and store as int64) or bool, as ONNX allows per op; math
+functions come from farm.ops.mathfns, which are float32's: an op that calls one doesn't take float64 (DOUBLE), which
+it would compute to float32's accuracy.
 """
 
 from __future__ import annotations
@@ -305,11 +305,12 @@ def _float_to_int(s: M.Scope, x: L.Expr, dtype: str) -> L.Expr:
 
 def _to_float(x: L.Expr, to: str) -> L.Expr:
     """x as the value a float buffer of dtype `to` stores with one rounding: a float64 value stays float64 when the
-    target is float16 (the store rounds double to half directly); an integer becomes float32 for a float16 target
-    (exact up to 2^24, and float16 overflows past 65504)."""
+    target is float16 or bfloat16 (the store rounds double to half directly); an integer becomes float32 for a
+    float16 target (exact up to 2^24, and float16 overflows past 65504) or a bfloat16 one (integers of 16 bits or
+    less only: see _cast_target)."""
     if to == "float64":
         return L.Cast(x, L.F64) if x.dtype != L.F64 else x
-    if to == "float16" and x.dtype == L.F64:
+    if to in HALF_FLOATS and x.dtype == L.F64:
         return x
     return L.Cast(x, L.F32) if x.dtype != L.F32 else x
 
@@ -362,12 +363,19 @@ def _gelu_attrs(ctx: NodeContext) -> dict[str, Any]:
     return {"approximate": approximate}
 
 
+_ROUNDED_TWICE = {"bfloat16": frozenset({"int32", "uint32", "int64"})}
+"""Source dtypes whose values float32 may round before a cast to the key rounds them again, landing on a tie."""
+
+
 def _cast_target(ctx: NodeContext) -> dict[str, Any]:
     """The output dtype: Cast's `to` or CastLike's second input (already in the output's info). `saturate` only
     matters for float8 types, which farm doesn't compute with."""
-    to = ctx.outputs[0].dtype
+    to, source = ctx.outputs[0].dtype, ctx.inputs[0].dtype
     if to not in ANY:
         raise ctx.unsupported(f"cast to {to} (supported: {', '.join(sorted(ANY))})")
+    if source in _ROUNDED_TWICE.get(to, ()):
+        raise ctx.unsupported(f"cast from {source} to {to}: farm converts integers through float32, which would round "
+                              "twice past 2^24 (one bfloat16 step off at some values)")
     return {"to": to}
 
 

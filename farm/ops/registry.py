@@ -56,9 +56,9 @@ CORE_DTYPES = frozenset({"float32", "int64", "int32", "bool"})
 """The dtypes every lowering handles: what an op takes unless it declares more (OpLowering.dtypes)."""
 NARROW_INTS = frozenset({"int8", "int16", "uint8", "uint16", "uint32"})
 """Integer dtypes that load as int64 values and store back wrapped to their width."""
-HALF_FLOATS = frozenset({"float16"})
+HALF_FLOATS = frozenset({"float16", "bfloat16"})
 """Float dtypes that load as float32 values and store back rounded to nearest even (onnxruntime's CPU kernels for
-float16 compute in float32 the same way)."""
+float16 compute in float32 the same way, and ml_dtypes' bfloat16 arithmetic too)."""
 ALL_DTYPES = CORE_DTYPES | NARROW_INTS | HALF_FLOATS | {"float64"}
 """Every dtype a buffer may hold: what pure data movement (Reshape, Transpose, Gather, ...) takes."""
 
@@ -133,8 +133,9 @@ def argument_bytes(spec: KernelSpec) -> list[int]:
     return sizes + ([scratch * 4] if scratch else [])
 
 
-BUFFER_DTYPES = {"float32": L.F32, "float64": L.F64, "float16": L.F16, "int64": L.I64, "int32": L.I32,
-                 "int16": L.I16, "int8": L.I8, "uint32": L.U32, "uint16": L.U16, "uint8": L.U8, "bool": L.BOOL}
+BUFFER_DTYPES = {"float32": L.F32, "float64": L.F64, "float16": L.F16, "bfloat16": L.BF16, "int64": L.I64,
+                 "int32": L.I32, "int16": L.I16, "int8": L.I8, "uint32": L.U32, "uint16": L.U16, "uint8": L.U8,
+                 "bool": L.BOOL}
 """The loop IR's buffer dtype for each numpy dtype a tensor may have."""
 
 

@@ -125,10 +125,11 @@ def _data_arg(name: str, graph: Graph, blobs: dict[str, np.ndarray]) -> Arg:
 
 
 def _blob_arg(array: np.ndarray, blobs: dict[str, np.ndarray]) -> Arg:
-    """A constant passed to a kernel: one blob per distinct byte content."""
-    contiguous = np.ascontiguousarray(array)
-    sha = hashlib.sha256(memoryview(contiguous).cast("B")).hexdigest()
-    blobs.setdefault(sha, contiguous)
+    """A constant passed to a kernel: one blob per distinct byte content, kept as its bytes (a uint8 array:
+    memoryview refuses dtypes outside Python's buffer protocol, bfloat16's among them)."""
+    data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    sha = hashlib.sha256(memoryview(data)).hexdigest()
+    blobs.setdefault(sha, data)
     return Arg("blob", sha)
 
 

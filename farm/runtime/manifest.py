@@ -24,7 +24,7 @@ MAX_LAUNCHES = 1 << 20
 MAX_EXTENT = 1 << 40
 MAX_WORK = 1 << 62
 MAX_LIST = 1 << 22  # buffers, kernels, blobs, schedule steps
-DTYPE_BYTES = {"float16": 2, "float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4, "int64": 8,
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4, "int64": 8,
                "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1}
 PLAIN = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy: dtype names are how manifests give dtypes)
 import numpy as np
 
 from farm.errors import ArtifactError, RunInputError

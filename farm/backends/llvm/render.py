@@ -19,9 +19,9 @@ F64_T, F16_T, I16_T, I8_T = ir.DoubleType(), ir.HalfType(), ir.IntType(16), ir.I
 PTR_T = ir.PointerType()
 LLVM_TYPES = {L.F32: F32_T, L.F64: F64_T, L.I64: I64_T, L.BOOL: BOOL_T}
 # How each buffer dtype sits in memory (numpy's layouts: bool is one byte; unsigned integers are LLVM's integers of
-# their width, read with zero extension).
-STORAGE_TYPES = {L.F32: F32_T, L.F64: F64_T, L.F16: F16_T, L.I64: I64_T, L.I32: I32_T, L.I16: I16_T, L.I8: I8_T,
-                 L.U32: I32_T, L.U16: I16_T, L.U8: I8_T, L.BOOL: I8_T}
+# their width, read with zero extension; bfloat16 is its 16 bits, which llvmlite has no float type for).
+STORAGE_TYPES = {L.F32: F32_T, L.F64: F64_T, L.F16: F16_T, L.BF16: I16_T, L.I64: I64_T, L.I32: I32_T, L.I16: I16_T,
+                 L.I8: I8_T, L.U32: I32_T, L.U16: I16_T, L.U8: I8_T, L.BOOL: I8_T}
 UNSIGNED = frozenset({L.U32, L.U16, L.U8})
 FAST = ("reassoc", "contract", "nsz", "arcp")
 
@@ -136,8 +136,9 @@ def _emit_loop(state: _State, loop: L.Loop, bounds: tuple[ir.Value, ir.Value] | 
 
 
 def _emit_store(state: _State, store: L.Store) -> None:
-    storage = STORAGE_TYPES[state.buffer_dtypes.get(store.buf, store.value.dtype)]
-    value = _to_storage(state.builder, emit_expr(state, store.value), storage)
+    dtype = state.buffer_dtypes.get(store.buf, store.value.dtype)
+    storage, encode = STORAGE_TYPES[dtype], ENCODERS.get(dtype, _to_storage)
+    value = encode(state.builder, emit_expr(state, store.value), storage)
     state.builder.store(value, _address(state, store.buf, store.index, storage), align=storage_align(storage))
 
 
@@ -159,6 +160,44 @@ def _to_storage(b: ir.IRBuilder, value: ir.Value, storage: ir.Type) -> ir.Value:
     if isinstance(storage, ir.IntType):
         return b.trunc(value, storage)
     return b.fpext(value, storage) if STORAGE_BYTES[storage] > STORAGE_BYTES[value.type] else b.fptrunc(value, storage)
+
+
+def _i32(n: int) -> ir.Constant:
+    return ir.Constant(I32_T, n)
+
+
+def _to_bfloat16(b: ir.IRBuilder, value: ir.Value, storage: ir.Type) -> ir.Value:
+    """The bfloat16 bits of a float32 or float64 value, rounded to nearest even with integer arithmetic (adding
+    0x7fff plus the lowest kept bit carries exactly the values past the halfway point, and carries into the
+    exponent where the value overflows to infinity); NaN becomes the quiet NaN of its sign, as ml_dtypes does."""
+    bits = b.bitcast(value, I32_T) if value.type == F32_T else _float32_bits_rounded_to_odd(b, value)
+    high = b.lshr(bits, _i32(16))
+    rounded = b.lshr(b.add(bits, b.add(b.and_(high, _i32(1)), _i32(0x7FFF))), _i32(16))
+    quiet_nan = b.or_(b.and_(high, _i32(0x8000)), _i32(0x7FC0))
+    nan = b.icmp_unsigned(">", b.and_(bits, _i32(0x7FFFFFFF)), _i32(0x7F800000))
+    return b.trunc(b.select(nan, quiet_nan, rounded), storage)
+
+
+def _float32_bits_rounded_to_odd(b: ir.IRBuilder, value: ir.Value) -> ir.Value:
+    """The float32 bits of a float64 value truncated toward zero, the lowest bit set if that lost anything (round
+    to odd): rounding those to nearest even at bfloat16's width gives the double's own rounding, where going
+    through float32's nearest would round twice (a double just above a bfloat16 tie would land on the tie)."""
+    nearest = b.fptrunc(value, F32_T)
+    back = b.fpext(nearest, F64_T)
+    fabs = intrinsic(b.module, "llvm.fabs", F64_T, 1)
+    overshoot = b.fcmp_ordered(">", b.call(fabs, [back]), b.call(fabs, [value]))
+    toward_zero = b.sub(b.bitcast(nearest, I32_T), b.zext(overshoot, I32_T))
+    return b.or_(toward_zero, b.zext(b.fcmp_ordered("!=", back, value), I32_T))
+
+
+def _from_bfloat16(b: ir.IRBuilder, bits: ir.Value) -> ir.Value:
+    """A bfloat16's float32 value: its bits are float32's upper half."""
+    return b.bitcast(b.shl(b.zext(bits, I32_T), _i32(16)), F32_T)
+
+
+# Buffer dtypes whose elements a conversion instruction can't read or write: what stores and loads do instead.
+ENCODERS: dict[str, Callable[[ir.IRBuilder, ir.Value, ir.Type], ir.Value]] = {L.BF16: _to_bfloat16}
+DECODERS: dict[str, Callable[[ir.IRBuilder, ir.Value], ir.Value]] = {L.BF16: _from_bfloat16}
 
 
 def _emit_assign(state: _State, assign: L.Assign) -> None:
@@ -231,6 +270,8 @@ def _emit_load(state: _State, expr: L.Load) -> ir.Value:
     b, dtype = state.builder, state.buffer_dtypes.get(expr.buf, expr.dtype)
     storage = STORAGE_TYPES[dtype]
     value = b.load(_address(state, expr.buf, expr.index, storage), align=storage_align(storage), typ=storage)
+    if dtype in DECODERS:
+        return DECODERS[dtype](b, value)
     if expr.dtype == L.BOOL and storage != BOOL_T:
         return b.icmp_unsigned("!=", value, ir.Constant(storage, 0))
     wide = LLVM_TYPES[expr.dtype]

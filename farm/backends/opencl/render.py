@@ -11,24 +11,26 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from farm.errors import BuildError
 from farm.ir import loopir as L
 
 C_TYPES = {L.F32: "float", L.F64: "double", L.I64: "long", L.BOOL: "int"}
 # Buffer element types (numpy's layouts: bool is one byte); C's conversions widen and narrow on load and store,
-# except for half, which OpenCL C reads and writes only through vload_half and vstore_half (no cl_khr_fp16 needed).
-BUFFER_C_TYPES = {L.F32: "float", L.F64: "double", L.F16: "half", L.I64: "long", L.I32: "int", L.I16: "short",
-                  L.I8: "char", L.U32: "uint", L.U16: "ushort", L.U8: "uchar", L.BOOL: "uchar"}
+# except for half, which OpenCL C reads and writes only through vload_half and vstore_half (no cl_khr_fp16 needed),
+# and bfloat16, which C has no type for: its bits sit in a ushort (CODED_LOADS, CODED_STORES).
+BUFFER_C_TYPES = {L.F32: "float", L.F64: "double", L.F16: "half", L.BF16: "ushort", L.I64: "long", L.I32: "int",
+                  L.I16: "short", L.I8: "char", L.U32: "uint", L.U16: "ushort", L.U8: "uchar", L.BOOL: "uchar"}
 FP64_PRAGMA = "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
 """Double precision is an extension (most desktop GPUs and PoCL have it, many phone GPUs don't): a kernel that uses
 double (a float64 buffer, an exact division) enables it, and a device without it fails that kernel's build, naming
 the device."""
-_HALF_BUFFERS: ContextVar[frozenset[str]] = ContextVar("half_buffers", default=frozenset())
-"""The buffers of the kernel being rendered that hold half (float16) elements."""
+_CODED_BUFFERS: ContextVar[Mapping[str, str]] = ContextVar("coded_buffers", default=MappingProxyType({}))
+"""The buffers of the kernel being rendered that hold half or bfloat16 elements, by name: their dtype."""
 FLOAT_OPS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 INT_OPS = {**FLOAT_OPS, "mod": "%", "shr": ">>", "bitand": "&", "bitor": "|", "bitxor": "^"}
 """On long values; OpenCL C defines >> of a negative value as arithmetic (the sign fills the vacated bits)."""
@@ -75,12 +77,12 @@ def render_opencl(symbol: str, kernel: L.LoopKernel) -> str:
     params = ", ".join(_param(p) for p in kernel.params)
     fixed, groups = L.launch_groups(kernel)
     prologue = "".join(f"    const long {name} = 0;\n" for name in fixed)
-    token = _HALF_BUFFERS.set(frozenset(p.name for p in kernel.params if p.dtype == L.F16))
+    token = _CODED_BUFFERS.set({p.name: p.dtype for p in kernel.params if p.dtype in CODED_LOADS})
     try:
         functions = [f"__kernel void {name}({params})\n{{\n{prologue}{LAUNCH_BODIES[group.kind](group)}}}\n"
                      for (name, _), group in zip(launches(symbol, kernel), groups)]
     finally:
-        _HALF_BUFFERS.reset(token)
+        _CODED_BUFFERS.reset(token)
     source = "\n".join(functions)
     return (FP64_PRAGMA if re.search(r"\bdouble\b", source) else "") + source
 
@@ -252,9 +254,37 @@ def _loop(loop: L.Loop, depth: int) -> str:
 
 
 def _store(store: L.Store, depth: int) -> str:
-    if store.buf in _HALF_BUFFERS.get():
-        return f"{_indent(depth)}vstore_half_rte({expr(store.value)}, {expr(store.index)}, {store.buf});\n"
+    coded = _CODED_BUFFERS.get().get(store.buf)
+    if coded:
+        return f"{_indent(depth)}{CODED_STORES[coded](store)}\n"
     return f"{_indent(depth)}{store.buf}[{expr(store.index)}] = {expr(store.value)};\n"
+
+
+def _bfloat16_store(store: L.Store) -> str:
+    """A block storing the value's bfloat16 bits, rounded to nearest even with integer arithmetic (adding 0x7fff
+    plus the lowest kept bit carries exactly the values past the halfway point, and into the exponent where the
+    value overflows to infinity); NaN becomes the quiet NaN of its sign, as ml_dtypes does. A double first becomes
+    float bits rounded to odd (truncated, the lowest bit set if inexact), so that it is rounded only once. The
+    local's name ends in a letter: no name of the kernel's (L.Names: hint and number) can be shadowed."""
+    if store.value.dtype == L.F64:
+        bits = ("const double bfloat_wide = " + expr(store.value) + "; const float bfloat_narrow = "
+                "convert_float_rtz(bfloat_wide); const uint bfloat_bits = as_uint(bfloat_narrow) | "
+                "(uint)((double)bfloat_narrow != bfloat_wide);")
+    else:
+        bits = f"const uint bfloat_bits = as_uint((float)({expr(store.value)}));"
+    rounded = ("(bfloat_bits & 0x7fffffffu) > 0x7f800000u ? ((bfloat_bits >> 16) & 0x8000u) | 0x7fc0u : "
+               "(bfloat_bits + 0x7fffu + ((bfloat_bits >> 16) & 1u)) >> 16")
+    return f"{{ {bits} {store.buf}[{expr(store.index)}] = (ushort)({rounded}); }}"
+
+
+CODED_STORES: dict[str, Callable[[L.Store], str]] = {
+    L.F16: lambda st: f"vstore_half_rte({expr(st.value)}, {expr(st.index)}, {st.buf});",
+    L.BF16: _bfloat16_store,
+}
+CODED_LOADS: dict[str, Callable[[L.Load], str]] = {
+    L.F16: lambda ld: f"vload_half({expr(ld.index)}, {ld.buf})",
+    L.BF16: lambda ld: f"as_float((uint)({ld.buf}[{expr(ld.index)}]) << 16)",
+}
 
 
 def _assign(assign: L.Assign, depth: int) -> str:
@@ -305,8 +335,9 @@ def _const(c: L.Const) -> str:
 
 
 def _load(ld: L.Load) -> str:
-    if ld.buf in _HALF_BUFFERS.get():
-        return f"vload_half({expr(ld.index)}, {ld.buf})"
+    coded = _CODED_BUFFERS.get().get(ld.buf)
+    if coded:
+        return CODED_LOADS[coded](ld)
     element = f"{ld.buf}[{expr(ld.index)}]"
     return f"({element} != 0)" if ld.dtype == L.BOOL else element
 
