@@ -379,7 +379,7 @@ UNSUPPORTED = [
                  "farm takes one value", id="matmul-integer-per-row"),
     pytest.param(single_op_model("ConvInteger", [("x", (1, 3, 7), "uint8"), ("w", (2, 3, 3), "uint8")], {},
                                  opset=10),
-                 "the weight must be a 4-D tensor", id="conv-integer-1d"),
+                 "must be 4-D tensors", id="conv-integer-1d"),
     pytest.param(single_op_model("ConvInteger", [("x", (1, 3, 7, 7), "uint8"), ("w", (2, 3, 3, 3), "uint8")],
                                  {"kernel_shape": [2, 2]}, opset=10),
                  "kernel_shape \\[2, 2\\] differs from the weight's \\[3, 3\\]", id="conv-integer-kernel-shape"),

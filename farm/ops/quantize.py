@@ -420,7 +420,9 @@ def _conv_view(ctx: NodeContext, w_index: int) -> NodeContext:
 def _conv_attrs(ctx: NodeContext, w_index: int) -> dict[str, Any]:
     """Conv's window attributes (2-D NCHW; auto_pad resolved) and group, for a conv whose weight is input w_index."""
     view = _conv_view(ctx, w_index)
-    group = _checked_group(view)  # the weight is 4-D
+    if len(view.inputs[0].shape) != 4 or len(view.inputs[1].shape) != 4:
+        raise ctx.unsupported("the input and the weight must be 4-D tensors (NCHW): farm's integer convs are 2-D")
+    group = _checked_group(view)
     kernel = list(view.inputs[1].shape[2:])
     if list(ctx.node.attrs.get("kernel_shape", kernel)) != kernel:
         raise ctx.unsupported(f"kernel_shape {list(ctx.node.attrs['kernel_shape'])} differs from the weight's {kernel}")
