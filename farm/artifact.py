@@ -10,6 +10,7 @@ memory by offset, after their path and type have been checked.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -17,8 +18,9 @@ import os
 import posixpath
 import re
 import tarfile
-from collections.abc import Collection, Mapping
-from typing import Any, BinaryIO
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Union
 
 import numpy as np
 
@@ -75,38 +77,92 @@ def _tar_info(name: str, size: int) -> tarfile.TarInfo:
     return info
 
 
-def _write_tar(file: BinaryIO, files: Mapping[str, bytes]) -> None:
-    """The archive, member by member in name order, into `file`: ustar format so that tarfile never adds pax
-    headers carrying timestamps. Members are read in place (a bytes object backs its BytesIO without a copy)."""
+@dataclass(frozen=True)
+class LazyMember:
+    """A member whose bytes are made only as the archive is written, then dropped: a build's packed weights (each a
+    pure step's output) are never all held at once, so a model of gigabytes is written in the memory of its
+    largest weight. `size` is what `produce` must return (the tar header comes first)."""
+
+    size: int
+    produce: Callable[[], bytes]
+
+
+Member = Union[bytes, bytearray, memoryview, LazyMember]
+
+
+def _member_bytes(name: str, data: Member) -> bytes | bytearray | memoryview:
+    if not isinstance(data, LazyMember):
+        return data
+    made = data.produce()
+    if memoryview(made).nbytes != data.size:
+        raise ValueError(f"artifact member {name!r} was made with {len(made)} bytes, {data.size} were announced")
+    return made
+
+
+class _BufferReader(io.RawIOBase):
+    """A file over a buffer (a numpy array's weights, say) that hands out slices of it: tarfile copies a member in
+    chunks, so the member is never copied whole."""
+
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
+        self._view, self._at = memoryview(data).cast("B"), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        end = len(self._view) if size < 0 else min(len(self._view), self._at + size)
+        chunk, self._at = self._view[self._at:end].tobytes(), end
+        return chunk
+
+
+def _add_file(tar: tarfile.TarFile, name: str, data: bytes | bytearray | memoryview) -> None:
+    tar.addfile(_tar_info(name, memoryview(data).nbytes), _BufferReader(data))
+
+
+def _write_tar(file: BinaryIO, payload: Mapping[str, Member], manifest: dict[str, Any] | None = None,
+               reserved: Mapping[str, bytes] | None = None) -> None:
+    """The archive into `file`, ustar format (so that tarfile never adds pax headers carrying timestamps): the
+    payload members in name order, each hashed as it is written (a LazyMember made just then), then the manifest
+    completed with those sha256s and its digest (or, when re-writing a signed artifact, the `reserved` files as
+    given). The manifest comes last so that no member needs to exist before it is written."""
+    digests = {}
     with tarfile.open(fileobj=file, mode="w", format=tarfile.USTAR_FORMAT, encoding="utf-8") as tar:
-        for name in sorted(files):
-            tar.addfile(_tar_info(name, len(files[name])), io.BytesIO(files[name]))
+        for name in sorted(payload):
+            data = _member_bytes(name, payload[name])
+            digests[name] = _sha256(memoryview(data).cast("B"))
+            _add_file(tar, name, data)
+            del data
+        files = dict(reserved or {}) if manifest is None else _manifest_files(manifest, digests)
+        for name in _RESERVED:
+            if name in files:
+                _add_file(tar, name, files[name])
 
 
-def write_artifact(path: str | os.PathLike[str], manifest: dict[str, Any], members: Mapping[str, bytes]) -> str:
+def write_artifact(path: str | os.PathLike[str], manifest: dict[str, Any], members: Mapping[str, Member]) -> str:
     """Write the artifact at `path` atomically and return the path. The archive streams into the file: a model of
-    gigabytes is never copied into an archive in memory (artifact_bytes's bytes are the same).
+    gigabytes is never copied into an archive in memory (artifact_bytes's bytes are the same), and LazyMembers are
+    made one at a time as they are written.
 
     Bad member paths raise ValueError before anything is written; any failure leaves neither the artifact nor a
     temporary file behind, and an existing artifact at `path` stays as it was.
     """
-    files = _archive_files(manifest, members)
+    _check_contents(manifest, members)
     path = os.fspath(path)
-    stream_atomically(path, lambda file: _write_tar(file, files), fsync=True)
+    stream_atomically(path, lambda file: _write_tar(file, members, manifest), fsync=True)
     return path
 
 
-def artifact_bytes(manifest: dict[str, Any], members: Mapping[str, bytes]) -> bytes:
+def artifact_bytes(manifest: dict[str, Any], members: Mapping[str, Member]) -> bytes:
     """The artifact file's bytes. The manifest gets `"members": {path: sha256}` for every payload member and
     `format_version` when it has none."""
+    _check_contents(manifest, members)
     buffer = io.BytesIO()
-    _write_tar(buffer, _archive_files(manifest, members))
+    _write_tar(buffer, members, manifest)
     return buffer.getvalue()
 
 
-def _archive_files(manifest: dict[str, Any], members: Mapping[str, bytes]) -> dict[str, bytes]:
-    """Every file of the archive: the members (bytes as they are, other buffers copied into bytes), the manifest
-    completed with their sha256s, and its digest; ValueError for a bad member path or format version."""
+def _check_contents(manifest: dict[str, Any], members: Mapping[str, Member]) -> None:
+    """ValueError for a bad member path or format version, before anything is written."""
     for name in members:
         problem = _path_problem(name)
         if problem or name in _RESERVED:
@@ -115,10 +171,13 @@ def _archive_files(manifest: dict[str, Any], members: Mapping[str, bytes]) -> di
         raise ValueError(
             f"manifest format_version is {manifest['format_version']!r}, this farm writes {FORMAT_VERSION}"
         )
-    payload = {name: data if isinstance(data, bytes) else bytes(data) for name, data in members.items()}
-    full = {"format_version": FORMAT_VERSION, **manifest, "members": {n: _sha256(d) for n, d in payload.items()}}
+
+
+def _manifest_files(manifest: dict[str, Any], digests: dict[str, str]) -> dict[str, bytes]:
+    """manifest.json completed with every payload member's sha256, and manifest.sha256."""
+    full = {"format_version": FORMAT_VERSION, **manifest, "members": digests}
     text = (json.dumps(full, sort_keys=True, indent=2) + "\n").encode("utf-8")
-    return {**payload, MANIFEST: text, MANIFEST_DIGEST: f"{_sha256(text)}\n".encode()}
+    return {MANIFEST: text, MANIFEST_DIGEST: f"{_sha256(text)}\n".encode()}
 
 
 class Artifact:
@@ -360,12 +419,13 @@ def sign_artifact(path: str | os.PathLike[str], private_key_pem: bytes) -> str:
     if not isinstance(key, Ed25519PrivateKey):
         raise ArtifactError("the signing key is not an Ed25519 key")
     artifact = verify(path)
-    files = {name: artifact.read_member(name) for name in artifact.manifest["members"]}
+    payload = {name: LazyMember(artifact.member_size(name), functools.partial(artifact.read_member, name))
+               for name in artifact.manifest["members"]}
     public = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
     record = _signature_record(public, key.sign(artifact.manifest_text).hex())
-    files.update({MANIFEST: artifact.manifest_text, MANIFEST_DIGEST: f"{_sha256(artifact.manifest_text)}\n".encode(),
-                  SIGNATURE: record})
-    stream_atomically(artifact.path, lambda file: _write_tar(file, files), fsync=True)
+    reserved = {MANIFEST: artifact.manifest_text, MANIFEST_DIGEST: f"{_sha256(artifact.manifest_text)}\n".encode(),
+                SIGNATURE: record}
+    stream_atomically(artifact.path, lambda file: _write_tar(file, payload, reserved=reserved), fsync=True)
     return public
 
 

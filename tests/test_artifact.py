@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from farm.artifact import FORMAT_VERSION, open_artifact, read_manifest, verify, write_artifact
+from farm.artifact import (
+    FORMAT_VERSION,
+    LazyMember,
+    artifact_bytes,
+    open_artifact,
+    read_manifest,
+    verify,
+    write_artifact,
+)
 from farm.errors import ArtifactError, BadInputError
 
 MEMBERS = {"targets/cpu-a/model.so": b"\x7fELF library bytes", "blobs/w0.bin": bytes(range(256)) * 4}
@@ -48,12 +56,13 @@ def test_round_trip(tmp_path: Path) -> None:
     assert {name: artifact.read_member(name) for name in MEMBERS} == MEMBERS
 
 
-def test_layout_is_deterministic_and_sorted(tmp_path: Path) -> None:
+def test_layout_is_deterministic_payload_sorted_then_the_manifest(tmp_path: Path) -> None:
+    """Payload members in name order, each hashed as it is written, then manifest.json and its digest."""
     first, second = _write(tmp_path, "a.farm"), _write(tmp_path, "b.farm")
     assert first.read_bytes() == second.read_bytes()
     with tarfile.open(first) as tar:
         infos = tar.getmembers()
-    assert [i.name for i in infos] == sorted(["manifest.json", "manifest.sha256", *MEMBERS])
+    assert [i.name for i in infos] == [*sorted(MEMBERS), "manifest.json", "manifest.sha256"]
     assert all((i.mtime, i.uid, i.gid, i.uname, i.gname, i.mode) == (0, 0, 0, "", "", 0o644) for i in infos)
     text = open_artifact(first).manifest
     assert first.read_bytes().count(json.dumps(text, sort_keys=True, indent=2).encode() + b"\n") == 1
@@ -200,3 +209,19 @@ def test_manifest_edited_without_rehash_is_refused(tmp_path: Path) -> None:
             tar.addfile(info, io.BytesIO(data))
     with pytest.raises(ArtifactError, match=r"manifest.json was tampered with"):
         open_artifact(path)
+
+
+def test_a_lazy_member_is_made_as_it_is_written_and_must_have_its_announced_size(tmp_path: Path) -> None:
+    """A LazyMember's bytes exist only while the archive writes them; the archive is byte for byte the one its
+    bytes would give, and a member made with another size than announced is refused (no artifact written)."""
+    made = []
+
+    def produce() -> bytes:
+        made.append(1)
+        return b"packed weights"
+
+    eager = artifact_bytes({"model": {}}, {"w.bin": b"packed weights"})
+    assert artifact_bytes({"model": {}}, {"w.bin": LazyMember(14, produce)}) == eager and made == [1]
+    with pytest.raises(ValueError, match="made with 14 bytes, 15 were announced"):
+        write_artifact(tmp_path / "bad.farm", {"model": {}}, {"w.bin": LazyMember(15, produce)})
+    assert not (tmp_path / "bad.farm").exists()

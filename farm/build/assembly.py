@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from farm import __version__
-from farm.artifact import FORMAT_VERSION
+from farm.artifact import FORMAT_VERSION, Member
 from farm.backends.llvm.toolchain import toolchain
 from farm.backends.registry import Target
 from farm.build.parts import PARTS, BuiltUnits, link_target
@@ -116,7 +116,7 @@ def link_library(plan_json: dict[str, Any], target_id: str, built: BuiltUnits) -
     return link_target(library, built.object_of)
 
 
-def artifact_contents(plan_json: dict[str, Any], built: BuiltUnits) -> tuple[dict[str, Any], dict[str, bytes]]:
+def artifact_contents(plan_json: dict[str, Any], built: BuiltUnits) -> tuple[dict[str, Any], dict[str, Member]]:
     """The artifact's manifest and members, from the link plan and what was built."""
     manifest, members = dict(plan_json["manifest"]), {}
     for kind, layout in plan_json["layouts"].items():

@@ -3,6 +3,7 @@ write the artifact, all through the one assembly (farm.build.assembly) that the 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import time
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from farm.artifact import write_artifact
+from farm.artifact import LazyMember, write_artifact
 from farm.backends.registry import Target
 from farm.build import assembly
 from farm.build.executor import LocalExecutor, StepCall
@@ -66,12 +67,14 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
     plan, tuning = choose_variants(assembly.plan_model(model_path, shapes), cpu_targets,
                                    store or FileStore(default_store_root()), tune, retune, tune_progress)
     units = assembly.compile_units(plan, targets)
-    objects = dict(zip((unit.name for unit in units), _run(executor, [_step_call(unit, plan) for unit in units],
-                                                             progress)))
+    compiled = [unit for unit in units if unit.kind != "blob"]
+    objects: dict[str, bytes | LazyMember] = dict(zip(
+        (unit.name for unit in compiled), _run(executor, [_step_call(unit, plan) for unit in compiled], progress)))
+    objects.update({unit.name: _packed_when_written(unit, plan) for unit in units if unit.kind == "blob"})
     plan_json = assembly.link_plan(plan, targets, name, model_sha256, units)
     libraries: dict[str, bytes] = {}
     built = BuiltUnits(objects.__getitem__, lambda unit: hashlib.sha256(objects[unit]).hexdigest(),
-                       libraries.__getitem__, lambda sha: plan.blobs[sha].tobytes())
+                       libraries.__getitem__, lambda sha: memoryview(plan.blobs[sha]).cast("B"))
     for library in assembly.libraries(plan_json):
         libraries[library["target"]["id"]] = assembly.link_library(plan_json, library["target"]["id"], built)
     manifest, members = assembly.artifact_contents(plan_json, built)
@@ -82,10 +85,19 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
                        time.perf_counter() - started, [t.id for t in targets], tuning if tune or retune else None)
 
 
+def _packed_when_written(unit: CompileUnit, plan: BuildPlan) -> LazyMember:
+    """A weight packed for a target's kernels, made by its pure step as the artifact is written: the packed copies
+    of a model's weights are never all held at once (the source weights are, in the plan)."""
+    return LazyMember(unit.spec.nbytes, functools.partial(compile_unit, unit, _weights_of(unit, plan)))
+
+
+def _weights_of(unit: CompileUnit, plan: BuildPlan) -> memoryview | None:
+    return memoryview(plan.blobs[unit.data_key]).cast("B") if unit.data_key else None
+
+
 def _step_call(unit: CompileUnit, plan: BuildPlan) -> StepCall:
     """The unit's pure step as an executor call; a blob's weights are passed as a view, not copied."""
-    data = memoryview(plan.blobs[unit.data_key]).cast("B") if unit.data_key else None
-    return StepCall(unit.name, compile_unit, (unit, data), big_bytes=UNIT_KINDS[unit.kind].big_bytes)
+    return StepCall(unit.name, compile_unit, (unit, _weights_of(unit, plan)), big_bytes=UNIT_KINDS[unit.kind].big_bytes)
 
 
 def _run(executor: LocalExecutor | None, calls: list[StepCall], progress: ProgressCallback | None) -> list[bytes]:

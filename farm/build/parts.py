@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from farm.artifact import Member
 from farm.backends.registry import Target
 from farm.build.units import CompileUnit
 from farm.ir.specs import BlobSpec, KernelSpec
@@ -29,12 +30,13 @@ from farm.plan.planner import BuildPlan, for_target
 @dataclass(frozen=True)
 class BuiltUnits:
     """How assembly reads what the units built: bytes and sha256 by unit name, libraries by target id, and
-    weights by sha256 (in memory locally, from the store on the farm)."""
+    weights by sha256 (in memory locally, from the store on the farm). A member may be a LazyMember, made as the
+    artifact is written (a local build's packed weights)."""
 
-    object_of: Callable[[str], bytes]
+    object_of: Callable[[str], Member]
     sha256_of: Callable[[str], str]
     library_of: Callable[[str], bytes]
-    blob_of: Callable[[str], bytes]
+    blob_of: Callable[[str], Member]
 
 
 class Part(ABC):
@@ -58,7 +60,7 @@ class Part(ABC):
 
     @abstractmethod
     def assemble(self, layout: dict[str, Any], manifest: dict[str, Any],
-                 built: BuiltUnits) -> tuple[dict[str, Any], dict[str, bytes]]:
+                 built: BuiltUnits) -> tuple[dict[str, Any], dict[str, Member]]:
         """This part's manifest fields completed with what was built (`manifest`: the template), and its members."""
 
     @abstractmethod
@@ -191,7 +193,7 @@ class CpuPart(Part):
                 "kernels": _kernel_entries(plan, targets)}
 
     def assemble(self, layout: dict[str, Any], manifest: dict[str, Any],
-                 built: BuiltUnits) -> tuple[dict[str, Any], dict[str, bytes]]:
+                 built: BuiltUnits) -> tuple[dict[str, Any], dict[str, Member]]:
         ids = [library["target"]["id"] for library in layout["libraries"]]
         members = {library_member(target_id): built.library_of(target_id) for target_id in ids}
         members.update({member: built.object_of(unit) if unit else built.blob_of(sha)
@@ -272,7 +274,7 @@ class OpenClPart(Part):
                            "blobs": {sha: weights_member(sha) for sha in sorted(plan.blobs)}}}
 
     def assemble(self, layout: dict[str, Any], manifest: dict[str, Any],
-                 built: BuiltUnits) -> tuple[dict[str, Any], dict[str, bytes]]:
+                 built: BuiltUnits) -> tuple[dict[str, Any], dict[str, Member]]:
         members = {member: source.encode() for member, source in layout["sources"].items()}
         members.update({member: built.object_of(name) for member, name in layout["binaries"].items()})
         members.update({member: built.blob_of(sha) for member, sha in layout["weights"].items()})
