@@ -265,6 +265,17 @@ def hostile_op_model(op: str, attrs: Mapping[str, object] | None = None,
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
 
 
+def assert_unsupported(model: onnx.ModelProto, message: str, folder: str | os.PathLike) -> None:
+    """plan_model refuses `model` with an UnsupportedError matching `message` (a variant farm doesn't build)."""
+    from farm.build.assembly import plan_model
+    from farm.errors import UnsupportedError
+
+    path = Path(folder) / "unsupported.onnx"
+    onnx.save(model, path)
+    with pytest.raises(UnsupportedError, match=message):
+        plan_model(path)
+
+
 def assert_refused(model: onnx.ModelProto, message: str, folder: str | os.PathLike) -> None:
     """plan_model refuses `model` with one line that names the node "victim" and matches `message`."""
     from farm.build.assembly import plan_model

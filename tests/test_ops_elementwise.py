@@ -15,6 +15,7 @@ import pytest
 from numerics import (
     OPSET,
     OpCase,
+    assert_unsupported,
     build_and_load,
     case,
     check_case,
@@ -26,9 +27,6 @@ from numerics import (
     single_op_model,
 )
 from onnx import TensorProto, helper
-
-from farm.build.assembly import plan_model
-from farm.errors import UnsupportedError
 
 X4 = [("x", (2, 3, 5, 7))]
 
@@ -656,10 +654,7 @@ def test_wide_bit_results_are_exact(c: OpCase, tmp_path: Path) -> None:
                  "input 'a' has dtype bfloat16; MatMul takes", id="matmul-bfloat16-has-no-gemm"),
 ])
 def test_unsupported_variants_are_refused(model: onnx.ModelProto, message: str, tmp_path: Path) -> None:
-    path = tmp_path / "model.onnx"
-    onnx.save(model, path)
-    with pytest.raises(UnsupportedError, match=message):
-        plan_model(path)
+    assert_unsupported(model, message, tmp_path)
 
 
 # ------------------------------------------------------------------------------------------------- OpenCL

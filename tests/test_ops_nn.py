@@ -27,7 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from farm.build.assembly import plan_model
 from farm.ir.specs import KernelSpec
-from farm.ops import nn
+from farm.ops import LOWERINGS, nn
 
 # ---------------------------------------------------------------------------------------------------------- Conv
 
@@ -753,7 +753,7 @@ def test_conv_geometry_names_the_sizes_of_a_grouped_strided_dilated_conv(tmp_pat
     assert (geo.in_channels_per_group, geo.out_channels_per_group) == (3, 2)
     assert (geo.in_pixels, geo.out_pixels, geo.column_rows) == (99, 55, 3 * 3 * 2)
     assert geo.column_stride == 64  # 55 pixels a row, padded to a cache line
-    assert nn._conv_scratch(spec) == geo.column_rows * geo.column_stride  # one group's im2col matrix
+    assert LOWERINGS["Conv"].scratch_floats(spec) == geo.column_rows * geo.column_stride  # one group's im2col matrix
 
 
 def test_pool_window_is_the_conv_window_without_channels(tmp_path) -> None:
@@ -778,7 +778,7 @@ def test_a_1d_window_is_a_plane_of_height_1(tmp_path) -> None:
 def test_3d_convs_and_pools_lower_to_loop_nests_without_scratch(tmp_path) -> None:
     conv = _spec_of(single_op_model("Conv", [("x", (1, 2, 4, 4, 4))], {}, {"w": rand(3, 2, 2, 2, 2)}), tmp_path)
     pool = _spec_of(single_op_model("MaxPool", [("x", (1, 2, 4, 4, 4))], {"kernel_shape": [2, 2, 2]}), tmp_path)
-    assert nn._conv_scratch(conv) == nn._pool_scratch(pool) == 0
+    assert LOWERINGS["Conv"].scratch_floats(conv) == LOWERINGS["MaxPool"].scratch_floats(pool) == 0
     assert nn.CONV_LOWERINGS[nn._spatial_rank(conv)].lower is nn._lower_conv_volumes
     assert nn.POOL_LOWERINGS[nn._spatial_rank(pool)].lower is nn._lower_pool_volumes
 

@@ -15,6 +15,7 @@ import pytest
 from numerics import (
     OpCase,
     assert_refused,
+    assert_unsupported,
     case,
     check_case,
     check_case_on_opencl,
@@ -395,13 +396,7 @@ UNSUPPORTED = [
 
 @pytest.mark.parametrize("model, message", UNSUPPORTED)
 def test_unsupported_variants_are_refused_clearly(model, message: str, tmp_path) -> None:
-    from farm.build.assembly import plan_model
-    from farm.errors import UnsupportedError
-
-    path = tmp_path / "m.onnx"
-    onnx.save(model, str(path))
-    with pytest.raises(UnsupportedError, match=message):
-        plan_model(path)
+    assert_unsupported(model, message, tmp_path)
 
 
 def test_hostile_axis_is_refused(tmp_path) -> None:

@@ -14,6 +14,7 @@ import pytest
 from numerics import (
     OpCase,
     assert_refused,
+    assert_unsupported,
     build_and_load,
     case,
     check_case,
@@ -25,9 +26,6 @@ from numerics import (
 )
 from onnx import save
 from test_ops_tensor import onnx_reference
-
-from farm.build.assembly import plan_model
-from farm.errors import UnsupportedError
 
 OPSET = 20
 TIES = np.array([-1.0, -0.75, -0.5, -0.25, 0.0, 0.25, 0.5, 0.75, 1.0, 1.25, -1.5, 2.0], np.float32)
@@ -128,10 +126,7 @@ UNSUPPORTED = [
 
 @pytest.mark.parametrize("model, message", UNSUPPORTED)
 def test_unsupported_variants_are_refused_clearly(model, message: str, tmp_path) -> None:
-    path = tmp_path / "m.onnx"
-    save(model, str(path))
-    with pytest.raises(UnsupportedError, match=message):
-        plan_model(path)
+    assert_unsupported(model, message, tmp_path)
 
 
 HOSTILE = [

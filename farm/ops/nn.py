@@ -696,20 +696,18 @@ def _no_scratch(spec: KernelSpec) -> int:
     return 0
 
 
+def register_by_rank(ops: tuple[str, ...], lowerings: dict[int, WindowLowering], **options: Any) -> None:
+    """Register `ops` with a lowering and a scratch size each picked by the kernel's spatial rank."""
+    register(*ops, scratch_floats=lambda spec: lowerings[_spatial_rank(spec)].scratch(spec), **options)(
+        lambda spec: lowerings[_spatial_rank(spec)].lower(spec))
+
+
 CONV_LOWERINGS = {2: WindowLowering(_lower_conv_planes, _conv_plane_scratch),
                   3: WindowLowering(_lower_conv_volumes, _no_scratch)}
 """Conv by spatial rank: planes (1-D ones as planes of height 1) through the GEMM paths, volumes as a loop nest."""
 
 
-def _lower_conv(spec: KernelSpec) -> list[L.Stmt]:
-    return CONV_LOWERINGS[_spatial_rank(spec)].lower(spec)
-
-
-def _conv_scratch(spec: KernelSpec) -> int:
-    return CONV_LOWERINGS[_spatial_rank(spec)].scratch(spec)
-
-
-register("Conv", normalize=_conv_attrs, scratch_floats=_conv_scratch)(_lower_conv)
+register_by_rank(("Conv",), CONV_LOWERINGS, normalize=_conv_attrs)
 
 
 def _conv_transpose_attrs(ctx: NodeContext) -> dict[str, Any]:
@@ -1106,15 +1104,7 @@ POOL_LOWERINGS = {2: WindowLowering(_lower_pool_planes, _pool_plane_scratch),
 """MaxPool and AveragePool by spatial rank: planes (1-D ones as planes of height 1), volumes as a loop nest."""
 
 
-def _lower_pool(spec: KernelSpec) -> list[L.Stmt]:
-    return POOL_LOWERINGS[_spatial_rank(spec)].lower(spec)
-
-
-def _pool_scratch(spec: KernelSpec) -> int:
-    return POOL_LOWERINGS[_spatial_rank(spec)].scratch(spec)
-
-
-register("MaxPool", "AveragePool", normalize=_pool_attrs, data_inputs=(0,), scratch_floats=_pool_scratch)(_lower_pool)
+register_by_rank(("MaxPool", "AveragePool"), POOL_LOWERINGS, normalize=_pool_attrs, data_inputs=(0,))
 
 
 def _lp_pool_attrs(ctx: NodeContext) -> dict[str, Any]:
