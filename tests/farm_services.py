@@ -146,3 +146,12 @@ def farm_factory_fixture(tmp_path: Path) -> Iterator:
         finally:
             for farm in farms:
                 farm.close()
+
+
+def packed_weight_symbol(model: Path) -> str:
+    """The symbol of a weight `model`'s host build packs in panels: one unit of the farm.pack_blob task (plain
+    weights are artifact members with no unit), for the fault-injection drills."""
+    from farm.backends.llvm.target import host_target
+    from farm.build.assembly import compile_units, plan_model
+
+    return next(unit.spec.symbol for unit in compile_units(plan_model(model), [host_target()]) if unit.kind == "blob")

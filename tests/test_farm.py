@@ -15,7 +15,7 @@ from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
 from farm.tools import examples
 from tests.dynamic_models import dynamic_cnn
-from tests.farm_services import farm_cli, farm_factory_fixture  # noqa: F401
+from tests.farm_services import farm_cli, farm_factory_fixture, packed_weight_symbol  # noqa: F401
 from tests.services import free_port
 
 
@@ -106,18 +106,16 @@ def _running_on(farm, worker: str) -> bool:
 
 
 def test_a_unit_that_kills_its_worker_every_time_fails_the_job_by_name(farm_factory, tmp_path):
-    from farm.build.assembly import plan_model
-    from farm.ir.specs import BlobSpec
 
     model = tmp_path / "tiny_cnn.onnx"
     onnx.save(examples.tiny_cnn(), model)
-    doomed = BlobSpec(next(iter(plan_model(model).blobs)), 0, "").symbol
+    doomed = packed_weight_symbol(model)
     farm = farm_factory(workers=1, env={"FARM_FAULT_KILL_UNIT": doomed})
     started = time.monotonic()
     result = farm_cli("submit", str(model), "--json", broker=farm.url, cwd=tmp_path, timeout=240)
     assert result.returncode == 1, result.stdout + result.stderr
     assert doomed in result.stderr and "started 3 times and never finished" in result.stderr
-    assert "blob of node" in result.stderr  # named by the ONNX nodes that read the weights, not only the symbol
+    assert "packed weight of node" in result.stderr  # named by the ONNX nodes that read the weights, not only the symbol
     assert time.monotonic() - started < 60  # seconds, with the production defaults
     assert farm.workers[0].process.poll() is None
 

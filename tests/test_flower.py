@@ -26,7 +26,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from farm.tools.examples import EXAMPLES
-from tests.farm_services import Farm, farm_cli, farm_factory_fixture  # noqa: F401
+from tests.farm_services import Farm, farm_cli, farm_factory_fixture, packed_weight_symbol  # noqa: F401
 from tests.services import free_port, redis_server_fixture  # noqa: F401
 
 USER, PASSWORD = "farm", "secret"
@@ -198,12 +198,10 @@ def test_the_task_that_fails_a_job_is_a_failure_in_flower_with_its_error(farm_fa
     cancelled or failed job succeed with a note saying why they did nothing."""
     model = tmp_path / "tiny_cnn.onnx"
     onnx.save(EXAMPLES["tiny_cnn"](), str(model))
-    from farm.build.assembly import plan_model
     from farm.distributed.celery_app import make_app
     from farm.distributed.protocol import Finish
-    from farm.ir.specs import BlobSpec
 
-    doomed = BlobSpec(next(iter(plan_model(model).blobs)), 0, "").symbol
+    doomed = packed_weight_symbol(model)
     farm = farm_factory(workers=1, env={"FARM_FAULT_KILL_UNIT": doomed})
     flower = flower_for(farm)
 

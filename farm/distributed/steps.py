@@ -120,12 +120,17 @@ class Farm:
         if not self.board.advance(job_id, JobState.COMPILING, link_plan_key=link_plan_key, **counts):
             return None
         self._dispatch_units(job_id, plan, todo)
-        if any(t.kind != CpuTarget.kind for t in record.targets):
-            for data in plan.blobs.values():
-                self.store.put(memoryview(data).cast("B"))
+        self._put_weights(plan, {unit.data_key for unit in todo if unit.data_key})
         if not todo:
             self._start_linking(job_id, plan_json)
         return None
+
+    def _put_weights(self, plan: BuildPlan, put: set[str]) -> None:
+        """Every weight the store lacks (beyond those `put` for their pack units): they are artifact members, which
+        the finish writes from the store, plain ones without any unit."""
+        for sha, data in plan.blobs.items():
+            if sha not in put and not self.store.has(sha):
+                self.store.put(memoryview(data).cast("B"))
 
     def _dispatch_units(self, job_id: str, plan: BuildPlan, todo: list[CompileUnit]) -> None:
         """Kernels first, so that workers compile while this task is still putting weight bytes in the store;
