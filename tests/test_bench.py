@@ -27,6 +27,7 @@ from farm.cli.bench import (
     compare,
     kernel_label,
     repeats_needed,
+    sample_feeds,
     slower_p_value,
 )
 
@@ -175,3 +176,16 @@ def test_the_opencl_part_is_timed_step_by_step_and_compared(opencl_artifact, tmp
     compared = json.loads(checked.stdout)
     assert compared["after"]["target"] == report.target and [c["node"] for c in compared["changes"]] == ["conv", "act"]
     assert all(c["p_value"] is not None for c in compared["changes"])
+
+
+def test_sample_feeds_are_random_for_every_float_dtype_and_zero_for_the_rest() -> None:
+    """bfloat16 (ml_dtypes', numpy kind "V") is a float: zeros would time a different path (denormals, skips)."""
+    import ml_dtypes
+
+    from farm.runtime.model import TensorSpec
+
+    specs = [TensorSpec(name, (4,), np.dtype(dtype).name) for name, dtype in
+             (("f16", np.float16), ("bf16", ml_dtypes.bfloat16), ("f64", np.float64), ("ids", np.int64))]
+    feeds = sample_feeds(specs)
+    assert all(np.any(feeds[name].astype(np.float32) != 0) for name in ("f16", "bf16", "f64"))
+    assert not np.any(feeds["ids"]) and feeds["bf16"].dtype == np.dtype(ml_dtypes.bfloat16)

@@ -159,10 +159,16 @@ def slower_p_value(before: Sequence[float], after: Sequence[float]) -> float:
 
 
 def sample_feeds(inputs: Sequence[TensorSpec], seed: int = 0) -> dict[str, np.ndarray]:
-    """Standard-normal floats, and zeros for integer and bool inputs (always valid indices and masks)."""
+    """Standard-normal floats (bfloat16 included), and zeros for integer and bool inputs (always valid indices and
+    masks)."""
     rng = np.random.default_rng(seed)
-    return {spec.name: (rng.standard_normal(spec.shape).astype(spec.dtype) if np.dtype(spec.dtype).kind == "f"
+    return {spec.name: (rng.standard_normal(spec.shape).astype(spec.dtype) if _is_float(spec.dtype)
                         else np.zeros(spec.shape, spec.dtype)) for spec in inputs}
+
+
+def _is_float(dtype: str) -> bool:
+    """numpy's floats, and bfloat16 (ml_dtypes' type, whose numpy kind is "V")."""
+    return np.dtype(dtype).kind == "f" or np.dtype(dtype).name == "bfloat16"
 
 
 def kernel_label(spec: Mapping[str, Any]) -> str:
