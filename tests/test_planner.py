@@ -205,3 +205,25 @@ def test_an_op_whose_kernel_takes_no_empty_operand_is_refused(tmp_path):
     with pytest.raises(UnsupportedError, match=r"'matmul'.*input 'x' is empty \(shape \[2, 0\]\) and the node "
                                                 r"computes a non-empty output; farm's MatMul kernel is not written"):
         plan_model(_save(tmp_path, nodes, [("x", [2, 0]), ("w", [0, 3])], ["y"]))
+
+
+def test_constants_are_hashed_on_threads_to_the_digests_a_serial_hash_gives(tmp_path) -> None:
+    """constant_digests hashes every constant a kernel takes as data (in a thread pool); the plan's blobs are keyed
+    by exactly those sha256s of the bytes they hold."""
+    import hashlib
+
+    from farm.frontend.onnx_import import import_model
+    from farm.frontend.passes import optimize
+    from farm.plan.planner import constant_digests
+    from farm.tools.examples import EXAMPLES
+
+    path = tmp_path / "small_cnn.onnx"
+    onnx.save(EXAMPLES["small_cnn"](), path)
+    graph = optimize(import_model(path))
+    digests = constant_digests(graph)
+    plan = plan_model(path)
+    assert set(digests.values()) == set(plan.blobs) and len(digests) >= len(plan.blobs) > 0
+    for name, sha in digests.items():
+        data = np.ascontiguousarray(graph.constants[name]).reshape(-1).view(np.uint8)
+        assert hashlib.sha256(data.tobytes()).hexdigest() == sha
+        assert plan.blobs[sha].tobytes() == data.tobytes()
