@@ -36,7 +36,7 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,12 +126,12 @@ def export_model(name: str, folder: Path) -> Path:
     return path
 
 
-def model_names(parser: argparse.ArgumentParser, text: str) -> list[str]:
-    """The comma-separated names of --models; unknown ones are refused with the list of known ones."""
+def model_names(parser: argparse.ArgumentParser, text: str, known: Collection[str] = MODELS) -> list[str]:
+    """The comma-separated names of --models; unknown ones are refused with the list of `known` ones."""
     names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in MODELS]
+    unknown = [name for name in names if name not in known]
     if unknown or not names:
-        parser.error(f"unknown models {unknown}; known: {', '.join(MODELS)}")
+        parser.error(f"unknown models {unknown}; known: {', '.join(known)}")
     return names
 
 

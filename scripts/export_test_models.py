@@ -46,7 +46,7 @@ from pathlib import Path
 import onnx
 import torch
 import torchvision
-from export_models import OPSET, BertOutputs, fill_zero_weights
+from export_models import OPSET, BertOutputs, fill_zero_weights, model_names
 from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel, ViTConfig, ViTForImageClassification
 
 DEFAULT_FOLDER = Path(__file__).resolve().parent.parent / "tests" / "exports"
@@ -195,10 +195,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("-o", "--output", type=Path, default=DEFAULT_FOLDER, help=f"default: {DEFAULT_FOLDER}")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated (default: {','.join(MODELS)})")
     args = parser.parse_args(argv)
-    args.models = [name.strip() for name in args.models.split(",") if name.strip()]
-    unknown = [name for name in args.models if name not in MODELS]
-    if unknown or not args.models:
-        parser.error(f"unknown models {unknown}; known: {', '.join(MODELS)}")
+    args.models = model_names(parser, args.models, MODELS)
     return args
 
 
