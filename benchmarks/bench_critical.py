@@ -77,7 +77,7 @@ def measure(path: Path, folder: Path) -> dict[str, object]:
         unit_s.append(seconds)
 
     def finish() -> None:
-        plan_json = assembly.link_plan(plan, [target], path.stem, "0" * 64, units)
+        plan_json = assembly.link_plan([plan], [target], path.stem, "0" * 64, units)
         libraries: dict[str, bytes] = {}
         built = BuiltUnits(objects.__getitem__, lambda name: hashlib.sha256(objects[name]).hexdigest(),
                            libraries.__getitem__, lambda sha: plan.blobs[sha].tobytes())

@@ -28,6 +28,11 @@ from farm.atomic import stream_atomically
 from farm.errors import ArtifactError
 
 FORMAT_VERSION = 4
+SIZED_FORMAT_VERSION = 5
+"""The format of an artifact holding several sizes (a `sizes` list, see size_manifests); a runtime that reads only
+FORMAT_VERSION refuses it by its version rather than by a missing field."""
+COMMON_FIELDS = ("format_version", "farm_version", "toolchain", "model", "members")
+"""The manifest fields that an artifact of several sizes keeps once, at the top; every other field is a size's."""
 MANIFEST = "manifest.json"
 MANIFEST_DIGEST = "manifest.sha256"
 SIGNATURE = "manifest.sig"
@@ -167,15 +172,31 @@ def _check_contents(manifest: dict[str, Any], members: Mapping[str, Member]) -> 
         problem = _path_problem(name)
         if problem or name in _RESERVED:
             raise ValueError(f"artifact member path {name!r} {problem or 'is reserved for the manifest'}")
-    if manifest.get("format_version", FORMAT_VERSION) != FORMAT_VERSION:
-        raise ValueError(
-            f"manifest format_version is {manifest['format_version']!r}, this farm writes {FORMAT_VERSION}"
-        )
+    expected = format_version_of(manifest)
+    if manifest.get("format_version", expected) != expected:
+        raise ValueError(f"manifest format_version is {manifest['format_version']!r}, this farm writes {expected} "
+                         "for it")
+
+
+def format_version_of(manifest: dict[str, Any]) -> int:
+    """The format version a manifest has: SIZED_FORMAT_VERSION with a `sizes` list, else FORMAT_VERSION."""
+    return SIZED_FORMAT_VERSION if "sizes" in manifest else FORMAT_VERSION
+
+
+def size_manifests(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each size's manifest as one artifact of that size alone would hold it (its fields beside the COMMON_FIELDS,
+    and `shapes`, its pins, where it has any); a manifest without `sizes` is its one size. The runtime checks what
+    it reads of each (farm.runtime.manifest.check_sizes)."""
+    sizes = manifest.get("sizes")
+    if not isinstance(sizes, list):
+        return [manifest]
+    common = {key: manifest[key] for key in COMMON_FIELDS if key in manifest}
+    return [{**size, **common} for size in sizes if isinstance(size, dict)]
 
 
 def _manifest_files(manifest: dict[str, Any], digests: dict[str, str]) -> dict[str, bytes]:
     """manifest.json completed with every payload member's sha256, and manifest.sha256."""
-    full = {"format_version": FORMAT_VERSION, **manifest, "members": digests}
+    full = {"format_version": format_version_of(manifest), **manifest, "members": digests}
     text = (json.dumps(full, sort_keys=True, indent=2) + "\n").encode("utf-8")
     return {MANIFEST: text, MANIFEST_DIGEST: f"{_sha256(text)}\n".encode()}
 
@@ -391,8 +412,9 @@ def _parse_manifest(path: str, data: bytes) -> dict[str, Any]:
     if not isinstance(manifest, dict):
         raise ArtifactError(f"{path}: {MANIFEST} is not a JSON object")
     version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
-        raise ArtifactError(f"{path}: format_version {version!r} is not supported (this farm reads {FORMAT_VERSION})")
+    if version != format_version_of(manifest):
+        raise ArtifactError(f"{path}: format_version {version!r} is not supported (this farm reads {FORMAT_VERSION}, "
+                            f"and {SIZED_FORMAT_VERSION} for an artifact of several sizes)")
     listed = manifest.get("members")
     if not isinstance(listed, dict) or not all(
         isinstance(digest, str) and len(digest) == 64 for digest in listed.values()

@@ -18,7 +18,9 @@ from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
 from farm.build.parts import BuiltUnits
 from farm.build.units import compile_unit
+from farm.errors import BuildError
 from farm.tools import examples
+from tests.dynamic_models import dynamic_cnn
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +35,7 @@ def test_the_assembly_driven_step_by_step_gives_the_local_builds_artifact(model:
     plan = assembly.plan_model(model)
     units = assembly.compile_units(plan, targets)
     sha = hashlib.sha256(model.read_bytes()).hexdigest()
-    plan_json = json.loads(json.dumps(assembly.link_plan(plan, targets, model.stem, sha, units)))
+    plan_json = json.loads(json.dumps(assembly.link_plan([plan], targets, model.stem, sha, units)))
     assert set(plan_json["units"]) == {unit.name for unit in units} and set(plan_json["layouts"]) == {"cpu"}
 
     objects = {unit.name: compile_unit(unit, memoryview(plan.blobs[unit.data_key]).cast("B") if unit.data_key else None)
@@ -53,7 +55,7 @@ def test_the_assembly_driven_step_by_step_gives_the_local_builds_artifact(model:
 def test_an_opencl_only_plan_has_no_libraries_and_still_lists_cpu_fields(model: Path) -> None:
     plan, device = assembly.plan_model(model), OpenClTarget("0123456789abcdef")
     units = assembly.compile_units(plan, [device])
-    plan_json = assembly.link_plan(plan, [device], "m", "0" * 64, units)
+    plan_json = assembly.link_plan([plan], [device], "m", "0" * 64, units)
     assert assembly.libraries(plan_json) == [] and {unit.kind for unit in units} == {"clkernel"}
     assert plan_json["manifest"]["targets"] == [] and plan_json["manifest"]["kernels"] == []
     assert plan_json["manifest"]["opencl"]["devices"] == [device.fingerprint]
@@ -65,10 +67,40 @@ def test_the_build_identity_names_everything_the_bytes_depend_on() -> None:
     identities = {assembly.build_identity("a" * 64, "m", [host]), assembly.build_identity("b" * 64, "m", [host]),
                   assembly.build_identity("a" * 64, "n", [host]), assembly.build_identity("a" * 64, "m", [host, arm]),
                   assembly.build_identity("a" * 64, "m", [host, OpenClTarget("0123456789abcdef")]),
-                  assembly.build_identity("a" * 64, "m", [host], {"batch": (1,)}),
-                  assembly.build_identity("a" * 64, "m", [host], {"batch": (2,)})}
-    assert len(identities) == 7 and assembly.build_identity("a" * 64, "m", [host]) in identities
-    assert assembly.build_identity("a" * 64, "m", [host], {}) == assembly.build_identity("a" * 64, "m", [host])
+                  assembly.build_identity("a" * 64, "m", [host], [{"batch": (1,)}]),
+                  assembly.build_identity("a" * 64, "m", [host], [{"batch": (2,)}]),
+                  assembly.build_identity("a" * 64, "m", [host], [{"batch": (1,)}, {"batch": (2,)}]),
+                  assembly.build_identity("a" * 64, "m", [host], [{"batch": (2,)}, {"batch": (1,)}])}
+    assert len(identities) == 9 and assembly.build_identity("a" * 64, "m", [host]) in identities
+    assert assembly.build_identity("a" * 64, "m", [host], [{}]) == assembly.build_identity("a" * 64, "m", [host])
+
+
+def test_sizes_driven_step_by_step_give_the_local_builds_artifact(tmp_path: Path) -> None:
+    """Two sizes: every unit once (the sizes' shared ones too), a library per size and target under its own id,
+    and the artifact the local build writes."""
+    model = tmp_path / "dyn.onnx"
+    dynamic_cnn(model)
+    sizes, targets = [{"batch": (1,)}, {"batch": (2,)}], [host_target()]
+    plans = assembly.plan_sizes(model, sizes)
+    units = assembly.sized_units(plans, targets)
+    assert len(units) < sum(len(assembly.compile_units(plan, targets)) for plan in plans)
+    sha = hashlib.sha256(model.read_bytes()).hexdigest()
+    plan_json = json.loads(json.dumps(assembly.link_plan(plans, targets, model.stem, sha, units, sizes)))
+    assert [library["id"] for library in assembly.libraries(plan_json)] == [f"{targets[0].id}.size0",
+                                                                           f"{targets[0].id}.size1"]
+    blobs = assembly.sized_blobs(plans)
+    objects = {unit.name: compile_unit(unit, memoryview(blobs[unit.data_key]).cast("B") if unit.data_key else None)
+               for unit in units}
+    libraries: dict[str, bytes] = {}
+    built = BuiltUnits(objects.__getitem__, lambda name: hashlib.sha256(objects[name]).hexdigest(),
+                       libraries.__getitem__, lambda key: blobs[key].tobytes())
+    for library in assembly.libraries(plan_json):
+        libraries[library["id"]] = assembly.link_library(plan_json, library["id"], built)
+    manifest, members = assembly.artifact_contents(plan_json, built)
+    local = build_model(model, tmp_path, targets, executor=LocalExecutor(1), sizes=sizes)
+    assert artifact_bytes(manifest, members) == Path(local.artifact).read_bytes()
+    with pytest.raises(BuildError, match="no library 'nope'"):
+        assembly.link_library(plan_json, "nope", built)
 
 
 def test_the_build_identity_holds_the_toolchain_but_the_artifact_does_not(model: Path, tmp_path: Path,

@@ -82,13 +82,13 @@ def test_submit_shape_pins_a_dynamic_dimension_and_bad_or_missing_pins_exit_2_on
     assert missing.returncode == ExitStatus.BAD_INPUT and missing.stderr.count("\n") == 1
     assert "model input 'x' has dynamic shape [batch, 3, 8, 8]; pin it with --shape batch=N" in missing.stderr
     for bad, says in (("batch", "expected NAME=SIZE"), ("seq=4", "no input or symbolic dimension"),
-                      ("batch=1,8", "one size per name")):
+                      ("batch=1,1", "a size is given twice")):
         result = farm("submit", "dyn.onnx", "--shape", bad, cwd=tmp_path)
         assert result.returncode == ExitStatus.BAD_INPUT and says in result.stderr
         assert result.stderr.startswith("farm: error: ") and result.stderr.count("\n") == 1
     assert not (tmp_path / "artifacts").exists()
     np.save(tmp_path / "x.npy", np.ones((2, 3, 8, 8), np.float32))
-    for pin in ("batch=2", "x=2x3x8x8"):
+    for pin in ("batch=2", "x=2x3x8x8", "batch=1,2"):
         built = farm("submit", "dyn.onnx", "--shape", pin, "--json", "-o", pin, cwd=tmp_path)
         assert built.returncode == 0, built.stderr
         ran = farm("run", json.loads(built.stdout)["artifact"], "--input", "x=x.npy", "-o", "y.npz", cwd=tmp_path)

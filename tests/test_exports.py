@@ -21,7 +21,7 @@ import farm.runtime
 from farm.backends.opencl.target import OpenClTarget
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
-from farm.frontend.shapes import parse_shapes
+from farm.frontend.shapes import parse_sizes
 
 EXPORTS = Path(__file__).parent / "exports"
 VOCAB = 1000
@@ -88,9 +88,9 @@ def check_export(case: Export, tmp_path: Path, fingerprint: str | None = None) -
     """Build `case` (for this host's CPU, or for the OpenCL device `fingerprint`), check its pinned input shapes,
     run it on random inputs and compare with onnxruntime on the export itself."""
     path = EXPORTS / f"{case.name}.onnx"
-    shapes = parse_shapes(case.pins) if case.pins else None
+    shapes = parse_sizes(case.pins)[0] if case.pins else None
     targets = [OpenClTarget(fingerprint)] if fingerprint else []
-    result = build_model(path, tmp_path, targets, executor=LocalExecutor(1), shapes=shapes)
+    result = build_model(path, tmp_path, targets, executor=LocalExecutor(1), sizes=[shapes] if shapes else [])
     model = farm.runtime.load(result.artifact, device="opencl" if fingerprint else "cpu", cache_dir=tmp_path / "cache")
     assert {spec.name: tuple(spec.shape) for spec in model.inputs} == declared_shapes(path, shapes or {})
     feeds = feeds_for(model)

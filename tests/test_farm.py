@@ -10,6 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from farm import runtime
 from farm.backends.opencl.target import OpenClTarget
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
@@ -143,14 +144,18 @@ def test_bad_input_fails_fast_with_the_node_named_and_no_worker_dies(farm_factor
 
 
 def test_a_dynamic_model_builds_on_the_farm_with_shape_as_it_does_locally(farm_factory, tmp_path):
-    """--shape travels in the job request: the farm builds the artifact a local build with the same pins makes,
-    and without a pin the job fails with the local build's message."""
+    """--shape travels in the job request, several sizes too: the farm builds the artifact a local build with the
+    same sizes makes (a library per size, linked by a task each), and without a pin the job fails with the local
+    build's message."""
     model = tmp_path / "dyn.onnx"
     dynamic_cnn(model)
-    local = build_model(model, tmp_path / "local", executor=LocalExecutor(1), shapes={"batch": (2,)}).artifact
+    sizes = [{"batch": (2,)}, {"batch": (3,)}]
+    local = build_model(model, tmp_path / "local", executor=LocalExecutor(1), sizes=sizes).artifact
     farm = farm_factory(workers=1)
-    job = _submit(farm, model, tmp_path, "--shape", "batch=2")
+    job = _submit(farm, model, tmp_path, "--shape", "batch=2,3")
     assert job["state"] == "done" and _sha(job["artifact"]) == _sha(local)
+    model_of_sizes = runtime.load(job["artifact"], threads=1)
+    assert [pins for pins, _ in model_of_sizes.sizes] == sizes
     unpinned = farm_cli("submit", str(model), broker=farm.url, cwd=tmp_path)
     assert unpinned.returncode == 2 and "pin it with --shape batch=N" in unpinned.stderr
 

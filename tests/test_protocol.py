@@ -115,7 +115,7 @@ def test_compile_arguments_name_the_unit_what_it_is_and_its_target_for_flower() 
     ("farm.plan_job", [], "list of 1"),
     ("farm.plan_job", ["../x"], "not a job id"),
     ("farm.plan_job", JOB, "list of 1"),
-    ("farm.link", [JOB, 7], "target id must be a string"),
+    ("farm.link", [JOB, 7], "library must be a string"), ("farm.link", [JOB, ""], "1 to 256 characters"),
     ("farm.compile_cpu_kernel", [JOB, "u", "Relu", "t", {"kind": "shell"}], "not a compile unit"),
     ("farm.compile_cpu_kernel", [JOB, "u", "Relu", "t", {"kind": "kernel", "spec": {}, "target": CPU.to_json()}],
      "malformed spec"),

@@ -7,22 +7,31 @@
 The link plan holds everything that linking and finishing need besides the built bytes: the manifest template,
 each unit (with its cache ref and input key) and each backend's layout (farm.build.parts). Locally it stays in
 memory; on the farm it is kept in the store and every step reads it by key.
+
+A build of several sizes (`--shape batch=1,8,32`: farm.frontend.shapes) plans the model once per size; its units are
+the union of the sizes' units (a kernel or packed weight that two sizes share is one unit), its link plan holds a
+sub-plan per size under `sizes`, and each size gets its own library per CPU target (`sizes/<i>/targets/<id>/
+model.so`). The artifact's manifest keeps the fields every size shares at the top (COMMON_FIELDS) and the rest of
+each size's manifest, with its pins, in `sizes` (farm.artifact.size_manifests reads it back); weights are members
+named by content, so all sizes map the same ones.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import os
 from collections.abc import Sequence
 from typing import Any
 
 from farm import __version__
-from farm.artifact import FORMAT_VERSION, Member
+from farm.artifact import COMMON_FIELDS, FORMAT_VERSION, SIZED_FORMAT_VERSION, Member, size_manifests
 from farm.backends.llvm.toolchain import toolchain
 from farm.backends.registry import Target
 from farm.build.parts import PARTS, BuiltUnits, link_target
 from farm.build.units import CompileUnit
-from farm.frontend.shapes import PinnedShapes, shapes_to_json
+from farm.frontend.shapes import PinnedShapes, shapes_to_json, sizes_to_json
 from farm.ir.specs import CODEGEN_VERSION, BlobSpec, canonical_json
 from farm.plan.planner import BuildPlan
 
@@ -40,14 +49,24 @@ def plan_model(model_path: str | os.PathLike, shapes: PinnedShapes | None = None
     return make_plan(graph)
 
 
+def plan_sizes(model_path: str | os.PathLike, sizes: Sequence[PinnedShapes] = ()) -> list[BuildPlan]:
+    """A plan per size (plan_model with each size's pins; one plan without sizes)."""
+    return [plan_model(model_path, pins) for pins in sizes or [{}]]
+
+
 def build_identity(model_sha256: str, model_name: str, targets: Sequence[Target],
-                   shapes: PinnedShapes | None = None) -> str:
+                   sizes: Sequence[PinnedShapes] = ()) -> str:
     """Everything an artifact's bytes depend on besides the tuning database: farm's codegen, this process's toolchain
-    (LLVM and the linker), the model's bytes and name, the targets, the pinned shapes (none: the identity builds
-    had before shapes could be pinned). It names a local build's job and the farm's artifact cache entry."""
+    (LLVM and the linker), the model's bytes and name, the targets, the pinned sizes (none, or one without pins:
+    the identity builds had before shapes could be pinned; one: the identity of a single pinned size). It names a
+    local build's job and the farm's artifact cache entry."""
     parts = [CODEGEN_VERSION, toolchain().key, model_sha256, model_name, [t.to_json() for t in targets]]
-    text = canonical_json([*parts, shapes_to_json(shapes)] if shapes else parts)
-    return hashlib.sha256(text.encode()).hexdigest()
+    pinned = [pins for pins in sizes if pins]
+    if len(sizes) > 1:
+        parts.append(sizes_to_json(sizes))
+    elif pinned:
+        parts.append(shapes_to_json(pinned[0]))
+    return hashlib.sha256(canonical_json(parts).encode()).hexdigest()
 
 
 def by_kind(targets: Sequence[Target]) -> dict[str, list[Target]]:
@@ -60,15 +79,45 @@ def compile_units(plan: BuildPlan, targets: Sequence[Target]) -> list[CompileUni
     return [unit for kind, chosen in by_kind(targets).items() for unit in PARTS[kind].units(plan, chosen)]
 
 
-def link_plan(plan: BuildPlan, targets: Sequence[Target], model_name: str, model_sha256: str,
-              units: Sequence[CompileUnit]) -> dict[str, Any]:
-    """What linking and finishing need besides the built bytes, as JSON (see the module docstring)."""
+def sized_units(plans: Sequence[BuildPlan], targets: Sequence[Target]) -> list[CompileUnit]:
+    """Every unit of every size's plan, each once (sizes share the kernels whose shapes don't change and their
+    weights' packed copies)."""
+    units: dict[str, CompileUnit] = {}
+    for plan in plans:
+        units.update((unit.name, unit) for unit in compile_units(plan, targets) if unit.name not in units)
+    return list(units.values())
+
+
+def sized_blobs(plans: Sequence[BuildPlan]) -> dict[str, Any]:
+    """Every size's weights by sha256 (sizes share the model's weights; folding may add a size's own)."""
+    return {sha: data for plan in plans for sha, data in plan.blobs.items()}
+
+
+def link_plan(plans: Sequence[BuildPlan], targets: Sequence[Target], model_name: str, model_sha256: str,
+              units: Sequence[CompileUnit], sizes: Sequence[PinnedShapes] = ()) -> dict[str, Any]:
+    """What linking and finishing need besides the built bytes, as JSON (see the module docstring): one plan's, or
+    with several sizes every unit once and a sub-plan per size (its pins, manifest template and layouts)."""
+    unit_json = {unit.name: {**unit.to_json(), "ref": unit.cache_ref, "data_key": unit.data_key} for unit in units}
+    if len(plans) == 1:
+        return {**_size_link_plan(plans[0], targets, model_name, model_sha256, units), "units": unit_json}
+    by_name = {unit.name: unit for unit in units}
+    return {"units": unit_json,
+            "sizes": [{"shapes": shapes_to_json(pins),
+                       **_size_link_plan(plan, targets, model_name, model_sha256,
+                                         [by_name[unit.name] for unit in compile_units(plan, targets)])}
+                      for pins, plan in zip(sizes, plans, strict=True)]}
+
+
+def _size_link_plan(plan: BuildPlan, targets: Sequence[Target], model_name: str, model_sha256: str,
+                    units: Sequence[CompileUnit]) -> dict[str, Any]:
     layouts = {kind: PARTS[kind].layout(plan, chosen, [u for u in units if u.target.kind == kind])
                for kind, chosen in by_kind(targets).items() if chosen or PARTS[kind].always}
-    return {"manifest": manifest_template(plan, targets, model_name, model_sha256),
-            "units": {unit.name: {**unit.to_json(), "ref": unit.cache_ref, "data_key": unit.data_key}
-                      for unit in units},
-            "layouts": layouts}
+    return {"manifest": manifest_template(plan, targets, model_name, model_sha256), "layouts": layouts}
+
+
+def _sub_plans(plan_json: dict[str, Any]) -> list[dict[str, Any]]:
+    """The link plan of each size (the plan itself when it has one size)."""
+    return plan_json.get("sizes", [plan_json])
 
 
 def manifest_template(plan: BuildPlan, targets: Sequence[Target], model_name: str,
@@ -106,19 +155,56 @@ def toolchain_versions() -> dict[str, str]:
 
 
 def libraries(plan_json: dict[str, Any]) -> list[dict[str, Any]]:
-    """The link plan's CPU libraries to link: target, schedule and link order each."""
-    return plan_json["layouts"].get("cpu", {}).get("libraries", [])
+    """The link plan's CPU libraries to link, one per size and CPU target: its `id` (the target's id, with one
+    size; `<target id>.size<i>` with several), target, schedule and link order each."""
+    sub_plans = _sub_plans(plan_json)
+    return [{**library, "id": library_id(library["target"]["id"], index, len(sub_plans))}
+            for index, sub_plan in enumerate(sub_plans)
+            for library in sub_plan["layouts"].get("cpu", {}).get("libraries", [])]
 
 
-def link_library(plan_json: dict[str, Any], target_id: str, built: BuiltUnits) -> bytes:
-    """One CPU target's shared library from its built objects."""
-    library = next(entry for entry in libraries(plan_json) if entry["target"]["id"] == target_id)
-    return link_target(library, built.object_of)
+def library_id(target_id: str, size: int, sizes: int) -> str:
+    """How a build names one size's library for a CPU target (a farm link task's argument, a record's key)."""
+    return target_id if sizes == 1 else f"{target_id}.size{size}"
+
+
+def link_library(plan_json: dict[str, Any], library: str, built: BuiltUnits) -> bytes:
+    """The shared library `library` (a libraries() id) from its built objects; BuildError when the plan has none
+    of that id."""
+    from farm.errors import BuildError
+
+    found = next((entry for entry in libraries(plan_json) if entry["id"] == library), None)
+    if found is None:
+        raise BuildError(f"the link plan has no library {library[:200]!r}")
+    return link_target(found, built.object_of)
 
 
 def artifact_contents(plan_json: dict[str, Any], built: BuiltUnits) -> tuple[dict[str, Any], dict[str, Member]]:
-    """The artifact's manifest and members, from the link plan and what was built."""
-    manifest, members = dict(plan_json["manifest"]), {}
+    """The artifact's manifest and members, from the link plan and what was built: one size's as its parts
+    assemble them; several sizes' combined (the module docstring)."""
+    if "sizes" not in plan_json:
+        return _size_contents(plan_json, built)
+    manifest: dict[str, Any] = {}
+    members: dict[str, Member] = {}
+    count = len(plan_json["sizes"])
+    for index, sub_plan in enumerate(plan_json["sizes"]):
+        size_built = dataclasses.replace(
+            built, library_of=lambda target_id, index=index: built.library_of(library_id(target_id, index, count)))
+        size_manifest, size_members = _size_contents(sub_plan, size_built)
+        for target in size_manifest.get("targets", []):
+            moved = f"sizes/{index}/{target['library']}"
+            size_members[moved] = size_members.pop(target["library"])
+            target["library"] = moved
+        manifest.update({key: size_manifest[key] for key in COMMON_FIELDS if key in size_manifest})
+        manifest.setdefault("sizes", []).append(
+            {"shapes": sub_plan["shapes"], **{k: v for k, v in size_manifest.items() if k not in COMMON_FIELDS}})
+        members.update(size_members)
+    return {**manifest, "format_version": SIZED_FORMAT_VERSION}, members
+
+
+def _size_contents(plan_json: dict[str, Any], built: BuiltUnits) -> tuple[dict[str, Any], dict[str, Member]]:
+    manifest = json.loads(json.dumps(plan_json["manifest"]))  # parts complete their fields in place
+    members: dict[str, Member] = {}
     for kind, layout in plan_json["layouts"].items():
         fields, part_members = PARTS[kind].assemble(layout, plan_json["manifest"], built)
         manifest.update(fields)
@@ -126,15 +212,20 @@ def artifact_contents(plan_json: dict[str, Any], built: BuiltUnits) -> tuple[dic
     return manifest, members
 
 
-
 def unit_nodes(plan_json: dict[str, Any], unit: CompileUnit) -> list[str]:
-    """The ONNX nodes a unit serves (from the link plan's manifest), so that an error can name them."""
-    return PARTS[unit.target.kind].nodes_of(plan_json["manifest"], unit)
+    """The ONNX nodes a unit serves (from the link plan's manifests: the first size that has it), so that an
+    error can name them."""
+    for sub_plan in _sub_plans(plan_json):
+        nodes = PARTS[unit.target.kind].nodes_of(sub_plan["manifest"], unit)
+        if nodes:
+            return nodes
+    return []
 
 
 def manifest_names(manifest: dict[str, Any], model_sha256: str, model_name: str, targets: Sequence[Target]) -> bool:
-    """Whether an artifact's manifest names this model (bytes and name) and exactly these targets. A cache ref is
-    only a pointer: an artifact reused from the cache must say it was built from what was submitted."""
+    """Whether an artifact's manifest names this model (bytes and name) and exactly these targets in every size. A
+    cache ref is only a pointer: an artifact reused from the cache must say it was built from what was submitted."""
     model = manifest.get("model")
     return (isinstance(model, dict) and model.get("sha256") == model_sha256 and model.get("name") == model_name
-            and all(PARTS[kind].names_targets(manifest, chosen) for kind, chosen in by_kind(targets).items()))
+            and all(PARTS[kind].names_targets(size, chosen) for size in size_manifests(manifest)
+                    for kind, chosen in by_kind(targets).items()))

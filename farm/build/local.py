@@ -7,7 +7,7 @@ import functools
 import hashlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,14 +47,15 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
                 executor: LocalExecutor | None = None, progress: ProgressCallback | None = None,
                 tune: bool = False, retune: bool = False, store: Store | None = None,
                 tune_progress: ProgressCallback | None = None,
-                shapes: PinnedShapes | None = None) -> BuildResult:
+                sizes: Sequence[PinnedShapes] = ()) -> BuildResult:
     """Build `<out_dir>/<model-stem>.farm`; the artifact appears only when every step succeeded.
 
     `targets`: CPU and OpenCL targets (farm.backends.registry.parse_targets); none means this host's CPU. Every
     tunable kernel uses the variant the tuning database in `store` (default: the local store,
     farm.store.default_store_root) holds for its target; `tune` first times, on this host, the kernels it lacks for
-    targets this host can run (`retune`: all of them), reporting each one to `tune_progress`. `shapes` fixes the
-    sizes of dynamic input dimensions (`--shape`, farm.frontend.shapes).
+    targets this host can run (`retune`: all of them), reporting each one to `tune_progress`. `sizes` fix the
+    sizes of dynamic input dimensions (`--shape`, farm.frontend.shapes.parse_sizes): one artifact holds a schedule
+    per size (farm.build.assembly).
     """
     from farm.backends.llvm.blobs import sweep_stale_scratch
     from farm.backends.llvm.target import host_target
@@ -63,41 +64,55 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
     sweep_stale_scratch()  # what older versions' crashed packers left in /dev/shm
     targets = list(targets) or [host_target()]
     name, model_sha256 = Path(model_path).stem, hashlib.sha256(Path(model_path).read_bytes()).hexdigest()
-    cpu_targets = [t for t in targets if t.kind == "cpu"]
-    plan, tuning = choose_variants(assembly.plan_model(model_path, shapes), cpu_targets,
-                                   store or FileStore(default_store_root()), tune, retune, tune_progress)
-    units = assembly.compile_units(plan, targets)
+    plans, tuning = _planned(model_path, sizes, [t for t in targets if t.kind == "cpu"],
+                             store or FileStore(default_store_root()), tune, retune, tune_progress)
+    blobs = assembly.sized_blobs(plans)
+    units = assembly.sized_units(plans, targets)
     compiled = [unit for unit in units if unit.kind != "blob"]
     objects: dict[str, bytes | LazyMember] = dict(zip(
-        (unit.name for unit in compiled), _run(executor, [_step_call(unit, plan) for unit in compiled], progress)))
-    objects.update({unit.name: _packed_when_written(unit, plan) for unit in units if unit.kind == "blob"})
-    plan_json = assembly.link_plan(plan, targets, name, model_sha256, units)
+        (unit.name for unit in compiled), _run(executor, [_step_call(unit, blobs) for unit in compiled], progress)))
+    objects.update({unit.name: _packed_when_written(unit, blobs) for unit in units if unit.kind == "blob"})
+    plan_json = assembly.link_plan(plans, targets, name, model_sha256, units, sizes)
     libraries: dict[str, bytes] = {}
     built = BuiltUnits(objects.__getitem__, lambda unit: hashlib.sha256(objects[unit]).hexdigest(),
-                       libraries.__getitem__, lambda sha: memoryview(plan.blobs[sha]).cast("B"))
+                       libraries.__getitem__, lambda sha: memoryview(blobs[sha]).cast("B"))
     for library in assembly.libraries(plan_json):
-        libraries[library["target"]["id"]] = assembly.link_library(plan_json, library["target"]["id"], built)
+        libraries[library["id"]] = assembly.link_library(plan_json, library["id"], built)
     manifest, members = assembly.artifact_contents(plan_json, built)
     os.makedirs(out_dir, exist_ok=True)
     artifact = write_artifact(os.path.abspath(os.path.join(out_dir, f"{name}.farm")), manifest, members)
-    return BuildResult(assembly.build_identity(model_sha256, name, targets, shapes)[:16], artifact,
+    return BuildResult(assembly.build_identity(model_sha256, name, targets, sizes)[:16], artifact,
                        sum(unit.kind == "kernel" for unit in units), sum(unit.kind == "blob" for unit in units),
                        time.perf_counter() - started, [t.id for t in targets], tuning if tune or retune else None)
 
 
-def _packed_when_written(unit: CompileUnit, plan: BuildPlan) -> LazyMember:
+def _planned(model_path: str | os.PathLike, sizes: Sequence[PinnedShapes], cpu_targets: list[Target], store: Store,
+             tune: bool, retune: bool, tune_progress: ProgressCallback | None,
+             ) -> tuple[list[BuildPlan], TuningReport]:
+    """A plan per size with its chosen variants (tuning first, with `tune`), and what tuning did in all."""
+    plans, report = [], TuningReport()
+    for plan in assembly.plan_sizes(model_path, sizes):
+        plan, size_report = choose_variants(plan, cpu_targets, store, tune, retune, tune_progress)
+        plans.append(plan)
+        report.timed += size_report.timed
+        report.notes += [note for note in size_report.notes if note not in report.notes]
+    return plans, report
+
+
+def _packed_when_written(unit: CompileUnit, blobs: Mapping[str, Any]) -> LazyMember:
     """A weight packed for a target's kernels, made by its pure step as the artifact is written: the packed copies
-    of a model's weights are never all held at once (the source weights are, in the plan)."""
-    return LazyMember(unit.spec.nbytes, functools.partial(compile_unit, unit, _weights_of(unit, plan)))
+    of a model's weights are never all held at once (the source weights are, in the plans)."""
+    return LazyMember(unit.spec.nbytes, functools.partial(compile_unit, unit, _weights_of(unit, blobs)))
 
 
-def _weights_of(unit: CompileUnit, plan: BuildPlan) -> memoryview | None:
-    return memoryview(plan.blobs[unit.data_key]).cast("B") if unit.data_key else None
+def _weights_of(unit: CompileUnit, blobs: Mapping[str, Any]) -> memoryview | None:
+    return memoryview(blobs[unit.data_key]).cast("B") if unit.data_key else None
 
 
-def _step_call(unit: CompileUnit, plan: BuildPlan) -> StepCall:
+def _step_call(unit: CompileUnit, blobs: Mapping[str, Any]) -> StepCall:
     """The unit's pure step as an executor call; a blob's weights are passed as a view, not copied."""
-    return StepCall(unit.name, compile_unit, (unit, _weights_of(unit, plan)), big_bytes=UNIT_KINDS[unit.kind].big_bytes)
+    return StepCall(unit.name, compile_unit, (unit, _weights_of(unit, blobs)),
+                    big_bytes=UNIT_KINDS[unit.kind].big_bytes)
 
 
 def _run(executor: LocalExecutor | None, calls: list[StepCall], progress: ProgressCallback | None) -> list[bytes]:

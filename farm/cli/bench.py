@@ -224,12 +224,13 @@ def _report(path: str, model: Any, latencies: list[float], samples: list[list[fl
 
 
 def _kernel_specs(path: str) -> dict[str, dict[str, Any]]:
-    """Each kernel symbol's spec, of the CPU part and the OpenCL part."""
-    from farm.artifact import read_manifest
+    """Each kernel symbol's spec, of the CPU part and the OpenCL part of every size."""
+    from farm.artifact import read_manifest, size_manifests
 
-    manifest = read_manifest(path)
-    specs = {entry["kernel"]: entry["spec"] for entry in manifest.get("kernels", [])}
-    specs.update({entry["symbol"]: entry["spec"] for entry in manifest.get("opencl", {}).get("kernels", [])})
+    specs = {}
+    for manifest in size_manifests(read_manifest(path)):
+        specs.update({entry["kernel"]: entry["spec"] for entry in manifest.get("kernels", [])})
+        specs.update({entry["symbol"]: entry["spec"] for entry in manifest.get("opencl", {}).get("kernels", [])})
     return specs
 
 

@@ -10,7 +10,8 @@ import os
 from typing import Any
 
 from farm.artifact import Artifact, verify
-from farm.runtime.manifest import check_manifest
+from farm.frontend.shapes import describe_size
+from farm.runtime.manifest import check_sizes
 
 INSPECT_SCHEMA = 1
 """The version of `farm inspect --json`'s object: bumped when a key changes meaning or goes away."""
@@ -18,11 +19,15 @@ INSPECT_SCHEMA = 1
 
 def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The artifact at `path` as `farm inspect --json` prints it, after checking every member's sha256 and the
-    manifest's schema (ArtifactError otherwise, as `farm run` would refuse it)."""
+    manifest's schema (ArtifactError otherwise, as `farm run` would refuse it). `sizes` lists each size the
+    artifact holds (its pins, inputs, outputs and steps; one without pins for a static model); `inputs`, `outputs`
+    and `steps` are the first size's, counts of kernels and blobs are over all sizes, each counted once."""
     artifact = verify(path)
     manifest = artifact.manifest
-    check_manifest(artifact.path, manifest)
+    sizes = check_sizes(artifact.path, manifest)
+    size_manifests = [size for _, size in sizes]
     members = manifest["members"]
+    blobs = {blob["sha256"]: int(blob["bytes"]) for size in size_manifests for blob in size.get("blobs", [])}
     return {
         "schema": INSPECT_SCHEMA,
         "artifact": os.path.abspath(artifact.path),
@@ -32,14 +37,19 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         "format_version": manifest.get("format_version"),
         "toolchain": manifest.get("toolchain"),
         "signed": artifact.signature is not None,
-        "inputs": [_tensor(entry) for entry in manifest["inputs"]],
-        "outputs": [_tensor(entry) for entry in manifest["outputs"]],
-        "targets": _targets(artifact),
-        "kernels": len(manifest.get("kernels", [])),
-        "opencl_kernels": len(manifest.get("opencl", {}).get("kernels", [])),
-        "steps": len(manifest.get("schedule", [])),
-        "blobs": len(manifest.get("blobs", [])),
-        "blob_bytes": sum(int(blob["bytes"]) for blob in manifest.get("blobs", [])),
+        "inputs": [_tensor(entry) for entry in size_manifests[0]["inputs"]],
+        "outputs": [_tensor(entry) for entry in size_manifests[0]["outputs"]],
+        "sizes": [{"shapes": {name: list(sizes) for name, sizes in pins.items()},
+                   "inputs": [_tensor(entry) for entry in size["inputs"]],
+                   "outputs": [_tensor(entry) for entry in size["outputs"]],
+                   "steps": len(size.get("schedule", []))} for pins, size in sizes],
+        "targets": _targets(artifact, size_manifests),
+        "kernels": len({(e["kernel"], e["target"]) for size in size_manifests for e in size.get("kernels", [])}),
+        "opencl_kernels": len({kernel["symbol"] for size in size_manifests
+                               for kernel in size.get("opencl", {}).get("kernels", [])}),
+        "steps": len(size_manifests[0].get("schedule", [])),
+        "blobs": len(blobs),
+        "blob_bytes": sum(blobs.values()),
         "members": len(members),
     }
 
@@ -48,14 +58,14 @@ def _tensor(entry: dict[str, Any]) -> dict[str, Any]:
     return {"name": entry["name"], "dtype": entry["dtype"], "shape": list(entry["shape"])}
 
 
-def _targets(artifact: Artifact) -> list[dict[str, Any]]:
-    """Each CPU target with its library's bytes, then each OpenCL device class with its program binaries' bytes."""
-    manifest = artifact.manifest
-    targets = [{"id": t["id"], "kind": "cpu", "member_bytes": artifact.member_size(t["library"])}
-               for t in manifest["targets"]]
-    opencl = manifest.get("opencl", {})
-    for fingerprint in opencl.get("devices", []):
-        binaries = [kernel["binaries"][fingerprint] for kernel in opencl.get("kernels", [])]
+def _targets(artifact: Artifact, sizes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each CPU target with its libraries' bytes (one per size), then each OpenCL device class with its program
+    binaries' bytes (each binary once)."""
+    targets = [{"id": t["id"], "kind": "cpu",
+                "member_bytes": sum(artifact.member_size(size["targets"][index]["library"]) for size in sizes)}
+               for index, t in enumerate(sizes[0]["targets"])]
+    for fingerprint in sizes[0].get("opencl", {}).get("devices", []):
+        binaries = {kernel["binaries"][fingerprint] for size in sizes for kernel in size["opencl"]["kernels"]}
         targets.append({"id": f"opencl:{fingerprint}", "kind": "opencl",
                         "member_bytes": sum(artifact.member_size(name) for name in binaries)})
     return targets
@@ -73,17 +83,27 @@ def format_description(description: dict[str, Any]) -> str:
              f"  model    {_shown(model.get('name'))} (ai.onnx opset {_shown(model.get('opset'))}, sha256 "
              f"{model['sha256'][:16]})",
              f"  built by {built}{'; signed' if description['signed'] else ''}"]
-    for role in ("inputs", "outputs"):
-        for index, tensor in enumerate(description[role]):
-            shape = "x".join(map(str, tensor["shape"])) or "scalar"
-            lines.append(f"  {'' if index else role:<8} {_shown(tensor['name'])}: {tensor['dtype']} {shape}")
+    for size in description["sizes"]:
+        if len(description["sizes"]) > 1:
+            pins = {name: tuple(sizes) for name, sizes in size["shapes"].items()}
+            lines.append(f"  size     {_shown(describe_size(pins))} ({size['steps']} steps)")
+        lines += _tensor_lines(size)
     for index, target in enumerate(description["targets"]):
         lines.append(f"  {'targets' if index == 0 else '':<8} {target['id']} ({_size(target['member_bytes'])})")
-    lines.append(f"  kernels  {description['kernels']} CPU, {description['opencl_kernels']} OpenCL; "
-                 f"{description['steps']} steps")
+    steps = f"; {description['steps']} steps" if len(description["sizes"]) == 1 else ""
+    lines.append(f"  kernels  {description['kernels']} CPU, {description['opencl_kernels']} OpenCL{steps}")
     lines.append(f"  weights  {description['blobs']} blobs, {_size(description['blob_bytes'])}; the artifact "
                  f"{_size(description['bytes'])}")
     return "\n".join(lines)
+
+
+def _tensor_lines(size: dict[str, Any]) -> list[str]:
+    lines = []
+    for role in ("inputs", "outputs"):
+        for index, tensor in enumerate(size[role]):
+            shape = "x".join(map(str, tensor["shape"])) or "scalar"
+            lines.append(f"  {'' if index else role:<8} {_shown(tensor['name'])}: {tensor['dtype']} {shape}")
+    return lines
 
 
 def _shown(value: Any) -> str:

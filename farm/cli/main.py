@@ -101,7 +101,8 @@ def _client(broker: str | None):
 @click.option("--retune", is_flag=True, help="Like --tune, but time every tunable kernel again.")
 @click.option("--shape", "shape_specs", multiple=True, metavar="NAME=SIZE",
               help="Pin a dynamic dimension by its symbolic name (batch=1) or a whole input (input_ids=1x128); "
-                   "repeatable.")
+                   "repeatable. Several sizes (batch=1,8,32) build one artifact with a schedule per size, which "
+                   "runs the one that matches its inputs.")
 @reports_errors
 def submit(model: Path, targets: tuple[str, ...], output_dir: str, as_json: bool, workers: int | None,
            broker: str | None, no_wait: bool, detach: bool, no_cache: bool, tune: bool, retune: bool,
@@ -113,16 +114,16 @@ def submit(model: Path, targets: tuple[str, ...], output_dir: str, as_json: bool
     farm the job id goes to stderr first thing; Ctrl-C while waiting cancels the job (with --detach: leaves it
     running) and exits 130."""
     from farm.backends.registry import parse_targets
-    from farm.frontend.shapes import parse_shapes
+    from farm.frontend.shapes import parse_sizes
 
     if not model.is_file():
         raise BadInputError(f"{model}: no such model file")
-    shapes = parse_shapes(shape_specs)
+    sizes = parse_sizes(shape_specs) if shape_specs else []
     client = _client(broker) if broker else None
     chosen = parse_targets(targets, _devices(client.broker if client else None))
     if client:
         _submit_to_farm(client, model, chosen, output_dir, as_json, no_wait, detach, no_cache,
-                        {"tune": tune, "retune": retune, "shapes": shapes})
+                        {"tune": tune, "retune": retune, "sizes": sizes})
         return
     from farm.build.executor import LocalExecutor
     from farm.build.local import build_model
@@ -130,7 +131,7 @@ def submit(model: Path, targets: tuple[str, ...], output_dir: str, as_json: bool
 
     with LocalExecutor(workers) as executor, BuildProgress(model.name) as progress:
         result = build_model(model, output_dir, chosen, executor=executor, progress=progress.update, tune=tune,
-                             retune=retune, tune_progress=progress.tuning, shapes=shapes)
+                             retune=retune, tune_progress=progress.tuning, sizes=sizes)
     for note in result.tuning.notes if result.tuning else []:
         click.echo(f"farm: note: {note}", err=True)
     click.echo(json.dumps(result.to_json(), sort_keys=True) if as_json else result.artifact)

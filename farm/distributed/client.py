@@ -64,11 +64,11 @@ class FarmClient:
         return self._store
 
     def submit(self, model_path: str | os.PathLike, targets: Sequence[Target], no_cache: bool = False,
-               tune: bool = False, retune: bool = False, shapes: PinnedShapes | None = None) -> str:
+               tune: bool = False, retune: bool = False, sizes: Sequence[PinnedShapes] = ()) -> str:
         """Upload the model (unless the store has it) and submit the job's request to the workers' intake
         (farm.distributed.intake), which makes its record and plans it; returns the job id. `tune`: time the
         kernels the tuning database lacks first (`retune`: all of them), on workers of each target's CPU class.
-        `shapes`: dynamic input dimensions pinned (farm.frontend.shapes)."""
+        `sizes`: the sizes of dynamic input dimensions to build (farm.frontend.shapes.parse_sizes)."""
         path = Path(model_path)
         if not path.is_file():
             raise BadInputError(f"{path}: no such model file")
@@ -79,7 +79,7 @@ class FarmClient:
             self.store.stage(data)
         return self.board.submit(JobRecord(JobState.QUEUED, model_sha256, check_model_name(path.stem), model_sha256,
                                             list(targets), no_cache=no_cache, tune=tune, retune=retune,
-                                            shapes=dict(shapes or {}),
+                                            sizes=list(sizes),
                                             submitted_from=os.uname().nodename[:255], created=now, updated=now))
 
     def jobs(self, limit: int = 20) -> list[dict[str, Any]]:

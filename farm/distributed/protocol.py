@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 from farm.backends.registry import Target, target_from_json
 from farm.build.units import CompileUnit
 from farm.errors import BadInputError
-from farm.frontend.shapes import shapes_from_json, shapes_to_json
+from farm.frontend.shapes import PinnedShapes, sizes_from_json, sizes_to_json
 from farm.ir.specs import KernelSpec
 from farm.store.base import is_key
 
@@ -228,8 +228,11 @@ class Finish(TaskArgs):
 
 @dataclass(frozen=True)
 class Link(TaskArgs):
+    """Link one library: `library` is its id in the job's link plan (assembly.libraries: the CPU target's id, with
+    the size's index when the job builds several sizes)."""
+
     job_id: str
-    target_id: str
+    library: str
     tasks: ClassVar = (TaskName.LINK,)
 
     @property
@@ -237,14 +240,14 @@ class Link(TaskArgs):
         return LLVM_QUEUE
 
     def encode(self) -> list[Any]:
-        return [self.job_id, self.target_id]
+        return [self.job_id, self.library]
 
     @classmethod
     def decode(cls, args: list[Any]) -> Link:
-        target_id = _arg(args, 1, 2)
-        if not isinstance(target_id, str):
-            raise BadInputError(f"farm.link: target id must be a string, got {target_id!r}")
-        return cls(check_job_id(args[0]), target_id)
+        library = _arg(args, 1, 2)
+        if not isinstance(library, str) or not 0 < len(library) <= 256:
+            raise BadInputError(f"farm.link: library must be a string of 1 to 256 characters, got {library!r:.200}")
+        return cls(check_job_id(args[0]), library)
 
 
 @dataclass(frozen=True)
@@ -378,7 +381,8 @@ STATE = Codec(lambda state: JobState(state).value, JobState)
 TARGETS = Codec(lambda targets: json.dumps([t.to_json() for t in targets]),
                 lambda text: [target_from_json(data) for data in _json_list(text)])
 STRINGS = Codec(json.dumps, _string_list)
-SHAPES = Codec(lambda shapes: json.dumps(shapes_to_json(shapes)), lambda text: shapes_from_json(json.loads(text)))
+SIZES = Codec(lambda sizes: json.dumps(sizes_to_json(sizes)),
+              lambda text: sizes_from_json(value) if (value := _json_list(text)) else [])
 
 MAP_FIELDS = {"tune_errors": "tune_error:", "libraries": "library:"}
 """Record fields that are maps, kept as one hash field per entry (`<prefix><key>`), so that concurrent steps
@@ -397,8 +401,9 @@ class JobRecord:
     no_cache: bool = False
     tune: bool = False
     retune: bool = False
-    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    """Dynamic input dimensions the submitter pinned (`--shape`, farm.frontend.shapes)."""
+    sizes: list[PinnedShapes] = field(default_factory=list)
+    """The sizes of dynamic input dimensions the submitter pinned, one artifact holding them all (`--shape`,
+    farm.frontend.shapes.parse_sizes); none for a static model."""
     submitted_from: str = ""
     created: float = 0.0
     updated: float = 0.0
@@ -452,11 +457,11 @@ CODECS: dict[str, Codec] = {
     "no_cache": BOOL, "tune": BOOL, "retune": BOOL, "submitted_from": STR, "created": FLOAT, "updated": FLOAT,
     "finished": FLOAT, "total": INT, "kernels": INT, "blobs": INT, "targets_total": INT, "link_plan_key": KEY,
     "artifact_key": KEY, "cached": BOOL, "error": STR, "exit_status": INT, "failed_unit": STR, "tuning_note": STR,
-    "tune_units": STRINGS, "tuned": BOOL, "shapes": SHAPES,
+    "tune_units": STRINGS, "tuned": BOOL, "sizes": SIZES,
 }
 
 
-REQUEST_FIELDS = ("model_name", "model_sha256", "targets", "no_cache", "tune", "retune", "shapes", "submitted_from",
+REQUEST_FIELDS = ("model_name", "model_sha256", "targets", "no_cache", "tune", "retune", "sizes", "submitted_from",
                   "created")
 """The record fields a submitter chooses; every other field (state, keys, counts, errors) is the farm's."""
 NONCE = re.compile(r"[0-9a-f]{32}")

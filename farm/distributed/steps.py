@@ -55,7 +55,7 @@ def artifact_ref(record: JobRecord) -> str:
     """The cache ref of a job's artifact: its build identity (model, name, targets, pinned shapes, farm's
     codegen)."""
     return refs.artifact(assembly.build_identity(record.model_sha256, record.model_name, record.targets,
-                                                 record.shapes))
+                                                 record.sizes))
 
 
 class Farm:
@@ -97,47 +97,49 @@ class Farm:
             return None
         pins.release_ended_jobs(self.board, self.store)
         try:
-            plan = self._plan(record)
+            plans = self._plans(record)
         except BadInputError as error:
             self._fail(job_id, _submitted_path(str(error)), error.exit_status)
             return None
         cpu_targets = [t for t in record.targets if t.kind == CpuTarget.kind]
-        if self._dispatch_tuning(job_id, plan, cpu_targets, record):
+        if self._dispatch_tuning(job_id, plans, cpu_targets, record):
             return None
-        plan = tuning.with_variants(self.store, plan, cpu_targets)
-        units = assembly.compile_units(plan, record.targets)
+        plans = [tuning.with_variants(self.store, plan, cpu_targets) for plan in plans]
+        blobs = assembly.sized_blobs(plans)
+        units = assembly.sized_units(plans, record.targets)
         cached = set() if record.no_cache else self._pin_cached(job_id, units)
         todo = [u for u in units if u.name not in cached]
         if record.total is not None:
             todo = [u for u in todo if not self.board.is_complete(job_id, "compile", u.name)]
-        plan_json = assembly.link_plan(plan, record.targets, record.model_name, record.model_sha256, units)
+        plan_json = assembly.link_plan(plans, record.targets, record.model_name, record.model_sha256, units,
+                                       record.sizes)
         plan_bytes = json.dumps(plan_json, sort_keys=True).encode()
-        pins.pin_for_job(self.store, job_id, [record.model_key, content_key(plan_bytes), *plan.blobs])
+        pins.pin_for_job(self.store, job_id, [record.model_key, content_key(plan_bytes), *blobs])
         link_plan_key = self.store.put(plan_bytes)
         counts = {"total": record.total if record.total is not None else len(todo),
                   "kernels": sum(u.kind == "kernel" for u in units), "blobs": sum(u.kind == "blob" for u in units),
                   "targets_total": len(assembly.libraries(plan_json))}
         if not self.board.advance(job_id, JobState.COMPILING, link_plan_key=link_plan_key, **counts):
             return None
-        self._dispatch_units(job_id, plan, todo)
-        self._put_weights(plan, {unit.data_key for unit in todo if unit.data_key})
+        self._dispatch_units(job_id, blobs, todo)
+        self._put_weights(blobs, {unit.data_key for unit in todo if unit.data_key})
         if not todo:
             self._start_linking(job_id, plan_json)
         return None
 
-    def _put_weights(self, plan: BuildPlan, put: set[str]) -> None:
+    def _put_weights(self, blobs: dict[str, Any], put: set[str]) -> None:
         """Every weight the store lacks (beyond those `put` for their pack units): they are artifact members, which
         the finish writes from the store, plain ones without any unit."""
-        for sha, data in plan.blobs.items():
+        for sha, data in blobs.items():
             if sha not in put and not self.store.has(sha):
                 self.store.put(memoryview(data).cast("B"))
 
-    def _dispatch_units(self, job_id: str, plan: BuildPlan, todo: list[CompileUnit]) -> None:
+    def _dispatch_units(self, job_id: str, blobs: dict[str, Any], todo: list[CompileUnit]) -> None:
         """Kernels first, so that workers compile while this task is still putting weight bytes in the store;
         a blob's store key is the sha256 its spec already names."""
         for unit in sorted(todo, key=lambda u: u.data_key is not None):
             if unit.data_key:
-                self.store.put(memoryview(plan.blobs[unit.data_key]).cast("B"))
+                self.store.put(memoryview(blobs[unit.data_key]).cast("B"))
             self.dispatch(Compile(job_id, unit).message())
 
     def accept(self, job_id: str) -> str:
@@ -189,11 +191,12 @@ class Farm:
             pins.keep_only_artifact(self.store, job_id, key)
         return True
 
-    def _plan(self, record: JobRecord) -> BuildPlan:
+    def _plans(self, record: JobRecord) -> list[BuildPlan]:
+        """A plan per size the job asks for (one for a static model)."""
         with tempfile.TemporaryDirectory(prefix="farm-job-") as folder:
             path = Path(folder) / f"{record.model_name}.onnx"
             path.write_bytes(self.store.get(record.model_key))
-            return assembly.plan_model(path, record.shapes)
+            return assembly.plan_sizes(path, record.sizes)
 
     def _pin_cached(self, job_id: str, units: list[CompileUnit]) -> set[str]:
         """The names of the units whose objects the cache holds, each pinned for the job before its presence is
@@ -211,14 +214,15 @@ class Farm:
         live = self.live_queues()
         return {target_id for target_id in target_ids if protocol.tune_queue(target_id) in live}
 
-    def _dispatch_tuning(self, job_id: str, plan: BuildPlan, targets: list[CpuTarget], record: JobRecord) -> bool:
+    def _dispatch_tuning(self, job_id: str, plans: list[BuildPlan], targets: list[CpuTarget],
+                         record: JobRecord) -> bool:
         """With --tune (or --retune), before anything compiles: dispatch a farm.tune_kernel to `tune.<cpu id>` for
         each tunable kernel the database lacks (every one with --retune) on a target whose queue a live worker
         consumes, and say in the job record which targets keep the default. True when tasks went out: the job
         waits in state tuning, and the last task plans it again."""
         if not (record.tuning_asked("tune") or record.tuning_asked("retune")):
             return False
-        todo, note = self._tuning_units(job_id, plan, targets, record)
+        todo, note = self._tuning_units(job_id, plans, targets, record)
         if not todo:
             if note:
                 self.board.update(job_id, tuning_note=note)
@@ -230,21 +234,28 @@ class Farm:
             self.dispatch(Tune(job_id, tuning.tune_name(spec, target.id), spec, target).message())
         return True
 
-    def _tuning_units(self, job_id: str, plan: BuildPlan, targets: list[CpuTarget],
+    def _tuning_units(self, job_id: str, plans: list[BuildPlan], targets: list[CpuTarget],
                       record: JobRecord) -> tuple[list[tuple[Any, CpuTarget]], str]:
         """The (kernel, target) pairs to time, and the note on targets no live worker can time. A plan_job
         redelivered after it dispatched them gets the same units, less those finished."""
         if record.tune_units is not None:
             names = set(record.tune_units)
-            return [(spec, target) for spec, target in tuning.missing(self.store, plan, targets, retune=True)
+            return [(spec, target) for spec, target in self._untuned(plans, targets, retune=True)
                     if (name := tuning.tune_name(spec, target.id)) in names
                     and not self.board.is_complete(job_id, "tune", name)], record.tuning_note
-        todo = tuning.missing(self.store, plan, targets, record.tuning_asked("retune"))
+        todo = self._untuned(plans, targets, record.tuning_asked("retune"))
         served = self._tunable_on({target.id for _, target in todo})
         unserved = sorted({target.id for _, target in todo} - served)
         note = (f"no live worker consumes {', '.join(protocol.tune_queue(t) for t in unserved)}: the default "
                 "variant is used there" if unserved else "")
         return [(spec, target) for spec, target in todo if target.id in served], note
+
+    def _untuned(self, plans: list[BuildPlan], targets: list[CpuTarget],
+                 retune: bool) -> list[tuple[Any, CpuTarget]]:
+        """The (kernel, target) pairs of every size's plan that tuning would time, each once."""
+        todo = {tuning.tune_name(spec, target.id): (spec, target)
+                for plan in plans for spec, target in tuning.missing(self.store, plan, targets, retune)}
+        return list(todo.values())
 
     def tune(self, args: Tune) -> str | None:
         """Time one kernel's variants on this worker and record the winner. Tuning never fails a job: a kernel
@@ -329,7 +340,7 @@ class Farm:
             return
         libraries = assembly.libraries(plan_json)
         for library in libraries:
-            self.dispatch(Link(job_id, library["target"]["id"]).message())
+            self.dispatch(Link(job_id, library["id"]).message())
         if not libraries:
             self.dispatch(Finish(job_id).message())
 
@@ -346,7 +357,7 @@ class Farm:
 
         return BuiltUnits(lambda name: self._object(job_id, unit(name)),
                           lambda name: self.store.get_ref(unit(name).cache_ref),
-                          lambda target_id: self.store.get(record.libraries[target_id]), self.store.get)
+                          lambda library: self.store.get(record.libraries[library]), self.store.get)
 
     def link(self, args: Link) -> str | None:
         """Link one target's library from the store's objects (rebuilding any that are corrupt or gone)."""
@@ -355,15 +366,15 @@ class Farm:
             return self._skipped(args.job_id)
         plan_json = self._link_plan(record)
         try:
-            library = assembly.link_library(plan_json, args.target_id, self._built(plan_json, record, args.job_id))
+            library = assembly.link_library(plan_json, args.library, self._built(plan_json, record, args.job_id))
         except UnreachableError:
             raise
         except FarmError as error:
-            self._fail(args.job_id, str(error), error.exit_status, args.target_id)
+            self._fail(args.job_id, str(error), error.exit_status, args.library)
             return None
         pins.pin_for_job(self.store, args.job_id, [content_key(library)])
-        self.board.update(args.job_id, libraries={args.target_id: self.store.put(library)})
-        if self.board.complete(args.job_id, "link", args.target_id) == len(assembly.libraries(plan_json)):
+        self.board.update(args.job_id, libraries={args.library: self.store.put(library)})
+        if self.board.complete(args.job_id, "link", args.library) == len(assembly.libraries(plan_json)):
             self.dispatch(Finish(args.job_id).message())
         return None
 

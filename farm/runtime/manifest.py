@@ -8,11 +8,14 @@ damaged or hostile manifest (its sha256 recomputed) never reaches ctypes. Bounds
 
 from __future__ import annotations
 
+import json
 import mmap
 import re
 from typing import Any
 
-from farm.errors import ArtifactError
+from farm.artifact import size_manifests
+from farm.errors import ArtifactError, BadInputError
+from farm.frontend.shapes import MAX_SIZES, PinnedShapes, sizes_from_json
 from farm.runtime.elf import defined_symbols
 
 MAX_ARENA_BYTES = 1 << 36  # 64 GiB
@@ -61,6 +64,33 @@ class _Fields:
         if not isinstance(value, str) or not pattern.fullmatch(value):
             raise self.refuse(field, f"is not a string matching {pattern.pattern}")
         return value
+
+
+def check_sizes(path: str, manifest: dict[str, Any]) -> list[tuple[PinnedShapes, dict[str, Any]]]:
+    """Each size of the artifact (farm.artifact.size_manifests) with its pins, every one checked (check_manifest):
+    the manifest itself without pins when it has no `sizes`; else 1 to MAX_SIZES sizes of distinct pins."""
+    if "sizes" not in manifest:
+        check_manifest(path, manifest)
+        return [({}, manifest)]
+    fields = _Fields(path)
+    entries = [fields.obj(size, f"sizes[{index}]")
+               for index, size in enumerate(fields.items(manifest["sizes"], "sizes", MAX_SIZES, 1))]
+    try:
+        pins = sizes_from_json([entry.get("shapes") for entry in entries])
+    except BadInputError as error:
+        raise fields.refuse("sizes", f"has malformed pins ({error})") from None
+    sizes = size_manifests(manifest)
+    for size in sizes:
+        check_manifest(path, size)
+    if len({json.dumps(_targets_of(size)) for size in sizes}) != 1:
+        raise fields.refuse("sizes", "do not all have the same targets")
+    return list(zip(pins, sizes))
+
+
+def _targets_of(size: dict[str, Any]) -> list[Any]:
+    """What a size's manifest builds for: its CPU targets' ids and its OpenCL device classes."""
+    opencl = size.get("opencl")
+    return [[target["id"] for target in size["targets"]], opencl.get("devices") if isinstance(opencl, dict) else None]
 
 
 def check_manifest(path: str, manifest: dict[str, Any]) -> None:

@@ -25,9 +25,10 @@ from farm.artifact import Artifact, open_artifact
 from farm.atomic import write_atomically
 from farm.backends.opencl.devices import BUILD_OPTIONS, device_info, fingerprint
 from farm.errors import ArtifactError
-from farm.runtime.manifest import check_manifest
+from farm.runtime.manifest import check_sizes
 from farm.runtime.model import TensorSpec, check_feeds
 from farm.runtime.opencl_builder import SourceJob, build_all
+from farm.runtime.sized import SizedModel
 
 
 def this_device() -> tuple[Any, Any, str]:
@@ -112,16 +113,21 @@ class OpenCLModel:
     """A model whose kernels run on this host's OpenCL device. `run` is thread-safe (calls take turns)."""
 
     def __init__(self, artifact: Artifact, cache_dir: str | Path | None = None,
-                 build_processes: int | None = None) -> None:
+                 build_processes: int | None = None, manifest: dict[str, Any] | None = None,
+                 shared: SharedPrograms | None = None) -> None:
+        """`manifest`: the size to run (default: the artifact's manifest, of one size); `shared`: the device and
+        the programs several sizes share (loaded at once: load_opencl_model)."""
         import pyopencl as cl
 
-        manifest = artifact.manifest
+        manifest = manifest if manifest is not None else artifact.manifest
         part = manifest.get("opencl")
         if not part:
             raise ArtifactError(f"{artifact.path}: the artifact has no OpenCL part (build with --target opencl)")
-        self.context, self.device, self.fingerprint = this_device()
-        self.loader = ProgramLoader(artifact, self.context, self.device, self.fingerprint, cache_dir, build_processes)
-        programs = self.load_programs(part["kernels"])
+        if shared is None:
+            shared = SharedPrograms(ProgramLoader(artifact, *this_device(), cache_dir, build_processes))
+        self.loader, self.context, self.device = shared.loader, shared.loader.context, shared.loader.device
+        self.fingerprint, programs = shared.loader.fingerprint, shared.programs
+        programs.update(self.load_programs([k for k in part["kernels"] if k["symbol"] not in programs]))
         launches = {kernel["symbol"]: kernel["launches"] for kernel in part["kernels"]}
         self.queue = cl.CommandQueue(self.context)
         self._buffers = {name: cl.Buffer(self.context, cl.mem_flags.READ_WRITE, max(int(size), 4))
@@ -212,8 +218,32 @@ class OpenCLModel:
             cl.enqueue_nd_range_kernel(self.queue, kernel, size, None)
 
 
-def load_opencl_model(path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None) -> OpenCLModel:
-    """The OpenCL backend's loader (see farm.runtime.load)."""
+class SharedPrograms:
+    """This host's device (through its ProgramLoader) and a built program per kernel symbol, shared by every size of
+    an artifact (a kernel two sizes share is built or read once)."""
+
+    def __init__(self, loader: ProgramLoader) -> None:
+        self.loader = loader
+        self.programs: dict[str, Any] = {}
+
+    def load(self, kernels: list[dict[str, Any]]) -> None:
+        """Programs for the kernels not loaded yet, all at once (cache -> shipped binary -> one parallel source
+        build of the rest)."""
+        todo = {kernel["symbol"]: kernel for kernel in kernels if kernel["symbol"] not in self.programs}
+        self.programs.update(self.loader.load_all(list(todo.values())))
+
+
+def load_opencl_model(path: str | os.PathLike[str],
+                      cache_dir: str | os.PathLike[str] | None) -> OpenCLModel | SizedModel:
+    """The OpenCL backend's loader (see farm.runtime.load): an artifact of several sizes loads each size over the
+    programs of all of them, built or read in one go."""
     artifact = open_artifact(path)
-    check_manifest(artifact.path, artifact.manifest)
-    return OpenCLModel(artifact, cache_dir)
+    sizes = check_sizes(artifact.path, artifact.manifest)
+    if len(sizes) == 1:
+        return OpenCLModel(artifact, cache_dir, manifest=sizes[0][1])
+    if not all(size.get("opencl") for _, size in sizes):
+        raise ArtifactError(f"{artifact.path}: the artifact has no OpenCL part (build with --target opencl)")
+    shared = SharedPrograms(ProgramLoader(artifact, *this_device(), cache_dir))
+    shared.load([kernel for _, size in sizes for kernel in size["opencl"]["kernels"]])
+    return SizedModel(artifact.path, [(pins, OpenCLModel(artifact, cache_dir, manifest=size, shared=shared))
+                                      for pins, size in sizes])

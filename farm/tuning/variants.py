@@ -126,7 +126,7 @@ def manifest_variant(plan: BuildPlan, spec: KernelSpec, target: CpuTarget) -> di
 def manifest_current(store: Store, manifest: dict[str, Any]) -> bool:
     """Whether an artifact used exactly the variants the database holds now (a cached artifact is reusable only
     then). An artifact whose manifest doesn't say which variants it used is not."""
-    for entry in manifest["kernels"]:
+    for entry in _kernel_entries(manifest):
         if "variant_source" not in entry:
             return False
         recorded = GemmBlocking.from_json(entry["variant"]) if entry["variant_source"] == "tuned" else None
@@ -137,4 +137,11 @@ def manifest_current(store: Store, manifest: dict[str, Any]) -> bool:
 
 def untuned_targets(manifest: dict[str, Any]) -> set[str]:
     """Target ids on which some tunable kernel of the artifact used the default for want of a record."""
-    return {entry["target"] for entry in manifest["kernels"] if entry.get("variant_source") == "default"}
+    return {entry["target"] for entry in _kernel_entries(manifest) if entry.get("variant_source") == "default"}
+
+
+def _kernel_entries(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """The CPU kernels of every size of an artifact."""
+    from farm.artifact import size_manifests
+
+    return [entry for size in size_manifests(manifest) for entry in size["kernels"]]
