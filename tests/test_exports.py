@@ -111,6 +111,21 @@ def test_a_dynamic_export_matches_onnxruntime_on_opencl(fingerprint: str, tmp_pa
     check_export(next(case for case in EXPORT_CASES if case.name == "gpt2_dynamic"), tmp_path, fingerprint)
 
 
+def test_a_dynamic_export_of_several_sizes_matches_onnxruntime_at_each(tmp_path: Path) -> None:
+    """`--shape batch=1,3 --shape seq=12`: one artifact of two sizes (the weights shared), each size run through the
+    one loaded model by feeds of its shapes and compared with onnxruntime on the export."""
+    path = EXPORTS / "bert_dynamic.onnx"
+    result = build_model(path, tmp_path, executor=LocalExecutor(1), sizes=parse_sizes(("batch=1,3", "seq=12")))
+    model = farm.runtime.load(result.artifact, cache_dir=tmp_path / "cache")
+    assert [pins for pins, _ in model.sizes] == [{"batch": (1,), "seq": (12,)}, {"batch": (3,), "seq": (12,)}]
+    for _, size in model.sizes:
+        feeds = feeds_for(size)
+        expected = run_onnxruntime(path, feeds)
+        actual = model.run(feeds)
+        compare_outputs(actual, expected, "bert_dynamic")
+        assert_close_to_own_scale(actual, expected)
+
+
 def test_every_committed_export_is_tested_and_they_stay_small() -> None:
     on_disk = sorted(path.stem for path in EXPORTS.glob("*.onnx"))
     assert on_disk == sorted(case.name for case in EXPORT_CASES)
