@@ -13,6 +13,7 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
@@ -24,7 +25,8 @@ from farm.backends.opencl.target import OpenClTarget
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
 from farm.cli.inspect import describe, format_description
-from farm.errors import ArtifactError, RunInputError
+from farm.errors import ArtifactError, BadInputError, RunInputError
+from farm.frontend.shapes import parse_sizes
 from farm.runtime.sized import SizedModel
 from tests.dynamic_models import dynamic_cnn
 
@@ -135,3 +137,14 @@ def test_an_opencl_only_artifact_of_sizes_runs_on_opencl(sized, tmp_path):
     loaded = runtime.load(artifact, device="opencl", cache_dir=tmp_path / "cache")
     x = np.ones((3, 3, 8, 8), np.float32)
     np.testing.assert_allclose(loaded.run({"x": x})["y"], _expected(model, x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_size_that_does_not_plan_is_named_and_nothing_is_written(tmp_path):
+    """Sizes of a model whose later layers fix the spatial size: the size that breaks them is named, exit 2."""
+    model = dynamic_cnn(tmp_path / "m.onnx")
+    for dim, name in zip(model.graph.input[0].type.tensor_type.shape.dim[2:], ("h", "w")):
+        dim.dim_param = name
+    onnx.save(model, tmp_path / "m.onnx")
+    with pytest.raises(BadInputError, match=r"node .fc. .*\(at --shape batch=1 h=9 w=9\)$") as refused:
+        build_model(tmp_path / "m.onnx", tmp_path / "out", sizes=parse_sizes(["batch=1", "h=8,9", "w=8,9"])[::3])
+    assert refused.value.exit_status == 2 and not (tmp_path / "out").exists()

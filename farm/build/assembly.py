@@ -31,7 +31,8 @@ from farm.backends.llvm.toolchain import toolchain
 from farm.backends.registry import Target
 from farm.build.parts import PARTS, BuiltUnits, link_target
 from farm.build.units import CompileUnit
-from farm.frontend.shapes import PinnedShapes, shapes_to_json, sizes_to_json
+from farm.errors import BadInputError, UnsupportedError
+from farm.frontend.shapes import PinnedShapes, describe_size, shapes_to_json, sizes_to_json
 from farm.ir.specs import CODEGEN_VERSION, BlobSpec, canonical_json
 from farm.plan.planner import BuildPlan
 
@@ -50,8 +51,27 @@ def plan_model(model_path: str | os.PathLike, shapes: PinnedShapes | None = None
 
 
 def plan_sizes(model_path: str | os.PathLike, sizes: Sequence[PinnedShapes] = ()) -> list[BuildPlan]:
-    """A plan per size (plan_model with each size's pins; one plan without sizes)."""
-    return [plan_model(model_path, pins) for pins in sizes or [{}]]
+    """A plan per size (plan_model with each size's pins; one plan without sizes). With several sizes, a refusal
+    says at which size, since another may plan."""
+    if len(sizes) <= 1:
+        return [plan_model(model_path, sizes[0] if sizes else None)]
+    plans = []
+    for pins in sizes:
+        try:
+            plans.append(plan_model(model_path, pins))
+        except BadInputError as error:
+            raise _at_size(error, pins) from None
+    return plans
+
+
+def _at_size(error: BadInputError, pins: PinnedShapes) -> BadInputError:
+    """`error` saying at which size it happened (unless it names a --shape already)."""
+    if "--shape" in str(error):
+        return error
+    if isinstance(error, UnsupportedError):
+        return UnsupportedError(f"{error.reason} (at --shape {describe_size(pins)})", node=error.node,
+                                op=error.op, domain=error.domain, opset=error.opset)
+    return type(error)(f"{error} (at --shape {describe_size(pins)})")
 
 
 def build_identity(model_sha256: str, model_name: str, targets: Sequence[Target],
