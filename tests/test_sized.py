@@ -4,12 +4,8 @@ size is refused naming the sizes, and a hostile `sizes` list is refused before a
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +25,7 @@ from farm.errors import ArtifactError, BadInputError, RunInputError
 from farm.frontend.shapes import parse_sizes
 from farm.runtime.sized import SizedModel
 from tests.dynamic_models import dynamic_cnn
+from tests.test_manifest import _edited, _tampered
 
 SIZES = [{"batch": (1,)}, {"batch": (3,)}]
 
@@ -98,23 +95,6 @@ def test_inspect_lists_every_size(sized):
     assert "size     batch=1" in text and "size     batch=3" in text and "x: float32 3x3x8x8" in text
 
 
-def _rewritten(artifact: Path, folder: Path, edit) -> Path:
-    """The artifact with its manifest edited and rehashed (as an attacker who knows the format would)."""
-    with tarfile.open(artifact) as tar:
-        files = {info.name: tar.extractfile(info).read() for info in tar.getmembers()}
-    manifest = json.loads(files["manifest.json"])
-    edit(manifest)
-    files["manifest.json"] = (json.dumps(manifest, sort_keys=True, indent=2) + "\n").encode()
-    files["manifest.sha256"] = f"{hashlib.sha256(files['manifest.json']).hexdigest()}\n".encode()
-    path = folder / "edited.farm"
-    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-        for name in sorted(files):
-            info = tarfile.TarInfo(name)
-            info.size = len(files[name])
-            tar.addfile(info, io.BytesIO(files[name]))
-    return path
-
-
 @pytest.mark.parametrize("edit, message", [
     (lambda m: m.update(sizes=[]), "manifest sizes is not a list of 1 to 16"),
     (lambda m: m.update(sizes=["x"]), r"manifest sizes\[0\] is not an object"),
@@ -127,7 +107,7 @@ def _rewritten(artifact: Path, folder: Path, edit) -> Path:
 def test_a_hostile_sizes_list_is_refused_before_loading(sized, tmp_path, edit, message):
     _, both, _ = sized
     with pytest.raises(ArtifactError, match=message):
-        runtime.load(_rewritten(both, tmp_path, edit), threads=1, cache_dir=tmp_path / "cache")
+        runtime.load(_tampered(both, tmp_path, _edited(both, edit), rehash=True), threads=1, cache_dir=tmp_path / "cache")
 
 
 def test_an_opencl_only_artifact_of_sizes_runs_on_opencl(sized, tmp_path):
