@@ -5,10 +5,13 @@ gave at most 1.6x on 2 workers and 3.1x on 64; DenseNet-121 5.3x on 64; BERT-bas
 
 For each model it times, in this process on one core: the plan (import, passes, validation, planning and hashing
 every weight: `assembly.plan_model`), each compile unit on its own (`build.units.compile_unit`, the step a worker
-runs: a kernel or a weight blob for this host), and the finish (linking the library and writing the artifact).
+runs: a kernel or a weight blob for this host), and the finish as the farm's link and finish steps run it (the
+link plan, linking the library and putting the artifact's recipe into a file store: farm.distributed.recipes).
 The plan and the finish are serial; the units are list-scheduled longest first on N workers (each unit on the
 first free worker). Speedup on N = (plan + every unit + finish) / (plan + the N-worker schedule's length +
-finish): what a farm of N idle workers gives at best, transfers aside. Built-in models: the light models shipped
+finish): what a farm of N idle workers gives at best, transfers aside. The download (`farm download`: the
+artifact file written from the recipe, member by member from the store) is timed on its own, off the build's
+critical path; a local build's finish writes the same file. Built-in models: the light models shipped
 with onnx (light_resnet50, light_densenet121, ...), the examples, and bert_base (bert_style at BERT-base's size).
 
 Targets (issue 15): >= 10x on 64 workers for light_densenet121 and light_resnet50, >= 4x for bert_base.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import heapq
+import shutil
 import sys
 import tempfile
 import time
@@ -37,11 +41,12 @@ sys.path.insert(0, str(CHECKOUT))
 from bench_build import ALL_MODELS, model_path  # noqa: E402
 from report import markdown_table  # noqa: E402
 
-from farm.artifact import write_artifact  # noqa: E402
 from farm.backends.llvm.target import host_target  # noqa: E402
 from farm.build import assembly  # noqa: E402
 from farm.build.parts import BuiltUnits  # noqa: E402
 from farm.build.units import compile_unit  # noqa: E402
+from farm.distributed import recipes  # noqa: E402
+from farm.store import FileStore  # noqa: E402
 from farm.tools import examples  # noqa: E402
 
 TARGETS = {"light_resnet50": 10.0, "light_densenet121": 10.0, "bert_base": 4.0}
@@ -76,17 +81,32 @@ def measure(path: Path, folder: Path) -> dict[str, object]:
         seconds, objects[unit.name] = _timed(lambda unit=unit, data=data: compile_unit(unit, data))
         unit_s.append(seconds)
 
-    def finish() -> None:
+    store = FileStore(folder / "store")
+    keys = {name: hashlib.sha256(data).hexdigest() for name, data in objects.items()}  # the compile steps' puts
+    packed = {unit.name for unit in units if unit.kind == "blob"}
+
+    def finish() -> str:
+        """The farm's link and finish: the library from the objects, then the artifact's recipe (the weights and
+        packed weights named by store key, unread: Farm._stored)."""
         plan_json = assembly.link_plan([plan], [target], path.stem, "0" * 64, units)
         libraries: dict[str, bytes] = {}
-        built = BuiltUnits(objects.__getitem__, lambda name: hashlib.sha256(objects[name]).hexdigest(),
-                           libraries.__getitem__, lambda sha: plan.blobs[sha].tobytes())
+        built = BuiltUnits(lambda name: recipes.stored(store, keys[name], len(objects[name])) if name in packed
+                           else objects[name], keys.__getitem__, libraries.__getitem__,
+                           lambda sha: recipes.stored(store, sha, plan.blobs[sha].nbytes))
         libraries[target.id] = assembly.link_library(plan_json, target.id, built)
+        store.put(libraries[target.id])
         manifest, members = assembly.artifact_contents(plan_json, built)
-        write_artifact(folder / f"{path.stem}.farm", manifest, members)
+        return recipes.put_recipe(store, manifest, members, lambda keys: None)[0]
 
-    finish_s, _ = _timed(finish)
-    return {"model": path.stem, "plan": plan_s, "units": unit_s, "finish": finish_s}
+    finish_s, recipe_key = _timed(finish)
+    for weights in plan.blobs.values():  # what planning and the packing units put on the farm
+        store.put(memoryview(weights).cast("B"))
+    for name in packed:
+        store.put(objects[name])
+    download_s, _ = _timed(lambda: recipes.write_artifact_from(
+        folder / f"{path.stem}.farm", recipes.read_recipe(store.get(recipe_key)), store.get))
+    shutil.rmtree(store.root)
+    return {"model": path.stem, "plan": plan_s, "units": unit_s, "finish": finish_s, "download": download_s}
 
 
 def speedups(row: dict[str, object], workers: list[int]) -> dict[int, float]:
@@ -121,10 +141,12 @@ def main(argv: list[str] | None = None) -> int:
                 path = model_path(name, Path(tmp))
             rows.append(measure(path, Path(tmp)))
             print(f"  {name}: plan {rows[-1]['plan']:.2f} s, {len(rows[-1]['units'])} units "
-                  f"{sum(rows[-1]['units']):.2f} s, finish {rows[-1]['finish']:.2f} s", flush=True)
+                  f"{sum(rows[-1]['units']):.2f} s, finish {rows[-1]['finish']:.2f} s, "
+                  f"download {rows[-1]['download']:.2f} s", flush=True)
     table = [[r["model"], f"{r['plan']:.2f}", str(len(r["units"])), f"{sum(r['units']):.2f}", f"{max(r['units']):.2f}",
-              f"{r['finish']:.2f}", *(f"{s:.1f}x" for s in speedups(r, workers).values())] for r in rows]
-    print(markdown_table(["model", "plan s", "units", "units s", "longest s", "finish s",
+              f"{r['finish']:.2f}", f"{r['download']:.2f}", *(f"{s:.1f}x" for s in speedups(r, workers).values())]
+             for r in rows]
+    print(markdown_table(["model", "plan s", "units", "units s", "longest s", "finish s", "download s",
                           *(f"{n} workers" for n in workers)], table))
     met = True
     for row in rows:

@@ -125,11 +125,12 @@ def _add_file(tar: tarfile.TarFile, name: str, data: bytes | bytearray | memoryv
 
 
 def _write_tar(file: BinaryIO, payload: Mapping[str, Member], manifest: dict[str, Any] | None = None,
-               reserved: Mapping[str, bytes] | None = None) -> None:
+               reserved: Mapping[str, bytes] | None = None) -> dict[str, str]:
     """The archive into `file`, ustar format (so that tarfile never adds pax headers carrying timestamps): the
     payload members in name order, each hashed as it is written (a LazyMember made just then), then the manifest
     completed with those sha256s and its digest (or, when re-writing a signed artifact, the `reserved` files as
-    given). The manifest comes last so that no member needs to exist before it is written."""
+    given). The manifest comes last so that no member needs to exist before it is written. Returns the payload
+    members' sha256s by path."""
     digests = {}
     with tarfile.open(fileobj=file, mode="w", format=tarfile.USTAR_FORMAT, encoding="utf-8") as tar:
         for name in sorted(payload):
@@ -141,6 +142,7 @@ def _write_tar(file: BinaryIO, payload: Mapping[str, Member], manifest: dict[str
         for name in _RESERVED:
             if name in files:
                 _add_file(tar, name, files[name])
+    return digests
 
 
 def write_artifact(path: str | os.PathLike[str], manifest: dict[str, Any], members: Mapping[str, Member]) -> str:
@@ -164,6 +166,39 @@ def artifact_bytes(manifest: dict[str, Any], members: Mapping[str, Member]) -> b
     buffer = io.BytesIO()
     _write_tar(buffer, members, manifest)
     return buffer.getvalue()
+
+
+def finished_manifest(manifest: dict[str, Any], digests: Mapping[str, str]) -> bytes:
+    """The manifest.json an artifact of payload members with these sha256s (path -> digest) holds, as
+    write_artifact would write it: what a farm keeps of an artifact besides its members' store keys, whose sha256s
+    they are (farm.distributed.recipes), so that it is finished without reading or hashing a member."""
+    _check_contents(manifest, digests)
+    return _manifest_files(manifest, dict(digests))[MANIFEST]
+
+
+def write_finished_artifact(path: str | os.PathLike[str], manifest_text: bytes, members: Mapping[str, Member]) -> str:
+    """Write at `path` (atomically) the artifact whose manifest.json is `manifest_text` (finished_manifest's) and
+    whose payload is `members`: the very bytes write_artifact writes from the manifest it was made of. Each member
+    is hashed as it is written; ArtifactError, with nothing written, when one differs from the manifest's sha256."""
+    path = os.fspath(path)
+    listed = _parse_manifest(path, manifest_text)["members"]
+    if sorted(listed) != sorted(members):
+        raise ArtifactError(f"{path}: the members given are not those {MANIFEST} lists")
+    reserved = {MANIFEST: manifest_text, MANIFEST_DIGEST: f"{_sha256(manifest_text)}\n".encode()}
+
+    def write(file: BinaryIO) -> None:
+        digests = _write_tar(file, members, reserved=reserved)
+        wrong = sorted(name for name, digest in digests.items() if digest != listed[name])
+        if wrong:
+            raise ArtifactError(f"{path}: member {wrong[0]!r} differs from the sha256 {MANIFEST} lists")
+
+    stream_atomically(path, write, fsync=True)
+    return path
+
+
+def manifest_from_text(text: bytes, where: str) -> dict[str, Any]:
+    """A manifest.json's bytes decoded and checked as open_artifact checks an artifact's (`where` names it)."""
+    return _parse_manifest(where, text)
 
 
 def _check_contents(manifest: dict[str, Any], members: Mapping[str, Member]) -> None:

@@ -1,6 +1,5 @@
 """The `farm` command end to end, as a user runs it: real processes, real files, documented exit statuses."""
 
-import hashlib
 import json
 import os
 import re
@@ -18,7 +17,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from farm.artifact import artifact_bytes
 from farm.backends.llvm.target import host_target
+from farm.distributed import recipes
 from farm.distributed.board import JobBoard
 from farm.distributed.protocol import JobRecord, JobState
 from farm.errors import ExitStatus
@@ -272,8 +273,8 @@ def test_the_right_password_gets_through(secured):
 
 # -- farm jobs through the CLI against a real redis-server with no worker ------------------------------------------
 
-ARTIFACT = b"artifact bytes"
-ARTIFACT_KEY = hashlib.sha256(ARTIFACT).hexdigest()
+ARTIFACT_MANIFEST, ARTIFACT_MEMBERS = {"model": {"name": "m"}}, {"weights/w.bin": b"weights"}
+ARTIFACT = artifact_bytes(ARTIFACT_MANIFEST, ARTIFACT_MEMBERS)
 UNIT = "cpu-x/farm_k_1"
 Step = Callable[[JobBoard, str], object]
 
@@ -295,7 +296,7 @@ PATHS: dict[str, list[Step]] = {
     "tuning": [_to(JobState.PLANNING), _to(JobState.TUNING, tune_units=["t/k1", "t/k2"]), _finished("tune", "t/k1")],
     "compiling": _COMPILING,
     "linking": _LINKING,
-    "done": [*_LINKING, lambda board, job_id: board.advance(job_id, JobState.DONE, artifact_key=ARTIFACT_KEY,
+    "done": [*_LINKING, lambda board, job_id: board.advance(job_id, JobState.DONE, artifact_key=_artifact(board.url),
                                                             finished=time.time())],
     "failed before compile": [_to(JobState.PLANNING), lambda board, job_id: board.fail(
         job_id, "can't read ONNX model m.onnx: truncated", ExitStatus.BAD_INPUT)],
@@ -337,12 +338,16 @@ def farm_redis() -> Iterator[RedisServer]:
         yield start()
 
 
+def _artifact(url: str) -> str:
+    """The key of ARTIFACT's recipe, put in the store at `url` (a farm keeps an artifact so: farm.distributed.recipes)."""
+    return recipes.put_recipe(RedisStore(url), ARTIFACT_MANIFEST, ARTIFACT_MEMBERS, lambda keys: None)[0]
+
+
 def _job_in(server: RedisServer, state: str) -> str:
     board, store = JobBoard(server.url), RedisStore(server.url)
     job_id, now = uuid.uuid4().hex[:16], time.time()
     board.create(job_id, JobRecord(JobState.QUEUED, store.put(b"model"), "m", "b" * 64, [host_target()],
                                    tune=state == "tuning", created=now, updated=now))
-    assert store.put(ARTIFACT) == ARTIFACT_KEY
     for step in PATHS[state]:
         step(board, job_id)
     assert board.get(job_id).state.value == state.split()[0]

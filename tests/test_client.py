@@ -13,14 +13,15 @@ import onnx
 import pytest
 
 from farm import defaults
+from farm.artifact import artifact_bytes
 from farm.backends.llvm.target import host_target
 from farm.backends.opencl.target import OpenClTarget
-from farm.distributed import protocol
+from farm.distributed import protocol, recipes
 from farm.distributed.client import ANY_WORKER, FarmClient, LivenessWatch, job_queues, raise_for_state
 from farm.distributed.protocol import JobRecord, JobState, Message, PlanJob
 from farm.distributed.steps import Farm
 from farm.errors import BadInputError, BuildError, ExitStatus, JobError, UnreachableError
-from farm.store import RedisStore
+from farm.store import RedisStore, content_key
 from farm.tools import examples
 from tests.services import RedisServer, redis_server_fixture  # noqa: F401
 
@@ -128,13 +129,29 @@ def test_download_of_a_done_job_writes_the_artifact(client: FarmClient, model_pa
                                                     accept) -> None:
     job_id = client.submit(model_path, [host_target()])
     accept(job_id)
-    key = client.store.put(b"artifact bytes")
+    weights = client.store.put(b"weights " * 1000)
+    members = {"weights/w.bin": recipes.stored(client.store, weights, 8000), "targets/x/model.so": b"code"}
+    key, keys = recipes.put_recipe(client.store, {"model": {"name": "tiny_cnn"}}, members, lambda keys: None)
+    assert keys == sorted([weights, content_key(b"code")])
     assert client.board.advance(job_id, JobState.DONE, artifact_key=key)
     path = client.download(job_id, tmp_path / "out")
     assert path == str(tmp_path / "out" / "tiny_cnn.farm")
-    assert Path(path).read_bytes() == b"artifact bytes"
+    assert Path(path).read_bytes() == artifact_bytes({"model": {"name": "tiny_cnn"}}, {
+        "weights/w.bin": b"weights " * 1000, "targets/x/model.so": b"code"})  # what a local build writes
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["tiny_cnn.farm"]  # no temporary file left
     assert client.board.flag_raised(job_id, protocol.downloaded_key)  # the next pin sweep releases its artifact
+
+
+def test_download_of_an_artifact_whose_member_was_evicted_says_so_and_writes_nothing(
+        client: FarmClient, model_path: Path, tmp_path: Path, accept) -> None:
+    job_id = client.submit(model_path, [host_target()])
+    accept(job_id)
+    key, _ = recipes.put_recipe(client.store, {}, {"a.bin": b"kept", "b.bin": b"evicted"}, lambda keys: None)
+    client.store.delete(content_key(b"evicted"))
+    assert client.board.advance(job_id, JobState.DONE, artifact_key=key)
+    with pytest.raises(JobError, match="no longer in the farm's store"):
+        client.download(job_id, tmp_path / "out")
+    assert list((tmp_path / "out").iterdir()) == []  # no partial artifact, no temporary file
 
 
 def test_a_failed_job_reports_its_error_and_exit_status(client: FarmClient, model_path: Path, tmp_path: Path,

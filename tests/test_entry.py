@@ -22,7 +22,7 @@ from native_helpers import (
     load_library,
 )
 
-from farm.backends.llvm.entry import ENTRY_SYMBOL, compile_entry, entry_ir
+from farm.backends.llvm.entry import ENTRY_SYMBOL, LAUNCH_SYMBOL, STEPS_SYMBOL, WORK_SYMBOL, compile_entry, entry_ir
 from farm.backends.llvm.gemm import GemmBlocking, pack_columns, pack_panels
 from farm.backends.llvm.link import link_library
 from farm.backends.llvm.target import CpuTarget
@@ -53,7 +53,10 @@ def test_entry_ir_verifies_and_defines_farm_run():
     assert farm_run.visibility == llvm.Visibility.default  # the one exported symbol
     assert [str(a.type) for a in farm_run.arguments] == ["ptr"]
     text = entry_ir(SCHEDULE, host())
-    assert re.search(r'define void @"?farm_run"?\(ptr %[^)]*\) nounwind', text)
+    assert re.search(r'define void @"?farm_run"?\(ptr %[^)]*\) [^\n]*nounwind', text)
+    dispatch = [re.search(rf'define [^\n]*@"?{name}"?\(.*', text).group(0)
+                for name in (ENTRY_SYMBOL, STEPS_SYMBOL, LAUNCH_SYMBOL, WORK_SYMBOL)]
+    assert ["optnone" in line for line in dispatch] == [True, True, True, False]  # only the pool's loop optimised
     assert f'target triple = "{host().triple}"' in text
 
 

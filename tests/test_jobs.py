@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import tempfile
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +26,7 @@ from farm.build.assembly import compile_units, plan_model
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
 from farm.build.units import CompileUnit, compile_unit
-from farm.distributed import pins, protocol
+from farm.distributed import pins, protocol, recipes
 from farm.distributed.board import JobBoard
 from farm.distributed.client import FarmClient
 from farm.distributed.protocol import TERMINAL, Compile, JobRecord, JobState, Message
@@ -93,9 +94,12 @@ def forget_artifact(farm: Farm, job_id: str) -> None:
 
 
 def artifact_bytes(farm: Farm, job_id: str) -> bytes:
+    """The artifact a download writes from the job's recipe (farm.distributed.recipes)."""
     record = farm.board.get(job_id)
     assert record is not None and record.state == "done", record
-    return farm.store.get(record.artifact_key)
+    with tempfile.TemporaryDirectory(prefix="farm-download-") as folder:
+        recipe = recipes.read_recipe(farm.store.get(record.artifact_key))
+        return Path(recipes.write_artifact_from(Path(folder) / "model.farm", recipe, farm.store.get)).read_bytes()
 
 
 # --- fixtures ----------------------------------------------------------------------------------------------------

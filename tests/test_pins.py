@@ -14,7 +14,7 @@ from farm import defaults
 from farm.backends.llvm.target import host_target
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
-from farm.distributed import pins, protocol
+from farm.distributed import pins, protocol, recipes
 from farm.distributed.board import JobBoard
 from farm.distributed.client import FarmClient
 from farm.distributed.protocol import JobRecord, JobState
@@ -91,7 +91,7 @@ def test_job_pins_expire_with_the_job_record(store: RedisStore) -> None:
     assert defaults.JOB_TTL_SECONDS - 5 < ttl <= defaults.JOB_TTL_SECONDS
 
 
-def test_a_job_pins_what_it_will_read_then_only_its_artifact_until_downloaded(
+def test_a_job_pins_what_it_will_read_then_only_its_artifacts_recipe_and_members_until_downloaded(
         farm: tuple[Farm, Tasks], store: RedisStore, redis_server: RedisServer, model_path: Path,
         tmp_path: Path) -> None:
     steps, tasks = farm
@@ -111,9 +111,12 @@ def test_a_job_pins_what_it_will_read_then_only_its_artifact_until_downloaded(
 
     run_tasks(steps, tasks)
     record = steps.board.get(job_id)
-    assert record.state == "done" and pinned(store, job_id) == {record.artifact_key}
+    members = set(recipes.read_recipe(store.get(record.artifact_key)).keys.values())
+    packed = {store.get_ref(unit["ref"]) for unit in plan_json["units"].values() if unit["kind"] == "blob"}
+    assert packed <= members and record.libraries[host_target().id] in members  # what the recipe names, unread
+    assert record.state == "done" and pinned(store, job_id) == {record.artifact_key, *members}
     FarmClient(redis_server.url).download(job_id, tmp_path / "out")
-    assert pinned(store, job_id) == {record.artifact_key}  # a submitter can't unpin: it raised the flag
+    assert pinned(store, job_id) == {record.artifact_key, *members}  # a submitter can't unpin: it raised the flag
     assert pins.release_ended_jobs(steps.board, store) == [job_id]
     assert pinned(store, job_id) == set() and store.pin_owners() == []
 

@@ -18,7 +18,7 @@ from farm.backends.llvm.gemm import GemmBlocking
 from farm.build.assembly import plan_model
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
-from farm.distributed import protocol
+from farm.distributed import protocol, recipes
 from farm.distributed.board import JobBoard
 from farm.distributed.protocol import JobRecord, JobState, Message, PlanJob
 from farm.distributed.steps import Farm
@@ -169,7 +169,7 @@ def submit(farm: Farm, queues: Queues, model: Path, **flags: bool) -> tuple[JobR
 
 def manifest(farm: Farm, record: JobRecord, folder: Path) -> list[dict[str, Any]]:
     path = folder / f"{uuid.uuid4().hex}.farm"
-    path.write_bytes(farm.store.get(record.artifact_key))
+    recipes.write_artifact_from(path, recipes.read_recipe(farm.store.get(record.artifact_key)), farm.store.get)
     return kernel_entries(str(path))
 
 

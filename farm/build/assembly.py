@@ -135,8 +135,8 @@ def _size_link_plan(plan: BuildPlan, targets: Sequence[Target], model_name: str,
     return {"manifest": manifest_template(plan, targets, model_name, model_sha256), "layouts": layouts}
 
 
-def _sub_plans(plan_json: dict[str, Any]) -> list[dict[str, Any]]:
-    """The link plan of each size (the plan itself when it has one size)."""
+def size_plans(plan_json: dict[str, Any]) -> list[dict[str, Any]]:
+    """The link plan of each size (the plan itself when it has one size): its manifest template and layouts."""
     return plan_json.get("sizes", [plan_json])
 
 
@@ -177,7 +177,7 @@ def toolchain_versions() -> dict[str, str]:
 def libraries(plan_json: dict[str, Any]) -> list[dict[str, Any]]:
     """The link plan's CPU libraries to link, one per size and CPU target: its `id` (the target's id, with one
     size; `<target id>.size<i>` with several), target, schedule and link order each."""
-    sub_plans = _sub_plans(plan_json)
+    sub_plans = size_plans(plan_json)
     return [{**library, "id": library_id(library["target"]["id"], index, len(sub_plans))}
             for index, sub_plan in enumerate(sub_plans)
             for library in sub_plan["layouts"].get("cpu", {}).get("libraries", [])]
@@ -235,7 +235,7 @@ def _size_contents(plan_json: dict[str, Any], built: BuiltUnits) -> tuple[dict[s
 def unit_nodes(plan_json: dict[str, Any], unit: CompileUnit) -> list[str]:
     """The ONNX nodes a unit serves (from the link plan's manifests: the first size that has it), so that an
     error can name them."""
-    for sub_plan in _sub_plans(plan_json):
+    for sub_plan in size_plans(plan_json):
         nodes = PARTS[unit.target.kind].nodes_of(sub_plan["manifest"], unit)
         if nodes:
             return nodes

@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from farm import defaults
-from farm.atomic import write_atomically
 from farm.backends.llvm.target import CpuTarget
 from farm.backends.registry import Target
-from farm.distributed import protocol
+from farm.distributed import protocol, recipes
 from farm.distributed.board import JobBoard
 from farm.distributed.protocol import TERMINAL, JobRecord, JobState, check_job_id, check_model_name
 from farm.errors import BadInputError, BuildError, CredentialsRefusedError, ExitStatus, JobError, UnreachableError
@@ -178,18 +177,19 @@ class FarmClient:
             events.wait(max(0.0, min(pause, watch.next_check - time.monotonic(), next_nudge - time.monotonic())))
 
     def download(self, job_id: str, out_dir: str | os.PathLike) -> str:
-        """Write the job's artifact to out_dir/<model>.farm (atomically) and return its path."""
+        """Write the job's artifact to out_dir/<model>.farm (atomically) and return its path: the store keeps it as a
+        recipe (farm.distributed.recipes), whose members are streamed into the file one at a time."""
         status = self.status(job_id)
         raise_for_state(status)
         if status["state"] != JobState.DONE.value:
             raise JobError(f"job {job_id} is {status['state']}: no artifact yet (farm wait {job_id})")
+        path = os.path.abspath(os.path.join(out_dir, f"{status['model']}.farm"))
         try:
-            data = self.store.peek(status["artifact_key"])
+            recipes.write_artifact_from(path, recipes.read_recipe(self.store.peek(status["artifact_key"])),
+                                        self.store.peek)
         except (MissingEntryError, CorruptEntryError):
             raise JobError(f"job {job_id}'s artifact is no longer in the farm's store (evicted after its first "
                            "download, or damaged); submit the model again to rebuild it") from None
-        path = os.path.abspath(os.path.join(out_dir, f"{status['model']}.farm"))
-        write_atomically(path, data)
         self.board.raise_flag(job_id, protocol.downloaded_key)
         return path
 

@@ -2,8 +2,9 @@
 
 While a job runs it pins everything it will read again: its model, weights, link plan, the objects it compiled or
 found cached, its libraries. Each is pinned before it is put (or, for a cached object, before its presence is
-checked), so no eviction can fall between the two. When the job is done its pins shrink to the artifact, which
-stays until the artifact is first downloaded; a failed or cancelled job releases them all. Submitters can't write
+checked), so no eviction can fall between the two. When the job is done its pins shrink to the artifact (its
+recipe and the entries it names: weights, packed weights, libraries), which stay until the artifact is first
+downloaded; a failed or cancelled job releases them all. Submitters can't write
 pins, so what a download or a cancel releases is released by the next sweep (`release_ended_jobs`, run by every
 planning and by `farm store gc`). Every pin lives at
 most as long as a job record (JOB_TTL_SECONDS, restarted by each pin), so a pin that no step released (a worker
@@ -28,9 +29,10 @@ def pin_for_job(store: Store, job_id: str, keys: Iterable[str]) -> None:
     store.pin(protocol.store_pin_owner(job_id), keys, defaults.JOB_TTL_SECONDS)
 
 
-def keep_only_artifact(store: Store, job_id: str, artifact_key: str) -> None:
-    """A job is done: release everything but its artifact, which stays until it is downloaded."""
-    store.pin(protocol.store_pin_owner(job_id), [artifact_key], defaults.JOB_TTL_SECONDS, replace=True)
+def keep_only_artifact(store: Store, job_id: str, artifact_keys: Iterable[str]) -> None:
+    """A job is done: release everything but its artifact (its recipe and every member: farm.distributed.recipes),
+    which stays until it is downloaded."""
+    store.pin(protocol.store_pin_owner(job_id), artifact_keys, defaults.JOB_TTL_SECONDS, replace=True)
 
 
 def release_job(store: Store, job_id: str) -> None:

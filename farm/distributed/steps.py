@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from farm import defaults
-from farm.artifact import artifact_bytes, manifest_of
+from farm.artifact import Member
 from farm.backends.llvm.target import CpuTarget
 from farm.build import assembly
 from farm.build.parts import BuiltUnits
 from farm.build.units import CompileUnit, compile_unit, verify_cached
-from farm.distributed import pins, protocol
+from farm.distributed import pins, protocol, recipes
 from farm.distributed.board import JobBoard
 from farm.distributed.protocol import Compile, Finish, JobRecord, JobState, Link, Message, PlanJob, TaskArgs, Tune
 from farm.errors import ArtifactError, BadInputError, BuildError, ExitStatus, FarmError, UnreachableError
@@ -179,16 +179,20 @@ class Farm:
             return False
         pins.pin_for_job(self.store, job_id, [key])
         try:
-            manifest = manifest_of(self.store.get(key))
+            recipe = recipes.read_recipe(self.store.get(key))
         except (CorruptEntryError, MissingEntryError, ArtifactError):
             return False
+        manifest, members = recipe.manifest, sorted(set(recipe.keys.values()))
+        pins.pin_for_job(self.store, job_id, members)
+        if not recipes.intact(self.store, members):
+            return False  # a member was evicted or damaged (and deleted): build the artifact again
         if not assembly.manifest_names(manifest, record.model_sha256, record.model_name, record.targets):
             return False  # the ref points at another build's artifact: never ship it, build this one
         if not tuning.manifest_current(self.store, manifest) or (
                 record.tuning_asked("tune") and self._tunable_on(tuning.untuned_targets(manifest))):
             return False
         if self.board.advance(job_id, JobState.DONE, artifact_key=key, total=0, finished=time.time(), cached=True):
-            pins.keep_only_artifact(self.store, job_id, key)
+            pins.keep_only_artifact(self.store, job_id, [key, *members])
         return True
 
     def _plans(self, record: JobRecord) -> list[BuildPlan]:
@@ -378,6 +382,24 @@ class Farm:
             self.dispatch(Finish(args.job_id).message())
         return None
 
+    def _stored(self, plan_json: dict[str, Any], record: JobRecord, job_id: str) -> BuiltUnits:
+        """What the units built as the recipe names it: the weights (put by planning) and the packed weights this
+        job built, by store key, unread (sizes from the link plan). The rest is read and checked as `_built` reads
+        it: libraries and OpenCL binaries (small), and packed weights found cached, which are rebuilt when corrupt
+        or gone (as link does objects)."""
+        built = self._built(plan_json, record, job_id)
+        weight_bytes = {blob["sha256"]: blob["bytes"] for size in assembly.size_plans(plan_json)
+                        for blob in size["manifest"]["blobs"]}
+
+        def object_of(name: str) -> Member:
+            unit = CompileUnit.from_json(plan_json["units"][name])
+            fresh = unit.kind == "blob" and self.board.is_complete(job_id, "compile", name)
+            key = self.store.get_ref(unit.cache_ref) if fresh else None
+            return built.object_of(name) if key is None else recipes.stored(self.store, key, unit.spec.nbytes)
+
+        return replace(built, object_of=object_of,
+                       blob_of=lambda sha: recipes.stored(self.store, sha, weight_bytes[sha]))
+
     def _object(self, job_id: str, unit: CompileUnit) -> bytes:
         """A unit's bytes from the cache; rebuilt when they are gone, corrupt, or can't be what its step makes (a
         cache ref pointed at an object with load-time code: refs are pointers, so the bytes are checked)."""
@@ -390,18 +412,18 @@ class Farm:
             return self.store.get(self._build_into_store(job_id, unit))
 
     def finish(self, args: Finish) -> str | None:
-        """Write the artifact into the store and mark the job done (unless it was cancelled meanwhile)."""
+        """Put the artifact's recipe into the store (farm.distributed.recipes: its manifest, its members being
+        store entries already) and mark the job done (unless it was cancelled meanwhile)."""
         record = self.board.get(args.job_id)
         if record is None or record.is_over:
             return self._skipped(args.job_id)
         plan_json = self._link_plan(record)
-        manifest, members = assembly.artifact_contents(plan_json, self._built(plan_json, record, args.job_id))
-        artifact = artifact_bytes(manifest, members)
-        pins.pin_for_job(self.store, args.job_id, [content_key(artifact)])
-        artifact_key = self.store.put(artifact)
+        manifest, members = assembly.artifact_contents(plan_json, self._stored(plan_json, record, args.job_id))
+        artifact_key, member_keys = recipes.put_recipe(
+            self.store, manifest, members, lambda keys: pins.pin_for_job(self.store, args.job_id, keys))
         self.store.set_ref(artifact_ref(record), artifact_key)
         if self.board.advance(args.job_id, JobState.DONE, artifact_key=artifact_key, finished=time.time()):
-            pins.keep_only_artifact(self.store, args.job_id, artifact_key)
+            pins.keep_only_artifact(self.store, args.job_id, [artifact_key, *member_keys])
         else:  # cancelled meanwhile
             pins.release_job(self.store, args.job_id)
         return None

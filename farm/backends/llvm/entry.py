@@ -42,7 +42,7 @@ def entry_ir(schedule: list[dict[str, Any]], target: CpuTarget, weights_offset: 
     module.triple = target.triple
     schedule = [{**call, "args": [_table_slot(arg, weights_offset) for arg in call["args"]]} for call in schedule]
     entry = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR_T]), ENTRY_SYMBOL)
-    entry.attributes.add("nounwind")
+    _dispatch_only(entry)
     builder = ir.IRBuilder(entry.append_basic_block("entry"))
     for call in schedule:
         _call_step(module, builder, entry.args[0], call)
@@ -50,6 +50,15 @@ def entry_ir(schedule: list[dict[str, Any]], target: CpuTarget, weights_offset: 
     _steps_function(module, schedule)
     _work_function(module, _launch_entry(module, schedule), target)
     return str(module)
+
+
+def _dispatch_only(function: ir.Function) -> None:
+    """Mark a function that only dispatches (a call per step or launch: nothing to optimise) optnone, which needs
+    noinline: LLVM's O3 passes skip it and select its code fast. BERT-base's entry (415 steps) compiles in 0.07 s
+    instead of 0.25 s, which the link, serial after every unit, spends; farm_work, the thread pool's loop, is still
+    optimised."""
+    for attribute in ("nounwind", "noinline", "optnone"):
+        function.attributes.add(attribute)
 
 
 def _call_step(module: ir.Module, builder: ir.IRBuilder, arena: ir.Value, call: dict[str, Any]) -> None:
@@ -60,7 +69,7 @@ def _call_step(module: ir.Module, builder: ir.IRBuilder, arena: ir.Value, call: 
 def _steps_function(module: ir.Module, schedule: list[dict[str, Any]]) -> None:
     """farm_run_steps(arena, begin, end): for i in [begin, end): switch (i) { case k: step k }."""
     function = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR_T, I64_T, I64_T]), STEPS_SYMBOL)
-    function.attributes.add("nounwind")
+    _dispatch_only(function)
     arena, begin, end = function.args
     head, done = function.append_basic_block("head"), function.append_basic_block("done")
     entry = ir.IRBuilder(function.append_basic_block("entry"))
@@ -87,7 +96,7 @@ def _steps_function(module: ir.Module, schedule: list[dict[str, Any]]) -> None:
 def _launch_entry(module: ir.Module, schedule: list[dict[str, Any]]) -> ir.Function:
     """farm_launch: a switch over every launch of the schedule, each case calling one launch function."""
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64_T, I64_T, I64_T, PTR_T]), LAUNCH_SYMBOL)
-    fn.attributes.add("nounwind")
+    _dispatch_only(fn)
     index, begin, end, arena = fn.args
     index.name, begin.name, end.name, arena.name = "index", "begin", "end", "arena"
     builder = ir.IRBuilder(fn.append_basic_block("entry"))

@@ -1,0 +1,121 @@
+"""A farm artifact kept as a recipe: its manifest.json and each payload member's size. Every member is a store entry
+whose key is the sha256 the manifest lists for it (weights, packed weights, libraries, OpenCL binaries and sources),
+so the recipe names all the bytes without holding any.
+
+Farm.finish puts a recipe in the store (a few KB to MB) instead of an artifact of all its members' bytes: finishing
+a model of gigabytes of weights reads, copies and hashes none of them, and the store holds each weight once, not
+again inside the artifact. The artifact file is made from the recipe only when it is downloaded
+(`write_artifact_from`), streamed member by member through the tar writer that writes a local build's artifact, so
+it is byte for byte the local build's. While a job keeps its artifact it pins the recipe and every member
+(farm.distributed.pins).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from farm.artifact import (
+    MAX_MANIFEST_BYTES,
+    LazyMember,
+    Member,
+    finished_manifest,
+    manifest_from_text,
+    write_finished_artifact,
+)
+from farm.errors import ArtifactError
+from farm.store import CorruptEntryError, MissingEntryError, Store, content_key
+
+RECIPE_FORMAT = "farm-artifact-recipe/1"
+MAX_RECIPE_BYTES = 2 * MAX_MANIFEST_BYTES
+"""A recipe holds the manifest (escaped as a JSON string) and a size per member."""
+
+
+@dataclass(frozen=True)
+class StoredMember(LazyMember):
+    """A member that is a store entry already: `key` (its sha256) goes into the recipe without the bytes being read;
+    `produce` reads them if the artifact is ever written from it."""
+
+    key: str = ""
+
+
+def stored(store: Store, key: str, size: int) -> StoredMember:
+    """The store entry `key` of `size` bytes as an artifact member."""
+    return StoredMember(size, functools.partial(store.get, key), key)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A recipe read back: manifest.json's bytes and each payload member's size; its keys are the manifest's
+    sha256s."""
+
+    manifest_text: bytes
+    manifest: dict[str, Any]
+    sizes: dict[str, int]
+
+    @property
+    def keys(self) -> dict[str, str]:
+        """Each payload member's store key, by path."""
+        return dict(self.manifest["members"])
+
+
+def put_recipe(store: Store, manifest: dict[str, Any], members: Mapping[str, Member],
+               pin: Callable[[list[str]], None]) -> tuple[str, list[str]]:
+    """Put the recipe of the artifact that `manifest` and `members` make, and return its key and its members'
+    keys. Members that are bytes are put first (most are entries already, which the store doesn't write again);
+    `pin(keys)` is called with every key before anything is put, so that no eviction falls in between."""
+    unstored = {path: member.produce() if isinstance(member, LazyMember) else member
+                for path, member in members.items() if not isinstance(member, StoredMember)}
+    keys = {path: member.key if isinstance(member, StoredMember) else content_key(unstored[path])
+            for path, member in members.items()}
+    sizes = {path: member.size if isinstance(member, StoredMember) else memoryview(unstored[path]).nbytes
+             for path, member in members.items()}
+    text = finished_manifest(manifest, keys)
+    recipe = json.dumps({"format": RECIPE_FORMAT, "manifest": text.decode("utf-8"), "sizes": sizes},
+                        sort_keys=True).encode()
+    pin([content_key(recipe), *keys.values()])
+    for data in unstored.values():
+        store.put(data)
+    return store.put(recipe), sorted(set(keys.values()))
+
+
+def read_recipe(data: bytes, where: str = "an artifact recipe in the store") -> Recipe:
+    """A recipe's bytes decoded and checked: ArtifactError when they are not one (an artifact a farm of an older
+    version put under the same ref, say)."""
+    try:
+        if len(data) > MAX_RECIPE_BYTES:
+            raise ValueError(f"{len(data)} bytes, over {MAX_RECIPE_BYTES}")
+        recipe = json.loads(data)
+        if not isinstance(recipe, dict) or recipe.get("format") != RECIPE_FORMAT:
+            raise ValueError(f"not a {RECIPE_FORMAT}")
+        text, sizes = recipe["manifest"].encode("utf-8"), recipe["sizes"]
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as error:
+        raise ArtifactError(f"{where} is not an artifact recipe: {error}") from None
+    manifest = manifest_from_text(text, where)
+    if not isinstance(sizes, dict) or sorted(sizes) != sorted(manifest["members"]) or not all(
+            type(size) is int and size >= 0 for size in sizes.values()):
+        raise ArtifactError(f"{where}: its sizes are not one per member of its manifest")
+    return Recipe(text, manifest, sizes)
+
+
+def write_artifact_from(path: str | os.PathLike[str], recipe: Recipe, read: Callable[[str], bytes]) -> str:
+    """Write at `path` (atomically) the artifact `recipe` describes, reading each member by its key with `read`
+    (one member in memory at a time); returns the path."""
+    members = {name: LazyMember(size, functools.partial(read, recipe.keys[name]))
+               for name, size in recipe.sizes.items()}
+    return write_finished_artifact(path, recipe.manifest_text, members)
+
+
+def intact(store: Store, keys: Iterable[str]) -> bool:
+    """Whether every one of `keys` is in the store with its bytes, read and checked one at a time (`get` deletes a
+    corrupt entry, so that a rebuild puts it again): an artifact reused from its recipe can then be downloaded."""
+    try:
+        for key in keys:
+            store.get(key)
+    except (CorruptEntryError, MissingEntryError):
+        return False
+    return True
