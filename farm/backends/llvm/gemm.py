@@ -186,11 +186,11 @@ def _packs_b_panel(gemm: L.Gemm, blocking: GemmBlocking, steps: int) -> bool:
 
 def _pack_b_panel(gen: _Gen, n0: ir.Value, vectors: int, k0: ir.Value, steps: int | ir.Value,
                   most_steps: int) -> None:
-    """Copy B[k0:k0 + steps, n0:n0 + vectors * lanes] (steps at most `most_steps`: the panel's room, when steps is
-    a runtime value) into a scratch panel on the stack, k-major, and have the
-    tiles read B there (gen.b_packed) until reset. Each k step of B is a row of C's width apart (12.5 KB at 56x56
-    planes): every row tile that read its panel in place walked hundreds of pages, the lines falling in a few L1
-    sets; the packed panel is contiguous. Each row read prefetches gen.prefetch floats ahead, as the tiles would."""
+    """Copy B[k0:k0 + steps, n0:n0 + vectors * lanes] into a scratch panel on the stack (room for `most_steps`
+    steps: steps may be a runtime value), k-major, and have the tiles read B there (gen.b_packed) until reset.
+    Each k step of B is a row of C's width apart (12.5 KB at 56x56 planes): every row tile that read its panel in
+    place walked hundreds of pages, the lines falling in a few L1 sets; the packed panel is contiguous. Each row
+    read prefetches gen.prefetch floats ahead, as the tiles would."""
     b, g, lanes = gen.b, gen.gemm, gen.blocking.lanes
     width, vec_t = vectors * lanes, _vector_type(lanes)
     panel = gen.slot(f"gemm.b_panel.{most_steps}x{width}", ir.ArrayType(vec_t, most_steps * vectors))
@@ -220,7 +220,7 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
     blocks, a partial block, then the whole vectors past the full blocks), each down all row tiles and then the
     edge rows; the range holding the last unit also does the columns short of a vector.
     A GEMM of few rows and a deep k (_small_m_k_block) runs each piece k block by k block, every row tile per k
-    block, its partial sums in a scratch tile. A GEMM whose B has at most SWEEP_MAX_B_BYTES sweeps each row tile
+    block, its partial sums in a scratch tile; one body serves every k block (_k_block_loop). A GEMM whose B has at most SWEEP_MAX_B_BYTES sweeps each row tile
     across the range's pieces instead (ResNet-50's 64 -> 256 pointwise convs at 56x56 planes: 0.69-0.87 ->
     0.56-0.73 ms in a run, one Xeon core; with 256 -> 64, where B is 3.2 MB, the sweep took 0.62 -> 0.95 ms).
     Otherwise, when C has C_PREFETCH_MIN_BYTES or more, each tile of a whole block, as it starts, prefetches the
@@ -293,10 +293,11 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
 def _column_pieces(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end: ir.Value,
                    piece: Callable[[ir.Value, int, ir.Value | None, bool], None]) -> None:
     """piece(first column, vectors, ahead, in_block) over the whole vectors among column units [begin, end): in
-    the full column blocks, the vectors before the first whole block (fewer than a tile's, in one block: one branch
-    per count), every whole block (`ahead`: whether the next whole block is this range's too), then the vectors
-    after the last (`ahead` None for both partial pieces), each within one block (`in_block`: a pre-packed B's
-    panel holds it whole, _b_index); then each whole vector past the full blocks on its own."""
+    the full column blocks, the vectors before the first whole block and those after the last (fewer than a
+    tile's, in one block: one branch per count; a loop of two runs both through the same code, which halves what
+    LLVM compiles for them; `ahead` None), then every whole block (`ahead`: whether the next whole block is this
+    range's too), each within one block (`in_block`: a pre-packed B's panel holds it whole, _b_index); then each
+    whole vector past the full blocks on its own."""
     b, vectors, gemm = gen.b, blocking.vectors, gen.gemm
     full_units = ir.Constant(I64_T, gemm.n // blocking.tile_columns * vectors)
     stop = b.select(b.icmp_signed("<", end, full_units), end, full_units)
