@@ -294,10 +294,11 @@ def _column_pieces(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end: ir.V
                    piece: Callable[[ir.Value, int, ir.Value | None, bool], None]) -> None:
     """piece(first column, vectors, ahead, in_block) over the whole vectors among column units [begin, end): in
     the full column blocks, the vectors before the first whole block and those after the last (fewer than a
-    tile's, in one block: one branch per count; a loop of two runs both through the same code, which halves what
-    LLVM compiles for them; `ahead` None), then every whole block (`ahead`: whether the next whole block is this
+    tile's, in one block; `ahead` None), then every whole block (`ahead`: whether the next whole block is this
     range's too), each within one block (`in_block`: a pre-packed B's panel holds it whole, _b_index); then each
-    whole vector past the full blocks on its own."""
+    whole vector past the full blocks on its own. The partial pieces run a vector at a time, both through one
+    loop: one single-vector body instead of one per vector count and side, a fraction of the code LLVM compiles
+    (a few-row conv's k blocks multiply each body), for a few single-vector tiles in a range at the cut."""
     b, vectors, gemm = gen.b, blocking.vectors, gen.gemm
     full_units = ir.Constant(I64_T, gemm.n // blocking.tile_columns * vectors)
     stop = b.select(b.icmp_signed("<", end, full_units), end, full_units)
@@ -311,13 +312,11 @@ def _column_pieces(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end: ir.V
     lanes = ir.Constant(I64_T, blocking.lanes)
 
     def partial(trail: ir.Value) -> None:
-        """The piece before the whole blocks (trail 0) or after them (1): one body serves both."""
+        """The vectors before the whole blocks (trail 0) or after them (1), one at a time."""
         is_trail = b.icmp_signed("!=", trail, ir.Constant(I64_T, 0))
         first = b.select(is_trail, trail_begin, begin)
         count = b.sub(b.select(is_trail, stop, lead_end), first)
-        for size in range(1, vectors):
-            with b.if_then(b.icmp_signed("==", count, ir.Constant(I64_T, size))):
-                piece(b.mul(first, lanes), size, None, True)
+        gen.loop(count, lambda index: piece(b.mul(b.add(first, index), lanes), 1, None, True))
 
     def whole(index: ir.Value) -> None:
         block = b.add(first_block, index)
