@@ -184,14 +184,16 @@ def _packs_b_panel(gemm: L.Gemm, blocking: GemmBlocking, steps: int) -> bool:
             and steps * blocking.tile_columns * 4 <= PACK_B_MAX_BYTES)
 
 
-def _pack_b_panel(gen: _Gen, n0: ir.Value, vectors: int, k0: ir.Value, steps: int) -> None:
-    """Copy B[k0:k0 + steps, n0:n0 + vectors * lanes] into a scratch panel on the stack, k-major, and have the
-    tiles read B there (gen.b_packed) until reset. Each k step of B is a row of C's width apart (12.5 KB at 56x56
-    planes): every row tile that read its panel in place walked hundreds of pages, the lines falling in a few L1
-    sets; the packed panel is contiguous. Each row read prefetches gen.prefetch floats ahead, as the tiles would."""
+def _pack_b_panel(gen: _Gen, n0: ir.Value, vectors: int, k0: ir.Value, steps: int | ir.Value,
+                  most_steps: int) -> None:
+    """Copy B[k0:k0 + steps, n0:n0 + vectors * lanes] into a scratch panel on the stack (room for `most_steps`
+    steps: steps may be a runtime value), k-major, and have the tiles read B there (gen.b_packed) until reset.
+    Each k step of B is a row of C's width apart (12.5 KB at 56x56 planes): every row tile that read its panel in
+    place walked hundreds of pages, the lines falling in a few L1 sets; the packed panel is contiguous. Each row
+    read prefetches gen.prefetch floats ahead, as the tiles would."""
     b, g, lanes = gen.b, gen.gemm, gen.blocking.lanes
     width, vec_t = vectors * lanes, _vector_type(lanes)
-    panel = gen.slot(f"gemm.b_panel.{steps}x{width}", ir.ArrayType(vec_t, steps * vectors))
+    panel = gen.slot(f"gemm.b_panel.{most_steps}x{width}", ir.ArrayType(vec_t, most_steps * vectors))
     panel.align = 64
 
     def row(step: ir.Value) -> None:
@@ -218,7 +220,7 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
     blocks, a partial block, then the whole vectors past the full blocks), each down all row tiles and then the
     edge rows; the range holding the last unit also does the columns short of a vector.
     A GEMM of few rows and a deep k (_small_m_k_block) runs each piece k block by k block, every row tile per k
-    block, its partial sums in a scratch tile. A GEMM whose B has at most SWEEP_MAX_B_BYTES sweeps each row tile
+    block, its partial sums in a scratch tile; one body serves every k block (_k_block_loop). A GEMM whose B has at most SWEEP_MAX_B_BYTES sweeps each row tile
     across the range's pieces instead (ResNet-50's 64 -> 256 pointwise convs at 56x56 planes: 0.69-0.87 ->
     0.56-0.73 ms in a run, one Xeon core; with 256 -> 64, where B is 3.2 MB, the sweep took 0.62 -> 0.95 ms).
     Otherwise, when C has C_PREFETCH_MIN_BYTES or more, each tile of a whole block, as it starts, prefetches the
@@ -237,14 +239,17 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
         return (_Region(0, m_main, n0, columns, blocking.rows, vectors, blocking.lanes, in_block),
                 _Region(m_main, gemm.m - m_main, n0, columns, 1, vectors, blocking.lanes, in_block))
 
-    def rows(n0: ir.Value, vectors: int, ahead: ir.Value | None, in_block: bool, k0: ir.Value, steps: int,
-             accumulate: bool, final: bool) -> None:
+    def rows(n0: ir.Value, vectors: int, ahead: ir.Value | None, in_block: bool, k0: ir.Value,
+             steps: int | ir.Value, accumulate: bool | ir.Value, final: bool | ir.Value, most_steps: int = 0) -> None:
+        """The piece's row tiles, then its edge rows, over k steps [k0, k0 + steps): at most `most_steps` when
+        steps is a runtime value (_k_block_loop)."""
         tiles, edge = piece_regions(n0, vectors, in_block)
         zero = ir.Constant(I64_T, 0)
         if gen.c_prefetch is not None:  # the next block's lines, while it is this range's (never another thread's)
             gen.c_prefetch = zero if ahead is None else builder.select(ahead, ir.Constant(I64_T, width), zero)
-        if _packs_b_panel(gemm, blocking, steps):
-            _pack_b_panel(gen, n0, vectors, k0, steps)
+        panel_steps = steps if isinstance(steps, int) else most_steps
+        if _packs_b_panel(gemm, blocking, panel_steps):
+            _pack_b_panel(gen, n0, vectors, k0, steps, panel_steps)
         gen.loop(m_main // blocking.rows, lambda it: _emit_tile(gen, tiles, it, zero, k0, steps, accumulate, final))
         gen.loop(gemm.m - m_main, lambda it: _emit_tile(gen, edge, it, zero, k0, steps, accumulate, final))
         gen.b_packed = None
@@ -253,9 +258,9 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
     if size:
         gen.partial = gen.slot("gemm.partial", ir.ArrayType(_vector_type(blocking.lanes), gemm.m * blocking.vectors))
         gen.prefetch = SMALL_M_PREFETCH_BLOCKS * size * (width if gemm.b_panels else gemm.ldb)
-        _column_pieces(gen, blocking, begin, end, lambda n0, vectors, ahead, in_block: _k_blocks(
+        _column_pieces(gen, blocking, begin, end, lambda n0, vectors, ahead, in_block: _k_block_loop(
             gen, lambda k0, steps, accumulate, final: rows(n0, vectors, ahead, in_block, k0, steps, accumulate,
-                                                           final), size))
+                                                           final, size), size))
         gen.partial, gen.prefetch = None, 0
     elif gemm.k * gemm.n * 4 <= SWEEP_MAX_B_BYTES:
         def sweeps(k0: ir.Value, steps: int, accumulate: bool, final: bool) -> None:
@@ -288,10 +293,12 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
 def _column_pieces(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end: ir.Value,
                    piece: Callable[[ir.Value, int, ir.Value | None, bool], None]) -> None:
     """piece(first column, vectors, ahead, in_block) over the whole vectors among column units [begin, end): in
-    the full column blocks, the vectors before the first whole block (fewer than a tile's, in one block: one branch
-    per count), every whole block (`ahead`: whether the next whole block is this range's too), then the vectors
-    after the last (`ahead` None for both partial pieces), each within one block (`in_block`: a pre-packed B's
-    panel holds it whole, _b_index); then each whole vector past the full blocks on its own."""
+    the full column blocks, the vectors before the first whole block and those after the last (fewer than a
+    tile's, in one block; `ahead` None), then every whole block (`ahead`: whether the next whole block is this
+    range's too), each within one block (`in_block`: a pre-packed B's panel holds it whole, _b_index); then each
+    whole vector past the full blocks on its own. The partial pieces run a vector at a time, both through one
+    loop: one single-vector body instead of one per vector count and side, a fraction of the code LLVM compiles
+    (a few-row conv's k blocks multiply each body), for a few single-vector tiles in a range at the cut."""
     b, vectors, gemm = gen.b, blocking.vectors, gen.gemm
     full_units = ir.Constant(I64_T, gemm.n // blocking.tile_columns * vectors)
     stop = b.select(b.icmp_signed("<", end, full_units), end, full_units)
@@ -304,19 +311,20 @@ def _column_pieces(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end: ir.V
     trail_begin = b.select(b.icmp_signed(">", trail_begin, lead_end), trail_begin, lead_end)
     lanes = ir.Constant(I64_T, blocking.lanes)
 
-    def partial(first: ir.Value, count: ir.Value) -> None:
-        for size in range(1, vectors):
-            with b.if_then(b.icmp_signed("==", count, ir.Constant(I64_T, size))):
-                piece(b.mul(first, lanes), size, None, True)
+    def partial(trail: ir.Value) -> None:
+        """The vectors before the whole blocks (trail 0) or after them (1), one at a time."""
+        is_trail = b.icmp_signed("!=", trail, ir.Constant(I64_T, 0))
+        first = b.select(is_trail, trail_begin, begin)
+        count = b.sub(b.select(is_trail, stop, lead_end), first)
+        gen.loop(count, lambda index: piece(b.mul(b.add(first, index), lanes), 1, None, True))
 
-    partial(begin, b.sub(lead_end, begin))
     def whole(index: ir.Value) -> None:
         block = b.add(first_block, index)
         ahead = b.icmp_signed("<", b.add(block, ir.Constant(I64_T, 1)), last_block)
         piece(b.mul(block, ir.Constant(I64_T, blocking.tile_columns)), vectors, ahead, True)
 
+    gen.loop(2, partial)
     gen.loop(b.sub(last_block, first_block), whole)
-    partial(trail_begin, b.sub(stop, trail_begin))
     edge_units = ir.Constant(I64_T, gemm.n // blocking.lanes)
     first_edge = b.select(b.icmp_signed(">", begin, full_units), begin, full_units)
     last_edge = b.select(b.icmp_signed("<", end, edge_units), end, edge_units)
@@ -431,6 +439,23 @@ def _k_blocks(gen: _Gen, emit: Callable[[ir.Value, int, bool, bool], None], size
     gen.residual_summed = False
 
 
+def _k_block_loop(gen: _Gen, emit: Callable[[ir.Value, ir.Value, ir.Value, ir.Value], None], size: int) -> None:
+    """emit(k0, steps, accumulate, final) once, in a runtime loop over k cut into blocks of `size` steps (at least
+    two: _small_m_k_block): steps (the last block's may be fewer), accumulate (every block but the first) and final
+    (the last) are runtime values, so a piece's tiles are emitted once, not once per phase (first, middle, last) as
+    _k_blocks does: a third of the code for LLVM to optimise (light ResNet-50's 14x14 and 7x7 3x3 convs took 1.7-1.8 s
+    each to compile, the longest units of its build)."""
+    b, k = gen.b, gen.gemm.k
+    blocks = -(-k // size)
+    last, full, short = (ir.Constant(I64_T, value) for value in (blocks - 1, size, k - (blocks - 1) * size))
+
+    def block(j: ir.Value) -> None:
+        final = b.icmp_signed("==", j, last)
+        emit(b.mul(j, full), b.select(final, short, full), b.icmp_signed("!=", j, ir.Constant(I64_T, 0)), final)
+
+    gen.loop(blocks, block)
+
+
 def _emit_region(gen: _Gen, region: _Region) -> None:
     """Every tile of the region, k block by k block, the tile loops in the blocking's order."""
     width = region.vectors * region.lanes
@@ -451,10 +476,12 @@ def _emit_region(gen: _Gen, region: _Region) -> None:
 
 
 def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Value | None = None,
-               steps: int | None = None, accumulate: bool = False, final: bool = True) -> None:
+               steps: int | ir.Value | None = None, accumulate: bool | ir.Value = False,
+               final: bool | ir.Value = True) -> None:
     """One register tile of C over k steps [k0, k0 + steps) (all of k by default): accumulators start at zero, or
     at C's values when `accumulate` (a later k block), and are stored to C at the end, through the Gemm's
-    epilogue when `final` (the last k block)."""
+    epilogue when `final` (the last k block). `steps`, `accumulate` and `final` may be runtime values (an i64, i1s:
+    _k_block_loop), so that one body serves every k block."""
     b, g = gen.b, gen.gemm
     k0 = ir.Constant(I64_T, 0) if k0 is None else k0
     steps = g.k if steps is None else steps
@@ -470,8 +497,9 @@ def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Va
     for row, indices, partials in zip(accs, outputs, kept):
         for acc, index, partial in zip(row, indices, partials):
             start = ir.Constant(vec_t, None)
-            if accumulate:
-                start = _load_c(gen, gen.c, index, vec_t) if gen.partial is None else b.load(partial)
+            if accumulate is not False:
+                kept_sums = _load_c(gen, gen.c, index, vec_t) if gen.partial is None else b.load(partial)
+                start = kept_sums if accumulate is True else b.select(accumulate, kept_sums, start)
             b.store(start, acc)
     fma = intrinsic(b.module, "llvm.fmuladd", vec_t, 3)
     # A pre-packed A (a conv's weights) is read panel after panel, one per row tile; each k step prefetches the
@@ -479,7 +507,7 @@ def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Va
     # weights are cold once a run (ResNet-50's 14x14 pointwise convs 0.70-0.76 -> 0.64-0.69 ms in a run, the
     # model on one Xeon core 1.12-1.13x -> 1.09x onnxruntime).
     a_ahead = ir.Constant(I64_T, region.rows * g.k) if g.a_panels and region.rows == gen.blocking.rows else None
-    if gen.c_prefetch is not None and final and not g.c_transposed:  # see _emit_column_blocks
+    if gen.c_prefetch is not None and final is True and not g.c_transposed:  # see _emit_column_blocks
         ahead = gen.c_prefetch
         for row in outputs:
             for start, _ in row:
@@ -513,6 +541,22 @@ def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Va
     else:
         _window_steps(gen, g.a_window, [b.add(m0, ir.Constant(I64_T, i)) for i in range(region.rows)], step, k0,
                       steps)
+    if isinstance(final, bool):
+        _store_tile(gen, region, accs, places, outputs, kept, m0, n0, final)
+        return
+    with b.if_else(final) as (last, partial_sums):
+        with last:
+            _store_tile(gen, region, accs, places, outputs, kept, m0, n0, True)
+        with partial_sums:
+            _store_tile(gen, region, accs, places, outputs, kept, m0, n0, False)
+
+
+def _store_tile(gen: _Gen, region: _Region, accs: list[list[ir.Value]], places: list[list[tuple[ir.Value, ir.Value]]],
+                outputs: list[list[tuple[ir.Value, int]]], kept: list[list[ir.Value | None]], m0: ir.Value,
+                n0: ir.Value, final: bool) -> None:
+    """Store a tile's accumulators: to C through the Gemm's epilogue when `final`, else to the partial sums
+    (gen.partial) or, without them, to C as they are."""
+    b, g = gen.b, gen.gemm
     epilogue = g.epilogue if final else None
     if final and _transposes_in_registers(g, region):
         for j in range(region.vectors):
@@ -586,7 +630,7 @@ def _partial_index(gen: _Gen, region: _Region, m: ir.Value, j: int) -> ir.Value 
 
 
 def _window_steps(gen: _Gen, window: L.ImplicitColumns, rows: list[ir.Value],
-                  step: Callable[[ir.Value, list[ir.Value]], None], k0: ir.Value, steps: int) -> None:
+                  step: Callable[[ir.Value, list[ir.Value]], None], k0: ir.Value, steps: int | ir.Value) -> None:
     """The k steps [k0, k0 + steps) of an implicit GEMM (L.ImplicitColumns; whole channels) as loops over
     channels, kernel rows and kernel columns: each row's base in the padded plane is computed once per tile, and
     each k step adds the tap's offset."""
@@ -601,7 +645,8 @@ def _window_steps(gen: _Gen, window: L.ImplicitColumns, rows: list[ir.Value],
         offset = gen.offset((channel, window.plane), (r, window.tap_row_step), (s, window.tap_column_step))
         step(k, [b.add(base, offset) for base in bases])
 
-    gen.loop(steps // taps, lambda index: gen.loop(
+    channels = steps // taps if isinstance(steps, int) else b.sdiv(steps, ir.Constant(I64_T, taps))
+    gen.loop(channels, lambda index: gen.loop(
         window.kernel_height, lambda r: gen.loop(window.kernel_width, lambda s: tap(index, r, s))))
 
 
