@@ -15,7 +15,7 @@ from typing import Any
 from farm import __version__
 from farm.ir.graph import Activation, TensorInfo
 
-CODEGEN_VERSION = f"farm-{__version__}-codegen-15"
+CODEGEN_VERSION = f"farm-{__version__}-codegen-16"
 OPENCL_TARGET_ID = "opencl"
 """The target id of every OpenCL kernel spec (one source serves every device)."""
 CPU_TARGET_PREFIX = "cpu-"

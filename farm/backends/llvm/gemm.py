@@ -338,12 +338,17 @@ def _small_m_k_block(gemm: L.Gemm, blocking: GemmBlocking) -> int:
     tile reads the panel from memory and the others from cache, so that first pass is bound by memory bandwidth
     (light ResNet-50's 7x7-plane convs: 4608 x 48 floats of weights a panel, 46-57% of a core's peak). A block
     of SMALL_M_K_BLOCK steps (whole channels of an implicit GEMM) is read once and used by every row tile while it
-    is in L1, the weights streaming at the pace of the FMAs."""
+    is in L1, the weights streaming at the pace of the FMAs. Where k allows, a block is the largest number of
+    whole channels down to half of SMALL_M_K_BLOCK that divides k, so that every block has the same, constant
+    number of steps (_k_block_loop): ResNet's 3x3 convs of 256 or 512 channels take 144 steps, not 252."""
     if gemm.m > SMALL_M_ROWS:
         return 0
     taps = gemm.a_window.kernel_height * gemm.a_window.kernel_width if gemm.a_window else 1
     size = max(1, SMALL_M_K_BLOCK // taps) * taps
-    return size if gemm.k >= 2 * size else 0
+    if gemm.k < 2 * size:
+        return 0
+    dividing = [steps for steps in range(size, size // 2 - 1, -taps) if gemm.k % steps == 0]
+    return dividing[0] if dividing else size
 
 
 class _Gen:
@@ -441,17 +446,19 @@ def _k_blocks(gen: _Gen, emit: Callable[[ir.Value, int, bool, bool], None], size
 
 def _k_block_loop(gen: _Gen, emit: Callable[[ir.Value, ir.Value, ir.Value, ir.Value], None], size: int) -> None:
     """emit(k0, steps, accumulate, final) once, in a runtime loop over k cut into blocks of `size` steps (at least
-    two: _small_m_k_block): steps (the last block's may be fewer), accumulate (every block but the first) and final
-    (the last) are runtime values, so a piece's tiles are emitted once, not once per phase (first, middle, last) as
-    _k_blocks does: a third of the code for LLVM to optimise (light ResNet-50's 14x14 and 7x7 3x3 convs took 1.7-1.8 s
-    each to compile, the longest units of its build)."""
+    two: _small_m_k_block): accumulate (every block but the first), final (the last) and, unless size divides k
+    (the last block's are then fewer), steps are runtime values (constant steps keep the k loop's trip count
+    known), so a piece's tiles are emitted once, not once per phase (first, middle, last) as _k_blocks does: a
+    third of the code for LLVM to optimise (light ResNet-50's 14x14 and 7x7 3x3 convs took 1.7-1.8 s each to
+    compile, the longest units of its build)."""
     b, k = gen.b, gen.gemm.k
     blocks = -(-k // size)
     last, full, short = (ir.Constant(I64_T, value) for value in (blocks - 1, size, k - (blocks - 1) * size))
 
     def block(j: ir.Value) -> None:
         final = b.icmp_signed("==", j, last)
-        emit(b.mul(j, full), b.select(final, short, full), b.icmp_signed("!=", j, ir.Constant(I64_T, 0)), final)
+        steps = size if k % size == 0 else b.select(final, short, full)
+        emit(b.mul(j, full), steps, b.icmp_signed("!=", j, ir.Constant(I64_T, 0)), final)
 
     gen.loop(blocks, block)
 
