@@ -156,6 +156,11 @@ def test_a_dynamic_model_builds_on_the_farm_with_shape_as_it_does_locally(farm_f
     assert job["state"] == "done" and _sha(job["artifact"]) == _sha(local)
     model_of_sizes = runtime.load(job["artifact"], threads=1)
     assert [pins for pins, _ in model_of_sizes.sizes] == sizes
+    again = _submit(farm, model, tmp_path, "--shape", "batch=2,3")
+    assert again["total"] == 0 and _sha(again["artifact"]) == _sha(local)
+    other = _submit(farm, model, tmp_path, "--shape", "batch=3,2")  # another artifact, of units all cached
+    assert other["total"] == 0 and _sha(other["artifact"]) != _sha(local)
+    assert [pins for pins, _ in runtime.load(other["artifact"], threads=1).sizes] == sizes[::-1]
     unpinned = farm_cli("submit", str(model), broker=farm.url, cwd=tmp_path)
     assert unpinned.returncode == 2 and "pin it with --shape batch=N" in unpinned.stderr
 
