@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -211,10 +210,8 @@ def artifact_contents(plan_json: dict[str, Any], built: BuiltUnits) -> tuple[dic
         size_built = dataclasses.replace(
             built, library_of=lambda target_id, index=index: built.library_of(library_id(target_id, index, count)))
         size_manifest, size_members = _size_contents(sub_plan, size_built)
-        for target in size_manifest.get("targets", []):
-            moved = f"sizes/{index}/{target['library']}"
-            size_members[moved] = size_members.pop(target["library"])
-            target["library"] = moved
+        size_manifest["targets"] = [_moved_library(target, size_members, index)
+                                    for target in size_manifest.get("targets", [])]
         manifest.update({key: size_manifest[key] for key in COMMON_FIELDS if key in size_manifest})
         manifest.setdefault("sizes", []).append(
             {"shapes": sub_plan["shapes"], **{k: v for k, v in size_manifest.items() if k not in COMMON_FIELDS}})
@@ -222,8 +219,15 @@ def artifact_contents(plan_json: dict[str, Any], built: BuiltUnits) -> tuple[dic
     return {**manifest, "format_version": SIZED_FORMAT_VERSION}, members
 
 
+def _moved_library(target: dict[str, Any], members: dict[str, Member], size: int) -> dict[str, Any]:
+    """A CPU target of size `size` with its library moved under sizes/<size>/ (in `members` too)."""
+    moved = f"sizes/{size}/{target['library']}"
+    members[moved] = members.pop(target["library"])
+    return {**target, "library": moved}
+
+
 def _size_contents(plan_json: dict[str, Any], built: BuiltUnits) -> tuple[dict[str, Any], dict[str, Member]]:
-    manifest = json.loads(json.dumps(plan_json["manifest"]))  # parts complete their fields in place
+    manifest: dict[str, Any] = dict(plan_json["manifest"])
     members: dict[str, Member] = {}
     for kind, layout in plan_json["layouts"].items():
         fields, part_members = PARTS[kind].assemble(layout, plan_json["manifest"], built)
