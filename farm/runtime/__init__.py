@@ -18,12 +18,13 @@ from farm.artifact import check_signed, open_artifact, public_key_hex
 from farm.backends.registry import backend_named
 from farm.errors import ArtifactError
 from farm.runtime.model import Model, TensorSpec
+from farm.runtime.sized import SizedModel
 
-__all__ = ["Model", "TensorSpec", "load"]
+__all__ = ["Model", "SizedModel", "TensorSpec", "load"]
 
 
 def load(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None,
-         device: str = "cpu", threads: int = 0, trust: Sequence[str] = ()) -> Model:
+         device: str = "cpu", threads: int = 0, trust: Sequence[str] = ()) -> Model | SizedModel:
     """Verify the artifact (once per artifact file), choose this host's target and load its library from the cache
     (<cache_dir>/runtime/, written on the first load).
 
@@ -33,6 +34,9 @@ def load(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | No
     `device="opencl"` runs the artifact's OpenCL part on this host's OpenCL device instead (farm.runtime.opencl);
     that load reads every member it uses, each checked against its sha256 as it is read, so the artifact is
     opened without hashing it all twice.
+
+    An artifact of several sizes (`farm submit --shape batch=1,8,32`) loads every size, as a SizedModel whose `run`
+    runs the size that fits the feeds (farm.runtime.sized).
 
     `trust`: Ed25519 public keys (PEM file paths or 64 hex digits), with those of FARM_TRUSTED_KEYS; when there is
     any, an artifact not signed by one of them is refused before anything is loaded.
