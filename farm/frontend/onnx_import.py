@@ -725,6 +725,16 @@ def _check_dtype(graph: Graph, name: str, role: str, node: Node | None) -> None:
                                         f"{', '.join(VALUE_DTYPES)}")
 
 
+def _uninferred(graph: Graph, node: Node | None) -> str:
+    """Why an output of `node` can be dynamic though every input of it is static: ONNX's shape inference gave it
+    no shape, most often because the inputs' shapes don't fit the op (a MatMul of [1, 196] by [144, 5])."""
+    if node is None or not all(not name or name in graph.values for name in node.inputs):
+        return ""
+    shapes = ", ".join(f"{name} {list(graph.values[name].shape)}" for name in node.inputs if name)
+    return (f"; ONNX's shape inference gave it no shape from its node's static inputs ({shapes}): check that they "
+            f"fit {node.op_type}")
+
+
 def _check_static(graph: Graph, name: str, role: str, node: Node | None) -> None:
     """The value must have a TensorInfo of static dims. A dim may be 0: an empty tensor is computed like any other
     (farm.frontend.passes makes it a constant where it can, farm.plan.planner skips the nodes that write only
@@ -735,7 +745,7 @@ def _check_static(graph: Graph, name: str, role: str, node: Node | None) -> None
         if partial is None:
             raise _unsupported(graph, node, f"{role} {name!r} has an unknown shape")
         shown = ", ".join(str(d) for d in partial)
-        hint = f"; {dynamic_input_hint(name, partial)}" if role == "model input" else ""
+        hint = f"; {dynamic_input_hint(name, partial)}" if role == "model input" else _uninferred(graph, node)
         raise _unsupported(graph, node, f"{role} {name!r} has dynamic shape [{shown}]{hint}")
     if any(d < 0 for d in info.shape):
         raise _unsupported(graph, node, f"{role} {name!r} has a negative dim in shape {list(info.shape)}")
