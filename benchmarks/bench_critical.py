@@ -9,7 +9,9 @@ runs: a kernel or a weight blob for this host), and the finish as the farm's lin
 link plan, linking the library and putting the artifact's recipe into a file store: farm.distributed.recipes).
 The plan and the finish are serial; the units are list-scheduled longest first on N workers (each unit on the
 first free worker). Speedup on N = (plan + every unit + finish) / (plan + the N-worker schedule's length +
-finish): what a farm of N idle workers gives at best, transfers aside. The download (`farm download`: the
+finish): what a farm of N idle workers gives at best, transfers aside; the critical path in seconds (the
+denominator, at the most workers asked for) is printed too, since a ratio also moves with the units' total (faster
+compiles lower it). The download (`farm download`: the
 artifact file written from the recipe, member by member from the store) is timed on its own, off the build's
 critical path; a local build's finish writes the same file. Built-in models: the light models shipped
 with onnx (light_resnet50, light_densenet121, ...), the examples, and bert_base (bert_style at BERT-base's size).
@@ -109,9 +111,14 @@ def measure(path: Path, folder: Path) -> dict[str, object]:
     return {"model": path.stem, "plan": plan_s, "units": unit_s, "finish": finish_s, "download": download_s}
 
 
+def critical_path(row: dict[str, object], workers: int) -> float:
+    """Seconds a build waits on `workers` idle workers: the plan, the units' schedule and the finish."""
+    return row["plan"] + schedule_length(row["units"], workers) + row["finish"]
+
+
 def speedups(row: dict[str, object], workers: list[int]) -> dict[int, float]:
     serial = row["plan"] + sum(row["units"]) + row["finish"]
-    return {n: serial / (row["plan"] + schedule_length(row["units"], n) + row["finish"]) for n in workers}
+    return {n: serial / critical_path(row, n) for n in workers}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,10 +151,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{sum(rows[-1]['units']):.2f} s, finish {rows[-1]['finish']:.2f} s, "
                   f"download {rows[-1]['download']:.2f} s", flush=True)
     table = [[r["model"], f"{r['plan']:.2f}", str(len(r["units"])), f"{sum(r['units']):.2f}", f"{max(r['units']):.2f}",
-              f"{r['finish']:.2f}", f"{r['download']:.2f}", *(f"{s:.1f}x" for s in speedups(r, workers).values())]
-             for r in rows]
+              f"{r['finish']:.2f}", f"{r['download']:.2f}", f"{critical_path(r, max(workers)):.2f}",
+              *(f"{s:.1f}x" for s in speedups(r, workers).values())] for r in rows]
     print(markdown_table(["model", "plan s", "units", "units s", "longest s", "finish s", "download s",
-                          *(f"{n} workers" for n in workers)], table))
+                          f"critical s ({max(workers)} workers)", *(f"{n} workers" for n in workers)], table))
     met = True
     for row in rows:
         target = TARGETS.get(row["model"])
