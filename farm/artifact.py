@@ -338,18 +338,6 @@ def _read_signature(path: str, place: tuple[int, int] | None) -> bytes | None:
     return _read_range(path, *place)
 
 
-def manifest_of(data: bytes) -> dict[str, Any]:
-    """The manifest of an artifact held in memory (a store entry whose bytes the store has already checked)."""
-    try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-            member, digest = tar.extractfile(MANIFEST), tar.extractfile(MANIFEST_DIGEST)
-            text, expected = (member.read() if member else b""), (digest.read() if digest else b"")
-    except (tarfile.TarError, KeyError) as error:
-        raise ArtifactError(f"an artifact in the store has no readable {MANIFEST}: {error}") from None
-    _check_digest("an artifact in the store", text, expected)
-    return _parse_manifest("an artifact in the store", text)
-
-
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The manifest of a structurally sound artifact."""
     return open_artifact(path).manifest
