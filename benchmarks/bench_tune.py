@@ -52,7 +52,7 @@ WARMUP_RUNS = 2
 def tune(path: Path, store: Store) -> tuple[float, int]:
     """Seconds to tune every tunable kernel of the model for this host into `store`, and how many were timed."""
     started = time.perf_counter()
-    _, report = choose_variants(plan_model(path), [host_target()], store, tune=True)
+    _, report = choose_variants([plan_model(path)], [host_target()], store, tune=True)
     return time.perf_counter() - started, len(report.timed)
 
 

@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from farm.backends.llvm.gemm import GemmBlocking
@@ -50,7 +51,7 @@ def test_with_variants_and_choose_variants_leave_the_plan_unchanged(tmp_path: Pa
     database.record(store, spec, HOST, {"variant": chosen.to_json()})
 
     tuned = variants.with_variants(store, plan, [HOST])
-    again, report = variants.choose_variants(plan, [HOST], store)
+    [again], report = variants.choose_variants([plan], [HOST], store)
     assert plan.tuned == {} and plan.kernel_for(spec, HOST.id).variant_json == ""
     assert tuned.kernel_for(spec, HOST.id) == again.kernel_for(spec, HOST.id) == variant_spec(spec, HOST, chosen)
     assert tuned.tuned == again.tuned == {(spec.key, HOST.id): variant_spec(spec, HOST, chosen).variant_json}
@@ -88,6 +89,23 @@ def test_tune_records_every_kernel_and_a_second_build_reuses_them_without_timing
     assert Path(untuned_flag).read_bytes() == Path(first.artifact).read_bytes()
     retuned = build_model(path, tmp_path / "retune", executor=LocalExecutor(1), store=store, retune=True)
     assert len(retuned.tuning.timed) == len(specs)
+
+
+def test_retune_of_several_sizes_times_a_kernel_they_share_once(tmp_path: Path) -> None:
+    """A GEMM whose shapes no pin reaches is one kernel of every size: `--retune` of two sizes times it once."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = numpy_helper.from_array(np.ones((64, 48), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["a", "w"], ["y"]), helper.make_node("Relu", ["b"], ["z"])], "shared",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [32, 64]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [32, 48]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, ["n"])], [weights])
+    path = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path)
+    result = build_model(path, tmp_path / "out", executor=LocalExecutor(1), store=FileStore(tmp_path / "store"),
+                         retune=True, sizes=[{"n": (1,)}, {"n": (2,)}])
+    assert len(result.tuning.timed) == len(set(result.tuning.timed)) == 1
 
 
 def test_submit_tune_on_this_machine_records_in_the_local_store(tmp_path: Path) -> None:

@@ -19,7 +19,6 @@ from farm.build.executor import LocalExecutor, StepCall
 from farm.build.parts import BuiltUnits
 from farm.build.units import UNIT_KINDS, CompileUnit, compile_unit
 from farm.frontend.shapes import PinnedShapes
-from farm.plan.planner import BuildPlan
 from farm.store import FileStore, Store, default_store_root
 from farm.tuning.variants import TuningReport, choose_variants
 
@@ -64,8 +63,8 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
     sweep_stale_scratch()  # what older versions' crashed packers left in /dev/shm
     targets = list(targets) or [host_target()]
     name, model_sha256 = Path(model_path).stem, hashlib.sha256(Path(model_path).read_bytes()).hexdigest()
-    plans, tuning = _planned(model_path, sizes, [t for t in targets if t.kind == "cpu"],
-                             store or FileStore(default_store_root()), tune, retune, tune_progress)
+    plans, tuning = choose_variants(assembly.plan_sizes(model_path, sizes), [t for t in targets if t.kind == "cpu"],
+                                    store or FileStore(default_store_root()), tune, retune, tune_progress)
     blobs = assembly.sized_blobs(plans)
     units = assembly.sized_units(plans, targets)
     compiled = [unit for unit in units if unit.kind != "blob"]
@@ -84,19 +83,6 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
     return BuildResult(assembly.build_identity(model_sha256, name, targets, sizes)[:16], artifact,
                        sum(unit.kind == "kernel" for unit in units), sum(unit.kind == "blob" for unit in units),
                        time.perf_counter() - started, [t.id for t in targets], tuning if tune or retune else None)
-
-
-def _planned(model_path: str | os.PathLike, sizes: Sequence[PinnedShapes], cpu_targets: list[Target], store: Store,
-             tune: bool, retune: bool, tune_progress: ProgressCallback | None,
-             ) -> tuple[list[BuildPlan], TuningReport]:
-    """A plan per size with its chosen variants (tuning first, with `tune`), and what tuning did in all."""
-    plans, report = [], TuningReport()
-    for plan in assembly.plan_sizes(model_path, sizes):
-        plan, size_report = choose_variants(plan, cpu_targets, store, tune, retune, tune_progress)
-        plans.append(plan)
-        report.timed += size_report.timed
-        report.notes += [note for note in size_report.notes if note not in report.notes]
-    return plans, report
 
 
 def _packed_when_written(unit: CompileUnit, blobs: Mapping[str, Any]) -> LazyMember:

@@ -71,18 +71,20 @@ def can_time_here(target: CpuTarget) -> bool:
     return (target.triple, target.cpu) == (host.triple, host.cpu) and wanted <= set(host.features.split(","))
 
 
-def choose_variants(plan: BuildPlan, targets: Sequence[CpuTarget], store: Store, tune: bool = False,
+def choose_variants(plans: Sequence[BuildPlan], targets: Sequence[CpuTarget], store: Store, tune: bool = False,
                     retune: bool = False, progress: Callable[[int, int], None] | None = None,
-                    ) -> tuple[BuildPlan, TuningReport]:
-    """A local build's variants: with `tune`, first time (in this process, one kernel at a time, before any
-    compile job starts) every tunable kernel the database lacks (all with `retune`) for the targets this host can
-    run, and record them (a kernel whose timing fails keeps the default variant, with a note: tuning never fails
-    a build); then the plan with every kernel's recorded variant (with_variants), and what was done. A build waits
-    for a busy host tuning lock once (FARM_TUNE_LOCK_TIMEOUT): after that wait ran out, each later kernel is timed
-    only if the lock is free when its turn comes, so that a stuck lock costs one timeout, not one per kernel."""
+                    ) -> tuple[list[BuildPlan], TuningReport]:
+    """A local build's variants, for the plan of each of its sizes: with `tune`, first time (in this process, one
+    kernel at a time, before any compile job starts) every tunable kernel the database lacks (all with `retune`) for
+    the targets this host can run, each once however many sizes have it, and record them (a kernel whose timing
+    fails keeps the default variant, with a note: tuning never fails a build); then each plan with every kernel's
+    recorded variant (with_variants), and what was done. A build waits for a busy host tuning lock once
+    (FARM_TUNE_LOCK_TIMEOUT): after that wait ran out, each later kernel is timed only if the lock is free when its
+    turn comes, so that a stuck lock costs one timeout, not one per kernel."""
     report = TuningReport()
     if tune or retune:
-        todo = missing(store, plan, targets, retune)
+        todo = list({tune_name(spec, target.id): (spec, target)
+                     for plan in plans for spec, target in missing(store, plan, targets, retune)}.values())
         here = [(spec, target) for spec, target in todo if can_time_here(target)]
         for target_id in sorted({target.id for _, target in todo if not can_time_here(target)}):
             report.notes.append(f"target {target_id} can't be timed on this host: its kernels use the default "
@@ -99,7 +101,7 @@ def choose_variants(plan: BuildPlan, targets: Sequence[CpuTarget], store: Store,
                 report.notes.append(f"{tune_name(spec, target.id)}: {error} (the default variant is used)")
             if progress:
                 progress(done, len(here))
-    return with_variants(store, plan, targets), report
+    return [with_variants(store, plan, targets) for plan in plans], report
 
 
 def _busy_lock_note(error: TuningLockBusy, lock_timeout: float | None) -> str:
