@@ -68,6 +68,11 @@ def test_the_runtime_runs_the_size_that_fits_the_feeds(sized, device, tmp_path):
     for batch in (3, 1):
         x = np.random.default_rng(batch).standard_normal((batch, 3, 8, 8)).astype(np.float32)
         np.testing.assert_allclose(loaded.run({"x": x})["y"], _expected(model, x), rtol=1e-4, atol=1e-4)
+    if device == "opencl":  # the sizes' weights are on the device once
+        weights = [{key: buffer for key, buffer in size._buffers.items() if key.startswith("blob:")}
+                   for _, size in loaded.sizes]
+        assert weights[0] and all(w.keys() == weights[0].keys() and all(w[k] is weights[0][k] for k in w)
+                                  for w in weights)
 
 
 def test_a_feed_that_fits_no_size_is_refused_naming_the_sizes(sized, tmp_path):

@@ -132,8 +132,10 @@ class OpenCLModel:
         self.queue = cl.CommandQueue(self.context)
         self._buffers = {name: cl.Buffer(self.context, cl.mem_flags.READ_WRITE, max(int(size), 4))
                          for name, size in part["buffers"].items()}
-        self._buffers.update({f"blob:{sha}": self._upload(artifact.read_member(member))
-                              for sha, member in part["blobs"].items()})
+        for sha, member in part["blobs"].items():
+            if sha not in shared.weights:
+                shared.weights[sha] = self._upload(artifact.read_member(member))
+            self._buffers[f"blob:{sha}"] = shared.weights[sha]
         self.schedule = list(part["schedule"])
         self.target = {"id": f"opencl-{self.fingerprint}", "kind": "opencl"}
         self._steps = [[(self._kernel(programs[step["kernel"]], name, step["args"]), tuple(int(n) for n in size))
@@ -219,12 +221,14 @@ class OpenCLModel:
 
 
 class SharedPrograms:
-    """This host's device (through its ProgramLoader) and a built program per kernel symbol, shared by every size of
-    an artifact (a kernel two sizes share is built or read once)."""
+    """This host's device (through its ProgramLoader), a built program per kernel symbol and a device buffer per
+    weight, shared by every size of an artifact (a kernel two sizes share is built or read once, a weight is on the
+    device once)."""
 
     def __init__(self, loader: ProgramLoader) -> None:
         self.loader = loader
         self.programs: dict[str, Any] = {}
+        self.weights: dict[str, Any] = {}
 
     def load(self, kernels: list[dict[str, Any]]) -> None:
         """Programs for the kernels not loaded yet, all at once (cache -> shipped binary -> one parallel source
