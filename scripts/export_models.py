@@ -146,20 +146,28 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    args.output.mkdir(parents=True, exist_ok=True)
+def export_each(names: Sequence[str], folder: Path, export: Callable[[str, Path], list[Path]]) -> int:
+    """Export every model of `names` into `folder` with `export(name, folder)` (the files it wrote), printing each
+    file and its size; 1 when any export failed, after trying the rest (one model's exporter failure must not lose
+    the others' exports)."""
+    folder.mkdir(parents=True, exist_ok=True)
     failed = []
-    for name in args.models:
+    for name in names:
         try:
-            path = export_model(name, args.output)
-        except Exception:  # one model's exporter failure must not lose the others' exports
+            paths = export(name, folder)
+        except Exception:
             traceback.print_exc()
             print(f"{name}: export failed", file=sys.stderr)
             failed.append(name)
             continue
-        print(f"{name}: {path} ({path.stat().st_size / 1e6:.1f} MB)", flush=True)
+        for path in paths:
+            print(f"{name}: {path} ({path.stat().st_size / 1e6:.2f} MB)", flush=True)
     return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    return export_each(args.models, args.output, lambda name, folder: [export_model(name, folder)])
 
 
 if __name__ == "__main__":

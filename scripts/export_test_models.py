@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +45,7 @@ from pathlib import Path
 import onnx
 import torch
 import torchvision
-from export_models import OPSET, BertOutputs, fill_zero_weights, model_names
+from export_models import OPSET, BertOutputs, export_each, fill_zero_weights, model_names
 from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel, ViTConfig, ViTForImageClassification
 
 DEFAULT_FOLDER = Path(__file__).resolve().parent.parent / "tests" / "exports"
@@ -201,19 +200,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    args.output.mkdir(parents=True, exist_ok=True)
-    failed = []
-    for name in args.models:
-        try:
-            paths = export_model(name, args.output)
-        except Exception:  # one model's exporter failure must not lose the others' exports
-            traceback.print_exc()
-            print(f"{name}: export failed", file=sys.stderr)
-            failed.append(name)
-            continue
-        for path in paths:
-            print(f"{name}: {path} ({path.stat().st_size / 1e6:.2f} MB)", flush=True)
-    return 1 if failed else 0
+    return export_each(args.models, args.output, export_model)
 
 
 if __name__ == "__main__":
