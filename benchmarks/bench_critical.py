@@ -4,7 +4,7 @@ units then scheduled on N simulated workers (issue 15 item 5: ResNet-50 plan 0.6
 gave at most 1.6x on 2 workers and 3.1x on 64; DenseNet-121 5.3x on 64; BERT-base 1.3x).
 
 For each model it times, in this process on one core: the plan (import, passes, validation, planning and hashing
-every weight: `assembly.plan_model`), each compile unit on its own (`build.units.compile_unit`, the step a worker
+every weight: `assembly.plan_model`, after one untimed plan has warmed the process as a coordinator's is), each compile unit on its own (`build.units.compile_unit`, the step a worker
 runs: a kernel or a weight blob for this host), and the finish as the farm's link and finish steps run it (the
 link plan, linking the library and putting the artifact's recipe into a file store: farm.distributed.recipes).
 The plan and the finish are serial; the units are list-scheduled longest first on N workers (each unit on the
@@ -74,6 +74,8 @@ def schedule_length(durations: list[float], workers: int) -> float:
 def measure(path: Path, folder: Path) -> dict[str, object]:
     """Plan, every unit and the finish of one host build, each timed on its own."""
     target = host_target()
+    assembly.plan_model(path)  # a warm-up: the modules a plan imports on first use (the reference evaluator that
+    # folds constants, ...) and their first calls' set-up are a long-running coordinator's once, not each job's
     plan_s, plan = _timed(lambda: assembly.plan_model(path))
     units = assembly.compile_units(plan, [target])
     compile_unit(units[0], None if not units[0].data_key else memoryview(plan.blobs[units[0].data_key]).cast("B"))

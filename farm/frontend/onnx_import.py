@@ -7,6 +7,7 @@ from inside the model's own folder, and every refusal names the file, initialize
 from __future__ import annotations
 
 import math
+import mmap
 import os
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
@@ -17,6 +18,7 @@ from onnx import AttributeProto, TensorProto, numpy_helper
 
 from farm import defaults
 from farm.errors import ModelLoadError, UnsupportedError
+from farm.frontend import wire
 from farm.frontend.shapes import PinnedShapes, apply_shapes, dynamic_input_hint
 from farm.ir.graph import Graph, Node, TensorInfo
 from farm.ops.registry import ALL_DTYPES
@@ -43,13 +45,13 @@ def import_model(path: str | os.PathLike[str], shapes: PinnedShapes | None = Non
     for `validate`, which can name the node that uses them.
     """
     path = os.fspath(path)
-    model = _load_proto(path)
+    model, mapped = _load_proto(path)
     if shapes:
         apply_shapes(model.graph, shapes, path)
     opset = _default_opset(model, path)
     model_dir = os.path.realpath(os.path.dirname(os.path.abspath(path)))
     _check_declared_sizes(model.graph)
-    constants = _read_initializers(model.graph, model_dir)
+    constants = _read_initializers(model.graph, model_dir, mapped, path)
     nodes, node_constants = _convert_nodes(model.graph.node, model_dir, opset)
     constants.update(node_constants)
     inferred, declared = _infer_shapes(model, constants, path)
@@ -130,16 +132,39 @@ def _check_size(name: str, role: str, dims: list[int], dtype: str) -> None:
                                f"{defaults.MAX_TENSOR_BYTES} per tensor")
 
 
-def _load_proto(path: str) -> onnx.ModelProto:
-    """Parse the file without touching external data: those paths are checked by _read_external before any read."""
-    try:
-        model = onnx.load(path, load_external_data=False)
-    except Exception as exc:  # protobuf raises several unrelated types for a truncated or garbage file
-        raise ModelLoadError(f"can't read ONNX model {path}: {exc}") from exc
+def _load_proto(path: str) -> tuple[onnx.ModelProto, dict[int, memoryview]]:
+    """Parse the file without touching external data (those paths are checked by _read_external before any read),
+    and without copying its big initializers: (the model, initializer index -> a read-only view of its raw bytes in a
+    map of the file) (farm.frontend.wire)."""
+    model, mapped = _load_mapped(path)
+    if model is None:
+        try:
+            model = onnx.load(path, load_external_data=False)
+        except Exception as exc:  # protobuf raises several unrelated types for a truncated or garbage file
+            raise ModelLoadError(f"can't read ONNX model {path}: {exc}") from exc
     if not model.HasField("graph") or not model.opset_import:
         raise ModelLoadError(f"{path} is not an ONNX model (no graph or no opset import); is the file truncated?")
     _check_names(model.graph, path)
-    return model
+    return model, mapped
+
+
+def _load_mapped(path: str) -> tuple[onnx.ModelProto | None, dict[int, memoryview]]:
+    """The model parsed from a map of the file with its big initializers' bytes cut out (wire.cut_raw_initializers),
+    and a view of each one's bytes; (None, {}) when the file can't be mapped or walked, for onnx.load to read it
+    (and name what is wrong). The views keep the map open; a file truncated while they live would fault, as with
+    onnxruntime's mapped external data, so a model must not be rewritten while it is being built."""
+    try:
+        with open(path, "rb") as f:
+            data = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+    except (OSError, ValueError):  # an empty file, a pipe, a folder
+        return None, {}
+    try:
+        stripped, spans = wire.cut_raw_initializers(data)
+        model = onnx.ModelProto()
+        model.ParseFromString(stripped)
+    except Exception:  # wire.WireError or protobuf's DecodeError: onnx.load gives the reason
+        return None, {}
+    return model, {index: data[span.offset:span.offset + span.length] for index, span in spans.items()}
 
 
 def _check_names(graph: onnx.GraphProto, path: str) -> None:
@@ -199,12 +224,15 @@ def _schema_version(op: str, opset: int) -> int | None:
 # ---------------------------------------------------------------------------------------------- tensors and data
 
 
-def _read_initializers(graph: onnx.GraphProto, model_dir: str) -> dict[str, np.ndarray]:
-    """Every initializer as a numpy array, external ones read from inside model_dir only."""
+def _read_initializers(graph: onnx.GraphProto, model_dir: str, mapped: dict[int, memoryview],
+                       path: str) -> dict[str, np.ndarray]:
+    """Every initializer as a numpy array: views of the model file's map where `mapped` has its bytes, external ones
+    read from inside model_dir only."""
     if graph.sparse_initializer:
         name = graph.sparse_initializer[0].values.name
         raise UnsupportedError(f"sparse initializer {name!r} is not supported")
-    return {tensor.name: _tensor_to_array(tensor, model_dir) for tensor in graph.initializer}
+    return {tensor.name: _array_from_bytes(tensor, mapped[index], path) if index in mapped
+            else _tensor_to_array(tensor, model_dir) for index, tensor in enumerate(graph.initializer)}
 
 
 def _tensor_to_array(tensor: TensorProto, model_dir: str) -> np.ndarray:
@@ -254,8 +282,9 @@ def _external_path(name: str, location: str, model_dir: str) -> str:
     return resolved
 
 
-def _array_from_bytes(tensor: TensorProto, data: bytes, file_path: str) -> np.ndarray:
-    """Little-endian raw bytes as an array: a zero-copy view for plain numeric types, onnx's decoder otherwise."""
+def _array_from_bytes(tensor: TensorProto, data: bytes | memoryview, file_path: str) -> np.ndarray:
+    """Little-endian raw bytes (read from an external data file, or mapped from the model's own) as an array: a
+    zero-copy view for plain numeric types, onnx's decoder otherwise."""
     dims = tuple(int(d) for d in tensor.dims)
     count = int(np.prod(dims, dtype=np.int64))
     try:
@@ -265,11 +294,11 @@ def _array_from_bytes(tensor: TensorProto, data: bytes, file_path: str) -> np.nd
     if dtype.kind in "fiub":
         if len(data) != count * dtype.itemsize:
             raise ModelLoadError(
-                f"initializer {tensor.name!r}: external data {file_path} has {len(data)} bytes, "
+                f"initializer {tensor.name!r}: data in {file_path} has {len(data)} bytes, "
                 f"expected {count * dtype.itemsize} for {dtype.name}{list(dims)}"
             )
         return np.frombuffer(data, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False).reshape(dims)
-    raw = TensorProto(name=tensor.name, data_type=tensor.data_type, dims=dims, raw_data=data)
+    raw = TensorProto(name=tensor.name, data_type=tensor.data_type, dims=dims, raw_data=bytes(data))
     return _tensor_to_array(raw, "")
 
 

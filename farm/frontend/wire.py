@@ -1,0 +1,137 @@
+"""Find the bytes of a model's big initializers in the file itself, so that import maps them instead of copying.
+
+Parsing a ModelProto copies every initializer's raw_data out of the file into the message, and reading it as an
+array copies it again: a 430 MB BERT-base took 0.18 s to read, 0.06 s to parse and 0.12 s to convert, a third of
+its plan, with the weights in memory twice. `cut_raw_initializers` walks the protobuf wire format of the file's
+top two levels (ModelProto.graph, GraphProto.initializer) and returns the model's bytes with the raw_data of each
+big plain-numeric initializer cut out, and where in the file each one was; import parses the small remainder and
+views each initializer's bytes in a read-only map of the file (farm.frontend.onnx_import).
+
+Only what protobuf's own parse would accept is cut: a malformed varint, a length past its message's end or a group
+raises WireError, and the caller parses the whole file the usual way, whose error names the problem. A field
+repeated in one message keeps protobuf's rule (the last raw_data wins; every copy is cut)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+MODEL_GRAPH = 7  # ModelProto.graph
+GRAPH_INITIALIZER = 5  # GraphProto.initializer
+TENSOR_DATA_TYPE = 2  # TensorProto.data_type
+TENSOR_RAW_DATA = 9  # TensorProto.raw_data
+TENSOR_DATA_LOCATION = 14  # TensorProto.data_location
+VARINT, FIXED64, LENGTH_DELIMITED, FIXED32 = 0, 1, 2, 5
+
+CUT_MIN_BYTES = 64 * 1024
+"""Initializers smaller than this stay in the parsed message: mapping pays off for weights, not for shapes."""
+
+
+class WireError(ValueError):
+    """The bytes are not a protobuf message this reader can walk."""
+
+
+@dataclass(frozen=True)
+class RawSpan:
+    """Where an initializer's raw_data lies in the file: its data_type (TensorProto.DataType) and byte range."""
+
+    data_type: int
+    offset: int
+    length: int
+
+
+def cut_raw_initializers(data: memoryview, min_bytes: int = CUT_MIN_BYTES) -> tuple[bytes, dict[int, RawSpan]]:
+    """(the ModelProto's bytes without the raw_data of initializers of at least `min_bytes`, initializer index ->
+    its RawSpan in `data`); the index counts GraphProto.initializer entries in file order, as the parse keeps them
+    (a graph field given twice merges: its initializers append)."""
+    cutter = _Cutter(data, min_bytes)
+    pieces = [_delimited(field, cutter.graph(body, end)) if field == MODEL_GRAPH and wire == LENGTH_DELIMITED
+              else bytes(data[start:end]) for field, wire, start, body, end in _fields(data, 0, len(data))]
+    return b"".join(pieces), cutter.spans
+
+
+class _Cutter:
+    def __init__(self, data: memoryview, min_bytes: int) -> None:
+        self.data, self.min_bytes = data, min_bytes
+        self.spans: dict[int, RawSpan] = {}
+        self.initializers = 0
+
+    def graph(self, begin: int, end: int) -> bytes:
+        pieces: list[bytes] = []
+        for field, wire, start, body, stop in _fields(self.data, begin, end):
+            if field == GRAPH_INITIALIZER and wire == LENGTH_DELIMITED:
+                pieces.append(_delimited(field, self.tensor(body, stop)))
+                self.initializers += 1
+            else:
+                pieces.append(bytes(self.data[start:stop]))
+        return b"".join(pieces)
+
+    def tensor(self, begin: int, end: int) -> bytes:
+        data = self.data
+        fields = list(_fields(data, begin, end))
+        data_type, external, raw = 0, False, None
+        for field, wire, _, body, stop in fields:
+            if field == TENSOR_DATA_TYPE and wire == VARINT:
+                data_type = _varint(data, body)[0]
+            elif field == TENSOR_DATA_LOCATION and wire == VARINT:
+                external = _varint(data, body)[0] != 0
+            elif field == TENSOR_RAW_DATA and wire == LENGTH_DELIMITED:
+                raw = (body, stop - body)
+        if raw is None or external or raw[1] < self.min_bytes:
+            return bytes(data[begin:end])
+        self.spans[self.initializers] = RawSpan(data_type, *raw)
+        return b"".join(bytes(data[start:stop]) for field, wire, start, _, stop in fields
+                        if not (field == TENSOR_RAW_DATA and wire == LENGTH_DELIMITED))
+
+
+def _fields(data: memoryview, begin: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """(field number, wire type, field start, body start, field end) of each field of the message in [begin, end);
+    a varint's or fixed field's body is its value."""
+    position = begin
+    while position < end:
+        tag, body = _varint(data, position)
+        field, wire = tag >> 3, tag & 7
+        if field == 0:
+            raise WireError(f"field number 0 at byte {position}")
+        if wire == VARINT:
+            stop = _varint(data, body)[1]
+        elif wire == FIXED64:
+            stop = body + 8
+        elif wire == FIXED32:
+            stop = body + 4
+        elif wire == LENGTH_DELIMITED:
+            length, body = _varint(data, body)
+            stop = body + length
+        else:
+            raise WireError(f"wire type {wire} (a group) at byte {position}")
+        if stop > end:
+            raise WireError(f"field {field} at byte {position} runs past its message's end")
+        yield field, wire, position, body, stop
+        position = stop
+
+
+def _varint(data: memoryview, position: int) -> tuple[int, int]:
+    """(value, position after it)."""
+    value = shift = 0
+    while True:
+        if position >= len(data) or shift > 63:
+            raise WireError(f"malformed varint at byte {position}")
+        byte = data[position]
+        value |= (byte & 0x7F) << shift
+        position += 1
+        if byte < 0x80:
+            return value, position
+        shift += 7
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _delimited(field: int, body: bytes) -> bytes:
+    return _encode_varint(field << 3 | LENGTH_DELIMITED) + _encode_varint(len(body)) + body
