@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import functools
 import json
-import math
-import os
 import sys
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
-import numpy as np
 
 from farm import __version__
 from farm.cli.store import store_group
@@ -381,52 +377,6 @@ def _age(seconds: float) -> str:
     return f"{int(seconds)}s ago"
 
 
-def _parse_inputs(pairs: tuple[str, ...]) -> dict[str, np.ndarray]:
-    feeds = {}
-    for pair in pairs:
-        name, sep, file = pair.partition("=")
-        if not sep or not name or not file:
-            raise BadInputError(f"--input {pair!r}: expected NAME=FILE.npy")
-        try:
-            _check_npy_size(file)
-            feeds[name] = np.load(file, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as error:
-            raise BadInputError(f"--input {name}: can't read {file!r} as a .npy array: {error}") from None
-    return feeds
-
-
-_NPY_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-
-
-def _check_npy_size(file: str) -> None:
-    """Refuse a .npy whose header claims more data than the file holds, before numpy allocates for the claim."""
-    with open(file, "rb") as f:
-        version = np.lib.format.read_magic(f)
-        if version not in _NPY_HEADER_READERS:
-            raise ValueError(f".npy format version {version} is not supported")
-        shape, _, dtype = _NPY_HEADER_READERS[version](f)
-        available = os.fstat(f.fileno()).st_size - f.tell()
-    claimed = math.prod(shape) * dtype.itemsize
-    if claimed > available:
-        raise ValueError(f"its header claims shape {list(shape)} {dtype} ({claimed} bytes) but it holds {available}")
-
-
-def _save_outputs(path: str, outputs: dict[str, np.ndarray]) -> None:
-    """Write an .npz as np.savez does, but for any output name (np.savez takes `file` and `allow_pickle` as its
-    own arguments)."""
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
-        for name, array in outputs.items():
-            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
-                np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
-
-
-def _summary(name: str, array: np.ndarray) -> str:
-    flat = array.reshape(-1)
-    head = ", ".join(f"{v:.6g}" for v in flat[:8])
-    more = ", ..." if flat.size > 8 else ""
-    return f"{name}: shape {list(array.shape)} {array.dtype} argmax {int(flat.argmax())} [{head}{more}]"
-
-
 @main.command()
 @click.argument("artifact", type=click.Path(dir_okay=False))
 @click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy", help="One model input; repeatable.")
@@ -444,14 +394,15 @@ def run(artifact: str, inputs: tuple[str, ...], output: str | None, show: bool, 
         threads: int, trust: tuple[str, ...]) -> None:
     """Run ARTIFACT on the given inputs with farm's runtime."""
     from farm import runtime
+    from farm.cli.arrays import parse_inputs, save_outputs, summary
 
     model = runtime.load(artifact, device=device, threads=threads, trust=trust)
-    outputs = model.run(_parse_inputs(inputs))
+    outputs = model.run(parse_inputs(inputs))
     if output:
-        _save_outputs(output, outputs)
+        save_outputs(output, outputs)
     if show or not output:
         for name, array in outputs.items():
-            click.echo(_summary(name, array))
+            click.echo(summary(name, array))
 
 
 @main.command()
