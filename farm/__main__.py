@@ -2,4 +2,4 @@
 
 from farm.cli.main import main
 
-main()
+main(prog_name="farm")

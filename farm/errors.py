@@ -19,6 +19,7 @@ class ExitStatus(IntEnum):
     CANCELLED_OR_UNKNOWN = 3
     UNREACHABLE = 4
     REGRESSION = 5
+    STILL_RUNNING = 6
     INTERRUPTED = 130
 
 
@@ -53,6 +54,12 @@ class ArtifactError(BadInputError):
 
 class RunInputError(BadInputError):
     """The arrays given to a model at run time don't match its inputs."""
+
+
+class StillRunningError(FarmError):
+    """`farm wait --timeout` ran out while the job goes on: neither a failed build nor a finished one."""
+
+    exit_status = ExitStatus.STILL_RUNNING
 
 
 class UnreachableError(FarmError):

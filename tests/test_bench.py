@@ -81,7 +81,7 @@ def test_an_artifact_compared_with_itself_never_fails(artifacts, tmp_path: Path)
                         cwd=tmp_path)
         assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr
         report = json.loads(checked.stdout)
-        assert report["after"]["repeat"] == 20 and not any(c["flagged"] for c in report["changes"])
+        assert report["repeat"] == 20 and not any(c["flagged"] for c in report["comparison"]["changes"])
 
 
 def test_cli_prints_kernels_and_fails_on_regression_when_asked(artifacts, tmp_path: Path) -> None:
@@ -90,7 +90,7 @@ def test_cli_prints_kernels_and_fails_on_regression_when_asked(artifacts, tmp_pa
     assert plain.returncode == 0 and "GFLOP/s" in plain.stdout and "Conv 1x64x32x32" in plain.stdout
     checked = _farm("bench", slow, "--compare", fast, "--fail-on-regression", "--json", cwd=tmp_path)
     assert checked.returncode == 5, checked.stderr
-    flagged = [c["node"] for c in json.loads(checked.stdout)["changes"] if c["flagged"]]
+    flagged = [c["node"] for c in json.loads(checked.stdout)["comparison"]["changes"] if c["flagged"]]
     assert "conv" in flagged
 
 
@@ -174,8 +174,8 @@ def test_the_opencl_part_is_timed_step_by_step_and_compared(opencl_artifact, tmp
                     cwd=tmp_path)
     assert checked.returncode == 0, checked.stderr
     compared = json.loads(checked.stdout)
-    assert compared["after"]["target"] == report.target and [c["node"] for c in compared["changes"]] == ["conv", "act"]
-    assert all(c["p_value"] is not None for c in compared["changes"])
+    assert compared["target"] == report.target and [c["node"] for c in compared["comparison"]["changes"]] == ["conv", "act"]
+    assert all(c["p_value"] is not None for c in compared["comparison"]["changes"])
 
 
 def test_sample_feeds_are_random_for_every_float_dtype_and_zero_for_the_rest() -> None:

@@ -369,7 +369,7 @@ def _check_status_json(job_id: str, state: str, result: subprocess.CompletedProc
 
 def _check_wait(job_id: str, state: str, result: subprocess.CompletedProcess, server: RedisServer) -> None:
     if state in LIVE:
-        assert result.returncode == 1 and f"job {job_id} still {state} after 4.0 s" in result.stderr
+        assert result.returncode == 6 and f"job {job_id} still {state} after 4 s; it goes on" in result.stderr
         assert NO_WORKER in result.stderr
         return
     assert result.returncode == ENDED_EXIT[state]
@@ -522,7 +522,7 @@ def test_redis_lost_while_submit_waits_names_the_job_to_resume(redis_server: Red
 
 def test_jobs_lists_recent_jobs_newest_first(redis_server: RedisServer, model_file: Path, tmp_path: Path) -> None:
     empty = farm_cli("jobs", "--json", broker=redis_server.url, cwd=tmp_path)
-    assert empty.returncode == 0 and json.loads(empty.stdout) == [] and "no jobs" in empty.stderr
+    assert empty.returncode == 0 and json.loads(empty.stdout)["jobs"] == [] and "no jobs" in empty.stderr
     ids = [json.loads(farm_cli("submit", str(model_file), "--no-wait", "--json", broker=redis_server.url,
                                cwd=tmp_path).stdout)["job_id"] for _ in range(2)]
     assert farm_cli("cancel", ids[0], broker=redis_server.url, cwd=tmp_path).returncode == 0
@@ -531,7 +531,7 @@ def test_jobs_lists_recent_jobs_newest_first(redis_server: RedisServer, model_fi
     rows = [line.split() for line in listed.stdout.splitlines()]
     assert [row[:3] for row in rows] == [[ids[1], "queued", "tiny_cnn"], [ids[0], "cancelled", "tiny_cnn"]]
     assert all(re.fullmatch(r"\d+[smhd]", row[3]) and row[4] == "ago" for row in rows)
-    one = json.loads(farm_cli("jobs", "--json", "--limit", "1", broker=redis_server.url, cwd=tmp_path).stdout)
+    one = json.loads(farm_cli("jobs", "--json", "--limit", "1", broker=redis_server.url, cwd=tmp_path).stdout)["jobs"]
     assert [(job["job_id"], job["state"], job["model"]) for job in one] == [(ids[1], "queued", "tiny_cnn")]
     assert one[0]["age_s"] >= 0 and one[0]["created"] > 0
     bad = farm_cli("jobs", "--limit", "0", broker=redis_server.url, cwd=tmp_path)
@@ -543,7 +543,7 @@ def test_workers_says_when_none_is_live(redis_server: RedisServer, tmp_path: Pat
     assert text.returncode == 0 and text.stdout == ""
     assert text.stderr == "farm: no live worker on this farm; start one with 'farm worker'\n"
     listed = farm_cli("workers", "--json", broker=redis_server.url, cwd=tmp_path)
-    assert listed.returncode == 0 and json.loads(listed.stdout) == [] and "no live worker" in listed.stderr
+    assert listed.returncode == 0 and json.loads(listed.stdout)["workers"] == [] and "no live worker" in listed.stderr
 
 
 # ------------------------------------------------------------------------------------ hostile models and inputs
@@ -644,3 +644,105 @@ def test_outputs_named_like_savez_arguments_are_written(tmp_path, name):
     result = farm("run", "artifacts/m.farm", "--input", "x=x.npy", "-o", "out.npz", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     np.testing.assert_array_equal(np.load(tmp_path / "out.npz")[name], np.maximum(x, 0))
+
+
+# ---------------------------------------------------------------------- every command's bad input: one line, no trace
+
+BAD_INPUTS = {
+    "farm with an unknown command": (["nosuch"], "No such command 'nosuch'"),
+    "submit a folder": (["submit", "."], "is a directory"),
+    "submit a missing model": (["submit", "missing.onnx"], "missing.onnx: no such model file"),
+    "submit without a model": (["submit"], "Missing argument 'MODEL'"),
+    "submit an unknown option": (["submit", "tiny_cnn.onnx", "--bogus"],
+                                 "No such option '--bogus' (see 'farm submit --help')"),
+    "submit an unknown target": (["submit", "tiny_cnn.onnx", "--target", "tpu"], "tpu"),
+    "submit a malformed --shape": (["submit", "tiny_cnn.onnx", "--shape", "batch"], "--shape"),
+    "submit --no-wait without a farm": (["submit", "tiny_cnn.onnx", "--no-wait"], "--no-wait needs a farm"),
+    "submit --detach without a farm": (["submit", "tiny_cnn.onnx", "--detach"], "--detach needs a farm"),
+    "run a folder": (["run", "."], "is a directory"),
+    "run a missing artifact": (["run", "missing.farm"], "missing.farm"),
+    "run a model as an artifact": (["run", "tiny_cnn.onnx", "--input", "input=x.npy"], "tiny_cnn.onnx"),
+    "run a model file as an input": (["run", "ARTIFACT", "--input", "input=tiny_cnn.onnx"],
+                                     "can't read 'tiny_cnn.onnx' as a .npy array"),
+    "run an input given twice": (["run", "ARTIFACT", "--input", "input=x.npy", "--input", "input=x.npy"],
+                                 "--input input is given twice"),
+    "run on an unknown device": (["run", "ARTIFACT", "--device", "tpu"], "'--device'"),
+    "run on a negative thread count": (["run", "ARTIFACT", "--threads", "-1"], "'--threads'"),
+    "inspect a missing artifact": (["inspect", "missing.farm"], "missing.farm"),
+    "inspect a model as an artifact": (["inspect", "tiny_cnn.onnx"], "tiny_cnn.onnx"),
+    "bench a missing artifact": (["bench", "missing.farm"], "missing.farm"),
+    "bench no repeats": (["bench", "ARTIFACT", "--repeat", "0"], "'--repeat'"),
+    "sign with a missing key": (["sign", "ARTIFACT", "--key", "missing.pem"], "missing.pem"),
+    "status without a farm": (["status", "abc"], "no farm configured"),
+    "wait without a farm": (["wait", "abc"], "no farm configured"),
+    "download without a farm": (["download", "abc"], "no farm configured"),
+    "cancel without a farm": (["cancel", "abc"], "no farm configured"),
+    "jobs without a farm": (["jobs"], "no farm configured"),
+    "workers without a farm": (["workers"], "no farm configured"),
+    "worker without a farm": (["worker"], "no farm configured"),
+    "status with a broker that is no URL": (["status", "abc", "--broker", "localhost:6379"], "--broker"),
+    "wait a negative timeout": (["wait", "abc", "--timeout", "-1"], "'--timeout'"),
+    "acl without its file": (["acl"], "Missing option '-o'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_every_command_refuses_bad_input_in_one_line_with_exit_2(built, case):
+    folder, job = built
+    args, fragment = BAD_INPUTS[case]
+    result = farm(*[job["artifact"] if arg == "ARTIFACT" else arg for arg in args], cwd=folder,
+                  env={"FARM_BROKER_URL": ""})
+    lines = result.stderr.splitlines()
+    assert result.returncode == ExitStatus.BAD_INPUT and result.stdout == "", (result.stdout, result.stderr)
+    assert len(lines) == 1 and lines[0].startswith("farm: error: ") and fragment in lines[0], result.stderr
+
+
+def test_submit_o_file_farm_writes_that_file_and_touches_nothing_else(built, tmp_path):
+    folder, _ = built
+    (tmp_path / "tiny_cnn.farm").write_bytes(b"someone else's")
+    result = farm("submit", folder / "tiny_cnn.onnx", "-o", tmp_path / "v2.farm", "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["artifact"] == str(tmp_path / "v2.farm")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny_cnn.farm", "v2.farm"]
+    assert (tmp_path / "tiny_cnn.farm").read_bytes() == b"someone else's"
+    ran = farm("run", tmp_path / "v2.farm", "--input", f"input={folder / 'x.npy'}", "--json", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["outputs"] == {"output": {"shape": [1, 10], "dtype": "float32"}}
+
+
+def test_json_objects_have_every_key_of_their_schema(built, tmp_path):
+    from farm.cli import schemas
+
+    folder, job = built
+    assert set(job) == {"command", "schema", *schemas.BUILD_KEYS} and job["command"] == "submit"
+    assert job["compiled"] + job["cached"] == job["kernels"] + job["blobs"] and job["sizes"] == []
+    assert job["model"] == "tiny_cnn" and job["targets"] == [host_target().id] and job["tuning"] is None
+    ran = json.loads(farm("run", job["artifact"], "--input", "input=x.npy", "-o", tmp_path / "y.out", "--json",
+                          cwd=folder).stdout)
+    assert set(ran) == {"command", "schema", "artifact", "device", "outputs", "output_file"}
+    assert ran["output_file"] == str(tmp_path / "y.out") and (tmp_path / "y.out").is_file()  # the name as given
+    failed = farm("run", job["artifact"], "--input", "nope=x.npy", "--json", cwd=folder)
+    assert json.loads(failed.stdout) == {"command": "run", "schema": 1, "artifact": None, "device": None,
+                                         "outputs": None, "output_file": None, "state": "failed",
+                                         "error": failed.stderr.strip().removeprefix("farm: error: "),
+                                         "exit_status": 2}
+
+
+def test_a_build_this_host_cannot_run_says_so(tmp_path):
+    onnx.save(examples.tiny_cnn(), tmp_path / "tiny_cnn.onnx")
+    result = farm("submit", "tiny_cnn.onnx", "--target", "cpu:aarch64-linux-gnu", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "has no target this host" in result.stderr and "add --target cpu" in result.stderr
+
+
+def test_an_opencl_artifact_without_device_or_platform_says_what_to_do(tmp_path):
+    onnx.save(examples.tiny_cnn(), tmp_path / "tiny_cnn.onnx")
+    np.save(tmp_path / "x.npy", examples.random_input(examples.tiny_cnn())["input"])
+    assert farm("submit", "tiny_cnn.onnx", "--target", "opencl", cwd=tmp_path).returncode == 0
+    on_cpu = farm("run", "artifacts/tiny_cnn.farm", "--input", "input=x.npy", cwd=tmp_path)
+    _assert_bad_input(on_cpu, "no CPU target, only OpenCL programs: run it with --device opencl")
+    (tmp_path / "no-icd").mkdir()
+    no_platform = farm("run", "artifacts/tiny_cnn.farm", "--device", "opencl", "--input", "input=x.npy",
+                       cwd=tmp_path, env={"OCL_ICD_VENDORS": str(tmp_path / "no-icd")})
+    _assert_bad_input(no_platform, "no OpenCL device on this host")
+    assert len(no_platform.stderr.splitlines()) == 1

@@ -148,7 +148,7 @@ def test_flower_shows_workers_and_a_jobs_tasks(farm_factory, flower_for, tmp_pat
     assert job["state"] == "done"
     job_id = job["job_id"]
     # plan + one task per kernel and blob + one link (one target) + finish
-    expected = 1 + job["total"] + 1 + 1
+    expected = 1 + job["compiled"] + 1 + 1
 
     names = [worker.name for worker in farm.workers]
     status, workers = poll(lambda: flower.get("/api/workers?refresh=true"),

@@ -113,11 +113,10 @@ def test_submit_tune_on_this_machine_records_in_the_local_store(tmp_path: Path) 
     env = {"FARM_CACHE_DIR": str(tmp_path / "cache")}  # the local store: $FARM_CACHE_DIR/store
     tuned = cli("submit", path, "--tune", "--json", "-o", tmp_path / "tuned", cwd=tmp_path, env=env)
     assert tuned.returncode == 0, tuned.stderr
-    assert json.loads(tuned.stdout)["tuning"] == {"timed": [variants.tune_name(tunable_specs(path)[0], HOST.id)],
-                                                   "notes": []}
+    assert json.loads(tuned.stdout)["tuning"] == {"timed": 1, "notes": []} and len(tunable_specs(path)) == 1
     assert "kernels timed" in tuned.stderr
     plain = cli("submit", path, "--json", "-o", tmp_path / "plain", cwd=tmp_path, env=env)
-    assert "tuning" not in json.loads(plain.stdout)
+    assert json.loads(plain.stdout)["tuning"] is None
     assert [e["variant_source"] for e in kernel_entries(json.loads(plain.stdout)["artifact"])] == ["tuned"]
 
 
@@ -242,7 +241,7 @@ def test_submit_tune_on_a_farm_times_on_the_worker_and_records_the_variants(farm
     assert result.returncode == 0, result.stderr + cluster.logs()
     job = json.loads(result.stdout)
     specs = tunable_specs(path)
-    assert job["tuning"]["done"] == job["tuning"]["total"] == len(specs) and not job["tuning"]["errors"]
+    assert job["tuning"] == {"timed": len(specs), "notes": []}
     entries = kernel_entries(job["artifact"])
     assert {e["variant_source"] for e in entries if e["variant"]} == {"tuned"}
     store = RedisStore(cluster.worker_url)  # the tuning database is the workers' to read and write

@@ -206,12 +206,12 @@ def test_workers_with_different_toolchains_share_no_cache_entry(redis_server: Re
         worker = FarmWorker(redis_server.url, f"toolchain-{label}@test", tmp_path,
                             env={"FARM_TOOLCHAIN_LABEL": label}).start()
         try:
-            listed = json.loads(farm_cli("workers", "--json", broker=redis_server.url, cwd=tmp_path).stdout)
+            listed = json.loads(farm_cli("workers", "--json", broker=redis_server.url, cwd=tmp_path).stdout)["workers"]
             keys.append(listed[0]["toolchain"]["key"])
             result = farm_cli("submit", str(model), "--json", "-o", str(tmp_path / label), broker=redis_server.url,
                               cwd=tmp_path)
             assert result.returncode == 0, result.stderr + worker.log_tail()
-            assert json.loads(result.stdout)["total"] == (0 if len(keys) == 3 else 10)  # 0: the cached artifact
+            assert json.loads(result.stdout)["compiled"] == (0 if len(keys) == 3 else 10)  # 0: the cached artifact
         finally:
             worker.stop()
     assert keys[0] == keys[2] != keys[1]

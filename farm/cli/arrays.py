@@ -20,6 +20,8 @@ def parse_inputs(pairs: tuple[str, ...]) -> dict[str, np.ndarray]:
         name, sep, file = pair.partition("=")
         if not sep or not name or not file:
             raise BadInputError(f"--input {pair!r}: expected NAME=FILE.npy")
+        if name in feeds:
+            raise BadInputError(f"--input {name} is given twice; give each input once")
         try:
             _check_npy_size(file)
             feeds[name] = np.load(file, allow_pickle=False)

@@ -13,7 +13,6 @@ below FAMILY_ALPHA. A CI runner's noise then can't flag a node, while a kernel m
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import time
@@ -288,7 +287,9 @@ def format_comparison(before: BenchReport, after: BenchReport, changes: Sequence
     return "\n".join(lines)
 
 
-def comparison_json(before: BenchReport, after: BenchReport, changes: Sequence[Change]) -> str:
-    return json.dumps({"before": before.to_json(), "after": after.to_json(),
-                       "changes": [{**asdict(change), "ratio": change.ratio, "flagged": change.flagged}
-                                   for change in changes]})
+def comparison_fields(before: BenchReport, after: BenchReport, changes: Sequence[Change]) -> dict[str, Any]:
+    """`farm bench --compare --json`'s fields: the candidate's report, and under `comparison` the baseline's and
+    each node's change."""
+    return {**after.to_json(), "comparison": {
+        "baseline": before.to_json(),
+        "changes": [{**asdict(change), "ratio": change.ratio, "flagged": change.flagged} for change in changes]}}

@@ -29,6 +29,7 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
     members = manifest["members"]
     blobs = {blob["sha256"]: int(blob["bytes"]) for size in size_manifests for blob in size.get("blobs", [])}
     return {
+        "command": "inspect",
         "schema": INSPECT_SCHEMA,
         "artifact": os.path.abspath(artifact.path),
         "bytes": os.path.getsize(artifact.path),

@@ -1,15 +1,20 @@
 """The `farm` command line: `farm submit` builds an artifact, `farm run` runs one.
 
-Exit statuses (README.md, "Exit statuses"): 0 done, 1 build failed, 2 bad input, 3 cancelled or unknown job,
-4 farm unreachable, 130 interrupted (Ctrl-C). Errors go to stderr as one line that names what is wrong; `--json`
-also puts them on stdout.
+Exit statuses (README.md, "Exit statuses"): 0 done, 1 build failed, 2 bad input (usage errors too), 3 cancelled
+or unknown job, 4 farm unreachable, 5 a regression found by `bench --fail-on-regression`, 6 `wait --timeout` ran
+out while the job goes on, 130 interrupted (Ctrl-C). Errors go to stderr as one line that names what is wrong;
+`--json` prints each command's object of farm.cli.schemas, failures too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -21,14 +26,26 @@ from farm.cli.store import store_group
 from farm.errors import BadInputError, ExitStatus, FarmError
 
 if TYPE_CHECKING:
-    from farm.backends.registry import Devices
+    from farm.backends.registry import Devices, Target
 
 
 def _fail(error: str, status: ExitStatus, as_json: bool) -> None:
     click.echo(f"farm: error: {error}", err=True)
     if as_json:
-        click.echo(json.dumps({"state": "failed", "error": error, "exit_status": int(status)}))
+        click.echo(_failure_json(error, status))
     sys.exit(int(status))
+
+
+def _failure_json(error: str, status: ExitStatus) -> str:
+    """The failed command's --json object (farm.cli.schemas): its schema's keys, state "failed", the error."""
+    from farm.cli import schemas
+
+    context = click.get_current_context(silent=True)
+    command = context.info_name if context else "farm"
+    fields = {"state": "failed", "error": error, "exit_status": int(status)}
+    if command in schemas.SCHEMAS:
+        return schemas.dumps(command, fields)
+    return json.dumps({"command": command, **fields}, sort_keys=True)
 
 
 def reports_errors(command: Callable) -> Callable:
@@ -50,7 +67,31 @@ def reports_errors(command: Callable) -> Callable:
     return wrapper
 
 
-@click.group()
+class FarmGroup(click.Group):
+    """The `farm` group, whose usage errors (an unknown command or option, a missing argument, a value out of range)
+    end as every other error does: one line, `farm: error: ...` and the command's --help to read, exit 2 (click
+    prints three lines of usage). `farm` alone still prints its help."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["standalone_mode"] = False
+        try:
+            return super().main(*args, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as error:
+            error.show()
+            sys.exit(error.exit_code)
+        except click.UsageError as error:
+            command = error.ctx.command_path if error.ctx else "farm"
+            click.echo(f"farm: error: {error.format_message().rstrip('.')} (see '{command} --help')", err=True)
+            sys.exit(int(ExitStatus.BAD_INPUT))
+        except click.ClickException as error:
+            click.echo(f"farm: error: {error.format_message()}", err=True)
+            sys.exit(error.exit_code)
+        except click.exceptions.Abort:
+            click.echo("farm: interrupted", err=True)
+            sys.exit(int(ExitStatus.INTERRUPTED))
+
+
+@click.group(cls=FarmGroup)
 @click.version_option(__version__, prog_name="farm")
 def main() -> None:
     """farm: compile ONNX models into one runnable artifact, on this machine or on a build farm."""
@@ -83,7 +124,8 @@ def _client(broker: str | None):
 @click.option("--target", "targets", multiple=True, metavar="T",
               help="cpu (this host, the default), cpu:TRIPLE, cpu:TRIPLE:CPU[:FEATURES], opencl (every OpenCL "
                    "device) or opencl:FINGERPRINT; repeatable.")
-@click.option("-o", "--output-dir", default="artifacts", show_default=True, type=click.Path(file_okay=False))
+@click.option("-o", "--output", "--output-dir", "output", default="artifacts", show_default=True, type=click.Path(),
+              help="A folder (the artifact is FOLDER/<model>.farm) or a file ending in .farm.")
 @json_option
 @click.option("--workers", type=click.IntRange(min=1), help="Local compile processes (default: every core).")
 @broker_option
@@ -100,10 +142,11 @@ def _client(broker: str | None):
                    "repeatable. Several sizes (batch=1,8,32) build one artifact with a schedule per size, which "
                    "runs the one that matches its inputs.")
 @reports_errors
-def submit(model: Path, targets: tuple[str, ...], output_dir: str, as_json: bool, workers: int | None,
+def submit(model: Path, targets: tuple[str, ...], output: str, as_json: bool, workers: int | None,
            broker: str | None, no_wait: bool, detach: bool, no_cache: bool, tune: bool, retune: bool,
            shape_specs: tuple[str, ...]) -> None:
-    """Build MODEL.onnx into OUTPUT_DIR/<stem>.farm and print the artifact's path (on the farm when one is set).
+    """Build MODEL.onnx into OUTPUT/<stem>.farm (or the file OUTPUT.farm) and print the artifact's path; on the farm
+    when one is set (--broker or FARM_BROKER_URL), else on this machine.
 
     Kernels use the variants the tuning database holds for their target (the default where it holds none). A model
     with dynamic dimensions needs --shape for each (exported batch or sequence sizes). On the
@@ -115,22 +158,76 @@ def submit(model: Path, targets: tuple[str, ...], output_dir: str, as_json: bool
     if not model.is_file():
         raise BadInputError(f"{model}: no such model file")
     sizes = parse_sizes(shape_specs) if shape_specs else []
+    if not broker:
+        _refuse_farm_options({"--no-wait": no_wait, "--detach": detach})
     client = _client(broker) if broker else None
     chosen = parse_targets(targets, _devices(client.broker if client else None))
     if client:
-        _submit_to_farm(client, model, chosen, output_dir, as_json, no_wait, detach, no_cache,
+        _submit_to_farm(client, model, chosen, output, as_json, no_wait, detach, no_cache,
                         {"tune": tune, "retune": retune, "sizes": sizes})
         return
     from farm.build.executor import LocalExecutor
     from farm.build.local import build_model
     from farm.cli.progress import BuildProgress
 
+    results = []
+
+    def build_into(folder: str) -> str:
+        results.append(build_model(model, folder, chosen, executor=executor, progress=progress.update, tune=tune,
+                                   retune=retune, tune_progress=progress.tuning, sizes=sizes))
+        return results[0].artifact
+
     with LocalExecutor(workers) as executor, BuildProgress(model.name) as progress:
-        result = build_model(model, output_dir, chosen, executor=executor, progress=progress.update, tune=tune,
-                             retune=retune, tune_progress=progress.tuning, sizes=sizes)
+        artifact = deliver(output, build_into)
+    result = dataclasses.replace(results[0], artifact=artifact)
     for note in result.tuning.notes if result.tuning else []:
         click.echo(f"farm: note: {note}", err=True)
-    click.echo(json.dumps(result.to_json(), sort_keys=True) if as_json else result.artifact)
+    _note_unrunnable(result.artifact, chosen)
+    if as_json:
+        from farm.cli import schemas
+        from farm.frontend.shapes import sizes_to_json
+
+        built = result.to_json()
+        tuning = built.get("tuning")
+        click.echo(schemas.dumps("submit", {**built, "model": model.stem, "sizes": sizes_to_json(sizes), "tuning": {
+            "timed": len(tuning["timed"]), "notes": tuning["notes"]} if tuning else None}))
+    else:
+        click.echo(result.artifact)
+
+
+def _refuse_farm_options(given: dict[str, bool]) -> None:
+    """Options that mean something only on a farm are refused without one, not silently ignored."""
+    used = [option for option, value in given.items() if value]
+    if used:
+        raise BadInputError(f"{' and '.join(used)} need{'s' if len(used) == 1 else ''} a farm (--broker URL or "
+                            f"FARM_BROKER_URL); a local build runs in this process until its artifact is written")
+
+
+def deliver(output: str, write_into: Callable[[str], str]) -> str:
+    """The artifact's path: `write_into(folder)` writes `<folder>/<model>.farm` and returns its path; an `output`
+    ending in .farm (and not a folder) names the file itself, written through a fresh folder beside it and moved
+    into place by one rename, so that no other file there (a `<model>.farm` of the same stem) is touched."""
+    if not output.endswith(".farm") or os.path.isdir(output):
+        return write_into(output)
+    target = os.path.abspath(output)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".farm-", dir=os.path.dirname(target))
+    try:
+        os.replace(write_into(staging), target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _note_unrunnable(artifact: str, targets: list[Target]) -> None:
+    """Say so when this host can't run what was just built (a cross-compiled target alone replaced
+    artifacts/<model>.farm, and every `farm run` here then failed without a word of why)."""
+    from farm.runtime.host import runs_on, this_host
+
+    host = this_host()
+    if not any(target.kind == "opencl" or runs_on(target.to_json(), host) for target in targets):
+        click.echo(f"farm: note: {artifact} has no target this host ({host.describe()}) can run; add --target cpu "
+                   f"to run it here too", err=True)
 
 
 def _devices(broker: str | None) -> Devices:
@@ -145,14 +242,15 @@ def _devices(broker: str | None) -> Devices:
     return Devices("on this host", lambda: [device["fingerprint"] for device in opencl_devices()])
 
 
-def _submit_to_farm(client, model: Path, targets: list, output_dir: str, as_json: bool, no_wait: bool,
+def _submit_to_farm(client, model: Path, targets: list, output: str, as_json: bool, no_wait: bool,
                     detach: bool, no_cache: bool, options: dict[str, Any]) -> None:
+    from farm.cli import schemas
     from farm.errors import UnreachableError
 
     job_id = client.submit(model, targets, no_cache=no_cache, **options)
     click.echo(f"farm: job {job_id} submitted; farm status {job_id} / farm cancel {job_id}", err=True)
     if no_wait:
-        click.echo(json.dumps({"job_id": job_id, "state": "queued"}) if as_json else job_id)
+        click.echo(schemas.dumps("submit", _build_fields(client.status(job_id))) if as_json else job_id)
         return
     try:
         status = _wait_with_progress(client, job_id, model.name)
@@ -161,13 +259,42 @@ def _submit_to_farm(client, model: Path, targets: list, output_dir: str, as_json
     if status.get("tuning_note"):
         click.echo(f"farm: note: {status['tuning_note']}", err=True)
     try:
-        artifact = client.download(job_id, output_dir)
+        artifact = deliver(output, lambda folder: client.download(job_id, folder))
     except UnreachableError as error:
         raise UnreachableError(f"{error}; job {job_id} is done: 'farm download {job_id}' fetches it") from None
     if as_json:
-        click.echo(json.dumps({**status, "artifact": artifact}, sort_keys=True))
+        click.echo(schemas.dumps("submit", {**_build_fields(status), "artifact": artifact}))
     else:
         click.echo(artifact)
+
+
+def _job_fields(status: dict[str, Any]) -> dict[str, Any]:
+    """A farm job's status (FarmClient.status) as `status`/`wait` --json fields: compiled (compile tasks done) and
+    cached (the build's units the cache held) once the job is planned."""
+    fields = {key: value for key, value in status.items() if key not in ("tuning_note", "artifact_reused")}
+    units = status["kernels"] + status["blobs"]
+    planned = units > 0 or status["artifact_reused"]
+    fields.update(compiled=status["done"] if planned else None,
+                  cached=units - status["total"] if planned else None)
+    if "tuning" in status:
+        fields["tuning"] = {"timed": status["tuning"]["done"], "total": status["tuning"]["total"],
+                            "errors": status["tuning"]["errors"], "notes": _notes(status)}
+    return fields
+
+
+def _build_fields(status: dict[str, Any]) -> dict[str, Any]:
+    """A farm job's status as `submit --json` fields, the keys a local build has (farm.cli.schemas.BUILD_KEYS)."""
+    fields = _job_fields(status)
+    tuning = fields.get("tuning")
+    return {"job_id": status["job_id"], "state": status["state"], "model": status["model"],
+            "targets": status.get("targets"), "sizes": status.get("sizes"), "kernels": status["kernels"],
+            "blobs": status["blobs"], "compiled": fields["compiled"], "cached": fields["cached"],
+            "seconds": status.get("seconds"),
+            "tuning": {"timed": tuning["timed"], "notes": tuning["notes"]} if tuning else None}
+
+
+def _notes(status: dict[str, Any]) -> list[str]:
+    return [status["tuning_note"]] if status.get("tuning_note") else []
 
 
 def _interrupted(client, job_id: str, cancel: bool) -> NoReturn:
@@ -240,7 +367,9 @@ def status(job_id: str, broker: str | None, as_json: bool) -> None:
     unserved = client.unserved_queues(job_id)
     _say_unserved(unserved)
     if as_json:
-        click.echo(json.dumps({**info, **({"no_live_worker": list(unserved)} if unserved else {})}, sort_keys=True))
+        from farm.cli import schemas
+
+        click.echo(schemas.dumps("status", {**_job_fields(info), "no_live_worker": list(unserved) or None}))
         return
     click.echo(_status_line(info))
 
@@ -260,13 +389,14 @@ def _status_line(info: dict[str, Any]) -> str:
 @click.argument("job_id")
 @broker_option
 @json_option
-@click.option("--timeout", type=float, help="Give up after this many seconds (exit 1).")
+@click.option("--timeout", type=click.FloatRange(min=0), help="Stop waiting after this many seconds (exit 6; the "
+              "job goes on).")
 @reports_errors
 def wait(job_id: str, broker: str | None, as_json: bool, timeout: float | None) -> None:
     """Wait for a farm job to end; the exit status says how it ended. Ctrl-C stops waiting (exit 130) and leaves
     the job running."""
     from farm.distributed.protocol import TERMINAL, JobState
-    from farm.errors import BuildError
+    from farm.errors import StillRunningError
 
     client = _client(broker)
     try:
@@ -274,31 +404,45 @@ def wait(job_id: str, broker: str | None, as_json: bool, timeout: float | None) 
     except KeyboardInterrupt:
         _interrupted(client, job_id, cancel=False)
     if JobState(status["state"]) not in TERMINAL:
-        raise BuildError(f"job {job_id} still {status['state']} after {timeout} s")
-    click.echo(json.dumps(status, sort_keys=True) if as_json else f"{job_id}: {status['state']}")
+        raise StillRunningError(f"job {job_id} still {status['state']} after {timeout:g} s; it goes on: "
+                                f"farm wait {job_id} / farm cancel {job_id}")
+    if as_json:
+        from farm.cli import schemas
+
+        click.echo(schemas.dumps("wait", _job_fields(status)))
+    else:
+        click.echo(f"{job_id}: {status['state']}")
 
 
 @main.command()
 @click.argument("job_id")
-@click.option("-o", "--output-dir", default="artifacts", show_default=True, type=click.Path(file_okay=False))
+@click.option("-o", "--output", "--output-dir", "output", default="artifacts", show_default=True, type=click.Path(),
+              help="A folder (the artifact is FOLDER/<model>.farm) or a file ending in .farm.")
 @broker_option
+@json_option
 @reports_errors
-def download(job_id: str, output_dir: str, broker: str | None) -> None:
-    """Download a finished job's artifact into OUTPUT_DIR and print its path."""
-    click.echo(_client(broker).download(job_id, output_dir))
+def download(job_id: str, output: str, broker: str | None, as_json: bool) -> None:
+    """Download a finished job's artifact into OUTPUT/<model>.farm (or the file OUTPUT.farm) and print its path."""
+    from farm.cli import schemas
+
+    client = _client(broker)
+    artifact = deliver(output, lambda folder: client.download(job_id, folder))
+    click.echo(schemas.dumps("download", {"job_id": job_id, "artifact": artifact}) if as_json else artifact)
 
 
 @main.command()
 @click.argument("job_id")
 @broker_option
+@json_option
 @reports_errors
-def cancel(job_id: str, broker: str | None) -> None:
+def cancel(job_id: str, broker: str | None, as_json: bool) -> None:
     """Cancel a farm job: its remaining tasks are skipped and no artifact is made."""
+    from farm.cli import schemas
     from farm.errors import JobError
 
     if not _client(broker).cancel(job_id):
         raise JobError(f"job {job_id} had already ended; nothing to cancel")
-    click.echo(f"{job_id}: cancelled")
+    click.echo(schemas.dumps("cancel", {"job_id": job_id, "state": "cancelled"}) if as_json else f"{job_id}: cancelled")
 
 
 @main.command()
@@ -340,7 +484,9 @@ def list_workers_command(broker: str | None, as_json: bool) -> None:
     if not found:
         click.echo("farm: no live worker on this farm; start one with 'farm worker'", err=True)
     if as_json:
-        click.echo(json.dumps(found, sort_keys=True))
+        from farm.cli import schemas
+
+        click.echo(schemas.dumps("workers", {"workers": found}))
         return
     for item in found:
         cpu = item.get("cpu", {})
@@ -362,7 +508,9 @@ def jobs(broker: str | None, as_json: bool, limit: int) -> None:
 
         click.echo(f"farm: no jobs on this farm in the last {JOB_TTL_SECONDS // 86400} days", err=True)
     if as_json:
-        click.echo(json.dumps(found, sort_keys=True))
+        from farm.cli import schemas
+
+        click.echo(schemas.dumps("jobs", {"jobs": found}))
         return
     for job in found:
         click.echo(f"{job['job_id']}  {job['state']:<10} {job.get('model', '?'):<24} "
@@ -389,18 +537,26 @@ def _age(seconds: float) -> str:
 @click.option("--trust", "trust", multiple=True, metavar="PUBKEY",
               help="Run only if signed by this Ed25519 public key (PEM file or hex); repeatable; adds to "
                    "FARM_TRUSTED_KEYS.")
+@json_option
 @reports_errors
 def run(artifact: str, inputs: tuple[str, ...], output: str | None, show: bool, device: str,
-        threads: int, trust: tuple[str, ...]) -> None:
-    """Run ARTIFACT on the given inputs with farm's runtime."""
+        threads: int, trust: tuple[str, ...], as_json: bool) -> None:
+    """Run ARTIFACT on the given inputs with farm's runtime; print each output's shape and first values, or write
+    them all to the .npz file OUTPUT (exactly that name)."""
     from farm import runtime
+    from farm.cli import schemas
     from farm.cli.arrays import parse_inputs, save_outputs, summary
 
     model = runtime.load(artifact, device=device, threads=threads, trust=trust)
     outputs = model.run(parse_inputs(inputs))
     if output:
         save_outputs(output, outputs)
-    if show or not output:
+    if as_json:
+        described = {name: {"shape": list(array.shape), "dtype": str(array.dtype)} for name, array in outputs.items()}
+        click.echo(schemas.dumps("run", {"artifact": os.path.abspath(artifact), "device": device,
+                                         "outputs": described,
+                                         "output_file": os.path.abspath(output) if output else None}))
+    elif show or not output:
         for name, array in outputs.items():
             click.echo(summary(name, array))
 
@@ -435,11 +591,12 @@ def sign(artifact: str, key: str) -> None:
 def bench(artifact: str, baseline: str | None, repeat: int, threads: int, fail_on_regression: bool, device: str,
           as_json: bool) -> None:
     """Time ARTIFACT on this host: whole-model latency, and each kernel's time and GFLOP/s."""
+    from farm.cli import schemas
     from farm.cli.bench import (
         bench_artifact,
         bench_pair,
         compare,
-        comparison_json,
+        comparison_fields,
         format_comparison,
         format_report,
         repeats_needed,
@@ -447,7 +604,7 @@ def bench(artifact: str, baseline: str | None, repeat: int, threads: int, fail_o
 
     if baseline is None:
         report = bench_artifact(artifact, repeat, threads=threads, device=device)
-        click.echo(json.dumps(report.to_json()) if as_json else format_report(report))
+        click.echo(schemas.dumps("bench", report.to_json()) if as_json else format_report(report))
         return
     before, report = bench_pair([baseline, artifact], repeat, threads=threads, device=device)
     needed = repeats_needed(len(report.steps))
@@ -455,7 +612,7 @@ def bench(artifact: str, baseline: str | None, repeat: int, threads: int, fail_o
         raise BadInputError(f"--repeat {repeat} is too few to show a slowdown beyond noise over "
                             f"{len(report.steps)} nodes: --fail-on-regression needs --repeat {needed} or more")
     changes = compare(before, report)
-    click.echo(comparison_json(before, report, changes) if as_json else
+    click.echo(schemas.dumps("bench", comparison_fields(before, report, changes)) if as_json else
                format_report(report) + "\n\n" + format_comparison(before, report, changes))
     if fail_on_regression and any(change.flagged for change in changes):
         sys.exit(int(ExitStatus.REGRESSION))

@@ -23,7 +23,7 @@ from farm.distributed import protocol, recipes
 from farm.distributed.board import JobBoard
 from farm.distributed.protocol import TERMINAL, JobRecord, JobState, check_job_id, check_model_name
 from farm.errors import BadInputError, BuildError, CredentialsRefusedError, ExitStatus, JobError, UnreachableError
-from farm.frontend.shapes import PinnedShapes
+from farm.frontend.shapes import PinnedShapes, sizes_to_json
 from farm.store import CorruptEntryError, MissingEntryError, Store, open_store
 
 ANY_WORKER = "start one with 'farm worker'"
@@ -117,7 +117,8 @@ class FarmClient:
         record = self.record(job_id)
         status = {"job_id": job_id, "state": record.state.value, "model": record.model_name,
                   "done": self.board.finished(job_id, "compile"), "total": record.total or 0,
-                  "kernels": record.kernels, "blobs": record.blobs}
+                  "kernels": record.kernels, "blobs": record.blobs, "targets": [target.id for target in record.targets],
+                  "sizes": sizes_to_json(record.sizes), "artifact_reused": record.cached}
         for field in ("error", "failed_unit", "exit_status", "artifact_key", "tuning_note"):
             if getattr(record, field):
                 status[field] = getattr(record, field)

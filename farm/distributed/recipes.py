@@ -16,7 +16,7 @@ import functools
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from farm.artifact import (
@@ -32,6 +32,7 @@ from farm.store import CorruptEntryError, MissingEntryError, Store, content_key
 
 RECIPE_FORMAT = "farm-artifact-recipe/1"
 MAX_RECIPE_BYTES = 2 * MAX_MANIFEST_BYTES
+UNIT_COUNTS = ("kernels", "blobs")
 """A recipe holds the manifest (escaped as a JSON string) and a size per member."""
 
 
@@ -56,6 +57,9 @@ class Recipe:
     manifest_text: bytes
     manifest: dict[str, Any]
     sizes: dict[str, int]
+    units: dict[str, int] = field(default_factory=dict)
+    """The build's unit counts ("kernels", "blobs"), so that a job reusing the artifact reports what it holds;
+    empty in a recipe put without them."""
 
     @property
     def keys(self) -> dict[str, str]:
@@ -64,7 +68,7 @@ class Recipe:
 
 
 def put_recipe(store: Store, manifest: dict[str, Any], members: Mapping[str, Member],
-               pin: Callable[[list[str]], None]) -> tuple[str, list[str]]:
+               pin: Callable[[list[str]], None], units: Mapping[str, int] | None = None) -> tuple[str, list[str]]:
     """Put the recipe of the artifact that `manifest` and `members` make, and return its key and its members'
     keys. Members that are bytes are put first (most are entries already, which the store doesn't write again);
     `pin(keys)` is called with every key before anything is put, so that no eviction falls in between."""
@@ -75,8 +79,8 @@ def put_recipe(store: Store, manifest: dict[str, Any], members: Mapping[str, Mem
     sizes = {path: member.size if isinstance(member, StoredMember) else memoryview(unstored[path]).nbytes
              for path, member in members.items()}
     text = finished_manifest(manifest, keys)
-    recipe = json.dumps({"format": RECIPE_FORMAT, "manifest": text.decode("utf-8"), "sizes": sizes},
-                        sort_keys=True).encode()
+    recipe = json.dumps({"format": RECIPE_FORMAT, "manifest": text.decode("utf-8"), "sizes": sizes,
+                         **({"units": dict(units)} if units else {})}, sort_keys=True).encode()
     pin([content_key(recipe), *keys.values()])
     for data in unstored.values():
         store.put(data)
@@ -92,14 +96,17 @@ def read_recipe(data: bytes, where: str = "an artifact recipe in the store") -> 
         recipe = json.loads(data)
         if not isinstance(recipe, dict) or recipe.get("format") != RECIPE_FORMAT:
             raise ValueError(f"not a {RECIPE_FORMAT}")
-        text, sizes = recipe["manifest"].encode("utf-8"), recipe["sizes"]
+        text, sizes, units = recipe["manifest"].encode("utf-8"), recipe["sizes"], recipe.get("units", {})
+        if not isinstance(units, dict) or not all(key in UNIT_COUNTS and type(count) is int and count >= 0
+                                                  for key, count in units.items()):
+            raise ValueError(f"its units are not counts of {', '.join(UNIT_COUNTS)}")
     except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as error:
         raise ArtifactError(f"{where} is not an artifact recipe: {error}") from None
     manifest = manifest_from_text(text, where)
     if not isinstance(sizes, dict) or sorted(sizes) != sorted(manifest["members"]) or not all(
             type(size) is int and size >= 0 for size in sizes.values()):
         raise ArtifactError(f"{where}: its sizes are not one per member of its manifest")
-    return Recipe(text, manifest, sizes)
+    return Recipe(text, manifest, sizes, units)
 
 
 def write_artifact_from(path: str | os.PathLike[str], recipe: Recipe, read: Callable[[str], bytes]) -> str:

@@ -117,7 +117,7 @@ class Farm:
         pins.pin_for_job(self.store, job_id, [record.model_key, content_key(plan_bytes), *blobs])
         link_plan_key = self.store.put(plan_bytes)
         counts = {"total": record.total if record.total is not None else len(todo),
-                  "kernels": sum(u.kind == "kernel" for u in units), "blobs": sum(u.kind == "blob" for u in units),
+                  "kernels": sum(u.kind != "blob" for u in units), "blobs": sum(u.kind == "blob" for u in units),
                   "targets_total": len(assembly.libraries(plan_json))}
         if not self.board.advance(job_id, JobState.COMPILING, link_plan_key=link_plan_key, **counts):
             return None
@@ -191,7 +191,8 @@ class Farm:
         if not tuning.manifest_current(self.store, manifest) or (
                 record.tuning_asked("tune") and self._tunable_on(tuning.untuned_targets(manifest))):
             return False
-        if self.board.advance(job_id, JobState.DONE, artifact_key=key, total=0, finished=time.time(), cached=True):
+        if self.board.advance(job_id, JobState.DONE, artifact_key=key, total=0, finished=time.time(), cached=True,
+                              **recipe.units):
             pins.keep_only_artifact(self.store, job_id, [key, *members])
         return True
 
@@ -420,7 +421,8 @@ class Farm:
         plan_json = self._link_plan(record)
         manifest, members = assembly.artifact_contents(plan_json, self._stored(plan_json, record, args.job_id))
         artifact_key, member_keys = recipes.put_recipe(
-            self.store, manifest, members, lambda keys: pins.pin_for_job(self.store, args.job_id, keys))
+            self.store, manifest, members, lambda keys: pins.pin_for_job(self.store, args.job_id, keys),
+            {"kernels": record.kernels, "blobs": record.blobs})
         self.store.set_ref(artifact_ref(record), artifact_key)
         if self.board.advance(args.job_id, JobState.DONE, artifact_key=artifact_key, finished=time.time()):
             pins.keep_only_artifact(self.store, args.job_id, [artifact_key, *member_keys])

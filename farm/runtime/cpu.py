@@ -32,6 +32,9 @@ def load_library_model(path: str | os.PathLike[str], cache_dir: str | os.PathLik
     artifact = open_artifact(path)
     sizes = check_sizes(artifact.path, artifact.manifest)
     host = this_host()
+    if not any(size["targets"] for _, size in sizes) and all(size.get("opencl") for _, size in sizes):
+        raise ArtifactError(f"{artifact.path}: the artifact has no CPU target, only OpenCL programs: run it with "
+                            f"--device opencl (runtime.load(..., device='opencl')), or build it with --target cpu too")
     targets = [choose_target(size["targets"], host, artifact.path) for _, size in sizes]
     manifest_sha256 = hashlib.sha256(artifact.manifest_text).hexdigest()
     verified = is_verified(artifact.path, manifest_sha256, cache_dir)

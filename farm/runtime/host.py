@@ -49,7 +49,9 @@ def missing_features(target: dict[str, Any], host: Host) -> list[str]:
     return [item for item in wanted if item.startswith("+") and item[1:] not in host.features]
 
 
-def _runs_on(target: dict[str, Any], host: Host) -> bool:
+def runs_on(target: dict[str, Any], host: Host) -> bool:
+    """Whether `host` can run the CPU target (a manifest entry, or CpuTarget.to_json()): its arch, every feature it
+    requires."""
     return (
         target.get("kind") == "cpu"
         and arch_of(str(target.get("triple", ""))) == host.arch
@@ -62,7 +64,7 @@ def choose_target(targets: Sequence[dict[str, Any]], host: Host, artifact: str) 
 
     Raises ArtifactError naming every target and why it doesn't fit, so that the user knows what to rebuild for.
     """
-    usable = [target for target in targets if _runs_on(target, host)]
+    usable = [target for target in targets if runs_on(target, host)]
     for target in usable:
         if target.get("cpu") == host.cpu:
             return target

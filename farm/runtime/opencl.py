@@ -23,7 +23,7 @@ import numpy as np
 from farm import defaults
 from farm.artifact import Artifact, open_artifact
 from farm.atomic import write_atomically
-from farm.backends.opencl.devices import BUILD_OPTIONS, device_info, fingerprint
+from farm.backends.opencl.devices import BUILD_OPTIONS, device_info, fingerprint, opencl_platforms
 from farm.errors import ArtifactError
 from farm.runtime.manifest import check_sizes
 from farm.runtime.model import TensorSpec, check_feeds
@@ -35,10 +35,11 @@ def this_device() -> tuple[Any, Any, str]:
     """(context, device, fingerprint) of this host's first OpenCL device."""
     import pyopencl as cl
 
-    for platform in cl.get_platforms():
+    for platform in opencl_platforms():
         for device in platform.get_devices():
             return cl.Context([device]), device, fingerprint(device_info(platform, device))
-    raise ArtifactError("no OpenCL device on this host")
+    raise ArtifactError("no OpenCL device on this host: its OpenCL loader finds no platform (install a driver, e.g. "
+                        "Debian's pocl-opencl-icd for the CPU) or run without --device opencl")
 
 
 def _sha(data: bytes) -> str:

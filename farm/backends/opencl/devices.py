@@ -12,6 +12,7 @@ import subprocess
 from typing import Any
 
 from farm.backends.opencl.child_python import module_command
+from farm.errors import BadInputError
 from farm.ir.specs import canonical_json
 
 BUILD_OPTIONS = "-cl-std=CL1.2"
@@ -29,12 +30,24 @@ def device_info(platform: Any, device: Any) -> dict[str, str]:
             "opencl_c_version": device.get_info(cl.device_info.OPENCL_C_VERSION), "build_options": BUILD_OPTIONS}
 
 
+def opencl_platforms() -> list[Any]:
+    """This host's OpenCL platforms; none where the ICD loader finds none (pyopencl raises LogicError
+    PLATFORM_NOT_FOUND_KHR, a 35-line traceback for a user who only asked for --device opencl). BadInputError when
+    pyopencl itself is missing."""
+    try:
+        import pyopencl as cl
+    except ImportError:
+        raise BadInputError("OpenCL needs pyopencl, which is not installed (pip install 'farm[opencl]')") from None
+    try:
+        return cl.get_platforms()
+    except cl.Error:
+        return []
+
+
 def opencl_devices() -> list[dict[str, str]]:
     """Every OpenCL device pyopencl finds, with its fingerprint; empty without pyopencl or a platform."""
     try:
-        import pyopencl as cl
-
-        platforms = cl.get_platforms()
+        platforms = opencl_platforms()
     except Exception:  # noqa: BLE001 - no ICD loader, no platform or no pyopencl all mean: no OpenCL here
         return []
     devices = []

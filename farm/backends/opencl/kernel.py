@@ -15,7 +15,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from farm.backends.opencl.devices import BUILD_OPTIONS, device_info, fingerprint
+from farm.backends.opencl.devices import BUILD_OPTIONS, device_info, fingerprint, opencl_platforms
 from farm.backends.opencl.render import launches, render_opencl
 from farm.errors import BuildError
 from farm.ir.specs import KernelSpec
@@ -32,7 +32,7 @@ def device_context(device_fingerprint: str) -> tuple[Any, Any]:
     """(context, device) of this host's device with the fingerprint; BuildError when there is none."""
     import pyopencl as cl
 
-    for platform in cl.get_platforms():
+    for platform in opencl_platforms():
         for device in platform.get_devices():
             if fingerprint(device_info(platform, device)) == device_fingerprint:
                 return cl.Context([device]), device
