@@ -14,6 +14,7 @@ from farm import runtime
 from farm.backends.opencl.target import OpenClTarget
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
+from farm.errors import ExitStatus
 from farm.tools import examples
 from tests.dynamic_models import dynamic_cnn
 from tests.farm_services import farm_cli, farm_factory_fixture, packed_weight_symbol  # noqa: F401
@@ -277,7 +278,7 @@ def test_a_device_no_live_worker_owns_is_named_by_status_and_wait(farm_factory, 
     assert status.returncode == 0 and status.stderr == said, status.stderr + farm.logs()
     started = time.monotonic()
     waited = farm_cli("wait", job_id, "--timeout", "12", broker=farm.url, cwd=tmp_path)
-    assert waited.returncode == 1 and waited.stderr.count(said) == 1, waited.stderr
+    assert waited.returncode == ExitStatus.STILL_RUNNING and waited.stderr.count(said) == 1, waited.stderr
     assert time.monotonic() - started < 60
     assert client.status(job_id)["state"] in ("planning", "compiling")  # its OpenCL units wait for a worker
     workers = farm_cli("workers", broker=farm.url, cwd=tmp_path)
