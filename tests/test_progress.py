@@ -29,7 +29,7 @@ from tests.services import RedisServer, redis_server_fixture  # noqa: F401
 from tests.test_cli import CHECKOUT
 
 LOCAL_PHASES = ["planning", "compiling", "linking", "writing"]
-COUNT_LINE = re.compile(r"compiling (\d+)/(\d+) \((\d+)%\), \d+\.\d s")
+COUNT_LINE = re.compile(r"(compiling|tuning) (\d+)/(\d+) \((\d+)%\), \d+\.\d s")
 CONTROL_SEQUENCE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
@@ -59,8 +59,8 @@ def _phases(lines: list[str]) -> list[str]:
     return [line for line in lines if not COUNT_LINE.fullmatch(line) and not line.startswith("done, ")]
 
 
-def _counts(lines: list[str]) -> list[tuple[int, int]]:
-    return [(int(m[1]), int(m[2])) for m in map(COUNT_LINE.fullmatch, lines) if m]
+def _counts(lines: list[str], phase: str = "compiling") -> list[tuple[int, int]]:
+    return [(int(m[2]), int(m[3])) for m in map(COUNT_LINE.fullmatch, lines) if m and m[1] == phase]
 
 
 def test_submit_without_a_terminal_prints_a_line_per_phase_and_counts_every_unit_opencl_too(
@@ -170,30 +170,40 @@ def test_no_terminal_means_plain_lines_even_when_rich_would_draw() -> None:
 
 def test_a_farm_job_shows_the_boards_states_in_order_with_its_counts(redis_server: RedisServer,
                                                                      model_folder: Path) -> None:
-    """The real client's statuses (FarmClient.wait on a real Redis; the board moved as workers move it)."""
+    """The real client's statuses (FarmClient.wait on a real Redis), the board moved as workers move it, each
+    move made once the client has read the one before."""
     client = FarmClient(redis_server.url)
     job_id = client.submit(model_folder / "tiny_cnn.onnx", [host_target()])
     Farm(client.board, client.store, lambda message: None).accept(job_id)
     board, artifact_key = client.board, client.store.put(b"artifact")
+    seen: list[dict] = []
+    moves = [(lambda: board.advance(job_id, JobState.PLANNING), lambda s: s["state"] == "planning"),
+             (lambda: board.advance(job_id, JobState.TUNING, tune_units=["t/k1", "t/k2"]),
+              lambda s: s["state"] == "tuning"),
+             (lambda: board.complete(job_id, "tune", "t/k1"), lambda s: s["tuning"]["done"] == 1),
+             (lambda: board.complete(job_id, "tune", "t/k2"), lambda s: s["tuning"]["done"] == 2),
+             (lambda: board.advance(job_id, JobState.PLANNING, tuned=True), lambda s: s["state"] == "planning"),
+             (lambda: board.advance(job_id, JobState.COMPILING, total=4), lambda s: s["state"] == "compiling"),
+             (lambda: board.complete(job_id, "compile", "a"), lambda s: s["done"] == 1),
+             (lambda: [board.complete(job_id, "compile", name) for name in "bcd"], lambda s: s["done"] == 4),
+             (lambda: board.advance(job_id, JobState.LINKING), lambda s: s["state"] == "linking"),
+             (lambda: board.advance(job_id, JobState.DONE, artifact_key=artifact_key, finished=time.time()),
+              lambda s: True)]
 
     def build() -> None:
-        steps = [lambda: board.advance(job_id, JobState.PLANNING),
-                 lambda: board.advance(job_id, JobState.COMPILING, total=4),
-                 lambda: board.complete(job_id, "compile", "a"),
-                 lambda: [board.complete(job_id, "compile", name) for name in "bcd"],
-                 lambda: board.advance(job_id, JobState.LINKING),
-                 lambda: board.advance(job_id, JobState.DONE, artifact_key=artifact_key, finished=time.time())]
-        for step in steps:
-            time.sleep(0.3)
-            step()
+        for move, read in [(lambda: None, lambda s: s["state"] == "queued"), *moves]:
+            move()
+            deadline = time.monotonic() + 30
+            while not (seen and read(seen[-1])) and time.monotonic() < deadline:
+                time.sleep(0.01)
 
     stream = io.StringIO()
     threading.Thread(target=build, daemon=True).start()
     with PlainProgress(f"{job_id} on the farm", stream, quiet_start=0) as progress:
-        status = client.wait(job_id, timeout=60, on_progress=progress.status)
+        status = client.wait(job_id, timeout=60, on_progress=lambda s: [seen.append(s), progress.status(s)])
     assert status["state"] == "done"
     lines = _plain_lines(stream.getvalue().encode(), f"{job_id} on the farm")
-    assert _phases(lines) == ["queued", "planning", "compiling", "linking"]
+    assert _phases(lines) == ["queued", "planning", "tuning", "planning", "compiling", "linking"]
+    assert _counts(lines, "tuning") == [(0, 2), (1, 2), (2, 2)]
+    assert _counts(lines) == [(0, 4), (1, 4), (4, 4)]
     assert re.fullmatch(r"done, \d+\.\d s", lines[-1])
-    counts = _counts(lines)
-    assert counts[0] == (0, 4) and counts[-1] == (4, 4) and counts == sorted(counts)
