@@ -104,6 +104,17 @@ def test_count_lines_come_each_tenth_and_at_the_end_and_a_late_count_is_dropped(
     assert lines[-2].startswith("compiling 312/312 (100%), ") and lines[-1] == "linking"
 
 
+def test_a_failed_farm_job_keeps_the_count_it_reached() -> None:
+    """Statuses as FarmClient.status gives them: a job that failed at a unit did not compile the rest."""
+    stream = io.StringIO()
+    with PlainProgress("j on the farm", stream, quiet_start=0) as progress:
+        for state, done in (("queued", 0), ("planning", 0), ("compiling", 2), ("failed", 2)):
+            progress.status({"job_id": "j", "state": state, "model": "m", "done": done, "total": 4 * (done > 0),
+                             "kernels": 3, "blobs": 1, "seconds": 0.5})
+    lines = _plain_lines(stream.getvalue().encode(), "j on the farm")
+    assert _phases(lines) == ["queued", "planning", "compiling", "failed"] and _counts(lines) == [(2, 4)]
+
+
 def test_nothing_shows_within_the_quiet_start_and_a_slow_phase_shows_after_it() -> None:
     quiet = io.StringIO()
     with pytest.raises(ValueError), PlainProgress("m.onnx", quiet, quiet_start=0.5) as progress:

@@ -36,6 +36,8 @@ COUNT_LINE_SECONDS = 5.0
 COUNT_LINE_FRACTION = 0.1
 COUNTED_PHASES = ("tuning", "compiling")
 """The phases that count: --tune's kernels timed (`tuning`), the units compiled (`update`)."""
+UNFINISHED_ENDS = ("failed", "cancelled")
+"""The farm's states that end a job before its count did (JobState)."""
 BAR_WIDTH = 20
 
 
@@ -78,7 +80,7 @@ class BuildProgress(ABC):
             first = self.current is None
             if not first:
                 self._reveal()  # the phase that ends now, if it ended within the quiet start
-                self._end_phase()
+                self._end_phase(name)
             self.current, self.done, self.total, self.phase_started = name, 0, 0, time.monotonic()
             if self.shown:
                 self._show_phase()
@@ -117,11 +119,12 @@ class BuildProgress(ABC):
             else:
                 self._reveal()
 
-    def _end_phase(self) -> None:
-        """The current phase ends: a counted one has counted everything (the build went on)."""
+    def _end_phase(self, following: str) -> None:
+        """The current phase ends: a counted one has counted everything when the build went on (not when the job
+        failed or was cancelled)."""
         if self.current in COUNTED_PHASES:
             self.ended.add(self.current)
-            if self.shown and self.total and self.done < self.total:
+            if self.shown and self.total and self.done < self.total and following not in UNFINISHED_ENDS:
                 self.done = self.total
                 self._show_count()
 
@@ -222,7 +225,7 @@ class TerminalProgress(BuildProgress):
         for wraps in (False, True, False, True, False, False):
             grid.add_column(no_wrap=not wraps)
         ended = phase == "done"
-        grid.add_row("" if ended else self.spinner.render(time.monotonic()),
+        grid.add_row("" if ended or phase in UNFINISHED_ENDS else self.spinner.render(time.monotonic()),
                      Text(self.label, no_wrap=True, overflow="ellipsis"), phase,
                      ProgressBar(total=(total or 1) if ended else (total or None), completed=total if ended else done,
                                  width=BAR_WIDTH, pulse=not total and not ended),
