@@ -56,8 +56,8 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
     targets this host can run (`retune`: all of them), reporting each one to `tune_progress`. `sizes` fix the
     sizes of dynamic input dimensions (`--shape`, farm.frontend.shapes.parse_sizes): one artifact holds a schedule
     per size (farm.build.assembly). `phase(name)` is called as each phase starts, in order: "planning" (import and
-    plan), "tuning" (with `tune` or `retune`), "compiling" (counted by `progress`: 0 of the total first, then after each unit), "linking", "writing", then
-    "done", so that a user sees what the build is doing between the counts.
+    plan), "tuning" (with `tune` or `retune`), "compiling" (counted by `progress`: 0 of the total first, then after
+    each unit), "linking", "writing", then "done", so that a user sees what the build is doing between the counts.
     """
     from farm.backends.llvm.blobs import sweep_stale_scratch
     from farm.backends.llvm.target import host_target

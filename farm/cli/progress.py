@@ -220,18 +220,28 @@ class TerminalProgress(BuildProgress):
                          redirect_stdout=False, redirect_stderr=True)
 
     def render(self) -> RenderableType:
+        """The row as it stands (called by the live display's refresh thread)."""
         phase, done, total = self.row
         grid = Table.grid(padding=(0, 1))
-        for wraps in (False, True, False, True, False, False):
-            grid.add_column(no_wrap=not wraps)
-        ended = phase == "done"
-        grid.add_row("" if ended or phase in UNFINISHED_ENDS else self.spinner.render(time.monotonic()),
-                     Text(self.label, no_wrap=True, overflow="ellipsis"), phase,
-                     ProgressBar(total=(total or 1) if ended else (total or None), completed=total if ended else done,
-                                 width=BAR_WIDTH, pulse=not total and not ended),
+        grid.add_column(no_wrap=True)  # spinner
+        grid.add_column()  # label: the first to give way
+        grid.add_column(no_wrap=True)  # phase
+        grid.add_column()  # bar: gives way once the label is as narrow
+        grid.add_column(no_wrap=True)  # count
+        grid.add_column(no_wrap=True)  # elapsed
+        ended = phase == "done" or phase in UNFINISHED_ENDS
+        grid.add_row("" if ended else self.spinner.render(time.monotonic()),
+                     Text(self.label, no_wrap=True, overflow="ellipsis"), phase, self._bar(phase, done, total),
                      f"{done}/{total}" if total else "",
                      str(datetime.timedelta(seconds=int(time.monotonic() - self.started))))
         return grid
+
+    @staticmethod
+    def _bar(phase: str, done: int, total: int) -> ProgressBar:
+        """Full when done, pulsing while no count is known, else done of total."""
+        if phase == "done":
+            return ProgressBar(total=1, completed=1, width=BAR_WIDTH)
+        return ProgressBar(total=total or None, completed=done, width=BAR_WIDTH, pulse=not total)
 
     def _open(self) -> None:
         self.live.start()
