@@ -80,10 +80,11 @@ def test_unsupported_op_fails_before_compiling_and_writes_nothing(tmp_path):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
     path = tmp_path / "bad.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
-    calls = []
+    calls, phases = [], []
     with pytest.raises(UnsupportedError, match="'hm'.*RandomNormalLike"):
-        build_model(path, tmp_path / "out", executor=LocalExecutor(1), progress=lambda d, t: calls.append(d))
-    assert calls == [] and not (tmp_path / "out").exists()
+        build_model(path, tmp_path / "out", executor=LocalExecutor(1), progress=lambda d, t: calls.append(d),
+                    phase=phases.append)
+    assert calls == [] and phases == ["planning"] and not (tmp_path / "out").exists()
 
 
 def test_built_model_runs_like_onnxruntime(small_cnn_path, tmp_path):
@@ -96,12 +97,15 @@ def test_built_model_runs_like_onnxruntime(small_cnn_path, tmp_path):
     assert np.abs(ours - reference).max() <= 1e-4 * max(1.0, np.abs(reference).max())
 
 
-def test_progress_reports_every_compile_step(small_cnn_path, tmp_path):
-    """Every kernel; packed weights are made as the artifact is written (build.local._packed_when_written)."""
-    seen = []
-    result = build_model(small_cnn_path, tmp_path, executor=LocalExecutor(1), progress=lambda d, t: seen.append((d, t)))
+def test_progress_reports_its_phases_and_every_compile_step(small_cnn_path, tmp_path):
+    """The phases in order; the compile count's total first, then every kernel (packed weights are made as the
+    artifact is written: build.local._packed_when_written)."""
+    seen, phases = [], []
+    result = build_model(small_cnn_path, tmp_path, executor=LocalExecutor(1), progress=lambda d, t: seen.append((d, t)),
+                         phase=phases.append)
     total = result.kernels
-    assert seen[-1] == (total, total) and len(seen) == total
+    assert seen[0] == (0, total) and seen[-1] == (total, total) and len(seen) == total + 1
+    assert phases == ["planning", "compiling", "linking", "writing", "done"]
     assert json.loads(json.dumps(result.to_json()))["state"] == "done"
 
 

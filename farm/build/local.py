@@ -23,6 +23,7 @@ from farm.store import FileStore, Store, default_store_root
 from farm.tuning.variants import TuningReport, choose_variants
 
 ProgressCallback = Callable[[int, int], None]
+PhaseCallback = Callable[[str], None]
 
 
 @dataclass
@@ -46,7 +47,7 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
                 executor: LocalExecutor | None = None, progress: ProgressCallback | None = None,
                 tune: bool = False, retune: bool = False, store: Store | None = None,
                 tune_progress: ProgressCallback | None = None,
-                sizes: Sequence[PinnedShapes] = ()) -> BuildResult:
+                sizes: Sequence[PinnedShapes] = (), phase: PhaseCallback | None = None) -> BuildResult:
     """Build `<out_dir>/<model-stem>.farm`; the artifact appears only when every step succeeded.
 
     `targets`: CPU and OpenCL targets (farm.backends.registry.parse_targets); none means this host's CPU. Every
@@ -54,23 +55,32 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
     farm.store.default_store_root) holds for its target; `tune` first times, on this host, the kernels it lacks for
     targets this host can run (`retune`: all of them), reporting each one to `tune_progress`. `sizes` fix the
     sizes of dynamic input dimensions (`--shape`, farm.frontend.shapes.parse_sizes): one artifact holds a schedule
-    per size (farm.build.assembly).
+    per size (farm.build.assembly). `phase(name)` is called as each phase starts, in order: "planning" (import and
+    plan), "tuning" (with `tune` or `retune`), "compiling" (counted by `progress`: 0 of the total first, then after
+    each unit), "linking", "writing", then "done", so that a user sees what the build is doing between the counts.
     """
     from farm.backends.llvm.blobs import sweep_stale_scratch
     from farm.backends.llvm.target import host_target
 
     started = time.perf_counter()
+    report_phase = phase or _no_phase
+    report_phase("planning")
     sweep_stale_scratch()  # what older versions' crashed packers left in /dev/shm
     targets = list(targets) or [host_target()]
     name, model_sha256 = Path(model_path).stem, hashlib.sha256(Path(model_path).read_bytes()).hexdigest()
-    plans, tuning = choose_variants(assembly.plan_sizes(model_path, sizes), [t for t in targets if t.kind == "cpu"],
+    sized_plans = assembly.plan_sizes(model_path, sizes)
+    if tune or retune:
+        report_phase("tuning")
+    plans, tuning = choose_variants(sized_plans, [t for t in targets if t.kind == "cpu"],
                                     store or FileStore(default_store_root()), tune, retune, tune_progress)
     blobs = assembly.sized_blobs(plans)
     units = assembly.sized_units(plans, targets)
     compiled = [unit for unit in units if unit.kind != "blob"]
+    report_phase("compiling")
     objects: dict[str, bytes | LazyMember] = dict(zip(
         (unit.name for unit in compiled), _run(executor, [_step_call(unit, blobs) for unit in compiled], progress)))
     objects.update({unit.name: _packed_when_written(unit, blobs) for unit in units if unit.kind == "blob"})
+    report_phase("linking")
     plan_json = assembly.link_plan(plans, targets, name, model_sha256, units, sizes)
     libraries: dict[str, bytes] = {}
     built = BuiltUnits(objects.__getitem__, lambda unit: hashlib.sha256(objects[unit]).hexdigest(),
@@ -78,11 +88,17 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
     for library in assembly.libraries(plan_json):
         libraries[library["id"]] = assembly.link_library(plan_json, library["id"], built)
     manifest, members = assembly.artifact_contents(plan_json, built)
+    report_phase("writing")
     os.makedirs(out_dir, exist_ok=True)
     artifact = write_artifact(os.path.abspath(os.path.join(out_dir, f"{name}.farm")), manifest, members)
+    report_phase("done")
     return BuildResult(assembly.build_identity(model_sha256, name, targets, sizes)[:16], artifact,
                        sum(unit.kind == "kernel" for unit in units), sum(unit.kind == "blob" for unit in units),
                        time.perf_counter() - started, [t.id for t in targets], tuning if tune or retune else None)
+
+
+def _no_phase(name: str) -> None:
+    """The phase callback of a caller that shows none."""
 
 
 def _packed_when_written(unit: CompileUnit, blobs: Mapping[str, Any]) -> LazyMember:
@@ -103,6 +119,8 @@ def _step_call(unit: CompileUnit, blobs: Mapping[str, Any]) -> StepCall:
 
 def _run(executor: LocalExecutor | None, calls: list[StepCall], progress: ProgressCallback | None) -> list[bytes]:
     done = [0]
+    if progress:
+        progress(0, len(calls))  # the total shows before the first unit ends (seconds, when PoCL starts first)
 
     def on_done(call: StepCall) -> None:
         done[0] += 1

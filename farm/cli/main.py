@@ -168,16 +168,16 @@ def submit(model: Path, targets: tuple[str, ...], output: str, as_json: bool, wo
         return
     from farm.build.executor import LocalExecutor
     from farm.build.local import build_model
-    from farm.cli.progress import BuildProgress
+    from farm.cli.progress import build_progress
 
     results = []
 
     def build_into(folder: str) -> str:
         results.append(build_model(model, folder, chosen, executor=executor, progress=progress.update, tune=tune,
-                                   retune=retune, tune_progress=progress.tuning, sizes=sizes))
+                                   retune=retune, tune_progress=progress.tuning, sizes=sizes, phase=progress.phase))
         return results[0].artifact
 
-    with LocalExecutor(workers) as executor, BuildProgress(model.name) as progress:
+    with LocalExecutor(workers) as executor, build_progress(model.name) as progress:
         artifact = deliver(output, build_into)
     result = dataclasses.replace(results[0], artifact=artifact)
     for note in result.tuning.notes if result.tuning else []:
@@ -329,12 +329,11 @@ def _say_unserved(queues: dict[str, str]) -> None:
 
 
 def _wait_with_progress(client, job_id: str, label: str, timeout: float | None = None) -> dict[str, Any]:
-    from farm.cli.progress import BuildProgress
+    from farm.cli.progress import build_progress
     from farm.distributed.client import raise_for_state
 
-    with BuildProgress(f"{label} on the farm") as progress:
-        status = client.wait(job_id, timeout, lambda s: progress.update(s["done"], s["total"]) if s["total"] else None,
-                             _say_unserved)
+    with build_progress(f"{label} on the farm", quiet_start=0) as progress:
+        status = client.wait(job_id, timeout, progress.status, _say_unserved)
     raise_for_state(status)
     return status
 
