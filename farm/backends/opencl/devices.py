@@ -12,7 +12,7 @@ import subprocess
 from typing import Any
 
 from farm.backends.opencl.child_python import module_command
-from farm.ir.specs import canonical_json
+from farm.ir.keys import canonical_json
 
 BUILD_OPTIONS = "-cl-std=CL1.2"
 
