@@ -24,6 +24,7 @@ from packaging.utils import canonicalize_name
 
 from farm.artifact import verify
 from farm.backends.llvm.target import NO_HOST_CPU, host_target
+from farm.errors import EXTRA_OF_PACKAGE
 from farm.tools import examples
 from tests.farm_services import farm_factory_fixture  # noqa: F401
 from tests.services import RedisServer, redis_server_fixture  # noqa: F401
@@ -100,12 +101,13 @@ def _hidden_in_a_client_install() -> list[str]:
                   if not any(canonicalize_name(name) in client for name in distributions))
 
 
-def client_farm(*args: object, cwd: Path, broker: str) -> tuple[subprocess.CompletedProcess, set[str]]:
-    """Run `farm ARGS` as a client install would, with FARM_BROKER_URL set: its result, and which of HEAVY's
-    modules it tried to import (others it may try, such as redis trying cryptography, are left out)."""
+def client_farm(*args: object, cwd: Path, broker: str | None) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """Run `farm ARGS` as a client install would, with FARM_BROKER_URL set to `broker`: its result, and which of
+    HEAVY's modules it tried to import (others it may try, such as redis trying cryptography, are left out)."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "PYTHONPATH": path, "FARM_BROKER_URL": broker,
-           "FARM_TEST_HIDDEN_MODULES": json.dumps(_hidden_in_a_client_install())}
+    env = {name: value for name, value in os.environ.items() if name != "FARM_BROKER_URL"}
+    env.update({"PYTHONPATH": path, "FARM_TEST_HIDDEN_MODULES": json.dumps(_hidden_in_a_client_install()),
+                **({"FARM_BROKER_URL": broker} if broker else {})})
     result = subprocess.run([sys.executable, "-c", CLIENT_PRELUDE, *map(str, args)], cwd=cwd, capture_output=True,
                             text=True, env=env, timeout=300)
     tried = re.findall(r"^tried to import: (.*)$", result.stderr, re.MULTILINE)
@@ -142,6 +144,16 @@ def test_the_readme_commands_and_the_image_install_every_extra() -> None:
     for script in ("demo.sh", "test.sh"):
         assert "bash scripts/setup.sh" in (ROOT / "scripts" / script).read_text(), script
     assert re.search(r"pip install \"\.\[all\]\"", (ROOT / "deploy" / "Dockerfile").read_text())
+
+
+def test_a_missing_package_names_the_extra_that_brings_it() -> None:
+    """What a command on a client install says it lacks (farm.errors.MissingPackageError)."""
+    client = _installed_closure(_requirements())
+    distributions = importlib.metadata.packages_distributions()
+    for module, extra in EXTRA_OF_PACKAGE.items():
+        names = {canonicalize_name(name) for name in distributions[module]}
+        assert names & _installed_closure(_requirements((extra,))) and not names & client, (module, extra)
+    assert set(HEAVY.values()) <= set(EXTRA_OF_PACKAGE)
 
 
 def _third_party_imports(folder: Path) -> set[str]:
@@ -219,3 +231,11 @@ def test_a_client_install_asks_for_the_targets_it_cannot_detect(redis_server: Re
     result, tried = client_farm("submit", model, cwd=tmp_path, broker=redis_server.url)
     assert result.returncode == 2 and f"farm: error: {NO_HOST_CPU}" in result.stderr, result.stderr
     assert tried == {"llvmlite"} and not redis_server.client().keys("farm:*")  # nothing staged, nothing submitted
+
+
+@pytest.mark.parametrize("args", [("inspect", "model.farm"), ("run", "model.farm"),
+                                  ("submit", "tiny_cnn.onnx", "--target", "cpu:x86_64-linux-gnu")])
+def test_a_client_install_says_which_extra_a_command_needs(args: tuple[str, ...], model: Path) -> None:
+    result, _ = client_farm(*args, cwd=model.parent, broker=None)
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2 and len(lines) == 2 and "pip install 'farm[worker]'" in lines[0], result.stderr
