@@ -220,6 +220,7 @@ def test_a_client_install_follows_and_cancels_a_job_with_no_worker(redis_server:
         (("wait", job_id, "--timeout", "0.5"), 1, ""),
         (("cancel", job_id), 0, f"{job_id}: cancelled"),
         (("status", job_id), 0, f"{job_id}: cancelled"),
+        (("store", "stats"), 0, "entries"),
     ]:
         result, tried = client_farm(*args, cwd=tmp_path, broker=redis_server.url)
         assert result.returncode == status and out in result.stdout, (args, result.stdout, result.stderr)

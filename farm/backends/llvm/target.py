@@ -36,8 +36,8 @@ SIMD_WIDTHS = (("+avx512f", 16), ("+avx", 8), ("+sse2", 4), ("+neon", 4))
 
 
 NO_HOST_CPU = ("--target cpu (the default) is this host's CPU as LLVM detects it, and llvmlite is not installed "
-               "(a client install: pip install farm); name the targets instead (--target cpu:x86_64-linux-gnu, "
-               "--target cpu:aarch64-linux-gnu:neoverse-n1, ...), or install farm[worker]")
+               "(a client install: pip install farm): name the targets for the farm (--target cpu:x86_64-linux-gnu, "
+               "--target cpu:aarch64-linux-gnu:neoverse-n1, ...), or pip install 'farm[worker]'")
 """What a client without llvmlite says to `--target cpu`."""
 
 
