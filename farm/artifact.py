@@ -405,8 +405,9 @@ def _check_digest(path: str, text: bytes, expected: bytes) -> None:
 
 def _deeper_than(text: str, limit: int) -> bool:
     """Whether JSON `text` nests arrays and objects deeper than `limit` (brackets inside strings don't count), found
-    without recursion, and without numpy: a submitting client reads manifests too. Stops at the first bracket past
-    the limit; at most 40 ms for a manifest of MAX_MANIFEST_BYTES, about 1 ms for a ResNet-50's (as numpy did)."""
+    without recursion, and without numpy: a submitting client reads manifests too. It stops at the first bracket
+    past the limit, and is no slower than numpy's running sum (docs/benchmarks.md, "A submitting client's
+    commands")."""
     brackets = _JSON_STRING.sub('""', text).encode("utf-8").translate(_BRACKET_STEPS, _NOT_BRACKETS)
     depths = map(operator.sub, itertools.accumulate(brackets), itertools.count(1))
     return any(map(limit.__lt__, depths))
