@@ -62,6 +62,26 @@ class StillRunningError(FarmError):
     exit_status = ExitStatus.STILL_RUNNING
 
 
+EXTRA_OF_PACKAGE = {"numpy": "worker", "ml_dtypes": "worker", "onnx": "worker", "llvmlite": "worker",
+                    "celery": "worker", "kombu": "worker", "cryptography": "worker", "pyopencl": "opencl",
+                    "flower": "flower"}
+"""The extra of pyproject.toml that brings each package (by module) a client install (pip install farm) lacks."""
+
+
+class MissingPackageError(BadInputError):
+    """A command needs a package this install lacks: building, running or serving on a client install."""
+
+    def __init__(self, module: str) -> None:
+        super().__init__(f"this command needs {module}, which a client install (pip install farm: submit to a farm "
+                         f"and fetch from it) lacks: pip install 'farm[{EXTRA_OF_PACKAGE[module]}]'")
+
+
+def missing_package(error: ModuleNotFoundError) -> MissingPackageError | None:
+    """The error to report for a failed import of a package one of farm's extras brings; None for any other."""
+    module = (error.name or "").partition(".")[0]
+    return MissingPackageError(module) if module in EXTRA_OF_PACKAGE else None
+
+
 class UnreachableError(FarmError):
     """The farm's Redis (broker, job board or store) can't be reached: down, wrong address, refused credentials."""
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepare this checkout on a fresh Debian/Ubuntu machine: system packages, then a virtual environment at .venv
-# with farm installed in editable mode together with its test tools. Safe to run again: it only does what is missing.
+# with farm installed in editable mode with every extra (farm[all]: worker, OpenCL, Flower) and its test tools.
+# Safe to run again: it only does what is missing.
 #
 # Environment:
 #   FARM_SKIP_APT=1        do not touch system packages (no apt-get at all)
@@ -78,8 +79,8 @@ if [ "$want" = "$have" ] && [ "${FARM_FORCE_INSTALL:-0}" != "1" ]; then
 else
     say "+ .venv/bin/python -m pip install --upgrade pip"
     "$VENV/bin/python" -m pip install --disable-pip-version-check --upgrade pip
-    say "+ .venv/bin/python -m pip install -e '.[test]'"
-    "$VENV/bin/python" -m pip install --disable-pip-version-check -e '.[test]'
+    say "+ .venv/bin/python -m pip install -e '.[all,test]'"
+    "$VENV/bin/python" -m pip install --disable-pip-version-check -e '.[all,test]'
     echo "$want" > "$STAMP"
 fi
 

@@ -475,9 +475,8 @@ def test_dockerfile_installs_pocl_and_lld_and_runs_as_farm():
         assert re.search(rf"(?<![\w.-]){re.escape(package)}(?![\w.-])", installs), (
             f"the Dockerfile must apt-get install {package}"
         )
-    assert any(kind == "RUN" and re.search(r"pip install (.* )?\.(\s|$)", args) for kind, args in instructions), (
-        "pip install ."
-    )
+    assert any(kind == "RUN" and re.search(r"pip install (.* )?(\"\.\[all\]\"|'\.\[all\]')(\s|$)", args)
+               for kind, args in instructions), "pip install \".[all]\": the image serves every role (worker, OpenCL, Flower)"
     for kind, args in instructions:
         if kind == "COPY":
             sources = [word for word in args.split() if not word.startswith("--")][:-1]

@@ -7,7 +7,8 @@ runtime loader. Its farm queue is named by the farm's protocol (farm.distributed
 artifact is assembled by farm.build.parts. A third backend is one more class here and one more part there.
 
 Imports of the compilers and drivers stay inside the methods, so that parsing a target or loading an artifact
-never loads what another backend needs (pyopencl on a CPU-only host).
+never loads what another backend needs (pyopencl on a CPU-only host), and a submitting client needs neither them
+nor the IR (numpy) to name targets.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 from farm.backends.llvm.target import CpuTarget
 from farm.backends.opencl.target import OpenClTarget
 from farm.errors import BadInputError
-from farm.ir.specs import KernelSpec
+
+if TYPE_CHECKING:
+    from farm.ir.specs import KernelSpec
 
 Target = Union[CpuTarget, OpenClTarget]
 

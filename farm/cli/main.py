@@ -23,7 +23,7 @@ import click
 
 from farm import __version__
 from farm.cli.store import store_group
-from farm.errors import BadInputError, ExitStatus, FarmError
+from farm.errors import BadInputError, ExitStatus, FarmError, missing_package
 
 if TYPE_CHECKING:
     from farm.backends.registry import Devices, Target
@@ -58,6 +58,11 @@ def reports_errors(command: Callable) -> Callable:
             return command(*args, **kwargs)
         except FarmError as error:
             _fail(str(error), error.exit_status, as_json)
+        except ModuleNotFoundError as error:
+            missing = missing_package(error)
+            if missing is None:
+                raise
+            _fail(str(missing), missing.exit_status, as_json)
         except OSError as error:
             _fail(f"{error.filename or ''}: {error.strerror or error}".lstrip(": "), ExitStatus.BAD_INPUT, as_json)
         except KeyboardInterrupt:

@@ -4,6 +4,9 @@ nothing else knows a task name, a queue or how a field is written.
 
 Everything here crosses a trust boundary (submitters are not trusted), so every decode validates what it reads and
 raises BadInputError naming the field: a bad message fails its task, never reaches IR, paths or shell text.
+
+Clients import this module too (keys, queues, the job record), on installs without numpy or llvmlite
+(pip install farm): the compile units and kernel specs that only workers decode are imported by those decodes.
 """
 
 from __future__ import annotations
@@ -16,14 +19,16 @@ import secrets
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from enum import Enum
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from farm.backends.registry import Target, target_from_json
-from farm.build.units import CompileUnit
 from farm.errors import BadInputError
 from farm.frontend.shapes import PinnedShapes, sizes_from_json, sizes_to_json
-from farm.ir.specs import KernelSpec
 from farm.store.base import is_key
+
+if TYPE_CHECKING:
+    from farm.build.units import CompileUnit
+    from farm.ir.specs import KernelSpec
 
 # --- Redis keys --------------------------------------------------------------------------------------------------
 
@@ -272,6 +277,8 @@ class Compile(TaskArgs):
 
     @classmethod
     def decode(cls, args: list[Any]) -> Compile:
+        from farm.build.units import CompileUnit
+
         return cls(check_job_id(_arg(args, 0, 5)), CompileUnit.from_json(args[4]))
 
 
@@ -294,6 +301,8 @@ class Tune(TaskArgs):
 
     @classmethod
     def decode(cls, args: list[Any]) -> Tune:
+        from farm.ir.specs import KernelSpec
+
         job_id, name = check_job_id(_arg(args, 0, 6)), args[1]
         if not isinstance(name, str):
             raise BadInputError(f"farm.tune_kernel: unit name must be a string, got {name!r}")

@@ -14,17 +14,9 @@ from typing import Any
 
 from farm import __version__
 from farm.ir.graph import Activation, TensorInfo
+from farm.ir.keys import CPU_TARGET_PREFIX, canonical_json
 
 CODEGEN_VERSION = f"farm-{__version__}-codegen-16"
-OPENCL_TARGET_ID = "opencl"
-"""The target id of every OpenCL kernel spec (one source serves every device)."""
-CPU_TARGET_PREFIX = "cpu-"
-"""How every CPU target's id starts (backends.llvm.target.CpuTarget.id)."""
-
-
-def canonical_json(value: Any) -> str:
-    """JSON with sorted keys and no spaces: the form every content key is hashed from."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,12 @@
 """CPU targets: an LLVM triple, cpu name and feature string, parsed from `--target` and turned into machines.
 
 LLVM cross-compiles, so any worker can build for any triple; only running the code needs the real CPU.
+
+llvmlite is imported by `init_llvm`, not with this module: a target is a name, and a submitting client installed
+without llvmlite (pip install farm) names targets too. It checks their names' form only; LLVM's check (does it
+know this triple, CPU and features) is then its workers' (`CpuTarget.machine`, at the job's first compile, exit
+status 2). This host's own CPU (`--target cpu`, the default) is what LLVM detects, so such a client refuses it
+(NO_HOST_CPU): a CPU guessed without LLVM would name another target id than a worker on this host advertises.
 """
 
 from __future__ import annotations
@@ -13,12 +19,14 @@ import re
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import ClassVar
-
-import llvmlite.binding as llvm
+from types import ModuleType
+from typing import TYPE_CHECKING, ClassVar
 
 from farm.errors import BadInputError
-from farm.ir.specs import CPU_TARGET_PREFIX
+from farm.ir.keys import CPU_TARGET_PREFIX
+
+if TYPE_CHECKING:
+    import llvmlite.binding as llvm
 
 TRIPLE_ALIASES = {"aarch64-linux-gnu": "aarch64-unknown-linux-gnu", "x86_64-linux-gnu": "x86_64-unknown-linux-gnu"}
 
@@ -27,12 +35,22 @@ FEATURES = re.compile(r"([+-][A-Za-z0-9_.-]+(,[+-][A-Za-z0-9_.-]+)*)?")
 SIMD_WIDTHS = (("+avx512f", 16), ("+avx", 8), ("+sse2", 4), ("+neon", 4))
 
 
+NO_HOST_CPU = ("--target cpu (the default) is this host's CPU as LLVM detects it, and llvmlite is not installed "
+               "(a client install: pip install farm): name the targets for the farm (--target cpu:x86_64-linux-gnu, "
+               "--target cpu:aarch64-linux-gnu:neoverse-n1, ...), or pip install 'farm[worker]'")
+"""What a client without llvmlite says to `--target cpu`."""
+
+
 @functools.cache
-def init_llvm() -> None:
-    """Initialise every LLVM target once per process (cross-compiling needs them all)."""
+def init_llvm() -> ModuleType:
+    """llvmlite's binding with every LLVM target initialised, once per process (cross-compiling needs them all).
+    ImportError where llvmlite isn't installed (a client install)."""
+    import llvmlite.binding as llvm
+
     llvm.initialize_all_targets()
     llvm.initialize_all_asmprinters()
     llvm.initialize_native_asmparser()
+    return llvm
 
 
 @dataclass(frozen=True)
@@ -89,7 +107,7 @@ def _machine(triple: str, cpu: str, features: str) -> llvm.TargetMachine:
     """The target machine, or BadInputError when LLVM doesn't know the triple, the CPU or a feature. LLVM only
     warns on stderr about an unknown CPU or feature and goes on without it, and then may abort the process later
     (an x86-64 'bogus' CPU loses 64-bit mode: "LLVM ERROR: 64-bit code requested..."), so its warnings are read."""
-    init_llvm()
+    llvm = init_llvm()
     try:
         target = llvm.Target.from_triple(triple)
     except RuntimeError as exc:
@@ -121,13 +139,18 @@ def _stderr_captured() -> Iterator[list[str]]:
 
 
 def host_target() -> CpuTarget:
-    """This machine's CPU, with every feature it has."""
-    init_llvm()
+    """This machine's CPU, with every feature it has, as LLVM detects them (BadInputError NO_HOST_CPU without
+    llvmlite)."""
+    try:
+        llvm = init_llvm()
+    except ImportError:
+        raise BadInputError(NO_HOST_CPU) from None
     return CpuTarget(llvm.get_process_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten())
 
 
 def parse_target(spec: str) -> CpuTarget:
-    """`cpu` (the host), `cpu:TRIPLE`, or `cpu:TRIPLE:CPU[:FEATURES]`."""
+    """`cpu` (the host), `cpu:TRIPLE`, or `cpu:TRIPLE:CPU[:FEATURES]`, checked against LLVM where llvmlite is
+    installed (without it, only the names' form: see the module's docstring)."""
     kind, _, rest = spec.partition(":")
     if kind != "cpu":
         raise BadInputError(f"unknown target {spec!r}: expected 'cpu', 'cpu:TRIPLE' or 'cpu:TRIPLE:CPU[:FEATURES]'")
@@ -136,7 +159,10 @@ def parse_target(spec: str) -> CpuTarget:
     triple, _, cpu_features = rest.partition(":")
     cpu, _, features = cpu_features.partition(":")
     triple = TRIPLE_ALIASES.get(triple, triple)
-    init_llvm()
+    try:
+        llvm = init_llvm()
+    except ImportError:
+        return CpuTarget(triple, cpu or "generic", features)  # LLVM's check is the farm's (the module's docstring)
     try:
         llvm.Target.from_triple(triple)
     except RuntimeError as exc:

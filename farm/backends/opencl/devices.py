@@ -12,8 +12,8 @@ import subprocess
 from typing import Any
 
 from farm.backends.opencl.child_python import module_command
-from farm.errors import BadInputError
-from farm.ir.specs import canonical_json
+from farm.errors import MissingPackageError
+from farm.ir.keys import canonical_json
 
 BUILD_OPTIONS = "-cl-std=CL1.2"
 
@@ -32,12 +32,12 @@ def device_info(platform: Any, device: Any) -> dict[str, str]:
 
 def opencl_platforms() -> list[Any]:
     """This host's OpenCL platforms; none where the ICD loader finds none (pyopencl raises LogicError
-    PLATFORM_NOT_FOUND_KHR, a 35-line traceback for a user who only asked for --device opencl). BadInputError when
-    pyopencl itself is missing."""
+    PLATFORM_NOT_FOUND_KHR, a 35-line traceback for a user who only asked for --device opencl). MissingPackageError
+    when pyopencl itself is missing (a client install)."""
     try:
         import pyopencl as cl
     except ImportError:
-        raise BadInputError("OpenCL needs pyopencl, which is not installed (pip install 'farm[opencl]')") from None
+        raise MissingPackageError("pyopencl") from None
     try:
         return cl.get_platforms()
     except cl.Error:

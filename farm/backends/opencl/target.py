@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from farm.errors import BadInputError
-from farm.ir.specs import OPENCL_TARGET_ID
+from farm.ir.keys import OPENCL_TARGET_ID
 
 FINGERPRINT = re.compile(r"[0-9a-f]{16}")
 SPEC_TARGET_ID = OPENCL_TARGET_ID
