@@ -90,7 +90,9 @@ def _client(broker: str | None):
 @click.option("--no-wait", is_flag=True, help="With a farm: return the job id at once.")
 @click.option("--detach", is_flag=True,
               help="With a farm: Ctrl-C stops waiting but leaves the job running (default: Ctrl-C cancels it).")
-@click.option("--no-cache", is_flag=True, help="With a farm: rebuild every kernel and blob.")
+@click.option("--no-cache", is_flag=True,
+              help="Build every kernel and blob again instead of taking them from the compile cache (this "
+                   "machine's store, or the farm's); what is built is cached again.")
 @click.option("--tune", is_flag=True,
               help="First time the GEMM variants of each kernel the tuning database lacks, on a CPU of its target "
                    "(this host, or a farm worker of that CPU class), and record the fastest.")
@@ -127,7 +129,7 @@ def submit(model: Path, targets: tuple[str, ...], output_dir: str, as_json: bool
 
     with LocalExecutor(workers) as executor, BuildProgress(model.name) as progress:
         result = build_model(model, output_dir, chosen, executor=executor, progress=progress.update, tune=tune,
-                             retune=retune, tune_progress=progress.tuning, sizes=sizes)
+                             retune=retune, tune_progress=progress.tuning, sizes=sizes, no_cache=no_cache)
     for note in result.tuning.notes if result.tuning else []:
         click.echo(f"farm: note: {note}", err=True)
     click.echo(json.dumps(result.to_json(), sort_keys=True) if as_json else result.artifact)
