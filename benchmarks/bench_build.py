@@ -14,9 +14,14 @@ shipped with the onnx package) it measures:
 Weights are also measured on synthetic random blobs (one core): 256 MB written as an artifact member against the
 same bytes written to a plain file (disk speed, in the same run), and 4 MB as a member against a C char array
 compiled by `cc -c -O0` (the baseline that made one compiler 10x slower). Weights go through no compiler and no
-linker (docs/architecture.md, "Weights"). MB means 10**6 bytes throughout.
+linker (docs/architecture.md, "Weights"). MB means 10**6 bytes throughout. Builds here bypass the compile cache.
+
+`--cache` measures the compile cache instead: for each model, `--rounds` times alternately, a cold build into a
+fresh store, then a warm one from that store (every kernel a cache hit), their medians, whether all artifacts are
+byte-identical, and what caching the packed weights would buy (packing them against reading them from a store).
 
 Usage: python3 benchmarks/bench_build.py [--models a,b] [--repeat N] [--json out.json] [--workers N] [--no-fail]
+       python3 benchmarks/bench_build.py --cache [--models a,b] [--rounds N] [--workers N] [--json out.json]
 Exit status: 0 when every bar passes (or --no-fail), 1 when a bar fails, 2 on bad arguments.
 """
 
@@ -45,9 +50,11 @@ from report import cell, markdown_table
 from farm import runtime
 from farm.artifact import write_artifact
 from farm.backends.llvm.target import host_target
-from farm.build.assembly import plan_model
+from farm.build.assembly import compile_units, plan_model
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
+from farm.build.units import compile_unit
+from farm.store import FileStore
 from farm.tools.examples import EXAMPLES, random_input
 
 MB = 1_000_000
@@ -131,14 +138,14 @@ def feeds_for(path: Path) -> dict[str, np.ndarray]:
 def warm_executor(executor: LocalExecutor, folder: Path) -> float:
     """Seconds of a trivial build (mlp) that starts the executor's worker processes and their LLVM."""
     started = time.perf_counter()
-    build_model(model_path("mlp", folder), folder / "warmup", executor=executor)
+    build_model(model_path("mlp", folder), folder / "warmup", executor=executor, no_cache=True)
     return time.perf_counter() - started
 
 
 def timed_build(path: Path, out_dir: Path, executor: LocalExecutor) -> tuple[str, int, int, float]:
-    """Build the model cold (nothing is cached between builds); (artifact, kernels, blobs, wall seconds)."""
+    """Build the model cold (bypassing the compile cache); (artifact, kernels, blobs, wall seconds)."""
     started = time.perf_counter()
-    result = build_model(path, out_dir, executor=executor)
+    result = build_model(path, out_dir, executor=executor, no_cache=True)
     return result.artifact, result.kernels, result.blobs, time.perf_counter() - started
 
 
@@ -261,6 +268,84 @@ def bench_model(name: str, folder: Path, executor: LocalExecutor, repeat: int) -
     return result
 
 
+# -- the compile cache ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CacheResult:
+    """Cold and warm local builds of one model, and the packed weights' cost to pack against reading them back."""
+
+    name: str
+    units: int
+    cold_s: list[float]
+    warm_s: list[float]
+    warm_compiled: int
+    warm_cached: int
+    identical: bool
+    packed_bytes: int
+    pack_s: float
+    cache_read_s: float
+
+    @property
+    def speedup(self) -> float:
+        return statistics.median(self.cold_s) / statistics.median(self.warm_s)
+
+
+def bench_cache(name: str, folder: Path, executor: LocalExecutor, rounds: int) -> CacheResult:
+    """`rounds` pairs of builds, each a cold one into a fresh store and a warm one from it, alternating so that a
+    busy machine weighs on both alike."""
+    path, cold_s, warm_s, hashes = model_path(name, folder), [], [], set()
+    for round_ in range(rounds):
+        store = FileStore(folder / f"store-{name}-{round_}")
+        cold = build_model(path, folder / "cold", executor=executor, store=store)
+        warm = build_model(path, folder / "warm", executor=executor, store=store)
+        cold_s.append(cold.seconds)
+        warm_s.append(warm.seconds)
+        hashes |= {hashlib.sha256(Path(result.artifact).read_bytes()).hexdigest() for result in (cold, warm)}
+    packed_bytes, pack_s, read_s = packed_weights_seconds(path, FileStore(folder / f"store-{name}-blobs"))
+    return CacheResult(name, warm.compiled + warm.cached, cold_s, warm_s, warm.compiled, warm.cached,
+                       len(hashes) == 1, packed_bytes, pack_s, read_s)
+
+
+def packed_weights_seconds(path: Path, store: FileStore) -> tuple[int, float, float]:
+    """(bytes, seconds to pack, seconds to read from `store`) of the model's packed weights for this host: what a
+    build does now, against what it would do if they were cached."""
+    plan = plan_model(path)
+    units = [unit for unit in compile_units(plan, [host_target()]) if unit.kind == "blob"]
+    started = time.perf_counter()
+    packed = [compile_unit(unit, memoryview(plan.blobs[unit.data_key]).cast("B")) for unit in units]
+    pack_s = time.perf_counter() - started
+    keys = [store.put(data) for data in packed]
+    started = time.perf_counter()
+    for key in keys:
+        store.get(key)
+    return sum(len(data) for data in packed), pack_s, time.perf_counter() - started
+
+
+def cache_table(results: Sequence[CacheResult]) -> str:
+    """The cold and warm builds as a Markdown table."""
+    header = ["model", "units", "cold s", "warm s", "cold/warm", "warm compiled", "warm cached", "identical",
+              "packed MB", "pack s", "cache read s"]
+    rows = [[r.name, str(r.units), " / ".join(f"{s:.2f}" for s in r.cold_s), " / ".join(f"{s:.2f}" for s in r.warm_s),
+             f"{r.speedup:.1f}x", str(r.warm_compiled), str(r.warm_cached), str(r.identical),
+             f"{r.packed_bytes / MB:.1f}", f"{r.pack_s:.3f}", f"{r.cache_read_s:.3f}"] for r in results]
+    return markdown_table(header, rows)
+
+
+def run_cache_benchmark(args: argparse.Namespace, folder: Path) -> int:
+    """The compile cache's figures (--cache); exit 1 when a warm build compiled anything or bytes differ."""
+    with LocalExecutor(args.workers) as executor:
+        warmup_s = warm_executor(executor, folder)
+        print(f"executor: {executor.workers} workers, warm-up build {warmup_s:.2f} s", flush=True)
+        results = [bench_cache(name, folder, executor, args.rounds) for name in args.models]
+        workers = executor.workers
+    print(f"\nmachine: {json.dumps(machine_info(workers))}\n\n{cache_table(results)}")
+    if args.json:
+        args.json.write_text(json.dumps({"machine": machine_info(workers), "cache": [
+            {**asdict(r), "speedup": r.speedup} for r in results]}, indent=2) + "\n")
+    return 0 if all(r.identical and r.warm_compiled == 0 for r in results) else 1
+
+
 # -- bars and report -----------------------------------------------------------------------------------------------
 
 
@@ -345,10 +430,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, help="also write every figure to this JSON file")
     parser.add_argument("--workers", type=int, default=None, help="build worker processes (default: all cores)")
     parser.add_argument("--no-fail", action="store_true", help="exit 0 even when a bar fails")
+    parser.add_argument("--cache", action="store_true", help="measure cold against warm (cached) builds instead")
+    parser.add_argument("--rounds", type=int, default=3, help="with --cache: cold+warm pairs per model (default 3)")
     args = parser.parse_args(argv)
     args.models = model_names(parser, args.models)
-    if args.repeat < 1:
-        parser.error("--repeat must be >= 1")
+    if args.repeat < 1 or args.rounds < 1:
+        parser.error("--repeat and --rounds must be >= 1")
     return args
 
 
@@ -382,6 +469,9 @@ def run_benchmarks(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.cache:
+        with tempfile.TemporaryDirectory(prefix="farm-bench-") as tmp:
+            return run_cache_benchmark(args, Path(tmp))
     with tempfile.TemporaryDirectory(prefix="farm-bench-") as tmp:
         report = run_benchmarks(args, Path(tmp))
     results, bars = report.pop("_results"), report.pop("_bars")

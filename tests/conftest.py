@@ -18,6 +18,9 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
+SESSION_CACHE_MARK = "FARM_TEST_SESSION_CACHE_DIR"
+"""Names the cache root a test session made, so sessions started inside it keep it (pytest_configure)."""
+
 
 def _ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in {"true", "1"}
@@ -76,11 +79,15 @@ def light_models_dir() -> Path:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Give the whole session (and the farm processes it starts) a throwaway runtime cache instead of ~/.cache."""
-    if "FARM_CACHE_DIR" not in os.environ:
-        folder = tempfile.mkdtemp(prefix="farm-test-cache-")
-        os.environ["FARM_CACHE_DIR"] = folder
-        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+    """Give the whole session (and the farm processes it starts) a throwaway cache root, even when FARM_CACHE_DIR is
+    set: the local store there is the compile cache, whose objects are keyed by CODEGEN_VERSION, not by farm's
+    source, so a session must not link objects that an earlier session's code compiled. A session started inside
+    this one (an xdist worker, a pytester run) keeps the root this one made."""
+    if os.environ.get("FARM_CACHE_DIR") and os.environ.get(SESSION_CACHE_MARK) == os.environ["FARM_CACHE_DIR"]:
+        return
+    folder = tempfile.mkdtemp(prefix="farm-test-cache-")
+    os.environ["FARM_CACHE_DIR"] = os.environ[SESSION_CACHE_MARK] = folder
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 @pytest.fixture(scope="session")

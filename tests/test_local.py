@@ -2,8 +2,12 @@
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 import tarfile
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -14,9 +18,11 @@ from farm import runtime
 from farm.artifact import FORMAT_VERSION, open_artifact
 from farm.backends.llvm.blobs import STALE_SCRATCH_SECONDS
 from farm.backends.llvm.target import host_target, parse_target
+from farm.build.assembly import compile_units, plan_model
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
 from farm.errors import UnsupportedError
+from farm.store import FileStore
 from farm.tools import examples
 from tests.test_blobs import old_scratch
 
@@ -36,8 +42,8 @@ def _sha(path) -> str:
 
 def test_two_builds_are_byte_identical_in_process_and_in_a_pool(small_cnn_path, tmp_path):
     with LocalExecutor(1) as inline, LocalExecutor(2) as pool:
-        first = build_model(small_cnn_path, tmp_path / "a", executor=inline)
-        second = build_model(small_cnn_path, tmp_path / "b", executor=pool)
+        first = build_model(small_cnn_path, tmp_path / "a", executor=inline, no_cache=True)
+        second = build_model(small_cnn_path, tmp_path / "b", executor=pool, no_cache=True)
     assert _sha(first.artifact) == _sha(second.artifact)
     assert first.job_id == second.job_id
 
@@ -101,8 +107,8 @@ def test_progress_reports_its_phases_and_every_compile_step(small_cnn_path, tmp_
     """The phases in order; the compile count's total first, then every kernel (packed weights are made as the
     artifact is written: build.local._packed_when_written)."""
     seen, phases = [], []
-    result = build_model(small_cnn_path, tmp_path, executor=LocalExecutor(1), progress=lambda d, t: seen.append((d, t)),
-                         phase=phases.append)
+    result = build_model(small_cnn_path, tmp_path, executor=LocalExecutor(1), no_cache=True,
+                         progress=lambda d, t: seen.append((d, t)), phase=phases.append)
     total = result.kernels
     assert seen[0] == (0, total) and seen[-1] == (total, total) and len(seen) == total + 1
     assert phases == ["planning", "compiling", "linking", "writing", "done"]
@@ -209,3 +215,94 @@ def test_a_model_whose_every_node_is_empty_has_an_empty_schedule(tmp_path):
     outputs = runtime.load(result.artifact).run({"x": np.zeros((0, 3), np.float32)})
     assert {name: (array.shape, array.dtype) for name, array in outputs.items()} == {
         "y": ((0, 3), np.float32), "z": ((0, 3), np.float32)}
+
+
+# -- the compile cache (the local store, with the farm's refs) -----------------------------------------------------
+
+
+def _kernel_refs(model_path) -> list[str]:
+    """The cache refs of the model's kernel units for this host, as a build names them."""
+    return [unit.cache_ref for unit in compile_units(plan_model(model_path), [host_target()]) if unit.kind == "kernel"]
+
+
+def test_a_warm_build_compiles_nothing_and_writes_the_cold_builds_bytes(small_cnn_path, tmp_path):
+    store, seen = FileStore(tmp_path / "store"), []
+    cold = build_model(small_cnn_path, tmp_path / "cold", executor=LocalExecutor(1), store=store)
+    warm = build_model(small_cnn_path, tmp_path / "warm", executor=LocalExecutor(1), store=store,
+                       progress=lambda done, total: seen.append((done, total)))
+    assert (cold.compiled, cold.cached) == (cold.kernels, 0)
+    assert (warm.compiled, warm.cached) == (0, warm.kernels)
+    assert seen == [(warm.kernels, warm.kernels)]  # the cached units, done at once
+    assert _sha(cold.artifact) == _sha(warm.artifact)
+    assert {"compiled": 0, "cached": warm.kernels}.items() <= warm.to_json().items()
+
+
+def test_no_cache_compiles_every_unit_and_caches_it_again(small_cnn_path, tmp_path):
+    store = FileStore(tmp_path / "store")
+    cold = build_model(small_cnn_path, tmp_path / "cold", executor=LocalExecutor(1), store=store)
+    for ref in _kernel_refs(small_cnn_path):
+        store.delete(store.get_ref(ref))
+    again = build_model(small_cnn_path, tmp_path / "again", executor=LocalExecutor(1), store=store, no_cache=True)
+    assert (again.compiled, again.cached) == (again.kernels, 0)
+    assert all(store.has(store.get_ref(ref)) for ref in _kernel_refs(small_cnn_path))
+    assert _sha(cold.artifact) == _sha(again.artifact)
+
+
+def test_a_corrupt_or_foreign_cache_entry_is_rebuilt_not_trusted(small_cnn_path, tmp_path):
+    """One entry's bytes damaged on disk (store.get finds another sha256 and deletes it), another ref pointed at
+    bytes that hash right but are no object (verify_cached refuses them): both units are compiled again, the rest
+    is taken from the cache, and the artifact is the cold build's."""
+    store = FileStore(tmp_path / "store")
+    cold = build_model(small_cnn_path, tmp_path / "cold", executor=LocalExecutor(1), store=store)
+    damaged, foreign = _kernel_refs(small_cnn_path)[:2]
+    damaged_key, foreign_key = store.get_ref(damaged), store.get_ref(foreign)
+    path = store.object_path(damaged_key)
+    path.write_bytes(bytes(len(path.read_bytes())))
+    store.set_ref(foreign, store.put(b"not an object"))
+    again = build_model(small_cnn_path, tmp_path / "again", executor=LocalExecutor(1), store=store)
+    assert (again.compiled, again.cached) == (2, again.kernels - 2)
+    assert _sha(cold.artifact) == _sha(again.artifact)
+    assert (store.get_ref(damaged), store.get_ref(foreign)) == (damaged_key, foreign_key)
+    assert store.get(damaged_key)  # put back whole
+
+
+def test_a_build_evicts_the_store_down_to_its_cap(small_cnn_path, tmp_path):
+    """The published cap (as `farm worker` publishes the farm's) bounds the local store too: the least recently
+    used entry goes once the artifact is written, and a later build compiles just that one, to the same bytes."""
+    store = FileStore(tmp_path / "store")
+    cold = build_model(small_cnn_path, tmp_path / "cold", executor=LocalExecutor(1), store=store)
+    cap = store.stats().bytes - 1
+    store.set_max_bytes(cap)
+    again = build_model(small_cnn_path, tmp_path / "again", executor=LocalExecutor(1), store=store, no_cache=True)
+    assert store.stats().entries == again.kernels - 1 and store.stats().bytes <= cap
+    last = build_model(small_cnn_path, tmp_path / "last", executor=LocalExecutor(1), store=store)
+    assert last.compiled == 1 and store.stats().bytes <= cap
+    assert _sha(cold.artifact) == _sha(again.artifact) == _sha(last.artifact)
+
+
+def _submit(folder: Path, *options: str) -> subprocess.Popen:
+    """`farm submit small_cnn.onnx --json` started in `folder`, whose cache/ is the local store's root."""
+    env = {**os.environ, "FARM_CACHE_DIR": str(folder / "cache"),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH"))
+                                         if p)}
+    return subprocess.Popen([sys.executable, "-m", "farm", "submit", "small_cnn.onnx", "--json", "--workers", "1",
+                             *options], cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finished(process: subprocess.Popen) -> dict:
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr
+    return json.loads(stdout)
+
+
+def test_two_submits_at_once_share_the_store_and_later_ones_hit_it(small_cnn_path, tmp_path):
+    """Two builds writing the same entries and refs at once (atomic writes: either copy serves) both succeed; then
+    a submit takes every kernel from the cache, and --no-cache compiles every one, all to the same bytes."""
+    (tmp_path / "small_cnn.onnx").write_bytes(small_cnn_path.read_bytes())
+    first, second = [_submit(tmp_path, "-o", folder) for folder in ("a", "b")]
+    both = [_finished(first), _finished(second)]
+    warm = _finished(_submit(tmp_path, "-o", "warm"))
+    rebuilt = _finished(_submit(tmp_path, "-o", "rebuilt", "--no-cache"))
+    assert (warm["compiled"], warm["cached"]) == (0, warm["kernels"])
+    assert (rebuilt["compiled"], rebuilt["cached"]) == (rebuilt["kernels"], 0)
+    assert len({_sha(job["artifact"]) for job in [*both, warm, rebuilt]}) == 1

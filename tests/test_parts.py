@@ -89,8 +89,8 @@ def test_the_artifact_lists_sources_binaries_weights_and_schedule(model, fingerp
 
 def test_cpu_and_opencl_in_one_artifact_build_byte_identically_twice(model, fingerprint, tmp_path):
     targets = [host_target(), OpenClTarget(fingerprint)]
-    first = build_model(model, tmp_path / "a", targets, executor=LocalExecutor(1))
-    second = build_model(model, tmp_path / "b", targets, executor=LocalExecutor(2))
+    first = build_model(model, tmp_path / "a", targets, executor=LocalExecutor(1), no_cache=True)
+    second = build_model(model, tmp_path / "b", targets, executor=LocalExecutor(2), no_cache=True)
     assert open(first.artifact, "rb").read() == open(second.artifact, "rb").read()
     manifest = open_artifact(first.artifact).manifest
     assert manifest["targets"][0]["id"] == host_target().id and manifest["opencl"]["devices"] == [fingerprint]

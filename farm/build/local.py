@@ -1,5 +1,6 @@
-"""A whole build on this machine: plan, tune (when asked), compile every unit in the local executor, link and
-write the artifact, all through the one assembly (farm.build.assembly) that the farm's steps use too."""
+"""A whole build on this machine: plan, tune (when asked), compile every unit the compile cache lacks in the local
+executor, link and write the artifact, all through the one assembly (farm.build.assembly) that the farm's steps use
+too. The compile cache is the local store, with the farm's refs (farm.build.units.cached_unit, cache_unit)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from farm.backends.registry import Target
 from farm.build import assembly
 from farm.build.executor import LocalExecutor, StepCall
 from farm.build.parts import BuiltUnits
-from farm.build.units import UNIT_KINDS, CompileUnit, compile_unit
+from farm.build.units import UNIT_KINDS, CompileUnit, cache_unit, cached_unit, compile_unit
 from farm.frontend.shapes import PinnedShapes
 from farm.store import FileStore, Store, default_store_root
 from farm.tuning.variants import TuningReport, choose_variants
@@ -36,10 +37,16 @@ class BuildResult:
     targets: list[str] = field(default_factory=list)
     tuning: TuningReport | None = None
     """What `--tune` did (None when it wasn't asked for)."""
+    compiled: int = 0
+    """Units this build made: kernel objects and OpenCL binaries it compiled, and every packed weight (always packed
+    as the artifact is written, never cached locally)."""
+    cached: int = 0
+    """Code units taken from the compile cache; compiled + cached = kernels + blobs."""
 
     def to_json(self) -> dict[str, Any]:
         data = {"job_id": self.job_id, "state": "done", "artifact": self.artifact, "kernels": self.kernels,
-                "blobs": self.blobs, "seconds": round(self.seconds, 3), "targets": self.targets}
+                "blobs": self.blobs, "seconds": round(self.seconds, 3), "targets": self.targets,
+                "compiled": self.compiled, "cached": self.cached}
         return {**data, "tuning": self.tuning.to_json()} if self.tuning else data
 
 
@@ -47,7 +54,8 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
                 executor: LocalExecutor | None = None, progress: ProgressCallback | None = None,
                 tune: bool = False, retune: bool = False, store: Store | None = None,
                 tune_progress: ProgressCallback | None = None,
-                sizes: Sequence[PinnedShapes] = (), phase: PhaseCallback | None = None) -> BuildResult:
+                sizes: Sequence[PinnedShapes] = (), phase: PhaseCallback | None = None,
+                no_cache: bool = False) -> BuildResult:
     """Build `<out_dir>/<model-stem>.farm`; the artifact appears only when every step succeeded.
 
     `targets`: CPU and OpenCL targets (farm.backends.registry.parse_targets); none means this host's CPU. Every
@@ -58,6 +66,11 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
     per size (farm.build.assembly). `phase(name)` is called as each phase starts, in order: "planning" (import and
     plan), "tuning" (with `tune` or `retune`), "compiling" (counted by `progress`: 0 of the total first, then after
     each unit), "linking", "writing", then "done", so that a user sees what the build is doing between the counts.
+
+    `store` is also the compile cache: a kernel object or OpenCL binary found there under its unit's cache ref is
+    used instead of compiled (`no_cache`: compile every one), what is compiled is kept there, and the store is then
+    evicted down to its cap (FARM_STORE_MAX_BYTES). `progress(done, total)` counts code units, the cached ones
+    done at once.
     """
     from farm.backends.llvm.blobs import sweep_stale_scratch
     from farm.backends.llvm.target import host_target
@@ -68,17 +81,19 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
     sweep_stale_scratch()  # what older versions' crashed packers left in /dev/shm
     targets = list(targets) or [host_target()]
     name, model_sha256 = Path(model_path).stem, hashlib.sha256(Path(model_path).read_bytes()).hexdigest()
+    store = store or FileStore(default_store_root())
     sized_plans = assembly.plan_sizes(model_path, sizes)
     if tune or retune:
         report_phase("tuning")
-    plans, tuning = choose_variants(sized_plans, [t for t in targets if t.kind == "cpu"],
-                                    store or FileStore(default_store_root()), tune, retune, tune_progress)
+    plans, tuning = choose_variants(sized_plans, [t for t in targets if t.kind == "cpu"], store, tune, retune,
+                                    tune_progress)
     blobs = assembly.sized_blobs(plans)
     units = assembly.sized_units(plans, targets)
-    compiled = [unit for unit in units if unit.kind != "blob"]
+    code = [unit for unit in units if unit.kind != "blob"]
     report_phase("compiling")
-    objects: dict[str, bytes | LazyMember] = dict(zip(
-        (unit.name for unit in compiled), _run(executor, [_step_call(unit, blobs) for unit in compiled], progress)))
+    objects: dict[str, bytes | LazyMember] = {} if no_cache else _cached(store, code)
+    todo = [unit for unit in code if unit.name not in objects]
+    objects.update(_compiled(store, executor, todo, blobs, _counting_from(len(objects), len(code), progress)))
     objects.update({unit.name: _packed_when_written(unit, blobs) for unit in units if unit.kind == "blob"})
     report_phase("linking")
     plan_json = assembly.link_plan(plans, targets, name, model_sha256, units, sizes)
@@ -91,10 +106,38 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
     report_phase("writing")
     os.makedirs(out_dir, exist_ok=True)
     artifact = write_artifact(os.path.abspath(os.path.join(out_dir, f"{name}.farm")), manifest, members)
+    if todo:
+        store.evict()
     report_phase("done")
     return BuildResult(assembly.build_identity(model_sha256, name, targets, sizes)[:16], artifact,
-                       sum(unit.kind == "kernel" for unit in units), sum(unit.kind == "blob" for unit in units),
-                       time.perf_counter() - started, [t.id for t in targets], tuning if tune or retune else None)
+                       sum(unit.kind != "blob" for unit in units), sum(unit.kind == "blob" for unit in units),
+                       time.perf_counter() - started, [t.id for t in targets], tuning if tune or retune else None,
+                       len(todo) + len(units) - len(code), len(code) - len(todo))
+
+
+def _cached(store: Store, code: list[CompileUnit]) -> dict[str, bytes | LazyMember]:
+    """The units' bytes that the compile cache holds, by unit name (a miss, corrupt entries included, is left out
+    and so compiled)."""
+    found = {unit.name: cached_unit(store, unit) for unit in code}
+    return {name: data for name, data in found.items() if data is not None}
+
+
+def _compiled(store: Store, executor: LocalExecutor | None, todo: list[CompileUnit], blobs: Mapping[str, Any],
+              progress: ProgressCallback | None) -> dict[str, bytes]:
+    """Compile the units in the executor and keep their bytes in the compile cache, by unit name."""
+    built = _run(executor, [_step_call(unit, blobs) for unit in todo], progress)
+    for unit, data in zip(todo, built):
+        cache_unit(store, unit, data)
+    return {unit.name: data for unit, data in zip(todo, built)}
+
+
+def _counting_from(cached: int, total: int, progress: ProgressCallback | None) -> ProgressCallback | None:
+    """`progress` over every code unit: the cached ones reported done at once, then each compile step."""
+    if progress is None:
+        return None
+    if cached:
+        progress(cached, total)
+    return lambda done, _: progress(cached + done, total)
 
 
 def _no_phase(name: str) -> None:

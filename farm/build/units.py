@@ -2,7 +2,8 @@
 target's kernels read pre-packed in panels, one program binary per kernel per OpenCL device.
 
 Each unit kind names its pure step, (spec, target, input bytes) -> bytes, and its cache ref: the local executor
-and the farm's workers call the same step on the same unit, so both build the same bytes. A CPU unit's ref holds
+and the farm's workers call the same step on the same unit, so both build the same bytes, and both keep them in
+their store's compile cache the same way (`cache_unit`, `cached_unit`). A CPU unit's ref holds
 the compiler key of the process that asks (farm.backends.llvm.toolchain), an OpenCL unit's the device fingerprint
 (which holds the driver's version), so no process reads bytes that another toolchain built.
 """
@@ -15,9 +16,9 @@ from typing import Any, Union
 
 from farm.backends.llvm.toolchain import toolchain
 from farm.backends.registry import Target, backend_of, target_from_json
-from farm.errors import BadInputError
+from farm.errors import BadInputError, BuildError
 from farm.ir.specs import BlobSpec, KernelSpec
-from farm.store import refs
+from farm.store import CorruptEntryError, MissingEntryError, Store, refs
 
 Spec = Union[KernelSpec, BlobSpec]
 Data = Union[bytes, memoryview, None]
@@ -118,3 +119,25 @@ def verify_cached(unit: CompileUnit, data: bytes) -> bytes:
     """`data` if it can be what the unit's step makes, else BuildError (see UnitKind.verify)."""
     UNIT_KINDS[unit.kind].verify(data, f"cached {unit.label} {unit.name}")
     return data
+
+
+def cached_unit(store: Store, unit: CompileUnit) -> bytes | None:
+    """The unit's bytes from the compile cache, or None on a miss: no ref, its entry gone (evicted) or corrupt (the
+    store's get deleted it), or bytes its step can't make (verify_cached). Refs are pointers, so the bytes are
+    checked, and the caller rebuilds a miss and caches it over the bad entry (`cache_unit`)."""
+    key = store.get_ref(unit.cache_ref)
+    if key is None:
+        return None
+    try:
+        return verify_cached(unit, store.get(key))
+    except (CorruptEntryError, MissingEntryError, BuildError):
+        return None
+
+
+def cache_unit(store: Store, unit: CompileUnit, data: bytes) -> str:
+    """Keep a unit's built bytes in the compile cache and return their key: the entry first, then its ref, so no
+    reader follows the ref to bytes not yet there. Concurrent writers of one unit write the same bytes (its step is
+    pure), and each write is atomic, so either copy serves."""
+    key = store.put(data)
+    store.set_ref(unit.cache_ref, key)
+    return key

@@ -137,7 +137,9 @@ def _client(broker: str | None):
 @click.option("--no-wait", is_flag=True, help="With a farm: return the job id at once.")
 @click.option("--detach", is_flag=True,
               help="With a farm: Ctrl-C stops waiting but leaves the job running (default: Ctrl-C cancels it).")
-@click.option("--no-cache", is_flag=True, help="With a farm: rebuild every kernel and blob.")
+@click.option("--no-cache", is_flag=True,
+              help="Build every kernel and blob again instead of taking them from the compile cache (this "
+                   "machine's store, or the farm's); what is built is cached again.")
 @click.option("--tune", is_flag=True,
               help="First time the GEMM variants of each kernel the tuning database lacks, on a CPU of its target "
                    "(this host, or a farm worker of that CPU class), and record the fastest.")
@@ -179,7 +181,8 @@ def submit(model: Path, targets: tuple[str, ...], output: str, as_json: bool, wo
 
     def build_into(folder: str) -> str:
         results.append(build_model(model, folder, chosen, executor=executor, progress=progress.update, tune=tune,
-                                   retune=retune, tune_progress=progress.tuning, sizes=sizes, phase=progress.phase))
+                                   retune=retune, tune_progress=progress.tuning, sizes=sizes, phase=progress.phase,
+                                   no_cache=no_cache))
         return results[0].artifact
 
     with LocalExecutor(workers) as executor, build_progress(model.name) as progress:

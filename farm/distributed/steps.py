@@ -27,11 +27,11 @@ from farm.artifact import Member
 from farm.backends.llvm.target import CpuTarget
 from farm.build import assembly
 from farm.build.parts import BuiltUnits
-from farm.build.units import CompileUnit, compile_unit, verify_cached
+from farm.build.units import CompileUnit, cache_unit, cached_unit, compile_unit
 from farm.distributed import pins, protocol, recipes
 from farm.distributed.board import JobBoard
 from farm.distributed.protocol import Compile, Finish, JobRecord, JobState, Link, Message, PlanJob, TaskArgs, Tune
-from farm.errors import ArtifactError, BadInputError, BuildError, ExitStatus, FarmError, UnreachableError
+from farm.errors import ArtifactError, BadInputError, ExitStatus, FarmError, UnreachableError
 from farm.plan.planner import BuildPlan
 from farm.store import CorruptEntryError, MissingEntryError, Store, content_key, refs
 from farm.tuning import database
@@ -331,13 +331,13 @@ class Farm:
         what = f"{unit.label} {getattr(unit.spec, 'op', '')}".rstrip()
         return f"{what} of node{'s' if len(nodes) > 1 else ''} {shown} ({unit.name})" if nodes else f"{what} {unit.name}"
 
-    def _build_into_store(self, job_id: str, unit: CompileUnit) -> str:
+    def _build_into_store(self, job_id: str, unit: CompileUnit) -> bytes:
+        """Build a unit and keep its bytes in the compile cache (pinned for the job before they are put)."""
         data = self.store.get(unit.data_key) if unit.data_key else None
         built = compile_unit(unit, data)
         pins.pin_for_job(self.store, job_id, [content_key(built)])
-        key = self.store.put(built)
-        self.store.set_ref(unit.cache_ref, key)
-        return key
+        cache_unit(self.store, unit, built)
+        return built
 
     def _start_linking(self, job_id: str, plan_json: dict[str, Any]) -> None:
         """Link every CPU target; with none (an OpenCL-only job) go straight to finish."""
@@ -404,13 +404,8 @@ class Farm:
     def _object(self, job_id: str, unit: CompileUnit) -> bytes:
         """A unit's bytes from the cache; rebuilt when they are gone, corrupt, or can't be what its step makes (a
         cache ref pointed at an object with load-time code: refs are pointers, so the bytes are checked)."""
-        key = self.store.get_ref(unit.cache_ref)
-        try:
-            if key is None:
-                raise MissingEntryError(unit.cache_ref, "cache ref")
-            return verify_cached(unit, self.store.get(key))
-        except (CorruptEntryError, MissingEntryError, BuildError):
-            return self.store.get(self._build_into_store(job_id, unit))
+        cached = cached_unit(self.store, unit)
+        return cached if cached is not None else self._build_into_store(job_id, unit)
 
     def finish(self, args: Finish) -> str | None:
         """Put the artifact's recipe into the store (farm.distributed.recipes: its manifest, its members being
