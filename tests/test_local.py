@@ -230,11 +230,11 @@ def test_a_warm_build_compiles_nothing_and_writes_the_cold_builds_bytes(small_cn
     cold = build_model(small_cnn_path, tmp_path / "cold", executor=LocalExecutor(1), store=store)
     warm = build_model(small_cnn_path, tmp_path / "warm", executor=LocalExecutor(1), store=store,
                        progress=lambda done, total: seen.append((done, total)))
-    assert (cold.compiled, cold.cached) == (cold.kernels, 0)
-    assert (warm.compiled, warm.cached) == (0, warm.kernels)
+    assert (cold.compiled, cold.cached) == (cold.kernels + cold.blobs, 0)
+    assert (warm.compiled, warm.cached) == (warm.blobs, warm.kernels)  # weights are always packed
     assert seen == [(warm.kernels, warm.kernels)]  # the cached units, done at once
     assert _sha(cold.artifact) == _sha(warm.artifact)
-    assert {"compiled": 0, "cached": warm.kernels}.items() <= warm.to_json().items()
+    assert {"compiled": warm.blobs, "cached": warm.kernels}.items() <= warm.to_json().items()
 
 
 def test_no_cache_compiles_every_unit_and_caches_it_again(small_cnn_path, tmp_path):
@@ -243,7 +243,7 @@ def test_no_cache_compiles_every_unit_and_caches_it_again(small_cnn_path, tmp_pa
     for ref in _kernel_refs(small_cnn_path):
         store.delete(store.get_ref(ref))
     again = build_model(small_cnn_path, tmp_path / "again", executor=LocalExecutor(1), store=store, no_cache=True)
-    assert (again.compiled, again.cached) == (again.kernels, 0)
+    assert (again.compiled, again.cached) == (again.kernels + again.blobs, 0)
     assert all(store.has(store.get_ref(ref)) for ref in _kernel_refs(small_cnn_path))
     assert _sha(cold.artifact) == _sha(again.artifact)
 
@@ -260,7 +260,7 @@ def test_a_corrupt_or_foreign_cache_entry_is_rebuilt_not_trusted(small_cnn_path,
     path.write_bytes(bytes(len(path.read_bytes())))
     store.set_ref(foreign, store.put(b"not an object"))
     again = build_model(small_cnn_path, tmp_path / "again", executor=LocalExecutor(1), store=store)
-    assert (again.compiled, again.cached) == (2, again.kernels - 2)
+    assert (again.compiled - again.blobs, again.cached) == (2, again.kernels - 2)
     assert _sha(cold.artifact) == _sha(again.artifact)
     assert (store.get_ref(damaged), store.get_ref(foreign)) == (damaged_key, foreign_key)
     assert store.get(damaged_key)  # put back whole
@@ -276,7 +276,7 @@ def test_a_build_evicts_the_store_down_to_its_cap(small_cnn_path, tmp_path):
     again = build_model(small_cnn_path, tmp_path / "again", executor=LocalExecutor(1), store=store, no_cache=True)
     assert store.stats().entries == again.kernels - 1 and store.stats().bytes <= cap
     last = build_model(small_cnn_path, tmp_path / "last", executor=LocalExecutor(1), store=store)
-    assert last.compiled == 1 and store.stats().bytes <= cap
+    assert last.compiled - last.blobs == 1 and store.stats().bytes <= cap
     assert _sha(cold.artifact) == _sha(again.artifact) == _sha(last.artifact)
 
 
@@ -303,6 +303,6 @@ def test_two_submits_at_once_share_the_store_and_later_ones_hit_it(small_cnn_pat
     both = [_finished(first), _finished(second)]
     warm = _finished(_submit(tmp_path, "-o", "warm"))
     rebuilt = _finished(_submit(tmp_path, "-o", "rebuilt", "--no-cache"))
-    assert (warm["compiled"], warm["cached"]) == (0, warm["kernels"])
-    assert (rebuilt["compiled"], rebuilt["cached"]) == (rebuilt["kernels"], 0)
+    assert (warm["compiled"], warm["cached"]) == (warm["blobs"], warm["kernels"])
+    assert (rebuilt["compiled"], rebuilt["cached"]) == (rebuilt["kernels"] + rebuilt["blobs"], 0)
     assert len({_sha(job["artifact"]) for job in [*both, warm, rebuilt]}) == 1

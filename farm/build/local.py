@@ -162,7 +162,7 @@ def _step_call(unit: CompileUnit, blobs: Mapping[str, Any]) -> StepCall:
 
 def _run(executor: LocalExecutor | None, calls: list[StepCall], progress: ProgressCallback | None) -> list[bytes]:
     done = [0]
-    if progress:
+    if progress and calls:
         progress(0, len(calls))  # the total shows before the first unit ends (seconds, when PoCL starts first)
 
     def on_done(call: StepCall) -> None:
