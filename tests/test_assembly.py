@@ -117,3 +117,12 @@ def test_the_build_identity_holds_the_toolchain_but_the_artifact_does_not(model:
     labelled = build_model(model, tmp_path / "labelled", targets, executor=LocalExecutor(1))
     assert labelled.job_id == assembly.build_identity(sha, model.stem, targets)[:16]
     assert Path(labelled.artifact).read_bytes() == Path(plain.artifact).read_bytes()
+
+
+def test_unit_counts_count_every_code_unit_and_every_packed_weight(model: Path) -> None:
+    fingerprint = "0123456789abcdef"
+    units = assembly.compile_units(assembly.plan_model(model), [host_target(), OpenClTarget(fingerprint)])
+    counts = assembly.unit_counts(units)
+    assert counts == {"kernels": sum(u.kind in ("kernel", "clkernel") for u in units),
+                      "blobs": sum(u.kind == "blob" for u in units)}
+    assert counts["kernels"] + counts["blobs"] == len(units) and counts["blobs"] > 0

@@ -107,6 +107,12 @@ def sized_units(plans: Sequence[BuildPlan], targets: Sequence[Target]) -> list[C
     return list(units.values())
 
 
+def unit_counts(units: Sequence[CompileUnit]) -> dict[str, int]:
+    """{"kernels": code units (CPU objects and OpenCL binaries), "blobs": packed weights}: what a build reports,
+    locally and on the farm, in the same terms (farm.cli.schemas.BUILD_KEYS)."""
+    return {"kernels": sum(unit.kind != "blob" for unit in units), "blobs": sum(unit.kind == "blob" for unit in units)}
+
+
 def sized_blobs(plans: Sequence[BuildPlan]) -> dict[str, Any]:
     """Every size's weights by sha256 (sizes share the model's weights; folding may add a size's own)."""
     return {sha: data for plan in plans for sha, data in plan.blobs.items()}

@@ -80,7 +80,7 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
     report_phase("planning")
     sweep_stale_scratch()  # what older versions' crashed packers left in /dev/shm
     targets = list(targets) or [host_target()]
-    name, model_sha256 = Path(model_path).stem, hashlib.sha256(Path(model_path).read_bytes()).hexdigest()
+    name, model_sha256 = Path(model_path).stem, _file_sha256(model_path)
     store = store or FileStore(default_store_root())
     sized_plans = assembly.plan_sizes(model_path, sizes)
     if tune or retune:
@@ -109,10 +109,20 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
     if todo:
         store.evict()
     report_phase("done")
+    counts = assembly.unit_counts(units)
     return BuildResult(assembly.build_identity(model_sha256, name, targets, sizes)[:16], artifact,
-                       sum(unit.kind != "blob" for unit in units), sum(unit.kind == "blob" for unit in units),
-                       time.perf_counter() - started, [t.id for t in targets], tuning if tune or retune else None,
-                       len(todo) + len(units) - len(code), len(code) - len(todo))
+                       counts["kernels"], counts["blobs"], time.perf_counter() - started, [t.id for t in targets],
+                       tuning if tune or retune else None, len(todo) + counts["blobs"], len(code) - len(todo))
+
+
+def _file_sha256(path: str | os.PathLike) -> str:
+    """The model file's sha256, read a MiB at a time: the import maps the file rather than copy it, and hashing it
+    should not hold all of it in memory either (BERT-base: 430 MB)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for chunk in iter(lambda: file.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _cached(store: Store, code: list[CompileUnit]) -> dict[str, bytes | LazyMember]:

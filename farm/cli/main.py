@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from farm import __version__
+from farm.cli import schemas
 from farm.cli.store import store_group
 from farm.errors import BadInputError, ExitStatus, FarmError, missing_package
 
@@ -38,8 +39,6 @@ def _fail(error: str, status: ExitStatus, as_json: bool) -> None:
 
 def _failure_json(error: str, status: ExitStatus) -> str:
     """The failed command's --json object (farm.cli.schemas): its schema's keys, state "failed", the error."""
-    from farm.cli import schemas
-
     context = click.get_current_context(silent=True)
     command = context.info_name if context else "farm"
     fields = {"state": "failed", "error": error, "exit_status": int(status)}
@@ -186,19 +185,18 @@ def submit(model: Path, targets: tuple[str, ...], output: str, as_json: bool, wo
         return results[0].artifact
 
     with LocalExecutor(workers) as executor, build_progress(model.name) as progress:
-        artifact = deliver(output, build_into)
+        artifact = _deliver(output, build_into)
     result = dataclasses.replace(results[0], artifact=artifact)
     for note in result.tuning.notes if result.tuning else []:
         click.echo(f"farm: note: {note}", err=True)
     _note_unrunnable(result.artifact, chosen)
     if as_json:
-        from farm.cli import schemas
         from farm.frontend.shapes import sizes_to_json
 
-        built = result.to_json()
-        tuning = built.get("tuning")
-        click.echo(schemas.dumps("submit", {**built, "model": model.stem, "sizes": sizes_to_json(sizes), "tuning": {
-            "timed": len(tuning["timed"]), "notes": tuning["notes"]} if tuning else None}))
+        tuning = result.tuning.to_json() if result.tuning else None
+        click.echo(schemas.dumps("submit", {**result.to_json(), "model": model.stem, "sizes": sizes_to_json(sizes),
+                                            "tuning": {"timed": len(tuning["timed"]), "notes": tuning["notes"]}
+                                            if tuning else None}))
     else:
         click.echo(result.artifact)
 
@@ -211,7 +209,7 @@ def _refuse_farm_options(given: dict[str, bool]) -> None:
                             f"FARM_BROKER_URL); a local build runs in this process until its artifact is written")
 
 
-def deliver(output: str, write_into: Callable[[str], str]) -> str:
+def _deliver(output: str, write_into: Callable[[str], str]) -> str:
     """The artifact's path: `write_into(folder)` writes `<folder>/<model>.farm` and returns its path; an `output`
     ending in .farm (and not a folder) names the file itself, written through a fresh folder beside it and moved
     into place by one rename, so that no other file there (a `<model>.farm` of the same stem) is touched."""
@@ -252,7 +250,6 @@ def _devices(broker: str | None) -> Devices:
 
 def _submit_to_farm(client, model: Path, targets: list, output: str, as_json: bool, no_wait: bool,
                     detach: bool, no_cache: bool, options: dict[str, Any]) -> None:
-    from farm.cli import schemas
     from farm.errors import UnreachableError
 
     job_id = client.submit(model, targets, no_cache=no_cache, **options)
@@ -267,7 +264,7 @@ def _submit_to_farm(client, model: Path, targets: list, output: str, as_json: bo
     if status.get("tuning_note"):
         click.echo(f"farm: note: {status['tuning_note']}", err=True)
     try:
-        artifact = deliver(output, lambda folder: client.download(job_id, folder))
+        artifact = _deliver(output, lambda folder: client.download(job_id, folder))
     except UnreachableError as error:
         raise UnreachableError(f"{error}; job {job_id} is done: 'farm download {job_id}' fetches it") from None
     if as_json:
@@ -292,13 +289,10 @@ def _job_fields(status: dict[str, Any]) -> dict[str, Any]:
 
 def _build_fields(status: dict[str, Any]) -> dict[str, Any]:
     """A farm job's status as `submit --json` fields, the keys a local build has (farm.cli.schemas.BUILD_KEYS)."""
-    fields = _job_fields(status)
-    tuning = fields.get("tuning")
-    return {"job_id": status["job_id"], "state": status["state"], "model": status["model"],
-            "targets": status.get("targets"), "sizes": status.get("sizes"), "kernels": status["kernels"],
-            "blobs": status["blobs"], "compiled": fields["compiled"], "cached": fields["cached"],
-            "seconds": status.get("seconds"),
-            "tuning": {"timed": tuning["timed"], "notes": tuning["notes"]} if tuning else None}
+    fields = {key: value for key, value in _job_fields(status).items() if key in schemas.BUILD_KEYS}
+    if fields.get("tuning"):
+        fields["tuning"] = {key: fields["tuning"][key] for key in ("timed", "notes")}
+    return fields
 
 
 def _notes(status: dict[str, Any]) -> list[str]:
@@ -374,8 +368,6 @@ def status(job_id: str, broker: str | None, as_json: bool) -> None:
     unserved = client.unserved_queues(job_id)
     _say_unserved(unserved)
     if as_json:
-        from farm.cli import schemas
-
         click.echo(schemas.dumps("status", {**_job_fields(info), "no_live_worker": list(unserved) or None}))
         return
     click.echo(_status_line(info))
@@ -414,8 +406,6 @@ def wait(job_id: str, broker: str | None, as_json: bool, timeout: float | None) 
         raise StillRunningError(f"job {job_id} still {status['state']} after {timeout:g} s; it goes on: "
                                 f"farm wait {job_id} / farm cancel {job_id}")
     if as_json:
-        from farm.cli import schemas
-
         click.echo(schemas.dumps("wait", _job_fields(status)))
     else:
         click.echo(f"{job_id}: {status['state']}")
@@ -430,10 +420,8 @@ def wait(job_id: str, broker: str | None, as_json: bool, timeout: float | None) 
 @reports_errors
 def download(job_id: str, output: str, broker: str | None, as_json: bool) -> None:
     """Download a finished job's artifact into OUTPUT/<model>.farm (or the file OUTPUT.farm) and print its path."""
-    from farm.cli import schemas
-
     client = _client(broker)
-    artifact = deliver(output, lambda folder: client.download(job_id, folder))
+    artifact = _deliver(output, lambda folder: client.download(job_id, folder))
     click.echo(schemas.dumps("download", {"job_id": job_id, "artifact": artifact}) if as_json else artifact)
 
 
@@ -444,7 +432,6 @@ def download(job_id: str, output: str, broker: str | None, as_json: bool) -> Non
 @reports_errors
 def cancel(job_id: str, broker: str | None, as_json: bool) -> None:
     """Cancel a farm job: its remaining tasks are skipped and no artifact is made."""
-    from farm.cli import schemas
     from farm.errors import JobError
 
     if not _client(broker).cancel(job_id):
@@ -491,8 +478,6 @@ def list_workers_command(broker: str | None, as_json: bool) -> None:
     if not found:
         click.echo("farm: no live worker on this farm; start one with 'farm worker'", err=True)
     if as_json:
-        from farm.cli import schemas
-
         click.echo(schemas.dumps("workers", {"workers": found}))
         return
     for item in found:
@@ -515,8 +500,6 @@ def jobs(broker: str | None, as_json: bool, limit: int) -> None:
 
         click.echo(f"farm: no jobs on this farm in the last {JOB_TTL_SECONDS // 86400} days", err=True)
     if as_json:
-        from farm.cli import schemas
-
         click.echo(schemas.dumps("jobs", {"jobs": found}))
         return
     for job in found:
@@ -551,7 +534,6 @@ def run(artifact: str, inputs: tuple[str, ...], output: str | None, show: bool, 
     """Run ARTIFACT on the given inputs with farm's runtime; print each output's shape and first values, or write
     them all to the .npz file OUTPUT (exactly that name)."""
     from farm import runtime
-    from farm.cli import schemas
     from farm.cli.arrays import parse_inputs, save_outputs, summary
 
     model = runtime.load(artifact, device=device, threads=threads, trust=trust)
@@ -598,7 +580,6 @@ def sign(artifact: str, key: str) -> None:
 def bench(artifact: str, baseline: str | None, repeat: int, threads: int, fail_on_regression: bool, device: str,
           as_json: bool) -> None:
     """Time ARTIFACT on this host: whole-model latency, and each kernel's time and GFLOP/s."""
-    from farm.cli import schemas
     from farm.cli.bench import (
         bench_artifact,
         bench_pair,

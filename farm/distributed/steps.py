@@ -116,8 +116,7 @@ class Farm:
         plan_bytes = json.dumps(plan_json, sort_keys=True).encode()
         pins.pin_for_job(self.store, job_id, [record.model_key, content_key(plan_bytes), *blobs])
         link_plan_key = self.store.put(plan_bytes)
-        counts = {"total": record.total if record.total is not None else len(todo),
-                  "kernels": sum(u.kind != "blob" for u in units), "blobs": sum(u.kind == "blob" for u in units),
+        counts = {"total": record.total if record.total is not None else len(todo), **assembly.unit_counts(units),
                   "targets_total": len(assembly.libraries(plan_json))}
         if not self.board.advance(job_id, JobState.COMPILING, link_plan_key=link_plan_key, **counts):
             return None
