@@ -27,8 +27,10 @@ from typing import Any, BinaryIO, Union
 from farm.atomic import stream_atomically
 from farm.errors import ArtifactError
 
-FORMAT_VERSION = 4
-SIZED_FORMAT_VERSION = 5
+FORMAT_VERSION = 6
+"""6: each CPU target lists `requires`, every feature its code may use; a runtime that can't check them refuses the
+artifact by its version rather than running code its host may lack."""
+SIZED_FORMAT_VERSION = 7
 """The format of an artifact holding several sizes (a `sizes` list, see size_manifests); a runtime that reads only
 FORMAT_VERSION refuses it by its version rather than by a missing field."""
 COMMON_FIELDS = ("format_version", "farm_version", "toolchain", "model", "members")

@@ -5,6 +5,23 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+# First line of the log: this host's CPU and its vector ISA, so that a failure can be tied to the kind of host it
+# happened on (AVX2-only and AVX-512 hosts both run this suite; docs/architecture.md, "Hosts the suite runs on").
+host_line() {
+    local cpuinfo flags isa=() pair
+    cpuinfo="$(cat /proc/cpuinfo 2>/dev/null || true)"
+    field() { printf '%s\n' "$cpuinfo" | grep -m1 "^$1[[:space:]]*:" | cut -d: -f2- | sed 's/^ *//'; }
+    flags=" $(field flags)$(field Features) "
+    for pair in avx2:AVX2 avx512f:AVX-512 avx512_vnni:VNNI avx_vnni:VNNI amx_tile:AMX asimd:NEON sve:SVE; do
+        if [[ $flags == *" ${pair%%:*} "* && " ${isa[*]} " != *" ${pair#*:} "* ]]; then
+            isa+=("${pair#*:}")
+        fi
+    done
+    echo "[test] host: $(field 'model name' || true) ($(field vendor_id) family $(field 'cpu family') model" \
+         "$(field model)), $(uname -m), $(nproc) CPUs; vector ISA: ${isa[*]:-baseline only}"
+}
+host_line
+
 bash scripts/setup.sh
 
 # Two pytest-xdist workers, a test file each at a time (--dist loadfile: a module's fixtures are built once):

@@ -732,7 +732,56 @@ def test_a_build_this_host_cannot_run_says_so(tmp_path):
     onnx.save(examples.tiny_cnn(), tmp_path / "tiny_cnn.onnx")
     result = farm("submit", "tiny_cnn.onnx", "--target", "cpu:aarch64-linux-gnu", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "has no target this host" in result.stderr and "add --target cpu" in result.stderr
+    assert "no target for this host" in result.stderr and "arch aarch64 is not" in result.stderr
+    assert "add --target cpu" in result.stderr
+
+
+FOREIGN_CPU_CANDIDATES = {
+    "x86_64": ("diamondrapids", "graniterapids", "sapphirerapids", "znver5", "znver4", "x86-64-v4", "znver3"),
+    "aarch64": ("neoverse-v3", "neoverse-v2", "a64fx", "neoverse-v1", "neoverse-n2"),
+}
+
+
+def _cpu_this_host_cannot_run() -> tuple[str, list[str]]:
+    """A CPU of this host's architecture whose code may use features this host lacks, and those features."""
+    from farm.backends.llvm.features import required_features
+    from farm.backends.llvm.target import CpuTarget
+    from farm.runtime.host import missing_features, this_host
+
+    host = this_host()
+    for cpu in FOREIGN_CPU_CANDIDATES[host.arch]:
+        missing = missing_features({"requires": required_features(CpuTarget(host.triple, cpu))}, host)
+        if missing:
+            return cpu, missing
+    raise AssertionError(f"this {host.describe()} runs code for every CPU of {FOREIGN_CPU_CANDIDATES[host.arch]}")
+
+
+def test_an_artifact_for_a_cpu_this_host_lacks_is_refused_in_one_line_not_by_sigill(tmp_path):
+    """Issue 28: a build for a newer CPU (named, its features implied) used to die of SIGILL (exit 132) in `farm
+    run`. Now run, bench and farm.runtime.load refuse it naming the features the host lacks (exit 2), and submit's
+    note says the same; with a target this host runs beside it, that one runs."""
+    cpu, missing = _cpu_this_host_cannot_run()
+    host = host_target()
+    onnx.save(examples.tiny_cnn(), tmp_path / "tiny_cnn.onnx")
+    np.save(tmp_path / "x.npy", examples.random_input(examples.tiny_cnn())["input"])
+    built = farm("submit", "tiny_cnn.onnx", "--target", f"cpu:{host.triple}:{cpu}", cwd=tmp_path)
+    assert built.returncode == 0, built.stderr
+    lacks = f"cpu {cpu}: host lacks {','.join(missing)})"
+    assert f"{lacks}; add --target cpu" in built.stderr
+    for command in (["run", "artifacts/tiny_cnn.farm", "--input", "input=x.npy"], ["bench", "artifacts/tiny_cnn.farm"]):
+        refused = farm(*command, cwd=tmp_path)
+        assert refused.returncode == 2, (command, refused.returncode, refused.stderr)
+        assert refused.stderr.startswith("farm: error: ") and refused.stderr.strip().endswith(lacks)
+        assert len(refused.stderr.splitlines()) == 1, refused.stderr
+    loaded = subprocess.run([sys.executable, "-c", "import farm.runtime; farm.runtime.load('artifacts/tiny_cnn.farm')"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": CHECKOUT})
+    assert loaded.returncode == 1 and "farm.errors.ArtifactError: " in loaded.stderr and lacks in loaded.stderr
+    both = farm("submit", "tiny_cnn.onnx", "--target", f"cpu:{host.triple}:{cpu}", "--target", "cpu", "-o", "both",
+                cwd=tmp_path)
+    assert both.returncode == 0 and "note" not in both.stderr, both.stderr
+    ran = farm("run", "both/tiny_cnn.farm", "--input", "input=x.npy", "--json", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
 
 
 def test_an_opencl_artifact_without_device_or_platform_says_what_to_do(tmp_path):

@@ -71,13 +71,16 @@ def library(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     return _compile_shared_library(_affine_module(), tmp_path_factory.mktemp("native"))
 
 
-def _target(target_id: str, triple: str, *, cpu: str = HOST.cpu, features: str = "") -> dict[str, Any]:
+def _target(target_id: str, triple: str, *, cpu: str = HOST.cpu, features: str = "",
+            requires: list[str] | None = None) -> dict[str, Any]:
+    """A CPU target's manifest entry; its `requires` are its explicit +features unless given."""
     return {
         "id": target_id,
         "kind": "cpu",
         "triple": triple,
         "cpu": cpu,
         "features": features,
+        "requires": requires if requires is not None else [f[1:] for f in features.split(",") if f.startswith("+")],
         "library": f"targets/{target_id}/model.so",
         "entry": "farm_run",
     }
@@ -240,7 +243,8 @@ def test_damaged_cached_library_is_rewritten(artifact: Path, library: bytes, tmp
 
 
 def test_choose_target_prefers_exact_cpu_and_skips_missing_features() -> None:
-    host = Host("x86_64-unknown-linux-gnu", "znver4", frozenset({"avx2", "fma"}))
+    host = Host("x86_64-unknown-linux-gnu", "znver4", frozenset({"avx2", "fma"}),
+                frozenset({"avx2", "fma", "avx512f", "avx512fp16"}))
     generic = _target("generic", "x86_64-pc-linux-gnu", cpu="x86-64-v3", features="+avx2,+fma,-avx512f")
     exact = _target("exact", "x86_64-unknown-linux-gnu", cpu="znver4", features="+avx2")
     too_new = _target("too-new", "x86_64-unknown-linux-gnu", cpu="znver4", features="+avx512f")
@@ -250,6 +254,26 @@ def test_choose_target_prefers_exact_cpu_and_skips_missing_features() -> None:
         ArtifactError, match=r"'too-new' \(x86_64-unknown-linux-gnu, cpu znver4: host lacks \+avx512f\)"
     ):
         choose_target([too_new], host, "a.farm")
+
+
+def test_a_cpu_names_implied_features_are_checked_not_only_its_explicit_ones() -> None:
+    """A graniterapids target spells out no feature, yet its code uses AVX-512 FP16: the manifest's `requires` says
+    so, and a host without it is refused by name (it died of SIGILL when only the explicit features were read)."""
+    host = Host("x86_64-unknown-linux-gnu", "znver3", frozenset({"avx2", "fma"}),
+                frozenset({"avx2", "fma", "avx512f", "avx512fp16"}))
+    granite = _target("granite", "x86_64-unknown-linux-gnu", cpu="graniterapids",
+                      requires=["avx2", "avx512f", "avx512fp16", "fma", "fuse-aes"])
+    with pytest.raises(ArtifactError, match=r"cpu graniterapids: host lacks \+avx512f,\+avx512fp16\)$"):
+        choose_target([granite], host, "a.farm")  # fuse-aes, which no host reports, is no instruction set
+
+
+def test_a_host_whose_features_llvm_cannot_read_runs_only_targets_requiring_none() -> None:
+    host = Host("x86_64-unknown-linux-gnu", "generic", frozenset(), frozenset())
+    plain = _target("plain", "x86_64-unknown-linux-gnu", requires=[])
+    assert choose_target([_target("avx2", "x86_64-unknown-linux-gnu", features="+avx2"), plain], host,
+                         "a.farm")["id"] == "plain"
+    with pytest.raises(ArtifactError, match="LLVM can't read this host's CPU features"):
+        choose_target([_target("avx2", "x86_64-unknown-linux-gnu", features="+avx2")], host, "a.farm")
 
 
 # -- threads: how a run splits its launches -------------------------------------------------------------------------

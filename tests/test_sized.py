@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 
 from farm import runtime
-from farm.artifact import open_artifact
+from farm.artifact import FORMAT_VERSION, SIZED_FORMAT_VERSION, open_artifact
 from farm.backends.llvm.target import host_target
 from farm.backends.opencl.devices import opencl_devices
 from farm.backends.opencl.target import OpenClTarget
@@ -51,7 +51,7 @@ def _expected(model: Path, x: np.ndarray) -> np.ndarray:
 def test_each_size_has_its_own_library_and_every_size_maps_the_same_weight_members(sized):
     _, both, one = sized
     manifest = open_artifact(both).manifest
-    assert manifest["format_version"] == 5 and [size["shapes"] for size in manifest["sizes"]] == [
+    assert manifest["format_version"] == SIZED_FORMAT_VERSION and [size["shapes"] for size in manifest["sizes"]] == [
         {"batch": [1]}, {"batch": [3]}]
     libraries = [size["targets"][0]["library"] for size in manifest["sizes"]]
     assert libraries[0].startswith("sizes/0/targets/") and libraries[1].startswith("sizes/1/targets/")
@@ -107,7 +107,7 @@ def test_inspect_lists_every_size(sized):
     (lambda m: m["sizes"][1].update(shapes={"batch": [0]}), "sizes has malformed pins"),
     (lambda m: m["sizes"][1]["targets"][0].update(id="cpu-other"), "sizes do not all have the same targets"),
     (lambda m: m["sizes"][1]["targets"][0].update(library="sizes/9/model.so"), "is not a member of the artifact"),
-    (lambda m: m.update(format_version=4), "format_version 4 is not supported"),
+    (lambda m: m.update(format_version=FORMAT_VERSION), f"format_version {FORMAT_VERSION} is not supported"),
 ], ids=["empty", "not-object", "duplicate", "bad-pin", "other-targets", "library", "version"])
 def test_a_hostile_sizes_list_is_refused_before_loading(sized, tmp_path, edit, message):
     _, both, _ = sized

@@ -75,11 +75,11 @@ def _at_size(error: BadInputError, pins: PinnedShapes) -> BadInputError:
 
 def build_identity(model_sha256: str, model_name: str, targets: Sequence[Target],
                    sizes: Sequence[PinnedShapes] = ()) -> str:
-    """Everything an artifact's bytes depend on besides the tuning database: farm's codegen, this process's toolchain
-    (LLVM and the linker), the model's bytes and name, the targets, the pinned sizes (none, or one without pins:
-    the identity builds had before shapes could be pinned; one: the identity of a single pinned size). It names a
-    local build's job and the farm's artifact cache entry."""
-    parts = [CODEGEN_VERSION, toolchain().key, model_sha256, model_name, [t.to_json() for t in targets]]
+    """Everything an artifact's bytes depend on besides the tuning database: farm's codegen and artifact format, this
+    process's toolchain (LLVM and the linker), the model's bytes and name, the targets, the pinned sizes (none, or
+    one without pins: the identity builds had before shapes could be pinned; one: the identity of a single pinned
+    size). It names a local build's job and the farm's artifact cache entry."""
+    parts = [CODEGEN_VERSION, FORMAT_VERSION, toolchain().key, model_sha256, model_name, [t.to_json() for t in targets]]
     pinned = [pins for pins in sizes if pins]
     if len(sizes) > 1:
         parts.append(sizes_to_json(sizes))

@@ -183,8 +183,10 @@ class CpuPart(Part):
 
     def manifest_fields(self, plan: BuildPlan, targets: Sequence[Target]) -> dict[str, Any]:
         from farm.backends.llvm.entry import ENTRY_SYMBOL, LAUNCH_SYMBOL, WORK_SYMBOL
+        from farm.backends.llvm.features import required_features
 
-        return {"targets": [{**t.to_json(), "library": library_member(t.id), "entry": ENTRY_SYMBOL,
+        return {"targets": [{**t.to_json(), "requires": required_features(t), "library": library_member(t.id),
+                             "entry": ENTRY_SYMBOL,
                              "launch_entry": LAUNCH_SYMBOL, "work_entry": WORK_SYMBOL,
                              "launches": [launch for step in step_launches(plan, t) for launch in step],
                              "weights": [weight_member(t.id, blob) for blob in target_weights(plan, t)],

@@ -27,7 +27,7 @@ from farm.cli.store import store_group
 from farm.errors import BadInputError, ExitStatus, FarmError, missing_package
 
 if TYPE_CHECKING:
-    from farm.backends.registry import Devices, Target
+    from farm.backends.registry import Devices
 
 
 def _fail(error: str, status: ExitStatus, as_json: bool) -> None:
@@ -189,7 +189,7 @@ def submit(model: Path, targets: tuple[str, ...], output: str, as_json: bool, wo
     result = dataclasses.replace(results[0], artifact=artifact)
     for note in result.tuning.notes if result.tuning else []:
         click.echo(f"farm: note: {note}", err=True)
-    _note_unrunnable(result.artifact, chosen)
+    _note_unrunnable(result.artifact)
     if as_json:
         from farm.frontend.shapes import sizes_to_json
 
@@ -225,15 +225,19 @@ def _deliver(output: str, write_into: Callable[[str], str]) -> str:
     return target
 
 
-def _note_unrunnable(artifact: str, targets: list[Target]) -> None:
+def _note_unrunnable(artifact: str) -> None:
     """Say so when this host can't run what was just built (a cross-compiled target alone replaced
-    artifacts/<model>.farm, and every `farm run` here then failed without a word of why)."""
-    from farm.runtime.host import runs_on, this_host
+    artifacts/<model>.farm, and every `farm run` here then failed without a word of why), by the check `farm run`
+    makes: each CPU target's `requires` against this host's features (farm.runtime.host)."""
+    from farm.artifact import read_manifest, size_manifests
+    from farm.runtime.host import runs_on, this_host, unrunnable
 
     host = this_host()
-    if not any(target.kind == "opencl" or runs_on(target.to_json(), host) for target in targets):
-        click.echo(f"farm: note: {artifact} has no target this host ({host.describe()}) can run; add --target cpu "
-                   f"to run it here too", err=True)
+    sizes = size_manifests(read_manifest(artifact))
+    targets = [target for size in sizes for target in size.get("targets", [])]
+    if any(size.get("opencl") for size in sizes) or any(runs_on(target, host) for target in targets):
+        return
+    click.echo(f"farm: note: {unrunnable(artifact, targets, host)}; add --target cpu to run it here too", err=True)
 
 
 def _devices(broker: str | None) -> Devices:

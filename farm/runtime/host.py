@@ -1,4 +1,5 @@
-"""Which of an artifact's targets this process can run: the host's LLVM triple, CPU name and enabled features."""
+"""Which of an artifact's targets this process can run: the host's LLVM triple, CPU name and enabled features,
+against the features each target's code may use (its manifest `requires`: farm.backends.llvm.features)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ from farm.errors import ArtifactError
 
 @dataclass(frozen=True)
 class Host:
-    """The machine as LLVM sees it; `features` holds the names of enabled features, without the '+'."""
+    """The machine as LLVM sees it. `features` holds the names of enabled features, without the '+'; `known`, every
+    feature LLVM's detection reports on this host, on or off (empty when it can't read them)."""
 
     triple: str
     cpu: str
     features: frozenset[str]
+    known: frozenset[str]
 
     @property
     def arch(self) -> str:
@@ -33,25 +36,28 @@ def arch_of(triple: str) -> str:
 
 
 def this_host() -> Host:
-    """The running host. LLVM can't list features on some hosts; then only targets that require none will match."""
+    """The running host. LLVM can't read the features on some hosts; then no target that requires any will match."""
     try:
         feature_map = llvm.get_host_cpu_features()
     except RuntimeError:
-        enabled: frozenset[str] = frozenset()
-    else:
-        enabled = frozenset(name for name, on in feature_map.items() if on)
-    return Host(llvm.get_process_triple(), llvm.get_host_cpu_name(), enabled)
+        return Host(llvm.get_process_triple(), llvm.get_host_cpu_name(), frozenset(), frozenset())
+    enabled = frozenset(name for name, on in feature_map.items() if on)
+    return Host(llvm.get_process_triple(), llvm.get_host_cpu_name(), enabled, frozenset(feature_map))
 
 
 def missing_features(target: dict[str, Any], host: Host) -> list[str]:
-    """The "+feature" entries of a target that the host lacks (its "-feature" entries never stop it running)."""
-    wanted = [item.strip() for item in str(target.get("features", "")).split(",")]
-    return [item for item in wanted if item.startswith("+") and item[1:] not in host.features]
+    """"+name" for each feature the target's code may use (its `requires`) that the host lacks. A feature LLVM's
+    detection doesn't report on this host's architecture (a tuning feature such as `fuse-aes`, a system register
+    set such as `el3`) is not an instruction set the host could lack, so it never stops a target; every required
+    feature does on a host whose features LLVM can't read."""
+    required = [str(name) for name in target.get("requires", [])]
+    if not host.known:
+        return [f"+{name}" for name in required]
+    return [f"+{name}" for name in required if name in host.known and name not in host.features]
 
 
 def runs_on(target: dict[str, Any], host: Host) -> bool:
-    """Whether `host` can run the CPU target (a manifest entry, or CpuTarget.to_json()): its arch, every feature it
-    requires."""
+    """Whether `host` can run the CPU target (a manifest entry): its arch, every feature its code may use."""
     return (
         target.get("kind") == "cpu"
         and arch_of(str(target.get("triple", ""))) == host.arch
@@ -70,9 +76,12 @@ def choose_target(targets: Sequence[dict[str, Any]], host: Host, artifact: str) 
             return target
     if usable:
         return usable[0]
-    raise ArtifactError(
-        f"{artifact}: no target for this host ({host.describe()}); the artifact has: {_list(targets, host)}"
-    )
+    raise ArtifactError(unrunnable(artifact, targets, host))
+
+
+def unrunnable(artifact: str, targets: Sequence[dict[str, Any]], host: Host) -> str:
+    """Why no target of `artifact` runs on `host`: one line naming each target and what keeps it off this host."""
+    return f"{artifact}: no target for this host ({host.describe()}); the artifact has: {_list(targets, host)}"
 
 
 def _list(targets: Sequence[dict[str, Any]], host: Host) -> str:
@@ -85,6 +94,8 @@ def _list(targets: Sequence[dict[str, Any]], host: Host) -> str:
             why = f"kind {target.get('kind')!r} is not cpu"
         elif arch_of(str(target.get("triple", ""))) != host.arch:
             why = f"arch {arch_of(str(target.get('triple', '')))} is not {host.arch}"
+        elif not host.known:
+            why = "LLVM can't read this host's CPU features"
         else:
             why = "host lacks " + ",".join(missing_features(target, host))
         entries.append(f"{target.get('id')!r} ({target.get('triple')}, cpu {target.get('cpu')}: {why})")

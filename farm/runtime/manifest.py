@@ -26,6 +26,7 @@ MAX_LAUNCHES = 1 << 20
 MAX_EXTENT = 1 << 40
 MAX_WORK = 1 << 62
 MAX_LIST = 1 << 22  # buffers, kernels, blobs, schedule steps
+MAX_REQUIRED_FEATURES = 1024  # a CPU target's `requires` (LLVM knows some 200-350 features per architecture)
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4, "int64": 8,
                "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1}
 PLAIN = re.compile(r"[A-Za-z0-9_.-]{1,128}")
@@ -236,7 +237,7 @@ def _check_tensor(fields: _Fields, value: Any, field: str, arena: int, names: se
 
 
 def _check_target(fields: _Fields, value: Any, field: str, members: dict[str, Any], arena: int) -> None:
-    """A target the runtime may choose: plain names, a library and weights that are listed members, a weight table
+    """A target the runtime may choose: plain names (its `requires` too, every feature its code may use), a library and weights that are listed members, a weight table
     after the arena, symbol-like entries and sane launches. Targets of other kinds (opencl) need only a plain id
     and kind."""
     target = fields.obj(value, field)
@@ -245,6 +246,8 @@ def _check_target(fields: _Fields, value: Any, field: str, members: dict[str, An
         return
     for key, pattern in (("triple", PLAIN), ("cpu", PLAIN), ("features", FEATURES)):
         fields.text(target.get(key), f"{field}.{key}", pattern)
+    for index, name in enumerate(fields.items(target.get("requires"), f"{field}.requires", MAX_REQUIRED_FEATURES)):
+        fields.text(name, f"{field}.requires[{index}]", PLAIN)
     library = target.get("library")
     if not isinstance(library, str) or library not in members:
         raise fields.refuse(f"{field}.library", "is not a member of the artifact")

@@ -1,0 +1,124 @@
+"""Every CPU feature a target's code may use: what LLVM enables for the target's CPU name, with its explicit features.
+
+A CPU target names a CPU (`cpu:x86_64-linux-gnu:graniterapids`) whose features (AVX-512, AMX, ...) its feature
+string doesn't spell out. An artifact's manifest records them all (each CPU target's `requires`), so that a runtime
+on another CPU refuses the target, naming what its host lacks, instead of dying of SIGILL at the first instruction
+it lacks (farm.runtime.host). llvmlite has no query for a CPU's features; LLVM's inliner answers it, in a child
+process (farm/backends/llvm/probe_features.py says how): LLVM prints its list of a triple's features only once per
+process, and removing some features aborts the process, which must not be a build's or a worker's.
+
+Each answer is kept per toolchain and target, in memory and as a small JSON file under <cache>/cpu-features/, so a
+build pays the probe (0.3-1.2 s) once per target, not once per process.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import llvmlite
+import llvmlite.binding as llvm
+
+from farm import defaults
+from farm.atomic import write_atomically
+from farm.backends.llvm.target import NAME, CpuTarget
+from farm.errors import BuildError
+
+PROBE = Path(__file__).with_name("probe_features.py")
+PROBE_VERSION = 1
+"""Part of every cached answer's key: bump it when the probe's method changes what it reports."""
+
+PROBE_TIMEOUT_SECONDS = 120
+
+UNREMOVABLE = frozenset({"64bit"})
+"""Features never probed: removing `64bit` from a 64-bit triple aborts LLVM ("64-bit code requested on a subtarget
+that doesn't support it"), and a 64-bit triple has it by definition."""
+
+NEVER_GENERATED = {
+    "x86_64": frozenset({
+        "aes", "amx-avx512", "amx-bf16", "amx-complex", "amx-fp16", "amx-fp8", "amx-int8", "amx-movrs", "amx-tf32",
+        "amx-tile", "amx-transpose", "clflushopt", "clwb", "clzero", "cldemote", "cmpccxadd", "enqcmd", "fsgsbase",
+        "hreset", "invpcid", "kl", "lwp", "movdir64b", "movdiri", "movrs", "mwaitx", "pclmul", "pconfig", "pku",
+        "prefetchi", "ptwrite", "raoint", "rdpid", "rdpru", "rdrnd", "rdseed", "rtm", "serialize", "sgx", "sha",
+        "sha512", "shstk", "sm3", "sm4", "tsxldtrk", "uintr", "usermsr", "vaes", "vpclmulqdq", "waitpkg", "wbnoinvd",
+        "widekl", "xsave", "xsavec", "xsaveopt", "xsaves",
+    }),
+}
+"""Per architecture, features whose instructions LLVM emits only for their intrinsics, which farm's code never
+calls (system, cryptographic, transactional and tile instructions): a target's code can't use them, so they are not
+required. Hypervisors hide several of them (pku, mwaitx, rdpru, wbnoinvd on a Zen 4 cloud VM), and a
+`cpu:x86_64-linux-gnu:znver4` build must still run on such a VM."""
+
+
+def required_features(target: CpuTarget) -> list[str]:
+    """The sorted names (without '+') of every feature `target`'s code may use: what LLVM enables for its CPU and
+    features, less NEVER_GENERATED. BuildError when LLVM can't answer."""
+    return list(_required(target.triple, target.cpu, target.features))
+
+
+@functools.cache
+def _required(triple: str, cpu: str, features: str) -> tuple[str, ...]:
+    identity = [PROBE_VERSION, llvmlite.__version__, list(llvm.llvm_version_info), triple, cpu, features]
+    path = defaults.cache_dir() / "cpu-features" / f"{hashlib.sha256(json.dumps(identity).encode()).hexdigest()}.json"
+    cached = _read_names(path)
+    if cached is not None:
+        return cached
+    never = NEVER_GENERATED.get(triple.split("-", 1)[0], frozenset())
+    candidates = [name for name in _feature_names(triple) if name not in UNREMOVABLE]
+    names = tuple(sorted(name for name in _enabled(triple, cpu, features, candidates) if name not in never))
+    write_atomically(path, json.dumps(names).encode())
+    return names
+
+
+def _read_names(path: Path) -> tuple[str, ...] | None:
+    """A cached answer (the cache is this host's own), or None when there is none or it is not a list of names."""
+    try:
+        names = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(names, list) or not all(isinstance(name, str) and NAME.fullmatch(name) for name in names):
+        return None
+    return tuple(names)
+
+
+@functools.cache
+def _feature_names(triple: str) -> list[str]:
+    return _probe(["names", triple], None, f"list the features of {triple}")
+
+
+def _enabled(triple: str, cpu: str, features: str, candidates: list[str]) -> list[str]:
+    """The candidates the target enables. Should removing some candidate abort LLVM, the candidates are split in
+    halves until it is found alone, and counted as enabled: a feature the triple can't go without."""
+    what = f"list the features of CPU target {triple}:{cpu}:{features}"
+    try:
+        return _probe(["enabled", triple, cpu, features], candidates, what)
+    except BuildError:
+        if len(candidates) <= 1:
+            return candidates
+    half = len(candidates) // 2
+    return _enabled(triple, cpu, features, candidates[:half]) + _enabled(triple, cpu, features, candidates[half:])
+
+
+def _probe(arguments: list[str], candidates: list[str] | None, what: str) -> list[str]:
+    """Run the probe child (`python -I probe_features.py ...`) and return its JSON list; BuildError naming `what`
+    and LLVM's last words when it fails."""
+    try:
+        result = subprocess.run([sys.executable, "-I", str(PROBE), *arguments], capture_output=True, text=True,
+                                input=json.dumps(candidates) if candidates is not None else "",
+                                timeout=PROBE_TIMEOUT_SECONDS)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise BuildError(f"LLVM could not {what}: {error}") from None
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
+        raise BuildError(f"LLVM could not {what}: {last}")
+    try:
+        names = json.loads(result.stdout)
+    except ValueError:
+        names = None
+    if not isinstance(names, list) or not all(isinstance(name, str) and NAME.fullmatch(name) for name in names):
+        raise BuildError(f"LLVM could not {what}: the probe printed {result.stdout[:200]!r}")
+    return names
