@@ -129,9 +129,10 @@ def cross_built(built):
 
 def test_run_a_cross_target_under_qemu_prints_what_a_native_run_prints(cross_built):
     folder, artifact = cross_built
-    native = farm("run", artifact, "--input", "input=x.npy", "-o", "native.npz", "--json", cwd=folder)
+    native = farm("run", artifact, "--target", f"cpu:{host_target().triple}", "--input", "input=x.npy", "-o",
+                  "native.npz", "--json", cwd=folder)
     assert native.returncode == 0, native.stderr
-    assert json.loads(native.stdout)["emulated"] is False
+    assert json.loads(native.stdout)["emulated"] is False and json.loads(native.stdout)["target"] == host_target().id
     riscv = next(target["id"] for target in json.loads(farm("inspect", artifact, "--json", cwd=folder).stdout)["targets"]
                  if target["id"].startswith("cpu-riscv64"))
     for named in ("cpu:aarch64-linux-gnu", riscv):
