@@ -190,6 +190,12 @@ def tune_lock_timeout() -> float:
     return _seconds("FARM_TUNE_LOCK_TIMEOUT", 120)
 
 
+def emulation_timeout() -> float:
+    """FARM_EMULATION_TIMEOUT: seconds one run of a cross-compiled target under qemu may take before it is stopped
+    (default 600; emulated code runs a few hundred times slower than a host's own)."""
+    return _seconds("FARM_EMULATION_TIMEOUT", 600)
+
+
 def toolchain_label() -> str:
     """FARM_TOOLCHAIN_LABEL: a mark added to this process's toolchain identity, so that its compile and artifact
     cache entries are kept apart from those of processes with another label (default: none). It can only split

@@ -52,6 +52,11 @@ class ArtifactError(BadInputError):
     """An artifact is tampered, truncated, unsafe or not for this host."""
 
 
+class EmulationError(BadInputError):
+    """A CPU target of another architecture can't run here under emulation (qemu or the target's C library is
+    missing, or its architecture has no emulator), or its emulated run failed (a signal, a timeout)."""
+
+
 class RunInputError(BadInputError):
     """The arrays given to a model at run time don't match its inputs."""
 

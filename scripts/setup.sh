@@ -13,7 +13,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 REPO_ROOT="$(pwd)"
 PYTHON="${PYTHON:-python3}"
 VENV="$REPO_ROOT/.venv"
-APT_PACKAGES=(redis-server pocl-opencl-icd ocl-icd-libopencl1 clinfo lld binutils python3-venv)
+# qemu-user-static and the targets' C libraries run cross-compiled targets (farm run --target cpu:aarch64-linux-gnu,
+# cpu:riscv64-linux-gnu) under emulation: the tests check every cross target's outputs that way, and run farm on an
+# emulated AVX2-only CPU (qemu-x86_64-static -cpu EPYC-Milan, tests/test_hosts.py).
+APT_PACKAGES=(redis-server pocl-opencl-icd ocl-icd-libopencl1 clinfo lld binutils python3-venv
+              qemu-user-static libc6-arm64-cross libc6-riscv64-cross)
 
 say() { printf '[setup] %s\n' "$*"; }
 

@@ -27,6 +27,7 @@ from farm.store import RedisStore
 from farm.tools import examples
 from tests.dynamic_models import dynamic_cnn
 from tests.farm_services import farm_cli
+from tests.numerics import assert_close
 from tests.services import RedisServer, _started_servers, redis_server_fixture  # noqa: F401
 
 # The checkout under test first on the path, so that `python -m farm` runs it even where another checkout is the
@@ -114,6 +115,50 @@ def test_run_writes_outputs_that_match_onnxruntime(built):
     assert every_cpu.returncode == 0, every_cpu.stderr
     refused = farm("run", job["artifact"], "--input", "input=x.npy", "--threads", "-1", cwd=folder)
     assert refused.returncode == 2 and "--threads" in refused.stderr
+
+
+@pytest.fixture(scope="module")
+def cross_built(built):
+    """tiny_cnn built with the CLI for this host, aarch64 and riscv64: (its folder, the artifact)."""
+    folder, _ = built
+    result = farm("submit", "tiny_cnn.onnx", "--target", "cpu", "--target", "cpu:aarch64-linux-gnu", "--target",
+                  "cpu:riscv64-linux-gnu", "-o", "cross/tiny_cnn.farm", cwd=folder)
+    assert result.returncode == 0, result.stderr
+    return folder, result.stdout.strip()
+
+
+def test_run_a_cross_target_under_qemu_prints_what_a_native_run_prints(cross_built):
+    folder, artifact = cross_built
+    native = farm("run", artifact, "--target", f"cpu:{host_target().triple}", "--input", "input=x.npy", "-o",
+                  "native.npz", "--json", cwd=folder)
+    assert native.returncode == 0, native.stderr
+    assert json.loads(native.stdout)["emulated"] is False and json.loads(native.stdout)["target"] == host_target().id
+    riscv = next(target["id"] for target in json.loads(farm("inspect", artifact, "--json", cwd=folder).stdout)["targets"]
+                 if target["id"].startswith("cpu-riscv64"))
+    for named in ("cpu:aarch64-linux-gnu", riscv):
+        ran = farm("run", artifact, "--target", named, "--input", "input=x.npy", "-o", "cross.npz", "--json",
+                   cwd=folder)
+        assert ran.returncode == 0, ran.stderr
+        report = json.loads(ran.stdout)
+        assert report["emulated"] is True and report["target"].startswith(("cpu-aarch64", "cpu-riscv64"))
+        assert_close(np.load(folder / "cross.npz")["output"], np.load(folder / "native.npz")["output"], named)
+        printed = farm("run", artifact, "--target", named, "--input", "input=x.npy", cwd=folder)
+        assert printed.returncode == 0 and printed.stdout.startswith("output: shape [1, 10] float32 argmax")
+
+
+def test_a_cross_target_without_qemu_names_the_package_to_install(cross_built, tmp_path):
+    folder, artifact = cross_built
+    result = farm("run", artifact, "--target", "cpu:aarch64-linux-gnu", "--input", "input=x.npy", cwd=folder,
+                  env={"PATH": str(tmp_path)})
+    _assert_bad_input(result, "qemu-aarch64-static is not installed", "apt-get install qemu-user-static")
+    assert len(result.stderr.splitlines()) == 1 and result.stdout == ""
+
+
+def test_bench_refuses_an_emulated_target(cross_built):
+    folder, artifact = cross_built
+    result = farm("bench", artifact, "--target", "cpu:riscv64-linux-gnu", "--repeat", "1", cwd=folder)
+    _assert_bad_input(result, "runs only under emulation on this", "says nothing of the target's")
+    assert len(result.stderr.splitlines()) == 1 and result.stdout == ""
 
 
 def _assert_bad_input(result, *fragments):
@@ -668,10 +713,16 @@ BAD_INPUTS = {
                                  "--input input is given twice"),
     "run on an unknown device": (["run", "ARTIFACT", "--device", "tpu"], "'--device'"),
     "run on a negative thread count": (["run", "ARTIFACT", "--threads", "-1"], "'--threads'"),
+    "run a target the artifact lacks": (["run", "ARTIFACT", "--target", "cpu:riscv64-linux-gnu", "--input",
+                                         "input=x.npy"], "no target 'cpu:riscv64-linux-gnu' in the artifact; it has cpu-"),
+    "run a CPU target on the OpenCL device": (["run", "ARTIFACT", "--device", "opencl", "--target", "cpu"],
+                                              "selects one of the artifact's CPU targets"),
     "inspect a missing artifact": (["inspect", "missing.farm"], "missing.farm"),
     "inspect a model as an artifact": (["inspect", "tiny_cnn.onnx"], "tiny_cnn.onnx"),
     "bench a missing artifact": (["bench", "missing.farm"], "missing.farm"),
     "bench no repeats": (["bench", "ARTIFACT", "--repeat", "0"], "'--repeat'"),
+    "bench a target the artifact lacks": (["bench", "ARTIFACT", "--target", "cpu-aarch64-nope"],
+                                          "no target 'cpu-aarch64-nope' in the artifact"),
     "sign with a missing key": (["sign", "ARTIFACT", "--key", "missing.pem"], "missing.pem"),
     "status without a farm": (["status", "abc"], "no farm configured"),
     "wait without a farm": (["wait", "abc"], "no farm configured"),
@@ -719,11 +770,13 @@ def test_json_objects_have_every_key_of_their_schema(built, tmp_path):
     assert job["model"] == "tiny_cnn" and job["targets"] == [host_target().id] and job["tuning"] is None
     ran = json.loads(farm("run", job["artifact"], "--input", "input=x.npy", "-o", tmp_path / "y.out", "--json",
                           cwd=folder).stdout)
-    assert set(ran) == {"command", "schema", "artifact", "device", "outputs", "output_file"}
+    assert set(ran) == {"command", "schema", "artifact", "device", "target", "emulated", "outputs", "output_file"}
     assert ran["output_file"] == str(tmp_path / "y.out") and (tmp_path / "y.out").is_file()  # the name as given
+    assert ran["target"] == host_target().id and ran["emulated"] is False
     failed = farm("run", job["artifact"], "--input", "nope=x.npy", "--json", cwd=folder)
     assert json.loads(failed.stdout) == {"command": "run", "schema": 1, "artifact": None, "device": None,
-                                         "outputs": None, "output_file": None, "state": "failed",
+                                         "target": None, "emulated": None, "outputs": None, "output_file": None,
+                                         "state": "failed",
                                          "error": failed.stderr.strip().removeprefix("farm: error: "),
                                          "exit_status": 2}
 
@@ -733,7 +786,8 @@ def test_a_build_this_host_cannot_run_says_so(tmp_path):
     result = farm("submit", "tiny_cnn.onnx", "--target", "cpu:aarch64-linux-gnu", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "no target for this host" in result.stderr and "arch aarch64 is not" in result.stderr
-    assert "add --target cpu" in result.stderr
+    assert "add --target cpu to run it here too (farm run --target cpu-aarch64-" in result.stderr
+    assert "runs it under qemu)" in result.stderr
 
 
 FOREIGN_CPU_CANDIDATES = {

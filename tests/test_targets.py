@@ -27,6 +27,18 @@ def test_triple_aliases_expand():
     assert parse_target("cpu:x86_64-linux-gnu") == CpuTarget("x86_64-unknown-linux-gnu", "generic", "")
 
 
+def test_riscv64_means_debians_rv64gc_whose_objects_have_the_double_float_abi():
+    from farm.backends.llvm.entry import compile_entry
+
+    target = parse_target("cpu:riscv64-linux-gnu")
+    assert target == CpuTarget("riscv64-unknown-linux-gnu", "generic-rv64", "+m,+a,+f,+d,+c")
+    assert parse_target("cpu:riscv64-unknown-linux-gnu") == target
+    assert parse_target("cpu:riscv64-linux-gnu:sifive-u74") == CpuTarget("riscv64-unknown-linux-gnu", "sifive-u74", "")
+    assert target.simd_floats == 1  # scalar: no vector extension in rv64gc
+    flags = int.from_bytes(compile_entry([], target)[0x30:0x34], "little")
+    assert flags & 0x6 == 0x4  # EF_RISCV_FLOAT_ABI_DOUBLE: lp64d, what Debian's riscv64 libc is built for
+
+
 def test_full_triple_cpu_and_features():
     target = parse_target("cpu:x86_64-unknown-linux-gnu:skylake:+avx2")
     assert target == CpuTarget("x86_64-unknown-linux-gnu", "skylake", "+avx2")

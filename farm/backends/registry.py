@@ -61,8 +61,10 @@ class Backend(ABC):
         """The kernel's compiled bytes for the target: the pure compile step that local and farm builds call."""
 
     @abstractmethod
-    def load(self, path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None, threads: int) -> Any:
-        """The artifact at `path`, loaded to run on this host's device of this kind."""
+    def load(self, path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None, threads: int,
+             target: str | None = None) -> Any:
+        """The artifact at `path`, loaded to run on this host's device of this kind (on the target `target` names,
+        where the kind has several: farm.runtime.load)."""
 
 
 class CpuBackend(Backend):
@@ -87,10 +89,11 @@ class CpuBackend(Backend):
 
         return compile_cpu_kernel(spec, target)
 
-    def load(self, path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None, threads: int) -> Any:
+    def load(self, path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None, threads: int,
+             target: str | None = None) -> Any:
         from farm.runtime.cpu import load_library_model
 
-        return load_library_model(path, cache_dir, threads)
+        return load_library_model(path, cache_dir, threads, target)
 
 
 class OpenClBackend(Backend):
@@ -118,9 +121,13 @@ class OpenClBackend(Backend):
 
         return compile_cl_kernel(spec, target.fingerprint)
 
-    def load(self, path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None, threads: int) -> Any:
+    def load(self, path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None, threads: int,
+             target: str | None = None) -> Any:
         from farm.runtime.opencl import load_opencl_model
 
+        if target:
+            raise BadInputError(f"a target ({target!r}) selects one of the artifact's CPU targets; the OpenCL part "
+                                "runs on this host's OpenCL device")
         return load_opencl_model(path, cache_dir)
 
 

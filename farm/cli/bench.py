@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from farm import runtime
+from farm.errors import BadInputError
 from farm.runtime.model import TensorSpec
 
 SLOWER_BY = 0.05  # a node this much slower is flagged
@@ -177,19 +178,23 @@ def kernel_label(spec: Mapping[str, Any]) -> str:
     return f"{spec['op']} {shapes(spec['inputs'])} -> {shapes(spec['outputs'])}{activation}"
 
 
-def bench_artifact(path: str, repeat: int = 20, warmup: int = 2, threads: int = 0,
-                   device: str = "cpu") -> BenchReport:
+def bench_artifact(path: str, repeat: int = 20, warmup: int = 2, threads: int = 0, device: str = "cpu",
+                   target: str | None = None) -> BenchReport:
     """Time the artifact on this host's `device` (its CPU part, or with "opencl" its OpenCL part): whole-model
     latency with `threads` (0: every CPU), then each step on its own (on the CPU on one thread: a step's own time,
-    comparable across machines' core counts)."""
-    return bench_pair([path], repeat, warmup, threads, device)[0]
+    comparable across machines' core counts). `target` names the CPU target to time (farm.runtime.load)."""
+    return bench_pair([path], repeat, warmup, threads, device, target)[0]
 
 
-def bench_pair(paths: Sequence[str], repeat: int = 20, warmup: int = 2, threads: int = 0,
-               device: str = "cpu") -> list[BenchReport]:
+def bench_pair(paths: Sequence[str], repeat: int = 20, warmup: int = 2, threads: int = 0, device: str = "cpu",
+               target: str | None = None) -> list[BenchReport]:
     """Time several artifacts (a baseline and a candidate) in alternating rounds, the order of each round
-    reversed from the last: every drift of the machine meets each artifact alike."""
-    models = [runtime.load(path, threads=threads, device=device) for path in paths]
+    reversed from the last: every drift of the machine meets each artifact alike. A CPU target that would run
+    under emulation is refused before anything is loaded (refuse_emulated)."""
+    if device == "cpu":
+        for path in paths:
+            refuse_emulated(path, target)
+    models = [runtime.load(path, threads=threads, device=device, target=target) for path in paths]
     feeds = [sample_feeds(model.inputs) for model in models]
     for model, feed in zip(models, feeds):
         for _ in range(warmup):
@@ -206,6 +211,19 @@ def bench_pair(paths: Sequence[str], repeat: int = 20, warmup: int = 2, threads:
             for step, seconds in zip(samples[index], models[index].sample_steps(feeds[index], 1)):
                 step.extend(seconds)
     return [_report(path, model, lat, steps) for path, model, lat, steps in zip(paths, models, latencies, samples)]
+
+
+def refuse_emulated(path: str, target: str | None) -> None:
+    """BadInputError when the artifact's CPU target (the one `target` names, or this host's) is of another
+    architecture than the host's: under emulation, its time says nothing of the target's."""
+    from farm.runtime.host import this_host
+    from farm.runtime.selection import run_target
+
+    chosen, emulated = run_target(path, target)
+    if emulated:
+        raise BadInputError(f"{path}: target {chosen['id']!r} ({chosen['triple']}) runs only under emulation on "
+                            f"this {this_host().arch} host, and an emulated time says nothing of the target's: "
+                            "bench it on its own architecture")
 
 
 def _round_order(count: int, round_: int) -> list[int]:

@@ -230,14 +230,17 @@ def _note_unrunnable(artifact: str) -> None:
     artifacts/<model>.farm, and every `farm run` here then failed without a word of why), by the check `farm run`
     makes: each CPU target's `requires` against this host's features (farm.runtime.host)."""
     from farm.artifact import read_manifest, size_manifests
-    from farm.runtime.host import runs_on, this_host, unrunnable
+    from farm.runtime.host import arch_of, runs_on, this_host, unrunnable
 
     host = this_host()
     sizes = size_manifests(read_manifest(artifact))
     targets = [target for size in sizes for target in size.get("targets", [])]
     if any(size.get("opencl") for size in sizes) or any(runs_on(target, host) for target in targets):
         return
-    click.echo(f"farm: note: {unrunnable(artifact, targets, host)}; add --target cpu to run it here too", err=True)
+    foreign = [target for target in targets if arch_of(str(target.get("triple", ""))) != host.arch]
+    emulated = f" (farm run --target {foreign[0].get('id')} runs it under qemu)" if foreign else ""
+    click.echo(f"farm: note: {unrunnable(artifact, targets, host)}; add --target cpu to run it here too{emulated}",
+               err=True)
 
 
 def _devices(broker: str | None) -> Devices:
@@ -526,27 +529,35 @@ def _age(seconds: float) -> str:
 @click.option("--print", "show", is_flag=True, help="Print each output's shape and first values.")
 @click.option("--device", type=click.Choice(["cpu", "opencl"]), default="cpu", show_default=True,
               help="Run the CPU library, or the OpenCL kernels on this host's OpenCL device.")
+@click.option("--target", metavar="T",
+              help="The artifact's CPU target to run, as farm submit named it (cpu:TRIPLE[:CPU[:FEATURES]]) or by its "
+                   "id (farm inspect); one of another architecture runs under qemu (default: the best this host runs).")
 @click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
-              help="CPU threads one run may use (0: every CPU this process may run on).")
+              help="CPU threads one run may use (0: every CPU this process may run on; an emulated run uses one).")
 @click.option("--trust", "trust", multiple=True, metavar="PUBKEY",
               help="Run only if signed by this Ed25519 public key (PEM file or hex); repeatable; adds to "
                    "FARM_TRUSTED_KEYS.")
 @json_option
 @reports_errors
-def run(artifact: str, inputs: tuple[str, ...], output: str | None, show: bool, device: str,
+def run(artifact: str, inputs: tuple[str, ...], output: str | None, show: bool, device: str, target: str | None,
         threads: int, trust: tuple[str, ...], as_json: bool) -> None:
     """Run ARTIFACT on the given inputs with farm's runtime; print each output's shape and first values, or write
-    them all to the .npz file OUTPUT (exactly that name)."""
+    them all to the .npz file OUTPUT (exactly that name). A --target of another architecture than this host's runs
+    under qemu user-mode emulation (Debian: apt-get install qemu-user-static and the target's libc6-<arch>-cross)."""
     from farm import runtime
     from farm.cli.arrays import parse_inputs, save_outputs, summary
+    from farm.runtime.host import this_host
+    from farm.runtime.selection import needs_emulation
 
-    model = runtime.load(artifact, device=device, threads=threads, trust=trust)
+    model = runtime.load(artifact, device=device, threads=threads, trust=trust, target=target)
     outputs = model.run(parse_inputs(inputs))
     if output:
         save_outputs(output, outputs)
     if as_json:
         described = {name: {"shape": list(array.shape), "dtype": str(array.dtype)} for name, array in outputs.items()}
         click.echo(schemas.dumps("run", {"artifact": os.path.abspath(artifact), "device": device,
+                                         "target": model.target.get("id"),
+                                         "emulated": device == "cpu" and needs_emulation(model.target, this_host()),
                                          "outputs": described,
                                          "output_file": os.path.abspath(output) if output else None}))
     elif show or not output:
@@ -579,10 +590,12 @@ def sign(artifact: str, key: str) -> None:
               help="Exit with status 5 when --compare flags a node (for CI).")
 @click.option("--device", type=click.Choice(["cpu", "opencl"]), default="cpu", show_default=True,
               help="Time the artifact's CPU part, or its OpenCL part on this host's OpenCL device.")
+@click.option("--target", metavar="T", help="The CPU target to time, as farm run takes it; only one this host runs "
+              "natively (an emulated run's time says nothing of the target's).")
 @json_option
 @reports_errors
 def bench(artifact: str, baseline: str | None, repeat: int, threads: int, fail_on_regression: bool, device: str,
-          as_json: bool) -> None:
+          target: str | None, as_json: bool) -> None:
     """Time ARTIFACT on this host: whole-model latency, and each kernel's time and GFLOP/s."""
     from farm.cli.bench import (
         bench_artifact,
@@ -595,10 +608,10 @@ def bench(artifact: str, baseline: str | None, repeat: int, threads: int, fail_o
     )
 
     if baseline is None:
-        report = bench_artifact(artifact, repeat, threads=threads, device=device)
+        report = bench_artifact(artifact, repeat, threads=threads, device=device, target=target)
         click.echo(schemas.dumps("bench", report.to_json()) if as_json else format_report(report))
         return
-    before, report = bench_pair([baseline, artifact], repeat, threads=threads, device=device)
+    before, report = bench_pair([baseline, artifact], repeat, threads=threads, device=device, target=target)
     needed = repeats_needed(len(report.steps))
     if fail_on_regression and repeat < needed:
         raise BadInputError(f"--repeat {repeat} is too few to show a slowdown beyond noise over "

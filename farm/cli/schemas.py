@@ -27,7 +27,7 @@ SCHEMAS: dict[str, tuple[int, tuple[str, ...]]] = {
     "wait": (1, JOB_KEYS),
     "download": (1, ("job_id", "artifact")),
     "cancel": (1, ("job_id", "state")),
-    "run": (1, ("artifact", "device", "outputs", "output_file")),
+    "run": (1, ("artifact", "device", "target", "emulated", "outputs", "output_file")),
     "bench": (1, ("artifact", "target", "latency", "repeat", "latency_spread", "steps", "kernels", "comparison")),
     "jobs": (1, ("jobs",)),
     "workers": (1, ("workers",)),

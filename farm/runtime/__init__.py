@@ -3,8 +3,8 @@
 Nothing is loaded before the manifest's signature has been checked (when the runtime is given trusted keys), the
 manifest against its schema (farm.runtime.manifest) and every member's sha256 against the manifest (once per
 artifact file: farm.runtime.cache). Each backend
-brings its loader (farm.backends.registry): the CPU library (farm.runtime.cpu) or the OpenCL programs
-(farm.runtime.opencl).
+brings its loader (farm.backends.registry): the CPU library (farm.runtime.cpu; a cross-compiled one under qemu:
+farm.runtime.emulation) or the OpenCL programs (farm.runtime.opencl).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from farm import defaults
 from farm.artifact import check_signed, open_artifact, public_key_hex
@@ -20,13 +21,21 @@ from farm.errors import ArtifactError
 from farm.runtime.model import Model, TensorSpec
 from farm.runtime.sized import SizedModel
 
+if TYPE_CHECKING:  # only here: its import reaches farm.backends.llvm.link, which imports farm.runtime.elf
+    from farm.runtime.emulation import EmulatedModel
+
 __all__ = ["Model", "SizedModel", "TensorSpec", "load"]
 
 
 def load(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None,
-         device: str = "cpu", threads: int = 0, trust: Sequence[str] = ()) -> Model | SizedModel:
+         device: str = "cpu", threads: int = 0, trust: Sequence[str] = (),
+         target: str | None = None) -> Model | SizedModel | EmulatedModel:
     """Verify the artifact (once per artifact file), choose this host's target and load its library from the cache
     (<cache_dir>/runtime/, written on the first load).
+
+    `target`: the CPU target to run instead, named as `farm submit --target` named it (`cpu:aarch64-linux-gnu`) or by
+    its id (farm.runtime.selection); one of another architecture than this host's runs under qemu user-mode emulation,
+    one process per run (an EmulatedModel: farm.runtime.emulation), and with one thread whatever `threads` says.
 
     `threads`: how many threads a CPU run may use; 0 (the default) means every CPU this process may run on, 1 runs
     the whole schedule in one native call (farm_run) on the calling thread.
@@ -44,7 +53,7 @@ def load(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | No
     keys = {public_key_hex(_key_bytes(source)) for source in [*trust, *defaults.trusted_keys()]}
     if keys:
         check_signed(open_artifact(path), keys)
-    return backend_named(device, "device", ArtifactError).load(path, cache_dir, threads)
+    return backend_named(device, "device", ArtifactError).load(path, cache_dir, threads, target)
 
 
 def _key_bytes(source: str) -> bytes:

@@ -150,7 +150,7 @@ def _aligned_zeros(size: int, alignment: int) -> np.ndarray:
     return raw[start : start + size]
 
 
-def _slots(path: str, entries: Any, arena_bytes: int, role: str) -> list[tuple[TensorSpec, int]]:
+def tensor_slots(path: str, entries: Any, arena_bytes: int, role: str) -> list[tuple[TensorSpec, int]]:
     """Parse the manifest's inputs or outputs into (spec, arena offset), refusing any that don't fit the arena."""
     if not isinstance(entries, list):
         raise ArtifactError(f"{path}: manifest {role} is not a list")
@@ -201,8 +201,8 @@ class Model:
         memory map), held as long as the model."""
         plan = manifest.get("memory_plan", {})
         arena_bytes = int(plan.get("arena_bytes", 0))
-        self._inputs = _slots(path, manifest.get("inputs"), arena_bytes, "inputs")
-        self._outputs = _slots(path, manifest.get("outputs"), arena_bytes, "outputs")
+        self._inputs = tensor_slots(path, manifest.get("inputs"), arena_bytes, "inputs")
+        self._outputs = tensor_slots(path, manifest.get("outputs"), arena_bytes, "outputs")
         self.inputs = [spec for spec, _ in self._inputs]
         self.outputs = [spec for spec, _ in self._outputs]
         self.target = target

@@ -28,7 +28,12 @@ from farm.ir.keys import CPU_TARGET_PREFIX
 if TYPE_CHECKING:
     import llvmlite.binding as llvm
 
-TRIPLE_ALIASES = {"aarch64-linux-gnu": "aarch64-unknown-linux-gnu", "x86_64-linux-gnu": "x86_64-unknown-linux-gnu"}
+TRIPLE_ALIASES = {"aarch64-linux-gnu": "aarch64-unknown-linux-gnu", "riscv64-linux-gnu": "riscv64-unknown-linux-gnu",
+                  "x86_64-linux-gnu": "x86_64-unknown-linux-gnu"}
+DEFAULT_CPUS = {"riscv64": ("generic-rv64", "+m,+a,+f,+d,+c")}
+"""The CPU and features `cpu:TRIPLE` means where LLVM's generic CPU can't run the architecture's Linux: Debian's
+riscv64 is rv64gc with the lp64d ABI (doubles in float registers), which LLVM derives from +d, and LLVM's
+generic-rv64 has none of M, A, F, D or C (its lp64 objects don't link or load with that libc). Elsewhere: generic."""
 
 NAME = re.compile(r"[A-Za-z0-9_.-]+")
 FEATURES = re.compile(r"([+-][A-Za-z0-9_.-]+(,[+-][A-Za-z0-9_.-]+)*)?")
@@ -159,6 +164,8 @@ def parse_target(spec: str) -> CpuTarget:
     triple, _, cpu_features = rest.partition(":")
     cpu, _, features = cpu_features.partition(":")
     triple = TRIPLE_ALIASES.get(triple, triple)
+    if not cpu_features:
+        cpu, features = DEFAULT_CPUS.get(triple.split("-")[0], ("generic", ""))
     try:
         llvm = init_llvm()
     except ImportError:
