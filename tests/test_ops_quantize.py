@@ -4,8 +4,8 @@ half-way points, where a reciprocal multiply instead of the division would round
 QDQ model as onnxruntime's quantize_static writes it; and the refusals.
 
 The reference is onnxruntime for the elementwise ops, ONNX's reference evaluator where onnxruntime has no kernel,
-and ONNX's reference evaluator for everything that accumulates integers (`_integer_case`, the QDQ model): the
-integer arithmetic is exact, so the answer is one on every CPU, and onnxruntime's is not it on x86 CPUs without
+and ONNX's reference evaluator for everything that accumulates integers (`_integer_case`, the QDQ model): its
+integer arithmetic is exact, so its answer is the same on every CPU, which onnxruntime's is not on x86 CPUs without
 VNNI (issue 28)."""
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ def _case(id: str, op: str, inputs, feeds: Mapping[str, np.ndarray] | None = Non
 def _integer_case(id: str, op: str, inputs, feeds: Mapping[str, np.ndarray], attrs=None, opset: int = 10) -> OpCase:
     """A case of an op that sums integer products, against ONNX's reference evaluator. It sums in int32 numpy
     arithmetic, which is exact here (no case sums 2**31 / 255**2 products), and requantizes as the spec says (the
-    int32 sum times a float32 multiplier in float64, which holds the product exactly; then rint), so its answer is
-    the same on every CPU.
+    int32 sum times the scales' multiplier in float64, which holds the product exactly; then rint), so its answer
+    is the same on every CPU.
 
     onnxruntime is no reference for these ops: on x86 CPUs without AVX-512 VNNI or AVX-VNNI, its uint8 x int8
     kernels add pairs of products in 16 bits (vpmaddubsw), which saturate: under QEMU's EPYC-Milan (a Zen 3, AVX2
