@@ -1,8 +1,14 @@
 """Numerical test helpers: build ONNX models with onnx.helper, compile them with farm and compare with onnxruntime.
 
 Tolerance everywhere: max |farm - reference| <= 1e-4 * max(1, max |reference|), reference = onnxruntime on the CPU
-provider (or a stored reference output). Case tables in the test_ops_* files are lists of `OpCase`, so that
-test_ops_registry can check that every op in farm.ops.SUPPORTED_OPS has a case.
+provider (or a stored reference output). A case whose reference is a function of the feeds (`OpCase.reference`:
+ONNX's reference evaluator, as a rule) is compared with that instead: where onnxruntime has no kernel, and where its
+answer depends on the CPU it runs on. Every op that sums integer products (MatMulInteger, ConvInteger, QLinearMatMul,
+QLinearConv, QDQ models) is such a case: the sums are exact in the reference, while onnxruntime's uint8 x int8
+kernels saturate 16-bit pair sums on x86 CPUs without VNNI (tests/test_ops_quantize.py, issue 28). A reference
+must not depend on the host: a test passes or fails alike on every CPU that runs farm's code. Case tables in the
+test_ops_* files are lists of `OpCase`, so that test_ops_registry can check that every op in farm.ops.SUPPORTED_OPS
+has a case.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ Shape = Sequence[int]
 TypedInput = tuple[str, Shape, DTypeLike]
 # A graph input of graph_model and single_op_model: (name, shape) for float32, or a TypedInput.
 GraphInput = tuple[str, Shape] | TypedInput
-# A reference for a model that onnxruntime refuses although ONNX allows it: feeds -> outputs by name.
+# A reference for a model that onnxruntime refuses or answers per CPU: feeds -> outputs by name.
 Reference = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
 
 
@@ -52,10 +58,15 @@ def scaled_error(actual: np.ndarray, reference: np.ndarray) -> float:
 
 
 def assert_close(actual: np.ndarray, reference: np.ndarray, what: str = "output") -> None:
-    """Same shape, dtype float32, finite where the reference is, and within the tolerance."""
+    """Same shape and dtype; integers and booleans equal (the references' integer arithmetic is exact, so a
+    tolerance scaled by the largest value would let a sum of products off by a few pass); floats finite where the
+    reference is, and within the tolerance."""
     actual, reference = np.asarray(actual), np.asarray(reference)
     assert actual.shape == reference.shape, f"{what}: shape {actual.shape}, reference {reference.shape}"
     assert actual.dtype == reference.dtype, f"{what}: dtype {actual.dtype}, reference {reference.dtype}"
+    if not np.issubdtype(reference.dtype, np.inexact):
+        np.testing.assert_array_equal(actual, reference, err_msg=what)
+        return
     finite = np.isfinite(reference)
     assert np.array_equal(np.isfinite(actual), finite), f"{what}: non-finite values differ from the reference"
     error = scaled_error(actual[finite], reference[finite])
@@ -179,8 +190,8 @@ def assert_matches_onnxruntime(
     reference: Reference | None = None,
 ) -> BuildResult:
     """Save `model` under tmp_path, build and load it with farm, run it on `feeds` (default: random_feeds seed 0)
-    and compare every output with onnxruntime's (or, where onnxruntime refuses a valid model, with `reference`,
-    a function of the feeds). Returns the BuildResult (its artifact stays under tmp_path)."""
+    and compare every output with onnxruntime's (or, where onnxruntime refuses a valid model or answers per CPU,
+    with `reference`, a function of the feeds). Returns the BuildResult (its artifact stays under tmp_path)."""
     tmp_path = Path(tmp_path)
     tmp_path.mkdir(parents=True, exist_ok=True)
     model_path = tmp_path / f"{name}.onnx"
@@ -204,13 +215,14 @@ def scheduled_ops(result: BuildResult) -> list[str]:
 @dataclass(frozen=True)
 class OpCase:
     """One parametrized case: a model, optional feeds, optionally the ops the schedule must hold afterwards (to
-    check that a pass fused or kept what it should) and a reference function to use instead of onnxruntime."""
+    check that a pass fused or kept what it should) and a reference function to use instead of onnxruntime (where
+    it refuses the model or its answer depends on the CPU)."""
 
     id: str
     model: onnx.ModelProto
     feeds: Mapping[str, np.ndarray] | None = None
     schedule: tuple[str, ...] | None = None
-    reference: Reference | None = None  # instead of onnxruntime, for valid models it refuses
+    reference: Reference | None = None  # instead of onnxruntime, where it refuses the model or answers per CPU
 
 
 def case(id: str, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray] | None = None,

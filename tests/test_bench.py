@@ -1,5 +1,5 @@
 """farm.cli.bench and `farm bench`: per-kernel times and GFLOP/s of a real artifact, and a comparison that flags a
-kernel made slower on purpose (the same convolution compiled for the x86-64 baseline instead of this host)."""
+kernel made slower on purpose (the same convolution with a GEMM tile of one row by one 4-float vector)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from farm.backends.llvm.target import host_target, parse_target
+from farm.backends.llvm.gemm import GemmBlocking
+from farm.backends.llvm.target import host_target
+from farm.build.assembly import plan_model
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
 from farm.cli.bench import (
@@ -30,6 +32,14 @@ from farm.cli.bench import (
     sample_feeds,
     slower_p_value,
 )
+from farm.store import FileStore
+from farm.tuning.database import record
+from farm.tuning.space import tunable
+
+SLOW_TILE = GemmBlocking(rows=1, vectors=1, lanes=4)
+"""A GEMM tile that reuses nothing it loads: slower than the default one on every CPU (the default holds 4 or 8 rows
+by 3 vectors of the widest float vector in registers), where code built for another CPU is slower only on a host
+with wider vectors than that CPU's."""
 
 
 def _conv_relu_model() -> onnx.ModelProto:
@@ -45,12 +55,15 @@ def _conv_relu_model() -> onnx.ModelProto:
 
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory) -> tuple[str, str]:
-    """(built for this host, built for the x86-64 baseline: the same kernels, slower)."""
+    """(built for this host, built for it with the convolution's GEMM on SLOW_TILE: the same kernels, slower), as
+    if tuning had chosen that tile."""
     folder = tmp_path_factory.mktemp("bench")
     onnx.save(_conv_relu_model(), folder / "m.onnx")
     fast = build_model(folder / "m.onnx", folder / "fast", executor=LocalExecutor(1)).artifact
-    baseline = parse_target(f"cpu:{host_target().triple}:x86-64")
-    slow = build_model(folder / "m.onnx", folder / "slow", [baseline], executor=LocalExecutor(1)).artifact
+    slowed = FileStore(folder / "store")
+    for spec in filter(tunable, plan_model(folder / "m.onnx").kernels().values()):
+        record(slowed, spec, host_target(), {"variant": SLOW_TILE.to_json()})
+    slow = build_model(folder / "m.onnx", folder / "slow", executor=LocalExecutor(1), store=slowed).artifact
     return fast, slow
 
 

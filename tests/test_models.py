@@ -7,6 +7,7 @@ artifacts deleted after each test.
 
 from __future__ import annotations
 
+import platform
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,9 +20,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 import farm.runtime.model
 from farm.artifact import read_manifest
+from farm.backends.llvm.target import parse_target
 from farm.build.executor import LocalExecutor
-from farm.build.local import BuildResult
+from farm.build.local import BuildResult, build_model
 from farm.runtime import Model
+from farm.runtime.host import this_host
 from farm.tools.examples import EXAMPLES, random_input
 
 LIGHT_MODELS = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
@@ -136,6 +139,47 @@ def test_resnet18_identical_layers_compile_once(built_example: Callable[[str], B
     assert sum(len(k["nodes"]) for k in conv_kernels) == convs
     assert max(len(k["nodes"]) for k in conv_kernels) >= 2
     assert result.kernels < len(manifest["schedule"])
+
+
+NARROWER_CPUS = {
+    "x86_64": {"avx2": "x86-64-v3:+avx,+avx2,+fma,+f16c", "baseline": "x86-64"},
+    "aarch64": {"baseline": "generic"},
+}
+"""CPU targets below the best one a host of each architecture may have, as `cpu:TRIPLE:` suffixes. farm's code
+differs per instruction set (vector width, FMA contraction, the GEMM tile: 8 rows x 3 vectors of 16 lanes with
+AVX-512, 4 x 3 of 8 lanes with AVX2, 4 lanes without AVX), so a host with AVX-512 builds and runs the AVX2 and the
+baseline (SSE2) code too, which hosts without it run."""
+NARROWER_EXAMPLES = ("resnet18_style", "bert_style")
+"""Convolutions and a classifier GEMM; attention, LayerNorm and Gelu: the numerics that vector width changes."""
+
+
+def narrower_cases() -> list:
+    """(example, CPU) for this host's architecture; none elsewhere, which pytest reports as a skip (a failure under
+    CI), so no host passes without running them."""
+    cpus = NARROWER_CPUS.get(platform.machine(), {})
+    return [pytest.param(name, cpu, id=f"{name}-{level}") for level, cpu in cpus.items() for name in NARROWER_EXAMPLES]
+
+
+@pytest.mark.parametrize(("name", "cpu"), narrower_cases())
+def test_example_built_for_a_narrower_cpu_matches_onnxruntime(name: str, cpu: str, executor: LocalExecutor,
+                                                                tmp_path: Path) -> None:
+    """An example built for `cpu` alone runs that code on this host and matches onnxruntime. A host without the
+    target's features (an x86-64 host without AVX2) can't check that code: it skips, saying so, and under CI that
+    skip fails the run."""
+    host = this_host()
+    target = parse_target(f"cpu:{host.triple}:{cpu}")
+    lacking = sorted({item[1:] for item in target.features.split(",") if item.startswith("+")} - host.features)
+    if lacking:
+        pytest.skip(f"this host ({host.describe()}) lacks {', '.join(lacking)}: it can't run {cpu} code")
+    model = EXAMPLES[name]()
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(model, str(path))
+    result = build_model(path, tmp_path / "out", [target], executor=executor)
+    narrower = farm.runtime.load(result.artifact, cache_dir=tmp_path / "cache")
+    assert narrower.target["id"] == target.id
+    for seed in (0, 1):
+        feeds = random_input(model, seed=seed)
+        compare_outputs(narrower.run(feeds), run_onnxruntime(path, feeds), f"{name} built for {cpu}, seed {seed}")
 
 
 # --------------------------------------------------------------------------------------- onnx light models
