@@ -18,6 +18,12 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
+SERVICE_FIXTURES = frozenset({"redis_server", "redis_servers", "farm_factory", "farm_redis", "tls_farm",
+                              "flower_for", "secured", "deployed_redis"})
+"""Fixtures that start real services (redis-server, Celery workers, Flower): a test using one, directly or through
+another fixture, is marked `services` (pytest_collection_modifyitems); tests/services.py refuses to start a server
+for a test that isn't."""
+
 SESSION_CACHE_MARK = "FARM_TEST_SESSION_CACHE_DIR"
 """Names the cache root a test session made, so sessions started inside it keep it (pytest_configure)."""
 
@@ -98,3 +104,22 @@ def fingerprint() -> str:
     devices = opencl_devices()
     assert devices, "no OpenCL device: install pocl-opencl-icd (scripts/setup.sh does)"
     return devices[0]["fingerprint"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `services` every test whose fixtures start a service (SERVICE_FIXTURES)."""
+    for item in items:
+        if SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.services)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    """Let tests/services.py start servers while a test marked `services` runs (its set-up and tear-down too)."""
+    from tests import services
+
+    services.starting_allowed_for = item.nodeid if item.get_closest_marker("services") else None
+    try:
+        return (yield)
+    finally:
+        services.starting_allowed_for = None

@@ -39,6 +39,9 @@ import redis
 _START_TIMEOUT_S = 15.0
 _STOP_TIMEOUT_S = 10.0
 _running: set[RedisServer] = set()
+starting_allowed_for: str | None = None
+"""The test now running when it is marked `services` (tests/conftest.py sets it), else None: a server started for
+an unmarked test fails it, so `-m "not services"` (the fast lane) never starts one and the marker can't drift."""
 
 
 class ServiceError(RuntimeError):
@@ -175,6 +178,10 @@ class RedisServer:
 
     def _spawn(self) -> None:
         """Start redis-server in its own session, so a Ctrl-C aimed at pytest doesn't kill it mid-test."""
+        if starting_allowed_for is None and os.environ.get("PYTEST_CURRENT_TEST"):
+            raise ServiceError(f"{os.environ['PYTEST_CURRENT_TEST']} starts a redis-server but is not marked "
+                               "services: add its fixture to SERVICE_FIXTURES in tests/conftest.py, or mark it "
+                               "@pytest.mark.services")
         self.folder.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
             self._arguments(), cwd=self.folder, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

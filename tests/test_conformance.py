@@ -40,6 +40,7 @@ def _first_case_per_op() -> list:
     return sorted({case.name: case for case in chosen.values()}.values(), key=lambda case: case.name)
 
 
+@pytest.mark.slow  # some 1,400 whole builds: the fast lane leaves them to CI (the ops tests cover each op)
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_conformance_case_on_the_cpu(case) -> None:
     outcome = run_case(case, "cpu")

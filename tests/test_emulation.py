@@ -64,6 +64,7 @@ def cross_built(tmp_path_factory: pytest.TempPathFactory,
     shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", sorted(TARGETS))
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_example_matches_onnxruntime_under_emulation(name: str, arch: str, cross_built, tmp_path: Path) -> None:

@@ -28,7 +28,8 @@ CHECKOUT = str(Path(__file__).resolve().parent.parent)
 AVX512 = "cpu:x86_64-linux-gnu:x86-64-v4"
 AVX2 = "cpu:x86_64-linux-gnu:x86-64-v3"
 
-pytestmark = pytest.mark.skipif(platform.machine() != "x86_64", reason="emulates an x86-64 CPU on an x86-64 host")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(platform.machine() != "x86_64", reason="emulates an x86-64 CPU on an x86-64 host")]
 
 
 def _farm(*args: str, cwd: Path, emulated: bool = False) -> subprocess.CompletedProcess:

@@ -37,7 +37,7 @@ MIB = 1 << 20
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(params=["file", "redis"])
+@pytest.fixture(params=["file", pytest.param("redis", marks=pytest.mark.services)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     """Each backend in turn: a FileStore in tmp_path, a RedisStore on a fresh redis-server."""
     if request.param == "file":

@@ -172,6 +172,7 @@ def test_a_worker_whose_redis_is_gone_still_stops_promptly_with_one_line(redis_s
     assert "s3cret" not in log
 
 
+@pytest.mark.services
 def test_a_worker_waits_for_a_redis_that_is_down_then_serves_it(tmp_path: Path) -> None:
     """A server that doesn't answer yet is a passing fault: the worker waits for it (Celery's retries), as before."""
     server = RedisServer(password="s3cret", port=free_port())
