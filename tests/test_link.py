@@ -21,12 +21,14 @@ from native_helpers import (
     load_library,
 )
 
+from farm.backends.llvm.compiler_runtime import runtime_object
 from farm.backends.llvm.entry import ENTRY_SYMBOL, LAUNCH_SYMBOL, STEPS_SYMBOL, WORK_SYMBOL, compile_entry
 from farm.backends.llvm.link import find_linker, link_library, linker_identity
-from farm.backends.llvm.target import CpuTarget
+from farm.backends.llvm.target import CpuTarget, parse_target
 from farm.backends.llvm.toolchain import compile_ir
 from farm.errors import BuildError
 from farm.ir import loopir as L
+from farm.runtime.elf import imported_symbols
 
 N = 40
 WEIGHTS = np.linspace(-2, 2, N, dtype=np.float32)
@@ -249,3 +251,50 @@ def test_an_object_with_load_time_code_is_never_linked(how: str) -> None:
 def test_garbage_in_place_of_an_object_is_a_build_error_not_a_crash(data: bytes) -> None:
     with pytest.raises(BuildError, match="ELF"):
         link_library([data], host())
+
+
+# ------------------------------------------------------------------------- what a library may import, and who calls
+
+
+def to_half_kernel() -> L.LoopKernel:
+    """Doubles and floats stored as float16: on x86-64 without AVX512-FP16 (and without F16C, for the floats) LLVM
+    calls a compiler runtime's __truncdfhf2 and __truncsfhf2 for them."""
+    i = L.Var("i")
+    return L.LoopKernel([L.Param("half_of_double", L.F16, output=True), L.Param("half_of_float", L.F16, output=True),
+                         L.Param("doubles", L.F64), L.Param("floats")],
+                        [L.Loop(i, N, [L.Store("half_of_double", i, L.Load("doubles", i, L.F64)),
+                                       L.Store("half_of_float", i, L.Load("floats", i))])])
+
+
+def test_a_call_into_a_compiler_runtime_is_a_build_error_naming_it_and_its_caller() -> None:
+    """Without farm's compiler-runtime object, the library would load only in a process that happened to load
+    libgcc_s first (issue 28): the link refuses it on every host instead, naming each import and its caller."""
+    baseline = parse_target("cpu:x86_64-linux-gnu")
+    kernels = compile_kernels([("farm_k_to_half", to_half_kernel())], baseline)
+    with pytest.raises(BuildError) as failure:
+        link_library([kernels], baseline)
+    message = str(failure.value)
+    assert message.startswith(f"the library for {baseline.id} imports what farm's libraries may not (only ")
+    assert "__truncdfhf2, called by object 0 of 1 (farm_k_to_half); __truncsfhf2, called by object 0 of 1" in message
+
+
+def test_the_compiler_runtime_object_defines_llvms_half_conversions_inside_the_library(tmp_path) -> None:
+    """The same kernel linked with an entry and farm's compiler-runtime object (as every library is) imports only
+    what every process has, exports nothing new, and rounds as numpy does (x86-64 baseline runs natively on any
+    x86-64 host)."""
+    baseline = parse_target("cpu:x86_64-linux-gnu")
+    schedule = [{"kernel": "farm_k_to_half", "args": [["arena", offset] for offset in (0, 128, 256, 640)]}]
+    library = link_library([compile_kernels([("farm_k_to_half", to_half_kernel())], baseline),
+                            compile_entry(schedule, baseline), runtime_object(baseline)], baseline)
+    assert imported_symbols(library) == {"sched_yield"}
+    assert not {"__truncdfhf2", "__truncsfhf2", "__extendhfsf2"} & {row[7] for row in dynamic_symbols(library, tmp_path)
+                                                                     if len(row) >= 8}
+    arena = aligned_arena(1024)
+    doubles = np.linspace(-70000, 70000, N) + 1 / 3
+    arena[256:256 + 8 * N].view(np.float64)[:] = doubles
+    arena[640:640 + 4 * N].view(np.float32)[:] = doubles
+    call_farm_run(load_library(library, tmp_path), arena)
+    with np.errstate(over="ignore"):
+        halves, halves_of_floats = doubles.astype(np.float16), doubles.astype(np.float32).astype(np.float16)
+    np.testing.assert_array_equal(arena[:2 * N].view(np.float16), halves)
+    np.testing.assert_array_equal(arena[128:128 + 2 * N].view(np.float16), halves_of_floats)

@@ -151,14 +151,17 @@ def link_order(units: Sequence[CompileUnit], target: Target) -> list[str]:
 
 
 def link_target(library: dict[str, Any], object_of: Callable[[str], bytes]) -> bytes:
-    """One CPU target's shared library: its kernels' objects in link order, then its entry (from the schedule)."""
+    """One CPU target's shared library: its kernels' objects in link order, then its entry (from the schedule),
+    then the functions LLVM's calls from kernels into a compiler runtime need (farm.backends.llvm.compiler_runtime)."""
+    from farm.backends.llvm.compiler_runtime import runtime_object
     from farm.backends.llvm.entry import compile_entry
     from farm.backends.llvm.link import link_library
     from farm.backends.registry import target_from_json
 
     target = target_from_json(library["target"])
     objects = [object_of(name) for name in library["order"]]
-    return link_library(objects + [compile_entry(library["schedule"], target, library["weights_offset"])], target)
+    entry = compile_entry(library["schedule"], target, library["weights_offset"])
+    return link_library([*objects, entry, runtime_object(target)], target)
 
 
 class CpuPart(Part):

@@ -3,7 +3,8 @@ entry anyone could have written, and dlopen (or LLVM's object reader) trusts its
 
 Two readers use it: the runtime checks which symbols a library defines before it loads it
 (farm.runtime.manifest.check_library), and the link step checks which sections an object holds before it links
-it (farm.backends.llvm.link: no load-time code).
+it (farm.backends.llvm.link: no load-time code) and which symbols the library it linked imports (only what every
+process has: link.ALLOWED_IMPORTS).
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ from dataclasses import dataclass
 
 from farm.errors import ArtifactError, FarmError
 
-SYMTAB = 2
-"""sh_type of a symbol table."""
+SYMTAB, DYNSYM = 2, 11
+"""sh_type of the link-time symbol table and of the dynamic one."""
+
+STB_LOCAL = 0
+"""The binding (st_info's high nibble) of a symbol no other object sees."""
 
 
 @dataclass(frozen=True)
@@ -32,7 +36,7 @@ class Layout:
 
 
 LAYOUTS = {
-    1: Layout("I", 0x20, 0x2E, 40, "IIIIIIIIII", "I4xI4xBBH", 16),
+    1: Layout("I", 0x20, 0x2E, 40, "IIIIIIIIII", "I8xBBH", 16),
     2: Layout("Q", 0x28, 0x3A, 64, "IIQQQQIIQQ", "IBBH16x", 24),
 }
 """ELF32 and ELF64. A section header's fields: name, type, flags, addr, offset, size, link, info, align, entsize."""
@@ -81,21 +85,38 @@ def _string(table: bytes, at: int) -> str:
     return table[at:table.find(b"\0", at)].decode("ascii", "replace") if 0 <= at < len(table) else ""
 
 
+@dataclass(frozen=True)
+class Symbol:
+    name: str
+    defined: bool  # st_shndx is not SHN_UNDEF: the file defines it rather than imports it
+    local: bool  # binding STB_LOCAL: no other object sees it
+
+
+def symbols(data: bytes | mmap.mmap, table: int = SYMTAB, error: type[FarmError] = ArtifactError) -> list[Symbol]:
+    """Every symbol in the file's tables of type `table` (SYMTAB: the link-time table; DYNSYM: what the dynamic
+    loader resolves and exports), the null symbol included; `error` for anything malformed."""
+    layout, order = _header(data, error)
+    found = sections(data, error)
+    listed: list[Symbol] = []
+    for section in (s for s in found if s.kind == table):
+        if section.link >= len(found):
+            raise error("malformed ELF object: a symbol table names no string table")
+        strings = data[found[section.link].offset:found[section.link].offset + found[section.link].size]
+        end = section.offset + section.size - layout.symbol_bytes + 1
+        for at in range(section.offset, end, layout.symbol_bytes):
+            name_at, info, _, index = _unpack(data, order + layout.symbol_format, at, "symbol table", error)
+            listed.append(Symbol(_string(strings, name_at), index != 0, info >> 4 == STB_LOCAL))
+    return listed
+
+
 def defined_symbols(data: bytes | mmap.mmap) -> set[str]:
     """The names of the symbols `data` (a 64-bit ELF file, or a memory map of one) defines in its .symtab (local
     ones included)."""
     if data[4:5] != b"\x02":
         raise ArtifactError("the library is not a 64-bit ELF file")
-    layout, order = _header(data, ArtifactError)
-    found = sections(data)
-    names: set[str] = set()
-    for section in (s for s in found if s.kind == SYMTAB):
-        if section.link >= len(found):
-            raise ArtifactError("the library's symbol table names no string table")
-        strings = data[found[section.link].offset:found[section.link].offset + found[section.link].size]
-        end = section.offset + section.size - layout.symbol_bytes + 1
-        for at in range(section.offset, end, layout.symbol_bytes):
-            name_at, _, _, index = _unpack(data, order + layout.symbol_format, at, "symbol table", ArtifactError)
-            if index != 0:
-                names.add(_string(strings, name_at))
-    return names
+    return {symbol.name for symbol in symbols(data) if symbol.defined}
+
+
+def imported_symbols(data: bytes | mmap.mmap, error: type[FarmError] = ArtifactError) -> set[str]:
+    """The names a shared library leaves for the dynamic loader to find elsewhere: its undefined dynamic symbols."""
+    return {symbol.name for symbol in symbols(data, DYNSYM, error) if not symbol.defined and symbol.name}

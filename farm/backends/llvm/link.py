@@ -1,7 +1,9 @@
 """link_library: object files in, one shared library out, through the system linker.
 
 `ld.lld` links for every ELF architecture; GNU `ld` links for the host's. Inputs are named by position so that
-the same objects always give the same bytes (no build id, no timestamps).
+the same objects always give the same bytes (no build id, no timestamps). A linked library may import only what
+every process that can load it already holds (ALLOWED_IMPORTS), so that it loads, or fails to build, on every host
+alike.
 """
 
 from __future__ import annotations
@@ -80,9 +82,41 @@ def check_no_startup_code(data: bytes, what: str) -> None:
         raise BuildError(f"{what} holds load-time code ({', '.join(found)}): not an object farm's compile steps make")
 
 
+ALLOWED_IMPORTS = frozenset({"memcpy", "memmove", "memset", "sched_yield", "floor", "floorf"})
+"""Everything a library farm links may import: C library functions that every process able to load it holds
+(Python's own links libc and libm, and so does the emulation driver, farm.backends.llvm.driver). LLVM turns copy
+and fill loops into memcpy, memmove and memset; farm_work yields with sched_yield; llvm.floor is floor or floorf
+where the CPU has no rounding instruction (x86-64 before SSE4.1). Anything else would load only where some earlier
+import brought it along: LLVM's calls into a compiler runtime (`__truncdfhf2` and its kind: no C library has them)
+are defined by the entry (farm.backends.llvm.compiler_runtime), and check_imports refuses any other."""
+
+
+def check_imports(library: bytes, objects: Sequence[bytes], target: CpuTarget) -> None:
+    """BuildError unless `library`, linked from `objects` for `target`, imports ALLOWED_IMPORTS alone: an import
+    no C library defines is then a build error on every host, not a load error on those where nothing happened to
+    load it first. The error names each import and the object that calls it."""
+    refused = sorted(elf.imported_symbols(library, BuildError) - ALLOWED_IMPORTS)
+    if refused:
+        calls = "; ".join(f"{name}, called by {_caller(objects, name)}" for name in refused)
+        raise BuildError(f"the library for {target.id} imports what farm's libraries may not (only "
+                         f"{', '.join(sorted(ALLOWED_IMPORTS))}): {calls}")
+
+
+def _caller(objects: Sequence[bytes], name: str) -> str:
+    """The first object that leaves `name` undefined, by its position and the first global symbol it defines (a
+    kernel object's first is the kernel's own symbol, then come its launches)."""
+    for index, data in enumerate(objects):
+        symbols = elf.symbols(data, error=BuildError)
+        if any(symbol.name == name and not symbol.defined for symbol in symbols):
+            defined = sorted(s.name for s in symbols if s.defined and not s.local and s.name)
+            return f"object {index} of {len(objects)} ({defined[0] if defined else 'which defines nothing'})"
+    return "none of the objects (the linker added it)"
+
+
 def link_library(objects: Sequence[bytes], target: CpuTarget) -> bytes:
     """A shared library holding every object; only non-hidden symbols (farm_run, farm_launch, farm_run_steps)
-    are exported. An object with load-time code is refused: an artifact's library runs only when it is called."""
+    are exported. An object with load-time code is refused: an artifact's library runs only when it is called; so
+    is a library that imports anything outside ALLOWED_IMPORTS."""
     linker = find_linker(target)
     for index, data in enumerate(objects):
         check_no_startup_code(data, f"object {index} of {len(objects)} for {target.triple}")
@@ -98,4 +132,6 @@ def link_library(objects: Sequence[bytes], target: CpuTarget) -> bytes:
         if result.returncode != 0:
             raise BuildError(f"linking {len(paths)} objects for {target.triple} failed:\n{result.stderr.strip()}")
         with open(output, "rb") as file:
-            return file.read()
+            library = file.read()
+    check_imports(library, objects, target)
+    return library
