@@ -83,12 +83,12 @@ def check_no_startup_code(data: bytes, what: str) -> None:
 
 
 ALLOWED_IMPORTS = frozenset({"memcpy", "memmove", "memset", "sched_yield", "floor", "floorf"})
-"""Everything a library farm links may import: C library functions that every process able to load it holds
-(Python's own links libc and libm, and so does the emulation driver, farm.backends.llvm.driver). LLVM turns copy
-and fill loops into memcpy, memmove and memset; farm_work yields with sched_yield; llvm.floor is floor or floorf
-where the CPU has no rounding instruction (x86-64 before SSE4.1). Anything else would load only where some earlier
-import brought it along: LLVM's calls into a compiler runtime (`__truncdfhf2` and its kind: no C library has them)
-are defined by the runtime object every library links (farm.backends.llvm.compiler_runtime), and check_imports refuses any other."""
+"""Everything a library farm links may import: C library functions that every process able to load it holds (Python's
+own links libc and libm, and so does the emulation driver, farm.backends.llvm.driver). LLVM turns copy and fill loops
+into memcpy, memmove and memset; farm_work yields with sched_yield; llvm.floor is floor or floorf where the CPU has
+no rounding instruction (x86-64 before SSE4.1). Anything else would load only where some earlier import brought it
+along: LLVM's calls into a compiler runtime (`__truncdfhf2` and its kind: no C library has them) are defined by the
+runtime object every library links (farm.backends.llvm.compiler_runtime), and check_imports refuses any other."""
 
 
 def check_imports(library: bytes, objects: Sequence[bytes], target: CpuTarget) -> None:
