@@ -10,14 +10,14 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 host_line() {
     local cpuinfo flags isa=() pair
     cpuinfo="$(cat /proc/cpuinfo 2>/dev/null || true)"
-    field() { printf '%s\n' "$cpuinfo" | grep -m1 "^$1[[:space:]]*:" | cut -d: -f2- | sed 's/^ *//'; }
+    field() { printf '%s\n' "$cpuinfo" | grep -m1 "^$1[[:space:]]*:" | cut -d: -f2- | sed 's/^ *//' || true; }
     flags=" $(field flags)$(field Features) "
     for pair in avx2:AVX2 avx512f:AVX-512 avx512_vnni:VNNI avx_vnni:VNNI amx_tile:AMX asimd:NEON sve:SVE; do
         if [[ $flags == *" ${pair%%:*} "* && " ${isa[*]} " != *" ${pair#*:} "* ]]; then
             isa+=("${pair#*:}")
         fi
     done
-    echo "[test] host: $(field 'model name' || true) ($(field vendor_id) family $(field 'cpu family') model" \
+    echo "[test] host: $(field 'model name') ($(field vendor_id) family $(field 'cpu family') model" \
          "$(field model)), $(uname -m), $(nproc) CPUs; vector ISA: ${isa[*]:-baseline only}"
 }
 host_line
