@@ -21,6 +21,7 @@ from farm.distributed.client import ANY_WORKER, FarmClient, LivenessWatch, job_q
 from farm.distributed.protocol import JobRecord, JobState, Message, PlanJob
 from farm.distributed.steps import Farm
 from farm.errors import BadInputError, BuildError, ExitStatus, JobError, UnreachableError
+from farm.frontend.split import split_model
 from farm.store import RedisStore, content_key
 from farm.tools import examples
 from tests.services import RedisServer, redis_server_fixture  # noqa: F401
@@ -57,7 +58,8 @@ def test_submit_stages_the_model_and_writes_a_request_that_a_worker_accepts(
     data = model_path.read_bytes()
     record = client.record(job_id)
     assert record.state == "queued" and record.model_name == "tiny_cnn"
-    assert record.model_sha256 == hashlib.sha256(data).hexdigest() == record.model_key and record.no_cache is False
+    assert record.model_sha256 == hashlib.sha256(data).hexdigest() and record.no_cache is False
+    assert record.model_key == hashlib.sha256(split_model(model_path).graph).hexdigest()  # the graph, by digest
     assert record.targets == [host_target()]
     raw = redis_server.client()
     assert raw.lrange(protocol.SUBMITTED_KEY, 0, -1) == [job_id.encode()] and raw.llen("control") == 0
@@ -68,7 +70,8 @@ def test_submit_stages_the_model_and_writes_a_request_that_a_worker_accepts(
 
     assert accept(job_id) == f"job {job_id} accepted"
     assert client.board.get(job_id) == client.record(job_id) and client.record(job_id).updated >= record.created
-    assert RedisStore(redis_server.url).get(record.model_key) == data  # admitted into the store, the broker's Redis
+    assert RedisStore(redis_server.url).get(record.model_key) == split_model(model_path).graph  # admitted into the
+    # store, the broker's Redis
     assert not raw.exists(f"farm:store:staged:{record.model_key}")
     assert dispatched == [PlanJob(job_id).message()]
     assert accept(job_id) == f"job {job_id} was accepted already" and len(dispatched) == 1

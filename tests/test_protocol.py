@@ -148,11 +148,12 @@ def test_the_job_index_and_events_channel_are_named_here() -> None:
     assert protocol.job_events_channel(JOB) == f"farm:job:{JOB}:events"
 
 
-def test_a_request_round_trips_to_a_queued_record_whose_model_key_is_its_sha256() -> None:
+def test_a_request_round_trips_to_a_queued_record_with_its_graph_key_and_model_sha256() -> None:
+    """The submitter stages a split graph (model_key) and names its model file's sha256 apart: both travel."""
     job_id, request = protocol.encode_request(record(no_cache=True, submitted_from="ci-runner"))
     assert protocol.check_job_id(job_id) == job_id and set(request) == {*protocol.REQUEST_FIELDS, "nonce"}
     decoded = protocol.decode_request(request, job_id)
-    assert decoded.state == JobState.QUEUED and decoded.model_key == decoded.model_sha256 == "b" * 64
+    assert decoded.state == JobState.QUEUED and decoded.model_key == "a" * 64 and decoded.model_sha256 == "b" * 64
     assert decoded.targets == [CPU, DEVICE] and decoded.no_cache and decoded.submitted_from == "ci-runner"
     assert protocol.encode_request(record())[0] != protocol.encode_request(record())[0]  # the nonce differs
 

@@ -490,7 +490,7 @@ def test_redis_staged_bytes_enter_the_store_only_when_admitted_whole_and_matchin
     assert not store.has(key) and 0 < raw.ttl(store.staged_key(key)) <= defaults.STAGED_TTL_SECONDS
     assert store.admit(key) and store.get(key) == data
     assert raw.keys(f"{store.prefix}staged:*") == []
-    assert not store.admit(key)  # nothing staged any more (the caller then finds it in the store)
+    assert store.admit(key) and raw.keys(f"{store.prefix}staged:*") == []  # in the store: nothing staged to admit
 
     other = store.stage(pseudo_random(3 * KIB, seed=1))
     raw.set(f"{store.staged_key(other)}:1", b"x" * KIB)  # swapped bytes under the same key

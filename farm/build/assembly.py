@@ -31,33 +31,37 @@ from farm.backends.registry import Target
 from farm.build.parts import PARTS, BuiltUnits, link_target
 from farm.build.units import CompileUnit
 from farm.errors import BadInputError, UnsupportedError
+from farm.frontend.external import ExternalData
 from farm.frontend.shapes import PinnedShapes, describe_size, shapes_to_json, sizes_to_json
 from farm.ir.specs import CODEGEN_VERSION, BlobSpec, canonical_json
 from farm.plan.planner import BuildPlan
 
 
-def plan_model(model_path: str | os.PathLike, shapes: PinnedShapes | None = None) -> BuildPlan:
-    """Import (with the input dimensions `shapes` fixes: farm.frontend.shapes), optimise and validate the model,
-    then plan it; raises before any compiling on bad input."""
+def plan_model(model_path: str | os.PathLike, shapes: PinnedShapes | None = None,
+               external: ExternalData | None = None) -> BuildPlan:
+    """Import (with the input dimensions `shapes` fixes: farm.frontend.shapes; external data read through
+    `external`, by default from the model's folder), optimise and validate the model, then plan it; raises before
+    any compiling on bad input."""
     from farm.frontend.onnx_import import import_model, validate
     from farm.frontend.passes import optimize
     from farm.ops import SUPPORTED_OPS
     from farm.plan.planner import make_plan
 
-    graph = optimize(import_model(model_path, shapes))
+    graph = optimize(import_model(model_path, shapes, external))
     validate(graph, SUPPORTED_OPS)
     return make_plan(graph)
 
 
-def plan_sizes(model_path: str | os.PathLike, sizes: Sequence[PinnedShapes] = ()) -> list[BuildPlan]:
+def plan_sizes(model_path: str | os.PathLike, sizes: Sequence[PinnedShapes] = (),
+               external: ExternalData | None = None) -> list[BuildPlan]:
     """A plan per size (plan_model with each size's pins; one plan without sizes). With several sizes, a refusal
     says at which size, since another may plan."""
     if len(sizes) <= 1:
-        return [plan_model(model_path, sizes[0] if sizes else None)]
+        return [plan_model(model_path, sizes[0] if sizes else None, external)]
     plans = []
     for pins in sizes:
         try:
-            plans.append(plan_model(model_path, pins))
+            plans.append(plan_model(model_path, pins, external))
         except BadInputError as error:
             raise _at_size(error, pins) from None
     return plans
@@ -74,12 +78,17 @@ def _at_size(error: BadInputError, pins: PinnedShapes) -> BadInputError:
 
 
 def build_identity(model_sha256: str, model_name: str, targets: Sequence[Target],
-                   sizes: Sequence[PinnedShapes] = ()) -> str:
+                   sizes: Sequence[PinnedShapes] = (), graph_key: str | None = None) -> str:
     """Everything an artifact's bytes depend on besides the tuning database: farm's codegen and artifact format, this
     process's toolchain (LLVM and the linker), the model's bytes and name, the targets, the pinned sizes (none, or
     one without pins: the identity builds had before shapes could be pinned; one: the identity of a single pinned
-    size). It names a local build's job and the farm's artifact cache entry."""
+    size). It names a local build's job and the farm's artifact cache entry. `graph_key`: on the farm, the key of
+    the split graph the workers built from (farm.frontend.split), when it differs from the model file's sha256;
+    the farm can't check a submitter's `model_sha256` (the file never reaches it), so only what it checked, the
+    graph and through it every weight's digest, may decide which cached artifact a job gets."""
     parts = [CODEGEN_VERSION, FORMAT_VERSION, toolchain().key, model_sha256, model_name, [t.to_json() for t in targets]]
+    if graph_key and graph_key != model_sha256:
+        parts.append({"graph": graph_key})
     pinned = [pins for pins in sizes if pins]
     if len(sizes) > 1:
         parts.append(sizes_to_json(sizes))

@@ -257,9 +257,10 @@ def _devices(broker: str | None) -> Devices:
 
 def _submit_to_farm(client, model: Path, targets: list, output: str, as_json: bool, no_wait: bool,
                     detach: bool, no_cache: bool, options: dict[str, Any]) -> None:
+    from farm.cli.progress import UploadLines
     from farm.errors import UnreachableError
 
-    job_id = client.submit(model, targets, no_cache=no_cache, **options)
+    job_id = client.submit(model, targets, no_cache=no_cache, on_upload=UploadLines(model.name), **options)
     click.echo(f"farm: job {job_id} submitted; farm status {job_id} / farm cancel {job_id}", err=True)
     if no_wait:
         click.echo(schemas.dumps("submit", _build_fields(client.status(job_id))) if as_json else job_id)

@@ -274,3 +274,40 @@ def _is_a_terminal(stream: IO[str]) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):  # no isatty (a replaced stream), or closed
         return False
+
+
+def megabytes(count: int) -> str:
+    return f"{count / 1e6:.1f} MB"
+
+
+class UploadLines:
+    """A farm submit's upload on stderr, as plain lines: what the farm lacks of the model when the upload starts,
+    a line every COUNT_LINE_SECONDS or COUNT_LINE_FRACTION of the bytes, and the total when it ends (an upload
+    of nothing but the graph says so in one line)."""
+
+    def __init__(self, label: str, stream: IO[str] | None = None) -> None:
+        self.label, self.stream = printable(label), stream or sys.stderr
+        self.started = self.said_at = time.monotonic()
+        self.said_bytes = 0
+        self.opened = False
+
+    def __call__(self, upload: Any) -> None:
+        """Takes a farm.distributed.uploads.Upload."""
+        now = time.monotonic()
+        if not self.opened:
+            self.opened = True
+            self._say(f"uploading {upload.missing_blobs} of {upload.blobs} weights ({megabytes(upload.missing_bytes)} "
+                      f"of {megabytes(upload.bytes)}; the farm has the rest)" if upload.missing_blobs else
+                      f"the farm has all {upload.blobs} weights ({megabytes(upload.bytes)}); uploading the graph")
+        elif upload.done:
+            if upload.sent_bytes:
+                self._say(f"uploaded {megabytes(upload.sent_bytes)} in {now - self.started:.1f} s")
+        elif (upload.sent_bytes - self.said_bytes >= COUNT_LINE_FRACTION * upload.missing_bytes
+              or now - self.said_at >= COUNT_LINE_SECONDS):
+            self.said_at, self.said_bytes = now, upload.sent_bytes
+            self._say(f"uploaded {megabytes(upload.sent_bytes)} of {megabytes(upload.missing_bytes)} "
+                      f"({100 * upload.sent_bytes // max(1, upload.missing_bytes)}%)")
+
+    def _say(self, text: str) -> None:
+        self.stream.write(f"farm: {self.label}: {text}\n")
+        self.stream.flush()

@@ -9,21 +9,22 @@ workers is said, not sat out in silence.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from farm import defaults
 from farm.backends.llvm.target import CpuTarget
 from farm.backends.registry import Target
-from farm.distributed import protocol, recipes
+from farm.distributed import protocol, recipes, uploads
 from farm.distributed.board import JobBoard
 from farm.distributed.protocol import TERMINAL, JobRecord, JobState, check_job_id, check_model_name
+from farm.distributed.uploads import Upload
 from farm.errors import BadInputError, BuildError, CredentialsRefusedError, ExitStatus, JobError, UnreachableError
 from farm.frontend.shapes import PinnedShapes, sizes_to_json
+from farm.frontend.split import BlobSource, SplitError, SplitModel, split_model
 from farm.store import CorruptEntryError, MissingEntryError, Store, open_store
 
 ANY_WORKER = "start one with 'farm worker'"
@@ -63,23 +64,67 @@ class FarmClient:
         return self._store
 
     def submit(self, model_path: str | os.PathLike, targets: Sequence[Target], no_cache: bool = False,
-               tune: bool = False, retune: bool = False, sizes: Sequence[PinnedShapes] = ()) -> str:
-        """Upload the model (unless the store has it) and submit the job's request to the workers' intake
+               tune: bool = False, retune: bool = False, sizes: Sequence[PinnedShapes] = (),
+               on_upload: Callable[[Upload], None] | None = None) -> str:
+        """Upload what the farm lacks of the model and submit the job's request to the workers' intake
         (farm.distributed.intake), which makes its record and plans it; returns the job id. `tune`: time the
         kernels the tuning database lacks first (`retune`: all of them), on workers of each target's CPU class.
-        `sizes`: the sizes of dynamic input dimensions to build (farm.frontend.shapes.parse_sizes)."""
+        `sizes`: the sizes of dynamic input dimensions to build (farm.frontend.shapes.parse_sizes).
+
+        The model goes by digest (farm.frontend.split): its graph, and each weight (external data included) as a
+        blob named by its sha256, staged only when the store lacks it (one round trip asks), streamed a chunk at a
+        time; `on_upload(Upload)` hears how far the upload is. A resubmit whose weights didn't change uploads only
+        its graph."""
         path = Path(model_path)
         if not path.is_file():
             raise BadInputError(f"{path}: no such model file")
-        data = path.read_bytes()
+        try:
+            split = split_model(path)
+        except (SplitError, OSError) as error:
+            raise BadInputError(str(error)) from None
+        uploaded = self._upload(split, on_upload or (lambda upload: None))
         now = time.time()
-        model_sha256 = hashlib.sha256(data).hexdigest()
-        if not self.store.has(model_sha256):
-            self.store.stage(data)
-        return self.board.submit(JobRecord(JobState.QUEUED, model_sha256, check_model_name(path.stem), model_sha256,
-                                            list(targets), no_cache=no_cache, tune=tune, retune=retune,
-                                            sizes=list(sizes),
-                                            submitted_from=os.uname().nodename[:255], created=now, updated=now))
+        job_id = self.board.submit(JobRecord(JobState.QUEUED, split.graph_key, check_model_name(path.stem),
+                                             split.model_sha256, list(targets), no_cache=no_cache, tune=tune,
+                                             retune=retune, sizes=list(sizes),
+                                             submitted_from=os.uname().nodename[:255], created=now, updated=now))
+        uploads.remember(job_id, split, uploaded)
+        return job_id
+
+    def _upload(self, split: SplitModel, report: Callable[[Upload], None]) -> int:
+        """Stage the graph and the blobs the store lacks (asked in one round trip); the weight bytes sent. What the
+        store had is asked for again after the uploads and staged if it was evicted meanwhile (once a worker
+        accepts the job, its pins keep it)."""
+        lacking = self.store.missing([split.graph_key, *split.blobs])
+        missing = [key for key in lacking if key != split.graph_key]
+        upload = Upload(len(split.blobs), split.blob_bytes, len(missing),
+                        sum(split.blobs[key].length for key in missing))
+        report(upload)
+        for key in missing:
+            self._stage_blob(key, split.blobs[key], upload, report)
+        evicted = self.store.missing([key for key in (split.graph_key, *split.blobs) if key not in set(lacking)])
+        for key in evicted:
+            if key != split.graph_key:
+                upload.missing_blobs, upload.missing_bytes = (upload.missing_blobs + 1,
+                                                              upload.missing_bytes + split.blobs[key].length)
+                self._stage_blob(key, split.blobs[key], upload, report)
+        if split.graph_key in lacking or split.graph_key in evicted:
+            self.store.stage(split.graph)
+        upload.done = True
+        report(upload)
+        return upload.sent_bytes
+
+    def _stage_blob(self, key: str, source: BlobSource, upload: Upload, report: Callable[[Upload], None]) -> None:
+        def pieces() -> Iterator[memoryview]:
+            for piece in source.chunks(UPLOAD_PIECE_BYTES):
+                yield piece
+                upload.sent_bytes += len(piece)
+                report(upload)
+
+        try:
+            self.store.stage_stream(key, source.length, pieces())
+        except OSError as error:
+            raise BadInputError(f"reading the model's weights: {error}") from None
 
     def jobs(self, limit: int = 20) -> list[dict[str, Any]]:
         """The `limit` newest jobs of the last JOB_TTL_SECONDS, newest first: id, state, model, creation time and
@@ -179,7 +224,9 @@ class FarmClient:
 
     def download(self, job_id: str, out_dir: str | os.PathLike) -> str:
         """Write the job's artifact to out_dir/<model>.farm (atomically) and return its path: the store keeps it as a
-        recipe (farm.distributed.recipes), whose members are streamed into the file one at a time."""
+        recipe (farm.distributed.recipes), whose members are streamed into the file one at a time. Members this
+        machine submitted (the model's own weights, when this client uploaded the job) are read from the model's
+        files, checked by sha256; only the rest (libraries, packed weights) come from the farm."""
         status = self.status(job_id)
         raise_for_state(status)
         if status["state"] != JobState.DONE.value:
@@ -187,7 +234,7 @@ class FarmClient:
         path = os.path.abspath(os.path.join(out_dir, f"{status['model']}.farm"))
         try:
             recipes.write_artifact_from(path, recipes.read_recipe(self.store.peek(status["artifact_key"])),
-                                        self.store.peek)
+                                        uploads.local_first(uploads.recall(job_id), self.store.peek))
         except (MissingEntryError, CorruptEntryError):
             raise JobError(f"job {job_id}'s artifact is no longer in the farm's store (evicted after its first "
                            "download, or damaged); submit the model again to rebuild it") from None
@@ -203,6 +250,8 @@ class FarmClient:
         return self.record(job_id).state == JobState.CANCELLED
 
 
+UPLOAD_PIECE_BYTES = 4 << 20
+"""How much of a weight the client reads from its file at a time while staging it."""
 INTAKE_NUDGE_SECONDS = 30.0
 """A waiting client pushes its job's id to the intake again when no worker has accepted the job for this long (a
 worker that popped it may have died; accepting twice does nothing)."""

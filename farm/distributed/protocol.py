@@ -470,7 +470,7 @@ CODECS: dict[str, Codec] = {
 }
 
 
-REQUEST_FIELDS = ("model_name", "model_sha256", "targets", "no_cache", "tune", "retune", "sizes", "submitted_from",
+REQUEST_FIELDS = ("model_key", "model_name", "model_sha256", "targets", "no_cache", "tune", "retune", "sizes", "submitted_from",
                   "created")
 """The record fields a submitter chooses; every other field (state, keys, counts, errors) is the farm's."""
 NONCE = re.compile(r"[0-9a-f]{32}")
@@ -492,7 +492,9 @@ def request_job_id(request: dict[str, str]) -> str:
 def decode_request(hash_fields: dict[str, str], job_id: str) -> JobRecord:
     """The queued record a request asks for. A request is a submitter's word: a field it may not set, a field
     missing or one that doesn't parse is refused (BadInputError naming it), so is a request that isn't the one
-    its job id was made from, and the model's key is its sha256."""
+    its job id was made from. `model_key` is the split graph the submitter staged (farm.frontend.split), which
+    the intake checks against its bytes; `model_sha256` is the submitter's word for its model file, which never
+    reaches the farm (the build identity holds both: farm.distributed.steps.artifact_ref)."""
     allowed = (*REQUEST_FIELDS, "nonce")
     extra = sorted(set(hash_fields) - set(allowed))
     missing = [name for name in allowed if name not in hash_fields]
@@ -509,7 +511,7 @@ def decode_request(hash_fields: dict[str, str], job_id: str) -> JobRecord:
             raise BadInputError(f"job request field {name!r} is malformed ({error})") from None
     if not math.isfinite(values["created"]) or len(values["submitted_from"]) > 255:
         raise BadInputError("job request field 'created' or 'submitted_from' is out of range")
-    return JobRecord(JobState.QUEUED, values["model_sha256"], updated=values["created"], **values)
+    return JobRecord(JobState.QUEUED, updated=values["created"], **values)
 
 
 def encode_fields(**values: Any) -> dict[str, str]:

@@ -32,6 +32,9 @@ from farm.distributed import pins, protocol, recipes
 from farm.distributed.board import JobBoard
 from farm.distributed.protocol import Compile, Finish, JobRecord, JobState, Link, Message, PlanJob, TaskArgs, Tune
 from farm.errors import ArtifactError, BadInputError, ExitStatus, FarmError, UnreachableError
+from farm.frontend.external import ExternalDataError, StoredBlobs
+from farm.frontend.split import stored_blob_keys
+from farm.frontend.wire import WireError
 from farm.plan.planner import BuildPlan
 from farm.store import CorruptEntryError, MissingEntryError, Store, content_key, refs
 from farm.tuning import database
@@ -55,7 +58,7 @@ def artifact_ref(record: JobRecord) -> str:
     """The cache ref of a job's artifact: its build identity (model, name, targets, pinned shapes, farm's
     codegen)."""
     return refs.artifact(assembly.build_identity(record.model_sha256, record.model_name, record.targets,
-                                                 record.sizes))
+                                                 record.sizes, record.model_key))
 
 
 class Farm:
@@ -158,7 +161,10 @@ class Farm:
             return f"job {job_id} has no request (never submitted, or expired)"
         pins.pin_for_job(self.store, job_id, [request.model_key])
         now = time.time()
-        if not (self.store.admit(request.model_key) or self.store.has(request.model_key)):
+        graph = self.store.take_staged(request.model_key)
+        if graph is not None:
+            pins.pin_for_job(self.store, job_id, _blob_keys(graph))
+        else:
             request = replace(request, state=JobState.FAILED, exit_status=int(ExitStatus.BAD_INPUT), finished=now,
                               error=f"the model's upload ({request.model_key}) is not on the farm: it expired "
                                     "before a worker took the job, or was damaged; submit the model again")
@@ -196,11 +202,28 @@ class Farm:
         return True
 
     def _plans(self, record: JobRecord) -> list[BuildPlan]:
-        """A plan per size the job asks for (one for a static model)."""
+        """A plan per size the job asks for (one for a static model), its weights read by their keys: the store's
+        entries, or the submitter's staged uploads, admitted as they are read (farm.store.Store.take_staged)."""
         with tempfile.TemporaryDirectory(prefix="farm-job-") as folder:
             path = Path(folder) / f"{record.model_name}.onnx"
             path.write_bytes(self.store.get(record.model_key))
-            return assembly.plan_sizes(path, record.sizes)
+            weights: dict[str, bytes] = {}
+
+            def weight(key: str, name: str) -> bytes:
+                if key not in weights:  # a blob two initializers share, or every size's import, is read once
+                    weights[key] = self._weight(key, name)
+                return weights[key]
+
+            return assembly.plan_sizes(path, record.sizes, StoredBlobs(weight))
+
+    def _weight(self, key: str, name: str) -> bytes:
+        """The bytes of the weight blob `key` that the submitter named for initializer `name`."""
+        data = self.store.take_staged(key)
+        if data is None:
+            raise ExternalDataError(f"initializer {name!r}: its bytes (blob {key}) are not on the farm: the upload "
+                                    "expired before a worker took the job, was evicted or was damaged; submit the "
+                                    "model again")
+        return data
 
     def _pin_cached(self, job_id: str, units: list[CompileUnit]) -> set[str]:
         """The names of the units whose objects the cache holds, each pinned for the job before its presence is
@@ -433,6 +456,14 @@ STEPS: dict[type, Callable[[Farm, Any], str | None]] = {
     Finish: lambda farm, args: farm.finish(args),
 }
 """The step each task runs, by the type of its arguments (farm.distributed.protocol)."""
+
+
+def _blob_keys(graph: bytes) -> list[str]:
+    """The weight blobs a submitted graph names (none when its bytes don't parse: the plan's import says why)."""
+    try:
+        return stored_blob_keys(graph)
+    except WireError:
+        return []
 
 
 def _submitted_path(message: str) -> str:

@@ -19,6 +19,7 @@ from onnx import AttributeProto, TensorProto, numpy_helper
 from farm import defaults
 from farm.errors import ModelLoadError, UnsupportedError
 from farm.frontend import wire
+from farm.frontend.external import ExternalData, ExternalDataError, ModelFolder
 from farm.frontend.shapes import PinnedShapes, apply_shapes, dynamic_input_hint
 from farm.ir.graph import Graph, Node, TensorInfo
 from farm.ops.registry import ALL_DTYPES
@@ -35,24 +36,27 @@ _SHAPE_DATA_MAX_ELEMENTS = 4096
 # --------------------------------------------------------------------------------------------------- import_model
 
 
-def import_model(path: str | os.PathLike[str], shapes: PinnedShapes | None = None) -> Graph:
+def import_model(path: str | os.PathLike[str], shapes: PinnedShapes | None = None,
+                 external: ExternalData | None = None) -> Graph:
     """Load the ONNX model at `path` into a Graph with static value infos, constants and named nodes; `shapes`
     (farm.frontend.shapes, from `--shape`) fix the sizes of dynamic input dimensions before shape inference.
 
     Raises ModelLoadError when the file can't be read, is not an ONNX model or refers to external data outside its
     folder, BadInputError for a pinned shape that doesn't fit the model, and UnsupportedError when its ai.onnx opset is
     outside 9..28 (older ones only where its ops have not changed since 9). Dynamic shapes and unknown ops are left
-    for `validate`, which can name the node that uses them.
+    for `validate`, which can name the node that uses them. `external`: where external data is read from (default:
+    files inside the model's folder; a worker planning a submitted model reads blobs from the farm's store).
     """
     path = os.fspath(path)
     model, mapped = _load_proto(path)
     if shapes:
         apply_shapes(model.graph, shapes, path)
     opset = _default_opset(model, path)
-    model_dir = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    if external is None:
+        external = ModelFolder(os.path.realpath(os.path.dirname(os.path.abspath(path))))
     _check_declared_sizes(model.graph)
-    constants = _read_initializers(model.graph, model_dir, mapped, path)
-    nodes, node_constants = _convert_nodes(model.graph.node, model_dir, opset)
+    constants = _read_initializers(model.graph, external, mapped, path)
+    nodes, node_constants = _convert_nodes(model.graph.node, external, opset)
     constants.update(node_constants)
     inferred, declared = _infer_shapes(model, constants, path)
     values, dynamic = _collect_value_infos(inferred.graph)
@@ -224,62 +228,35 @@ def _schema_version(op: str, opset: int) -> int | None:
 # ---------------------------------------------------------------------------------------------- tensors and data
 
 
-def _read_initializers(graph: onnx.GraphProto, model_dir: str, mapped: dict[int, memoryview],
+def _read_initializers(graph: onnx.GraphProto, external: ExternalData, mapped: dict[int, memoryview],
                        path: str) -> dict[str, np.ndarray]:
     """Every initializer as a numpy array: views of the model file's map where `mapped` has its bytes, external ones
-    read from inside model_dir only."""
+    read through `external` (which refuses locations outside the model's folder)."""
     if graph.sparse_initializer:
         name = graph.sparse_initializer[0].values.name
         raise UnsupportedError(f"sparse initializer {name!r} is not supported")
     return {tensor.name: _array_from_bytes(tensor, mapped[index], path) if index in mapped
-            else _tensor_to_array(tensor, model_dir) for index, tensor in enumerate(graph.initializer)}
+            else _tensor_to_array(tensor, external) for index, tensor in enumerate(graph.initializer)}
 
 
-def _tensor_to_array(tensor: TensorProto, model_dir: str) -> np.ndarray:
-    """Convert a TensorProto, reading its bytes from a file next to the model when they are stored externally."""
+def _tensor_to_array(tensor: TensorProto, external: ExternalData) -> np.ndarray:
+    """Convert a TensorProto, reading its bytes through `external` when they are stored externally."""
     if tensor.data_location == TensorProto.EXTERNAL:
-        return _read_external(tensor, model_dir)
+        return _read_external(tensor, external)
     try:
         return numpy_helper.to_array(tensor)
     except Exception as exc:
         raise ModelLoadError(f"tensor {tensor.name!r} can't be decoded: {exc}") from exc
 
 
-def _read_external(tensor: TensorProto, model_dir: str) -> np.ndarray:
-    """Read an external tensor's bytes, refusing any location that is absolute or leaves the model's folder."""
-    info = {entry.key: entry.value for entry in tensor.external_data}
-    location = info.get("location", "")
-    file_path = _external_path(tensor.name, location, model_dir)
+def _read_external(tensor: TensorProto, external: ExternalData) -> np.ndarray:
+    """Read an external tensor's bytes (ModelFolder refuses any location that is absolute or leaves the model's
+    folder)."""
     try:
-        offset, length = int(info.get("offset", 0)), int(info["length"]) if "length" in info else -1
-        with open(file_path, "rb") as f:
-            f.seek(offset)
-            data = f.read(length)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"initializer {tensor.name!r}: can't read external data {file_path}: {exc}") from exc
-    if length >= 0 and len(data) != length:
-        raise ModelLoadError(
-            f"initializer {tensor.name!r}: external data {file_path} holds {len(data)} bytes at offset {offset}, "
-            f"expected {length}"
-        )
-    return _array_from_bytes(tensor, data, file_path)
-
-
-def _external_path(name: str, location: str, model_dir: str) -> str:
-    """Resolve `location` inside model_dir; symlinks and '..' are resolved before the containment check."""
-    if "\x00" in location:
-        raise ModelLoadError(f"initializer {name!r}: external data path {location!r} contains a NUL byte")
-    if not location or os.path.isabs(location):
-        raise ModelLoadError(f"initializer {name!r}: external data path {location!r} must be relative to the model")
-    resolved = os.path.realpath(os.path.join(model_dir, location))
-    if os.path.commonpath([resolved, model_dir]) != model_dir:
-        raise ModelLoadError(
-            f"initializer {name!r}: external data path {location!r} resolves to {resolved}, outside the model's "
-            f"folder {model_dir}"
-        )
-    if not os.path.isfile(resolved):
-        raise ModelLoadError(f"initializer {name!r}: external data file {resolved} does not exist")
-    return resolved
+        data, where = external.read(tensor.name, {entry.key: entry.value for entry in tensor.external_data})
+    except ExternalDataError as error:
+        raise ModelLoadError(str(error)) from None
+    return _array_from_bytes(tensor, data, where)
 
 
 def _array_from_bytes(tensor: TensorProto, data: bytes | memoryview, file_path: str) -> np.ndarray:
@@ -305,17 +282,17 @@ def _array_from_bytes(tensor: TensorProto, data: bytes | memoryview, file_path: 
 # ----------------------------------------------------------------------------------------------- nodes and attrs
 
 
-def _read_tensor_attr(attr: AttributeProto, model_dir: str) -> np.ndarray:
-    return _tensor_to_array(attr.t, model_dir)
+def _read_tensor_attr(attr: AttributeProto, external: ExternalData) -> np.ndarray:
+    return _tensor_to_array(attr.t, external)
 
 
-def _read_sparse_attr(attr: AttributeProto, model_dir: str) -> Any:
+def _read_sparse_attr(attr: AttributeProto, external: ExternalData) -> Any:
     raise UnsupportedError(f"sparse tensor attribute {attr.name!r} is not supported")
 
 
 # Attribute readers by ONNX attribute type. Subgraphs stay protobufs: farm runs no op that has them, so validate
 # rejects such nodes by op, and keeping the proto lets that error name the node instead of crashing here.
-_ATTR_READERS: dict[int, Callable[[AttributeProto, str], Any]] = {
+_ATTR_READERS: dict[int, Callable[[AttributeProto, ExternalData], Any]] = {
     AttributeProto.FLOAT: lambda a, _: float(a.f),
     AttributeProto.INT: lambda a, _: int(a.i),
     AttributeProto.STRING: lambda a, _: a.s.decode("utf-8", errors="replace"),
@@ -343,7 +320,7 @@ _CONSTANT_VALUES: dict[str, Callable[[Any], np.ndarray]] = {
 }
 
 
-def _convert_nodes(protos: Iterable[onnx.NodeProto], model_dir: str,
+def _convert_nodes(protos: Iterable[onnx.NodeProto], external: ExternalData,
                    opset: int) -> tuple[list[Node], dict[str, np.ndarray]]:
     """Nodes as farm Nodes with Python attributes; Constant nodes become constants instead of nodes."""
     nodes: list[Node] = []
@@ -351,7 +328,7 @@ def _convert_nodes(protos: Iterable[onnx.NodeProto], model_dir: str,
     protos = list(protos)
     used_names = _unique_node_names(protos)
     for index, proto in enumerate(protos):
-        node = _convert_node(proto, index, model_dir, used_names)
+        node = _convert_node(proto, index, external, used_names)
         _check_attr_types(proto, node, opset)
         if node.op_type == "Constant" and node.domain == "":
             constants[node.outputs[0]] = _constant_value(node)
@@ -373,14 +350,14 @@ def _unique_node_names(protos: list[onnx.NodeProto]) -> set[str]:
     return names
 
 
-def _convert_node(proto: onnx.NodeProto, index: int, model_dir: str, used_names: set[str]) -> Node:
+def _convert_node(proto: onnx.NodeProto, index: int, external: ExternalData, used_names: set[str]) -> Node:
     """One node; an unnamed node gets the stable name `<op_type>_<index>` (one no node of the model has) so that
     errors can point at it."""
     domain = "" if proto.domain in DEFAULT_DOMAINS else proto.domain
     name = proto.name or _fresh_name(f"{proto.op_type}_{index}", used_names)
     used_names.add(name)
     try:
-        attrs = {attr.name: _ATTR_READERS[attr.type](attr, model_dir) for attr in proto.attribute}
+        attrs = {attr.name: _ATTR_READERS[attr.type](attr, external) for attr in proto.attribute}
     except KeyError as exc:
         raise UnsupportedError(
             f"attribute of unknown type {exc}", node=name, op=proto.op_type, domain=domain

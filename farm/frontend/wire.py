@@ -45,8 +45,8 @@ def cut_raw_initializers(data: memoryview, min_bytes: int = CUT_MIN_BYTES) -> tu
     its RawSpan in `data`); the index counts GraphProto.initializer entries in file order, as the parse keeps them
     (a graph field given twice merges: its initializers append)."""
     cutter = _Cutter(data, min_bytes)
-    pieces = [_delimited(field, cutter.graph(body, end)) if field == MODEL_GRAPH and wire == LENGTH_DELIMITED
-              else bytes(data[start:end]) for field, wire, start, body, end in _fields(data, 0, len(data))]
+    pieces = [delimited(field, cutter.graph(body, end)) if field == MODEL_GRAPH and wire == LENGTH_DELIMITED
+              else bytes(data[start:end]) for field, wire, start, body, end in fields(data, 0, len(data))]
     return b"".join(pieces), cutter.spans
 
 
@@ -58,9 +58,9 @@ class _Cutter:
 
     def graph(self, begin: int, end: int) -> bytes:
         pieces: list[bytes] = []
-        for field, wire, start, body, stop in _fields(self.data, begin, end):
+        for field, wire, start, body, stop in fields(self.data, begin, end):
             if field == GRAPH_INITIALIZER and wire == LENGTH_DELIMITED:
-                pieces.append(_delimited(field, self.tensor(body, stop)))
+                pieces.append(delimited(field, self.tensor(body, stop)))
                 self.initializers += 1
             else:
                 pieces.append(bytes(self.data[start:stop]))
@@ -68,39 +68,39 @@ class _Cutter:
 
     def tensor(self, begin: int, end: int) -> bytes:
         data = self.data
-        fields = list(_fields(data, begin, end))
+        tensor_fields = list(fields(data, begin, end))
         data_type, external, raw = 0, False, None
-        for field, wire, _, body, stop in fields:
+        for field, wire, _, body, stop in tensor_fields:
             if field == TENSOR_DATA_TYPE and wire == VARINT:
-                data_type = _varint(data, body)[0]
+                data_type = varint(data, body)[0]
             elif field == TENSOR_DATA_LOCATION and wire == VARINT:
-                external = _varint(data, body)[0] != 0
+                external = varint(data, body)[0] != 0
             elif field == TENSOR_RAW_DATA and wire == LENGTH_DELIMITED:
                 raw = (body, stop - body)
         if raw is None or external or raw[1] < self.min_bytes:
             return bytes(data[begin:end])
         self.spans[self.initializers] = RawSpan(data_type, *raw)
-        return b"".join(bytes(data[start:stop]) for field, wire, start, _, stop in fields
+        return b"".join(bytes(data[start:stop]) for field, wire, start, _, stop in tensor_fields
                         if not (field == TENSOR_RAW_DATA and wire == LENGTH_DELIMITED))
 
 
-def _fields(data: memoryview, begin: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
+def fields(data: memoryview, begin: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
     """(field number, wire type, field start, body start, field end) of each field of the message in [begin, end);
     a varint's or fixed field's body is its value."""
     position = begin
     while position < end:
-        tag, body = _varint(data, position)
+        tag, body = varint(data, position)
         field, wire = tag >> 3, tag & 7
         if field == 0:
             raise WireError(f"field number 0 at byte {position}")
         if wire == VARINT:
-            stop = _varint(data, body)[1]
+            stop = varint(data, body)[1]
         elif wire == FIXED64:
             stop = body + 8
         elif wire == FIXED32:
             stop = body + 4
         elif wire == LENGTH_DELIMITED:
-            length, body = _varint(data, body)
+            length, body = varint(data, body)
             stop = body + length
         else:
             raise WireError(f"wire type {wire} (a group) at byte {position}")
@@ -110,7 +110,7 @@ def _fields(data: memoryview, begin: int, end: int) -> Iterator[tuple[int, int, 
         position = stop
 
 
-def _varint(data: memoryview, position: int) -> tuple[int, int]:
+def varint(data: memoryview, position: int) -> tuple[int, int]:
     """(value, position after it)."""
     value = shift = 0
     while True:
@@ -124,7 +124,7 @@ def _varint(data: memoryview, position: int) -> tuple[int, int]:
         shift += 7
 
 
-def _encode_varint(value: int) -> bytes:
+def encode_varint(value: int) -> bytes:
     out = bytearray()
     while value >= 0x80:
         out.append(value & 0x7F | 0x80)
@@ -133,5 +133,5 @@ def _encode_varint(value: int) -> bytes:
     return bytes(out)
 
 
-def _delimited(field: int, body: bytes) -> bytes:
-    return _encode_varint(field << 3 | LENGTH_DELIMITED) + _encode_varint(len(body)) + body
+def delimited(field: int, body: bytes) -> bytes:
+    return encode_varint(field << 3 | LENGTH_DELIMITED) + encode_varint(len(body)) + body

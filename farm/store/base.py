@@ -139,10 +139,32 @@ class Store(ABC):
         """Offer bytes for a trusted process to `admit` into the store; here, where every writer is trusted, `put`."""
         return self.put(data)
 
+    def stage_stream(self, key: str, size: int, chunks: Iterable[Data]) -> None:
+        """Stage the `size` bytes that `chunks` yield, which their writer says hash to `key` (admission checks it),
+        holding one chunk at a time where the store allows (a submitter's weights can be gigabytes); here the
+        pieces are joined and put."""
+        data = b"".join(bytes(as_bytes_view(chunk)) for chunk in chunks)
+        if len(data) != size or content_key(data) != key:
+            raise StoreError(f"staged bytes for {key} are not the {size} bytes that hash to it")
+        self.put(data)
+
     def admit(self, key: str) -> bool:
         """Move staged bytes into the store, checked against `key`; False when none are staged (or they are not
         whole). Here, where staging is the store itself, whether the entry is there."""
         return self.has(key)
+
+    def take_staged(self, key: str) -> bytes | None:
+        """The bytes of `key`, admitted from staging (checked against `key` as they are read) unless the store has
+        them; None when neither holds them whole. Admitting moves the staged bytes, never copies them (a weight is
+        in the store once, as its one read out of it). Here, where staging is the store itself, `get`."""
+        try:
+            return self.get(key)
+        except (MissingEntryError, CorruptEntryError):
+            return None
+
+    def missing(self, keys: Iterable[str]) -> list[str]:
+        """Those of `keys` the store has no entry for, in one round trip where the store allows."""
+        return [key for key in keys if not self.has(key)]
 
     @abstractmethod
     def delete(self, key: str) -> None:

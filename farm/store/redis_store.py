@@ -113,6 +113,26 @@ return {1, total(), cap()}
 """The last step of a put: the header (which makes the entry exist) and its accounting, at once, but only when
 every chunk is there (a concurrent delete of the same key may have swept them): {1 or 0, bytes, cap}."""
 
+_LUA_PROMOTE = _LUA_COMMON + """
+local key, staged, size, count = ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
+if redis.call('EXISTS', header_key(key)) == 1 then return {2, total(), cap()} end
+for i = 0, count - 1 do
+  if redis.call('EXISTS', staged .. ':' .. i) == 0 then return {0, total(), cap()} end
+end
+for i = 0, count - 1 do
+  local chunk = header_key(key) .. ':' .. i
+  redis.call('RENAME', staged .. ':' .. i, chunk)
+  redis.call('PERSIST', chunk)
+end
+redis.call('DEL', staged)
+redis.call('SET', header_key(key), size .. ':' .. count)
+account(key, tonumber(size), now_ms())
+return {1, total(), cap()}
+"""
+"""Admit staged bytes that were read and checked: their chunks renamed into the entry's (the bytes never leave
+Redis, nor are they held twice), then the header and the accounting, at once: {1, bytes, cap}; {2, ...} when the
+entry exists already (the staged copy is dropped by the caller), {0, ...} when a staged chunk is gone."""
+
 _LUA_DROP = _LUA_COMMON + "return drop(ARGV[3])"
 """Delete an entry: header first, its chunks (a dead put's orphans too), the refs that point at it, its bytes."""
 
@@ -262,7 +282,7 @@ class RedisStore(Store):
             script(_LUA_TOUCH), script(_LUA_COMMIT), script(_LUA_DROP), script(_LUA_EVICT))
         self._pin, self._unpin, self._owners, self._stats = (
             script(_LUA_PIN), script(_LUA_UNPIN), script(_LUA_OWNERS), script(_LUA_STATS))
-        self._set_ref, self._adopt = script(_LUA_SET_REF), script(_LUA_ADOPT)
+        self._set_ref, self._adopt, self._promote = script(_LUA_SET_REF), script(_LUA_ADOPT), script(_LUA_PROMOTE)
 
     @property
     def url(self) -> str:
@@ -333,23 +353,79 @@ class RedisStore(Store):
             self.client.set(chunk_key(count - 1), view[start : start + self.chunk_bytes], ex=ttl)
         return count
 
+    def stage_stream(self, key: str, size: int, chunks: Iterable[Data]) -> None:
+        """Stage bytes as `stage` does, one chunk of at most chunk_bytes at a time (a submitter's weights are
+        never held whole): `chunks` may yield pieces of any size; their sha256 is checked when a worker admits
+        them."""
+        staged, ttl = self.staged_key(key), defaults.STAGED_TTL_SECONDS
+        count = written = 0
+        pending = bytearray()
+        with self._errors():
+            for chunk in chunks:
+                pending += as_bytes_view(chunk)
+                while len(pending) >= self.chunk_bytes:
+                    self.client.set(f"{staged}:{count}", bytes(pending[:self.chunk_bytes]), ex=ttl)
+                    del pending[:self.chunk_bytes]
+                    count, written = count + 1, written + self.chunk_bytes
+            if pending or not count:
+                self.client.set(f"{staged}:{count}", bytes(pending), ex=ttl)
+                count, written = count + 1, written + len(pending)
+            if written != size:
+                raise StoreError(f"staging {key}: {written} bytes came, not {size}")
+            self.client.set(staged, f"{size}:{count}", ex=ttl)
+
     def admit(self, key: str) -> bool:
         """Put staged bytes into the store once their sha256 is checked against `key` (so a stager can't make a key
-        stand for other bytes), then drop them from staging; False when nothing whole is staged under `key`."""
+        stand for other bytes); False when nothing whole is staged under `key`."""
+        return self.take_staged(key) is not None
+
+    def take_staged(self, key: str) -> bytes | None:
+        """The bytes of `key`: the entry's when the store has it whole, else the staged bytes, read once and checked
+        against `key`, then admitted by renaming their chunks into the entry (no second copy, and nothing
+        written back); None when neither holds them whole (bad staged bytes are dropped)."""
+        with contextlib.suppress(MissingEntryError, CorruptEntryError):
+            return self.get(key)
         staged = self.staged_key(key)
         try:
             with self._errors():
+                header = self.client.get(staged)
                 data = self._read(staged, lambda index: f"{staged}:{index}", key, repair=False)
         except (MissingEntryError, CorruptEntryError):
-            data = None
-        with self._errors():  # dropped before the put, so Redis never holds the bytes twice
+            self._drop_staged(key)
+            with contextlib.suppress(MissingEntryError, CorruptEntryError):
+                return self.get(key)  # another worker admitted it while this one read
+            return None
+        with self._errors():
+            present, total, cap = self._script(self._touch, key)
+        if not present and int(total) + len(data) > int(cap):
+            self._evict_to(room=len(data))
+        with self._errors():
+            done, total, cap = self._script(self._promote, key, staged, len(data),
+                                            self._parse_header(key, header, repair=False)[1])
+        if int(done) != 1:
+            self._drop_staged(key)
+            self.put(data)  # staged chunks expired meanwhile: put the bytes read (a no-op when present)
+        elif int(total) > int(cap):
+            self.evict()
+        return data
+
+    def _drop_staged(self, key: str) -> None:
+        staged = self.staged_key(key)
+        with self._errors():
             self.client.delete(staged)
             index = 0
             while self.client.delete(f"{staged}:{index}"):
                 index += 1
-        if data is not None:
-            self.put(data)
-        return data is not None
+
+    def missing(self, keys: Iterable[str]) -> list[str]:
+        """One pipeline of EXISTS on the entries' headers (a submitter's credentials may read them)."""
+        keys = list(keys)
+        with self._errors():
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.exists(self.header_key(key))
+            found = pipe.execute()
+        return [key for key, present in zip(keys, found) if not present]
 
     def staged_key(self, key: str) -> str:
         """The Redis key of staged bytes' header (their chunks at `<it>:<i>`)."""

@@ -1,0 +1,105 @@
+"""Where a model's external data comes from: files beside the model (a local build, the submitting client), or the
+farm's store by sha256 (a worker planning a split model: farm.frontend.split).
+
+Models are untrusted input, and an external-data location is a string the model chose: `ModelFolder` reads only
+files inside the model's folder (after resolving links and `..`), `StoredBlobs` only blobs named by a digest. This
+module imports nothing heavy, since the submitting client checks locations with it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from typing import Protocol, Union
+
+Buffer = Union[bytes, memoryview]
+STORED_PREFIX = "sha256:"
+STORED_LOCATION = re.compile(STORED_PREFIX + r"([0-9a-f]{64})")
+"""A split graph's external-data location: the blob's sha256 (farm.frontend.split writes them)."""
+
+
+class ExternalDataError(ValueError):
+    """An external-data reference that can't be followed; the message names the tensor."""
+
+
+class ExternalData(Protocol):
+    """Reads the bytes an external-data reference names."""
+
+    def read(self, name: str, info: dict[str, str]) -> tuple[Buffer, str]:
+        """(the bytes of tensor `name`'s external data described by `info` (location, offset, length), where they
+        came from, for messages); ExternalDataError naming the tensor when they can't be read."""
+
+
+def external_path(name: str, location: str, model_dir: str) -> str:
+    """Resolve `location` inside model_dir; symlinks and '..' are resolved before the containment check."""
+    if "\x00" in location:
+        raise ExternalDataError(f"initializer {name!r}: external data path {location!r} contains a NUL byte")
+    if not location or os.path.isabs(location):
+        raise ExternalDataError(f"initializer {name!r}: external data path {location!r} must be relative to the "
+                                "model")
+    resolved = os.path.realpath(os.path.join(model_dir, location))
+    if os.path.commonpath([resolved, model_dir]) != model_dir:
+        raise ExternalDataError(
+            f"initializer {name!r}: external data path {location!r} resolves to {resolved}, outside the model's "
+            f"folder {model_dir}"
+        )
+    if not os.path.isfile(resolved):
+        raise ExternalDataError(f"initializer {name!r}: external data file {resolved} does not exist")
+    return resolved
+
+
+def _range(name: str, info: dict[str, str]) -> tuple[int, int]:
+    """(offset, length; -1 for "to the end") of a reference."""
+    try:
+        offset, length = int(info.get("offset", 0)), int(info["length"]) if "length" in info else -1
+    except ValueError as error:
+        raise ExternalDataError(f"initializer {name!r}: external data offset or length is not a number ({error})") from None
+    if offset < 0:
+        raise ExternalDataError(f"initializer {name!r}: external data offset {offset} is negative")
+    return offset, length
+
+
+class ModelFolder:
+    """External data in files inside the model's folder, as exporters write it (`model.onnx.data`)."""
+
+    def __init__(self, model_dir: str) -> None:
+        self.model_dir = model_dir
+
+    def read(self, name: str, info: dict[str, str]) -> tuple[Buffer, str]:
+        file_path = external_path(name, info.get("location", ""), self.model_dir)
+        offset, length = _range(name, info)
+        try:
+            with open(file_path, "rb") as f:
+                f.seek(offset)
+                data = f.read(length)
+        except OSError as error:
+            raise ExternalDataError(f"initializer {name!r}: can't read external data {file_path}: {error}") from error
+        if length >= 0 and len(data) != length:
+            raise ExternalDataError(f"initializer {name!r}: external data {file_path} holds {len(data)} bytes at "
+                                    f"offset {offset}, expected {length}")
+        return data, file_path
+
+
+class StoredBlobs:
+    """External data that the submitting client uploaded as blobs (farm.frontend.split): a location is a blob's
+    sha256, read with `read_blob(key)` (which checks the bytes against it); any other location is a file on the
+    submitter's machine that was never uploaded, named as such."""
+
+    def __init__(self, read_blob: Callable[[str, str], Buffer]) -> None:
+        self.read_blob = read_blob
+
+    def read(self, name: str, info: dict[str, str]) -> tuple[Buffer, str]:
+        location = info.get("location", "")
+        match = STORED_LOCATION.fullmatch(location)
+        if match is None:
+            raise ExternalDataError(f"tensor {name!r}: external data {location[:200]!r} was not uploaded (farm submit "
+                                    "uploads the external data of the main graph's initializers; save other "
+                                    "tensors inside the model)")
+        offset, length = _range(name, info)
+        data = self.read_blob(match.group(1), name)
+        end = len(data) if length < 0 else offset + length
+        if end > len(data):
+            raise ExternalDataError(f"initializer {name!r}: blob {match.group(1)} holds {len(data)} bytes, not "
+                                    f"{length} at offset {offset}")
+        return memoryview(data)[offset:end], f"blob {match.group(1)}"
