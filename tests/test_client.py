@@ -9,8 +9,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
+from onnx import numpy_helper
 
 from farm import defaults
 from farm.artifact import artifact_bytes
@@ -353,3 +355,60 @@ def test_a_forged_model_name_never_names_a_path_outside_the_download_folder(clie
     with pytest.raises(BadInputError, match="model name .* can't name a file"):
         client.download(job_id, tmp_path / "dl")
     assert not any(tmp_path.rglob("*.farm")) and not Path("/tmp/absolute.farm").exists()
+
+
+def _linear(tmp: Path, name: str, producer: str, external: bool = False) -> Path:
+    """y = x @ W with a 4 MB W; `producer` changes the graph's bytes and nothing else."""
+    rng = np.random.default_rng(3)
+    weight = numpy_helper.from_array(rng.standard_normal((1024, 1024)).astype(np.float32), "W")
+    graph = onnx.helper.make_graph([onnx.helper.make_node("MatMul", ["x", "W"], ["y"])], "linear",
+                                   [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 1024])],
+                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 1024])],
+                                   [weight])
+    model = onnx.helper.make_model(graph, producer_name=producer, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    path = tmp / f"{name}.onnx"
+    if external:
+        onnx.save(model, path, save_as_external_data=True, location=f"{name}.onnx.data", size_threshold=0)
+    else:
+        onnx.save(model, path)
+    return path
+
+
+def test_a_resubmit_with_a_changed_graph_and_the_same_weights_uploads_under_a_megabyte(
+        client: FarmClient, redis_server: RedisServer, tmp_path: Path, accept) -> None:
+    """Weights go by digest: the store is asked which it lacks (one round trip) and only those are staged."""
+    raw = redis_server.client()
+    reports: list = []
+    first = client.submit(_linear(tmp_path, "v1", "exporter 1"), [host_target()], on_upload=reports.append)
+    assert reports[0].missing_blobs == reports[0].blobs == 1 and reports[-1].done
+    assert reports[-1].sent_bytes == 4 << 20
+    assert accept(first) == f"job {first} accepted"
+    Farm(client.board, client.store, lambda message: None)._plans(client.board.get(first))  # admits the weight
+    assert not raw.keys("farm:store:staged:*")
+    received = raw.info("stats")["total_net_input_bytes"]
+    reports.clear()
+    second = client.submit(_linear(tmp_path, "v2", "exporter 2"), [host_target()], on_upload=reports.append)
+    assert raw.info("stats")["total_net_input_bytes"] - received < 1 << 20
+    assert reports[0].missing_blobs == 0 and reports[-1].sent_bytes == 0
+    assert client.record(second).model_key != client.record(first).model_key
+
+
+def test_a_model_with_external_data_is_submitted_with_it(client: FarmClient, tmp_path: Path, accept) -> None:
+    """The graph alone used to reach the farm, whose import then blamed the user for a file it never got."""
+    path = _linear(tmp_path, "dynamo", "torch", external=True)
+    job_id = client.submit(path, [host_target()])
+    assert accept(job_id) == f"job {job_id} accepted"
+    plans = Farm(client.board, client.store, lambda message: None)._plans(client.board.get(job_id))
+    weight = next(iter(plans[0].blobs.values()))
+    assert weight.tobytes() == (tmp_path / "dynamo.onnx.data").read_bytes()
+
+
+def test_external_data_outside_the_models_folder_is_refused_before_any_upload(
+        client: FarmClient, redis_server: RedisServer, tmp_path: Path) -> None:
+    path = _linear(tmp_path, "escape", "x", external=True)
+    model = onnx.load(path, load_external_data=False)
+    model.graph.initializer[0].external_data[0].value = "../elsewhere.data"
+    onnx.save(model, path)
+    with pytest.raises(BadInputError, match="'W'.*outside the model's folder"):
+        client.submit(path, [host_target()])
+    assert not redis_server.client().keys("farm:*")

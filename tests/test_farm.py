@@ -284,3 +284,45 @@ def test_a_device_no_live_worker_owns_is_named_by_status_and_wait(farm_factory, 
     workers = farm_cli("workers", broker=farm.url, cwd=tmp_path)
     assert workers.returncode == 0 and workers.stderr == "" and "cpu@test" in workers.stdout
     assert client.cancel(job_id)
+
+
+def _embedding_model(folder: Path) -> Path:
+    """A dynamo-style export: every weight in `model.onnx.data` beside the graph; a 2 MB embedding table that the
+    artifact holds as the model has it, and a MatMul weight packed for the target."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(5)
+    table = numpy_helper.from_array(rng.standard_normal((8192, 64)).astype(np.float32), "table")
+    weight = numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "W")
+    graph = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["e"]),
+                               helper.make_node("MatMul", ["e", "W"], ["y"])], "embed",
+                              [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 64])], [table, weight])
+    path = folder / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path,
+              save_as_external_data=True, location="model.onnx.data", size_threshold=0)
+    return path
+
+
+def test_an_external_data_model_builds_as_locally_and_its_own_weights_are_not_downloaded(farm_factory, tmp_path):
+    """The client uploads the graph and each weight by digest; the artifact equals the local build byte for byte,
+    and a download on the submitting machine reads the model's own weights from its files (only a machine that
+    didn't submit it fetches them)."""
+    model = _embedding_model(tmp_path)
+    local = build_model(model, tmp_path / "local", executor=LocalExecutor(1)).artifact
+    farm = farm_factory(workers=1)
+    job = _submit(farm, model, tmp_path)
+    assert job["state"] == "done" and _sha(job["artifact"]) == _sha(local)
+    redis = farm.redis.client()
+
+    def download(folder: str, **env: str) -> int:
+        sent = redis.info("stats")["total_net_output_bytes"]
+        result = farm_cli("download", job["job_id"], "-o", str(tmp_path / folder), broker=farm.url, cwd=tmp_path,
+                          env=env)
+        assert result.returncode == 0 and _sha(result.stdout.strip()) == _sha(local), result.stderr
+        return redis.info("stats")["total_net_output_bytes"] - sent
+
+    table_bytes = 8192 * 64 * 4
+    assert download("here") < table_bytes // 2
+    assert download("elsewhere", FARM_CACHE_DIR=str(tmp_path / "another-machine")) > table_bytes

@@ -497,6 +497,45 @@ def test_redis_staged_bytes_enter_the_store_only_when_admitted_whole_and_matchin
     assert not store.admit(other) and not store.has(other) and raw.keys(f"{store.prefix}staged:*") == []
 
 
+def test_redis_a_streamed_upload_is_admitted_by_renaming_its_chunks_not_by_a_second_copy(
+        redis_server: RedisServer) -> None:
+    """A submitter's weight is staged a piece at a time (stage_stream); the worker that reads it first checks its
+    sha256 and renames its chunks into the entry: Redis receives no byte of it again and never holds it twice."""
+    store = RedisStore(redis_server.url, chunk_bytes=64 * KIB)
+    data = pseudo_random(320 * KIB + 7)
+    key = content_key(data)
+    store.stage_stream(key, len(data), (data[start:start + 7000] for start in range(0, len(data), 7000)))
+    raw = redis_server.client()
+    assert store.missing([key, content_key(b"other")]) == [key, content_key(b"other")]
+    assert len(raw.keys(f"{store.prefix}staged:*")) == 1 + 6  # the header and six chunks of at most 64 KiB
+    received = raw.info("stats")["total_net_input_bytes"]
+    assert store.take_staged(key) == data
+    assert raw.info("stats")["total_net_input_bytes"] - received < 16 * KIB  # commands and scripts, no chunk
+    assert raw.keys(f"{store.prefix}staged:*") == [] and store.missing([key]) == []
+    assert raw.ttl(store.chunk_key(key, 0)) == -1 and store.stats().bytes == len(data)  # persisted, counted
+    assert store.get(key) == data and store.take_staged(key) == data  # the entry, once it is one
+
+
+def test_redis_staged_bytes_that_are_not_their_key_are_dropped_not_admitted(redis_server: RedisServer) -> None:
+    store = RedisStore(redis_server.url, chunk_bytes=KIB)
+    data = pseudo_random(3 * KIB)
+    store.stage_stream(content_key(b"something else"), len(data), [data])
+    assert store.take_staged(content_key(b"something else")) is None
+    assert redis_server.client().keys(f"{store.prefix}staged:*") == [] and store.stats().entries == 0
+    with pytest.raises(StoreError, match="2 bytes came, not 3"):
+        store.stage_stream(content_key(b"abc"), 3, [b"ab"])
+
+
+def test_file_store_stages_and_admits_through_put(tmp_path: Path) -> None:
+    """Where every writer is trusted (the local store) staging is the store itself."""
+    store = FileStore(tmp_path)
+    store.stage_stream(content_key(b"abcdef"), 6, [b"abc", b"def"])
+    assert store.missing([content_key(b"abcdef"), content_key(b"x")]) == [content_key(b"x")]
+    assert store.take_staged(content_key(b"abcdef")) == b"abcdef" and store.take_staged(content_key(b"x")) is None
+    with pytest.raises(StoreError, match="not the 3 bytes"):
+        store.stage_stream(content_key(b"xyz"), 3, [b"abc"])
+
+
 def test_redis_peek_neither_marks_use_nor_deletes_a_corrupt_entry(redis_server: RedisServer) -> None:
     store = RedisStore(redis_server.url, chunk_bytes=KIB)
     key = store.put(pseudo_random(2 * KIB))
