@@ -412,3 +412,20 @@ def test_external_data_outside_the_models_folder_is_refused_before_any_upload(
     with pytest.raises(BadInputError, match="'W'.*outside the model's folder"):
         client.submit(path, [host_target()])
     assert not redis_server.client().keys("farm:*")
+
+
+def test_a_model_whose_weights_are_over_the_farms_cap_is_refused_before_any_upload(
+        client: FarmClient, redis_server: RedisServer, tmp_path: Path, accept) -> None:
+    """The job would pin its weights over the cap for its whole life: refused up front naming the sizes, by the
+    client and again by the intake (a client is not trusted to have checked)."""
+    path = _linear(tmp_path, "big", "x")
+    client.store.set_max_bytes(1 << 20)
+    with pytest.raises(BadInputError, match=r"big.onnx: its weights are 4.0 MiB \(\d+ bytes\), over the farm's "
+                                            r"store cap of 1.0 MiB \(1048576 bytes"):
+        client.submit(path, [host_target()])
+    assert not redis_server.client().keys("farm:store:staged:*")
+    client.store.set_max_bytes(8 << 20)
+    job_id = client.submit(path, [host_target()])
+    client.store.set_max_bytes(1 << 20)
+    assert "over the farm's store cap" in accept(job_id)
+    assert client.status(job_id)["state"] == "failed" and client.status(job_id)["exit_status"] == 2

@@ -63,3 +63,25 @@ def test_more_distinct_models_than_fit_all_build_download_and_redis_stays_near_t
           f"Redis used memory peaked at {peak / MIB:.1f} MiB; the store holds {stats['bytes'] / MIB:.1f} MiB")
     staged = first.stat().st_size * ROUNDING  # a submitted model waits beside the store until a worker admits it
     assert peak <= CAP * ROUNDING + SLACK + staged
+
+
+def test_after_a_download_the_store_returns_under_its_cap_without_gc(farm_factory, tmp_path):
+    """A job pins what it needs until its artifact is downloaded, which may hold the store over its cap; the
+    workers' intakes release the pins of downloaded jobs and evict (Farm.housekeep, every SWEEP_SECONDS with the
+    production default) so that `farm store stats` no longer shows a store over its cap until someone runs gc."""
+    import time
+
+    from farm.distributed.intake import SWEEP_SECONDS
+
+    cap = 3 * MIB
+    farm = farm_factory(workers=1, env={"FARM_STORE_MAX_BYTES": str(cap)})
+    model = _models(tmp_path)[0]
+    job = _cli_json(farm, tmp_path, "submit", str(model), "--no-wait")["job_id"]
+    assert _cli_json(farm, tmp_path, "wait", job)["state"] == "done"
+    assert _cli_json(farm, tmp_path, "store", "stats", operator=True)["pinned_entries"] > 0  # kept for its download
+    assert farm_cli("download", job, "-o", str(tmp_path / "out"), broker=farm.url, cwd=tmp_path).returncode == 0
+    deadline = time.monotonic() + 3 * SWEEP_SECONDS
+    while (stats := _cli_json(farm, tmp_path, "store", "stats", operator=True))["bytes"] > cap:
+        assert time.monotonic() < deadline, f"still {stats['bytes']} bytes over a cap of {cap}: {stats}"
+        time.sleep(0.5)
+    assert stats["pinned_entries"] == 0

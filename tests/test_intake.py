@@ -56,3 +56,22 @@ def test_a_lost_redis_is_waited_out(redis_server: RedisServer) -> None:
     redis_server.start()
     board.redis.lpush(protocol.SUBMITTED_KEY, JOB)
     assert intake.take_one() == f"job {JOB} accepted"
+
+
+def test_the_intake_runs_the_stores_housekeeping_every_sweep_seconds_and_survives_its_errors(
+        redis_server: RedisServer) -> None:
+    from farm.distributed.intake import SWEEP_SECONDS
+
+    runs: list[float] = []
+
+    def housekeep() -> None:
+        runs.append(time.monotonic())
+        raise RuntimeError("Redis went away")
+
+    intake = Intake(JobBoard(redis_server.url), lambda job_id: "", housekeep)
+    intake.sweep()
+    assert runs == []  # not before SWEEP_SECONDS have passed since the intake started
+    intake._swept -= SWEEP_SECONDS
+    intake.sweep()
+    intake.sweep()
+    assert len(runs) == 1  # the failure was logged, and the next run waits its turn

@@ -82,6 +82,9 @@ class FarmClient:
             split = split_model(path)
         except (SplitError, OSError) as error:
             raise BadInputError(str(error)) from None
+        refusal = uploads.over_the_cap(path.name, split.blob_bytes + len(split.graph), self.store.max_bytes)
+        if refusal:
+            raise BadInputError(refusal)
         uploaded = self._upload(split, on_upload or (lambda upload: None))
         now = time.time()
         job_id = self.board.submit(JobRecord(JobState.QUEUED, split.graph_key, check_model_name(path.stem),

@@ -25,19 +25,35 @@ log = logging.getLogger(__name__)
 
 POP_SECONDS = 1.0
 """How long one pop blocks, so that a stopping worker's intake ends within about that."""
+SWEEP_SECONDS = 10.0
+"""How often the intake runs the store's housekeeping (farm.distributed.steps.Farm.housekeep)."""
 
 
 class Intake(threading.Thread):
-    """Pops submitted ids and calls `accept(job_id)` (returning a note it logs) for each well-formed one."""
+    """Pops submitted ids and calls `accept(job_id)` (returning a note it logs) for each well-formed one; runs
+    `housekeep()` every SWEEP_SECONDS between pops."""
 
-    def __init__(self, board: JobBoard, accept: Callable[[str], str]) -> None:
+    def __init__(self, board: JobBoard, accept: Callable[[str], str],
+                 housekeep: Callable[[], None] = lambda: None) -> None:
         super().__init__(name="farm-intake", daemon=True)
-        self.board, self.accept = board, accept
+        self.board, self.accept, self.housekeep = board, accept, housekeep
         self._stopping = threading.Event()
+        self._swept = time.monotonic()
 
     def run(self) -> None:
         while not self._stopping.is_set():
             self.take_one()
+            self.sweep()
+
+    def sweep(self) -> None:
+        """Run the housekeeping when SWEEP_SECONDS have passed since the last run; no error ends the thread."""
+        if time.monotonic() - self._swept < SWEEP_SECONDS:
+            return
+        self._swept = time.monotonic()
+        try:
+            self.housekeep()
+        except Exception:  # noqa: BLE001 - logged; a Redis away or a bad record must not stop the intake
+            log.warning("intake: housekeeping failed", exc_info=True)
 
     def take_one(self) -> str | None:
         """Pop one id (waiting up to POP_SECONDS) and accept its job; the note, or None when nothing came. Nothing

@@ -28,12 +28,12 @@ from farm.backends.llvm.target import CpuTarget
 from farm.build import assembly
 from farm.build.parts import BuiltUnits
 from farm.build.units import CompileUnit, cache_unit, cached_unit, compile_unit
-from farm.distributed import pins, protocol, recipes
+from farm.distributed import pins, protocol, recipes, uploads
 from farm.distributed.board import JobBoard
 from farm.distributed.protocol import Compile, Finish, JobRecord, JobState, Link, Message, PlanJob, TaskArgs, Tune
 from farm.errors import ArtifactError, BadInputError, ExitStatus, FarmError, UnreachableError
 from farm.frontend.external import ExternalDataError, StoredBlobs
-from farm.frontend.split import stored_blob_keys
+from farm.frontend.split import stored_blobs
 from farm.frontend.wire import WireError
 from farm.plan.planner import BuildPlan
 from farm.store import CorruptEntryError, MissingEntryError, Store, content_key, refs
@@ -162,18 +162,30 @@ class Farm:
         pins.pin_for_job(self.store, job_id, [request.model_key])
         now = time.time()
         graph = self.store.take_staged(request.model_key)
-        if graph is not None:
-            pins.pin_for_job(self.store, job_id, _blob_keys(graph))
-        else:
+        blobs = _blobs(graph) if graph is not None else {}
+        refusal = uploads.over_the_cap(f"{request.model_name}.onnx", sum(blobs.values()) + len(graph or b""),
+                                       self.store.max_bytes)
+        if graph is None:
+            refusal = (f"the model's upload ({request.model_key}) is not on the farm: it expired before a worker "
+                       "took the job, or was damaged; submit the model again")
+        if refusal:
             request = replace(request, state=JobState.FAILED, exit_status=int(ExitStatus.BAD_INPUT), finished=now,
-                              error=f"the model's upload ({request.model_key}) is not on the farm: it expired "
-                                    "before a worker took the job, or was damaged; submit the model again")
+                              error=refusal)
+        else:
+            pins.pin_for_job(self.store, job_id, list(blobs))
         if not self.board.create(job_id, replace(request, updated=now)):
             return f"job {job_id} was accepted already"
         if request.state == JobState.FAILED:
             return f"job {job_id} failed: {request.error}"
         self.dispatch(PlanJob(job_id).message())
         return f"job {job_id} accepted"
+
+    def housekeep(self) -> None:
+        """What keeps the store under its cap between builds (every worker's intake runs it every SWEEP_SECONDS):
+        release the pins of ended jobs (a download only raises a flag: a submitter can't unpin) and evict down to
+        the cap, so a big job's weights don't hold the store over it until the next build."""
+        pins.release_ended_jobs(self.board, self.store)
+        self.store.evict()
 
     def _reuse_artifact(self, job_id: str, record: JobRecord) -> bool:
         """Finish at once when this farm already built the same model bytes for the same targets (unless --no-cache
@@ -458,12 +470,13 @@ STEPS: dict[type, Callable[[Farm, Any], str | None]] = {
 """The step each task runs, by the type of its arguments (farm.distributed.protocol)."""
 
 
-def _blob_keys(graph: bytes) -> list[str]:
-    """The weight blobs a submitted graph names (none when its bytes don't parse: the plan's import says why)."""
+def _blobs(graph: bytes) -> dict[str, int]:
+    """The weight blobs a submitted graph names and their lengths (none when its bytes don't parse: the plan's
+    import says why)."""
     try:
-        return stored_blob_keys(graph)
+        return {key: max(0, length) for key, length in stored_blobs(graph).items()}
     except WireError:
-        return []
+        return {}
 
 
 def _submitted_path(message: str) -> str:

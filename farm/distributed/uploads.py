@@ -86,3 +86,18 @@ def _forget_expired(folder: Path) -> None:
                 os.unlink(entry.path)
         except OSError:
             continue
+
+
+def over_the_cap(model: str, weight_bytes: int, cap: int) -> str | None:
+    """Why a job whose weights are `weight_bytes` can't be built under the store's cap, or None when it can. A job
+    pins its weights from its upload to its download, so weights over the cap would hold the store over it for the
+    whole job: such a job is refused before anything is uploaded (by the client) or kept (by the intake)."""
+    if weight_bytes <= cap:
+        return None
+    return (f"{model}: its weights are {_size(weight_bytes)}, over the farm's store cap of {_size(cap)} "
+            "(FARM_STORE_MAX_BYTES of its workers); ask its operator for a larger cap or a file blob store "
+            "(FARM_BLOB_STORE), or build it locally (no --broker)")
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**30:.2f} GiB ({count} bytes)" if count >= 2**30 else f"{count / 2**20:.1f} MiB ({count} bytes)"

@@ -108,7 +108,8 @@ def run_worker(broker: str, concurrency: int | None, hostname: str | None, logle
     sweep_stale_scratch()  # what older versions' crashed packers left in /dev/shm
     preload()
     keeper = _lease_keeper(broker, name)
-    intake = Intake(JobBoard(broker), lambda job_id: farm_context().accept(job_id))
+    intake = Intake(JobBoard(broker), lambda job_id: farm_context().accept(job_id),
+                    lambda: farm_context().housekeep())
 
     @signals.worker_ready.connect(weak=False)
     def advertise(sender: Any = None, **_: Any) -> None:

@@ -210,25 +210,31 @@ def _reference(key: str, length: int) -> bytes:
     return entries + wire.encode_varint(wire.TENSOR_DATA_LOCATION << 3 | wire.VARINT) + wire.encode_varint(EXTERNAL)
 
 
-def stored_blob_keys(graph: bytes) -> list[str]:
-    """The blob keys a split graph's main-graph initializers name, in file order, each once: what a worker reads
-    (and a job pins) to plan it. Locations that aren't blob references are left to the import, which names them."""
-    data, keys = memoryview(graph), {}
+def stored_blobs(graph: bytes) -> dict[str, int]:
+    """The blobs a split graph's main-graph initializers name, each once in file order, with the length the
+    reference gives (-1 when it gives none): what a worker reads (and a job pins) to plan it, and what the job
+    holds in the store. Locations that aren't blob references are left to the import, which names them."""
+    data, blobs = memoryview(graph), {}
     for number, kind, _, body, end in wire.fields(data, 0, len(data)):
         if number != wire.MODEL_GRAPH or kind != wire.LENGTH_DELIMITED:
             continue
         for field_number, field_kind, _, tensor, stop in wire.fields(data, body, end):
             if field_number == wire.GRAPH_INITIALIZER and field_kind == wire.LENGTH_DELIMITED:
-                keys.update(dict.fromkeys(_stored_locations(data, tensor, stop)))
-    return list(keys)
+                blobs.update(_stored_reference(data, tensor, stop))
+    return blobs
 
 
-def _stored_locations(data: memoryview, begin: int, end: int) -> list[str]:
-    found = []
-    for number, kind, _, body, stop in wire.fields(data, begin, end):
-        if number == TENSOR_EXTERNAL_DATA and kind == wire.LENGTH_DELIMITED:
-            key, value = _entry(data, body, stop)
-            match = STORED_LOCATION.fullmatch(value) if key == "location" else None
-            if match:
-                found.append(match.group(1))
-    return found
+def stored_blob_keys(graph: bytes) -> list[str]:
+    """The keys of stored_blobs(graph)."""
+    return list(stored_blobs(graph))
+
+
+def _stored_reference(data: memoryview, begin: int, end: int) -> dict[str, int]:
+    """{key: length} of a tensor whose external data is a blob; {} for any other tensor."""
+    entries = dict(_entry(data, body, stop) for number, kind, _, body, stop in wire.fields(data, begin, end)
+                   if number == TENSOR_EXTERNAL_DATA and kind == wire.LENGTH_DELIMITED)
+    match = STORED_LOCATION.fullmatch(entries.get("location", ""))
+    if match is None:
+        return {}
+    length = entries.get("length", "")
+    return {match.group(1): int(length) if length.isdigit() and len(length) < 20 else -1}
