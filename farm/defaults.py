@@ -107,8 +107,22 @@ def _hide_credentials(text: str) -> str:
 
 
 def store_url(broker: str) -> str:
-    """FARM_STORE_URL: where big bytes live; defaults to the broker's Redis."""
+    """FARM_STORE_URL: where the store lives (its entries' headers, count, refs and pins, and their bytes unless
+    FARM_BLOB_STORE says otherwise); defaults to the broker's Redis."""
     return os.environ.get("FARM_STORE_URL") or broker
+
+
+def blob_store_path() -> str | None:
+    """FARM_BLOB_STORE: where a Redis store keeps its entries' bytes. Unset or `redis`: chunks in that Redis (fine
+    for small farms); `file:///mnt/farm-cas`: files in a folder every worker mounts at that path (NFS, EFS, CephFS:
+    the usual scale-out choice), so that Redis holds the queues and the metadata only. Clients that download read
+    the folder too (the workers publish it; read-only will do)."""
+    text = os.environ.get("FARM_BLOB_STORE", "").strip()
+    if text in ("", "redis"):
+        return None
+    if not text.startswith("file:///"):
+        raise BadInputError(f"FARM_BLOB_STORE={text[:80]!r}: expected redis or file:///ABSOLUTE/PATH")
+    return text[len("file://"):]
 
 
 def task_soft_time_limit() -> float:

@@ -137,3 +137,18 @@ def test_tls_parameters_that_cannot_work_are_bad_input_naming_the_parameter(quer
 def test_tls_parameters_on_a_plain_url_are_bad_input() -> None:
     with pytest.raises(BadInputError, match=r"ssl_\* parameters need a rediss:// URL"):
         defaults.redis_url("redis://h:6379/0?ssl_ca_certs=/etc/ca.pem")
+
+
+def test_the_blob_store_is_redis_unless_it_names_an_absolute_folder(monkeypatch) -> None:
+    from farm import defaults
+    from farm.errors import BadInputError
+
+    for unset in ("", "redis", "  "):
+        monkeypatch.setenv("FARM_BLOB_STORE", unset)
+        assert defaults.blob_store_path() is None
+    monkeypatch.setenv("FARM_BLOB_STORE", "file:///mnt/farm-cas")
+    assert defaults.blob_store_path() == "/mnt/farm-cas"
+    for bad in ("s3://bucket", "file://relative/cas", "/mnt/farm-cas"):
+        monkeypatch.setenv("FARM_BLOB_STORE", bad)
+        with pytest.raises(BadInputError, match="FARM_BLOB_STORE=.*expected redis or file:///ABSOLUTE/PATH"):
+            defaults.blob_store_path()

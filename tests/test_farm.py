@@ -326,3 +326,19 @@ def test_an_external_data_model_builds_as_locally_and_its_own_weights_are_not_do
     table_bytes = 8192 * 64 * 4
     assert download("here") < table_bytes // 2
     assert download("elsewhere", FARM_CACHE_DIR=str(tmp_path / "another-machine")) > table_bytes
+
+
+def test_with_a_file_blob_store_redis_holds_no_weight_and_the_artifact_is_the_local_one(farm_factory, tmp_path):
+    """FARM_BLOB_STORE on the workers: every entry's bytes are files of the shared folder, Redis keeps the queues
+    and the metadata; the client reads the folder the workers published to download."""
+    model = _embedding_model(tmp_path)
+    local = build_model(model, tmp_path / "local", executor=LocalExecutor(1)).artifact
+    cas = tmp_path / "cas"
+    farm = farm_factory(workers=1, env={"FARM_BLOB_STORE": f"file://{cas}"})
+    job = _submit(farm, model, tmp_path)
+    assert job["state"] == "done" and _sha(job["artifact"]) == _sha(local)
+    redis = farm.redis.client()
+    headers = redis.keys("farm:store:obj:*")
+    assert headers and all(redis.get(name).endswith(b":file") for name in headers)
+    assert len(list((cas / "objects").rglob("*"))) > len(headers)  # every entry's file (and the fan-out folders)
+    assert int(redis.info("memory")["used_memory"]) < 8 << 20  # the 2 MB table and friends are not in Redis

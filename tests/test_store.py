@@ -752,3 +752,47 @@ def test_store_error_exit_statuses() -> None:
     assert CorruptEntryError(EMPTY_KEY, "why").exit_status == ExitStatus.BUILD_FAILED
     assert MissingEntryError(EMPTY_KEY).exit_status == ExitStatus.BUILD_FAILED
     assert StoreUnreachableError("x").exit_status == ExitStatus.UNREACHABLE
+
+
+def test_redis_with_a_file_blob_store_keeps_bytes_in_files_and_everything_else_in_redis(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    """FARM_BLOB_STORE=file://...: the header, the count, refs and pins stay in Redis, the bytes are files of a
+    shared folder; the cap, LRU eviction and deletes hold the same, and the files go with their entries."""
+    blobs = FileStore(tmp_path / "cas")
+    store = RedisStore(redis_server.url, chunk_bytes=KIB, blobs=blobs)
+    store.set_max_bytes(10 * KIB)
+    raw = redis_server.client()
+    first, second = pseudo_random(4 * KIB, seed=1), pseudo_random(4 * KIB, seed=2)
+    keys = [store.put(first), store.put(second)]
+    assert raw.get(store.header_key(keys[0])) == f"{4 * KIB}:file".encode() and not raw.exists(
+        store.chunk_key(keys[0], 0))
+    assert store.get(keys[0]) == first and blobs.has(keys[0]) and store.stats().bytes == 8 * KIB
+    store.put(pseudo_random(4 * KIB, seed=3))  # over the cap: the least recently used goes, file and all
+    assert not store.has(keys[1]) and not blobs.has(keys[1]) and store.stats().bytes == 8 * KIB
+    store.delete(keys[0])
+    assert not blobs.has(keys[0]) and store.stats().entries == 1
+
+    staged = pseudo_random(3 * KIB, seed=4)
+    store.stage_stream(content_key(staged), len(staged), [staged])
+    assert store.take_staged(content_key(staged)) == staged and blobs.has(content_key(staged))
+    assert raw.keys(f"{store.prefix}staged:*") == []
+
+    lost = store.put(pseudo_random(KIB, seed=5))
+    blobs.delete(lost)
+    with pytest.raises(CorruptEntryError, match="its file in the blob store .* is missing"):
+        store.get(lost)
+    assert not store.has(lost)  # repaired: the next build puts it again
+
+
+def test_a_client_reads_the_blob_store_the_workers_published_or_says_what_to_mount(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    worker = RedisStore(redis_server.url, blobs=FileStore(tmp_path / "cas"))
+    key = worker.put(b"an artifact member")
+    client = RedisStore(redis_server.url)
+    with pytest.raises(StoreError, match="a blob store it did not publish"):
+        client.peek(key)
+    worker.publish_blob_store()
+    assert RedisStore(redis_server.url).peek(key) == b"an artifact member"
+    redis_server.client().set(f"{worker.prefix}blob_store", "file:///nowhere/farm-cas")
+    with pytest.raises(StoreError, match="file:///nowhere/farm-cas, which this machine can't read: mount it"):
+        RedisStore(redis_server.url).peek(key)

@@ -44,7 +44,8 @@ def _submitter_rules() -> str:
                 "+scard +zrevrangebyscore +hset +set +expire +zadd +zremrangebyscore +lpush "
                 "+subscribe +unsubscribe +publish")
     reads = [protocol.job_key("*"), protocol.request_key("*"), protocol.JOBS_KEY, protocol.WORKERS_KEY,
-             protocol.lease_key("*"), f"{STORE_PREFIX}obj:*", f"{STORE_PREFIX}max_bytes"]
+             protocol.lease_key("*"), f"{STORE_PREFIX}obj:*", f"{STORE_PREFIX}max_bytes",
+             f"{STORE_PREFIX}blob_store"]
     writes = [protocol.request_key("*"), protocol.JOBS_KEY, protocol.SUBMITTED_KEY, f"{STORE_PREFIX}staged:*"]
     keys = " ".join([f"%R~{pattern}" for pattern in reads] + [f"%W~{pattern}" for pattern in writes])
     return f"resetkeys resetchannels -@all {commands} {keys} &{protocol.job_events_channel('*')}"

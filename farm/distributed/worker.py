@@ -105,6 +105,7 @@ def run_worker(broker: str, concurrency: int | None, hostname: str | None, logle
     name = hostname or default_hostname()
     registry = JobBoard(broker)
     store_max_bytes = defaults.store_max_bytes()  # a bad FARM_STORE_MAX_BYTES stops the worker before it starts
+    defaults.blob_store_path()  # so does a bad FARM_BLOB_STORE
     sweep_stale_scratch()  # what older versions' crashed packers left in /dev/shm
     preload()
     keeper = _lease_keeper(broker, name)
@@ -116,6 +117,7 @@ def run_worker(broker: str, concurrency: int | None, hostname: str | None, logle
         advertised = {**capabilities, "queues": queues_for(capabilities)}
         registry.call(registry.redis.hset, WORKERS_KEY, name, encode_capabilities(advertised))
         farm_context().store.set_max_bytes(store_max_bytes)
+        farm_context().store.publish_blob_store()
         keeper.start()
         intake.start()
 

@@ -46,14 +46,16 @@ def default_store_root() -> Path:
 
 
 def open_store(url: str | os.PathLike[str], retries: int = 1) -> Store:
-    """The store a URL names: redis:// or rediss:// -> RedisStore, file://PATH or a plain path -> FileStore.
+    """The store a URL names: redis:// or rediss:// -> RedisStore (its entries' bytes in FARM_BLOB_STORE when that
+    names a folder), file://PATH or a plain path -> FileStore.
 
     `retries`: how many times a Redis store reconnects before an operation fails (workers wait out a restart).
     """
     if isinstance(url, os.PathLike):
         return FileStore(url)
     if url.startswith(REDIS_SCHEMES):
-        return RedisStore(url, retries=retries)
+        blobs = defaults.blob_store_path()
+        return RedisStore(url, retries=retries, blobs=FileStore(blobs) if blobs else None)
     if url.startswith(FILE_SCHEME):
         return FileStore(url[len(FILE_SCHEME) :])
     if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", url):

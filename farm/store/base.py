@@ -216,6 +216,11 @@ class Store(ABC):
     def evict(self) -> Eviction:
         """Evict least recently used entries that no live pin holds until the entries' bytes are within the cap."""
 
+    def publish_blob_store(self) -> None:
+        """Tell clients where the entries' bytes live, when that is elsewhere than the store (RedisStore with
+        FARM_BLOB_STORE); nothing to tell here."""
+        return None
+
     def adopt_unaccounted(self) -> int:
         """Count entries written before the store kept a count (an older farm's); returns how many. A store that
         counts by walking its entries has none."""

@@ -7,6 +7,7 @@ import contextlib
 import functools
 import hashlib
 import io
+import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import NoReturn
 
@@ -27,10 +28,13 @@ from farm.store.base import (
     check_owner,
     is_key,
 )
+from farm.store.file_store import FILE_SCHEME, FileStore
 from farm.store.lua import LuaScript
 
 REDIS_SCHEMES = ("redis://", "rediss://")
 
+FILE_CHUNKS = "file"
+"""The chunk count in the header of an entry whose bytes are a file of the blob store (FARM_BLOB_STORE)."""
 CHUNK_BYTES = (8 << 20) - 4096
 """8 MiB less a page: Redis allocates a value with its header through jemalloc, whose size classes above 8 MiB are
 2 MiB apart, so a chunk of exactly 8 MiB took a 10 MiB allocation and Redis used 30% more memory than the store
@@ -103,7 +107,7 @@ _LUA_TOUCH = _LUA_COMMON + "return {touch(ARGV[3], now_ms()), total(), cap()}"
 the entries' bytes; the cap}."""
 
 _LUA_COMMIT = _LUA_COMMON + """
-for i = 0, tonumber(ARGV[5]) - 1 do
+for i = 0, (tonumber(ARGV[5]) or 0) - 1 do
   if redis.call('EXISTS', header_key(ARGV[3]) .. ':' .. i) == 0 then return {0, total(), cap()} end
 end
 redis.call('SET', header_key(ARGV[3]), ARGV[4] .. ':' .. ARGV[5])
@@ -111,7 +115,8 @@ account(ARGV[3], tonumber(ARGV[4]), now_ms())
 return {1, total(), cap()}
 """
 """The last step of a put: the header (which makes the entry exist) and its accounting, at once, but only when
-every chunk is there (a concurrent delete of the same key may have swept them): {1 or 0, bytes, cap}."""
+every chunk is there (a concurrent delete of the same key may have swept them): {1 or 0, bytes, cap}. A count of
+`file` (FILE_CHUNKS) is an entry whose bytes are a file of the blob store, written before."""
 
 _LUA_PROMOTE = _LUA_COMMON + """
 local key, staged, size, count = ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
@@ -139,7 +144,7 @@ _LUA_DROP = _LUA_COMMON + "return drop(ARGV[3])"
 _LUA_EVICT = _LUA_COMMON + """
 local now, limit, most = now_ms(), cap() - tonumber(ARGV[4]), tonumber(ARGV[3])
 local owners, left = live_owners(), total()
-local entries, freed = 0, 0
+local entries, freed, dropped = 0, 0, {}
 while left > limit and entries < most do
   local batch = redis.call('ZRANGEBYSCORE', LRU, '-inf', now, 'LIMIT', 0, 100)
   if #batch == 0 then break end
@@ -150,13 +155,15 @@ while left > limit and entries < most do
     else
       local size = drop(key)
       left, freed, entries = left - size, freed + size, entries + 1
+      dropped[#dropped + 1] = key
     end
   end
 end
-return {entries, freed, left, (left > limit and entries >= most) and 1 or 0}
+return {entries, freed, left, (left > limit and entries >= most) and 1 or 0, dropped}
 """
 """One batch of eviction, least recently used first, until the bytes are within the cap less ARGV[4] (room for a
-put about to write): {entries, bytes freed, bytes left, 1 when the batch limit stopped it above that}. A pinned
+put about to write): {entries, bytes freed, bytes left, 1 when the batch limit stopped it above that, the keys
+dropped (whose files a blob store then deletes)}. A pinned
 entry is in use: it is marked used now, so that the next eviction doesn't walk over it again (long-pinned
 entries, such as tuning records, would otherwise sit at the old end and be checked by every put)."""
 
@@ -257,7 +264,10 @@ class RedisStore(Store):
         connect_timeout: float = 3.0,
         socket_timeout: float = 10.0,
         retries: int = 1,
+        blobs: Store | None = None,
     ) -> None:
+        """`blobs`: where entries' bytes live when they are not chunks in this Redis (FARM_BLOB_STORE: a FileStore
+        on a shared file system); the header, the count, refs and pins stay here either way."""
         import redis
         from redis.backoff import ExponentialBackoff
         from redis.exceptions import ConnectionError as RedisConnectionError
@@ -265,7 +275,7 @@ class RedisStore(Store):
 
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
-        self._url, self.prefix, self.chunk_bytes = url, prefix, chunk_bytes
+        self._url, self.prefix, self.chunk_bytes, self.blobs = url, prefix, chunk_bytes, blobs
         try:
             self.client = redis.Redis.from_url(
                 url,
@@ -314,7 +324,7 @@ class RedisStore(Store):
             self._evict_to(room=len(view))
         with self._errors():
             for _ in range(PUT_ATTEMPTS):
-                count = self._write_chunks(view, lambda index: self.chunk_key(key, index))
+                count = self._write_bytes(key, view)
                 committed, total, cap = self._script(self._commit, key, len(view), count)
                 if committed:
                     break
@@ -323,6 +333,13 @@ class RedisStore(Store):
         if int(total) > int(cap):
             self.evict()
         return key
+
+    def _write_bytes(self, key: str, view: memoryview) -> int | str:
+        """Write an entry's bytes where they live (chunks here, or a file of the blob store); its header's count."""
+        if self.blobs is None:
+            return self._write_chunks(view, lambda index: self.chunk_key(key, index))
+        self.blobs.put(view)
+        return FILE_CHUNKS
 
     def get(self, key: str) -> bytes:
         data = self.peek(key, repair=True)
@@ -395,6 +412,10 @@ class RedisStore(Store):
             with contextlib.suppress(MissingEntryError, CorruptEntryError):
                 return self.get(key)  # another worker admitted it while this one read
             return None
+        if self.blobs is not None:  # the bytes leave Redis for the blob store: written once, as they were read
+            self.put(data)
+            self._drop_staged(key)
+            return data
         with self._errors():
             present, total, cap = self._script(self._touch, key)
         if not present and int(total) + len(data) > int(cap):
@@ -444,6 +465,13 @@ class RedisStore(Store):
         """
         with self._errors():
             self._script(self._drop, check_key(key))
+        self._delete_files([key])
+
+    def _delete_files(self, keys: Iterable[object]) -> None:
+        """Delete the blob store's files of entries whose headers are gone (nothing when bytes are chunks here)."""
+        if self.blobs is not None:
+            for key in keys:
+                self.blobs.delete(key.decode() if isinstance(key, bytes) else str(key))
 
     def set_ref(self, name: str, key: str) -> None:
         with self._errors():
@@ -506,7 +534,8 @@ class RedisStore(Store):
         freed_entries = freed_bytes = 0
         with self._errors():
             while True:
-                entries, freed, left, more = self._script(self._evict, EVICT_BATCH, room)
+                entries, freed, left, more, dropped = self._script(self._evict, EVICT_BATCH, room)
+                self._delete_files(dropped)
                 freed_entries, freed_bytes = freed_entries + int(entries), freed_bytes + int(freed)
                 if not int(more):
                     return Eviction(freed_entries, freed_bytes, int(left))
@@ -541,7 +570,43 @@ class RedisStore(Store):
         if header is None:
             raise MissingEntryError(key, redact_url(self.url))
         size, count = self._parse_header(key, header, repair)
+        if isinstance(count, str):
+            return self._read_file(key, size, repair)
         return self._read_chunks(header_key, chunk_key, key, size, count, repair)
+
+    def _read_file(self, key: str, size: int, repair: bool) -> bytes:
+        """An entry whose bytes are a file of the blob store (checked against `key` as FileStore reads it)."""
+        try:
+            data = self._blob_files().get(key)
+        except MissingEntryError:
+            self._fail_corrupt(key, f"its file in the blob store {self._blob_files().url} is missing", repair)
+        except CorruptEntryError:
+            self._fail_corrupt(key, f"its file in the blob store {self._blob_files().url} has another sha256", repair)
+        if len(data) != size:
+            self._fail_corrupt(key, f"its file holds {len(data)} bytes where the header says {size}", repair)
+        return data
+
+    def _blob_files(self) -> Store:
+        """The blob store this process writes (FARM_BLOB_STORE), else the one the workers published: a client
+        reads members from the same shared folder, mounted at the same path (read-only will do)."""
+        if self.blobs is None:
+            with self._errors():
+                published = self.client.get(f"{self.prefix}blob_store")
+            url = published.decode(errors="replace") if published else ""
+            if not url.startswith(FILE_SCHEME) or not os.path.isdir(url[len(FILE_SCHEME):]):
+                raise StoreError(f"this farm keeps its blobs in {url or 'a blob store it did not publish'}, which "
+                                 "this machine can't read: mount it at that path (read-only will do), or set "
+                                 "FARM_BLOB_STORE to where it is mounted")
+            self.blobs = FileStore(url[len(FILE_SCHEME):])
+        return self.blobs
+
+    def publish_blob_store(self) -> None:
+        """Tell clients where entries' bytes live (a worker does at start), or that they are chunks here."""
+        with self._errors():
+            if self.blobs is None:
+                self.client.delete(f"{self.prefix}blob_store")
+            else:
+                self.client.set(f"{self.prefix}blob_store", self.blobs.url)
 
     def _read_chunks(self, header_key: str, chunk_key: Callable[[int], str], key: str, size: int, count: int,
                      repair: bool) -> bytes:
@@ -566,14 +631,15 @@ class RedisStore(Store):
             self._fail_corrupt(key, f"its {size} bytes have another sha256", repair)
         return buffer.getvalue()
 
-    def _parse_header(self, key: str, header: bytes, repair: bool) -> tuple[int, int]:
-        """(size, chunk count) from a header; an unreadable header makes the entry corrupt."""
+    def _parse_header(self, key: str, header: bytes, repair: bool) -> tuple[int, int | str]:
+        """(size, chunk count or FILE_CHUNKS) from a header; an unreadable header makes the entry corrupt."""
         try:
             size_text, count_text = header.decode("ascii").split(":")
-            size, count = int(size_text), int(count_text)
+            size = int(size_text)
+            count: int | str = count_text if count_text == FILE_CHUNKS else int(count_text)
         except (UnicodeDecodeError, ValueError):
             self._fail_corrupt(key, f"its header {header[:40]!r} is not 'size:chunks'", repair)
-        if size < 0 or count < 0:
+        if size < 0 or (isinstance(count, int) and count < 0):
             self._fail_corrupt(key, f"its header {header[:40]!r} is negative", repair)
         return size, count
 
