@@ -236,3 +236,18 @@ JOB_TTL_SECONDS = 7 * 24 * 3600
 STAGED_TTL_SECONDS = 24 * 3600
 """How long a submitter's uploaded model waits beside the store for a worker to accept its job (it is dropped at
 acceptance; this bounds what an abandoned upload holds)."""
+UPLOAD_PIN_SECONDS = 3600
+"""How long a blob admitted during a streamed upload stays pinned for the upload, until its job is accepted and
+pins it (an hour: longer than uploading any model a farm takes, shorter than holding a dead upload's bytes)."""
+
+
+def upload_window_bytes() -> int:
+    """FARM_UPLOAD_WINDOW_BYTES: how many staged bytes a client uploading into a farm with a file blob store lets
+    wait in Redis for the workers to take them in before it sends more (default 256 MiB): a model of any size then
+    streams through Redis instead of piling up in it."""
+    text = os.environ.get("FARM_UPLOAD_WINDOW_BYTES", "").strip()
+    if not text:
+        return 256 << 20
+    if not text.isdigit() or int(text) <= 0:
+        raise BadInputError(f"FARM_UPLOAD_WINDOW_BYTES={text[:40]!r}: expected a positive whole number of bytes")
+    return int(text)

@@ -342,3 +342,32 @@ def test_with_a_file_blob_store_redis_holds_no_weight_and_the_artifact_is_the_lo
     assert headers and all(redis.get(name).endswith(b":file") for name in headers)
     assert len(list((cas / "objects").rglob("*"))) > len(headers)  # every entry's file (and the fan-out folders)
     assert int(redis.info("memory")["used_memory"]) < 8 << 20  # the 2 MB table and friends are not in Redis
+
+
+def test_a_model_bigger_than_the_upload_window_streams_through_redis_into_the_file_blob_store(farm_factory,
+                                                                                             tmp_path):
+    """With a file blob store each staged weight is admitted as soon as it is staged (the intake reads it, checks
+    its sha256 and writes its file), and the client keeps at most FARM_UPLOAD_WINDOW_BYTES waiting: Redis' peak
+    stays near that window, not the model's size."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(9)
+    weights = [numpy_helper.from_array(rng.standard_normal((512, 1024)).astype(np.float32), f"w{i}")
+               for i in range(16)]  # 2 MiB each, 32 MiB in all
+    nodes = [helper.make_node("Gather", [f"w{i}", "ids"], [f"g{i}"]) for i in range(16)]
+    nodes.append(helper.make_node("Sum", [f"g{i}" for i in range(16)], ["y"]))
+    graph = helper.make_graph(nodes, "tables", [helper.make_tensor_value_info("ids", TensorProto.INT64, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 1024])], weights)
+    model = tmp_path / "tables.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model,
+              save_as_external_data=True, location="tables.onnx.data", size_threshold=0)
+    local = build_model(model, tmp_path / "local", executor=LocalExecutor(1)).artifact
+    farm = farm_factory(workers=1, env={"FARM_BLOB_STORE": f"file://{tmp_path / 'cas'}"})
+    base = int(farm.redis.client().info("memory")["used_memory"])
+    result = farm_cli("submit", str(model), "--json", "-o", str(tmp_path / "out"), broker=farm.url, cwd=tmp_path,
+                      env={"FARM_UPLOAD_WINDOW_BYTES": str(2 << 20)})
+    assert result.returncode == 0, result.stderr + farm.logs()
+    assert _sha(json.loads(result.stdout)["artifact"]) == _sha(local)
+    peak = int(farm.redis.client().info("memory")["used_memory_peak"]) - base
+    assert peak < 16 << 20, f"Redis grew by {peak / 2**20:.1f} MiB for a 32 MiB model through a 2 MiB window"

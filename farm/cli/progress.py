@@ -299,6 +299,8 @@ class UploadLines:
             self._say(f"uploading {upload.missing_blobs} of {upload.blobs} weights ({megabytes(upload.missing_bytes)} "
                       f"of {megabytes(upload.bytes)}; the farm has the rest)" if upload.missing_blobs else
                       f"the farm has all {upload.blobs} weights ({megabytes(upload.bytes)}); uploading the graph")
+        elif upload.stalled:
+            self._say("waiting for the farm's workers to take the upload in (is a 'farm worker' running?)")
         elif upload.done:
             if upload.sent_bytes:
                 self._say(f"uploaded {megabytes(upload.sent_bytes)} in {now - self.started:.1f} s")

@@ -45,8 +45,9 @@ def _submitter_rules() -> str:
                 "+subscribe +unsubscribe +publish")
     reads = [protocol.job_key("*"), protocol.request_key("*"), protocol.JOBS_KEY, protocol.WORKERS_KEY,
              protocol.lease_key("*"), f"{STORE_PREFIX}obj:*", f"{STORE_PREFIX}max_bytes",
-             f"{STORE_PREFIX}blob_store"]
-    writes = [protocol.request_key("*"), protocol.JOBS_KEY, protocol.SUBMITTED_KEY, f"{STORE_PREFIX}staged:*"]
+             f"{STORE_PREFIX}blob_store", f"{STORE_PREFIX}staged:*"]
+    writes = [protocol.request_key("*"), protocol.JOBS_KEY, protocol.SUBMITTED_KEY, protocol.ADMIT_KEY,
+              f"{STORE_PREFIX}staged:*"]
     keys = " ".join([f"%R~{pattern}" for pattern in reads] + [f"%W~{pattern}" for pattern in writes])
     return f"resetkeys resetchannels -@all {commands} {keys} &{protocol.job_events_channel('*')}"
 

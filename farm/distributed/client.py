@@ -10,6 +10,7 @@ workers is said, not sat out in silence.
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -103,8 +104,11 @@ class FarmClient:
         upload = Upload(len(split.blobs), split.blob_bytes, len(missing),
                         sum(split.blobs[key].length for key in missing))
         report(upload)
+        admission = Admission(self, split) if self.store.streams_uploads() else None
         for key in missing:
             self._stage_blob(key, split.blobs[key], upload, report)
+            if admission:
+                admission.push(key, upload, report)
         evicted = self.store.missing([key for key in (split.graph_key, *split.blobs) if key not in set(lacking)])
         for key in evicted:
             if key != split.graph_key:
@@ -116,6 +120,10 @@ class FarmClient:
         upload.done = True
         report(upload)
         return upload.sent_bytes
+
+    def admit_soon(self, token: str, key: str) -> None:
+        """Ask the workers' intakes to admit a staged blob now (a streamed upload)."""
+        self.board.call(self.board.redis.lpush, protocol.ADMIT_KEY, protocol.encode_admission(token, key))
 
     def _stage_blob(self, key: str, source: BlobSource, upload: Upload, report: Callable[[Upload], None]) -> None:
         def pieces() -> Iterator[memoryview]:
@@ -253,6 +261,35 @@ class FarmClient:
         return self.record(job_id).state == JobState.CANCELLED
 
 
+class Admission:
+    """A streamed upload (farm.distributed.protocol.ADMIT_KEY): each staged blob is handed to the workers' intakes
+    at once, and no more than FARM_UPLOAD_WINDOW_BYTES of staged bytes wait for them, so that Redis holds a window
+    of the model, not all of it, when its blobs live in a file blob store."""
+
+    def __init__(self, client: FarmClient, split: SplitModel) -> None:
+        self.client, self.split = client, split
+        self.token, self.window = secrets.token_hex(16), defaults.upload_window_bytes()
+        self.waiting: list[str] = []
+
+    def push(self, key: str, upload: Upload, report: Callable[[Upload], None]) -> None:
+        """Hand `key` to the intakes, then wait while more than the window waits for them."""
+        self.client.admit_soon(self.token, key)
+        self.waiting.append(key)
+        since = time.monotonic()
+        while self._waiting_bytes() > self.window:
+            if not upload.stalled and time.monotonic() - since > ADMISSION_PATIENCE_SECONDS:
+                upload.stalled = True
+                report(upload)
+            time.sleep(defaults.POLL_SECONDS)
+        upload.stalled = False
+
+    def _waiting_bytes(self) -> int:
+        self.waiting = self.client.store.staged(self.waiting)
+        return sum(self.split.blobs[key].length for key in self.waiting)
+
+
+ADMISSION_PATIENCE_SECONDS = 10.0
+"""How long a streamed upload waits for the workers to take a window in before it says that it waits."""
 UPLOAD_PIECE_BYTES = 4 << 20
 """How much of a weight the client reads from its file at a time while staging it."""
 INTAKE_NUDGE_SECONDS = 30.0

@@ -34,9 +34,12 @@ class Intake(threading.Thread):
     `housekeep()` every SWEEP_SECONDS between pops."""
 
     def __init__(self, board: JobBoard, accept: Callable[[str], str],
-                 housekeep: Callable[[], None] = lambda: None) -> None:
+                 housekeep: Callable[[], None] = lambda: None,
+                 admit: Callable[[str, str], str] = lambda token, key: "") -> None:
         super().__init__(name="farm-intake", daemon=True)
-        self.board, self.accept, self.housekeep = board, accept, housekeep
+        self.board, self.accept, self.housekeep, self.admit = board, accept, housekeep, admit
+        self.handlers: dict[str, Callable[[Any], str]] = {protocol.SUBMITTED_KEY: self._accept,
+                                                           protocol.ADMIT_KEY: self._admit}
         self._stopping = threading.Event()
         self._swept = time.monotonic()
 
@@ -56,15 +59,30 @@ class Intake(threading.Thread):
             log.warning("intake: housekeeping failed", exc_info=True)
 
     def take_one(self) -> str | None:
-        """Pop one id (waiting up to POP_SECONDS) and accept its job; the note, or None when nothing came. Nothing
-        a submitter pushes, and no error, ends the thread: a worker without intake would accept no job."""
+        """Pop one submitted id or blob to admit (waiting up to POP_SECONDS) and handle it; the note, or None when
+        nothing came. Nothing a submitter pushes, and no error, ends the thread: a worker without intake would
+        accept no job."""
         try:
-            popped = self.board.call(self.board.redis.brpop, [protocol.SUBMITTED_KEY], timeout=POP_SECONDS)
+            popped = self.board.call(self.board.redis.brpop, list(self.handlers), timeout=POP_SECONDS)
         except UnreachableError as error:
             log.warning("intake: %s", error)
             time.sleep(POP_SECONDS)
             return None
-        return self._accept(popped[1]) if popped else None
+        if not popped:
+            return None
+        name = popped[0].decode() if isinstance(popped[0], bytes) else str(popped[0])
+        return self.handlers[name](popped[1])
+
+    def _admit(self, raw: Any) -> str:
+        try:
+            note = self.admit(*protocol.decode_admission(raw))
+        except BadInputError as error:
+            note = f"refused an admission: {error}"
+        except Exception as error:  # noqa: BLE001 - logged; the thread must outlive any one upload
+            log.exception("intake: admitting %r failed", raw)
+            note = f"admitting {str(raw)[:40]!r} failed: {type(error).__name__}: {error}"
+        log.info("intake: %s", note)
+        return note
 
     def _accept(self, raw: Any) -> str:
         try:

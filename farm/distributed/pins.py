@@ -29,6 +29,12 @@ def pin_for_job(store: Store, job_id: str, keys: Iterable[str]) -> None:
     store.pin(protocol.store_pin_owner(job_id), keys, defaults.JOB_TTL_SECONDS)
 
 
+def pin_upload(store: Store, token: str, key: str) -> None:
+    """Keep a blob admitted while its upload goes on (a file blob store's streamed upload), for UPLOAD_PIN_SECONDS:
+    the job's acceptance pins it for the job; an upload whose job never comes lets it go by itself."""
+    store.pin(protocol.upload_pin_owner(token), [key], defaults.UPLOAD_PIN_SECONDS)
+
+
 def keep_only_artifact(store: Store, job_id: str, artifact_keys: Iterable[str]) -> None:
     """A job is done: release everything but its artifact (its recipe and every member: farm.distributed.recipes),
     which stays until it is downloaded."""

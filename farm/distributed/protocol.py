@@ -108,6 +108,29 @@ SUBMITTED_KEY = "farm:submitted"
 """A list of job ids whose request is new: a submitter pushes its job's id, a worker's intake
 (farm.distributed.intake) pops it and accepts the job. Submitters never write a Celery queue: a message there could
 name any task, queue or routing it liked, an id here names nothing but a request."""
+ADMIT_KEY = "farm:admit"
+"""A list of `<upload token>:<blob key>`: a submitter streaming its weights into a farm with a file blob store
+pushes each blob it staged, and a worker's intake admits it at once (reads it from staging, checks its sha256,
+writes its file), so that Redis holds at most the client's window of staged bytes, not the whole model."""
+UPLOAD_TOKEN = re.compile(r"[0-9a-f]{32}")
+
+
+def encode_admission(token: str, key: str) -> str:
+    return f"{token}:{key}"
+
+
+def decode_admission(raw: object) -> tuple[str, str]:
+    """(upload token, blob key) from a submitter's admission entry; BadInputError when it is not one."""
+    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else str(raw)
+    token, _, key = text.partition(":")
+    if not UPLOAD_TOKEN.fullmatch(token) or not is_key(key):
+        raise BadInputError(f"not an admission entry (<32 hex digits>:<64 hex digits>): {text[:120]!r}")
+    return token, key
+
+
+def upload_pin_owner(token: str) -> str:
+    """The owner of the pins that keep an upload's admitted blobs until its job is accepted (and pins them)."""
+    return f"upload:{token}"
 
 
 def downloaded_key(job_id: str) -> str:

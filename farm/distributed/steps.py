@@ -180,6 +180,14 @@ class Farm:
         self.dispatch(PlanJob(job_id).message())
         return f"job {job_id} accepted"
 
+    def admit(self, token: str, key: str) -> str:
+        """Admit one blob of an upload in progress (farm.distributed.protocol.ADMIT_KEY), pinned for the upload
+        until its job is accepted, so that a big model streams through Redis instead of piling up in staging."""
+        pins.pin_upload(self.store, token, key)
+        if self.store.take_staged(key) is None:
+            return f"upload {token}: blob {key} is not staged whole (the plan will say which initializer lacks it)"
+        return f"upload {token}: blob {key} admitted"
+
     def housekeep(self) -> None:
         """What keeps the store under its cap between builds (every worker's intake runs it every SWEEP_SECONDS):
         release the pins of ended jobs (a download only raises a flag: a submitter can't unpin) and evict down to

@@ -33,6 +33,8 @@ class Upload:
     missing_bytes: int
     sent_bytes: int = 0
     done: bool = False
+    stalled: bool = False
+    """A streamed upload waits for the workers to take in what it sent (none live, or all busy)."""
 
 
 def uploads_dir() -> Path:

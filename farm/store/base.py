@@ -216,6 +216,15 @@ class Store(ABC):
     def evict(self) -> Eviction:
         """Evict least recently used entries that no live pin holds until the entries' bytes are within the cap."""
 
+    def streams_uploads(self) -> bool:
+        """Whether uploads should be admitted as they arrive rather than when their job is planned: when the bytes
+        live elsewhere than staging (a file blob store), so that staging never holds a whole model. Not here."""
+        return False
+
+    def staged(self, keys: Iterable[str]) -> list[str]:
+        """Those of `keys` whose staged bytes wait for admission; none where staging is the store itself."""
+        return []
+
     def publish_blob_store(self) -> None:
         """Tell clients where the entries' bytes live, when that is elsewhere than the store (RedisStore with
         FARM_BLOB_STORE); nothing to tell here."""

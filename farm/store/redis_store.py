@@ -600,6 +600,22 @@ class RedisStore(Store):
             self.blobs = FileStore(url[len(FILE_SCHEME):])
         return self.blobs
 
+    def streams_uploads(self) -> bool:
+        """Whether the farm's workers published a file blob store (a client's view: it may have no
+        FARM_BLOB_STORE of its own)."""
+        with self._errors():
+            return self.blobs is not None or bool(self.client.exists(f"{self.prefix}blob_store"))
+
+    def staged(self, keys: Iterable[str]) -> list[str]:
+        """One pipeline of EXISTS on the staged headers."""
+        keys = list(keys)
+        with self._errors():
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.exists(self.staged_key(key))
+            found = pipe.execute()
+        return [key for key, present in zip(keys, found) if present]
+
     def publish_blob_store(self) -> None:
         """Tell clients where entries' bytes live (a worker does at start), or that they are chunks here."""
         with self._errors():
