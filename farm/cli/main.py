@@ -285,7 +285,8 @@ def _submit_to_farm(client, model: Path, targets: list, output: str, as_json: bo
 def _job_fields(status: dict[str, Any]) -> dict[str, Any]:
     """A farm job's status (FarmClient.status) as `status`/`wait` --json fields: compiled (compile tasks done) and
     cached (the build's units the cache held) once the job is planned."""
-    fields = {key: value for key, value in status.items() if key not in ("tuning_note", "artifact_reused")}
+    fields = {key: value for key, value in status.items()
+              if key not in ("tuning_note", "artifact_reused", "lost_workers")}
     units = status["kernels"] + status["blobs"]
     planned = units > 0 or status["artifact_reused"]
     fields.update(compiled=status["done"] if planned else None,
@@ -369,12 +370,21 @@ def _say_unserved(queues: dict[str, str]) -> None:
         click.echo(f"farm: no live worker consumes {noun} {', '.join(names)}; {hint}", err=True)
 
 
+def _say_lost(worker: str, tasks: int) -> None:
+    """`farm: worker W lost; re-running N tasks` on stderr, once per worker the job lost: the count the progress
+    shows stalls for as long as the worker's lease takes to lapse, and the line says why. A worker names itself
+    (--hostname), so its name is printed escaped."""
+    from farm.cli.progress import escaped
+
+    click.echo(f"farm: worker {escaped(worker)} lost; re-running {tasks} task{'' if tasks == 1 else 's'}", err=True)
+
+
 def _wait_with_progress(client, job_id: str, label: str, timeout: float | None = None) -> dict[str, Any]:
     from farm.cli.progress import build_progress
     from farm.distributed.client import raise_for_state
 
     with build_progress(f"{label} on the farm", quiet_start=0) as progress:
-        status = client.wait(job_id, timeout, progress.status, _say_unserved)
+        status = client.wait(job_id, timeout, progress.status, _say_unserved, _say_lost)
     raise_for_state(status)
     return status
 
