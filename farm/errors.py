@@ -21,6 +21,7 @@ class ExitStatus(IntEnum):
     REGRESSION = 5
     STILL_RUNNING = 6
     INTERRUPTED = 130
+    TERMINATED = 143
 
 
 class FarmError(Exception):

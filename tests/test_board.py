@@ -184,6 +184,25 @@ def test_each_state_change_and_finished_unit_is_published_on_the_jobs_channel(bo
     pubsub.close()
 
 
+def test_a_lost_worker_is_counted_on_a_live_job_only_and_published(board: JobBoard) -> None:
+    """The reaper (farm/distributed/leases.py) tells each job which worker it lost and how many of its tasks went
+    out again; reapers that share one holder's tasks add up, and an ended or expired job is left alone."""
+    pubsub = board.redis.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(protocol.job_events_channel(J1))
+    assert pubsub.get_message(timeout=5) is None  # the subscription's confirmation, taken
+    board.create(J1, new_record())
+    assert board.lost_worker(J1, "w2@h#i1", 2) and board.lost_worker(J1, "w2@h#i1", 1)
+    assert board.lost_worker(J1, "w3@h#i2", 1)
+    assert board.get(J1).lost_workers == {"w2@h#i1": 3, "w3@h#i2": 1}
+    assert [pubsub.get_message(timeout=1)["data"] for _ in range(3)] == ["lost_worker"] * 3
+    board.fail(J1, "boom")
+    assert not board.lost_worker(J1, "w4@h#i3", 1) and "w4@h#i3" not in board.get(J1).lost_workers
+    assert not board.lost_worker(J2, "w2@h#i1", 1) and not board.redis.exists(protocol.job_key(J2))
+    board.create(J2, new_record())
+    assert not board.lost_worker(J2, f"{'w' * 600}#i1", 1) and board.get(J2).lost_workers == {}  # kept readable
+    pubsub.close()
+
+
 def test_a_record_is_created_once(board: JobBoard, redis_server: RedisServer) -> None:
     assert board.create(J1, new_record()) is True
     board.advance(J1, JobState.COMPILING)

@@ -492,9 +492,9 @@ class Running:
             time.sleep(0.05)
         return self.stderr
 
-    def interrupt(self) -> tuple[int, str]:
-        """Ctrl-C: SIGINT, then its exit status and stdout."""
-        self.process.send_signal(signal.SIGINT)
+    def interrupt(self, signum: int = signal.SIGINT) -> tuple[int, str]:
+        """Ctrl-C (SIGINT), or SIGTERM as a CI runner sends a cancelled job; then its exit status and stdout."""
+        self.process.send_signal(signum)
         return self.finish()
 
     def finish(self) -> tuple[int, str]:
@@ -517,34 +517,45 @@ def _submitted_job(stderr: str) -> str:
     return found.group(1)
 
 
-def test_submit_names_its_job_says_no_worker_within_10_s_and_ctrl_c_cancels_it(farm_redis: RedisServer,
-                                                                                 model_file: Path,
-                                                                                 tmp_path: Path) -> None:
+STOPS = {"ctrl-c": (signal.SIGINT, 130, "interrupted"), "sigterm": (signal.SIGTERM, 143, "terminated (SIGTERM)")}
+"""How a waiting command is stopped: Ctrl-C, or SIGTERM (what GitLab, GitHub Actions and Kubernetes send a cancelled
+CI job); the documented exit status (128 + the signal's number) and the word it says for each."""
+
+
+@pytest.mark.parametrize("stop", list(STOPS))
+def test_submit_names_its_job_says_no_worker_within_10_s_and_a_stop_cancels_it(farm_redis: RedisServer,
+                                                                                model_file: Path, tmp_path: Path,
+                                                                                stop: str) -> None:
+    signum, exit_status, said = STOPS[stop]
     running = Running("submit", str(model_file), broker=farm_redis.url, cwd=tmp_path)
     job_id = _submitted_job(running.wait_for("submitted", 10))
     running.wait_for(NO_WORKER, 10)  # the production defaults: said within 10 s of the command's start
-    status, stdout = running.interrupt()
-    assert status == ExitStatus.INTERRUPTED == 130 and stdout == ""
-    assert f"farm: interrupted; job {job_id} cancelled" in running.stderr and "Aborted" not in running.stderr
+    status, stdout = running.interrupt(signum)
+    assert status == exit_status == 128 + signum and stdout == ""
+    assert f"farm: {said}; job {job_id} cancelled\n" in running.stderr and "Aborted" not in running.stderr
     assert JobBoard(farm_redis.url).view(job_id).state == JobState.CANCELLED  # no worker accepted it yet
     assert not (tmp_path / "artifacts").exists()
 
 
-def test_submit_detach_leaves_the_job_running_at_ctrl_c(farm_redis: RedisServer, model_file: Path,
-                                                        tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop", list(STOPS))
+def test_submit_detach_leaves_the_job_running_at_a_stop(farm_redis: RedisServer, model_file: Path, tmp_path: Path,
+                                                        stop: str) -> None:
+    signum, exit_status, said = STOPS[stop]
     running = Running("submit", str(model_file), "--detach", broker=farm_redis.url, cwd=tmp_path)
     job_id = _submitted_job(running.wait_for(NO_WORKER, 10))
-    status, _ = running.interrupt()
-    assert status == 130 and f"job {job_id} goes on: farm wait {job_id}" in running.stderr
+    status, _ = running.interrupt(signum)
+    assert status == exit_status and f"farm: {said}; job {job_id} goes on: farm wait {job_id}" in running.stderr
     assert JobBoard(farm_redis.url).view(job_id).state == JobState.QUEUED
 
 
-def test_wait_stops_at_ctrl_c_and_leaves_the_job_running(farm_redis: RedisServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop", list(STOPS))
+def test_wait_stops_at_a_stop_and_leaves_the_job_running(farm_redis: RedisServer, tmp_path: Path, stop: str) -> None:
+    signum, exit_status, said = STOPS[stop]
     job_id = _job_in(farm_redis, "compiling")
     running = Running("wait", job_id, broker=farm_redis.url, cwd=tmp_path)
     running.wait_for(NO_WORKER, 10)
-    status, _ = running.interrupt()
-    assert status == 130 and f"job {job_id} goes on" in running.stderr
+    status, _ = running.interrupt(signum)
+    assert status == exit_status and f"farm: {said}; job {job_id} goes on" in running.stderr
     assert JobBoard(farm_redis.url).get(job_id).state == JobState.COMPILING
 
 

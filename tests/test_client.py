@@ -268,6 +268,37 @@ def test_wait_wakes_at_the_boards_notifications_not_at_its_poll(client: FarmClie
     assert len(seen) <= 7  # one read per notification (or burst of them), no polling between
 
 
+def test_wait_says_each_lost_worker_once_before_the_status_that_shows_it(client: FarmClient, model_path: Path,
+                                                                         accept,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker lost while it ran the job's tasks is said once, when the reaper's note wakes the client (not at the
+    fallback poll), with how many tasks went out again; the same name restarted and lost again is another loss."""
+    monkeypatch.setenv("FARM_WAIT_FALLBACK_SECONDS", "60")
+    job_id = client.submit(model_path, [host_target()])
+    accept(job_id)
+    board = client.board
+
+    def build() -> None:
+        board.advance(job_id, JobState.COMPILING, total=2)
+        board.lost_worker(job_id, "w2@host#i1", 3)
+        time.sleep(0.3)
+        board.complete(job_id, "compile", "a")
+        time.sleep(0.3)
+        board.lost_worker(job_id, "w2@host#i2", 1)
+        time.sleep(0.3)
+        board.fail(job_id, "boom")
+
+    said: list[tuple] = []
+    threading.Timer(0.3, build).start()
+    started = time.monotonic()
+    status = client.wait(job_id, on_progress=lambda s: said.append(("status", s["done"])),
+                         on_lost=lambda worker, tasks: said.append((worker, tasks)))
+    assert status["state"] == "failed" and time.monotonic() - started < 30
+    losses = [index for index, entry in enumerate(said) if entry[0] != "status"]
+    assert [said[index] for index in losses] == [("w2@host", 3), ("w2@host", 1)]
+    assert all(said[index + 1][0] == "status" for index in losses)  # each said before the status read with it
+
+
 def test_a_change_nobody_announced_is_seen_at_the_fallback_poll(client: FarmClient, model_path: Path, accept,
                                                                 redis_server: RedisServer,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:

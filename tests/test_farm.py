@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -14,11 +15,14 @@ from farm import runtime
 from farm.backends.opencl.target import OpenClTarget
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
+from farm.distributed.board import JobBoard
+from farm.distributed.protocol import RUNNING_KEY, JobState, RunningTask, TaskName
 from farm.errors import ExitStatus
 from farm.tools import examples
 from tests.dynamic_models import dynamic_cnn
-from tests.farm_services import farm_cli, farm_factory_fixture, packed_weight_symbol  # noqa: F401
+from tests.farm_services import FarmWorker, farm_cli, farm_factory_fixture, packed_weight_symbol  # noqa: F401
 from tests.services import free_port
+from tests.test_cli import Running, _submitted_job
 
 
 def _sha(path: str | Path) -> bytes:
@@ -74,37 +78,55 @@ def test_no_wait_then_wait_and_download_from_other_processes(farm_factory, resne
     assert _sha(downloaded.stdout.strip()) == _sha(local)
 
 
-def test_a_killed_host_costs_seconds_not_the_visibility_timeout(farm_factory, resnet, tmp_path):
-    """Production defaults (FARM_VISIBILITY_TIMEOUT 720 s): a worker SIGKILLed with its pool mid-job, as when its
-    host dies. Its lease lapses after FARM_WORKER_LEASE_SECONDS and a peer dispatches its tasks again, so the job
-    finishes long before Redis would redeliver them (bench_farm.py measures the extra seconds)."""
+def test_a_killed_host_costs_seconds_and_the_waiting_client_says_so(farm_factory, resnet, tmp_path):
+    """Production defaults (FARM_VISIBILITY_TIMEOUT 720 s, FARM_WORKER_LEASE_SECONDS 10): a worker SIGKILLed with its
+    pool mid-job, as when its host dies: the one still planning (dispatching units, putting weights) once units
+    compile. Its lease lapses after FARM_WORKER_LEASE_SECONDS and a peer dispatches its task again, so the job
+    finishes long before Redis would redeliver it (bench_farm.py measures the extra seconds). The waiting `farm
+    submit` says which worker was lost and how many tasks run again, and its progress never goes back (the plan task
+    run again used to move the job back to planning: `compiling 40/40`, then `planning`, with units still
+    compiling)."""
     model, local = resnet
     farm = farm_factory(workers=2)
-    job_id = json.loads(farm_cli("submit", str(model), "--no-wait", "--json", broker=farm.url,
-                                 cwd=tmp_path).stdout)["job_id"]
-    deadline = time.monotonic() + 60
-    while (status := _status(farm, job_id, tmp_path))["state"] != "compiling" and time.monotonic() < deadline:
-        time.sleep(0.05)
-    while not _running_on(farm, farm.workers[0].name) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    farm.workers[0].kill()
+    waiting = Running("submit", str(model), "--json", "-o", str(tmp_path / "out"), broker=farm.url, cwd=tmp_path)
+    job_id = _submitted_job(waiting.wait_for("submitted", 60))
+    victim, held = _kill_a_busy_worker(farm, job_id)
     killed = time.monotonic()
-    held = _running_on(farm, farm.workers[0].name)  # its task may have ended between the check and the kill
-    waited = farm_cli("wait", job_id, "--json", broker=farm.url, cwd=tmp_path, timeout=240)
-    assert waited.returncode == 0, waited.stderr + farm.logs()
+    status, stdout = waiting.finish()
+    assert status == 0, waiting.stderr + farm.logs()
     assert time.monotonic() - killed < 120, "the lost tasks waited for the visibility timeout, not for the lease"
-    assert not held or "again: its worker's lease lapsed" in farm.workers[1].log_path.read_text()
-    downloaded = farm_cli("download", job_id, "-o", str(tmp_path / "dl"), broker=farm.url, cwd=tmp_path)
-    assert _sha(downloaded.stdout.strip()) == _sha(local)
-    assert status["state"] == "compiling"
+    survivor = next(worker for worker in farm.workers if worker is not victim)
+    assert "again: its worker's lease lapsed" in survivor.log_path.read_text()
+    assert f"farm: worker {victim.name} lost; re-running {held} task{'' if held == 1 else 's'}\n" in waiting.stderr
+    prefix = f"farm: {model.name} on the farm: "
+    phases = [line[len(prefix):] for line in waiting.stderr.splitlines() if line.startswith(prefix)
+              and not re.fullmatch(r"compiling \d+/\d+ \(\d+%\), \d+\.\d s|done, \d+\.\d s", line[len(prefix):])]
+    assert phases[phases.index("compiling"):] == ["compiling", "linking"], waiting.stderr
+    assert _sha(json.loads(stdout)["artifact"]) == _sha(local)
 
 
-def _running_on(farm, worker: str) -> bool:
-    """Whether `worker` is running a farm task now (the running-task registry names its holder)."""
-    from farm.distributed.protocol import RUNNING_KEY, RunningTask
+def _kill_a_busy_worker(farm, job_id: str) -> tuple[FarmWorker, int]:
+    """Once the job compiles, SIGKILL the worker that still plans it (else one that compiles one of its units), as
+    when its host dies; returns it and how many of the job's tasks it held, which its peers dispatch again (read
+    after the kill, when no task of its can end any more)."""
+    board, deadline = JobBoard(farm.worker_url), time.monotonic() + 60
+    while time.monotonic() < deadline:
+        record = board.get(job_id)
+        mine = sorted((task for task in _running(farm) if task.job_id == job_id),
+                      key=lambda task: task.message.task != TaskName.PLAN_JOB.value)
+        if record is not None and record.state == JobState.COMPILING and mine:
+            victim = next(worker for worker in farm.workers if worker.name == mine[0].worker)
+            victim.kill()
+            held = sum(task.job_id == job_id and task.holder == mine[0].holder for task in _running(farm))
+            assert held, f"{victim.name}'s task ended between the look and the kill"
+            return victim, held
+        time.sleep(0.01)
+    raise AssertionError(f"job {job_id} never compiled with a task running:\n{farm.logs()}")
 
-    entries = farm.redis.client().hgetall(RUNNING_KEY).values()
-    return any(RunningTask.decode(text).worker == worker for text in entries)
+
+def _running(farm) -> list[RunningTask]:
+    """The farm tasks running now, with their holders (the running-task registry)."""
+    return [RunningTask.decode(text) for text in farm.redis.client().hgetall(RUNNING_KEY).values()]
 
 
 def test_a_unit_that_kills_its_worker_every_time_fails_the_job_by_name(farm_factory, tmp_path):

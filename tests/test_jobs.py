@@ -458,7 +458,17 @@ def test_a_redelivered_plan_job_still_finishes_the_job(farm: Farm, tasks: Tasks,
     farm.plan_job(job_id)
     for _ in range(compiled_before):
         run_task(farm, *tasks.pop(0))
+    events = farm.board.redis.pubsub(ignore_subscribe_messages=True)
+    events.subscribe(protocol.job_events_channel(job_id))
+    assert events.get_message(timeout=5) is None  # the subscription's confirmation, taken
     farm.plan_job(job_id)  # the redelivery
+    published = []
+    while (message := events.get_message(timeout=0.5)) is not None:
+        published.append(message["data"])
+    events.close()
+    assert not {"planning", "compiling"} & set(published), (
+        f"the redelivered plan_job moved the job back ({published}): its waiting clients showed planning after "
+        "the compile count")
     run_tasks(farm, tasks)
     record = farm.board.get(job_id)
     assert record.state == "done", (

@@ -8,10 +8,11 @@ import time
 
 import pytest
 
+from farm.backends.llvm.target import CpuTarget
 from farm.distributed import protocol
 from farm.distributed.board import JobBoard
 from farm.distributed.leases import LeaseKeeper, Leases, holder_of
-from farm.distributed.protocol import Finish, Link, Message, PlanJob
+from farm.distributed.protocol import Finish, JobRecord, JobState, Link, Message, PlanJob
 from tests.services import RedisServer, redis_server_fixture  # noqa: F401
 
 JOB = "0123456789abcdef"
@@ -54,8 +55,9 @@ def test_reap_dispatches_a_dead_holders_tasks_and_leaves_a_live_holders(leases: 
         leases.redis.hset(protocol.RUNNING_KEY, task_id, protocol.RunningTask(holder, message).encode())
     leases.redis.hset(protocol.RUNNING_KEY, "forged", '{"holder": "x#y", "task": "os.system", "args": ["id"]}')
     sent: list[Message] = []
-    leases.reap(sent.append)
+    reaped = leases.reap(sent.append)
     assert sorted(sent, key=str) == sorted([PlanJob(JOB).message(), Finish(JOB).message()], key=str)
+    assert sorted((task.holder, task.job_id) for task in reaped) == [("dead#i2", JOB), ("restarted#old", JOB)]
     assert set(leases.redis.hkeys(protocol.RUNNING_KEY)) == {"t1"}  # the forged entry was dropped, not sent
 
 
@@ -78,13 +80,23 @@ def test_concurrent_reapers_dispatch_each_lost_task_once(leases: Leases) -> None
     assert len(sent) == 40
 
 
-def test_the_keeper_renews_reaps_and_releases(leases: Leases) -> None:
-    leases.redis.hset(protocol.RUNNING_KEY, "lost", protocol.RunningTask("gone#i", PlanJob(JOB).message()).encode())
+def test_the_keeper_renews_reaps_tells_each_job_what_it_lost_and_releases(leases: Leases,
+                                                                         redis_server: RedisServer) -> None:
+    other = "fedcba9876543210"
+    board, target = JobBoard(redis_server.url), CpuTarget("x86_64-unknown-linux-gnu")
+    for job_id in (JOB, other):
+        board.create(job_id, JobRecord(JobState.COMPILING, "a" * 64, "m", "a" * 64, [target]))
+    lost = {"t1": ("gone#i", PlanJob(JOB)), "t2": ("gone#i", Link(JOB, "cpu-x")), "t3": ("gone#i", Finish(other)),
+            "t4": ("also-gone#j", Finish(JOB))}
+    for task_id, (holder, args) in lost.items():
+        leases.redis.hset(protocol.RUNNING_KEY, task_id, protocol.RunningTask(holder, args.message()).encode())
     sent: list[Message] = []
-    keeper = LeaseKeeper(leases, "w1", "i1", sent.append, seconds=0.4)
+    keeper = LeaseKeeper(leases, "w1", "i1", sent.append, board.lost_worker, seconds=0.4)
     keeper.start()
     time.sleep(1.0)  # longer than the lease: renewals keep it
-    assert leases.redis.get(protocol.lease_key("w1")) == "i1" and sent == [PlanJob(JOB).message()]
+    assert leases.redis.get(protocol.lease_key("w1")) == "i1" and len(sent) == 4
+    assert board.get(JOB).lost_workers == {"gone#i": 2, "also-gone#j": 1}  # once per holder, reaped once
+    assert board.get(other).lost_workers == {"gone#i": 1}
     keeper.stop()
     keeper.join(5)
     assert leases.redis.get(protocol.lease_key("w1")) is None

@@ -19,7 +19,7 @@ from rich.cells import cell_len
 from rich.console import Console
 
 from farm.backends.llvm.target import host_target
-from farm.cli.progress import PlainProgress, TerminalProgress, build_progress
+from farm.cli.progress import PlainProgress, TerminalProgress, build_progress, escaped
 from farm.distributed.client import FarmClient
 from farm.distributed.protocol import JobState
 from farm.distributed.steps import Farm
@@ -135,6 +135,13 @@ def test_a_label_with_control_characters_prints_them_as_question_marks() -> None
     with PlainProgress("m\x1b[31m\r\n.onnx", stream, quiet_start=0) as progress:
         progress.phase("compiling")
     assert stream.getvalue() == "farm: m?[31m??.onnx: compiling\n"
+
+
+def test_a_worker_name_prints_its_control_characters_escaped() -> None:
+    """A lost worker's name (it names itself) stays readable and can't recolour the terminal, move the cursor or end
+    the line: `farm: worker w2\\x1b[2J lost; ...`."""
+    assert escaped("w2@host-7.example") == "w2@host-7.example"
+    assert escaped("w2\x1b[2J\r\n\u202eé") == "w2\\x1b[2J\\r\\n\\u202eé"
 
 
 def _frames(console_file: io.StringIO) -> list[str]:

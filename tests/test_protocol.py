@@ -40,10 +40,12 @@ def record(**fields: object) -> JobRecord:
 
 def test_a_record_round_trips_through_its_hash_fields() -> None:
     full = record(no_cache=True, tune=True, total=13, kernels=7, blobs=6, targets_total=1, link_plan_key="c" * 64,
-                  tune_units=["a/k"], tune_errors={"a/k": "boom"}, libraries={CPU.id: "d" * 64}, exit_status=2)
+                  tune_units=["a/k"], tune_errors={"a/k": "boom"}, libraries={CPU.id: "d" * 64}, exit_status=2,
+                  lost_workers={f"w2@host#{'e' * 32}": 3})
     fields = encode_record(full)
     assert all(isinstance(value, str) for value in fields.values())
     assert fields["no_cache"] == "True" and fields[f"library:{CPU.id}"] == "d" * 64 and "finished" not in fields
+    assert fields[f"lost_worker:w2@host#{'e' * 32}"] == "3"
     assert JobRecord.decode(fields) == full
 
 
@@ -62,6 +64,11 @@ def test_partial_updates_encode_only_their_fields() -> None:
     ("model_name", "../escape", "can't name a file"),
     ("total", "many", "'total'"),
     ("tune_units", json.dumps({"a": 1}), "'tune_units'"),
+    ("lost_worker:w2@host#i", "many", "'lost_workers' is malformed"),
+    ("lost_worker:w2@host#i", "0", "'lost_workers' is malformed"),
+    ("lost_worker:w2@host", "1", "not a worker's name#incarnation"),
+    ("lost_worker:#i", "1", "not a worker's name#incarnation"),
+    (f"lost_worker:{'w' * 600}#i", "1", "not a worker's name#incarnation"),
 ])
 def test_a_malformed_field_is_refused_by_name(field: str, value: str, message: str) -> None:
     fields = encode_record(record())

@@ -2,20 +2,23 @@
 
 Exit statuses (README.md, "Exit statuses"): 0 done, 1 build failed, 2 bad input (usage errors too), 3 cancelled
 or unknown job, 4 farm unreachable, 5 a regression found by `bench --fail-on-regression`, 6 `wait --timeout` ran
-out while the job goes on, 130 interrupted (Ctrl-C). Errors go to stderr as one line that names what is wrong;
-`--json` prints each command's object of farm.cli.schemas, failures too.
+out while the job goes on, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM, a cancelled CI job) while waiting on
+a farm job. Errors go to stderr as one line that names what is wrong; `--json` prints each command's object of
+farm.cli.schemas, failures too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -135,7 +138,8 @@ def _client(broker: str | None):
 @broker_option
 @click.option("--no-wait", is_flag=True, help="With a farm: return the job id at once.")
 @click.option("--detach", is_flag=True,
-              help="With a farm: Ctrl-C stops waiting but leaves the job running (default: Ctrl-C cancels it).")
+              help="With a farm: Ctrl-C or SIGTERM stops waiting but leaves the job running (default: they cancel "
+                   "it).")
 @click.option("--no-cache", is_flag=True,
               help="Build every kernel and blob again instead of taking them from the compile cache (this "
                    "machine's store, or the farm's); what is built is cached again.")
@@ -157,7 +161,7 @@ def submit(model: Path, targets: tuple[str, ...], output: str, as_json: bool, wo
     Kernels use the variants the tuning database holds for their target (the default where it holds none). A model
     with dynamic dimensions needs --shape for each (exported batch or sequence sizes). On the
     farm the job id goes to stderr first thing; Ctrl-C while waiting cancels the job (with --detach: leaves it
-    running) and exits 130."""
+    running) and exits 130, SIGTERM (a cancelled CI job) likewise with 143."""
     from farm.backends.registry import parse_targets
     from farm.frontend.shapes import parse_sizes
 
@@ -265,10 +269,8 @@ def _submit_to_farm(client, model: Path, targets: list, output: str, as_json: bo
     if no_wait:
         click.echo(schemas.dumps("submit", _build_fields(client.status(job_id))) if as_json else job_id)
         return
-    try:
+    with _stoppable(client, job_id, cancel=not detach):
         status = _wait_with_progress(client, job_id, model.name)
-    except KeyboardInterrupt:
-        _interrupted(client, job_id, cancel=not detach)
     if status.get("tuning_note"):
         click.echo(f"farm: note: {status['tuning_note']}", err=True)
     try:
@@ -284,7 +286,8 @@ def _submit_to_farm(client, model: Path, targets: list, output: str, as_json: bo
 def _job_fields(status: dict[str, Any]) -> dict[str, Any]:
     """A farm job's status (FarmClient.status) as `status`/`wait` --json fields: compiled (compile tasks done) and
     cached (the build's units the cache held) once the job is planned."""
-    fields = {key: value for key, value in status.items() if key not in ("tuning_note", "artifact_reused")}
+    fields = {key: value for key, value in status.items()
+              if key not in ("tuning_note", "artifact_reused", "lost_workers")}
     units = status["kernels"] + status["blobs"]
     planned = units > 0 or status["artifact_reused"]
     fields.update(compiled=status["done"] if planned else None,
@@ -307,25 +310,55 @@ def _notes(status: dict[str, Any]) -> list[str]:
     return [status["tuning_note"]] if status.get("tuning_note") else []
 
 
-def _interrupted(client, job_id: str, cancel: bool) -> NoReturn:
-    """Ctrl-C while waiting: cancel the job (or leave it running), say which, exit 130. A second Ctrl-C can't cut
-    the cancel short."""
-    import signal
+class Terminated(BaseException):
+    """SIGTERM while a farm job is waited on: what GitLab, GitHub Actions and Kubernetes send a cancelled CI job.
+    Raised by the handler `_stoppable` installs, so that it ends the wait as Ctrl-C's KeyboardInterrupt does
+    (a BaseException like it, so no `except Exception` on the way swallows it); Python's default would end the
+    process at once, silently, and the job would go on."""
 
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+STOPS: dict[type[BaseException], tuple[str, ExitStatus]] = {
+    KeyboardInterrupt: ("interrupted", ExitStatus.INTERRUPTED),
+    Terminated: ("terminated (SIGTERM)", ExitStatus.TERMINATED),
+}
+"""How the user (or the CI runner) stopped a wait: the word said on stderr and the exit status."""
+
+
+@contextlib.contextmanager
+def _stoppable(client, job_id: str, cancel: bool) -> Iterator[None]:
+    """Ctrl-C or SIGTERM while the block waits on the job: cancel it (or leave it running), say which, exit 130 or
+    143 (`_stop`). SIGTERM's previous handler is back when the block ends."""
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    except (KeyboardInterrupt, Terminated) as stop:
+        _stop(client, job_id, cancel, *STOPS[type(stop)])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stop(client, job_id: str, cancel: bool, how: str, status: ExitStatus) -> NoReturn:
+    """The wait was stopped: cancel the job (or leave it running), say which and how it was stopped, exit with
+    `status`. A second Ctrl-C or SIGTERM can't cut the cancel short."""
     from farm.errors import UnreachableError
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if not cancel:
-        click.echo(f"farm: interrupted; job {job_id} goes on: farm wait {job_id} / farm cancel {job_id}", err=True)
+        click.echo(f"farm: {how}; job {job_id} goes on: farm wait {job_id} / farm cancel {job_id}", err=True)
     else:
         try:
             cancelled = client.cancel(job_id)
-            click.echo(f"farm: interrupted; job {job_id} " + ("cancelled" if cancelled else
-                                                              f"had already ended: farm status {job_id}"), err=True)
+            click.echo(f"farm: {how}; job {job_id} " + ("cancelled" if cancelled else
+                                                         f"had already ended: farm status {job_id}"), err=True)
         except UnreachableError as error:
-            click.echo(f"farm: interrupted, but job {job_id} could not be cancelled ({error}): "
-                       f"farm cancel {job_id}", err=True)
-    sys.exit(int(ExitStatus.INTERRUPTED))
+            click.echo(f"farm: {how}, but job {job_id} could not be cancelled ({error}): farm cancel {job_id}",
+                       err=True)
+    sys.exit(int(status))
 
 
 def _say_unserved(queues: dict[str, str]) -> None:
@@ -338,12 +371,21 @@ def _say_unserved(queues: dict[str, str]) -> None:
         click.echo(f"farm: no live worker consumes {noun} {', '.join(names)}; {hint}", err=True)
 
 
+def _say_lost(worker: str, tasks: int) -> None:
+    """`farm: worker W lost; re-running N tasks` on stderr, once per worker the job lost: the count the progress
+    shows stalls for as long as the worker's lease takes to lapse, and the line says why. A worker names itself
+    (--hostname), so its name is printed escaped."""
+    from farm.cli.progress import escaped
+
+    click.echo(f"farm: worker {escaped(worker)} lost; re-running {tasks} task{'' if tasks == 1 else 's'}", err=True)
+
+
 def _wait_with_progress(client, job_id: str, label: str, timeout: float | None = None) -> dict[str, Any]:
     from farm.cli.progress import build_progress
     from farm.distributed.client import raise_for_state
 
     with build_progress(f"{label} on the farm", quiet_start=0) as progress:
-        status = client.wait(job_id, timeout, progress.status, _say_unserved)
+        status = client.wait(job_id, timeout, progress.status, _say_unserved, _say_lost)
     raise_for_state(status)
     return status
 
@@ -400,16 +442,14 @@ def _status_line(info: dict[str, Any]) -> str:
               "job goes on).")
 @reports_errors
 def wait(job_id: str, broker: str | None, as_json: bool, timeout: float | None) -> None:
-    """Wait for a farm job to end; the exit status says how it ended. Ctrl-C stops waiting (exit 130) and leaves
-    the job running."""
+    """Wait for a farm job to end; the exit status says how it ended. Ctrl-C stops waiting (exit 130), and so does
+    SIGTERM (exit 143), leaving the job running."""
     from farm.distributed.protocol import TERMINAL, JobState
     from farm.errors import StillRunningError
 
     client = _client(broker)
-    try:
+    with _stoppable(client, job_id, cancel=False):
         status = _wait_with_progress(client, job_id, job_id, timeout)
-    except KeyboardInterrupt:
-        _interrupted(client, job_id, cancel=False)
     if JobState(status["state"]) not in TERMINAL:
         raise StillRunningError(f"job {job_id} still {status['state']} after {timeout:g} s; it goes on: "
                                 f"farm wait {job_id} / farm cancel {job_id}")

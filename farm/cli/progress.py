@@ -160,6 +160,14 @@ def printable(text: str) -> str:
     return "".join("?" if unicodedata.category(char).startswith("C") else char for char in text)
 
 
+def escaped(text: str) -> str:
+    """`text` with every control character (C0, C1, DEL, line breaks, bidi overrides) as its Python escape (\\x1b,
+    \\u202e) and the rest as is: a name that farm prints but didn't choose stays readable and can't move the cursor,
+    recolour the terminal or end the line."""
+    return "".join(char.encode("unicode_escape").decode() if unicodedata.category(char).startswith("C") else char
+                   for char in text)
+
+
 class PlainProgress(BuildProgress):
     """Lines for logs: `farm: LABEL: PHASE` at each phase; during a count `farm: LABEL: PHASE DONE/TOTAL (P%), S s`
     (S: seconds in the phase) each COUNT_LINE_FRACTION, after COUNT_LINE_SECONDS without one, and at its end;

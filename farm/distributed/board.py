@@ -45,6 +45,14 @@ return 1
 """
 """Move a live job (KEYS[1]) by setting the fields in ARGV; a job whose cancel flag (KEYS[2]) is raised is moved
 to cancelled instead, so the record catches up with the flag at the first step that tries to move it."""
+_ADD_IF_LIVE = f"""
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state or {_ENDED} then return 0 end
+redis.call('HINCRBY', KEYS[1], ARGV[1], ARGV[2])
+return 1
+"""
+"""Add ARGV[2] to the number in field ARGV[1] of a live job's record (KEYS[1]); an ended or expired job is left
+alone (no record is made for one that expired)."""
 _CREATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 for i = 2, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
@@ -69,6 +77,7 @@ class JobBoard:
                                           retry=retry)
         self._set_if_live = LuaScript(self.redis, _SET_IF_LIVE)
         self._create = LuaScript(self.redis, _CREATE)
+        self._add_if_live = LuaScript(self.redis, _ADD_IF_LIVE)
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run one Redis call; refused credentials become CredentialsRefusedError, a server certificate that fails
@@ -170,6 +179,22 @@ class JobBoard:
 
     def fail(self, job_id: str, error: str, status: ExitStatus = ExitStatus.BUILD_FAILED, unit: str = "") -> bool:
         return self.advance(job_id, JobState.FAILED, error=error, exit_status=int(status), failed_unit=unit)
+
+    def lost_worker(self, job_id: str, holder: str, tasks: int) -> bool:
+        """Note on a live job that the worker `holder` (`<name>#<incarnation>`) was lost while it ran `tasks` of the
+        job's tasks, which were dispatched again (farm.distributed.leases), and wake the job's waiting clients, which
+        say so; reapers that share a holder's tasks add up. False when the job had ended (nothing to say), or when
+        the record couldn't be read back with this entry (a worker name past protocol.MAX_HOLDER_CHARS): a note must
+        never make the job unreadable."""
+        try:
+            protocol.MAP_ENTRIES["lost_workers"](holder, str(tasks))
+        except ValueError:
+            return False
+        field = f"{protocol.MAP_FIELDS['lost_workers']}{holder}"
+        if not self.call(self._add_if_live, [protocol.job_key(job_id)], [field, int(tasks)]):
+            return False
+        self.call(self.redis.publish, protocol.job_events_channel(job_id), "lost_worker")
+        return True
 
     def is_over(self, job_id: str) -> bool:
         record = self.get(job_id)

@@ -171,10 +171,11 @@ class FarmClient:
     def status(self, job_id: str) -> dict[str, Any]:
         """The job's state, compile tasks done of total, and the failing unit and error if it failed."""
         record = self.record(job_id)
-        status = {"job_id": job_id, "state": record.state.value, "model": record.model_name,
-                  "done": self.board.finished(job_id, "compile"), "total": record.total or 0,
-                  "kernels": record.kernels, "blobs": record.blobs, "targets": [target.id for target in record.targets],
-                  "sizes": sizes_to_json(record.sizes), "artifact_reused": record.cached}
+        status: dict[str, Any] = {
+            "job_id": job_id, "state": record.state.value, "model": record.model_name,
+            "done": self.board.finished(job_id, "compile"), "total": record.total or 0, "kernels": record.kernels,
+            "blobs": record.blobs, "targets": [target.id for target in record.targets],
+            "sizes": sizes_to_json(record.sizes), "artifact_reused": record.cached}
         for field in ("error", "failed_unit", "exit_status", "artifact_key", "tuning_note"):
             if getattr(record, field):
                 status[field] = getattr(record, field)
@@ -182,6 +183,7 @@ class FarmClient:
             status["tuning"] = {"done": self.board.finished(job_id, "tune"), "total": len(record.tune_units),
                                 "errors": record.tune_errors}
         status["seconds"] = round((record.finished or record.updated) - record.created, 3)
+        status["lost_workers"] = record.lost_workers
         return status
 
     def unserved_queues(self, job_id: str) -> dict[str, str]:
@@ -196,15 +198,18 @@ class FarmClient:
 
     def wait(self, job_id: str, timeout: float | None = None,
              on_progress: Callable[[dict[str, Any]], None] | None = None,
-             on_unserved: Callable[[dict[str, str]], None] | None = None) -> dict[str, Any]:
+             on_unserved: Callable[[dict[str, str]], None] | None = None,
+             on_lost: Callable[[str, int], None] | None = None) -> dict[str, Any]:
         """Follow the job until it ends (or `timeout` seconds pass: then the last status, not ended), reading it
         again at each notification of the board (at most every POLL_SECONDS) or every wait_fallback_seconds().
         `on_unserved(queues)`: called soon after the start and whenever the job has shown no change for a while
-        (LivenessWatch), with the job's queues that have newly lost (or never had) a live worker. A lost Redis raises
-        UnreachableError naming the job, so the user can resume with `farm wait`."""
+        (LivenessWatch), with the job's queues that have newly lost (or never had) a live worker. `on_lost(worker,
+        tasks)`: called once per worker the job lost (each incarnation), with the number of its tasks dispatched
+        again, before the status that first shows it. A lost Redis raises UnreachableError naming the job, so the
+        user can resume with `farm wait`."""
         try:
             with JobEvents(self.board, job_id) as events:
-                return self._follow(job_id, events, timeout, on_progress, on_unserved)
+                return self._follow(job_id, events, timeout, on_progress, on_unserved, on_lost)
         except CredentialsRefusedError:
             raise  # the URL is wrong, not the farm away: nothing to resume
         except UnreachableError as error:
@@ -213,12 +218,16 @@ class FarmClient:
 
     def _follow(self, job_id: str, events: JobEvents, timeout: float | None,
                 on_progress: Callable[[dict[str, Any]], None] | None,
-                on_unserved: Callable[[dict[str, str]], None] | None) -> dict[str, Any]:
+                on_unserved: Callable[[dict[str, str]], None] | None,
+                on_lost: Callable[[str, int], None] | None) -> dict[str, Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
         watch = LivenessWatch(lambda: self.unserved_queues(job_id), on_unserved)
         next_nudge = time.monotonic() + INTAKE_NUDGE_SECONDS
+        said_lost: set[str] = set()
         while True:
             status = self.status(job_id)
+            if on_lost:
+                _say_lost_once(status["lost_workers"], said_lost, on_lost)
             if on_progress:
                 on_progress(status)
             now = time.monotonic()
@@ -360,6 +369,14 @@ class LivenessWatch:
             self.report(fresh)
         self.next_check = now + self.pause
         self.pause = min(2 * self.pause, defaults.LIVENESS_CHECK_MAX_SECONDS)
+
+
+def _say_lost_once(lost: dict[str, int], said: set[str], on_lost: Callable[[str, int], None]) -> None:
+    """Call `on_lost(worker name, tasks)` for each lost worker (by holder: a worker restarted under its name and lost
+    again is another loss) not in `said`, and add it there."""
+    for holder in sorted(set(lost) - said):
+        said.add(holder)
+        on_lost(holder.rpartition("#")[0], lost[holder])
 
 
 def raise_for_state(status: dict[str, Any]) -> None:

@@ -7,7 +7,9 @@ runs, naming its holder. The same thread on every live worker reaps: a running t
 (the host died, or the worker was restarted under the same name) is claimed by exactly one peer (HDEL) and
 dispatched again. Steps are idempotent and content-addressed, so the late original (Redis redelivers it after the
 visibility timeout) finds its unit finished and returns at once; each start counts as a delivery, so a unit that
-kills every worker it lands on still fails its job after FARM_MAX_DELIVERIES.
+kills every worker it lands on still fails its job after FARM_MAX_DELIVERIES. Each job whose tasks were dispatched
+again is told which worker it lost and how many of its tasks (JobBoard.lost_worker), so that its waiting clients
+say so instead of showing a count that stalls.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import contextlib
 import logging
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -67,9 +70,9 @@ class Leases:
             with contextlib.suppress(UnreachableError):
                 self.call(self.redis.hdel, protocol.RUNNING_KEY, task_id)
 
-    def reap(self, dispatch: Callable[[Message], None]) -> list[Message]:
+    def reap(self, dispatch: Callable[[Message], None]) -> list[RunningTask]:
         """Dispatch again every running task whose holder's lease is gone; each is claimed by one reaper only.
-        Malformed entries are dropped."""
+        Malformed entries are dropped. Returns the tasks dispatched again."""
         sent = []
         for task_id, text in self.call(self.redis.hgetall, protocol.RUNNING_KEY).items():
             try:
@@ -79,7 +82,7 @@ class Leases:
                 continue
             if not self.alive(task) and self.call(self.redis.hdel, protocol.RUNNING_KEY, task_id) == 1:
                 dispatch(task.message)
-                sent.append(task.message)
+                sent.append(task)
         return sent
 
 
@@ -87,9 +90,12 @@ class LeaseKeeper(threading.Thread):
     """The worker main process's thread: renew this worker's lease, and reap the tasks of dead peers."""
 
     def __init__(self, leases: Leases, worker: str, incarnation: str, dispatch: Callable[[Message], None],
-                 seconds: float | None = None) -> None:
+                 lost: Callable[[str, str, int], object], seconds: float | None = None) -> None:
+        """`lost(job id, holder, tasks)` tells a job that it lost the worker `holder` with that many of its tasks,
+        dispatched again (JobBoard.lost_worker)."""
         super().__init__(name="farm-lease", daemon=True)
         self.leases, self.worker, self.incarnation, self.dispatch = leases, worker, incarnation, dispatch
+        self.lost = lost
         self.seconds = defaults.worker_lease_seconds() if seconds is None else seconds
         self.stopped = threading.Event()
 
@@ -102,8 +108,12 @@ class LeaseKeeper(threading.Thread):
         """One renewal and one reaping round; Redis being away only skips the round."""
         try:
             self.leases.renew(self.worker, self.incarnation, self.seconds)
-            for message in self.leases.reap(self.dispatch):
-                log.warning("farm: dispatched %s %s again: its worker's lease lapsed", message.task, message.args[:2])
+            reaped = self.leases.reap(self.dispatch)
+            for task in reaped:
+                log.warning("farm: dispatched %s %s again: its worker's lease lapsed", task.message.task,
+                            task.message.args[:2])
+            for (job_id, holder), tasks in Counter((task.job_id, task.holder) for task in reaped).items():
+                self.lost(job_id, holder, tasks)
         except UnreachableError as error:
             log.warning("farm: lease round skipped: %s", error)
 

@@ -416,9 +416,29 @@ STRINGS = Codec(json.dumps, _string_list)
 SIZES = Codec(lambda sizes: json.dumps(sizes_to_json(sizes)),
               lambda text: sizes_from_json(value) if (value := _json_list(text)) else [])
 
-MAP_FIELDS = {"tune_errors": "tune_error:", "libraries": "library:"}
+MAP_FIELDS = {"tune_errors": "tune_error:", "libraries": "library:", "lost_workers": "lost_worker:"}
 """Record fields that are maps, kept as one hash field per entry (`<prefix><key>`), so that concurrent steps
 add entries without overwriting each other."""
+MAX_HOLDER_CHARS = 512
+"""The longest holder (`<worker name>#<incarnation>`) a record names: a host name (253) with room to spare."""
+
+
+def _lost_worker(holder: str, text: str) -> tuple[str, int]:
+    """A `lost_workers` entry: the holder whose lease lapsed (RunningTask.holder) and how many of the job's tasks it
+    held, all dispatched again. Clients print the name (escaped), so its form and length are checked, and the count
+    is a positive number."""
+    worker, _, incarnation = holder.rpartition("#")
+    if not worker or not incarnation or len(holder) > MAX_HOLDER_CHARS:
+        raise ValueError(f"{holder[:80]!r} is not a worker's name#incarnation")
+    tasks = int(text)
+    if tasks < 1:
+        raise ValueError(f"{tasks} tasks")
+    return holder, tasks
+
+
+MAP_ENTRIES: dict[str, Callable[[str, str], tuple[str, Any]]] = {"lost_workers": _lost_worker}
+"""How a map field's entries are checked when a record is read (key, text -> key, value); the others' entries stay
+strings (a tuning error's text; a library's store key, which the store checks when it reads it)."""
 
 
 @dataclass(frozen=True)
@@ -455,6 +475,9 @@ class JobRecord:
     tuned: bool = False
     tune_errors: dict[str, str] = field(default_factory=dict)
     libraries: dict[str, str] = field(default_factory=dict)
+    lost_workers: dict[str, int] = field(default_factory=dict)
+    """Workers lost while they ran the job's tasks (their holder, `<name>#<incarnation>`) -> how many of its tasks
+    each held, which a peer's reaper dispatched again (farm.distributed.leases)."""
 
     @property
     def is_over(self) -> bool:
@@ -471,7 +494,8 @@ class JobRecord:
         for name, text in hash_fields.items():
             mapped = next((m for m, prefix in MAP_FIELDS.items() if name.startswith(prefix)), None)
             if mapped:
-                values[mapped][name[len(MAP_FIELDS[mapped]):]] = text
+                key, value = _map_entry(mapped, name[len(MAP_FIELDS[mapped]):], text)
+                values[mapped][key] = value
             elif name in CODECS:
                 try:
                     values[name] = CODECS[name].decode(text)
@@ -482,6 +506,14 @@ class JobRecord:
         if missing:
             raise BadInputError(f"job record lacks {', '.join(missing)}")
         return cls(**values)
+
+
+def _map_entry(name: str, key: str, text: str) -> tuple[str, Any]:
+    """One entry of the map field `name`, checked by its MAP_ENTRIES function if it has one."""
+    try:
+        return MAP_ENTRIES.get(name, lambda key, text: (key, text))(key, text)
+    except ValueError as error:
+        raise BadInputError(f"job record field {name!r} is malformed ({error})") from None
 
 
 CODECS: dict[str, Codec] = {
@@ -587,6 +619,11 @@ class RunningTask:
     @property
     def worker(self) -> str:
         return self.holder.rpartition("#")[0]
+
+    @property
+    def job_id(self) -> str:
+        """The job the task serves: every farm task's arguments name it first (checked by `decode`)."""
+        return self.message.args[0]
 
     @property
     def incarnation(self) -> str:

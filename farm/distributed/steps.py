@@ -96,7 +96,7 @@ class Farm:
         record = self.board.get(job_id)
         if record is None or record.is_over:
             return self._skipped(job_id)
-        if self._reuse_artifact(job_id, record) or not self.board.advance(job_id, JobState.PLANNING):
+        if self._reuse_artifact(job_id, record) or not self._planning(job_id, record):
             return None
         pins.release_ended_jobs(self.board, self.store)
         try:
@@ -121,13 +121,31 @@ class Farm:
         link_plan_key = self.store.put(plan_bytes)
         counts = {"total": record.total if record.total is not None else len(todo), **assembly.unit_counts(units),
                   "targets_total": len(assembly.libraries(plan_json))}
-        if not self.board.advance(job_id, JobState.COMPILING, link_plan_key=link_plan_key, **counts):
+        if not self._compiling(job_id, record, link_plan_key=link_plan_key, **counts):
             return None
         self._dispatch_units(job_id, blobs, todo)
         self._put_weights(blobs, {unit.data_key for unit in todo if unit.data_key})
         if not todo:
             self._start_linking(job_id, plan_json)
         return None
+
+    def _planning(self, job_id: str, record: JobRecord) -> bool:
+        """Move the job to planning; False when it has ended. A plan_job run again after an earlier run took the job
+        on (its worker died and a peer's reaper dispatched it again, farm.distributed.leases, or Redis redelivered
+        it) leaves the job in tuning, compiling or linking: moved back to planning, it showed its waiting clients
+        `compiling 40/40` (the count a phase that ends has reached) then planning, though units were still
+        compiling."""
+        if record.state in (JobState.TUNING, JobState.COMPILING, JobState.LINKING):
+            return not self.board.is_over(job_id)
+        return self.board.advance(job_id, JobState.PLANNING)
+
+    def _compiling(self, job_id: str, record: JobRecord, **plan: Any) -> bool:
+        """Move the job to compiling with its plan's fields; False when it has ended. A plan_job run again after an
+        earlier run did so leaves the job where it is, compiling or (its last unit done meanwhile) linking, with the
+        fields that run wrote."""
+        if record.state in (JobState.COMPILING, JobState.LINKING):
+            return not self.board.is_over(job_id)
+        return self.board.advance(job_id, JobState.COMPILING, **plan)
 
     def _put_weights(self, blobs: dict[str, Any], put: set[str]) -> None:
         """Every weight the store lacks (beyond those `put` for their pack units): they are artifact members, which

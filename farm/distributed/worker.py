@@ -66,7 +66,7 @@ def _lease_keeper(broker: str, name: str) -> LeaseKeeper:
     incarnation = new_incarnation()
     os.environ[INCARNATION_VARIABLE] = incarnation
     board = JobBoard(broker)
-    keeper = LeaseKeeper(Leases(board.redis, board.call), name, incarnation, dispatch)
+    keeper = LeaseKeeper(Leases(board.redis, board.call), name, incarnation, dispatch, board.lost_worker)
     with contextlib.suppress(UnreachableError):  # a Redis that is down is waited for by Celery; the keeper renews
         keeper.leases.renew(name, incarnation, keeper.seconds)
     return keeper
