@@ -417,6 +417,7 @@ def test_redis_conf_is_durable_and_holds_no_password():
             settings[key.lower()] = rest.strip().strip('"')
     assert settings.get("appendonly") == "yes", settings
     assert settings.get("appendfsync") == "everysec", settings
+    assert settings.get("save") == "", "no RDB snapshots: each rewrote the whole cache, and held a stop for a minute"
     assert "requirepass" not in settings and "user" not in settings, "redis.conf holds no password and no user"
     assert "aclfile" not in settings, "the ACL file is named by whoever starts redis (docker-compose.yml: --aclfile)"
 
