@@ -468,10 +468,18 @@ class RedisStore(Store):
         self._delete_files([key])
 
     def _delete_files(self, keys: Iterable[object]) -> None:
-        """Delete the blob store's files of entries whose headers are gone (nothing when bytes are chunks here)."""
-        if self.blobs is not None:
-            for key in keys:
-                self.blobs.delete(key.decode() if isinstance(key, bytes) else str(key))
+        """Delete the blob store's files of entries whose headers are gone (nothing when bytes are chunks here). A
+        process without FARM_BLOB_STORE of its own (the operator's `farm store gc`) deletes them in the folder the
+        workers published."""
+        keys = [key.decode() if isinstance(key, bytes) else str(key) for key in keys]
+        if not keys:
+            return
+        try:
+            blobs = self._blob_files()
+        except StoreError:
+            return  # bytes are chunks here (the script deleted them), or the folder isn't mounted on this host
+        for key in keys:
+            blobs.delete(key)
 
     def set_ref(self, name: str, key: str) -> None:
         with self._errors():
