@@ -38,9 +38,29 @@ it runs a task; the figure is the extra seconds the kill costs the job (bar: <= 
 are dispatched again when the dead worker's lease lapses (FARM_WORKER_LEASE_SECONDS), not after Redis'
 visibility timeout (720 s).
 
+With --data-plane, only this (issue 29: what a model's bytes cost on their way through the farm), per model of
+--models (light_densenet121, light_resnet50, bert_base: farm.tools.examples.bert_style at BERT-base's size,
+bert_base_external: the same saved as a dynamo export is, every tensor in model.onnx.data, and huge: --huge-layers
+8192x8192 float32 MatMuls in external data, 1.88 GB by default, --huge-full for issue 15's 2.68 GB):
+
+- local cold and warm: `farm submit MODEL` without a broker, with --no-cache, then without it (after one untimed
+  run): wall seconds of the command;
+- farm cold: on a fresh farm per model and per repeat (a redis-server loading deploy/redis.conf itself, only its
+  port, bind address, folder and log overridden, with the ACL file `farm acl` writes; 2 workers logged in as
+  farm-worker, warmed by tiny_cnn builds, so the store holds no entry of the model), `farm submit MODEL --no-cache`
+  as farm-submitter: wall seconds to the artifact downloaded, the job's phases (the states its events channel
+  publishes), the bytes Redis read and wrote meanwhile (INFO stats total_net_input_bytes and
+  total_net_output_bytes; the benchmark's own INFO calls and subscription taken off) against the model's size
+  (external data included), and Redis' used_memory sampled every SAMPLE_S against the store's cap
+  (FARM_STORE_MAX_BYTES of this environment, default 2 GiB, given to the workers); then `farm store stats`;
+- farm warm resubmit: the same submission without --no-cache, wall seconds;
+- whether every farm artifact is the local build's, byte for byte (sha256).
+
 Usage: python3 benchmarks/bench_farm.py [--repeat N] [--tasks N] [--store-builds N] [--store-cap BYTES]
                                        [--store-only] [--failover] [--json out.json] [--no-fail]
        python3 benchmarks/bench_farm.py --waiting-clients N [--window S] [--json out.json]
+       python3 benchmarks/bench_farm.py --data-plane [--models a,b] [--huge-layers N | --huge-full] [--repeat N]
+                                       [--json out.json] [--no-fail]
 Exit status: 0 when every bar passes (or --no-fail), 1 when a bar fails, 2 on bad arguments.
 """
 
@@ -48,14 +68,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import platform
 import re
+import secrets
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -65,15 +89,21 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # tests/ holds the real-service helpers the benchmark reuses
 
+import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 import redis  # noqa: E402
+from onnx import helper  # noqa: E402
+from redis.connection import Connection, parse_url  # noqa: E402
 from report import cell, markdown_table  # noqa: E402
 
 from farm.backends.llvm.target import host_target  # noqa: E402
+from farm.defaults import store_max_bytes  # noqa: E402
+from farm.distributed import protocol  # noqa: E402
+from farm.distributed.acl import ROLES, Role, user_line  # noqa: E402
 from farm.distributed.protocol import TaskName  # noqa: E402
-from farm.tools.examples import EXAMPLES, resnet18_style  # noqa: E402
+from farm.tools.examples import EXAMPLES, bert_style, resnet18_style  # noqa: E402
 from tests.farm_services import FarmWorker  # noqa: E402
-from tests.services import RedisServer  # noqa: E402
+from tests.services import RedisServer, redis_server_binary  # noqa: E402
 
 MODEL = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / "light_resnet50.onnx"
 SCALING_BAR = 1.7  # 2 workers at least this many times faster than 1
@@ -125,9 +155,11 @@ class Build:
 # -- running farm --------------------------------------------------------------------------------------------------
 
 
-def cli(args: Sequence[str], cwd: Path, broker: str | None) -> tuple[float, dict[str, Any]]:
-    """Run `farm ARGS --json` as a user would; (wall seconds, its JSON). Without a broker the build is local."""
-    env = {key: value for key, value in os.environ.items() if key != "FARM_BROKER_URL"}
+def cli(args: Sequence[str], cwd: Path, broker: str | None,
+        extra_env: dict[str, str] | None = None) -> tuple[float, dict[str, Any]]:
+    """Run `farm ARGS --json` as a user would; (wall seconds, its JSON). Without a broker the build is local.
+    `extra_env` is added to this process's environment (FARM_CACHE_DIR, say)."""
+    env = {key: value for key, value in os.environ.items() if key != "FARM_BROKER_URL"} | (extra_env or {})
     if broker:
         env["FARM_BROKER_URL"] = broker
     started = time.perf_counter()
@@ -184,13 +216,13 @@ def task_seconds(workers: Sequence[FarmWorker], offsets: Sequence[int]) -> dict[
     return spent
 
 
-def warm_up(folder: Path, broker: str) -> None:
+def warm_up(folder: Path, broker: str, extra_env: dict[str, str] | None = None) -> None:
     """Build tiny_cnn with the cache off, so that every worker's pool has imported LLVM before timing starts."""
     model = folder / "tiny_cnn.onnx"
     if not model.exists():
         onnx.save(EXAMPLES["tiny_cnn"](), str(model))
     for _ in range(2):
-        cli(["submit", str(model), "-o", str(folder / "warmup"), "--no-cache"], folder, broker)
+        cli(["submit", str(model), "-o", str(folder / "warmup"), "--no-cache"], folder, broker, extra_env)
 
 
 def broker_throughput(broker: str, workers: Sequence[FarmWorker], tasks: int) -> dict[str, float]:
@@ -463,6 +495,541 @@ def failover(folder: Path, repeat: int) -> dict[str, Any]:
                               f"<= {FAILOVER_BAR_S:.0f} s", extra <= FAILOVER_BAR_S))}
 
 
+# -- data plane (issue 29) -----------------------------------------------------------------------------------------
+
+
+DATA_PLANE_MODELS = ("light_densenet121", "light_resnet50", "bert_base", "bert_base_external", "huge")
+EXTERNAL_DATA_MODELS = ("bert_base_external", "huge")
+HUGE_WIDTH = 8192
+HUGE_LAYERS = 7  # 7 x 8192 x 8192 float32 weights: 1.88 GB, the model issue 29 measured
+HUGE_FULL_LAYERS = 10  # issue 15's model: 2.68 GB in external data
+MB = 1_000_000
+GIB = 1 << 30
+COLD_BAR = 1.2  # BERT-base: the farm's cold build at most this many times the local cold build
+BYTES_BAR = 2.5  # BERT-base: bytes through Redis for its cold job at most this many times the model's size
+RESUBMIT_BAR_S = 1.0  # light models: warm resubmit at most this many seconds
+MEMORY_BAR = 1.1  # Redis used_memory never above the store's cap plus 10%
+SAMPLE_S = 0.05  # used_memory is sampled this often
+REDIS_CONF = REPO / "deploy" / "redis.conf"
+OBSERVER = "farm-bench"
+OBSERVER_RULES = ("resetkeys resetchannels -@all +ping +auth +hello +info +psubscribe +punsubscribe "
+                  f"&{protocol.job_events_channel('*')}")
+"""The benchmark's own Redis user: INFO and the jobs' events channels, nothing else (the farm's users may not run
+INFO, a dangerous command)."""
+PHASES = (("upload + intake", "start", "planning"), ("plan", "planning", "compiling"),
+          ("compile", "compiling", "linking"), ("link + finish", "linking", "done"), ("download", "done", "exit"))
+"""A cold job's phases: from the `farm submit` command's start, through the states the job's events channel
+publishes, to the command's exit."""
+
+
+def bert_base() -> onnx.ModelProto:
+    """BERT-base's size (benchmarks/bench_critical.py EXTRA): 110 M weights, 435 MB."""
+    return bert_style(seq=128, width=768, heads=12, layers=12, vocab=30522)
+
+
+def write_huge(path: Path, layers: int, width: int = HUGE_WIDTH) -> None:
+    """benchmarks/bench_huge.py's model: a chain of `layers` MatMuls of width x width float32 weights, every weight
+    in one external data file beside the model, written one at a time (never more than one in memory)."""
+    data = path.with_suffix(".data")
+    rng = np.random.default_rng(0)
+    weights = []
+    with open(data, "wb") as out:
+        for index in range(layers):
+            weight = (rng.standard_normal((width, width), dtype=np.float32) / np.sqrt(width)).astype(np.float32)
+            tensor = onnx.TensorProto(name=f"w{index}", data_type=onnx.TensorProto.FLOAT, dims=[width, width],
+                                      data_location=onnx.TensorProto.EXTERNAL)
+            for key, value in (("location", data.name), ("offset", out.tell()), ("length", weight.nbytes)):
+                tensor.external_data.add(key=key, value=str(value))
+            weight.tofile(out)
+            weights.append(tensor)
+    nodes = [helper.make_node("MatMul", ["x" if i == 0 else f"y{i - 1}", f"w{i}"], [f"y{i}"], name=f"mm{i}")
+             for i in range(layers)]
+    graph = helper.make_graph(nodes, "huge", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, width])],
+                              [helper.make_tensor_value_info(f"y{layers - 1}", onnx.TensorProto.FLOAT, [1, width])],
+                              weights)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def write_data_plane_model(name: str, folder: Path, huge_layers: int) -> Path:
+    """The model `name` in a folder of its own (so its size, external data included, is the folder's); its path."""
+    home = folder / "models" / name
+    home.mkdir(parents=True)
+    if name.startswith("light_"):
+        path = home / f"{name}.onnx"
+        shutil.copyfile(MODEL.parent / path.name, path)
+    elif name == "bert_base":
+        path = home / "bert_base.onnx"
+        onnx.save(bert_base(), str(path))
+    elif name == "bert_base_external":  # as torch.onnx.export(dynamo=True) writes a big model
+        path = home / "model.onnx"
+        onnx.save(bert_base(), str(path), save_as_external_data=True, location="model.onnx.data", size_threshold=0)
+    else:
+        path = home / "huge.onnx"
+        write_huge(path, huge_layers)
+    return path
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(path.stat().st_size for path in folder.iterdir() if path.is_file())
+
+
+def size_text(count: int) -> str:
+    """Bytes in decimal units, as the issue writes them (435 MB, 1.88 GB)."""
+    if count >= 1e9:
+        return f"{count / 1e9:.2f} GB"
+    return f"{count / MB:.0f} MB" if count >= MB else f"{count / 1e3:.0f} kB"
+
+
+def artifact_digest(result: dict[str, Any]) -> str:
+    """The sha256 of the artifact a `farm submit --json` wrote, which is then deleted (huge ones fill the disk)."""
+    path, digest = Path(result["artifact"]), hashlib.sha256()
+    with open(path, "rb") as artifact:
+        while piece := artifact.read(MIB):
+            digest.update(piece)
+    path.unlink()
+    return digest.hexdigest()
+
+
+# Redis as deployed, and what the benchmark sees of it.
+
+
+class DeployedRedis(RedisServer):
+    """redis-server as deploy/redis.conf configures it (the file itself; only port, bind, dir and the log file
+    overridden, as tests/test_deploy.py starts it: persistence and memory settings are production's) with the ACL
+    file `farm acl` writes from the roles' passwords, plus the benchmark's own user (OBSERVER_RULES). The default
+    user is off, so `url` is the workers' (readiness is checked as farm-worker)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.passwords = {role: secrets.token_hex(16) for role in ROLES}
+        self.observer_password = secrets.token_hex(16)
+        self.aclfile = self.folder / "users.acl"
+        variables = {ROLES[role].password_variable: password for role, password in self.passwords.items()}
+        subprocess.run([sys.executable, "-m", "farm", "acl", "-o", str(self.aclfile)], check=True,
+                       env={**os.environ, **variables, "PYTHONPATH": WORKER_ENV["PYTHONPATH"]}, capture_output=True)
+        with open(self.aclfile, "a") as aclfile:
+            aclfile.write(user_line(Role(OBSERVER, "", OBSERVER_RULES), self.observer_password) + "\n")
+
+    def role_url(self, role: str) -> str:
+        return self.url_for(ROLES[role].user, self.passwords[role])
+
+    @property
+    def url(self) -> str:
+        return self.role_url("worker")
+
+    @property
+    def observer_url(self) -> str:
+        return self.url_for(OBSERVER, self.observer_password)
+
+    def _arguments(self) -> list[str]:
+        return [redis_server_binary(), str(REDIS_CONF), "--port", str(self.port), "--bind", "127.0.0.1",
+                "--dir", str(self.folder), "--logfile", str(self.log_path), "--aclfile", str(self.aclfile)]
+
+
+@dataclass
+class Traffic:
+    """Bytes Redis read from (inbound) and wrote to (outbound) some connection."""
+
+    inbound: int = 0
+    outbound: int = 0
+
+    def add(self, other: Traffic) -> None:
+        self.inbound, self.outbound = self.inbound + other.inbound, self.outbound + other.outbound
+
+
+def resp_size(*items: bytes) -> int:
+    """Bytes of the RESP reply carrying `items`: one bulk string, or an array of them."""
+    bulks = sum(len(f"${len(item)}\r\n") + len(item) + 2 for item in items)
+    return bulks if len(items) == 1 else len(f"*{len(items)}\r\n") + bulks
+
+
+class InfoConnection:
+    """INFO on a connection of the benchmark's own, read raw, so that what each call costs Redis is known."""
+
+    def __init__(self, url: str) -> None:
+        self.connection = Connection(**parse_url(url))
+        self.connection.connect()
+
+    def info(self, section: str) -> tuple[dict[str, str], Traffic]:
+        """The section's fields, and the bytes of the request and of the reply."""
+        request = self.connection.pack_command("INFO", section)
+        self.connection.send_packed_command(request)
+        reply = self.connection.read_response()
+        fields = dict(line.split(":", 1) for line in reply.decode().splitlines() if ":" in line)
+        return fields, Traffic(sum(map(len, request)), resp_size(reply))
+
+    def close(self) -> None:
+        self.connection.disconnect()
+
+
+class MemorySampler:
+    """Redis' used_memory every SAMPLE_S seconds, in a thread (used_memory_peak can't be reset on Redis 7.0, and
+    would hold the warm-up's); `peak` is the highest sample, `traffic` what the samples cost Redis."""
+
+    def __init__(self, url: str) -> None:
+        self.connection = InfoConnection(url)
+        self.peak = self.samples = 0
+        self.traffic = Traffic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="used_memory sampler", daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            fields, traffic = self.connection.info("memory")
+            self.peak, self.samples = max(self.peak, int(fields["used_memory"])), self.samples + 1
+            self.traffic.add(traffic)
+            if self._stop.wait(SAMPLE_S):
+                return
+
+    def __enter__(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.connection.close()
+
+
+class StateStamps:
+    """When each job state is first published on a job's events channel (perf_counter), seen by a thread subscribed
+    to every job's channel; `traffic` counts the messages Redis wrote to it since the last `reset`."""
+
+    def __init__(self, url: str) -> None:
+        self.client = redis.Redis.from_url(url)
+        self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        self.pubsub.psubscribe(protocol.job_events_channel("*"))
+        self.stamps: dict[str, float] = {}
+        self.traffic = Traffic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="job events", daemon=True)
+        self._thread.start()
+
+    def reset(self) -> None:
+        self.stamps, self.traffic = {}, Traffic()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            message = self.pubsub.get_message(timeout=0.1)
+            if message and message["type"] == "pmessage":
+                self.stamps.setdefault(message["data"].decode(), time.perf_counter())
+                self.traffic.outbound += resp_size(b"pmessage", message["pattern"], message["channel"],
+                                                   message["data"])
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.pubsub.close()
+        self.client.close()
+
+
+@dataclass
+class Watched:
+    """One `farm submit` on the data-plane farm, watched from Redis."""
+
+    wall_s: float
+    artifact_sha256: str
+    compiled: int | None  # compile tasks the job ran
+    net_in: int  # INFO stats total_net_input_bytes over the command, less the benchmark's own requests
+    net_out: int  # total_net_output_bytes, less the replies and messages the benchmark received
+    peak_used_memory: int  # the highest used_memory sample over the command
+    used_memory_before: int
+    samples: int
+    observer_bytes: int  # what the benchmark's own INFO calls and subscription cost, taken off net_in and net_out
+    phases: dict[str, float | None]
+    task_s: dict[str, float]  # seconds the workers spent in each task name (their logs)
+
+
+class DataPlaneFarm:
+    """A fresh DeployedRedis with 2 `farm worker`s (farm-worker credentials, production time limits, the store
+    capped at `cap`); submissions go in with the submitter's credentials, watched as `watched_submit` says."""
+
+    def __init__(self, folder: Path, cap: int, tag: str, client_env: dict[str, str]) -> None:
+        self.folder, self.client_env = folder, client_env
+        self.redis = DeployedRedis().start()
+        self.workers: list[FarmWorker] = []
+        env = {**WORKER_ENV, "FARM_STORE_MAX_BYTES": str(cap), "FARM_CACHE_DIR": str(folder / f"worker-cache-{tag}")}
+        try:
+            for index in (1, 2):
+                self.workers.append(FarmWorker(self.redis.role_url("worker"), f"{tag}-{index}@farm", folder,
+                                               env=env).start())
+            self.info = InfoConnection(self.redis.observer_url)
+            self.events = StateStamps(self.redis.observer_url)
+        except Exception:
+            self.close()
+            raise
+
+    @property
+    def submitter_url(self) -> str:
+        return self.redis.role_url("submitter")
+
+    def watched_submit(self, model: Path, out: Path, no_cache: bool) -> Watched:
+        """`farm submit MODEL` as the submitter, between two INFO stats; used_memory sampled all along."""
+        args = ["submit", str(model), "-o", str(out)] + (["--no-cache"] if no_cache else [])
+        offsets = [log_size(worker) for worker in self.workers]
+        memory, _ = self.info.info("memory")
+        before, asked = self.info.info("stats")  # its reply is Redis' output after the count: taken off below
+        self.events.reset()
+        with MemorySampler(self.redis.observer_url) as sampler:
+            started = time.perf_counter()
+            wall, result = cli(args, self.folder, self.submitter_url, self.client_env)
+            ended = time.perf_counter()
+        after, closing = self.info.info("stats")
+        own = Traffic(sampler.traffic.inbound + closing.inbound,
+                      sampler.traffic.outbound + asked.outbound + self.events.traffic.outbound)
+        return Watched(wall, artifact_digest(result), result.get("compiled"),
+                       int(after["total_net_input_bytes"]) - int(before["total_net_input_bytes"]) - own.inbound,
+                       int(after["total_net_output_bytes"]) - int(before["total_net_output_bytes"]) - own.outbound,
+                       sampler.peak, int(memory["used_memory"]), sampler.samples, own.inbound + own.outbound,
+                       phase_seconds(self.events.stamps, started, ended), task_seconds(self.workers, offsets))
+
+    def settings(self) -> dict[str, str]:
+        """What the server says it runs with (INFO), to show that deploy/redis.conf is what it loaded."""
+        fields = {**self.info.info("server")[0], **self.info.info("persistence")[0], **self.info.info("memory")[0]}
+        return {name: fields.get(name, "?") for name in ("redis_version", "config_file", "aof_enabled",
+                                                         "maxmemory_policy", "maxmemory")}
+
+    def store_stats(self) -> dict[str, Any]:
+        """`farm store stats --json` as the operator (the workers' credentials)."""
+        return cli(["store", "stats"], self.folder, self.redis.role_url("worker"), self.client_env)[1]
+
+    def close(self) -> None:
+        for closing in (getattr(self, "events", None), getattr(self, "info", None)):
+            if closing is not None:
+                closing.close()
+        for worker in self.workers:
+            worker.stop()
+        self.redis.close()
+
+
+def phase_seconds(stamps: dict[str, float], started: float, ended: float) -> dict[str, float | None]:
+    """Seconds of each of PHASES (None for a phase whose states weren't published: a reused artifact's job)."""
+    times = {**stamps, "start": started, "exit": ended}
+    return {name: times[last] - times[first] if first in times and last in times else None
+            for name, first, last in PHASES}
+
+
+# One model.
+
+
+@dataclass
+class FarmRound:
+    """One fresh farm's figures for a model: its cold job, the store after the download, the warm resubmit."""
+
+    cold: Watched
+    warm: Watched
+    store: dict[str, Any]
+    redis: dict[str, str]  # what the server runs with: its config file, append-only file, eviction policy
+
+
+def farm_round(model: Path, folder: Path, cap: int, tag: str, client_env: dict[str, str]) -> FarmRound:
+    """A fresh redis-server and 2 workers (warmed by tiny_cnn builds, so the store holds no entry of the model: no
+    blob, object or artifact), then the cold job, `farm store stats` after its download, and the warm resubmit."""
+    farm = DataPlaneFarm(folder, cap, tag, client_env)
+    try:
+        warm_up(folder, farm.submitter_url, client_env)
+        cold = farm.watched_submit(model, folder / f"farm-cold-{tag}", no_cache=True)
+        store = farm.store_stats()
+        warm = farm.watched_submit(model, folder / f"farm-warm-{tag}", no_cache=False)
+        return FarmRound(cold, warm, store, farm.settings())
+    except Exception:
+        print("\n".join(f"--- {w.name}\n{w.log_tail()}" for w in farm.workers), file=sys.stderr)
+        raise
+    finally:
+        farm.close()
+
+
+def local_runs(model: Path, folder: Path, client_env: dict[str, str], repeat: int, no_cache: bool,
+               untimed: int = 0) -> tuple[list[float], str]:
+    """`farm submit MODEL` without a broker, `untimed` + `repeat` times; the timed runs' wall seconds and the last
+    artifact's sha256."""
+    walls, digest = [], ""
+    for index in range(untimed + repeat):
+        args = ["submit", str(model), "-o", str(folder / "local")] + (["--no-cache"] if no_cache else [])
+        wall, result = cli(args, folder, None, client_env)
+        digest = artifact_digest(result)
+        if index >= untimed:
+            walls.append(wall)
+    return walls, digest
+
+
+@dataclass
+class ModelFigures:
+    """Every figure of one model (medians over --repeat; Redis' peak the highest); `error` says what failed."""
+
+    model: str
+    size_bytes: int = 0
+    cap: int = 0
+    local_cold_s: float | None = None
+    local_warm_s: float | None = None
+    farm_cold_s: float | None = None
+    farm_warm_s: float | None = None
+    net_in: int | None = None
+    net_out: int | None = None
+    peak_used_memory: int | None = None
+    local_sha256: str = ""
+    farm_sha256: list[str] = field(default_factory=list)  # every farm artifact's, cold and warm
+    phases: dict[str, float | None] = field(default_factory=dict)
+    compiled: int | None = None
+    store: dict[str, Any] = field(default_factory=dict)
+    redis: dict[str, str] = field(default_factory=dict)
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def through(self) -> int | None:
+        return None if self.net_in is None or self.net_out is None else self.net_in + self.net_out
+
+    @property
+    def ratio(self) -> float | None:
+        return None if self.through is None else self.through / self.size_bytes
+
+    @property
+    def identical(self) -> bool | None:
+        """Whether every farm artifact is the local build's, byte for byte (None: no farm artifact)."""
+        return all(digest == self.local_sha256 for digest in self.farm_sha256) if self.farm_sha256 else None
+
+
+def median_of(values: Sequence[float | None]) -> float | None:
+    present = [value for value in values if value is not None]
+    return statistics.median(present) if present else None
+
+
+def add_rounds(figures: ModelFigures, rounds: Sequence[FarmRound]) -> None:
+    """The farm rounds' medians (Redis' peak: the highest) into `figures`."""
+    colds = [r.cold for r in rounds]
+    figures.farm_cold_s = statistics.median(c.wall_s for c in colds)
+    figures.farm_warm_s = statistics.median(r.warm.wall_s for r in rounds)
+    figures.net_in = int(statistics.median(c.net_in for c in colds))
+    figures.net_out = int(statistics.median(c.net_out for c in colds))
+    figures.peak_used_memory = max(c.peak_used_memory for c in colds)
+    figures.farm_sha256 = [digest for r in rounds for digest in (r.cold.artifact_sha256, r.warm.artifact_sha256)]
+    figures.phases = {name: median_of([c.phases[name] for c in colds]) for name, _, _ in PHASES}
+    figures.compiled, figures.store, figures.redis = colds[-1].compiled, rounds[-1].store, rounds[-1].redis
+    figures.rounds = [asdict(r) for r in rounds]
+
+
+def bench_data_plane_model(name: str, folder: Path, args: argparse.Namespace, cap: int) -> ModelFigures:
+    """Local cold and warm builds, then --repeat farm rounds; a step that fails ends the model with its error."""
+    figures = ModelFigures(name, cap=cap)
+    client_env = {"FARM_CACHE_DIR": str(folder / "cache" / name), "PYTHONPATH": WORKER_ENV["PYTHONPATH"]}
+    try:
+        model = write_data_plane_model(name, folder, args.huge_layers)
+        figures.size_bytes = folder_bytes(model.parent)
+        print(f"{name}: {size_text(figures.size_bytes)} ({', '.join(p.name for p in sorted(model.parent.iterdir()))})",
+              flush=True)
+        cold, figures.local_sha256 = local_runs(model, folder, client_env, args.repeat, no_cache=True)
+        warm, _ = local_runs(model, folder, client_env, args.repeat, no_cache=False, untimed=1)
+        figures.local_cold_s, figures.local_warm_s = statistics.median(cold), statistics.median(warm)
+        print(f"  local: cold {' '.join(f'{s:.2f}' for s in cold)} s, warm {' '.join(f'{s:.2f}' for s in warm)} s",
+              flush=True)
+        rounds = []
+        for index in range(args.repeat):
+            rounds.append(farm_round(model, folder, cap, f"{name}-{index + 1}", client_env))
+            print(f"  farm round {index + 1}: {round_line(rounds[-1])}", flush=True)
+        add_rounds(figures, rounds)
+    except Exception as error:  # any failure ends this model, not the run, and is reported as it reads
+        figures.error = str(error).strip() if isinstance(error, RuntimeError) else f"{type(error).__name__}: {error}"
+        print(f"  {name} FAILED: {figures.error}", flush=True)
+    finally:
+        shutil.rmtree(folder / "models" / name, ignore_errors=True)
+    return figures
+
+
+def round_line(done: FarmRound) -> str:
+    cold = done.cold
+    return (f"cold {cold.wall_s:.2f} s ({cold.compiled} compile tasks), in {cold.net_in / MB:.1f} MB, out "
+            f"{cold.net_out / MB:.1f} MB, used_memory peak {cold.peak_used_memory / MIB:.0f} MiB; warm resubmit "
+            f"{done.warm.wall_s:.2f} s; store {done.store['bytes'] / MIB:.0f} MiB in {done.store['entries']} entries")
+
+
+# Bars and report.
+
+
+def checked_bar(name: str, value: float | None, limit: float | None, unit: str) -> Bar:
+    """A bar `value <= limit`; no value or no limit (a build failed) fails it."""
+    if value is None or limit is None:
+        return Bar(name, cell(value, ".2f") + unit, cell(limit, "g") + unit, False)
+    return Bar(name, f"{value:.2f}{unit}", f"<= {limit:g}{unit}", value <= limit)
+
+
+def data_plane_bars(figures: Sequence[ModelFigures]) -> list[Bar]:
+    """Issue 29's bars for the models measured."""
+    bars, by_name = [], {f.model: f for f in figures}
+    bert = by_name.get("bert_base")
+    if bert:
+        ratio = bert.farm_cold_s / bert.local_cold_s if bert.farm_cold_s and bert.local_cold_s else None
+        local_warm = None if bert.local_warm_s is None else round(bert.local_warm_s, 2)
+        bars.append(checked_bar("bert_base cold: farm / local", ratio, COLD_BAR, "x"))
+        bars.append(checked_bar("bert_base cold job: bytes through Redis / model size", bert.ratio, BYTES_BAR, "x"))
+        bars.append(checked_bar("bert_base warm resubmit (limit: the warm local build)", bert.farm_warm_s,
+                                local_warm, " s"))
+    for name in ("light_resnet50", "light_densenet121"):
+        if name in by_name:
+            bars.append(checked_bar(f"{name} warm resubmit", by_name[name].farm_warm_s, RESUBMIT_BAR_S, " s"))
+    for f in figures:
+        built = "builds on the farm and its " if f.model in EXTERNAL_DATA_MODELS else ""
+        bars.append(Bar(f"{f.model}: {built}farm artifact = local artifact (sha256)",
+                        {True: "identical", False: "differs", None: "no farm artifact"}[f.identical], "identical",
+                        bool(f.identical)))
+        peak = None if f.peak_used_memory is None else f.peak_used_memory / f.cap
+        bars.append(checked_bar(f"{f.model} cold job: Redis used_memory peak / store cap", peak, MEMORY_BAR, "x"))
+    return bars
+
+
+def data_plane_table(figures: Sequence[ModelFigures]) -> str:
+    """The issue's table: one row per model."""
+    rows = []
+    for f in figures:
+        peak = "-" if f.peak_used_memory is None else f"{f.peak_used_memory / MIB:.0f} MiB ({f.peak_used_memory / f.cap:.2f}x cap)"
+        through = "-" if f.through is None else f"{f.net_in / MB:.0f} / {f.net_out / MB:.0f} MB"
+        same = {True: "yes", False: "NO", None: "-"}[f.identical]
+        rows.append([f.model, size_text(f.size_bytes), cell(f.local_cold_s, ".2f"), cell(f.farm_cold_s, ".2f"),
+                     cell(f.farm_warm_s, ".2f"), peak, through, cell(f.ratio, ".2f"), cell(f.local_warm_s, ".2f"),
+                     same])
+    return markdown_table(["model", "size", "local cold s", "farm cold s", "farm warm resubmit s", "Redis peak",
+                           "bytes through Redis in / out", "ratio to model size", "local warm s",
+                           "farm = local"], rows)
+
+
+def phases_table(figures: Sequence[ModelFigures]) -> str:
+    """The cold farm job's phases (seconds), its compile tasks and the store after its download."""
+    rows = [[f.model, *(cell(f.phases.get(name), ".2f") for name, _, _ in PHASES), cell(f.compiled, "d"),
+             f"{f.store['entries']}, {f.store['bytes'] / MIB:.0f} MiB ({f.store['bytes'] / f.store['max_bytes']:.0%})"
+             if f.store else "-", f"{f.store['pinned_bytes'] / MIB:.0f}" if f.store else "-"]
+            for f in figures]
+    return markdown_table(["cold farm job", *(f"{name} s" for name, _, _ in PHASES), "compile tasks",
+                           "store after download: entries, bytes (of cap)", "pinned MiB"], rows)
+
+
+def data_plane(args: argparse.Namespace) -> int:
+    """`--data-plane`: every model of --models, then the tables and the bars."""
+    cap, load_before = store_max_bytes(), os.getloadavg()
+    print(f"data plane: models {', '.join(args.models)}; store cap {cap / MIB:.0f} MiB; repeat {args.repeat}",
+          flush=True)
+    with tempfile.TemporaryDirectory(prefix="farm-bench-data-plane-") as tmp:
+        figures = [bench_data_plane_model(name, Path(tmp), args, cap) for name in args.models]
+    bars = data_plane_bars(figures)
+    load = " ".join(f"{value:.2f}" for value in load_before)
+    print(f"\nmachine: {json.dumps(machine_info())}\nload average before the run: {load}")
+    server = next((f.redis for f in figures if f.redis), None)
+    print(f"Redis (INFO, last farm): {json.dumps(server)}\n" if server else "")
+    print(f"{data_plane_table(figures)}\n\n{phases_table(figures)}\n")
+    for f in figures:
+        if f.error:
+            print(f"{f.model} failed: {f.error}\n")
+    print(markdown_table(["bar", "measured", "limit", "result"], [[b.name, b.measured, b.limit, b.verdict]
+                                                                  for b in bars]))
+    if args.json:
+        args.json.write_text(json.dumps({
+            "machine": machine_info(), "load_average_before": load_before, "load_average_after": os.getloadavg(),
+            "repeat": args.repeat, "cap_bytes": cap, "huge_layers": args.huge_layers,
+            "models": [{**asdict(f), "through": f.through, "ratio": f.ratio, "identical": f.identical}
+                       for f in figures],
+            "bars": [{**asdict(b), "verdict": b.verdict} for b in bars]}, indent=2) + "\n")
+    return 1 if any(not b.passed for b in bars) and not args.no_fail else 0
+
+
 # -- main ----------------------------------------------------------------------------------------------------------
 
 
@@ -483,12 +1050,40 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="measure only the Redis commands per second that N idle `farm wait` clients cost")
     parser.add_argument("--window", type=float, default=60.0,
                         help="seconds of the --waiting-clients measurement, and of the head start before it (default 60)")
+    parser.add_argument("--data-plane", action="store_true",
+                        help="only measure each model's data path (issue 29): local and farm builds, cold and warm, "
+                             "bytes through Redis, Redis' memory")
+    parser.add_argument("--models", help=f"with --data-plane: comma-separated, of {', '.join(DATA_PLANE_MODELS)} "
+                                         "(default: all)")
+    parser.add_argument("--huge-layers", type=int,
+                        help=f"with --data-plane: 8192x8192 MatMuls of the huge model (default {HUGE_LAYERS}: 1.88 GB)")
+    parser.add_argument("--huge-full", action="store_true",
+                        help=f"with --data-plane: the huge model of issue 15, {HUGE_FULL_LAYERS} layers (2.68 GB)")
     args = parser.parse_args(argv)
     if args.repeat < 1 or args.tasks < 1 or args.store_builds < 1 or args.store_cap < 1:
         parser.error("--repeat, --tasks, --store-builds and --store-cap must be >= 1")
     if (args.waiting_clients is not None and args.waiting_clients < 1) or args.window <= 0:
         parser.error("--waiting-clients and --window must be > 0")
+    check_data_plane_args(parser, args)
     return args
+
+
+def check_data_plane_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--models, --huge-layers and --huge-full: only with --data-plane, known names, at least one layer."""
+    given = [name for name, value in (("--models", args.models), ("--huge-layers", args.huge_layers),
+                                      ("--huge-full", args.huge_full)) if value not in (None, False)]
+    if given and not args.data_plane:
+        parser.error(f"{', '.join(given)} need --data-plane")
+    if args.huge_full and args.huge_layers is not None:
+        parser.error("--huge-full and --huge-layers exclude each other")
+    args.huge_layers = HUGE_FULL_LAYERS if args.huge_full else HUGE_LAYERS if args.huge_layers is None else args.huge_layers
+    if args.huge_layers < 1:
+        parser.error("--huge-layers must be >= 1")
+    names = [name.strip() for name in (args.models or ",".join(DATA_PLANE_MODELS)).split(",") if name.strip()]
+    unknown = [name for name in names if name not in DATA_PLANE_MODELS]
+    if unknown or not names:
+        parser.error(f"unknown models {unknown}; known: {', '.join(DATA_PLANE_MODELS)}")
+    args.models = list(dict.fromkeys(names))
 
 
 class ProductionRedis(RedisServer):
@@ -547,6 +1142,8 @@ def store_only(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.data_plane:
+        return data_plane(args)
     if args.failover:
         return report_failover(args)
     if args.store_only:
