@@ -127,7 +127,7 @@ class FarmClient:
 
     def _stage_blob(self, key: str, source: BlobSource, upload: Upload, report: Callable[[Upload], None]) -> None:
         def pieces() -> Iterator[memoryview]:
-            for piece in source.chunks(UPLOAD_PIECE_BYTES):
+            for piece in source.chunks(self.store.piece_bytes):
                 yield piece
                 upload.sent_bytes += len(piece)
                 report(upload)
@@ -299,8 +299,6 @@ class Admission:
 
 ADMISSION_PATIENCE_SECONDS = 10.0
 """How long a streamed upload waits for the workers to take a window in before it says that it waits."""
-UPLOAD_PIECE_BYTES = 4 << 20
-"""How much of a weight the client reads from its file at a time while staging it."""
 INTAKE_NUDGE_SECONDS = 30.0
 """A waiting client pushes its job's id to the intake again when no worker has accepted the job for this long (a
 worker that popped it may have died; accepting twice does nothing)."""

@@ -148,6 +148,11 @@ class Store(ABC):
             raise StoreError(f"staged bytes for {key} are not the {size} bytes that hash to it")
         self.put(data)
 
+    @property
+    def piece_bytes(self) -> int:
+        """The size of the pieces `stage_stream` sends without gathering them (a reader hands it pieces of this)."""
+        return 4 << 20
+
     def admit(self, key: str) -> bool:
         """Move staged bytes into the store, checked against `key`; False when none are staged (or they are not
         whole). Here, where staging is the store itself, whether the entry is there."""

@@ -372,24 +372,36 @@ class RedisStore(Store):
 
     def stage_stream(self, key: str, size: int, chunks: Iterable[Data]) -> None:
         """Stage bytes as `stage` does, one chunk of at most chunk_bytes at a time (a submitter's weights are
-        never held whole): `chunks` may yield pieces of any size; their sha256 is checked when a worker admits
-        them."""
+        never held whole): `chunks` may yield pieces of any size (pieces of chunk_bytes are sent as they come);
+        their sha256 is checked when a worker admits them."""
         staged, ttl = self.staged_key(key), defaults.STAGED_TTL_SECONDS
         count = written = 0
         pending = bytearray()
+
+        def send(piece: Data) -> None:
+            nonlocal count, written
+            self.client.set(f"{staged}:{count}", piece, ex=ttl)
+            count, written = count + 1, written + len(piece)
+
         with self._errors():
             for chunk in chunks:
-                pending += as_bytes_view(chunk)
+                view = as_bytes_view(chunk)
+                if not pending and len(view) == self.chunk_bytes:
+                    send(view)
+                    continue
+                pending += view
                 while len(pending) >= self.chunk_bytes:
-                    self.client.set(f"{staged}:{count}", bytes(pending[:self.chunk_bytes]), ex=ttl)
+                    send(bytes(pending[:self.chunk_bytes]))
                     del pending[:self.chunk_bytes]
-                    count, written = count + 1, written + self.chunk_bytes
             if pending or not count:
-                self.client.set(f"{staged}:{count}", bytes(pending), ex=ttl)
-                count, written = count + 1, written + len(pending)
+                send(bytes(pending))
             if written != size:
                 raise StoreError(f"staging {key}: {written} bytes came, not {size}")
             self.client.set(staged, f"{size}:{count}", ex=ttl)
+
+    @property
+    def piece_bytes(self) -> int:
+        return self.chunk_bytes
 
     def admit(self, key: str) -> bool:
         """Put staged bytes into the store once their sha256 is checked against `key` (so a stager can't make a key
