@@ -126,12 +126,13 @@ def test_a_job_finishes_under_a_cap_that_evicts_everything_it_doesnt_pin(
         local_artifact: bytes, tmp_path: Path) -> None:
     """With a cap of one byte, every entry no pin holds is evicted as soon as a put finds the store full: the job
     still builds the local artifact, since everything it reads again is pinned; once downloaded, the artifact
-    goes too, and a second download says so."""
+    goes too, and a second download says so. (The cap is lowered once the job is accepted: the client and the
+    intake refuse a model over the cap.)"""
     steps, tasks = farm
-    store.set_max_bytes(1)
     client = FarmClient(redis_server.url)
     job_id = client.submit(model_path, [host_target()])
     steps.accept(job_id)  # pins the model before it admits it into the store
+    store.set_max_bytes(1)
     run_tasks(steps, tasks)
     assert Path(client.download(job_id, tmp_path / "out")).read_bytes() == local_artifact
     pins.release_ended_jobs(steps.board, store)

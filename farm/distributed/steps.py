@@ -123,8 +123,9 @@ class Farm:
                   "targets_total": len(assembly.libraries(plan_json))}
         if not self._compiling(job_id, record, link_plan_key=link_plan_key, **counts):
             return None
-        self._dispatch_units(job_id, blobs, todo)
-        self._put_weights(blobs, {unit.data_key for unit in todo if unit.data_key})
+        lacking = set(self.store.missing(blobs))  # the submitter's weights are there: only folded ones are not
+        self._dispatch_units(job_id, blobs, todo, lacking)
+        self._put_weights(blobs, lacking)
         if not todo:
             self._start_linking(job_id, plan_json)
         return None
@@ -147,19 +148,20 @@ class Farm:
             return not self.board.is_over(job_id)
         return self.board.advance(job_id, JobState.COMPILING, **plan)
 
-    def _put_weights(self, blobs: dict[str, Any], put: set[str]) -> None:
-        """Every weight the store lacks (beyond those `put` for their pack units): they are artifact members, which
-        the finish writes from the store, plain ones without any unit."""
-        for sha, data in blobs.items():
-            if sha not in put and not self.store.has(sha):
-                self.store.put(memoryview(data).cast("B"))
+    def _put_weights(self, blobs: dict[str, Any], lacking: set[str]) -> None:
+        """The weights the store lacked and no pack unit's dispatch put: they are artifact members, which the finish
+        writes from the store, plain ones without any unit."""
+        for sha in sorted(lacking):
+            self.store.put(memoryview(blobs[sha]).cast("B"))
 
-    def _dispatch_units(self, job_id: str, blobs: dict[str, Any], todo: list[CompileUnit]) -> None:
+    def _dispatch_units(self, job_id: str, blobs: dict[str, Any], todo: list[CompileUnit], lacking: set[str]) -> None:
         """Kernels first, so that workers compile while this task is still putting weight bytes in the store;
-        a blob's store key is the sha256 its spec already names."""
+        a blob's store key is the sha256 its spec already names, and only a weight the store lacked (one the plan
+        folded: the submitter's own are there) is put, each once."""
         for unit in sorted(todo, key=lambda u: u.data_key is not None):
-            if unit.data_key:
+            if unit.data_key in lacking:
                 self.store.put(memoryview(blobs[unit.data_key]).cast("B"))
+                lacking.discard(unit.data_key)
             self.dispatch(Compile(job_id, unit).message())
 
     def accept(self, job_id: str) -> str:
