@@ -227,3 +227,22 @@ def test_constants_are_hashed_on_threads_to_the_digests_a_serial_hash_gives(tmp_
         data = np.ascontiguousarray(graph.constants[name]).reshape(-1).view(np.uint8)
         assert hashlib.sha256(data.tobytes()).hexdigest() == sha
         assert plan.blobs[sha].tobytes() == data.tobytes()
+
+
+def test_a_known_digest_is_taken_only_while_its_constant_is_the_array_it_was_read_into(tmp_path) -> None:
+    """A farm job's weights come by digest (Graph.known_digests): planning doesn't hash them again, but a pass that
+    replaced a constant makes it hash that one (a stale digest would name other bytes)."""
+    from farm.frontend.onnx_import import import_model
+    from farm.plan.planner import constant_digests
+    from farm.tools.examples import EXAMPLES
+
+    path = tmp_path / "small_cnn.onnx"
+    onnx.save(EXAMPLES["small_cnn"](), path)
+    graph = import_model(path)
+    hashed = constant_digests(graph)
+    first, second = sorted(hashed)[:2]
+    graph.known_digests = {first: (graph.constants[first], "f" * 64),
+                           second: (graph.constants[second].copy(), "e" * 64)}
+    digests = constant_digests(graph)
+    assert digests[first] == "f" * 64  # taken as given: the array is the one the digest came with
+    assert digests[second] == hashed[second]  # another array now: hashed

@@ -30,6 +30,9 @@ class ExternalData(Protocol):
         """(the bytes of tensor `name`'s external data described by `info` (location, offset, length), where they
         came from, for messages); ExternalDataError naming the tensor when they can't be read."""
 
+    def digest(self, info: dict[str, str]) -> str | None:
+        """The sha256 of the bytes `read` gives for `info`, when known without hashing them."""
+
 
 def external_path(name: str, location: str, model_dir: str) -> str:
     """Resolve `location` inside model_dir; symlinks and '..' are resolved before the containment check."""
@@ -80,6 +83,9 @@ class ModelFolder:
                                     f"offset {offset}, expected {length}")
         return data, file_path
 
+    def digest(self, info: dict[str, str]) -> str | None:
+        return None
+
 
 class StoredBlobs:
     """External data that the submitting client uploaded as blobs (farm.frontend.split): a location is a blob's
@@ -103,3 +109,8 @@ class StoredBlobs:
             raise ExternalDataError(f"initializer {name!r}: blob {match.group(1)} holds {len(data)} bytes, not "
                                     f"{length} at offset {offset}")
         return memoryview(data)[offset:end], f"blob {match.group(1)}"
+
+    def digest(self, info: dict[str, str]) -> str | None:
+        """The blob's key, when the reference is the whole blob (what farm.frontend.split writes)."""
+        match = STORED_LOCATION.fullmatch(info.get("location", ""))
+        return match.group(1) if match and info.get("offset", "0") == "0" else None

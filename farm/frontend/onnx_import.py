@@ -56,6 +56,7 @@ def import_model(path: str | os.PathLike[str], shapes: PinnedShapes | None = Non
         external = ModelFolder(os.path.realpath(os.path.dirname(os.path.abspath(path))))
     _check_declared_sizes(model.graph)
     constants = _read_initializers(model.graph, external, mapped, path)
+    known = _known_digests(model.graph, external, constants)
     nodes, node_constants = _convert_nodes(model.graph.node, external, opset)
     constants.update(node_constants)
     inferred, declared = _infer_shapes(model, constants, path)
@@ -74,6 +75,7 @@ def import_model(path: str | os.PathLike[str], shapes: PinnedShapes | None = Non
         nodes=_topological_order(nodes, set(inputs) | set(constants), path),
         dynamic_shapes=dynamic,
         declared_shapes=declared & set(values),
+        known_digests=known,
     )
     _correct_ceil_mode_pools(graph)
     return graph
@@ -237,6 +239,21 @@ def _read_initializers(graph: onnx.GraphProto, external: ExternalData, mapped: d
         raise UnsupportedError(f"sparse initializer {name!r} is not supported")
     return {tensor.name: _array_from_bytes(tensor, mapped[index], path) if index in mapped
             else _tensor_to_array(tensor, external) for index, tensor in enumerate(graph.initializer)}
+
+
+def _known_digests(graph: onnx.GraphProto, external: ExternalData,
+                   constants: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, str]]:
+    """The sha256 of each initializer whose bytes came by digest (a submitted model's blobs), with the very array
+    they became: planning hashes only constants it doesn't know, and only while they are that unchanged array
+    (a plain numeric view of the blob's bytes)."""
+    known = {}
+    for tensor in graph.initializer:
+        digest = external.digest({e.key: e.value for e in tensor.external_data}) if (
+            tensor.data_location == TensorProto.EXTERNAL) else None
+        array = constants.get(tensor.name)
+        if digest and array is not None and array.dtype.kind in "fiub" and array.dtype.byteorder in "=|<":
+            known[tensor.name] = (array, digest)
+    return known
 
 
 def _tensor_to_array(tensor: TensorProto, external: ExternalData) -> np.ndarray:

@@ -76,6 +76,10 @@ class Graph:
     # Values whose static shape came from the model's own declaration because inference could not compute it; the
     # passes check each again once its inputs are known (a wrong declared shape would size a kernel's buffers).
     declared_shapes: set[str] = field(default_factory=set)
+    # Constants whose sha256 is known without hashing (the blobs a farm job's submitter named by digest), each with
+    # the array it was read into: a digest holds only while the constant is still that array (read-only, so its
+    # bytes can't change), which a pass that replaces it breaks (planner.constant_digests hashes it then).
+    known_digests: dict[str, tuple[np.ndarray, str]] = field(default_factory=dict)
 
     def consumers(self) -> dict[str, list[Node]]:
         """Map each value name to the nodes that read it."""

@@ -147,13 +147,17 @@ def _blob_arg(array: np.ndarray, blobs: dict[str, np.ndarray], sha: str | None =
 
 
 def constant_digests(graph: Graph) -> dict[str, str]:
-    """The sha256 of every non-empty constant that a node's kernel takes as data (a blob), hashed on threads:
-    hashlib releases the GIL on large buffers, and hashing took 0.44 s of BERT-base's 0.92 s plan on one."""
+    """The sha256 of every non-empty constant that a node's kernel takes as data (a blob): known from the import
+    for a farm job's submitted weights (Graph.known_digests), else hashed on threads: hashlib releases the GIL on
+    large buffers, and hashing took 0.44 s of BERT-base's 0.92 s plan on one."""
     names = sorted({node.inputs[index] for node in graph.nodes
                     for index in LOWERINGS[node.op_type].data_input_indices(node)
                     if node.inputs[index] in graph.constants and graph.constants[node.inputs[index]].size})
-    with ThreadPoolExecutor(max_workers=max(1, min(len(names), defaults.cpu_count()))) as pool:
-        return dict(zip(names, pool.map(lambda name: _sha256(graph.constants[name]), names)))
+    known = {name: graph.known_digests[name][1] for name in names
+             if name in graph.known_digests and graph.known_digests[name][0] is graph.constants[name]}
+    unknown = [name for name in names if name not in known]
+    with ThreadPoolExecutor(max_workers=max(1, min(len(unknown), defaults.cpu_count()))) as pool:
+        return {**known, **dict(zip(unknown, pool.map(lambda name: _sha256(graph.constants[name]), unknown)))}
 
 
 # The most work (farm/ir/loopir.py `work`: innermost statements run, each about a nanosecond) one kernel call may
