@@ -744,11 +744,13 @@ class DataPlaneFarm:
     """A fresh DeployedRedis with 2 `farm worker`s (farm-worker credentials, production time limits, the store
     capped at `cap`); submissions go in with the submitter's credentials, watched as `watched_submit` says."""
 
-    def __init__(self, folder: Path, cap: int, tag: str, client_env: dict[str, str]) -> None:
+    def __init__(self, folder: Path, cap: int, tag: str, client_env: dict[str, str], blob_store: str) -> None:
         self.folder, self.client_env = folder, client_env
         self.redis = DeployedRedis().start()
         self.workers: list[FarmWorker] = []
         env = {**WORKER_ENV, "FARM_STORE_MAX_BYTES": str(cap), "FARM_CACHE_DIR": str(folder / f"worker-cache-{tag}")}
+        if blob_store == "file":
+            env["FARM_BLOB_STORE"] = f"file://{folder / f'cas-{tag}'}"
         try:
             for index in (1, 2):
                 self.workers.append(FarmWorker(self.redis.role_url("worker"), f"{tag}-{index}@farm", folder,
@@ -822,10 +824,11 @@ class FarmRound:
     redis: dict[str, str]  # what the server runs with: its config file, append-only file, eviction policy
 
 
-def farm_round(model: Path, folder: Path, cap: int, tag: str, client_env: dict[str, str]) -> FarmRound:
+def farm_round(model: Path, folder: Path, cap: int, tag: str, client_env: dict[str, str],
+               blob_store: str = "redis") -> FarmRound:
     """A fresh redis-server and 2 workers (warmed by tiny_cnn builds, so the store holds no entry of the model: no
     blob, object or artifact), then the cold job, `farm store stats` after its download, and the warm resubmit."""
-    farm = DataPlaneFarm(folder, cap, tag, client_env)
+    farm = DataPlaneFarm(folder, cap, tag, client_env, blob_store)
     try:
         warm_up(folder, farm.submitter_url, client_env)
         cold = farm.watched_submit(model, folder / f"farm-cold-{tag}", no_cache=True)
@@ -925,7 +928,7 @@ def bench_data_plane_model(name: str, folder: Path, args: argparse.Namespace, ca
               flush=True)
         rounds = []
         for index in range(args.repeat):
-            rounds.append(farm_round(model, folder, cap, f"{name}-{index + 1}", client_env))
+            rounds.append(farm_round(model, folder, cap, f"{name}-{index + 1}", client_env, args.blob_store))
             print(f"  farm round {index + 1}: {round_line(rounds[-1])}", flush=True)
         add_rounds(figures, rounds)
     except Exception as error:  # any failure ends this model, not the run, and is reported as it reads
@@ -1005,7 +1008,8 @@ def phases_table(figures: Sequence[ModelFigures]) -> str:
 def data_plane(args: argparse.Namespace) -> int:
     """`--data-plane`: every model of --models, then the tables and the bars."""
     cap, load_before = store_max_bytes(), os.getloadavg()
-    print(f"data plane: models {', '.join(args.models)}; store cap {cap / MIB:.0f} MiB; repeat {args.repeat}",
+    print(f"data plane: models {', '.join(args.models)}; store cap {cap / MIB:.0f} MiB; blob store "
+          f"{args.blob_store}; repeat {args.repeat}",
           flush=True)
     with tempfile.TemporaryDirectory(prefix="farm-bench-data-plane-") as tmp:
         figures = [bench_data_plane_model(name, Path(tmp), args, cap) for name in args.models]
@@ -1057,6 +1061,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                          "(default: all)")
     parser.add_argument("--huge-layers", type=int,
                         help=f"with --data-plane: 8192x8192 MatMuls of the huge model (default {HUGE_LAYERS}: 1.88 GB)")
+    parser.add_argument("--blob-store", choices=("redis", "file"), default="redis",
+                        help="with --data-plane: where the workers keep the store's bytes (file: FARM_BLOB_STORE, a "
+                             "folder beside the run; default redis)")
     parser.add_argument("--huge-full", action="store_true",
                         help=f"with --data-plane: the huge model of issue 15, {HUGE_FULL_LAYERS} layers (2.68 GB)")
     args = parser.parse_args(argv)
