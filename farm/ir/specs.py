@@ -16,7 +16,7 @@ from farm import __version__
 from farm.ir.graph import Activation, TensorInfo
 from farm.ir.keys import CPU_TARGET_PREFIX, canonical_json
 
-CODEGEN_VERSION = f"farm-{__version__}-codegen-17"
+CODEGEN_VERSION = f"farm-{__version__}-codegen-18"
 
 
 @dataclass(frozen=True)
