@@ -6,7 +6,7 @@ import functools
 
 from llvmlite import ir
 
-from farm.backends.llvm.gemm import GemmBlocking
+from farm.backends.llvm.gemm import MAX_PARTS, GemmBlocking, Outlining, outlined_functions
 from farm.backends.llvm.render import render_kernel
 from farm.backends.llvm.target import CpuTarget
 from farm.backends.llvm.toolchain import compile_ir
@@ -70,11 +70,29 @@ def gemms(stmts: list[L.Stmt]) -> list[L.Gemm]:
     return found
 
 
+@functools.lru_cache(maxsize=LOWERED_CACHE)
+def kernel_parts(spec: KernelSpec, target: CpuTarget) -> int:
+    """How many objects (units) the kernel's code is split into on `target`: 1 + its launches' outlined functions
+    (gemm.outlined_functions), at most gemm.MAX_PARTS. A build compiles each part as a unit of its own, so that the
+    longest compile of a kernel, serial on one worker, is a part's."""
+    blocking = blocking_for(spec.whole, target)
+    _, groups = L.launch_groups(lower_kernel(spec.whole))
+    outlined = sum(outlined_functions(group.head, blocking) for group in groups if group.kind == L.LaunchKind.GEMM)
+    return 1 + min(outlined, MAX_PARTS - 1)
+
+
 def kernel_ir(spec: KernelSpec, target: CpuTarget) -> str:
-    """The kernel's LLVM IR text, before optimisation."""
-    module = ir.Module(name=spec.symbol)
+    """The kernel's LLVM IR text, before optimisation: all of it, or one part's (KernelSpec.part) functions, the
+    others only declared."""
+    whole = spec.whole
+    module = ir.Module(name=whole.symbol)
     module.triple = target.triple
-    render_kernel(module, spec.symbol, lower_kernel(spec), blocking_for(spec, target))
+    part = None if spec.part is None else spec.part[0]
+    outlining = Outlining(kernel_parts(whole, target), part)
+    if spec.part is not None and spec.part[1] != outlining.parts:
+        raise BuildError(f"kernel {spec.op} {whole.symbol}: part {list(spec.part)}, but the kernel has "
+                         f"{outlining.parts} parts")
+    render_kernel(module, whole.symbol, lower_kernel(whole), blocking_for(whole, target), outlining)
     return str(module)
 
 
