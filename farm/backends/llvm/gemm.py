@@ -9,6 +9,7 @@ width are parameters (GemmBlocking), not constants, so that tuning can try other
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -181,10 +182,14 @@ def _emit_rows(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end: ir.Value
             for region in (_Region(begin, main, n0, nc, blocking.rows, vectors, lanes),
                            _Region(edge_begin, builder.sub(end, edge_begin), n0, nc, 1, vectors, lanes)):
                 if outline:
-                    _outline(gen, [region.m0, region.m], lambda g, values, region=region: _emit_region(
-                        g, dataclasses.replace(region, m0=values[0], m=values[1])))
+                    _outline(gen, [_i64(region.m0), _i64(region.m)], functools.partial(_emit_region_at, region))
                 else:
                     _emit_region(gen, region)
+
+
+def _emit_region_at(region: _Region, gen: _Gen, values: list[ir.Value]) -> None:
+    """The region with its rows [values[0], values[0] + values[1]) (an outlined function's arguments)."""
+    _emit_region(gen, dataclasses.replace(region, m0=values[0], m=values[1]))
 
 
 def _packs_b_panel(gemm: L.Gemm, blocking: GemmBlocking, steps: int) -> bool:

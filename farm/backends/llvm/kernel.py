@@ -77,7 +77,10 @@ def kernel_parts(spec: KernelSpec, target: CpuTarget) -> int:
     longest compile of a kernel, serial on one worker, is a part's."""
     blocking = blocking_for(spec.whole, target)
     _, groups = L.launch_groups(lower_kernel(spec.whole))
-    outlined = sum(outlined_functions(group.head, blocking) for group in groups if group.kind == L.LaunchKind.GEMM)
+    outlined = 0
+    for group in groups:
+        if group.kind == L.LaunchKind.GEMM and isinstance(group.head, L.Gemm):
+            outlined += outlined_functions(group.head, blocking)
     return 1 + min(outlined, MAX_PARTS - 1)
 
 
