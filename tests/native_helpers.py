@@ -20,7 +20,7 @@ import numpy as np
 from llvmlite import ir
 
 from farm.backends.llvm.entry import compile_entry
-from farm.backends.llvm.gemm import GemmBlocking
+from farm.backends.llvm.gemm import GemmBlocking, Outlining
 from farm.backends.llvm.link import link_library
 from farm.backends.llvm.render import render_kernel
 from farm.backends.llvm.target import CpuTarget, host_target, parse_target
@@ -43,19 +43,20 @@ def aarch64() -> CpuTarget:
 
 
 def kernel_module_ir(kernels: Sequence[tuple[str, L.LoopKernel]], target: CpuTarget,
-                     blocking: GemmBlocking = DEFAULT_BLOCKING) -> str:
-    """LLVM IR text of one module defining every (symbol, kernel)."""
+                     blocking: GemmBlocking = DEFAULT_BLOCKING, parts: int = 1, part: int | None = None) -> str:
+    """LLVM IR text of one module defining every (symbol, kernel): whole, or split into `parts` (gemm.Outlining),
+    all of them or only `part`."""
     module = ir.Module(name="test_kernels")
     module.triple = target.triple
     for symbol, kernel in kernels:
-        render_kernel(module, symbol, kernel, blocking)
+        render_kernel(module, symbol, kernel, blocking, Outlining(parts, part) if parts > 1 else None)
     return str(module)
 
 
 def compile_kernels(kernels: Sequence[tuple[str, L.LoopKernel]], target: CpuTarget | None = None,
-                    blocking: GemmBlocking = DEFAULT_BLOCKING) -> bytes:
+                    blocking: GemmBlocking = DEFAULT_BLOCKING, parts: int = 1, part: int | None = None) -> bytes:
     target = target or host()
-    return compile_ir(kernel_module_ir(kernels, target, blocking), target, "test kernels")
+    return compile_ir(kernel_module_ir(kernels, target, blocking, parts, part), target, "test kernels")
 
 
 def layout(arrays: Sequence[np.ndarray]) -> tuple[list[int], int]:
@@ -87,8 +88,9 @@ def aligned_arena(size: int) -> np.ndarray:
 
 
 def run_kernels(kernels: Sequence[tuple[L.LoopKernel, Sequence[np.ndarray]]], folder: Path,
-                blocking: GemmBlocking = DEFAULT_BLOCKING) -> list[list[np.ndarray]]:
-    """Compile, link and run each kernel once (in order, in one farm_run) on its own copies of its arrays.
+                blocking: GemmBlocking = DEFAULT_BLOCKING, parts: int = 1) -> list[list[np.ndarray]]:
+    """Compile, link and run each kernel once (in order, in one farm_run) on its own copies of its arrays; with
+    `parts`, the kernels split into that many objects (gemm.Outlining), each compiled on its own.
 
     Returns, per kernel, its arrays as they are after the run (outputs written, inputs as given).
     """
@@ -101,8 +103,8 @@ def run_kernels(kernels: Sequence[tuple[L.LoopKernel, Sequence[np.ndarray]]], fo
         assert len(arrays) == len(kernel.params), "one array per kernel parameter"
         schedule.append({"kernel": symbol, "args": [["arena", offsets[position + i]] for i in range(len(arrays))]})
         position += len(arrays)
-    library = load_library(link_library([compile_kernels(named, target, blocking), compile_entry(schedule, target)],
-                                        target), folder)
+    objects = [compile_kernels(named, target, blocking, parts, part if parts > 1 else None) for part in range(parts)]
+    library = load_library(link_library([*objects, compile_entry(schedule, target)], target), folder)
     arena = aligned_arena(size)
     for array, offset in zip(all_arrays, offsets):
         arena[offset:offset + array.nbytes] = array.view(np.uint8).reshape(-1)
@@ -116,9 +118,9 @@ def run_kernels(kernels: Sequence[tuple[L.LoopKernel, Sequence[np.ndarray]]], fo
 
 
 def run_kernel(kernel: L.LoopKernel, arrays: Sequence[np.ndarray], folder: Path,
-               blocking: GemmBlocking = DEFAULT_BLOCKING) -> list[np.ndarray]:
+               blocking: GemmBlocking = DEFAULT_BLOCKING, parts: int = 1) -> list[np.ndarray]:
     """Compile, link and run one kernel on copies of `arrays` (one per parameter); the arrays after the run."""
-    return run_kernels([(kernel, arrays)], folder, blocking)[0]
+    return run_kernels([(kernel, arrays)], folder, blocking, parts)[0]
 
 
 def readelf(*args: str) -> str:

@@ -26,6 +26,7 @@ from farm.backends.llvm.entry import ENTRY_SYMBOL, LAUNCH_SYMBOL, STEPS_SYMBOL, 
 from farm.backends.llvm.gemm import GemmBlocking, pack_columns, pack_panels
 from farm.backends.llvm.link import link_library
 from farm.backends.llvm.target import CpuTarget
+from farm.errors import BuildError
 from farm.ir import loopir as L
 
 SCHEDULE = [
@@ -65,9 +66,15 @@ def _function_text(text: str, name: str) -> str:
     return re.search(rf'define [^\n]*@"?{name}"?\(.*?\n}}', text, flags=re.DOTALL).group(0)
 
 
+def test_farm_run_runs_every_step_through_farm_run_steps():
+    """Each step's call is compiled once: farm_run is farm_run_steps over the whole schedule."""
+    text = _function_text(entry_ir(SCHEDULE, host(), TABLE_AT), "farm_run")
+    assert call_lines(text) == [f'call void @"{STEPS_SYMBOL}"(ptr %arena, i64 0, i64 {len(SCHEDULE)})']
+
+
 def test_entry_calls_kernels_in_schedule_order_with_arena_offsets_and_weights():
     """A weight argument is the pointer in its slot of the table after the arena: slot i at TABLE_AT + 8 i."""
-    text = _function_text(entry_ir(SCHEDULE, host(), TABLE_AT), "farm_run")
+    text = _function_text(entry_ir(SCHEDULE, host(), TABLE_AT), "farm_run_steps")
     calls = call_lines(text)
     assert [re.search(r'@"?(\w+)"?\(', c).group(1) for c in calls] == ["farm_k_first", "farm_k_second",
                                                                         "farm_k_first"]
@@ -104,8 +111,15 @@ def test_kernels_are_declared_hidden():
 
 def test_empty_schedule_is_a_function_that_returns():
     text = entry_ir([], host())
-    assert call_lines(_function_text(text, "farm_run")) == []
+    assert call_lines(_function_text(text, "farm_run_steps")) == []
     llvm.parse_assembly(text).verify()
+
+
+@pytest.mark.parametrize("symbol", ['farm_k_a"(ptr %arena)\ndefine void @"evil', "", 7, "farm k"])
+def test_a_schedule_naming_no_plain_symbol_is_refused(symbol):
+    """The dispatch functions are IR text: a kernel name from a link plan is checked, never pasted as it is."""
+    with pytest.raises(BuildError, match="not a plain symbol"):
+        entry_ir([{"kernel": symbol, "args": [["arena", 0]]}], host())
 
 
 @pytest.mark.parametrize("target", [host(), aarch64()], ids=["host", "aarch64"])

@@ -10,12 +10,14 @@ import pytest
 from native_helpers import host, kernel_module_ir, run_kernel, run_kernels
 
 from farm.backends.llvm.gemm import (
+    MAX_PARTS,
     PACK_B_MIN_ROW_TILES,
     SMALL_M_K_BLOCK,
     SMALL_M_PREFETCH_BLOCKS,
     SWEEP_MAX_B_BYTES,
     GemmBlocking,
     _small_m_k_block,
+    outlined_functions,
     pack_columns,
     pack_operand,
     pack_panels,
@@ -538,3 +540,60 @@ def test_gemm_packs_an_activation_b_panel_on_the_fly(m, n, k, tmp_path):
     packed_a = pack_panels(a[None], GemmBlocking().rows)[0]
     [c, *_] = run_kernel(kernel, [np.full((m, n), np.nan, np.float32), packed_a, b, bias], tmp_path)
     assert_gemm_close(c, np.maximum(reference(a, b) + bias[:, None], 0))
+
+
+def _few_row_kernel(m: int, n: int, k: int) -> tuple[L.LoopKernel, list[np.ndarray]]:
+    """A few-row column-split GEMM (_small_m_k_block) with a residual in C and a bias, and its arrays."""
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    epilogue = L.GemmEpilogue(bias="bias", bias_offset=L.const(0), bias_on_columns=True, residual="c",
+                              residual_offset=L.const(0), activation=("relu", ()))
+    gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k, b_panels=True,
+                  epilogue=epilogue)
+    params = [L.Param("c", output=True), L.Param("a"), L.Param("b"), L.Param("bias")]
+    packed = pack_columns(b[None], GemmBlocking().tile_columns)[0]
+    return L.LoopKernel(params, [gemm]), [rng.standard_normal((m, n)).astype(np.float32), a, packed,
+                                          rng.standard_normal(n).astype(np.float32)]
+
+
+def _implicit_kernel() -> tuple[L.LoopKernel, list[np.ndarray]]:
+    """A row-split implicit GEMM (a 3x3 conv of 4 channels at 20 x 21 pixels, 40 output channels), its arrays."""
+    channels, out_channels, out_size = 4, 40, (20, 21)
+    rows, columns = out_size[0] + 2, out_size[1] + 2
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((channels, rows, columns)).astype(np.float32)
+    w = rng.standard_normal((out_channels, channels * 9)).astype(np.float32)
+    window = L.ImplicitColumns(out_size[1], columns, 1, rows * columns, 3, 3, columns, 1)
+    m, n, k = out_size[0] * out_size[1], out_channels, channels * 9
+    gemm = L.Gemm("a", L.const(0), 0, "b", L.const(0), k, "c", L.const(0), m, m, n, k, b_panels=True,
+                  b_transposed=True, c_transposed=True, a_window=window)
+    packed = pack_columns(w.reshape(1, n, k), GemmBlocking().tile_columns, transposed=True)[0]
+    params = [L.Param("c", output=True), L.Param("a"), L.Param("b")]
+    return L.LoopKernel(params, [gemm]), [np.full((n, m), np.nan, np.float32), x, packed]
+
+
+@pytest.mark.parametrize("case, outlined", [(lambda: _few_row_kernel(9, 130, 513), 3),
+                                            (_implicit_kernel, 4)], ids=["few-rows", "implicit-rows"])
+def test_a_kernel_split_into_parts_computes_what_the_whole_one_does(case, outlined, tmp_path):
+    """The heaviest GEMM launches go into functions of their own (outlined_functions: a few-row GEMM's three pieces,
+    a row-split implicit GEMM's column groups' full and edge rows), each part an object of its own: linked, the
+    parts compute bit for bit what the kernel compiled whole computes."""
+    kernel, arrays = case()
+    [gemm] = [stmt for stmt in kernel.body if isinstance(stmt, L.Gemm)]
+    assert outlined_functions(gemm, GemmBlocking()) == outlined
+    parts = 1 + min(outlined, MAX_PARTS - 1)
+    whole = kernel_module_ir([("farm_k_test", kernel)], host(), GemmBlocking(), parts)
+    assert len(re.findall(r'define hidden void @"?farm_k_test_\d+_o\d+"?', whole)) == outlined
+    for part in range(parts):
+        text = kernel_module_ir([("farm_k_test", kernel)], host(), GemmBlocking(), parts, part)
+        defined = re.findall(r'define hidden void @"?(farm_k_test\w*)"?', text)
+        assert (defined[-1] == "farm_k_test") == (part == 0)  # the kernel, last after its launches, is part 0's
+        assert all(name.rsplit("_o", 1)[-1].isdigit() == (part > 0) for name in defined)
+    [expected] = [run_kernel(kernel, arrays, tmp_path)[0]]
+    [split] = [run_kernel(kernel, arrays, tmp_path, parts=parts)[0]]
+    np.testing.assert_array_equal(split, expected)
+
+
+def test_a_gemm_outside_the_few_row_and_implicit_paths_stays_whole():
+    gemm = L.Gemm("a", L.const(0), 64, "b", L.const(0), 300, "c", L.const(0), 300, 40, 300, 64)
+    assert outlined_functions(gemm, GemmBlocking()) == 0

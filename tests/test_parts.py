@@ -41,10 +41,13 @@ def test_one_binary_unit_per_kernel_per_device(model):
 
 
 def test_cpu_units_are_every_kernel_and_every_weight_the_target_reads_packed(model):
-    """Plain weights are the model's bytes (artifact members as they are): only packed ones are built."""
+    """Plain weights are the model's bytes (artifact members as they are): only packed ones are built. A kernel is
+    one unit, or one per part of its code (kernel_parts)."""
     plan, target = plan_model(model), host_target()
     units = PARTS["cpu"].units(plan, [target])
-    assert sum(u.kind == "kernel" for u in units) == len(plan.kernels())
+    assert {u.spec.whole for u in units if u.kind == "kernel"} == {plan.kernel_for(spec, target.id)
+                                                                   for spec in plan.kernels().values()}
+    assert sum(u.kind == "kernel" and not u.spec.part for u in units) <= len(plan.kernels())
     packed = [blob for blob in target_weights(plan, target) if blob.panels is not None]
     assert [u.spec for u in units if u.kind == "blob"] == packed and packed
     assert link_order(units, target) == sorted(u.name for u in units if u.kind == "kernel")
@@ -94,3 +97,21 @@ def test_cpu_and_opencl_in_one_artifact_build_byte_identically_twice(model, fing
     assert open(first.artifact, "rb").read() == open(second.artifact, "rb").read()
     manifest = open_artifact(first.artifact).manifest
     assert manifest["targets"][0]["id"] == host_target().id and manifest["opencl"]["devices"] == [fingerprint]
+
+
+def test_a_kernel_whose_code_is_split_is_one_unit_per_part_linked_in_order(tmp_path) -> None:
+    """Few-row convs (and implicit ones split by rows) compile as parts (kernel_parts), each a unit; the first part
+    keeps the kernel's name, so the manifest's object_sha256 and error messages name the kernel as before."""
+    from farm.backends.llvm.kernel import kernel_parts
+
+    target = host_target()
+    path = tmp_path / "resnet18_style.onnx"
+    onnx.save(examples.resnet18_style(), path)
+    units = compile_units(plan_model(path), [target])
+    split = {unit.spec.whole for unit in units if unit.kind == "kernel" and unit.spec.part}
+    assert split and all(kernel_parts(spec, target) > 1 for spec in split)
+    for spec in split:
+        names = [unit.name for unit in units if unit.kind == "kernel" and unit.spec.whole == spec]
+        assert names[0] == f"{target.id}/{spec.symbol}" and len(names) == kernel_parts(spec, target)
+        assert names[1:] == [f"{target.id}/{spec.symbol}.part{index}" for index in range(1, len(names))]
+    assert set(link_order(units, target)) == {unit.name for unit in units if unit.kind == "kernel"}

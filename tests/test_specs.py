@@ -58,3 +58,22 @@ def test_blob_spec_panels_enter_key_symbol_and_json_only_when_set():
     assert packed.symbol.startswith(plain.symbol)
     assert "panels" not in plain.to_json() and packed.to_json()["panels"] == [4, 4, 3]
     assert BlobSpec.from_json(packed.to_json()) == packed and BlobSpec.from_json(plain.to_json()) == plain
+
+
+def test_a_part_has_its_own_key_and_unit_but_the_kernels_symbol():
+    """A kernel split into parts (farm.backends.llvm.kernel.kernel_parts): each part is a unit and cache entry of
+    its own, every part serves the same kernel's symbol, and the first part's unit takes the whole kernel's name."""
+    whole, first, second = _spec(), _spec(part=(0, 3)), _spec(part=(1, 3))
+    assert len({whole.key, first.key, second.key}) == 3
+    assert whole.symbol == first.symbol == second.symbol == first.whole.symbol and second.whole == whole
+    assert (whole.unit_symbol, first.unit_symbol, second.unit_symbol) == (
+        whole.symbol, whole.symbol, f"{whole.symbol}.part1")
+    assert KernelSpec.from_json(second.to_json()) == second and "part" not in whole.to_json()
+
+
+def test_a_malformed_part_is_refused():
+    import pytest
+
+    for part in ([3, 3], [-1, 2], [0], "0/2", [0.0, 2]):
+        with pytest.raises(ValueError, match="kernel part"):
+            KernelSpec.from_json({**_spec().to_json(), "part": part})

@@ -117,7 +117,8 @@ def sized_units(plans: Sequence[BuildPlan], targets: Sequence[Target]) -> list[C
 
 
 def unit_counts(units: Sequence[CompileUnit]) -> dict[str, int]:
-    """{"kernels": code units (CPU objects and OpenCL binaries), "blobs": packed weights}: what a build reports,
+    """{"kernels": code units (CPU objects, one per part of a kernel in parts, and OpenCL binaries), "blobs": packed
+    weights}: what a build reports,
     locally and on the farm, in the same terms (farm.cli.schemas.BUILD_KEYS)."""
     return {"kernels": sum(unit.kind != "blob" for unit in units), "blobs": sum(unit.kind == "blob" for unit in units)}
 

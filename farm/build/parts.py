@@ -15,6 +15,7 @@ the link plan), and its manifest fields and members once the units are built.
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -145,6 +146,14 @@ def schedule_for(plan: BuildPlan, target: Target) -> list[dict[str, Any]]:
             for step, step_launch, step_blobs in zip(plan.steps, launches, blobs)]
 
 
+def kernel_units(spec: KernelSpec, target: Target) -> list[KernelSpec]:
+    """The specs of a kernel's units on `target`: the kernel, or each part of its code (kernel_parts)."""
+    from farm.backends.llvm.kernel import kernel_parts
+
+    parts = kernel_parts(spec, target)
+    return [spec] if parts == 1 else [dataclasses.replace(spec, part=(index, parts)) for index in range(parts)]
+
+
 def link_order(units: Sequence[CompileUnit], target: Target) -> list[str]:
     """The names of the target's kernel units in the order their objects are linked (before the entry)."""
     return sorted(unit.name for unit in units if unit.kind == "kernel" and unit.target.id == target.id)
@@ -169,10 +178,10 @@ class CpuPart(Part):
     always = True
 
     def units(self, plan: BuildPlan, targets: Sequence[Target]) -> list[CompileUnit]:
-        """A kernel unit per distinct kernel, a blob unit per weight the target reads packed (plain weights are
-        the model's bytes: nothing to build)."""
-        kernels = [CompileUnit("kernel", plan.kernel_for(spec, t.id), t)
-                   for t in targets for spec in plan.kernels().values()]
+        """A kernel unit per distinct kernel, or per part of one whose code is split (kernel_parts), a blob unit
+        per weight the target reads packed (plain weights are the model's bytes: nothing to build)."""
+        kernels = [CompileUnit("kernel", part, t) for t in targets for spec in plan.kernels().values()
+                   for part in kernel_units(plan.kernel_for(spec, t.id), t)]
         blobs = [CompileUnit("blob", blob, t) for t in targets for blob in target_weights(plan, t)
                  if blob.panels is not None]
         return kernels + blobs

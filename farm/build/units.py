@@ -78,7 +78,7 @@ class CompileUnit:
 
     @property
     def name(self) -> str:
-        return f"{self.target.id}/{self.spec.symbol}"
+        return f"{self.target.id}/{self.spec.unit_symbol if isinstance(self.spec, KernelSpec) else self.spec.symbol}"
 
     @property
     def cache_ref(self) -> str:

@@ -6,6 +6,7 @@ identical layers share one compiled kernel and a key can name a cache entry on a
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -16,7 +17,7 @@ from farm import __version__
 from farm.ir.graph import Activation, TensorInfo
 from farm.ir.keys import CPU_TARGET_PREFIX, canonical_json
 
-CODEGEN_VERSION = f"farm-{__version__}-codegen-17"
+CODEGEN_VERSION = f"farm-{__version__}-codegen-19"
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,11 @@ class KernelSpec:
     `variant_json` is a tuned GEMM blocking (farm/tuning/space.py) as canonical JSON; "" means the documented default
     (codegen.cpu.default_blocking). It enters the JSON form and the key only when set, so an untuned kernel keeps
     the key, symbol and cache entries it had before tuning existed.
+
+    `part` (index, parts): one of the objects a CPU kernel's code is split into, so that its heaviest functions
+    compile on several workers at once (farm.backends.llvm.kernel.kernel_parts); None: the whole kernel. It enters
+    the JSON form and the key (each part is its own unit and cache entry), never the symbol: every part serves the
+    same kernel.
     """
 
     op: str
@@ -36,6 +42,7 @@ class KernelSpec:
     activation: Activation | None
     target_id: str
     variant_json: str = ""
+    part: tuple[int, int] | None = None
 
     @property
     def attrs(self) -> dict[str, Any]:
@@ -55,7 +62,9 @@ class KernelSpec:
             "activation": [self.activation.kind, list(self.activation.params)] if self.activation else None,
             "target": self.target_id,
         }
-        return {**data, "variant": self.variant} if self.variant_json else data
+        if self.variant_json:
+            data["variant"] = self.variant
+        return data if self.part is None else {**data, "part": list(self.part)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> KernelSpec:
@@ -68,6 +77,7 @@ class KernelSpec:
             activation=Activation(act[0], tuple(act[1])) if act else None,
             target_id=data["target"],
             variant_json=canonical_json(data["variant"]) if data.get("variant") else "",
+            part=_part(data.get("part")),
         )
 
     @functools.cached_property
@@ -78,13 +88,36 @@ class KernelSpec:
 
     @property
     def symbol(self) -> str:
-        return f"farm_k_{self.key[:20]}"
+        """The kernel's function (the whole kernel's: a part's symbol is its kernel's)."""
+        return f"farm_k_{(self if self.part is None else self.whole).key[:20]}"
+
+    @property
+    def whole(self) -> KernelSpec:
+        """The kernel this spec is a part of (itself when it is whole)."""
+        return dataclasses.replace(self, part=None)
+
+    @property
+    def unit_symbol(self) -> str:
+        """What names the spec's unit: the symbol, with `.part<i>` for a part past the first (the first part's
+        object holds the kernel's function, and takes the whole kernel's name in link orders and manifests)."""
+        return self.symbol if not self.part or not self.part[0] else f"{self.symbol}.part{self.part[0]}"
 
     @property
     def for_cpu(self) -> bool:
         """Whether the spec is specialised for a CPU target: lowerings that only the LLVM renderer reads (an
         implicit GEMM, im2col in bands) apply then, never to an OpenCL spec or an unspecialised one."""
         return self.target_id.startswith(CPU_TARGET_PREFIX)
+
+
+def _part(value: Any) -> tuple[int, int] | None:
+    """A spec's part from its JSON form: [index, parts] with 0 <= index < parts, or absent; ValueError otherwise (a
+    spec comes from a message or a link plan)."""
+    if value is None:
+        return None
+    if (not isinstance(value, list) or len(value) != 2 or not all(type(v) is int for v in value)
+            or not 0 <= value[0] < value[1]):
+        raise ValueError(f"a kernel part is [index, parts] with 0 <= index < parts, got {value!r}")
+    return value[0], value[1]
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,10 @@ class BuildPlan:
     blobs: dict[str, np.ndarray]
     memory: MemoryPlan
     tuned: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
+    _targeted: dict[tuple[str, str], KernelSpec] = dataclasses.field(default_factory=dict, init=False, repr=False,
+                                                                     compare=False)
+    """kernel_for's answers: a link plan asks for each step's spec on each target several times, and a new spec
+    computes its key (a sha256 over its JSON) again: 2,166 keys, 0.09 s of light DenseNet-121's finish."""
 
     def kernels(self) -> dict[str, KernelSpec]:
         """Distinct kernel specs by key, in first-use order."""
@@ -65,7 +69,12 @@ class BuildPlan:
 
     def kernel_for(self, spec: KernelSpec, target_id: str) -> KernelSpec:
         """The spec that is compiled for `target_id`: the plan's spec with that target and its tuned variant."""
-        return dataclasses.replace(spec, target_id=target_id, variant_json=self.tuned.get((spec.key, target_id), ""))
+        found = self._targeted.get((spec.key, target_id))
+        if found is None:
+            found = dataclasses.replace(spec, target_id=target_id,
+                                        variant_json=self.tuned.get((spec.key, target_id), ""))
+            self._targeted[spec.key, target_id] = found
+        return found
 
 
 def _jsonable(value: Any) -> Any:

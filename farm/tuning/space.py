@@ -8,6 +8,7 @@ chosen variant travels in the KernelSpec (`variant_json`), so compiling stays a 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from farm.backends.llvm.gemm import GemmBlocking
 from farm.backends.llvm.kernel import default_blocking, gemms
@@ -51,8 +52,10 @@ def candidate_variants(target: CpuTarget) -> list[GemmBlocking]:
     return variants + [b for b in tiled if fits(b, registers) and b not in variants]
 
 
+@functools.lru_cache(maxsize=4096)
 def tunable(spec: KernelSpec) -> bool:
-    """Whether the kernel's lowering holds a Gemm: only then does the variant change its code."""
+    """Whether the kernel's lowering holds a Gemm: only then does the variant change its code. Kept per spec: the
+    manifest asks for every kernel of a build, and lowering each again was 0.12 s of light DenseNet-121's finish."""
     return bool(gemms(lower_kernel(spec).body))
 
 

@@ -16,13 +16,16 @@ it once, and the threads claim the ranges of each launch in turn from shared ato
 
 from __future__ import annotations
 
+import functools
+import re
 from typing import Any
 
 from llvmlite import ir
 
-from farm.backends.llvm.render import PTR_T, declare_kernel, declare_launch, launch_symbol
+from farm.backends.llvm.render import PTR_T, launch_symbol
 from farm.backends.llvm.target import CpuTarget
 from farm.backends.llvm.toolchain import compile_ir
+from farm.errors import BuildError
 
 ENTRY_SYMBOL = "farm_run"
 STEPS_SYMBOL = "farm_run_steps"
@@ -32,90 +35,107 @@ I8_T, I32_T, I64_T = ir.IntType(8), ir.IntType(32), ir.IntType(64)
 # Spins on a busy-wait before each further check yields the CPU (sched_yield): long enough that a wait for a range
 # finishing on another core never sleeps, short enough that a thread waiting for a descheduled one gives way.
 SPINS_BEFORE_YIELD = 1024
+SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def entry_ir(schedule: list[dict[str, Any]], target: CpuTarget, weights_offset: int = 0) -> str:
-    """IR of farm_run, farm_run_steps and farm_launch for `schedule`: [{"kernel": symbol, "args": [["arena",
-    offset] | ["weight", slot]], "launches": [[extent, grain, work], ...]}] (a call without "launches" has none);
-    weight slots are read from the table at arena + `weights_offset`."""
-    module = ir.Module(name=ENTRY_SYMBOL)
-    module.triple = target.triple
-    schedule = [{**call, "args": [_table_slot(arg, weights_offset) for arg in call["args"]]} for call in schedule]
-    entry = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR_T]), ENTRY_SYMBOL)
-    _dispatch_only(entry)
-    builder = ir.IRBuilder(entry.append_basic_block("entry"))
-    for call in schedule:
-        _call_step(module, builder, entry.args[0], call)
-    builder.ret_void()
-    _steps_function(module, schedule)
-    _work_function(module, _launch_entry(module, schedule), target)
-    return str(module)
+    """IR of farm_run, farm_run_steps, farm_launch and farm_work for `schedule`: [{"kernel": symbol, "args":
+    [["arena", offset] | ["weight", slot]], "launches": [[extent, grain, work], ...]}] (a call without "launches" has
+    none); weight slots are read from the table at arena + `weights_offset`.
+
+    The three dispatch functions are written as text, a few lines per call: built through llvmlite's IR builder
+    they took light DenseNet-121's finish 0.3-0.5 s of Python (an object and a unique name per instruction), on
+    the build's critical path after every unit. farm_run runs every step through farm_run_steps, so each step's
+    call is compiled once, not twice. farm_work, the thread pool's loop, is the same for every schedule and comes
+    from llvmlite's builder (_work_text)."""
+    calls = [(_checked_symbol(call["kernel"]), [_table_slot(arg, weights_offset) for arg in call["args"]],
+              len(call.get("launches", []))) for call in schedule]
+    kernels = {symbol: len(args) for symbol, args, _ in calls}
+    launches = [(launch_symbol(symbol, launch), args) for symbol, args, count in calls for launch in range(count)]
+    lines = [f'; ModuleID = "{ENTRY_SYMBOL}"', f'target triple = "{target.triple}"', ""]
+    lines += [_declaration(symbol, count, launch=False) for symbol, count in kernels.items()]
+    lines += [_declaration(symbol, len(args), launch=True) for symbol, args in dict(launches).items()]
+    lines += ["", f'define void @"{ENTRY_SYMBOL}"(ptr %arena) {DISPATCH_ATTRIBUTES}', "{", "entry:",
+              f'  call void @"{STEPS_SYMBOL}"(ptr %arena, i64 0, i64 {len(calls)})', "  ret void", "}", ""]
+    lines += _steps_text(calls)
+    lines += _launch_text(launches)
+    lines.append(_work_text(target))
+    return "\n".join(lines)
 
 
-def _dispatch_only(function: ir.Function) -> None:
-    """Mark a function that only dispatches (a call per step or launch: nothing to optimise) optnone, which needs
-    noinline: LLVM's O3 passes skip it and select its code fast. BERT-base's entry (415 steps) compiles in 0.07 s
-    instead of 0.25 s, which the link, serial after every unit, spends; farm_work, the thread pool's loop, is still
-    optimised."""
-    for attribute in ("nounwind", "noinline", "optnone"):
-        function.attributes.add(attribute)
+DISPATCH_ATTRIBUTES = "noinline nounwind optnone"
+"""The attributes of a function that only dispatches (a call per step or launch: nothing to optimise): LLVM's O3
+passes skip an optnone function (which needs noinline) and select its code fast. BERT-base's entry (415 steps)
+compiles in 0.07 s instead of 0.25 s, which the link, serial after every unit, spends; farm_work, the thread
+pool's loop, is still optimised."""
 
 
-def _call_step(module: ir.Module, builder: ir.IRBuilder, arena: ir.Value, call: dict[str, Any]) -> None:
-    kernel = module.globals.get(call["kernel"]) or declare_kernel(module, call["kernel"], len(call["args"]))
-    builder.call(kernel, [_pointer(module, builder, arena, arg) for arg in call["args"]])
+def _checked_symbol(symbol: object) -> str:
+    """A kernel symbol of the schedule, which goes into IR text unquoted by any builder: farm's symbols are plain
+    names (farm_k_<hex>); anything else in a link plan is refused."""
+    if not isinstance(symbol, str) or not SYMBOL.fullmatch(symbol):
+        raise BuildError(f"the schedule names a kernel {str(symbol)[:100]!r} that is not a plain symbol")
+    return symbol
 
 
-def _steps_function(module: ir.Module, schedule: list[dict[str, Any]]) -> None:
+def _declaration(symbol: str, count: int, launch: bool) -> str:
+    """A kernel (void symbol(ptr, ...)) or a launch (..., i64 begin, i64 end), hidden inside the library."""
+    params = ["ptr"] * count + (["i64", "i64"] if launch else [])
+    return f'declare hidden void @"{symbol}"({", ".join(params)})'
+
+
+def _call_lines(symbol: str, args: list[list], name: str, extra: str = "") -> list[str]:
+    """Lines that compute each argument's address (named `name`.<index>) and call `symbol` with them (and
+    `extra`, already typed)."""
+    lines, values = [], []
+    for index, (kind, where) in enumerate(args):
+        value = f"%{name}.{index}"
+        if kind == "arena":
+            lines.append(f"  {value} = getelementptr inbounds i8, ptr %arena, i64 {int(where)}")
+        else:  # a weight's pointer, in its slot of the table after the arena (_table_slot)
+            lines.append(f"  {value}.slot = getelementptr inbounds i8, ptr %arena, i64 {int(where)}")
+            lines.append(f"  {value} = load ptr, ptr {value}.slot, align 8")
+        values.append(f"ptr {value}")
+    lines.append(f'  call void @"{symbol}"({", ".join(values + ([extra] if extra else []))})')
+    return lines
+
+
+def _steps_text(calls: list[tuple[str, list[list], int]]) -> list[str]:
     """farm_run_steps(arena, begin, end): for i in [begin, end): switch (i) { case k: step k }."""
-    function = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR_T, I64_T, I64_T]), STEPS_SYMBOL)
-    _dispatch_only(function)
-    arena, begin, end = function.args
-    head, done = function.append_basic_block("head"), function.append_basic_block("done")
-    entry = ir.IRBuilder(function.append_basic_block("entry"))
-    function.basic_blocks.insert(0, function.basic_blocks.pop())
-    counter = entry.alloca(I64_T)
-    entry.store(begin, counter)
-    entry.branch(head)
-    builder = ir.IRBuilder(head)
-    index = builder.load(counter)
-    body, latch = function.append_basic_block("body"), function.append_basic_block("latch")
-    builder.cbranch(builder.icmp_signed("<", index, end), body, done)
-    switch = ir.IRBuilder(body).switch(index, latch)
-    for number, call in enumerate(schedule):
-        case = ir.IRBuilder(function.append_basic_block(f"step{number}"))
-        _call_step(module, case, arena, call)
-        case.branch(latch)
-        switch.add_case(ir.Constant(I64_T, number), case.block)
-    step = ir.IRBuilder(latch)
-    step.store(step.add(step.load(counter), ir.Constant(I64_T, 1)), counter)
-    step.branch(head)
-    ir.IRBuilder(done).ret_void()
+    cases = " ".join(f"i64 {number}, label %step{number}" for number in range(len(calls)))
+    lines = [f'define void @"{STEPS_SYMBOL}"(ptr %arena, i64 %begin, i64 %end) {DISPATCH_ATTRIBUTES}', "{",
+             "entry:", "  %counter = alloca i64", "  store i64 %begin, ptr %counter", "  br label %head",
+             "head:", "  %index = load i64, ptr %counter", "  %more = icmp slt i64 %index, %end",
+             "  br i1 %more, label %body, label %done", "body:", f"  switch i64 %index, label %latch [{cases}]"]
+    for number, (symbol, args, _) in enumerate(calls):
+        lines += [f"step{number}:", *_call_lines(symbol, args, f"s{number}"), "  br label %latch"]
+    lines += ["latch:", "  %current = load i64, ptr %counter", "  %next = add i64 %current, 1",
+              "  store i64 %next, ptr %counter", "  br label %head", "done:", "  ret void", "}", ""]
+    return lines
 
 
-def _launch_entry(module: ir.Module, schedule: list[dict[str, Any]]) -> ir.Function:
-    """farm_launch: a switch over every launch of the schedule, each case calling one launch function."""
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64_T, I64_T, I64_T, PTR_T]), LAUNCH_SYMBOL)
-    _dispatch_only(fn)
-    index, begin, end, arena = fn.args
-    index.name, begin.name, end.name, arena.name = "index", "begin", "end", "arena"
-    builder = ir.IRBuilder(fn.append_basic_block("entry"))
-    done = fn.append_basic_block("done")
-    switch = builder.switch(index, done)
-    number = 0
-    for call in schedule:
-        for launch in range(len(call.get("launches", []))):
-            case = fn.append_basic_block(f"launch{number}")
-            switch.add_case(ir.Constant(I64_T, number), case)
-            builder.position_at_end(case)
-            symbol = launch_symbol(call["kernel"], launch)
-            callee = module.globals.get(symbol) or declare_launch(module, symbol, len(call["args"]))
-            builder.call(callee, [*(_pointer(module, builder, arena, arg) for arg in call["args"]), begin, end])
-            builder.branch(done)
-            number += 1
-    builder.position_at_end(done)
-    builder.ret_void()
-    return fn
+def _launch_text(launches: list[tuple[str, list[list]]]) -> list[str]:
+    """farm_launch(index, begin, end, arena): a switch over every launch of the schedule, each case calling one
+    launch function over [begin, end)."""
+    cases = " ".join(f"i64 {number}, label %launch{number}" for number in range(len(launches)))
+    lines = [f'define void @"{LAUNCH_SYMBOL}"(i64 %index, i64 %begin, i64 %end, ptr %arena) {DISPATCH_ATTRIBUTES}',
+             "{", "entry:", f"  switch i64 %index, label %done [{cases}]"]
+    for number, (symbol, args) in enumerate(launches):
+        lines += [f"launch{number}:", *_call_lines(symbol, args, f"l{number}", "i64 %begin, i64 %end"),
+                  "  br label %done"]
+    lines += ["done:", "  ret void", "}", ""]
+    return lines
+
+
+@functools.cache
+def _work_text(target: CpuTarget) -> str:
+    """farm_work's definition and the declarations it needs (not farm_launch's, which entry_ir defines), the same
+    for every schedule of a target: built once per process and target."""
+    module = ir.Module(name=ENTRY_SYMBOL)
+    launch = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64_T, I64_T, I64_T, PTR_T]), LAUNCH_SYMBOL)
+    _work_function(module, launch, target)
+    entities = str(module).split("\n\n")
+    return "\n\n".join(entity for entity in entities[1:] if not entity.startswith(f'declare void @"{LAUNCH_SYMBOL}"'))
 
 
 def _pause_x86(module: ir.Module, builder: ir.IRBuilder) -> None:
@@ -250,14 +270,6 @@ def _table_slot(arg: list, weights_offset: int) -> list:
     """["weight", slot] as ["table", the arena offset of its pointer]; other arguments as they are."""
     kind, where = arg
     return ["table", weights_offset + 8 * where] if kind == "weight" else arg
-
-
-def _pointer(module: ir.Module, builder: ir.IRBuilder, arena: ir.Value, arg: list) -> ir.Value:
-    """An argument's address: into the arena, or a weight's, loaded from its pointer in the weight table that the
-    runtime writes after the arena (["table", offset of the pointer])."""
-    kind, where = arg
-    address = builder.gep(arena, [ir.Constant(I64_T, where)], inbounds=True, source_etype=I8_T)
-    return address if kind == "arena" else builder.load(address, typ=PTR_T, align=8)
 
 
 def compile_entry(schedule: list[dict[str, Any]], target: CpuTarget, weights_offset: int = 0) -> bytes:

@@ -8,6 +8,8 @@ width are parameters (GemmBlocking), not constants, so that tuning can try other
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -149,13 +151,17 @@ def _halvings(lanes: int) -> list[int]:
 def emit_gemm(builder: ir.IRBuilder, slot: Callable[[str, ir.Type], ir.AllocaInstr], a: ir.Value, b: ir.Value,
               c: ir.Value, gemm: L.Gemm, blocking: GemmBlocking,
               launch_range: tuple[ir.Value, ir.Value] | None = None,
-              epilogue: tuple[ir.Value | None, ir.Value | None] = (None, None)) -> None:
+              epilogue: tuple[ir.Value | None, ir.Value | None] = (None, None),
+              outlining: Outlining | None = None) -> None:
     """Emit C = A @ B for `gemm`'s shapes; a, b, c point at the panels' first elements. With `launch_range`
     (runtime i64 values begin, end), only part of C, as loopir.launch_info cut it: column blocks [begin, end) when
     the launch splits columns (loopir.splits_columns), else rows [begin, end): whole register tiles from begin,
-    then one row at a time. `epilogue` points at the gemm.epilogue's bias and residual (at their offsets)."""
+    then one row at a time. `epilogue` points at the gemm.epilogue's bias and residual (at their offsets).
+    `outlining`: how the kernel's code is split into parts (Outlining); a launch's heaviest code then goes into
+    functions of their own (outlined_functions)."""
     gen = _Gen(builder, slot, a, b, c, gemm, blocking)
     gen.bias, gen.residual = epilogue
+    gen.outlining = outlining if launch_range is not None else None
     if launch_range is None:
         for region in regions(gemm.m, gemm.n, blocking):
             _emit_region(gen, region)
@@ -170,10 +176,20 @@ def _emit_rows(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end: ir.Value
     size = ir.Constant(I64_T, blocking.rows)
     main = builder.mul(builder.sdiv(builder.sub(end, begin), size), size)
     edge_begin = builder.add(begin, main)
+    outline = gemm.a_window is not None  # see outlined_functions
     for n0, nc, vectors, lanes in _columns(gemm.n, blocking):
         if nc:
-            _emit_region(gen, _Region(begin, main, n0, nc, blocking.rows, vectors, lanes))
-            _emit_region(gen, _Region(edge_begin, builder.sub(end, edge_begin), n0, nc, 1, vectors, lanes))
+            for region in (_Region(begin, main, n0, nc, blocking.rows, vectors, lanes),
+                           _Region(edge_begin, builder.sub(end, edge_begin), n0, nc, 1, vectors, lanes)):
+                if outline:
+                    _outline(gen, [_i64(region.m0), _i64(region.m)], functools.partial(_emit_region_at, region))
+                else:
+                    _emit_region(gen, region)
+
+
+def _emit_region_at(region: _Region, gen: _Gen, values: list[ir.Value]) -> None:
+    """The region with its rows [values[0], values[0] + values[1]) (an outlined function's arguments)."""
+    _emit_region(gen, dataclasses.replace(region, m0=values[0], m=values[1]))
 
 
 def _packs_b_panel(gemm: L.Gemm, blocking: GemmBlocking, steps: int) -> bool:
@@ -240,28 +256,33 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
                 _Region(m_main, gemm.m - m_main, n0, columns, 1, vectors, blocking.lanes, in_block))
 
     def rows(n0: ir.Value, vectors: int, ahead: ir.Value | None, in_block: bool, k0: ir.Value,
-             steps: int | ir.Value, accumulate: bool | ir.Value, final: bool | ir.Value, most_steps: int = 0) -> None:
+             steps: int | ir.Value, accumulate: bool | ir.Value, final: bool | ir.Value, most_steps: int = 0,
+             g: _Gen = gen) -> None:
         """The piece's row tiles, then its edge rows, over k steps [k0, k0 + steps): at most `most_steps` when
-        steps is a runtime value (_k_block_loop)."""
+        steps is a runtime value (_k_block_loop); emitted through `g` (an outlined function's, or the launch's)."""
         tiles, edge = piece_regions(n0, vectors, in_block)
         zero = ir.Constant(I64_T, 0)
-        if gen.c_prefetch is not None:  # the next block's lines, while it is this range's (never another thread's)
-            gen.c_prefetch = zero if ahead is None else builder.select(ahead, ir.Constant(I64_T, width), zero)
+        if g.c_prefetch is not None:  # the next block's lines, while it is this range's (never another thread's)
+            g.c_prefetch = zero if ahead is None else g.b.select(ahead, ir.Constant(I64_T, width), zero)
         panel_steps = steps if isinstance(steps, int) else most_steps
         if _packs_b_panel(gemm, blocking, panel_steps):
-            _pack_b_panel(gen, n0, vectors, k0, steps, panel_steps)
-        gen.loop(m_main // blocking.rows, lambda it: _emit_tile(gen, tiles, it, zero, k0, steps, accumulate, final))
-        gen.loop(gemm.m - m_main, lambda it: _emit_tile(gen, edge, it, zero, k0, steps, accumulate, final))
-        gen.b_packed = None
+            _pack_b_panel(g, n0, vectors, k0, steps, panel_steps)
+        g.loop(m_main // blocking.rows, lambda it: _emit_tile(g, tiles, it, zero, k0, steps, accumulate, final))
+        g.loop(gemm.m - m_main, lambda it: _emit_tile(g, edge, it, zero, k0, steps, accumulate, final))
+        g.b_packed = None
 
     size = _small_m_k_block(gemm, blocking)
     if size:
-        gen.partial = gen.slot("gemm.partial", ir.ArrayType(_vector_type(blocking.lanes), gemm.m * blocking.vectors))
-        gen.prefetch = SMALL_M_PREFETCH_BLOCKS * size * (width if gemm.b_panels else gemm.ldb)
-        _column_pieces(gen, blocking, begin, end, lambda n0, vectors, ahead, in_block: _k_block_loop(
-            gen, lambda k0, steps, accumulate, final: rows(n0, vectors, ahead, in_block, k0, steps, accumulate,
-                                                           final, size), size))
-        gen.partial, gen.prefetch = None, 0
+        def few_rows(g: _Gen, n0: ir.Value, vectors: int, in_block: bool) -> None:
+            """One piece, every k block (its partial sums are its own: a piece runs all of k)."""
+            g.partial = g.slot("gemm.partial", ir.ArrayType(_vector_type(blocking.lanes), gemm.m * blocking.vectors))
+            g.prefetch = SMALL_M_PREFETCH_BLOCKS * size * (width if gemm.b_panels else gemm.ldb)
+            _k_block_loop(g, lambda k0, steps, accumulate, final: rows(
+                n0, vectors, None, in_block, k0, steps, accumulate, final, size, g), size)
+            g.partial, g.prefetch = None, 0
+
+        _column_pieces(gen, blocking, begin, end, lambda n0, vectors, ahead, in_block: _outline(
+            gen, [n0], lambda g, values: few_rows(g, values[0], vectors, in_block)))
     elif gemm.k * gemm.n * 4 <= SWEEP_MAX_B_BYTES:
         def sweeps(k0: ir.Value, steps: int, accumulate: bool, final: bool) -> None:
             def sweep(edge: bool, it: ir.Value) -> None:
@@ -351,10 +372,95 @@ def _small_m_k_block(gemm: L.Gemm, blocking: GemmBlocking) -> int:
     return dividing[0] if dividing else size
 
 
+MAX_PARTS = 4
+"""The most objects a kernel's code is split into (Outlining): its launches, then up to three parts holding its
+outlined functions (light ResNet-50's few-row 3x3 convs: a launch's three pieces, 0.19-0.26 s of a 0.55 s unit
+each)."""
+
+
+def outlined_functions(gemm: L.Gemm, blocking: GemmBlocking) -> int:
+    """How many functions of its own a Gemm launch's heaviest code goes into (emit_gemm with an Outlining): a
+    few-row column-split GEMM's (_small_m_k_block) three pieces, each with all its k blocks (_column_pieces: the
+    vectors before and after the whole blocks, the whole blocks, the vectors past the full blocks); a row-split
+    implicit GEMM's regions (every column group's full row tiles and edge rows: _emit_rows), whose tap loops LLVM
+    unrolls (a 7x7 stem: 49 taps a k step). Those were the longest compile units of a build, serial on one worker
+    however many the farm has; other GEMMs compile in a fraction of that and stay whole."""
+    if L.splits_columns(gemm, blocking.tile_columns):
+        return 3 if _small_m_k_block(gemm, blocking) else 0
+    if gemm.a_window is None:
+        return 0
+    return 2 * sum(1 for _, columns, _, _ in _columns(gemm.n, blocking) if columns)
+
+
+@dataclass
+class Outlining:
+    """How a kernel's code is split into `parts` objects, and which of them a render makes (`part`; None: all of
+    them, in one object). Part 0 holds the kernel and its launches, which call their outlined functions
+    (outlined_functions); outlined function i (numbered in the order the launches emit them) is part
+    1 + i mod (parts - 1)'s. Each part is a unit of its own, compiled anywhere and linked with the others: a
+    kernel's code then compiles on up to `parts` workers at once, and the linked library runs the same code."""
+
+    parts: int
+    part: int | None = None
+    count: int = 0
+
+    def owner(self, index: int) -> int:
+        return 1 + index % (self.parts - 1)
+
+    def emits(self, index: int) -> bool:
+        """Whether this render makes outlined function `index`'s body (else it only declares and calls it)."""
+        return self.part is None or self.part == self.owner(index)
+
+
+def _outline(gen: _Gen, values: list[ir.Value], body: Callable[[_Gen, list[ir.Value]], None]) -> None:
+    """body(g, values) in a function of its own, called here with A, B, C (the bias and the residual when the
+    epilogue has them) and `values`, when the kernel is split into parts; else in place. The function is hidden
+    and never inlined (its part may be another object); its pointers are noalias when they are based on distinct
+    arguments of the launch, as the launch's own are. Its scratch (partial sums, a packed panel of B) is its own,
+    on its stack."""
+    outlining = gen.outlining
+    if outlining is None or outlining.parts == 1:
+        body(gen, values)
+        return
+    index, outlining.count = outlining.count, outlining.count + 1
+    pointers = [gen.a, gen.bm, gen.c, *(p for p in (gen.bias, gen.residual) if p is not None)]
+    fn = ir.Function(gen.b.module, ir.FunctionType(ir.VoidType(), [p.type for p in pointers] +
+                                                    [v.type for v in values]), f"{gen.b.function.name}_o{index}")
+    fn.linkage = "hidden"
+    fn.attributes.add("nounwind")
+    fn.attributes.add("noinline")
+    bases = [getattr(p, "pointer", p) for p in pointers]
+    if all(isinstance(base, ir.Argument) for base in bases) and len({id(base) for base in bases}) == len(bases):
+        for arg in fn.args[:len(pointers)]:
+            arg.add_attribute("noalias")
+    if outlining.emits(index):
+        entry, start = fn.append_basic_block("entry"), fn.append_basic_block("body")
+        builder = ir.IRBuilder(start)
+        slots: dict[str, ir.AllocaInstr] = {}
+
+        def slot(name: str, typ: ir.Type) -> ir.AllocaInstr:
+            if name not in slots:
+                slots[name] = ir.IRBuilder(entry).alloca(typ, name=name)
+            return slots[name]
+
+        args = list(fn.args)
+        inner = _Gen(builder, slot, args[0], args[1], args[2], gen.gemm, gen.blocking)
+        extras = iter(args[3:len(pointers)])
+        inner.bias = None if gen.bias is None else next(extras)
+        inner.residual = None if gen.residual is None else next(extras)
+        inner.prefetch, inner.c_prefetch, inner.residual_summed = gen.prefetch, gen.c_prefetch, gen.residual_summed
+        body(inner, args[len(pointers):])
+        builder.ret_void()
+        ir.IRBuilder(entry).branch(start)
+    gen.b.call(fn, [*pointers, *values])
+
+
 class _Gen:
     def __init__(self, builder, slot, a, b, c, gemm: L.Gemm, blocking: GemmBlocking) -> None:
         self.b, self.slot, self.a, self.bm, self.c, self.gemm = builder, slot, a, b, c, gemm
         self.blocking = blocking
+        self.outlining: Outlining | None = None
+        """How the kernel is split into parts (emit_gemm); None: in one function."""
         self.count = 0
         self.bias: ir.Value | None = None
         self.residual: ir.Value | None = None

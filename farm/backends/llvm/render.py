@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
-from farm.backends.llvm.gemm import GemmBlocking, emit_gemm, fmax, fmin, intrinsic
+from farm.backends.llvm.gemm import GemmBlocking, Outlining, emit_gemm, fmax, fmin, intrinsic
 from farm.ir import loopir as L
 
 F32_T, I64_T, BOOL_T, I32_T = ir.FloatType(), ir.IntType(64), ir.IntType(1), ir.IntType(32)
@@ -45,12 +45,14 @@ def declare_launch(module: ir.Module, symbol: str, n_params: int) -> ir.Function
     return fn
 
 
-def render_kernel(module: ir.Module, symbol: str, kernel: L.LoopKernel, blocking: GemmBlocking) -> ir.Function:
+def render_kernel(module: ir.Module, symbol: str, kernel: L.LoopKernel, blocking: GemmBlocking,
+                  outlining: Outlining | None = None) -> ir.Function:
     """Add `kernel` to `module` as function `symbol`, and each of its launches as `symbol_<index>(..., begin, end)`
     running only iterations [begin, end) of the launch's parallel loop or rows of its Gemm (a serial launch ignores
-    the range). `symbol` runs every launch over its whole range, in order. Gemm statements use `blocking`."""
+    the range). `symbol` runs every launch over its whole range, in order. Gemm statements use `blocking`; with
+    `outlining`, a Gemm launch's heaviest code goes into functions of their own (gemm.Outlining)."""
     fixed, groups = L.launch_groups(kernel)
-    launches = [_render_launch(module, launch_symbol(symbol, index), kernel, fixed, group, blocking)
+    launches = [_render_launch(module, launch_symbol(symbol, index), kernel, fixed, group, blocking, outlining)
                 for index, group in enumerate(groups)]
     fn = declare_kernel(module, symbol, len(kernel.params))
     fn.attributes.add("nounwind")
@@ -61,11 +63,14 @@ def render_kernel(module: ir.Module, symbol: str, kernel: L.LoopKernel, blocking
     for launch, info in zip(launches, L.launch_info(kernel, blocking.rows, blocking.tile_columns, blocking.vectors)):
         builder.call(launch, [*fn.args, ir.Constant(I64_T, 0), ir.Constant(I64_T, info.extent)])
     builder.ret_void()
+    if outlining is not None and outlining.part:  # the kernel and its launches are part 0's: declared here
+        for function in (fn, *launches):
+            function.blocks.clear()
     return fn
 
 
 def _render_launch(module: ir.Module, symbol: str, kernel: L.LoopKernel, fixed: list[str], group: L.LaunchGroup,
-                   blocking: GemmBlocking) -> ir.Function:
+                   blocking: GemmBlocking, outlining: Outlining | None) -> ir.Function:
     fn = declare_launch(module, symbol, len(kernel.params))
     # noinline: the kernel calls each launch once; inlining would only duplicate the code in the object.
     fn.attributes.add("nounwind")
@@ -78,7 +83,7 @@ def _render_launch(module: ir.Module, symbol: str, kernel: L.LoopKernel, fixed: 
     entry = fn.append_basic_block("entry")
     body = fn.append_basic_block("body")
     state = _State(ir.IRBuilder(entry), {p.name: arg for p, arg in zip(kernel.params, fn.args)}, blocking,
-                   {p.name: p.dtype for p in kernel.params})
+                   {p.name: p.dtype for p in kernel.params}, outlining)
     state.builder.position_at_end(body)
     for name in fixed:
         state.builder.store(ir.Constant(I64_T, 0), state.slot(L.Var(name)))
@@ -92,8 +97,9 @@ class _State:
     """What statement emission needs: the builder, buffer arguments and scalar slots (allocas)."""
 
     def __init__(self, builder: ir.IRBuilder, buffers: dict[str, ir.Argument], blocking: GemmBlocking,
-                 buffer_dtypes: dict[str, str]):
+                 buffer_dtypes: dict[str, str], outlining: Outlining | None = None):
         self.builder, self.buffers, self.blocking, self.buffer_dtypes = builder, buffers, blocking, buffer_dtypes
+        self.outlining = outlining
         self.slots: dict[str, ir.AllocaInstr] = {}
         self.entry_block = builder.block
 
@@ -215,7 +221,7 @@ def _emit_gemm(state: _State, gemm: L.Gemm, launch_range: tuple[ir.Value, ir.Val
     epilogue = gemm.epilogue or L.GemmEpilogue()
     extras = tuple(None if buf is None else _address(state, buf, offset or L.const(0), F32_T) for buf, offset in
                    ((epilogue.bias, epilogue.bias_offset), (epilogue.residual, epilogue.residual_offset)))
-    emit_gemm(state.builder, state.typed_slot, *panels, gemm, state.blocking, launch_range, extras)
+    emit_gemm(state.builder, state.typed_slot, *panels, gemm, state.blocking, launch_range, extras, state.outlining)
 
 
 def _emit_gemm_launch(state: _State, group: L.LaunchGroup, launch_range: tuple[ir.Value, ir.Value]) -> None:
