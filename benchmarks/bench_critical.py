@@ -3,8 +3,10 @@
 units then scheduled on N simulated workers (issue 15 item 5: ResNet-50 plan 0.60 s, 139 units 3.30 s, link 0.63 s
 gave at most 1.6x on 2 workers and 3.1x on 64; DenseNet-121 5.3x on 64; BERT-base 1.3x).
 
-For each model it times, in this process on one core: the plan (import, passes, validation, planning and hashing
-every weight: `assembly.plan_model`, after one untimed plan has warmed the process as a coordinator's is), each compile unit on its own (`build.units.compile_unit`, the step a worker
+For each model it times, in this process on one core: the plan as a farm worker makes it (import of the graph the
+client split off, each weight read by its key, passes, validation, planning; the weights the submitter named by
+sha256 are not hashed again: `assembly.plan_model` with `StoredBlobs`, after one untimed plan has warmed the
+process as a coordinator's is), each compile unit on its own (`build.units.compile_unit`, the step a worker
 runs: a kernel or a weight blob for this host), and the finish as the farm's link and finish steps run it (the
 link plan, linking the library and putting the artifact's recipe into a file store: farm.distributed.recipes).
 The plan and the finish are serial; the units are list-scheduled longest first on N workers (each unit on the
@@ -50,6 +52,8 @@ from farm.build import assembly  # noqa: E402
 from farm.build.parts import BuiltUnits  # noqa: E402
 from farm.build.units import compile_unit  # noqa: E402
 from farm.distributed import recipes  # noqa: E402
+from farm.frontend.external import StoredBlobs  # noqa: E402
+from farm.frontend.split import split_model  # noqa: E402
 from farm.store import FileStore  # noqa: E402
 from farm.tools import examples  # noqa: E402
 
@@ -75,12 +79,25 @@ def schedule_length(durations: list[float], workers: int) -> float:
     return max(free)
 
 
+def farm_plan(path: Path, folder: Path) -> Callable[[], object]:
+    """The plan as a farm worker makes it: from the split graph (farm.frontend.split, done by the submitting
+    client), each weight read by its key (here from memory, as the store's bytes are once read), so that the
+    weights the submitter named are not hashed again (Graph.known_digests)."""
+    split = split_model(path)
+    blobs = {key: source.read() for key, source in split.blobs.items()}
+    graph = folder / "farm-job" / path.name
+    graph.parent.mkdir(parents=True, exist_ok=True)
+    graph.write_bytes(split.graph)
+    return lambda: assembly.plan_model(graph, external=StoredBlobs(lambda key, name: blobs[key]))
+
+
 def measure(path: Path, folder: Path) -> dict[str, object]:
     """Plan, every unit and the finish of one host build, each timed on its own."""
     target = host_target()
-    assembly.plan_model(path)  # a warm-up: the modules a plan imports on first use (the reference evaluator that
-    # folds constants, ...) and their first calls' set-up are a long-running coordinator's once, not each job's
-    plan_s, plan = _timed(lambda: assembly.plan_model(path))
+    plan_model = farm_plan(path, folder)
+    plan_model()  # a warm-up: the modules a plan imports on first use (the reference evaluator that folds
+    # constants, ...) and their first calls' set-up are a long-running coordinator's once, not each job's
+    plan_s, plan = _timed(plan_model)
     units = assembly.compile_units(plan, [target])
     compile_unit(units[0], None if not units[0].data_key else memoryview(plan.blobs[units[0].data_key]).cast("B"))
     objects, unit_s = {}, []  # timed after one warm-up unit: LLVM's set-up is a worker's once, not a unit's
