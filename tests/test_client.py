@@ -21,7 +21,7 @@ from farm.backends.opencl.target import OpenClTarget
 from farm.distributed import protocol, recipes
 from farm.distributed.client import ANY_WORKER, FarmClient, LivenessWatch, job_queues, raise_for_state
 from farm.distributed.protocol import JobRecord, JobState, Message, PlanJob
-from farm.distributed.steps import Farm
+from farm.distributed.steps import Farm, JobFailed
 from farm.errors import BadInputError, BuildError, ExitStatus, JobError, UnreachableError
 from farm.frontend.split import split_model
 from farm.store import RedisStore, content_key
@@ -460,3 +460,18 @@ def test_a_model_whose_weights_are_over_the_farms_cap_is_refused_before_any_uplo
     client.store.set_max_bytes(1 << 20)
     assert "over the farm's store cap" in accept(job_id)
     assert client.status(job_id)["state"] == "failed" and client.status(job_id)["exit_status"] == 2
+
+
+def test_a_job_whose_packed_weights_would_take_it_over_the_cap_fails_at_planning_before_any_compile(
+        client: FarmClient, tmp_path: Path, dispatched: list[Message]) -> None:
+    """The client and the intake know the weights; planning knows their packed copies too (a MatMul's weight is
+    packed for each CPU target): over the cap, the job fails naming both sizes and nothing is dispatched."""
+    farm = Farm(client.board, client.store, dispatched.append)
+    client.store.set_max_bytes(6 << 20)
+    job_id = client.submit(_linear(tmp_path, "packed", "x"), [host_target()])
+    farm.accept(job_id)
+    dispatched.clear()
+    with pytest.raises(JobFailed, match=r"packed.onnx: its weights and their packed copies need 8.0 MiB"):
+        farm.plan_job(job_id)
+    status = client.status(job_id)
+    assert status["state"] == "failed" and status["exit_status"] == 2 and dispatched == []

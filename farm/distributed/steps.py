@@ -35,6 +35,7 @@ from farm.errors import ArtifactError, BadInputError, ExitStatus, FarmError, Unr
 from farm.frontend.external import ExternalDataError, StoredBlobs
 from farm.frontend.split import stored_blobs
 from farm.frontend.wire import WireError
+from farm.ir.specs import BlobSpec
 from farm.plan.planner import BuildPlan
 from farm.store import CorruptEntryError, MissingEntryError, Store, content_key, refs
 from farm.tuning import database
@@ -110,6 +111,11 @@ class Farm:
         plans = [tuning.with_variants(self.store, plan, cpu_targets) for plan in plans]
         blobs = assembly.sized_blobs(plans)
         units = assembly.sized_units(plans, record.targets)
+        refusal = uploads.over_the_cap(f"{record.model_name}.onnx", _pinned_bytes(blobs, units), self.store.max_bytes,
+                                       "its weights and their packed copies need")
+        if refusal:
+            self._fail(job_id, refusal, ExitStatus.BAD_INPUT)
+            return None
         cached = set() if record.no_cache else self._pin_cached(job_id, units)
         todo = [u for u in units if u.name not in cached]
         if record.total is not None:
@@ -496,6 +502,12 @@ STEPS: dict[type, Callable[[Farm, Any], str | None]] = {
     Finish: lambda farm, args: farm.finish(args),
 }
 """The step each task runs, by the type of its arguments (farm.distributed.protocol)."""
+
+
+def _pinned_bytes(blobs: dict[str, Any], units: list[CompileUnit]) -> int:
+    """What a planned job pins in the store for its weights: each distinct weight and each packed copy."""
+    return sum(memoryview(data).nbytes for data in blobs.values()) + sum(
+        unit.spec.nbytes for unit in units if unit.kind == "blob" and isinstance(unit.spec, BlobSpec))
 
 
 def _blobs(graph: bytes) -> dict[str, int]:

@@ -90,13 +90,14 @@ def _forget_expired(folder: Path) -> None:
             continue
 
 
-def over_the_cap(model: str, weight_bytes: int, cap: int) -> str | None:
+def over_the_cap(model: str, weight_bytes: int, cap: int, what: str = "its weights are") -> str | None:
     """Why a job whose weights are `weight_bytes` can't be built under the store's cap, or None when it can. A job
     pins its weights from its upload to its download, so weights over the cap would hold the store over it for the
-    whole job: such a job is refused before anything is uploaded (by the client) or kept (by the intake)."""
+    whole job: such a job is refused before anything is uploaded (by the client) or kept (by the intake), and
+    once planned, when its weights and their packed copies (`what`) are (before anything is compiled)."""
     if weight_bytes <= cap:
         return None
-    return (f"{model}: its weights are {_size(weight_bytes)}, over the farm's store cap of {_size(cap)} "
+    return (f"{model}: {what} {_size(weight_bytes)}, over the farm's store cap of {_size(cap)} "
             "(FARM_STORE_MAX_BYTES of its workers); ask its operator for a larger cap or a file blob store "
             "(FARM_BLOB_STORE), or build it locally (no --broker)")
 
