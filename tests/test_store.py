@@ -796,3 +796,21 @@ def test_a_client_reads_the_blob_store_the_workers_published_or_says_what_to_mou
     redis_server.client().set(f"{worker.prefix}blob_store", "file:///nowhere/farm-cas")
     with pytest.raises(StoreError, match="file:///nowhere/farm-cas, which this machine can't read: mount it"):
         RedisStore(redis_server.url).peek(key)
+
+
+def test_files_no_entry_owns_are_swept_once_an_hour_old(redis_server: RedisServer, tmp_path: Path) -> None:
+    """A process killed between an eviction's script and its unlink leaves a file without a header: `farm store
+    gc` (sweep_orphans) deletes it, but never a file young enough to be a put in flight."""
+    import os
+    import time
+
+    blobs = FileStore(tmp_path / "cas")
+    store = RedisStore(redis_server.url, blobs=blobs)
+    kept = store.put(b"an entry")
+    orphan, young = blobs.put(b"a dropped entry's file"), blobs.put(b"a put in flight")
+    old = time.time() - 7200
+    for key in (kept, orphan):
+        os.utime(blobs.object_path(key), (old, old))
+    assert store.sweep_orphans() == 1
+    assert blobs.has(kept) and not blobs.has(orphan) and blobs.has(young)
+    assert RedisStore(redis_server.url).sweep_orphans() == 0  # bytes as chunks: nothing to sweep

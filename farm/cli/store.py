@@ -80,24 +80,29 @@ def store_group(reports_errors: Decorator, broker_option: Decorator, json_option
     def gc(broker: str | None, as_json: bool) -> None:
         """Evict least recently used entries that no live job pins down to the cap now, and say what was freed.
 
-        On a farm it first releases the pins of jobs that failed, were cancelled or expired, and counts entries an
-        older farm wrote before the store had a cap."""
+        On a farm it first releases the pins of jobs that failed, were cancelled or expired, counts entries an
+        older farm wrote before the store had a cap, and deletes files of a file blob store (FARM_BLOB_STORE) that
+        no entry owns and nothing touched for an hour."""
         from farm.errors import redact_url
 
         with open_chosen_store(broker) as chosen:
             released = _release_ended_jobs(broker, chosen)
             adopted = chosen.adopt_unaccounted()
+            orphans = chosen.sweep_orphans()
             freed = chosen.evict()
             after = chosen.stats()
             url = chosen.url
         if as_json:
             click.echo(json.dumps({"store": redact_url(url), "released_jobs": released, "adopted_entries": adopted,
+                                   "orphan_files_deleted": orphans,
                                    **freed.to_json(), "stats": after.to_json()}, sort_keys=True))
             return
         if released:
             click.echo(f"released the pins of {len(released)} ended jobs: {', '.join(released)}")
         if adopted:
             click.echo(f"counted {adopted} entries written before the store had a cap")
+        if orphans:
+            click.echo(f"deleted {orphans} files of the blob store that no entry owned")
         click.echo(f"freed {freed.entries} entries, {human_bytes(freed.bytes)}")
         click.echo(describe(url, after))
 

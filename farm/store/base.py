@@ -235,6 +235,12 @@ class Store(ABC):
         FARM_BLOB_STORE); nothing to tell here."""
         return None
 
+    def sweep_orphans(self, older_than: float = 3600.0) -> int:
+        """Delete bytes no entry owns any more (a process killed between dropping an entry and deleting its file),
+        untouched for `older_than` seconds so that no put in flight loses its bytes; returns how many. Nothing to
+        sweep where an entry and its bytes are one file."""
+        return 0
+
     def adopt_unaccounted(self) -> int:
         """Count entries written before the store kept a count (an older farm's); returns how many. A store that
         counts by walking its entries has none."""

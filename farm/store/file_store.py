@@ -95,6 +95,13 @@ class FileStore(Store):
     def has(self, key: str) -> bool:
         return self._present(self.object_path(key), key)
 
+    def keys_older_than(self, seconds: float) -> Iterator[str]:
+        """The keys of entries whose file was last touched more than `seconds` ago."""
+        oldest = time.time_ns() - int(seconds * 1e9)
+        for used, _, key, _ in self._entries():
+            if used < oldest:
+                yield key
+
     def delete(self, key: str) -> None:
         self.object_path(key).unlink(missing_ok=True)
 

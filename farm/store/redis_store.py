@@ -264,7 +264,7 @@ class RedisStore(Store):
         connect_timeout: float = 3.0,
         socket_timeout: float = 10.0,
         retries: int = 1,
-        blobs: Store | None = None,
+        blobs: FileStore | None = None,
     ) -> None:
         """`blobs`: where entries' bytes live when they are not chunks in this Redis (FARM_BLOB_STORE: a FileStore
         on a shared file system); the header, the count, refs and pins stay here either way."""
@@ -275,7 +275,8 @@ class RedisStore(Store):
 
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
-        self._url, self.prefix, self.chunk_bytes, self.blobs = url, prefix, chunk_bytes, blobs
+        self._url, self.prefix, self.chunk_bytes = url, prefix, chunk_bytes
+        self.blobs: FileStore | None = blobs
         try:
             self.client = redis.Redis.from_url(
                 url,
@@ -606,7 +607,7 @@ class RedisStore(Store):
             self._fail_corrupt(key, f"its file holds {len(data)} bytes where the header says {size}", repair)
         return data
 
-    def _blob_files(self) -> Store:
+    def _blob_files(self) -> FileStore:
         """The blob store this process writes (FARM_BLOB_STORE), else the one the workers published: a client
         reads members from the same shared folder, mounted at the same path (read-only will do)."""
         if self.blobs is None:
@@ -635,6 +636,26 @@ class RedisStore(Store):
                 pipe.exists(self.staged_key(key))
             found = pipe.execute()
         return [key for key, present in zip(keys, found) if present]
+
+    def sweep_orphans(self, older_than: float = 3600.0) -> int:
+        """The blob store's files whose entry has no header here (one pipeline of EXISTS per thousand files)."""
+        try:
+            blobs = self._blob_files()
+        except StoreError:
+            return 0  # bytes are chunks here: a delete's script removes them with the header
+        deleted, batch = 0, []
+        for key in blobs.keys_older_than(older_than):
+            batch.append(key)
+            if len(batch) >= 1000:
+                deleted += self._delete_headerless(blobs, batch)
+                batch = []
+        return deleted + (self._delete_headerless(blobs, batch) if batch else 0)
+
+    def _delete_headerless(self, blobs: FileStore, keys: list[str]) -> int:
+        orphans = self.missing(keys)
+        for key in orphans:
+            blobs.delete(key)
+        return len(orphans)
 
     def publish_blob_store(self) -> None:
         """Tell clients where entries' bytes live (a worker does at start), or that they are chunks here."""
