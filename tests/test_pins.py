@@ -124,18 +124,20 @@ def test_a_job_pins_what_it_will_read_then_only_its_artifacts_recipe_and_members
 def test_a_job_finishes_under_a_cap_that_evicts_everything_it_doesnt_pin(
         farm: tuple[Farm, Tasks], store: RedisStore, redis_server: RedisServer, model_path: Path,
         local_artifact: bytes, tmp_path: Path) -> None:
-    """With a cap of one byte, every entry no pin holds is evicted as soon as a put finds the store full: the job
-    still builds the local artifact, since everything it reads again is pinned; once downloaded, the artifact
-    goes too, and a second download says so. (The cap is lowered once the job is accepted: the client and the
-    intake refuse a model over the cap.)"""
+    """Under a cap that holds the job's weights and their packed copies and nothing more, every entry no pin holds
+    is evicted as soon as a put finds the store full: the job still builds the local artifact, since everything it
+    reads again is pinned; once downloaded (and the cap lowered to a byte), the artifact goes too, and a second
+    download says so. (A smaller cap is refused: by the client and the intake for the weights, by planning for
+    the packed copies.)"""
     steps, tasks = farm
     client = FarmClient(redis_server.url)
     job_id = client.submit(model_path, [host_target()])
+    store.set_max_bytes(100_000)  # tiny_cnn: 93,000 bytes of weights and packed copies
     steps.accept(job_id)  # pins the model before it admits it into the store
-    store.set_max_bytes(1)
     run_tasks(steps, tasks)
     assert Path(client.download(job_id, tmp_path / "out")).read_bytes() == local_artifact
     pins.release_ended_jobs(steps.board, store)
+    store.set_max_bytes(1)
     store.evict()
     assert store.stats().entries == 0
     with pytest.raises(JobError, match="no longer in the farm's store"):
