@@ -74,24 +74,22 @@ class Intake(threading.Thread):
         return self.handlers[name](popped[1])
 
     def _admit(self, raw: Any) -> str:
-        try:
-            note = self.admit(*protocol.decode_admission(raw))
-        except BadInputError as error:
-            note = f"refused an admission: {error}"
-        except Exception as error:  # noqa: BLE001 - logged; the thread must outlive any one upload
-            log.exception("intake: admitting %r failed", raw)
-            note = f"admitting {str(raw)[:40]!r} failed: {type(error).__name__}: {error}"
-        log.info("intake: %s", note)
-        return note
+        return self._handle(raw, lambda: self.admit(*protocol.decode_admission(raw)), "an admission", "admitting")
 
     def _accept(self, raw: Any) -> str:
+        return self._handle(raw, lambda: self.accept(protocol.check_job_id(raw)), "a submission", "accepting")
+
+    @staticmethod
+    def _handle(raw: Any, handle: Callable[[], str], what: str, doing: str) -> str:
+        """Run `handle` on what a submitter pushed and log its note: a malformed entry is refused, and no error
+        ends the thread (it must outlive any one submission or upload)."""
         try:
-            note = self.accept(protocol.check_job_id(raw))
+            note = handle()
         except BadInputError as error:
-            note = f"refused a submission: {error}"
+            note = f"refused {what}: {error}"
         except Exception as error:  # noqa: BLE001 - logged; the thread must outlive any one submission
-            log.exception("intake: accepting %r failed", raw)
-            note = f"accepting {str(raw)[:40]!r} failed: {type(error).__name__}: {error}"
+            log.exception("intake: %s %r failed", doing, raw)
+            note = f"{doing} {str(raw)[:40]!r} failed: {type(error).__name__}: {error}"
         log.info("intake: %s", note)
         return note
 

@@ -454,12 +454,15 @@ class RedisStore(Store):
     def missing(self, keys: Iterable[str]) -> list[str]:
         """One pipeline of EXISTS on the entries' headers (a submitter's credentials may read them)."""
         keys = list(keys)
+        return [key for key, present in zip(keys, self._exist(map(self.header_key, keys))) if not present]
+
+    def _exist(self, names: Iterable[str]) -> list[bool]:
+        """Whether each Redis key exists, in one round trip."""
         with self._errors():
             pipe = self.client.pipeline(transaction=False)
-            for key in keys:
-                pipe.exists(self.header_key(key))
-            found = pipe.execute()
-        return [key for key, present in zip(keys, found) if not present]
+            for name in names:
+                pipe.exists(name)
+            return [bool(found) for found in pipe.execute()]
 
     def staged_key(self, key: str) -> str:
         """The Redis key of staged bytes' header (their chunks at `<it>:<i>`)."""
@@ -630,12 +633,7 @@ class RedisStore(Store):
     def staged(self, keys: Iterable[str]) -> list[str]:
         """One pipeline of EXISTS on the staged headers."""
         keys = list(keys)
-        with self._errors():
-            pipe = self.client.pipeline(transaction=False)
-            for key in keys:
-                pipe.exists(self.staged_key(key))
-            found = pipe.execute()
-        return [key for key, present in zip(keys, found) if present]
+        return [key for key, present in zip(keys, self._exist(map(self.staged_key, keys))) if present]
 
     def sweep_orphans(self, older_than: float = 3600.0) -> int:
         """The blob store's files whose entry has no header here (one pipeline of EXISTS per thousand files)."""
