@@ -188,9 +188,9 @@ def timed_builds(config: str, model: Path, folder: Path, broker: str | None, rep
         walls.append(wall)
         if broker:
             jobs.append(float(result["seconds"]))
-            tasks = int(result["total"])
+            tasks = int(result["compiled"])  # `submit --json` names the units it compiled (schemas.BUILD_KEYS)
         print(f"  {config} run {index + 1}: {wall:.2f} s" + (f" (job {result['seconds']:.2f} s, "
-              f"{result['total']} compile tasks)" if broker else ""), flush=True)
+              f"{result['compiled']} compile tasks)" if broker else ""), flush=True)
     spent = task_seconds(workers, offsets)
     return Build(config, statistics.median(walls), statistics.median(jobs) if jobs else None, tasks, walls,
                  {name: seconds / repeat for name, seconds in spent.items()})
