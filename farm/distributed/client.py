@@ -109,7 +109,8 @@ class FarmClient:
             self._stage_blob(key, split.blobs[key], upload, report)
             if admission:
                 admission.push(key, upload, report)
-        evicted = self.store.missing([key for key in (split.graph_key, *split.blobs) if key not in set(lacking)])
+        asked_for = set(lacking)
+        evicted = self.store.missing([key for key in (split.graph_key, *split.blobs) if key not in asked_for])
         for key in evicted:
             if key != split.graph_key:
                 upload.missing_blobs, upload.missing_bytes = (upload.missing_blobs + 1,

@@ -189,11 +189,10 @@ class Farm:
         now = time.time()
         graph = self.store.take_staged(request.model_key)
         blobs = _blobs(graph) if graph is not None else {}
-        refusal = uploads.over_the_cap(f"{request.model_name}.onnx", sum(blobs.values()) + len(graph or b""),
-                                       self.store.max_bytes)
-        if graph is None:
-            refusal = (f"the model's upload ({request.model_key}) is not on the farm: it expired before a worker "
-                       "took the job, or was damaged; submit the model again")
+        refusal = (uploads.over_the_cap(f"{request.model_name}.onnx", sum(blobs.values()) + len(graph),
+                                        self.store.max_bytes) if graph is not None else
+                   f"the model's upload ({request.model_key}) is not on the farm: it expired before a worker took "
+                   "the job, or was damaged; submit the model again")
         if refusal:
             request = replace(request, state=JobState.FAILED, exit_status=int(ExitStatus.BAD_INPUT), finished=now,
                               error=refusal)

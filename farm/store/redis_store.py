@@ -417,9 +417,7 @@ class RedisStore(Store):
             return self.get(key)
         staged = self.staged_key(key)
         try:
-            with self._errors():
-                header = self.client.get(staged)
-                data = self._read(staged, lambda index: f"{staged}:{index}", key, repair=False)
+            count, data = self._read_staged(key)
         except (MissingEntryError, CorruptEntryError):
             self._drop_staged(key)
             with contextlib.suppress(MissingEntryError, CorruptEntryError):
@@ -434,14 +432,26 @@ class RedisStore(Store):
         if not present and int(total) + len(data) > int(cap):
             self._evict_to(room=len(data))
         with self._errors():
-            done, total, cap = self._script(self._promote, key, staged, len(data),
-                                            self._parse_header(key, header, repair=False)[1])
+            done, total, cap = self._script(self._promote, key, staged, len(data), count)
         if int(done) != 1:
             self._drop_staged(key)
             self.put(data)  # staged chunks expired meanwhile: put the bytes read (a no-op when present)
         elif int(total) > int(cap):
             self.evict()
         return data
+
+    def _read_staged(self, key: str) -> tuple[int, bytes]:
+        """(chunk count, bytes) of what a submitter staged under `key`, read once and checked against it. Staged
+        bytes are chunks here whatever their header says: a submitter's header never sends a read elsewhere."""
+        staged = self.staged_key(key)
+        with self._errors():
+            header = self.client.get(staged)
+            if header is None:
+                raise MissingEntryError(key, f"{redact_url(self.url)} (staging)")
+            size, count = self._parse_header(key, header, repair=False)
+            if not isinstance(count, int):
+                raise CorruptEntryError(key, f"its staged header {header[:40]!r} names no chunks")
+            return count, self._read_chunks(staged, lambda index: f"{staged}:{index}", key, size, count, False)
 
     def _drop_staged(self, key: str) -> None:
         staged = self.staged_key(key)
