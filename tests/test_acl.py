@@ -101,6 +101,7 @@ FORBIDDEN_WRITES = {
     "a server setting": ("CONFIG", "SET", "maxmemory", "1"),
     "a flush": ("FLUSHALL",),
     "deleting a record": ("DEL", protocol.job_key(JOB)),
+    "a repair's claim": ("SET", protocol.repair_claim_key(SHA), "1"),
 }
 """What a submitter must never do, each as a Redis command: write the farm's records, the store, Celery's queues
 and control channels, workers' liveness, or run anything that reaches all keys."""
@@ -110,6 +111,12 @@ and control channels, workers' liveness, or run anything that reaches all keys."
 def test_a_submitter_is_refused(submitter: redis.Redis, command: tuple[str, ...]) -> None:
     with pytest.raises(redis.exceptions.NoPermissionError):
         submitter.execute_command(*command)
+
+
+def test_a_submitter_may_report_a_damaged_entry_but_not_claim_its_check(submitter: redis.Redis) -> None:
+    """A download that finds a member damaged pushes its key for the workers (protocol.REPAIR_KEY); the claim that
+    rate-limits the check is the workers' (refused above)."""
+    assert submitter.lpush(protocol.REPAIR_KEY, SHA) == 1
 
 
 def test_a_submitter_cant_send_a_celery_task(farm_redis: RedisServer) -> None:

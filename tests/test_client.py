@@ -159,6 +159,30 @@ def test_download_of_an_artifact_whose_member_was_evicted_says_so_and_writes_not
     assert list((tmp_path / "out").iterdir()) == []  # no partial artifact, no temporary file
 
 
+def test_a_damaged_member_fails_the_download_and_is_dropped_by_a_worker_so_the_artifact_is_not_reused(
+        client: FarmClient, model_path: Path, tmp_path: Path, accept, dispatched: list[Message]) -> None:
+    """A reuse checks members' lengths, not bytes (recipes.intact): a damaged member of the right length is found by
+    the download's sha256 check, which hands it to the workers' intakes (protocol.REPAIR_KEY) to be dropped."""
+    job_id = client.submit(model_path, [host_target()])
+    accept(job_id)
+    key, members = recipes.put_recipe(client.store, {}, {"a.bin": b"kept", "b.bin": b"damaged"}, lambda keys: None)
+    damaged = content_key(b"damaged")
+    client.store.client.setrange(client.store.chunk_key(damaged, 0), 0, b"D")
+    assert client.board.advance(job_id, JobState.DONE, artifact_key=key)
+    assert recipes.intact(client.store, members)  # the same lengths: a reuse would ship it
+
+    with pytest.raises(JobError, match=f"store entry {damaged} is damaged .* submit the model again"):
+        client.download(job_id, tmp_path / "out")
+    assert list((tmp_path / "out").iterdir()) == []
+    assert client.board.redis.lrange(protocol.REPAIR_KEY, 0, -1) == [damaged]
+
+    farm = Farm(client.board, client.store, dispatched.append)
+    assert farm.repair(damaged) == f"store entry {damaged} was damaged: dropped"
+    assert not recipes.intact(client.store, members)  # the next submission builds it again
+    assert farm.repair(damaged).endswith("was checked less than 600 s ago")  # pushes can't keep workers reading
+    assert farm.repair(content_key(b"kept")) == f"store entry {content_key(b'kept')} is intact"
+
+
 def test_a_failed_job_reports_its_error_and_exit_status(client: FarmClient, model_path: Path, tmp_path: Path,
                                                         accept) -> None:
     job_id = client.submit(model_path, [host_target()])

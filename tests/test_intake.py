@@ -26,6 +26,18 @@ def test_each_id_is_accepted_once_and_junk_is_refused(redis_server: RedisServer)
     assert intake.take_one() is None  # nothing left: it waited POP_SECONDS and came back
 
 
+def test_damaged_entries_go_to_repair_and_junk_is_refused(redis_server: RedisServer) -> None:
+    board = JobBoard(redis_server.url)
+    repaired: list[str] = []
+    intake = Intake(board, lambda job_id: "", repair=lambda key: repaired.append(key) or f"{key} checked")
+    key = "ab" * 32
+    for pushed in (key, "../" + key, key.upper() + "0"):
+        board.redis.lpush(protocol.REPAIR_KEY, pushed)
+    notes = [intake.take_one() for _ in range(3)]
+    assert repaired == [key] and notes[0] == f"{key} checked"
+    assert all(note.startswith("refused a repair") for note in notes[1:])
+
+
 def test_an_acceptance_that_raises_is_logged_and_the_intake_goes_on(redis_server: RedisServer) -> None:
     board = JobBoard(redis_server.url)
 

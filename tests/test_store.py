@@ -624,6 +624,41 @@ def test_redis_damaged_entry_is_corrupt_and_fully_deleted(redis_server: RedisSer
     assert store.put(value) == key and store.get(key) == value
 
 
+def test_incomplete_names_absent_entries_without_reading_any_and_marks_the_whole_ones_used(store: Store) -> None:
+    store.set_max_bytes(2 * KIB)
+    a, b = put_in_order(store, 0, 1)
+    absent = content_key(b"never put")
+    assert store.incomplete([a, absent, b]) == [absent] and store.incomplete([]) == []
+    later()
+    store.incomplete([a])  # a use: b is now the least recently used
+    later()
+    store.put(pseudo_random(KIB, 2))
+    store.evict()
+    assert present(store, [a, b]) == [True, False]
+
+
+@pytest.mark.parametrize("change", ["drop chunk 1", "truncate the last chunk", "garble the header"])
+def test_redis_incomplete_judges_an_entry_by_the_lengths_of_its_chunks(redis_server: RedisServer,
+                                                                        change: str) -> None:
+    """A reuse's check (recipes.intact): a chunk gone or of another length is found without reading the bytes; a
+    flipped byte is the download's to find (its sha256 check, farm.distributed.protocol.REPAIR_KEY)."""
+    store = RedisStore(redis_server.url, chunk_bytes=1000)
+    damaged, whole = store.put(pseudo_random(2500)), store.put(pseudo_random(2500, seed=1))
+    _corrupt_by(change, store, damaged)
+    reads = store.client.info("commandstats").get("cmdstat_get", {}).get("calls", 0)
+    assert store.incomplete([damaged, whole]) == [damaged]
+    assert store.client.info("commandstats")["cmdstat_get"]["calls"] == reads + 2  # the two headers, no chunk
+
+
+def test_redis_incomplete_checks_the_size_of_a_blob_store_file(redis_server: RedisServer, tmp_path: Path) -> None:
+    blobs = FileStore(tmp_path / "cas")
+    store = RedisStore(redis_server.url, blobs=blobs)
+    truncated, gone, whole = (store.put(pseudo_random(KIB, seed)) for seed in range(3))
+    blobs.object_path(truncated).write_bytes(b"short")
+    blobs.delete(gone)
+    assert store.incomplete([truncated, gone, whole]) == [truncated, gone]
+
+
 def test_redis_delete_sweeps_chunks_of_a_put_that_died(redis_server: RedisServer) -> None:
     """A worker killed mid-put leaves chunks without a header; delete must collect them."""
     store = RedisStore(redis_server.url, chunk_bytes=4)

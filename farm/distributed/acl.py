@@ -4,9 +4,9 @@ key names of farm.distributed.protocol and the store, so that the rules and the 
 Submitters (CI jobs, laptops) are authenticated but not trusted. With the submitter's credentials one can read
 what clients show (job records and their progress, the jobs index, workers' advertisements and leases, store
 entries to download) and write only what a submission needs: the job's request and the flags a client raises on it
-(cancel, downloaded), the jobs index, the intake list of submitted ids (farm.distributed.intake), the store's
-staging area for models. Never a job record, a store entry, a ref, a pin, a Celery queue or control message, a
-script, a key listing (SCAN, KEYS) or a server setting. Whatever a submitter writes, a worker reads as untrusted:
+(cancel, downloaded), the jobs index, the intake lists (submitted ids, admissions, damaged entries to drop:
+farm.distributed.intake), the store's staging area for models. Never a job record, a store entry, a ref, a pin, a
+Celery queue or control message, a script, a key listing (SCAN, KEYS) or a server setting. Whatever a submitter writes, a worker reads as untrusted:
 a request's fields are validated and bound to its job id, staged bytes are checked against their sha256.
 
 Workers, and the operator with their credentials (`farm store`), may do anything but administer the server.
@@ -47,7 +47,7 @@ def _submitter_rules() -> str:
              protocol.lease_key("*"), f"{STORE_PREFIX}obj:*", f"{STORE_PREFIX}max_bytes",
              f"{STORE_PREFIX}blob_store", f"{STORE_PREFIX}staged:*"]
     writes = [protocol.request_key("*"), protocol.JOBS_KEY, protocol.SUBMITTED_KEY, protocol.ADMIT_KEY,
-              f"{STORE_PREFIX}staged:*"]
+              protocol.REPAIR_KEY, f"{STORE_PREFIX}staged:*"]
     keys = " ".join([f"%R~{pattern}" for pattern in reads] + [f"%W~{pattern}" for pattern in writes])
     return f"resetkeys resetchannels -@all {commands} {keys} &{protocol.job_events_channel('*')}"
 

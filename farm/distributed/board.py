@@ -153,6 +153,10 @@ class JobBoard:
         """Hand a submitted job's id to the intake again (its first pop may have died with its worker)."""
         self.call(self.redis.lpush, protocol.SUBMITTED_KEY, job_id)
 
+    def claim(self, name: str, seconds: float) -> bool:
+        """Whether this call is the first to claim `name` (a key of the farm's) in `seconds`."""
+        return bool(self.call(self.redis.set, name, "1", nx=True, ex=max(1, int(seconds))))
+
     def raise_flag(self, job_id: str, flag: Callable[[str], str]) -> None:
         """Raise one of the flags a submitter may set on a job (protocol.cancel_key, protocol.downloaded_key) and
         wake the job's waiting clients."""

@@ -256,9 +256,14 @@ class FarmClient:
         try:
             recipes.write_artifact_from(path, recipes.read_recipe(self.store.peek(status["artifact_key"])),
                                         uploads.local_first(uploads.recall(job_id), self.store.peek))
-        except (MissingEntryError, CorruptEntryError):
+        except MissingEntryError:
             raise JobError(f"job {job_id}'s artifact is no longer in the farm's store (evicted after its first "
-                           "download, or damaged); submit the model again to rebuild it") from None
+                           "download); submit the model again to rebuild it") from None
+        except CorruptEntryError as error:
+            self.board.call(self.board.redis.lpush, protocol.REPAIR_KEY, error.key)
+            raise JobError(f"job {job_id}'s artifact: store entry {error.key} is damaged in the farm's store (its "
+                           "bytes have another sha256); the farm drops it now: submit the model again to rebuild "
+                           "it") from None
         self.board.raise_flag(job_id, protocol.downloaded_key)
         return path
 

@@ -30,16 +30,19 @@ SWEEP_SECONDS = 10.0
 
 
 class Intake(threading.Thread):
-    """Pops submitted ids and calls `accept(job_id)` (returning a note it logs) for each well-formed one; runs
-    `housekeep()` every SWEEP_SECONDS between pops."""
+    """Pops submitted ids and calls `accept(job_id)` (returning a note it logs) for each well-formed one, blobs of
+    streamed uploads (`admit(token, key)`) and damaged store entries (`repair(key)`) likewise; runs `housekeep()`
+    every SWEEP_SECONDS between pops."""
 
     def __init__(self, board: JobBoard, accept: Callable[[str], str],
                  housekeep: Callable[[], None] = lambda: None,
-                 admit: Callable[[str, str], str] = lambda token, key: "") -> None:
+                 admit: Callable[[str, str], str] = lambda token, key: "",
+                 repair: Callable[[str], str] = lambda key: "") -> None:
         super().__init__(name="farm-intake", daemon=True)
-        self.board, self.accept, self.housekeep, self.admit = board, accept, housekeep, admit
+        self.board, self.accept, self.housekeep, self.admit, self.repair = board, accept, housekeep, admit, repair
         self.handlers: dict[str, Callable[[Any], str]] = {protocol.SUBMITTED_KEY: self._accept,
-                                                           protocol.ADMIT_KEY: self._admit}
+                                                           protocol.ADMIT_KEY: self._admit,
+                                                           protocol.REPAIR_KEY: self._repair}
         self._stopping = threading.Event()
         self._swept = time.monotonic()
 
@@ -59,7 +62,7 @@ class Intake(threading.Thread):
             log.warning("intake: housekeeping failed", exc_info=True)
 
     def take_one(self) -> str | None:
-        """Pop one submitted id or blob to admit (waiting up to POP_SECONDS) and handle it; the note, or None when
+        """Pop one submitted id, blob to admit or entry to repair (waiting up to POP_SECONDS) and handle it; the note, or None when
         nothing came. Nothing a submitter pushes, and no error, ends the thread: a worker without intake would
         accept no job."""
         try:
@@ -75,6 +78,9 @@ class Intake(threading.Thread):
 
     def _admit(self, raw: Any) -> str:
         return self._handle(raw, lambda: self.admit(*protocol.decode_admission(raw)), "an admission", "admitting")
+
+    def _repair(self, raw: Any) -> str:
+        return self._handle(raw, lambda: self.repair(protocol.decode_repair(raw)), "a repair", "repairing")
 
     def _accept(self, raw: Any) -> str:
         return self._handle(raw, lambda: self.accept(protocol.check_job_id(raw)), "a submission", "accepting")

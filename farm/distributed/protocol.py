@@ -115,6 +115,27 @@ writes its file), so that Redis holds at most the client's window of staged byte
 UPLOAD_TOKEN = re.compile(r"[0-9a-f]{32}")
 
 
+REPAIR_KEY = "farm:repair"
+"""A list of store keys whose bytes a download found damaged (they don't hash to the key): a worker's intake reads
+the entry, which drops it when it is damaged (farm.store.Store.get), so that the artifacts naming it are built again,
+not reused (a reuse checks members' lengths, not their bytes: farm.store.Store.incomplete). Any submitter may push
+any key: each is read at most once per REPAIR_SECONDS (repair_claim_key)."""
+REPAIR_SECONDS = 600
+
+
+def repair_claim_key(key: str) -> str:
+    """Set (by a worker) while the entry `key` counts as checked."""
+    return f"{REPAIR_KEY}:{key}"
+
+
+def decode_repair(raw: object) -> str:
+    """The store key of a submitter's repair entry; BadInputError when it is not one."""
+    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else str(raw)
+    if not is_key(text):
+        raise BadInputError(f"not a store key (64 hex digits): {text[:120]!r}")
+    return text
+
+
 def encode_admission(token: str, key: str) -> str:
     return f"{token}:{key}"
 

@@ -16,6 +16,7 @@ import functools
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +29,7 @@ from farm.artifact import (
     write_finished_artifact,
 )
 from farm.errors import ArtifactError
-from farm.store import CorruptEntryError, MissingEntryError, Store, content_key
+from farm.store import Store, content_key
 
 RECIPE_FORMAT = "farm-artifact-recipe/1"
 MAX_RECIPE_BYTES = 2 * MAX_MANIFEST_BYTES
@@ -110,19 +111,29 @@ def read_recipe(data: bytes, where: str = "an artifact recipe in the store") -> 
 
 
 def write_artifact_from(path: str | os.PathLike[str], recipe: Recipe, read: Callable[[str], bytes]) -> str:
-    """Write at `path` (atomically) the artifact `recipe` describes, reading each member by its key with `read`
-    (one member in memory at a time); returns the path."""
-    members = {name: LazyMember(size, functools.partial(read, recipe.keys[name]))
-               for name, size in recipe.sizes.items()}
-    return write_finished_artifact(path, recipe.manifest_text, members)
+    """Write at `path` (atomically) the artifact `recipe` describes, reading each member by its key with `read`;
+    returns the path. The member after the one being written is read meanwhile on a thread (the archive takes members
+    in name order), so that fetching from the store and writing the file overlap; two members at most are in
+    memory."""
+    names = sorted(recipe.sizes)
+    with ThreadPoolExecutor(1, thread_name_prefix="farm-download") as pool:
+        ahead: dict[int, Future[bytes]] = {}
+
+        def produce(index: int) -> bytes:
+            fetch = ahead.pop(index, None) or pool.submit(read, recipe.keys[names[index]])
+            if index + 1 < len(names):
+                ahead[index + 1] = pool.submit(read, recipe.keys[names[index + 1]])
+            return fetch.result()
+
+        members = {name: LazyMember(recipe.sizes[name], functools.partial(produce, index))
+                   for index, name in enumerate(names)}
+        return write_finished_artifact(path, recipe.manifest_text, members)
 
 
 def intact(store: Store, keys: Iterable[str]) -> bool:
-    """Whether every one of `keys` is in the store with its bytes, read and checked one at a time (`get` deletes a
-    corrupt entry, so that a rebuild puts it again): an artifact reused from its recipe can then be downloaded."""
-    try:
-        for key in keys:
-            store.get(key)
-    except (CorruptEntryError, MissingEntryError):
-        return False
-    return True
+    """Whether every one of `keys` is in the store whole, so that an artifact reused from its recipe can be
+    downloaded. Lengths are checked, not bytes (farm.store.Store.incomplete): reading a big model's members back would
+    make its reuse cost more than its download. A member whose bytes are damaged is found by the sha256 check of the
+    download that reads it, which asks the workers to drop it (farm.distributed.protocol.REPAIR_KEY), so that the next
+    submission builds it again."""
+    return not store.incomplete(keys)

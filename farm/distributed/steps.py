@@ -213,6 +213,20 @@ class Farm:
             return f"upload {token}: blob {key} is not staged whole (the plan will say which initializer lacks it)"
         return f"upload {token}: blob {key} admitted"
 
+    def repair(self, key: str) -> str:
+        """Read a store entry that a download found damaged (protocol.REPAIR_KEY): `get` drops it when it is, so
+        the artifacts naming it are built again rather than reused. Each key is read at most once per
+        REPAIR_SECONDS, so no submitter can keep the intakes reading."""
+        if not self.board.claim(protocol.repair_claim_key(key), protocol.REPAIR_SECONDS):
+            return f"store entry {key} was checked less than {protocol.REPAIR_SECONDS} s ago"
+        try:
+            self.store.get(key)
+        except CorruptEntryError:
+            return f"store entry {key} was damaged: dropped"
+        except MissingEntryError:
+            return f"store entry {key} is not in the store"
+        return f"store entry {key} is intact"
+
     def housekeep(self) -> None:
         """What keeps the store under its cap between builds (every worker's intake runs it every SWEEP_SECONDS):
         release the pins of ended jobs (a download only raises a flag: a submitter can't unpin) and evict down to

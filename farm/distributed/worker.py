@@ -110,7 +110,8 @@ def run_worker(broker: str, concurrency: int | None, hostname: str | None, logle
     preload()
     keeper = _lease_keeper(broker, name)
     intake = Intake(JobBoard(broker), lambda job_id: farm_context().accept(job_id),
-                    lambda: farm_context().housekeep(), lambda token, key: farm_context().admit(token, key))
+                    lambda: farm_context().housekeep(), lambda token, key: farm_context().admit(token, key),
+                    lambda key: farm_context().repair(key))
 
     @signals.worker_ready.connect(weak=False)
     def advertise(sender: Any = None, **_: Any) -> None:

@@ -172,6 +172,12 @@ class Store(ABC):
         return [key for key in keys if not self.has(key)]
 
     @abstractmethod
+    def incomplete(self, keys: Iterable[str]) -> list[str]:
+        """Those of `keys` without a whole entry (none, or its bytes gone or of another length), judged without
+        reading the bytes, so that checking an artifact of gigabytes before reusing it costs no read of them (each
+        read checks the sha256: `get`, a download); the whole ones are marked used, as a read would."""
+
+    @abstractmethod
     def delete(self, key: str) -> None:
         """Remove the entry of `key` if there is one."""
 

@@ -95,6 +95,16 @@ class FileStore(Store):
     def has(self, key: str) -> bool:
         return self._present(self.object_path(key), key)
 
+    def incomplete(self, keys: Iterable[str]) -> list[str]:
+        lacking = []
+        for key in keys:
+            path = self.object_path(key)
+            if self._present(path, key):
+                self._mark_used(path)
+            else:
+                lacking.append(key)
+        return lacking
+
     def keys_older_than(self, seconds: float) -> Iterator[str]:
         """The keys of entries whose file was last touched more than `seconds` ago."""
         oldest = time.time_ns() - int(seconds * 1e9)

@@ -106,6 +106,29 @@ _LUA_TOUCH = _LUA_COMMON + "return {touch(ARGV[3], now_ms()), total(), cap()}"
 """A use of an entry: {1 and the entry marked used now (counted, if an older farm wrote it), or 0 when absent;
 the entries' bytes; the cap}."""
 
+_LUA_WHOLE = _LUA_COMMON + """
+local now, found = now_ms(), {}
+for i = 3, #ARGV do
+  local key, state = ARGV[i], -1
+  local header = redis.call('GET', header_key(key))
+  local size, count = nil, nil
+  if header then size, count = string.match(header, '^(%d+):(%w+)$') end
+  if size and count == 'file' then
+    state = tonumber(size)
+  elseif size and tonumber(count) then
+    local held = 0
+    for c = 0, tonumber(count) - 1 do held = held + redis.call('STRLEN', header_key(key) .. ':' .. c) end
+    if held == tonumber(size) then state = -2 end
+  end
+  if state ~= -1 then account(key, tonumber(size), now) end
+  found[#found + 1] = state
+end
+return found
+"""
+"""Whether each entry (ARGV[3:]) is whole, judged by lengths without reading its bytes, each whole one marked used:
+-1 not whole (no header, or its chunks don't add up to its size), -2 whole in chunks, or the size of the blob
+store's file that holds it (the caller checks the file)."""
+
 _LUA_COMMIT = _LUA_COMMON + """
 for i = 0, (tonumber(ARGV[5]) or 0) - 1 do
   if redis.call('EXISTS', header_key(ARGV[3]) .. ':' .. i) == 0 then return {0, total(), cap()} end
@@ -294,6 +317,7 @@ class RedisStore(Store):
         self._pin, self._unpin, self._owners, self._stats = (
             script(_LUA_PIN), script(_LUA_UNPIN), script(_LUA_OWNERS), script(_LUA_STATS))
         self._set_ref, self._adopt, self._promote = script(_LUA_SET_REF), script(_LUA_ADOPT), script(_LUA_PROMOTE)
+        self._whole = script(_LUA_WHOLE)
 
     @property
     def url(self) -> str:
@@ -465,6 +489,24 @@ class RedisStore(Store):
         """One pipeline of EXISTS on the entries' headers (a submitter's credentials may read them)."""
         keys = list(keys)
         return [key for key, present in zip(keys, self._exist(map(self.header_key, keys))) if not present]
+
+    def incomplete(self, keys: Iterable[str]) -> list[str]:
+        """One script over the headers and the lengths of the chunks (a file of the blob store: its size); the whole
+        entries are marked used."""
+        keys = [check_key(key) for key in keys]
+        if not keys:
+            return []
+        with self._errors():
+            states = self._script(self._whole, *keys)
+        return [key for key, state in zip(keys, states)
+                if int(state) == -1 or (int(state) >= 0 and not self._file_holds(key, int(state)))]
+
+    def _file_holds(self, key: str, size: int) -> bool:
+        """Whether the blob store's file of `key` is there with `size` bytes."""
+        try:
+            return self._blob_files().object_path(key).stat().st_size == size
+        except (OSError, StoreError):
+            return False
 
     def _exist(self, names: Iterable[str]) -> list[bool]:
         """Whether each Redis key exists, in one round trip."""
