@@ -19,11 +19,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 from farm.artifact import artifact_bytes
 from farm.backends.llvm.target import host_target
-from farm.distributed import recipes
+from farm.distributed import protocol, recipes
 from farm.distributed.board import JobBoard
 from farm.distributed.protocol import JobRecord, JobState
 from farm.errors import ExitStatus
-from farm.store import RedisStore
+from farm.store import FileStore, RedisStore
 from farm.tools import examples
 from tests.dynamic_models import dynamic_cnn
 from tests.farm_services import farm_cli
@@ -469,12 +469,13 @@ def test_every_job_state_through_every_command(farm_redis: RedisServer, tmp_path
 class Running:
     """A `farm` command running in the background with FARM_BROKER_URL set; its stderr collected line by line."""
 
-    def __init__(self, *args: str, broker: str, cwd: Path) -> None:
+    def __init__(self, *args: str, broker: str, cwd: Path, env: dict[str, str] | None = None) -> None:
         path = os.pathsep.join(p for p in (CHECKOUT, os.environ.get("PYTHONPATH")) if p)
         self.started = time.monotonic()
         self.process = subprocess.Popen([sys.executable, "-m", "farm", *args], cwd=cwd, text=True,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        env={**os.environ, "PYTHONPATH": path, "FARM_BROKER_URL": broker})
+                                        env={**os.environ, "PYTHONPATH": path, "FARM_BROKER_URL": broker,
+                                             **(env or {})})
         self.lines: list[str] = []
         self.reader = threading.Thread(target=lambda: self.lines.extend(self.process.stderr), daemon=True)
         self.reader.start()
@@ -535,6 +536,47 @@ def test_submit_names_its_job_says_no_worker_within_10_s_and_a_stop_cancels_it(f
     assert f"farm: {said}; job {job_id} cancelled\n" in running.stderr and "Aborted" not in running.stderr
     assert JobBoard(farm_redis.url).view(job_id).state == JobState.CANCELLED  # no worker accepted it yet
     assert not (tmp_path / "artifacts").exists()
+
+
+@pytest.mark.parametrize("stop", list(STOPS))
+def test_a_stop_during_the_upload_says_that_nothing_was_submitted(redis_server: RedisServer, tmp_path: Path,
+                                                                   stop: str) -> None:
+    """The upload waits for workers to take its first weight in (a file blob store is published and none is live;
+    a window of one byte so that it waits at once): a stop then says where it came and that no job exists."""
+    signum, exit_status, said = STOPS[stop]
+    weights = [numpy_helper.from_array(np.full((256, 256), i, np.float32), f"w{i}") for i in range(2)]
+    nodes = [helper.make_node("MatMul", ["x", "w0"], ["h"]), helper.make_node("MatMul", ["h", "w1"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256])], weights)
+    onnx.save(helper.make_model(graph), tmp_path / "mlp.onnx")
+    RedisStore(redis_server.url, blobs=FileStore(tmp_path / "cas")).publish_blob_store()
+    running = Running("submit", str(tmp_path / "mlp.onnx"), broker=redis_server.url, cwd=tmp_path,
+                      env={"FARM_UPLOAD_WINDOW_BYTES": "1"})
+    running.wait_for("uploading 2 of 2 weights", 20)
+    status, stdout = running.interrupt(signum)
+    assert status == exit_status and stdout == ""
+    assert running.stderr.endswith(f"farm: {said} while uploading mlp.onnx; nothing was submitted (its staged "
+                                   "bytes expire)\n"), running.stderr
+    assert "Traceback" not in running.stderr and JobBoard(redis_server.url).redis.zcard(protocol.JOBS_KEY) == 0
+
+
+def test_a_sigterm_during_a_download_removes_the_half_written_artifact_and_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from farm.atomic import stream_atomically
+    from farm.cli.main import _stops_saying
+
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def write(file) -> None:
+        file.write(b"half an artifact")
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises first
+
+    with pytest.raises(SystemExit) as stopped, _stops_saying("while downloading; nothing was written"):
+        stream_atomically(tmp_path / "m.farm", write)
+    assert stopped.value.code == 143 and list(tmp_path.iterdir()) == []
+    assert capsys.readouterr().err == "farm: terminated (SIGTERM) while downloading; nothing was written\n"
+    assert signal.getsignal(signal.SIGTERM) is previous
 
 
 @pytest.mark.parametrize("stop", list(STOPS))

@@ -2,8 +2,8 @@
 
 Exit statuses (README.md, "Exit statuses"): 0 done, 1 build failed, 2 bad input (usage errors too), 3 cancelled
 or unknown job, 4 farm unreachable, 5 a regression found by `bench --fail-on-regression`, 6 `wait --timeout` ran
-out while the job goes on, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM, a cancelled CI job) while waiting on
-a farm job. Errors go to stderr as one line that names what is wrong; `--json` prints each command's object of
+out while the job goes on, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM, a cancelled CI job) while uploading,
+waiting on or downloading a farm job. Errors go to stderr as one line that names what is wrong; `--json` prints each command's object of
 farm.cli.schemas, failures too.
 """
 
@@ -264,7 +264,8 @@ def _submit_to_farm(client, model: Path, targets: list, output: str, as_json: bo
     from farm.cli.progress import UploadLines
     from farm.errors import UnreachableError
 
-    job_id = client.submit(model, targets, no_cache=no_cache, on_upload=UploadLines(model.name), **options)
+    with _stops_saying(f"while uploading {model.name}; nothing was submitted (its staged bytes expire)"):
+        job_id = client.submit(model, targets, no_cache=no_cache, on_upload=UploadLines(model.name), **options)
     click.echo(f"farm: job {job_id} submitted; farm status {job_id} / farm cancel {job_id}", err=True)
     if no_wait:
         click.echo(schemas.dumps("submit", _build_fields(client.status(job_id))) if as_json else job_id)
@@ -274,7 +275,8 @@ def _submit_to_farm(client, model: Path, targets: list, output: str, as_json: bo
     if status.get("tuning_note"):
         click.echo(f"farm: note: {status['tuning_note']}", err=True)
     try:
-        artifact = _deliver(output, lambda folder: client.download(job_id, folder))
+        with _stops_saying(f"while downloading; job {job_id} is done: farm download {job_id} fetches it"):
+            artifact = _deliver(output, lambda folder: client.download(job_id, folder))
     except UnreachableError as error:
         raise UnreachableError(f"{error}; job {job_id} is done: 'farm download {job_id}' fetches it") from None
     if as_json:
@@ -337,6 +339,22 @@ def _stoppable(client, job_id: str, cancel: bool) -> Iterator[None]:
         yield
     except (KeyboardInterrupt, Terminated) as stop:
         _stop(client, job_id, cancel, *STOPS[type(stop)])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _stops_saying(where: str) -> Iterator[None]:
+    """Ctrl-C or SIGTERM while the block runs (an upload, a download: no job to cancel): unwind (a half-written
+    artifact is removed), say how it was stopped and `where`, exit 130 or 143. SIGTERM's previous handler is back when
+    the block ends."""
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    except (KeyboardInterrupt, Terminated) as stop:
+        how, status = STOPS[type(stop)]
+        click.echo(f"farm: {how} {where}", err=True)
+        sys.exit(int(status))
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -469,7 +487,8 @@ def wait(job_id: str, broker: str | None, as_json: bool, timeout: float | None) 
 def download(job_id: str, output: str, broker: str | None, as_json: bool) -> None:
     """Download a finished job's artifact into OUTPUT/<model>.farm (or the file OUTPUT.farm) and print its path."""
     client = _client(broker)
-    artifact = _deliver(output, lambda folder: client.download(job_id, folder))
+    with _stops_saying("while downloading; nothing was written"):
+        artifact = _deliver(output, lambda folder: client.download(job_id, folder))
     click.echo(schemas.dumps("download", {"job_id": job_id, "artifact": artifact}) if as_json else artifact)
 
 
