@@ -556,9 +556,10 @@ def _few_row_kernel(m: int, n: int, k: int) -> tuple[L.LoopKernel, list[np.ndarr
                                           rng.standard_normal(n).astype(np.float32)]
 
 
-def _implicit_kernel() -> tuple[L.LoopKernel, list[np.ndarray]]:
-    """A row-split implicit GEMM (a 3x3 conv of 4 channels at 20 x 21 pixels, 40 output channels), its arrays."""
-    channels, out_channels, out_size = 4, 40, (20, 21)
+def _implicit_kernel(channels: int = 4, out_channels: int = 40,
+                     out_size: tuple[int, int] = (20, 21)) -> tuple[L.LoopKernel, list[np.ndarray]]:
+    """An implicit GEMM (a 3x3 conv, by default of 4 channels at 20 x 21 pixels, 40 output channels: row-split),
+    its arrays."""
     rows, columns = out_size[0] + 2, out_size[1] + 2
     rng = np.random.default_rng(8)
     x = rng.standard_normal((channels, rows, columns)).astype(np.float32)
@@ -573,10 +574,13 @@ def _implicit_kernel() -> tuple[L.LoopKernel, list[np.ndarray]]:
 
 
 @pytest.mark.parametrize("case, outlined", [(lambda: _few_row_kernel(9, 130, 513), 3),
-                                            (_implicit_kernel, 4)], ids=["few-rows", "implicit-rows"])
+                                            (lambda: _implicit_kernel(64, 130, (7, 9)), 6),
+                                            (_implicit_kernel, 4)], ids=["few-rows", "implicit-few-rows",
+                                                                         "implicit-rows"])
 def test_a_kernel_split_into_parts_computes_what_the_whole_one_does(case, outlined, tmp_path):
     """The heaviest GEMM launches go into functions of their own (outlined_functions: a few-row GEMM's three pieces,
-    a row-split implicit GEMM's column groups' full and edge rows), each part an object of its own: linked, the
+    an implicit one's with their epilogues apart, a row-split implicit GEMM's column groups' full and edge rows), each
+    part an object of its own: linked, the
     parts compute bit for bit what the kernel compiled whole computes."""
     kernel, arrays = case()
     [gemm] = [stmt for stmt in kernel.body if isinstance(stmt, L.Gemm)]
@@ -597,3 +601,9 @@ def test_a_kernel_split_into_parts_computes_what_the_whole_one_does(case, outlin
 def test_a_gemm_outside_the_few_row_and_implicit_paths_stays_whole():
     gemm = L.Gemm("a", L.const(0), 64, "b", L.const(0), 300, "c", L.const(0), 300, 40, 300, 64)
     assert outlined_functions(gemm, GemmBlocking()) == 0
+
+
+def test_a_row_split_gemm_of_many_column_groups_outlines_its_regions():
+    """504 columns: full blocks, a vector, a half vector (a strided 1x1 conv's band): each group's two regions."""
+    gemm = L.Gemm("a", L.const(0), 64, "b", L.const(0), 504, "c", L.const(0), 504, 512, 504, 64)
+    assert outlined_functions(gemm, GemmBlocking()) == 6

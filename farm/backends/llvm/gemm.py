@@ -176,7 +176,7 @@ def _emit_rows(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end: ir.Value
     size = ir.Constant(I64_T, blocking.rows)
     main = builder.mul(builder.sdiv(builder.sub(end, begin), size), size)
     edge_begin = builder.add(begin, main)
-    outline = gemm.a_window is not None  # see outlined_functions
+    outline = _outlines_rows(gemm, blocking)
     for n0, nc, vectors, lanes in _columns(gemm.n, blocking):
         if nc:
             for region in (_Region(begin, main, n0, nc, blocking.rows, vectors, lanes),
@@ -273,16 +273,38 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
 
     size = _small_m_k_block(gemm, blocking)
     if size:
-        def few_rows(g: _Gen, n0: ir.Value, vectors: int, in_block: bool) -> None:
-            """One piece, every k block (its partial sums are its own: a piece runs all of k)."""
-            g.partial = g.slot("gemm.partial", ir.ArrayType(_vector_type(blocking.lanes), gemm.m * blocking.vectors))
-            g.prefetch = SMALL_M_PREFETCH_BLOCKS * size * (width if gemm.b_panels else gemm.ldb)
+        partials = ir.ArrayType(_vector_type(blocking.lanes), gemm.m * blocking.vectors)
+
+        def few_rows(g: _Gen, n0: ir.Value, vectors: int, in_block: bool, partial: ir.Value,
+                     last_stores: bool = True) -> None:
+            """One piece, every k block (a piece runs all of k), its sums kept in `partial` between blocks; the last
+            block stores them through the epilogue when `last_stores`, else into `partial` too (for `finished`)."""
+            g.partial, g.prefetch = partial, SMALL_M_PREFETCH_BLOCKS * size * (width if gemm.b_panels else gemm.ldb)
             _k_block_loop(g, lambda k0, steps, accumulate, final: rows(
-                n0, vectors, None, in_block, k0, steps, accumulate, final, size, g), size)
+                n0, vectors, None, in_block, k0, steps, accumulate, final if last_stores else False, size, g), size)
             g.partial, g.prefetch = None, 0
 
-        _column_pieces(gen, blocking, begin, end, lambda n0, vectors, ahead, in_block: _outline(
-            gen, [n0], lambda g, values: few_rows(g, values[0], vectors, in_block)))
+        def finished(g: _Gen, n0: ir.Value, vectors: int, in_block: bool, partial: ir.Value) -> None:
+            """The piece's sums, all of k, from `partial` through the Gemm's epilogue into C."""
+            g.partial = partial
+            tiles, edge = piece_regions(n0, vectors, in_block)
+            for region, count in ((tiles, m_main // blocking.rows), (edge, gemm.m - m_main)):
+                g.loop(count, lambda it, region=region: _emit_tile(g, region, it, ir.Constant(I64_T, 0), steps=0,
+                                                                   accumulate=True, final=True))
+            g.partial = None
+
+        def piece(n0: ir.Value, vectors: int, ahead: ir.Value | None, in_block: bool) -> None:
+            """The piece in one function, or (_splits_epilogue) its k blocks and its epilogue in two."""
+            if not _splits_epilogue(gemm):
+                _outline(gen, [n0], lambda g, values: few_rows(g, values[0], vectors, in_block,
+                                                               g.slot("gemm.partial", partials)))
+                return
+            partial = gen.slot("gemm.partial", partials)
+            _outline(gen, [n0, partial], lambda g, values: few_rows(g, values[0], vectors, in_block, values[1],
+                                                                    last_stores=False))
+            _outline(gen, [n0, partial], lambda g, values: finished(g, values[0], vectors, in_block, values[1]))
+
+        _column_pieces(gen, blocking, begin, end, piece)
     elif gemm.k * gemm.n * 4 <= SWEEP_MAX_B_BYTES:
         def sweeps(k0: ir.Value, steps: int, accumulate: bool, final: bool) -> None:
             def sweep(edge: bool, it: ir.Value) -> None:
@@ -372,24 +394,46 @@ def _small_m_k_block(gemm: L.Gemm, blocking: GemmBlocking) -> int:
     return dividing[0] if dividing else size
 
 
-MAX_PARTS = 4
-"""The most objects a kernel's code is split into (Outlining): its launches, then up to three parts holding its
+MAX_PARTS = 7
+"""The most objects a kernel's code is split into (Outlining): its launches, then up to five parts holding its
 outlined functions (light ResNet-50's few-row 3x3 convs: a launch's three pieces, 0.19-0.26 s of a 0.55 s unit
-each)."""
+each; its 7x7 stem's four regions, two of which shared a part of 0.3 s; its strided 1x1 convs' twelve regions)."""
+ROW_SPLIT_MIN_GROUPS = 3
+"""The fewest column groups (_columns) for which a row-split GEMM without a window outlines its regions: each group
+is two regions of tile code (full row tiles, edge rows), and three or more (light ResNet-50's strided 1x1 convs, n
+= 504 and 280 columns: full blocks, one or two vectors, a half vector) compiled in 0.2-0.35 s as one unit."""
 
 
 def outlined_functions(gemm: L.Gemm, blocking: GemmBlocking) -> int:
     """How many functions of its own a Gemm launch's heaviest code goes into (emit_gemm with an Outlining): a
     few-row column-split GEMM's (_small_m_k_block) three pieces, each with all its k blocks (_column_pieces: the
     vectors before and after the whole blocks, the whole blocks, the vectors past the full blocks); a row-split
-    implicit GEMM's regions (every column group's full row tiles and edge rows: _emit_rows), whose tap loops LLVM
-    unrolls (a 7x7 stem: 49 taps a k step). Those were the longest compile units of a build, serial on one worker
+    GEMM's regions (every column group's full row tiles and edge rows: _emit_rows) where it is implicit, whose tap
+    loops LLVM unrolls (a 7x7 stem: 49 taps a k step), or has many column groups (_outlines_rows). Those were the longest compile units of a build, serial on one worker
     however many the farm has; other GEMMs compile in a fraction of that and stay whole."""
     if L.splits_columns(gemm, blocking.tile_columns):
-        return 3 if _small_m_k_block(gemm, blocking) else 0
-    if gemm.a_window is None:
-        return 0
-    return 2 * sum(1 for _, columns, _, _ in _columns(gemm.n, blocking) if columns)
+        return 0 if not _small_m_k_block(gemm, blocking) else 6 if _splits_epilogue(gemm) else 3
+    return 2 * _column_groups(gemm, blocking) if _outlines_rows(gemm, blocking) else 0
+
+
+def _splits_epilogue(gemm: L.Gemm) -> bool:
+    """Whether a few-row GEMM's pieces (_small_m_k_block) store their sums through the epilogue in functions of
+    their own, apart from their k blocks: an implicit GEMM's, whose 8-row tiles' final store (C transposed, with the
+    bias and activation) was 40% of its largest piece's code, light ResNet-50's longest unit (0.3-0.45 s on this
+    2-core Zen 4, loaded). A plain GEMM's stay whole: the FC layer's GEMM (1 x 1000 x 2048) ran 1.19x slower split,
+    and compiles fast as it is."""
+    return gemm.a_window is not None
+
+
+def _column_groups(gemm: L.Gemm, blocking: GemmBlocking) -> int:
+    """How many column groups (_columns) of the Gemm's n hold columns."""
+    return sum(1 for _, columns, _, _ in _columns(gemm.n, blocking) if columns)
+
+
+def _outlines_rows(gemm: L.Gemm, blocking: GemmBlocking) -> bool:
+    """Whether a row-split GEMM's regions go into functions of their own (_emit_rows, when the kernel is split):
+    an implicit GEMM's (its tap loops are unrolled), or one of ROW_SPLIT_MIN_GROUPS column groups or more."""
+    return gemm.a_window is not None or _column_groups(gemm, blocking) >= ROW_SPLIT_MIN_GROUPS
 
 
 @dataclass
@@ -648,7 +692,9 @@ def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Va
             for acc, b_value in zip(row, loaded):
                 b.store(b.call(fma, [a_value, b_value, b.load(acc)]), acc)
 
-    if g.a_window is None:
+    if isinstance(steps, int) and steps == 0:  # kept sums through the epilogue alone (_emit_column_blocks)
+        pass
+    elif g.a_window is None:
         gen.loop(steps, lambda k: step(b.add(k0, k), [_a_index(gen, region, m0, i, b.add(k0, k))
                                                      for i in range(region.rows)]))
     else:
