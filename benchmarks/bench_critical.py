@@ -47,6 +47,8 @@ sys.path.insert(0, str(CHECKOUT))
 from bench_build import ALL_MODELS, model_path  # noqa: E402
 from report import markdown_table  # noqa: E402
 
+from farm.backends.llvm.compiler_runtime import runtime_object  # noqa: E402
+from farm.backends.llvm.link import linker_identity  # noqa: E402
 from farm.backends.llvm.target import host_target  # noqa: E402
 from farm.build import assembly  # noqa: E402
 from farm.build.parts import BuiltUnits  # noqa: E402
@@ -123,6 +125,7 @@ def measure(path: Path, folder: Path) -> dict[str, object]:
         manifest, members = assembly.artifact_contents(plan_json, built)
         return recipes.put_recipe(store, manifest, members, lambda keys: None)[0]
 
+    linker_identity(), runtime_object(target)  # a worker's once (its first link), not each job's finish
     finish_s, recipe_key = _timed(finish)
     for weights in plan.blobs.values():  # what planning and the packing units put on the farm
         store.put(memoryview(weights).cast("B"))
