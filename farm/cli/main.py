@@ -1,10 +1,10 @@
 """The `farm` command line: `farm submit` builds an artifact, `farm run` runs one.
 
-Exit statuses (README.md, "Exit statuses"): 0 done, 1 build failed, 2 bad input (usage errors too), 3 cancelled
-or unknown job, 4 farm unreachable, 5 a regression found by `bench --fail-on-regression`, 6 `wait --timeout` ran
-out while the job goes on, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM, a cancelled CI job) while uploading,
-waiting on or downloading a farm job. Errors go to stderr as one line that names what is wrong; `--json` prints each command's object of
-farm.cli.schemas, failures too.
+Exit statuses (README.md, "Exit statuses"): 0 done, 1 build failed, 2 bad input (usage errors too), 3 cancelled or
+unknown job, 4 farm unreachable, 5 a regression found by `bench --fail-on-regression`, 6 `wait --timeout` ran out
+while the job goes on, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM, a cancelled CI job) while uploading,
+waiting on or downloading a farm job. Errors go to stderr as one line that names what is wrong; `--json` prints each
+command's object of farm.cli.schemas, failures too.
 """
 
 from __future__ import annotations

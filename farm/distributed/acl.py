@@ -1,13 +1,14 @@
 """The farm's Redis users: what workers, submitters and Flower may do, as Redis ACL rules (Redis 7), built from the
 key names of farm.distributed.protocol and the store, so that the rules and the keys can't drift apart.
 
-Submitters (CI jobs, laptops) are authenticated but not trusted. With the submitter's credentials one can read
-what clients show (job records and their progress, the jobs index, workers' advertisements and leases, store
-entries to download) and write only what a submission needs: the job's request and the flags a client raises on it
-(cancel, downloaded), the jobs index, the intake lists (submitted ids, admissions, damaged entries to drop:
+Submitters (CI jobs, laptops) are authenticated but not trusted. With the submitter's credentials one can read what
+clients show (job records and their progress, the jobs index, workers' advertisements and leases, store entries to
+download) and write only what a submission needs: the job's request and the flags a client raises on it (cancel,
+downloaded), the jobs index, the intake lists (submitted ids, admissions, damaged entries to drop:
 farm.distributed.intake), the store's staging area for models. Never a job record, a store entry, a ref, a pin, a
-Celery queue or control message, a script, a key listing (SCAN, KEYS) or a server setting. Whatever a submitter writes, a worker reads as untrusted:
-a request's fields are validated and bound to its job id, staged bytes are checked against their sha256.
+Celery queue or control message, a script, a key listing (SCAN, KEYS) or a server setting. Whatever a submitter
+writes, a worker reads as untrusted: a request's fields are validated and bound to its job id, staged bytes are
+checked against their sha256.
 
 Workers, and the operator with their credentials (`farm store`), may do anything but administer the server.
 Flower reads Celery's events, queue lengths and worker replies, and sends Celery's control commands (its buttons

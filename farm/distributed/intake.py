@@ -62,9 +62,9 @@ class Intake(threading.Thread):
             log.warning("intake: housekeeping failed", exc_info=True)
 
     def take_one(self) -> str | None:
-        """Pop one submitted id, blob to admit or entry to repair (waiting up to POP_SECONDS) and handle it; the note, or None when
-        nothing came. Nothing a submitter pushes, and no error, ends the thread: a worker without intake would
-        accept no job."""
+        """Pop one submitted id, blob to admit or entry to repair (waiting up to POP_SECONDS) and handle it; the
+        note, or None when nothing came. Nothing a submitter pushes, and no error, ends the thread: a worker without
+        intake would accept no job."""
         try:
             popped = self.board.call(self.board.redis.brpop, list(self.handlers), timeout=POP_SECONDS)
         except UnreachableError as error:

@@ -405,12 +405,13 @@ is two regions of tile code (full row tiles, edge rows), and three or more (ligh
 
 
 def outlined_functions(gemm: L.Gemm, blocking: GemmBlocking) -> int:
-    """How many functions of its own a Gemm launch's heaviest code goes into (emit_gemm with an Outlining): a
-    few-row column-split GEMM's (_small_m_k_block) three pieces, each with all its k blocks (_column_pieces: the
-    vectors before and after the whole blocks, the whole blocks, the vectors past the full blocks); a row-split
-    GEMM's regions (every column group's full row tiles and edge rows: _emit_rows) where it is implicit, whose tap
-    loops LLVM unrolls (a 7x7 stem: 49 taps a k step), or has many column groups (_outlines_rows). Those were the longest compile units of a build, serial on one worker
-    however many the farm has; other GEMMs compile in a fraction of that and stay whole."""
+    """How many functions of its own a Gemm launch's heaviest code goes into (emit_gemm with an Outlining): a few-row
+    column-split GEMM's (_small_m_k_block) three pieces, each with all its k blocks (_column_pieces: the vectors
+    before and after the whole blocks, the whole blocks, the vectors past the full blocks); a row-split GEMM's
+    regions (every column group's full row tiles and edge rows: _emit_rows) where it is implicit, whose tap loops
+    LLVM unrolls (a 7x7 stem: 49 taps a k step), or has many column groups (_outlines_rows). Those were the longest
+    compile units of a build, serial on one worker however many the farm has; other GEMMs compile in a fraction of
+    that and stay whole."""
     if L.splits_columns(gemm, blocking.tile_columns):
         return 0 if not _small_m_k_block(gemm, blocking) else 6 if _splits_epilogue(gemm) else 3
     return 2 * _column_groups(gemm, blocking) if _outlines_rows(gemm, blocking) else 0
