@@ -7,11 +7,13 @@ For each model it times, in this process on one core: the plan as a farm worker 
 client split off, each weight read by its key, passes, validation, planning; the weights the submitter named by
 sha256 are not hashed again: `assembly.plan_model` with `StoredBlobs`, after one untimed plan has warmed the
 process as a coordinator's is), each compile unit on its own (`build.units.compile_unit`, the step a worker
-runs: a kernel or a weight blob for this host), and the finish as the farm's link and finish steps run it (the
-link plan, linking the library and putting the artifact's recipe into a file store: farm.distributed.recipes).
+runs: a kernel or a weight blob for this host), the link plan (which the plan's worker makes after it has
+dispatched the units, while they compile), and the finish as the farm's link and finish steps run it (the link
+plan read back, linking the library and putting the artifact's recipe into a file store: farm.distributed.recipes).
 The plan and the finish are serial; the units are list-scheduled longest first on N workers (each unit on the
-first free worker). Speedup on N = (plan + every unit + finish) / (plan + the N-worker schedule's length +
-finish): what a farm of N idle workers gives at best, transfers aside; the critical path in seconds (the
+first free worker), beside the link plan. Speedup on N = (plan + every unit + link plan + finish) / (plan + the
+longer of the N-worker schedule and the link plan + finish): what a farm of N idle workers gives at best,
+transfers aside; the critical path in seconds (the
 denominator, at the most workers asked for) is printed too, since a ratio also moves with the units' total (faster
 compiles lower it). The download (`farm download`: the
 artifact file written from the recipe, member by member from the store) is timed on its own, off the build's
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import heapq
+import json
 import shutil
 import sys
 import tempfile
@@ -112,10 +115,13 @@ def measure(path: Path, folder: Path) -> dict[str, object]:
     keys = {name: hashlib.sha256(data).hexdigest() for name, data in objects.items()}  # the compile steps' puts
     packed = {unit.name for unit in units if unit.kind == "blob"}
 
+    link_plan_s, plan_bytes = _timed(lambda: json.dumps(
+        assembly.link_plan([plan], [target], path.stem, "0" * 64, units), sort_keys=True).encode())
+
     def finish() -> str:
-        """The farm's link and finish: the library from the objects, then the artifact's recipe (the weights and
-        packed weights named by store key, unread: Farm._stored)."""
-        plan_json = assembly.link_plan([plan], [target], path.stem, "0" * 64, units)
+        """The farm's link and finish: the link plan read back, the library from the objects, then the artifact's
+        recipe (the weights and packed weights named by store key, unread: Farm._stored)."""
+        plan_json = json.loads(plan_bytes)
         libraries: dict[str, bytes] = {}
         built = BuiltUnits(lambda name: recipes.stored(store, keys[name], len(objects[name])) if name in packed
                            else objects[name], keys.__getitem__, libraries.__getitem__,
@@ -134,16 +140,18 @@ def measure(path: Path, folder: Path) -> dict[str, object]:
     download_s, _ = _timed(lambda: recipes.write_artifact_from(
         folder / f"{path.stem}.farm", recipes.read_recipe(store.get(recipe_key)), store.get))
     shutil.rmtree(store.root)
-    return {"model": path.stem, "plan": plan_s, "units": unit_s, "finish": finish_s, "download": download_s}
+    return {"model": path.stem, "plan": plan_s, "units": unit_s, "link_plan": link_plan_s, "finish": finish_s,
+            "download": download_s}
 
 
 def critical_path(row: dict[str, object], workers: int) -> float:
-    """Seconds a build waits on `workers` idle workers: the plan, the units' schedule and the finish."""
-    return row["plan"] + schedule_length(row["units"], workers) + row["finish"]
+    """Seconds a build waits on `workers` idle workers: the plan, then the units' schedule or the link plan, which
+    the plan's worker makes while they compile (Farm._put_link_plan), whichever is longer, then the finish."""
+    return row["plan"] + max(schedule_length(row["units"], workers), row["link_plan"]) + row["finish"]
 
 
 def speedups(row: dict[str, object], workers: list[int]) -> dict[int, float]:
-    serial = row["plan"] + sum(row["units"]) + row["finish"]
+    serial = row["plan"] + sum(row["units"]) + row["link_plan"] + row["finish"]
     return {n: serial / critical_path(row, n) for n in workers}
 
 
@@ -177,9 +185,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{sum(rows[-1]['units']):.2f} s, finish {rows[-1]['finish']:.2f} s, "
                   f"download {rows[-1]['download']:.2f} s", flush=True)
     table = [[r["model"], f"{r['plan']:.2f}", str(len(r["units"])), f"{sum(r['units']):.2f}", f"{max(r['units']):.2f}",
-              f"{r['finish']:.2f}", f"{r['download']:.2f}", f"{critical_path(r, max(workers)):.2f}",
-              *(f"{s:.1f}x" for s in speedups(r, workers).values())] for r in rows]
-    print(markdown_table(["model", "plan s", "units", "units s", "longest s", "finish s", "download s",
+              f"{r['link_plan']:.2f}", f"{r['finish']:.2f}", f"{r['download']:.2f}",
+              f"{critical_path(r, max(workers)):.2f}", *(f"{s:.1f}x" for s in speedups(r, workers).values())]
+             for r in rows]
+    print(markdown_table(["model", "plan s", "units", "units s", "longest s", "link plan s", "finish s", "download s",
                           f"critical s ({max(workers)} workers)", *(f"{n} workers" for n in workers)], table))
     met = True
     for row in rows:

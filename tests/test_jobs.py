@@ -478,6 +478,31 @@ def test_a_redelivered_plan_job_still_finishes_the_job(farm: Farm, tasks: Tasks,
     assert artifact_bytes(farm, job_id) == local_artifact
 
 
+def test_units_that_finish_before_the_link_plan_is_named_are_linked_once(board: JobBoard, tmp_path: Path,
+                                                                          model_path: Path,
+                                                                          local_artifact: bytes) -> None:
+    """The plan dispatches the units before it makes the link plan, so that they compile meanwhile. Here each unit
+    runs the moment it is dispatched and finds no link plan named yet; the plan, once it has named it, finds every
+    unit finished and starts linking itself. A plan delivered again after that starts nothing more."""
+    tasks = Tasks()
+    farm = Farm(board, FileStore(tmp_path / "store"), tasks.dispatch)
+
+    def compile_at_once(message: Message) -> None:
+        if message.task in COMPILE_TASKS:
+            run_task(farm, message.task, json.loads(json.dumps(message.args)))
+        else:
+            tasks.dispatch(message)
+
+    farm.dispatch = compile_at_once
+    job_id = create_job(board, farm.store, model_path)
+    farm.plan_job(job_id)
+    assert [name for name, _ in tasks] == ["farm.link"] and board.get(job_id).state == "linking"
+    farm.plan_job(job_id)  # redelivered: every unit is finished and linking has started
+    assert [name for name, _ in tasks] == ["farm.link"]
+    run_tasks(farm, tasks)
+    assert artifact_bytes(farm, job_id) == local_artifact
+
+
 @pytest.mark.parametrize("step", ["compile", "link"])
 def test_a_store_outage_is_left_to_the_task_to_retry(redis_servers: Callable[..., RedisServer], model_path: Path,
                                                       local_artifact: bytes, step: str) -> None:

@@ -53,6 +53,11 @@ def phase_key(job_id: str, phase: str) -> str:
     return f"{job_key(job_id)}:{phase}"
 
 
+def linking_claim_key(job_id: str) -> str:
+    """Set by the step that starts the job's linking, so that no other starts it again."""
+    return f"{job_key(job_id)}:linking-started"
+
+
 def deliveries_key(job_id: str, unit: str) -> str:
     """How many times one unit's task has started."""
     return f"{job_key(job_id)}:deliveries:{unit}"
