@@ -106,20 +106,11 @@ def fingerprint() -> str:
     return devices[0]["fingerprint"]
 
 
-LONGEST_FIRST = ("test_tuning_variants.py", "test_install.py", "test_farm.py", "test_models.py", "test_workers.py")
-"""The files the suite's xdist workers take first (`--dist loadfile` hands files out in collection order): the
-longest (the tuning lock's production wait alone is 132 s), so that none starts near the end and holds the run
-past the rest."""
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark `services` every test whose fixtures start a service (SERVICE_FIXTURES); put the LONGEST_FIRST files
-    first (the order within a file stays)."""
+    """Mark `services` every test whose fixtures start a service (SERVICE_FIXTURES)."""
     for item in items:
         if SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.services)
-    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 @pytest.hookimpl(wrapper=True)

@@ -554,7 +554,7 @@ def test_a_stop_during_the_upload_says_that_nothing_was_submitted(redis_server: 
                       env={"FARM_UPLOAD_WINDOW_BYTES": "1"})
     running.wait_for("uploading 2 of 2 weights", 20)
     status, stdout = running.interrupt(signum)
-    assert status == exit_status and stdout == ""
+    assert status == exit_status and stdout == "", running.stderr
     assert running.stderr.endswith(f"farm: {said} while uploading mlp.onnx; nothing was submitted (its staged "
                                    "bytes expire)\n"), running.stderr
     assert "Traceback" not in running.stderr and JobBoard(redis_server.url).redis.zcard(protocol.JOBS_KEY) == 0

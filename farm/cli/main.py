@@ -264,7 +264,7 @@ def _submit_to_farm(client, model: Path, targets: list, output: str, as_json: bo
     from farm.cli.progress import UploadLines
     from farm.errors import UnreachableError
 
-    with _stops_saying(f"while uploading {model.name}; nothing was submitted (its staged bytes expire)"):
+    with _exits_saying(f"while uploading {model.name}; nothing was submitted (its staged bytes expire)"):
         job_id = client.submit(model, targets, no_cache=no_cache, on_upload=UploadLines(model.name), **options)
     click.echo(f"farm: job {job_id} submitted; farm status {job_id} / farm cancel {job_id}", err=True)
     if no_wait:
@@ -357,6 +357,27 @@ def _stops_saying(where: str) -> Iterator[None]:
         sys.exit(int(status))
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _exits_saying(where: str) -> Iterator[None]:
+    """Ctrl-C or SIGTERM while the block runs (an upload: nothing of it is this machine's to clean up, its staged
+    bytes expire): say how it was stopped and `where`, and exit 130 or 143 from the signal's handler, without
+    unwinding through the Redis client that the signal may have cut off mid-command (a SIGTERM raised during an
+    upload once ended a CI run's client with a segmentation fault, not reproduced since). The previous handlers are
+    back when the block ends."""
+    def exit_now(signum: int, frame: object) -> None:
+        how, status = STOPS[Terminated if signum == signal.SIGTERM else KeyboardInterrupt]
+        sys.stderr.write(f"farm: {how} {where}\n")
+        sys.stderr.flush()
+        os._exit(int(status))
+
+    previous = {signum: signal.signal(signum, exit_now) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _stop(client, job_id: str, cancel: bool, how: str, status: ExitStatus) -> NoReturn:
