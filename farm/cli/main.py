@@ -331,32 +331,32 @@ STOPS: dict[type[BaseException], tuple[str, ExitStatus]] = {
 
 
 @contextlib.contextmanager
-def _stoppable(client, job_id: str, cancel: bool) -> Iterator[None]:
-    """Ctrl-C or SIGTERM while the block waits on the job: cancel it (or leave it running), say which, exit 130 or
-    143 (`_stop`). SIGTERM's previous handler is back when the block ends."""
+def _on_stop(react: Callable[[str, ExitStatus], NoReturn]) -> Iterator[None]:
+    """Ctrl-C or SIGTERM while the block runs: `react(how it was stopped, exit status)` once the exception has
+    unwound the block (what it was writing is removed). SIGTERM's previous handler is back when the block ends."""
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         yield
     except (KeyboardInterrupt, Terminated) as stop:
-        _stop(client, job_id, cancel, *STOPS[type(stop)])
+        react(*STOPS[type(stop)])
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
-@contextlib.contextmanager
-def _stops_saying(where: str) -> Iterator[None]:
-    """Ctrl-C or SIGTERM while the block runs (an upload, a download: no job to cancel): unwind (a half-written
-    artifact is removed), say how it was stopped and `where`, exit 130 or 143. SIGTERM's previous handler is back when
-    the block ends."""
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        yield
-    except (KeyboardInterrupt, Terminated) as stop:
-        how, status = STOPS[type(stop)]
+def _stoppable(client, job_id: str, cancel: bool) -> contextlib.AbstractContextManager[None]:
+    """Ctrl-C or SIGTERM while the block waits on the job: cancel it (or leave it running), say which, exit 130 or
+    143 (`_stop`)."""
+    return _on_stop(lambda how, status: _stop(client, job_id, cancel, how, status))
+
+
+def _stops_saying(where: str) -> contextlib.AbstractContextManager[None]:
+    """Ctrl-C or SIGTERM while the block runs (a download: no job to cancel): say how it was stopped and `where`,
+    exit 130 or 143."""
+    def say_and_exit(how: str, status: ExitStatus) -> NoReturn:
         click.echo(f"farm: {how} {where}", err=True)
         sys.exit(int(status))
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+
+    return _on_stop(say_and_exit)
 
 
 @contextlib.contextmanager

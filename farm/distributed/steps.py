@@ -127,21 +127,21 @@ class Farm:
         lacking = set(self.store.missing(blobs))  # the submitter's weights are there: only folded ones are not
         self._dispatch_units(job_id, blobs, todo, lacking)
         self._put_weights(blobs, lacking)
-        self._put_link_plan(job_id, record, plans, units)
+        self._put_link_plan(job_id, record, plans, units, counts["total"])
         return None
 
-    def _put_link_plan(self, job_id: str, record: JobRecord, plans: list[BuildPlan], units: list[CompileUnit]) -> None:
+    def _put_link_plan(self, job_id: str, record: JobRecord, plans: list[BuildPlan], units: list[CompileUnit],
+                       total: int) -> None:
         """Make the link plan while the units compile (it lowers every kernel again: light DenseNet-121's 0.2-0.4 s
-        held back its first unit), put it and name it in the record; linking starts here when every unit finished
-        meanwhile (or none was to be built), else at the last unit's compile, which finds the plan named."""
+        held back its first unit), put it and name it in the record; linking starts here when all `total` units
+        finished meanwhile (or none was to be built), else at the last unit's compile, which finds the plan named."""
         plan_json = assembly.link_plan(plans, record.targets, record.model_name, record.model_sha256, units,
                                        record.sizes)
         plan_bytes = json.dumps(plan_json, sort_keys=True).encode()
         pins.pin_for_job(self.store, job_id, [content_key(plan_bytes)])
         self.board.update(job_id, link_plan_key=self.store.put(plan_bytes),
                           targets_total=len(assembly.libraries(plan_json)))
-        planned = self.board.get(job_id)
-        if planned is not None and self.board.finished(job_id, "compile") >= (planned.total or 0):
+        if self.board.finished(job_id, "compile") >= total:
             self._start_linking(job_id, plan_json)
 
     def _planning(self, job_id: str, record: JobRecord) -> bool:
@@ -407,11 +407,10 @@ class Farm:
         except FarmError as error:
             self._fail(job_id, f"{self._describe(job_id, unit)} failed: {error}", error.exit_status, unit.name)
             return None
-        record = self.board.get(job_id)
-        if record is not None and self.board.complete(job_id, "compile", unit.name) == record.total:
-            planned = self.board.get(job_id)  # read again: the plan may have named its link plan meanwhile
-            if planned is not None and planned.link_plan_key:  # else the plan starts linking once it has
-                self._start_linking(job_id, self._link_plan(planned))
+        finished = self.board.complete(job_id, "compile", unit.name)
+        record = self.board.get(job_id)  # read after the count: the plan may have named its link plan meanwhile
+        if record is not None and finished == record.total and record.link_plan_key:  # else the plan links
+            self._start_linking(job_id, self._link_plan(record))
         return None
 
     def _describe(self, job_id: str, unit: CompileUnit) -> str:
