@@ -3,12 +3,14 @@
 units then scheduled on N simulated workers (issue 15 item 5: ResNet-50 plan 0.60 s, 139 units 3.30 s, link 0.63 s
 gave at most 1.6x on 2 workers and 3.1x on 64; DenseNet-121 5.3x on 64; BERT-base 1.3x).
 
-For each model it times, in this process on one core: the plan as a farm worker makes it (import of the graph the
+The process is first prepared as a farm worker's is before its pool forks (farm.distributed.worker.preload: the
+compiler loaded, garbage collected rarely). For each model it times, in this process on one core: the plan as a farm worker makes it (import of the graph the
 client split off, each weight read by its key, passes, validation, planning; the weights the submitter named by
 sha256 are not hashed again: `assembly.plan_model` with `StoredBlobs`, after one untimed plan has warmed the
 process as a coordinator's is), each compile unit on its own (`build.units.compile_unit`, the step a worker
-runs: a kernel or a weight blob for this host), the link plan (which the plan's worker makes after it has
-dispatched the units, while they compile), and the finish as the farm's link and finish steps run it (the link
+runs: a kernel or a weight blob for this host), the link plan step (which the plan's worker runs after it has
+dispatched the units, while they compile: the link plan, and the library's entry object compiled into the store,
+where the link finds it), and the finish as the farm's link and finish steps run it (the link
 plan read back, linking the library and putting the artifact's recipe into a file store: farm.distributed.recipes).
 The plan and the finish are serial; the units are list-scheduled longest first on N workers (each unit on the
 first free worker), beside the link plan. Speedup on N = (plan + every unit + link plan + finish) / (plan + the
@@ -51,12 +53,13 @@ from bench_build import ALL_MODELS, model_path  # noqa: E402
 from report import markdown_table  # noqa: E402
 
 from farm.backends.llvm.compiler_runtime import runtime_object  # noqa: E402
-from farm.backends.llvm.link import linker_identity  # noqa: E402
+from farm.backends.llvm.link import check_no_startup_code, linker_identity  # noqa: E402
 from farm.backends.llvm.target import host_target  # noqa: E402
 from farm.build import assembly  # noqa: E402
-from farm.build.parts import BuiltUnits  # noqa: E402
+from farm.build.parts import BuiltUnits, entry_object  # noqa: E402
 from farm.build.units import compile_unit  # noqa: E402
 from farm.distributed import recipes  # noqa: E402
+from farm.distributed.worker import preload  # noqa: E402
 from farm.frontend.external import StoredBlobs  # noqa: E402
 from farm.frontend.split import split_model  # noqa: E402
 from farm.store import FileStore  # noqa: E402
@@ -115,8 +118,19 @@ def measure(path: Path, folder: Path) -> dict[str, object]:
     keys = {name: hashlib.sha256(data).hexdigest() for name, data in objects.items()}  # the compile steps' puts
     packed = {unit.name for unit in units if unit.kind == "blob"}
 
-    link_plan_s, plan_bytes = _timed(lambda: json.dumps(
-        assembly.link_plan([plan], [target], path.stem, "0" * 64, units), sort_keys=True).encode())
+    def link_plan_step() -> tuple[bytes, dict[str, str]]:
+        """Farm._put_link_plan: the link plan, and each library's entry compiled and put into the store."""
+        plan_json = assembly.link_plan([plan], [target], path.stem, "0" * 64, units)
+        entries = {library["id"]: store.put(entry_object(library)) for library in assembly.libraries(plan_json)}
+        return json.dumps(plan_json, sort_keys=True).encode(), entries
+
+    def cached_entry(library: dict[str, object]) -> bytes:
+        """Farm._entry: the entry the link plan step put, read and checked."""
+        data = store.get(entry_keys[library["id"]])
+        check_no_startup_code(data, "entry")
+        return data
+
+    link_plan_s, (plan_bytes, entry_keys) = _timed(link_plan_step)
 
     def finish() -> str:
         """The farm's link and finish: the link plan read back, the library from the objects, then the artifact's
@@ -125,7 +139,7 @@ def measure(path: Path, folder: Path) -> dict[str, object]:
         libraries: dict[str, bytes] = {}
         built = BuiltUnits(lambda name: recipes.stored(store, keys[name], len(objects[name])) if name in packed
                            else objects[name], keys.__getitem__, libraries.__getitem__,
-                           lambda sha: recipes.stored(store, sha, plan.blobs[sha].nbytes))
+                           lambda sha: recipes.stored(store, sha, plan.blobs[sha].nbytes), cached_entry)
         libraries[target.id] = assembly.link_library(plan_json, target.id, built)
         store.put(libraries[target.id])
         manifest, members = assembly.artifact_contents(plan_json, built)
@@ -172,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--workers takes comma-separated integers")
     if not workers or min(workers) < 1:
         parser.error("--workers takes counts of at least 1")
+    preload()  # the process as a worker's is before its pool forks: compiler loaded, garbage collected rarely
     rows = []
     with tempfile.TemporaryDirectory(prefix="farm-critical-") as tmp:
         for name in names:

@@ -60,3 +60,24 @@ def test_keep_large_buffers_is_safe_to_call_again():
     keep_large_buffers()
     keep_large_buffers()
     assert bytearray(64 << 20)[-1] == 0
+
+
+def _garbage_collection() -> bytes:
+    import gc
+    import json
+
+    return json.dumps([gc.get_threshold(), gc.get_freeze_count() > 0]).encode()
+
+
+def test_every_building_process_collects_garbage_rarely_and_not_over_what_it_loaded():
+    """The pool's processes and the one that makes the executor (it plans, links and writes the artifact) raise the
+    collector's thresholds and freeze what they have loaded (collect_garbage_rarely)."""
+    import json
+
+    from farm.build.executor import GC_THRESHOLDS
+
+    with LocalExecutor(2) as executor:
+        results = executor.run([StepCall("here", _garbage_collection, (), big_bytes=True),
+                                StepCall("pool", _garbage_collection, ())])
+    assert [json.loads(result) for result in results] == [[list(GC_THRESHOLDS), True]] * 2
+

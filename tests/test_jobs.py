@@ -22,9 +22,11 @@ import pytest
 
 from farm import defaults
 from farm.backends.llvm.target import host_target
+from farm.build import assembly
 from farm.build.assembly import compile_units, plan_model
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
+from farm.build.parts import entry_object, entry_ref
 from farm.build.units import CompileUnit, compile_unit
 from farm.distributed import pins, protocol, recipes
 from farm.distributed.board import JobBoard
@@ -590,6 +592,8 @@ def test_a_worker_links_only_objects_its_own_toolchain_built(farm: Farm, tasks: 
     ran = run_job(farm, tasks, job_id, before=switch_at_link)
     assert ran[-2:] == ["farm.link", "farm.finish"]
     assert all(farm.store.get_ref(unit.cache_ref) for unit in cpu_units)  # built again, under b's refs
+    libraries = assembly.libraries(json.loads(farm.store.get(farm.board.get(job_id).link_plan_key)))
+    assert all(farm.store.get_ref(entry_ref(library)) for library in libraries)  # the entry too
     assert farm.store.get_ref(artifact_ref(farm.board.get(job_id)))
     assert artifact_bytes(farm, job_id) == local_artifact
 
@@ -617,23 +621,49 @@ def test_a_job_whose_entries_were_evicted_between_runs_rebuilds_them(board: JobB
     assert artifact_bytes(farm, second) == local_artifact
 
 
+def test_the_link_plan_step_compiles_each_entry_and_the_link_takes_it(farm: Farm, tasks: Tasks, model_path: Path,
+                                                                      local_artifact: bytes,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan's worker compiles each library's entry while the units compile and caches it under its entry ref;
+    the link, serial after the last unit, takes it from the store instead of compiling it again."""
+    from farm.distributed import steps
+
+    compiled: list[str] = []
+
+    def counted(library: dict[str, Any]) -> bytes:
+        compiled.append(library["id"])
+        return entry_object(library)
+
+    monkeypatch.setattr(steps, "entry_object", counted)
+    job_id = create_job(farm.board, farm.store, model_path)
+    ran = run_job(farm, tasks, job_id)
+    libraries = assembly.libraries(json.loads(farm.store.get(farm.board.get(job_id).link_plan_key)))
+    assert compiled == [library["id"] for library in libraries] and ran.index("farm.link") > 0
+    assert all(farm.store.get_ref(entry_ref(library)) for library in libraries)
+    assert artifact_bytes(farm, job_id) == local_artifact
+
+
 # --- refs are pointers: what they point at is checked -------------------------------------------------------------
 
 
 def test_a_cache_ref_pointing_at_an_object_with_load_time_code_is_rebuilt(farm: Farm, tasks: Tasks, model_path: Path,
                                                                          local_artifact: bytes,
                                                                          units: list[CompileUnit]) -> None:
-    """Someone who can write the store pointed a kernel's ref at an object with a constructor: the link checks the
-    bytes, builds the kernel again, and the artifact is the local build's."""
+    """Someone who can write the store pointed a kernel's ref (or a library's entry ref) at an object with a
+    constructor: the link checks the bytes, builds the kernel (the entry) again, and the artifact is the local
+    build's."""
     from farm.backends.llvm.toolchain import compile_ir
 
     first = create_job(farm.board, farm.store, model_path)
     run_job(farm, tasks, first)
     forget_artifact(farm, first)
-    victim = next(unit for unit in units if unit.kind == "kernel")
     ir = ('module asm ".section .init_array,\\22aw\\22"\nmodule asm ".quad farm_evil"\n'
           "define void @farm_evil() { ret void }\n")
-    farm.store.set_ref(victim.cache_ref, farm.store.put(compile_ir(ir, host_target(), "evil", optimize=False)))
+    evil = farm.store.put(compile_ir(ir, host_target(), "evil", optimize=False))
+    victim = next(unit for unit in units if unit.kind == "kernel")
+    farm.store.set_ref(victim.cache_ref, evil)
+    for library in assembly.libraries(json.loads(farm.store.get(farm.board.get(first).link_plan_key))):
+        farm.store.set_ref(entry_ref(library), evil)
 
     job_id = create_job(farm.board, farm.store, model_path)
     assert run_job(farm, tasks, job_id) == ["farm.plan_job", "farm.link", "farm.finish"]

@@ -10,10 +10,11 @@ from farm.artifact import open_artifact
 from farm.backends.llvm.target import host_target
 from farm.backends.opencl.devices import opencl_devices
 from farm.backends.opencl.target import SPEC_TARGET_ID, OpenClTarget
-from farm.build.assembly import compile_units, plan_model
+from farm.build.assembly import compile_units, libraries, link_plan, plan_model
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
-from farm.build.parts import PARTS, link_order, target_weights, weight_member
+from farm.build.parts import PARTS, entry_object, entry_ref, link_order, link_target, target_weights, weight_member
+from farm.build.units import compile_unit
 from farm.tools import examples
 
 
@@ -115,3 +116,35 @@ def test_a_kernel_whose_code_is_split_is_one_unit_per_part_linked_in_order(tmp_p
         assert names[0] == f"{target.id}/{spec.symbol}" and len(names) == kernel_parts(spec, target)
         assert names[1:] == [f"{target.id}/{spec.symbol}.part{index}" for index in range(1, len(names))]
     assert set(link_order(units, target)) == {unit.name for unit in units if unit.kind == "kernel"}
+
+
+def test_an_entry_ref_names_what_the_entry_is_made_of_and_the_compiler(model, monkeypatch) -> None:
+    """A cached entry is found by its schedule, target and weight-table offset under the compiler key: any other
+    schedule, offset or toolchain misses it (so a link never takes a stale entry or another toolchain's)."""
+    target = host_target()
+    plan = plan_model(model)
+    library = libraries(link_plan([plan], [target], "m", "0" * 64, compile_units(plan, [target])))[0]
+    ref = entry_ref(library)
+    assert ref.startswith("entry:") and entry_ref(dict(library)) == ref
+    assert entry_ref({**library, "weights_offset": library["weights_offset"] + 8}) != ref
+    assert entry_ref({**library, "schedule": library["schedule"][:-1]}) != ref
+    monkeypatch.setenv("FARM_TOOLCHAIN_LABEL", "another-toolchain")
+    assert entry_ref(library) != ref
+
+
+def test_a_library_links_the_entry_it_is_given_and_compiles_it_otherwise(model) -> None:
+    """link_target takes the entry from entry_of (the farm's cached one) and compiles it when given none: the
+    same library either way, since compiling an entry is a pure step."""
+    target = host_target()
+    plan = plan_model(model)
+    units = compile_units(plan, [target])
+    library = libraries(link_plan([plan], [target], "m", "0" * 64, units))[0]
+    objects = {unit.name: compile_unit(unit, plan.blobs.get(unit.data_key)) for unit in units if unit.kind == "kernel"}
+    asked: list[str] = []
+
+    def cached(entry_library: dict) -> bytes:
+        asked.append(entry_library["id"])
+        return entry_object(entry_library)
+
+    assert link_target(library, objects.__getitem__, cached) == link_target(library, objects.__getitem__)
+    assert asked == [library["id"]]

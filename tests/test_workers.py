@@ -217,3 +217,16 @@ def test_workers_with_different_toolchains_share_no_cache_entry(redis_server: Re
             worker.stop()
     assert keys[0] == keys[2] != keys[1]
     assert (tmp_path / "a" / "tiny_cnn.farm").read_bytes() == (tmp_path / "b" / "tiny_cnn.farm").read_bytes()
+
+
+def test_a_worker_prepares_its_process_for_building_before_the_pool_forks() -> None:
+    """`farm worker` loads the compiler and prepares the process for building (preload) before Celery forks its
+    pool: a forked process starts with the collector's thresholds raised and what was loaded frozen."""
+    from farm.build.executor import GC_THRESHOLDS
+
+    code = ("import gc, json, os, sys\nfrom farm.distributed.worker import preload\npreload()\n"
+            "read, write = os.pipe()\nif os.fork() == 0:\n"
+            "    os.write(write, json.dumps([gc.get_threshold(), gc.get_freeze_count() > 0]).encode())\n"
+            "    os._exit(0)\nos.wait()\nsys.stdout.write(os.read(read, 200).decode())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert json.loads(out.stdout) == [list(GC_THRESHOLDS), True]

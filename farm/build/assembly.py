@@ -211,7 +211,7 @@ def link_library(plan_json: dict[str, Any], library: str, built: BuiltUnits) -> 
     found = next((entry for entry in libraries(plan_json) if entry["id"] == library), None)
     if found is None:
         raise BuildError(f"the link plan has no library {library[:200]!r}")
-    return link_target(found, built.object_of)
+    return link_target(found, built.object_of, built.entry_of)
 
 
 def artifact_contents(plan_json: dict[str, Any], built: BuiltUnits) -> tuple[dict[str, Any], dict[str, Member]]:

@@ -16,28 +16,50 @@ the link plan), and its manifest fields and members once the units are built.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from farm.artifact import Member
+from farm.backends.llvm.toolchain import toolchain
 from farm.backends.registry import Target
 from farm.build.units import CompileUnit
-from farm.ir.specs import BlobSpec, KernelSpec
+from farm.ir.specs import CODEGEN_VERSION, BlobSpec, KernelSpec, canonical_json
 from farm.plan.planner import BuildPlan, for_target
+from farm.store import refs
+
+
+def entry_object(library: dict[str, Any]) -> bytes:
+    """A CPU library's entry object (a libraries() entry's schedule compiled for its target): the pure step that
+    makes it, wherever it is made (the farm's link plan step, a link that finds no cached copy, a local build)."""
+    from farm.backends.llvm.entry import compile_entry
+    from farm.backends.registry import target_from_json
+
+    return compile_entry(library["schedule"], target_from_json(library["target"]), library["weights_offset"])
+
+
+def entry_ref(library: dict[str, Any]) -> str:
+    """The store ref of a library's entry object as this process's compiler builds it: everything entry_object
+    reads (schedule, target, weight-table offset) and farm's codegen version, hashed, under the compiler key, as
+    a unit's ref is (so a link never takes another toolchain's entry)."""
+    inputs = canonical_json([CODEGEN_VERSION, library["target"], library["weights_offset"], library["schedule"]])
+    return refs.entry(toolchain().compiler_key, hashlib.sha256(inputs.encode()).hexdigest())
 
 
 @dataclass(frozen=True)
 class BuiltUnits:
     """How assembly reads what the units built: bytes and sha256 by unit name, libraries by target id, and
     weights by sha256 (in memory locally, from the store on the farm). A member may be a LazyMember, made as the
-    artifact is written (a local build's packed weights)."""
+    artifact is written (a local build's packed weights). `entry_of`: a library's entry object, compiled here
+    unless the farm's link plan step compiled it while the units did."""
 
     object_of: Callable[[str], Member]
     sha256_of: Callable[[str], str]
     library_of: Callable[[str], bytes]
     blob_of: Callable[[str], Member]
+    entry_of: Callable[[dict[str, Any]], bytes] = entry_object
 
 
 class Part(ABC):
@@ -159,18 +181,18 @@ def link_order(units: Sequence[CompileUnit], target: Target) -> list[str]:
     return sorted(unit.name for unit in units if unit.kind == "kernel" and unit.target.id == target.id)
 
 
-def link_target(library: dict[str, Any], object_of: Callable[[str], bytes]) -> bytes:
-    """One CPU target's shared library: its kernels' objects in link order, then its entry (from the schedule),
-    then the functions LLVM's calls from kernels into a compiler runtime need (farm.backends.llvm.compiler_runtime)."""
+def link_target(library: dict[str, Any], object_of: Callable[[str], bytes],
+                entry_of: Callable[[dict[str, Any]], bytes] = entry_object) -> bytes:
+    """One CPU target's shared library: its kernels' objects in link order, then its entry (entry_of: from the
+    schedule), then the functions LLVM's calls from kernels into a compiler runtime need
+    (farm.backends.llvm.compiler_runtime)."""
     from farm.backends.llvm.compiler_runtime import runtime_object
-    from farm.backends.llvm.entry import compile_entry
     from farm.backends.llvm.link import link_library
     from farm.backends.registry import target_from_json
 
     target = target_from_json(library["target"])
     objects = [object_of(name) for name in library["order"]]
-    entry = compile_entry(library["schedule"], target, library["weights_offset"])
-    return link_library([*objects, entry, runtime_object(target)], target)
+    return link_library([*objects, entry_of(library), runtime_object(target)], target)
 
 
 class CpuPart(Part):

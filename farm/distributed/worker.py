@@ -51,11 +51,14 @@ def default_hostname() -> str:
 
 
 def preload() -> None:
-    """Import the compiler and initialise LLVM before the pool forks, so no task pays for it."""
+    """Import the compiler and initialise LLVM before the pool forks, so no task pays for it, then prepare the
+    process for building (the pool inherits it: farm.build.executor.prepare_building_process)."""
     import farm.distributed.steps  # noqa: F401
     from farm.backends.llvm.target import init_llvm
+    from farm.build.executor import prepare_building_process
 
     init_llvm()
+    prepare_building_process()
 
 
 def _lease_keeper(broker: str, name: str) -> LeaseKeeper:

@@ -18,6 +18,12 @@ def blob(compiler_key: str, spec_key: str) -> str:
     return f"blob:{compiler_key}:{spec_key}"
 
 
+def entry(compiler_key: str, schedule_digest: str) -> str:
+    """A CPU library's entry object (farm_run and its peers) as one compiler built it, by the digest of its schedule,
+    target and weight-table offset (farm.build.parts.entry_ref)."""
+    return f"entry:{compiler_key}:{schedule_digest}"
+
+
 def opencl_binary(fingerprint: str, spec_key: str) -> str:
     """A kernel's program binary for one OpenCL device class (one source serves every device)."""
     return f"clkernel:{fingerprint}:{spec_key}"
