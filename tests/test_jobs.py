@@ -238,6 +238,21 @@ def test_a_truncated_model_fails_the_job_with_bad_input(farm: Farm, tasks: Tasks
     assert record.artifact_key is None
 
 
+
+def test_an_entry_the_link_plan_step_cannot_compile_fails_the_job_with_its_status(farm: Farm, tasks: Tasks,
+                                                                                  model_path: Path) -> None:
+    """A CPU that LLVM does not know: the plan's link plan step, compiling the entry, fails the job as the link
+    would (bad input, exit status 2, naming the CPU), not as a crashed task."""
+    from farm.backends.llvm.target import CpuTarget
+
+    job_id = create_job(farm.board, farm.store, model_path)
+    farm.board.update(job_id, targets=[CpuTarget(host_target().triple, "bogus-cpu")])
+    run_task(farm, "farm.plan_job", [job_id])
+
+    record = farm.board.get(job_id)
+    assert record.state == "failed" and record.exit_status == ExitStatus.BAD_INPUT, record
+    assert "'bogus-cpu' is not a recognized processor" in record.error
+
 @pytest.mark.parametrize("cancel_before", [0, 1, 6, 13, 14], ids=["plan", "first-compile", "mid-compile", "link",
                                                                    "finish"])
 def test_a_cancel_between_steps_stops_the_job(farm: Farm, tasks: Tasks, model_path: Path, redis_server: RedisServer,

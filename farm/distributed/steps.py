@@ -141,7 +141,13 @@ class Farm:
         plan_json = assembly.link_plan(plans, record.targets, record.model_name, record.model_sha256, units,
                                        record.sizes)
         for library in assembly.libraries(plan_json):
-            self._entry(job_id, library)
+            try:
+                self._entry(job_id, library)
+            except UnreachableError:
+                raise
+            except FarmError as error:  # what its link would fail with (a CPU that LLVM doesn't know), said now
+                self._fail(job_id, str(error), error.exit_status, library["id"])
+                return
         plan_bytes = json.dumps(plan_json, sort_keys=True).encode()
         pins.pin_for_job(self.store, job_id, [content_key(plan_bytes)])
         self.board.update(job_id, link_plan_key=self.store.put(plan_bytes),
