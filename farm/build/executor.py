@@ -53,8 +53,12 @@ def keep_large_buffers() -> None:
         mallopt(M_TRIM_THRESHOLD, (1 << 31) - 1)
 
 
-GC_THRESHOLDS = (100_000, 50, 100)
-"""CPython's cyclic collector's generation thresholds in a building process (its defaults: 700, 10, 10)."""
+GC_THRESHOLDS = (100_000, 10, 10)
+"""CPython's cyclic collector's generation thresholds in a building process (its defaults: 700, 10, 10). Only the
+youngest is raised: the older ones keep their cadence, so cyclic garbage (llvmlite's IR is full of parent links)
+is still freed every few million allocations. Compiling light ResNet-50's kernels three times over in one
+process: 385-398 MB peak against 333-361 MB with the defaults, steady from round to round; (100,000, 50, 100)
+was no faster."""
 
 
 @functools.cache
