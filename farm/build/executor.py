@@ -80,7 +80,6 @@ def prepare_building_process() -> None:
     collect_garbage_rarely()
 
 
-
 class LocalExecutor:
     """Runs calls in `workers` processes (spawned, so no LLVM state is forked); one worker runs them in-process.
 

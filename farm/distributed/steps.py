@@ -470,10 +470,11 @@ class Farm:
                           lambda library: self._entry(job_id, library))
 
     def _entry(self, job_id: str, library: dict[str, Any]) -> bytes:
-        """A library's entry object from the compile cache under this worker's toolchain (entry_ref), checked as
-        a cached object is; else compiled and cached (pinned for the job first)."""
+        """A library's entry object from the compile cache under this worker's toolchain (entry_ref), pinned for
+        the job and checked as a cached object is; else compiled and cached (pinned for the job first)."""
         key = self.store.get_ref(entry_ref(library))
         if key is not None:
+            pins.pin_for_job(self.store, job_id, [key])
             try:
                 cached = self.store.get(key)
                 check_no_startup_code(cached, f"the cached entry of library {library['id']}")
