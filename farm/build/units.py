@@ -125,19 +125,31 @@ def cached_unit(store: Store, unit: CompileUnit) -> bytes | None:
     """The unit's bytes from the compile cache, or None on a miss: no ref, its entry gone (evicted) or corrupt (the
     store's get deleted it), or bytes its step can't make (verify_cached). Refs are pointers, so the bytes are
     checked, and the caller rebuilds a miss and caches it over the bad entry (`cache_unit`)."""
-    key = store.get_ref(unit.cache_ref)
+    return cached_at(store, store.get_ref(unit.cache_ref), lambda data: verify_cached(unit, data))
+
+
+def cached_at(store: Store, key: str | None, verify: Callable[[bytes], object]) -> bytes | None:
+    """The compile cache's bytes under `key` (what a ref pointed at), or None: no key, the entry gone or corrupt,
+    or bytes that `verify` refuses (BuildError)."""
     if key is None:
         return None
     try:
-        return verify_cached(unit, store.get(key))
+        data = store.get(key)
+        verify(data)
+        return data
     except (CorruptEntryError, MissingEntryError, BuildError):
         return None
 
 
 def cache_unit(store: Store, unit: CompileUnit, data: bytes) -> str:
-    """Keep a unit's built bytes in the compile cache and return their key: the entry first, then its ref, so no
-    reader follows the ref to bytes not yet there. Concurrent writers of one unit write the same bytes (its step is
-    pure), and each write is atomic, so either copy serves."""
+    """Keep a unit's built bytes in the compile cache under its ref (cache_at) and return their key. Concurrent
+    writers of one unit write the same bytes (its step is pure), and each write is atomic, so either copy serves."""
+    return cache_at(store, unit.cache_ref, data)
+
+
+def cache_at(store: Store, ref: str, data: bytes) -> str:
+    """Put `data` into the compile cache under `ref` and return its key: the entry first, then the ref, so no
+    reader follows the ref to bytes not yet there."""
     key = store.put(data)
-    store.set_ref(unit.cache_ref, key)
+    store.set_ref(ref, key)
     return key

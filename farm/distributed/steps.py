@@ -28,11 +28,11 @@ from farm.backends.llvm.link import check_no_startup_code
 from farm.backends.llvm.target import CpuTarget
 from farm.build import assembly
 from farm.build.parts import BuiltUnits, entry_object, entry_ref
-from farm.build.units import CompileUnit, cache_unit, cached_unit, compile_unit
+from farm.build.units import CompileUnit, cache_at, cache_unit, cached_at, cached_unit, compile_unit
 from farm.distributed import pins, protocol, recipes, uploads
 from farm.distributed.board import JobBoard
 from farm.distributed.protocol import Compile, Finish, JobRecord, JobState, Link, Message, PlanJob, TaskArgs, Tune
-from farm.errors import ArtifactError, BadInputError, BuildError, ExitStatus, FarmError, UnreachableError
+from farm.errors import ArtifactError, BadInputError, ExitStatus, FarmError, UnreachableError
 from farm.frontend.external import ExternalDataError, StoredBlobs
 from farm.frontend.split import stored_blobs
 from farm.frontend.wire import WireError
@@ -140,7 +140,8 @@ class Farm:
         the plan named."""
         plan_json = assembly.link_plan(plans, record.targets, record.model_name, record.model_sha256, units,
                                        record.sizes)
-        for library in assembly.libraries(plan_json):
+        libraries = assembly.libraries(plan_json)
+        for library in libraries:
             try:
                 self._entry(job_id, library)
             except UnreachableError:
@@ -151,7 +152,7 @@ class Farm:
         plan_bytes = json.dumps(plan_json, sort_keys=True).encode()
         pins.pin_for_job(self.store, job_id, [content_key(plan_bytes)])
         self.board.update(job_id, link_plan_key=self.store.put(plan_bytes),
-                          targets_total=len(assembly.libraries(plan_json)))
+                          targets_total=len(libraries))
         if self.board.finished(job_id, "compile") >= total:
             self._start_linking(job_id, plan_json)
 
@@ -472,18 +473,17 @@ class Farm:
     def _entry(self, job_id: str, library: dict[str, Any]) -> bytes:
         """A library's entry object from the compile cache under this worker's toolchain (entry_ref), pinned for
         the job and checked as a cached object is; else compiled and cached (pinned for the job first)."""
-        key = self.store.get_ref(entry_ref(library))
+        ref = entry_ref(library)
+        key = self.store.get_ref(ref)
         if key is not None:
             pins.pin_for_job(self.store, job_id, [key])
-            try:
-                cached = self.store.get(key)
-                check_no_startup_code(cached, f"the cached entry of library {library['id']}")
-                return cached
-            except (CorruptEntryError, MissingEntryError, BuildError):
-                pass
+        cached = cached_at(self.store, key,
+                           lambda data: check_no_startup_code(data, f"the cached entry of library {library['id']}"))
+        if cached is not None:
+            return cached
         built = entry_object(library)
         pins.pin_for_job(self.store, job_id, [content_key(built)])
-        self.store.set_ref(entry_ref(library), self.store.put(built))
+        cache_at(self.store, ref, built)
         return built
 
     def link(self, args: Link) -> str | None:
