@@ -112,17 +112,37 @@ def store_url(broker: str) -> str:
     return os.environ.get("FARM_STORE_URL") or broker
 
 
-def blob_store_path() -> str | None:
+def blob_store_url() -> str | None:
     """FARM_BLOB_STORE: where a Redis store keeps its entries' bytes. Unset or `redis`: chunks in that Redis (fine
-    for small farms); `file:///mnt/farm-cas`: files in a folder every worker mounts at that path (NFS, EFS, CephFS:
-    the usual scale-out choice), so that Redis holds the queues and the metadata only. Clients that download read
-    the folder too (the workers publish it; read-only will do)."""
+    for small farms); `redis://HOST:PORT/DB` (or rediss://): chunks in a Redis of their own, run as a cache (no
+    append-only file, no snapshots), so that the durable Redis holds the queues and the metadata only and never
+    rewrites gigabytes of cache; `file:///mnt/farm-cas`: files in a folder every worker mounts at that path (NFS,
+    EFS, CephFS: the usual scale-out choice). The workers publish it (without credentials): clients that upload
+    or download log in to a blob Redis with their own user, and read a blob folder where it is mounted."""
     text = os.environ.get("FARM_BLOB_STORE", "").strip()
     if text in ("", "redis"):
         return None
+    if text.startswith(("redis://", "rediss://")):
+        return redis_url(text, "FARM_BLOB_STORE")
     if not text.startswith("file:///"):
-        raise BadInputError(f"FARM_BLOB_STORE={text[:80]!r}: expected redis or file:///ABSOLUTE/PATH")
-    return text[len("file://"):]
+        raise BadInputError(f"FARM_BLOB_STORE={_hide_credentials(text)[:80]!r}: expected redis, "
+                            "redis://HOST:PORT/DB, rediss://HOST:PORT/DB or file:///ABSOLUTE/PATH")
+    return text
+
+
+def blob_store_client_url() -> str | None:
+    """FARM_BLOB_STORE_CLIENT_URL: the blob store as clients reach it, when the workers reach it by another name (a
+    compose service name, an internal address): the workers publish it instead of FARM_BLOB_STORE (always without
+    credentials: each client logs in with its own user). Unset: FARM_BLOB_STORE's address."""
+    text = os.environ.get("FARM_BLOB_STORE_CLIENT_URL", "").strip()
+    if not text:
+        return None
+    if text.startswith(("redis://", "rediss://")):
+        return redis_url(text, "FARM_BLOB_STORE_CLIENT_URL")
+    if not text.startswith("file:///"):
+        raise BadInputError(f"FARM_BLOB_STORE_CLIENT_URL={_hide_credentials(text)[:80]!r}: expected "
+                            "redis://HOST:PORT/DB, rediss://HOST:PORT/DB or file:///ABSOLUTE/PATH")
+    return text
 
 
 def task_soft_time_limit() -> float:

@@ -92,8 +92,9 @@ class Farm:
     ends. Workers log in as farm-worker; `url` is a submitter's (what users and CI hold), `worker_url` the
     workers' and the operator's, `flower_url` Flower's."""
 
-    def __init__(self, redis_server: RedisServer, folder: Path) -> None:
-        self.redis, self.folder, self.workers = redis_server, folder, []
+    def __init__(self, redis_server: RedisServer, folder: Path, blobs: RedisServer | None = None) -> None:
+        """`blobs`: a blob Redis (FARM_BLOB_STORE=redis://...) with the same ACL, where workers keep the bytes."""
+        self.redis, self.folder, self.workers, self.blobs = redis_server, folder, [], blobs
 
     def role_url(self, role: str) -> str:
         return self.redis.url_for(ROLES[role].user, PASSWORDS[role])
@@ -111,6 +112,9 @@ class Farm:
         return self.role_url("flower")
 
     def add_worker(self, name: str, **options) -> FarmWorker:
+        if self.blobs is not None:
+            blob_store = self.blobs.url_for(ROLES["worker"].user, PASSWORDS["worker"])
+            options["env"] = {"FARM_BLOB_STORE": blob_store, **options.get("env", {})}
         self.workers.append(FarmWorker(self.worker_url, name, self.folder, **options).start())
         return self.workers[-1]
 
@@ -131,11 +135,12 @@ def farm_cli(*args: str, broker: str, cwd: Path, timeout: float = 300,
 
 @pytest.fixture(name="farm_factory")
 def farm_factory_fixture(tmp_path: Path) -> Iterator:
-    """`farm_factory(workers=2)`: a fresh redis-server with that many workers; all stopped after the test."""
+    """`farm_factory(workers=2)`: a fresh redis-server with that many workers; all stopped after the test.
+    `blob_redis=True`: a second redis-server, the farm's blob Redis (FARM_BLOB_STORE), beside it."""
     farms: list[Farm] = []
     with _started_servers() as start_redis:
-        def make(workers: int = 2, **worker_options) -> Farm:
-            farm = Farm(start_redis(acl=FARM_ACL), tmp_path)
+        def make(workers: int = 2, blob_redis: bool = False, **worker_options) -> Farm:
+            farm = Farm(start_redis(acl=FARM_ACL), tmp_path, start_redis(acl=FARM_ACL) if blob_redis else None)
             farms.append(farm)
             for index in range(workers):
                 farm.add_worker(f"w{index + 1}-{len(farms)}@test", **worker_options)

@@ -139,16 +139,35 @@ def test_tls_parameters_on_a_plain_url_are_bad_input() -> None:
         defaults.redis_url("redis://h:6379/0?ssl_ca_certs=/etc/ca.pem")
 
 
-def test_the_blob_store_is_redis_unless_it_names_an_absolute_folder(monkeypatch) -> None:
+def test_the_blob_store_is_the_farms_redis_unless_it_names_a_redis_or_an_absolute_folder(monkeypatch) -> None:
     from farm import defaults
     from farm.errors import BadInputError
 
     for unset in ("", "redis", "  "):
         monkeypatch.setenv("FARM_BLOB_STORE", unset)
-        assert defaults.blob_store_path() is None
-    monkeypatch.setenv("FARM_BLOB_STORE", "file:///mnt/farm-cas")
-    assert defaults.blob_store_path() == "/mnt/farm-cas"
-    for bad in ("s3://bucket", "file://relative/cas", "/mnt/farm-cas"):
+        assert defaults.blob_store_url() is None
+    for good in ("file:///mnt/farm-cas", "redis://farm-worker:secret@blobs:6379/0", "rediss://blobs:6380"):
+        monkeypatch.setenv("FARM_BLOB_STORE", good)
+        assert defaults.blob_store_url() == good
+    for bad in ("s3://bucket", "file://relative/cas", "/mnt/farm-cas", "http://user:secret@blobs"):
         monkeypatch.setenv("FARM_BLOB_STORE", bad)
-        with pytest.raises(BadInputError, match="FARM_BLOB_STORE=.*expected redis or file:///ABSOLUTE/PATH"):
-            defaults.blob_store_path()
+        with pytest.raises(BadInputError, match="FARM_BLOB_STORE=.*expected redis, redis://HOST:PORT/DB") as error:
+            defaults.blob_store_url()
+        assert "secret" not in str(error.value)
+    monkeypatch.setenv("FARM_BLOB_STORE", "redis://farm-worker:secret@blobs:port/0")
+    with pytest.raises(BadInputError, match=r"FARM_BLOB_STORE redis://\*\*\*@blobs:port/0: not a Redis URL"):
+        defaults.blob_store_url()
+
+
+def test_the_blob_store_clients_reach_is_a_redis_or_a_folder(monkeypatch) -> None:
+    from farm import defaults
+    from farm.errors import BadInputError
+
+    monkeypatch.delenv("FARM_BLOB_STORE_CLIENT_URL", raising=False)
+    assert defaults.blob_store_client_url() is None
+    for good in ("redis://farm-host:6380/0", "file:///mnt/farm-cas"):
+        monkeypatch.setenv("FARM_BLOB_STORE_CLIENT_URL", good)
+        assert defaults.blob_store_client_url() == good
+    monkeypatch.setenv("FARM_BLOB_STORE_CLIENT_URL", "farm-host:6380")
+    with pytest.raises(BadInputError, match="FARM_BLOB_STORE_CLIENT_URL='farm-host:6380': expected redis://"):
+        defaults.blob_store_client_url()

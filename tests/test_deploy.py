@@ -33,12 +33,13 @@ import redis
 
 from farm.distributed import acl, protocol
 from tests.farm_services import farm_cli
-from tests.services import RedisServer, free_port
+from tests.services import RedisServer, free_port, redis_server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 REDIS_CONF = ROOT / "deploy" / "redis.conf"
+BLOB_REDIS_CONF = ROOT / "deploy" / "redis-blobs.conf"
 
 FARM_SERVICES = ("flower", "worker-cpu", "worker-opencl")
 ACL_SERVICE, ACL_VOLUME = "redis-acl", "redis-acl"
@@ -408,18 +409,51 @@ def test_no_secret_is_on_any_command_line():
         assert len(path) >= 2 and path[-2] == "environment", f"a password variable is read at {'.'.join(path)}"
 
 
-def test_redis_conf_is_durable_and_holds_no_password():
+def _redis_settings(conf: Path) -> dict[str, str]:
     settings: dict[str, str] = {}
-    for raw in REDIS_CONF.read_text().splitlines():
+    for raw in conf.read_text().splitlines():
         line = raw.strip()
         if line and not line.startswith("#"):
             key, _, rest = line.partition(" ")
             settings[key.lower()] = rest.strip().strip('"')
+    return settings
+
+
+def test_redis_conf_is_durable_and_holds_no_password():
+    settings = _redis_settings(REDIS_CONF)
     assert settings.get("appendonly") == "yes", settings
     assert settings.get("appendfsync") == "everysec", settings
     assert settings.get("save") == "", "no RDB snapshots: each rewrote the whole cache, and held a stop for a minute"
     assert "requirepass" not in settings and "user" not in settings, "redis.conf holds no password and no user"
     assert "aclfile" not in settings, "the ACL file is named by whoever starts redis (docker-compose.yml: --aclfile)"
+
+
+def test_the_blob_redis_writes_nothing_to_disk_and_holds_no_password():
+    """deploy/redis-blobs.conf: the store's bytes are a cache, so no append-only file and no snapshot ever
+    rewrites them (the durable Redis keeps what must survive)."""
+    settings = _redis_settings(BLOB_REDIS_CONF)
+    assert settings.get("appendonly") == "no" and settings.get("save") == "", settings
+    assert "requirepass" not in settings and "user" not in settings and "aclfile" not in settings, settings
+
+
+def test_compose_runs_the_blob_redis_with_the_same_users_and_the_workers_keep_their_bytes_there():
+    data = _compose()
+    blobs = _service("redis-blobs")
+    words = _tokens(blobs["command"])
+    assert words[:2] == ["redis-server", "/usr/local/etc/redis/redis.conf"], words
+    assert words[words.index("--aclfile") + 1] == "/acl/users.acl" and "--appendonly" not in words, words
+    volumes = [str(volume) for volume in blobs.get("volumes") or []]
+    assert "./deploy/redis-blobs.conf:/usr/local/etc/redis/redis.conf:ro" in volumes, volumes
+    assert f"{ACL_VOLUME}:/acl:ro" in volumes and not any(":/data" in volume for volume in volumes), volumes
+    assert blobs["depends_on"][ACL_SERVICE]["condition"] == "service_completed_successfully", blobs["depends_on"]
+    assert "redis-cli --user farm-submitter ping" in " ".join(_tokens(blobs["healthcheck"]["test"]))
+    env = _environment(data["x-farm"])
+    worker = acl.ROLES["worker"]
+    assert re.fullmatch(rf"redis://{worker.user}:\$\{{{worker.password_variable}:\?[^}}]*\}}@redis-blobs:6379/0",
+                        env["FARM_BLOB_STORE"]), env["FARM_BLOB_STORE"]
+    assert "@" not in env["FARM_BLOB_STORE_CLIENT_URL"], "clients log in with their own user, never the workers'"
+    for name in FARM_SERVICES:
+        assert _service(name)["depends_on"]["redis-blobs"]["condition"] == "service_healthy", name
 
 
 def test_flower_takes_its_basic_auth_from_the_environment_and_listens_on_5555():
@@ -646,3 +680,30 @@ def _run_the_healthcheck(server: RedisServer, submitter_password: str) -> None:
         result = subprocess.run(["sh", "-c", shell], capture_output=True, text=True, timeout=30,
                                 env={**os.environ, "REDISCLI_AUTH": password})
         assert result.returncode == status, f"healthcheck with password {password!r}: {result}"
+
+
+class DeployedBlobRedis(DeployedRedis):
+    """redis-server as docker-compose.yml starts the blob Redis: deploy/redis-blobs.conf and `--aclfile`, nothing
+    else of the tests' servers' settings (their append-only file)."""
+
+    def _arguments(self) -> list[str]:
+        return [redis_server_binary(), str(BLOB_REDIS_CONF), "--port", str(self.port), "--bind", "127.0.0.1",
+                "--dir", str(self.folder), "--logfile", str(self.log_path), "--daemonize", "no",
+                "--aclfile", str(self.aclfile)]
+
+
+@pytest.mark.services
+def test_the_blob_redis_takes_the_acl_file_a_submitter_stages_and_reads_never_writes_an_entry(tmp_path: Path):
+    aclfile = tmp_path / "users.acl"
+    assert farm_cli("acl", "-o", str(aclfile), broker="", cwd=tmp_path, env=PASSWORDS).returncode == 0
+    with DeployedBlobRedis(aclfile, PASSWORDS[ROLE_PASSWORDS["worker"]]) as server:
+        worker = redis.Redis.from_url(server.url)
+        submitter = redis.Redis.from_url(server.url_for(acl.ROLES["submitter"].user,
+                                                        PASSWORDS[ROLE_PASSWORDS["submitter"]]))
+        key = "0" * 64
+        assert submitter.set(f"{acl.STORE_PREFIX}staged:{key}:0", b"weights", ex=60)
+        worker.set(f"{acl.STORE_PREFIX}obj:{key}:0", b"an entry")
+        assert submitter.get(f"{acl.STORE_PREFIX}obj:{key}:0") == b"an entry"
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            submitter.set(f"{acl.STORE_PREFIX}obj:{key}:0", b"forged")
+        assert not (server.folder / "appendonlydir").exists(), "the blob Redis keeps no append-only file"

@@ -72,6 +72,29 @@ def test_with_a_file_blob_store_redis_holds_no_weight_and_the_artifact_is_the_lo
     assert int(redis.info("memory")["used_memory"]) < 8 << 20  # the 2 MB table and friends are not in Redis
 
 
+def test_with_a_blob_redis_the_durable_redis_holds_no_weight_and_what_the_cache_loses_is_built_again(
+        farm_factory, tmp_path):
+    """FARM_BLOB_STORE=redis://... on the workers (deploy/: a Redis run as a cache): the submitter stages there and
+    downloads from there with its own user, the durable Redis keeps the queues and the metadata only (its
+    append-only file never sees a weight), and the artifact is the local one. A cache that loses everything (a
+    restart without persistence) costs a rebuild, never a failed or wrong job."""
+    model = _embedding_model(tmp_path)
+    local = build_model(model, tmp_path / "local", executor=LocalExecutor(1)).artifact
+    farm = farm_factory(workers=1, blob_redis=True)
+    job = _submit(farm, model, tmp_path)
+    assert job["state"] == "done" and _sha(job["artifact"]) == _sha(local)
+    durable, cache = farm.redis.client(), farm.blobs.client()
+    headers = durable.keys("farm:store:obj:*")
+    assert headers and all(durable.get(name).endswith(b":file") for name in headers)
+    assert int(durable.info("memory")["used_memory"]) < 8 << 20  # the 2 MB table and friends are in the cache
+    assert cache.keys("farm:store:obj:*:*") and not cache.keys("farm:store:staged:*")
+
+    cache.flushall()
+    (tmp_path / "again").mkdir()
+    again = _submit(farm, model, tmp_path / "again")
+    assert again["state"] == "done" and _sha(again["artifact"]) == _sha(local), farm.logs()
+
+
 def test_a_model_bigger_than_the_upload_window_streams_through_redis_into_the_file_blob_store(farm_factory,
                                                                                              tmp_path):
     """With a file blob store each staged weight is admitted as soon as it is staged (the intake reads it, checks

@@ -30,7 +30,7 @@ from farm.store import (
     open_store,
 )
 from farm.store.base import EMPTY_KEY, Eviction
-from farm.store.redis_store import CHUNK_BYTES
+from farm.store.redis_store import CHUNK_BYTES, blob_redis
 from tests.services import RedisServer, free_port, redis_server_fixture, redis_servers_fixture  # noqa: F401
 
 MIB = 1 << 20
@@ -814,9 +814,88 @@ def test_redis_with_a_file_blob_store_keeps_bytes_in_files_and_everything_else_i
 
     lost = store.put(pseudo_random(KIB, seed=5))
     blobs.delete(lost)
-    with pytest.raises(CorruptEntryError, match="its file in the blob store .* is missing"):
+    with pytest.raises(CorruptEntryError, match="its bytes in the blob store .* are missing"):
         store.get(lost)
     assert not store.has(lost)  # repaired: the next build puts it again
+
+
+def test_redis_with_a_blob_redis_keeps_bytes_and_staging_there_and_the_metadata_here(
+        redis_servers: Callable[..., RedisServer]) -> None:
+    """FARM_BLOB_STORE=redis://...: a Redis of its own (a cache, without persistence) holds the entries' chunks
+    and the submitters' staged uploads; the durable Redis holds the headers, the count, the LRU, refs and pins,
+    and its cap rules both. Staged bytes are admitted by renaming their chunks there (never a second copy)."""
+    durable, cache = redis_servers(), redis_servers()
+    blobs = blob_redis(cache.url)
+    store = RedisStore(durable.url, chunk_bytes=KIB, blobs=blobs)
+    store.set_max_bytes(10 * KIB)
+    first, second = pseudo_random(4 * KIB, seed=1), pseudo_random(4 * KIB, seed=2)
+    keys = [store.put(first), store.put(second)]
+    assert durable.client().get(store.header_key(keys[0])) == f"{4 * KIB}:file".encode()
+    assert durable.client().keys(f"{store.prefix}obj:*:*") == [] and blobs.has(keys[0])
+    assert store.get(keys[0]) == first and store.stats().bytes == 8 * KIB
+    store.put(pseudo_random(4 * KIB, seed=3))  # over the durable Redis' cap: the LRU entry goes from both
+    assert not store.has(keys[1]) and not blobs.has(keys[1]) and store.stats().bytes == 8 * KIB
+
+    warm_up, staged = pseudo_random(KIB, seed=5), pseudo_random(3 * KIB, seed=4)
+    key = content_key(staged)
+    store.stage_stream(key, len(staged), [staged])
+    assert durable.client().keys(f"{store.prefix}staged:*") == [] and store.staged([key]) == [key]
+    store.stage(warm_up)
+    store.take_staged(content_key(warm_up))  # the scripts' sources travel once
+    written = cache.client().info("stats")["total_net_input_bytes"]
+    assert store.take_staged(key) == staged and blobs.has(key) and store.has(key)
+    assert cache.client().info("stats")["total_net_input_bytes"] - written < len(staged)  # renamed, not rewritten
+    assert cache.client().keys(f"{store.prefix}staged:*") == []
+
+
+def test_what_a_blob_redis_lost_is_missing_uploaded_again_and_never_read_as_whole(
+        redis_servers: Callable[..., RedisServer]) -> None:
+    """A blob Redis is a cache: after a restart without persistence its entries are gone while the durable
+    Redis' headers remain. Such entries count as missing (the client uploads them again) and incomplete (no reuse
+    of an artifact), and a read repairs the header instead of failing forever."""
+    durable, cache = redis_servers(), redis_servers()
+    store = RedisStore(durable.url, blobs=blob_redis(cache.url))
+    kept, lost = store.put(b"kept"), store.put(b"lost in a restart")
+    cache.client().delete(*cache.client().keys(f"{store.prefix}obj:{lost}*"))
+    assert store.missing([kept, lost]) == [lost] and store.incomplete([kept, lost]) == [lost]
+    with pytest.raises(CorruptEntryError, match="its bytes in the blob store redis://.* are missing"):
+        store.get(lost)
+    assert not store.has(lost)
+    store.stage(b"lost in a restart")
+    assert store.take_staged(lost) == b"lost in a restart" and store.get(lost) == b"lost in a restart"
+    cache.client().flushall()
+    assert store.put(b"kept") == kept and store.get(kept) == b"kept"  # a put that finds the header restores
+
+
+def test_a_client_logs_in_to_the_published_blob_redis_as_it_logs_in_to_the_farm(
+        redis_servers: Callable[..., RedisServer]) -> None:
+    """Workers publish the blob Redis without their credentials; a client (a submitter, the operator's `farm
+    store`) opens it with the user and password of its own URL, to stage, find what is missing and download."""
+    durable, cache = redis_servers(password="farm-secret"), redis_servers(password="farm-secret")
+    worker = RedisStore(durable.url, blobs=blob_redis(cache.url))
+    member = worker.put(b"an artifact member")
+    worker.publish_blob_store()
+    published = durable.client().get(f"{worker.prefix}blob_store").decode()
+    assert "farm-secret" not in published and published.endswith(f":{cache.port}/0")
+    client = RedisStore(durable.url)
+    assert client.peek(member) == b"an artifact member" and client.streams_uploads()
+    client.stage(b"a weight")
+    assert cache.client().exists(f"{worker.prefix}staged:{content_key(b'a weight')}")
+    assert client.missing([member, content_key(b"a weight")]) == [content_key(b"a weight")]
+    assert worker.take_staged(content_key(b"a weight")) == b"a weight"
+    worker.publish_blob_store("redis://farm-worker:farm-secret@farm-host:6380/0")  # FARM_BLOB_STORE_CLIENT_URL
+    assert durable.client().get(f"{worker.prefix}blob_store") == b"redis://farm-host:6380/0"
+
+
+def test_blob_redis_entries_no_header_owns_are_swept_once_an_hour_old(
+        redis_servers: Callable[..., RedisServer]) -> None:
+    durable, cache = redis_servers(), redis_servers()
+    blobs = blob_redis(cache.url)
+    store = RedisStore(durable.url, blobs=blobs)
+    kept, orphan = store.put(b"an entry"), blobs.put(b"a put that died before its header")
+    assert store.sweep_orphans() == 0  # young: it may be a put in flight
+    assert store.sweep_orphans(older_than=-1) == 1
+    assert blobs.has(kept) and not blobs.has(orphan)
 
 
 def test_a_client_reads_the_blob_store_the_workers_published_or_says_what_to_mount(

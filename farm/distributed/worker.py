@@ -108,7 +108,8 @@ def run_worker(broker: str, concurrency: int | None, hostname: str | None, logle
     name = hostname or default_hostname()
     registry = JobBoard(broker)
     store_max_bytes = defaults.store_max_bytes()  # a bad FARM_STORE_MAX_BYTES stops the worker before it starts
-    defaults.blob_store_path()  # so does a bad FARM_BLOB_STORE
+    defaults.blob_store_url()  # so does a bad FARM_BLOB_STORE
+    blob_store_client_url = defaults.blob_store_client_url()
     sweep_stale_scratch()  # what older versions' crashed packers left in /dev/shm
     preload()
     keeper = _lease_keeper(broker, name)
@@ -119,9 +120,10 @@ def run_worker(broker: str, concurrency: int | None, hostname: str | None, logle
     @signals.worker_ready.connect(weak=False)
     def advertise(sender: Any = None, **_: Any) -> None:
         advertised = {**capabilities, "queues": queues_for(capabilities)}
-        registry.call(registry.redis.hset, WORKERS_KEY, name, encode_capabilities(advertised))
         farm_context().store.set_max_bytes(store_max_bytes)
-        farm_context().store.publish_blob_store()
+        # Published before the advertisement: a client that sees a live worker stages where the workers admit.
+        farm_context().store.publish_blob_store(blob_store_client_url)
+        registry.call(registry.redis.hset, WORKERS_KEY, name, encode_capabilities(advertised))
         keeper.start()
         intake.start()
 

@@ -34,7 +34,7 @@ from farm.store.base import (
     is_key,
 )
 from farm.store.file_store import FILE_SCHEME, FileStore
-from farm.store.redis_store import REDIS_SCHEMES, RedisStore
+from farm.store.redis_store import REDIS_SCHEMES, RedisStore, blob_redis
 
 __all__ = ["BadStoreUrlError", "CorruptEntryError", "FileStore", "MissingEntryError", "RedisStore", "Store",
            "StoreError", "StoreUnreachableError", "content_key", "default_store_root", "is_key", "open_store"]
@@ -46,18 +46,26 @@ def default_store_root() -> Path:
 
 
 def open_store(url: str | os.PathLike[str], retries: int = 1) -> Store:
-    """The store a URL names: redis:// or rediss:// -> RedisStore (its entries' bytes in FARM_BLOB_STORE when that
-    names a folder), file://PATH or a plain path -> FileStore.
+    """The store a URL names: redis:// or rediss:// -> RedisStore (its entries' bytes where FARM_BLOB_STORE says:
+    a folder or a Redis of their own), file://PATH or a plain path -> FileStore.
 
     `retries`: how many times a Redis store reconnects before an operation fails (workers wait out a restart).
     """
     if isinstance(url, os.PathLike):
         return FileStore(url)
     if url.startswith(REDIS_SCHEMES):
-        blobs = defaults.blob_store_path()
-        return RedisStore(url, retries=retries, blobs=FileStore(blobs) if blobs else None)
+        return RedisStore(url, retries=retries, blobs=_blob_store(defaults.blob_store_url(), retries))
     if url.startswith(FILE_SCHEME):
         return FileStore(url[len(FILE_SCHEME) :])
     if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", url):
         raise BadStoreUrlError(f"unknown store URL {redact_url(url)}: use redis://, rediss://, file:// or a path")
     return FileStore(url)
+
+
+def _blob_store(url: str | None, retries: int) -> FileStore | RedisStore | None:
+    """The blob store FARM_BLOB_STORE names: a folder, a Redis of its own, or None (chunks in the store's Redis)."""
+    if url is None:
+        return None
+    if url.startswith(REDIS_SCHEMES):
+        return blob_redis(url, retries=retries)
+    return FileStore(url[len(FILE_SCHEME):])

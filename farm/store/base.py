@@ -236,9 +236,9 @@ class Store(ABC):
         """Those of `keys` whose staged bytes wait for admission; none where staging is the store itself."""
         return []
 
-    def publish_blob_store(self) -> None:
-        """Tell clients where the entries' bytes live, when that is elsewhere than the store (RedisStore with
-        FARM_BLOB_STORE); nothing to tell here."""
+    def publish_blob_store(self, client_url: str | None = None) -> None:
+        """Tell clients where the entries' bytes live (at `client_url` when they reach it by another address), when
+        that is elsewhere than the store (RedisStore with FARM_BLOB_STORE); nothing to tell here."""
         return None
 
     def sweep_orphans(self, older_than: float = 3600.0) -> int:

@@ -105,6 +105,19 @@ class FileStore(Store):
                 lacking.append(key)
         return lacking
 
+    def lacking(self, sizes: dict[str, int]) -> list[str]:
+        """Those of the entries (key -> size) without a file of that size here (a Redis store's header counts
+        them, and keeps their bytes here: FARM_BLOB_STORE)."""
+        lacking = []
+        for key, size in sizes.items():
+            try:
+                whole = self.object_path(key).stat().st_size == size
+            except OSError:
+                whole = False
+            if not whole:
+                lacking.append(key)
+        return lacking
+
     def keys_older_than(self, seconds: float) -> Iterator[str]:
         """The keys of entries whose file was last touched more than `seconds` ago."""
         oldest = time.time_ns() - int(seconds * 1e9)

@@ -10,6 +10,7 @@ import io
 import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import NoReturn
+from urllib.parse import urlsplit, urlunsplit
 
 from farm import defaults
 from farm.errors import NotPermittedError, credentials_refused, redact_url, tls_refused, tls_verification_failure
@@ -34,7 +35,10 @@ from farm.store.lua import LuaScript
 REDIS_SCHEMES = ("redis://", "rediss://")
 
 FILE_CHUNKS = "file"
-"""The chunk count in the header of an entry whose bytes are a file of the blob store (FARM_BLOB_STORE)."""
+"""The chunk count in the header of an entry whose bytes live in the blob store (FARM_BLOB_STORE: a folder, or a
+Redis of their own; the word is from when the blob store was a folder, and headers farms wrote then still read)."""
+UNCAPPED = 1 << 62
+"""The cap of a blob Redis: its entries come and go with the durable Redis' headers, whose cap rules them both."""
 CHUNK_BYTES = (8 << 20) - 4096
 """8 MiB less a page: Redis allocates a value with its header through jemalloc, whose size classes above 8 MiB are
 2 MiB apart, so a chunk of exactly 8 MiB took a 10 MiB allocation and Redis used 30% more memory than the store
@@ -287,10 +291,15 @@ class RedisStore(Store):
         connect_timeout: float = 3.0,
         socket_timeout: float = 10.0,
         retries: int = 1,
-        blobs: FileStore | None = None,
+        blobs: FileStore | RedisStore | None = None,
+        default_cap: int | None = None,
+        looks_for_blobs: bool = True,
     ) -> None:
         """`blobs`: where entries' bytes live when they are not chunks in this Redis (FARM_BLOB_STORE: a FileStore
-        on a shared file system); the header, the count, refs and pins stay here either way."""
+        on a shared file system, or a RedisStore of a Redis of their own, where submitters stage too); the header,
+        the count, refs and pins stay here either way. `default_cap`: the cap when none is published here
+        (FARM_STORE_MAX_BYTES; a blob Redis' is UNCAPPED). `looks_for_blobs`: without `blobs`, whether to look
+        once for a blob store the workers published (a client's view; a blob Redis has none of its own)."""
         import redis
         from redis.backoff import ExponentialBackoff
         from redis.exceptions import ConnectionError as RedisConnectionError
@@ -298,8 +307,10 @@ class RedisStore(Store):
 
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
-        self._url, self.prefix, self.chunk_bytes = url, prefix, chunk_bytes
-        self.blobs: FileStore | None = blobs
+        self._url, self.prefix, self.chunk_bytes, self.default_cap = url, prefix, chunk_bytes, default_cap
+        self.blobs: FileStore | RedisStore | None = blobs
+        self._looked_for_blobs = blobs is not None or not looks_for_blobs
+        self._unreadable_blobs: str | None = None
         try:
             self.client = redis.Redis.from_url(
                 url,
@@ -344,6 +355,7 @@ class RedisStore(Store):
         with self._errors():
             present, total, cap = self._script(self._touch, check_key(key))
         if present:
+            self._restore_lost_blob(key, view)
             return key
         if int(total) + len(view) > int(cap):
             self._evict_to(room=len(view))
@@ -358,6 +370,17 @@ class RedisStore(Store):
         if int(total) > int(cap):
             self.evict()
         return key
+
+    def _restore_lost_blob(self, key: str, view: memoryview) -> None:
+        """Write the bytes of an entry whose header is here again when the blob store lost them (a blob Redis is a
+        cache: a restart empties it), so that a put always leaves the entry whole."""
+        if self.blobs is None:
+            return
+        with self._errors():
+            header = self.client.get(self.header_key(key))
+        if header is not None and header.endswith(f":{FILE_CHUNKS}".encode()) and self.blobs.lacking(
+                {key: len(view)}):
+            self.blobs.put(view)
 
     def _write_bytes(self, key: str, view: memoryview) -> int | str:
         """Write an entry's bytes where they live (chunks here, or a file of the blob store); its header's count."""
@@ -380,7 +403,11 @@ class RedisStore(Store):
 
     def stage(self, data: Data) -> str:
         """Write bytes where a writer the store doesn't trust may (a submitter's model): not in the store but beside
-        it (`{prefix}staged:{key}`, chunked like an entry), for STAGED_TTL_SECONDS, until a worker admits them."""
+        it (`{prefix}staged:{key}`, chunked like an entry; in the blob Redis when there is one), for
+        STAGED_TTL_SECONDS, until a worker admits them."""
+        stager = self._stager()
+        if stager is not self:
+            return stager.stage(data)
         view = as_bytes_view(data)
         key, ttl = hashlib.sha256(view).hexdigest(), defaults.STAGED_TTL_SECONDS
         with self._errors():
@@ -399,6 +426,10 @@ class RedisStore(Store):
         """Stage bytes as `stage` does, one chunk of at most chunk_bytes at a time (a submitter's weights are
         never held whole): `chunks` may yield pieces of any size (pieces of chunk_bytes are sent as they come);
         their sha256 is checked when a worker admits them."""
+        stager = self._stager()
+        if stager is not self:
+            stager.stage_stream(key, size, chunks)
+            return
         staged, ttl = self.staged_key(key), defaults.STAGED_TTL_SECONDS
         count = written = 0
         pending = bytearray()
@@ -439,6 +470,9 @@ class RedisStore(Store):
         written back); None when neither holds them whole (bad staged bytes are dropped)."""
         with contextlib.suppress(MissingEntryError, CorruptEntryError):
             return self.get(key)
+        stager = self._stager()
+        if stager is not self:
+            return self._admit_in(stager, key)
         staged = self.staged_key(key)
         try:
             count, data = self._read_staged(key)
@@ -464,6 +498,27 @@ class RedisStore(Store):
             self.evict()
         return data
 
+    def _admit_in(self, blobs: RedisStore, key: str) -> bytes | None:
+        """Admit bytes staged in the blob Redis: read once and checked there, their chunks renamed into its entry
+        (no copy), then the header here says the bytes are there, and the cap is kept by evicting here."""
+        data = blobs.take_staged(key)
+        if data is None:
+            return None
+        with self._errors():
+            present, total, cap = self._script(self._touch, key)
+            if not present and int(total) + len(data) > int(cap):
+                self._evict_to(room=len(data))
+            committed, total, cap = self._script(self._commit, key, len(data), FILE_CHUNKS)
+        if int(committed) and int(total) > int(cap):
+            self.evict()
+        return data
+
+    def _stager(self) -> RedisStore:
+        """Where submitters stage: the blob Redis when the farm keeps its bytes in one (staged bytes are admitted
+        by renaming them into an entry, so they must be where entries' chunks are), else this Redis."""
+        blobs = self.blobs if self.blobs is not None else self._published_blobs()
+        return blobs if isinstance(blobs, RedisStore) else self
+
     def _read_staged(self, key: str) -> tuple[int, bytes]:
         """(chunk count, bytes) of what a submitter staged under `key`, read once and checked against it. Staged
         bytes are chunks here whatever their header says: a submitter's header never sends a read elsewhere."""
@@ -486,9 +541,17 @@ class RedisStore(Store):
                 index += 1
 
     def missing(self, keys: Iterable[str]) -> list[str]:
-        """One pipeline of EXISTS on the entries' headers (a submitter's credentials may read them)."""
+        """One pipeline of EXISTS on the entries' headers (a submitter's credentials may read them), then, when the
+        bytes live in a blob Redis, one on its entries there: a blob Redis is a cache that may have lost them (a
+        restart), and what it lost is uploaded again."""
         keys = list(keys)
-        return [key for key, present in zip(keys, self._exist(map(self.header_key, keys))) if not present]
+        lacking = [key for key, present in zip(keys, self._exist(map(self.header_key, keys))) if not present]
+        blobs = self._stager()
+        if blobs is self:
+            return lacking
+        absent = set(lacking)
+        absent.update(blobs.missing([key for key in keys if key not in absent]))
+        return [key for key in keys if key in absent]
 
     def incomplete(self, keys: Iterable[str]) -> list[str]:
         """One script over the headers and the lengths of the chunks (a file of the blob store: its size); the whole
@@ -498,15 +561,22 @@ class RedisStore(Store):
             return []
         with self._errors():
             states = self._script(self._whole, *keys)
-        return [key for key, state in zip(keys, states)
-                if int(state) == -1 or (int(state) >= 0 and not self._file_holds(key, int(state)))]
+        elsewhere = {key: int(state) for key, state in zip(keys, states) if int(state) >= 0}
+        lost = set(self._blobs_lacking(elsewhere)) if elsewhere else set()
+        return [key for key, state in zip(keys, states) if int(state) == -1 or key in lost]
 
-    def _file_holds(self, key: str, size: int) -> bool:
-        """Whether the blob store's file of `key` is there with `size` bytes."""
+    def _blobs_lacking(self, sizes: dict[str, int]) -> list[str]:
+        """Those of the entries (key -> size) whose bytes live in the blob store that it doesn't hold whole; all
+        of them when it can't be reached from here."""
         try:
-            return self._blob_files().object_path(key).stat().st_size == size
-        except (OSError, StoreError):
-            return False
+            return self._blob_store().lacking(sizes)
+        except StoreError:
+            return list(sizes)
+
+    def lacking(self, sizes: dict[str, int]) -> list[str]:
+        """Those of the entries (key -> size) not whole here, by their chunks' lengths (the header here holds the
+        size: a blob Redis' entries are the bytes the durable Redis' headers count); the whole ones marked used."""
+        return self.incomplete(sizes)
 
     def _exist(self, names: Iterable[str]) -> list[bool]:
         """Whether each Redis key exists, in one round trip."""
@@ -536,16 +606,16 @@ class RedisStore(Store):
         self._delete_files([key])
 
     def _delete_files(self, keys: Iterable[object]) -> None:
-        """Delete the blob store's files of entries whose headers are gone (nothing when bytes are chunks here). A
-        process without FARM_BLOB_STORE of its own (the operator's `farm store gc`) deletes them in the folder the
-        workers published."""
+        """Delete the blob store's copies of entries whose headers are gone (nothing when bytes are chunks here). A
+        process without FARM_BLOB_STORE of its own (the operator's `farm store gc`) deletes them in the blob store
+        the workers published."""
         keys = [key.decode() if isinstance(key, bytes) else str(key) for key in keys]
         if not keys:
             return
         try:
-            blobs = self._blob_files()
+            blobs = self._blob_store()
         except StoreError:
-            return  # bytes are chunks here (the script deleted them), or the folder isn't mounted on this host
+            return  # bytes are chunks here (the script deleted them), or the blob store isn't reachable from here
         for key in keys:
             blobs.delete(key)
 
@@ -635,7 +705,8 @@ class RedisStore(Store):
 
     def _script(self, script, *args: object) -> object:
         """Run one of the store's Lua scripts with the prefix and this process's default cap before `args`."""
-        return script(args=[self.prefix, defaults.store_max_bytes(), *args])
+        cap = defaults.store_max_bytes() if self.default_cap is None else self.default_cap
+        return script(args=[self.prefix, cap, *args])
 
     def close(self) -> None:
         self.client.close()
@@ -651,46 +722,71 @@ class RedisStore(Store):
         return self._read_chunks(header_key, chunk_key, key, size, count, repair)
 
     def _read_file(self, key: str, size: int, repair: bool) -> bytes:
-        """An entry whose bytes are a file of the blob store (checked against `key` as FileStore reads it)."""
+        """An entry whose bytes live in the blob store (checked against `key` as the blob store reads them; read
+        without marking them used there, as a submitter's credentials allow: this header marks the use)."""
+        blobs = self._blob_store()
         try:
-            data = self._blob_files().get(key)
+            data = blobs.peek(key)
         except MissingEntryError:
-            self._fail_corrupt(key, f"its file in the blob store {self._blob_files().url} is missing", repair)
+            self._fail_corrupt(key, f"its bytes in the blob store {redact_url(blobs.url)} are missing", repair)
         except CorruptEntryError:
-            self._fail_corrupt(key, f"its file in the blob store {self._blob_files().url} has another sha256", repair)
+            self._fail_corrupt(key, f"its bytes in the blob store {redact_url(blobs.url)} have another sha256",
+                               repair)
         if len(data) != size:
-            self._fail_corrupt(key, f"its file holds {len(data)} bytes where the header says {size}", repair)
+            self._fail_corrupt(key, f"its blob holds {len(data)} bytes where the header says {size}", repair)
         return data
 
-    def _blob_files(self) -> FileStore:
-        """The blob store this process writes (FARM_BLOB_STORE), else the one the workers published: a client
-        reads members from the same shared folder, mounted at the same path (read-only will do)."""
-        if self.blobs is None:
-            with self._errors():
-                published = self.client.get(f"{self.prefix}blob_store")
-            url = published.decode(errors="replace") if published else ""
-            if not url.startswith(FILE_SCHEME) or not os.path.isdir(url[len(FILE_SCHEME):]):
-                raise StoreError(f"this farm keeps its blobs in {url or 'a blob store it did not publish'}, which "
-                                 "this machine can't read: mount it at that path (read-only will do), or set "
-                                 "FARM_BLOB_STORE to where it is mounted")
-            self.blobs = FileStore(url[len(FILE_SCHEME):])
+    def _blob_store(self) -> FileStore | RedisStore:
+        """The blob store this process writes (FARM_BLOB_STORE), else the one the workers published; StoreError
+        when neither (the bytes are chunks here) or this machine can't reach it."""
+        blobs = self.blobs if self.blobs is not None else self._published_blobs()
+        if blobs is None:
+            raise StoreError(self._unreadable_blobs or "this farm keeps its blobs in a blob store it did not "
+                             "publish: set FARM_BLOB_STORE to where it is (a folder mounted here, or a Redis)")
+        return blobs
+
+    def _published_blobs(self) -> FileStore | RedisStore | None:
+        """The blob store the workers published, as a client opens it (None when the bytes are chunks here): a
+        folder mounted at the same path (read-only will do), or a blob Redis this process logs in to with its own
+        user and TLS settings (the published URL carries none). Looked up once: workers publish it as they start.
+        A folder this machine can't read is None here (uploads don't need it); reading from it says what to mount."""
+        if self._looked_for_blobs:
+            return self.blobs
+        with self._errors():
+            published = self.client.get(f"{self.prefix}blob_store")
+        if not published:
+            self._looked_for_blobs = True
+            return None
+        url = published.decode(errors="replace")
+        self._looked_for_blobs = url.startswith(REDIS_SCHEMES)  # a folder may be made or mounted later
+        if url.startswith(REDIS_SCHEMES):
+            self.blobs = blob_redis(with_login_of(url, self.url))
+        elif url.startswith(FILE_SCHEME) and os.path.isdir(url[len(FILE_SCHEME):]):
+            self.blobs, self._looked_for_blobs = FileStore(url[len(FILE_SCHEME):]), True
+        else:
+            self._unreadable_blobs = (f"this farm keeps its blobs in {url[:200]}, which this machine can't read: "
+                                      "mount it at that path (read-only will do), or set FARM_BLOB_STORE to where "
+                                      "it is mounted")
         return self.blobs
 
     def streams_uploads(self) -> bool:
-        """Whether the farm's workers published a file blob store (a client's view: it may have no
-        FARM_BLOB_STORE of its own)."""
+        """Whether the farm's workers published a blob store (a client's view: it may have no FARM_BLOB_STORE of
+        its own): each staged weight is then handed to the intakes as soon as it is staged."""
         with self._errors():
             return self.blobs is not None or bool(self.client.exists(f"{self.prefix}blob_store"))
 
     def staged(self, keys: Iterable[str]) -> list[str]:
-        """One pipeline of EXISTS on the staged headers."""
+        """One pipeline of EXISTS on the staged headers (in the blob Redis when there is one)."""
+        stager = self._stager()
+        if stager is not self:
+            return stager.staged(keys)
         keys = list(keys)
         return [key for key, present in zip(keys, self._exist(map(self.staged_key, keys))) if present]
 
     def sweep_orphans(self, older_than: float = 3600.0) -> int:
-        """The blob store's files whose entry has no header here (one pipeline of EXISTS per thousand files)."""
+        """The blob store's entries that have no header here (one pipeline of EXISTS per thousand)."""
         try:
-            blobs = self._blob_files()
+            blobs = self._blob_store()
         except StoreError:
             return 0  # bytes are chunks here: a delete's script removes them with the header
         deleted, batch = 0, []
@@ -701,19 +797,31 @@ class RedisStore(Store):
                 batch = []
         return deleted + (self._delete_headerless(blobs, batch) if batch else 0)
 
-    def _delete_headerless(self, blobs: FileStore, keys: list[str]) -> int:
+    def _delete_headerless(self, blobs: FileStore | RedisStore, keys: list[str]) -> int:
         orphans = self.missing(keys)
         for key in orphans:
             blobs.delete(key)
         return len(orphans)
 
-    def publish_blob_store(self) -> None:
-        """Tell clients where entries' bytes live (a worker does at start), or that they are chunks here."""
+    def publish_blob_store(self, client_url: str | None = None) -> None:
+        """Tell clients where entries' bytes live (a worker does at start; never its credentials), or that they
+        are chunks here. `client_url`: the blob store's address as clients reach it, when it differs."""
         with self._errors():
             if self.blobs is None:
                 self.client.delete(f"{self.prefix}blob_store")
             else:
-                self.client.set(f"{self.prefix}blob_store", self.blobs.url)
+                self.client.set(f"{self.prefix}blob_store", without_login(client_url or self.blobs.url))
+
+    def keys_older_than(self, seconds: float) -> Iterator[str]:
+        """The keys of entries last used more than `seconds` ago (by this Redis' clock)."""
+        with self._errors():
+            now, micros = self.client.time()
+            oldest = int(now) * 1000 + int(micros) // 1000 - int(seconds * 1000)
+            names = self.client.zrangebyscore(f"{self.prefix}lru", "-inf", oldest)
+        for name in names:
+            key = name.decode(errors="replace")
+            if is_key(key):
+                yield key
 
     def _read_chunks(self, header_key: str, chunk_key: Callable[[int], str], key: str, size: int, count: int,
                      repair: bool) -> bytes:
@@ -776,3 +884,26 @@ class RedisStore(Store):
             raise StoreUnreachableError(f"the store at {redact_url(self.url)} is not a Redis server? {exc}") from exc
         except redis.exceptions.RedisError as exc:
             raise StoreError(f"the store at {redact_url(self.url)} failed: {exc}") from exc
+
+
+def blob_redis(url: str, retries: int = 1) -> RedisStore:
+    """The store of a blob Redis (FARM_BLOB_STORE=redis://...): entries' bytes and submitters' staged uploads, with
+    the durable Redis' key names (so the ACL file that `farm acl` writes rules both servers alike), uncapped of its
+    own: the durable Redis' headers and cap say what it holds."""
+    return RedisStore(url, retries=retries, default_cap=UNCAPPED, looks_for_blobs=False)
+
+
+def without_login(url: str) -> str:
+    """`url` without its user and password: what may be published to every client."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def with_login_of(url: str, login_from: str) -> str:
+    """`url` with the user and password of `login_from` and, where `url` has none, its TLS parameters: a client
+    logs in to the blob Redis the workers published as it logs in to the farm's."""
+    parts, own = urlsplit(url), urlsplit(login_from)
+    login = own.netloc.rpartition("@")[0]
+    netloc = f"{login}@{parts.netloc.rpartition('@')[2]}" if login else parts.netloc.rpartition("@")[2]
+    query = parts.query or (own.query if parts.scheme == own.scheme else "")
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
