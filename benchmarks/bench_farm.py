@@ -511,6 +511,10 @@ RESUBMIT_BAR_S = 1.0  # light models: warm resubmit at most this many seconds
 MEMORY_BAR = 1.1  # Redis used_memory never above the store's cap plus 10%
 SAMPLE_S = 0.05  # used_memory is sampled this often
 REDIS_CONF = REPO / "deploy" / "redis.conf"
+BLOB_REDIS_CONF = REPO / "deploy" / "redis-blobs.conf"
+BLOB_STORES = ("blob-redis", "redis", "file")
+"""Where --data-plane's workers keep the store's bytes: a Redis of their own (deploy/redis-blobs.conf, as
+docker-compose.yml runs it), the broker's Redis (FARM_BLOB_STORE unset), or a folder (FARM_BLOB_STORE=file://)."""
 OBSERVER = "farm-bench"
 OBSERVER_RULES = ("resetkeys resetchannels -@all +ping +auth +hello +info +psubscribe +punsubscribe "
                   f"&{protocol.job_events_channel('*')}")
@@ -597,13 +601,18 @@ class DeployedRedis(RedisServer):
     """redis-server as deploy/redis.conf configures it (the file itself; only port, bind, dir and the log file
     overridden, as tests/test_deploy.py starts it: persistence and memory settings are production's) with the ACL
     file `farm acl` writes from the roles' passwords, plus the benchmark's own user (OBSERVER_RULES). The default
-    user is off, so `url` is the workers' (readiness is checked as farm-worker)."""
+    user is off, so `url` is the workers' (readiness is checked as farm-worker). `conf`: deploy/redis-blobs.conf
+    for the blob Redis, whose users are `users_of`'s (the same ACL file, as docker-compose.yml gives both)."""
 
-    def __init__(self) -> None:
+    def __init__(self, conf: Path = REDIS_CONF, users_of: DeployedRedis | None = None) -> None:
         super().__init__()
+        self.conf, self.aclfile = conf, self.folder / "users.acl"
+        if users_of is not None:
+            self.passwords, self.observer_password = users_of.passwords, users_of.observer_password
+            self.aclfile.write_text(users_of.aclfile.read_text())
+            return
         self.passwords = {role: secrets.token_hex(16) for role in ROLES}
         self.observer_password = secrets.token_hex(16)
-        self.aclfile = self.folder / "users.acl"
         variables = {ROLES[role].password_variable: password for role, password in self.passwords.items()}
         subprocess.run([sys.executable, "-m", "farm", "acl", "-o", str(self.aclfile)], check=True,
                        env={**os.environ, **variables, "PYTHONPATH": WORKER_ENV["PYTHONPATH"]}, capture_output=True)
@@ -622,7 +631,7 @@ class DeployedRedis(RedisServer):
         return self.url_for(OBSERVER, self.observer_password)
 
     def _arguments(self) -> list[str]:
-        return [redis_server_binary(), str(REDIS_CONF), "--port", str(self.port), "--bind", "127.0.0.1",
+        return [redis_server_binary(), str(self.conf), "--port", str(self.port), "--bind", "127.0.0.1",
                 "--dir", str(self.folder), "--logfile", str(self.log_path), "--aclfile", str(self.aclfile)]
 
 
@@ -663,11 +672,12 @@ class InfoConnection:
 
 
 class MemorySampler:
-    """Redis' used_memory every SAMPLE_S seconds, in a thread (used_memory_peak can't be reset on Redis 7.0, and
-    would hold the warm-up's); `peak` is the highest sample, `traffic` what the samples cost Redis."""
+    """The farm's Redis servers' used_memory, summed, every SAMPLE_S seconds, in a thread (used_memory_peak can't be
+    reset on Redis 7.0, and would hold the warm-up's); `peak` is the highest sample, `traffic` what the samples
+    cost the servers."""
 
-    def __init__(self, url: str) -> None:
-        self.connection = InfoConnection(url)
+    def __init__(self, urls: Sequence[str]) -> None:
+        self.connections = [InfoConnection(url) for url in urls]
         self.peak = self.samples = 0
         self.traffic = Traffic()
         self._stop = threading.Event()
@@ -675,9 +685,12 @@ class MemorySampler:
 
     def _run(self) -> None:
         while True:
-            fields, traffic = self.connection.info("memory")
-            self.peak, self.samples = max(self.peak, int(fields["used_memory"])), self.samples + 1
-            self.traffic.add(traffic)
+            used = 0
+            for connection in self.connections:
+                fields, traffic = connection.info("memory")
+                used += int(fields["used_memory"])
+                self.traffic.add(traffic)
+            self.peak, self.samples = max(self.peak, used), self.samples + 1
             if self._stop.wait(SAMPLE_S):
                 return
 
@@ -688,7 +701,8 @@ class MemorySampler:
     def __exit__(self, *exc_info: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.connection.close()
+        for connection in self.connections:
+            connection.close()
 
 
 class StateStamps:
@@ -741,21 +755,26 @@ class Watched:
 
 
 class DataPlaneFarm:
-    """A fresh DeployedRedis with 2 `farm worker`s (farm-worker credentials, production time limits, the store
-    capped at `cap`); submissions go in with the submitter's credentials, watched as `watched_submit` says."""
+    """A fresh DeployedRedis (and, for the blob-redis store, a blob Redis beside it) with 2 `farm worker`s
+    (farm-worker credentials, production time limits, the store capped at `cap`); submissions go in with the
+    submitter's credentials, watched as `watched_submit` says."""
 
     def __init__(self, folder: Path, cap: int, tag: str, client_env: dict[str, str], blob_store: str) -> None:
         self.folder, self.client_env = folder, client_env
         self.redis = DeployedRedis().start()
+        self.servers = [self.redis]
         self.workers: list[FarmWorker] = []
         env = {**WORKER_ENV, "FARM_STORE_MAX_BYTES": str(cap), "FARM_CACHE_DIR": str(folder / f"worker-cache-{tag}")}
-        if blob_store == "file":
-            env["FARM_BLOB_STORE"] = f"file://{folder / f'cas-{tag}'}"
         try:
+            if blob_store == "file":
+                env["FARM_BLOB_STORE"] = f"file://{folder / f'cas-{tag}'}"
+            elif blob_store == "blob-redis":
+                self.servers.append(DeployedRedis(BLOB_REDIS_CONF, users_of=self.redis).start())
+                env["FARM_BLOB_STORE"] = self.servers[-1].role_url("worker")
             for index in (1, 2):
                 self.workers.append(FarmWorker(self.redis.role_url("worker"), f"{tag}-{index}@farm", folder,
                                                env=env).start())
-            self.info = InfoConnection(self.redis.observer_url)
+            self.infos = [InfoConnection(server.observer_url) for server in self.servers]
             self.events = StateStamps(self.redis.observer_url)
         except Exception:
             self.close()
@@ -769,39 +788,46 @@ class DataPlaneFarm:
         """`farm submit MODEL` as the submitter, between two INFO stats; used_memory sampled all along."""
         args = ["submit", str(model), "-o", str(out)] + (["--no-cache"] if no_cache else [])
         offsets = [log_size(worker) for worker in self.workers]
-        memory, _ = self.info.info("memory")
-        before, asked = self.info.info("stats")  # its reply is Redis' output after the count: taken off below
+        memory = sum(int(info.info("memory")[0]["used_memory"]) for info in self.infos)
+        before = [info.info("stats") for info in self.infos]  # their replies are output after the count
         self.events.reset()
-        with MemorySampler(self.redis.observer_url) as sampler:
+        with MemorySampler([server.observer_url for server in self.servers]) as sampler:
             started = time.perf_counter()
             wall, result = cli(args, self.folder, self.submitter_url, self.client_env)
             ended = time.perf_counter()
-        after, closing = self.info.info("stats")
-        own = Traffic(sampler.traffic.inbound + closing.inbound,
-                      sampler.traffic.outbound + asked.outbound + self.events.traffic.outbound)
+        after = [info.info("stats") for info in self.infos]
+        own = Traffic(sampler.traffic.inbound + sum(closing.inbound for _, closing in after),
+                      sampler.traffic.outbound + sum(asked.outbound for _, asked in before)
+                      + self.events.traffic.outbound)
+        moved = {field: sum(int(end[field]) - int(start[field]) for (start, _), (end, _) in zip(before, after))
+                 for field in ("total_net_input_bytes", "total_net_output_bytes")}
         return Watched(wall, artifact_digest(result), result.get("compiled"),
-                       int(after["total_net_input_bytes"]) - int(before["total_net_input_bytes"]) - own.inbound,
-                       int(after["total_net_output_bytes"]) - int(before["total_net_output_bytes"]) - own.outbound,
-                       sampler.peak, int(memory["used_memory"]), sampler.samples, own.inbound + own.outbound,
+                       moved["total_net_input_bytes"] - own.inbound, moved["total_net_output_bytes"] - own.outbound,
+                       sampler.peak, memory, sampler.samples, own.inbound + own.outbound,
                        phase_seconds(self.events.stamps, started, ended), task_seconds(self.workers, offsets))
 
     def settings(self) -> dict[str, str]:
-        """What the server says it runs with (INFO), to show that deploy/redis.conf is what it loaded."""
-        fields = {**self.info.info("server")[0], **self.info.info("persistence")[0], **self.info.info("memory")[0]}
-        return {name: fields.get(name, "?") for name in ("redis_version", "config_file", "aof_enabled",
-                                                         "maxmemory_policy", "maxmemory")}
+        """What the servers say they run with (INFO), to show that deploy/redis.conf (and redis-blobs.conf) is what
+        each loaded; the blob Redis' fields are prefixed `blobs_`."""
+        settings = {}
+        for prefix, info in zip(("", "blobs_"), self.infos):
+            fields = {**info.info("server")[0], **info.info("persistence")[0], **info.info("memory")[0]}
+            settings.update({prefix + name: fields.get(name, "?") for name in (
+                "redis_version", "config_file", "aof_enabled", "maxmemory_policy", "maxmemory")})
+        return settings
 
     def store_stats(self) -> dict[str, Any]:
         """`farm store stats --json` as the operator (the workers' credentials)."""
         return cli(["store", "stats"], self.folder, self.redis.role_url("worker"), self.client_env)[1]
 
     def close(self) -> None:
-        for closing in (getattr(self, "events", None), getattr(self, "info", None)):
+        for closing in (getattr(self, "events", None), *getattr(self, "infos", [])):
             if closing is not None:
                 closing.close()
         for worker in self.workers:
             worker.stop()
-        self.redis.close()
+        for server in self.servers:
+            server.close()
 
 
 def phase_seconds(stamps: dict[str, float], started: float, ended: float) -> dict[str, float | None]:
@@ -825,7 +851,7 @@ class FarmRound:
 
 
 def farm_round(model: Path, folder: Path, cap: int, tag: str, client_env: dict[str, str],
-               blob_store: str = "redis") -> FarmRound:
+               blob_store: str = BLOB_STORES[0]) -> FarmRound:
     """A fresh redis-server and 2 workers (warmed by tiny_cnn builds, so the store holds no entry of the model: no
     blob, object or artifact), then the cold job, `farm store stats` after its download, and the warm resubmit."""
     farm = DataPlaneFarm(folder, cap, tag, client_env, blob_store)
@@ -1061,9 +1087,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                          "(default: all)")
     parser.add_argument("--huge-layers", type=int,
                         help=f"with --data-plane: 8192x8192 MatMuls of the huge model (default {HUGE_LAYERS}: 1.88 GB)")
-    parser.add_argument("--blob-store", choices=("redis", "file"), default="redis",
-                        help="with --data-plane: where the workers keep the store's bytes (file: FARM_BLOB_STORE, a "
-                             "folder beside the run; default redis)")
+    parser.add_argument("--blob-store", choices=BLOB_STORES, default=BLOB_STORES[0],
+                        help="with --data-plane: where the workers keep the store's bytes (blob-redis, the default: "
+                             "a Redis of their own with deploy/redis-blobs.conf, as docker-compose.yml runs it; "
+                             "redis: the broker's; file: a folder beside the run)")
     parser.add_argument("--huge-full", action="store_true",
                         help=f"with --data-plane: the huge model of issue 15, {HUGE_FULL_LAYERS} layers (2.68 GB)")
     args = parser.parse_args(argv)

@@ -770,10 +770,15 @@ class RedisStore(Store):
         return self.blobs
 
     def streams_uploads(self) -> bool:
-        """Whether the farm's workers published a blob store (a client's view: it may have no FARM_BLOB_STORE of
-        its own): each staged weight is then handed to the intakes as soon as it is staged."""
+        """Whether the farm keeps its bytes in a folder (this process' FARM_BLOB_STORE, else what the workers
+        published): each staged weight is then handed to the intakes as soon as it is staged, to be written there,
+        and staging holds a window of the model. Staged in the Redis that keeps the bytes (the store's, or a blob
+        Redis), a weight is admitted at planning by a rename: a window would read it twice."""
+        if self.blobs is not None:
+            return isinstance(self.blobs, FileStore)
         with self._errors():
-            return self.blobs is not None or bool(self.client.exists(f"{self.prefix}blob_store"))
+            published = self.client.get(f"{self.prefix}blob_store")
+        return bool(published) and published.startswith(FILE_SCHEME.encode())
 
     def staged(self, keys: Iterable[str]) -> list[str]:
         """One pipeline of EXISTS on the staged headers (in the blob Redis when there is one)."""
