@@ -120,14 +120,7 @@ def blob_store_url() -> str | None:
     EFS, CephFS: the usual scale-out choice). The workers publish it (without credentials): clients that upload
     or download log in to a blob Redis with their own user, and read a blob folder where it is mounted."""
     text = os.environ.get("FARM_BLOB_STORE", "").strip()
-    if text in ("", "redis"):
-        return None
-    if text.startswith(("redis://", "rediss://")):
-        return redis_url(text, "FARM_BLOB_STORE")
-    if not text.startswith("file:///"):
-        raise BadInputError(f"FARM_BLOB_STORE={_hide_credentials(text)[:80]!r}: expected redis, "
-                            "redis://HOST:PORT/DB, rediss://HOST:PORT/DB or file:///ABSOLUTE/PATH")
-    return text
+    return None if text in ("", "redis") else _blob_store_location("FARM_BLOB_STORE", text, "redis, ")
 
 
 def blob_store_client_url() -> str | None:
@@ -135,13 +128,17 @@ def blob_store_client_url() -> str | None:
     compose service name, an internal address): the workers publish it instead of FARM_BLOB_STORE (always without
     credentials: each client logs in with its own user). Unset: FARM_BLOB_STORE's address."""
     text = os.environ.get("FARM_BLOB_STORE_CLIENT_URL", "").strip()
-    if not text:
-        return None
+    return _blob_store_location("FARM_BLOB_STORE_CLIENT_URL", text) if text else None
+
+
+def _blob_store_location(variable: str, text: str, also: str = "") -> str:
+    """`text` when it names a blob store (a Redis URL the farm can use, or an absolute folder), else BadInputError
+    naming `variable` and what it may be (`also`: the other spellings it takes), never its password."""
     if text.startswith(("redis://", "rediss://")):
-        return redis_url(text, "FARM_BLOB_STORE_CLIENT_URL")
+        return redis_url(text, variable)
     if not text.startswith("file:///"):
-        raise BadInputError(f"FARM_BLOB_STORE_CLIENT_URL={_hide_credentials(text)[:80]!r}: expected "
-                            "redis://HOST:PORT/DB, rediss://HOST:PORT/DB or file:///ABSOLUTE/PATH")
+        raise BadInputError(f"{variable}={_hide_credentials(text)[:80]!r}: expected {also}redis://HOST:PORT/DB, "
+                            "rediss://HOST:PORT/DB or file:///ABSOLUTE/PATH")
     return text
 
 
