@@ -30,7 +30,7 @@ from farm.store import (
     open_store,
 )
 from farm.store.base import EMPTY_KEY, Eviction
-from farm.store.redis_store import CHUNK_BYTES, blob_redis
+from farm.store.redis_store import CHUNK_BYTES, blob_redis, with_login_of, without_login
 from tests.services import RedisServer, free_port, redis_server_fixture, redis_servers_fixture  # noqa: F401
 
 MIB = 1 << 20
@@ -885,6 +885,16 @@ def test_a_client_logs_in_to_the_published_blob_redis_as_it_logs_in_to_the_farm(
     assert worker.take_staged(content_key(b"a weight")) == b"a weight"
     worker.publish_blob_store("redis://farm-worker:farm-secret@farm-host:6380/0")  # FARM_BLOB_STORE_CLIENT_URL
     assert durable.client().get(f"{worker.prefix}blob_store") == b"redis://farm-host:6380/0"
+
+
+def test_the_published_blob_redis_carries_no_login_and_a_client_adds_its_own() -> None:
+    assert without_login("redis://farm-worker:secret@blobs:6379/0") == "redis://blobs:6379/0"
+    assert without_login("file:///mnt/farm-cas") == "file:///mnt/farm-cas"
+    own = "rediss://farm-submitter:pw@farm-host:6379/0?ssl_ca_certs=/etc/farm/ca.pem"
+    assert with_login_of("rediss://farm-host:6380/0", own) == (
+        "rediss://farm-submitter:pw@farm-host:6380/0?ssl_ca_certs=/etc/farm/ca.pem")
+    assert with_login_of("redis://farm-host:6380/0", own) == "redis://farm-submitter:pw@farm-host:6380/0"
+    assert with_login_of("redis://farm-host:6380/0", "redis://farm-host:6379/0") == "redis://farm-host:6380/0"
 
 
 def test_blob_redis_entries_no_header_owns_are_swept_once_an_hour_old(
