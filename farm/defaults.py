@@ -258,6 +258,18 @@ UPLOAD_PIN_SECONDS = 3600
 pins it (an hour: longer than uploading any model a farm takes, shorter than holding a dead upload's bytes)."""
 
 
+def prefetch_bytes() -> int:
+    """FARM_PREFETCH_BYTES: how many bytes of a job's packed weights a waiting client fetches while the job still
+    compiles (default 512 MiB; 0 turns it off), held in its memory until the download writes them: the download
+    after the link then reads only what is left. A bigger job's rest is fetched by the download, as without."""
+    text = os.environ.get("FARM_PREFETCH_BYTES", "").strip()
+    if not text:
+        return 512 << 20
+    if not text.isdigit():
+        raise BadInputError(f"FARM_PREFETCH_BYTES={text[:40]!r}: expected a whole number of bytes (0: off)")
+    return int(text)
+
+
 def upload_window_bytes() -> int:
     """FARM_UPLOAD_WINDOW_BYTES: how many staged bytes a client uploading into a farm with a file blob store lets
     wait in Redis for the workers to take them in before it sends more (default 256 MiB): a model of any size then

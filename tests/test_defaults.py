@@ -171,3 +171,16 @@ def test_the_blob_store_clients_reach_is_a_redis_or_a_folder(monkeypatch) -> Non
     monkeypatch.setenv("FARM_BLOB_STORE_CLIENT_URL", "farm-host:6380")
     with pytest.raises(BadInputError, match="FARM_BLOB_STORE_CLIENT_URL='farm-host:6380': expected redis://"):
         defaults.blob_store_client_url()
+
+
+def test_a_waiting_client_prefetches_512_mib_unless_told(monkeypatch) -> None:
+    from farm import defaults
+    from farm.errors import BadInputError
+
+    monkeypatch.delenv("FARM_PREFETCH_BYTES", raising=False)
+    assert defaults.prefetch_bytes() == 512 << 20
+    monkeypatch.setenv("FARM_PREFETCH_BYTES", "0")
+    assert defaults.prefetch_bytes() == 0
+    monkeypatch.setenv("FARM_PREFETCH_BYTES", "1GiB")
+    with pytest.raises(BadInputError, match="FARM_PREFETCH_BYTES='1GiB': expected a whole number of bytes"):
+        defaults.prefetch_bytes()

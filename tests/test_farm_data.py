@@ -56,6 +56,30 @@ def test_an_external_data_model_builds_as_locally_and_its_own_weights_are_not_do
     assert download("elsewhere", FARM_CACHE_DIR=str(tmp_path / "another-machine")) > table_bytes
 
 
+def test_a_waiting_client_fetches_the_packed_weights_as_they_are_built_and_the_download_reads_only_the_rest(
+        farm_factory, tmp_path):
+    """The workers announce each packed weight as they build it (protocol.members_key); a client that waits to
+    download fetches them meanwhile, so its download after the link doesn't read them from the farm: here they are
+    gone from the store before the download, which still writes the local artifact byte for byte."""
+    from farm.backends.llvm.target import host_target
+    from farm.distributed.client import FarmClient
+
+    model = _embedding_model(tmp_path)
+    local = build_model(model, tmp_path / "local", executor=LocalExecutor(1)).artifact
+    farm = farm_factory(workers=1)
+    client = FarmClient(farm.url)
+    job_id = client.submit(model, [host_target()], no_cache=True)
+    assert client.wait(job_id, timeout=120, prefetch=True)["state"] == "done", farm.logs()
+    announced = client.board.members(job_id)
+    assert announced and sorted(client._prefetched[job_id]) == announced
+    worker = FarmClient(farm.worker_url).store
+    for key in announced:
+        worker.delete(key)
+    assert _sha(client.download(job_id, tmp_path / "out")) == _sha(local)
+    waiter = FarmClient(farm.url)  # `farm wait`, which downloads nothing, fetches nothing
+    assert waiter.wait(job_id, timeout=5)["state"] == "done" and not waiter._prefetched.get(job_id)
+
+
 def test_with_a_file_blob_store_redis_holds_no_weight_and_the_artifact_is_the_local_one(farm_factory, tmp_path):
     """FARM_BLOB_STORE on the workers: every entry's bytes are files of the shared folder, Redis keeps the queues
     and the metadata; the client reads the folder the workers published to download."""

@@ -271,7 +271,7 @@ def _submit_to_farm(client, model: Path, targets: list, output: str, as_json: bo
         click.echo(schemas.dumps("submit", _build_fields(client.status(job_id))) if as_json else job_id)
         return
     with _stoppable(client, job_id, cancel=not detach):
-        status = _wait_with_progress(client, job_id, model.name)
+        status = _wait_with_progress(client, job_id, model.name, prefetch=True)
     if status.get("tuning_note"):
         click.echo(f"farm: note: {status['tuning_note']}", err=True)
     try:
@@ -419,12 +419,13 @@ def _say_lost(worker: str, tasks: int) -> None:
     click.echo(f"farm: worker {escaped(worker)} lost; re-running {tasks} task{'' if tasks == 1 else 's'}", err=True)
 
 
-def _wait_with_progress(client, job_id: str, label: str, timeout: float | None = None) -> dict[str, Any]:
+def _wait_with_progress(client, job_id: str, label: str, timeout: float | None = None,
+                        prefetch: bool = False) -> dict[str, Any]:
     from farm.cli.progress import build_progress
     from farm.distributed.client import raise_for_state
 
     with build_progress(f"{label} on the farm", quiet_start=0) as progress:
-        status = client.wait(job_id, timeout, progress.status, _say_unserved, _say_lost)
+        status = client.wait(job_id, timeout, progress.status, _say_unserved, _say_lost, prefetch=prefetch)
     raise_for_state(status)
     return status
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -23,7 +24,15 @@ from farm.distributed import protocol, recipes, uploads
 from farm.distributed.board import JobBoard
 from farm.distributed.protocol import TERMINAL, JobRecord, JobState, check_job_id, check_model_name
 from farm.distributed.uploads import Upload
-from farm.errors import BadInputError, BuildError, CredentialsRefusedError, ExitStatus, JobError, UnreachableError
+from farm.errors import (
+    BadInputError,
+    BuildError,
+    CredentialsRefusedError,
+    ExitStatus,
+    FarmError,
+    JobError,
+    UnreachableError,
+)
 from farm.frontend.shapes import PinnedShapes, sizes_to_json
 from farm.frontend.split import BlobSource, SplitError, SplitModel, split_model
 from farm.store import CorruptEntryError, MissingEntryError, Store, open_store
@@ -57,6 +66,7 @@ class FarmClient:
         self.broker = broker
         self.board = JobBoard(broker)
         self._store: Store | None = None
+        self._prefetched: dict[str, dict[str, bytes]] = {}
 
     @property
     def store(self) -> Store:
@@ -200,17 +210,18 @@ class FarmClient:
     def wait(self, job_id: str, timeout: float | None = None,
              on_progress: Callable[[dict[str, Any]], None] | None = None,
              on_unserved: Callable[[dict[str, str]], None] | None = None,
-             on_lost: Callable[[str, int], None] | None = None) -> dict[str, Any]:
+             on_lost: Callable[[str, int], None] | None = None, prefetch: bool = False) -> dict[str, Any]:
         """Follow the job until it ends (or `timeout` seconds pass: then the last status, not ended), reading it
         again at each notification of the board (at most every POLL_SECONDS) or every wait_fallback_seconds().
         `on_unserved(queues)`: called soon after the start and whenever the job has shown no change for a while
         (LivenessWatch), with the job's queues that have newly lost (or never had) a live worker. `on_lost(worker,
         tasks)`: called once per worker the job lost (each incarnation), with the number of its tasks dispatched
-        again, before the status that first shows it. A lost Redis raises UnreachableError naming the job, so the
-        user can resume with `farm wait`."""
+        again, before the status that first shows it. `prefetch`: the caller downloads the artifact next, so the
+        job's packed weights are fetched as they are built (Prefetch). A lost Redis raises UnreachableError naming
+        the job, so the user can resume with `farm wait`."""
         try:
-            with JobEvents(self.board, job_id) as events:
-                return self._follow(job_id, events, timeout, on_progress, on_unserved, on_lost)
+            with JobEvents(self.board, job_id) as events, Prefetch(self, job_id, prefetch) as ahead:
+                return self._follow(job_id, events, timeout, on_progress, on_unserved, on_lost, ahead.poke)
         except CredentialsRefusedError:
             raise  # the URL is wrong, not the farm away: nothing to resume
         except UnreachableError as error:
@@ -220,13 +231,14 @@ class FarmClient:
     def _follow(self, job_id: str, events: JobEvents, timeout: float | None,
                 on_progress: Callable[[dict[str, Any]], None] | None,
                 on_unserved: Callable[[dict[str, str]], None] | None,
-                on_lost: Callable[[str, int], None] | None) -> dict[str, Any]:
+                on_lost: Callable[[str, int], None] | None, on_change: Callable[[], None]) -> dict[str, Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
         watch = LivenessWatch(lambda: self.unserved_queues(job_id), on_unserved)
         next_nudge = time.monotonic() + INTAKE_NUDGE_SECONDS
         said_lost: set[str] = set()
         while True:
             status = self.status(job_id)
+            on_change()
             if on_lost:
                 _say_lost_once(status["lost_workers"], said_lost, on_lost)
             if on_progress:
@@ -253,9 +265,15 @@ class FarmClient:
         if status["state"] != JobState.DONE.value:
             raise JobError(f"job {job_id} is {status['state']}: no artifact yet (farm wait {job_id})")
         path = os.path.abspath(os.path.join(out_dir, f"{status['model']}.farm"))
+        prefetched = self._prefetched.pop(job_id, {})
+
+        def fetch(key: str) -> bytes:
+            data = prefetched.pop(key, None)
+            return data if data is not None else self.store.peek(key)
+
         try:
             recipes.write_artifact_from(path, recipes.read_recipe(self.store.peek(status["artifact_key"])),
-                                        uploads.local_first(uploads.recall(job_id), self.store.peek))
+                                        uploads.local_first(uploads.recall(job_id), fetch))
         except MissingEntryError:
             raise JobError(f"job {job_id}'s artifact is no longer in the farm's store (evicted after its first "
                            "download); submit the model again to rebuild it") from None
@@ -301,6 +319,54 @@ class Admission:
     def _waiting_bytes(self) -> int:
         self.waiting = self.client.store.staged(self.waiting)
         return sum(self.split.blobs[key].length for key in self.waiting)
+
+
+class Prefetch:
+    """While a client waits on a job: the packed weights the workers announce (protocol.members_key), fetched on a
+    thread as they are built, up to FARM_PREFETCH_BYTES, and handed to the client's download of the job (each read
+    is checked against its key, as the download's own reads are). Fetching is a head start, never a requirement:
+    a failure just leaves the member to the download."""
+
+    def __init__(self, client: FarmClient, job_id: str, wanted: bool = True) -> None:
+        """`wanted`: False for a client that won't download (then nothing is fetched)."""
+        self.client, self.job_id = client, job_id
+        self.budget = defaults.prefetch_bytes() if wanted else 0
+        self.fetched: dict[str, bytes] = client._prefetched.setdefault(job_id, {})
+        self.held = sum(map(len, self.fetched.values()))
+        self._wake, self._stop = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._run, name="farm-prefetch", daemon=True)
+
+    def __enter__(self) -> Prefetch:
+        if self.budget > 0:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def poke(self) -> None:
+        """The job changed: look for new members."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            try:
+                self._fetch_announced()
+            except (FarmError, OSError):
+                return
+
+    def _fetch_announced(self) -> None:
+        for key in self.client.board.members(self.job_id):
+            if self._stop.is_set() or self.held >= self.budget:
+                return
+            if key not in self.fetched:
+                data = self.client.store.peek(key)
+                self.fetched[key], self.held = data, self.held + len(data)
 
 
 ADMISSION_PATIENCE_SECONDS = 10.0

@@ -117,7 +117,8 @@ class Farm:
         if refusal:
             self._fail(job_id, refusal, ExitStatus.BAD_INPUT)
             return None
-        cached = set() if record.no_cache else self._pin_cached(job_id, units)
+        cached = {} if record.no_cache else self._pin_cached(job_id, units)
+        self.board.add_members(job_id, [cached[u.name] for u in units if u.name in cached and u.kind == "blob"])
         todo = [u for u in units if u.name not in cached]
         if record.total is not None:
             todo = [u for u in todo if not self.board.is_complete(job_id, "compile", u.name)]
@@ -304,12 +305,12 @@ class Farm:
                                     "model again")
         return data
 
-    def _pin_cached(self, job_id: str, units: list[CompileUnit]) -> set[str]:
-        """The names of the units whose objects the cache holds, each pinned for the job before its presence is
-        checked (so none is evicted between the check and the link)."""
+    def _pin_cached(self, job_id: str, units: list[CompileUnit]) -> dict[str, str]:
+        """The units whose objects the cache holds (name -> store key), each pinned for the job before its presence
+        is checked (so none is evicted between the check and the link)."""
         keys = {unit.name: self.store.get_ref(unit.cache_ref) for unit in units}
         pins.pin_for_job(self.store, job_id, [key for key in keys.values() if key])
-        return {name for name, key in keys.items() if key and self.store.has(key)}
+        return {name: key for name, key in keys.items() if key and self.store.has(key)}
 
     # -- tune ----------------------------------------------------------------------------------------------------
 
@@ -413,12 +414,14 @@ class Farm:
             return None
         self.before_build(unit.name)
         try:
-            self._build_into_store(job_id, unit)
+            built = self._build_into_store(job_id, unit)
         except UnreachableError:
             raise
         except FarmError as error:
             self._fail(job_id, f"{self._describe(job_id, unit)} failed: {error}", error.exit_status, unit.name)
             return None
+        if unit.kind == "blob":  # packed weights: the waiting client may fetch them before the link
+            self.board.add_members(job_id, [content_key(built)])
         finished = self.board.complete(job_id, "compile", unit.name)
         record = self.board.get(job_id)  # read after the count: the plan may have named its link plan meanwhile
         if record is not None and finished == record.total and record.link_plan_key:  # else the plan links
