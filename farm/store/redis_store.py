@@ -840,9 +840,7 @@ class RedisStore(Store):
         The chunks are appended to one BytesIO whose getvalue doesn't copy, so a big entry costs about its size
         in memory, not twice that; an entry of one chunk (most weights) is that chunk, not copied at all.
         """
-        if count == 1:
-            return self._read_one_chunk(header_key, chunk_key(0), key, size, repair)
-        digest, buffer = hashlib.sha256(), io.BytesIO()
+        digest, buffer, whole = hashlib.sha256(), io.BytesIO(), b""
         for index in range(count):
             chunk = self.client.get(chunk_key(index))
             if chunk is None and not self.client.exists(header_key):
@@ -850,26 +848,17 @@ class RedisStore(Store):
             if chunk is None:
                 self._fail_corrupt(key, f"chunk {index} of {count} is missing", repair)
             digest.update(chunk)
-            buffer.write(chunk)
+            if count == 1:
+                whole = chunk
+            else:
+                buffer.write(chunk)
             del chunk
-        if buffer.tell() != size:
-            self._fail_corrupt(key, f"{buffer.tell()} bytes where the header says {size}", repair)
+        held = len(whole) if count == 1 else buffer.tell()
+        if held != size:
+            self._fail_corrupt(key, f"{held} bytes where the header says {size}", repair)
         if digest.hexdigest() != key:
             self._fail_corrupt(key, f"its {size} bytes have another sha256", repair)
-        return buffer.getvalue()
-
-    def _read_one_chunk(self, header_key: str, chunk_name: str, key: str, size: int, repair: bool) -> bytes:
-        """The bytes of an entry of one chunk, checked as _read_chunks checks them."""
-        chunk = self.client.get(chunk_name)
-        if chunk is None and not self.client.exists(header_key):
-            raise MissingEntryError(key, f"{redact_url(self.url)} (evicted or deleted while being read)")
-        if chunk is None:
-            self._fail_corrupt(key, "chunk 0 of 1 is missing", repair)
-        if len(chunk) != size:
-            self._fail_corrupt(key, f"{len(chunk)} bytes where the header says {size}", repair)
-        if hashlib.sha256(chunk).hexdigest() != key:
-            self._fail_corrupt(key, f"its {size} bytes have another sha256", repair)
-        return chunk
+        return whole if count == 1 else buffer.getvalue()
 
     def _parse_header(self, key: str, header: bytes, repair: bool) -> tuple[int, int | str]:
         """(size, chunk count or FILE_CHUNKS) from a header; an unreadable header makes the entry corrupt."""
