@@ -141,15 +141,15 @@ def cached_at(store: Store, key: str | None, verify: Callable[[bytes], object]) 
         return None
 
 
-def cache_unit(store: Store, unit: CompileUnit, data: bytes) -> str:
+def cache_unit(store: Store, unit: CompileUnit, data: bytes, key: str | None = None) -> str:
     """Keep a unit's built bytes in the compile cache under its ref (cache_at) and return their key. Concurrent
     writers of one unit write the same bytes (its step is pure), and each write is atomic, so either copy serves."""
-    return cache_at(store, unit.cache_ref, data)
+    return cache_at(store, unit.cache_ref, data, key)
 
 
-def cache_at(store: Store, ref: str, data: bytes) -> str:
+def cache_at(store: Store, ref: str, data: bytes, key: str | None = None) -> str:
     """Put `data` into the compile cache under `ref` and return its key: the entry first, then the ref, so no
-    reader follows the ref to bytes not yet there."""
-    key = store.put(data)
+    reader follows the ref to bytes not yet there. `key`: their sha256, when the caller computed it (Store.put)."""
+    key = store.put(data, key)
     store.set_ref(ref, key)
     return key

@@ -414,14 +414,14 @@ class Farm:
             return None
         self.before_build(unit.name)
         try:
-            built = self._build_into_store(job_id, unit)
+            key, _ = self._build_into_store(job_id, unit)
         except UnreachableError:
             raise
         except FarmError as error:
             self._fail(job_id, f"{self._describe(job_id, unit)} failed: {error}", error.exit_status, unit.name)
             return None
         if unit.kind == "blob":  # packed weights: the waiting client may fetch them before the link
-            self.board.add_members(job_id, [content_key(built)])
+            self.board.add_members(job_id, [key])
         finished = self.board.complete(job_id, "compile", unit.name)
         record = self.board.get(job_id)  # read after the count: the plan may have named its link plan meanwhile
         if record is not None and finished == record.total and record.link_plan_key:  # else the plan links
@@ -436,13 +436,15 @@ class Farm:
         what = f"{unit.label} {getattr(unit.spec, 'op', '')}".rstrip()
         return f"{what} of node{'s' if len(nodes) > 1 else ''} {shown} ({unit.name})" if nodes else f"{what} {unit.name}"
 
-    def _build_into_store(self, job_id: str, unit: CompileUnit) -> bytes:
-        """Build a unit and keep its bytes in the compile cache (pinned for the job before they are put)."""
+    def _build_into_store(self, job_id: str, unit: CompileUnit) -> tuple[str, bytes]:
+        """Build a unit and keep its bytes in the compile cache (pinned for the job before they are put, by the
+        key hashed once); their key and the bytes."""
         data = self.store.get(unit.data_key) if unit.data_key else None
         built = compile_unit(unit, data)
-        pins.pin_for_job(self.store, job_id, [content_key(built)])
-        cache_unit(self.store, unit, built)
-        return built
+        key = content_key(built)
+        pins.pin_for_job(self.store, job_id, [key])
+        cache_unit(self.store, unit, built, key)
+        return key, built
 
     def _start_linking(self, job_id: str, plan_json: dict[str, Any]) -> None:
         """Link every CPU target; with none (an OpenCL-only job) go straight to finish. Once per job: the last unit's
@@ -530,7 +532,7 @@ class Farm:
         """A unit's bytes from the cache; rebuilt when they are gone, corrupt, or can't be what its step makes (a
         cache ref pointed at an object with load-time code: refs are pointers, so the bytes are checked)."""
         cached = cached_unit(self.store, unit)
-        return cached if cached is not None else self._build_into_store(job_id, unit)
+        return cached if cached is not None else self._build_into_store(job_id, unit)[1]
 
     def finish(self, args: Finish) -> str | None:
         """Put the artifact's recipe into the store (farm.distributed.recipes: its manifest, its members being

@@ -119,8 +119,10 @@ class Store(ABC):
         """A URL that `open_store` turns back into a store over the same entries."""
 
     @abstractmethod
-    def put(self, data: Data) -> str:
-        """Keep `data` and return its key; skips the write when the entry is already there."""
+    def put(self, data: Data, key: str | None = None) -> str:
+        """Keep `data` and return its key; skips the write when the entry is already there. `key`: the sha256 of
+        `data` when this process just computed it from these bytes (a worker pins an output by its key before it
+        puts it), so that the bytes are not hashed again; never a key that came from elsewhere."""
 
     @abstractmethod
     def get(self, key: str) -> bytes:

@@ -66,9 +66,9 @@ class FileStore(Store):
         """Where the ref `name` lives; hashing the name makes any string a safe file name."""
         return self.refs / hashlib.sha256(name.encode("utf-8")).hexdigest()
 
-    def put(self, data: Data) -> str:
+    def put(self, data: Data, key: str | None = None) -> str:
         view = as_bytes_view(data)
-        key = hashlib.sha256(view).hexdigest()
+        key = key or hashlib.sha256(view).hexdigest()
         path = self.object_path(key)
         if self._present(path, key):
             self._mark_used(path)

@@ -351,12 +351,12 @@ class RedisStore(Store):
         """The Redis key of the ref `name` (Redis keys are binary-safe, so any name will do)."""
         return f"{self.prefix}ref:{name}"
 
-    def put(self, data: Data) -> str:
+    def put(self, data: Data, key: str | None = None) -> str:
         """Write the entry (or, when it is there, mark it used). Eviction first makes room for it when it wouldn't
         fit (so Redis never holds the new bytes on top of a full store), and runs again if concurrent puts took
         the bytes above the cap meanwhile."""
         view = as_bytes_view(data)
-        key = hashlib.sha256(view).hexdigest()
+        key = key or hashlib.sha256(view).hexdigest()
         with self._errors():
             present, total, cap = self._script(self._touch, check_key(key))
         if present:
@@ -385,13 +385,13 @@ class RedisStore(Store):
             header = self.client.get(self.header_key(key))
         if header is not None and header.endswith(f":{FILE_CHUNKS}".encode()) and self.blobs.lacking(
                 {key: len(view)}):
-            self.blobs.put(view)
+            self.blobs.put(view, key)
 
     def _write_bytes(self, key: str, view: memoryview) -> int | str:
         """Write an entry's bytes where they live (chunks here, or a file of the blob store); its header's count."""
         if self.blobs is None:
             return self._write_chunks(view, lambda index: self.chunk_key(key, index))
-        self.blobs.put(view)
+        self.blobs.put(view, key)
         return FILE_CHUNKS
 
     def get(self, key: str) -> bytes:
