@@ -458,6 +458,17 @@ def test_a_model_with_external_data_is_submitted_with_it(client: FarmClient, tmp
     assert weight.tobytes() == (tmp_path / "dynamo.onnx.data").read_bytes()
 
 
+def test_a_weight_whose_upload_is_gone_fails_the_plan_naming_its_initializer(
+        client: FarmClient, redis_server: RedisServer, tmp_path: Path, accept) -> None:
+    """The plan reads the weights ahead on threads (Farm._plans); what one of them lacks is still said by name."""
+    job_id = client.submit(_linear(tmp_path, "lost", "x", external=True), [host_target()])
+    assert accept(job_id) == f"job {job_id} accepted"
+    raw = redis_server.client()
+    raw.delete(*raw.keys("farm:store:staged:*"))
+    with pytest.raises(BadInputError, match="initializer 'W': its bytes .* are not on the farm.*submit the model"):
+        Farm(client.board, client.store, lambda message: None)._plans(client.board.get(job_id))
+
+
 def test_external_data_outside_the_models_folder_is_refused_before_any_upload(
         client: FarmClient, redis_server: RedisServer, tmp_path: Path) -> None:
     path = _linear(tmp_path, "escape", "x", external=True)

@@ -18,6 +18,7 @@ import re
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -283,22 +284,30 @@ class Farm:
 
     def _plans(self, record: JobRecord) -> list[BuildPlan]:
         """A plan per size the job asks for (one for a static model), its weights read by their keys: the store's
-        entries, or the submitter's staged uploads, admitted as they are read (farm.store.Store.take_staged)."""
-        with tempfile.TemporaryDirectory(prefix="farm-job-") as folder:
+        entries, or the submitter's staged uploads, admitted as they are read (farm.store.Store.take_staged). The
+        weights are read ahead, in the graph's order, on WEIGHT_READERS threads (a read waits on Redis or hashes,
+        both without the GIL), while the import takes them one by one: a single reader moved BERT-base's 435 MB
+        at about 390 MB/s."""
+        graph = self.store.get(record.model_key)
+        with tempfile.TemporaryDirectory(prefix="farm-job-") as folder, \
+                ThreadPoolExecutor(WEIGHT_READERS, thread_name_prefix="farm-weights") as readers:
             path = Path(folder) / f"{record.model_name}.onnx"
-            path.write_bytes(self.store.get(record.model_key))
-            weights: dict[str, bytes] = {}
+            path.write_bytes(graph)
+            ahead = {key: readers.submit(self.store.take_staged, key) for key in _blobs(graph)}
 
             def weight(key: str, name: str) -> bytes:
-                if key not in weights:  # a blob two initializers share, or every size's import, is read once
-                    weights[key] = self._weight(key, name)
-                return weights[key]
+                if key not in ahead:  # a blob the graph's listing missed: read now
+                    ahead[key] = readers.submit(self.store.take_staged, key)
+                return self._weight(key, name, ahead[key].result())
 
-            return assembly.plan_sizes(path, record.sizes, StoredBlobs(weight))
+            try:
+                return assembly.plan_sizes(path, record.sizes, StoredBlobs(weight))
+            finally:
+                for reading in ahead.values():
+                    reading.cancel()
 
-    def _weight(self, key: str, name: str) -> bytes:
-        """The bytes of the weight blob `key` that the submitter named for initializer `name`."""
-        data = self.store.take_staged(key)
+    def _weight(self, key: str, name: str, data: bytes | None) -> bytes:
+        """The bytes of the weight blob `key` that the submitter named for initializer `name` (None: not there)."""
         if data is None:
             raise ExternalDataError(f"initializer {name!r}: its bytes (blob {key}) are not on the farm: the upload "
                                     "expired before a worker took the job, was evicted or was damaged; submit the "
@@ -567,6 +576,10 @@ def _pinned_bytes(blobs: dict[str, Any], units: list[CompileUnit]) -> int:
     """What a planned job pins in the store for its weights: each distinct weight and each packed copy."""
     return sum(memoryview(data).nbytes for data in blobs.values()) + sum(
         unit.spec.nbytes for unit in units if unit.kind == "blob" and isinstance(unit.spec, BlobSpec))
+
+
+WEIGHT_READERS = 2
+"""Threads a plan reads its weights on (Farm._plans): two keep one Redis reply and one hash in flight at a time."""
 
 
 def _blobs(graph: bytes) -> dict[str, int]:
