@@ -55,9 +55,12 @@ NOT_PASSING = _listed_as_not_passing()
 
 
 def _first_case_per_op() -> list:
-    """For each supported op, the in-scope case with the shortest name among those using it (test_relu for Relu)."""
+    """For each supported op, its plainest in-scope case: one that passes on the CPU where the op has one, of the
+    fewest nodes, then the shortest name (test_relu for Relu, test_constantofshape_int_zeros for ConstantOfShape,
+    not a 76-node attention expansion that happens to use it)."""
     chosen = {}
-    for case in sorted(CASES, key=lambda case: (len(case.name), case.name)):
+    for case in sorted(CASES, key=lambda case: (case.name in NOT_PASSING, len(case.model.graph.node), len(case.name),
+                                                case.name)):
         for op in {node.op_type for node in case.model.graph.node} & set(SUPPORTED_OPS):
             chosen.setdefault(op, case)
     return sorted({case.name: case for case in chosen.values()}.values(), key=lambda case: case.name)
