@@ -106,11 +106,30 @@ def fingerprint() -> str:
     return devices[0]["fingerprint"]
 
 
+SLOWEST_FILES = (
+    "test_tuning_variants.py", "test_conformance.py", "test_llvm_gemm.py", "test_models.py", "test_farm.py",
+    "test_cli.py", "test_ops_nn.py", "test_ops_elementwise.py", "test_jobs.py", "test_workers.py", "test_ops_tensor.py",
+    "test_emulation.py", "test_ops_reduce.py", "test_exports.py", "test_tuning_space.py", "test_farm_store.py",
+    "test_ops_indexing.py", "test_hosts.py", "test_flower.py", "test_tls.py", "test_runtime_opencl.py", "test_local.py",
+    "test_manifest.py", "test_store.py", "test_farm_data.py", "test_install.py", "test_ops_quantize.py", "test_acl.py",
+    "test_client.py", "test_bench.py", "test_ops_attention.py", "test_deploy.py",
+)
+"""The test files that take longest, about longest first (a full run's --durations, 2-core host), run before the
+others: scripts/test.sh hands whole files to its pytest-xdist workers in collection order (--dist loadfile
+--no-loadscope-reorder), so a long file can't start last and keep one worker busy after the rest are done.
+test_tuning_variants.py goes first: most of its time is the tuning-lock test's production timeout (120 s), a wait
+that the files started beside it fill; those are the ones that only compute (conformance, GEMM, models), not the
+farm and CLI files, which wait too. Files not listed follow in their usual order."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark `services` every test whose fixtures start a service (SERVICE_FIXTURES)."""
+    """Mark `services` every test whose fixtures start a service (SERVICE_FIXTURES); put the SLOWEST_FILES' tests
+    first, longest file first (each file's tests stay together and in order)."""
     for item in items:
         if SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.services)
+    rank = {name: index for index, name in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOWEST_FILES)))
 
 
 @pytest.hookimpl(wrapper=True)

@@ -51,12 +51,30 @@ def _status(farm, job_id: str, cwd: Path) -> dict:
     return json.loads(farm_cli("status", job_id, "--json", broker=farm.url, cwd=cwd).stdout)
 
 
+def _corrupt(client, ref_pattern: str) -> tuple[str, bytes]:
+    """Flip a byte in the first chunk of the entry a ref points at; returns the chunk's key and its bad bytes."""
+    object_key = client.get(client.keys(ref_pattern)[0]).decode()
+    chunk = f"farm:store:obj:{object_key}:0"
+    data = bytearray(client.get(chunk))
+    data[len(data) // 2] ^= 0xFF
+    client.set(chunk, bytes(data))
+    return chunk, bytes(data)
+
+
 def test_two_workers_build_the_local_artifact_and_a_resubmit_compiles_nothing(farm_factory, resnet, tmp_path):
+    """The first job is submitted with --no-wait, then waited for and downloaded from other processes; a resubmit
+    compiles nothing; entries corrupted in the store are then rebuilt, never shipped."""
     model, local = resnet
     farm = farm_factory(workers=2)
-    job = _submit(farm, model, tmp_path)
+    submitted = farm_cli("submit", str(model), "--no-wait", "--json", broker=farm.url, cwd=tmp_path)
+    job_id = json.loads(submitted.stdout)["job_id"]
+    waited = farm_cli("wait", job_id, broker=farm.url, cwd=tmp_path)
+    assert waited.returncode == 0, waited.stderr + farm.logs()
+    downloaded = farm_cli("download", job_id, "-o", str(tmp_path / "dl"), broker=farm.url, cwd=tmp_path)
+    assert downloaded.returncode == 0
+    assert _sha(downloaded.stdout.strip()) == _sha(local)
+    job = _status(farm, job_id, tmp_path)
     assert job["state"] == "done" and job["compiled"] == job["kernels"] + job["blobs"] > 0 and job["cached"] == 0
-    assert _sha(job["artifact"]) == _sha(local)
     again = _submit(farm, model, tmp_path)
     assert again["compiled"] == 0 and again["cached"] == job["compiled"] and again["job_id"] != job["job_id"]
     assert _sha(again["artifact"]) == _sha(local)
@@ -65,17 +83,13 @@ def test_two_workers_build_the_local_artifact_and_a_resubmit_compiles_nothing(fa
     assert names == {w.name for w in farm.workers}
     assert all("llvm" in w["queues"] and w["cpu"]["triple"] for w in json.loads(listed.stdout)["workers"])
 
-
-def test_no_wait_then_wait_and_download_from_other_processes(farm_factory, resnet, tmp_path):
-    model, local = resnet
-    farm = farm_factory(workers=1)
-    submitted = farm_cli("submit", str(model), "--no-wait", "--json", broker=farm.url, cwd=tmp_path)
-    job_id = json.loads(submitted.stdout)["job_id"]
-    waited = farm_cli("wait", job_id, broker=farm.url, cwd=tmp_path)
-    assert waited.returncode == 0, waited.stderr + farm.logs()
-    downloaded = farm_cli("download", job_id, "-o", str(tmp_path / "dl"), broker=farm.url, cwd=tmp_path)
-    assert downloaded.returncode == 0
-    assert _sha(downloaded.stdout.strip()) == _sha(local)
+    client = farm.redis.client()  # corrupt entries are rebuilt, never shipped
+    kernel_chunk, bad_kernel = _corrupt(client, "farm:store:ref:kernel:*")
+    artifact_chunk, bad_artifact = _corrupt(client, "farm:store:ref:artifact:*")
+    rebuilt = _submit(farm, model, tmp_path)
+    assert rebuilt["compiled"] == 0 and rebuilt["job_id"] != again["job_id"]
+    assert _sha(rebuilt["artifact"]) == _sha(local)
+    assert client.get(kernel_chunk) != bad_kernel and client.get(artifact_chunk) != bad_artifact
 
 
 def test_a_killed_host_costs_seconds_and_the_waiting_client_says_so(farm_factory, resnet, tmp_path):
@@ -231,29 +245,6 @@ def test_redis_restarted_mid_job_the_job_completes(farm_factory, resnet, tmp_pat
     assert waited.returncode == 0, waited.stderr + farm.logs()
     downloaded = farm_cli("download", job_id, "-o", str(tmp_path / "dl"), broker=farm.url, cwd=tmp_path)
     assert _sha(downloaded.stdout.strip()) == _sha(local)
-
-
-def _corrupt(client, ref_pattern: str) -> tuple[str, bytes]:
-    """Flip a byte in the first chunk of the entry a ref points at; returns the chunk's key and its bad bytes."""
-    object_key = client.get(client.keys(ref_pattern)[0]).decode()
-    chunk = f"farm:store:obj:{object_key}:0"
-    data = bytearray(client.get(chunk))
-    data[len(data) // 2] ^= 0xFF
-    client.set(chunk, bytes(data))
-    return chunk, bytes(data)
-
-
-def test_corrupt_store_entries_are_rebuilt_never_shipped(farm_factory, resnet, tmp_path):
-    model, local = resnet
-    farm = farm_factory(workers=1)
-    first = _submit(farm, model, tmp_path)
-    client = farm.redis.client()
-    kernel_chunk, bad_kernel = _corrupt(client, "farm:store:ref:kernel:*")
-    artifact_chunk, bad_artifact = _corrupt(client, "farm:store:ref:artifact:*")
-    again = _submit(farm, model, tmp_path)
-    assert again["compiled"] == 0 and again["job_id"] != first["job_id"]
-    assert _sha(again["artifact"]) == _sha(local)
-    assert client.get(kernel_chunk) != bad_kernel and client.get(artifact_chunk) != bad_artifact
 
 
 def test_opencl_tasks_go_to_the_worker_that_has_the_device(farm_factory, tmp_path):

@@ -17,7 +17,6 @@ from pathlib import Path
 import onnx
 import pyopencl as cl
 import pytest
-import redis
 
 from farm.backends.llvm.blobs import STALE_SCRATCH_SECONDS
 from farm.backends.llvm.target import host_target
@@ -80,24 +79,6 @@ def test_default_hostname_names_the_process_and_host() -> None:
     assert re.fullmatch(r"farm-\d+@.+", name)
 
 
-def test_a_running_worker_advertises_its_capabilities_and_consumes_its_queues(redis_server: RedisServer,
-                                                                             tmp_path: Path,
-                                                                             capabilities: dict) -> None:
-    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
-    worker = FarmWorker(redis_server.url, "caps@test", tmp_path).start()
-    try:
-        advertised = json.loads(client.hget(WORKERS_KEY, "caps@test"))
-        assert advertised["cpu"] == capabilities["cpu"] and advertised["opencl"] == capabilities["opencl"]
-        assert advertised["pid"] != os.getpid() and advertised["host"] == socket.gethostname()
-
-        queues = make_app(redis_server.url).control.inspect(timeout=5, destination=["caps@test"]).active_queues()
-        assert queues, f"the worker didn't answer inspect:\n{worker.log_tail()}"
-        assert sorted(queue["name"] for queue in queues["caps@test"]) == sorted(queues_for(capabilities))
-    finally:
-        worker.stop()
-    assert not client.hexists(WORKERS_KEY, "caps@test"), "a stopped worker still advertises itself"
-
-
 # --- connection settings and shutdown, with the production defaults ------------------------------------------------
 
 
@@ -116,26 +97,36 @@ def stop_and_time(worker: FarmWorker) -> float:
     return seconds
 
 
-def test_a_starting_worker_sweeps_the_blob_scratch_older_versions_leaked(redis_server: RedisServer,
-                                                                        tmp_path: Path) -> None:
+def test_a_worker_sweeps_leaked_scratch_advertises_consumes_its_queues_and_stops_at_a_sigterm(
+        redis_servers, tmp_path: Path, capabilities: dict) -> None:
+    """One idle `farm worker` with the production defaults, from its start to its stop: starting, it sweeps the blob
+    scratch older versions leaked (not one an older process may still be packing); running, it advertises this
+    host's capabilities and consumes its queues; a SIGTERM stops it promptly, without a traceback, and withdraws its
+    advertisement."""
+    server = redis_servers(password="s3cret")
+    client = server.client()
     temp = tmp_path / "tmp"
     temp.mkdir()
     leaked = old_scratch(temp, "farm-blob-crashed", STALE_SCRATCH_SECONDS + 60)
     busy = old_scratch(temp, "farm-blob-busy", 1)  # an older process on this host may still be packing it
-    worker = production_worker(redis_server.url, "sweep@test", tmp_path, TMPDIR=str(temp)).start()
-    worker.stop()
-    assert not leaked.exists() and busy.exists()
+    worker = production_worker(server.url, "caps@test", tmp_path, TMPDIR=str(temp)).start()
+    try:
+        assert not leaked.exists() and busy.exists()
+        advertised = json.loads(client.hget(WORKERS_KEY, "caps@test"))
+        assert advertised["cpu"] == capabilities["cpu"] and advertised["opencl"] == capabilities["opencl"]
+        assert advertised["pid"] != os.getpid() and advertised["host"] == socket.gethostname()
 
-
-def test_a_sigterm_stops_a_worker_promptly_without_a_traceback(redis_servers, tmp_path: Path) -> None:
-    server = redis_servers(password="s3cret")
-    client = server.client()
-    worker = production_worker(server.url, "term@test", tmp_path).start()
+        queues = make_app(server.url).control.inspect(timeout=5, destination=["caps@test"]).active_queues()
+        assert queues, f"the worker didn't answer inspect:\n{worker.log_tail()}"
+        assert sorted(queue["name"] for queue in queues["caps@test"]) == sorted(queues_for(capabilities))
+    except BaseException:
+        worker.kill()
+        raise
     seconds = stop_and_time(worker)
     log = worker.log_path.read_text()
     print(f"a SIGTERM'd idle worker exited after {seconds:.2f} s")
     assert "Traceback" not in log and "Warm shutdown" in log
-    assert not client.hexists(WORKERS_KEY, "term@test")  # withdrawn
+    assert not client.hexists(WORKERS_KEY, "caps@test"), "a stopped worker still advertises itself"
 
 
 def test_a_sigterm_to_a_busy_workers_group_lets_the_task_in_hand_finish(redis_servers, tmp_path: Path) -> None:
