@@ -35,8 +35,10 @@ def _embedding_model(folder: Path) -> Path:
 
 def test_an_external_data_model_builds_as_locally_and_its_own_weights_are_not_downloaded(farm_factory, tmp_path):
     """The client uploads the graph and each weight by digest; the artifact equals the local build byte for byte,
-    and a download on the submitting machine reads the model's own weights from its files (only a machine that
-    didn't submit it fetches them)."""
+    and a download on the submitting machine reads the model's own weights from its files and makes their packed
+    copies (only a machine that didn't submit it fetches them)."""
+    from farm.distributed.client import FarmClient
+
     model = _embedding_model(tmp_path)
     local = build_model(model, tmp_path / "local", executor=LocalExecutor(1)).artifact
     farm = farm_factory(workers=1)
@@ -52,26 +54,51 @@ def test_an_external_data_model_builds_as_locally_and_its_own_weights_are_not_do
         return redis.info("stats")["total_net_output_bytes"] - sent
 
     table_bytes = 8192 * 64 * 4
-    assert download("here") < table_bytes // 2
     assert download("elsewhere", FARM_CACHE_DIR=str(tmp_path / "another-machine")) > table_bytes
+    for key in redis.smembers(f"farm:job:{job['job_id']}:members"):  # the packed W: made here from the model's W
+        FarmClient(farm.worker_url).store.delete(key.decode())
+    assert download("here") < table_bytes // 2
 
 
-def test_a_waiting_client_fetches_the_packed_weights_as_they_are_built_and_the_download_reads_only_the_rest(
-        farm_factory, tmp_path):
-    """The workers announce each packed weight as they build it (protocol.members_key); a client that waits to
-    download fetches them meanwhile, so its download after the link doesn't read them from the farm: here they are
-    gone from the store before the download, which still writes the local artifact byte for byte."""
+def _folding_model(folder: Path) -> Path:
+    """Two MatMuls with weights in `model.onnx.data`: a 1 MB W that the target packs as the model has it, and a
+    W2 that the plan transposes first (folded: a weight the farm made, which the submitter doesn't hold)."""
+    rng = np.random.default_rng(6)
+    weight = numpy_helper.from_array(rng.standard_normal((64, 4096)).astype(np.float32), "W")
+    turned = numpy_helper.from_array(rng.standard_normal((64, 4096)).astype(np.float32), "W2")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"]),
+                               helper.make_node("Transpose", ["W2"], ["W2t"], perm=[1, 0]),
+                               helper.make_node("MatMul", ["y", "W2t"], ["z"])], "fold",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 64])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [16, 64])], [weight, turned])
+    path = folder / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path,
+              save_as_external_data=True, location="model.onnx.data", size_threshold=0)
+    return path
+
+
+def test_a_waiting_client_makes_the_packed_weights_of_its_own_weights_and_fetches_only_the_folded_ones(
+        farm_factory, tmp_path, monkeypatch):
+    """Once the job names its link plan, a client that waits to download packs the weights it submitted itself
+    (the workers' own step, recipes.Derivation), and fetches the packed weights the workers announce that it
+    couldn't make (protocol.members_key: here the one packed from a weight the plan folded). Its download after the
+    link reads neither from the farm (they are gone from the store before it), and it still writes the local
+    artifact byte for byte."""
     from farm.backends.llvm.target import host_target
     from farm.distributed.client import FarmClient
 
-    model = _embedding_model(tmp_path)
+    model = _folding_model(tmp_path)
     local = build_model(model, tmp_path / "local", executor=LocalExecutor(1)).artifact
     farm = farm_factory(workers=1)
     client = FarmClient(farm.url)
+    read_from_farm: list[str] = []
+    peek = client.store.peek
+    monkeypatch.setattr(client.store, "peek", lambda key: read_from_farm.append(key) or peek(key))
     job_id = client.submit(model, [host_target()], no_cache=True)
     assert client.wait(job_id, timeout=120, prefetch=True)["state"] == "done", farm.logs()
     announced = client.board.members(job_id)
-    assert announced and sorted(client._prefetched[job_id]) == announced
+    assert len(announced) == 2 and sorted(client._prefetched[job_id]) == announced
+    assert len(set(read_from_farm) & set(announced)) == 1  # the folded one
     worker = FarmClient(farm.worker_url).store
     for key in announced:
         worker.delete(key)

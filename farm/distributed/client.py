@@ -35,7 +35,7 @@ from farm.errors import (
 )
 from farm.frontend.shapes import PinnedShapes, sizes_to_json
 from farm.frontend.split import BlobSource, SplitError, SplitModel, split_model
-from farm.store import CorruptEntryError, MissingEntryError, Store, open_store
+from farm.store import CorruptEntryError, MissingEntryError, Store, content_key, open_store
 
 ANY_WORKER = "start one with 'farm worker'"
 SERVED_BY: dict[str, Callable[[Any], str]] = {
@@ -259,21 +259,23 @@ class FarmClient:
         """Write the job's artifact to out_dir/<model>.farm (atomically) and return its path: the store keeps it as a
         recipe (farm.distributed.recipes), whose members are streamed into the file one at a time. Members this
         machine submitted (the model's own weights, when this client uploaded the job) are read from the model's
-        files, checked by sha256; only the rest (libraries, packed weights) come from the farm."""
+        files, and the packed weights made from them, each checked by sha256; only the rest (libraries, and what
+        this machine doesn't hold) comes from the farm."""
         status = self.status(job_id)
         raise_for_state(status)
         if status["state"] != JobState.DONE.value:
             raise JobError(f"job {job_id} is {status['state']}: no artifact yet (farm wait {job_id})")
         path = os.path.abspath(os.path.join(out_dir, f"{status['model']}.farm"))
         prefetched = self._prefetched.pop(job_id, {})
-
-        def fetch(key: str) -> bytes:
-            data = prefetched.pop(key, None)
-            return data if data is not None else self.store.peek(key)
-
         try:
-            recipes.write_artifact_from(path, recipes.read_recipe(self.store.peek(status["artifact_key"])),
-                                        uploads.local_first(uploads.recall(job_id), fetch))
+            recipe = recipes.read_recipe(self.store.peek(status["artifact_key"]))
+            held = uploads.local_first(uploads.recall(job_id), self.store.peek, recipe.derived)
+
+            def read(key: str) -> bytes:
+                data = prefetched.pop(key, None)
+                return data if data is not None else held(key)
+
+            recipes.write_artifact_from(path, recipe, read)
         except MissingEntryError:
             raise JobError(f"job {job_id}'s artifact is no longer in the farm's store (evicted after its first "
                            "download); submit the model again to rebuild it") from None
@@ -322,10 +324,12 @@ class Admission:
 
 
 class Prefetch:
-    """While a client waits on a job: the packed weights the workers announce (protocol.members_key), fetched on a
-    thread as they are built, up to FARM_PREFETCH_BYTES, and handed to the client's download of the job (each read
-    is checked against its key, as the download's own reads are). Fetching is a head start, never a requirement:
-    a failure just leaves the member to the download."""
+    """While a client waits on a job: its packed weights, ready before the link, up to FARM_PREFETCH_BYTES, held for
+    the client's download of the job. Once the job names its link plan, each packed weight whose weight this machine
+    submitted is made here from the model's files (recipes.Derivation: the pure step a worker runs), then each one
+    the workers announce (protocol.members_key) that wasn't made is fetched (packed from weights the plan folded).
+    The download uses a member only if it hashes to the recipe's key. A head start, never a requirement: a failure
+    just leaves the member to the download."""
 
     def __init__(self, client: FarmClient, job_id: str, wanted: bool = True) -> None:
         """`wanted`: False for a client that won't download (then nothing is fetched)."""
@@ -333,6 +337,8 @@ class Prefetch:
         self.budget = defaults.prefetch_bytes() if wanted else 0
         self.fetched: dict[str, bytes] = client._prefetched.setdefault(job_id, {})
         self.held = sum(map(len, self.fetched.values()))
+        self.planned = False
+        """Whether the link plan was read (and the packed weights this machine can make were made)."""
         self._wake, self._stop = threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._run, name="farm-prefetch", daemon=True)
 
@@ -356,17 +362,36 @@ class Prefetch:
             self._wake.wait()
             self._wake.clear()
             try:
-                self._fetch_announced()
+                self.planned = self.planned or self._make_from_link_plan()
+                if self.planned:
+                    self._fetch_announced()
             except (FarmError, OSError):
                 return
+
+    def _make_from_link_plan(self) -> bool:
+        """Make the packed weights of the weights this machine holds, once the job names its link plan (False
+        before: the workers' announcements wait, as they may be weights made here)."""
+        record = self.client.record(self.job_id)
+        if record.link_plan_key is None:
+            return False
+        local = uploads.recall(self.job_id)
+        for derivation in recipes.derivations_in(self.client.store.peek(record.link_plan_key)):
+            if self._stop.is_set() or self.held >= self.budget:
+                break
+            made = uploads.make_held(local, derivation) if derivation.source in local else None
+            if made is not None:
+                self._keep(made)
+        return True
 
     def _fetch_announced(self) -> None:
         for key in self.client.board.members(self.job_id):
             if self._stop.is_set() or self.held >= self.budget:
                 return
             if key not in self.fetched:
-                data = self.client.store.peek(key)
-                self.fetched[key], self.held = data, self.held + len(data)
+                self._keep(self.client.store.peek(key))
+
+    def _keep(self, data: bytes) -> None:
+        self.fetched[content_key(data)], self.held = data, self.held + len(data)
 
 
 ADMISSION_PATIENCE_SECONDS = 10.0

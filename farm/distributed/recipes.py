@@ -12,6 +12,7 @@ it is byte for byte the local build's. While a job keeps its artifact it pins th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -28,8 +29,11 @@ from farm.artifact import (
     manifest_from_text,
     write_finished_artifact,
 )
-from farm.errors import ArtifactError
-from farm.store import Store, content_key
+from farm.backends.llvm.target import CpuTarget
+from farm.backends.registry import target_from_json
+from farm.errors import ArtifactError, BadInputError
+from farm.ir.specs import BlobSpec
+from farm.store import Store, content_key, is_key
 
 RECIPE_FORMAT = "farm-artifact-recipe/1"
 MAX_RECIPE_BYTES = 2 * MAX_MANIFEST_BYTES
@@ -43,11 +47,63 @@ class StoredMember(LazyMember):
     `produce` reads them if the artifact is ever written from it."""
 
     key: str = ""
+    derivation: Derivation | None = None
+    """How the member is made from a weight blob, when it is a packed weight."""
 
 
-def stored(store: Store, key: str, size: int) -> StoredMember:
-    """The store entry `key` of `size` bytes as an artifact member."""
-    return StoredMember(size, functools.partial(store.get, key), key)
+def stored(store: Store, key: str, size: int, derivation: Derivation | None = None) -> StoredMember:
+    """The store entry `key` of `size` bytes as an artifact member (`derivation`: how it is made, if it can be)."""
+    return StoredMember(size, functools.partial(store.get, key), key, derivation)
+
+
+def known(member: Member, derivation: Derivation) -> StoredMember:
+    """A packed weight read from the store (so an entry already) as a member that says how it is made."""
+    made = member.produce() if isinstance(member, LazyMember) else member
+    data = made if isinstance(made, bytes) else bytes(made)
+    return StoredMember(len(data), lambda: data, content_key(data), derivation)
+
+
+@dataclass(frozen=True)
+class Derivation:
+    """A packed weight member as its "blob" unit makes it (farm.build.units): the float32 weight blob `spec.data_sha256`
+    packed for `target`'s kernels by the same pure step a worker runs. Its code is imported when it is first made:
+    a client that doesn't make one doesn't load numpy's packing."""
+
+    spec: BlobSpec
+    target: CpuTarget
+
+    @property
+    def source(self) -> str:
+        """The key of the weight blob it is made from."""
+        return self.spec.data_sha256
+
+    def make(self, source: bytes | memoryview) -> bytes:
+        """The member's bytes from the weight blob's (BuildError when they can't be packed as the spec says)."""
+        from farm.backends.llvm.blobs import pack_weights
+
+        return pack_weights(self.spec, self.target, source)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"spec": self.spec.to_json(), "target": self.target.to_json()}
+
+    @classmethod
+    def of(cls, spec: object, target: object) -> Derivation | None:
+        """The derivation of a unit's output when it is a packed weight for a CPU, else None."""
+        if isinstance(spec, BlobSpec) and spec.panels is not None and isinstance(target, CpuTarget):
+            return cls(spec, target)
+        return None
+
+    @classmethod
+    def from_json(cls, data: Any) -> Derivation:
+        """A derivation read back from a recipe; ValueError when it is not one of a packed weight."""
+        try:
+            spec, target = BlobSpec.from_json(data["spec"]), target_from_json(data["target"])
+        except (KeyError, TypeError, ValueError, BadInputError) as error:
+            raise ValueError(f"a malformed derivation: {error}") from None
+        derivation = cls.of(spec, target)
+        if derivation is None or not is_key(spec.data_sha256):
+            raise ValueError("a derivation that packs no weight for a CPU")
+        return derivation
 
 
 @dataclass(frozen=True)
@@ -61,6 +117,8 @@ class Recipe:
     units: dict[str, int] = field(default_factory=dict)
     """The build's unit counts ("kernels", "blobs"), so that a job reusing the artifact reports what it holds;
     empty in a recipe put without them."""
+    derived: dict[str, Derivation] = field(default_factory=dict)
+    """How each packed weight member is made, by its key (empty in a recipe put without them)."""
 
     @property
     def keys(self) -> dict[str, str]:
@@ -79,13 +137,31 @@ def put_recipe(store: Store, manifest: dict[str, Any], members: Mapping[str, Mem
             for path, member in members.items()}
     sizes = {path: member.size if isinstance(member, StoredMember) else memoryview(unstored[path]).nbytes
              for path, member in members.items()}
+    derived = {member.key: member.derivation.to_json() for member in members.values()
+               if isinstance(member, StoredMember) and member.derivation is not None}
     text = finished_manifest(manifest, keys)
     recipe = json.dumps({"format": RECIPE_FORMAT, "manifest": text.decode("utf-8"), "sizes": sizes,
-                         **({"units": dict(units)} if units else {})}, sort_keys=True).encode()
+                         **({"units": dict(units)} if units else {}), **({"derived": derived} if derived else {})},
+                        sort_keys=True).encode()
     pin([content_key(recipe), *keys.values()])
     for data in unstored.values():
         store.put(data)
     return store.put(recipe), sorted(set(keys.values()))
+
+
+def derivations_in(link_plan: bytes) -> list[Derivation]:
+    """The packed weights a job's link plan (farm.build.assembly.link_plan) has units for, as derivations (a unit
+    that can't be read as one is left out: making it ahead is only a head start)."""
+    try:
+        units = json.loads(link_plan)["units"]
+        blob_units = [unit for unit in units.values() if isinstance(unit, dict) and unit.get("kind") == "blob"]
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        return []
+    found = []
+    for unit in blob_units:
+        with contextlib.suppress(ValueError):
+            found.append(Derivation.from_json(unit))
+    return found
 
 
 def read_recipe(data: bytes, where: str = "an artifact recipe in the store") -> Recipe:
@@ -101,13 +177,22 @@ def read_recipe(data: bytes, where: str = "an artifact recipe in the store") -> 
         if not isinstance(units, dict) or not all(key in UNIT_COUNTS and type(count) is int and count >= 0
                                                   for key, count in units.items()):
             raise ValueError(f"its units are not counts of {', '.join(UNIT_COUNTS)}")
+        derived = _derivations(recipe.get("derived", {}))
     except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as error:
         raise ArtifactError(f"{where} is not an artifact recipe: {error}") from None
     manifest = manifest_from_text(text, where)
     if not isinstance(sizes, dict) or sorted(sizes) != sorted(manifest["members"]) or not all(
             type(size) is int and size >= 0 for size in sizes.values()):
         raise ArtifactError(f"{where}: its sizes are not one per member of its manifest")
-    return Recipe(text, manifest, sizes, units)
+    if not set(derived) <= set(manifest["members"].values()):
+        raise ArtifactError(f"{where}: it says how to make a member its manifest doesn't list")
+    return Recipe(text, manifest, sizes, units, derived)
+
+
+def _derivations(data: Any) -> dict[str, Derivation]:
+    if not isinstance(data, dict) or not all(isinstance(key, str) and is_key(key) for key in data):
+        raise ValueError("its derivations are not keyed by sha256")
+    return {key: Derivation.from_json(value) for key, value in data.items()}
 
 
 def write_artifact_from(path: str | os.PathLike[str], recipe: Recipe, read: Callable[[str], bytes]) -> str:

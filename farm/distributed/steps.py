@@ -523,16 +523,20 @@ class Farm:
         """What the units built as the recipe names it: the weights (put by planning) and the packed weights this
         job built, by store key, unread (sizes from the link plan). The rest is read and checked as `_built` reads
         it: libraries and OpenCL binaries (small), and packed weights found cached, which are rebuilt when corrupt
-        or gone (as link does objects)."""
+        or gone (as link does objects). Each packed weight says how it is made (recipes.Derivation)."""
         built = self._built(plan_json, record, job_id)
         weight_bytes = {blob["sha256"]: blob["bytes"] for size in assembly.size_plans(plan_json)
                         for blob in size["manifest"]["blobs"]}
 
         def object_of(name: str) -> Member:
             unit = CompileUnit.from_json(plan_json["units"][name])
+            derivation = recipes.Derivation.of(unit.spec, unit.target)
             fresh = unit.kind == "blob" and self.board.is_complete(job_id, "compile", name)
             key = self.store.get_ref(unit.cache_ref) if fresh else None
-            return built.object_of(name) if key is None else recipes.stored(self.store, key, unit.spec.nbytes)
+            if key is not None:
+                return recipes.stored(self.store, key, unit.spec.nbytes, derivation)
+            member = built.object_of(name)
+            return member if derivation is None else recipes.known(member, derivation)
 
         return replace(built, object_of=object_of,
                        blob_of=lambda sha: recipes.stored(self.store, sha, weight_bytes[sha]))
