@@ -259,9 +259,10 @@ pins it (an hour: longer than uploading any model a farm takes, shorter than hol
 
 
 def prefetch_bytes() -> int:
-    """FARM_PREFETCH_BYTES: how many bytes of a job's packed weights a waiting client fetches while the job still
-    compiles (default 512 MiB; 0 turns it off), held in its memory until the download writes them: the download
-    after the link then reads only what is left. A bigger job's rest is fetched by the download, as without."""
+    """FARM_PREFETCH_BYTES: how many bytes of a job's packed weights a waiting client makes from their weights while
+    the job still compiles (default 512 MiB; 0 turns it off), held in its memory until the download writes them
+    (farm.distributed.client.Prefetch): the download after the link then reads the libraries and makes what is
+    left."""
     text = os.environ.get("FARM_PREFETCH_BYTES", "").strip()
     if not text:
         return 512 << 20

@@ -103,17 +103,6 @@ def test_complete_counts_distinct_names_per_phase(board: JobBoard) -> None:
     assert 0 < board.redis.ttl(protocol.phase_key("j", "compile")) <= defaults.JOB_TTL_SECONDS
 
 
-def test_announced_members_are_store_keys_that_expire_with_the_job(board: JobBoard) -> None:
-    job_id = "0123456789abcdef"
-    assert board.members(job_id) == []
-    board.add_members(job_id, [])
-    board.add_members(job_id, ["b" * 64, "a" * 64])
-    board.add_members(job_id, ["a" * 64])
-    board.redis.sadd(protocol.members_key(job_id), "not a key")
-    assert board.members(job_id) == ["a" * 64, "b" * 64]
-    assert 0 < board.redis.ttl(protocol.members_key(job_id)) <= defaults.JOB_TTL_SECONDS
-
-
 def test_exactly_one_of_many_concurrent_completions_sees_the_last_unit(board: JobBoard) -> None:
     """8 threads each complete all 50 names (every unit delivered 8 times): each count 1..50 is seen exactly once."""
     names = [f"unit-{i}" for i in range(50)]

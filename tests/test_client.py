@@ -497,16 +497,31 @@ def test_a_model_whose_weights_are_over_the_farms_cap_is_refused_before_any_uplo
     assert client.status(job_id)["state"] == "failed" and client.status(job_id)["exit_status"] == 2
 
 
-def test_a_job_whose_packed_weights_would_take_it_over_the_cap_fails_at_planning_before_any_compile(
+def _both_ways(tmp: Path) -> Path:
+    """y = x @ W + x @ W^T with a 4 MB W: the plan folds the transpose into a second 4 MB weight."""
+    weight = numpy_helper.from_array(np.random.default_rng(4).standard_normal((1024, 1024)).astype(np.float32), "W")
+    nodes = [onnx.helper.make_node("Transpose", ["W"], ["Wt"], perm=[1, 0]),
+             onnx.helper.make_node("MatMul", ["x", "W"], ["a"]), onnx.helper.make_node("MatMul", ["x", "Wt"], ["b"]),
+             onnx.helper.make_node("Add", ["a", "b"], ["y"])]
+    graph = onnx.helper.make_graph(nodes, "both", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
+                                                                                      [1, 1024])],
+                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 1024])],
+                                   [weight])
+    path = tmp / "folded.onnx"
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_job_whose_folded_weights_would_take_it_over_the_cap_fails_at_planning_before_any_compile(
         client: FarmClient, tmp_path: Path, dispatched: list[Message]) -> None:
-    """The client and the intake know the weights; planning knows their packed copies too (a MatMul's weight is
-    packed for each CPU target): over the cap, the job fails naming both sizes and nothing is dispatched."""
+    """The client and the intake know the weights; planning knows the weights it folds too (packed copies take no
+    room: the store keeps none): over the cap, the job fails naming both sizes and nothing is dispatched."""
     farm = Farm(client.board, client.store, dispatched.append)
     client.store.set_max_bytes(6 << 20)
-    job_id = client.submit(_linear(tmp_path, "packed", "x"), [host_target()])
+    job_id = client.submit(_both_ways(tmp_path), [host_target()])
     farm.accept(job_id)
     dispatched.clear()
-    with pytest.raises(JobFailed, match=r"packed.onnx: its weights and their packed copies need 8.0 MiB"):
+    with pytest.raises(JobFailed, match=r"folded.onnx: its weights and what the plan made of them need 8.0 MiB"):
         farm.plan_job(job_id)
     status = client.status(job_id)
     assert status["state"] == "failed" and status["exit_status"] == 2 and dispatched == []

@@ -13,6 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
+from farm.distributed import recipes
+from farm.distributed.client import FarmClient
 from tests.farm_services import farm_cli, farm_factory_fixture  # noqa: F401
 from tests.test_farm import _sha, _submit
 
@@ -35,10 +37,8 @@ def _embedding_model(folder: Path) -> Path:
 
 def test_an_external_data_model_builds_as_locally_and_its_own_weights_are_not_downloaded(farm_factory, tmp_path):
     """The client uploads the graph and each weight by digest; the artifact equals the local build byte for byte,
-    and a download on the submitting machine reads the model's own weights from its files and makes their packed
-    copies (only a machine that didn't submit it fetches them)."""
-    from farm.distributed.client import FarmClient
-
+    and a download on the submitting machine reads the model's own weights from its files and packs them (only a
+    machine that didn't submit it fetches them, and packs them too: the farm keeps no packed copy)."""
     model = _embedding_model(tmp_path)
     local = build_model(model, tmp_path / "local", executor=LocalExecutor(1)).artifact
     farm = farm_factory(workers=1)
@@ -54,10 +54,11 @@ def test_an_external_data_model_builds_as_locally_and_its_own_weights_are_not_do
         return redis.info("stats")["total_net_output_bytes"] - sent
 
     table_bytes = 8192 * 64 * 4
-    assert download("elsewhere", FARM_CACHE_DIR=str(tmp_path / "another-machine")) > table_bytes
-    for key in redis.smembers(f"farm:job:{job['job_id']}:members"):  # the packed W: made here from the model's W
-        FarmClient(farm.worker_url).store.delete(key.decode())
     assert download("here") < table_bytes // 2
+    assert download("elsewhere", FARM_CACHE_DIR=str(tmp_path / "another-machine")) > table_bytes
+    store = FarmClient(farm.url).store
+    packed = recipes.read_recipe(store.peek(FarmClient(farm.url).record(job["job_id"]).artifact_key)).derived
+    assert len(packed) == 1 and store.missing(packed) == list(packed)  # the packed W: made by each download
 
 
 def _folding_model(folder: Path) -> Path:
@@ -77,15 +78,13 @@ def _folding_model(folder: Path) -> Path:
     return path
 
 
-def test_a_waiting_client_makes_the_packed_weights_of_its_own_weights_and_fetches_only_the_folded_ones(
+def test_a_waiting_client_makes_the_packed_weights_from_its_own_weights_and_the_folded_ones_it_reads(
         farm_factory, tmp_path, monkeypatch):
-    """Once the job names its link plan, a client that waits to download packs the weights it submitted itself
-    (the workers' own step, recipes.Derivation), and fetches the packed weights the workers announce that it
-    couldn't make (protocol.members_key: here the one packed from a weight the plan folded). Its download after the
-    link reads neither from the farm (they are gone from the store before it), and it still writes the local
-    artifact byte for byte."""
+    """The farm keeps a packed weight as its key and how it is made (recipes.Derivation), never its bytes. Once the
+    job names its link plan, a client that waits to download packs the weight it submitted from the model's file,
+    and the weight the plan folded (W2 transposed, which it doesn't hold) from the store; its download after the
+    link then writes the local artifact byte for byte, and no packed weight was ever read from the farm."""
     from farm.backends.llvm.target import host_target
-    from farm.distributed.client import FarmClient
 
     model = _folding_model(tmp_path)
     local = build_model(model, tmp_path / "local", executor=LocalExecutor(1)).artifact
@@ -96,14 +95,12 @@ def test_a_waiting_client_makes_the_packed_weights_of_its_own_weights_and_fetche
     monkeypatch.setattr(client.store, "peek", lambda key: read_from_farm.append(key) or peek(key))
     job_id = client.submit(model, [host_target()], no_cache=True)
     assert client.wait(job_id, timeout=120, prefetch=True)["state"] == "done", farm.logs()
-    announced = client.board.members(job_id)
-    assert len(announced) == 2 and sorted(client._prefetched[job_id]) == announced
-    assert len(set(read_from_farm) & set(announced)) == 1  # the folded one
-    worker = FarmClient(farm.worker_url).store
-    for key in announced:
-        worker.delete(key)
+    packed = recipes.read_recipe(peek(client.record(job_id).artifact_key)).derived
+    assert len(packed) == 2 and sorted(client._prefetched[job_id]) == sorted(packed)
+    assert client.store.missing(packed) == sorted(packed) and not set(read_from_farm) & set(packed)
+    assert len({derivation.source for derivation in packed.values()} & set(read_from_farm)) == 1  # the folded one
     assert _sha(client.download(job_id, tmp_path / "out")) == _sha(local)
-    waiter = FarmClient(farm.url)  # `farm wait`, which downloads nothing, fetches nothing
+    waiter = FarmClient(farm.url)  # `farm wait`, which downloads nothing, makes nothing
     assert waiter.wait(job_id, timeout=5)["state"] == "done" and not waiter._prefetched.get(job_id)
 
 

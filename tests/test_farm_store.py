@@ -73,7 +73,7 @@ def test_after_a_download_the_store_returns_under_its_cap_without_gc(farm_factor
 
     from farm.distributed.intake import SWEEP_SECONDS
 
-    cap = 5 * MIB  # over the mlp's weights and packed copies (4.3 MiB, else refused), under all of its entries
+    cap = 5 * MIB  # over the mlp's weights (else refused), under all of its entries
     farm = farm_factory(workers=1, env={"FARM_STORE_MAX_BYTES": str(cap)})
     model = _models(tmp_path)[0]
     job = _cli_json(farm, tmp_path, "submit", str(model), "--no-wait")["job_id"]

@@ -106,17 +106,21 @@ def test_a_job_pins_what_it_will_read_then_only_its_artifacts_recipe_and_members
     while tasks and tasks[0][0] != "farm.link":
         name, args = tasks.pop(0)
         steps.run(protocol.decode(name, args))
-    objects = {store.get_ref(unit["ref"]) for unit in plan_json["units"].values()}
-    assert None not in objects and objects <= pinned(store, job_id)
+    objects = {store.get_ref(unit["ref"]) for unit in plan_json["units"].values() if unit["kind"] != "blob"}
+    packed = {store.get_ref(unit["ref"]) for unit in plan_json["units"].values() if unit["kind"] == "blob"}
+    assert None not in objects | packed and objects <= pinned(store, job_id)
+    assert not packed & pinned(store, job_id) and store.missing(packed) == sorted(packed)  # keys, never bytes
 
     run_tasks(steps, tasks)
     record = steps.board.get(job_id)
-    members = set(recipes.read_recipe(store.get(record.artifact_key)).keys.values())
-    packed = {store.get_ref(unit["ref"]) for unit in plan_json["units"].values() if unit["kind"] == "blob"}
+    recipe = recipes.read_recipe(store.get(record.artifact_key))
+    members = set(recipe.keys.values())
     assert packed <= members and record.libraries[host_target().id] in members  # what the recipe names, unread
-    assert record.state == "done" and pinned(store, job_id) == {record.artifact_key, *members}
+    entries = set(recipe.entries)  # the packed members' weights instead of them
+    assert entries == members - packed | weights
+    assert record.state == "done" and pinned(store, job_id) == {record.artifact_key, *entries}
     FarmClient(redis_server.url).download(job_id, tmp_path / "out")
-    assert pinned(store, job_id) == {record.artifact_key, *members}  # a submitter can't unpin: it raised the flag
+    assert pinned(store, job_id) == {record.artifact_key, *entries}  # a submitter can't unpin: it raised the flag
     assert pins.release_ended_jobs(steps.board, store) == [job_id]
     assert pinned(store, job_id) == set() and store.pin_owners() == []
 
@@ -124,15 +128,15 @@ def test_a_job_pins_what_it_will_read_then_only_its_artifacts_recipe_and_members
 def test_a_job_finishes_under_a_cap_that_evicts_everything_it_doesnt_pin(
         farm: tuple[Farm, Tasks], store: RedisStore, redis_server: RedisServer, model_path: Path,
         local_artifact: bytes, tmp_path: Path) -> None:
-    """Under a cap that holds the job's weights and their packed copies and nothing more, every entry no pin holds
+    """Under a cap that holds the job's weights and nothing more, every entry no pin holds
     is evicted as soon as a put finds the store full: the job still builds the local artifact, since everything it
     reads again is pinned; once downloaded (and the cap lowered to a byte), the artifact goes too, and a second
     download says so. (A smaller cap is refused: by the client and the intake for the weights, by planning for
-    the packed copies.)"""
+    those it folds.)"""
     steps, tasks = farm
     client = FarmClient(redis_server.url)
     job_id = client.submit(model_path, [host_target()])
-    store.set_max_bytes(100_000)  # tiny_cnn: 93,000 bytes of weights and packed copies
+    store.set_max_bytes(100_000)  # tiny_cnn: 93,000 bytes of weights (packed copies are not kept)
     steps.accept(job_id)  # pins the model before it admits it into the store
     run_tasks(steps, tasks)
     assert Path(client.download(job_id, tmp_path / "out")).read_bytes() == local_artifact

@@ -19,37 +19,47 @@ from farm.store import FileStore, content_key
 
 
 def _packing(store: FileStore) -> tuple[recipes.Derivation, bytes]:
-    """A float32 weight put in the store, how a CPU Gemm packs it, and the packed bytes (put too)."""
+    """A float32 weight put in the store, how a CPU Gemm packs it, and the packed bytes (not put: the farm keeps
+    the weight)."""
     weight = np.arange(256, dtype=np.float32).tobytes()
     derivation = recipes.Derivation(BlobSpec(store.put(weight), len(weight), host_target().id, (4, 16, 16, 0)),
                                      host_target())
-    packed = pack_weights(derivation.spec, derivation.target, weight)
-    store.put(packed)
-    return derivation, packed
+    return derivation, pack_weights(derivation.spec, derivation.target, weight)
 
 
-def test_a_recipe_says_how_each_packed_weight_is_made_and_writes_the_artifact_a_local_build_writes(
+def test_a_recipe_keeps_a_packed_weight_as_its_key_and_how_it_is_made_and_writes_the_local_artifact(
         tmp_path: Path) -> None:
+    """The store holds the weight, not its packed copy: the recipe's entries name the weight, and the artifact's
+    writer makes the packed member from it (what a download on a machine that didn't submit the model does)."""
     store = FileStore(tmp_path / "store")
     derivation, packed = _packing(store)
-    members = {"weights/p.bin": recipes.stored(store, content_key(packed), len(packed), derivation),
+    members = {"weights/p.bin": recipes.derived(store, content_key(packed), len(packed), derivation),
                "lib.so": b"code"}
-    key, keys = recipes.put_recipe(store, {"model": {"name": "m"}}, members, lambda keys: None)
+    key, entries = recipes.put_recipe(store, {"model": {"name": "m"}}, members, lambda keys: None)
     recipe = recipes.read_recipe(store.get(key))
-    assert keys == sorted([content_key(packed), content_key(b"code")])
-    assert recipe.derived == {content_key(packed): derivation}
-    assert recipe.derived[content_key(packed)].make(store.get(derivation.source)) == packed
-    path = recipes.write_artifact_from(tmp_path / "m.farm", recipe, store.get)
-    assert Path(path).read_bytes() == artifact_bytes({"model": {"name": "m"}},
-                                                     {"weights/p.bin": packed, "lib.so": b"code"})
+    assert entries == recipe.entries == sorted([derivation.source, content_key(b"code")])
+    assert recipe.derived == {content_key(packed): derivation} and not store.has(content_key(packed))
+    assert members["weights/p.bin"].produce() == packed
+    expected = artifact_bytes({"model": {"name": "m"}}, {"weights/p.bin": packed, "lib.so": b"code"})
+    read: list[str] = []
+    fetch = lambda k: read.append(k) or store.get(k)  # noqa: E731
+    path = recipes.write_artifact_from(tmp_path / "m.farm", recipe, fetch)
+    assert Path(path).read_bytes() == expected and sorted(read) == entries  # the packed one made from the weight
+    read.clear()
+    path = recipes.write_artifact_from(tmp_path / "m.farm", recipe, fetch, {content_key(packed): packed})
+    assert Path(path).read_bytes() == expected and read == [content_key(b"code")]  # made ahead: taken as it is
 
 
-def test_a_packed_weight_read_back_from_the_cache_keeps_its_derivation(tmp_path: Path) -> None:
+def test_a_packed_weight_made_into_other_bytes_than_its_key_is_an_error_that_says_why(tmp_path: Path) -> None:
+    """A client whose packing step isn't the workers' (another farm version) makes other bytes: never a member."""
     store = FileStore(tmp_path / "store")
     derivation, packed = _packing(store)
-    member = recipes.known(packed, derivation)
-    assert (member.key, member.size, member.produce(), member.derivation) == (
-        content_key(packed), len(packed), packed, derivation)
+    key, _ = recipes.put_recipe(store, {}, {"p.bin": recipes.derived(store, "e" * 64, len(packed), derivation)},
+                                lambda keys: None)
+    with pytest.raises(ArtifactError, match=f"packed weight {'e' * 64}: packing weight {derivation.source} here "
+                                            "gives other bytes .* the workers' version must be the same"):
+        recipes.write_artifact_from(tmp_path / "m.farm", recipes.read_recipe(store.get(key)), store.get)
+    assert not (tmp_path / "m.farm").exists()
 
 
 def test_derivations_in_a_link_plan_are_its_packed_weights_and_what_cant_be_read_is_left_out(tmp_path: Path) -> None:

@@ -409,6 +409,21 @@ def test_redis_evicting_an_entry_deletes_the_refs_that_point_at_it(redis_server:
     assert store.client.keys(f"{store.prefix}backrefs:*") == []
 
 
+def test_redis_a_ref_anchored_to_another_entry_goes_with_that_entry(redis_server: RedisServer) -> None:
+    """A packed weight's ref names bytes the store never holds: anchored to the weight it is made from, it goes when
+    the weight is evicted, unless it was pointed elsewhere since."""
+    store = RedisStore(redis_server.url)
+    weight, other = put_in_order(store, 0, 1)
+    store.set_ref("blob:packed", "e" * 64, anchor=weight)
+    store.set_ref("blob:moved", "d" * 64, anchor=weight)
+    store.set_ref("blob:moved", other)
+    assert store.get_ref("blob:packed") == "e" * 64 and not store.has("e" * 64)
+    store.delete(weight)
+    assert (store.get_ref("blob:packed"), store.get_ref("blob:moved")) == (None, other)
+    with pytest.raises(StoreError):
+        store.set_ref("blob:x", "e" * 64, anchor="../etc")
+
+
 def test_redis_counts_entries_an_older_farm_wrote(redis_server: RedisServer) -> None:
     """Entries written before the store had a cap (no count, no last use) are adopted as the least recently used:
     by gc all at once, or by their next use."""

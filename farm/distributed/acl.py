@@ -2,8 +2,8 @@
 key names of farm.distributed.protocol and the store, so that the rules and the keys can't drift apart.
 
 Submitters (CI jobs, laptops) are authenticated but not trusted. With the submitter's credentials one can read what
-clients show (job records and their progress, the members a job announces, the jobs index, workers' advertisements
-and leases, store entries to download) and write only what a submission needs: the job's request and the flags a client raises on it (cancel,
+clients show (job records and their progress, the jobs index, workers' advertisements and leases, store entries
+to download) and write only what a submission needs: the job's request and the flags a client raises on it (cancel,
 downloaded), the jobs index, the intake lists (submitted ids, admissions, damaged entries to drop:
 farm.distributed.intake), the store's staging area for models. Never a job record, a store entry, a ref, a pin, a
 Celery queue or control message, a script, a key listing (SCAN, KEYS) or a server setting. Whatever a submitter
@@ -42,7 +42,7 @@ class Role:
 def _submitter_rules() -> str:
     """Read what clients show, write only a submission's keys; the commands the client's calls use, no others."""
     commands = ("+ping +auth +hello +select +client|setname +multi +exec +discard +get +mget +exists +hgetall "
-                "+scard +smembers +zrevrangebyscore +hset +set +expire +zadd +zremrangebyscore +lpush "
+                "+scard +zrevrangebyscore +hset +set +expire +zadd +zremrangebyscore +lpush "
                 "+subscribe +unsubscribe +publish")
     reads = [protocol.job_key("*"), protocol.request_key("*"), protocol.JOBS_KEY, protocol.WORKERS_KEY,
              protocol.lease_key("*"), f"{STORE_PREFIX}obj:*", f"{STORE_PREFIX}max_bytes",

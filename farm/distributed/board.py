@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -28,7 +28,6 @@ from farm.errors import (
     redact_url,
     tls_verification_failure,
 )
-from farm.store.base import is_key
 from farm.store.lua import LuaScript
 
 CANCELLED_BY_USER = "cancelled by user"
@@ -215,19 +214,6 @@ class JobBoard:
         pipe.publish(protocol.job_events_channel(job_id), phase)
         added, count, _, _ = self.call(pipe.execute)
         return count if added else -1
-
-    def add_members(self, job_id: str, keys: Sequence[str]) -> None:
-        """Announce artifact members built for the job (protocol.members_key) to its waiting clients."""
-        if not keys:
-            return
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.sadd(protocol.members_key(job_id), *keys)
-        pipe.expire(protocol.members_key(job_id), defaults.JOB_TTL_SECONDS)
-        self.call(pipe.execute)
-
-    def members(self, job_id: str) -> list[str]:
-        """The artifact members announced for the job so far (store keys; anything else in the set is skipped)."""
-        return sorted(key for key in self.call(self.redis.smembers, protocol.members_key(job_id)) if is_key(key))
 
     def finished(self, job_id: str, phase: str) -> int:
         """How many distinct units of `phase` are finished."""

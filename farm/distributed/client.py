@@ -217,7 +217,7 @@ class FarmClient:
         (LivenessWatch), with the job's queues that have newly lost (or never had) a live worker. `on_lost(worker,
         tasks)`: called once per worker the job lost (each incarnation), with the number of its tasks dispatched
         again, before the status that first shows it. `prefetch`: the caller downloads the artifact next, so the
-        job's packed weights are fetched as they are built (Prefetch). A lost Redis raises UnreachableError naming
+        job's packed weights are made while it compiles (Prefetch). A lost Redis raises UnreachableError naming
         the job, so the user can resume with `farm wait`."""
         try:
             with JobEvents(self.board, job_id) as events, Prefetch(self, job_id, prefetch) as ahead:
@@ -266,16 +266,10 @@ class FarmClient:
         if status["state"] != JobState.DONE.value:
             raise JobError(f"job {job_id} is {status['state']}: no artifact yet (farm wait {job_id})")
         path = os.path.abspath(os.path.join(out_dir, f"{status['model']}.farm"))
-        prefetched = self._prefetched.pop(job_id, {})
         try:
-            recipe = recipes.read_recipe(self.store.peek(status["artifact_key"]))
-            held = uploads.local_first(uploads.recall(job_id), self.store.peek, recipe.derived)
-
-            def read(key: str) -> bytes:
-                data = prefetched.pop(key, None)
-                return data if data is not None else held(key)
-
-            recipes.write_artifact_from(path, recipe, read)
+            recipes.write_artifact_from(path, recipes.read_recipe(self.store.peek(status["artifact_key"])),
+                                        uploads.local_first(uploads.recall(job_id), self.store.peek),
+                                        self._prefetched.pop(job_id, {}))
         except MissingEntryError:
             raise JobError(f"job {job_id}'s artifact is no longer in the farm's store (evicted after its first "
                            "download); submit the model again to rebuild it") from None
@@ -324,21 +318,20 @@ class Admission:
 
 
 class Prefetch:
-    """While a client waits on a job: its packed weights, ready before the link, up to FARM_PREFETCH_BYTES, held for
-    the client's download of the job. Once the job names its link plan, each packed weight whose weight this machine
-    submitted is made here from the model's files (recipes.Derivation: the pure step a worker runs), then each one
-    the workers announce (protocol.members_key) that wasn't made is fetched (packed from weights the plan folded).
-    The download uses a member only if it hashes to the recipe's key. A head start, never a requirement: a failure
-    just leaves the member to the download."""
+    """While a client waits on a job: its packed weights, made before the link, up to FARM_PREFETCH_BYTES, held for
+    the client's download of the job. The farm keeps a packed weight as its key and how it is made
+    (farm.distributed.recipes), so once the job names its link plan each is made here with the workers' own step,
+    from the model's files where this machine submitted the weight, else from the weight read from the store (one
+    the plan folded). The download uses one only if it hashes to the recipe's key. A head start, never a
+    requirement: a failure just leaves the member to the download."""
 
     def __init__(self, client: FarmClient, job_id: str, wanted: bool = True) -> None:
-        """`wanted`: False for a client that won't download (then nothing is fetched)."""
+        """`wanted`: False for a client that won't download (then nothing is made)."""
         self.client, self.job_id = client, job_id
         self.budget = defaults.prefetch_bytes() if wanted else 0
         self.fetched: dict[str, bytes] = client._prefetched.setdefault(job_id, {})
         self.held = sum(map(len, self.fetched.values()))
-        self.planned = False
-        """Whether the link plan was read (and the packed weights this machine can make were made)."""
+        self.done = False
         self._wake, self._stop = threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._run, name="farm-prefetch", daemon=True)
 
@@ -354,44 +347,30 @@ class Prefetch:
             self._thread.join()
 
     def poke(self) -> None:
-        """The job changed: look for new members."""
+        """The job changed: look for its link plan."""
         self._wake.set()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop.is_set() and not self.done:
             self._wake.wait()
             self._wake.clear()
             try:
-                self.planned = self.planned or self._make_from_link_plan()
-                if self.planned:
-                    self._fetch_announced()
+                self.done = self._make_from_link_plan()
             except (FarmError, OSError):
                 return
 
     def _make_from_link_plan(self) -> bool:
-        """Make the packed weights of the weights this machine holds, once the job names its link plan (False
-        before: the workers' announcements wait, as they may be weights made here)."""
+        """Make the job's packed weights once it names its link plan; False before."""
         record = self.client.record(self.job_id)
         if record.link_plan_key is None:
             return False
-        local = uploads.recall(self.job_id)
+        read = uploads.local_first(uploads.recall(self.job_id), self.client.store.peek)
         for derivation in recipes.derivations_in(self.client.store.peek(record.link_plan_key)):
             if self._stop.is_set() or self.held >= self.budget:
                 break
-            made = uploads.make_held(local, derivation) if derivation.source in local else None
-            if made is not None:
-                self._keep(made)
+            made = derivation.make(read(derivation.source))
+            self.fetched[content_key(made)], self.held = made, self.held + len(made)
         return True
-
-    def _fetch_announced(self) -> None:
-        for key in self.client.board.members(self.job_id):
-            if self._stop.is_set() or self.held >= self.budget:
-                return
-            if key not in self.fetched:
-                self._keep(self.client.store.peek(key))
-
-    def _keep(self, data: bytes) -> None:
-        self.fetched[content_key(data)], self.held = data, self.held + len(data)
 
 
 ADMISSION_PATIENCE_SECONDS = 10.0

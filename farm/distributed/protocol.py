@@ -53,13 +53,6 @@ def phase_key(job_id: str, phase: str) -> str:
     return f"{job_key(job_id)}:{phase}"
 
 
-def members_key(job_id: str) -> str:
-    """The set of store keys of the job's artifact members built (or found cached) so far that are big and no
-    submitter holds: its packed weights. A waiting client fetches them while the job still compiles
-    (farm.distributed.client.Prefetch), so that its download after the link reads only the libraries."""
-    return f"{job_key(job_id)}:members"
-
-
 def linking_claim_key(job_id: str) -> str:
     """Set by the step that starts the job's linking, so that no other starts it again."""
     return f"{job_key(job_id)}:linking-started"

@@ -1,13 +1,20 @@
-"""A farm artifact kept as a recipe: its manifest.json and each payload member's size. Every member is a store entry
-whose key is the sha256 the manifest lists for it (weights, packed weights, libraries, OpenCL binaries and sources),
-so the recipe names all the bytes without holding any.
+"""A farm artifact kept as a recipe: its manifest.json, each payload member's size, and how its packed weights are
+made. Every other member is a store entry whose key is the sha256 the manifest lists for it (weights, libraries,
+OpenCL binaries and sources), so the recipe names all the bytes without holding any.
 
 Farm.finish puts a recipe in the store (a few KB to MB) instead of an artifact of all its members' bytes: finishing
 a model of gigabytes of weights reads, copies and hashes none of them, and the store holds each weight once, not
 again inside the artifact. The artifact file is made from the recipe only when it is downloaded
 (`write_artifact_from`), streamed member by member through the tar writer that writes a local build's artifact, so
-it is byte for byte the local build's. While a job keeps its artifact it pins the recipe and every member
+it is byte for byte the local build's. While a job keeps its artifact it pins the recipe and the entries it needs
 (farm.distributed.pins).
+
+A packed weight is a pure function of a weight blob (its "blob" unit's step, farm.backends.llvm.blobs), so the farm
+keeps its key, not its bytes: the recipe says how each packed member is made (`Recipe.derived`), and the store
+holds the weight it is made from (`Recipe.entries`: what the artifact pins and a reuse checks). Whoever writes the
+artifact makes the member, checked by its sha256: the submitting machine from the model's own files, any other
+from the weight it reads from the store (farm.distributed.uploads.local_first). No packed copy crosses Redis: a
+cold BERT-base job's 340 MB of them were put once and read back once.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from farm import __version__
 from farm.artifact import (
     MAX_MANIFEST_BYTES,
     LazyMember,
@@ -51,16 +59,15 @@ class StoredMember(LazyMember):
     """How the member is made from a weight blob, when it is a packed weight."""
 
 
-def stored(store: Store, key: str, size: int, derivation: Derivation | None = None) -> StoredMember:
-    """The store entry `key` of `size` bytes as an artifact member (`derivation`: how it is made, if it can be)."""
-    return StoredMember(size, functools.partial(store.get, key), key, derivation)
+def stored(store: Store, key: str, size: int) -> StoredMember:
+    """The store entry `key` of `size` bytes as an artifact member."""
+    return StoredMember(size, functools.partial(store.get, key), key)
 
 
-def known(member: Member, derivation: Derivation) -> StoredMember:
-    """A packed weight read from the store (so an entry already) as a member that says how it is made."""
-    made = member.produce() if isinstance(member, LazyMember) else member
-    data = made if isinstance(made, bytes) else bytes(made)
-    return StoredMember(len(data), lambda: data, content_key(data), derivation)
+def derived(store: Store, key: str, size: int, derivation: Derivation) -> StoredMember:
+    """The packed weight of key `key` and `size` bytes that `derivation` makes from a weight in the store (which
+    holds the weight, not the packed copy), as an artifact member."""
+    return StoredMember(size, lambda: made_as_listed(key, derivation, store.get(derivation.source)), key, derivation)
 
 
 @dataclass(frozen=True)
@@ -121,6 +128,12 @@ class Recipe:
     """How each packed weight member is made, by its key (empty in a recipe put without them)."""
 
     @property
+    def entries(self) -> list[str]:
+        """The store entries the artifact needs: its members', the weights its packed ones are made from instead
+        of theirs."""
+        return _entries(self.keys.values(), self.derived)
+
+    @property
     def keys(self) -> dict[str, str]:
         """Each payload member's store key, by path."""
         return dict(self.manifest["members"])
@@ -128,25 +141,32 @@ class Recipe:
 
 def put_recipe(store: Store, manifest: dict[str, Any], members: Mapping[str, Member],
                pin: Callable[[list[str]], None], units: Mapping[str, int] | None = None) -> tuple[str, list[str]]:
-    """Put the recipe of the artifact that `manifest` and `members` make, and return its key and its members'
-    keys. Members that are bytes are put first (most are entries already, which the store doesn't write again);
-    `pin(keys)` is called with every key before anything is put, so that no eviction falls in between."""
+    """Put the recipe of the artifact that `manifest` and `members` make, and return its key and the store entries
+    it needs (Recipe.entries). Members that are bytes are put first (most are entries already, which the store
+    doesn't write again); `pin(keys)` is called with every key before anything is put, so that no eviction falls in
+    between."""
     unstored = {path: member.produce() if isinstance(member, LazyMember) else member
                 for path, member in members.items() if not isinstance(member, StoredMember)}
     keys = {path: member.key if isinstance(member, StoredMember) else content_key(unstored[path])
             for path, member in members.items()}
     sizes = {path: member.size if isinstance(member, StoredMember) else memoryview(unstored[path]).nbytes
              for path, member in members.items()}
-    derived = {member.key: member.derivation.to_json() for member in members.values()
+    derived = {member.key: member.derivation for member in members.values()
                if isinstance(member, StoredMember) and member.derivation is not None}
     text = finished_manifest(manifest, keys)
     recipe = json.dumps({"format": RECIPE_FORMAT, "manifest": text.decode("utf-8"), "sizes": sizes,
-                         **({"units": dict(units)} if units else {}), **({"derived": derived} if derived else {})},
+                         **({"units": dict(units)} if units else {}),
+                         **({"derived": {key: d.to_json() for key, d in derived.items()}} if derived else {})},
                         sort_keys=True).encode()
-    pin([content_key(recipe), *keys.values()])
+    entries = _entries(keys.values(), derived)
+    pin([content_key(recipe), *entries])
     for data in unstored.values():
         store.put(data)
-    return store.put(recipe), sorted(set(keys.values()))
+    return store.put(recipe), entries
+
+
+def _entries(keys: Iterable[str], derived: Mapping[str, Derivation]) -> list[str]:
+    return sorted({derived[key].source if key in derived else key for key in keys})
 
 
 def derivations_in(link_plan: bytes) -> list[Derivation]:
@@ -195,24 +215,44 @@ def _derivations(data: Any) -> dict[str, Derivation]:
     return {key: Derivation.from_json(value) for key, value in data.items()}
 
 
-def write_artifact_from(path: str | os.PathLike[str], recipe: Recipe, read: Callable[[str], bytes]) -> str:
-    """Write at `path` (atomically) the artifact `recipe` describes, reading each member by its key with `read`;
-    returns the path. The member after the one being written is read meanwhile on a thread (the archive takes members
-    in name order), so that fetching from the store and writing the file overlap; two members at most are in
-    memory."""
+def write_artifact_from(path: str | os.PathLike[str], recipe: Recipe, read: Callable[[str], bytes],
+                        made: dict[str, bytes] | None = None) -> str:
+    """Write at `path` (atomically) the artifact `recipe` describes, reading each member by its key with `read`, and
+    making each packed one from its weight as `read` gives it (or taking it from `made`, by key, when it was made
+    ahead); returns the path. The member after the one being written is read meanwhile on a thread (the archive
+    takes members in name order), so that fetching from the store and writing the file overlap; two members at most
+    are in memory."""
     names = sorted(recipe.sizes)
+    ready = made if made is not None else {}
+
+    def member(key: str) -> bytes:
+        derivation = recipe.derived.get(key)
+        if derivation is None:
+            return read(key)
+        return ready.pop(key, None) or made_as_listed(key, derivation, read(derivation.source))
+
     with ThreadPoolExecutor(1, thread_name_prefix="farm-download") as pool:
         ahead: dict[int, Future[bytes]] = {}
 
         def produce(index: int) -> bytes:
-            fetch = ahead.pop(index, None) or pool.submit(read, recipe.keys[names[index]])
+            fetch = ahead.pop(index, None) or pool.submit(member, recipe.keys[names[index]])
             if index + 1 < len(names):
-                ahead[index + 1] = pool.submit(read, recipe.keys[names[index + 1]])
+                ahead[index + 1] = pool.submit(member, recipe.keys[names[index + 1]])
             return fetch.result()
 
         members = {name: LazyMember(recipe.sizes[name], functools.partial(produce, index))
                    for index, name in enumerate(names)}
         return write_finished_artifact(path, recipe.manifest_text, members)
+
+
+def made_as_listed(key: str, derivation: Derivation, source: bytes | memoryview) -> bytes:
+    """The packed weight `key` made from its weight's bytes; ArtifactError when they hash to another key (this
+    machine's packing step is not the workers')."""
+    data = derivation.make(source)
+    if content_key(data) != key:
+        raise ArtifactError(f"packed weight {key}: packing weight {derivation.source} here gives other bytes (farm "
+                            f"{__version__} here: the workers' version must be the same)")
+    return data
 
 
 def intact(store: Store, keys: Iterable[str]) -> bool:

@@ -114,12 +114,11 @@ class Farm:
         blobs = assembly.sized_blobs(plans)
         units = assembly.sized_units(plans, record.targets)
         refusal = uploads.over_the_cap(f"{record.model_name}.onnx", _pinned_bytes(blobs, units), self.store.max_bytes,
-                                       "its weights and their packed copies need")
+                                       "its weights and what the plan made of them need")
         if refusal:
             self._fail(job_id, refusal, ExitStatus.BAD_INPUT)
             return None
         cached = {} if record.no_cache else self._pin_cached(job_id, units)
-        self.board.add_members(job_id, [cached[u.name] for u in units if u.name in cached and u.kind == "blob"])
         todo = [u for u in units if u.name not in cached]
         if record.total is not None:
             todo = [u for u in todo if not self.board.is_complete(job_id, "compile", u.name)]
@@ -268,7 +267,7 @@ class Farm:
             recipe = recipes.read_recipe(self.store.get(key))
         except (CorruptEntryError, MissingEntryError, ArtifactError):
             return False
-        manifest, members = recipe.manifest, sorted(set(recipe.keys.values()))
+        manifest, members = recipe.manifest, recipe.entries
         pins.pin_for_job(self.store, job_id, members)
         if not recipes.intact(self.store, members):
             return False  # a member was evicted or damaged (and deleted): build the artifact again
@@ -316,10 +315,13 @@ class Farm:
 
     def _pin_cached(self, job_id: str, units: list[CompileUnit]) -> dict[str, str]:
         """The units whose objects the cache holds (name -> store key), each pinned for the job before its presence
-        is checked (so none is evicted between the check and the link)."""
+        is checked (so none is evicted between the check and the link). A packed weight is kept as its key, not its
+        bytes (farm.distributed.recipes): its ref is its cached output while the weight it is made from is there."""
         keys = {unit.name: self.store.get_ref(unit.cache_ref) for unit in units}
-        pins.pin_for_job(self.store, job_id, [key for key in keys.values() if key])
-        return {name: key for name, key in keys.items() if key and self.store.has(key)}
+        held = {unit.name: _held_entry(unit, key) for unit in units if (key := keys[unit.name])}
+        pins.pin_for_job(self.store, job_id, list(held.values()))
+        present = set(self.store.missing(held.values()))
+        return {name: keys[name] for name, entry in held.items() if entry not in present}
 
     # -- tune ----------------------------------------------------------------------------------------------------
 
@@ -429,8 +431,6 @@ class Farm:
         except FarmError as error:
             self._fail(job_id, f"{self._describe(job_id, unit)} failed: {error}", error.exit_status, unit.name)
             return None
-        if unit.kind == "blob":  # packed weights: the waiting client may fetch them before the link
-            self.board.add_members(job_id, [key])
         finished = self.board.complete(job_id, "compile", unit.name)
         record = self.board.get(job_id)  # read after the count: the plan may have named its link plan meanwhile
         if record is not None and finished == record.total and record.link_plan_key:  # else the plan links
@@ -447,10 +447,14 @@ class Farm:
 
     def _build_into_store(self, job_id: str, unit: CompileUnit) -> tuple[str, bytes]:
         """Build a unit and keep its bytes in the compile cache (pinned for the job before they are put, by the
-        key hashed once); their key and the bytes."""
+        key hashed once); their key and the bytes. A packed weight's ref names its key and no bytes are put: the
+        artifact's writer makes it from the weight (farm.distributed.recipes.Derivation)."""
         data = self.store.get(unit.data_key) if unit.data_key else None
         built = compile_unit(unit, data)
         key = content_key(built)
+        if recipes.Derivation.of(unit.spec, unit.target) is not None:
+            self.store.set_ref(unit.cache_ref, key, anchor=unit.data_key)
+            return key, built
         pins.pin_for_job(self.store, job_id, [key])
         cache_unit(self.store, unit, built, key)
         return key, built
@@ -520,10 +524,10 @@ class Farm:
         return None
 
     def _stored(self, plan_json: dict[str, Any], record: JobRecord, job_id: str) -> BuiltUnits:
-        """What the units built as the recipe names it: the weights (put by planning) and the packed weights this
-        job built, by store key, unread (sizes from the link plan). The rest is read and checked as `_built` reads
-        it: libraries and OpenCL binaries (small), and packed weights found cached, which are rebuilt when corrupt
-        or gone (as link does objects). Each packed weight says how it is made (recipes.Derivation)."""
+        """What the units built as the recipe names it: the weights (put by planning), by store key, unread (sizes
+        from the link plan), and each packed weight as its key and how it is made (recipes.Derivation: the store
+        holds the weight, not the packed copy). The rest is read and checked as `_built` reads it: libraries and
+        OpenCL binaries (small)."""
         built = self._built(plan_json, record, job_id)
         weight_bytes = {blob["sha256"]: blob["bytes"] for size in assembly.size_plans(plan_json)
                         for blob in size["manifest"]["blobs"]}
@@ -531,12 +535,10 @@ class Farm:
         def object_of(name: str) -> Member:
             unit = CompileUnit.from_json(plan_json["units"][name])
             derivation = recipes.Derivation.of(unit.spec, unit.target)
-            fresh = unit.kind == "blob" and self.board.is_complete(job_id, "compile", name)
-            key = self.store.get_ref(unit.cache_ref) if fresh else None
-            if key is not None:
-                return recipes.stored(self.store, key, unit.spec.nbytes, derivation)
-            member = built.object_of(name)
-            return member if derivation is None else recipes.known(member, derivation)
+            if derivation is None:
+                return built.object_of(name)
+            key = self.store.get_ref(unit.cache_ref) or self._build_into_store(job_id, unit)[0]
+            return recipes.derived(self.store, key, derivation.spec.nbytes, derivation)
 
         return replace(built, object_of=object_of,
                        blob_of=lambda sha: recipes.stored(self.store, sha, weight_bytes[sha]))
@@ -577,9 +579,17 @@ STEPS: dict[type, Callable[[Farm, Any], str | None]] = {
 
 
 def _pinned_bytes(blobs: dict[str, Any], units: list[CompileUnit]) -> int:
-    """What a planned job pins in the store for its weights: each distinct weight and each packed copy."""
+    """What a planned job pins in the store for its weights: each distinct weight, and each packed copy the store
+    keeps (a CPU's packed weights are made from their weights, not kept: farm.distributed.recipes)."""
     return sum(memoryview(data).nbytes for data in blobs.values()) + sum(
-        unit.spec.nbytes for unit in units if unit.kind == "blob" and isinstance(unit.spec, BlobSpec))
+        unit.spec.nbytes for unit in units if unit.kind == "blob" and isinstance(unit.spec, BlobSpec)
+        and recipes.Derivation.of(unit.spec, unit.target) is None)
+
+
+def _held_entry(unit: CompileUnit, key: str) -> str:
+    """The store entry a cached unit needs: its output's, or for a packed weight the weight it is made from."""
+    derivation = recipes.Derivation.of(unit.spec, unit.target)
+    return key if derivation is None else derivation.source
 
 
 WEIGHT_READERS = 2

@@ -2,8 +2,8 @@
 
 A farm artifact's plain weights are the submitter's own bytes (a member `weights/<sha256>.bin` is the blob the
 client uploaded under that sha256: farm.frontend.split), so `farm download` on the machine that submitted the job
-reads them from the model's files instead of from the farm, and makes the packed weights from them (the recipe
-says how: farm.distributed.recipes.Derivation) instead of fetching them. `FarmClient.submit` records, per job, where each blob
+reads them from the model's files instead of from the farm, and the packed weights made from them (the farm keeps
+none: farm.distributed.recipes.Derivation) are made from those files. `FarmClient.submit` records, per job, where each blob
 it named lies (`<cache>/uploads/<job id>.json`); `FarmClient.download` reads those members locally, each checked
 against its sha256 (a file changed since the submit is read from the farm instead), and the rest from the store.
 Records older than a job's time to live are deleted at the next submit.
@@ -14,14 +14,12 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from farm import defaults
 from farm.atomic import write_atomically
-from farm.distributed.recipes import Derivation
-from farm.errors import FarmError
 from farm.frontend.split import BlobSource, SplitModel
 from farm.store import content_key, is_key
 
@@ -65,42 +63,23 @@ def recall(job_id: str) -> dict[str, BlobSource]:
         return {}
 
 
-def local_first(local: dict[str, BlobSource], fetch: Callable[[str], bytes],
-                derived: Mapping[str, Derivation] | None = None) -> Callable[[str], bytes]:
+def local_first(local: dict[str, BlobSource], fetch: Callable[[str], bytes]) -> Callable[[str], bytes]:
     """A member reader for recipes.write_artifact_from: a blob this machine holds is read from its file when its
-    bytes still hash to the key; a packed weight whose weight it holds is made from it (`derived`: the recipe's
-    derivations) when the result hashes to the key; anything else is fetched."""
+    bytes still hash to the key (and the packed weights made from it, then, are made from those), anything else is
+    fetched."""
 
     def read(key: str) -> bytes:
-        data = read_held(local, key)
-        derivation = (derived or {}).get(key)
-        if data is None and derivation is not None:
-            made = make_held(local, derivation)
-            data = made if made is not None and content_key(made) == key else None
-        return data if data is not None else fetch(key)
+        source = local.get(key)
+        if source is not None:
+            try:
+                data = source.read()
+            except OSError:
+                return fetch(key)
+            if content_key(data) == key:
+                return data
+        return fetch(key)
 
     return read
-
-
-def read_held(local: dict[str, BlobSource], key: str) -> bytes | None:
-    """The blob `key` from this machine's file, or None when it isn't held (or its bytes changed since)."""
-    source = local.get(key)
-    try:
-        data = source.read() if source is not None else None
-    except OSError:
-        return None
-    return data if data is not None and content_key(data) == key else None
-
-
-def make_held(local: dict[str, BlobSource], derivation: Derivation) -> bytes | None:
-    """The packed weight `derivation` makes, from this machine's file of its weight; None when it isn't held."""
-    source = read_held(local, derivation.source)
-    if source is None:
-        return None
-    try:
-        return derivation.make(source)
-    except FarmError:
-        return None
 
 
 def _forget_expired(folder: Path) -> None:

@@ -184,8 +184,10 @@ class Store(ABC):
         """Remove the entry of `key` if there is one."""
 
     @abstractmethod
-    def set_ref(self, name: str, key: str) -> None:
-        """Point the ref `name` at `key`, replacing any earlier target."""
+    def set_ref(self, name: str, key: str, anchor: str | None = None) -> None:
+        """Point the ref `name` at `key`, replacing any earlier target. A store that drops refs with their entries
+        drops it with `anchor`'s entry when given (a packed weight's ref names bytes the store never holds: it goes
+        with the weight they are made from), else with `key`'s."""
 
     @abstractmethod
     def get_ref(self, name: str) -> str | None:

@@ -128,7 +128,8 @@ class FileStore(Store):
     def delete(self, key: str) -> None:
         self.object_path(key).unlink(missing_ok=True)
 
-    def set_ref(self, name: str, key: str) -> None:
+    def set_ref(self, name: str, key: str, anchor: str | None = None) -> None:
+        """Refs here outlive their entries (a dangling one reads as a miss), so `anchor` changes nothing."""
         write_atomically(self.ref_path(name), check_key(key).encode("ascii"))
 
     def get_ref(self, name: str) -> str | None:

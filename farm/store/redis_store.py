@@ -82,8 +82,11 @@ local function drop(key)
   for i = 0, count - 1 do redis.call('UNLINK', header_key(key) .. ':' .. i) end
   while redis.call('UNLINK', header_key(key) .. ':' .. count) == 1 do count = count + 1 end
   local backrefs = prefix .. 'backrefs:' .. key
-  for _, name in ipairs(redis.call('SMEMBERS', backrefs)) do
-    if redis.call('GET', prefix .. 'ref:' .. name) == key then redis.call('DEL', prefix .. 'ref:' .. name) end
+  for _, member in ipairs(redis.call('SMEMBERS', backrefs)) do
+    local target, name = key, member
+    local bar = string.find(member, '|', 1, true)
+    if bar then target, name = string.sub(member, 1, bar - 1), string.sub(member, bar + 1) end
+    if redis.call('GET', prefix .. 'ref:' .. name) == target then redis.call('DEL', prefix .. 'ref:' .. name) end
   end
   redis.call('DEL', backrefs)
   local size = redis.call('HGET', SIZES, key)
@@ -244,11 +247,14 @@ return {redis.call('HLEN', SIZES), total(), cap(), entries, bytes, owners}
 
 _LUA_SET_REF = _LUA_COMMON + """
 redis.call('SET', prefix .. 'ref:' .. ARGV[3], ARGV[4])
-if redis.call('EXISTS', header_key(ARGV[4])) == 1 then redis.call('SADD', prefix .. 'backrefs:' .. ARGV[4], ARGV[3]) end
+local member = ARGV[3]
+if ARGV[5] ~= ARGV[4] then member = ARGV[4] .. '|' .. ARGV[3] end
+if redis.call('EXISTS', header_key(ARGV[5])) == 1 then redis.call('SADD', prefix .. 'backrefs:' .. ARGV[5], member) end
 return 1
 """
-"""Point a ref at a key and remember it beside the entry, so that evicting the entry deletes the ref too (refs
-stay as bounded as the entries)."""
+"""Point a ref at a key and remember it beside the anchor's entry (the key's, or the weight a packed weight is made
+from, as `<key>|<name>`), so that evicting that entry deletes the ref too, unless it was pointed elsewhere since
+(refs stay as bounded as the entries)."""
 
 _LUA_ADOPT = _LUA_COMMON + """
 local adopted = 0
@@ -279,7 +285,8 @@ class RedisStore(Store):
     is exact whoever writes or deletes. A put that takes the bytes above the cap (`{prefix}max_bytes`, published
     by the workers, else FARM_STORE_MAX_BYTES) evicts least recently used entries that no pin holds. Pins are
     sets `{prefix}pin:{owner}` with a TTL, listed in `{prefix}pins` (a sorted set: owner -> expiry); refs that
-    point at an entry are listed in `{prefix}backrefs:{key}` and deleted with it.
+    point at an entry are listed in `{prefix}backrefs:{key}` and deleted with it (a packed weight's ref, whose key
+    the store never holds, with the weight it is made from: `set_ref(..., anchor)`).
 
     The connection is lazy (a worker may start before Redis does); timeouts are short and retries few, so an
     unreachable server is reported as StoreUnreachableError within seconds rather than hanging a build.
@@ -624,9 +631,9 @@ class RedisStore(Store):
         for key in keys:
             blobs.delete(key)
 
-    def set_ref(self, name: str, key: str) -> None:
+    def set_ref(self, name: str, key: str, anchor: str | None = None) -> None:
         with self._errors():
-            self._script(self._set_ref, name, check_key(key))
+            self._script(self._set_ref, name, check_key(key), check_key(anchor or key))
 
     def get_ref(self, name: str) -> str | None:
         """The target of `name`; a value that isn't a key counts as no ref (a cache miss, then rewritten)."""
