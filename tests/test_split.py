@@ -14,9 +14,10 @@ from onnx import TensorProto, helper, numpy_helper
 from farm.build import assembly
 from farm.errors import ModelLoadError
 from farm.frontend import wire
-from farm.frontend.external import StoredBlobs
+from farm.frontend.external import ExternalDataError, StoredBlobs
 from farm.frontend.onnx_import import import_model
 from farm.frontend.split import SplitError, split_model, stored_blob_keys
+from farm.ir.graph import DeferredArray
 
 RNG = np.random.default_rng(7)
 
@@ -138,3 +139,53 @@ def test_a_worker_names_external_data_that_was_not_uploaded(tmp_path: Path) -> N
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     with pytest.raises(ModelLoadError, match="'c'.*was not uploaded"):
         import_model(path, external=StoredBlobs(lambda key, name: b""))
+
+
+def _read_by_key(split) -> tuple[dict[str, bytes], list[str]]:
+    return {key: source.read() for key, source in split.blobs.items()}, []
+
+
+def test_a_worker_reads_a_big_weight_only_if_a_pass_asks_for_its_values(tmp_path: Path) -> None:
+    """With `present`, big weights (farm.frontend.external.DEFERRED_MIN_BYTES) are deferred: planning the mlp reads
+    neither W nor V (their blobs stay unread handles, by digest) and plans what the local model plans; a weight the
+    plan folds (a transposed V) is read, once. Reading a deferred weight later gives its bytes."""
+    path = tmp_path / "mlp.onnx"
+    onnx.save(_mlp(), path)
+    split = split_model(path)
+    blobs, reads = _read_by_key(split)
+    (tmp_path / "worker").mkdir()
+    (tmp_path / "worker" / "model.onnx").write_bytes(split.graph)
+    external = StoredBlobs(lambda key, name: reads.append(name) or blobs[key], lambda key, name: key in blobs)
+    ours, theirs = assembly.plan_model(tmp_path / "worker" / "model.onnx", external=external), assembly.plan_model(path)
+    assert reads == [] and list(ours.blobs) == list(theirs.blobs) and ours.kernels() == theirs.kernels()
+    deferred = [blob for blob in ours.blobs.values() if isinstance(blob, DeferredArray)]
+    assert len(deferred) == 2 and {blob.nbytes for blob in deferred} == {128 * 256 * 4, 256 * 64 * 4}
+    assert all(blob.load().tobytes() == blobs[blob.digest] for blob in deferred) and sorted(reads) == ["V", "W"]
+
+    model = _mlp()
+    model.graph.node[3].input[1] = "Vt"
+    model.graph.node.insert(3, helper.make_node("Transpose", ["Vt0"], ["Vt"], perm=[1, 0]))
+    model.graph.initializer[2].CopyFrom(numpy_helper.from_array(RNG.standard_normal((64, 256)).astype(np.float32),
+                                                                "Vt0"))
+    onnx.save(model, tmp_path / "folded.onnx")
+    split = split_model(tmp_path / "folded.onnx")
+    blobs, reads = _read_by_key(split)
+    (tmp_path / "folded").mkdir()
+    (tmp_path / "folded" / "model.onnx").write_bytes(split.graph)
+    external = StoredBlobs(lambda key, name: reads.append(name) or blobs[key], lambda key, name: key in blobs)
+    plan = assembly.plan_model(tmp_path / "folded" / "model.onnx", external=external)
+    assert reads == ["Vt0"] and plan.kernels() == assembly.plan_model(tmp_path / "folded.onnx").kernels()
+
+
+def test_a_worker_names_a_deferred_weight_that_is_not_on_the_farm(tmp_path: Path) -> None:
+    path = tmp_path / "mlp.onnx"
+    onnx.save(_mlp(), path)
+    split = split_model(path)
+    (tmp_path / "worker").mkdir()
+    (tmp_path / "worker" / "model.onnx").write_bytes(split.graph)
+
+    def present(key: str, name: str) -> bool:
+        raise ExternalDataError(f"initializer {name!r}: its bytes (blob {key}) are not on the farm")
+
+    with pytest.raises(ModelLoadError, match="initializer 'W': its bytes .* are not on the farm"):
+        import_model(tmp_path / "worker" / "model.onnx", external=StoredBlobs(lambda key, name: b"", present))

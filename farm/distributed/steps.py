@@ -34,11 +34,12 @@ from farm.distributed import pins, protocol, recipes, uploads
 from farm.distributed.board import JobBoard
 from farm.distributed.protocol import Compile, Finish, JobRecord, JobState, Link, Message, PlanJob, TaskArgs, Tune
 from farm.errors import ArtifactError, BadInputError, ExitStatus, FarmError, UnreachableError
-from farm.frontend.external import ExternalDataError, StoredBlobs
+from farm.frontend.external import DEFERRED_MIN_BYTES, ExternalDataError, StoredBlobs
 from farm.frontend.split import stored_blobs
 from farm.frontend.wire import WireError
+from farm.ir.graph import DeferredArray
 from farm.ir.specs import BlobSpec
-from farm.plan.planner import BuildPlan
+from farm.plan.planner import Blob, BuildPlan
 from farm.store import CorruptEntryError, MissingEntryError, Store, content_key, refs
 from farm.tuning import database
 from farm.tuning import variants as tuning
@@ -126,9 +127,13 @@ class Farm:
         counts = {"total": record.total if record.total is not None else len(todo), **assembly.unit_counts(units)}
         if not self._compiling(job_id, record, **counts):
             return None
-        lacking = set(self.store.missing(blobs))  # the submitter's weights are there: only folded ones are not
+        lacking = set(self.store.missing(blobs))  # weights folded, or staged and not read yet
         self._dispatch_units(job_id, blobs, todo, lacking)
-        self._put_weights(blobs, lacking)
+        try:
+            self._put_weights(blobs, lacking - {unit.data_key for unit in todo})
+        except BadInputError as error:
+            self._fail(job_id, _submitted_path(str(error)), error.exit_status)
+            return None
         self._put_link_plan(job_id, record, plans, units, counts["total"])
         return None
 
@@ -175,19 +180,27 @@ class Farm:
             return not self.board.is_over(job_id)
         return self.board.advance(job_id, JobState.COMPILING, **plan)
 
-    def _put_weights(self, blobs: dict[str, Any], lacking: set[str]) -> None:
-        """The weights the store lacked and no pack unit's dispatch put: they are artifact members, which the finish
-        writes from the store, plain ones without any unit."""
+    def _put_weights(self, blobs: dict[str, Blob], lacking: set[str]) -> None:
+        """The weights the store lacks that no unit to build reads: they are artifact members, which the finish
+        names from the store. One the plan folded is put; a submitted one that the plan never read (deferred) is
+        read now, on WEIGHT_READERS threads, which admits it from staging once its bytes hash to its key (each
+        pack unit admits its own weight so)."""
+        unread = [blob for sha in sorted(lacking) if isinstance(blob := blobs[sha], DeferredArray)]
         for sha in sorted(lacking):
-            self.store.put(memoryview(blobs[sha]).cast("B"))
+            if not isinstance(blobs[sha], DeferredArray):
+                self.store.put(memoryview(blobs[sha]).cast("B"))
+        with ThreadPoolExecutor(WEIGHT_READERS, thread_name_prefix="farm-weights") as readers:
+            for loaded in readers.map(lambda blob: blob.load(), unread):
+                del loaded
 
-    def _dispatch_units(self, job_id: str, blobs: dict[str, Any], todo: list[CompileUnit], lacking: set[str]) -> None:
+    def _dispatch_units(self, job_id: str, blobs: dict[str, Blob], todo: list[CompileUnit], lacking: set[str]) -> None:
         """Kernels first, so that workers compile while this task is still putting weight bytes in the store;
-        a blob's store key is the sha256 its spec already names, and only a weight the store lacked (one the plan
-        folded: the submitter's own are there) is put, each once."""
+        a blob's store key is the sha256 its spec already names, and only a weight the plan folded is put, each
+        once (a submitted one is the unit's to read, and so admit: Farm._unit_input)."""
         for unit in sorted(todo, key=lambda u: u.data_key is not None):
-            if unit.data_key in lacking:
-                self.store.put(memoryview(blobs[unit.data_key]).cast("B"))
+            folded = blobs.get(unit.data_key) if unit.data_key in lacking else None
+            if folded is not None and not isinstance(folded, DeferredArray):
+                self.store.put(memoryview(folded).cast("B"))
                 lacking.discard(unit.data_key)
             self.dispatch(Compile(job_id, unit).message())
 
@@ -283,24 +296,35 @@ class Farm:
 
     def _plans(self, record: JobRecord) -> list[BuildPlan]:
         """A plan per size the job asks for (one for a static model), its weights read by their keys: the store's
-        entries, or the submitter's staged uploads, admitted as they are read (farm.store.Store.take_staged). The
-        weights are read ahead, in the graph's order, on WEIGHT_READERS threads (a read waits on Redis or hashes,
-        both without the GIL), while the import takes them one by one: a single reader moved BERT-base's 435 MB
-        at about 390 MB/s."""
+        entries, or the submitter's staged uploads, admitted as they are read (farm.store.Store.take_staged). Big
+        weights (DEFERRED_MIN_BYTES) are read only if a pass asks for their values (farm.ir.graph.Constants): a
+        plan that never does (BERT-base's) moves none of their bytes, and each is read once, by the unit that
+        packs it or by the admission after the plan (Farm._put_weights). The small ones are read ahead, in the
+        graph's order, on WEIGHT_READERS threads (a read waits on Redis or hashes, both without the GIL). A weight
+        that is neither in the store nor staged fails the plan naming its initializer."""
         graph = self.store.get(record.model_key)
+        listed = _blobs(graph)
+        absent = set(self.store.missing(listed)) - set(self.store.staged(listed))
         with tempfile.TemporaryDirectory(prefix="farm-job-") as folder, \
                 ThreadPoolExecutor(WEIGHT_READERS, thread_name_prefix="farm-weights") as readers:
             path = Path(folder) / f"{record.model_name}.onnx"
             path.write_bytes(graph)
-            ahead = {key: readers.submit(self.store.take_staged, key) for key in _blobs(graph)}
+            ahead = {key: readers.submit(self.store.take_staged, key)
+                     for key, length in listed.items() if length < DEFERRED_MIN_BYTES}
 
             def weight(key: str, name: str) -> bytes:
-                if key not in ahead:  # a blob the graph's listing missed: read now
-                    ahead[key] = readers.submit(self.store.take_staged, key)
-                return self._weight(key, name, ahead[key].result())
+                """Read ahead, or now: a deferred weight whose values a pass (or the admission of the weights no
+                unit reads, after the plan) asked for, or one the listing missed."""
+                reading = ahead.get(key)
+                return self._weight(key, name, reading.result() if reading else self.store.take_staged(key))
+
+            def present(key: str, name: str) -> bool:
+                if key in absent:
+                    raise _missing_weight(key, name)
+                return True
 
             try:
-                return assembly.plan_sizes(path, record.sizes, StoredBlobs(weight))
+                return assembly.plan_sizes(path, record.sizes, StoredBlobs(weight, present))
             finally:
                 for reading in ahead.values():
                     reading.cancel()
@@ -308,9 +332,7 @@ class Farm:
     def _weight(self, key: str, name: str, data: bytes | None) -> bytes:
         """The bytes of the weight blob `key` that the submitter named for initializer `name` (None: not there)."""
         if data is None:
-            raise ExternalDataError(f"initializer {name!r}: its bytes (blob {key}) are not on the farm: the upload "
-                                    "expired before a worker took the job, was evicted or was damaged; submit the "
-                                    "model again")
+            raise _missing_weight(key, name)
         return data
 
     def _pin_cached(self, job_id: str, units: list[CompileUnit]) -> dict[str, str]:
@@ -449,8 +471,7 @@ class Farm:
         """Build a unit and keep its bytes in the compile cache (pinned for the job before they are put, by the
         key hashed once); their key and the bytes. A packed weight's ref names its key and no bytes are put: the
         artifact's writer makes it from the weight (farm.distributed.recipes.Derivation)."""
-        data = self.store.get(unit.data_key) if unit.data_key else None
-        built = compile_unit(unit, data)
+        built = compile_unit(unit, self._unit_input(unit))
         key = content_key(built)
         if recipes.Derivation.of(unit.spec, unit.target) is not None:
             self.store.set_ref(unit.cache_ref, key, anchor=unit.data_key)
@@ -458,6 +479,16 @@ class Farm:
         pins.pin_for_job(self.store, job_id, [key])
         cache_unit(self.store, unit, built, key)
         return key, built
+
+    def _unit_input(self, unit: CompileUnit) -> bytes | None:
+        """The weight a unit reads: the store's entry, or the submitter's staged bytes, admitted as they are read
+        (the plan left them unread: it never looked at their values); MissingEntryError when neither holds them."""
+        if unit.data_key is None:
+            return None
+        data = self.store.take_staged(unit.data_key)
+        if data is None:
+            raise MissingEntryError(unit.data_key, "the farm's store (neither an entry nor a staged upload)")
+        return data
 
     def _start_linking(self, job_id: str, plan_json: dict[str, Any]) -> None:
         """Link every CPU target; with none (an OpenCL-only job) go straight to finish. Once per job: the last unit's
@@ -578,10 +609,10 @@ STEPS: dict[type, Callable[[Farm, Any], str | None]] = {
 """The step each task runs, by the type of its arguments (farm.distributed.protocol)."""
 
 
-def _pinned_bytes(blobs: dict[str, Any], units: list[CompileUnit]) -> int:
+def _pinned_bytes(blobs: dict[str, Blob], units: list[CompileUnit]) -> int:
     """What a planned job pins in the store for its weights: each distinct weight, and each packed copy the store
     keeps (a CPU's packed weights are made from their weights, not kept: farm.distributed.recipes)."""
-    return sum(memoryview(data).nbytes for data in blobs.values()) + sum(
+    return sum(int(data.nbytes) for data in blobs.values()) + sum(
         unit.spec.nbytes for unit in units if unit.kind == "blob" and isinstance(unit.spec, BlobSpec)
         and recipes.Derivation.of(unit.spec, unit.target) is None)
 
@@ -594,6 +625,11 @@ def _held_entry(unit: CompileUnit, key: str) -> str:
 
 WEIGHT_READERS = 2
 """Threads a plan reads its weights on (Farm._plans): two keep one Redis reply and one hash in flight at a time."""
+
+
+def _missing_weight(key: str, name: str) -> ExternalDataError:
+    return ExternalDataError(f"initializer {name!r}: its bytes (blob {key}) are not on the farm: the upload expired "
+                             "before a worker took the job, was evicted or was damaged; submit the model again")
 
 
 def _blobs(graph: bytes) -> dict[str, int]:

@@ -17,6 +17,10 @@ Buffer = Union[bytes, memoryview]
 STORED_PREFIX = "sha256:"
 STORED_LOCATION = re.compile(STORED_PREFIX + r"([0-9a-f]{64})")
 """A split graph's external-data location: the blob's sha256 (farm.frontend.split writes them)."""
+DEFERRED_MIN_BYTES = 1 << 16
+"""A farm job's external weights this big or bigger may be read only when their values are asked for
+(StoredBlobs.deferrable): smaller ones (biases, norms' scales, shapes) are read at once, as passes and lowerings
+often look at them."""
 
 
 class ExternalDataError(ValueError):
@@ -32,6 +36,10 @@ class ExternalData(Protocol):
 
     def digest(self, info: dict[str, str]) -> str | None:
         """The sha256 of the bytes `read` gives for `info`, when known without hashing them."""
+
+    def deferrable(self, name: str, info: dict[str, str]) -> str | None:
+        """The digest of tensor `name`'s bytes when their read may wait until something asks for their values (then
+        `read` reads them), else None; ExternalDataError naming the tensor when they are known to be missing."""
 
 
 def external_path(name: str, location: str, model_dir: str) -> str:
@@ -86,14 +94,21 @@ class ModelFolder:
     def digest(self, info: dict[str, str]) -> str | None:
         return None
 
+    def deferrable(self, name: str, info: dict[str, str]) -> str | None:
+        """Never: a file beside the model is mapped or read at once (cheap, and its bytes are already here)."""
+        return None
+
 
 class StoredBlobs:
     """External data that the submitting client uploaded as blobs (farm.frontend.split): a location is a blob's
     sha256, read with `read_blob(key)` (which checks the bytes against it); any other location is a file on the
     submitter's machine that was never uploaded, named as such."""
 
-    def __init__(self, read_blob: Callable[[str, str], Buffer]) -> None:
-        self.read_blob = read_blob
+    def __init__(self, read_blob: Callable[[str, str], Buffer],
+                 present: Callable[[str, str], bool] | None = None) -> None:
+        """`present(key, name)`: whether blob `key` can be read (then a whole-blob reference may be deferred: read
+        when its values are asked for); it raises, naming the tensor, when the blob is known to be missing."""
+        self.read_blob, self.present = read_blob, present
 
     def read(self, name: str, info: dict[str, str]) -> tuple[Buffer, str]:
         location = info.get("location", "")
@@ -114,3 +129,8 @@ class StoredBlobs:
         """The blob's key, when the reference is the whole blob (what farm.frontend.split writes)."""
         match = STORED_LOCATION.fullmatch(info.get("location", ""))
         return match.group(1) if match and info.get("offset", "0") == "0" else None
+
+    def deferrable(self, name: str, info: dict[str, str]) -> str | None:
+        """The blob's key when the reference is the whole blob and `present` says it can be read."""
+        key = self.digest(info)
+        return key if key is not None and self.present is not None and self.present(key, name) else None

@@ -6,6 +6,7 @@ from inside the model's own folder, and every refusal names the file, initialize
 
 from __future__ import annotations
 
+import functools
 import math
 import mmap
 import os
@@ -19,9 +20,9 @@ from onnx import AttributeProto, TensorProto, numpy_helper
 from farm import defaults
 from farm.errors import ModelLoadError, UnsupportedError
 from farm.frontend import wire
-from farm.frontend.external import ExternalData, ExternalDataError, ModelFolder
+from farm.frontend.external import DEFERRED_MIN_BYTES, ExternalData, ExternalDataError, ModelFolder
 from farm.frontend.shapes import PinnedShapes, apply_shapes, dynamic_input_hint
-from farm.ir.graph import Graph, Node, TensorInfo
+from farm.ir.graph import Constants, DeferredArray, Graph, Node, TensorInfo
 from farm.ops.registry import ALL_DTYPES
 
 MIN_OPSET = 9
@@ -61,7 +62,7 @@ def import_model(path: str | os.PathLike[str], shapes: PinnedShapes | None = Non
     constants.update(node_constants)
     inferred, declared = _infer_shapes(model, constants, path)
     values, dynamic = _collect_value_infos(inferred.graph)
-    values.update({name: TensorInfo.of_array(array) for name, array in constants.items()})
+    values.update({name: constants.info(name) for name in constants})
     for name in values:
         dynamic.pop(name, None)
     inputs = [vi.name for vi in model.graph.input if vi.name not in constants]
@@ -231,18 +232,49 @@ def _schema_version(op: str, opset: int) -> int | None:
 
 
 def _read_initializers(graph: onnx.GraphProto, external: ExternalData, mapped: dict[int, memoryview],
-                       path: str) -> dict[str, np.ndarray]:
+                       path: str) -> Constants:
     """Every initializer as a numpy array: views of the model file's map where `mapped` has its bytes, external ones
-    read through `external` (which refuses locations outside the model's folder)."""
+    read through `external` (which refuses locations outside the model's folder), except the big ones `external`
+    lets wait (a farm job's weights named by digest): those are deferred, read only if something asks for their
+    values (Constants), so that a plan whose passes never look at a weight moves none of its bytes."""
     if graph.sparse_initializer:
         name = graph.sparse_initializer[0].values.name
         raise UnsupportedError(f"sparse initializer {name!r} is not supported")
-    return {tensor.name: _array_from_bytes(tensor, mapped[index], path) if index in mapped
-            else _tensor_to_array(tensor, external) for index, tensor in enumerate(graph.initializer)}
+    arrays, deferred = {}, {}
+    for index, tensor in enumerate(graph.initializer):
+        later = None if index in mapped else _deferred(tensor, external)
+        if later is not None:
+            deferred[tensor.name] = later
+        else:
+            arrays[tensor.name] = (_array_from_bytes(tensor, mapped[index], path) if index in mapped
+                                   else _tensor_to_array(tensor, external))
+    return Constants(arrays, deferred)
+
+
+def _deferred(tensor: TensorProto, external: ExternalData) -> DeferredArray | None:
+    """The initializer as a DeferredArray when its bytes are external, DEFERRED_MIN_BYTES or more of a plain numeric
+    type, and `external` lets their read wait; else None."""
+    if tensor.data_location != TensorProto.EXTERNAL:
+        return None
+    try:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    except (KeyError, TypeError, ValueError):
+        return None
+    shape = tuple(int(d) for d in tensor.dims)
+    if dtype.kind not in "fiub" or min(shape, default=1) < 0 or math.prod(shape) * dtype.itemsize < DEFERRED_MIN_BYTES:
+        return None
+    try:
+        digest = external.deferrable(tensor.name, {entry.key: entry.value for entry in tensor.external_data})
+    except ExternalDataError as error:
+        raise ModelLoadError(str(error)) from None
+    return None if digest is None else DeferredArray(shape, dtype, digest,
+                                                     functools.partial(_read_external, tensor, external))
+
+
 
 
 def _known_digests(graph: onnx.GraphProto, external: ExternalData,
-                   constants: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, str]]:
+                   constants: Constants) -> dict[str, tuple[np.ndarray, str]]:
     """The sha256 of each initializer whose bytes came by digest (a submitted model's blobs), with the very array
     they became: planning hashes only constants it doesn't know, and only while they are that unchanged array
     (a plain numeric view of the blob's bytes)."""
@@ -250,7 +282,7 @@ def _known_digests(graph: onnx.GraphProto, external: ExternalData,
     for tensor in graph.initializer:
         digest = external.digest({e.key: e.value for e in tensor.external_data}) if (
             tensor.data_location == TensorProto.EXTERNAL) else None
-        array = constants.get(tensor.name)
+        array = constants.get(tensor.name) if constants.deferred(tensor.name) is None else None
         if digest and array is not None and array.dtype.kind in "fiub" and array.dtype.byteorder in "=|<":
             known[tensor.name] = (array, digest)
     return known
@@ -479,7 +511,7 @@ def _defines_in_order(node: Node, known: set[str]) -> bool:
 # --------------------------------------------------------------------------------------------- shape inference
 
 
-def _infer_shapes(model: onnx.ModelProto, constants: dict[str, np.ndarray],
+def _infer_shapes(model: onnx.ModelProto, constants: Constants,
                   path: str) -> tuple[onnx.ModelProto, set[str]]:
     """Run ONNX shape inference on a copy of the model without its big weights, which inference doesn't need.
 
@@ -597,7 +629,7 @@ def _shapes_agree(claimed: tuple[int | str, ...], computed: tuple[int | str, ...
         a == b for a, b in zip(claimed, computed) if isinstance(a, int) and isinstance(b, int))
 
 
-def _shape_skeleton(model: onnx.ModelProto, constants: dict[str, np.ndarray]) -> onnx.ModelProto:
+def _shape_skeleton(model: onnx.ModelProto, constants: Constants) -> onnx.ModelProto:
     """The model with small initializers only; big ones become typed graph inputs (declared once)."""
     graph = model.graph
     skeleton_graph = onnx.GraphProto(name=graph.name)
@@ -606,11 +638,11 @@ def _shape_skeleton(model: onnx.ModelProto, constants: dict[str, np.ndarray]) ->
     skeleton_graph.output.extend(_without_shape(vi) for vi in graph.output)
     declared = {vi.name for vi in graph.input}
     for tensor in graph.initializer:
-        array = constants[tensor.name]
-        if array.size <= _SHAPE_DATA_MAX_ELEMENTS and array.dtype != object:
-            skeleton_graph.initializer.append(numpy_helper.from_array(array, tensor.name))
+        info = constants.info(tensor.name)
+        if info.size <= _SHAPE_DATA_MAX_ELEMENTS and info.dtype != "object":
+            skeleton_graph.initializer.append(numpy_helper.from_array(constants[tensor.name], tensor.name))
         elif tensor.name not in declared:
-            skeleton_graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, array.shape))
+            skeleton_graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, info.shape))
     skeleton = onnx.ModelProto(ir_version=model.ir_version, graph=skeleton_graph)
     skeleton.functions.extend(model.functions)
     _normalise_domains(skeleton, model)

@@ -72,7 +72,8 @@ def _prune_unreferenced(graph: Graph) -> Graph:
     for node in graph.nodes:
         used.update(node.inputs)
         used.update(node.outputs)
-    graph.constants = {name: array for name, array in graph.constants.items() if name in used}
+    for name in [name for name in graph.constants if name not in used]:
+        del graph.constants[name]
     graph.values = {name: info for name, info in graph.values.items() if name in used}
     graph.dynamic_shapes = {name: dims for name, dims in graph.dynamic_shapes.items() if name in used}
     return graph
@@ -520,9 +521,9 @@ def _node_model(graph: Graph, node: Node) -> onnx.ModelProto:
     """A model of `node` alone: its inputs typed with their static shapes, small constant inputs given as data."""
     inputs, initializers = [], []
     for name in dict.fromkeys(name for name in node.inputs if name):
-        info, array = graph.values[name], graph.constants.get(name)
-        if array is not None and array.size <= _SHAPE_DATA_MAX_ELEMENTS and array.dtype != object:
-            initializers.append(numpy_helper.from_array(array, name))
+        info = graph.values[name]
+        if name in graph.constants and info.size <= _SHAPE_DATA_MAX_ELEMENTS and info.dtype != "object":
+            initializers.append(numpy_helper.from_array(graph.constants[name], name))
         else:
             elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype))
             inputs.append(onnx.helper.make_tensor_value_info(name, elem, info.shape))

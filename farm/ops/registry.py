@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,7 @@ class NodeContext:
     node: Node
     inputs: list[TensorInfo | None]
     outputs: list[TensorInfo]
-    constants: dict[str, np.ndarray]
+    constants: Mapping[str, np.ndarray]
     opset: int
 
     def constant(self, index: int) -> np.ndarray | None:

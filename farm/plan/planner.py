@@ -14,14 +14,14 @@ import hashlib
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 
 from farm import defaults
 from farm.errors import UnsupportedError
 from farm.ir import loopir as L
-from farm.ir.graph import Graph, Node
+from farm.ir.graph import DeferredArray, Graph, Node
 from farm.ir.specs import KernelSpec, canonical_json
 from farm.ops import LOWERINGS
 from farm.ops.nn import RESIDUAL_IN_PLACE
@@ -46,6 +46,10 @@ class Step:
     args: list[Arg]
 
 
+Blob = Union[np.ndarray, DeferredArray]
+"""A plan's weight blob: its bytes (uint8), or a deferred weight's handle that reads them (farm.ir.graph)."""
+
+
 @dataclass(frozen=True)
 class BuildPlan:
     """What to build. `tuned` holds the variants that tuning chose, by (kernel key, target id): the variant JSON
@@ -55,7 +59,7 @@ class BuildPlan:
 
     graph: Graph
     steps: list[Step]
-    blobs: dict[str, np.ndarray]
+    blobs: dict[str, Blob]
     memory: MemoryPlan
     tuned: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
     _targeted: dict[tuple[str, str], KernelSpec] = dataclasses.field(default_factory=dict, init=False, repr=False,
@@ -90,7 +94,7 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def plan_node(node: Node, graph: Graph, blobs: dict[str, np.ndarray], digests: Mapping[str, str] | None = None,
+def plan_node(node: Node, graph: Graph, blobs: dict[str, Blob], digests: Mapping[str, str] | None = None,
               ) -> Step:
     """The step for one node: normalised attributes, data arguments and scratch; constants go into `blobs`
     (`digests`: their sha256s by name where already known, see constant_digests)."""
@@ -131,11 +135,17 @@ def _writes_something(node: Node, graph: Graph) -> bool:
     return any(graph.values[name].size for name in node.outputs if name)
 
 
-def _data_arg(name: str, graph: Graph, blobs: dict[str, np.ndarray], digests: Mapping[str, str]) -> Arg:
+def _data_arg(name: str, graph: Graph, blobs: dict[str, Blob], digests: Mapping[str, str]) -> Arg:
     """A data input's argument: a constant's blob, else its arena buffer. An empty constant (an empty graph input
-    among them) gets an arena buffer, which its kernel never reads, rather than a blob of no bytes."""
-    array = graph.constants.get(name)
-    return Arg("arena", name) if array is None or array.size == 0 else _blob_arg(array, blobs, digests.get(name))
+    among them) gets an arena buffer, which its kernel never reads, rather than a blob of no bytes. A deferred
+    constant (farm.ir.graph.Constants) is its blob unread, by its digest."""
+    if name not in graph.constants or graph.constants.info(name).size == 0:
+        return Arg("arena", name)
+    deferred = graph.constants.deferred(name)
+    if deferred is not None:
+        blobs.setdefault(deferred.digest, deferred)
+        return Arg("blob", deferred.digest)
+    return _blob_arg(graph.constants[name], blobs, digests.get(name))
 
 
 def _blob_bytes(array: np.ndarray) -> np.ndarray:
@@ -148,7 +158,7 @@ def _sha256(array: np.ndarray) -> str:
     return hashlib.sha256(memoryview(_blob_bytes(array))).hexdigest()
 
 
-def _blob_arg(array: np.ndarray, blobs: dict[str, np.ndarray], sha: str | None = None) -> Arg:
+def _blob_arg(array: np.ndarray, blobs: dict[str, Blob], sha: str | None = None) -> Arg:
     """A constant passed to a kernel: one blob per distinct byte content, kept as its bytes."""
     sha = sha or _sha256(array)
     blobs.setdefault(sha, _blob_bytes(array))
@@ -161,9 +171,8 @@ def constant_digests(graph: Graph) -> dict[str, str]:
     large buffers, and hashing took 0.44 s of BERT-base's 0.92 s plan on one."""
     names = sorted({node.inputs[index] for node in graph.nodes
                     for index in LOWERINGS[node.op_type].data_input_indices(node)
-                    if node.inputs[index] in graph.constants and graph.constants[node.inputs[index]].size})
-    known = {name: graph.known_digests[name][1] for name in names
-             if name in graph.known_digests and graph.known_digests[name][0] is graph.constants[name]}
+                    if node.inputs[index] in graph.constants and graph.constants.info(node.inputs[index]).size})
+    known = {name: digest for name in names if (digest := graph.constant_digest(name)) is not None}
     unknown = [name for name in names if name not in known]
     with ThreadPoolExecutor(max_workers=max(1, min(len(unknown), defaults.cpu_count()))) as pool:
         return {**known, **dict(zip(unknown, pool.map(lambda name: _sha256(graph.constants[name]), unknown)))}
@@ -181,7 +190,7 @@ def make_plan(graph: Graph) -> BuildPlan:
     for name in graph.outputs:
         if name in graph.constants:
             raise UnsupportedError(f"graph output {name!r} is a constant; farm needs it computed by a node")
-    blobs: dict[str, np.ndarray] = {}
+    blobs: dict[str, Blob] = {}
     digests = constant_digests(graph)
     steps = _residuals_in_place(graph, [plan_node(node, graph, blobs, digests) for node in graph.nodes
                                         if _writes_something(node, graph)])
