@@ -22,9 +22,9 @@ def _packing(store: FileStore) -> tuple[recipes.Derivation, bytes]:
     """A float32 weight put in the store, how a CPU Gemm packs it, and the packed bytes (not put: the farm keeps
     the weight)."""
     weight = np.arange(256, dtype=np.float32).tobytes()
-    derivation = recipes.Derivation(BlobSpec(store.put(weight), len(weight), host_target().id, (4, 16, 16, 0)),
-                                     host_target())
-    return derivation, pack_weights(derivation.spec, derivation.target, weight)
+    derivation = recipes.Derivation(store.put(weight), len(weight), (4, 16, 16, 0), host_target())
+    spec = BlobSpec(derivation.source, len(weight), host_target().id, derivation.panels)
+    return derivation, pack_weights(spec, host_target(), weight)
 
 
 def test_a_recipe_keeps_a_packed_weight_as_its_key_and_how_it_is_made_and_writes_the_local_artifact(
@@ -65,7 +65,7 @@ def test_a_packed_weight_made_into_other_bytes_than_its_key_is_an_error_that_say
 def test_derivations_in_a_link_plan_are_its_packed_weights_and_what_cant_be_read_is_left_out(tmp_path: Path) -> None:
     derivation, _ = _packing(FileStore(tmp_path / "store"))
     unit = {"kind": "blob", **derivation.to_json()}
-    plain = {"kind": "blob", "spec": {**derivation.spec.to_json(), "panels": None}, "target": unit["target"]}
+    plain = {"kind": "blob", "spec": {**unit["spec"], "panels": None}, "target": unit["target"]}
     plan = {"units": {"a": unit, "b": {"kind": "kernel", "spec": {}}, "c": plain, "d": {"kind": "blob"}}}
     assert recipes.derivations_in(json.dumps(plan).encode()) == [derivation]
     assert recipes.derivations_in(b"not json") == recipes.derivations_in(b"{}") == []

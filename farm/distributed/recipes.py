@@ -40,7 +40,6 @@ from farm.artifact import (
 from farm.backends.llvm.target import CpuTarget
 from farm.backends.registry import target_from_json
 from farm.errors import ArtifactError, BadInputError
-from farm.ir.specs import BlobSpec
 from farm.store import Store, content_key, is_key
 
 RECIPE_FORMAT = "farm-artifact-recipe/1"
@@ -72,45 +71,64 @@ def derived(store: Store, key: str, size: int, derivation: Derivation) -> Stored
 
 @dataclass(frozen=True)
 class Derivation:
-    """A packed weight member as its "blob" unit makes it (farm.build.units): the float32 weight blob `spec.data_sha256`
-    packed for `target`'s kernels by the same pure step a worker runs. Its code is imported when it is first made:
-    a client that doesn't make one doesn't load numpy's packing."""
+    """A packed weight member as its "blob" unit makes it (farm.build.units): the float32 weight blob `source`
+    (`nbytes` long) packed in `panels` (farm.ir.specs.BlobSpec.panels) for `target`'s kernels. It is made by the
+    same pure step a worker runs; on a client install, which has no numpy, by the same layouts without it
+    (farm.backends.llvm.panels): the sha256 check of every made member holds either to the worker's bytes."""
 
-    spec: BlobSpec
+    source: str
+    nbytes: int
+    panels: tuple[int, ...]
     target: CpuTarget
 
-    @property
-    def source(self) -> str:
-        """The key of the weight blob it is made from."""
-        return self.spec.data_sha256
-
     def make(self, source: bytes | memoryview) -> bytes:
-        """The member's bytes from the weight blob's (BuildError when they can't be packed as the spec says)."""
-        from farm.backends.llvm.blobs import pack_weights
-
-        return pack_weights(self.spec, self.target, source)
+        """The member's bytes from the weight blob's (BuildError when they can't be packed as the panels say)."""
+        try:
+            from farm.backends.llvm.blobs import pack_weights
+            from farm.ir.specs import BlobSpec
+        except ModuleNotFoundError:
+            return _pack_without_numpy(self, source)
+        return pack_weights(BlobSpec(self.source, self.nbytes, self.target.id, self.panels), self.target, source)
 
     def to_json(self) -> dict[str, Any]:
-        return {"spec": self.spec.to_json(), "target": self.target.to_json()}
+        """The form of its unit's spec and target (farm.ir.specs.BlobSpec.to_json, CpuTarget.to_json)."""
+        return {"spec": {"sha256": self.source, "bytes": self.nbytes, "target": self.target.id,
+                         "panels": list(self.panels)}, "target": self.target.to_json()}
 
     @classmethod
     def of(cls, spec: object, target: object) -> Derivation | None:
-        """The derivation of a unit's output when it is a packed weight for a CPU, else None."""
-        if isinstance(spec, BlobSpec) and spec.panels is not None and isinstance(target, CpuTarget):
-            return cls(spec, target)
-        return None
+        """The derivation of a unit's output when it is a packed weight for a CPU (a BlobSpec with panels), else
+        None."""
+        from farm.ir.specs import BlobSpec  # where units are: a worker, a local build
+
+        if not isinstance(spec, BlobSpec) or spec.panels is None or not isinstance(target, CpuTarget):
+            return None
+        return cls(spec.data_sha256, spec.nbytes, spec.panels, target)
 
     @classmethod
     def from_json(cls, data: Any) -> Derivation:
-        """A derivation read back from a recipe; ValueError when it is not one of a packed weight."""
+        """A derivation read back from a recipe or a link plan; ValueError when it is not one of a packed weight."""
         try:
-            spec, target = BlobSpec.from_json(data["spec"]), target_from_json(data["target"])
+            spec, target = data["spec"], target_from_json(data["target"])
+            source, nbytes, panels = spec["sha256"], spec["bytes"], tuple(spec["panels"])
         except (KeyError, TypeError, ValueError, BadInputError) as error:
-            raise ValueError(f"a malformed derivation: {error}") from None
-        derivation = cls.of(spec, target)
-        if derivation is None or not is_key(spec.data_sha256):
+            raise ValueError(f"a malformed derivation: {error!r}") from None
+        if not (is_key(source) and type(nbytes) is int and nbytes >= 0 and isinstance(target, CpuTarget)
+                and spec.get("target") == target.id and len(panels) in (3, 4)
+                and all(type(value) is int and value >= 0 for value in panels)):
             raise ValueError("a derivation that packs no weight for a CPU")
-        return derivation
+        return cls(source, nbytes, panels, target)
+
+
+def _pack_without_numpy(derivation: Derivation, source: bytes | memoryview) -> bytes:
+    from farm.backends.llvm.panels import pack
+
+    if len(source) != derivation.nbytes:
+        raise ArtifactError(f"weight {derivation.source}: {len(source)} bytes, the recipe says {derivation.nbytes}")
+    try:
+        return pack(source, derivation.panels)
+    except ValueError as error:
+        raise ArtifactError(f"weight {derivation.source}: {error}") from None
 
 
 @dataclass(frozen=True)

@@ -569,7 +569,7 @@ class Farm:
             if derivation is None:
                 return built.object_of(name)
             key = self.store.get_ref(unit.cache_ref) or self._build_into_store(job_id, unit)[0]
-            return recipes.derived(self.store, key, derivation.spec.nbytes, derivation)
+            return recipes.derived(self.store, key, derivation.nbytes, derivation)
 
         return replace(built, object_of=object_of,
                        blob_of=lambda sha: recipes.stored(self.store, sha, weight_bytes[sha]))
