@@ -225,3 +225,12 @@ def test_a_lazy_member_is_made_as_it_is_written_and_must_have_its_announced_size
     with pytest.raises(ValueError, match="made with 14 bytes, 15 were announced"):
         write_artifact(tmp_path / "bad.farm", {"model": {}}, {"w.bin": LazyMember(15, produce)})
     assert not (tmp_path / "bad.farm").exists()
+
+
+def test_a_lazy_member_whose_bytes_were_checked_is_not_hashed_again() -> None:
+    """`checked`: the sha256 its producer checked the bytes against (a store read, a made packed weight): the
+    archive lists it as it is, which is why only readers that check may give it (recipes.write_artifact_from)."""
+    digest = hashlib.sha256(b"packed weights").hexdigest()
+    checked = artifact_bytes({"model": {}}, {"w.bin": LazyMember(14, lambda: b"packed weights", digest)})
+    assert checked == artifact_bytes({"model": {}}, {"w.bin": b"packed weights"})
+    assert b"e" * 64 in artifact_bytes({"model": {}}, {"w.bin": LazyMember(14, lambda: b"packed weights", "e" * 64)})

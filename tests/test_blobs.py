@@ -36,7 +36,7 @@ def test_mismatched_size_is_a_build_error():
 def test_a_weight_with_panels_is_the_tensor_pre_packed(target):
     """BlobSpec.panels = (rows, m, k): the float32 tensor in the Gemm's panel layout, per m x k block, made from the
     source bytes inside the pure step; packing twice gives the same bytes."""
-    from farm.backends.llvm.gemm import pack_panels
+    from farm.backends.llvm.packing import pack_panels
 
     weights = np.arange(2 * 5 * 3, dtype=np.float32).reshape(2, 5, 3)
     data = weights.tobytes()
@@ -59,7 +59,7 @@ def test_panels_that_do_not_divide_the_weight_are_a_build_error():
 
 def test_a_weight_with_column_panels_is_b_pre_packed_and_transposed_when_stored_so():
     """BlobSpec.panels = (width, k, n, transposed): B in pack_columns' layout, turned first when stored n x k."""
-    from farm.backends.llvm.gemm import pack_columns
+    from farm.backends.llvm.packing import pack_columns
 
     weights = np.arange(2 * 3 * 5, dtype=np.float32).reshape(2, 3, 5)
     data = weights.tobytes()

@@ -18,11 +18,9 @@ from farm.backends.llvm.gemm import (
     GemmBlocking,
     _small_m_k_block,
     outlined_functions,
-    pack_columns,
-    pack_operand,
-    pack_panels,
     regions,
 )
+from farm.backends.llvm.packing import pack_columns, pack_operand, pack_panels
 from farm.ir import loopir as L
 
 BLOCKINGS = [

@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from farm.backends.llvm.gemm import pack_operand
+from farm.backends.llvm.packing import pack_operand
 from farm.backends.llvm.panels import pack
 
 RNG = np.random.default_rng(11)

@@ -60,21 +60,23 @@ class StoredMember(LazyMember):
 
 def stored(store: Store, key: str, size: int) -> StoredMember:
     """The store entry `key` of `size` bytes as an artifact member."""
-    return StoredMember(size, functools.partial(store.get, key), key)
+    return StoredMember(size, functools.partial(store.get, key), key=key)
 
 
 def derived(store: Store, key: str, size: int, derivation: Derivation) -> StoredMember:
     """The packed weight of key `key` and `size` bytes that `derivation` makes from a weight in the store (which
     holds the weight, not the packed copy), as an artifact member."""
-    return StoredMember(size, lambda: made_as_listed(key, derivation, store.get(derivation.source)), key, derivation)
+    return StoredMember(size, lambda: made_as_listed(key, derivation, store.get(derivation.source)), key=key,
+                        derivation=derivation)
 
 
 @dataclass(frozen=True)
 class Derivation:
     """A packed weight member as its "blob" unit makes it (farm.build.units): the float32 weight blob `source`
     (`nbytes` long) packed in `panels` (farm.ir.specs.BlobSpec.panels) for `target`'s kernels. It is made by the
-    same pure step a worker runs; on a client install, which has no numpy, by the same layouts without it
-    (farm.backends.llvm.panels): the sha256 check of every made member holds either to the worker's bytes."""
+    function a worker's step packs with (farm.backends.llvm.blobs.pack_weights); on a client install, which has no
+    numpy, by the same layouts without it (farm.backends.llvm.panels): the sha256 check of every made member holds
+    either to the worker's bytes."""
 
     source: str
     nbytes: int
@@ -82,13 +84,13 @@ class Derivation:
     target: CpuTarget
 
     def make(self, source: bytes | memoryview) -> bytes:
-        """The member's bytes from the weight blob's (BuildError when they can't be packed as the panels say)."""
+        """The member's bytes from the weight blob's; ArtifactError when they can't be packed as the panels say."""
+        if len(source) != self.nbytes:
+            raise ArtifactError(f"weight {self.source}: {len(source)} bytes, the recipe says {self.nbytes}")
         try:
-            from farm.backends.llvm.blobs import pack_weights
-            from farm.ir.specs import BlobSpec
-        except ModuleNotFoundError:
-            return _pack_without_numpy(self, source)
-        return pack_weights(BlobSpec(self.source, self.nbytes, self.target.id, self.panels), self.target, source)
+            return _packed(source, self.panels)
+        except ValueError as error:
+            raise ArtifactError(f"weight {self.source}: {error}") from None
 
     def to_json(self) -> dict[str, Any]:
         """The form of its unit's spec and target (farm.ir.specs.BlobSpec.to_json, CpuTarget.to_json)."""
@@ -120,15 +122,18 @@ class Derivation:
         return cls(source, nbytes, panels, target)
 
 
-def _pack_without_numpy(derivation: Derivation, source: bytes | memoryview) -> bytes:
-    from farm.backends.llvm.panels import pack
-
-    if len(source) != derivation.nbytes:
-        raise ArtifactError(f"weight {derivation.source}: {len(source)} bytes, the recipe says {derivation.nbytes}")
+def _packed(source: bytes | memoryview, panels: tuple[int, ...]) -> bytes:
+    """The weight packed by the function a worker's step packs with (farm.backends.llvm.packing: numpy, no LLVM),
+    or without numpy on a client install (farm.backends.llvm.panels: the same layouts)."""
     try:
-        return pack(source, derivation.panels)
-    except ValueError as error:
-        raise ArtifactError(f"weight {derivation.source}: {error}") from None
+        import numpy as np
+
+        from farm.backends.llvm.packing import pack_operand
+    except ModuleNotFoundError:
+        from farm.backends.llvm.panels import pack
+
+        return pack(source, panels)
+    return pack_operand(np.frombuffer(source, dtype=np.float32), panels).tobytes()
 
 
 @dataclass(frozen=True)
@@ -235,9 +240,10 @@ def _derivations(data: Any) -> dict[str, Derivation]:
 
 def write_artifact_from(path: str | os.PathLike[str], recipe: Recipe, read: Callable[[str], bytes],
                         made: dict[str, bytes] | None = None) -> str:
-    """Write at `path` (atomically) the artifact `recipe` describes, reading each member by its key with `read`, and
-    making each packed one from its weight as `read` gives it (or taking it from `made`, by key, when it was made
-    ahead); returns the path. The member after the one being written is read meanwhile on a thread (the archive
+    """Write at `path` (atomically) the artifact `recipe` describes, reading each member by its key with `read`
+    (which checks the bytes against it, as Store.get and uploads.local_first do, so the archive doesn't hash them
+    again), and making each packed one from its weight as `read` gives it, checked (or taking it from `made`, by
+    its key, when it was made ahead and checked so); returns the path. The member after the one being written is read meanwhile on a thread (the archive
     takes members in name order), so that fetching from the store and writing the file overlap; two members at most
     are in memory."""
     names = sorted(recipe.sizes)
@@ -258,7 +264,7 @@ def write_artifact_from(path: str | os.PathLike[str], recipe: Recipe, read: Call
                 ahead[index + 1] = pool.submit(member, recipe.keys[names[index + 1]])
             return fetch.result()
 
-        members = {name: LazyMember(recipe.sizes[name], functools.partial(produce, index))
+        members = {name: LazyMember(recipe.sizes[name], functools.partial(produce, index), recipe.keys[name])
                    for index, name in enumerate(names)}
         return write_finished_artifact(path, recipe.manifest_text, members)
 

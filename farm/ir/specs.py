@@ -125,8 +125,8 @@ class BlobSpec:
     """One constant tensor as a CPU target's kernels read it; keyed by the sha256 of its bytes and the target.
 
     `panels`, when set: the float32 tensor pre-packed for a Gemm that reads it so: (rows, m, k) for its A in panels
-    of `rows` (llvm_gemm.pack_panels, per m x k block), (width, k, n, transposed) for its B in column panels of
-    `width` (llvm_gemm.pack_columns, per k x n block, stored n x k when transposed). Packing is a pure step (a
+    of `rows` (farm.backends.llvm.packing.pack_panels, per m x k block), (width, k, n, transposed) for its B in column panels of
+    `width` (packing.pack_columns, per k x n block, stored n x k when transposed). Packing is a pure step (a
     "blob" unit), so the source bytes (by data_sha256) travel and the packed ones are made where the unit runs.
     Without panels the weight is the model's bytes, used as they are.
     """

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from farm.backends.llvm.gemm import pack_operand
+from farm.backends.llvm.packing import pack_operand
 from farm.backends.llvm.target import CpuTarget
 from farm.errors import BuildError
 from farm.ir.specs import BlobSpec
@@ -83,7 +83,7 @@ def _is_stale_scratch(path: Path, now: float) -> bool:
 
 
 def _packed(spec: BlobSpec, data: bytes | memoryview) -> memoryview:
-    """The float32 tensor in the Gemm's panel layout (spec.panels: llvm_gemm.PANEL_LAYOUTS)."""
+    """The float32 tensor in the Gemm's panel layout (spec.panels: farm.backends.llvm.packing.PANEL_LAYOUTS)."""
     if spec.nbytes % 4:
         raise BuildError(f"weight {spec.symbol}: {spec.nbytes} bytes are not float32 values")
     try:

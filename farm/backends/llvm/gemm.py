@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from llvmlite import ir
 
 from farm.ir import loopir as L
@@ -934,54 +933,6 @@ def _b_index(gen: _Gen, region: _Region, n0: ir.Value, j: int, k: ir.Value) -> i
         return b.add(gen.offset((n0, g.k), (k, width)), column)
     edge_column = b.sub(b.add(n0, column), ir.Constant(I64_T, main))
     return b.add(gen.offset((main, g.k), (k, g.n - main)), edge_column)
-
-
-def pack_panels(a: np.ndarray, rows: int) -> np.ndarray:
-    """A (blocks x m x k, row-major) in the layout a_panels reads: per block, the full panels of `rows` rows
-    k-major, then the m % rows edge rows k-major."""
-    blocks, m, k = a.shape
-    main = m // rows * rows
-    panels = a[:, :main].reshape(blocks, main // rows, rows, k).transpose(0, 1, 3, 2).reshape(blocks, -1)
-    edge = a[:, main:].transpose(0, 2, 1).reshape(blocks, -1)
-    return np.ascontiguousarray(np.concatenate([panels, edge], axis=1))
-
-
-def pack_columns(b: np.ndarray, width: int, transposed: bool = False) -> np.ndarray:
-    """B (blocks x k x n, row-major; blocks x n x k when `transposed`) in the layout b_panels reads: per block,
-    the full column panels of `width` columns k-major, then the n % width edge columns row-major."""
-    b = b.transpose(0, 2, 1) if transposed else b
-    blocks, k, n = b.shape
-    main = n // width * width
-    panels = b[:, :, :main].reshape(blocks, k, main // width, width).transpose(0, 2, 1, 3).reshape(blocks, -1)
-    edge = b[:, :, main:].reshape(blocks, -1)
-    return np.ascontiguousarray(np.concatenate([panels, edge], axis=1))
-
-
-def _pack_a(data: np.ndarray, panels: tuple[int, ...]) -> np.ndarray:
-    rows, m, k = panels
-    return pack_panels(data.reshape(-1, m, k), rows)
-
-
-def _pack_b(data: np.ndarray, panels: tuple[int, ...]) -> np.ndarray:
-    width, k, n, transposed = panels
-    return pack_columns(data.reshape(-1, n, k) if transposed else data.reshape(-1, k, n), width, bool(transposed))
-
-
-PANEL_LAYOUTS: dict[int, Callable[[np.ndarray, tuple[int, ...]], np.ndarray]] = {3: _pack_a, 4: _pack_b}
-"""How a constant is pre-packed, by the form of its BlobSpec.panels: (rows, m, k) for A (a_panels), (width, k, n,
-transposed) for B (b_panels). Each takes the float32 values, flat, and gives them packed (flat per block)."""
-
-
-def pack_operand(data: np.ndarray, panels: tuple[int, ...]) -> np.ndarray:
-    """The float32 values `data` (flat) in the panel layout `panels` describes (PANEL_LAYOUTS), as one flat array;
-    ValueError unless `panels` is one of those forms (it may come from a message) and the values are whole blocks
-    of its shape."""
-    if len(panels) not in PANEL_LAYOUTS or min(panels[:3]) < 1 or panels[3:] not in ((), (0,), (1,)):
-        raise ValueError(f"panels {list(panels)} are neither (rows, m, k) nor (width, k, n, transposed), each "
-                         f"positive, transposed 0 or 1")
-    if data.size % (panels[1] * panels[2]):
-        raise ValueError(f"{data.size} floats are not float32 blocks of {panels[1]} x {panels[2]}")
-    return PANEL_LAYOUTS[len(panels)](data, panels).ravel()
 
 
 def _load(b: ir.IRBuilder, address: ir.Value, vec_t: ir.Type) -> ir.Value:

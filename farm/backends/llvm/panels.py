@@ -1,4 +1,4 @@
-"""The panel layouts of pre-packed GEMM operands (farm.backends.llvm.gemm.PANEL_LAYOUTS) without numpy: what a
+"""The panel layouts of pre-packed GEMM operands (farm.backends.llvm.packing.PANEL_LAYOUTS) without numpy: what a
 client install, which has no numpy, runs to make an artifact's packed weights from their weights
 (farm.distributed.recipes.Derivation). Packing moves 4-byte values and computes nothing, so each layout is a few
 strided copies of the `array` module per panel lane (C loops, not Python ones), bit for bit what numpy's packing
@@ -16,7 +16,7 @@ WORD = next(code for code in "IL" if array(code).itemsize == 4)
 
 def pack(data: bytes | memoryview, panels: tuple[int, ...]) -> bytes:
     """The 4-byte values `data` in the panel layout `panels` describes: (rows, m, k) for a GEMM's A, (width, k, n,
-    transposed) for its B; ValueError as farm.backends.llvm.gemm.pack_operand raises it."""
+    transposed) for its B; ValueError as farm.backends.llvm.packing.pack_operand raises it."""
     if len(panels) not in LAYOUTS or min(panels[:3]) < 1 or panels[3:] not in ((), (0,), (1,)):
         raise ValueError(f"panels {list(panels)} are neither (rows, m, k) nor (width, k, n, transposed), each "
                          f"positive, transposed 0 or 1")
@@ -74,4 +74,4 @@ def _edge(values: array, packed: array, base: int, main: int, size: int, k: int,
 
 
 LAYOUTS: dict[int, Callable[[array, array, tuple[int, ...]], None]] = {3: _pack_a, 4: _pack_b}
-"""Each layout by the length of its panels tuple, as farm.backends.llvm.gemm.PANEL_LAYOUTS."""
+"""Each layout by the length of its panels tuple, as farm.backends.llvm.packing.PANEL_LAYOUTS."""
