@@ -189,3 +189,21 @@ def test_forged_submissions_are_refused_and_the_farm_goes_on(farm_factory, model
     assert failed["state"] == "failed" and failed["exit_status"] == 2 and "upload" in failed["error"]
     assert farm.workers[0].process.poll() is None
     assert "refused a submission" in farm.workers[0].log_path.read_text()
+
+
+def test_a_submitter_who_sets_the_intake_list_to_a_string_does_not_stop_the_farm(farm_factory, model_path: Path,
+                                                                                 tmp_path: Path) -> None:
+    """Issue 30's first attack, with a submitter's credentials against real workers: `SET farm:submitted x` ended
+    the intake thread of every worker (a WRONGTYPE pop), and every later job stayed queued. The intake deletes what
+    is not a list and the next submission builds. (A client that pushes before the intake's next pop still ends in
+    a traceback: the defensive reads and writes of issue 30 item 1 are not all done.)"""
+    farm: Farm = farm_factory(workers=1)
+    attacker = JobBoard(farm.url).redis
+    assert attacker.set(protocol.SUBMITTED_KEY, "x")
+    deadline = time.monotonic() + 10  # the intake deletes it at its next pop (every POP_SECONDS at the latest)
+    while attacker.exists(protocol.SUBMITTED_KEY) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    submitted = farm_cli("submit", str(model_path), "--json", "-o", str(tmp_path / "out"), broker=farm.url,
+                         cwd=tmp_path, timeout=300)
+    assert submitted.returncode == 0 and json.loads(submitted.stdout)["state"] == "done", submitted.stderr
+    assert f"deleted {protocol.SUBMITTED_KEY} (a string)" in farm.workers[0].log_path.read_text()

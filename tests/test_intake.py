@@ -60,6 +60,31 @@ def test_an_acceptance_that_raises_is_logged_and_the_intake_goes_on(redis_server
     assert not intake.is_alive()
 
 
+def test_an_intake_key_set_to_another_type_is_deleted_and_the_intake_goes_on(redis_server: RedisServer) -> None:
+    """`SET farm:submitted x` (a submitter may push there) made every pop fail with WRONGTYPE, which ended the intake
+    thread of every worker: no job was accepted again until they restarted. The intake deletes what is not a list
+    and goes on accepting."""
+    board = JobBoard(redis_server.url)
+    accepted: list[str] = []
+    intake = Intake(board, lambda job_id: accepted.append(job_id) or f"job {job_id} accepted")
+    intake.start()
+    try:
+        board.redis.set(protocol.SUBMITTED_KEY, "x")
+        board.redis.hset(protocol.REPAIR_KEY, "a", "b")
+        deadline = time.monotonic() + 10
+        while board.redis.exists(protocol.SUBMITTED_KEY, protocol.REPAIR_KEY) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        board.redis.lpush(protocol.SUBMITTED_KEY, JOB)
+        while not accepted and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert accepted == [JOB] and intake.is_alive()
+    finally:
+        intake.stop()
+        intake.join(POP_SECONDS + 5)
+    board.redis.set(protocol.ADMIT_KEY, "x")
+    assert intake.take_one() == f"deleted {protocol.ADMIT_KEY} (a string): an intake key must be a list"
+
+
 def test_a_lost_redis_is_waited_out(redis_server: RedisServer) -> None:
     board = JobBoard(redis_server.url)
     intake = Intake(board, lambda job_id: f"job {job_id} accepted")

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import redis
+
 from farm.distributed import protocol
 from farm.distributed.board import JobBoard
 from farm.errors import BadInputError, UnreachableError
@@ -71,10 +73,28 @@ class Intake(threading.Thread):
             log.warning("intake: %s", error)
             time.sleep(POP_SECONDS)
             return None
+        except redis.exceptions.ResponseError as error:  # WRONGTYPE: an intake list is some other value
+            return self._drop_what_is_not_a_list(error)
         if not popped:
             return None
         name = popped[0].decode() if isinstance(popped[0], bytes) else str(popped[0])
         return self.handlers[name](popped[1])
+
+    def _drop_what_is_not_a_list(self, error: Exception) -> str:
+        """Delete each intake key that holds anything but a list (a submitter who may push may also have SET it):
+        while one does, no pop works, so every worker's intake would accept nothing. They are the farm's own keys
+        and a list is all they ever hold, so nothing of value goes; the note says what was there."""
+        dropped = []
+        for name in self.handlers:
+            kind = self.board.call(self.board.redis.type, name)
+            kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+            if kind not in ("list", "none"):
+                self.board.call(self.board.redis.delete, name)
+                dropped.append(f"{name} (a {kind})")
+        note = (f"deleted {', '.join(dropped)}: an intake key must be a list" if dropped
+                else f"a pop failed: {error}")
+        log.warning("intake: %s", note)
+        return note
 
     def _admit(self, raw: Any) -> str:
         return self._handle(raw, lambda: self.admit(*protocol.decode_admission(raw)), "an admission", "admitting")
