@@ -187,8 +187,9 @@ class Farm:
         pack unit admits its own weight so)."""
         unread = [blob for sha in sorted(lacking) if isinstance(blob := blobs[sha], DeferredArray)]
         for sha in sorted(lacking):
-            if not isinstance(blobs[sha], DeferredArray):
-                self.store.put(memoryview(blobs[sha]).cast("B"))
+            folded = blobs[sha]
+            if not isinstance(folded, DeferredArray):
+                self.store.put(folded.data.cast("B"))
         with ThreadPoolExecutor(WEIGHT_READERS, thread_name_prefix="farm-weights") as readers:
             for loaded in readers.map(lambda blob: blob.load(), unread):
                 del loaded
@@ -200,7 +201,7 @@ class Farm:
         for unit in sorted(todo, key=lambda u: u.data_key is not None):
             folded = blobs.get(unit.data_key) if unit.data_key in lacking else None
             if folded is not None and not isinstance(folded, DeferredArray):
-                self.store.put(memoryview(folded).cast("B"))
+                self.store.put(folded.data.cast("B"))
                 lacking.discard(unit.data_key)
             self.dispatch(Compile(job_id, unit).message())
 
@@ -339,11 +340,12 @@ class Farm:
         """The units whose objects the cache holds (name -> store key), each pinned for the job before its presence
         is checked (so none is evicted between the check and the link). A packed weight is kept as its key, not its
         bytes (farm.distributed.recipes): its ref is its cached output while the weight it is made from is there."""
-        keys = {unit.name: self.store.get_ref(unit.cache_ref) for unit in units}
-        held = {unit.name: _held_entry(unit, key) for unit in units if (key := keys[unit.name])}
+        refs = {unit.name: (unit, self.store.get_ref(unit.cache_ref)) for unit in units}
+        keys = {name: key for name, (_, key) in refs.items() if key is not None}
+        held = {name: _held_entry(refs[name][0], key) for name, key in keys.items()}
         pins.pin_for_job(self.store, job_id, list(held.values()))
-        present = set(self.store.missing(held.values()))
-        return {name: keys[name] for name, entry in held.items() if entry not in present}
+        absent = set(self.store.missing(held.values()))
+        return {name: key for name, key in keys.items() if held[name] not in absent}
 
     # -- tune ----------------------------------------------------------------------------------------------------
 
