@@ -13,8 +13,8 @@ A packed weight is a pure function of a weight blob (its "blob" unit's step, far
 keeps its key, not its bytes: the recipe says how each packed member is made (`Recipe.derived`), and the store
 holds the weight it is made from (`Recipe.entries`: what the artifact pins and a reuse checks). Whoever writes the
 artifact makes the member, checked by its sha256: the submitting machine from the model's own files, any other
-from the weight it reads from the store (farm.distributed.uploads.local_first). No packed copy crosses Redis: a
-cold BERT-base job's 340 MB of them were put once and read back once.
+from the weight it reads from the store (farm.distributed.uploads.local_first). No packed copy crosses Redis (a
+cold BERT-base job's 340 MB of them used to be put once and read back once).
 """
 
 from __future__ import annotations
