@@ -143,6 +143,25 @@ class NotPermittedError(CredentialsRefusedError):
                                  "`farm store` need the workers' credentials")
 
 
+class FarmStateError(FarmError):
+    """The farm's Redis answered a call with an error: a farm key holds another kind of value than the farm keeps
+    there (an operator's mistake, or an older farm's), or the server is at its maxmemory. Like an unreachable farm,
+    nothing the user changes fixes it (exit status 4); the message says who can."""
+
+    exit_status = ExitStatus.UNREACHABLE
+
+    HINTS = {"WRONGTYPE": "a farm key holds another kind of value than the farm keeps there (the workers delete "
+                          "such keys within a minute; if this persists, tell the farm's operator)",
+             "OOM": "the server is at its maxmemory (deploy/redis.conf): tell the farm's operator"}
+    """What to do, by the first word of Redis's error."""
+
+    def __init__(self, url: str, error: str) -> None:
+        first_line = error.splitlines()[0][:200] if error else "an error"
+        hint = self.HINTS.get(first_line.split(" ", 1)[0], "")
+        super().__init__(f"the farm's Redis at {redact_url(url)} refused a call ({first_line})"
+                         + (f": {hint}" if hint else ""))
+
+
 class JobError(FarmError):
     """A farm job is unknown (expired or never submitted) or was cancelled."""
 

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from farm.backends.llvm.target import host_target
-from farm.distributed import acl, protocol
+from farm.distributed import acl, intake, protocol
 from farm.distributed.board import JobBoard
 from farm.distributed.celery_app import make_app
 from farm.distributed.client import FarmClient
@@ -102,9 +102,26 @@ FORBIDDEN_WRITES = {
     "a flush": ("FLUSHALL",),
     "deleting a record": ("DEL", protocol.job_key(JOB)),
     "a repair's claim": ("SET", protocol.repair_claim_key(SHA), "1"),
+    "a string for the intake list": ("SET", protocol.SUBMITTED_KEY, "x"),
+    "a string for the admissions": ("SET", protocol.ADMIT_KEY, "x"),
+    "a sorted set for the repairs": ("ZADD", protocol.REPAIR_KEY, "1", "x"),
+    "the intake list emptied": ("DEL", protocol.SUBMITTED_KEY),
+    "the intake list popped": ("RPOP", protocol.SUBMITTED_KEY),
+    "a string for the jobs index": ("SET", protocol.JOBS_KEY, "x"),
+    "a list for the jobs index": ("LPUSH", protocol.JOBS_KEY, "x"),
+    "a string for a request": ("SET", protocol.request_key(JOB), "x"),
+    "a list for a request": ("RPUSH", protocol.request_key(JOB), "x"),
+    "a request kept forever": ("PERSIST", protocol.request_key(JOB)),
+    "a hash for staged bytes": ("HSET", f"{acl.STORE_PREFIX}staged:{SHA}", "a", "b"),
+    "staged bytes appended to": ("APPEND", f"{acl.STORE_PREFIX}staged:{SHA}:0", "x"),
+    "a list for a cancel flag": ("LPUSH", protocol.cancel_key(JOB), "x"),
+    "another database": ("SELECT", "1"),
+    "a key outside the farm's": ("SET", "elsewhere", "x"),
 }
 """What a submitter must never do, each as a Redis command: write the farm's records, the store, Celery's queues
-and control channels, workers' liveness, or run anything that reaches all keys."""
+and control channels, workers' liveness, run anything that reaches all keys, leave the farm's database, or put
+another type of value where the farm keeps a list, a sorted set or a hash (a WRONGTYPE there fails every call on
+the key: `SET farm:submitted x` ended every worker's intake)."""
 
 
 @pytest.mark.parametrize("command", FORBIDDEN_WRITES.values(), ids=FORBIDDEN_WRITES.keys())
@@ -191,19 +208,26 @@ def test_forged_submissions_are_refused_and_the_farm_goes_on(farm_factory, model
     assert "refused a submission" in farm.workers[0].log_path.read_text()
 
 
-def test_a_submitter_who_sets_the_intake_list_to_a_string_does_not_stop_the_farm(farm_factory, model_path: Path,
-                                                                                 tmp_path: Path) -> None:
-    """Issue 30's first attack, with a submitter's credentials against real workers: `SET farm:submitted x` ended
-    the intake thread of every worker (a WRONGTYPE pop), and every later job stayed queued. The intake deletes what
-    is not a list and the next submission builds. (A client that pushes before the intake's next pop still ends in
-    a traceback: the defensive reads and writes of issue 30 item 1 are not all done.)"""
+def test_a_farm_key_of_the_wrong_type_is_one_line_for_clients_and_deleted_by_the_workers(
+        farm_factory, model_path: Path, tmp_path: Path) -> None:
+    """Issue 30's first attack: `SET farm:submitted x` ended the intake thread of every worker and `SET farm:jobs x`
+    made every `farm submit` and `farm jobs` end in a traceback. The submitter's ACL refuses both now (above); made
+    by the operator's hand (or an older farm), each is a one-line error for clients (exit 4) until the workers'
+    housekeeping deletes it, and the farm goes on building."""
     farm: Farm = farm_factory(workers=1)
-    attacker = JobBoard(farm.url).redis
-    assert attacker.set(protocol.SUBMITTED_KEY, "x")
-    deadline = time.monotonic() + 10  # the intake deletes it at its next pop (every POP_SECONDS at the latest)
-    while attacker.exists(protocol.SUBMITTED_KEY) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    operator = farm.redis.client()
+    operator.set(protocol.JOBS_KEY, "x")
+    operator.set(protocol.SUBMITTED_KEY, "x")
+    listed = farm_cli("jobs", broker=farm.url, cwd=tmp_path)
+    if operator.type(protocol.JOBS_KEY) == b"string":  # the housekeeping may already have run
+        assert listed.returncode == 4 and listed.stderr.count("\n") == 1, listed.stderr
+        assert "WRONGTYPE" in listed.stderr and "the workers delete such keys" in listed.stderr
+    deadline = time.monotonic() + intake.SWEEP_SECONDS + 10
+    while operator.exists(protocol.JOBS_KEY, protocol.SUBMITTED_KEY) and time.monotonic() < deadline:
+        time.sleep(0.1)
     submitted = farm_cli("submit", str(model_path), "--json", "-o", str(tmp_path / "out"), broker=farm.url,
                          cwd=tmp_path, timeout=300)
     assert submitted.returncode == 0 and json.loads(submitted.stdout)["state"] == "done", submitted.stderr
-    assert f"deleted {protocol.SUBMITTED_KEY} (a string)" in farm.workers[0].log_path.read_text()
+    log = farm.workers[0].log_path.read_text()
+    assert f"deleted {protocol.SUBMITTED_KEY} (a string)" in log
+    assert f"deleted {protocol.JOBS_KEY}, a string where the farm keeps a zset" in log

@@ -39,18 +39,40 @@ class Role:
     rules: str
 
 
+SUBMITTER_CONNECTION = ("+ping +auth +hello +client|setname +multi +exec +discard +subscribe +unsubscribe "
+                        "+publish")
+"""What a submitter's connection may do on no key: log in, name itself, batch its writes, follow its job's events
+and wake a job's waiters. No SELECT: a submitter stays in the farm's database (0), where every key it writes is
+one the workers read, expire and bound (another database would be Redis memory no one sweeps)."""
+SUBMITTER_READS = "+get +mget +exists +hgetall +scard +zrevrangebyscore"
+"""The read commands clients use (a job's record, progress and request, the jobs index, workers, leases, store
+entries to download)."""
+
+
+def _submitter_writes() -> dict[str, tuple[str, ...]]:
+    """Each key a submitter writes, with the only commands it may run on it. Redis grants a command on a key
+    whatever the key holds, so a pattern with a broad command set lets a submitter turn an intake list into a
+    string and end every worker's intake: one selector per kind of key, each with the commands that keep its
+    type (a list is only pushed, the jobs index only added to and trimmed, a request only a hash)."""
+    return {
+        " ".join(f"~{key}" for key in (protocol.SUBMITTED_KEY, protocol.ADMIT_KEY, protocol.REPAIR_KEY)): ("lpush",),
+        f"~{protocol.request_key('*')}": ("hset", "expire"),
+        f"~{protocol.JOBS_KEY}": ("zadd", "zremrangebyscore", "expire"),
+        f"~{protocol.cancel_key('*')} ~{protocol.downloaded_key('*')} ~{STORE_PREFIX}staged:*": ("set",),
+    }
+
+
 def _submitter_rules() -> str:
-    """Read what clients show, write only a submission's keys; the commands the client's calls use, no others."""
-    commands = ("+ping +auth +hello +select +client|setname +multi +exec +discard +get +mget +exists +hgetall "
-                "+scard +zrevrangebyscore +hset +set +expire +zadd +zremrangebyscore +lpush "
-                "+subscribe +unsubscribe +publish")
+    """Read what clients show, write only a submission's keys, each with the commands that keep its type (Redis 7
+    ACL selectors, one per kind of key); the commands the client's calls use, no others."""
     reads = [protocol.job_key("*"), protocol.request_key("*"), protocol.JOBS_KEY, protocol.WORKERS_KEY,
              protocol.lease_key("*"), f"{STORE_PREFIX}obj:*", f"{STORE_PREFIX}max_bytes",
              f"{STORE_PREFIX}blob_store", f"{STORE_PREFIX}staged:*"]
-    writes = [protocol.request_key("*"), protocol.JOBS_KEY, protocol.SUBMITTED_KEY, protocol.ADMIT_KEY,
-              protocol.REPAIR_KEY, f"{STORE_PREFIX}staged:*"]
-    keys = " ".join([f"%R~{pattern}" for pattern in reads] + [f"%W~{pattern}" for pattern in writes])
-    return f"resetkeys resetchannels -@all {commands} {keys} &{protocol.job_events_channel('*')}"
+    selectors = [f"(%R~{' %R~'.join(reads)} {SUBMITTER_READS})"]
+    selectors += [f"({keys} {' '.join('+' + command for command in commands)})"
+                  for keys, commands in _submitter_writes().items()]
+    return (f"resetkeys resetchannels -@all {SUBMITTER_CONNECTION} &{protocol.job_events_channel('*')} "
+            + " ".join(selectors))
 
 
 _CELERY_KEYS = ("~_kombu.binding* ~*.reply.celery.pidbox* ~celeryev.* ~unacked* "

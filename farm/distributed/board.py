@@ -22,6 +22,7 @@ from farm.distributed.protocol import JobRecord, JobState
 from farm.errors import (
     CredentialsRefusedError,
     ExitStatus,
+    FarmStateError,
     NotPermittedError,
     TlsRefusedError,
     UnreachableError,
@@ -81,7 +82,8 @@ class JobBoard:
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run one Redis call; refused credentials become CredentialsRefusedError, a server certificate that fails
-        verification TlsRefusedError and a lost connection UnreachableError (all exit status 4)."""
+        verification TlsRefusedError, a lost connection UnreachableError and any other error Redis answers (a key of
+        another type, a full server) FarmStateError (all exit status 4): one line, never a traceback."""
         try:
             return fn(*args, **kwargs)
         except redis.exceptions.NoPermissionError as error:
@@ -93,6 +95,8 @@ class JobBoard:
             if failure:
                 raise TlsRefusedError(self.url, failure) from None
             raise UnreachableError(f"farm unreachable at {redact_url(self.url)}: {error}") from None
+        except redis.exceptions.ResponseError as error:
+            raise FarmStateError(self.url, str(error)) from None
 
     def create(self, job_id: str, record: JobRecord) -> bool:
         """Record a new job (its state, times and fields as given); False when the job already has a record (a
@@ -222,6 +226,18 @@ class JobBoard:
     def is_complete(self, job_id: str, phase: str, name: str) -> bool:
         """Whether `name` already finished in `phase` (a duplicate delivery must not run or count again)."""
         return bool(self.call(self.redis.sismember, protocol.phase_key(job_id, phase), name))
+
+    def drop_mistyped(self, types: dict[str, str]) -> dict[str, str]:
+        """Delete each key of `types` (key -> Redis type) that holds another type of value, in two round trips;
+        returns what went: key -> the type it held."""
+        pipe = self.redis.pipeline(transaction=False)
+        for name in types:
+            pipe.type(name)
+        found = dict(zip(types, self.call(pipe.execute)))
+        mistyped = [name for name, kind in found.items() if kind not in (types[name], "none")]
+        if mistyped:
+            self.call(self.redis.delete, *mistyped)
+        return {name: found[name] for name in mistyped}
 
     def count_delivery(self, job_id: str, name: str) -> int:
         """How many times this unit's task has started (its first run included)."""

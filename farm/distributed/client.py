@@ -30,6 +30,7 @@ from farm.errors import (
     CredentialsRefusedError,
     ExitStatus,
     FarmError,
+    FarmStateError,
     JobError,
     UnreachableError,
 )
@@ -165,7 +166,7 @@ class FarmClient:
         """One job as `farm jobs` lists it; None when its record is gone."""
         try:
             record = self.board.view(check_job_id(job_id))
-        except BadInputError as error:
+        except (BadInputError, FarmStateError) as error:
             return {"job_id": job_id, "state": "unreadable", "error": str(error)}
         if record is None:
             return None

@@ -17,11 +17,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import redis
-
 from farm.distributed import protocol
 from farm.distributed.board import JobBoard
-from farm.errors import BadInputError, UnreachableError
+from farm.errors import BadInputError, FarmStateError, UnreachableError
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +48,11 @@ class Intake(threading.Thread):
 
     def run(self) -> None:
         while not self._stopping.is_set():
-            self.take_one()
+            try:
+                self.take_one()
+            except Exception:  # noqa: BLE001 - logged; a worker whose intake ended would accept no job
+                log.exception("intake: a pop failed")
+                time.sleep(POP_SECONDS)
             self.sweep()
 
     def sweep(self) -> None:
@@ -73,7 +75,7 @@ class Intake(threading.Thread):
             log.warning("intake: %s", error)
             time.sleep(POP_SECONDS)
             return None
-        except redis.exceptions.ResponseError as error:  # WRONGTYPE: an intake list is some other value
+        except FarmStateError as error:  # WRONGTYPE: an intake list is some other value
             return self._drop_what_is_not_a_list(error)
         if not popped:
             return None
@@ -81,19 +83,18 @@ class Intake(threading.Thread):
         return self.handlers[name](popped[1])
 
     def _drop_what_is_not_a_list(self, error: Exception) -> str:
-        """Delete each intake key that holds anything but a list (a submitter who may push may also have SET it):
-        while one does, no pop works, so every worker's intake would accept nothing. They are the farm's own keys
-        and a list is all they ever hold, so nothing of value goes; the note says what was there."""
-        dropped = []
-        for name in self.handlers:
-            kind = self.board.call(self.board.redis.type, name)
-            kind = kind.decode() if isinstance(kind, bytes) else str(kind)
-            if kind not in ("list", "none"):
-                self.board.call(self.board.redis.delete, name)
-                dropped.append(f"{name} (a {kind})")
-        note = (f"deleted {', '.join(dropped)}: an intake key must be a list" if dropped
+        """Delete each intake key that holds anything but a list (the farm's ACL lets submitters only push on them,
+        but an operator's mistake or an older farm's may have SET one): while one does, no pop works, so every
+        worker's intake would accept nothing. The note says what was there."""
+        try:
+            dropped = self.board.drop_mistyped({name: "list" for name in self.handlers})
+        except (FarmStateError, UnreachableError) as failure:
+            dropped, error = {}, failure
+        note = (f"deleted {', '.join(f'{name} (a {kind})' for name, kind in dropped.items())}: an intake key must "
+                "be a list" if dropped
                 else f"a pop failed: {error}")
         log.warning("intake: %s", note)
+        time.sleep(0 if dropped else POP_SECONDS)
         return note
 
     def _admit(self, raw: Any) -> str:

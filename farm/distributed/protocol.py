@@ -164,6 +164,13 @@ def downloaded_key(job_id: str) -> str:
     return f"{request_key(job_id)}:downloaded"
 
 
+FIXED_KEY_TYPES = {SUBMITTED_KEY: "list", ADMIT_KEY: "list", REPAIR_KEY: "list", JOBS_KEY: "zset",
+                   WORKERS_KEY: "hash", RUNNING_KEY: "hash"}
+"""The farm's keys of fixed name and the Redis type each holds. While one holds another type, every call on it
+fails (WRONGTYPE: every intake's pop, every `farm submit`), so workers delete such a key
+(farm.distributed.board.JobBoard.drop_mistyped): nothing of value is lost, since the farm never put it there."""
+
+
 def encode_capabilities(capabilities: dict[str, Any]) -> str:
     """A worker's advertisement: host, pid, CPU and OpenCL devices, as JSON."""
     return json.dumps(capabilities, sort_keys=True)

@@ -14,6 +14,7 @@ counts once, and exactly one task sees the last unit of a phase finish and dispa
 from __future__ import annotations
 
 import json
+import logging
 import re
 import tempfile
 import time
@@ -44,6 +45,8 @@ from farm.store import CorruptEntryError, MissingEntryError, Store, content_key,
 from farm.tuning import database
 from farm.tuning import variants as tuning
 from farm.tuning.harness import time_variants
+
+log = logging.getLogger(__name__)
 
 Dispatch = Callable[[Message], None]
 """dispatch(message): enqueue one task."""
@@ -265,7 +268,12 @@ class Farm:
     def housekeep(self) -> None:
         """What keeps the store under its cap between builds (every worker's intake runs it every SWEEP_SECONDS):
         release the pins of ended jobs (a download only raises a flag: a submitter can't unpin) and evict down to
-        the cap, so a big job's weights don't hold the store over it until the next build."""
+        the cap, so a big job's weights don't hold the store over it until the next build; and delete a farm key
+        that holds another type than the farm keeps there (protocol.FIXED_KEY_TYPES), which would fail every call
+        on it."""
+        for name, kind in self.board.drop_mistyped(protocol.FIXED_KEY_TYPES).items():
+            log.warning("housekeeping: deleted %s, a %s where the farm keeps a %s", name, kind,
+                        protocol.FIXED_KEY_TYPES[name])
         pins.release_ended_jobs(self.board, self.store)
         self.store.evict()
 
