@@ -720,6 +720,23 @@ def test_invalid_utf8_name_and_nul_in_external_location(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("where", ["local", "farm"])
+def test_external_data_claiming_more_than_its_file_holds_exits_2_in_one_line(redis_server, tmp_path, where):
+    """A weight whose external data claims 2**62 bytes of a 24-byte file: refused before anything is read (it once
+    ended `farm submit` in a MemoryError traceback, exit 1), by a local build and by the farm's client alike."""
+    weight = TensorProto(name="W", data_type=TensorProto.FLOAT, dims=[2, 3], data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", "w.bin"), ("offset", "0"), ("length", str(2**62))):
+        weight.external_data.add(key=key, value=value)
+    _save_graph(tmp_path / "huge.onnx", [helper.make_node("Add", ["x", "W"], ["y"], name="add")],
+                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [weight])
+    (tmp_path / "w.bin").write_bytes(b"\x00" * 24)
+    result = farm_cli("submit", "huge.onnx", broker=redis_server.url if where == "farm" else "", cwd=tmp_path)
+    _assert_bad_input(result, "initializer 'W'", "w.bin", "holds 24 bytes", str(2**62))
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "artifacts").exists()
+
+
 def test_npy_header_claiming_more_than_the_file_holds(built, tmp_path):
     folder, job = built
     header = {"descr": "<f4", "fortran_order": False, "shape": (2**20, 2**20)}

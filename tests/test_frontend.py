@@ -188,6 +188,18 @@ def test_external_data_of_wrong_size_is_refused(tmp_path):
         import_model(path)
 
 
+@pytest.mark.parametrize("offset, length", [(0, 2**62), (2**62, None), (8, 24)])
+def test_external_data_claiming_more_than_its_file_holds_is_refused_before_reading(tmp_path, offset, length):
+    """The offset and length are the model's word: a claim past the file's end (2**62 bytes once ended the build
+    in a MemoryError) is refused naming the initializer, the file and both sizes, before anything is read."""
+    (tmp_path / "w.bin").write_bytes(b"\x00" * 24)
+    path = tmp_path / "model.onnx"
+    onnx.save(_external_model("w.bin", offset=offset, length=length), str(path))
+    with pytest.raises(ModelLoadError, match="initializer 'W': external data .*w.bin holds 24 bytes, not ") as info:
+        import_model(path)
+    assert f"at offset {offset}" in str(info.value)
+
+
 def test_unsupported_op_names_node_op_domain_and_opset(onnx_model_path):
     node = helper.make_node("RandomNormalLike", ["x"], ["y"], name="hm")
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5])

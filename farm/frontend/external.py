@@ -71,6 +71,18 @@ def _range(name: str, info: dict[str, str]) -> tuple[int, int]:
     return offset, length
 
 
+def _end(name: str, where: str, size: int, offset: int, length: int) -> int:
+    """Where a reference's bytes end in a file or blob of `size` bytes (`length` -1: at its end). The offset and the
+    length are the model's word, so they are checked against what is there before anything is read: a model that
+    claims 2**62 bytes of a 24-byte file is refused naming both, not answered with a MemoryError."""
+    end = size if length < 0 else offset + length
+    if offset > size or end > size:
+        claimed = f"{length} bytes" if length >= 0 else "anything"
+        raise ExternalDataError(f"initializer {name!r}: external data {where} holds {size} bytes, not {claimed} at "
+                                f"offset {offset}")
+    return end
+
+
 class ModelFolder:
     """External data in files inside the model's folder, as exporters write it (`model.onnx.data`)."""
 
@@ -82,13 +94,14 @@ class ModelFolder:
         offset, length = _range(name, info)
         try:
             with open(file_path, "rb") as f:
+                end = _end(name, file_path, os.fstat(f.fileno()).st_size, offset, length)
                 f.seek(offset)
-                data = f.read(length)
+                data = f.read(end - offset)
         except OSError as error:
             raise ExternalDataError(f"initializer {name!r}: can't read external data {file_path}: {error}") from error
-        if length >= 0 and len(data) != length:
+        if len(data) != end - offset:  # the file shrank since its size was taken
             raise ExternalDataError(f"initializer {name!r}: external data {file_path} holds {len(data)} bytes at "
-                                    f"offset {offset}, expected {length}")
+                                    f"offset {offset}, expected {end - offset}")
         return data, file_path
 
     def digest(self, info: dict[str, str]) -> str | None:
@@ -119,10 +132,7 @@ class StoredBlobs:
                                     "tensors inside the model)")
         offset, length = _range(name, info)
         data = self.read_blob(match.group(1), name)
-        end = len(data) if length < 0 else offset + length
-        if end > len(data):
-            raise ExternalDataError(f"initializer {name!r}: blob {match.group(1)} holds {len(data)} bytes, not "
-                                    f"{length} at offset {offset}")
+        end = _end(name, f"blob {match.group(1)}", len(data), offset, length)
         return memoryview(data)[offset:end], f"blob {match.group(1)}"
 
     def digest(self, info: dict[str, str]) -> str | None:
