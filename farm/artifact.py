@@ -509,26 +509,36 @@ def public_key_hex(public_key: bytes) -> str:
     return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
 
 
-def check_signed(artifact: Artifact, trusted: Collection[str]) -> str:
-    """The signer's public key (hex) when the artifact's manifest is signed by one of the `trusted` keys (hex);
-    else ArtifactError: unsigned, signed by a key not trusted, or a signature that doesn't match."""
+def signer(artifact: Artifact) -> str | None:
+    """The public key (hex) that signed the artifact's manifest, once its signature is checked against it; None for
+    an unsigned artifact. ArtifactError ("signature invalid") when manifest.sig is malformed or doesn't match the
+    manifest: a signature is reported (`farm inspect`) or trusted (`check_signed`) only once it verifies."""
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
     if artifact.signature is None:
-        raise ArtifactError(f"{artifact.path}: the artifact is not signed, and this runtime trusts only signed ones")
+        return None
     try:
         text = artifact.signature.decode("utf-8")
         if _deeper_than(text, 1):
             raise ValueError("nested")
         record = json.loads(text)
-        key_hex, signature = str(record["key"]), bytes.fromhex(str(record["signature"]))
+        key, signature = bytes.fromhex(str(record["key"])), bytes.fromhex(str(record["signature"]))
     except (ValueError, TypeError, KeyError) as error:
-        raise ArtifactError(f"{artifact.path}: {SIGNATURE} is malformed: {error}") from None
+        raise ArtifactError(f"{artifact.path}: signature invalid: {SIGNATURE} is malformed: {error}") from None
+    try:
+        Ed25519PublicKey.from_public_bytes(key).verify(signature, artifact.manifest_text)
+    except (InvalidSignature, ValueError):
+        raise ArtifactError(f"{artifact.path}: signature invalid: it does not match the manifest (tampered)") from None
+    return key.hex()
+
+
+def check_signed(artifact: Artifact, trusted: Collection[str]) -> str:
+    """The signer's public key (hex) when the artifact's manifest is signed by one of the `trusted` keys (hex);
+    else ArtifactError: unsigned, a signature that doesn't verify (`signer`), or signed by a key not trusted."""
+    key_hex = signer(artifact)
+    if key_hex is None:
+        raise ArtifactError(f"{artifact.path}: the artifact is not signed, and this runtime trusts only signed ones")
     if key_hex not in trusted:
         raise ArtifactError(f"{artifact.path}: signed by key {key_hex[:16]}..., which is not trusted")
-    try:
-        Ed25519PublicKey.from_public_bytes(bytes.fromhex(key_hex)).verify(signature, artifact.manifest_text)
-    except (InvalidSignature, ValueError):
-        raise ArtifactError(f"{artifact.path}: the signature does not match the manifest (tampered)") from None
     return key_hex

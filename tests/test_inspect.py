@@ -3,13 +3,16 @@ manifest; refusals as `farm run` refuses, in one line."""
 
 from __future__ import annotations
 
+import io
 import json
+import shutil
+import tarfile
 from pathlib import Path
 
 import onnx
 import pytest
 
-from farm.artifact import open_artifact, write_artifact
+from farm.artifact import open_artifact, sign_artifact, write_artifact
 from farm.backends.llvm.target import host_target
 from farm.backends.opencl.target import OpenClTarget
 from farm.build.local import build_model
@@ -69,6 +72,61 @@ def test_a_tampered_artifact_is_refused_and_a_hostile_string_is_printed_escaped(
                             members)
     text = format_description(describe(forged))
     assert "\x1b" not in text and "\\x1b[2J" in text
+
+
+def _signed_copy(artifact: str, path: Path) -> str:
+    """Copy `artifact` to `path` and sign it there with a fresh Ed25519 key (as `farm sign` does); the key's hex."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    shutil.copy(artifact, path)
+    pem = Ed25519PrivateKey.generate().private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                     serialization.NoEncryption())
+    return sign_artifact(path, pem)
+
+
+def _with_signature(artifact: Path, record: bytes, path: Path) -> Path:
+    """`artifact` written to `path` with its manifest.sig replaced by `record`, every other member as it was."""
+    with tarfile.open(artifact) as tar:
+        files = {info.name: tar.extractfile(info).read() for info in tar.getmembers()}  # type: ignore[union-attr]
+    files["manifest.sig"] = record
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _tampered(record: bytes) -> bytes:
+    """The signature record with the signature's last hex digit changed: well formed, but it no longer verifies."""
+    fields = json.loads(record)
+    fields["signature"] = fields["signature"][:-1] + ("1" if fields["signature"][-1] == "0" else "0")
+    return json.dumps(fields).encode()
+
+
+@pytest.mark.parametrize("forgery", ["tampered", "malformed"])
+def test_a_signature_is_reported_once_it_verifies_and_an_invalid_one_exits_2(built, tmp_path, forgery):
+    """`signed` used to mean only that manifest.sig was there: now the signature is checked against the key it names
+    first, and one that doesn't verify is refused as `farm run --trust` refuses it, exit 2, one line."""
+    folder, artifact = built
+    key = _signed_copy(artifact, tmp_path / "signed.farm")
+    found = describe(tmp_path / "signed.farm")
+    assert found["signed"] and found["signer"] == key
+    assert f"; signed by key {key[:16]}..." in format_description(found)
+    record = open_artifact(tmp_path / "signed.farm").signature
+    assert record is not None
+    forged = _with_signature(tmp_path / "signed.farm", _tampered(record) if forgery == "tampered" else b"{}",
+                             tmp_path / "forged.farm")
+    with pytest.raises(ArtifactError, match="signature invalid"):
+        describe(forged)
+    text = farm("inspect", forged, cwd=tmp_path)
+    assert text.returncode == ExitStatus.BAD_INPUT and text.stdout == ""
+    assert text.stderr.startswith(f"farm: error: {forged}: signature invalid: ") and text.stderr.count("\n") == 1
+    as_json = farm("inspect", forged, "--json", cwd=tmp_path)
+    failure = json.loads(as_json.stdout)
+    assert as_json.returncode == ExitStatus.BAD_INPUT and failure["state"] == "failed"
+    assert "signature invalid" in failure["error"] and failure["exit_status"] == ExitStatus.BAD_INPUT
 
 
 def test_the_cli_prints_text_or_json_and_refuses_bad_paths_in_one_line(built, tmp_path):

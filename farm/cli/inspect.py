@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from farm.artifact import Artifact, verify
+from farm.artifact import Artifact, signer, verify
+from farm.cli.progress import escaped
 from farm.frontend.shapes import describe_size
 from farm.runtime.manifest import check_sizes
 
@@ -21,8 +22,12 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The artifact at `path` as `farm inspect --json` prints it, after checking every member's sha256 and the
     manifest's schema (ArtifactError otherwise, as `farm run` would refuse it). `sizes` lists each size the
     artifact holds (its pins, inputs, outputs and steps; one without pins for a static model); `inputs`, `outputs`
-    and `steps` are the first size's, counts of kernels and blobs are over all sizes, each counted once."""
+    and `steps` are the first size's, counts of kernels and blobs are over all sizes, each counted once. A signature
+    is checked against the key it names (ArtifactError "signature invalid" otherwise, exit 2 as `farm run --trust`
+    refuses it): `signer` is that key, which `farm run --trust` or FARM_TRUSTED_KEYS must name for the artifact to
+    run where signatures are required."""
     artifact = verify(path)
+    key = signer(artifact)
     manifest = artifact.manifest
     sizes = check_sizes(artifact.path, manifest)
     size_manifests = [size for _, size in sizes]
@@ -37,7 +42,8 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         "farm_version": manifest.get("farm_version"),
         "format_version": manifest.get("format_version"),
         "toolchain": manifest.get("toolchain"),
-        "signed": artifact.signature is not None,
+        "signed": key is not None,
+        "signer": key,
         "inputs": [_tensor(entry) for entry in size_manifests[0]["inputs"]],
         "outputs": [_tensor(entry) for entry in size_manifests[0]["outputs"]],
         "sizes": [{"shapes": {name: list(sizes) for name, sizes in pins.items()},
@@ -74,7 +80,7 @@ def _targets(artifact: Artifact, sizes: list[dict[str, Any]]) -> list[dict[str, 
 
 def format_description(description: dict[str, Any]) -> str:
     """The text `farm inspect` prints: one fact per line, tensors one per line. The manifest's strings are the
-    artifact's word, so each is printed escaped where it holds anything but printable characters."""
+    artifact's word, so each is printed with its control characters escaped (farm.cli.progress.escaped)."""
     model, toolchain = description["model"], description["toolchain"]
     built = f"farm {_shown(description['farm_version'])} (artifact format {description['format_version']})"
     if isinstance(toolchain, dict):
@@ -83,14 +89,14 @@ def format_description(description: dict[str, Any]) -> str:
     lines = [_shown(description["artifact"]),
              f"  model    {_shown(model.get('name'))} (ai.onnx opset {_shown(model.get('opset'))}, sha256 "
              f"{model['sha256'][:16]})",
-             f"  built by {built}{'; signed' if description['signed'] else ''}"]
+             f"  built by {built}{_signature(description['signer'])}"]
     for size in description["sizes"]:
         if len(description["sizes"]) > 1:
             pins = {name: tuple(sizes) for name, sizes in size["shapes"].items()}
             lines.append(f"  size     {_shown(describe_size(pins))} ({size['steps']} steps)")
         lines += _tensor_lines(size)
     for index, target in enumerate(description["targets"]):
-        lines.append(f"  {'targets' if index == 0 else '':<8} {target['id']} ({_size(target['member_bytes'])})")
+        lines.append(f"  {'targets' if index == 0 else '':<8} {_shown(target['id'])} ({_size(target['member_bytes'])})")
     steps = f"; {description['steps']} steps" if len(description["sizes"]) == 1 else ""
     lines.append(f"  kernels  {description['kernels']} CPU, {description['opencl_kernels']} OpenCL{steps}")
     lines.append(f"  weights  {description['blobs']} blobs, {_size(description['blob_bytes'])}; the artifact "
@@ -107,9 +113,13 @@ def _tensor_lines(size: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _signature(key: str | None) -> str:
+    """`; signed by key <its first 16 hex digits>...` (the signature verified against it), or nothing."""
+    return f"; signed by key {key[:16]}..." if key else ""
+
+
 def _shown(value: Any) -> str:
-    text = str(value)
-    return text if text.isprintable() else ascii(text)
+    return escaped(str(value))
 
 
 def _size(count: int) -> str:

@@ -436,7 +436,9 @@ def _wait_with_progress(client, job_id: str, label: str, timeout: float | None =
 @reports_errors
 def inspect(artifact: Path, as_json: bool) -> None:
     """Show what ARTIFACT holds: the model's inputs and outputs (names, dtypes, shapes), its targets, kernel and
-    weight counts and sizes, and the farm and toolchain that built it. Every member's sha256 is checked first."""
+    weight counts and sizes, the farm and toolchain that built it, and the key that signed it. Every member's sha256
+    is checked first, and a signature against the key it names: one that doesn't verify is refused ('signature
+    invalid', exit 2, as `farm run --trust` refuses it)."""
     from farm.cli.inspect import describe, format_description
 
     if not artifact.is_file():
