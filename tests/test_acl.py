@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import onnx
@@ -20,10 +22,12 @@ from farm.distributed.celery_app import make_app
 from farm.distributed.client import FarmClient
 from farm.distributed.protocol import JobRecord, JobState
 from farm.errors import BadInputError
-from farm.store import RedisStore
+from farm.frontend.split import split_model
+from farm.store import RedisStore, refs
 from farm.tools import examples
 from tests.farm_services import FARM_ACL, Farm, farm_cli, farm_factory_fixture  # noqa: F401
 from tests.services import RedisServer, _started_servers
+from tests.test_tuning_harness import QUICK
 
 JOB = "0123456789abcdef"
 SHA = "ab" * 32
@@ -231,3 +235,52 @@ def test_a_farm_key_of_the_wrong_type_is_one_line_for_clients_and_deleted_by_the
     log = farm.workers[0].log_path.read_text()
     assert f"deleted {protocol.SUBMITTED_KEY} (a string)" in log
     assert f"deleted {protocol.JOBS_KEY}, a string where the farm keeps a zset" in log
+
+
+def test_only_the_operator_may_retune_and_a_submitters_tune_only_adds_records(farm_factory, model_path: Path,
+                                                                               tmp_path: Path) -> None:
+    """Issue 30's fourth attack: a submitter's `farm submit --retune` changed which variants another submitter's
+    next build of the same model used. Tuning records are every job's: a submitter's --retune is refused before
+    anything is sent (exit 4, one line), a request forged to ask for one fails, and the records, hence the other
+    submitter's artifact, stay as they were; the operator's --retune (the workers' credentials) still runs."""
+    farm: Farm = farm_factory(workers=1, env={"FARM_TUNE_SECONDS_PER_VARIANT": QUICK})
+    store = RedisStore(farm.worker_url)
+
+    def submit(*flags: str, broker: str = farm.url) -> subprocess.CompletedProcess:
+        return farm_cli("submit", str(model_path), "--json", "-o", str(tmp_path / uuid.uuid4().hex), *flags,
+                        broker=broker, cwd=tmp_path, timeout=300)
+
+    tuned = submit("--tune")
+    assert tuned.returncode == 0, tuned.stderr + farm.logs()
+    records = {ref: store.get_ref(ref) for ref in _tuning_refs(farm)}
+    assert records and all(records.values())
+
+    refused = submit("--retune")
+    assert refused.returncode == 4 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "--retune" in refused.stderr and "operator" in refused.stderr
+    board = JobBoard(farm.url)
+    split = split_model(model_path)
+    job_id, request = protocol.encode_request(JobRecord(JobState.QUEUED, split.graph_key, "tiny_cnn",
+                                                        split.model_sha256, [host_target()], retune=True,
+                                                        created=time.time()))
+    board.submit_request(job_id, request, time.time())  # what the client would send, less the grant
+    deadline = time.monotonic() + 60
+    while (record := board.get(job_id)) is None or not record.is_over:
+        assert time.monotonic() < deadline, farm.logs()
+        time.sleep(0.2)
+    assert record.state == JobState.FAILED and "not granted" in record.error
+    again = submit("--tune")
+    assert again.returncode == 0 and not (json.loads(again.stdout)["tuning"] or {}).get("timed"), again.stderr
+    assert {ref: store.get_ref(ref) for ref in records} == records
+    assert Path(json.loads(again.stdout)["artifact"]).read_bytes() == Path(
+        json.loads(tuned.stdout)["artifact"]).read_bytes()
+
+    retuned = submit("--retune", broker=farm.worker_url)
+    assert retuned.returncode == 0 and json.loads(retuned.stdout)["tuning"]["timed"] == len(records), \
+        retuned.stderr + farm.logs()
+
+
+def _tuning_refs(farm: Farm) -> list[str]:
+    """The refs of the tuning database's records (as the operator lists them)."""
+    return [name.decode().removeprefix(acl.STORE_PREFIX + "ref:")
+            for name in farm.redis.client().keys(f"{acl.STORE_PREFIX}ref:{refs.tuning_record('*', '*')}")]

@@ -55,3 +55,16 @@ def test_a_missing_record_counts_as_none(tmp_path: Path) -> None:
     spec = tunable_specs(save(CASES["gemm"], tmp_path))[0]
     store.delete(record(store, spec, HOST, {"variant": candidate_variants(HOST)[1].to_json()}))
     assert lookup(store, spec, HOST.id) is None
+
+
+def test_a_record_that_is_not_replaced_stays_and_the_one_there_is_returned(tmp_path: Path) -> None:
+    """A submitter's --tune on a shared farm only adds records: a kernel timed by two jobs at once keeps the first
+    record; only a retune (replace) changes it."""
+    store = FileStore(tmp_path / "store")
+    spec = tunable_specs(save(CASES["gemm"], tmp_path))[0]
+    first, second = candidate_variants(HOST)[1:3]
+    kept = record(store, spec, HOST, {"variant": first.to_json()}, replace=False)
+    assert record(store, spec, HOST, {"variant": second.to_json()}, replace=False) == kept
+    assert lookup(store, spec, HOST.id) == first
+    record(store, spec, HOST, {"variant": second.to_json()})
+    assert lookup(store, spec, HOST.id) == second

@@ -138,16 +138,30 @@ class JobBoard:
         (farm.distributed.intake): all a submitter may write, since the record is the accepting worker's. Returns
         the job id, which the request's contents determine (protocol.encode_request)."""
         job_id, request = protocol.encode_request(record)
+        self.submit_request(job_id, request, record.created)
+        return job_id
+
+    def grant_retune(self, job_id: str) -> None:
+        """Let the job's --retune replace tuning records (protocol.retune_grant_key); NotPermittedError, naming
+        --retune, with a submitter's credentials."""
+        try:
+            self.call(self.redis.set, protocol.retune_grant_key(job_id), "1", ex=defaults.JOB_TTL_SECONDS)
+        except NotPermittedError:
+            raise NotPermittedError(self.url, "--retune times again kernels that have tuning records, which every "
+                                              "job on the farm uses, so it is the operator's to ask for; --tune adds "
+                                              "records for kernels that have none") from None
+
+    def submit_request(self, job_id: str, request: dict[str, str], created: float) -> None:
+        """Write an encoded request (protocol.encode_request) as `submit` does."""
         key = protocol.request_key(job_id)
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(key, mapping=request)
         pipe.expire(key, defaults.JOB_TTL_SECONDS)
-        pipe.zadd(protocol.JOBS_KEY, {job_id: record.created})
-        pipe.zremrangebyscore(protocol.JOBS_KEY, "-inf", record.created - defaults.JOB_TTL_SECONDS)
+        pipe.zadd(protocol.JOBS_KEY, {job_id: created})
+        pipe.zremrangebyscore(protocol.JOBS_KEY, "-inf", created - defaults.JOB_TTL_SECONDS)
         pipe.expire(protocol.JOBS_KEY, defaults.JOB_TTL_SECONDS)
         pipe.lpush(protocol.SUBMITTED_KEY, job_id)
         self.call(pipe.execute)
-        return job_id
 
     def drop_request(self, job_id: str) -> None:
         """Delete a request that was refused (the job becomes unknown to clients)."""

@@ -97,12 +97,15 @@ class FarmClient:
         refusal = uploads.over_the_cap(path.name, split.blob_bytes + len(split.graph), self.store.max_bytes)
         if refusal:
             raise BadInputError(refusal)
-        uploaded = self._upload(split, on_upload or (lambda upload: None))
         now = time.time()
-        job_id = self.board.submit(JobRecord(JobState.QUEUED, split.graph_key, check_model_name(path.stem),
-                                             split.model_sha256, list(targets), no_cache=no_cache, tune=tune,
-                                             retune=retune, sizes=list(sizes),
-                                             submitted_from=os.uname().nodename[:255], created=now, updated=now))
+        job_id, request = protocol.encode_request(JobRecord(
+            JobState.QUEUED, split.graph_key, check_model_name(path.stem), split.model_sha256, list(targets),
+            no_cache=no_cache, tune=tune, retune=retune, sizes=list(sizes), submitted_from=os.uname().nodename[:255],
+            created=now, updated=now))
+        if retune:
+            self.board.grant_retune(job_id)  # before the upload: a submitter is refused with nothing sent
+        uploaded = self._upload(split, on_upload or (lambda upload: None))
+        self.board.submit_request(job_id, request, now)
         uploads.remember(job_id, split, uploaded)
         return job_id
 

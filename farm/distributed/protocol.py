@@ -58,6 +58,13 @@ def linking_claim_key(job_id: str) -> str:
     return f"{job_key(job_id)}:linking-started"
 
 
+def retune_grant_key(job_id: str) -> str:
+    """Set by a client with the workers' (the operator's) credentials for a job submitted with --retune: a retune
+    replaces tuning records every job uses, so a request asking for one without this grant is refused (submitters
+    may read this key, not write it: farm.distributed.acl)."""
+    return f"{job_key(job_id)}:retune-granted"
+
+
 def deliveries_key(job_id: str, unit: str) -> str:
     """How many times one unit's task has started."""
     return f"{job_key(job_id)}:deliveries:{unit}"

@@ -227,10 +227,7 @@ class Farm:
         now = time.time()
         graph = self.store.take_staged(request.model_key)
         blobs = _blobs(graph) if graph is not None else {}
-        refusal = (uploads.over_the_cap(f"{request.model_name}.onnx", sum(blobs.values()) + len(graph),
-                                        self.store.max_bytes) if graph is not None else
-                   f"the model's upload ({request.model_key}) is not on the farm: it expired before a worker took "
-                   "the job, or was damaged; submit the model again")
+        refusal = self._refusal(job_id, request, graph, blobs)
         if refusal:
             request = replace(request, state=JobState.FAILED, exit_status=int(ExitStatus.BAD_INPUT), finished=now,
                               error=refusal)
@@ -242,6 +239,19 @@ class Farm:
             return f"job {job_id} failed: {request.error}"
         self.dispatch(PlanJob(job_id).message())
         return f"job {job_id} accepted"
+
+    def _refusal(self, job_id: str, request: JobRecord, graph: bytes | None, blobs: dict[str, int]) -> str:
+        """Why a well-formed request can't become a job (its upload gone, its weights over the store's cap, a
+        --retune the operator didn't grant: protocol.retune_grant_key), or "" when it can."""
+        if graph is None:
+            return (f"the model's upload ({request.model_key}) is not on the farm: it expired before a worker took "
+                    "the job, or was damaged; submit the model again")
+        if request.retune and not self.board.flag_raised(job_id, protocol.retune_grant_key):
+            return ("--retune replaces tuning records every job on the farm uses, and this one was not granted by "
+                    "the operator's credentials (farm.distributed.board.JobBoard.grant_retune); --tune adds records "
+                    "for kernels that have none")
+        return uploads.over_the_cap(f"{request.model_name}.onnx", sum(blobs.values()) + len(graph),
+                                    self.store.max_bytes) or ""
 
     def admit(self, token: str, key: str) -> str:
         """Admit one blob of an upload in progress (farm.distributed.protocol.ADMIT_KEY), pinned for the upload
@@ -411,7 +421,8 @@ class Farm:
         """Time one kernel's variants on this worker and record the winner. Tuning never fails a job: a kernel
         whose timing fails, or whose worker dies on every delivery, keeps the default."""
         job_id, name = args.job_id, args.name
-        if self.board.is_over(job_id):
+        record = self.board.get(job_id)
+        if record is None or record.is_over:
             return self._skipped(job_id)
         if self.board.is_complete(job_id, "tune", name):
             return None
@@ -421,7 +432,7 @@ class Farm:
         self.before_build(name)
         try:
             result = time_variants(args.spec.to_json(), args.target.to_json())
-            database.record(self.store, args.spec, args.target, result)
+            database.record(self.store, args.spec, args.target, result, replace=record.retune)
         except UnreachableError:
             raise
         except FarmError as error:

@@ -35,13 +35,17 @@ def db_ref(spec: KernelSpec, target_id: str) -> str:
     return refs.tuning_record(target_id, tuning_key(spec))
 
 
-def record(store: Store, spec: KernelSpec, target: CpuTarget, result: dict[str, Any]) -> str:
-    """Keep a `time_variants` result as the kernel's record for the target's CPU class; returns its store key."""
+def record(store: Store, spec: KernelSpec, target: CpuTarget, result: dict[str, Any], replace: bool = True) -> str:
+    """Keep a `time_variants` result as the kernel's record for the target's CPU class; returns the store key of
+    the record the kernel has now. Without `replace` a record already there stays: on a shared farm, records are
+    every job's, and only a retune the operator granted may change one (a submitter's --tune only adds)."""
     entry = {**result, "farm_version": __version__, "kernel": tuning_key(spec), "op": spec.op,
              "target": target.to_json()}
     data = json.dumps(entry, sort_keys=True).encode()
     ref, key = db_ref(spec, target.id), content_key(data)
     before = store.get_ref(ref)
+    if before is not None and not replace:
+        return before
     store.pin(PIN_OWNER, [key], ttl=None)
     store.put(data)
     store.set_ref(ref, key)
