@@ -636,6 +636,40 @@ def test_jobs_lists_recent_jobs_newest_first(redis_server: RedisServer, model_fi
     assert bad.returncode == 2 and "--limit" in bad.stderr
 
 
+HOSTILE_NAME = "evil\x1b[31m\n0123456789abcdef  done       forged"
+"""A model's name as a submitter may choose it (a file may be named so): an escape sequence, then a line break and
+what would read as another job's line."""
+
+
+def test_jobs_lists_a_hostile_model_name_escaped_on_one_line(redis_server: RedisServer, model_file: Path,
+                                                            tmp_path: Path) -> None:
+    """`farm jobs` on the operator's terminal: a model name's control characters print as escapes, so the name can't
+    recolour the terminal or forge a job line; --json carries the name exactly."""
+    hostile = tmp_path / f"{HOSTILE_NAME}.onnx"
+    hostile.write_bytes(model_file.read_bytes())
+    submitted = farm_cli("submit", str(hostile), "--no-wait", "--json", broker=redis_server.url, cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = json.loads(submitted.stdout)["job_id"]
+    listed = farm_cli("jobs", broker=redis_server.url, cwd=tmp_path)
+    assert listed.returncode == 0 and "\x1b" not in listed.stdout, listed.stdout
+    [line] = listed.stdout.splitlines()
+    assert line.startswith(f"{job_id}  queued     evil\\x1b[31m\\n0123456789abcdef  done       forged "), line
+    as_json = json.loads(farm_cli("jobs", "--json", broker=redis_server.url, cwd=tmp_path).stdout)
+    assert [job["model"] for job in as_json["jobs"]] == [HOSTILE_NAME]
+
+
+def test_a_jobs_error_prints_escaped_on_one_line(farm_redis: RedisServer, tmp_path: Path) -> None:
+    """A job's error names what the model chose (a node's name): `farm status` and `farm wait` print it escaped."""
+    job_id = _job_in(farm_redis, "planning")
+    JobBoard(farm_redis.url).fail(job_id, f"node {HOSTILE_NAME} is not supported", ExitStatus.BAD_INPUT)
+    shown = "node evil\\x1b[31m\\n0123456789abcdef  done       forged is not supported"
+    status = farm_cli("status", job_id, broker=farm_redis.url, cwd=tmp_path)
+    assert status.returncode == 0 and status.stdout == f"{job_id}: failed, 0/0 compile tasks done: {shown}\n"
+    waited = farm_cli("wait", job_id, broker=farm_redis.url, cwd=tmp_path)
+    assert waited.returncode == ExitStatus.BAD_INPUT and waited.stdout == ""
+    assert "\x1b" not in waited.stderr and waited.stderr.endswith(f"\nfarm: error: job {job_id} failed: {shown}\n")
+
+
 def test_workers_says_when_none_is_live(redis_server: RedisServer, tmp_path: Path) -> None:
     text = farm_cli("workers", broker=redis_server.url, cwd=tmp_path)
     assert text.returncode == 0 and text.stdout == ""

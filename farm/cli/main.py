@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 
 def _fail(error: str, status: ExitStatus, as_json: bool) -> None:
-    click.echo(f"farm: error: {error}", err=True)
+    click.echo(f"farm: error: {_shown(error)}", err=True)
     if as_json:
         click.echo(_failure_json(error, status))
     sys.exit(int(status))
@@ -48,6 +48,21 @@ def _failure_json(error: str, status: ExitStatus) -> str:
     if command in schemas.SCHEMAS:
         return schemas.dumps(command, fields)
     return json.dumps({"command": command, **fields}, sort_keys=True)
+
+
+def _shown(text: object) -> str:
+    """`text` as the terminal gets it: its control characters (escape sequences, line breaks) as Python escapes
+    (farm.cli.progress.escaped, imported only when something is printed: rich is slow to import). Every string the
+    CLI prints that a model, an artifact, the farm's Redis or a worker chose goes through it, so none can recolour
+    the terminal or forge a line of its own; --json output is escaped by JSON itself."""
+    from farm.cli.progress import escaped
+
+    return escaped(str(text))
+
+
+def _shown_lines(text: str) -> str:
+    """A report of several lines (farm bench's), each line `_shown`."""
+    return "\n".join(_shown(line) for line in text.split("\n"))
 
 
 def reports_errors(command: Callable) -> Callable:
@@ -192,7 +207,7 @@ def submit(model: Path, targets: tuple[str, ...], output: str, as_json: bool, wo
         artifact = _deliver(output, build_into)
     result = dataclasses.replace(results[0], artifact=artifact)
     for note in result.tuning.notes if result.tuning else []:
-        click.echo(f"farm: note: {note}", err=True)
+        click.echo(f"farm: note: {_shown(note)}", err=True)
     _note_unrunnable(result.artifact)
     if as_json:
         from farm.frontend.shapes import sizes_to_json
@@ -202,7 +217,7 @@ def submit(model: Path, targets: tuple[str, ...], output: str, as_json: bool, wo
                                             "tuning": {"timed": len(tuning["timed"]), "notes": tuning["notes"]}
                                             if tuning else None}))
     else:
-        click.echo(result.artifact)
+        click.echo(_shown(result.artifact))
 
 
 def _refuse_farm_options(given: dict[str, bool]) -> None:
@@ -243,8 +258,8 @@ def _note_unrunnable(artifact: str) -> None:
         return
     foreign = [target for target in targets if arch_of(str(target.get("triple", ""))) != host.arch]
     emulated = f" (farm run --target {foreign[0].get('id')} runs it under qemu)" if foreign else ""
-    click.echo(f"farm: note: {unrunnable(artifact, targets, host)}; add --target cpu to run it here too{emulated}",
-               err=True)
+    click.echo(f"farm: note: {_shown(unrunnable(artifact, targets, host))}; add --target cpu to run it here too"
+               f"{_shown(emulated)}", err=True)
 
 
 def _devices(broker: str | None) -> Devices:
@@ -273,7 +288,7 @@ def _submit_to_farm(client, model: Path, targets: list, output: str, as_json: bo
     with _stoppable(client, job_id, cancel=not detach):
         status = _wait_with_progress(client, job_id, model.name, prefetch=True)
     if status.get("tuning_note"):
-        click.echo(f"farm: note: {status['tuning_note']}", err=True)
+        click.echo(f"farm: note: {_shown(status['tuning_note'])}", err=True)
     try:
         with _stops_saying(f"while downloading; job {job_id} is done: farm download {job_id} fetches it"):
             artifact = _deliver(output, lambda folder: client.download(job_id, folder))
@@ -282,7 +297,7 @@ def _submit_to_farm(client, model: Path, targets: list, output: str, as_json: bo
     if as_json:
         click.echo(schemas.dumps("submit", {**_build_fields(status), "artifact": artifact}))
     else:
-        click.echo(artifact)
+        click.echo(_shown(artifact))
 
 
 def _job_fields(status: dict[str, Any]) -> dict[str, Any]:
@@ -407,16 +422,14 @@ def _say_unserved(queues: dict[str, str]) -> None:
         by_hint.setdefault(hint, []).append(queue)
     for hint, names in by_hint.items():
         noun = "queue" if len(names) == 1 else "queues"
-        click.echo(f"farm: no live worker consumes {noun} {', '.join(names)}; {hint}", err=True)
+        click.echo(f"farm: no live worker consumes {noun} {_shown(', '.join(names))}; {_shown(hint)}", err=True)
 
 
 def _say_lost(worker: str, tasks: int) -> None:
     """`farm: worker W lost; re-running N tasks` on stderr, once per worker the job lost: the count the progress
     shows stalls for as long as the worker's lease takes to lapse, and the line says why. A worker names itself
     (--hostname), so its name is printed escaped."""
-    from farm.cli.progress import escaped
-
-    click.echo(f"farm: worker {escaped(worker)} lost; re-running {tasks} task{'' if tasks == 1 else 's'}", err=True)
+    click.echo(f"farm: worker {_shown(worker)} lost; re-running {tasks} task{'' if tasks == 1 else 's'}", err=True)
 
 
 def _wait_with_progress(client, job_id: str, label: str, timeout: float | None = None,
@@ -467,13 +480,13 @@ def status(job_id: str, broker: str | None, as_json: bool) -> None:
 
 def _status_line(info: dict[str, Any]) -> str:
     """`JOB: state, done/total compile tasks done`, then the tuning progress, the failing unit and the error when
-    there are."""
+    there are (the farm's words about the model: escaped)."""
     line = f"{info['job_id']}: {info['state']}, {info['done']}/{info['total']} compile tasks done"
     if "tuning" in info:
         line += f", {info['tuning']['done']}/{info['tuning']['total']} kernels timed"
     if info.get("failed_unit"):
-        line += f"; failed at {info['failed_unit']}"
-    return line + (f": {info['error']}" if info.get("error") else "")
+        line += f"; failed at {_shown(info['failed_unit'])}"
+    return line + (f": {_shown(info['error'])}" if info.get("error") else "")
 
 
 @main.command()
@@ -513,7 +526,7 @@ def download(job_id: str, output: str, broker: str | None, as_json: bool) -> Non
     client = _client(broker)
     with _stops_saying("while downloading; nothing was written"):
         artifact = _deliver(output, lambda folder: client.download(job_id, folder))
-    click.echo(schemas.dumps("download", {"job_id": job_id, "artifact": artifact}) if as_json else artifact)
+    click.echo(schemas.dumps("download", {"job_id": job_id, "artifact": artifact}) if as_json else _shown(artifact))
 
 
 @main.command()
@@ -574,8 +587,8 @@ def list_workers_command(broker: str | None, as_json: bool) -> None:
     for item in found:
         cpu = item.get("cpu", {})
         devices = ", ".join(d["device"] for d in item.get("opencl", [])) or "no OpenCL"
-        click.echo(f"{item['name']}: {cpu.get('triple', '?')} {cpu.get('cpu', '?')}; {devices}; "
-                   f"toolchain {item.get('toolchain', {}).get('key', '?')}; queues {', '.join(item['queues'])}")
+        click.echo(_shown(f"{item['name']}: {cpu.get('triple', '?')} {cpu.get('cpu', '?')}; {devices}; "
+                          f"toolchain {item.get('toolchain', {}).get('key', '?')}; queues {', '.join(item['queues'])}"))
 
 
 @main.command()
@@ -584,7 +597,8 @@ def list_workers_command(broker: str | None, as_json: bool) -> None:
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Jobs to list.")
 @reports_errors
 def jobs(broker: str | None, as_json: bool, limit: int) -> None:
-    """List the farm's recent jobs, newest first: id, state, model and age (jobs are kept 7 days)."""
+    """List the farm's recent jobs, newest first: id, state, model and age (jobs are kept 7 days). A model's name is
+    its submitter's choice: control characters in it print as escapes (\\x1b, \\n), so each job is one line."""
     found = _client(broker).jobs(limit)
     if not found:
         from farm.defaults import JOB_TTL_SECONDS
@@ -594,8 +608,8 @@ def jobs(broker: str | None, as_json: bool, limit: int) -> None:
         click.echo(schemas.dumps("jobs", {"jobs": found}))
         return
     for job in found:
-        click.echo(f"{job['job_id']}  {job['state']:<10} {job.get('model', '?'):<24} "
-                   + (_age(job["age_s"]) if "age_s" in job else job.get("error", "")))
+        click.echo(f"{_shown(job['job_id'])}  {_shown(job['state']):<10} {_shown(job.get('model', '?')):<24} "
+                   + (_age(job["age_s"]) if "age_s" in job else _shown(job.get("error", ""))))
 
 
 def _age(seconds: float) -> str:
@@ -646,7 +660,7 @@ def run(artifact: str, inputs: tuple[str, ...], output: str | None, show: bool, 
                                          "output_file": os.path.abspath(output) if output else None}))
     elif show or not output:
         for name, array in outputs.items():
-            click.echo(summary(name, array))
+            click.echo(_shown(summary(name, array)))
 
 
 @main.command()
@@ -693,7 +707,7 @@ def bench(artifact: str, baseline: str | None, repeat: int, threads: int, fail_o
 
     if baseline is None:
         report = bench_artifact(artifact, repeat, threads=threads, device=device, target=target)
-        click.echo(schemas.dumps("bench", report.to_json()) if as_json else format_report(report))
+        click.echo(schemas.dumps("bench", report.to_json()) if as_json else _shown_lines(format_report(report)))
         return
     before, report = bench_pair([baseline, artifact], repeat, threads=threads, device=device, target=target)
     needed = repeats_needed(len(report.steps))
@@ -702,7 +716,7 @@ def bench(artifact: str, baseline: str | None, repeat: int, threads: int, fail_o
                             f"{len(report.steps)} nodes: --fail-on-regression needs --repeat {needed} or more")
     changes = compare(before, report)
     click.echo(schemas.dumps("bench", comparison_fields(before, report, changes)) if as_json else
-               format_report(report) + "\n\n" + format_comparison(before, report, changes))
+               _shown_lines(format_report(report) + "\n\n" + format_comparison(before, report, changes)))
     if fail_on_regression and any(change.flagged for change in changes):
         sys.exit(int(ExitStatus.REGRESSION))
 

@@ -163,7 +163,8 @@ def printable(text: str) -> str:
 def escaped(text: str) -> str:
     """`text` with every control character (C0, C1, DEL, line breaks, bidi overrides) as its Python escape (\\x1b,
     \\u202e) and the rest as is: a name that farm prints but didn't choose stays readable and can't move the cursor,
-    recolour the terminal or end the line."""
+    recolour the terminal or end the line. The one helper for that: `farm inspect` and every command of
+    farm.cli.main print untrusted strings (model names, errors, worker names, manifests' strings) through it."""
     return "".join(char.encode("unicode_escape").decode() if unicodedata.category(char).startswith("C") else char
                    for char in text)
 
@@ -217,10 +218,11 @@ class TerminalProgress(BuildProgress):
 
     Only the label gives way when the row is too wide (cut with an ellipsis, then the bar shrinks with it), so the
     phase and the count always show whole. Lines written to stderr meanwhile (farm: no live worker ...) print
-    above the row; stdout is left alone."""
+    above the row; stdout is left alone. The label (a file's name) is shown `escaped`: rich would write its escape
+    sequences to the terminal as they are."""
 
     def __init__(self, label: str, console: Console, quiet_start: float = QUIET_START_SECONDS) -> None:
-        super().__init__(label, quiet_start)
+        super().__init__(escaped(label), quiet_start)
         self.spinner = Spinner("dots")
         self.row: tuple[str, int, int] = ("", 0, 0)
         """(phase, done, total) as shown: read by the refresh thread without the lock, so replaced whole."""
