@@ -468,6 +468,19 @@ def test_flower_takes_its_basic_auth_from_the_environment_and_listens_on_5555():
     assert "--port=5555" in words, words
     assert any(str(port).endswith(":5555") for port in flower.get("ports") or []), flower.get("ports")
     assert flower["depends_on"]["redis"]["condition"] == "service_healthy", flower["depends_on"]
+    assert [_mounted_source(flower, word) for word in words if word.startswith("--conf=")] == [
+        ROOT / "deploy" / "flowerconfig.py"], f"Flower must run deploy/flowerconfig.py (/metrics behind its login): {words}"
+
+
+def _mounted_source(service: dict, option: str) -> Path:
+    """The file of this checkout that `option` (--conf=PATH) names inside the service's container: the source of
+    the bind mount (`./deploy/x:/etc/farm/x:ro`) whose target PATH is."""
+    target = option.partition("=")[2]
+    for volume in service.get("volumes") or []:
+        source, _, rest = str(volume).partition(":")
+        if rest.split(":")[0] == target and source.startswith("./"):
+            return ROOT / source[2:]
+    raise AssertionError(f"{option}: no volume of the service mounts a file of the checkout at {target}")
 
 
 def test_workers_run_farm_worker_and_worker_cpu_scales():
@@ -621,13 +634,15 @@ def _interpolate(value: str, environ: dict[str, str]) -> str:
 
 
 def test_flower_starts_as_compose_runs_it_and_asks_for_its_login(deployed_redis: DeployedRedis, tmp_path: Path):
-    """The flower service's command and environment (its broker URL pointed at this server): Flower logs in to
-    Redis as farm-flower and takes its web login from FLOWER_BASIC_AUTH, with nothing secret in its argv."""
+    """The flower service's command and environment (its broker URL pointed at this server, its --conf at the
+    mounted file of this checkout): Flower logs in to Redis as farm-flower and takes its web login from
+    FLOWER_BASIC_AUTH, with nothing secret in its argv, and asks for it on /metrics too."""
     flower = _service("flower")
     env = {name: _interpolate(value, PASSWORDS) for name, value in _environment(flower).items()}
     env["FARM_BROKER_URL"] = env["FARM_BROKER_URL"].replace("@redis:6379/", f"@127.0.0.1:{deployed_redis.port}/")
     port = free_port()
-    words = [word for word in _tokens(flower["command"]) if not word.startswith("--port=")]
+    words = [f"--conf={_mounted_source(flower, word)}" if word.startswith("--conf=") else word
+             for word in _tokens(flower["command"]) if not word.startswith("--port=")]
     command = [sys.executable, "-m", *words, f"--port={port}", "--address=127.0.0.1"]
     assert not any(password in " ".join(command) for password in PASSWORDS.values())
     log = tmp_path / "flower.log"
@@ -636,9 +651,10 @@ def test_flower_starts_as_compose_runs_it_and_asks_for_its_login(deployed_redis:
                                    env={**os.environ, "PYTHONPATH": str(ROOT), **env}, start_new_session=True)
     try:
         login = env["FLOWER_BASIC_AUTH"]
-        assert _flower_status(port, login, process, log) == 200
-        assert _flower_status(port, None, process, log) == 401
-        assert _flower_status(port, login.split(":")[0] + ":wrong", process, log) == 401
+        for path in ("/api/workers", "/metrics"):  # /metrics too: deploy/flowerconfig.py
+            assert _flower_status(port, login, process, log, path) == 200
+            assert _flower_status(port, None, process, log, path) == 401
+            assert _flower_status(port, login.split(":")[0] + ":wrong", process, log, path) == 401
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         try:
@@ -648,9 +664,9 @@ def test_flower_starts_as_compose_runs_it_and_asks_for_its_login(deployed_redis:
             process.wait()
 
 
-def _flower_status(port: int, login: str | None, process: subprocess.Popen, log: Path) -> int:
-    """The HTTP status of Flower's /api/workers with this basic-auth login (None: none), once Flower answers."""
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/api/workers")
+def _flower_status(port: int, login: str | None, process: subprocess.Popen, log: Path, path: str) -> int:
+    """The HTTP status of Flower's `path` with this basic-auth login (None: none), once Flower answers."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
     if login is not None:
         request.add_header("Authorization", "Basic " + base64.b64encode(login.encode()).decode())
     deadline = time.monotonic() + 60

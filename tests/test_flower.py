@@ -1,8 +1,8 @@
 """Flower against a real farm: a real `celery flower` process on the test broker, real workers, a real job.
 
-Flower is started as README.md says (`celery -A tasks.app flower`, its login from FLOWER_BASIC_AUTH and the broker
-from FARM_BROKER_URL, as the farm-flower user), before the job is submitted, since Flower only sees the events sent
-after it connects. Its HTTP API is read with urllib (requests is not a dependency of farm) and polled, because
+Flower is started as README.md says (`celery -A tasks.app flower --conf=deploy/flowerconfig.py`, its login from
+FLOWER_BASIC_AUTH and the broker from FARM_BROKER_URL, as the farm-flower user), before the job is submitted, since
+Flower only sees the events sent after it connects. Its HTTP API is read with urllib (requests is not a dependency of farm) and polled, because
 events reach Flower a moment after the job ends.
 """
 
@@ -42,7 +42,7 @@ class Flower:
         self.port = free_port()
         self.log_path = folder / "flower.log"
         command = [sys.executable, "-m", "celery", "-A", "tasks.app", "flower", f"--port={self.port}",
-                   "--address=127.0.0.1"]
+                   "--address=127.0.0.1", "--conf=deploy/flowerconfig.py"]
         env = {**os.environ, "FARM_BROKER_URL": broker, "FLOWER_BASIC_AUTH": f"{USER}:{PASSWORD}"}
         repo = Path(__file__).resolve().parent.parent
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))
@@ -59,16 +59,19 @@ class Flower:
 
     def get(self, path: str, auth: bool = True, timeout: float = 10.0) -> tuple[int, Any]:
         """(HTTP status, decoded JSON body or None) of GET `path`, with basic auth unless told otherwise."""
+        status, body = self.get_text(path, f"{USER}:{PASSWORD}" if auth else None, timeout)
+        return status, json.loads(body) if body and status == 200 else None
+
+    def get_text(self, path: str, login: str | None, timeout: float = 10.0) -> tuple[int, str]:
+        """(HTTP status, body) of GET `path` with this basic-auth login (None: none)."""
         request = urllib.request.Request(self.base + path)
-        if auth:
-            token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
-            request.add_header("Authorization", f"Basic {token}")
+        if login is not None:
+            request.add_header("Authorization", f"Basic {base64.b64encode(login.encode()).decode()}")
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
-                body = response.read()
-                return response.status, json.loads(body) if body else None
+                return response.status, response.read().decode()
         except urllib.error.HTTPError as error:
-            return error.code, None
+            return error.code, error.read().decode(errors="replace")
 
     def wait_until_up(self) -> None:
         """Return once the HTTP API answers an authenticated request; fail with Flower's log otherwise."""
@@ -176,6 +179,22 @@ def test_flower_shows_workers_and_a_jobs_tasks(farm_factory, flower_for, tmp_pat
     assert flower.get("/api/tasks", auth=False)[0] == 401
     status, found = flower.get(f"/api/tasks?search={job_id}&limit=1000")  # README: one job's tasks
     assert status == 200 and set(found or {}) == {task["uuid"] for task in tasks}, sorted(found or {})
+
+
+def test_metrics_answer_only_with_flowers_login(farm_factory, flower_for) -> None:
+    """/metrics names every worker and counts tasks: Flower alone serves it to anyone, deploy/flowerconfig.py puts it
+    behind the same basic auth as the API (401 without the login or with a wrong one). /healthcheck, which names
+    nothing, stays open."""
+    farm = farm_factory(workers=1)
+    flower = flower_for(farm)
+    name = farm.workers[0].name
+    status, text = poll(lambda: flower.get_text("/metrics", f"{USER}:{PASSWORD}"),
+                        lambda answer: answer[0] == 200 and f'worker="{name}"' in answer[1])
+    assert status == 200 and f'flower_worker_online{{worker="{name}"}} 1.0' in text, text[-2000:]
+    for login in (None, f"{USER}:wrong", f"other:{PASSWORD}"):
+        refused, body = flower.get_text("/metrics", login)
+        assert refused == 401 and name not in body and "flower_" not in body, (login, refused, body[:200])
+    assert flower.get_text("/healthcheck", None) == (200, "OK")
 
 
 def _unsupported_model(path: Path) -> Path:
