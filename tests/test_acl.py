@@ -209,7 +209,8 @@ def test_forged_submissions_are_refused_and_the_farm_goes_on(farm_factory, model
     failed = client.status(swapped)
     assert failed["state"] == "failed" and failed["exit_status"] == 2 and "upload" in failed["error"]
     assert farm.workers[0].process.poll() is None
-    assert "refused a submission" in farm.workers[0].log_path.read_text()
+    log = farm.workers[0].log_path.read_text()
+    assert f"job {rewritten} refused" in log and "malformed, the rest with no request" in log
 
 
 def test_a_farm_key_of_the_wrong_type_is_one_line_for_clients_and_deleted_by_the_workers(

@@ -541,6 +541,28 @@ def test_redis_staged_bytes_that_are_not_their_key_are_dropped_not_admitted(redi
         store.stage_stream(content_key(b"abc"), 3, [b"ab"])
 
 
+def test_redis_staged_chunks_bigger_than_their_header_says_are_refused_before_they_are_read(
+        redis_server: RedisServer) -> None:
+    """Issue 30's third attack: three chunks of 256 MB staged under the header `1:3` were joined in the worker
+    (143 MB -> 1.35 GB) before their size was checked. Their lengths are checked first (STRLEN), so the worker
+    reads nothing of them, and a header naming more than the store's cap is refused at once."""
+    store = RedisStore(redis_server.url, chunk_bytes=KIB)
+    raw = redis_server.client()
+    key = content_key(b"x")
+    raw.set(store.staged_key(key), b"1:3")
+    for index in range(3):
+        raw.set(f"{store.staged_key(key)}:{index}", b"\0" * MIB)
+    sent = raw.info("stats")["total_net_output_bytes"]
+    assert store.take_staged(key) is None
+    assert raw.info("stats")["total_net_output_bytes"] - sent < 16 * KIB  # no chunk left Redis
+    assert raw.keys(f"{store.prefix}staged:*") == []
+    store.set_max_bytes(MIB)
+    raw.set(store.staged_key(key), f"{2 * MIB}:1".encode())
+    raw.set(f"{store.staged_key(key)}:0", b"\0" * KIB)
+    with pytest.raises(CorruptEntryError, match="over the store's cap"):
+        store._read_staged(key)
+
+
 def test_file_store_stages_and_admits_through_put(tmp_path: Path) -> None:
     """Where every writer is trusted (the local store) staging is the store itself."""
     store = FileStore(tmp_path)

@@ -145,6 +145,18 @@ def backend_named(kind: str, what: str = "backend", error: type[BadInputError] =
     return BACKENDS[kind]
 
 
+MAX_TARGETS = 64
+"""The most targets one artifact holds (the runtime refuses a manifest with more: farm.runtime.manifest), so the
+most a build, or a farm job's request, may name."""
+
+
+def check_target_count(targets: Sequence[Target]) -> list[Target]:
+    """`targets`, or BadInputError when they are more than MAX_TARGETS (the artifact would be refused)."""
+    if len(targets) > MAX_TARGETS:
+        raise BadInputError(f"more than {MAX_TARGETS} targets named: an artifact holds at most {MAX_TARGETS}")
+    return list(targets)
+
+
 def parse_targets(texts: Sequence[str], devices: Devices) -> list[Target]:
     """The targets `--target` options name, each once, in order; none means this host's CPU."""
     from farm.backends.llvm.target import host_target
@@ -156,7 +168,7 @@ def parse_targets(texts: Sequence[str], devices: Devices) -> list[Target]:
             usages = "; ".join(backend.usage for backend in BACKENDS.values())
             raise BadInputError(f"unknown target {text!r}: expected {usages}")
         targets += [t for t in BACKENDS[kind].resolve(rest, devices) if t not in targets]
-    return targets or [host_target()]
+    return check_target_count(targets) or [host_target()]
 
 
 def target_from_json(data: Any) -> Target:

@@ -29,6 +29,7 @@ from farm.errors import (
     redact_url,
     tls_verification_failure,
 )
+from farm.store.expiry import expire_untimed
 from farm.store.lua import LuaScript
 
 CANCELLED_BY_USER = "cancelled by user"
@@ -163,6 +164,16 @@ class JobBoard:
         pipe.lpush(protocol.SUBMITTED_KEY, job_id)
         self.call(pipe.execute)
 
+    def awaiting_acceptance(self, job_ids: list[str]) -> list[str]:
+        """Those of `job_ids` that have a request and no record yet (one round trip for them all)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.exists(protocol.request_key(job_id))
+            pipe.exists(protocol.job_key(job_id))
+        found = self.call(pipe.execute) if job_ids else []
+        return [job_id for job_id, requested, recorded in zip(job_ids, found[::2], found[1::2])
+                if requested and not recorded]
+
     def drop_request(self, job_id: str) -> None:
         """Delete a request that was refused (the job becomes unknown to clients)."""
         self.call(self.redis.delete, protocol.request_key(job_id))
@@ -240,6 +251,12 @@ class JobBoard:
     def is_complete(self, job_id: str, phase: str, name: str) -> bool:
         """Whether `name` already finished in `phase` (a duplicate delivery must not run or count again)."""
         return bool(self.call(self.redis.sismember, protocol.phase_key(job_id, phase), name))
+
+    def expire_untimed(self) -> int:
+        """Give each key a submitter wrote without a time to live (protocol.SUBMITTER_KEYS_TTL) JOB_TTL_SECONDS;
+        returns how many got one."""
+        return sum(self.call(expire_untimed, self.redis, pattern, defaults.JOB_TTL_SECONDS)
+                   for pattern in protocol.SUBMITTER_KEYS_TTL)
 
     def drop_mistyped(self, types: dict[str, str]) -> dict[str, str]:
         """Delete each key of `types` (key -> Redis type) that holds another type of value, in two round trips;

@@ -21,7 +21,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from farm.backends.registry import Target, target_from_json
+from farm.backends.registry import MAX_TARGETS, Target, check_target_count, target_from_json
 from farm.errors import BadInputError
 from farm.frontend.shapes import PinnedShapes, sizes_from_json, sizes_to_json
 from farm.store.base import is_key
@@ -169,6 +169,15 @@ def upload_pin_owner(token: str) -> str:
 def downloaded_key(job_id: str) -> str:
     """Raised by `farm download`: the job's artifact may leave the store once its pins are swept."""
     return f"{request_key(job_id)}:downloaded"
+
+
+EXPIRY_SWEEP_KEY = "farm:expiry-sweep"
+"""Claimed by the worker whose housekeeping gives a time to live to the submitter-written keys that lack one
+(farm.store.expiry), at most once per EXPIRY_SWEEP_SECONDS across the farm."""
+EXPIRY_SWEEP_SECONDS = 300
+SUBMITTER_KEYS_TTL = {request_key("*"): "request, cancel and downloaded flags", JOBS_KEY: "the jobs index"}
+"""The patterns of keys a submitter writes in the farm's Redis (its staged bytes are the store's), each of which
+lives JOB_TTL_SECONDS at most: what the expiry sweep looks for."""
 
 
 FIXED_KEY_TYPES = {SUBMITTED_KEY: "list", ADMIT_KEY: "list", REPAIR_KEY: "list", JOBS_KEY: "zset",
@@ -450,8 +459,12 @@ BOOL = Codec(lambda value: str(bool(value)), lambda text: text == "True")
 INT = Codec(lambda value: str(int(value)), int)
 FLOAT = Codec(lambda value: repr(float(value)), float)
 STATE = Codec(lambda state: JobState(state).value, JobState)
-TARGETS = Codec(lambda targets: json.dumps([t.to_json() for t in targets]),
-                lambda text: [target_from_json(data) for data in _json_list(text)])
+def _targets(text: str) -> list[Target]:
+    """Targets read back: at most MAX_TARGETS (a request naming more is refused before they are all parsed)."""
+    return check_target_count([target_from_json(data) for data in _json_list(text)[:MAX_TARGETS + 1]])
+
+
+TARGETS = Codec(lambda targets: json.dumps([t.to_json() for t in targets]), _targets)
 STRINGS = Codec(json.dumps, _string_list)
 SIZES = Codec(lambda sizes: json.dumps(sizes_to_json(sizes)),
               lambda text: sizes_from_json(value) if (value := _json_list(text)) else [])

@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from farm.artifact import size_manifests
+from farm.backends.registry import MAX_TARGETS
 from farm.errors import ArtifactError, BadInputError
 from farm.frontend.shapes import MAX_SIZES, PinnedShapes, sizes_from_json
 from farm.runtime.elf import defined_symbols
@@ -21,7 +22,6 @@ MAX_ARENA_BYTES = 1 << 36  # 64 GiB
 MAX_TENSORS = 4096  # inputs or outputs
 MAX_RANK = 16
 MAX_DIMENSION = 1 << 31
-MAX_TARGETS = 64
 MAX_LAUNCHES = 1 << 20
 MAX_EXTENT = 1 << 40
 MAX_WORK = 1 << 62

@@ -240,6 +240,11 @@ class Store(ABC):
         """Those of `keys` whose staged bytes wait for admission; none where staging is the store itself."""
         return []
 
+    def expire_untimed_staging(self) -> int:
+        """Give staged bytes that a submitter wrote without a time to live STAGED_TTL_SECONDS (farm.store.expiry);
+        returns how many keys got one. Nothing to do where staging is the store itself."""
+        return 0
+
     def publish_blob_store(self, client_url: str | None = None) -> None:
         """Tell clients where the entries' bytes live (at `client_url` when they reach it by another address), when
         that is elsewhere than the store (RedisStore with FARM_BLOB_STORE); nothing to tell here."""

@@ -29,6 +29,7 @@ from farm.store.base import (
     check_owner,
     is_key,
 )
+from farm.store.expiry import expire_untimed
 from farm.store.file_store import FILE_SCHEME, FileStore
 from farm.store.lua import LuaScript
 
@@ -542,7 +543,32 @@ class RedisStore(Store):
             size, count = self._parse_header(key, header, repair=False)
             if not isinstance(count, int):
                 raise CorruptEntryError(key, f"its staged header {header[:40]!r} names no chunks")
+            self._check_staged_lengths(key, size, count)
             return count, self._read_chunks(staged, lambda index: f"{staged}:{index}", key, size, count, False)
+
+    def expire_untimed_staging(self) -> int:
+        stager = self._stager()
+        with self._errors():
+            return expire_untimed(stager.client, f"{stager.prefix}staged:*", defaults.STAGED_TTL_SECONDS)
+
+    def _check_staged_lengths(self, key: str, size: int, count: int) -> None:
+        """Refuse staged bytes before reading any: a size over the store's cap (they could never be admitted), or
+        chunks whose lengths (STRLEN, a thousand per round trip) don't add up to the header's size. A submitter
+        writes both, so chunks of 256 MB under a header of one byte would otherwise be joined in the worker's memory
+        before the size check; read this way, a worker holds at most the size the header names."""
+        if size > self.max_bytes:
+            raise CorruptEntryError(key, f"its staged header names {size} bytes, over the store's cap")
+        staged, total = self.staged_key(key), 0
+        for start in range(0, count, 1000):
+            pipe = self.client.pipeline(transaction=False)
+            for index in range(start, min(count, start + 1000)):
+                pipe.strlen(f"{staged}:{index}")
+            lengths = pipe.execute()
+            total += sum(lengths)
+            if total > size or (0 in lengths and size):
+                raise CorruptEntryError(key, f"its staged chunks hold other than the {size} bytes its header names")
+        if total != size:
+            raise CorruptEntryError(key, f"its staged chunks hold {total} bytes, not the {size} its header names")
 
     def _drop_staged(self, key: str) -> None:
         staged = self.staged_key(key)
