@@ -428,6 +428,25 @@ def test_redis_conf_is_durable_and_holds_no_password():
     assert "aclfile" not in settings, "the ACL file is named by whoever starts redis (docker-compose.yml: --aclfile)"
 
 
+def _bytes(text: str) -> int:
+    """A Redis memory setting (`3gb`, `512mb`) in bytes."""
+    units = {"gb": 1 << 30, "mb": 1 << 20, "kb": 1 << 10}
+    unit = text[-2:].lower()
+    return int(text[:-2]) * units[unit] if unit in units else int(text)
+
+
+def test_both_redis_have_a_maxmemory_above_the_store_cap_and_the_durable_one_never_evicts():
+    """Issue 30: redis.conf set no maxmemory, so staged uploads could grow Redis until the host killed it. Both
+    servers have one, with room above the store's default cap; the durable one refuses writes past it (an evicted
+    queue entry would be a lost task), the blob Redis drops least recently used bytes (rebuilt)."""
+    from farm import defaults
+
+    durable, blobs = _redis_settings(REDIS_CONF), _redis_settings(BLOB_REDIS_CONF)
+    for settings in (durable, blobs):
+        assert _bytes(settings["maxmemory"]) >= 1.25 * defaults.STORE_MAX_BYTES, settings
+    assert durable["maxmemory-policy"] == "noeviction" and blobs["maxmemory-policy"] == "allkeys-lru"
+
+
 def test_the_blob_redis_writes_nothing_to_disk_and_holds_no_password():
     """deploy/redis-blobs.conf: the store's bytes are a cache, so no append-only file and no snapshot ever
     rewrites them (the durable Redis keeps what must survive)."""
