@@ -161,7 +161,7 @@ def _client(broker: str | None):
 @click.option("--tune", is_flag=True,
               help="First time the GEMM variants of each kernel the tuning database lacks, on a CPU of its target "
                    "(this host, or a farm worker of that CPU class), and record the fastest.")
-@click.option("--retune", is_flag=True, help="Like --tune, but time every tunable kernel again.")
+@click.option("--retune", is_flag=True, help="Like --tune, but time every tunable kernel again (on a farm: the operator's credentials).")
 @click.option("--shape", "shape_specs", multiple=True, metavar="NAME=SIZE",
               help="Pin a dynamic dimension by its symbolic name (batch=1) or a whole input (input_ids=1x128); "
                    "repeatable. Several sizes (batch=1,8,32) build one artifact with a schedule per size, which "
