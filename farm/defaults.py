@@ -281,3 +281,70 @@ def upload_window_bytes() -> int:
     if not text.isdigit() or int(text) <= 0:
         raise BadInputError(f"FARM_UPLOAD_WINDOW_BYTES={text[:40]!r}: expected a positive whole number of bytes")
     return int(text)
+
+
+def _whole_bytes(name: str, default: int, zero_means: str = "") -> int:
+    """The whole number of bytes environment variable `name` holds (`default` when it is unset or blank), else
+    BadInputError naming it; 0 is taken only where `zero_means` says what it turns off."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    if not text.isdigit() or (int(text) == 0 and not zero_means):
+        expected = f"a whole number of bytes (0: {zero_means})" if zero_means else "a positive whole number of bytes"
+        raise BadInputError(f"{name}={text[:40]!r}: expected {expected}")
+    return int(text)
+
+
+MAX_FOLDED_BYTES = 1 << 30
+"""The default FARM_MAX_FOLDED_BYTES: 1 GiB. The largest light model of the onnx package, light VGG-19, folds 548
+MiB of ConstantOfShape weights; the 1.4 KB model of issue 30 (eight ConstantOfShape([1, 64Mi]) feeding Add) asked
+for 4 GiB and had its planning worker killed by the kernel 77 times in 3.5 minutes."""
+
+
+def max_folded_bytes() -> int:
+    """FARM_MAX_FOLDED_BYTES: the bytes constant folding may make in one plan, summed over every constant it folds
+    (default MAX_FOLDED_BYTES, 1 GiB; each one is also bounded by MAX_FOLDED_CONSTANT_BYTES). Only new memory
+    counts: a folded view of a constant (Unsqueeze, Reshape) is free. A model that folds more fails its
+    build, locally and on the farm, naming the node that took the sum over it (exit 2). Folding stops at that node,
+    so a plan holds at most this plus that node's outputs."""
+    return _whole_bytes("FARM_MAX_FOLDED_BYTES", MAX_FOLDED_BYTES)
+
+
+STEP_MEMORY_MIN_BYTES = 4 << 30
+"""The least default FARM_STEP_MEMORY_BYTES on a host of at least twice as much memory: 4 GiB. A worker pool process
+holds 0.15 GB of data when it starts (Python, numpy, LLVM) and 0.57 GB after building light ResNet-50; the light
+VGG-19 (548 MiB of folded weights) takes it to 1.9 GB. A host's share per process (64 cores and 128 GiB: 2 GiB) would
+fail such a build; most steps are far smaller, so several rarely peak together."""
+
+
+def host_memory_bytes() -> int:
+    """The memory this host gives its processes: its physical memory, or its cgroup's limit when that is lower (a
+    container run with --memory: cgroup v2's memory.max, v1's memory.limit_in_bytes)."""
+    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    limits = [physical]
+    for path in (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            limits.append(int(text))
+    return min(limits)
+
+
+def step_memory_bytes(processes: int) -> int:
+    """FARM_STEP_MEMORY_BYTES: the memory one worker pool process may write while it runs a step (plan, tune,
+    compile, link, finish), enforced as its RLIMIT_DATA (farm.distributed.worker): an allocation past it fails, and
+    the job fails at once with an error naming this limit, instead of the kernel's OOM killer killing the process (or
+    a neighbour) on every redelivery. RLIMIT_DATA counts what a process writes (heap, anonymous mappings, thread
+    stacks), not address space it reserves and never touches as RLIMIT_AS does: LLVM and PoCL's threads took a pool
+    process's address space from 0.4 to 1.0 GB on its first OpenCL compile (its data: 0.5 GB), and GPU drivers
+    reserve address space by the GB. Default: three quarters of the host's memory (host_memory_bytes; the rest is
+    the worker's main process, a Redis beside it and the page cache) shared among the worker's `processes`, but at
+    least STEP_MEMORY_MIN_BYTES (4 GiB) when the host has twice that; 0 turns it off (for a host that bounds its
+    workers with a cgroup instead). A process that dies in native code past the limit (LLVM aborts on a failed
+    allocation) is bounded by FARM_MAX_DELIVERIES like any death."""
+    host = host_memory_bytes()
+    share = host * 3 // 4 // max(1, processes)
+    return _whole_bytes("FARM_STEP_MEMORY_BYTES", max(share, min(STEP_MEMORY_MIN_BYTES, host // 2)),
+                        zero_means="no limit")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from farm import defaults
@@ -184,3 +186,37 @@ def test_a_waiting_client_prefetches_512_mib_unless_told(monkeypatch) -> None:
     monkeypatch.setenv("FARM_PREFETCH_BYTES", "1GiB")
     with pytest.raises(BadInputError, match="FARM_PREFETCH_BYTES='1GiB': expected a whole number of bytes"):
         defaults.prefetch_bytes()
+
+
+def test_the_folded_bytes_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FARM_MAX_FOLDED_BYTES", raising=False)
+    assert defaults.max_folded_bytes() == defaults.MAX_FOLDED_BYTES == 1 << 30
+    monkeypatch.setenv("FARM_MAX_FOLDED_BYTES", " 4096 ")
+    assert defaults.max_folded_bytes() == 4096
+    for bad in ("0", "-1", "1e9", "lots"):
+        monkeypatch.setenv("FARM_MAX_FOLDED_BYTES", bad)
+        with pytest.raises(BadInputError, match="FARM_MAX_FOLDED_BYTES=.*positive whole number of bytes"):
+            defaults.max_folded_bytes()
+
+
+def test_the_step_memory_limit_is_the_hosts_share_per_process_but_no_less_than_4_gib(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three quarters of the host's memory shared among the pool's processes, but at least STEP_MEMORY_MIN_BYTES
+    while the host has twice that (a 64-core host of 128 GiB: 4 GiB a process, not 1.5); FARM_STEP_MEMORY_BYTES
+    overrides, 0 is none."""
+    monkeypatch.delenv("FARM_STEP_MEMORY_BYTES", raising=False)
+    host = defaults.host_memory_bytes()
+    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert 0 < host <= physical
+    for processes in (1, 2, 3, 64, 1024):
+        expected = max(host * 3 // 4 // processes, min(defaults.STEP_MEMORY_MIN_BYTES, host // 2))
+        assert defaults.step_memory_bytes(processes) == expected
+    assert defaults.step_memory_bytes(1) == host * 3 // 4
+    assert defaults.step_memory_bytes(1024) == min(4 << 30, host // 2)
+    monkeypatch.setenv("FARM_STEP_MEMORY_BYTES", "3221225472")
+    assert defaults.step_memory_bytes(2) == 3 << 30
+    monkeypatch.setenv("FARM_STEP_MEMORY_BYTES", "0")
+    assert defaults.step_memory_bytes(2) == 0  # no limit: a host that bounds its workers with a cgroup
+    monkeypatch.setenv("FARM_STEP_MEMORY_BYTES", "4G")
+    with pytest.raises(BadInputError, match=r"FARM_STEP_MEMORY_BYTES='4G': expected a whole number of bytes \(0: no"):
+        defaults.step_memory_bytes(2)

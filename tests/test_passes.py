@@ -673,3 +673,51 @@ def test_ops_folded_in_numpy_give_the_reference_evaluators_constants(case: str) 
     assert ours is not None and reference is not None
     assert ours[0].dtype == reference[0].dtype and ours[0].shape == reference[0].shape
     np.testing.assert_array_equal(ours[0], reference[0])
+
+
+def _fills_added(count: int, elements: int) -> onnx.ModelProto:
+    """`count` ConstantOfShape([1, elements]) of float32, each added to the running sum of input x (issue 30's
+    model, smaller): folding makes every fill a constant."""
+    fill = helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])
+    nodes, total = [], "x"
+    for index in range(count):
+        nodes += [helper.make_node("ConstantOfShape", ["shape"], [f"c{index}"], name=f"fill{index}", value=fill),
+                  helper.make_node("Add", [total, f"c{index}"], [f"s{index}"], name=f"add{index}")]
+        total = f"s{index}"
+    return _model(nodes, [_f32("x", [1, elements])], [_f32(total, [1, elements])],
+                  [("shape", np.array([1, elements], np.int64))], opset=17)
+
+
+def test_folding_past_the_budget_fails_naming_the_node(onnx_model_path, monkeypatch):
+    """FARM_MAX_FOLDED_BYTES bounds the sum of the constants one plan folds (each is under the per-constant bound):
+    the fill that takes it over is named, with the budget, and nothing past it is folded."""
+    monkeypatch.setenv("FARM_MAX_FOLDED_BYTES", str(3 << 20))
+    graph = _load(onnx_model_path, _fills_added(8, 1 << 18))  # 1 MiB a fill
+    with pytest.raises(UnsupportedError) as refused:
+        fold_constants(graph)
+    assert refused.value.exit_status == 2 and refused.value.node == "fill3" and refused.value.op == "ConstantOfShape"
+    assert "FARM_MAX_FOLDED_BYTES=3145728" in str(refused.value) and f"({4 << 20} bytes)" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    monkeypatch.setenv("FARM_MAX_FOLDED_BYTES", str(8 << 20))  # exactly what the model folds: it fits
+    assert [n.op_type for n in fold_constants(_load(onnx_model_path, _fills_added(8, 1 << 18))).nodes] == ["Add"] * 8
+
+
+def test_a_folded_view_of_a_constant_costs_nothing_of_the_budget(onnx_model_path, monkeypatch):
+    """Unsqueeze and Reshape fold to views of their input (numpy's, and the reference evaluator's): only memory that
+    folding allocates counts, so a chain of them over one 1 MiB fill fits a 1 MiB budget."""
+    monkeypatch.setenv("FARM_MAX_FOLDED_BYTES", str(1 << 20))
+    fill = helper.make_tensor("v", TensorProto.FLOAT, [1], [0.5])
+    nodes = [helper.make_node("ConstantOfShape", ["shape"], ["c"], name="fill", value=fill),
+             helper.make_node("Unsqueeze", ["c", "axes"], ["u"], name="unsqueeze"),
+             helper.make_node("Reshape", ["u", "flat"], ["r"], name="reshape"),
+             helper.make_node("Add", ["x", "r"], ["y"], name="add")]
+    inits = [("shape", np.array([512, 512], np.int64)), ("axes", np.array([0], np.int64)),
+             ("flat", np.array([1 << 18], np.int64))]
+    graph = fold_constants(_load(onnx_model_path, _model(nodes, [_f32("x", [1 << 18])], [_f32("y", [1 << 18])],
+                                                         inits, opset=17)))
+    assert [n.name for n in graph.nodes] == ["add"]
+    np.testing.assert_array_equal(graph.constants["r"], np.full(1 << 18, 0.5, np.float32))
+    monkeypatch.setenv("FARM_MAX_FOLDED_BYTES", str((1 << 20) - 1))  # the fill alone passes a byte less
+    with pytest.raises(UnsupportedError, match="node 'fill'"):
+        fold_constants(_load(onnx_model_path, _model(nodes, [_f32("x", [1 << 18])], [_f32("y", [1 << 18])], inits,
+                                                     opset=17)))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import resource
 import tempfile
 import time
 from collections.abc import Callable
@@ -74,14 +75,44 @@ class Farm:
     def __init__(self, board: JobBoard, store: Store, dispatch: Dispatch,
                  before_build: Callable[[str], None] = lambda unit_name: None,
                  live_queues: Callable[[], set[str]] = set) -> None:
-        """`before_build(unit name)` runs just before a unit is built (the worker's fault-injection hook);
+        """`before_build(name)` runs just before a step does its work, named as its deliveries are counted (a
+        unit's name, `plan`, `link:<library>`, `finish`: the worker's fault-injection hook);
         `live_queues()` names the queues that live workers consume now (tuning is dispatched only to those)."""
         self.board, self.store, self.dispatch, self.before_build = board, store, dispatch, before_build
         self.live_queues = live_queues
 
     def run(self, args: TaskArgs) -> str | None:
-        """Run the step a task's arguments call for (what every Celery task does); a note when it was skipped."""
-        return STEPS[type(args)](self, args)
+        """Run the step a task's arguments call for (what every Celery task does); a note when it was skipped. A step
+        that runs out of memory (past the step memory limit, FARM_STEP_MEMORY_BYTES) fails its job at once, naming
+        the limit: a task that raised is not delivered again."""
+        try:
+            return STEPS[type(args)](self, args)
+        except MemoryError:
+            pass  # leaving the handler frees what the step held, before the job is failed
+        return self._out_of_memory(args)
+
+    def _out_of_memory(self, args: TaskArgs) -> None:
+        """Fail the job of a step that ran out of memory, naming the step and the limit (exit 2: the model needs more
+        than this farm gives a step); a tuning step leaves its kernel on the default (tuning never fails a build)."""
+        why = f"needed more memory than {step_memory_limit()}"
+        if isinstance(args, Tune):
+            self.tune_done(args.job_id, args.name, f"timing its variants {why}")
+            return
+        what, unit = STEP_WORDS[type(args)](self, args)
+        self._fail(args.job_id, f"{what} {why}", ExitStatus.BAD_INPUT, unit)
+
+    def _start_step(self, job_id: str, name: str, what: str, unit: str = "") -> bool:
+        """Count a delivery of the job's step `name` and run the fault-injection hook for it; past FARM_MAX_DELIVERIES,
+        fail the job naming the step as `what` and return False. A step whose process dies on every delivery (a
+        crash, or native code past the step memory limit) so ends its job in seconds: a plan killed by the OOM killer
+        was delivered 77 times in 3.5 minutes (issue 30)."""
+        cap = defaults.max_deliveries()
+        if self.board.count_delivery(job_id, name) <= cap:
+            self.before_build(name)
+            return True
+        self._fail(job_id, f"{what} was started {cap} times and never finished (its worker died each time: a crash, "
+                           f"or more memory than {step_memory_limit()})", unit=unit)
+        return False
 
     def _fail(self, job_id: str, error: str, status: ExitStatus = ExitStatus.BUILD_FAILED, unit: str = "") -> None:
         """Fail the job and raise JobFailed, unless the job had already ended (then this step failed nothing)."""
@@ -103,6 +134,8 @@ class Farm:
         record = self.board.get(job_id)
         if record is None or record.is_over:
             return self._skipped(job_id)
+        if not self._start_step(job_id, "plan:tuned" if record.tuned else "plan", "planning"):
+            return None
         if self._reuse_artifact(job_id, record) or not self._planning(job_id, record):
             return None
         pins.release_ended_jobs(self.board, self.store)
@@ -461,12 +494,8 @@ class Farm:
             return self._skipped(job_id)
         if self.board.is_complete(job_id, "compile", unit.name):
             return None
-        cap = defaults.max_deliveries()
-        if self.board.count_delivery(job_id, unit.name) > cap:
-            self._fail(job_id, f"{self._describe(job_id, unit)} was started {cap} times and never finished (its "
-                               "worker died each time)", unit=unit.name)
+        if not self._start_step(job_id, unit.name, self._describe(job_id, unit), unit.name):
             return None
-        self.before_build(unit.name)
         try:
             key, _ = self._build_into_store(job_id, unit)
         except UnreachableError:
@@ -561,6 +590,8 @@ class Farm:
         record = self.board.get(args.job_id)
         if record is None or record.is_over:
             return self._skipped(args.job_id)
+        if not self._start_step(args.job_id, f"link:{args.library}", f"linking library {args.library}", args.library):
+            return None
         plan_json = self._link_plan(record)
         try:
             library = assembly.link_library(plan_json, args.library, self._built(plan_json, record, args.job_id))
@@ -607,6 +638,8 @@ class Farm:
         record = self.board.get(args.job_id)
         if record is None or record.is_over:
             return self._skipped(args.job_id)
+        if not self._start_step(args.job_id, "finish", "finishing the artifact"):
+            return None
         plan_json = self._link_plan(record)
         manifest, members = assembly.artifact_contents(plan_json, self._stored(plan_json, record, args.job_id))
         artifact_key, member_keys = recipes.put_recipe(
@@ -628,6 +661,24 @@ STEPS: dict[type, Callable[[Farm, Any], str | None]] = {
     Finish: lambda farm, args: farm.finish(args),
 }
 """The step each task runs, by the type of its arguments (farm.distributed.protocol)."""
+
+STEP_WORDS: dict[type, Callable[[Farm, Any], tuple[str, str]]] = {
+    PlanJob: lambda farm, args: ("planning", ""),
+    Compile: lambda farm, args: (farm._describe(args.job_id, args.unit), args.unit.name),
+    Link: lambda farm, args: (f"linking library {args.library}", args.library),
+    Finish: lambda farm, args: ("finishing the artifact", ""),
+}
+"""A step that fails its job as its error names it, and the unit it names (farm status's failed unit), by the type
+of its arguments (tuning never fails a job)."""
+
+
+def step_memory_limit() -> str:
+    """The step memory limit this process runs under, as errors name it: farm.distributed.worker sets it as each pool
+    process's RLIMIT_DATA (defaults.step_memory_bytes)."""
+    limit = resource.getrlimit(resource.RLIMIT_DATA)[0]
+    if limit == resource.RLIM_INFINITY:
+        return "the host gave it (FARM_STEP_MEMORY_BYTES set no limit here)"
+    return f"the step memory limit FARM_STEP_MEMORY_BYTES={limit} ({limit / (1 << 30):.1f} GiB)"
 
 
 def _pinned_bytes(blobs: dict[str, Blob], units: list[CompileUnit]) -> int:

@@ -175,8 +175,9 @@ def fold_constants(graph: Graph) -> Graph:
     tensors fold too (`_empty_inputs_as_constants`, `_empty_outputs`).
     """
     _empty_inputs_as_constants(graph)
+    budget = FoldBudget(defaults.max_folded_bytes())
     for _ in range(_MAX_FOLD_ROUNDS):
-        _fold_sweep(graph)
+        _fold_sweep(graph, budget)
         if not _infer_missing_shapes(graph):
             break
     _recheck_declared_shapes(graph)
@@ -317,7 +318,37 @@ def _check_consistent(graph: Graph, node: Node) -> None:
                                domain=node.domain, opset=graph.opset) from exc
 
 
-def _fold_sweep(graph: Graph) -> int:
+class FoldBudget:
+    """The bytes constant folding may make in one plan (defaults.max_folded_bytes, FARM_MAX_FOLDED_BYTES): each
+    folded constant is bounded by MAX_FOLDED_CONSTANT_BYTES, but not their sum, and eight ConstantOfShape of 256 MiB
+    each feeding Add took a worker past its memory on every delivery (issue 30). Only new memory is counted: an
+    output that is a view of an input (Unsqueeze, Reshape) costs nothing."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.spent = limit, 0
+
+    def spend(self, graph: Graph, node: Node, arrays: list[np.ndarray]) -> None:
+        """Count the memory `node`'s folded outputs hold that its inputs don't; UnsupportedError (exit 2) naming the
+        node once the sum passes the budget."""
+        held = {id(_memory_of(graph.constants[name])) for name in node.inputs
+                if name in graph.constants and graph.constants.deferred(name) is None}
+        new = {id(root): root.nbytes for root in map(_memory_of, arrays) if id(root) not in held}
+        self.spent += sum(new.values())
+        if self.spent > self.limit:
+            raise UnsupportedError(
+                f"folding it at build time takes the constants folded to {self.spent >> 20} MiB "
+                f"({self.spent} bytes), over the budget FARM_MAX_FOLDED_BYTES={self.limit}", node=node.name,
+                op=node.op_type, opset=graph.opset)
+
+
+def _memory_of(array: np.ndarray) -> np.ndarray:
+    """The array that owns the memory `array` shows (itself, unless it is a view)."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
+
+
+def _fold_sweep(graph: Graph, budget: FoldBudget) -> int:
     """Fold in topological order, so one sweep folds whole chains; returns how many nodes it folded."""
     outputs = set(graph.outputs)
     kept: list[Node] = []
@@ -326,6 +357,7 @@ def _fold_sweep(graph: Graph) -> int:
         if arrays is None:
             kept.append(node)
             continue
+        budget.spend(graph, node, arrays)
         for name, array in zip(node.outputs, arrays):
             if name:
                 _check_folded_shape(graph, node, name, array)
@@ -461,6 +493,8 @@ def _evaluate(graph: Graph, node: Node) -> list[np.ndarray] | None:
     )
     try:
         results = ReferenceEvaluator(one_node, opsets={"": graph.opset}).run(None, feeds)
+    except MemoryError:
+        raise  # past a worker's step memory limit: the step fails naming it (an artifact never depends on memory)
     except Exception:
         return None  # the node stays; a later stage reports it if farm can't run it either
     arrays = iter(results)
