@@ -4,6 +4,7 @@ every submission a worker reads is checked, so a forged one is refused while the
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import subprocess
@@ -285,3 +286,61 @@ def _tuning_refs(farm: Farm) -> list[str]:
     """The refs of the tuning database's records (as the operator lists them)."""
     return [name.decode().removeprefix(acl.STORE_PREFIX + "ref:")
             for name in farm.redis.client().keys(f"{acl.STORE_PREFIX}ref:{refs.tuning_record('*', '*')}")]
+
+
+def test_what_a_submitter_writes_without_a_time_to_live_gets_one_from_the_workers(farm_factory) -> None:
+    """Issue 30's third attack: keys a submitter set without a time to live lived forever, though the docs say
+    uploads expire after a day. A worker's housekeeping gives them one (the first sweep runs SWEEP_SECONDS after
+    the worker starts, then at most every EXPIRY_SWEEP_SECONDS across the farm), and a second database is refused."""
+    from farm import defaults
+
+    farm: Farm = farm_factory(workers=1)
+    attacker = JobBoard(farm.url).redis
+    staged = f"{acl.STORE_PREFIX}staged:{SHA}"
+    attacker.set(staged, "1:1")
+    attacker.hset(protocol.request_key(JOB), "model_key", SHA)
+    attacker.set(protocol.cancel_key(JOB), "1")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        attacker.execute_command("SELECT", "1")
+    operator = farm.redis.client()
+    deadline = time.monotonic() + intake.SWEEP_SECONDS + 20
+    while -1 in (ttls := [operator.ttl(key) for key in (staged, protocol.request_key(JOB),
+                                                         protocol.cancel_key(JOB))]):
+        assert time.monotonic() < deadline, farm.logs()
+        time.sleep(0.2)
+    assert 0 < ttls[0] <= defaults.STAGED_TTL_SECONDS and all(0 < ttl <= defaults.JOB_TTL_SECONDS for ttl in ttls)
+
+
+def test_a_submitters_floods_and_oversized_claims_are_bounded_and_the_farm_goes_on(farm_factory, model_path: Path,
+                                                                                  tmp_path: Path) -> None:
+    """Issue 30's third category with a submitter's credentials against a real worker: 50,000 junk ids, a request
+    naming 70 targets (an artifact holds at most 64), and staged chunks far bigger than their header names. The
+    ids are skipped a thousand per pop, the request is refused, the staged bytes are dropped unread, and a real
+    submission builds."""
+    farm: Farm = farm_factory(workers=1)
+    board = JobBoard(farm.url)
+    pipe = board.redis.pipeline(transaction=False)
+    for index in range(50_000):
+        pipe.lpush(protocol.SUBMITTED_KEY, f"{index:016x}")
+    pipe.execute()
+    cpus = [dataclasses.replace(host_target(), cpu=f"znver{index}") for index in range(70)]
+    many, request = protocol.encode_request(JobRecord(JobState.QUEUED, SHA, "tiny_cnn", SHA, cpus,
+                                                      created=time.time()))
+    board.submit_request(many, request, time.time())
+    oversized = hashlib.sha256(b"oversized").hexdigest()
+    staged = f"{acl.STORE_PREFIX}staged:{oversized}"
+    board.redis.set(staged, "1:3")
+    for index in range(3):
+        board.redis.set(f"{staged}:{index}", b"\0" * (8 << 20))
+    swollen = board.submit(JobRecord(JobState.QUEUED, oversized, "tiny_cnn", SHA, [host_target()],
+                                     created=time.time()))
+
+    submitted = farm_cli("submit", str(model_path), "--json", "-o", str(tmp_path / "out"), broker=farm.url,
+                         cwd=tmp_path, timeout=300)
+    assert submitted.returncode == 0 and json.loads(submitted.stdout)["state"] == "done", submitted.stderr
+    assert board.view(many) is None  # refused and dropped
+    failed = FarmClient(farm.url).status(swollen)
+    assert failed["state"] == "failed" and "upload" in failed["error"]
+    assert not farm.redis.client().exists(staged, f"{staged}:0")
+    log = farm.workers[0].log_path.read_text()
+    assert f"job {many} refused" in log and "more than 64 targets" in log

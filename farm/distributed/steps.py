@@ -313,10 +313,15 @@ class Farm:
         release the pins of ended jobs (a download only raises a flag: a submitter can't unpin) and evict down to
         the cap, so a big job's weights don't hold the store over it until the next build; and delete a farm key
         that holds another type than the farm keeps there (protocol.FIXED_KEY_TYPES), which would fail every call
-        on it."""
+        on it; and, once per EXPIRY_SWEEP_SECONDS across the farm, give a time to live to what a submitter wrote
+        without one (farm.store.expiry)."""
         for name, kind in self.board.drop_mistyped(protocol.FIXED_KEY_TYPES).items():
             log.warning("housekeeping: deleted %s, a %s where the farm keeps a %s", name, kind,
                         protocol.FIXED_KEY_TYPES[name])
+        if self.board.claim(protocol.EXPIRY_SWEEP_KEY, protocol.EXPIRY_SWEEP_SECONDS):
+            untimed = self.board.expire_untimed() + self.store.expire_untimed_staging()
+            if untimed:
+                log.warning("housekeeping: gave %d submitter-written keys the time to live they lacked", untimed)
         pins.release_ended_jobs(self.board, self.store)
         self.store.evict()
 
