@@ -9,7 +9,10 @@ about a setting.
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -51,6 +54,20 @@ def fills_added(path: Path, count: int = 8, elements: int = 64 << 20) -> Path:
                               [numpy_helper.from_array(np.array([1, elements], np.int64), "shape")])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     return path
+
+
+def test_a_local_build_that_folds_past_the_budget_exits_2_naming_the_node(tmp_path: Path) -> None:
+    """A local build plans as a farm job does, under the same budget (here 3 MiB, for fills of 1 MiB)."""
+    model = fills_added(tmp_path / "fills.onnx", elements=1 << 18)
+    env = {name: value for name, value in os.environ.items() if name != "FARM_BROKER_URL"}
+    result = subprocess.run([sys.executable, "-m", "farm", "submit", str(model), "-o", str(tmp_path / "out")],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            env={**env, "FARM_MAX_FOLDED_BYTES": str(3 << 20)})
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        "farm: error: node 'fill3' (op 'ConstantOfShape', domain 'ai.onnx', opset 17): folding it at build time takes "
+        f"the constants folded to 4 MiB ({4 << 20} bytes), over the budget FARM_MAX_FOLDED_BYTES={3 << 20}")
+    assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
 
 
 # --- the steps in-process ----------------------------------------------------------------------------------------
@@ -178,6 +195,10 @@ def test_a_step_past_the_memory_limit_fails_its_job_naming_the_limit(farm_factor
     assert _deliveries(farm, job_id, "plan") == 1
     assert farm.workers[0].process.poll() is None
     _builds_a_small_model(farm, tmp_path)
+    log = farm.workers[0].log_path.read_text()
+    failed_in = re.findall(r"ForkPoolWorker-(\d+)\] Task farm.plan_job\[[^]]+\] raised unexpected: JobFailed", log)
+    succeeded_in = set(re.findall(r"ForkPoolWorker-(\d+)\] Task farm\.\w+\[[^]]+\] succeeded", log))
+    assert len(failed_in) == 1 and succeeded_in and failed_in[0] not in succeeded_in  # replaced: worker.recycle_argv
 
 
 @pytest.mark.parametrize("step", sorted(STEP_TASKS))
