@@ -348,3 +348,15 @@ def step_memory_bytes(processes: int) -> int:
     share = host * 3 // 4 // max(1, processes)
     return _whole_bytes("FARM_STEP_MEMORY_BYTES", max(share, min(STEP_MEMORY_MIN_BYTES, host // 2)),
                         zero_means="no limit")
+
+
+MAX_LIVE_JOBS = 100
+"""The default FARM_MAX_LIVE_JOBS: 100 jobs queued or running per team of submitters."""
+
+
+def max_live_jobs() -> int:
+    """FARM_MAX_LIVE_JOBS (read by the workers' intake): how many jobs one team of submitters (a Redis user of
+    `farm acl`: the default submitters, or FARM_TEAMS' `farm-submitter-<team>`) may have accepted and not ended; a
+    job past it fails at once, naming the quota (exit 2). Default MAX_LIVE_JOBS (100), so that one team's flood of
+    real jobs queues behind its own quota, not in front of every other team's jobs forever."""
+    return _whole_bytes("FARM_MAX_LIVE_JOBS", MAX_LIVE_JOBS)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from farm.distributed.acl import ROLES, acl_file
+from farm.distributed.acl import ROLES, acl_file, role_named
 from tests.services import RedisServer, _started_servers
 
 WORKER_START_TIMEOUT_S = 60.0
@@ -80,8 +80,10 @@ class FarmWorker:
                 self.kill()
 
 
-PASSWORDS = {role: f"{role}-secret" for role in ROLES}
-"""The farm's Redis users' passwords in tests (farm.distributed.acl)."""
+TEAMS = ("vision", "nlp-2")
+"""Teams of submitters with their own Redis users in tests (FARM_TEAMS)."""
+PASSWORDS = {role: f"{role.replace(':', '-')}-secret" for role in [*ROLES, *(f"team:{team}" for team in TEAMS)]}
+"""The farm's Redis users' passwords in tests (farm.distributed.acl), the teams' included."""
 FARM_ACL = acl_file(PASSWORDS, default_user="on nopass ~* &* +@all")
 """The ACL a test farm's Redis runs with: the farm's users as production has them, plus the default user for the
 tests' own pokes at Redis (production turns it off)."""
@@ -97,7 +99,11 @@ class Farm:
         self.redis, self.folder, self.workers, self.blobs = redis_server, folder, [], blobs
 
     def role_url(self, role: str) -> str:
-        return self.redis.url_for(ROLES[role].user, PASSWORDS[role])
+        return self.redis.url_for(role_named(role).user, PASSWORDS[role])
+
+    def team_url(self, team: str) -> str:
+        """The URL of a team's submitters (`farm-submitter-<team>`)."""
+        return self.role_url(f"team:{team}")
 
     @property
     def url(self) -> str:

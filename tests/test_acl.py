@@ -344,3 +344,70 @@ def test_a_submitters_floods_and_oversized_claims_are_bounded_and_the_farm_goes_
     assert not farm.redis.client().exists(staged, f"{staged}:0")
     log = farm.workers[0].log_path.read_text()
     assert f"job {many} refused" in log and "more than 64 targets" in log
+
+
+# --- teams: per-team submitter users (FARM_TEAMS), their visibility and quotas -----------------------------------
+
+
+def test_farm_acl_writes_a_user_per_team_and_names_a_missing_password(tmp_path: Path) -> None:
+    env = {"FARM_WORKER_PASSWORD": "a", "FARM_SUBMITTER_PASSWORD": "b", "FARM_FLOWER_REDIS_PASSWORD": "c",
+           "FARM_TEAMS": "vision, nlp-2", "FARM_SUBMITTER_PASSWORD_VISION": "d", "FARM_SUBMITTER_PASSWORD_NLP_2": "e"}
+    assert acl.passwords_from_environment(env) == {"worker": "a", "submitter": "b", "flower": "c",
+                                                   "team:vision": "d", "team:nlp-2": "e"}
+    written = farm_cli("acl", "-o", str(tmp_path / "users.acl"), broker="", cwd=tmp_path, env=env)
+    assert written.returncode == 0, written.stderr
+    users = [line.split()[1] for line in (tmp_path / "users.acl").read_text().splitlines()]
+    assert users == ["default", "farm-worker", "farm-submitter", "farm-flower", "farm-submitter-vision",
+                     "farm-submitter-nlp-2"]
+    with pytest.raises(BadInputError, match="set FARM_SUBMITTER_PASSWORD_NLP_2"):
+        acl.passwords_from_environment({**env, "FARM_SUBMITTER_PASSWORD_NLP_2": ""})
+    with pytest.raises(BadInputError, match="not a team name"):
+        acl.passwords_from_environment({**env, "FARM_TEAMS": "Vision"})
+    assert acl.team_of_url("redis://farm-submitter-vision:x@host:6379/0") == "vision"
+    assert acl.team_of_url("redis://farm-submitter:x@host:6379/0") == ""
+
+
+def test_teams_read_follow_and_cancel_only_their_own_jobs(farm_factory, model_path: Path, tmp_path: Path) -> None:
+    """Per-team users close what the shared submitter user leaves open: a team lists, reads, follows and cancels
+    its own jobs only (its ids carry its name, which Redis's ACL lets only its user write), and the default
+    submitters see none of the teams' jobs; each builds as usual."""
+    farm: Farm = farm_factory(workers=1)
+    built = farm_cli("submit", str(model_path), "--json", "-o", str(tmp_path / "vision"),
+                     broker=farm.team_url("vision"), cwd=tmp_path, timeout=300)
+    assert built.returncode == 0, built.stderr + farm.logs()
+    vision_job = json.loads(built.stdout)["job_id"]
+    assert vision_job.startswith("vision.") and protocol.team_of(vision_job) == "vision"
+    nlp = FarmClient(farm.team_url("nlp-2"))
+    assert [job["job_id"] for job in FarmClient(farm.team_url("vision")).jobs()] == [vision_job]
+    assert nlp.jobs() == [] and FarmClient(farm.url).jobs() == []
+    for command in (["status", vision_job], ["cancel", vision_job], ["download", vision_job, "-o", "x"]):
+        refused = farm_cli(*command, broker=farm.team_url("nlp-2"), cwd=tmp_path)
+        assert refused.returncode == 4 and refused.stderr.count("\n") == 1, (command, refused.stderr)
+        assert "refused this to the URL's user" in refused.stderr
+    with pytest.raises(redis.exceptions.NoPermissionError):  # nor forge a request in the name of another team
+        nlp.board.redis.hset(protocol.request_key(f"vision.{'ab' * 8}"), "model_key", SHA)
+    assert farm_cli("status", vision_job, broker=farm.team_url("vision"), cwd=tmp_path).returncode == 0
+
+
+def test_a_team_past_its_quota_of_live_jobs_is_refused_in_one_line_and_other_teams_go_on(
+        farm_redis: RedisServer, model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A team's jobs queued or running count against FARM_MAX_LIVE_JOBS (set to 2 here: the quota is what this
+    test is about); the next one fails at once naming the quota, the other teams' jobs are accepted, and once one
+    of the team's jobs ends (cancelled here) the team may submit again. The workers' side runs in this process
+    (steps.Farm.accept, a worker's intake's call) on the real Redis, with the workers' credentials."""
+    from farm.distributed.steps import Farm as Steps
+
+    monkeypatch.setenv("FARM_MAX_LIVE_JOBS", "2")
+    cluster = Farm(farm_redis, tmp_path)
+    steps = Steps(JobBoard(cluster.worker_url), RedisStore(cluster.worker_url), lambda message: None)
+    vision, nlp = FarmClient(cluster.team_url("vision")), FarmClient(cluster.team_url("nlp-2"))
+    first, second, third = (vision.submit(model_path, [host_target()]) for _ in range(3))
+    other = nlp.submit(model_path, [host_target()])
+    assert [steps.accept(job_id) for job_id in (first, second, other)] == [
+        f"job {job_id} accepted" for job_id in (first, second, other)]
+    assert "their quota (FARM_MAX_LIVE_JOBS=2" in steps.accept(third)
+    refused = farm_cli("wait", third, broker=cluster.team_url("vision"), cwd=tmp_path)
+    assert refused.returncode == 2 and "team 'vision' already have 2 jobs queued or running" in refused.stderr
+    assert vision.cancel(first)
+    fourth = vision.submit(model_path, [host_target()])
+    assert steps.accept(fourth) == f"job {fourth} accepted"

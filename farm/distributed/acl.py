@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
 
 from farm.distributed import protocol
 from farm.errors import BadInputError
@@ -49,30 +51,53 @@ SUBMITTER_READS = "+get +mget +exists +hgetall +scard +zrevrangebyscore"
 entries to download)."""
 
 
-def _submitter_writes() -> dict[str, tuple[str, ...]]:
+def _submitter_writes(team: str) -> dict[str, tuple[str, ...]]:
     """Each key a submitter writes, with the only commands it may run on it. Redis grants a command on a key
     whatever the key holds, so a pattern with a broad command set lets a submitter turn an intake list into a
     string and end every worker's intake: one selector per kind of key, each with the commands that keep its
-    type (a list is only pushed, the jobs index only added to and trimmed, a request only a hash)."""
+    type (a list is only pushed, the jobs index only added to and trimmed, a request only a hash). Requests,
+    flags and the jobs index are the team's own (`team`: "" for the default submitters)."""
+    ids = protocol.team_job_ids(team)
     return {
         " ".join(f"~{key}" for key in (protocol.SUBMITTED_KEY, protocol.ADMIT_KEY, protocol.REPAIR_KEY)): ("lpush",),
-        f"~{protocol.request_key('*')}": ("hset", "expire"),
-        f"~{protocol.JOBS_KEY}": ("zadd", "zremrangebyscore", "expire"),
-        f"~{protocol.cancel_key('*')} ~{protocol.downloaded_key('*')} ~{STORE_PREFIX}staged:*": ("set",),
+        f"~{protocol.request_key(ids)}": ("hset", "expire"),
+        f"~{protocol.jobs_key(team)}": ("zadd", "zremrangebyscore", "expire"),
+        f"~{protocol.cancel_key(ids)} ~{protocol.downloaded_key(ids)} ~{STORE_PREFIX}staged:*": ("set",),
     }
 
 
-def _submitter_rules() -> str:
-    """Read what clients show, write only a submission's keys, each with the commands that keep its type (Redis 7
-    ACL selectors, one per kind of key); the commands the client's calls use, no others."""
-    reads = [protocol.job_key("*"), protocol.request_key("*"), protocol.JOBS_KEY, protocol.WORKERS_KEY,
-             protocol.lease_key("*"), f"{STORE_PREFIX}obj:*", f"{STORE_PREFIX}max_bytes",
+def _submitter_rules(team: str = "") -> str:
+    """Read what clients show of the team's jobs, write only a submission's keys, each with the commands that keep
+    its type (Redis 7 ACL selectors, one per kind of key); the commands the client's calls use, no others. A
+    team's user reads, follows and cancels only its team's jobs, as the default submitters' user only theirs."""
+    ids = protocol.team_job_ids(team)
+    reads = [protocol.job_key(f"{ids}*"), protocol.request_key(f"{ids}*"), protocol.jobs_key(team),
+             protocol.WORKERS_KEY, protocol.lease_key("*"), f"{STORE_PREFIX}obj:*", f"{STORE_PREFIX}max_bytes",
              f"{STORE_PREFIX}blob_store", f"{STORE_PREFIX}staged:*"]
     selectors = [f"(%R~{' %R~'.join(reads)} {SUBMITTER_READS})"]
     selectors += [f"({keys} {' '.join('+' + command for command in commands)})"
-                  for keys, commands in _submitter_writes().items()]
-    return (f"resetkeys resetchannels -@all {SUBMITTER_CONNECTION} &{protocol.job_events_channel('*')} "
+                  for keys, commands in _submitter_writes(team).items()]
+    return (f"resetkeys resetchannels -@all {SUBMITTER_CONNECTION} &{protocol.job_events_channel(ids)} "
             + " ".join(selectors))
+
+
+TEAM_USER_PREFIX = "farm-submitter-"
+
+
+def team_role(team: str) -> Role:
+    """The Redis user of one team's submitters (`farm-submitter-<team>`, its password in
+    FARM_SUBMITTER_PASSWORD_<TEAM>): a submitter whose jobs carry the team (protocol.team_of), which is what its
+    quota counts and what keeps teams from seeing or cancelling each other's jobs."""
+    protocol.check_team(team)
+    return Role(f"{TEAM_USER_PREFIX}{team}", f"FARM_SUBMITTER_PASSWORD_{team.upper().replace('-', '_')}",
+                _submitter_rules(team))
+
+
+def team_of_url(url: str) -> str:
+    """The team a client's Redis URL submits for: the team of a `farm-submitter-<team>` user, else "" (the default
+    submitters, and workers or the operator submitting)."""
+    user = unquote(urlsplit(url).username or "")
+    return user[len(TEAM_USER_PREFIX):] if user.startswith(TEAM_USER_PREFIX) else ""
 
 
 _CELERY_KEYS = ("~_kombu.binding* ~*.reply.celery.pidbox* ~celeryev.* ~unacked* "
@@ -99,18 +124,31 @@ def user_line(role: Role, password: str) -> str:
     return f"user {role.user} on #{hashlib.sha256(password.encode()).hexdigest()} {role.rules}"
 
 
+def role_named(name: str) -> Role:
+    """A role by name: one of ROLES, or `team:<team>` (team_role)."""
+    kind, _, team = name.partition(":")
+    return team_role(team) if kind == "team" else ROLES[name]
+
+
 def acl_file(passwords: dict[str, str], default_user: str = "off") -> str:
-    """The ACL file for the given passwords (by role): `default_user` rules the unnamed user (off: every client
-    must name its user, so no connection gets more than its role)."""
+    """The ACL file for the given passwords (by role name, role_named): `default_user` rules the unnamed user (off:
+    every client must name its user, so no connection gets more than its role)."""
     lines = [f"user default {default_user}"]
-    lines += [user_line(ROLES[role], password) for role, password in passwords.items()]
+    lines += [user_line(role_named(name), password) for name, password in passwords.items()]
     return "\n".join(lines) + "\n"
 
 
-def passwords_from_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """Each role's password from its variable; BadInputError naming the missing ones."""
+def teams_from_environment(environ: Mapping[str, str]) -> list[str]:
+    """The teams FARM_TEAMS names (comma-separated; none when unset), each checked."""
+    return [protocol.check_team(team.strip()) for team in environ.get("FARM_TEAMS", "").split(",") if team.strip()]
+
+
+def passwords_from_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Each role's password from its variable, and each FARM_TEAMS team's; BadInputError naming the missing ones."""
     environ = os.environ if environ is None else environ
-    missing = [role.password_variable for role in ROLES.values() if not environ.get(role.password_variable)]
+    names = [*ROLES, *(f"team:{team}" for team in teams_from_environment(environ))]
+    missing = [role_named(name).password_variable for name in names
+               if not environ.get(role_named(name).password_variable)]
     if missing:
         raise BadInputError(f"set {', '.join(missing)} (the farm's Redis passwords; see deploy/README.md)")
-    return {name: environ[role.password_variable] for name, role in ROLES.items()}
+    return {name: environ[role_named(name).password_variable] for name in names}

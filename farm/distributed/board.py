@@ -158,9 +158,10 @@ class JobBoard:
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(key, mapping=request)
         pipe.expire(key, defaults.JOB_TTL_SECONDS)
-        pipe.zadd(protocol.JOBS_KEY, {job_id: created})
-        pipe.zremrangebyscore(protocol.JOBS_KEY, "-inf", created - defaults.JOB_TTL_SECONDS)
-        pipe.expire(protocol.JOBS_KEY, defaults.JOB_TTL_SECONDS)
+        index = protocol.jobs_key(protocol.team_of(job_id))
+        pipe.zadd(index, {job_id: created})
+        pipe.zremrangebyscore(index, "-inf", created - defaults.JOB_TTL_SECONDS)
+        pipe.expire(index, defaults.JOB_TTL_SECONDS)
         pipe.lpush(protocol.SUBMITTED_KEY, job_id)
         self.call(pipe.execute)
 
@@ -173,6 +174,30 @@ class JobBoard:
         found = self.call(pipe.execute) if job_ids else []
         return [job_id for job_id, requested, recorded in zip(job_ids, found[::2], found[1::2])
                 if requested and not recorded]
+
+    def live_jobs(self, team: str) -> int:
+        """How many of the team's jobs are live (accepted, not ended, not cancelled): its live set
+        (protocol.live_jobs_key), less the jobs that ended or expired, which leave it (one round trip for them)."""
+        key = protocol.live_jobs_key(team)
+        members = sorted(self.call(self.redis.smembers, key))
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in members:
+            pipe.hget(protocol.job_key(job_id), "state")
+            pipe.exists(protocol.cancel_key(job_id))
+        found = self.call(pipe.execute) if members else []
+        ended = [job_id for job_id, state, cancelled in zip(members, found[::2], found[1::2])
+                 if state is None or state in {s.value for s in protocol.TERMINAL} or cancelled]
+        if ended:
+            self.call(self.redis.srem, key, *ended)
+        return len(members) - len(ended)
+
+    def count_live(self, job_id: str) -> None:
+        """Add an accepted job to its team's live set (what `live_jobs` counts)."""
+        key = protocol.live_jobs_key(protocol.team_of(job_id))
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.sadd(key, job_id)
+        pipe.expire(key, defaults.JOB_TTL_SECONDS)
+        self.call(pipe.execute)
 
     def drop_request(self, job_id: str) -> None:
         """Delete a request that was refused (the job becomes unknown to clients)."""

@@ -20,7 +20,7 @@ from typing import Any
 from farm import defaults
 from farm.backends.llvm.target import CpuTarget
 from farm.backends.registry import Target
-from farm.distributed import protocol, recipes, uploads
+from farm.distributed import acl, protocol, recipes, uploads
 from farm.distributed.board import JobBoard
 from farm.distributed.protocol import TERMINAL, JobRecord, JobState, check_job_id, check_model_name
 from farm.distributed.uploads import Upload
@@ -64,7 +64,9 @@ class FarmClient:
     """A connection to one farm: its job board and store, both reached through the broker's Redis."""
 
     def __init__(self, broker: str) -> None:
-        self.broker = broker
+        """`broker`: the farm's Redis URL; its user says the team this client submits for and lists
+        (farm.distributed.acl.team_of_url)."""
+        self.broker, self.team = broker, acl.team_of_url(broker)
         self.board = JobBoard(broker)
         self._store: Store | None = None
         self._prefetched: dict[str, dict[str, bytes]] = {}
@@ -101,7 +103,7 @@ class FarmClient:
         job_id, request = protocol.encode_request(JobRecord(
             JobState.QUEUED, split.graph_key, check_model_name(path.stem), split.model_sha256, list(targets),
             no_cache=no_cache, tune=tune, retune=retune, sizes=list(sizes), submitted_from=os.uname().nodename[:255],
-            created=now, updated=now))
+            created=now, updated=now), self.team)
         if retune:
             self.board.grant_retune(job_id)  # before the upload: a submitter is refused with nothing sent
         uploaded = self._upload(split, on_upload or (lambda upload: None))
@@ -153,11 +155,11 @@ class FarmClient:
             raise BadInputError(f"reading the model's weights: {error}") from None
 
     def jobs(self, limit: int = 20) -> list[dict[str, Any]]:
-        """The `limit` newest jobs of the last JOB_TTL_SECONDS, newest first: id, state, model, creation time and
-        age. Ids whose record is gone are skipped; a record that doesn't decode is listed with its error."""
+        """The `limit` newest jobs of this client's team (protocol.jobs_key) of the last JOB_TTL_SECONDS, newest
+        first: id, state, model, creation time and age. Ids whose record is gone are skipped; a record that doesn't decode is listed with its error."""
         now, found, offset = time.time(), [], 0
         while len(found) < limit:
-            ids = self.board.call(self.board.redis.zrevrangebyscore, protocol.JOBS_KEY, "+inf",
+            ids = self.board.call(self.board.redis.zrevrangebyscore, protocol.jobs_key(self.team), "+inf",
                                   now - defaults.JOB_TTL_SECONDS, start=offset, num=limit)
             if not ids:
                 break

@@ -34,13 +34,37 @@ if TYPE_CHECKING:
 
 WORKERS_KEY = "farm:workers"
 """A hash: worker name -> its advertised capabilities (`encode_capabilities`)."""
-JOB_ID = re.compile(r"[0-9a-f]{16}")
+TEAM = re.compile(r"[a-z][a-z0-9-]{0,14}")
+"""A team of submitters (its own Redis user, farm.distributed.acl): a letter, then up to 14 letters, digits or
+dashes. At most 15 characters, so that `<team>.` always holds its dot within a job id's first 16 characters and
+no team's id matches the pattern of the default submitters' ids (16 hex digits)."""
+JOB_ID = re.compile(r"(?:[a-z][a-z0-9-]{0,14}\.)?[0-9a-f]{16}")
+"""A job id: 16 hex digits (the start of its request's sha256), after `<team>.` when a team's user submitted it."""
+HEX_ID_GLOB = "[0-9a-f]" * 16
+"""The Redis glob of 16 hex digits: the default submitters' job ids, in the ACL's key patterns."""
 
 
 def check_job_id(job_id: object) -> str:
     if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
-        raise BadInputError(f"not a job id (16 lowercase hex digits): {str(job_id)[:80]!r}")
+        raise BadInputError(f"not a job id ([<team>.]<16 lowercase hex digits>): {str(job_id)[:80]!r}")
     return job_id
+
+
+def check_team(team: object) -> str:
+    if not isinstance(team, str) or not TEAM.fullmatch(team):
+        raise BadInputError(f"not a team name (a letter, then at most 14 letters, digits or '-'): {str(team)[:80]!r}")
+    return team
+
+
+def team_of(job_id: str) -> str:
+    """The team whose user submitted the job ("" for the default submitters' user): what its key names say, which
+    Redis's ACL lets only that user write."""
+    return job_id.rpartition(".")[0]
+
+
+def team_job_ids(team: str) -> str:
+    """The Redis glob of the team's job ids (the default submitters' when `team` is "")."""
+    return f"{team}.{HEX_ID_GLOB}" if team else HEX_ID_GLOB
 
 
 def job_key(job_id: str) -> str:
@@ -97,9 +121,20 @@ def job_events_channel(job_id: str) -> str:
 
 
 JOBS_KEY = "farm:jobs"
-"""A sorted set: job id -> its creation time (Unix seconds), the index behind `farm jobs`. Entries older than the
-job records' time to live are dropped whenever a job is added. Submitters write it, so every id read from it is
-checked and one with no request or record is skipped."""
+"""A sorted set: job id -> its creation time (Unix seconds), the index behind `farm jobs` (the default submitters';
+each team has its own, jobs_key). Entries older than the job records' time to live are dropped whenever a job is
+added. Submitters write it, so every id read from it is checked and one with no request or record is skipped."""
+
+
+def jobs_key(team: str) -> str:
+    """The jobs index of a team's submitters (JOBS_KEY for the default submitters)."""
+    return f"{JOBS_KEY}:{team}" if team else JOBS_KEY
+
+
+def live_jobs_key(team: str) -> str:
+    """A set, written by workers only: the team's jobs accepted and not known to have ended, which its quota
+    (defaults.max_live_jobs) counts."""
+    return f"farm:live:{team}" if team else "farm:live"
 
 # Keys a submitter writes (farm.distributed.acl gives it these, the jobs index and the store's staging area and
 # nothing else to write): its job's request and the flags it raises on its job. Workers read them as untrusted input.
@@ -175,7 +210,8 @@ EXPIRY_SWEEP_KEY = "farm:expiry-sweep"
 """Claimed by the worker whose housekeeping gives a time to live to the submitter-written keys that lack one
 (farm.store.expiry), at most once per EXPIRY_SWEEP_SECONDS across the farm."""
 EXPIRY_SWEEP_SECONDS = 300
-SUBMITTER_KEYS_TTL = {request_key("*"): "request, cancel and downloaded flags", JOBS_KEY: "the jobs index"}
+SUBMITTER_KEYS_TTL = {request_key("*"): "request, cancel and downloaded flags", JOBS_KEY: "the jobs index",
+                      jobs_key("*"): "the teams' jobs indexes"}
 """The patterns of keys a submitter writes in the farm's Redis (its staged bytes are the store's), each of which
 lives JOB_TTL_SECONDS at most: what the expiry sweep looks for."""
 
@@ -584,12 +620,14 @@ REQUEST_FIELDS = ("model_key", "model_name", "model_sha256", "targets", "no_cach
 NONCE = re.compile(r"[0-9a-f]{32}")
 
 
-def encode_request(record: JobRecord) -> tuple[str, dict[str, str]]:
+def encode_request(record: JobRecord, team: str = "") -> tuple[str, dict[str, str]]:
     """A new job's id and request (request_key): the submitter's fields of `record` and a random nonce. The id is
-    the start of the request's sha256, so a request rewritten by another submitter no longer matches its job."""
+    the start of the request's sha256 (after `<team>.` for a team's user), so a request rewritten by another
+    submitter no longer matches its job."""
     request = {**encode_fields(**{name: getattr(record, name) for name in REQUEST_FIELDS}),
                "nonce": secrets.token_hex(16)}
-    return request_job_id(request), request
+    digest = request_job_id(request)
+    return (f"{check_team(team)}.{digest}" if team else digest), request
 
 
 def request_job_id(request: dict[str, str]) -> str:
@@ -609,7 +647,7 @@ def decode_request(hash_fields: dict[str, str], job_id: str) -> JobRecord:
     if extra or missing:
         raise BadInputError(f"job request {'has fields it may not set: ' + ', '.join(extra) if extra else ''}"
                             f"{'; ' if extra and missing else ''}{'lacks ' + ', '.join(missing) if missing else ''}")
-    if not NONCE.fullmatch(hash_fields["nonce"]) or request_job_id(hash_fields) != job_id:
+    if not NONCE.fullmatch(hash_fields["nonce"]) or request_job_id(hash_fields) != job_id.rpartition(".")[2]:
         raise BadInputError(f"job request of {job_id} is not the one its id was made from (rewritten)")
     values = {}
     for name in REQUEST_FIELDS:

@@ -270,6 +270,7 @@ class Farm:
             return f"job {job_id} was accepted already"
         if request.state == JobState.FAILED:
             return f"job {job_id} failed: {request.error}"
+        self.board.count_live(job_id)
         self.dispatch(PlanJob(job_id).message())
         return f"job {job_id} accepted"
 
@@ -283,8 +284,18 @@ class Farm:
             return ("--retune replaces tuning records every job on the farm uses, and this one was not granted by "
                     "the operator's credentials (farm.distributed.board.JobBoard.grant_retune); --tune adds records "
                     "for kernels that have none")
-        return uploads.over_the_cap(f"{request.model_name}.onnx", sum(blobs.values()) + len(graph),
-                                    self.store.max_bytes) or ""
+        return (uploads.over_the_cap(f"{request.model_name}.onnx", sum(blobs.values()) + len(graph),
+                                     self.store.max_bytes) or self._over_quota(protocol.team_of(job_id)))
+
+    def _over_quota(self, team: str) -> str:
+        """Why a team (its submitters' Redis user) may not have another job now, or "" when it may."""
+        live, quota = self.board.live_jobs(team), defaults.max_live_jobs()
+        if live < quota:
+            return ""
+        who = f"team {team!r}" if team else "the default submitters"
+        return (f"{who} already have {live} jobs queued or running on this farm, their quota (FARM_MAX_LIVE_JOBS="
+                f"{quota} on the workers): wait for one to end or cancel one (`farm jobs` lists them), then submit "
+                "again")
 
     def admit(self, token: str, key: str) -> str:
         """Admit one blob of an upload in progress (farm.distributed.protocol.ADMIT_KEY), pinned for the upload
