@@ -561,9 +561,10 @@ def worker(broker: str | None, concurrency: int | None, hostname: str | None, lo
               help="The ACL file to write (redis.conf's aclfile).")
 @reports_errors
 def acl_command(output: str) -> None:
-    """Write the farm's Redis users (farm-worker, farm-submitter, farm-flower) as a Redis ACL file. Their passwords
-    come from FARM_WORKER_PASSWORD, FARM_SUBMITTER_PASSWORD and FARM_FLOWER_REDIS_PASSWORD, never from the command
-    line; the file holds their SHA-256 only."""
+    """Write the farm's Redis users (farm-worker, farm-submitter, farm-flower, and farm-submitter-<team> for each
+    team FARM_TEAMS names, comma-separated) as a Redis ACL file. Their passwords come from FARM_WORKER_PASSWORD,
+    FARM_SUBMITTER_PASSWORD, FARM_FLOWER_REDIS_PASSWORD and FARM_SUBMITTER_PASSWORD_<TEAM> (upper case, '-' as
+    '_'), never from the command line; the file holds their SHA-256 only."""
     from farm.atomic import write_atomically
     from farm.distributed.acl import acl_file, passwords_from_environment
 
