@@ -100,3 +100,19 @@ def test_the_keeper_renews_reaps_tells_each_job_what_it_lost_and_releases(leases
     keeper.stop()
     keeper.join(5)
     assert leases.redis.get(protocol.lease_key("w1")) is None
+
+
+def test_a_running_tasks_key_of_the_wrong_type_skips_rounds_but_never_ends_the_keeper(leases: Leases) -> None:
+    """Any error of a round (here a WRONGTYPE on the running tasks, as the operator's hand could make it) is logged
+    and the next round goes on: a keeper that ended would let its worker's lease lapse while it works."""
+    leases.redis.set(protocol.RUNNING_KEY, "x")
+    keeper = LeaseKeeper(leases, "w1", "i1", lambda message: None, lambda *args: True, seconds=0.4)
+    keeper.start()
+    time.sleep(0.5)
+    assert keeper.is_alive()
+    leases.redis.delete(protocol.RUNNING_KEY)
+    leases.redis.delete(protocol.lease_key("w1"))
+    time.sleep(0.3)
+    assert leases.redis.get(protocol.lease_key("w1")) == "i1"
+    keeper.stop()
+    keeper.join(5)

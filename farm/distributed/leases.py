@@ -105,7 +105,8 @@ class LeaseKeeper(threading.Thread):
             self.stopped.wait(self.seconds / 4)
 
     def beat(self) -> None:
-        """One renewal and one reaping round; Redis being away only skips the round."""
+        """One renewal and one reaping round; Redis being away, or any error, only skips the round (a keeper
+        that ended would let this worker's lease lapse while it works, and its tasks be run twice)."""
         try:
             self.leases.renew(self.worker, self.incarnation, self.seconds)
             reaped = self.leases.reap(self.dispatch)
@@ -116,6 +117,8 @@ class LeaseKeeper(threading.Thread):
                 self.lost(job_id, holder, tasks)
         except UnreachableError as error:
             log.warning("farm: lease round skipped: %s", error)
+        except Exception:  # noqa: BLE001 - logged; e.g. a running-tasks key of the wrong type (FarmStateError)
+            log.warning("farm: lease round failed", exc_info=True)
 
     def stop(self) -> None:
         self.stopped.set()
