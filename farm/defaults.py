@@ -360,3 +360,13 @@ def max_live_jobs() -> int:
     job past it fails at once, naming the quota (exit 2). Default MAX_LIVE_JOBS (100), so that one team's flood of
     real jobs queues behind its own quota, not in front of every other team's jobs forever."""
     return _whole_bytes("FARM_MAX_LIVE_JOBS", MAX_LIVE_JOBS)
+
+
+def max_staged_bytes(store_cap: int) -> int:
+    """FARM_MAX_STAGED_BYTES (read by the workers): the bytes of uploads one team of submitters may have staged and
+    not yet taken in (a Redis user of `farm acl`: the default submitters, or a FARM_TEAMS team). Past it, a worker
+    drops the team's oldest uploads (within STAGING_SWEEP_SECONDS, 30 s) and its jobs that needed them fail,
+    saying why. Default: the store's cap (`store_cap`, what the workers published of FARM_STORE_MAX_BYTES), the
+    most one model may stage; each team's uploads then hold at most that of Redis's memory, whatever another team
+    stages."""
+    return _whole_bytes("FARM_MAX_STAGED_BYTES", store_cap)

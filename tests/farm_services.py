@@ -23,7 +23,8 @@ from tests.services import RedisServer, _started_servers
 WORKER_START_TIMEOUT_S = 60.0
 
 FARM_ENV_OVERRIDES = ("FARM_TASK_SOFT_TIME_LIMIT", "FARM_TASK_TIME_LIMIT", "FARM_VISIBILITY_TIMEOUT",
-                      "FARM_WORKER_LEASE_SECONDS", "FARM_MAX_DELIVERIES", "FARM_STORE_MAX_BYTES")
+                      "FARM_WORKER_LEASE_SECONDS", "FARM_MAX_DELIVERIES", "FARM_STORE_MAX_BYTES",
+                      "FARM_STEP_MEMORY_BYTES", "FARM_MAX_FOLDED_BYTES", "FARM_MAX_LIVE_JOBS", "FARM_MAX_STAGED_BYTES")
 """Settings a worker takes from the environment: cleared, so every worker here runs with the production defaults
 unless a test names a setting it is about."""
 

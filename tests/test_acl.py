@@ -411,3 +411,30 @@ def test_a_team_past_its_quota_of_live_jobs_is_refused_in_one_line_and_other_tea
     assert vision.cancel(first)
     fourth = vision.submit(model_path, [host_target()])
     assert steps.accept(fourth) == f"job {fourth} accepted"
+
+
+def test_a_teams_uploads_past_its_staging_quota_are_dropped_oldest_first_and_only_its_jobs_are_told(
+        farm_redis: RedisServer, model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each team stages under its own name, which its Redis user alone writes, so the workers can weigh it: past
+    FARM_MAX_STAGED_BYTES (512 KiB here: the quota is what this test is about) a team's oldest uploads go, its job
+    that needed one fails naming the quota, and the other team's upload of the same model is untouched. The
+    workers' side runs in this process (steps.Farm's housekeeping and accept) with the workers' credentials."""
+    from farm.distributed.steps import Farm as Steps
+
+    cluster = Farm(farm_redis, tmp_path)
+    steps = Steps(JobBoard(cluster.worker_url), RedisStore(cluster.worker_url), lambda message: None)
+    vision, nlp = FarmClient(cluster.team_url("vision")), FarmClient(cluster.team_url("nlp-2"))
+    victim, other = vision.submit(model_path, [host_target()]), nlp.submit(model_path, [host_target()])
+    operator = farm_redis.client()
+    for name in operator.keys(f"{acl.STORE_PREFIX}staged:vision.*"):
+        operator.expire(name, 3600)  # staged an hour before the flood
+    flood = f"{acl.STORE_PREFIX}staged:vision.{SHA}"
+    vision.board.redis.set(flood, b"\0" * (1 << 20))  # the team's own flood, without a time to live
+    with pytest.raises(redis.exceptions.NoPermissionError):  # in its own staging area only
+        vision.board.redis.set(f"{acl.STORE_PREFIX}staged:nlp-2.{SHA}", b"x")
+    monkeypatch.setenv("FARM_MAX_STAGED_BYTES", str(512 << 10))
+    steps._trim_staging()
+    assert "FARM_MAX_STAGED_BYTES" in steps.accept(victim) and steps.accept(other) == f"job {other} accepted"
+    assert not operator.exists(flood)
+    told = farm_cli("wait", victim, broker=cluster.team_url("vision"), cwd=tmp_path)
+    assert told.returncode == 2 and "team 'vision' had more than 524288 bytes of uploads staged" in told.stderr

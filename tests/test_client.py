@@ -459,7 +459,7 @@ def test_a_model_with_external_data_is_submitted_with_it(client: FarmClient, tmp
     path = _linear(tmp_path, "dynamo", "torch", external=True)
     job_id = client.submit(path, [host_target()])
     assert accept(job_id) == f"job {job_id} accepted"
-    plans = Farm(client.board, client.store, lambda message: None)._plans(client.board.get(job_id))
+    plans = Farm(client.board, client.store, lambda message: None)._plans(job_id, client.board.get(job_id))
     weight = next(iter(plans[0].blobs.values()))  # deferred: the plan never asked for its values
     assert isinstance(weight, DeferredArray) and weight.load().tobytes() == (tmp_path / "dynamo.onnx.data").read_bytes()
 
@@ -472,7 +472,7 @@ def test_a_weight_whose_upload_is_gone_fails_the_plan_naming_its_initializer(
     raw = redis_server.client()
     raw.delete(*raw.keys("farm:store:staged:*"))
     with pytest.raises(BadInputError, match="initializer 'W': its bytes .* are not on the farm.*submit the model"):
-        Farm(client.board, client.store, lambda message: None)._plans(client.board.get(job_id))
+        Farm(client.board, client.store, lambda message: None)._plans(job_id, client.board.get(job_id))
 
 
 def test_external_data_outside_the_models_folder_is_refused_before_any_upload(

@@ -563,6 +563,28 @@ def test_redis_staged_chunks_bigger_than_their_header_says_are_refused_before_th
         store._read_staged(key)
 
 
+def test_redis_each_teams_staging_is_trimmed_to_its_quota_oldest_first(redis_server: RedisServer) -> None:
+    """A team's uploads are staged under its name (for_team), so the workers can count them: trim_staging drops a
+    team's oldest uploads past the quota, leaves the other teams' alone, and gives every staged key a time to
+    live."""
+    from farm import defaults
+
+    store = RedisStore(redis_server.url, chunk_bytes=KIB)
+    vision, raw = store.for_team("vision"), redis_server.client()
+    uploads = [vision.stage(pseudo_random(4 * KIB, seed=seed)) for seed in range(3)]
+    for age, key in enumerate(uploads):  # the first is the oldest: the least time to live left
+        for name in raw.keys(f"{vision.staged_key(key)}*"):
+            raw.expire(name, 1000 + age)
+    default = store.stage(pseudo_random(4 * KIB, seed=7))
+    raw.set(f"{store.staged_key(content_key(b'x'))}", b"1:1")  # a submitter's key without a time to live
+    size = 4 * KIB + len(b"4096:4")
+    assert store.trim_staging(quota=2 * size + 10) == {"vision": size}
+    assert vision.staged(uploads) == uploads[1:] and store.staged([default]) == [default]
+    assert vision.staged([default]) == [] and store.staged(uploads) == []  # each team stages apart
+    assert all(0 < raw.ttl(name) <= defaults.STAGED_TTL_SECONDS for name in raw.keys(f"{store.prefix}staged:*"))
+    assert vision.take_staged(uploads[1]) == pseudo_random(4 * KIB, seed=1)
+
+
 def test_file_store_stages_and_admits_through_put(tmp_path: Path) -> None:
     """Where every writer is trusted (the local store) staging is the store itself."""
     store = FileStore(tmp_path)

@@ -51,6 +51,10 @@ SUBMITTER_READS = "+get +mget +exists +hgetall +scard +zrevrangebyscore"
 entries to download)."""
 
 
+HEX_KEY_GLOB = "[0-9a-f]" * 64
+"""The Redis glob of a store key (a sha256 in hex)."""
+
+
 def _submitter_writes(team: str) -> dict[str, tuple[str, ...]]:
     """Each key a submitter writes, with the only commands it may run on it. Redis grants a command on a key
     whatever the key holds, so a pattern with a broad command set lets a submitter turn an intake list into a
@@ -62,8 +66,16 @@ def _submitter_writes(team: str) -> dict[str, tuple[str, ...]]:
         " ".join(f"~{key}" for key in (protocol.SUBMITTED_KEY, protocol.ADMIT_KEY, protocol.REPAIR_KEY)): ("lpush",),
         f"~{protocol.request_key(ids)}": ("hset", "expire"),
         f"~{protocol.jobs_key(team)}": ("zadd", "zremrangebyscore", "expire"),
-        f"~{protocol.cancel_key(ids)} ~{protocol.downloaded_key(ids)} ~{STORE_PREFIX}staged:*": ("set",),
+        " ".join([f"~{protocol.cancel_key(ids)} ~{protocol.downloaded_key(ids)}",
+                  *(f"~{pattern}" for pattern in _staging(team))]): ("set",),
     }
+
+
+def _staging(team: str) -> list[str]:
+    """The staging area's keys a team writes (farm.store.RedisStore.staged_key): `[<team>.]<sha256>` and its
+    chunks, where the workers count them against the team's quota."""
+    upload = f"{team}.{HEX_KEY_GLOB}" if team else HEX_KEY_GLOB
+    return [f"{STORE_PREFIX}staged:{upload}", f"{STORE_PREFIX}staged:{upload}:*"]
 
 
 def _submitter_rules(team: str = "") -> str:
@@ -73,7 +85,7 @@ def _submitter_rules(team: str = "") -> str:
     ids = protocol.team_job_ids(team)
     reads = [protocol.job_key(f"{ids}*"), protocol.request_key(f"{ids}*"), protocol.jobs_key(team),
              protocol.WORKERS_KEY, protocol.lease_key("*"), f"{STORE_PREFIX}obj:*", f"{STORE_PREFIX}max_bytes",
-             f"{STORE_PREFIX}blob_store", f"{STORE_PREFIX}staged:*"]
+             f"{STORE_PREFIX}blob_store", *_staging(team)]
     selectors = [f"(%R~{' %R~'.join(reads)} {SUBMITTER_READS})"]
     selectors += [f"({keys} {' '.join('+' + command for command in commands)})"
                   for keys, commands in _submitter_writes(team).items()]

@@ -74,7 +74,7 @@ class FarmClient:
     @property
     def store(self) -> Store:
         if self._store is None:
-            self._store = open_store(defaults.store_url(self.broker))
+            self._store = open_store(defaults.store_url(self.broker)).for_team(self.team)
         return self._store
 
     def submit(self, model_path: str | os.PathLike, targets: Sequence[Target], no_cache: bool = False,
@@ -179,7 +179,10 @@ class FarmClient:
                 "age_s": round(now - record.created, 1)}
 
     def record(self, job_id: str) -> JobRecord:
-        """The job as clients see it: its record, or its request while no worker has accepted it."""
+        """The job as clients see it: its record, or its request while no worker has accepted it. A name that is
+        no job id is an unknown job (a submitter's user may read only its team's ids: farm.distributed.acl)."""
+        if not protocol.JOB_ID.fullmatch(job_id):
+            raise JobError(f"unknown job {job_id[:80]!r} (a job id is [<team>.]<16 hex digits>)")
         record = self.board.view(job_id)
         if record is None:
             raise JobError(f"unknown job {job_id!r} (never submitted to this farm, or expired)")
@@ -303,7 +306,8 @@ class Admission:
 
     def __init__(self, client: FarmClient, split: SplitModel) -> None:
         self.client, self.split = client, split
-        self.token, self.window = secrets.token_hex(16), defaults.upload_window_bytes()
+        team = client.team
+        self.token, self.window = f"{team + '.' if team else ''}{secrets.token_hex(16)}", defaults.upload_window_bytes()
         self.waiting: list[str] = []
 
     def push(self, key: str, upload: Upload, report: Callable[[Upload], None]) -> None:

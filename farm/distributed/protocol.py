@@ -159,7 +159,8 @@ ADMIT_KEY = "farm:admit"
 """A list of `<upload token>:<blob key>`: a submitter streaming its weights into a farm with a file blob store
 pushes each blob it staged, and a worker's intake admits it at once (reads it from staging, checks its sha256,
 writes its file), so that Redis holds at most the client's window of staged bytes, not the whole model."""
-UPLOAD_TOKEN = re.compile(r"[0-9a-f]{32}")
+UPLOAD_TOKEN = re.compile(r"(?:[a-z][a-z0-9-]{0,14}\.)?[0-9a-f]{32}")
+"""A streamed upload's token: 32 hex digits, after `<team>.` for a team's upload (whose staging it names)."""
 
 
 REPAIR_KEY = "farm:repair"
@@ -192,7 +193,7 @@ def decode_admission(raw: object) -> tuple[str, str]:
     text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else str(raw)
     token, _, key = text.partition(":")
     if not UPLOAD_TOKEN.fullmatch(token) or not is_key(key):
-        raise BadInputError(f"not an admission entry (<32 hex digits>:<64 hex digits>): {text[:120]!r}")
+        raise BadInputError(f"not an admission entry ([<team>.]<32 hex digits>:<64 hex digits>): {text[:120]!r}")
     return token, key
 
 
@@ -210,6 +211,18 @@ EXPIRY_SWEEP_KEY = "farm:expiry-sweep"
 """Claimed by the worker whose housekeeping gives a time to live to the submitter-written keys that lack one
 (farm.store.expiry), at most once per EXPIRY_SWEEP_SECONDS across the farm."""
 EXPIRY_SWEEP_SECONDS = 300
+STAGING_SWEEP_KEY = "farm:staging-sweep"
+"""Claimed by the worker whose housekeeping keeps each team's staged bytes under its quota (farm.store.Store
+.trim_staging), at most once per STAGING_SWEEP_SECONDS across the farm."""
+STAGING_SWEEP_SECONDS = 30
+
+
+def staging_trimmed_key(team: str) -> str:
+    """Set by a worker (for a day) when it dropped some of the team's staged uploads for its quota: what a job
+    whose upload is then missing is told."""
+    return f"farm:staging-trimmed:{team}" if team else "farm:staging-trimmed"
+
+
 SUBMITTER_KEYS_TTL = {request_key("*"): "request, cancel and downloaded flags", JOBS_KEY: "the jobs index",
                       jobs_key("*"): "the teams' jobs indexes"}
 """The patterns of keys a submitter writes in the farm's Redis (its staged bytes are the store's), each of which

@@ -140,7 +140,7 @@ class Farm:
             return None
         pins.release_ended_jobs(self.board, self.store)
         try:
-            plans = self._plans(record)
+            plans = self._plans(job_id, record)
         except BadInputError as error:
             self._fail(job_id, _submitted_path(str(error)), error.exit_status)
             return None
@@ -258,7 +258,7 @@ class Farm:
             return f"job {job_id} has no request (never submitted, or expired)"
         pins.pin_for_job(self.store, job_id, [request.model_key])
         now = time.time()
-        graph = self.store.take_staged(request.model_key)
+        graph = self._staging(job_id).take_staged(request.model_key)
         blobs = _blobs(graph) if graph is not None else {}
         refusal = self._refusal(job_id, request, graph, blobs)
         if refusal:
@@ -278,8 +278,9 @@ class Farm:
         """Why a well-formed request can't become a job (its upload gone, its weights over the store's cap, a
         --retune the operator didn't grant: protocol.retune_grant_key), or "" when it can."""
         if graph is None:
+            trimmed = self.board.call(self.board.redis.get, protocol.staging_trimmed_key(protocol.team_of(job_id)))
             return (f"the model's upload ({request.model_key}) is not on the farm: it expired before a worker took "
-                    "the job, or was damaged; submit the model again")
+                    f"the job, or was damaged{f', or dropped ({trimmed})' if trimmed else ''}; submit the model again")
         if request.retune and not self.board.flag_raised(job_id, protocol.retune_grant_key):
             return ("--retune replaces tuning records every job on the farm uses, and this one was not granted by "
                     "the operator's credentials (farm.distributed.board.JobBoard.grant_retune); --tune adds records "
@@ -301,7 +302,7 @@ class Farm:
         """Admit one blob of an upload in progress (farm.distributed.protocol.ADMIT_KEY), pinned for the upload
         until its job is accepted, so that a big model streams through Redis instead of piling up in staging."""
         pins.pin_upload(self.store, token, key)
-        if self.store.take_staged(key) is None:
+        if self.store.for_team(protocol.team_of(token)).take_staged(key) is None:
             return f"upload {token}: blob {key} is not staged whole (the plan will say which initializer lacks it)"
         return f"upload {token}: blob {key} admitted"
 
@@ -325,16 +326,35 @@ class Farm:
         the cap, so a big job's weights don't hold the store over it until the next build; and delete a farm key
         that holds another type than the farm keeps there (protocol.FIXED_KEY_TYPES), which would fail every call
         on it; and, once per EXPIRY_SWEEP_SECONDS across the farm, give a time to live to what a submitter wrote
-        without one (farm.store.expiry)."""
+        without one (farm.store.expiry), and once per STAGING_SWEEP_SECONDS keep each team's staged uploads under
+        its quota."""
         for name, kind in self.board.drop_mistyped(protocol.FIXED_KEY_TYPES).items():
             log.warning("housekeeping: deleted %s, a %s where the farm keeps a %s", name, kind,
                         protocol.FIXED_KEY_TYPES[name])
         if self.board.claim(protocol.EXPIRY_SWEEP_KEY, protocol.EXPIRY_SWEEP_SECONDS):
-            untimed = self.board.expire_untimed() + self.store.expire_untimed_staging()
+            untimed = self.board.expire_untimed()
             if untimed:
                 log.warning("housekeeping: gave %d submitter-written keys the time to live they lacked", untimed)
+        if self.board.claim(protocol.STAGING_SWEEP_KEY, protocol.STAGING_SWEEP_SECONDS):
+            self._trim_staging()
         pins.release_ended_jobs(self.board, self.store)
         self.store.evict()
+
+    def _staging(self, job_id: str) -> Store:
+        """The store as the job's submitters stage into it (their team's staging area)."""
+        return self.store.for_team(protocol.team_of(job_id))
+
+    def _trim_staging(self) -> None:
+        """Drop each team's oldest staged uploads past FARM_MAX_STAGED_BYTES, and note it for the team's jobs that
+        then find their upload missing (accept)."""
+        quota = defaults.max_staged_bytes(self.store.max_bytes)
+        for team, dropped in self.store.trim_staging(quota).items():
+            who = f"team {team!r}" if team else "the default submitters"
+            note = (f"{who} had more than {quota} bytes of uploads staged (FARM_MAX_STAGED_BYTES on the workers), "
+                    f"so the oldest {dropped} bytes were dropped at {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
+            log.warning("housekeeping: %s", note)
+            self.board.call(self.board.redis.set, protocol.staging_trimmed_key(team), note,
+                            ex=defaults.STAGED_TTL_SECONDS)
 
     def _reuse_artifact(self, job_id: str, record: JobRecord) -> bool:
         """Finish at once when this farm already built the same model bytes for the same targets (unless --no-cache
@@ -362,29 +382,31 @@ class Farm:
             pins.keep_only_artifact(self.store, job_id, [key, *members])
         return True
 
-    def _plans(self, record: JobRecord) -> list[BuildPlan]:
+    def _plans(self, job_id: str, record: JobRecord) -> list[BuildPlan]:
         """A plan per size the job asks for (one for a static model), its weights read by their keys: the store's
         entries, or the submitter's staged uploads, admitted as they are read (farm.store.Store.take_staged). Big
         weights (DEFERRED_MIN_BYTES) are read only if a pass asks for their values (farm.ir.graph.Constants): a
         plan that never does (BERT-base's) moves none of their bytes, and each is read once, by the unit that
         packs it or by the admission after the plan (Farm._put_weights). The small ones are read ahead, in the
         graph's order, on WEIGHT_READERS threads (a read waits on Redis or hashes, both without the GIL). A weight
-        that is neither in the store nor staged fails the plan naming its initializer."""
+        that is neither in the store nor staged (by the job's team: farm.store.Store.for_team) fails the plan
+        naming its initializer."""
+        staging = self._staging(job_id)
         graph = self.store.get(record.model_key)
         listed = _blobs(graph)
-        absent = set(self.store.missing(listed)) - set(self.store.staged(listed))
+        absent = set(self.store.missing(listed)) - set(staging.staged(listed))
         with tempfile.TemporaryDirectory(prefix="farm-job-") as folder, \
                 ThreadPoolExecutor(WEIGHT_READERS, thread_name_prefix="farm-weights") as readers:
             path = Path(folder) / f"{record.model_name}.onnx"
             path.write_bytes(graph)
-            ahead = {key: readers.submit(self.store.take_staged, key)
+            ahead = {key: readers.submit(staging.take_staged, key)
                      for key, length in listed.items() if length < DEFERRED_MIN_BYTES}
 
             def weight(key: str, name: str) -> bytes:
                 """Read ahead, or now: a deferred weight whose values a pass (or the admission of the weights no
                 unit reads, after the plan) asked for, or one the listing missed."""
                 reading = ahead.get(key)
-                return self._weight(key, name, reading.result() if reading else self.store.take_staged(key))
+                return self._weight(key, name, reading.result() if reading else staging.take_staged(key))
 
             def present(key: str, name: str) -> bool:
                 if key in absent:
@@ -537,7 +559,7 @@ class Farm:
         """Build a unit and keep its bytes in the compile cache (pinned for the job before they are put, by the
         key hashed once); their key and the bytes. A packed weight's ref names its key and no bytes are put: the
         artifact's writer makes it from the weight (farm.distributed.recipes.Derivation)."""
-        built = compile_unit(unit, self._unit_input(unit))
+        built = compile_unit(unit, self._unit_input(job_id, unit))
         key = content_key(built)
         if recipes.Derivation.of(unit.spec, unit.target) is not None:
             self.store.set_ref(unit.cache_ref, key, anchor=unit.data_key)
@@ -546,12 +568,13 @@ class Farm:
         cache_unit(self.store, unit, built, key)
         return key, built
 
-    def _unit_input(self, unit: CompileUnit) -> bytes | None:
-        """The weight a unit reads: the store's entry, or the submitter's staged bytes, admitted as they are read
-        (the plan left them unread: it never looked at their values); MissingEntryError when neither holds them."""
+    def _unit_input(self, job_id: str, unit: CompileUnit) -> bytes | None:
+        """The weight a unit reads: the store's entry, or the job's submitter's staged bytes, admitted as they are
+        read (the plan left them unread: it never looked at their values); MissingEntryError when neither holds
+        them."""
         if unit.data_key is None:
             return None
-        data = self.store.take_staged(unit.data_key)
+        data = self._staging(job_id).take_staged(unit.data_key)
         if data is None:
             raise MissingEntryError(unit.data_key, "the farm's store (neither an entry nor a staged upload)")
         return data

@@ -240,10 +240,15 @@ class Store(ABC):
         """Those of `keys` whose staged bytes wait for admission; none where staging is the store itself."""
         return []
 
-    def expire_untimed_staging(self) -> int:
-        """Give staged bytes that a submitter wrote without a time to live STAGED_TTL_SECONDS (farm.store.expiry);
-        returns how many keys got one. Nothing to do where staging is the store itself."""
-        return 0
+    def for_team(self, team: str) -> Store:
+        """This store as one team of submitters stages into it (farm.distributed.acl); the store itself where
+        staging is the store (every writer trusted)."""
+        return self
+
+    def trim_staging(self, quota: int) -> dict[str, int]:
+        """Keep each team's staged bytes under `quota` (dropping its oldest uploads) and give every staged key a
+        time to live; returns the bytes dropped, by team. Nothing to do where staging is the store itself."""
+        return {}
 
     def publish_blob_store(self, client_url: str | None = None) -> None:
         """Tell clients where the entries' bytes live (at `client_url` when they reach it by another address), when

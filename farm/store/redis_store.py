@@ -4,11 +4,13 @@ under a byte cap by evicting the least recently used entries that no pin holds."
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import hashlib
 import io
 import os
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
@@ -29,7 +31,7 @@ from farm.store.base import (
     check_owner,
     is_key,
 )
-from farm.store.expiry import expire_untimed
+from farm.store.expiry import SCAN_COUNT
 from farm.store.file_store import FILE_SCHEME, FileStore
 from farm.store.lua import LuaScript
 
@@ -274,6 +276,20 @@ return adopted
 """Count entries that an older farm wrote without accounting, as the least recently used of all."""
 
 
+@dataclass
+class StagedUpload:
+    """One upload in the staging area (its header and chunks) as trim_staging weighs it."""
+
+    size: int = 0
+    ttl: int = 1 << 62
+    """The shortest time to live of its keys: the oldest upload has the least left."""
+    keys: list[bytes] = field(default_factory=list)
+
+    def add(self, name: bytes, size: int, ttl: int) -> None:
+        self.size, self.ttl = self.size + size, min(self.ttl, ttl)
+        self.keys.append(name)
+
+
 class RedisStore(Store):
     """Entries in Redis: chunks `{prefix}obj:{key}:{i}`, then a header `{prefix}obj:{key}` = "size:chunks".
 
@@ -320,6 +336,8 @@ class RedisStore(Store):
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
         self._url, self.prefix, self.chunk_bytes, self.default_cap = url, prefix, chunk_bytes, default_cap
         self.blobs: FileStore | RedisStore | None = blobs
+        self.team = ""
+        """The team of submitters whose staging area this view reads and writes (for_team)."""
         self._looked_for_blobs = blobs is not None or not looks_for_blobs
         self._unreadable_blobs: str | None = None
         try:
@@ -530,7 +548,7 @@ class RedisStore(Store):
         """Where submitters stage: the blob Redis when the farm keeps its bytes in one (staged bytes are admitted
         by renaming them into an entry, so they must be where entries' chunks are), else this Redis."""
         blobs = self.blobs if self.blobs is not None else self._published_blobs()
-        return blobs if isinstance(blobs, RedisStore) else self
+        return blobs.for_team(self.team) if isinstance(blobs, RedisStore) else self
 
     def _read_staged(self, key: str) -> tuple[int, bytes]:
         """(chunk count, bytes) of what a submitter staged under `key`, read once and checked against it. Staged
@@ -546,10 +564,48 @@ class RedisStore(Store):
             self._check_staged_lengths(key, size, count)
             return count, self._read_chunks(staged, lambda index: f"{staged}:{index}", key, size, count, False)
 
-    def expire_untimed_staging(self) -> int:
-        stager = self._stager()
+    def trim_staging(self, quota: int) -> dict[str, int]:
+        """Keep each team's staged bytes (farm.distributed.acl: the default submitters are team "") under `quota`
+        and give every staged key a time to live: one SCAN of the staging area (in the blob Redis when there is
+        one), the STRLEN and TTL of its keys in a pipeline per step, then each team over `quota` loses its oldest
+        uploads (the shortest time to live left) until it is under. A submitter writes staging directly, so this is
+        the only place its size is known; returns the bytes dropped, by team."""
+        stager = self._stager().for_team("")
         with self._errors():
-            return expire_untimed(stager.client, f"{stager.prefix}staged:*", defaults.STAGED_TTL_SECONDS)
+            teams = stager._staged_uploads()
+        dropped: dict[str, int] = {}
+        for team, uploads in teams.items():
+            held = sum(upload.size for upload in uploads.values())
+            for upload in sorted(uploads.values(), key=lambda upload: upload.ttl):
+                if held <= quota:
+                    break
+                with self._errors():
+                    stager.client.delete(*upload.keys)
+                held -= upload.size
+                dropped[team] = dropped.get(team, 0) + upload.size
+        return dropped
+
+    def _staged_uploads(self) -> dict[str, dict[str, StagedUpload]]:
+        """The staging area by team, then by upload (`[<team>.]<key>`). Keys without a time to live get
+        STAGED_TTL_SECONDS (the client sets one, a submitter may not)."""
+        teams: dict[str, dict[str, StagedUpload]] = {}
+        start, cursor = len(f"{self.prefix}staged:"), 0
+        while True:
+            cursor, names = self.client.scan(cursor, match=f"{self.prefix}staged:*", count=SCAN_COUNT)
+            pipe = self.client.pipeline(transaction=False)
+            for name in names:
+                pipe.strlen(name)
+                pipe.ttl(name)
+            found = pipe.execute() if names else []
+            for name, size, ttl in zip(names, found[::2], found[1::2]):
+                if ttl == -1:  # given a day from now, it counts as staged now
+                    pipe.expire(name, defaults.STAGED_TTL_SECONDS, nx=True)
+                    ttl = defaults.STAGED_TTL_SECONDS
+                upload = name[start:].decode("ascii", "replace").split(":")[0]
+                teams.setdefault(upload.rpartition(".")[0], {}).setdefault(upload, StagedUpload()).add(name, size, ttl)
+            pipe.execute()
+            if not int(cursor):
+                return teams
 
     def _check_staged_lengths(self, key: str, size: int, count: int) -> None:
         """Refuse staged bytes before reading any: a size over the store's cap (they could never be admitted), or
@@ -625,8 +681,17 @@ class RedisStore(Store):
             return [bool(found) for found in pipe.execute()]
 
     def staged_key(self, key: str) -> str:
-        """The Redis key of staged bytes' header (their chunks at `<it>:<i>`)."""
-        return f"{self.prefix}staged:{check_key(key)}"
+        """The Redis key of staged bytes' header (their chunks at `<it>:<i>`): `{prefix}staged:[<team>.]<key>`."""
+        return f"{self.prefix}staged:{self.team + '.' if self.team else ''}{check_key(key)}"
+
+    def for_team(self, team: str) -> RedisStore:
+        """This store, staging where `team`'s submitters stage (their Redis user writes only there: a team's staged
+        bytes are counted against its quota, trim_staging); the entries, refs and pins are the same."""
+        if team == self.team:
+            return self
+        scoped = copy.copy(self)
+        scoped.team = team
+        return scoped
 
     def has(self, key: str) -> bool:
         with self._errors():
