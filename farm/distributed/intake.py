@@ -11,6 +11,7 @@ by the client that waits on the job (farm.distributed.client.INTAKE_NUDGE_SECOND
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -119,7 +120,7 @@ class Intake(threading.Thread):
         popped = list(dict.fromkeys(_text(raw) for raw in [raw, *more]))
         well_formed = [job_id for job_id in popped if protocol.JOB_ID.fullmatch(job_id)]
         waiting = self.board.awaiting_acceptance(well_formed)
-        notes = [self._handle(job_id, lambda job_id=job_id: self.accept(job_id), "a submission", "accepting")
+        notes = [self._handle(job_id, functools.partial(self.accept, job_id), "a submission", "accepting")
                  for job_id in waiting]
         skipped = len(popped) - len(waiting)
         if skipped:

@@ -314,6 +314,8 @@ class TaskArgs:
     op, target first), `decode` reads one back and validates it."""
 
     tasks: ClassVar[tuple[TaskName, ...]]
+    job_id: str
+    """Every task serves one job, named first (each subclass is a dataclass whose first field it is)."""
 
     def message(self) -> Message:
         return Message(self.task.value, self.encode(), self.queue)

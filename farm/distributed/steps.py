@@ -89,7 +89,8 @@ class Farm:
             return STEPS[type(args)](self, args)
         except MemoryError:
             pass  # leaving the handler frees what the step held, before the job is failed
-        return self._out_of_memory(args)
+        self._out_of_memory(args)
+        return None
 
     def _out_of_memory(self, args: TaskArgs) -> None:
         """Fail the job of a step that ran out of memory, naming the step and the limit (exit 2: the model needs more

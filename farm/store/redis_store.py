@@ -283,9 +283,9 @@ class StagedUpload:
     size: int = 0
     ttl: int = 1 << 62
     """The shortest time to live of its keys: the oldest upload has the least left."""
-    keys: list[bytes] = field(default_factory=list)
+    keys: list[bytes | str] = field(default_factory=list)
 
-    def add(self, name: bytes, size: int, ttl: int) -> None:
+    def add(self, name: bytes | str, size: int, ttl: int) -> None:
         self.size, self.ttl = self.size + size, min(self.ttl, ttl)
         self.keys.append(name)
 
@@ -601,7 +601,7 @@ class RedisStore(Store):
                 if ttl == -1:  # given a day from now, it counts as staged now
                     pipe.expire(name, defaults.STAGED_TTL_SECONDS, nx=True)
                     ttl = defaults.STAGED_TTL_SECONDS
-                upload = name[start:].decode("ascii", "replace").split(":")[0]
+                upload = _text(name)[start:].split(":")[0]
                 teams.setdefault(upload.rpartition(".")[0], {}).setdefault(upload, StagedUpload()).add(name, size, ttl)
             pipe.execute()
             if not int(cursor):
@@ -996,6 +996,11 @@ class RedisStore(Store):
             raise StoreUnreachableError(f"the store at {redact_url(self.url)} is not a Redis server? {exc}") from exc
         except redis.exceptions.RedisError as exc:
             raise StoreError(f"the store at {redact_url(self.url)} failed: {exc}") from exc
+
+
+def _text(name: bytes | str) -> str:
+    """A key name as redis-py gave it (bytes, unless a client decodes), as text."""
+    return name.decode("ascii", "replace") if isinstance(name, bytes) else name
 
 
 def blob_redis(url: str, retries: int = 1) -> RedisStore:
