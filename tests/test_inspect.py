@@ -85,7 +85,7 @@ def _signed_copy(artifact: str, path: Path) -> str:
     return sign_artifact(path, pem)
 
 
-def _with_signature(artifact: Path, record: bytes, path: Path) -> Path:
+def with_signature(artifact: Path, record: bytes, path: Path) -> Path:
     """`artifact` written to `path` with its manifest.sig replaced by `record`, every other member as it was."""
     with tarfile.open(artifact) as tar:
         files = {info.name: tar.extractfile(info).read() for info in tar.getmembers()}  # type: ignore[union-attr]
@@ -116,7 +116,7 @@ def test_a_signature_is_reported_once_it_verifies_and_an_invalid_one_exits_2(bui
     assert f"; signed by key {key[:16]}..." in format_description(found)
     record = open_artifact(tmp_path / "signed.farm").signature
     assert record is not None
-    forged = _with_signature(tmp_path / "signed.farm", _tampered(record) if forgery == "tampered" else b"{}",
+    forged = with_signature(tmp_path / "signed.farm", _tampered(record) if forgery == "tampered" else b"{}",
                              tmp_path / "forged.farm")
     with pytest.raises(ArtifactError, match="signature invalid"):
         describe(forged)

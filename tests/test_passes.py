@@ -675,9 +675,9 @@ def test_ops_folded_in_numpy_give_the_reference_evaluators_constants(case: str) 
     np.testing.assert_array_equal(ours[0], reference[0])
 
 
-def _fills_added(count: int, elements: int) -> onnx.ModelProto:
+def fills_added_model(count: int, elements: int) -> onnx.ModelProto:
     """`count` ConstantOfShape([1, elements]) of float32, each added to the running sum of input x (issue 30's
-    model, smaller): folding makes every fill a constant."""
+    model: a file of under 1 KB that folds `count` x `elements` x 4 bytes at plan time)."""
     fill = helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])
     nodes, total = [], "x"
     for index in range(count):
@@ -692,14 +692,14 @@ def test_folding_past_the_budget_fails_naming_the_node(onnx_model_path, monkeypa
     """FARM_MAX_FOLDED_BYTES bounds the sum of the constants one plan folds (each is under the per-constant bound):
     the fill that takes it over is named, with the budget, and nothing past it is folded."""
     monkeypatch.setenv("FARM_MAX_FOLDED_BYTES", str(3 << 20))
-    graph = _load(onnx_model_path, _fills_added(8, 1 << 18))  # 1 MiB a fill
+    graph = _load(onnx_model_path, fills_added_model(8, 1 << 18))  # 1 MiB a fill
     with pytest.raises(UnsupportedError) as refused:
         fold_constants(graph)
     assert refused.value.exit_status == 2 and refused.value.node == "fill3" and refused.value.op == "ConstantOfShape"
     assert "FARM_MAX_FOLDED_BYTES=3145728" in str(refused.value) and f"({4 << 20} bytes)" in str(refused.value)
     assert "\n" not in str(refused.value)
     monkeypatch.setenv("FARM_MAX_FOLDED_BYTES", str(8 << 20))  # exactly what the model folds: it fits
-    assert [n.op_type for n in fold_constants(_load(onnx_model_path, _fills_added(8, 1 << 18))).nodes] == ["Add"] * 8
+    assert [n.op_type for n in fold_constants(_load(onnx_model_path, fills_added_model(8, 1 << 18))).nodes] == ["Add"] * 8
 
 
 def test_a_folded_view_of_a_constant_costs_nothing_of_the_budget(onnx_model_path, monkeypatch):

@@ -449,18 +449,10 @@ def test_bad_signing_or_trusted_key_is_bad_input(artifact: Path, tmp_path: Path)
 
 @pytest.mark.parametrize("record", [b"[" * 500 + b"]" * 500, b"x" * 2000, b"{}", b'{"key": "00", "signature": "zz"}', b"\xff"])
 def test_malformed_signature_is_refused(artifact: Path, tmp_path: Path, record: bytes) -> None:
-    import tarfile
-
     from farm.artifact import public_key_hex
+    from tests.test_inspect import with_signature
 
     _, public = _key_pair(tmp_path, "ours")
-    with tarfile.open(artifact) as tar:
-        files = {info.name: tar.extractfile(info).read() for info in tar.getmembers()}  # type: ignore[union-attr]
-    files["manifest.sig"] = record
-    with tarfile.open(artifact, "w", format=tarfile.USTAR_FORMAT) as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
+    with_signature(artifact, record, artifact)
     with pytest.raises(ArtifactError, match="manifest.sig is (malformed|over 1024 bytes)|which is not trusted"):
         load(artifact, cache_dir=tmp_path / "cache", trust=[public_key_hex(public.read_bytes())])

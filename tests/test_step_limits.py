@@ -16,10 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from farm import defaults
 from farm.distributed import protocol
@@ -31,6 +29,7 @@ from farm.tools import examples
 from tests.farm_services import farm_cli, farm_factory_fixture  # noqa: F401
 from tests.services import RedisServer, redis_server_fixture  # noqa: F401
 from tests.test_jobs import Tasks, create_job, run_task
+from tests.test_passes import fills_added_model
 
 STEP_TASKS = {"plan": "farm.plan_job", "link:": "farm.link", "finish": "farm.finish"}
 """The steps besides compile (whose cap tests/test_jobs.py tests), by the name their deliveries are counted under
@@ -41,18 +40,8 @@ STEP_WORDS = {"plan": "planning", "link:": "linking library ", "finish": "finish
 
 
 def fills_added(path: Path, count: int = 8, elements: int = 64 << 20) -> Path:
-    """Issue 30's model: `count` ConstantOfShape([1, elements]) of float32 (256 MiB each by default), each added
-    to the running sum of input x: a file of under 1 KB that folds gigabytes at plan time."""
-    fill = helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])
-    nodes, total = [], "x"
-    for index in range(count):
-        nodes += [helper.make_node("ConstantOfShape", ["shape"], [f"c{index}"], name=f"fill{index}", value=fill),
-                  helper.make_node("Add", [total, f"c{index}"], [f"s{index}"], name=f"add{index}")]
-        total = f"s{index}"
-    graph = helper.make_graph(nodes, "fills", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, elements])],
-                              [helper.make_tensor_value_info(total, TensorProto.FLOAT, [1, elements])],
-                              [numpy_helper.from_array(np.array([1, elements], np.int64), "shape")])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    """Issue 30's model (256 MiB a fill by default), saved at `path`."""
+    onnx.save(fills_added_model(count, elements), path)
     return path
 
 
