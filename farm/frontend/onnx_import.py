@@ -147,6 +147,8 @@ def _load_proto(path: str) -> tuple[onnx.ModelProto, dict[int, memoryview]]:
     if model is None:
         try:
             model = onnx.load(path, load_external_data=False)
+        except MemoryError:
+            raise  # a worker's step memory limit (FARM_STEP_MEMORY_BYTES): the step names it
         except Exception as exc:  # protobuf raises several unrelated types for a truncated or garbage file
             raise ModelLoadError(f"can't read ONNX model {path}: {exc}") from exc
     if not model.HasField("graph") or not model.opset_import:
@@ -294,6 +296,8 @@ def _tensor_to_array(tensor: TensorProto, external: ExternalData) -> np.ndarray:
         return _read_external(tensor, external)
     try:
         return numpy_helper.to_array(tensor)
+    except MemoryError:
+        raise  # a worker's step memory limit (FARM_STEP_MEMORY_BYTES): the step names it
     except Exception as exc:
         raise ModelLoadError(f"tensor {tensor.name!r} can't be decoded: {exc}") from exc
 
@@ -528,6 +532,8 @@ def _infer_shapes(model: onnx.ModelProto, constants: Constants,
 def _run_inference(skeleton: onnx.ModelProto, path: str) -> onnx.ModelProto:
     try:
         return infer_shapes_bounded(skeleton)
+    except MemoryError:
+        raise  # a worker's step memory limit (FARM_STEP_MEMORY_BYTES): the step names it
     except Exception as exc:
         raise ModelLoadError(f"ONNX shape inference failed on {path}: {exc}") from exc
 
@@ -544,6 +550,8 @@ def infer_shapes_bounded(model: onnx.ModelProto) -> onnx.ModelProto:
         return plain
     try:
         return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except MemoryError:
+        raise  # a worker's step memory limit (FARM_STEP_MEMORY_BYTES): the step names it
     except Exception:
         return plain  # data propagation is an extra
 
