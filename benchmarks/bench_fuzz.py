@@ -29,9 +29,8 @@ and as FARM_STEP_MEMORY_BYTES (the worker's own limit on each step), and every m
     worker deaths   a worker process that exited (restarted at once, and the run goes on), or a pool process that
                     died and Celery replaced (billiard's "Process ... exited with" in the worker's log)
     hung jobs       a `farm submit` still waiting at --timeout (the job is then cancelled with `farm cancel`)
-    tracebacks      a Python traceback on a submit's stderr, or in a worker's log outside a handled task failure
-                    (Celery logs a step's JobFailed, the job failed with its one-line error, with a traceback: those
-                    are counted apart)
+    tracebacks      a Python traceback on a submit's stderr, or in a worker's log (a step that failed its job with
+                    farm's own error, JobFailed, is logged in one line as an expected exception: counted apart)
 
 and after the last mutant, whether the farm still builds and runs a legitimate model (examples/tiny_cnn.onnx).
 
@@ -267,8 +266,8 @@ class FarmFindings:
     """Worker log records holding a traceback that is not a handled task failure: the record's first line and
     the exception's last line."""
     handled_failures: int = 0
-    """Celery's records of a step that failed its job (JobFailed raised by the step, from none or from one of farm's
-    own errors, with its traceback): expected, counted apart."""
+    """Celery's one-line records of a step that failed its job (JobFailed, the tasks' expected exception): counted
+    apart."""
     memory_failures: int = 0
     """Of those, the jobs a step failed for needing more than the step memory limit (FARM_STEP_MEMORY_BYTES)."""
     legitimate: str = "not run"
@@ -298,7 +297,8 @@ class FarmFindings:
 
 _RECORD = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,]+: [A-Z]+/[^\]]*\] ")
 """The first line of a record in a Celery worker's log: `[2026-12-01 10:00:00,123: ERROR/ForkPoolWorker-1] ...`."""
-_HANDLED = re.compile(r"Task farm\.\w+\[[^\]]+\] raised unexpected: JobFailed\(")
+_HANDLED = re.compile(r"Task farm\.\w+\[[^\]]+\] raised expected: JobFailed\(")
+"""Celery's one line for a step that failed its job with farm's own error (FarmTask.throws)."""
 _POOL_DEATH = re.compile(r"Process '[^']+' pid:\d+ exited with ")
 
 
@@ -307,14 +307,13 @@ _CHAINS = ("Traceback (most recent call last)", "The above exception was the dir
 
 
 def scan_worker_log(text: str, findings: FarmFindings, name: str) -> None:
-    """Count a worker log's pool deaths, handled task failures and other tracebacks into `findings`.
+    """Count a worker log's pool deaths, handled task failures and tracebacks into `findings`.
 
     A log is a series of records, each a first line in Celery's format and the lines below it (a traceback); the
     text before the first record is the worker's banner. A record is a handled task failure when Celery reports a
-    task that raised JobFailed (a step failed its job: the job's error is its one-line message) and JobFailed was
-    raised from nothing or while handling one of farm's own errors (farm.errors: a refusal that names what is
-    wrong, whatever caused it); any other traceback is a finding (an unexpected exception, even one that failed its
-    job through the task's on_failure).
+    task that raised JobFailed, the expected exception of farm's tasks (a step failed its job with one of farm's own
+    errors, a refusal naming what is wrong), in one line; any traceback is a finding (an unexpected exception, even
+    one that failed its job through the task's on_failure).
     """
     records: list[list[str]] = [[]]
     for line in text.splitlines():
@@ -326,16 +325,12 @@ def scan_worker_log(text: str, findings: FarmFindings, name: str) -> None:
         head = record[0] if record else ""
         if _POOL_DEATH.search(head):
             findings.pool_deaths.append(f"{name}: {head[:240]}")
-        if not any(line.startswith(_CHAINS[0]) for line in record):
-            continue
-        raised = [line for line in record[1:] if line.strip() and not line.startswith((" ", "\t", *_CHAINS))]
-        last = raised[-1] if raised else ""
-        if (_HANDLED.search(head) and last.startswith("farm.distributed.steps.JobFailed: ")
-                and (len(raised) == 1 or raised[-2].startswith("farm."))):
+        if _HANDLED.search(head):
             findings.handled_failures += 1
-            findings.memory_failures += "needed more memory than" in last
-        else:
-            findings.log_tracebacks.append(f"{name}: {head[:160]} | {last[:160]}")
+            findings.memory_failures += "needed more memory than" in head
+        if any(line.startswith(_CHAINS[0]) for line in record):
+            raised = [line for line in record[1:] if line.strip() and not line.startswith((" ", "\t", *_CHAINS))]
+            findings.log_tracebacks.append(f"{name}: {head[:160]} | {(raised[-1] if raised else '')[:160]}")
 
 
 class FuzzFarm:

@@ -168,6 +168,16 @@ class JobError(FarmError):
     exit_status = ExitStatus.CANCELLED_OR_UNKNOWN
 
 
+class JobFailed(FarmError):
+    """A farm step failed its job with one of farm's own errors (the job record holds it): the task ends in Celery
+    state FAILURE with this error, so Flower shows the task that failed the job and why. It is a refusal, not a bug,
+    so workers log it in one line (Celery's expected exceptions: farm.distributed.tasks.FarmTask.throws)."""
+
+    def __init__(self, message: str, exit_status: ExitStatus = ExitStatus.BUILD_FAILED) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
+
+
 class BuildError(FarmError):
     """A compile, pack or link step failed; carries the failing kernel or blob and the tool's log."""
 

@@ -213,6 +213,21 @@ def test_unsupported_op_names_node_op_domain_and_opset(onnx_model_path):
     assert (info.value.node, info.value.op, info.value.opset) == ("hm", "RandomNormalLike", 13)
 
 
+@pytest.mark.parametrize("missing", [1, 2, 3, 4])
+def test_a_required_input_left_empty_names_the_node_and_the_input(onnx_model_path, missing):
+    """bench_fuzz's farm mode found a BatchNormalization whose bias was '' (an optional input's spelling) reach
+    its kernel's compile (KeyError, exit 1); a required input left out is refused at validation, exit 2."""
+    names = ["x", "scale", "bias", "mean", "var"]
+    names[missing] = ""
+    node = helper.make_node("BatchNormalization", names, ["y"], name="bn")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3, 3])
+    params = [numpy_helper.from_array(np.ones(2, np.float32), name) for name in names[1:] if name]
+    graph = import_model(onnx_model_path(_model([node], [x], [y], params, opset=15)))
+    with pytest.raises(UnsupportedError, match=f"node 'bn' .*required input '.+' \\(input {missing}\\) is missing"):
+        validate(graph, {"BatchNormalization"})
+
+
 @pytest.mark.parametrize("domains", [["com.example"], []])  # also when the model forgot to import the domain
 def test_custom_domain_op_names_domain(onnx_model_path, domains):
     node = helper.make_node("Relu", ["x"], ["y"], name="mine", domain="com.example")

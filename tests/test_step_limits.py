@@ -185,7 +185,7 @@ def test_a_step_past_the_memory_limit_fails_its_job_naming_the_limit(farm_factor
     assert farm.workers[0].process.poll() is None
     _builds_a_small_model(farm, tmp_path)
     log = farm.workers[0].log_path.read_text()
-    failed_in = re.findall(r"ForkPoolWorker-(\d+)\] Task farm.plan_job\[[^]]+\] raised unexpected: JobFailed", log)
+    failed_in = re.findall(r"ForkPoolWorker-(\d+)\] Task farm.plan_job\[[^]]+\] raised expected: JobFailed", log)
     succeeded_in = set(re.findall(r"ForkPoolWorker-(\d+)\] Task farm\.\w+\[[^]]+\] succeeded", log))
     assert len(failed_in) == 1 and succeeded_in and failed_in[0] not in succeeded_in  # replaced: worker.recycle_argv
 

@@ -35,7 +35,7 @@ from farm.build.units import CompileUnit, cache_at, cache_unit, cached_at, cache
 from farm.distributed import pins, protocol, recipes, uploads
 from farm.distributed.board import JobBoard
 from farm.distributed.protocol import Compile, Finish, JobRecord, JobState, Link, Message, PlanJob, TaskArgs, Tune
-from farm.errors import ArtifactError, BadInputError, ExitStatus, FarmError, UnreachableError
+from farm.errors import ArtifactError, BadInputError, ExitStatus, FarmError, JobFailed, UnreachableError
 from farm.frontend.external import DEFERRED_MIN_BYTES, ExternalDataError, StoredBlobs
 from farm.frontend.split import stored_blobs
 from farm.frontend.wire import WireError
@@ -51,15 +51,6 @@ log = logging.getLogger(__name__)
 
 Dispatch = Callable[[Message], None]
 """dispatch(message): enqueue one task."""
-
-
-class JobFailed(FarmError):
-    """A step failed its job (the job record holds the error): the task ends in Celery state FAILURE with this
-    error, so Flower shows the task that failed the job and why."""
-
-    def __init__(self, message: str, exit_status: ExitStatus = ExitStatus.BUILD_FAILED) -> None:
-        super().__init__(message)
-        self.exit_status = exit_status
 
 
 def artifact_ref(record: JobRecord) -> str:

@@ -769,6 +769,7 @@ def _check_input_types(graph: Graph, node: Node) -> None:
         schema = onnx.defs.get_schema(node.op_type, graph.opset)
     except onnx.defs.SchemaError:
         return
+    _check_required_inputs(graph, node, schema)
     allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
     for index, name in enumerate(node.inputs):
         if not name or not schema.inputs:
@@ -779,6 +780,15 @@ def _check_input_types(graph: Graph, node: Node) -> None:
         if f"tensor({_ONNX_ELEMENT_NAMES.get(dtype, dtype)})" not in types:
             raise _unsupported(graph, node, f"input {name!r} has dtype {dtype}, which {node.op_type} does not "
                                             f"take for {formal.name!r} ({', '.join(sorted(types))})")
+
+
+def _check_required_inputs(graph: Graph, node: Node, schema: onnx.defs.OpSchema) -> None:
+    """Every input the op's schema requires must be named: an empty name ('') marks an optional input left out, and
+    a required one left out reached the kernel (a BatchNormalization without its bias failed its compile)."""
+    single = onnx.defs.OpSchema.FormalParameterOption.Single
+    for index, formal in enumerate(schema.inputs):
+        if formal.option == single and (index >= len(node.inputs) or not node.inputs[index]):
+            raise _unsupported(graph, node, f"required input {formal.name!r} (input {index}) is missing")
 
 
 def _check_dtype(graph: Graph, name: str, role: str, node: Node | None) -> None:
