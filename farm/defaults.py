@@ -370,3 +370,8 @@ def max_staged_bytes(store_cap: int) -> int:
     most one model may stage; each team's uploads then hold at most that of Redis's memory, whatever another team
     stages."""
     return _whole_bytes("FARM_MAX_STAGED_BYTES", store_cap)
+
+
+MAX_TARGETS = 64
+"""The most targets one artifact holds (the runtime refuses a manifest with more: farm.runtime.manifest), so the
+most a build, or a farm job's request, may name (farm.backends.registry.check_target_count)."""

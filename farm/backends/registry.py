@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 from farm.backends.llvm.target import CpuTarget
 from farm.backends.opencl.target import OpenClTarget
+from farm.defaults import MAX_TARGETS
 from farm.errors import BadInputError
 
 if TYPE_CHECKING:
@@ -143,11 +144,6 @@ def backend_named(kind: str, what: str = "backend", error: type[BadInputError] =
     if kind not in BACKENDS:
         raise error(f"unknown {what} {kind!r}: expected {' or '.join(repr(k) for k in BACKENDS)}")
     return BACKENDS[kind]
-
-
-MAX_TARGETS = 64
-"""The most targets one artifact holds (the runtime refuses a manifest with more: farm.runtime.manifest), so the
-most a build, or a farm job's request, may name."""
 
 
 def check_target_count(targets: Sequence[Target]) -> list[Target]:

@@ -21,7 +21,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from farm.backends.registry import MAX_TARGETS, Target, check_target_count, target_from_json
+from farm.backends.registry import Target, check_target_count, target_from_json
+from farm.defaults import MAX_TARGETS
 from farm.errors import BadInputError
 from farm.frontend.shapes import PinnedShapes, sizes_from_json, sizes_to_json
 from farm.store.base import is_key

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from farm.artifact import size_manifests
-from farm.backends.registry import MAX_TARGETS
+from farm.defaults import MAX_TARGETS
 from farm.errors import ArtifactError, BadInputError
 from farm.frontend.shapes import MAX_SIZES, PinnedShapes, sizes_from_json
 from farm.runtime.elf import defined_symbols
