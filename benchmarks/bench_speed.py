@@ -69,7 +69,8 @@ from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
 from farm.cli.bench import bench_artifact, kernel_label
 from farm.errors import BadInputError
-from farm.frontend.shapes import PinnedShapes, apply_shapes, parse_shapes
+from farm.frontend.shapes import apply_shapes
+from farm.ir.shapes import PinnedShapes, parse_sizes
 
 RESNET50 = "light_resnet50"
 RESNET50_BAR = 1.05
@@ -432,9 +433,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     default_models = "" if args.onnx else ",".join(ALL_MODELS)
     args.models = model_names(parser, default_models if args.models is None else args.models)
     try:
-        shapes = parse_shapes(args.shape)
+        sizes = parse_sizes(args.shape)
     except BadInputError as error:
         parser.error(str(error))
+    if len(sizes) > 1:
+        parser.error("--shape: give one size per pin (a benchmark times one size)")
+    shapes = sizes[0]
     args.onnx = [onnx_subject(parser, path, shapes) for path in args.onnx]
     unique_names(parser, args.models, args.onnx)
     return args

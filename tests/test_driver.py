@@ -22,7 +22,7 @@ from farm.backends.llvm.driver import (
     driver_ir,
 )
 from farm.backends.llvm.target import init_llvm, parse_target
-from farm.runtime import elf
+from farm.backends.llvm import elf
 from farm.runtime.emulation import EMULATORS
 
 MACHINES = {"aarch64": 183, "riscv64": 243}

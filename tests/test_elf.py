@@ -1,4 +1,4 @@
-"""Tests of farm.runtime.elf: the symbols of a real farm library, and refusals of files that are not ELF or lie."""
+"""Tests of farm.backends.llvm.elf: the symbols of a real farm library, and refusals of files that are not ELF or lie."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from farm.build.local import build_model
 from farm.errors import ArtifactError
-from farm.runtime.elf import DYNSYM, defined_symbols, imported_symbols, sections, symbols
+from farm.backends.llvm.elf import DYNSYM, defined_symbols, imported_symbols, sections, symbols
 from farm.tools.examples import EXAMPLES
 
 

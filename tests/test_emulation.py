@@ -29,7 +29,7 @@ from farm.backends.llvm.toolchain import compile_ir
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
 from farm.errors import EmulationError, ExitStatus
-from farm.frontend.shapes import parse_sizes
+from farm.ir.shapes import parse_sizes
 from farm.runtime.emulation import EMULATORS, EmulatedModel, emulator_for
 from farm.runtime.host import this_host
 from farm.runtime.sized import SizedModel

@@ -21,7 +21,7 @@ import farm.runtime
 from farm.backends.opencl.target import OpenClTarget
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
-from farm.frontend.shapes import parse_sizes
+from farm.ir.shapes import parse_sizes
 
 EXPORTS = Path(__file__).parent / "exports"
 VOCAB = 1000

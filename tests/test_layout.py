@@ -1,14 +1,18 @@
-"""The shape of the code base: no import cycle among farm's modules (imports inside functions included), a
-handful of modules at the top of farm/, every other one in a stage's subpackage."""
+"""The shape of the code base: no import cycle among farm's modules (imports inside functions included), each stage
+importing only the stages docs/architecture.md's Layout table lists before it, a handful of modules at the top of
+farm/, every other one in a stage's subpackage."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("farm", "tasks", "workers")
 TOP_LEVEL_MODULES = {"__init__.py", "__main__.py", "artifact.py", "atomic.py", "defaults.py", "errors.py"}
+ENTRY_POINTS = ("farm.__main__", "tasks", "workers")
+"""Above every stage: `python -m farm` and the Celery app and worker the repo runs."""
 
 
 def project_modules() -> dict[str, Path]:
@@ -109,3 +113,48 @@ def test_celery_and_the_farm_protocol_stay_out_of_the_compiler() -> None:
     leaks = {name: sorted(t for t in graph[name] if t.startswith(("farm.distributed", "farm.cli", "tasks", "workers")))
              for name in below}
     assert {name: targets for name, targets in leaks.items() if targets} == {}
+
+
+def documented_layers() -> list[list[str]]:
+    """The module prefixes of each row of docs/architecture.md's Layout table, in its order (a row's backticked
+    farm/ paths: `farm/ir/` is farm.ir, `farm/errors.py` farm.errors)."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    lines = text.split("\n## Layout\n", 1)[1].splitlines()
+    start = next(index for index, line in enumerate(lines) if line.startswith("|"))
+    end = next(index for index in range(start, len(lines)) if not lines[index].startswith("|"))
+    layers = []
+    for row in lines[start + 2:end]:
+        paths = re.findall(r"`(farm/[\w/]*?)(?:/|\.py)`", row.split("|")[1])
+        layers.append([path.replace("/", ".") for path in paths])
+    return layers
+
+
+def layer_of(module: str, layers: list[list[str]]) -> int:
+    """The index of the row `module` belongs to (the farm package itself is the lowest), len(layers) for the entry
+    points above them all."""
+    if module == "farm":
+        return 0
+    for index, prefixes in enumerate(layers):
+        if any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes):
+            return index
+    assert module.startswith(ENTRY_POINTS), f"{module} is in no row of docs/architecture.md's Layout table"
+    return len(layers)
+
+
+def layer_violations(graph: dict[str, set[str]], layers: list[list[str]]) -> list[str]:
+    """Every import of a module from a later row than the importer's."""
+    return sorted(f"{name} imports {target}" for name, targets in graph.items() for target in targets
+                  if layer_of(target, layers) > layer_of(name, layers))
+
+
+def test_each_stage_imports_only_the_stages_the_docs_list_before_it() -> None:
+    layers = documented_layers()
+    assert ["farm.ir"] in layers and layers.index(["farm.ir"]) < layers.index(["farm.runtime"])
+    assert layer_violations(import_graph(), layers) == []
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    layers = [["farm.errors"], ["farm.backends"], ["farm.runtime"]]
+    graph = {"farm.backends.llvm.link": {"farm.runtime.elf", "farm.errors"}, "farm.runtime.elf": {"farm"},
+             "workers.main": {"farm.runtime"}}
+    assert layer_violations(graph, layers) == ["farm.backends.llvm.link imports farm.runtime.elf"]

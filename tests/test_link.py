@@ -28,7 +28,7 @@ from farm.backends.llvm.target import CpuTarget, parse_target
 from farm.backends.llvm.toolchain import compile_ir
 from farm.errors import BuildError
 from farm.ir import loopir as L
-from farm.runtime.elf import imported_symbols
+from farm.backends.llvm.elf import imported_symbols
 
 N = 40
 WEIGHTS = np.linspace(-2, 2, N, dtype=np.float32)

@@ -21,7 +21,8 @@ from llvmlite import ir
 from farm import defaults
 from farm.artifact import FORMAT_VERSION, Artifact, write_artifact
 from farm.errors import ArtifactError, RunInputError
-from farm.runtime import TensorSpec, load
+from farm.backends.registry import BACKENDS
+from farm.runtime import LOADERS, TensorSpec, load
 from farm.runtime.host import Host, choose_target, this_host
 from farm.runtime.model import (
     HEAD_SHARE,
@@ -111,6 +112,12 @@ def _write(path: Path, library: bytes, targets: list[dict[str, Any]]) -> Path:
 @pytest.fixture
 def artifact(tmp_path: Path, library: bytes) -> Path:
     return _write(tmp_path / "affine.farm", library, [_host_target()])
+
+
+def test_the_runtime_keeps_a_loader_for_every_backend_and_refuses_an_unknown_device(artifact: Path) -> None:
+    assert set(LOADERS) == set(BACKENDS)
+    with pytest.raises(ArtifactError, match="unknown device 'tpu': expected 'cpu' or 'opencl'"):
+        load(artifact, device="tpu")
 
 
 def test_run_computes_outputs(artifact: Path, tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
 from farm.cli.inspect import describe, format_description
 from farm.errors import ArtifactError, BadInputError, RunInputError
-from farm.frontend.shapes import parse_sizes
+from farm.ir.shapes import parse_sizes
 from farm.runtime.sized import SizedModel
 from tests.dynamic_models import dynamic_cnn
 from tests.test_manifest import _edited, _tampered

@@ -2,8 +2,8 @@
 `opencl:...`).
 
 A backend brings what is particular to its kind of device: how its targets are written on the command line and in
-JSON, its renderer (loop IR -> source text), its compile step (spec + target -> bytes, a pure function), and its
-runtime loader. Its farm queue is named by the farm's protocol (farm.distributed.protocol), and its part of an
+JSON, its renderer (loop IR -> source text) and its compile step (spec + target -> bytes, a pure function); the runtime
+keeps each kind's loader (farm.runtime.LOADERS). Its farm queue is named by the farm's protocol (farm.distributed.protocol), and its part of an
 artifact is assembled by farm.build.parts. A third backend is one more class here and one more part there.
 
 Imports of the compilers and drivers stay inside the methods, so that parsing a target or loading an artifact
@@ -13,7 +13,6 @@ nor the IR (numpy) to name targets.
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -61,13 +60,6 @@ class Backend(ABC):
     def compile_kernel(self, spec: KernelSpec, target: Target) -> bytes:
         """The kernel's compiled bytes for the target: the pure compile step that local and farm builds call."""
 
-    @abstractmethod
-    def load(self, path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None, threads: int,
-             target: str | None = None) -> Any:
-        """The artifact at `path`, loaded to run on this host's device of this kind (on the target `target` names,
-        where the kind has several: farm.runtime.load)."""
-
-
 class CpuBackend(Backend):
     """CPUs: LLVM IR through llvmlite, object files linked into one shared library per target."""
 
@@ -89,13 +81,6 @@ class CpuBackend(Backend):
         from farm.backends.llvm.kernel import compile_cpu_kernel
 
         return compile_cpu_kernel(spec, target)
-
-    def load(self, path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None, threads: int,
-             target: str | None = None) -> Any:
-        from farm.runtime.cpu import load_library_model
-
-        return load_library_model(path, cache_dir, threads, target)
-
 
 class OpenClBackend(Backend):
     """OpenCL devices: OpenCL C, a program binary per kernel per device fingerprint, built where the device is."""
@@ -121,16 +106,6 @@ class OpenClBackend(Backend):
         from farm.backends.opencl.kernel import compile_cl_kernel
 
         return compile_cl_kernel(spec, target.fingerprint)
-
-    def load(self, path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None, threads: int,
-             target: str | None = None) -> Any:
-        from farm.runtime.opencl import load_opencl_model
-
-        if target:
-            raise BadInputError(f"a target ({target!r}) selects one of the artifact's CPU targets; the OpenCL part "
-                                "runs on this host's OpenCL device")
-        return load_opencl_model(path, cache_dir)
-
 
 BACKENDS: dict[str, Backend] = {backend.kind: backend for backend in (CpuBackend(), OpenClBackend())}
 

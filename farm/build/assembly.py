@@ -32,7 +32,7 @@ from farm.build.parts import PARTS, BuiltUnits, link_target
 from farm.build.units import CompileUnit
 from farm.errors import BadInputError, UnsupportedError
 from farm.frontend.external import ExternalData
-from farm.frontend.shapes import PinnedShapes, describe_size, shapes_to_json, sizes_to_json
+from farm.ir.shapes import PinnedShapes, describe_size, shapes_to_json, sizes_to_json
 from farm.ir.specs import CODEGEN_VERSION, BlobSpec, canonical_json
 from farm.plan.planner import BuildPlan
 

@@ -19,7 +19,7 @@ from farm.build import assembly
 from farm.build.executor import LocalExecutor, StepCall
 from farm.build.parts import BuiltUnits
 from farm.build.units import UNIT_KINDS, CompileUnit, cache_unit, cached_unit, compile_unit
-from farm.frontend.shapes import PinnedShapes
+from farm.ir.shapes import PinnedShapes
 from farm.store import FileStore, Store, default_store_root
 from farm.tuning.variants import TuningReport, choose_variants
 
@@ -62,7 +62,7 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
     tunable kernel uses the variant the tuning database in `store` (default: the local store,
     farm.store.default_store_root) holds for its target; `tune` first times, on this host, the kernels it lacks for
     targets this host can run (`retune`: all of them), reporting each one to `tune_progress`. `sizes` fix the
-    sizes of dynamic input dimensions (`--shape`, farm.frontend.shapes.parse_sizes): one artifact holds a schedule
+    sizes of dynamic input dimensions (`--shape`, farm.ir.shapes.parse_sizes): one artifact holds a schedule
     per size (farm.build.assembly). `phase(name)` is called as each phase starts, in order: "planning" (import and
     plan), "tuning" (with `tune` or `retune`), "compiling" (counted by `progress`: 0 of the total first, then after
     each unit), "linking", "writing", then "done", so that a user sees what the build is doing between the counts.

@@ -11,7 +11,7 @@ from typing import Any
 
 from farm.artifact import Artifact, signer, verify
 from farm.cli.progress import escaped
-from farm.frontend.shapes import describe_size
+from farm.ir.shapes import describe_size
 from farm.runtime.manifest import check_sizes
 
 INSPECT_SCHEMA = 1

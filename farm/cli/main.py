@@ -178,7 +178,7 @@ def submit(model: Path, targets: tuple[str, ...], output: str, as_json: bool, wo
     farm the job id goes to stderr first thing; Ctrl-C while waiting cancels the job (with --detach: leaves it
     running) and exits 130, SIGTERM (a cancelled CI job) likewise with 143."""
     from farm.backends.registry import parse_targets
-    from farm.frontend.shapes import parse_sizes
+    from farm.ir.shapes import parse_sizes
 
     if not model.is_file():
         raise BadInputError(f"{model}: no such model file")
@@ -210,7 +210,7 @@ def submit(model: Path, targets: tuple[str, ...], output: str, as_json: bool, wo
         click.echo(f"farm: note: {_shown(note)}", err=True)
     _note_unrunnable(result.artifact)
     if as_json:
-        from farm.frontend.shapes import sizes_to_json
+        from farm.ir.shapes import sizes_to_json
 
         tuning = result.tuning.to_json() if result.tuning else None
         click.echo(schemas.dumps("submit", {**result.to_json(), "model": model.stem, "sizes": sizes_to_json(sizes),

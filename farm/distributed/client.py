@@ -34,8 +34,8 @@ from farm.errors import (
     JobError,
     UnreachableError,
 )
-from farm.frontend.shapes import PinnedShapes, sizes_to_json
 from farm.frontend.split import BlobSource, SplitError, SplitModel, split_model
+from farm.ir.shapes import PinnedShapes, sizes_to_json
 from farm.store import CorruptEntryError, MissingEntryError, Store, content_key, open_store
 
 ANY_WORKER = "start one with 'farm worker'"
@@ -83,7 +83,7 @@ class FarmClient:
         """Upload what the farm lacks of the model and submit the job's request to the workers' intake
         (farm.distributed.intake), which makes its record and plans it; returns the job id. `tune`: time the
         kernels the tuning database lacks first (`retune`: all of them), on workers of each target's CPU class.
-        `sizes`: the sizes of dynamic input dimensions to build (farm.frontend.shapes.parse_sizes).
+        `sizes`: the sizes of dynamic input dimensions to build (farm.ir.shapes.parse_sizes).
 
         The model goes by digest (farm.frontend.split): its graph, and each weight (external data included) as a
         blob named by its sha256, staged only when the store lacks it (one round trip asks), streamed a chunk at a

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from farm.backends.registry import Target, check_target_count, target_from_json
 from farm.defaults import MAX_TARGETS
 from farm.errors import BadInputError
-from farm.frontend.shapes import PinnedShapes, sizes_from_json, sizes_to_json
+from farm.ir.shapes import PinnedShapes, sizes_from_json, sizes_to_json
 from farm.store.base import is_key
 
 if TYPE_CHECKING:
@@ -560,7 +560,7 @@ class JobRecord:
     retune: bool = False
     sizes: list[PinnedShapes] = field(default_factory=list)
     """The sizes of dynamic input dimensions the submitter pinned, one artifact holding them all (`--shape`,
-    farm.frontend.shapes.parse_sizes); none for a static model."""
+    farm.ir.shapes.parse_sizes); none for a static model."""
     submitted_from: str = ""
     created: float = 0.0
     updated: float = 0.0

@@ -21,8 +21,9 @@ from farm import defaults
 from farm.errors import ModelLoadError, UnsupportedError
 from farm.frontend import wire
 from farm.frontend.external import DEFERRED_MIN_BYTES, ExternalData, ExternalDataError, ModelFolder
-from farm.frontend.shapes import PinnedShapes, apply_shapes, dynamic_input_hint
+from farm.frontend.shapes import apply_shapes, dynamic_input_hint
 from farm.ir.graph import Constants, DeferredArray, Graph, Node, TensorInfo
+from farm.ir.shapes import PinnedShapes
 from farm.ops.registry import ALL_DTYPES
 
 MIN_OPSET = 9

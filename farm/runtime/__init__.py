@@ -2,9 +2,10 @@
 
 Nothing is loaded before the manifest's signature has been checked (when the runtime is given trusted keys), the
 manifest against its schema (farm.runtime.manifest) and every member's sha256 against the manifest (once per
-artifact file: farm.runtime.cache). Each backend
-brings its loader (farm.backends.registry): the CPU library (farm.runtime.cpu; a cross-compiled one under qemu:
-farm.runtime.emulation) or the OpenCL programs (farm.runtime.opencl).
+artifact file: farm.runtime.cache). The runtime
+keeps a loader per backend kind (LOADERS, keyed like farm.backends.registry.BACKENDS): the CPU library
+(farm.runtime.cpu; a cross-compiled one under qemu: farm.runtime.emulation) or the OpenCL programs
+(farm.runtime.opencl), each imported only when it loads, so that a CPU load never imports pyopencl.
 """
 
 from __future__ import annotations
@@ -12,19 +13,47 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from farm import defaults
 from farm.artifact import check_signed, open_artifact, public_key_hex
 from farm.backends.registry import backend_named
-from farm.errors import ArtifactError
+from farm.errors import ArtifactError, BadInputError
 from farm.runtime.model import Model, TensorSpec
 from farm.runtime.sized import SizedModel
 
-if TYPE_CHECKING:  # only here: its import reaches farm.backends.llvm.link, which imports farm.runtime.elf
+if TYPE_CHECKING:  # only here: it imports the LLVM backend's emulation driver, which a native load never needs
     from farm.runtime.emulation import EmulatedModel
 
-__all__ = ["Model", "SizedModel", "TensorSpec", "load"]
+__all__ = ["LOADERS", "Model", "SizedModel", "TensorSpec", "load"]
+
+
+class Loader(Protocol):
+    """Loads the artifact at `path` to run on this host's device of one kind (on the target `target` names, where
+    the kind has several)."""
+
+    def __call__(self, path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None, threads: int,
+                 target: str | None) -> Any: ...
+
+
+def _load_cpu(path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None, threads: int,
+              target: str | None) -> Any:
+    from farm.runtime.cpu import load_library_model
+
+    return load_library_model(path, cache_dir, threads, target)
+
+
+def _load_opencl(path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None, threads: int,
+                 target: str | None) -> Any:
+    from farm.runtime.opencl import load_opencl_model
+
+    if target:
+        raise BadInputError(f"a target ({target!r}) selects one of the artifact's CPU targets; the OpenCL part "
+                            "runs on this host's OpenCL device")
+    return load_opencl_model(path, cache_dir)
+
+
+LOADERS: dict[str, Loader] = {"cpu": _load_cpu, "opencl": _load_opencl}
 
 
 def load(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None,
@@ -53,7 +82,7 @@ def load(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | No
     keys = {public_key_hex(_key_bytes(source)) for source in [*trust, *defaults.trusted_keys()]}
     if keys:
         check_signed(open_artifact(path), keys)
-    return backend_named(device, "device", ArtifactError).load(path, cache_dir, threads, target)
+    return LOADERS[backend_named(device, "device", ArtifactError).kind](path, cache_dir, threads, target)
 
 
 def _key_bytes(source: str) -> bytes:

@@ -16,7 +16,7 @@ import numpy as np
 from farm import defaults
 from farm.artifact import Artifact, open_artifact
 from farm.errors import ArtifactError
-from farm.frontend.shapes import PinnedShapes
+from farm.ir.shapes import PinnedShapes
 from farm.runtime.cache import cached_library, check_mapped, is_verified, mark_verified, store_library
 from farm.runtime.emulation import EmulatedModel, Emulator, emulator_for
 from farm.runtime.host import this_host

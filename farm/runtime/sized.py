@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from farm.errors import RunInputError
-from farm.frontend.shapes import PinnedShapes, describe_size
+from farm.ir.shapes import PinnedShapes, describe_size
 
 
 class SizedModel:

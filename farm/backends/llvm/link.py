@@ -19,7 +19,7 @@ import llvmlite.binding as llvm
 
 from farm.backends.llvm.target import CpuTarget, host_target
 from farm.errors import BuildError
-from farm.runtime import elf
+from farm.backends.llvm import elf
 
 
 def _linkers(target: CpuTarget) -> list[str]:
