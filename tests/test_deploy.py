@@ -478,7 +478,7 @@ def test_compose_runs_the_blob_redis_with_the_same_users_and_the_workers_keep_th
 def test_flower_takes_its_basic_auth_from_the_environment_and_listens_on_5555():
     flower = _service("flower")
     words = _tokens(flower["command"])
-    assert words[:4] == ["celery", "-A", "tasks.app", "flower"], words
+    assert words[:4] == ["celery", "-A", "farm.distributed.tasks", "flower"], words
     assert not any(word.startswith("--basic-auth") for word in words), f"Flower's password must not be in argv: {words}"
     auth = _environment(flower).get("FLOWER_BASIC_AUTH", "")  # Flower reads FLOWER_<option>: user:password
     assert re.fullmatch(r"\$\{FLOWER_USER(:-[^}]*)?\}:\$\{FLOWER_PASSWORD:\?[^}]*\}", auth), (

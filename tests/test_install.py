@@ -146,6 +146,18 @@ def test_the_readme_commands_and_the_image_install_every_extra() -> None:
     assert re.search(r"pip install \"\.\[all\]\"", (ROOT / "deploy" / "Dockerfile").read_text())
 
 
+def test_pip_installs_only_farm_and_celery_finds_the_installed_app_anywhere(tmp_path: Path) -> None:
+    """Top-level `tasks` and `workers` packages in site-packages would collide with any other project's: they stay
+    files the checkout runs (`celery -A tasks.app` from its root), and `celery -A farm.distributed.tasks` is the
+    installed entry point, found from any folder."""
+    found = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert found["include"] == ["farm*"], found
+    script = "from celery.app.utils import find_app; print(find_app('farm.distributed.tasks').main)"
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert result.returncode == 0 and result.stdout.strip() == "farm", result.stderr
+
+
 def test_a_missing_package_names_the_extra_that_brings_it() -> None:
     """What a command on a client install says it lacks (farm.errors.MissingPackageError)."""
     client = _installed_closure(_requirements())
