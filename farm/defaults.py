@@ -297,8 +297,8 @@ def _whole_bytes(name: str, default: int, zero_means: str = "") -> int:
 
 MAX_FOLDED_BYTES = 1 << 30
 """The default FARM_MAX_FOLDED_BYTES: 1 GiB. The largest light model of the onnx package, light VGG-19, folds 548
-MiB of ConstantOfShape weights; the 1.4 KB model of issue 30 (eight ConstantOfShape([1, 64Mi]) feeding Add) asked
-for 4 GiB and had its planning worker killed by the kernel 77 times in 3.5 minutes."""
+MiB of ConstantOfShape weights; a 1.4 KB model of eight ConstantOfShape([1, 64Mi]) feeding Add asks for 4 GiB,
+which without a budget had its planning worker killed by the kernel on every delivery."""
 
 
 def max_folded_bytes() -> int:

@@ -200,8 +200,8 @@ def make_plan(graph: Graph) -> BuildPlan:
 
 def _residuals_in_place(graph: Graph, steps: list[Step]) -> list[Step]:
     """Convs that add a residual which dies there write their output over it: one buffer instead of two, so that
-    the lines the conv stores are the ones its residual loads just brought into cache (ResNet-50 on one Xeon
-    thread 54.1 -> 52.7 ms, its 56x56 pointwise convs with the residual 0.63-0.77 -> 0.55-0.62 ms). Such a conv's
+    the lines the conv stores are the ones its residual loads just brought into cache (ResNet-50's pointwise convs
+    with a residual ran faster so: docs/architecture.md, "Memory plan"). Such a conv's
     spec says so (residual RESIDUAL_IN_PLACE: no residual input), its output argument is the residual's buffer,
     and every later step reads the output there. The residual must be an activation (no constant, model input or output) that no other
     argument of the conv and no later step reads; the output no model output."""

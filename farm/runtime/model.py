@@ -38,8 +38,8 @@ MIN_SPLIT_WORK_FOR_THREADS = 1_000_000
 # (a busy machine) takes fewer instead of holding everyone up.
 RANGES_PER_THREAD = 4
 # The share of a split launch that the threads' first ranges take together, one range each (shares_range): 4 equal
-# ranges per thread ran ResNet-18, ResNet-50 and MobileNetV2 5-9% slower on an idle 2-core Xeon than one range per
-# thread (11.24 -> 10.55, 26.7 -> 25.3, 3.33 -> 3.03 ms): every range of a row-split GEMM streams all of B, and
+# ranges per thread ran ResNet-18, ResNet-50 and MobileNetV2 slower than one range per thread (figures in
+# docs/benchmarks.md): every range of a row-split GEMM streams all of B, and
 # ranges claimed in turn scatter a tensor's lines over both cores' caches for the next launch to fetch. Each thread's
 # slice is its head range then its tail range (farm_work runs its own slice first, then takes others' free ranges,
 # last first), so a thread that keeps up runs the same part of every launch.

@@ -1,4 +1,4 @@
-"""Seeded mutants of the example models, for fuzzing farm's handling of hostile ONNX files (issue 13).
+"""Seeded mutants of the example models, for fuzzing farm's handling of hostile ONNX files.
 
 tests/test_fuzz.py plans a few hundred of them in one process; benchmarks/bench_fuzz.py puts thousands through the
 real `farm submit` and `farm run`, one limited child process each. Both draw them from `mutants`, so a seed names

@@ -41,17 +41,15 @@ PACK_B_MAX_BYTES = 256 << 10
 few-row GEMM (256 steps of a 48-column piece) takes 48 KB, a 1024-channel pointwise conv's whole k 192 KB."""
 PACK_B_MIN_ROW_TILES = 16
 """The fewest row tiles of C for which a column-split GEMM packs B on the fly: the copy is paid once per panel, the
-gain once per row tile (a 64 x 3136 x 256 GEMM, 8 row tiles: 535 -> 577 us packed; 128 x 3136 x 256: 1069 -> 1031
-us). Row-split GEMMs read B in place: each range would pack all of B, and packing there, 8-10% faster launch by
-launch, left ResNet-50 as fast as before on one thread and on two."""
+gain once per row tile (packing lost with 8 row tiles and won with 16). Row-split GEMMs read B in place: each range
+would pack all of B, and packing there, faster launch by launch, left ResNet-50 no faster on one thread or two."""
 SMALL_M_K_BLOCK = 256
 """k steps per block there (rounded down to whole channels of an implicit GEMM): a panel block of 256 x 48 floats
 (48 KB) stays in L1/L2 while every row tile uses it."""
 SMALL_M_PREFETCH_BLOCKS = 2
 """How many k blocks ahead those tiles prefetch B (the weights, cold from memory once a run): the next block's
-lines, requested while the few row tiles of this one run, were not all in L2 when its first tile came (one
-Xeon core, a busy host, interleaved medians: light ResNet-50 63.3-63.6 -> 61.1-61.6 ms with 2, 62.6 with 4;
-bert_base2 32.0-33.9 -> 31.0-31.3 ms with 2 or 4)."""
+lines, requested while the few row tiles of this one run, were not all in L2 when its first tile came; two
+blocks ahead beat one and four on light ResNet-50 and a two-layer BERT (docs/architecture.md, Code generation)."""
 
 
 @dataclass(frozen=True)
@@ -122,9 +120,8 @@ def _columns(n: int, blocking: GemmBlocking) -> list[tuple[int, int, int, int]]:
     """(first column, columns, vectors, lanes): full tiles, then tiles of one vector fewer down to single vectors,
     then narrower vectors (half the lanes, down to 4), then scalars. A tile of two vectors does the 32 columns past
     three-vector blocks (128 or 512 output channels) with two FMAs per broadcast, where two single-vector tiles
-    broadcast each value twice (ResNet-50 46.6 -> 46.2 ms on one Xeon core). The narrower vectors matter when n
-    is small: a 2x2 feature map's 4 columns would otherwise all be scalar tails under 16-lane tiles (6 GFLOP/s,
-    against 22 with 4-lane vectors)."""
+    broadcast each value twice. The narrower vectors matter when n is small: a 2x2 feature map's 4 columns would
+    otherwise all be scalar tails under 16-lane tiles, at a quarter of the speed of 4-lane vectors."""
     widths = [(vectors, blocking.lanes) for vectors in range(blocking.vectors, 0, -1)]
     widths += [(1, lanes) for lanes in _halvings(blocking.lanes) if lanes >= 4] + [(1, 1)]
     columns, n0 = [], 0
@@ -236,8 +233,8 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
     edge rows; the range holding the last unit also does the columns short of a vector.
     A GEMM of few rows and a deep k (_small_m_k_block) runs each piece k block by k block, every row tile per k
     block, its partial sums in a scratch tile; one body serves every k block (_k_block_loop). A GEMM whose B has at most SWEEP_MAX_B_BYTES sweeps each row tile
-    across the range's pieces instead (ResNet-50's 64 -> 256 pointwise convs at 56x56 planes: 0.69-0.87 ->
-    0.56-0.73 ms in a run, one Xeon core; with 256 -> 64, where B is 3.2 MB, the sweep took 0.62 -> 0.95 ms).
+    across the range's pieces instead (faster for ResNet-50's 64 -> 256 channel pointwise convs at 56x56 planes,
+    slower for its 256 -> 64 ones, whose B is 3.2 MB: docs/architecture.md, Code generation).
     Otherwise, when C has C_PREFETCH_MIN_BYTES or more, each tile of a whole block, as it starts, prefetches the
     lines of C (for writing) and of the residual that the same rows of the next block will touch: a block's tiles
     store to every row of C, a plane apart, too many streams for the hardware prefetcher, and at 56x56 planes C and
@@ -661,8 +658,7 @@ def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Va
     fma = intrinsic(b.module, "llvm.fmuladd", vec_t, 3)
     # A pre-packed A (a conv's weights) is read panel after panel, one per row tile; each k step prefetches the
     # next panel's values at the same k, so they come from L2, not memory, when the next tile starts: a layer's
-    # weights are cold once a run (ResNet-50's 14x14 pointwise convs 0.70-0.76 -> 0.64-0.69 ms in a run, the
-    # model on one Xeon core 1.12-1.13x -> 1.09x onnxruntime).
+    # weights are cold once a run (docs/architecture.md, Code generation: ResNet-50's 14x14 pointwise convs).
     a_ahead = ir.Constant(I64_T, region.rows * g.k) if g.a_panels and region.rows == gen.blocking.rows else None
     if gen.c_prefetch is not None and final is True and not g.c_transposed:  # see _emit_column_blocks
         ahead = gen.c_prefetch
