@@ -11,6 +11,7 @@ from pathlib import Path
 import llvmlite.binding as llvm
 import pytest
 
+from farm.backends.llvm import elf
 from farm.backends.llvm.driver import (
     EXIT_ARENA,
     EXIT_ARTIFACT,
@@ -22,7 +23,6 @@ from farm.backends.llvm.driver import (
     driver_ir,
 )
 from farm.backends.llvm.target import init_llvm, parse_target
-from farm.backends.llvm import elf
 from farm.runtime.emulation import EMULATORS
 
 MACHINES = {"aarch64": 183, "riscv64": 243}

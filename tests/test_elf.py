@@ -8,9 +8,9 @@ import tarfile
 import onnx
 import pytest
 
+from farm.backends.llvm.elf import DYNSYM, defined_symbols, imported_symbols, sections, symbols
 from farm.build.local import build_model
 from farm.errors import ArtifactError
-from farm.backends.llvm.elf import DYNSYM, defined_symbols, imported_symbols, sections, symbols
 from farm.tools.examples import EXAMPLES
 
 

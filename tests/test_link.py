@@ -22,13 +22,13 @@ from native_helpers import (
 )
 
 from farm.backends.llvm.compiler_runtime import runtime_object
+from farm.backends.llvm.elf import imported_symbols
 from farm.backends.llvm.entry import ENTRY_SYMBOL, LAUNCH_SYMBOL, STEPS_SYMBOL, WORK_SYMBOL, compile_entry
 from farm.backends.llvm.link import find_linker, link_library, linker_identity
 from farm.backends.llvm.target import CpuTarget, parse_target
 from farm.backends.llvm.toolchain import compile_ir
 from farm.errors import BuildError
 from farm.ir import loopir as L
-from farm.backends.llvm.elf import imported_symbols
 
 N = 40
 WEIGHTS = np.linspace(-2, 2, N, dtype=np.float32)

@@ -20,8 +20,8 @@ from llvmlite import ir
 
 from farm import defaults
 from farm.artifact import FORMAT_VERSION, Artifact, write_artifact
-from farm.errors import ArtifactError, RunInputError
 from farm.backends.registry import BACKENDS
+from farm.errors import ArtifactError, RunInputError
 from farm.runtime import LOADERS, TensorSpec, load
 from farm.runtime.host import Host, choose_target, this_host
 from farm.runtime.model import (

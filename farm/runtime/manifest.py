@@ -13,10 +13,10 @@ import re
 from typing import Any
 
 from farm.artifact import size_manifests
+from farm.backends.llvm.elf import defined_symbols
 from farm.defaults import MAX_TARGETS
 from farm.errors import ArtifactError, BadInputError
 from farm.ir.shapes import MAX_SIZES, PinnedShapes, sizes_from_json
-from farm.backends.llvm.elf import defined_symbols
 
 MAX_ARENA_BYTES = 1 << 36  # 64 GiB
 MAX_TENSORS = 4096  # inputs or outputs

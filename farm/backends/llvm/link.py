@@ -17,9 +17,9 @@ from collections.abc import Sequence
 
 import llvmlite.binding as llvm
 
+from farm.backends.llvm import elf
 from farm.backends.llvm.target import CpuTarget, host_target
 from farm.errors import BuildError
-from farm.backends.llvm import elf
 
 
 def _linkers(target: CpuTarget) -> list[str]:
