@@ -42,8 +42,9 @@ def plan_model(model_path: str | os.PathLike, shapes: PinnedShapes | None = None
     """Import (with the input dimensions `shapes` fixes: farm.frontend.shapes; external data read through
     `external`, by default from the model's folder), optimise and validate the model, then plan it; raises before
     any compiling on bad input."""
-    from farm.frontend.onnx_import import import_model, validate
+    from farm.frontend.onnx_import import import_model
     from farm.frontend.passes import optimize
+    from farm.frontend.validate import validate
     from farm.ops import SUPPORTED_OPS
     from farm.plan.planner import make_plan
 
