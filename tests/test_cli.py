@@ -560,25 +560,6 @@ def test_a_stop_during_the_upload_says_that_nothing_was_submitted(redis_server: 
     assert "Traceback" not in running.stderr and JobBoard(redis_server.url).redis.zcard(protocol.JOBS_KEY) == 0
 
 
-def test_a_sigterm_during_a_download_removes_the_half_written_artifact_and_says_so(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from farm.atomic import stream_atomically
-    from farm.cli.main import _stops_saying
-
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def write(file) -> None:
-        file.write(b"half an artifact")
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(5)  # the handler raises first
-
-    with pytest.raises(SystemExit) as stopped, _stops_saying("while downloading; nothing was written"):
-        stream_atomically(tmp_path / "m.farm", write)
-    assert stopped.value.code == 143 and list(tmp_path.iterdir()) == []
-    assert capsys.readouterr().err == "farm: terminated (SIGTERM) while downloading; nothing was written\n"
-    assert signal.getsignal(signal.SIGTERM) is previous
-
-
 @pytest.mark.parametrize("stop", list(STOPS))
 def test_submit_detach_leaves_the_job_running_at_a_stop(farm_redis: RedisServer, model_file: Path, tmp_path: Path,
                                                         stop: str) -> None:

@@ -9,23 +9,23 @@ command's object of farm.cli.schemas, failures too.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
 import os
 import shutil
-import signal
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from farm import __version__
+from farm.backends.registry import BACKENDS
 from farm.cli import schemas
+from farm.cli.stopping import exits_saying, stoppable, stops_saying
 from farm.cli.store import store_group
 from farm.errors import BadInputError, ExitStatus, FarmError, missing_package
 
@@ -279,18 +279,18 @@ def _submit_to_farm(client, model: Path, targets: list, output: str, as_json: bo
     from farm.cli.progress import UploadLines
     from farm.errors import UnreachableError
 
-    with _exits_saying(f"while uploading {model.name}; nothing was submitted (its staged bytes expire)"):
+    with exits_saying(f"while uploading {model.name}; nothing was submitted (its staged bytes expire)"):
         job_id = client.submit(model, targets, no_cache=no_cache, on_upload=UploadLines(model.name), **options)
     click.echo(f"farm: job {job_id} submitted; farm status {job_id} / farm cancel {job_id}", err=True)
     if no_wait:
         click.echo(schemas.dumps("submit", _build_fields(client.status(job_id))) if as_json else job_id)
         return
-    with _stoppable(client, job_id, cancel=not detach):
+    with stoppable(client, job_id, cancel=not detach):
         status = _wait_with_progress(client, job_id, model.name, prefetch=True)
     if status.get("tuning_note"):
         click.echo(f"farm: note: {_shown(status['tuning_note'])}", err=True)
     try:
-        with _stops_saying(f"while downloading; job {job_id} is done: farm download {job_id} fetches it"):
+        with stops_saying(f"while downloading; job {job_id} is done: farm download {job_id} fetches it"):
             artifact = _deliver(output, lambda folder: client.download(job_id, folder))
     except UnreachableError as error:
         raise UnreachableError(f"{error}; job {job_id} is done: 'farm download {job_id}' fetches it") from None
@@ -325,94 +325,6 @@ def _build_fields(status: dict[str, Any]) -> dict[str, Any]:
 
 def _notes(status: dict[str, Any]) -> list[str]:
     return [status["tuning_note"]] if status.get("tuning_note") else []
-
-
-class Terminated(BaseException):
-    """SIGTERM while a farm job is waited on: what GitLab, GitHub Actions and Kubernetes send a cancelled CI job.
-    Raised by the handler `_stoppable` installs, so that it ends the wait as Ctrl-C's KeyboardInterrupt does
-    (a BaseException like it, so no `except Exception` on the way swallows it); Python's default would end the
-    process at once, silently, and the job would go on."""
-
-
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise Terminated
-
-
-STOPS: dict[type[BaseException], tuple[str, ExitStatus]] = {
-    KeyboardInterrupt: ("interrupted", ExitStatus.INTERRUPTED),
-    Terminated: ("terminated (SIGTERM)", ExitStatus.TERMINATED),
-}
-"""How the user (or the CI runner) stopped a wait: the word said on stderr and the exit status."""
-
-
-@contextlib.contextmanager
-def _on_stop(react: Callable[[str, ExitStatus], NoReturn]) -> Iterator[None]:
-    """Ctrl-C or SIGTERM while the block runs: `react(how it was stopped, exit status)` once the exception has
-    unwound the block (what it was writing is removed). SIGTERM's previous handler is back when the block ends."""
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        yield
-    except (KeyboardInterrupt, Terminated) as stop:
-        react(*STOPS[type(stop)])
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _stoppable(client, job_id: str, cancel: bool) -> contextlib.AbstractContextManager[None]:
-    """Ctrl-C or SIGTERM while the block waits on the job: cancel it (or leave it running), say which, exit 130 or
-    143 (`_stop`)."""
-    return _on_stop(lambda how, status: _stop(client, job_id, cancel, how, status))
-
-
-def _stops_saying(where: str) -> contextlib.AbstractContextManager[None]:
-    """Ctrl-C or SIGTERM while the block runs (a download: no job to cancel): say how it was stopped and `where`,
-    exit 130 or 143."""
-    def say_and_exit(how: str, status: ExitStatus) -> NoReturn:
-        click.echo(f"farm: {how} {where}", err=True)
-        sys.exit(int(status))
-
-    return _on_stop(say_and_exit)
-
-
-@contextlib.contextmanager
-def _exits_saying(where: str) -> Iterator[None]:
-    """Ctrl-C or SIGTERM while the block runs (an upload: nothing of it is this machine's to clean up, its staged
-    bytes expire): say how it was stopped and `where`, and exit 130 or 143 from the signal's handler, without
-    unwinding through the Redis client that the signal may have cut off mid-command (a SIGTERM raised during an
-    upload once ended a CI run's client with a segmentation fault, not reproduced since). The previous handlers are
-    back when the block ends."""
-    def exit_now(signum: int, frame: object) -> None:
-        how, status = STOPS[Terminated if signum == signal.SIGTERM else KeyboardInterrupt]
-        sys.stderr.write(f"farm: {how} {where}\n")
-        sys.stderr.flush()
-        os._exit(int(status))
-
-    previous = {signum: signal.signal(signum, exit_now) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
-def _stop(client, job_id: str, cancel: bool, how: str, status: ExitStatus) -> NoReturn:
-    """The wait was stopped: cancel the job (or leave it running), say which and how it was stopped, exit with
-    `status`. A second Ctrl-C or SIGTERM can't cut the cancel short."""
-    from farm.errors import UnreachableError
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if not cancel:
-        click.echo(f"farm: {how}; job {job_id} goes on: farm wait {job_id} / farm cancel {job_id}", err=True)
-    else:
-        try:
-            cancelled = client.cancel(job_id)
-            click.echo(f"farm: {how}; job {job_id} " + ("cancelled" if cancelled else
-                                                         f"had already ended: farm status {job_id}"), err=True)
-        except UnreachableError as error:
-            click.echo(f"farm: {how}, but job {job_id} could not be cancelled ({error}): farm cancel {job_id}",
-                       err=True)
-    sys.exit(int(status))
 
 
 def _say_unserved(queues: dict[str, str]) -> None:
@@ -503,7 +415,7 @@ def wait(job_id: str, broker: str | None, as_json: bool, timeout: float | None) 
     from farm.errors import StillRunningError
 
     client = _client(broker)
-    with _stoppable(client, job_id, cancel=False):
+    with stoppable(client, job_id, cancel=False):
         status = _wait_with_progress(client, job_id, job_id, timeout)
     if JobState(status["state"]) not in TERMINAL:
         raise StillRunningError(f"job {job_id} still {status['state']} after {timeout:g} s; it goes on: "
@@ -524,7 +436,7 @@ def wait(job_id: str, broker: str | None, as_json: bool, timeout: float | None) 
 def download(job_id: str, output: str, broker: str | None, as_json: bool) -> None:
     """Download a finished job's artifact into OUTPUT/<model>.farm (or the file OUTPUT.farm) and print its path."""
     client = _client(broker)
-    with _stops_saying("while downloading; nothing was written"):
+    with stops_saying("while downloading; nothing was written"):
         artifact = _deliver(output, lambda folder: client.download(job_id, folder))
     click.echo(schemas.dumps("download", {"job_id": job_id, "artifact": artifact}) if as_json else _shown(artifact))
 
@@ -626,7 +538,7 @@ def _age(seconds: float) -> str:
 @click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy", help="One model input; repeatable.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the outputs to this .npz file.")
 @click.option("--print", "show", is_flag=True, help="Print each output's shape and first values.")
-@click.option("--device", type=click.Choice(["cpu", "opencl"]), default="cpu", show_default=True,
+@click.option("--device", type=click.Choice(list(BACKENDS)), default="cpu", show_default=True,
               help="Run the CPU library, or the OpenCL kernels on this host's OpenCL device.")
 @click.option("--target", metavar="T",
               help="The artifact's CPU target to run, as farm submit named it (cpu:TRIPLE[:CPU[:FEATURES]]) or by its "
@@ -687,7 +599,7 @@ def sign(artifact: str, key: str) -> None:
               help="Threads of the whole-model runs (0: every CPU); kernels are timed on one thread.")
 @click.option("--fail-on-regression", is_flag=True,
               help="Exit with status 5 when --compare flags a node (for CI).")
-@click.option("--device", type=click.Choice(["cpu", "opencl"]), default="cpu", show_default=True,
+@click.option("--device", type=click.Choice(list(BACKENDS)), default="cpu", show_default=True,
               help="Time the artifact's CPU part, or its OpenCL part on this host's OpenCL device.")
 @click.option("--target", metavar="T", help="The CPU target to time, as farm run takes it; only one this host runs "
               "natively (an emulated run's time says nothing of the target's).")
