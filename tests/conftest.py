@@ -108,11 +108,13 @@ def fingerprint() -> str:
 
 SLOWEST_FILES = (
     "test_tuning_variants.py", "test_conformance.py", "test_llvm_gemm.py", "test_models.py", "test_farm.py",
-    "test_cli.py", "test_ops_nn.py", "test_ops_elementwise.py", "test_jobs.py", "test_workers.py", "test_ops_tensor.py",
-    "test_emulation.py", "test_ops_reduce.py", "test_exports.py", "test_tuning_space.py", "test_farm_store.py",
-    "test_ops_indexing.py", "test_hosts.py", "test_flower.py", "test_tls.py", "test_runtime_opencl.py", "test_local.py",
-    "test_manifest.py", "test_store.py", "test_farm_data.py", "test_install.py", "test_ops_quantize.py", "test_acl.py",
-    "test_client.py", "test_bench.py", "test_ops_attention.py", "test_deploy.py",
+    "test_cli.py", "test_ops_conv.py", "test_ops_elementwise.py", "test_jobs.py", "test_workers.py",
+    "test_ops_tensor.py", "test_emulation.py", "test_ops_reduce.py", "test_exports.py", "test_tuning_space.py",
+    "test_farm_store.py", "test_ops_indexing.py", "test_hosts.py", "test_flower.py", "test_tls.py",
+    "test_runtime_opencl.py", "test_local.py", "test_manifest.py", "test_store.py", "test_farm_data.py",
+    "test_install.py", "test_ops_quantize.py", "test_ops_normalization.py", "test_ops_pool.py", "test_acl.py",
+    "test_client.py", "test_bench.py", "test_ops_attention.py", "test_deploy.py", "test_ops_softmax.py",
+    "test_ops_matmul.py",
 )
 """The test files that take longest, about longest first (a full run's --durations, 2-core host), run before the
 others: scripts/test.sh hands whole files to its pytest-xdist workers in collection order (--dist loadfile

@@ -428,7 +428,7 @@ EINSUM_CASES: list[OpCase] = [
     _einsum("int32-sum", "ij->j", (3, 4), dtype="int32"),
 ]
 
-# MatMul is lowered in farm.ops.nn; these cases cover its batching paths next to Einsum's: batches folded into
+# MatMul is lowered in farm.ops.matmul; these cases cover its batching paths next to Einsum's: batches folded into
 # the Gemm's rows, a flat parallel batch loop, broadcast batch dims, 1-D operands, integers.
 MATMUL_CASES: list[OpCase] = [
     typed_case("matmul-linear-layer", "MatMul", [("x", (2, 8, 16), "float32")], {}, {"w": rand(16, 12)}),

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 from farm.ops import (  # noqa: F401,E402  (they register themselves)
     attention,
+    conv,
     elementwise,
     indexing,
     linalg,
     losses,
-    nn,
+    matmul,
     normalization,
+    pool,
     quantize,
     reduce,
     sampling,
     scatter,
+    softmax,
     spectral,
     tensor,
 )

@@ -36,9 +36,10 @@ from farm.ir import loopir as L
 from farm.ir.graph import TensorInfo
 from farm.ir.specs import KernelSpec
 from farm.ops import mathfns as M
-from farm.ops.nn import _checked_group, _spatial_attrs, _window
+from farm.ops.conv import checked_group
 from farm.ops.registry import ALL_DTYPES, NodeContext, axis_in_range, out_shape, prod, register
 from farm.ops.tensor import load
+from farm.ops.window import spatial_attrs, window
 
 QUANT_RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), "uint16": (0, 65535)}
 """The quantized dtypes farm holds in buffers, with the range each saturates to."""
@@ -422,18 +423,18 @@ def _conv_attrs(ctx: NodeContext, w_index: int) -> dict[str, Any]:
     view = _conv_view(ctx, w_index)
     if len(view.inputs[0].shape) != 4 or len(view.inputs[1].shape) != 4:
         raise ctx.unsupported("the input and the weight must be 4-D tensors (NCHW): farm's integer convs are 2-D")
-    group = _checked_group(view)
+    group = checked_group(view)
     kernel = list(view.inputs[1].shape[2:])
     if list(ctx.node.attrs.get("kernel_shape", kernel)) != kernel:
         raise ctx.unsupported(f"kernel_shape {list(ctx.node.attrs['kernel_shape'])} differs from the weight's {kernel}")
-    return {**_spatial_attrs(view, kernel), "group": group, "present": _buffers(ctx)}
+    return {**spatial_attrs(view, kernel), "group": group, "present": _buffers(ctx)}
 
 
 def _integer_conv(spec: KernelSpec, w_index: int, x_zero: L.Expr, w_zero: ZeroAt, finish: Finish) -> list[L.Stmt]:
     """out[n, m, oh, ow] = finish(sum over the group's channels and the window's taps inside the input of
     (x - x_zero) * (w[m] - w_zero(m))), exact in int64: the padding contributes nothing (ONNX pads x after
     subtracting its zero point)."""
-    geo, (w_name, w) = _window(spec), _buffer(spec, w_index)
+    geo, (w_name, w) = window(spec), _buffer(spec, w_index)
     x = spec.inputs[0]
     batch, channels, out_channels = x.shape[0], x.shape[1], out_shape(spec)[1]
     group_channels, group_outputs = w.shape[1], out_channels // spec.attrs["group"]

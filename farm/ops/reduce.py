@@ -3,7 +3,8 @@
 Every kernel here is one parallel loop with a work-item per output element (or per row along an axis), the
 reduction running sequentially inside it. The Reduce* kernels take empty operands: a reduction of an empty input
 stores ONNX's value over nothing (OVER_NOTHING). `ReduceLayout` and `over_rows` are shared with the
-normalisations and the softmax family in farm.ops.nn.
+normalisations (farm.ops.normalization) and the softmax family (farm.ops.softmax), NEG_INF with the latter and the
+pools (farm.ops.pool).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from farm.ops.registry import NodeContext, axis_in_range, elementwise_loops, pro
 FLOAT = frozenset({"float32"})
 NUMERIC = frozenset({"float32", "int64", "int32"})
 ORDERED = NUMERIC | {"bool"}
+NEG_INF = -3.4028234663852886e38
+"""The lowest float32: where the max of a softmax row or of a GlobalMaxPool's plane starts."""
 
 # ---------------------------------------------------------------------------------------------------- layouts
 

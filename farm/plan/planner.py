@@ -24,7 +24,7 @@ from farm.ir import loopir as L
 from farm.ir.graph import DeferredArray, Graph, Node
 from farm.ir.specs import KernelSpec, canonical_json
 from farm.ops import LOWERINGS
-from farm.ops.nn import RESIDUAL_IN_PLACE
+from farm.ops.conv import RESIDUAL_IN_PLACE
 from farm.ops.registry import NodeContext, OpLowering, check_dtypes, lower_kernel
 from farm.plan.memory import MemoryPlan, plan_memory
 
