@@ -24,6 +24,10 @@ host_line
 
 bash scripts/setup.sh
 
+# Lint first (scripts/lint.sh); a lint failure fails the run, but the tests still run, so one report shows both.
+lint_status=0
+bash scripts/lint.sh || lint_status=$?
+
 # Three pytest-xdist workers, a test file each at a time (--dist loadfile: a module's fixtures are built once). The
 # service tests and the production-timeout tests mostly wait (the tuning lock test waits its 120 s), so on two cores
 # a third worker fills what a second leaves idle: 15m03s with -n 2, 11m36s with -n 3 on a 2-core Zen 4 (5,407 tests).
@@ -36,6 +40,10 @@ status=0
 
 if [ "$status" -eq 5 ]; then
     echo "[test] error: pytest collected no tests (exit status 5)" >&2
+    exit 1
+fi
+if [ "$status" -eq 0 ] && [ "$lint_status" -ne 0 ]; then
+    echo "[test] error: the tests passed but scripts/lint.sh failed (see [lint] above)" >&2
     exit 1
 fi
 exit "$status"

@@ -143,6 +143,8 @@ def test_the_readme_commands_and_the_image_install_every_extra() -> None:
                      (ROOT / "scripts" / "setup.sh").read_text())
     for script in ("demo.sh", "test.sh"):
         assert "bash scripts/setup.sh" in (ROOT / "scripts" / script).read_text(), script
+    test_script = (ROOT / "scripts" / "test.sh").read_text()
+    assert test_script.index("bash scripts/lint.sh") < test_script.index("-m pytest"), "lint runs before the tests"
     assert re.search(r"pip install \"\.\[all\]\"", (ROOT / "deploy" / "Dockerfile").read_text())
 
 
