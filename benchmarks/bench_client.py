@@ -40,7 +40,7 @@ from farm.artifact import MAX_MANIFEST_BYTES, MAX_MANIFEST_DEPTH, _deeper_than, 
 from farm.backends.llvm.target import host_target  # noqa: E402
 from farm.distributed import recipes  # noqa: E402
 from farm.distributed.client import FarmClient  # noqa: E402
-from farm.distributed.protocol import JobState  # noqa: E402
+from farm.distributed.job_record import JobState  # noqa: E402
 from farm.distributed.steps import Farm  # noqa: E402
 from farm.tools import examples  # noqa: E402
 from tests.services import RedisServer  # noqa: E402

@@ -98,9 +98,9 @@ from report import cell, markdown_table  # noqa: E402
 
 from farm.backends.llvm.target import host_target  # noqa: E402
 from farm.defaults import store_max_bytes  # noqa: E402
-from farm.distributed import protocol  # noqa: E402
+from farm.distributed import redis_keys  # noqa: E402
 from farm.distributed.acl import ROLES, Role, user_line  # noqa: E402
-from farm.distributed.protocol import TaskName  # noqa: E402
+from farm.distributed.task_messages import TaskName  # noqa: E402
 from farm.tools.examples import EXAMPLES, bert_style, resnet18_style  # noqa: E402
 from tests.farm_services import FarmWorker  # noqa: E402
 from tests.services import RedisServer, redis_server_binary  # noqa: E402
@@ -347,7 +347,7 @@ def waiting_cost(clients: int, window: float) -> dict[str, float]:
     make no progress (records in state compiling, made through the job board; no worker), measured once every
     client has connected and had --window seconds' head start, less the rate with none waiting."""
     from farm.distributed.board import JobBoard
-    from farm.distributed.protocol import JobRecord, JobState
+    from farm.distributed.job_record import JobRecord, JobState
 
     env = {**os.environ, "PYTHONPATH": WORKER_ENV["PYTHONPATH"]}
     with ProductionRedis() as server:
@@ -463,7 +463,8 @@ def job_seconds(broker: str, job_id: str) -> float:
 
 def kill_when_running(broker: str, worker: FarmWorker) -> None:
     """SIGKILL `worker` with its pool as soon as it runs a farm task."""
-    from farm.distributed.protocol import RUNNING_KEY, RunningTask
+    from farm.distributed.redis_keys import RUNNING_KEY
+    from farm.distributed.task_messages import RunningTask
 
     client = redis.Redis.from_url(broker, decode_responses=True)
     deadline = time.monotonic() + 120
@@ -517,7 +518,7 @@ BLOB_STORES = ("blob-redis", "redis", "file")
 docker-compose.yml runs it), the broker's Redis (FARM_BLOB_STORE unset), or a folder (FARM_BLOB_STORE=file://)."""
 OBSERVER = "farm-bench"
 OBSERVER_RULES = ("resetkeys resetchannels -@all +ping +auth +hello +info +psubscribe +punsubscribe "
-                  f"&{protocol.job_events_channel('*')}")
+                  f"&{redis_keys.job_events_channel('*')}")
 """The benchmark's own Redis user: INFO and the jobs' events channels, nothing else (the farm's users may not run
 INFO, a dangerous command)."""
 PHASES = (("upload + intake", "start", "planning"), ("plan", "planning", "compiling"),
@@ -712,7 +713,7 @@ class StateStamps:
     def __init__(self, url: str) -> None:
         self.client = redis.Redis.from_url(url)
         self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-        self.pubsub.psubscribe(protocol.job_events_channel("*"))
+        self.pubsub.psubscribe(redis_keys.job_events_channel("*"))
         self.stamps: dict[str, float] = {}
         self.traffic = Traffic()
         self._stop = threading.Event()

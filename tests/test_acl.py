@@ -17,11 +17,11 @@ import pytest
 import redis
 
 from farm.backends.llvm.target import host_target
-from farm.distributed import acl, intake, protocol
+from farm.distributed import acl, intake, job_record, redis_keys, task_messages
 from farm.distributed.board import JobBoard
 from farm.distributed.celery_app import make_app
 from farm.distributed.client import FarmClient
-from farm.distributed.protocol import JobRecord, JobState
+from farm.distributed.job_record import JobRecord, JobState
 from farm.errors import BadInputError
 from farm.frontend.split import split_model
 from farm.store import RedisStore, refs
@@ -80,23 +80,23 @@ def test_farm_acl_writes_the_file_from_the_environment_only(tmp_path: Path) -> N
 
 
 FORBIDDEN_WRITES = {
-    "a job record": ("HSET", protocol.job_key(JOB), "state", "done"),
-    "a job's artifact": ("HSET", protocol.job_key(JOB), "artifact_key", SHA),
-    "a job's progress": ("SADD", protocol.phase_key(JOB, "compile"), "unit"),
+    "a job record": ("HSET", redis_keys.job_key(JOB), "state", "done"),
+    "a job's artifact": ("HSET", redis_keys.job_key(JOB), "artifact_key", SHA),
+    "a job's progress": ("SADD", redis_keys.phase_key(JOB, "compile"), "unit"),
     "a cache ref": ("SET", f"{acl.STORE_PREFIX}ref:kernel:x", SHA),
     "a compiled object": ("SET", f"{acl.STORE_PREFIX}obj:{SHA}", "1:1"),
     "an object's chunk": ("SET", f"{acl.STORE_PREFIX}obj:{SHA}:0", "x"),
     "a pin": ("SADD", f"{acl.STORE_PREFIX}pin:job:{JOB}", SHA),
     "the store's cap": ("SET", f"{acl.STORE_PREFIX}max_bytes", "1"),
-    "the control queue": ("LPUSH", protocol.CONTROL_QUEUE, "{}"),
-    "the llvm queue": ("LPUSH", protocol.LLVM_QUEUE, "{}"),
-    "a device's queue": ("LPUSH", protocol.opencl_queue("ab" * 8), "{}"),
-    "a tuning queue": ("LPUSH", protocol.tune_queue("x86_64"), "{}"),
+    "the control queue": ("LPUSH", task_messages.CONTROL_QUEUE, "{}"),
+    "the llvm queue": ("LPUSH", task_messages.LLVM_QUEUE, "{}"),
+    "a device's queue": ("LPUSH", task_messages.opencl_queue("ab" * 8), "{}"),
+    "a tuning queue": ("LPUSH", task_messages.tune_queue("x86_64"), "{}"),
     "Celery's routing": ("SADD", "_kombu.binding.control", "x"),
     "Celery's unacked tasks": ("HSET", "unacked", "t", "{}"),
-    "a running task": ("HSET", protocol.RUNNING_KEY, "t", "{}"),
-    "a worker's lease": ("SET", protocol.lease_key("w1@host"), "x"),
-    "a worker's advertisement": ("HSET", protocol.WORKERS_KEY, "w1@host", "{}"),
+    "a running task": ("HSET", redis_keys.RUNNING_KEY, "t", "{}"),
+    "a worker's lease": ("SET", redis_keys.lease_key("w1@host"), "x"),
+    "a worker's advertisement": ("HSET", redis_keys.WORKERS_KEY, "w1@host", "{}"),
     "a tuning record": ("SET", f"{acl.STORE_PREFIX}ref:tuning:x", SHA),
     "a control broadcast": ("PUBLISH", "/0.celery.pidbox", "{}"),
     "a Flower event": ("PUBLISH", "/0.celeryev/task.failed", "{}"),
@@ -105,21 +105,21 @@ FORBIDDEN_WRITES = {
     "KEYS": ("KEYS", "*"),
     "a server setting": ("CONFIG", "SET", "maxmemory", "1"),
     "a flush": ("FLUSHALL",),
-    "deleting a record": ("DEL", protocol.job_key(JOB)),
-    "a repair's claim": ("SET", protocol.repair_claim_key(SHA), "1"),
-    "a string for the intake list": ("SET", protocol.SUBMITTED_KEY, "x"),
-    "a string for the admissions": ("SET", protocol.ADMIT_KEY, "x"),
-    "a sorted set for the repairs": ("ZADD", protocol.REPAIR_KEY, "1", "x"),
-    "the intake list emptied": ("DEL", protocol.SUBMITTED_KEY),
-    "the intake list popped": ("RPOP", protocol.SUBMITTED_KEY),
-    "a string for the jobs index": ("SET", protocol.JOBS_KEY, "x"),
-    "a list for the jobs index": ("LPUSH", protocol.JOBS_KEY, "x"),
-    "a string for a request": ("SET", protocol.request_key(JOB), "x"),
-    "a list for a request": ("RPUSH", protocol.request_key(JOB), "x"),
-    "a request kept forever": ("PERSIST", protocol.request_key(JOB)),
+    "deleting a record": ("DEL", redis_keys.job_key(JOB)),
+    "a repair's claim": ("SET", redis_keys.repair_claim_key(SHA), "1"),
+    "a string for the intake list": ("SET", redis_keys.SUBMITTED_KEY, "x"),
+    "a string for the admissions": ("SET", redis_keys.ADMIT_KEY, "x"),
+    "a sorted set for the repairs": ("ZADD", redis_keys.REPAIR_KEY, "1", "x"),
+    "the intake list emptied": ("DEL", redis_keys.SUBMITTED_KEY),
+    "the intake list popped": ("RPOP", redis_keys.SUBMITTED_KEY),
+    "a string for the jobs index": ("SET", redis_keys.JOBS_KEY, "x"),
+    "a list for the jobs index": ("LPUSH", redis_keys.JOBS_KEY, "x"),
+    "a string for a request": ("SET", redis_keys.request_key(JOB), "x"),
+    "a list for a request": ("RPUSH", redis_keys.request_key(JOB), "x"),
+    "a request kept forever": ("PERSIST", redis_keys.request_key(JOB)),
     "a hash for staged bytes": ("HSET", f"{acl.STORE_PREFIX}staged:{SHA}", "a", "b"),
     "staged bytes appended to": ("APPEND", f"{acl.STORE_PREFIX}staged:{SHA}:0", "x"),
-    "a list for a cancel flag": ("LPUSH", protocol.cancel_key(JOB), "x"),
+    "a list for a cancel flag": ("LPUSH", redis_keys.cancel_key(JOB), "x"),
     "another database": ("SELECT", "1"),
     "a key outside the farm's": ("SET", "elsewhere", "x"),
 }
@@ -136,9 +136,9 @@ def test_a_submitter_is_refused(submitter: redis.Redis, command: tuple[str, ...]
 
 
 def test_a_submitter_may_report_a_damaged_entry_but_not_claim_its_check(submitter: redis.Redis) -> None:
-    """A download that finds a member damaged pushes its key for the workers (protocol.REPAIR_KEY); the claim that
+    """A download that finds a member damaged pushes its key for the workers (redis_keys.REPAIR_KEY); the claim that
     rate-limits the check is the workers' (refused above)."""
-    assert submitter.lpush(protocol.REPAIR_KEY, SHA) == 1
+    assert submitter.lpush(redis_keys.REPAIR_KEY, SHA) == 1
 
 
 def test_a_submitter_cant_send_a_celery_task(farm_redis: RedisServer) -> None:
@@ -146,8 +146,8 @@ def test_a_submitter_cant_send_a_celery_task(farm_redis: RedisServer) -> None:
 
     app = make_app(Farm(farm_redis, Path()).url)
     with pytest.raises(OperationalError, match="no permissions"):
-        app.send_task("farm.finish", args=[JOB], queue=protocol.CONTROL_QUEUE, retry=False)
-    assert farm_redis.client().llen(protocol.CONTROL_QUEUE) == 0
+        app.send_task("farm.finish", args=[JOB], queue=task_messages.CONTROL_QUEUE, retry=False)
+    assert farm_redis.client().llen(task_messages.CONTROL_QUEUE) == 0
 
 
 def test_a_submitter_submits_follows_cancels_and_reads_but_writes_nothing_else(
@@ -157,8 +157,8 @@ def test_a_submitter_submits_follows_cancels_and_reads_but_writes_nothing_else(
     assert client.status(job_id)["state"] == "queued" and client.jobs()[0]["job_id"] == job_id
     assert client.cancel(job_id) is True and client.status(job_id)["state"] == "cancelled"
     raw = farm_redis.client()
-    assert raw.lrange(protocol.SUBMITTED_KEY, 0, -1) == [job_id.encode()]
-    assert not raw.exists(protocol.job_key(job_id))  # the record is a worker's to write
+    assert raw.lrange(redis_keys.SUBMITTED_KEY, 0, -1) == [job_id.encode()]
+    assert not raw.exists(redis_keys.job_key(job_id))  # the record is a worker's to write
     assert set(raw.keys("farm:store:*")) == {f"farm:store:staged:{client.record(job_id).model_key}".encode(),
                                              f"farm:store:staged:{client.record(job_id).model_key}:0".encode()}
 
@@ -174,9 +174,9 @@ def test_farm_store_or_worker_with_a_submitters_credentials_is_refused_in_one_li
 def _forged_request(board: JobBoard, model_sha256: str, **changes: str) -> str:
     """A request written by hand as an attacker would, with fields changed after its id was made; its id pushed."""
     record = JobRecord(JobState.QUEUED, model_sha256, "tiny_cnn", model_sha256, [host_target()], created=time.time())
-    job_id, request = protocol.encode_request(record)
-    board.redis.hset(protocol.request_key(job_id), mapping={**request, **changes})
-    board.redis.lpush(protocol.SUBMITTED_KEY, job_id)
+    job_id, request = job_record.encode_request(record)
+    board.redis.hset(redis_keys.request_key(job_id), mapping={**request, **changes})
+    board.redis.lpush(redis_keys.SUBMITTED_KEY, job_id)
     return job_id
 
 
@@ -191,7 +191,7 @@ def test_forged_submissions_are_refused_and_the_farm_goes_on(farm_factory, model
     sha = hashlib.sha256(data).hexdigest()
     store.stage(data)
     for junk in ("../../etc/passwd", "x" * 100_000, JOB, "DEADBEEFDEADBEEF"):
-        board.redis.lpush(protocol.SUBMITTED_KEY, junk)
+        board.redis.lpush(redis_keys.SUBMITTED_KEY, junk)
     rewritten = _forged_request(board, sha, targets=json.dumps([{"kind": "cpu", "triple": "aarch64-linux-gnu",
                                                                    "cpu": "generic", "features": ""}]))
     with_artifact = _forged_request(board, sha, artifact_key=SHA)
@@ -222,21 +222,21 @@ def test_a_farm_key_of_the_wrong_type_is_one_line_for_clients_and_deleted_by_the
     housekeeping deletes it, and the farm goes on building."""
     farm: Farm = farm_factory(workers=1)
     operator = farm.redis.client()
-    operator.set(protocol.JOBS_KEY, "x")
-    operator.set(protocol.SUBMITTED_KEY, "x")
+    operator.set(redis_keys.JOBS_KEY, "x")
+    operator.set(redis_keys.SUBMITTED_KEY, "x")
     listed = farm_cli("jobs", broker=farm.url, cwd=tmp_path)
-    if operator.type(protocol.JOBS_KEY) == b"string":  # the housekeeping may already have run
+    if operator.type(redis_keys.JOBS_KEY) == b"string":  # the housekeeping may already have run
         assert listed.returncode == 4 and listed.stderr.count("\n") == 1, listed.stderr
         assert "WRONGTYPE" in listed.stderr and "the workers delete such keys" in listed.stderr
     deadline = time.monotonic() + intake.SWEEP_SECONDS + 10
-    while operator.exists(protocol.JOBS_KEY, protocol.SUBMITTED_KEY) and time.monotonic() < deadline:
+    while operator.exists(redis_keys.JOBS_KEY, redis_keys.SUBMITTED_KEY) and time.monotonic() < deadline:
         time.sleep(0.1)
     submitted = farm_cli("submit", str(model_path), "--json", "-o", str(tmp_path / "out"), broker=farm.url,
                          cwd=tmp_path, timeout=300)
     assert submitted.returncode == 0 and json.loads(submitted.stdout)["state"] == "done", submitted.stderr
     log = farm.workers[0].log_path.read_text()
-    assert f"deleted {protocol.SUBMITTED_KEY} (a string)" in log
-    assert f"deleted {protocol.JOBS_KEY}, a string where the farm keeps a zset" in log
+    assert f"deleted {redis_keys.SUBMITTED_KEY} (a string)" in log
+    assert f"deleted {redis_keys.JOBS_KEY}, a string where the farm keeps a zset" in log
 
 
 def test_only_the_operator_may_retune_and_a_submitters_tune_only_adds_records(farm_factory, model_path: Path,
@@ -262,7 +262,7 @@ def test_only_the_operator_may_retune_and_a_submitters_tune_only_adds_records(fa
     assert "--retune" in refused.stderr and "operator" in refused.stderr
     board = JobBoard(farm.url)
     split = split_model(model_path)
-    job_id, request = protocol.encode_request(JobRecord(JobState.QUEUED, split.graph_key, "tiny_cnn",
+    job_id, request = job_record.encode_request(JobRecord(JobState.QUEUED, split.graph_key, "tiny_cnn",
                                                         split.model_sha256, [host_target()], retune=True,
                                                         created=time.time()))
     board.submit_request(job_id, request, time.time())  # what the client would send, less the grant
@@ -298,14 +298,14 @@ def test_what_a_submitter_writes_without_a_time_to_live_gets_one_from_the_worker
     attacker = JobBoard(farm.url).redis
     staged = f"{acl.STORE_PREFIX}staged:{SHA}"
     attacker.set(staged, "1:1")
-    attacker.hset(protocol.request_key(JOB), "model_key", SHA)
-    attacker.set(protocol.cancel_key(JOB), "1")
+    attacker.hset(redis_keys.request_key(JOB), "model_key", SHA)
+    attacker.set(redis_keys.cancel_key(JOB), "1")
     with pytest.raises(redis.exceptions.NoPermissionError):
         attacker.execute_command("SELECT", "1")
     operator = farm.redis.client()
     deadline = time.monotonic() + intake.SWEEP_SECONDS + 20
-    while -1 in (ttls := [operator.ttl(key) for key in (staged, protocol.request_key(JOB),
-                                                         protocol.cancel_key(JOB))]):
+    while -1 in (ttls := [operator.ttl(key) for key in (staged, redis_keys.request_key(JOB),
+                                                         redis_keys.cancel_key(JOB))]):
         assert time.monotonic() < deadline, farm.logs()
         time.sleep(0.2)
     assert 0 < ttls[0] <= defaults.STAGED_TTL_SECONDS and all(0 < ttl <= defaults.JOB_TTL_SECONDS for ttl in ttls)
@@ -321,10 +321,10 @@ def test_a_submitters_floods_and_oversized_claims_are_bounded_and_the_farm_goes_
     board = JobBoard(farm.url)
     pipe = board.redis.pipeline(transaction=False)
     for index in range(50_000):
-        pipe.lpush(protocol.SUBMITTED_KEY, f"{index:016x}")
+        pipe.lpush(redis_keys.SUBMITTED_KEY, f"{index:016x}")
     pipe.execute()
     cpus = [dataclasses.replace(host_target(), cpu=f"znver{index}") for index in range(70)]
-    many, request = protocol.encode_request(JobRecord(JobState.QUEUED, SHA, "tiny_cnn", SHA, cpus,
+    many, request = job_record.encode_request(JobRecord(JobState.QUEUED, SHA, "tiny_cnn", SHA, cpus,
                                                       created=time.time()))
     board.submit_request(many, request, time.time())
     oversized = hashlib.sha256(b"oversized").hexdigest()
@@ -376,7 +376,7 @@ def test_teams_read_follow_and_cancel_only_their_own_jobs(farm_factory, model_pa
                      broker=farm.team_url("vision"), cwd=tmp_path, timeout=300)
     assert built.returncode == 0, built.stderr + farm.logs()
     vision_job = json.loads(built.stdout)["job_id"]
-    assert vision_job.startswith("vision.") and protocol.team_of(vision_job) == "vision"
+    assert vision_job.startswith("vision.") and redis_keys.team_of(vision_job) == "vision"
     nlp = FarmClient(farm.team_url("nlp-2"))
     assert [job["job_id"] for job in FarmClient(farm.team_url("vision")).jobs()] == [vision_job]
     assert nlp.jobs() == [] and FarmClient(farm.url).jobs() == []
@@ -385,7 +385,7 @@ def test_teams_read_follow_and_cancel_only_their_own_jobs(farm_factory, model_pa
         assert refused.returncode == 4 and refused.stderr.count("\n") == 1, (command, refused.stderr)
         assert "refused this to the URL's user" in refused.stderr
     with pytest.raises(redis.exceptions.NoPermissionError):  # nor forge a request in the name of another team
-        nlp.board.redis.hset(protocol.request_key(f"vision.{'ab' * 8}"), "model_key", SHA)
+        nlp.board.redis.hset(redis_keys.request_key(f"vision.{'ab' * 8}"), "model_key", SHA)
     assert farm_cli("status", vision_job, broker=farm.team_url("vision"), cwd=tmp_path).returncode == 0
 
 

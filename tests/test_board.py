@@ -10,9 +10,9 @@ import pytest
 
 from farm import defaults
 from farm.backends.llvm.target import CpuTarget
-from farm.distributed import protocol
+from farm.distributed import redis_keys
 from farm.distributed.board import JobBoard
-from farm.distributed.protocol import TERMINAL, JobRecord, JobState
+from farm.distributed.job_record import TERMINAL, JobRecord, JobState
 from farm.errors import CredentialsRefusedError, ExitStatus, UnreachableError
 from tests.services import RedisServer, free_port, redis_server_fixture, redis_servers_fixture  # noqa: F401
 
@@ -38,7 +38,7 @@ def test_create_get_and_update_a_job_record(board: JobBoard) -> None:
     assert record.state == JobState.QUEUED and record.model_name == "m" and record.no_cache is False
     assert record.targets == [CpuTarget("x86_64-unknown-linux-gnu")] and record.total is None
     assert record.created <= record.updated <= time.time()
-    assert 0 < board.redis.ttl(protocol.job_key(J1)) <= defaults.JOB_TTL_SECONDS
+    assert 0 < board.redis.ttl(redis_keys.job_key(J1)) <= defaults.JOB_TTL_SECONDS
 
     time.sleep(0.01)
     board.update(J1, state=JobState.COMPILING, total=5, tune_units=["a", "b"])
@@ -100,7 +100,7 @@ def test_complete_counts_distinct_names_per_phase(board: JobBoard) -> None:
     assert board.complete("j", "link", "a") == 1  # phases count apart
     assert board.complete("other", "compile", "a") == 1  # and jobs too
     assert board.complete("j", "compile", "c") == 3
-    assert 0 < board.redis.ttl(protocol.phase_key("j", "compile")) <= defaults.JOB_TTL_SECONDS
+    assert 0 < board.redis.ttl(redis_keys.phase_key("j", "compile")) <= defaults.JOB_TTL_SECONDS
 
 
 def test_exactly_one_of_many_concurrent_completions_sees_the_last_unit(board: JobBoard) -> None:
@@ -133,7 +133,7 @@ def test_count_delivery_increments_per_job_and_unit(board: JobBoard) -> None:
     assert [board.count_delivery("j", "u") for _ in range(3)] == [1, 2, 3]
     assert board.count_delivery("j", "v") == 1
     assert board.count_delivery("other", "u") == 1
-    assert 0 < board.redis.ttl(protocol.deliveries_key("j", "u")) <= defaults.JOB_TTL_SECONDS
+    assert 0 < board.redis.ttl(redis_keys.deliveries_key("j", "u")) <= defaults.JOB_TTL_SECONDS
 
 
 @pytest.mark.parametrize("operation", ["create", "get", "update", "advance", "complete", "count_delivery"])
@@ -168,7 +168,7 @@ def test_refused_credentials_say_so_without_the_password(redis_servers) -> None:
 def test_each_state_change_and_finished_unit_is_published_on_the_jobs_channel(board: JobBoard) -> None:
     """Waiting clients block on the job's channel (farm/distributed/client.py JobEvents) instead of polling."""
     pubsub = board.redis.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(protocol.job_events_channel(J1))
+    pubsub.subscribe(redis_keys.job_events_channel(J1))
     assert pubsub.get_message(timeout=5) is None  # the subscription's confirmation, taken
     board.create(J1, new_record())
     assert board.advance(J1, JobState.PLANNING)
@@ -179,7 +179,7 @@ def test_each_state_change_and_finished_unit_is_published_on_the_jobs_channel(bo
     received = []
     while (message := pubsub.get_message(timeout=1)) is not None:
         received.append((message["channel"], message["data"]))
-    channel = protocol.job_events_channel(J1)
+    channel = redis_keys.job_events_channel(J1)
     assert received == [(channel, "planning"), (channel, "compile"), (channel, "failed")]
     pubsub.close()
 
@@ -188,7 +188,7 @@ def test_a_lost_worker_is_counted_on_a_live_job_only_and_published(board: JobBoa
     """The reaper (farm/distributed/leases.py) tells each job which worker it lost and how many of its tasks went
     out again; reapers that share one holder's tasks add up, and an ended or expired job is left alone."""
     pubsub = board.redis.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(protocol.job_events_channel(J1))
+    pubsub.subscribe(redis_keys.job_events_channel(J1))
     assert pubsub.get_message(timeout=5) is None  # the subscription's confirmation, taken
     board.create(J1, new_record())
     assert board.lost_worker(J1, "w2@h#i1", 2) and board.lost_worker(J1, "w2@h#i1", 1)
@@ -197,7 +197,7 @@ def test_a_lost_worker_is_counted_on_a_live_job_only_and_published(board: JobBoa
     assert [pubsub.get_message(timeout=1)["data"] for _ in range(3)] == ["lost_worker"] * 3
     board.fail(J1, "boom")
     assert not board.lost_worker(J1, "w4@h#i3", 1) and "w4@h#i3" not in board.get(J1).lost_workers
-    assert not board.lost_worker(J2, "w2@h#i1", 1) and not board.redis.exists(protocol.job_key(J2))
+    assert not board.lost_worker(J2, "w2@h#i1", 1) and not board.redis.exists(redis_keys.job_key(J2))
     board.create(J2, new_record())
     assert not board.lost_worker(J2, f"{'w' * 600}#i1", 1) and board.get(J2).lost_workers == {}  # kept readable
     pubsub.close()
@@ -208,43 +208,43 @@ def test_a_record_is_created_once(board: JobBoard, redis_server: RedisServer) ->
     board.advance(J1, JobState.COMPILING)
     assert board.create(J1, new_record(tune=True)) is False
     assert board.get(J1).state == JobState.COMPILING and not board.get(J1).tune
-    assert 0 < redis_server.client().ttl(protocol.job_key(J1)) <= defaults.JOB_TTL_SECONDS
+    assert 0 < redis_server.client().ttl(redis_keys.job_key(J1)) <= defaults.JOB_TTL_SECONDS
 
 
 def test_a_submitted_request_reads_as_a_queued_job_until_a_record_exists(board: JobBoard,
                                                                         redis_server: RedisServer) -> None:
     job_id = board.submit(new_record(no_cache=True))
     raw = redis_server.client()
-    assert raw.lrange(protocol.SUBMITTED_KEY, 0, -1) == [job_id.encode()]
-    assert raw.zscore(protocol.JOBS_KEY, job_id) is not None and raw.ttl(protocol.request_key(job_id)) > 0
+    assert raw.lrange(redis_keys.SUBMITTED_KEY, 0, -1) == [job_id.encode()]
+    assert raw.zscore(redis_keys.JOBS_KEY, job_id) is not None and raw.ttl(redis_keys.request_key(job_id)) > 0
     assert board.get(job_id) is None
     viewed = board.view(job_id)
     assert viewed == board.request(job_id) and viewed.state == JobState.QUEUED and viewed.no_cache
     board.create(job_id, new_record(tune=True))
     assert board.view(job_id).tune  # the record, once there, is what clients see
     board.nudge(job_id)
-    assert raw.lrange(protocol.SUBMITTED_KEY, 0, -1) == [job_id.encode()] * 2
+    assert raw.lrange(redis_keys.SUBMITTED_KEY, 0, -1) == [job_id.encode()] * 2
     assert board.view(J2) is None and board.request(J2) is None
 
 
 def test_a_raised_cancel_flag_cancels_a_live_job_and_wins_over_every_later_step(board: JobBoard) -> None:
     board.create(J1, new_record())
     board.advance(J1, JobState.COMPILING)
-    board.raise_flag(J1, protocol.cancel_key)
+    board.raise_flag(J1, redis_keys.cancel_key)
     record = board.get(J1)
     assert record.state == JobState.CANCELLED and record.error == "cancelled by user" and record.is_over
     assert board.advance(J1, JobState.LINKING) is False  # the step that tries to move it stops ...
-    assert board.call(board.redis.hget, protocol.job_key(J1), "state") == "cancelled"  # ... and the record catches up
+    assert board.call(board.redis.hget, redis_keys.job_key(J1), "state") == "cancelled"  # ... and the record catches up
     assert board.advance(J1, JobState.DONE, artifact_key="c" * 64) is False
 
     board.create(J2, new_record())
     board.advance(J2, JobState.DONE, artifact_key="c" * 64)
-    board.raise_flag(J2, protocol.cancel_key)
+    board.raise_flag(J2, redis_keys.cancel_key)
     assert board.get(J2).state == JobState.DONE  # an ended job stays as it ended
 
 
 def test_a_request_cancelled_before_acceptance_reads_as_cancelled(board: JobBoard) -> None:
     job_id = board.submit(new_record())
-    board.raise_flag(job_id, protocol.cancel_key)
+    board.raise_flag(job_id, redis_keys.cancel_key)
     assert board.view(job_id).state == JobState.CANCELLED
-    assert board.flag_raised(job_id, protocol.cancel_key) and not board.flag_raised(job_id, protocol.downloaded_key)
+    assert board.flag_raised(job_id, redis_keys.cancel_key) and not board.flag_raised(job_id, redis_keys.downloaded_key)

@@ -19,7 +19,7 @@ from kombu.exceptions import ContentDisallowed
 from kombu.serialization import dumps, loads, prepare_accept_content
 
 from farm.distributed.celery_app import make_app
-from farm.distributed.protocol import FIXED_QUEUES as QUEUES
+from farm.distributed.task_messages import FIXED_QUEUES as QUEUES
 from farm.distributed.tasks import FarmTask, TuneTask, app
 from tests.farm_services import FarmWorker
 from tests.services import RedisServer, redis_server_fixture  # noqa: F401
@@ -208,7 +208,7 @@ def test_dispatch_waits_out_a_redis_restart(redis_server: RedisServer) -> None:
     redis_server.stop()
     restarter = threading.Timer(1.5, redis_server.restart)
     restarter.start()
-    code = ("from farm.distributed.protocol import Finish; from farm.distributed.tasks import dispatch; "
+    code = ("from farm.distributed.task_messages import Finish; from farm.distributed.tasks import dispatch; "
             "dispatch(Finish('0123456789abcdef').message())")
     env = {**os.environ, "FARM_BROKER_URL": redis_server.url}
     try:

@@ -19,9 +19,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from farm.artifact import artifact_bytes
 from farm.backends.llvm.target import host_target
-from farm.distributed import protocol, recipes
+from farm.distributed import recipes, redis_keys
 from farm.distributed.board import JobBoard
-from farm.distributed.protocol import JobRecord, JobState
+from farm.distributed.job_record import JobRecord, JobState
 from farm.errors import ExitStatus
 from farm.store import FileStore, RedisStore
 from farm.tools import examples
@@ -557,7 +557,7 @@ def test_a_stop_during_the_upload_says_that_nothing_was_submitted(redis_server: 
     assert status == exit_status and stdout == "", running.stderr
     assert running.stderr.endswith(f"farm: {said} while uploading mlp.onnx; nothing was submitted (its staged "
                                    "bytes expire)\n"), running.stderr
-    assert "Traceback" not in running.stderr and JobBoard(redis_server.url).redis.zcard(protocol.JOBS_KEY) == 0
+    assert "Traceback" not in running.stderr and JobBoard(redis_server.url).redis.zcard(redis_keys.JOBS_KEY) == 0
 
 
 @pytest.mark.parametrize("stop", list(STOPS))

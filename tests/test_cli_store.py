@@ -16,7 +16,7 @@ from farm.backends.llvm.target import host_target
 from farm.cli.store import human_bytes
 from farm.distributed import pins
 from farm.distributed.board import JobBoard
-from farm.distributed.protocol import JobRecord, JobState
+from farm.distributed.job_record import JobRecord, JobState
 from farm.store import FileStore, RedisStore
 from tests.services import RedisServer, free_port, redis_server_fixture  # noqa: F401
 

@@ -18,10 +18,11 @@ from farm import defaults
 from farm.artifact import artifact_bytes
 from farm.backends.llvm.target import host_target
 from farm.backends.opencl.target import OpenClTarget
-from farm.distributed import protocol, recipes
+from farm.distributed import recipes, redis_keys, task_messages
 from farm.distributed.client import ANY_WORKER, FarmClient, LivenessWatch, job_queues, raise_for_state
-from farm.distributed.protocol import JobRecord, JobState, Message, PlanJob
+from farm.distributed.job_record import JobRecord, JobState
 from farm.distributed.steps import Farm, JobFailed
+from farm.distributed.task_messages import Message, PlanJob
 from farm.errors import BadInputError, BuildError, ExitStatus, JobError, UnreachableError
 from farm.frontend.split import split_model
 from farm.ir.graph import DeferredArray
@@ -65,8 +66,8 @@ def test_submit_stages_the_model_and_writes_a_request_that_a_worker_accepts(
     assert record.model_key == hashlib.sha256(split_model(model_path).graph).hexdigest()  # the graph, by digest
     assert record.targets == [host_target()]
     raw = redis_server.client()
-    assert raw.lrange(protocol.SUBMITTED_KEY, 0, -1) == [job_id.encode()] and raw.llen("control") == 0
-    assert not raw.exists(protocol.job_key(job_id)) and not client.store.has(record.model_key)  # staged only
+    assert raw.lrange(redis_keys.SUBMITTED_KEY, 0, -1) == [job_id.encode()] and raw.llen("control") == 0
+    assert not raw.exists(redis_keys.job_key(job_id)) and not client.store.has(record.model_key)  # staged only
     status = client.status(job_id)
     assert status["state"] == "queued" and status["done"] == 0 and status["model"] == "tiny_cnn"
     assert "error" not in status and "artifact_key" not in status
@@ -145,7 +146,7 @@ def test_download_of_a_done_job_writes_the_artifact(client: FarmClient, model_pa
     assert Path(path).read_bytes() == artifact_bytes({"model": {"name": "tiny_cnn"}}, {
         "weights/w.bin": b"weights " * 1000, "targets/x/model.so": b"code"})  # what a local build writes
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["tiny_cnn.farm"]  # no temporary file left
-    assert client.board.flag_raised(job_id, protocol.downloaded_key)  # the next pin sweep releases its artifact
+    assert client.board.flag_raised(job_id, redis_keys.downloaded_key)  # the next pin sweep releases its artifact
 
 
 def test_download_of_an_artifact_whose_member_was_evicted_says_so_and_writes_nothing(
@@ -163,7 +164,7 @@ def test_download_of_an_artifact_whose_member_was_evicted_says_so_and_writes_not
 def test_a_damaged_member_fails_the_download_and_is_dropped_by_a_worker_so_the_artifact_is_not_reused(
         client: FarmClient, model_path: Path, tmp_path: Path, accept, dispatched: list[Message]) -> None:
     """A reuse checks members' lengths, not bytes (recipes.intact): a damaged member of the right length is found by
-    the download's sha256 check, which hands it to the workers' intakes (protocol.REPAIR_KEY) to be dropped."""
+    the download's sha256 check, which hands it to the workers' intakes (redis_keys.REPAIR_KEY) to be dropped."""
     job_id = client.submit(model_path, [host_target()])
     accept(job_id)
     key, members = recipes.put_recipe(client.store, {}, {"a.bin": b"kept", "b.bin": b"damaged"}, lambda keys: None)
@@ -175,7 +176,7 @@ def test_a_damaged_member_fails_the_download_and_is_dropped_by_a_worker_so_the_a
     with pytest.raises(JobError, match=f"store entry {damaged} is damaged .* submit the model again"):
         client.download(job_id, tmp_path / "out")
     assert list((tmp_path / "out").iterdir()) == []
-    assert client.board.redis.lrange(protocol.REPAIR_KEY, 0, -1) == [damaged]
+    assert client.board.redis.lrange(redis_keys.REPAIR_KEY, 0, -1) == [damaged]
 
     farm = Farm(client.board, client.store, dispatched.append)
     assert farm.repair(damaged) == f"store entry {damaged} was damaged: dropped"
@@ -252,18 +253,18 @@ def test_jobs_lists_the_newest_first_and_skips_records_that_are_gone(client: Far
     assert [job["job_id"] for job in client.jobs(limit=2)] == [ids[2], ids[1]]
 
     raw = redis_server.client()
-    assert 0 < raw.ttl(protocol.JOBS_KEY) <= defaults.JOB_TTL_SECONDS
-    raw.delete(protocol.request_key(ids[1]))  # a request gone before its index entry
+    assert 0 < raw.ttl(redis_keys.JOBS_KEY) <= defaults.JOB_TTL_SECONDS
+    raw.delete(redis_keys.request_key(ids[1]))  # a request gone before its index entry
     assert [job["job_id"] for job in client.jobs(limit=2)] == [ids[2], ids[0]]
 
     old = "0" * 16
     client.board.create(old, _record([host_target()], created=time.time() - defaults.JOB_TTL_SECONDS - 60))
-    raw.zadd(protocol.JOBS_KEY, {old: time.time() - defaults.JOB_TTL_SECONDS - 60})
+    raw.zadd(redis_keys.JOBS_KEY, {old: time.time() - defaults.JOB_TTL_SECONDS - 60})
     assert old not in {job["job_id"] for job in client.jobs()}  # older than a record lives: not listed
     client.submit(model_path, [host_target()])
-    assert raw.zscore(protocol.JOBS_KEY, old) is None  # and dropped from the index at the next submit
+    assert raw.zscore(redis_keys.JOBS_KEY, old) is None  # and dropped from the index at the next submit
 
-    raw.zadd(protocol.JOBS_KEY, {"../../etc": time.time()})
+    raw.zadd(redis_keys.JOBS_KEY, {"../../etc": time.time()})
     unreadable = client.jobs(limit=1)[0]
     assert unreadable["state"] == "unreadable" and "not a job id" in unreadable["error"]
 
@@ -330,7 +331,7 @@ def test_a_change_nobody_announced_is_seen_at_the_fallback_poll(client: FarmClie
     monkeypatch.setenv("FARM_WAIT_FALLBACK_SECONDS", "0.5")
     job_id = client.submit(model_path, [host_target()])
     accept(job_id)
-    threading.Timer(0.3, lambda: redis_server.client().hset(protocol.job_key(job_id), "state", "cancelled")).start()
+    threading.Timer(0.3, lambda: redis_server.client().hset(redis_keys.job_key(job_id), "state", "cancelled")).start()
     assert client.wait(job_id, timeout=30)["state"] == "cancelled"
 
 
@@ -407,7 +408,8 @@ def test_a_forged_model_name_never_names_a_path_outside_the_download_folder(clie
     accept(job_id)
     key = client.store.put(b"an artifact")
     assert client.board.advance(job_id, JobState.DONE, artifact_key=key)
-    client.board.redis.hset(protocol.job_key(job_id), "model_name", name)  # as a forger with a worker's password would
+    # as a forger with a worker's password would:
+    client.board.redis.hset(redis_keys.job_key(job_id), "model_name", name)
     with pytest.raises(BadInputError, match="model name .* can't name a file"):
         client.download(job_id, tmp_path / "dl")
     assert not any(tmp_path.rglob("*.farm")) and not Path("/tmp/absolute.farm").exists()
@@ -444,7 +446,7 @@ def test_a_resubmit_with_a_changed_graph_and_the_same_weights_uploads_under_a_me
     farm.plan_job(first)  # leaves W, which it never reads, to the unit that packs it, which admits it
     assert raw.keys("farm:store:staged:*")
     for message in units:
-        farm.run(protocol.decode(message.task, message.args))
+        farm.run(task_messages.decode(message.task, message.args))
     assert not raw.keys("farm:store:staged:*")
     received = raw.info("stats")["total_net_input_bytes"]
     reports.clear()

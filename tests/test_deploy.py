@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import redis
 
-from farm.distributed import acl, protocol
+from farm.distributed import acl, redis_keys, task_messages
 from tests.farm_services import farm_cli
 from tests.services import RedisServer, free_port, redis_server_binary
 
@@ -633,11 +633,11 @@ def test_the_acl_file_farm_acl_writes_is_what_redis_loads(deployed_redis: Deploy
         with pytest.raises(redis.exceptions.AuthenticationError):
             redis.Redis.from_url(deployed_redis.url_for(spec.user, "wrong")).ping()
     with pytest.raises(redis.exceptions.NoPermissionError):
-        clients["submitter"].lpush(protocol.CONTROL_QUEUE, "forged")
-    assert clients["submitter"].lpush(protocol.SUBMITTED_KEY, "0123456789abcdef") == 1
-    assert clients["worker"].lpush(protocol.CONTROL_QUEUE, "task") == 1
+        clients["submitter"].lpush(task_messages.CONTROL_QUEUE, "forged")
+    assert clients["submitter"].lpush(redis_keys.SUBMITTED_KEY, "0123456789abcdef") == 1
+    assert clients["worker"].lpush(task_messages.CONTROL_QUEUE, "task") == 1
     with pytest.raises(redis.exceptions.NoPermissionError):
-        clients["flower"].lpush(protocol.CONTROL_QUEUE, "forged")
+        clients["flower"].lpush(task_messages.CONTROL_QUEUE, "forged")
     _run_the_healthcheck(deployed_redis, PASSWORDS[ROLE_PASSWORDS["submitter"]])
 
 

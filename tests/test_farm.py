@@ -16,7 +16,9 @@ from farm.backends.opencl.target import OpenClTarget
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
 from farm.distributed.board import JobBoard
-from farm.distributed.protocol import RUNNING_KEY, JobState, RunningTask, TaskName
+from farm.distributed.job_record import JobState
+from farm.distributed.redis_keys import RUNNING_KEY
+from farm.distributed.task_messages import RunningTask, TaskName
 from farm.errors import ExitStatus
 from farm.tools import examples
 from tests.dynamic_models import dynamic_cnn

@@ -218,7 +218,7 @@ def test_the_task_that_fails_a_job_is_a_failure_in_flower_with_its_error(farm_fa
     model = tmp_path / "tiny_cnn.onnx"
     onnx.save(EXAMPLES["tiny_cnn"](), str(model))
     from farm.distributed.celery_app import make_app
-    from farm.distributed.protocol import Finish
+    from farm.distributed.task_messages import Finish
 
     doomed = packed_weight_symbol(model)
     farm = farm_factory(workers=1, env={"FARM_FAULT_KILL_UNIT": doomed})

@@ -28,11 +28,12 @@ from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
 from farm.build.parts import entry_object, entry_ref
 from farm.build.units import CompileUnit, compile_unit
-from farm.distributed import pins, protocol, recipes
+from farm.distributed import pins, recipes, redis_keys, task_messages
 from farm.distributed.board import JobBoard
 from farm.distributed.client import FarmClient
-from farm.distributed.protocol import TERMINAL, Compile, JobRecord, JobState, Message
+from farm.distributed.job_record import TERMINAL, JobRecord, JobState
 from farm.distributed.steps import Farm, JobFailed, artifact_ref
+from farm.distributed.task_messages import Compile, Message
 from farm.errors import ExitStatus
 from farm.store import FileStore, RedisStore, StoreUnreachableError
 from farm.tools import examples
@@ -59,7 +60,7 @@ def run_task(farm: Farm, name: str, args: list[Any]) -> str | None:
     """Run one task the way farm/distributed/tasks.py does: decode its arguments and run its step. A step that
     fails its job raises JobFailed, which Celery records as the task's FAILURE: here it ends the task too."""
     with contextlib.suppress(JobFailed):
-        return farm.run(protocol.decode(name, args))
+        return farm.run(task_messages.decode(name, args))
     return None
 
 
@@ -174,7 +175,7 @@ def test_compile_task_arguments_name_the_job_unit_op_and_target(units: list[Comp
     message = Compile(job_id, blob).message()
     assert message.task == "farm.pack_blob" and message.args[:4] == [job_id, blob.name, f"{blob.spec.nbytes} bytes",
                                                                       blob.target.id]
-    assert protocol.decode(message.task, message.args) == Compile(job_id, blob)
+    assert task_messages.decode(message.task, message.args) == Compile(job_id, blob)
     assert blob.data_key == blob.spec.data_sha256  # the store is content-addressed: the weights' key is their sha256
 
 
@@ -412,7 +413,7 @@ def test_a_unit_delivered_more_than_the_cap_fails_the_job(farm: Farm, tasks: Tas
         farm.board.count_delivery(job_id, unit_name)
 
     with pytest.raises(JobFailed, match="started 3 times and never finished"):
-        farm.run(protocol.decode(name, args))
+        farm.run(task_messages.decode(name, args))
     record = farm.board.get(job_id)
     assert record.state == "failed" and record.failed_unit == unit_name
     assert unit_name in record.error and "3 times" in record.error
@@ -443,7 +444,7 @@ def test_a_failing_compile_fails_the_job_naming_the_unit(farm: Farm, tasks: Task
     victim = next(args for name, args in tasks if name == "farm.pack_blob")
     victim[4]["spec"]["bytes"] += 4  # the spec no longer matches its weights' bytes: pack_blob refuses them
     with pytest.raises(JobFailed) as failed:
-        farm.run(protocol.decode("farm.pack_blob", victim))
+        farm.run(task_messages.decode("farm.pack_blob", victim))
     assert failed.value.exit_status == ExitStatus.BUILD_FAILED and victim[1] in str(failed.value)
 
     record = farm.board.get(job_id)
@@ -496,7 +497,7 @@ def test_a_redelivered_plan_job_still_finishes_the_job(farm: Farm, tasks: Tasks,
     for _ in range(compiled_before):
         run_task(farm, *tasks.pop(0))
     events = farm.board.redis.pubsub(ignore_subscribe_messages=True)
-    events.subscribe(protocol.job_events_channel(job_id))
+    events.subscribe(redis_keys.job_events_channel(job_id))
     assert events.get_message(timeout=5) is None  # the subscription's confirmation, taken
     farm.plan_job(job_id)  # the redelivery
     published = []

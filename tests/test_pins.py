@@ -14,10 +14,10 @@ from farm import defaults
 from farm.backends.llvm.target import host_target
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
-from farm.distributed import pins, protocol, recipes
+from farm.distributed import pins, recipes, redis_keys, task_messages
 from farm.distributed.board import JobBoard
 from farm.distributed.client import FarmClient
-from farm.distributed.protocol import JobRecord, JobState
+from farm.distributed.job_record import JobRecord, JobState
 from farm.distributed.steps import Farm
 from farm.errors import JobError
 from farm.store import RedisStore, content_key
@@ -53,7 +53,7 @@ def farm(redis_server: RedisServer, store: RedisStore) -> tuple[Farm, Tasks]:
 
 def pinned(store: RedisStore, job_id: str) -> set[str]:
     """The keys the job pins now (read from the store's pin set directly)."""
-    owner = protocol.store_pin_owner(job_id)
+    owner = redis_keys.store_pin_owner(job_id)
     return {key.decode() for key in store.client.smembers(f"{store.prefix}pin:{owner}")}
 
 
@@ -76,18 +76,18 @@ def test_release_ended_jobs_releases_failed_cancelled_and_expired_jobs_only(redi
 
     released = pins.release_ended_jobs(board, store)
     assert sorted(released) == sorted([jobs[JobState.FAILED], jobs[JobState.CANCELLED], expired])
-    kept = {protocol.job_of_pin_owner(owner) for owner in store.pin_owners()}
+    kept = {redis_keys.job_of_pin_owner(owner) for owner in store.pin_owners()}
     assert kept == {jobs[state] for state in JobState if state not in (JobState.FAILED, JobState.CANCELLED)} | {None}
 
-    board.raise_flag(jobs[JobState.DONE], protocol.downloaded_key)  # its artifact was downloaded
-    board.raise_flag(jobs[JobState.COMPILING], protocol.downloaded_key)  # a flag on a live job changes nothing
+    board.raise_flag(jobs[JobState.DONE], redis_keys.downloaded_key)  # its artifact was downloaded
+    board.raise_flag(jobs[JobState.COMPILING], redis_keys.downloaded_key)  # a flag on a live job changes nothing
     assert pins.release_ended_jobs(board, store) == [jobs[JobState.DONE]]
 
 
 def test_job_pins_expire_with_the_job_record(store: RedisStore) -> None:
     job_id = uuid.uuid4().hex[:16]
     pins.pin_for_job(store, job_id, [content_key(b"x")])
-    ttl = store.client.ttl(f"{store.prefix}pin:{protocol.store_pin_owner(job_id)}")
+    ttl = store.client.ttl(f"{store.prefix}pin:{redis_keys.store_pin_owner(job_id)}")
     assert defaults.JOB_TTL_SECONDS - 5 < ttl <= defaults.JOB_TTL_SECONDS
 
 
@@ -105,7 +105,7 @@ def test_a_job_pins_what_it_will_read_then_only_its_artifacts_recipe_and_members
 
     while tasks and tasks[0][0] != "farm.link":
         name, args = tasks.pop(0)
-        steps.run(protocol.decode(name, args))
+        steps.run(task_messages.decode(name, args))
     objects = {store.get_ref(unit["ref"]) for unit in plan_json["units"].values() if unit["kind"] != "blob"}
     packed = {store.get_ref(unit["ref"]) for unit in plan_json["units"].values() if unit["kind"] == "blob"}
     assert None not in objects | packed and objects <= pinned(store, job_id)

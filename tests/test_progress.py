@@ -21,7 +21,7 @@ from rich.console import Console
 from farm.backends.llvm.target import host_target
 from farm.cli.progress import PlainProgress, TerminalProgress, build_progress, escaped
 from farm.distributed.client import FarmClient
-from farm.distributed.protocol import JobState
+from farm.distributed.job_record import JobState
 from farm.distributed.steps import Farm
 from farm.tools import examples
 from tests.services import RedisServer, redis_server_fixture  # noqa: F401

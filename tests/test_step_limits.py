@@ -20,7 +20,7 @@ import onnx
 import pytest
 
 from farm import defaults
-from farm.distributed import protocol
+from farm.distributed import redis_keys, task_messages
 from farm.distributed.board import JobBoard
 from farm.distributed.steps import Farm, JobFailed
 from farm.errors import ExitStatus
@@ -99,7 +99,7 @@ def test_every_step_started_past_the_cap_fails_its_job_naming_it_and_the_memory_
     for _ in range(defaults.max_deliveries()):  # three deliveries, each lost with its worker
         farm.board.count_delivery(job_id, name)
     with pytest.raises(JobFailed) as failed:
-        farm.run(protocol.decode(STEP_TASKS[step], args))
+        farm.run(task_messages.decode(STEP_TASKS[step], args))
     record = farm.board.get(job_id)
     words = STEP_WORDS[step] + (args[1] if step == "link:" else "")
     assert str(failed.value) == record.error == (
@@ -139,7 +139,7 @@ def _failed_job(result) -> tuple[str, str]:
 
 
 def _deliveries(farm, job_id: str, name: str) -> int:
-    return int(farm.redis.client().get(protocol.deliveries_key(job_id, name)) or 0)
+    return int(farm.redis.client().get(redis_keys.deliveries_key(job_id, name)) or 0)
 
 
 def _builds_a_small_model(farm, tmp_path: Path) -> None:

@@ -30,7 +30,8 @@ from farm.store import (
     open_store,
 )
 from farm.store.base import EMPTY_KEY, Eviction
-from farm.store.redis_store import CHUNK_BYTES, blob_redis, with_login_of, without_login
+from farm.store.redis_connection import with_login_of, without_login
+from farm.store.redis_store import CHUNK_BYTES, blob_redis
 from tests.services import RedisServer, free_port, redis_server_fixture, redis_servers_fixture  # noqa: F401
 
 MIB = 1 << 20
@@ -700,7 +701,7 @@ def test_incomplete_names_absent_entries_without_reading_any_and_marks_the_whole
 def test_redis_incomplete_judges_an_entry_by_the_lengths_of_its_chunks(redis_server: RedisServer,
                                                                         change: str) -> None:
     """A reuse's check (recipes.intact): a chunk gone or of another length is found without reading the bytes; a
-    flipped byte is the download's to find (its sha256 check, farm.distributed.protocol.REPAIR_KEY)."""
+    flipped byte is the download's to find (its sha256 check, farm.distributed.redis_keys.REPAIR_KEY)."""
     store = RedisStore(redis_server.url, chunk_bytes=1000)
     damaged, whole = store.put(pseudo_random(2500)), store.put(pseudo_random(2500, seed=1))
     _corrupt_by(change, store, damaged)

@@ -17,7 +17,7 @@ import pytest
 import redis
 from kombu.exceptions import OperationalError
 
-from farm.distributed import protocol
+from farm.distributed import redis_keys
 from farm.tools.examples import EXAMPLES
 from tests.farm_services import FARM_ACL, PASSWORDS, Farm, farm_cli
 from tests.services import TlsFiles, TlsRedisServer, make_tls_files
@@ -62,7 +62,7 @@ def test_nothing_travels_in_clear(tls_farm: Farm) -> None:
     assert tls_farm.url.startswith("rediss://") and "ssl_cert_reqs" not in tls_farm.url
     client = redis.Redis.from_url(tls_farm.redis.url, decode_responses=True)
     assert client.config_get("port") == {"port": "0"}  # the plain port is closed
-    assert client.exists(protocol.lease_key("w1@tls")) == 1  # the worker's lease keeper renews over TLS
+    assert client.exists(redis_keys.lease_key("w1@tls")) == 1  # the worker's lease keeper renews over TLS
 
 
 def test_submit_wait_download_and_run_over_tls(tls_farm: Farm, model: Path, tmp_path: Path) -> None:

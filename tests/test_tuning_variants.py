@@ -19,10 +19,11 @@ from farm.backends.llvm.gemm import GemmBlocking
 from farm.build.assembly import plan_model
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
-from farm.distributed import protocol, recipes
+from farm.distributed import recipes, task_messages
 from farm.distributed.board import JobBoard
-from farm.distributed.protocol import JobRecord, JobState, Message, PlanJob
+from farm.distributed.job_record import JobRecord, JobState
 from farm.distributed.steps import Farm
+from farm.distributed.task_messages import Message, PlanJob
 from farm.ir.specs import KernelSpec
 from farm.store import FileStore, RedisStore
 from farm.tools import examples
@@ -170,7 +171,7 @@ class Queues(list):
         while self:
             name, args, queue = self.pop(0)
             ran.append((name, queue))
-            farm.run(protocol.decode(name, args))
+            farm.run(task_messages.decode(name, args))
         return ran
 
 

@@ -2,9 +2,10 @@
 `opencl:...`).
 
 A backend brings what is particular to its kind of device: how its targets are written on the command line and in
-JSON, its renderer (loop IR -> source text) and its compile step (spec + target -> bytes, a pure function); the runtime
-keeps each kind's loader (farm.runtime.LOADERS). Its farm queue is named by the farm's protocol (farm.distributed.protocol), and its part of an
-artifact is assembled by farm.build.parts. A third backend is one more class here and one more part there.
+JSON, its renderer (loop IR -> source text) and its compile step (spec + target -> bytes, a pure function); the
+runtime keeps each kind's loader (farm.runtime.LOADERS). Its farm queue is named by the farm's task messages
+(farm.distributed.task_messages), and its part of an artifact is assembled by farm.build.parts. A third backend
+is one more class here and one more part there.
 
 Imports of the compilers and drivers stay inside the methods, so that parsing a target or loading an artifact
 never loads what another backend needs (pyopencl on a CPU-only host), and a submitting client needs neither them

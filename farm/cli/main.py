@@ -411,7 +411,7 @@ def _status_line(info: dict[str, Any]) -> str:
 def wait(job_id: str, broker: str | None, as_json: bool, timeout: float | None) -> None:
     """Wait for a farm job to end; the exit status says how it ended. Ctrl-C stops waiting (exit 130), and so does
     SIGTERM (exit 143), leaving the job running."""
-    from farm.distributed.protocol import TERMINAL, JobState
+    from farm.distributed.job_record import TERMINAL, JobState
     from farm.errors import StillRunningError
 
     client = _client(broker)

@@ -1,5 +1,5 @@
 """The farm's Redis users: what workers, submitters and Flower may do, as Redis ACL rules (Redis 7), built from the
-key names of farm.distributed.protocol and the store, so that the rules and the keys can't drift apart.
+key names of farm.distributed.redis_keys and the store, so that the rules and the keys can't drift apart.
 
 Submitters (CI jobs, laptops) are authenticated but not trusted. With the submitter's credentials one can read what
 clients show (job records and their progress, the jobs index, workers' advertisements and leases, store entries
@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
-from farm.distributed import protocol
+from farm.distributed import redis_keys, task_messages
 from farm.errors import BadInputError
 
 STORE_PREFIX = "farm:store:"
@@ -61,12 +61,13 @@ def _submitter_writes(team: str) -> dict[str, tuple[str, ...]]:
     string and end every worker's intake: one selector per kind of key, each with the commands that keep its
     type (a list is only pushed, the jobs index only added to and trimmed, a request only a hash). Requests,
     flags and the jobs index are the team's own (`team`: "" for the default submitters)."""
-    ids = protocol.team_job_ids(team)
+    ids = redis_keys.team_job_ids(team)
     return {
-        " ".join(f"~{key}" for key in (protocol.SUBMITTED_KEY, protocol.ADMIT_KEY, protocol.REPAIR_KEY)): ("lpush",),
-        f"~{protocol.request_key(ids)}": ("hset", "expire"),
-        f"~{protocol.jobs_key(team)}": ("zadd", "zremrangebyscore", "expire"),
-        " ".join([f"~{protocol.cancel_key(ids)} ~{protocol.downloaded_key(ids)}",
+        " ".join(f"~{key}" for key in (redis_keys.SUBMITTED_KEY, redis_keys.ADMIT_KEY,
+                                       redis_keys.REPAIR_KEY)): ("lpush",),
+        f"~{redis_keys.request_key(ids)}": ("hset", "expire"),
+        f"~{redis_keys.jobs_key(team)}": ("zadd", "zremrangebyscore", "expire"),
+        " ".join([f"~{redis_keys.cancel_key(ids)} ~{redis_keys.downloaded_key(ids)}",
                   *(f"~{pattern}" for pattern in _staging(team))]): ("set",),
     }
 
@@ -82,14 +83,14 @@ def _submitter_rules(team: str = "") -> str:
     """Read what clients show of the team's jobs, write only a submission's keys, each with the commands that keep
     its type (Redis 7 ACL selectors, one per kind of key); the commands the client's calls use, no others. A
     team's user reads, follows and cancels only its team's jobs, as the default submitters' user only theirs."""
-    ids = protocol.team_job_ids(team)
-    reads = [protocol.job_key(f"{ids}*"), protocol.request_key(f"{ids}*"), protocol.jobs_key(team),
-             protocol.WORKERS_KEY, protocol.lease_key("*"), f"{STORE_PREFIX}obj:*", f"{STORE_PREFIX}max_bytes",
+    ids = redis_keys.team_job_ids(team)
+    reads = [redis_keys.job_key(f"{ids}*"), redis_keys.request_key(f"{ids}*"), redis_keys.jobs_key(team),
+             redis_keys.WORKERS_KEY, redis_keys.lease_key("*"), f"{STORE_PREFIX}obj:*", f"{STORE_PREFIX}max_bytes",
              f"{STORE_PREFIX}blob_store", *_staging(team)]
     selectors = [f"(%R~{' %R~'.join(reads)} {SUBMITTER_READS})"]
     selectors += [f"({keys} {' '.join('+' + command for command in commands)})"
                   for keys, commands in _submitter_writes(team).items()]
-    return (f"resetkeys resetchannels -@all {SUBMITTER_CONNECTION} &{protocol.job_events_channel(ids)} "
+    return (f"resetkeys resetchannels -@all {SUBMITTER_CONNECTION} &{redis_keys.job_events_channel(ids)} "
             + " ".join(selectors))
 
 
@@ -98,9 +99,9 @@ TEAM_USER_PREFIX = "farm-submitter-"
 
 def team_role(team: str) -> Role:
     """The Redis user of one team's submitters (`farm-submitter-<team>`, its password in
-    FARM_SUBMITTER_PASSWORD_<TEAM>): a submitter whose jobs carry the team (protocol.team_of), which is what its
+    FARM_SUBMITTER_PASSWORD_<TEAM>): a submitter whose jobs carry the team (redis_keys.team_of), which is what its
     quota counts and what keeps teams from seeing or cancelling each other's jobs."""
-    protocol.check_team(team)
+    redis_keys.check_team(team)
     return Role(f"{TEAM_USER_PREFIX}{team}", f"FARM_SUBMITTER_PASSWORD_{team.upper().replace('-', '_')}",
                 _submitter_rules(team))
 
@@ -113,8 +114,8 @@ def team_of_url(url: str) -> str:
 
 
 _CELERY_KEYS = ("~_kombu.binding* ~*.reply.celery.pidbox* ~celeryev.* ~unacked* "
-                + " ".join(f"%R~{queue}*" for queue in ("celery", protocol.CONTROL_QUEUE, protocol.LLVM_QUEUE,
-                                                         protocol.opencl_queue(""), protocol.tune_queue(""))))
+                + " ".join(f"%R~{queue}*" for queue in ("celery", task_messages.CONTROL_QUEUE, task_messages.LLVM_QUEUE,
+                                                         task_messages.opencl_queue(""), task_messages.tune_queue(""))))
 """What Flower reads and writes in Celery's keys: exchange bindings, its replies to control commands, its event
 queue, and (read only) the farm's queues, whose lengths its Broker page shows (kombu names a queue's priority
 levels `<queue>\x06\x16<n>`, hence the trailing *)."""
@@ -152,7 +153,7 @@ def acl_file(passwords: dict[str, str], default_user: str = "off") -> str:
 
 def teams_from_environment(environ: Mapping[str, str]) -> list[str]:
     """The teams FARM_TEAMS names (comma-separated; none when unset), each checked."""
-    return [protocol.check_team(team.strip()) for team in environ.get("FARM_TEAMS", "").split(",") if team.strip()]
+    return [redis_keys.check_team(team.strip()) for team in environ.get("FARM_TEAMS", "").split(",") if team.strip()]
 
 
 def passwords_from_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -1,10 +1,10 @@
 """The job board: one Redis hash per farm job, and the counters its tasks share.
 
 Kept apart from the orchestration (farm/distributed/steps.py) so that clients, which only read and cancel jobs,
-import nothing heavier than redis. Records are typed (farm.distributed.protocol.JobRecord) and encoded by the
-protocol. Every state change goes through one Lua script that only moves live jobs, so a cancel wins over any later
-step; progress is a Redis set per phase, so a redelivered task counts once. Both are published on the job's events
-channel (protocol.job_events_channel), which waiting clients block on instead of polling.
+import nothing heavier than redis. Records are typed (farm.distributed.job_record.JobRecord) and encoded by
+farm.distributed.job_record. Every state change goes through one Lua script that only moves live jobs, so a cancel
+wins over any later step; progress is a Redis set per phase, so a redelivered task counts once. Both are published
+on the job's events channel (redis_keys.job_events_channel), which waiting clients block on instead of polling.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 import redis
 
 from farm import defaults
-from farm.distributed import protocol
-from farm.distributed.protocol import JobRecord, JobState
+from farm.distributed import job_record, redis_keys
+from farm.distributed.job_record import JobRecord, JobState
 from farm.errors import (
     CredentialsRefusedError,
     ExitStatus,
@@ -34,7 +34,7 @@ from farm.store.lua import LuaScript
 
 CANCELLED_BY_USER = "cancelled by user"
 
-_ENDED = " or ".join(f"state == '{state.value}'" for state in sorted(protocol.TERMINAL))
+_ENDED = " or ".join(f"state == '{state.value}'" for state in sorted(job_record.TERMINAL))
 _SET_IF_LIVE = f"""
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state or {_ENDED} then return 0 end
@@ -102,13 +102,13 @@ class JobBoard:
     def create(self, job_id: str, record: JobRecord) -> bool:
         """Record a new job (its state, times and fields as given); False when the job already has a record (a
         record is written once, by the worker that accepts the job)."""
-        fields = [item for pair in protocol.encode_record(record).items() for item in pair]
-        return bool(self.call(self._create, [protocol.job_key(job_id)], [defaults.JOB_TTL_SECONDS, *fields]))
+        fields = [item for pair in job_record.encode_record(record).items() for item in pair]
+        return bool(self.call(self._create, [redis_keys.job_key(job_id)], [defaults.JOB_TTL_SECONDS, *fields]))
 
     def get(self, job_id: str) -> JobRecord | None:
         """The job's record, cancelled if its cancel flag is raised and it hadn't ended; None when there is none
         (never accepted, or expired)."""
-        fields, cancelled = self._hash_and_cancel(protocol.job_key(job_id), job_id)
+        fields, cancelled = self._hash_and_cancel(redis_keys.job_key(job_id), job_id)
         return _with_cancel(JobRecord.decode(fields), cancelled) if fields else None
 
     def view(self, job_id: str) -> JobRecord | None:
@@ -117,83 +117,83 @@ class JobBoard:
         record = self.get(job_id)
         if record is not None:
             return record
-        fields, cancelled = self._hash_and_cancel(protocol.request_key(job_id), job_id)
-        return _with_cancel(protocol.decode_request(fields, job_id), cancelled) if fields else None
+        fields, cancelled = self._hash_and_cancel(redis_keys.request_key(job_id), job_id)
+        return _with_cancel(job_record.decode_request(fields, job_id), cancelled) if fields else None
 
     def _hash_and_cancel(self, key: str, job_id: str) -> tuple[dict[str, str], int]:
         """The hash at `key` (a record or a request) and whether the job's cancel flag is raised, in one round
         trip."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(key)
-        pipe.exists(protocol.cancel_key(job_id))
+        pipe.exists(redis_keys.cancel_key(job_id))
         fields, cancelled = self.call(pipe.execute)
         return fields, cancelled
 
     def request(self, job_id: str) -> JobRecord | None:
         """The queued record a submitter's request asks for (BadInputError when it is malformed); None if none."""
-        fields = self.call(self.redis.hgetall, protocol.request_key(job_id))
-        return protocol.decode_request(fields, job_id) if fields else None
+        fields = self.call(self.redis.hgetall, redis_keys.request_key(job_id))
+        return job_record.decode_request(fields, job_id) if fields else None
 
     def submit(self, record: JobRecord) -> str:
         """Write a new job's request, index it for `farm jobs` and hand its id to the workers' intake
         (farm.distributed.intake): all a submitter may write, since the record is the accepting worker's. Returns
-        the job id, which the request's contents determine (protocol.encode_request)."""
-        job_id, request = protocol.encode_request(record)
+        the job id, which the request's contents determine (job_record.encode_request)."""
+        job_id, request = job_record.encode_request(record)
         self.submit_request(job_id, request, record.created)
         return job_id
 
     def grant_retune(self, job_id: str) -> None:
-        """Let the job's --retune replace tuning records (protocol.retune_grant_key); NotPermittedError, naming
+        """Let the job's --retune replace tuning records (redis_keys.retune_grant_key); NotPermittedError, naming
         --retune, with a submitter's credentials."""
         try:
-            self.call(self.redis.set, protocol.retune_grant_key(job_id), "1", ex=defaults.JOB_TTL_SECONDS)
+            self.call(self.redis.set, redis_keys.retune_grant_key(job_id), "1", ex=defaults.JOB_TTL_SECONDS)
         except NotPermittedError:
             raise NotPermittedError(self.url, "--retune times again kernels that have tuning records, which every "
                                               "job on the farm uses, so it is the operator's to ask for; --tune adds "
                                               "records for kernels that have none") from None
 
     def submit_request(self, job_id: str, request: dict[str, str], created: float) -> None:
-        """Write an encoded request (protocol.encode_request) as `submit` does."""
-        key = protocol.request_key(job_id)
+        """Write an encoded request (job_record.encode_request) as `submit` does."""
+        key = redis_keys.request_key(job_id)
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(key, mapping=request)
         pipe.expire(key, defaults.JOB_TTL_SECONDS)
-        index = protocol.jobs_key(protocol.team_of(job_id))
+        index = redis_keys.jobs_key(redis_keys.team_of(job_id))
         pipe.zadd(index, {job_id: created})
         pipe.zremrangebyscore(index, "-inf", created - defaults.JOB_TTL_SECONDS)
         pipe.expire(index, defaults.JOB_TTL_SECONDS)
-        pipe.lpush(protocol.SUBMITTED_KEY, job_id)
+        pipe.lpush(redis_keys.SUBMITTED_KEY, job_id)
         self.call(pipe.execute)
 
     def awaiting_acceptance(self, job_ids: list[str]) -> list[str]:
         """Those of `job_ids` that have a request and no record yet (one round trip for them all)."""
         pipe = self.redis.pipeline(transaction=False)
         for job_id in job_ids:
-            pipe.exists(protocol.request_key(job_id))
-            pipe.exists(protocol.job_key(job_id))
+            pipe.exists(redis_keys.request_key(job_id))
+            pipe.exists(redis_keys.job_key(job_id))
         found = self.call(pipe.execute) if job_ids else []
         return [job_id for job_id, requested, recorded in zip(job_ids, found[::2], found[1::2])
                 if requested and not recorded]
 
     def live_jobs(self, team: str) -> int:
         """How many of the team's jobs are live (accepted, not ended, not cancelled): its live set
-        (protocol.live_jobs_key), less the jobs that ended or expired, which leave it (one round trip for them)."""
-        key = protocol.live_jobs_key(team)
+        (redis_keys.live_jobs_key), less the jobs that ended or expired, which leave it (one round trip for them)."""
+        key = redis_keys.live_jobs_key(team)
         members = sorted(self.call(self.redis.smembers, key))
         pipe = self.redis.pipeline(transaction=False)
         for job_id in members:
-            pipe.hget(protocol.job_key(job_id), "state")
-            pipe.exists(protocol.cancel_key(job_id))
+            pipe.hget(redis_keys.job_key(job_id), "state")
+            pipe.exists(redis_keys.cancel_key(job_id))
         found = self.call(pipe.execute) if members else []
         ended = [job_id for job_id, state, cancelled in zip(members, found[::2], found[1::2])
-                 if state is None or state in {s.value for s in protocol.TERMINAL} or cancelled]
+                 if state is None or state in {s.value for s in job_record.TERMINAL} or cancelled]
         if ended:
             self.call(self.redis.srem, key, *ended)
         return len(members) - len(ended)
 
     def count_live(self, job_id: str) -> None:
         """Add an accepted job to its team's live set (what `live_jobs` counts)."""
-        key = protocol.live_jobs_key(protocol.team_of(job_id))
+        key = redis_keys.live_jobs_key(redis_keys.team_of(job_id))
         pipe = self.redis.pipeline(transaction=True)
         pipe.sadd(key, job_id)
         pipe.expire(key, defaults.JOB_TTL_SECONDS)
@@ -201,38 +201,38 @@ class JobBoard:
 
     def drop_request(self, job_id: str) -> None:
         """Delete a request that was refused (the job becomes unknown to clients)."""
-        self.call(self.redis.delete, protocol.request_key(job_id))
+        self.call(self.redis.delete, redis_keys.request_key(job_id))
 
     def nudge(self, job_id: str) -> None:
         """Hand a submitted job's id to the intake again (its first pop may have died with its worker)."""
-        self.call(self.redis.lpush, protocol.SUBMITTED_KEY, job_id)
+        self.call(self.redis.lpush, redis_keys.SUBMITTED_KEY, job_id)
 
     def claim(self, name: str, seconds: float) -> bool:
         """Whether this call is the first to claim `name` (a key of the farm's) in `seconds`."""
         return bool(self.call(self.redis.set, name, "1", nx=True, ex=max(1, int(seconds))))
 
     def raise_flag(self, job_id: str, flag: Callable[[str], str]) -> None:
-        """Raise one of the flags a submitter may set on a job (protocol.cancel_key, protocol.downloaded_key) and
+        """Raise one of the flags a submitter may set on a job (redis_keys.cancel_key, redis_keys.downloaded_key) and
         wake the job's waiting clients."""
         pipe = self.redis.pipeline(transaction=True)
         pipe.set(flag(job_id), "1", ex=defaults.JOB_TTL_SECONDS)
-        pipe.publish(protocol.job_events_channel(job_id), "flag")
+        pipe.publish(redis_keys.job_events_channel(job_id), "flag")
         self.call(pipe.execute)
 
     def flag_raised(self, job_id: str, flag: Callable[[str], str]) -> bool:
         return bool(self.call(self.redis.exists, flag(job_id)))
 
     def update(self, job_id: str, **fields: Any) -> None:
-        self.call(self.redis.hset, protocol.job_key(job_id),
-                  mapping=protocol.encode_fields(**fields, updated=time.time()))
+        self.call(self.redis.hset, redis_keys.job_key(job_id),
+                  mapping=job_record.encode_fields(**fields, updated=time.time()))
 
     def advance(self, job_id: str, state: JobState, **fields: Any) -> bool:
         """Move a live job to `state`; False when it had already ended (a cancel wins over any later step)."""
-        encoded = protocol.encode_fields(**fields, state=state, updated=time.time())
+        encoded = job_record.encode_fields(**fields, state=state, updated=time.time())
         args = [item for pair in encoded.items() for item in pair]
-        moved = bool(self.call(self._set_if_live, [protocol.job_key(job_id), protocol.cancel_key(job_id)], args))
+        moved = bool(self.call(self._set_if_live, [redis_keys.job_key(job_id), redis_keys.cancel_key(job_id)], args))
         if moved:
-            self.call(self.redis.publish, protocol.job_events_channel(job_id), state.value)
+            self.call(self.redis.publish, redis_keys.job_events_channel(job_id), state.value)
         return moved
 
     def fail(self, job_id: str, error: str, status: ExitStatus = ExitStatus.BUILD_FAILED, unit: str = "") -> bool:
@@ -242,16 +242,16 @@ class JobBoard:
         """Note on a live job that the worker `holder` (`<name>#<incarnation>`) was lost while it ran `tasks` of the
         job's tasks, which were dispatched again (farm.distributed.leases), and wake the job's waiting clients, which
         say so; reapers that share a holder's tasks add up. False when the job had ended (nothing to say), or when
-        the record couldn't be read back with this entry (a worker name past protocol.MAX_HOLDER_CHARS): a note must
+        the record couldn't be read back with this entry (a worker name past job_record.MAX_HOLDER_CHARS): a note must
         never make the job unreadable."""
         try:
-            protocol.MAP_ENTRIES["lost_workers"](holder, str(tasks))
+            job_record.MAP_ENTRIES["lost_workers"](holder, str(tasks))
         except ValueError:
             return False
-        field = f"{protocol.MAP_FIELDS['lost_workers']}{holder}"
-        if not self.call(self._add_if_live, [protocol.job_key(job_id)], [field, int(tasks)]):
+        field = f"{job_record.MAP_FIELDS['lost_workers']}{holder}"
+        if not self.call(self._add_if_live, [redis_keys.job_key(job_id)], [field, int(tasks)]):
             return False
-        self.call(self.redis.publish, protocol.job_events_channel(job_id), "lost_worker")
+        self.call(self.redis.publish, redis_keys.job_events_channel(job_id), "lost_worker")
         return True
 
     def is_over(self, job_id: str) -> bool:
@@ -260,28 +260,28 @@ class JobBoard:
 
     def complete(self, job_id: str, phase: str, name: str) -> int:
         """Record `name` finished in `phase`; returns how many distinct units of the phase are finished now."""
-        key = protocol.phase_key(job_id, phase)
+        key = redis_keys.phase_key(job_id, phase)
         pipe = self.redis.pipeline(transaction=True)
         pipe.sadd(key, name)
         pipe.scard(key)
         pipe.expire(key, defaults.JOB_TTL_SECONDS)
-        pipe.publish(protocol.job_events_channel(job_id), phase)
+        pipe.publish(redis_keys.job_events_channel(job_id), phase)
         added, count, _, _ = self.call(pipe.execute)
         return count if added else -1
 
     def finished(self, job_id: str, phase: str) -> int:
         """How many distinct units of `phase` are finished."""
-        return int(self.call(self.redis.scard, protocol.phase_key(job_id, phase)))
+        return int(self.call(self.redis.scard, redis_keys.phase_key(job_id, phase)))
 
     def is_complete(self, job_id: str, phase: str, name: str) -> bool:
         """Whether `name` already finished in `phase` (a duplicate delivery must not run or count again)."""
-        return bool(self.call(self.redis.sismember, protocol.phase_key(job_id, phase), name))
+        return bool(self.call(self.redis.sismember, redis_keys.phase_key(job_id, phase), name))
 
     def expire_untimed(self) -> int:
-        """Give each key a submitter wrote without a time to live (protocol.SUBMITTER_KEYS_TTL) JOB_TTL_SECONDS;
+        """Give each key a submitter wrote without a time to live (redis_keys.SUBMITTER_KEYS_TTL) JOB_TTL_SECONDS;
         returns how many got one."""
         return sum(self.call(expire_untimed, self.redis, pattern, defaults.JOB_TTL_SECONDS)
-                   for pattern in protocol.SUBMITTER_KEYS_TTL)
+                   for pattern in redis_keys.SUBMITTER_KEYS_TTL)
 
     def drop_mistyped(self, types: dict[str, str]) -> dict[str, str]:
         """Delete each key of `types` (key -> Redis type) that holds another type of value, in two round trips;
@@ -297,7 +297,7 @@ class JobBoard:
 
     def count_delivery(self, job_id: str, name: str) -> int:
         """How many times this unit's task has started (its first run included)."""
-        key = protocol.deliveries_key(job_id, name)
+        key = redis_keys.deliveries_key(job_id, name)
         count = self.call(self.redis.incr, key)
         self.call(self.redis.expire, key, defaults.JOB_TTL_SECONDS)
         return int(count)

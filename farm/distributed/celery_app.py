@@ -6,7 +6,7 @@ from __future__ import annotations
 from celery import Celery
 
 from farm import defaults
-from farm.distributed.protocol import CONTROL_QUEUE, FIXED_QUEUES
+from farm.distributed.task_messages import CONTROL_QUEUE, FIXED_QUEUES
 
 
 def make_app(broker: str | None = None) -> Celery:

@@ -20,9 +20,10 @@ from typing import Any
 from farm import defaults
 from farm.backends.llvm.target import CpuTarget
 from farm.backends.registry import Target
-from farm.distributed import acl, protocol, recipes, uploads
+from farm.distributed import acl, job_record, recipes, redis_keys, task_messages, uploads
 from farm.distributed.board import JobBoard
-from farm.distributed.protocol import TERMINAL, JobRecord, JobState, check_job_id, check_model_name
+from farm.distributed.job_record import TERMINAL, JobRecord, JobState, check_model_name
+from farm.distributed.redis_keys import check_job_id
 from farm.distributed.uploads import Upload
 from farm.errors import (
     BadInputError,
@@ -49,14 +50,16 @@ SERVED_BY: dict[str, Callable[[Any], str]] = {
 def job_queues(record: JobRecord) -> dict[str, str]:
     """Every queue the job's tasks go to, each with how to get a worker for it: `control` always, each target's
     compile queue, and with --tune (until its tuning ran) each CPU target's tuning queue."""
-    queues = {protocol.CONTROL_QUEUE: ANY_WORKER}
+    queues = {task_messages.CONTROL_QUEUE: ANY_WORKER}
     for target in record.targets:
-        queues[protocol.COMPILE_QUEUES[target.kind](target)] = SERVED_BY.get(target.kind, lambda t: ANY_WORKER)(target)
+        queues[task_messages.COMPILE_QUEUES[target.kind](target)] = SERVED_BY.get(
+            target.kind, lambda t: ANY_WORKER)(target)
     if record.tuning_asked("tune") or record.tuning_asked("retune"):
         for target in record.targets:
             if target.kind == CpuTarget.kind:
-                queues[protocol.tune_queue(target.id)] = (f"start 'farm worker' on a host of CPU class {target.id}, "
-                                                          "or its kernels keep the default variants")
+                queues[task_messages.tune_queue(target.id)] = (
+                    f"start 'farm worker' on a host of CPU class {target.id}, "
+                    "or its kernels keep the default variants")
     return queues
 
 
@@ -100,7 +103,7 @@ class FarmClient:
         if refusal:
             raise BadInputError(refusal)
         now = time.time()
-        job_id, request = protocol.encode_request(JobRecord(
+        job_id, request = job_record.encode_request(JobRecord(
             JobState.QUEUED, split.graph_key, check_model_name(path.stem), split.model_sha256, list(targets),
             no_cache=no_cache, tune=tune, retune=retune, sizes=list(sizes), submitted_from=os.uname().nodename[:255],
             created=now, updated=now), self.team)
@@ -140,7 +143,7 @@ class FarmClient:
 
     def admit_soon(self, token: str, key: str) -> None:
         """Ask the workers' intakes to admit a staged blob now (a streamed upload)."""
-        self.board.call(self.board.redis.lpush, protocol.ADMIT_KEY, protocol.encode_admission(token, key))
+        self.board.call(self.board.redis.lpush, redis_keys.ADMIT_KEY, redis_keys.encode_admission(token, key))
 
     def _stage_blob(self, key: str, source: BlobSource, upload: Upload, report: Callable[[Upload], None]) -> None:
         def pieces() -> Iterator[memoryview]:
@@ -155,11 +158,11 @@ class FarmClient:
             raise BadInputError(f"reading the model's weights: {error}") from None
 
     def jobs(self, limit: int = 20) -> list[dict[str, Any]]:
-        """The `limit` newest jobs of this client's team (protocol.jobs_key) of the last JOB_TTL_SECONDS, newest
+        """The `limit` newest jobs of this client's team (redis_keys.jobs_key) of the last JOB_TTL_SECONDS, newest
         first: id, state, model, creation time and age. Ids whose record is gone are skipped; a record that doesn't decode is listed with its error."""
         now, found, offset = time.time(), [], 0
         while len(found) < limit:
-            ids = self.board.call(self.board.redis.zrevrangebyscore, protocol.jobs_key(self.team), "+inf",
+            ids = self.board.call(self.board.redis.zrevrangebyscore, redis_keys.jobs_key(self.team), "+inf",
                                   now - defaults.JOB_TTL_SECONDS, start=offset, num=limit)
             if not ids:
                 break
@@ -181,7 +184,7 @@ class FarmClient:
     def record(self, job_id: str) -> JobRecord:
         """The job as clients see it: its record, or its request while no worker has accepted it. A name that is
         no job id is an unknown job (a submitter's user may read only its team's ids: farm.distributed.acl)."""
-        if not protocol.JOB_ID.fullmatch(job_id):
+        if not redis_keys.JOB_ID.fullmatch(job_id):
             raise JobError(f"unknown job {job_id[:80]!r} (a job id is [<team>.]<16 hex digits>)")
         record = self.board.view(job_id)
         if record is None:
@@ -283,11 +286,11 @@ class FarmClient:
             raise JobError(f"job {job_id}'s artifact is no longer in the farm's store (evicted after its first "
                            "download); submit the model again to rebuild it") from None
         except CorruptEntryError as error:
-            self.board.call(self.board.redis.lpush, protocol.REPAIR_KEY, error.key)
+            self.board.call(self.board.redis.lpush, redis_keys.REPAIR_KEY, error.key)
             raise JobError(f"job {job_id}'s artifact: store entry {error.key} is damaged in the farm's store (its "
                            "bytes have another sha256); the farm drops it now: submit the model again to rebuild "
                            "it") from None
-        self.board.raise_flag(job_id, protocol.downloaded_key)
+        self.board.raise_flag(job_id, redis_keys.downloaded_key)
         return path
 
     def cancel(self, job_id: str) -> bool:
@@ -295,12 +298,12 @@ class FarmClient:
         stop at their start; False when it had already ended."""
         if self.record(job_id).is_over:
             return False
-        self.board.raise_flag(job_id, protocol.cancel_key)
+        self.board.raise_flag(job_id, redis_keys.cancel_key)
         return self.record(job_id).state == JobState.CANCELLED
 
 
 class Admission:
-    """A streamed upload (farm.distributed.protocol.ADMIT_KEY): each staged blob is handed to the workers' intakes
+    """A streamed upload (farm.distributed.redis_keys.ADMIT_KEY): each staged blob is handed to the workers' intakes
     at once, and no more than FARM_UPLOAD_WINDOW_BYTES of staged bytes wait for them, so that Redis holds a window
     of the model, not all of it, when its blobs live in a file blob store."""
 
@@ -393,13 +396,13 @@ SUBSCRIBE_SECONDS = 5.0
 
 
 class JobEvents:
-    """The board's notifications for one job (protocol.job_events_channel) on a pub/sub connection of its own.
+    """The board's notifications for one job (redis_keys.job_events_channel) on a pub/sub connection of its own.
     The subscription is confirmed before the first read of the job, so no change between the two is missed."""
 
     def __init__(self, board: JobBoard, job_id: str) -> None:
         self.board = board
         self.pubsub = board.redis.pubsub()
-        board.call(self.pubsub.subscribe, protocol.job_events_channel(job_id))
+        board.call(self.pubsub.subscribe, redis_keys.job_events_channel(job_id))
         board.call(self.pubsub.get_message, timeout=SUBSCRIBE_SECONDS)
 
     def wait(self, seconds: float) -> bool:

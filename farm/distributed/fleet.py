@@ -1,5 +1,5 @@
 """The farm's workers as clients and steps see them: who is alive, what they advertise, which queues they
-consume. Capabilities (and queues) come from the hash each worker writes when it starts (protocol.WORKERS_KEY);
+consume. Capabilities (and queues) come from the hash each worker writes when it starts (redis_keys.WORKERS_KEY);
 who is alive goes by the workers' leases (farm.distributed.leases): one read, no waiting, and a worker whose host
 died drops out when its lease lapses. Nothing here asks the workers themselves (Celery's inspect broadcasts a
 control message, which a submitter's credentials may not send: farm.distributed.acl)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from farm.distributed import protocol
+from farm.distributed import redis_keys
 from farm.distributed.board import JobBoard
 
 
@@ -21,10 +21,10 @@ def list_workers(broker: str) -> list[dict[str, Any]]:
 def leased_workers(broker: str) -> dict[str, dict[str, Any]]:
     """The advertisements of the workers that hold a lease now, by name."""
     board = JobBoard(broker)
-    advertised = board.call(board.redis.hgetall, protocol.WORKERS_KEY)
+    advertised = board.call(board.redis.hgetall, redis_keys.WORKERS_KEY)
     names = sorted(advertised)
-    leases = board.call(board.redis.mget, [protocol.lease_key(name) for name in names]) if names else []
-    return {name: protocol.decode_capabilities(advertised[name]) for name, lease in zip(names, leases) if lease}
+    leases = board.call(board.redis.mget, [redis_keys.lease_key(name) for name in names]) if names else []
+    return {name: redis_keys.decode_capabilities(advertised[name]) for name, lease in zip(names, leases) if lease}
 
 
 def live_queues(broker: str) -> set[str]:

@@ -2,11 +2,12 @@
 
 Submitters are not trusted, and a Celery queue is no place for their words: a message there may name any task, and
 its routing (which Redis restores it by) is whatever the sender wrote. So submitters write no queue at all
-(farm.distributed.acl). A client writes its job's request (protocol.request_key) and pushes the job's id on one
-list (protocol.SUBMITTED_KEY); the intake of every worker pops ids from it (each id reaches one worker) and accepts
-the job (farm.distributed.steps.Farm.accept), which checks the request, makes the record and dispatches the
-planning from the worker's own credentials. An id popped by a worker that dies before accepting it is pushed again
-by the client that waits on the job (farm.distributed.client.INTAKE_NUDGE_SECONDS); accepting is idempotent.
+(farm.distributed.acl). A client writes its job's request (redis_keys.request_key) and pushes the job's id on one
+list (redis_keys.SUBMITTED_KEY); the intake of every worker pops ids from it (each id reaches one worker) and accepts
+the job (farm.distributed.intake_steps.IntakeSteps.accept), which checks the request, makes the record and
+dispatches the planning from the worker's own credentials. An id popped by a worker that dies before accepting it is
+pushed again by the client that waits on the job (farm.distributed.client.INTAKE_NUDGE_SECONDS); accepting is
+idempotent.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from farm.distributed import protocol
+from farm.distributed import redis_keys
 from farm.distributed.board import JobBoard
 from farm.errors import BadInputError, FarmStateError, UnreachableError
 
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 POP_SECONDS = 1.0
 """How long one pop blocks, so that a stopping worker's intake ends within about that."""
 SWEEP_SECONDS = 10.0
-"""How often the intake runs the store's housekeeping (farm.distributed.steps.Farm.housekeep)."""
+"""How often the intake runs the store's housekeeping (farm.distributed.intake_steps.IntakeSteps.housekeep)."""
 
 
 SUBMITTED_BATCH = 1000
@@ -49,9 +50,9 @@ class Intake(threading.Thread):
                  repair: Callable[[str], str] = lambda key: "") -> None:
         super().__init__(name="farm-intake", daemon=True)
         self.board, self.accept, self.housekeep, self.admit, self.repair = board, accept, housekeep, admit, repair
-        self.handlers: dict[str, Callable[[Any], str]] = {protocol.SUBMITTED_KEY: self._accept,
-                                                           protocol.ADMIT_KEY: self._admit,
-                                                           protocol.REPAIR_KEY: self._repair}
+        self.handlers: dict[str, Callable[[Any], str]] = {redis_keys.SUBMITTED_KEY: self._accept,
+                                                           redis_keys.ADMIT_KEY: self._admit,
+                                                           redis_keys.REPAIR_KEY: self._repair}
         self._stopping = threading.Event()
         self._swept = time.monotonic()
 
@@ -106,19 +107,19 @@ class Intake(threading.Thread):
         return note
 
     def _admit(self, raw: Any) -> str:
-        return self._handle(raw, lambda: self.admit(*protocol.decode_admission(raw)), "an admission", "admitting")
+        return self._handle(raw, lambda: self.admit(*redis_keys.decode_admission(raw)), "an admission", "admitting")
 
     def _repair(self, raw: Any) -> str:
-        return self._handle(raw, lambda: self.repair(protocol.decode_repair(raw)), "a repair", "repairing")
+        return self._handle(raw, lambda: self.repair(redis_keys.decode_repair(raw)), "a repair", "repairing")
 
     def _accept(self, raw: Any) -> str:
         """Accept the popped id and up to SUBMITTED_BATCH - 1 more from the list: ids that are malformed, have no
         request or have a record already are skipped with one note for them all, after one round trip for the
         batch. A submitter may push any number of junk ids (50,000 in 0.2 s made a 2 s build take 40 s when each
         cost its round trips and its log line); a junk id now costs a few microseconds of a worker."""
-        more = self.board.call(self.board.redis.rpop, protocol.SUBMITTED_KEY, SUBMITTED_BATCH - 1) or []
+        more = self.board.call(self.board.redis.rpop, redis_keys.SUBMITTED_KEY, SUBMITTED_BATCH - 1) or []
         popped = list(dict.fromkeys(_text(raw) for raw in [raw, *more]))
-        well_formed = [job_id for job_id in popped if protocol.JOB_ID.fullmatch(job_id)]
+        well_formed = [job_id for job_id in popped if redis_keys.JOB_ID.fullmatch(job_id)]
         waiting = self.board.awaiting_acceptance(well_formed)
         notes = [self._handle(job_id, functools.partial(self.accept, job_id), "a submission", "accepting")
                  for job_id in waiting]

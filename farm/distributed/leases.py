@@ -1,8 +1,8 @@
 """Worker liveness by leases, as build farms that people trust do it (Buildbarn, BuildBuddy): a lost host costs
 seconds, not a visibility timeout.
 
-Every worker holds a lease (protocol.lease_key: its incarnation, expiring after FARM_WORKER_LEASE_SECONDS) that a
-thread of its main process renews. Every task registers itself as running (protocol.RUNNING_KEY) while its step
+Every worker holds a lease (redis_keys.lease_key: its incarnation, expiring after FARM_WORKER_LEASE_SECONDS) that a
+thread of its main process renews. Every task registers itself as running (redis_keys.RUNNING_KEY) while its step
 runs, naming its holder. The same thread on every live worker reaps: a running task whose holder's lease is gone
 (the host died, or the worker was restarted under the same name) is claimed by exactly one peer (HDEL) and
 dispatched again. Steps are idempotent and content-addressed, so the late original (Redis redelivers it after the
@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from farm import defaults
-from farm.distributed import protocol
-from farm.distributed.protocol import Message, RunningTask
+from farm.distributed import redis_keys
+from farm.distributed.task_messages import Message, RunningTask
 from farm.errors import BadInputError, UnreachableError
 
 log = logging.getLogger(__name__)
@@ -49,38 +49,38 @@ class Leases:
         self.redis, self.call = redis, call
 
     def renew(self, worker: str, incarnation: str, seconds: float) -> None:
-        self.call(self.redis.set, protocol.lease_key(worker), incarnation, px=max(1, int(seconds * 1000)))
+        self.call(self.redis.set, redis_keys.lease_key(worker), incarnation, px=max(1, int(seconds * 1000)))
 
     def release(self, worker: str, incarnation: str) -> None:
         """Drop the lease if it is still this incarnation's (a restarted worker's new lease stays)."""
-        key = protocol.lease_key(worker)
+        key = redis_keys.lease_key(worker)
         if self.call(self.redis.get, key) == incarnation:
             self.call(self.redis.delete, key)
 
     def alive(self, holder: RunningTask) -> bool:
-        return self.call(self.redis.get, protocol.lease_key(holder.worker)) == holder.incarnation
+        return self.call(self.redis.get, redis_keys.lease_key(holder.worker)) == holder.incarnation
 
     @contextlib.contextmanager
     def running(self, task_id: str, holder: str, message: Message) -> Iterator[None]:
         """Register a task as running for the time of the block."""
-        self.call(self.redis.hset, protocol.RUNNING_KEY, task_id, RunningTask(holder, message).encode())
+        self.call(self.redis.hset, redis_keys.RUNNING_KEY, task_id, RunningTask(holder, message).encode())
         try:
             yield
         finally:
             with contextlib.suppress(UnreachableError):
-                self.call(self.redis.hdel, protocol.RUNNING_KEY, task_id)
+                self.call(self.redis.hdel, redis_keys.RUNNING_KEY, task_id)
 
     def reap(self, dispatch: Callable[[Message], None]) -> list[RunningTask]:
         """Dispatch again every running task whose holder's lease is gone; each is claimed by one reaper only.
         Malformed entries are dropped. Returns the tasks dispatched again."""
         sent = []
-        for task_id, text in self.call(self.redis.hgetall, protocol.RUNNING_KEY).items():
+        for task_id, text in self.call(self.redis.hgetall, redis_keys.RUNNING_KEY).items():
             try:
                 task = RunningTask.decode(text)
             except BadInputError:
-                self.call(self.redis.hdel, protocol.RUNNING_KEY, task_id)
+                self.call(self.redis.hdel, redis_keys.RUNNING_KEY, task_id)
                 continue
-            if not self.alive(task) and self.call(self.redis.hdel, protocol.RUNNING_KEY, task_id) == 1:
+            if not self.alive(task) and self.call(self.redis.hdel, redis_keys.RUNNING_KEY, task_id) == 1:
                 dispatch(task.message)
                 sent.append(task)
         return sent

@@ -283,6 +283,6 @@ def intact(store: Store, keys: Iterable[str]) -> bool:
     """Whether every one of `keys` is in the store whole, so that an artifact reused from its recipe can be
     downloaded. Lengths are checked, not bytes (farm.store.Store.incomplete): reading a big model's members back would
     make its reuse cost more than its download. A member whose bytes are damaged is found by the sha256 check of the
-    download that reads it, which asks the workers to drop it (farm.distributed.protocol.REPAIR_KEY), so that the next
+    download that reads it, which asks the workers to drop it (farm.distributed.redis_keys.REPAIR_KEY), so that the next
     submission builds it again."""
     return not store.incomplete(keys)

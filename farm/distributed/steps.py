@@ -1,5 +1,6 @@
 """Farm jobs: the orchestration steps that the Celery tasks (farm.distributed.tasks) run; records live on the job
-board (farm.distributed.board), messages and records are encoded by farm.distributed.protocol.
+board (farm.distributed.board), messages and records are encoded by farm.distributed.task_messages and
+farm.distributed.job_record.
 
 Nothing here imports Celery: each step gets a `dispatch(message)` callable to enqueue what follows, so the logic
 stays plain Python and the tasks stay thin. Big bytes go through the store; records and messages hold keys. A build
@@ -14,7 +15,6 @@ counts once, and exactly one task sees the last unit of a phase finish and dispa
 from __future__ import annotations
 
 import json
-import logging
 import re
 import resource
 import tempfile
@@ -32,13 +32,13 @@ from farm.backends.llvm.target import CpuTarget
 from farm.build import assembly
 from farm.build.parts import BuiltUnits, entry_object, entry_ref
 from farm.build.units import CompileUnit, cache_at, cache_unit, cached_at, cached_unit, compile_unit
-from farm.distributed import pins, protocol, recipes, uploads
+from farm.distributed import pins, recipes, redis_keys, task_messages, uploads
 from farm.distributed.board import JobBoard
-from farm.distributed.protocol import Compile, Finish, JobRecord, JobState, Link, Message, PlanJob, TaskArgs, Tune
+from farm.distributed.intake_steps import IntakeSteps, listed_blobs
+from farm.distributed.job_record import JobRecord, JobState
+from farm.distributed.task_messages import Compile, Finish, Link, Message, PlanJob, TaskArgs, Tune
 from farm.errors import ArtifactError, BadInputError, ExitStatus, FarmError, JobFailed, UnreachableError
 from farm.frontend.external import DEFERRED_MIN_BYTES, ExternalDataError, StoredBlobs
-from farm.frontend.split import stored_blobs
-from farm.frontend.wire import WireError
 from farm.ir.graph import DeferredArray
 from farm.ir.specs import BlobSpec
 from farm.plan.planner import Blob, BuildPlan
@@ -46,8 +46,6 @@ from farm.store import CorruptEntryError, MissingEntryError, Store, content_key,
 from farm.tuning import database
 from farm.tuning import variants as tuning
 from farm.tuning.harness import time_variants
-
-log = logging.getLogger(__name__)
 
 Dispatch = Callable[[Message], None]
 """dispatch(message): enqueue one task."""
@@ -60,7 +58,7 @@ def artifact_ref(record: JobRecord) -> str:
                                                  record.sizes, record.model_key))
 
 
-class Farm:
+class Farm(IntakeSteps):
     """What every step needs: the job board, the store and a way to enqueue the next tasks."""
 
     def __init__(self, board: JobBoard, store: Store, dispatch: Dispatch,
@@ -233,121 +231,6 @@ class Farm:
                 lacking.discard(unit.data_key)
             self.dispatch(Compile(job_id, unit).message())
 
-    def accept(self, job_id: str) -> str:
-        """Make a new job's record from its submitter's request and dispatch its planning (what a worker's intake
-        does with each submitted id). Only the fields a submitter may choose are taken, each validated
-        (protocol.decode_request), and the model is admitted into the store from staging once its bytes match the
-        sha256 the request names. An id with a record already, or with no request, does nothing; a malformed request
-        is dropped (the job becomes unknown); a model not staged whole fails the job. Returns what it did."""
-        if self.board.get(job_id) is not None:
-            return f"job {job_id} was accepted already"
-        try:
-            request = self.board.request(job_id)
-        except BadInputError as error:
-            self.board.drop_request(job_id)
-            return f"job {job_id} refused: {error}"
-        if request is None:
-            return f"job {job_id} has no request (never submitted, or expired)"
-        pins.pin_for_job(self.store, job_id, [request.model_key])
-        now = time.time()
-        graph = self._staging(job_id).take_staged(request.model_key)
-        blobs = _blobs(graph) if graph is not None else {}
-        refusal = self._refusal(job_id, request, graph, blobs)
-        if refusal:
-            request = replace(request, state=JobState.FAILED, exit_status=int(ExitStatus.BAD_INPUT), finished=now,
-                              error=refusal)
-        else:
-            pins.pin_for_job(self.store, job_id, list(blobs))
-        if not self.board.create(job_id, replace(request, updated=now)):
-            return f"job {job_id} was accepted already"
-        if request.state == JobState.FAILED:
-            return f"job {job_id} failed: {request.error}"
-        self.board.count_live(job_id)
-        self.dispatch(PlanJob(job_id).message())
-        return f"job {job_id} accepted"
-
-    def _refusal(self, job_id: str, request: JobRecord, graph: bytes | None, blobs: dict[str, int]) -> str:
-        """Why a well-formed request can't become a job (its upload gone, its weights over the store's cap, a
-        --retune the operator didn't grant: protocol.retune_grant_key), or "" when it can."""
-        if graph is None:
-            trimmed = self.board.call(self.board.redis.get, protocol.staging_trimmed_key(protocol.team_of(job_id)))
-            return (f"the model's upload ({request.model_key}) is not on the farm: it expired before a worker took "
-                    f"the job, or was damaged{f', or dropped ({trimmed})' if trimmed else ''}; submit the model again")
-        if request.retune and not self.board.flag_raised(job_id, protocol.retune_grant_key):
-            return ("--retune replaces tuning records every job on the farm uses, and this one was not granted by "
-                    "the operator's credentials (farm.distributed.board.JobBoard.grant_retune); --tune adds records "
-                    "for kernels that have none")
-        return (uploads.over_the_cap(f"{request.model_name}.onnx", sum(blobs.values()) + len(graph),
-                                     self.store.max_bytes) or self._over_quota(protocol.team_of(job_id)))
-
-    def _over_quota(self, team: str) -> str:
-        """Why a team (its submitters' Redis user) may not have another job now, or "" when it may."""
-        live, quota = self.board.live_jobs(team), defaults.max_live_jobs()
-        if live < quota:
-            return ""
-        who = f"team {team!r}" if team else "the default submitters"
-        return (f"{who} already have {live} jobs queued or running on this farm, their quota (FARM_MAX_LIVE_JOBS="
-                f"{quota} on the workers): wait for one to end or cancel one (`farm jobs` lists them), then submit "
-                "again")
-
-    def admit(self, token: str, key: str) -> str:
-        """Admit one blob of an upload in progress (farm.distributed.protocol.ADMIT_KEY), pinned for the upload
-        until its job is accepted, so that a big model streams through Redis instead of piling up in staging."""
-        pins.pin_upload(self.store, token, key)
-        if self.store.for_team(protocol.team_of(token)).take_staged(key) is None:
-            return f"upload {token}: blob {key} is not staged whole (the plan will say which initializer lacks it)"
-        return f"upload {token}: blob {key} admitted"
-
-    def repair(self, key: str) -> str:
-        """Read a store entry that a download found damaged (protocol.REPAIR_KEY): `get` drops it when it is, so
-        the artifacts naming it are built again rather than reused. Each key is read at most once per
-        REPAIR_SECONDS, so no submitter can keep the intakes reading."""
-        if not self.board.claim(protocol.repair_claim_key(key), protocol.REPAIR_SECONDS):
-            return f"store entry {key} was checked less than {protocol.REPAIR_SECONDS} s ago"
-        try:
-            self.store.get(key)
-        except CorruptEntryError:
-            return f"store entry {key} was damaged: dropped"
-        except MissingEntryError:
-            return f"store entry {key} is not in the store"
-        return f"store entry {key} is intact"
-
-    def housekeep(self) -> None:
-        """What keeps the store under its cap between builds (every worker's intake runs it every SWEEP_SECONDS):
-        release the pins of ended jobs (a download only raises a flag: a submitter can't unpin) and evict down to
-        the cap, so a big job's weights don't hold the store over it until the next build; and delete a farm key
-        that holds another type than the farm keeps there (protocol.FIXED_KEY_TYPES), which would fail every call
-        on it; and, once per EXPIRY_SWEEP_SECONDS across the farm, give a time to live to what a submitter wrote
-        without one (farm.store.expiry), and once per STAGING_SWEEP_SECONDS keep each team's staged uploads under
-        its quota."""
-        for name, kind in self.board.drop_mistyped(protocol.FIXED_KEY_TYPES).items():
-            log.warning("housekeeping: deleted %s, a %s where the farm keeps a %s", name, kind,
-                        protocol.FIXED_KEY_TYPES[name])
-        if self.board.claim(protocol.EXPIRY_SWEEP_KEY, protocol.EXPIRY_SWEEP_SECONDS):
-            untimed = self.board.expire_untimed()
-            if untimed:
-                log.warning("housekeeping: gave %d submitter-written keys the time to live they lacked", untimed)
-        if self.board.claim(protocol.STAGING_SWEEP_KEY, protocol.STAGING_SWEEP_SECONDS):
-            self._trim_staging()
-        pins.release_ended_jobs(self.board, self.store)
-        self.store.evict()
-
-    def _staging(self, job_id: str) -> Store:
-        """The store as the job's submitters stage into it (their team's staging area)."""
-        return self.store.for_team(protocol.team_of(job_id))
-
-    def _trim_staging(self) -> None:
-        """Drop each team's oldest staged uploads past FARM_MAX_STAGED_BYTES, and note it for the team's jobs that
-        then find their upload missing (accept)."""
-        quota = defaults.max_staged_bytes(self.store.max_bytes)
-        for team, dropped in self.store.trim_staging(quota).items():
-            who = f"team {team!r}" if team else "the default submitters"
-            note = (f"{who} had more than {quota} bytes of uploads staged (FARM_MAX_STAGED_BYTES on the workers), "
-                    f"so the oldest {dropped} bytes were dropped at {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
-            log.warning("housekeeping: %s", note)
-            self.board.call(self.board.redis.set, protocol.staging_trimmed_key(team), note,
-                            ex=defaults.STAGED_TTL_SECONDS)
-
     def _reuse_artifact(self, job_id: str, record: JobRecord) -> bool:
         """Finish at once when this farm already built the same model bytes for the same targets (unless --no-cache
         or --retune) with the variants the tuning database holds now, and --tune has nothing to time: the artifact
@@ -385,7 +268,7 @@ class Farm:
         naming its initializer."""
         staging = self._staging(job_id)
         graph = self.store.get(record.model_key)
-        listed = _blobs(graph)
+        listed = listed_blobs(graph)
         absent = set(self.store.missing(listed)) - set(staging.staged(listed))
         with tempfile.TemporaryDirectory(prefix="farm-job-") as folder, \
                 ThreadPoolExecutor(WEIGHT_READERS, thread_name_prefix="farm-weights") as readers:
@@ -435,7 +318,7 @@ class Farm:
         if not target_ids:
             return set()
         live = self.live_queues()
-        return {target_id for target_id in target_ids if protocol.tune_queue(target_id) in live}
+        return {target_id for target_id in target_ids if task_messages.tune_queue(target_id) in live}
 
     def _dispatch_tuning(self, job_id: str, plans: list[BuildPlan], targets: list[CpuTarget],
                          record: JobRecord) -> bool:
@@ -469,7 +352,7 @@ class Farm:
         todo = self._untuned(plans, targets, record.tuning_asked("retune"))
         served = self._tunable_on({target.id for _, target in todo})
         unserved = sorted({target.id for _, target in todo} - served)
-        note = (f"no live worker consumes {', '.join(protocol.tune_queue(t) for t in unserved)}: the default "
+        note = (f"no live worker consumes {', '.join(task_messages.tune_queue(t) for t in unserved)}: the default "
                 "variant is used there" if unserved else "")
         return [(spec, target) for spec, target in todo if target.id in served], note
 
@@ -574,7 +457,7 @@ class Farm:
     def _start_linking(self, job_id: str, plan_json: dict[str, Any]) -> None:
         """Link every CPU target; with none (an OpenCL-only job) go straight to finish. Once per job: the last unit's
         compile and the plan (or a plan delivered again) may both find every unit finished."""
-        if not self.board.claim(protocol.linking_claim_key(job_id), defaults.JOB_TTL_SECONDS):
+        if not self.board.claim(redis_keys.linking_claim_key(job_id), defaults.JOB_TTL_SECONDS):
             return
         if not self.board.advance(job_id, JobState.LINKING):
             return
@@ -691,7 +574,7 @@ STEPS: dict[type, Callable[[Farm, Any], str | None]] = {
     Link: lambda farm, args: farm.link(args),
     Finish: lambda farm, args: farm.finish(args),
 }
-"""The step each task runs, by the type of its arguments (farm.distributed.protocol)."""
+"""The step each task runs, by the type of its arguments (farm.distributed.task_messages)."""
 
 STEP_WORDS: dict[type, Callable[[Farm, Any], tuple[str, str]]] = {
     PlanJob: lambda farm, args: ("planning", ""),
@@ -733,15 +616,6 @@ WEIGHT_READERS = 2
 def _missing_weight(key: str, name: str) -> ExternalDataError:
     return ExternalDataError(f"initializer {name!r}: its bytes (blob {key}) are not on the farm: the upload expired "
                              "before a worker took the job, was evicted or was damaged; submit the model again")
-
-
-def _blobs(graph: bytes) -> dict[str, int]:
-    """The weight blobs a submitted graph names and their lengths (none when its bytes don't parse: the plan's
-    import says why)."""
-    try:
-        return {key: max(0, length) for key, length in stored_blobs(graph).items()}
-    except WireError:
-        return {}
 
 
 def _submitted_path(message: str) -> str:

@@ -1,4 +1,4 @@
-"""The farm's Celery tasks: thin wrappers that decode their arguments (farm.distributed.protocol) and run one
+"""The farm's Celery tasks: thin wrappers that decode their arguments (farm.distributed.task_messages) and run one
 step of farm.distributed.steps.Farm. `celery -A tasks.app` finds `app` here through tasks/app.py.
 
 Arguments name the job, the unit (target id / symbol), the op and the target, so Flower shows what every task
@@ -17,10 +17,10 @@ from celery import Task
 from kombu.exceptions import OperationalError
 
 from farm import defaults
-from farm.distributed import protocol
+from farm.distributed import redis_keys, task_messages
 from farm.distributed.celery_app import make_app
 from farm.distributed.leases import INCARNATION_VARIABLE, Leases, holder_of
-from farm.distributed.protocol import Message, TaskName
+from farm.distributed.task_messages import Message, TaskName
 from farm.errors import BadInputError, JobFailed, UnreachableError
 
 app = make_app()
@@ -92,7 +92,7 @@ class FarmTask(Task):
         """Decode the arguments and run the step, registered as running under this worker's lease (so that its
         peers dispatch it again if this host dies). A step that fails its job raises JobFailed: the task ends in
         state FAILURE with the job's error, which Flower shows; a step skipped for an ended job returns a note."""
-        step = protocol.decode(self.name, list(args))
+        step = task_messages.decode(self.name, list(args))
         incarnation = os.environ.get(INCARNATION_VARIABLE)
         if not incarnation:  # not started by `farm worker`: no lease, so nothing to hand over
             return farm_context().run(step)
@@ -118,13 +118,13 @@ class TuneTask(FarmTask):
 def _job_id(args: Any) -> str | None:
     """The job a failed task served, if its arguments name a well-formed one."""
     try:
-        return protocol.check_job_id(args[0])
+        return redis_keys.check_job_id(args[0])
     except (IndexError, TypeError, KeyError, ValueError, BadInputError):
         return None
 
 
 def _register(task: TaskName, base: type[FarmTask]) -> None:
-    """One Celery task per protocol task name, each running its step."""
+    """One Celery task per task name (task_messages.TaskName), each running its step."""
 
     def step(self: FarmTask, *args: Any) -> str | None:
         return self.run_step(*args)

@@ -24,7 +24,8 @@ from farm.backends.opencl.devices import opencl_devices_of_a_fresh_process
 from farm.distributed.board import JobBoard
 from farm.distributed.intake import Intake
 from farm.distributed.leases import INCARNATION_VARIABLE, LeaseKeeper, Leases, new_incarnation
-from farm.distributed.protocol import RUNNING_KEY, WORKERS_KEY, encode_capabilities, worker_queues
+from farm.distributed.redis_keys import RUNNING_KEY, WORKERS_KEY, encode_capabilities
+from farm.distributed.task_messages import worker_queues
 from farm.errors import CredentialsRefusedError, TlsRefusedError, UnreachableError
 from farm.store.redis_store import REDIS_SCHEMES
 

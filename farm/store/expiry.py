@@ -2,8 +2,8 @@
 
 A submitter's client sets a time to live on what it writes (a request, a flag, staged bytes), but a submitter is
 not trusted to: a key written without one would live until Redis is full, and Redis's ACL can allow SET without
-allowing SET without EX. So workers look now and then (farm.distributed.steps.Farm.housekeep) for such keys
-without a time to live and give them the one the docs promise.
+allowing SET without EX. So workers look now and then (farm.distributed.intake_steps.IntakeSteps.housekeep) for
+such keys without a time to live and give them the one the docs promise.
 """
 
 from __future__ import annotations

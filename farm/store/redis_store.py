@@ -1,5 +1,7 @@
 """RedisStore: entries in Redis, values split into chunks so that no single command carries a big value, kept
-under a byte cap by evicting the least recently used entries that no pin holds."""
+under a byte cap by evicting the least recently used entries that no pin holds. Its atomic steps are the Lua scripts
+of farm.store.redis_scripts; farm.store.redis_staging weighs and checks its staging area, and
+farm.store.redis_connection packs its commands, logs clients in to a published blob Redis and names its errors."""
 
 from __future__ import annotations
 
@@ -10,12 +12,11 @@ import hashlib
 import io
 import os
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import NoReturn
-from urllib.parse import urlsplit, urlunsplit
 
 from farm import defaults
-from farm.errors import NotPermittedError, credentials_refused, redact_url, tls_refused, tls_verification_failure
+from farm.errors import redact_url
+from farm.store import redis_scripts
 from farm.store.base import (
     BadStoreUrlError,
     CorruptEntryError,
@@ -25,15 +26,15 @@ from farm.store.base import (
     Store,
     StoreError,
     StoreStats,
-    StoreUnreachableError,
     as_bytes_view,
     check_key,
     check_owner,
     is_key,
 )
-from farm.store.expiry import SCAN_COUNT
 from farm.store.file_store import FILE_SCHEME, FileStore
 from farm.store.lua import LuaScript
+from farm.store.redis_connection import store_errors, with_login_of, without_login, zero_copy_packer
+from farm.store.redis_staging import check_staged_lengths, staged_uploads
 
 REDIS_SCHEMES = ("redis://", "rediss://")
 
@@ -54,240 +55,6 @@ PUT_ATTEMPTS = 3
 EVICT_BATCH = 1000
 """Entries one eviction script deletes at most, so that Redis (which runs a script to its end) answers the queues
 between batches."""
-
-# Every script gets the store's prefix as ARGV[1] and the cap this process defaults to as ARGV[2], and builds its
-# key names from the prefix (one Redis server, no cluster: the farm's Celery transport needs one anyway).
-_LUA_COMMON = """
-if redis.replicate_commands then redis.replicate_commands() end
-local prefix = ARGV[1]
-local LRU, SIZES, BYTES, PINS = prefix .. 'lru', prefix .. 'sizes', prefix .. 'bytes', prefix .. 'pins'
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-local function cap() return tonumber(redis.call('GET', prefix .. 'max_bytes') or ARGV[2]) end
-local function total() return tonumber(redis.call('GET', BYTES) or '0') end
-local function header_key(key) return prefix .. 'obj:' .. key end
-local function account(key, size, now)
-  if redis.call('HSETNX', SIZES, key, size) == 1 then redis.call('INCRBY', BYTES, size) end
-  redis.call('ZADD', LRU, now, key)
-end
-local function touch(key, now)
-  local header = redis.call('GET', header_key(key))
-  if not header then return 0 end
-  local size = tonumber(string.match(header, '^(%d+):'))
-  if size then account(key, size, now) end
-  return 1
-end
-local function drop(key)
-  local header = redis.call('GETDEL', header_key(key))
-  local count = header and tonumber(string.match(header, ':(%d+)$')) or 0
-  for i = 0, count - 1 do redis.call('UNLINK', header_key(key) .. ':' .. i) end
-  while redis.call('UNLINK', header_key(key) .. ':' .. count) == 1 do count = count + 1 end
-  local backrefs = prefix .. 'backrefs:' .. key
-  for _, member in ipairs(redis.call('SMEMBERS', backrefs)) do
-    local target, name = key, member
-    local bar = string.find(member, '|', 1, true)
-    if bar then target, name = string.sub(member, 1, bar - 1), string.sub(member, bar + 1) end
-    if redis.call('GET', prefix .. 'ref:' .. name) == target then redis.call('DEL', prefix .. 'ref:' .. name) end
-  end
-  redis.call('DEL', backrefs)
-  local size = redis.call('HGET', SIZES, key)
-  if size then
-    redis.call('HDEL', SIZES, key)
-    redis.call('DECRBY', BYTES, size)
-  end
-  redis.call('ZREM', LRU, key)
-  return tonumber(size) or 0
-end
-local function live_owners()
-  redis.call('ZREMRANGEBYSCORE', PINS, '-inf', '(' .. now_ms())
-  return redis.call('ZRANGE', PINS, 0, -1)
-end
-local function pinned(key, owners)
-  for _, owner in ipairs(owners) do
-    if redis.call('SISMEMBER', prefix .. 'pin:' .. owner, key) == 1 then return true end
-  end
-  return false
-end
-local function add_members(set, first)
-  for i = first, #ARGV, 1000 do redis.call('SADD', set, unpack(ARGV, i, math.min(i + 999, #ARGV))) end
-end
-"""
-
-_LUA_TOUCH = _LUA_COMMON + "return {touch(ARGV[3], now_ms()), total(), cap()}"
-"""A use of an entry: {1 and the entry marked used now (counted, if an older farm wrote it), or 0 when absent;
-the entries' bytes; the cap}."""
-
-_LUA_WHOLE = _LUA_COMMON + """
-local now, found = now_ms(), {}
-for i = 3, #ARGV do
-  local key, state = ARGV[i], -1
-  local header = redis.call('GET', header_key(key))
-  local size, count = nil, nil
-  if header then size, count = string.match(header, '^(%d+):(%w+)$') end
-  if size and count == 'file' then
-    state = tonumber(size)
-  elseif size and tonumber(count) then
-    local held = 0
-    for c = 0, tonumber(count) - 1 do held = held + redis.call('STRLEN', header_key(key) .. ':' .. c) end
-    if held == tonumber(size) then state = -2 end
-  end
-  if state ~= -1 then account(key, tonumber(size), now) end
-  found[#found + 1] = state
-end
-return found
-"""
-"""Whether each entry (ARGV[3:]) is whole, judged by lengths without reading its bytes, each whole one marked used:
--1 not whole (no header, or its chunks don't add up to its size), -2 whole in chunks, or the size of the blob
-store's file that holds it (the caller checks the file)."""
-
-_LUA_COMMIT = _LUA_COMMON + """
-for i = 0, (tonumber(ARGV[5]) or 0) - 1 do
-  if redis.call('EXISTS', header_key(ARGV[3]) .. ':' .. i) == 0 then return {0, total(), cap()} end
-end
-redis.call('SET', header_key(ARGV[3]), ARGV[4] .. ':' .. ARGV[5])
-account(ARGV[3], tonumber(ARGV[4]), now_ms())
-return {1, total(), cap()}
-"""
-"""The last step of a put: the header (which makes the entry exist) and its accounting, at once, but only when
-every chunk is there (a concurrent delete of the same key may have swept them): {1 or 0, bytes, cap}. A count of
-`file` (FILE_CHUNKS) is an entry whose bytes are a file of the blob store, written before."""
-
-_LUA_PROMOTE = _LUA_COMMON + """
-local key, staged, size, count = ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
-if redis.call('EXISTS', header_key(key)) == 1 then return {2, total(), cap()} end
-for i = 0, count - 1 do
-  if redis.call('EXISTS', staged .. ':' .. i) == 0 then return {0, total(), cap()} end
-end
-for i = 0, count - 1 do
-  local chunk = header_key(key) .. ':' .. i
-  redis.call('RENAME', staged .. ':' .. i, chunk)
-  redis.call('PERSIST', chunk)
-end
-redis.call('DEL', staged)
-redis.call('SET', header_key(key), size .. ':' .. count)
-account(key, tonumber(size), now_ms())
-return {1, total(), cap()}
-"""
-"""Admit staged bytes that were read and checked: their chunks renamed into the entry's (the bytes never leave
-Redis, nor are they held twice), then the header and the accounting, at once: {1, bytes, cap}; {2, ...} when the
-entry exists already (the staged copy is dropped by the caller), {0, ...} when a staged chunk is gone."""
-
-_LUA_DROP = _LUA_COMMON + "return drop(ARGV[3])"
-"""Delete an entry: header first, its chunks (a dead put's orphans too), the refs that point at it, its bytes."""
-
-_LUA_EVICT = _LUA_COMMON + """
-local now, limit, most = now_ms(), cap() - tonumber(ARGV[4]), tonumber(ARGV[3])
-local owners, left = live_owners(), total()
-local entries, freed, dropped = 0, 0, {}
-while left > limit and entries < most do
-  local batch = redis.call('ZRANGEBYSCORE', LRU, '-inf', now, 'LIMIT', 0, 100)
-  if #batch == 0 then break end
-  for _, key in ipairs(batch) do
-    if left <= limit or entries >= most then break end
-    if pinned(key, owners) then
-      redis.call('ZADD', LRU, now + 1, key)
-    else
-      local size = drop(key)
-      left, freed, entries = left - size, freed + size, entries + 1
-      dropped[#dropped + 1] = key
-    end
-  end
-end
-return {entries, freed, left, (left > limit and entries >= most) and 1 or 0, dropped}
-"""
-"""One batch of eviction, least recently used first, until the bytes are within the cap less ARGV[4] (room for a
-put about to write): {entries, bytes freed, bytes left, 1 when the batch limit stopped it above that, the keys
-dropped (whose files a blob store then deletes)}. A pinned
-entry is in use: it is marked used now, so that the next eviction doesn't walk over it again (long-pinned
-entries, such as tuning records, would otherwise sit at the old end and be checked by every put)."""
-
-_LUA_PIN = _LUA_COMMON + """
-local set = prefix .. 'pin:' .. ARGV[3]
-if ARGV[5] == '1' then redis.call('DEL', set) end
-add_members(set, 6)
-if redis.call('EXISTS', set) == 0 then
-  redis.call('ZREM', PINS, ARGV[3])
-elseif ARGV[4] == '' then
-  redis.call('PERSIST', set)
-  redis.call('ZADD', PINS, 'inf', ARGV[3])
-else
-  redis.call('PEXPIRE', set, ARGV[4])
-  redis.call('ZADD', PINS, now_ms() + tonumber(ARGV[4]), ARGV[3])
-end
-return 1
-"""
-"""Pin keys for an owner (ARGV: owner, ttl in ms or '' for none, '1' to replace its pins, keys...)."""
-
-_LUA_UNPIN = _LUA_COMMON + """
-local set = prefix .. 'pin:' .. ARGV[3]
-if #ARGV == 3 then
-  redis.call('DEL', set)
-else
-  for i = 4, #ARGV, 1000 do redis.call('SREM', set, unpack(ARGV, i, math.min(i + 999, #ARGV))) end
-end
-if redis.call('EXISTS', set) == 0 then redis.call('ZREM', PINS, ARGV[3]) end
-return 1
-"""
-
-_LUA_OWNERS = _LUA_COMMON + "return live_owners()"
-
-_LUA_STATS = _LUA_COMMON + """
-local owners, seen, entries, bytes = live_owners(), {}, 0, 0
-for _, owner in ipairs(owners) do
-  for _, key in ipairs(redis.call('SMEMBERS', prefix .. 'pin:' .. owner)) do
-    if not seen[key] then
-      seen[key] = true
-      local size = redis.call('HGET', SIZES, key)
-      if size then entries, bytes = entries + 1, bytes + tonumber(size) end
-    end
-  end
-end
-return {redis.call('HLEN', SIZES), total(), cap(), entries, bytes, owners}
-"""
-"""Entries, bytes, cap, pinned entries and bytes (each entry once, however many owners pin it), live owners."""
-
-_LUA_SET_REF = _LUA_COMMON + """
-redis.call('SET', prefix .. 'ref:' .. ARGV[3], ARGV[4])
-local member = ARGV[3]
-if ARGV[5] ~= ARGV[4] then member = ARGV[4] .. '|' .. ARGV[3] end
-if redis.call('EXISTS', header_key(ARGV[5])) == 1 then redis.call('SADD', prefix .. 'backrefs:' .. ARGV[5], member) end
-return 1
-"""
-"""Point a ref at a key and remember it beside the anchor's entry (the key's, or the weight a packed weight is made
-from, as `<key>|<name>`), so that evicting that entry deletes the ref too, unless it was pointed elsewhere since
-(refs stay as bounded as the entries)."""
-
-_LUA_ADOPT = _LUA_COMMON + """
-local adopted = 0
-for i = 3, #ARGV do
-  if redis.call('HEXISTS', SIZES, ARGV[i]) == 0 then
-    local header = redis.call('GET', header_key(ARGV[i]))
-    local size = header and tonumber(string.match(header, '^(%d+):'))
-    if size then
-      account(ARGV[i], size, 0)
-      adopted = adopted + 1
-    end
-  end
-end
-return adopted
-"""
-"""Count entries that an older farm wrote without accounting, as the least recently used of all."""
-
-
-@dataclass
-class StagedUpload:
-    """One upload in the staging area (its header and chunks) as trim_staging weighs it."""
-
-    size: int = 0
-    ttl: int = 1 << 62
-    """The shortest time to live of its keys: the oldest upload has the least left."""
-    keys: list[bytes | str] = field(default_factory=list)
-
-    def add(self, name: bytes | str, size: int, ttl: int) -> None:
-        self.size, self.ttl = self.size + size, min(self.ttl, ttl)
-        self.keys.append(name)
 
 
 class RedisStore(Store):
@@ -345,7 +112,7 @@ class RedisStore(Store):
                 url,
                 socket_connect_timeout=connect_timeout,
                 socket_timeout=socket_timeout,
-                command_packer=_zero_copy_packer(),
+                command_packer=zero_copy_packer(),
                 socket_read_size=SOCKET_READ_BYTES,
                 # Retry lost connections only (a restarted server, a stale pooled socket): every operation here is
                 # idempotent, but retrying a timeout would just double the wait on a server that doesn't answer.
@@ -354,12 +121,12 @@ class RedisStore(Store):
         except ValueError as exc:  # redis-py's answer to a malformed URL
             raise BadStoreUrlError(f"bad Redis URL {redact_url(url)}: {exc}") from exc
         script = functools.partial(LuaScript, self.client)
-        self._touch, self._commit, self._drop, self._evict = (
-            script(_LUA_TOUCH), script(_LUA_COMMIT), script(_LUA_DROP), script(_LUA_EVICT))
-        self._pin, self._unpin, self._owners, self._stats = (
-            script(_LUA_PIN), script(_LUA_UNPIN), script(_LUA_OWNERS), script(_LUA_STATS))
-        self._set_ref, self._adopt, self._promote = script(_LUA_SET_REF), script(_LUA_ADOPT), script(_LUA_PROMOTE)
-        self._whole = script(_LUA_WHOLE)
+        self._touch, self._commit = script(redis_scripts.TOUCH), script(redis_scripts.COMMIT)
+        self._drop, self._evict = script(redis_scripts.DROP), script(redis_scripts.EVICT)
+        self._pin, self._unpin = script(redis_scripts.PIN), script(redis_scripts.UNPIN)
+        self._owners, self._stats = script(redis_scripts.OWNERS), script(redis_scripts.STATS)
+        self._set_ref, self._adopt = script(redis_scripts.SET_REF), script(redis_scripts.ADOPT)
+        self._promote, self._whole = script(redis_scripts.PROMOTE), script(redis_scripts.WHOLE)
 
     @property
     def url(self) -> str:
@@ -383,14 +150,14 @@ class RedisStore(Store):
         the bytes above the cap meanwhile."""
         view = as_bytes_view(data)
         key = key or hashlib.sha256(view).hexdigest()
-        with self._errors():
+        with store_errors(self.url):
             present, total, cap = self._script(self._touch, check_key(key))
         if present:
             self._restore_lost_blob(key, view)
             return key
         if int(total) + len(view) > int(cap):
             self._evict_to(room=len(view))
-        with self._errors():
+        with store_errors(self.url):
             for _ in range(PUT_ATTEMPTS):
                 count = self._write_bytes(key, view)
                 committed, total, cap = self._script(self._commit, key, len(view), count)
@@ -407,7 +174,7 @@ class RedisStore(Store):
         cache: a restart empties it), so that a put always leaves the entry whole."""
         if self.blobs is None:
             return
-        with self._errors():
+        with store_errors(self.url):
             header = self.client.get(self.header_key(key))
         if header is not None and header.endswith(f":{FILE_CHUNKS}".encode()) and self.blobs.lacking(
                 {key: len(view)}):
@@ -422,14 +189,14 @@ class RedisStore(Store):
 
     def get(self, key: str) -> bytes:
         data = self.peek(key, repair=True)
-        with self._errors():
+        with store_errors(self.url):
             self._script(self._touch, key)
         return data
 
     def peek(self, key: str, repair: bool = False) -> bytes:
         """The entry's bytes, read as a submitter's credentials allow (farm.distributed.acl): without marking it
         used, and a corrupt entry reported but left for a worker to delete (`repair`: delete it, as `get` does)."""
-        with self._errors():
+        with store_errors(self.url):
             return self._read(self.header_key(key), lambda index: self.chunk_key(key, index), key, repair)
 
     def stage(self, data: Data) -> str:
@@ -441,7 +208,7 @@ class RedisStore(Store):
             return stager.stage(data)
         view = as_bytes_view(data)
         key, ttl = hashlib.sha256(view).hexdigest(), defaults.STAGED_TTL_SECONDS
-        with self._errors():
+        with store_errors(self.url):
             count = self._write_chunks(view, lambda index: f"{self.staged_key(key)}:{index}", ttl)
             self.client.set(self.staged_key(key), f"{len(view)}:{count}", ex=ttl)
         return key
@@ -470,7 +237,7 @@ class RedisStore(Store):
             self.client.set(f"{staged}:{count}", piece, ex=ttl)
             count, written = count + 1, written + len(piece)
 
-        with self._errors():
+        with store_errors(self.url):
             for chunk in chunks:
                 view = as_bytes_view(chunk)
                 if not pending and len(view) == self.chunk_bytes:
@@ -516,11 +283,11 @@ class RedisStore(Store):
             self.put(data)
             self._drop_staged(key)
             return data
-        with self._errors():
+        with store_errors(self.url):
             present, total, cap = self._script(self._touch, key)
         if not present and int(total) + len(data) > int(cap):
             self._evict_to(room=len(data))
-        with self._errors():
+        with store_errors(self.url):
             done, total, cap = self._script(self._promote, key, staged, len(data), count)
         if int(done) != 1:
             self._drop_staged(key)
@@ -535,7 +302,7 @@ class RedisStore(Store):
         data = blobs.take_staged(key)
         if data is None:
             return None
-        with self._errors():
+        with store_errors(self.url):
             present, total, cap = self._script(self._touch, key)
             if not present and int(total) + len(data) > int(cap):
                 self._evict_to(room=len(data))
@@ -554,14 +321,14 @@ class RedisStore(Store):
         """(chunk count, bytes) of what a submitter staged under `key`, read once and checked against it. Staged
         bytes are chunks here whatever their header says: a submitter's header never sends a read elsewhere."""
         staged = self.staged_key(key)
-        with self._errors():
+        with store_errors(self.url):
             header = self.client.get(staged)
             if header is None:
                 raise MissingEntryError(key, f"{redact_url(self.url)} (staging)")
             size, count = self._parse_header(key, header, repair=False)
             if not isinstance(count, int):
                 raise CorruptEntryError(key, f"its staged header {header[:40]!r} names no chunks")
-            self._check_staged_lengths(key, size, count)
+            check_staged_lengths(self.client, staged, key, size, count, self.max_bytes)
             return count, self._read_chunks(staged, lambda index: f"{staged}:{index}", key, size, count, False)
 
     def trim_staging(self, quota: int) -> dict[str, int]:
@@ -571,64 +338,23 @@ class RedisStore(Store):
         uploads (the shortest time to live left) until it is under. A submitter writes staging directly, so this is
         the only place its size is known; returns the bytes dropped, by team."""
         stager = self._stager().for_team("")
-        with self._errors():
-            teams = stager._staged_uploads()
+        with store_errors(self.url):
+            teams = staged_uploads(stager.client, stager.prefix)
         dropped: dict[str, int] = {}
         for team, uploads in teams.items():
             held = sum(upload.size for upload in uploads.values())
             for upload in sorted(uploads.values(), key=lambda upload: upload.ttl):
                 if held <= quota:
                     break
-                with self._errors():
+                with store_errors(self.url):
                     stager.client.delete(*upload.keys)
                 held -= upload.size
                 dropped[team] = dropped.get(team, 0) + upload.size
         return dropped
 
-    def _staged_uploads(self) -> dict[str, dict[str, StagedUpload]]:
-        """The staging area by team, then by upload (`[<team>.]<key>`). Keys without a time to live get
-        STAGED_TTL_SECONDS (the client sets one, a submitter may not)."""
-        teams: dict[str, dict[str, StagedUpload]] = {}
-        start, cursor = len(f"{self.prefix}staged:"), 0
-        while True:
-            cursor, names = self.client.scan(cursor, match=f"{self.prefix}staged:*", count=SCAN_COUNT)
-            pipe = self.client.pipeline(transaction=False)
-            for name in names:
-                pipe.strlen(name)
-                pipe.ttl(name)
-            found = pipe.execute() if names else []
-            for name, size, ttl in zip(names, found[::2], found[1::2]):
-                if ttl == -1:  # given a day from now, it counts as staged now
-                    pipe.expire(name, defaults.STAGED_TTL_SECONDS, nx=True)
-                    ttl = defaults.STAGED_TTL_SECONDS
-                upload = _text(name)[start:].split(":")[0]
-                teams.setdefault(upload.rpartition(".")[0], {}).setdefault(upload, StagedUpload()).add(name, size, ttl)
-            pipe.execute()
-            if not int(cursor):
-                return teams
-
-    def _check_staged_lengths(self, key: str, size: int, count: int) -> None:
-        """Refuse staged bytes before reading any: a size over the store's cap (they could never be admitted), or
-        chunks whose lengths (STRLEN, a thousand per round trip) don't add up to the header's size. A submitter
-        writes both, so chunks of 256 MB under a header of one byte would otherwise be joined in the worker's memory
-        before the size check; read this way, a worker holds at most the size the header names."""
-        if size > self.max_bytes:
-            raise CorruptEntryError(key, f"its staged header names {size} bytes, over the store's cap")
-        staged, total = self.staged_key(key), 0
-        for start in range(0, count, 1000):
-            pipe = self.client.pipeline(transaction=False)
-            for index in range(start, min(count, start + 1000)):
-                pipe.strlen(f"{staged}:{index}")
-            lengths = pipe.execute()
-            total += sum(lengths)
-            if total > size or (0 in lengths and size):
-                raise CorruptEntryError(key, f"its staged chunks hold other than the {size} bytes its header names")
-        if total != size:
-            raise CorruptEntryError(key, f"its staged chunks hold {total} bytes, not the {size} its header names")
-
     def _drop_staged(self, key: str) -> None:
         staged = self.staged_key(key)
-        with self._errors():
+        with store_errors(self.url):
             self.client.delete(staged)
             index = 0
             while self.client.delete(f"{staged}:{index}"):
@@ -653,7 +379,7 @@ class RedisStore(Store):
         keys = [check_key(key) for key in keys]
         if not keys:
             return []
-        with self._errors():
+        with store_errors(self.url):
             states = self._script(self._whole, *keys)
         elsewhere = {key: int(state) for key, state in zip(keys, states) if int(state) >= 0}
         lost = set(self._blobs_lacking(elsewhere)) if elsewhere else set()
@@ -674,7 +400,7 @@ class RedisStore(Store):
 
     def _exist(self, names: Iterable[str]) -> list[bool]:
         """Whether each Redis key exists, in one round trip."""
-        with self._errors():
+        with store_errors(self.url):
             pipe = self.client.pipeline(transaction=False)
             for name in names:
                 pipe.exists(name)
@@ -694,7 +420,7 @@ class RedisStore(Store):
         return scoped
 
     def has(self, key: str) -> bool:
-        with self._errors():
+        with store_errors(self.url):
             return bool(self.client.exists(self.header_key(key)))
 
     def delete(self, key: str) -> None:
@@ -704,7 +430,7 @@ class RedisStore(Store):
         Orphans are chunks of a put that died before its header; they are numbered from 0 upwards without gaps,
         so deleting on from the header's count until a chunk is absent collects them without a SCAN.
         """
-        with self._errors():
+        with store_errors(self.url):
             self._script(self._drop, check_key(key))
         self._delete_files([key])
 
@@ -723,37 +449,37 @@ class RedisStore(Store):
             blobs.delete(key)
 
     def set_ref(self, name: str, key: str, anchor: str | None = None) -> None:
-        with self._errors():
+        with store_errors(self.url):
             self._script(self._set_ref, name, check_key(key), check_key(anchor or key))
 
     def get_ref(self, name: str) -> str | None:
         """The target of `name`; a value that isn't a key counts as no ref (a cache miss, then rewritten)."""
-        with self._errors():
+        with store_errors(self.url):
             value = self.client.get(self.ref_key(name))
         text = value.decode("ascii", errors="replace") if isinstance(value, bytes) else value
         return text if is_key(text) else None
 
     def delete_ref(self, name: str) -> None:
-        with self._errors():
+        with store_errors(self.url):
             self.client.delete(self.ref_key(name))
 
     # -- the cap, eviction and pins --
 
     @property
     def max_bytes(self) -> int:
-        with self._errors():
+        with store_errors(self.url):
             published = self.client.get(f"{self.prefix}max_bytes")
         return int(published) if published else defaults.store_max_bytes()
 
     def set_max_bytes(self, max_bytes: int) -> None:
         if max_bytes <= 0:
             raise StoreError(f"the store's cap must be a positive number of bytes, got {max_bytes}")
-        with self._errors():
+        with store_errors(self.url):
             self.client.set(f"{self.prefix}max_bytes", int(max_bytes))
 
     def pin(self, owner: str, keys: Iterable[str], ttl: float | None, replace: bool = False) -> None:
         ttl_ms = "" if ttl is None else str(max(1, int(ttl * 1000)))
-        with self._errors():
+        with store_errors(self.url):
             self._script(self._pin, check_owner(owner), ttl_ms, "1" if replace else "0",
                          *(check_key(key) for key in keys))
 
@@ -761,15 +487,15 @@ class RedisStore(Store):
         chosen = None if keys is None else [check_key(key) for key in keys]
         if chosen == []:
             return
-        with self._errors():
+        with store_errors(self.url):
             self._script(self._unpin, check_owner(owner), *(chosen or ()))
 
     def pin_owners(self) -> list[str]:
-        with self._errors():
+        with store_errors(self.url):
             return [owner.decode() for owner in self._script(self._owners)]
 
     def stats(self) -> StoreStats:
-        with self._errors():
+        with store_errors(self.url):
             entries, total, cap, pinned_entries, pinned_bytes, owners = self._script(self._stats)
         return StoreStats(int(entries), int(total), int(cap), int(pinned_entries), int(pinned_bytes),
                           [owner.decode() for owner in owners])
@@ -781,7 +507,7 @@ class RedisStore(Store):
         """Evict in batches of EVICT_BATCH entries until `room` bytes are free under the cap (or only pinned
         entries are left)."""
         freed_entries = freed_bytes = 0
-        with self._errors():
+        with store_errors(self.url):
             while True:
                 entries, freed, left, more, dropped = self._script(self._evict, EVICT_BATCH, room)
                 self._delete_files(dropped)
@@ -793,7 +519,7 @@ class RedisStore(Store):
         """Count the entries an older farm wrote before the store had a cap (they are the least recently used
         now); returns how many. A SCAN over the whole database: `farm store gc` runs it, nothing else."""
         adopted = 0
-        with self._errors():
+        with store_errors(self.url):
             batch: list[str] = []
             for name in self.client.scan_iter(match=f"{self.prefix}obj:*", count=1000):
                 key = name.decode(errors="replace")[len(self.prefix) + 4:]
@@ -855,7 +581,7 @@ class RedisStore(Store):
         A folder this machine can't read is None here (uploads don't need it); reading from it says what to mount."""
         if self._looked_for_blobs:
             return self.blobs
-        with self._errors():
+        with store_errors(self.url):
             published = self.client.get(f"{self.prefix}blob_store")
         if not published:
             self._looked_for_blobs = True
@@ -879,7 +605,7 @@ class RedisStore(Store):
         Redis), a weight is admitted at planning by a rename: a window would read it twice."""
         if self.blobs is not None:
             return isinstance(self.blobs, FileStore)
-        with self._errors():
+        with store_errors(self.url):
             published = self.client.get(f"{self.prefix}blob_store")
         return bool(published) and published.startswith(FILE_SCHEME.encode())
 
@@ -914,7 +640,7 @@ class RedisStore(Store):
     def publish_blob_store(self, client_url: str | None = None) -> None:
         """Tell clients where entries' bytes live (a worker does at start; never its credentials), or that they
         are chunks here. `client_url`: the blob store's address as clients reach it, when it differs."""
-        with self._errors():
+        with store_errors(self.url):
             if self.blobs is None:
                 self.client.delete(f"{self.prefix}blob_store")
             else:
@@ -922,7 +648,7 @@ class RedisStore(Store):
 
     def keys_older_than(self, seconds: float) -> Iterator[str]:
         """The keys of entries last used more than `seconds` ago (by this Redis' clock)."""
-        with self._errors():
+        with store_errors(self.url):
             now, micros = self.client.time()
             oldest = int(now) * 1000 + int(micros) // 1000 - int(seconds * 1000)
             names = self.client.zrangebyscore(f"{self.prefix}lru", "-inf", oldest)
@@ -976,31 +702,6 @@ class RedisStore(Store):
             self.delete(key)
         raise CorruptEntryError(key, reason, redact_url(self.url))
 
-    @contextlib.contextmanager
-    def _errors(self) -> Iterator[None]:
-        """Turn redis-py's errors into StoreErrors naming the store (never its password)."""
-        import redis.exceptions
-
-        try:
-            yield
-        except redis.exceptions.NoPermissionError as exc:
-            raise NotPermittedError(self.url, str(exc)) from exc
-        except (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError) as exc:
-            raise StoreUnreachableError(credentials_refused(self.url)) from exc
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-            failure = tls_verification_failure(exc)
-            if failure:
-                raise StoreUnreachableError(tls_refused(self.url, failure)) from exc
-            raise StoreUnreachableError(f"can't reach the store at {redact_url(self.url)}: {exc}") from exc
-        except redis.exceptions.InvalidResponse as exc:
-            raise StoreUnreachableError(f"the store at {redact_url(self.url)} is not a Redis server? {exc}") from exc
-        except redis.exceptions.RedisError as exc:
-            raise StoreError(f"the store at {redact_url(self.url)} failed: {exc}") from exc
-
-
-def _text(name: bytes | str) -> str:
-    """A key name as redis-py gave it (bytes, unless a client decodes), as text."""
-    return name.decode("ascii", "replace") if isinstance(name, bytes) else name
 
 
 def blob_redis(url: str, retries: int = 1) -> RedisStore:
@@ -1008,29 +709,3 @@ def blob_redis(url: str, retries: int = 1) -> RedisStore:
     the durable Redis' key names (so the ACL file that `farm acl` writes rules both servers alike), uncapped of its
     own: the durable Redis' headers and cap say what it holds."""
     return RedisStore(url, retries=retries, default_cap=UNCAPPED, looks_for_blobs=False)
-
-
-def without_login(url: str) -> str:
-    """`url` without its user and password: what may be published to every client."""
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
-
-
-def with_login_of(url: str, login_from: str) -> str:
-    """`url` with the user and password of `login_from` and, where `url` has none, its TLS parameters: a client
-    logs in to the blob Redis the workers published as it logs in to the farm's."""
-    parts, own = urlsplit(url), urlsplit(login_from)
-    login = own.netloc.rpartition("@")[0]
-    netloc = f"{login}@{parts.netloc.rpartition('@')[2]}" if login else parts.netloc.rpartition("@")[2]
-    query = parts.query or (own.query if parts.scheme == own.scheme else "")
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
-
-
-def _zero_copy_packer() -> object:
-    """redis-py's own command packer, which sends a big argument (a chunk) as the buffer it is, never copied. With
-    hiredis installed redis-py packs with hiredis, which copies every argument twice (bytes() of a memoryview, then
-    into the packed command): a submitter's 435 MB of weights took 1.36 s to SET in 8 MiB chunks that way, 0.45 s
-    this way (2-core Zen 4, a Redis without persistence). Replies are still parsed by hiredis."""
-    from redis.connection import Encoder, PythonRespSerializer
-
-    return PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
