@@ -38,10 +38,10 @@ def entry_object(library: dict[str, Any]) -> bytes:
     makes it, wherever it is made (the farm's link plan step, a link that finds no cached copy, a local build)."""
     from farm.backends.llvm.entry import compile_entry
 
-    return compile_entry(library["schedule"], library_target(library), library["weights_offset"])
+    return compile_entry(library["schedule"], _library_target(library), library["weights_offset"])
 
 
-def library_target(library: dict[str, Any]) -> CpuTarget:
+def _library_target(library: dict[str, Any]) -> CpuTarget:
     """The target of a libraries() entry: a CPU one, as CpuPart.layout writes every entry."""
     from farm.backends.registry import target_from_json
 
@@ -199,7 +199,7 @@ def link_target(library: dict[str, Any], object_of: Callable[[str], Member],
     from farm.backends.llvm.compiler_runtime import runtime_object
     from farm.backends.llvm.link import link_library
 
-    target = library_target(library)
+    target = _library_target(library)
     objects = [_object_bytes(object_of(name)) for name in library["order"]]
     return link_library([*objects, entry_of(library), runtime_object(target)], target)
 
