@@ -61,7 +61,7 @@ _KINDS = {
 }
 
 
-def _sha256(data: bytes) -> str:
+def _sha256(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
@@ -122,7 +122,7 @@ class _BufferReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def read(self, size: int = -1) -> memoryview:  # type: ignore[override]  # views, not copies
+    def read(self, size: int = -1) -> memoryview:  # views, not copies
         end = len(self._view) if size < 0 else min(len(self._view), self._at + size)
         chunk, self._at = self._view[self._at:end], end
         return chunk
@@ -217,8 +217,9 @@ def manifest_from_text(text: bytes, where: str) -> dict[str, Any]:
     return _parse_manifest(where, text)
 
 
-def _check_contents(manifest: dict[str, Any], members: Mapping[str, Member]) -> None:
-    """ValueError for a bad member path or format version, before anything is written."""
+def _check_contents(manifest: dict[str, Any], members: Mapping[str, object]) -> None:
+    """ValueError for a bad member path or format version, before anything is written (`members`: by path, their
+    bytes or their sha256s)."""
     for name in members:
         problem = _path_problem(name)
         if problem or name in _RESERVED:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, Union
 
 from farm.backends.llvm.target import CpuTarget
 from farm.backends.opencl.target import OpenClTarget
@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from farm.ir.specs import KernelSpec
 
 Target = Union[CpuTarget, OpenClTarget]
+TargetT = TypeVar("TargetT", CpuTarget, OpenClTarget)
+"""The one kind of target a backend takes."""
 
 
 @dataclass(frozen=True)
@@ -39,11 +41,11 @@ class Devices:
     opencl_fingerprints: Callable[[], list[str]]
 
 
-class Backend(ABC):
+class Backend(ABC, Generic[TargetT]):
     """One kind of device. `kind` is the prefix of its targets (`--target KIND[:...]`) and its runtime device."""
 
     kind: ClassVar[str]
-    target_type: ClassVar[type]
+    target_type: ClassVar[type[CpuTarget] | type[OpenClTarget]]
     usage: ClassVar[str]
 
     @abstractmethod
@@ -54,14 +56,14 @@ class Backend(ABC):
         return self.target_type.from_json(data)
 
     @abstractmethod
-    def render(self, spec: KernelSpec, target: Target) -> str:
+    def render(self, spec: KernelSpec, target: TargetT) -> str:
         """The kernel's source text for the target (LLVM IR, OpenCL C)."""
 
     @abstractmethod
-    def compile_kernel(self, spec: KernelSpec, target: Target) -> bytes:
+    def compile_kernel(self, spec: KernelSpec, target: TargetT) -> bytes:
         """The kernel's compiled bytes for the target: the pure compile step that local and farm builds call."""
 
-class CpuBackend(Backend):
+class CpuBackend(Backend[CpuTarget]):
     """CPUs: LLVM IR through llvmlite, object files linked into one shared library per target."""
 
     kind = "cpu"
@@ -73,17 +75,17 @@ class CpuBackend(Backend):
 
         return [parse_target(f"cpu:{rest}")]
 
-    def render(self, spec: KernelSpec, target: Target) -> str:
+    def render(self, spec: KernelSpec, target: CpuTarget) -> str:
         from farm.backends.llvm.kernel import kernel_ir
 
         return kernel_ir(spec, target)
 
-    def compile_kernel(self, spec: KernelSpec, target: Target) -> bytes:
+    def compile_kernel(self, spec: KernelSpec, target: CpuTarget) -> bytes:
         from farm.backends.llvm.kernel import compile_cpu_kernel
 
         return compile_cpu_kernel(spec, target)
 
-class OpenClBackend(Backend):
+class OpenClBackend(Backend[OpenClTarget]):
     """OpenCL devices: OpenCL C, a program binary per kernel per device fingerprint, built where the device is."""
 
     kind = "opencl"
@@ -98,12 +100,12 @@ class OpenClBackend(Backend):
                                 f"{devices.where} (found: {available or 'none'})")
         return [OpenClTarget(fp) for fp in chosen]
 
-    def render(self, spec: KernelSpec, target: Target) -> str:
+    def render(self, spec: KernelSpec, target: OpenClTarget) -> str:
         from farm.backends.opencl.kernel import kernel_source
 
         return kernel_source(spec)
 
-    def compile_kernel(self, spec: KernelSpec, target: Target) -> bytes:
+    def compile_kernel(self, spec: KernelSpec, target: OpenClTarget) -> bytes:
         from farm.backends.opencl.kernel import compile_cl_kernel
 
         return compile_cl_kernel(spec, target.fingerprint)

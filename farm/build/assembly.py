@@ -224,8 +224,10 @@ def artifact_contents(plan_json: dict[str, Any], built: BuiltUnits) -> tuple[dic
     members: dict[str, Member] = {}
     count = len(plan_json["sizes"])
     for index, sub_plan in enumerate(plan_json["sizes"]):
-        size_built = dataclasses.replace(
-            built, library_of=lambda target_id, index=index: built.library_of(library_id(target_id, index, count)))
+        def library_of(target_id: str, index: int = index) -> bytes:
+            return built.library_of(library_id(target_id, index, count))
+
+        size_built = dataclasses.replace(built, library_of=library_of)
         size_manifest, size_members = _size_contents(sub_plan, size_built)
         size_manifest["targets"] = [_moved_library(target, size_members, index)
                                     for target in size_manifest.get("targets", [])]

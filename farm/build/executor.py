@@ -110,11 +110,11 @@ class LocalExecutor:
         for future in futures:
             future.add_done_callback(lambda f: on_done(futures[f]) if not f.cancelled() and f.exception() is None else None)
         done, pending = wait(futures, return_when=FIRST_EXCEPTION)
-        failed = [f for f in done if f.exception() is not None]
+        failed = [error for error in (f.exception() for f in done) if error is not None]
         if failed:
             for future in pending:
                 future.cancel()
-            raise failed[0].exception()
+            raise failed[0]
         return [future.result() for future in futures]
 
     @staticmethod

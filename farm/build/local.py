@@ -20,6 +20,7 @@ from farm.build.executor import LocalExecutor, StepCall
 from farm.build.parts import BuiltUnits
 from farm.build.units import UNIT_KINDS, CompileUnit, cache_unit, cached_unit, compile_unit
 from farm.ir.shapes import PinnedShapes
+from farm.ir.specs import BlobSpec
 from farm.store import FileStore, Store, default_store_root
 from farm.tuning.variants import TuningReport, choose_variants
 
@@ -91,14 +92,15 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
     units = assembly.sized_units(plans, targets)
     code = [unit for unit in units if unit.kind != "blob"]
     report_phase("compiling")
-    objects: dict[str, bytes | LazyMember] = {} if no_cache else _cached(store, code)
-    todo = [unit for unit in code if unit.name not in objects]
-    objects.update(_compiled(store, executor, todo, blobs, _counting_from(len(objects), len(code), progress)))
+    compiled: dict[str, bytes] = {} if no_cache else _cached(store, code)
+    todo = [unit for unit in code if unit.name not in compiled]
+    compiled.update(_compiled(store, executor, todo, blobs, _counting_from(len(compiled), len(code), progress)))
+    objects: dict[str, bytes | LazyMember] = {**compiled}
     objects.update({unit.name: _packed_when_written(unit, blobs) for unit in units if unit.kind == "blob"})
     report_phase("linking")
     plan_json = assembly.link_plan(plans, targets, name, model_sha256, units, sizes)
     libraries: dict[str, bytes] = {}
-    built = BuiltUnits(objects.__getitem__, lambda unit: hashlib.sha256(objects[unit]).hexdigest(),
+    built = BuiltUnits(objects.__getitem__, lambda unit: hashlib.sha256(compiled[unit]).hexdigest(),
                        libraries.__getitem__, lambda sha: memoryview(blobs[sha]).cast("B"))
     for library in assembly.libraries(plan_json):
         libraries[library["id"]] = assembly.link_library(plan_json, library["id"], built)
@@ -125,7 +127,7 @@ def _file_sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def _cached(store: Store, code: list[CompileUnit]) -> dict[str, bytes | LazyMember]:
+def _cached(store: Store, code: list[CompileUnit]) -> dict[str, bytes]:
     """The units' bytes that the compile cache holds, by unit name (a miss, corrupt entries included, is left out
     and so compiled)."""
     found = {unit.name: cached_unit(store, unit) for unit in code}
@@ -157,6 +159,7 @@ def _no_phase(name: str) -> None:
 def _packed_when_written(unit: CompileUnit, blobs: Mapping[str, Any]) -> LazyMember:
     """A weight packed for a target's kernels, made by its pure step as the artifact is written: the packed copies
     of a model's weights are never all held at once (the source weights are, in the plans)."""
+    assert isinstance(unit.spec, BlobSpec), f"{unit.name} is a blob unit, whose spec is a BlobSpec"
     return LazyMember(unit.spec.nbytes, functools.partial(compile_unit, unit, _weights_of(unit, blobs)))
 
 

@@ -20,11 +20,13 @@ import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic
 
 from farm.artifact import Member
+from farm.backends.llvm.target import CpuTarget
 from farm.backends.llvm.toolchain import toolchain
-from farm.backends.registry import Target
+from farm.backends.opencl.target import OpenClTarget
+from farm.backends.registry import TargetT
 from farm.build.units import CompileUnit
 from farm.ir.specs import CODEGEN_VERSION, BlobSpec, KernelSpec, canonical_json
 from farm.plan.planner import BuildPlan, for_target
@@ -35,9 +37,17 @@ def entry_object(library: dict[str, Any]) -> bytes:
     """A CPU library's entry object (a libraries() entry's schedule compiled for its target): the pure step that
     makes it, wherever it is made (the farm's link plan step, a link that finds no cached copy, a local build)."""
     from farm.backends.llvm.entry import compile_entry
+
+    return compile_entry(library["schedule"], _library_target(library), library["weights_offset"])
+
+
+def _library_target(library: dict[str, Any]) -> CpuTarget:
+    """The target of a libraries() entry: a CPU one, as CpuPart.layout writes every entry."""
     from farm.backends.registry import target_from_json
 
-    return compile_entry(library["schedule"], target_from_json(library["target"]), library["weights_offset"])
+    target = target_from_json(library["target"])
+    assert isinstance(target, CpuTarget), f"a CPU library's target is a CPU one, not {target.id}"
+    return target
 
 
 def entry_ref(library: dict[str, Any]) -> str:
@@ -62,7 +72,7 @@ class BuiltUnits:
     entry_of: Callable[[dict[str, Any]], bytes] = entry_object
 
 
-class Part(ABC):
+class Part(ABC, Generic[TargetT]):
     """One backend's part. `always`: its manifest fields are written even when the build has none of its targets
     (a CPU-less build still lists `targets` and `kernels`, empty)."""
 
@@ -70,15 +80,15 @@ class Part(ABC):
     always: ClassVar[bool] = False
 
     @abstractmethod
-    def units(self, plan: BuildPlan, targets: Sequence[Target]) -> list[CompileUnit]:
+    def units(self, plan: BuildPlan, targets: Sequence[TargetT]) -> list[CompileUnit]:
         """The units this part needs built for `targets` (all of this part's kind)."""
 
     @abstractmethod
-    def layout(self, plan: BuildPlan, targets: Sequence[Target], units: Sequence[CompileUnit]) -> dict[str, Any]:
+    def layout(self, plan: BuildPlan, targets: Sequence[TargetT], units: Sequence[CompileUnit]) -> dict[str, Any]:
         """JSON: everything assembling this part needs besides the built bytes."""
 
     @abstractmethod
-    def manifest_fields(self, plan: BuildPlan, targets: Sequence[Target]) -> dict[str, Any]:
+    def manifest_fields(self, plan: BuildPlan, targets: Sequence[TargetT]) -> dict[str, Any]:
         """This part's manifest fields that are known before anything is built."""
 
     @abstractmethod
@@ -91,14 +101,14 @@ class Part(ABC):
         """The ONNX nodes one of this part's units serves, as the manifest template names them."""
 
     @abstractmethod
-    def names_targets(self, manifest: dict[str, Any], targets: Sequence[Target]) -> bool:
+    def names_targets(self, manifest: dict[str, Any], targets: Sequence[TargetT]) -> bool:
         """Whether an artifact's manifest was built for exactly these targets of this part's kind."""
 
 
 # --- CPU -------------------------------------------------------------------------------------------------------
 
 
-def blob_args(plan: BuildPlan, target: Target) -> list[dict[int, BlobSpec]]:
+def blob_args(plan: BuildPlan, target: CpuTarget) -> list[dict[int, BlobSpec]]:
     """Per step, the BlobSpec of each of its blob arguments on `target`, by argument index: pre-packed in panels
     where the step's kernel reads that parameter so (backends.llvm.kernel.packed_params), else the plain bytes."""
     from farm.backends.llvm.kernel import packed_params
@@ -131,7 +141,7 @@ def weight_member(target_id: str, blob: BlobSpec) -> str:
     return weights_member(blob.data_sha256) if blob.panels is None else packed_weights_member(target_id, blob)
 
 
-def target_weights(plan: BuildPlan, target: Target) -> list[BlobSpec]:
+def target_weights(plan: BuildPlan, target: CpuTarget) -> list[BlobSpec]:
     """The distinct weights `target`'s kernels read, in slot order: slot i of the entry's weight table (after the
     arena, at weights_offset) points at the i-th one's bytes."""
     return list(dict.fromkeys(blob for step in blob_args(plan, target) for blob in step.values()))
@@ -145,7 +155,7 @@ def weights_offset(plan: BuildPlan) -> int:
     return -(-plan.memory.arena_bytes // WEIGHT_TABLE_ALIGNMENT) * WEIGHT_TABLE_ALIGNMENT
 
 
-def step_launches(plan: BuildPlan, target: Target) -> list[list[list[int]]]:
+def step_launches(plan: BuildPlan, target: CpuTarget) -> list[list[list[int]]]:
     """Each step's launches on `target` (each distinct kernel lowered once; a Gemm's grain is its variant's)."""
     from farm.backends.llvm.kernel import cpu_launches
 
@@ -156,7 +166,7 @@ def step_launches(plan: BuildPlan, target: Target) -> list[list[list[int]]]:
     return [by_key[step.spec.key] for step in plan.steps]
 
 
-def schedule_for(plan: BuildPlan, target: Target) -> list[dict[str, Any]]:
+def schedule_for(plan: BuildPlan, target: CpuTarget) -> list[dict[str, Any]]:
     """The entry's call list for `target`: kernel symbols, arena offsets or weight slots (target_weights), and the
     kernel's launches ([extent, grain, work] each)."""
     launches, blobs = step_launches(plan, target), blob_args(plan, target)
@@ -168,7 +178,7 @@ def schedule_for(plan: BuildPlan, target: Target) -> list[dict[str, Any]]:
             for step, step_launch, step_blobs in zip(plan.steps, launches, blobs)]
 
 
-def kernel_units(spec: KernelSpec, target: Target) -> list[KernelSpec]:
+def kernel_units(spec: KernelSpec, target: CpuTarget) -> list[KernelSpec]:
     """The specs of a kernel's units on `target`: the kernel, or each part of its code (kernel_parts)."""
     from farm.backends.llvm.kernel import kernel_parts
 
@@ -176,30 +186,35 @@ def kernel_units(spec: KernelSpec, target: Target) -> list[KernelSpec]:
     return [spec] if parts == 1 else [dataclasses.replace(spec, part=(index, parts)) for index in range(parts)]
 
 
-def link_order(units: Sequence[CompileUnit], target: Target) -> list[str]:
+def link_order(units: Sequence[CompileUnit], target: CpuTarget) -> list[str]:
     """The names of the target's kernel units in the order their objects are linked (before the entry)."""
     return sorted(unit.name for unit in units if unit.kind == "kernel" and unit.target.id == target.id)
 
 
-def link_target(library: dict[str, Any], object_of: Callable[[str], bytes],
+def link_target(library: dict[str, Any], object_of: Callable[[str], Member],
                 entry_of: Callable[[dict[str, Any]], bytes] = entry_object) -> bytes:
     """One CPU target's shared library: its kernels' objects in link order, then its entry (entry_of: from the
     schedule), then the functions LLVM's calls from kernels into a compiler runtime need
     (farm.backends.llvm.compiler_runtime)."""
     from farm.backends.llvm.compiler_runtime import runtime_object
     from farm.backends.llvm.link import link_library
-    from farm.backends.registry import target_from_json
 
-    target = target_from_json(library["target"])
-    objects = [object_of(name) for name in library["order"]]
+    target = _library_target(library)
+    objects = [_object_bytes(object_of(name)) for name in library["order"]]
     return link_library([*objects, entry_of(library), runtime_object(target)], target)
 
 
-class CpuPart(Part):
+def _object_bytes(data: Member) -> bytes:
+    """A kernel unit's object, which is bytes (only blob units, packed weights, are made as they are written)."""
+    assert isinstance(data, bytes), "a kernel unit's object is bytes"
+    return data
+
+
+class CpuPart(Part[CpuTarget]):
     kind = "cpu"
     always = True
 
-    def units(self, plan: BuildPlan, targets: Sequence[Target]) -> list[CompileUnit]:
+    def units(self, plan: BuildPlan, targets: Sequence[CpuTarget]) -> list[CompileUnit]:
         """A kernel unit per distinct kernel, or per part of one whose code is split (kernel_parts), a blob unit
         per weight the target reads packed (plain weights are the model's bytes: nothing to build)."""
         kernels = [CompileUnit("kernel", part, t) for t in targets for spec in plan.kernels().values()
@@ -208,14 +223,14 @@ class CpuPart(Part):
                  if blob.panels is not None]
         return kernels + blobs
 
-    def layout(self, plan: BuildPlan, targets: Sequence[Target], units: Sequence[CompileUnit]) -> dict[str, Any]:
+    def layout(self, plan: BuildPlan, targets: Sequence[CpuTarget], units: Sequence[CompileUnit]) -> dict[str, Any]:
         return {"libraries": [{"target": t.to_json(), "schedule": schedule_for(plan, t), "order": link_order(units, t),
                                "weights_offset": weights_offset(plan)} for t in targets],
                 "weights": {weight_member(t.id, blob): (f"{t.id}/{blob.symbol}" if blob.panels is not None else None,
                                                         blob.data_sha256)
                             for t in targets for blob in target_weights(plan, t)}}
 
-    def manifest_fields(self, plan: BuildPlan, targets: Sequence[Target]) -> dict[str, Any]:
+    def manifest_fields(self, plan: BuildPlan, targets: Sequence[CpuTarget]) -> dict[str, Any]:
         from farm.backends.llvm.entry import ENTRY_SYMBOL, LAUNCH_SYMBOL, WORK_SYMBOL
         from farm.backends.llvm.features import required_features
 
@@ -231,7 +246,7 @@ class CpuPart(Part):
     def assemble(self, layout: dict[str, Any], manifest: dict[str, Any],
                  built: BuiltUnits) -> tuple[dict[str, Any], dict[str, Member]]:
         ids = [library["target"]["id"] for library in layout["libraries"]]
-        members = {library_member(target_id): built.library_of(target_id) for target_id in ids}
+        members: dict[str, Member] = {library_member(target_id): built.library_of(target_id) for target_id in ids}
         members.update({member: built.object_of(unit) if unit else built.blob_of(sha)
                         for member, (unit, sha) in layout.get("weights", {}).items()})
         kernels = [{**entry, "object_sha256": built.sha256_of(f"{entry['target']}/{entry['symbol']}")}
@@ -239,7 +254,7 @@ class CpuPart(Part):
         return {"kernels": kernels}, members
 
 
-    def names_targets(self, manifest: dict[str, Any], targets: Sequence[Target]) -> bool:
+    def names_targets(self, manifest: dict[str, Any], targets: Sequence[CpuTarget]) -> bool:
         listed = manifest.get("targets")
         return isinstance(listed, list) and [entry.get("id") for entry in listed if isinstance(entry, dict)] == [
             t.id for t in targets]
@@ -252,7 +267,7 @@ class CpuPart(Part):
                      if entry["symbol"] == unit.spec.symbol and entry["target"] == unit.target.id), [])
 
 
-def _kernel_entries(plan: BuildPlan, targets: Sequence[Target]) -> list[dict]:
+def _kernel_entries(plan: BuildPlan, targets: Sequence[CpuTarget]) -> list[dict]:
     from farm.tuning.variants import manifest_variant
 
     nodes: dict[str, list[str]] = {}
@@ -282,20 +297,20 @@ def binary_member(fingerprint: str, symbol: str) -> str:
     return f"opencl/{fingerprint}/{symbol}.bin"
 
 
-class OpenClPart(Part):
+class OpenClPart(Part[OpenClTarget]):
     kind = "opencl"
 
-    def units(self, plan: BuildPlan, targets: Sequence[Target]) -> list[CompileUnit]:
+    def units(self, plan: BuildPlan, targets: Sequence[OpenClTarget]) -> list[CompileUnit]:
         return [CompileUnit("clkernel", spec, t) for t in targets for spec in opencl_kernels(plan)]
 
-    def layout(self, plan: BuildPlan, targets: Sequence[Target], units: Sequence[CompileUnit]) -> dict[str, Any]:
+    def layout(self, plan: BuildPlan, targets: Sequence[OpenClTarget], units: Sequence[CompileUnit]) -> dict[str, Any]:
         from farm.backends.opencl.kernel import kernel_source
 
         return {"sources": {f"opencl/source/{spec.symbol}.cl": kernel_source(spec) for spec in opencl_kernels(plan)},
-                "binaries": {binary_member(unit.target.fingerprint, unit.spec.symbol): unit.name for unit in units},
+                "binaries": {binary_member(_fingerprint(unit), unit.spec.symbol): unit.name for unit in units},
                 "weights": {weights_member(sha): sha for sha in sorted(plan.blobs)}}
 
-    def manifest_fields(self, plan: BuildPlan, targets: Sequence[Target]) -> dict[str, Any]:
+    def manifest_fields(self, plan: BuildPlan, targets: Sequence[OpenClTarget]) -> dict[str, Any]:
         from farm.backends.opencl.kernel import kernel_launches
         from farm.ops import argument_bytes
 
@@ -319,10 +334,16 @@ class OpenClPart(Part):
     def nodes_of(self, manifest: dict[str, Any], unit: CompileUnit) -> list[str]:
         return [step["node"] for step in manifest["opencl"]["schedule"] if step["kernel"] == unit.spec.symbol]
 
-    def names_targets(self, manifest: dict[str, Any], targets: Sequence[Target]) -> bool:
+    def names_targets(self, manifest: dict[str, Any], targets: Sequence[OpenClTarget]) -> bool:
         part = manifest.get("opencl")
         devices = part.get("devices") if isinstance(part, dict) else []
         return devices == [t.fingerprint for t in targets]
+
+
+def _fingerprint(unit: CompileUnit) -> str:
+    """The device fingerprint of an OpenCL unit (assembly gives a part only the units of its kind)."""
+    assert isinstance(unit.target, OpenClTarget), f"unit {unit.name} is not an OpenCL one"
+    return unit.target.fingerprint
 
 
 def _opencl_schedule(plan: BuildPlan) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Union
 
+from farm.backends.llvm.target import CpuTarget
 from farm.backends.llvm.toolchain import toolchain
 from farm.backends.registry import Target, backend_of, target_from_json
 from farm.errors import BadInputError, BuildError
@@ -34,9 +35,10 @@ def _runs_nothing_at_load(data: bytes, what: str) -> None:
     check_no_startup_code(data, what)
 
 
-def _pack_weights(spec: BlobSpec, target: Target, data: Data) -> bytes:
+def _pack_weights(spec: BlobSpec, target: CpuTarget, data: Data) -> bytes:
     from farm.backends.llvm.blobs import pack_weights
 
+    assert data is not None, "a blob unit's step is given the weights it packs"
     return pack_weights(spec, target, data)
 
 
@@ -46,12 +48,14 @@ class UnitKind:
 
     `big_bytes`: its input is a weight blob, so the local executor runs it in the building process (LLVM releases
     the GIL) instead of sending the bytes through a pipe. `verify(bytes, what)`: raises BuildError when bytes read
-    back from the cache can't be what the step makes (an object with load-time code), so they are rebuilt."""
+    back from the cache can't be what the step makes (an object with load-time code), so they are rebuilt.
+    `build` and `ref` take the kind's own spec type and kind of target (a packed weight a CpuTarget, an OpenCL
+    kernel an OpenClTarget), which one table of every kind can only write as Any."""
 
     label: str
-    spec_type: type
-    build: Callable[[Any, Target, Data], bytes]
-    ref: Callable[[Any, Target], str]
+    spec_type: type[KernelSpec] | type[BlobSpec]
+    build: Callable[[Any, Any, Data], bytes]
+    ref: Callable[[Any, Any], str]
     big_bytes: bool = False
     verify: Callable[[bytes, str], None] = lambda data, what: None
 

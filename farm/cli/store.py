@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 if TYPE_CHECKING:
-    from farm.store import Store, StoreStats
+    from farm.store import Store
+    from farm.store.base import StoreStats
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 

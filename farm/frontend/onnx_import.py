@@ -12,7 +12,7 @@ import math
 import mmap
 import os
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import onnx
@@ -266,9 +266,11 @@ def _known_digests(graph: onnx.GraphProto, external: ExternalData,
     return known
 
 
-def _tensor_to_array(tensor: TensorProto, external: ExternalData) -> np.ndarray:
-    """Convert a TensorProto, reading its bytes through `external` when they are stored externally."""
+def _tensor_to_array(tensor: TensorProto, external: ExternalData | None) -> np.ndarray:
+    """Convert a TensorProto, reading its bytes through `external` when they are stored externally (None: a tensor
+    whose bytes are its own)."""
     if tensor.data_location == TensorProto.EXTERNAL:
+        assert external is not None, f"tensor {tensor.name!r} is external, so a reader of its data is given"
         return _read_external(tensor, external)
     try:
         return numpy_helper.to_array(tensor)
@@ -305,7 +307,7 @@ def _array_from_bytes(tensor: TensorProto, data: bytes | memoryview, file_path: 
             )
         return np.frombuffer(data, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False).reshape(dims)
     raw = TensorProto(name=tensor.name, data_type=tensor.data_type, dims=dims, raw_data=bytes(data))
-    return _tensor_to_array(raw, "")
+    return _tensor_to_array(raw, None)
 
 
 # ----------------------------------------------------------------------------------------------- nodes and attrs
@@ -618,6 +620,11 @@ def _normalise_domains(skeleton: onnx.ModelProto, model: onnx.ModelProto) -> Non
     skeleton.opset_import.extend(onnx.helper.make_opsetid(domain, version) for domain, version in opsets.items())
 
 
+def _all_static(dims: tuple[int | str, ...]) -> TypeGuard[tuple[int, ...]]:
+    """Whether every dim is a number (none symbolic or unknown)."""
+    return all(isinstance(d, int) for d in dims)
+
+
 def _collect_value_infos(graph: onnx.GraphProto) -> tuple[dict[str, TensorInfo], dict[str, tuple[int | str, ...]]]:
     """Static infos of every typed value, and the partial shapes of those with symbolic or unknown dims."""
     values: dict[str, TensorInfo] = {}
@@ -628,8 +635,8 @@ def _collect_value_infos(graph: onnx.GraphProto) -> tuple[dict[str, TensorInfo],
             continue
         dims = tuple(_dim_of(d) for d in tensor_type.shape.dim)
         dtype = _dtype_name(tensor_type.elem_type)
-        if dtype and all(isinstance(d, int) for d in dims):
-            values[vi.name] = TensorInfo(dims, dtype)  # type: ignore[arg-type]
+        if dtype and _all_static(dims):
+            values[vi.name] = TensorInfo(dims, dtype)
         else:
             dynamic[vi.name] = dims
     return values, dynamic

@@ -11,7 +11,7 @@ launch table) dispatch on the same kinds.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Union
@@ -311,7 +311,7 @@ def strides_of(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def flat_index(shape: tuple[int, ...], indices: list[ExprLike]) -> Expr:
+def flat_index(shape: tuple[int, ...], indices: Sequence[ExprLike]) -> Expr:
     """Row-major flat index of `indices` in a tensor of `shape`."""
     result: Expr = Const(0, I64)
     for stride, index in zip(strides_of(shape), indices):
@@ -319,10 +319,10 @@ def flat_index(shape: tuple[int, ...], indices: list[ExprLike]) -> Expr:
     return result
 
 
-def broadcast_index(in_shape: tuple[int, ...], out_shape: tuple[int, ...], out_vars: list[Var]) -> Expr:
+def broadcast_index(in_shape: tuple[int, ...], out_shape: tuple[int, ...], out_vars: Sequence[Expr]) -> Expr:
     """Flat index into an input that numpy-broadcasts to `out_shape`, given the output's loop variables."""
     offset = len(out_shape) - len(in_shape)
-    indices = [Const(0, I64) if dim == 1 else out_vars[offset + axis] for axis, dim in enumerate(in_shape)]
+    indices: list[Expr] = [Const(0, I64) if dim == 1 else out_vars[offset + axis] for axis, dim in enumerate(in_shape)]
     return flat_index(in_shape, indices)
 
 
@@ -468,6 +468,20 @@ class LaunchGroup:
     def head(self) -> Stmt:
         """The Gemm of a GEMM launch, the loop of a PARALLEL one (a SERIAL launch's first statement)."""
         return self.stmts[0]
+
+    @property
+    def gemm(self) -> Gemm:
+        """The Gemm of a GEMM launch."""
+        head = self.head
+        assert isinstance(head, Gemm), f"a {self.kind.value} launch holds no Gemm"
+        return head
+
+    @property
+    def loop(self) -> Loop:
+        """The parallel loop of a PARALLEL launch."""
+        head = self.head
+        assert isinstance(head, Loop), f"a {self.kind.value} launch holds no loop"
+        return head
 
 
 def launch_kind(stmt: Stmt) -> LaunchKind:

@@ -51,8 +51,8 @@ def parse_sizes(specs: Iterable[str]) -> list[PinnedShapes]:
         if len(set(choices[name])) != len(choices[name]):
             raise BadInputError(f"--shape {spec!r}: a size is given twice")
     count = 1
-    for values in choices.values():
-        count *= len(values)
+    for options in choices.values():
+        count *= len(options)
     if count > MAX_SIZES:
         raise BadInputError(f"--shape: {count} sizes (every combination of the values given); one artifact holds "
                             f"at most {MAX_SIZES}")

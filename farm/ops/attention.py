@@ -74,7 +74,7 @@ def _role_map(names: list[str], roles: tuple[str, ...], prefix: str) -> dict[str
 
 def _attention_dims(ctx: NodeContext) -> AttentionDims:
     """The sizes, refusing shapes the reference would reject or broadcast in ways this kernel doesn't."""
-    q, k, v = (info.shape for info in ctx.inputs[:3])
+    q, k, v = (ctx.input_info(i).shape for i in range(3))
     if not len(q) == len(k) == len(v) or len(q) not in (3, 4):
         raise ctx.unsupported(f"Q, K and V must all be 3-D or all 4-D, got {list(q)}, {list(k)}, {list(v)}")
     q_heads, kv_heads = _heads(ctx, q, k, v)
@@ -98,11 +98,12 @@ def _heads(ctx: NodeContext, q: tuple[int, ...], k: tuple[int, ...], v: tuple[in
     """(query heads, key/value heads): from the attributes for 3-D inputs (which must split evenly), from the shapes
     for 4-D ones; the kv heads must divide the query heads."""
     attrs = ctx.node.attrs
-    given = [attrs.get("q_num_heads"), attrs.get("kv_num_heads")]
+    q_given, kv_given = attrs.get("q_num_heads"), attrs.get("kv_num_heads")
+    given = [q_given, kv_given]
     if len(q) == 3:
-        if None in given or min(int(h) for h in given) <= 0:
+        if q_given is None or kv_given is None or min(int(q_given), int(kv_given)) <= 0:
             raise ctx.unsupported("3-D inputs need positive q_num_heads and kv_num_heads")
-        q_heads, kv_heads = (int(h) for h in given)
+        q_heads, kv_heads = int(q_given), int(kv_given)
         if q[2] % q_heads or k[2] % kv_heads or v[2] % kv_heads:
             raise ctx.unsupported(f"hidden sizes {q[2]}, {k[2]}, {v[2]} don't split into {q_heads} / {kv_heads} heads")
     else:
@@ -127,7 +128,7 @@ def _with_past(ctx: NodeContext, dims: AttentionDims) -> AttentionDims:
         return dims
     if present[2]:
         raise ctx.unsupported("nonpad_kv_seqlen cannot be combined with past_key/past_value")
-    past_key, past_value = ctx.inputs[4].shape, ctx.inputs[5].shape
+    past_key, past_value = ctx.input_info(4).shape, ctx.input_info(5).shape
     past_len = past_key[2] if len(past_key) == 4 else -1
     expected_key = (dims.batch, dims.kv_heads, past_len, dims.head_size)
     if past_key != expected_key or past_value != (*expected_key[:3], dims.v_head_size):
@@ -484,7 +485,7 @@ def _lower_attention(spec: KernelSpec) -> list[L.Stmt]:
 def _rotary_attrs(ctx: NodeContext) -> dict[str, Any]:
     """Heads, rotated features, interleaving and how the caches are read: by position_ids (caches of shape
     (positions, rotary_dim / 2)) or directly (caches (batch or 1, sequence or 1, rotary_dim / 2))."""
-    x, cos, sin = ctx.inputs[:3]
+    x, cos, sin = (ctx.input_info(i) for i in range(3))
     positions = ctx.inputs[3] if len(ctx.inputs) > 3 else None
     if any(info.dtype != "float32" for info in (x, cos, sin)):
         raise ctx.unsupported("RotaryEmbedding supports float32 input and caches only")
@@ -556,8 +557,9 @@ def _lower_rotary(spec: KernelSpec) -> list[L.Stmt]:
         first, second = pair(k)
         x1, x2 = L.Load("in0", base + first), L.Load("in0", base + second)
         cos, sin = L.Load("in1", cache + k), L.Load("in2", cache + k)
-        rotate = [L.Store("out0", base + first, cos * x1 - sin * x2), L.Store("out0", base + second, sin * x1 + cos * x2)]
-        copy = [L.Store("out0", base + f + 2 * half, L.Load("in0", base + f + 2 * half))]
+        rotate: list[L.Stmt] = [L.Store("out0", base + first, cos * x1 - sin * x2),
+                                L.Store("out0", base + second, sin * x1 + cos * x2)]
+        copy: list[L.Stmt] = [L.Store("out0", base + f + 2 * half, L.Load("in0", base + f + 2 * half))]
         return [L.Loop(k, half, rotate), *([L.Loop(f, size - 2 * half, copy)] if size > 2 * half else [])]
 
     return L.loop_nest(names, (batch, seq, heads), row, parallel=True)[0]

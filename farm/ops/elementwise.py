@@ -245,7 +245,7 @@ def _shift_attrs(ctx: NodeContext) -> dict[str, Any]:
     direction = ctx.node.attrs.get("direction")
     if direction not in ("LEFT", "RIGHT"):
         raise ctx.unsupported(f"BitShift direction={direction!r} (supported: 'LEFT', 'RIGHT')")
-    return {"direction": direction, "bits": np.dtype(ctx.inputs[0].dtype).itemsize * 8}
+    return {"direction": direction, "bits": np.dtype(ctx.input_info(0).dtype).itemsize * 8}
 
 
 # --------------------------------------------------------------------------------------------------- powers
@@ -337,8 +337,9 @@ _FLT_MAX = 3.4028234663852886e38
 def _clip_bounds(ctx: NodeContext) -> dict[str, Any]:
     """Clip's bounds: attributes before opset 11; from 11 inputs, which are kernel buffers ("input"). An absent
     float bound is +-FLT_MAX (onnxruntime clamps infinities to it), an absent integer bound None (no clamp)."""
-    is_float = ctx.inputs[0].dtype == "float32"
-    bounds = {"min": -_FLT_MAX if is_float else None, "max": _FLT_MAX if is_float else None}
+    is_float = ctx.input_info(0).dtype == "float32"
+    bounds: dict[str, float | str | None] = {"min": -_FLT_MAX if is_float else None,
+                                             "max": _FLT_MAX if is_float else None}
     for index, key in ((1, "min"), (2, "max")):
         if index < len(ctx.node.inputs) and ctx.node.inputs[index]:
             bounds[key] = "input"
@@ -370,7 +371,7 @@ _ROUNDED_TWICE = {"bfloat16": frozenset({"int32", "uint32", "int64"})}
 def _cast_target(ctx: NodeContext) -> dict[str, Any]:
     """The output dtype: Cast's `to` or CastLike's second input (already in the output's info). `saturate` only
     matters for float8 types, which farm doesn't compute with."""
-    to, source = ctx.outputs[0].dtype, ctx.inputs[0].dtype
+    to, source = ctx.outputs[0].dtype, ctx.input_info(0).dtype
     if to not in ANY:
         raise ctx.unsupported(f"cast to {to} (supported: {', '.join(sorted(ANY))})")
     if source in _ROUNDED_TWICE.get(to, ()):

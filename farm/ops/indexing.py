@@ -45,13 +45,13 @@ def _lower_gather(spec: KernelSpec) -> list[L.Stmt]:
 
 def _shape_attrs(ctx: NodeContext) -> dict[str, Any]:
     """The dims Shape returns (opset 15's start and end clamp like a Python slice)."""
-    shape = ctx.inputs[0].shape
+    shape = ctx.input_info(0).shape
     start, end = int(ctx.node.attrs.get("start", 0)), ctx.node.attrs.get("end")
     return {"values": list(shape[start:None if end is None else int(end)])}
 
 
 def _size_attrs(ctx: NodeContext) -> dict[str, Any]:
-    return {"values": [ctx.inputs[0].size]}
+    return {"values": [ctx.input_info(0).size]}
 
 
 @register("Shape", normalize=_shape_attrs, data_inputs=(), dtypes=ALL_DTYPES)
@@ -129,7 +129,7 @@ def _lower_one_hot(spec: KernelSpec) -> list[L.Stmt]:
     depth = shape[axis]
 
     def value(v: list[L.Var]) -> L.Expr:
-        index = load("in0", indices, L.flat_index(indices.shape, v[:axis] + v[axis + 1:]))
+        index: L.Expr = load("in0", indices, L.flat_index(indices.shape, v[:axis] + v[axis + 1:]))
         index = L.Cast(index, L.I64) if index.dtype != L.I64 else index
         index = L.select(L.compare("lt", index, 0), index + depth, index)
         return L.select(L.compare("eq", v[axis], index), load("in1", values, L.const(1)),
@@ -257,8 +257,8 @@ def _resize_options(ctx: NodeContext) -> dict[str, Any]:
         raise ctx.unsupported(f"mode {mode!r} is not supported (nearest and linear are)")
     if int(a.get("antialias", 0)):
         raise ctx.unsupported("antialias=1 is not supported")
-    if mode == "linear" and ctx.inputs[0].dtype != "float32":
-        raise ctx.unsupported(f"linear mode on {ctx.inputs[0].dtype} data is not supported (float32 is)")
+    if mode == "linear" and ctx.input_info(0).dtype != "float32":
+        raise ctx.unsupported(f"linear mode on {ctx.input_info(0).dtype} data is not supported (float32 is)")
     modern = ctx.node.op_type == "Resize" and ctx.opset >= 11
     transform = a.get("coordinate_transformation_mode", "half_pixel") if modern else "asymmetric"
     nearest = a.get("nearest_mode", "round_prefer_floor") if modern else "simple"
@@ -280,7 +280,7 @@ def _per_axis(values: np.ndarray, axes: list[int], rank: int, default: float) ->
 def _resize_scales(ctx: NodeContext, axes: list[int]) -> list[F32]:
     """The float32 scale of every axis as onnxruntime uses it: given, or out/in from sizes after
     keep_aspect_ratio_policy."""
-    shape, rank = ctx.inputs[0].shape, len(ctx.inputs[0].shape)
+    shape, rank = ctx.input_info(0).shape, len(ctx.input_info(0).shape)
     scales_index = 2 if ctx.node.op_type == "Resize" and ctx.opset >= 11 else 1
     scales = ctx.constant(scales_index)
     if scales is not None and scales.size:
@@ -313,7 +313,7 @@ def _resize_attrs(ctx: NodeContext) -> dict[str, Any]:
     """The sampling of every axis that changes (an axis of scale 1 maps each index to itself, as in onnxruntime),
     and, under tf_crop_and_resize, the extrapolation value and each axis's inside interval."""
     options = _resize_options(ctx)
-    in_shape, out = ctx.inputs[0].shape, ctx.outputs[0].shape
+    in_shape, out = ctx.input_info(0).shape, ctx.outputs[0].shape
     rank = len(in_shape)
     axes = [axis_in_range(ctx, axis, rank) for axis in ctx.node.attrs.get("axes", range(rank))]
     scales = _resize_scales(ctx, axes)
@@ -361,7 +361,8 @@ def _nearest_index(sampling: dict[str, Any], at: int, v: L.Expr) -> L.Expr:
 
 
 def _nearest_value(spec: KernelSpec, v: list[L.Var]) -> L.Expr:
-    x, indices = spec.inputs[0], list(v)
+    x = spec.inputs[0]
+    indices: list[L.Expr] = list(v)
     for sampling, at in zip(spec.attrs["axes"], _table_offsets(spec)):
         indices[sampling["axis"]] = _nearest_index(sampling, at, v[sampling["axis"]])
     return load("in0", x, L.flat_index(x.shape, indices))
@@ -389,9 +390,10 @@ def _linear_value(spec: KernelSpec, v: list[L.Var]) -> L.Expr:
             indices[sampling["axis"]] = high if upper else low
             factor = fraction if upper else 1.0 - fraction
             weight = factor if weight is None else weight * factor
-        term = load("in0", x, L.flat_index(x.shape, indices))
+        term: L.Expr = load("in0", x, L.flat_index(x.shape, indices))
         term = term if weight is None else term * weight
         total = term if total is None else total + term
+    assert total is not None, "2 ** k corners: at least one"
     return total
 
 

@@ -18,7 +18,7 @@ from farm.ops.registry import NodeContext, prod, register, shape_of
 
 def _det_attrs(ctx: NodeContext) -> dict[str, Any]:
     """No attributes; the input must be float32 square matrices (..., M, M)."""
-    x = ctx.inputs[0]
+    x = ctx.input_info(0)
     if len(x.shape) < 2 or x.shape[-1] != x.shape[-2]:
         raise ctx.unsupported(f"Det needs square matrices (..., M, M), not shape {list(x.shape)}")
     if x.dtype != "float32":

@@ -29,7 +29,7 @@ LogProb = Callable[[L.Names, L.Expr, L.Expr, L.Expr], tuple[list[L.Stmt], L.Expr
 
 def _check_inputs(ctx: NodeContext) -> None:
     """float32 input (N x C x d1 ..., C >= 1) and weight (C), int64 or int32 targets (N x d1 ...)."""
-    x, target = ctx.inputs[0], ctx.inputs[1]
+    x, target = ctx.input_info(0), ctx.input_info(1)
     weight = ctx.inputs[2] if len(ctx.inputs) > 2 else None
     if x.dtype != "float32" or (weight is not None and weight.dtype != "float32"):
         raise ctx.unsupported("only float32 input and weight are supported")
@@ -49,7 +49,7 @@ def _loss_attrs(ctx: NodeContext) -> dict[str, Any]:
     if reduction not in REDUCTIONS:
         raise ctx.unsupported(f"reduction {reduction!r} is not supported ({', '.join(REDUCTIONS)} are)")
     ignore = ctx.node.attrs.get("ignore_index")
-    n, classes, *spatial = ctx.inputs[0].shape
+    n, classes, *spatial = ctx.input_info(0).shape
     return {"reduction": reduction, "ignore_index": None if ignore is None else int(ignore),
             "outer": n, "classes": classes, "inner": prod(spatial)}
 

@@ -88,6 +88,13 @@ def _buffer(spec: KernelSpec, index: int) -> tuple[str, TensorInfo] | None:
     return f"in{at}", spec.inputs[at]
 
 
+def _given_buffer(spec: KernelSpec, index: int) -> tuple[str, TensorInfo]:
+    """_buffer of a node input the op requires (its normalisation refused a node without it)."""
+    buffer = _buffer(spec, index)
+    assert buffer is not None, f"node input {index} is required, so present"
+    return buffer
+
+
 def _scalar(spec: KernelSpec, index: int, default: L.Expr) -> L.Expr:
     """The first element of node input `index` (a per-tensor scale or zero point), or `default` if it is absent."""
     buffer = _buffer(spec, index)
@@ -109,6 +116,12 @@ def _require(ctx: NodeContext, index: int, allowed: frozenset[str], what: str) -
         raise ctx.unsupported(f"{what} {ctx.node.inputs[index]!r} has dtype {info.dtype}; {ctx.node.op_type} takes "
                               f"{', '.join(sorted(allowed))} in farm ({NOT_BUFFERS})")
     return info
+
+
+def _require_given(ctx: NodeContext, index: int, allowed: frozenset[str], what: str) -> TensorInfo:
+    """_require for an input the op requires (_required has refused a node without it)."""
+    _require(ctx, index, allowed, what)
+    return ctx.input_info(index)
 
 
 def _require_output(ctx: NodeContext, allowed: frozenset[str] | dict[str, Any]) -> str:
@@ -165,7 +178,7 @@ def _param_layout(ctx: NodeContext, index: int, x: tuple[int, ...], axis: int | 
 def _layout_attrs(ctx: NodeContext) -> dict[str, Any]:
     """axis and block_size of a Quantize/DequantizeLinear, checked against the scale's and zero point's shapes (the
     axis only matters, and is only checked, when one of them has more than one value)."""
-    x, attrs = ctx.inputs[0].shape, ctx.node.attrs
+    x, attrs = ctx.input_info(0).shape, ctx.node.attrs
     block = int(attrs.get("block_size", 0))
     if block < 0:
         raise ctx.unsupported(f"block_size {block} is negative")
@@ -190,10 +203,10 @@ def _param_at(spec: KernelSpec, index: int, v: list[L.Var]) -> L.Expr | None:
 
 
 def _param(spec: KernelSpec, index: int, v: list[L.Var], default: L.Expr) -> L.Expr:
-    at = _param_at(spec, index, v)
-    if at is None:
+    at, buffer = _param_at(spec, index, v), _buffer(spec, index)
+    if at is None or buffer is None:
         return default
-    name, info = _buffer(spec, index)
+    name, info = buffer
     return load(name, info, at)
 
 
@@ -244,8 +257,8 @@ def _division_dtype(ctx: NodeContext, x: TensorInfo, scale: TensorInfo) -> str:
 
 def _quantize_attrs(ctx: NodeContext) -> dict[str, Any]:
     _required(ctx, 2)
-    x = _require(ctx, 0, frozenset({"float32", "float16", "int32"}), "input")
-    scale = _require(ctx, 1, SCALE_DTYPES, "scale")
+    x = _require_given(ctx, 0, frozenset({"float32", "float16", "int32"}), "input")
+    scale = _require_given(ctx, 1, SCALE_DTYPES, "scale")
     _require(ctx, 2, frozenset(QUANT_RANGES), "zero point")
     dtype = _require_output(ctx, QUANT_RANGES)
     return {**_layout_attrs(ctx), "division": _division_dtype(ctx, x, scale), "to": dtype}
@@ -277,7 +290,7 @@ def _lower_quantize(spec: KernelSpec) -> list[L.Stmt]:
 
 def _dequantize_attrs(ctx: NodeContext) -> dict[str, Any]:
     _required(ctx, 2)
-    x = _require(ctx, 0, DEQUANTIZED_INTS, "input")
+    x = _require_given(ctx, 0, DEQUANTIZED_INTS, "input")
     _require(ctx, 1, SCALE_DTYPES, "scale")
     zero = _require(ctx, 2, DEQUANTIZED_INTS, "zero point")
     if zero is not None and zero.dtype != x.dtype:
@@ -365,15 +378,15 @@ def _require_channels(ctx: NodeContext, index: int, channels: int, what: str) ->
 
 def _require_like(ctx: NodeContext, index: int, of: int, what: str) -> None:
     """A zero point must have its operand's dtype (ONNX's type constraint, which the reference relies on)."""
-    info, operand = (ctx.inputs[i] if i < len(ctx.inputs) else None for i in (index, of))
-    if info is not None and info.dtype != operand.dtype:
-        raise ctx.unsupported(f"{what} has dtype {info.dtype}, its operand {operand.dtype}")
+    info = ctx.inputs[index] if index < len(ctx.inputs) else None
+    if info is not None and info.dtype != ctx.input_info(of).dtype:
+        raise ctx.unsupported(f"{what} has dtype {info.dtype}, its operand {ctx.input_info(of).dtype}")
 
 
 def _matmul_layout(spec: KernelSpec, a_index: int, b_index: int) -> tuple[tuple[int, ...], tuple[int, ...],
                                                                            tuple[int, ...]]:
     """(A as a matrix stack, B as one, the output's batch dims), numpy matmul style (1-D operands promoted)."""
-    a, b = _buffer(spec, a_index)[1].shape, _buffer(spec, b_index)[1].shape
+    a, b = _given_buffer(spec, a_index)[1].shape, _given_buffer(spec, b_index)[1].shape
     o = out_shape(spec)
     a_mat = (1, *a) if len(a) == 1 else a
     b_mat = (*b, 1) if len(b) == 1 else b
@@ -384,7 +397,7 @@ def _integer_matmul(spec: KernelSpec, a_index: int, b_index: int, a_zero: L.Expr
                     finish: Finish) -> list[L.Stmt]:
     """out[.., m, n] = finish(sum over k of (a[.., m, k] - a_zero) * (b[.., k, n] - b_zero(n))), exact in int64,
     batch dims broadcast."""
-    (a_name, a), (b_name, b) = _buffer(spec, a_index), _buffer(spec, b_index)
+    (a_name, a), (b_name, b) = _given_buffer(spec, a_index), _given_buffer(spec, b_index)
     a_mat, b_mat, batch = _matmul_layout(spec, a_index, b_index)
     rows, depth, cols = a_mat[-2], a_mat[-1], b_mat[-1]
     names = L.Names()
@@ -406,7 +419,7 @@ def _integer_matmul(spec: KernelSpec, a_index: int, b_index: int, a_zero: L.Expr
 
 def _check_matmul(ctx: NodeContext, a_index: int, b_index: int) -> int:
     """The operands' inner dims must agree; returns the output's columns (B's last dim)."""
-    a, b = ctx.inputs[a_index].shape, ctx.inputs[b_index].shape
+    a, b = ctx.input_info(a_index).shape, ctx.input_info(b_index).shape
     if not a or not b or a[-1] != (b[0] if len(b) == 1 else b[-2]):
         raise ctx.unsupported(f"a product of {list(a)} and {list(b)}: the inner dims differ")
     return 1 if len(b) == 1 else b[-1]
@@ -421,10 +434,10 @@ def _conv_view(ctx: NodeContext, w_index: int) -> NodeContext:
 def _conv_attrs(ctx: NodeContext, w_index: int) -> dict[str, Any]:
     """Conv's window attributes (2-D NCHW; auto_pad resolved) and group, for a conv whose weight is input w_index."""
     view = _conv_view(ctx, w_index)
-    if len(view.inputs[0].shape) != 4 or len(view.inputs[1].shape) != 4:
+    if len(view.input_info(0).shape) != 4 or len(view.input_info(1).shape) != 4:
         raise ctx.unsupported("the input and the weight must be 4-D tensors (NCHW): farm's integer convs are 2-D")
     group = checked_group(view)
-    kernel = list(view.inputs[1].shape[2:])
+    kernel = list(view.input_info(1).shape[2:])
     if list(ctx.node.attrs.get("kernel_shape", kernel)) != kernel:
         raise ctx.unsupported(f"kernel_shape {list(ctx.node.attrs['kernel_shape'])} differs from the weight's {kernel}")
     return {**spatial_attrs(view, kernel), "group": group, "present": _buffers(ctx)}
@@ -434,7 +447,7 @@ def _integer_conv(spec: KernelSpec, w_index: int, x_zero: L.Expr, w_zero: ZeroAt
     """out[n, m, oh, ow] = finish(sum over the group's channels and the window's taps inside the input of
     (x - x_zero) * (w[m] - w_zero(m))), exact in int64: the padding contributes nothing (ONNX pads x after
     subtracting its zero point)."""
-    geo, (w_name, w) = window(spec), _buffer(spec, w_index)
+    geo, (w_name, w) = window(spec), _given_buffer(spec, w_index)
     x = spec.inputs[0]
     batch, channels, out_channels = x.shape[0], x.shape[1], out_shape(spec)[1]
     group_channels, group_outputs = w.shape[1], out_channels // spec.attrs["group"]
@@ -496,7 +509,7 @@ def _conv_integer_attrs(ctx: NodeContext) -> dict[str, Any]:
     _integer_operands(ctx, (0, 1), (2, 3))
     _require_output(ctx, INT32)
     attrs = _conv_attrs(ctx, 1)
-    _require_channels(ctx, 3, ctx.inputs[1].shape[0], "w_zero_point")
+    _require_channels(ctx, 3, ctx.input_info(1).shape[0], "w_zero_point")
     return attrs
 
 
@@ -516,7 +529,7 @@ def _qlinear_attrs(ctx: NodeContext, channels: int) -> dict[str, Any]:
     """Operands int8/uint8 with zero points of their dtype, scales of one float dtype, x's and y's scale and zero
     point per tensor, the weight's per tensor or per output channel/column; the output is y_zero_point's dtype."""
     _integer_operands(ctx, (0, 3), (2, 5))
-    scales = {_require(ctx, index, SCALE_DTYPES, "scale").dtype for index in _SCALES}
+    scales = {_require_given(ctx, index, SCALE_DTYPES, "scale").dtype for index in _SCALES}
     if len(scales) > 1:
         raise ctx.unsupported(f"the scales' dtypes differ ({', '.join(sorted(scales))})")
     for index in (1, 6, 7):
@@ -558,7 +571,7 @@ def _lower_qlinear_matmul(spec: KernelSpec) -> list[L.Stmt]:
 def _qlinear_conv_attrs(ctx: NodeContext) -> dict[str, Any]:
     _required(ctx, 8)
     attrs = _conv_attrs(ctx, 3)
-    out_channels = ctx.inputs[3].shape[0]
+    out_channels = ctx.input_info(3).shape[0]
     bias = _require(ctx, 8, INT32, "bias")
     if bias is not None and list(bias.shape) != [out_channels]:
         raise ctx.unsupported(f"bias of shape {list(bias.shape)}; it must be [{out_channels}]")

@@ -114,7 +114,7 @@ def value_dtype(buffer_dtype: str) -> str:
 
 
 def _check_dtype(ctx: NodeContext, allowed: frozenset[str]) -> None:
-    dtype = ctx.inputs[0].dtype
+    dtype = ctx.input_info(0).dtype
     if dtype not in allowed:
         raise ctx.unsupported(f"{ctx.node.op_type} of {dtype} is not supported ({', '.join(sorted(allowed))} are)")
 
@@ -188,7 +188,7 @@ AXES_INPUT_OPSET = {"ReduceSum": 13}
 def reduce_axes(ctx: NodeContext) -> list[int]:
     """The sorted non-negative axes to reduce, from the attribute or the constant input (by opset): absent or
     empty axes reduce every axis, or none under noop_with_empty_axes."""
-    attrs, rank = ctx.node.attrs, len(ctx.inputs[0].shape)
+    attrs, rank = ctx.node.attrs, len(ctx.input_info(0).shape)
     if ctx.opset >= AXES_INPUT_OPSET.get(ctx.node.op_type, 18):
         constant = ctx.constant(1)
         axes = [] if constant is None else [int(a) for a in constant.reshape(-1)]
@@ -206,7 +206,7 @@ def _reduce_attrs(ctx: NodeContext) -> dict[str, Any]:
     none: each element of a non-empty output reduces every axis of extent 0, whatever the axes, so each is the
     reduction of nothing (`_lower_over_nothing`), and the axes may be an input known only at run time."""
     _check_dtype(ctx, REDUCE_DTYPES[ctx.node.op_type])
-    return {} if ctx.inputs[0].size == 0 else {"axes": reduce_axes(ctx)}
+    return {} if ctx.input_info(0).size == 0 else {"axes": reduce_axes(ctx)}
 
 
 def _reduced_value(spec: KernelSpec) -> tuple[Callable[[L.Expr], L.Expr], Callable[[L.Expr], L.Expr], str]:
@@ -276,7 +276,7 @@ ARG_COMPARISONS = {("ArgMax", 0): "gt", ("ArgMax", 1): "ge", ("ArgMin", 0): "lt"
 
 def _arg_attrs(ctx: NodeContext) -> dict[str, Any]:
     _check_dtype(ctx, NUMERIC)
-    rank = len(ctx.inputs[0].shape)
+    rank = len(ctx.input_info(0).shape)
     return {"axis": axis_in_range(ctx, ctx.node.attrs.get("axis", 0), rank),
             "last": int(ctx.node.attrs.get("select_last_index", 0))}
 
@@ -307,7 +307,7 @@ def _lower_arg(spec: KernelSpec) -> list[L.Stmt]:
 
 def _topk_attrs(ctx: NodeContext) -> dict[str, Any]:
     _check_dtype(ctx, NUMERIC)
-    shape = ctx.inputs[0].shape
+    shape = ctx.input_info(0).shape
     axis = axis_in_range(ctx, ctx.node.attrs.get("axis", -1), len(shape))
     if ctx.opset >= 10:
         k_input = ctx.constant(1)
@@ -343,7 +343,7 @@ def _lower_topk(spec: KernelSpec) -> list[L.Stmt]:
         no_best = L.compare("lt", best_at, 0)
         better = L.binary("or", no_best, L.compare(beats, x, best))  # ties keep the earlier (lower) index
         out = o * (a["k"] * inner) + t + j * inner
-        pick = [L.Assign(take, L.logical_and(ranked_after, better)),
+        pick: list[L.Stmt] = [L.Assign(take, L.logical_and(ranked_after, better)),
                 L.Assign(best, L.select(take, x, best)), L.Assign(best_at, L.select(take, i, best_at))]
         return [L.Assign(prev, L.wrap(0, dtype)), L.Assign(prev_at, L.const(-1)),
                 L.Loop(j, a["k"], [

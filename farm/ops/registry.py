@@ -34,6 +34,13 @@ class NodeContext:
             raise self.unsupported(f"input {index} ({name!r}) must be a constant")
         return self.constants[name]
 
+    def input_info(self, index: int) -> TensorInfo:
+        """The value info of input `index`, one the op requires (validate refuses a graph that leaves it out)."""
+        info = self.inputs[index]
+        if info is None:
+            raise self.unsupported(f"required input {index} is missing")
+        return info
+
     def unsupported(self, reason: str) -> UnsupportedError:
         n = self.node
         return UnsupportedError(reason, node=n.name, op=n.op_type, domain=n.domain, opset=self.opset)

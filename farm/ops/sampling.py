@@ -53,7 +53,7 @@ def _mode(ctx: NodeContext) -> str:
 def _check_shapes(ctx: NodeContext, mode: str) -> None:
     """float32 input and grid; a 4-D input (any rank from 3 from opset 20) with a grid of the same batch and one
     component per spatial axis, and no more than TAP_LIMIT taps per output."""
-    x, grid = ctx.inputs[0], ctx.inputs[1]
+    x, grid = ctx.input_info(0), ctx.input_info(1)
     if x.dtype != "float32" or grid.dtype != "float32":
         raise ctx.unsupported(f"input {x.dtype} and grid {grid.dtype}: only float32 is supported")
     if len(x.shape) != 4 and (ctx.opset < 20 or len(x.shape) < 3):
@@ -185,6 +185,7 @@ def _interpolated(x_shape: tuple[int, ...], n: L.Expr, c: L.Expr, axes: list) ->
         for _, _, weight in taps:
             term = term if weight is None else term * weight
         total = term if total is None else total + term
+    assert total is not None, "every axis has a tap, so there is at least one combination"
     return total
 
 

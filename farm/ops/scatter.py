@@ -35,21 +35,21 @@ INDICES = frozenset({"int64", "int32"})
 def _reduction(ctx: NodeContext) -> str:
     """The reduction, refused where farm doesn't compute it (an unknown name, arithmetic on bool data), after the
     dtypes (data the kernels store, int64 or int32 indices)."""
-    data, indices = ctx.inputs[0].dtype, ctx.inputs[1].dtype
+    data, indices = ctx.input_info(0).dtype, ctx.input_info(1).dtype
     if data not in NUMERIC | {"bool"} or indices not in INDICES:
         raise ctx.unsupported(f"{data} data with {indices} indices is not supported")
     reduction = str(ctx.node.attrs.get("reduction", "none"))
     if reduction not in REDUCTIONS:
         raise ctx.unsupported(f"reduction {reduction!r} is not supported ({', '.join(REDUCTIONS)} are)")
-    if reduction != "none" and ctx.inputs[0].dtype not in NUMERIC:
-        raise ctx.unsupported(f"reduction {reduction!r} on {ctx.inputs[0].dtype} data is not supported")
+    if reduction != "none" and ctx.input_info(0).dtype not in NUMERIC:
+        raise ctx.unsupported(f"reduction {reduction!r} on {ctx.input_info(0).dtype} data is not supported")
     return reduction
 
 
 def _scatter_elements_attrs(ctx: NodeContext) -> dict[str, Any]:
     """axis and reduction; indices and updates must have data's rank, one shape, and fit inside data on every
     axis but `axis` (the kernel writes at those coordinates unchecked)."""
-    data, indices, updates = (info.shape for info in ctx.inputs[:3])
+    data, indices, updates = (ctx.input_info(i).shape for i in range(3))
     axis = axis_in_range(ctx, ctx.node.attrs.get("axis", 0), len(data))
     fits = all(i <= d for a, (i, d) in enumerate(zip(indices, data)) if a != axis)
     if len(indices) != len(data) or updates != indices or not fits:
@@ -60,7 +60,7 @@ def _scatter_elements_attrs(ctx: NodeContext) -> dict[str, Any]:
 
 def _scatter_nd_attrs(ctx: NodeContext) -> dict[str, Any]:
     """The reduction; updates must have the shape indices.shape[:-1] + data.shape[k:], k = indices.shape[-1]."""
-    data, indices, updates = (info.shape for info in ctx.inputs[:3])
+    data, indices, updates = (ctx.input_info(i).shape for i in range(3))
     depth = indices[-1] if indices else 0
     if not 1 <= depth <= len(data) or updates != indices[:-1] + data[depth:]:
         raise ctx.unsupported(f"indices {list(indices)} and updates {list(updates)} don't fit data {list(data)}")

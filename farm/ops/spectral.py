@@ -55,14 +55,14 @@ def _output_shape(shape: tuple[int, ...], axis: int, length: int, inverse: bool,
 def _candidate(ctx: NodeContext, axis: int, inverse: bool, onesided: bool) -> dict[str, int] | None:
     """{"axis", "length"} for an axis whose transform has the node's output shape (and a length of at least 1),
     else None."""
-    shape = ctx.inputs[0].shape
+    shape = ctx.input_info(0).shape
     length = _dft_length(ctx, shape[axis], inverse, onesided)
     fits = length >= 1 and _output_shape(shape, axis, length, inverse, onesided) == tuple(ctx.outputs[0].shape)
     return {"axis": axis, "length": length} if fits else None
 
 
 def _check_input(ctx: NodeContext) -> None:
-    x = ctx.inputs[0]
+    x = ctx.input_info(0)
     if x.dtype != "float32":
         raise ctx.unsupported(f"DFT of {x.dtype} is not supported (float32 is)")
     if len(x.shape) < 2 or x.shape[-1] not in (1, 2):
@@ -72,7 +72,7 @@ def _check_input(ctx: NodeContext) -> None:
 def _dft_attrs(ctx: NodeContext) -> dict[str, Any]:
     """inverse, onesided, and the candidate axes (one for a constant axis) with their DFT lengths."""
     _check_input(ctx)
-    rank = len(ctx.inputs[0].shape)
+    rank = len(ctx.input_info(0).shape)
     inverse, onesided = bool(int(ctx.node.attrs.get("inverse", 0))), bool(int(ctx.node.attrs.get("onesided", 0)))
     axis = _constant_axis(ctx)
     if axis is not None and not (-rank <= axis <= -2 or 0 <= axis <= rank - 2):
@@ -137,7 +137,7 @@ def _transform(spec: KernelSpec, names: L.Names, v: list[L.Var], candidate: dict
     c, s = L.Load("scratch", at + m), L.Load("scratch", at + length + m) * sign
     weight = _bin_weight(spec, j, length)
     re_term, im_term = real * c - imag * s, imag * c + real * s
-    body = [L.Assign(re, re + (re_term if weight is None else weight * re_term))]
+    body: list[L.Stmt] = [L.Assign(re, re + (re_term if weight is None else weight * re_term))]
     if out[-1] == 2:
         body.append(L.Assign(im, im + im_term))
     scale = 1.0 / length if spec.attrs["inverse"] else 1.0
@@ -163,7 +163,9 @@ def _branches(spec: KernelSpec, names: L.Names, v: list[L.Var]) -> list[L.Stmt]:
         here = L.compare("eq", axis, candidate["axis"])
         stmts.append(L.If(here, _transform(spec, names, v, candidate, at)))
         matched = here if matched is None else L.binary("or", matched, here)
-    nan = [L.Store("out0", L.flat_index(out, [*v, L.const(p)]), L.const(math.nan)) for p in range(out[-1])]
+    nan: list[L.Stmt] = [L.Store("out0", L.flat_index(out, [*v, L.const(p)]), L.const(math.nan))
+                         for p in range(out[-1])]
+    assert matched is not None, "_dft_attrs refuses a node without a candidate axis"
     return [*stmts, L.If(L.compare("eq", matched, L.Const(0, L.BOOL)), nan)]
 
 

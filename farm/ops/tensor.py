@@ -54,7 +54,7 @@ def no_attrs(ctx: NodeContext) -> dict[str, Any]:
 
 def axis_attr(ctx: NodeContext, rank: int | None = None, default: int = 0) -> dict[str, Any]:
     """{"axis": the node's axis attribute in [0, rank)}; rank defaults to input 0's."""
-    rank = len(ctx.inputs[0].shape) if rank is None else rank
+    rank = len(ctx.input_info(0).shape) if rank is None else rank
     return {"axis": axis_in_range(ctx, ctx.node.attrs.get("axis", default), rank)}
 
 
@@ -78,7 +78,7 @@ def _lower_copy(spec: KernelSpec) -> list[L.Stmt]:
 
 def _flatten_attrs(ctx: NodeContext) -> dict[str, Any]:
     """Flatten copies like a reshape; its axis, in [-rank, rank], is checked only (the output shape holds it)."""
-    rank, axis = len(ctx.inputs[0].shape), int(ctx.node.attrs.get("axis", 1))
+    rank, axis = len(ctx.input_info(0).shape), int(ctx.node.attrs.get("axis", 1))
     if not -rank <= axis <= rank:
         raise ctx.unsupported(f"axis {axis} is out of range for Flatten of rank {rank}")
     return {}
@@ -88,7 +88,7 @@ register("Flatten", normalize=_flatten_attrs, data_inputs=(0,), dtypes=ALL_DTYPE
 
 
 def _transpose_attrs(ctx: NodeContext) -> dict[str, Any]:
-    rank = len(ctx.inputs[0].shape)
+    rank = len(ctx.input_info(0).shape)
     perm = [axis_in_range(ctx, p, rank, "perm entry") for p in ctx.node.attrs.get("perm", range(rank - 1, -1, -1))]
     if sorted(perm) != list(range(rank)):
         raise ctx.unsupported(f"perm {ctx.node.attrs['perm']} is not a permutation of the {rank} axes")
@@ -142,8 +142,9 @@ def _pad_attrs(ctx: NodeContext) -> dict[str, Any]:
         raise ctx.unsupported("Pad's axes input is not supported")
     pads = [int(p) for p in (pads_input if pads_input is not None else attrs.get("pads", []))]
     value = scalar(value_input) if value_input is not None and value_input.size else float(attrs.get("value", 0.0))
-    if len(pads) != 2 * len(ctx.inputs[0].shape):
-        raise ctx.unsupported(f"pads {pads} must hold two values per axis of the rank-{len(ctx.inputs[0].shape)} input")
+    if len(pads) != 2 * len(ctx.input_info(0).shape):
+        raise ctx.unsupported(f"pads {pads} must hold two values per axis of the rank-{len(ctx.input_info(0).shape)} "
+                              "input")
     mode = attrs.get("mode", "constant")
     if mode not in PAD_MODES:
         raise ctx.unsupported(f"Pad mode {mode!r} is not supported (constant, reflect, edge are)")
@@ -155,7 +156,7 @@ def _pad_attrs(ctx: NodeContext) -> dict[str, Any]:
 def _check_reflect_pads(ctx: NodeContext, pads: list[int]) -> None:
     """A reflection mirrors once: a pad of the dim or more would read outside the input (onnxruntime refuses it
     too), so each pad must be at most the dim less one."""
-    shape = ctx.inputs[0].shape
+    shape = ctx.input_info(0).shape
     for axis, dim in enumerate(shape):
         begin, end = pads[axis], pads[axis + len(shape)]
         if max(begin, end) > dim - 1:
@@ -226,10 +227,12 @@ def _slice_inputs(ctx: NodeContext) -> tuple[list[int], list[int], list[int], li
         a = ctx.node.attrs
         starts, ends = list(a["starts"]), list(a["ends"])
         return starts, ends, list(a.get("axes", range(len(starts)))), [1] * len(starts)
-    starts, ends, axes, steps = (ctx.constant(i) for i in range(1, 5))
-    starts, ends = [int(s) for s in starts], [int(e) for e in ends]
-    axes = list(range(len(starts))) if axes is None else [int(axis) for axis in axes]
-    steps = [1] * len(starts) if steps is None else [int(step) for step in steps]
+    start_values, end_values, axis_values, step_values = (ctx.constant(i) for i in range(1, 5))
+    if start_values is None or end_values is None:
+        raise ctx.unsupported("required input starts or ends is missing")
+    starts, ends = [int(s) for s in start_values], [int(e) for e in end_values]
+    axes = list(range(len(starts))) if axis_values is None else [int(axis) for axis in axis_values]
+    steps = [1] * len(starts) if step_values is None else [int(step) for step in step_values]
     return starts, ends, axes, steps
 
 
@@ -241,7 +244,7 @@ def _slice_start(start: int, step: int, dim: int) -> int:
 
 def _slice_attrs(ctx: NodeContext) -> dict[str, Any]:
     """The first index and the step of every axis (0 and 1 where the axis is not sliced)."""
-    shape = ctx.inputs[0].shape
+    shape = ctx.input_info(0).shape
     rank = len(shape)
     starts, ends, axes, steps = _slice_inputs(ctx)
     first, stride = [0] * rank, [1] * rank
@@ -309,7 +312,7 @@ def _lower_trilu(spec: KernelSpec) -> list[L.Stmt]:
 
 
 def _block_attrs(ctx: NodeContext) -> dict[str, Any]:
-    if len(ctx.inputs[0].shape) != 4:
+    if len(ctx.input_info(0).shape) != 4:
         raise ctx.unsupported("only 4-D (NCHW) inputs are supported")
     mode = ctx.node.attrs.get("mode", "DCR")
     if mode not in ("DCR", "CRD"):
@@ -415,7 +418,8 @@ def _einsum_terms(equation: str, ranks: list[int]) -> tuple[list[str], str]:
 
 def _einsum_attrs(ctx: NodeContext) -> dict[str, Any]:
     try:
-        inputs, output = _einsum_terms(ctx.node.attrs["equation"], [len(i.shape) for i in ctx.inputs])
+        inputs, output = _einsum_terms(ctx.node.attrs["equation"],
+                                       [len(ctx.input_info(i).shape) for i in range(len(ctx.inputs))])
     except ValueError as exc:
         raise ctx.unsupported(f"Einsum equation {ctx.node.attrs['equation']!r}: {exc}") from exc
     return {"inputs": inputs, "output": output}

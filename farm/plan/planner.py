@@ -155,7 +155,7 @@ def _blob_bytes(array: np.ndarray) -> np.ndarray:
 
 
 def _sha256(array: np.ndarray) -> str:
-    return hashlib.sha256(memoryview(_blob_bytes(array))).hexdigest()
+    return hashlib.sha256(_blob_bytes(array).data).hexdigest()
 
 
 def _blob_arg(array: np.ndarray, blobs: dict[str, Blob], sha: str | None = None) -> Arg:

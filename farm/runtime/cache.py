@@ -20,7 +20,7 @@ import hashlib
 import json
 import mmap
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
@@ -42,7 +42,7 @@ def _stamp(path: Path) -> dict[str, int] | None:
     return {"device": found.st_dev, "inode": found.st_ino, "size": found.st_size, "mtime_ns": found.st_mtime_ns}
 
 
-def _marker_holds(marker: Path, expected: dict[str, object]) -> bool:
+def _marker_holds(marker: Path, expected: Mapping[str, object]) -> bool:
     try:
         return json.loads(marker.read_text()) == expected
     except (OSError, ValueError):

@@ -8,6 +8,7 @@ import functools
 import hashlib
 import mmap
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,8 @@ def load_library_model(path: str | os.PathLike[str], cache_dir: str | os.PathLik
     emulator = emulator_for(targets[0], host, artifact.path) if needs_emulation(targets[0], host) else None
     files = _library_files(artifact, [size for _, size in sizes], targets, cache_dir)
     if emulator is None:
-        models = _native_models(artifact, sizes, targets, files, defaults.cpu_count() if threads == 0 else threads)
+        models: Sequence[Model | EmulatedModel] = _native_models(
+            artifact, sizes, targets, files, defaults.cpu_count() if threads == 0 else threads)
     else:
         models = _emulated_models(artifact, sizes, targets, files, emulator, cache_dir)
     if len(models) == 1:

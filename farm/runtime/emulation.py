@@ -210,7 +210,8 @@ def _header(strings: Sequence[str | Path], table: int, weights: int) -> bytes:
     return head + bytes(size - len(head))
 
 
-SIGNAL_HINTS = {signal.SIGILL: " (an instruction qemu's CPU lacks, whose model QEMU_CPU chooses, or a trap)"}
+SIGNAL_HINTS: dict[int, str] = {
+    signal.SIGILL: " (an instruction qemu's CPU lacks, whose model QEMU_CPU chooses, or a trap)"}
 """What a signal most likely means under emulation, where it says more than its name."""
 
 

@@ -51,7 +51,7 @@ class ProgramLoader:
     (`build_processes` processes at most; default: every CPU this process may use)."""
 
     def __init__(self, artifact: Artifact, context: Any, device: Any, device_fingerprint: str,
-                 cache_dir: str | Path | None, build_processes: int | None = None) -> None:
+                 cache_dir: str | os.PathLike[str] | None, build_processes: int | None = None) -> None:
         self.artifact, self.context, self.device, self.fingerprint = artifact, context, device, device_fingerprint
         self.folder = Path(cache_dir if cache_dir is not None else defaults.cache_dir()) / "opencl" / device_fingerprint
         self.build_processes = build_processes
@@ -113,7 +113,7 @@ class ProgramLoader:
 class OpenCLModel:
     """A model whose kernels run on this host's OpenCL device. `run` is thread-safe (calls take turns)."""
 
-    def __init__(self, artifact: Artifact, cache_dir: str | Path | None = None,
+    def __init__(self, artifact: Artifact, cache_dir: str | os.PathLike[str] | None = None,
                  build_processes: int | None = None, manifest: dict[str, Any] | None = None,
                  shared: SharedPrograms | None = None) -> None:
         """`manifest`: the size to run (default: the artifact's manifest, of one size); `shared`: the device and

@@ -104,20 +104,27 @@ def _feed_helper(work: _WorkList, device_fingerprint: str) -> None:
                 return
     finally:
         with contextlib.suppress(BrokenPipeError):
-            helper.stdin.close()
+            _pipes(helper)[0].close()
         helper.wait()
+
+
+def _pipes(helper: subprocess.Popen) -> tuple[IO[bytes], IO[bytes]]:
+    """A helper's stdin and stdout, which _feed_helper starts it with."""
+    assert helper.stdin is not None and helper.stdout is not None, "a helper is started with both pipes"
+    return helper.stdin, helper.stdout
 
 
 def _ask(helper: subprocess.Popen, job: SourceJob, device_fingerprint: str) -> bytes:
     """Send one job to a helper and read its binary; OSError/ValueError when the helper is gone or garbled."""
-    helper.stdin.write(json.dumps({"job": asdict(job), "fingerprint": device_fingerprint}).encode() + b"\n")
-    helper.stdin.flush()
-    header = json.loads(helper.stdout.readline() or b"null")
+    stdin, stdout = _pipes(helper)
+    stdin.write(json.dumps({"job": asdict(job), "fingerprint": device_fingerprint}).encode() + b"\n")
+    stdin.flush()
+    header = json.loads(stdout.readline() or b"null")
     if not isinstance(header, dict):
         raise ValueError("the build helper exited")
     if "error" in header:
         raise BuildError(str(header["error"]))
-    binary = helper.stdout.read(int(header["size"]))
+    binary = stdout.read(int(header["size"]))
     if len(binary) != int(header["size"]):
         raise ValueError("the build helper exited mid-binary")
     return binary

@@ -24,6 +24,7 @@ draws (token ids below the vocabulary size, a 0/1 mask).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -55,7 +56,7 @@ class _GraphBuilder:
         self.initializers.append(numpy_helper.from_array(np.asarray(array, order="C"), self._unique(name)))
         return name
 
-    def node(self, op: str, inputs: Sequence[str], name: str, output: str | None = None, **attrs: object) -> str:
+    def node(self, op: str, inputs: Sequence[str], name: str, output: str | None = None, **attrs: Any) -> str:
         out = self._unique(output or name)
         self.nodes.append(helper.make_node(op, list(inputs), [out], name=name, **attrs))
         return out

@@ -14,7 +14,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -26,13 +26,16 @@ from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
 from farm.errors import RunInputError
 
+if TYPE_CHECKING:
+    from farm.runtime.emulation import EmulatedModel
+
 DEVICES = ("CPU", "OPENCL")
 
 
 class FarmRep(BackendRep):
     """A prepared model: run(inputs) with inputs in graph-input order (a sequence) or by name (a mapping)."""
 
-    def __init__(self, model: runtime.Model) -> None:
+    def __init__(self, model: runtime.Model | runtime.SizedModel | EmulatedModel) -> None:
         self.model = model
         self.input_names = [spec.name for spec in model.inputs]
         self.output_names = [spec.name for spec in model.outputs]

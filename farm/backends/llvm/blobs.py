@@ -35,7 +35,7 @@ def pack_weights(spec: BlobSpec, target: CpuTarget, data: bytes | memoryview) ->
         raise BuildError(f"weight {spec.symbol}: {len(data)} bytes given, the spec says {spec.nbytes}")
     if spec.panels is None:
         return bytes(data)
-    return _packed(spec, data).tobytes()
+    return _packed(spec, spec.panels, data).tobytes()
 
 
 STALE_SCRATCH_PREFIX = "farm-blob-"
@@ -82,11 +82,11 @@ def _is_stale_scratch(path: Path, now: float) -> bool:
     return now - newest >= STALE_SCRATCH_SECONDS
 
 
-def _packed(spec: BlobSpec, data: bytes | memoryview) -> memoryview:
+def _packed(spec: BlobSpec, panels: tuple[int, ...], data: bytes | memoryview) -> memoryview:
     """The float32 tensor in the Gemm's panel layout (spec.panels: farm.backends.llvm.packing.PANEL_LAYOUTS)."""
     if spec.nbytes % 4:
         raise BuildError(f"weight {spec.symbol}: {spec.nbytes} bytes are not float32 values")
     try:
-        return memoryview(pack_operand(np.frombuffer(data, dtype=np.float32), spec.panels)).cast("B")
+        return pack_operand(np.frombuffer(data, dtype=np.float32), panels).data.cast("B")
     except ValueError as error:
         raise BuildError(f"weight {spec.symbol}: {error}") from None

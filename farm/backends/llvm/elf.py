@@ -51,13 +51,13 @@ class Section:
     link: int
 
 
-def _unpack(data: bytes, fmt: str, offset: int, what: str, error: type[FarmError]) -> tuple[int, ...]:
+def _unpack(data: bytes | mmap.mmap, fmt: str, offset: int, what: str, error: type[FarmError]) -> tuple[int, ...]:
     if offset < 0 or offset + struct.calcsize(fmt) > len(data):
         raise error(f"the {what} lies outside the file")
     return struct.unpack_from(fmt, data, offset)
 
 
-def _header(data: bytes, error: type[FarmError]) -> tuple[Layout, str]:
+def _header(data: bytes | mmap.mmap, error: type[FarmError]) -> tuple[Layout, str]:
     if len(data) < 0x40 or data[:4] != b"\x7fELF" or data[4] not in LAYOUTS or data[5] not in (1, 2):
         raise error("not an ELF object")
     return LAYOUTS[data[4]], "<" if data[5] == 1 else ">"

@@ -285,8 +285,10 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
             g.partial = partial
             tiles, edge = piece_regions(n0, vectors, in_block)
             for region, count in ((tiles, m_main // blocking.rows), (edge, gemm.m - m_main)):
-                g.loop(count, lambda it, region=region: _emit_tile(g, region, it, ir.Constant(I64_T, 0), steps=0,
-                                                                   accumulate=True, final=True))
+                def tile(it: ir.Value, region: _Region = region) -> None:
+                    _emit_tile(g, region, it, ir.Constant(I64_T, 0), steps=0, accumulate=True, final=True)
+
+                g.loop(count, tile)
             g.partial = None
 
         def piece(n0: ir.Value, vectors: int, ahead: ir.Value | None, in_block: bool) -> None:

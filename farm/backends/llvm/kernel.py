@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 
 from llvmlite import ir
 
@@ -30,7 +31,7 @@ def blocking_for(spec: KernelSpec, target: CpuTarget) -> GemmBlocking:
     if not spec.variant_json:
         return default_blocking(target)
     try:
-        return GemmBlocking.from_json(spec.variant)
+        return GemmBlocking.from_json(json.loads(spec.variant_json))
     except ValueError as error:
         raise BuildError(f"kernel {spec.op} {spec.symbol}: unusable variant: {error}") from None
 

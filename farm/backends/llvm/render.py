@@ -8,6 +8,7 @@ contraction (reductions vectorise), but not nnan/ninf, so NaN and infinities pro
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from llvmlite import ir
 
@@ -216,22 +217,23 @@ def _emit_if(state: _State, stmt: L.If) -> None:
 
 
 def _emit_gemm(state: _State, gemm: L.Gemm, launch_range: tuple[ir.Value, ir.Value] | None = None) -> None:
-    panels = [_address(state, buf, offset, F32_T) for buf, offset in
-              ((gemm.a, gemm.a_offset), (gemm.b, gemm.b_offset), (gemm.c, gemm.c_offset))]
+    a, b, c = [_address(state, buf, offset, F32_T) for buf, offset in
+               ((gemm.a, gemm.a_offset), (gemm.b, gemm.b_offset), (gemm.c, gemm.c_offset))]
     epilogue = gemm.epilogue or L.GemmEpilogue()
-    extras = tuple(None if buf is None else _address(state, buf, offset or L.const(0), F32_T) for buf, offset in
-                   ((epilogue.bias, epilogue.bias_offset), (epilogue.residual, epilogue.residual_offset)))
-    emit_gemm(state.builder, state.typed_slot, *panels, gemm, state.blocking, launch_range, extras, state.outlining)
+    bias, residual = (None if buf is None else _address(state, buf, offset or L.const(0), F32_T) for buf, offset in
+                      ((epilogue.bias, epilogue.bias_offset), (epilogue.residual, epilogue.residual_offset)))
+    emit_gemm(state.builder, state.typed_slot, a, b, c, gemm, state.blocking, launch_range, (bias, residual),
+              state.outlining)
 
 
 def _emit_gemm_launch(state: _State, group: L.LaunchGroup, launch_range: tuple[ir.Value, ir.Value]) -> None:
     """The rows (or column blocks) [begin, end) of the launch's Gemm."""
-    _emit_gemm(state, group.head, launch_range)
+    _emit_gemm(state, group.gemm, launch_range)
 
 
 def _emit_parallel_launch(state: _State, group: L.LaunchGroup, launch_range: tuple[ir.Value, ir.Value]) -> None:
     """Iterations [begin, end) of the launch's parallel loop."""
-    _emit_loop(state, group.head, launch_range)
+    _emit_loop(state, group.loop, launch_range)
 
 
 def _emit_serial_launch(state: _State, group: L.LaunchGroup, launch_range: tuple[ir.Value, ir.Value]) -> None:
@@ -246,7 +248,8 @@ LAUNCH_EMITTERS: dict[L.LaunchKind, Callable[[_State, L.LaunchGroup, tuple[ir.Va
 }
 
 
-STMT_EMITTERS: dict[type, Callable[[_State, L.Stmt], None]] = {
+# Each emitter takes the statement or expression type it is keyed by, which a dict's type can only write as Any.
+STMT_EMITTERS: dict[type, Callable[[_State, Any], None]] = {
     L.Gemm: _emit_gemm,
     L.Loop: _emit_loop,
     L.Store: _emit_store,
@@ -324,7 +327,7 @@ def _emit_call(state: _State, expr: L.Call) -> ir.Value:
     return MATH[expr.fn](state.builder, emit_expr(state, expr.arg))
 
 
-EXPR_EMITTERS: dict[type, Callable[[_State, L.Expr], ir.Value]] = {
+EXPR_EMITTERS: dict[type, Callable[[_State, Any], ir.Value]] = {
     L.Const: _emit_const,
     L.Var: _emit_var,
     L.Load: _emit_load,

@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from farm.errors import BadInputError
 from farm.ir.keys import CPU_TARGET_PREFIX
@@ -65,7 +65,7 @@ class CpuTarget:
     triple: str
     cpu: str = "generic"
     features: str = ""
-    kind: ClassVar[str] = "cpu"
+    kind: ClassVar[Literal["cpu"]] = "cpu"
 
     def __post_init__(self) -> None:
         """Triple, CPU and features go into IR text, file names and queue names: refuse anything but plain names."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Union
 
 from farm.backends.opencl.devices import BUILD_OPTIONS, device_info, fingerprint, opencl_platforms
 from farm.backends.opencl.render import launches, render_opencl
@@ -52,10 +52,11 @@ def build_program(source: str, what: str, device_fingerprint: str) -> Any:
         raise BuildError(f"{what} failed to build on {device.name} ({device_fingerprint}):\n{log.strip()}") from None
 
 
-Launch = tuple[str, Sequence[int]]
+Launch = Union[tuple[str, Sequence[int]], list[Any]]
+"""(OpenCL kernel name, global size): as the lowering gives it, or as a manifest's JSON holds it ([name, size])."""
 
 
-def kernel_launches(spec: KernelSpec) -> list[Launch]:
+def kernel_launches(spec: KernelSpec) -> list[tuple[str, tuple[int, ...]]]:
     """(OpenCL kernel name, global size) of every launch that runs the kernel, in order."""
     return launches(spec.symbol, lower_kernel(spec))
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 from farm.errors import BuildError
 from farm.ir import loopir as L
@@ -89,7 +90,7 @@ def render_opencl(symbol: str, kernel: L.LoopKernel) -> str:
 
 def _parallel_body(group: L.LaunchGroup) -> str:
     """A work-item per iteration of the launch's loop; one past its extent does nothing."""
-    loop, v = group.head, group.head.var.name
+    loop, v = group.loop, group.loop.var.name
     return (f"    const long {v} = get_global_id(0);\n    if ({v} >= {loop.extent}L) return;\n"
             + _declare_locals(group.stmts) + _block(loop.body, 1))
 
@@ -104,14 +105,14 @@ def _declare_locals(stmts: list[L.Stmt]) -> str:
 
 
 LAUNCH_SHAPES: dict[L.LaunchKind, Callable[[L.LaunchGroup], tuple[int, ...]]] = {
-    L.LaunchKind.GEMM: lambda group: gemm_tile(group.head).grid(group.head),
-    L.LaunchKind.PARALLEL: lambda group: (group.head.extent,),
+    L.LaunchKind.GEMM: lambda group: gemm_tile(group.gemm).grid(group.gemm),
+    L.LaunchKind.PARALLEL: lambda group: (group.loop.extent,),
     L.LaunchKind.SERIAL: lambda group: (1,),
 }
 """The global size of a launch of each kind: a work-item per GemmTile, per loop iteration, or one."""
 
 LAUNCH_BODIES: dict[L.LaunchKind, Callable[[L.LaunchGroup], str]] = {
-    L.LaunchKind.GEMM: lambda group: _parallel_gemm(group.head),
+    L.LaunchKind.GEMM: lambda group: _parallel_gemm(group.gemm),
     L.LaunchKind.PARALLEL: _parallel_body,
     L.LaunchKind.SERIAL: _serial_body,
 }
@@ -312,7 +313,8 @@ def _gemm(g: L.Gemm, depth: int) -> str:
             f"{pad}    {g.c}[{c} + {_c_at(g, 'gm', 'gn')}] = {_epilogue(g, 'gacc', 'gm', 'gn', 1)};\n{pad}}}\n")
 
 
-STMT_RENDERERS: dict[type, Callable[[L.Stmt, int], str]] = {
+# Each renderer takes the statement or expression type it is keyed by, which a dict's type can only write as Any.
+STMT_RENDERERS: dict[type, Callable[[Any, int], str]] = {
     L.Loop: _loop, L.Store: _store, L.Assign: _assign, L.If: _if, L.Gemm: _gemm,
 }
 
@@ -370,7 +372,7 @@ def _exact_div(b: L.Binary, lhs: str, rhs: str) -> str:
     return f"((float)((double)({lhs}) / (double)({rhs})))"
 
 
-EXPR_RENDERERS: dict[type, Callable[[L.Expr], str]] = {
+EXPR_RENDERERS: dict[type, Callable[[Any], str]] = {
     L.Const: _const,
     L.Var: lambda v: v.name,
     L.Load: _load,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from farm.errors import BadInputError
 from farm.ir.keys import OPENCL_TARGET_ID
@@ -27,7 +27,7 @@ class OpenClTarget:
     """Where OpenCL code runs: every device with this fingerprint."""
 
     fingerprint: str
-    kind: ClassVar[str] = "opencl"
+    kind: ClassVar[Literal["opencl"]] = "opencl"
 
     def __post_init__(self) -> None:
         check_fingerprint(self.fingerprint)

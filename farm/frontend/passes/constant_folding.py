@@ -171,7 +171,8 @@ def _check_consistent(graph: Graph, node: Node) -> None:
         schema = onnx.defs.get_schema(node.op_type, graph.opset)
     except onnx.defs.SchemaError:
         return
-    if schema.has_function or schema.has_context_dependent_function:
+    # onnx's stub of OpSchema lacks these two properties, which the C++ binding has
+    if schema.has_function or schema.has_context_dependent_function:  # type: ignore[attr-defined]
         return
     try:
         onnx.shape_inference.infer_shapes(_node_model(graph, node), strict_mode=True)

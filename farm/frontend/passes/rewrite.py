@@ -52,7 +52,8 @@ def fold_into_convs(graph: Graph, fold_one: FoldOne) -> Graph:
         data = next((name for name in node.inputs if name in producers), None)
         conv = fold_one(graph, node, users, producers, outputs, taken)
         if conv is not None:
-            users.pop(data, None)
+            if data is not None:
+                users.pop(data, None)
             producers[node.outputs[0]] = conv
             folded.add(id(node))
     graph.nodes = [node for node in graph.nodes if id(node) not in folded]
