@@ -618,6 +618,14 @@ def _fold_into_convs(graph: Graph, fold_one: FoldOne) -> Graph:
     return _prune_unreferenced(graph) if folded else graph
 
 
+def _constant_weight(graph: Graph, conv: Node) -> bool:
+    """Whether the Conv's weight is a constant, and its bias (when given) too: what folding into it needs. A weight
+    left empty ('') is not one: validation refuses that Conv, after the passes, naming the node."""
+    if len(conv.inputs) < 2 or not conv.inputs[1]:
+        return False
+    return all(name in graph.constants for name in conv.inputs[1:3] if name)
+
+
 def _conv_to_fold_into(
     graph: Graph, bn: Node, users: dict[str, list[Node]], producers: dict[str, Node], outputs: set[str]
 ) -> Node | None:
@@ -634,7 +642,7 @@ def _conv_to_fold_into(
         return None
     if conv.outputs[0] != x or x in outputs or users.get(x) != [bn]:
         return None
-    if len(conv.inputs) < 2 or not all(name in graph.constants for name in conv.inputs[1:3] if name):
+    if not _constant_weight(graph, conv):
         return None
     weight = graph.constants[conv.inputs[1]]
     if weight.dtype.kind != "f" or weight.ndim < 3:
@@ -698,7 +706,7 @@ def _conv_and_channel_constant(
             continue
         if conv.activation is not None or data in outputs or users.get(data) != [node] or conv.outputs[0] != data:
             continue
-        if len(conv.inputs) < 2 or not all(name in graph.constants for name in conv.inputs[1:3] if name):
+        if not _constant_weight(graph, conv):
             continue
         weight, constant = graph.constants[conv.inputs[1]], graph.constants[other]
         channels = weight.shape[0]
