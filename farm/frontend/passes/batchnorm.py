@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from farm.frontend.passes.rewrite import fold_into_convs, unique_name
+from farm.frontend.passes.rewrite import constant_weight, fold_into_convs, unique_name
 from farm.ir.graph import Graph, Node, TensorInfo
 
 
@@ -42,7 +42,7 @@ def _conv_to_fold_into(
         return None
     if conv.outputs[0] != x or x in outputs or users.get(x) != [bn]:
         return None
-    if len(conv.inputs) < 2 or not all(name in graph.constants for name in conv.inputs[1:3] if name):
+    if not constant_weight(graph, conv):
         return None
     weight = graph.constants[conv.inputs[1]]
     if weight.dtype.kind != "f" or weight.ndim < 3:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from farm.frontend.passes.rewrite import fold_into_convs, unique_name
+from farm.frontend.passes.rewrite import constant_weight, fold_into_convs, unique_name
 from farm.ir.graph import Graph, Node, TensorInfo
 
 
@@ -44,7 +44,7 @@ def _conv_and_channel_constant(
             continue
         if conv.activation is not None or data in outputs or users.get(data) != [node] or conv.outputs[0] != data:
             continue
-        if len(conv.inputs) < 2 or not all(name in graph.constants for name in conv.inputs[1:3] if name):
+        if not constant_weight(graph, conv):
             continue
         weight, constant = graph.constants[conv.inputs[1]], graph.constants[other]
         channels = weight.shape[0]

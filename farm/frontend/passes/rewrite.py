@@ -16,6 +16,14 @@ def _all_names(graph: Graph) -> set[str]:
     return names
 
 
+def constant_weight(graph: Graph, conv: Node) -> bool:
+    """Whether the Conv's weight is a constant, and its bias (when given) too: what folding into it needs. A weight
+    left empty ('') is not one: validation refuses that Conv, after the passes, naming the node."""
+    if len(conv.inputs) < 2 or not conv.inputs[1]:
+        return False
+    return all(name in graph.constants for name in conv.inputs[1:3] if name)
+
+
 def unique_name(taken: set[str], base: str) -> str:
     """A value name not in `taken` (which is updated), so a rewritten weight never overwrites a shared one."""
     name, suffix = base, 1
