@@ -29,7 +29,7 @@ from farm.tools import examples
 from tests.farm_services import farm_cli, farm_factory_fixture  # noqa: F401
 from tests.services import RedisServer, redis_server_fixture  # noqa: F401
 from tests.test_jobs import Tasks, create_job, run_task
-from tests.test_passes import fills_added_model
+from tests.test_passes_constant_folding import fills_added_model
 
 STEP_TASKS = {"plan": "farm.plan_job", "link:": "farm.link", "finish": "farm.finish"}
 """The steps besides compile (whose cap tests/test_jobs.py tests), by the name their deliveries are counted under
