@@ -59,8 +59,17 @@ from farm.tools.examples import EXAMPLES, random_input
 
 MB = 1_000_000
 LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
-LIGHT_MODELS = ("light_bvlc_alexnet", "light_densenet121", "light_inception_v1", "light_inception_v2",
-                "light_resnet50", "light_shufflenet", "light_squeezenet", "light_vgg19", "light_zfnet512")
+LIGHT_MODELS = (
+    "light_bvlc_alexnet",
+    "light_densenet121",
+    "light_inception_v1",
+    "light_inception_v2",
+    "light_resnet50",
+    "light_shufflenet",
+    "light_squeezenet",
+    "light_vgg19",
+    "light_zfnet512",
+)
 ALL_MODELS = (*EXAMPLES, *LIGHT_MODELS)
 WARMUP_RUNS = 2
 
@@ -188,7 +197,7 @@ def c_array_seconds(data: bytes, folder: Path) -> float:
     """Wall seconds of `cc -c -O0` on `const unsigned char x[] = {...};` holding `data` (writing the .c is untimed)."""
     table = np.array([f"0x{value:02x},".encode() for value in range(256)], dtype="S5")
     values = np.frombuffer(data, np.uint8)
-    rows = (table[values[i:i + 4096]].tobytes() for i in range(0, len(values), 4096))
+    rows = (table[values[i : i + 4096]].tobytes() for i in range(0, len(values), 4096))
     source, obj = folder / "blob_c_array.c", folder / "blob_c_array.o"
     source.write_bytes(b"const unsigned char x[] = {\n" + b"\n".join(rows) + b"\n};\n")
     started = time.perf_counter()
@@ -202,9 +211,16 @@ def packing_baselines(folder: Path) -> dict[str, Any]:
     small_member_s = member_seconds(small, folder)
     small_c_s = c_array_seconds(next(iter(small.values())), folder)
     return {
-        "large_member": {"bytes": SYNTHETIC_LARGE, "packer": "artifact member", "seconds": member_seconds(large, folder)},
-        "large_plain_file": {"bytes": SYNTHETIC_LARGE, "packer": "plain file write + fsync (disk speed)",
-                             "seconds": plain_write_seconds(next(iter(large.values())), folder)},
+        "large_member": {
+            "bytes": SYNTHETIC_LARGE,
+            "packer": "artifact member",
+            "seconds": member_seconds(large, folder),
+        },
+        "large_plain_file": {
+            "bytes": SYNTHETIC_LARGE,
+            "packer": "plain file write + fsync (disk speed)",
+            "seconds": plain_write_seconds(next(iter(large.values())), folder),
+        },
         "small_member": {"bytes": C_ARRAY_BLOB, "packer": "artifact member", "seconds": small_member_s},
         "small_c_array": {"bytes": C_ARRAY_BLOB, "packer": "cc -c -O0 (C char array)", "seconds": small_c_s},
         "member_over_c_array": small_c_s / small_member_s,
@@ -226,8 +242,9 @@ def median_seconds(fn: Callable[[], object], repeat: int, warmup: int = WARMUP_R
     return statistics.median(times)
 
 
-def farm_latency(artifact: str, feeds: dict[str, np.ndarray], repeat: int,
-                 cache_dir: Path) -> tuple[float, dict[str, np.ndarray]]:
+def farm_latency(
+    artifact: str, feeds: dict[str, np.ndarray], repeat: int, cache_dir: Path
+) -> tuple[float, dict[str, np.ndarray]]:
     """farm's median latency (single-threaded runtime) and its outputs."""
     model = runtime.load(artifact, cache_dir=cache_dir)
     return median_seconds(lambda: model.run(feeds), repeat), model.run(feeds)
@@ -303,8 +320,18 @@ def bench_cache(name: str, folder: Path, executor: LocalExecutor, rounds: int) -
         warm_s.append(warm.seconds)
         hashes |= {hashlib.sha256(Path(result.artifact).read_bytes()).hexdigest() for result in (cold, warm)}
     packed_bytes, pack_s, read_s = packed_weights_seconds(path, FileStore(folder / f"store-{name}-blobs"))
-    return CacheResult(name, warm.compiled + warm.cached, cold_s, warm_s, warm.compiled, warm.cached,
-                       len(hashes) == 1, packed_bytes, pack_s, read_s)
+    return CacheResult(
+        name,
+        warm.compiled + warm.cached,
+        cold_s,
+        warm_s,
+        warm.compiled,
+        warm.cached,
+        len(hashes) == 1,
+        packed_bytes,
+        pack_s,
+        read_s,
+    )
 
 
 def packed_weights_seconds(path: Path, store: FileStore) -> tuple[int, float, float]:
@@ -324,11 +351,35 @@ def packed_weights_seconds(path: Path, store: FileStore) -> tuple[int, float, fl
 
 def cache_table(results: Sequence[CacheResult]) -> str:
     """The cold and warm builds as a Markdown table."""
-    header = ["model", "units", "cold s", "warm s", "cold/warm", "warm compiled", "warm cached", "identical",
-              "packed MB", "pack s", "cache read s"]
-    rows = [[r.name, str(r.units), " / ".join(f"{s:.2f}" for s in r.cold_s), " / ".join(f"{s:.2f}" for s in r.warm_s),
-             f"{r.speedup:.1f}x", str(r.warm_compiled), str(r.warm_cached), str(r.identical),
-             f"{r.packed_bytes / MB:.1f}", f"{r.pack_s:.3f}", f"{r.cache_read_s:.3f}"] for r in results]
+    header = [
+        "model",
+        "units",
+        "cold s",
+        "warm s",
+        "cold/warm",
+        "warm compiled",
+        "warm cached",
+        "identical",
+        "packed MB",
+        "pack s",
+        "cache read s",
+    ]
+    rows = [
+        [
+            r.name,
+            str(r.units),
+            " / ".join(f"{s:.2f}" for s in r.cold_s),
+            " / ".join(f"{s:.2f}" for s in r.warm_s),
+            f"{r.speedup:.1f}x",
+            str(r.warm_compiled),
+            str(r.warm_cached),
+            str(r.identical),
+            f"{r.packed_bytes / MB:.1f}",
+            f"{r.pack_s:.3f}",
+            f"{r.cache_read_s:.3f}",
+        ]
+        for r in results
+    ]
     return markdown_table(header, rows)
 
 
@@ -341,8 +392,13 @@ def run_cache_benchmark(args: argparse.Namespace, folder: Path) -> int:
         workers = executor.workers
     print(f"\nmachine: {json.dumps(machine_info(workers))}\n\n{cache_table(results)}")
     if args.json:
-        args.json.write_text(json.dumps({"machine": machine_info(workers), "cache": [
-            {**asdict(r), "speedup": r.speedup} for r in results]}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {"machine": machine_info(workers), "cache": [{**asdict(r), "speedup": r.speedup} for r in results]},
+                indent=2,
+            )
+            + "\n"
+        )
     return 0 if all(r.identical and r.warm_compiled == 0 for r in results) else 1
 
 
@@ -354,8 +410,14 @@ def packing_bars(results: Sequence[ModelResult]) -> list[Bar]:
     measured = [r for r in results if r.pack_s is not None]
     total = _rate(sum(r.weight_bytes for r in measured), sum(r.pack_s for r in measured))
     limit = f">= {PACK_BAR_MB_S:.0f} MB/s"
-    return [Bar("weights written as artifact members, all models", f"{total:.0f} MB/s" if total else "n/a", limit,
-                total is not None and total >= PACK_BAR_MB_S if measured else None)]
+    return [
+        Bar(
+            "weights written as artifact members, all models",
+            f"{total:.0f} MB/s" if total else "n/a",
+            limit,
+            total is not None and total >= PACK_BAR_MB_S if measured else None,
+        )
+    ]
 
 
 def compile_bar(results: Sequence[ModelResult], workers: int) -> Bar:
@@ -373,50 +435,91 @@ def latency_bar(results: Sequence[ModelResult]) -> Bar:
     """Every model's farm / onnxruntime latency ratio <= 10 (a model that failed fails the bar)."""
     worst = max(results, key=lambda r: float("inf") if r.ratio is None else r.ratio)
     measured = f"worst {worst.name}: " + (f"{worst.ratio:.2f}x" if worst.ratio is not None else "failed")
-    return Bar("latency farm / onnxruntime, every model", measured, f"<= {LATENCY_BAR_RATIO:.0f}x",
-               worst.ratio is not None and worst.ratio <= LATENCY_BAR_RATIO)
+    return Bar(
+        "latency farm / onnxruntime, every model",
+        measured,
+        f"<= {LATENCY_BAR_RATIO:.0f}x",
+        worst.ratio is not None and worst.ratio <= LATENCY_BAR_RATIO,
+    )
 
 
 def model_table(results: Sequence[ModelResult]) -> str:
     """The per-model figures as a Markdown table."""
-    header = ["model", "kernels", "blobs", "weights MB", "compile s", "pack MB/s", "farm ms", "ort ms", "farm/ort",
-              "max abs diff"]
-    rows = [[r.name, cell(r.kernels, "d"), cell(r.blobs, "d"),
-             cell(None if r.weight_bytes is None else r.weight_bytes / MB, ".2f"), cell(r.compile_s, ".2f"),
-             cell(r.pack_mb_s, ".0f"), cell(None if r.farm_s is None else r.farm_s * 1e3, ".2f"),
-             cell(None if r.ort_s is None else r.ort_s * 1e3, ".2f"), cell(r.ratio, ".2f"),
-             cell(r.max_abs_diff, ".1e")] for r in results]
+    header = [
+        "model",
+        "kernels",
+        "blobs",
+        "weights MB",
+        "compile s",
+        "pack MB/s",
+        "farm ms",
+        "ort ms",
+        "farm/ort",
+        "max abs diff",
+    ]
+    rows = [
+        [
+            r.name,
+            cell(r.kernels, "d"),
+            cell(r.blobs, "d"),
+            cell(None if r.weight_bytes is None else r.weight_bytes / MB, ".2f"),
+            cell(r.compile_s, ".2f"),
+            cell(r.pack_mb_s, ".0f"),
+            cell(None if r.farm_s is None else r.farm_s * 1e3, ".2f"),
+            cell(None if r.ort_s is None else r.ort_s * 1e3, ".2f"),
+            cell(r.ratio, ".2f"),
+            cell(r.max_abs_diff, ".1e"),
+        ]
+        for r in results
+    ]
     return markdown_table(header, rows)
 
 
 def packing_table(baselines: dict[str, Any]) -> str:
     """The synthetic-blob packing figures as a Markdown table."""
-    rows = [[key, f"{entry['bytes'] / MB:.0f}", entry["packer"], f"{entry['seconds']:.3f}",
-             f"{_rate(entry['bytes'], entry['seconds']):.0f}"]
-            for key, entry in baselines.items() if isinstance(entry, dict)]
+    rows = [
+        [
+            key,
+            f"{entry['bytes'] / MB:.0f}",
+            entry["packer"],
+            f"{entry['seconds']:.3f}",
+            f"{_rate(entry['bytes'], entry['seconds']):.0f}",
+        ]
+        for key, entry in baselines.items()
+        if isinstance(entry, dict)
+    ]
     return markdown_table(["blob", "MB", "packer", "seconds", "MB/s"], rows)
 
 
 def bars_table(bars: Sequence[Bar]) -> str:
     """The bars with their verdicts as a Markdown table."""
-    return markdown_table(["bar", "measured", "limit", "result"], [[b.name, b.measured, b.limit, b.verdict]
-                                                                   for b in bars])
+    return markdown_table(
+        ["bar", "measured", "limit", "result"], [[b.name, b.measured, b.limit, b.verdict] for b in bars]
+    )
 
 
 def cpu_name() -> str:
     """The CPU's model name from /proc/cpuinfo, else whatever `platform` knows."""
     cpuinfo = Path("/proc/cpuinfo")
     lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
-                platform.processor())
+    return next(
+        (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.processor()
+    )
 
 
 def machine_info(workers: int) -> dict[str, Any]:
     """What the figures were measured on."""
     host = host_target()
-    return {"cpu": cpu_name(), "llvm_cpu": host.cpu, "avx512f": "+avx512f" in host.features.split(","),
-            "cores": len(os.sched_getaffinity(0)), "workers": workers, "python": platform.python_version(),
-            "onnxruntime": ort.__version__, "triple": host.triple}
+    return {
+        "cpu": cpu_name(),
+        "llvm_cpu": host.cpu,
+        "avx512f": "+avx512f" in host.features.split(","),
+        "cores": len(os.sched_getaffinity(0)),
+        "workers": workers,
+        "python": platform.python_version(),
+        "onnxruntime": ort.__version__,
+        "triple": host.triple,
+    }
 
 
 # -- main ----------------------------------------------------------------------------------------------------------
@@ -461,10 +564,16 @@ def run_benchmarks(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         workers = executor.workers
     baselines = packing_baselines(folder)
     bars = [*packing_bars(results), compile_bar(results, workers), latency_bar(results)]
-    return {"machine": machine_info(workers), "repeat": args.repeat, "executor_warmup_s": warmup_s,
-            "models": [{**asdict(r), "pack_mb_s": r.pack_mb_s, "ratio": r.ratio} for r in results],
-            "packing": baselines, "bars": [{**asdict(b), "verdict": b.verdict} for b in bars],
-            "_results": results, "_bars": bars}
+    return {
+        "machine": machine_info(workers),
+        "repeat": args.repeat,
+        "executor_warmup_s": warmup_s,
+        "models": [{**asdict(r), "pack_mb_s": r.pack_mb_s, "ratio": r.ratio} for r in results],
+        "packing": baselines,
+        "bars": [{**asdict(b), "verdict": b.verdict} for b in bars],
+        "_results": results,
+        "_bars": bars,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -479,8 +588,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in results:
         if r.error:
             print(f"{r.name} failed: {r.error}")
-    print(f"{packing_table(report['packing'])}\n\nartifact member / C char array (4 MB): "
-          f"{report['packing']['member_over_c_array']:.0f}x faster\n\n{bars_table(bars)}")
+    print(
+        f"{packing_table(report['packing'])}\n\nartifact member / C char array (4 MB): "
+        f"{report['packing']['member_over_c_array']:.0f}x faster\n\n{bars_table(bars)}"
+    )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     failed = any(b.passed is False for b in bars)

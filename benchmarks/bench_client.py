@@ -62,8 +62,12 @@ def done_job(url: str, model: Path) -> str:
     job_id = client.submit(model, [host_target()])
     Farm(client.board, client.store, lambda message: None).accept(job_id)
     weights = client.store.put(os.urandom(1 << 20))
-    key, _ = recipes.put_recipe(client.store, {"model": {"name": model.stem}},
-                                {"weights/w.bin": recipes.stored(client.store, weights, 1 << 20)}, lambda keys: None)
+    key, _ = recipes.put_recipe(
+        client.store,
+        {"model": {"name": model.stem}},
+        {"weights/w.bin": recipes.stored(client.store, weights, 1 << 20)},
+        lambda keys: None,
+    )
     client.board.advance(job_id, JobState.DONE, artifact_key=key)
     return job_id
 
@@ -72,8 +76,9 @@ def run(checkout: Path, args: list[str], url: str, folder: Path) -> tuple[float,
     """Seconds `farm ARGS` of `checkout` took, and the modules it imported."""
     env = {**os.environ, "PYTHONPATH": str(checkout), "FARM_BROKER_URL": url}
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-c", RUN_AND_COUNT, *args], cwd=folder, env=env, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", RUN_AND_COUNT, *args], cwd=folder, env=env, capture_output=True, text=True, timeout=120
+    )
     seconds = time.perf_counter() - started
     if result.returncode != 0:
         raise SystemExit(f"farm {' '.join(args)} ({checkout}) failed:\n{result.stderr}")
@@ -84,8 +89,9 @@ def numpy_deeper_than(text: str, limit: int) -> bool:
     """The check artifact.py made before, with numpy: the running sum of +1 per opening and -1 per closing bracket
     outside strings, over the whole text."""
     outside = np.frombuffer(re.sub(r'"(?:[^"\\]|\\.)*"', '""', text).encode("utf-8"), np.uint8)
-    steps = (np.isin(outside, np.frombuffer(b"[{", np.uint8)).astype(np.int8)
-             - np.isin(outside, np.frombuffer(b"]}", np.uint8)).astype(np.int8))
+    steps = np.isin(outside, np.frombuffer(b"[{", np.uint8)).astype(np.int8) - np.isin(
+        outside, np.frombuffer(b"]}", np.uint8)
+    ).astype(np.int8)
     return int(np.cumsum(steps, dtype=np.int32).max(initial=0)) > limit
 
 
@@ -109,8 +115,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkout", action="append", type=Path, help="a farm tree to time (repeatable)")
     parser.add_argument("--repeat", type=int, default=7)
-    parser.add_argument("--manifest-of", action="append", type=Path, default=[], metavar="ARTIFACT",
-                        help="time the manifest check on this artifact's manifest too (repeatable)")
+    parser.add_argument(
+        "--manifest-of",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="ARTIFACT",
+        help="time the manifest check on this artifact's manifest too (repeatable)",
+    )
     options = parser.parse_args()
     checkouts = [path.resolve() for path in options.checkout or [CHECKOUT]]
     with tempfile.TemporaryDirectory(prefix="bench-client-") as name, RedisServer() as server:
@@ -118,9 +130,12 @@ def main() -> None:
         model = folder / "tiny_cnn.onnx"
         onnx.save(examples.tiny_cnn(), model)
         job_id = done_job(server.url, model)
-        commands = {"status": ["status", job_id], "download": ["download", job_id, "-o", str(folder / "out")],
-                    "jobs": ["jobs"], "submit --no-wait": ["submit", str(model), "--no-wait", "--target",
-                                                           f"cpu:{host_target().triple}"]}
+        commands = {
+            "status": ["status", job_id],
+            "download": ["download", job_id, "-o", str(folder / "out")],
+            "jobs": ["jobs"],
+            "submit --no-wait": ["submit", str(model), "--no-wait", "--target", f"cpu:{host_target().triple}"],
+        }
         times = {(c, k): [] for c in checkouts for k in commands}
         imported: dict[tuple[Path, str], list[str]] = {}
         for _ in range(options.repeat):
@@ -128,10 +143,17 @@ def main() -> None:
                 for checkout in checkouts:
                     seconds, imported[checkout, command] = run(checkout, args, server.url, folder)
                     times[checkout, command].append(seconds)
-    rows = [[f"{checkout.name} {command}", f"{min(times[checkout, command]):.3f}",
-             f"{statistics.median(times[checkout, command]):.3f}", str(len(imported[checkout, command])),
-             ", ".join(m for m in HEAVY if m in imported[checkout, command]) or "none"]
-            for command in commands for checkout in checkouts]
+    rows = [
+        [
+            f"{checkout.name} {command}",
+            f"{min(times[checkout, command]):.3f}",
+            f"{statistics.median(times[checkout, command]):.3f}",
+            str(len(imported[checkout, command])),
+            ", ".join(m for m in HEAVY if m in imported[checkout, command]) or "none",
+        ]
+        for command in commands
+        for checkout in checkouts
+    ]
     print(markdown_table(["checkout, command", "best s", "median s", "modules", "heavy modules"], rows))
     half = MAX_MANIFEST_BYTES // 2
     manifests = {path.name: verify(path).manifest_text.decode() for path in options.manifest_of}

@@ -137,9 +137,13 @@ def measure(path: Path, folder: Path) -> dict[str, object]:
         recipe (the weights and packed weights named by store key, unread: Farm._stored)."""
         plan_json = json.loads(plan_bytes)
         libraries: dict[str, bytes] = {}
-        built = BuiltUnits(lambda name: recipes.stored(store, keys[name], len(objects[name])) if name in packed
-                           else objects[name], keys.__getitem__, libraries.__getitem__,
-                           lambda sha: recipes.stored(store, sha, plan.blobs[sha].nbytes), cached_entry)
+        built = BuiltUnits(
+            lambda name: recipes.stored(store, keys[name], len(objects[name])) if name in packed else objects[name],
+            keys.__getitem__,
+            libraries.__getitem__,
+            lambda sha: recipes.stored(store, sha, plan.blobs[sha].nbytes),
+            cached_entry,
+        )
         libraries[target.id] = assembly.link_library(plan_json, target.id, built)
         store.put(libraries[target.id])
         manifest, members = assembly.artifact_contents(plan_json, built)
@@ -151,11 +155,20 @@ def measure(path: Path, folder: Path) -> dict[str, object]:
         store.put(memoryview(weights).cast("B"))
     for name in packed:
         store.put(objects[name])
-    download_s, _ = _timed(lambda: recipes.write_artifact_from(
-        folder / f"{path.stem}.farm", recipes.read_recipe(store.get(recipe_key)), store.get))
+    download_s, _ = _timed(
+        lambda: recipes.write_artifact_from(
+            folder / f"{path.stem}.farm", recipes.read_recipe(store.get(recipe_key)), store.get
+        )
+    )
     shutil.rmtree(store.root)
-    return {"model": path.stem, "plan": plan_s, "units": unit_s, "link_plan": link_plan_s, "finish": finish_s,
-            "download": download_s}
+    return {
+        "model": path.stem,
+        "plan": plan_s,
+        "units": unit_s,
+        "link_plan": link_plan_s,
+        "finish": finish_s,
+        "download": download_s,
+    }
 
 
 def critical_path(row: dict[str, object], workers: int) -> float:
@@ -171,8 +184,11 @@ def speedups(row: dict[str, object], workers: list[int]) -> dict[int, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="light_resnet50,light_densenet121,bert_base",
-                        help="comma-separated models (light models, examples, bert_base)")
+    parser.add_argument(
+        "--models",
+        default="light_resnet50,light_densenet121,bert_base",
+        help="comma-separated models (light models, examples, bert_base)",
+    )
     parser.add_argument("--workers", default="2,8,64", help="simulated worker counts (default 2,8,64)")
     parser.add_argument("--no-fail", action="store_true", help="exit 0 even when a target is missed")
     args = parser.parse_args(argv)
@@ -196,23 +212,54 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 path = model_path(name, Path(tmp))
             rows.append(measure(path, Path(tmp)))
-            print(f"  {name}: plan {rows[-1]['plan']:.2f} s, {len(rows[-1]['units'])} units "
-                  f"{sum(rows[-1]['units']):.2f} s, finish {rows[-1]['finish']:.2f} s, "
-                  f"download {rows[-1]['download']:.2f} s", flush=True)
-    table = [[r["model"], f"{r['plan']:.2f}", str(len(r["units"])), f"{sum(r['units']):.2f}", f"{max(r['units']):.2f}",
-              f"{r['link_plan']:.2f}", f"{r['finish']:.2f}", f"{r['download']:.2f}",
-              f"{critical_path(r, max(workers)):.2f}", *(f"{s:.1f}x" for s in speedups(r, workers).values())]
-             for r in rows]
-    print(markdown_table(["model", "plan s", "units", "units s", "longest s", "link plan s", "finish s", "download s",
-                          f"critical s ({max(workers)} workers)", *(f"{n} workers" for n in workers)], table))
+            print(
+                f"  {name}: plan {rows[-1]['plan']:.2f} s, {len(rows[-1]['units'])} units "
+                f"{sum(rows[-1]['units']):.2f} s, finish {rows[-1]['finish']:.2f} s, "
+                f"download {rows[-1]['download']:.2f} s",
+                flush=True,
+            )
+    table = [
+        [
+            r["model"],
+            f"{r['plan']:.2f}",
+            str(len(r["units"])),
+            f"{sum(r['units']):.2f}",
+            f"{max(r['units']):.2f}",
+            f"{r['link_plan']:.2f}",
+            f"{r['finish']:.2f}",
+            f"{r['download']:.2f}",
+            f"{critical_path(r, max(workers)):.2f}",
+            *(f"{s:.1f}x" for s in speedups(r, workers).values()),
+        ]
+        for r in rows
+    ]
+    print(
+        markdown_table(
+            [
+                "model",
+                "plan s",
+                "units",
+                "units s",
+                "longest s",
+                "link plan s",
+                "finish s",
+                "download s",
+                f"critical s ({max(workers)} workers)",
+                *(f"{n} workers" for n in workers),
+            ],
+            table,
+        )
+    )
     met = True
     for row in rows:
         target = TARGETS.get(row["model"])
         if target is not None:
             seconds = critical_path(row, TARGET_WORKERS)
             met &= seconds <= target
-            print(f"target: {row['model']} critical path <= {target:.2f} s on {TARGET_WORKERS} workers: "
-                  f"{seconds:.2f} s {'MET' if seconds <= target else 'NOT MET'}")
+            print(
+                f"target: {row['model']} critical path <= {target:.2f} s on {TARGET_WORKERS} workers: "
+                f"{seconds:.2f} s {'MET' if seconds <= target else 'NOT MET'}"
+            )
     return 0 if met or args.no_fail else 1
 
 

@@ -112,8 +112,12 @@ LOCAL_BAR = 1.2  # the farm on 2 workers within this factor of the local executo
 STORE_BAR = 1.25  # Redis' peak used memory under the store's cap at most this many times the cap
 MIB = 1 << 20
 # Production limits (farm.defaults), not the tests' short ones: a benchmark must not trigger redelivery.
-WORKER_ENV = {"FARM_TASK_SOFT_TIME_LIMIT": "600", "FARM_TASK_TIME_LIMIT": "660", "FARM_VISIBILITY_TIMEOUT": "720",
-              "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+WORKER_ENV = {
+    "FARM_TASK_SOFT_TIME_LIMIT": "600",
+    "FARM_TASK_TIME_LIMIT": "660",
+    "FARM_VISIBILITY_TIMEOUT": "720",
+    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+}
 TASK_NAMES = tuple(task.value for task in TaskName if task not in (TaskName.TUNE_KERNEL, TaskName.COMPILE_CL_KERNEL))
 CLI_TIMEOUT_S = 600
 FAILOVER_BAR_S = 30.0  # a SIGKILLed worker costs a job at most this many seconds
@@ -155,24 +159,38 @@ class Build:
 # -- running farm --------------------------------------------------------------------------------------------------
 
 
-def cli(args: Sequence[str], cwd: Path, broker: str | None,
-        extra_env: dict[str, str] | None = None) -> tuple[float, dict[str, Any]]:
+def cli(
+    args: Sequence[str], cwd: Path, broker: str | None, extra_env: dict[str, str] | None = None
+) -> tuple[float, dict[str, Any]]:
     """Run `farm ARGS --json` as a user would; (wall seconds, its JSON). Without a broker the build is local.
     `extra_env` is added to this process's environment (FARM_CACHE_DIR, say)."""
     env = {key: value for key, value in os.environ.items() if key != "FARM_BROKER_URL"} | (extra_env or {})
     if broker:
         env["FARM_BROKER_URL"] = broker
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "farm", *args, "--json"], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=CLI_TIMEOUT_S)
+    done = subprocess.run(
+        [sys.executable, "-m", "farm", *args, "--json"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+    )
     wall = time.perf_counter() - started
     if done.returncode != 0:
         raise RuntimeError(f"farm {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
     return wall, json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def timed_builds(config: str, model: Path, folder: Path, broker: str | None, repeat: int,
-                 no_cache: bool = True, workers: Sequence[FarmWorker] = ()) -> Build:
+def timed_builds(
+    config: str,
+    model: Path,
+    folder: Path,
+    broker: str | None,
+    repeat: int,
+    no_cache: bool = True,
+    workers: Sequence[FarmWorker] = (),
+) -> Build:
     """`farm submit MODEL` `repeat` times (with --no-cache on a farm unless told otherwise); the medians.
 
     With `workers`, their logs over these runs give the seconds spent in each task name (mean per run).
@@ -189,11 +207,20 @@ def timed_builds(config: str, model: Path, folder: Path, broker: str | None, rep
         if broker:
             jobs.append(float(result["seconds"]))
             tasks = int(result["compiled"])  # `submit --json` names the units it compiled (schemas.BUILD_KEYS)
-        print(f"  {config} run {index + 1}: {wall:.2f} s" + (f" (job {result['seconds']:.2f} s, "
-              f"{result['compiled']} compile tasks)" if broker else ""), flush=True)
+        print(
+            f"  {config} run {index + 1}: {wall:.2f} s"
+            + (f" (job {result['seconds']:.2f} s, {result['compiled']} compile tasks)" if broker else ""),
+            flush=True,
+        )
     spent = task_seconds(workers, offsets)
-    return Build(config, statistics.median(walls), statistics.median(jobs) if jobs else None, tasks, walls,
-                 {name: seconds / repeat for name, seconds in spent.items()})
+    return Build(
+        config,
+        statistics.median(walls),
+        statistics.median(jobs) if jobs else None,
+        tasks,
+        walls,
+        {name: seconds / repeat for name, seconds in spent.items()},
+    )
 
 
 TASK_DONE = re.compile(r"Task (farm\.\w+)\[[^\]]+\] succeeded in ([0-9.eE+-]+)s")
@@ -258,9 +285,16 @@ def broker_throughput(broker: str, workers: Sequence[FarmWorker], tasks: int) ->
         connection.close()
     if queued != tasks:
         raise RuntimeError(f"{queued} of {tasks} tasks were queued while the workers were paused")
-    return {"tasks": tasks, "workers": len(names), "send_s": sent, "sent_per_s": tasks / sent,
-            "send_ms_per_task": sent / tasks * 1e3, "consume_s": consumed, "tasks_per_s": tasks / consumed,
-            "ms_per_task": consumed / tasks * 1e3}
+    return {
+        "tasks": tasks,
+        "workers": len(names),
+        "send_s": sent,
+        "sent_per_s": tasks / sent,
+        "send_ms_per_task": sent / tasks * 1e3,
+        "consume_s": consumed,
+        "tasks_per_s": tasks / consumed,
+        "ms_per_task": consumed / tasks * 1e3,
+    }
 
 
 @dataclass
@@ -285,19 +319,37 @@ def store_stream(folder: Path, builds: int, cap: int) -> list[StoreSample]:
     with ProductionRedis() as server:
         with workers_logged(workers):
             for index in range(2):
-                workers.append(FarmWorker(server.url, f"store{index + 1}@farm", folder,
-                                          env={**WORKER_ENV, "FARM_STORE_MAX_BYTES": str(cap)}).start())
+                workers.append(
+                    FarmWorker(
+                        server.url,
+                        f"store{index + 1}@farm",
+                        folder,
+                        env={**WORKER_ENV, "FARM_STORE_MAX_BYTES": str(cap)},
+                    ).start()
+                )
             client, store = server.client(), RedisStore(server.url)
             for seed in range(builds):
                 model = folder / f"resnet18_style_{seed}.onnx"
                 onnx.save(resnet18_style(seed=seed), str(model))
                 wall, _ = cli(["submit", str(model), "-o", str(folder / "store-stream")], folder, server.url)
                 memory, stats = client.info("memory"), store.stats()
-                samples.append(StoreSample(seed + 1, wall, int(memory["used_memory"]), int(memory["used_memory_peak"]),
-                                           stats.bytes, stats.entries, stats.pinned_bytes))
-                print(f"  store stream build {seed + 1}: {wall:.2f} s, Redis used {memory['used_memory'] / MIB:.0f} "
-                      f"MiB (peak {memory['used_memory_peak'] / MIB:.0f}), store {stats.bytes / MIB:.0f} MiB in "
-                      f"{stats.entries} entries", flush=True)
+                samples.append(
+                    StoreSample(
+                        seed + 1,
+                        wall,
+                        int(memory["used_memory"]),
+                        int(memory["used_memory_peak"]),
+                        stats.bytes,
+                        stats.entries,
+                        stats.pinned_bytes,
+                    )
+                )
+                print(
+                    f"  store stream build {seed + 1}: {wall:.2f} s, Redis used {memory['used_memory'] / MIB:.0f} "
+                    f"MiB (peak {memory['used_memory_peak'] / MIB:.0f}), store {stats.bytes / MIB:.0f} MiB in "
+                    f"{stats.entries} entries",
+                    flush=True,
+                )
     return samples
 
 
@@ -306,32 +358,52 @@ def store_figures(samples: Sequence[StoreSample], cap: int) -> dict[str, Any]:
     one build fits), what the stream would hold without the cap, and Redis' peak against the cap."""
     per_build = samples[0].store_bytes
     peak = max(sample.peak_memory for sample in samples)
-    return {"cap_bytes": cap, "builds": len(samples), "store_bytes_per_build": per_build,
-            "uncapped_store_bytes": per_build * len(samples), "peak_used_memory": peak,
-            "peak_over_cap": peak / cap, "last_used_memory": samples[-1].used_memory,
-            "samples": [asdict(sample) for sample in samples]}
+    return {
+        "cap_bytes": cap,
+        "builds": len(samples),
+        "store_bytes_per_build": per_build,
+        "uncapped_store_bytes": per_build * len(samples),
+        "peak_used_memory": peak,
+        "peak_over_cap": peak / cap,
+        "last_used_memory": samples[-1].used_memory,
+        "samples": [asdict(sample) for sample in samples],
+    }
 
 
 def store_table(samples: Sequence[StoreSample]) -> str:
-    rows = [[str(s.build), f"{s.wall_s:.2f}", f"{s.used_memory / MIB:.0f}", f"{s.peak_memory / MIB:.0f}",
-             f"{s.store_bytes / MIB:.0f}", str(s.store_entries), f"{s.pinned_bytes / MIB:.0f}"] for s in samples]
-    return markdown_table(["build", "wall s", "Redis used MiB", "Redis peak MiB", "store MiB", "store entries",
-                           "pinned MiB"], rows)
+    rows = [
+        [
+            str(s.build),
+            f"{s.wall_s:.2f}",
+            f"{s.used_memory / MIB:.0f}",
+            f"{s.peak_memory / MIB:.0f}",
+            f"{s.store_bytes / MIB:.0f}",
+            str(s.store_entries),
+            f"{s.pinned_bytes / MIB:.0f}",
+        ]
+        for s in samples
+    ]
+    return markdown_table(
+        ["build", "wall s", "Redis used MiB", "Redis peak MiB", "store MiB", "store entries", "pinned MiB"], rows
+    )
 
 
 def store_bar(figures: dict[str, Any]) -> Bar:
     ratio = figures["peak_over_cap"]
-    return Bar("Redis peak used memory / store cap, distinct builds", f"{ratio:.2f}x", f"<= {STORE_BAR}x",
-               ratio <= STORE_BAR)
+    return Bar(
+        "Redis peak used memory / store cap, distinct builds", f"{ratio:.2f}x", f"<= {STORE_BAR}x", ratio <= STORE_BAR
+    )
 
 
 def print_store(figures: dict[str, Any]) -> None:
     samples = [StoreSample(**sample) for sample in figures["samples"]]
-    print(f"\nstore under the cap (FARM_STORE_MAX_BYTES={figures['cap_bytes']}, {figures['cap_bytes'] / MIB:.0f} MiB): "
-          f"{figures['builds']} distinct resnet18_style builds, {figures['store_bytes_per_build'] / MIB:.0f} MiB of "
-          f"store entries each ({figures['uncapped_store_bytes'] / MIB:.0f} MiB for the stream without a cap); "
-          f"Redis used memory peaked at {figures['peak_used_memory'] / MIB:.0f} MiB "
-          f"({figures['peak_over_cap']:.2f}x the cap)\n")
+    print(
+        f"\nstore under the cap (FARM_STORE_MAX_BYTES={figures['cap_bytes']}, {figures['cap_bytes'] / MIB:.0f} MiB): "
+        f"{figures['builds']} distinct resnet18_style builds, {figures['store_bytes_per_build'] / MIB:.0f} MiB of "
+        f"store entries each ({figures['uncapped_store_bytes'] / MIB:.0f} MiB for the stream without a cap); "
+        f"Redis used memory peaked at {figures['peak_used_memory'] / MIB:.0f} MiB "
+        f"({figures['peak_over_cap']:.2f}x the cap)\n"
+    )
     print(store_table(samples) + "\n")
 
 
@@ -355,13 +427,22 @@ def waiting_cost(clients: int, window: float) -> dict[str, float]:
         ids = [f"{index:016x}" for index in range(clients)]
         for job_id in ids:
             now = time.time()
-            board.create(job_id, JobRecord(JobState.QUEUED, "0" * 64, "bench", "0" * 64, [host_target()],
-                                           created=now, updated=now))
+            board.create(
+                job_id,
+                JobRecord(JobState.QUEUED, "0" * 64, "bench", "0" * 64, [host_target()], created=now, updated=now),
+            )
             board.advance(job_id, JobState.COMPILING, total=100)
         idle = commands_per_second(connection, window)
         connected = len(connection.client_list())
-        waiting = [subprocess.Popen([sys.executable, "-m", "farm", "wait", job_id], env={**env, "FARM_BROKER_URL": server.url},
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for job_id in ids]
+        waiting = [
+            subprocess.Popen(
+                [sys.executable, "-m", "farm", "wait", job_id],
+                env={**env, "FARM_BROKER_URL": server.url},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for job_id in ids
+        ]
         try:
             deadline = time.monotonic() + CLIENT_START_TIMEOUT_S
             while len(connection.client_list()) < connected + clients:
@@ -375,18 +456,35 @@ def waiting_cost(clients: int, window: float) -> dict[str, float]:
                 process.terminate()
                 process.wait(30)
     per_client = (busy - idle) / clients
-    print(f"  waiting: {clients} idle `farm wait` clients: {busy:.1f} commands/s (idle Redis {idle:.1f}/s): "
-          f"{per_client:.2f} commands/s per waiting client", flush=True)
-    return {"clients": clients, "window_s": window, "idle_commands_per_s": idle, "commands_per_s": busy,
-            "commands_per_s_per_client": per_client}
+    print(
+        f"  waiting: {clients} idle `farm wait` clients: {busy:.1f} commands/s (idle Redis {idle:.1f}/s): "
+        f"{per_client:.2f} commands/s per waiting client",
+        flush=True,
+    )
+    return {
+        "clients": clients,
+        "window_s": window,
+        "idle_commands_per_s": idle,
+        "commands_per_s": busy,
+        "commands_per_s_per_client": per_client,
+    }
 
 
 # -- report --------------------------------------------------------------------------------------------------------
 
 
 def builds_table(builds: Sequence[Build]) -> str:
-    rows = [[b.config, cell(b.compile_tasks, "d"), f"{b.wall_s:.2f}", cell(b.job_s, ".2f"), cell(b.client_s, ".2f"),
-             " ".join(f"{r:.2f}" for r in b.runs)] for b in builds]
+    rows = [
+        [
+            b.config,
+            cell(b.compile_tasks, "d"),
+            f"{b.wall_s:.2f}",
+            cell(b.job_s, ".2f"),
+            cell(b.client_s, ".2f"),
+            " ".join(f"{r:.2f}" for r in b.runs),
+        ]
+        for b in builds
+    ]
     return markdown_table(["build", "compile tasks", "wall s", "job s", "client s", "runs s"], rows)
 
 
@@ -408,11 +506,21 @@ def amdahl_bound(one: Build) -> float | None:
 def bars_for(local: Build, one: Build, two: Build, warm: Build) -> list[Bar]:
     scaling, vs_local = one.wall_s / two.wall_s, two.wall_s / local.wall_s
     return [
-        Bar("2 workers vs 1 (1 worker s / 2 workers s)", f"{scaling:.2f}x", f">= {SCALING_BAR}x", scaling >= SCALING_BAR),
-        Bar("warm resubmit (cache on, 0 compile tasks)", f"{warm.wall_s:.2f} s", f"< {WARM_BAR_S:.0f} s",
-            warm.wall_s < WARM_BAR_S and warm.compile_tasks == 0),
-        Bar("farm on 2 workers vs local (farm s / local s)", f"{vs_local:.2f}x", f"<= {LOCAL_BAR}x",
-            vs_local <= LOCAL_BAR),
+        Bar(
+            "2 workers vs 1 (1 worker s / 2 workers s)", f"{scaling:.2f}x", f">= {SCALING_BAR}x", scaling >= SCALING_BAR
+        ),
+        Bar(
+            "warm resubmit (cache on, 0 compile tasks)",
+            f"{warm.wall_s:.2f} s",
+            f"< {WARM_BAR_S:.0f} s",
+            warm.wall_s < WARM_BAR_S and warm.compile_tasks == 0,
+        ),
+        Bar(
+            "farm on 2 workers vs local (farm s / local s)",
+            f"{vs_local:.2f}x",
+            f"<= {LOCAL_BAR}x",
+            vs_local <= LOCAL_BAR,
+        ),
     ]
 
 
@@ -424,9 +532,14 @@ def machine_info() -> dict[str, Any]:
     redis_version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()
     import celery
 
-    return {"cpu": cpu, "llvm_cpu": host_target().cpu, "cores": len(os.sched_getaffinity(0)),
-            "python": platform.python_version(), "celery": celery.__version__,
-            "redis_server": next((w.split("=", 1)[1] for w in redis_version if w.startswith("v=")), "?")}
+    return {
+        "cpu": cpu,
+        "llvm_cpu": host_target().cpu,
+        "cores": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "celery": celery.__version__,
+        "redis_server": next((w.split("=", 1)[1] for w in redis_version if w.startswith("v=")), "?"),
+    }
 
 
 @contextlib.contextmanager
@@ -447,9 +560,15 @@ def workers_logged(workers: list[FarmWorker]) -> Iterator[None]:
 
 
 def submitted_job(model: Path, folder: Path, broker: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "farm", "submit", str(model), "--no-cache", "--no-wait", "--json"],
-                          cwd=folder, env={**os.environ, "FARM_BROKER_URL": broker}, capture_output=True, text=True,
-                          timeout=CLI_TIMEOUT_S, check=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "farm", "submit", str(model), "--no-cache", "--no-wait", "--json"],
+        cwd=folder,
+        env={**os.environ, "FARM_BROKER_URL": broker},
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        check=True,
+    )
     return json.loads(done.stdout)["job_id"]
 
 
@@ -488,12 +607,24 @@ def failover(folder: Path, repeat: int) -> dict[str, Any]:
                 kill_when_running(server.url, workers[0])
                 killed.append(job_seconds(server.url, job_id))
                 workers[0] = FarmWorker(server.url, f"fo1-{index}@farm", folder, env=WORKER_ENV).start()
-                print(f"  failover run {index + 1}: {clean[-1]:.2f} s clean, {killed[-1]:.2f} s with a worker "
-                      "killed", flush=True)
+                print(
+                    f"  failover run {index + 1}: {clean[-1]:.2f} s clean, {killed[-1]:.2f} s with a worker killed",
+                    flush=True,
+                )
     extra = statistics.median(killed) - statistics.median(clean)
-    return {"clean_s": clean, "killed_s": killed, "extra_s": extra,
-            "bar": asdict(Bar("extra seconds a SIGKILLed worker costs a job", f"{extra:.1f} s",
-                              f"<= {FAILOVER_BAR_S:.0f} s", extra <= FAILOVER_BAR_S))}
+    return {
+        "clean_s": clean,
+        "killed_s": killed,
+        "extra_s": extra,
+        "bar": asdict(
+            Bar(
+                "extra seconds a SIGKILLed worker costs a job",
+                f"{extra:.1f} s",
+                f"<= {FAILOVER_BAR_S:.0f} s",
+                extra <= FAILOVER_BAR_S,
+            )
+        ),
+    }
 
 
 # -- data plane (issue 29) -----------------------------------------------------------------------------------------
@@ -517,12 +648,19 @@ BLOB_STORES = ("blob-redis", "redis", "file")
 """Where --data-plane's workers keep the store's bytes: a Redis of their own (deploy/redis-blobs.conf, as
 docker-compose.yml runs it), the broker's Redis (FARM_BLOB_STORE unset), or a folder (FARM_BLOB_STORE=file://)."""
 OBSERVER = "farm-bench"
-OBSERVER_RULES = ("resetkeys resetchannels -@all +ping +auth +hello +info +psubscribe +punsubscribe "
-                  f"&{redis_keys.job_events_channel('*')}")
+OBSERVER_RULES = (
+    "resetkeys resetchannels -@all +ping +auth +hello +info +psubscribe +punsubscribe "
+    f"&{redis_keys.job_events_channel('*')}"
+)
 """The benchmark's own Redis user: INFO and the jobs' events channels, nothing else (the farm's users may not run
 INFO, a dangerous command)."""
-PHASES = (("upload + intake", "start", "planning"), ("plan", "planning", "compiling"),
-          ("compile", "compiling", "linking"), ("link + finish", "linking", "done"), ("download", "done", "exit"))
+PHASES = (
+    ("upload + intake", "start", "planning"),
+    ("plan", "planning", "compiling"),
+    ("compile", "compiling", "linking"),
+    ("link + finish", "linking", "done"),
+    ("download", "done", "exit"),
+)
 """A cold job's phases: from the `farm submit` command's start, through the states the job's events channel
 publishes, to the command's exit."""
 
@@ -541,17 +679,27 @@ def write_huge(path: Path, layers: int, width: int = HUGE_WIDTH) -> None:
     with open(data, "wb") as out:
         for index in range(layers):
             weight = (rng.standard_normal((width, width), dtype=np.float32) / np.sqrt(width)).astype(np.float32)
-            tensor = onnx.TensorProto(name=f"w{index}", data_type=onnx.TensorProto.FLOAT, dims=[width, width],
-                                      data_location=onnx.TensorProto.EXTERNAL)
+            tensor = onnx.TensorProto(
+                name=f"w{index}",
+                data_type=onnx.TensorProto.FLOAT,
+                dims=[width, width],
+                data_location=onnx.TensorProto.EXTERNAL,
+            )
             for key, value in (("location", data.name), ("offset", out.tell()), ("length", weight.nbytes)):
                 tensor.external_data.add(key=key, value=str(value))
             weight.tofile(out)
             weights.append(tensor)
-    nodes = [helper.make_node("MatMul", ["x" if i == 0 else f"y{i - 1}", f"w{i}"], [f"y{i}"], name=f"mm{i}")
-             for i in range(layers)]
-    graph = helper.make_graph(nodes, "huge", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, width])],
-                              [helper.make_tensor_value_info(f"y{layers - 1}", onnx.TensorProto.FLOAT, [1, width])],
-                              weights)
+    nodes = [
+        helper.make_node("MatMul", ["x" if i == 0 else f"y{i - 1}", f"w{i}"], [f"y{i}"], name=f"mm{i}")
+        for i in range(layers)
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "huge",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, width])],
+        [helper.make_tensor_value_info(f"y{layers - 1}", onnx.TensorProto.FLOAT, [1, width])],
+        weights,
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
 
 
@@ -615,8 +763,12 @@ class DeployedRedis(RedisServer):
         self.passwords = {role: secrets.token_hex(16) for role in ROLES}
         self.observer_password = secrets.token_hex(16)
         variables = {ROLES[role].password_variable: password for role, password in self.passwords.items()}
-        subprocess.run([sys.executable, "-m", "farm", "acl", "-o", str(self.aclfile)], check=True,
-                       env={**os.environ, **variables, "PYTHONPATH": WORKER_ENV["PYTHONPATH"]}, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "farm", "acl", "-o", str(self.aclfile)],
+            check=True,
+            env={**os.environ, **variables, "PYTHONPATH": WORKER_ENV["PYTHONPATH"]},
+            capture_output=True,
+        )
         with open(self.aclfile, "a") as aclfile:
             aclfile.write(user_line(Role(OBSERVER, "", OBSERVER_RULES), self.observer_password) + "\n")
 
@@ -632,8 +784,20 @@ class DeployedRedis(RedisServer):
         return self.url_for(OBSERVER, self.observer_password)
 
     def _arguments(self) -> list[str]:
-        return [redis_server_binary(), str(self.conf), "--port", str(self.port), "--bind", "127.0.0.1",
-                "--dir", str(self.folder), "--logfile", str(self.log_path), "--aclfile", str(self.aclfile)]
+        return [
+            redis_server_binary(),
+            str(self.conf),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.folder),
+            "--logfile",
+            str(self.log_path),
+            "--aclfile",
+            str(self.aclfile),
+        ]
 
 
 @dataclass
@@ -728,8 +892,7 @@ class StateStamps:
             message = self.pubsub.get_message(timeout=0.1)
             if message and message["type"] == "pmessage":
                 self.stamps.setdefault(message["data"].decode(), time.perf_counter())
-                self.traffic.outbound += resp_size(b"pmessage", message["pattern"], message["channel"],
-                                                   message["data"])
+                self.traffic.outbound += resp_size(b"pmessage", message["pattern"], message["channel"], message["data"])
 
     def close(self) -> None:
         self._stop.set()
@@ -773,8 +936,9 @@ class DataPlaneFarm:
                 self.servers.append(DeployedRedis(BLOB_REDIS_CONF, users_of=self.redis).start())
                 env["FARM_BLOB_STORE"] = self.servers[-1].role_url("worker")
             for index in (1, 2):
-                self.workers.append(FarmWorker(self.redis.role_url("worker"), f"{tag}-{index}@farm", folder,
-                                               env=env).start())
+                self.workers.append(
+                    FarmWorker(self.redis.role_url("worker"), f"{tag}-{index}@farm", folder, env=env).start()
+                )
             self.infos = [InfoConnection(server.observer_url) for server in self.servers]
             self.events = StateStamps(self.redis.observer_url)
         except Exception:
@@ -797,15 +961,27 @@ class DataPlaneFarm:
             wall, result = cli(args, self.folder, self.submitter_url, self.client_env)
             ended = time.perf_counter()
         after = [info.info("stats") for info in self.infos]
-        own = Traffic(sampler.traffic.inbound + sum(closing.inbound for _, closing in after),
-                      sampler.traffic.outbound + sum(asked.outbound for _, asked in before)
-                      + self.events.traffic.outbound)
-        moved = {field: sum(int(end[field]) - int(start[field]) for (start, _), (end, _) in zip(before, after))
-                 for field in ("total_net_input_bytes", "total_net_output_bytes")}
-        return Watched(wall, artifact_digest(result), result.get("compiled"),
-                       moved["total_net_input_bytes"] - own.inbound, moved["total_net_output_bytes"] - own.outbound,
-                       sampler.peak, memory, sampler.samples, own.inbound + own.outbound,
-                       phase_seconds(self.events.stamps, started, ended), task_seconds(self.workers, offsets))
+        own = Traffic(
+            sampler.traffic.inbound + sum(closing.inbound for _, closing in after),
+            sampler.traffic.outbound + sum(asked.outbound for _, asked in before) + self.events.traffic.outbound,
+        )
+        moved = {
+            field: sum(int(end[field]) - int(start[field]) for (start, _), (end, _) in zip(before, after))
+            for field in ("total_net_input_bytes", "total_net_output_bytes")
+        }
+        return Watched(
+            wall,
+            artifact_digest(result),
+            result.get("compiled"),
+            moved["total_net_input_bytes"] - own.inbound,
+            moved["total_net_output_bytes"] - own.outbound,
+            sampler.peak,
+            memory,
+            sampler.samples,
+            own.inbound + own.outbound,
+            phase_seconds(self.events.stamps, started, ended),
+            task_seconds(self.workers, offsets),
+        )
 
     def settings(self) -> dict[str, str]:
         """What the servers say they run with (INFO), to show that deploy/redis.conf (and redis-blobs.conf) is what
@@ -813,8 +989,12 @@ class DataPlaneFarm:
         settings = {}
         for prefix, info in zip(("", "blobs_"), self.infos):
             fields = {**info.info("server")[0], **info.info("persistence")[0], **info.info("memory")[0]}
-            settings.update({prefix + name: fields.get(name, "?") for name in (
-                "redis_version", "config_file", "aof_enabled", "maxmemory_policy", "maxmemory")})
+            settings.update(
+                {
+                    prefix + name: fields.get(name, "?")
+                    for name in ("redis_version", "config_file", "aof_enabled", "maxmemory_policy", "maxmemory")
+                }
+            )
         return settings
 
     def store_stats(self) -> dict[str, Any]:
@@ -834,8 +1014,9 @@ class DataPlaneFarm:
 def phase_seconds(stamps: dict[str, float], started: float, ended: float) -> dict[str, float | None]:
     """Seconds of each of PHASES (None for a phase whose states weren't published: a reused artifact's job)."""
     times = {**stamps, "start": started, "exit": ended}
-    return {name: times[last] - times[first] if first in times and last in times else None
-            for name, first, last in PHASES}
+    return {
+        name: times[last] - times[first] if first in times and last in times else None for name, first, last in PHASES
+    }
 
 
 # One model.
@@ -851,8 +1032,9 @@ class FarmRound:
     redis: dict[str, str]  # what the server runs with: its config file, append-only file, eviction policy
 
 
-def farm_round(model: Path, folder: Path, cap: int, tag: str, client_env: dict[str, str],
-               blob_store: str = BLOB_STORES[0]) -> FarmRound:
+def farm_round(
+    model: Path, folder: Path, cap: int, tag: str, client_env: dict[str, str], blob_store: str = BLOB_STORES[0]
+) -> FarmRound:
     """A fresh redis-server and 2 workers (warmed by tiny_cnn builds, so the store holds no entry of the model: no
     blob, object or artifact), then the cold job, `farm store stats` after its download, and the warm resubmit."""
     farm = DataPlaneFarm(folder, cap, tag, client_env, blob_store)
@@ -869,8 +1051,9 @@ def farm_round(model: Path, folder: Path, cap: int, tag: str, client_env: dict[s
         farm.close()
 
 
-def local_runs(model: Path, folder: Path, client_env: dict[str, str], repeat: int, no_cache: bool,
-               untimed: int = 0) -> tuple[list[float], str]:
+def local_runs(
+    model: Path, folder: Path, client_env: dict[str, str], repeat: int, no_cache: bool, untimed: int = 0
+) -> tuple[list[float], str]:
     """`farm submit MODEL` without a broker, `untimed` + `repeat` times; the timed runs' wall seconds and the last
     artifact's sha256."""
     walls, digest = [], ""
@@ -946,13 +1129,17 @@ def bench_data_plane_model(name: str, folder: Path, args: argparse.Namespace, ca
     try:
         model = write_data_plane_model(name, folder, args.huge_layers)
         figures.size_bytes = folder_bytes(model.parent)
-        print(f"{name}: {size_text(figures.size_bytes)} ({', '.join(p.name for p in sorted(model.parent.iterdir()))})",
-              flush=True)
+        print(
+            f"{name}: {size_text(figures.size_bytes)} ({', '.join(p.name for p in sorted(model.parent.iterdir()))})",
+            flush=True,
+        )
         cold, figures.local_sha256 = local_runs(model, folder, client_env, args.repeat, no_cache=True)
         warm, _ = local_runs(model, folder, client_env, args.repeat, no_cache=False, untimed=1)
         figures.local_cold_s, figures.local_warm_s = statistics.median(cold), statistics.median(warm)
-        print(f"  local: cold {' '.join(f'{s:.2f}' for s in cold)} s, warm {' '.join(f'{s:.2f}' for s in warm)} s",
-              flush=True)
+        print(
+            f"  local: cold {' '.join(f'{s:.2f}' for s in cold)} s, warm {' '.join(f'{s:.2f}' for s in warm)} s",
+            flush=True,
+        )
         rounds = []
         for index in range(args.repeat):
             rounds.append(farm_round(model, folder, cap, f"{name}-{index + 1}", client_env, args.blob_store))
@@ -968,9 +1155,11 @@ def bench_data_plane_model(name: str, folder: Path, args: argparse.Namespace, ca
 
 def round_line(done: FarmRound) -> str:
     cold = done.cold
-    return (f"cold {cold.wall_s:.2f} s ({cold.compiled} compile tasks), in {cold.net_in / MB:.1f} MB, out "
-            f"{cold.net_out / MB:.1f} MB, used_memory peak {cold.peak_used_memory / MIB:.0f} MiB; warm resubmit "
-            f"{done.warm.wall_s:.2f} s; store {done.store['bytes'] / MIB:.0f} MiB in {done.store['entries']} entries")
+    return (
+        f"cold {cold.wall_s:.2f} s ({cold.compiled} compile tasks), in {cold.net_in / MB:.1f} MB, out "
+        f"{cold.net_out / MB:.1f} MB, used_memory peak {cold.peak_used_memory / MIB:.0f} MiB; warm resubmit "
+        f"{done.warm.wall_s:.2f} s; store {done.store['bytes'] / MIB:.0f} MiB in {done.store['entries']} entries"
+    )
 
 
 # Bars and report.
@@ -992,16 +1181,22 @@ def data_plane_bars(figures: Sequence[ModelFigures]) -> list[Bar]:
         local_warm = None if bert.local_warm_s is None else round(bert.local_warm_s, 2)
         bars.append(checked_bar("bert_base cold: farm / local", ratio, COLD_BAR, "x"))
         bars.append(checked_bar("bert_base cold job: bytes through Redis / model size", bert.ratio, BYTES_BAR, "x"))
-        bars.append(checked_bar("bert_base warm resubmit (limit: the warm local build)", bert.farm_warm_s,
-                                local_warm, " s"))
+        bars.append(
+            checked_bar("bert_base warm resubmit (limit: the warm local build)", bert.farm_warm_s, local_warm, " s")
+        )
     for name in ("light_resnet50", "light_densenet121"):
         if name in by_name:
             bars.append(checked_bar(f"{name} warm resubmit", by_name[name].farm_warm_s, RESUBMIT_BAR_S, " s"))
     for f in figures:
         built = "builds on the farm and its " if f.model in EXTERNAL_DATA_MODELS else ""
-        bars.append(Bar(f"{f.model}: {built}farm artifact = local artifact (sha256)",
-                        {True: "identical", False: "differs", None: "no farm artifact"}[f.identical], "identical",
-                        bool(f.identical)))
+        bars.append(
+            Bar(
+                f"{f.model}: {built}farm artifact = local artifact (sha256)",
+                {True: "identical", False: "differs", None: "no farm artifact"}[f.identical],
+                "identical",
+                bool(f.identical),
+            )
+        )
         peak = None if f.peak_used_memory is None else f.peak_used_memory / f.cap
         bars.append(checked_bar(f"{f.model} cold job: Redis used_memory peak / store cap", peak, MEMORY_BAR, "x"))
     return bars
@@ -1011,33 +1206,78 @@ def data_plane_table(figures: Sequence[ModelFigures]) -> str:
     """The issue's table: one row per model."""
     rows = []
     for f in figures:
-        peak = "-" if f.peak_used_memory is None else f"{f.peak_used_memory / MIB:.0f} MiB ({f.peak_used_memory / f.cap:.2f}x cap)"
+        peak = (
+            "-"
+            if f.peak_used_memory is None
+            else f"{f.peak_used_memory / MIB:.0f} MiB ({f.peak_used_memory / f.cap:.2f}x cap)"
+        )
         through = "-" if f.through is None else f"{f.net_in / MB:.0f} / {f.net_out / MB:.0f} MB"
         same = {True: "yes", False: "NO", None: "-"}[f.identical]
-        rows.append([f.model, size_text(f.size_bytes), cell(f.local_cold_s, ".2f"), cell(f.farm_cold_s, ".2f"),
-                     cell(f.farm_warm_s, ".2f"), peak, through, cell(f.ratio, ".2f"), cell(f.local_warm_s, ".2f"),
-                     same])
-    return markdown_table(["model", "size", "local cold s", "farm cold s", "farm warm resubmit s", "Redis peak",
-                           "bytes through Redis in / out", "ratio to model size", "local warm s",
-                           "farm = local"], rows)
+        rows.append(
+            [
+                f.model,
+                size_text(f.size_bytes),
+                cell(f.local_cold_s, ".2f"),
+                cell(f.farm_cold_s, ".2f"),
+                cell(f.farm_warm_s, ".2f"),
+                peak,
+                through,
+                cell(f.ratio, ".2f"),
+                cell(f.local_warm_s, ".2f"),
+                same,
+            ]
+        )
+    return markdown_table(
+        [
+            "model",
+            "size",
+            "local cold s",
+            "farm cold s",
+            "farm warm resubmit s",
+            "Redis peak",
+            "bytes through Redis in / out",
+            "ratio to model size",
+            "local warm s",
+            "farm = local",
+        ],
+        rows,
+    )
 
 
 def phases_table(figures: Sequence[ModelFigures]) -> str:
     """The cold farm job's phases (seconds), its compile tasks and the store after its download."""
-    rows = [[f.model, *(cell(f.phases.get(name), ".2f") for name, _, _ in PHASES), cell(f.compiled, "d"),
-             f"{f.store['entries']}, {f.store['bytes'] / MIB:.0f} MiB ({f.store['bytes'] / f.store['max_bytes']:.0%})"
-             if f.store else "-", f"{f.store['pinned_bytes'] / MIB:.0f}" if f.store else "-"]
-            for f in figures]
-    return markdown_table(["cold farm job", *(f"{name} s" for name, _, _ in PHASES), "compile tasks",
-                           "store after download: entries, bytes (of cap)", "pinned MiB"], rows)
+    rows = [
+        [
+            f.model,
+            *(cell(f.phases.get(name), ".2f") for name, _, _ in PHASES),
+            cell(f.compiled, "d"),
+            f"{f.store['entries']}, {f.store['bytes'] / MIB:.0f} MiB ({f.store['bytes'] / f.store['max_bytes']:.0%})"
+            if f.store
+            else "-",
+            f"{f.store['pinned_bytes'] / MIB:.0f}" if f.store else "-",
+        ]
+        for f in figures
+    ]
+    return markdown_table(
+        [
+            "cold farm job",
+            *(f"{name} s" for name, _, _ in PHASES),
+            "compile tasks",
+            "store after download: entries, bytes (of cap)",
+            "pinned MiB",
+        ],
+        rows,
+    )
 
 
 def data_plane(args: argparse.Namespace) -> int:
     """`--data-plane`: every model of --models, then the tables and the bars."""
     cap, load_before = store_max_bytes(), os.getloadavg()
-    print(f"data plane: models {', '.join(args.models)}; store cap {cap / MIB:.0f} MiB; blob store "
-          f"{args.blob_store}; repeat {args.repeat}",
-          flush=True)
+    print(
+        f"data plane: models {', '.join(args.models)}; store cap {cap / MIB:.0f} MiB; blob store "
+        f"{args.blob_store}; repeat {args.repeat}",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(prefix="farm-bench-data-plane-") as tmp:
         figures = [bench_data_plane_model(name, Path(tmp), args, cap) for name in args.models]
     bars = data_plane_bars(figures)
@@ -1049,15 +1289,28 @@ def data_plane(args: argparse.Namespace) -> int:
     for f in figures:
         if f.error:
             print(f"{f.model} failed: {f.error}\n")
-    print(markdown_table(["bar", "measured", "limit", "result"], [[b.name, b.measured, b.limit, b.verdict]
-                                                                  for b in bars]))
+    print(
+        markdown_table(["bar", "measured", "limit", "result"], [[b.name, b.measured, b.limit, b.verdict] for b in bars])
+    )
     if args.json:
-        args.json.write_text(json.dumps({
-            "machine": machine_info(), "load_average_before": load_before, "load_average_after": os.getloadavg(),
-            "repeat": args.repeat, "cap_bytes": cap, "huge_layers": args.huge_layers,
-            "models": [{**asdict(f), "through": f.through, "ratio": f.ratio, "identical": f.identical}
-                       for f in figures],
-            "bars": [{**asdict(b), "verdict": b.verdict} for b in bars]}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": machine_info(),
+                    "load_average_before": load_before,
+                    "load_average_after": os.getloadavg(),
+                    "repeat": args.repeat,
+                    "cap_bytes": cap,
+                    "huge_layers": args.huge_layers,
+                    "models": [
+                        {**asdict(f), "through": f.through, "ratio": f.ratio, "identical": f.identical} for f in figures
+                    ],
+                    "bars": [{**asdict(b), "verdict": b.verdict} for b in bars],
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     return 1 if any(not b.passed for b in bars) and not args.no_fail else 0
 
 
@@ -1068,32 +1321,58 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per configuration (default 3; median)")
     parser.add_argument("--tasks", type=int, default=500, help="trivial tasks for the broker figure (default 500)")
-    parser.add_argument("--store-builds", type=int, default=8,
-                        help="distinct builds for the store figure (default 8)")
-    parser.add_argument("--store-cap", type=int, default=512 * MIB,
-                        help="FARM_STORE_MAX_BYTES for the store figure (default 512 MiB: about two builds)")
-    parser.add_argument("--store-only", action="store_true",
-                        help="measure only Redis' used memory across distinct builds under the cap")
+    parser.add_argument("--store-builds", type=int, default=8, help="distinct builds for the store figure (default 8)")
+    parser.add_argument(
+        "--store-cap",
+        type=int,
+        default=512 * MIB,
+        help="FARM_STORE_MAX_BYTES for the store figure (default 512 MiB: about two builds)",
+    )
+    parser.add_argument(
+        "--store-only", action="store_true", help="measure only Redis' used memory across distinct builds under the cap"
+    )
     parser.add_argument("--json", type=Path, help="also write every figure to this JSON file")
     parser.add_argument("--no-fail", action="store_true", help="exit 0 even when a bar fails")
     parser.add_argument("--failover", action="store_true", help="only measure what a SIGKILLed worker costs a job")
-    parser.add_argument("--waiting-clients", type=int, metavar="N",
-                        help="measure only the Redis commands per second that N idle `farm wait` clients cost")
-    parser.add_argument("--window", type=float, default=60.0,
-                        help="seconds of the --waiting-clients measurement, and of the head start before it (default 60)")
-    parser.add_argument("--data-plane", action="store_true",
-                        help="only measure each model's data path (issue 29): local and farm builds, cold and warm, "
-                             "bytes through Redis, Redis' memory")
-    parser.add_argument("--models", help=f"with --data-plane: comma-separated, of {', '.join(DATA_PLANE_MODELS)} "
-                                         "(default: all)")
-    parser.add_argument("--huge-layers", type=int,
-                        help=f"with --data-plane: 8192x8192 MatMuls of the huge model (default {HUGE_LAYERS}: 1.88 GB)")
-    parser.add_argument("--blob-store", choices=BLOB_STORES, default=BLOB_STORES[0],
-                        help="with --data-plane: where the workers keep the store's bytes (blob-redis, the default: "
-                             "a Redis of their own with deploy/redis-blobs.conf, as docker-compose.yml runs it; "
-                             "redis: the broker's; file: a folder beside the run)")
-    parser.add_argument("--huge-full", action="store_true",
-                        help=f"with --data-plane: the huge model of issue 15, {HUGE_FULL_LAYERS} layers (2.68 GB)")
+    parser.add_argument(
+        "--waiting-clients",
+        type=int,
+        metavar="N",
+        help="measure only the Redis commands per second that N idle `farm wait` clients cost",
+    )
+    parser.add_argument(
+        "--window",
+        type=float,
+        default=60.0,
+        help="seconds of the --waiting-clients measurement, and of the head start before it (default 60)",
+    )
+    parser.add_argument(
+        "--data-plane",
+        action="store_true",
+        help="only measure each model's data path (issue 29): local and farm builds, cold and warm, "
+        "bytes through Redis, Redis' memory",
+    )
+    parser.add_argument(
+        "--models", help=f"with --data-plane: comma-separated, of {', '.join(DATA_PLANE_MODELS)} (default: all)"
+    )
+    parser.add_argument(
+        "--huge-layers",
+        type=int,
+        help=f"with --data-plane: 8192x8192 MatMuls of the huge model (default {HUGE_LAYERS}: 1.88 GB)",
+    )
+    parser.add_argument(
+        "--blob-store",
+        choices=BLOB_STORES,
+        default=BLOB_STORES[0],
+        help="with --data-plane: where the workers keep the store's bytes (blob-redis, the default: "
+        "a Redis of their own with deploy/redis-blobs.conf, as docker-compose.yml runs it; "
+        "redis: the broker's; file: a folder beside the run)",
+    )
+    parser.add_argument(
+        "--huge-full",
+        action="store_true",
+        help=f"with --data-plane: the huge model of issue 15, {HUGE_FULL_LAYERS} layers (2.68 GB)",
+    )
     args = parser.parse_args(argv)
     if args.repeat < 1 or args.tasks < 1 or args.store_builds < 1 or args.store_cap < 1:
         parser.error("--repeat, --tasks, --store-builds and --store-cap must be >= 1")
@@ -1105,13 +1384,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def check_data_plane_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """--models, --huge-layers and --huge-full: only with --data-plane, known names, at least one layer."""
-    given = [name for name, value in (("--models", args.models), ("--huge-layers", args.huge_layers),
-                                      ("--huge-full", args.huge_full)) if value not in (None, False)]
+    given = [
+        name
+        for name, value in (
+            ("--models", args.models),
+            ("--huge-layers", args.huge_layers),
+            ("--huge-full", args.huge_full),
+        )
+        if value not in (None, False)
+    ]
     if given and not args.data_plane:
         parser.error(f"{', '.join(given)} need --data-plane")
     if args.huge_full and args.huge_layers is not None:
         parser.error("--huge-full and --huge-layers exclude each other")
-    args.huge_layers = HUGE_FULL_LAYERS if args.huge_full else HUGE_LAYERS if args.huge_layers is None else args.huge_layers
+    args.huge_layers = (
+        HUGE_FULL_LAYERS if args.huge_full else HUGE_LAYERS if args.huge_layers is None else args.huge_layers
+    )
     if args.huge_layers < 1:
         parser.error("--huge-layers must be >= 1")
     names = [name.strip() for name in (args.models or ",".join(DATA_PLANE_MODELS)).split(",") if name.strip()]
@@ -1145,20 +1433,39 @@ def run_benchmarks(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
             workers.append(FarmWorker(server.url, "bench2@farm", folder, env=WORKER_ENV).start())
             warm_up(folder, server.url)
             two = timed_builds("farm, 2 workers", MODEL, folder, server.url, args.repeat, workers=workers)
-            warm = timed_builds("farm, 2 workers, warm resubmit", MODEL, folder, server.url, args.repeat,
-                                no_cache=False, workers=workers)
+            warm = timed_builds(
+                "farm, 2 workers, warm resubmit",
+                MODEL,
+                folder,
+                server.url,
+                args.repeat,
+                no_cache=False,
+                workers=workers,
+            )
             broker = broker_throughput(server.url, workers, args.tasks)
             print(f"  broker: {broker['tasks']} tasks consumed in {broker['consume_s']:.2f} s", flush=True)
     builds = [local, one, two, warm]
     store = store_figures(store_stream(folder, args.store_builds, args.store_cap), args.store_cap)
     bars = [*bars_for(local, one, two, warm), store_bar(store)]
-    return {"machine": machine_info(), "model": MODEL.name, "repeat": args.repeat, "store": store,
-            "load_average_before": load_before, "load_average_after": os.getloadavg(),
-            "builds": [{**asdict(b), "client_s": b.client_s} for b in builds],
-            "ratios": {"two_vs_one_worker": one.wall_s / two.wall_s, "farm_two_vs_local": two.wall_s / local.wall_s,
-                       "job_two_vs_one_worker": one.job_s / two.job_s, "two_vs_one_bound": amdahl_bound(one)},
-            "broker": broker, "bars": [{**asdict(b), "verdict": b.verdict} for b in bars],
-            "_builds": builds, "_bars": bars}
+    return {
+        "machine": machine_info(),
+        "model": MODEL.name,
+        "repeat": args.repeat,
+        "store": store,
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "builds": [{**asdict(b), "client_s": b.client_s} for b in builds],
+        "ratios": {
+            "two_vs_one_worker": one.wall_s / two.wall_s,
+            "farm_two_vs_local": two.wall_s / local.wall_s,
+            "job_two_vs_one_worker": one.job_s / two.job_s,
+            "two_vs_one_bound": amdahl_bound(one),
+        },
+        "broker": broker,
+        "bars": [{**asdict(b), "verdict": b.verdict} for b in bars],
+        "_builds": builds,
+        "_bars": bars,
+    }
 
 
 def store_only(args: argparse.Namespace) -> int:
@@ -1170,8 +1477,9 @@ def store_only(args: argparse.Namespace) -> int:
     bar = store_bar(figures)
     print(markdown_table(["bar", "measured", "limit", "result"], [[bar.name, bar.measured, bar.limit, bar.verdict]]))
     if args.json:
-        args.json.write_text(json.dumps({"machine": machine_info(), "store": figures, "bars": [asdict(bar)]},
-                                        indent=2) + "\n")
+        args.json.write_text(
+            json.dumps({"machine": machine_info(), "store": figures, "bars": [asdict(bar)]}, indent=2) + "\n"
+        )
     return 1 if not bar.passed and not args.no_fail else 0
 
 
@@ -1196,30 +1504,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\nmachine: {json.dumps(report['machine'])}\nload average before the run: {load}\n")
     print(f"{builds_table(builds)}\n\n{breakdown_table(builds)}\n")
     bound = ratios["two_vs_one_bound"]
-    print(f"2 workers vs 1: {ratios['two_vs_one_worker']:.2f}x wall, {ratios['job_two_vs_one_worker']:.2f}x job "
-          f"(at best {cell(bound, '.2f')}x with compile and pack split perfectly and the rest serial); "
-          f"farm (2 workers) / local: {ratios['farm_two_vs_local']:.2f}x")
-    print(f"broker: {broker['tasks']} farm.finish tasks sent by one client in {broker['send_s']:.2f} s "
-          f"({broker['sent_per_s']:.0f}/s, {broker['send_ms_per_task']:.1f} ms each), consumed by "
-          f"{broker['workers']} workers in {broker['consume_s']:.2f} s: {broker['tasks_per_s']:.0f} tasks/s, "
-          f"{broker['ms_per_task']:.1f} ms per task")
+    print(
+        f"2 workers vs 1: {ratios['two_vs_one_worker']:.2f}x wall, {ratios['job_two_vs_one_worker']:.2f}x job "
+        f"(at best {cell(bound, '.2f')}x with compile and pack split perfectly and the rest serial); "
+        f"farm (2 workers) / local: {ratios['farm_two_vs_local']:.2f}x"
+    )
+    print(
+        f"broker: {broker['tasks']} farm.finish tasks sent by one client in {broker['send_s']:.2f} s "
+        f"({broker['sent_per_s']:.0f}/s, {broker['send_ms_per_task']:.1f} ms each), consumed by "
+        f"{broker['workers']} workers in {broker['consume_s']:.2f} s: {broker['tasks_per_s']:.0f} tasks/s, "
+        f"{broker['ms_per_task']:.1f} ms per task"
+    )
     print_store(report["store"])
-    print(markdown_table(["bar", "measured", "limit", "result"], [[b.name, b.measured, b.limit, b.verdict]
-                                                                  for b in bars]))
+    print(
+        markdown_table(["bar", "measured", "limit", "result"], [[b.name, b.measured, b.limit, b.verdict] for b in bars])
+    )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     failed = any(not b.passed for b in bars)
     return 1 if failed and not args.no_fail else 0
 
 
-
-
 def report_failover(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="farm-bench-failover-") as tmp:
         figures = failover(Path(tmp), args.repeat)
     bar = figures["bar"]
-    print(markdown_table(["bar", "measured", "limit", "result"],
-                         [[bar["name"], bar["measured"], bar["limit"], "PASS" if bar["passed"] else "FAIL"]]))
+    print(
+        markdown_table(
+            ["bar", "measured", "limit", "result"],
+            [[bar["name"], bar["measured"], bar["limit"], "PASS" if bar["passed"] else "FAIL"]],
+        )
+    )
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0 if bar["passed"] or args.no_fail else 1

@@ -106,6 +106,7 @@ class Case:
 def run_limited(argv: list[str], timeout: float, memory_bytes: int) -> Command:
     """Run argv in its own process group under RLIMIT_AS; returncode None when it ran past `timeout`. Threads may
     call it at once (--farm --jobs): the child runs only setrlimit before exec, which takes no lock."""
+
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -113,8 +114,9 @@ def run_limited(argv: list[str], timeout: float, memory_bytes: int) -> Command:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(CHECKOUT), os.environ.get("PYTHONPATH")) if p)}
     started = time.monotonic()
     with tempfile.TemporaryFile() as err:
-        child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env, preexec_fn=limit,
-                                 start_new_session=True)
+        child = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=err, env=env, preexec_fn=limit, start_new_session=True
+        )
         status, usage = _wait(child.pid, started + timeout)
         err.seek(0)
         text = err.read()[-20000:].decode(errors="replace")
@@ -180,20 +182,29 @@ def _random_inputs(model_path: Path, folder: Path) -> list[str]:
     return arguments
 
 
-def run_case(index: int, kind: str, data: bytes, folder: Path, timeout: float, memory_bytes: int,
-             broker: str | None = None) -> Case:
+def run_case(
+    index: int, kind: str, data: bytes, folder: Path, timeout: float, memory_bytes: int, broker: str | None = None
+) -> Case:
     """Submit the mutant (a local build, or a farm job with `broker`) and, when it builds, run the artifact here."""
     model = folder / f"case{index}.onnx"
     model.write_bytes(data)
     out = folder / f"out{index}"
     on_farm = ["--broker", broker] if broker else []
-    built = run_limited([sys.executable, "-m", "farm", "submit", str(model), "-o", str(out), *on_farm], timeout,
-                        memory_bytes)
+    built = run_limited(
+        [sys.executable, "-m", "farm", "submit", str(model), "-o", str(out), *on_farm], timeout, memory_bytes
+    )
     commands = [built]
     if built.returncode == 0:
         artifacts = sorted(out.glob("*.farm"))
-        ran = run_limited([sys.executable, "-m", "farm", "run", str(artifacts[0]),
-                           *_random_inputs(model, folder)], timeout, memory_bytes) if artifacts else None
+        ran = (
+            run_limited(
+                [sys.executable, "-m", "farm", "run", str(artifacts[0]), *_random_inputs(model, folder)],
+                timeout,
+                memory_bytes,
+            )
+            if artifacts
+            else None
+        )
         if ran is None:
             outcome = "build-failed"
         else:
@@ -204,26 +215,41 @@ def run_case(index: int, kind: str, data: bytes, folder: Path, timeout: float, m
     last = commands[-1]
     lines = _lines(last.stderr)
     job = _JOB_ID.search(built.stderr)
-    return Case(index, kind, outcome, round(sum(c.seconds for c in commands), 2),
-                max(c.max_rss_kib for c in commands), lines[-1][:240] if lines else "",
-                "run" if len(commands) > 1 else "submit", job.group(1) if job else "",
-                any("Traceback (most recent call last)" in c.stderr for c in commands))
+    return Case(
+        index,
+        kind,
+        outcome,
+        round(sum(c.seconds for c in commands), 2),
+        max(c.max_rss_kib for c in commands),
+        lines[-1][:240] if lines else "",
+        "run" if len(commands) > 1 else "submit",
+        job.group(1) if job else "",
+        any("Traceback (most recent call last)" in c.stderr for c in commands),
+    )
 
 
 def report(cases: list[Case], args: argparse.Namespace, seconds: float, farm: FarmFindings | None = None) -> str:
     counts = {outcome: sum(case.outcome == outcome for case in cases) for outcome in OUTCOMES}
     peak = max(cases, key=lambda case: case.max_rss_kib, default=None)
-    where = (f"on a farm of {FARM_WORKERS} workers ({args.memory_limit:g} GiB each), {args.jobs} submits at once"
-             if farm else "local builds")
-    lines = [f"farm fuzz run: {len(cases)} of {args.count} mutants, {where}, seed {args.seed}, {seconds:.0f} s "
-             f"({60 * len(cases) / max(seconds, 1e-9):.1f} mutants a minute), timeout {args.timeout:g} s, "
-             f"memory limit {args.memory_limit:g} GiB, {platform.node()} ({os.cpu_count()} CPUs, {_cpu_model()}, "
-             f"{platform.machine()}, Python {platform.python_version()})", "",
-             f"{'outcome':<14}{'count':>7}"]
+    where = (
+        f"on a farm of {FARM_WORKERS} workers ({args.memory_limit:g} GiB each), {args.jobs} submits at once"
+        if farm
+        else "local builds"
+    )
+    lines = [
+        f"farm fuzz run: {len(cases)} of {args.count} mutants, {where}, seed {args.seed}, {seconds:.0f} s "
+        f"({60 * len(cases) / max(seconds, 1e-9):.1f} mutants a minute), timeout {args.timeout:g} s, "
+        f"memory limit {args.memory_limit:g} GiB, {platform.node()} ({os.cpu_count()} CPUs, {_cpu_model()}, "
+        f"{platform.machine()}, Python {platform.python_version()})",
+        "",
+        f"{'outcome':<14}{'count':>7}",
+    ]
     lines += [f"{outcome:<14}{count:>7}" for outcome, count in counts.items()]
     lines += ["", "slowest cases:"]
-    lines += [f"  #{case.index:<6} {case.kind:<11} {case.outcome:<13} {case.seconds:6.1f} s"
-              for case in sorted(cases, key=lambda case: -case.seconds)[:5]]
+    lines += [
+        f"  #{case.index:<6} {case.kind:<11} {case.outcome:<13} {case.seconds:6.1f} s"
+        for case in sorted(cases, key=lambda case: -case.seconds)[:5]
+    ]
     if peak is not None:
         whose = "of one client command" if farm else "of one command"
         lines += ["", f"peak memory {whose}: {peak.max_rss_kib / 1024:.0f} MiB (case #{peak.index}, {peak.kind})"]
@@ -275,19 +301,24 @@ class FarmFindings:
 
     @property
     def clean(self) -> bool:
-        return not (self.worker_exits or self.pool_deaths or self.hung or self.submit_tracebacks
-                    or self.log_tracebacks) and self.legitimate.startswith("ok")
+        return not (
+            self.worker_exits or self.pool_deaths or self.hung or self.submit_tracebacks or self.log_tracebacks
+        ) and self.legitimate.startswith("ok")
 
     def report(self) -> str:
-        rows = [("worker deaths (worker exits, restarted)", self.worker_exits),
-                ("worker deaths (pool processes replaced)", self.pool_deaths),
-                ("hung jobs (cancelled)", self.hung),
-                ("tracebacks in submit or run output", self.submit_tracebacks),
-                ("tracebacks in worker logs", self.log_tracebacks)]
+        rows = [
+            ("worker deaths (worker exits, restarted)", self.worker_exits),
+            ("worker deaths (pool processes replaced)", self.pool_deaths),
+            ("hung jobs (cancelled)", self.hung),
+            ("tracebacks in submit or run output", self.submit_tracebacks),
+            ("tracebacks in worker logs", self.log_tracebacks),
+        ]
         lines = [f"{label:<42}{len(found):>6}" for label, found in rows]
-        lines += [f"{'handled task failures (JobFailed) in logs':<42}{self.handled_failures:>6}",
-                  f"{'  of which over the step memory limit':<42}{self.memory_failures:>6}",
-                  f"legitimate model afterwards ({LEGITIMATE_MODEL.name}): {self.legitimate}"]
+        lines += [
+            f"{'handled task failures (JobFailed) in logs':<42}{self.handled_failures:>6}",
+            f"{'  of which over the step memory limit':<42}{self.memory_failures:>6}",
+            f"legitimate model afterwards ({LEGITIMATE_MODEL.name}): {self.legitimate}",
+        ]
         for label, found in rows:
             lines += [f"  {label}: {item}" for item in found[:20]]
             if len(found) > 20:
@@ -302,8 +333,11 @@ _HANDLED = re.compile(r"Task farm\.\w+\[[^\]]+\] raised expected: JobFailed\(")
 _POOL_DEATH = re.compile(r"Process '[^']+' pid:\d+ exited with ")
 
 
-_CHAINS = ("Traceback (most recent call last)", "The above exception was the direct cause",
-           "During handling of the above exception")
+_CHAINS = (
+    "Traceback (most recent call last)",
+    "The above exception was the direct cause",
+    "During handling of the above exception",
+)
 
 
 def scan_worker_log(text: str, findings: FarmFindings, name: str) -> None:
@@ -360,16 +394,34 @@ class FuzzFarm:
 
         class LimitedWorker(FarmWorker):
             def start(self) -> LimitedWorker:
-                command = [sys.executable, "-m", "farm", "worker", "--broker", self.broker, "--hostname", self.name,
-                           "--concurrency", str(self.concurrency), "--loglevel", "INFO"]
+                command = [
+                    sys.executable,
+                    "-m",
+                    "farm",
+                    "worker",
+                    "--broker",
+                    self.broker,
+                    "--hostname",
+                    self.name,
+                    "--concurrency",
+                    str(self.concurrency),
+                    "--loglevel",
+                    "INFO",
+                ]
 
                 def limit() -> None:
                     resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
                     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
                 with open(self.log_path, "ab") as log:
-                    self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                                    preexec_fn=limit, start_new_session=True)
+                    self.process = subprocess.Popen(
+                        command,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        env=self.env,
+                        preexec_fn=limit,
+                        start_new_session=True,
+                    )
                 self._wait_until_ready()
                 return self
 
@@ -390,11 +442,18 @@ class FuzzFarm:
         if not case.job:
             self.findings.hung.append(f"#{case.index} {case.kind}: no job id on stderr (the upload hung)")
             return
-        cancelled = subprocess.run([sys.executable, "-m", "farm", "cancel", case.job, "--broker", self.url],
-                                   capture_output=True, text=True, timeout=120, check=False)
+        cancelled = subprocess.run(
+            [sys.executable, "-m", "farm", "cancel", case.job, "--broker", self.url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         answer = (cancelled.stdout + cancelled.stderr).strip().splitlines()
-        self.findings.hung.append(f"#{case.index} {case.kind} job {case.job}: farm cancel: "
-                                  f"{answer[-1][:160] if answer else cancelled.returncode}")
+        self.findings.hung.append(
+            f"#{case.index} {case.kind} job {case.job}: farm cancel: "
+            f"{answer[-1][:160] if answer else cancelled.returncode}"
+        )
 
     def legitimate_build(self, folder: Path, timeout: float, memory_bytes: int) -> str:
         """Build the example model on the farm and run it here: `ok (seconds)`, or what went wrong."""
@@ -402,13 +461,17 @@ class FuzzFarm:
         model = folder / LEGITIMATE_MODEL.name
         model.write_bytes(LEGITIMATE_MODEL.read_bytes())
         out = folder / "out"
-        built = run_limited([sys.executable, "-m", "farm", "submit", str(model), "-o", str(out), "--broker",
-                             self.url], timeout, memory_bytes)
+        built = run_limited(
+            [sys.executable, "-m", "farm", "submit", str(model), "-o", str(out), "--broker", self.url],
+            timeout,
+            memory_bytes,
+        )
         if built.returncode != 0:
             return f"submit {classify(built)}: {(_lines(built.stderr) or [''])[-1][:200]}"
         artifact = out / f"{model.stem}.farm"
-        ran = run_limited([sys.executable, "-m", "farm", "run", str(artifact), *_random_inputs(model, folder)],
-                          timeout, memory_bytes)
+        ran = run_limited(
+            [sys.executable, "-m", "farm", "run", str(artifact), *_random_inputs(model, folder)], timeout, memory_bytes
+        )
         if ran.returncode != 0:
             return f"run {classify(ran)}: {(_lines(ran.stderr) or [''])[-1][:200]}"
         return f"ok (built on the farm in {built.seconds:.1f} s, ran in {ran.seconds:.1f} s)"
@@ -449,8 +512,9 @@ def run_on_farm(args: argparse.Namespace, memory_bytes: int) -> tuple[list[Case]
                         index, (kind, data) = item
                         folder = Path(scratch) / str(index)
                         folder.mkdir()
-                        pending[pool.submit(run_case, index, kind, data, folder, args.timeout, memory_bytes,
-                                            farm.url)] = (data, folder)
+                        pending[
+                            pool.submit(run_case, index, kind, data, folder, args.timeout, memory_bytes, farm.url)
+                        ] = (data, folder)
                     done, _ = wait(pending, timeout=5, return_when=FIRST_COMPLETED)
                     farm.check()
                     for future in done:
@@ -459,8 +523,9 @@ def run_on_farm(args: argparse.Namespace, memory_bytes: int) -> tuple[list[Case]
                         if case.outcome == "timeout" and case.stage == "submit":
                             farm.cancel(case)
                         if case.traceback:
-                            findings.submit_tracebacks.append(f"#{case.index} {case.kind} {case.stage}: "
-                                                              f"{case.last_line}")
+                            findings.submit_tracebacks.append(
+                                f"#{case.index} {case.kind} {case.stage}: {case.last_line}"
+                            )
                         cases.append(case)
                         _note(case, data, args)
                         subprocess.run(["rm", "-rf", str(folder)], check=False)
@@ -487,17 +552,28 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=3000, help="mutants to run (default 3000)")
     parser.add_argument("--seed", type=int, default=13, help="the mutants' seed (default 13, test_fuzz's)")
-    parser.add_argument("--timeout", type=float, help=f"seconds per command (default {LOCAL_TIMEOUT_S:g}; with --farm "
-                        f"{FARM_TIMEOUT_S:g}, past which a submit's job counts as hung)")
-    parser.add_argument("--memory-limit", type=float, default=4.0,
-                        help="GiB of address space per command, and with --farm each worker's RLIMIT_DATA and "
-                             "FARM_STEP_MEMORY_BYTES (default 4)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        help=f"seconds per command (default {LOCAL_TIMEOUT_S:g}; with --farm "
+        f"{FARM_TIMEOUT_S:g}, past which a submit's job counts as hung)",
+    )
+    parser.add_argument(
+        "--memory-limit",
+        type=float,
+        default=4.0,
+        help="GiB of address space per command, and with --farm each worker's RLIMIT_DATA and "
+        "FARM_STEP_MEMORY_BYTES (default 4)",
+    )
     parser.add_argument("--duration", type=float, help="start no new case after this many seconds (default: no cap)")
     parser.add_argument("--keep", type=Path, help="keep the cases that are neither ok nor refused in this folder")
     parser.add_argument("--json", type=Path, help="also write every case as JSON here")
-    parser.add_argument("--farm", action="store_true",
-                        help=f"build on a real farm of {FARM_WORKERS} workers (a redis-server, `farm worker`s) started "
-                             "here, and report worker deaths, hung jobs and tracebacks")
+    parser.add_argument(
+        "--farm",
+        action="store_true",
+        help=f"build on a real farm of {FARM_WORKERS} workers (a redis-server, `farm worker`s) started "
+        "here, and report worker deaths, hung jobs and tracebacks",
+    )
     parser.add_argument("--jobs", type=int, default=2, help="--farm: submits at once (default 2)")
     args = parser.parse_args()
     if args.timeout is None:
@@ -510,8 +586,9 @@ def main() -> int:
         cases, findings = run_on_farm(args, memory_bytes)
         print(report(cases, args, time.monotonic() - started, findings))
         if args.json:
-            args.json.write_text(json.dumps({"cases": [asdict(case) for case in cases], "farm": asdict(findings)},
-                                            indent=1))
+            args.json.write_text(
+                json.dumps({"cases": [asdict(case) for case in cases], "farm": asdict(findings)}, indent=1)
+            )
         return 0 if findings.clean and all(case.outcome in CLEAN for case in cases) else 1
     cases: list[Case] = []
     with tempfile.TemporaryDirectory(prefix="farm-fuzz-") as scratch:

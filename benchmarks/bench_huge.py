@@ -41,13 +41,21 @@ TOLERANCE = 1e-4
 def write_model(path: Path, layers: int, width: int) -> list[np.ndarray]:
     """The chain of MatMuls, its weights in one external data file beside it; returns the weights."""
     rng = np.random.default_rng(0)
-    weights = [(rng.standard_normal((width, width), dtype=np.float32) / np.sqrt(width)).astype(np.float32)
-               for _ in range(layers)]
-    nodes = [helper.make_node("MatMul", ["x" if i == 0 else f"y{i - 1}", f"w{i}"], [f"y{i}"], name=f"mm{i}")
-             for i in range(layers)]
-    graph = helper.make_graph(nodes, "huge", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
-                              [helper.make_tensor_value_info(f"y{layers - 1}", TensorProto.FLOAT, [1, width])],
-                              [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(weights)])
+    weights = [
+        (rng.standard_normal((width, width), dtype=np.float32) / np.sqrt(width)).astype(np.float32)
+        for _ in range(layers)
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x" if i == 0 else f"y{i - 1}", f"w{i}"], [f"y{i}"], name=f"mm{i}")
+        for i in range(layers)
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "huge",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
+        [helper.make_tensor_value_info(f"y{layers - 1}", TensorProto.FLOAT, [1, width])],
+        [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(weights)],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True, location=f"{path.stem}.data")
     return weights
@@ -77,8 +85,12 @@ def build(path: Path, folder: Path) -> tuple[float, int, subprocess.CompletedPro
     env = {**os.environ, "FARM_CACHE_DIR": str(folder / "cache"), "PYTHONPATH": str(CHECKOUT)}
     report = folder / "peak-rss"
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-c", PEAK_REPORTER, str(report), "submit", str(path), "-o",
-                             str(folder / "out")], capture_output=True, text=True, env=env)
+    result = subprocess.run(
+        [sys.executable, "-c", PEAK_REPORTER, str(report), "submit", str(path), "-o", str(folder / "out")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     seconds = time.perf_counter() - started
     return seconds, int(report.read_text()) * 1024, result
 
@@ -96,8 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         weights = write_model(folder / "huge.onnx", args.layers, args.width)
         weight_bytes = sum(w.nbytes for w in weights)
         seconds, rss, result = build(folder / "huge.onnx", folder)
-        print(f"weights {weight_bytes / GB:.2f} GB; build {seconds:.1f} s, exit {result.returncode}, peak RSS "
-              f"{rss / GB:.2f} GB", flush=True)
+        print(
+            f"weights {weight_bytes / GB:.2f} GB; build {seconds:.1f} s, exit {result.returncode}, peak RSS "
+            f"{rss / GB:.2f} GB",
+            flush=True,
+        )
         built = result.returncode == 0
         if not built:
             print(result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "(no error text)")
@@ -116,12 +131,16 @@ def main(argv: list[str] | None = None) -> int:
             for w in weights:
                 reference = reference @ w.astype(np.float64)
             relative = float(np.max(np.abs(y - reference)) / np.max(np.abs(reference)))
-            print(f"loads {loads[0]:.3f} s then {loads[1]:.3f} s; run (2 threads) {run_seconds:.3f} s; max diff / "
-                  f"scale {relative:.1e}")
+            print(
+                f"loads {loads[0]:.3f} s then {loads[1]:.3f} s; run (2 threads) {run_seconds:.3f} s; max diff / "
+                f"scale {relative:.1e}"
+            )
             built = relative <= TOLERANCE
     limit = RSS_BAR_FACTOR * weight_bytes + RSS_BAR_EXTRA
-    bars = [("builds, runs and matches numpy", built),
-            (f"peak build RSS <= {RSS_BAR_FACTOR} x weights + 1 GB ({limit / GB:.2f} GB)", rss <= limit)]
+    bars = [
+        ("builds, runs and matches numpy", built),
+        (f"peak build RSS <= {RSS_BAR_FACTOR} x weights + 1 GB ({limit / GB:.2f} GB)", rss <= limit),
+    ]
     for name, passed in bars:
         print(f"bar: {name}: {'PASS' if passed else 'FAIL'}")
     return 0 if all(passed for _, passed in bars) or args.no_fail else 1

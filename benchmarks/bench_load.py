@@ -57,19 +57,36 @@ def measure(path: Path, folder: Path, repeat: int) -> dict[str, float | str]:
     cache = folder / "runtime-cache"
     loads = [_seconds(lambda: runtime.load(artifact, cache_dir=cache, threads=1)) for _ in range(3)]
     again = min(_seconds(lambda: runtime.load(artifact, cache_dir=cache, threads=1)) for _ in range(repeat))
-    session = min(_seconds(lambda: ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]))
-                  for _ in range(repeat))
-    return {"model": path.stem, "megabytes": Path(artifact).stat().st_size / 1e6, "first": loads[0],
-            "second": loads[1], "third": loads[2], "best_again": again, "onnxruntime": session}
+    session = min(
+        _seconds(lambda: ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])) for _ in range(repeat)
+    )
+    return {
+        "model": path.stem,
+        "megabytes": Path(artifact).stat().st_size / 1e6,
+        "first": loads[0],
+        "second": loads[1],
+        "third": loads[2],
+        "best_again": again,
+        "onnxruntime": session,
+    }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="tiny_cnn,resnet18_style,bert_style,bert_base",
-                        help=f"comma-separated built-in models ({', '.join(BUILT_IN)}); default: "
-                             "tiny_cnn,resnet18_style,bert_style,bert_base")
-    parser.add_argument("--onnx", type=Path, action="append", default=[], metavar="PATH",
-                        help="also measure this ONNX file (static shapes), named by its stem")
+    parser.add_argument(
+        "--models",
+        default="tiny_cnn,resnet18_style,bert_style,bert_base",
+        help=f"comma-separated built-in models ({', '.join(BUILT_IN)}); default: "
+        "tiny_cnn,resnet18_style,bert_style,bert_base",
+    )
+    parser.add_argument(
+        "--onnx",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="also measure this ONNX file (static shapes), named by its stem",
+    )
     parser.add_argument("--repeat", type=int, default=5, help="loads for the best-of figures (default 5)")
     parser.add_argument("--no-fail", action="store_true", help="exit 0 even when the bar fails")
     args = parser.parse_args(argv)
@@ -95,16 +112,32 @@ def main(argv: list[str] | None = None) -> int:
             onnx.save(BUILT_IN[name](), paths[-1])
         for index, path in enumerate([*paths, *args.onnx]):
             rows.append(measure(path, Path(tmp) / str(index), args.repeat))
-            print(f"  {rows[-1]['model']}: first {rows[-1]['first']:.3f} s, second {rows[-1]['second']:.3f} s",
-                  flush=True)
-    print(markdown_table(["model", "MB", "first load s", "second s", "third s", f"best of {args.repeat} s",
-                          "onnxruntime session s"],
-                         [[r["model"], f"{r['megabytes']:.1f}", f"{r['first']:.3f}", f"{r['second']:.3f}",
-                           f"{r['third']:.3f}", f"{r['best_again']:.3f}", f"{r['onnxruntime']:.3f}"] for r in rows]))
+            print(
+                f"  {rows[-1]['model']}: first {rows[-1]['first']:.3f} s, second {rows[-1]['second']:.3f} s", flush=True
+            )
+    print(
+        markdown_table(
+            ["model", "MB", "first load s", "second s", "third s", f"best of {args.repeat} s", "onnxruntime session s"],
+            [
+                [
+                    r["model"],
+                    f"{r['megabytes']:.1f}",
+                    f"{r['first']:.3f}",
+                    f"{r['second']:.3f}",
+                    f"{r['third']:.3f}",
+                    f"{r['best_again']:.3f}",
+                    f"{r['onnxruntime']:.3f}",
+                ]
+                for r in rows
+            ],
+        )
+    )
     worst = max(rows, key=lambda r: r["second"])
     passed = worst["second"] <= SECOND_LOAD_BAR_S
-    print(f"\nbar: every second load <= {SECOND_LOAD_BAR_S} s: worst {worst['model']} {worst['second']:.3f} s "
-          f"{'PASS' if passed else 'FAIL'}")
+    print(
+        f"\nbar: every second load <= {SECOND_LOAD_BAR_S} s: worst {worst['model']} {worst['second']:.3f} s "
+        f"{'PASS' if passed else 'FAIL'}"
+    )
     return 0 if passed or args.no_fail else 1
 
 

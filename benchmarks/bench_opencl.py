@@ -51,8 +51,12 @@ class UncachedSerialModel(OpenCLModel):
     def load_programs(self, kernels: list[dict[str, Any]]) -> dict[str, Any]:
         import pyopencl as cl
 
-        return {k["symbol"]: cl.Program(self.context, self.loader.artifact.read_member(k["source"]).decode())
-                .build(options=BUILD_OPTIONS.split()) for k in kernels}
+        return {
+            k["symbol"]: cl.Program(self.context, self.loader.artifact.read_member(k["source"]).decode()).build(
+                options=BUILD_OPTIONS.split()
+            )
+            for k in kernels
+        }
 
 
 # scenario: (artifact to load: the real one or the one without binaries for this device, model class, options)
@@ -87,8 +91,13 @@ def measure(scenario: str, folder: Path) -> float:
 def measure_in_a_fresh_process(scenario: str, folder: Path) -> float:
     with tempfile.TemporaryDirectory(prefix="pocl-cache-") as pocl_cache:
         env = {**os.environ, "POCL_CACHE_DIR": pocl_cache, "POCL_KERNEL_CACHE": "1"}
-        done = subprocess.run([sys.executable, __file__, "--measure", scenario, str(folder)], env=env,
-                              capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [sys.executable, __file__, "--measure", scenario, str(folder)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     return float(done.stdout.split()[-1])
 
 
@@ -97,7 +106,9 @@ def prepare(folder: Path, fingerprint: str) -> int:
     model = examples.resnet18_style()
     onnx.save(model, folder / "resnet18_style.onnx")
     with LocalExecutor() as executor:
-        artifact = build_model(folder / "resnet18_style.onnx", folder, [OpenClTarget(fingerprint)], executor=executor).artifact
+        artifact = build_model(
+            folder / "resnet18_style.onnx", folder, [OpenClTarget(fingerprint)], executor=executor
+        ).artifact
     os.replace(artifact, folder / "shipped.farm")
     for_no_device(str(folder / "shipped.farm"), folder)
     np.savez(folder / "feeds.npz", **examples.random_input(model))
@@ -120,18 +131,32 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="farm-bench-cl-") as name:
         folder = Path(name)
         kernels = prepare(folder, devices[0]["fingerprint"])
-        seconds = {scenario: statistics.median(measure_in_a_fresh_process(scenario, folder)
-                                               for _ in range(args.repeat)) for scenario in SCENARIOS}
-    print(f"device: {devices[0]['device']} ({devices[0]['platform_version']}); {kernels} kernels; "
-          f"cores: {os.cpu_count()}; median of {args.repeat}; load average {os.getloadavg()[0]:.2f}\n")
+        seconds = {
+            scenario: statistics.median(measure_in_a_fresh_process(scenario, folder) for _ in range(args.repeat))
+            for scenario in SCENARIOS
+        }
+    print(
+        f"device: {devices[0]['device']} ({devices[0]['platform_version']}); {kernels} kernels; "
+        f"cores: {os.cpu_count()}; median of {args.repeat}; load average {os.getloadavg()[0]:.2f}\n"
+    )
     print(markdown_table(["time to first result", "seconds"], [[s, f"{t:.3f}"] for s, t in seconds.items()]))
     shipped, parallel, serial, uncached = seconds.values()
     cheapest_serial = min(serial, uncached)
-    bars = [["shipped vs the cheaper serial source build", f"{cheapest_serial / shipped:.1f}x", f">= {SHIPPED_BAR:.0f}x",
-             "PASS" if cheapest_serial / shipped >= SHIPPED_BAR else "FAIL"],
-            ["parallel vs serial source build (binaries kept)", f"{serial / parallel:.2f}x", f">= {PARALLEL_BAR}x",
-             "PASS" if serial / parallel >= PARALLEL_BAR else "FAIL"],
-            ["parallel vs serial source build (nothing kept)", f"{uncached / parallel:.2f}x", "(reported)", ""]]
+    bars = [
+        [
+            "shipped vs the cheaper serial source build",
+            f"{cheapest_serial / shipped:.1f}x",
+            f">= {SHIPPED_BAR:.0f}x",
+            "PASS" if cheapest_serial / shipped >= SHIPPED_BAR else "FAIL",
+        ],
+        [
+            "parallel vs serial source build (binaries kept)",
+            f"{serial / parallel:.2f}x",
+            f">= {PARALLEL_BAR}x",
+            "PASS" if serial / parallel >= PARALLEL_BAR else "FAIL",
+        ],
+        ["parallel vs serial source build (nothing kept)", f"{uncached / parallel:.2f}x", "(reported)", ""],
+    ]
     print("\n" + markdown_table(["bar", "measured", "limit", "result"], bars))
     return 0 if args.no_fail or all(b[3] != "FAIL" for b in bars) else 1
 

@@ -40,12 +40,19 @@ RATIO_50000_TO_20000 = 3.5
 
 def chain_model(nodes: int, reverse: bool) -> onnx.ModelProto:
     """x -> Add(c) -> Relu -> Add(c) -> ... (`nodes` in all: the Relus fuse into the Adds), in order or reversed."""
-    chain = [helper.make_node("Add" if i % 2 == 0 else "Relu", [f"v{i - 1}" if i else "x", "c"][: 2 - i % 2],
-                              [f"v{i}"], name=f"n{i}") for i in range(nodes)]
-    graph = helper.make_graph(chain[::-1] if reverse else chain, "chain",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
-                              [helper.make_tensor_value_info(f"v{nodes - 1}", TensorProto.FLOAT, None)],
-                              [numpy_helper.from_array(np.full((1, 8), 0.5, np.float32), "c")])
+    chain = [
+        helper.make_node(
+            "Add" if i % 2 == 0 else "Relu", [f"v{i - 1}" if i else "x", "c"][: 2 - i % 2], [f"v{i}"], name=f"n{i}"
+        )
+        for i in range(nodes)
+    ]
+    graph = helper.make_graph(
+        chain[::-1] if reverse else chain,
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info(f"v{nodes - 1}", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.full((1, 8), 0.5, np.float32), "c")],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -60,8 +67,13 @@ def time_plan(path: Path, repeat: int) -> float:
 
 def time_submit(path: Path, out: Path) -> float:
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "farm", "submit", str(path), "-o", str(out)], check=True,
-                   cwd=CHECKOUT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "farm", "submit", str(path), "-o", str(out)],
+        check=True,
+        cwd=CHECKOUT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return time.perf_counter() - started
 
 
@@ -93,14 +105,17 @@ def main() -> int:
                 seconds[nodes] = time_plan(path, args.repeat)
                 before = [n for n in counts if n < nodes]
                 ratio = f"{seconds[nodes] / seconds[before[-1]]:.2f}" if before else ""
-                print(f"{order:<10}{nodes:>8}{seconds[nodes]:>10.2f}{seconds[nodes] / nodes * 1e6:>10.1f}{ratio:>8}",
-                      flush=True)
+                print(
+                    f"{order:<10}{nodes:>8}{seconds[nodes]:>10.2f}{seconds[nodes] / nodes * 1e6:>10.1f}{ratio:>8}",
+                    flush=True,
+                )
             failures += _bars(order, seconds)
         if args.submit:
             path = folder / "submitted.onnx"
             onnx.save(chain_model(args.submit_nodes, reverse=False), path)
-            print(f"farm submit of the in-order {args.submit_nodes}-node chain: "
-                  f"{time_submit(path, folder / 'out'):.1f} s")
+            print(
+                f"farm submit of the in-order {args.submit_nodes}-node chain: {time_submit(path, folder / 'out'):.1f} s"
+            )
     for failure in failures:
         print(f"FAIL: {failure}")
     return 1 if failures and not args.no_fail else 0
@@ -111,8 +126,10 @@ def _bars(order: str, seconds: dict[int, float]) -> list[str]:
     if 20000 in seconds and seconds[20000] > SECONDS_AT_20000:
         failures.append(f"{order}: 20,000 nodes took {seconds[20000]:.1f} s, over {SECONDS_AT_20000:g} s")
     if 20000 in seconds and 50000 in seconds and seconds[50000] > RATIO_50000_TO_20000 * seconds[20000]:
-        failures.append(f"{order}: 50,000 nodes took {seconds[50000] / seconds[20000]:.1f} times 20,000, over "
-                        f"{RATIO_50000_TO_20000:g}")
+        failures.append(
+            f"{order}: 50,000 nodes took {seconds[50000] / seconds[20000]:.1f} times 20,000, over "
+            f"{RATIO_50000_TO_20000:g}"
+        )
     return failures
 
 

@@ -43,20 +43,30 @@ from farm.cli.bench import sample_feeds  # noqa: E402
 def mlp(path: Path, width: int = 1024, layers: int = 8) -> None:
     """`layers` MatMul + Relu of `width` over a dynamic batch."""
     rng = np.random.default_rng(0)
-    weights = [numpy_helper.from_array((rng.standard_normal((width, width)) / width**0.5).astype(np.float32),
-                                       f"w{i}") for i in range(layers)]
+    weights = [
+        numpy_helper.from_array((rng.standard_normal((width, width)) / width**0.5).astype(np.float32), f"w{i}")
+        for i in range(layers)
+    ]
     nodes = []
     for i in range(layers):
-        nodes += [helper.make_node("MatMul", [f"h{i}" if i else "x", f"w{i}"], [f"m{i}"]),
-                  helper.make_node("Relu", [f"m{i}"], [f"h{i + 1}" if i + 1 < layers else "y"])]
-    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", width])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", width])], weights)
+        nodes += [
+            helper.make_node("MatMul", [f"h{i}" if i else "x", f"w{i}"], [f"m{i}"]),
+            helper.make_node("Relu", [f"m{i}"], [f"h{i + 1}" if i + 1 < layers else "y"]),
+        ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", width])],
+        weights,
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
 
 
 def committed(name: str) -> Callable[[Path], None]:
     def copy(path: Path) -> None:
         path.write_bytes((CHECKOUT / "tests" / "exports" / f"{name}_dynamic.onnx").read_bytes())
+
     return copy
 
 
@@ -69,8 +79,9 @@ def weight_bytes(artifact: str) -> int:
         return sum(info.size for info in tar.getmembers() if "weights/" in info.name)
 
 
-def _build(path: Path, folder: Path, sizes: list[dict[str, tuple[int, ...]]],
-           executor: LocalExecutor) -> tuple[float, object]:
+def _build(
+    path: Path, folder: Path, sizes: list[dict[str, tuple[int, ...]]], executor: LocalExecutor
+) -> tuple[float, object]:
     started = time.perf_counter()
     result = build_model(path, folder, executor=executor, sizes=sizes, no_cache=True)  # cold: compile every kernel
     return time.perf_counter() - started, result
@@ -90,13 +101,18 @@ def measure(name: str, batches: list[int], folder: Path) -> dict[str, object]:
         feeds = sample_feeds(size.inputs)
         alone = runtime.load(single.artifact, cache_dir=folder / "cache").run(feeds)
         identical &= all(np.array_equal(alone[key], value) for key, value in loaded.run(feeds).items())
-    return {"model": name, "together_s": together_s, "singles_s": sum(s for s, _ in singles),
-            "together_units": together.kernels + together.blobs,
-            "singles_units": sum(r.kernels + r.blobs for _, r in singles),
-            "together_bytes": Path(together.artifact).stat().st_size,
-            "singles_bytes": sum(Path(r.artifact).stat().st_size for _, r in singles),
-            "together_weights": weight_bytes(together.artifact),
-            "single_weights": weight_bytes(singles[0][1].artifact), "identical": identical}
+    return {
+        "model": name,
+        "together_s": together_s,
+        "singles_s": sum(s for s, _ in singles),
+        "together_units": together.kernels + together.blobs,
+        "singles_units": sum(r.kernels + r.blobs for _, r in singles),
+        "together_bytes": Path(together.artifact).stat().st_size,
+        "singles_bytes": sum(Path(r.artifact).stat().st_size for _, r in singles),
+        "together_weights": weight_bytes(together.artifact),
+        "single_weights": weight_bytes(singles[0][1].artifact),
+        "identical": identical,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,16 +133,36 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="farm-sizes-") as tmp:
         rows = [measure(name, batches, Path(tmp)) for name in names]
     mb = lambda count: f"{count / 1e6:.1f}"  # noqa: E731
-    print(markdown_table(
-        ["model", "sizes", "build s (one / each)", "units (one / each)", "artifact MB (one / each)",
-         "weights MB (one / a size's)", "outputs"],
-        [[r["model"], args.sizes, f"{r['together_s']:.2f} / {r['singles_s']:.2f}",
-          f"{r['together_units']} / {r['singles_units']}", f"{mb(r['together_bytes'])} / {mb(r['singles_bytes'])}",
-          f"{mb(r['together_weights'])} / {mb(r['single_weights'])}",
-          "identical" if r["identical"] else "DIFFER"] for r in rows]))
+    print(
+        markdown_table(
+            [
+                "model",
+                "sizes",
+                "build s (one / each)",
+                "units (one / each)",
+                "artifact MB (one / each)",
+                "weights MB (one / a size's)",
+                "outputs",
+            ],
+            [
+                [
+                    r["model"],
+                    args.sizes,
+                    f"{r['together_s']:.2f} / {r['singles_s']:.2f}",
+                    f"{r['together_units']} / {r['singles_units']}",
+                    f"{mb(r['together_bytes'])} / {mb(r['singles_bytes'])}",
+                    f"{mb(r['together_weights'])} / {mb(r['single_weights'])}",
+                    "identical" if r["identical"] else "DIFFER",
+                ]
+                for r in rows
+            ],
+        )
+    )
     passed = all(r["identical"] and r["together_weights"] == r["single_weights"] for r in rows)
-    print(f"bars: weights held once and every size's outputs bit-identical to its own artifact's: "
-          f"{'PASS' if passed else 'FAIL'}")
+    print(
+        f"bars: weights held once and every size's outputs bit-identical to its own artifact's: "
+        f"{'PASS' if passed else 'FAIL'}"
+    )
     return 0 if passed or args.no_fail else 1
 
 

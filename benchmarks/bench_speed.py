@@ -86,8 +86,15 @@ PEAK_CHAINS = 12  # independent accumulators: enough to cover FMA latency x thro
 PEAK_ITERATIONS = 2_000_000
 HEAVIEST_KERNELS = 6
 KERNEL_REPEATS = 10
-MULTIPLY_ADD_FAMILIES = {"Conv": "conv", "FusedConv": "conv", "NchwcConv": "conv", "ConvTranspose": "convtranspose",
-                         "MatMul": "matmul", "FusedMatMul": "matmul", "Gemm": "matmul"}
+MULTIPLY_ADD_FAMILIES = {
+    "Conv": "conv",
+    "FusedConv": "conv",
+    "NchwcConv": "conv",
+    "ConvTranspose": "convtranspose",
+    "MatMul": "matmul",
+    "FusedMatMul": "matmul",
+    "Gemm": "matmul",
+}
 """The family of each farm op and onnxruntime node op (after its fusions) whose work is multiply-adds: a farm kernel
 is matched with onnxruntime's nodes of its family and of the same flops per call."""
 SETTLE_SECONDS = 0.1
@@ -140,8 +147,9 @@ def fma_peak_gflops() -> float:
         total = builder.fadd(total, new)
     builder.ret(builder.extract_element(total, ir.Constant(ir.IntType(32), 0)))
     # The engine owns the machine it is given: a fresh one, never the build's cached target.machine().
-    machine = llvm.Target.from_triple(target.triple).create_target_machine(cpu=target.cpu, features=target.features,
-                                                                           opt=3)
+    machine = llvm.Target.from_triple(target.triple).create_target_machine(
+        cpu=target.cpu, features=target.features, opt=3
+    )
     engine = llvm.create_mcjit_compiler(llvm.parse_assembly(str(module)), machine)
     engine.finalize_object()
     peak = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int64)(engine.get_function_address("peak"))
@@ -180,8 +188,9 @@ def static_inputs(model: onnx.ModelProto) -> list[tuple[str, np.dtype, list[int]
         tensor_type = value.type.tensor_type
         dynamic = [dim.dim_param or "?" for dim in tensor_type.shape.dim if not dim.HasField("dim_value")]
         if dynamic or not tensor_type.HasField("shape"):
-            raise ValueError(f"input {value.name!r} has a dynamic shape ({', '.join(dynamic) or 'no shape'}); "
-                             "pin it with --shape")
+            raise ValueError(
+                f"input {value.name!r} has a dynamic shape ({', '.join(dynamic) or 'no shape'}); pin it with --shape"
+            )
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
         inputs.append((value.name, dtype, [dim.dim_value for dim in tensor_type.shape.dim]))
     return inputs
@@ -211,8 +220,10 @@ def onnx_feeds(path: Path, shapes: PinnedShapes | None = None) -> dict[str, np.n
 
 def relative_difference(ours: dict[str, np.ndarray], reference: Sequence[np.ndarray], names: Sequence[str]) -> float:
     """max |farm - onnxruntime| over every output, divided by the largest |onnxruntime output| (the output scale)."""
-    diff = max(float(np.max(np.abs(ours[name].astype(np.float64) - np.asarray(ref, np.float64))))
-               for name, ref in zip(names, reference))
+    diff = max(
+        float(np.max(np.abs(ours[name].astype(np.float64) - np.asarray(ref, np.float64))))
+        for name, ref in zip(names, reference)
+    )
     scale = max(float(np.max(np.abs(np.asarray(ref, np.float64)))) for ref in reference)
     return diff / scale if scale else diff
 
@@ -241,19 +252,34 @@ def model_latencies(subject: Subject, artifact: str, folder: Path, rounds: int) 
     threaded = runtime.load(artifact, cache_dir=folder / "cache")
     single = runtime.load(artifact, cache_dir=folder / "cache", threads=1)
     session = ort.InferenceSession(str(subject.path), providers=["CPUExecutionProvider"])
-    session_1 = ort.InferenceSession(str(subject.path), one_thread_session_options(),
-                                     providers=["CPUExecutionProvider"])
+    session_1 = ort.InferenceSession(
+        str(subject.path), one_thread_session_options(), providers=["CPUExecutionProvider"]
+    )
     single_run = single.run(feeds)
     names = [output.name for output in session.get_outputs()]
     difference = relative_difference(single_run, session.run(names, feeds), names)
     runs = max(1, int(ROUND_SECONDS / max(_seconds(lambda: single.run(feeds)), 1e-6)))
-    seconds = interleaved_latency({"farm": lambda: threaded.run(feeds), "ort": lambda: session.run(None, feeds),
-                                   "farm_1": lambda: single.run(feeds), "ort_1": lambda: session_1.run(None, feeds)},
-                                  rounds, runs)
-    return {"name": subject.name, "artifact": artifact, "threads": threaded.threads, **seconds,
-            "ratio": seconds["farm"] / seconds["ort"], "ratio_1": seconds["farm_1"] / seconds["ort_1"],
-            "thread_speedup": seconds["farm_1"] / seconds["farm"], "relative_difference": difference,
-            "outputs": list(single_run)}
+    seconds = interleaved_latency(
+        {
+            "farm": lambda: threaded.run(feeds),
+            "ort": lambda: session.run(None, feeds),
+            "farm_1": lambda: single.run(feeds),
+            "ort_1": lambda: session_1.run(None, feeds),
+        },
+        rounds,
+        runs,
+    )
+    return {
+        "name": subject.name,
+        "artifact": artifact,
+        "threads": threaded.threads,
+        **seconds,
+        "ratio": seconds["farm"] / seconds["ort"],
+        "ratio_1": seconds["farm_1"] / seconds["ort_1"],
+        "thread_speedup": seconds["farm_1"] / seconds["farm"],
+        "relative_difference": difference,
+        "outputs": list(single_run),
+    }
 
 
 def ort_node_work(args: dict[str, Any]) -> tuple[str, int, int] | None:
@@ -316,23 +342,35 @@ def heaviest_kernels(artifact: str, ort_times: dict[tuple[str, int, int], list[f
         flops, (outputs, operand_bytes) = row["flops"] // row["calls"], spec_sizes(specs[row["kernel"]])
         matched = ort_times.get((family, flops, outputs), [])
         ort_gflops = flops * len(matched) / sum(matched) / 1e9 if matched else None
-        rows.append({**row, "intensity": flops / operand_bytes, "of_peak": row["gflops"] / core_peak,
-                     "ort_gflops": ort_gflops, "ort_of_peak": None if ort_gflops is None else ort_gflops / core_peak})
+        rows.append(
+            {
+                **row,
+                "intensity": flops / operand_bytes,
+                "of_peak": row["gflops"] / core_peak,
+                "ort_gflops": ort_gflops,
+                "ort_of_peak": None if ort_gflops is None else ort_gflops / core_peak,
+            }
+        )
     return {"core_peak_gflops": core_peak, "kernels": rows}
 
 
 def spec_sizes(spec: dict[str, Any]) -> tuple[int, int]:
     """A kernel spec's output elements and the bytes of all its inputs and outputs."""
     values = [*spec["inputs"], *spec["outputs"]]
-    return (int(np.prod(spec["outputs"][0][0])),
-            sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in values))
+    return (
+        int(np.prod(spec["outputs"][0][0])),
+        sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in values),
+    )
 
 
 def compute_bound(models: Sequence[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     """(model, its heaviest compute-bound kernel: COMPUTE_BOUND_INTENSITY flops per operand byte or more) of every
     model that takes at least KERNEL_BAR_MIN_SECONDS on one thread and has one."""
-    heaviest = [(m["name"], next((k for k in m["kernels"]["kernels"] if k["intensity"] >= COMPUTE_BOUND_INTENSITY),
-                                 None)) for m in models if m["farm_1"] >= KERNEL_BAR_MIN_SECONDS]
+    heaviest = [
+        (m["name"], next((k for k in m["kernels"]["kernels"] if k["intensity"] >= COMPUTE_BOUND_INTENSITY), None))
+        for m in models
+        if m["farm_1"] >= KERNEL_BAR_MIN_SECONDS
+    ]
     return [(name, kernel) for name, kernel in heaviest if kernel is not None]
 
 
@@ -346,51 +384,110 @@ def bars(models: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     worst = max(held, key=lambda m: m["ratio"], default=None)
     lowest = min(compute_bound(models), key=lambda pair: pair[1]["of_peak"], default=None)
     return [
-        {"bar": f"{RESNET50} farm / onnxruntime", "limit": f"<= {RESNET50_BAR}x",
-         "measured": f"{found[0]['ratio']:.2f}x" if found else "not selected",
-         "passed": found[0]["ratio"] <= RESNET50_BAR if found else None},
-        {"bar": f"every model of {KERNEL_BAR_MIN_SECONDS * 1e3:.0f} ms or more, farm / onnxruntime",
-         "limit": f"<= {EVERY_MODEL_BAR}x",
-         "measured": f"worst {worst['name']}: {worst['ratio']:.2f}x" if worst else "no model that long",
-         "passed": worst["ratio"] <= EVERY_MODEL_BAR if worst else None},
-        {"bar": "heaviest compute-bound kernel of each, one thread", "limit": f">= {KERNEL_PEAK_BAR:.0%} of peak",
-         "measured": f"lowest {lowest[0]}: {lowest[1]['of_peak']:.0%}" if lowest else "none",
-         "passed": lowest[1]["of_peak"] >= KERNEL_PEAK_BAR if lowest else None},
+        {
+            "bar": f"{RESNET50} farm / onnxruntime",
+            "limit": f"<= {RESNET50_BAR}x",
+            "measured": f"{found[0]['ratio']:.2f}x" if found else "not selected",
+            "passed": found[0]["ratio"] <= RESNET50_BAR if found else None,
+        },
+        {
+            "bar": f"every model of {KERNEL_BAR_MIN_SECONDS * 1e3:.0f} ms or more, farm / onnxruntime",
+            "limit": f"<= {EVERY_MODEL_BAR}x",
+            "measured": f"worst {worst['name']}: {worst['ratio']:.2f}x" if worst else "no model that long",
+            "passed": worst["ratio"] <= EVERY_MODEL_BAR if worst else None,
+        },
+        {
+            "bar": "heaviest compute-bound kernel of each, one thread",
+            "limit": f">= {KERNEL_PEAK_BAR:.0%} of peak",
+            "measured": f"lowest {lowest[0]}: {lowest[1]['of_peak']:.0%}" if lowest else "none",
+            "passed": lowest[1]["of_peak"] >= KERNEL_PEAK_BAR if lowest else None,
+        },
     ]
 
 
 def report(result: dict[str, Any]) -> str:
     """The figures as Markdown tables."""
     models = markdown_table(
-        ["model", "farm ms", "ort ms", "farm/ort", "farm 1-thread ms", "ort 1-thread ms", "1-thread farm/ort",
-         "farm threads gain", "max diff / scale"],
-        [[m["name"], f"{m['farm'] * 1e3:.3f}", f"{m['ort'] * 1e3:.3f}", f"{m['ratio']:.2f}",
-          f"{m['farm_1'] * 1e3:.3f}", f"{m['ort_1'] * 1e3:.3f}", f"{m['ratio_1']:.2f}",
-          f"{m['thread_speedup']:.2f}x", f"{m['relative_difference']:.1e}"] for m in result["models"]])
+        [
+            "model",
+            "farm ms",
+            "ort ms",
+            "farm/ort",
+            "farm 1-thread ms",
+            "ort 1-thread ms",
+            "1-thread farm/ort",
+            "farm threads gain",
+            "max diff / scale",
+        ],
+        [
+            [
+                m["name"],
+                f"{m['farm'] * 1e3:.3f}",
+                f"{m['ort'] * 1e3:.3f}",
+                f"{m['ratio']:.2f}",
+                f"{m['farm_1'] * 1e3:.3f}",
+                f"{m['ort_1'] * 1e3:.3f}",
+                f"{m['ratio_1']:.2f}",
+                f"{m['thread_speedup']:.2f}x",
+                f"{m['relative_difference']:.1e}",
+            ]
+            for m in result["models"]
+        ],
+    )
     peaks = {m["name"]: m["kernels"]["core_peak_gflops"] for m in result["models"]}
     heaviest = markdown_table(
-        ["model: heaviest compute-bound kernel (one thread)", "calls", "ms", "flop/B", "GFLOP/s", "of peak",
-         "ort GFLOP/s", "ort of peak", "peak then"],
-        [[f"{name}: {k['kernel']}", *kernel_cells(k), f"{peaks[name]:.0f}"]
-         for name, k in compute_bound(result["models"])])
+        [
+            "model: heaviest compute-bound kernel (one thread)",
+            "calls",
+            "ms",
+            "flop/B",
+            "GFLOP/s",
+            "of peak",
+            "ort GFLOP/s",
+            "ort of peak",
+            "peak then",
+        ],
+        [
+            [f"{name}: {k['kernel']}", *kernel_cells(k), f"{peaks[name]:.0f}"]
+            for name, k in compute_bound(result["models"])
+        ],
+    )
     resnet = [m for m in result["models"] if m["name"] == RESNET50]
-    convs = "" if not resnet else "\n\n" + markdown_table(
-        [f"{RESNET50} (one thread)", "calls", "ms", "flop/B", "GFLOP/s", "of peak", "ort GFLOP/s", "ort of peak"],
-        [[k["kernel"], *kernel_cells(k)] for k in resnet[0]["kernels"]["kernels"]])
-    verdicts = markdown_table(["bar", "measured", "limit", "result"],
-                              [[b["bar"], b["measured"], b["limit"],
-                                {True: "PASS", False: "FAIL", None: "n/a"}[b["passed"]]] for b in result["bars"]])
-    peak = (f"fp32 peak: {result['core_peak_gflops']:.1f} GFLOP/s per core, "
-            f"{result['machine_peak_gflops']:.1f} GFLOP/s on {result['machine']['cores']} cores")
+    convs = (
+        ""
+        if not resnet
+        else "\n\n"
+        + markdown_table(
+            [f"{RESNET50} (one thread)", "calls", "ms", "flop/B", "GFLOP/s", "of peak", "ort GFLOP/s", "ort of peak"],
+            [[k["kernel"], *kernel_cells(k)] for k in resnet[0]["kernels"]["kernels"]],
+        )
+    )
+    verdicts = markdown_table(
+        ["bar", "measured", "limit", "result"],
+        [
+            [b["bar"], b["measured"], b["limit"], {True: "PASS", False: "FAIL", None: "n/a"}[b["passed"]]]
+            for b in result["bars"]
+        ],
+    )
+    peak = (
+        f"fp32 peak: {result['core_peak_gflops']:.1f} GFLOP/s per core, "
+        f"{result['machine_peak_gflops']:.1f} GFLOP/s on {result['machine']['cores']} cores"
+    )
     return f"{models}\n\n{peak}\n\n{heaviest}{convs}\n\n{verdicts}"
 
 
 def kernel_cells(kernel: dict[str, Any]) -> list[str]:
     """calls, ms, flops per operand byte, GFLOP/s and share of peak of a heaviest_kernels row, farm's then
     onnxruntime's."""
-    return [kernel["calls"], f"{kernel['seconds'] * 1e3:.3f}", f"{kernel['intensity']:.0f}", cell(kernel["gflops"], ".1f"),
-            f"{kernel['of_peak']:.0%}", cell(kernel["ort_gflops"], ".1f"),
-            "-" if kernel["ort_of_peak"] is None else f"{kernel['ort_of_peak']:.0%}"]
+    return [
+        kernel["calls"],
+        f"{kernel['seconds'] * 1e3:.3f}",
+        f"{kernel['intensity']:.0f}",
+        cell(kernel["gflops"], ".1f"),
+        f"{kernel['of_peak']:.0%}",
+        cell(kernel["ort_gflops"], ".1f"),
+        "-" if kernel["ort_of_peak"] is None else f"{kernel['ort_of_peak']:.0%}",
+    ]
 
 
 def onnx_subject(parser: argparse.ArgumentParser, path: Path, shapes: PinnedShapes) -> Subject:
@@ -417,13 +514,25 @@ def unique_names(parser: argparse.ArgumentParser, models: Sequence[str], subject
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", help="comma-separated built-in model names (default: all of them, or none when "
-                                         "--onnx is given)")
-    parser.add_argument("--onnx", type=Path, action="append", default=[], metavar="PATH",
-                        help="also measure this ONNX file, named by its stem (repeatable)")
-    parser.add_argument("--shape", action="append", default=[], metavar="NAME=SIZE",
-                        help="pin a dynamic dimension of the --onnx models (batch=1) or a whole input "
-                             "(input_ids=1x128), as farm submit --shape does; repeatable")
+    parser.add_argument(
+        "--models", help="comma-separated built-in model names (default: all of them, or none when --onnx is given)"
+    )
+    parser.add_argument(
+        "--onnx",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="also measure this ONNX file, named by its stem (repeatable)",
+    )
+    parser.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="NAME=SIZE",
+        help="pin a dynamic dimension of the --onnx models (batch=1) or a whole input "
+        "(input_ids=1x128), as farm submit --shape does; repeatable",
+    )
     parser.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds per model (default 15)")
     parser.add_argument("--json", type=Path, help="also write every figure to this JSON file")
     parser.add_argument("--no-fail", action="store_true", help="exit 0 even when a bar fails")
@@ -448,18 +557,28 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     ort.set_default_logger_severity(3)  # the light models carry unused initializers ort warns about
     core_peak = fma_peak_gflops()
     models = []
-    built_in = [Subject(name, path, feeds_for(path)) for name, path in
-                ((name, model_path(name, folder)) for name in args.models)]
+    built_in = [
+        Subject(name, path, feeds_for(path))
+        for name, path in ((name, model_path(name, folder)) for name in args.models)
+    ]
     with LocalExecutor() as executor:
         for subject in [*built_in, *args.onnx]:
             models.append(bench_model(subject, folder, executor, args.rounds))
             m = models[-1]
-            print(f"  {m['name']}: farm {m['farm'] * 1e3:.3f} ms ({m['threads']} threads), ort {m['ort'] * 1e3:.3f} "
-                  f"ms, {m['ratio']:.2f}x; one thread: farm {m['farm_1'] * 1e3:.3f} ms, ort {m['ort_1'] * 1e3:.3f} "
-                  f"ms, {m['ratio_1']:.2f}x", flush=True)
+            print(
+                f"  {m['name']}: farm {m['farm'] * 1e3:.3f} ms ({m['threads']} threads), ort {m['ort'] * 1e3:.3f} "
+                f"ms, {m['ratio']:.2f}x; one thread: farm {m['farm_1'] * 1e3:.3f} ms, ort {m['ort_1'] * 1e3:.3f} "
+                f"ms, {m['ratio_1']:.2f}x",
+                flush=True,
+            )
     cores = len(os.sched_getaffinity(0))
-    return {"machine": machine_info(cores), "core_peak_gflops": core_peak, "machine_peak_gflops": core_peak * cores,
-            "models": models, "bars": bars(models)}
+    return {
+        "machine": machine_info(cores),
+        "core_peak_gflops": core_peak,
+        "machine_peak_gflops": core_peak * cores,
+        "models": models,
+        "bars": bars(models),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -81,9 +81,15 @@ def kernel_rows(path: Path, store: Store) -> list[dict[str, Any]]:
             continue
         record = json.loads(store.get(store.get_ref(db_ref(spec, target.id))))
         chosen = GemmBlocking.from_json(record["variant"]).name
-        rows.append({"kernel": kernel_label(spec.to_json()), "variant": chosen,
-                     "default_s": record["default_seconds"], "chosen_s": record["seconds"][chosen],
-                     "rejected": record["rejected"]})
+        rows.append(
+            {
+                "kernel": kernel_label(spec.to_json()),
+                "variant": chosen,
+                "default_s": record["default_seconds"],
+                "chosen_s": record["seconds"][chosen],
+                "rejected": record["rejected"],
+            }
+        )
     return rows
 
 
@@ -96,24 +102,43 @@ def run(repeat: int) -> dict[str, Any]:
             default = build_model(MODEL, root / "default", executor=executor, store=empty_store)
             tuned = build_model(MODEL, root / "tuned", executor=executor, store=tuned_store)
         default_s, tuned_s = latencies([default.artifact, tuned.artifact], repeat)
-        return {"model": MODEL.stem, "target": host_target().id, "kernels_timed": timed, "tuning_s": tune_s,
-                "default_build_s": default.seconds, "tuned_build_s": tuned.seconds,
-                "default_latency_s": default_s, "tuned_latency_s": tuned_s, "ratio": tuned_s / default_s,
-                "kernels": kernel_rows(MODEL, tuned_store)}
+        return {
+            "model": MODEL.stem,
+            "target": host_target().id,
+            "kernels_timed": timed,
+            "tuning_s": tune_s,
+            "default_build_s": default.seconds,
+            "tuned_build_s": tuned.seconds,
+            "default_latency_s": default_s,
+            "tuned_latency_s": tuned_s,
+            "ratio": tuned_s / default_s,
+            "kernels": kernel_rows(MODEL, tuned_store),
+        }
 
 
 def report(result: dict[str, Any]) -> str:
-    rows = [[k["kernel"], k["variant"], cell(k["default_s"] * 1e3, ".3f"), cell(k["chosen_s"] * 1e3, ".3f"),
-             cell(k["default_s"] / k["chosen_s"], ".2f"), ",".join(k["rejected"]) or "-"]
-            for k in result["kernels"]]
-    return "\n".join([
-        f"{result['model']} on {result['target']}",
-        f"tuning: {result['tuning_s']:.1f} s for {result['kernels_timed']} kernels (bar < {TUNING_BAR_S:.0f} s)",
-        f"builds: default {result['default_build_s']:.1f} s, tuned {result['tuned_build_s']:.1f} s (no timing)",
-        f"latency: default {result['default_latency_s'] * 1e3:.2f} ms, tuned {result['tuned_latency_s'] * 1e3:.2f} "
-        f"ms, tuned/default {result['ratio']:.3f} (bar <= {LATENCY_BAR_RATIO:.2f})", "",
-        markdown_table(["kernel", "variant", "default ms", "chosen ms", "speed-up", "rejected"], rows),
-    ])
+    rows = [
+        [
+            k["kernel"],
+            k["variant"],
+            cell(k["default_s"] * 1e3, ".3f"),
+            cell(k["chosen_s"] * 1e3, ".3f"),
+            cell(k["default_s"] / k["chosen_s"], ".2f"),
+            ",".join(k["rejected"]) or "-",
+        ]
+        for k in result["kernels"]
+    ]
+    return "\n".join(
+        [
+            f"{result['model']} on {result['target']}",
+            f"tuning: {result['tuning_s']:.1f} s for {result['kernels_timed']} kernels (bar < {TUNING_BAR_S:.0f} s)",
+            f"builds: default {result['default_build_s']:.1f} s, tuned {result['tuned_build_s']:.1f} s (no timing)",
+            f"latency: default {result['default_latency_s'] * 1e3:.2f} ms, tuned {result['tuned_latency_s'] * 1e3:.2f} "
+            f"ms, tuned/default {result['ratio']:.3f} (bar <= {LATENCY_BAR_RATIO:.2f})",
+            "",
+            markdown_table(["kernel", "variant", "default ms", "chosen ms", "speed-up", "rejected"], rows),
+        ]
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

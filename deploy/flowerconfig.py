@@ -36,8 +36,10 @@ def _guard_metrics(handlers: list) -> None:
     object when it was imported); raise if there isn't exactly one."""
     found = [index for index, route in enumerate(handlers) if isinstance(route, tuple) and route[0] == METRICS_ROUTE]
     if len(found) != 1:
-        raise RuntimeError(f"deploy/flowerconfig.py: Flower has {len(found)} {METRICS_ROUTE} routes, expected one; "
-                           "refusing to start with its metrics open to anyone")
+        raise RuntimeError(
+            f"deploy/flowerconfig.py: Flower has {len(found)} {METRICS_ROUTE} routes, expected one; "
+            "refusing to start with its metrics open to anyone"
+        )
     handlers[found[0]] = (METRICS_ROUTE, MetricsBehindLogin, *handlers[found[0]][2:])
 
 

@@ -124,7 +124,7 @@ class _BufferReader(io.RawIOBase):
 
     def read(self, size: int = -1) -> memoryview:  # views, not copies
         end = len(self._view) if size < 0 else min(len(self._view), self._at + size)
-        chunk, self._at = self._view[self._at:end], end
+        chunk, self._at = self._view[self._at : end], end
         return chunk
 
 
@@ -137,16 +137,21 @@ def _add_file(tar: tarfile.TarFile, name: str, data: bytes | bytearray | memoryv
     tar.addfile(_tar_info(name, memoryview(data).nbytes), reader)
 
 
-def _write_tar(file: BinaryIO, payload: Mapping[str, Member], manifest: dict[str, Any] | None = None,
-               reserved: Mapping[str, bytes] | None = None) -> dict[str, str]:
+def _write_tar(
+    file: BinaryIO,
+    payload: Mapping[str, Member],
+    manifest: dict[str, Any] | None = None,
+    reserved: Mapping[str, bytes] | None = None,
+) -> dict[str, str]:
     """The archive into `file`, ustar format (so that tarfile never adds pax headers carrying timestamps): the
     payload members in name order, each hashed as it is written (a LazyMember made just then), then the manifest
     completed with those sha256s and its digest (or, when re-writing a signed artifact, the `reserved` files as
     given). The manifest comes last so that no member needs to exist before it is written. Returns the payload
     members' sha256s by path."""
     digests = {}
-    with tarfile.TarFile(fileobj=file, mode="w", format=tarfile.USTAR_FORMAT, encoding="utf-8",
-                         copybufsize=COPY_BYTES) as tar:
+    with tarfile.TarFile(
+        fileobj=file, mode="w", format=tarfile.USTAR_FORMAT, encoding="utf-8", copybufsize=COPY_BYTES
+    ) as tar:
         for name in sorted(payload):
             data = _member_bytes(name, payload[name])
             member = payload[name]
@@ -226,8 +231,9 @@ def _check_contents(manifest: dict[str, Any], members: Mapping[str, object]) -> 
             raise ValueError(f"artifact member path {name!r} {problem or 'is reserved for the manifest'}")
     expected = format_version_of(manifest)
     if manifest.get("format_version", expected) != expected:
-        raise ValueError(f"manifest format_version is {manifest['format_version']!r}, this farm writes {expected} "
-                         "for it")
+        raise ValueError(
+            f"manifest format_version is {manifest['format_version']!r}, this farm writes {expected} for it"
+        )
 
 
 def format_version_of(manifest: dict[str, Any]) -> int:
@@ -256,8 +262,14 @@ def _manifest_files(manifest: dict[str, Any], digests: dict[str, str]) -> dict[s
 class Artifact:
     """An opened artifact whose layout has been checked; member bytes are verified each time they are read."""
 
-    def __init__(self, path: str, manifest: dict[str, Any], index: dict[str, tuple[int, int]],
-                 manifest_text: bytes = b"", signature: bytes | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        manifest: dict[str, Any],
+        index: dict[str, tuple[int, int]],
+        manifest_text: bytes = b"",
+        signature: bytes | None = None,
+    ) -> None:
         self.path = path
         self.manifest = manifest
         self.manifest_text, self.signature = manifest_text, signature
@@ -432,6 +444,7 @@ def _bounded_number(kind: type) -> Any:
         if len(literal) > MAX_NUMBER_CHARS:
             raise ValueError(f"a number of {len(literal)} characters (at most {MAX_NUMBER_CHARS})")
         return kind(literal)
+
     return parse
 
 
@@ -455,8 +468,10 @@ def _parse_manifest(path: str, data: bytes) -> dict[str, Any]:
         raise ArtifactError(f"{path}: {MANIFEST} is not a JSON object")
     version = manifest.get("format_version")
     if version != format_version_of(manifest):
-        raise ArtifactError(f"{path}: format_version {version!r} is not supported (this farm reads {FORMAT_VERSION}, "
-                            f"and {SIZED_FORMAT_VERSION} for an artifact of several sizes)")
+        raise ArtifactError(
+            f"{path}: format_version {version!r} is not supported (this farm reads {FORMAT_VERSION}, "
+            f"and {SIZED_FORMAT_VERSION} for an artifact of several sizes)"
+        )
     listed = manifest.get("members")
     if not isinstance(listed, dict) or not all(
         isinstance(digest, str) and len(digest) == 64 for digest in listed.values()
@@ -483,12 +498,17 @@ def sign_artifact(path: str | os.PathLike[str], private_key_pem: bytes) -> str:
     if not isinstance(key, Ed25519PrivateKey):
         raise ArtifactError("the signing key is not an Ed25519 key")
     artifact = verify(path)
-    payload = {name: LazyMember(artifact.member_size(name), functools.partial(artifact.read_member, name))
-               for name in artifact.manifest["members"]}
+    payload = {
+        name: LazyMember(artifact.member_size(name), functools.partial(artifact.read_member, name))
+        for name in artifact.manifest["members"]
+    }
     public = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
     record = _signature_record(public, key.sign(artifact.manifest_text).hex())
-    reserved = {MANIFEST: artifact.manifest_text, MANIFEST_DIGEST: f"{_sha256(artifact.manifest_text)}\n".encode(),
-                SIGNATURE: record}
+    reserved = {
+        MANIFEST: artifact.manifest_text,
+        MANIFEST_DIGEST: f"{_sha256(artifact.manifest_text)}\n".encode(),
+        SIGNATURE: record,
+    }
     stream_atomically(artifact.path, lambda file: _write_tar(file, payload, reserved=reserved), fsync=True)
     return public
 

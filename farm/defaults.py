@@ -47,8 +47,12 @@ def redis_url(url: str, source: str = "--broker") -> str:
     answer to a URL without a scheme is a long traceback)."""
     try:
         parts = urlsplit(url)
-        usable = (parts.scheme in ("redis", "rediss") and bool(parts.hostname)
-                  and (parts.port is None or parts.port > 0) and re.fullmatch(r"/?|/\d+", parts.path) is not None)
+        usable = (
+            parts.scheme in ("redis", "rediss")
+            and bool(parts.hostname)
+            and (parts.port is None or parts.port > 0)
+            and re.fullmatch(r"/?|/\d+", parts.path) is not None
+        )
     except ValueError:  # a port that is no number, a malformed IPv6 address
         usable = False
     if not usable:
@@ -137,8 +141,10 @@ def _blob_store_location(variable: str, text: str, also: str = "") -> str:
     if text.startswith(("redis://", "rediss://")):
         return redis_url(text, variable)
     if not text.startswith("file:///"):
-        raise BadInputError(f"{variable}={_hide_credentials(text)[:80]!r}: expected {also}redis://HOST:PORT/DB, "
-                            "rediss://HOST:PORT/DB or file:///ABSOLUTE/PATH")
+        raise BadInputError(
+            f"{variable}={_hide_credentials(text)[:80]!r}: expected {also}redis://HOST:PORT/DB, "
+            "rediss://HOST:PORT/DB or file:///ABSOLUTE/PATH"
+        )
     return text
 
 
@@ -232,6 +238,7 @@ def toolchain_label() -> str:
     cache entries are kept apart from those of processes with another label (default: none). It can only split
     caches, never make two toolchains share one (farm.backends.llvm.toolchain)."""
     return os.environ.get("FARM_TOOLCHAIN_LABEL", "")
+
 
 def wait_fallback_seconds() -> float:
     """FARM_WAIT_FALLBACK_SECONDS: a waiting client blocks on its job's notifications and reads the job again at
@@ -346,8 +353,9 @@ def step_memory_bytes(processes: int) -> int:
     allocation) is bounded by FARM_MAX_DELIVERIES like any death."""
     host = host_memory_bytes()
     share = host * 3 // 4 // max(1, processes)
-    return _whole_bytes("FARM_STEP_MEMORY_BYTES", max(share, min(STEP_MEMORY_MIN_BYTES, host // 2)),
-                        zero_means="no limit")
+    return _whole_bytes(
+        "FARM_STEP_MEMORY_BYTES", max(share, min(STEP_MEMORY_MIN_BYTES, host // 2)), zero_means="no limit"
+    )
 
 
 MAX_LIVE_JOBS = 100

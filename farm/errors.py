@@ -68,9 +68,17 @@ class StillRunningError(FarmError):
     exit_status = ExitStatus.STILL_RUNNING
 
 
-EXTRA_OF_PACKAGE = {"numpy": "worker", "ml_dtypes": "worker", "onnx": "worker", "llvmlite": "worker",
-                    "celery": "worker", "kombu": "worker", "cryptography": "worker", "pyopencl": "opencl",
-                    "flower": "flower"}
+EXTRA_OF_PACKAGE = {
+    "numpy": "worker",
+    "ml_dtypes": "worker",
+    "onnx": "worker",
+    "llvmlite": "worker",
+    "celery": "worker",
+    "kombu": "worker",
+    "cryptography": "worker",
+    "pyopencl": "opencl",
+    "flower": "flower",
+}
 """The extra of pyproject.toml that brings each package (by module) a client install (pip install farm) lacks."""
 
 
@@ -78,8 +86,10 @@ class MissingPackageError(BadInputError):
     """A command needs a package this install lacks: building, running or serving on a client install."""
 
     def __init__(self, module: str) -> None:
-        super().__init__(f"this command needs {module}, which a client install (pip install farm: submit to a farm "
-                         f"and fetch from it) lacks: pip install 'farm[{EXTRA_OF_PACKAGE[module]}]'")
+        super().__init__(
+            f"this command needs {module}, which a client install (pip install farm: submit to a farm "
+            f"and fetch from it) lacks: pip install 'farm[{EXTRA_OF_PACKAGE[module]}]'"
+        )
 
 
 def missing_package(error: ModuleNotFoundError) -> MissingPackageError | None:
@@ -113,8 +123,10 @@ class TlsRefusedError(UnreachableError):
 def tls_refused(url: str, failure: ssl.SSLCertVerificationError) -> str:
     """The message for a Redis at `url` whose certificate failed verification: why, and which option to check."""
     reason = getattr(failure, "verify_message", None) or str(failure)
-    return (f"the farm's Redis at {redact_url(url)} failed TLS verification: {reason} (check that the URL's "
-            "ssl_ca_certs is the CA that signed the server's certificate and that the certificate names the URL's host)")
+    return (
+        f"the farm's Redis at {redact_url(url)} failed TLS verification: {reason} (check that the URL's "
+        "ssl_ca_certs is the CA that signed the server's certificate and that the certificate names the URL's host)"
+    )
 
 
 def tls_verification_failure(error: BaseException) -> ssl.SSLCertVerificationError | None:
@@ -138,9 +150,12 @@ class NotPermittedError(CredentialsRefusedError):
     submitter's credentials used for what only workers and the operator may do."""
 
     def __init__(self, url: str, refusal: str) -> None:
-        FarmError.__init__(self, f"the farm's Redis at {redact_url(url)} refused this to the URL's user ({refusal}): "
-                                 "submitters' credentials submit, follow, cancel and download jobs; workers and "
-                                 "`farm store` need the workers' credentials")
+        FarmError.__init__(
+            self,
+            f"the farm's Redis at {redact_url(url)} refused this to the URL's user ({refusal}): "
+            "submitters' credentials submit, follow, cancel and download jobs; workers and "
+            "`farm store` need the workers' credentials",
+        )
 
 
 class FarmStateError(FarmError):
@@ -150,16 +165,19 @@ class FarmStateError(FarmError):
 
     exit_status = ExitStatus.UNREACHABLE
 
-    HINTS = {"WRONGTYPE": "a farm key holds another kind of value than the farm keeps there (the workers delete "
-                          "such keys within a minute; if this persists, tell the farm's operator)",
-             "OOM": "the server is at its maxmemory (deploy/redis.conf): tell the farm's operator"}
+    HINTS = {
+        "WRONGTYPE": "a farm key holds another kind of value than the farm keeps there (the workers delete "
+        "such keys within a minute; if this persists, tell the farm's operator)",
+        "OOM": "the server is at its maxmemory (deploy/redis.conf): tell the farm's operator",
+    }
     """What to do, by the first word of Redis's error."""
 
     def __init__(self, url: str, error: str) -> None:
         first_line = error.splitlines()[0][:200] if error else "an error"
         hint = self.HINTS.get(first_line.split(" ", 1)[0], "")
-        super().__init__(f"the farm's Redis at {redact_url(url)} refused a call ({first_line})"
-                         + (f": {hint}" if hint else ""))
+        super().__init__(
+            f"the farm's Redis at {redact_url(url)} refused a call ({first_line})" + (f": {hint}" if hint else "")
+        )
 
 
 class JobError(FarmError):

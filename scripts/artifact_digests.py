@@ -24,8 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ("cpu:x86_64-linux-gnu:skylake-avx512", "cpu:x86_64-linux-gnu:znver3", "cpu:aarch64-linux-gnu:neoverse-n1")
 MODELS = {
     "tiny_cnn": (ROOT / "examples" / "tiny_cnn.onnx", ()),
-    **{f"{name}_static": (ROOT / "tests" / "exports" / f"{name}_static.onnx", ())
-       for name in ("mobilenet_v2", "mobilenet_v3", "bert", "gpt2", "vit")},
+    **{
+        f"{name}_static": (ROOT / "tests" / "exports" / f"{name}_static.onnx", ())
+        for name in ("mobilenet_v2", "mobilenet_v3", "bert", "gpt2", "vit")
+    },
     "bert_dynamic": (ROOT / "tests" / "exports" / "bert_dynamic.onnx", ("batch=1,3", "seq=12")),
 }
 """Name -> (model, --shape pins): the example, the committed exports, and one artifact of several sizes."""
@@ -34,8 +36,18 @@ MODELS = {
 def artifact_digest(model: Path, pins: tuple[str, ...], folder: Path) -> str:
     """The sha256 of `model`'s artifact for TARGETS, built by `farm submit` in a process of its own."""
     output = folder / f"{model.stem}.farm"
-    command = [sys.executable, "-m", "farm", "submit", str(model), "-o", str(output), "--no-cache",
-               *(f"--target={target}" for target in TARGETS), *(f"--shape={pin}" for pin in pins)]
+    command = [
+        sys.executable,
+        "-m",
+        "farm",
+        "submit",
+        str(model),
+        "-o",
+        str(output),
+        "--no-cache",
+        *(f"--target={target}" for target in TARGETS),
+        *(f"--shape={pin}" for pin in pins),
+    ]
     subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     return hashlib.sha256(output.read_bytes()).hexdigest()
 

@@ -88,8 +88,12 @@ def bert_base() -> Export:
     """BERT-base (12 layers, width 768, 12 heads) from transformers' default BertConfig, sequence 128."""
     input_ids = torch.randint(0, 100, (1, SEQUENCE), dtype=torch.int64)
     attention_mask = torch.ones(1, SEQUENCE, dtype=torch.int64)
-    return Export(BertOutputs(BertModel(BertConfig())), (input_ids, attention_mask),
-                  ("input_ids", "attention_mask"), ("last_hidden_state", "pooler_output"))
+    return Export(
+        BertOutputs(BertModel(BertConfig())),
+        (input_ids, attention_mask),
+        ("input_ids", "attention_mask"),
+        ("last_hidden_state", "pooler_output"),
+    )
 
 
 MODELS: dict[str, Callable[[], Export]] = {
@@ -119,8 +123,14 @@ def export_model(name: str, folder: Path) -> Path:
     path = folder / f"{name}.onnx"
     weights = sum(p.numel() * p.element_size() for p in module.parameters())
     with torch.no_grad():
-        program = torch.onnx.export(module, spec.inputs, input_names=list(spec.input_names),
-                                    output_names=list(spec.output_names), opset_version=OPSET, dynamo=True)
+        program = torch.onnx.export(
+            module,
+            spec.inputs,
+            input_names=list(spec.input_names),
+            output_names=list(spec.output_names),
+            opset_version=OPSET,
+            dynamo=True,
+        )
     program.save(str(path), external_data=weights >= PROTOBUF_LIMIT)
     onnx.checker.check_model(str(path))
     return path

@@ -88,9 +88,13 @@ def vision(builder: Callable[..., torch.nn.Module], **kwargs: object) -> Callabl
     """A torchvision classifier (10 classes), randomly initialised, on IMAGE_SIZE x IMAGE_SIZE RGB images."""
 
     def export() -> TinyExport:
-        return TinyExport(builder(weights=None, num_classes=10, **kwargs),
-                          lambda batch, _: (torch.randn(batch, 3, IMAGE_SIZE, IMAGE_SIZE),),
-                          ("image",), ("logits",), ({0: "batch"},))
+        return TinyExport(
+            builder(weights=None, num_classes=10, **kwargs),
+            lambda batch, _: (torch.randn(batch, 3, IMAGE_SIZE, IMAGE_SIZE),),
+            ("image",),
+            ("logits",),
+            ({0: "batch"},),
+        )
 
     return export
 
@@ -98,36 +102,71 @@ def vision(builder: Callable[..., torch.nn.Module], **kwargs: object) -> Callabl
 def bert() -> TinyExport:
     """A 2-layer BERT of width 32; the mask zeroes the last two positions so that masking has an effect."""
     t = TINY_TRANSFORMER
-    config = BertConfig(vocab_size=VOCAB, hidden_size=t["hidden"], num_hidden_layers=t["layers"],
-                        num_attention_heads=t["heads"], intermediate_size=t["intermediate"], max_position_embeddings=64)
+    config = BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=t["hidden"],
+        num_hidden_layers=t["layers"],
+        num_attention_heads=t["heads"],
+        intermediate_size=t["intermediate"],
+        max_position_embeddings=64,
+    )
 
     def inputs(batch: int, sequence: int) -> tuple[torch.Tensor, ...]:
         mask = torch.ones(batch, sequence, dtype=torch.int64)
         mask[:, -2:] = 0
         return token_ids(batch, sequence), mask
 
-    return TinyExport(BertOutputs(BertModel(config)), inputs, ("input_ids", "attention_mask"),
-                      ("last_hidden_state", "pooler_output"), ({0: "batch", 1: "seq"}, {0: "batch", 1: "seq"}))
+    return TinyExport(
+        BertOutputs(BertModel(config)),
+        inputs,
+        ("input_ids", "attention_mask"),
+        ("last_hidden_state", "pooler_output"),
+        ({0: "batch", 1: "seq"}, {0: "batch", 1: "seq"}),
+    )
 
 
 def gpt2() -> TinyExport:
     """A 2-layer causal GPT-2 language model of width 32, without a key/value cache."""
     t = TINY_TRANSFORMER
-    config = GPT2Config(vocab_size=VOCAB, n_embd=t["hidden"], n_layer=t["layers"], n_head=t["heads"],
-                        n_inner=t["intermediate"], n_positions=64, use_cache=False, bos_token_id=0,
-                        eos_token_id=0)
-    return TinyExport(LogitsOnly(GPT2LMHeadModel(config)), lambda batch, sequence: (token_ids(batch, sequence),),
-                      ("input_ids",), ("logits",), ({0: "batch", 1: "seq"},))
+    config = GPT2Config(
+        vocab_size=VOCAB,
+        n_embd=t["hidden"],
+        n_layer=t["layers"],
+        n_head=t["heads"],
+        n_inner=t["intermediate"],
+        n_positions=64,
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return TinyExport(
+        LogitsOnly(GPT2LMHeadModel(config)),
+        lambda batch, sequence: (token_ids(batch, sequence),),
+        ("input_ids",),
+        ("logits",),
+        ({0: "batch", 1: "seq"},),
+    )
 
 
 def vit() -> TinyExport:
     """A 2-layer ViT classifier of width 32 on 32x32 images cut into 8x8 patches."""
     t = TINY_TRANSFORMER
-    config = ViTConfig(hidden_size=t["hidden"], num_hidden_layers=t["layers"], num_attention_heads=t["heads"],
-                       intermediate_size=t["intermediate"], image_size=VIT_IMAGE_SIZE, patch_size=8, num_labels=10)
-    return TinyExport(LogitsOnly(ViTForImageClassification(config)),
-                      lambda batch, _: (torch.randn(batch, 3, VIT_IMAGE_SIZE, VIT_IMAGE_SIZE),),
-                      ("image",), ("logits",), ({0: "batch"},))
+    config = ViTConfig(
+        hidden_size=t["hidden"],
+        num_hidden_layers=t["layers"],
+        num_attention_heads=t["heads"],
+        intermediate_size=t["intermediate"],
+        image_size=VIT_IMAGE_SIZE,
+        patch_size=8,
+        num_labels=10,
+    )
+    return TinyExport(
+        LogitsOnly(ViTForImageClassification(config)),
+        lambda batch, _: (torch.randn(batch, 3, VIT_IMAGE_SIZE, VIT_IMAGE_SIZE),),
+        ("image",),
+        ("logits",),
+        ({0: "batch"},),
+    )
 
 
 MODELS: dict[str, Callable[[], TinyExport]] = {
@@ -168,9 +207,15 @@ def export_one(spec: TinyExport, path: Path, dynamic: bool) -> None:
     """Export spec's module, static at STATIC_BATCH/STATIC_SEQUENCE or dynamic, to `path` and check the file."""
     sizes = (DYNAMIC_BATCH, DYNAMIC_SEQUENCE) if dynamic else (STATIC_BATCH, STATIC_SEQUENCE)
     with torch.no_grad():
-        program = torch.onnx.export(spec.module, spec.inputs(*sizes), input_names=list(spec.input_names),
-                                    output_names=list(spec.output_names), opset_version=OPSET, dynamo=True,
-                                    dynamic_shapes=dynamic_shapes(spec) if dynamic else None)
+        program = torch.onnx.export(
+            spec.module,
+            spec.inputs(*sizes),
+            input_names=list(spec.input_names),
+            output_names=list(spec.output_names),
+            opset_version=OPSET,
+            dynamo=True,
+            dynamic_shapes=dynamic_shapes(spec) if dynamic else None,
+        )
     program.save(str(path))
     onnx.checker.check_model(str(path))
 

@@ -18,8 +18,18 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
-SERVICE_FIXTURES = frozenset({"redis_server", "redis_servers", "farm_factory", "farm_redis", "tls_farm",
-                              "flower_for", "secured", "deployed_redis"})
+SERVICE_FIXTURES = frozenset(
+    {
+        "redis_server",
+        "redis_servers",
+        "farm_factory",
+        "farm_redis",
+        "tls_farm",
+        "flower_for",
+        "secured",
+        "deployed_redis",
+    }
+)
 """Fixtures that start real services (redis-server, Celery workers, Flower): a test using one, directly or through
 another fixture, is marked `services` (pytest_collection_modifyitems); tests/services.py refuses to start a server
 for a test that isn't."""
@@ -107,13 +117,41 @@ def fingerprint() -> str:
 
 
 SLOWEST_FILES = (
-    "test_tuning_variants.py", "test_conformance.py", "test_llvm_gemm.py", "test_models.py", "test_farm.py",
-    "test_cli.py", "test_ops_conv.py", "test_ops_elementwise.py", "test_jobs.py", "test_workers.py",
-    "test_ops_tensor.py", "test_emulation.py", "test_ops_reduce.py", "test_exports.py", "test_tuning_space.py",
-    "test_farm_store.py", "test_ops_indexing.py", "test_hosts.py", "test_flower.py", "test_tls.py",
-    "test_runtime_opencl.py", "test_local.py", "test_manifest.py", "test_store.py", "test_farm_data.py",
-    "test_install.py", "test_ops_quantize.py", "test_ops_normalization.py", "test_ops_pool.py", "test_acl.py",
-    "test_client.py", "test_bench.py", "test_ops_attention.py", "test_deploy.py", "test_ops_softmax.py",
+    "test_tuning_variants.py",
+    "test_conformance.py",
+    "test_llvm_gemm.py",
+    "test_models.py",
+    "test_farm.py",
+    "test_cli.py",
+    "test_ops_conv.py",
+    "test_ops_elementwise.py",
+    "test_jobs.py",
+    "test_workers.py",
+    "test_ops_tensor.py",
+    "test_emulation.py",
+    "test_ops_reduce.py",
+    "test_exports.py",
+    "test_tuning_space.py",
+    "test_farm_store.py",
+    "test_ops_indexing.py",
+    "test_hosts.py",
+    "test_flower.py",
+    "test_tls.py",
+    "test_runtime_opencl.py",
+    "test_local.py",
+    "test_manifest.py",
+    "test_store.py",
+    "test_farm_data.py",
+    "test_install.py",
+    "test_ops_quantize.py",
+    "test_ops_normalization.py",
+    "test_ops_pool.py",
+    "test_acl.py",
+    "test_client.py",
+    "test_bench.py",
+    "test_ops_attention.py",
+    "test_deploy.py",
+    "test_ops_softmax.py",
     "test_ops_matmul.py",
 )
 """The test files that take longest, about longest first (a full run's --durations, 2-core host), run before the

@@ -22,9 +22,18 @@ from tests.services import RedisServer, _started_servers
 
 WORKER_START_TIMEOUT_S = 60.0
 
-FARM_ENV_OVERRIDES = ("FARM_TASK_SOFT_TIME_LIMIT", "FARM_TASK_TIME_LIMIT", "FARM_VISIBILITY_TIMEOUT",
-                      "FARM_WORKER_LEASE_SECONDS", "FARM_MAX_DELIVERIES", "FARM_STORE_MAX_BYTES",
-                      "FARM_STEP_MEMORY_BYTES", "FARM_MAX_FOLDED_BYTES", "FARM_MAX_LIVE_JOBS", "FARM_MAX_STAGED_BYTES")
+FARM_ENV_OVERRIDES = (
+    "FARM_TASK_SOFT_TIME_LIMIT",
+    "FARM_TASK_TIME_LIMIT",
+    "FARM_VISIBILITY_TIMEOUT",
+    "FARM_WORKER_LEASE_SECONDS",
+    "FARM_MAX_DELIVERIES",
+    "FARM_STORE_MAX_BYTES",
+    "FARM_STEP_MEMORY_BYTES",
+    "FARM_MAX_FOLDED_BYTES",
+    "FARM_MAX_LIVE_JOBS",
+    "FARM_MAX_STAGED_BYTES",
+)
 """Settings a worker takes from the environment: cleared, so every worker here runs with the production defaults
 unless a test names a setting it is about."""
 
@@ -32,8 +41,9 @@ unless a test names a setting it is about."""
 class FarmWorker:
     """One `farm worker` process (concurrency 1 unless told otherwise)."""
 
-    def __init__(self, broker: str, name: str, folder: Path, env: dict[str, str] | None = None,
-                 concurrency: int = 1) -> None:
+    def __init__(
+        self, broker: str, name: str, folder: Path, env: dict[str, str] | None = None, concurrency: int = 1
+    ) -> None:
         self.broker, self.name, self.folder = broker, name, folder
         inherited = {name: value for name, value in os.environ.items() if name not in FARM_ENV_OVERRIDES}
         self.env = {**inherited, **(env or {})}
@@ -45,11 +55,24 @@ class FarmWorker:
         return self.folder / f"{self.name.replace('@', '_')}.log"
 
     def start(self) -> FarmWorker:
-        command = [sys.executable, "-m", "farm", "worker", "--broker", self.broker, "--hostname", self.name,
-                   "--concurrency", str(self.concurrency), "--loglevel", "INFO"]
+        command = [
+            sys.executable,
+            "-m",
+            "farm",
+            "worker",
+            "--broker",
+            self.broker,
+            "--hostname",
+            self.name,
+            "--concurrency",
+            str(self.concurrency),
+            "--loglevel",
+            "INFO",
+        ]
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                            start_new_session=True)
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            )
         self._wait_until_ready()
         return self
 
@@ -133,11 +156,18 @@ class Farm:
             worker.stop()
 
 
-def farm_cli(*args: str, broker: str, cwd: Path, timeout: float = 300,
-             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def farm_cli(
+    *args: str, broker: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """Run `farm ARGS` in a fresh process with FARM_BROKER_URL set, as a user or CI would."""
-    return subprocess.run([sys.executable, "-m", "farm", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "FARM_BROKER_URL": broker, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "farm", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "FARM_BROKER_URL": broker, **(env or {})},
+    )
 
 
 @pytest.fixture(name="farm_factory")
@@ -146,6 +176,7 @@ def farm_factory_fixture(tmp_path: Path) -> Iterator:
     `blob_redis=True`: a second redis-server, the farm's blob Redis (FARM_BLOB_STORE), beside it."""
     farms: list[Farm] = []
     with _started_servers() as start_redis:
+
         def make(workers: int = 2, blob_redis: bool = False, **worker_options) -> Farm:
             farm = Farm(start_redis(acl=FARM_ACL), tmp_path, start_redis(acl=FARM_ACL) if blob_redis else None)
             farms.append(farm)

@@ -42,8 +42,13 @@ def aarch64() -> CpuTarget:
     return parse_target("cpu:aarch64-linux-gnu")
 
 
-def kernel_module_ir(kernels: Sequence[tuple[str, L.LoopKernel]], target: CpuTarget,
-                     blocking: GemmBlocking = DEFAULT_BLOCKING, parts: int = 1, part: int | None = None) -> str:
+def kernel_module_ir(
+    kernels: Sequence[tuple[str, L.LoopKernel]],
+    target: CpuTarget,
+    blocking: GemmBlocking = DEFAULT_BLOCKING,
+    parts: int = 1,
+    part: int | None = None,
+) -> str:
     """LLVM IR text of one module defining every (symbol, kernel): whole, or split into `parts` (gemm.Outlining),
     all of them or only `part`."""
     module = ir.Module(name="test_kernels")
@@ -53,8 +58,13 @@ def kernel_module_ir(kernels: Sequence[tuple[str, L.LoopKernel]], target: CpuTar
     return str(module)
 
 
-def compile_kernels(kernels: Sequence[tuple[str, L.LoopKernel]], target: CpuTarget | None = None,
-                    blocking: GemmBlocking = DEFAULT_BLOCKING, parts: int = 1, part: int | None = None) -> bytes:
+def compile_kernels(
+    kernels: Sequence[tuple[str, L.LoopKernel]],
+    target: CpuTarget | None = None,
+    blocking: GemmBlocking = DEFAULT_BLOCKING,
+    parts: int = 1,
+    part: int | None = None,
+) -> bytes:
     target = target or host()
     return compile_ir(kernel_module_ir(kernels, target, blocking, parts, part), target, "test kernels")
 
@@ -84,11 +94,15 @@ def call_farm_run(library: ctypes.CDLL, arena: np.ndarray) -> None:
 def aligned_arena(size: int) -> np.ndarray:
     raw = np.zeros(size + ARENA_ALIGN, np.uint8)
     start = (-raw.ctypes.data) % ARENA_ALIGN
-    return raw[start:start + size]
+    return raw[start : start + size]
 
 
-def run_kernels(kernels: Sequence[tuple[L.LoopKernel, Sequence[np.ndarray]]], folder: Path,
-                blocking: GemmBlocking = DEFAULT_BLOCKING, parts: int = 1) -> list[list[np.ndarray]]:
+def run_kernels(
+    kernels: Sequence[tuple[L.LoopKernel, Sequence[np.ndarray]]],
+    folder: Path,
+    blocking: GemmBlocking = DEFAULT_BLOCKING,
+    parts: int = 1,
+) -> list[list[np.ndarray]]:
     """Compile, link and run each kernel once (in order, in one farm_run) on its own copies of its arrays; with
     `parts`, the kernels split into that many objects (gemm.Outlining), each compiled on its own.
 
@@ -107,18 +121,27 @@ def run_kernels(kernels: Sequence[tuple[L.LoopKernel, Sequence[np.ndarray]]], fo
     library = load_library(link_library([*objects, compile_entry(schedule, target)], target), folder)
     arena = aligned_arena(size)
     for array, offset in zip(all_arrays, offsets):
-        arena[offset:offset + array.nbytes] = array.view(np.uint8).reshape(-1)
+        arena[offset : offset + array.nbytes] = array.view(np.uint8).reshape(-1)
     call_farm_run(library, arena)
     results, position = [], 0
     for _, arrays in kernels:
-        results.append([arena[offsets[position + i]:offsets[position + i] + a.nbytes].view(a.dtype).reshape(a.shape)
-                        .copy() for i, a in enumerate(arrays)])
+        results.append(
+            [
+                arena[offsets[position + i] : offsets[position + i] + a.nbytes].view(a.dtype).reshape(a.shape).copy()
+                for i, a in enumerate(arrays)
+            ]
+        )
         position += len(arrays)
     return results
 
 
-def run_kernel(kernel: L.LoopKernel, arrays: Sequence[np.ndarray], folder: Path,
-               blocking: GemmBlocking = DEFAULT_BLOCKING, parts: int = 1) -> list[np.ndarray]:
+def run_kernel(
+    kernel: L.LoopKernel,
+    arrays: Sequence[np.ndarray],
+    folder: Path,
+    blocking: GemmBlocking = DEFAULT_BLOCKING,
+    parts: int = 1,
+) -> list[np.ndarray]:
     """Compile, link and run one kernel on copies of `arrays` (one per parameter); the arrays after the run."""
     return run_kernels([(kernel, arrays)], folder, blocking, parts)[0]
 
@@ -176,17 +199,19 @@ _VISIBILITIES = {0: "DEFAULT", 1: "INTERNAL", 2: "HIDDEN", 3: "PROTECTED"}
 
 
 def _cstring(data: bytes, offset: int) -> str:
-    return data[offset:data.index(b"\0", offset)].decode()
+    return data[offset : data.index(b"\0", offset)].decode()
 
 
 def elf_sections(data: bytes) -> list[ElfSection]:
     assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, "expected a 64-bit little-endian ELF"
-    shoff, = struct.unpack_from("<Q", data, 0x28)
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
     raw = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
     names_at = raw[shstrndx][4]
-    return [ElfSection(i, _cstring(data, names_at + r[0]), r[1], r[2], r[4], r[5], r[6], r[8], r[9])
-            for i, r in enumerate(raw)]
+    return [
+        ElfSection(i, _cstring(data, names_at + r[0]), r[1], r[2], r[4], r[5], r[6], r[8], r[9])
+        for i, r in enumerate(raw)
+    ]
 
 
 def elf_section(data: bytes, name: str) -> ElfSection:
@@ -198,7 +223,7 @@ def elf_section(data: bytes, name: str) -> ElfSection:
 def elf_section_bytes(data: bytes, name: str) -> bytes:
     section = elf_section(data, name)
     assert section.type != SHT_NOBITS
-    return data[section.offset:section.offset + section.size]
+    return data[section.offset : section.offset + section.size]
 
 
 def elf_symbols(data: bytes, table: str = ".symtab") -> list[ElfSymbol]:
@@ -209,9 +234,17 @@ def elf_symbols(data: bytes, table: str = ".symtab") -> list[ElfSymbol]:
     for start in range(symtab.offset, symtab.offset + symtab.size, symtab.entsize):
         st_name, st_info, st_other, st_shndx, st_value, st_size = struct.unpack_from("<IBBHQQ", data, start)
         where = {0: "UND", 0xFFF1: "ABS", 0xFFF2: "COMMON"}.get(st_shndx) or sections[st_shndx].name
-        symbols.append(ElfSymbol(_cstring(data, strtab.offset + st_name), st_value, st_size,
-                                 _SYM_TYPES.get(st_info & 0xF, str(st_info & 0xF)),
-                                 _SYM_BINDS.get(st_info >> 4, str(st_info >> 4)), _VISIBILITIES[st_other & 3], where))
+        symbols.append(
+            ElfSymbol(
+                _cstring(data, strtab.offset + st_name),
+                st_value,
+                st_size,
+                _SYM_TYPES.get(st_info & 0xF, str(st_info & 0xF)),
+                _SYM_BINDS.get(st_info >> 4, str(st_info >> 4)),
+                _VISIBILITIES[st_other & 3],
+                where,
+            )
+        )
     return symbols
 
 

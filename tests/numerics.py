@@ -225,8 +225,13 @@ class OpCase:
     reference: Reference | None = None  # instead of onnxruntime, where it refuses the model or answers per CPU
 
 
-def case(id: str, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray] | None = None,
-         schedule: Sequence[str] | None = None, reference: Reference | None = None) -> OpCase:
+def case(
+    id: str,
+    model: onnx.ModelProto,
+    feeds: Mapping[str, np.ndarray] | None = None,
+    schedule: Sequence[str] | None = None,
+    reference: Reference | None = None,
+) -> OpCase:
     return OpCase(id, model, feeds, tuple(schedule) if schedule is not None else None, reference)
 
 
@@ -262,9 +267,14 @@ def check_case(c: OpCase, tmp_path: str | os.PathLike) -> BuildResult:
     return result
 
 
-def hostile_op_model(op: str, attrs: Mapping[str, object] | None = None,
-                     initializers: Mapping[str, np.ndarray] | None = None, x: Sequence[int] | None = (1, 2, 4, 4),
-                     opset: int = OPSET, outputs: Sequence[str] = ("y",)) -> onnx.ModelProto:
+def hostile_op_model(
+    op: str,
+    attrs: Mapping[str, object] | None = None,
+    initializers: Mapping[str, np.ndarray] | None = None,
+    x: Sequence[int] | None = (1, 2, 4, 4),
+    opset: int = OPSET,
+    outputs: Sequence[str] = ("y",),
+) -> onnx.ModelProto:
     """One `op` node named "victim" reading graph input x (float32, omitted when `x` is None) then the initializers
     and writing `outputs`, with no shape inference or checker run: a hostile model as an attacker writes it (issue
     13)."""
@@ -272,8 +282,12 @@ def hostile_op_model(op: str, attrs: Mapping[str, object] | None = None,
     names = [i.name for i in inputs] + list(initializers or {})
     node = helper.make_node(op, names, list(outputs), name="victim", **dict(attrs or {}))
     graph = helper.make_graph(
-        [node], "hostile", inputs, [helper.make_tensor_value_info(name, TensorProto.UNDEFINED, None) for name in outputs],
-        initializer=[numpy_helper.from_array(np.asarray(a), name) for name, a in (initializers or {}).items()])
+        [node],
+        "hostile",
+        inputs,
+        [helper.make_tensor_value_info(name, TensorProto.UNDEFINED, None) for name in outputs],
+        initializer=[numpy_helper.from_array(np.asarray(a), name) for name, a in (initializers or {}).items()],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
 
 

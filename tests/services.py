@@ -58,8 +58,12 @@ def free_port() -> int:
 def redis_server_binary() -> str:
     """The redis-server executable ($FARM_REDIS_SERVER, else on PATH), or ServiceError saying how to get one."""
     configured = os.environ.get("FARM_REDIS_SERVER")
-    found = configured or shutil.which("redis-server") or next(
-        (path for path in ("/usr/bin/redis-server", "/usr/sbin/redis-server") if os.access(path, os.X_OK)), None
+    found = (
+        configured
+        or shutil.which("redis-server")
+        or next(
+            (path for path in ("/usr/bin/redis-server", "/usr/sbin/redis-server") if os.access(path, os.X_OK)), None
+        )
     )
     if not found or not os.access(found, os.X_OK):
         raise ServiceError(
@@ -76,8 +80,9 @@ class RedisServer:
     the server reloads its append-only file.
     """
 
-    def __init__(self, password: str | None = None, port: int | None = None, folder: Path | None = None,
-                 acl: str | None = None) -> None:
+    def __init__(
+        self, password: str | None = None, port: int | None = None, folder: Path | None = None, acl: str | None = None
+    ) -> None:
         """`acl`: the text of an ACL file (farm.distributed.acl) the server loads; its users log in with
         `url_for`, while `url` stays the default user's."""
         self.password, self.acl = password, acl
@@ -179,9 +184,11 @@ class RedisServer:
     def _spawn(self) -> None:
         """Start redis-server in its own session, so a Ctrl-C aimed at pytest doesn't kill it mid-test."""
         if starting_allowed_for is None and os.environ.get("PYTEST_CURRENT_TEST"):
-            raise ServiceError(f"{os.environ['PYTEST_CURRENT_TEST']} starts a redis-server but is not marked "
-                               "services: add its fixture to SERVICE_FIXTURES in tests/conftest.py, or mark it "
-                               "@pytest.mark.services")
+            raise ServiceError(
+                f"{os.environ['PYTEST_CURRENT_TEST']} starts a redis-server but is not marked "
+                "services: add its fixture to SERVICE_FIXTURES in tests/conftest.py, or mark it "
+                "@pytest.mark.services"
+            )
         self.folder.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
             self._arguments(), cwd=self.folder, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -203,7 +210,9 @@ class RedisServer:
                 time.sleep(0.02)
         finally:
             client.close()
-        raise ServiceError(f"redis-server on port {self.port} didn't answer within {_START_TIMEOUT_S} s:\n{self._log_tail()}")
+        raise ServiceError(
+            f"redis-server on port {self.port} didn't answer within {_START_TIMEOUT_S} s:\n{self._log_tail()}"
+        )
 
     def _signal(self, signum: int) -> None:
         """Send `signum` and wait for the process to exit (SIGKILL if it won't)."""
@@ -285,11 +294,39 @@ def make_tls_files(folder: Path) -> TlsFiles:
     ca_key, request, extensions = folder / "ca.key", folder / "server.csr", folder / "server.ext"
     extensions.write_text("subjectAltName = IP:127.0.0.1, DNS:localhost\n")
     for command in (
-        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=farm test CA",
-         "-keyout", ca_key, "-out", files.ca],
+        [
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=farm test CA",
+            "-keyout",
+            ca_key,
+            "-out",
+            files.ca,
+        ],
         ["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", files.key, "-out", request],
-        ["x509", "-req", "-in", request, "-CA", files.ca, "-CAkey", ca_key, "-CAcreateserial", "-days", "1",
-         "-extfile", extensions, "-out", files.cert],
+        [
+            "x509",
+            "-req",
+            "-in",
+            request,
+            "-CA",
+            files.ca,
+            "-CAkey",
+            ca_key,
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            extensions,
+            "-out",
+            files.cert,
+        ],
     ):
         subprocess.run(["openssl", *map(str, command)], check=True, capture_output=True)
     return files
@@ -318,6 +355,15 @@ class TlsRedisServer(RedisServer):
         arguments = super()._arguments()
         plain = arguments.index("--port")
         arguments[plain + 1] = "0"
-        return arguments + ["--tls-port", str(self.port), "--tls-cert-file", str(self.tls.cert),
-                            "--tls-key-file", str(self.tls.key), "--tls-ca-cert-file", str(self.tls.ca),
-                            "--tls-auth-clients", "no"]
+        return arguments + [
+            "--tls-port",
+            str(self.port),
+            "--tls-cert-file",
+            str(self.tls.cert),
+            "--tls-key-file",
+            str(self.tls.key),
+            "--tls-ca-cert-file",
+            str(self.tls.ca),
+            "--tls-auth-clients",
+            "no",
+        ]

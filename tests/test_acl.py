@@ -74,8 +74,9 @@ def test_farm_acl_writes_the_file_from_the_environment_only(tmp_path: Path) -> N
     written = farm_cli("acl", "-o", str(tmp_path / "users.acl"), broker="", cwd=tmp_path, env=env)
     assert written.returncode == 0, written.stderr
     assert (tmp_path / "users.acl").read_text() == acl.acl_file({"worker": "a", "submitter": "b", "flower": "c"})
-    missing = farm_cli("acl", "-o", str(tmp_path / "other.acl"), broker="", cwd=tmp_path,
-                       env={name: "" for name in env})
+    missing = farm_cli(
+        "acl", "-o", str(tmp_path / "other.acl"), broker="", cwd=tmp_path, env={name: "" for name in env}
+    )
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "FARM_WORKER_PASSWORD" in missing.stderr
 
 
@@ -151,7 +152,8 @@ def test_a_submitter_cant_send_a_celery_task(farm_redis: RedisServer) -> None:
 
 
 def test_a_submitter_submits_follows_cancels_and_reads_but_writes_nothing_else(
-        farm_redis: RedisServer, model_path: Path) -> None:
+    farm_redis: RedisServer, model_path: Path
+) -> None:
     client = FarmClient(Farm(farm_redis, Path()).url)
     job_id = client.submit(model_path, [host_target()])
     assert client.status(job_id)["state"] == "queued" and client.jobs()[0]["job_id"] == job_id
@@ -159,12 +161,15 @@ def test_a_submitter_submits_follows_cancels_and_reads_but_writes_nothing_else(
     raw = farm_redis.client()
     assert raw.lrange(redis_keys.SUBMITTED_KEY, 0, -1) == [job_id.encode()]
     assert not raw.exists(redis_keys.job_key(job_id))  # the record is a worker's to write
-    assert set(raw.keys("farm:store:*")) == {f"farm:store:staged:{client.record(job_id).model_key}".encode(),
-                                             f"farm:store:staged:{client.record(job_id).model_key}:0".encode()}
+    assert set(raw.keys("farm:store:*")) == {
+        f"farm:store:staged:{client.record(job_id).model_key}".encode(),
+        f"farm:store:staged:{client.record(job_id).model_key}:0".encode(),
+    }
 
 
-def test_farm_store_or_worker_with_a_submitters_credentials_is_refused_in_one_line(farm_redis: RedisServer,
-                                                                                   tmp_path: Path) -> None:
+def test_farm_store_or_worker_with_a_submitters_credentials_is_refused_in_one_line(
+    farm_redis: RedisServer, tmp_path: Path
+) -> None:
     for args in (["store", "stats"], ["store", "gc"], ["worker", "--hostname", "sneaky@host"]):
         result = farm_cli(*args, broker=Farm(farm_redis, Path()).url, cwd=tmp_path)
         assert result.returncode == 4, (args, result.stderr)
@@ -192,16 +197,20 @@ def test_forged_submissions_are_refused_and_the_farm_goes_on(farm_factory, model
     store.stage(data)
     for junk in ("../../etc/passwd", "x" * 100_000, JOB, "DEADBEEFDEADBEEF"):
         board.redis.lpush(redis_keys.SUBMITTED_KEY, junk)
-    rewritten = _forged_request(board, sha, targets=json.dumps([{"kind": "cpu", "triple": "aarch64-linux-gnu",
-                                                                   "cpu": "generic", "features": ""}]))
+    rewritten = _forged_request(
+        board,
+        sha,
+        targets=json.dumps([{"kind": "cpu", "triple": "aarch64-linux-gnu", "cpu": "generic", "features": ""}]),
+    )
     with_artifact = _forged_request(board, sha, artifact_key=SHA)
     other_bytes = hashlib.sha256(b"not the model").hexdigest()
     store.stage(b"not the model")
     farm.redis.client().set(f"farm:store:staged:{other_bytes}:0", data)  # the staged bytes swapped (as the operator)
     swapped = _forged_request(board, other_bytes)
 
-    submitted = farm_cli("submit", str(model_path), "--json", "-o", str(tmp_path / "out"), broker=farm.url,
-                         cwd=tmp_path, timeout=300)
+    submitted = farm_cli(
+        "submit", str(model_path), "--json", "-o", str(tmp_path / "out"), broker=farm.url, cwd=tmp_path, timeout=300
+    )
     assert submitted.returncode == 0, submitted.stderr + farm.logs()
 
     client = FarmClient(farm.url)
@@ -215,7 +224,8 @@ def test_forged_submissions_are_refused_and_the_farm_goes_on(farm_factory, model
 
 
 def test_a_farm_key_of_the_wrong_type_is_one_line_for_clients_and_deleted_by_the_workers(
-        farm_factory, model_path: Path, tmp_path: Path) -> None:
+    farm_factory, model_path: Path, tmp_path: Path
+) -> None:
     """Issue 30's first attack: `SET farm:submitted x` ended the intake thread of every worker and `SET farm:jobs x`
     made every `farm submit` and `farm jobs` end in a traceback. The submitter's ACL refuses both now (above); made
     by the operator's hand (or an older farm), each is a one-line error for clients (exit 4) until the workers'
@@ -231,16 +241,18 @@ def test_a_farm_key_of_the_wrong_type_is_one_line_for_clients_and_deleted_by_the
     deadline = time.monotonic() + intake.SWEEP_SECONDS + 10
     while operator.exists(redis_keys.JOBS_KEY, redis_keys.SUBMITTED_KEY) and time.monotonic() < deadline:
         time.sleep(0.1)
-    submitted = farm_cli("submit", str(model_path), "--json", "-o", str(tmp_path / "out"), broker=farm.url,
-                         cwd=tmp_path, timeout=300)
+    submitted = farm_cli(
+        "submit", str(model_path), "--json", "-o", str(tmp_path / "out"), broker=farm.url, cwd=tmp_path, timeout=300
+    )
     assert submitted.returncode == 0 and json.loads(submitted.stdout)["state"] == "done", submitted.stderr
     log = farm.workers[0].log_path.read_text()
     assert f"deleted {redis_keys.SUBMITTED_KEY} (a string)" in log
     assert f"deleted {redis_keys.JOBS_KEY}, a string where the farm keeps a zset" in log
 
 
-def test_only_the_operator_may_retune_and_a_submitters_tune_only_adds_records(farm_factory, model_path: Path,
-                                                                               tmp_path: Path) -> None:
+def test_only_the_operator_may_retune_and_a_submitters_tune_only_adds_records(
+    farm_factory, model_path: Path, tmp_path: Path
+) -> None:
     """Issue 30's fourth attack: a submitter's `farm submit --retune` changed which variants another submitter's
     next build of the same model used. Tuning records are every job's: a submitter's --retune is refused before
     anything is sent (exit 4, one line), a request forged to ask for one fails, and the records, hence the other
@@ -249,8 +261,17 @@ def test_only_the_operator_may_retune_and_a_submitters_tune_only_adds_records(fa
     store = RedisStore(farm.worker_url)
 
     def submit(*flags: str, broker: str = farm.url) -> subprocess.CompletedProcess:
-        return farm_cli("submit", str(model_path), "--json", "-o", str(tmp_path / uuid.uuid4().hex), *flags,
-                        broker=broker, cwd=tmp_path, timeout=300)
+        return farm_cli(
+            "submit",
+            str(model_path),
+            "--json",
+            "-o",
+            str(tmp_path / uuid.uuid4().hex),
+            *flags,
+            broker=broker,
+            cwd=tmp_path,
+            timeout=300,
+        )
 
     tuned = submit("--tune")
     assert tuned.returncode == 0, tuned.stderr + farm.logs()
@@ -262,9 +283,17 @@ def test_only_the_operator_may_retune_and_a_submitters_tune_only_adds_records(fa
     assert "--retune" in refused.stderr and "operator" in refused.stderr
     board = JobBoard(farm.url)
     split = split_model(model_path)
-    job_id, request = job_record.encode_request(JobRecord(JobState.QUEUED, split.graph_key, "tiny_cnn",
-                                                        split.model_sha256, [host_target()], retune=True,
-                                                        created=time.time()))
+    job_id, request = job_record.encode_request(
+        JobRecord(
+            JobState.QUEUED,
+            split.graph_key,
+            "tiny_cnn",
+            split.model_sha256,
+            [host_target()],
+            retune=True,
+            created=time.time(),
+        )
+    )
     board.submit_request(job_id, request, time.time())  # what the client would send, less the grant
     deadline = time.monotonic() + 60
     while (record := board.get(job_id)) is None or not record.is_over:
@@ -274,18 +303,23 @@ def test_only_the_operator_may_retune_and_a_submitters_tune_only_adds_records(fa
     again = submit("--tune")
     assert again.returncode == 0 and not (json.loads(again.stdout)["tuning"] or {}).get("timed"), again.stderr
     assert {ref: store.get_ref(ref) for ref in records} == records
-    assert Path(json.loads(again.stdout)["artifact"]).read_bytes() == Path(
-        json.loads(tuned.stdout)["artifact"]).read_bytes()
+    assert (
+        Path(json.loads(again.stdout)["artifact"]).read_bytes()
+        == Path(json.loads(tuned.stdout)["artifact"]).read_bytes()
+    )
 
     retuned = submit("--retune", broker=farm.worker_url)
-    assert retuned.returncode == 0 and json.loads(retuned.stdout)["tuning"]["timed"] == len(records), \
+    assert retuned.returncode == 0 and json.loads(retuned.stdout)["tuning"]["timed"] == len(records), (
         retuned.stderr + farm.logs()
+    )
 
 
 def _tuning_refs(farm: Farm) -> list[str]:
     """The refs of the tuning database's records (as the operator lists them)."""
-    return [name.decode().removeprefix(acl.STORE_PREFIX + "ref:")
-            for name in farm.redis.client().keys(f"{acl.STORE_PREFIX}ref:{refs.tuning_record('*', '*')}")]
+    return [
+        name.decode().removeprefix(acl.STORE_PREFIX + "ref:")
+        for name in farm.redis.client().keys(f"{acl.STORE_PREFIX}ref:{refs.tuning_record('*', '*')}")
+    ]
 
 
 def test_what_a_submitter_writes_without_a_time_to_live_gets_one_from_the_workers(farm_factory) -> None:
@@ -304,15 +338,17 @@ def test_what_a_submitter_writes_without_a_time_to_live_gets_one_from_the_worker
         attacker.execute_command("SELECT", "1")
     operator = farm.redis.client()
     deadline = time.monotonic() + intake.SWEEP_SECONDS + 20
-    while -1 in (ttls := [operator.ttl(key) for key in (staged, redis_keys.request_key(JOB),
-                                                         redis_keys.cancel_key(JOB))]):
+    while -1 in (
+        ttls := [operator.ttl(key) for key in (staged, redis_keys.request_key(JOB), redis_keys.cancel_key(JOB))]
+    ):
         assert time.monotonic() < deadline, farm.logs()
         time.sleep(0.2)
     assert 0 < ttls[0] <= defaults.STAGED_TTL_SECONDS and all(0 < ttl <= defaults.JOB_TTL_SECONDS for ttl in ttls)
 
 
-def test_a_submitters_floods_and_oversized_claims_are_bounded_and_the_farm_goes_on(farm_factory, model_path: Path,
-                                                                                  tmp_path: Path) -> None:
+def test_a_submitters_floods_and_oversized_claims_are_bounded_and_the_farm_goes_on(
+    farm_factory, model_path: Path, tmp_path: Path
+) -> None:
     """Issue 30's third category with a submitter's credentials against a real worker: 50,000 junk ids, a request
     naming 70 targets (an artifact holds at most 64), and staged chunks far bigger than their header names. The
     ids are skipped a thousand per pop, the request is refused, the staged bytes are dropped unread, and a real
@@ -324,19 +360,20 @@ def test_a_submitters_floods_and_oversized_claims_are_bounded_and_the_farm_goes_
         pipe.lpush(redis_keys.SUBMITTED_KEY, f"{index:016x}")
     pipe.execute()
     cpus = [dataclasses.replace(host_target(), cpu=f"znver{index}") for index in range(70)]
-    many, request = job_record.encode_request(JobRecord(JobState.QUEUED, SHA, "tiny_cnn", SHA, cpus,
-                                                      created=time.time()))
+    many, request = job_record.encode_request(
+        JobRecord(JobState.QUEUED, SHA, "tiny_cnn", SHA, cpus, created=time.time())
+    )
     board.submit_request(many, request, time.time())
     oversized = hashlib.sha256(b"oversized").hexdigest()
     staged = f"{acl.STORE_PREFIX}staged:{oversized}"
     board.redis.set(staged, "1:3")
     for index in range(3):
         board.redis.set(f"{staged}:{index}", b"\0" * (8 << 20))
-    swollen = board.submit(JobRecord(JobState.QUEUED, oversized, "tiny_cnn", SHA, [host_target()],
-                                     created=time.time()))
+    swollen = board.submit(JobRecord(JobState.QUEUED, oversized, "tiny_cnn", SHA, [host_target()], created=time.time()))
 
-    submitted = farm_cli("submit", str(model_path), "--json", "-o", str(tmp_path / "out"), broker=farm.url,
-                         cwd=tmp_path, timeout=300)
+    submitted = farm_cli(
+        "submit", str(model_path), "--json", "-o", str(tmp_path / "out"), broker=farm.url, cwd=tmp_path, timeout=300
+    )
     assert submitted.returncode == 0 and json.loads(submitted.stdout)["state"] == "done", submitted.stderr
     assert board.view(many) is None  # refused and dropped
     failed = FarmClient(farm.url).status(swollen)
@@ -350,15 +387,32 @@ def test_a_submitters_floods_and_oversized_claims_are_bounded_and_the_farm_goes_
 
 
 def test_farm_acl_writes_a_user_per_team_and_names_a_missing_password(tmp_path: Path) -> None:
-    env = {"FARM_WORKER_PASSWORD": "a", "FARM_SUBMITTER_PASSWORD": "b", "FARM_FLOWER_REDIS_PASSWORD": "c",
-           "FARM_TEAMS": "vision, nlp-2", "FARM_SUBMITTER_PASSWORD_VISION": "d", "FARM_SUBMITTER_PASSWORD_NLP_2": "e"}
-    assert acl.passwords_from_environment(env) == {"worker": "a", "submitter": "b", "flower": "c",
-                                                   "team:vision": "d", "team:nlp-2": "e"}
+    env = {
+        "FARM_WORKER_PASSWORD": "a",
+        "FARM_SUBMITTER_PASSWORD": "b",
+        "FARM_FLOWER_REDIS_PASSWORD": "c",
+        "FARM_TEAMS": "vision, nlp-2",
+        "FARM_SUBMITTER_PASSWORD_VISION": "d",
+        "FARM_SUBMITTER_PASSWORD_NLP_2": "e",
+    }
+    assert acl.passwords_from_environment(env) == {
+        "worker": "a",
+        "submitter": "b",
+        "flower": "c",
+        "team:vision": "d",
+        "team:nlp-2": "e",
+    }
     written = farm_cli("acl", "-o", str(tmp_path / "users.acl"), broker="", cwd=tmp_path, env=env)
     assert written.returncode == 0, written.stderr
     users = [line.split()[1] for line in (tmp_path / "users.acl").read_text().splitlines()]
-    assert users == ["default", "farm-worker", "farm-submitter", "farm-flower", "farm-submitter-vision",
-                     "farm-submitter-nlp-2"]
+    assert users == [
+        "default",
+        "farm-worker",
+        "farm-submitter",
+        "farm-flower",
+        "farm-submitter-vision",
+        "farm-submitter-nlp-2",
+    ]
     with pytest.raises(BadInputError, match="set FARM_SUBMITTER_PASSWORD_NLP_2"):
         acl.passwords_from_environment({**env, "FARM_SUBMITTER_PASSWORD_NLP_2": ""})
     with pytest.raises(BadInputError, match="not a team name"):
@@ -372,8 +426,16 @@ def test_teams_read_follow_and_cancel_only_their_own_jobs(farm_factory, model_pa
     its own jobs only (its ids carry its name, which Redis's ACL lets only its user write), and the default
     submitters see none of the teams' jobs; each builds as usual."""
     farm: Farm = farm_factory(workers=1)
-    built = farm_cli("submit", str(model_path), "--json", "-o", str(tmp_path / "vision"),
-                     broker=farm.team_url("vision"), cwd=tmp_path, timeout=300)
+    built = farm_cli(
+        "submit",
+        str(model_path),
+        "--json",
+        "-o",
+        str(tmp_path / "vision"),
+        broker=farm.team_url("vision"),
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stderr + farm.logs()
     vision_job = json.loads(built.stdout)["job_id"]
     assert vision_job.startswith("vision.") and redis_keys.team_of(vision_job) == "vision"
@@ -390,7 +452,8 @@ def test_teams_read_follow_and_cancel_only_their_own_jobs(farm_factory, model_pa
 
 
 def test_a_team_past_its_quota_of_live_jobs_is_refused_in_one_line_and_other_teams_go_on(
-        farm_redis: RedisServer, model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    farm_redis: RedisServer, model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A team's jobs queued or running count against FARM_MAX_LIVE_JOBS (set to 2 here: the quota is what this
     test is about); the next one fails at once naming the quota, the other teams' jobs are accepted, and once one
     of the team's jobs ends (cancelled here) the team may submit again. The workers' side runs in this process
@@ -404,7 +467,8 @@ def test_a_team_past_its_quota_of_live_jobs_is_refused_in_one_line_and_other_tea
     first, second, third = (vision.submit(model_path, [host_target()]) for _ in range(3))
     other = nlp.submit(model_path, [host_target()])
     assert [steps.accept(job_id) for job_id in (first, second, other)] == [
-        f"job {job_id} accepted" for job_id in (first, second, other)]
+        f"job {job_id} accepted" for job_id in (first, second, other)
+    ]
     assert "their quota (FARM_MAX_LIVE_JOBS=2" in steps.accept(third)
     refused = farm_cli("wait", third, broker=cluster.team_url("vision"), cwd=tmp_path)
     assert refused.returncode == 2 and "team 'vision' already have 2 jobs queued or running" in refused.stderr
@@ -414,7 +478,8 @@ def test_a_team_past_its_quota_of_live_jobs_is_refused_in_one_line_and_other_tea
 
 
 def test_a_teams_uploads_past_its_staging_quota_are_dropped_oldest_first_and_only_its_jobs_are_told(
-        farm_redis: RedisServer, model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    farm_redis: RedisServer, model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each team stages under its own name, which its Redis user alone writes, so the workers can weigh it: past
     FARM_MAX_STAGED_BYTES (512 KiB here: the quota is what this test is about) a team's oldest uploads go, its job
     that needed one fails naming the quota, and the other team's upload of the same model is untouched. The

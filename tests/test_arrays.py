@@ -17,10 +17,13 @@ def test_inputs_are_read_by_name(tmp_path):
     np.testing.assert_array_equal(feeds["x"], np.arange(6, dtype=np.float32).reshape(2, 3))
 
 
-@pytest.mark.parametrize("pair, message", [
-    ("x.npy", "expected NAME=FILE.npy"),
-    ("x=", "expected NAME=FILE.npy"),
-])
+@pytest.mark.parametrize(
+    "pair, message",
+    [
+        ("x.npy", "expected NAME=FILE.npy"),
+        ("x=", "expected NAME=FILE.npy"),
+    ],
+)
 def test_malformed_pairs_are_refused(pair, message):
     with pytest.raises(BadInputError, match=message):
         parse_inputs((pair,))

@@ -38,11 +38,17 @@ def test_the_assembly_driven_step_by_step_gives_the_local_builds_artifact(model:
     plan_json = json.loads(json.dumps(assembly.link_plan([plan], targets, model.stem, sha, units)))
     assert set(plan_json["units"]) == {unit.name for unit in units} and set(plan_json["layouts"]) == {"cpu"}
 
-    objects = {unit.name: compile_unit(unit, memoryview(plan.blobs[unit.data_key]).cast("B") if unit.data_key else None)
-               for unit in units}
+    objects = {
+        unit.name: compile_unit(unit, memoryview(plan.blobs[unit.data_key]).cast("B") if unit.data_key else None)
+        for unit in units
+    }
     libraries: dict[str, bytes] = {}
-    built = BuiltUnits(objects.__getitem__, lambda name: hashlib.sha256(objects[name]).hexdigest(),
-                       libraries.__getitem__, lambda key: plan.blobs[key].tobytes())
+    built = BuiltUnits(
+        objects.__getitem__,
+        lambda name: hashlib.sha256(objects[name]).hexdigest(),
+        libraries.__getitem__,
+        lambda key: plan.blobs[key].tobytes(),
+    )
     for target in targets:
         libraries[target.id] = assembly.link_library(plan_json, target.id, built)
     manifest, members = assembly.artifact_contents(plan_json, built)
@@ -64,13 +70,17 @@ def test_an_opencl_only_plan_has_no_libraries_and_still_lists_cpu_fields(model: 
 
 def test_the_build_identity_names_everything_the_bytes_depend_on() -> None:
     host, arm = host_target(), CpuTarget("aarch64-unknown-linux-gnu")
-    identities = {assembly.build_identity("a" * 64, "m", [host]), assembly.build_identity("b" * 64, "m", [host]),
-                  assembly.build_identity("a" * 64, "n", [host]), assembly.build_identity("a" * 64, "m", [host, arm]),
-                  assembly.build_identity("a" * 64, "m", [host, OpenClTarget("0123456789abcdef")]),
-                  assembly.build_identity("a" * 64, "m", [host], [{"batch": (1,)}]),
-                  assembly.build_identity("a" * 64, "m", [host], [{"batch": (2,)}]),
-                  assembly.build_identity("a" * 64, "m", [host], [{"batch": (1,)}, {"batch": (2,)}]),
-                  assembly.build_identity("a" * 64, "m", [host], [{"batch": (2,)}, {"batch": (1,)}])}
+    identities = {
+        assembly.build_identity("a" * 64, "m", [host]),
+        assembly.build_identity("b" * 64, "m", [host]),
+        assembly.build_identity("a" * 64, "n", [host]),
+        assembly.build_identity("a" * 64, "m", [host, arm]),
+        assembly.build_identity("a" * 64, "m", [host, OpenClTarget("0123456789abcdef")]),
+        assembly.build_identity("a" * 64, "m", [host], [{"batch": (1,)}]),
+        assembly.build_identity("a" * 64, "m", [host], [{"batch": (2,)}]),
+        assembly.build_identity("a" * 64, "m", [host], [{"batch": (1,)}, {"batch": (2,)}]),
+        assembly.build_identity("a" * 64, "m", [host], [{"batch": (2,)}, {"batch": (1,)}]),
+    }
     assert len(identities) == 9 and assembly.build_identity("a" * 64, "m", [host]) in identities
     assert assembly.build_identity("a" * 64, "m", [host], [{}]) == assembly.build_identity("a" * 64, "m", [host])
 
@@ -86,14 +96,22 @@ def test_sizes_driven_step_by_step_give_the_local_builds_artifact(tmp_path: Path
     assert len(units) < sum(len(assembly.compile_units(plan, targets)) for plan in plans)
     sha = hashlib.sha256(model.read_bytes()).hexdigest()
     plan_json = json.loads(json.dumps(assembly.link_plan(plans, targets, model.stem, sha, units, sizes)))
-    assert [library["id"] for library in assembly.libraries(plan_json)] == [f"{targets[0].id}.size0",
-                                                                           f"{targets[0].id}.size1"]
+    assert [library["id"] for library in assembly.libraries(plan_json)] == [
+        f"{targets[0].id}.size0",
+        f"{targets[0].id}.size1",
+    ]
     blobs = assembly.sized_blobs(plans)
-    objects = {unit.name: compile_unit(unit, memoryview(blobs[unit.data_key]).cast("B") if unit.data_key else None)
-               for unit in units}
+    objects = {
+        unit.name: compile_unit(unit, memoryview(blobs[unit.data_key]).cast("B") if unit.data_key else None)
+        for unit in units
+    }
     libraries: dict[str, bytes] = {}
-    built = BuiltUnits(objects.__getitem__, lambda name: hashlib.sha256(objects[name]).hexdigest(),
-                       libraries.__getitem__, lambda key: blobs[key].tobytes())
+    built = BuiltUnits(
+        objects.__getitem__,
+        lambda name: hashlib.sha256(objects[name]).hexdigest(),
+        libraries.__getitem__,
+        lambda key: blobs[key].tobytes(),
+    )
     for library in assembly.libraries(plan_json):
         libraries[library["id"]] = assembly.link_library(plan_json, library["id"], built)
     manifest, members = assembly.artifact_contents(plan_json, built)
@@ -103,8 +121,9 @@ def test_sizes_driven_step_by_step_give_the_local_builds_artifact(tmp_path: Path
         assembly.link_library(plan_json, "nope", built)
 
 
-def test_the_build_identity_holds_the_toolchain_but_the_artifact_does_not(model: Path, tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_build_identity_holds_the_toolchain_but_the_artifact_does_not(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Another toolchain is another artifact cache entry (and local job id); the bytes stay a function of the model,
     the targets and the toolchain itself, so a label that only marks the toolchain changes no byte."""
     monkeypatch.delenv("FARM_TOOLCHAIN_LABEL", raising=False)
@@ -123,8 +142,10 @@ def test_unit_counts_count_every_code_unit_and_every_packed_weight(model: Path) 
     fingerprint = "0123456789abcdef"
     units = assembly.compile_units(assembly.plan_model(model), [host_target(), OpenClTarget(fingerprint)])
     counts = assembly.unit_counts(units)
-    assert counts == {"kernels": sum(u.kind in ("kernel", "clkernel") for u in units),
-                      "blobs": sum(u.kind == "blob" for u in units)}
+    assert counts == {
+        "kernels": sum(u.kind in ("kernel", "clkernel") for u in units),
+        "blobs": sum(u.kind == "blob" for u in units),
+    }
     assert counts["kernels"] + counts["blobs"] == len(units) and counts["blobs"] > 0
 
 

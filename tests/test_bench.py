@@ -45,11 +45,17 @@ with wider vectors than that CPU's."""
 def _conv_relu_model() -> onnx.ModelProto:
     """A 3x3 convolution heavy enough (75 MFLOP) that the baseline build is clearly slower, then a Relu."""
     weight = np.random.default_rng(0).standard_normal((64, 64, 3, 3)).astype(np.float32) * 0.05
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-             helper.make_node("Sigmoid", ["c"], ["y"], name="act")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 32, 32])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 32, 32])],
-                              [numpy_helper.from_array(weight, "w")])
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Sigmoid", ["c"], ["y"], name="act"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 32, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 32, 32])],
+        [numpy_helper.from_array(weight, "w")],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -90,8 +96,9 @@ def test_the_comparison_flags_the_kernel_made_slower_every_time(artifacts) -> No
 def test_an_artifact_compared_with_itself_never_fails(artifacts, tmp_path: Path) -> None:
     """With production defaults (20 alternating repeats), again and again: noise alone never flags a node."""
     for _ in range(3):
-        checked = _farm("bench", artifacts[0], "--compare", artifacts[0], "--fail-on-regression", "--json",
-                        cwd=tmp_path)
+        checked = _farm(
+            "bench", artifacts[0], "--compare", artifacts[0], "--fail-on-regression", "--json", cwd=tmp_path
+        )
         assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr
         report = json.loads(checked.stdout)
         assert report["repeat"] == 20 and not any(c["flagged"] for c in report["comparison"]["changes"])
@@ -107,10 +114,12 @@ def test_cli_prints_kernels_and_fails_on_regression_when_asked(artifacts, tmp_pa
     assert "conv" in flagged
 
 
-def test_too_few_repeats_to_see_past_the_noise_are_refused_when_failing_on_regression(artifacts,
-                                                                                       tmp_path: Path) -> None:
-    result = _farm("bench", artifacts[1], "--compare", artifacts[0], "--repeat", "3", "--fail-on-regression",
-                   cwd=tmp_path)
+def test_too_few_repeats_to_see_past_the_noise_are_refused_when_failing_on_regression(
+    artifacts, tmp_path: Path
+) -> None:
+    result = _farm(
+        "bench", artifacts[1], "--compare", artifacts[0], "--repeat", "3", "--fail-on-regression", cwd=tmp_path
+    )
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert f"needs --repeat {repeats_needed(2)} or more" in result.stderr
 
@@ -142,24 +151,40 @@ def test_changes_flag_only_real_slowdowns() -> None:
 
 def test_unmatched_nodes_are_listed_from_both_sides() -> None:
     step = lambda node: StepTime(node, "Relu", "Relu 4 -> 4", 1e-3, None)  # noqa: E731
-    before, after = BenchReport("a", "t", 1.0, [step("x"), step("old")]), BenchReport("b", "t", 1.0, [step("x"),
-                                                                                                    step("new")])
+    before, after = (
+        BenchReport("a", "t", 1.0, [step("x"), step("old")]),
+        BenchReport("b", "t", 1.0, [step("x"), step("new")]),
+    )
     assert [(c.node, c.before is None, c.after is None) for c in compare(before, after)] == [
-        ("x", False, False), ("new", True, False), ("old", False, True)]
+        ("x", False, False),
+        ("new", True, False),
+        ("old", False, True),
+    ]
 
 
 def test_flop_counts_for_gemm_and_matmul() -> None:
-    gemm = {"op": "Gemm", "attrs": {"transA": 1}, "inputs": [[[8, 3], "float32"], [[8, 5], "float32"]],
-            "outputs": [[[3, 5], "float32"]], "activation": None}
-    matmul = {"op": "MatMul", "attrs": {}, "inputs": [[[2, 4, 6], "float32"], [[6, 7], "float32"]],
-              "outputs": [[[2, 4, 7], "float32"]], "activation": ["relu", []]}
+    gemm = {
+        "op": "Gemm",
+        "attrs": {"transA": 1},
+        "inputs": [[[8, 3], "float32"], [[8, 5], "float32"]],
+        "outputs": [[[3, 5], "float32"]],
+        "activation": None,
+    }
+    matmul = {
+        "op": "MatMul",
+        "attrs": {},
+        "inputs": [[[2, 4, 6], "float32"], [[6, 7], "float32"]],
+        "outputs": [[[2, 4, 7], "float32"]],
+        "activation": ["relu", []],
+    }
     assert FLOPS["Gemm"](gemm) == 2 * 3 * 5 * 8 and FLOPS["MatMul"](matmul) == 2 * 2 * 4 * 7 * 6
     assert kernel_label(matmul) == "MatMul 2x4x6,6x7 -> 2x4x7 +relu"
 
 
 def _farm(*args, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "farm", *map(str, args)], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "farm", *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.fixture(scope="module")
@@ -183,11 +208,15 @@ def test_the_opencl_part_is_timed_step_by_step_and_compared(opencl_artifact, tmp
     report = bench_artifact(opencl_artifact, repeat=3, device="opencl")
     assert report.target.startswith("opencl-") and [step.node for step in report.steps] == ["conv", "act"]
     assert report.steps[0].kernel == "Conv 1x64x32x32,64x64x3x3 -> 1x64x32x32" and report.steps[0].flops
-    checked = _farm("bench", opencl_artifact, "--compare", opencl_artifact, "--device", "opencl", "--json",
-                    cwd=tmp_path)
+    checked = _farm(
+        "bench", opencl_artifact, "--compare", opencl_artifact, "--device", "opencl", "--json", cwd=tmp_path
+    )
     assert checked.returncode == 0, checked.stderr
     compared = json.loads(checked.stdout)
-    assert compared["target"] == report.target and [c["node"] for c in compared["comparison"]["changes"]] == ["conv", "act"]
+    assert compared["target"] == report.target and [c["node"] for c in compared["comparison"]["changes"]] == [
+        "conv",
+        "act",
+    ]
     assert all(c["p_value"] is not None for c in compared["comparison"]["changes"])
 
 
@@ -197,8 +226,10 @@ def test_sample_feeds_are_random_for_every_float_dtype_and_zero_for_the_rest() -
 
     from farm.runtime.model import TensorSpec
 
-    specs = [TensorSpec(name, (4,), np.dtype(dtype).name) for name, dtype in
-             (("f16", np.float16), ("bf16", ml_dtypes.bfloat16), ("f64", np.float64), ("ids", np.int64))]
+    specs = [
+        TensorSpec(name, (4,), np.dtype(dtype).name)
+        for name, dtype in (("f16", np.float16), ("bf16", ml_dtypes.bfloat16), ("f64", np.float64), ("ids", np.int64))
+    ]
     feeds = sample_feeds(specs)
     assert all(np.any(feeds[name].astype(np.float32) != 0) for name in ("f16", "bf16", "f64"))
     assert not np.any(feeds["ids"]) and feeds["bf16"].dtype == np.dtype(ml_dtypes.bfloat16)

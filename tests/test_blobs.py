@@ -72,7 +72,6 @@ def test_a_weight_with_column_panels_is_b_pre_packed_and_transposed_when_stored_
 # --- older versions' scratch ------------------------------------------------------------------------------------
 
 
-
 def old_scratch(folder: Path, name: str, age: float) -> Path:
     """What an older version's crash left: farm-blob-*/blob.bin, `age` seconds old."""
     path = folder / name

@@ -26,8 +26,16 @@ def board(redis_server: RedisServer) -> JobBoard:
 
 def new_record(**fields: object) -> JobRecord:
     now = time.time()
-    return JobRecord(JobState.QUEUED, "a" * 64, "m", "b" * 64, [CpuTarget("x86_64-unknown-linux-gnu")],
-                     created=now, updated=now, **fields)
+    return JobRecord(
+        JobState.QUEUED,
+        "a" * 64,
+        "m",
+        "b" * 64,
+        [CpuTarget("x86_64-unknown-linux-gnu")],
+        created=now,
+        updated=now,
+        **fields,
+    )
 
 
 def test_create_get_and_update_a_job_record(board: JobBoard) -> None:
@@ -140,10 +148,14 @@ def test_count_delivery_increments_per_job_and_unit(board: JobBoard) -> None:
 def test_an_unreachable_redis_raises_store_unreachable_quickly(operation: str) -> None:
     url = f"redis://:secret@127.0.0.1:{free_port()}/0"  # nothing listens there
     board = JobBoard(url)
-    calls = {"create": lambda: board.create(J1, new_record()), "get": lambda: board.get("j"),
-             "update": lambda: board.update(J1, error="x"), "advance": lambda: board.advance("j", JobState.DONE),
-             "complete": lambda: board.complete("j", "compile", "u"),
-             "count_delivery": lambda: board.count_delivery("j", "u")}
+    calls = {
+        "create": lambda: board.create(J1, new_record()),
+        "get": lambda: board.get("j"),
+        "update": lambda: board.update(J1, error="x"),
+        "advance": lambda: board.advance("j", JobState.DONE),
+        "complete": lambda: board.complete("j", "compile", "u"),
+        "count_delivery": lambda: board.count_delivery("j", "u"),
+    }
     started = time.monotonic()
     with pytest.raises(UnreachableError) as caught:
         calls[operation]()
@@ -152,18 +164,19 @@ def test_an_unreachable_redis_raises_store_unreachable_quickly(operation: str) -
     assert "unreachable" in str(caught.value) and "secret" not in str(caught.value)
 
 
-
-
 def test_refused_credentials_say_so_without_the_password(redis_servers) -> None:
     server = redis_servers(password="s3cret")
-    for url, why in ((server.url.replace(":s3cret@", ""), "lacks the password the server requires"),
-                     (server.url.replace("s3cret", "guess"), "has a wrong password (or user)")):
+    for url, why in (
+        (server.url.replace(":s3cret@", ""), "lacks the password the server requires"),
+        (server.url.replace("s3cret", "guess"), "has a wrong password (or user)"),
+    ):
         board = JobBoard(url)
         with pytest.raises(CredentialsRefusedError) as caught:
             board.get(J1)
         assert str(caught.value).endswith(f"refused the connection: the URL {why}")
         assert "guess" not in str(caught.value) and caught.value.exit_status == ExitStatus.UNREACHABLE
     assert JobBoard(server.url).get(J1) is None  # the right password gets in
+
 
 def test_each_state_change_and_finished_unit_is_published_on_the_jobs_channel(board: JobBoard) -> None:
     """Waiting clients block on the job's channel (farm/distributed/client.py JobEvents) instead of polling."""
@@ -211,8 +224,9 @@ def test_a_record_is_created_once(board: JobBoard, redis_server: RedisServer) ->
     assert 0 < redis_server.client().ttl(redis_keys.job_key(J1)) <= defaults.JOB_TTL_SECONDS
 
 
-def test_a_submitted_request_reads_as_a_queued_job_until_a_record_exists(board: JobBoard,
-                                                                        redis_server: RedisServer) -> None:
+def test_a_submitted_request_reads_as_a_queued_job_until_a_record_exists(
+    board: JobBoard, redis_server: RedisServer
+) -> None:
     job_id = board.submit(new_record(no_cache=True))
     raw = redis_server.client()
     assert raw.lrange(redis_keys.SUBMITTED_KEY, 0, -1) == [job_id.encode()]

@@ -26,8 +26,15 @@ from tests.services import RedisServer, redis_server_fixture  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent
 UNUSED_URL = "redis://127.0.0.1:1/0"  # make_app connects lazily; nothing here talks to it
-FARM_ENV = ("FARM_BROKER_URL", "FARM_STORE_URL", "FARM_TASK_SOFT_TIME_LIMIT", "FARM_TASK_TIME_LIMIT",
-            "FARM_VISIBILITY_TIMEOUT", "FARM_MAX_DELIVERIES", "FARM_WORKER_REDIS_RETRIES")
+FARM_ENV = (
+    "FARM_BROKER_URL",
+    "FARM_STORE_URL",
+    "FARM_TASK_SOFT_TIME_LIMIT",
+    "FARM_TASK_TIME_LIMIT",
+    "FARM_VISIBILITY_TIMEOUT",
+    "FARM_MAX_DELIVERIES",
+    "FARM_WORKER_REDIS_RETRIES",
+)
 TASK_NAMES = {"farm.plan_job", "farm.compile_cpu_kernel", "farm.pack_blob", "farm.link", "farm.finish"}
 
 
@@ -35,7 +42,6 @@ TASK_NAMES = {"farm.plan_job", "farm.compile_cpu_kernel", "farm.pack_blob", "far
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in FARM_ENV:
         monkeypatch.delenv(name, raising=False)
-
 
 
 def test_a_rediss_url_gives_celery_kombu_and_flower_its_tls_options(clean_env: None, tmp_path: Path) -> None:
@@ -56,6 +62,7 @@ def test_a_rediss_url_gives_celery_kombu_and_flower_its_tls_options(clean_env: N
     with bare.connection_for_write() as connection:
         assert connection.ssl == {"ssl_cert_reqs": "required"}
     assert not make_app(UNUSED_URL).conf.broker_use_ssl
+
 
 def test_messages_are_json_only(clean_env: None) -> None:
     conf = make_app(UNUSED_URL).conf
@@ -93,9 +100,17 @@ def test_events_are_on_for_flower(clean_env: None) -> None:
     assert conf.task_track_started is True
 
 
-@pytest.mark.parametrize(("task", "queue"), [("farm.compile_cpu_kernel", "llvm"), ("farm.pack_blob", "llvm"),
-                                             ("farm.link", "llvm"), ("farm.plan_job", "control"),
-                                             ("farm.finish", "control"), ("some.other_task", "control")])
+@pytest.mark.parametrize(
+    ("task", "queue"),
+    [
+        ("farm.compile_cpu_kernel", "llvm"),
+        ("farm.pack_blob", "llvm"),
+        ("farm.link", "llvm"),
+        ("farm.plan_job", "control"),
+        ("farm.finish", "control"),
+        ("some.other_task", "control"),
+    ],
+)
 def test_routes(task: str, queue: str) -> None:
     router = make_app(UNUSED_URL).amqp.router
     assert router.route({}, task, (), {})["queue"].name == queue
@@ -122,24 +137,40 @@ def _settings_in_a_fresh_process(env: dict[str, str]) -> dict:
         "print(json.dumps({'module': show(app), 'made': show(make_app('redis://127.0.0.1:2/5'))}))\n"
     )
     clean = {name: value for name, value in os.environ.items() if name not in FARM_ENV}
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**clean, **env}, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env={**clean, **env}, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
 
 def test_farm_env_overrides_change_make_apps_settings() -> None:
-    settings = _settings_in_a_fresh_process({"FARM_BROKER_URL": "redis://10.0.0.9:6380/2",
-                                             "FARM_TASK_SOFT_TIME_LIMIT": "30", "FARM_TASK_TIME_LIMIT": "45",
-                                             "FARM_VISIBILITY_TIMEOUT": "90"})
-    assert settings["module"] == {"broker": "redis://10.0.0.9:6380/2", "soft": 30, "hard": 45, "visibility": 90,
-                                  "result_visibility": 90}
+    settings = _settings_in_a_fresh_process(
+        {
+            "FARM_BROKER_URL": "redis://10.0.0.9:6380/2",
+            "FARM_TASK_SOFT_TIME_LIMIT": "30",
+            "FARM_TASK_TIME_LIMIT": "45",
+            "FARM_VISIBILITY_TIMEOUT": "90",
+        }
+    )
+    assert settings["module"] == {
+        "broker": "redis://10.0.0.9:6380/2",
+        "soft": 30,
+        "hard": 45,
+        "visibility": 90,
+        "result_visibility": 90,
+    }
     assert settings["made"]["broker"] == "redis://127.0.0.1:2/5"  # an explicit broker wins over FARM_BROKER_URL
     assert settings["made"]["hard"] == 45
 
     derived = _settings_in_a_fresh_process({"FARM_TASK_TIME_LIMIT": "100"})["module"]
-    assert derived == {"broker": "redis://127.0.0.1:6379/0", "soft": 600, "hard": 100, "visibility": 160,
-                       "result_visibility": 160}
+    assert derived == {
+        "broker": "redis://127.0.0.1:6379/0",
+        "soft": 600,
+        "hard": 100,
+        "visibility": 160,
+        "result_visibility": 160,
+    }
 
     default = _settings_in_a_fresh_process({})["module"]
     assert (default["soft"], default["hard"], default["visibility"]) == (600, 660, 720)
@@ -175,23 +206,46 @@ def test_a_real_worker_refuses_a_pickled_task_message(redis_server: RedisServer,
         with Connection(redis_server.url) as connection:
             connection.Producer().publish(
                 ([Touch(marker)], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}),
-                exchange="", routing_key="control", serializer="pickle",
-                headers={"lang": "py", "task": "farm.plan_job", "id": refused_id, "root_id": refused_id,
-                         "parent_id": None, "group": None, "argsrepr": "[...]", "kwargsrepr": "{}",
-                         "origin": "test"},
+                exchange="",
+                routing_key="control",
+                serializer="pickle",
+                headers={
+                    "lang": "py",
+                    "task": "farm.plan_job",
+                    "id": refused_id,
+                    "root_id": refused_id,
+                    "parent_id": None,
+                    "group": None,
+                    "argsrepr": "[...]",
+                    "kwargsrepr": "{}",
+                    "origin": "test",
+                },
             )
-        _wait_for(lambda: "Refusing to deserialize" in worker.log_path.read_text(errors="replace"), 30,
-                  "the worker to refuse the pickle", worker)
+        _wait_for(
+            lambda: "Refusing to deserialize" in worker.log_path.read_text(errors="replace"),
+            30,
+            "the worker to refuse the pickle",
+            worker,
+        )
         log = worker.log_path.read_text(errors="replace")
         assert "application/x-python-serialize" in log and "ignored and discarded" in log
-        _wait_for(lambda: raw.llen("control") == 0 and raw.hlen("unacked") == 0, 10,
-                  "the refused message to be dropped (not requeued, not left unacknowledged)", worker)
+        _wait_for(
+            lambda: raw.llen("control") == 0 and raw.hlen("unacked") == 0,
+            10,
+            "the refused message to be dropped (not requeued, not left unacknowledged)",
+            worker,
+        )
 
         # The same worker runs a JSON task sent on the same queue: it was the content type it refused.
-        accepted_id = make_app(redis_server.url).send_task("farm.plan_job", args=["0123456789abcdef"],
-                                                           queue="control").id
-        _wait_for(lambda: f"farm.plan_job[{accepted_id}] succeeded" in worker.log_path.read_text(errors="replace"),
-                  60, "the JSON task to run", worker)
+        accepted_id = (
+            make_app(redis_server.url).send_task("farm.plan_job", args=["0123456789abcdef"], queue="control").id
+        )
+        _wait_for(
+            lambda: f"farm.plan_job[{accepted_id}] succeeded" in worker.log_path.read_text(errors="replace"),
+            60,
+            "the JSON task to run",
+            worker,
+        )
         log = worker.log_path.read_text(errors="replace")
         assert f"[{refused_id}] received" not in log and f"[{refused_id}] succeeded" not in log
         assert worker.process.poll() is None  # still serving
@@ -208,12 +262,15 @@ def test_dispatch_waits_out_a_redis_restart(redis_server: RedisServer) -> None:
     redis_server.stop()
     restarter = threading.Timer(1.5, redis_server.restart)
     restarter.start()
-    code = ("from farm.distributed.task_messages import Finish; from farm.distributed.tasks import dispatch; "
-            "dispatch(Finish('0123456789abcdef').message())")
+    code = (
+        "from farm.distributed.task_messages import Finish; from farm.distributed.tasks import dispatch; "
+        "dispatch(Finish('0123456789abcdef').message())"
+    )
     env = {**os.environ, "FARM_BROKER_URL": redis_server.url}
     try:
-        done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
-                              timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+        )
     finally:
         restarter.join()
     assert done.returncode == 0, done.stderr

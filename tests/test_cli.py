@@ -37,8 +37,14 @@ CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(examp
 
 def farm(*args, cwd, env=None) -> subprocess.CompletedProcess:
     path = os.pathsep.join(p for p in (CHECKOUT, os.environ.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, "-m", "farm", *map(str, args)], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": path, **(env or {})}, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "farm", *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": path, **(env or {})},
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +61,12 @@ def built(tmp_path_factory):
 
 def _single_op_model(path, op="Relu", shape=(2, 3), **attrs):
     node = helper.make_node(op, ["x"], ["y"], name="the_node", **attrs)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
     return path
 
@@ -83,8 +93,11 @@ def test_submit_shape_pins_a_dynamic_dimension_and_bad_or_missing_pins_exit_2_on
     missing = farm("submit", "dyn.onnx", cwd=tmp_path)
     assert missing.returncode == ExitStatus.BAD_INPUT and missing.stderr.count("\n") == 1
     assert "model input 'x' has dynamic shape [batch, 3, 8, 8]; pin it with --shape batch=N" in missing.stderr
-    for bad, says in (("batch", "expected NAME=SIZE"), ("seq=4", "no input or symbolic dimension"),
-                      ("batch=1,1", "a size is given twice")):
+    for bad, says in (
+        ("batch", "expected NAME=SIZE"),
+        ("seq=4", "no input or symbolic dimension"),
+        ("batch=1,1", "a size is given twice"),
+    ):
         result = farm("submit", "dyn.onnx", "--shape", bad, cwd=tmp_path)
         assert result.returncode == ExitStatus.BAD_INPUT and says in result.stderr
         assert result.stderr.startswith("farm: error: ") and result.stderr.count("\n") == 1
@@ -106,7 +119,9 @@ def test_run_writes_outputs_that_match_onnxruntime(built):
     assert result.returncode == 0, result.stderr
     assert "output: shape [1, 10]" in result.stdout
     ours = np.load(folder / "out.npz")["output"]
-    reference = onnxruntime.InferenceSession(str(folder / "tiny_cnn.onnx")).run(None, {"input": np.load(folder / "x.npy")})
+    reference = onnxruntime.InferenceSession(str(folder / "tiny_cnn.onnx")).run(
+        None, {"input": np.load(folder / "x.npy")}
+    )
     assert np.abs(ours - reference[0]).max() <= 1e-4
     threaded = farm("run", job["artifact"], "--input", "input=x.npy", "-o", "out3.npz", "--threads", "3", cwd=folder)
     assert threaded.returncode == 0, threaded.stderr
@@ -121,23 +136,48 @@ def test_run_writes_outputs_that_match_onnxruntime(built):
 def cross_built(built):
     """tiny_cnn built with the CLI for this host, aarch64 and riscv64: (its folder, the artifact)."""
     folder, _ = built
-    result = farm("submit", "tiny_cnn.onnx", "--target", "cpu", "--target", "cpu:aarch64-linux-gnu", "--target",
-                  "cpu:riscv64-linux-gnu", "-o", "cross/tiny_cnn.farm", cwd=folder)
+    result = farm(
+        "submit",
+        "tiny_cnn.onnx",
+        "--target",
+        "cpu",
+        "--target",
+        "cpu:aarch64-linux-gnu",
+        "--target",
+        "cpu:riscv64-linux-gnu",
+        "-o",
+        "cross/tiny_cnn.farm",
+        cwd=folder,
+    )
     assert result.returncode == 0, result.stderr
     return folder, result.stdout.strip()
 
 
 def test_run_a_cross_target_under_qemu_prints_what_a_native_run_prints(cross_built):
     folder, artifact = cross_built
-    native = farm("run", artifact, "--target", f"cpu:{host_target().triple}", "--input", "input=x.npy", "-o",
-                  "native.npz", "--json", cwd=folder)
+    native = farm(
+        "run",
+        artifact,
+        "--target",
+        f"cpu:{host_target().triple}",
+        "--input",
+        "input=x.npy",
+        "-o",
+        "native.npz",
+        "--json",
+        cwd=folder,
+    )
     assert native.returncode == 0, native.stderr
     assert json.loads(native.stdout)["emulated"] is False and json.loads(native.stdout)["target"] == host_target().id
-    riscv = next(target["id"] for target in json.loads(farm("inspect", artifact, "--json", cwd=folder).stdout)["targets"]
-                 if target["id"].startswith("cpu-riscv64"))
+    riscv = next(
+        target["id"]
+        for target in json.loads(farm("inspect", artifact, "--json", cwd=folder).stdout)["targets"]
+        if target["id"].startswith("cpu-riscv64")
+    )
     for named in ("cpu:aarch64-linux-gnu", riscv):
-        ran = farm("run", artifact, "--target", named, "--input", "input=x.npy", "-o", "cross.npz", "--json",
-                   cwd=folder)
+        ran = farm(
+            "run", artifact, "--target", named, "--input", "input=x.npy", "-o", "cross.npz", "--json", cwd=folder
+        )
         assert ran.returncode == 0, ran.stderr
         report = json.loads(ran.stdout)
         assert report["emulated"] is True and report["target"].startswith(("cpu-aarch64", "cpu-riscv64"))
@@ -148,8 +188,16 @@ def test_run_a_cross_target_under_qemu_prints_what_a_native_run_prints(cross_bui
 
 def test_a_cross_target_without_qemu_names_the_package_to_install(cross_built, tmp_path):
     folder, artifact = cross_built
-    result = farm("run", artifact, "--target", "cpu:aarch64-linux-gnu", "--input", "input=x.npy", cwd=folder,
-                  env={"PATH": str(tmp_path)})
+    result = farm(
+        "run",
+        artifact,
+        "--target",
+        "cpu:aarch64-linux-gnu",
+        "--input",
+        "input=x.npy",
+        cwd=folder,
+        env={"PATH": str(tmp_path)},
+    )
     _assert_bad_input(result, "qemu-aarch64-static is not installed", "apt-get install qemu-user-static")
     assert len(result.stderr.splitlines()) == 1 and result.stdout == ""
 
@@ -191,9 +239,13 @@ def test_dynamic_dimension(tmp_path):
 def test_declared_output_larger_than_computed_is_refused(tmp_path):
     """A Gemm declaring a [64, 64] output it computes as [2, 4] once built an artifact that read out of bounds."""
     node = helper.make_node("Gemm", ["x", "W"], ["y"], name="gemm", transB=1)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])],
-                              [numpy_helper.from_array(np.ones((4, 3), np.float32), "W")])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])],
+        [numpy_helper.from_array(np.ones((4, 3), np.float32), "W")],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "m.onnx")
     result = farm("submit", "m.onnx", cwd=tmp_path)
     _assert_bad_input(result, "'gemm'", "'y' is declared with shape [64, 64]", "[2, 4]")
@@ -209,8 +261,13 @@ def test_external_data_outside_the_model_folder(tmp_path):
     weight.data_location = TensorProto.EXTERNAL
     weight.external_data.add(key="location", value="../secret.bin")
     node = helper.make_node("Add", ["x", "w"], ["y"])
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=[weight])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=[weight],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), inner / "m.onnx")
     _assert_bad_input(farm("submit", inner / "m.onnx", "-o", tmp_path / "out", cwd=tmp_path), "'w'", "secret.bin")
     assert not (tmp_path / "out").exists()
@@ -256,9 +313,15 @@ def test_build_failure_exits_1_and_leaves_no_artifact(tmp_path):
 # --- bad connection settings, against a real redis-server that requires a password ---------------------------------
 
 JOB = "0123456789abcdef"
-BROKER_COMMANDS = {"submit": ["submit", "m.onnx"], "status": ["status", JOB], "wait": ["wait", JOB],
-                   "download": ["download", JOB], "cancel": ["cancel", JOB], "workers": ["workers"],
-                   "worker": ["worker"]}
+BROKER_COMMANDS = {
+    "submit": ["submit", "m.onnx"],
+    "status": ["status", JOB],
+    "wait": ["wait", JOB],
+    "download": ["download", JOB],
+    "cancel": ["cancel", JOB],
+    "workers": ["workers"],
+    "worker": ["worker"],
+}
 """Every command that takes --broker, with arguments that would otherwise go on to reach the farm."""
 
 
@@ -285,8 +348,9 @@ def test_a_broker_url_without_a_scheme_is_refused_at_once(secured, command, sour
     options, env = (["--broker", url], {}) if source == "--broker" else ([], {"FARM_BROKER_URL": url})
     result = farm(*BROKER_COMMANDS[command], *options, cwd=folder, env=env)
     assert result.returncode == 2, result.stderr
-    assert _one_error_line(result) == (f"farm: error: {source} {url}: not a Redis URL "
-                                       "(redis://[:password@]host:port/db or rediss://...)")
+    assert _one_error_line(result) == (
+        f"farm: error: {source} {url}: not a Redis URL (redis://[:password@]host:port/db or rediss://...)"
+    )
 
 
 @pytest.mark.parametrize("command", BROKER_COMMANDS)
@@ -295,8 +359,9 @@ def test_a_url_without_the_password_is_refused_by_the_server_and_said_so(secured
     url = f"redis://127.0.0.1:{server.port}/0"
     result = farm(*BROKER_COMMANDS[command], "--broker", url, cwd=folder)
     assert result.returncode == 4, result.stderr
-    assert _one_error_line(result) == (f"farm: error: the farm's Redis at {url} refused the connection: the URL "
-                                       "lacks the password the server requires")
+    assert _one_error_line(result) == (
+        f"farm: error: the farm's Redis at {url} refused the connection: the URL lacks the password the server requires"
+    )
 
 
 @pytest.mark.parametrize("command", BROKER_COMMANDS)
@@ -305,8 +370,10 @@ def test_a_wrong_password_is_refused_at_once_and_never_printed(secured, command)
     server, folder = secured
     result = farm(*BROKER_COMMANDS[command], "--broker", f"redis://:wrong-pw@127.0.0.1:{server.port}/0", cwd=folder)
     assert result.returncode == 4, result.stderr
-    assert _one_error_line(result) == (f"farm: error: the farm's Redis at redis://:***@127.0.0.1:{server.port}/0 "
-                                       "refused the connection: the URL has a wrong password (or user)")
+    assert _one_error_line(result) == (
+        f"farm: error: the farm's Redis at redis://:***@127.0.0.1:{server.port}/0 "
+        "refused the connection: the URL has a wrong password (or user)"
+    )
     assert "wrong-pw" not in result.stdout + result.stderr
 
 
@@ -332,8 +399,11 @@ def _finished(phase: str, *names: str) -> Step:
     return lambda board, job_id: [board.complete(job_id, phase, name) for name in names]
 
 
-_COMPILING = [_to(JobState.PLANNING), _to(JobState.COMPILING, total=4, kernels=3, blobs=1),
-              _finished("compile", "a", "b")]
+_COMPILING = [
+    _to(JobState.PLANNING),
+    _to(JobState.COMPILING, total=4, kernels=3, blobs=1),
+    _finished("compile", "a", "b"),
+]
 _LINKING = [*_COMPILING, _finished("compile", "c", "d"), _to(JobState.LINKING)]
 PATHS: dict[str, list[Step]] = {
     "queued": [],
@@ -341,12 +411,20 @@ PATHS: dict[str, list[Step]] = {
     "tuning": [_to(JobState.PLANNING), _to(JobState.TUNING, tune_units=["t/k1", "t/k2"]), _finished("tune", "t/k1")],
     "compiling": _COMPILING,
     "linking": _LINKING,
-    "done": [*_LINKING, lambda board, job_id: board.advance(job_id, JobState.DONE, artifact_key=_artifact(board.url),
-                                                            finished=time.time())],
-    "failed before compile": [_to(JobState.PLANNING), lambda board, job_id: board.fail(
-        job_id, "can't read ONNX model m.onnx: truncated", ExitStatus.BAD_INPUT)],
-    "failed at a unit": [*_COMPILING, lambda board, job_id: board.fail(job_id, f"kernel {UNIT} failed: boom",
-                                                                      ExitStatus.BUILD_FAILED, UNIT)],
+    "done": [
+        *_LINKING,
+        lambda board, job_id: board.advance(
+            job_id, JobState.DONE, artifact_key=_artifact(board.url), finished=time.time()
+        ),
+    ],
+    "failed before compile": [
+        _to(JobState.PLANNING),
+        lambda board, job_id: board.fail(job_id, "can't read ONNX model m.onnx: truncated", ExitStatus.BAD_INPUT),
+    ],
+    "failed at a unit": [
+        *_COMPILING,
+        lambda board, job_id: board.fail(job_id, f"kernel {UNIT} failed: boom", ExitStatus.BUILD_FAILED, UNIT),
+    ],
     "cancelled": [_to(JobState.CANCELLED, error="cancelled by user")],
 }
 """How the job board takes a job to each state the CLI must show (a cancelled job and one that failed while
@@ -364,11 +442,16 @@ LINES = {
 }
 LIVE = {"queued", "planning", "tuning", "compiling", "linking"}
 ENDED_EXIT = {"done": 0, "failed before compile": 2, "failed at a unit": 1, "cancelled": 3}
-ENDED_ERROR = {"failed before compile": "failed: can't read ONNX model m.onnx: truncated",
-               "failed at a unit": f"failed: kernel {UNIT} failed: boom", "cancelled": "was cancelled"}
+ENDED_ERROR = {
+    "failed before compile": "failed: can't read ONNX model m.onnx: truncated",
+    "failed at a unit": f"failed: kernel {UNIT} failed: boom",
+    "cancelled": "was cancelled",
+}
 NO_WORKER = "farm: no live worker consumes queues control, llvm; start one with 'farm worker'"
-NO_TUNER = (f"farm: no live worker consumes queue tune.{host_target().id}; start 'farm worker' on a host of CPU class "
-            f"{host_target().id}, or its kernels keep the default variants")
+NO_TUNER = (
+    f"farm: no live worker consumes queue tune.{host_target().id}; start 'farm worker' on a host of CPU class "
+    f"{host_target().id}, or its kernels keep the default variants"
+)
 
 
 def _unserved_lines(state: str) -> str:
@@ -391,8 +474,19 @@ def _artifact(url: str) -> str:
 def _job_in(server: RedisServer, state: str) -> str:
     board, store = JobBoard(server.url), RedisStore(server.url)
     job_id, now = uuid.uuid4().hex[:16], time.time()
-    board.create(job_id, JobRecord(JobState.QUEUED, store.put(b"model"), "m", "b" * 64, [host_target()],
-                                   tune=state == "tuning", created=now, updated=now))
+    board.create(
+        job_id,
+        JobRecord(
+            JobState.QUEUED,
+            store.put(b"model"),
+            "m",
+            "b" * 64,
+            [host_target()],
+            tune=state == "tuning",
+            created=now,
+            updated=now,
+        ),
+    )
     for step in PATHS[state]:
         step(board, job_id)
     assert board.get(job_id).state.value == state.split()[0]
@@ -454,8 +548,9 @@ COMMANDS = {
 
 @pytest.mark.parametrize("command", list(COMMANDS))
 @pytest.mark.parametrize("state", list(PATHS))
-def test_every_job_state_through_every_command(farm_redis: RedisServer, tmp_path: Path, state: str,
-                                               command: str) -> None:
+def test_every_job_state_through_every_command(
+    farm_redis: RedisServer, tmp_path: Path, state: str, command: str
+) -> None:
     job_id = _job_in(farm_redis, state)
     words, check = COMMANDS[command]
     args = [words[0], job_id, *(w.format(tmp=tmp_path) for w in words[1:])]
@@ -472,10 +567,14 @@ class Running:
     def __init__(self, *args: str, broker: str, cwd: Path, env: dict[str, str] | None = None) -> None:
         path = os.pathsep.join(p for p in (CHECKOUT, os.environ.get("PYTHONPATH")) if p)
         self.started = time.monotonic()
-        self.process = subprocess.Popen([sys.executable, "-m", "farm", *args], cwd=cwd, text=True,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        env={**os.environ, "PYTHONPATH": path, "FARM_BROKER_URL": broker,
-                                             **(env or {})})
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "farm", *args],
+            cwd=cwd,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": path, "FARM_BROKER_URL": broker, **(env or {})},
+        )
         self.lines: list[str] = []
         self.reader = threading.Thread(target=lambda: self.lines.extend(self.process.stderr), daemon=True)
         self.reader.start()
@@ -488,8 +587,9 @@ class Running:
         """The stderr so far once it holds `text`; fails after `seconds` from the command's start."""
         while text not in self.stderr:
             assert time.monotonic() - self.started < seconds, f"no {text!r} within {seconds} s:\n{self.stderr}"
-            assert self.process.poll() is None or text in self.stderr, f"exited {self.process.returncode}:\n" \
-                                                                       f"{self.stderr}"
+            assert self.process.poll() is None or text in self.stderr, (
+                f"exited {self.process.returncode}:\n{self.stderr}"
+            )
             time.sleep(0.05)
         return self.stderr
 
@@ -524,9 +624,9 @@ CI job); the documented exit status (128 + the signal's number) and the word it 
 
 
 @pytest.mark.parametrize("stop", list(STOPS))
-def test_submit_names_its_job_says_no_worker_within_10_s_and_a_stop_cancels_it(farm_redis: RedisServer,
-                                                                                model_file: Path, tmp_path: Path,
-                                                                                stop: str) -> None:
+def test_submit_names_its_job_says_no_worker_within_10_s_and_a_stop_cancels_it(
+    farm_redis: RedisServer, model_file: Path, tmp_path: Path, stop: str
+) -> None:
     signum, exit_status, said = STOPS[stop]
     running = Running("submit", str(model_file), broker=farm_redis.url, cwd=tmp_path)
     job_id = _submitted_job(running.wait_for("submitted", 10))
@@ -539,30 +639,43 @@ def test_submit_names_its_job_says_no_worker_within_10_s_and_a_stop_cancels_it(f
 
 
 @pytest.mark.parametrize("stop", list(STOPS))
-def test_a_stop_during_the_upload_says_that_nothing_was_submitted(redis_server: RedisServer, tmp_path: Path,
-                                                                   stop: str) -> None:
+def test_a_stop_during_the_upload_says_that_nothing_was_submitted(
+    redis_server: RedisServer, tmp_path: Path, stop: str
+) -> None:
     """The upload waits for workers to take its first weight in (a file blob store is published and none is live;
     a window of one byte so that it waits at once): a stop then says where it came and that no job exists."""
     signum, exit_status, said = STOPS[stop]
     weights = [numpy_helper.from_array(np.full((256, 256), i, np.float32), f"w{i}") for i in range(2)]
     nodes = [helper.make_node("MatMul", ["x", "w0"], ["h"]), helper.make_node("MatMul", ["h", "w1"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256])], weights)
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256])],
+        weights,
+    )
     onnx.save(helper.make_model(graph), tmp_path / "mlp.onnx")
     RedisStore(redis_server.url, blobs=FileStore(tmp_path / "cas")).publish_blob_store()
-    running = Running("submit", str(tmp_path / "mlp.onnx"), broker=redis_server.url, cwd=tmp_path,
-                      env={"FARM_UPLOAD_WINDOW_BYTES": "1"})
+    running = Running(
+        "submit",
+        str(tmp_path / "mlp.onnx"),
+        broker=redis_server.url,
+        cwd=tmp_path,
+        env={"FARM_UPLOAD_WINDOW_BYTES": "1"},
+    )
     running.wait_for("uploading 2 of 2 weights", 20)
     status, stdout = running.interrupt(signum)
     assert status == exit_status and stdout == "", running.stderr
-    assert running.stderr.endswith(f"farm: {said} while uploading mlp.onnx; nothing was submitted (its staged "
-                                   "bytes expire)\n"), running.stderr
+    assert running.stderr.endswith(
+        f"farm: {said} while uploading mlp.onnx; nothing was submitted (its staged bytes expire)\n"
+    ), running.stderr
     assert "Traceback" not in running.stderr and JobBoard(redis_server.url).redis.zcard(redis_keys.JOBS_KEY) == 0
 
 
 @pytest.mark.parametrize("stop", list(STOPS))
-def test_submit_detach_leaves_the_job_running_at_a_stop(farm_redis: RedisServer, model_file: Path, tmp_path: Path,
-                                                        stop: str) -> None:
+def test_submit_detach_leaves_the_job_running_at_a_stop(
+    farm_redis: RedisServer, model_file: Path, tmp_path: Path, stop: str
+) -> None:
     signum, exit_status, said = STOPS[stop]
     running = Running("submit", str(model_file), "--detach", broker=farm_redis.url, cwd=tmp_path)
     job_id = _submitted_job(running.wait_for(NO_WORKER, 10))
@@ -588,8 +701,9 @@ def test_no_wait_still_names_the_job_on_stderr(farm_redis: RedisServer, model_fi
     assert json.loads(result.stdout)["job_id"] == _submitted_job(result.stderr)
 
 
-def test_redis_lost_while_submit_waits_names_the_job_to_resume(redis_server: RedisServer, model_file: Path,
-                                                               tmp_path: Path) -> None:
+def test_redis_lost_while_submit_waits_names_the_job_to_resume(
+    redis_server: RedisServer, model_file: Path, tmp_path: Path
+) -> None:
     running = Running("submit", str(model_file), broker=redis_server.url, cwd=tmp_path)
     job_id = _submitted_job(running.wait_for(NO_WORKER, 10))
     redis_server.kill()
@@ -602,8 +716,12 @@ def test_redis_lost_while_submit_waits_names_the_job_to_resume(redis_server: Red
 def test_jobs_lists_recent_jobs_newest_first(redis_server: RedisServer, model_file: Path, tmp_path: Path) -> None:
     empty = farm_cli("jobs", "--json", broker=redis_server.url, cwd=tmp_path)
     assert empty.returncode == 0 and json.loads(empty.stdout)["jobs"] == [] and "no jobs" in empty.stderr
-    ids = [json.loads(farm_cli("submit", str(model_file), "--no-wait", "--json", broker=redis_server.url,
-                               cwd=tmp_path).stdout)["job_id"] for _ in range(2)]
+    ids = [
+        json.loads(
+            farm_cli("submit", str(model_file), "--no-wait", "--json", broker=redis_server.url, cwd=tmp_path).stdout
+        )["job_id"]
+        for _ in range(2)
+    ]
     assert farm_cli("cancel", ids[0], broker=redis_server.url, cwd=tmp_path).returncode == 0
     listed = farm_cli("jobs", broker=redis_server.url, cwd=tmp_path)
     assert listed.returncode == 0 and listed.stderr == ""
@@ -622,8 +740,9 @@ HOSTILE_NAME = "evil\x1b[31m\n0123456789abcdef  done       forged"
 what would read as another job's line."""
 
 
-def test_jobs_lists_a_hostile_model_name_escaped_on_one_line(redis_server: RedisServer, model_file: Path,
-                                                            tmp_path: Path) -> None:
+def test_jobs_lists_a_hostile_model_name_escaped_on_one_line(
+    redis_server: RedisServer, model_file: Path, tmp_path: Path
+) -> None:
     """`farm jobs` on the operator's terminal: a model name's control characters print as escapes, so the name can't
     recolour the terminal or forge a job line; --json carries the name exactly."""
     hostile = tmp_path / f"{HOSTILE_NAME}.onnx"
@@ -669,10 +788,12 @@ def _save_graph(path, nodes, inputs, outputs, initializers=()):
 
 def _conv(x_type=TensorProto.FLOAT, channels=3, w_dtype=np.float32, **attrs):
     """x[1, channels, 8, 8] -> Conv(W[4, 3, 3, 3]) named 'conv' -> y."""
-    return ([helper.make_node("Conv", ["x", "W"], ["y"], name="conv", **attrs)],
-            [helper.make_tensor_value_info("x", x_type, [1, channels, 8, 8])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-            [numpy_helper.from_array(np.ones((4, 3, 3, 3), w_dtype), "W")])
+    return (
+        [helper.make_node("Conv", ["x", "W"], ["y"], name="conv", **attrs)],
+        [helper.make_tensor_value_info("x", x_type, [1, channels, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.ones((4, 3, 3, 3), w_dtype), "W")],
+    )
 
 
 _HOSTILE_MODELS = {
@@ -682,26 +803,46 @@ _HOSTILE_MODELS = {
     "pads-floats": (_conv(pads=[1.0, 1.0, 1.0, 1.0]), ["'conv'", "'pads' is of type FLOATS, expected INTS"]),
     "integer-input": (_conv(TensorProto.INT64, w_dtype=np.int64), ["'conv'", "input 'x' has dtype int64"]),
     "channel-mismatch": (_conv(channels=5), ["'conv'", "input 'x' has 5 channels"]),
-    "alpha-ints": (([helper.make_node("LeakyRelu", ["x"], ["y"], name="lrelu", alpha=[1, 2])],
-                    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
-                   ["'lrelu'", "'alpha' is of type INTS, expected FLOAT"]),
-    "axis-graph": (([helper.make_node("Softmax", ["x"], ["y"], name="sm", axis=helper.make_graph([], "s", [], []))],
-                    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
-                   ["'sm'", "'axis' is of type GRAPH, expected INT"]),
-    "lrn-size-zero": (([helper.make_node("LRN", ["x"], ["y"], name="lrn", size=0)],
-                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
-                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
-                      ["'lrn'", "'size' is 0"]),
-    "undefined-output": (([helper.make_node("Relu", ["x"], ["y"], name="relu")],
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "nope")]),
-                         ["graph output 'nope' is not defined"]),
-    "empty-input-name": (([helper.make_node("Relu", ["x"], ["y"], name="relu")],
-                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("", "x")],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
-                         ["a graph input has an empty name"]),
+    "alpha-ints": (
+        (
+            [helper.make_node("LeakyRelu", ["x"], ["y"], name="lrelu", alpha=[1, 2])],
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        ),
+        ["'lrelu'", "'alpha' is of type INTS, expected FLOAT"],
+    ),
+    "axis-graph": (
+        (
+            [helper.make_node("Softmax", ["x"], ["y"], name="sm", axis=helper.make_graph([], "s", [], []))],
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        ),
+        ["'sm'", "'axis' is of type GRAPH, expected INT"],
+    ),
+    "lrn-size-zero": (
+        (
+            [helper.make_node("LRN", ["x"], ["y"], name="lrn", size=0)],
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        ),
+        ["'lrn'", "'size' is 0"],
+    ),
+    "undefined-output": (
+        (
+            [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "nope")],
+        ),
+        ["graph output 'nope' is not defined"],
+    ),
+    "empty-input-name": (
+        (
+            [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("", "x")],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        ),
+        ["a graph input has an empty name"],
+    ),
 }
 
 
@@ -716,9 +857,12 @@ def test_hostile_model_is_refused_with_one_line(tmp_path, case):
 
 
 def test_invalid_utf8_name_and_nul_in_external_location(tmp_path):
-    _save_graph(tmp_path / "m.onnx", [helper.make_node("Relu", ["x"], ["qq"], name="relu")],
-                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-                [helper.make_tensor_value_info("qq", TensorProto.FLOAT, None)])
+    _save_graph(
+        tmp_path / "m.onnx",
+        [helper.make_node("Relu", ["x"], ["qq"], name="relu")],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("qq", TensorProto.FLOAT, None)],
+    )
     (tmp_path / "utf8.onnx").write_bytes((tmp_path / "m.onnx").read_bytes().replace(b"qq", b"\xff\xfe"))
     result = farm("submit", "utf8.onnx", cwd=tmp_path)
     _assert_bad_input(result, "is not valid UTF-8")
@@ -727,9 +871,13 @@ def test_invalid_utf8_name_and_nul_in_external_location(tmp_path):
     weight.ClearField("raw_data")
     weight.data_location = TensorProto.EXTERNAL
     weight.external_data.add(key="location", value="w\x00.bin")
-    _save_graph(tmp_path / "nul.onnx", [helper.make_node("Add", ["x", "W"], ["y"], name="add")],
-                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6])],
-                [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [weight])
+    _save_graph(
+        tmp_path / "nul.onnx",
+        [helper.make_node("Add", ["x", "W"], ["y"], name="add")],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [weight],
+    )
     result = farm("submit", "nul.onnx", cwd=tmp_path)
     _assert_bad_input(result, "'W'", "NUL byte")
     assert "Traceback" not in result.stderr
@@ -742,9 +890,13 @@ def test_external_data_claiming_more_than_its_file_holds_exits_2_in_one_line(red
     weight = TensorProto(name="W", data_type=TensorProto.FLOAT, dims=[2, 3], data_location=TensorProto.EXTERNAL)
     for key, value in (("location", "w.bin"), ("offset", "0"), ("length", str(2**62))):
         weight.external_data.add(key=key, value=value)
-    _save_graph(tmp_path / "huge.onnx", [helper.make_node("Add", ["x", "W"], ["y"], name="add")],
-                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-                [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [weight])
+    _save_graph(
+        tmp_path / "huge.onnx",
+        [helper.make_node("Add", ["x", "W"], ["y"], name="add")],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [weight],
+    )
     (tmp_path / "w.bin").write_bytes(b"\x00" * 24)
     result = farm_cli("submit", "huge.onnx", broker=redis_server.url if where == "farm" else "", cwd=tmp_path)
     _assert_bad_input(result, "initializer 'W'", "w.bin", "holds 24 bytes", str(2**62))
@@ -765,9 +917,12 @@ def test_npy_header_claiming_more_than_the_file_holds(built, tmp_path):
 
 @pytest.mark.parametrize("name", ["file", "allow_pickle"])
 def test_outputs_named_like_savez_arguments_are_written(tmp_path, name):
-    _save_graph(tmp_path / "m.onnx", [helper.make_node("Relu", ["x"], [name], name="relu")],
-                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-                [helper.make_tensor_value_info(name, TensorProto.FLOAT, None)])
+    _save_graph(
+        tmp_path / "m.onnx",
+        [helper.make_node("Relu", ["x"], [name], name="relu")],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None)],
+    )
     assert farm("submit", "m.onnx", cwd=tmp_path).returncode == 0
     x = np.float32([[-1, 2, -3], [4, -5, 6]])
     np.save(tmp_path / "x.npy", x)
@@ -783,8 +938,10 @@ BAD_INPUTS = {
     "submit a folder": (["submit", "."], "is a directory"),
     "submit a missing model": (["submit", "missing.onnx"], "missing.onnx: no such model file"),
     "submit without a model": (["submit"], "Missing argument 'MODEL'"),
-    "submit an unknown option": (["submit", "tiny_cnn.onnx", "--bogus"],
-                                 "No such option '--bogus' (see 'farm submit --help')"),
+    "submit an unknown option": (
+        ["submit", "tiny_cnn.onnx", "--bogus"],
+        "No such option '--bogus' (see 'farm submit --help')",
+    ),
     "submit an unknown target": (["submit", "tiny_cnn.onnx", "--target", "tpu"], "tpu"),
     "submit a malformed --shape": (["submit", "tiny_cnn.onnx", "--shape", "batch"], "--shape"),
     "submit --no-wait without a farm": (["submit", "tiny_cnn.onnx", "--no-wait"], "--no-wait needs a farm"),
@@ -792,22 +949,32 @@ BAD_INPUTS = {
     "run a folder": (["run", "."], "is a directory"),
     "run a missing artifact": (["run", "missing.farm"], "missing.farm"),
     "run a model as an artifact": (["run", "tiny_cnn.onnx", "--input", "input=x.npy"], "tiny_cnn.onnx"),
-    "run a model file as an input": (["run", "ARTIFACT", "--input", "input=tiny_cnn.onnx"],
-                                     "can't read 'tiny_cnn.onnx' as a .npy array"),
-    "run an input given twice": (["run", "ARTIFACT", "--input", "input=x.npy", "--input", "input=x.npy"],
-                                 "--input input is given twice"),
+    "run a model file as an input": (
+        ["run", "ARTIFACT", "--input", "input=tiny_cnn.onnx"],
+        "can't read 'tiny_cnn.onnx' as a .npy array",
+    ),
+    "run an input given twice": (
+        ["run", "ARTIFACT", "--input", "input=x.npy", "--input", "input=x.npy"],
+        "--input input is given twice",
+    ),
     "run on an unknown device": (["run", "ARTIFACT", "--device", "tpu"], "'--device'"),
     "run on a negative thread count": (["run", "ARTIFACT", "--threads", "-1"], "'--threads'"),
-    "run a target the artifact lacks": (["run", "ARTIFACT", "--target", "cpu:riscv64-linux-gnu", "--input",
-                                         "input=x.npy"], "no target 'cpu:riscv64-linux-gnu' in the artifact; it has cpu-"),
-    "run a CPU target on the OpenCL device": (["run", "ARTIFACT", "--device", "opencl", "--target", "cpu"],
-                                              "selects one of the artifact's CPU targets"),
+    "run a target the artifact lacks": (
+        ["run", "ARTIFACT", "--target", "cpu:riscv64-linux-gnu", "--input", "input=x.npy"],
+        "no target 'cpu:riscv64-linux-gnu' in the artifact; it has cpu-",
+    ),
+    "run a CPU target on the OpenCL device": (
+        ["run", "ARTIFACT", "--device", "opencl", "--target", "cpu"],
+        "selects one of the artifact's CPU targets",
+    ),
     "inspect a missing artifact": (["inspect", "missing.farm"], "missing.farm"),
     "inspect a model as an artifact": (["inspect", "tiny_cnn.onnx"], "tiny_cnn.onnx"),
     "bench a missing artifact": (["bench", "missing.farm"], "missing.farm"),
     "bench no repeats": (["bench", "ARTIFACT", "--repeat", "0"], "'--repeat'"),
-    "bench a target the artifact lacks": (["bench", "ARTIFACT", "--target", "cpu-aarch64-nope"],
-                                          "no target 'cpu-aarch64-nope' in the artifact"),
+    "bench a target the artifact lacks": (
+        ["bench", "ARTIFACT", "--target", "cpu-aarch64-nope"],
+        "no target 'cpu-aarch64-nope' in the artifact",
+    ),
     "sign with a missing key": (["sign", "ARTIFACT", "--key", "missing.pem"], "missing.pem"),
     "status without a farm": (["status", "abc"], "no farm configured"),
     "wait without a farm": (["wait", "abc"], "no farm configured"),
@@ -826,8 +993,9 @@ BAD_INPUTS = {
 def test_every_command_refuses_bad_input_in_one_line_with_exit_2(built, case):
     folder, job = built
     args, fragment = BAD_INPUTS[case]
-    result = farm(*[job["artifact"] if arg == "ARTIFACT" else arg for arg in args], cwd=folder,
-                  env={"FARM_BROKER_URL": ""})
+    result = farm(
+        *[job["artifact"] if arg == "ARTIFACT" else arg for arg in args], cwd=folder, env={"FARM_BROKER_URL": ""}
+    )
     lines = result.stderr.splitlines()
     assert result.returncode == ExitStatus.BAD_INPUT and result.stdout == "", (result.stdout, result.stderr)
     assert len(lines) == 1 and lines[0].startswith("farm: error: ") and fragment in lines[0], result.stderr
@@ -853,17 +1021,26 @@ def test_json_objects_have_every_key_of_their_schema(built, tmp_path):
     assert set(job) == {"command", "schema", *schemas.BUILD_KEYS} and job["command"] == "submit"
     assert job["compiled"] + job["cached"] == job["kernels"] + job["blobs"] and job["sizes"] == []
     assert job["model"] == "tiny_cnn" and job["targets"] == [host_target().id] and job["tuning"] is None
-    ran = json.loads(farm("run", job["artifact"], "--input", "input=x.npy", "-o", tmp_path / "y.out", "--json",
-                          cwd=folder).stdout)
+    ran = json.loads(
+        farm("run", job["artifact"], "--input", "input=x.npy", "-o", tmp_path / "y.out", "--json", cwd=folder).stdout
+    )
     assert set(ran) == {"command", "schema", "artifact", "device", "target", "emulated", "outputs", "output_file"}
     assert ran["output_file"] == str(tmp_path / "y.out") and (tmp_path / "y.out").is_file()  # the name as given
     assert ran["target"] == host_target().id and ran["emulated"] is False
     failed = farm("run", job["artifact"], "--input", "nope=x.npy", "--json", cwd=folder)
-    assert json.loads(failed.stdout) == {"command": "run", "schema": 1, "artifact": None, "device": None,
-                                         "target": None, "emulated": None, "outputs": None, "output_file": None,
-                                         "state": "failed",
-                                         "error": failed.stderr.strip().removeprefix("farm: error: "),
-                                         "exit_status": 2}
+    assert json.loads(failed.stdout) == {
+        "command": "run",
+        "schema": 1,
+        "artifact": None,
+        "device": None,
+        "target": None,
+        "emulated": None,
+        "outputs": None,
+        "output_file": None,
+        "state": "failed",
+        "error": failed.stderr.strip().removeprefix("farm: error: "),
+        "exit_status": 2,
+    }
 
 
 def test_a_build_this_host_cannot_run_says_so(tmp_path):
@@ -912,12 +1089,18 @@ def test_an_artifact_for_a_cpu_this_host_lacks_is_refused_in_one_line_not_by_sig
         assert refused.returncode == 2, (command, refused.returncode, refused.stderr)
         assert refused.stderr.startswith("farm: error: ") and refused.stderr.strip().endswith(lacks)
         assert len(refused.stderr.splitlines()) == 1, refused.stderr
-    loaded = subprocess.run([sys.executable, "-c", "import farm.runtime; farm.runtime.load('artifacts/tiny_cnn.farm')"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "PYTHONPATH": CHECKOUT})
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import farm.runtime; farm.runtime.load('artifacts/tiny_cnn.farm')"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": CHECKOUT},
+    )
     assert loaded.returncode == 1 and "farm.errors.ArtifactError: " in loaded.stderr and lacks in loaded.stderr
-    both = farm("submit", "tiny_cnn.onnx", "--target", f"cpu:{host.triple}:{cpu}", "--target", "cpu", "-o", "both",
-                cwd=tmp_path)
+    both = farm(
+        "submit", "tiny_cnn.onnx", "--target", f"cpu:{host.triple}:{cpu}", "--target", "cpu", "-o", "both", cwd=tmp_path
+    )
     assert both.returncode == 0 and "note" not in both.stderr, both.stderr
     ran = farm("run", "both/tiny_cnn.farm", "--input", "input=x.npy", "--json", cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
@@ -930,7 +1113,15 @@ def test_an_opencl_artifact_without_device_or_platform_says_what_to_do(tmp_path)
     on_cpu = farm("run", "artifacts/tiny_cnn.farm", "--input", "input=x.npy", cwd=tmp_path)
     _assert_bad_input(on_cpu, "no CPU target, only OpenCL programs: run it with --device opencl")
     (tmp_path / "no-icd").mkdir()
-    no_platform = farm("run", "artifacts/tiny_cnn.farm", "--device", "opencl", "--input", "input=x.npy",
-                       cwd=tmp_path, env={"OCL_ICD_VENDORS": str(tmp_path / "no-icd")})
+    no_platform = farm(
+        "run",
+        "artifacts/tiny_cnn.farm",
+        "--device",
+        "opencl",
+        "--input",
+        "input=x.npy",
+        cwd=tmp_path,
+        env={"OCL_ICD_VENDORS": str(tmp_path / "no-icd")},
+    )
     _assert_bad_input(no_platform, "no OpenCL device on this host")
     assert len(no_platform.stderr.splitlines()) == 1

@@ -26,13 +26,25 @@ KIB = 1 << 10
 def farm(*args: str, cwd: Path, broker: str | None = None, **env: str) -> subprocess.CompletedProcess:
     """`farm ARGS` in a fresh process, with FARM_BROKER_URL only when `broker` is given."""
     base = {key: value for key, value in os.environ.items() if key not in ("FARM_BROKER_URL", "FARM_STORE_MAX_BYTES")}
-    return subprocess.run([sys.executable, "-m", "farm", *args], cwd=cwd, capture_output=True, text=True, timeout=60,
-                          env={**base, **({"FARM_BROKER_URL": broker} if broker else {}), **env})
+    return subprocess.run(
+        [sys.executable, "-m", "farm", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**base, **({"FARM_BROKER_URL": broker} if broker else {}), **env},
+    )
 
 
 def test_human_bytes() -> None:
     assert [human_bytes(n) for n in (0, 1023, 1024, 3 << 20, 2 << 30, 5 << 40)] == [
-        "0 B", "1023 B", "1.00 KiB", "3.00 MiB", "2.00 GiB", "5.00 TiB"]
+        "0 B",
+        "1023 B",
+        "1.00 KiB",
+        "3.00 MiB",
+        "2.00 GiB",
+        "5.00 TiB",
+    ]
 
 
 def test_without_a_farm_they_act_on_this_machines_store(tmp_path: Path) -> None:
@@ -41,8 +53,15 @@ def test_without_a_farm_they_act_on_this_machines_store(tmp_path: Path) -> None:
     env = {"FARM_CACHE_DIR": str(tmp_path / "cache"), "FARM_STORE_MAX_BYTES": str(2 * KIB)}
     stats = farm("store", "stats", "--json", cwd=tmp_path, **env)
     assert stats.returncode == 0, stats.stderr
-    assert json.loads(stats.stdout) == {"store": store.url, "entries": 3, "bytes": 3 * KIB, "max_bytes": 2 * KIB,
-                                        "pinned_entries": 0, "pinned_bytes": 0, "pin_owners": []}
+    assert json.loads(stats.stdout) == {
+        "store": store.url,
+        "entries": 3,
+        "bytes": 3 * KIB,
+        "max_bytes": 2 * KIB,
+        "pinned_entries": 0,
+        "pinned_bytes": 0,
+        "pin_owners": [],
+    }
     text = farm("store", "stats", cwd=tmp_path, **env).stdout
     assert "3 entries, 3.00 KiB of the 2.00 KiB cap (150%)" in text
     collected = farm("store", "gc", cwd=tmp_path, **env)
@@ -51,8 +70,9 @@ def test_without_a_farm_they_act_on_this_machines_store(tmp_path: Path) -> None:
     assert [store.has(key) for key in keys].count(False) == 1
 
 
-def test_on_a_farm_gc_releases_ended_jobs_and_evicts_down_to_the_published_cap(redis_server: RedisServer,
-                                                                               tmp_path: Path) -> None:
+def test_on_a_farm_gc_releases_ended_jobs_and_evicts_down_to_the_published_cap(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
     store, board = RedisStore(redis_server.url), JobBoard(redis_server.url)
     kept, dropped = store.put(b"k" * KIB), store.put(b"d" * KIB)
     running, failed = (uuid.uuid4().hex[:16] for _ in range(2))

@@ -56,7 +56,8 @@ def accept(client: FarmClient, dispatched: list[Message]) -> Callable[[str], str
 
 
 def test_submit_stages_the_model_and_writes_a_request_that_a_worker_accepts(
-        client: FarmClient, redis_server: RedisServer, model_path: Path, accept, dispatched: list[Message]) -> None:
+    client: FarmClient, redis_server: RedisServer, model_path: Path, accept, dispatched: list[Message]
+) -> None:
     job_id = client.submit(model_path, [host_target()])
 
     data = model_path.read_bytes()
@@ -85,8 +86,9 @@ def test_submit_stages_the_model_and_writes_a_request_that_a_worker_accepts(
     assert accept(second) == f"job {second} accepted" and client.record(second).no_cache
 
 
-def test_a_job_whose_upload_is_gone_fails_at_acceptance_naming_it(client: FarmClient, redis_server: RedisServer,
-                                                                  model_path: Path, accept) -> None:
+def test_a_job_whose_upload_is_gone_fails_at_acceptance_naming_it(
+    client: FarmClient, redis_server: RedisServer, model_path: Path, accept
+) -> None:
     job_id = client.submit(model_path, [host_target()])
     redis_server.client().delete(f"farm:store:staged:{client.record(job_id).model_key}")
     assert accept(job_id).startswith(f"job {job_id} failed: the model's upload")
@@ -125,15 +127,17 @@ def test_wait_returns_the_last_status_at_its_timeout(client: FarmClient, model_p
     assert status["state"] == "queued" and seen and set(seen) == {"queued"}
 
 
-def test_download_of_a_queued_job_says_there_is_no_artifact_yet(client: FarmClient, model_path: Path,
-                                                                 tmp_path: Path) -> None:
+def test_download_of_a_queued_job_says_there_is_no_artifact_yet(
+    client: FarmClient, model_path: Path, tmp_path: Path
+) -> None:
     job_id = client.submit(model_path, [host_target()])
     with pytest.raises(JobError, match="no artifact yet"):
         client.download(job_id, tmp_path)
 
 
-def test_download_of_a_done_job_writes_the_artifact(client: FarmClient, model_path: Path, tmp_path: Path,
-                                                    accept) -> None:
+def test_download_of_a_done_job_writes_the_artifact(
+    client: FarmClient, model_path: Path, tmp_path: Path, accept
+) -> None:
     job_id = client.submit(model_path, [host_target()])
     accept(job_id)
     weights = client.store.put(b"weights " * 1000)
@@ -143,14 +147,16 @@ def test_download_of_a_done_job_writes_the_artifact(client: FarmClient, model_pa
     assert client.board.advance(job_id, JobState.DONE, artifact_key=key)
     path = client.download(job_id, tmp_path / "out")
     assert path == str(tmp_path / "out" / "tiny_cnn.farm")
-    assert Path(path).read_bytes() == artifact_bytes({"model": {"name": "tiny_cnn"}}, {
-        "weights/w.bin": b"weights " * 1000, "targets/x/model.so": b"code"})  # what a local build writes
+    assert Path(path).read_bytes() == artifact_bytes(
+        {"model": {"name": "tiny_cnn"}}, {"weights/w.bin": b"weights " * 1000, "targets/x/model.so": b"code"}
+    )  # what a local build writes
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["tiny_cnn.farm"]  # no temporary file left
     assert client.board.flag_raised(job_id, redis_keys.downloaded_key)  # the next pin sweep releases its artifact
 
 
 def test_download_of_an_artifact_whose_member_was_evicted_says_so_and_writes_nothing(
-        client: FarmClient, model_path: Path, tmp_path: Path, accept) -> None:
+    client: FarmClient, model_path: Path, tmp_path: Path, accept
+) -> None:
     job_id = client.submit(model_path, [host_target()])
     accept(job_id)
     key, _ = recipes.put_recipe(client.store, {}, {"a.bin": b"kept", "b.bin": b"evicted"}, lambda keys: None)
@@ -162,7 +168,8 @@ def test_download_of_an_artifact_whose_member_was_evicted_says_so_and_writes_not
 
 
 def test_a_damaged_member_fails_the_download_and_is_dropped_by_a_worker_so_the_artifact_is_not_reused(
-        client: FarmClient, model_path: Path, tmp_path: Path, accept, dispatched: list[Message]) -> None:
+    client: FarmClient, model_path: Path, tmp_path: Path, accept, dispatched: list[Message]
+) -> None:
     """A reuse checks members' lengths, not bytes (recipes.intact): a damaged member of the right length is found by
     the download's sha256 check, which hands it to the workers' intakes (redis_keys.REPAIR_KEY) to be dropped."""
     job_id = client.submit(model_path, [host_target()])
@@ -185,8 +192,9 @@ def test_a_damaged_member_fails_the_download_and_is_dropped_by_a_worker_so_the_a
     assert farm.repair(content_key(b"kept")) == f"store entry {content_key(b'kept')} is intact"
 
 
-def test_a_failed_job_reports_its_error_and_exit_status(client: FarmClient, model_path: Path, tmp_path: Path,
-                                                        accept) -> None:
+def test_a_failed_job_reports_its_error_and_exit_status(
+    client: FarmClient, model_path: Path, tmp_path: Path, accept
+) -> None:
     job_id = client.submit(model_path, [host_target()])
     accept(job_id)
     client.board.fail(job_id, "can't read ONNX model tiny_cnn.onnx", ExitStatus.BAD_INPUT, "")
@@ -241,8 +249,9 @@ def test_a_jobs_queues_come_from_its_targets() -> None:
     assert f"tune.{cpu.id}" not in job_queues(_record([cpu], tune=True, tuned=True))  # its tuning has run
 
 
-def test_jobs_lists_the_newest_first_and_skips_records_that_are_gone(client: FarmClient, redis_server: RedisServer,
-                                                                     model_path: Path) -> None:
+def test_jobs_lists_the_newest_first_and_skips_records_that_are_gone(
+    client: FarmClient, redis_server: RedisServer, model_path: Path
+) -> None:
     assert client.jobs() == []
     ids = [client.submit(model_path, [host_target()]) for _ in range(3)]
     client.cancel(ids[0])
@@ -269,8 +278,9 @@ def test_jobs_lists_the_newest_first_and_skips_records_that_are_gone(client: Far
     assert unreadable["state"] == "unreadable" and "not a job id" in unreadable["error"]
 
 
-def test_wait_wakes_at_the_boards_notifications_not_at_its_poll(client: FarmClient, model_path: Path, accept,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wait_wakes_at_the_boards_notifications_not_at_its_poll(
+    client: FarmClient, model_path: Path, accept, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FARM_WAIT_FALLBACK_SECONDS", "60")
     job_id = client.submit(model_path, [host_target()])
     accept(job_id)
@@ -294,9 +304,9 @@ def test_wait_wakes_at_the_boards_notifications_not_at_its_poll(client: FarmClie
     assert len(seen) <= 7  # one read per notification (or burst of them), no polling between
 
 
-def test_wait_says_each_lost_worker_once_before_the_status_that_shows_it(client: FarmClient, model_path: Path,
-                                                                         accept,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wait_says_each_lost_worker_once_before_the_status_that_shows_it(
+    client: FarmClient, model_path: Path, accept, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A worker lost while it ran the job's tasks is said once, when the reaper's note wakes the client (not at the
     fallback poll), with how many tasks went out again; the same name restarted and lost again is another loss."""
     monkeypatch.setenv("FARM_WAIT_FALLBACK_SECONDS", "60")
@@ -317,17 +327,20 @@ def test_wait_says_each_lost_worker_once_before_the_status_that_shows_it(client:
     said: list[tuple] = []
     threading.Timer(0.3, build).start()
     started = time.monotonic()
-    status = client.wait(job_id, on_progress=lambda s: said.append(("status", s["done"])),
-                         on_lost=lambda worker, tasks: said.append((worker, tasks)))
+    status = client.wait(
+        job_id,
+        on_progress=lambda s: said.append(("status", s["done"])),
+        on_lost=lambda worker, tasks: said.append((worker, tasks)),
+    )
     assert status["state"] == "failed" and time.monotonic() - started < 30
     losses = [index for index, entry in enumerate(said) if entry[0] != "status"]
     assert [said[index] for index in losses] == [("w2@host", 3), ("w2@host", 1)]
     assert all(said[index + 1][0] == "status" for index in losses)  # each said before the status read with it
 
 
-def test_a_change_nobody_announced_is_seen_at_the_fallback_poll(client: FarmClient, model_path: Path, accept,
-                                                                redis_server: RedisServer,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_change_nobody_announced_is_seen_at_the_fallback_poll(
+    client: FarmClient, model_path: Path, accept, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FARM_WAIT_FALLBACK_SECONDS", "0.5")
     job_id = client.submit(model_path, [host_target()])
     accept(job_id)
@@ -335,8 +348,9 @@ def test_a_change_nobody_announced_is_seen_at_the_fallback_poll(client: FarmClie
     assert client.wait(job_id, timeout=30)["state"] == "cancelled"
 
 
-def test_an_idle_wait_reads_its_job_once_per_fallback_period(client: FarmClient, model_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_idle_wait_reads_its_job_once_per_fallback_period(
+    client: FarmClient, model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FARM_WAIT_FALLBACK_SECONDS", "1")
     job_id = client.submit(model_path, [host_target()])
     reads: list[dict] = []
@@ -344,8 +358,9 @@ def test_an_idle_wait_reads_its_job_once_per_fallback_period(client: FarmClient,
     assert 3 <= len(reads) <= 5  # at 0, 1, 2 and 2.5 s (polling every POLL_SECONDS would be 50)
 
 
-def test_wait_says_once_which_queues_have_no_live_worker(client: FarmClient, model_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wait_says_once_which_queues_have_no_live_worker(
+    client: FarmClient, model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(defaults, "LIVENESS_FIRST_CHECK_SECONDS", 0.1)
     monkeypatch.setattr(defaults, "LIVENESS_CHECK_SECONDS", 0.1)
     job_id = client.submit(model_path, [host_target()])
@@ -401,8 +416,9 @@ def test_a_redis_lost_mid_wait_names_the_job_to_resume(redis_server: RedisServer
 
 
 @pytest.mark.parametrize("name", ["../../escaped", "/tmp/absolute", ".."])
-def test_a_forged_model_name_never_names_a_path_outside_the_download_folder(client: FarmClient, model_path: Path,
-                                                                           tmp_path: Path, name: str, accept) -> None:
+def test_a_forged_model_name_never_names_a_path_outside_the_download_folder(
+    client: FarmClient, model_path: Path, tmp_path: Path, name: str, accept
+) -> None:
     """A record forged in Redis (with a worker's password, or a bug) has its model name read as a file name only."""
     job_id = client.submit(model_path, [host_target()])
     accept(job_id)
@@ -419,10 +435,13 @@ def _linear(tmp: Path, name: str, producer: str, external: bool = False) -> Path
     """y = x @ W with a 4 MB W; `producer` changes the graph's bytes and nothing else."""
     rng = np.random.default_rng(3)
     weight = numpy_helper.from_array(rng.standard_normal((1024, 1024)).astype(np.float32), "W")
-    graph = onnx.helper.make_graph([onnx.helper.make_node("MatMul", ["x", "W"], ["y"])], "linear",
-                                   [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 1024])],
-                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 1024])],
-                                   [weight])
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("MatMul", ["x", "W"], ["y"])],
+        "linear",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 1024])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 1024])],
+        [weight],
+    )
     model = onnx.helper.make_model(graph, producer_name=producer, opset_imports=[onnx.helper.make_opsetid("", 17)])
     path = tmp / f"{name}.onnx"
     if external:
@@ -433,7 +452,8 @@ def _linear(tmp: Path, name: str, producer: str, external: bool = False) -> Path
 
 
 def test_a_resubmit_with_a_changed_graph_and_the_same_weights_uploads_under_a_megabyte(
-        client: FarmClient, redis_server: RedisServer, tmp_path: Path, accept) -> None:
+    client: FarmClient, redis_server: RedisServer, tmp_path: Path, accept
+) -> None:
     """Weights go by digest: the store is asked which it lacks (one round trip) and only those are staged."""
     raw = redis_server.client()
     reports: list = []
@@ -467,7 +487,8 @@ def test_a_model_with_external_data_is_submitted_with_it(client: FarmClient, tmp
 
 
 def test_a_weight_whose_upload_is_gone_fails_the_plan_naming_its_initializer(
-        client: FarmClient, redis_server: RedisServer, tmp_path: Path, accept) -> None:
+    client: FarmClient, redis_server: RedisServer, tmp_path: Path, accept
+) -> None:
     """The plan reads the weights ahead on threads (Farm._plans); what one of them lacks is still said by name."""
     job_id = client.submit(_linear(tmp_path, "lost", "x", external=True), [host_target()])
     assert accept(job_id) == f"job {job_id} accepted"
@@ -478,7 +499,8 @@ def test_a_weight_whose_upload_is_gone_fails_the_plan_naming_its_initializer(
 
 
 def test_external_data_outside_the_models_folder_is_refused_before_any_upload(
-        client: FarmClient, redis_server: RedisServer, tmp_path: Path) -> None:
+    client: FarmClient, redis_server: RedisServer, tmp_path: Path
+) -> None:
     path = _linear(tmp_path, "escape", "x", external=True)
     model = onnx.load(path, load_external_data=False)
     model.graph.initializer[0].external_data[0].value = "../elsewhere.data"
@@ -489,13 +511,17 @@ def test_external_data_outside_the_models_folder_is_refused_before_any_upload(
 
 
 def test_a_model_whose_weights_are_over_the_farms_cap_is_refused_before_any_upload(
-        client: FarmClient, redis_server: RedisServer, tmp_path: Path, accept) -> None:
+    client: FarmClient, redis_server: RedisServer, tmp_path: Path, accept
+) -> None:
     """The job would pin its weights over the cap for its whole life: refused up front naming the sizes, by the
     client and again by the intake (a client is not trusted to have checked)."""
     path = _linear(tmp_path, "big", "x")
     client.store.set_max_bytes(1 << 20)
-    with pytest.raises(BadInputError, match=r"big.onnx: its weights are 4.0 MiB \(\d+ bytes\), over the farm's "
-                                            r"store cap of 1.0 MiB \(1048576 bytes"):
+    with pytest.raises(
+        BadInputError,
+        match=r"big.onnx: its weights are 4.0 MiB \(\d+ bytes\), over the farm's "
+        r"store cap of 1.0 MiB \(1048576 bytes",
+    ):
         client.submit(path, [host_target()])
     assert not redis_server.client().keys("farm:store:staged:*")
     client.store.set_max_bytes(8 << 20)
@@ -508,20 +534,27 @@ def test_a_model_whose_weights_are_over_the_farms_cap_is_refused_before_any_uplo
 def _both_ways(tmp: Path) -> Path:
     """y = x @ W + x @ W^T with a 4 MB W: the plan folds the transpose into a second 4 MB weight."""
     weight = numpy_helper.from_array(np.random.default_rng(4).standard_normal((1024, 1024)).astype(np.float32), "W")
-    nodes = [onnx.helper.make_node("Transpose", ["W"], ["Wt"], perm=[1, 0]),
-             onnx.helper.make_node("MatMul", ["x", "W"], ["a"]), onnx.helper.make_node("MatMul", ["x", "Wt"], ["b"]),
-             onnx.helper.make_node("Add", ["a", "b"], ["y"])]
-    graph = onnx.helper.make_graph(nodes, "both", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
-                                                                                      [1, 1024])],
-                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 1024])],
-                                   [weight])
+    nodes = [
+        onnx.helper.make_node("Transpose", ["W"], ["Wt"], perm=[1, 0]),
+        onnx.helper.make_node("MatMul", ["x", "W"], ["a"]),
+        onnx.helper.make_node("MatMul", ["x", "Wt"], ["b"]),
+        onnx.helper.make_node("Add", ["a", "b"], ["y"]),
+    ]
+    graph = onnx.helper.make_graph(
+        nodes,
+        "both",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 1024])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 1024])],
+        [weight],
+    )
     path = tmp / "folded.onnx"
     onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]), path)
     return path
 
 
 def test_a_job_whose_folded_weights_would_take_it_over_the_cap_fails_at_planning_before_any_compile(
-        client: FarmClient, tmp_path: Path, dispatched: list[Message]) -> None:
+    client: FarmClient, tmp_path: Path, dispatched: list[Message]
+) -> None:
     """The client and the intake know the weights; planning knows the weights it folds too (packed copies take no
     room: the store keeps none): over the cap, the job fails naming both sizes and nothing is dispatched."""
     farm = Farm(client.board, client.store, dispatched.append)

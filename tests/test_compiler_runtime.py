@@ -26,8 +26,12 @@ from farm.backends.llvm.target import host_target, parse_target
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
 
-TARGETS = {"this host": "cpu", "x86-64 baseline": "cpu:x86_64-linux-gnu", "aarch64": "cpu:aarch64-linux-gnu",
-           "riscv64": "cpu:riscv64-linux-gnu"}
+TARGETS = {
+    "this host": "cpu",
+    "x86-64 baseline": "cpu:x86_64-linux-gnu",
+    "aarch64": "cpu:aarch64-linux-gnu",
+    "riscv64": "cpu:riscv64-linux-gnu",
+}
 RANDOM_PATTERNS = 1 << 20
 QUIET_BIT = {np.float16: 0x200, np.float32: 0x400000}
 
@@ -43,8 +47,9 @@ def around_boundaries(dtype: type) -> np.ndarray:
     halves = finite_halves()
     midpoints = (halves + np.append(halves[1:], 65536.0)) / 2  # exact: a float16 has 11 significant bits
     midpoints = midpoints.astype(dtype)
-    values = np.concatenate([halves.astype(dtype), midpoints, np.nextafter(midpoints, dtype(np.inf)),
-                             np.nextafter(midpoints, dtype(0))])
+    values = np.concatenate(
+        [halves.astype(dtype), midpoints, np.nextafter(midpoints, dtype(np.inf)), np.nextafter(midpoints, dtype(0))]
+    )
     return np.concatenate([values, -values])
 
 
@@ -75,8 +80,9 @@ def random_bits(dtype: type, rng: np.random.Generator) -> np.ndarray:
 
 def wide_inputs(dtype: type) -> np.ndarray:
     rng = np.random.default_rng(28)
-    return np.concatenate([around_boundaries(dtype), special_bits(dtype).view(dtype),
-                           random_bits(dtype, rng).view(dtype)])
+    return np.concatenate(
+        [around_boundaries(dtype), special_bits(dtype).view(dtype), random_bits(dtype, rng).view(dtype)]
+    )
 
 
 def expected(values: np.ndarray, to: type) -> np.ndarray:
@@ -87,28 +93,43 @@ def expected(values: np.ndarray, to: type) -> np.ndarray:
     uint, wide = np.dtype(to).str.replace("f", "u"), values.view(values.dtype.str.replace("f", "u")).astype(np.uint64)
     sign = (wide >> np.uint64(8 * values.dtype.itemsize - 1)) << np.uint64(8 * np.dtype(to).itemsize - 1)
     exponent = np.array(np.inf, to).view(uint).astype(np.uint64)
-    payload = (wide & np.uint64((1 << source_bits) - 1)) >> np.uint64(source_bits - fraction) \
-        if source_bits > fraction else (wide & np.uint64((1 << source_bits) - 1)) << np.uint64(fraction - source_bits)
+    payload = (
+        (wide & np.uint64((1 << source_bits) - 1)) >> np.uint64(source_bits - fraction)
+        if source_bits > fraction
+        else (wide & np.uint64((1 << source_bits) - 1)) << np.uint64(fraction - source_bits)
+    )
     nan = (sign | exponent | payload | np.uint64(QUIET_BIT[to])).astype(uint)
     return np.where(np.isnan(values), nan, converted.view(uint))
 
 
-INPUTS = {"half": np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16),
-          "float": wide_inputs(np.float32), "double": wide_inputs(np.float64)}
-CASTS = {"half": ("as_float", np.float32), "float": ("float_as_half", np.float16),
-         "double": ("double_as_half", np.float16)}
+INPUTS = {
+    "half": np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16),
+    "float": wide_inputs(np.float32),
+    "double": wide_inputs(np.float64),
+}
+CASTS = {
+    "half": ("as_float", np.float32),
+    "float": ("float_as_half", np.float16),
+    "double": ("double_as_half", np.float16),
+}
 ONNX_TYPES = {np.float16: TensorProto.FLOAT16, np.float32: TensorProto.FLOAT, np.float64: TensorProto.DOUBLE}
 
 
 def conversions_model() -> onnx.ModelProto:
     """Cast of each input to CASTS' type."""
     nodes = [helper.make_node("Cast", [name], [output], to=ONNX_TYPES[to]) for name, (output, to) in CASTS.items()]
-    inputs = [helper.make_tensor_value_info(name, ONNX_TYPES[INPUTS[name].dtype.type], [INPUTS[name].size])
-              for name in CASTS]
-    outputs = [helper.make_tensor_value_info(output, ONNX_TYPES[to], [INPUTS[name].size])
-               for name, (output, to) in CASTS.items()]
-    return helper.make_model(helper.make_graph(nodes, "conversions", inputs, outputs),
-                             opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    inputs = [
+        helper.make_tensor_value_info(name, ONNX_TYPES[INPUTS[name].dtype.type], [INPUTS[name].size]) for name in CASTS
+    ]
+    outputs = [
+        helper.make_tensor_value_info(output, ONNX_TYPES[to], [INPUTS[name].size])
+        for name, (output, to) in CASTS.items()
+    ]
+    return helper.make_model(
+        helper.make_graph(nodes, "conversions", inputs, outputs),
+        opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=8,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +156,9 @@ def test_conversions_give_numpys_bits(name: str, artifact: str, tmp_path: Path) 
     for source, (output, to) in CASTS.items():
         got, want = outputs[output].view(f"u{np.dtype(to).itemsize}"), expected(INPUTS[source], to)
         wrong = np.flatnonzero(got != want)
-        shown = ", ".join(f"{INPUTS[source][i]!r} ({INPUTS[source][i:i + 1].view(f'u{INPUTS[source].itemsize}')[0]:#x}) "
-                          f"-> {got[i]:#x}, not {want[i]:#x}" for i in wrong[:5])
+        shown = ", ".join(
+            f"{INPUTS[source][i]!r} ({INPUTS[source][i : i + 1].view(f'u{INPUTS[source].itemsize}')[0]:#x}) "
+            f"-> {got[i]:#x}, not {want[i]:#x}"
+            for i in wrong[:5]
+        )
         assert wrong.size == 0, f"{source} -> {np.dtype(to)} on {name}: {wrong.size} wrong, e.g. {shown}"
-

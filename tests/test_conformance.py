@@ -59,8 +59,9 @@ def _first_case_per_op() -> list:
     fewest nodes, then the shortest name (test_relu for Relu, test_constantofshape_int_zeros for ConstantOfShape,
     not a 76-node attention expansion that happens to use it)."""
     chosen = {}
-    for case in sorted(CASES, key=lambda case: (case.name in NOT_PASSING, len(case.model.graph.node), len(case.name),
-                                                case.name)):
+    for case in sorted(
+        CASES, key=lambda case: (case.name in NOT_PASSING, len(case.model.graph.node), len(case.name), case.name)
+    ):
         for op in {node.op_type for node in case.model.graph.node} & set(SUPPORTED_OPS):
             chosen.setdefault(op, case)
     return sorted({case.name: case for case in chosen.values()}.values(), key=lambda case: case.name)

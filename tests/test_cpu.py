@@ -37,9 +37,14 @@ X_SHAPE, W_SHAPE, B_SHAPE, Y_SHAPE = (1, 8, 10, 10), (16, 8, 3, 3), (16,), (1, 1
 
 
 def conv_spec(target: CpuTarget, activation: Activation | None = RELU) -> KernelSpec:
-    return KernelSpec(op="Conv", attrs_json=canonical_json(CONV_ATTRS),
-                      inputs=(TensorInfo(X_SHAPE), TensorInfo(W_SHAPE), TensorInfo(B_SHAPE)),
-                      outputs=(TensorInfo(Y_SHAPE),), activation=activation, target_id=target.id)
+    return KernelSpec(
+        op="Conv",
+        attrs_json=canonical_json(CONV_ATTRS),
+        inputs=(TensorInfo(X_SHAPE), TensorInfo(W_SHAPE), TensorInfo(B_SHAPE)),
+        outputs=(TensorInfo(Y_SHAPE),),
+        activation=activation,
+        target_id=target.id,
+    )
 
 
 def symbols(obj: bytes, tmp_path) -> dict[str, list[str]]:
@@ -152,7 +157,7 @@ def conv_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     out = np.zeros(Y_SHAPE, np.float64)
     for r in range(3):
         for s in range(3):
-            out += np.einsum("nchw,mc->nmhw", xp[:, :, r:r + 10, s:s + 10], w[:, :, r, s].astype(np.float64))
+            out += np.einsum("nchw,mc->nmhw", xp[:, :, r : r + 10, s : s + 10], w[:, :, r, s].astype(np.float64))
     return out + b.astype(np.float64)[None, :, None, None]
 
 
@@ -169,13 +174,14 @@ def test_compiled_conv_matches_numpy(activation, tmp_path):
     arrays = [np.zeros(Y_SHAPE, np.float32), x, w, b, np.zeros(argument_bytes(spec)[-1] // 4, np.float32)]
     offsets, size = layout(arrays)
     schedule = [{"kernel": spec.symbol, "args": [["arena", o] for o in offsets]}]
-    library = load_library(link_library([compile_cpu_kernel(spec, target), compile_entry(schedule, target)], target),
-                           tmp_path)
+    library = load_library(
+        link_library([compile_cpu_kernel(spec, target), compile_entry(schedule, target)], target), tmp_path
+    )
     arena = aligned_arena(size)
     for array, offset in zip(arrays, offsets):
-        arena[offset:offset + array.nbytes] = array.view(np.uint8).reshape(-1)
+        arena[offset : offset + array.nbytes] = array.view(np.uint8).reshape(-1)
     call_farm_run(library, arena)
-    y = arena[:arrays[0].nbytes].view(np.float32).reshape(Y_SHAPE)
+    y = arena[: arrays[0].nbytes].view(np.float32).reshape(Y_SHAPE)
     expected = conv_reference(x, w, b)
     if activation is not None:
         expected = np.maximum(expected, 0.0)

@@ -9,9 +9,19 @@ import pytest
 from farm import defaults
 from farm.errors import BadInputError, ExitStatus
 
-FARM_ENV = ("FARM_BROKER_URL", "FARM_STORE_URL", "FARM_TASK_SOFT_TIME_LIMIT", "FARM_TASK_TIME_LIMIT",
-            "FARM_VISIBILITY_TIMEOUT", "FARM_MAX_DELIVERIES", "FARM_WORKER_REDIS_RETRIES", "FARM_TOOLCHAIN_LABEL",
-            "FARM_STORE_MAX_BYTES", "FARM_WORKER_LEASE_SECONDS", "FARM_WAIT_FALLBACK_SECONDS")
+FARM_ENV = (
+    "FARM_BROKER_URL",
+    "FARM_STORE_URL",
+    "FARM_TASK_SOFT_TIME_LIMIT",
+    "FARM_TASK_TIME_LIMIT",
+    "FARM_VISIBILITY_TIMEOUT",
+    "FARM_MAX_DELIVERIES",
+    "FARM_WORKER_REDIS_RETRIES",
+    "FARM_TOOLCHAIN_LABEL",
+    "FARM_STORE_MAX_BYTES",
+    "FARM_WORKER_LEASE_SECONDS",
+    "FARM_WAIT_FALLBACK_SECONDS",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +42,12 @@ def test_defaults() -> None:
     assert defaults.POLL_SECONDS > 0 and defaults.JOB_TTL_SECONDS == 7 * 24 * 3600
     assert defaults.store_max_bytes() == defaults.STORE_MAX_BYTES == 2 << 30
     assert defaults.wait_fallback_seconds() == 5  # a waiting client blocks on notifications, reads at least this often
-    assert 0 < defaults.LIVENESS_FIRST_CHECK_SECONDS < defaults.LIVENESS_CHECK_SECONDS < defaults.LIVENESS_CHECK_MAX_SECONDS
+    assert (
+        0
+        < defaults.LIVENESS_FIRST_CHECK_SECONDS
+        < defaults.LIVENESS_CHECK_SECONDS
+        < defaults.LIVENESS_CHECK_MAX_SECONDS
+    )
 
 
 def test_the_default_limits_are_ordered() -> None:
@@ -82,26 +97,50 @@ def test_values_are_read_at_each_call(monkeypatch: pytest.MonkeyPatch) -> None:
     assert defaults.max_deliveries() == 1
 
 
-@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0", "redis://:pw@farm-host:6379/0", "rediss://me:pw@h/2",
-                                 "redis://h", "redis://h:6379", "redis://h:6379/", "redis://[::1]:6379/0",
-                                 "redis://h:6379/0?socket_timeout=5"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:6379/0",
+        "redis://:pw@farm-host:6379/0",
+        "rediss://me:pw@h/2",
+        "redis://h",
+        "redis://h:6379",
+        "redis://h:6379/",
+        "redis://[::1]:6379/0",
+        "redis://h:6379/0?socket_timeout=5",
+    ],
+)
 def test_redis_urls_the_farm_can_use(url: str) -> None:
     assert defaults.redis_url(url) == url
 
 
-@pytest.mark.parametrize(("url", "shown"), [
-    ("127.0.0.1:6379", "127.0.0.1:6379"),  # no scheme: redis-py's answer was a 43-line traceback
-    ("localhost", "localhost"), ("", ""), ("http://h:6379/0", "http://h:6379/0"), ("unix:///run/r.sock", None),
-    ("redis://", None), ("redis://h:port/0", None), ("redis://h:0/0", None), ("redis://h:99999/0", None),
-    ("redis://h:6379/db", None), ("redis://[::1/0", None),
-    (":hunter2@h:6379", "***@h:6379"), ("redis://:hunter2@h:x/0", "redis://***@h:x/0"),
-    ("http://u:hunter2@h/0", "http://***@h/0"), ("redis://:hun@ter2@h:1/x", "redis://***@h:1/x"),
-])
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("127.0.0.1:6379", "127.0.0.1:6379"),  # no scheme: redis-py's answer was a 43-line traceback
+        ("localhost", "localhost"),
+        ("", ""),
+        ("http://h:6379/0", "http://h:6379/0"),
+        ("unix:///run/r.sock", None),
+        ("redis://", None),
+        ("redis://h:port/0", None),
+        ("redis://h:0/0", None),
+        ("redis://h:99999/0", None),
+        ("redis://h:6379/db", None),
+        ("redis://[::1/0", None),
+        (":hunter2@h:6379", "***@h:6379"),
+        ("redis://:hunter2@h:x/0", "redis://***@h:x/0"),
+        ("http://u:hunter2@h/0", "http://***@h/0"),
+        ("redis://:hun@ter2@h:1/x", "redis://***@h:1/x"),
+    ],
+)
 def test_anything_else_is_refused_naming_its_source_and_never_its_password(url: str, shown: str | None) -> None:
     with pytest.raises(BadInputError) as caught:
         defaults.redis_url(url, "FARM_BROKER_URL")
-    assert str(caught.value) == (f"FARM_BROKER_URL {url if shown is None else shown}: not a Redis URL "
-                                 "(redis://[:password@]host:port/db or rediss://...)")
+    assert str(caught.value) == (
+        f"FARM_BROKER_URL {url if shown is None else shown}: not a Redis URL "
+        "(redis://[:password@]host:port/db or rediss://...)"
+    )
     assert "hunter2" not in str(caught.value) and "ter2" not in str(caught.value)
     assert caught.value.exit_status == ExitStatus.BAD_INPUT == 2
 
@@ -118,18 +157,23 @@ def test_a_rediss_url_verifies_the_server_by_default_and_names_its_files(tmp_pat
     ca.write_text("")
     assert defaults.redis_tls_options("rediss://h/0") == {"ssl_cert_reqs": "required"}
     assert defaults.redis_tls_options(f"rediss://:pw@h/0?ssl_ca_certs={ca}&ssl_cert_reqs=none&socket_timeout=5") == {
-        "ssl_cert_reqs": "none", "ssl_ca_certs": str(ca)}
+        "ssl_cert_reqs": "none",
+        "ssl_ca_certs": str(ca),
+    }
     assert defaults.redis_tls_options("redis://h/0") is None
     url = f"rediss://:pw@h:6380/0?ssl_cert_reqs=required&ssl_ca_certs={ca}&ssl_certfile={ca}&ssl_keyfile={ca}"
     assert defaults.redis_url(url) == url
 
 
-@pytest.mark.parametrize(("query", "named"), [
-    ("ssl_cert_reqs=CERT_MAYBE", "ssl_cert_reqs must be one of required, optional, none"),
-    ("ssl_cert_reqs=REQUIRED", "ssl_cert_reqs must be one of required, optional, none"),  # redis-py: lower case
-    ("ssl_ca_certs=/no/such/ca.pem", "ssl_ca_certs /no/such/ca.pem: no such readable file"),
-    ("ssl_keyfile=/no/key.pem", "ssl_keyfile /no/key.pem: no such readable file"),
-])
+@pytest.mark.parametrize(
+    ("query", "named"),
+    [
+        ("ssl_cert_reqs=CERT_MAYBE", "ssl_cert_reqs must be one of required, optional, none"),
+        ("ssl_cert_reqs=REQUIRED", "ssl_cert_reqs must be one of required, optional, none"),  # redis-py: lower case
+        ("ssl_ca_certs=/no/such/ca.pem", "ssl_ca_certs /no/such/ca.pem: no such readable file"),
+        ("ssl_keyfile=/no/key.pem", "ssl_keyfile /no/key.pem: no such readable file"),
+    ],
+)
 def test_tls_parameters_that_cannot_work_are_bad_input_naming_the_parameter(query: str, named: str) -> None:
     with pytest.raises(BadInputError) as caught:
         defaults.redis_url(f"rediss://:hunter2@h:6380/0?{query}", "FARM_BROKER_URL")
@@ -200,7 +244,8 @@ def test_the_folded_bytes_budget(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_step_memory_limit_is_the_hosts_share_per_process_but_no_less_than_4_gib(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Three quarters of the host's memory shared among the pool's processes, but at least STEP_MEMORY_MIN_BYTES
     while the host has twice that (a 64-core host of 128 GiB: 4 GiB a process, not 1.5); FARM_STEP_MEMORY_BYTES
     overrides, 0 is none."""

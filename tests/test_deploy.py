@@ -389,8 +389,10 @@ def test_the_acl_service_writes_the_file_once_from_the_environment():
     assert [str(volume) for volume in service["volumes"]] == [f"{ACL_VOLUME}:/etc/farm/acl"], service["volumes"]
     assert ACL_VOLUME in (data.get("volumes") or {}), f"{ACL_VOLUME} must be a named volume"
     # The image's folder belongs to farm, so the new volume mounted there does, and `farm acl` (as farm) can write.
-    assert any(kind == "RUN" and re.search(r"install -d -o farm -g farm -m 0755 /etc/farm/acl(\s|$)", args)
-               for kind, args in _dockerfile()), "the Dockerfile must make /etc/farm/acl farm's"
+    assert any(
+        kind == "RUN" and re.search(r"install -d -o farm -g farm -m 0755 /etc/farm/acl(\s|$)", args)
+        for kind, args in _dockerfile()
+    ), "the Dockerfile must make /etc/farm/acl farm's"
 
 
 def test_no_secret_is_on_any_command_line():
@@ -468,8 +470,9 @@ def test_compose_runs_the_blob_redis_with_the_same_users_and_the_workers_keep_th
     assert "redis-cli --user farm-submitter ping" in " ".join(_tokens(blobs["healthcheck"]["test"]))
     env = _environment(data["x-farm"])
     worker = acl.ROLES["worker"]
-    assert re.fullmatch(rf"redis://{worker.user}:\$\{{{worker.password_variable}:\?[^}}]*\}}@redis-blobs:6379/0",
-                        env["FARM_BLOB_STORE"]), env["FARM_BLOB_STORE"]
+    assert re.fullmatch(
+        rf"redis://{worker.user}:\$\{{{worker.password_variable}:\?[^}}]*\}}@redis-blobs:6379/0", env["FARM_BLOB_STORE"]
+    ), env["FARM_BLOB_STORE"]
     assert "@" not in env["FARM_BLOB_STORE_CLIENT_URL"], "clients log in with their own user, never the workers'"
     for name in FARM_SERVICES:
         assert _service(name)["depends_on"]["redis-blobs"]["condition"] == "service_healthy", name
@@ -488,7 +491,8 @@ def test_flower_takes_its_basic_auth_from_the_environment_and_listens_on_5555():
     assert any(str(port).endswith(":5555") for port in flower.get("ports") or []), flower.get("ports")
     assert flower["depends_on"]["redis"]["condition"] == "service_healthy", flower["depends_on"]
     assert [_mounted_source(flower, word) for word in words if word.startswith("--conf=")] == [
-        ROOT / "deploy" / "flowerconfig.py"], f"Flower must run deploy/flowerconfig.py (/metrics behind its login): {words}"
+        ROOT / "deploy" / "flowerconfig.py"
+    ], f"Flower must run deploy/flowerconfig.py (/metrics behind its login): {words}"
 
 
 def _mounted_source(service: dict, option: str) -> Path:
@@ -542,8 +546,10 @@ def test_dockerfile_installs_pocl_and_lld_and_runs_as_farm():
         assert re.search(rf"(?<![\w.-]){re.escape(package)}(?![\w.-])", installs), (
             f"the Dockerfile must apt-get install {package}"
         )
-    assert any(kind == "RUN" and re.search(r"pip install (.* )?(\"\.\[all\]\"|'\.\[all\]')(\s|$)", args)
-               for kind, args in instructions), "pip install \".[all]\": the image serves every role (worker, OpenCL, Flower)"
+    assert any(
+        kind == "RUN" and re.search(r"pip install (.* )?(\"\.\[all\]\"|'\.\[all\]')(\s|$)", args)
+        for kind, args in instructions
+    ), 'pip install ".[all]": the image serves every role (worker, OpenCL, Flower)'
     for kind, args in instructions:
         if kind == "COPY":
             sources = [word for word in args.split() if not word.startswith("--")][:-1]
@@ -561,8 +567,9 @@ def test_dockerfile_installs_pocl_and_lld_and_runs_as_farm():
 def _compose_command() -> list[str] | None:
     """`docker compose`, else the older `docker-compose`, where one works (neither needs the daemon for config)."""
     docker = shutil.which("docker")
-    candidates = ([[docker, "compose"]] if docker else []) + [[found] for found in [shutil.which("docker-compose")]
-                                                               if found]
+    candidates = ([[docker, "compose"]] if docker else []) + [
+        [found] for found in [shutil.which("docker-compose")] if found
+    ]
     for candidate in candidates:
         version = subprocess.run([*candidate, "version"], capture_output=True, text=True, timeout=60)
         if version.returncode == 0:
@@ -643,12 +650,14 @@ def test_the_acl_file_farm_acl_writes_is_what_redis_loads(deployed_redis: Deploy
 
 def _interpolate(value: str, environ: dict[str, str]) -> str:
     """A compose value with its ${VAR}, ${VAR:-default} and ${VAR:?message} replaced from `environ`."""
+
     def one(match: re.Match[str]) -> str:
         name, operator, rest = match.group(1), match.group(2), match.group(3)
         if environ.get(name):
             return environ[name]
         assert operator != ":?", f"{name} is required: {rest}"
         return rest if operator == ":-" else ""
+
     return re.sub(r"\$\{(\w+)(?:(:[-?])([^}]*))?\}", one, value)
 
 
@@ -660,14 +669,24 @@ def test_flower_starts_as_compose_runs_it_and_asks_for_its_login(deployed_redis:
     env = {name: _interpolate(value, PASSWORDS) for name, value in _environment(flower).items()}
     env["FARM_BROKER_URL"] = env["FARM_BROKER_URL"].replace("@redis:6379/", f"@127.0.0.1:{deployed_redis.port}/")
     port = free_port()
-    words = [f"--conf={_mounted_source(flower, word)}" if word.startswith("--conf=") else word
-             for word in _tokens(flower["command"]) if not word.startswith("--port=")]
+    words = [
+        f"--conf={_mounted_source(flower, word)}" if word.startswith("--conf=") else word
+        for word in _tokens(flower["command"])
+        if not word.startswith("--port=")
+    ]
     command = [sys.executable, "-m", *words, f"--port={port}", "--address=127.0.0.1"]
     assert not any(password in " ".join(command) for password in PASSWORDS.values())
     log = tmp_path / "flower.log"
     with open(log, "wb") as output:
-        process = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "PYTHONPATH": str(ROOT), **env}, start_new_session=True)
+        process = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+            start_new_session=True,
+        )
     try:
         login = env["FLOWER_BASIC_AUTH"]
         for path in ("/api/workers", "/metrics"):  # /metrics too: deploy/flowerconfig.py
@@ -712,8 +731,13 @@ def _run_the_healthcheck(server: RedisServer, submitter_password: str) -> None:
     assert kind == "CMD-SHELL", kind
     shell = test.replace("redis-cli", f"{shlex.quote(cli)} -p {server.port}", 1)
     for password, status in ((submitter_password, 0), ("wrong", 1)):
-        result = subprocess.run(["sh", "-c", shell], capture_output=True, text=True, timeout=30,
-                                env={**os.environ, "REDISCLI_AUTH": password})
+        result = subprocess.run(
+            ["sh", "-c", shell],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={**os.environ, "REDISCLI_AUTH": password},
+        )
         assert result.returncode == status, f"healthcheck with password {password!r}: {result}"
 
 
@@ -722,9 +746,22 @@ class DeployedBlobRedis(DeployedRedis):
     else of the tests' servers' settings (their append-only file)."""
 
     def _arguments(self) -> list[str]:
-        return [redis_server_binary(), str(BLOB_REDIS_CONF), "--port", str(self.port), "--bind", "127.0.0.1",
-                "--dir", str(self.folder), "--logfile", str(self.log_path), "--daemonize", "no",
-                "--aclfile", str(self.aclfile)]
+        return [
+            redis_server_binary(),
+            str(BLOB_REDIS_CONF),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.folder),
+            "--logfile",
+            str(self.log_path),
+            "--daemonize",
+            "no",
+            "--aclfile",
+            str(self.aclfile),
+        ]
 
 
 @pytest.mark.services
@@ -733,8 +770,9 @@ def test_the_blob_redis_takes_the_acl_file_a_submitter_stages_and_reads_never_wr
     assert farm_cli("acl", "-o", str(aclfile), broker="", cwd=tmp_path, env=PASSWORDS).returncode == 0
     with DeployedBlobRedis(aclfile, PASSWORDS[ROLE_PASSWORDS["worker"]]) as server:
         worker = redis.Redis.from_url(server.url)
-        submitter = redis.Redis.from_url(server.url_for(acl.ROLES["submitter"].user,
-                                                        PASSWORDS[ROLE_PASSWORDS["submitter"]]))
+        submitter = redis.Redis.from_url(
+            server.url_for(acl.ROLES["submitter"].user, PASSWORDS[ROLE_PASSWORDS["submitter"]])
+        )
         key = "0" * 64
         assert submitter.set(f"{acl.STORE_PREFIX}staged:{key}:0", b"weights", ex=60)
         worker.set(f"{acl.STORE_PREFIX}obj:{key}:0", b"an entry")

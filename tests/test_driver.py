@@ -54,10 +54,12 @@ def test_the_driver_is_a_pie_of_its_architecture_that_needs_only_its_libc(driver
     kind, machine = struct.unpack_from("<HH", data, 16)
     assert (kind, machine) == (3, MACHINES[arch])  # ET_DYN: position-independent
     interp = next(section for section in elf.sections(data) if section.name == ".interp")
-    assert data[interp.offset:interp.offset + interp.size].rstrip(b"\0").decode() == EMULATORS[arch].libc.loader
+    assert data[interp.offset : interp.offset + interp.size].rstrip(b"\0").decode() == EMULATORS[arch].libc.loader
     dynamic = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True, check=True).stdout
-    assert sorted(line.split("[")[1].rstrip("]") for line in dynamic.splitlines() if "(NEEDED)" in line) == \
-        ["libc.so.6", "libm.so.6"]
+    assert sorted(line.split("[")[1].rstrip("]") for line in dynamic.splitlines() if "(NEEDED)" in line) == [
+        "libc.so.6",
+        "libm.so.6",
+    ]
 
 
 def test_the_riscv64_driver_has_the_double_float_abi_of_debians_libc():
@@ -82,8 +84,14 @@ def _run(driver: tuple[str, Path], arena: Path) -> subprocess.CompletedProcess:
     arch, path = driver
     emulator = EMULATORS[arch]
     with open(arena, "r+b") as stdin:
-        return subprocess.run([emulator.qemu, "-L", str(emulator.libc.folder.parent), str(path)], stdin=stdin,
-                              capture_output=True, text=True, timeout=60, env={})
+        return subprocess.run(
+            [emulator.qemu, "-L", str(emulator.libc.folder.parent), str(path)],
+            stdin=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={},
+        )
 
 
 def test_each_wrong_arena_file_ends_with_its_own_status(driver, tmp_path):

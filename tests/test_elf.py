@@ -67,8 +67,10 @@ def test_symbols_of_32_and_64_bit_objects_of_either_byte_order() -> None:
     from farm.backends.llvm.target import CpuTarget
     from farm.backends.llvm.toolchain import compile_ir
 
-    ir = "declare void @elsewhere()\ndefine void @k() { call void @elsewhere()\n ret void }\n" \
-         "define internal void @mine() { ret void }\n"
+    ir = (
+        "declare void @elsewhere()\ndefine void @k() { call void @elsewhere()\n ret void }\n"
+        "define internal void @mine() { ret void }\n"
+    )
     for triple in ("x86_64-unknown-linux-gnu", "aarch64_be-unknown-linux-gnu", "armv7-unknown-linux-gnueabihf"):
         found = {s.name: s for s in symbols(compile_ir(ir, CpuTarget(triple), "k", optimize=False))}
         assert found["k"].defined and not found["k"].local, triple

@@ -47,8 +47,9 @@ def executor() -> Iterator[LocalExecutor]:
 
 
 @pytest.fixture(scope="module")
-def cross_built(tmp_path_factory: pytest.TempPathFactory,
-                executor: LocalExecutor) -> Iterator[Callable[[str], tuple[onnx.ModelProto, Path, str]]]:
+def cross_built(
+    tmp_path_factory: pytest.TempPathFactory, executor: LocalExecutor
+) -> Iterator[Callable[[str], tuple[onnx.ModelProto, Path, str]]]:
     """name -> (model, its .onnx path, its artifact for both targets), each example built at most once."""
     root = tmp_path_factory.mktemp("cross")
     built: dict[str, tuple[onnx.ModelProto, Path, str]] = {}
@@ -80,8 +81,13 @@ def test_example_matches_onnxruntime_under_emulation(name: str, arch: str, cross
 
 def test_an_artifact_of_several_sizes_runs_each_size_under_emulation(executor: LocalExecutor, tmp_path: Path) -> None:
     dynamic_cnn(tmp_path / "m.onnx")
-    artifact = build_model(tmp_path / "m.onnx", tmp_path / "out", [parse_target(TARGETS["riscv64"])],
-                           executor=executor, sizes=parse_sizes(["batch=1,3"])).artifact
+    artifact = build_model(
+        tmp_path / "m.onnx",
+        tmp_path / "out",
+        [parse_target(TARGETS["riscv64"])],
+        executor=executor,
+        sizes=parse_sizes(["batch=1,3"]),
+    ).artifact
     sized = farm.runtime.load(artifact, target=TARGETS["riscv64"], cache_dir=tmp_path / "cache")
     assert isinstance(sized, SizedModel) and all(isinstance(size, EmulatedModel) for _, size in sized.sizes)
     rng = np.random.default_rng(0)
@@ -115,10 +121,14 @@ farm.backends.llvm.link.ALLOWED_IMPORTS)."""
 
 FLOAT_CALLS_MANIFEST = {
     "memory_plan": {"arena_bytes": 64},
-    "inputs": [{"name": "x", "shape": [1], "dtype": "float32", "offset": 0},
-               {"name": "a", "shape": [1], "dtype": "float64", "offset": 16}],
-    "outputs": [{"name": "floor_x", "shape": [1], "dtype": "float32", "offset": 8},
-                {"name": "floor_a", "shape": [1], "dtype": "float64", "offset": 32}],
+    "inputs": [
+        {"name": "x", "shape": [1], "dtype": "float32", "offset": 0},
+        {"name": "a", "shape": [1], "dtype": "float64", "offset": 16},
+    ],
+    "outputs": [
+        {"name": "floor_x", "shape": [1], "dtype": "float32", "offset": 8},
+        {"name": "floor_a", "shape": [1], "dtype": "float64", "offset": 32},
+    ],
 }
 
 WRITES_THROUGH_A_POINTER = """
@@ -139,12 +149,20 @@ define void @farm_run(ptr %arena) {
 }
 """
 
-ONE_POINTER = {"memory_plan": {"arena_bytes": 8}, "inputs": [{"name": "p", "shape": [1], "dtype": "int64", "offset": 0}],
-               "outputs": []}
+ONE_POINTER = {
+    "memory_plan": {"arena_bytes": 8},
+    "inputs": [{"name": "p", "shape": [1], "dtype": "int64", "offset": 0}],
+    "outputs": [],
+}
 
 
-def emulated_library(ir_text: str, manifest: dict[str, Any], arch: str, folder: Path,
-                     link: Callable[[list[bytes], CpuTarget], bytes] = link_library) -> EmulatedModel:
+def emulated_library(
+    ir_text: str,
+    manifest: dict[str, Any],
+    arch: str,
+    folder: Path,
+    link: Callable[[list[bytes], CpuTarget], bytes] = link_library,
+) -> EmulatedModel:
     """`ir_text` compiled by farm's toolchain for the architecture's default target, linked by farm's linker (or by
     `link`) and loaded to run under qemu (the library's own file stands for the artifact: it has no weights)."""
     target = parse_target(TARGETS[arch])
@@ -208,8 +226,7 @@ def test_a_run_that_takes_too_long_is_stopped(cross_built, tmp_path: Path, monke
         emulated.run(random_input(model))
 
 
-def test_without_qemu_the_error_names_its_package(cross_built, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_qemu_the_error_names_its_package(cross_built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _, _, artifact = cross_built("tiny_cnn")
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(EmulationError) as failure:
@@ -221,8 +238,11 @@ def test_without_qemu_the_error_names_its_package(cross_built, tmp_path: Path,
 def test_without_the_targets_libc_the_error_names_its_package(tmp_path: Path) -> None:
     emulator = EMULATORS["riscv64"]
     bare = dataclasses.replace(emulator, libc=CrossLibc(tmp_path, emulator.libc.loader))
-    with pytest.raises(EmulationError, match=rf"the riscv64 C library is not installed \(no {tmp_path}/libc\.so\.6\): "
-                                             r"apt-get install libc6-riscv64-cross$"):
+    with pytest.raises(
+        EmulationError,
+        match=rf"the riscv64 C library is not installed \(no {tmp_path}/libc\.so\.6\): "
+        r"apt-get install libc6-riscv64-cross$",
+    ):
         bare.check_installed("a.farm: target 'x'")
 
 

@@ -56,8 +56,10 @@ def test_entry_ir_verifies_and_defines_farm_run():
     assert [str(a.type) for a in farm_run.arguments] == ["ptr"]
     text = entry_ir(SCHEDULE, host())
     assert re.search(r'define void @"?farm_run"?\(ptr %[^)]*\) [^\n]*nounwind', text)
-    dispatch = [re.search(rf'define [^\n]*@"?{name}"?\(.*', text).group(0)
-                for name in (ENTRY_SYMBOL, STEPS_SYMBOL, LAUNCH_SYMBOL, WORK_SYMBOL)]
+    dispatch = [
+        re.search(rf'define [^\n]*@"?{name}"?\(.*', text).group(0)
+        for name in (ENTRY_SYMBOL, STEPS_SYMBOL, LAUNCH_SYMBOL, WORK_SYMBOL)
+    ]
     assert ["optnone" in line for line in dispatch] == [True, True, True, False]  # only the pool's loop optimised
     assert f'target triple = "{host().triple}"' in text
 
@@ -77,8 +79,7 @@ def test_entry_calls_kernels_in_schedule_order_with_arena_offsets_and_weights():
     """A weight argument is the pointer in its slot of the table after the arena: slot i at TABLE_AT + 8 i."""
     text = _function_text(entry_ir(SCHEDULE, host(), TABLE_AT), "farm_run_steps")
     calls = call_lines(text)
-    assert [re.search(r'@"?(\w+)"?\(', c).group(1) for c in calls] == ["farm_k_first", "farm_k_second",
-                                                                        "farm_k_first"]
+    assert [re.search(r'@"?(\w+)"?\(', c).group(1) for c in calls] == ["farm_k_first", "farm_k_second", "farm_k_first"]
     offsets = [int(x) for x in re.findall(r"getelementptr inbounds i8, ptr %\"?[.\w]+\"?, i64 (\d+)", text)]
     assert offsets == [0, 256, TABLE_AT, 512, 0, 1024, 512, TABLE_AT + 8]
     loads = re.findall(r'(%"?[.\w]+"?) = load ptr, ptr (%"?[.\w]+"?)', text)
@@ -88,15 +89,17 @@ def test_entry_calls_kernels_in_schedule_order_with_arena_offsets_and_weights():
 def test_farm_run_steps_runs_any_range_of_steps():
     text = _function_text(entry_ir(SCHEDULE, host()), "farm_run_steps")
     assert text.count("switch i64") == 1
-    assert [re.search(r'@"?(\w+)"?\(', c).group(1) for c in call_lines(text)] == ["farm_k_first", "farm_k_second",
-                                                                                  "farm_k_first"]
+    assert [re.search(r'@"?(\w+)"?\(', c).group(1) for c in call_lines(text)] == [
+        "farm_k_first",
+        "farm_k_second",
+        "farm_k_first",
+    ]
 
 
 def test_each_kernel_is_declared_once_and_the_entry_has_no_globals():
     """No global state: two models loaded from one library (the same code, other weights) share nothing."""
     module = parsed_entry(SCHEDULE, host())
-    declared = sorted(f.name for f in module.functions
-                      if f.is_declaration and f.name.startswith("farm_"))
+    declared = sorted(f.name for f in module.functions if f.is_declaration and f.name.startswith("farm_"))
     assert declared == ["farm_k_first", "farm_k_second"]
     assert list(module.global_variables) == []
     assert [len(list(module.get_function(k).arguments)) for k in declared] == [3, 2]
@@ -142,8 +145,10 @@ def test_entry_object_defines_farm_run_and_references_the_rest(target):
 def _affine(scale: float, shift: float, n: int) -> L.LoopKernel:
     """out[i] = in[i] * scale + shift."""
     i = L.Var("i")
-    return L.LoopKernel([L.Param("out", output=True), L.Param("in")],
-                        [L.Loop(i, n, [L.Store("out", i, L.Load("in", i) * scale + shift)])])
+    return L.LoopKernel(
+        [L.Param("out", output=True), L.Param("in")],
+        [L.Loop(i, n, [L.Store("out", i, L.Load("in", i) * scale + shift)])],
+    )
 
 
 @pytest.mark.parametrize("order", [("double", "inc"), ("inc", "double")])
@@ -153,8 +158,9 @@ def test_farm_run_calls_kernels_in_order_through_a_shared_arena(order, tmp_path)
     target = host()
     kernels = [("double", _affine(2.0, 0.0, n)), ("inc", _affine(1.0, 1.0, n))]
     schedule = [{"kernel": name, "args": [["arena", 0], ["arena", 0]]} for name in order]
-    library = load_library(link_library([compile_kernels(kernels, target), compile_entry(schedule, target)], target),
-                           tmp_path)
+    library = load_library(
+        link_library([compile_kernels(kernels, target), compile_entry(schedule, target)], target), tmp_path
+    )
     arena = aligned_arena(n * 4)
     x = np.arange(n, dtype=np.float32)
     arena.view(np.float32)[:] = x
@@ -178,17 +184,19 @@ SMALL_BLOCKING = GemmBlocking(rows=4, vectors=2, lanes=4)
 
 def _launch_library(kernels, schedule, tmp_path, blocking=SMALL_BLOCKING):
     target = host()
-    return load_library(link_library([compile_kernels(kernels, target, blocking),
-                                      compile_entry(schedule, target)],
-                                     target), tmp_path)
+    return load_library(
+        link_library([compile_kernels(kernels, target, blocking), compile_entry(schedule, target)], target), tmp_path
+    )
 
 
 def test_farm_launch_runs_a_parallel_loop_split_at_odd_boundaries(tmp_path):
     """A launch of extent 7 run as 3 ranges writes every element once, each range only its own."""
     n = 7
     i = L.Var("i")
-    kernel = L.LoopKernel([L.Param("out", output=True), L.Param("in")],
-                          [L.Loop(i, n, [L.Store("out", i, L.Load("in", i) * 3.0 + 1.0)], parallel=True)])
+    kernel = L.LoopKernel(
+        [L.Param("out", output=True), L.Param("in")],
+        [L.Loop(i, n, [L.Store("out", i, L.Load("in", i) * 3.0 + 1.0)], parallel=True)],
+    )
     launches = [info.to_json() for info in L.launch_info(kernel, 4)]
     assert launches == [[7, 1, 7]]
     schedule = [{"kernel": "scale", "args": [["arena", 0], ["arena", 64]], "launches": launches}]
@@ -215,9 +223,9 @@ def _gemm_launch_setup(kernel, launches, shape, blocking, tmp_path):
     library = _launch_library([("mm", kernel)], schedule, tmp_path, blocking)
     arena = aligned_arena(c_at + _aligned(m * n * 4))
     rng = np.random.default_rng(0)
-    a = arena[a_at:a_at + m * k * 4].view(np.float32).reshape(m, k)
-    b = arena[b_at:b_at + k * n * 4].view(np.float32).reshape(k, n)
-    c = arena[c_at:c_at + m * n * 4].view(np.float32).reshape(m, n)
+    a = arena[a_at : a_at + m * k * 4].view(np.float32).reshape(m, k)
+    b = arena[b_at : b_at + k * n * 4].view(np.float32).reshape(k, n)
+    c = arena[c_at : c_at + m * n * 4].view(np.float32).reshape(m, n)
     a[:], b[:], c[:] = rng.standard_normal((m, k)), rng.standard_normal((k, n)), np.nan
     whole = a.astype(np.float64) @ b.astype(np.float64)
     if kernel.body[0].a_panels:
@@ -231,10 +239,18 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // 64) * 64
 
 
-@pytest.mark.parametrize(("cuts", "packed"), [
-    ((0, 13), False), ((0, 4, 8, 12, 13), False), ((0, 5, 6, 13), False), ((0, 1, 2, 3, 11, 13), False),
-    ((0, 13), True), ((0, 4, 8, 12, 13), True), ((0, 8, 13), True),
-])
+@pytest.mark.parametrize(
+    ("cuts", "packed"),
+    [
+        ((0, 13), False),
+        ((0, 4, 8, 12, 13), False),
+        ((0, 5, 6, 13), False),
+        ((0, 1, 2, 3, 11, 13), False),
+        ((0, 13), True),
+        ((0, 4, 8, 12, 13), True),
+        ((0, 8, 13), True),
+    ],
+)
 def test_farm_launch_runs_gemm_rows_split_anywhere(cuts, packed, tmp_path):
     """C = A @ B with m = 13 (not a multiple of the 4-row tile) and n = 15 (full, vector and scalar column tiles),
     its rows run as the given ranges: every row once, rows outside a range untouched. Row-major A may be cut
@@ -255,12 +271,19 @@ def test_farm_launch_runs_gemm_rows_split_anywhere(cuts, packed, tmp_path):
     np.testing.assert_array_equal(c, reference)
 
 
-@pytest.mark.parametrize("blocking", [SMALL_BLOCKING, GemmBlocking(rows=4, vectors=2, lanes=4, k_block=2,
-                                                                   order="rows"),
-                                      GemmBlocking(rows=4, vectors=3, lanes=4)], ids=lambda b: b.name)
+@pytest.mark.parametrize(
+    "blocking",
+    [
+        SMALL_BLOCKING,
+        GemmBlocking(rows=4, vectors=2, lanes=4, k_block=2, order="rows"),
+        GemmBlocking(rows=4, vectors=3, lanes=4),
+    ],
+    ids=lambda b: b.name,
+)
 @pytest.mark.parametrize("packed", [False, True], ids=["row-major", "packed"])
-@pytest.mark.parametrize("m, n, k", [(7, 45, 5), (7, 45, 600), (259, 269, 1000)],
-                         ids=["sweep", "few-rows-deep-k", "blocks"])
+@pytest.mark.parametrize(
+    "m, n, k", [(7, 45, 5), (7, 45, 600), (259, 269, 1000)], ids=["sweep", "few-rows-deep-k", "blocks"]
+)
 def test_farm_launch_runs_gemm_column_units_split_anywhere(m, n, k, blocking, packed, tmp_path):
     """A Gemm wider than tall splits by column units (loopir.column_units): each vector of columns (the full
     column blocks' and those past them), then one unit for the columns short of a vector. Every column once, each
@@ -269,16 +292,21 @@ def test_farm_launch_runs_gemm_column_units_split_anywhere(m, n, k, blocking, pa
     tile, few rows and a deep k in k blocks, and block by block (B past gemm.SWEEP_MAX_B_BYTES); the rows include
     4-row tiles and 3 edge rows; also with the k loop cache-tiled, and with A and B pre-packed (a piece reads part
     of its block's panel). One library serves every cut."""
-    gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k, a_panels=packed,
-                  b_panels=packed)
+    gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k, a_panels=packed, b_panels=packed)
     kernel = L.LoopKernel([L.Param("a"), L.Param("b"), L.Param("c", output=True)], [gemm])
-    launches = [info.to_json() for info in L.launch_info(kernel, blocking.rows, blocking.tile_columns,
-                                                         blocking.vectors)]
+    launches = [
+        info.to_json() for info in L.launch_info(kernel, blocking.rows, blocking.tile_columns, blocking.vectors)
+    ]
     units = -(-n // blocking.lanes)
     assert launches == [[units, 1, m * n * k // L.GEMM_WORK_DIVISOR]]
     library, arena, c, whole = _gemm_launch_setup(kernel, launches, (m, n, k), blocking, tmp_path)
-    cuts = {"whole": [], "every-unit": range(1, units), "half": [units // 2], "mid-blocks": [1, 4, units - 4],
-            "within-a-block": [2, 3, units - 2]}
+    cuts = {
+        "whole": [],
+        "every-unit": range(1, units),
+        "half": [units // 2],
+        "mid-blocks": [1, 4, units - 4],
+        "within-a-block": [2, 3, units - 2],
+    }
     for name, inner in cuts.items():
         c[:] = np.nan
         bounds = (0, *inner, units)
@@ -286,8 +314,13 @@ def test_farm_launch_runs_gemm_column_units_split_anywhere(m, n, k, blocking, pa
             _call_launch(library, 0, begin, end, arena)
             done = n if end == units else end * blocking.lanes
             assert np.isnan(c[:, done:]).all(), f"cut {name}: range [{begin}, {end}) wrote past its columns"
-            np.testing.assert_allclose(c[:, :done], whole[:, :done], rtol=1e-5, atol=1e-6 * k,  # float32 sums of k
-                                       err_msg=f"cut {name}, range [{begin}, {end})")
+            np.testing.assert_allclose(
+                c[:, :done],
+                whole[:, :done],
+                rtol=1e-5,
+                atol=1e-6 * k,  # float32 sums of k
+                err_msg=f"cut {name}, range [{begin}, {end})",
+            )
         reference = c.copy()
         call_farm_run(library, arena)
         np.testing.assert_array_equal(c, reference, err_msg=f"cut {name}: farm_run's bits differ")
@@ -297,16 +330,20 @@ def test_farm_launch_numbers_launches_across_the_schedule(tmp_path):
     """Two steps of a two-launch kernel: launches 0-1 are the first step's, 2-3 the second's, each with its own
     arguments; farm_run runs them all."""
     i, j = L.Var("i"), L.Var("j")
-    kernel = L.LoopKernel([L.Param("out", output=True)],
-                          [L.Loop(i, 4, [L.Store("out", i, L.const(1.0))], parallel=True),
-                           L.Loop(j, 4, [L.Store("out", j + 4, L.const(2.0))], parallel=True)])
+    kernel = L.LoopKernel(
+        [L.Param("out", output=True)],
+        [
+            L.Loop(i, 4, [L.Store("out", i, L.const(1.0))], parallel=True),
+            L.Loop(j, 4, [L.Store("out", j + 4, L.const(2.0))], parallel=True),
+        ],
+    )
     launches = [info.to_json() for info in L.launch_info(kernel, 4)]
     schedule = [{"kernel": "two", "args": [["arena", offset]], "launches": launches} for offset in (0, 64)]
     library = _launch_library([("two", kernel)], schedule, tmp_path)
     arena = aligned_arena(128)
     values = arena.view(np.float32)
     _call_launch(library, 3, 1, 3, arena)
-    assert values[16 + 4:16 + 8].tolist() == [0, 2, 2, 0] and not values[:16].any()
+    assert values[16 + 4 : 16 + 8].tolist() == [0, 2, 2, 0] and not values[:16].any()
     _call_launch(library, 0, 0, 4, arena)
     assert values[:8].tolist() == [1, 1, 1, 1, 0, 0, 0, 0]
     arena[:] = 0
@@ -328,8 +365,10 @@ def test_farm_work_defines_the_thread_pool_body_for_each_architecture():
 
 def _parallel_affine(scale: float, shift: float, n: int) -> L.LoopKernel:
     i = L.Var("i")
-    return L.LoopKernel([L.Param("out", output=True), L.Param("in")],
-                        [L.Loop(i, n, [L.Store("out", i, L.Load("in", i) * scale + shift)], parallel=True)])
+    return L.LoopKernel(
+        [L.Param("out", output=True), L.Param("in")],
+        [L.Loop(i, n, [L.Store("out", i, L.Load("in", i) * scale + shift)], parallel=True)],
+    )
 
 
 @pytest.mark.parametrize("threads", [1, 3, 6])
@@ -340,10 +379,12 @@ def test_farm_work_threads_run_every_range_once_and_launches_in_order(threads, t
     from farm.runtime.model import split_range, work_table
 
     n = 1000
-    kernels = [("double", _parallel_affine(2.0, 0.0, n)), ("inc", _parallel_affine(1.0, 1.0, n)),
-               ("triple", _parallel_affine(3.0, 0.0, n))]
-    schedule = [{"kernel": name, "args": [["arena", 0], ["arena", 0]], "launches": [[n, 1, n]]}
-                for name, _ in kernels]
+    kernels = [
+        ("double", _parallel_affine(2.0, 0.0, n)),
+        ("inc", _parallel_affine(1.0, 1.0, n)),
+        ("triple", _parallel_affine(3.0, 0.0, n)),
+    ]
+    schedule = [{"kernel": name, "args": [["arena", 0], ["arena", 0]], "launches": [[n, 1, n]]} for name, _ in kernels]
     library = _launch_library(kernels, schedule, tmp_path)
     work = library.farm_work
     work.argtypes, work.restype = [ctypes.c_void_p] * 3, None
@@ -353,8 +394,10 @@ def test_farm_work_threads_run_every_range_once_and_launches_in_order(threads, t
     for _ in range(5):
         arena.view(np.float32)[:] = x
         counters = _work_counters(3, threads, 21)
-        helpers = [threading.Thread(target=work, args=(arena.ctypes.data, table.ctypes.data, counters.ctypes.data))
-                   for _ in range(threads - 1)]
+        helpers = [
+            threading.Thread(target=work, args=(arena.ctypes.data, table.ctypes.data, counters.ctypes.data))
+            for _ in range(threads - 1)
+        ]
         for helper in helpers:
             helper.start()
         work(arena.ctypes.data, table.ctypes.data, counters.ctypes.data)
@@ -381,8 +424,9 @@ def test_farm_work_runs_only_the_ranges_still_free(tmp_path):
 
     n = 1000
     kernels = [("double", _parallel_affine(2.0, 0.0, n))]
-    library = _launch_library(kernels, [{"kernel": "double", "args": [["arena", 0], ["arena", 0]],
-                                         "launches": [[n, 1, n]]}], tmp_path)
+    library = _launch_library(
+        kernels, [{"kernel": "double", "args": [["arena", 0], ["arena", 0]], "launches": [[n, 1, n]]}], tmp_path
+    )
     work = library.farm_work
     work.argtypes, work.restype = [ctypes.c_void_p] * 3, None
     ranges = split_range(n, 1, 4)
@@ -396,7 +440,7 @@ def test_farm_work_runs_only_the_ranges_still_free(tmp_path):
     counters[1] = 2
     work(arena.ctypes.data, table.ctypes.data, counters.ctypes.data)
     expected = x.copy()
-    expected[ranges[2][0]:] *= 2
+    expected[ranges[2][0] :] *= 2
     np.testing.assert_array_equal(arena.view(np.float32), expected)
     assert counters.tolist() == [0, 4, 2, 2, 1, 1, 1, 1]
     guarded = np.concatenate([counters, np.zeros(8, np.int64)])

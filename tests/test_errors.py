@@ -34,15 +34,19 @@ def test_redact_url() -> None:
     assert redact_url("redis://:pw@host:6379/0") == "redis://:***@host:6379/0"
     assert redact_url("rediss://me:pw@host/1") == "rediss://me:***@host/1"
     assert redact_url("redis://host:6379/0") == "redis://host:6379/0"
-    assert (redact_url("rediss://me:pw@host:6380/0?ssl_cert_reqs=required&ssl_ca_certs=/etc/farm/ca.pem")
-            == "rediss://me:***@host:6380/0?ssl_cert_reqs=required&ssl_ca_certs=/etc/farm/ca.pem")
+    assert (
+        redact_url("rediss://me:pw@host:6380/0?ssl_cert_reqs=required&ssl_ca_certs=/etc/farm/ca.pem")
+        == "rediss://me:***@host:6380/0?ssl_cert_reqs=required&ssl_ca_certs=/etc/farm/ca.pem"
+    )
 
 
 def test_refused_credentials_name_the_url_and_whether_its_password_is_missing_or_wrong() -> None:
     assert credentials_refused("redis://h:6379/0") == (
-        "the farm's Redis at redis://h:6379/0 refused the connection: the URL lacks the password the server requires")
+        "the farm's Redis at redis://h:6379/0 refused the connection: the URL lacks the password the server requires"
+    )
     assert credentials_refused("redis://:pw@h:6379/0") == (
-        "the farm's Redis at redis://:***@h:6379/0 refused the connection: the URL has a wrong password (or user)")
+        "the farm's Redis at redis://:***@h:6379/0 refused the connection: the URL has a wrong password (or user)"
+    )
     error = CredentialsRefusedError("redis://:pw@h:6379/0")
     assert isinstance(error, UnreachableError) and error.exit_status == ExitStatus.UNREACHABLE == 4
     assert str(error) == credentials_refused("redis://:pw@h:6379/0")

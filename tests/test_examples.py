@@ -29,6 +29,8 @@ def test_integer_inputs_draw_from_their_documented_range() -> None:
     feeds = random_input(EXAMPLES["bert_style"](), seed=1)
     assert 0 <= feeds["input_ids"].min() and feeds["input_ids"].max() < 1000 and feeds["input_ids"].max() > 100
     assert set(np.unique(feeds["attention_mask"])) == {0, 1}
+
+
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 
 

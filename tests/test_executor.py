@@ -77,7 +77,7 @@ def test_every_building_process_collects_garbage_rarely_and_not_over_what_it_loa
     from farm.build.executor import GC_THRESHOLDS
 
     with LocalExecutor(2) as executor:
-        results = executor.run([StepCall("here", _garbage_collection, (), big_bytes=True),
-                                StepCall("pool", _garbage_collection, ())])
+        results = executor.run(
+            [StepCall("here", _garbage_collection, (), big_bytes=True), StepCall("pool", _garbage_collection, ())]
+        )
     assert [json.loads(result) for result in results] == [[list(GC_THRESHOLDS), True]] * 2
-

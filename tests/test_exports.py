@@ -41,11 +41,16 @@ class Export:
 
 
 EXPORT_CASES = [
-    Export("mobilenet_v2_static"), Export("mobilenet_v2_dynamic", ("batch=3",)),
-    Export("mobilenet_v3_static"), Export("mobilenet_v3_dynamic", ("batch=3",)),
-    Export("bert_static"), Export("bert_dynamic", ("batch=3", "seq=12")),
-    Export("gpt2_static"), Export("gpt2_dynamic", ("batch=3", "seq=12")),
-    Export("vit_static"), Export("vit_dynamic", ("batch=3",)),
+    Export("mobilenet_v2_static"),
+    Export("mobilenet_v2_dynamic", ("batch=3",)),
+    Export("mobilenet_v3_static"),
+    Export("mobilenet_v3_dynamic", ("batch=3",)),
+    Export("bert_static"),
+    Export("bert_dynamic", ("batch=3", "seq=12")),
+    Export("gpt2_static"),
+    Export("gpt2_dynamic", ("batch=3", "seq=12")),
+    Export("vit_static"),
+    Export("vit_dynamic", ("batch=3",)),
 ]
 
 
@@ -70,8 +75,12 @@ def feeds_for(model: farm.runtime.Model, seed: int = 0) -> dict[str, np.ndarray]
 def declared_shapes(path: Path, pins: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
     """The export's input shapes with every dim_param replaced by its pinned size."""
     graph = onnx.load(path, load_external_data=False).graph
-    return {value.name: tuple(pins[dim.dim_param][0] if dim.dim_param else dim.dim_value
-                              for dim in value.type.tensor_type.shape.dim) for value in graph.input}
+    return {
+        value.name: tuple(
+            pins[dim.dim_param][0] if dim.dim_param else dim.dim_value for dim in value.type.tensor_type.shape.dim
+        )
+        for value in graph.input
+    }
 
 
 def assert_close_to_own_scale(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:

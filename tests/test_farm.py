@@ -115,9 +115,13 @@ def test_a_killed_host_costs_seconds_and_the_waiting_client_says_so(farm_factory
     assert "again: its worker's lease lapsed" in survivor.log_path.read_text()
     assert f"farm: worker {victim.name} lost; re-running {held} task{'' if held == 1 else 's'}\n" in waiting.stderr
     prefix = f"farm: {model.name} on the farm: "
-    phases = [line[len(prefix):] for line in waiting.stderr.splitlines() if line.startswith(prefix)
-              and not re.fullmatch(r"compiling \d+/\d+ \(\d+%\), \d+\.\d s|done, \d+\.\d s", line[len(prefix):])]
-    assert phases[phases.index("compiling"):] == ["compiling", "linking"], waiting.stderr
+    phases = [
+        line[len(prefix) :]
+        for line in waiting.stderr.splitlines()
+        if line.startswith(prefix)
+        and not re.fullmatch(r"compiling \d+/\d+ \(\d+%\), \d+\.\d s|done, \d+\.\d s", line[len(prefix) :])
+    ]
+    assert phases[phases.index("compiling") :] == ["compiling", "linking"], waiting.stderr
     assert _sha(json.loads(stdout)["artifact"]) == _sha(local)
 
 
@@ -128,8 +132,10 @@ def _kill_a_busy_worker(farm, job_id: str) -> tuple[FarmWorker, int]:
     board, deadline = JobBoard(farm.worker_url), time.monotonic() + 60
     while time.monotonic() < deadline:
         record = board.get(job_id)
-        mine = sorted((task for task in _running(farm) if task.job_id == job_id),
-                      key=lambda task: task.message.task != TaskName.PLAN_JOB.value)
+        mine = sorted(
+            (task for task in _running(farm) if task.job_id == job_id),
+            key=lambda task: task.message.task != TaskName.PLAN_JOB.value,
+        )
         if record is not None and record.state == JobState.COMPILING and mine:
             victim = next(worker for worker in farm.workers if worker.name == mine[0].worker)
             victim.kill()
@@ -155,15 +161,21 @@ def test_a_unit_that_kills_its_worker_every_time_fails_the_job_by_name(farm_fact
     result = farm_cli("submit", str(model), "--json", broker=farm.url, cwd=tmp_path, timeout=240)
     assert result.returncode == 1, result.stdout + result.stderr
     assert doomed in result.stderr and "started 3 times and never finished" in result.stderr
-    assert "packed weight of node" in result.stderr  # named by the ONNX nodes that read the weights, not only the symbol
+    assert (
+        "packed weight of node" in result.stderr
+    )  # named by the ONNX nodes that read the weights, not only the symbol
     assert time.monotonic() - started < 60  # seconds, with the production defaults
     assert farm.workers[0].process.poll() is None
 
 
 def _bad_model(path: Path) -> Path:
     node = helper.make_node("RandomNormalLike", ["x"], ["y"], name="the_node")
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
     return path
 
@@ -172,7 +184,11 @@ def test_bad_input_fails_fast_with_the_node_named_and_no_worker_dies(farm_factor
     farm = farm_factory(workers=1)
     started = time.monotonic()
     unsupported = farm_cli("submit", str(_bad_model(tmp_path / "bad.onnx")), "--json", broker=farm.url, cwd=tmp_path)
-    assert unsupported.returncode == 2 and "'the_node'" in unsupported.stderr and "'RandomNormalLike'" in unsupported.stderr
+    assert (
+        unsupported.returncode == 2
+        and "'the_node'" in unsupported.stderr
+        and "'RandomNormalLike'" in unsupported.stderr
+    )
     model = examples.tiny_cnn().SerializeToString()
     (tmp_path / "cut.onnx").write_bytes(model[: len(model) // 3])
     truncated = farm_cli("submit", str(tmp_path / "cut.onnx"), broker=farm.url, cwd=tmp_path)
@@ -207,8 +223,9 @@ def test_a_dynamic_model_builds_on_the_farm_with_shape_as_it_does_locally(farm_f
 def test_cancel_stops_the_job_and_leaves_no_artifact(farm_factory, resnet, tmp_path):
     model, _ = resnet
     farm = farm_factory(workers=1)
-    job_id = json.loads(farm_cli("submit", str(model), "--no-wait", "--no-cache", "--json", broker=farm.url,
-                                 cwd=tmp_path).stdout)["job_id"]
+    job_id = json.loads(
+        farm_cli("submit", str(model), "--no-wait", "--no-cache", "--json", broker=farm.url, cwd=tmp_path).stdout
+    )["job_id"]
     cancelled = farm_cli("cancel", job_id, broker=farm.url, cwd=tmp_path)
     assert cancelled.returncode == 0, cancelled.stderr
     time.sleep(3)
@@ -234,8 +251,9 @@ def test_unreachable_broker_exits_4_within_seconds(tmp_path):
 def test_redis_restarted_mid_job_the_job_completes(farm_factory, resnet, tmp_path, moment):
     model, local = resnet
     farm = farm_factory(workers=2)
-    job_id = json.loads(farm_cli("submit", str(model), "--no-wait", "--no-cache", "--json", broker=farm.url,
-                                 cwd=tmp_path).stdout)["job_id"]
+    job_id = json.loads(
+        farm_cli("submit", str(model), "--no-wait", "--no-cache", "--json", broker=farm.url, cwd=tmp_path).stdout
+    )["job_id"]
     board = farm.redis.client()
     deadline = time.monotonic() + 60
     while board.hget(f"farm:job:{job_id}", "state") != moment.encode() and time.monotonic() < deadline:
@@ -261,18 +279,25 @@ def test_opencl_tasks_go_to_the_worker_that_has_the_device(farm_factory, tmp_pat
     without = farm.add_worker("cpu@test", env={"OCL_ICD_VENDORS": str(tmp_path / "no-icd")})
     fingerprint = opencl_devices()[0]["fingerprint"]
     job = _submit(farm, model, tmp_path, "--target", "cpu", "--target", "opencl")
-    local = build_model(model, tmp_path / "local", [host_target(), OpenClTarget(fingerprint)], executor=LocalExecutor(1))
+    local = build_model(
+        model, tmp_path / "local", [host_target(), OpenClTarget(fingerprint)], executor=LocalExecutor(1)
+    )
     assert _sha(job["artifact"]) == _sha(local.artifact)
+
     def received(worker) -> int:
-        return sum("Task farm.compile_cl_kernel[" in line and line.endswith("received")
-                   for line in worker.log_path.read_text().splitlines())
+        return sum(
+            "Task farm.compile_cl_kernel[" in line and line.endswith("received")
+            for line in worker.log_path.read_text().splitlines()
+        )
 
     from farm.build import assembly
 
     cpu_units = sum(unit.kind != "blob" for unit in assembly.compile_units(assembly.plan_model(model), [host_target()]))
     assert received(with_device) == job["kernels"] - cpu_units and received(without) == 0  # the rest: OpenCL
-    queues = {w["name"]: w["queues"] for w in json.loads(farm_cli("workers", "--json", broker=farm.url,
-                                                                  cwd=tmp_path).stdout)["workers"]}
+    queues = {
+        w["name"]: w["queues"]
+        for w in json.loads(farm_cli("workers", "--json", broker=farm.url, cwd=tmp_path).stdout)["workers"]
+    }
     assert f"opencl.{fingerprint}" in queues["gpu@test"] and f"opencl.{fingerprint}" not in queues["cpu@test"]
 
 
@@ -288,8 +313,10 @@ def test_a_device_no_live_worker_owns_is_named_by_status_and_wait(farm_factory, 
     absent = "0123456789abcdef"  # no worker has this device; control and llvm are served
     client = FarmClient(farm.url)
     job_id = client.submit(model, [host_target(), OpenClTarget(absent)])
-    said = (f"farm: no live worker consumes queue opencl.{absent}; start 'farm worker' on a host with OpenCL "
-            f"device {absent}\n")
+    said = (
+        f"farm: no live worker consumes queue opencl.{absent}; start 'farm worker' on a host with OpenCL "
+        f"device {absent}\n"
+    )
     status = farm_cli("status", job_id, broker=farm.url, cwd=tmp_path)
     assert status.returncode == 0 and status.stderr == said, status.stderr + farm.logs()
     started = time.monotonic()

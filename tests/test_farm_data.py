@@ -25,13 +25,21 @@ def _embedding_model(folder: Path) -> Path:
     rng = np.random.default_rng(5)
     table = numpy_helper.from_array(rng.standard_normal((8192, 64)).astype(np.float32), "table")
     weight = numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "W")
-    graph = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["e"]),
-                               helper.make_node("MatMul", ["e", "W"], ["y"])], "embed",
-                              [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 64])], [table, weight])
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["e"]), helper.make_node("MatMul", ["e", "W"], ["y"])],
+        "embed",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 64])],
+        [table, weight],
+    )
     path = folder / "model.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path,
-              save_as_external_data=True, location="model.onnx.data", size_threshold=0)
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+        path,
+        save_as_external_data=True,
+        location="model.onnx.data",
+        size_threshold=0,
+    )
     return path
 
 
@@ -48,8 +56,9 @@ def test_an_external_data_model_builds_as_locally_and_its_own_weights_are_not_do
 
     def download(folder: str, **env: str) -> int:
         sent = redis.info("stats")["total_net_output_bytes"]
-        result = farm_cli("download", job["job_id"], "-o", str(tmp_path / folder), broker=farm.url, cwd=tmp_path,
-                          env=env)
+        result = farm_cli(
+            "download", job["job_id"], "-o", str(tmp_path / folder), broker=farm.url, cwd=tmp_path, env=env
+        )
         assert result.returncode == 0 and _sha(result.stdout.strip()) == _sha(local), result.stderr
         return redis.info("stats")["total_net_output_bytes"] - sent
 
@@ -67,19 +76,31 @@ def _folding_model(folder: Path) -> Path:
     rng = np.random.default_rng(6)
     weight = numpy_helper.from_array(rng.standard_normal((64, 4096)).astype(np.float32), "W")
     turned = numpy_helper.from_array(rng.standard_normal((64, 4096)).astype(np.float32), "W2")
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"]),
-                               helper.make_node("Transpose", ["W2"], ["W2t"], perm=[1, 0]),
-                               helper.make_node("MatMul", ["y", "W2t"], ["z"])], "fold",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 64])],
-                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [16, 64])], [weight, turned])
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["y"]),
+            helper.make_node("Transpose", ["W2"], ["W2t"], perm=[1, 0]),
+            helper.make_node("MatMul", ["y", "W2t"], ["z"]),
+        ],
+        "fold",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 64])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [16, 64])],
+        [weight, turned],
+    )
     path = folder / "model.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path,
-              save_as_external_data=True, location="model.onnx.data", size_threshold=0)
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+        path,
+        save_as_external_data=True,
+        location="model.onnx.data",
+        size_threshold=0,
+    )
     return path
 
 
 def test_a_waiting_client_makes_the_packed_weights_from_its_own_weights_and_the_folded_ones_it_reads(
-        farm_factory, tmp_path, monkeypatch):
+    farm_factory, tmp_path, monkeypatch
+):
     """The farm keeps a packed weight as its key and how it is made (recipes.Derivation), never its bytes. Once the
     job names its link plan, a client that waits to download packs the weight it submitted from the model's file,
     and the weight the plan folded (W2 transposed, which it doesn't hold) from the store; its download after the
@@ -121,7 +142,8 @@ def test_with_a_file_blob_store_redis_holds_no_weight_and_the_artifact_is_the_lo
 
 
 def test_with_a_blob_redis_the_durable_redis_holds_no_weight_and_what_the_cache_loses_is_built_again(
-        farm_factory, tmp_path):
+    farm_factory, tmp_path
+):
     """FARM_BLOB_STORE=redis://... on the workers (deploy/: a Redis run as a cache): the submitter stages there and
     downloads from there with its own user, the durable Redis keeps the queues and the metadata only (its
     append-only file never sees a weight), and the artifact is the local one. A cache that loses everything (a
@@ -143,26 +165,44 @@ def test_with_a_blob_redis_the_durable_redis_holds_no_weight_and_what_the_cache_
     assert again["state"] == "done" and _sha(again["artifact"]) == _sha(local), farm.logs()
 
 
-def test_a_model_bigger_than_the_upload_window_streams_through_redis_into_the_file_blob_store(farm_factory,
-                                                                                             tmp_path):
+def test_a_model_bigger_than_the_upload_window_streams_through_redis_into_the_file_blob_store(farm_factory, tmp_path):
     """With a file blob store each staged weight is admitted as soon as it is staged (the intake reads it, checks
     its sha256 and writes its file), and the client keeps at most FARM_UPLOAD_WINDOW_BYTES waiting: Redis' peak
     stays near that window, not the model's size."""
     rng = np.random.default_rng(9)
-    weights = [numpy_helper.from_array(rng.standard_normal((512, 1024)).astype(np.float32), f"w{i}")
-               for i in range(16)]  # 2 MiB each, 32 MiB in all
+    weights = [
+        numpy_helper.from_array(rng.standard_normal((512, 1024)).astype(np.float32), f"w{i}") for i in range(16)
+    ]  # 2 MiB each, 32 MiB in all
     nodes = [helper.make_node("Gather", [f"w{i}", "ids"], [f"g{i}"]) for i in range(16)]
     nodes.append(helper.make_node("Sum", [f"g{i}" for i in range(16)], ["y"]))
-    graph = helper.make_graph(nodes, "tables", [helper.make_tensor_value_info("ids", TensorProto.INT64, [4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 1024])], weights)
+    graph = helper.make_graph(
+        nodes,
+        "tables",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 1024])],
+        weights,
+    )
     model = tmp_path / "tables.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model,
-              save_as_external_data=True, location="tables.onnx.data", size_threshold=0)
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+        model,
+        save_as_external_data=True,
+        location="tables.onnx.data",
+        size_threshold=0,
+    )
     local = build_model(model, tmp_path / "local", executor=LocalExecutor(1)).artifact
     farm = farm_factory(workers=1, env={"FARM_BLOB_STORE": f"file://{tmp_path / 'cas'}"})
     base = int(farm.redis.client().info("memory")["used_memory"])
-    result = farm_cli("submit", str(model), "--json", "-o", str(tmp_path / "out"), broker=farm.url, cwd=tmp_path,
-                      env={"FARM_UPLOAD_WINDOW_BYTES": str(2 << 20)})
+    result = farm_cli(
+        "submit",
+        str(model),
+        "--json",
+        "-o",
+        str(tmp_path / "out"),
+        broker=farm.url,
+        cwd=tmp_path,
+        env={"FARM_UPLOAD_WINDOW_BYTES": str(2 << 20)},
+    )
     assert result.returncode == 0, result.stderr + farm.logs()
     assert _sha(json.loads(result.stdout)["artifact"]) == _sha(local)
     peak = int(farm.redis.client().info("memory")["used_memory_peak"]) - base

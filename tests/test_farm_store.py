@@ -59,8 +59,10 @@ def test_more_distinct_models_than_fit_all_build_download_and_redis_stays_near_t
     footprint = sum(path.stat().st_size for path in artifacts) * 5  # model, weights, objects, library, artifact
     assert footprint > 3 * CAP  # far more than fits
     assert stats["max_bytes"] == CAP and stats["bytes"] <= CAP and stats["pinned_entries"] == 0
-    print(f"cap {CAP / MIB:.0f} MiB, {MODELS} models of about {footprint / MODELS / MIB:.1f} MiB of entries each: "
-          f"Redis used memory peaked at {peak / MIB:.1f} MiB; the store holds {stats['bytes'] / MIB:.1f} MiB")
+    print(
+        f"cap {CAP / MIB:.0f} MiB, {MODELS} models of about {footprint / MODELS / MIB:.1f} MiB of entries each: "
+        f"Redis used memory peaked at {peak / MIB:.1f} MiB; the store holds {stats['bytes'] / MIB:.1f} MiB"
+    )
     staged = first.stat().st_size * ROUNDING  # a submitted model waits beside the store until a worker admits it
     assert peak <= CAP * ROUNDING + SLACK + staged
 
@@ -82,6 +84,7 @@ def test_after_a_download_the_store_returns_under_its_cap_without_gc(farm_factor
     assert farm_cli("download", job, "-o", str(tmp_path / "out"), broker=farm.url, cwd=tmp_path).returncode == 0
     deadline = time.monotonic() + 3 * SWEEP_SECONDS
     while (stats := _cli_json(farm, tmp_path, "store", "stats", operator=True))["pinned_entries"] or (
-            stats["bytes"] > cap):
+        stats["bytes"] > cap
+    ):
         assert time.monotonic() < deadline, f"the downloaded job's pins or bytes over a cap of {cap}: {stats}"
         time.sleep(0.5)

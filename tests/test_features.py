@@ -80,10 +80,12 @@ def test_a_triple_llvm_does_not_know_is_a_build_error_naming_it() -> None:
         features._feature_names("nonsense-triple-x")
 
 
-@pytest.mark.parametrize("arguments", [["enabled", X86, 'x86-64"', ""], ["names"], ["enabled", X86, "generic", "avx"],
-                                       ["list", X86]])
+@pytest.mark.parametrize(
+    "arguments", [["enabled", X86, 'x86-64"', ""], ["names"], ["enabled", X86, "generic", "avx"], ["list", X86]]
+)
 def test_the_probe_refuses_a_malformed_call(arguments: list[str]) -> None:
-    result = subprocess.run([sys.executable, "-I", str(PROBE), *arguments], input="[]", capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-I", str(PROBE), *arguments], input="[]", capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 2 and result.stdout == ""
     assert "usage: probe_features.py" in result.stderr

@@ -41,14 +41,30 @@ class Flower:
     def __init__(self, broker: str, folder: Path) -> None:
         self.port = free_port()
         self.log_path = folder / "flower.log"
-        command = [sys.executable, "-m", "celery", "-A", "tasks.app", "flower", f"--port={self.port}",
-                   "--address=127.0.0.1", "--conf=deploy/flowerconfig.py"]
+        command = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tasks.app",
+            "flower",
+            f"--port={self.port}",
+            "--address=127.0.0.1",
+            "--conf=deploy/flowerconfig.py",
+        ]
         env = {**os.environ, "FARM_BROKER_URL": broker, "FLOWER_BASIC_AUTH": f"{USER}:{PASSWORD}"}
         repo = Path(__file__).resolve().parent.parent
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(command, cwd=repo, stdin=subprocess.DEVNULL, stdout=log,
-                                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            self.process = subprocess.Popen(
+                command,
+                cwd=repo,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
 
     @property
     def base(self) -> str:
@@ -134,8 +150,7 @@ def job_tasks(flower: Flower, job_id: str) -> list[dict[str, Any]]:
 
 def all_succeeded(tasks: list[dict[str, Any]], expected: int) -> bool:
     names = {task.get("name") for task in tasks}
-    return (len(tasks) >= expected and set(JOB_TASKS) <= names
-            and all(task.get("state") == "SUCCESS" for task in tasks))
+    return len(tasks) >= expected and set(JOB_TASKS) <= names and all(task.get("state") == "SUCCESS" for task in tasks)
 
 
 def test_flower_shows_workers_and_a_jobs_tasks(farm_factory, flower_for, tmp_path: Path) -> None:
@@ -144,8 +159,9 @@ def test_flower_shows_workers_and_a_jobs_tasks(farm_factory, flower_for, tmp_pat
     model = tmp_path / "tiny_cnn.onnx"
     onnx.save(EXAMPLES["tiny_cnn"](), str(model))
 
-    submitted = farm_cli("submit", str(model), "--json", "-o", str(tmp_path / "out"), broker=farm.url,
-                         cwd=tmp_path, timeout=180)
+    submitted = farm_cli(
+        "submit", str(model), "--json", "-o", str(tmp_path / "out"), broker=farm.url, cwd=tmp_path, timeout=180
+    )
     assert submitted.returncode == 0, f"{submitted.stdout}\n{submitted.stderr}\n{farm.logs()}"
     job = json.loads(submitted.stdout)
     assert job["state"] == "done"
@@ -154,8 +170,10 @@ def test_flower_shows_workers_and_a_jobs_tasks(farm_factory, flower_for, tmp_pat
     expected = 1 + job["compiled"] + 1 + 1
 
     names = [worker.name for worker in farm.workers]
-    status, workers = poll(lambda: flower.get("/api/workers?refresh=true"),
-                           lambda answer: answer[0] == 200 and set(names) <= set(answer[1] or {}))
+    status, workers = poll(
+        lambda: flower.get("/api/workers?refresh=true"),
+        lambda answer: answer[0] == 200 and set(names) <= set(answer[1] or {}),
+    )
     assert status == 200, f"GET /api/workers answered {status}"
     assert set(names) <= set(workers), f"flower lists workers {sorted(workers)}, expected {names}"
     for name in names:
@@ -164,7 +182,9 @@ def test_flower_shows_workers_and_a_jobs_tasks(farm_factory, flower_for, tmp_pat
 
     tasks = poll(lambda: job_tasks(flower, job_id), lambda found: all_succeeded(found, expected))
     summary = "\n".join(f"{t.get('name')} {t.get('state')} {t.get('args')}" for t in tasks)
-    assert all_succeeded(tasks, expected), f"job {job_id}: flower shows {len(tasks)} tasks, expected {expected}:\n{summary}"
+    assert all_succeeded(tasks, expected), (
+        f"job {job_id}: flower shows {len(tasks)} tasks, expected {expected}:\n{summary}"
+    )
     by_name: dict[str, list[dict[str, Any]]] = {}
     for task in tasks:
         by_name.setdefault(task["name"], []).append(task)
@@ -188,8 +208,10 @@ def test_metrics_answer_only_with_flowers_login(farm_factory, flower_for) -> Non
     farm = farm_factory(workers=1)
     flower = flower_for(farm)
     name = farm.workers[0].name
-    status, text = poll(lambda: flower.get_text("/metrics", f"{USER}:{PASSWORD}"),
-                        lambda answer: answer[0] == 200 and f'worker="{name}"' in answer[1])
+    status, text = poll(
+        lambda: flower.get_text("/metrics", f"{USER}:{PASSWORD}"),
+        lambda answer: answer[0] == 200 and f'worker="{name}"' in answer[1],
+    )
     assert status == 200 and f'flower_worker_online{{worker="{name}"}} 1.0' in text, text[-2000:]
     for login in (None, f"{USER}:wrong", f"other:{PASSWORD}"):
         refused, body = flower.get_text("/metrics", login)
@@ -199,8 +221,12 @@ def test_metrics_answer_only_with_flowers_login(farm_factory, flower_for) -> Non
 
 def _unsupported_model(path: Path) -> Path:
     node = helper.make_node("RandomNormalLike", ["x"], ["y"], name="the_node")
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
     return path
 
@@ -211,8 +237,9 @@ def _failed_tasks(flower: Flower, job_id: str) -> list[dict[str, Any]]:
     return [task for task in (tasks or {}).values() if job_id in str(task.get("args"))]
 
 
-def test_the_task_that_fails_a_job_is_a_failure_in_flower_with_its_error(farm_factory, flower_for,
-                                                                        tmp_path: Path) -> None:
+def test_the_task_that_fails_a_job_is_a_failure_in_flower_with_its_error(
+    farm_factory, flower_for, tmp_path: Path
+) -> None:
     """A failed job's failing task ends in Celery state FAILURE carrying the job's error; the skipped tasks of a
     cancelled or failed job succeed with a note saying why they did nothing."""
     model = tmp_path / "tiny_cnn.onnx"
@@ -224,8 +251,9 @@ def test_the_task_that_fails_a_job_is_a_failure_in_flower_with_its_error(farm_fa
     farm = farm_factory(workers=1, env={"FARM_FAULT_KILL_UNIT": doomed})
     flower = flower_for(farm)
 
-    bad = farm_cli("submit", str(_unsupported_model(tmp_path / "bad.onnx")), "--no-wait", "--json",
-                   broker=farm.url, cwd=tmp_path)
+    bad = farm_cli(
+        "submit", str(_unsupported_model(tmp_path / "bad.onnx")), "--no-wait", "--json", broker=farm.url, cwd=tmp_path
+    )
     crashing = farm_cli("submit", str(model), "--no-wait", "--json", broker=farm.url, cwd=tmp_path)
     bad_id, crashing_id = json.loads(bad.stdout)["job_id"], json.loads(crashing.stdout)["job_id"]
     for job_id in (bad_id, crashing_id):

@@ -38,13 +38,17 @@ def _conv_relu_model(opset=13):
         helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.float32([0.5]))),
         helper.make_node("Add", ["r", "k"], ["y"], name="add"),
     ]
-    return _model(
-        nodes,
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")],
-        opset,
-    ), w, b
+    return (
+        _model(
+            nodes,
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+            [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")],
+            opset,
+        ),
+        w,
+        b,
+    )
 
 
 def test_import_small_model(onnx_model_path):
@@ -79,11 +83,21 @@ def test_onnx_import_does_not_import_the_passes():
 def test_attribute_kinds_become_python_values(onnx_model_path):
     tensor = numpy_helper.from_array(np.arange(6, dtype=np.int64).reshape(2, 3))
     node = helper.make_node(
-        "Custom", ["x"], ["y"], domain="ai.onnx", i=3, f=0.5, s="abc", ints=[1, 2], floats=[0.25], strings=["p", "q"],
+        "Custom",
+        ["x"],
+        ["y"],
+        domain="ai.onnx",
+        i=3,
+        f=0.5,
+        s="abc",
+        ints=[1, 2],
+        floats=[0.25],
+        strings=["p", "q"],
         t=tensor,
     )
     model = _model(
-        [node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [node],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
     )
     graph = import_model(onnx_model_path(model))
@@ -133,8 +147,10 @@ def _external_model(location: str, offset: int | None = None, length: int | None
             tensor.external_data.add(key=key, value=str(value))
     add = helper.make_node("Add", ["x", "W"], ["y"], name="add")
     return _model(
-        [add], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [tensor],
+        [add],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        [tensor],
     )
 
 
@@ -153,8 +169,10 @@ def test_external_data_saved_by_onnx_loads(tmp_path):
     weights = RNG.standard_normal((64, 64)).astype(np.float32)
     add = helper.make_node("Add", ["x", "W"], ["y"])
     model = _model(
-        [add], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])], [numpy_helper.from_array(weights, "W")],
+        [add],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])],
+        [numpy_helper.from_array(weights, "W")],
     )
     path = tmp_path / "model.onnx"
     onnx.save(model, str(path), save_as_external_data=True, location="weights.bin", size_threshold=0)
@@ -211,8 +229,15 @@ def test_unsorted_nodes_are_ordered(onnx_model_path):
 
 
 LIGHT_MODELS = [
-    "light_bvlc_alexnet", "light_densenet121", "light_inception_v1", "light_inception_v2", "light_resnet50",
-    "light_shufflenet", "light_squeezenet", "light_vgg19", "light_zfnet512",
+    "light_bvlc_alexnet",
+    "light_densenet121",
+    "light_inception_v1",
+    "light_inception_v2",
+    "light_resnet50",
+    "light_shufflenet",
+    "light_squeezenet",
+    "light_vgg19",
+    "light_zfnet512",
 ]
 
 
@@ -241,9 +266,12 @@ def test_an_older_opset_is_accepted_when_its_ops_have_not_changed_since(onnx_mod
 def _gemm_declaring(output_shape):
     """x[2,3] -> Gemm(W[4,3], transB) -> y, which computes to [2, 4] whatever the model declares."""
     node = helper.make_node("Gemm", ["x", "W"], ["y"], name="gemm", transB=1)
-    return _model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, output_shape)],
-                  [numpy_helper.from_array(np.ones((4, 3), np.float32), "W")])
+    return _model(
+        [node],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, output_shape)],
+        [numpy_helper.from_array(np.ones((4, 3), np.float32), "W")],
+    )
 
 
 @pytest.mark.parametrize("declared", [[64, 64], [1, 4], [2, 4, 1]])
@@ -272,17 +300,23 @@ def test_declared_value_info_contradicting_inference_is_refused(onnx_model_path)
 
 def test_input_claiming_more_than_the_tensor_limit_is_refused_before_inference(onnx_model_path):
     node = helper.make_node("Add", ["x", "x"], ["y"], name="add")
-    model = _model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2**20, 2**20])],
-                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = _model(
+        [node],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2**20, 2**20])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
     with pytest.raises(UnsupportedError, match=r"input 'x' of shape \[1048576, 1048576\] float32 needs 4398046511104"):
         import_model(onnx_model_path(model))
 
 
 def test_initializer_claiming_more_than_the_tensor_limit_is_refused(onnx_model_path):
     node = helper.make_node("Add", ["x", "W"], ["y"], name="add")
-    model = _model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                   [TensorProto(name="W", data_type=TensorProto.FLOAT, dims=[2**32, 2**32])])
+    model = _model(
+        [node],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [TensorProto(name="W", data_type=TensorProto.FLOAT, dims=[2**32, 2**32])],
+    )
     with pytest.raises(UnsupportedError, match=r"initializer 'W' of shape \[4294967296, 4294967296\]"):
         import_model(onnx_model_path(model))
 
@@ -290,12 +324,19 @@ def test_initializer_claiming_more_than_the_tensor_limit_is_refused(onnx_model_p
 def test_nodes_that_share_a_name_are_refused(onnx_model_path):
     """Two Conv nodes of one name shared one scratch buffer sized for the first, and the second, bigger one wrote
     past it: the output was garbage (issue 13). onnxruntime refuses such a model too."""
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], name="same", pads=[1, 1, 1, 1]),
-             helper.make_node("Conv", ["a", "w2"], ["y"], name="same", pads=[1, 1, 1, 1])]
-    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 8, 8])],
-                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                   [numpy_helper.from_array(np.ones((4, 2, 3, 3), np.float32), "w1"),
-                    numpy_helper.from_array(np.ones((16, 4, 3, 3), np.float32), "w2")])
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"], name="same", pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["a", "w2"], ["y"], name="same", pads=[1, 1, 1, 1]),
+    ]
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [
+            numpy_helper.from_array(np.ones((4, 2, 3, 3), np.float32), "w1"),
+            numpy_helper.from_array(np.ones((16, 4, 3, 3), np.float32), "w2"),
+        ],
+    )
     with pytest.raises(ModelLoadError, match="two nodes are named 'same'; node names must be unique"):
         import_model(onnx_model_path(model))
 
@@ -303,16 +344,21 @@ def test_nodes_that_share_a_name_are_refused(onnx_model_path):
 def test_a_generated_name_avoids_the_names_the_model_gives(onnx_model_path):
     """An unnamed node is `<op_type>_<index>` unless a node of the model has that name: then it gets a suffix."""
     nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Relu", ["a"], ["y"], name="Relu_0")]
-    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
     assert [node.name for node in import_model(onnx_model_path(model)).nodes] == ["Relu_0_1", "Relu_0"]
 
 
 def test_an_empty_dim_is_imported_and_validated(onnx_model_path):
     """A 0 dim makes an empty tensor, which farm computes (the planner decides what each node needs)."""
     nodes = [helper.make_node("Concat", ["x", "a"], ["y"], name="concat", axis=1)]
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 0]),
-              helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3])]
+    inputs = [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 0]),
+        helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3]),
+    ]
     graph = import_model(onnx_model_path(_model(nodes, inputs, [helper.make_tensor_value_info("y", 0, None)])))
     assert graph.values["x"] == TensorInfo((2, 0), "float32") and graph.values["y"] == TensorInfo((2, 3), "float32")
     validate(graph, {"Concat"})

@@ -67,8 +67,15 @@ def _limit_memory() -> None:
 def test_mutated_models_plan_or_are_refused_cleanly():
     code = "import json; from tests.test_fuzz import fuzz; print(json.dumps(fuzz()))"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (CHECKOUT, os.environ.get("PYTHONPATH")) if p)}
-    result = subprocess.run([sys.executable, "-c", code], cwd=CHECKOUT, env=env, capture_output=True, text=True,
-                            timeout=300, preexec_fn=_limit_memory)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=CHECKOUT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_limit_memory,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert sum(report["kinds"].values()) == CASES

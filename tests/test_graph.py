@@ -31,6 +31,7 @@ def _deferred(reads: list[str], name: str, value: np.ndarray) -> DeferredArray:
     def load() -> np.ndarray:
         reads.append(name)
         return value
+
     return DeferredArray(value.shape, value.dtype, hashlib.sha256(value.tobytes()).hexdigest(), load)
 
 

@@ -28,8 +28,10 @@ CHECKOUT = str(Path(__file__).resolve().parent.parent)
 AVX512 = "cpu:x86_64-linux-gnu:x86-64-v4"
 AVX2 = "cpu:x86_64-linux-gnu:x86-64-v3"
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(platform.machine() != "x86_64", reason="emulates an x86-64 CPU on an x86-64 host")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(platform.machine() != "x86_64", reason="emulates an x86-64 CPU on an x86-64 host"),
+]
 
 
 def _farm(*args: str, cwd: Path, emulated: bool = False) -> subprocess.CompletedProcess:
@@ -37,10 +39,12 @@ def _farm(*args: str, cwd: Path, emulated: bool = False) -> subprocess.Completed
     if emulated and not shutil.which(EMULATED_ZEN3[0]):
         pytest.fail("qemu-x86_64-static is missing: install Debian's qemu-user-static (scripts/setup.sh does)")
     command = [*(EMULATED_ZEN3 if emulated else []), sys.executable, "-m", "farm", *args]
-    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "PYTHONPATH": CHECKOUT})
-    result.stderr = "".join(line for line in result.stderr.splitlines(keepends=True)
-                            if "TCG doesn't support requested feature" not in line)
+    result = subprocess.run(
+        command, cwd=cwd, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": CHECKOUT}
+    )
+    result.stderr = "".join(
+        line for line in result.stderr.splitlines(keepends=True) if "TCG doesn't support requested feature" not in line
+    )
     return result
 
 
@@ -52,8 +56,9 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     onnx.save(model, folder / "tiny_cnn.onnx")
     np.save(folder / "x.npy", examples.random_input(model)["input"])
     for output, targets in (("avx512", [AVX512]), ("both", [AVX512, AVX2])):
-        built = _farm("submit", "tiny_cnn.onnx", *[arg for t in targets for arg in ("--target", t)], "-o", output,
-                      cwd=folder)
+        built = _farm(
+            "submit", "tiny_cnn.onnx", *[arg for t in targets for arg in ("--target", t)], "-o", output, cwd=folder
+        )
         assert built.returncode == 0, built.stderr
     return folder
 

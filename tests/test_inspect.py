@@ -34,8 +34,10 @@ def test_describe_names_inputs_outputs_targets_sizes_and_the_toolchain(built):
     folder, artifact = built
     found = describe(artifact)
     assert found["schema"] == INSPECT_SCHEMA and found["model"]["name"] == "bert_style" and not found["signed"]
-    assert found["inputs"] == [{"name": "input_ids", "dtype": "int64", "shape": [1, 32]},
-                               {"name": "attention_mask", "dtype": "int64", "shape": [1, 32]}]
+    assert found["inputs"] == [
+        {"name": "input_ids", "dtype": "int64", "shape": [1, 32]},
+        {"name": "attention_mask", "dtype": "int64", "shape": [1, 32]},
+    ]
     assert found["outputs"] == [{"name": "output", "dtype": "float32", "shape": [1, 32, 128]}]
     [target] = found["targets"]
     assert target["id"] == host_target().id and target["kind"] == "cpu" and target["member_bytes"] > 0
@@ -48,8 +50,9 @@ def test_describe_names_inputs_outputs_targets_sizes_and_the_toolchain(built):
 
 def test_describe_lists_each_opencl_device_class_with_its_binaries(fingerprint, tmp_path):
     onnx.save(examples.tiny_cnn(), tmp_path / "tiny_cnn.onnx")
-    artifact = build_model(tmp_path / "tiny_cnn.onnx", tmp_path / "out",
-                           [host_target(), OpenClTarget(fingerprint)]).artifact
+    artifact = build_model(
+        tmp_path / "tiny_cnn.onnx", tmp_path / "out", [host_target(), OpenClTarget(fingerprint)]
+    ).artifact
     targets = describe(artifact)["targets"]
     assert [(t["kind"], t["id"]) for t in targets] == [("cpu", host_target().id), ("opencl", f"opencl:{fingerprint}")]
     assert all(t["member_bytes"] > 0 for t in targets) and describe(artifact)["opencl_kernels"] > 0
@@ -68,8 +71,9 @@ def test_a_tampered_artifact_is_refused_and_a_hostile_string_is_printed_escaped(
         describe(tmp_path / "flipped.farm")
     manifest = {**opened.manifest, "toolchain": {"llvmlite": "\x1b[2J", "llvm": "1", "linker": "ld"}}
     members = {name: opened.read_member(name) for name in opened.manifest["members"]}
-    forged = write_artifact(str(tmp_path / "forged.farm"), {k: v for k, v in manifest.items() if k != "members"},
-                            members)
+    forged = write_artifact(
+        str(tmp_path / "forged.farm"), {k: v for k, v in manifest.items() if k != "members"}, members
+    )
     text = format_description(describe(forged))
     assert "\x1b" not in text and "\\x1b[2J" in text
 
@@ -80,8 +84,9 @@ def _signed_copy(artifact: str, path: Path) -> str:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     shutil.copy(artifact, path)
-    pem = Ed25519PrivateKey.generate().private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                     serialization.NoEncryption())
+    pem = Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     return sign_artifact(path, pem)
 
 
@@ -116,8 +121,9 @@ def test_a_signature_is_reported_once_it_verifies_and_an_invalid_one_exits_2(bui
     assert f"; signed by key {key[:16]}..." in format_description(found)
     record = open_artifact(tmp_path / "signed.farm").signature
     assert record is not None
-    forged = with_signature(tmp_path / "signed.farm", _tampered(record) if forgery == "tampered" else b"{}",
-                             tmp_path / "forged.farm")
+    forged = with_signature(
+        tmp_path / "signed.farm", _tampered(record) if forgery == "tampered" else b"{}", tmp_path / "forged.farm"
+    )
     with pytest.raises(ArtifactError, match="signature invalid"):
         describe(forged)
     text = farm("inspect", forged, cwd=tmp_path)

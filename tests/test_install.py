@@ -35,8 +35,16 @@ except ModuleNotFoundError:  # Python 3.10: pytest brings tomli there
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
-HEAVY = {"numpy": "numpy", "ml-dtypes": "ml_dtypes", "onnx": "onnx", "llvmlite": "llvmlite", "pyopencl": "pyopencl",
-         "celery": "celery", "kombu": "kombu", "flower": "flower"}
+HEAVY = {
+    "numpy": "numpy",
+    "ml-dtypes": "ml_dtypes",
+    "onnx": "onnx",
+    "llvmlite": "llvmlite",
+    "pyopencl": "pyopencl",
+    "celery": "celery",
+    "kombu": "kombu",
+    "flower": "flower",
+}
 """What a client install leaves out, by distribution: its top-level module."""
 WORKER = {"numpy", "ml-dtypes", "onnx", "llvmlite", "celery", "cryptography"}
 """What building, running and serving a farm's CPU queues need (farm[worker])."""
@@ -97,8 +105,11 @@ def _installed_closure(requirements: list[Requirement]) -> set[str]:
 def _hidden_in_a_client_install() -> list[str]:
     """The top-level modules installed here that no distribution of a client install provides."""
     client = _installed_closure(_requirements()) | {"farm"}
-    return sorted(module for module, distributions in importlib.metadata.packages_distributions().items()
-                  if not any(canonicalize_name(name) in client for name in distributions))
+    return sorted(
+        module
+        for module, distributions in importlib.metadata.packages_distributions().items()
+        if not any(canonicalize_name(name) in client for name in distributions)
+    )
 
 
 def client_farm(*args: object, cwd: Path, broker: str | None) -> tuple[subprocess.CompletedProcess, set[str]]:
@@ -106,10 +117,21 @@ def client_farm(*args: object, cwd: Path, broker: str | None) -> tuple[subproces
     HEAVY's modules it tried to import (others it may try, such as redis trying cryptography, are left out)."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     env = {name: value for name, value in os.environ.items() if name != "FARM_BROKER_URL"}
-    env.update({"PYTHONPATH": path, "FARM_TEST_HIDDEN_MODULES": json.dumps(_hidden_in_a_client_install()),
-                **({"FARM_BROKER_URL": broker} if broker else {})})
-    result = subprocess.run([sys.executable, "-c", CLIENT_PRELUDE, *map(str, args)], cwd=cwd, capture_output=True,
-                            text=True, env=env, timeout=300)
+    env.update(
+        {
+            "PYTHONPATH": path,
+            "FARM_TEST_HIDDEN_MODULES": json.dumps(_hidden_in_a_client_install()),
+            **({"FARM_BROKER_URL": broker} if broker else {}),
+        }
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", CLIENT_PRELUDE, *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     tried = re.findall(r"^tried to import: (.*)$", result.stderr, re.MULTILINE)
     assert tried, f"no report of the imports tried:\n{result.stderr}"
     return result, set(json.loads(tried[-1])) & set(HEAVY.values())
@@ -139,8 +161,9 @@ def test_each_role_has_an_extra_with_what_it_runs_and_all_has_every_one() -> Non
 
 def test_the_readme_commands_and_the_image_install_every_extra() -> None:
     """scripts/demo.sh and scripts/test.sh (which .ci/run runs) both set up through scripts/setup.sh."""
-    assert re.search(r"pip install --disable-pip-version-check -e '\.\[all,test\]'",
-                     (ROOT / "scripts" / "setup.sh").read_text())
+    assert re.search(
+        r"pip install --disable-pip-version-check -e '\.\[all,test\]'", (ROOT / "scripts" / "setup.sh").read_text()
+    )
     for script in ("demo.sh", "test.sh"):
         assert "bash scripts/setup.sh" in (ROOT / "scripts" / script).read_text(), script
     test_script = (ROOT / "scripts" / "test.sh").read_text()
@@ -155,8 +178,14 @@ def test_pip_installs_only_farm_and_celery_finds_the_installed_app_anywhere(tmp_
     found = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
     assert found["include"] == ["farm*"], found
     script = "from celery.app.utils import find_app; print(find_app('farm.distributed.tasks').main)"
-    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=120, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
     assert result.returncode == 0 and result.stdout.strip() == "farm", result.stderr
 
 
@@ -186,17 +215,18 @@ def test_every_package_farm_imports_comes_with_farm_all() -> None:
     everything = _installed_closure(_requirements(("all",)))
     distributions = importlib.metadata.packages_distributions()
     imported = set().union(*(_third_party_imports(ROOT / folder) for folder in ("farm", "tasks", "workers")))
-    undeclared = {module for module in imported
-                  if not any(canonicalize_name(name) in everything for name in distributions.get(module, []))}
+    undeclared = {
+        module
+        for module in imported
+        if not any(canonicalize_name(name) in everything for name in distributions.get(module, []))
+    }
     assert imported and not undeclared, f"imported but not brought by farm[all]: {sorted(undeclared)}"
 
 
-def test_a_client_install_builds_waits_and_downloads_on_a_real_farm(farm_factory, model: Path,
-                                                                    tmp_path: Path) -> None:
+def test_a_client_install_builds_waits_and_downloads_on_a_real_farm(farm_factory, model: Path, tmp_path: Path) -> None:
     farm = farm_factory(workers=1)
     target = f"cpu:{host_target().triple}"
-    built, tried = client_farm("submit", model, "--target", target, "-o", tmp_path / "a", cwd=tmp_path,
-                               broker=farm.url)
+    built, tried = client_farm("submit", model, "--target", target, "-o", tmp_path / "a", cwd=tmp_path, broker=farm.url)
     assert built.returncode == 0, built.stderr + farm.logs()
     assert tried <= {"llvmlite", "numpy"}  # it would check the target with LLVM (the workers do), and pack the
     # artifact's packed weights with numpy's packing (the farm keeps none): without either, it packs them itself
@@ -204,8 +234,9 @@ def test_a_client_install_builds_waits_and_downloads_on_a_real_farm(farm_factory
     assert artifact == tmp_path / "a" / "tiny_cnn.farm"
     assert [t["triple"] for t in verify(artifact).manifest["targets"]] == [host_target().triple]
 
-    submitted, tried = client_farm("submit", model, "--target", target, "--no-wait", "--json", cwd=tmp_path,
-                                   broker=farm.url)
+    submitted, tried = client_farm(
+        "submit", model, "--target", target, "--no-wait", "--json", cwd=tmp_path, broker=farm.url
+    )
     assert submitted.returncode == 0 and tried <= {"llvmlite"}, submitted.stderr
     job_id = json.loads(submitted.stdout)["job_id"]
     for args, check in [
@@ -219,15 +250,25 @@ def test_a_client_install_builds_waits_and_downloads_on_a_real_farm(farm_factory
         assert result.returncode == 0 and check(result.stdout.strip()), (args, result.stdout, result.stderr)
         assert tried <= ({"numpy"} if args[0] == "download" else set()), (args, tried)
 
-    bogus, _ = client_farm("submit", model, "--target", f"{target}:bogus-cpu", "-o", tmp_path / "c", cwd=tmp_path,
-                           broker=farm.url)
+    bogus, _ = client_farm(
+        "submit", model, "--target", f"{target}:bogus-cpu", "-o", tmp_path / "c", cwd=tmp_path, broker=farm.url
+    )
     assert bogus.returncode == 2 and "'bogus-cpu' is not a recognized processor" in bogus.stderr, bogus.stderr
 
 
-def test_a_client_install_follows_and_cancels_a_job_with_no_worker(redis_server: RedisServer, model: Path,
-                                                                   tmp_path: Path) -> None:
-    submitted, _ = client_farm("submit", model, "--target", "cpu:aarch64-linux-gnu", "--no-wait", "--json",
-                               cwd=tmp_path, broker=redis_server.url)
+def test_a_client_install_follows_and_cancels_a_job_with_no_worker(
+    redis_server: RedisServer, model: Path, tmp_path: Path
+) -> None:
+    submitted, _ = client_farm(
+        "submit",
+        model,
+        "--target",
+        "cpu:aarch64-linux-gnu",
+        "--no-wait",
+        "--json",
+        cwd=tmp_path,
+        broker=redis_server.url,
+    )
     assert submitted.returncode == 0, submitted.stderr
     job_id = json.loads(submitted.stdout)["job_id"]
     for args, status, out in [
@@ -242,15 +283,18 @@ def test_a_client_install_follows_and_cancels_a_job_with_no_worker(redis_server:
         assert not tried, (args, tried)
 
 
-def test_a_client_install_asks_for_the_targets_it_cannot_detect(redis_server: RedisServer, model: Path,
-                                                                tmp_path: Path) -> None:
+def test_a_client_install_asks_for_the_targets_it_cannot_detect(
+    redis_server: RedisServer, model: Path, tmp_path: Path
+) -> None:
     result, tried = client_farm("submit", model, cwd=tmp_path, broker=redis_server.url)
     assert result.returncode == 2 and f"farm: error: {NO_HOST_CPU}" in result.stderr, result.stderr
     assert tried == {"llvmlite"} and not redis_server.client().keys("farm:*")  # nothing staged, nothing submitted
 
 
-@pytest.mark.parametrize("args", [("inspect", "model.farm"), ("run", "model.farm"),
-                                  ("submit", "tiny_cnn.onnx", "--target", "cpu:x86_64-linux-gnu")])
+@pytest.mark.parametrize(
+    "args",
+    [("inspect", "model.farm"), ("run", "model.farm"), ("submit", "tiny_cnn.onnx", "--target", "cpu:x86_64-linux-gnu")],
+)
 def test_a_client_install_says_which_extra_a_command_needs(args: tuple[str, ...], model: Path) -> None:
     result, _ = client_farm(*args, cwd=model.parent, broker=None)
     lines = result.stderr.splitlines()

@@ -27,8 +27,10 @@ def test_each_id_is_accepted_once_and_junk_is_skipped(redis_server: RedisServer)
     for pushed in (JOB, "../../etc/passwd", "x" * 10_000, JOB.upper(), "fedcba9876543210", JOB):
         board.redis.lpush(redis_keys.SUBMITTED_KEY, pushed)
 
-    assert intake.take_one() == (f"job {JOB} accepted; skipped 4 submitted id(s): 3 malformed, the rest with no "
-                                 "request (never submitted, expired or refused) or accepted already")
+    assert intake.take_one() == (
+        f"job {JOB} accepted; skipped 4 submitted id(s): 3 malformed, the rest with no "
+        "request (never submitted, expired or refused) or accepted already"
+    )
     assert accepted == [JOB]
     assert intake.take_one() is None  # nothing left: it waited POP_SECONDS and came back
 
@@ -125,7 +127,8 @@ def test_a_lost_redis_is_waited_out(redis_server: RedisServer) -> None:
 
 
 def test_the_intake_runs_the_stores_housekeeping_every_sweep_seconds_and_survives_its_errors(
-        redis_server: RedisServer) -> None:
+    redis_server: RedisServer,
+) -> None:
     from farm.distributed.intake import SWEEP_SECONDS
 
     runs: list[float] = []

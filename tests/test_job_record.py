@@ -22,9 +22,20 @@ def record(**fields: object) -> JobRecord:
 
 
 def test_a_record_round_trips_through_its_hash_fields() -> None:
-    full = record(no_cache=True, tune=True, total=13, kernels=7, blobs=6, targets_total=1, link_plan_key="c" * 64,
-                  tune_units=["a/k"], tune_errors={"a/k": "boom"}, libraries={CPU.id: "d" * 64}, exit_status=2,
-                  lost_workers={f"w2@host#{'e' * 32}": 3})
+    full = record(
+        no_cache=True,
+        tune=True,
+        total=13,
+        kernels=7,
+        blobs=6,
+        targets_total=1,
+        link_plan_key="c" * 64,
+        tune_units=["a/k"],
+        tune_errors={"a/k": "boom"},
+        libraries={CPU.id: "d" * 64},
+        exit_status=2,
+        lost_workers={f"w2@host#{'e' * 32}": 3},
+    )
     fields = encode_record(full)
     assert all(isinstance(value, str) for value in fields.values())
     assert fields["no_cache"] == "True" and fields[f"library:{CPU.id}"] == "d" * 64 and "finished" not in fields
@@ -38,21 +49,24 @@ def test_partial_updates_encode_only_their_fields() -> None:
         encode_fields(plan_key="x")
 
 
-@pytest.mark.parametrize(("field", "value", "message"), [
-    ("state", "exploded", "'state'"),
-    ("targets", json.dumps([{"kind": "tpu"}]), "unknown target kind 'tpu'"),
-    ("targets", json.dumps([{"kind": "cpu", "triple": "x86_64\"; ret", "cpu": "a", "features": ""}]), "triple"),
-    ("targets", json.dumps([{"kind": "opencl", "fingerprint": "../../etc"}]), "fingerprint"),
-    ("model_key", "../../etc/passwd", "'model_key'"),
-    ("model_name", "../escape", "can't name a file"),
-    ("total", "many", "'total'"),
-    ("tune_units", json.dumps({"a": 1}), "'tune_units'"),
-    ("lost_worker:w2@host#i", "many", "'lost_workers' is malformed"),
-    ("lost_worker:w2@host#i", "0", "'lost_workers' is malformed"),
-    ("lost_worker:w2@host", "1", "not a worker's name#incarnation"),
-    ("lost_worker:#i", "1", "not a worker's name#incarnation"),
-    (f"lost_worker:{'w' * 600}#i", "1", "not a worker's name#incarnation"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("state", "exploded", "'state'"),
+        ("targets", json.dumps([{"kind": "tpu"}]), "unknown target kind 'tpu'"),
+        ("targets", json.dumps([{"kind": "cpu", "triple": 'x86_64"; ret', "cpu": "a", "features": ""}]), "triple"),
+        ("targets", json.dumps([{"kind": "opencl", "fingerprint": "../../etc"}]), "fingerprint"),
+        ("model_key", "../../etc/passwd", "'model_key'"),
+        ("model_name", "../escape", "can't name a file"),
+        ("total", "many", "'total'"),
+        ("tune_units", json.dumps({"a": 1}), "'tune_units'"),
+        ("lost_worker:w2@host#i", "many", "'lost_workers' is malformed"),
+        ("lost_worker:w2@host#i", "0", "'lost_workers' is malformed"),
+        ("lost_worker:w2@host", "1", "not a worker's name#incarnation"),
+        ("lost_worker:#i", "1", "not a worker's name#incarnation"),
+        (f"lost_worker:{'w' * 600}#i", "1", "not a worker's name#incarnation"),
+    ],
+)
 def test_a_malformed_field_is_refused_by_name(field: str, value: str, message: str) -> None:
     fields = encode_record(record())
     fields[field] = value
@@ -105,8 +119,11 @@ def test_a_request_with_a_field_missing_or_malformed_is_refused_even_when_its_id
     with pytest.raises(BadInputError, match="lacks targets"):
         job_record.decode_request(request, job_record.request_job_id(request))
     _, request = job_record.encode_request(record())
-    for name, bad, message in (("model_name", "../x", "model name"), ("created", "inf", "created"),
-                               ("targets", '[{"kind": "cpu", "triple": "x\\n"}]', "cpu target")):
+    for name, bad, message in (
+        ("model_name", "../x", "model name"),
+        ("created", "inf", "created"),
+        ("targets", '[{"kind": "cpu", "triple": "x\\n"}]', "cpu target"),
+    ):
         forged = {**request, name: bad}
         with pytest.raises(BadInputError, match=message):
             job_record.decode_request(forged, job_record.request_job_id(forged))

@@ -80,8 +80,17 @@ def create_job(board: JobBoard, store: FileStore, model: Path, no_cache: bool = 
     """A job record as FarmClient.submit writes it (the model's bytes in the store, the record naming them)."""
     data = model.read_bytes()
     job_id = uuid.uuid4().hex[:16]
-    board.create(job_id, JobRecord(JobState.QUEUED, store.put(data), model.stem, hashlib.sha256(data).hexdigest(),
-                                   [host_target()], no_cache=no_cache))
+    board.create(
+        job_id,
+        JobRecord(
+            JobState.QUEUED,
+            store.put(data),
+            model.stem,
+            hashlib.sha256(data).hexdigest(),
+            [host_target()],
+            no_cache=no_cache,
+        ),
+    )
     return job_id
 
 
@@ -173,8 +182,12 @@ def test_compile_task_arguments_name_the_job_unit_op_and_target(units: list[Comp
     assert message.task == "farm.compile_cpu_kernel" and message.queue == "llvm"
     assert message.args[:4] == [job_id, kernel.name, kernel.spec.op, kernel.target.id]
     message = Compile(job_id, blob).message()
-    assert message.task == "farm.pack_blob" and message.args[:4] == [job_id, blob.name, f"{blob.spec.nbytes} bytes",
-                                                                      blob.target.id]
+    assert message.task == "farm.pack_blob" and message.args[:4] == [
+        job_id,
+        blob.name,
+        f"{blob.spec.nbytes} bytes",
+        blob.target.id,
+    ]
     assert task_messages.decode(message.task, message.args) == Compile(job_id, blob)
     assert blob.data_key == blob.spec.data_sha256  # the store is content-addressed: the weights' key is their sha256
 
@@ -182,8 +195,9 @@ def test_compile_task_arguments_name_the_job_unit_op_and_target(units: list[Comp
 # --- the Farm steps, in-process ----------------------------------------------------------------------------------
 
 
-def test_a_job_builds_the_same_artifact_as_a_local_build(farm: Farm, tasks: Tasks, model_path: Path,
-                                                         local_artifact: bytes, units: list[CompileUnit]) -> None:
+def test_a_job_builds_the_same_artifact_as_a_local_build(
+    farm: Farm, tasks: Tasks, model_path: Path, local_artifact: bytes, units: list[CompileUnit]
+) -> None:
     job_id = create_job(farm.board, farm.store, model_path)
     ran = run_job(farm, tasks, job_id)
 
@@ -198,8 +212,9 @@ def test_a_job_builds_the_same_artifact_as_a_local_build(farm: Farm, tasks: Task
     assert artifact_bytes(farm, job_id) == local_artifact
 
 
-def test_a_second_job_for_the_same_model_compiles_nothing(farm: Farm, tasks: Tasks, model_path: Path,
-                                                          local_artifact: bytes, units: list[CompileUnit]) -> None:
+def test_a_second_job_for_the_same_model_compiles_nothing(
+    farm: Farm, tasks: Tasks, model_path: Path, local_artifact: bytes, units: list[CompileUnit]
+) -> None:
     first = create_job(farm.board, farm.store, model_path)
     run_job(farm, tasks, first)
 
@@ -224,8 +239,9 @@ def test_a_second_job_for_the_same_model_compiles_nothing(farm: Farm, tasks: Tas
     assert artifact_bytes(farm, uncached) == local_artifact
 
 
-def test_a_truncated_model_fails_the_job_with_bad_input(farm: Farm, tasks: Tasks, model_path: Path,
-                                                        tmp_path: Path) -> None:
+def test_a_truncated_model_fails_the_job_with_bad_input(
+    farm: Farm, tasks: Tasks, model_path: Path, tmp_path: Path
+) -> None:
     broken = tmp_path / "broken_net.onnx"
     data = model_path.read_bytes()
     broken.write_bytes(data[: len(data) // 2])
@@ -239,9 +255,9 @@ def test_a_truncated_model_fails_the_job_with_bad_input(farm: Farm, tasks: Tasks
     assert record.artifact_key is None
 
 
-
-def test_an_entry_the_link_plan_step_cannot_compile_fails_the_job_with_its_status(farm: Farm, tasks: Tasks,
-                                                                                  model_path: Path) -> None:
+def test_an_entry_the_link_plan_step_cannot_compile_fails_the_job_with_its_status(
+    farm: Farm, tasks: Tasks, model_path: Path
+) -> None:
     """A CPU that LLVM does not know: the plan's link plan step, compiling the entry, fails the job as the link
     would (bad input, exit status 2, naming the CPU), not as a crashed task."""
     from farm.backends.llvm.target import CpuTarget
@@ -254,10 +270,13 @@ def test_an_entry_the_link_plan_step_cannot_compile_fails_the_job_with_its_statu
     assert record.state == "failed" and record.exit_status == ExitStatus.BAD_INPUT, record
     assert "'bogus-cpu' is not a recognized processor" in record.error
 
-@pytest.mark.parametrize("cancel_before", [0, 1, 6, 13, 14], ids=["plan", "first-compile", "mid-compile", "link",
-                                                                   "finish"])
-def test_a_cancel_between_steps_stops_the_job(farm: Farm, tasks: Tasks, model_path: Path, redis_server: RedisServer,
-                                              units: list[CompileUnit], cancel_before: int) -> None:
+
+@pytest.mark.parametrize(
+    "cancel_before", [0, 1, 6, 13, 14], ids=["plan", "first-compile", "mid-compile", "link", "finish"]
+)
+def test_a_cancel_between_steps_stops_the_job(
+    farm: Farm, tasks: Tasks, model_path: Path, redis_server: RedisServer, units: list[CompileUnit], cancel_before: int
+) -> None:
     """Tasks run in order: 0 plan_job, 1-12 the compiles, 13 link, 14 finish; the cancel comes before one of them."""
     assert len(units) == 12  # the indices above assume tiny_cnn's 9 kernel units (a conv in parts) and 3 packed
     # weights
@@ -309,8 +328,9 @@ class HookedStore(FileStore):
 
 
 @pytest.mark.parametrize("during", ["planning", "last-compile", "link"])
-def test_a_cancel_during_a_step_is_not_undone(board: JobBoard, tmp_path: Path, model_path: Path,
-                                              units: list[CompileUnit], during: str) -> None:
+def test_a_cancel_during_a_step_is_not_undone(
+    board: JobBoard, tmp_path: Path, model_path: Path, units: list[CompileUnit], during: str
+) -> None:
     """A user cancels while a worker is inside a step: the step must not move the job back to a live state.
 
     planning: the cancel lands while the model is being planned (after plan_job read the record);
@@ -325,9 +345,11 @@ def test_a_cancel_during_a_step_is_not_undone(board: JobBoard, tmp_path: Path, m
         if not state["armed"] or not state["job"]:
             return
         record = board.get(state["job"])
-        hit = {"planning": method == "get" and argument == record.model_key,
-               "last-compile": method == "set_ref" and argument == last_ref,
-               "link": method == "get" and record.state == "linking" and argument == record.link_plan_key}
+        hit = {
+            "planning": method == "get" and argument == record.model_key,
+            "last-compile": method == "set_ref" and argument == last_ref,
+            "link": method == "get" and record.state == "linking" and argument == record.link_plan_key,
+        }
         if hit[during]:
             state["armed"] = False
             assert board.advance(state["job"], JobState.CANCELLED, error="cancelled by user")
@@ -341,12 +363,14 @@ def test_a_cancel_during_a_step_is_not_undone(board: JobBoard, tmp_path: Path, m
     record = board.get(state["job"])
     assert record.state == "cancelled", (
         f"a cancel during {during} was overwritten: the job went on to {record.state!r} "
-        "(a step set the state without checking that the job is still live)")
+        "(a step set the state without checking that the job is still live)"
+    )
     assert record.artifact_key is None
 
 
-def test_a_corrupt_cached_object_is_rebuilt_at_link(farm: Farm, tasks: Tasks, model_path: Path, local_artifact: bytes,
-                                                    units: list[CompileUnit]) -> None:
+def test_a_corrupt_cached_object_is_rebuilt_at_link(
+    farm: Farm, tasks: Tasks, model_path: Path, local_artifact: bytes, units: list[CompileUnit]
+) -> None:
     first = create_job(farm.board, farm.store, model_path)
     run_job(farm, tasks, first)
     forget_artifact(farm, first)
@@ -364,7 +388,8 @@ def test_a_corrupt_cached_object_is_rebuilt_at_link(farm: Farm, tasks: Tasks, mo
 
 
 def test_a_packed_weight_is_cached_as_its_key_while_the_weight_it_is_made_from_is_in_the_store(
-        farm: Farm, tasks: Tasks, model_path: Path, local_artifact: bytes, units: list[CompileUnit]) -> None:
+    farm: Farm, tasks: Tasks, model_path: Path, local_artifact: bytes, units: list[CompileUnit]
+) -> None:
     """A packed weight's cache ref names bytes the store never holds (farm.distributed.recipes.Derivation): the
     next job takes it as built and packs nothing while its weight is there, and packs it again once it is not."""
     first = create_job(farm.board, farm.store, model_path)
@@ -383,8 +408,9 @@ def test_a_packed_weight_is_cached_as_its_key_while_the_weight_it_is_made_from_i
     assert "farm.pack_blob" in run_job(farm, tasks, third) and artifact_bytes(farm, third) == local_artifact
 
 
-def test_a_missing_cached_object_is_compiled_again(farm: Farm, tasks: Tasks, model_path: Path,
-                                                   local_artifact: bytes, units: list[CompileUnit]) -> None:
+def test_a_missing_cached_object_is_compiled_again(
+    farm: Farm, tasks: Tasks, model_path: Path, local_artifact: bytes, units: list[CompileUnit]
+) -> None:
     first = create_job(farm.board, farm.store, model_path)
     run_job(farm, tasks, first)
     forget_artifact(farm, first)
@@ -402,8 +428,9 @@ def _plan_and_take_first_compile(farm: Farm, tasks: Tasks, job_id: str) -> tuple
     return tasks.pop(0)
 
 
-def test_a_unit_delivered_more_than_the_cap_fails_the_job(farm: Farm, tasks: Tasks, model_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_unit_delivered_more_than_the_cap_fails_the_job(
+    farm: Farm, tasks: Tasks, model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("FARM_MAX_DELIVERIES", raising=False)
     assert defaults.max_deliveries() == 3
     job_id = create_job(farm.board, farm.store, model_path)
@@ -427,8 +454,9 @@ def test_a_unit_delivered_more_than_the_cap_fails_the_job(farm: Farm, tasks: Tas
     assert farm.board.get(job_id).state == "failed" and farm.board.get(job_id).artifact_key is None
 
 
-def test_the_last_delivery_below_the_cap_still_runs(farm: Farm, tasks: Tasks, model_path: Path,
-                                                    local_artifact: bytes) -> None:
+def test_the_last_delivery_below_the_cap_still_runs(
+    farm: Farm, tasks: Tasks, model_path: Path, local_artifact: bytes
+) -> None:
     job_id = create_job(farm.board, farm.store, model_path)
     name, args = _plan_and_take_first_compile(farm, tasks, job_id)
     for _ in range(defaults.max_deliveries() - 1):
@@ -452,8 +480,9 @@ def test_a_failing_compile_fails_the_job_naming_the_unit(farm: Farm, tasks: Task
     assert victim[1] in record.error and record.exit_status == ExitStatus.BUILD_FAILED
 
 
-def test_every_task_delivered_twice_still_links_and_finishes_once(farm: Farm, tasks: Tasks, model_path: Path,
-                                                                  local_artifact: bytes) -> None:
+def test_every_task_delivered_twice_still_links_and_finishes_once(
+    farm: Farm, tasks: Tasks, model_path: Path, local_artifact: bytes
+) -> None:
     """Redis redelivers an unacknowledged task after its worker died: each step must count once."""
     job_id = create_job(farm.board, farm.store, model_path)
     farm.plan_job(job_id)
@@ -467,8 +496,9 @@ def test_every_task_delivered_twice_still_links_and_finishes_once(farm: Farm, ta
     assert artifact_bytes(farm, job_id) == local_artifact
 
 
-def test_deliveries_of_a_unit_that_already_finished_dont_fail_the_job(farm: Farm, tasks: Tasks, model_path: Path,
-                                                                      local_artifact: bytes) -> None:
+def test_deliveries_of_a_unit_that_already_finished_dont_fail_the_job(
+    farm: Farm, tasks: Tasks, model_path: Path, local_artifact: bytes
+) -> None:
     """The cap is for a unit "started N times and never finished"; a unit that finished at its first delivery can
     still be run again by duplicate messages (a redelivered plan_job dispatches every uncached unit again, and each
     message can itself be redelivered when its worker dies before the ack). Those runs must not fail the job."""
@@ -480,14 +510,16 @@ def test_deliveries_of_a_unit_that_already_finished_dont_fail_the_job(farm: Farm
     record = farm.board.get(job_id)
     assert record.state == "compiling", (
         f"a unit that finished at its first run failed the job: {record.error!r} (compile counts a delivery "
-        "before checking whether the unit is already in the job's :compile set)")
+        "before checking whether the unit is already in the job's :compile set)"
+    )
     run_tasks(farm, tasks)
     assert artifact_bytes(farm, job_id) == local_artifact
 
 
 @pytest.mark.parametrize("compiled_before", [0, 7, 10])
-def test_a_redelivered_plan_job_still_finishes_the_job(farm: Farm, tasks: Tasks, model_path: Path,
-                                                       local_artifact: bytes, compiled_before: int) -> None:
+def test_a_redelivered_plan_job_still_finishes_the_job(
+    farm: Farm, tasks: Tasks, model_path: Path, local_artifact: bytes, compiled_before: int
+) -> None:
     """plan_job's worker dies after dispatching (acks_late: Redis redelivers it) while other workers compile.
 
     The second plan_job sees some units cached and must not leave the job waiting for a count it can't reach.
@@ -506,18 +538,20 @@ def test_a_redelivered_plan_job_still_finishes_the_job(farm: Farm, tasks: Tasks,
     events.close()
     assert not {"planning", "compiling"} & set(published), (
         f"the redelivered plan_job moved the job back ({published}): its waiting clients showed planning after "
-        "the compile count")
+        "the compile count"
+    )
     run_tasks(farm, tasks)
     record = farm.board.get(job_id)
     assert record.state == "done", (
         f"after {compiled_before} of 10 units compiled, a second plan_job set total={record.total} and the "
-        f"job stays {record.state!r}: the compile count (10 distinct units) never equals the new total")
+        f"job stays {record.state!r}: the compile count (10 distinct units) never equals the new total"
+    )
     assert artifact_bytes(farm, job_id) == local_artifact
 
 
-def test_units_that_finish_before_the_link_plan_is_named_are_linked_once(board: JobBoard, tmp_path: Path,
-                                                                          model_path: Path,
-                                                                          local_artifact: bytes) -> None:
+def test_units_that_finish_before_the_link_plan_is_named_are_linked_once(
+    board: JobBoard, tmp_path: Path, model_path: Path, local_artifact: bytes
+) -> None:
     """The plan dispatches the units before it makes the link plan, so that they compile meanwhile. Here each unit
     runs the moment it is dispatched and finds no link plan named yet; the plan, once it has named it, finds every
     unit finished and starts linking itself. A plan delivered again after that starts nothing more."""
@@ -541,8 +575,9 @@ def test_units_that_finish_before_the_link_plan_is_named_are_linked_once(board: 
 
 
 @pytest.mark.parametrize("step", ["compile", "link"])
-def test_a_store_outage_is_left_to_the_task_to_retry(redis_servers: Callable[..., RedisServer], model_path: Path,
-                                                      local_artifact: bytes, step: str) -> None:
+def test_a_store_outage_is_left_to_the_task_to_retry(
+    redis_servers: Callable[..., RedisServer], model_path: Path, local_artifact: bytes, step: str
+) -> None:
     """The store on its own server (FARM_STORE_URL) goes away mid-job: the step must raise StoreUnreachableError,
     which FarmTask retries ("retried while Redis is away"), not fail the job as if the unit's code were wrong."""
     board_server, store_server = redis_servers(), redis_servers()
@@ -564,8 +599,9 @@ def test_a_store_outage_is_left_to_the_task_to_retry(redis_servers: Callable[...
     assert artifact_bytes(farm, job_id) == local_artifact
 
 
-def test_a_corrupt_cached_artifact_is_never_reused(farm: Farm, tasks: Tasks, model_path: Path,
-                                                   local_artifact: bytes) -> None:
+def test_a_corrupt_cached_artifact_is_never_reused(
+    farm: Farm, tasks: Tasks, model_path: Path, local_artifact: bytes
+) -> None:
     first = create_job(farm.board, farm.store, model_path)
     run_job(farm, tasks, first)
     key = farm.board.get(first).artifact_key
@@ -583,8 +619,13 @@ def test_a_corrupt_cached_artifact_is_never_reused(farm: Farm, tasks: Tasks, mod
 
 
 def test_farms_with_different_toolchains_never_share_an_object_or_an_artifact(
-        board: JobBoard, tmp_path: Path, model_path: Path, local_artifact: bytes, units: list[CompileUnit],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    board: JobBoard,
+    tmp_path: Path,
+    model_path: Path,
+    local_artifact: bytes,
+    units: list[CompileUnit],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     store = FileStore(tmp_path / "store")  # one store: only the refs keep the toolchains apart
     tasks_a, tasks_b = Tasks(), Tasks()
     farm_a, farm_b = Farm(board, store, tasks_a.dispatch), Farm(board, store, tasks_b.dispatch)
@@ -610,9 +651,14 @@ def test_farms_with_different_toolchains_never_share_an_object_or_an_artifact(
     assert artifact_bytes(farm_a, third) == local_artifact
 
 
-def test_a_worker_links_only_objects_its_own_toolchain_built(farm: Farm, tasks: Tasks, model_path: Path,
-                                                             local_artifact: bytes, units: list[CompileUnit],
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_worker_links_only_objects_its_own_toolchain_built(
+    farm: Farm,
+    tasks: Tasks,
+    model_path: Path,
+    local_artifact: bytes,
+    units: list[CompileUnit],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A mixed farm: the job is planned and compiled by workers of toolchain a, linked and finished by one of
     toolchain b, which compiles the objects again rather than link a's."""
     cpu_units = [unit for unit in units if unit.kind in ("kernel", "blob")]
@@ -632,10 +678,16 @@ def test_a_worker_links_only_objects_its_own_toolchain_built(farm: Farm, tasks: 
     assert farm.store.get_ref(artifact_ref(farm.board.get(job_id)))
     assert artifact_bytes(farm, job_id) == local_artifact
 
-def test_a_job_whose_entries_were_evicted_between_runs_rebuilds_them(board: JobBoard, tasks: Tasks,
-                                                                      redis_server: RedisServer, model_path: Path,
-                                                                      local_artifact: bytes, units: list[CompileUnit],
-                                                                      tmp_path: Path) -> None:
+
+def test_a_job_whose_entries_were_evicted_between_runs_rebuilds_them(
+    board: JobBoard,
+    tasks: Tasks,
+    redis_server: RedisServer,
+    model_path: Path,
+    local_artifact: bytes,
+    units: list[CompileUnit],
+    tmp_path: Path,
+) -> None:
     """Every kind of entry a job leaves (model, weights, link plan, objects, library, artifact) evicted, with the
     refs to them: the next job for the model is a cache miss throughout, and builds the same artifact."""
     store = RedisStore(redis_server.url)
@@ -656,9 +708,9 @@ def test_a_job_whose_entries_were_evicted_between_runs_rebuilds_them(board: JobB
     assert artifact_bytes(farm, second) == local_artifact
 
 
-def test_the_link_plan_step_compiles_each_entry_and_the_link_takes_it(farm: Farm, tasks: Tasks, model_path: Path,
-                                                                      local_artifact: bytes,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_link_plan_step_compiles_each_entry_and_the_link_takes_it(
+    farm: Farm, tasks: Tasks, model_path: Path, local_artifact: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The plan's worker compiles each library's entry while the units compile and caches it under its entry ref;
     the link, serial after the last unit, takes it from the store instead of compiling it again."""
     from farm.distributed import steps
@@ -681,9 +733,9 @@ def test_the_link_plan_step_compiles_each_entry_and_the_link_takes_it(farm: Farm
 # --- refs are pointers: what they point at is checked -------------------------------------------------------------
 
 
-def test_a_cache_ref_pointing_at_an_object_with_load_time_code_is_rebuilt(farm: Farm, tasks: Tasks, model_path: Path,
-                                                                         local_artifact: bytes,
-                                                                         units: list[CompileUnit]) -> None:
+def test_a_cache_ref_pointing_at_an_object_with_load_time_code_is_rebuilt(
+    farm: Farm, tasks: Tasks, model_path: Path, local_artifact: bytes, units: list[CompileUnit]
+) -> None:
     """Someone who can write the store pointed a kernel's ref (or a library's entry ref) at an object with a
     constructor: the link checks the bytes, builds the kernel (the entry) again, and the artifact is the local
     build's."""
@@ -692,8 +744,10 @@ def test_a_cache_ref_pointing_at_an_object_with_load_time_code_is_rebuilt(farm: 
     first = create_job(farm.board, farm.store, model_path)
     run_job(farm, tasks, first)
     forget_artifact(farm, first)
-    ir = ('module asm ".section .init_array,\\22aw\\22"\nmodule asm ".quad farm_evil"\n'
-          "define void @farm_evil() { ret void }\n")
+    ir = (
+        'module asm ".section .init_array,\\22aw\\22"\nmodule asm ".quad farm_evil"\n'
+        "define void @farm_evil() { ret void }\n"
+    )
     evil = farm.store.put(compile_ir(ir, host_target(), "evil", optimize=False))
     victim = next(unit for unit in units if unit.kind == "kernel")
     farm.store.set_ref(victim.cache_ref, evil)
@@ -705,9 +759,9 @@ def test_a_cache_ref_pointing_at_an_object_with_load_time_code_is_rebuilt(farm: 
     assert artifact_bytes(farm, job_id) == local_artifact
 
 
-def test_a_cached_artifact_is_reused_only_when_it_names_the_submitted_model(farm: Farm, tasks: Tasks,
-                                                                           model_path: Path, local_artifact: bytes,
-                                                                           tmp_path: Path) -> None:
+def test_a_cached_artifact_is_reused_only_when_it_names_the_submitted_model(
+    farm: Farm, tasks: Tasks, model_path: Path, local_artifact: bytes, tmp_path: Path
+) -> None:
     """The artifact ref of one model pointed at another model's artifact: the job builds its own."""
     other = tmp_path / "other.onnx"
     onnx.save(examples.small_cnn(), other)

@@ -32,8 +32,10 @@ def imported(node: ast.AST, modules: dict[str, Path]) -> set[str]:
     if isinstance(node, ast.Import):
         names = [alias.name for alias in node.names]
     elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-        names = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module
-                 for alias in node.names]
+        names = [
+            f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module
+            for alias in node.names
+        ]
     found = set()
     for name in names:
         while name and name not in modules:
@@ -100,18 +102,46 @@ def test_farm_keeps_a_handful_of_modules_at_its_top() -> None:
 
 
 def test_the_stages_are_subpackages() -> None:
-    stages = {"ir", "frontend", "ops", "plan", "tuning", "backends", "build", "store", "runtime", "distributed",
-              "cli", "tools"}
+    stages = {
+        "ir",
+        "frontend",
+        "ops",
+        "plan",
+        "tuning",
+        "backends",
+        "build",
+        "store",
+        "runtime",
+        "distributed",
+        "cli",
+        "tools",
+    }
     assert {path.parent.name for path in (REPO / "farm").glob("*/__init__.py")} == stages
 
 
 def test_celery_and_the_farm_protocol_stay_out_of_the_compiler() -> None:
     """The compile steps are pure functions: nothing below farm.distributed imports it or Celery."""
     graph = import_graph()
-    below = [name for name in graph if name.startswith(("farm.ir", "farm.ops", "farm.plan", "farm.backends",
-                                                         "farm.build", "farm.tuning", "farm.store", "farm.runtime"))]
-    leaks = {name: sorted(t for t in graph[name] if t.startswith(("farm.distributed", "farm.cli", "tasks", "workers")))
-             for name in below}
+    below = [
+        name
+        for name in graph
+        if name.startswith(
+            (
+                "farm.ir",
+                "farm.ops",
+                "farm.plan",
+                "farm.backends",
+                "farm.build",
+                "farm.tuning",
+                "farm.store",
+                "farm.runtime",
+            )
+        )
+    ]
+    leaks = {
+        name: sorted(t for t in graph[name] if t.startswith(("farm.distributed", "farm.cli", "tasks", "workers")))
+        for name in below
+    }
     assert {name: targets for name, targets in leaks.items() if targets} == {}
 
 
@@ -123,7 +153,7 @@ def documented_layers() -> list[list[str]]:
     start = next(index for index, line in enumerate(lines) if line.startswith("|"))
     end = next(index for index in range(start, len(lines)) if not lines[index].startswith("|"))
     layers = []
-    for row in lines[start + 2:end]:
+    for row in lines[start + 2 : end]:
         paths = re.findall(r"`(farm/[\w/]*?)(?:/|\.py)`", row.split("|")[1])
         layers.append([path.replace("/", ".") for path in paths])
     return layers
@@ -143,8 +173,12 @@ def layer_of(module: str, layers: list[list[str]]) -> int:
 
 def layer_violations(graph: dict[str, set[str]], layers: list[list[str]]) -> list[str]:
     """Every import of a module from a later row than the importer's."""
-    return sorted(f"{name} imports {target}" for name, targets in graph.items() for target in targets
-                  if layer_of(target, layers) > layer_of(name, layers))
+    return sorted(
+        f"{name} imports {target}"
+        for name, targets in graph.items()
+        for target in targets
+        if layer_of(target, layers) > layer_of(name, layers)
+    )
 
 
 def test_each_stage_imports_only_the_stages_the_docs_list_before_it() -> None:
@@ -155,6 +189,9 @@ def test_each_stage_imports_only_the_stages_the_docs_list_before_it() -> None:
 
 def test_the_layer_check_finds_an_upward_import() -> None:
     layers = [["farm.errors"], ["farm.backends"], ["farm.runtime"]]
-    graph = {"farm.backends.llvm.link": {"farm.runtime.elf", "farm.errors"}, "farm.runtime.elf": {"farm"},
-             "workers.main": {"farm.runtime"}}
+    graph = {
+        "farm.backends.llvm.link": {"farm.runtime.elf", "farm.errors"},
+        "farm.runtime.elf": {"farm"},
+        "workers.main": {"farm.runtime"},
+    }
     assert layer_violations(graph, layers) == ["farm.backends.llvm.link imports farm.runtime.elf"]

@@ -50,8 +50,11 @@ def test_a_task_is_running_for_the_time_of_its_step_even_when_it_raises(leases: 
 def test_reap_dispatches_a_dead_holders_tasks_and_leaves_a_live_holders(leases: Leases) -> None:
     leases.renew("alive", "i1", 5)
     leases.renew("restarted", "new", 5)
-    tasks = {"t1": ("alive#i1", Link(JOB, "cpu-x").message()), "t2": ("dead#i2", PlanJob(JOB).message()),
-             "t3": ("restarted#old", Finish(JOB).message())}
+    tasks = {
+        "t1": ("alive#i1", Link(JOB, "cpu-x").message()),
+        "t2": ("dead#i2", PlanJob(JOB).message()),
+        "t3": ("restarted#old", Finish(JOB).message()),
+    }
     for task_id, (holder, message) in tasks.items():
         leases.redis.hset(redis_keys.RUNNING_KEY, task_id, task_messages.RunningTask(holder, message).encode())
     leases.redis.hset(redis_keys.RUNNING_KEY, "forged", '{"holder": "x#y", "task": "os.system", "args": ["id"]}')
@@ -64,8 +67,9 @@ def test_reap_dispatches_a_dead_holders_tasks_and_leaves_a_live_holders(leases: 
 
 def test_concurrent_reapers_dispatch_each_lost_task_once(leases: Leases) -> None:
     for index in range(40):
-        leases.redis.hset(redis_keys.RUNNING_KEY, f"t{index}",
-                          task_messages.RunningTask("dead#i", PlanJob(JOB).message()).encode())
+        leases.redis.hset(
+            redis_keys.RUNNING_KEY, f"t{index}", task_messages.RunningTask("dead#i", PlanJob(JOB).message()).encode()
+        )
     sent: list[Message] = []
     lock = threading.Lock()
 
@@ -81,14 +85,19 @@ def test_concurrent_reapers_dispatch_each_lost_task_once(leases: Leases) -> None
     assert len(sent) == 40
 
 
-def test_the_keeper_renews_reaps_tells_each_job_what_it_lost_and_releases(leases: Leases,
-                                                                         redis_server: RedisServer) -> None:
+def test_the_keeper_renews_reaps_tells_each_job_what_it_lost_and_releases(
+    leases: Leases, redis_server: RedisServer
+) -> None:
     other = "fedcba9876543210"
     board, target = JobBoard(redis_server.url), CpuTarget("x86_64-unknown-linux-gnu")
     for job_id in (JOB, other):
         board.create(job_id, JobRecord(JobState.COMPILING, "a" * 64, "m", "a" * 64, [target]))
-    lost = {"t1": ("gone#i", PlanJob(JOB)), "t2": ("gone#i", Link(JOB, "cpu-x")), "t3": ("gone#i", Finish(other)),
-            "t4": ("also-gone#j", Finish(JOB))}
+    lost = {
+        "t1": ("gone#i", PlanJob(JOB)),
+        "t2": ("gone#i", Link(JOB, "cpu-x")),
+        "t3": ("gone#i", Finish(other)),
+        "t4": ("also-gone#j", Finish(JOB)),
+    }
     for task_id, (holder, args) in lost.items():
         leases.redis.hset(redis_keys.RUNNING_KEY, task_id, task_messages.RunningTask(holder, args.message()).encode())
     sent: list[Message] = []

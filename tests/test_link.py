@@ -38,14 +38,18 @@ TABLE_AT = 768  # the weight table: one 64-bit pointer per weight, after the are
 
 def add_blob_kernel() -> L.LoopKernel:
     i = L.Var("i")
-    return L.LoopKernel([L.Param("out", output=True), L.Param("in"), L.Param("w")],
-                        [L.Loop(i, N, [L.Store("out", i, L.Load("in", i) + L.Load("w", i))])])
+    return L.LoopKernel(
+        [L.Param("out", output=True), L.Param("in"), L.Param("w")],
+        [L.Loop(i, N, [L.Store("out", i, L.Load("in", i) + L.Load("w", i))])],
+    )
 
 
 def exp_kernel() -> L.LoopKernel:
     i = L.Var("i")
-    return L.LoopKernel([L.Param("out", output=True), L.Param("in")],
-                        [L.Loop(i, N, [L.Store("out", i, L.call("exp", L.Load("in", i)) * 2.0)])])
+    return L.LoopKernel(
+        [L.Param("out", output=True), L.Param("in")],
+        [L.Loop(i, N, [L.Store("out", i, L.call("exp", L.Load("in", i)) * 2.0)])],
+    )
 
 
 SCHEDULE = [
@@ -56,9 +60,11 @@ SCHEDULE = [
 
 def model_objects(target: CpuTarget) -> list[bytes]:
     """Two kernel objects and the entry: what a build links."""
-    return [compile_kernels([("farm_k_add", add_blob_kernel())], target),
-            compile_kernels([("farm_k_exp", exp_kernel())], target),
-            compile_entry(SCHEDULE, target, TABLE_AT)]
+    return [
+        compile_kernels([("farm_k_add", add_blob_kernel())], target),
+        compile_kernels([("farm_k_exp", exp_kernel())], target),
+        compile_entry(SCHEDULE, target, TABLE_AT),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -120,11 +126,11 @@ def test_library_runs_the_schedule(host_library, tmp_path):
     library = load_library(host_library, tmp_path)
     arena = aligned_arena(TABLE_AT + 8)
     x = np.linspace(-3, 3, N, dtype=np.float32)
-    arena[X_AT:X_AT + 4 * N].view(np.float32)[:] = x
-    arena[TABLE_AT:TABLE_AT + 8].view(np.uint64)[0] = WEIGHTS.ctypes.data
+    arena[X_AT : X_AT + 4 * N].view(np.float32)[:] = x
+    arena[TABLE_AT : TABLE_AT + 8].view(np.uint64)[0] = WEIGHTS.ctypes.data
     call_farm_run(library, arena)
-    y = arena[Y_AT:Y_AT + 4 * N].view(np.float32)
-    z = arena[Z_AT:Z_AT + 4 * N].view(np.float32)
+    y = arena[Y_AT : Y_AT + 4 * N].view(np.float32)
+    z = arena[Z_AT : Z_AT + 4 * N].view(np.float32)
     np.testing.assert_array_equal(y, x + WEIGHTS)
     np.testing.assert_allclose(z, np.exp(y.astype(np.float64)) * 2, rtol=3e-7)
 
@@ -144,9 +150,9 @@ def test_link_with_gnu_ld_when_lld_is_absent(host_library, tmp_path, monkeypatch
     assert elf_type(library) == 3
     loaded = load_library(library, tmp_path)
     arena = aligned_arena(TABLE_AT + 8)
-    arena[TABLE_AT:TABLE_AT + 8].view(np.uint64)[0] = WEIGHTS.ctypes.data
+    arena[TABLE_AT : TABLE_AT + 8].view(np.uint64)[0] = WEIGHTS.ctypes.data
     call_farm_run(loaded, arena)
-    np.testing.assert_array_equal(arena[Y_AT:Y_AT + 4 * N].view(np.float32), WEIGHTS)
+    np.testing.assert_array_equal(arena[Y_AT : Y_AT + 4 * N].view(np.float32), WEIGHTS)
 
 
 def test_no_linker_is_a_build_error(tmp_path, monkeypatch):
@@ -162,8 +168,9 @@ def test_aarch64_link_gives_an_aarch64_shared_object(tmp_path):
     library = link_library(model_objects(target), target)
     assert elf_type(library) == 3
     assert elf_header(library) == (2, 1, EM_AARCH64)
-    assert any(len(row) >= 8 and row[7] == ENTRY_SYMBOL and row[6] != "UND"
-               for row in dynamic_symbols(library, tmp_path))
+    assert any(
+        len(row) >= 8 and row[7] == ENTRY_SYMBOL and row[6] != "UND" for row in dynamic_symbols(library, tmp_path)
+    )
     assert link_library(model_objects(target), target) == library
 
 
@@ -231,17 +238,18 @@ def test_linker_identity_names_the_linker_and_its_version(fresh_linker_identity,
 # --- objects that would run code at load are refused ----------------------------------------------------------
 
 STARTUP_ASSEMBLY = {
-    "an .init_array section": '.section .init_array,\\22aw\\22',
-    "a .ctors section": '.section .ctors.65535,\\22aw\\22',
-    "an init_array by type under another name": '.section .data.innocent,\\22aw\\22,@init_array',
+    "an .init_array section": ".section .init_array,\\22aw\\22",
+    "a .ctors section": ".section .ctors.65535,\\22aw\\22",
+    "an init_array by type under another name": ".section .data.innocent,\\22aw\\22,@init_array",
 }
 
 
 @pytest.mark.parametrize("how", STARTUP_ASSEMBLY)
 def test_an_object_with_load_time_code_is_never_linked(how: str) -> None:
     """A library farm links runs only when it is called: a poisoned cache entry with a constructor is refused."""
-    ir = (f'module asm "{STARTUP_ASSEMBLY[how]}"\nmodule asm ".quad farm_evil"\n'
-          "define void @farm_evil() { ret void }\n")
+    ir = (
+        f'module asm "{STARTUP_ASSEMBLY[how]}"\nmodule asm ".quad farm_evil"\ndefine void @farm_evil() {{ ret void }}\n'
+    )
     evil = compile_ir(ir, host(), "evil", optimize=False)
     with pytest.raises(BuildError, match="holds load-time code"):
         link_library([evil], host())
@@ -260,10 +268,24 @@ def to_half_kernel() -> L.LoopKernel:
     """Doubles and floats stored as float16: on x86-64 without AVX512-FP16 (and without F16C, for the floats) LLVM
     calls a compiler runtime's __truncdfhf2 and __truncsfhf2 for them."""
     i = L.Var("i")
-    return L.LoopKernel([L.Param("half_of_double", L.F16, output=True), L.Param("half_of_float", L.F16, output=True),
-                         L.Param("doubles", L.F64), L.Param("floats")],
-                        [L.Loop(i, N, [L.Store("half_of_double", i, L.Load("doubles", i, L.F64)),
-                                       L.Store("half_of_float", i, L.Load("floats", i))])])
+    return L.LoopKernel(
+        [
+            L.Param("half_of_double", L.F16, output=True),
+            L.Param("half_of_float", L.F16, output=True),
+            L.Param("doubles", L.F64),
+            L.Param("floats"),
+        ],
+        [
+            L.Loop(
+                i,
+                N,
+                [
+                    L.Store("half_of_double", i, L.Load("doubles", i, L.F64)),
+                    L.Store("half_of_float", i, L.Load("floats", i)),
+                ],
+            )
+        ],
+    )
 
 
 def test_a_call_into_a_compiler_runtime_is_a_build_error_naming_it_and_its_caller() -> None:
@@ -284,17 +306,24 @@ def test_the_compiler_runtime_object_defines_llvms_half_conversions_inside_the_l
     x86-64 host)."""
     baseline = parse_target("cpu:x86_64-linux-gnu")
     schedule = [{"kernel": "farm_k_to_half", "args": [["arena", offset] for offset in (0, 128, 256, 640)]}]
-    library = link_library([compile_kernels([("farm_k_to_half", to_half_kernel())], baseline),
-                            compile_entry(schedule, baseline), runtime_object(baseline)], baseline)
+    library = link_library(
+        [
+            compile_kernels([("farm_k_to_half", to_half_kernel())], baseline),
+            compile_entry(schedule, baseline),
+            runtime_object(baseline),
+        ],
+        baseline,
+    )
     assert imported_symbols(library) == {"sched_yield"}
-    assert not {"__truncdfhf2", "__truncsfhf2", "__extendhfsf2"} & {row[7] for row in dynamic_symbols(library, tmp_path)
-                                                                     if len(row) >= 8}
+    assert not {"__truncdfhf2", "__truncsfhf2", "__extendhfsf2"} & {
+        row[7] for row in dynamic_symbols(library, tmp_path) if len(row) >= 8
+    }
     arena = aligned_arena(1024)
     doubles = np.linspace(-70000, 70000, N) + 1 / 3
-    arena[256:256 + 8 * N].view(np.float64)[:] = doubles
-    arena[640:640 + 4 * N].view(np.float32)[:] = doubles
+    arena[256 : 256 + 8 * N].view(np.float64)[:] = doubles
+    arena[640 : 640 + 4 * N].view(np.float32)[:] = doubles
     call_farm_run(load_library(library, tmp_path), arena)
     with np.errstate(over="ignore"):
         halves, halves_of_floats = doubles.astype(np.float16), doubles.astype(np.float32).astype(np.float16)
-    np.testing.assert_array_equal(arena[:2 * N].view(np.float16), halves)
-    np.testing.assert_array_equal(arena[128:128 + 2 * N].view(np.float16), halves_of_floats)
+    np.testing.assert_array_equal(arena[: 2 * N].view(np.float16), halves)
+    np.testing.assert_array_equal(arena[128 : 128 + 2 * N].view(np.float16), halves_of_floats)

@@ -49,7 +49,7 @@ def test_regions_cover_every_cell_exactly_once(blocking):
             covered = np.zeros((m, n), np.int64)
             for region in regions(m, n, blocking):
                 assert region.m > 0 and region.n > 0, (m, n, region)
-                covered[region.m0:region.m0 + region.m, region.n0:region.n0 + region.n] += 1
+                covered[region.m0 : region.m0 + region.m, region.n0 : region.n0 + region.n] += 1
             assert (covered == 1).all(), (m, n, blocking, covered)
 
 
@@ -70,8 +70,7 @@ def test_regions_use_full_tiles_where_they_fit():
     blocking = GemmBlocking(rows=4, vectors=3, lanes=16)
     # 9 x 100: rows 0..8 in 4-row tiles + 1 row; columns 96 in 48-wide tiles, then no 16-vector, one 4-lane
     got = {(r.m0, r.m, r.n0, r.n, r.rows, r.vectors, r.lanes) for r in regions(9, 100, blocking)}
-    assert got == {(0, 8, 0, 96, 4, 3, 16), (8, 1, 0, 96, 1, 3, 16),
-                   (0, 8, 96, 4, 4, 1, 4), (8, 1, 96, 4, 1, 1, 4)}
+    assert got == {(0, 8, 0, 96, 4, 3, 16), (8, 1, 0, 96, 1, 3, 16), (0, 8, 96, 4, 4, 1, 4), (8, 1, 96, 4, 1, 1, 4)}
     # 8 x 128: two 48-wide tiles, then one tile of two vectors (not two single-vector tiles)
     assert {(r.n0, r.n, r.vectors) for r in regions(8, 128, blocking)} == {(0, 96, 3), (96, 32, 2)}
     # 4 x 48: exactly one region of full tiles
@@ -87,10 +86,21 @@ def test_regions_use_full_tiles_where_they_fit():
 SHAPES = [(1, 1, 1), (5, 47, 3), (17, 100, 33), (64, 3136, 27), (3, 16, 1), (13, 70, 5), (7, 49, 64), (70, 21, 30)]
 
 
-def gemm_kernel(m: int, n: int, k: int, *, a_offset: int = 0, lda: int | None = None, b_offset: int = 0,
-                ldb: int | None = None, c_offset: int = 0, ldc: int | None = None) -> L.LoopKernel:
-    gemm = L.Gemm("a", L.const(a_offset), lda or k, "b", L.const(b_offset), ldb or n, "c", L.const(c_offset),
-                  ldc or n, m, n, k)
+def gemm_kernel(
+    m: int,
+    n: int,
+    k: int,
+    *,
+    a_offset: int = 0,
+    lda: int | None = None,
+    b_offset: int = 0,
+    ldb: int | None = None,
+    c_offset: int = 0,
+    ldc: int | None = None,
+) -> L.LoopKernel:
+    gemm = L.Gemm(
+        "a", L.const(a_offset), lda or k, "b", L.const(b_offset), ldb or n, "c", L.const(c_offset), ldc or n, m, n, k
+    )
     return L.LoopKernel([L.Param("c", output=True), L.Param("a"), L.Param("b")], [gemm])
 
 
@@ -104,14 +114,20 @@ def assert_gemm_close(actual: np.ndarray, expected: np.ndarray) -> None:
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4 * scale)
 
 
-CACHE_TILED = [GemmBlocking(rows=4, vectors=2, lanes=8, k_block=8), GemmBlocking(rows=3, vectors=1, lanes=4, k_block=5),
-               GemmBlocking(rows=4, vectors=3, lanes=16, k_block=16, order="rows"),
-               GemmBlocking(rows=2, vectors=2, lanes=4, order="rows"), GemmBlocking(rows=1, vectors=1, lanes=1, k_block=2)]
+CACHE_TILED = [
+    GemmBlocking(rows=4, vectors=2, lanes=8, k_block=8),
+    GemmBlocking(rows=3, vectors=1, lanes=4, k_block=5),
+    GemmBlocking(rows=4, vectors=3, lanes=16, k_block=16, order="rows"),
+    GemmBlocking(rows=2, vectors=2, lanes=4, order="rows"),
+    GemmBlocking(rows=1, vectors=1, lanes=1, k_block=2),
+]
 
 
-@pytest.mark.parametrize("blocking", BLOCKINGS + CACHE_TILED + [GemmBlocking(rows=6, vectors=1, lanes=8),
-                                                                GemmBlocking(rows=2, vectors=4, lanes=4)],
-                         ids=blocking_id)
+@pytest.mark.parametrize(
+    "blocking",
+    BLOCKINGS + CACHE_TILED + [GemmBlocking(rows=6, vectors=1, lanes=8), GemmBlocking(rows=2, vectors=4, lanes=4)],
+    ids=blocking_id,
+)
 def test_gemm_matches_numpy_for_odd_shapes(blocking, tmp_path):
     """Every shape, with k shorter than, equal to, a multiple of and not a multiple of the k block."""
     rng = np.random.default_rng(blocking.rows * 100 + blocking.vectors * 10 + blocking.lanes)
@@ -127,10 +143,17 @@ def test_gemm_matches_numpy_for_odd_shapes(blocking, tmp_path):
         np.testing.assert_array_equal(b, arrays[2])
 
 
-@pytest.mark.parametrize("blocking", [GemmBlocking(), GemmBlocking(rows=3, vectors=2, lanes=4),
-                                      GemmBlocking(rows=1, vectors=1, lanes=1), GemmBlocking(rows=5, vectors=3, lanes=8),
-                                      GemmBlocking(rows=2, vectors=2, lanes=4, k_block=7, order="rows")],
-                         ids=blocking_id)
+@pytest.mark.parametrize(
+    "blocking",
+    [
+        GemmBlocking(),
+        GemmBlocking(rows=3, vectors=2, lanes=4),
+        GemmBlocking(rows=1, vectors=1, lanes=1),
+        GemmBlocking(rows=5, vectors=3, lanes=8),
+        GemmBlocking(rows=2, vectors=2, lanes=4, k_block=7, order="rows"),
+    ],
+    ids=blocking_id,
+)
 @pytest.mark.parametrize("m, n, k", [(5, 47, 3), (17, 100, 33), (9, 35, 12)])
 def test_gemm_with_panel_offsets_and_wide_leading_dimensions(m, n, k, blocking, tmp_path):
     """A, B and C are panels inside bigger row-major buffers; C cells outside the panel keep their values."""
@@ -140,14 +163,23 @@ def test_gemm_with_panel_offsets_and_wide_leading_dimensions(m, n, k, blocking, 
     a_full = rng.standard_normal((a_row0 + m + 1, lda)).astype(np.float32)
     b_full = rng.standard_normal((b_row0 + k + 2, ldb)).astype(np.float32)
     c_full = rng.standard_normal((c_row0 + m + 2, ldc)).astype(np.float32)
-    kernel = gemm_kernel(m, n, k, a_offset=a_row0 * lda + a_col0, lda=lda, b_offset=b_row0 * ldb + b_col0, ldb=ldb,
-                         c_offset=c_row0 * ldc + c_col0, ldc=ldc)
+    kernel = gemm_kernel(
+        m,
+        n,
+        k,
+        a_offset=a_row0 * lda + a_col0,
+        lda=lda,
+        b_offset=b_row0 * ldb + b_col0,
+        ldb=ldb,
+        c_offset=c_row0 * ldc + c_col0,
+        ldc=ldc,
+    )
     c_out, _, _ = run_kernel(kernel, [c_full, a_full, b_full], tmp_path, blocking)
-    a = a_full[a_row0:a_row0 + m, a_col0:a_col0 + k]
-    b = b_full[b_row0:b_row0 + k, b_col0:b_col0 + n]
-    assert_gemm_close(c_out[c_row0:c_row0 + m, c_col0:c_col0 + n], reference(a, b))
+    a = a_full[a_row0 : a_row0 + m, a_col0 : a_col0 + k]
+    b = b_full[b_row0 : b_row0 + k, b_col0 : b_col0 + n]
+    assert_gemm_close(c_out[c_row0 : c_row0 + m, c_col0 : c_col0 + n], reference(a, b))
     outside = np.ones(c_full.shape, bool)
-    outside[c_row0:c_row0 + m, c_col0:c_col0 + n] = False
+    outside[c_row0 : c_row0 + m, c_col0 : c_col0 + n] = False
     np.testing.assert_array_equal(c_out[outside], c_full[outside])
 
 
@@ -167,8 +199,9 @@ def test_batched_gemm_in_a_loop_with_variable_offsets(tmp_path):
     t = L.Var("t")
     gemm = L.Gemm("a", t * (m * k), k, "b", t * (k * n), n, "c", t * (m * n), n, m, n, k)
     kernel = L.LoopKernel([L.Param("c", output=True), L.Param("a"), L.Param("b")], [L.Loop(t, batches, [gemm])])
-    c, _, _ = run_kernel(kernel, [np.zeros((batches, m, n), np.float32), a, b], tmp_path,
-                         GemmBlocking(rows=4, vectors=2, lanes=8))
+    c, _, _ = run_kernel(
+        kernel, [np.zeros((batches, m, n), np.float32), a, b], tmp_path, GemmBlocking(rows=4, vectors=2, lanes=8)
+    )
     assert_gemm_close(c, np.einsum("bmk,bkn->bmn", a.astype(np.float64), b.astype(np.float64)))
 
 
@@ -176,20 +209,30 @@ def test_two_gemms_in_one_kernel(tmp_path):
     """C1 = A @ B then C2 = C1 @ D in one kernel: the second reads what the first stored."""
     rng = np.random.default_rng(8)
     a, b, d = (rng.standard_normal(s).astype(np.float32) for s in ((5, 9), (9, 21), (21, 4)))
-    kernel = L.LoopKernel([L.Param("c2", output=True), L.Param("c1", output=True), L.Param("a"), L.Param("b"),
-                           L.Param("d")], [
-        L.Gemm("a", L.const(0), 9, "b", L.const(0), 21, "c1", L.const(0), 21, 5, 21, 9),
-        L.Gemm("c1", L.const(0), 21, "d", L.const(0), 4, "c2", L.const(0), 4, 5, 4, 21),
-    ])
-    c2, c1, *_ = run_kernel(kernel, [np.zeros((5, 4), np.float32), np.zeros((5, 21), np.float32), a, b, d], tmp_path,
-                            GemmBlocking(rows=2, vectors=2, lanes=4))
+    kernel = L.LoopKernel(
+        [L.Param("c2", output=True), L.Param("c1", output=True), L.Param("a"), L.Param("b"), L.Param("d")],
+        [
+            L.Gemm("a", L.const(0), 9, "b", L.const(0), 21, "c1", L.const(0), 21, 5, 21, 9),
+            L.Gemm("c1", L.const(0), 21, "d", L.const(0), 4, "c2", L.const(0), 4, 5, 4, 21),
+        ],
+    )
+    c2, c1, *_ = run_kernel(
+        kernel,
+        [np.zeros((5, 4), np.float32), np.zeros((5, 21), np.float32), a, b, d],
+        tmp_path,
+        GemmBlocking(rows=2, vectors=2, lanes=4),
+    )
     assert_gemm_close(c1, reference(a, b))
     assert_gemm_close(c2, reference(a, b) @ d.astype(np.float64))
 
 
 def test_gemm_with_k_zero_writes_zeros(tmp_path):
-    c, _, _ = run_kernel(gemm_kernel(3, 20, 0), [np.full((3, 20), 5.0, np.float32), np.zeros(1, np.float32),
-                                                 np.zeros(1, np.float32)], tmp_path, GemmBlocking(2, 1, 8))
+    c, _, _ = run_kernel(
+        gemm_kernel(3, 20, 0),
+        [np.full((3, 20), 5.0, np.float32), np.zeros(1, np.float32), np.zeros(1, np.float32)],
+        tmp_path,
+        GemmBlocking(2, 1, 8),
+    )
     np.testing.assert_array_equal(c, np.zeros((3, 20), np.float32))
 
 
@@ -214,9 +257,12 @@ def test_blocking_json_round_trips_and_keeps_the_short_form_for_the_defaults():
     assert tiled.name == "4x3x16-k256-rows"
     for blocking in (plain, tiled):
         assert GemmBlocking.from_json(blocking.to_json()) == blocking
-    for bad in ({"rows": 4, "vectors": 3, "lanes": 16, "k_block": -1}, {"rows": 4, "vectors": 3, "lanes": 16,
-                                                                        "order": "diagonal"},
-                {"rows": 4, "vectors": 3, "lanes": 16, "k_block": 1.5}, {"rows": 4, "vectors": 3, "lanes": 16, "x": 1}):
+    for bad in (
+        {"rows": 4, "vectors": 3, "lanes": 16, "k_block": -1},
+        {"rows": 4, "vectors": 3, "lanes": 16, "order": "diagonal"},
+        {"rows": 4, "vectors": 3, "lanes": 16, "k_block": 1.5},
+        {"rows": 4, "vectors": 3, "lanes": 16, "x": 1},
+    ):
         with pytest.raises(ValueError):
             GemmBlocking.from_json(bad)
 
@@ -234,10 +280,17 @@ def test_pack_panels_lays_out_full_panels_then_edge_rows_k_major():
     np.testing.assert_array_equal(pack_panels(two_blocks, 2)[1], np.asarray(expected) + 100)
 
 
-@pytest.mark.parametrize("blocking", [GemmBlocking(), GemmBlocking(rows=3, vectors=2, lanes=4),
-                                      GemmBlocking(rows=1, vectors=1, lanes=1), GemmBlocking(rows=8, vectors=3, lanes=16),
-                                      GemmBlocking(rows=4, vectors=2, lanes=8, k_block=8, order="rows")],
-                         ids=blocking_id)
+@pytest.mark.parametrize(
+    "blocking",
+    [
+        GemmBlocking(),
+        GemmBlocking(rows=3, vectors=2, lanes=4),
+        GemmBlocking(rows=1, vectors=1, lanes=1),
+        GemmBlocking(rows=8, vectors=3, lanes=16),
+        GemmBlocking(rows=4, vectors=2, lanes=8, k_block=8, order="rows"),
+    ],
+    ids=blocking_id,
+)
 def test_gemm_reads_a_prepacked_in_panels_of_its_tile_rows(blocking, tmp_path):
     """a_panels: A arrives in pack_panels(A, blocking.rows); every shape (edge rows included) matches numpy."""
     rng = np.random.default_rng(7)
@@ -247,8 +300,9 @@ def test_gemm_reads_a_prepacked_in_panels_of_its_tile_rows(blocking, tmp_path):
         b = rng.standard_normal((k, n)).astype(np.float32)
         gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k, a_panels=True)
         kernel = L.LoopKernel([L.Param("c", output=True), L.Param("a"), L.Param("b")], [gemm])
-        cases.append((kernel, [np.full((m, n), np.nan, np.float32), pack_panels(a[None], blocking.rows)[0], b],
-                      reference(a, b)))
+        cases.append(
+            (kernel, [np.full((m, n), np.nan, np.float32), pack_panels(a[None], blocking.rows)[0], b], reference(a, b))
+        )
     results = run_kernels([(kernel, arrays) for kernel, arrays, _ in cases], tmp_path, blocking)
     for (_, _, expected), (c, _, _) in zip(cases, results):
         assert_gemm_close(c, expected)
@@ -273,18 +327,26 @@ def test_pack_operand_dispatches_on_the_panels_form_and_refuses_partial_blocks()
     a = np.arange(15, dtype=np.float32)
     np.testing.assert_array_equal(pack_operand(a, (2, 5, 3)), pack_panels(a.reshape(1, 5, 3), 2).ravel())
     np.testing.assert_array_equal(pack_operand(a, (2, 3, 5, 0)), pack_columns(a.reshape(1, 3, 5), 2).ravel())
-    np.testing.assert_array_equal(pack_operand(a, (2, 3, 5, 1)),
-                                  pack_columns(a.reshape(1, 5, 3), 2, transposed=True).ravel())
+    np.testing.assert_array_equal(
+        pack_operand(a, (2, 3, 5, 1)), pack_columns(a.reshape(1, 5, 3), 2, transposed=True).ravel()
+    )
     for bad in ((2, 4, 3), (2, 2, 2, 0), (2, 5)):
         with pytest.raises(ValueError):
             pack_operand(a, bad)
 
 
-@pytest.mark.parametrize("blocking", [GemmBlocking(), GemmBlocking(rows=3, vectors=2, lanes=4),
-                                      GemmBlocking(rows=1, vectors=1, lanes=1), GemmBlocking(rows=8, vectors=3, lanes=16),
-                                      GemmBlocking(rows=4, vectors=2, lanes=8, k_block=8, order="rows"),
-                                      GemmBlocking(rows=4, vectors=1, lanes=16, k_block=16)],
-                         ids=blocking_id)
+@pytest.mark.parametrize(
+    "blocking",
+    [
+        GemmBlocking(),
+        GemmBlocking(rows=3, vectors=2, lanes=4),
+        GemmBlocking(rows=1, vectors=1, lanes=1),
+        GemmBlocking(rows=8, vectors=3, lanes=16),
+        GemmBlocking(rows=4, vectors=2, lanes=8, k_block=8, order="rows"),
+        GemmBlocking(rows=4, vectors=1, lanes=16, k_block=16),
+    ],
+    ids=blocking_id,
+)
 @pytest.mark.parametrize("transposed", [False, True], ids=["b", "b-transposed"])
 def test_gemm_reads_b_prepacked_in_column_panels_of_its_tile_width(blocking, transposed, tmp_path):
     """b_panels: B arrives in pack_columns(B, blocking.tile_columns), from n x k when transposed; every shape (edge
@@ -296,8 +358,23 @@ def test_gemm_reads_b_prepacked_in_column_panels_of_its_tile_width(blocking, tra
         b = rng.standard_normal((k, n)).astype(np.float32)
         stored = b.T.copy() if transposed else b
         a_panels = index % 2 == 1
-        gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), k if transposed else n, "c", L.const(0), n, m, n, k,
-                      a_panels=a_panels, b_panels=True, b_transposed=transposed)
+        gemm = L.Gemm(
+            "a",
+            L.const(0),
+            k,
+            "b",
+            L.const(0),
+            k if transposed else n,
+            "c",
+            L.const(0),
+            n,
+            m,
+            n,
+            k,
+            a_panels=a_panels,
+            b_panels=True,
+            b_transposed=transposed,
+        )
         kernel = L.LoopKernel([L.Param("c", output=True), L.Param("a"), L.Param("b")], [gemm])
         packed_a = pack_panels(a[None], blocking.rows)[0] if a_panels else a
         packed_b = pack_columns(stored[None], blocking.tile_columns, transposed)[0]
@@ -317,15 +394,21 @@ def test_batched_gemm_reads_each_block_of_b_prepacked(tmp_path):
     t = L.Var("t")
     gemm = L.Gemm("a", t * (m * k), k, "b", t * (k * n), n, "c", t * (m * n), n, m, n, k, b_panels=True)
     kernel = L.LoopKernel([L.Param("c", output=True), L.Param("a"), L.Param("b")], [L.Loop(t, batches, [gemm])])
-    c, _, _ = run_kernel(kernel, [np.zeros((batches, m, n), np.float32), a, pack_columns(b, blocking.tile_columns)],
-                         tmp_path, blocking)
+    c, _, _ = run_kernel(
+        kernel, [np.zeros((batches, m, n), np.float32), a, pack_columns(b, blocking.tile_columns)], tmp_path, blocking
+    )
     assert_gemm_close(c, np.einsum("bmk,bkn->bmn", a.astype(np.float64), b.astype(np.float64)))
 
 
-EPILOGUE_BLOCKINGS = [GemmBlocking(), GemmBlocking(rows=3, vectors=2, lanes=4), GemmBlocking(rows=1, vectors=1, lanes=1),
-                      GemmBlocking(rows=4, vectors=2, lanes=8, k_block=8), GemmBlocking(rows=2, vectors=3, lanes=4,
-                                                                                        k_block=5, order="rows"),
-                      GemmBlocking(rows=8, vectors=3, lanes=16), GemmBlocking(rows=16, vectors=1, lanes=16)]
+EPILOGUE_BLOCKINGS = [
+    GemmBlocking(),
+    GemmBlocking(rows=3, vectors=2, lanes=4),
+    GemmBlocking(rows=1, vectors=1, lanes=1),
+    GemmBlocking(rows=4, vectors=2, lanes=8, k_block=8),
+    GemmBlocking(rows=2, vectors=3, lanes=4, k_block=5, order="rows"),
+    GemmBlocking(rows=8, vectors=3, lanes=16),
+    GemmBlocking(rows=16, vectors=1, lanes=16),
+]
 EPILOGUE_ACTIVATIONS = [None, ("relu", ()), ("leakyrelu", (0.1,)), ("clip", (-0.5, 0.75))]
 
 
@@ -333,8 +416,11 @@ def _activated(value: np.ndarray, activation: tuple[str, tuple[float, ...]] | No
     if activation is None:
         return value
     kind, params = activation
-    return {"relu": lambda: np.maximum(value, 0), "leakyrelu": lambda: np.where(value < 0, value * params[0], value),
-            "clip": lambda: np.clip(value, *params)}[kind]()
+    return {
+        "relu": lambda: np.maximum(value, 0),
+        "leakyrelu": lambda: np.where(value < 0, value * params[0], value),
+        "clip": lambda: np.clip(value, *params),
+    }[kind]()
 
 
 def _epilogue_cases(transposed: bool, residual_in_c: bool) -> list[tuple[L.LoopKernel, list[np.ndarray], np.ndarray]]:
@@ -347,12 +433,31 @@ def _epilogue_cases(transposed: bool, residual_in_c: bool) -> list[tuple[L.LoopK
         on_columns, activation = index % 2 == 1, EPILOGUE_ACTIVATIONS[index % len(EPILOGUE_ACTIVATIONS)]
         bias = rng.standard_normal(n if on_columns else m).astype(np.float32)
         residual = rng.standard_normal((m, n)).astype(np.float32)
-        epilogue = L.GemmEpilogue(bias="bias", bias_offset=L.const(2), bias_on_columns=on_columns,
-                                  residual="c" if residual_in_c else "residual", residual_offset=L.const(0),
-                                  activation=activation)
-        gemm = L.Gemm("a", L.const(0), m if transposed else k, "b", L.const(0), n, "c", L.const(0),
-                      m if transposed else n, m, n, k, a_transposed=transposed, c_transposed=transposed,
-                      epilogue=epilogue)
+        epilogue = L.GemmEpilogue(
+            bias="bias",
+            bias_offset=L.const(2),
+            bias_on_columns=on_columns,
+            residual="c" if residual_in_c else "residual",
+            residual_offset=L.const(0),
+            activation=activation,
+        )
+        gemm = L.Gemm(
+            "a",
+            L.const(0),
+            m if transposed else k,
+            "b",
+            L.const(0),
+            n,
+            "c",
+            L.const(0),
+            m if transposed else n,
+            m,
+            n,
+            k,
+            a_transposed=transposed,
+            c_transposed=transposed,
+            epilogue=epilogue,
+        )
         params = [L.Param("c", output=True), L.Param("a"), L.Param("b"), L.Param("bias"), L.Param("residual")]
         stored = (lambda x: x.T.copy()) if transposed else (lambda x: x)
         c = stored(residual) if residual_in_c else np.full((n, m) if transposed else (m, n), np.nan, np.float32)
@@ -385,9 +490,16 @@ def test_gemm_adds_the_residual_it_finds_in_c(blocking, transposed, tmp_path):
         assert_gemm_close(c, expected)
 
 
-@pytest.mark.parametrize("blocking", [GemmBlocking(), GemmBlocking(rows=3, vectors=2, lanes=4),
-                                      GemmBlocking(rows=1, vectors=1, lanes=1),
-                                      GemmBlocking(rows=4, vectors=2, lanes=8, k_block=8)], ids=blocking_id)
+@pytest.mark.parametrize(
+    "blocking",
+    [
+        GemmBlocking(),
+        GemmBlocking(rows=3, vectors=2, lanes=4),
+        GemmBlocking(rows=1, vectors=1, lanes=1),
+        GemmBlocking(rows=4, vectors=2, lanes=8, k_block=8),
+    ],
+    ids=blocking_id,
+)
 @pytest.mark.parametrize("stride, dilation", [((1, 1), (1, 1)), ((2, 1), (1, 2))], ids=["plain", "strided-dilated"])
 def test_implicit_gemm_reads_a_padded_plane_as_its_im2col_matrix(blocking, stride, dilation, tmp_path):
     """a_window (L.ImplicitColumns): C^T = columns(x)^T @ W^T with A the padded input plane itself, every output
@@ -398,30 +510,57 @@ def test_implicit_gemm_reads_a_padded_plane_as_its_im2col_matrix(blocking, strid
     rng = np.random.default_rng(31)
     x = rng.standard_normal((channels, rows, columns)).astype(np.float32)
     w = rng.standard_normal((out_channels, channels, *kernel)).astype(np.float32)
-    window = L.ImplicitColumns(out_size[1], stride[0] * columns, stride[1], rows * columns, *kernel,
-                               dilation[0] * columns, dilation[1])
+    window = L.ImplicitColumns(
+        out_size[1], stride[0] * columns, stride[1], rows * columns, *kernel, dilation[0] * columns, dilation[1]
+    )
     m, n, k = out_size[0] * out_size[1], out_channels, channels * kernel[0] * kernel[1]
-    gemm = L.Gemm("a", L.const(0), 0, "b", L.const(0), k, "c", L.const(0), m, m, n, k, b_panels=True,
-                  b_transposed=True, c_transposed=True, a_window=window)
+    gemm = L.Gemm(
+        "a",
+        L.const(0),
+        0,
+        "b",
+        L.const(0),
+        k,
+        "c",
+        L.const(0),
+        m,
+        m,
+        n,
+        k,
+        b_panels=True,
+        b_transposed=True,
+        c_transposed=True,
+        a_window=window,
+    )
     kernel_ir = L.LoopKernel([L.Param("c", output=True), L.Param("a"), L.Param("b")], [gemm])
     packed = pack_columns(w.reshape(1, n, k), blocking.tile_columns, transposed=True)[0]
     [c, _, _] = run_kernel(kernel_ir, [np.full((n, m), np.nan, np.float32), x, packed], tmp_path, blocking)
     expected = np.zeros((out_channels, *out_size))
     for r in range(kernel[0]):
         for s in range(kernel[1]):
-            taps = x[:, r * dilation[0]::stride[0], s * dilation[1]::stride[1]][:, :out_size[0], :out_size[1]]
+            taps = x[:, r * dilation[0] :: stride[0], s * dilation[1] :: stride[1]][:, : out_size[0], : out_size[1]]
             expected += np.einsum("chw,oc->ohw", taps.astype(np.float64), w[:, :, r, s].astype(np.float64))
     assert_gemm_close(c, expected.reshape(n, m))
-    assert [window.row_base(p) + window.tap_offset(q) for p, q in ((0, 0), (m - 1, k - 1))] == \
-        [0, (out_size[0] - 1) * stride[0] * columns + (out_size[1] - 1) * stride[1] + (channels - 1) * rows * columns
-         + (kernel[0] - 1) * dilation[0] * columns + (kernel[1] - 1) * dilation[1]]
+    assert [window.row_base(p) + window.tap_offset(q) for p, q in ((0, 0), (m - 1, k - 1))] == [
+        0,
+        (out_size[0] - 1) * stride[0] * columns
+        + (out_size[1] - 1) * stride[1]
+        + (channels - 1) * rows * columns
+        + (kernel[0] - 1) * dilation[0] * columns
+        + (kernel[1] - 1) * dilation[1],
+    ]
 
 
-@pytest.mark.parametrize("blocking", [GemmBlocking(), GemmBlocking(rows=3, vectors=2, lanes=4),
-                                      GemmBlocking(rows=4, vectors=1, lanes=8, k_block=64)], ids=blocking_id)
-@pytest.mark.parametrize("m, n, k, residual_in_c", [(20, 100, 600, False), (9, 130, 513, False),
-                                                   (9, 130, 513, True)], ids=["20x100x600", "9x130x513",
-                                                                              "9x130x513-residual-in-c"])
+@pytest.mark.parametrize(
+    "blocking",
+    [GemmBlocking(), GemmBlocking(rows=3, vectors=2, lanes=4), GemmBlocking(rows=4, vectors=1, lanes=8, k_block=64)],
+    ids=blocking_id,
+)
+@pytest.mark.parametrize(
+    "m, n, k, residual_in_c",
+    [(20, 100, 600, False), (9, 130, 513, False), (9, 130, 513, True)],
+    ids=["20x100x600", "9x130x513", "9x130x513-residual-in-c"],
+)
 def test_few_rows_and_a_deep_k_keep_partial_sums_per_k_block(m, n, k, residual_in_c, blocking, tmp_path):
     """A column-split GEMM with few rows (gemm._small_m_k_block) runs each column block k block by k block, the
     partial sums in a scratch tile; the epilogue (bias per column, residual, clip) only at the last block, and the
@@ -429,11 +568,15 @@ def test_few_rows_and_a_deep_k_keep_partial_sums_per_k_block(m, n, k, residual_i
     rng = np.random.default_rng(m + n + k)
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     bias, residual = rng.standard_normal(n).astype(np.float32), rng.standard_normal((m, n)).astype(np.float32)
-    epilogue = L.GemmEpilogue(bias="bias", bias_offset=L.const(0), bias_on_columns=True,
-                              residual="c" if residual_in_c else "residual", residual_offset=L.const(0),
-                              activation=("clip", (-20.0, 20.0)))
-    gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k, b_panels=True,
-                  epilogue=epilogue)
+    epilogue = L.GemmEpilogue(
+        bias="bias",
+        bias_offset=L.const(0),
+        bias_on_columns=True,
+        residual="c" if residual_in_c else "residual",
+        residual_offset=L.const(0),
+        activation=("clip", (-20.0, 20.0)),
+    )
+    gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k, b_panels=True, epilogue=epilogue)
     params = [L.Param("c", output=True), L.Param("a"), L.Param("b"), L.Param("bias"), L.Param("residual")]
     packed = pack_columns(b[None], blocking.tile_columns)[0]
     c = residual.copy() if residual_in_c else np.full((m, n), np.nan, np.float32)
@@ -453,8 +596,7 @@ def test_column_split_tiles_prefetch_the_next_blocks_c_for_writing():
     next column block, and the residual's. Not where C is small, nor where B is small enough for the row tiles to
     sweep across the blocks (their stores are then a few streams)."""
     epilogue = L.GemmEpilogue(residual="residual", residual_offset=L.const(0))
-    gemm = L.Gemm("a", L.const(0), 256, "b", L.const(0), 3136, "c", L.const(0), 3136, 256, 3136, 256,
-                  epilogue=epilogue)
+    gemm = L.Gemm("a", L.const(0), 256, "b", L.const(0), 3136, "c", L.const(0), 3136, 256, 3136, 256, epilogue=epilogue)
     params = [L.Param("c", output=True), L.Param("a"), L.Param("b"), L.Param("residual")]
     assert L.splits_columns(gemm, GemmBlocking().tile_columns) and gemm.k * gemm.n * 4 > SWEEP_MAX_B_BYTES
     assert _prefetches(L.LoopKernel(params, [gemm])) == {0, 1}
@@ -472,13 +614,15 @@ def test_column_split_gemm_with_a_small_b_sweeps_each_row_tile_across_the_blocks
     rng = np.random.default_rng(m + n + k)
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     bias, residual = rng.standard_normal(m).astype(np.float32), rng.standard_normal((m, n)).astype(np.float32)
-    epilogue = L.GemmEpilogue(bias="bias", bias_offset=L.const(0), residual="residual", residual_offset=L.const(0),
-                              activation=("relu", ()))
+    epilogue = L.GemmEpilogue(
+        bias="bias", bias_offset=L.const(0), residual="residual", residual_offset=L.const(0), activation=("relu", ())
+    )
     gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k, epilogue=epilogue)
     assert L.splits_columns(gemm, blocking.tile_columns) and k * n * 4 <= SWEEP_MAX_B_BYTES
     params = [L.Param("c", output=True), L.Param("a"), L.Param("b"), L.Param("bias"), L.Param("residual")]
-    [c, *_] = run_kernel(L.LoopKernel(params, [gemm]), [np.full((m, n), np.nan, np.float32), a, b, bias, residual],
-                         tmp_path, blocking)
+    [c, *_] = run_kernel(
+        L.LoopKernel(params, [gemm]), [np.full((m, n), np.nan, np.float32), a, b, bias, residual], tmp_path, blocking
+    )
     assert_gemm_close(c, np.maximum(reference(a, b) + bias[:, None] + residual, 0))
 
 
@@ -492,8 +636,11 @@ def test_few_rows_and_a_deep_k_prefetch_b_blocks_ahead():
     assert re.search(rf"= add i64 %\S+, {ahead}\n", kernel_module_ir([("farm_k_test", kernel)], host()))
 
 
-@pytest.mark.parametrize("k, taps, steps", [(768, 1, 256), (600, 1, 200), (4608, 9, 144), (2304, 9, 144),
-                                            (601, 1, 256)], ids=["256", "200", "3x3-512", "3x3-256", "prime"])
+@pytest.mark.parametrize(
+    "k, taps, steps",
+    [(768, 1, 256), (600, 1, 200), (4608, 9, 144), (2304, 9, 144), (601, 1, 256)],
+    ids=["256", "200", "3x3-512", "3x3-256", "prime"],
+)
 def test_a_few_row_gemms_k_block_divides_k_where_it_can(k, taps, steps):
     """Every k block of a few-row GEMM has the same constant number of steps when whole channels from half of
     SMALL_M_K_BLOCK up divide k (a runtime count made resnet18_style's 2x2 and 4x4 planes 5-12% slower); a k
@@ -524,12 +671,12 @@ def test_gemm_packs_an_activation_b_panel_on_the_fly(m, n, k, tmp_path):
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     bias = rng.standard_normal(m).astype(np.float32)
     epilogue = L.GemmEpilogue(bias="bias", bias_offset=L.const(0), activation=("relu", ()))
-    gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k, a_panels=True,
-                  epilogue=epilogue)
+    gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k, a_panels=True, epilogue=epilogue)
     params = [L.Param("c", output=True), L.Param("a"), L.Param("b"), L.Param("bias")]
     kernel = L.LoopKernel(params, [gemm])
     assert m >= PACK_B_MIN_ROW_TILES * GemmBlocking().rows and "gemm.b_panel" in kernel_module_ir(
-        [("farm_k_test", kernel)], host())
+        [("farm_k_test", kernel)], host()
+    )
     few = L.LoopKernel(params, [dataclasses.replace(gemm, m=PACK_B_MIN_ROW_TILES * GemmBlocking().rows - 1)])
     assert "gemm.b_panel" not in kernel_module_ir([("farm_k_test", few)], host())
     tall = L.LoopKernel(params, [dataclasses.replace(gemm, m=n + 8)])
@@ -544,18 +691,28 @@ def _few_row_kernel(m: int, n: int, k: int) -> tuple[L.LoopKernel, list[np.ndarr
     """A few-row column-split GEMM (_small_m_k_block) with a residual in C and a bias, and its arrays."""
     rng = np.random.default_rng(7)
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
-    epilogue = L.GemmEpilogue(bias="bias", bias_offset=L.const(0), bias_on_columns=True, residual="c",
-                              residual_offset=L.const(0), activation=("relu", ()))
-    gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k, b_panels=True,
-                  epilogue=epilogue)
+    epilogue = L.GemmEpilogue(
+        bias="bias",
+        bias_offset=L.const(0),
+        bias_on_columns=True,
+        residual="c",
+        residual_offset=L.const(0),
+        activation=("relu", ()),
+    )
+    gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k, b_panels=True, epilogue=epilogue)
     params = [L.Param("c", output=True), L.Param("a"), L.Param("b"), L.Param("bias")]
     packed = pack_columns(b[None], GemmBlocking().tile_columns)[0]
-    return L.LoopKernel(params, [gemm]), [rng.standard_normal((m, n)).astype(np.float32), a, packed,
-                                          rng.standard_normal(n).astype(np.float32)]
+    return L.LoopKernel(params, [gemm]), [
+        rng.standard_normal((m, n)).astype(np.float32),
+        a,
+        packed,
+        rng.standard_normal(n).astype(np.float32),
+    ]
 
 
-def _implicit_kernel(channels: int = 4, out_channels: int = 40,
-                     out_size: tuple[int, int] = (20, 21)) -> tuple[L.LoopKernel, list[np.ndarray]]:
+def _implicit_kernel(
+    channels: int = 4, out_channels: int = 40, out_size: tuple[int, int] = (20, 21)
+) -> tuple[L.LoopKernel, list[np.ndarray]]:
     """An implicit GEMM (a 3x3 conv, by default of 4 channels at 20 x 21 pixels, 40 output channels: row-split),
     its arrays."""
     rows, columns = out_size[0] + 2, out_size[1] + 2
@@ -564,17 +721,34 @@ def _implicit_kernel(channels: int = 4, out_channels: int = 40,
     w = rng.standard_normal((out_channels, channels * 9)).astype(np.float32)
     window = L.ImplicitColumns(out_size[1], columns, 1, rows * columns, 3, 3, columns, 1)
     m, n, k = out_size[0] * out_size[1], out_channels, channels * 9
-    gemm = L.Gemm("a", L.const(0), 0, "b", L.const(0), k, "c", L.const(0), m, m, n, k, b_panels=True,
-                  b_transposed=True, c_transposed=True, a_window=window)
+    gemm = L.Gemm(
+        "a",
+        L.const(0),
+        0,
+        "b",
+        L.const(0),
+        k,
+        "c",
+        L.const(0),
+        m,
+        m,
+        n,
+        k,
+        b_panels=True,
+        b_transposed=True,
+        c_transposed=True,
+        a_window=window,
+    )
     packed = pack_columns(w.reshape(1, n, k), GemmBlocking().tile_columns, transposed=True)[0]
     params = [L.Param("c", output=True), L.Param("a"), L.Param("b")]
     return L.LoopKernel(params, [gemm]), [np.full((n, m), np.nan, np.float32), x, packed]
 
 
-@pytest.mark.parametrize("case, outlined", [(lambda: _few_row_kernel(9, 130, 513), 3),
-                                            (lambda: _implicit_kernel(64, 130, (7, 9)), 6),
-                                            (_implicit_kernel, 4)], ids=["few-rows", "implicit-few-rows",
-                                                                         "implicit-rows"])
+@pytest.mark.parametrize(
+    "case, outlined",
+    [(lambda: _few_row_kernel(9, 130, 513), 3), (lambda: _implicit_kernel(64, 130, (7, 9)), 6), (_implicit_kernel, 4)],
+    ids=["few-rows", "implicit-few-rows", "implicit-rows"],
+)
 def test_a_kernel_split_into_parts_computes_what_the_whole_one_does(case, outlined, tmp_path):
     """The heaviest GEMM launches go into functions of their own (outlined_functions: a few-row GEMM's three pieces,
     an implicit one's with their epilogues apart, a row-split implicit GEMM's column groups' full and edge rows), each

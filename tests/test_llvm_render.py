@@ -35,8 +35,10 @@ from farm.tools.examples import EXAMPLES
 def unary_kernel(fn, n: int, in_dtype: str = L.F32, out_dtype: str = L.F32) -> L.LoopKernel:
     """out[i] = fn(in[i]) for i < n."""
     i = L.Var("i")
-    return L.LoopKernel([L.Param("out", out_dtype, output=True), L.Param("in", in_dtype)],
-                        [L.Loop(i, n, [L.Store("out", i, fn(L.Load("in", i, in_dtype)))])])
+    return L.LoopKernel(
+        [L.Param("out", out_dtype, output=True), L.Param("in", in_dtype)],
+        [L.Loop(i, n, [L.Store("out", i, fn(L.Load("in", i, in_dtype)))])],
+    )
 
 
 def run_unary(fn, x: np.ndarray, tmp_path, out_dtype=np.float32) -> np.ndarray:
@@ -50,16 +52,24 @@ def run_unary(fn, x: np.ndarray, tmp_path, out_dtype=np.float32) -> np.ndarray:
 
 
 def test_exp_is_accurate_over_a_wide_range(tmp_path):
-    x = np.concatenate([np.linspace(-80, 80, 200_001, dtype=np.float32),
-                        np.array([0.0, -0.0, 1.0, -1.0, 1e-7, -1e-7, 0.5, 88.0, -87.0], np.float32)])
+    x = np.concatenate(
+        [
+            np.linspace(-80, 80, 200_001, dtype=np.float32),
+            np.array([0.0, -0.0, 1.0, -1.0, 1e-7, -1e-7, 0.5, 88.0, -87.0], np.float32),
+        ]
+    )
     out = run_unary(lambda v: L.call("exp", v), x, tmp_path)
     np.testing.assert_allclose(out, np.exp(x.astype(np.float64)), rtol=2e-7, atol=0)
     assert out[-9:-7].tolist() == [1.0, 1.0]  # exp(+0), exp(-0) exactly
 
 
 def test_log_is_accurate_over_a_wide_range(tmp_path):
-    x = np.concatenate([np.logspace(-30, 30, 200_001, dtype=np.float32),
-                        np.array([1.0, 0.5, 2.0, 0.999, 1.001, 1.17549435e-38, 3.4e38], np.float32)])
+    x = np.concatenate(
+        [
+            np.logspace(-30, 30, 200_001, dtype=np.float32),
+            np.array([1.0, 0.5, 2.0, 0.999, 1.001, 1.17549435e-38, 3.4e38], np.float32),
+        ]
+    )
     out = run_unary(lambda v: L.call("log", v), x, tmp_path)
     np.testing.assert_allclose(out, np.log(x.astype(np.float64)), rtol=2e-7, atol=1e-12)
     assert out[-7] == 0.0  # log(1) exactly
@@ -107,8 +117,12 @@ def test_log_of_subnormals_is_accurate(tmp_path):
 
 def test_sqrt_is_correctly_rounded(tmp_path):
     rng = np.random.default_rng(1)
-    x = np.concatenate([rng.uniform(0, 1e6, 4099).astype(np.float32),
-                        np.array([0.0, 1.0, 2.0, 1e-38, 3.4e38, np.inf, -1.0, np.nan], np.float32)])
+    x = np.concatenate(
+        [
+            rng.uniform(0, 1e6, 4099).astype(np.float32),
+            np.array([0.0, 1.0, 2.0, 1e-38, 3.4e38, np.inf, -1.0, np.nan], np.float32),
+        ]
+    )
     out = run_unary(lambda v: L.call("sqrt", v), x, tmp_path)
     with np.errstate(invalid="ignore"):
         np.testing.assert_array_equal(out, np.sqrt(x))
@@ -116,9 +130,12 @@ def test_sqrt_is_correctly_rounded(tmp_path):
 
 def test_floor_matches_numpy(tmp_path):
     rng = np.random.default_rng(2)
-    x = np.concatenate([rng.uniform(-1000, 1000, 1027).astype(np.float32),
-                        np.array([-0.5, 0.5, -1.0, 1.0, 0.0, -2.5, 1e10, -1e10, 8388607.5, np.inf, -np.inf, np.nan],
-                                 np.float32)])
+    x = np.concatenate(
+        [
+            rng.uniform(-1000, 1000, 1027).astype(np.float32),
+            np.array([-0.5, 0.5, -1.0, 1.0, 0.0, -2.5, 1e10, -1e10, 8388607.5, np.inf, -np.inf, np.nan], np.float32),
+        ]
+    )
     np.testing.assert_array_equal(run_unary(lambda v: L.call("floor", v), x, tmp_path), np.floor(x))
 
 
@@ -156,11 +173,17 @@ def row_reduce_kernel(rows: int, cols: int, combine, init: float) -> L.LoopKerne
     """out[r] = combine over c of in[r, c], through a scalar local (Assign)."""
     names = L.Names()
     r, c, acc = names.var("r"), names.var("c"), names.local()
-    body = [L.Loop(r, rows, [
-        L.Assign(acc, L.const(init)),
-        L.Loop(c, cols, [L.Assign(acc, combine(acc, L.Load("in", r * cols + c)))]),
-        L.Store("out", r, acc),
-    ])]
+    body = [
+        L.Loop(
+            r,
+            rows,
+            [
+                L.Assign(acc, L.const(init)),
+                L.Loop(c, cols, [L.Assign(acc, combine(acc, L.Load("in", r * cols + c)))]),
+                L.Store("out", r, acc),
+            ],
+        )
+    ]
     return L.LoopKernel([L.Param("out", output=True), L.Param("in")], body)
 
 
@@ -179,9 +202,14 @@ def test_max_reduction_with_assign(tmp_path):
 def test_if_statement_stores_only_where_the_condition_holds(tmp_path):
     i = L.Var("i")
     x = np.linspace(-3, 3, 61, dtype=np.float32)
-    kernel = L.LoopKernel([L.Param("out", output=True), L.Param("in")], [
-        L.Loop(i, x.size, [L.If(L.compare("gt", L.Load("in", i), 0.0), [L.Store("out", i, L.Load("in", i) * 2.0)])]),
-    ])
+    kernel = L.LoopKernel(
+        [L.Param("out", output=True), L.Param("in")],
+        [
+            L.Loop(
+                i, x.size, [L.If(L.compare("gt", L.Load("in", i), 0.0), [L.Store("out", i, L.Load("in", i) * 2.0)])]
+            ),
+        ],
+    )
     out, _ = run_kernel(kernel, [np.full(x.size, -7.0, np.float32), x], tmp_path)
     np.testing.assert_array_equal(out, np.where(x > 0, x * 2, -7.0).astype(np.float32))
 
@@ -190,9 +218,12 @@ def test_if_on_integer_conditions(tmp_path):
     """Every third index, and only inside [5, 20): integer mod, comparisons and a logical and."""
     i = L.Var("i")
     cond = L.logical_and(L.compare("eq", i % 3, 0), L.compare("ge", i, 5), L.compare("lt", i, 20))
-    kernel = L.LoopKernel([L.Param("out", output=True)], [
-        L.Loop(i, 30, [L.If(cond, [L.Store("out", i, L.to_float(i))])]),
-    ])
+    kernel = L.LoopKernel(
+        [L.Param("out", output=True)],
+        [
+            L.Loop(i, 30, [L.If(cond, [L.Store("out", i, L.to_float(i))])]),
+        ],
+    )
     (out,) = run_kernel(kernel, [np.full(30, -1.0, np.float32)], tmp_path)
     index = np.arange(30)
     np.testing.assert_array_equal(out, np.where((index % 3 == 0) & (index >= 5) & (index < 20), index, -1.0))
@@ -206,9 +237,12 @@ def test_select_leaky_relu(tmp_path):
 
 def test_select_on_integers(tmp_path):
     i = L.Var("i")
-    kernel = L.LoopKernel([L.Param("out", L.I64, output=True)], [
-        L.Loop(i, 10, [L.Store("out", i, L.select(L.compare("lt", i, 4), i * 10, L.const(-1)))]),
-    ])
+    kernel = L.LoopKernel(
+        [L.Param("out", L.I64, output=True)],
+        [
+            L.Loop(i, 10, [L.Store("out", i, L.select(L.compare("lt", i, 4), i * 10, L.const(-1)))]),
+        ],
+    )
     (out,) = run_kernel(kernel, [np.zeros(10, np.int64)], tmp_path)
     assert out.tolist() == [0, 10, 20, 30, -1, -1, -1, -1, -1, -1]
 
@@ -243,9 +277,12 @@ def test_integer_division_and_modulo_in_indices_transpose(tmp_path):
     rows, cols = 7, 11
     i = L.Var("i")
     x = np.arange(rows * cols, dtype=np.float32).reshape(rows, cols)
-    kernel = L.LoopKernel([L.Param("out", output=True), L.Param("in")], [
-        L.Loop(i, rows * cols, [L.Store("out", i, L.Load("in", (i % rows) * cols + i // rows))]),
-    ])
+    kernel = L.LoopKernel(
+        [L.Param("out", output=True), L.Param("in")],
+        [
+            L.Loop(i, rows * cols, [L.Store("out", i, L.Load("in", (i % rows) * cols + i // rows))]),
+        ],
+    )
     out, _ = run_kernel(kernel, [np.zeros(rows * cols, np.float32), x], tmp_path)
     np.testing.assert_array_equal(out, x.T.reshape(-1))
 
@@ -258,10 +295,16 @@ def test_integer_div_mod_folding_agrees_with_the_rendered_code(tmp_path):
     """
     pairs = [(-7, 2), (7, -2), (-7, -2), (-1, 3), (7, 2)]
     i = L.Var("i")
-    body = [L.Loop(i, len(pairs), [
-        L.Store("out", i * 4, L.Load("a", i, L.I64) // L.Load("b", i, L.I64)),
-        L.Store("out", i * 4 + 1, L.Load("a", i, L.I64) % L.Load("b", i, L.I64)),
-    ])]
+    body = [
+        L.Loop(
+            i,
+            len(pairs),
+            [
+                L.Store("out", i * 4, L.Load("a", i, L.I64) // L.Load("b", i, L.I64)),
+                L.Store("out", i * 4 + 1, L.Load("a", i, L.I64) % L.Load("b", i, L.I64)),
+            ],
+        )
+    ]
     for index, (a, b) in enumerate(pairs):
         body.append(L.Store("out", L.const(index * 4 + 2), L.const(a) // L.const(b)))
         body.append(L.Store("out", L.const(index * 4 + 3), L.const(a) % L.const(b)))
@@ -277,9 +320,12 @@ def test_gather_through_an_i64_index_buffer(tmp_path):
     x = np.arange(10, dtype=np.float32) * 1.5
     idx = np.array([9, 0, 3, 3, 7], np.int64)
     i = L.Var("i")
-    kernel = L.LoopKernel([L.Param("out", output=True), L.Param("in"), L.Param("idx", L.I64)], [
-        L.Loop(i, idx.size, [L.Store("out", i, L.Load("in", L.Load("idx", i, L.I64)))]),
-    ])
+    kernel = L.LoopKernel(
+        [L.Param("out", output=True), L.Param("in"), L.Param("idx", L.I64)],
+        [
+            L.Loop(i, idx.size, [L.Store("out", i, L.Load("in", L.Load("idx", i, L.I64)))]),
+        ],
+    )
     out, _, _ = run_kernel(kernel, [np.zeros(idx.size, np.float32), x, idx], tmp_path)
     np.testing.assert_array_equal(out, x[idx])
 
@@ -287,9 +333,17 @@ def test_gather_through_an_i64_index_buffer(tmp_path):
 def test_broadcasting_add_through_loop_nest(tmp_path):
     """out = a + b with b broadcast from (3, 1), written by loop_nest / flat_index / broadcast_index."""
     out_shape, b_shape = (2, 3, 4), (3, 1)
-    body, _ = L.loop_nest(L.Names(), out_shape, lambda v: [
-        L.Store("out", L.flat_index(out_shape, v),
-                L.Load("a", L.flat_index(out_shape, v)) + L.Load("b", L.broadcast_index(b_shape, out_shape, v)))])
+    body, _ = L.loop_nest(
+        L.Names(),
+        out_shape,
+        lambda v: [
+            L.Store(
+                "out",
+                L.flat_index(out_shape, v),
+                L.Load("a", L.flat_index(out_shape, v)) + L.Load("b", L.broadcast_index(b_shape, out_shape, v)),
+            )
+        ],
+    )
     kernel = L.LoopKernel([L.Param("out", output=True), L.Param("a"), L.Param("b")], body)
     rng = np.random.default_rng(5)
     a, b = rng.standard_normal(out_shape).astype(np.float32), rng.standard_normal(b_shape).astype(np.float32)
@@ -299,10 +353,13 @@ def test_broadcasting_add_through_loop_nest(tmp_path):
 
 def test_loops_of_extent_zero_and_one(tmp_path):
     i, j = L.Var("i"), L.Var("j")
-    kernel = L.LoopKernel([L.Param("out", output=True)], [
-        L.Loop(i, 0, [L.Store("out", L.const(0), L.const(5.0))]),
-        L.Loop(j, 1, [L.Store("out", j + 1, L.const(6.0))]),
-    ])
+    kernel = L.LoopKernel(
+        [L.Param("out", output=True)],
+        [
+            L.Loop(i, 0, [L.Store("out", L.const(0), L.const(5.0))]),
+            L.Loop(j, 1, [L.Store("out", j + 1, L.const(6.0))]),
+        ],
+    )
     (out,) = run_kernel(kernel, [np.full(3, -1.0, np.float32)], tmp_path)
     assert out.tolist() == [-1.0, 6.0, -1.0]
 
@@ -310,8 +367,13 @@ def test_loops_of_extent_zero_and_one(tmp_path):
 def test_several_kernels_in_one_module(tmp_path):
     """Two kernels rendered into one module, each called by farm_run on its own buffers."""
     x = np.arange(8, dtype=np.float32)
-    results = run_kernels([(unary_kernel(lambda v: v * 2.0, 8), [np.zeros(8, np.float32), x]),
-                           (unary_kernel(lambda v: v + 1.0, 8), [np.zeros(8, np.float32), x])], tmp_path)
+    results = run_kernels(
+        [
+            (unary_kernel(lambda v: v * 2.0, 8), [np.zeros(8, np.float32), x]),
+            (unary_kernel(lambda v: v + 1.0, 8), [np.zeros(8, np.float32), x]),
+        ],
+        tmp_path,
+    )
     np.testing.assert_array_equal(results[0][0], x * 2)
     np.testing.assert_array_equal(results[1][0], x + 1)
 
@@ -325,11 +387,32 @@ def sample_kernels() -> list[tuple[str, L.LoopKernel]]:
     gemm = L.Gemm("a", L.const(0), 5, "b", L.const(0), 7, "c", L.const(0), 7, 3, 7, 5)
     return [
         ("k_exp", unary_kernel(lambda v: L.call("exp", v) + L.call("log", v) * L.call("sqrt", v), 64)),
-        ("k_reduce", L.LoopKernel([L.Param("out", output=True), L.Param("in")], [
-            L.Loop(r, 4, [L.Assign(acc, L.const(0.0)),
-                          L.Loop(c, 8, [L.If(L.compare("gt", L.Load("in", r * 8 + c), 0.0),
-                                             [L.Assign(acc, acc + L.Load("in", r * 8 + c))])]),
-                          L.Store("out", r, L.select(L.compare("gt", acc, 1.0), acc, L.to_float(r)))])])),
+        (
+            "k_reduce",
+            L.LoopKernel(
+                [L.Param("out", output=True), L.Param("in")],
+                [
+                    L.Loop(
+                        r,
+                        4,
+                        [
+                            L.Assign(acc, L.const(0.0)),
+                            L.Loop(
+                                c,
+                                8,
+                                [
+                                    L.If(
+                                        L.compare("gt", L.Load("in", r * 8 + c), 0.0),
+                                        [L.Assign(acc, acc + L.Load("in", r * 8 + c))],
+                                    )
+                                ],
+                            ),
+                            L.Store("out", r, L.select(L.compare("gt", acc, 1.0), acc, L.to_float(r))),
+                        ],
+                    )
+                ],
+            ),
+        ),
         ("k_gemm", L.LoopKernel([L.Param("c", output=True), L.Param("a"), L.Param("b")], [gemm])),
     ]
 
@@ -352,8 +435,11 @@ def test_kernel_signature_is_hidden_nounwind_with_noalias_pointers():
     define = next(line for line in text.splitlines() if re.match(r'define .*@"?k_exp"?\(', line))
     assert re.search(r'define hidden void @"?k_exp"?\(ptr noalias %"?out"?, ptr noalias %"?in"?\)', define), define
     launch = next(line for line in text.splitlines() if re.match(r'define .*@"?k_exp_0"?\(', line))
-    assert re.search(r'define hidden void @"?k_exp_0"?\(ptr noalias %"?out"?, ptr noalias %"?in"?, i64 %"?begin"?, '
-                     r'i64 %"?end"?\)', launch), launch
+    assert re.search(
+        r'define hidden void @"?k_exp_0"?\(ptr noalias %"?out"?, ptr noalias %"?in"?, i64 %"?begin"?, '
+        r'i64 %"?end"?\)',
+        launch,
+    ), launch
     assert "nounwind" in text
 
 
@@ -370,8 +456,11 @@ def test_math_functions_are_inline_no_libm(tmp_path):
     path = tmp_path / "k.o"
     path.write_bytes(obj)
     symbols = subprocess.run(["readelf", "-sW", str(path)], capture_output=True, text=True, check=True).stdout
-    undefined = [line.split()[-1] for line in symbols.splitlines()
-                 if re.match(r"\s*\d+:", line) and " UND " in line and len(line.split()) >= 8]
+    undefined = [
+        line.split()[-1]
+        for line in symbols.splitlines()
+        if re.match(r"\s*\d+:", line) and " UND " in line and len(line.split()) >= 8
+    ]
     assert undefined == [], symbols
 
 
@@ -393,19 +482,28 @@ def mask_and_narrow_kernel(n: int) -> L.LoopKernel:
     i = L.Var("i")
     a, b = L.Load("a", i, L.I64), L.Load("b", i, L.I64)
     keep = L.Load("keep", i, L.BOOL)
-    params = [L.Param("mask", L.BOOL, output=True), L.Param("flags", L.BOOL, output=True),
-              L.Param("wide", L.I64, output=True), L.Param("narrow", L.I32, output=True),
-              L.Param("a", L.I32), L.Param("b", L.I32), L.Param("keep", L.BOOL)]
-    body = [L.Store("mask", i, L.compare("lt", a, b)), L.Store("flags", i, L.select(keep, L.const(False, L.BOOL),
-                                                                                   L.const(True, L.BOOL))),
-            L.Store("wide", i, a * 2), L.Store("narrow", i, b - 1)]
+    params = [
+        L.Param("mask", L.BOOL, output=True),
+        L.Param("flags", L.BOOL, output=True),
+        L.Param("wide", L.I64, output=True),
+        L.Param("narrow", L.I32, output=True),
+        L.Param("a", L.I32),
+        L.Param("b", L.I32),
+        L.Param("keep", L.BOOL),
+    ]
+    body = [
+        L.Store("mask", i, L.compare("lt", a, b)),
+        L.Store("flags", i, L.select(keep, L.const(False, L.BOOL), L.const(True, L.BOOL))),
+        L.Store("wide", i, a * 2),
+        L.Store("narrow", i, b - 1),
+    ]
     return L.LoopKernel(params, [L.Loop(i, n, body, True)])
 
 
 def mask_and_narrow_arrays(n: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """(arrays to pass, expected outputs) for _mask_and_narrow_kernel."""
     rng = np.random.default_rng(3)
-    a, b = (rng.integers(-2**31, 2**31 - 1, n, dtype=np.int32) for _ in range(2))
+    a, b = (rng.integers(-(2**31), 2**31 - 1, n, dtype=np.int32) for _ in range(2))
     keep = rng.integers(0, 2, n).astype(bool)
     outputs = [np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, np.int64), np.zeros(n, np.int32)]
     expected = [a < b, ~keep, a.astype(np.int64) * 2, (b.astype(np.int64) - 1).astype(np.int32)]
@@ -419,8 +517,13 @@ def test_bool_and_int32_buffers_load_and_store_as_numpy_lays_them_out(tmp_path):
         np.testing.assert_array_equal(got, want)
 
 
-BIT_OPS = {"shl": lambda a, s: a << s, "shr": lambda a, s: a >> s, "bitand": lambda a, b: a & b,
-           "bitor": lambda a, b: a | b, "bitxor": lambda a, b: a ^ b}
+BIT_OPS = {
+    "shl": lambda a, s: a << s,
+    "shr": lambda a, s: a >> s,
+    "bitand": lambda a, b: a & b,
+    "bitor": lambda a, b: a | b,
+    "bitxor": lambda a, b: a ^ b,
+}
 """Each loop-IR bit operation and its meaning on Python ints (shr: arithmetic, as Python's >> is)."""
 
 
@@ -431,12 +534,23 @@ def bit_operations_kernel(n: int) -> L.LoopKernel:
     i = L.Var("i")
     a, s, t = L.Load("a", i, L.I64), L.Load("s", i, L.I64), L.Load("t", i, L.I64)
     u8, i8 = L.Load("u8", i, L.I64), L.Load("i8", i, L.I64)
-    params = [L.Param("wide", L.I64, output=True), L.Param("right", L.U8, output=True),
-              L.Param("left", L.U8, output=True), L.Param("arith", L.I8, output=True),
-              L.Param("a", L.I64), L.Param("s", L.I64), L.Param("t", L.I64), L.Param("u8", L.U8), L.Param("i8", L.I8)]
+    params = [
+        L.Param("wide", L.I64, output=True),
+        L.Param("right", L.U8, output=True),
+        L.Param("left", L.U8, output=True),
+        L.Param("arith", L.I8, output=True),
+        L.Param("a", L.I64),
+        L.Param("s", L.I64),
+        L.Param("t", L.I64),
+        L.Param("u8", L.U8),
+        L.Param("i8", L.I8),
+    ]
     body = [L.Store("wide", i * len(BIT_OPS) + k, L.binary(op, a, s)) for k, op in enumerate(BIT_OPS)]
-    body += [L.Store("right", i, L.binary("shr", u8, t)), L.Store("left", i, L.binary("shl", u8, t)),
-             L.Store("arith", i, L.binary("shr", i8, t))]
+    body += [
+        L.Store("right", i, L.binary("shr", u8, t)),
+        L.Store("left", i, L.binary("shl", u8, t)),
+        L.Store("arith", i, L.binary("shr", i8, t)),
+    ]
     return L.LoopKernel(params, [L.Loop(i, n, body, True)])
 
 
@@ -444,15 +558,19 @@ def bit_operations_arrays(n: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """(arrays to pass, expected outputs) for bit_operations_kernel: values of both signs up to int64's extremes,
     shifts over [0, 64) and [0, 8)."""
     rng = np.random.default_rng(4)
-    a = rng.integers(-2**63, 2**63 - 1, n, dtype=np.int64)
-    a[:3] = [-2**63, -1, 2**63 - 1]
+    a = rng.integers(-(2**63), 2**63 - 1, n, dtype=np.int64)
+    a[:3] = [-(2**63), -1, 2**63 - 1]
     s = np.resize(np.arange(64, dtype=np.int64), n)
     t = np.resize(np.arange(8, dtype=np.int64), n)
     u8 = rng.integers(0, 256, n, dtype=np.uint8)
     i8 = rng.integers(-128, 128, n, dtype=np.int8)
     wide = [[_wrapped(fn(int(x), int(y)), 64) for fn in BIT_OPS.values()] for x, y in zip(a, s)]
-    expected = [np.asarray(wide, np.int64).reshape(-1), u8 >> t.astype(np.uint8), u8 << t.astype(np.uint8),
-                i8 >> t.astype(np.int8)]
+    expected = [
+        np.asarray(wide, np.int64).reshape(-1),
+        u8 >> t.astype(np.uint8),
+        u8 << t.astype(np.uint8),
+        i8 >> t.astype(np.int8),
+    ]
     outputs = [np.zeros(n * len(BIT_OPS), np.int64), np.zeros(n, np.uint8), np.zeros(n, np.uint8), np.zeros(n, np.int8)]
     return outputs + [a, s, t, u8, i8], expected
 
@@ -474,10 +592,19 @@ def bfloat16_kernel(n: int) -> L.LoopKernel:
     """from32[i] = x32[i], from64[i] = x64[i] (both bfloat16 out: rounded), wide[i] = b[i] (bfloat16 in, float32
     out), in a parallel loop (the vectoriser widens it)."""
     i = L.Var("i")
-    params = [L.Param("from32", L.BF16, output=True), L.Param("from64", L.BF16, output=True),
-              L.Param("wide", L.F32, output=True), L.Param("x32", L.F32), L.Param("x64", L.F64), L.Param("b", L.BF16)]
-    body = [L.Store("from32", i, L.Load("x32", i, L.F32)), L.Store("from64", i, L.Load("x64", i, L.F64)),
-            L.Store("wide", i, L.Load("b", i, L.F32))]
+    params = [
+        L.Param("from32", L.BF16, output=True),
+        L.Param("from64", L.BF16, output=True),
+        L.Param("wide", L.F32, output=True),
+        L.Param("x32", L.F32),
+        L.Param("x64", L.F64),
+        L.Param("b", L.BF16),
+    ]
+    body = [
+        L.Store("from32", i, L.Load("x32", i, L.F32)),
+        L.Store("from64", i, L.Load("x64", i, L.F64)),
+        L.Store("wide", i, L.Load("b", i, L.F32)),
+    ]
     return L.LoopKernel(params, [L.Loop(i, n, body, True)])
 
 
@@ -487,9 +614,27 @@ def bfloat16_arrays(n: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     to even both ways, the largest finite values and the overflow to infinity, subnormals, and doubles just off a
     tie (which a rounding through float32's nearest would put on it); expected: ml_dtypes' conversions."""
     rng = np.random.default_rng(4)
-    special = np.asarray([0x3F808000, 0x3F818000, 0xBF808000, 0x7F7F7FFF, 0x7F7F8000, 0x7F7FFFFF, 0x00008000,
-                          0x00018000, 0x80008001, 0x00000001, 0x7F800000, 0xFF800000, 0x7F800001, 0xFFC12345, 0, 1 << 31],
-                         np.uint32)
+    special = np.asarray(
+        [
+            0x3F808000,
+            0x3F818000,
+            0xBF808000,
+            0x7F7F7FFF,
+            0x7F7F8000,
+            0x7F7FFFFF,
+            0x00008000,
+            0x00018000,
+            0x80008001,
+            0x00000001,
+            0x7F800000,
+            0xFF800000,
+            0x7F800001,
+            0xFFC12345,
+            0,
+            1 << 31,
+        ],
+        np.uint32,
+    )
     x32 = np.resize(np.concatenate([special, rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)]), n)
     x32 = x32.view(np.float32)
     ties = (1.0 + np.arange(1, 64) * 2.0**-8) * 2.0 ** rng.integers(-133, 127, 63)
@@ -499,8 +644,11 @@ def bfloat16_arrays(n: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     outputs = [np.zeros(n, np.uint16), np.zeros(n, np.uint16), np.zeros(n, np.float32)]
     bfloat16 = ml_dtypes.bfloat16
     with np.errstate(invalid="ignore", over="ignore"):
-        expected = [x32.astype(bfloat16).view(np.uint16), x64.astype(bfloat16).view(np.uint16),
-                    b.view(bfloat16).astype(np.float32)]
+        expected = [
+            x32.astype(bfloat16).view(np.uint16),
+            x64.astype(bfloat16).view(np.uint16),
+            b.view(bfloat16).astype(np.float32),
+        ]
     return outputs + [x32, x64, b], expected
 
 
@@ -542,6 +690,7 @@ def example_kernels(tmp_path_factory) -> dict[str, L.LoopKernel]:
 def _record_kinds(monkeypatch, table: dict, seen: list) -> None:
     """Make each handler of a launch-kind table note the kind it was called for."""
     for kind, handler in list(table.items()):
+
         def recording(*args, kind=kind, handler=handler):
             seen.append(kind)
             return handler(*args)

@@ -63,7 +63,8 @@ def test_manifest_describes_the_artifact(small_cnn_path, tmp_path):
     built_plan = _plan(small_cnn_path)
     kernels = [u.spec for u in compile_units(built_plan, [host_target()]) if u.kind == "kernel"]
     assert len({k["kernel"] for k in manifest["kernels"]}) == len({spec.whole for spec in kernels}) == len(
-        built_plan.kernels()) and result.kernels == len(kernels)  # a kernel in parts is a unit per part
+        built_plan.kernels()
+    ) and result.kernels == len(kernels)  # a kernel in parts is a unit per part
     from farm.build.assembly import plan_model
 
     assert len(manifest["blobs"]) == len(plan_model(small_cnn_path).blobs)
@@ -71,7 +72,9 @@ def test_manifest_describes_the_artifact(small_cnn_path, tmp_path):
     assert [s["node"] for s in manifest["schedule"]]
     assert manifest["memory_plan"]["arena_bytes"] > 0
     with tarfile.open(result.artifact) as tar:
-        assert sorted(manifest["members"]) == sorted(n for n in tar.getnames() if n not in ("manifest.json", "manifest.sha256"))
+        assert sorted(manifest["members"]) == sorted(
+            n for n in tar.getnames() if n not in ("manifest.json", "manifest.sha256")
+        )
     assert result.artifact.endswith("small_cnn.farm")
 
 
@@ -89,14 +92,23 @@ def test_cross_compiled_target_is_an_aarch64_library_next_to_the_host_one(small_
 
 def test_unsupported_op_fails_before_compiling_and_writes_nothing(tmp_path):
     node = helper.make_node("RandomNormalLike", ["x"], ["y"], name="hm")
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+    )
     path = tmp_path / "bad.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
     calls, phases = [], []
     with pytest.raises(UnsupportedError, match="'hm'.*RandomNormalLike"):
-        build_model(path, tmp_path / "out", executor=LocalExecutor(1), progress=lambda d, t: calls.append(d),
-                    phase=phases.append)
+        build_model(
+            path,
+            tmp_path / "out",
+            executor=LocalExecutor(1),
+            progress=lambda d, t: calls.append(d),
+            phase=phases.append,
+        )
     assert calls == [] and phases == ["planning"] and not (tmp_path / "out").exists()
 
 
@@ -114,8 +126,14 @@ def test_progress_reports_its_phases_and_every_compile_step(small_cnn_path, tmp_
     """The phases in order; the compile count's total first, then every kernel (packed weights are made as the
     artifact is written: build.local._packed_when_written)."""
     seen, phases = [], []
-    result = build_model(small_cnn_path, tmp_path, executor=LocalExecutor(1), no_cache=True,
-                         progress=lambda d, t: seen.append((d, t)), phase=phases.append)
+    result = build_model(
+        small_cnn_path,
+        tmp_path,
+        executor=LocalExecutor(1),
+        no_cache=True,
+        progress=lambda d, t: seen.append((d, t)),
+        phase=phases.append,
+    )
     total = result.kernels
     assert seen[0] == (0, total) and seen[-1] == (total, total) and len(seen) == total + 1
     assert phases == ["planning", "compiling", "linking", "writing", "done"]
@@ -161,30 +179,44 @@ def empty_tensors_model() -> onnx.ModelProto:
     """Empty graph inputs (x float32 [2, 0, 4], xi int64 [0, 3]) and a full one (a [2, 3, 4]) through reductions
     over nothing, Concats with empty inputs, a Split with a zero-size part, and empty model outputs (one a node's
     that needs no kernel, one an empty part of the Split); an empty intermediate (s2 * s2) folds away."""
-    nodes = [helper.make_node("ReduceSum", ["x", "axis1"], ["sum"], keepdims=1),
-             helper.make_node("ReduceMax", ["x"], ["max"], axes=[1], keepdims=0),
-             helper.make_node("ReduceLogSumExp", ["x"], ["lse"], axes=[1]),
-             helper.make_node("ReduceProd", ["xi"], ["prod"], axes=[0]),
-             helper.make_node("ReduceMin", ["xi"], ["min"], axes=[0]),
-             helper.make_node("Concat", ["a", "x"], ["cat"], axis=1),
-             helper.make_node("Relu", ["x"], ["relu"]),
-             helper.make_node("Split", ["a", "parts"], ["s1", "s2"], axis=1),
-             helper.make_node("Mul", ["s2", "s2"], ["s2sq"]),
-             helper.make_node("Concat", ["s2sq", "s1", "x"], ["cat2"], axis=1)]
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 0, 4]),
-              helper.make_tensor_value_info("xi", TensorProto.INT64, [0, 3]),
-              helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3, 4])]
+    nodes = [
+        helper.make_node("ReduceSum", ["x", "axis1"], ["sum"], keepdims=1),
+        helper.make_node("ReduceMax", ["x"], ["max"], axes=[1], keepdims=0),
+        helper.make_node("ReduceLogSumExp", ["x"], ["lse"], axes=[1]),
+        helper.make_node("ReduceProd", ["xi"], ["prod"], axes=[0]),
+        helper.make_node("ReduceMin", ["xi"], ["min"], axes=[0]),
+        helper.make_node("Concat", ["a", "x"], ["cat"], axis=1),
+        helper.make_node("Relu", ["x"], ["relu"]),
+        helper.make_node("Split", ["a", "parts"], ["s1", "s2"], axis=1),
+        helper.make_node("Mul", ["s2", "s2"], ["s2sq"]),
+        helper.make_node("Concat", ["s2sq", "s1", "x"], ["cat2"], axis=1),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 0, 4]),
+        helper.make_tensor_value_info("xi", TensorProto.INT64, [0, 3]),
+        helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3, 4]),
+    ]
     outputs = ["sum", "max", "lse", "prod", "min", "cat", "relu", "s2", "cat2"]
-    graph = helper.make_graph(nodes, "empty", inputs, [helper.make_tensor_value_info(n, 0, None) for n in outputs],
-                              [helper.make_tensor("axis1", TensorProto.INT64, [1], [1]),
-                               helper.make_tensor("parts", TensorProto.INT64, [2], [3, 0])])
+    graph = helper.make_graph(
+        nodes,
+        "empty",
+        inputs,
+        [helper.make_tensor_value_info(n, 0, None) for n in outputs],
+        [
+            helper.make_tensor("axis1", TensorProto.INT64, [1], [1]),
+            helper.make_tensor("parts", TensorProto.INT64, [2], [3, 0]),
+        ],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     return onnx.shape_inference.infer_shapes(model, strict_mode=True)  # types the outputs, as onnxruntime needs
 
 
 def empty_tensors_feeds() -> dict[str, np.ndarray]:
-    return {"x": np.zeros((2, 0, 4), np.float32), "xi": np.zeros((0, 3), np.int64),
-            "a": np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)}
+    return {
+        "x": np.zeros((2, 0, 4), np.float32),
+        "xi": np.zeros((0, 3), np.int64),
+        "a": np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32),
+    }
 
 
 def assert_same_as_onnxruntime(model, path, feeds: dict[str, np.ndarray]) -> None:
@@ -205,23 +237,35 @@ def test_a_model_with_empty_inputs_and_outputs_runs_like_onnxruntime(tmp_path):
     onnx.save(empty_tensors_model(), path)
     result = build_model(path, tmp_path, executor=LocalExecutor(1))
     manifest = open_artifact(result.artifact).manifest
-    assert {step["op"] for step in manifest["schedule"]} == {"ReduceSum", "ReduceMax", "ReduceLogSumExp", "ReduceProd",
-                                                             "ReduceMin", "Concat", "Split"}  # no Relu, no Mul
+    assert {step["op"] for step in manifest["schedule"]} == {
+        "ReduceSum",
+        "ReduceMax",
+        "ReduceLogSumExp",
+        "ReduceProd",
+        "ReduceMin",
+        "Concat",
+        "Split",
+    }  # no Relu, no Mul
     assert [o["shape"] for o in manifest["outputs"] if o["name"] in ("relu", "s2")] == [[2, 0, 4], [2, 0, 4]]
     assert_same_as_onnxruntime(runtime.load(result.artifact), path, empty_tensors_feeds())
 
 
 def test_a_model_whose_every_node_is_empty_has_an_empty_schedule(tmp_path):
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Identity", ["x"], ["z"])],
-                              "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [0, 3])],
-                              [helper.make_tensor_value_info(n, 0, None) for n in "yz"])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Identity", ["x"], ["z"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [0, 3])],
+        [helper.make_tensor_value_info(n, 0, None) for n in "yz"],
+    )
     path = tmp_path / "nothing.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
     result = build_model(path, tmp_path, executor=LocalExecutor(1))
     assert open_artifact(result.artifact).manifest["schedule"] == []
     outputs = runtime.load(result.artifact).run({"x": np.zeros((0, 3), np.float32)})
     assert {name: (array.shape, array.dtype) for name, array in outputs.items()} == {
-        "y": ((0, 3), np.float32), "z": ((0, 3), np.float32)}
+        "y": ((0, 3), np.float32),
+        "z": ((0, 3), np.float32),
+    }
 
 
 # -- the compile cache (the local store, with the farm's refs) -----------------------------------------------------
@@ -235,8 +279,13 @@ def _kernel_refs(model_path) -> list[str]:
 def test_a_warm_build_compiles_nothing_and_writes_the_cold_builds_bytes(small_cnn_path, tmp_path):
     store, seen = FileStore(tmp_path / "store"), []
     cold = build_model(small_cnn_path, tmp_path / "cold", executor=LocalExecutor(1), store=store)
-    warm = build_model(small_cnn_path, tmp_path / "warm", executor=LocalExecutor(1), store=store,
-                       progress=lambda done, total: seen.append((done, total)))
+    warm = build_model(
+        small_cnn_path,
+        tmp_path / "warm",
+        executor=LocalExecutor(1),
+        store=store,
+        progress=lambda done, total: seen.append((done, total)),
+    )
     assert (cold.compiled, cold.cached) == (cold.kernels + cold.blobs, 0)
     assert (warm.compiled, warm.cached) == (warm.blobs, warm.kernels)  # weights are always packed
     assert seen == [(warm.kernels, warm.kernels)]  # the cached units, done at once
@@ -289,11 +338,21 @@ def test_a_build_evicts_the_store_down_to_its_cap(small_cnn_path, tmp_path):
 
 def _submit(folder: Path, *options: str) -> subprocess.Popen:
     """`farm submit small_cnn.onnx --json` started in `folder`, whose cache/ is the local store's root."""
-    env = {**os.environ, "FARM_CACHE_DIR": str(folder / "cache"),
-           "PYTHONPATH": os.pathsep.join(p for p in (str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH"))
-                                         if p)}
-    return subprocess.Popen([sys.executable, "-m", "farm", "submit", "small_cnn.onnx", "--json", "--workers", "1",
-                             *options], cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "FARM_CACHE_DIR": str(folder / "cache"),
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH")) if p
+        ),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "farm", "submit", "small_cnn.onnx", "--json", "--workers", "1", *options],
+        cwd=folder,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _finished(process: subprocess.Popen) -> dict:

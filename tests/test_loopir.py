@@ -78,36 +78,44 @@ def test_wrap_turns_numbers_into_constants_of_the_given_dtype():
 # -- constant folding -------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("build", [
-    lambda v: v + 0,
-    lambda v: 0 + v,
-    lambda v: v - 0,
-    lambda v: v * 1,
-    lambda v: 1 * v,
-    lambda v: v // 1,
-    lambda v: L.binary("add", v, L.const(0)),
-    lambda v: L.binary("mul", L.const(1), v),
-], ids=["x+0", "0+x", "x-0", "x*1", "1*x", "x//1", "binary(x,const0)", "binary(const1,x)"])
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda v: v + 0,
+        lambda v: 0 + v,
+        lambda v: v - 0,
+        lambda v: v * 1,
+        lambda v: 1 * v,
+        lambda v: v // 1,
+        lambda v: L.binary("add", v, L.const(0)),
+        lambda v: L.binary("mul", L.const(1), v),
+    ],
+    ids=["x+0", "0+x", "x-0", "x*1", "1*x", "x//1", "binary(x,const0)", "binary(const1,x)"],
+)
 def test_integer_identities_fold_to_the_operand_itself(build):
     v = L.Var("i")
     assert build(v) is v
 
 
-@pytest.mark.parametrize("build", [lambda v: v * 0, lambda v: 0 * v, lambda v: L.binary("mul", v, L.const(0))],
-                         ids=["x*0", "0*x", "binary"])
+@pytest.mark.parametrize(
+    "build", [lambda v: v * 0, lambda v: 0 * v, lambda v: L.binary("mul", v, L.const(0))], ids=["x*0", "0*x", "binary"]
+)
 def test_integer_times_zero_folds_to_a_zero_constant(build):
     assert is_const(build(L.Var("i")), 0, L.I64)
 
 
-@pytest.mark.parametrize("op, a, b, expected", [
-    ("add", 3, 4, 7),
-    ("sub", 2, 5, -3),
-    ("mul", 6, 7, 42),
-    ("div", 7, 2, 3),
-    ("mod", 7, 3, 1),
-    ("div", 12, 4, 3),
-    ("mod", 12, 4, 0),
-])
+@pytest.mark.parametrize(
+    "op, a, b, expected",
+    [
+        ("add", 3, 4, 7),
+        ("sub", 2, 5, -3),
+        ("mul", 6, 7, 42),
+        ("div", 7, 2, 3),
+        ("mod", 7, 3, 1),
+        ("div", 12, 4, 3),
+        ("mod", 12, 4, 0),
+    ],
+)
 def test_integer_constant_arithmetic_folds(op, a, b, expected):
     assert is_const(L.binary(op, L.const(a), L.const(b)), expected, L.I64)
     assert is_const(L.binary(op, L.const(a), b), expected, L.I64)
@@ -129,8 +137,15 @@ def test_negating_an_integer_constant_folds():
 
 def test_non_identity_integer_expressions_are_not_folded():
     i = L.Var("i")
-    for expr, op in ((i + 2, "add"), (i * 3, "mul"), (i - 1, "sub"), (i // 2, "div"), (i % 3, "mod"),
-                     (2 - i, "sub"), (0 - i, "sub")):
+    for expr, op in (
+        (i + 2, "add"),
+        (i * 3, "mul"),
+        (i - 1, "sub"),
+        (i // 2, "div"),
+        (i % 3, "mod"),
+        (2 - i, "sub"),
+        (0 - i, "sub"),
+    ):
         assert isinstance(expr, L.Binary) and expr.op == op and expr.dtype == L.I64
 
 
@@ -267,16 +282,19 @@ def test_flat_index_folds_away_unit_strides_and_constants():
     assert variables(L.flat_index((4, 6), [0, i])) == {"i"}
 
 
-@pytest.mark.parametrize("in_shape, out_shape", [
-    ((3, 4), (3, 4)),
-    ((4,), (2, 3, 4)),
-    ((3, 1), (2, 3, 4)),
-    ((1, 4), (3, 4)),
-    ((1,), (2, 5)),
-    ((), (2, 3)),
-    ((2, 1, 4), (2, 3, 4)),
-    ((1, 3, 1), (2, 1, 3, 5)),
-])
+@pytest.mark.parametrize(
+    "in_shape, out_shape",
+    [
+        ((3, 4), (3, 4)),
+        ((4,), (2, 3, 4)),
+        ((3, 1), (2, 3, 4)),
+        ((1, 4), (3, 4)),
+        ((1,), (2, 5)),
+        ((), (2, 3)),
+        ((2, 1, 4), (2, 3, 4)),
+        ((1, 3, 1), (2, 1, 3, 5)),
+    ],
+)
 def test_broadcast_index_matches_numpy_broadcasting(in_shape, out_shape):
     out_vars = [L.Var(f"o{axis}") for axis in range(len(out_shape))]
     index = L.broadcast_index(in_shape, out_shape, out_vars)
@@ -346,9 +364,15 @@ def _launch_kernel() -> L.LoopKernel:
     """A batch-of-one loop around: a serial store, a parallel loop, two serial stores, a Gemm, a serial loop."""
     b, i, j, s = L.Var("b"), L.Var("i"), L.Var("j"), L.Var("s")
     store = lambda index: L.Store("c", L.const(index), L.const(0.0))  # noqa: E731
-    body = [store(0), L.Loop(i, 7, [L.Store("c", i, L.const(1.0))], parallel=True), store(1), store(2),
-            _gemm(13, 5, 3), L.Loop(s, 4, [L.Store("c", s, L.const(2.0))]),
-            L.Loop(j, 6, [L.Store("c", j, L.const(3.0))], parallel=True)]
+    body = [
+        store(0),
+        L.Loop(i, 7, [L.Store("c", i, L.const(1.0))], parallel=True),
+        store(1),
+        store(2),
+        _gemm(13, 5, 3),
+        L.Loop(s, 4, [L.Store("c", s, L.const(2.0))]),
+        L.Loop(j, 6, [L.Store("c", j, L.const(3.0))], parallel=True),
+    ]
     return L.LoopKernel([L.Param("a"), L.Param("b"), L.Param("c", output=True)], [L.Loop(b, 1, body)])
 
 
@@ -392,9 +416,13 @@ def test_a_kernel_of_one_kind_is_one_launch_of_that_kind_and_serial_statements_b
     i, j = L.Var("i"), L.Var("j")
     parallel = L.Loop(i, 8, [L.Store("c", i, L.const(1.0))], parallel=True)
     stores = [L.Store("c", L.const(index), L.const(0.0)) for index in range(3)]
-    for body, kinds in (([_gemm(2, 3, 4)], ["gemm"]), ([parallel], ["parallel"]), (stores, ["serial"]),
-                        ([stores[0], L.Loop(j, 1, stores[1:])], ["serial"]),
-                        ([_gemm(2, 3, 4), _gemm(2, 3, 4), *stores, parallel], ["gemm", "gemm", "serial", "parallel"])):
+    for body, kinds in (
+        ([_gemm(2, 3, 4)], ["gemm"]),
+        ([parallel], ["parallel"]),
+        (stores, ["serial"]),
+        ([stores[0], L.Loop(j, 1, stores[1:])], ["serial"]),
+        ([_gemm(2, 3, 4), _gemm(2, 3, 4), *stores, parallel], ["gemm", "gemm", "serial", "parallel"]),
+    ):
         groups = L.launch_groups(L.LoopKernel([L.Param("c", output=True)], body))[1]
         assert [group.kind.value for group in groups] == kinds
 

@@ -22,8 +22,10 @@ def test_a_script_runs_when_the_cache_was_flushed_before_every_call(redis_server
 
 
 def test_a_script_runs_on_a_restarted_server_that_lost_its_cache(redis_server: RedisServer) -> None:
-    client = redis.Redis.from_url(redis_server.url, retry=Retry(ExponentialBackoff(cap=0.5, base=0.1), 20,
-                                                                 supported_errors=(redis.ConnectionError,)))
+    client = redis.Redis.from_url(
+        redis_server.url,
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.1), 20, supported_errors=(redis.ConnectionError,)),
+    )
     increment = LuaScript(client, INCREMENT)
     assert increment(["n"], [2]) == 2
     redis_server.restart()

@@ -96,8 +96,11 @@ FIELD_EDITS: list[tuple[str, Edit, str]] = [
     ("arena size a string", _set("memory_plan.arena_bytes", "x"), "memory_plan.arena_bytes"),
     ("arena of 2**50 bytes", _set("memory_plan.arena_bytes", 2**50), "memory_plan.arena_bytes"),
     ("arena shrunk", _set("memory_plan.arena_bytes", 1000), r"memory_plan.buffers\[0\].offset is not an integer"),
-    ("arena shrunk below the input", _both(_set("memory_plan.arena_bytes", 1000), _set("memory_plan.buffers", [])),
-     r"inputs\[0\] \(3072 x float32 at offset 0\) does not fit the 1000-byte arena"),
+    (
+        "arena shrunk below the input",
+        _both(_set("memory_plan.arena_bytes", 1000), _set("memory_plan.buffers", [])),
+        r"inputs\[0\] \(3072 x float32 at offset 0\) does not fit the 1000-byte arena",
+    ),
     ("alignment not a power of two", _set("memory_plan.alignment", 48), "memory_plan.alignment"),
     ("buffer past the arena", _set("memory_plan.buffers.0.bytes", 2**30), r"memory_plan.buffers\[0\].bytes"),
     ("buffers not a list", _set("memory_plan.buffers", {}), "memory_plan.buffers"),
@@ -117,7 +120,7 @@ FIELD_EDITS: list[tuple[str, Edit, str]] = [
     ("target features odd", _set("targets.0.features", "avx2;rm"), r"targets\[0\].features"),
     ("target requires missing", _set("targets.0.requires", None), r"targets\[0\].requires is not a list"),
     ("target requires a string", _set("targets.0.requires", "avx2"), r"targets\[0\].requires is not a list"),
-    ("target requires injected", _set("targets.0.requires", ["avx2", "x\"; y"]), r"targets\[0\].requires\[1\]"),
+    ("target requires injected", _set("targets.0.requires", ["avx2", 'x"; y']), r"targets\[0\].requires\[1\]"),
     ("target id a path", _set("targets.0.id", "../x"), r"targets\[0\].id"),
     ("target library not a member", _set("targets.0.library", "../../lib.so"), r"targets\[0\].library"),
     ("target entry odd", _set("targets.0.entry", "farm run"), r"targets\[0\].entry"),
@@ -133,8 +136,7 @@ CASES = [pytest.param(edit, message, id=name) for name, edit, message in FIELD_E
 
 
 @pytest.mark.parametrize(("edit", "message"), CASES)
-def test_field_edited_and_rehashed_is_refused_naming_it(built: Path, tmp_path: Path, edit: Edit,
-                                                         message: str) -> None:
+def test_field_edited_and_rehashed_is_refused_naming_it(built: Path, tmp_path: Path, edit: Edit, message: str) -> None:
     path = _tampered(built, tmp_path, _edited(built, edit), rehash=True)
     with pytest.raises(ArtifactError, match=message):
         load(path, cache_dir=tmp_path / "cache")
@@ -161,10 +163,16 @@ def _arena(built: Path) -> bytes:
 CRASHES: list[tuple[str, Callable[[Path], bytes], str]] = [
     ("arena shrunk", lambda b: _edited(b, _set("memory_plan.arena_bytes", 1000)), r"buffers\[0\].offset is not"),
     ("launches huge", lambda b: _edited(b, _set("targets.0.launches", [[2**60, 1, 2**60]] * 20)), "extent"),
-    ("5000-digit number", lambda b: _raw(b, b'"arena_bytes": ' + _arena(b), b'"arena_bytes": ' + b"7" * 5000),
-     "a number of 5000 characters"),
-    ("100k-deep nesting", lambda b: _raw(b, b'"farm_version"', b'"deep": ' + b"[" * 100_000 + b"]" * 100_000
-                                         + b', "farm_version"'), "nested deeper than 32 levels"),
+    (
+        "5000-digit number",
+        lambda b: _raw(b, b'"arena_bytes": ' + _arena(b), b'"arena_bytes": ' + b"7" * 5000),
+        "a number of 5000 characters",
+    ),
+    (
+        "100k-deep nesting",
+        lambda b: _raw(b, b'"farm_version"', b'"deep": ' + b"[" * 100_000 + b"]" * 100_000 + b', "farm_version"'),
+        "nested deeper than 32 levels",
+    ),
     ("arena a string", lambda b: _edited(b, _set("memory_plan.arena_bytes", "x")), "memory_plan.arena_bytes"),
     ("arena of 2**50 bytes", lambda b: _edited(b, _set("memory_plan.arena_bytes", 2**50)), "memory_plan.arena_bytes"),
     ("input dtype object", lambda b: _edited(b, _set("inputs.0.dtype", "object")), r"inputs\[0\].dtype"),
@@ -174,12 +182,17 @@ CRASHES: list[tuple[str, Callable[[Path], bytes], str]] = [
 
 @pytest.mark.parametrize("rehash", [True, False], ids=["rehashed", "not-rehashed"])
 @pytest.mark.parametrize(("make", "message"), [pytest.param(m, s, id=n) for n, m, s in CRASHES])
-def test_edits_that_crashed_the_runtime_exit_2_with_one_line(built: Path, tmp_path: Path, rehash: bool,
-                                                              make: Callable[[Path], bytes], message: str) -> None:
+def test_edits_that_crashed_the_runtime_exit_2_with_one_line(
+    built: Path, tmp_path: Path, rehash: bool, make: Callable[[Path], bytes], message: str
+) -> None:
     path = _tampered(built, tmp_path, make(built), rehash=rehash)
-    result = subprocess.run([sys.executable, "-m", "farm", "run", str(path), "--input",
-                             f"input={built.parent.parent / 'input.npy'}"], capture_output=True, text=True,
-                            timeout=120, env=_env(tmp_path))
+    result = subprocess.run(
+        [sys.executable, "-m", "farm", "run", str(path), "--input", f"input={built.parent.parent / 'input.npy'}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(tmp_path),
+    )
     assert result.returncode == 2, result.stderr
     assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr
     assert ("tampered with" if not rehash else "") in result.stderr
@@ -217,25 +230,38 @@ def _with_library(built: Path, tmp_path: Path, library: bytes, edit: Edit | None
 def test_another_models_library_is_refused_before_loading(built: Path, tmp_path: Path, other_library: bytes) -> None:
     """It used to abort the runtime (SIGABRT): its kernels are not the manifest's."""
     path = _with_library(built, tmp_path, other_library)
-    result = subprocess.run([sys.executable, "-m", "farm", "run", str(path), "--input",
-                             f"input={built.parent.parent / 'input.npy'}"], capture_output=True, text=True,
-                            timeout=120, env=_env(tmp_path))
+    result = subprocess.run(
+        [sys.executable, "-m", "farm", "run", str(path), "--input", f"input={built.parent.parent / 'input.npy'}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(tmp_path),
+    )
     assert result.returncode == 2, result.stderr
     assert len(result.stderr.splitlines()) == 1
     assert re.search(r"kernel \w+ symbol farm_k_\w+ is not defined by its library", result.stderr), result.stderr
     assert not (tmp_path / "cache").exists()
 
 
-@pytest.mark.parametrize(("edit", "message"), [
-    (_set("targets.0.entry", "system"), r"entry 'system' is not defined by its library"),
-    (lambda m: m["targets"][0]["launches"].append([1, 1, 1]), r"launches number \d+, but its schedule's kernels "
-                                                               r"define \d+"),
-    (_set("schedule.0.kernel", "0123"), r"schedule\[0\].kernel 0123 is not a kernel of target"),
-    (lambda m: m["kernels"].append({**m["kernels"][0], "kernel": "k2", "symbol": "farm_k_absent"}),
-     "symbol farm_k_absent is not defined by its library"),
-])
-def test_manifest_disagreeing_with_its_library_is_refused(built: Path, tmp_path: Path, edit: Edit,
-                                                          message: str) -> None:
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (_set("targets.0.entry", "system"), r"entry 'system' is not defined by its library"),
+        (
+            lambda m: m["targets"][0]["launches"].append([1, 1, 1]),
+            r"launches number \d+, but its schedule's kernels "
+            r"define \d+",
+        ),
+        (_set("schedule.0.kernel", "0123"), r"schedule\[0\].kernel 0123 is not a kernel of target"),
+        (
+            lambda m: m["kernels"].append({**m["kernels"][0], "kernel": "k2", "symbol": "farm_k_absent"}),
+            "symbol farm_k_absent is not defined by its library",
+        ),
+    ],
+)
+def test_manifest_disagreeing_with_its_library_is_refused(
+    built: Path, tmp_path: Path, edit: Edit, message: str
+) -> None:
     library = next(data for name, data in _members(built).items() if name.endswith(".so"))
     with pytest.raises(ArtifactError, match=message):
         load(_with_library(built, tmp_path, library, edit), cache_dir=tmp_path / "cache")
@@ -257,24 +283,32 @@ def opencl_manifest(built: Path) -> tuple[str, dict[str, Any]]:
 
     devices = opencl_devices()
     assert devices, "no OpenCL device: install pocl-opencl-icd (scripts/setup.sh does)"
-    path = build_model(built.parent.parent / "tiny_cnn.onnx", built.parent.parent / "cl", executor=LocalExecutor(1),
-                       targets=[OpenClTarget(devices[0]["fingerprint"])]).artifact
+    path = build_model(
+        built.parent.parent / "tiny_cnn.onnx",
+        built.parent.parent / "cl",
+        executor=LocalExecutor(1),
+        targets=[OpenClTarget(devices[0]["fingerprint"])],
+    ).artifact
     manifest = verify(path).manifest
     check_manifest(path, manifest)
     return path, manifest
 
 
-@pytest.mark.parametrize(("edit", "message"), [
-    (_set("opencl.buffers.input", 2**50), r"opencl.buffers\['input'\]"),
-    (_set("opencl.kernels.0.source", "../x.cl"), r"opencl.kernels\[0\].source is not a member"),
-    (_set("opencl.kernels.0.launches.0.1", [2**40]), r"opencl.kernels\[0\].launches\[0\] size\[0\]"),
-    (_set("opencl.kernels.0.launches.0.1", [1, 1, 1, 1]), r"opencl.kernels\[0\].launches\[0\] size is not a list"),
-    (_set("opencl.schedule.0.kernel", "farm_k_other"), r"opencl.schedule\[0\].kernel is not one of"),
-    (_set("opencl.schedule.0.args.0", "arena:nowhere"), r"opencl.schedule\[0\].args\[0\] names no buffer or blob"),
-    (_set("opencl.schedule.0.args.0", 7), r"opencl.schedule\[0\].args\[0\] names no buffer or blob"),
-])
-def test_opencl_part_out_of_bounds_is_refused(opencl_manifest: tuple[str, dict[str, Any]], edit: Edit,
-                                              message: str) -> None:
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (_set("opencl.buffers.input", 2**50), r"opencl.buffers\['input'\]"),
+        (_set("opencl.kernels.0.source", "../x.cl"), r"opencl.kernels\[0\].source is not a member"),
+        (_set("opencl.kernels.0.launches.0.1", [2**40]), r"opencl.kernels\[0\].launches\[0\] size\[0\]"),
+        (_set("opencl.kernels.0.launches.0.1", [1, 1, 1, 1]), r"opencl.kernels\[0\].launches\[0\] size is not a list"),
+        (_set("opencl.schedule.0.kernel", "farm_k_other"), r"opencl.schedule\[0\].kernel is not one of"),
+        (_set("opencl.schedule.0.args.0", "arena:nowhere"), r"opencl.schedule\[0\].args\[0\] names no buffer or blob"),
+        (_set("opencl.schedule.0.args.0", 7), r"opencl.schedule\[0\].args\[0\] names no buffer or blob"),
+    ],
+)
+def test_opencl_part_out_of_bounds_is_refused(
+    opencl_manifest: tuple[str, dict[str, Any]], edit: Edit, message: str
+) -> None:
     path, manifest = opencl_manifest
     edited = json.loads(json.dumps(manifest))
     edit(edited)

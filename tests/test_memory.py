@@ -26,7 +26,7 @@ def test_memory_plan_never_overlaps_live_buffers_and_reuses_dead_ones(tmp_path):
     names = sorted(spans)
     for i, a in enumerate(names):
         assert memory.offsets[a] % ALIGNMENT == 0
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             live_together = spans[a][0] <= spans[b][1] and spans[b][0] <= spans[a][1]
             if live_together:
                 ra = (memory.offsets[a], memory.offsets[a] + memory.sizes[a])
@@ -42,8 +42,16 @@ def test_memory_plan_json_lists_every_buffer(tmp_path):
     assert {b["name"] for b in data["buffers"]} == set(plan.memory.offsets)
 
 
-@pytest.mark.parametrize("busy, size, expected", [([], 64, 0), ([(0, 64)], 64, 64), ([(64, 64)], 64, 0),
-                                                  ([(0, 64), (192, 64)], 128, 64), ([(0, 64), (128, 64)], 128, 192)])
+@pytest.mark.parametrize(
+    "busy, size, expected",
+    [
+        ([], 64, 0),
+        ([(0, 64)], 64, 64),
+        ([(64, 64)], 64, 0),
+        ([(0, 64), (192, 64)], 128, 64),
+        ([(0, 64), (128, 64)], 128, 192),
+    ],
+)
 def test_first_gap(busy, size, expected):
     assert _first_gap(busy, size) == expected
 

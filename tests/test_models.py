@@ -27,8 +27,17 @@ from farm.runtime import Model
 from farm.runtime.host import this_host
 from farm.tools.examples import EXAMPLES, random_input
 
-LIGHT_MODELS = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
-                "squeezenet", "vgg19", "zfnet512")
+LIGHT_MODELS = (
+    "bvlc_alexnet",
+    "densenet121",
+    "inception_v1",
+    "inception_v2",
+    "resnet50",
+    "shufflenet",
+    "squeezenet",
+    "vgg19",
+    "zfnet512",
+)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +53,9 @@ Built = tuple[onnx.ModelProto, Path, BuildResult, Model]
 
 
 @pytest.fixture(scope="module")
-def built_example(tmp_path_factory: pytest.TempPathFactory, executor: LocalExecutor) -> Iterator[Callable[[str], Built]]:
+def built_example(
+    tmp_path_factory: pytest.TempPathFactory, executor: LocalExecutor
+) -> Iterator[Callable[[str], Built]]:
     """name -> (model, its .onnx path, BuildResult, loaded farm Model), each example built at most once."""
     root = tmp_path_factory.mktemp("examples")
     built: dict[str, Built] = {}
@@ -76,7 +87,8 @@ THREADED_EXAMPLES = ("resnet18_style", "mobilenetv2_style", "bert_style", "vit_s
 
 @pytest.mark.parametrize("name", THREADED_EXAMPLES)
 def test_example_with_two_threads_matches_one_thread_and_onnxruntime(
-        name: str, built_example: Callable[[str], Built], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    name: str, built_example: Callable[[str], Built], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """threads=2 splits every parallel launch (the work threshold lowered to 1, so every op's launches run as
     ranges on two threads): the single native call's results and onnxruntime's numerics. (Not always the same
     bits: where a range boundary moves iterations between a vectorised loop body and its scalar remainder,
@@ -88,18 +100,21 @@ def test_example_with_two_threads_matches_one_thread_and_onnxruntime(
     threaded = farm.runtime.load(result.artifact, cache_dir=tmp_path, threads=2)
     launches = read_manifest(result.artifact)["targets"][0]["launches"]
     assert threaded._plan is not None and sum(len(ranges) > 1 for _, ranges in threaded._plan) == sum(
-        extent > 1 and work > 1 for extent, _, work in launches)
+        extent > 1 and work > 1 for extent, _, work in launches
+    )
     for seed in (0, 1):
         feeds = random_input(model, seed=seed)
         outputs = threaded.run(feeds)
         for output, expected in single.run(feeds).items():
-            np.testing.assert_allclose(outputs[output], expected, rtol=1e-4, atol=1e-5,
-                                       err_msg=f"{name} seed {seed} {output}")
+            np.testing.assert_allclose(
+                outputs[output], expected, rtol=1e-4, atol=1e-5, err_msg=f"{name} seed {seed} {output}"
+            )
         compare_outputs(outputs, run_onnxruntime(path, feeds), f"{name} seed {seed} threads=2")
 
 
 def test_more_threads_than_cpus_give_the_same_numbers(
-        built_example: Callable[[str], Built], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    built_example: Callable[[str], Built], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Five threads on this machine's CPUs (fewer than five here and in CI): helpers are descheduled in the middle
     of launches and wake late, the case the native wait (spin, then sched_yield) and the per-run counters are for.
     Range boundaries depend on the thread count, so results are compared with one thread to the threaded
@@ -161,8 +176,9 @@ def narrower_cases() -> list:
 
 
 @pytest.mark.parametrize(("name", "cpu"), narrower_cases())
-def test_example_built_for_a_narrower_cpu_matches_onnxruntime(name: str, cpu: str, executor: LocalExecutor,
-                                                                tmp_path: Path) -> None:
+def test_example_built_for_a_narrower_cpu_matches_onnxruntime(
+    name: str, cpu: str, executor: LocalExecutor, tmp_path: Path
+) -> None:
     """An example built for `cpu` alone runs that code on this host and matches onnxruntime. A host without the
     target's features (an x86-64 host without AVX2) can't check that code: it skips, saying so, and under CI that
     skip fails the run."""
@@ -224,14 +240,15 @@ def with_feature_output(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
 
 
 def test_light_model_list_is_complete(light_models_dir: Path) -> None:
-    found = sorted(p.name[len("light_"):-len(".onnx")] for p in light_models_dir.glob("light_*.onnx"))
+    found = sorted(p.name[len("light_") : -len(".onnx")] for p in light_models_dir.glob("light_*.onnx"))
     assert found == sorted(LIGHT_MODELS)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", LIGHT_MODELS)
-def test_light_model_matches_onnxruntime_and_stored_output(name: str, light_models_dir: Path,
-                                                           executor: LocalExecutor, tmp_path: Path) -> None:
+def test_light_model_matches_onnxruntime_and_stored_output(
+    name: str, light_models_dir: Path, executor: LocalExecutor, tmp_path: Path
+) -> None:
     original = onnx.load(str(light_models_dir / f"light_{name}.onnx"))
     model, feature = with_feature_output(original)
     path = tmp_path / f"light_{name}.onnx"

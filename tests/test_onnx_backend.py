@@ -13,8 +13,14 @@ from farm.tools import onnx_backend
 from farm.tools.onnx_backend import FarmBackend
 
 # ONNX's runner (onnx.backend.test.BackendTest) loads these cases' files and checks farm's outputs itself.
-RUNNER_CASES = ["test_relu_cpu", "test_add_bcast_cpu", "test_softmax_axis_1_cpu", "test_conv_with_strides_padding_cpu",
-                "test_maxpool_2d_pads_cpu", "test_transpose_default_cpu"]
+RUNNER_CASES = [
+    "test_relu_cpu",
+    "test_add_bcast_cpu",
+    "test_softmax_axis_1_cpu",
+    "test_conv_with_strides_padding_cpu",
+    "test_maxpool_2d_pads_cpu",
+    "test_transpose_default_cpu",
+]
 
 
 def _add_model(opset: int = 17) -> onnx.ModelProto:

@@ -29,8 +29,14 @@ def fingerprint() -> str:
 
 
 def _relu_spec() -> KernelSpec:
-    return KernelSpec("Add", canonical_json({}), (TensorInfo((4, 8)), TensorInfo((8,))), (TensorInfo((4, 8)),),
-                      Activation("relu"), target_id="opencl")
+    return KernelSpec(
+        "Add",
+        canonical_json({}),
+        (TensorInfo((4, 8)), TensorInfo((8,))),
+        (TensorInfo((4, 8)),),
+        Activation("relu"),
+        target_id="opencl",
+    )
 
 
 def test_a_binary_loads_and_computes_like_numpy(fingerprint):

@@ -15,8 +15,10 @@ from farm.errors import BuildError
 from farm.runtime.opencl import this_device
 from farm.runtime.opencl_builder import SourceJob, build_all, serve
 
-SCALE = "__kernel void {name}(__global float* restrict out0, __global const float* restrict in0)\n" \
-        "{{ const long i = get_global_id(0); out0[i] = in0[i] * {factor}.0f; }}\n"
+SCALE = (
+    "__kernel void {name}(__global float* restrict out0, __global const float* restrict in0)\n"
+    "{{ const long i = get_global_id(0); out0[i] = in0[i] * {factor}.0f; }}\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +29,12 @@ def fingerprint() -> str:
 
 
 def _job(factor: int, count: int = 8) -> SourceJob:
-    return SourceJob(SCALE.format(name=f"k{factor}_0", factor=factor), f"kernel k{factor}", [[f"k{factor}_0", [count]]],
-                     [count * 4, count * 4])
+    return SourceJob(
+        SCALE.format(name=f"k{factor}_0", factor=factor),
+        f"kernel k{factor}",
+        [[f"k{factor}_0", [count]]],
+        [count * 4, count * 4],
+    )
 
 
 def _run(binary: bytes, factor: int) -> np.ndarray:
@@ -64,15 +70,18 @@ def test_a_helper_that_cannot_start_leaves_its_work_to_this_process(fingerprint,
 
 @pytest.mark.parametrize("processes", [1, 2])
 def test_a_kernel_that_does_not_compile_names_itself_and_carries_the_log(fingerprint, processes):
-    broken = SourceJob("__kernel void bad_0(__global float* out0) { out0[0] = undeclared; }", "kernel bad",
-                       [["bad_0", [1]]], [4])
+    broken = SourceJob(
+        "__kernel void bad_0(__global float* out0) { out0[0] = undeclared; }", "kernel bad", [["bad_0", [1]]], [4]
+    )
     with pytest.raises(BuildError, match=r"(?s)kernel bad failed to build.*undeclared"):
         build_all([broken, _job(2)], fingerprint, processes=processes)
 
 
 def test_the_helper_protocol_answers_a_binary_or_an_error(fingerprint):
-    requests = b"".join(json.dumps({"job": job.__dict__, "fingerprint": fingerprint}).encode() + b"\n"
-                        for job in (_job(2), SourceJob("nonsense", "kernel broken", [], [])))
+    requests = b"".join(
+        json.dumps({"job": job.__dict__, "fingerprint": fingerprint}).encode() + b"\n"
+        for job in (_job(2), SourceJob("nonsense", "kernel broken", [], []))
+    )
     replies = io.BytesIO()
     serve(io.BytesIO(requests), replies)
     stream = io.BytesIO(replies.getvalue())

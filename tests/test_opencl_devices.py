@@ -18,9 +18,15 @@ import pytest
 from farm.backends.opencl.devices import BUILD_OPTIONS, fingerprint, opencl_devices
 
 REPO = Path(__file__).resolve().parent.parent
-INFO = {"platform": "Portable Computing Language", "platform_version": "OpenCL 3.0 PoCL 3.1", "device": "cpu",
-        "vendor": "AuthenticAMD", "driver_version": "3.1", "opencl_c_version": "OpenCL C 1.2 PoCL",
-        "build_options": BUILD_OPTIONS}
+INFO = {
+    "platform": "Portable Computing Language",
+    "platform_version": "OpenCL 3.0 PoCL 3.1",
+    "device": "cpu",
+    "vendor": "AuthenticAMD",
+    "driver_version": "3.1",
+    "opencl_c_version": "OpenCL C 1.2 PoCL",
+    "build_options": BUILD_OPTIONS,
+}
 
 
 def test_a_fingerprint_is_16_hex_digits_and_stable() -> None:
@@ -29,8 +35,14 @@ def test_a_fingerprint_is_16_hex_digits_and_stable() -> None:
     assert fingerprint(dict(INFO)) == first
     assert fingerprint(dict(reversed(list(INFO.items())))) == first  # the order of fields doesn't matter
     code = "import json, sys; from farm.backends.opencl.devices import fingerprint; print(fingerprint(json.loads(sys.argv[1])))"
-    other_process = subprocess.run([sys.executable, "-c", code, json.dumps(INFO)], cwd=REPO, capture_output=True,
-                                   text=True, timeout=60, env={**os.environ, "PYTHONHASHSEED": "123"})
+    other_process = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(INFO)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONHASHSEED": "123"},
+    )
     assert other_process.stdout.strip() == first, other_process.stderr  # nothing per process goes into it
 
 
@@ -56,8 +68,9 @@ def test_opencl_devices_finds_pocl_here() -> None:
 
 def _devices_in_a_fresh_process(env: dict[str, str], prelude: str = "") -> list:
     code = f"{prelude}import json; from farm.backends.opencl.devices import opencl_devices; print(json.dumps(opencl_devices()))"
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **env})
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60, env={**os.environ, **env}
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -66,8 +79,13 @@ def test_no_platform_means_no_devices(tmp_path: Path) -> None:
     empty = tmp_path / "vendors"
     empty.mkdir()
     env = {"OCL_ICD_VENDORS": str(empty), "OPENCL_VENDOR_PATH": str(empty)}
-    probe = subprocess.run([sys.executable, "-c", "import pyopencl as cl; print(len(cl.get_platforms()))"],
-                           capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+    probe = subprocess.run(
+        [sys.executable, "-c", "import pyopencl as cl; print(len(cl.get_platforms()))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+    )
     assert probe.returncode != 0 or probe.stdout.strip() == "0", "the empty vendor folder still found a platform"
     assert _devices_in_a_fresh_process(env) == []
     assert _devices_in_a_fresh_process({}) != []  # the same code finds PoCL with the normal vendor folder
@@ -78,8 +96,10 @@ def test_no_pyopencl_means_no_devices() -> None:
 
 
 def test_a_fresh_process_lists_the_same_devices_without_starting_a_driver_here() -> None:
-    code = ("import json, sys; from farm.backends.opencl.devices import opencl_devices_of_a_fresh_process as listed; "
-            "devices = listed(); print(json.dumps([devices, 'pyopencl' in sys.modules]))")
+    code = (
+        "import json, sys; from farm.backends.opencl.devices import opencl_devices_of_a_fresh_process as listed; "
+        "devices = listed(); print(json.dumps([devices, 'pyopencl' in sys.modules]))"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     devices, imported_pyopencl = json.loads(done.stdout)
     assert devices == opencl_devices() and not imported_pyopencl

@@ -29,9 +29,13 @@ def context():
 
 def _model(op, inputs, initializers=(), opset=17, **attrs):
     node = helper.make_node(op, [n for n, _ in inputs] + [i.name for i in initializers], ["y"], **attrs)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              initializer=list(initializers))
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=list(initializers),
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
 
 
@@ -61,8 +65,9 @@ def _run(context, spec, arrays: list[np.ndarray]) -> list[np.ndarray]:
     flags = cl.mem_flags
     outputs = [np.zeros(t.shape, np.float32) for t in spec.outputs]
     buffers = [cl.Buffer(context, flags.READ_WRITE, max(o.nbytes, 4)) for o in outputs]
-    buffers += [cl.Buffer(context, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a))
-                for a in arrays]
+    buffers += [
+        cl.Buffer(context, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a)) for a in arrays
+    ]
     scratch = LOWERINGS[spec.op].scratch_floats(spec)
     if scratch:
         buffers.append(cl.Buffer(context, flags.READ_WRITE, scratch * 4))
@@ -81,11 +86,16 @@ def test_kernels_match_onnxruntime_on_pocl(name, context, tmp_path):
     path = tmp_path / f"{name}.onnx"
     onnx.save(CASES[name], path)
     plan = plan_model(path)
-    feeds = {n: np.random.default_rng(1).standard_normal(plan.graph.values[n].shape).astype(np.float32)
-             for n in plan.graph.inputs}
+    feeds = {
+        n: np.random.default_rng(1).standard_normal(plan.graph.values[n].shape).astype(np.float32)
+        for n in plan.graph.inputs
+    }
     (step,) = plan.steps
-    arrays = [plan.blobs[a.name] if a.kind == "blob" else feeds[a.name] for a in step.args[1:]
-              if not a.name.endswith("::scratch")]
+    arrays = [
+        plan.blobs[a.name] if a.kind == "blob" else feeds[a.name]
+        for a in step.args[1:]
+        if not a.name.endswith("::scratch")
+    ]
     (ours,) = _run(context, step.spec, arrays)
     (reference,) = onnxruntime.InferenceSession(str(path)).run(None, feeds)
     assert np.abs(ours - reference).max() <= 1e-4 * max(1.0, np.abs(reference).max())
@@ -96,8 +106,9 @@ def test_register_tiled_gemm_matches_numpy_with_offsets_and_leading_dimensions(c
     k, lda, ldb, ldc, (a_at, b_at, c_at) = 9, 11, n + 3, n + 1, (3, 2, 1)
     rng = np.random.default_rng(m * n)
     a, b = (rng.standard_normal(size).astype(np.float32) for size in (a_at + m * lda, b_at + k * ldb))
-    gemm = L.Gemm("in0", L.const(a_at, L.I64), lda, "in1", L.const(b_at, L.I64), ldb, "out0", L.const(c_at, L.I64),
-                  ldc, m, n, k)
+    gemm = L.Gemm(
+        "in0", L.const(a_at, L.I64), lda, "in1", L.const(b_at, L.I64), ldb, "out0", L.const(c_at, L.I64), ldc, m, n, k
+    )
     kernel = L.LoopKernel([L.Param("out0", output=True), L.Param("in0"), L.Param("in1")], [gemm])
     program = cl.Program(context, render_opencl("k", kernel)).build()
     queue = cl.CommandQueue(context)
@@ -121,8 +132,10 @@ def test_parallel_loops_and_gemms_get_their_own_launches_and_the_rest_one_work_i
     parallel = L.LoopKernel([L.Param("out0", output=True)], [L.Loop(x, 10, [store], True)])
     serial = L.LoopKernel([L.Param("out0", output=True)], [L.Loop(x, 10, [store]), L.Loop(x, 3, [store])])
     gemm = L.Gemm("in0", L.const(0), 4, "in1", L.const(0), 5, "out0", L.const(0), 5, 3, 5, 4)
-    batch_of_one = L.LoopKernel([L.Param("out0", output=True), L.Param("in0"), L.Param("in1")],
-                                [L.Loop(b, 1, [gemm, L.Loop(x, 15, [store], True)])])
+    batch_of_one = L.LoopKernel(
+        [L.Param("out0", output=True), L.Param("in0"), L.Param("in1")],
+        [L.Loop(b, 1, [gemm, L.Loop(x, 15, [store], True)])],
+    )
     assert launches("k", parallel) == [("k_0", (10,))] and "get_global_id(0)" in render_opencl("k", parallel)
     assert launches("k", serial) == [("k_0", (1,))] and "get_global_id" not in render_opencl("k", serial)
     assert launches("k", batch_of_one) == [("k_0", (2, 1)), ("k_1", (15,))]
@@ -132,8 +145,14 @@ def test_parallel_loops_and_gemms_get_their_own_launches_and_the_rest_one_work_i
 def test_a_loop_over_an_empty_output_is_no_launch_and_no_function(context):
     """A Split with a zero-size part: a launch of 0 work-items is invalid OpenCL, so that part has none (and the
     source no __kernel for it); the launches left run on the device."""
-    spec = KernelSpec("Split", canonical_json({"axis": 1}), (TensorInfo((2, 5)),),
-                      (TensorInfo((2, 2)), TensorInfo((2, 0)), TensorInfo((2, 3))), None, "")
+    spec = KernelSpec(
+        "Split",
+        canonical_json({"axis": 1}),
+        (TensorInfo((2, 5)),),
+        (TensorInfo((2, 2)), TensorInfo((2, 0)), TensorInfo((2, 3))),
+        None,
+        "",
+    )
     kernel = lower_kernel(spec)
     found = launches("k", kernel)
     assert [size for _, size in found] == [(2,), (2,)]

@@ -33,10 +33,21 @@ def _feed(name: str, shape: Sequence[int], dtype: str, seed: int) -> np.ndarray:
     return rng.standard_normal(shape).astype(dtype)
 
 
-def _attention(id: str, q, k, v, attrs: Mapping[str, object] | None = None, *, mask=None, mask_dtype="float32",
-               past: tuple[int, int] | None = None, nonpad: Sequence[int] | None = None,
-               outputs: Sequence[str] = ("Y",), opset: int = 23, feeds: Mapping[str, np.ndarray] | None = None
-               ) -> OpCase:
+def _attention(
+    id: str,
+    q,
+    k,
+    v,
+    attrs: Mapping[str, object] | None = None,
+    *,
+    mask=None,
+    mask_dtype="float32",
+    past: tuple[int, int] | None = None,
+    nonpad: Sequence[int] | None = None,
+    outputs: Sequence[str] = ("Y",),
+    opset: int = 23,
+    feeds: Mapping[str, np.ndarray] | None = None,
+) -> OpCase:
     """An Attention case: Q, K, V shapes, an optional mask shape, a past of (length, v head size) for 4-D caches,
     nonpad_kv_seqlen values; the graph outputs are the named ones (the others left out of the node)."""
     kv_heads = k[1] if len(k) == 4 else attrs["kv_num_heads"]
@@ -73,28 +84,92 @@ ATTENTION_CASES = [
     _attention("4d-bool-mask-short", Q4, K4, V4, mask=(4, 4), mask_dtype="bool"),
     _attention("4d-float-mask-3d-short", Q4, K4, V4, mask=(3, 4, 5)),
     _attention("4d-gqa", (2, 6, 4, 8), K4, V4, {"is_causal": 1}),
-    _attention("3d-gqa-mask", (2, 4, 48), (2, 6, 16), (2, 6, 10), {"q_num_heads": 6, "kv_num_heads": 2},
-               mask=(4, 6)),
-    _attention("3d-past-all-outputs", (2, 4, 24), (2, 3, 24), (2, 3, 30), {"q_num_heads": 3, "kv_num_heads": 3,
-               "is_causal": 1}, mask=(4, 8), past=(5, 10), outputs=ALL_OUTPUTS),
-    *[_attention(f"4d-past-qk-mode{mode}", Q4, K4, V4, {"qk_matmul_output_mode": mode, "softcap": 2.0},
-                 mask=(2, 3, 4, 9), past=(3, 5), outputs=ALL_OUTPUTS) for mode in range(4)],
+    _attention("3d-gqa-mask", (2, 4, 48), (2, 6, 16), (2, 6, 10), {"q_num_heads": 6, "kv_num_heads": 2}, mask=(4, 6)),
+    _attention(
+        "3d-past-all-outputs",
+        (2, 4, 24),
+        (2, 3, 24),
+        (2, 3, 30),
+        {"q_num_heads": 3, "kv_num_heads": 3, "is_causal": 1},
+        mask=(4, 8),
+        past=(5, 10),
+        outputs=ALL_OUTPUTS,
+    ),
+    *[
+        _attention(
+            f"4d-past-qk-mode{mode}",
+            Q4,
+            K4,
+            V4,
+            {"qk_matmul_output_mode": mode, "softcap": 2.0},
+            mask=(2, 3, 4, 9),
+            past=(3, 5),
+            outputs=ALL_OUTPUTS,
+        )
+        for mode in range(4)
+    ],
     _attention("4d-past-no-present", Q4, K4, V4, {"is_causal": 1}, past=(2, 5)),
-    _attention("fully-masked-rows", (1, 2, 3, 8), (1, 2, 3, 8), (1, 2, 3, 8), {"qk_matmul_output_mode": 3},
-               mask=(3, 3), mask_dtype="bool", outputs=("Y", "qk_matmul_output"),
-               feeds={"attn_mask": np.array([[False] * 3, [True, False, True], [False] * 3])}),
-    _attention("neginf-mask-row", (1, 1, 3, 8), (1, 1, 4, 8), (1, 1, 4, 8), {"softcap": 0.5}, mask=(3, 4),
-               feeds={"attn_mask": np.array([[0, -np.inf, 0, 1], [-np.inf] * 4, [2, 0, -np.inf, 0]], np.float32)}),
-    _attention("nonpad-causal", (3, 2, 2, 8), (3, 2, 6, 8), (3, 2, 6, 8), {"is_causal": 1}, nonpad=[6, 3, 1],
-               mask=(3, 1, 2, 6), mask_dtype="bool", opset=24),
+    _attention(
+        "fully-masked-rows",
+        (1, 2, 3, 8),
+        (1, 2, 3, 8),
+        (1, 2, 3, 8),
+        {"qk_matmul_output_mode": 3},
+        mask=(3, 3),
+        mask_dtype="bool",
+        outputs=("Y", "qk_matmul_output"),
+        feeds={"attn_mask": np.array([[False] * 3, [True, False, True], [False] * 3])},
+    ),
+    _attention(
+        "neginf-mask-row",
+        (1, 1, 3, 8),
+        (1, 1, 4, 8),
+        (1, 1, 4, 8),
+        {"softcap": 0.5},
+        mask=(3, 4),
+        feeds={"attn_mask": np.array([[0, -np.inf, 0, 1], [-np.inf] * 4, [2, 0, -np.inf, 0]], np.float32)},
+    ),
+    _attention(
+        "nonpad-causal",
+        (3, 2, 2, 8),
+        (3, 2, 6, 8),
+        (3, 2, 6, 8),
+        {"is_causal": 1},
+        nonpad=[6, 3, 1],
+        mask=(3, 1, 2, 6),
+        mask_dtype="bool",
+        opset=24,
+    ),
     _attention("nonpad-gqa-decode", (2, 4, 1, 8), (2, 2, 8, 8), (2, 2, 8, 8), nonpad=[5, 8], opset=24),
     _attention("window-left-causal", Q4, K4, V4, {"is_causal": 1, "left_window_size": 2}, opset=25),
-    _attention("window-both-past", Q4, K4, V4, {"left_window_size": 1, "right_window_size": 2}, past=(3, 5),
-               opset=25, outputs=("Y", "present_key", "present_value")),
-    _attention("window-rank1-mask-precision", Q4, K4, V4, {"left_window_size": 2, "softmax_precision": 11},
-               mask=(6,), mask_dtype="bool", opset=25),
-    _attention("bert-base", (1, 128, 768), (1, 128, 768), (1, 128, 768), {"q_num_heads": 12, "kv_num_heads": 12},
-               mask=(1, 1, 1, 128)),
+    _attention(
+        "window-both-past",
+        Q4,
+        K4,
+        V4,
+        {"left_window_size": 1, "right_window_size": 2},
+        past=(3, 5),
+        opset=25,
+        outputs=("Y", "present_key", "present_value"),
+    ),
+    _attention(
+        "window-rank1-mask-precision",
+        Q4,
+        K4,
+        V4,
+        {"left_window_size": 2, "softmax_precision": 11},
+        mask=(6,),
+        mask_dtype="bool",
+        opset=25,
+    ),
+    _attention(
+        "bert-base",
+        (1, 128, 768),
+        (1, 128, 768),
+        (1, 128, 768),
+        {"q_num_heads": 12, "kv_num_heads": 12},
+        mask=(1, 1, 1, 128),
+    ),
 ]
 
 
@@ -106,8 +181,14 @@ def test_attention_matches_reference(c: OpCase, tmp_path) -> None:
 # ------------------------------------------------------------------------------------------ RotaryEmbedding
 
 
-def _rotary(id: str, x: Sequence[int], cache: Sequence[int], attrs: Mapping[str, object] | None = None,
-            positions: Sequence[int] | None = None, max_position: int = 0) -> OpCase:
+def _rotary(
+    id: str,
+    x: Sequence[int],
+    cache: Sequence[int],
+    attrs: Mapping[str, object] | None = None,
+    positions: Sequence[int] | None = None,
+    max_position: int = 0,
+) -> OpCase:
     inputs = [("input", x, "float32"), ("cos_cache", cache, "float32"), ("sin_cache", cache, "float32")]
     feeds = {name: _feed(name, shape, dtype, seed) for seed, (name, shape, dtype) in enumerate(inputs)}
     if positions is not None:
@@ -119,8 +200,14 @@ def _rotary(id: str, x: Sequence[int], cache: Sequence[int], attrs: Mapping[str,
 
 ROTARY_CASES = [
     _rotary("4d-positions", (2, 4, 3, 8), (20, 4), positions=(2, 3), max_position=20),
-    _rotary("4d-interleaved-partial", (2, 4, 3, 8), (20, 2), {"interleaved": 1, "rotary_embedding_dim": 4},
-            positions=(2, 3), max_position=20),
+    _rotary(
+        "4d-interleaved-partial",
+        (2, 4, 3, 8),
+        (20, 2),
+        {"interleaved": 1, "rotary_embedding_dim": 4},
+        positions=(2, 3),
+        max_position=20,
+    ),
     _rotary("3d-broadcast-positions", (2, 3, 24), (10, 3), {"num_heads": 4}, positions=(1, 3), max_position=10),
     _rotary("3d-no-positions-partial", (2, 3, 40), (2, 3, 2), {"num_heads": 4, "rotary_embedding_dim": 4}),
     _rotary("4d-no-positions-broadcast-cache", (2, 4, 3, 8), (1, 3, 4), {"interleaved": 1}),
@@ -151,18 +238,35 @@ def _refused_attention(attrs: Mapping[str, object], q=Q4, k=K4, v=V4, **kwargs):
 
 UNSUPPORTED = [
     pytest.param(_refused_attention({"softmax_precision": 10}), "softmax_precision 10", id="float16-softmax"),
-    pytest.param(_refused_attention({"qk_matmul_output_mode": 4}, outputs=("Y", "qk_matmul_output")),
-                 "qk_matmul_output_mode 4", id="qk-mode"),
+    pytest.param(
+        _refused_attention({"qk_matmul_output_mode": 4}, outputs=("Y", "qk_matmul_output")),
+        "qk_matmul_output_mode 4",
+        id="qk-mode",
+    ),
     pytest.param(_refused_attention({}, q=(2, 4, 4, 8)), "don't divide 4 query heads", id="heads-indivisible"),
     pytest.param(_refused_attention({"scale": -1.0}), "must be positive", id="negative-scale"),
     pytest.param(_refused_attention({}, mask=(4, 7)), "doesn't broadcast", id="mask-too-long"),
     pytest.param(_refused_attention({}, mask=(3, 6)), "doesn't broadcast", id="mask-rows"),
-    pytest.param(_refused_attention({"q_num_heads": 6, "kv_num_heads": 3}), "only when they match the shapes",
-                 id="4d-heads-mismatch"),
-    pytest.param(single_op_model("RotaryEmbedding", [("x", (2, 4, 3, 8)), ("c", (2, 3, 3)), ("s", (2, 3, 3))],
-                                 {"rotary_embedding_dim": 5}, opset=23), "must be even", id="rotary-odd-dim"),
-    pytest.param(single_op_model("RotaryEmbedding", [("x", (2, 4, 3, 8)), ("c", (3, 4)), ("s", (3, 4))], opset=23),
-                 "must be alike", id="rotary-2d-cache-without-positions"),
+    pytest.param(
+        _refused_attention({"q_num_heads": 6, "kv_num_heads": 3}),
+        "only when they match the shapes",
+        id="4d-heads-mismatch",
+    ),
+    pytest.param(
+        single_op_model(
+            "RotaryEmbedding",
+            [("x", (2, 4, 3, 8)), ("c", (2, 3, 3)), ("s", (2, 3, 3))],
+            {"rotary_embedding_dim": 5},
+            opset=23,
+        ),
+        "must be even",
+        id="rotary-odd-dim",
+    ),
+    pytest.param(
+        single_op_model("RotaryEmbedding", [("x", (2, 4, 3, 8)), ("c", (3, 4)), ("s", (3, 4))], opset=23),
+        "must be alike",
+        id="rotary-2d-cache-without-positions",
+    ),
 ]
 
 

@@ -29,8 +29,9 @@ from farm.ops import LOWERINGS, conv
 # ---------------------------------------------------------------------------------------------------------- Conv
 
 
-def _conv(id: str, x: tuple[int, ...], w: tuple[int, ...], attrs: dict | None = None, bias: bool = True,
-          opset: int = 17) -> OpCase:
+def _conv(
+    id: str, x: tuple[int, ...], w: tuple[int, ...], attrs: dict | None = None, bias: bool = True, opset: int = 17
+) -> OpCase:
     initializers = {"w": rand(*w, seed=1, scale=1.0 / np.sqrt(np.prod(w[1:])))}
     if bias:
         initializers["b"] = rand(w[0], seed=2)
@@ -60,10 +61,18 @@ CONV_CASES: list[OpCase] = [
     _conv("depthwise-no-bias", (1, 8, 10, 10), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}, bias=False),
     _conv("depthwise-stride2", (1, 8, 10, 10), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
     _conv("depthwise-5x5-batch2", (2, 6, 9, 9), (6, 1, 5, 5), {"group": 6, "pads": [2, 2, 2, 2]}),
-    _conv("depthwise-dilated-uneven-pads", (1, 4, 13, 11), (4, 1, 3, 3),
-          {"group": 4, "pads": [2, 1, 0, 3], "dilations": [2, 2]}),
-    _conv("depthwise-stride3-no-interior", (1, 3, 5, 4), (3, 1, 3, 3), {"group": 3, "pads": [2, 2, 2, 2],
-                                                                        "strides": [3, 3]}),
+    _conv(
+        "depthwise-dilated-uneven-pads",
+        (1, 4, 13, 11),
+        (4, 1, 3, 3),
+        {"group": 4, "pads": [2, 1, 0, 3], "dilations": [2, 2]},
+    ),
+    _conv(
+        "depthwise-stride3-no-interior",
+        (1, 3, 5, 4),
+        (3, 1, 3, 3),
+        {"group": 3, "pads": [2, 2, 2, 2], "strides": [3, 3]},
+    ),
     _conv("depthwise-multiplier2", (1, 4, 8, 8), (8, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}),
     _conv("depthwise-multiplier2-no-bias", (1, 4, 8, 8), (8, 1, 3, 3), {"group": 4, "strides": [2, 2]}, bias=False),
     _conv("auto-pad-same-upper", (1, 3, 10, 10), (4, 3, 3, 3), {"auto_pad": "SAME_UPPER"}),
@@ -85,8 +94,12 @@ CONV_CASES: list[OpCase] = [
     _conv("depthwise-multiplier3", (1, 4, 9, 9), (12, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}),
     # On a CPU the channels of a depthwise conv run in blocks of 8 sharing one padded plane (conv._channel_block):
     # three blocks per image, two images.
-    _conv("depthwise-channel-blocks-batch2-stride2", (2, 24, 17, 17), (24, 1, 3, 3),
-          {"group": 24, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    _conv(
+        "depthwise-channel-blocks-batch2-stride2",
+        (2, 24, 17, 17),
+        (24, 1, 3, 3),
+        {"group": 24, "pads": [1, 1, 1, 1], "strides": [2, 2]},
+    ),
     _conv("1x1-pads2", (1, 3, 4, 4), (4, 3, 1, 1), {"pads": [2, 2, 2, 2]}),
     _conv("pads-beyond-kernel", (1, 3, 4, 4), (4, 3, 3, 3), {"pads": [3, 0, 4, 1]}),
     # Big column matrices of the convs that keep im2col on a CPU (1x1 strided, under 64 taps) are built band by
@@ -95,8 +108,12 @@ CONV_CASES: list[OpCase] = [
     _conv("banded-strided-1x1", (1, 64, 128, 128), (16, 64, 1, 1), {"strides": [2, 2]}),
     # Convs of 64 taps or more, wider than 1x1, run as implicit GEMMs on a CPU (conv._implicit_gemm): grouped,
     # batched, dilated, strided by rows only, with uneven pads.
-    _conv("implicit-groups2-batch2-dilated", (2, 32, 15, 15), (32, 16, 3, 3),
-          {"group": 2, "dilations": [2, 2], "strides": [1, 2], "pads": [2, 1, 2, 3]}),
+    _conv(
+        "implicit-groups2-batch2-dilated",
+        (2, 32, 15, 15),
+        (32, 16, 3, 3),
+        {"group": 2, "dilations": [2, 2], "strides": [1, 2], "pads": [2, 1, 2, 3]},
+    ),
     _conv("implicit-64-channels-rows", (1, 64, 40, 40), (16, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
     # A few pixels by many channels and a deep k: column blocks run k block by k block with their partial sums in
     # a scratch tile (gemm._small_m_k_block), implicit and transposed pointwise.
@@ -106,20 +123,27 @@ CONV_CASES: list[OpCase] = [
     # grouped and strided, a channel tail narrower than a vector, and a single pixel.
     _conv("small-plane-3x3", (1, 32, 7, 7), (48, 32, 3, 3), {"pads": [1, 1, 1, 1]}),
     _conv("small-plane-pointwise", (1, 64, 7, 7), (80, 64, 1, 1)),
-    _conv("small-plane-groups2-batch2-stride2", (2, 32, 13, 13), (64, 16, 3, 3),
-          {"group": 2, "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    _conv(
+        "small-plane-groups2-batch2-stride2",
+        (2, 32, 13, 13),
+        (64, 16, 3, 3),
+        {"group": 2, "strides": [2, 2], "pads": [1, 1, 1, 1]},
+    ),
     _conv("small-plane-channel-tail", (1, 16, 5, 5), (40, 16, 3, 3), {"pads": [1, 1, 1, 1]}, bias=False),
     _conv("single-pixel-pointwise", (1, 64, 1, 1), (32, 64, 1, 1)),
-    case("conv-weight-as-graph-input",
-         single_op_model("Conv", [("x", (1, 3, 6, 6)), ("w", (4, 3, 3, 3))], {"pads": [1, 1, 1, 1]})),
+    case(
+        "conv-weight-as-graph-input",
+        single_op_model("Conv", [("x", (1, 3, 6, 6)), ("w", (4, 3, 3, 3))], {"pads": [1, 1, 1, 1]}),
+    ),
 ]
 
 # 1-D convs run as 2-D ones of height 1 (window._as_plane), through each of the 2-D paths: im2col, pointwise, depthwise,
 # grouped, implicit GEMM (96 taps), a small plane's transposed GEMM. 3-D convs run as a loop nest.
 CONV_1D_3D_CASES: list[OpCase] = [
     _conv("1d-3tap-pads-batch2", (2, 4, 11), (5, 4, 3), {"pads": [1, 1]}),
-    _conv("1d-strided-dilated-asymmetric-pads", (1, 3, 20), (4, 3, 3), {"strides": [2], "dilations": [2],
-                                                                        "pads": [2, 1]}),
+    _conv(
+        "1d-strided-dilated-asymmetric-pads", (1, 3, 20), (4, 3, 3), {"strides": [2], "dilations": [2], "pads": [2, 1]}
+    ),
     _conv("1d-pointwise", (1, 8, 9), (6, 8, 1), bias=False),
     _conv("1d-depthwise-causal", (2, 6, 15), (6, 1, 4), {"group": 6, "pads": [3, 0]}),
     _conv("1d-groups2", (1, 8, 10), (6, 4, 3), {"group": 2}),
@@ -127,24 +151,34 @@ CONV_1D_3D_CASES: list[OpCase] = [
     _conv("1d-small-plane-pointwise", (1, 64, 7), (80, 64, 1)),
     _conv("1d-auto-pad-same-upper-stride2", (1, 3, 10), (4, 3, 4), {"auto_pad": "SAME_UPPER", "strides": [2]}),
     _conv("1d-kernel-shape-attr", (1, 3, 9), (4, 3, 5), {"kernel_shape": [5], "pads": [2, 2]}),
-    case("conv-1d-weight-as-graph-input",
-         single_op_model("Conv", [("x", (1, 3, 12)), ("w", (4, 3, 3))], {"strides": [3]})),
+    case(
+        "conv-1d-weight-as-graph-input",
+        single_op_model("Conv", [("x", (1, 3, 12)), ("w", (4, 3, 3))], {"strides": [3]}),
+    ),
     _conv("3d-pads", (1, 2, 5, 6, 7), (3, 2, 3, 3, 3), {"pads": [1] * 6}),
-    _conv("3d-strides-dilations-asymmetric-pads", (2, 3, 7, 8, 6), (4, 3, 2, 3, 2),
-          {"strides": [2, 1, 2], "dilations": [1, 2, 1], "pads": [1, 0, 1, 0, 2, 1]}, bias=False),
+    _conv(
+        "3d-strides-dilations-asymmetric-pads",
+        (2, 3, 7, 8, 6),
+        (4, 3, 2, 3, 2),
+        {"strides": [2, 1, 2], "dilations": [1, 2, 1], "pads": [1, 0, 1, 0, 2, 1]},
+        bias=False,
+    ),
     _conv("3d-groups2", (1, 4, 4, 5, 5), (6, 2, 3, 3, 3), {"group": 2}),
     _conv("3d-depthwise", (1, 3, 5, 5, 5), (3, 1, 3, 3, 3), {"group": 3, "pads": [1] * 6}),
     _conv("3d-pointwise", (1, 5, 3, 4, 5), (4, 5, 1, 1, 1)),
     _conv("3d-auto-pad-same-lower", (1, 2, 5, 5, 5), (2, 2, 2, 2, 2), {"auto_pad": "SAME_LOWER"}),
-    case("conv-3d-weight-as-graph-input",
-         single_op_model("Conv", [("x", (1, 2, 4, 4, 4)), ("w", (3, 2, 2, 2, 2))], {"pads": [0, 1, 0, 1, 0, 1]})),
+    case(
+        "conv-3d-weight-as-graph-input",
+        single_op_model("Conv", [("x", (1, 2, 4, 4, 4)), ("w", (3, 2, 2, 2, 2))], {"pads": [0, 1, 0, 1, 0, 1]}),
+    ),
 ]
 
 # ------------------------------------------------------------------------------------------------- ConvTranspose
 
 
-def _conv_transpose(id: str, x: tuple[int, ...], w: tuple[int, ...], attrs: dict | None = None, bias: bool = True,
-                    opset: int = 17) -> OpCase:
+def _conv_transpose(
+    id: str, x: tuple[int, ...], w: tuple[int, ...], attrs: dict | None = None, bias: bool = True, opset: int = 17
+) -> OpCase:
     """ConvTranspose of x with weights w (C, M/group, k...) and a bias of M = w[1] * group."""
     initializers = {"w": rand(*w, seed=1, scale=1.0 / np.sqrt(np.prod(w[1:])))}
     if bias:
@@ -156,23 +190,33 @@ CONV_TRANSPOSE_CASES: list[OpCase] = [
     _conv_transpose("3x3", (1, 4, 5, 5), (4, 6, 3, 3)),
     _conv_transpose("3x3-no-bias", (1, 4, 5, 6), (4, 3, 3, 3), bias=False),
     _conv_transpose("stride2-pads1", (1, 4, 5, 5), (4, 6, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
-    _conv_transpose("stride2-output-padding", (1, 3, 4, 5), (3, 2, 3, 3),
-                    {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]}),
+    _conv_transpose(
+        "stride2-output-padding",
+        (1, 3, 4, 5),
+        (3, 2, 3, 3),
+        {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]},
+    ),
     _conv_transpose("stride-3-2", (2, 3, 4, 5), (3, 2, 3, 2), {"strides": [3, 2]}),
     _conv_transpose("4x4-stride2-pad1-dcgan", (1, 32, 8, 8), (32, 16, 4, 4), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
     _conv_transpose("dilation2", (1, 2, 5, 5), (2, 3, 3, 3), {"dilations": [2, 2]}),
-    _conv_transpose("dilation2-stride2", (1, 2, 4, 4), (2, 3, 3, 3), {"dilations": [2, 2], "strides": [2, 2],
-                                                                      "pads": [2, 1, 0, 1]}),
+    _conv_transpose(
+        "dilation2-stride2", (1, 2, 4, 4), (2, 3, 3, 3), {"dilations": [2, 2], "strides": [2, 2], "pads": [2, 1, 0, 1]}
+    ),
     _conv_transpose("asymmetric-pads", (1, 3, 5, 5), (3, 2, 3, 3), {"pads": [0, 2, 1, 0]}),
     _conv_transpose("groups2", (1, 4, 5, 5), (4, 3, 3, 3), {"group": 2}),
     _conv_transpose("groups2-batch2-stride2", (2, 4, 4, 4), (4, 2, 3, 3), {"group": 2, "strides": [2, 2]}),
     _conv_transpose("depthwise", (1, 4, 5, 5), (4, 1, 3, 3), {"group": 4, "strides": [2, 2], "pads": [1, 1, 1, 1]}),
     _conv_transpose("kernel-shape-attr", (1, 2, 4, 4), (2, 3, 3, 3), {"kernel_shape": [3, 3]}),
     _conv_transpose("output-shape", (1, 2, 3, 3), (2, 3, 3, 3), {"strides": [3, 2], "output_shape": [10, 8]}),
-    _conv_transpose("output-shape-odd-padding", (1, 2, 3, 3), (2, 3, 3, 3),
-                    {"strides": [2, 2], "output_shape": [6, 5]}),
-    _conv_transpose("output-shape-same-upper", (1, 2, 3, 3), (2, 3, 3, 3), {"strides": [2, 2], "output_shape": [6, 5],
-                                                                           "auto_pad": "SAME_UPPER"}),
+    _conv_transpose(
+        "output-shape-odd-padding", (1, 2, 3, 3), (2, 3, 3, 3), {"strides": [2, 2], "output_shape": [6, 5]}
+    ),
+    _conv_transpose(
+        "output-shape-same-upper",
+        (1, 2, 3, 3),
+        (2, 3, 3, 3),
+        {"strides": [2, 2], "output_shape": [6, 5], "auto_pad": "SAME_UPPER"},
+    ),
     _conv_transpose("auto-pad-same-upper", (1, 2, 4, 5), (2, 3, 3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
     _conv_transpose("auto-pad-same-lower", (1, 2, 4, 5), (2, 3, 4, 3), {"auto_pad": "SAME_LOWER", "strides": [2, 2]}),
     _conv_transpose("auto-pad-valid", (1, 2, 4, 4), (2, 3, 3, 3), {"auto_pad": "VALID", "strides": [2, 2]}),
@@ -180,20 +224,25 @@ CONV_TRANSPOSE_CASES: list[OpCase] = [
     _conv_transpose("1d", (2, 3, 7), (3, 4, 3), {"strides": [2], "pads": [1, 0]}),
     _conv_transpose("3d", (1, 2, 3, 4, 3), (2, 3, 2, 3, 2), {"strides": [2, 1, 2], "pads": [0, 1, 0, 0, 1, 1]}),
     _conv_transpose("opset9", (1, 2, 4, 4), (2, 3, 3, 3), {"strides": [2, 2]}, opset=9),
-    case("convtranspose-weight-as-graph-input",
-         single_op_model("ConvTranspose", [("x", (1, 3, 4, 4)), ("w", (3, 2, 3, 3))], {"strides": [2, 2]})),
+    case(
+        "convtranspose-weight-as-graph-input",
+        single_op_model("ConvTranspose", [("x", (1, 3, 4, 4)), ("w", (3, 2, 3, 3))], {"strides": [2, 2]}),
+    ),
 ]
 
 # ------------------------------------------------------------------------------------------- fused activations
 
 
-def _pair(id: str, first: tuple, second: tuple, inputs, initializers, opset: int = 17,
-          schedule: tuple[str, ...] = ()) -> OpCase:
+def _pair(
+    id: str, first: tuple, second: tuple, inputs, initializers, opset: int = 17, schedule: tuple[str, ...] = ()
+) -> OpCase:
     """Two nodes first -> second (each (op, extra inputs, attrs)); `schedule`: the ops the artifact must run."""
     op1, extra1, attrs1 = first
     op2, extra2, attrs2 = second
-    nodes = [helper.make_node(op1, [n for n, _ in inputs] + list(extra1), ["t"], name="first", **attrs1),
-             helper.make_node(op2, ["t", *extra2], ["y"], name="second", **attrs2)]
+    nodes = [
+        helper.make_node(op1, [n for n, _ in inputs] + list(extra1), ["t"], name="first", **attrs1),
+        helper.make_node(op2, ["t", *extra2], ["y"], name="second", **attrs2),
+    ]
     return case(f"fused-{id}", graph_model(nodes, inputs, ["y"], initializers, opset), schedule=schedule)
 
 
@@ -203,100 +252,326 @@ CONV_X = [("x", (1, 4, 8, 8))]
 
 FUSED_CASES: list[OpCase] = [
     _pair("conv-relu", CONV, ("Relu", [], {}), CONV_X, W, schedule=("Conv",)),
-    _pair("conv-clip-0-6", CONV, ("Clip", ["lo", "hi"], {}), CONV_X,
-          {**W, "lo": np.float32(0.0), "hi": np.float32(6.0)}, schedule=("Conv",)),
-    _pair("conv-clip-0-6-opset9", CONV, ("Clip", [], {"min": 0.0, "max": 6.0}), CONV_X, W, opset=9,
-          schedule=("Conv",)),
-    _pair("conv-clip-only-max", CONV, ("Clip", ["", "hi"], {}), CONV_X, {**W, "hi": np.float32(0.5)},
-          schedule=("Conv",)),
+    _pair(
+        "conv-clip-0-6",
+        CONV,
+        ("Clip", ["lo", "hi"], {}),
+        CONV_X,
+        {**W, "lo": np.float32(0.0), "hi": np.float32(6.0)},
+        schedule=("Conv",),
+    ),
+    _pair("conv-clip-0-6-opset9", CONV, ("Clip", [], {"min": 0.0, "max": 6.0}), CONV_X, W, opset=9, schedule=("Conv",)),
+    _pair(
+        "conv-clip-only-max", CONV, ("Clip", ["", "hi"], {}), CONV_X, {**W, "hi": np.float32(0.5)}, schedule=("Conv",)
+    ),
     _pair("conv-leakyrelu", CONV, ("LeakyRelu", [], {"alpha": 0.1}), CONV_X, W, schedule=("Conv",)),
-    _pair("depthwise-conv-clip", ("Conv", ["dw"], {"group": 4, "pads": [1, 1, 1, 1]}), ("Clip", ["lo", "hi"], {}),
-          CONV_X, {"dw": rand(4, 1, 3, 3, seed=3), "lo": np.float32(0.0), "hi": np.float32(0.5)}, schedule=("Conv",)),
-    _pair("convtranspose-relu", ("ConvTranspose", ["tw", "tb"], {"strides": [2, 2]}), ("Relu", [], {}), CONV_X,
-          {"tw": rand(4, 3, 3, 3, seed=8), "tb": rand(3, seed=9)}, schedule=("ConvTranspose",)),
-    _pair("small-plane-conv-clip", ("Conv", ["sw", "sb"], {"pads": [1, 1, 1, 1]}), ("Clip", ["lo", "hi"], {}),
-          [("x", (1, 16, 7, 7))], {"sw": rand(32, 16, 3, 3, seed=5, scale=0.1), "sb": rand(32, seed=6),
-                                   "lo": np.float32(-0.5), "hi": np.float32(0.5)}, schedule=("Conv",)),
-    _pair("small-plane-pointwise-conv-leakyrelu", ("Conv", ["sw"], {}), ("LeakyRelu", [], {"alpha": 0.1}),
-          [("x", (1, 16, 7, 7))], {"sw": rand(40, 16, 1, 1, seed=7)}, schedule=("Conv",)),
-    case("fused-conv-residual-relu", graph_model(
-        [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Add", ["c", "r"], ["s"]),
-         helper.make_node("Relu", ["s"], ["y"])], [*CONV_X, ("r", (1, 6, 8, 8))], ["y"], W), schedule=("Conv",)),
-    case("fused-implicit-conv-residual-relu", graph_model(
-        [helper.make_node("Conv", ["x", "bw", "bb"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Add", ["c", "r"], ["s"]),
-         helper.make_node("Relu", ["s"], ["y"])], [("x", (1, 64, 40, 40)), ("r", (1, 16, 40, 40))], ["y"],
-        {"bw": rand(16, 64, 3, 3, seed=9, scale=0.05), "bb": rand(16, seed=10)}), schedule=("Conv",)),
+    _pair(
+        "depthwise-conv-clip",
+        ("Conv", ["dw"], {"group": 4, "pads": [1, 1, 1, 1]}),
+        ("Clip", ["lo", "hi"], {}),
+        CONV_X,
+        {"dw": rand(4, 1, 3, 3, seed=3), "lo": np.float32(0.0), "hi": np.float32(0.5)},
+        schedule=("Conv",),
+    ),
+    _pair(
+        "convtranspose-relu",
+        ("ConvTranspose", ["tw", "tb"], {"strides": [2, 2]}),
+        ("Relu", [], {}),
+        CONV_X,
+        {"tw": rand(4, 3, 3, 3, seed=8), "tb": rand(3, seed=9)},
+        schedule=("ConvTranspose",),
+    ),
+    _pair(
+        "small-plane-conv-clip",
+        ("Conv", ["sw", "sb"], {"pads": [1, 1, 1, 1]}),
+        ("Clip", ["lo", "hi"], {}),
+        [("x", (1, 16, 7, 7))],
+        {
+            "sw": rand(32, 16, 3, 3, seed=5, scale=0.1),
+            "sb": rand(32, seed=6),
+            "lo": np.float32(-0.5),
+            "hi": np.float32(0.5),
+        },
+        schedule=("Conv",),
+    ),
+    _pair(
+        "small-plane-pointwise-conv-leakyrelu",
+        ("Conv", ["sw"], {}),
+        ("LeakyRelu", [], {"alpha": 0.1}),
+        [("x", (1, 16, 7, 7))],
+        {"sw": rand(40, 16, 1, 1, seed=7)},
+        schedule=("Conv",),
+    ),
+    case(
+        "fused-conv-residual-relu",
+        graph_model(
+            [
+                helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+                helper.make_node("Add", ["c", "r"], ["s"]),
+                helper.make_node("Relu", ["s"], ["y"]),
+            ],
+            [*CONV_X, ("r", (1, 6, 8, 8))],
+            ["y"],
+            W,
+        ),
+        schedule=("Conv",),
+    ),
+    case(
+        "fused-implicit-conv-residual-relu",
+        graph_model(
+            [
+                helper.make_node("Conv", ["x", "bw", "bb"], ["c"], pads=[1, 1, 1, 1]),
+                helper.make_node("Add", ["c", "r"], ["s"]),
+                helper.make_node("Relu", ["s"], ["y"]),
+            ],
+            [("x", (1, 64, 40, 40)), ("r", (1, 16, 40, 40))],
+            ["y"],
+            {"bw": rand(16, 64, 3, 3, seed=9, scale=0.05), "bb": rand(16, seed=10)},
+        ),
+        schedule=("Conv",),
+    ),
     # The residual an activation that dies at the conv, which writes over it (planner._residuals_in_place).
-    case("fused-conv-residual-in-place-relu", graph_model(
-        [helper.make_node("Relu", ["r"], ["q"]), helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
-         helper.make_node("Add", ["c", "q"], ["s"]), helper.make_node("Relu", ["s"], ["y"])],
-        [*CONV_X, ("r", (1, 6, 8, 8))], ["y"], W), schedule=("Relu", "Conv")),
-    case("fused-implicit-conv-residual-in-place", graph_model(
-        [helper.make_node("Relu", ["r"], ["q"]), helper.make_node("Conv", ["x", "bw"], ["c"], pads=[1, 1, 1, 1]),
-         helper.make_node("Add", ["q", "c"], ["y"]), helper.make_node("Sigmoid", ["y"], ["z"])],
-        [("x", (1, 64, 40, 40)), ("r", (1, 16, 40, 40))], ["z"], {"bw": rand(16, 64, 3, 3, seed=9, scale=0.05)}),
-        schedule=("Relu", "Conv", "Sigmoid")),
-    case("fused-small-plane-deep-conv-residual-clip", graph_model(
-        [helper.make_node("Conv", ["x", "dw_", "db"], ["c"], pads=[1, 1, 1, 1]),
-         helper.make_node("Add", ["c", "r"], ["s"]), helper.make_node("Clip", ["s", "lo", "hi"], ["y"])],
-        [("x", (1, 64, 7, 7)), ("r", (1, 100, 7, 7))], ["y"],
-        {"dw_": rand(100, 64, 3, 3, seed=11, scale=0.05), "db": rand(100, seed=12), "lo": np.float32(-0.5),
-         "hi": np.float32(0.5)}), schedule=("Conv",)),
-    case("fused-small-plane-pointwise-conv-residual", graph_model(
-        [helper.make_node("Conv", ["x", "pw"], ["c"]), helper.make_node("Sum", ["r", "c"], ["y"])],
-        [("x", (1, 16, 7, 7)), ("r", (1, 32, 7, 7))], ["y"], {"pw": rand(32, 16, 1, 1, seed=8)}), schedule=("Conv",)),
-    _pair("pointwise-conv-relu", ("Conv", ["pw"], {}), ("Relu", [], {}), CONV_X, {"pw": rand(5, 4, 1, 1, seed=4)},
-          schedule=("Conv",)),
-    _pair("gemm-leakyrelu", ("Gemm", ["gw", "gb"], {"transB": 1}), ("LeakyRelu", [], {"alpha": 0.2}),
-          [("x", (3, 10))], {"gw": rand(7, 10, seed=5), "gb": rand(7, seed=6)}, schedule=("Gemm",)),
-    _pair("gemm-plain-relu", ("Gemm", ["gw", "gb"], {}), ("Relu", [], {}),
-          [("x", (3, 10))], {"gw": rand(10, 7, seed=5), "gb": rand(7, seed=6)}, schedule=("Gemm",)),
-    _pair("matmul-relu", ("MatMul", ["mw"], {}), ("Relu", [], {}), [("x", (2, 3, 10))], {"mw": rand(10, 4, seed=7)},
-          schedule=("MatMul",)),
+    case(
+        "fused-conv-residual-in-place-relu",
+        graph_model(
+            [
+                helper.make_node("Relu", ["r"], ["q"]),
+                helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+                helper.make_node("Add", ["c", "q"], ["s"]),
+                helper.make_node("Relu", ["s"], ["y"]),
+            ],
+            [*CONV_X, ("r", (1, 6, 8, 8))],
+            ["y"],
+            W,
+        ),
+        schedule=("Relu", "Conv"),
+    ),
+    case(
+        "fused-implicit-conv-residual-in-place",
+        graph_model(
+            [
+                helper.make_node("Relu", ["r"], ["q"]),
+                helper.make_node("Conv", ["x", "bw"], ["c"], pads=[1, 1, 1, 1]),
+                helper.make_node("Add", ["q", "c"], ["y"]),
+                helper.make_node("Sigmoid", ["y"], ["z"]),
+            ],
+            [("x", (1, 64, 40, 40)), ("r", (1, 16, 40, 40))],
+            ["z"],
+            {"bw": rand(16, 64, 3, 3, seed=9, scale=0.05)},
+        ),
+        schedule=("Relu", "Conv", "Sigmoid"),
+    ),
+    case(
+        "fused-small-plane-deep-conv-residual-clip",
+        graph_model(
+            [
+                helper.make_node("Conv", ["x", "dw_", "db"], ["c"], pads=[1, 1, 1, 1]),
+                helper.make_node("Add", ["c", "r"], ["s"]),
+                helper.make_node("Clip", ["s", "lo", "hi"], ["y"]),
+            ],
+            [("x", (1, 64, 7, 7)), ("r", (1, 100, 7, 7))],
+            ["y"],
+            {
+                "dw_": rand(100, 64, 3, 3, seed=11, scale=0.05),
+                "db": rand(100, seed=12),
+                "lo": np.float32(-0.5),
+                "hi": np.float32(0.5),
+            },
+        ),
+        schedule=("Conv",),
+    ),
+    case(
+        "fused-small-plane-pointwise-conv-residual",
+        graph_model(
+            [helper.make_node("Conv", ["x", "pw"], ["c"]), helper.make_node("Sum", ["r", "c"], ["y"])],
+            [("x", (1, 16, 7, 7)), ("r", (1, 32, 7, 7))],
+            ["y"],
+            {"pw": rand(32, 16, 1, 1, seed=8)},
+        ),
+        schedule=("Conv",),
+    ),
+    _pair(
+        "pointwise-conv-relu",
+        ("Conv", ["pw"], {}),
+        ("Relu", [], {}),
+        CONV_X,
+        {"pw": rand(5, 4, 1, 1, seed=4)},
+        schedule=("Conv",),
+    ),
+    _pair(
+        "gemm-leakyrelu",
+        ("Gemm", ["gw", "gb"], {"transB": 1}),
+        ("LeakyRelu", [], {"alpha": 0.2}),
+        [("x", (3, 10))],
+        {"gw": rand(7, 10, seed=5), "gb": rand(7, seed=6)},
+        schedule=("Gemm",),
+    ),
+    _pair(
+        "gemm-plain-relu",
+        ("Gemm", ["gw", "gb"], {}),
+        ("Relu", [], {}),
+        [("x", (3, 10))],
+        {"gw": rand(10, 7, seed=5), "gb": rand(7, seed=6)},
+        schedule=("Gemm",),
+    ),
+    _pair(
+        "matmul-relu",
+        ("MatMul", ["mw"], {}),
+        ("Relu", [], {}),
+        [("x", (2, 3, 10))],
+        {"mw": rand(10, 4, seed=7)},
+        schedule=("MatMul",),
+    ),
     _pair("add-relu", ("Add", [], {}), ("Relu", [], {}), [("x", (2, 3, 4)), ("z", (3, 1))], {}, schedule=("Add",)),
-    _pair("mul-clip", ("Mul", [], {}), ("Clip", ["lo", "hi"], {}), [("x", (2, 3, 4)), ("z", (4,))],
-          {"lo": np.float32(-0.5), "hi": np.float32(0.5)}, schedule=("Mul",)),
-    _pair("sum-leakyrelu", ("Sum", [], {}), ("LeakyRelu", [], {}), [("x", (2, 3)), ("z", (3,)), ("q", (2, 1))], {},
-          schedule=("Sum",)),
-    _pair("batchnorm-relu", ("BatchNormalization", ["s", "bb", "m", "v"], {}), ("Relu", [], {}), [("x", (1, 3, 4, 4))],
-          {"s": rand(3, seed=1), "bb": rand(3, seed=2), "m": rand(3, seed=3), "v": rand(3, seed=4, positive=True)},
-          schedule=("BatchNormalization",)),
-    _pair("maxpool-relu-not-fused", ("MaxPool", [], {"kernel_shape": [2, 2]}), ("Relu", [], {}), CONV_X, {},
-          schedule=("MaxPool", "Relu")),
-    case("fused-conv-batchnorm-relu", graph_model(
-        [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
-         helper.make_node("BatchNormalization", ["c", "s", "bb", "m", "v"], ["n"]),
-         helper.make_node("Relu", ["n"], ["y"])],
-        CONV_X, ["y"],
-        {**W, "s": rand(6, seed=1), "bb": rand(6, seed=2), "m": rand(6, seed=3), "v": rand(6, seed=4, positive=True)}),
-        schedule=("Conv",)),
-    _pair("conv1d-relu", ("Conv", ["w1"], {"pads": [1, 1]}), ("Relu", [], {}), [("x", (1, 4, 9))],
-          {"w1": rand(6, 4, 3, seed=13)}, schedule=("Conv",)),
-    _pair("conv3d-clip", ("Conv", ["w3", "b3"], {"pads": [1] * 6}), ("Clip", ["lo", "hi"], {}), [("x", (1, 2, 4, 5, 4))],
-          {"w3": rand(3, 2, 3, 3, 3, seed=14, scale=0.3), "b3": rand(3, seed=15), "lo": np.float32(-0.5),
-           "hi": np.float32(0.5)}, schedule=("Conv",)),
-    case("fused-conv3d-residual-relu", graph_model(
-        [helper.make_node("Conv", ["x", "w3", "b3"], ["c"], pads=[1] * 6), helper.make_node("Add", ["c", "r"], ["s"]),
-         helper.make_node("Relu", ["s"], ["y"])], [("x", (1, 2, 4, 5, 4)), ("r", (1, 3, 4, 5, 4))], ["y"],
-        {"w3": rand(3, 2, 3, 3, 3, seed=14, scale=0.3), "b3": rand(3, seed=15)}), schedule=("Conv",)),
-    case("fused-conv3d-residual-in-place", graph_model(
-        [helper.make_node("Relu", ["r"], ["q"]), helper.make_node("Conv", ["x", "w3"], ["c"], pads=[1] * 6),
-         helper.make_node("Add", ["q", "c"], ["y"]), helper.make_node("Sigmoid", ["y"], ["z"])],
-        [("x", (1, 2, 4, 5, 4)), ("r", (1, 3, 4, 5, 4))], ["z"], {"w3": rand(3, 2, 3, 3, 3, seed=14, scale=0.3)}),
-        schedule=("Relu", "Conv", "Sigmoid")),
-    case("fused-conv3d-batchnorm", graph_model(
-        [helper.make_node("Conv", ["x", "w3", "b3"], ["c"]),
-         helper.make_node("BatchNormalization", ["c", "s", "bb", "m", "v"], ["y"])],
-        [("x", (1, 2, 4, 5, 4))], ["y"],
-        {"w3": rand(3, 2, 3, 3, 3, seed=14, scale=0.3), "b3": rand(3, seed=15), "s": rand(3, seed=1),
-         "bb": rand(3, seed=2), "m": rand(3, seed=3), "v": rand(3, seed=4, positive=True)}), schedule=("Conv",)),
+    _pair(
+        "mul-clip",
+        ("Mul", [], {}),
+        ("Clip", ["lo", "hi"], {}),
+        [("x", (2, 3, 4)), ("z", (4,))],
+        {"lo": np.float32(-0.5), "hi": np.float32(0.5)},
+        schedule=("Mul",),
+    ),
+    _pair(
+        "sum-leakyrelu",
+        ("Sum", [], {}),
+        ("LeakyRelu", [], {}),
+        [("x", (2, 3)), ("z", (3,)), ("q", (2, 1))],
+        {},
+        schedule=("Sum",),
+    ),
+    _pair(
+        "batchnorm-relu",
+        ("BatchNormalization", ["s", "bb", "m", "v"], {}),
+        ("Relu", [], {}),
+        [("x", (1, 3, 4, 4))],
+        {"s": rand(3, seed=1), "bb": rand(3, seed=2), "m": rand(3, seed=3), "v": rand(3, seed=4, positive=True)},
+        schedule=("BatchNormalization",),
+    ),
+    _pair(
+        "maxpool-relu-not-fused",
+        ("MaxPool", [], {"kernel_shape": [2, 2]}),
+        ("Relu", [], {}),
+        CONV_X,
+        {},
+        schedule=("MaxPool", "Relu"),
+    ),
+    case(
+        "fused-conv-batchnorm-relu",
+        graph_model(
+            [
+                helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+                helper.make_node("BatchNormalization", ["c", "s", "bb", "m", "v"], ["n"]),
+                helper.make_node("Relu", ["n"], ["y"]),
+            ],
+            CONV_X,
+            ["y"],
+            {
+                **W,
+                "s": rand(6, seed=1),
+                "bb": rand(6, seed=2),
+                "m": rand(6, seed=3),
+                "v": rand(6, seed=4, positive=True),
+            },
+        ),
+        schedule=("Conv",),
+    ),
+    _pair(
+        "conv1d-relu",
+        ("Conv", ["w1"], {"pads": [1, 1]}),
+        ("Relu", [], {}),
+        [("x", (1, 4, 9))],
+        {"w1": rand(6, 4, 3, seed=13)},
+        schedule=("Conv",),
+    ),
+    _pair(
+        "conv3d-clip",
+        ("Conv", ["w3", "b3"], {"pads": [1] * 6}),
+        ("Clip", ["lo", "hi"], {}),
+        [("x", (1, 2, 4, 5, 4))],
+        {
+            "w3": rand(3, 2, 3, 3, 3, seed=14, scale=0.3),
+            "b3": rand(3, seed=15),
+            "lo": np.float32(-0.5),
+            "hi": np.float32(0.5),
+        },
+        schedule=("Conv",),
+    ),
+    case(
+        "fused-conv3d-residual-relu",
+        graph_model(
+            [
+                helper.make_node("Conv", ["x", "w3", "b3"], ["c"], pads=[1] * 6),
+                helper.make_node("Add", ["c", "r"], ["s"]),
+                helper.make_node("Relu", ["s"], ["y"]),
+            ],
+            [("x", (1, 2, 4, 5, 4)), ("r", (1, 3, 4, 5, 4))],
+            ["y"],
+            {"w3": rand(3, 2, 3, 3, 3, seed=14, scale=0.3), "b3": rand(3, seed=15)},
+        ),
+        schedule=("Conv",),
+    ),
+    case(
+        "fused-conv3d-residual-in-place",
+        graph_model(
+            [
+                helper.make_node("Relu", ["r"], ["q"]),
+                helper.make_node("Conv", ["x", "w3"], ["c"], pads=[1] * 6),
+                helper.make_node("Add", ["q", "c"], ["y"]),
+                helper.make_node("Sigmoid", ["y"], ["z"]),
+            ],
+            [("x", (1, 2, 4, 5, 4)), ("r", (1, 3, 4, 5, 4))],
+            ["z"],
+            {"w3": rand(3, 2, 3, 3, 3, seed=14, scale=0.3)},
+        ),
+        schedule=("Relu", "Conv", "Sigmoid"),
+    ),
+    case(
+        "fused-conv3d-batchnorm",
+        graph_model(
+            [
+                helper.make_node("Conv", ["x", "w3", "b3"], ["c"]),
+                helper.make_node("BatchNormalization", ["c", "s", "bb", "m", "v"], ["y"]),
+            ],
+            [("x", (1, 2, 4, 5, 4))],
+            ["y"],
+            {
+                "w3": rand(3, 2, 3, 3, 3, seed=14, scale=0.3),
+                "b3": rand(3, seed=15),
+                "s": rand(3, seed=1),
+                "bb": rand(3, seed=2),
+                "m": rand(3, seed=3),
+                "v": rand(3, seed=4, positive=True),
+            },
+        ),
+        schedule=("Conv",),
+    ),
     # A depthwise conv never absorbs a residual (its kernel has no GEMM epilogue), 1-D ones included.
-    case("fused-conv1d-depthwise-residual-not-absorbed", graph_model(
-        [helper.make_node("Conv", ["x", "dw1"], ["c"], group=4, pads=[1, 1]), helper.make_node("Add", ["c", "r"], ["y"])],
-        [("x", (1, 4, 9)), ("r", (1, 4, 9))], ["y"], {"dw1": rand(4, 1, 3, seed=16)}), schedule=("Conv", "Add")),
-    case("fused-conv-relu-output-also-used", graph_model(
-        [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])],
-        CONV_X, ["c", "y"], W), schedule=("Conv", "Relu")),
+    case(
+        "fused-conv1d-depthwise-residual-not-absorbed",
+        graph_model(
+            [
+                helper.make_node("Conv", ["x", "dw1"], ["c"], group=4, pads=[1, 1]),
+                helper.make_node("Add", ["c", "r"], ["y"]),
+            ],
+            [("x", (1, 4, 9)), ("r", (1, 4, 9))],
+            ["y"],
+            {"dw1": rand(4, 1, 3, seed=16)},
+        ),
+        schedule=("Conv", "Add"),
+    ),
+    case(
+        "fused-conv-relu-output-also-used",
+        graph_model(
+            [
+                helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+                helper.make_node("Relu", ["c"], ["y"]),
+            ],
+            CONV_X,
+            ["c", "y"],
+            W,
+        ),
+        schedule=("Conv", "Relu"),
+    ),
 ]
 
 CASES: list[OpCase] = CONV_CASES + CONV_1D_3D_CASES + CONV_TRANSPOSE_CASES
@@ -328,9 +603,24 @@ def test_conv_geometry_names_the_sizes_of_a_grouped_strided_dilated_conv(tmp_pat
     attrs = {"group": 2, "strides": [2, 1], "dilations": [1, 2], "pads": [1, 0, 1, 2]}
     spec = _spec_of(single_op_model("Conv", [("x", (2, 6, 9, 11))], attrs, {"w": rand(4, 3, 3, 2)}), tmp_path)
     geo = conv._conv_geometry(spec)
-    assert geo == conv.ConvGeometry(batch=2, in_channels=6, out_channels=4, groups=2, height=9, width=11,
-                                    out_height=5, out_width=11, kernel_height=3, kernel_width=2, stride_height=2,
-                                    stride_width=1, dilation_height=1, dilation_width=2, pad_top=1, pad_left=0)
+    assert geo == conv.ConvGeometry(
+        batch=2,
+        in_channels=6,
+        out_channels=4,
+        groups=2,
+        height=9,
+        width=11,
+        out_height=5,
+        out_width=11,
+        kernel_height=3,
+        kernel_width=2,
+        stride_height=2,
+        stride_width=1,
+        dilation_height=1,
+        dilation_width=2,
+        pad_top=1,
+        pad_left=0,
+    )
     assert (geo.in_channels_per_group, geo.out_channels_per_group) == (3, 2)
     assert (geo.in_pixels, geo.out_pixels, geo.column_rows) == (99, 55, 3 * 3 * 2)
     assert geo.column_stride == 64  # 55 pixels a row, padded to a cache line
@@ -338,8 +628,9 @@ def test_conv_geometry_names_the_sizes_of_a_grouped_strided_dilated_conv(tmp_pat
 
 
 def test_conv_transpose_geometry_sizes_the_transposed_weights_and_the_column_buffer(tmp_path) -> None:
-    model = single_op_model("ConvTranspose", [("x", (1, 4, 5, 6))], {"group": 2, "strides": [2, 2]},
-                            {"w": rand(4, 3, 3, 2)})
+    model = single_op_model(
+        "ConvTranspose", [("x", (1, 4, 5, 6))], {"group": 2, "strides": [2, 2]}, {"w": rand(4, 3, 3, 2)}
+    )
     spec = _spec_of(model, tmp_path)
     geo = conv._conv_transpose_geometry(spec)
     assert (geo.batch, geo.in_channels, geo.out_channels, geo.groups) == (1, 4, 6, 2)
@@ -355,16 +646,36 @@ def test_conv_transpose_geometry_sizes_the_transposed_weights_and_the_column_buf
 # CPU form blocks channels (OpenCL keeps a work-item per channel), rendered as OpenCL C and run on this host's
 # device.
 OPENCL_SAMPLE = [
-    "convtranspose-stride2-output-padding", "convtranspose-groups2-batch2-stride2", "convtranspose-dilation2-stride2",
-    "convtranspose-3d", "fused-convtranspose-relu", "conv-small-plane-3x3", "conv-small-plane-pointwise",
-    "conv-small-plane-groups2-batch2-stride2", "conv-small-plane-channel-tail", "conv-3x3-stride2-asymmetric-pads",
-    "fused-conv-relu", "fused-conv-leakyrelu", "fused-conv-clip-0-6", "fused-small-plane-conv-clip",
-    "fused-small-plane-pointwise-conv-leakyrelu", "fused-conv-residual-relu",
-    "fused-small-plane-pointwise-conv-residual", "conv-banded-strided-1x1", "conv-implicit-groups2-batch2-dilated",
-    "fused-implicit-conv-residual-relu", "fused-conv-residual-in-place-relu", "fused-implicit-conv-residual-in-place",
-    "conv-depthwise-channel-blocks-batch2-stride2", "conv-1d-implicit", "conv-1d-depthwise-causal",
-    "conv-1d-strided-dilated-asymmetric-pads", "conv-3d-strides-dilations-asymmetric-pads", "conv-3d-groups2",
-    "fused-conv3d-residual-in-place", "fused-conv3d-clip",
+    "convtranspose-stride2-output-padding",
+    "convtranspose-groups2-batch2-stride2",
+    "convtranspose-dilation2-stride2",
+    "convtranspose-3d",
+    "fused-convtranspose-relu",
+    "conv-small-plane-3x3",
+    "conv-small-plane-pointwise",
+    "conv-small-plane-groups2-batch2-stride2",
+    "conv-small-plane-channel-tail",
+    "conv-3x3-stride2-asymmetric-pads",
+    "fused-conv-relu",
+    "fused-conv-leakyrelu",
+    "fused-conv-clip-0-6",
+    "fused-small-plane-conv-clip",
+    "fused-small-plane-pointwise-conv-leakyrelu",
+    "fused-conv-residual-relu",
+    "fused-small-plane-pointwise-conv-residual",
+    "conv-banded-strided-1x1",
+    "conv-implicit-groups2-batch2-dilated",
+    "fused-implicit-conv-residual-relu",
+    "fused-conv-residual-in-place-relu",
+    "fused-implicit-conv-residual-in-place",
+    "conv-depthwise-channel-blocks-batch2-stride2",
+    "conv-1d-implicit",
+    "conv-1d-depthwise-causal",
+    "conv-1d-strided-dilated-asymmetric-pads",
+    "conv-3d-strides-dilations-asymmetric-pads",
+    "conv-3d-groups2",
+    "fused-conv3d-residual-in-place",
+    "fused-conv3d-clip",
 ]
 
 
@@ -379,21 +690,43 @@ def test_opencl_sample_names_cases() -> None:
 
 # Hostile attributes (issue 13): each is refused with one line naming the node, before anything is built.
 HOSTILE = [
-    pytest.param(hostile_op_model("Conv", {"kernel_shape": [2**40, 1, 1]}, {"w": np.ones((2, 2, 1, 1, 1), np.float32)},
-                                  x=(1, 2, 4, 4, 4)), "empty dim|negative dim|differs from the weight's", id="conv-3d-kernel-huge"),
-    pytest.param(hostile_op_model("Conv", {"kernel_shape": [1, 1]}, {"w": np.ones((2, 2, 3, 3), np.float32)}),
-                 "kernel_shape \\[1, 1\\] differs from the weight's \\[3, 3\\]", id="conv-kernel-shape-not-the-weights"),
-    pytest.param(hostile_op_model("Conv", {}, {"w": np.ones((2, 2, 3, 3), np.float32)}, x=(1, 2, 4, 4, 4)),
-                 "the weight must be a tensor \\[M, C/group, k...\\] of the input's rank|shape", id="conv-weight-rank"),
-    pytest.param(hostile_op_model("Conv", {}, {"w": np.ones((2, 2, 1, 1, 1, 1), np.float32)}, x=(1, 2, 3, 3, 3, 3)),
-                 "only 1-D, 2-D and 3-D spatial inputs", id="conv-4d-spatial"),
-    pytest.param(hostile_op_model("Conv", {"kernel_shape": [2**40, 2**40]}, {"w": np.ones((2, 2, 1, 1), np.float32)}),
-                 "negative dim", id="conv-kernel-huge"),
-    pytest.param(hostile_op_model("Conv", {"pads": [2**40] * 4}, {"w": np.ones((2, 2, 1, 1), np.float32)}),
-                 "over farm's limit of 4294967296 per tensor", id="conv-pads-huge"),
-    pytest.param(hostile_op_model("ConvTranspose", {"output_shape": [2**40, 2**40]},
-                                  {"w": np.ones((2, 2, 1, 1), np.float32)}),
-                 "over farm's limit of 4294967296 per tensor", id="convtranspose-output-shape"),
+    pytest.param(
+        hostile_op_model(
+            "Conv", {"kernel_shape": [2**40, 1, 1]}, {"w": np.ones((2, 2, 1, 1, 1), np.float32)}, x=(1, 2, 4, 4, 4)
+        ),
+        "empty dim|negative dim|differs from the weight's",
+        id="conv-3d-kernel-huge",
+    ),
+    pytest.param(
+        hostile_op_model("Conv", {"kernel_shape": [1, 1]}, {"w": np.ones((2, 2, 3, 3), np.float32)}),
+        "kernel_shape \\[1, 1\\] differs from the weight's \\[3, 3\\]",
+        id="conv-kernel-shape-not-the-weights",
+    ),
+    pytest.param(
+        hostile_op_model("Conv", {}, {"w": np.ones((2, 2, 3, 3), np.float32)}, x=(1, 2, 4, 4, 4)),
+        "the weight must be a tensor \\[M, C/group, k...\\] of the input's rank|shape",
+        id="conv-weight-rank",
+    ),
+    pytest.param(
+        hostile_op_model("Conv", {}, {"w": np.ones((2, 2, 1, 1, 1, 1), np.float32)}, x=(1, 2, 3, 3, 3, 3)),
+        "only 1-D, 2-D and 3-D spatial inputs",
+        id="conv-4d-spatial",
+    ),
+    pytest.param(
+        hostile_op_model("Conv", {"kernel_shape": [2**40, 2**40]}, {"w": np.ones((2, 2, 1, 1), np.float32)}),
+        "negative dim",
+        id="conv-kernel-huge",
+    ),
+    pytest.param(
+        hostile_op_model("Conv", {"pads": [2**40] * 4}, {"w": np.ones((2, 2, 1, 1), np.float32)}),
+        "over farm's limit of 4294967296 per tensor",
+        id="conv-pads-huge",
+    ),
+    pytest.param(
+        hostile_op_model("ConvTranspose", {"output_shape": [2**40, 2**40]}, {"w": np.ones((2, 2, 1, 1), np.float32)}),
+        "over farm's limit of 4294967296 per tensor",
+        id="convtranspose-output-shape",
+    ),
 ]
 
 

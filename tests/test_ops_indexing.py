@@ -37,20 +37,36 @@ def indices(shape: Sequence[int], size: int, dtype: str = "int64", seed: int = 0
     return rng.integers(-size if negative else 0, size, shape).astype(dtype)
 
 
-def _fed(id: str, op: str, inputs: Sequence[TypedInput], feeds: Mapping[str, np.ndarray],
-         attrs: Mapping[str, object] | None = None, initializers: Mapping[str, np.ndarray] | None = None,
-         opset: int = OPSET, **kwargs) -> OpCase:
+def _fed(
+    id: str,
+    op: str,
+    inputs: Sequence[TypedInput],
+    feeds: Mapping[str, np.ndarray],
+    attrs: Mapping[str, object] | None = None,
+    initializers: Mapping[str, np.ndarray] | None = None,
+    opset: int = OPSET,
+    **kwargs,
+) -> OpCase:
     """A one-op case with explicit feeds for the inputs that need valid values (indices); others get `sample`."""
-    all_feeds = {name: feeds[name] if name in feeds else sample(shape, dtype, seed)
-                 for seed, (name, shape, dtype) in enumerate(inputs)}
+    all_feeds = {
+        name: feeds[name] if name in feeds else sample(shape, dtype, seed)
+        for seed, (name, shape, dtype) in enumerate(inputs)
+    }
     return case(id, single_op_model(op, inputs, attrs, initializers, opset, **kwargs), all_feeds)
 
 
 # ----------------------------------------------------------------------------------------------------- Gather
 
 
-def _gather(id: str, data_shape, index_shape, axis: int | None = None, dtype: str = "float32",
-            index_dtype: str = "int64", opset: int = OPSET) -> OpCase:
+def _gather(
+    id: str,
+    data_shape,
+    index_shape,
+    axis: int | None = None,
+    dtype: str = "float32",
+    index_dtype: str = "int64",
+    opset: int = OPSET,
+) -> OpCase:
     size = data_shape[axis if axis is not None else 0]
     attrs = {} if axis is None else {"axis": axis}
     inputs = [("data", data_shape, dtype), ("indices", index_shape, index_dtype)]
@@ -70,12 +86,21 @@ GATHER_CASES: list[OpCase] = [
     _gather("opset9", (5, 4), (3,), 1, opset=9),
     _gather("opset11", (5, 4), (2, 3), 0, opset=11),
     *[_gather(f"{dtype}-data", (4, 3, 2), (2, 5), 1, dtype=dtype) for dtype in OTHER_DTYPES],
-    case("gather-embedding", single_op_model("Gather", [("ids", (2, 7), "int64")], {}, {"table": rand(50, 16)},
-                                            node_inputs=["table", "ids"]), {"ids": indices((2, 7), 50, negative=False)}),
-    case("gather-constant-scalar-index", single_op_model(
-        "Gather", [("x", (2, 5, 8), "float32")], {"axis": 1}, {"i": np.int64(0)})),
-    case("gather-constant-indices", single_op_model(
-        "Gather", [("x", (6, 4), "float32")], {"axis": 0}, {"i": i64([[5, -1], [0, 2]])})),
+    case(
+        "gather-embedding",
+        single_op_model(
+            "Gather", [("ids", (2, 7), "int64")], {}, {"table": rand(50, 16)}, node_inputs=["table", "ids"]
+        ),
+        {"ids": indices((2, 7), 50, negative=False)},
+    ),
+    case(
+        "gather-constant-scalar-index",
+        single_op_model("Gather", [("x", (2, 5, 8), "float32")], {"axis": 1}, {"i": np.int64(0)}),
+    ),
+    case(
+        "gather-constant-indices",
+        single_op_model("Gather", [("x", (6, 4), "float32")], {"axis": 0}, {"i": i64([[5, -1], [0, 2]])}),
+    ),
 ]
 
 # ------------------------------------------------------------------------------------------------ generators
@@ -87,13 +112,16 @@ def _shape(id: str, shape, dtype: str = "float32", opset: int = OPSET, **attrs) 
 
 def _folded_shape_chain() -> OpCase:
     """The BERT/ViT pattern Shape -> Gather -> Unsqueeze -> Concat -> Reshape, which folding removes."""
-    nodes = [helper.make_node("Shape", ["x"], ["s"]),
-             helper.make_node("Gather", ["s", "zero"], ["batch"], axis=0),
-             helper.make_node("Unsqueeze", ["batch", "axes"], ["b1"]),
-             helper.make_node("Concat", ["b1", "minus1"], ["target"], axis=0),
-             helper.make_node("Reshape", ["x", "target"], ["y"])]
-    model = graph_model(nodes, [("x", (3, 4, 5), "float32")], initializers={
-        "zero": np.int64(0), "axes": i64([0]), "minus1": i64([-1])})
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["batch"], axis=0),
+        helper.make_node("Unsqueeze", ["batch", "axes"], ["b1"]),
+        helper.make_node("Concat", ["b1", "minus1"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["y"]),
+    ]
+    model = graph_model(
+        nodes, [("x", (3, 4, 5), "float32")], initializers={"zero": np.int64(0), "axes": i64([0]), "minus1": i64([-1])}
+    )
     return case("shape-folded-into-reshape", model, schedule=("Reshape",))
 
 
@@ -136,20 +164,23 @@ GENERATOR_CASES: list[OpCase] = [
 # -------------------------------------------------------------------------------- GatherElements, GatherND
 
 
-def _gather_elements(id: str, data_shape, index_shape, axis: int | None = None, dtype: str = "float32",
-                     index_dtype: str = "int64") -> OpCase:
+def _gather_elements(
+    id: str, data_shape, index_shape, axis: int | None = None, dtype: str = "float32", index_dtype: str = "int64"
+) -> OpCase:
     size = data_shape[axis if axis is not None else 0]
     inputs = [("data", data_shape, dtype), ("indices", index_shape, index_dtype)]
     feeds = {"indices": indices(index_shape, size, index_dtype)}
     return _fed(f"gather-elements-{id}", "GatherElements", inputs, feeds, {} if axis is None else {"axis": axis})
 
 
-def _gather_nd(id: str, data_shape, index_shape, batch_dims: int = 0, dtype: str = "float32",
-               index_dtype: str = "int64") -> OpCase:
+def _gather_nd(
+    id: str, data_shape, index_shape, batch_dims: int = 0, dtype: str = "float32", index_dtype: str = "int64"
+) -> OpCase:
     depth = index_shape[-1]
     rng = np.random.default_rng(1)
-    picked = [rng.integers(-data_shape[batch_dims + k], data_shape[batch_dims + k], index_shape[:-1])
-              for k in range(depth)]
+    picked = [
+        rng.integers(-data_shape[batch_dims + k], data_shape[batch_dims + k], index_shape[:-1]) for k in range(depth)
+    ]
     feeds = {"indices": np.stack(picked, axis=-1).astype(index_dtype)}
     inputs = [("data", data_shape, dtype), ("indices", index_shape, index_dtype)]
     attrs = {"batch_dims": batch_dims} if batch_dims else {}
@@ -175,13 +206,21 @@ GATHER_ELEMENTS_ND_CASES: list[OpCase] = [
 # ----------------------------------------------------------------------------------------- OneHot, EyeLike
 
 
-def _one_hot(id: str, index_shape, depth: int, axis: int | None = None, values=(0.0, 1.0), dtype: str = "float32",
-             index_dtype: str = "int64") -> OpCase:
+def _one_hot(
+    id: str,
+    index_shape,
+    depth: int,
+    axis: int | None = None,
+    values=(0.0, 1.0),
+    dtype: str = "float32",
+    index_dtype: str = "int64",
+) -> OpCase:
     rng = np.random.default_rng(2)
     feeds = {"indices": rng.integers(-depth - 1, depth + 1, index_shape).astype(index_dtype)}
     inits = {"depth": np.int64(depth), "values": np.asarray(values, dtype)}
-    model = single_op_model("OneHot", [("indices", index_shape, index_dtype)], {} if axis is None else {"axis": axis},
-                           inits)
+    model = single_op_model(
+        "OneHot", [("indices", index_shape, index_dtype)], {} if axis is None else {"axis": axis}, inits
+    )
     # onnxruntime has OneHot kernels for some (indices, values, depth) dtype triples only.
     reference = None if (index_dtype, dtype) in (("int64", "float32"), ("int64", "int64")) else onnx_reference(model)
     return case(f"one-hot-{id}", model, feeds, reference=reference)
@@ -201,9 +240,17 @@ ONE_HOT_EYE_CASES: list[OpCase] = [
     _one_hot("int64-values", (3, 2), 3, values=(0, 9), dtype="int64"),
     _one_hot("int32-indices", (4,), 4, index_dtype="int32"),
     _one_hot("float-indices", (3,), 5, index_dtype="float32"),
-    case("one-hot-computed-values", single_op_model(
-        "OneHot", [("indices", (3,), "int64"), ("values", (2,), "float32")], {}, {"depth": np.int64(4)},
-        node_inputs=["indices", "depth", "values"]), {"indices": i64([0, 3, -1]), "values": rand(2)}),
+    case(
+        "one-hot-computed-values",
+        single_op_model(
+            "OneHot",
+            [("indices", (3,), "int64"), ("values", (2,), "float32")],
+            {},
+            {"depth": np.int64(4)},
+            node_inputs=["indices", "depth", "values"],
+        ),
+        {"indices": i64([0, 3, -1]), "values": rand(2)},
+    ),
     _eye_like("square", (4, 4)),
     _eye_like("wide-k1", (3, 5), k=1),
     _eye_like("tall-k-negative", (5, 3), k=-2),
@@ -220,14 +267,25 @@ IMAGE = (1, 2, 4, 6)
 EMPTY = np.zeros(0, np.float32)
 
 
-def _resize(id: str, attrs: Mapping[str, object], *, scales=None, sizes=None, roi=None, shape=IMAGE,
-            dtype: str = "float32", opset: int = 19) -> OpCase:
+def _resize(
+    id: str,
+    attrs: Mapping[str, object],
+    *,
+    scales=None,
+    sizes=None,
+    roi=None,
+    shape=IMAGE,
+    dtype: str = "float32",
+    opset: int = 19,
+) -> OpCase:
     """Resize with constant roi/scales/sizes inputs in the node's opset layout (opset 10: X, scales)."""
     if opset < 11:
         inits = {"scales": np.asarray(scales, np.float32)}
     else:
-        inits = {"roi": EMPTY if roi is None else np.asarray(roi, np.float32),
-                 "scales": EMPTY if scales is None else np.asarray(scales, np.float32)}
+        inits = {
+            "roi": EMPTY if roi is None else np.asarray(roi, np.float32),
+            "scales": EMPTY if scales is None else np.asarray(scales, np.float32),
+        }
         if sizes is not None:
             inits["sizes"] = i64(sizes)
     model = single_op_model("Resize", [("x", shape, dtype)], attrs, inits, opset)
@@ -246,27 +304,46 @@ def _linear(transform: str) -> dict:
 
 RESIZE_CASES: list[OpCase] = [
     # nearest: every rounding under every coordinate transform, up and down, sizes chosen so that ties occur
-    *[_resize(f"nearest-{mode}-{transform}-{'sizes' if sizes else 'scales'}", _nearest(mode, transform),
-              **({"sizes": [1, 2, 6, 5]} if sizes else {"scales": [1, 1, 2.0, 0.5]}), shape=(1, 2, 3, 10))
-      for mode in ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
-      for transform in ("half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel", "half_pixel_symmetric")
-      for sizes in (False, True)],
-    _resize("nearest-ties-7-to-6", _nearest("round_prefer_ceil", "asymmetric"), sizes=[1, 1, 6, 6],
-            shape=(1, 1, 7, 7)),
-    _resize("nearest-tf-half-pixel-for-nn", _nearest("round_prefer_floor", "tf_half_pixel_for_nn"),
-            scales=[1, 1, 1.5, 2.5], opset=11),
+    *[
+        _resize(
+            f"nearest-{mode}-{transform}-{'sizes' if sizes else 'scales'}",
+            _nearest(mode, transform),
+            **({"sizes": [1, 2, 6, 5]} if sizes else {"scales": [1, 1, 2.0, 0.5]}),
+            shape=(1, 2, 3, 10),
+        )
+        for mode in ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+        for transform in ("half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel", "half_pixel_symmetric")
+        for sizes in (False, True)
+    ],
+    _resize("nearest-ties-7-to-6", _nearest("round_prefer_ceil", "asymmetric"), sizes=[1, 1, 6, 6], shape=(1, 1, 7, 7)),
+    _resize(
+        "nearest-tf-half-pixel-for-nn",
+        _nearest("round_prefer_floor", "tf_half_pixel_for_nn"),
+        scales=[1, 1, 1.5, 2.5],
+        opset=11,
+    ),
     _resize("nearest-default-attrs", {}, scales=[1, 1, 2, 2]),
-    _resize("nearest-yolo-upsample", {"mode": "nearest", "coordinate_transformation_mode": "asymmetric",
-                                      "nearest_mode": "floor"}, scales=[1, 1, 2, 2], shape=(1, 3, 5, 5)),
+    _resize(
+        "nearest-yolo-upsample",
+        {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"},
+        scales=[1, 1, 2, 2],
+        shape=(1, 3, 5, 5),
+    ),
     _resize("nearest-int64", _nearest("round_prefer_floor", "half_pixel"), scales=[1, 1, 2, 1.5], dtype="int64"),
     _resize("nearest-int32", _nearest("round_prefer_ceil", "asymmetric"), scales=[1, 1, 0.5, 2], dtype="int32"),
     _resize("nearest-3d", _nearest("round_prefer_floor", "half_pixel"), scales=[1, 2, 3], shape=(2, 3, 4)),
     _resize("nearest-all-axes", _nearest("round_prefer_ceil", "asymmetric"), sizes=[2, 3, 6, 4]),
     # linear (bilinear over NCHW and NHWC, trilinear)
-    *[_resize(f"linear-{transform}-{'sizes' if sizes else 'scales'}", _linear(transform),
-              **({"sizes": [1, 2, 7, 4]} if sizes else {"scales": [1, 1, 1.75, 0.5]}), shape=(1, 2, 4, 8))
-      for transform in ("half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel", "half_pixel_symmetric")
-      for sizes in (False, True)],
+    *[
+        _resize(
+            f"linear-{transform}-{'sizes' if sizes else 'scales'}",
+            _linear(transform),
+            **({"sizes": [1, 2, 7, 4]} if sizes else {"scales": [1, 1, 1.75, 0.5]}),
+            shape=(1, 2, 4, 8),
+        )
+        for transform in ("half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel", "half_pixel_symmetric")
+        for sizes in (False, True)
+    ],
     _resize("linear-pytorch-half-pixel-to-1", _linear("pytorch_half_pixel"), sizes=[1, 2, 1, 3]),
     _resize("linear-align-corners-to-1", _linear("align_corners"), sizes=[1, 2, 1, 3]),
     _resize("linear-nhwc", _linear("half_pixel"), scales=[1, 2, 1.5, 1], shape=(1, 4, 6, 3)),
@@ -274,14 +351,27 @@ RESIZE_CASES: list[OpCase] = [
     _resize("linear-trilinear", _linear("half_pixel"), scales=[1, 1, 2, 1.5, 0.5], shape=(1, 2, 3, 4, 6)),
     _resize("linear-upsample-x2", _linear("half_pixel"), scales=[1, 1, 2, 2], shape=(1, 3, 5, 7)),
     # tf_crop_and_resize: roi, extrapolation outside it
-    _resize("tf-crop-nearest", {**_nearest("round_prefer_floor", "tf_crop_and_resize")},
-            roi=[0, 0, 0.2, 0.1, 1, 1, 0.8, 0.9], sizes=[1, 2, 3, 5]),
-    _resize("tf-crop-linear", _linear("tf_crop_and_resize"), roi=[0, 0, 0.25, 0.4, 1, 1, 0.75, 0.9],
-            sizes=[1, 2, 3, 3]),
-    _resize("tf-crop-linear-extrapolation", {**_linear("tf_crop_and_resize"), "extrapolation_value": 10.0},
-            roi=[0, 0, -0.5, 0.4, 1, 1, 1.2, 1.5], sizes=[1, 2, 5, 4]),
-    _resize("tf-crop-nearest-extrapolation", {**_nearest("ceil", "tf_crop_and_resize"), "extrapolation_value": -2.0},
-            roi=[0, 0, -0.5, 0.4, 1, 1, 1.2, 1.5], sizes=[1, 2, 5, 4]),
+    _resize(
+        "tf-crop-nearest",
+        {**_nearest("round_prefer_floor", "tf_crop_and_resize")},
+        roi=[0, 0, 0.2, 0.1, 1, 1, 0.8, 0.9],
+        sizes=[1, 2, 3, 5],
+    ),
+    _resize(
+        "tf-crop-linear", _linear("tf_crop_and_resize"), roi=[0, 0, 0.25, 0.4, 1, 1, 0.75, 0.9], sizes=[1, 2, 3, 3]
+    ),
+    _resize(
+        "tf-crop-linear-extrapolation",
+        {**_linear("tf_crop_and_resize"), "extrapolation_value": 10.0},
+        roi=[0, 0, -0.5, 0.4, 1, 1, 1.2, 1.5],
+        sizes=[1, 2, 5, 4],
+    ),
+    _resize(
+        "tf-crop-nearest-extrapolation",
+        {**_nearest("ceil", "tf_crop_and_resize"), "extrapolation_value": -2.0},
+        roi=[0, 0, -0.5, 0.4, 1, 1, 1.2, 1.5],
+        sizes=[1, 2, 5, 4],
+    ),
     # opsets: 10 (scales only, asymmetric), 11 and 13 (roi, scales, sizes), 18 (axes, aspect-ratio policy)
     _resize("opset10-nearest-up", {"mode": "nearest"}, scales=[1, 1, 2, 3], opset=10),
     _resize("opset10-nearest-down", {"mode": "nearest"}, scales=[1, 1, 0.5, 0.5], opset=10),
@@ -290,22 +380,51 @@ RESIZE_CASES: list[OpCase] = [
     _resize("opset13-nearest", _nearest("round_prefer_ceil", "half_pixel"), scales=[1, 1, 1.5, 0.7], opset=13),
     _resize("opset18-axes-scales", {**_nearest("floor", "half_pixel"), "axes": [2, 3]}, scales=[2, 0.5], opset=18),
     _resize("opset18-axes-reversed", {**_linear("half_pixel"), "axes": [3, 2]}, scales=[0.5, 2], opset=18),
-    _resize("opset18-axes-sizes", {**_nearest("round_prefer_floor", "asymmetric"), "axes": [-1]}, sizes=[9],
-            opset=18),
-    _resize("opset18-not-larger", {**_nearest("round_prefer_floor", "half_pixel"), "axes": [2, 3],
-                                   "keep_aspect_ratio_policy": "not_larger"}, sizes=[6, 6], opset=18),
-    _resize("opset18-not-smaller", {**_linear("half_pixel"), "axes": [2, 3],
-                                    "keep_aspect_ratio_policy": "not_smaller"}, sizes=[6, 6], opset=18),
-    _resize("opset18-not-larger-all-axes", {**_nearest("floor", "asymmetric"), "keep_aspect_ratio_policy": "not_larger"},
-            sizes=[3, 4, 7, 9], opset=18),
+    _resize("opset18-axes-sizes", {**_nearest("round_prefer_floor", "asymmetric"), "axes": [-1]}, sizes=[9], opset=18),
+    _resize(
+        "opset18-not-larger",
+        {**_nearest("round_prefer_floor", "half_pixel"), "axes": [2, 3], "keep_aspect_ratio_policy": "not_larger"},
+        sizes=[6, 6],
+        opset=18,
+    ),
+    _resize(
+        "opset18-not-smaller",
+        {**_linear("half_pixel"), "axes": [2, 3], "keep_aspect_ratio_policy": "not_smaller"},
+        sizes=[6, 6],
+        opset=18,
+    ),
+    _resize(
+        "opset18-not-larger-all-axes",
+        {**_nearest("floor", "asymmetric"), "keep_aspect_ratio_policy": "not_larger"},
+        sizes=[3, 4, 7, 9],
+        opset=18,
+    ),
     _resize("opset19-half-pixel-symmetric", _linear("half_pixel_symmetric"), scales=[1, 1, 1.6, 0.6]),
-    case("upsample-opset9-nearest", single_op_model("Upsample", [("x", IMAGE, "float32")], {"mode": "nearest"},
-                                                   {"scales": np.array([1, 1, 2, 2], np.float32)}, opset=9)),
-    case("upsample-opset9-nearest-int32", single_op_model("Upsample", [("x", (2, 3), "int32")], {},
-                                                         {"scales": np.array([1.5, 2], np.float32)}, opset=9),
-         {"x": sample((2, 3), "int32")}),
-    case("upsample-opset9-linear", single_op_model("Upsample", [("x", (1, 1, 3, 4), "float32")], {"mode": "linear"},
-                                                  {"scales": np.array([1, 1, 2.5, 1.5], np.float32)}, opset=9)),
+    case(
+        "upsample-opset9-nearest",
+        single_op_model(
+            "Upsample",
+            [("x", IMAGE, "float32")],
+            {"mode": "nearest"},
+            {"scales": np.array([1, 1, 2, 2], np.float32)},
+            opset=9,
+        ),
+    ),
+    case(
+        "upsample-opset9-nearest-int32",
+        single_op_model("Upsample", [("x", (2, 3), "int32")], {}, {"scales": np.array([1.5, 2], np.float32)}, opset=9),
+        {"x": sample((2, 3), "int32")},
+    ),
+    case(
+        "upsample-opset9-linear",
+        single_op_model(
+            "Upsample",
+            [("x", (1, 1, 3, 4), "float32")],
+            {"mode": "linear"},
+            {"scales": np.array([1, 1, 2.5, 1.5], np.float32)},
+            opset=9,
+        ),
+    ),
 ]
 
 CASES: list[OpCase] = GATHER_CASES + GENERATOR_CASES + GATHER_ELEMENTS_ND_CASES + ONE_HOT_EYE_CASES + RESIZE_CASES
@@ -317,15 +436,37 @@ def test_matches_onnxruntime(c: OpCase, tmp_path) -> None:
 
 
 UNSUPPORTED = [
-    pytest.param(single_op_model("Resize", [("x", IMAGE, "float32")], {"mode": "cubic"},
-                                {"roi": EMPTY, "scales": np.array([1, 1, 2, 2], np.float32)}),
-                 "mode 'cubic' is not supported", id="resize-cubic"),
-    pytest.param(single_op_model("Resize", [("x", IMAGE, "float32")], {"mode": "linear", "antialias": 1},
-                                {"roi": EMPTY, "scales": np.array([1, 1, 0.5, 0.5], np.float32)}, opset=18),
-                 "antialias=1 is not supported", id="resize-antialias"),
-    pytest.param(single_op_model("Resize", [("x", IMAGE, "int32")], {"mode": "linear"},
-                                {"roi": EMPTY, "scales": np.array([1, 1, 2, 2], np.float32)}),
-                 "linear mode on int32 data is not supported", id="resize-linear-int"),
+    pytest.param(
+        single_op_model(
+            "Resize",
+            [("x", IMAGE, "float32")],
+            {"mode": "cubic"},
+            {"roi": EMPTY, "scales": np.array([1, 1, 2, 2], np.float32)},
+        ),
+        "mode 'cubic' is not supported",
+        id="resize-cubic",
+    ),
+    pytest.param(
+        single_op_model(
+            "Resize",
+            [("x", IMAGE, "float32")],
+            {"mode": "linear", "antialias": 1},
+            {"roi": EMPTY, "scales": np.array([1, 1, 0.5, 0.5], np.float32)},
+            opset=18,
+        ),
+        "antialias=1 is not supported",
+        id="resize-antialias",
+    ),
+    pytest.param(
+        single_op_model(
+            "Resize",
+            [("x", IMAGE, "int32")],
+            {"mode": "linear"},
+            {"roi": EMPTY, "scales": np.array([1, 1, 2, 2], np.float32)},
+        ),
+        "linear mode on int32 data is not supported",
+        id="resize-linear-int",
+    ),
 ]
 
 
@@ -338,21 +479,41 @@ def test_unsupported_variants_are_refused_clearly(model, message: str, tmp_path)
 # built or allocated (a size past farm's per-tensor limit, or a shape inference can't give).
 _EMPTY = np.zeros(0, np.float32)
 HOSTILE = [
-    pytest.param(hostile_op_model("Resize", {}, {"roi": _EMPTY, "scales": np.array([1, 1, 1e12, 1e12], np.float32)}),
-                 "over farm's limit", id="resize-scales-huge"),
-    pytest.param(hostile_op_model("Resize", {}, {"roi": _EMPTY, "scales": np.array([1, 1, np.inf, 1], np.float32)}),
-                 "negative dim", id="resize-scales-inf"),
-    pytest.param(hostile_op_model("Resize", {}, {"roi": _EMPTY, "scales": _EMPTY,
-                                                 "sizes": np.array([1, 2, 2**40, 2**40])}),
-                 "over farm's limit", id="resize-sizes-huge"),
-    pytest.param(hostile_op_model("Resize", {"axes": [2**40]}, {"roi": _EMPTY, "scales": np.array([2], np.float32)},
-                                  opset=18),
-                 "out of range|shape", id="resize-axes"),
-    pytest.param(hostile_op_model("OneHot", {}, {"indices": np.array([0, 1]), "depth": np.array(2**40),
-                                                 "values": np.array([0, 1], np.float32)}, x=None),
-                 "over farm's limit|constant", id="onehot-depth"),
-    pytest.param(hostile_op_model("Gather", {"axis": 2**40}, {"i": np.array([0])}),
-                 "axis 1099511627776 is out of range", id="gather-axis"),
+    pytest.param(
+        hostile_op_model("Resize", {}, {"roi": _EMPTY, "scales": np.array([1, 1, 1e12, 1e12], np.float32)}),
+        "over farm's limit",
+        id="resize-scales-huge",
+    ),
+    pytest.param(
+        hostile_op_model("Resize", {}, {"roi": _EMPTY, "scales": np.array([1, 1, np.inf, 1], np.float32)}),
+        "negative dim",
+        id="resize-scales-inf",
+    ),
+    pytest.param(
+        hostile_op_model("Resize", {}, {"roi": _EMPTY, "scales": _EMPTY, "sizes": np.array([1, 2, 2**40, 2**40])}),
+        "over farm's limit",
+        id="resize-sizes-huge",
+    ),
+    pytest.param(
+        hostile_op_model("Resize", {"axes": [2**40]}, {"roi": _EMPTY, "scales": np.array([2], np.float32)}, opset=18),
+        "out of range|shape",
+        id="resize-axes",
+    ),
+    pytest.param(
+        hostile_op_model(
+            "OneHot",
+            {},
+            {"indices": np.array([0, 1]), "depth": np.array(2**40), "values": np.array([0, 1], np.float32)},
+            x=None,
+        ),
+        "over farm's limit|constant",
+        id="onehot-depth",
+    ),
+    pytest.param(
+        hostile_op_model("Gather", {"axis": 2**40}, {"i": np.array([0])}),
+        "axis 1099511627776 is out of range",
+        id="gather-axis",
+    ),
 ]
 
 

@@ -33,16 +33,32 @@ def targets(shape: Sequence[int], classes: int, ignore: int | None = None, seed:
     return values
 
 
-def _loss(id: str, op: str, x_shape: Sequence[int], attrs: Mapping[str, object] | None = None, *,
-          weight: bool = False, ignore: int | None = None, log_prob: bool = False, target_dtype: str = "int64",
-          feeds: Mapping[str, np.ndarray] | None = None, opset: int = OPSET) -> OpCase:
+def _loss(
+    id: str,
+    op: str,
+    x_shape: Sequence[int],
+    attrs: Mapping[str, object] | None = None,
+    *,
+    weight: bool = False,
+    ignore: int | None = None,
+    log_prob: bool = False,
+    target_dtype: str = "int64",
+    feeds: Mapping[str, np.ndarray] | None = None,
+    opset: int = OPSET,
+) -> OpCase:
     """A loss case on input x of `x_shape` (N, C, d...), targets t and optionally a weight input w."""
     classes, t_shape = x_shape[1], (x_shape[0], *x_shape[2:])
     attrs = {**(attrs or {}), **({"ignore_index": ignore} if ignore is not None else {})}
-    inputs = [("x", x_shape, "float32"), ("t", t_shape, target_dtype)] + ([("w", (classes,), "float32")] if weight else [])
+    inputs = [("x", x_shape, "float32"), ("t", t_shape, target_dtype)] + (
+        [("w", (classes,), "float32")] if weight else []
+    )
     outputs = ("y", "log_prob") if log_prob else ("y",)
-    feed = {"x": rand(*x_shape, seed=1), "t": targets(t_shape, classes, ignore).astype(target_dtype),
-            **({"w": rand(classes, seed=2, positive=True)} if weight else {}), **(feeds or {})}
+    feed = {
+        "x": rand(*x_shape, seed=1),
+        "t": targets(t_shape, classes, ignore).astype(target_dtype),
+        **({"w": rand(classes, seed=2, positive=True)} if weight else {}),
+        **(feeds or {}),
+    }
     return case(f"{op}-{id}", single_op_model(op, inputs, attrs, opset=opset, outputs=outputs), feed)
 
 
@@ -96,23 +112,35 @@ def test_targets_outside_the_classes_read_clamped_classes(tmp_path) -> None:
     """ONNX leaves such targets undefined; farm reads the nearest class rather than memory outside the input."""
     t = np.array([[-7, 0, 4], [2**40, 3, -1]], np.int64)
     x = rand(2, 4, 3, seed=3)
-    model = single_op_model("NegativeLogLikelihoodLoss", [("x", (2, 4, 3)), ("t", (2, 3), "int64")],
-                            {"reduction": "none"}, opset=OPSET)
-    check_case(case("nll-out-of-range", model, {"x": x, "t": t},
-                    reference=lambda feeds: {"y": _clamped_nll(feeds["x"], feeds["t"])}), tmp_path)
+    model = single_op_model(
+        "NegativeLogLikelihoodLoss", [("x", (2, 4, 3)), ("t", (2, 3), "int64")], {"reduction": "none"}, opset=OPSET
+    )
+    check_case(
+        case(
+            "nll-out-of-range",
+            model,
+            {"x": x, "t": t},
+            reference=lambda feeds: {"y": _clamped_nll(feeds["x"], feeds["t"])},
+        ),
+        tmp_path,
+    )
 
 
 def test_mean_over_only_ignored_targets_is_nan(tmp_path) -> None:
     """Nothing to average: 0 / 0, as ONNX's reference gives."""
-    model = single_op_model("SoftmaxCrossEntropyLoss", [("x", (2, 3)), ("t", (2,), "int64")], {"ignore_index": 1},
-                            opset=OPSET)
+    model = single_op_model(
+        "SoftmaxCrossEntropyLoss", [("x", (2, 3)), ("t", (2,), "int64")], {"ignore_index": 1}, opset=OPSET
+    )
     feeds = {"x": rand(2, 3), "t": np.array([1, 1], np.int64)}
     check_case(case("sce-all-ignored", model, feeds, reference=lambda _: {"y": np.float32(np.nan)}), tmp_path)
 
 
 # A case per kernel shape: a parallel per-element loss, a serial weighted mean, SCE with its log_prob output.
-OPENCL_SAMPLE = ["NegativeLogLikelihoodLoss-NCd1d2-none-weight-negative-ii",
-                 "NegativeLogLikelihoodLoss-NCd1-mean-weight-ii", "SoftmaxCrossEntropyLoss-NCd1-mean-weight-ii-log-prob"]
+OPENCL_SAMPLE = [
+    "NegativeLogLikelihoodLoss-NCd1d2-none-weight-negative-ii",
+    "NegativeLogLikelihoodLoss-NCd1-mean-weight-ii",
+    "SoftmaxCrossEntropyLoss-NCd1-mean-weight-ii-log-prob",
+]
 
 
 @pytest.mark.parametrize("c", params(c for c in CASES if c.id in OPENCL_SAMPLE))
@@ -125,9 +153,13 @@ def test_opencl_sample_names_cases() -> None:
 
 
 UNSUPPORTED = [
-    pytest.param(single_op_model("NegativeLogLikelihoodLoss", [("x", (3, 4)), ("t", (3,), "int64")],
-                                 {"reduction": "max"}, opset=OPSET),
-                 "reduction 'max' is not supported", id="nll-reduction"),
+    pytest.param(
+        single_op_model(
+            "NegativeLogLikelihoodLoss", [("x", (3, 4)), ("t", (3,), "int64")], {"reduction": "max"}, opset=OPSET
+        ),
+        "reduction 'max' is not supported",
+        id="nll-reduction",
+    ),
 ]
 
 
@@ -137,13 +169,28 @@ def test_unsupported_variants_are_refused_clearly(model, message: str, tmp_path)
 
 
 HOSTILE = [
-    pytest.param(hostile_op_model("SoftmaxCrossEntropyLoss", {"reduction": "none"}, {"t": np.zeros((2, 5), np.int64)},
-                                  x=(2, 4, 3), opset=OPSET),
-                 "does not match|inconsistent", id="sce-target-shape"),
-    pytest.param(hostile_op_model("NegativeLogLikelihoodLoss", {}, {"t": np.zeros(2, np.int64),
-                                                                    "w": np.ones(5, np.float32)},
-                                  x=(2, 4), opset=OPSET),
-                 "does not match|inconsistent", id="nll-weight-shape"),
+    pytest.param(
+        hostile_op_model(
+            "SoftmaxCrossEntropyLoss",
+            {"reduction": "none"},
+            {"t": np.zeros((2, 5), np.int64)},
+            x=(2, 4, 3),
+            opset=OPSET,
+        ),
+        "does not match|inconsistent",
+        id="sce-target-shape",
+    ),
+    pytest.param(
+        hostile_op_model(
+            "NegativeLogLikelihoodLoss",
+            {},
+            {"t": np.zeros(2, np.int64), "w": np.ones(5, np.float32)},
+            x=(2, 4),
+            opset=OPSET,
+        ),
+        "does not match|inconsistent",
+        id="nll-weight-shape",
+    ),
 ]
 
 

@@ -21,8 +21,9 @@ from farm.ops import matmul
 # ---------------------------------------------------------------------------------------------------------- Gemm
 
 
-def _gemm(id: str, m: int, k: int, n: int, attrs: dict | None = None, c: tuple[int, ...] | None = (-1,),
-          b_input: bool = False) -> OpCase:
+def _gemm(
+    id: str, m: int, k: int, n: int, attrs: dict | None = None, c: tuple[int, ...] | None = (-1,), b_input: bool = False
+) -> OpCase:
     """Gemm of A (graph input) and B (initializer, or graph input if b_input) with C of shape `c` ((-1,) = (N,))."""
     attrs = attrs or {}
     a_shape = (k, m) if attrs.get("transA") else (m, k)
@@ -58,8 +59,12 @@ GEMM_CASES: list[OpCase] = [
     _gemm("large", 33, 70, 65, {"transB": 1}),
     _gemm("large-constant-b", 33, 70, 113),
     _gemm("large-transA", 67, 129, 70, {"transA": 1}),
-    case("gemm-a-initializer", single_op_model("Gemm", [("b", (5, 4))], {"transA": 1}, {"a": rand(5, 3), "c": rand(4)},
-                                               node_inputs=["a", "b", "c"])),
+    case(
+        "gemm-a-initializer",
+        single_op_model(
+            "Gemm", [("b", (5, 4))], {"transA": 1}, {"a": rand(5, 3), "c": rand(4)}, node_inputs=["a", "b", "c"]
+        ),
+    ),
     _gemm("vector-row", 1, 100, 10),
 ]
 
@@ -98,8 +103,10 @@ MATMUL_CASES: list[OpCase] = [
     _matmul((3, 5), (2, 5, 60), b_initializer=True),
     _matmul((2, 1, 3, 4), (5, 4, 70), b_initializer=True),
     _matmul((2, 3, 5), (5,), b_initializer=True),
-    case("matmul-a-initializer", single_op_model("MatMul", [("b", (2, 5, 4))], {}, {"a": rand(3, 5)},
-                                                 node_inputs=["a", "b"])),
+    case(
+        "matmul-a-initializer",
+        single_op_model("MatMul", [("b", (2, 5, 4))], {}, {"a": rand(3, 5)}, node_inputs=["a", "b"]),
+    ),
 ]
 
 
@@ -129,8 +136,9 @@ def test_gemm_and_matmul_check_their_operands_whatever_inference_found():
     from farm.ops.registry import NodeContext
 
     def context(op, a, b, y):
-        return NodeContext(Node("victim", op, ["a", "b"], ["y"]), [TensorInfo(a), TensorInfo(b)], [TensorInfo(y)],
-                           {}, 17)
+        return NodeContext(
+            Node("victim", op, ["a", "b"], ["y"]), [TensorInfo(a), TensorInfo(b)], [TensorInfo(y)], {}, 17
+        )
 
     with pytest.raises(UnsupportedError, match="can't give Y"):
         matmul._gemm_attrs(context("Gemm", (1, 4096), (32, 10), (1, 10)))

@@ -40,7 +40,7 @@ def lrn_reference(x: np.ndarray, size: int, alpha: float = 1e-4, beta: float = 0
     square = x.astype(np.float64) ** 2
     out = np.empty(x.shape, dtype=np.float64)
     for c in range(channels):
-        window = square[:, max(0, c - before): min(channels - 1, c + after) + 1].sum(axis=1)
+        window = square[:, max(0, c - before) : min(channels - 1, c + after) + 1].sum(axis=1)
         out[:, c] = x[:, c] / (bias + alpha / size * window) ** beta
     return out.astype(np.float32)
 
@@ -55,27 +55,43 @@ def _lrn_huge_reference(feeds):
 
 LRN_CASES: list[OpCase] = [
     case("lrn-size3", single_op_model("LRN", [("x", (1, 8, 5, 5))], {"size": 3})),
-    case("lrn-size5", single_op_model("LRN", [("x", (2, 8, 5, 5))],
-                                      {"size": 5, "alpha": 1e-2, "beta": 0.75, "bias": 2.0})),
-    case("lrn-size4-even", single_op_model("LRN", [("x", (1, 7, 4, 6))], {"size": 4, "alpha": 0.1, "beta": 0.5}),
-         reference=_lrn_even_reference),
+    case(
+        "lrn-size5",
+        single_op_model("LRN", [("x", (2, 8, 5, 5))], {"size": 5, "alpha": 1e-2, "beta": 0.75, "bias": 2.0}),
+    ),
+    case(
+        "lrn-size4-even",
+        single_op_model("LRN", [("x", (1, 7, 4, 6))], {"size": 4, "alpha": 0.1, "beta": 0.5}),
+        reference=_lrn_even_reference,
+    ),
     case("lrn-size1", single_op_model("LRN", [("x", (1, 3, 4, 4))], {"size": 1, "alpha": 0.5, "bias": 1.5})),
-    case("lrn-size-larger-than-channels", single_op_model("LRN", [("x", (1, 3, 4, 4))],
-                                                          {"size": 7, "alpha": 0.3, "beta": 1.0})),
+    case(
+        "lrn-size-larger-than-channels",
+        single_op_model("LRN", [("x", (1, 3, 4, 4))], {"size": 7, "alpha": 0.3, "beta": 1.0}),
+    ),
     # A hostile window of 2**62 channels (issue 13): the kernel loops over the channels it covers, not 2**62 times;
     # onnxruntime can't run it (it pads its buffer by the window), so the spec's formula is the reference.
-    case("lrn-size-2**62", single_op_model("LRN", [("x", (1, 5, 3, 3))], {"size": 2**62, "alpha": 2.0**61}),
-         reference=_lrn_huge_reference),
-    case("lrn-alexnet", single_op_model("LRN", [("x", (1, 16, 6, 6))],
-                                        {"size": 5, "alpha": 1e-4, "beta": 0.75, "bias": 1.0}),
-         {"x": rand(1, 16, 6, 6, scale=30.0)}),
+    case(
+        "lrn-size-2**62",
+        single_op_model("LRN", [("x", (1, 5, 3, 3))], {"size": 2**62, "alpha": 2.0**61}),
+        reference=_lrn_huge_reference,
+    ),
+    case(
+        "lrn-alexnet",
+        single_op_model("LRN", [("x", (1, 16, 6, 6))], {"size": 5, "alpha": 1e-4, "beta": 0.75, "bias": 1.0}),
+        {"x": rand(1, 16, 6, 6, scale=30.0)},
+    ),
 ]
 
 
 def _bn(id: str, x: tuple[int, ...], attrs: dict | None = None, opset: int = 17) -> OpCase:
     c = x[1]
-    initializers = {"scale": rand(c, seed=1), "bias": rand(c, seed=2), "mean": rand(c, seed=3),
-                    "var": rand(c, seed=4, positive=True)}
+    initializers = {
+        "scale": rand(c, seed=1),
+        "bias": rand(c, seed=2),
+        "mean": rand(c, seed=3),
+        "var": rand(c, seed=4, positive=True),
+    }
     return case(f"batchnorm-{id}", single_op_model("BatchNormalization", [("x", x)], attrs or {}, initializers, opset))
 
 
@@ -93,12 +109,19 @@ BN_CASES: list[OpCase] = [
 # --------------------------------------------------------------------------------------------- normalisations
 
 
-def _layernorm(id: str, x: tuple[int, ...], axis: int | None = None, scale: tuple[int, ...] | None = None,
-               bias: bool = True, attrs: dict | None = None, graph_params: bool = False) -> OpCase:
+def _layernorm(
+    id: str,
+    x: tuple[int, ...],
+    axis: int | None = None,
+    scale: tuple[int, ...] | None = None,
+    bias: bool = True,
+    attrs: dict | None = None,
+    graph_params: bool = False,
+) -> OpCase:
     """LayerNormalization with scale (and bias) of shape `scale` (default: the normalised shape) as initializers,
     or as graph inputs with graph_params."""
     attrs = {**(attrs or {}), **({} if axis is None else {"axis": axis})}
-    param_shape = scale or x[(axis if axis is not None else -1):]
+    param_shape = scale or x[(axis if axis is not None else -1) :]
     params = {"scale": rand(*param_shape, seed=1), **({"bias": rand(*param_shape, seed=2)} if bias else {})}
     if graph_params:
         model = single_op_model("LayerNormalization", [("x", x), *[(n, a.shape) for n, a in params.items()]], attrs)
@@ -118,23 +141,34 @@ def _layernorm_statistics(outputs: list[str], axis: int) -> OpCase:
     return case(f"layernorm-statistics-{'-'.join(present[1:])}", graph_model([node], [("x", x)], present, params))
 
 
-def _same_shape_model(op: str, inputs: list[tuple[str, tuple[int, ...]]], attrs: dict, initializers: dict,
-                      opset: int) -> onnx.ModelProto:
+def _same_shape_model(
+    op: str, inputs: list[tuple[str, tuple[int, ...]]], attrs: dict, initializers: dict, opset: int
+) -> onnx.ModelProto:
     """One `op` node whose output y is declared with x's shape: ONNX shape inference leaves GroupNormalization's
     output untyped. (The checker refuses GroupNormalization-18, deprecated since opset 21 though models use it.)"""
     node = helper.make_node(op, [n for n, _ in inputs] + list(initializers), ["y"], name=f"{op.lower()}_0", **attrs)
     graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(shape)) for n, shape in inputs],
+        [node],
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(shape)) for n, shape in inputs],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(inputs[0][1]))],
-        initializer=[numpy_helper.from_array(a, n) for n, a in initializers.items()])
+        initializer=[numpy_helper.from_array(a, n) for n, a in initializers.items()],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
     if (op, opset) != ("GroupNormalization", 18):
         onnx.checker.check_model(model)
     return model
 
 
-def _norm(op: str, id: str, x: tuple[int, ...], attrs: dict | None = None, params: dict | None = None,
-          opset: int = 17, graph_params: bool = False) -> OpCase:
+def _norm(
+    op: str,
+    id: str,
+    x: tuple[int, ...],
+    attrs: dict | None = None,
+    params: dict | None = None,
+    opset: int = 17,
+    graph_params: bool = False,
+) -> OpCase:
     params = params or {}
     inputs = [("x", x)] + ([(n, a.shape) for n, a in params.items()] if graph_params else [])
     model = _same_shape_model(op, inputs, attrs or {}, {} if graph_params else params, opset)
@@ -164,10 +198,15 @@ NORM_CASES: list[OpCase] = [
     _norm("InstanceNormalization", "graph-input-params", (1, 3, 4, 4), params=_channel_params(3), graph_params=True),
     _norm("InstanceNormalization", "opset9", (1, 2, 3, 3), params=_channel_params(2), opset=9),
     _norm("GroupNormalization", "opset21-per-channel", (2, 6, 4, 5), {"num_groups": 3}, _channel_params(6), opset=21),
-    _norm("GroupNormalization", "opset21-one-group", (2, 4, 3, 3), {"num_groups": 1, "epsilon": 0.01},
-          _channel_params(4), opset=21),
-    _norm("GroupNormalization", "opset21-channel-groups", (1, 4, 6), {"num_groups": 4}, _channel_params(4),
-          opset=21),
+    _norm(
+        "GroupNormalization",
+        "opset21-one-group",
+        (2, 4, 3, 3),
+        {"num_groups": 1, "epsilon": 0.01},
+        _channel_params(4),
+        opset=21,
+    ),
+    _norm("GroupNormalization", "opset21-channel-groups", (1, 4, 6), {"num_groups": 4}, _channel_params(4), opset=21),
     _norm("GroupNormalization", "opset18-per-group", (2, 6, 4, 5), {"num_groups": 3}, _channel_params(3), opset=18),
     _norm("MeanVarianceNormalization", "default-axes", (2, 3, 4, 5)),
     _norm("MeanVarianceNormalization", "axes-2-3", (2, 3, 4, 5), {"axes": [2, 3]}),
@@ -177,8 +216,11 @@ NORM_CASES: list[OpCase] = [
     _norm("LpNormalization", "p1-axis1", (3, 4, 5), {"p": 1, "axis": 1}),
     _norm("LpNormalization", "p2-axis0", (3, 4), {"p": 2, "axis": 0}),
     _norm("LpNormalization", "p1-negative-axis", (2, 3, 4), {"p": 1, "axis": -3}),
-    case("lpnormalization-zero-row", single_op_model("LpNormalization", [("x", (3, 4))]),
-         {"x": np.array([[0, 0, 0, 0], [1, 2, 3, 4], [0, -1, 0, 0]], np.float32)}),
+    case(
+        "lpnormalization-zero-row",
+        single_op_model("LpNormalization", [("x", (3, 4))]),
+        {"x": np.array([[0, 0, 0, 0], [1, 2, 3, 4], [0, -1, 0, 0]], np.float32)},
+    ),
 ]
 
 # -------------------------------------------------------------------------------------------- RMSNormalization
@@ -245,9 +287,15 @@ def test_lrn_reference_even_window() -> None:
 
 
 OPENCL_SAMPLE = [
-    "layernorm-scale-broadcast", "layernorm-statistics-mean-inv_std", "instancenormalization-4d",
-    "groupnormalization-opset21-per-channel", "meanvariancenormalization-axes-1", "lpnormalization-p1-axis1",
-    "rmsnorm-default-axis", "rmsnorm-axis1", "rmsnorm-scale-broadcast-first",
+    "layernorm-scale-broadcast",
+    "layernorm-statistics-mean-inv_std",
+    "instancenormalization-4d",
+    "groupnormalization-opset21-per-channel",
+    "meanvariancenormalization-axes-1",
+    "lpnormalization-p1-axis1",
+    "rmsnorm-default-axis",
+    "rmsnorm-axis1",
+    "rmsnorm-scale-broadcast-first",
 ]
 
 
@@ -262,18 +310,34 @@ def test_opencl_sample_names_cases() -> None:
 
 _F = np.float32
 HOSTILE = [
-    pytest.param(hostile_op_model("LayerNormalization", {"axis": 2**40}, {"scale": np.ones(4, np.float32)}),
-                 "axis 1099511627776 is out of range", id="layernorm-axis"),
-    pytest.param(hostile_op_model("LpNormalization", {"axis": 2**40}), "axis 1099511627776 is out of range",
-                 id="lpnorm-axis"),
-    pytest.param(hostile_op_model("RMSNormalization", {}, {"scale": np.ones(3, _F)}, opset=OPSET),
-                 r"scale of shape \[3\] doesn't broadcast to \[4\]", id="rmsnorm-scale-mismatch"),
-    pytest.param(hostile_op_model("RMSNormalization", {"axis": 2}, {"scale": np.ones((2, 4, 4), _F)}, opset=OPSET),
-                 "doesn't broadcast", id="rmsnorm-scale-too-long"),
-    pytest.param(hostile_op_model("RMSNormalization", {"axis": 2**40}, {"scale": np.ones(4, _F)}, opset=OPSET),
-                 "axis 1099511627776 is out of range", id="rmsnorm-axis"),
-    pytest.param(hostile_op_model("RMSNormalization", {"stash_type": 11}, {"scale": np.ones(4, _F)}, opset=OPSET),
-                 "stash_type 11 is not supported", id="rmsnorm-stash-type"),
+    pytest.param(
+        hostile_op_model("LayerNormalization", {"axis": 2**40}, {"scale": np.ones(4, np.float32)}),
+        "axis 1099511627776 is out of range",
+        id="layernorm-axis",
+    ),
+    pytest.param(
+        hostile_op_model("LpNormalization", {"axis": 2**40}), "axis 1099511627776 is out of range", id="lpnorm-axis"
+    ),
+    pytest.param(
+        hostile_op_model("RMSNormalization", {}, {"scale": np.ones(3, _F)}, opset=OPSET),
+        r"scale of shape \[3\] doesn't broadcast to \[4\]",
+        id="rmsnorm-scale-mismatch",
+    ),
+    pytest.param(
+        hostile_op_model("RMSNormalization", {"axis": 2}, {"scale": np.ones((2, 4, 4), _F)}, opset=OPSET),
+        "doesn't broadcast",
+        id="rmsnorm-scale-too-long",
+    ),
+    pytest.param(
+        hostile_op_model("RMSNormalization", {"axis": 2**40}, {"scale": np.ones(4, _F)}, opset=OPSET),
+        "axis 1099511627776 is out of range",
+        id="rmsnorm-axis",
+    ),
+    pytest.param(
+        hostile_op_model("RMSNormalization", {"stash_type": 11}, {"scale": np.ones(4, _F)}, opset=OPSET),
+        "stash_type 11 is not supported",
+        id="rmsnorm-stash-type",
+    ),
 ]
 
 

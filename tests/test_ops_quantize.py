@@ -41,13 +41,17 @@ from farm.ops.quantize import round_to_half
 F16 = np.float16
 
 
-def ints(shape: Sequence[int], dtype: str, seed: int = 0, low: int | None = None, high: int | None = None,
-         ) -> np.ndarray:
+def ints(
+    shape: Sequence[int],
+    dtype: str,
+    seed: int = 0,
+    low: int | None = None,
+    high: int | None = None,
+) -> np.ndarray:
     """Deterministic integers over `dtype`'s whole range (or [low, high])."""
     info = np.iinfo(dtype)
     rng = np.random.default_rng(seed)
-    return rng.integers(info.min if low is None else low, (info.max if high is None else high) + 1,
-                        shape).astype(dtype)
+    return rng.integers(info.min if low is None else low, (info.max if high is None else high) + 1, shape).astype(dtype)
 
 
 def scalar(value, dtype: str = "float32") -> np.ndarray:
@@ -61,13 +65,25 @@ def halfway(shape: Sequence[int], scale: float, seed: int = 0) -> np.ndarray:
     return ((k + 0.5) * np.float64(np.float32(scale))).astype(np.float32)
 
 
-def _case(id: str, op: str, inputs, feeds: Mapping[str, np.ndarray] | None = None, attrs=None, initializers=None,
-          opset: int = 21, *, onnxruntime: bool = True, **kwargs) -> OpCase:
+def _case(
+    id: str,
+    op: str,
+    inputs,
+    feeds: Mapping[str, np.ndarray] | None = None,
+    attrs=None,
+    initializers=None,
+    opset: int = 21,
+    *,
+    onnxruntime: bool = True,
+    **kwargs,
+) -> OpCase:
     """A one-op case fed `feeds` (random float32 for float inputs not given), against onnxruntime or, where it has
     no kernel, ONNX's reference evaluator."""
     model = single_op_model(op, inputs, attrs, initializers, opset, **kwargs)
-    all_feeds = {name: feeds[name] if feeds and name in feeds else rand(*shape, seed=i)
-                 for i, (name, shape, *_) in enumerate(inputs)}
+    all_feeds = {
+        name: feeds[name] if feeds and name in feeds else rand(*shape, seed=i)
+        for i, (name, shape, *_) in enumerate(inputs)
+    }
     return case(id, model, all_feeds, reference=None if onnxruntime else onnx_reference(model))
 
 
@@ -90,57 +106,144 @@ X = ("x", (2, 3, 4, 5), "float32")
 _SPECIAL = np.array([np.nan, np.inf, -np.inf, 1e10, -1e10, 3e38, 0.0, -0.0, 1e-45, 2.5, -2.5, 3.5], np.float32)
 
 QUANTIZE_CASES: list[OpCase] = [
-    _case("quantize-uint8-opset10", "QuantizeLinear", [X], initializers={"s": scalar(0.02), "z": scalar(128, "uint8")},
-          opset=10),
-    _case("quantize-int8-inputs", "QuantizeLinear", [X, ("s", (), "float32"), ("z", (), "int8")],
-          {"s": scalar(0.03), "z": scalar(-7, "int8")}, opset=13),
-    *[_case(f"quantize-halfway-{scale}", "QuantizeLinear", [("x", (4096,), "float32"), ("s", (), "float32"),
-                                                             ("z", (), "uint8")],
-            {"x": halfway((4096,), scale), "s": scalar(scale), "z": scalar(128, "uint8")}, opset=13)
-      for scale in (0.3, 0.0123)],
-    _case("quantize-special-values", "QuantizeLinear", [("x", (12,), "float32")], {"x": _SPECIAL},
-          initializers={"s": scalar(1.0), "z": scalar(3, "int8")}, opset=13),
+    _case(
+        "quantize-uint8-opset10",
+        "QuantizeLinear",
+        [X],
+        initializers={"s": scalar(0.02), "z": scalar(128, "uint8")},
+        opset=10,
+    ),
+    _case(
+        "quantize-int8-inputs",
+        "QuantizeLinear",
+        [X, ("s", (), "float32"), ("z", (), "int8")],
+        {"s": scalar(0.03), "z": scalar(-7, "int8")},
+        opset=13,
+    ),
+    *[
+        _case(
+            f"quantize-halfway-{scale}",
+            "QuantizeLinear",
+            [("x", (4096,), "float32"), ("s", (), "float32"), ("z", (), "uint8")],
+            {"x": halfway((4096,), scale), "s": scalar(scale), "z": scalar(128, "uint8")},
+            opset=13,
+        )
+        for scale in (0.3, 0.0123)
+    ],
+    _case(
+        "quantize-special-values",
+        "QuantizeLinear",
+        [("x", (12,), "float32")],
+        {"x": _SPECIAL},
+        initializers={"s": scalar(1.0), "z": scalar(3, "int8")},
+        opset=13,
+    ),
     _case("quantize-no-zero-point", "QuantizeLinear", [X], initializers={"s": scalar(0.01)}, opset=13),
-    _case("quantize-per-axis", "QuantizeLinear", [X], attrs={"axis": 1},
-          initializers={"s": np.array([0.01, 0.02, 0.05], np.float32), "z": np.array([-3, 0, 9], np.int8)},
-          opset=13),
-    _case("quantize-per-axis-last", "QuantizeLinear", [X, ("s", (5,), "float32"), ("z", (5,), "uint8")],
-          {"s": np.linspace(0.005, 0.05, 5).astype(np.float32), "z": ints((5,), "uint8")}, {"axis": -1}, opset=19),
+    _case(
+        "quantize-per-axis",
+        "QuantizeLinear",
+        [X],
+        attrs={"axis": 1},
+        initializers={"s": np.array([0.01, 0.02, 0.05], np.float32), "z": np.array([-3, 0, 9], np.int8)},
+        opset=13,
+    ),
+    _case(
+        "quantize-per-axis-last",
+        "QuantizeLinear",
+        [X, ("s", (5,), "float32"), ("z", (5,), "uint8")],
+        {"s": np.linspace(0.005, 0.05, 5).astype(np.float32), "z": ints((5,), "uint8")},
+        {"axis": -1},
+        opset=19,
+    ),
     _case("quantize-int16", "QuantizeLinear", [X], initializers={"s": scalar(1e-4), "z": scalar(-300, "int16")}),
-    _case("quantize-uint16", "QuantizeLinear", [X], {"x": rand(2, 3, 4, 5, scale=4.0)},
-          initializers={"s": scalar(1e-4), "z": scalar(30000, "uint16")}),
-    _case("quantize-output-dtype", "QuantizeLinear", [X], attrs={"output_dtype": TensorProto.INT8},
-          initializers={"s": scalar(0.02)}),
-    _case("quantize-blocked", "QuantizeLinear", [X, ("s", (2, 2, 4, 5), "float32"), ("z", (2, 2, 4, 5), "int8")],
-          {"s": rand(2, 2, 4, 5, positive=True, scale=0.02), "z": ints((2, 2, 4, 5), "int8", low=-20, high=20)},
-          {"axis": 1, "block_size": 2}, onnxruntime=False),
-    _case("quantize-blocked-last", "QuantizeLinear", [X, ("s", (2, 3, 4, 3), "float32")],
-          {"s": rand(2, 3, 4, 3, positive=True, scale=0.02)}, {"axis": -1, "block_size": 2, "output_dtype":
-                                                               TensorProto.UINT16}, onnxruntime=False),
-    _case("quantize-float16-x", "QuantizeLinear", [("x", (4, 5), "float16")], {"x": rand(4, 5).astype(F16)},
-          initializers={"s": scalar(0.01), "z": scalar(5, "uint8")}, onnxruntime=False),
-    _case("quantize-float16-division", "QuantizeLinear", [("x", (4096,), "float16"), ("s", (), "float16")],
-          {"x": halfway((4096,), 0.3).astype(F16), "s": scalar(0.3, "float16")}, onnxruntime=False),
-    _case("quantize-int32-x", "QuantizeLinear", [("x", (4, 5), "int32")], {"x": ints((4, 5), "int32", low=-900,
-                                                                                      high=900)},
-          initializers={"s": scalar(3.0), "z": scalar(1, "int8")}, onnxruntime=False),
-    _case("quantize-precision-float16", "QuantizeLinear", [("x", (4096,), "float32")], {"x": halfway((4096,), 0.3)},
-          {"precision": TensorProto.FLOAT16}, {"s": scalar(0.3)}, opset=25, onnxruntime=False),
+    _case(
+        "quantize-uint16",
+        "QuantizeLinear",
+        [X],
+        {"x": rand(2, 3, 4, 5, scale=4.0)},
+        initializers={"s": scalar(1e-4), "z": scalar(30000, "uint16")},
+    ),
+    _case(
+        "quantize-output-dtype",
+        "QuantizeLinear",
+        [X],
+        attrs={"output_dtype": TensorProto.INT8},
+        initializers={"s": scalar(0.02)},
+    ),
+    _case(
+        "quantize-blocked",
+        "QuantizeLinear",
+        [X, ("s", (2, 2, 4, 5), "float32"), ("z", (2, 2, 4, 5), "int8")],
+        {"s": rand(2, 2, 4, 5, positive=True, scale=0.02), "z": ints((2, 2, 4, 5), "int8", low=-20, high=20)},
+        {"axis": 1, "block_size": 2},
+        onnxruntime=False,
+    ),
+    _case(
+        "quantize-blocked-last",
+        "QuantizeLinear",
+        [X, ("s", (2, 3, 4, 3), "float32")],
+        {"s": rand(2, 3, 4, 3, positive=True, scale=0.02)},
+        {"axis": -1, "block_size": 2, "output_dtype": TensorProto.UINT16},
+        onnxruntime=False,
+    ),
+    _case(
+        "quantize-float16-x",
+        "QuantizeLinear",
+        [("x", (4, 5), "float16")],
+        {"x": rand(4, 5).astype(F16)},
+        initializers={"s": scalar(0.01), "z": scalar(5, "uint8")},
+        onnxruntime=False,
+    ),
+    _case(
+        "quantize-float16-division",
+        "QuantizeLinear",
+        [("x", (4096,), "float16"), ("s", (), "float16")],
+        {"x": halfway((4096,), 0.3).astype(F16), "s": scalar(0.3, "float16")},
+        onnxruntime=False,
+    ),
+    _case(
+        "quantize-int32-x",
+        "QuantizeLinear",
+        [("x", (4, 5), "int32")],
+        {"x": ints((4, 5), "int32", low=-900, high=900)},
+        initializers={"s": scalar(3.0), "z": scalar(1, "int8")},
+        onnxruntime=False,
+    ),
+    _case(
+        "quantize-precision-float16",
+        "QuantizeLinear",
+        [("x", (4096,), "float32")],
+        {"x": halfway((4096,), 0.3)},
+        {"precision": TensorProto.FLOAT16},
+        {"s": scalar(0.3)},
+        opset=25,
+        onnxruntime=False,
+    ),
 ]
 
 # ------------------------------------------------------------------------------------------ DequantizeLinear
 
 
-def _dequantize(id: str, dtype: str, shape=(2, 3, 4, 5), attrs=None, scale=None, zero=None, opset: int = 21, *,
-                as_inputs: bool = False, **kwargs) -> OpCase:
+def _dequantize(
+    id: str,
+    dtype: str,
+    shape=(2, 3, 4, 5),
+    attrs=None,
+    scale=None,
+    zero=None,
+    opset: int = 21,
+    *,
+    as_inputs: bool = False,
+    **kwargs,
+) -> OpCase:
     scale = scalar(0.02) if scale is None else scale
     params = {"s": scale, **({} if zero is None else {"z": zero})}
     if as_inputs:
         inputs = [("x", shape, dtype), *[(name, value.shape, value.dtype) for name, value in params.items()]]
-        return _case(id, "DequantizeLinear", inputs, {"x": ints(shape, dtype), **params}, attrs, opset=opset,
-                     **kwargs)
-    return _case(id, "DequantizeLinear", [("x", shape, dtype)], {"x": ints(shape, dtype)}, attrs, params, opset,
-                 **kwargs)
+        return _case(id, "DequantizeLinear", inputs, {"x": ints(shape, dtype), **params}, attrs, opset=opset, **kwargs)
+    return _case(
+        id, "DequantizeLinear", [("x", shape, dtype)], {"x": ints(shape, dtype)}, attrs, params, opset, **kwargs
+    )
 
 
 DEQUANTIZE_CASES: list[OpCase] = [
@@ -150,35 +253,73 @@ DEQUANTIZE_CASES: list[OpCase] = [
     _dequantize("dequantize-int16", "int16", zero=scalar(-1000, "int16")),
     _dequantize("dequantize-uint16", "uint16", zero=scalar(40000, "uint16"), as_inputs=True),
     _dequantize("dequantize-int32", "int32", scale=scalar(1e-6), opset=13),
-    _dequantize("dequantize-int32-zero-point", "int32", scale=scalar(1e-3), zero=scalar(123456, "int32"),
-                onnxruntime=False),
-    _dequantize("dequantize-per-axis", "uint8", attrs={"axis": 1}, scale=np.array([0.1, 0.02, 0.3], np.float32),
-                zero=np.array([0, 128, 255], np.uint8), opset=13),
-    _dequantize("dequantize-per-axis-negative", "int8", attrs={"axis": -2}, scale=rand(4, positive=True),
-                zero=ints((4,), "int8"), as_inputs=True, opset=19),
-    _dequantize("dequantize-blocked", "int8", attrs={"axis": 3, "block_size": 2},
-                scale=rand(2, 3, 4, 3, positive=True), zero=ints((2, 3, 4, 3), "int8"), onnxruntime=False),
-    _dequantize("dequantize-float16-scale", "uint8", scale=scalar(0.0123, "float16"), zero=scalar(7, "uint8"),
-                opset=19),
-    _dequantize("dequantize-output-float16", "int8", attrs={"output_dtype": TensorProto.FLOAT16},
-                scale=scalar(0.0123), opset=23, onnxruntime=False),
+    _dequantize(
+        "dequantize-int32-zero-point", "int32", scale=scalar(1e-3), zero=scalar(123456, "int32"), onnxruntime=False
+    ),
+    _dequantize(
+        "dequantize-per-axis",
+        "uint8",
+        attrs={"axis": 1},
+        scale=np.array([0.1, 0.02, 0.3], np.float32),
+        zero=np.array([0, 128, 255], np.uint8),
+        opset=13,
+    ),
+    _dequantize(
+        "dequantize-per-axis-negative",
+        "int8",
+        attrs={"axis": -2},
+        scale=rand(4, positive=True),
+        zero=ints((4,), "int8"),
+        as_inputs=True,
+        opset=19,
+    ),
+    _dequantize(
+        "dequantize-blocked",
+        "int8",
+        attrs={"axis": 3, "block_size": 2},
+        scale=rand(2, 3, 4, 3, positive=True),
+        zero=ints((2, 3, 4, 3), "int8"),
+        onnxruntime=False,
+    ),
+    _dequantize(
+        "dequantize-float16-scale", "uint8", scale=scalar(0.0123, "float16"), zero=scalar(7, "uint8"), opset=19
+    ),
+    _dequantize(
+        "dequantize-output-float16",
+        "int8",
+        attrs={"output_dtype": TensorProto.FLOAT16},
+        scale=scalar(0.0123),
+        opset=23,
+        onnxruntime=False,
+    ),
 ]
 
 # ------------------------------------------------------------------------------------- DynamicQuantizeLinear
 
 DYNAMIC_CASES: list[OpCase] = [
-    _case(f"dynamic-quantize-{id}", "DynamicQuantizeLinear", [("x", (3, 4, 5), "float32")], {"x": x}, opset=11,
-          outputs=("y", "y_scale", "y_zero_point"))
-    for id, x in [("random", rand(3, 4, 5, scale=3.0)), ("positive", rand(3, 4, 5, positive=True)),
-                  ("negative", -rand(3, 4, 5, positive=True, scale=7.0)), ("zeros", np.zeros((3, 4, 5), np.float32)),
-                  ("halfway", halfway((3, 4, 5), 0.3) * np.float32(0.01))]
+    _case(
+        f"dynamic-quantize-{id}",
+        "DynamicQuantizeLinear",
+        [("x", (3, 4, 5), "float32")],
+        {"x": x},
+        opset=11,
+        outputs=("y", "y_scale", "y_zero_point"),
+    )
+    for id, x in [
+        ("random", rand(3, 4, 5, scale=3.0)),
+        ("positive", rand(3, 4, 5, positive=True)),
+        ("negative", -rand(3, 4, 5, positive=True, scale=7.0)),
+        ("zeros", np.zeros((3, 4, 5), np.float32)),
+        ("halfway", halfway((3, 4, 5), 0.3) * np.float32(0.01)),
+    ]
 ]
 
 # ------------------------------------------------------------------------------ MatMulInteger, QLinearMatMul
 
 
-def _matmul_integer(id: str, a_shape, b_shape, a_dtype: str = "uint8", b_dtype: str = "uint8",
-                    b_zero_shape=(), zero_points: bool = True) -> OpCase:
+def _matmul_integer(
+    id: str, a_shape, b_shape, a_dtype: str = "uint8", b_dtype: str = "uint8", b_zero_shape=(), zero_points: bool = True
+) -> OpCase:
     inputs = [("A", a_shape, a_dtype), ("B", b_shape, b_dtype)]
     if zero_points:
         inputs += [("a_zero_point", (), a_dtype), ("b_zero_point", b_zero_shape, b_dtype)]
@@ -197,17 +338,37 @@ MATMUL_INTEGER_CASES: list[OpCase] = [
 ]
 
 
-def _qlinear_matmul(id: str, a_shape, b_shape, dtype: str = "uint8", scale_dtype: str = "float32",
-                    per_column: bool = False, opset: int = 10) -> OpCase:
+def _qlinear_matmul(
+    id: str,
+    a_shape,
+    b_shape,
+    dtype: str = "uint8",
+    scale_dtype: str = "float32",
+    per_column: bool = False,
+    opset: int = 10,
+) -> OpCase:
     columns = b_shape[-1]
     column_shape = (columns,) if per_column else ()
-    inputs = [("a", a_shape, dtype), ("a_scale", (), scale_dtype), ("a_zero_point", (), dtype),
-              ("b", b_shape, dtype), ("b_scale", column_shape, scale_dtype), ("b_zero_point", column_shape, dtype),
-              ("y_scale", (), scale_dtype), ("y_zero_point", (), dtype)]
-    feeds = {"a": ints(a_shape, dtype, 0), "a_scale": scalar(0.0213, scale_dtype), "a_zero_point": ints((), dtype, 1),
-             "b": ints(b_shape, dtype, 2), "b_scale": rand(*column_shape, positive=True, scale=0.01).astype(scale_dtype),
-             "b_zero_point": ints(column_shape, dtype, 3), "y_scale": scalar(0.9, scale_dtype),
-             "y_zero_point": ints((), dtype, 4)}
+    inputs = [
+        ("a", a_shape, dtype),
+        ("a_scale", (), scale_dtype),
+        ("a_zero_point", (), dtype),
+        ("b", b_shape, dtype),
+        ("b_scale", column_shape, scale_dtype),
+        ("b_zero_point", column_shape, dtype),
+        ("y_scale", (), scale_dtype),
+        ("y_zero_point", (), dtype),
+    ]
+    feeds = {
+        "a": ints(a_shape, dtype, 0),
+        "a_scale": scalar(0.0213, scale_dtype),
+        "a_zero_point": ints((), dtype, 1),
+        "b": ints(b_shape, dtype, 2),
+        "b_scale": rand(*column_shape, positive=True, scale=0.01).astype(scale_dtype),
+        "b_zero_point": ints(column_shape, dtype, 3),
+        "y_scale": scalar(0.9, scale_dtype),
+        "y_zero_point": ints((), dtype, 4),
+    }
     return _integer_case(id, "QLinearMatMul", inputs, feeds, opset=opset)
 
 
@@ -222,44 +383,76 @@ QLINEAR_MATMUL_CASES: list[OpCase] = [
 # ------------------------------------------------------------------------------------ ConvInteger, QLinearConv
 
 
-def _conv_integer(id: str, x_shape, w_shape, attrs=None, dtype: str = "uint8", w_dtype: str = "uint8",
-                  w_zero_shape=(1,)) -> OpCase:
-    inputs = [("x", x_shape, dtype), ("w", w_shape, w_dtype), ("x_zero_point", (), dtype),
-              ("w_zero_point", w_zero_shape, w_dtype)]
+def _conv_integer(
+    id: str, x_shape, w_shape, attrs=None, dtype: str = "uint8", w_dtype: str = "uint8", w_zero_shape=(1,)
+) -> OpCase:
+    inputs = [
+        ("x", x_shape, dtype),
+        ("w", w_shape, w_dtype),
+        ("x_zero_point", (), dtype),
+        ("w_zero_point", w_zero_shape, w_dtype),
+    ]
     feeds = {name: ints(shape, dtype, seed) for seed, (name, shape, dtype) in enumerate(inputs)}
     return _integer_case(id, "ConvInteger", inputs, feeds, attrs)
 
 
 CONV_INTEGER_CASES: list[OpCase] = [
     _conv_integer("conv-integer-pads", (1, 3, 7, 7), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
-    _conv_integer("conv-integer-strides-dilations", (2, 3, 9, 8), (4, 3, 3, 2),
-                  {"strides": [2, 1], "dilations": [1, 2], "pads": [0, 1, 2, 0]}),
+    _conv_integer(
+        "conv-integer-strides-dilations",
+        (2, 3, 9, 8),
+        (4, 3, 3, 2),
+        {"strides": [2, 1], "dilations": [1, 2], "pads": [0, 1, 2, 0]},
+    ),
     _conv_integer("conv-integer-group", (1, 4, 6, 6), (6, 2, 3, 3), {"group": 2, "auto_pad": "SAME_UPPER"}),
-    _conv_integer("conv-integer-per-channel", (1, 3, 6, 6), (4, 3, 1, 1), dtype="uint8", w_dtype="int8",
-                  w_zero_shape=(4,)),
+    _conv_integer(
+        "conv-integer-per-channel", (1, 3, 6, 6), (4, 3, 1, 1), dtype="uint8", w_dtype="int8", w_zero_shape=(4,)
+    ),
 ]
 
 
-def _qlinear_conv(id: str, x_shape, w_shape, attrs=None, dtype: str = "uint8", per_channel: bool = False,
-                  bias: bool = True) -> OpCase:
+def _qlinear_conv(
+    id: str, x_shape, w_shape, attrs=None, dtype: str = "uint8", per_channel: bool = False, bias: bool = True
+) -> OpCase:
     channels = w_shape[0]
     channel_shape = (channels,) if per_channel else ()
-    inputs = [("x", x_shape, dtype), ("x_scale", (), "float32"), ("x_zero_point", (), dtype),
-              ("w", w_shape, dtype), ("w_scale", channel_shape, "float32"), ("w_zero_point", channel_shape, dtype),
-              ("y_scale", (), "float32"), ("y_zero_point", (), dtype)] + ([("B", (channels,), "int32")] if bias else [])
-    feeds = {"x": ints(x_shape, dtype, 0), "x_scale": scalar(0.0213), "x_zero_point": ints((), dtype, 1),
-             "w": ints(w_shape, dtype, 2), "w_scale": rand(*channel_shape, positive=True, scale=0.01),
-             "w_zero_point": ints(channel_shape, dtype, 3), "y_scale": scalar(0.9), "y_zero_point": ints((), dtype, 4),
-             "B": ints((channels,), "int32", 5, -3000, 3000)}
+    inputs = [
+        ("x", x_shape, dtype),
+        ("x_scale", (), "float32"),
+        ("x_zero_point", (), dtype),
+        ("w", w_shape, dtype),
+        ("w_scale", channel_shape, "float32"),
+        ("w_zero_point", channel_shape, dtype),
+        ("y_scale", (), "float32"),
+        ("y_zero_point", (), dtype),
+    ] + ([("B", (channels,), "int32")] if bias else [])
+    feeds = {
+        "x": ints(x_shape, dtype, 0),
+        "x_scale": scalar(0.0213),
+        "x_zero_point": ints((), dtype, 1),
+        "w": ints(w_shape, dtype, 2),
+        "w_scale": rand(*channel_shape, positive=True, scale=0.01),
+        "w_zero_point": ints(channel_shape, dtype, 3),
+        "y_scale": scalar(0.9),
+        "y_zero_point": ints((), dtype, 4),
+        "B": ints((channels,), "int32", 5, -3000, 3000),
+    }
     return _integer_case(id, "QLinearConv", inputs, feeds, attrs)
 
 
 QLINEAR_CONV_CASES: list[OpCase] = [
     _qlinear_conv("qlinear-conv-uint8", (1, 3, 7, 7), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
-    _qlinear_conv("qlinear-conv-int8-per-channel", (2, 3, 8, 9), (5, 3, 3, 3), {"strides": [2, 2]}, "int8",
-                  per_channel=True),
-    _qlinear_conv("qlinear-conv-depthwise", (1, 4, 6, 6), (4, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]},
-                  per_channel=True, bias=False),
+    _qlinear_conv(
+        "qlinear-conv-int8-per-channel", (2, 3, 8, 9), (5, 3, 3, 3), {"strides": [2, 2]}, "int8", per_channel=True
+    ),
+    _qlinear_conv(
+        "qlinear-conv-depthwise",
+        (1, 4, 6, 6),
+        (4, 1, 3, 3),
+        {"group": 4, "pads": [1, 1, 1, 1]},
+        per_channel=True,
+        bias=False,
+    ),
 ]
 
 # ------------------------------------------------------------------------------------------ a QDQ model
@@ -280,10 +473,23 @@ def qdq_model(opset: int) -> onnx.ModelProto:
     fc_w, fc_w_scale = _quantized_weights(rand(8 * 6 * 6, 10, seed=2, scale=0.1), 1)
     x_scale, act_scale, out_scale = np.float32(0.02), np.float32(0.05), np.float32(0.1)
     conv_b = np.rint(rand(8, seed=3) / (x_scale * conv_w_scale)).astype(np.int32)
-    inits = {"x_s": scalar(x_scale), "x_z": scalar(128, "uint8"), "cw": conv_w, "cw_s": conv_w_scale,
-             "cw_z": np.zeros(8, np.int8), "cb": conv_b, "cb_s": (x_scale * conv_w_scale).astype(np.float32),
-             "cb_z": np.zeros(8, np.int32), "a_s": scalar(act_scale), "a_z": scalar(0, "uint8"), "fw": fc_w,
-             "fw_s": fc_w_scale, "fw_z": np.zeros(10, np.int8), "o_s": scalar(out_scale), "o_z": scalar(128, "uint8")}
+    inits = {
+        "x_s": scalar(x_scale),
+        "x_z": scalar(128, "uint8"),
+        "cw": conv_w,
+        "cw_s": conv_w_scale,
+        "cw_z": np.zeros(8, np.int8),
+        "cb": conv_b,
+        "cb_s": (x_scale * conv_w_scale).astype(np.float32),
+        "cb_z": np.zeros(8, np.int32),
+        "a_s": scalar(act_scale),
+        "a_z": scalar(0, "uint8"),
+        "fw": fc_w,
+        "fw_s": fc_w_scale,
+        "fw_z": np.zeros(10, np.int8),
+        "o_s": scalar(out_scale),
+        "o_z": scalar(128, "uint8"),
+    }
     nodes = [
         helper.make_node("QuantizeLinear", ["x", "x_s", "x_z"], ["xq"]),
         helper.make_node("DequantizeLinear", ["xq", "x_s", "x_z"], ["xd"]),
@@ -319,14 +525,23 @@ def qdq_reference(model: onnx.ModelProto) -> Reference:
 
 def _qdq_case(opset: int) -> OpCase:
     model = qdq_model(opset)
-    return case(f"qdq-conv-matmul-opset{opset}", model, {"x": rand(2, 3, 12, 12, seed=4)},
-                reference=qdq_reference(model))
+    return case(
+        f"qdq-conv-matmul-opset{opset}", model, {"x": rand(2, 3, 12, 12, seed=4)}, reference=qdq_reference(model)
+    )
 
 
 QDQ_CASES: list[OpCase] = [_qdq_case(opset) for opset in (13, 21)]
 
-CASES: list[OpCase] = (QUANTIZE_CASES + DEQUANTIZE_CASES + DYNAMIC_CASES + MATMUL_INTEGER_CASES
-                       + QLINEAR_MATMUL_CASES + CONV_INTEGER_CASES + QLINEAR_CONV_CASES + QDQ_CASES)
+CASES: list[OpCase] = (
+    QUANTIZE_CASES
+    + DEQUANTIZE_CASES
+    + DYNAMIC_CASES
+    + MATMUL_INTEGER_CASES
+    + QLINEAR_MATMUL_CASES
+    + CONV_INTEGER_CASES
+    + QLINEAR_CONV_CASES
+    + QDQ_CASES
+)
 
 
 @pytest.mark.parametrize("c", params(CASES))
@@ -335,9 +550,17 @@ def test_matches_the_reference(c: OpCase, tmp_path) -> None:
 
 
 # One case per op, and the exact divisions (OpenCL renders them in double: its float division may be 2.5 ulp off).
-OPENCL_SAMPLE = ["quantize-halfway-0.3", "quantize-blocked", "dequantize-per-axis", "dynamic-quantize-halfway",
-                 "matmul-integer-per-column", "conv-integer-group", "qlinear-matmul-float16-scales",
-                 "qlinear-conv-int8-per-channel", "qdq-conv-matmul-opset21"]
+OPENCL_SAMPLE = [
+    "quantize-halfway-0.3",
+    "quantize-blocked",
+    "dequantize-per-axis",
+    "dynamic-quantize-halfway",
+    "matmul-integer-per-column",
+    "conv-integer-group",
+    "qlinear-matmul-float16-scales",
+    "qlinear-conv-int8-per-channel",
+    "qdq-conv-matmul-opset21",
+]
 
 
 @pytest.mark.parametrize("c", params(c for c in CASES if c.id in OPENCL_SAMPLE))
@@ -360,6 +583,7 @@ def test_qdq_model_runs_activation_quantization(c: OpCase, weight_kernels: int, 
 @pytest.mark.parametrize("c", params(MATMUL_INTEGER_CASES))
 def test_the_integer_reference_is_exact(c: OpCase) -> None:
     """The premise of `_integer_case`: ONNX's reference gives the exact sums of integer products (int64 numpy)."""
+
     def shifted(data: str, zero_point: str) -> np.ndarray:
         return c.feeds[data].astype(np.int64) - (c.feeds[zero_point] if zero_point in c.feeds else 0)
 
@@ -381,8 +605,11 @@ def test_qdq_cases_quantize_alike_in_any_summation_order(c: OpCase) -> None:
     elementwise results, rounded once each as IEEE arithmetic says, so the same everywhere.)"""
     model = version_converter.convert_version(c.model, REFERENCE_OPSET)
     names = [name for node in model.graph.node for name in node.output]
-    values = {**dict(c.feeds), **{t.name: numpy_helper.to_array(t) for t in model.graph.initializer},
-              **dict(zip(names, ReferenceEvaluator(model).run(names, dict(c.feeds))))}
+    values = {
+        **dict(c.feeds),
+        **{t.name: numpy_helper.to_array(t) for t in model.graph.initializer},
+        **dict(zip(names, ReferenceEvaluator(model).run(names, dict(c.feeds)))),
+    }
     producers = {name: node for node in model.graph.node for name in node.output}
     checked = 0
     for quantize in (node for node in model.graph.node if node.op_type == "QuantizeLinear"):
@@ -405,8 +632,9 @@ def summation_error_bound(node: onnx.NodeProto, values: Mapping[str, np.ndarray]
     sum (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., eq. 3.5). The sums of magnitudes are the
     node run in float64 on its inputs' magnitudes, and n, per output, the node run on ones."""
     magnitudes = {name: np.abs(values[name]).astype(np.float64) for name in node.input}
-    single = onnx_reference(graph_model([node], [(name, v.shape, v.dtype) for name, v in magnitudes.items()],
-                                        list(node.output)))
+    single = onnx_reference(
+        graph_model([node], [(name, v.shape, v.dtype) for name, v in magnitudes.items()], list(node.output))
+    )
     sums = single(magnitudes)[node.output[0]]
     terms = single({name: np.ones_like(v) for name, v in magnitudes.items()})[node.output[0]]
     return 2 * terms * UNIT_ROUNDOFF / (1 - terms * UNIT_ROUNDOFF) * sums
@@ -424,8 +652,14 @@ def test_round_to_half_matches_numpy() -> None:
     """round_to_half rounds every float32 as numpy's float16 conversion does (ties, subnormals, overflow)."""
     from farm.ops import mathfns as M
 
-    values = np.concatenate([rand(2000, scale=1000.0), rand(2000, scale=1e-5), halfway((500,), 2.0 ** -8),
-                             np.float32([65504, 65519.99, 65520, 1e9, -1e9, 2.0 ** -25, 3 * 2.0 ** -26, 0.0])])
+    values = np.concatenate(
+        [
+            rand(2000, scale=1000.0),
+            rand(2000, scale=1e-5),
+            halfway((500,), 2.0**-8),
+            np.float32([65504, 65519.99, 65520, 1e9, -1e9, 2.0**-25, 3 * 2.0**-26, 0.0]),
+        ]
+    )
     scope = M.Scope(L.Names())
     x = L.Var("x", L.F32)
     expr = round_to_half(scope, x)
@@ -452,8 +686,19 @@ def _value(e: L.Expr, env: dict) -> np.float32:
     if isinstance(e, L.Select):
         return _value(e.if_true, env) if _value(e.cond, env) else _value(e.if_false, env)
     lhs, rhs = _value(e.lhs, env), _value(e.rhs, env)
-    ops = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "lt": np.less, "le": np.less_equal,
-           "gt": np.greater, "ge": np.greater_equal, "eq": np.equal, "or": np.logical_or, "and": np.logical_and}
+    ops = {
+        "add": np.add,
+        "sub": np.subtract,
+        "mul": np.multiply,
+        "div": np.divide,
+        "lt": np.less,
+        "le": np.less_equal,
+        "gt": np.greater,
+        "ge": np.greater_equal,
+        "eq": np.equal,
+        "or": np.logical_or,
+        "and": np.logical_and,
+    }
     with np.errstate(all="ignore"):
         return ops[e.op](lhs, rhs)
 
@@ -461,34 +706,75 @@ def _value(e: L.Expr, env: dict) -> np.float32:
 # ------------------------------------------------------------------------------------------------ refusals
 
 UNSUPPORTED = [
-    pytest.param(single_op_model("QuantizeLinear", [X], {"output_dtype": TensorProto.INT4}, {"s": scalar(0.1)},
-                                 opset=21),
-        "int4", id="quantize-int4"),
-    pytest.param(single_op_model("QuantizeLinear", [X], {"axis": 1, "block_size": 2},
-                                 {"s": rand(2, 3, 4, 5, positive=True)}, opset=21),
-                 "block_size 2 on axis 1 of \\[2, 3, 4, 5\\] needs \\[2, 2, 4, 5\\]", id="quantize-blocked-shape"),
-    pytest.param(single_op_model("QuantizeLinear", [X], {"precision": TensorProto.BFLOAT16}, {"s": scalar(0.1)},
-                                 opset=25),
-                 "a division in bfloat16 is not supported", id="quantize-precision-bfloat16"),
-    pytest.param(single_op_model("DequantizeLinear", [("x", (4, 5), "int8")], {"axis": 1},
-                                 {"s": rand(4, positive=True)}, opset=13),
-                 "per-axis quantization on axis 1 of \\[4, 5\\] needs \\[5\\]", id="dequantize-axis-length"),
-    pytest.param(single_op_model("MatMulInteger", [("A", (4, 7), "uint8"), ("B", (7, 5), "uint8")], {},
-                                 {"a_zero_point": ints((4,), "uint8")}, opset=10),
-                 "farm takes one value", id="matmul-integer-per-row"),
-    pytest.param(single_op_model("ConvInteger", [("x", (1, 3, 7), "uint8"), ("w", (2, 3, 3), "uint8")], {},
-                                 opset=10),
-                 "must be 4-D tensors", id="conv-integer-1d"),
-    pytest.param(single_op_model("ConvInteger", [("x", (1, 3, 7, 7), "uint8"), ("w", (2, 3, 3, 3), "uint8")],
-                                 {"kernel_shape": [2, 2]}, opset=10),
-                 "kernel_shape \\[2, 2\\] differs from the weight's \\[3, 3\\]", id="conv-integer-kernel-shape"),
-    pytest.param(single_op_model("QLinearMatMul", [("a", (4, 7), "uint8"), ("b", (7, 5), "uint8")], {},
-                                 {"a_scale": rand(4, positive=True), "a_zero_point": scalar(0, "uint8"),
-                                  "b_scale": scalar(0.1), "b_zero_point": scalar(0, "uint8"), "y_scale": scalar(1.0),
-                                  "y_zero_point": scalar(0, "uint8")}, opset=10,
-                                 node_inputs=["a", "a_scale", "a_zero_point", "b", "b_scale", "b_zero_point",
-                                              "y_scale", "y_zero_point"]),
-                 "farm takes one value", id="qlinear-matmul-per-row"),
+    pytest.param(
+        single_op_model("QuantizeLinear", [X], {"output_dtype": TensorProto.INT4}, {"s": scalar(0.1)}, opset=21),
+        "int4",
+        id="quantize-int4",
+    ),
+    pytest.param(
+        single_op_model(
+            "QuantizeLinear", [X], {"axis": 1, "block_size": 2}, {"s": rand(2, 3, 4, 5, positive=True)}, opset=21
+        ),
+        "block_size 2 on axis 1 of \\[2, 3, 4, 5\\] needs \\[2, 2, 4, 5\\]",
+        id="quantize-blocked-shape",
+    ),
+    pytest.param(
+        single_op_model("QuantizeLinear", [X], {"precision": TensorProto.BFLOAT16}, {"s": scalar(0.1)}, opset=25),
+        "a division in bfloat16 is not supported",
+        id="quantize-precision-bfloat16",
+    ),
+    pytest.param(
+        single_op_model(
+            "DequantizeLinear", [("x", (4, 5), "int8")], {"axis": 1}, {"s": rand(4, positive=True)}, opset=13
+        ),
+        "per-axis quantization on axis 1 of \\[4, 5\\] needs \\[5\\]",
+        id="dequantize-axis-length",
+    ),
+    pytest.param(
+        single_op_model(
+            "MatMulInteger",
+            [("A", (4, 7), "uint8"), ("B", (7, 5), "uint8")],
+            {},
+            {"a_zero_point": ints((4,), "uint8")},
+            opset=10,
+        ),
+        "farm takes one value",
+        id="matmul-integer-per-row",
+    ),
+    pytest.param(
+        single_op_model("ConvInteger", [("x", (1, 3, 7), "uint8"), ("w", (2, 3, 3), "uint8")], {}, opset=10),
+        "must be 4-D tensors",
+        id="conv-integer-1d",
+    ),
+    pytest.param(
+        single_op_model(
+            "ConvInteger",
+            [("x", (1, 3, 7, 7), "uint8"), ("w", (2, 3, 3, 3), "uint8")],
+            {"kernel_shape": [2, 2]},
+            opset=10,
+        ),
+        "kernel_shape \\[2, 2\\] differs from the weight's \\[3, 3\\]",
+        id="conv-integer-kernel-shape",
+    ),
+    pytest.param(
+        single_op_model(
+            "QLinearMatMul",
+            [("a", (4, 7), "uint8"), ("b", (7, 5), "uint8")],
+            {},
+            {
+                "a_scale": rand(4, positive=True),
+                "a_zero_point": scalar(0, "uint8"),
+                "b_scale": scalar(0.1),
+                "b_zero_point": scalar(0, "uint8"),
+                "y_scale": scalar(1.0),
+                "y_zero_point": scalar(0, "uint8"),
+            },
+            opset=10,
+            node_inputs=["a", "a_scale", "a_zero_point", "b", "b_scale", "b_zero_point", "y_scale", "y_zero_point"],
+        ),
+        "farm takes one value",
+        id="qlinear-matmul-per-row",
+    ),
 ]
 
 
@@ -498,5 +784,8 @@ def test_unsupported_variants_are_refused_clearly(model, message: str, tmp_path)
 
 
 def test_hostile_axis_is_refused(tmp_path) -> None:
-    assert_refused(hostile_op_model("QuantizeLinear", {"axis": 2**40}, {"s": rand(2, positive=True)}, opset=13),
-                   "axis 1099511627776 is out of range", tmp_path)
+    assert_refused(
+        hostile_op_model("QuantizeLinear", {"axis": 2**40}, {"s": rand(2, positive=True)}, opset=13),
+        "axis 1099511627776 is out of range",
+        tmp_path,
+    )

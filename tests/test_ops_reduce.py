@@ -42,9 +42,15 @@ def _i64(values) -> np.ndarray:
     return np.asarray(values, dtype=np.int64)
 
 
-def typed_model(op: str, x_shape: tuple[int, ...], dtype: int, attrs: dict | None = None,
-                initializers: dict | None = None, opset: int = OPSET,
-                outputs: tuple[str, ...] = ("y",)) -> onnx.ModelProto:
+def typed_model(
+    op: str,
+    x_shape: tuple[int, ...],
+    dtype: int,
+    attrs: dict | None = None,
+    initializers: dict | None = None,
+    opset: int = OPSET,
+    outputs: tuple[str, ...] = ("y",),
+) -> onnx.ModelProto:
     """single_op_model on one graph input x of ONNX element type `dtype` (then the initializers)."""
     x = ("x", x_shape, helper.tensor_dtype_to_np_dtype(dtype))
     return single_op_model(op, [x], attrs, initializers, opset, outputs=outputs)
@@ -56,16 +62,34 @@ def _ints(*shape: int, seed: int = 0, low: int = -9, high: int = 10, dtype=np.in
 
 # ------------------------------------------------------------------------------------------------- reductions
 
-REDUCE_OPS = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
-              "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"]
+REDUCE_OPS = [
+    "ReduceSum",
+    "ReduceMean",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceSumSquare",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+]
 
 
 def _axes_input_opset(op: str) -> int:
     return 13 if op == "ReduceSum" else 18
 
 
-def _reduce(op: str, id: str, shape: tuple[int, ...], axes: list[int] | None, keepdims: int | None = None,
-            legacy: bool = False, noop: int | None = None, feeds: dict | None = None) -> OpCase:
+def _reduce(
+    op: str,
+    id: str,
+    shape: tuple[int, ...],
+    axes: list[int] | None,
+    keepdims: int | None = None,
+    legacy: bool = False,
+    noop: int | None = None,
+    feeds: dict | None = None,
+) -> OpCase:
     """op over `axes` (None: absent), as an attribute (legacy: the opset before axes became an input) or as a
     constant input."""
     attrs = {} if keepdims is None else {"keepdims": keepdims}
@@ -113,8 +137,11 @@ REDUCE_CASES: list[OpCase] = [c for op in REDUCE_OPS for c in _reduce_cases(op)]
     _reduce("ReduceSum", "size-1-axis", (3, 1, 4), [1]),
     _reduce("ReduceMax", "scattered-axes", (2, 3, 4, 5, 2), [0, 2, 4], keepdims=0),
     _reduce("ReduceSum", "long-row", (3, 3000), [1]),
-    case("ReduceLogSumExp-large-values", single_op_model("ReduceLogSumExp", [("x", X3)], {}, {"axes": _i64([2])},
-                                                         opset=18), {"x": rand(*X3, scale=100.0)}),
+    case(
+        "ReduceLogSumExp-large-values",
+        single_op_model("ReduceLogSumExp", [("x", X3)], {}, {"axes": _i64([2])}, opset=18),
+        {"x": rand(*X3, scale=100.0)},
+    ),
     case("ReduceMean-opset11", single_op_model("ReduceMean", [("x", X4)], {"axes": [1, 2]}, opset=11)),
     case("ReduceMax-opset9", single_op_model("ReduceMax", [("x", X4)], {"axes": [3], "keepdims": 0}, opset=9)),
     _typed_reduce("ReduceSum", TensorProto.INT64, _ints(3, 4, 5), [1]),
@@ -130,15 +157,18 @@ REDUCE_CASES: list[OpCase] = [c for op in REDUCE_OPS for c in _reduce_cases(op)]
 # ------------------------------------------------------------------------------------------ ArgMax and ArgMin
 
 
-def _arg(op: str, id: str, shape: tuple[int, ...], attrs: dict, x: np.ndarray | None = None,
-         dtype: int = TensorProto.FLOAT) -> OpCase:
+def _arg(
+    op: str, id: str, shape: tuple[int, ...], attrs: dict, x: np.ndarray | None = None, dtype: int = TensorProto.FLOAT
+) -> OpCase:
     return case(f"{op}-{id}", typed_model(op, shape, dtype, attrs), None if x is None else {"x": x})
 
 
 TIES = np.array([[1, 3, 3, 0], [2, 2, 1, 2], [5, 5, 5, 5]], np.float32)
 
 ARG_CASES: list[OpCase] = [
-    case for op in ("ArgMax", "ArgMin") for case in (
+    case
+    for op in ("ArgMax", "ArgMin")
+    for case in (
         _arg(op, "default", X3, {}),
         _arg(op, "axis1", X3, {"axis": 1}),
         _arg(op, "last-axis-no-keepdims", X3, {"axis": 2, "keepdims": 0}),
@@ -153,8 +183,9 @@ ARG_CASES: list[OpCase] = [
 # -------------------------------------------------------------------------------------------------------- TopK
 
 
-def _topk(id: str, x: np.ndarray, k: int, attrs: dict | None = None, dtype: int = TensorProto.FLOAT,
-          opset: int = OPSET) -> OpCase:
+def _topk(
+    id: str, x: np.ndarray, k: int, attrs: dict | None = None, dtype: int = TensorProto.FLOAT, opset: int = OPSET
+) -> OpCase:
     if opset < 10:
         model = typed_model("TopK", x.shape, dtype, {**(attrs or {}), "k": k}, opset=opset, outputs=("v", "i"))
     else:
@@ -164,10 +195,12 @@ def _topk(id: str, x: np.ndarray, k: int, attrs: dict | None = None, dtype: int 
 
 def _sorted_topk_reference(k: int, axis: int):
     """numpy's stable sort: what farm returns for sorted=0 too (onnxruntime's order is then unspecified)."""
+
     def reference(feeds):
         order = np.argsort(-feeds["x"], axis=axis, kind="stable")
         indices = np.take(order, np.arange(k), axis=axis)
         return {"v": np.take_along_axis(feeds["x"], indices, axis=axis), "i": indices.astype(np.int64)}
+
     return reference
 
 
@@ -188,27 +221,39 @@ TOPK_CASES: list[OpCase] = [
     _topk("int64-smallest", _ints(3, 8, low=-3, high=3, seed=1), 5, {"largest": 0}, dtype=TensorProto.INT64),
     _topk("opset9-k-attribute", rand(3, 6), 2, opset=9),
     _topk("rank1", rand(9), 4),
-    case("TopK-unsorted", typed_model("TopK", (3, 7), TensorProto.FLOAT, {"sorted": 0}, {"k": _i64([3])},
-                                      outputs=("v", "i")),
-         {"x": rand(3, 7)}, reference=_sorted_topk_reference(3, -1)),
+    case(
+        "TopK-unsorted",
+        typed_model("TopK", (3, 7), TensorProto.FLOAT, {"sorted": 0}, {"k": _i64([3])}, outputs=("v", "i")),
+        {"x": rand(3, 7)},
+        reference=_sorted_topk_reference(3, -1),
+    ),
 ]
 
-def _empty_reduce(op: str, dtype: int = TensorProto.FLOAT, axes: list[int] | None = (1,), shape=(2, 0, 4),
-                  opset: int = 18, **attrs) -> OpCase:
+
+def _empty_reduce(
+    op: str, dtype: int = TensorProto.FLOAT, axes: list[int] | None = (1,), shape=(2, 0, 4), opset: int = 18, **attrs
+) -> OpCase:
     """op over an empty graph input (constant axes, or none)."""
     initializers = {} if axes is None else {"axes": _i64(axes)}
     model = typed_model(op, shape, dtype, attrs, initializers, _axes_input_opset(op) if opset == 18 else opset)
-    return _over_nothing_case(f"{op}-empty-{np.dtype(helper.tensor_dtype_to_np_dtype(dtype)).name}-{axes}-{shape}",
-                              model)
+    return _over_nothing_case(
+        f"{op}-empty-{np.dtype(helper.tensor_dtype_to_np_dtype(dtype)).name}-{axes}-{shape}", model
+    )
 
 
 def _runtime_axes(op: str, shape, out_shape, axes: list[int], dtype: int = TensorProto.FLOAT, **attrs) -> OpCase:
     """op over an empty input x with its axes a graph input, fed at run time, and the output shape the model
     declares (inference can't give it): whatever the axes, a reduction of an empty tensor reduces nothing."""
     node = helper.make_node(op, ["x", "axes"], ["y"], name="reduce", **attrs)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", dtype, shape),
-                                            helper.make_tensor_value_info("axes", TensorProto.INT64, [len(axes)])],
-                              [helper.make_tensor_value_info("y", dtype, out_shape)])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [
+            helper.make_tensor_value_info("x", dtype, shape),
+            helper.make_tensor_value_info("axes", TensorProto.INT64, [len(axes)]),
+        ],
+        [helper.make_tensor_value_info("y", dtype, out_shape)],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=9)
     feeds = {"x": np.zeros(shape, helper.tensor_dtype_to_np_dtype(dtype)), "axes": _i64(axes)}
     return _over_nothing_case(f"{op}-empty-run-time-axes-{axes}-{shape}", model, feeds)
@@ -249,17 +294,27 @@ def test_matches_onnxruntime(c: OpCase, tmp_path) -> None:
     check_case(c, tmp_path)
 
 
-EMPTY_REDUCTIONS = {"ReduceSum": 0.0, "ReduceMean": np.nan, "ReduceProd": 1.0, "ReduceMax": -np.inf,
-                    "ReduceMin": np.inf, "ReduceL1": 0.0, "ReduceL2": 0.0, "ReduceSumSquare": 0.0, "ReduceLogSum": -np.inf,
-                    "ReduceLogSumExp": -np.inf}
+EMPTY_REDUCTIONS = {
+    "ReduceSum": 0.0,
+    "ReduceMean": np.nan,
+    "ReduceProd": 1.0,
+    "ReduceMax": -np.inf,
+    "ReduceMin": np.inf,
+    "ReduceL1": 0.0,
+    "ReduceL2": 0.0,
+    "ReduceSumSquare": 0.0,
+    "ReduceLogSum": -np.inf,
+    "ReduceLogSumExp": -np.inf,
+}
 
 
 @pytest.mark.parametrize("op", sorted(EMPTY_REDUCTIONS))
 def test_reduction_over_nothing_gives_the_onnx_value(op: str, tmp_path) -> None:
     """An axis of extent 0 reduces to ONNX's value for a reduction over nothing."""
     spec = KernelSpec(op, canonical_json({"axes": [1]}), (TensorInfo((2, 0, 4)),), (TensorInfo((2, 1, 4)),), None, "")
-    out, _ = run_kernel(lower_kernel(spec), [np.full((2, 1, 4), 7.0, np.float32), np.zeros((2, 0, 4), np.float32)],
-                        tmp_path)
+    out, _ = run_kernel(
+        lower_kernel(spec), [np.full((2, 1, 4), 7.0, np.float32), np.zeros((2, 0, 4), np.float32)], tmp_path
+    )
     np.testing.assert_array_equal(out, np.full((2, 1, 4), EMPTY_REDUCTIONS[op], np.float32))
 
 
@@ -287,9 +342,19 @@ def test_reductions_over_nothing_match_exactly(c: OpCase, tmp_path) -> None:
 # A case per kind of kernel: merged axis runs with div/mod decomposition, integer and bool reductions, the
 # two-pass log-sum-exp, the arg and TopK selection loops, rendered as OpenCL C and run on this host's device.
 OPENCL_SAMPLE = [
-    "ReduceSum-axis1-keepdims", "ReduceMean-middle-axis", "ReduceMax-scattered-axes", "ReduceL2-negative-axes",
-    "ReduceLogSumExp-large-values", "ReduceProd-noop-empty-axes", "ReduceSum-int64-1-k1", "ReduceMax-bool-1-k1",
-    "ArgMax-ties-last", "ArgMin-int32", "TopK-ties", "TopK-axis1", "TopK-int64-smallest",
+    "ReduceSum-axis1-keepdims",
+    "ReduceMean-middle-axis",
+    "ReduceMax-scattered-axes",
+    "ReduceL2-negative-axes",
+    "ReduceLogSumExp-large-values",
+    "ReduceProd-noop-empty-axes",
+    "ReduceSum-int64-1-k1",
+    "ReduceMax-bool-1-k1",
+    "ArgMax-ties-last",
+    "ArgMin-int32",
+    "TopK-ties",
+    "TopK-axis1",
+    "TopK-int64-smallest",
 ]
 
 
@@ -298,9 +363,19 @@ def test_opencl_matches_onnxruntime(c: OpCase, fingerprint: str, tmp_path) -> No
     check_case_on_opencl(c, fingerprint, tmp_path)
 
 
-@pytest.mark.parametrize("c", params(c for c in EMPTY_CASES if c.id in (
-    "ReduceMean-empty-float32-(1,)-(2, 0, 4)", "ReduceMin-empty-int64-(1,)-(2, 0, 4)",
-    "ReduceMax-empty-float32-[2]-(2, 0, 4)")))
+@pytest.mark.parametrize(
+    "c",
+    params(
+        c
+        for c in EMPTY_CASES
+        if c.id
+        in (
+            "ReduceMean-empty-float32-(1,)-(2, 0, 4)",
+            "ReduceMin-empty-int64-(1,)-(2, 0, 4)",
+            "ReduceMax-empty-float32-[2]-(2, 0, 4)",
+        )
+    ),
+)
 def test_opencl_reductions_over_nothing_match_exactly(c: OpCase, fingerprint: str, tmp_path) -> None:
     _check_exactly(c, tmp_path, "opencl", [OpenClTarget(fingerprint)])
 
@@ -311,10 +386,14 @@ def test_opencl_sample_names_cases() -> None:
 
 # Hostile attributes (issue 13): each is refused with one line naming the node, before anything is built.
 HOSTILE = [
-    pytest.param(hostile_op_model("ArgMax", {"axis": 2**40}), "out of range for rank 4|unknown shape",
-                 id="argmax-axis"),
-    pytest.param(hostile_op_model("TopK", {"axis": -(2**40)}, {"k": np.array([1])}, outputs=("y", "i")),
-                 "out of range for rank 4|unknown shape", id="topk-axis"),
+    pytest.param(
+        hostile_op_model("ArgMax", {"axis": 2**40}), "out of range for rank 4|unknown shape", id="argmax-axis"
+    ),
+    pytest.param(
+        hostile_op_model("TopK", {"axis": -(2**40)}, {"k": np.array([1])}, outputs=("y", "i")),
+        "out of range for rank 4|unknown shape",
+        id="topk-axis",
+    ),
 ]
 
 

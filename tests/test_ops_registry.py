@@ -94,8 +94,9 @@ def test_each_case_file_has_several_cases_per_op() -> None:
 
 
 def _spec(op: str, attrs: dict, inputs: list[tuple[int, ...]], outputs: list[tuple[int, ...]]) -> KernelSpec:
-    return KernelSpec(op, canonical_json(attrs), tuple(TensorInfo(s) for s in inputs),
-                      tuple(TensorInfo(s) for s in outputs), None, "")
+    return KernelSpec(
+        op, canonical_json(attrs), tuple(TensorInfo(s) for s in inputs), tuple(TensorInfo(s) for s in outputs), None, ""
+    )
 
 
 CONV_ATTRS = {"kernel_shape": [3, 3], "strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1], "group": 1}
@@ -104,22 +105,47 @@ CONV_ATTRS = {"kernel_shape": [3, 3], "strides": [1, 1], "dilations": [1, 1], "p
 @pytest.mark.parametrize(
     "spec, names, scratch",
     [
-        pytest.param(_spec("Conv", CONV_ATTRS, [(1, 4, 8, 8), (6, 4, 3, 3), (6,)], [(1, 6, 8, 8)]),
-                     ["out0", "in0", "in1", "in2"], True, id="conv-im2col-bias"),
-        pytest.param(_spec("Conv", CONV_ATTRS, [(1, 4, 8, 8), (6, 4, 3, 3)], [(1, 6, 8, 8)]),
-                     ["out0", "in0", "in1"], True, id="conv-im2col"),
-        pytest.param(_spec("Conv", {**CONV_ATTRS, "kernel_shape": [1, 1], "pads": [0, 0, 0, 0]},
-                           [(1, 4, 8, 8), (6, 4, 1, 1)], [(1, 6, 8, 8)]),
-                     ["out0", "in0", "in1"], False, id="conv-pointwise"),
-        pytest.param(_spec("Conv", {**CONV_ATTRS, "group": 4}, [(1, 4, 8, 8), (4, 1, 3, 3), (4,)], [(1, 4, 8, 8)]),
-                     ["out0", "in0", "in1", "in2"], True, id="conv-depthwise"),
-        pytest.param(_spec("Concat", {"axis": 1}, [(2, 3), (2, 4), (2, 1)], [(2, 8)]),
-                     ["out0", "in0", "in1", "in2"], False, id="concat"),
+        pytest.param(
+            _spec("Conv", CONV_ATTRS, [(1, 4, 8, 8), (6, 4, 3, 3), (6,)], [(1, 6, 8, 8)]),
+            ["out0", "in0", "in1", "in2"],
+            True,
+            id="conv-im2col-bias",
+        ),
+        pytest.param(
+            _spec("Conv", CONV_ATTRS, [(1, 4, 8, 8), (6, 4, 3, 3)], [(1, 6, 8, 8)]),
+            ["out0", "in0", "in1"],
+            True,
+            id="conv-im2col",
+        ),
+        pytest.param(
+            _spec(
+                "Conv",
+                {**CONV_ATTRS, "kernel_shape": [1, 1], "pads": [0, 0, 0, 0]},
+                [(1, 4, 8, 8), (6, 4, 1, 1)],
+                [(1, 6, 8, 8)],
+            ),
+            ["out0", "in0", "in1"],
+            False,
+            id="conv-pointwise",
+        ),
+        pytest.param(
+            _spec("Conv", {**CONV_ATTRS, "group": 4}, [(1, 4, 8, 8), (4, 1, 3, 3), (4,)], [(1, 4, 8, 8)]),
+            ["out0", "in0", "in1", "in2"],
+            True,
+            id="conv-depthwise",
+        ),
+        pytest.param(
+            _spec("Concat", {"axis": 1}, [(2, 3), (2, 4), (2, 1)], [(2, 8)]),
+            ["out0", "in0", "in1", "in2"],
+            False,
+            id="concat",
+        ),
         pytest.param(_spec("Relu", {}, [(5,)], [(5,)]), ["out0", "in0"], False, id="relu"),
     ],
 )
-def test_lower_kernel_params_are_outputs_then_inputs_then_scratch(spec: KernelSpec, names: list[str],
-                                                                  scratch: bool) -> None:
+def test_lower_kernel_params_are_outputs_then_inputs_then_scratch(
+    spec: KernelSpec, names: list[str], scratch: bool
+) -> None:
     kernel = lower_kernel(spec)
     expected = names + (["scratch"] if scratch else [])
     assert [p.name for p in kernel.params] == expected
@@ -139,8 +165,14 @@ def test_planned_arguments_match_kernel_params(tmp_path: Path) -> None:
         helper.make_node("Conv", ["p", "dw"], ["d"], name="depthwise", group=6, pads=[1, 1, 1, 1]),
         helper.make_node("Concat", ["d", "p"], ["y"], name="concat", axis=1),
     ]
-    initializers = {"w": rand(6, 4, 3, 3), "b": rand(6), "lo": np.float32(0), "hi": np.float32(6),
-                    "pads": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "dw": rand(6, 1, 3, 3)}
+    initializers = {
+        "w": rand(6, 4, 3, 3),
+        "b": rand(6),
+        "lo": np.float32(0),
+        "hi": np.float32(6),
+        "pads": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64),
+        "dw": rand(6, 1, 3, 3),
+    }
     path = tmp_path / "m.onnx"
     save(graph_model(nodes, [("x", (1, 4, 8, 8))], ["y"], initializers), str(path))
     plan = plan_model(path)

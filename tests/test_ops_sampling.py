@@ -44,8 +44,15 @@ def _model(x_shape: Sequence[int], grid_shape: Sequence[int], attrs: dict, opset
     return single_op_model("GridSample", [("x", x_shape), ("grid", grid_shape)], attrs, opset=opset)
 
 
-def _grid_sample(id: str, x_shape: Sequence[int], grid_shape: Sequence[int], attrs: dict, opset: int = OPSET,
-                 points: np.ndarray | None = None, reference_attrs: dict | None = None) -> OpCase:
+def _grid_sample(
+    id: str,
+    x_shape: Sequence[int],
+    grid_shape: Sequence[int],
+    attrs: dict,
+    opset: int = OPSET,
+    points: np.ndarray | None = None,
+    reference_attrs: dict | None = None,
+) -> OpCase:
     """A case against ONNX's reference (run with `reference_attrs` instead where given), or against onnxruntime
     at opset 16, whose mode names the reference doesn't know."""
     model = _model(x_shape, grid_shape, attrs, opset)
@@ -58,14 +65,22 @@ X4, GRID4 = (2, 3, 4, 5), (2, 3, 6, 2)
 X5, GRID5 = (1, 2, 3, 4, 5), (1, 2, 3, 4, 3)
 
 CASES: list[OpCase] = [
-    *[_grid_sample(f"{mode}-{padding}-ac{align}", X4, GRID4,
-                   {"mode": mode, "padding_mode": padding, "align_corners": align})
-      for mode, padding, align in itertools.product(("nearest", "linear", "cubic"), ("zeros", "border", "reflection"),
-                                                    (0, 1))],
-    *[_grid_sample(f"5d-{mode}-{padding}", X5, GRID5, {"mode": mode, "padding_mode": padding, "align_corners": 1})
-      for mode, padding in (("linear", "zeros"), ("nearest", "reflection"), ("cubic", "border"))],
-    *[_grid_sample(f"3d-{mode}-{padding}", (2, 3, 7), (2, 5, 1), {"mode": mode, "padding_mode": padding})
-      for mode, padding in (("linear", "reflection"), ("nearest", "zeros"), ("cubic", "border"))],
+    *[
+        _grid_sample(
+            f"{mode}-{padding}-ac{align}", X4, GRID4, {"mode": mode, "padding_mode": padding, "align_corners": align}
+        )
+        for mode, padding, align in itertools.product(
+            ("nearest", "linear", "cubic"), ("zeros", "border", "reflection"), (0, 1)
+        )
+    ],
+    *[
+        _grid_sample(f"5d-{mode}-{padding}", X5, GRID5, {"mode": mode, "padding_mode": padding, "align_corners": 1})
+        for mode, padding in (("linear", "zeros"), ("nearest", "reflection"), ("cubic", "border"))
+    ],
+    *[
+        _grid_sample(f"3d-{mode}-{padding}", (2, 3, 7), (2, 5, 1), {"mode": mode, "padding_mode": padding})
+        for mode, padding in (("linear", "reflection"), ("nearest", "zeros"), ("cubic", "border"))
+    ],
     _grid_sample("defaults", X4, GRID4, {}),
     _grid_sample("opset16-bilinear", X4, GRID4, {"mode": "bilinear", "padding_mode": "border"}, opset=16),
     _grid_sample("opset16-bicubic", X4, GRID4, {"mode": "bicubic", "padding_mode": "reflection"}, opset=16),
@@ -73,14 +88,22 @@ CASES: list[OpCase] = [
     # A one-pixel axis under align_corners reflects about a zero-width range (ONNX's reference divides by zero):
     # every tap maps to the one pixel, as under border padding (which gives the same along the other axis, where
     # the points stay inside).
-    _grid_sample("one-pixel-axis-reflection-ac1", (1, 2, 1, 4), (1, 3, 5, 2),
-                 {"mode": "linear", "padding_mode": "reflection", "align_corners": 1},
-                 points=np.random.default_rng(7).uniform(-1, 1, (1, 3, 5, 2)).astype(np.float32),
-                 reference_attrs={"mode": "linear", "padding_mode": "border", "align_corners": 1}),
-    _grid_sample("far-outside-zeros", X4, GRID4, {"mode": "cubic"},
-                 points=grid(GRID4, seed=5, reach=1e30)),
-    _grid_sample("far-outside-border", X4, GRID4, {"mode": "linear", "padding_mode": "border"},
-                 points=grid(GRID4, seed=6, reach=1e30)),
+    _grid_sample(
+        "one-pixel-axis-reflection-ac1",
+        (1, 2, 1, 4),
+        (1, 3, 5, 2),
+        {"mode": "linear", "padding_mode": "reflection", "align_corners": 1},
+        points=np.random.default_rng(7).uniform(-1, 1, (1, 3, 5, 2)).astype(np.float32),
+        reference_attrs={"mode": "linear", "padding_mode": "border", "align_corners": 1},
+    ),
+    _grid_sample("far-outside-zeros", X4, GRID4, {"mode": "cubic"}, points=grid(GRID4, seed=5, reach=1e30)),
+    _grid_sample(
+        "far-outside-border",
+        X4,
+        GRID4,
+        {"mode": "linear", "padding_mode": "border"},
+        points=grid(GRID4, seed=6, reach=1e30),
+    ),
 ]
 
 
@@ -115,12 +138,21 @@ def test_opencl_sample_names_cases() -> None:
 
 
 UNSUPPORTED = [
-    pytest.param(single_op_model("GridSample", [("x", X5), ("grid", GRID5)], {"mode": "bilinear"}, opset=16),
-                 "rank-5 input is not supported at opset 16", id="opset16-5d"),
-    pytest.param(single_op_model("GridSample", [("x", X4), ("grid", GRID4)], {"mode": "bilinear"}, opset=20),
-                 "mode 'bilinear' is not supported at opset 20", id="opset20-old-mode-name"),
-    pytest.param(_model((1, 1, 2, 2, 2, 2, 2), (1, 1, 1, 1, 1, 2, 5), {"mode": "cubic"}),
-                 "cubic sampling in 5 spatial dimensions reads more than 256 taps", id="7d-cubic"),
+    pytest.param(
+        single_op_model("GridSample", [("x", X5), ("grid", GRID5)], {"mode": "bilinear"}, opset=16),
+        "rank-5 input is not supported at opset 16",
+        id="opset16-5d",
+    ),
+    pytest.param(
+        single_op_model("GridSample", [("x", X4), ("grid", GRID4)], {"mode": "bilinear"}, opset=20),
+        "mode 'bilinear' is not supported at opset 20",
+        id="opset20-old-mode-name",
+    ),
+    pytest.param(
+        _model((1, 1, 2, 2, 2, 2, 2), (1, 1, 1, 1, 1, 2, 5), {"mode": "cubic"}),
+        "cubic sampling in 5 spatial dimensions reads more than 256 taps",
+        id="7d-cubic",
+    ),
 ]
 
 
@@ -130,12 +162,22 @@ def test_unsupported_variants_are_refused_clearly(model, message: str, tmp_path)
 
 
 HOSTILE = [
-    pytest.param(hostile_op_model("GridSample", {"padding_mode": "wrap"}, {"g": np.zeros((1, 3, 3, 2), np.float32)},
-                                  x=(1, 2, 4, 4), opset=OPSET),
-                 "padding_mode 'wrap' is not supported|inconsistent", id="padding-mode"),
-    pytest.param(hostile_op_model("GridSample", {}, {"g": np.zeros((1, 3, 3, 3), np.float32)}, x=(1, 2, 4, 4),
-                                  opset=OPSET),
-                 "does not fit|inconsistent|unknown shape", id="grid-components"),
+    pytest.param(
+        hostile_op_model(
+            "GridSample",
+            {"padding_mode": "wrap"},
+            {"g": np.zeros((1, 3, 3, 2), np.float32)},
+            x=(1, 2, 4, 4),
+            opset=OPSET,
+        ),
+        "padding_mode 'wrap' is not supported|inconsistent",
+        id="padding-mode",
+    ),
+    pytest.param(
+        hostile_op_model("GridSample", {}, {"g": np.zeros((1, 3, 3, 3), np.float32)}, x=(1, 2, 4, 4), opset=OPSET),
+        "does not fit|inconsistent|unknown shape",
+        id="grid-components",
+    ),
 ]
 
 

@@ -27,8 +27,9 @@ OPSET = 18
 DATA = (4, 5, 3)
 
 
-def unique_indices(data_shape: Sequence[int], index_shape: Sequence[int], axis: int, seed: int = 0,
-                   dtype: str = "int64") -> np.ndarray:
+def unique_indices(
+    data_shape: Sequence[int], index_shape: Sequence[int], axis: int, seed: int = 0, dtype: str = "int64"
+) -> np.ndarray:
     """Indices along `axis` without a repeat in any fibre (so that reduction "none" is defined), half of them
     negative (counted from the end)."""
     rng = np.random.default_rng(seed)
@@ -45,19 +46,38 @@ def repeating_indices(index_shape: Sequence[int], size: int, seed: int = 0) -> n
     return np.random.default_rng(seed).integers(-size, size, index_shape).astype(np.int64)
 
 
-def _elements(id: str, data_shape, index_shape, indices: np.ndarray, axis: int | None = None,
-              reduction: str | None = None, dtype: str = "float32", op: str = "ScatterElements",
-              opset: int = OPSET, reference: bool = False) -> OpCase:
+def _elements(
+    id: str,
+    data_shape,
+    index_shape,
+    indices: np.ndarray,
+    axis: int | None = None,
+    reduction: str | None = None,
+    dtype: str = "float32",
+    op: str = "ScatterElements",
+    opset: int = OPSET,
+    reference: bool = False,
+) -> OpCase:
     attrs = {k: v for k, v in (("axis", axis), ("reduction", reduction)) if v is not None}
-    inputs = [("data", data_shape, dtype), ("indices", index_shape, str(indices.dtype)),
-              ("updates", index_shape, dtype)]
+    inputs = [
+        ("data", data_shape, dtype),
+        ("indices", index_shape, str(indices.dtype)),
+        ("updates", index_shape, dtype),
+    ]
     model = single_op_model(op, inputs, attrs, opset=opset)
     feeds = {"data": sample(data_shape, dtype, 1), "indices": indices, "updates": sample(index_shape, dtype, 2)}
     return case(f"{op.lower()}-{id}", model, feeds, reference=onnx_reference(model) if reference else None)
 
 
-def _unique_elements(id: str, index_shape, axis: int, reduction: str | None = None, dtype: str = "float32",
-                     index_dtype: str = "int64", **kwargs) -> OpCase:
+def _unique_elements(
+    id: str,
+    index_shape,
+    axis: int,
+    reduction: str | None = None,
+    dtype: str = "float32",
+    index_dtype: str = "int64",
+    **kwargs,
+) -> OpCase:
     indices = unique_indices(DATA, index_shape, axis, dtype=index_dtype)
     return _elements(id, DATA, index_shape, indices, axis, reduction, dtype, **kwargs)
 
@@ -85,14 +105,19 @@ SCATTER_ELEMENTS_CASES: list[OpCase] = [
 SCATTER_CASES: list[OpCase] = [
     _elements("opset9-default-axis", (3, 3), (2, 3), i64([[1, 0, 2], [0, 2, 1]]), op="Scatter", opset=9),
     _elements("opset9-axis1", (2, 5), (2, 2), i64([[1, 3], [0, 4]]), 1, op="Scatter", opset=9),
-    _elements("opset10-axis-last", DATA, (4, 5, 2), unique_indices(DATA, (4, 5, 2), 2) % 3, -1, op="Scatter",
-              opset=10),
+    _elements("opset10-axis-last", DATA, (4, 5, 2), unique_indices(DATA, (4, 5, 2), 2) % 3, -1, op="Scatter", opset=10),
 ]
 
 
-def _nd(id: str, data_shape, indices: np.ndarray, reduction: str | None = None, dtype: str = "float32",
-        reference: bool = False) -> OpCase:
-    updates_shape = indices.shape[:-1] + tuple(data_shape[indices.shape[-1]:])
+def _nd(
+    id: str,
+    data_shape,
+    indices: np.ndarray,
+    reduction: str | None = None,
+    dtype: str = "float32",
+    reference: bool = False,
+) -> OpCase:
+    updates_shape = indices.shape[:-1] + tuple(data_shape[indices.shape[-1] :])
     inputs = [("data", data_shape, dtype), ("indices", indices.shape, "int64"), ("updates", updates_shape, dtype)]
     model = single_op_model("ScatterND", inputs, {} if reduction is None else {"reduction": reduction}, opset=OPSET)
     feeds = {"data": sample(data_shape, dtype, 1), "indices": indices, "updates": sample(updates_shape, dtype, 2)}
@@ -115,8 +140,10 @@ SCATTER_ND_CASES: list[OpCase] = [
     _nd("int64-data", DATA, _tuples(3, DATA[:2]), dtype="int64"),
     _nd("bool-data", DATA, _tuples(5, DATA), dtype="bool", reference=True),
     _nd("duplicates-last-wins", DATA, _tuples(9, DATA[:2], unique=False), reference=True),
-    *[_nd(f"duplicates-{reduction}", DATA, _tuples(9, DATA[:2], seed=1, unique=False), reduction)
-      for reduction in ("add", "mul", "max", "min")],
+    *[
+        _nd(f"duplicates-{reduction}", DATA, _tuples(9, DATA[:2], seed=1, unique=False), reduction)
+        for reduction in ("add", "mul", "max", "min")
+    ],
     _nd("add-int32", DATA, _tuples(9, DATA[:1], unique=False), "add", dtype="int32"),
     _nd("vector-data", (8,), _tuples(5, (8,), unique=False), "add"),
 ]
@@ -130,8 +157,14 @@ def test_matches_onnxruntime(c: OpCase, tmp_path) -> None:
 
 
 # The serial update loops and the reductions rendered as OpenCL C and run on this host's device.
-OPENCL_SAMPLE = ["scatterelements-duplicates-add", "scatterelements-axis-minus2-int32-indices", "scatter-opset9-axis1",
-                 "scatternd-duplicates-last-wins", "scatternd-duplicates-max", "scatternd-int64-data"]
+OPENCL_SAMPLE = [
+    "scatterelements-duplicates-add",
+    "scatterelements-axis-minus2-int32-indices",
+    "scatter-opset9-axis1",
+    "scatternd-duplicates-last-wins",
+    "scatternd-duplicates-max",
+    "scatternd-int64-data",
+]
 
 
 @pytest.mark.parametrize("c", params(c for c in CASES if c.id in OPENCL_SAMPLE))
@@ -144,12 +177,26 @@ def test_opencl_sample_names_cases() -> None:
 
 
 UNSUPPORTED = [
-    pytest.param(single_op_model("ScatterElements", [("x", (3, 3), "bool"), ("i", (2, 3), "int64"),
-                                                     ("u", (2, 3), "bool")], {"reduction": "add"}, opset=OPSET),
-                 "reduction 'add' on bool data is not supported", id="scatterelements-bool-add"),
-    pytest.param(single_op_model("ScatterND", [("x", (3, 3), "bool"), ("i", (2, 1), "int64"),
-                                               ("u", (2, 3), "bool")], {"reduction": "max"}, opset=OPSET),
-                 "reduction 'max' on bool data is not supported", id="scatternd-bool-max"),
+    pytest.param(
+        single_op_model(
+            "ScatterElements",
+            [("x", (3, 3), "bool"), ("i", (2, 3), "int64"), ("u", (2, 3), "bool")],
+            {"reduction": "add"},
+            opset=OPSET,
+        ),
+        "reduction 'add' on bool data is not supported",
+        id="scatterelements-bool-add",
+    ),
+    pytest.param(
+        single_op_model(
+            "ScatterND",
+            [("x", (3, 3), "bool"), ("i", (2, 1), "int64"), ("u", (2, 3), "bool")],
+            {"reduction": "max"},
+            opset=OPSET,
+        ),
+        "reduction 'max' on bool data is not supported",
+        id="scatternd-bool-max",
+    ),
 ]
 
 
@@ -161,25 +208,56 @@ def test_unsupported_variants_are_refused_clearly(model, message: str, tmp_path)
 # Shapes that would make the kernel write outside its output, and unknown reductions: refused before any build.
 _F = np.float32
 HOSTILE = [
-    pytest.param(hostile_op_model("ScatterElements", {"axis": 0}, {"i": np.zeros((1, 2, 5, 4), np.int64),
-                                                                   "u": np.zeros((1, 2, 5, 4), _F)}, opset=OPSET),
-                 "don't fit data", id="scatterelements-indices-too-wide"),
-    pytest.param(hostile_op_model("ScatterElements", {"axis": 1}, {"i": np.zeros((1, 2, 4, 4), np.int64),
-                                                                   "u": np.zeros((1, 2, 4, 3), _F)}, opset=OPSET),
-                 "don't fit data", id="scatterelements-updates-shape"),
-    pytest.param(hostile_op_model("ScatterElements", {"axis": 2**40}, {"i": np.zeros((1, 1, 1, 1), np.int64),
-                                                                       "u": np.zeros((1, 1, 1, 1), _F)}, opset=OPSET),
-                 "axis 1099511627776 is out of range", id="scatterelements-axis"),
-    pytest.param(hostile_op_model("ScatterElements", {"reduction": "xor"}, {"i": np.zeros((1, 1, 1, 1), np.int64),
-                                                                            "u": np.zeros((1, 1, 1, 1), _F)},
-                                  opset=OPSET),
-                 "reduction 'xor' is not supported", id="scatterelements-reduction"),
-    pytest.param(hostile_op_model("ScatterND", {}, {"i": np.zeros((2, 5), np.int64), "u": np.zeros((2,), _F)},
-                                  opset=OPSET),
-                 "don't fit data", id="scatternd-tuple-too-long"),
-    pytest.param(hostile_op_model("ScatterND", {}, {"i": np.zeros((2, 2), np.int64), "u": np.zeros((2, 5, 4), _F)},
-                                  opset=OPSET),
-                 "don't fit data", id="scatternd-updates-shape"),
+    pytest.param(
+        hostile_op_model(
+            "ScatterElements",
+            {"axis": 0},
+            {"i": np.zeros((1, 2, 5, 4), np.int64), "u": np.zeros((1, 2, 5, 4), _F)},
+            opset=OPSET,
+        ),
+        "don't fit data",
+        id="scatterelements-indices-too-wide",
+    ),
+    pytest.param(
+        hostile_op_model(
+            "ScatterElements",
+            {"axis": 1},
+            {"i": np.zeros((1, 2, 4, 4), np.int64), "u": np.zeros((1, 2, 4, 3), _F)},
+            opset=OPSET,
+        ),
+        "don't fit data",
+        id="scatterelements-updates-shape",
+    ),
+    pytest.param(
+        hostile_op_model(
+            "ScatterElements",
+            {"axis": 2**40},
+            {"i": np.zeros((1, 1, 1, 1), np.int64), "u": np.zeros((1, 1, 1, 1), _F)},
+            opset=OPSET,
+        ),
+        "axis 1099511627776 is out of range",
+        id="scatterelements-axis",
+    ),
+    pytest.param(
+        hostile_op_model(
+            "ScatterElements",
+            {"reduction": "xor"},
+            {"i": np.zeros((1, 1, 1, 1), np.int64), "u": np.zeros((1, 1, 1, 1), _F)},
+            opset=OPSET,
+        ),
+        "reduction 'xor' is not supported",
+        id="scatterelements-reduction",
+    ),
+    pytest.param(
+        hostile_op_model("ScatterND", {}, {"i": np.zeros((2, 5), np.int64), "u": np.zeros((2,), _F)}, opset=OPSET),
+        "don't fit data",
+        id="scatternd-tuple-too-long",
+    ),
+    pytest.param(
+        hostile_op_model("ScatterND", {}, {"i": np.zeros((2, 2), np.int64), "u": np.zeros((2, 5, 4), _F)}, opset=OPSET),
+        "don't fit data",
+        id="scatternd-updates-shape",
+    ),
 ]
 
 

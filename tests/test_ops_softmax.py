@@ -38,6 +38,7 @@ SOFTMAX_CASES: list[OpCase] = [
     case("softmax-large-logits", single_op_model("Softmax", [("x", (2, 50))]), {"x": rand(2, 50, scale=80.0)}),
 ]
 
+
 def _softmax_family(op: str, x: tuple[int, ...], axis: int | None, opset: int, scale: float = 3.0) -> OpCase:
     attrs = {} if axis is None else {"axis": axis}
     name = f"{op.lower()}-{len(x)}d-axis{'default' if axis is None else axis}-opset{opset}"
@@ -56,8 +57,11 @@ SOFTMAX_FAMILY_CASES: list[OpCase] = [
     _softmax_family("LogSoftmax", (3, 1000), None, 17),
     _softmax_family("Softmax", (8, 16, 32), 1, 17),
     case("logsoftmax-large-logits", single_op_model("LogSoftmax", [("x", (2, 50))]), {"x": rand(2, 50, scale=80.0)}),
-    case("hardmax-ties-first", single_op_model("Hardmax", [("x", (3, 4))]),
-         {"x": np.array([[1, 3, 3, 0], [2, 2, 2, 2], [-1, -5, -1, -3]], np.float32)}),
+    case(
+        "hardmax-ties-first",
+        single_op_model("Hardmax", [("x", (3, 4))]),
+        {"x": np.array([[1, 3, 3, 0], [2, 2, 2, 2], [-1, -5, -1, -3]], np.float32)},
+    ),
 ]
 
 CASES: list[OpCase] = SOFTMAX_CASES + SOFTMAX_FAMILY_CASES
@@ -72,7 +76,9 @@ def test_matches_onnxruntime(c: OpCase, tmp_path) -> None:
 
 # The softmax family, rendered as OpenCL C and run on this host's device.
 OPENCL_SAMPLE = [
-    "softmax-3d-axis1-opset17", "logsoftmax-3d-axis1-opset13", "hardmax-4d-axis2-opset9",
+    "softmax-3d-axis1-opset17",
+    "logsoftmax-3d-axis1-opset13",
+    "hardmax-4d-axis2-opset9",
 ]
 
 
@@ -87,8 +93,9 @@ def test_opencl_sample_names_cases() -> None:
 
 # Hostile attributes (issue 13): each is refused with one line naming the node, before anything is built.
 HOSTILE = [
-    pytest.param(hostile_op_model("Softmax", {"axis": 2**40}), "axis 1099511627776 is out of range for rank 4",
-                 id="softmax-axis"),
+    pytest.param(
+        hostile_op_model("Softmax", {"axis": 2**40}), "axis 1099511627776 is out of range for rank 4", id="softmax-axis"
+    ),
     pytest.param(hostile_op_model("Hardmax", {"axis": 2**40}), "axis 1099511627776 is out of range", id="hardmax-axis"),
 ]
 

@@ -31,8 +31,9 @@ from test_ops_tensor import onnx_reference
 from farm.build.assembly import plan_model
 
 
-def _dft(id: str, x_shape: Sequence[int], axis: int, opset: int = 20, length: int | None = None,
-         **attrs: int) -> OpCase:
+def _dft(
+    id: str, x_shape: Sequence[int], axis: int, opset: int = 20, length: int | None = None, **attrs: int
+) -> OpCase:
     """A DFT of input x along `axis` (an attribute at opset 17, a constant input from 20)."""
     inits = {"n": np.array(length, np.int64)} if length is not None else {}
     node_inputs = ["x", "n" if length is not None else ""]
@@ -90,8 +91,7 @@ def test_long_transforms_match_numpy_fft(length: int, tmp_path) -> None:
 def test_an_axis_given_at_run_time_picks_its_branch(tmp_path) -> None:
     """Every axis whose transform has the declared shape runs as its value says; other values give NaN."""
     x = rand(2, 7, 5, 2, seed=3)
-    model = single_op_model("DFT", [("x", x.shape), ("axis", (), "int64")], {}, opset=20,
-                            node_inputs=["x", "", "axis"])
+    model = single_op_model("DFT", [("x", x.shape), ("axis", (), "int64")], {}, opset=20, node_inputs=["x", "", "axis"])
     path = tmp_path / "m.onnx"
     save(model, str(path))
     _, farm_model = build_and_load(path, tmp_path / "out")
@@ -105,16 +105,26 @@ def test_an_axis_given_at_run_time_picks_its_branch(tmp_path) -> None:
 def _declared_runtime_axis_model(declared: list[int]):
     """A DFT whose axis is a graph input, its output declared with `declared` (shape inference can't give it)."""
     node = helper.make_node("DFT", ["x", "", "axis"], ["y"], name="victim", onesided=1)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6, 4, 1]),
-                                            helper.make_tensor_value_info("axis", TensorProto.INT64, [])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, declared)])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6, 4, 1]),
+            helper.make_tensor_value_info("axis", TensorProto.INT64, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, declared)],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=8)
 
 
-@pytest.mark.parametrize("declared, message", [
-    ([2, 4, 3, 2], "doesn't fit input 'x'"),
-    ([2, 5, 4, 2], "no DFT axis of length >= 1 gives the output shape \\[2, 5, 4, 2\\]"),
-], ids=["two-axes-changed", "no-axis-fits"])
+@pytest.mark.parametrize(
+    "declared, message",
+    [
+        ([2, 4, 3, 2], "doesn't fit input 'x'"),
+        ([2, 5, 4, 2], "no DFT axis of length >= 1 gives the output shape \\[2, 5, 4, 2\\]"),
+    ],
+    ids=["two-axes-changed", "no-axis-fits"],
+)
 def test_a_declared_shape_no_axis_gives_is_refused(declared: list[int], message: str, tmp_path) -> None:
     """With the axis known only at run time the output shape comes from the model's declaration, which some axis
     must give exactly (else the kernel would index past its input or output)."""
@@ -141,8 +151,11 @@ def test_opencl_sample_names_cases() -> None:
 
 
 UNSUPPORTED = [
-    pytest.param(single_op_model("DFT", [("x", (2, 6, 1)), ("n", (), "int64")], {}, opset=20, node_inputs=["x", "n"]),
-                 "must be a constant|dynamic shape", id="runtime-length"),
+    pytest.param(
+        single_op_model("DFT", [("x", (2, 6, 1)), ("n", (), "int64")], {}, opset=20, node_inputs=["x", "n"]),
+        "must be a constant|dynamic shape",
+        id="runtime-length",
+    ),
 ]
 
 
@@ -152,12 +165,21 @@ def test_unsupported_variants_are_refused_clearly(model, message: str, tmp_path)
 
 
 HOSTILE = [
-    pytest.param(hostile_op_model("DFT", {"axis": 3}, x=(2, 6, 4, 1), opset=17),
-                 "out of range|inconsistent|unknown shape", id="axis-complex-dim"),
-    pytest.param(hostile_op_model("DFT", {"axis": 2**40}, x=(2, 6, 1), opset=17),
-                 "out of range|inconsistent|unknown shape", id="axis-huge"),
-    pytest.param(hostile_op_model("DFT", {}, x=(2, 6, 3), opset=17),
-                 "must end in an axis of 1|inconsistent|unknown shape", id="last-axis-3"),
+    pytest.param(
+        hostile_op_model("DFT", {"axis": 3}, x=(2, 6, 4, 1), opset=17),
+        "out of range|inconsistent|unknown shape",
+        id="axis-complex-dim",
+    ),
+    pytest.param(
+        hostile_op_model("DFT", {"axis": 2**40}, x=(2, 6, 1), opset=17),
+        "out of range|inconsistent|unknown shape",
+        id="axis-huge",
+    ),
+    pytest.param(
+        hostile_op_model("DFT", {}, x=(2, 6, 3), opset=17),
+        "must end in an axis of 1|inconsistent|unknown shape",
+        id="last-axis-3",
+    ),
 ]
 
 

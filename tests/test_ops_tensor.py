@@ -51,9 +51,17 @@ def onnx_reference(model: onnx.ModelProto) -> Reference:
     return lambda feeds: dict(zip(names, evaluator.run(None, dict(feeds))))
 
 
-def typed_case(id: str, op: str, inputs: Sequence[TypedInput], attrs: Mapping[str, object] | None = None,
-               initializers: Mapping[str, np.ndarray] | None = None, opset: int = OPSET, *,
-               onnxruntime: bool = True, **kwargs) -> OpCase:
+def typed_case(
+    id: str,
+    op: str,
+    inputs: Sequence[TypedInput],
+    attrs: Mapping[str, object] | None = None,
+    initializers: Mapping[str, np.ndarray] | None = None,
+    opset: int = OPSET,
+    *,
+    onnxruntime: bool = True,
+    **kwargs,
+) -> OpCase:
     """A one-op case whose graph inputs are fed `sample` data of their dtype; against ONNX's reference evaluator
     instead of onnxruntime where `onnxruntime` is False (it lacks the kernel)."""
     feeds = {name: sample(shape, dtype, seed) for seed, (name, shape, dtype) in enumerate(inputs)}
@@ -83,18 +91,22 @@ RESHAPE_CASES: list[OpCase] = [
     case("squeeze-opset11-negative-axis", single_op_model("Squeeze", [("x", (2, 3, 1))], {"axes": [-1]}, opset=11)),
     case("squeeze-opset11-all", single_op_model("Squeeze", [("x", (1, 3, 1, 5))], opset=11)),
     case("squeeze-opset9-axes", single_op_model("Squeeze", [("x", (1, 3, 1, 5))], {"axes": [2]}, opset=9)),
-    case("squeeze-opset13-input", single_op_model("Squeeze", [("x", (1, 3, 1, 5))], {}, {"axes": i64([0, 2])},
-                                                  opset=13)),
-    case("squeeze-opset13-negative-input", single_op_model("Squeeze", [("x", (1, 3, 1, 5))], {},
-                                                           {"axes": i64([-2])}, opset=13)),
+    case(
+        "squeeze-opset13-input", single_op_model("Squeeze", [("x", (1, 3, 1, 5))], {}, {"axes": i64([0, 2])}, opset=13)
+    ),
+    case(
+        "squeeze-opset13-negative-input",
+        single_op_model("Squeeze", [("x", (1, 3, 1, 5))], {}, {"axes": i64([-2])}, opset=13),
+    ),
     case("squeeze-opset13-all", single_op_model("Squeeze", [("x", (1, 3, 1, 5))], opset=13)),
     case("unsqueeze-opset11-axes", single_op_model("Unsqueeze", [("x", (3, 5))], {"axes": [0, 3]}, opset=11)),
     case("unsqueeze-opset11-negative-axis", single_op_model("Unsqueeze", [("x", (3, 5))], {"axes": [-1]}, opset=11)),
     case("unsqueeze-opset9-axes", single_op_model("Unsqueeze", [("x", (3, 5))], {"axes": [1]}, opset=9)),
-    case("unsqueeze-opset13-input", single_op_model("Unsqueeze", [("x", (3, 5))], {}, {"axes": i64([0, 2])},
-                                                    opset=13)),
-    case("unsqueeze-opset13-negative-input", single_op_model("Unsqueeze", [("x", (3, 5))], {},
-                                                             {"axes": i64([-1, 1])}, opset=13)),
+    case("unsqueeze-opset13-input", single_op_model("Unsqueeze", [("x", (3, 5))], {}, {"axes": i64([0, 2])}, opset=13)),
+    case(
+        "unsqueeze-opset13-negative-input",
+        single_op_model("Unsqueeze", [("x", (3, 5))], {}, {"axes": i64([-1, 1])}, opset=13),
+    ),
     case("unsqueeze-scalar", single_op_model("Unsqueeze", [("x", ())], {}, {"axes": i64([0])})),
     case("squeeze-to-scalar", single_op_model("Squeeze", [("x", (1, 1))])),
     case("reshape-to-scalar", single_op_model("Reshape", [("x", (1, 1))], {}, {"shape": i64([]).reshape(0)})),
@@ -107,18 +119,32 @@ PASSTHROUGH_CASES: list[OpCase] = [
     # A pass-through from a graph input to a graph output can't be removed; it stays a copy kernel.
     case("identity-input-to-output", single_op_model("Identity", X4)),
     case("identity-opset9", single_op_model("Identity", [("x", (7,))], opset=9)),
-    case("identity-of-computed-value", graph_model(
-        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Identity", ["r"], ["y"])], X4),
-        schedule=("Relu",)),
-    case("identity-between-ops", graph_model(
-        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Identity", ["r"], ["i"]),
-         helper.make_node("Sigmoid", ["i"], ["y"])], X4), schedule=("Relu", "Sigmoid")),
+    case(
+        "identity-of-computed-value",
+        graph_model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Identity", ["r"], ["y"])], X4),
+        schedule=("Relu",),
+    ),
+    case(
+        "identity-between-ops",
+        graph_model(
+            [
+                helper.make_node("Relu", ["x"], ["r"]),
+                helper.make_node("Identity", ["r"], ["i"]),
+                helper.make_node("Sigmoid", ["i"], ["y"]),
+            ],
+            X4,
+        ),
+        schedule=("Relu", "Sigmoid"),
+    ),
     case("dropout-input-to-output", single_op_model("Dropout", X4)),
     case("dropout-ratio-input", single_op_model("Dropout", X4, {}, {"ratio": np.float32(0.3)})),
     case("dropout-opset9-ratio-attr", single_op_model("Dropout", X4, {"ratio": 0.4}, opset=9)),
     case("dropout-unused-mask", graph_model([helper.make_node("Dropout", ["x"], ["y", "mask"])], X4)),
-    case("dropout-after-op", graph_model(
-        [helper.make_node("Tanh", ["x"], ["t"]), helper.make_node("Dropout", ["t"], ["y"])], X4), schedule=("Tanh",)),
+    case(
+        "dropout-after-op",
+        graph_model([helper.make_node("Tanh", ["x"], ["t"]), helper.make_node("Dropout", ["t"], ["y"])], X4),
+        schedule=("Tanh",),
+    ),
 ]
 
 # ------------------------------------------------------------------------------------------- Transpose, Concat
@@ -141,22 +167,33 @@ CONCAT_CASES: list[OpCase] = [
     case("concat-last-axis", single_op_model("Concat", [("a", (2, 3, 4)), ("b", (2, 3, 1))], {"axis": 2})),
     case("concat-negative-axis", single_op_model("Concat", [("a", (2, 3, 4)), ("b", (2, 3, 2))], {"axis": -1})),
     case("concat-negative-axis-3", single_op_model("Concat", [("a", (2, 3, 4)), ("b", (1, 3, 4))], {"axis": -3})),
-    case("concat-3-inputs", single_op_model("Concat", [("a", (1, 2, 3, 3)), ("b", (1, 4, 3, 3)),
-                                                       ("c", (1, 1, 3, 3))], {"axis": 1})),
-    case("concat-3-inputs-axis0", single_op_model("Concat", [("a", (1, 5)), ("b", (2, 5)), ("c", (3, 5))],
-                                                  {"axis": 0})),
+    case(
+        "concat-3-inputs",
+        single_op_model("Concat", [("a", (1, 2, 3, 3)), ("b", (1, 4, 3, 3)), ("c", (1, 1, 3, 3))], {"axis": 1}),
+    ),
+    case(
+        "concat-3-inputs-axis0", single_op_model("Concat", [("a", (1, 5)), ("b", (2, 5)), ("c", (3, 5))], {"axis": 0})
+    ),
     case("concat-one-input", single_op_model("Concat", [("a", (2, 3))], {"axis": 1})),
     case("concat-initializer", single_op_model("Concat", [("a", (2, 3))], {"axis": 0}, {"c": rand(1, 3, seed=3)})),
-    case("concat-initializer-around-input", single_op_model("Concat", [("x", (2, 3))], {"axis": 0},
-                                                            {"c": rand(1, 3, seed=4)}, node_inputs=["c", "x", "c"])),
+    case(
+        "concat-initializer-around-input",
+        single_op_model("Concat", [("x", (2, 3))], {"axis": 0}, {"c": rand(1, 3, seed=4)}, node_inputs=["c", "x", "c"]),
+    ),
     case("concat-same-input-twice", single_op_model("Concat", [("a", (2, 3))], {"axis": 1}, node_inputs=["a", "a"])),
     case("concat-opset9", single_op_model("Concat", [("a", (2, 3)), ("b", (2, 2))], {"axis": 1}, opset=9)),
     # Empty inputs copy nothing (the rest fill the output); empty outputs need no kernel at all.
     case("concat-empty-input", single_op_model("Concat", [("a", (2, 3)), ("e", (2, 0))], {"axis": 1})),
-    typed_case("concat-empty-inputs-around-int64", "Concat", [("a", (2, 0, 3), "int64"), ("b", (2, 4, 3), "int64"),
-                                                             ("c", (2, 0, 3), "int64")], {"axis": 1}),
-    case("concat-empty-initializer", single_op_model("Concat", [("a", (2, 3))], {"axis": 0},
-                                                     {"e": np.zeros((0, 3), np.float32)})),
+    typed_case(
+        "concat-empty-inputs-around-int64",
+        "Concat",
+        [("a", (2, 0, 3), "int64"), ("b", (2, 4, 3), "int64"), ("c", (2, 0, 3), "int64")],
+        {"axis": 1},
+    ),
+    case(
+        "concat-empty-initializer",
+        single_op_model("Concat", [("a", (2, 3))], {"axis": 0}, {"e": np.zeros((0, 3), np.float32)}),
+    ),
     case("concat-all-empty", single_op_model("Concat", [("a", (0, 3)), ("b", (0, 2))], {"axis": 1})),
 ]
 
@@ -166,8 +203,7 @@ PAD_X = [("x", (1, 2, 5, 6))]
 PADS = [0, 0, 1, 2, 0, 0, 2, 1]
 
 
-def _pad(id: str, mode: str | None, pads=PADS, value: float | None = None, opset: int = 13,
-         x=PAD_X) -> OpCase:
+def _pad(id: str, mode: str | None, pads=PADS, value: float | None = None, opset: int = 13, x=PAD_X) -> OpCase:
     """Pad with `pads` and `value` as inputs (opset >= 11) or attributes (opset < 11)."""
     attrs: dict = {} if mode is None else {"mode": mode}
     if opset < 11:
@@ -182,10 +218,16 @@ def _pad(id: str, mode: str | None, pads=PADS, value: float | None = None, opset
 
 
 PAD_CASES: list[OpCase] = [
-    *[_pad(id, mode, value=value, opset=opset)
-      for opset in (9, 11, 13)
-      for id, mode, value in (("constant-default", None, None), ("constant-value", "constant", 1.5),
-                              ("reflect", "reflect", None), ("edge", "edge", None))],
+    *[
+        _pad(id, mode, value=value, opset=opset)
+        for opset in (9, 11, 13)
+        for id, mode, value in (
+            ("constant-default", None, None),
+            ("constant-value", "constant", 1.5),
+            ("reflect", "reflect", None),
+            ("edge", "edge", None),
+        )
+    ],
     _pad("constant-negative-value", "constant", value=-3.0, opset=18),
     _pad("constant-batch-and-channel-axes", "constant", pads=[1, 0, 0, 0, 0, 2, 0, 0], value=0.5),
     _pad("reflect-2d", "reflect", pads=[1, 2, 2, 3], x=[("x", (4, 5))]),
@@ -196,24 +238,31 @@ PAD_CASES: list[OpCase] = [
     _pad("constant-3d", "constant", pads=[0, 1, 2, 0, 1, 0], value=2.0, x=[("x", (2, 3, 4))]),
     _pad("zero-pads", "constant", pads=[0] * 8),
     _pad("constant-negative-pads", "constant", pads=[0, 0, -1, 2, 0, 0, 1, -2], value=0.25),
-    case("pad-opset13-absent-value", single_op_model("Pad", PAD_X, {}, {"pads": i64(PADS)}, opset=13,
-                                                     node_inputs=["x", "pads", ""])),
+    case(
+        "pad-opset13-absent-value",
+        single_op_model("Pad", PAD_X, {}, {"pads": i64(PADS)}, opset=13, node_inputs=["x", "pads", ""]),
+    ),
 ]
 
 # ------------------------------------------------------------------------------- copies of int and bool data
 
 DTYPE_CASES: list[OpCase] = [
-    *[c for dtype in OTHER_DTYPES for c in (
-        typed_case(f"reshape-{dtype}", "Reshape", [("x", (2, 3, 4), dtype)], {}, {"shape": i64([4, -1])}),
-        typed_case(f"transpose-{dtype}", "Transpose", [("x", (2, 3, 4), dtype)], {"perm": [2, 0, 1]}),
-        typed_case(f"concat-{dtype}", "Concat", [("a", (2, 3), dtype), ("b", (2, 2), dtype)], {"axis": 1}),
-        typed_case(f"squeeze-{dtype}", "Squeeze", [("x", (1, 3, 1), dtype)], {}, {"axes": i64([0])}),
-        typed_case(f"unsqueeze-{dtype}", "Unsqueeze", [("x", (3,), dtype)], {}, {"axes": i64([0, 2])}),
-        typed_case(f"flatten-{dtype}", "Flatten", [("x", (2, 3, 4), dtype)], {"axis": 2}),
-        typed_case(f"identity-{dtype}", "Identity", [("x", (5,), dtype)]),
-    )],
-    typed_case("pad-int64-constant", "Pad", [("x", (2, 3), "int64")], {}, {"pads": i64([1, 0, 0, 2]),
-                                                                           "value": np.int64(7)}),
+    *[
+        c
+        for dtype in OTHER_DTYPES
+        for c in (
+            typed_case(f"reshape-{dtype}", "Reshape", [("x", (2, 3, 4), dtype)], {}, {"shape": i64([4, -1])}),
+            typed_case(f"transpose-{dtype}", "Transpose", [("x", (2, 3, 4), dtype)], {"perm": [2, 0, 1]}),
+            typed_case(f"concat-{dtype}", "Concat", [("a", (2, 3), dtype), ("b", (2, 2), dtype)], {"axis": 1}),
+            typed_case(f"squeeze-{dtype}", "Squeeze", [("x", (1, 3, 1), dtype)], {}, {"axes": i64([0])}),
+            typed_case(f"unsqueeze-{dtype}", "Unsqueeze", [("x", (3,), dtype)], {}, {"axes": i64([0, 2])}),
+            typed_case(f"flatten-{dtype}", "Flatten", [("x", (2, 3, 4), dtype)], {"axis": 2}),
+            typed_case(f"identity-{dtype}", "Identity", [("x", (5,), dtype)]),
+        )
+    ],
+    typed_case(
+        "pad-int64-constant", "Pad", [("x", (2, 3), "int64")], {}, {"pads": i64([1, 0, 0, 2]), "value": np.int64(7)}
+    ),
     typed_case("pad-int32-reflect", "Pad", [("x", (3, 4), "int32")], {"mode": "reflect"}, {"pads": i64([0, 2, 1, 1])}),
     typed_case("pad-bool-edge", "Pad", [("x", (3, 4), "bool")], {"mode": "edge"}, {"pads": i64([1, 1, 1, 1])}),
 ]
@@ -253,8 +302,9 @@ EXPAND_TILE_CASES: list[OpCase] = [
 INT_MAX, INT64_MIN = 2**63 - 1, -(2**63)
 
 
-def _slice(id: str, starts, ends, axes=None, steps=None, shape=(5, 6, 7), dtype: str = "float32",
-           opset: int = OPSET) -> OpCase:
+def _slice(
+    id: str, starts, ends, axes=None, steps=None, shape=(5, 6, 7), dtype: str = "float32", opset: int = OPSET
+) -> OpCase:
     """Slice with starts/ends/axes/steps as attributes (opset < 10) or constant inputs."""
     if opset < 10:
         attrs = {"starts": list(starts), "ends": list(ends), **({"axes": list(axes)} if axes is not None else {})}
@@ -340,18 +390,23 @@ TRILU_CASES: list[OpCase] = [
     _trilu("int64", (4, 4), 0, dtype="int64"),
     _trilu("bool-causal-mask", (1, 6, 6), 0, dtype="bool"),
     _trilu("int32", (3, 5), 1, 1, dtype="int32"),
-    case("trilu-computed-k", single_op_model("Trilu", [("x", (4, 6), "float32"), ("k", (), "int64")], {},
-                                            opset=14), {"x": rand(4, 6), "k": np.array(-1, np.int64)}),
+    case(
+        "trilu-computed-k",
+        single_op_model("Trilu", [("x", (4, 6), "float32"), ("k", (), "int64")], {}, opset=14),
+        {"x": rand(4, 6), "k": np.array(-1, np.int64)},
+    ),
 ]
 
 # ------------------------------------------------------------------------------------ DepthToSpace, SpaceToDepth
 
 
-def _blocks(op: str, id: str, shape, blocksize: int, mode: str | None = None, dtype: str = "float32",
-            opset: int = OPSET) -> OpCase:
+def _blocks(
+    op: str, id: str, shape, blocksize: int, mode: str | None = None, dtype: str = "float32", opset: int = OPSET
+) -> OpCase:
     attrs = {"blocksize": blocksize, **({"mode": mode} if mode else {})}
-    return typed_case(f"{op.lower()}-{id}", op, [("x", shape, dtype)], attrs, opset=opset,
-                      onnxruntime=dtype == "float32")
+    return typed_case(
+        f"{op.lower()}-{id}", op, [("x", shape, dtype)], attrs, opset=opset, onnxruntime=dtype == "float32"
+    )
 
 
 BLOCK_CASES: list[OpCase] = [
@@ -372,8 +427,9 @@ BLOCK_CASES: list[OpCase] = [
 # -------------------------------------------------------------------------------------------- ReverseSequence
 
 
-def _reverse(id: str, shape, lens, batch_axis: int | None = None, time_axis: int | None = None,
-             dtype: str = "float32") -> OpCase:
+def _reverse(
+    id: str, shape, lens, batch_axis: int | None = None, time_axis: int | None = None, dtype: str = "float32"
+) -> OpCase:
     attrs = {k: v for k, v in (("batch_axis", batch_axis), ("time_axis", time_axis)) if v is not None}
     inputs = [("x", shape, dtype), ("lens", (len(lens),), "int64")]
     feeds = {"x": sample(shape, dtype), "lens": i64(lens)}
@@ -385,8 +441,10 @@ REVERSE_CASES: list[OpCase] = [
     _reverse("batch-major", (3, 5), [5, 2, 1], batch_axis=0, time_axis=1),
     _reverse("batch-major-3d", (2, 4, 3), [3, 4], batch_axis=0, time_axis=1),
     _reverse("int64", (3, 2), [2, 3], dtype="int64"),
-    case("reverse-sequence-constant-lens", single_op_model(
-        "ReverseSequence", [("x", (4, 2, 3), "float32")], {}, {"lens": i64([3, 4])})),
+    case(
+        "reverse-sequence-constant-lens",
+        single_op_model("ReverseSequence", [("x", (4, 2, 3), "float32")], {}, {"lens": i64([3, 4])}),
+    ),
 ]
 
 # ----------------------------------------------------------------------------------------------------- Einsum
@@ -442,7 +500,6 @@ MATMUL_CASES: list[OpCase] = [
 ]
 
 
-
 def _attention_block() -> OpCase:
     """A small BERT-style block: embedding Gather, fused QKV MatMul, Split, head reshapes (through a folded
     Shape -> Gather -> Concat chain), Q.K^T as Einsum, Softmax, context MatMul, merge heads."""
@@ -463,9 +520,15 @@ def _attention_block() -> OpCase:
         helper.make_node("Transpose", ["context"], ["merged"], perm=[0, 2, 1, 3]),
         helper.make_node("Reshape", ["merged", "out_shape"], ["y"]),
     ]
-    inits = {"table": rand(30, hidden, seed=1), "w_qkv": rand(hidden, 3 * hidden, seed=2, scale=0.3),
-             "split": i64([hidden] * 3), "zero": i64([0]), "two": i64([2]), "head_dims": i64([heads, head]),
-             "out_shape": i64([batch, seq, hidden])}
+    inits = {
+        "table": rand(30, hidden, seed=1),
+        "w_qkv": rand(hidden, 3 * hidden, seed=2, scale=0.3),
+        "split": i64([hidden] * 3),
+        "zero": i64([0]),
+        "two": i64([2]),
+        "head_dims": i64([heads, head]),
+        "out_shape": i64([batch, seq, hidden]),
+    }
     model = graph_model(nodes, [("ids", (batch, seq), "int64")], initializers=inits)
     ids = np.random.default_rng(3).integers(0, 30, (batch, seq))
     return case("graph-attention-block", model, {"ids": ids})
@@ -473,9 +536,23 @@ def _attention_block() -> OpCase:
 
 GRAPH_CASES: list[OpCase] = [_attention_block()]
 
-CASES: list[OpCase] = (RESHAPE_CASES + PASSTHROUGH_CASES + TRANSPOSE_CASES + CONCAT_CASES + PAD_CASES + DTYPE_CASES
-                       + EXPAND_TILE_CASES + SLICE_CASES + SPLIT_CASES + TRILU_CASES + BLOCK_CASES + REVERSE_CASES
-                       + EINSUM_CASES + MATMUL_CASES + GRAPH_CASES)
+CASES: list[OpCase] = (
+    RESHAPE_CASES
+    + PASSTHROUGH_CASES
+    + TRANSPOSE_CASES
+    + CONCAT_CASES
+    + PAD_CASES
+    + DTYPE_CASES
+    + EXPAND_TILE_CASES
+    + SLICE_CASES
+    + SPLIT_CASES
+    + TRILU_CASES
+    + BLOCK_CASES
+    + REVERSE_CASES
+    + EINSUM_CASES
+    + MATMUL_CASES
+    + GRAPH_CASES
+)
 
 
 @pytest.mark.parametrize("c", params(CASES))
@@ -485,19 +562,34 @@ def test_matches_onnxruntime(c: OpCase, tmp_path) -> None:
 
 # Hostile attributes (issue 13): each is refused with one line naming the node, before anything is built.
 HOSTILE = [
-    pytest.param(hostile_op_model("Pad", {"mode": "reflect"}, {"pads": np.array([0, 0, 2**20, 0, 0, 0, 2**20, 0])}),
-                 "reflect pads 1048576, 1048576 of axis 2 exceed its size 4 less one", id="pad-reflect-huge"),
-    pytest.param(hostile_op_model("Pad", {"mode": "reflect"}, {"pads": np.array([0, 0, 4, 0, 0, 0, 0, 0])}),
-                 "reflect pads 4, 0 of axis 2 exceed", id="pad-reflect-dim"),
-    pytest.param(hostile_op_model("Flatten", {"axis": 2**40}), "axis 1099511627776 is out of range for Flatten",
-                 id="flatten-axis"),
-    pytest.param(hostile_op_model("Concat", {"axis": 2**40}), "axis 1099511627776 is out of range for rank 4",
-                 id="concat-axis"),
-    pytest.param(hostile_op_model("Transpose", {"perm": [0, 0, 1, 2]}), "not a permutation|unknown shape",
-                 id="transpose-perm"),
-    pytest.param(hostile_op_model("ReverseSequence", {"batch_axis": 2**40, "time_axis": 0},
-                                  {"lens": np.array([1, 1])}, x=(4, 2)),
-                 "batch_axis 1099511627776 and time_axis 0 must be 0 and 1", id="reversesequence-axes"),
+    pytest.param(
+        hostile_op_model("Pad", {"mode": "reflect"}, {"pads": np.array([0, 0, 2**20, 0, 0, 0, 2**20, 0])}),
+        "reflect pads 1048576, 1048576 of axis 2 exceed its size 4 less one",
+        id="pad-reflect-huge",
+    ),
+    pytest.param(
+        hostile_op_model("Pad", {"mode": "reflect"}, {"pads": np.array([0, 0, 4, 0, 0, 0, 0, 0])}),
+        "reflect pads 4, 0 of axis 2 exceed",
+        id="pad-reflect-dim",
+    ),
+    pytest.param(
+        hostile_op_model("Flatten", {"axis": 2**40}),
+        "axis 1099511627776 is out of range for Flatten",
+        id="flatten-axis",
+    ),
+    pytest.param(
+        hostile_op_model("Concat", {"axis": 2**40}), "axis 1099511627776 is out of range for rank 4", id="concat-axis"
+    ),
+    pytest.param(
+        hostile_op_model("Transpose", {"perm": [0, 0, 1, 2]}), "not a permutation|unknown shape", id="transpose-perm"
+    ),
+    pytest.param(
+        hostile_op_model(
+            "ReverseSequence", {"batch_axis": 2**40, "time_axis": 0}, {"lens": np.array([1, 1])}, x=(4, 2)
+        ),
+        "batch_axis 1099511627776 and time_axis 0 must be 0 and 1",
+        id="reversesequence-axes",
+    ),
 ]
 
 

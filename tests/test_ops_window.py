@@ -22,9 +22,20 @@ def _spec_of(model: onnx.ModelProto, tmp_path) -> KernelSpec:
 def test_pool_window_is_the_conv_window_without_channels(tmp_path) -> None:
     attrs = {"kernel_shape": [3, 2], "strides": [2, 2], "pads": [1, 1, 0, 0]}
     spec = _spec_of(single_op_model("MaxPool", [("x", (1, 3, 8, 7))], attrs), tmp_path)
-    assert window.window(spec) == window.Window(height=8, width=7, out_height=4, out_width=4, kernel_height=3,
-                                                kernel_width=2, stride_height=2, stride_width=2, dilation_height=1,
-                                                dilation_width=1, pad_top=1, pad_left=1)
+    assert window.window(spec) == window.Window(
+        height=8,
+        width=7,
+        out_height=4,
+        out_width=4,
+        kernel_height=3,
+        kernel_width=2,
+        stride_height=2,
+        stride_width=2,
+        dilation_height=1,
+        dilation_width=1,
+        pad_top=1,
+        pad_left=1,
+    )
 
 
 def test_a_1d_window_is_a_plane_of_height_1(tmp_path) -> None:
@@ -32,10 +43,25 @@ def test_a_1d_window_is_a_plane_of_height_1(tmp_path) -> None:
     attrs = {"strides": [2], "dilations": [3], "pads": [2, 1]}
     spec = _spec_of(single_op_model("Conv", [("x", (1, 3, 20))], attrs, {"w": rand(4, 3, 3)}), tmp_path)
     assert {key: spec.attrs[key] for key in ("kernel_shape", "strides", "dilations", "pads")} == {
-        "kernel_shape": [1, 3], "strides": [1, 2], "dilations": [1, 3], "pads": [0, 2, 0, 1]}
-    assert window.window(spec) == window.Window(height=1, width=20, out_height=1, out_width=9, kernel_height=1,
-                                                kernel_width=3, stride_height=1, stride_width=2, dilation_height=1,
-                                                dilation_width=3, pad_top=0, pad_left=2)
+        "kernel_shape": [1, 3],
+        "strides": [1, 2],
+        "dilations": [1, 3],
+        "pads": [0, 2, 0, 1],
+    }
+    assert window.window(spec) == window.Window(
+        height=1,
+        width=20,
+        out_height=1,
+        out_width=9,
+        kernel_height=1,
+        kernel_width=3,
+        stride_height=1,
+        stride_width=2,
+        dilation_height=1,
+        dilation_width=3,
+        pad_top=0,
+        pad_left=2,
+    )
 
 
 def test_3d_convs_and_pools_lower_to_loop_nests_without_scratch(tmp_path) -> None:
@@ -55,7 +81,7 @@ def test_conv_and_pool_windows_are_checked_whatever_inference_found():
 
     def context(op, x, attrs, weight=None):
         inputs = [TensorInfo(x)] + ([TensorInfo(weight)] if weight else [])
-        return NodeContext(Node("victim", op, ["x", "w"][:len(inputs)], ["y"], attrs), inputs, [TensorInfo(x)], {}, 17)
+        return NodeContext(Node("victim", op, ["x", "w"][: len(inputs)], ["y"], attrs), inputs, [TensorInfo(x)], {}, 17)
 
     with pytest.raises(UnsupportedError, match="of the input's rank"):
         conv._conv_attrs(context("Conv", (1, 2, 4, 4, 4), {}, (3, 2, 2, 2)))

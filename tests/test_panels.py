@@ -14,15 +14,18 @@ from farm.backends.llvm.panels import pack
 RNG = np.random.default_rng(11)
 
 
-@pytest.mark.parametrize(("rows", "m", "k", "blocks"), list(itertools.product([1, 4, 6], [1, 5, 8, 13], [1, 3, 16],
-                                                                                [1, 2])))
+@pytest.mark.parametrize(
+    ("rows", "m", "k", "blocks"), list(itertools.product([1, 4, 6], [1, 5, 8, 13], [1, 3, 16], [1, 2]))
+)
 def test_a_panels_are_the_workers_bytes(rows: int, m: int, k: int, blocks: int) -> None:
     values = RNG.standard_normal(blocks * m * k).astype(np.float32)
     assert pack(values.tobytes(), (rows, m, k)) == pack_operand(values, (rows, m, k)).tobytes()
 
 
-@pytest.mark.parametrize(("width", "k", "n", "transposed", "blocks"),
-                         list(itertools.product([1, 4, 48], [1, 3, 17], [1, 5, 48, 100], [0, 1], [1, 3])))
+@pytest.mark.parametrize(
+    ("width", "k", "n", "transposed", "blocks"),
+    list(itertools.product([1, 4, 48], [1, 3, 17], [1, 5, 48, 100], [0, 1], [1, 3])),
+)
 def test_b_panels_are_the_workers_bytes(width: int, k: int, n: int, transposed: int, blocks: int) -> None:
     values = RNG.standard_normal(blocks * k * n).astype(np.float32)
     panels = (width, k, n, transposed)
@@ -35,11 +38,18 @@ def test_values_are_moved_bit_for_bit_nans_included() -> None:
     assert pack(values.tobytes(), (4, 6, 4, 0)) == pack_operand(values.view(np.float32), (4, 6, 4, 0)).tobytes()
 
 
-@pytest.mark.parametrize(("panels", "size", "error"), [
-    ((2, 3), 6, "neither"), ((0, 3, 2), 6, "neither"), ((2, 3, 2, 2), 6, "neither"), ((2, 4, 4, 0), 6, "blocks"),
-])
+@pytest.mark.parametrize(
+    ("panels", "size", "error"),
+    [
+        ((2, 3), 6, "neither"),
+        ((0, 3, 2), 6, "neither"),
+        ((2, 3, 2, 2), 6, "neither"),
+        ((2, 4, 4, 0), 6, "blocks"),
+    ],
+)
 def test_panels_that_are_not_a_layout_or_values_that_are_not_whole_blocks_are_refused(
-        panels: tuple[int, ...], size: int, error: str) -> None:
+    panels: tuple[int, ...], size: int, error: str
+) -> None:
     with pytest.raises(ValueError, match=error):
         pack(bytes(4 * size), panels)
     with pytest.raises(ValueError, match=error):

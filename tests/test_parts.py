@@ -46,8 +46,9 @@ def test_cpu_units_are_every_kernel_and_every_weight_the_target_reads_packed(mod
     one unit, or one per part of its code (kernel_parts)."""
     plan, target = plan_model(model), host_target()
     units = PARTS["cpu"].units(plan, [target])
-    assert {u.spec.whole for u in units if u.kind == "kernel"} == {plan.kernel_for(spec, target.id)
-                                                                   for spec in plan.kernels().values()}
+    assert {u.spec.whole for u in units if u.kind == "kernel"} == {
+        plan.kernel_for(spec, target.id) for spec in plan.kernels().values()
+    }
     assert sum(u.kind == "kernel" and not u.spec.part for u in units) <= len(plan.kernels())
     packed = [blob for blob in target_weights(plan, target) if blob.panels is not None]
     assert [u.spec for u in units if u.kind == "blob"] == packed and packed
@@ -87,7 +88,9 @@ def test_the_artifact_lists_sources_binaries_weights_and_schedule(model, fingerp
         assert kernel["source"] in members and kernel["binaries"][fingerprint] in members
         assert f"__kernel void {kernel['symbol']}_0(" in artifact.read_member(kernel["source"]).decode()
     assert set(part["blobs"].values()) <= set(members)
-    assert [step["kernel"] for step in part["schedule"]] and all(k["launches"] and k["arguments"] for k in part["kernels"])
+    assert [step["kernel"] for step in part["schedule"]] and all(
+        k["launches"] and k["arguments"] for k in part["kernels"]
+    )
     assert f"opencl:{fingerprint}" in result.targets
 
 

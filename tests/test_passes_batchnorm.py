@@ -15,7 +15,9 @@ def _conv_bn_model(with_bias: bool, opset: int = 13, group: int = 1):
     c_in, c_out = 4, 6
     params = {
         "W": _rand(c_out, c_in // group, 3, 3),
-        "scale": _rand(c_out), "beta": _rand(c_out), "mean": _rand(c_out),
+        "scale": _rand(c_out),
+        "beta": _rand(c_out),
+        "mean": _rand(c_out),
         "var": (RNG.random(c_out) + 0.5).astype(np.float32),
     }
     conv_inputs = ["x", "W"]
@@ -24,8 +26,7 @@ def _conv_bn_model(with_bias: bool, opset: int = 13, group: int = 1):
         conv_inputs.append("B")
     nodes = [
         helper.make_node("Conv", conv_inputs, ["c"], name="conv", pads=[1, 1, 1, 1], group=group),
-        helper.make_node("BatchNormalization", ["c", "scale", "beta", "mean", "var"], ["y"], name="bn",
-                         epsilon=1e-3),
+        helper.make_node("BatchNormalization", ["c", "scale", "beta", "mean", "var"], ["y"], name="bn", epsilon=1e-3),
     ]
     model = _model(nodes, [_f32("x", [2, c_in, 7, 7])], [_f32("y", None)], list(params.items()), opset)
     return model, params
@@ -42,8 +43,9 @@ def test_batchnorm_folds_into_conv(onnx_model_path, with_bias, group, opset):
     factor = p["scale"].astype(np.float64) / np.sqrt(p["var"].astype(np.float64) + 1e-3)
     bias = p.get("B", np.zeros(6, np.float32)).astype(np.float64)
     np.testing.assert_allclose(graph.constants[conv.inputs[1]], p["W"] * factor[:, None, None, None], rtol=1e-6)
-    np.testing.assert_allclose(graph.constants[conv.inputs[2]], (bias - p["mean"]) * factor + p["beta"], rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        graph.constants[conv.inputs[2]], (bias - p["mean"]) * factor + p["beta"], rtol=1e-5, atol=1e-6
+    )
     assert graph.constants[conv.inputs[1]].dtype == np.float32
     _assert_same_outputs(model, graph, {"x": _rand(2, 4, 7, 7)})
 

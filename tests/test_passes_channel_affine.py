@@ -21,20 +21,24 @@ def _conv_mul_add_model(scale_shape, shift_shape, with_bias: bool = True, consta
         params["B"] = _rand(c_out)
         conv_inputs.append("B")
     mul_inputs = ["scale", "c"] if constant_first else ["c", "scale"]
-    nodes = [helper.make_node("Conv", conv_inputs, ["c"], name="conv", pads=[1, 1, 1, 1]),
-             helper.make_node("Mul", mul_inputs, ["m"], name="mul"),
-             helper.make_node("Add", ["m", "shift"], ["a"], name="add"),
-             helper.make_node("Relu", ["a"], ["y"], name="relu")]
+    nodes = [
+        helper.make_node("Conv", conv_inputs, ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Mul", mul_inputs, ["m"], name="mul"),
+        helper.make_node("Add", ["m", "shift"], ["a"], name="add"),
+        helper.make_node("Relu", ["a"], ["y"], name="relu"),
+    ]
     return _model(nodes, [_f32("x", [1, c_in, 7, 7])], [_f32("y", [1, c_out, 7, 7])], list(params.items())), params
 
 
-@pytest.mark.parametrize(("scale_shape", "shift_shape", "with_bias", "constant_first"), [
-    ((6, 1, 1), (6, 1, 1), True, False),
-    ((1, 6, 1, 1), (1, 6, 1, 1), False, True),
-    ((1,), (6, 1, 1), True, False),
-])
-def test_channel_mul_and_add_fold_into_the_conv(onnx_model_path, scale_shape, shift_shape, with_bias,
-                                                constant_first):
+@pytest.mark.parametrize(
+    ("scale_shape", "shift_shape", "with_bias", "constant_first"),
+    [
+        ((6, 1, 1), (6, 1, 1), True, False),
+        ((1, 6, 1, 1), (1, 6, 1, 1), False, True),
+        ((1,), (6, 1, 1), True, False),
+    ],
+)
+def test_channel_mul_and_add_fold_into_the_conv(onnx_model_path, scale_shape, shift_shape, with_bias, constant_first):
     """Both fold (in one sweep), the Relu then fuses: one Conv node computes what the four did."""
     model, p = _conv_mul_add_model(scale_shape, shift_shape, with_bias, constant_first)
     graph = optimize(_load(onnx_model_path, model))

@@ -26,8 +26,11 @@ def test_shape_chain_folds_to_constant_reshape_shape(onnx_model_path, opset):
         helper.make_node("Concat", ["u", "minus_one"], ["shape"], axis=0),
         helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape"),
     ]
-    initializers = [("zero", np.array(0, np.int64)), ("minus_one", np.array([-1], np.int64)),
-                    ("axes", np.array([0], np.int64))]
+    initializers = [
+        ("zero", np.array(0, np.int64)),
+        ("minus_one", np.array([-1], np.int64)),
+        ("axes", np.array([0], np.int64)),
+    ]
     graph = _load(onnx_model_path, _model(nodes, [_f32("x", [2, 3, 4])], [_f32("y", None)], initializers, opset))
     graph = optimize(graph)
     assert [n.op_type for n in graph.nodes] == ["Reshape"]
@@ -76,8 +79,9 @@ def test_folding_does_not_mutate_or_copy_shared_inputs(onnx_model_path):
         helper.make_node("MatMul", ["x", "wt"], ["y1"], name="mm1"),
         helper.make_node("MatMul", ["x2", "w"], ["y2"], name="mm2"),
     ]
-    model = _model(nodes, [_f32("x", [2, 3]), _f32("x2", [5, 4])], [_f32("y1", [2, 4]), _f32("y2", [5, 3])],
-                   [("w", weight)])
+    model = _model(
+        nodes, [_f32("x", [2, 3]), _f32("x2", [5, 4])], [_f32("y1", [2, 4]), _f32("y2", [5, 3])], [("w", weight)]
+    )
     graph = fold_constants(_load(onnx_model_path, model))
     np.testing.assert_array_equal(graph.constants["w"], weight)
     np.testing.assert_array_equal(graph.constants["wt"], weight.T)
@@ -86,11 +90,17 @@ def test_folding_does_not_mutate_or_copy_shared_inputs(onnx_model_path):
 
 def test_folding_leaves_a_too_big_constant_as_a_node(onnx_model_path):
     """Range(0, 2**28) as int64 is 2 GiB: over MAX_FOLDED_CONSTANT_BYTES, so it is not evaluated at build time."""
-    nodes = [helper.make_node("Range", ["a", "b", "c"], ["r"], name="range"),
-             helper.make_node("Range", ["a", "small", "c"], ["s"], name="small_range"),
-             helper.make_node("Concat", ["r", "s"], ["y"], name="concat", axis=0)]
-    inits = [("a", np.array(0, np.int64)), ("b", np.array(2**28, np.int64)), ("c", np.array(1, np.int64)),
-             ("small", np.array(4, np.int64))]
+    nodes = [
+        helper.make_node("Range", ["a", "b", "c"], ["r"], name="range"),
+        helper.make_node("Range", ["a", "small", "c"], ["s"], name="small_range"),
+        helper.make_node("Concat", ["r", "s"], ["y"], name="concat", axis=0),
+    ]
+    inits = [
+        ("a", np.array(0, np.int64)),
+        ("b", np.array(2**28, np.int64)),
+        ("c", np.array(1, np.int64)),
+        ("small", np.array(4, np.int64)),
+    ]
     model = _model(nodes, [], [helper.make_tensor_value_info("y", TensorProto.INT64, None)], inits, opset=17)
     graph = fold_constants(_load(onnx_model_path, model))
     assert [n.name for n in graph.nodes] == ["range", "concat"]
@@ -100,8 +110,10 @@ def test_folding_leaves_a_too_big_constant_as_a_node(onnx_model_path):
 
 def test_folding_checks_a_declared_shape_inference_could_not(onnx_model_path):
     """A value whose declared shape import had to take on trust must fold to that shape."""
-    nodes = [helper.make_node("Unique", ["k"], ["u"], name="unique"),
-             helper.make_node("Add", ["x", "u"], ["y"], name="add")]
+    nodes = [
+        helper.make_node("Unique", ["k"], ["u"], name="unique"),
+        helper.make_node("Add", ["x", "u"], ["y"], name="add"),
+    ]
     model = _model(nodes, [_f32("x", [3])], [_f32("y", None)], [("k", np.float32([1, 1, 2]))], opset=17)
     model.graph.value_info.append(_f32("u", [3]))
     with pytest.raises(UnsupportedError, match=r"'unique'.*'u' is declared with shape \[3\] but computes to \[2\]"):
@@ -111,15 +123,20 @@ def test_folding_checks_a_declared_shape_inference_could_not(onnx_model_path):
 def test_a_declared_shape_folding_makes_checkable_is_checked(onnx_model_path):
     """Reshape's shape is only known after folding; a value info declaring a bigger output must then be refused
     (the Reshape kernel would copy past its input)."""
-    nodes = [helper.make_node("Max", ["k", "k"], ["shape"], name="same"),
-             helper.make_node("Reshape", ["x", "shape"], ["r"], name="reshape"),
-             helper.make_node("Relu", ["r"], ["y"], name="relu")]
+    nodes = [
+        helper.make_node("Max", ["k", "k"], ["shape"], name="same"),
+        helper.make_node("Reshape", ["x", "shape"], ["r"], name="reshape"),
+        helper.make_node("Relu", ["r"], ["y"], name="relu"),
+    ]
     model = _model(nodes, [_f32("x", [2, 3])], [_f32("y", None)], [("k", np.array([3, 2], np.int64))], opset=17)
     model.graph.value_info.append(_f32("r", [8, 8]))
     graph = _load(onnx_model_path, model)
     assert "r" in graph.declared_shapes
-    with pytest.raises(UnsupportedError, match=r"'reshape'.*'r' is declared with shape \[8, 8\] but computes to "
-                                                r"\[3, 2\]"):
+    with pytest.raises(
+        UnsupportedError,
+        match=r"'reshape'.*'r' is declared with shape \[8, 8\] but computes to "
+        r"\[3, 2\]",
+    ):
         fold_constants(graph)
 
 
@@ -131,8 +148,9 @@ RUNTIME_SHAPED = {
 
 
 @pytest.mark.parametrize(("op", "source", "declared", "message"), RUNTIME_SHAPED.values(), ids=RUNTIME_SHAPED.keys())
-def test_a_shape_only_a_declaration_gives_must_fit_the_ops_input(onnx_model_path, op: str, source: list[int],
-                                                                 declared: list[int], message: str):
+def test_a_shape_only_a_declaration_gives_must_fit_the_ops_input(
+    onnx_model_path, op: str, source: list[int], declared: list[int], message: str
+):
     """An output shape that depends on a graph input's values (a Reshape to a shape given at run time) is taken
     from the declaration only when the op's kernel then reads inside its input; otherwise it is refused, naming
     the node (the kernel would read past its input: an out-of-bounds read made by the model)."""
@@ -163,9 +181,11 @@ def test_an_empty_graph_input_is_a_constant_that_stays_an_input(onnx_model_path)
 def test_a_node_whose_outputs_are_all_empty_folds_without_running(onnx_model_path):
     """A Slice of a graph input that selects nothing has one possible value, whatever the input holds; the Mul
     of that empty value folds in turn, and the Concat reads the empty constant."""
-    nodes = [helper.make_node("Slice", ["x", "starts", "ends"], ["s"], name="slice"),
-             helper.make_node("Mul", ["s", "s"], ["m"], name="mul"),
-             helper.make_node("Concat", ["m", "x"], ["y"], name="concat", axis=1)]
+    nodes = [
+        helper.make_node("Slice", ["x", "starts", "ends"], ["s"], name="slice"),
+        helper.make_node("Mul", ["s", "s"], ["m"], name="mul"),
+        helper.make_node("Concat", ["m", "x"], ["y"], name="concat", axis=1),
+    ]
     inits = [("starts", np.array([1], np.int64)), ("ends", np.array([1], np.int64))]
     graph = fold_constants(_load(onnx_model_path, _model(nodes, [_f32("x", [2, 3])], [_f32("y", None)], inits)))
     assert [n.name for n in graph.nodes] == ["concat"]
@@ -181,8 +201,10 @@ def test_an_empty_model_output_is_still_computed_by_its_node(onnx_model_path):
 def test_an_empty_shape_only_a_declaration_gives_is_checked_not_folded(onnx_model_path):
     """A Reshape to a shape given at run time, declared [0, 4] on a 4-element input, does not fold to an empty
     constant: the declaration is checked against the input first, and refused."""
-    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"], name="rt"),
-             helper.make_node("Concat", ["r", "x"], ["y"], name="concat", axis=0)]
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["r"], name="rt"),
+        helper.make_node("Concat", ["r", "x"], ["y"], name="concat", axis=0),
+    ]
     shape = helper.make_tensor_value_info("shape", TensorProto.INT64, [2])
     model = _model(nodes, [_f32("x", [1, 4]), shape], [_f32("y", None)], [], opset=17)
     model.graph.value_info.append(_f32("r", [0, 4]))
@@ -199,13 +221,19 @@ def test_an_empty_output_of_an_op_without_a_run_time_check_takes_its_declared_sh
     assert fold_constants(_load(onnx_model_path, model)).values["y"].shape == (3, 0)
 
 
-@pytest.mark.parametrize(("shape", "declared", "keepdims", "builds"), [
-    ([2, 0, 4], [2, 1, 4], 1, True), ([2, 0, 4], [2, 4], 0, True), ([2, 0, 4], [2, 0, 1], 1, True),
-    ([2, 0, 4], [2, 4], 1, False),  # keepdims: the declared output must have the input's rank
-    ([2, 3, 4], [2, 1, 4], 1, False),  # the values depend on the axes: refused
-])
-def test_a_reduction_of_an_empty_input_takes_its_declared_shape_with_run_time_axes(onnx_model_path, shape, declared,
-                                                                                   keepdims, builds):
+@pytest.mark.parametrize(
+    ("shape", "declared", "keepdims", "builds"),
+    [
+        ([2, 0, 4], [2, 1, 4], 1, True),
+        ([2, 0, 4], [2, 4], 0, True),
+        ([2, 0, 4], [2, 0, 1], 1, True),
+        ([2, 0, 4], [2, 4], 1, False),  # keepdims: the declared output must have the input's rank
+        ([2, 3, 4], [2, 1, 4], 1, False),  # the values depend on the axes: refused
+    ],
+)
+def test_a_reduction_of_an_empty_input_takes_its_declared_shape_with_run_time_axes(
+    onnx_model_path, shape, declared, keepdims, builds
+):
     """Each element of a non-empty output of a reduction of an empty tensor reduces nothing, whatever the axes: the
     declared shape stands as for RUNTIME_SHAPE_CHECKS. A non-empty input's reduction depends on the axes' values."""
     nodes = [helper.make_node("ReduceSum", ["x", "axes"], ["y"], name="rt", keepdims=keepdims)]
@@ -219,19 +247,31 @@ def test_a_reduction_of_an_empty_input_takes_its_declared_shape_with_run_time_ax
 
 
 DIRECT_FOLDS = {
-    "constant-of-shape, default value": (helper.make_node("ConstantOfShape", ["s"], ["y"]),
-                                          {"s": np.array([2, 3], np.int64)}, 17),
-    "constant-of-shape, int32 value": (helper.make_node("ConstantOfShape", ["s"], ["y"],
-                                                        value=numpy_helper.from_array(np.array([7], np.int32))),
-                                        {"s": np.array([4], np.int64)}, 17),
-    "constant-of-shape, a scalar": (helper.make_node("ConstantOfShape", ["s"], ["y"],
-                                                     value=numpy_helper.from_array(np.array([1.5], np.float64))),
-                                     {"s": np.zeros(0, np.int64)}, 17),
-    "unsqueeze, axes input": (helper.make_node("Unsqueeze", ["x", "a"], ["y"]),
-                              {"x": np.arange(6, dtype=np.float32).reshape(2, 3), "a": np.array([-1, 0], np.int64)},
-                              17),
-    "unsqueeze, axes attribute": (helper.make_node("Unsqueeze", ["x"], ["y"], axes=[1, 3]),
-                                  {"x": np.arange(6, dtype=np.int64).reshape(2, 3)}, 11),
+    "constant-of-shape, default value": (
+        helper.make_node("ConstantOfShape", ["s"], ["y"]),
+        {"s": np.array([2, 3], np.int64)},
+        17,
+    ),
+    "constant-of-shape, int32 value": (
+        helper.make_node("ConstantOfShape", ["s"], ["y"], value=numpy_helper.from_array(np.array([7], np.int32))),
+        {"s": np.array([4], np.int64)},
+        17,
+    ),
+    "constant-of-shape, a scalar": (
+        helper.make_node("ConstantOfShape", ["s"], ["y"], value=numpy_helper.from_array(np.array([1.5], np.float64))),
+        {"s": np.zeros(0, np.int64)},
+        17,
+    ),
+    "unsqueeze, axes input": (
+        helper.make_node("Unsqueeze", ["x", "a"], ["y"]),
+        {"x": np.arange(6, dtype=np.float32).reshape(2, 3), "a": np.array([-1, 0], np.int64)},
+        17,
+    ),
+    "unsqueeze, axes attribute": (
+        helper.make_node("Unsqueeze", ["x"], ["y"], axes=[1, 3]),
+        {"x": np.arange(6, dtype=np.int64).reshape(2, 3)},
+        11,
+    ),
 }
 
 
@@ -243,8 +283,12 @@ def test_ops_folded_in_numpy_give_the_reference_evaluators_constants(case: str) 
     from farm.ir.graph import Node
 
     proto, constants, opset = DIRECT_FOLDS[case]
-    attrs = {a.name: numpy_helper.to_array(a.t) if a.type == onnx.AttributeProto.TENSOR
-             else onnx.helper.get_attribute_value(a) for a in proto.attribute}
+    attrs = {
+        a.name: numpy_helper.to_array(a.t)
+        if a.type == onnx.AttributeProto.TENSOR
+        else onnx.helper.get_attribute_value(a)
+        for a in proto.attribute
+    }
     node = Node("n", proto.op_type, list(proto.input), list(proto.output), attrs)
     graph = Graph("g", opset, [], ["z"], {}, dict(constants), [node])
     ours = constant_folding._DIRECT_FOLDERS[proto.op_type](graph, node)
@@ -260,11 +304,18 @@ def fills_added_model(count: int, elements: int) -> onnx.ModelProto:
     fill = helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])
     nodes, total = [], "x"
     for index in range(count):
-        nodes += [helper.make_node("ConstantOfShape", ["shape"], [f"c{index}"], name=f"fill{index}", value=fill),
-                  helper.make_node("Add", [total, f"c{index}"], [f"s{index}"], name=f"add{index}")]
+        nodes += [
+            helper.make_node("ConstantOfShape", ["shape"], [f"c{index}"], name=f"fill{index}", value=fill),
+            helper.make_node("Add", [total, f"c{index}"], [f"s{index}"], name=f"add{index}"),
+        ]
         total = f"s{index}"
-    return _model(nodes, [_f32("x", [1, elements])], [_f32(total, [1, elements])],
-                  [("shape", np.array([1, elements], np.int64))], opset=17)
+    return _model(
+        nodes,
+        [_f32("x", [1, elements])],
+        [_f32(total, [1, elements])],
+        [("shape", np.array([1, elements], np.int64))],
+        opset=17,
+    )
 
 
 def test_folding_past_the_budget_fails_naming_the_node(onnx_model_path, monkeypatch):
@@ -278,7 +329,9 @@ def test_folding_past_the_budget_fails_naming_the_node(onnx_model_path, monkeypa
     assert "FARM_MAX_FOLDED_BYTES=3145728" in str(refused.value) and f"({4 << 20} bytes)" in str(refused.value)
     assert "\n" not in str(refused.value)
     monkeypatch.setenv("FARM_MAX_FOLDED_BYTES", str(8 << 20))  # exactly what the model folds: it fits
-    assert [n.op_type for n in fold_constants(_load(onnx_model_path, fills_added_model(8, 1 << 18))).nodes] == ["Add"] * 8
+    assert [n.op_type for n in fold_constants(_load(onnx_model_path, fills_added_model(8, 1 << 18))).nodes] == [
+        "Add"
+    ] * 8
 
 
 def test_a_folded_view_of_a_constant_costs_nothing_of_the_budget(onnx_model_path, monkeypatch):
@@ -286,17 +339,24 @@ def test_a_folded_view_of_a_constant_costs_nothing_of_the_budget(onnx_model_path
     folding allocates counts, so a chain of them over one 1 MiB fill fits a 1 MiB budget."""
     monkeypatch.setenv("FARM_MAX_FOLDED_BYTES", str(1 << 20))
     fill = helper.make_tensor("v", TensorProto.FLOAT, [1], [0.5])
-    nodes = [helper.make_node("ConstantOfShape", ["shape"], ["c"], name="fill", value=fill),
-             helper.make_node("Unsqueeze", ["c", "axes"], ["u"], name="unsqueeze"),
-             helper.make_node("Reshape", ["u", "flat"], ["r"], name="reshape"),
-             helper.make_node("Add", ["x", "r"], ["y"], name="add")]
-    inits = [("shape", np.array([512, 512], np.int64)), ("axes", np.array([0], np.int64)),
-             ("flat", np.array([1 << 18], np.int64))]
-    graph = fold_constants(_load(onnx_model_path, _model(nodes, [_f32("x", [1 << 18])], [_f32("y", [1 << 18])],
-                                                         inits, opset=17)))
+    nodes = [
+        helper.make_node("ConstantOfShape", ["shape"], ["c"], name="fill", value=fill),
+        helper.make_node("Unsqueeze", ["c", "axes"], ["u"], name="unsqueeze"),
+        helper.make_node("Reshape", ["u", "flat"], ["r"], name="reshape"),
+        helper.make_node("Add", ["x", "r"], ["y"], name="add"),
+    ]
+    inits = [
+        ("shape", np.array([512, 512], np.int64)),
+        ("axes", np.array([0], np.int64)),
+        ("flat", np.array([1 << 18], np.int64)),
+    ]
+    graph = fold_constants(
+        _load(onnx_model_path, _model(nodes, [_f32("x", [1 << 18])], [_f32("y", [1 << 18])], inits, opset=17))
+    )
     assert [n.name for n in graph.nodes] == ["add"]
     np.testing.assert_array_equal(graph.constants["r"], np.full(1 << 18, 0.5, np.float32))
     monkeypatch.setenv("FARM_MAX_FOLDED_BYTES", str((1 << 20) - 1))  # the fill alone passes a byte less
     with pytest.raises(UnsupportedError, match="node 'fill'"):
-        fold_constants(_load(onnx_model_path, _model(nodes, [_f32("x", [1 << 18])], [_f32("y", [1 << 18])], inits,
-                                                     opset=17)))
+        fold_constants(
+            _load(onnx_model_path, _model(nodes, [_f32("x", [1 << 18])], [_f32("y", [1 << 18])], inits, opset=17))
+        )

@@ -35,7 +35,8 @@ def test_identity_from_model_input_to_model_output_is_kept(onnx_model_path):
     model = _model(nodes, [_f32("x", [3])], [_f32("y", [3]), _f32("z", [3])], opset=11)
     graph = optimize(_load(onnx_model_path, model))
     assert [(n.op_type, n.inputs, n.outputs) for n in graph.nodes] == [
-        ("Identity", ["x"], ["y"]), ("Relu", ["y"], ["z"])
+        ("Identity", ["x"], ["y"]),
+        ("Relu", ["y"], ["z"]),
     ]
 
 
@@ -68,8 +69,11 @@ def test_dropout_in_training_mode_is_unsupported(onnx_model_path, training):
 
 
 def test_dropout_with_training_mode_false_passes_through(onnx_model_path):
-    nodes = [helper.make_node("Dropout", ["x", "ratio", "train"], ["d"], name="drop"),
-             helper.make_node("Relu", ["d"], ["y"])]
-    model = _model(nodes, [_f32("x", [3])], [_f32("y", [3])],
-                   [("ratio", np.array(0.5, np.float32)), ("train", np.array(False))])
+    nodes = [
+        helper.make_node("Dropout", ["x", "ratio", "train"], ["d"], name="drop"),
+        helper.make_node("Relu", ["d"], ["y"]),
+    ]
+    model = _model(
+        nodes, [_f32("x", [3])], [_f32("y", [3])], [("ratio", np.array(0.5, np.float32)), ("train", np.array(False))]
+    )
     assert [n.op_type for n in optimize(_load(onnx_model_path, model)).nodes] == ["Relu"]

@@ -65,8 +65,9 @@ def job_in_state(board: JobBoard, state: JobState) -> str:
     return job_id
 
 
-def test_release_ended_jobs_releases_failed_cancelled_and_expired_jobs_only(redis_server: RedisServer,
-                                                                            store: RedisStore) -> None:
+def test_release_ended_jobs_releases_failed_cancelled_and_expired_jobs_only(
+    redis_server: RedisServer, store: RedisStore
+) -> None:
     board = JobBoard(redis_server.url)
     jobs = {state: job_in_state(board, state) for state in JobState}
     expired = uuid.uuid4().hex[:16]  # pinned, but its record is gone
@@ -92,8 +93,8 @@ def test_job_pins_expire_with_the_job_record(store: RedisStore) -> None:
 
 
 def test_a_job_pins_what_it_will_read_then_only_its_artifacts_recipe_and_members_until_downloaded(
-        farm: tuple[Farm, Tasks], store: RedisStore, redis_server: RedisServer, model_path: Path,
-        tmp_path: Path) -> None:
+    farm: tuple[Farm, Tasks], store: RedisStore, redis_server: RedisServer, model_path: Path, tmp_path: Path
+) -> None:
     steps, tasks = farm
     job_id = create_job(steps.board, store, model_path)
     steps.plan_job(job_id)
@@ -126,8 +127,13 @@ def test_a_job_pins_what_it_will_read_then_only_its_artifacts_recipe_and_members
 
 
 def test_a_job_finishes_under_a_cap_that_evicts_everything_it_doesnt_pin(
-        farm: tuple[Farm, Tasks], store: RedisStore, redis_server: RedisServer, model_path: Path,
-        local_artifact: bytes, tmp_path: Path) -> None:
+    farm: tuple[Farm, Tasks],
+    store: RedisStore,
+    redis_server: RedisServer,
+    model_path: Path,
+    local_artifact: bytes,
+    tmp_path: Path,
+) -> None:
     """Under a cap that holds the job's weights and nothing more, every entry no pin holds
     is evicted as soon as a put finds the store full: the job still builds the local artifact, since everything it
     reads again is pinned; once downloaded (and the cap lowered to a byte), the artifact goes too, and a second
@@ -148,8 +154,9 @@ def test_a_job_finishes_under_a_cap_that_evicts_everything_it_doesnt_pin(
         client.download(job_id, tmp_path / "again")
 
 
-def test_a_cancelled_job_releases_its_pins_at_the_next_sweep(farm: tuple[Farm, Tasks], store: RedisStore,
-                                                               redis_server: RedisServer, model_path: Path) -> None:
+def test_a_cancelled_job_releases_its_pins_at_the_next_sweep(
+    farm: tuple[Farm, Tasks], store: RedisStore, redis_server: RedisServer, model_path: Path
+) -> None:
     steps, _ = farm
     client = FarmClient(redis_server.url)
     job_id = client.submit(model_path, [host_target()])
@@ -160,7 +167,8 @@ def test_a_cancelled_job_releases_its_pins_at_the_next_sweep(farm: tuple[Farm, T
 
 
 def test_a_failed_jobs_pins_are_released_when_the_next_job_is_planned(
-        farm: tuple[Farm, Tasks], store: RedisStore, model_path: Path) -> None:
+    farm: tuple[Farm, Tasks], store: RedisStore, model_path: Path
+) -> None:
     steps, tasks = farm
     failed = create_job(steps.board, store, model_path)
     pins.pin_for_job(store, failed, [content_key(b"whatever it had pinned")])

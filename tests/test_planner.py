@@ -19,11 +19,18 @@ def conv_chain(tmp_path, layers: int = 4, same_weights: bool = False):
     for i in range(layers):
         weight = shared if same_weights else rng.standard_normal((8, 8, 3, 3)).astype(np.float32)
         inits.append(numpy_helper.from_array(weight, f"w{i}"))
-        nodes += [helper.make_node("Conv", [prev, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]),
-                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
+        nodes += [
+            helper.make_node("Conv", [prev, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", [f"c{i}"], [f"r{i}"]),
+        ]
         prev = f"r{i}"
-    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
-                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, None)], initializer=inits)
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, None)],
+        initializer=inits,
+    )
     path = tmp_path / "chain.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
     return plan_model(path)
@@ -46,13 +53,15 @@ def test_scratch_buffer_for_im2col(tmp_path):
     assert scratch and plan.memory.sizes[scratch[0]] >= 8 * 9 * 16 * 16 * 4
 
 
-
 def relu_chain(path, nodes: int, reverse: bool = False):
     """x -> Relu -> Relu -> ... (`nodes` of them), saved at `path`; listed last to first when `reverse`."""
     chain = [helper.make_node("Relu", [f"v{i - 1}" if i else "x"], [f"v{i}"], name=f"relu{i}") for i in range(nodes)]
-    graph = helper.make_graph(chain[::-1] if reverse else chain, "chain",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
-                              [helper.make_tensor_value_info(f"v{nodes - 1}", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        chain[::-1] if reverse else chain,
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info(f"v{nodes - 1}", TensorProto.FLOAT, None)],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
     return path
 
@@ -106,8 +115,15 @@ def test_a_chain_listed_backwards_is_ordered_in_linear_steps(tmp_path):
     assert [node.name for node in graph.nodes] == [f"relu{i}" for i in range(20_000)]
 
 
-def residual_blocks(tmp_path, blocks: int = 2, *, reread: bool = False, residual_is_input: bool = False,
-                    output_is_block: bool = False, from_model_input: bool = False):
+def residual_blocks(
+    tmp_path,
+    blocks: int = 2,
+    *,
+    reread: bool = False,
+    residual_is_input: bool = False,
+    output_is_block: bool = False,
+    from_model_input: bool = False,
+):
     """x -> Relu -> `blocks` times (Conv 3x3 of Relu(a), Add a, Relu) -> Sigmoid: each residual is an activation that
     dies at the conv, so the conv writes over it. `reread`: the Sigmoid's Mul also reads the first block's input;
     `residual_is_input`: Add(conv(a), a), the conv's own input; `output_is_block`: no Sigmoid, the last block's
@@ -121,8 +137,11 @@ def residual_blocks(tmp_path, blocks: int = 2, *, reread: bool = False, residual
         if not residual_is_input:
             nodes.append(helper.make_node("Relu", [prev], [f"b{i}"]))
             source = f"b{i}"
-        nodes += [helper.make_node("Conv", [source, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1], name=f"conv{i}"),
-                  helper.make_node("Add", [f"c{i}", prev], [f"s{i}"]), helper.make_node("Relu", [f"s{i}"], [f"a{i + 1}"])]
+        nodes += [
+            helper.make_node("Conv", [source, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1], name=f"conv{i}"),
+            helper.make_node("Add", [f"c{i}", prev], [f"s{i}"]),
+            helper.make_node("Relu", [f"s{i}"], [f"a{i + 1}"]),
+        ]
         prev = f"a{i + 1}"
     if not output_is_block:
         nodes.append(helper.make_node("Sigmoid", [prev], ["y"]))
@@ -130,8 +149,13 @@ def residual_blocks(tmp_path, blocks: int = 2, *, reread: bool = False, residual
     if reread:
         nodes.append(helper.make_node("Mul", [prev, first], ["m"]))
         prev = "m"
-    graph = helper.make_graph(nodes, "residuals", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 6, 6])],
-                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, None)], initializer=inits)
+    graph = helper.make_graph(
+        nodes,
+        "residuals",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 6, 6])],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, None)],
+        initializer=inits,
+    )
     path = tmp_path / "residuals.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
     return path
@@ -171,9 +195,13 @@ def test_a_model_input_or_output_is_never_written_over(tmp_path):
 
 def _save(tmp_path, nodes, inputs, outputs, initializers=()):
     """A model of `nodes` over graph inputs (name, shape) of float32 and float32 initializers, saved for plan_model."""
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
-                              [helper.make_tensor_value_info(n, TensorProto.UNDEFINED, None) for n in outputs],
-                              initializer=[numpy_helper.from_array(a, n) for n, a in initializers])
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+        [helper.make_tensor_value_info(n, TensorProto.UNDEFINED, None) for n in outputs],
+        initializer=[numpy_helper.from_array(a, n) for n, a in initializers],
+    )
     path = tmp_path / "model.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
     return path
@@ -181,10 +209,13 @@ def _save(tmp_path, nodes, inputs, outputs, initializers=()):
 
 def test_a_node_that_writes_only_empty_tensors_gets_no_step(tmp_path):
     """Its outputs are model outputs all the same: each keeps a buffer (of no bytes, ALIGNMENT in the arena)."""
-    nodes = [helper.make_node("Relu", ["x"], ["y"], name="relu"),
-             helper.make_node("Split", ["a", "parts"], ["p", "q"], name="split", axis=1)]
-    path = _save(tmp_path, nodes, [("x", [0, 3]), ("a", [2, 4])], ["y", "p", "q"],
-                 [("parts", np.array([4, 0], np.int64))])
+    nodes = [
+        helper.make_node("Relu", ["x"], ["y"], name="relu"),
+        helper.make_node("Split", ["a", "parts"], ["p", "q"], name="split", axis=1),
+    ]
+    path = _save(
+        tmp_path, nodes, [("x", [0, 3]), ("a", [2, 4])], ["y", "p", "q"], [("parts", np.array([4, 0], np.int64))]
+    )
     plan = plan_model(path)
     assert [step.node for step in plan.steps] == ["split"]  # a Split with one empty part still writes the other
     assert {"x", "y", "p", "q"} <= set(plan.memory.offsets)
@@ -202,8 +233,11 @@ def test_an_empty_constant_is_an_arena_argument_not_a_blob(tmp_path):
 def test_an_op_whose_kernel_takes_no_empty_operand_is_refused(tmp_path):
     """A MatMul over an empty inner axis is all zeros, but its kernel was not written for it: refused, not guessed."""
     nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="matmul")]
-    with pytest.raises(UnsupportedError, match=r"'matmul'.*input 'x' is empty \(shape \[2, 0\]\) and the node "
-                                                r"computes a non-empty output; farm's MatMul kernel is not written"):
+    with pytest.raises(
+        UnsupportedError,
+        match=r"'matmul'.*input 'x' is empty \(shape \[2, 0\]\) and the node "
+        r"computes a non-empty output; farm's MatMul kernel is not written",
+    ):
         plan_model(_save(tmp_path, nodes, [("x", [2, 0]), ("w", [0, 3])], ["y"]))
 
 
@@ -241,8 +275,10 @@ def test_a_known_digest_is_taken_only_while_its_constant_is_the_array_it_was_rea
     graph = import_model(path)
     hashed = constant_digests(graph)
     first, second = sorted(hashed)[:2]
-    graph.known_digests = {first: (graph.constants[first], "f" * 64),
-                           second: (graph.constants[second].copy(), "e" * 64)}
+    graph.known_digests = {
+        first: (graph.constants[first], "f" * 64),
+        second: (graph.constants[second].copy(), "e" * 64),
+    }
     digests = constant_digests(graph)
     assert digests[first] == "f" * 64  # taken as given: the array is the one the digest came with
     assert digests[second] == hashed[second]  # another array now: hashed

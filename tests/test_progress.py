@@ -42,8 +42,13 @@ def model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _farm(*args: object, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """`farm ARGS` with stdout and stderr pipes, as CI runs it; the bytes kept as written."""
     path = os.pathsep.join(p for p in (CHECKOUT, os.environ.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, "-m", "farm", *map(str, args)], cwd=cwd, capture_output=True,
-                          env={**os.environ, "PYTHONPATH": path, **(env or {})}, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "farm", *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": path, **(env or {})},
+        timeout=300,
+    )
 
 
 def _plain_lines(stderr: bytes, label: str) -> list[str]:
@@ -51,7 +56,7 @@ def _plain_lines(stderr: bytes, label: str) -> list[str]:
     assert all(32 <= byte < 127 or byte == 10 for byte in stderr), stderr
     lines = stderr.decode().splitlines()
     assert all(line.startswith(f"farm: {label}: ") for line in lines), lines
-    return [line[len(f"farm: {label}: "):] for line in lines]
+    return [line[len(f"farm: {label}: ") :] for line in lines]
 
 
 def _phases(lines: list[str]) -> list[str]:
@@ -63,12 +68,24 @@ def _counts(lines: list[str], phase: str = "compiling") -> list[tuple[int, int]]
 
 
 def test_submit_without_a_terminal_prints_a_line_per_phase_and_counts_every_unit_opencl_too(
-        model_folder: Path, tmp_path: Path, fingerprint: str) -> None:
+    model_folder: Path, tmp_path: Path, fingerprint: str
+) -> None:
     """CI's case: stderr a pipe (and FORCE_COLOR set, as many CI setups do): plain lines in phase order, counts up
     to every unit (the OpenCL program binaries too: each is a unit, built and run once before the count moves),
     and stdout the one JSON object."""
-    result = _farm("submit", model_folder / "tiny_cnn.onnx", "--target", "cpu", "--target", f"opencl:{fingerprint}",
-                   "--json", "-o", tmp_path, cwd=tmp_path, env={"FORCE_COLOR": "1"})
+    result = _farm(
+        "submit",
+        model_folder / "tiny_cnn.onnx",
+        "--target",
+        "cpu",
+        "--target",
+        f"opencl:{fingerprint}",
+        "--json",
+        "-o",
+        tmp_path,
+        cwd=tmp_path,
+        env={"FORCE_COLOR": "1"},
+    )
     assert result.returncode == 0, result.stderr
     job = json.loads(result.stdout)
     lines = _plain_lines(result.stderr, "tiny_cnn.onnx")
@@ -108,8 +125,18 @@ def test_a_failed_farm_job_keeps_the_count_it_reached() -> None:
     stream = io.StringIO()
     with PlainProgress("j on the farm", stream, quiet_start=0) as progress:
         for state, done in (("queued", 0), ("planning", 0), ("compiling", 2), ("failed", 2)):
-            progress.status({"job_id": "j", "state": state, "model": "m", "done": done, "total": 4 * (done > 0),
-                             "kernels": 3, "blobs": 1, "seconds": 0.5})
+            progress.status(
+                {
+                    "job_id": "j",
+                    "state": state,
+                    "model": "m",
+                    "done": done,
+                    "total": 4 * (done > 0),
+                    "kernels": 3,
+                    "blobs": 1,
+                    "seconds": 0.5,
+                }
+            )
     lines = _plain_lines(stream.getvalue().encode(), "j on the farm")
     assert _phases(lines) == ["queued", "planning", "compiling", "failed"] and _counts(lines) == [(2, 4)]
 
@@ -156,9 +183,14 @@ def test_terminal_row_at_80_columns_shortens_the_label_never_the_phase_or_count(
     progress = build_progress("resnet18_exported_with_a_long_name.onnx on the farm", console, quiet_start=0)
     assert isinstance(progress, TerminalProgress)
     with progress:
-        for event in (lambda: progress.phase("planning"), lambda: progress.phase("compiling"),
-                      lambda: progress.update(57, 312), lambda: progress.update(12345, 123456),
-                      lambda: progress.phase("linking"), lambda: progress.phase("done")):
+        for event in (
+            lambda: progress.phase("planning"),
+            lambda: progress.phase("compiling"),
+            lambda: progress.update(57, 312),
+            lambda: progress.update(12345, 123456),
+            lambda: progress.phase("linking"),
+            lambda: progress.phase("done"),
+        ):
             event()
             progress.live.refresh()
     frames = _frames(screen)
@@ -185,8 +217,9 @@ def test_no_terminal_means_plain_lines_even_when_rich_would_draw() -> None:
     assert isinstance(build_progress("m.onnx", dumb), PlainProgress)
 
 
-def test_a_farm_job_shows_the_boards_states_in_order_with_its_counts(redis_server: RedisServer,
-                                                                     model_folder: Path) -> None:
+def test_a_farm_job_shows_the_boards_states_in_order_with_its_counts(
+    redis_server: RedisServer, model_folder: Path
+) -> None:
     """The real client's statuses (FarmClient.wait on a real Redis), the board moved as workers move it, each
     move made once the client has read the one before."""
     client = FarmClient(redis_server.url)
@@ -194,18 +227,18 @@ def test_a_farm_job_shows_the_boards_states_in_order_with_its_counts(redis_serve
     Farm(client.board, client.store, lambda message: None).accept(job_id)
     board, artifact_key = client.board, client.store.put(b"artifact")
     seen: list[dict] = []
-    moves = [(lambda: board.advance(job_id, JobState.PLANNING), lambda s: s["state"] == "planning"),
-             (lambda: board.advance(job_id, JobState.TUNING, tune_units=["t/k1", "t/k2"]),
-              lambda s: s["state"] == "tuning"),
-             (lambda: board.complete(job_id, "tune", "t/k1"), lambda s: s["tuning"]["done"] == 1),
-             (lambda: board.complete(job_id, "tune", "t/k2"), lambda s: s["tuning"]["done"] == 2),
-             (lambda: board.advance(job_id, JobState.PLANNING, tuned=True), lambda s: s["state"] == "planning"),
-             (lambda: board.advance(job_id, JobState.COMPILING, total=4), lambda s: s["state"] == "compiling"),
-             (lambda: board.complete(job_id, "compile", "a"), lambda s: s["done"] == 1),
-             (lambda: [board.complete(job_id, "compile", name) for name in "bcd"], lambda s: s["done"] == 4),
-             (lambda: board.advance(job_id, JobState.LINKING), lambda s: s["state"] == "linking"),
-             (lambda: board.advance(job_id, JobState.DONE, artifact_key=artifact_key, finished=time.time()),
-              lambda s: True)]
+    moves = [
+        (lambda: board.advance(job_id, JobState.PLANNING), lambda s: s["state"] == "planning"),
+        (lambda: board.advance(job_id, JobState.TUNING, tune_units=["t/k1", "t/k2"]), lambda s: s["state"] == "tuning"),
+        (lambda: board.complete(job_id, "tune", "t/k1"), lambda s: s["tuning"]["done"] == 1),
+        (lambda: board.complete(job_id, "tune", "t/k2"), lambda s: s["tuning"]["done"] == 2),
+        (lambda: board.advance(job_id, JobState.PLANNING, tuned=True), lambda s: s["state"] == "planning"),
+        (lambda: board.advance(job_id, JobState.COMPILING, total=4), lambda s: s["state"] == "compiling"),
+        (lambda: board.complete(job_id, "compile", "a"), lambda s: s["done"] == 1),
+        (lambda: [board.complete(job_id, "compile", name) for name in "bcd"], lambda s: s["done"] == 4),
+        (lambda: board.advance(job_id, JobState.LINKING), lambda s: s["state"] == "linking"),
+        (lambda: board.advance(job_id, JobState.DONE, artifact_key=artifact_key, finished=time.time()), lambda s: True),
+    ]
 
     def build() -> None:
         for move, read in [(lambda: None, lambda s: s["state"] == "queued"), *moves]:

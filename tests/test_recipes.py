@@ -28,13 +28,13 @@ def _packing(store: FileStore) -> tuple[recipes.Derivation, bytes]:
 
 
 def test_a_recipe_keeps_a_packed_weight_as_its_key_and_how_it_is_made_and_writes_the_local_artifact(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """The store holds the weight, not its packed copy: the recipe's entries name the weight, and the artifact's
     writer makes the packed member from it (what a download on a machine that didn't submit the model does)."""
     store = FileStore(tmp_path / "store")
     derivation, packed = _packing(store)
-    members = {"weights/p.bin": recipes.derived(store, content_key(packed), len(packed), derivation),
-               "lib.so": b"code"}
+    members = {"weights/p.bin": recipes.derived(store, content_key(packed), len(packed), derivation), "lib.so": b"code"}
     key, entries = recipes.put_recipe(store, {"model": {"name": "m"}}, members, lambda keys: None)
     recipe = recipes.read_recipe(store.get(key))
     assert entries == recipe.entries == sorted([derivation.source, content_key(b"code")])
@@ -54,10 +54,14 @@ def test_a_packed_weight_made_into_other_bytes_than_its_key_is_an_error_that_say
     """A client whose packing step isn't the workers' (another farm version) makes other bytes: never a member."""
     store = FileStore(tmp_path / "store")
     derivation, packed = _packing(store)
-    key, _ = recipes.put_recipe(store, {}, {"p.bin": recipes.derived(store, "e" * 64, len(packed), derivation)},
-                                lambda keys: None)
-    with pytest.raises(ArtifactError, match=f"packed weight {'e' * 64}: packing weight {derivation.source} here "
-                                            "gives other bytes .* the workers' version must be the same"):
+    key, _ = recipes.put_recipe(
+        store, {}, {"p.bin": recipes.derived(store, "e" * 64, len(packed), derivation)}, lambda keys: None
+    )
+    with pytest.raises(
+        ArtifactError,
+        match=f"packed weight {'e' * 64}: packing weight {derivation.source} here "
+        "gives other bytes .* the workers' version must be the same",
+    ):
         recipes.write_artifact_from(tmp_path / "m.farm", recipes.read_recipe(store.get(key)), store.get)
     assert not (tmp_path / "m.farm").exists()
 
@@ -71,12 +75,15 @@ def test_derivations_in_a_link_plan_are_its_packed_weights_and_what_cant_be_read
     assert recipes.derivations_in(b"not json") == recipes.derivations_in(b"{}") == []
 
 
-@pytest.mark.parametrize(("derived", "error"), [
-    ({"x": {}}, "not keyed by sha256"),
-    ({"a" * 64: {"spec": {"sha256": "b" * 64}}}, "malformed derivation"),
-    ({"a" * 64: "packed"}, "malformed derivation"),
-    ("all of them", "not keyed by sha256"),
-])
+@pytest.mark.parametrize(
+    ("derived", "error"),
+    [
+        ({"x": {}}, "not keyed by sha256"),
+        ({"a" * 64: {"spec": {"sha256": "b" * 64}}}, "malformed derivation"),
+        ({"a" * 64: "packed"}, "malformed derivation"),
+        ("all of them", "not keyed by sha256"),
+    ],
+)
 def test_a_recipe_with_a_malformed_derivation_is_refused(tmp_path: Path, derived: object, error: str) -> None:
     store = FileStore(tmp_path / "store")
     key, _ = recipes.put_recipe(store, {}, {"a.bin": b"a"}, lambda keys: None)

@@ -31,12 +31,15 @@ def test_an_opencl_only_build_has_no_cpu_target() -> None:
     assert parse_targets([f"opencl:{FP2}"], HERE) == [OpenClTarget(FP2)]
 
 
-@pytest.mark.parametrize(("texts", "devices", "message"), [
-    (["tpu"], HERE, "unknown target 'tpu': expected cpu .* opencl"),
-    (["opencl"], NONE, "no such OpenCL device on the farm's workers \\(found: none\\)"),
-    ([f"opencl:{'1' * 16}"], HERE, f"no such OpenCL device on this host \\(found: \\['{FP1}', '{FP2}'\\]\\)"),
-    (["cpu:not-a-triple"], HERE, "LLVM does not know triple"),
-])
+@pytest.mark.parametrize(
+    ("texts", "devices", "message"),
+    [
+        (["tpu"], HERE, "unknown target 'tpu': expected cpu .* opencl"),
+        (["opencl"], NONE, "no such OpenCL device on the farm's workers \\(found: none\\)"),
+        ([f"opencl:{'1' * 16}"], HERE, f"no such OpenCL device on this host \\(found: \\['{FP1}', '{FP2}'\\]\\)"),
+        (["cpu:not-a-triple"], HERE, "LLVM does not know triple"),
+    ],
+)
 def test_a_bad_target_is_refused_by_name(texts: list[str], devices: Devices, message: str) -> None:
     with pytest.raises(BadInputError, match=message):
         parse_targets(texts, devices)
@@ -47,14 +50,19 @@ def test_targets_round_trip_through_json(target: CpuTarget | OpenClTarget) -> No
     assert target_from_json(target.to_json()) == target and backend_of(target).kind == target.kind
 
 
-@pytest.mark.parametrize(("data", "message"), [
-    ({"kind": "cpu", "id": "cpu-other", "triple": "x86_64-unknown-linux-gnu", "cpu": "generic", "features": ""},
-     "does not match"),
-    ({"kind": "cpu", "triple": "x86_64", "cpu": "generic\n", "features": ""}, "cpu"),
-    ({"kind": "opencl", "fingerprint": "ABC"}, "fingerprint"),
-    ({"kind": "cpu"}, "lacks"),
-    ("cpu", "not a target"),
-])
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            {"kind": "cpu", "id": "cpu-other", "triple": "x86_64-unknown-linux-gnu", "cpu": "generic", "features": ""},
+            "does not match",
+        ),
+        ({"kind": "cpu", "triple": "x86_64", "cpu": "generic\n", "features": ""}, "cpu"),
+        ({"kind": "opencl", "fingerprint": "ABC"}, "fingerprint"),
+        ({"kind": "cpu"}, "lacks"),
+        ("cpu", "not a target"),
+    ],
+)
 def test_malformed_target_json_is_refused(data: object, message: str) -> None:
     with pytest.raises(BadInputError, match=message):
         target_from_json(data)

@@ -72,8 +72,9 @@ def library(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     return _compile_shared_library(_affine_module(), tmp_path_factory.mktemp("native"))
 
 
-def _target(target_id: str, triple: str, *, cpu: str = HOST.cpu, features: str = "",
-            requires: list[str] | None = None) -> dict[str, Any]:
+def _target(
+    target_id: str, triple: str, *, cpu: str = HOST.cpu, features: str = "", requires: list[str] | None = None
+) -> dict[str, Any]:
     """A CPU target's manifest entry; its `requires` are its explicit +features unless given."""
     return {
         "id": target_id,
@@ -196,8 +197,9 @@ def test_second_load_reuses_the_cached_library(artifact: Path, tmp_path: Path) -
     np.testing.assert_array_equal(model.run({"x": np.ones((1, COUNT), np.float32)})["y"], np.full((1, COUNT), 3.0))
 
 
-def test_a_second_load_of_the_same_file_hashes_nothing_and_reads_no_member(artifact: Path, tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_second_load_of_the_same_file_hashes_nothing_and_reads_no_member(
+    artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The artifact file was verified and its library cached by the first load (farm.runtime.cache): the second
     reads the manifest only."""
     load(artifact, cache_dir=tmp_path / "cache")
@@ -210,8 +212,9 @@ def test_a_second_load_of_the_same_file_hashes_nothing_and_reads_no_member(artif
     np.testing.assert_array_equal(model.run({"x": np.ones((1, COUNT), np.float32)})["y"], np.full((1, COUNT), 3.0))
 
 
-def test_an_artifact_rewritten_after_a_good_load_is_verified_again(artifact: Path, library: bytes,
-                                                                   tmp_path: Path) -> None:
+def test_an_artifact_rewritten_after_a_good_load_is_verified_again(
+    artifact: Path, library: bytes, tmp_path: Path
+) -> None:
     """A file rewritten in place (another mtime or size) is another identity: a member tampered after the first
     load is refused, even though the cache holds the good library."""
     load(artifact, cache_dir=tmp_path / "cache")
@@ -223,8 +226,9 @@ def test_an_artifact_rewritten_after_a_good_load_is_verified_again(artifact: Pat
         load(artifact, cache_dir=tmp_path / "cache")
 
 
-def test_a_cached_library_replaced_behind_the_runtime_is_written_again(artifact: Path, library: bytes,
-                                                                       tmp_path: Path) -> None:
+def test_a_cached_library_replaced_behind_the_runtime_is_written_again(
+    artifact: Path, library: bytes, tmp_path: Path
+) -> None:
     load(artifact, cache_dir=tmp_path / "cache")
     (cached,) = (tmp_path / "cache" / "runtime").glob("*.so")
     cached.unlink()
@@ -250,8 +254,12 @@ def test_damaged_cached_library_is_rewritten(artifact: Path, library: bytes, tmp
 
 
 def test_choose_target_prefers_exact_cpu_and_skips_missing_features() -> None:
-    host = Host("x86_64-unknown-linux-gnu", "znver4", frozenset({"avx2", "fma"}),
-                frozenset({"avx2", "fma", "avx512f", "avx512fp16"}))
+    host = Host(
+        "x86_64-unknown-linux-gnu",
+        "znver4",
+        frozenset({"avx2", "fma"}),
+        frozenset({"avx2", "fma", "avx512f", "avx512fp16"}),
+    )
     generic = _target("generic", "x86_64-pc-linux-gnu", cpu="x86-64-v3", features="+avx2,+fma,-avx512f")
     exact = _target("exact", "x86_64-unknown-linux-gnu", cpu="znver4", features="+avx2")
     too_new = _target("too-new", "x86_64-unknown-linux-gnu", cpu="znver4", features="+avx512f")
@@ -266,10 +274,18 @@ def test_choose_target_prefers_exact_cpu_and_skips_missing_features() -> None:
 def test_a_cpu_names_implied_features_are_checked_not_only_its_explicit_ones() -> None:
     """A graniterapids target spells out no feature, yet its code uses AVX-512 FP16: the manifest's `requires` says
     so, and a host without it is refused by name (it died of SIGILL when only the explicit features were read)."""
-    host = Host("x86_64-unknown-linux-gnu", "znver3", frozenset({"avx2", "fma"}),
-                frozenset({"avx2", "fma", "avx512f", "avx512fp16"}))
-    granite = _target("granite", "x86_64-unknown-linux-gnu", cpu="graniterapids",
-                      requires=["avx2", "avx512f", "avx512fp16", "fma", "fuse-aes"])
+    host = Host(
+        "x86_64-unknown-linux-gnu",
+        "znver3",
+        frozenset({"avx2", "fma"}),
+        frozenset({"avx2", "fma", "avx512f", "avx512fp16"}),
+    )
+    granite = _target(
+        "granite",
+        "x86_64-unknown-linux-gnu",
+        cpu="graniterapids",
+        requires=["avx2", "avx512f", "avx512fp16", "fma", "fuse-aes"],
+    )
     with pytest.raises(ArtifactError, match=r"cpu graniterapids: host lacks \+avx512f,\+avx512fp16\)$"):
         choose_target([granite], host, "a.farm")  # fuse-aes, which no host reports, is no instruction set
 
@@ -277,8 +293,10 @@ def test_a_cpu_names_implied_features_are_checked_not_only_its_explicit_ones() -
 def test_a_host_whose_features_llvm_cannot_read_runs_only_targets_requiring_none() -> None:
     host = Host("x86_64-unknown-linux-gnu", "generic", frozenset(), frozenset())
     plain = _target("plain", "x86_64-unknown-linux-gnu", requires=[])
-    assert choose_target([_target("avx2", "x86_64-unknown-linux-gnu", features="+avx2"), plain], host,
-                         "a.farm")["id"] == "plain"
+    assert (
+        choose_target([_target("avx2", "x86_64-unknown-linux-gnu", features="+avx2"), plain], host, "a.farm")["id"]
+        == "plain"
+    )
     with pytest.raises(ArtifactError, match="LLVM can't read this host's CPU features"):
         choose_target([_target("avx2", "x86_64-unknown-linux-gnu", features="+avx2")], host, "a.farm")
 
@@ -286,14 +304,17 @@ def test_a_host_whose_features_llvm_cannot_read_runs_only_targets_requiring_none
 # -- threads: how a run splits its launches -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("extent", "grain", "parts", "expected"), [
-    (7, 1, 3, [(0, 2), (2, 4), (4, 7)]),
-    (13, 4, 2, [(0, 8), (8, 13)]),
-    (13, 4, 4, [(0, 4), (4, 8), (8, 12), (12, 13)]),
-    (13, 4, 8, [(0, 4), (4, 8), (8, 12), (12, 13)]),
-    (5, 1, 1, [(0, 5)]),
-    (1, 1, 4, [(0, 1)]),
-])
+@pytest.mark.parametrize(
+    ("extent", "grain", "parts", "expected"),
+    [
+        (7, 1, 3, [(0, 2), (2, 4), (4, 7)]),
+        (13, 4, 2, [(0, 8), (8, 13)]),
+        (13, 4, 4, [(0, 4), (4, 8), (8, 12), (12, 13)]),
+        (13, 4, 8, [(0, 4), (4, 8), (8, 12), (12, 13)]),
+        (5, 1, 1, [(0, 5)]),
+        (1, 1, 4, [(0, 1)]),
+    ],
+)
 def test_split_range_cuts_contiguous_ranges_at_multiples_of_the_grain(extent, grain, parts, expected) -> None:
     ranges = split_range(extent, grain, parts)
     assert ranges == expected
@@ -323,8 +344,14 @@ def test_launch_plan_splits_only_parallel_launches_with_enough_work() -> None:
     """A head range per thread and a tail range per thread where the tail ranges have MIN_WORK_PER_RANGE work,
     else up to RANGES_PER_THREAD near-equal ranges per thread, each with at least that work."""
     big = MIN_WORK_PER_RANGE * 100
-    launches = [[1, 1, big], [64, 1, big], [64, 1, MIN_WORK_PER_RANGE * 2 - 1], [64, 4, MIN_WORK_PER_RANGE * 2],
-                [7, 1, big], [100, 1, MIN_WORK_PER_RANGE * 6]]
+    launches = [
+        [1, 1, big],
+        [64, 1, big],
+        [64, 1, MIN_WORK_PER_RANGE * 2 - 1],
+        [64, 4, MIN_WORK_PER_RANGE * 2],
+        [7, 1, big],
+        [100, 1, MIN_WORK_PER_RANGE * 6],
+    ]
     plan = launch_plan(launches, 2)
     assert [index for index, _ in plan] == [0, 1, 2, 3, 4, 5]
     assert [len(ranges) for _, ranges in plan] == [1, 4, 1, 2, 4, 2 * 3]
@@ -378,16 +405,23 @@ def _key_pair(folder: Path, name: str) -> tuple[Path, Path]:
 
     key = Ed25519PrivateKey.generate()
     private, public = folder / f"{name}.pem", folder / f"{name}.pub"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    private.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    public.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
     return private, public
 
 
 def _farm(*args: object, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "farm", *map(str, args)], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "farm", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_signed_artifact_runs_only_for_its_trusted_key(artifact: Path, tmp_path: Path) -> None:
@@ -406,8 +440,9 @@ def test_signed_artifact_runs_only_for_its_trusted_key(artifact: Path, tmp_path:
     assert _farm("run", artifact, "--input", f"x={x}", "--trust", public, env=cache).returncode == 0
     trusted = {**cache, "FARM_TRUSTED_KEYS": str(public)}
     assert _farm("run", artifact, "--input", f"x={x}", env=trusted).returncode == 0
-    refused = _farm("run", artifact, "--input", f"x={x}", "--trust", foreign,
-                    env={"FARM_CACHE_DIR": str(tmp_path / "c2")})
+    refused = _farm(
+        "run", artifact, "--input", f"x={x}", "--trust", foreign, env={"FARM_CACHE_DIR": str(tmp_path / "c2")}
+    )
     assert refused.returncode == 2 and "which is not trusted" in refused.stderr
     assert not (tmp_path / "c2").exists()
     assert _farm("run", artifact, "--input", f"x={x}", env=cache).returncode == 0, "no keys: no signature needed"
@@ -454,7 +489,9 @@ def test_bad_signing_or_trusted_key_is_bad_input(artifact: Path, tmp_path: Path)
         load(artifact, cache_dir=tmp_path / "cache", trust=[str(tmp_path / "missing.pub")])
 
 
-@pytest.mark.parametrize("record", [b"[" * 500 + b"]" * 500, b"x" * 2000, b"{}", b'{"key": "00", "signature": "zz"}', b"\xff"])
+@pytest.mark.parametrize(
+    "record", [b"[" * 500 + b"]" * 500, b"x" * 2000, b"{}", b'{"key": "00", "signature": "zz"}', b"\xff"]
+)
 def test_malformed_signature_is_refused(artifact: Path, tmp_path: Path, record: bytes) -> None:
     from farm.artifact import public_key_hex
     from tests.test_inspect import with_signature

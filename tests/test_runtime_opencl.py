@@ -43,8 +43,9 @@ def _check(model, path, seed=0):
         assert np.abs(got - want).max() <= 1e-4 * max(1.0, np.abs(want).max())
 
 
-@pytest.mark.parametrize("name", ["mlp", "tiny_cnn", "small_cnn", "mobilenetv2_style", "resnet18_style", "bert_style",
-                                  "vit_style"])
+@pytest.mark.parametrize(
+    "name", ["mlp", "tiny_cnn", "small_cnn", "mobilenetv2_style", "resnet18_style", "bert_style", "vit_style"]
+)
 def test_spine_models_match_onnxruntime_on_pocl(name, fingerprint, tmp_path):
     path = tmp_path / f"{name}.onnx"
     onnx.save(examples.EXAMPLES[name](), path)
@@ -110,7 +111,9 @@ def test_a_cpu_only_host_loads_the_cpu_part_without_pyopencl(built, fingerprint,
     from farm.backends.llvm.target import host_target
 
     path, _ = built
-    artifact = build_model(path, tmp_path, [host_target(), OpenClTarget(fingerprint)], executor=LocalExecutor(1)).artifact
+    artifact = build_model(
+        path, tmp_path, [host_target(), OpenClTarget(fingerprint)], executor=LocalExecutor(1)
+    ).artifact
     script = (
         "import sys; sys.modules['pyopencl'] = None\n"
         "import numpy as np, onnx\n"

@@ -16,8 +16,14 @@ def test_a_document_has_every_key_of_its_schema_null_where_unknown():
 
 def test_a_failure_keeps_the_schema_and_adds_the_error():
     document = schemas.document("cancel", {"state": "failed", "error": "job j had already ended", "exit_status": 3})
-    assert document == {"command": "cancel", "schema": 1, "job_id": None, "state": "failed",
-                        "error": "job j had already ended", "exit_status": 3}
+    assert document == {
+        "command": "cancel",
+        "schema": 1,
+        "job_id": None,
+        "state": "failed",
+        "error": "job j had already ended",
+        "exit_status": 3,
+    }
 
 
 def test_a_key_outside_the_schema_is_a_bug_not_output():

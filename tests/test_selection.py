@@ -12,8 +12,12 @@ from farm.errors import ArtifactError, ExitStatus
 from farm.runtime.host import Host
 from farm.runtime.selection import needs_emulation, select_target
 
-HOST = Host("x86_64-unknown-linux-gnu", "znver4", frozenset({"sse2", "avx", "avx2"}),
-            frozenset({"sse2", "avx", "avx2", "avx512f"}))
+HOST = Host(
+    "x86_64-unknown-linux-gnu",
+    "znver4",
+    frozenset({"sse2", "avx", "avx2"}),
+    frozenset({"sse2", "avx", "avx2", "avx512f"}),
+)
 NATIVE = CpuTarget("x86_64-unknown-linux-gnu", "znver4", "+sse2,+avx,+avx2")
 WIDER = CpuTarget("x86_64-unknown-linux-gnu", "sapphirerapids", "+avx512f")
 ARM = parse_target("cpu:aarch64-linux-gnu")
@@ -23,8 +27,10 @@ RISCV = parse_target("cpu:riscv64-linux-gnu")
 
 def targets(*chosen: CpuTarget) -> list[dict[str, Any]]:
     """Manifest entries of the targets (what selection reads of them; `requires` here: the explicit +features)."""
-    return [{**target.to_json(), "requires": [f[1:] for f in target.features.split(",") if f.startswith("+")]}
-            for target in chosen]
+    return [
+        {**target.to_json(), "requires": [f[1:] for f in target.features.split(",") if f.startswith("+")]}
+        for target in chosen
+    ]
 
 
 def test_no_target_or_cpu_is_the_best_this_host_runs():
@@ -33,11 +39,19 @@ def test_no_target_or_cpu_is_the_best_this_host_runs():
     assert select_target(entries, "cpu", HOST, "a.farm")["id"] == NATIVE.id
 
 
-@pytest.mark.parametrize("wanted, chosen", [
-    (ARM.id, ARM), ("cpu:aarch64-linux-gnu", ARM), ("cpu:aarch64-unknown-linux-gnu:generic", ARM),
-    ("cpu:riscv64-linux-gnu", RISCV), (RISCV.id, RISCV), ("cpu:riscv64-linux-gnu:generic-rv64:+m,+a,+f,+d,+c", RISCV),
-    ("cpu:x86_64-linux-gnu", NATIVE), (NATIVE.id, NATIVE),
-])
+@pytest.mark.parametrize(
+    "wanted, chosen",
+    [
+        (ARM.id, ARM),
+        ("cpu:aarch64-linux-gnu", ARM),
+        ("cpu:aarch64-unknown-linux-gnu:generic", ARM),
+        ("cpu:riscv64-linux-gnu", RISCV),
+        (RISCV.id, RISCV),
+        ("cpu:riscv64-linux-gnu:generic-rv64:+m,+a,+f,+d,+c", RISCV),
+        ("cpu:x86_64-linux-gnu", NATIVE),
+        (NATIVE.id, NATIVE),
+    ],
+)
 def test_a_target_is_named_as_submit_named_it_or_by_its_id(wanted, chosen):
     assert select_target(targets(NATIVE, ARM, RISCV), wanted, HOST, "a.farm")["id"] == chosen.id
 
@@ -69,5 +83,4 @@ def test_a_named_target_of_this_architecture_needs_the_features_it_was_built_wit
 
 
 def test_only_another_architecture_needs_emulation():
-    assert [needs_emulation(entry, HOST) for entry in targets(NATIVE, WIDER, ARM, RISCV)] == [False, False, True,
-                                                                                              True]
+    assert [needs_emulation(entry, HOST) for entry in targets(NATIVE, WIDER, ARM, RISCV)] == [False, False, True, True]

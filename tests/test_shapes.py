@@ -23,12 +23,15 @@ def test_apply_shapes_pins_every_input_dimension_of_a_name_or_a_whole_input(tmp_
     assert [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim] == [2, 3, 8, 8]
 
 
-@pytest.mark.parametrize("shapes, message", [
-    ({"seq": (1,)}, r"no input or symbolic dimension of that name \(inputs: x \[batch, 3, 8, 8\]\)"),
-    ({"x": (2, 3, 8)}, "input 'x' has 4 dimensions"),
-    ({"x": (2, 3, 9, 8)}, r"input 'x' is \[batch, 3, 8, 8\]"),
-    ({"batch": (1, 2)}, "no input or symbolic dimension"),
-])
+@pytest.mark.parametrize(
+    "shapes, message",
+    [
+        ({"seq": (1,)}, r"no input or symbolic dimension of that name \(inputs: x \[batch, 3, 8, 8\]\)"),
+        ({"x": (2, 3, 8)}, "input 'x' has 4 dimensions"),
+        ({"x": (2, 3, 9, 8)}, r"input 'x' is \[batch, 3, 8, 8\]"),
+        ({"batch": (1, 2)}, "no input or symbolic dimension"),
+    ],
+)
 def test_apply_shapes_refuses_a_pin_that_does_not_fit_the_model(shapes, message, tmp_path):
     model = dynamic_cnn(tmp_path / "m.onnx")
     with pytest.raises(BadInputError, match=message):
@@ -37,8 +40,11 @@ def test_apply_shapes_refuses_a_pin_that_does_not_fit_the_model(shapes, message,
 
 def test_a_dynamic_model_without_shape_names_the_dimension_and_suggests_the_option(tmp_path):
     dynamic_cnn(tmp_path / "m.onnx")
-    with pytest.raises(UnsupportedError, match=r"model input 'x' has dynamic shape \[batch, 3, 8, 8\]; pin it "
-                                                r"with --shape batch=N or --shape x=Nx3x8x8"):
+    with pytest.raises(
+        UnsupportedError,
+        match=r"model input 'x' has dynamic shape \[batch, 3, 8, 8\]; pin it "
+        r"with --shape batch=N or --shape x=Nx3x8x8",
+    ):
         build_model(tmp_path / "m.onnx", tmp_path / "out")
     assert not (tmp_path / "out" / "m.farm").exists()
 

@@ -7,8 +7,14 @@ from farm.ir.specs import CODEGEN_VERSION, BlobSpec, KernelSpec, canonical_json
 
 
 def _spec(**changes) -> KernelSpec:
-    fields = dict(op="Relu", attrs_json=canonical_json({}), inputs=(TensorInfo((1, 4)),),
-                  outputs=(TensorInfo((1, 4)),), activation=None, target_id="cpu-x")
+    fields = dict(
+        op="Relu",
+        attrs_json=canonical_json({}),
+        inputs=(TensorInfo((1, 4)),),
+        outputs=(TensorInfo((1, 4)),),
+        activation=None,
+        target_id="cpu-x",
+    )
     fields.update(changes)
     return KernelSpec(**fields)
 
@@ -20,9 +26,14 @@ def test_equal_specs_share_a_key_and_symbol():
 
 def test_every_field_changes_the_key():
     base = _spec().key
-    variants = [_spec(op="Sigmoid"), _spec(attrs_json=canonical_json({"a": 1})), _spec(inputs=(TensorInfo((1, 5)),)),
-                _spec(activation=Activation("relu")), _spec(target_id="cpu-y"),
-                _spec(variant_json=canonical_json({"rows": 6, "vectors": 4, "lanes": 16}))]
+    variants = [
+        _spec(op="Sigmoid"),
+        _spec(attrs_json=canonical_json({"a": 1})),
+        _spec(inputs=(TensorInfo((1, 5)),)),
+        _spec(activation=Activation("relu")),
+        _spec(target_id="cpu-y"),
+        _spec(variant_json=canonical_json({"rows": 6, "vectors": 4, "lanes": 16})),
+    ]
     assert len({base, *(v.key for v in variants)}) == 1 + len(variants)
 
 
@@ -36,8 +47,14 @@ def test_a_variant_round_trips_and_an_untuned_spec_keeps_its_pre_tuning_form_and
     assert KernelSpec.from_json(tuned.to_json()) == tuned and tuned.variant == {"rows": 6, "vectors": 4, "lanes": 16}
     untuned = _spec()
     assert "variant" not in untuned.to_json() and untuned.variant is None
-    before_tuning = {"op": "Relu", "attrs": {}, "inputs": [[[1, 4], "float32"]], "outputs": [[[1, 4], "float32"]],
-                     "activation": None, "target": "cpu-x"}  # the JSON form every cached kernel was keyed by
+    before_tuning = {
+        "op": "Relu",
+        "attrs": {},
+        "inputs": [[[1, 4], "float32"]],
+        "outputs": [[[1, 4], "float32"]],
+        "activation": None,
+        "target": "cpu-x",
+    }  # the JSON form every cached kernel was keyed by
     assert untuned.to_json() == before_tuning
     assert untuned.key == hashlib.sha256(canonical_json([CODEGEN_VERSION, before_tuning]).encode()).hexdigest()
 
@@ -67,7 +84,10 @@ def test_a_part_has_its_own_key_and_unit_but_the_kernels_symbol():
     assert len({whole.key, first.key, second.key}) == 3
     assert whole.symbol == first.symbol == second.symbol == first.whole.symbol and second.whole == whole
     assert (whole.unit_symbol, first.unit_symbol, second.unit_symbol) == (
-        whole.symbol, whole.symbol, f"{whole.symbol}.part1")
+        whole.symbol,
+        whole.symbol,
+        f"{whole.symbol}.part1",
+    )
     assert KernelSpec.from_json(second.to_json()) == second and "part" not in whole.to_json()
 
 

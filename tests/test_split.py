@@ -24,14 +24,24 @@ RNG = np.random.default_rng(7)
 
 def _mlp() -> onnx.ModelProto:
     """y = relu(x @ W + b) @ V: W and V are big enough to be blobs, b isn't."""
-    weights = {"W": RNG.standard_normal((128, 256)).astype(np.float32),
-               "b": RNG.standard_normal(256).astype(np.float32),
-               "V": RNG.standard_normal((256, 64)).astype(np.float32)}
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "b"], ["hb"]),
-             helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("MatMul", ["r", "V"], ["y"])]
-    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 128])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64])],
-                              [numpy_helper.from_array(array, name) for name, array in weights.items()])
+    weights = {
+        "W": RNG.standard_normal((128, 256)).astype(np.float32),
+        "b": RNG.standard_normal(256).astype(np.float32),
+        "V": RNG.standard_normal((256, 64)).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"]),
+        helper.make_node("Add", ["h", "b"], ["hb"]),
+        helper.make_node("Relu", ["hb"], ["r"]),
+        helper.make_node("MatMul", ["r", "V"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 128])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64])],
+        [numpy_helper.from_array(array, name) for name, array in weights.items()],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -61,8 +71,11 @@ def test_big_initializers_become_blobs_named_by_sha256_and_the_rest_stays(tmp_pa
     assert split.model_sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
     assert len(split.graph) < 4096 and stored_blob_keys(split.graph) == list(split.blobs)
     parsed = onnx.load_from_string(split.graph)
-    stored = {t.name: {e.key: e.value for e in t.external_data} for t in parsed.graph.initializer
-              if t.data_location == TensorProto.EXTERNAL}
+    stored = {
+        t.name: {e.key: e.value for e in t.external_data}
+        for t in parsed.graph.initializer
+        if t.data_location == TensorProto.EXTERNAL
+    }
     assert sorted(stored) == ["V", "W"] and stored["W"]["location"].startswith("sha256:")
     assert stored["W"]["length"] == str(128 * 256 * 4)
     model_path, external = _worker_import(split, tmp_path / "worker")
@@ -92,16 +105,19 @@ def test_a_blob_two_initializers_share_is_one_blob(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("location", ["../secret.bin", "/etc/passwd", "absent.bin"])
-def test_external_data_that_leaves_the_folder_or_is_absent_is_refused_naming_it(tmp_path: Path,
-                                                                                 location: str) -> None:
+def test_external_data_that_leaves_the_folder_or_is_absent_is_refused_naming_it(tmp_path: Path, location: str) -> None:
     (tmp_path / "secret.bin").write_bytes(b"\0" * 64)
     folder = tmp_path / "model"
     folder.mkdir()
     tensor = TensorProto(name="W", data_type=TensorProto.FLOAT, dims=[4], data_location=TensorProto.EXTERNAL)
     tensor.external_data.add(key="location", value=location)
-    graph = helper.make_graph([helper.make_node("Add", ["x", "W"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], [tensor])
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "W"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        [tensor],
+    )
     path = folder / "model.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     with pytest.raises(SplitError, match=f"'W'.*{location}"):
@@ -133,8 +149,12 @@ def test_a_worker_names_external_data_that_was_not_uploaded(tmp_path: Path) -> N
     """A Constant node's external tensor is not a main-graph initializer, so it is never a blob."""
     tensor = TensorProto(name="c", data_type=TensorProto.FLOAT, dims=[4], data_location=TensorProto.EXTERNAL)
     tensor.external_data.add(key="location", value="c.bin")
-    graph = helper.make_graph([helper.make_node("Constant", [], ["y"], value=tensor)], "g", [],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["y"], value=tensor)],
+        "g",
+        [],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+    )
     path = tmp_path / "model.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     with pytest.raises(ModelLoadError, match="'c'.*was not uploaded"):
@@ -165,8 +185,9 @@ def test_a_worker_reads_a_big_weight_only_if_a_pass_asks_for_its_values(tmp_path
     model = _mlp()
     model.graph.node[3].input[1] = "Vt"
     model.graph.node.insert(3, helper.make_node("Transpose", ["Vt0"], ["Vt"], perm=[1, 0]))
-    model.graph.initializer[2].CopyFrom(numpy_helper.from_array(RNG.standard_normal((64, 256)).astype(np.float32),
-                                                                "Vt0"))
+    model.graph.initializer[2].CopyFrom(
+        numpy_helper.from_array(RNG.standard_normal((64, 256)).astype(np.float32), "Vt0")
+    )
     onnx.save(model, tmp_path / "folded.onnx")
     split = split_model(tmp_path / "folded.onnx")
     blobs, reads = _read_by_key(split)

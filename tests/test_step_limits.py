@@ -49,13 +49,19 @@ def test_a_local_build_that_folds_past_the_budget_exits_2_naming_the_node(tmp_pa
     """A local build plans as a farm job does, under the same budget (here 3 MiB, for fills of 1 MiB)."""
     model = fills_added(tmp_path / "fills.onnx", elements=1 << 18)
     env = {name: value for name, value in os.environ.items() if name != "FARM_BROKER_URL"}
-    result = subprocess.run([sys.executable, "-m", "farm", "submit", str(model), "-o", str(tmp_path / "out")],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                            env={**env, "FARM_MAX_FOLDED_BYTES": str(3 << 20)})
+    result = subprocess.run(
+        [sys.executable, "-m", "farm", "submit", str(model), "-o", str(tmp_path / "out")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**env, "FARM_MAX_FOLDED_BYTES": str(3 << 20)},
+    )
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines()[-1] == (
         "farm: error: node 'fill3' (op 'ConstantOfShape', domain 'ai.onnx', opset 17): folding it at build time takes "
-        f"the constants folded to 4 MiB ({4 << 20} bytes), over the budget FARM_MAX_FOLDED_BYTES={3 << 20}")
+        f"the constants folded to 4 MiB ({4 << 20} bytes), over the budget FARM_MAX_FOLDED_BYTES={3 << 20}"
+    )
     assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
 
 
@@ -88,7 +94,8 @@ def _run_until(farm: Farm, tasks: Tasks, task: str) -> list:
 
 @pytest.mark.parametrize("step", sorted(STEP_TASKS))
 def test_every_step_started_past_the_cap_fails_its_job_naming_it_and_the_memory_limit(
-        farm: Farm, tasks: Tasks, model_path: Path, step: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    farm: Farm, tasks: Tasks, model_path: Path, step: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Planning, a link and the finish count their deliveries as a compile unit does: a step whose process died on
     every delivery (a crash, or native code past the step memory limit) fails its job on the next, by name."""
     monkeypatch.delenv("FARM_MAX_DELIVERIES", raising=False)
@@ -102,9 +109,14 @@ def test_every_step_started_past_the_cap_fails_its_job_naming_it_and_the_memory_
         farm.run(task_messages.decode(STEP_TASKS[step], args))
     record = farm.board.get(job_id)
     words = STEP_WORDS[step] + (args[1] if step == "link:" else "")
-    assert str(failed.value) == record.error == (
-        f"{words} was started 3 times and never finished (its worker died each time: a crash, or more memory than "
-        "the host gave it (FARM_STEP_MEMORY_BYTES set no limit here))")
+    assert (
+        str(failed.value)
+        == record.error
+        == (
+            f"{words} was started 3 times and never finished (its worker died each time: a crash, or more memory than "
+            "the host gave it (FARM_STEP_MEMORY_BYTES set no limit here))"
+        )
+    )
     assert record.state == "failed" and record.exit_status == ExitStatus.BUILD_FAILED
     assert record.failed_unit == (args[1] if step == "link:" else "")
 
@@ -163,8 +175,10 @@ def test_a_model_that_folds_gigabytes_fails_at_once_and_the_farm_builds_the_next
     assert result.returncode == 2, result.stderr + farm.logs()
     assert time.monotonic() - started < 60
     job_id, error = _failed_job(result)
-    assert error == ("node 'fill4' (op 'ConstantOfShape', domain 'ai.onnx', opset 17): folding it at build time takes "
-                     f"the constants folded to 1280 MiB ({5 << 28} bytes), over the budget FARM_MAX_FOLDED_BYTES={1 << 30}")
+    assert error == (
+        "node 'fill4' (op 'ConstantOfShape', domain 'ai.onnx', opset 17): folding it at build time takes "
+        f"the constants folded to 1280 MiB ({5 << 28} bytes), over the budget FARM_MAX_FOLDED_BYTES={1 << 30}"
+    )
     assert _deliveries(farm, job_id, "plan") == 1  # planned once: no redelivery
     assert farm.workers[0].process.poll() is None
     _builds_a_small_model(farm, tmp_path)
@@ -205,7 +219,9 @@ def test_a_step_that_kills_its_worker_every_time_fails_the_job_in_seconds(farm_f
     _, error = _failed_job(result)
     assert error.startswith(STEP_WORDS[step]), error
     limit = defaults.step_memory_bytes(1)
-    assert error.endswith(f" was started 3 times and never finished (its worker died each time: a crash, or more "
-                          f"memory than the step memory limit FARM_STEP_MEMORY_BYTES={limit} "
-                          f"({limit / (1 << 30):.1f} GiB))"), error
+    assert error.endswith(
+        f" was started 3 times and never finished (its worker died each time: a crash, or more "
+        f"memory than the step memory limit FARM_STEP_MEMORY_BYTES={limit} "
+        f"({limit / (1 << 30):.1f} GiB))"
+    ), error
     assert farm.workers[0].process.poll() is None

@@ -15,7 +15,8 @@ from farm.cli.stopping import stops_saying
 
 
 def test_a_sigterm_during_a_download_removes_the_half_written_artifact_and_says_so(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     previous = signal.getsignal(signal.SIGTERM)
 
     def write(file) -> None:

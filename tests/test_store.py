@@ -228,7 +228,9 @@ def test_concurrent_puts_of_one_value_from_processes(store: Store) -> None:
     )
     start_at = str(time.time() + 1.0)
     processes = [
-        subprocess.Popen([sys.executable, "-c", script, store.url, start_at], cwd=REPO, stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", script, store.url, start_at], cwd=REPO, stdout=subprocess.PIPE, text=True
+        )
         for _ in range(4)
     ]
     outputs = [process.communicate(timeout=60)[0].strip() for process in processes]
@@ -469,8 +471,11 @@ def test_redis_concurrent_puts_gets_and_deletes_keep_the_count_exact(redis_serve
     for thread in threads:
         thread.join()
     assert not errors
-    headers = {key: int(store.client.get(store.header_key(key)).split(b":")[0])
-               for key in map(content_key, values) if store.has(key)}
+    headers = {
+        key: int(store.client.get(store.header_key(key)).split(b":")[0])
+        for key in map(content_key, values)
+        if store.has(key)
+    }
     sizes = {key.decode(): int(size) for key, size in store.client.hgetall(f"{store.prefix}sizes").items()}
     assert sizes == headers and store.stats().bytes == sum(headers.values()) <= 64 * KIB
     assert store.client.zcard(f"{store.prefix}lru") == len(headers)
@@ -514,13 +519,14 @@ def test_redis_staged_bytes_enter_the_store_only_when_admitted_whole_and_matchin
 
 
 def test_redis_a_streamed_upload_is_admitted_by_renaming_its_chunks_not_by_a_second_copy(
-        redis_server: RedisServer) -> None:
+    redis_server: RedisServer,
+) -> None:
     """A submitter's weight is staged a piece at a time (stage_stream); the worker that reads it first checks its
     sha256 and renames its chunks into the entry: Redis receives no byte of it again and never holds it twice."""
     store = RedisStore(redis_server.url, chunk_bytes=64 * KIB)
     data = pseudo_random(320 * KIB + 7)
     key = content_key(data)
-    store.stage_stream(key, len(data), (data[start:start + 7000] for start in range(0, len(data), 7000)))
+    store.stage_stream(key, len(data), (data[start : start + 7000] for start in range(0, len(data), 7000)))
     raw = redis_server.client()
     assert store.missing([key, content_key(b"other")]) == [key, content_key(b"other")]
     assert len(raw.keys(f"{store.prefix}staged:*")) == 1 + 6  # the header and six chunks of at most 64 KiB
@@ -543,7 +549,8 @@ def test_redis_staged_bytes_that_are_not_their_key_are_dropped_not_admitted(redi
 
 
 def test_redis_staged_chunks_bigger_than_their_header_says_are_refused_before_they_are_read(
-        redis_server: RedisServer) -> None:
+    redis_server: RedisServer,
+) -> None:
     """Issue 30's third attack: three chunks of 256 MB staged under the header `1:3` were joined in the worker
     (143 MB -> 1.35 GB) before their size was checked. Their lengths are checked first (STRLEN), so the worker
     reads nothing of them, and a header naming more than the store's cap is refused at once."""
@@ -698,8 +705,7 @@ def test_incomplete_names_absent_entries_without_reading_any_and_marks_the_whole
 
 
 @pytest.mark.parametrize("change", ["drop chunk 1", "truncate the last chunk", "garble the header"])
-def test_redis_incomplete_judges_an_entry_by_the_lengths_of_its_chunks(redis_server: RedisServer,
-                                                                        change: str) -> None:
+def test_redis_incomplete_judges_an_entry_by_the_lengths_of_its_chunks(redis_server: RedisServer, change: str) -> None:
     """A reuse's check (recipes.intact): a chunk gone or of another length is found without reading the bytes; a
     flipped byte is the download's to find (its sha256 check, farm.distributed.redis_keys.REPAIR_KEY)."""
     store = RedisStore(redis_server.url, chunk_bytes=1000)
@@ -850,7 +856,8 @@ def test_store_error_exit_statuses() -> None:
 
 
 def test_redis_with_a_file_blob_store_keeps_bytes_in_files_and_everything_else_in_redis(
-        redis_server: RedisServer, tmp_path: Path) -> None:
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
     """FARM_BLOB_STORE=file://...: the header, the count, refs and pins stay in Redis, the bytes are files of a
     shared folder; the cap, LRU eviction and deletes hold the same, and the files go with their entries."""
     blobs = FileStore(tmp_path / "cas")
@@ -860,7 +867,8 @@ def test_redis_with_a_file_blob_store_keeps_bytes_in_files_and_everything_else_i
     first, second = pseudo_random(4 * KIB, seed=1), pseudo_random(4 * KIB, seed=2)
     keys = [store.put(first), store.put(second)]
     assert raw.get(store.header_key(keys[0])) == f"{4 * KIB}:file".encode() and not raw.exists(
-        store.chunk_key(keys[0], 0))
+        store.chunk_key(keys[0], 0)
+    )
     assert store.get(keys[0]) == first and blobs.has(keys[0]) and store.stats().bytes == 8 * KIB
     store.put(pseudo_random(4 * KIB, seed=3))  # over the cap: the least recently used goes, file and all
     assert not store.has(keys[1]) and not blobs.has(keys[1]) and store.stats().bytes == 8 * KIB
@@ -880,7 +888,8 @@ def test_redis_with_a_file_blob_store_keeps_bytes_in_files_and_everything_else_i
 
 
 def test_redis_with_a_blob_redis_keeps_bytes_and_staging_there_and_the_metadata_here(
-        redis_servers: Callable[..., RedisServer]) -> None:
+    redis_servers: Callable[..., RedisServer],
+) -> None:
     """FARM_BLOB_STORE=redis://...: a Redis of its own (a cache, without persistence) holds the entries' chunks
     and the submitters' staged uploads; the durable Redis holds the headers, the count, the LRU, refs and pins,
     and its cap rules both. Staged bytes are admitted by renaming their chunks there (never a second copy)."""
@@ -909,7 +918,8 @@ def test_redis_with_a_blob_redis_keeps_bytes_and_staging_there_and_the_metadata_
 
 
 def test_what_a_blob_redis_lost_is_missing_uploaded_again_and_never_read_as_whole(
-        redis_servers: Callable[..., RedisServer]) -> None:
+    redis_servers: Callable[..., RedisServer],
+) -> None:
     """A blob Redis is a cache: after a restart without persistence its entries are gone while the durable
     Redis' headers remain. Such entries count as missing (the client uploads them again) and incomplete (no reuse
     of an artifact), and a read repairs the header instead of failing forever."""
@@ -928,7 +938,8 @@ def test_what_a_blob_redis_lost_is_missing_uploaded_again_and_never_read_as_whol
 
 
 def test_a_client_logs_in_to_the_published_blob_redis_as_it_logs_in_to_the_farm(
-        redis_servers: Callable[..., RedisServer]) -> None:
+    redis_servers: Callable[..., RedisServer],
+) -> None:
     """Workers publish the blob Redis without their credentials; a client (a submitter, the operator's `farm
     store`) opens it with the user and password of its own URL, to stage, find what is missing and download."""
     durable, cache = redis_servers(password="farm-secret"), redis_servers(password="farm-secret")
@@ -952,13 +963,15 @@ def test_the_published_blob_redis_carries_no_login_and_a_client_adds_its_own() -
     assert without_login("file:///mnt/farm-cas") == "file:///mnt/farm-cas"
     own = "rediss://farm-submitter:pw@farm-host:6379/0?ssl_ca_certs=/etc/farm/ca.pem"
     assert with_login_of("rediss://farm-host:6380/0", own) == (
-        "rediss://farm-submitter:pw@farm-host:6380/0?ssl_ca_certs=/etc/farm/ca.pem")
+        "rediss://farm-submitter:pw@farm-host:6380/0?ssl_ca_certs=/etc/farm/ca.pem"
+    )
     assert with_login_of("redis://farm-host:6380/0", own) == "redis://farm-submitter:pw@farm-host:6380/0"
     assert with_login_of("redis://farm-host:6380/0", "redis://farm-host:6379/0") == "redis://farm-host:6380/0"
 
 
 def test_blob_redis_entries_no_header_owns_are_swept_once_an_hour_old(
-        redis_servers: Callable[..., RedisServer]) -> None:
+    redis_servers: Callable[..., RedisServer],
+) -> None:
     durable, cache = redis_servers(), redis_servers()
     blobs = blob_redis(cache.url)
     store = RedisStore(durable.url, blobs=blobs)
@@ -969,7 +982,8 @@ def test_blob_redis_entries_no_header_owns_are_swept_once_an_hour_old(
 
 
 def test_a_client_reads_the_blob_store_the_workers_published_or_says_what_to_mount(
-        redis_server: RedisServer, tmp_path: Path) -> None:
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
     worker = RedisStore(redis_server.url, blobs=FileStore(tmp_path / "cas"))
     key = worker.put(b"an artifact member")
     client = RedisStore(redis_server.url)

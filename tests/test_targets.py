@@ -46,8 +46,9 @@ def test_full_triple_cpu_and_features():
 
 
 def test_triple_and_cpu_without_features():
-    assert parse_target("cpu:aarch64-unknown-linux-gnu:cortex-a72") == \
-        CpuTarget("aarch64-unknown-linux-gnu", "cortex-a72", "")
+    assert parse_target("cpu:aarch64-unknown-linux-gnu:cortex-a72") == CpuTarget(
+        "aarch64-unknown-linux-gnu", "cortex-a72", ""
+    )
 
 
 def test_features_may_hold_several_comma_separated_flags():
@@ -68,8 +69,9 @@ def test_unknown_kind_is_bad_input(spec):
     assert info.value.exit_status == ExitStatus.BAD_INPUT
 
 
-@pytest.mark.parametrize("spec, triple", [("cpu:foo-bar-baz", "foo-bar-baz"), ("cpu:nonsense", "nonsense"),
-                                          ("cpu::", "")])
+@pytest.mark.parametrize(
+    "spec, triple", [("cpu:foo-bar-baz", "foo-bar-baz"), ("cpu:nonsense", "nonsense"), ("cpu::", "")]
+)
 def test_unknown_triple_is_bad_input_naming_it(spec, triple):
     with pytest.raises(BadInputError) as info:
         parse_target(spec)
@@ -77,17 +79,20 @@ def test_unknown_triple_is_bad_input_naming_it(spec, triple):
     assert repr(spec) in message and f"does not know triple {triple!r}" in message
 
 
-@pytest.mark.parametrize("features, lanes", [
-    ("+avx512f", 16),
-    ("+sse2,+avx,+avx512f", 16),
-    ("+avx", 8),
-    ("+sse2,+avx", 8),
-    ("+sse2", 4),
-    ("+avx512f,-avx512f", 16),  # set membership: a later "-" does not remove an earlier "+"
-    ("-avx512f,+avx", 8),
-    ("-avx512f,-avx", 4),
-    ("", 4),
-])
+@pytest.mark.parametrize(
+    "features, lanes",
+    [
+        ("+avx512f", 16),
+        ("+sse2,+avx,+avx512f", 16),
+        ("+avx", 8),
+        ("+sse2,+avx", 8),
+        ("+sse2", 4),
+        ("+avx512f,-avx512f", 16),  # set membership: a later "-" does not remove an earlier "+"
+        ("-avx512f,+avx", 8),
+        ("-avx512f,-avx", 4),
+        ("", 4),
+    ],
+)
 def test_simd_floats_for_x86_feature_strings(features, lanes):
     assert CpuTarget("x86_64-unknown-linux-gnu", "generic", features).simd_floats == lanes
 
@@ -109,32 +114,42 @@ def test_host_simd_floats_follow_its_features():
 def test_id_is_a_stable_function_of_triple_cpu_and_features():
     # literal values: ids name cache keys and artifact paths, so they must not change between versions or hosts
     assert CpuTarget("x86_64-unknown-linux-gnu").id == "cpu-x86_64-unknown-linux-gnu-generic-647924c3"
-    assert CpuTarget("x86_64-unknown-linux-gnu", "skylake", "+avx2").id == \
-        "cpu-x86_64-unknown-linux-gnu-skylake-f9728ae0"
+    assert (
+        CpuTarget("x86_64-unknown-linux-gnu", "skylake", "+avx2").id == "cpu-x86_64-unknown-linux-gnu-skylake-f9728ae0"
+    )
     assert parse_target("cpu:aarch64-linux-gnu").id == "cpu-aarch64-unknown-linux-gnu-generic-3dc5ba3d"
 
 
 def test_id_is_the_same_in_a_fresh_process():
-    code = ("from farm.backends.llvm.target import parse_target; "
-            "print(parse_target('cpu:x86_64-unknown-linux-gnu:skylake:+avx2').id)")
+    code = (
+        "from farm.backends.llvm.target import parse_target; "
+        "print(parse_target('cpu:x86_64-unknown-linux-gnu:skylake:+avx2').id)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == parse_target("cpu:x86_64-unknown-linux-gnu:skylake:+avx2").id
 
 
 def test_id_differs_by_triple_cpu_and_features():
-    ids = {CpuTarget("x86_64-unknown-linux-gnu").id,
-           CpuTarget("x86_64-unknown-linux-gnu", "skylake").id,
-           CpuTarget("x86_64-unknown-linux-gnu", "generic", "+avx2").id,
-           CpuTarget("x86_64-unknown-linux-gnu", "generic", "+avx2,+fma").id,
-           CpuTarget("x86_64-unknown-linux-gnu", "skylake", "+avx2").id,
-           CpuTarget("aarch64-unknown-linux-gnu").id}
+    ids = {
+        CpuTarget("x86_64-unknown-linux-gnu").id,
+        CpuTarget("x86_64-unknown-linux-gnu", "skylake").id,
+        CpuTarget("x86_64-unknown-linux-gnu", "generic", "+avx2").id,
+        CpuTarget("x86_64-unknown-linux-gnu", "generic", "+avx2,+fma").id,
+        CpuTarget("x86_64-unknown-linux-gnu", "skylake", "+avx2").id,
+        CpuTarget("aarch64-unknown-linux-gnu").id,
+    }
     assert len(ids) == 6
 
 
 def test_to_json():
     target = CpuTarget("aarch64-unknown-linux-gnu", "cortex-a72", "+neon")
-    assert target.to_json() == {"id": target.id, "kind": "cpu", "triple": "aarch64-unknown-linux-gnu",
-                                "cpu": "cortex-a72", "features": "+neon"}
+    assert target.to_json() == {
+        "id": target.id,
+        "kind": "cpu",
+        "triple": "aarch64-unknown-linux-gnu",
+        "cpu": "cortex-a72",
+        "features": "+neon",
+    }
 
 
 @pytest.mark.parametrize("spec", ["cpu", "cpu:aarch64-linux-gnu", "cpu:x86_64-unknown-linux-gnu:skylake:+avx2"])
@@ -145,8 +160,13 @@ def test_machines_are_created_for_the_target(spec):
     assert str(machine.target_data)  # a data layout string
 
 
-@pytest.mark.parametrize(("spec", "named"), [("cpu:x86_64-linux-gnu:bogus", "'bogus' is not a recognized processor"),
-                                             ("cpu:x86_64-linux-gnu:skylake:+nofeat", "'+nofeat' is not a recognized feature")])
+@pytest.mark.parametrize(
+    ("spec", "named"),
+    [
+        ("cpu:x86_64-linux-gnu:bogus", "'bogus' is not a recognized processor"),
+        ("cpu:x86_64-linux-gnu:skylake:+nofeat", "'+nofeat' is not a recognized feature"),
+    ],
+)
 def test_a_cpu_or_feature_llvm_does_not_know_is_refused_before_any_compile(spec: str, named: str) -> None:
     """LLVM only warns and goes on, then aborts the compiling process ('64-bit code requested on a subtarget that
     doesn't support it'): farm reads the warning and refuses the target with exit status 2."""

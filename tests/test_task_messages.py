@@ -29,15 +29,19 @@ UNITS = {
 }
 
 
-@pytest.mark.parametrize(("args", "task", "queue"), [
-    (PlanJob(JOB), "farm.plan_job", "control"),
-    (Finish(JOB), "farm.finish", "control"),
-    (Link(JOB, CPU.id), "farm.link", "llvm"),
-    (Compile(JOB, UNITS["kernel"]), "farm.compile_cpu_kernel", "llvm"),
-    (Compile(JOB, UNITS["blob"]), "farm.pack_blob", "llvm"),
-    (Compile(JOB, UNITS["clkernel"]), "farm.compile_cl_kernel", f"opencl.{DEVICE.fingerprint}"),
-    (Tune(JOB, f"{CPU.id}/k", SPEC, CPU), "farm.tune_kernel", f"tune.{CPU.id}"),
-], ids=lambda value: getattr(value, "task", None) and type(value).__name__)
+@pytest.mark.parametrize(
+    ("args", "task", "queue"),
+    [
+        (PlanJob(JOB), "farm.plan_job", "control"),
+        (Finish(JOB), "farm.finish", "control"),
+        (Link(JOB, CPU.id), "farm.link", "llvm"),
+        (Compile(JOB, UNITS["kernel"]), "farm.compile_cpu_kernel", "llvm"),
+        (Compile(JOB, UNITS["blob"]), "farm.pack_blob", "llvm"),
+        (Compile(JOB, UNITS["clkernel"]), "farm.compile_cl_kernel", f"opencl.{DEVICE.fingerprint}"),
+        (Tune(JOB, f"{CPU.id}/k", SPEC, CPU), "farm.tune_kernel", f"tune.{CPU.id}"),
+    ],
+    ids=lambda value: getattr(value, "task", None) and type(value).__name__,
+)
 def test_task_arguments_round_trip_as_json(args: task_messages.TaskArgs, task: str, queue: str) -> None:
     message = args.message()
     assert (message.task, message.queue) == (task, queue) and message.args[0] == JOB
@@ -49,17 +53,24 @@ def test_compile_arguments_name_the_unit_what_it_is_and_its_target_for_flower() 
     assert Compile(JOB, UNITS["blob"]).encode()[2] == "64 bytes"
 
 
-@pytest.mark.parametrize(("task", "args", "message"), [
-    ("farm.rm_rf", [JOB], "unknown farm task"),
-    ("farm.plan_job", [], "list of 1"),
-    ("farm.plan_job", ["../x"], "not a job id"),
-    ("farm.plan_job", JOB, "list of 1"),
-    ("farm.link", [JOB, 7], "library must be a string"), ("farm.link", [JOB, ""], "1 to 256 characters"),
-    ("farm.compile_cpu_kernel", [JOB, "u", "Relu", "t", {"kind": "shell"}], "not a compile unit"),
-    ("farm.compile_cpu_kernel", [JOB, "u", "Relu", "t", {"kind": "kernel", "spec": {}, "target": CPU.to_json()}],
-     "malformed spec"),
-    ("farm.tune_kernel", [JOB, "u", "Relu", "t", SPEC.to_json(), {"kind": "cpu"}], "target"),
-])
+@pytest.mark.parametrize(
+    ("task", "args", "message"),
+    [
+        ("farm.rm_rf", [JOB], "unknown farm task"),
+        ("farm.plan_job", [], "list of 1"),
+        ("farm.plan_job", ["../x"], "not a job id"),
+        ("farm.plan_job", JOB, "list of 1"),
+        ("farm.link", [JOB, 7], "library must be a string"),
+        ("farm.link", [JOB, ""], "1 to 256 characters"),
+        ("farm.compile_cpu_kernel", [JOB, "u", "Relu", "t", {"kind": "shell"}], "not a compile unit"),
+        (
+            "farm.compile_cpu_kernel",
+            [JOB, "u", "Relu", "t", {"kind": "kernel", "spec": {}, "target": CPU.to_json()}],
+            "malformed spec",
+        ),
+        ("farm.tune_kernel", [JOB, "u", "Relu", "t", SPEC.to_json(), {"kind": "cpu"}], "target"),
+    ],
+)
 def test_malformed_task_arguments_are_refused(task: str, args: object, message: str) -> None:
     with pytest.raises(BadInputError, match=message):
         task_messages.decode(task, args)
@@ -72,5 +83,9 @@ def test_every_task_has_arguments_and_a_queue() -> None:
 
 def test_a_worker_consumes_control_llvm_its_cpus_tuning_and_its_devices() -> None:
     assert task_messages.worker_queues(CPU.id, ["ab" * 8]) == [
-        "control", "llvm", f"tune.{CPU.id}", f"opencl.{'ab' * 8}"]
+        "control",
+        "llvm",
+        f"tune.{CPU.id}",
+        f"opencl.{'ab' * 8}",
+    ]
     assert redis_keys.job_key(JOB) == f"farm:job:{JOB}" and redis_keys.phase_key(JOB, "compile").endswith(":compile")

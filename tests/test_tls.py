@@ -80,8 +80,13 @@ def test_submit_wait_download_and_run_over_tls(tls_farm: Farm, model: Path, tmp_
 
     x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
-    ran = subprocess.run([sys.executable, "-m", "farm", "run", str(artifact), "--input", "input=x.npy", "-o",
-                          "out.npz"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    ran = subprocess.run(
+        [sys.executable, "-m", "farm", "run", str(artifact), "--input", "input=x.npy", "-o", "out.npz"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ran.returncode == 0, ran.stderr
     reference = onnxruntime.InferenceSession(str(model)).run(None, {"input": x})[0]
     assert np.abs(np.load(tmp_path / "out.npz")["output"] - reference).max() <= 1e-4
@@ -93,8 +98,10 @@ def test_flower_reads_the_farm_over_tls(tls_farm: Farm, tmp_path: Path) -> None:
     flower = Flower(tls_farm.flower_url, tmp_path)
     try:
         flower.wait_until_up()
-        status, workers = poll(lambda: flower.get("/api/workers?refresh=true"),
-                               lambda answer: answer[0] == 200 and "w1@tls" in (answer[1] or {}))
+        status, workers = poll(
+            lambda: flower.get("/api/workers?refresh=true"),
+            lambda answer: answer[0] == 200 and "w1@tls" in (answer[1] or {}),
+        )
         assert status == 200 and "w1@tls" in workers, flower.log()
         status, queues = flower.get("/api/queues/length")
         assert status == 200 and "control" in {queue["name"] for queue in queues["active_queues"]}, flower.log()
@@ -104,20 +111,23 @@ def test_flower_reads_the_farm_over_tls(tls_farm: Farm, tmp_path: Path) -> None:
 
 def test_a_plain_client_is_refused_by_the_tls_port(tls_farm: Farm, model: Path, tmp_path: Path) -> None:
     plain = tls_farm.url.partition("?")[0].replace("rediss://", "redis://", 1)
-    _one_line_error(farm_cli("submit", str(model), broker=plain, cwd=tmp_path), 4, "redis://farm-submitter:***@127.0.0.1")
+    _one_line_error(
+        farm_cli("submit", str(model), broker=plain, cwd=tmp_path), 4, "redis://farm-submitter:***@127.0.0.1"
+    )
 
 
-def test_a_server_certificate_from_another_ca_is_refused_in_one_line(tls_farm: Farm, model: Path,
-                                                                     tmp_path: Path) -> None:
+def test_a_server_certificate_from_another_ca_is_refused_in_one_line(
+    tls_farm: Farm, model: Path, tmp_path: Path
+) -> None:
     wrong: TlsFiles = make_tls_files(tmp_path / "wrong")
     url = _with_ca(tls_farm.url, wrong.ca)
     expected = ("failed TLS verification", "certificate", "ssl_ca_certs")
     _one_line_error(farm_cli("submit", str(model), broker=url, cwd=tmp_path), 4, *expected)
-    _one_line_error(farm_cli("submit", str(model), broker=tls_farm.url.partition("?")[0], cwd=tmp_path), 4,
-                    *expected)  # no ssl_ca_certs: the system's CAs don't know the test CA either
+    _one_line_error(
+        farm_cli("submit", str(model), broker=tls_farm.url.partition("?")[0], cwd=tmp_path), 4, *expected
+    )  # no ssl_ca_certs: the system's CAs don't know the test CA either
     worker = farm_cli("worker", "--hostname", "wrong-ca@tls", broker=url, cwd=tmp_path, timeout=60)
     _one_line_error(worker, 4, *expected)  # at once: no retry fixes a certificate
-
 
 
 def test_celerys_broker_and_result_backend_verify_the_server_certificate(tls_farm: Farm, tmp_path: Path) -> None:
@@ -135,9 +145,13 @@ def test_celerys_broker_and_result_backend_verify_the_server_certificate(tls_far
     with pytest.raises(redis.exceptions.ConnectionError, match="certificate verify failed"):
         wrong.backend.client.ping()
 
-@pytest.mark.parametrize(("query", "named"), [("ssl_cert_reqs=sometimes", "ssl_cert_reqs"),
-                                              ("ssl_ca_certs=/no/such/ca.pem", "ssl_ca_certs /no/such/ca.pem")])
-def test_tls_parameters_that_cannot_work_are_bad_input(tls_farm: Farm, model: Path, tmp_path: Path, query: str,
-                                                       named: str) -> None:
+
+@pytest.mark.parametrize(
+    ("query", "named"),
+    [("ssl_cert_reqs=sometimes", "ssl_cert_reqs"), ("ssl_ca_certs=/no/such/ca.pem", "ssl_ca_certs /no/such/ca.pem")],
+)
+def test_tls_parameters_that_cannot_work_are_bad_input(
+    tls_farm: Farm, model: Path, tmp_path: Path, query: str, named: str
+) -> None:
     url = f"{tls_farm.url.partition('?')[0]}?{query}"
     _one_line_error(farm_cli("submit", str(model), broker=url, cwd=tmp_path), 2, named)

@@ -55,6 +55,12 @@ def test_the_label_is_read_from_the_environment_at_each_call(monkeypatch: pytest
 
 def test_the_json_form_carries_the_parts_and_both_keys() -> None:
     found = Toolchain("0.50.0", "22.1.0", "ld.lld: LLD 14", "x")
-    assert found.to_json() == {"llvmlite": "0.50.0", "llvm": "22.1.0", "linker": "ld.lld: LLD 14", "label": "x",
-                               "compiler_key": found.compiler_key, "key": found.key}
+    assert found.to_json() == {
+        "llvmlite": "0.50.0",
+        "llvm": "22.1.0",
+        "linker": "ld.lld: LLD 14",
+        "label": "x",
+        "compiler_key": found.compiler_key,
+        "key": found.key,
+    }
     assert Toolchain("0.50.0", "22.1.0", "ld.lld: LLD 14", "x").key == found.key  # a pure function of the parts

@@ -51,8 +51,9 @@ def test_time_variants_times_every_candidate_and_never_chooses_a_slower_one(tmp_
     assert sorted(only["seconds"]) == sorted([names[0], "8x2x16"])  # the default is always timed
 
 
-def test_a_variant_whose_numbers_differ_is_rejected_never_chosen(tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_variant_whose_numbers_differ_is_rejected_never_chosen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     spec = tunable_specs(save(CASES["conv1x1"], tmp_path))[0]
     wrong = GemmBlocking(8, 2, 16)
 
@@ -100,8 +101,13 @@ def temp_folder_fixture(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path
 @contextlib.contextmanager
 def lock_held_by_another_process(temp: Path) -> Iterator[None]:
     """A real child process holding the host's tuning lock until the block ends."""
-    child = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER], env={**os.environ, "TMPDIR": str(temp)},
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", LOCK_HOLDER],
+        env={**os.environ, "TMPDIR": str(temp)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert child.stdout.readline() == "held\n"
         yield
@@ -156,7 +162,8 @@ def test_a_held_lock_times_out_with_a_clear_error(temp_folder: Path) -> None:
             with harness.host_lock(timeout=0.5):
                 pass
         assert time.monotonic() - started >= 0.5
-    assert str(raised.value) == (f"tuning lock {lock}: still held by another tuning process after 0.5 s "
-                                 "(FARM_TUNE_LOCK_TIMEOUT)")
+    assert str(raised.value) == (
+        f"tuning lock {lock}: still held by another tuning process after 0.5 s (FARM_TUNE_LOCK_TIMEOUT)"
+    )
     with harness.host_lock(timeout=0.5):  # free again once its holder has gone
         pass

@@ -33,21 +33,27 @@ AARCH64 = parse_target("cpu:aarch64-linux-gnu")
 
 # Shapes chosen so that every variant meets edges: m, n and k that no tile divides.
 CASES = {
-    "conv3x3": single_op_model("Conv", [("x", (1, 5, 9, 9))], {"pads": [1, 1, 1, 1]},
-                               {"w": rand(13, 5, 3, 3, seed=1), "b": rand(13, seed=2)}),
+    "conv3x3": single_op_model(
+        "Conv", [("x", (1, 5, 9, 9))], {"pads": [1, 1, 1, 1]}, {"w": rand(13, 5, 3, 3, seed=1), "b": rand(13, seed=2)}
+    ),
     "conv1x1": single_op_model("Conv", [("x", (1, 7, 6, 7))], {}, {"w": rand(10, 7, 1, 1, seed=1)}),
-    "conv_strided": single_op_model("Conv", [("x", (1, 3, 11, 11))], {"strides": [2, 2], "pads": [1, 1, 1, 1]},
-                                    {"w": rand(9, 3, 3, 3, seed=1)}),
-    "conv_grouped": single_op_model("Conv", [("x", (1, 6, 8, 8))], {"group": 2, "pads": [1, 1, 1, 1]},
-                                    {"w": rand(10, 3, 3, 3, seed=1)}),
-    "gemm": single_op_model("Gemm", [("a", (7, 19))], {"alpha": 0.5}, {"b": rand(19, 37, seed=1),
-                                                                         "c": rand(37, seed=2)}),
-    "gemm_transposed": single_op_model("Gemm", [("a", (7, 19))], {"transB": 1}, {"b": rand(37, 19, seed=1),
-                                                                             "c": rand(37, seed=2)}),
+    "conv_strided": single_op_model(
+        "Conv", [("x", (1, 3, 11, 11))], {"strides": [2, 2], "pads": [1, 1, 1, 1]}, {"w": rand(9, 3, 3, 3, seed=1)}
+    ),
+    "conv_grouped": single_op_model(
+        "Conv", [("x", (1, 6, 8, 8))], {"group": 2, "pads": [1, 1, 1, 1]}, {"w": rand(10, 3, 3, 3, seed=1)}
+    ),
+    "gemm": single_op_model(
+        "Gemm", [("a", (7, 19))], {"alpha": 0.5}, {"b": rand(19, 37, seed=1), "c": rand(37, seed=2)}
+    ),
+    "gemm_transposed": single_op_model(
+        "Gemm", [("a", (7, 19))], {"transB": 1}, {"b": rand(37, 19, seed=1), "c": rand(37, seed=2)}
+    ),
     "matmul": single_op_model("MatMul", [("a", (3, 9, 21))], {}, {"b": rand(21, 35, seed=1)}),
 }
-DEPTHWISE = single_op_model("Conv", [("x", (1, 4, 8, 8))], {"group": 4, "pads": [1, 1, 1, 1]},
-                            {"w": rand(4, 1, 3, 3, seed=1)})
+DEPTHWISE = single_op_model(
+    "Conv", [("x", (1, 4, 8, 8))], {"group": 4, "pads": [1, 1, 1, 1]}, {"w": rand(4, 1, 3, 3, seed=1)}
+)
 
 
 def save(model: onnx.ModelProto, folder: Path, name: str = "model") -> Path:
@@ -71,8 +77,11 @@ def build_with(path: Path, out: Path, store: Store, **options: Any) -> str:
 # --- the variants ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("target", [HOST, AARCH64, parse_target("cpu:x86_64-linux-gnu"),
-                                    parse_target("cpu:x86_64-linux-gnu:haswell:+avx,+avx2,+fma")], ids=str)
+@pytest.mark.parametrize(
+    "target",
+    [HOST, AARCH64, parse_target("cpu:x86_64-linux-gnu"), parse_target("cpu:x86_64-linux-gnu:haswell:+avx,+avx2,+fma")],
+    ids=str,
+)
 def test_candidates_start_with_the_default_and_fit_the_register_file(target: CpuTarget) -> None:
     variants = candidate_variants(target)
     assert variants[0] == default_blocking(target) and len(set(variants)) == len(variants)
@@ -101,8 +110,16 @@ def test_only_kernels_with_a_gemm_are_tunable(tmp_path: Path) -> None:
 
 
 def test_a_variant_reaches_the_code_and_the_launch_grain() -> None:
-    spec = KernelSpec.from_json({"op": "MatMul", "attrs": {}, "inputs": [[[8, 16], "float32"], [[16, 32], "float32"]],
-                                 "outputs": [[[8, 32], "float32"]], "activation": None, "target": HOST.id})
+    spec = KernelSpec.from_json(
+        {
+            "op": "MatMul",
+            "attrs": {},
+            "inputs": [[[8, 16], "float32"], [[16, 32], "float32"]],
+            "outputs": [[[8, 32], "float32"]],
+            "activation": None,
+            "target": HOST.id,
+        }
+    )
     tuned = variant_spec(spec, HOST, GemmBlocking(6, 2, 8))
     assert blocking_for(tuned, HOST) == GemmBlocking(6, 2, 8) and blocking_for(spec, HOST) == default_blocking(HOST)
     assert tuned.key != spec.key and compile_cpu_kernel(tuned, HOST) != compile_cpu_kernel(spec, HOST)
@@ -127,7 +144,8 @@ def test_every_variant_builds_a_model_that_matches_onnxruntime(name: str, tmp_pa
             record(store, spec, HOST, {"variant": variant.to_json()})
         artifact = build_with(path, tmp_path / variant.name, store)
         assert [(e["variant_source"], e["variant"]) for e in kernel_entries(artifact)] == [
-            ("tuned", variant.to_json())] * len(specs)
+            ("tuned", variant.to_json())
+        ] * len(specs)
         model = farm.runtime.load(artifact, cache_dir=tmp_path / "cache")
         for output, reference in expected.items():
             assert_close(model.run(feeds)[output], reference, f"{name} with variant {variant.name}")
@@ -138,6 +156,6 @@ def test_a_depthwise_conv_keeps_no_variant_and_matches_onnxruntime(tmp_path: Pat
     artifact = build_with(path, tmp_path / "out", FileStore(tmp_path / "store"), tune=True)
     assert [(e["variant"], e["variant_source"]) for e in kernel_entries(artifact)] == [(None, None)]
     feeds = random_feeds(DEPTHWISE)
-    assert_close(farm.runtime.load(artifact, cache_dir=tmp_path / "cache").run(feeds)["y"],
-                 run_onnxruntime(path, feeds)["y"])
-
+    assert_close(
+        farm.runtime.load(artifact, cache_dir=tmp_path / "cache").run(feeds)["y"], run_onnxruntime(path, feeds)["y"]
+    )

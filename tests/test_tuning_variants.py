@@ -98,14 +98,27 @@ def test_retune_of_several_sizes_times_a_kernel_they_share_once(tmp_path: Path) 
 
     weights = numpy_helper.from_array(np.ones((64, 48), np.float32), "w")
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["a", "w"], ["y"]), helper.make_node("Relu", ["b"], ["z"])], "shared",
-        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [32, 64]),
-         helper.make_tensor_value_info("b", TensorProto.FLOAT, ["n"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [32, 48]),
-         helper.make_tensor_value_info("z", TensorProto.FLOAT, ["n"])], [weights])
+        [helper.make_node("MatMul", ["a", "w"], ["y"]), helper.make_node("Relu", ["b"], ["z"])],
+        "shared",
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, [32, 64]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, ["n"]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [32, 48]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, ["n"]),
+        ],
+        [weights],
+    )
     path = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path)
-    result = build_model(path, tmp_path / "out", executor=LocalExecutor(1), store=FileStore(tmp_path / "store"),
-                         retune=True, sizes=[{"n": (1,)}, {"n": (2,)}])
+    result = build_model(
+        path,
+        tmp_path / "out",
+        executor=LocalExecutor(1),
+        store=FileStore(tmp_path / "store"),
+        retune=True,
+        sizes=[{"n": (1,)}, {"n": (2,)}],
+    )
     assert len(result.tuning.timed) == len(set(result.tuning.timed)) == 1
 
 
@@ -123,8 +136,9 @@ def test_submit_tune_on_this_machine_records_in_the_local_store(tmp_path: Path) 
 
 def test_a_target_this_host_cannot_run_keeps_the_default_and_says_so(tmp_path: Path) -> None:
     path = save(CASES["gemm"], tmp_path)
-    result = build_model(path, tmp_path / "out", [AARCH64], executor=LocalExecutor(1),
-                         store=FileStore(tmp_path / "store"), tune=True)
+    result = build_model(
+        path, tmp_path / "out", [AARCH64], executor=LocalExecutor(1), store=FileStore(tmp_path / "store"), tune=True
+    )
     assert result.tuning.timed == [] and AARCH64.id in result.tuning.notes[0]
     assert "default variant" in result.tuning.notes[0]
     assert [e["variant_source"] for e in kernel_entries(result.artifact)] == ["default"]
@@ -133,7 +147,8 @@ def test_a_target_this_host_cannot_run_keeps_the_default_and_says_so(tmp_path: P
 
 @pytest.mark.slow
 def test_a_tuning_lock_held_past_the_default_timeout_keeps_the_default_and_the_build_succeeds(
-        temp_folder: Path) -> None:
+    temp_folder: Path,
+) -> None:
     """With the production FARM_TUNE_LOCK_TIMEOUT (120 s): another process holds the host's tuning lock
     throughout a build of four tunable kernels; the first waits the timeout, the others are not waited for again
     (one timeout in all, not one per kernel), every kernel keeps its default variant, the report says why of
@@ -143,15 +158,20 @@ def test_a_tuning_lock_held_past_the_default_timeout_keeps_the_default_and_the_b
     assert len(specs) == 4
     started = time.monotonic()
     with lock_held_by_another_process(temp_folder):
-        result = build_model(path, temp_folder / "out", executor=LocalExecutor(1),
-                             store=FileStore(temp_folder / "store"), tune=True)
+        result = build_model(
+            path, temp_folder / "out", executor=LocalExecutor(1), store=FileStore(temp_folder / "store"), tune=True
+        )
     assert 120 <= time.monotonic() - started < 2 * 120
     assert result.tuning.timed == []
     lock = temp_folder / f"farm-{os.getuid()}" / "tune.lock"
-    waited = (f"tuning lock {lock}: still held by another tuning process after 120 s (FARM_TUNE_LOCK_TIMEOUT) (the "
-              "default variant is used)")
-    skipped = ("tuning lock still held by another tuning process, not waited for again in this build (the default "
-               "variant is used)")
+    waited = (
+        f"tuning lock {lock}: still held by another tuning process after 120 s (FARM_TUNE_LOCK_TIMEOUT) (the "
+        "default variant is used)"
+    )
+    skipped = (
+        "tuning lock still held by another tuning process, not waited for again in this build (the default "
+        "variant is used)"
+    )
     names = [note.split(": ", 1)[0] for note in result.tuning.notes]
     assert sorted(names) == sorted(variants.tune_name(spec, HOST.id) for spec in specs)
     assert [note.split(": ", 1)[1] for note in result.tuning.notes] == [waited, skipped, skipped, skipped]
@@ -159,6 +179,7 @@ def test_a_tuning_lock_held_past_the_default_timeout_keeps_the_default_and_the_b
 
 
 # --- the farm, in-process: the steps of farm/distributed/steps.py against a real redis-server ------------------
+
 
 class Queues(list):
     """Dispatched tasks as (name, args, queue), run first in, first out by `run` as farm/distributed/tasks.py would."""
@@ -178,8 +199,10 @@ class Queues(list):
 def submit(farm: Farm, queues: Queues, model: Path, **flags: bool) -> tuple[JobRecord, list[tuple[str, str]]]:
     data = model.read_bytes()
     job_id = uuid.uuid4().hex[:16]
-    farm.board.create(job_id, JobRecord(JobState.QUEUED, farm.store.put(data), model.stem,
-                                        hashlib.sha256(data).hexdigest(), [HOST], **flags))
+    farm.board.create(
+        job_id,
+        JobRecord(JobState.QUEUED, farm.store.put(data), model.stem, hashlib.sha256(data).hexdigest(), [HOST], **flags),
+    )
     queues.dispatch(PlanJob(job_id).message())
     ran = queues.run(farm)
     return farm.board.get(job_id), ran
@@ -191,8 +214,9 @@ def manifest(farm: Farm, record: JobRecord, folder: Path) -> list[dict[str, Any]
     return kernel_entries(str(path))
 
 
-def test_farm_tuning_goes_to_the_cpus_queue_and_a_later_job_reuses_the_records(redis_server: RedisServer,
-                                                                               tmp_path: Path) -> None:
+def test_farm_tuning_goes_to_the_cpus_queue_and_a_later_job_reuses_the_records(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
     path = save(CASES["conv3x3"], tmp_path)
     queues, live = Queues(), {f"tune.{HOST.id}"}
     farm = Farm(JobBoard(redis_server.url), FileStore(tmp_path / "store"), queues.dispatch, live_queues=lambda: live)
@@ -204,8 +228,10 @@ def test_farm_tuning_goes_to_the_cpus_queue_and_a_later_job_reuses_the_records(r
     again, ran = submit(farm, queues, path, tune=True)
     assert again.cached and again.artifact_key == record.artifact_key  # nothing to time
     spec = tunable_specs(path)[0]
-    farm.store.set_ref(database.db_ref(spec, HOST.id), farm.store.put(json.dumps(
-        {"variant": GemmBlocking(2, 4, 16).to_json()}).encode()))
+    farm.store.set_ref(
+        database.db_ref(spec, HOST.id),
+        farm.store.put(json.dumps({"variant": GemmBlocking(2, 4, 16).to_json()}).encode()),
+    )
     changed, ran = submit(farm, queues, path)
     assert not changed.cached and changed.artifact_key != record.artifact_key  # the record changed
     assert [e["variant"] for e in manifest(farm, changed, tmp_path)] == [GemmBlocking(2, 4, 16).to_json()]
@@ -218,12 +244,15 @@ def test_farm_tuning_goes_to_the_cpus_queue_and_a_later_job_reuses_the_records(r
     assert [e["variant_source"] for e in manifest(farm, untuned, tmp_path)] == ["default"]
 
 
-def test_a_failed_tuning_task_leaves_the_default_and_the_job_goes_on(redis_server: RedisServer,
-                                                                     tmp_path: Path) -> None:
+def test_a_failed_tuning_task_leaves_the_default_and_the_job_goes_on(redis_server: RedisServer, tmp_path: Path) -> None:
     path = save(CASES["gemm"], tmp_path)
     queues = Queues()
-    farm = Farm(JobBoard(redis_server.url), FileStore(tmp_path / "store"), queues.dispatch,
-                live_queues=lambda: {f"tune.{HOST.id}"})
+    farm = Farm(
+        JobBoard(redis_server.url),
+        FileStore(tmp_path / "store"),
+        queues.dispatch,
+        live_queues=lambda: {f"tune.{HOST.id}"},
+    )
     farm.tune = lambda args: farm.tune_done(args.job_id, args.name, "BuildError: boom")
     record, _ = submit(farm, queues, path, tune=True)
     assert record.state == "done"
@@ -237,8 +266,9 @@ def test_a_failed_tuning_task_leaves_the_default_and_the_job_goes_on(redis_serve
 def test_submit_tune_on_a_farm_times_on_the_worker_and_records_the_variants(farm_factory, tmp_path: Path) -> None:
     path = save(examples.tiny_cnn(), tmp_path)
     cluster = farm_factory(workers=1, env={"FARM_TUNE_SECONDS_PER_VARIANT": QUICK})
-    result = farm_cli("submit", str(path), "--tune", "--json", "-o", str(tmp_path / "out"), broker=cluster.url,
-                      cwd=tmp_path)
+    result = farm_cli(
+        "submit", str(path), "--tune", "--json", "-o", str(tmp_path / "out"), broker=cluster.url, cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr + cluster.logs()
     job = json.loads(result.stdout)
     specs = tunable_specs(path)
@@ -247,8 +277,10 @@ def test_submit_tune_on_a_farm_times_on_the_worker_and_records_the_variants(farm
     assert {e["variant_source"] for e in entries if e["variant"]} == {"tuned"}
     store = RedisStore(cluster.worker_url)  # the tuning database is the workers' to read and write
     assert all(database.lookup(store, spec, HOST.id) for spec in specs)
-    received = sum("Task farm.tune_kernel[" in line and line.endswith("received")
-                   for line in cluster.workers[0].log_path.read_text().splitlines())
+    received = sum(
+        "Task farm.tune_kernel[" in line and line.endswith("received")
+        for line in cluster.workers[0].log_path.read_text().splitlines()
+    )
     assert received == len(specs)
     local = build_with(path, tmp_path / "local", store)  # the same database gives the same bytes here
     assert Path(local).read_bytes() == Path(job["artifact"]).read_bytes()

@@ -18,8 +18,11 @@ from farm.ir.specs import BlobSpec, KernelSpec
 CPU = CpuTarget("x86_64-unknown-linux-gnu")
 DEVICE = OpenClTarget("0123456789abcdef")
 RELU = KernelSpec("Relu", "{}", (TensorInfo((2, 8), "float32"),), (TensorInfo((2, 8), "float32"),), None, CPU.id)
-UNITS = [CompileUnit("kernel", RELU, CPU), CompileUnit("blob", BlobSpec("ab" * 32, 16, CPU.id), CPU),
-         CompileUnit("clkernel", KernelSpec(**{**RELU.__dict__, "target_id": "opencl"}), DEVICE)]
+UNITS = [
+    CompileUnit("kernel", RELU, CPU),
+    CompileUnit("blob", BlobSpec("ab" * 32, 16, CPU.id), CPU),
+    CompileUnit("clkernel", KernelSpec(**{**RELU.__dict__, "target_id": "opencl"}), DEVICE),
+]
 
 
 @pytest.mark.parametrize("unit", UNITS, ids=lambda unit: unit.kind)
@@ -35,8 +38,7 @@ def test_every_kind_has_its_own_cache_ref_and_only_blobs_have_input_bytes() -> N
     assert [unit.data_key for unit in UNITS] == [None, "ab" * 32, None]
 
 
-def test_cpu_cache_refs_hold_this_processs_compiler_and_opencl_refs_the_device(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cpu_cache_refs_hold_this_processs_compiler_and_opencl_refs_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
     """Another LLVM may write other bytes for the same spec, so CPU objects are cached per compiler; a program
     binary is already cached per device fingerprint (which holds the driver's version). Specs, symbols and the
     built bytes don't change: an artifact stays byte-identical for the same toolchain."""
@@ -59,11 +61,14 @@ def test_a_units_step_is_its_backends_compile_step() -> None:
     assert compile_unit(UNITS[1], bytes(range(16))) == bytes(range(16))  # a weight without panels is its bytes
 
 
-@pytest.mark.parametrize(("data", "message"), [
-    ({"kind": "sh", "spec": {}, "target": CPU.to_json()}, "not a compile unit"),
-    ({"kind": "blob", "spec": {"sha256": "x"}, "target": CPU.to_json()}, "malformed spec"),
-    ({"kind": "kernel", "spec": RELU.to_json(), "target": {"kind": "gpu"}}, "unknown target kind"),
-])
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"kind": "sh", "spec": {}, "target": CPU.to_json()}, "not a compile unit"),
+        ({"kind": "blob", "spec": {"sha256": "x"}, "target": CPU.to_json()}, "malformed spec"),
+        ({"kind": "kernel", "spec": RELU.to_json(), "target": {"kind": "gpu"}}, "unknown target kind"),
+    ],
+)
 def test_a_malformed_unit_is_refused(data: dict, message: str) -> None:
     with pytest.raises(BadInputError, match=message):
         CompileUnit.from_json(data)

@@ -58,6 +58,7 @@ def test_records_older_than_a_jobs_time_to_live_go_at_the_next_submit(blob) -> N
 def test_weights_over_the_stores_cap_are_refused_naming_both_sizes() -> None:
     assert uploads.over_the_cap("m.onnx", 2 << 30, 2 << 30) is None
     refusal = uploads.over_the_cap("big.onnx", 2_900_000_000, 2 << 30)
-    assert refusal and refusal.startswith("big.onnx: its weights are 2.70 GiB (2900000000 bytes), over the farm's "
-                                          "store cap of 2.00 GiB (2147483648 bytes")
+    assert refusal and refusal.startswith(
+        "big.onnx: its weights are 2.70 GiB (2900000000 bytes), over the farm's store cap of 2.00 GiB (2147483648 bytes"
+    )
     assert "3.0 MiB" in (uploads.over_the_cap("m.onnx", 3 << 20, 1 << 20) or "")

@@ -84,10 +84,16 @@ def test_a_model_input_of_a_dtype_farm_has_no_buffers_for_is_unsupported(onnx_mo
 
 def test_computed_value_over_the_tensor_limit_is_refused_by_validate(onnx_model_path):
     shape = numpy_helper.from_array(np.array([2**20, 2**20], np.int64), "shape")
-    nodes = [helper.make_node("ConstantOfShape", ["shape"], ["z"], name="fill"),
-             helper.make_node("Add", ["x", "z"], ["y"], name="add")]
-    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [shape])
+    nodes = [
+        helper.make_node("ConstantOfShape", ["shape"], ["z"], name="fill"),
+        helper.make_node("Add", ["x", "z"], ["y"], name="add"),
+    ]
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [shape],
+    )
     graph = optimize(import_model(onnx_model_path(model)))
     with pytest.raises(UnsupportedError, match=r"'fill'.*'z' of shape \[1048576, 1048576\] float32 needs"):
         validate(graph, SUPPORTED | {"ConstantOfShape"})
@@ -97,8 +103,16 @@ def test_a_negative_dim_is_refused_naming_the_value(onnx_model_path):
     """Inference gives a Conv whose kernel is larger than its padded input a negative dim: no tensor has that shape."""
     nodes = [helper.make_node("Conv", ["x", "w"], ["y"], name="conv")]
     w = numpy_helper.from_array(np.ones((2, 3, 5, 5), np.float32), "w")
-    graph = import_model(onnx_model_path(_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 2, 2])],
-                                                [helper.make_tensor_value_info("y", 0, None)], [w])))
+    graph = import_model(
+        onnx_model_path(
+            _model(
+                nodes,
+                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 2, 2])],
+                [helper.make_tensor_value_info("y", 0, None)],
+                [w],
+            )
+        )
+    )
     with pytest.raises(UnsupportedError, match=r"output 'y' has a negative dim in shape \[1, 2, -2, -2\]") as info:
         validate(graph, {"Conv"})
     assert info.value.node == "conv"
@@ -111,8 +125,11 @@ def test_a_conv_without_its_weight_is_refused_at_validation_not_by_a_pass(onnx_m
     Conv alone, and validation names it."""
     conv = helper.make_node("Conv", ["x", ""], ["c"], name="conv", kernel_shape=[1, 1])
     params = [numpy_helper.from_array(np.ones(2, np.float32), name) for name in ("s", "b", "m", "v")]
-    after = (helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["y"], name="bn")
-             if follower == "BatchNormalization" else helper.make_node("Mul", ["c", "s4"], ["y"], name="mul"))
+    after = (
+        helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["y"], name="bn")
+        if follower == "BatchNormalization"
+        else helper.make_node("Mul", ["c", "s4"], ["y"], name="mul")
+    )
     params.append(numpy_helper.from_array(np.ones((1, 2, 1, 1), np.float32), "s4"))
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 3])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3, 3])

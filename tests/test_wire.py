@@ -17,11 +17,17 @@ RNG = np.random.default_rng(7)
 def _matmul_model(weights: dict[str, np.ndarray]) -> onnx.ModelProto:
     """x[1, 128] through a MatMul per weight (each 128 x 128), the last one's output is y."""
     names = list(weights)
-    nodes = [helper.make_node("MatMul", ["x" if i == 0 else f"h{i}", name], [f"h{i + 1}" if i < len(names) - 1
-                                                                             else "y"]) for i, name in enumerate(names)]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 128])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 128])],
-                              [numpy_helper.from_array(array, name) for name, array in weights.items()])
+    nodes = [
+        helper.make_node("MatMul", ["x" if i == 0 else f"h{i}", name], [f"h{i + 1}" if i < len(names) - 1 else "y"])
+        for i, name in enumerate(names)
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 128])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 128])],
+        [numpy_helper.from_array(array, name) for name, array in weights.items()],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -33,7 +39,7 @@ def test_cut_leaves_the_rest_of_the_model_byte_for_byte():
     data = model.SerializeToString()
     stripped, spans = wire.cut_raw_initializers(memoryview(data))
     assert set(spans) == {0, 1}  # both 128 x 128 floats (64 KB); "tiny" stays
-    assert bytes(data[spans[0].offset:spans[0].offset + spans[0].length]) == big[:128].tobytes()
+    assert bytes(data[spans[0].offset : spans[0].offset + spans[0].length]) == big[:128].tobytes()
     assert spans[0].data_type == TensorProto.FLOAT
     parsed = onnx.ModelProto.FromString(stripped)
     expected = onnx.ModelProto.FromString(data)
@@ -50,12 +56,15 @@ def test_a_threshold_keeps_smaller_initializers():
     assert list(wire.cut_raw_initializers(memoryview(data), min_bytes=1)[1]) == [0]
 
 
-@pytest.mark.parametrize("damage", [
-    lambda data: data[:-3],  # the graph's length runs past the end
-    lambda data: data + b"\x80",  # a varint never ends
-    lambda data: data + b"\x0b",  # field 1 as a group
-    lambda data: data + b"\x00",  # field number 0
-])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda data: data[:-3],  # the graph's length runs past the end
+        lambda data: data + b"\x80",  # a varint never ends
+        lambda data: data + b"\x0b",  # field 1 as a group
+        lambda data: data + b"\x00",  # field number 0
+    ],
+)
 def test_malformed_bytes_raise_wire_error(damage):
     data = _matmul_model({"w": RNG.standard_normal((128, 128)).astype(np.float32)}).SerializeToString()
     with pytest.raises(wire.WireError):
@@ -63,8 +72,10 @@ def test_malformed_bytes_raise_wire_error(damage):
 
 
 def test_import_maps_big_initializers_read_only_without_a_copy(tmp_path):
-    weights = {"w1": RNG.standard_normal((128, 128)).astype(np.float32),
-               "w2": RNG.standard_normal((128, 128)).astype(np.float32)}
+    weights = {
+        "w1": RNG.standard_normal((128, 128)).astype(np.float32),
+        "w2": RNG.standard_normal((128, 128)).astype(np.float32),
+    }
     path = tmp_path / "m.onnx"
     onnx.save(_matmul_model(weights), path)
     graph = import_model(path)

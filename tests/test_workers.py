@@ -39,8 +39,13 @@ def capabilities() -> dict:
 
 def test_capabilities_name_this_hosts_cpu(capabilities: dict) -> None:
     host = host_target()
-    assert capabilities["cpu"] == {"id": host.id, "triple": host.triple, "cpu": host.cpu, "features": host.features,
-                                   "simd_floats": host.simd_floats}
+    assert capabilities["cpu"] == {
+        "id": host.id,
+        "triple": host.triple,
+        "cpu": host.cpu,
+        "features": host.features,
+        "simd_floats": host.simd_floats,
+    }
     assert capabilities["cpu"]["features"].startswith("+") or capabilities["cpu"]["features"].startswith("-")
     assert capabilities["host"] == socket.gethostname() and capabilities["pid"] == os.getpid()
     assert json.loads(json.dumps(capabilities)) == capabilities  # it is advertised as JSON
@@ -98,7 +103,8 @@ def stop_and_time(worker: FarmWorker) -> float:
 
 
 def test_a_worker_sweeps_leaked_scratch_advertises_consumes_its_queues_and_stops_at_a_sigterm(
-        redis_servers, tmp_path: Path, capabilities: dict) -> None:
+    redis_servers, tmp_path: Path, capabilities: dict
+) -> None:
     """One idle `farm worker` with the production defaults, from its start to its stop: starting, it sweeps the blob
     scratch older versions leaked (not one an older process may still be packing); running, it advertises this
     host's capabilities and consumes its queues; a SIGTERM stops it promptly, without a traceback, and withdraws its
@@ -170,10 +176,13 @@ def test_a_worker_waits_for_a_redis_that_is_down_then_serves_it(tmp_path: Path) 
     worker = production_worker(server.url, "patient@test", tmp_path)
     try:
         with open(worker.log_path, "ab") as log:
-            worker.process = subprocess.Popen([sys.executable, "-m", "farm", "worker", "--hostname", worker.name,
-                                               "--concurrency", "1"], stdout=log, stderr=subprocess.STDOUT,
-                                              env={**worker.env, "FARM_BROKER_URL": server.url},
-                                              start_new_session=True)
+            worker.process = subprocess.Popen(
+                [sys.executable, "-m", "farm", "worker", "--hostname", worker.name, "--concurrency", "1"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**worker.env, "FARM_BROKER_URL": server.url},
+                start_new_session=True,
+            )
         deadline = time.monotonic() + 60
         while "Cannot connect" not in worker.log_tail() and time.monotonic() < deadline:
             assert worker.process.poll() is None, worker.log_tail()
@@ -195,13 +204,15 @@ def test_workers_with_different_toolchains_share_no_cache_entry(redis_server: Re
     onnx.save(examples.tiny_cnn(), model)
     keys = []
     for label in ("a", "b", "a"):
-        worker = FarmWorker(redis_server.url, f"toolchain-{label}@test", tmp_path,
-                            env={"FARM_TOOLCHAIN_LABEL": label}).start()
+        worker = FarmWorker(
+            redis_server.url, f"toolchain-{label}@test", tmp_path, env={"FARM_TOOLCHAIN_LABEL": label}
+        ).start()
         try:
             listed = json.loads(farm_cli("workers", "--json", broker=redis_server.url, cwd=tmp_path).stdout)["workers"]
             keys.append(listed[0]["toolchain"]["key"])
-            result = farm_cli("submit", str(model), "--json", "-o", str(tmp_path / label), broker=redis_server.url,
-                              cwd=tmp_path)
+            result = farm_cli(
+                "submit", str(model), "--json", "-o", str(tmp_path / label), broker=redis_server.url, cwd=tmp_path
+            )
             assert result.returncode == 0, result.stderr + worker.log_tail()
             assert json.loads(result.stdout)["compiled"] == (0 if len(keys) == 3 else 12)  # 0: the cached artifact
         finally:
@@ -215,9 +226,11 @@ def test_a_worker_prepares_its_process_for_building_before_the_pool_forks() -> N
     pool: a forked process starts with the collector's thresholds raised and what was loaded frozen."""
     from farm.build.executor import GC_THRESHOLDS
 
-    code = ("import gc, json, os, sys\nfrom farm.distributed.worker import preload\npreload()\n"
-            "read, write = os.pipe()\nif os.fork() == 0:\n"
-            "    os.write(write, json.dumps([gc.get_threshold(), gc.get_freeze_count() > 0]).encode())\n"
-            "    os._exit(0)\nos.wait()\nsys.stdout.write(os.read(read, 200).decode())")
+    code = (
+        "import gc, json, os, sys\nfrom farm.distributed.worker import preload\npreload()\n"
+        "read, write = os.pipe()\nif os.fork() == 0:\n"
+        "    os.write(write, json.dumps([gc.get_threshold(), gc.get_freeze_count() > 0]).encode())\n"
+        "    os._exit(0)\nos.wait()\nsys.stdout.write(os.read(read, 200).decode())"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert json.loads(out.stdout) == [list(GC_THRESHOLDS), True]

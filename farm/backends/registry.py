@@ -63,6 +63,7 @@ class Backend(ABC, Generic[TargetT]):
     def compile_kernel(self, spec: KernelSpec, target: TargetT) -> bytes:
         """The kernel's compiled bytes for the target: the pure compile step that local and farm builds call."""
 
+
 class CpuBackend(Backend[CpuTarget]):
     """CPUs: LLVM IR through llvmlite, object files linked into one shared library per target."""
 
@@ -85,6 +86,7 @@ class CpuBackend(Backend[CpuTarget]):
 
         return compile_cpu_kernel(spec, target)
 
+
 class OpenClBackend(Backend[OpenClTarget]):
     """OpenCL devices: OpenCL C, a program binary per kernel per device fingerprint, built where the device is."""
 
@@ -96,8 +98,10 @@ class OpenClBackend(Backend[OpenClTarget]):
         available = devices.opencl_fingerprints()
         chosen = [rest] if rest else available
         if not chosen or any(fp not in available for fp in chosen):
-            raise BadInputError(f"--target opencl{':' + rest if rest else ''}: no such OpenCL device "
-                                f"{devices.where} (found: {available or 'none'})")
+            raise BadInputError(
+                f"--target opencl{':' + rest if rest else ''}: no such OpenCL device "
+                f"{devices.where} (found: {available or 'none'})"
+            )
         return [OpenClTarget(fp) for fp in chosen]
 
     def render(self, spec: KernelSpec, target: OpenClTarget) -> str:
@@ -109,6 +113,7 @@ class OpenClBackend(Backend[OpenClTarget]):
         from farm.backends.opencl.kernel import compile_cl_kernel
 
         return compile_cl_kernel(spec, target.fingerprint)
+
 
 BACKENDS: dict[str, Backend] = {backend.kind: backend for backend in (CpuBackend(), OpenClBackend())}
 

@@ -37,8 +37,9 @@ from farm.ir.specs import CODEGEN_VERSION, BlobSpec, canonical_json
 from farm.plan.planner import BuildPlan
 
 
-def plan_model(model_path: str | os.PathLike, shapes: PinnedShapes | None = None,
-               external: ExternalData | None = None) -> BuildPlan:
+def plan_model(
+    model_path: str | os.PathLike, shapes: PinnedShapes | None = None, external: ExternalData | None = None
+) -> BuildPlan:
     """Import (with the input dimensions `shapes` fixes: farm.frontend.shapes; external data read through
     `external`, by default from the model's folder), optimise and validate the model, then plan it; raises before
     any compiling on bad input."""
@@ -53,8 +54,9 @@ def plan_model(model_path: str | os.PathLike, shapes: PinnedShapes | None = None
     return make_plan(graph)
 
 
-def plan_sizes(model_path: str | os.PathLike, sizes: Sequence[PinnedShapes] = (),
-               external: ExternalData | None = None) -> list[BuildPlan]:
+def plan_sizes(
+    model_path: str | os.PathLike, sizes: Sequence[PinnedShapes] = (), external: ExternalData | None = None
+) -> list[BuildPlan]:
     """A plan per size (plan_model with each size's pins; one plan without sizes). With several sizes, a refusal
     says at which size, since another may plan."""
     if len(sizes) <= 1:
@@ -73,13 +75,23 @@ def _at_size(error: BadInputError, pins: PinnedShapes) -> BadInputError:
     if "--shape" in str(error):
         return error
     if isinstance(error, UnsupportedError):
-        return UnsupportedError(f"{error.reason} (at --shape {describe_size(pins)})", node=error.node,
-                                op=error.op, domain=error.domain, opset=error.opset)
+        return UnsupportedError(
+            f"{error.reason} (at --shape {describe_size(pins)})",
+            node=error.node,
+            op=error.op,
+            domain=error.domain,
+            opset=error.opset,
+        )
     return type(error)(f"{error} (at --shape {describe_size(pins)})")
 
 
-def build_identity(model_sha256: str, model_name: str, targets: Sequence[Target],
-                   sizes: Sequence[PinnedShapes] = (), graph_key: str | None = None) -> str:
+def build_identity(
+    model_sha256: str,
+    model_name: str,
+    targets: Sequence[Target],
+    sizes: Sequence[PinnedShapes] = (),
+    graph_key: str | None = None,
+) -> str:
     """Everything an artifact's bytes depend on besides the tuning database: farm's codegen and artifact format, this
     process's toolchain (LLVM and the linker), the model's bytes and name, the targets, the pinned sizes (none, or
     one without pins: the identity builds had before shapes could be pinned; one: the identity of a single pinned
@@ -129,25 +141,46 @@ def sized_blobs(plans: Sequence[BuildPlan]) -> dict[str, Any]:
     return {sha: data for plan in plans for sha, data in plan.blobs.items()}
 
 
-def link_plan(plans: Sequence[BuildPlan], targets: Sequence[Target], model_name: str, model_sha256: str,
-              units: Sequence[CompileUnit], sizes: Sequence[PinnedShapes] = ()) -> dict[str, Any]:
+def link_plan(
+    plans: Sequence[BuildPlan],
+    targets: Sequence[Target],
+    model_name: str,
+    model_sha256: str,
+    units: Sequence[CompileUnit],
+    sizes: Sequence[PinnedShapes] = (),
+) -> dict[str, Any]:
     """What linking and finishing need besides the built bytes, as JSON (see the module docstring): one plan's, or
     with several sizes every unit once and a sub-plan per size (its pins, manifest template and layouts)."""
     unit_json = {unit.name: {**unit.to_json(), "ref": unit.cache_ref, "data_key": unit.data_key} for unit in units}
     if len(plans) == 1:
         return {**_size_link_plan(plans[0], targets, model_name, model_sha256, units), "units": unit_json}
     by_name = {unit.name: unit for unit in units}
-    return {"units": unit_json,
-            "sizes": [{"shapes": shapes_to_json(pins),
-                       **_size_link_plan(plan, targets, model_name, model_sha256,
-                                         [by_name[unit.name] for unit in compile_units(plan, targets)])}
-                      for pins, plan in zip(sizes, plans, strict=True)]}
+    return {
+        "units": unit_json,
+        "sizes": [
+            {
+                "shapes": shapes_to_json(pins),
+                **_size_link_plan(
+                    plan,
+                    targets,
+                    model_name,
+                    model_sha256,
+                    [by_name[unit.name] for unit in compile_units(plan, targets)],
+                ),
+            }
+            for pins, plan in zip(sizes, plans, strict=True)
+        ],
+    }
 
 
-def _size_link_plan(plan: BuildPlan, targets: Sequence[Target], model_name: str, model_sha256: str,
-                    units: Sequence[CompileUnit]) -> dict[str, Any]:
-    layouts = {kind: PARTS[kind].layout(plan, chosen, [u for u in units if u.target.kind == kind])
-               for kind, chosen in by_kind(targets).items() if chosen or PARTS[kind].always}
+def _size_link_plan(
+    plan: BuildPlan, targets: Sequence[Target], model_name: str, model_sha256: str, units: Sequence[CompileUnit]
+) -> dict[str, Any]:
+    layouts = {
+        kind: PARTS[kind].layout(plan, chosen, [u for u in units if u.target.kind == kind])
+        for kind, chosen in by_kind(targets).items()
+        if chosen or PARTS[kind].always
+    }
     return {"manifest": manifest_template(plan, targets, model_name, model_sha256), "layouts": layouts}
 
 
@@ -156,13 +189,19 @@ def size_plans(plan_json: dict[str, Any]) -> list[dict[str, Any]]:
     return plan_json.get("sizes", [plan_json])
 
 
-def manifest_template(plan: BuildPlan, targets: Sequence[Target], model_name: str,
-                      model_sha256: str) -> dict[str, Any]:
+def manifest_template(plan: BuildPlan, targets: Sequence[Target], model_name: str, model_sha256: str) -> dict[str, Any]:
     """Everything the runtime and later tools need to know about the artifact, in a deterministic form, except
     what only the built bytes tell (the objects' hashes)."""
     graph = plan.graph
-    io = lambda name: {"name": name, "shape": list(graph.values[name].shape),  # noqa: E731
-                       "dtype": graph.values[name].dtype, "offset": plan.memory.offsets[name]}
+
+    def io(name: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "shape": list(graph.values[name].shape),
+            "dtype": graph.values[name].dtype,
+            "offset": plan.memory.offsets[name],
+        }
+
     manifest = {
         "format_version": FORMAT_VERSION,
         "farm_version": __version__,
@@ -170,10 +209,19 @@ def manifest_template(plan: BuildPlan, targets: Sequence[Target], model_name: st
         "model": {"name": model_name, "sha256": model_sha256, "opset": graph.opset},
         "inputs": [io(name) for name in graph.inputs],
         "outputs": [io(name) for name in graph.outputs],
-        "blobs": [{"sha256": sha, "bytes": int(data.nbytes), "symbol": BlobSpec(sha, data.nbytes, "").symbol}
-                  for sha, data in sorted(plan.blobs.items())],
-        "schedule": [{"node": step.node, "op": step.spec.op, "kernel": step.spec.key[:20],
-                      "args": [f"{arg.kind}:{arg.name}" for arg in step.args]} for step in plan.steps],
+        "blobs": [
+            {"sha256": sha, "bytes": int(data.nbytes), "symbol": BlobSpec(sha, data.nbytes, "").symbol}
+            for sha, data in sorted(plan.blobs.items())
+        ],
+        "schedule": [
+            {
+                "node": step.node,
+                "op": step.spec.op,
+                "kernel": step.spec.key[:20],
+                "args": [f"{arg.kind}:{arg.name}" for arg in step.args],
+            }
+            for step in plan.steps
+        ],
         "memory_plan": plan.memory.to_json(),
     }
     for kind, chosen in by_kind(targets).items():
@@ -194,9 +242,11 @@ def libraries(plan_json: dict[str, Any]) -> list[dict[str, Any]]:
     """The link plan's CPU libraries to link, one per size and CPU target: its `id` (the target's id, with one
     size; `<target id>.size<i>` with several), target, schedule and link order each."""
     sub_plans = size_plans(plan_json)
-    return [{**library, "id": library_id(library["target"]["id"], index, len(sub_plans))}
-            for index, sub_plan in enumerate(sub_plans)
-            for library in sub_plan["layouts"].get("cpu", {}).get("libraries", [])]
+    return [
+        {**library, "id": library_id(library["target"]["id"], index, len(sub_plans))}
+        for index, sub_plan in enumerate(sub_plans)
+        for library in sub_plan["layouts"].get("cpu", {}).get("libraries", [])
+    ]
 
 
 def library_id(target_id: str, size: int, sizes: int) -> str:
@@ -224,16 +274,19 @@ def artifact_contents(plan_json: dict[str, Any], built: BuiltUnits) -> tuple[dic
     members: dict[str, Member] = {}
     count = len(plan_json["sizes"])
     for index, sub_plan in enumerate(plan_json["sizes"]):
+
         def library_of(target_id: str, index: int = index) -> bytes:
             return built.library_of(library_id(target_id, index, count))
 
         size_built = dataclasses.replace(built, library_of=library_of)
         size_manifest, size_members = _size_contents(sub_plan, size_built)
-        size_manifest["targets"] = [_moved_library(target, size_members, index)
-                                    for target in size_manifest.get("targets", [])]
+        size_manifest["targets"] = [
+            _moved_library(target, size_members, index) for target in size_manifest.get("targets", [])
+        ]
         manifest.update({key: size_manifest[key] for key in COMMON_FIELDS if key in size_manifest})
         manifest.setdefault("sizes", []).append(
-            {"shapes": sub_plan["shapes"], **{k: v for k, v in size_manifest.items() if k not in COMMON_FIELDS}})
+            {"shapes": sub_plan["shapes"], **{k: v for k, v in size_manifest.items() if k not in COMMON_FIELDS}}
+        )
         members.update(size_members)
     return {**manifest, "format_version": SIZED_FORMAT_VERSION}, members
 
@@ -269,6 +322,13 @@ def manifest_names(manifest: dict[str, Any], model_sha256: str, model_name: str,
     """Whether an artifact's manifest names this model (bytes and name) and exactly these targets in every size. A
     cache ref is only a pointer: an artifact reused from the cache must say it was built from what was submitted."""
     model = manifest.get("model")
-    return (isinstance(model, dict) and model.get("sha256") == model_sha256 and model.get("name") == model_name
-            and all(PARTS[kind].names_targets(size, chosen) for size in size_manifests(manifest)
-                    for kind, chosen in by_kind(targets).items()))
+    return (
+        isinstance(model, dict)
+        and model.get("sha256") == model_sha256
+        and model.get("name") == model_name
+        and all(
+            PARTS[kind].names_targets(size, chosen)
+            for size in size_manifests(manifest)
+            for kind, chosen in by_kind(targets).items()
+        )
+    )

@@ -108,7 +108,9 @@ class LocalExecutor:
             return [self._run_inline(call, on_done) for call in calls]
         futures: dict[Future, StepCall] = {self._submit(call): call for call in calls}
         for future in futures:
-            future.add_done_callback(lambda f: on_done(futures[f]) if not f.cancelled() and f.exception() is None else None)
+            future.add_done_callback(
+                lambda f: on_done(futures[f]) if not f.cancelled() and f.exception() is None else None
+            )
         done, pending = wait(futures, return_when=FIRST_EXCEPTION)
         failed = [error for error in (f.exception() for f in done) if error is not None]
         if failed:
@@ -132,6 +134,7 @@ class LocalExecutor:
 
     def _ensure_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=prepare_building_process)
+            self._pool = ProcessPoolExecutor(
+                self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=prepare_building_process
+            )
         return self._pool

@@ -45,18 +45,34 @@ class BuildResult:
     """Code units taken from the compile cache; compiled + cached = kernels + blobs."""
 
     def to_json(self) -> dict[str, Any]:
-        data = {"job_id": self.job_id, "state": "done", "artifact": self.artifact, "kernels": self.kernels,
-                "blobs": self.blobs, "seconds": round(self.seconds, 3), "targets": self.targets,
-                "compiled": self.compiled, "cached": self.cached}
+        data = {
+            "job_id": self.job_id,
+            "state": "done",
+            "artifact": self.artifact,
+            "kernels": self.kernels,
+            "blobs": self.blobs,
+            "seconds": round(self.seconds, 3),
+            "targets": self.targets,
+            "compiled": self.compiled,
+            "cached": self.cached,
+        }
         return {**data, "tuning": self.tuning.to_json()} if self.tuning else data
 
 
-def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targets: Sequence[Target] = (),
-                executor: LocalExecutor | None = None, progress: ProgressCallback | None = None,
-                tune: bool = False, retune: bool = False, store: Store | None = None,
-                tune_progress: ProgressCallback | None = None,
-                sizes: Sequence[PinnedShapes] = (), phase: PhaseCallback | None = None,
-                no_cache: bool = False) -> BuildResult:
+def build_model(
+    model_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    targets: Sequence[Target] = (),
+    executor: LocalExecutor | None = None,
+    progress: ProgressCallback | None = None,
+    tune: bool = False,
+    retune: bool = False,
+    store: Store | None = None,
+    tune_progress: ProgressCallback | None = None,
+    sizes: Sequence[PinnedShapes] = (),
+    phase: PhaseCallback | None = None,
+    no_cache: bool = False,
+) -> BuildResult:
     """Build `<out_dir>/<model-stem>.farm`; the artifact appears only when every step succeeded.
 
     `targets`: CPU and OpenCL targets (farm.backends.registry.parse_targets); none means this host's CPU. Every
@@ -86,8 +102,9 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
     sized_plans = assembly.plan_sizes(model_path, sizes)
     if tune or retune:
         report_phase("tuning")
-    plans, tuning = choose_variants(sized_plans, [t for t in targets if t.kind == "cpu"], store, tune, retune,
-                                    tune_progress)
+    plans, tuning = choose_variants(
+        sized_plans, [t for t in targets if t.kind == "cpu"], store, tune, retune, tune_progress
+    )
     blobs = assembly.sized_blobs(plans)
     units = assembly.sized_units(plans, targets)
     code = [unit for unit in units if unit.kind != "blob"]
@@ -100,8 +117,12 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
     report_phase("linking")
     plan_json = assembly.link_plan(plans, targets, name, model_sha256, units, sizes)
     libraries: dict[str, bytes] = {}
-    built = BuiltUnits(objects.__getitem__, lambda unit: hashlib.sha256(compiled[unit]).hexdigest(),
-                       libraries.__getitem__, lambda sha: memoryview(blobs[sha]).cast("B"))
+    built = BuiltUnits(
+        objects.__getitem__,
+        lambda unit: hashlib.sha256(compiled[unit]).hexdigest(),
+        libraries.__getitem__,
+        lambda sha: memoryview(blobs[sha]).cast("B"),
+    )
     for library in assembly.libraries(plan_json):
         libraries[library["id"]] = assembly.link_library(plan_json, library["id"], built)
     manifest, members = assembly.artifact_contents(plan_json, built)
@@ -112,9 +133,17 @@ def build_model(model_path: str | os.PathLike, out_dir: str | os.PathLike, targe
         store.evict()
     report_phase("done")
     counts = assembly.unit_counts(units)
-    return BuildResult(assembly.build_identity(model_sha256, name, targets, sizes)[:16], artifact,
-                       counts["kernels"], counts["blobs"], time.perf_counter() - started, [t.id for t in targets],
-                       tuning if tune or retune else None, len(todo) + counts["blobs"], len(code) - len(todo))
+    return BuildResult(
+        assembly.build_identity(model_sha256, name, targets, sizes)[:16],
+        artifact,
+        counts["kernels"],
+        counts["blobs"],
+        time.perf_counter() - started,
+        [t.id for t in targets],
+        tuning if tune or retune else None,
+        len(todo) + counts["blobs"],
+        len(code) - len(todo),
+    )
 
 
 def _file_sha256(path: str | os.PathLike) -> str:
@@ -134,8 +163,13 @@ def _cached(store: Store, code: list[CompileUnit]) -> dict[str, bytes]:
     return {name: data for name, data in found.items() if data is not None}
 
 
-def _compiled(store: Store, executor: LocalExecutor | None, todo: list[CompileUnit], blobs: Mapping[str, Any],
-              progress: ProgressCallback | None) -> dict[str, bytes]:
+def _compiled(
+    store: Store,
+    executor: LocalExecutor | None,
+    todo: list[CompileUnit],
+    blobs: Mapping[str, Any],
+    progress: ProgressCallback | None,
+) -> dict[str, bytes]:
     """Compile the units in the executor and keep their bytes in the compile cache, by unit name."""
     built = _run(executor, [_step_call(unit, blobs) for unit in todo], progress)
     for unit, data in zip(todo, built):
@@ -169,8 +203,9 @@ def _weights_of(unit: CompileUnit, blobs: Mapping[str, Any]) -> memoryview | Non
 
 def _step_call(unit: CompileUnit, blobs: Mapping[str, Any]) -> StepCall:
     """The unit's pure step as an executor call; a blob's weights are passed as a view, not copied."""
-    return StepCall(unit.name, compile_unit, (unit, _weights_of(unit, blobs)),
-                    big_bytes=UNIT_KINDS[unit.kind].big_bytes)
+    return StepCall(
+        unit.name, compile_unit, (unit, _weights_of(unit, blobs)), big_bytes=UNIT_KINDS[unit.kind].big_bytes
+    )
 
 
 def _run(executor: LocalExecutor | None, calls: list[StepCall], progress: ProgressCallback | None) -> list[bytes]:

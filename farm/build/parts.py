@@ -92,8 +92,9 @@ class Part(ABC, Generic[TargetT]):
         """This part's manifest fields that are known before anything is built."""
 
     @abstractmethod
-    def assemble(self, layout: dict[str, Any], manifest: dict[str, Any],
-                 built: BuiltUnits) -> tuple[dict[str, Any], dict[str, Member]]:
+    def assemble(
+        self, layout: dict[str, Any], manifest: dict[str, Any], built: BuiltUnits
+    ) -> tuple[dict[str, Any], dict[str, Member]]:
         """This part's manifest fields completed with what was built (`manifest`: the template), and its members."""
 
     @abstractmethod
@@ -119,8 +120,13 @@ def blob_args(plan: BuildPlan, target: CpuTarget) -> list[dict[int, BlobSpec]]:
         spec = plan.kernel_for(step.spec, target.id)
         if spec.key not in packing:
             packing[spec.key] = packed_params(spec, target)
-        steps.append({index: BlobSpec(arg.name, plan.blobs[arg.name].nbytes, target.id, packing[spec.key].get(index))
-                      for index, arg in enumerate(step.args) if arg.kind == "blob"})
+        steps.append(
+            {
+                index: BlobSpec(arg.name, plan.blobs[arg.name].nbytes, target.id, packing[spec.key].get(index))
+                for index, arg in enumerate(step.args)
+                if arg.kind == "blob"
+            }
+        )
     return steps
 
 
@@ -171,11 +177,17 @@ def schedule_for(plan: BuildPlan, target: CpuTarget) -> list[dict[str, Any]]:
     kernel's launches ([extent, grain, work] each)."""
     launches, blobs = step_launches(plan, target), blob_args(plan, target)
     slots = {blob: slot for slot, blob in enumerate(target_weights(plan, target))}
-    return [{"kernel": plan.kernel_for(step.spec, target.id).symbol,
-             "args": [["weight", slots[step_blobs[index]]] if arg.kind == "blob" else
-                      ["arena", plan.memory.offsets[arg.name]] for index, arg in enumerate(step.args)],
-             "launches": step_launch}
-            for step, step_launch, step_blobs in zip(plan.steps, launches, blobs)]
+    return [
+        {
+            "kernel": plan.kernel_for(step.spec, target.id).symbol,
+            "args": [
+                ["weight", slots[step_blobs[index]]] if arg.kind == "blob" else ["arena", plan.memory.offsets[arg.name]]
+                for index, arg in enumerate(step.args)
+            ],
+            "launches": step_launch,
+        }
+        for step, step_launch, step_blobs in zip(plan.steps, launches, blobs)
+    ]
 
 
 def kernel_units(spec: KernelSpec, target: CpuTarget) -> list[KernelSpec]:
@@ -191,8 +203,11 @@ def link_order(units: Sequence[CompileUnit], target: CpuTarget) -> list[str]:
     return sorted(unit.name for unit in units if unit.kind == "kernel" and unit.target.id == target.id)
 
 
-def link_target(library: dict[str, Any], object_of: Callable[[str], Member],
-                entry_of: Callable[[dict[str, Any]], bytes] = entry_object) -> bytes:
+def link_target(
+    library: dict[str, Any],
+    object_of: Callable[[str], Member],
+    entry_of: Callable[[dict[str, Any]], bytes] = entry_object,
+) -> bytes:
     """One CPU target's shared library: its kernels' objects in link order, then its entry (entry_of: from the
     schedule), then the functions LLVM's calls from kernels into a compiler runtime need
     (farm.backends.llvm.compiler_runtime)."""
@@ -217,54 +232,95 @@ class CpuPart(Part[CpuTarget]):
     def units(self, plan: BuildPlan, targets: Sequence[CpuTarget]) -> list[CompileUnit]:
         """A kernel unit per distinct kernel, or per part of one whose code is split (kernel_parts), a blob unit
         per weight the target reads packed (plain weights are the model's bytes: nothing to build)."""
-        kernels = [CompileUnit("kernel", part, t) for t in targets for spec in plan.kernels().values()
-                   for part in kernel_units(plan.kernel_for(spec, t.id), t)]
-        blobs = [CompileUnit("blob", blob, t) for t in targets for blob in target_weights(plan, t)
-                 if blob.panels is not None]
+        kernels = [
+            CompileUnit("kernel", part, t)
+            for t in targets
+            for spec in plan.kernels().values()
+            for part in kernel_units(plan.kernel_for(spec, t.id), t)
+        ]
+        blobs = [
+            CompileUnit("blob", blob, t) for t in targets for blob in target_weights(plan, t) if blob.panels is not None
+        ]
         return kernels + blobs
 
     def layout(self, plan: BuildPlan, targets: Sequence[CpuTarget], units: Sequence[CompileUnit]) -> dict[str, Any]:
-        return {"libraries": [{"target": t.to_json(), "schedule": schedule_for(plan, t), "order": link_order(units, t),
-                               "weights_offset": weights_offset(plan)} for t in targets],
-                "weights": {weight_member(t.id, blob): (f"{t.id}/{blob.symbol}" if blob.panels is not None else None,
-                                                        blob.data_sha256)
-                            for t in targets for blob in target_weights(plan, t)}}
+        return {
+            "libraries": [
+                {
+                    "target": t.to_json(),
+                    "schedule": schedule_for(plan, t),
+                    "order": link_order(units, t),
+                    "weights_offset": weights_offset(plan),
+                }
+                for t in targets
+            ],
+            "weights": {
+                weight_member(t.id, blob): (
+                    f"{t.id}/{blob.symbol}" if blob.panels is not None else None,
+                    blob.data_sha256,
+                )
+                for t in targets
+                for blob in target_weights(plan, t)
+            },
+        }
 
     def manifest_fields(self, plan: BuildPlan, targets: Sequence[CpuTarget]) -> dict[str, Any]:
         from farm.backends.llvm.entry import ENTRY_SYMBOL, LAUNCH_SYMBOL, WORK_SYMBOL
         from farm.backends.llvm.features import required_features
 
-        return {"targets": [{**t.to_json(), "requires": required_features(t), "library": library_member(t.id),
-                             "entry": ENTRY_SYMBOL,
-                             "launch_entry": LAUNCH_SYMBOL, "work_entry": WORK_SYMBOL,
-                             "launches": [launch for step in step_launches(plan, t) for launch in step],
-                             "weights": [weight_member(t.id, blob) for blob in target_weights(plan, t)],
-                             "weights_offset": weights_offset(plan)}
-                            for t in targets],
-                "kernels": _kernel_entries(plan, targets)}
+        return {
+            "targets": [
+                {
+                    **t.to_json(),
+                    "requires": required_features(t),
+                    "library": library_member(t.id),
+                    "entry": ENTRY_SYMBOL,
+                    "launch_entry": LAUNCH_SYMBOL,
+                    "work_entry": WORK_SYMBOL,
+                    "launches": [launch for step in step_launches(plan, t) for launch in step],
+                    "weights": [weight_member(t.id, blob) for blob in target_weights(plan, t)],
+                    "weights_offset": weights_offset(plan),
+                }
+                for t in targets
+            ],
+            "kernels": _kernel_entries(plan, targets),
+        }
 
-    def assemble(self, layout: dict[str, Any], manifest: dict[str, Any],
-                 built: BuiltUnits) -> tuple[dict[str, Any], dict[str, Member]]:
+    def assemble(
+        self, layout: dict[str, Any], manifest: dict[str, Any], built: BuiltUnits
+    ) -> tuple[dict[str, Any], dict[str, Member]]:
         ids = [library["target"]["id"] for library in layout["libraries"]]
         members: dict[str, Member] = {library_member(target_id): built.library_of(target_id) for target_id in ids}
-        members.update({member: built.object_of(unit) if unit else built.blob_of(sha)
-                        for member, (unit, sha) in layout.get("weights", {}).items()})
-        kernels = [{**entry, "object_sha256": built.sha256_of(f"{entry['target']}/{entry['symbol']}")}
-                   for entry in manifest["kernels"]]
+        members.update(
+            {
+                member: built.object_of(unit) if unit else built.blob_of(sha)
+                for member, (unit, sha) in layout.get("weights", {}).items()
+            }
+        )
+        kernels = [
+            {**entry, "object_sha256": built.sha256_of(f"{entry['target']}/{entry['symbol']}")}
+            for entry in manifest["kernels"]
+        ]
         return {"kernels": kernels}, members
-
 
     def names_targets(self, manifest: dict[str, Any], targets: Sequence[CpuTarget]) -> bool:
         listed = manifest.get("targets")
         return isinstance(listed, list) and [entry.get("id") for entry in listed if isinstance(entry, dict)] == [
-            t.id for t in targets]
+            t.id for t in targets
+        ]
 
     def nodes_of(self, manifest: dict[str, Any], unit: CompileUnit) -> list[str]:
         """A kernel's nodes, or the nodes that read a blob's weights."""
         if unit.data_key:
             return [step["node"] for step in manifest["schedule"] if f"blob:{unit.data_key}" in step["args"]]
-        return next((entry["nodes"] for entry in manifest["kernels"]
-                     if entry["symbol"] == unit.spec.symbol and entry["target"] == unit.target.id), [])
+        return next(
+            (
+                entry["nodes"]
+                for entry in manifest["kernels"]
+                if entry["symbol"] == unit.spec.symbol and entry["target"] == unit.target.id
+            ),
+            [],
+        )
 
 
 def _kernel_entries(plan: BuildPlan, targets: Sequence[CpuTarget]) -> list[dict]:
@@ -277,9 +333,18 @@ def _kernel_entries(plan: BuildPlan, targets: Sequence[CpuTarget]) -> list[dict]
     for key, spec in sorted(plan.kernels().items()):
         for target in targets:
             symbol = plan.kernel_for(spec, target.id).symbol
-            entries.append({"kernel": key[:20], "op": spec.op, "target": target.id, "symbol": symbol,
-                            "spec": spec.to_json(), "nodes": nodes[key], "object_sha256": None,
-                            **manifest_variant(plan, spec, target)})
+            entries.append(
+                {
+                    "kernel": key[:20],
+                    "op": spec.op,
+                    "target": target.id,
+                    "symbol": symbol,
+                    "spec": spec.to_json(),
+                    "nodes": nodes[key],
+                    "object_sha256": None,
+                    **manifest_variant(plan, spec, target),
+                }
+            )
     return entries
 
 
@@ -306,26 +371,41 @@ class OpenClPart(Part[OpenClTarget]):
     def layout(self, plan: BuildPlan, targets: Sequence[OpenClTarget], units: Sequence[CompileUnit]) -> dict[str, Any]:
         from farm.backends.opencl.kernel import kernel_source
 
-        return {"sources": {f"opencl/source/{spec.symbol}.cl": kernel_source(spec) for spec in opencl_kernels(plan)},
-                "binaries": {binary_member(_fingerprint(unit), unit.spec.symbol): unit.name for unit in units},
-                "weights": {weights_member(sha): sha for sha in sorted(plan.blobs)}}
+        return {
+            "sources": {f"opencl/source/{spec.symbol}.cl": kernel_source(spec) for spec in opencl_kernels(plan)},
+            "binaries": {binary_member(_fingerprint(unit), unit.spec.symbol): unit.name for unit in units},
+            "weights": {weights_member(sha): sha for sha in sorted(plan.blobs)},
+        }
 
     def manifest_fields(self, plan: BuildPlan, targets: Sequence[OpenClTarget]) -> dict[str, Any]:
         from farm.backends.opencl.kernel import kernel_launches
         from farm.ops import argument_bytes
 
         fingerprints = [t.fingerprint for t in targets]
-        kernels = [{"symbol": spec.symbol, "spec": spec.to_json(), "source": f"opencl/source/{spec.symbol}.cl",
-                    "launches": [[name, list(size)] for name, size in kernel_launches(spec)],
-                    "arguments": argument_bytes(spec),
-                    "binaries": {fp: binary_member(fp, spec.symbol) for fp in fingerprints}}
-                   for spec in opencl_kernels(plan)]
-        return {"opencl": {"devices": fingerprints, "kernels": kernels, "schedule": _opencl_schedule(plan),
-                           "buffers": dict(sorted(plan.memory.sizes.items())),
-                           "blobs": {sha: weights_member(sha) for sha in sorted(plan.blobs)}}}
+        kernels = [
+            {
+                "symbol": spec.symbol,
+                "spec": spec.to_json(),
+                "source": f"opencl/source/{spec.symbol}.cl",
+                "launches": [[name, list(size)] for name, size in kernel_launches(spec)],
+                "arguments": argument_bytes(spec),
+                "binaries": {fp: binary_member(fp, spec.symbol) for fp in fingerprints},
+            }
+            for spec in opencl_kernels(plan)
+        ]
+        return {
+            "opencl": {
+                "devices": fingerprints,
+                "kernels": kernels,
+                "schedule": _opencl_schedule(plan),
+                "buffers": dict(sorted(plan.memory.sizes.items())),
+                "blobs": {sha: weights_member(sha) for sha in sorted(plan.blobs)},
+            }
+        }
 
-    def assemble(self, layout: dict[str, Any], manifest: dict[str, Any],
-                 built: BuiltUnits) -> tuple[dict[str, Any], dict[str, Member]]:
+    def assemble(
+        self, layout: dict[str, Any], manifest: dict[str, Any], built: BuiltUnits
+    ) -> tuple[dict[str, Any], dict[str, Member]]:
         members = {member: source.encode() for member, source in layout["sources"].items()}
         members.update({member: built.object_of(name) for member, name in layout["binaries"].items()})
         members.update({member: built.blob_of(sha) for member, sha in layout["weights"].items()})
@@ -350,8 +430,14 @@ def _opencl_schedule(plan: BuildPlan) -> list[dict[str, Any]]:
     """Each node's kernel and arguments, in order (the kernel's entry lists its launches and argument sizes)."""
     from farm.backends.opencl.target import SPEC_TARGET_ID
 
-    return [{"node": step.node, "kernel": for_target(step.spec, SPEC_TARGET_ID).symbol,
-             "args": [f"{arg.kind}:{arg.name}" for arg in step.args]} for step in plan.steps]
+    return [
+        {
+            "node": step.node,
+            "kernel": for_target(step.spec, SPEC_TARGET_ID).symbol,
+            "args": [f"{arg.kind}:{arg.name}" for arg in step.args],
+        }
+        for step in plan.steps
+    ]
 
 
 PARTS: dict[str, Part] = {part.kind: part for part in (CpuPart(), OpenClPart())}

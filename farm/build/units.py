@@ -61,13 +61,26 @@ class UnitKind:
 
 
 UNIT_KINDS: dict[str, UnitKind] = {
-    "kernel": UnitKind("kernel", KernelSpec, _compile_kernel,
-                       lambda spec, target: refs.kernel(toolchain().compiler_key, spec.key),
-                       verify=_runs_nothing_at_load),
-    "blob": UnitKind("packed weight", BlobSpec, _pack_weights,
-                     lambda spec, target: refs.blob(toolchain().compiler_key, spec.key), big_bytes=True),
-    "clkernel": UnitKind("OpenCL kernel", KernelSpec, _compile_kernel,
-                         lambda spec, target: refs.opencl_binary(target.fingerprint, spec.key)),
+    "kernel": UnitKind(
+        "kernel",
+        KernelSpec,
+        _compile_kernel,
+        lambda spec, target: refs.kernel(toolchain().compiler_key, spec.key),
+        verify=_runs_nothing_at_load,
+    ),
+    "blob": UnitKind(
+        "packed weight",
+        BlobSpec,
+        _pack_weights,
+        lambda spec, target: refs.blob(toolchain().compiler_key, spec.key),
+        big_bytes=True,
+    ),
+    "clkernel": UnitKind(
+        "OpenCL kernel",
+        KernelSpec,
+        _compile_kernel,
+        lambda spec, target: refs.opencl_binary(target.fingerprint, spec.key),
+    ),
 }
 
 

@@ -90,8 +90,16 @@ class BenchReport:
         """Per kernel: calls, seconds per inference, share of the steps' time and GFLOP/s; slowest first."""
         rows: dict[str, dict[str, Any]] = {}
         for step in self.steps:
-            row = rows.setdefault(step.kernel, {"kernel": step.kernel, "op": step.op, "calls": 0, "seconds": 0.0,
-                                                "flops": 0 if step.flops is not None else None})
+            row = rows.setdefault(
+                step.kernel,
+                {
+                    "kernel": step.kernel,
+                    "op": step.op,
+                    "calls": 0,
+                    "seconds": 0.0,
+                    "flops": 0 if step.flops is not None else None,
+                },
+            )
             row["calls"] += 1
             row["seconds"] += step.seconds
             if row["flops"] is not None:
@@ -103,9 +111,15 @@ class BenchReport:
         return sorted(rows.values(), key=lambda row: -row["seconds"])
 
     def to_json(self) -> dict[str, Any]:
-        return {"artifact": self.artifact, "target": self.target, "latency": self.latency,
-                "repeat": len(self.latencies), "latency_spread": spread(self.latencies),
-                "steps": [asdict(step) for step in self.steps], "kernels": self.kernels()}
+        return {
+            "artifact": self.artifact,
+            "target": self.target,
+            "latency": self.latency,
+            "repeat": len(self.latencies),
+            "latency_spread": spread(self.latencies),
+            "steps": [asdict(step) for step in self.steps],
+            "kernels": self.kernels(),
+        }
 
 
 def spread(samples: Sequence[float]) -> dict[str, float] | None:
@@ -131,8 +145,13 @@ class Change:
 
     @property
     def flagged(self) -> bool:
-        return (self.before is not None and self.after is not None and self.after > self.before * (1 + SLOWER_BY)
-                and self.after - self.before > NOISE_SECONDS and (self.p_value is None or self.p_value < FAMILY_ALPHA))
+        return (
+            self.before is not None
+            and self.after is not None
+            and self.after > self.before * (1 + SLOWER_BY)
+            and self.after - self.before > NOISE_SECONDS
+            and (self.p_value is None or self.p_value < FAMILY_ALPHA)
+        )
 
 
 def slower_p_value(before: Sequence[float], after: Sequence[float]) -> float:
@@ -146,7 +165,7 @@ def slower_p_value(before: Sequence[float], after: Sequence[float]) -> float:
         end = index
         while end + 1 < len(values) and values[end + 1][0] == values[index][0]:
             end += 1
-        ranks[index:end + 1] = [(index + end) / 2 + 1] * (end - index + 1)
+        ranks[index : end + 1] = [(index + end) / 2 + 1] * (end - index + 1)
         ties += (end - index + 1) ** 3 - (end - index + 1)
         index = end + 1
     n1, n2 = len(before), len(after)
@@ -162,8 +181,14 @@ def sample_feeds(inputs: Sequence[TensorSpec], seed: int = 0) -> dict[str, np.nd
     """Standard-normal floats (bfloat16 included), and zeros for integer and bool inputs (always valid indices and
     masks)."""
     rng = np.random.default_rng(seed)
-    return {spec.name: (rng.standard_normal(spec.shape).astype(spec.dtype) if _is_float(spec.dtype)
-                        else np.zeros(spec.shape, spec.dtype)) for spec in inputs}
+    return {
+        spec.name: (
+            rng.standard_normal(spec.shape).astype(spec.dtype)
+            if _is_float(spec.dtype)
+            else np.zeros(spec.shape, spec.dtype)
+        )
+        for spec in inputs
+    }
 
 
 def _is_float(dtype: str) -> bool:
@@ -178,16 +203,23 @@ def kernel_label(spec: Mapping[str, Any]) -> str:
     return f"{spec['op']} {shapes(spec['inputs'])} -> {shapes(spec['outputs'])}{activation}"
 
 
-def bench_artifact(path: str, repeat: int = 20, warmup: int = 2, threads: int = 0, device: str = "cpu",
-                   target: str | None = None) -> BenchReport:
+def bench_artifact(
+    path: str, repeat: int = 20, warmup: int = 2, threads: int = 0, device: str = "cpu", target: str | None = None
+) -> BenchReport:
     """Time the artifact on this host's `device` (its CPU part, or with "opencl" its OpenCL part): whole-model
     latency with `threads` (0: every CPU), then each step on its own (on the CPU on one thread: a step's own time,
     comparable across machines' core counts). `target` names the CPU target to time (farm.runtime.load)."""
     return bench_pair([path], repeat, warmup, threads, device, target)[0]
 
 
-def bench_pair(paths: Sequence[str], repeat: int = 20, warmup: int = 2, threads: int = 0, device: str = "cpu",
-               target: str | None = None) -> list[BenchReport]:
+def bench_pair(
+    paths: Sequence[str],
+    repeat: int = 20,
+    warmup: int = 2,
+    threads: int = 0,
+    device: str = "cpu",
+    target: str | None = None,
+) -> list[BenchReport]:
     """Time several artifacts (a baseline and a candidate) in alternating rounds, the order of each round
     reversed from the last: every drift of the machine meets each artifact alike. A CPU target that would run
     under emulation is refused before anything is loaded (refuse_emulated)."""
@@ -221,9 +253,11 @@ def refuse_emulated(path: str, target: str | None) -> None:
 
     chosen, emulated = run_target(path, target)
     if emulated:
-        raise BadInputError(f"{path}: target {chosen['id']!r} ({chosen['triple']}) runs only under emulation on "
-                            f"this {this_host().arch} host, and an emulated time says nothing of the target's: "
-                            "bench it on its own architecture")
+        raise BadInputError(
+            f"{path}: target {chosen['id']!r} ({chosen['triple']}) runs only under emulation on "
+            f"this {this_host().arch} host, and an emulated time says nothing of the target's: "
+            "bench it on its own architecture"
+        )
 
 
 def _round_order(count: int, round_: int) -> list[int]:
@@ -257,8 +291,16 @@ def compare(before: BenchReport, after: BenchReport) -> list[Change]:
     old = {step.node: step for step in before.steps}
     new = {step.node: step for step in after.steps}
     tested = len(old.keys() & new.keys())
-    changes = [Change(node, step.kernel, old[node].seconds if node in old else None, step.seconds,
-                      _p_value(old.get(node), step, tested)) for node, step in new.items()]
+    changes = [
+        Change(
+            node,
+            step.kernel,
+            old[node].seconds if node in old else None,
+            step.seconds,
+            _p_value(old.get(node), step, tested),
+        )
+        for node, step in new.items()
+    ]
     changes += [Change(node, step.kernel, step.seconds, None) for node, step in old.items() if node not in new]
     return changes
 
@@ -283,9 +325,12 @@ def _ms(seconds: float | None) -> str:
 
 
 def format_report(report: BenchReport) -> str:
-    lines = [f"{report.artifact} ({report.target}): latency {_ms(report.latency)} ms, "
-             f"steps {_ms(sum(step.seconds for step in report.steps))} ms", "",
-             f"{'ms':>9} {'share':>6} {'GFLOP/s':>8} {'calls':>5}  kernel"]
+    lines = [
+        f"{report.artifact} ({report.target}): latency {_ms(report.latency)} ms, "
+        f"steps {_ms(sum(step.seconds for step in report.steps))} ms",
+        "",
+        f"{'ms':>9} {'share':>6} {'GFLOP/s':>8} {'calls':>5}  kernel",
+    ]
     for row in report.kernels():
         gflops = "-" if row["gflops"] is None else f"{row['gflops']:.1f}"
         lines.append(f"{row['seconds'] * 1e3:9.3f} {row['share']:6.1%} {gflops:>8} {row['calls']:5d}  {row['kernel']}")
@@ -294,20 +339,29 @@ def format_report(report: BenchReport) -> str:
 
 def format_comparison(before: BenchReport, after: BenchReport, changes: Sequence[Change]) -> str:
     flagged = [change for change in changes if change.flagged]
-    lines = [f"latency {_ms(before.latency)} -> {_ms(after.latency)} ms ({after.latency / before.latency:.2f}x); "
-             f"{len(flagged)} node(s) more than {SLOWER_BY:.0%} slower beyond their noise (one-sided Mann-Whitney U "
-             f"over {len(after.latencies)} alternating repeats, p < {FAMILY_ALPHA:g} over all nodes)", "",
-             f"{'before ms':>10} {'after ms':>9} {'ratio':>6}  node  kernel"]
+    lines = [
+        f"latency {_ms(before.latency)} -> {_ms(after.latency)} ms ({after.latency / before.latency:.2f}x); "
+        f"{len(flagged)} node(s) more than {SLOWER_BY:.0%} slower beyond their noise (one-sided Mann-Whitney U "
+        f"over {len(after.latencies)} alternating repeats, p < {FAMILY_ALPHA:g} over all nodes)",
+        "",
+        f"{'before ms':>10} {'after ms':>9} {'ratio':>6}  node  kernel",
+    ]
     for change in changes:
         ratio = "-" if change.ratio is None else f"{change.ratio:.2f}"
         mark = "  SLOWER" if change.flagged else ""
-        lines.append(f"{_ms(change.before):>10} {_ms(change.after):>9} {ratio:>6}  {change.node}  {change.kernel}{mark}")
+        lines.append(
+            f"{_ms(change.before):>10} {_ms(change.after):>9} {ratio:>6}  {change.node}  {change.kernel}{mark}"
+        )
     return "\n".join(lines)
 
 
 def comparison_fields(before: BenchReport, after: BenchReport, changes: Sequence[Change]) -> dict[str, Any]:
     """`farm bench --compare --json`'s fields: the candidate's report, and under `comparison` the baseline's and
     each node's change."""
-    return {**after.to_json(), "comparison": {
-        "baseline": before.to_json(),
-        "changes": [{**asdict(change), "ratio": change.ratio, "flagged": change.flagged} for change in changes]}}
+    return {
+        **after.to_json(),
+        "comparison": {
+            "baseline": before.to_json(),
+            "changes": [{**asdict(change), "ratio": change.ratio, "flagged": change.flagged} for change in changes],
+        },
+    }

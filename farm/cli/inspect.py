@@ -46,14 +46,20 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         "signer": key,
         "inputs": [_tensor(entry) for entry in size_manifests[0]["inputs"]],
         "outputs": [_tensor(entry) for entry in size_manifests[0]["outputs"]],
-        "sizes": [{"shapes": {name: list(sizes) for name, sizes in pins.items()},
-                   "inputs": [_tensor(entry) for entry in size["inputs"]],
-                   "outputs": [_tensor(entry) for entry in size["outputs"]],
-                   "steps": len(size.get("schedule", []))} for pins, size in sizes],
+        "sizes": [
+            {
+                "shapes": {name: list(sizes) for name, sizes in pins.items()},
+                "inputs": [_tensor(entry) for entry in size["inputs"]],
+                "outputs": [_tensor(entry) for entry in size["outputs"]],
+                "steps": len(size.get("schedule", [])),
+            }
+            for pins, size in sizes
+        ],
         "targets": _targets(artifact, size_manifests),
         "kernels": len({(e["kernel"], e["target"]) for size in size_manifests for e in size.get("kernels", [])}),
-        "opencl_kernels": len({kernel["symbol"] for size in size_manifests
-                               for kernel in size.get("opencl", {}).get("kernels", [])}),
+        "opencl_kernels": len(
+            {kernel["symbol"] for size in size_manifests for kernel in size.get("opencl", {}).get("kernels", [])}
+        ),
         "steps": len(size_manifests[0].get("schedule", [])),
         "blobs": len(blobs),
         "blob_bytes": sum(blobs.values()),
@@ -68,13 +74,23 @@ def _tensor(entry: dict[str, Any]) -> dict[str, Any]:
 def _targets(artifact: Artifact, sizes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each CPU target with its libraries' bytes (one per size), then each OpenCL device class with its program
     binaries' bytes (each binary once)."""
-    targets = [{"id": t["id"], "kind": "cpu",
-                "member_bytes": sum(artifact.member_size(size["targets"][index]["library"]) for size in sizes)}
-               for index, t in enumerate(sizes[0]["targets"])]
+    targets = [
+        {
+            "id": t["id"],
+            "kind": "cpu",
+            "member_bytes": sum(artifact.member_size(size["targets"][index]["library"]) for size in sizes),
+        }
+        for index, t in enumerate(sizes[0]["targets"])
+    ]
     for fingerprint in sizes[0].get("opencl", {}).get("devices", []):
         binaries = {kernel["binaries"][fingerprint] for size in sizes for kernel in size["opencl"]["kernels"]}
-        targets.append({"id": f"opencl:{fingerprint}", "kind": "opencl",
-                        "member_bytes": sum(artifact.member_size(name) for name in binaries)})
+        targets.append(
+            {
+                "id": f"opencl:{fingerprint}",
+                "kind": "opencl",
+                "member_bytes": sum(artifact.member_size(name) for name in binaries),
+            }
+        )
     return targets
 
 
@@ -84,12 +100,16 @@ def format_description(description: dict[str, Any]) -> str:
     model, toolchain = description["model"], description["toolchain"]
     built = f"farm {_shown(description['farm_version'])} (artifact format {description['format_version']})"
     if isinstance(toolchain, dict):
-        built += (f", llvmlite {_shown(toolchain.get('llvmlite'))}, LLVM {_shown(toolchain.get('llvm'))}, "
-                  f"{_shown(toolchain.get('linker'))}")
-    lines = [_shown(description["artifact"]),
-             f"  model    {_shown(model.get('name'))} (ai.onnx opset {_shown(model.get('opset'))}, sha256 "
-             f"{model['sha256'][:16]})",
-             f"  built by {built}{_signature(description['signer'])}"]
+        built += (
+            f", llvmlite {_shown(toolchain.get('llvmlite'))}, LLVM {_shown(toolchain.get('llvm'))}, "
+            f"{_shown(toolchain.get('linker'))}"
+        )
+    lines = [
+        _shown(description["artifact"]),
+        f"  model    {_shown(model.get('name'))} (ai.onnx opset {_shown(model.get('opset'))}, sha256 "
+        f"{model['sha256'][:16]})",
+        f"  built by {built}{_signature(description['signer'])}",
+    ]
     for size in description["sizes"]:
         if len(description["sizes"]) > 1:
             pins = {name: tuple(sizes) for name, sizes in size["shapes"].items()}
@@ -99,8 +119,10 @@ def format_description(description: dict[str, Any]) -> str:
         lines.append(f"  {'targets' if index == 0 else '':<8} {_shown(target['id'])} ({_size(target['member_bytes'])})")
     steps = f"; {description['steps']} steps" if len(description["sizes"]) == 1 else ""
     lines.append(f"  kernels  {description['kernels']} CPU, {description['opencl_kernels']} OpenCL{steps}")
-    lines.append(f"  weights  {description['blobs']} blobs, {_size(description['blob_bytes'])}; the artifact "
-                 f"{_size(description['bytes'])}")
+    lines.append(
+        f"  weights  {description['blobs']} blobs, {_size(description['blob_bytes'])}; the artifact "
+        f"{_size(description['bytes'])}"
+    )
     return "\n".join(lines)
 
 

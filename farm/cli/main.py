@@ -119,8 +119,9 @@ def main() -> None:
     """farm: compile ONNX models into one runnable artifact, on this machine or on a build farm."""
 
 
-broker_option = click.option("--broker", envvar="FARM_BROKER_URL", metavar="URL",
-                             help="Redis URL of the farm (default: $FARM_BROKER_URL).")
+broker_option = click.option(
+    "--broker", envvar="FARM_BROKER_URL", metavar="URL", help="Redis URL of the farm (default: $FARM_BROKER_URL)."
+)
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 
 
@@ -143,33 +144,74 @@ def _client(broker: str | None):
 
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--target", "targets", multiple=True, metavar="T",
-              help="cpu (this host, the default), cpu:TRIPLE, cpu:TRIPLE:CPU[:FEATURES], opencl (every OpenCL "
-                   "device) or opencl:FINGERPRINT; repeatable.")
-@click.option("-o", "--output", "--output-dir", "output", default="artifacts", show_default=True, type=click.Path(),
-              help="A folder (the artifact is FOLDER/<model>.farm) or a file ending in .farm.")
+@click.option(
+    "--target",
+    "targets",
+    multiple=True,
+    metavar="T",
+    help="cpu (this host, the default), cpu:TRIPLE, cpu:TRIPLE:CPU[:FEATURES], opencl (every OpenCL "
+    "device) or opencl:FINGERPRINT; repeatable.",
+)
+@click.option(
+    "-o",
+    "--output",
+    "--output-dir",
+    "output",
+    default="artifacts",
+    show_default=True,
+    type=click.Path(),
+    help="A folder (the artifact is FOLDER/<model>.farm) or a file ending in .farm.",
+)
 @json_option
 @click.option("--workers", type=click.IntRange(min=1), help="Local compile processes (default: every core).")
 @broker_option
 @click.option("--no-wait", is_flag=True, help="With a farm: return the job id at once.")
-@click.option("--detach", is_flag=True,
-              help="With a farm: Ctrl-C or SIGTERM stops waiting but leaves the job running (default: they cancel "
-                   "it).")
-@click.option("--no-cache", is_flag=True,
-              help="Build every kernel and blob again instead of taking them from the compile cache (this "
-                   "machine's store, or the farm's); what is built is cached again.")
-@click.option("--tune", is_flag=True,
-              help="First time the GEMM variants of each kernel the tuning database lacks, on a CPU of its target "
-                   "(this host, or a farm worker of that CPU class), and record the fastest.")
-@click.option("--retune", is_flag=True, help="Like --tune, but time every tunable kernel again (on a farm: the operator's credentials).")
-@click.option("--shape", "shape_specs", multiple=True, metavar="NAME=SIZE",
-              help="Pin a dynamic dimension by its symbolic name (batch=1) or a whole input (input_ids=1x128); "
-                   "repeatable. Several sizes (batch=1,8,32) build one artifact with a schedule per size, which "
-                   "runs the one that matches its inputs.")
+@click.option(
+    "--detach",
+    is_flag=True,
+    help="With a farm: Ctrl-C or SIGTERM stops waiting but leaves the job running (default: they cancel it).",
+)
+@click.option(
+    "--no-cache",
+    is_flag=True,
+    help="Build every kernel and blob again instead of taking them from the compile cache (this "
+    "machine's store, or the farm's); what is built is cached again.",
+)
+@click.option(
+    "--tune",
+    is_flag=True,
+    help="First time the GEMM variants of each kernel the tuning database lacks, on a CPU of its target "
+    "(this host, or a farm worker of that CPU class), and record the fastest.",
+)
+@click.option(
+    "--retune",
+    is_flag=True,
+    help="Like --tune, but time every tunable kernel again (on a farm: the operator's credentials).",
+)
+@click.option(
+    "--shape",
+    "shape_specs",
+    multiple=True,
+    metavar="NAME=SIZE",
+    help="Pin a dynamic dimension by its symbolic name (batch=1) or a whole input (input_ids=1x128); "
+    "repeatable. Several sizes (batch=1,8,32) build one artifact with a schedule per size, which "
+    "runs the one that matches its inputs.",
+)
 @reports_errors
-def submit(model: Path, targets: tuple[str, ...], output: str, as_json: bool, workers: int | None,
-           broker: str | None, no_wait: bool, detach: bool, no_cache: bool, tune: bool, retune: bool,
-           shape_specs: tuple[str, ...]) -> None:
+def submit(
+    model: Path,
+    targets: tuple[str, ...],
+    output: str,
+    as_json: bool,
+    workers: int | None,
+    broker: str | None,
+    no_wait: bool,
+    detach: bool,
+    no_cache: bool,
+    tune: bool,
+    retune: bool,
+    shape_specs: tuple[str, ...],
+) -> None:
     """Build MODEL.onnx into OUTPUT/<stem>.farm (or the file OUTPUT.farm) and print the artifact's path; on the farm
     when one is set (--broker or FARM_BROKER_URL), else on this machine.
 
@@ -188,8 +230,17 @@ def submit(model: Path, targets: tuple[str, ...], output: str, as_json: bool, wo
     client = _client(broker) if broker else None
     chosen = parse_targets(targets, _devices(client.broker if client else None))
     if client:
-        _submit_to_farm(client, model, chosen, output, as_json, no_wait, detach, no_cache,
-                        {"tune": tune, "retune": retune, "sizes": sizes})
+        _submit_to_farm(
+            client,
+            model,
+            chosen,
+            output,
+            as_json,
+            no_wait,
+            detach,
+            no_cache,
+            {"tune": tune, "retune": retune, "sizes": sizes},
+        )
         return
     from farm.build.executor import LocalExecutor
     from farm.build.local import build_model
@@ -198,9 +249,21 @@ def submit(model: Path, targets: tuple[str, ...], output: str, as_json: bool, wo
     results = []
 
     def build_into(folder: str) -> str:
-        results.append(build_model(model, folder, chosen, executor=executor, progress=progress.update, tune=tune,
-                                   retune=retune, tune_progress=progress.tuning, sizes=sizes, phase=progress.phase,
-                                   no_cache=no_cache))
+        results.append(
+            build_model(
+                model,
+                folder,
+                chosen,
+                executor=executor,
+                progress=progress.update,
+                tune=tune,
+                retune=retune,
+                tune_progress=progress.tuning,
+                sizes=sizes,
+                phase=progress.phase,
+                no_cache=no_cache,
+            )
+        )
         return results[0].artifact
 
     with LocalExecutor(workers) as executor, build_progress(model.name) as progress:
@@ -213,9 +276,17 @@ def submit(model: Path, targets: tuple[str, ...], output: str, as_json: bool, wo
         from farm.ir.shapes import sizes_to_json
 
         tuning = result.tuning.to_json() if result.tuning else None
-        click.echo(schemas.dumps("submit", {**result.to_json(), "model": model.stem, "sizes": sizes_to_json(sizes),
-                                            "tuning": {"timed": len(tuning["timed"]), "notes": tuning["notes"]}
-                                            if tuning else None}))
+        click.echo(
+            schemas.dumps(
+                "submit",
+                {
+                    **result.to_json(),
+                    "model": model.stem,
+                    "sizes": sizes_to_json(sizes),
+                    "tuning": {"timed": len(tuning["timed"]), "notes": tuning["notes"]} if tuning else None,
+                },
+            )
+        )
     else:
         click.echo(_shown(result.artifact))
 
@@ -224,8 +295,10 @@ def _refuse_farm_options(given: dict[str, bool]) -> None:
     """Options that mean something only on a farm are refused without one, not silently ignored."""
     used = [option for option, value in given.items() if value]
     if used:
-        raise BadInputError(f"{' and '.join(used)} need{'s' if len(used) == 1 else ''} a farm (--broker URL or "
-                            f"FARM_BROKER_URL); a local build runs in this process until its artifact is written")
+        raise BadInputError(
+            f"{' and '.join(used)} need{'s' if len(used) == 1 else ''} a farm (--broker URL or "
+            f"FARM_BROKER_URL); a local build runs in this process until its artifact is written"
+        )
 
 
 def _deliver(output: str, write_into: Callable[[str], str]) -> str:
@@ -258,8 +331,11 @@ def _note_unrunnable(artifact: str) -> None:
         return
     foreign = [target for target in targets if arch_of(str(target.get("triple", ""))) != host.arch]
     emulated = f" (farm run --target {foreign[0].get('id')} runs it under qemu)" if foreign else ""
-    click.echo(f"farm: note: {_shown(unrunnable(artifact, targets, host))}; add --target cpu to run it here too"
-               f"{_shown(emulated)}", err=True)
+    click.echo(
+        f"farm: note: {_shown(unrunnable(artifact, targets, host))}; add --target cpu to run it here too"
+        f"{_shown(emulated)}",
+        err=True,
+    )
 
 
 def _devices(broker: str | None) -> Devices:
@@ -274,8 +350,17 @@ def _devices(broker: str | None) -> Devices:
     return Devices("on this host", lambda: [device["fingerprint"] for device in opencl_devices()])
 
 
-def _submit_to_farm(client, model: Path, targets: list, output: str, as_json: bool, no_wait: bool,
-                    detach: bool, no_cache: bool, options: dict[str, Any]) -> None:
+def _submit_to_farm(
+    client,
+    model: Path,
+    targets: list,
+    output: str,
+    as_json: bool,
+    no_wait: bool,
+    detach: bool,
+    no_cache: bool,
+    options: dict[str, Any],
+) -> None:
     from farm.cli.progress import UploadLines
     from farm.errors import UnreachableError
 
@@ -303,15 +388,19 @@ def _submit_to_farm(client, model: Path, targets: list, output: str, as_json: bo
 def _job_fields(status: dict[str, Any]) -> dict[str, Any]:
     """A farm job's status (FarmClient.status) as `status`/`wait` --json fields: compiled (compile tasks done) and
     cached (the build's units the cache held) once the job is planned."""
-    fields = {key: value for key, value in status.items()
-              if key not in ("tuning_note", "artifact_reused", "lost_workers")}
+    fields = {
+        key: value for key, value in status.items() if key not in ("tuning_note", "artifact_reused", "lost_workers")
+    }
     units = status["kernels"] + status["blobs"]
     planned = units > 0 or status["artifact_reused"]
-    fields.update(compiled=status["done"] if planned else None,
-                  cached=units - status["total"] if planned else None)
+    fields.update(compiled=status["done"] if planned else None, cached=units - status["total"] if planned else None)
     if "tuning" in status:
-        fields["tuning"] = {"timed": status["tuning"]["done"], "total": status["tuning"]["total"],
-                            "errors": status["tuning"]["errors"], "notes": _notes(status)}
+        fields["tuning"] = {
+            "timed": status["tuning"]["done"],
+            "total": status["tuning"]["total"],
+            "errors": status["tuning"]["errors"],
+            "notes": _notes(status),
+        }
     return fields
 
 
@@ -344,8 +433,9 @@ def _say_lost(worker: str, tasks: int) -> None:
     click.echo(f"farm: worker {_shown(worker)} lost; re-running {tasks} task{'' if tasks == 1 else 's'}", err=True)
 
 
-def _wait_with_progress(client, job_id: str, label: str, timeout: float | None = None,
-                        prefetch: bool = False) -> dict[str, Any]:
+def _wait_with_progress(
+    client, job_id: str, label: str, timeout: float | None = None, prefetch: bool = False
+) -> dict[str, Any]:
     from farm.cli.progress import build_progress
     from farm.distributed.client import raise_for_state
 
@@ -405,8 +495,9 @@ def _status_line(info: dict[str, Any]) -> str:
 @click.argument("job_id")
 @broker_option
 @json_option
-@click.option("--timeout", type=click.FloatRange(min=0), help="Stop waiting after this many seconds (exit 6; the "
-              "job goes on).")
+@click.option(
+    "--timeout", type=click.FloatRange(min=0), help="Stop waiting after this many seconds (exit 6; the job goes on)."
+)
 @reports_errors
 def wait(job_id: str, broker: str | None, as_json: bool, timeout: float | None) -> None:
     """Wait for a farm job to end; the exit status says how it ended. Ctrl-C stops waiting (exit 130), and so does
@@ -418,8 +509,10 @@ def wait(job_id: str, broker: str | None, as_json: bool, timeout: float | None) 
     with stoppable(client, job_id, cancel=False):
         status = _wait_with_progress(client, job_id, job_id, timeout)
     if JobState(status["state"]) not in TERMINAL:
-        raise StillRunningError(f"job {job_id} still {status['state']} after {timeout:g} s; it goes on: "
-                                f"farm wait {job_id} / farm cancel {job_id}")
+        raise StillRunningError(
+            f"job {job_id} still {status['state']} after {timeout:g} s; it goes on: "
+            f"farm wait {job_id} / farm cancel {job_id}"
+        )
     if as_json:
         click.echo(schemas.dumps("wait", _job_fields(status)))
     else:
@@ -428,8 +521,16 @@ def wait(job_id: str, broker: str | None, as_json: bool, timeout: float | None) 
 
 @main.command()
 @click.argument("job_id")
-@click.option("-o", "--output", "--output-dir", "output", default="artifacts", show_default=True, type=click.Path(),
-              help="A folder (the artifact is FOLDER/<model>.farm) or a file ending in .farm.")
+@click.option(
+    "-o",
+    "--output",
+    "--output-dir",
+    "output",
+    default="artifacts",
+    show_default=True,
+    type=click.Path(),
+    help="A folder (the artifact is FOLDER/<model>.farm) or a file ending in .farm.",
+)
 @broker_option
 @json_option
 @reports_errors
@@ -469,8 +570,13 @@ def worker(broker: str | None, concurrency: int | None, hostname: str | None, lo
 
 
 @main.command("acl")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
-              help="The ACL file to write (redis.conf's aclfile).")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The ACL file to write (redis.conf's aclfile).",
+)
 @reports_errors
 def acl_command(output: str) -> None:
     """Write the farm's Redis users (farm-worker, farm-submitter, farm-flower, and farm-submitter-<team> for each
@@ -500,8 +606,12 @@ def list_workers_command(broker: str | None, as_json: bool) -> None:
     for item in found:
         cpu = item.get("cpu", {})
         devices = ", ".join(d["device"] for d in item.get("opencl", [])) or "no OpenCL"
-        click.echo(_shown(f"{item['name']}: {cpu.get('triple', '?')} {cpu.get('cpu', '?')}; {devices}; "
-                          f"toolchain {item.get('toolchain', {}).get('key', '?')}; queues {', '.join(item['queues'])}"))
+        click.echo(
+            _shown(
+                f"{item['name']}: {cpu.get('triple', '?')} {cpu.get('cpu', '?')}; {devices}; "
+                f"toolchain {item.get('toolchain', {}).get('key', '?')}; queues {', '.join(item['queues'])}"
+            )
+        )
 
 
 @main.command()
@@ -521,8 +631,10 @@ def jobs(broker: str | None, as_json: bool, limit: int) -> None:
         click.echo(schemas.dumps("jobs", {"jobs": found}))
         return
     for job in found:
-        click.echo(f"{_shown(job['job_id'])}  {_shown(job['state']):<10} {_shown(job.get('model', '?')):<24} "
-                   + (_age(job["age_s"]) if "age_s" in job else _shown(job.get("error", ""))))
+        click.echo(
+            f"{_shown(job['job_id'])}  {_shown(job['state']):<10} {_shown(job.get('model', '?')):<24} "
+            + (_age(job["age_s"]) if "age_s" in job else _shown(job.get("error", "")))
+        )
 
 
 def _age(seconds: float) -> str:
@@ -538,20 +650,46 @@ def _age(seconds: float) -> str:
 @click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy", help="One model input; repeatable.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the outputs to this .npz file.")
 @click.option("--print", "show", is_flag=True, help="Print each output's shape and first values.")
-@click.option("--device", type=click.Choice(list(BACKENDS)), default="cpu", show_default=True,
-              help="Run the CPU library, or the OpenCL kernels on this host's OpenCL device.")
-@click.option("--target", metavar="T",
-              help="The artifact's CPU target to run, as farm submit named it (cpu:TRIPLE[:CPU[:FEATURES]]) or by its "
-                   "id (farm inspect); one of another architecture runs under qemu (default: the best this host runs).")
-@click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
-              help="CPU threads one run may use (0: every CPU this process may run on; an emulated run uses one).")
-@click.option("--trust", "trust", multiple=True, metavar="PUBKEY",
-              help="Run only if signed by this Ed25519 public key (PEM file or hex); repeatable; adds to "
-                   "FARM_TRUSTED_KEYS.")
+@click.option(
+    "--device",
+    type=click.Choice(list(BACKENDS)),
+    default="cpu",
+    show_default=True,
+    help="Run the CPU library, or the OpenCL kernels on this host's OpenCL device.",
+)
+@click.option(
+    "--target",
+    metavar="T",
+    help="The artifact's CPU target to run, as farm submit named it (cpu:TRIPLE[:CPU[:FEATURES]]) or by its "
+    "id (farm inspect); one of another architecture runs under qemu (default: the best this host runs).",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="CPU threads one run may use (0: every CPU this process may run on; an emulated run uses one).",
+)
+@click.option(
+    "--trust",
+    "trust",
+    multiple=True,
+    metavar="PUBKEY",
+    help="Run only if signed by this Ed25519 public key (PEM file or hex); repeatable; adds to FARM_TRUSTED_KEYS.",
+)
 @json_option
 @reports_errors
-def run(artifact: str, inputs: tuple[str, ...], output: str | None, show: bool, device: str, target: str | None,
-        threads: int, trust: tuple[str, ...], as_json: bool) -> None:
+def run(
+    artifact: str,
+    inputs: tuple[str, ...],
+    output: str | None,
+    show: bool,
+    device: str,
+    target: str | None,
+    threads: int,
+    trust: tuple[str, ...],
+    as_json: bool,
+) -> None:
     """Run ARTIFACT on the given inputs with farm's runtime; print each output's shape and first values, or write
     them all to the .npz file OUTPUT (exactly that name). A --target of another architecture than this host's runs
     under qemu user-mode emulation (Debian: apt-get install qemu-user-static and the target's libc6-<arch>-cross)."""
@@ -566,11 +704,19 @@ def run(artifact: str, inputs: tuple[str, ...], output: str | None, show: bool, 
         save_outputs(output, outputs)
     if as_json:
         described = {name: {"shape": list(array.shape), "dtype": str(array.dtype)} for name, array in outputs.items()}
-        click.echo(schemas.dumps("run", {"artifact": os.path.abspath(artifact), "device": device,
-                                         "target": model.target.get("id"),
-                                         "emulated": device == "cpu" and needs_emulation(model.target, this_host()),
-                                         "outputs": described,
-                                         "output_file": os.path.abspath(output) if output else None}))
+        click.echo(
+            schemas.dumps(
+                "run",
+                {
+                    "artifact": os.path.abspath(artifact),
+                    "device": device,
+                    "target": model.target.get("id"),
+                    "emulated": device == "cpu" and needs_emulation(model.target, this_host()),
+                    "outputs": described,
+                    "output_file": os.path.abspath(output) if output else None,
+                },
+            )
+        )
     elif show or not output:
         for name, array in outputs.items():
             click.echo(_shown(summary(name, array)))
@@ -578,8 +724,13 @@ def run(artifact: str, inputs: tuple[str, ...], output: str | None, show: bool, 
 
 @main.command()
 @click.argument("artifact", type=click.Path(dir_okay=False))
-@click.option("--key", "key", required=True, type=click.Path(dir_okay=False),
-              help="Ed25519 private key, PEM (openssl genpkey -algorithm ed25519).")
+@click.option(
+    "--key",
+    "key",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Ed25519 private key, PEM (openssl genpkey -algorithm ed25519).",
+)
 @reports_errors
 def sign(artifact: str, key: str) -> None:
     """Sign ARTIFACT in place (its manifest, which holds every member's sha256); print the public key in hex."""
@@ -591,22 +742,48 @@ def sign(artifact: str, key: str) -> None:
 
 @main.command()
 @click.argument("artifact", type=click.Path(dir_okay=False))
-@click.option("--compare", "baseline", type=click.Path(dir_okay=False), metavar="OTHER.farm",
-              help="Compare with this artifact (the baseline), timed in alternating rounds, node by node; flags nodes "
-                   "more than 5% slower beyond their noise (a one-sided Mann-Whitney U test of the repeats).")
+@click.option(
+    "--compare",
+    "baseline",
+    type=click.Path(dir_okay=False),
+    metavar="OTHER.farm",
+    help="Compare with this artifact (the baseline), timed in alternating rounds, node by node; flags nodes "
+    "more than 5% slower beyond their noise (a one-sided Mann-Whitney U test of the repeats).",
+)
 @click.option("--repeat", type=click.IntRange(min=1), default=20, show_default=True, help="Timed runs.")
-@click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Threads of the whole-model runs (0: every CPU); kernels are timed on one thread.")
-@click.option("--fail-on-regression", is_flag=True,
-              help="Exit with status 5 when --compare flags a node (for CI).")
-@click.option("--device", type=click.Choice(list(BACKENDS)), default="cpu", show_default=True,
-              help="Time the artifact's CPU part, or its OpenCL part on this host's OpenCL device.")
-@click.option("--target", metavar="T", help="The CPU target to time, as farm run takes it; only one this host runs "
-              "natively (an emulated run's time says nothing of the target's).")
+@click.option(
+    "--threads",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Threads of the whole-model runs (0: every CPU); kernels are timed on one thread.",
+)
+@click.option("--fail-on-regression", is_flag=True, help="Exit with status 5 when --compare flags a node (for CI).")
+@click.option(
+    "--device",
+    type=click.Choice(list(BACKENDS)),
+    default="cpu",
+    show_default=True,
+    help="Time the artifact's CPU part, or its OpenCL part on this host's OpenCL device.",
+)
+@click.option(
+    "--target",
+    metavar="T",
+    help="The CPU target to time, as farm run takes it; only one this host runs "
+    "natively (an emulated run's time says nothing of the target's).",
+)
 @json_option
 @reports_errors
-def bench(artifact: str, baseline: str | None, repeat: int, threads: int, fail_on_regression: bool, device: str,
-          target: str | None, as_json: bool) -> None:
+def bench(
+    artifact: str,
+    baseline: str | None,
+    repeat: int,
+    threads: int,
+    fail_on_regression: bool,
+    device: str,
+    target: str | None,
+    as_json: bool,
+) -> None:
     """Time ARTIFACT on this host: whole-model latency, and each kernel's time and GFLOP/s."""
     from farm.cli.bench import (
         bench_artifact,
@@ -625,11 +802,16 @@ def bench(artifact: str, baseline: str | None, repeat: int, threads: int, fail_o
     before, report = bench_pair([baseline, artifact], repeat, threads=threads, device=device, target=target)
     needed = repeats_needed(len(report.steps))
     if fail_on_regression and repeat < needed:
-        raise BadInputError(f"--repeat {repeat} is too few to show a slowdown beyond noise over "
-                            f"{len(report.steps)} nodes: --fail-on-regression needs --repeat {needed} or more")
+        raise BadInputError(
+            f"--repeat {repeat} is too few to show a slowdown beyond noise over "
+            f"{len(report.steps)} nodes: --fail-on-regression needs --repeat {needed} or more"
+        )
     changes = compare(before, report)
-    click.echo(schemas.dumps("bench", comparison_fields(before, report, changes)) if as_json else
-               _shown_lines(format_report(report) + "\n\n" + format_comparison(before, report, changes)))
+    click.echo(
+        schemas.dumps("bench", comparison_fields(before, report, changes))
+        if as_json
+        else _shown_lines(format_report(report) + "\n\n" + format_comparison(before, report, changes))
+    )
     if fail_on_regression and any(change.flagged for change in changes):
         sys.exit(int(ExitStatus.REGRESSION))
 

@@ -165,8 +165,9 @@ def escaped(text: str) -> str:
     \\u202e) and the rest as is: a name that farm prints but didn't choose stays readable and can't move the cursor,
     recolour the terminal or end the line. The one helper for that: `farm inspect` and every command of
     farm.cli.main print untrusted strings (model names, errors, worker names, manifests' strings) through it."""
-    return "".join(char.encode("unicode_escape").decode() if unicodedata.category(char).startswith("C") else char
-                   for char in text)
+    return "".join(
+        char.encode("unicode_escape").decode() if unicodedata.category(char).startswith("C") else char for char in text
+    )
 
 
 class PlainProgress(BuildProgress):
@@ -193,10 +194,15 @@ class PlainProgress(BuildProgress):
             return
         now = time.monotonic()
         said_step = self._step(*self.said) if self.said[1] == self.total else -1
-        if self.done >= self.total or self._step(self.done, self.total) > said_step \
-                or now - self.said_at >= COUNT_LINE_SECONDS:
-            self._say(f"{self.current} {self.done}/{self.total} ({100 * self.done // self.total}%), "
-                      f"{now - self.phase_started:.1f} s")
+        if (
+            self.done >= self.total
+            or self._step(self.done, self.total) > said_step
+            or now - self.said_at >= COUNT_LINE_SECONDS
+        ):
+            self._say(
+                f"{self.current} {self.done}/{self.total} ({100 * self.done // self.total}%), "
+                f"{now - self.phase_started:.1f} s"
+            )
             self.said, self.said_at = (self.done, self.total), now
 
     @staticmethod
@@ -226,8 +232,14 @@ class TerminalProgress(BuildProgress):
         self.spinner = Spinner("dots")
         self.row: tuple[str, int, int] = ("", 0, 0)
         """(phase, done, total) as shown: read by the refresh thread without the lock, so replaced whole."""
-        self.live = Live(console=console, get_renderable=self.render, refresh_per_second=10, transient=False,
-                         redirect_stdout=False, redirect_stderr=True)
+        self.live = Live(
+            console=console,
+            get_renderable=self.render,
+            refresh_per_second=10,
+            transient=False,
+            redirect_stdout=False,
+            redirect_stderr=True,
+        )
 
     def render(self) -> RenderableType:
         """The row as it stands (called by the live display's refresh thread)."""
@@ -240,10 +252,14 @@ class TerminalProgress(BuildProgress):
         grid.add_column(no_wrap=True)  # count
         grid.add_column(no_wrap=True)  # elapsed
         ended = phase == "done" or phase in UNFINISHED_ENDS
-        grid.add_row("" if ended else self.spinner.render(time.monotonic()),
-                     Text(self.label, no_wrap=True, overflow="ellipsis"), phase, self._bar(phase, done, total),
-                     f"{done}/{total}" if total else "",
-                     str(datetime.timedelta(seconds=int(time.monotonic() - self.started))))
+        grid.add_row(
+            "" if ended else self.spinner.render(time.monotonic()),
+            Text(self.label, no_wrap=True, overflow="ellipsis"),
+            phase,
+            self._bar(phase, done, total),
+            f"{done}/{total}" if total else "",
+            str(datetime.timedelta(seconds=int(time.monotonic() - self.started))),
+        )
         return grid
 
     @staticmethod
@@ -258,8 +274,10 @@ class TerminalProgress(BuildProgress):
 
     def _show_phase(self) -> None:
         _, done, total = self.row
-        self.row = ("" if self.current is None else self.current, *(
-            (0, 0) if self.current in COUNTED_PHASES else (done, total)))
+        self.row = (
+            "" if self.current is None else self.current,
+            *((0, 0) if self.current in COUNTED_PHASES else (done, total)),
+        )
 
     def _show_count(self) -> None:
         self.row = (self.row[0], self.done, self.total)
@@ -268,8 +286,9 @@ class TerminalProgress(BuildProgress):
         self.live.stop()
 
 
-def build_progress(label: str, console: Console | None = None,
-                   quiet_start: float = QUIET_START_SECONDS) -> BuildProgress:
+def build_progress(
+    label: str, console: Console | None = None, quiet_start: float = QUIET_START_SECONDS
+) -> BuildProgress:
     """The progress for stderr (or `console`): a live row on an interactive terminal, plain lines elsewhere (CI
     logs, files, TERM=dumb). Only a real terminal gets the row: FORCE_COLOR, which CI setups often export, would
     make rich draw it into the log."""
@@ -306,19 +325,26 @@ class UploadLines:
         now = time.monotonic()
         if not self.opened:
             self.opened = True
-            self._say(f"uploading {upload.missing_blobs} of {upload.blobs} weights ({megabytes(upload.missing_bytes)} "
-                      f"of {megabytes(upload.bytes)}; the farm has the rest)" if upload.missing_blobs else
-                      f"the farm has all {upload.blobs} weights ({megabytes(upload.bytes)}); uploading the graph")
+            self._say(
+                f"uploading {upload.missing_blobs} of {upload.blobs} weights ({megabytes(upload.missing_bytes)} "
+                f"of {megabytes(upload.bytes)}; the farm has the rest)"
+                if upload.missing_blobs
+                else f"the farm has all {upload.blobs} weights ({megabytes(upload.bytes)}); uploading the graph"
+            )
         elif upload.stalled:
             self._say("waiting for the farm's workers to take the upload in (is a 'farm worker' running?)")
         elif upload.done:
             if upload.sent_bytes:
                 self._say(f"uploaded {megabytes(upload.sent_bytes)} in {now - self.started:.1f} s")
-        elif (upload.sent_bytes - self.said_bytes >= COUNT_LINE_FRACTION * upload.missing_bytes
-              or now - self.said_at >= COUNT_LINE_SECONDS):
+        elif (
+            upload.sent_bytes - self.said_bytes >= COUNT_LINE_FRACTION * upload.missing_bytes
+            or now - self.said_at >= COUNT_LINE_SECONDS
+        ):
             self.said_at, self.said_bytes = now, upload.sent_bytes
-            self._say(f"uploaded {megabytes(upload.sent_bytes)} of {megabytes(upload.missing_bytes)} "
-                      f"({100 * upload.sent_bytes // max(1, upload.missing_bytes)}%)")
+            self._say(
+                f"uploaded {megabytes(upload.sent_bytes)} of {megabytes(upload.missing_bytes)} "
+                f"({100 * upload.sent_bytes // max(1, upload.missing_bytes)}%)"
+            )
 
     def _say(self, text: str) -> None:
         self.stream.write(f"farm: {self.label}: {text}\n")

@@ -12,13 +12,43 @@ from __future__ import annotations
 import json
 from typing import Any
 
-BUILD_KEYS = ("job_id", "state", "artifact", "model", "targets", "sizes", "kernels", "blobs", "compiled", "cached",
-              "seconds", "tuning")
+BUILD_KEYS = (
+    "job_id",
+    "state",
+    "artifact",
+    "model",
+    "targets",
+    "sizes",
+    "kernels",
+    "blobs",
+    "compiled",
+    "cached",
+    "seconds",
+    "tuning",
+)
 """A build (`submit`): kernels and blobs count the build's compile units (a kernel per target and device, a packed
 weight per target); of them, `compiled` were compiled by this build and `cached` taken from the compile cache."""
 
-JOB_KEYS = ("job_id", "state", "model", "targets", "sizes", "done", "total", "kernels", "blobs", "compiled", "cached",
-            "seconds", "artifact_key", "error", "failed_unit", "exit_status", "tuning", "no_live_worker")
+JOB_KEYS = (
+    "job_id",
+    "state",
+    "model",
+    "targets",
+    "sizes",
+    "done",
+    "total",
+    "kernels",
+    "blobs",
+    "compiled",
+    "cached",
+    "seconds",
+    "artifact_key",
+    "error",
+    "failed_unit",
+    "exit_status",
+    "tuning",
+    "no_live_worker",
+)
 """A farm job (`status`, `wait`): `done` of `total` compile tasks (those the cache didn't hold)."""
 
 SCHEMAS: dict[str, tuple[int, tuple[str, ...]]] = {
@@ -45,8 +75,12 @@ def document(command: str, fields: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(fields) - set(keys) - set(FAILURE_KEYS))
     if unknown:
         raise ValueError(f"farm {command} --json: keys {unknown} are not in its schema {version}")
-    return {"command": command, "schema": version, **{key: fields.get(key) for key in keys},
-            **{key: fields[key] for key in FAILURE_KEYS if key in fields and key not in keys}}
+    return {
+        "command": command,
+        "schema": version,
+        **{key: fields.get(key) for key in keys},
+        **{key: fields[key] for key in FAILURE_KEYS if key in fields and key not in keys},
+    }
 
 
 def dumps(command: str, fields: dict[str, Any]) -> str:

@@ -58,6 +58,7 @@ def stoppable(client, job_id: str, cancel: bool) -> contextlib.AbstractContextMa
 def stops_saying(where: str) -> contextlib.AbstractContextManager[None]:
     """Ctrl-C or SIGTERM while the block runs (a download: no job to cancel): say how it was stopped and `where`,
     exit 130 or 143."""
+
     def say_and_exit(how: str, status: ExitStatus) -> NoReturn:
         click.echo(f"farm: {how} {where}", err=True)
         sys.exit(int(status))
@@ -72,6 +73,7 @@ def exits_saying(where: str) -> Iterator[None]:
     unwinding through the Redis client that the signal may have cut off mid-command (a SIGTERM raised during an
     upload once ended a CI run's client with a segmentation fault, not reproduced since). The previous handlers are
     back when the block ends."""
+
     def exit_now(signum: int, frame: object) -> None:
         how, status = STOPS[Terminated if signum == signal.SIGTERM else KeyboardInterrupt]
         sys.stderr.write(f"farm: {how} {where}\n")
@@ -98,9 +100,13 @@ def _stop(client, job_id: str, cancel: bool, how: str, status: ExitStatus) -> No
     else:
         try:
             cancelled = client.cancel(job_id)
-            click.echo(f"farm: {how}; job {job_id} " + ("cancelled" if cancelled else
-                                                         f"had already ended: farm status {job_id}"), err=True)
+            click.echo(
+                f"farm: {how}; job {job_id} "
+                + ("cancelled" if cancelled else f"had already ended: farm status {job_id}"),
+                err=True,
+            )
         except UnreachableError as error:
-            click.echo(f"farm: {how}, but job {job_id} could not be cancelled ({error}): farm cancel {job_id}",
-                       err=True)
+            click.echo(
+                f"farm: {how}, but job {job_id} could not be cancelled ({error}): farm cancel {job_id}", err=True
+            )
     sys.exit(int(status))

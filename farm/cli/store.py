@@ -44,13 +44,16 @@ def describe(url: str, stats: StoreStats) -> str:
     from farm.errors import redact_url
 
     share = f"{stats.bytes / stats.max_bytes:.0%}" if stats.max_bytes else "?"
-    owners = ", ".join(stats.pin_owners[:5]) + (f", ... ({len(stats.pin_owners)} in all)"
-                                                 if len(stats.pin_owners) > 5 else "")
-    return (f"store {redact_url(url)}\n"
-            f"  {stats.entries} entries, {human_bytes(stats.bytes)} of the {human_bytes(stats.max_bytes)} cap "
-            f"({share})\n"
-            f"  pinned: {stats.pinned_entries} entries, {human_bytes(stats.pinned_bytes)}"
-            + (f", by {owners}" if owners else ""))
+    owners = ", ".join(stats.pin_owners[:5]) + (
+        f", ... ({len(stats.pin_owners)} in all)" if len(stats.pin_owners) > 5 else ""
+    )
+    return (
+        f"store {redact_url(url)}\n"
+        f"  {stats.entries} entries, {human_bytes(stats.bytes)} of the {human_bytes(stats.max_bytes)} cap "
+        f"({share})\n"
+        f"  pinned: {stats.pinned_entries} entries, {human_bytes(stats.pinned_bytes)}"
+        + (f", by {owners}" if owners else "")
+    )
 
 
 def store_group(reports_errors: Decorator, broker_option: Decorator, json_option: Decorator) -> click.Group:
@@ -71,8 +74,11 @@ def store_group(reports_errors: Decorator, broker_option: Decorator, json_option
         with open_chosen_store(broker) as chosen:
             found = chosen.stats()
             url = chosen.url
-        click.echo(json.dumps({"store": redact_url(url), **found.to_json()}, sort_keys=True) if as_json
-                   else describe(url, found))
+        click.echo(
+            json.dumps({"store": redact_url(url), **found.to_json()}, sort_keys=True)
+            if as_json
+            else describe(url, found)
+        )
 
     @store.command()
     @broker_option
@@ -94,9 +100,19 @@ def store_group(reports_errors: Decorator, broker_option: Decorator, json_option
             after = chosen.stats()
             url = chosen.url
         if as_json:
-            click.echo(json.dumps({"store": redact_url(url), "released_jobs": released, "adopted_entries": adopted,
-                                   "orphan_files_deleted": orphans,
-                                   **freed.to_json(), "stats": after.to_json()}, sort_keys=True))
+            click.echo(
+                json.dumps(
+                    {
+                        "store": redact_url(url),
+                        "released_jobs": released,
+                        "adopted_entries": adopted,
+                        "orphan_files_deleted": orphans,
+                        **freed.to_json(),
+                        "stats": after.to_json(),
+                    },
+                    sort_keys=True,
+                )
+            )
             return
         if released:
             click.echo(f"released the pins of {len(released)} ended jobs: {', '.join(released)}")

@@ -41,8 +41,7 @@ class Role:
     rules: str
 
 
-SUBMITTER_CONNECTION = ("+ping +auth +hello +client|setname +multi +exec +discard +subscribe +unsubscribe "
-                        "+publish")
+SUBMITTER_CONNECTION = "+ping +auth +hello +client|setname +multi +exec +discard +subscribe +unsubscribe +publish"
 """What a submitter's connection may do on no key: log in, name itself, batch its writes, follow its job's events
 and wake a job's waiters. No SELECT: a submitter stays in the farm's database (0), where every key it writes is
 one the workers read, expire and bound (another database would be Redis memory no one sweeps)."""
@@ -63,12 +62,17 @@ def _submitter_writes(team: str) -> dict[str, tuple[str, ...]]:
     flags and the jobs index are the team's own (`team`: "" for the default submitters)."""
     ids = redis_keys.team_job_ids(team)
     return {
-        " ".join(f"~{key}" for key in (redis_keys.SUBMITTED_KEY, redis_keys.ADMIT_KEY,
-                                       redis_keys.REPAIR_KEY)): ("lpush",),
+        " ".join(f"~{key}" for key in (redis_keys.SUBMITTED_KEY, redis_keys.ADMIT_KEY, redis_keys.REPAIR_KEY)): (
+            "lpush",
+        ),
         f"~{redis_keys.request_key(ids)}": ("hset", "expire"),
         f"~{redis_keys.jobs_key(team)}": ("zadd", "zremrangebyscore", "expire"),
-        " ".join([f"~{redis_keys.cancel_key(ids)} ~{redis_keys.downloaded_key(ids)}",
-                  *(f"~{pattern}" for pattern in _staging(team))]): ("set",),
+        " ".join(
+            [
+                f"~{redis_keys.cancel_key(ids)} ~{redis_keys.downloaded_key(ids)}",
+                *(f"~{pattern}" for pattern in _staging(team)),
+            ]
+        ): ("set",),
     }
 
 
@@ -84,14 +88,25 @@ def _submitter_rules(team: str = "") -> str:
     its type (Redis 7 ACL selectors, one per kind of key); the commands the client's calls use, no others. A
     team's user reads, follows and cancels only its team's jobs, as the default submitters' user only theirs."""
     ids = redis_keys.team_job_ids(team)
-    reads = [redis_keys.job_key(f"{ids}*"), redis_keys.request_key(f"{ids}*"), redis_keys.jobs_key(team),
-             redis_keys.WORKERS_KEY, redis_keys.lease_key("*"), f"{STORE_PREFIX}obj:*", f"{STORE_PREFIX}max_bytes",
-             f"{STORE_PREFIX}blob_store", *_staging(team)]
+    reads = [
+        redis_keys.job_key(f"{ids}*"),
+        redis_keys.request_key(f"{ids}*"),
+        redis_keys.jobs_key(team),
+        redis_keys.WORKERS_KEY,
+        redis_keys.lease_key("*"),
+        f"{STORE_PREFIX}obj:*",
+        f"{STORE_PREFIX}max_bytes",
+        f"{STORE_PREFIX}blob_store",
+        *_staging(team),
+    ]
     selectors = [f"(%R~{' %R~'.join(reads)} {SUBMITTER_READS})"]
-    selectors += [f"({keys} {' '.join('+' + command for command in commands)})"
-                  for keys, commands in _submitter_writes(team).items()]
-    return (f"resetkeys resetchannels -@all {SUBMITTER_CONNECTION} &{redis_keys.job_events_channel(ids)} "
-            + " ".join(selectors))
+    selectors += [
+        f"({keys} {' '.join('+' + command for command in commands)})"
+        for keys, commands in _submitter_writes(team).items()
+    ]
+    return f"resetkeys resetchannels -@all {SUBMITTER_CONNECTION} &{redis_keys.job_events_channel(ids)} " + " ".join(
+        selectors
+    )
 
 
 TEAM_USER_PREFIX = "farm-submitter-"
@@ -102,20 +117,28 @@ def team_role(team: str) -> Role:
     FARM_SUBMITTER_PASSWORD_<TEAM>): a submitter whose jobs carry the team (redis_keys.team_of), which is what its
     quota counts and what keeps teams from seeing or cancelling each other's jobs."""
     redis_keys.check_team(team)
-    return Role(f"{TEAM_USER_PREFIX}{team}", f"FARM_SUBMITTER_PASSWORD_{team.upper().replace('-', '_')}",
-                _submitter_rules(team))
+    return Role(
+        f"{TEAM_USER_PREFIX}{team}", f"FARM_SUBMITTER_PASSWORD_{team.upper().replace('-', '_')}", _submitter_rules(team)
+    )
 
 
 def team_of_url(url: str) -> str:
     """The team a client's Redis URL submits for: the team of a `farm-submitter-<team>` user, else "" (the default
     submitters, and workers or the operator submitting)."""
     user = unquote(urlsplit(url).username or "")
-    return user[len(TEAM_USER_PREFIX):] if user.startswith(TEAM_USER_PREFIX) else ""
+    return user[len(TEAM_USER_PREFIX) :] if user.startswith(TEAM_USER_PREFIX) else ""
 
 
-_CELERY_KEYS = ("~_kombu.binding* ~*.reply.celery.pidbox* ~celeryev.* ~unacked* "
-                + " ".join(f"%R~{queue}*" for queue in ("celery", task_messages.CONTROL_QUEUE, task_messages.LLVM_QUEUE,
-                                                         task_messages.opencl_queue(""), task_messages.tune_queue(""))))
+_CELERY_KEYS = "~_kombu.binding* ~*.reply.celery.pidbox* ~celeryev.* ~unacked* " + " ".join(
+    f"%R~{queue}*"
+    for queue in (
+        "celery",
+        task_messages.CONTROL_QUEUE,
+        task_messages.LLVM_QUEUE,
+        task_messages.opencl_queue(""),
+        task_messages.tune_queue(""),
+    )
+)
 """What Flower reads and writes in Celery's keys: exchange bindings, its replies to control commands, its event
 queue, and (read only) the farm's queues, whose lengths its Broker page shows (kombu names a queue's priority
 levels `<queue>\x06\x16<n>`, hence the trailing *)."""
@@ -123,9 +146,12 @@ levels `<queue>\x06\x16<n>`, hence the trailing *)."""
 ROLES: dict[str, Role] = {
     "worker": Role("farm-worker", "FARM_WORKER_PASSWORD", "resetkeys resetchannels ~* &* +@all -@admin -@dangerous"),
     "submitter": Role("farm-submitter", "FARM_SUBMITTER_PASSWORD", _submitter_rules()),
-    "flower": Role("farm-flower", "FARM_FLOWER_REDIS_PASSWORD",
-                   f"resetkeys resetchannels {_CELERY_KEYS} &* -@all +@connection +@pubsub +@read +@list +@set +@sortedset +@hash "
-                   "+@transaction +@scripting +set +del +expire +time -@dangerous"),
+    "flower": Role(
+        "farm-flower",
+        "FARM_FLOWER_REDIS_PASSWORD",
+        f"resetkeys resetchannels {_CELERY_KEYS} &* -@all +@connection +@pubsub +@read +@list +@set +@sortedset +@hash "
+        "+@transaction +@scripting +set +del +expire +time -@dangerous",
+    ),
 }
 """The farm's Redis users, by role."""
 
@@ -160,8 +186,9 @@ def passwords_from_environment(environ: Mapping[str, str] | None = None) -> dict
     """Each role's password from its variable, and each FARM_TEAMS team's; BadInputError naming the missing ones."""
     environ = os.environ if environ is None else environ
     names = [*ROLES, *(f"team:{team}" for team in teams_from_environment(environ))]
-    missing = [role_named(name).password_variable for name in names
-               if not environ.get(role_named(name).password_variable)]
+    missing = [
+        role_named(name).password_variable for name in names if not environ.get(role_named(name).password_variable)
+    ]
     if missing:
         raise BadInputError(f"set {', '.join(missing)} (the farm's Redis passwords; see deploy/README.md)")
     return {name: environ[role_named(name).password_variable] for name in names}

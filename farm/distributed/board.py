@@ -73,10 +73,12 @@ class JobBoard:
         from redis.retry import Retry
 
         self.url = url
-        retry = Retry(ExponentialBackoff(cap=0.5, base=0.1), retries,
-                      supported_errors=(redis.exceptions.ConnectionError,))
-        self.redis = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=10, decode_responses=True,
-                                          retry=retry)
+        retry = Retry(
+            ExponentialBackoff(cap=0.5, base=0.1), retries, supported_errors=(redis.exceptions.ConnectionError,)
+        )
+        self.redis = redis.Redis.from_url(
+            url, socket_connect_timeout=3, socket_timeout=10, decode_responses=True, retry=retry
+        )
         self._set_if_live = LuaScript(self.redis, _SET_IF_LIVE)
         self._create = LuaScript(self.redis, _CREATE)
         self._add_if_live = LuaScript(self.redis, _ADD_IF_LIVE)
@@ -148,9 +150,12 @@ class JobBoard:
         try:
             self.call(self.redis.set, redis_keys.retune_grant_key(job_id), "1", ex=defaults.JOB_TTL_SECONDS)
         except NotPermittedError:
-            raise NotPermittedError(self.url, "--retune times again kernels that have tuning records, which every "
-                                              "job on the farm uses, so it is the operator's to ask for; --tune adds "
-                                              "records for kernels that have none") from None
+            raise NotPermittedError(
+                self.url,
+                "--retune times again kernels that have tuning records, which every "
+                "job on the farm uses, so it is the operator's to ask for; --tune adds "
+                "records for kernels that have none",
+            ) from None
 
     def submit_request(self, job_id: str, request: dict[str, str], created: float) -> None:
         """Write an encoded request (job_record.encode_request) as `submit` does."""
@@ -172,8 +177,11 @@ class JobBoard:
             pipe.exists(redis_keys.request_key(job_id))
             pipe.exists(redis_keys.job_key(job_id))
         found = self.call(pipe.execute) if job_ids else []
-        return [job_id for job_id, requested, recorded in zip(job_ids, found[::2], found[1::2])
-                if requested and not recorded]
+        return [
+            job_id
+            for job_id, requested, recorded in zip(job_ids, found[::2], found[1::2])
+            if requested and not recorded
+        ]
 
     def live_jobs(self, team: str) -> int:
         """How many of the team's jobs are live (accepted, not ended, not cancelled): its live set
@@ -185,8 +193,11 @@ class JobBoard:
             pipe.hget(redis_keys.job_key(job_id), "state")
             pipe.exists(redis_keys.cancel_key(job_id))
         found = self.call(pipe.execute) if members else []
-        ended = [job_id for job_id, state, cancelled in zip(members, found[::2], found[1::2])
-                 if state is None or state in {s.value for s in job_record.TERMINAL} or cancelled]
+        ended = [
+            job_id
+            for job_id, state, cancelled in zip(members, found[::2], found[1::2])
+            if state is None or state in {s.value for s in job_record.TERMINAL} or cancelled
+        ]
         if ended:
             self.call(self.redis.srem, key, *ended)
         return len(members) - len(ended)
@@ -223,8 +234,9 @@ class JobBoard:
         return bool(self.call(self.redis.exists, flag(job_id)))
 
     def update(self, job_id: str, **fields: Any) -> None:
-        self.call(self.redis.hset, redis_keys.job_key(job_id),
-                  mapping=job_record.encode_fields(**fields, updated=time.time()))
+        self.call(
+            self.redis.hset, redis_keys.job_key(job_id), mapping=job_record.encode_fields(**fields, updated=time.time())
+        )
 
     def advance(self, job_id: str, state: JobState, **fields: Any) -> bool:
         """Move a live job to `state`; False when it had already ended (a cancel wins over any later step)."""
@@ -280,8 +292,10 @@ class JobBoard:
     def expire_untimed(self) -> int:
         """Give each key a submitter wrote without a time to live (redis_keys.SUBMITTER_KEYS_TTL) JOB_TTL_SECONDS;
         returns how many got one."""
-        return sum(self.call(expire_untimed, self.redis, pattern, defaults.JOB_TTL_SECONDS)
-                   for pattern in redis_keys.SUBMITTER_KEYS_TTL)
+        return sum(
+            self.call(expire_untimed, self.redis, pattern, defaults.JOB_TTL_SECONDS)
+            for pattern in redis_keys.SUBMITTER_KEYS_TTL
+        )
 
     def drop_mistyped(self, types: dict[str, str]) -> dict[str, str]:
         """Delete each key of `types` (key -> Redis type) that holds another type of value, in two round trips;

@@ -52,14 +52,15 @@ def job_queues(record: JobRecord) -> dict[str, str]:
     compile queue, and with --tune (until its tuning ran) each CPU target's tuning queue."""
     queues = {task_messages.CONTROL_QUEUE: ANY_WORKER}
     for target in record.targets:
-        queues[task_messages.COMPILE_QUEUES[target.kind](target)] = SERVED_BY.get(
-            target.kind, lambda t: ANY_WORKER)(target)
+        queues[task_messages.COMPILE_QUEUES[target.kind](target)] = SERVED_BY.get(target.kind, lambda t: ANY_WORKER)(
+            target
+        )
     if record.tuning_asked("tune") or record.tuning_asked("retune"):
         for target in record.targets:
             if target.kind == CpuTarget.kind:
                 queues[task_messages.tune_queue(target.id)] = (
-                    f"start 'farm worker' on a host of CPU class {target.id}, "
-                    "or its kernels keep the default variants")
+                    f"start 'farm worker' on a host of CPU class {target.id}, or its kernels keep the default variants"
+                )
     return queues
 
 
@@ -80,9 +81,16 @@ class FarmClient:
             self._store = open_store(defaults.store_url(self.broker)).for_team(self.team)
         return self._store
 
-    def submit(self, model_path: str | os.PathLike, targets: Sequence[Target], no_cache: bool = False,
-               tune: bool = False, retune: bool = False, sizes: Sequence[PinnedShapes] = (),
-               on_upload: Callable[[Upload], None] | None = None) -> str:
+    def submit(
+        self,
+        model_path: str | os.PathLike,
+        targets: Sequence[Target],
+        no_cache: bool = False,
+        tune: bool = False,
+        retune: bool = False,
+        sizes: Sequence[PinnedShapes] = (),
+        on_upload: Callable[[Upload], None] | None = None,
+    ) -> str:
         """Upload what the farm lacks of the model and submit the job's request to the workers' intake
         (farm.distributed.intake), which makes its record and plans it; returns the job id. `tune`: time the
         kernels the tuning database lacks first (`retune`: all of them), on workers of each target's CPU class.
@@ -103,10 +111,23 @@ class FarmClient:
         if refusal:
             raise BadInputError(refusal)
         now = time.time()
-        job_id, request = job_record.encode_request(JobRecord(
-            JobState.QUEUED, split.graph_key, check_model_name(path.stem), split.model_sha256, list(targets),
-            no_cache=no_cache, tune=tune, retune=retune, sizes=list(sizes), submitted_from=os.uname().nodename[:255],
-            created=now, updated=now), self.team)
+        job_id, request = job_record.encode_request(
+            JobRecord(
+                JobState.QUEUED,
+                split.graph_key,
+                check_model_name(path.stem),
+                split.model_sha256,
+                list(targets),
+                no_cache=no_cache,
+                tune=tune,
+                retune=retune,
+                sizes=list(sizes),
+                submitted_from=os.uname().nodename[:255],
+                created=now,
+                updated=now,
+            ),
+            self.team,
+        )
         if retune:
             self.board.grant_retune(job_id)  # before the upload: a submitter is refused with nothing sent
         uploaded = self._upload(split, on_upload or (lambda upload: None))
@@ -120,8 +141,9 @@ class FarmClient:
         accepts the job, its pins keep it)."""
         lacking = self.store.missing([split.graph_key, *split.blobs])
         missing = [key for key in lacking if key != split.graph_key]
-        upload = Upload(len(split.blobs), split.blob_bytes, len(missing),
-                        sum(split.blobs[key].length for key in missing))
+        upload = Upload(
+            len(split.blobs), split.blob_bytes, len(missing), sum(split.blobs[key].length for key in missing)
+        )
         report(upload)
         admission = Admission(self, split) if self.store.streams_uploads() else None
         for key in missing:
@@ -132,8 +154,10 @@ class FarmClient:
         evicted = self.store.missing([key for key in (split.graph_key, *split.blobs) if key not in asked_for])
         for key in evicted:
             if key != split.graph_key:
-                upload.missing_blobs, upload.missing_bytes = (upload.missing_blobs + 1,
-                                                              upload.missing_bytes + split.blobs[key].length)
+                upload.missing_blobs, upload.missing_bytes = (
+                    upload.missing_blobs + 1,
+                    upload.missing_bytes + split.blobs[key].length,
+                )
                 self._stage_blob(key, split.blobs[key], upload, report)
         if split.graph_key in lacking or split.graph_key in evicted:
             self.store.stage(split.graph)
@@ -162,12 +186,18 @@ class FarmClient:
         first: id, state, model, creation time and age. Ids whose record is gone are skipped; a record that doesn't decode is listed with its error."""
         now, found, offset = time.time(), [], 0
         while len(found) < limit:
-            ids = self.board.call(self.board.redis.zrevrangebyscore, redis_keys.jobs_key(self.team), "+inf",
-                                  now - defaults.JOB_TTL_SECONDS, start=offset, num=limit)
+            ids = self.board.call(
+                self.board.redis.zrevrangebyscore,
+                redis_keys.jobs_key(self.team),
+                "+inf",
+                now - defaults.JOB_TTL_SECONDS,
+                start=offset,
+                num=limit,
+            )
             if not ids:
                 break
             offset += len(ids)
-            found += [entry for entry in (self._listed(job_id, now) for job_id in ids) if entry][:limit - len(found)]
+            found += [entry for entry in (self._listed(job_id, now) for job_id in ids) if entry][: limit - len(found)]
         return found
 
     def _listed(self, job_id: str, now: float) -> dict[str, Any] | None:
@@ -178,8 +208,13 @@ class FarmClient:
             return {"job_id": job_id, "state": "unreadable", "error": str(error)}
         if record is None:
             return None
-        return {"job_id": job_id, "state": record.state.value, "model": record.model_name, "created": record.created,
-                "age_s": round(now - record.created, 1)}
+        return {
+            "job_id": job_id,
+            "state": record.state.value,
+            "model": record.model_name,
+            "created": record.created,
+            "age_s": round(now - record.created, 1),
+        }
 
     def record(self, job_id: str) -> JobRecord:
         """The job as clients see it: its record, or its request while no worker has accepted it. A name that is
@@ -195,16 +230,26 @@ class FarmClient:
         """The job's state, compile tasks done of total, and the failing unit and error if it failed."""
         record = self.record(job_id)
         status: dict[str, Any] = {
-            "job_id": job_id, "state": record.state.value, "model": record.model_name,
-            "done": self.board.finished(job_id, "compile"), "total": record.total or 0, "kernels": record.kernels,
-            "blobs": record.blobs, "targets": [target.id for target in record.targets],
-            "sizes": sizes_to_json(record.sizes), "artifact_reused": record.cached}
+            "job_id": job_id,
+            "state": record.state.value,
+            "model": record.model_name,
+            "done": self.board.finished(job_id, "compile"),
+            "total": record.total or 0,
+            "kernels": record.kernels,
+            "blobs": record.blobs,
+            "targets": [target.id for target in record.targets],
+            "sizes": sizes_to_json(record.sizes),
+            "artifact_reused": record.cached,
+        }
         for field in ("error", "failed_unit", "exit_status", "artifact_key", "tuning_note"):
             if getattr(record, field):
                 status[field] = getattr(record, field)
         if record.tune_units is not None:
-            status["tuning"] = {"done": self.board.finished(job_id, "tune"), "total": len(record.tune_units),
-                                "errors": record.tune_errors}
+            status["tuning"] = {
+                "done": self.board.finished(job_id, "tune"),
+                "total": len(record.tune_units),
+                "errors": record.tune_errors,
+            }
         status["seconds"] = round((record.finished or record.updated) - record.created, 3)
         status["lost_workers"] = record.lost_workers
         return status
@@ -219,10 +264,15 @@ class FarmClient:
         live = live_queues(self.broker)
         return {queue: hint for queue, hint in sorted(job_queues(record).items()) if queue not in live}
 
-    def wait(self, job_id: str, timeout: float | None = None,
-             on_progress: Callable[[dict[str, Any]], None] | None = None,
-             on_unserved: Callable[[dict[str, str]], None] | None = None,
-             on_lost: Callable[[str, int], None] | None = None, prefetch: bool = False) -> dict[str, Any]:
+    def wait(
+        self,
+        job_id: str,
+        timeout: float | None = None,
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
+        on_unserved: Callable[[dict[str, str]], None] | None = None,
+        on_lost: Callable[[str, int], None] | None = None,
+        prefetch: bool = False,
+    ) -> dict[str, Any]:
         """Follow the job until it ends (or `timeout` seconds pass: then the last status, not ended), reading it
         again at each notification of the board (at most every POLL_SECONDS) or every wait_fallback_seconds().
         `on_unserved(queues)`: called soon after the start and whenever the job has shown no change for a while
@@ -237,13 +287,21 @@ class FarmClient:
         except CredentialsRefusedError:
             raise  # the URL is wrong, not the farm away: nothing to resume
         except UnreachableError as error:
-            raise UnreachableError(f"{error}; job {job_id} may still be running: once the farm is back, "
-                                   f"'farm wait {job_id}' resumes waiting") from None
+            raise UnreachableError(
+                f"{error}; job {job_id} may still be running: once the farm is back, "
+                f"'farm wait {job_id}' resumes waiting"
+            ) from None
 
-    def _follow(self, job_id: str, events: JobEvents, timeout: float | None,
-                on_progress: Callable[[dict[str, Any]], None] | None,
-                on_unserved: Callable[[dict[str, str]], None] | None,
-                on_lost: Callable[[str, int], None] | None, on_change: Callable[[], None]) -> dict[str, Any]:
+    def _follow(
+        self,
+        job_id: str,
+        events: JobEvents,
+        timeout: float | None,
+        on_progress: Callable[[dict[str, Any]], None] | None,
+        on_unserved: Callable[[dict[str, str]], None] | None,
+        on_lost: Callable[[str, int], None] | None,
+        on_change: Callable[[], None],
+    ) -> dict[str, Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
         watch = LivenessWatch(lambda: self.unserved_queues(job_id), on_unserved)
         next_nudge = time.monotonic() + INTAKE_NUDGE_SECONDS
@@ -263,8 +321,11 @@ class FarmClient:
                 if self.board.get(job_id) is None:
                     self.board.nudge(job_id)
                 next_nudge = now + INTAKE_NUDGE_SECONDS
-            pause = defaults.wait_fallback_seconds() if deadline is None else min(
-                defaults.wait_fallback_seconds(), deadline - now)
+            pause = (
+                defaults.wait_fallback_seconds()
+                if deadline is None
+                else min(defaults.wait_fallback_seconds(), deadline - now)
+            )
             events.wait(max(0.0, min(pause, watch.next_check - time.monotonic(), next_nudge - time.monotonic())))
 
     def download(self, job_id: str, out_dir: str | os.PathLike) -> str:
@@ -279,17 +340,24 @@ class FarmClient:
             raise JobError(f"job {job_id} is {status['state']}: no artifact yet (farm wait {job_id})")
         path = os.path.abspath(os.path.join(out_dir, f"{status['model']}.farm"))
         try:
-            recipes.write_artifact_from(path, recipes.read_recipe(self.store.peek(status["artifact_key"])),
-                                        uploads.local_first(uploads.recall(job_id), self.store.peek),
-                                        self._prefetched.pop(job_id, {}))
+            recipes.write_artifact_from(
+                path,
+                recipes.read_recipe(self.store.peek(status["artifact_key"])),
+                uploads.local_first(uploads.recall(job_id), self.store.peek),
+                self._prefetched.pop(job_id, {}),
+            )
         except MissingEntryError:
-            raise JobError(f"job {job_id}'s artifact is no longer in the farm's store (evicted after its first "
-                           "download); submit the model again to rebuild it") from None
+            raise JobError(
+                f"job {job_id}'s artifact is no longer in the farm's store (evicted after its first "
+                "download); submit the model again to rebuild it"
+            ) from None
         except CorruptEntryError as error:
             self.board.call(self.board.redis.lpush, redis_keys.REPAIR_KEY, error.key)
-            raise JobError(f"job {job_id}'s artifact: store entry {error.key} is damaged in the farm's store (its "
-                           "bytes have another sha256); the farm drops it now: submit the model again to rebuild "
-                           "it") from None
+            raise JobError(
+                f"job {job_id}'s artifact: store entry {error.key} is damaged in the farm's store (its "
+                "bytes have another sha256); the farm drops it now: submit the model again to rebuild "
+                "it"
+            ) from None
         self.board.raise_flag(job_id, redis_keys.downloaded_key)
         return path
 
@@ -429,8 +497,7 @@ class LivenessWatch:
     doubling after each check (up to LIVENESS_CHECK_MAX_SECONDS) while it still shows none, so a hundred stalled
     clients don't flood the workers. Each queue is reported when it becomes unserved, not at every check."""
 
-    def __init__(self, unserved: Callable[[], dict[str, str]],
-                 report: Callable[[dict[str, str]], None] | None) -> None:
+    def __init__(self, unserved: Callable[[], dict[str, str]], report: Callable[[dict[str, str]], None] | None) -> None:
         self.unserved, self.report = unserved, report
         self.last: dict[str, Any] | None = None
         self.pause = defaults.LIVENESS_CHECK_SECONDS

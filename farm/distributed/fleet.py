@@ -14,8 +14,10 @@ from farm.distributed.board import JobBoard
 
 def list_workers(broker: str) -> list[dict[str, Any]]:
     """Live workers (those holding a lease) with their host, capabilities and queues, by name."""
-    return [{**capabilities, "name": name, "queues": sorted(capabilities.get("queues", []))}
-            for name, capabilities in sorted(leased_workers(broker).items())]
+    return [
+        {**capabilities, "name": name, "queues": sorted(capabilities.get("queues", []))}
+        for name, capabilities in sorted(leased_workers(broker).items())
+    ]
 
 
 def leased_workers(broker: str) -> dict[str, dict[str, Any]]:
@@ -34,5 +36,10 @@ def live_queues(broker: str) -> set[str]:
 
 def farm_fingerprints(broker: str) -> list[str]:
     """Fingerprints of every OpenCL device that a live worker owns (sorted, each once)."""
-    return sorted({device["fingerprint"] for capabilities in leased_workers(broker).values()
-                   for device in capabilities.get("opencl", [])})
+    return sorted(
+        {
+            device["fingerprint"]
+            for capabilities in leased_workers(broker).values()
+            for device in capabilities.get("opencl", [])
+        }
+    )

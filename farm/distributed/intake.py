@@ -44,15 +44,21 @@ class Intake(threading.Thread):
     streamed uploads (`admit(token, key)`) and damaged store entries (`repair(key)`) likewise; runs `housekeep()`
     every SWEEP_SECONDS between pops."""
 
-    def __init__(self, board: JobBoard, accept: Callable[[str], str],
-                 housekeep: Callable[[], None] = lambda: None,
-                 admit: Callable[[str, str], str] = lambda token, key: "",
-                 repair: Callable[[str], str] = lambda key: "") -> None:
+    def __init__(
+        self,
+        board: JobBoard,
+        accept: Callable[[str], str],
+        housekeep: Callable[[], None] = lambda: None,
+        admit: Callable[[str, str], str] = lambda token, key: "",
+        repair: Callable[[str], str] = lambda key: "",
+    ) -> None:
         super().__init__(name="farm-intake", daemon=True)
         self.board, self.accept, self.housekeep, self.admit, self.repair = board, accept, housekeep, admit, repair
-        self.handlers: dict[str, Callable[[Any], str]] = {redis_keys.SUBMITTED_KEY: self._accept,
-                                                           redis_keys.ADMIT_KEY: self._admit,
-                                                           redis_keys.REPAIR_KEY: self._repair}
+        self.handlers: dict[str, Callable[[Any], str]] = {
+            redis_keys.SUBMITTED_KEY: self._accept,
+            redis_keys.ADMIT_KEY: self._admit,
+            redis_keys.REPAIR_KEY: self._repair,
+        }
         self._stopping = threading.Event()
         self._swept = time.monotonic()
 
@@ -99,9 +105,11 @@ class Intake(threading.Thread):
             dropped = self.board.drop_mistyped({name: "list" for name in self.handlers})
         except (FarmStateError, UnreachableError) as failure:
             dropped, error = {}, failure
-        note = (f"deleted {', '.join(f'{name} (a {kind})' for name, kind in dropped.items())}: an intake key must "
-                "be a list" if dropped
-                else f"a pop failed: {error}")
+        note = (
+            f"deleted {', '.join(f'{name} (a {kind})' for name, kind in dropped.items())}: an intake key must be a list"
+            if dropped
+            else f"a pop failed: {error}"
+        )
         log.warning("intake: %s", note)
         time.sleep(0 if dropped else POP_SECONDS)
         return note
@@ -121,12 +129,16 @@ class Intake(threading.Thread):
         popped = list(dict.fromkeys(_text(raw) for raw in [raw, *more]))
         well_formed = [job_id for job_id in popped if redis_keys.JOB_ID.fullmatch(job_id)]
         waiting = self.board.awaiting_acceptance(well_formed)
-        notes = [self._handle(job_id, functools.partial(self.accept, job_id), "a submission", "accepting")
-                 for job_id in waiting]
+        notes = [
+            self._handle(job_id, functools.partial(self.accept, job_id), "a submission", "accepting")
+            for job_id in waiting
+        ]
         skipped = len(popped) - len(waiting)
         if skipped:
-            notes.append(f"skipped {skipped} submitted id(s): {len(popped) - len(well_formed)} malformed, the rest "
-                         "with no request (never submitted, expired or refused) or accepted already")
+            notes.append(
+                f"skipped {skipped} submitted id(s): {len(popped) - len(well_formed)} malformed, the rest "
+                "with no request (never submitted, expired or refused) or accepted already"
+            )
             log.info("intake: %s", notes[-1])
         return "; ".join(notes)
 

@@ -53,8 +53,9 @@ class IntakeSteps:
         blobs = listed_blobs(graph) if graph is not None else {}
         refusal = self._refusal(job_id, request, graph, blobs)
         if refusal:
-            request = replace(request, state=JobState.FAILED, exit_status=int(ExitStatus.BAD_INPUT), finished=now,
-                              error=refusal)
+            request = replace(
+                request, state=JobState.FAILED, exit_status=int(ExitStatus.BAD_INPUT), finished=now, error=refusal
+            )
         else:
             pins.pin_for_job(self.store, job_id, list(blobs))
         if not self.board.create(job_id, replace(request, updated=now)):
@@ -70,14 +71,19 @@ class IntakeSteps:
         --retune the operator didn't grant: redis_keys.retune_grant_key), or "" when it can."""
         if graph is None:
             trimmed = self.board.call(self.board.redis.get, redis_keys.staging_trimmed_key(redis_keys.team_of(job_id)))
-            return (f"the model's upload ({request.model_key}) is not on the farm: it expired before a worker took "
-                    f"the job, or was damaged{f', or dropped ({trimmed})' if trimmed else ''}; submit the model again")
+            return (
+                f"the model's upload ({request.model_key}) is not on the farm: it expired before a worker took "
+                f"the job, or was damaged{f', or dropped ({trimmed})' if trimmed else ''}; submit the model again"
+            )
         if request.retune and not self.board.flag_raised(job_id, redis_keys.retune_grant_key):
-            return ("--retune replaces tuning records every job on the farm uses, and this one was not granted by "
-                    "the operator's credentials (farm.distributed.board.JobBoard.grant_retune); --tune adds records "
-                    "for kernels that have none")
-        return (uploads.over_the_cap(f"{request.model_name}.onnx", sum(blobs.values()) + len(graph),
-                                     self.store.max_bytes) or self._over_quota(redis_keys.team_of(job_id)))
+            return (
+                "--retune replaces tuning records every job on the farm uses, and this one was not granted by "
+                "the operator's credentials (farm.distributed.board.JobBoard.grant_retune); --tune adds records "
+                "for kernels that have none"
+            )
+        return uploads.over_the_cap(
+            f"{request.model_name}.onnx", sum(blobs.values()) + len(graph), self.store.max_bytes
+        ) or self._over_quota(redis_keys.team_of(job_id))
 
     def _over_quota(self, team: str) -> str:
         """Why a team (its submitters' Redis user) may not have another job now, or "" when it may."""
@@ -85,9 +91,11 @@ class IntakeSteps:
         if live < quota:
             return ""
         who = f"team {team!r}" if team else "the default submitters"
-        return (f"{who} already have {live} jobs queued or running on this farm, their quota (FARM_MAX_LIVE_JOBS="
-                f"{quota} on the workers): wait for one to end or cancel one (`farm jobs` lists them), then submit "
-                "again")
+        return (
+            f"{who} already have {live} jobs queued or running on this farm, their quota (FARM_MAX_LIVE_JOBS="
+            f"{quota} on the workers): wait for one to end or cancel one (`farm jobs` lists them), then submit "
+            "again"
+        )
 
     def admit(self, token: str, key: str) -> str:
         """Admit one blob of an upload in progress (farm.distributed.redis_keys.ADMIT_KEY), pinned for the upload
@@ -120,8 +128,9 @@ class IntakeSteps:
         without one (farm.store.expiry), and once per STAGING_SWEEP_SECONDS keep each team's staged uploads under
         its quota."""
         for name, kind in self.board.drop_mistyped(redis_keys.FIXED_KEY_TYPES).items():
-            log.warning("housekeeping: deleted %s, a %s where the farm keeps a %s", name, kind,
-                        redis_keys.FIXED_KEY_TYPES[name])
+            log.warning(
+                "housekeeping: deleted %s, a %s where the farm keeps a %s", name, kind, redis_keys.FIXED_KEY_TYPES[name]
+            )
         if self.board.claim(redis_keys.EXPIRY_SWEEP_KEY, redis_keys.EXPIRY_SWEEP_SECONDS):
             untimed = self.board.expire_untimed()
             if untimed:
@@ -141,11 +150,14 @@ class IntakeSteps:
         quota = defaults.max_staged_bytes(self.store.max_bytes)
         for team, dropped in self.store.trim_staging(quota).items():
             who = f"team {team!r}" if team else "the default submitters"
-            note = (f"{who} had more than {quota} bytes of uploads staged (FARM_MAX_STAGED_BYTES on the workers), "
-                    f"so the oldest {dropped} bytes were dropped at {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
+            note = (
+                f"{who} had more than {quota} bytes of uploads staged (FARM_MAX_STAGED_BYTES on the workers), "
+                f"so the oldest {dropped} bytes were dropped at {time.strftime('%Y-%m-%d %H:%M:%S %Z')}"
+            )
             log.warning("housekeeping: %s", note)
-            self.board.call(self.board.redis.set, redis_keys.staging_trimmed_key(team), note,
-                            ex=defaults.STAGED_TTL_SECONDS)
+            self.board.call(
+                self.board.redis.set, redis_keys.staging_trimmed_key(team), note, ex=defaults.STAGED_TTL_SECONDS
+            )
 
 
 def listed_blobs(graph: bytes) -> dict[str, int]:

@@ -68,8 +68,14 @@ def _key(text: str) -> str:
 
 def check_model_name(name: str) -> str:
     """A model's name (its file's stem) names files on workers and in artifacts: no folders, no dot names."""
-    if not isinstance(name, str) or not 0 < len(name) <= 200 or "/" in name or "\\" in name or "\0" in name \
-            or name in (".", ".."):
+    if (
+        not isinstance(name, str)
+        or not 0 < len(name) <= 200
+        or "/" in name
+        or "\\" in name
+        or "\0" in name
+        or name in (".", "..")
+    ):
         raise BadInputError(f"model name {str(name)[:80]!r} can't name a file (no '/', at most 200 characters)")
     return name
 
@@ -81,15 +87,19 @@ BOOL = Codec(lambda value: str(bool(value)), lambda text: text == "True")
 INT = Codec(lambda value: str(int(value)), int)
 FLOAT = Codec(lambda value: repr(float(value)), float)
 STATE = Codec(lambda state: JobState(state).value, JobState)
+
+
 def _targets(text: str) -> list[Target]:
     """Targets read back: at most MAX_TARGETS (a request naming more is refused before they are all parsed)."""
-    return check_target_count([target_from_json(data) for data in _json_list(text)[:MAX_TARGETS + 1]])
+    return check_target_count([target_from_json(data) for data in _json_list(text)[: MAX_TARGETS + 1]])
 
 
 TARGETS = Codec(lambda targets: json.dumps([t.to_json() for t in targets]), _targets)
 STRINGS = Codec(json.dumps, _string_list)
-SIZES = Codec(lambda sizes: json.dumps(sizes_to_json(sizes)),
-              lambda text: sizes_from_json(value) if (value := _json_list(text)) else [])
+SIZES = Codec(
+    lambda sizes: json.dumps(sizes_to_json(sizes)),
+    lambda text: sizes_from_json(value) if (value := _json_list(text)) else [],
+)
 
 MAP_FIELDS = {"tune_errors": "tune_error:", "libraries": "library:", "lost_workers": "lost_worker:"}
 """Record fields that are maps, kept as one hash field per entry (`<prefix><key>`), so that concurrent steps
@@ -169,15 +179,18 @@ class JobRecord:
         for name, text in hash_fields.items():
             mapped = next((m for m, prefix in MAP_FIELDS.items() if name.startswith(prefix)), None)
             if mapped:
-                key, value = _map_entry(mapped, name[len(MAP_FIELDS[mapped]):], text)
+                key, value = _map_entry(mapped, name[len(MAP_FIELDS[mapped]) :], text)
                 values[mapped][key] = value
             elif name in CODECS:
                 try:
                     values[name] = CODECS[name].decode(text)
                 except (ValueError, TypeError, KeyError) as error:
                     raise BadInputError(f"job record field {name!r} is malformed ({error})") from None
-        missing = [f.name for f in fields(cls) if f.name not in values and f.default is MISSING
-                   and f.default_factory is MISSING]
+        missing = [
+            f.name
+            for f in fields(cls)
+            if f.name not in values and f.default is MISSING and f.default_factory is MISSING
+        ]
         if missing:
             raise BadInputError(f"job record lacks {', '.join(missing)}")
         return cls(**values)
@@ -192,16 +205,47 @@ def _map_entry(name: str, key: str, text: str) -> tuple[str, Any]:
 
 
 CODECS: dict[str, Codec] = {
-    "state": STATE, "model_key": KEY, "model_name": NAME, "model_sha256": KEY, "targets": TARGETS,
-    "no_cache": BOOL, "tune": BOOL, "retune": BOOL, "submitted_from": STR, "created": FLOAT, "updated": FLOAT,
-    "finished": FLOAT, "total": INT, "kernels": INT, "blobs": INT, "targets_total": INT, "link_plan_key": KEY,
-    "artifact_key": KEY, "cached": BOOL, "error": STR, "exit_status": INT, "failed_unit": STR, "tuning_note": STR,
-    "tune_units": STRINGS, "tuned": BOOL, "sizes": SIZES,
+    "state": STATE,
+    "model_key": KEY,
+    "model_name": NAME,
+    "model_sha256": KEY,
+    "targets": TARGETS,
+    "no_cache": BOOL,
+    "tune": BOOL,
+    "retune": BOOL,
+    "submitted_from": STR,
+    "created": FLOAT,
+    "updated": FLOAT,
+    "finished": FLOAT,
+    "total": INT,
+    "kernels": INT,
+    "blobs": INT,
+    "targets_total": INT,
+    "link_plan_key": KEY,
+    "artifact_key": KEY,
+    "cached": BOOL,
+    "error": STR,
+    "exit_status": INT,
+    "failed_unit": STR,
+    "tuning_note": STR,
+    "tune_units": STRINGS,
+    "tuned": BOOL,
+    "sizes": SIZES,
 }
 
 
-REQUEST_FIELDS = ("model_key", "model_name", "model_sha256", "targets", "no_cache", "tune", "retune", "sizes", "submitted_from",
-                  "created")
+REQUEST_FIELDS = (
+    "model_key",
+    "model_name",
+    "model_sha256",
+    "targets",
+    "no_cache",
+    "tune",
+    "retune",
+    "sizes",
+    "submitted_from",
+    "created",
+)
 """The record fields a submitter chooses; every other field (state, keys, counts, errors) is the farm's."""
 NONCE = re.compile(r"[0-9a-f]{32}")
 
@@ -210,8 +254,10 @@ def encode_request(record: JobRecord, team: str = "") -> tuple[str, dict[str, st
     """A new job's id and request (request_key): the submitter's fields of `record` and a random nonce. The id is
     the start of the request's sha256 (after `<team>.` for a team's user), so a request rewritten by another
     submitter no longer matches its job."""
-    request = {**encode_fields(**{name: getattr(record, name) for name in REQUEST_FIELDS}),
-               "nonce": secrets.token_hex(16)}
+    request = {
+        **encode_fields(**{name: getattr(record, name) for name in REQUEST_FIELDS}),
+        "nonce": secrets.token_hex(16),
+    }
     digest = request_job_id(request)
     return (f"{check_team(team)}.{digest}" if team else digest), request
 
@@ -231,8 +277,10 @@ def decode_request(hash_fields: dict[str, str], job_id: str) -> JobRecord:
     extra = sorted(set(hash_fields) - set(allowed))
     missing = [name for name in allowed if name not in hash_fields]
     if extra or missing:
-        raise BadInputError(f"job request {'has fields it may not set: ' + ', '.join(extra) if extra else ''}"
-                            f"{'; ' if extra and missing else ''}{'lacks ' + ', '.join(missing) if missing else ''}")
+        raise BadInputError(
+            f"job request {'has fields it may not set: ' + ', '.join(extra) if extra else ''}"
+            f"{'; ' if extra and missing else ''}{'lacks ' + ', '.join(missing) if missing else ''}"
+        )
     if not NONCE.fullmatch(hash_fields["nonce"]) or request_job_id(hash_fields) != job_id.rpartition(".")[2]:
         raise BadInputError(f"job request of {job_id} is not the one its id was made from (rewritten)")
     values = {}
@@ -261,5 +309,6 @@ def encode_fields(**values: Any) -> dict[str, str]:
 
 def encode_record(record: JobRecord) -> dict[str, str]:
     """Every set field of a record (None fields are left out)."""
-    return encode_fields(**{f.name: getattr(record, f.name) for f in fields(record)
-                            if getattr(record, f.name) is not None})
+    return encode_fields(
+        **{f.name: getattr(record, f.name) for f in fields(record) if getattr(record, f.name) is not None}
+    )

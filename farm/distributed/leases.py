@@ -89,8 +89,15 @@ class Leases:
 class LeaseKeeper(threading.Thread):
     """The worker main process's thread: renew this worker's lease, and reap the tasks of dead peers."""
 
-    def __init__(self, leases: Leases, worker: str, incarnation: str, dispatch: Callable[[Message], None],
-                 lost: Callable[[str, str, int], object], seconds: float | None = None) -> None:
+    def __init__(
+        self,
+        leases: Leases,
+        worker: str,
+        incarnation: str,
+        dispatch: Callable[[Message], None],
+        lost: Callable[[str, str, int], object],
+        seconds: float | None = None,
+    ) -> None:
         """`lost(job id, holder, tasks)` tells a job that it lost the worker `holder` with that many of its tasks,
         dispatched again (JobBoard.lost_worker)."""
         super().__init__(name="farm-lease", daemon=True)
@@ -111,8 +118,9 @@ class LeaseKeeper(threading.Thread):
             self.leases.renew(self.worker, self.incarnation, self.seconds)
             reaped = self.leases.reap(self.dispatch)
             for task in reaped:
-                log.warning("farm: dispatched %s %s again: its worker's lease lapsed", task.message.task,
-                            task.message.args[:2])
+                log.warning(
+                    "farm: dispatched %s %s again: its worker's lease lapsed", task.message.task, task.message.args[:2]
+                )
             for (job_id, holder), tasks in Counter((task.job_id, task.holder) for task in reaped).items():
                 self.lost(job_id, holder, tasks)
         except UnreachableError as error:

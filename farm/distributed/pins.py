@@ -59,8 +59,11 @@ def release_ended_jobs(board: JobBoard, store: Store) -> list[str]:
             record = board.get(job_id)
         except BadInputError:  # a malformed record: leave its pins to their expiry
             continue
-        if record is None or record.state in (JobState.FAILED, JobState.CANCELLED) or (
-                record.state == JobState.DONE and board.flag_raised(job_id, redis_keys.downloaded_key)):
+        if (
+            record is None
+            or record.state in (JobState.FAILED, JobState.CANCELLED)
+            or (record.state == JobState.DONE and board.flag_raised(job_id, redis_keys.downloaded_key))
+        ):
             release_job(store, job_id)
             released.append(job_id)
     return released

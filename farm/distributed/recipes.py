@@ -66,8 +66,9 @@ def stored(store: Store, key: str, size: int) -> StoredMember:
 def derived(store: Store, key: str, size: int, derivation: Derivation) -> StoredMember:
     """The packed weight of key `key` and `size` bytes that `derivation` makes from a weight in the store (which
     holds the weight, not the packed copy), as an artifact member."""
-    return StoredMember(size, lambda: made_as_listed(key, derivation, store.get(derivation.source)), key=key,
-                        derivation=derivation)
+    return StoredMember(
+        size, lambda: made_as_listed(key, derivation, store.get(derivation.source)), key=key, derivation=derivation
+    )
 
 
 @dataclass(frozen=True)
@@ -94,8 +95,15 @@ class Derivation:
 
     def to_json(self) -> dict[str, Any]:
         """The form of its unit's spec and target (farm.ir.specs.BlobSpec.to_json, CpuTarget.to_json)."""
-        return {"spec": {"sha256": self.source, "bytes": self.nbytes, "target": self.target.id,
-                         "panels": list(self.panels)}, "target": self.target.to_json()}
+        return {
+            "spec": {
+                "sha256": self.source,
+                "bytes": self.nbytes,
+                "target": self.target.id,
+                "panels": list(self.panels),
+            },
+            "target": self.target.to_json(),
+        }
 
     @classmethod
     def of(cls, spec: object, target: object) -> Derivation | None:
@@ -115,9 +123,15 @@ class Derivation:
             source, nbytes, panels = spec["sha256"], spec["bytes"], tuple(spec["panels"])
         except (KeyError, TypeError, ValueError, BadInputError) as error:
             raise ValueError(f"a malformed derivation: {error!r}") from None
-        if not (is_key(source) and type(nbytes) is int and nbytes >= 0 and isinstance(target, CpuTarget)
-                and spec.get("target") == target.id and len(panels) in (3, 4)
-                and all(type(value) is int and value >= 0 for value in panels)):
+        if not (
+            is_key(source)
+            and type(nbytes) is int
+            and nbytes >= 0
+            and isinstance(target, CpuTarget)
+            and spec.get("target") == target.id
+            and len(panels) in (3, 4)
+            and all(type(value) is int and value >= 0 for value in panels)
+        ):
             raise ValueError("a derivation that packs no weight for a CPU")
         return cls(source, nbytes, panels, target)
 
@@ -162,25 +176,46 @@ class Recipe:
         return dict(self.manifest["members"])
 
 
-def put_recipe(store: Store, manifest: dict[str, Any], members: Mapping[str, Member],
-               pin: Callable[[list[str]], None], units: Mapping[str, int] | None = None) -> tuple[str, list[str]]:
+def put_recipe(
+    store: Store,
+    manifest: dict[str, Any],
+    members: Mapping[str, Member],
+    pin: Callable[[list[str]], None],
+    units: Mapping[str, int] | None = None,
+) -> tuple[str, list[str]]:
     """Put the recipe of the artifact that `manifest` and `members` make, and return its key and the store entries
     it needs (Recipe.entries). Members that are bytes are put first (most are entries already, which the store
     doesn't write again); `pin(keys)` is called with every key before anything is put, so that no eviction falls in
     between."""
-    unstored = {path: member.produce() if isinstance(member, LazyMember) else member
-                for path, member in members.items() if not isinstance(member, StoredMember)}
-    keys = {path: member.key if isinstance(member, StoredMember) else content_key(unstored[path])
-            for path, member in members.items()}
-    sizes = {path: member.size if isinstance(member, StoredMember) else memoryview(unstored[path]).nbytes
-             for path, member in members.items()}
-    derived = {member.key: member.derivation for member in members.values()
-               if isinstance(member, StoredMember) and member.derivation is not None}
+    unstored = {
+        path: member.produce() if isinstance(member, LazyMember) else member
+        for path, member in members.items()
+        if not isinstance(member, StoredMember)
+    }
+    keys = {
+        path: member.key if isinstance(member, StoredMember) else content_key(unstored[path])
+        for path, member in members.items()
+    }
+    sizes = {
+        path: member.size if isinstance(member, StoredMember) else memoryview(unstored[path]).nbytes
+        for path, member in members.items()
+    }
+    derived = {
+        member.key: member.derivation
+        for member in members.values()
+        if isinstance(member, StoredMember) and member.derivation is not None
+    }
     text = finished_manifest(manifest, keys)
-    recipe = json.dumps({"format": RECIPE_FORMAT, "manifest": text.decode("utf-8"), "sizes": sizes,
-                         **({"units": dict(units)} if units else {}),
-                         **({"derived": {key: d.to_json() for key, d in derived.items()}} if derived else {})},
-                        sort_keys=True).encode()
+    recipe = json.dumps(
+        {
+            "format": RECIPE_FORMAT,
+            "manifest": text.decode("utf-8"),
+            "sizes": sizes,
+            **({"units": dict(units)} if units else {}),
+            **({"derived": {key: d.to_json() for key, d in derived.items()}} if derived else {}),
+        },
+        sort_keys=True,
+    ).encode()
     entries = _entries(keys.values(), derived)
     pin([content_key(recipe), *entries])
     for data in unstored.values():
@@ -217,15 +252,19 @@ def read_recipe(data: bytes, where: str = "an artifact recipe in the store") -> 
         if not isinstance(recipe, dict) or recipe.get("format") != RECIPE_FORMAT:
             raise ValueError(f"not a {RECIPE_FORMAT}")
         text, sizes, units = recipe["manifest"].encode("utf-8"), recipe["sizes"], recipe.get("units", {})
-        if not isinstance(units, dict) or not all(key in UNIT_COUNTS and type(count) is int and count >= 0
-                                                  for key, count in units.items()):
+        if not isinstance(units, dict) or not all(
+            key in UNIT_COUNTS and type(count) is int and count >= 0 for key, count in units.items()
+        ):
             raise ValueError(f"its units are not counts of {', '.join(UNIT_COUNTS)}")
         derived = _derivations(recipe.get("derived", {}))
     except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as error:
         raise ArtifactError(f"{where} is not an artifact recipe: {error}") from None
     manifest = manifest_from_text(text, where)
-    if not isinstance(sizes, dict) or sorted(sizes) != sorted(manifest["members"]) or not all(
-            type(size) is int and size >= 0 for size in sizes.values()):
+    if (
+        not isinstance(sizes, dict)
+        or sorted(sizes) != sorted(manifest["members"])
+        or not all(type(size) is int and size >= 0 for size in sizes.values())
+    ):
         raise ArtifactError(f"{where}: its sizes are not one per member of its manifest")
     if not set(derived) <= set(manifest["members"].values()):
         raise ArtifactError(f"{where}: it says how to make a member its manifest doesn't list")
@@ -238,8 +277,9 @@ def _derivations(data: Any) -> dict[str, Derivation]:
     return {key: Derivation.from_json(value) for key, value in data.items()}
 
 
-def write_artifact_from(path: str | os.PathLike[str], recipe: Recipe, read: Callable[[str], bytes],
-                        made: dict[str, bytes] | None = None) -> str:
+def write_artifact_from(
+    path: str | os.PathLike[str], recipe: Recipe, read: Callable[[str], bytes], made: dict[str, bytes] | None = None
+) -> str:
     """Write at `path` (atomically) the artifact `recipe` describes, reading each member by its key with `read`
     (which checks the bytes against it, as Store.get and uploads.local_first do, so the archive doesn't hash them
     again), and making each packed one from its weight as `read` gives it, checked (or taking it from `made`, by
@@ -264,8 +304,10 @@ def write_artifact_from(path: str | os.PathLike[str], recipe: Recipe, read: Call
                 ahead[index + 1] = pool.submit(member, recipe.keys[names[index + 1]])
             return fetch.result()
 
-        members = {name: LazyMember(recipe.sizes[name], functools.partial(produce, index), recipe.keys[name])
-                   for index, name in enumerate(names)}
+        members = {
+            name: LazyMember(recipe.sizes[name], functools.partial(produce, index), recipe.keys[name])
+            for index, name in enumerate(names)
+        }
         return write_finished_artifact(path, recipe.manifest_text, members)
 
 
@@ -274,8 +316,10 @@ def made_as_listed(key: str, derivation: Derivation, source: bytes | memoryview)
     machine's packing step is not the workers')."""
     data = derivation.make(source)
     if content_key(data) != key:
-        raise ArtifactError(f"packed weight {key}: packing weight {derivation.source} here gives other bytes (farm "
-                            f"{__version__} here: the workers' version must be the same)")
+        raise ArtifactError(
+            f"packed weight {key}: packing weight {derivation.source} here gives other bytes (farm "
+            f"{__version__} here: the workers' version must be the same)"
+        )
     return data
 
 

@@ -99,6 +99,7 @@ def job_of_pin_owner(owner: str) -> str | None:
     prefix, _, job_id = owner.partition(":")
     return job_id if prefix == "job" and JOB_ID.fullmatch(job_id) else None
 
+
 def job_events_channel(job_id: str) -> str:
     """The pub/sub channel on which the board signals each state change and finished unit of the job; waiting
     clients block on it instead of polling the record."""
@@ -120,6 +121,7 @@ def live_jobs_key(team: str) -> str:
     """A set, written by workers only: the team's jobs accepted and not known to have ended, which its quota
     (defaults.max_live_jobs) counts."""
     return f"farm:live:{team}" if team else "farm:live"
+
 
 # Keys a submitter writes (farm.distributed.acl gives it these, the jobs index and the store's staging area and
 # nothing else to write): its job's request and the flags it raises on its job. Workers read them as untrusted input.
@@ -208,14 +210,23 @@ def staging_trimmed_key(team: str) -> str:
     return f"farm:staging-trimmed:{team}" if team else "farm:staging-trimmed"
 
 
-SUBMITTER_KEYS_TTL = {request_key("*"): "request, cancel and downloaded flags", JOBS_KEY: "the jobs index",
-                      jobs_key("*"): "the teams' jobs indexes"}
+SUBMITTER_KEYS_TTL = {
+    request_key("*"): "request, cancel and downloaded flags",
+    JOBS_KEY: "the jobs index",
+    jobs_key("*"): "the teams' jobs indexes",
+}
 """The patterns of keys a submitter writes in the farm's Redis (its staged bytes are the store's), each of which
 lives JOB_TTL_SECONDS at most: what the expiry sweep looks for."""
 
 
-FIXED_KEY_TYPES = {SUBMITTED_KEY: "list", ADMIT_KEY: "list", REPAIR_KEY: "list", JOBS_KEY: "zset",
-                   WORKERS_KEY: "hash", RUNNING_KEY: "hash"}
+FIXED_KEY_TYPES = {
+    SUBMITTED_KEY: "list",
+    ADMIT_KEY: "list",
+    REPAIR_KEY: "list",
+    JOBS_KEY: "zset",
+    WORKERS_KEY: "hash",
+    RUNNING_KEY: "hash",
+}
 """The farm's keys of fixed name and the Redis type each holds. While one holds another type, every call on it
 fails (WRONGTYPE: every intake's pop, every `farm submit`), so workers delete such a key
 (farm.distributed.board.JobBoard.drop_mistyped): nothing of value is lost, since the farm never put it there."""

@@ -54,16 +54,22 @@ Dispatch = Callable[[Message], None]
 def artifact_ref(record: JobRecord) -> str:
     """The cache ref of a job's artifact: its build identity (model, name, targets, pinned shapes, farm's
     codegen)."""
-    return refs.artifact(assembly.build_identity(record.model_sha256, record.model_name, record.targets,
-                                                 record.sizes, record.model_key))
+    return refs.artifact(
+        assembly.build_identity(record.model_sha256, record.model_name, record.targets, record.sizes, record.model_key)
+    )
 
 
 class Farm(IntakeSteps):
     """What every step needs: the job board, the store and a way to enqueue the next tasks."""
 
-    def __init__(self, board: JobBoard, store: Store, dispatch: Dispatch,
-                 before_build: Callable[[str], None] = lambda unit_name: None,
-                 live_queues: Callable[[], set[str]] = set) -> None:
+    def __init__(
+        self,
+        board: JobBoard,
+        store: Store,
+        dispatch: Dispatch,
+        before_build: Callable[[str], None] = lambda unit_name: None,
+        live_queues: Callable[[], set[str]] = set,
+    ) -> None:
         """`before_build(name)` runs just before a step does its work, named as its deliveries are counted (a
         unit's name, `plan`, `link:<library>`, `finish`: the worker's fault-injection hook);
         `live_queues()` names the queues that live workers consume now (tuning is dispatched only to those)."""
@@ -100,8 +106,12 @@ class Farm(IntakeSteps):
         if self.board.count_delivery(job_id, name) <= cap:
             self.before_build(name)
             return True
-        self._fail(job_id, f"{what} was started {cap} times and never finished (its worker died each time: a crash, "
-                           f"or more memory than {step_memory_limit()})", unit=unit)
+        self._fail(
+            job_id,
+            f"{what} was started {cap} times and never finished (its worker died each time: a crash, "
+            f"or more memory than {step_memory_limit()})",
+            unit=unit,
+        )
         return False
 
     def _fail(self, job_id: str, error: str, status: ExitStatus = ExitStatus.BUILD_FAILED, unit: str = "") -> None:
@@ -140,8 +150,12 @@ class Farm(IntakeSteps):
         plans = [tuning.with_variants(self.store, plan, cpu_targets) for plan in plans]
         blobs = assembly.sized_blobs(plans)
         units = assembly.sized_units(plans, record.targets)
-        refusal = uploads.over_the_cap(f"{record.model_name}.onnx", _pinned_bytes(blobs, units), self.store.max_bytes,
-                                       "its weights and what the plan made of them need")
+        refusal = uploads.over_the_cap(
+            f"{record.model_name}.onnx",
+            _pinned_bytes(blobs, units),
+            self.store.max_bytes,
+            "its weights and what the plan made of them need",
+        )
         if refusal:
             self._fail(job_id, refusal, ExitStatus.BAD_INPUT)
             return None
@@ -163,15 +177,17 @@ class Farm(IntakeSteps):
         self._put_link_plan(job_id, record, plans, units, counts["total"])
         return None
 
-    def _put_link_plan(self, job_id: str, record: JobRecord, plans: list[BuildPlan], units: list[CompileUnit],
-                       total: int) -> None:
+    def _put_link_plan(
+        self, job_id: str, record: JobRecord, plans: list[BuildPlan], units: list[CompileUnit], total: int
+    ) -> None:
         """Make the link plan while the units compile (it lowers every kernel again: light DenseNet-121's 0.2-0.4 s
         held back its first unit) and compile each library's entry into the cache (a link that finds it skips
         0.05-0.25 s, serial after the last unit), put the plan and name it in the record; linking starts here when
         all `total` units finished meanwhile (or none was to be built), else at the last unit's compile, which finds
         the plan named."""
-        plan_json = assembly.link_plan(plans, record.targets, record.model_name, record.model_sha256, units,
-                                       record.sizes)
+        plan_json = assembly.link_plan(
+            plans, record.targets, record.model_name, record.model_sha256, units, record.sizes
+        )
         libraries = assembly.libraries(plan_json)
         for library in libraries:
             try:
@@ -183,8 +199,7 @@ class Farm(IntakeSteps):
                 return
         plan_bytes = json.dumps(plan_json, sort_keys=True).encode()
         pins.pin_for_job(self.store, job_id, [content_key(plan_bytes)])
-        self.board.update(job_id, link_plan_key=self.store.put(plan_bytes),
-                          targets_total=len(libraries))
+        self.board.update(job_id, link_plan_key=self.store.put(plan_bytes), targets_total=len(libraries))
         if self.board.finished(job_id, "compile") >= total:
             self._start_linking(job_id, plan_json)
 
@@ -250,10 +265,12 @@ class Farm(IntakeSteps):
         if not assembly.manifest_names(manifest, record.model_sha256, record.model_name, record.targets):
             return False  # the ref points at another build's artifact: never ship it, build this one
         if not tuning.manifest_current(self.store, manifest) or (
-                record.tuning_asked("tune") and self._tunable_on(tuning.untuned_targets(manifest))):
+            record.tuning_asked("tune") and self._tunable_on(tuning.untuned_targets(manifest))
+        ):
             return False
-        if self.board.advance(job_id, JobState.DONE, artifact_key=key, total=0, finished=time.time(), cached=True,
-                              **recipe.units):
+        if self.board.advance(
+            job_id, JobState.DONE, artifact_key=key, total=0, finished=time.time(), cached=True, **recipe.units
+        ):
             pins.keep_only_artifact(self.store, job_id, [key, *members])
         return True
 
@@ -270,12 +287,17 @@ class Farm(IntakeSteps):
         graph = self.store.get(record.model_key)
         listed = listed_blobs(graph)
         absent = set(self.store.missing(listed)) - set(staging.staged(listed))
-        with tempfile.TemporaryDirectory(prefix="farm-job-") as folder, \
-                ThreadPoolExecutor(WEIGHT_READERS, thread_name_prefix="farm-weights") as readers:
+        with (
+            tempfile.TemporaryDirectory(prefix="farm-job-") as folder,
+            ThreadPoolExecutor(WEIGHT_READERS, thread_name_prefix="farm-weights") as readers,
+        ):
             path = Path(folder) / f"{record.model_name}.onnx"
             path.write_bytes(graph)
-            ahead = {key: readers.submit(staging.take_staged, key)
-                     for key, length in listed.items() if length < DEFERRED_MIN_BYTES}
+            ahead = {
+                key: readers.submit(staging.take_staged, key)
+                for key, length in listed.items()
+                if length < DEFERRED_MIN_BYTES
+            }
 
             def weight(key: str, name: str) -> bytes:
                 """Read ahead, or now: a deferred weight whose values a pass (or the admission of the weights no
@@ -320,8 +342,9 @@ class Farm(IntakeSteps):
         live = self.live_queues()
         return {target_id for target_id in target_ids if task_messages.tune_queue(target_id) in live}
 
-    def _dispatch_tuning(self, job_id: str, plans: list[BuildPlan], targets: list[CpuTarget],
-                         record: JobRecord) -> bool:
+    def _dispatch_tuning(
+        self, job_id: str, plans: list[BuildPlan], targets: list[CpuTarget], record: JobRecord
+    ) -> bool:
         """With --tune (or --retune), before anything compiles: dispatch a farm.tune_kernel to `tune.<cpu id>` for
         each tunable kernel the database lacks (every one with --retune) on a target whose queue a live worker
         consumes, and say in the job record which targets keep the default. True when tasks went out: the job
@@ -340,27 +363,37 @@ class Farm(IntakeSteps):
             self.dispatch(Tune(job_id, tuning.tune_name(spec, target.id), spec, target).message())
         return True
 
-    def _tuning_units(self, job_id: str, plans: list[BuildPlan], targets: list[CpuTarget],
-                      record: JobRecord) -> tuple[list[tuple[Any, CpuTarget]], str]:
+    def _tuning_units(
+        self, job_id: str, plans: list[BuildPlan], targets: list[CpuTarget], record: JobRecord
+    ) -> tuple[list[tuple[Any, CpuTarget]], str]:
         """The (kernel, target) pairs to time, and the note on targets no live worker can time. A plan_job
         redelivered after it dispatched them gets the same units, less those finished."""
         if record.tune_units is not None:
             names = set(record.tune_units)
-            return [(spec, target) for spec, target in self._untuned(plans, targets, retune=True)
-                    if (name := tuning.tune_name(spec, target.id)) in names
-                    and not self.board.is_complete(job_id, "tune", name)], record.tuning_note
+            return [
+                (spec, target)
+                for spec, target in self._untuned(plans, targets, retune=True)
+                if (name := tuning.tune_name(spec, target.id)) in names
+                and not self.board.is_complete(job_id, "tune", name)
+            ], record.tuning_note
         todo = self._untuned(plans, targets, record.tuning_asked("retune"))
         served = self._tunable_on({target.id for _, target in todo})
         unserved = sorted({target.id for _, target in todo} - served)
-        note = (f"no live worker consumes {', '.join(task_messages.tune_queue(t) for t in unserved)}: the default "
-                "variant is used there" if unserved else "")
+        note = (
+            f"no live worker consumes {', '.join(task_messages.tune_queue(t) for t in unserved)}: the default "
+            "variant is used there"
+            if unserved
+            else ""
+        )
         return [(spec, target) for spec, target in todo if target.id in served], note
 
-    def _untuned(self, plans: list[BuildPlan], targets: list[CpuTarget],
-                 retune: bool) -> list[tuple[Any, CpuTarget]]:
+    def _untuned(self, plans: list[BuildPlan], targets: list[CpuTarget], retune: bool) -> list[tuple[Any, CpuTarget]]:
         """The (kernel, target) pairs of every size's plan that tuning would time, each once."""
-        todo = {tuning.tune_name(spec, target.id): (spec, target)
-                for plan in plans for spec, target in tuning.missing(self.store, plan, targets, retune)}
+        todo = {
+            tuning.tune_name(spec, target.id): (spec, target)
+            for plan in plans
+            for spec, target in tuning.missing(self.store, plan, targets, retune)
+        }
         return list(todo.values())
 
     def tune(self, args: Tune) -> str | None:
@@ -394,8 +427,11 @@ class Farm(IntakeSteps):
             self.board.update(job_id, tune_errors={name: f"{error} (the default variant is used)"})
         record = self.board.get(job_id)
         finished = self.board.complete(job_id, "tune", name)
-        if record is not None and finished == len(record.tune_units or []) and self.board.advance(
-                job_id, JobState.PLANNING, tuned=True):
+        if (
+            record is not None
+            and finished == len(record.tune_units or [])
+            and self.board.advance(job_id, JobState.PLANNING, tuned=True)
+        ):
             self.dispatch(PlanJob(job_id).message())
 
     # -- compile -------------------------------------------------------------------------------------------------
@@ -428,7 +464,9 @@ class Farm(IntakeSteps):
         nodes = assembly.unit_nodes(self._link_plan(record), unit) if record and record.link_plan_key else []
         shown = ", ".join(repr(node) for node in nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
         what = f"{unit.label} {getattr(unit.spec, 'op', '')}".rstrip()
-        return f"{what} of node{'s' if len(nodes) > 1 else ''} {shown} ({unit.name})" if nodes else f"{what} {unit.name}"
+        return (
+            f"{what} of node{'s' if len(nodes) > 1 else ''} {shown} ({unit.name})" if nodes else f"{what} {unit.name}"
+        )
 
     def _build_into_store(self, job_id: str, unit: CompileUnit) -> tuple[str, bytes]:
         """Build a unit and keep its bytes in the compile cache (pinned for the job before they are put, by the
@@ -475,13 +513,17 @@ class Farm(IntakeSteps):
     def _built(self, plan_json: dict[str, Any], record: JobRecord, job_id: str) -> BuiltUnits:
         """What the units built, read from the store under this worker's own cache refs, which hold its toolchain (a
         corrupt or missing object is rebuilt, so a worker never links an object that another toolchain built)."""
+
         def unit(name: str) -> CompileUnit:
             return CompileUnit.from_json(plan_json["units"][name])
 
-        return BuiltUnits(lambda name: self._object(job_id, unit(name)),
-                          lambda name: self.store.get_ref(unit(name).cache_ref),
-                          lambda library: self.store.get(record.libraries[library]), self.store.get,
-                          lambda library: self._entry(job_id, library))
+        return BuiltUnits(
+            lambda name: self._object(job_id, unit(name)),
+            lambda name: self.store.get_ref(unit(name).cache_ref),
+            lambda library: self.store.get(record.libraries[library]),
+            self.store.get,
+            lambda library: self._entry(job_id, library),
+        )
 
     def _entry(self, job_id: str, library: dict[str, Any]) -> bytes:
         """A library's entry object from the compile cache under this worker's toolchain (entry_ref), pinned for
@@ -490,8 +532,9 @@ class Farm(IntakeSteps):
         key = self.store.get_ref(ref)
         if key is not None:
             pins.pin_for_job(self.store, job_id, [key])
-        cached = cached_at(self.store, key,
-                           lambda data: check_no_startup_code(data, f"the cached entry of library {library['id']}"))
+        cached = cached_at(
+            self.store, key, lambda data: check_no_startup_code(data, f"the cached entry of library {library['id']}")
+        )
         if cached is not None:
             return cached
         built = entry_object(library)
@@ -526,8 +569,11 @@ class Farm(IntakeSteps):
         holds the weight, not the packed copy). The rest is read and checked as `_built` reads it: libraries and
         OpenCL binaries (small)."""
         built = self._built(plan_json, record, job_id)
-        weight_bytes = {blob["sha256"]: blob["bytes"] for size in assembly.size_plans(plan_json)
-                        for blob in size["manifest"]["blobs"]}
+        weight_bytes = {
+            blob["sha256"]: blob["bytes"]
+            for size in assembly.size_plans(plan_json)
+            for blob in size["manifest"]["blobs"]
+        }
 
         def object_of(name: str) -> Member:
             unit = CompileUnit.from_json(plan_json["units"][name])
@@ -537,8 +583,9 @@ class Farm(IntakeSteps):
             key = self.store.get_ref(unit.cache_ref) or self._build_into_store(job_id, unit)[0]
             return recipes.derived(self.store, key, derivation.nbytes, derivation)
 
-        return replace(built, object_of=object_of,
-                       blob_of=lambda sha: recipes.stored(self.store, sha, weight_bytes[sha]))
+        return replace(
+            built, object_of=object_of, blob_of=lambda sha: recipes.stored(self.store, sha, weight_bytes[sha])
+        )
 
     def _object(self, job_id: str, unit: CompileUnit) -> bytes:
         """A unit's bytes from the cache; rebuilt when they are gone, corrupt, or can't be what its step makes (a
@@ -557,8 +604,12 @@ class Farm(IntakeSteps):
         plan_json = self._link_plan(record)
         manifest, members = assembly.artifact_contents(plan_json, self._stored(plan_json, record, args.job_id))
         artifact_key, member_keys = recipes.put_recipe(
-            self.store, manifest, members, lambda keys: pins.pin_for_job(self.store, args.job_id, keys),
-            {"kernels": record.kernels, "blobs": record.blobs})
+            self.store,
+            manifest,
+            members,
+            lambda keys: pins.pin_for_job(self.store, args.job_id, keys),
+            {"kernels": record.kernels, "blobs": record.blobs},
+        )
         self.store.set_ref(artifact_ref(record), artifact_key)
         if self.board.advance(args.job_id, JobState.DONE, artifact_key=artifact_key, finished=time.time()):
             pins.keep_only_artifact(self.store, args.job_id, [artifact_key, *member_keys])
@@ -599,8 +650,12 @@ def _pinned_bytes(blobs: dict[str, Blob], units: list[CompileUnit]) -> int:
     """What a planned job pins in the store for its weights: each distinct weight, and each packed copy the store
     keeps (a CPU's packed weights are made from their weights, not kept: farm.distributed.recipes)."""
     return sum(int(data.nbytes) for data in blobs.values()) + sum(
-        unit.spec.nbytes for unit in units if unit.kind == "blob" and isinstance(unit.spec, BlobSpec)
-        and recipes.Derivation.of(unit.spec, unit.target) is None)
+        unit.spec.nbytes
+        for unit in units
+        if unit.kind == "blob"
+        and isinstance(unit.spec, BlobSpec)
+        and recipes.Derivation.of(unit.spec, unit.target) is None
+    )
 
 
 def _held_entry(unit: CompileUnit, key: str) -> str:
@@ -614,8 +669,10 @@ WEIGHT_READERS = 2
 
 
 def _missing_weight(key: str, name: str) -> ExternalDataError:
-    return ExternalDataError(f"initializer {name!r}: its bytes (blob {key}) are not on the farm: the upload expired "
-                             "before a worker took the job, was evicted or was damaged; submit the model again")
+    return ExternalDataError(
+        f"initializer {name!r}: its bytes (blob {key}) are not on the farm: the upload expired "
+        "before a worker took the job, was evicted or was damaged; submit the model again"
+    )
 
 
 def _submitted_path(message: str) -> str:

@@ -69,8 +69,11 @@ class TaskName(str, Enum):
     FINISH = "farm.finish"
 
 
-COMPILE_TASKS = {"kernel": TaskName.COMPILE_CPU_KERNEL, "blob": TaskName.PACK_BLOB,
-                 "clkernel": TaskName.COMPILE_CL_KERNEL}
+COMPILE_TASKS = {
+    "kernel": TaskName.COMPILE_CPU_KERNEL,
+    "blob": TaskName.PACK_BLOB,
+    "clkernel": TaskName.COMPILE_CL_KERNEL,
+}
 """The task of each compile unit kind (farm.build.units): a name each, so Flower tells them apart."""
 
 
@@ -210,11 +213,16 @@ class Tune(TaskArgs):
         return cls(job_id, name, spec, target_from_json(args[5]))
 
 
-TASK_ARGS: dict[str, type[TaskArgs]] = {task.value: args for args in (PlanJob, Tune, Compile, Link, Finish)
-                                        for task in args.tasks}
-FIXED_QUEUES = {TaskName.PLAN_JOB.value: CONTROL_QUEUE, TaskName.FINISH.value: CONTROL_QUEUE,
-                TaskName.LINK.value: LLVM_QUEUE, TaskName.COMPILE_CPU_KERNEL.value: LLVM_QUEUE,
-                TaskName.PACK_BLOB.value: LLVM_QUEUE}
+TASK_ARGS: dict[str, type[TaskArgs]] = {
+    task.value: args for args in (PlanJob, Tune, Compile, Link, Finish) for task in args.tasks
+}
+FIXED_QUEUES = {
+    TaskName.PLAN_JOB.value: CONTROL_QUEUE,
+    TaskName.FINISH.value: CONTROL_QUEUE,
+    TaskName.LINK.value: LLVM_QUEUE,
+    TaskName.COMPILE_CPU_KERNEL.value: LLVM_QUEUE,
+    TaskName.PACK_BLOB.value: LLVM_QUEUE,
+}
 """Tasks whose queue never depends on their arguments: the Celery app's routes. farm.compile_cl_kernel goes to
 its device's queue and farm.tune_kernel to its CPU class's."""
 
@@ -238,8 +246,10 @@ class RunningTask:
     message: Message
 
     def encode(self) -> str:
-        return json.dumps({"holder": self.holder, "task": self.message.task, "args": self.message.args,
-                           "queue": self.message.queue}, sort_keys=True)
+        return json.dumps(
+            {"holder": self.holder, "task": self.message.task, "args": self.message.args, "queue": self.message.queue},
+            sort_keys=True,
+        )
 
     @classmethod
     def decode(cls, text: str) -> RunningTask:

@@ -35,8 +35,13 @@ def farm_context():
 
     url = app.conf.broker_url
     retries = defaults.worker_redis_retries()
-    return Farm(JobBoard(url, retries), open_store(defaults.store_url(url), retries), dispatch,
-                before_build=die_if_told, live_queues=live_queues)
+    return Farm(
+        JobBoard(url, retries),
+        open_store(defaults.store_url(url), retries),
+        dispatch,
+        before_build=die_if_told,
+        live_queues=live_queues,
+    )
 
 
 @functools.cache
@@ -60,8 +65,7 @@ def dispatch(message: Message) -> None:
     for attempt in range(attempts + 1):
         try:
             with app.connection_for_write() as connection:
-                app.send_task(message.task, args=message.args, queue=message.queue, connection=connection,
-                              retry=False)
+                app.send_task(message.task, args=message.args, queue=message.queue, connection=connection, retry=False)
             return
         except (OperationalError, ConnectionError, AttributeError):
             if attempt == attempts:

@@ -47,8 +47,10 @@ def remember(job_id: str, split: SplitModel, sent_bytes: int) -> None:
     folder = uploads_dir()
     folder.mkdir(parents=True, exist_ok=True)
     _forget_expired(folder)
-    record = {"blobs": {key: [source.path, source.offset, source.length] for key, source in split.blobs.items()},
-              "sent_bytes": sent_bytes}
+    record = {
+        "blobs": {key: [source.path, source.offset, source.length] for key, source in split.blobs.items()},
+        "sent_bytes": sent_bytes,
+    }
     write_atomically(folder / f"{job_id}.json", json.dumps(record, sort_keys=True).encode())
 
 
@@ -57,8 +59,11 @@ def recall(job_id: str) -> dict[str, BlobSource]:
     unreadable: the download then takes every member from the farm)."""
     try:
         record = json.loads((uploads_dir() / f"{job_id}.json").read_bytes())
-        return {key: BlobSource(str(path), int(offset), int(length))
-                for key, (path, offset, length) in record["blobs"].items() if is_key(key)}
+        return {
+            key: BlobSource(str(path), int(offset), int(length))
+            for key, (path, offset, length) in record["blobs"].items()
+            if is_key(key)
+        }
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return {}
 
@@ -99,9 +104,11 @@ def over_the_cap(model: str, weight_bytes: int, cap: int, what: str = "its weigh
     once planned, when its weights and their packed copies (`what`) are (before anything is compiled)."""
     if weight_bytes <= cap:
         return None
-    return (f"{model}: {what} {_size(weight_bytes)}, over the farm's store cap of {_size(cap)} "
-            "(FARM_STORE_MAX_BYTES of its workers); ask its operator for a larger cap or a file blob store "
-            "(FARM_BLOB_STORE), or build it locally (no --broker)")
+    return (
+        f"{model}: {what} {_size(weight_bytes)}, over the farm's store cap of {_size(cap)} "
+        "(FARM_STORE_MAX_BYTES of its workers); ask its operator for a larger cap or a file blob store "
+        "(FARM_BLOB_STORE), or build it locally (no --broker)"
+    )
 
 
 def _size(count: int) -> str:

@@ -36,16 +36,28 @@ def detect_capabilities() -> dict[str, Any]:
     """This host's CPU (triple, cpu name, features), OpenCL devices (listed by a child process: the pool forks) and
     toolchain (its keys show which workers share compile caches)."""
     cpu = host_target()
-    return {"host": socket.gethostname(), "pid": os.getpid(), "cpu": {"id": cpu.id, "triple": cpu.triple,
-            "cpu": cpu.cpu, "features": cpu.features, "simd_floats": cpu.simd_floats},
-            "opencl": opencl_devices_of_a_fresh_process(), "toolchain": toolchain().to_json()}
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "cpu": {
+            "id": cpu.id,
+            "triple": cpu.triple,
+            "cpu": cpu.cpu,
+            "features": cpu.features,
+            "simd_floats": cpu.simd_floats,
+        },
+        "opencl": opencl_devices_of_a_fresh_process(),
+        "toolchain": toolchain().to_json(),
+    }
 
 
 def queues_for(capabilities: dict[str, Any]) -> list[str]:
     """control and llvm (any host), tune.<cpu id> (this CPU class), opencl.<fingerprint> for each device."""
     cpu = capabilities["cpu"]
-    return worker_queues(CpuTarget(cpu["triple"], cpu["cpu"], cpu["features"]).id,
-                         [device["fingerprint"] for device in capabilities["opencl"]])
+    return worker_queues(
+        CpuTarget(cpu["triple"], cpu["cpu"], cpu["features"]).id,
+        [device["fingerprint"] for device in capabilities["opencl"]],
+    )
 
 
 def default_hostname() -> str:
@@ -135,9 +147,13 @@ def run_worker(broker: str, concurrency: int | None, hostname: str | None, logle
     sweep_stale_scratch()  # what older versions' crashed packers left in /dev/shm
     preload()
     keeper = _lease_keeper(broker, name)
-    intake = Intake(JobBoard(broker), lambda job_id: farm_context().accept(job_id),
-                    lambda: farm_context().housekeep(), lambda token, key: farm_context().admit(token, key),
-                    lambda key: farm_context().repair(key))
+    intake = Intake(
+        JobBoard(broker),
+        lambda job_id: farm_context().accept(job_id),
+        lambda: farm_context().housekeep(),
+        lambda token, key: farm_context().admit(token, key),
+        lambda key: farm_context().repair(key),
+    )
 
     @signals.worker_ready.connect(weak=False)
     def advertise(sender: Any = None, **_: Any) -> None:
@@ -148,8 +164,11 @@ def run_worker(broker: str, concurrency: int | None, hostname: str | None, logle
         registry.call(registry.redis.hset, WORKERS_KEY, name, encode_capabilities(advertised))
         keeper.start()
         intake.start()
-        logger.info("%s: each pool process may write %s (FARM_STEP_MEMORY_BYTES)", name,
-                    f"{step_memory} bytes" if step_memory else "without limit")
+        logger.info(
+            "%s: each pool process may write %s (FARM_STEP_MEMORY_BYTES)",
+            name,
+            f"{step_memory} bytes" if step_memory else "without limit",
+        )
 
     @signals.worker_process_init.connect(weak=False)
     def leave_the_process_group(**_: Any) -> None:
@@ -175,8 +194,19 @@ def run_worker(broker: str, concurrency: int | None, hostname: str | None, logle
         except UnreachableError as error:
             logger.warning("%s: could not withdraw its advertisement: %s", name, error)
 
-    argv = ["worker", "--queues", ",".join(queues_for(capabilities)), "--hostname", name, "--loglevel", loglevel,
-            "--task-events", "--without-mingle", "--without-gossip", *recycle_argv(step_memory)]
+    argv = [
+        "worker",
+        "--queues",
+        ",".join(queues_for(capabilities)),
+        "--hostname",
+        name,
+        "--loglevel",
+        loglevel,
+        "--task-events",
+        "--without-mingle",
+        "--without-gossip",
+        *recycle_argv(step_memory),
+    ]
     if concurrency:
         argv += ["--concurrency", str(concurrency)]
     app.worker_main(argv)

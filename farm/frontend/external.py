@@ -47,8 +47,7 @@ def external_path(name: str, location: str, model_dir: str) -> str:
     if "\x00" in location:
         raise ExternalDataError(f"initializer {name!r}: external data path {location!r} contains a NUL byte")
     if not location or os.path.isabs(location):
-        raise ExternalDataError(f"initializer {name!r}: external data path {location!r} must be relative to the "
-                                "model")
+        raise ExternalDataError(f"initializer {name!r}: external data path {location!r} must be relative to the model")
     resolved = os.path.realpath(os.path.join(model_dir, location))
     if os.path.commonpath([resolved, model_dir]) != model_dir:
         raise ExternalDataError(
@@ -65,7 +64,9 @@ def _range(name: str, info: dict[str, str]) -> tuple[int, int]:
     try:
         offset, length = int(info.get("offset", 0)), int(info["length"]) if "length" in info else -1
     except ValueError as error:
-        raise ExternalDataError(f"initializer {name!r}: external data offset or length is not a number ({error})") from None
+        raise ExternalDataError(
+            f"initializer {name!r}: external data offset or length is not a number ({error})"
+        ) from None
     if offset < 0:
         raise ExternalDataError(f"initializer {name!r}: external data offset {offset} is negative")
     return offset, length
@@ -78,8 +79,9 @@ def _end(name: str, where: str, size: int, offset: int, length: int) -> int:
     end = size if length < 0 else offset + length
     if offset > size or end > size:
         claimed = f"{length} bytes" if length >= 0 else "anything"
-        raise ExternalDataError(f"initializer {name!r}: external data {where} holds {size} bytes, not {claimed} at "
-                                f"offset {offset}")
+        raise ExternalDataError(
+            f"initializer {name!r}: external data {where} holds {size} bytes, not {claimed} at offset {offset}"
+        )
     return end
 
 
@@ -100,8 +102,10 @@ class ModelFolder:
         except OSError as error:
             raise ExternalDataError(f"initializer {name!r}: can't read external data {file_path}: {error}") from error
         if len(data) != end - offset:  # the file shrank since its size was taken
-            raise ExternalDataError(f"initializer {name!r}: external data {file_path} holds {len(data)} bytes at "
-                                    f"offset {offset}, expected {end - offset}")
+            raise ExternalDataError(
+                f"initializer {name!r}: external data {file_path} holds {len(data)} bytes at "
+                f"offset {offset}, expected {end - offset}"
+            )
         return data, file_path
 
     def digest(self, info: dict[str, str]) -> str | None:
@@ -117,8 +121,9 @@ class StoredBlobs:
     sha256, read with `read_blob(key)` (which checks the bytes against it); any other location is a file on the
     submitter's machine that was never uploaded, named as such."""
 
-    def __init__(self, read_blob: Callable[[str, str], Buffer],
-                 present: Callable[[str, str], bool] | None = None) -> None:
+    def __init__(
+        self, read_blob: Callable[[str, str], Buffer], present: Callable[[str, str], bool] | None = None
+    ) -> None:
         """`present(key, name)`: whether blob `key` can be read (then a whole-blob reference may be deferred: read
         when its values are asked for); it raises, naming the tensor, when the blob is known to be missing."""
         self.read_blob, self.present = read_blob, present
@@ -127,9 +132,11 @@ class StoredBlobs:
         location = info.get("location", "")
         match = STORED_LOCATION.fullmatch(location)
         if match is None:
-            raise ExternalDataError(f"tensor {name!r}: external data {location[:200]!r} was not uploaded (farm submit "
-                                    "uploads the external data of the main graph's initializers; save other "
-                                    "tensors inside the model)")
+            raise ExternalDataError(
+                f"tensor {name!r}: external data {location[:200]!r} was not uploaded (farm submit "
+                "uploads the external data of the main graph's initializers; save other "
+                "tensors inside the model)"
+            )
         offset, length = _range(name, info)
         data = self.read_blob(match.group(1), name)
         end = _end(name, f"blob {match.group(1)}", len(data), offset, length)

@@ -39,8 +39,9 @@ _SHAPE_DATA_MAX_ELEMENTS = 4096
 # --------------------------------------------------------------------------------------------------- import_model
 
 
-def import_model(path: str | os.PathLike[str], shapes: PinnedShapes | None = None,
-                 external: ExternalData | None = None) -> Graph:
+def import_model(
+    path: str | os.PathLike[str], shapes: PinnedShapes | None = None, external: ExternalData | None = None
+) -> Graph:
     """Load the ONNX model at `path` into a Graph with static value infos, constants and named nodes; `shapes`
     (farm.frontend.shapes, from `--shape`) fix the sizes of dynamic input dimensions before shape inference.
 
@@ -106,8 +107,10 @@ def _correct_ceil_mode_pools(graph: Graph) -> None:
         strides, dilations = node.attrs.get("strides", [1] * rank), node.attrs.get("dilations", [1] * rank)
         if any(len(v) != rank for v in (kernel, strides, dilations)) or len(pads) != 2 * rank:
             continue  # the op's normalisation refuses it
-        spatial = tuple(_ceil_pool_extent(x.shape[2 + i], kernel[i], strides[i], dilations[i], pads[i],
-                                          pads[rank + i]) for i in range(rank))
+        spatial = tuple(
+            _ceil_pool_extent(x.shape[2 + i], kernel[i], strides[i], dilations[i], pads[i], pads[rank + i])
+            for i in range(rank)
+        )
         if spatial != y.shape[2:]:
             graph.values[node.outputs[0]] = TensorInfo(y.shape[:2] + spatial, y.dtype)
             _forget_shapes_after(graph, node)
@@ -137,8 +140,10 @@ def _check_size(name: str, role: str, dims: list[int], dtype: str) -> None:
         raise UnsupportedError(f"{role} {name!r} has a negative dim in shape {dims}")
     nbytes = math.prod(dims) * np.dtype(dtype).itemsize
     if nbytes > defaults.MAX_TENSOR_BYTES:
-        raise UnsupportedError(f"{role} {name!r} of shape {dims} {dtype} needs {nbytes} bytes, over farm's limit of "
-                               f"{defaults.MAX_TENSOR_BYTES} per tensor")
+        raise UnsupportedError(
+            f"{role} {name!r} of shape {dims} {dtype} needs {nbytes} bytes, over farm's limit of "
+            f"{defaults.MAX_TENSOR_BYTES} per tensor"
+        )
 
 
 def _load_proto(path: str) -> tuple[onnx.ModelProto, dict[int, memoryview]]:
@@ -175,7 +180,7 @@ def _load_mapped(path: str) -> tuple[onnx.ModelProto | None, dict[int, memoryvie
         model.ParseFromString(stripped)
     except Exception:  # wire.WireError or protobuf's DecodeError: onnx.load gives the reason
         return None, {}
-    return model, {index: data[span.offset:span.offset + span.length] for index, span in spans.items()}
+    return model, {index: data[span.offset : span.offset + span.length] for index, span in spans.items()}
 
 
 def _default_opset(model: onnx.ModelProto, path: str) -> int:
@@ -187,7 +192,8 @@ def _default_opset(model: onnx.ModelProto, path: str) -> int:
     if opset > MAX_OPSET or (opset < MIN_OPSET and not _ops_unchanged_since(model, opset)):
         raise UnsupportedError(
             f"ai.onnx opset {opset} is not supported (farm supports opsets {MIN_OPSET} to {MAX_OPSET}, and older "
-            f"ones for models whose ops have not changed since)", opset=opset
+            f"ones for models whose ops have not changed since)",
+            opset=opset,
         )
     return opset
 
@@ -195,8 +201,11 @@ def _default_opset(model: onnx.ModelProto, path: str) -> int:
 def _ops_unchanged_since(model: onnx.ModelProto, opset: int) -> bool:
     """True when every ai.onnx op of the main graph means at `opset` what it means at MIN_OPSET (the same schema
     version), so an old model that uses only such ops (And at opset 7, Not at opset 1) builds as it is."""
-    return all(_schema_version(node.op_type, opset) == _schema_version(node.op_type, MIN_OPSET)
-               for node in model.graph.node if node.domain in DEFAULT_DOMAINS)
+    return all(
+        _schema_version(node.op_type, opset) == _schema_version(node.op_type, MIN_OPSET)
+        for node in model.graph.node
+        if node.domain in DEFAULT_DOMAINS
+    )
 
 
 def _schema_version(op: str, opset: int) -> int | None:
@@ -209,8 +218,9 @@ def _schema_version(op: str, opset: int) -> int | None:
 # ---------------------------------------------------------------------------------------------- tensors and data
 
 
-def _read_initializers(graph: onnx.GraphProto, external: ExternalData, mapped: dict[int, memoryview],
-                       path: str) -> Constants:
+def _read_initializers(
+    graph: onnx.GraphProto, external: ExternalData, mapped: dict[int, memoryview], path: str
+) -> Constants:
     """Every initializer as a numpy array: views of the model file's map where `mapped` has its bytes, external ones
     read through `external` (which refuses locations outside the model's folder), except the big ones `external`
     lets wait (a farm job's weights named by digest): those are deferred, read only if something asks for their
@@ -224,8 +234,11 @@ def _read_initializers(graph: onnx.GraphProto, external: ExternalData, mapped: d
         if later is not None:
             deferred[tensor.name] = later
         else:
-            arrays[tensor.name] = (_array_from_bytes(tensor, mapped[index], path) if index in mapped
-                                   else _tensor_to_array(tensor, external))
+            arrays[tensor.name] = (
+                _array_from_bytes(tensor, mapped[index], path)
+                if index in mapped
+                else _tensor_to_array(tensor, external)
+            )
     return Constants(arrays, deferred)
 
 
@@ -245,21 +258,26 @@ def _deferred(tensor: TensorProto, external: ExternalData) -> DeferredArray | No
         digest = external.deferrable(tensor.name, {entry.key: entry.value for entry in tensor.external_data})
     except ExternalDataError as error:
         raise ModelLoadError(str(error)) from None
-    return None if digest is None else DeferredArray(shape, dtype, digest,
-                                                     functools.partial(_read_external, tensor, external))
+    return (
+        None
+        if digest is None
+        else DeferredArray(shape, dtype, digest, functools.partial(_read_external, tensor, external))
+    )
 
 
-
-
-def _known_digests(graph: onnx.GraphProto, external: ExternalData,
-                   constants: Constants) -> dict[str, tuple[np.ndarray, str]]:
+def _known_digests(
+    graph: onnx.GraphProto, external: ExternalData, constants: Constants
+) -> dict[str, tuple[np.ndarray, str]]:
     """The sha256 of each initializer whose bytes came by digest (a submitted model's blobs), with the very array
     they became: planning hashes only constants it doesn't know, and only while they are that unchanged array
     (a plain numeric view of the blob's bytes)."""
     known = {}
     for tensor in graph.initializer:
-        digest = external.digest({e.key: e.value for e in tensor.external_data}) if (
-            tensor.data_location == TensorProto.EXTERNAL) else None
+        digest = (
+            external.digest({e.key: e.value for e in tensor.external_data})
+            if (tensor.data_location == TensorProto.EXTERNAL)
+            else None
+        )
         array = constants.get(tensor.name) if constants.deferred(tensor.name) is None else None
         if digest and array is not None and array.dtype.kind in "fiub" and array.dtype.byteorder in "=|<":
             known[tensor.name] = (array, digest)
@@ -351,8 +369,9 @@ _CONSTANT_VALUES: dict[str, Callable[[Any], np.ndarray]] = {
 }
 
 
-def _convert_nodes(protos: Iterable[onnx.NodeProto], external: ExternalData,
-                   opset: int) -> tuple[list[Node], dict[str, np.ndarray]]:
+def _convert_nodes(
+    protos: Iterable[onnx.NodeProto], external: ExternalData, opset: int
+) -> tuple[list[Node], dict[str, np.ndarray]]:
     """Nodes as farm Nodes with Python attributes; Constant nodes become constants instead of nodes."""
     nodes: list[Node] = []
     constants: dict[str, np.ndarray] = {}
@@ -390,9 +409,7 @@ def _convert_node(proto: onnx.NodeProto, index: int, external: ExternalData, use
     try:
         attrs = {attr.name: _ATTR_READERS[attr.type](attr, external) for attr in proto.attribute}
     except KeyError as exc:
-        raise UnsupportedError(
-            f"attribute of unknown type {exc}", node=name, op=proto.op_type, domain=domain
-        ) from exc
+        raise UnsupportedError(f"attribute of unknown type {exc}", node=name, op=proto.op_type, domain=domain) from exc
     return Node(name, proto.op_type, list(proto.input), list(proto.output), attrs, domain)
 
 
@@ -445,8 +462,9 @@ def _topological_order(nodes: list[Node], defined: set[str], path: str) -> list[
     return ordered
 
 
-def _newly_ready(placed: list[Node], known: set[str], waiting_on: dict[str, list[int]],
-                 missing: list[int]) -> list[int]:
+def _newly_ready(
+    placed: list[Node], known: set[str], waiting_on: dict[str, list[int]], missing: list[int]
+) -> list[int]:
     """Record the outputs of a round's nodes as known; the indices of the nodes that no longer miss an input."""
     ready = []
     for name in {out for node in placed for out in node.outputs} - known:
@@ -468,8 +486,7 @@ def _defines_in_order(node: Node, known: set[str]) -> bool:
 # --------------------------------------------------------------------------------------------- shape inference
 
 
-def _infer_shapes(model: onnx.ModelProto, constants: Constants,
-                  path: str) -> tuple[onnx.ModelProto, set[str]]:
+def _infer_shapes(model: onnx.ModelProto, constants: Constants, path: str) -> tuple[onnx.ModelProto, set[str]]:
     """Run ONNX shape inference on a copy of the model without its big weights, which inference doesn't need.
 
     The shapes a model declares for its outputs and intermediate values are untrusted: inference runs without
@@ -533,8 +550,11 @@ def _check_declared_shapes(model: onnx.ModelProto, inferred: onnx.ModelProto) ->
     Returns the names whose shape (or some dim) was taken from the declaration; raises UnsupportedError naming the
     value, its producing node and both shapes.
     """
-    found = {vi.name: vi for vi in (*inferred.graph.output, *inferred.graph.value_info)
-             if vi.type.tensor_type.HasField("shape")}
+    found = {
+        vi.name: vi
+        for vi in (*inferred.graph.output, *inferred.graph.value_info)
+        if vi.type.tensor_type.HasField("shape")
+    }
     producers = {out: node for node in model.graph.node for out in node.output}
     outputs = {vi.name for vi in inferred.graph.output}
     trusted: set[str] = set()
@@ -587,7 +607,8 @@ def _replace_output(graph: onnx.GraphProto, declared: onnx.ValueInfoProto) -> No
 def _shapes_agree(claimed: tuple[int | str, ...], computed: tuple[int | str, ...]) -> bool:
     """Same rank, and every dim that both know statically is equal."""
     return len(claimed) == len(computed) and all(
-        a == b for a, b in zip(claimed, computed) if isinstance(a, int) and isinstance(b, int))
+        a == b for a, b in zip(claimed, computed) if isinstance(a, int) and isinstance(b, int)
+    )
 
 
 def _shape_skeleton(model: onnx.ModelProto, constants: Constants) -> onnx.ModelProto:

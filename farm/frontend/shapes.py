@@ -30,8 +30,10 @@ def apply_shapes(graph: onnx.GraphProto, pins: Mapping[str, tuple[int, ...]], pa
             for vi in inputs.values():
                 _pin_dimension(vi, name, sizes[0])
         else:
-            raise BadInputError(f"{path}: --shape {name}: the model has no input or symbolic dimension of that name "
-                                f"({_described(inputs.values())})")
+            raise BadInputError(
+                f"{path}: --shape {name}: the model has no input or symbolic dimension of that name "
+                f"({_described(inputs.values())})"
+            )
 
 
 def _dims(vi: onnx.ValueInfoProto) -> list[onnx.TensorShapeProto.Dimension]:
@@ -42,8 +44,9 @@ def _pin_input(vi: onnx.ValueInfoProto, sizes: tuple[int, ...], path: str) -> No
     dims = _dims(vi)
     shown = "x".join(map(str, sizes))
     if vi.type.tensor_type.HasField("shape") and len(dims) != len(sizes):
-        raise BadInputError(f"{path}: --shape {vi.name}={shown}: input {vi.name!r} has {len(dims)} dimensions "
-                            f"({_shape_text(vi)})")
+        raise BadInputError(
+            f"{path}: --shape {vi.name}={shown}: input {vi.name!r} has {len(dims)} dimensions ({_shape_text(vi)})"
+        )
     for dim, size in zip(dims, sizes):
         if dim.HasField("dim_value") and dim.dim_value != size:
             raise BadInputError(f"{path}: --shape {vi.name}={shown}: input {vi.name!r} is {_shape_text(vi)}")

@@ -115,7 +115,7 @@ def _source_digest(source: BlobSource) -> str:
     with open(source.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
         view = memoryview(mapped)
         try:
-            return hashlib.sha256(view[source.offset:source.offset + source.length]).hexdigest()
+            return hashlib.sha256(view[source.offset : source.offset + source.length]).hexdigest()
         finally:
             view.release()
 
@@ -133,16 +133,21 @@ class _Splitter:
         return self.found
 
     def model(self) -> bytes:
-        pieces = [wire.delimited(number, self.graph(body, end))
-                  if number == wire.MODEL_GRAPH and kind == wire.LENGTH_DELIMITED else bytes(self.data[start:end])
-                  for number, kind, start, body, end in wire.fields(self.data, 0, len(self.data))]
+        pieces = [
+            wire.delimited(number, self.graph(body, end))
+            if number == wire.MODEL_GRAPH and kind == wire.LENGTH_DELIMITED
+            else bytes(self.data[start:end])
+            for number, kind, start, body, end in wire.fields(self.data, 0, len(self.data))
+        ]
         return b"".join(pieces)
 
     def graph(self, begin: int, end: int) -> bytes:
-        pieces = [wire.delimited(number, self.tensor(body, stop))
-                  if number == wire.GRAPH_INITIALIZER and kind == wire.LENGTH_DELIMITED
-                  else bytes(self.data[start:stop])
-                  for number, kind, start, body, stop in wire.fields(self.data, begin, end)]
+        pieces = [
+            wire.delimited(number, self.tensor(body, stop))
+            if number == wire.GRAPH_INITIALIZER and kind == wire.LENGTH_DELIMITED
+            else bytes(self.data[start:stop])
+            for number, kind, start, body, stop in wire.fields(self.data, begin, end)
+        ]
         return b"".join(pieces)
 
     def tensor(self, begin: int, end: int) -> bytes:
@@ -154,8 +159,9 @@ class _Splitter:
         key = self.keys[len(self.found)] if self.keys is not None else "0" * 64
         self.found.append(source)
         replaced = (TENSOR_EXTERNAL_DATA, wire.TENSOR_DATA_LOCATION, wire.TENSOR_RAW_DATA)
-        return b"".join(bytes(data[start:stop]) for number, _, start, _, stop in fields
-                        if number not in replaced) + _reference(key, source.length)
+        return b"".join(
+            bytes(data[start:stop]) for number, _, start, _, stop in fields if number not in replaced
+        ) + _reference(key, source.length)
 
     def _source(self, fields: list[tuple[int, int, int, int, int]]) -> BlobSource | None:
         """Where the tensor's bytes are, when they make a blob: its raw_data in this file, or its external data."""
@@ -188,8 +194,10 @@ class _Splitter:
         except (ValueError, OSError) as error:
             raise SplitError(f"{self.path}: initializer {name!r}: {error}") from None
         if offset < 0 or length < 0 or offset + length > size:
-            raise SplitError(f"{self.path}: initializer {name!r}: external data {resolved} holds {size} bytes, "
-                             f"not {length} at offset {offset}")
+            raise SplitError(
+                f"{self.path}: initializer {name!r}: external data {resolved} holds {size} bytes, "
+                f"not {length} at offset {offset}"
+            )
         return BlobSource(resolved, offset, length)
 
 
@@ -204,9 +212,10 @@ def _entry(data: memoryview, begin: int, end: int) -> tuple[str, str]:
 
 def _reference(key: str, length: int) -> bytes:
     """The fields that make a tensor's data the blob `key`: external_data location and length, data_location."""
-    entries = b"".join(wire.delimited(TENSOR_EXTERNAL_DATA, wire.delimited(1, name.encode()) +
-                                      wire.delimited(2, value.encode()))
-                       for name, value in (("location", STORED_PREFIX + key), ("length", str(length))))
+    entries = b"".join(
+        wire.delimited(TENSOR_EXTERNAL_DATA, wire.delimited(1, name.encode()) + wire.delimited(2, value.encode()))
+        for name, value in (("location", STORED_PREFIX + key), ("length", str(length)))
+    )
     return entries + wire.encode_varint(wire.TENSOR_DATA_LOCATION << 3 | wire.VARINT) + wire.encode_varint(EXTERNAL)
 
 
@@ -231,8 +240,11 @@ def stored_blob_keys(graph: bytes) -> list[str]:
 
 def _stored_reference(data: memoryview, begin: int, end: int) -> dict[str, int]:
     """{key: length} of a tensor whose external data is a blob; {} for any other tensor."""
-    entries = dict(_entry(data, body, stop) for number, kind, _, body, stop in wire.fields(data, begin, end)
-                   if number == TENSOR_EXTERNAL_DATA and kind == wire.LENGTH_DELIMITED)
+    entries = dict(
+        _entry(data, body, stop)
+        for number, kind, _, body, stop in wire.fields(data, begin, end)
+        if number == TENSOR_EXTERNAL_DATA and kind == wire.LENGTH_DELIMITED
+    )
     match = STORED_LOCATION.fullmatch(entries.get("location", ""))
     if match is None:
         return {}

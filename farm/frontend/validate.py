@@ -63,7 +63,9 @@ def check_attr_types(proto: onnx.NodeProto, node: Node, opset: int) -> None:
             raise UnsupportedError(
                 f"attribute {attr.name!r} is of type {_attr_type_name(attr.type)}, expected "
                 f"{_attr_type_name(expected.type)}",  # type: ignore[arg-type]
-                node=node.name, op=node.op_type, opset=opset,
+                node=node.name,
+                op=node.op_type,
+                opset=opset,
             )
 
 
@@ -154,8 +156,12 @@ def _check_input_types(graph: Graph, node: Node) -> None:
         dtype = graph.values[name].dtype
         types = allowed.get(formal.type_str, {formal.type_str})
         if f"tensor({_ONNX_ELEMENT_NAMES.get(dtype, dtype)})" not in types:
-            raise _unsupported(graph, node, f"input {name!r} has dtype {dtype}, which {node.op_type} does not "
-                                            f"take for {formal.name!r} ({', '.join(sorted(types))})")
+            raise _unsupported(
+                graph,
+                node,
+                f"input {name!r} has dtype {dtype}, which {node.op_type} does not "
+                f"take for {formal.name!r} ({', '.join(sorted(types))})",
+            )
 
 
 def _check_required_inputs(graph: Graph, node: Node, schema: onnx.defs.OpSchema) -> None:
@@ -170,8 +176,9 @@ def _check_required_inputs(graph: Graph, node: Node, schema: onnx.defs.OpSchema)
 def _check_dtype(graph: Graph, name: str, role: str, node: Node | None) -> None:
     dtype = graph.values[name].dtype
     if dtype not in VALUE_DTYPES:
-        raise _unsupported(graph, node, f"{role} {name!r} has dtype {dtype}; farm computes with "
-                                        f"{', '.join(VALUE_DTYPES)}")
+        raise _unsupported(
+            graph, node, f"{role} {name!r} has dtype {dtype}; farm computes with {', '.join(VALUE_DTYPES)}"
+        )
 
 
 def _uninferred(graph: Graph, node: Node | None) -> str:
@@ -180,8 +187,10 @@ def _uninferred(graph: Graph, node: Node | None) -> str:
     if node is None or not all(not name or name in graph.values for name in node.inputs):
         return ""
     shapes = ", ".join(f"{name} {list(graph.values[name].shape)}" for name in node.inputs if name)
-    return (f"; ONNX's shape inference gave it no shape from its node's static inputs ({shapes}): check that they "
-            f"fit {node.op_type}")
+    return (
+        f"; ONNX's shape inference gave it no shape from its node's static inputs ({shapes}): check that they "
+        f"fit {node.op_type}"
+    )
 
 
 def _check_static(graph: Graph, name: str, role: str, node: Node | None) -> None:
@@ -199,6 +208,10 @@ def _check_static(graph: Graph, name: str, role: str, node: Node | None) -> None
     if any(d < 0 for d in info.shape):
         raise _unsupported(graph, node, f"{role} {name!r} has a negative dim in shape {list(info.shape)}")
     if info.nbytes > defaults.MAX_TENSOR_BYTES:
-        raise _unsupported(graph, node, f"{role} {name!r} of shape {list(info.shape)} {info.dtype} needs "
-                                        f"{info.nbytes} bytes, over farm's limit of {defaults.MAX_TENSOR_BYTES} "
-                                        f"per tensor")
+        raise _unsupported(
+            graph,
+            node,
+            f"{role} {name!r} of shape {list(info.shape)} {info.dtype} needs "
+            f"{info.nbytes} bytes, over farm's limit of {defaults.MAX_TENSOR_BYTES} "
+            f"per tensor",
+        )

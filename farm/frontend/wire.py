@@ -45,8 +45,12 @@ def cut_raw_initializers(data: memoryview, min_bytes: int = CUT_MIN_BYTES) -> tu
     its RawSpan in `data`); the index counts GraphProto.initializer entries in file order, as the parse keeps them
     (a graph field given twice merges: its initializers append)."""
     cutter = _Cutter(data, min_bytes)
-    pieces = [delimited(field, cutter.graph(body, end)) if field == MODEL_GRAPH and wire == LENGTH_DELIMITED
-              else bytes(data[start:end]) for field, wire, start, body, end in fields(data, 0, len(data))]
+    pieces = [
+        delimited(field, cutter.graph(body, end))
+        if field == MODEL_GRAPH and wire == LENGTH_DELIMITED
+        else bytes(data[start:end])
+        for field, wire, start, body, end in fields(data, 0, len(data))
+    ]
     return b"".join(pieces), cutter.spans
 
 
@@ -80,8 +84,11 @@ class _Cutter:
         if raw is None or external or raw[1] < self.min_bytes:
             return bytes(data[begin:end])
         self.spans[self.initializers] = RawSpan(data_type, *raw)
-        return b"".join(bytes(data[start:stop]) for field, wire, start, _, stop in tensor_fields
-                        if not (field == TENSOR_RAW_DATA and wire == LENGTH_DELIMITED))
+        return b"".join(
+            bytes(data[start:stop])
+            for field, wire, start, _, stop in tensor_fields
+            if not (field == TENSOR_RAW_DATA and wire == LENGTH_DELIMITED)
+        )
 
 
 def fields(data: memoryview, begin: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:

@@ -72,8 +72,9 @@ class Constants(MutableMapping[str, np.ndarray]):
     their values (`constants[name]`, `get`), so that planning a farm job whose passes never look at a weight's
     values moves none of its bytes; membership, iteration, `info` and `digest` never read one."""
 
-    def __init__(self, arrays: Mapping[str, np.ndarray] | None = None,
-                 deferred: Mapping[str, DeferredArray] | None = None) -> None:
+    def __init__(
+        self, arrays: Mapping[str, np.ndarray] | None = None, deferred: Mapping[str, DeferredArray] | None = None
+    ) -> None:
         self._arrays: dict[str, np.ndarray] = dict(arrays or {})
         self._deferred: dict[str, DeferredArray] = dict(deferred or {})
         self._read: dict[str, tuple[np.ndarray, str]] = {}
@@ -169,8 +170,12 @@ class Graph:
         """The sha256 of constant `name`'s bytes when it is known without hashing them: a weight the submitter named
         by digest, while it is still the bytes it named (known_digests, Constants.digest)."""
         digest = self.constants.digest(name)
-        if digest is None and name in self.known_digests and name in self.constants and (
-                self.constants.deferred(name) is None and self.known_digests[name][0] is self.constants[name]):
+        if (
+            digest is None
+            and name in self.known_digests
+            and name in self.constants
+            and (self.constants.deferred(name) is None and self.known_digests[name][0] is self.constants[name])
+        ):
             digest = self.known_digests[name][1]
         return digest
 

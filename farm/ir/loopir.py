@@ -26,8 +26,20 @@ FLOATS = frozenset({F32, F64})
 # (stores keep the low bits: wrap-around, as numpy's integer arithmetic). BOOL buffers hold one byte per element
 # (numpy's bool); loads give BOOL values.
 F16, BF16, I8, I16, I32, U8, U16, U32 = "f16", "bf16", "i8", "i16", "i32", "u8", "u16", "u32"
-VALUE_DTYPES = {F32: F32, F64: F64, F16: F32, BF16: F32, I64: I64, I8: I64, I16: I64, I32: I64, U8: I64, U16: I64,
-                U32: I64, BOOL: BOOL}
+VALUE_DTYPES = {
+    F32: F32,
+    F64: F64,
+    F16: F32,
+    BF16: F32,
+    I64: I64,
+    I8: I64,
+    I16: I64,
+    I32: I64,
+    U8: I64,
+    U16: I64,
+    U32: I64,
+    BOOL: BOOL,
+}
 
 
 class Expr:
@@ -357,8 +369,11 @@ class ImplicitColumns:
 
     def tap_offset(self, k: int) -> int:
         taps = self.kernel_height * self.kernel_width
-        return (k // taps * self.plane + k % taps // self.kernel_width * self.tap_row_step
-                + k % self.kernel_width * self.tap_column_step)
+        return (
+            k // taps * self.plane
+            + k % taps // self.kernel_width * self.tap_row_step
+            + k % self.kernel_width * self.tap_column_step
+        )
 
 
 @dataclass
@@ -594,11 +609,16 @@ LAUNCH_RANGES: dict[LaunchKind, Callable[[Any, int, int, int], tuple[int, int]]]
 """(extent, grain) of a launch of each kind, from its head statement and the Gemm tile's rows, columns and vectors."""
 
 
-def launch_info(kernel: LoopKernel, gemm_rows: int, gemm_columns: int = 0, gemm_vectors: int = 1,
-                ) -> list[LaunchInfo]:
+def launch_info(
+    kernel: LoopKernel,
+    gemm_rows: int,
+    gemm_columns: int = 0,
+    gemm_vectors: int = 1,
+) -> list[LaunchInfo]:
     """Every launch of `kernel`, in order; a Gemm splits by rows in multiples of `gemm_rows` (its register tile),
     or by the column units of a tile `gemm_columns` wide in `gemm_vectors` vectors (see splits_columns and
     column_units)."""
-    return [LaunchInfo(*LAUNCH_RANGES[group.kind](group.head, gemm_rows, gemm_columns, gemm_vectors),
-                       work(group.stmts))
-            for group in launch_groups(kernel)[1]]
+    return [
+        LaunchInfo(*LAUNCH_RANGES[group.kind](group.head, gemm_rows, gemm_columns, gemm_vectors), work(group.stmts))
+        for group in launch_groups(kernel)[1]
+    ]

@@ -42,11 +42,15 @@ def parse_sizes(specs: Iterable[str]) -> list[PinnedShapes]:
     for spec in specs:
         name, sep, values = spec.partition("=")
         if not sep or not name:
-            raise BadInputError(f"--shape {spec!r}: expected NAME=SIZE (a symbolic dimension, e.g. batch=1) or "
-                                f"INPUT=AxBxC (a whole input, e.g. input_ids=1x128), several separated by commas")
+            raise BadInputError(
+                f"--shape {spec!r}: expected NAME=SIZE (a symbolic dimension, e.g. batch=1) or "
+                f"INPUT=AxBxC (a whole input, e.g. input_ids=1x128), several separated by commas"
+            )
         if name in choices:
-            raise BadInputError(f"--shape {spec!r}: {name!r} is pinned twice (give its sizes in one --shape, "
-                                f"separated by commas: {name}=1,8)")
+            raise BadInputError(
+                f"--shape {spec!r}: {name!r} is pinned twice (give its sizes in one --shape, "
+                f"separated by commas: {name}=1,8)"
+            )
         choices[name] = [_sizes(spec, value) for value in values.split(",")]
         if len(set(choices[name])) != len(choices[name]):
             raise BadInputError(f"--shape {spec!r}: a size is given twice")
@@ -54,16 +58,18 @@ def parse_sizes(specs: Iterable[str]) -> list[PinnedShapes]:
     for options in choices.values():
         count *= len(options)
     if count > MAX_SIZES:
-        raise BadInputError(f"--shape: {count} sizes (every combination of the values given); one artifact holds "
-                            f"at most {MAX_SIZES}")
+        raise BadInputError(
+            f"--shape: {count} sizes (every combination of the values given); one artifact holds at most {MAX_SIZES}"
+        )
     return [_checked(dict(zip(choices, combination))) for combination in itertools.product(*choices.values())]
 
 
 def _sizes(spec: str, text: str) -> tuple[int, ...]:
     parts = text.split("x")
     if not all(part.isdigit() and part.isascii() for part in parts):
-        raise BadInputError(f"--shape {spec!r}: sizes are positive integers separated by 'x' (1x128), values by "
-                            f"',' (1,8,32)")
+        raise BadInputError(
+            f"--shape {spec!r}: sizes are positive integers separated by 'x' (1x128), values by ',' (1,8,32)"
+        )
     return tuple(int(part) for part in parts)
 
 
@@ -80,8 +86,9 @@ def shapes_to_json(pins: Mapping[str, tuple[int, ...]]) -> dict[str, list[int]]:
 def shapes_from_json(data: object) -> PinnedShapes:
     """Pins read back from a job record or a message; BadInputError unless they are {name: [sizes]} within the
     limits parse_sizes enforces."""
-    if not isinstance(data, dict) or not all(isinstance(sizes, list) and all(type(s) is int for s in sizes)
-                                             for sizes in data.values()):
+    if not isinstance(data, dict) or not all(
+        isinstance(sizes, list) and all(type(s) is int for s in sizes) for sizes in data.values()
+    ):
         raise BadInputError(f"pinned shapes are {{name: [sizes]}}, got {str(data)[:200]!r}")
     return _checked({name: tuple(sizes) for name, sizes in data.items()})
 
@@ -97,8 +104,10 @@ def sizes_from_json(data: object) -> list[PinnedShapes]:
     if not isinstance(data, list) or not 1 <= len(data) <= MAX_SIZES:
         raise BadInputError(f"sizes are a list of 1 to {MAX_SIZES} pinned shapes, got {str(data)[:200]!r}")
     sizes = [shapes_from_json(pins) for pins in data]
-    if len({tuple(sorted(pins.items())) for pins in sizes}) != len(sizes) or len({tuple(sorted(pins))
-                                                                                  for pins in sizes}) != 1:
+    if (
+        len({tuple(sorted(pins.items())) for pins in sizes}) != len(sizes)
+        or len({tuple(sorted(pins)) for pins in sizes}) != 1
+    ):
         raise BadInputError(f"sizes must be distinct and pin the same names, got {str(data)[:200]!r}")
     return sizes
 
@@ -110,6 +119,7 @@ def _checked(pins: PinnedShapes) -> PinnedShapes:
         if not isinstance(name, str) or not name or len(name) > MAX_PIN_NAME or not name.isprintable():
             raise BadInputError(f"pinned shape name {str(name)[:80]!r}: 1 to {MAX_PIN_NAME} printable characters")
         if not sizes or not all(1 <= size <= MAX_PIN_SIZE for size in sizes):
-            raise BadInputError(f"--shape {name}={'x'.join(map(str, sizes))}: every size is an integer from 1 to "
-                                f"{MAX_PIN_SIZE}")
+            raise BadInputError(
+                f"--shape {name}={'x'.join(map(str, sizes))}: every size is an integer from 1 to {MAX_PIN_SIZE}"
+            )
     return pins

@@ -114,8 +114,12 @@ def _part(value: Any) -> tuple[int, int] | None:
     spec comes from a message or a link plan)."""
     if value is None:
         return None
-    if (not isinstance(value, list) or len(value) != 2 or not all(type(v) is int for v in value)
-            or not 0 <= value[0] < value[1]):
+    if (
+        not isinstance(value, list)
+        or len(value) != 2
+        or not all(type(v) is int for v in value)
+        or not 0 <= value[0] < value[1]
+    ):
         raise ValueError(f"a kernel part is [index, parts] with 0 <= index < parts, got {value!r}")
     return value[0], value[1]
 
@@ -144,8 +148,9 @@ class BlobSpec:
     @property
     def key(self) -> str:
         packing = "" if self.panels is None else f"|panels{list(self.panels)}"
-        return hashlib.sha256(f"{CODEGEN_VERSION}|blob|{self.data_sha256}|{self.target_id}{packing}".encode()
-                              ).hexdigest()
+        return hashlib.sha256(
+            f"{CODEGEN_VERSION}|blob|{self.data_sha256}|{self.target_id}{packing}".encode()
+        ).hexdigest()
 
     def to_json(self) -> dict[str, Any]:
         data = {"sha256": self.data_sha256, "bytes": self.nbytes, "target": self.target_id}
@@ -154,5 +159,9 @@ class BlobSpec:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> BlobSpec:
         panels = data.get("panels")
-        return cls(data["sha256"], int(data["bytes"]), data["target"],
-                   None if panels is None else tuple(int(v) for v in panels))
+        return cls(
+            data["sha256"],
+            int(data["bytes"]),
+            data["target"],
+            None if panels is None else tuple(int(v) for v in panels),
+        )

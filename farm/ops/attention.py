@@ -111,8 +111,10 @@ def _heads(ctx: NodeContext, q: tuple[int, ...], k: tuple[int, ...], v: tuple[in
         if v[1] != kv_heads:
             raise ctx.unsupported(f"K has {kv_heads} heads but V {v[1]}")
         if given != [None, None] and (ctx.opset >= 25 or given != [q_heads, kv_heads]):
-            raise ctx.unsupported("q_num_heads/kv_num_heads on 4-D inputs (opset 25 forbids them; earlier opsets "
-                                  "only when they match the shapes)")
+            raise ctx.unsupported(
+                "q_num_heads/kv_num_heads on 4-D inputs (opset 25 forbids them; earlier opsets "
+                "only when they match the shapes)"
+            )
     if kv_heads == 0 or q_heads % kv_heads:
         raise ctx.unsupported(f"{kv_heads} key/value heads don't divide {q_heads} query heads")
     return q_heads, kv_heads
@@ -132,8 +134,10 @@ def _with_past(ctx: NodeContext, dims: AttentionDims) -> AttentionDims:
     past_len = past_key[2] if len(past_key) == 4 else -1
     expected_key = (dims.batch, dims.kv_heads, past_len, dims.head_size)
     if past_key != expected_key or past_value != (*expected_key[:3], dims.v_head_size):
-        raise ctx.unsupported(f"past_key {list(past_key)} / past_value {list(past_value)} don't match K and V "
-                              f"(expected [{dims.batch}, {dims.kv_heads}, P, {dims.head_size} / {dims.v_head_size}])")
+        raise ctx.unsupported(
+            f"past_key {list(past_key)} / past_value {list(past_value)} don't match K and V "
+            f"(expected [{dims.batch}, {dims.kv_heads}, P, {dims.head_size} / {dims.v_head_size}])"
+        )
     return dataclasses.replace(dims, past_len=past_len)
 
 
@@ -145,13 +149,16 @@ def _mask_attrs(ctx: NodeContext, dims: AttentionDims) -> dict[str, Any]:
     if info is None:
         return {"mask": "", "mask_shape": []}
     if info.dtype not in ("float32", "bool") or not 1 <= len(info.shape) <= 4:
-        raise ctx.unsupported(f"attn_mask must be a 1-D to 4-D float32 or bool tensor, got {info.dtype} "
-                              f"{list(info.shape)}")
+        raise ctx.unsupported(
+            f"attn_mask must be a 1-D to 4-D float32 or bool tensor, got {info.dtype} {list(info.shape)}"
+        )
     shape = (1,) * (4 - len(info.shape)) + tuple(info.shape)
     targets = (dims.batch, dims.q_heads, dims.q_len)
     if any(d not in (1, t) for d, t in zip(shape, targets)) or not 0 < shape[3] <= dims.total:
-        raise ctx.unsupported(f"attn_mask {list(info.shape)} doesn't broadcast to [{dims.batch}, {dims.q_heads}, "
-                              f"{dims.q_len}, {dims.total}]")
+        raise ctx.unsupported(
+            f"attn_mask {list(info.shape)} doesn't broadcast to [{dims.batch}, {dims.q_heads}, "
+            f"{dims.q_len}, {dims.total}]"
+        )
     return {"mask": "float" if info.dtype == "float32" else "bool", "mask_shape": list(shape)}
 
 
@@ -190,13 +197,17 @@ def _check_outputs(ctx: NodeContext, dims: AttentionDims, roles: list[str]) -> N
     qk_matmul_output one score per query and key): the kernel indexes them by these sizes."""
     d = dims
     y = (d.batch, d.q_len, d.q_heads * d.v_head_size) if d.packed else (d.batch, d.q_heads, d.q_len, d.v_head_size)
-    expected = {"y": y, "present_key": (d.batch, d.kv_heads, d.total, d.head_size),
-                "present_value": (d.batch, d.kv_heads, d.total, d.v_head_size),
-                "qk": (d.batch, d.q_heads, d.q_len, d.total)}
+    expected = {
+        "y": y,
+        "present_key": (d.batch, d.kv_heads, d.total, d.head_size),
+        "present_value": (d.batch, d.kv_heads, d.total, d.v_head_size),
+        "qk": (d.batch, d.q_heads, d.q_len, d.total),
+    }
     for role, info in zip(roles, ctx.outputs):
         if info.shape != expected[role] or info.dtype != "float32":
-            raise ctx.unsupported(f"output {role} is {info.dtype} {list(info.shape)}, expected float32 "
-                                  f"{list(expected[role])}")
+            raise ctx.unsupported(
+                f"output {role} is {info.dtype} {list(info.shape)}, expected float32 {list(expected[role])}"
+            )
 
 
 def _attention_attrs(ctx: NodeContext) -> dict[str, Any]:
@@ -216,11 +227,17 @@ def _attention_attrs(ctx: NodeContext) -> dict[str, Any]:
     outputs = _role_map(ctx.node.outputs, ATTENTION_OUTPUTS, "out")
     _check_outputs(ctx, dims, list(outputs))
     softcap = float(attrs.get("softcap", 0.0))
-    return {**dataclasses.asdict(dims), **_mask_attrs(ctx, dims),
-            "root_scale": _root_scale(ctx, dims.head_size), "causal": bool(int(attrs.get("is_causal", 0))),
-            "softcap": softcap if softcap > 0 else 0.0, "window": _window(ctx),
-            "qk_stage": QK_STAGES[mode] if "qk" in outputs else "",
-            "inputs": _role_map(ctx.node.inputs, ATTENTION_INPUTS, "in"), "outputs": outputs}
+    return {
+        **dataclasses.asdict(dims),
+        **_mask_attrs(ctx, dims),
+        "root_scale": _root_scale(ctx, dims.head_size),
+        "causal": bool(int(attrs.get("is_causal", 0))),
+        "softcap": softcap if softcap > 0 else 0.0,
+        "window": _window(ctx),
+        "qk_stage": QK_STAGES[mode] if "qk" in outputs else "",
+        "inputs": _role_map(ctx.node.inputs, ATTENTION_INPUTS, "in"),
+        "outputs": outputs,
+    }
 
 
 @dataclass(frozen=True)
@@ -275,8 +292,9 @@ def _cache_index(d: AttentionDims, length: int, size: int, base: int = 0) -> Cal
     return lambda b, g, t, f: base + ((b * d.kv_heads + g) * length + t) * size + f
 
 
-def _append(names: L.Names, d: AttentionDims, size: int, past: str | None, new: str,
-            destinations: list[Destination]) -> list[L.Stmt]:
+def _append(
+    names: L.Names, d: AttentionDims, size: int, past: str | None, new: str, destinations: list[Destination]
+) -> list[L.Stmt]:
     """Copy the past positions then the new ones of one cache (keys or values) into every destination, at key
     positions [0, P) and [P, T)."""
     if not destinations:
@@ -286,10 +304,18 @@ def _append(names: L.Names, d: AttentionDims, size: int, past: str | None, new: 
         sources.insert(0, (past, d.past_len, 0, _cache_index(d, d.past_len, size)))
     stmts: list[L.Stmt] = []
     for buf, length, start, index in sources:
+
         def copy(v: list[L.Var], buf=buf, start=start, index=index) -> list[L.Stmt]:
             value = L.Load(buf, index(*v))
-            return [L.Store(dest.buf, dest.index(v[0], v[1], v[2] + start, v[3]),
-                            value * dest.factor if dest.factor != 1.0 else value) for dest in destinations]
+            return [
+                L.Store(
+                    dest.buf,
+                    dest.index(v[0], v[1], v[2] + start, v[3]),
+                    value * dest.factor if dest.factor != 1.0 else value,
+                )
+                for dest in destinations
+            ]
+
         stmts += L.loop_nest(names, (d.batch, d.kv_heads, length, size), copy, parallel=True)[0]
     return stmts
 
@@ -298,8 +324,9 @@ ValueSource = tuple[str, Callable[[L.Expr, L.Expr], tuple[L.Expr, int]]]
 """Where phase 4's Gemm reads the values: a buffer and, for (batch, kv head), the block's offset and row stride."""
 
 
-def _copies(names: L.Names, a: dict[str, Any], d: AttentionDims, scratch: ScratchLayout
-            ) -> tuple[list[L.Stmt], ValueSource]:
+def _copies(
+    names: L.Names, a: dict[str, Any], d: AttentionDims, scratch: ScratchLayout
+) -> tuple[list[L.Stmt], ValueSource]:
     """Phase 1: scaled Q and K^T into scratch, the caches into present_key/present_value (or scratch). Also returns
     where the Gemm of phase 4 reads the values: buffer and (offset, ldb) of a (b, kv head)."""
     ins, outs, root = a["inputs"], a["outputs"], a["root_scale"]
@@ -308,8 +335,12 @@ def _copies(names: L.Names, a: dict[str, Any], d: AttentionDims, scratch: Scratc
         q_at = lambda v: ((v[0] * d.q_len + v[2]) * d.q_heads + v[1]) * d.head_size + v[3]  # noqa: E731
     else:
         q_at = lambda v: L.flat_index(q_shape, v)  # noqa: E731
-    stmts = L.loop_nest(names, q_shape, lambda v: [L.Store("scratch", scratch.queries + L.flat_index(q_shape, v),
-                                                           L.Load(ins["q"], q_at(v)) * root)], parallel=True)[0]
+    stmts = L.loop_nest(
+        names,
+        q_shape,
+        lambda v: [L.Store("scratch", scratch.queries + L.flat_index(q_shape, v), L.Load(ins["q"], q_at(v)) * root)],
+        parallel=True,
+    )[0]
     transposed = lambda b, g, t, f: scratch.keys + ((b * d.kv_heads + g) * d.head_size + f) * d.total + t  # noqa: E731
     keys = [Destination("scratch", transposed, root)]
     if "present_key" in outs:
@@ -320,21 +351,26 @@ def _copies(names: L.Names, a: dict[str, Any], d: AttentionDims, scratch: Scratc
     return stmts, source
 
 
-def _value_destinations(a: dict[str, Any], d: AttentionDims, scratch: ScratchLayout
-                        ) -> tuple[list[Destination], ValueSource]:
+def _value_destinations(
+    a: dict[str, Any], d: AttentionDims, scratch: ScratchLayout
+) -> tuple[list[Destination], ValueSource]:
     """Where the values are copied (present_value if requested, else scratch when a past must be prepended,
     else nowhere) and where the final Gemm reads them: (buffer, (b, g) -> (offset, ldb))."""
     outs = a["outputs"]
     cache = lambda b, g: (((b * d.kv_heads + g) * d.total) * d.v_head_size, d.v_head_size)  # noqa: E731
     if "present_value" in outs:
-        return [Destination(outs["present_value"], _cache_index(d, d.total, d.v_head_size))], (outs["present_value"],
-                                                                                                 cache)
+        return [Destination(outs["present_value"], _cache_index(d, d.total, d.v_head_size))], (
+            outs["present_value"],
+            cache,
+        )
     if d.past_len:
         at = lambda b, g: (scratch.values + cache(b, g)[0], d.v_head_size)  # noqa: E731
         return [Destination("scratch", _cache_index(d, d.total, d.v_head_size, scratch.values))], ("scratch", at)
     if d.packed:
-        return [], (a["inputs"]["v"], lambda b, g: ((b * d.kv_len * d.kv_heads + g) * d.v_head_size,
-                                                    d.kv_heads * d.v_head_size))
+        return [], (
+            a["inputs"]["v"],
+            lambda b, g: ((b * d.kv_len * d.kv_heads + g) * d.v_head_size, d.kv_heads * d.v_head_size),
+        )
     return [], (a["inputs"]["v"], cache)
 
 
@@ -347,16 +383,30 @@ def _per_head_gemms(names: L.Names, d: AttentionDims, gemm: Callable[[L.Expr, L.
 
 def _scores_gemm(d: AttentionDims, scratch: ScratchLayout) -> Callable[[L.Expr, L.Expr, L.Expr], L.Gemm]:
     """Phase 2: scores[b, h] (Sq x T) = Q[b, h] (Sq x D) @ K^T[b, g] (D x T), all in scratch."""
+
     def gemm(b: L.Expr, h: L.Expr, g: L.Expr) -> L.Gemm:
         bh = b * d.q_heads + h
-        return L.Gemm("scratch", scratch.queries + bh * (d.q_len * d.head_size), d.head_size,
-                      "scratch", scratch.keys + (b * d.kv_heads + g) * (d.head_size * d.total), d.total,
-                      "scratch", scratch.scores + bh * (d.q_len * d.total), d.total, d.q_len, d.total, d.head_size)
+        return L.Gemm(
+            "scratch",
+            scratch.queries + bh * (d.q_len * d.head_size),
+            d.head_size,
+            "scratch",
+            scratch.keys + (b * d.kv_heads + g) * (d.head_size * d.total),
+            d.total,
+            "scratch",
+            scratch.scores + bh * (d.q_len * d.total),
+            d.total,
+            d.q_len,
+            d.total,
+            d.head_size,
+        )
+
     return gemm
 
 
-def _output_gemm(d: AttentionDims, scratch: ScratchLayout, y: str, source: ValueSource
-                 ) -> Callable[[L.Expr, L.Expr, L.Expr], L.Gemm]:
+def _output_gemm(
+    d: AttentionDims, scratch: ScratchLayout, y: str, source: ValueSource
+) -> Callable[[L.Expr, L.Expr, L.Expr], L.Gemm]:
     """Phase 4: Y[b, h] (Sq x Dv) = probabilities[b, h] (Sq x T) @ V[b, g] (T x Dv), stored in Y's layout."""
     values, value_at = source
 
@@ -366,8 +416,21 @@ def _output_gemm(d: AttentionDims, scratch: ScratchLayout, y: str, source: Value
         else:
             y_offset, ldc = (b * d.q_heads + h) * (d.q_len * d.v_head_size), d.v_head_size
         v_offset, ldb = value_at(b, g)
-        return L.Gemm("scratch", scratch.scores + (b * d.q_heads + h) * (d.q_len * d.total), d.total,
-                      values, v_offset, ldb, y, y_offset, ldc, d.q_len, d.v_head_size, d.total)
+        return L.Gemm(
+            "scratch",
+            scratch.scores + (b * d.q_heads + h) * (d.q_len * d.total),
+            d.total,
+            values,
+            v_offset,
+            ldb,
+            y,
+            y_offset,
+            ldc,
+            d.q_len,
+            d.v_head_size,
+            d.total,
+        )
+
     return gemm
 
 
@@ -453,19 +516,28 @@ def _softmax_row(names: L.Names, a: dict[str, Any], d: AttentionDims, row: Row) 
     last: list[L.Stmt] = [L.Store("scratch", row.base + j, probability)]
     if a["qk_stage"] == "probabilities":
         last.append(L.Store(qk, row.qk_base + j, L.Load("scratch", row.base + j)))
-    return [L.Assign(top, L.const(NEG_INF)), L.Assign(bias_top, L.const(NEG_INF)), L.Loop(j, d.total, first),
-            L.Assign(top, L.select(L.compare("eq", top, NEG_INF), 0.0, top)), L.Assign(total, L.const(0.0)),
-            L.Loop(j, d.total, [L.Store("scratch", row.base + j, exponential),
-                                L.Assign(total, total + L.Load("scratch", row.base + j))]),
-            L.Assign(total, L.select(L.compare("eq", total, 0.0), 1.0, total)),
-            L.Loop(j, d.total, last)]
+    return [
+        L.Assign(top, L.const(NEG_INF)),
+        L.Assign(bias_top, L.const(NEG_INF)),
+        L.Loop(j, d.total, first),
+        L.Assign(top, L.select(L.compare("eq", top, NEG_INF), 0.0, top)),
+        L.Assign(total, L.const(0.0)),
+        L.Loop(
+            j,
+            d.total,
+            [L.Store("scratch", row.base + j, exponential), L.Assign(total, total + L.Load("scratch", row.base + j))],
+        ),
+        L.Assign(total, L.select(L.compare("eq", total, 0.0), 1.0, total)),
+        L.Loop(j, d.total, last),
+    ]
 
 
 def _softmax_rows(names: L.Names, a: dict[str, Any], d: AttentionDims, scratch: ScratchLayout) -> L.Loop:
     """Phase 3: one work-item per (batch, query head, query position)."""
     r = names.var("r")
-    row = Row(r // (d.q_heads * d.q_len), r // d.q_len % d.q_heads, r % d.q_len, scratch.scores + r * d.total,
-              r * d.total)
+    row = Row(
+        r // (d.q_heads * d.q_len), r // d.q_len % d.q_heads, r % d.q_len, scratch.scores + r * d.total, r * d.total
+    )
     return L.Loop(r, d.batch * d.q_heads * d.q_len, _softmax_row(names, a, d, row), parallel=True)
 
 
@@ -475,8 +547,12 @@ def _lower_attention(spec: KernelSpec) -> list[L.Stmt]:
     names, a = L.Names(), spec.attrs
     d, scratch = _dims(a), _scratch_layout(a)
     copies, values = _copies(names, a, d, scratch)
-    return [*copies, _per_head_gemms(names, d, _scores_gemm(d, scratch)), _softmax_rows(names, a, d, scratch),
-            _per_head_gemms(names, d, _output_gemm(d, scratch, "out0", values))]
+    return [
+        *copies,
+        _per_head_gemms(names, d, _scores_gemm(d, scratch)),
+        _softmax_rows(names, a, d, scratch),
+        _per_head_gemms(names, d, _output_gemm(d, scratch, "out0", values)),
+    ]
 
 
 # ------------------------------------------------------------------------------------------ RotaryEmbedding
@@ -494,16 +570,27 @@ def _rotary_attrs(ctx: NodeContext) -> dict[str, Any]:
     if rotary % 2 or not 0 < rotary <= head_size:
         raise ctx.unsupported(f"rotary_embedding_dim {rotary} must be even and at most the head size {head_size}")
     _check_caches(ctx, cos.shape, sin.shape, positions is not None, (batch, seq, rotary // 2))
-    if positions is not None and (positions.dtype != "int64" or len(positions.shape) != 2
-                                  or any(dim not in (1, want) for dim, want in zip(positions.shape, (batch, seq)))):
-        raise ctx.unsupported(f"position_ids must be int64 broadcasting to [{batch}, {seq}], got "
-                              f"{positions.dtype} {list(positions.shape)}")
-    return {"heads": heads, "head_size": head_size, "rotary": rotary,
-            "interleaved": bool(int(ctx.node.attrs.get("interleaved", 0))), "packed": len(x.shape) == 3}
+    if positions is not None and (
+        positions.dtype != "int64"
+        or len(positions.shape) != 2
+        or any(dim not in (1, want) for dim, want in zip(positions.shape, (batch, seq)))
+    ):
+        raise ctx.unsupported(
+            f"position_ids must be int64 broadcasting to [{batch}, {seq}], got "
+            f"{positions.dtype} {list(positions.shape)}"
+        )
+    return {
+        "heads": heads,
+        "head_size": head_size,
+        "rotary": rotary,
+        "interleaved": bool(int(ctx.node.attrs.get("interleaved", 0))),
+        "packed": len(x.shape) == 3,
+    }
 
 
-def _check_caches(ctx: NodeContext, cos: tuple[int, ...], sin: tuple[int, ...], by_position: bool,
-                  sizes: tuple[int, int, int]) -> None:
+def _check_caches(
+    ctx: NodeContext, cos: tuple[int, ...], sin: tuple[int, ...], by_position: bool, sizes: tuple[int, int, int]
+) -> None:
     """The caches must be alike and (positions, rotary_dim / 2) when read by position_ids, else (batch or 1,
     sequence or 1, rotary_dim / 2): a 2-D cache without position_ids broadcasts in the reference along axes that
     make no rotation (it gets its ones appended), and a 3-D one with them gathers a 4-D cache."""
@@ -513,8 +600,10 @@ def _check_caches(ctx: NodeContext, cos: tuple[int, ...], sin: tuple[int, ...], 
     else:
         fits = len(cos) == 3 and cos[0] in (1, batch) and cos[1] in (1, seq) and cos[2] == half
     if cos != sin or not fits:
-        raise ctx.unsupported(f"cos/sin caches {list(cos)} / {list(sin)} must be alike and "
-                              f"{'[positions' if by_position else f'[{batch} or 1, {seq} or 1'}, {half}]")
+        raise ctx.unsupported(
+            f"cos/sin caches {list(cos)} / {list(sin)} must be alike and "
+            f"{'[positions' if by_position else f'[{batch} or 1, {seq} or 1'}, {half}]"
+        )
 
 
 def _rotary_shape(ctx: NodeContext, shape: tuple[int, ...]) -> tuple[int, int, int, int]:
@@ -557,10 +646,11 @@ def _lower_rotary(spec: KernelSpec) -> list[L.Stmt]:
         first, second = pair(k)
         x1, x2 = L.Load("in0", base + first), L.Load("in0", base + second)
         cos, sin = L.Load("in1", cache + k), L.Load("in2", cache + k)
-        rotate: list[L.Stmt] = [L.Store("out0", base + first, cos * x1 - sin * x2),
-                                L.Store("out0", base + second, sin * x1 + cos * x2)]
+        rotate: list[L.Stmt] = [
+            L.Store("out0", base + first, cos * x1 - sin * x2),
+            L.Store("out0", base + second, sin * x1 + cos * x2),
+        ]
         copy: list[L.Stmt] = [L.Store("out0", base + f + 2 * half, L.Load("in0", base + f + 2 * half))]
         return [L.Loop(k, half, rotate), *([L.Loop(f, size - 2 * half, copy)] if size > 2 * half else [])]
 
     return L.loop_nest(names, (batch, seq, heads), row, parallel=True)[0]
-

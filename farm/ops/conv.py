@@ -79,7 +79,8 @@ def checked_group(ctx: NodeContext) -> int:
     if x.shape[1] != weight.shape[1] * group or weight.shape[0] % group:
         raise ctx.unsupported(
             f"input {ctx.node.inputs[0]!r} has {x.shape[1]} channels but weight {ctx.node.inputs[1]!r} of shape "
-            f"{list(weight.shape)} with group {group} expects {weight.shape[1] * group} (and M divisible by group)")
+            f"{list(weight.shape)} with group {group} expects {weight.shape[1] * group} (and M divisible by group)"
+        )
     return group
 
 
@@ -141,8 +142,12 @@ def _pixels_as_rows(spec: KernelSpec, geo: ConvGeometry) -> bool:
     channel_waste = _aligned(geo.out_channels_per_group) / geo.out_channels_per_group
     stride = geo.out_pixels if _is_pointwise(geo) else geo.column_stride
     operand_bytes = geo.column_rows * (stride + WEIGHT_PANEL_COLUMNS) * 4
-    return (bool(spec.attrs.get("constant_weight")) and waste > SMALL_PLANE_WASTE and channel_waste < waste
-            and operand_bytes <= TRANSPOSED_OPERAND_BYTES)
+    return (
+        bool(spec.attrs.get("constant_weight"))
+        and waste > SMALL_PLANE_WASTE
+        and channel_waste < waste
+        and operand_bytes <= TRANSPOSED_OPERAND_BYTES
+    )
 
 
 def _is_pointwise(geo: ConvGeometry) -> bool:
@@ -195,8 +200,11 @@ def _im2col(names: L.Names, geo: ConvGeometry, x_base: L.Expr, band: ColumnBand)
         start = band.start + ((c * geo.kernel_height + r) * geo.kernel_width + s) * band.stride + y * geo.out_width
         lo, hi = _tap_columns(geo, s)
         source = x_base + c * geo.in_pixels + ih * geo.width + (s * geo.dilation_width - geo.pad_left)
-        row = (fill_scratch(names, start, 0, lo) + copy_to_scratch(names, start, source, geo.stride_width, lo, hi)
-               + fill_scratch(names, start, hi, geo.out_width))
+        row = (
+            fill_scratch(names, start, 0, lo)
+            + copy_to_scratch(names, start, source, geo.stride_width, lo, hi)
+            + fill_scratch(names, start, hi, geo.out_width)
+        )
         taps += [L.If(inside, row), L.If(outside, fill_scratch(names, start, 0, geo.out_width))]
     rows = L.Loop(y, band.rows, [L.Loop(r, geo.kernel_height, taps)], True)
     return [L.Loop(c, geo.in_channels_per_group, [rows], True)]
@@ -222,10 +230,12 @@ def _depthwise(names: L.Names, spec: KernelSpec, geo: ConvGeometry) -> list[L.St
     ch = block * size + index
     plane = (n * (geo.out_channels // size) + block) * phased_plane_floats(geo)
     source = (n * geo.in_channels + ch) * geo.in_pixels
-    per_channel = (pad_plane(names, geo, plane, source, geo.stride_width)
-                   + _depthwise_outputs(names, spec, geo, plane, n, ch))
-    return [L.Loop(n, geo.batch, [L.Loop(block, geo.out_channels // size, [L.Loop(index, size, per_channel)],
-                                         True)], True)]
+    per_channel = pad_plane(names, geo, plane, source, geo.stride_width) + _depthwise_outputs(
+        names, spec, geo, plane, n, ch
+    )
+    return [
+        L.Loop(n, geo.batch, [L.Loop(block, geo.out_channels // size, [L.Loop(index, size, per_channel)], True)], True)
+    ]
 
 
 def _channel_block(spec: KernelSpec, channels: int) -> int:
@@ -235,8 +245,9 @@ def _channel_block(spec: KernelSpec, channels: int) -> int:
     return cpu_channel_block(channels) if spec.for_cpu else 1
 
 
-def _depthwise_outputs(names: L.Names, spec: KernelSpec, geo: ConvGeometry, plane: L.Expr, n: L.Var,
-                       ch: L.Expr) -> list[L.Stmt]:
+def _depthwise_outputs(
+    names: L.Names, spec: KernelSpec, geo: ConvGeometry, plane: L.Expr, n: L.Var, ch: L.Expr
+) -> list[L.Stmt]:
     """out[n, ch, oh, ow] = bias + sum over taps of the phased padded plane times the channel's weights (the tap
     columns unrolled: each reads its phase's run at ow + a constant)."""
     oh, ow, r, acc = names.var("y"), names.var("x"), names.var("r"), names.local()
@@ -246,8 +257,11 @@ def _depthwise_outputs(names: L.Names, spec: KernelSpec, geo: ConvGeometry, plan
         taps.append(L.Assign(acc, acc + phased_tap(geo, plane, oh, ow, r, s) * weight))
     init = L.Load("in2", ch) if len(spec.inputs) > 2 else L.const(0.0)
     out_index = ((n * geo.out_channels + ch) * geo.out_height + oh) * geo.out_width + ow
-    inner = [L.Assign(acc, init), L.Loop(r, geo.kernel_height, taps),
-             L.Store("out0", out_index, activate(acc, spec.activation))]
+    inner = [
+        L.Assign(acc, init),
+        L.Loop(r, geo.kernel_height, taps),
+        L.Store("out0", out_index, activate(acc, spec.activation)),
+    ]
     return [L.Loop(oh, geo.out_height, [L.Loop(ow, geo.out_width, inner)])]
 
 
@@ -270,8 +284,11 @@ def _lower_conv_planes(spec: KernelSpec) -> list[L.Stmt]:
         per_group = _whole_plane(spec, geo, names, g, x_base, out_offset, epilogue)
     else:
         band_rows = _column_bands(spec, geo)
-        per_group = [stmt for band in _bands(geo, band_rows, names) for stmt in
-                     _band(spec, geo, names, g, x_base, out_offset, epilogue, band)]
+        per_group = [
+            stmt
+            for band in _bands(geo, band_rows, names)
+            for stmt in _band(spec, geo, names, g, x_base, out_offset, epilogue, band)
+        ]
     return [L.Loop(n, geo.batch, [L.Loop(g, geo.groups, per_group)])]
 
 
@@ -281,12 +298,23 @@ def _implicit(spec: KernelSpec, geo: ConvGeometry) -> bool:
     ResNet-50's 256 -> 512 one at 56 -> 28 ran at 90 GFLOP/s instead of 160-179 through im2col), constant weights
     (packed as a transposed B), at least IMPLICIT_MIN_DEPTH taps, and a CPU spec (OpenCL's renderer reads A as a
     matrix)."""
-    return (spec.for_cpu and geo.kernel_height * geo.kernel_width > 1
-            and geo.column_rows >= IMPLICIT_MIN_DEPTH and bool(spec.attrs.get("constant_weight")))
+    return (
+        spec.for_cpu
+        and geo.kernel_height * geo.kernel_width > 1
+        and geo.column_rows >= IMPLICIT_MIN_DEPTH
+        and bool(spec.attrs.get("constant_weight"))
+    )
 
 
-def _implicit_gemm(spec: KernelSpec, geo: ConvGeometry, names: L.Names, g: L.Var, x_base: L.Expr,
-                   out_offset: L.Expr, epilogue: Callable[..., L.GemmEpilogue | None]) -> list[L.Stmt]:
+def _implicit_gemm(
+    spec: KernelSpec,
+    geo: ConvGeometry,
+    names: L.Names,
+    g: L.Var,
+    x_base: L.Expr,
+    out_offset: L.Expr,
+    epilogue: Callable[..., L.GemmEpilogue | None],
+) -> list[L.Stmt]:
     """out^T (pixels x channels) = the zero-padded input read as its im2col matrix (loopir.ImplicitColumns) @ W^T
     (packed as a transposed B): the input is copied once into a padded plane per channel (its own size), and no
     column matrix (kh x kw times the input) is written and read back. Direct convolution's data flow, through
@@ -295,20 +323,49 @@ def _implicit_gemm(spec: KernelSpec, geo: ConvGeometry, names: L.Names, g: L.Var
     rows, columns = padded_plane(geo)
     plane = rows * columns
     c = names.var("c")
-    pad = [L.Loop(c, geo.in_channels_per_group,
-                  pad_plane(names, geo, c * plane, x_base + c * geo.in_pixels), True)]
-    window = L.ImplicitColumns(geo.out_width, geo.stride_height * columns, geo.stride_width, plane, geo.kernel_height,
-                               geo.kernel_width, geo.dilation_height * columns, geo.dilation_width)
+    pad = [L.Loop(c, geo.in_channels_per_group, pad_plane(names, geo, c * plane, x_base + c * geo.in_pixels), True)]
+    window = L.ImplicitColumns(
+        geo.out_width,
+        geo.stride_height * columns,
+        geo.stride_width,
+        plane,
+        geo.kernel_height,
+        geo.kernel_width,
+        geo.dilation_height * columns,
+        geo.dilation_width,
+    )
     group_out, kdim = geo.out_channels_per_group, geo.column_rows
-    gemm = L.Gemm(a="scratch", a_offset=L.const(0), lda=0, b="in1", b_offset=g * (group_out * kdim), ldb=kdim,
-                  c="out0", c_offset=out_offset, ldc=geo.out_pixels, m=geo.out_pixels, n=group_out, k=kdim,
-                  b_panels=True, b_transposed=True, c_transposed=True, a_window=window,
-                  epilogue=epilogue(bias_on_columns=True, residual_offset=out_offset))
+    gemm = L.Gemm(
+        a="scratch",
+        a_offset=L.const(0),
+        lda=0,
+        b="in1",
+        b_offset=g * (group_out * kdim),
+        ldb=kdim,
+        c="out0",
+        c_offset=out_offset,
+        ldc=geo.out_pixels,
+        m=geo.out_pixels,
+        n=group_out,
+        k=kdim,
+        b_panels=True,
+        b_transposed=True,
+        c_transposed=True,
+        a_window=window,
+        epilogue=epilogue(bias_on_columns=True, residual_offset=out_offset),
+    )
     return [*pad, gemm]
 
 
-def _whole_plane(spec: KernelSpec, geo: ConvGeometry, names: L.Names, g: L.Var, x_base: L.Expr,
-                 out_offset: L.Expr, epilogue: Callable[..., L.GemmEpilogue | None]) -> list[L.Stmt]:
+def _whole_plane(
+    spec: KernelSpec,
+    geo: ConvGeometry,
+    names: L.Names,
+    g: L.Var,
+    x_base: L.Expr,
+    out_offset: L.Expr,
+    epilogue: Callable[..., L.GemmEpilogue | None],
+) -> list[L.Stmt]:
     """A pointwise conv's GEMM on its input, or a small plane's transposed GEMM on its whole column matrix."""
     if _is_pointwise(geo):
         columns, stmts = ("in0", x_base, geo.out_pixels), []
@@ -321,8 +378,16 @@ def _whole_plane(spec: KernelSpec, geo: ConvGeometry, names: L.Names, g: L.Var, 
     return [*stmts, gemm]
 
 
-def _band(spec: KernelSpec, geo: ConvGeometry, names: L.Names, g: L.Var, x_base: L.Expr, out_offset: L.Expr,
-          epilogue: Callable[..., L.GemmEpilogue | None], band: tuple[L.Var | None, ColumnBand]) -> list[L.Stmt]:
+def _band(
+    spec: KernelSpec,
+    geo: ConvGeometry,
+    names: L.Names,
+    g: L.Var,
+    x_base: L.Expr,
+    out_offset: L.Expr,
+    epilogue: Callable[..., L.GemmEpilogue | None],
+    band: tuple[L.Var | None, ColumnBand],
+) -> list[L.Stmt]:
     """im2col of one band of output rows, then the GEMM of all output channels by the band's pixels; a parallel
     loop over the bands when `band` carries its index variable."""
     index, columns = band
@@ -366,8 +431,14 @@ def _bands(geo: ConvGeometry, rows: int, names: L.Names) -> list[tuple[L.Var | N
     bands = [(index, ColumnBand(index * rows, rows, index * (geo.column_rows * stride), stride))]
     rest = geo.out_height - full * rows
     if rest:
-        bands.append((None, ColumnBand(L.const(full * rows), rest, L.const(full * geo.column_rows * stride),
-                                       _aligned(rest * geo.out_width))))
+        bands.append(
+            (
+                None,
+                ColumnBand(
+                    L.const(full * rows), rest, L.const(full * geo.column_rows * stride), _aligned(rest * geo.out_width)
+                ),
+            )
+        )
     return bands
 
 
@@ -398,49 +469,92 @@ def _conv_residual(spec: KernelSpec) -> str | None:
     if residual is None or residual is False:
         return None
     if residual not in (True, RESIDUAL_IN_PLACE) or _is_depthwise(_channels(spec)):
-        raise BuildError(f"Conv with a residual: the attribute is true or {RESIDUAL_IN_PLACE!r} (got {residual!r}), "
-                         f"and the conv not depthwise")
+        raise BuildError(
+            f"Conv with a residual: the attribute is true or {RESIDUAL_IN_PLACE!r} (got {residual!r}), "
+            f"and the conv not depthwise"
+        )
     if residual == RESIDUAL_IN_PLACE:
         return "out0"
     if len(spec.inputs) < 3 or spec.inputs[-1] != spec.outputs[0]:
-        raise BuildError(f"Conv with a residual: its last input {spec.inputs[-1]} must be laid out like its output "
-                         f"{spec.outputs[0]}")
+        raise BuildError(
+            f"Conv with a residual: its last input {spec.inputs[-1]} must be laid out like its output {spec.outputs[0]}"
+        )
     return f"in{len(spec.inputs) - 1}"
 
 
-def _gemm_epilogue(spec: KernelSpec, bias: str | None, bias_offset: L.Expr, bias_on_columns: bool = False,
-                  residual: str | None = None, residual_offset: L.Expr | None = None) -> L.GemmEpilogue | None:
+def _gemm_epilogue(
+    spec: KernelSpec,
+    bias: str | None,
+    bias_offset: L.Expr,
+    bias_on_columns: bool = False,
+    residual: str | None = None,
+    residual_offset: L.Expr | None = None,
+) -> L.GemmEpilogue | None:
     """The GEMM epilogue of a kernel whose output is the GEMM's C: its bias (a buffer, None without), a residual
     laid out like C (which may be C itself: _conv_residual), and the spec's fused activation; None when there is
     none of them."""
     if bias is None and residual is None and spec.activation is None:
         return None
     activation = None if spec.activation is None else (spec.activation.kind, tuple(spec.activation.params))
-    return L.GemmEpilogue(bias=bias, bias_offset=bias_offset if bias else None, bias_on_columns=bias_on_columns,
-                          residual=residual, residual_offset=residual_offset if residual else None,
-                          activation=activation)
+    return L.GemmEpilogue(
+        bias=bias,
+        bias_offset=bias_offset if bias else None,
+        bias_on_columns=bias_on_columns,
+        residual=residual,
+        residual_offset=residual_offset if residual else None,
+        activation=activation,
+    )
 
 
-def _channels_by_pixels(spec: KernelSpec, geo: ConvGeometry, g: L.Var, columns: tuple[str, L.Expr, int],
-                        out_offset: L.Expr, pixels: int) -> L.Gemm:
+def _channels_by_pixels(
+    spec: KernelSpec, geo: ConvGeometry, g: L.Var, columns: tuple[str, L.Expr, int], out_offset: L.Expr, pixels: int
+) -> L.Gemm:
     """out (channels x `pixels` from out_offset) = W (channels x taps, read in the micro-kernel's row panels when
     constant) @ the column matrix (taps x pixels)."""
     buffer, offset, stride = columns
     group_out, kdim = geo.out_channels_per_group, geo.column_rows
-    return L.Gemm(a="in1", a_offset=g * (group_out * kdim), lda=kdim, b=buffer, b_offset=offset, ldb=stride,
-                  c="out0", c_offset=out_offset, ldc=geo.out_pixels, m=group_out, n=pixels, k=kdim,
-                  a_panels=bool(spec.attrs.get("constant_weight")))
+    return L.Gemm(
+        a="in1",
+        a_offset=g * (group_out * kdim),
+        lda=kdim,
+        b=buffer,
+        b_offset=offset,
+        ldb=stride,
+        c="out0",
+        c_offset=out_offset,
+        ldc=geo.out_pixels,
+        m=group_out,
+        n=pixels,
+        k=kdim,
+        a_panels=bool(spec.attrs.get("constant_weight")),
+    )
 
 
-def _pixels_by_channels(spec: KernelSpec, geo: ConvGeometry, g: L.Var, columns: tuple[str, L.Expr, int],
-                        out_offset: L.Expr, pixels: int) -> L.Gemm:
+def _pixels_by_channels(
+    spec: KernelSpec, geo: ConvGeometry, g: L.Var, columns: tuple[str, L.Expr, int], out_offset: L.Expr, pixels: int
+) -> L.Gemm:
     """out^T (pixels x channels) = the column matrix read transposed (pixels x taps) @ W^T (taps x channels,
     packed as a transposed constant B), stored transposed into out."""
     buffer, offset, stride = columns
     group_out, kdim = geo.out_channels_per_group, geo.column_rows
-    return L.Gemm(a=buffer, a_offset=offset, lda=stride, b="in1", b_offset=g * (group_out * kdim), ldb=kdim,
-                  c="out0", c_offset=out_offset, ldc=geo.out_pixels, m=pixels, n=group_out, k=kdim,
-                  a_transposed=True, b_panels=True, b_transposed=True, c_transposed=True)
+    return L.Gemm(
+        a=buffer,
+        a_offset=offset,
+        lda=stride,
+        b="in1",
+        b_offset=g * (group_out * kdim),
+        ldb=kdim,
+        c="out0",
+        c_offset=out_offset,
+        ldc=geo.out_pixels,
+        m=pixels,
+        n=group_out,
+        k=kdim,
+        a_transposed=True,
+        b_panels=True,
+        b_transposed=True,
+        c_transposed=True,
+    )
 
 
 CONV_GEMMS = {False: _channels_by_pixels, True: _pixels_by_channels}
@@ -472,15 +586,20 @@ def _lower_conv_volumes(spec: KernelSpec) -> list[L.Stmt]:
         window, _ = L.loop_nest(names, kernel, tap)
         value: L.Expr = acc + L.Load("in2", m) if has_bias else acc
         value = value if residual is None else value + L.Load(residual, L.flat_index(shape, v))
-        return [L.Assign(acc, L.const(0.0)), L.Loop(c, channels.in_channels_per_group, window),
-                L.Store("out0", L.flat_index(shape, v), activate(value, spec.activation))]
+        return [
+            L.Assign(acc, L.const(0.0)),
+            L.Loop(c, channels.in_channels_per_group, window),
+            L.Store("out0", L.flat_index(shape, v), activate(value, spec.activation)),
+        ]
 
     body, _ = L.loop_nest(names, shape, element, parallel=True)
     return body
 
 
-CONV_LOWERINGS = {2: WindowLowering(_lower_conv_planes, _conv_plane_scratch),
-                  3: WindowLowering(_lower_conv_volumes, no_scratch)}
+CONV_LOWERINGS = {
+    2: WindowLowering(_lower_conv_planes, _conv_plane_scratch),
+    3: WindowLowering(_lower_conv_volumes, no_scratch),
+}
 """Conv by spatial rank: planes (1-D ones as planes of height 1) through the GEMM paths, volumes as a loop nest."""
 
 
@@ -497,8 +616,13 @@ def _conv_transpose_attrs(ctx: NodeContext) -> dict[str, Any]:
     ones = [1] * spatial
     kernel = [int(k) for k in a.get("kernel_shape", ctx.inputs[1].shape[2:])]
     strides, dilations = list(a.get("strides", ones)), list(a.get("dilations", ones))
-    return {"kernel_shape": kernel, "strides": strides, "dilations": dilations, "group": int(a.get("group", 1)),
-            "pads": _transpose_pad_begins(ctx, kernel, strides, dilations)}
+    return {
+        "kernel_shape": kernel,
+        "strides": strides,
+        "dilations": dilations,
+        "group": int(a.get("group", 1)),
+        "pads": _transpose_pad_begins(ctx, kernel, strides, dilations),
+    }
 
 
 def _transpose_pad_begins(ctx: NodeContext, kernel: list[int], strides: list[int], dilations: list[int]) -> list[int]:
@@ -507,8 +631,8 @@ def _transpose_pad_begins(ctx: NodeContext, kernel: list[int], strides: list[int
     a, sizes = ctx.node.attrs, ctx.inputs[0].shape[2:]
     auto_pad = a.get("auto_pad", "NOTSET")
     if "output_shape" not in a and auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
-        return [0] * len(sizes) if auto_pad == "VALID" else list(a.get("pads", [0] * 2 * len(sizes)))[:len(sizes)]
-    targets = list(a["output_shape"])[-len(sizes):] if "output_shape" in a else [n * s for n, s in zip(sizes, strides)]
+        return [0] * len(sizes) if auto_pad == "VALID" else list(a.get("pads", [0] * 2 * len(sizes)))[: len(sizes)]
+    targets = list(a["output_shape"])[-len(sizes) :] if "output_shape" in a else [n * s for n, s in zip(sizes, strides)]
     output_padding = list(a.get("output_padding", [0] * len(sizes)))
     begins = []
     for n, k, s, d, extra, target in zip(sizes, kernel, strides, dilations, output_padding, targets):
@@ -543,8 +667,9 @@ class ConvTransposeGeometry(GroupedChannels):
 def _conv_transpose_geometry(spec: KernelSpec) -> ConvTransposeGeometry:
     _, _, *sizes = shape_of(spec)
     _, _, *out_sizes = out_shape(spec)
-    return ConvTransposeGeometry(**asdict(_channels(spec)), in_sizes=sizes, out_sizes=out_sizes,
-                                 taps=prod(spec.attrs["kernel_shape"]))
+    return ConvTransposeGeometry(
+        **asdict(_channels(spec)), in_sizes=sizes, out_sizes=out_sizes, taps=prod(spec.attrs["kernel_shape"])
+    )
 
 
 def _conv_transpose_scratch(spec: KernelSpec) -> int:
@@ -570,8 +695,9 @@ def _transpose_weights(names: L.Names, geo: ConvTransposeGeometry) -> list[L.Stm
     return [L.Loop(source, geo.column_start, [store], parallel=True)]
 
 
-def _taps_landing_on(o: L.Expr, j: L.Var, size: int, kernel: int, stride: int, dilation: int,
-                     pad: int) -> tuple[int, L.Expr, list[L.Expr], L.Expr]:
+def _taps_landing_on(
+    o: L.Expr, j: L.Var, size: int, kernel: int, stride: int, dilation: int, pad: int
+) -> tuple[int, L.Expr, list[L.Expr], L.Expr]:
     """Along one axis, the taps whose contribution lands on output coordinate `o`: tap k of input i lands on
     o = i * stride - pad + k * dilation. Returns (extent of the loop over j, the input coordinate at j (clamped
     inside the input), the conditions for a real contribution, the tap k at j). Where dilation is invertible modulo
@@ -599,8 +725,9 @@ def _col2im(names: L.Names, spec: KernelSpec, geo: ConvTransposeGeometry, batch:
     channel, *outs = _unflatten(pixel, (geo.out_channels_per_group, *geo.out_sizes))
     loop_vars = [names.var("j") for _ in a["kernel_shape"]]
     extents, inputs, taps, valid = [], [], [], []
-    for o, j, size, kernel, stride, dilation, pad in zip(outs, loop_vars, geo.in_sizes, a["kernel_shape"],
-                                                         a["strides"], a["dilations"], a["pads"]):
+    for o, j, size, kernel, stride, dilation, pad in zip(
+        outs, loop_vars, geo.in_sizes, a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
+    ):
         extent, source, conditions, k = _taps_landing_on(o, j, size, kernel, stride, dilation, pad)
         extents.append(extent)
         inputs.append(source)
@@ -628,9 +755,19 @@ def _lower_conv_transpose(spec: KernelSpec) -> list[L.Stmt]:
     names, geo = L.Names(), _conv_transpose_geometry(spec)
     batch, group = names.var("n"), names.var("g")
     group_in, pixels = geo.in_channels_per_group, geo.in_pixels
-    gemm = L.Gemm(a="scratch", a_offset=group * (geo.column_rows * group_in), lda=group_in,
-                  b="in0", b_offset=(batch * geo.in_channels + group * group_in) * pixels, ldb=pixels,
-                  c="scratch", c_offset=L.const(geo.column_start), ldc=pixels,
-                  m=geo.column_rows, n=pixels, k=group_in)
+    gemm = L.Gemm(
+        a="scratch",
+        a_offset=group * (geo.column_rows * group_in),
+        lda=group_in,
+        b="in0",
+        b_offset=(batch * geo.in_channels + group * group_in) * pixels,
+        ldb=pixels,
+        c="scratch",
+        c_offset=L.const(geo.column_start),
+        ldc=pixels,
+        m=geo.column_rows,
+        n=pixels,
+        k=group_in,
+    )
     per_group = [gemm, *_col2im(names, spec, geo, batch, group)]
     return _transpose_weights(names, geo) + [L.Loop(batch, geo.batch, [L.Loop(group, geo.groups, per_group)])]

@@ -164,8 +164,11 @@ def _gelu(s: M.Scope, x: L.Expr, a: dict[str, Any]) -> L.Expr:
 
 def _is_inf(s: M.Scope, x: L.Expr, a: dict[str, Any]) -> L.Expr:
     x = s.bind(x)
-    found = [L.compare("eq", x, sign * M.INF) for sign, attr in ((1.0, "detect_positive"), (-1.0, "detect_negative"))
-             if a[attr]]
+    found = [
+        L.compare("eq", x, sign * M.INF)
+        for sign, attr in ((1.0, "detect_positive"), (-1.0, "detect_negative"))
+        if a[attr]
+    ]
     return reduce(M.logical_or, found) if found else M.FALSE
 
 
@@ -288,10 +291,17 @@ def _int_base_power(s: M.Scope, x: L.Expr, y: L.Expr, dtype: str) -> L.Expr:
 # out-of-range values give. Narrower targets convert through int32 (C's conversion of a float to a short or a byte
 # on x86) and uint32 through int64, keeping the low bits. INT64_MIN is written as a cast of -2^63 (a float):
 # OpenCL C has no literal for it.
-_INT64_RULE = (2.0 ** 63, L.Cast(L.const(-(2.0 ** 63)), L.I64))
-_INT32_RULE = (2.0 ** 31, L.const(-(2 ** 31)))
-_FLOAT_TO_INT_RULES = {"int64": _INT64_RULE, "uint32": _INT64_RULE, "int32": _INT32_RULE, "int16": _INT32_RULE,
-                       "uint16": _INT32_RULE, "int8": _INT32_RULE, "uint8": _INT32_RULE}
+_INT64_RULE = (2.0**63, L.Cast(L.const(-(2.0**63)), L.I64))
+_INT32_RULE = (2.0**31, L.const(-(2**31)))
+_FLOAT_TO_INT_RULES = {
+    "int64": _INT64_RULE,
+    "uint32": _INT64_RULE,
+    "int32": _INT32_RULE,
+    "int16": _INT32_RULE,
+    "uint16": _INT32_RULE,
+    "int8": _INT32_RULE,
+    "uint8": _INT32_RULE,
+}
 
 
 def _float_to_int(s: M.Scope, x: L.Expr, dtype: str) -> L.Expr:
@@ -338,8 +348,10 @@ def _clip_bounds(ctx: NodeContext) -> dict[str, Any]:
     """Clip's bounds: attributes before opset 11; from 11 inputs, which are kernel buffers ("input"). An absent
     float bound is +-FLT_MAX (onnxruntime clamps infinities to it), an absent integer bound None (no clamp)."""
     is_float = ctx.input_info(0).dtype == "float32"
-    bounds: dict[str, float | str | None] = {"min": -_FLT_MAX if is_float else None,
-                                             "max": _FLT_MAX if is_float else None}
+    bounds: dict[str, float | str | None] = {
+        "min": -_FLT_MAX if is_float else None,
+        "max": _FLT_MAX if is_float else None,
+    }
     for index, key in ((1, "min"), (2, "max")):
         if index < len(ctx.node.inputs) and ctx.node.inputs[index]:
             bounds[key] = "input"
@@ -375,8 +387,10 @@ def _cast_target(ctx: NodeContext) -> dict[str, Any]:
     if to not in ANY:
         raise ctx.unsupported(f"cast to {to} (supported: {', '.join(sorted(ANY))})")
     if source in _ROUNDED_TWICE.get(to, ()):
-        raise ctx.unsupported(f"cast from {source} to {to}: farm converts integers through float32, which would round "
-                              "twice past 2^24 (one bfloat16 step off at some values)")
+        raise ctx.unsupported(
+            f"cast from {source} to {to}: farm converts integers through float32, which would round "
+            "twice past 2^24 (one bfloat16 step off at some values)"
+        )
     return {"to": to}
 
 
@@ -395,8 +409,9 @@ def _check_dtypes(ctx: NodeContext, allowed: tuple[frozenset[str], ...]) -> None
     for index, info in enumerate(ctx.inputs):
         accepted = allowed[min(index, len(allowed) - 1)]
         if info is not None and info.dtype not in accepted:
-            raise ctx.unsupported(f"input {index} has dtype {info.dtype}; farm's {ctx.node.op_type} takes "
-                                  f"{', '.join(sorted(accepted))}")
+            raise ctx.unsupported(
+                f"input {index} has dtype {info.dtype}; farm's {ctx.node.op_type} takes {', '.join(sorted(accepted))}"
+            )
 
 
 # --------------------------------------------------------------------------------------------------- table
@@ -461,7 +476,10 @@ ELEMENTWISE: dict[str, Elementwise] = {
     "Mod": Elementwise(_mod, (EXACT_NUMERIC,), defaults={"fmod": 0}),
     "Pow": Elementwise(_power, (NUMERIC,), attributes=_pow_attrs),
     # comparisons and logic (bool out)
-    **{op: Elementwise(_fold(_binary(cmp)), (ANY if op == "Equal" else EXACT_NUMERIC,)) for op, cmp in _COMPARISONS.items()},
+    **{
+        op: Elementwise(_fold(_binary(cmp)), (ANY if op == "Equal" else EXACT_NUMERIC,))
+        for op, cmp in _COMPARISONS.items()
+    },
     "Not": Elementwise(_unary(lambda s, x, a: M.logical_not(x)), (BOOL,)),
     "And": Elementwise(_fold(_binary("and")), (BOOL,)),
     "Or": Elementwise(_fold(_binary("or")), (BOOL,)),
@@ -492,7 +510,7 @@ def _activated(value: L.Expr, activation: Activation | None) -> L.Expr:
     if activation is None or value.dtype == L.BOOL:
         return value
     if value.dtype == L.I64:
-        limit = 2 ** 63 - 1
+        limit = 2**63 - 1
         activation = Activation(activation.kind, tuple(int(max(min(p, limit), -limit)) for p in activation.params))
     return activate(value, activation)
 

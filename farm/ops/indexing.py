@@ -34,8 +34,8 @@ def _lower_gather(spec: KernelSpec) -> list[L.Stmt]:
     rank = len(indices.shape)
 
     def value(v: list[L.Var]) -> L.Expr:
-        index = _wrap_index(load("in1", indices, L.flat_index(indices.shape, v[axis:axis + rank])), data.shape[axis])
-        return load("in0", data, L.flat_index(data.shape, [*v[:axis], index, *v[axis + rank:]]))
+        index = _wrap_index(load("in1", indices, L.flat_index(indices.shape, v[axis : axis + rank])), data.shape[axis])
+        return load("in0", data, L.flat_index(data.shape, [*v[:axis], index, *v[axis + rank :]]))
 
     return elementwise_loops(L.Names(), out_shape(spec), value)
 
@@ -47,7 +47,7 @@ def _shape_attrs(ctx: NodeContext) -> dict[str, Any]:
     """The dims Shape returns (opset 15's start and end clamp like a Python slice)."""
     shape = ctx.input_info(0).shape
     start, end = int(ctx.node.attrs.get("start", 0)), ctx.node.attrs.get("end")
-    return {"values": list(shape[start:None if end is None else int(end)])}
+    return {"values": list(shape[start : None if end is None else int(end)])}
 
 
 def _size_attrs(ctx: NodeContext) -> dict[str, Any]:
@@ -107,8 +107,10 @@ def _lower_gather_nd(spec: KernelSpec) -> list[L.Stmt]:
 
     def value(v: list[L.Var]) -> L.Expr:
         prefix = v[:tuple_rank]
-        picked = [_wrap_index(load("in1", indices, L.flat_index(indices.shape, [*prefix, L.const(k)])),
-                              data.shape[batch + k]) for k in range(depth)]
+        picked = [
+            _wrap_index(load("in1", indices, L.flat_index(indices.shape, [*prefix, L.const(k)])), data.shape[batch + k])
+            for k in range(depth)
+        ]
         return load("in0", data, L.flat_index(data.shape, [*v[:batch], *picked, *v[tuple_rank:]]))
 
     return elementwise_loops(L.Names(), out_shape(spec), value)
@@ -129,11 +131,12 @@ def _lower_one_hot(spec: KernelSpec) -> list[L.Stmt]:
     depth = shape[axis]
 
     def value(v: list[L.Var]) -> L.Expr:
-        index: L.Expr = load("in0", indices, L.flat_index(indices.shape, v[:axis] + v[axis + 1:]))
+        index: L.Expr = load("in0", indices, L.flat_index(indices.shape, v[:axis] + v[axis + 1 :]))
         index = L.Cast(index, L.I64) if index.dtype != L.I64 else index
         index = L.select(L.compare("lt", index, 0), index + depth, index)
-        return L.select(L.compare("eq", v[axis], index), load("in1", values, L.const(1)),
-                        load("in1", values, L.const(0)))
+        return L.select(
+            L.compare("eq", v[axis], index), load("in1", values, L.const(1)), load("in1", values, L.const(0))
+        )
 
     return elementwise_loops(L.Names(), shape, value)
 
@@ -147,8 +150,9 @@ def _lower_eye_like(spec: KernelSpec) -> list[L.Stmt]:
     """Ones on the k-th diagonal, zeros elsewhere, in the output's dtype (only the input's shape matters)."""
     dtype = value_dtype(spec.outputs[0])
     one, zero = typed_const(1, dtype), typed_const(0, dtype)
-    return elementwise_loops(L.Names(), out_shape(spec),
-                             lambda v: L.select(L.compare("eq", v[1] - v[0], spec.attrs["k"]), one, zero))
+    return elementwise_loops(
+        L.Names(), out_shape(spec), lambda v: L.select(L.compare("eq", v[1] - v[0], spec.attrs["k"]), one, zero)
+    )
 
 
 # ---------------------------------------------------------------------------------------------- Resize, Upsample
@@ -184,8 +188,7 @@ def _tf_crop_and_resize(x: np.ndarray, scale: F32, size_out: int, size_in: int, 
     return np.full_like(x, F32(0.5 * float(start + end) * float(size_in - 1)))
 
 
-def _half_pixel_symmetric(x: np.ndarray, scale: F32, size_out: int, size_in: int,
-                          roi: tuple[F32, F32]) -> np.ndarray:
+def _half_pixel_symmetric(x: np.ndarray, scale: F32, size_out: int, size_in: int, roi: tuple[F32, F32]) -> np.ndarray:
     adjustment = F32(size_out) / (scale * F32(size_in))
     offset = F32(size_in) / F32(2) * (F32(1) - adjustment)
     return (float(offset) + (x.astype(np.float64) + 0.5) / float(scale) - 0.5).astype(F32)
@@ -305,7 +308,10 @@ def _resize_roi(ctx: NodeContext, axes: list[int], rank: int) -> list[tuple[F32,
     if roi is None or not roi.size:
         raise ctx.unsupported("tf_crop_and_resize needs a constant roi")
     half = len(roi) // 2
-    starts, ends = _per_axis(roi[:half].astype(F32), axes, rank, 0.0), _per_axis(roi[half:].astype(F32), axes, rank, 1.0)
+    starts, ends = (
+        _per_axis(roi[:half].astype(F32), axes, rank, 0.0),
+        _per_axis(roi[half:].astype(F32), axes, rank, 1.0),
+    )
     return [(F32(start), F32(end)) for start, end in zip(starts, ends)]
 
 
@@ -322,9 +328,13 @@ def _resize_attrs(ctx: NodeContext) -> dict[str, Any]:
     samplings = []
     for axis in (axis for axis in range(rank) if scales[axis] != F32(1)):
         coords = COORDINATE_TRANSFORMS[options["transform"]](
-            np.arange(out[axis], dtype=F32), scales[axis], out[axis], in_shape[axis], roi[axis])
-        sampling = (_nearest_sampling(coords, in_shape[axis], options["nearest"], bool(scales[axis] < 1))
-                    if options["mode"] == "nearest" else _linear_sampling(coords))
+            np.arange(out[axis], dtype=F32), scales[axis], out[axis], in_shape[axis], roi[axis]
+        )
+        sampling = (
+            _nearest_sampling(coords, in_shape[axis], options["nearest"], bool(scales[axis] < 1))
+            if options["mode"] == "nearest"
+            else _linear_sampling(coords)
+        )
         samplings.append({"axis": axis, **sampling, **({"inside": _inside(coords, in_shape[axis])} if crop else {})})
     extrapolation = float(ctx.node.attrs.get("extrapolation_value", 0.0)) if crop else None
     return {"mode": options["mode"], "axes": samplings, "extrapolation": extrapolation}
@@ -345,9 +355,12 @@ def _resize_scratch(spec: KernelSpec) -> int:
 
 def _write_tables(spec: KernelSpec) -> list[L.Stmt]:
     """The prologue: every index table stored into scratch (as floats, exact below 2**24)."""
-    return [L.Store("scratch", L.const(at + i), L.const(float(index)))
-            for sampling, at in zip(spec.attrs["axes"], _table_offsets(spec)) if at >= 0
-            for i, index in enumerate(sampling["index"])]
+    return [
+        L.Store("scratch", L.const(at + i), L.const(float(index)))
+        for sampling, at in zip(spec.attrs["axes"], _table_offsets(spec))
+        if at >= 0
+        for i, index in enumerate(sampling["index"])
+    ]
 
 
 def _nearest_index(sampling: dict[str, Any], at: int, v: L.Expr) -> L.Expr:
@@ -424,5 +437,4 @@ def _lower_resize(spec: KernelSpec) -> list[L.Stmt]:
     return _write_tables(spec) + elementwise_loops(L.Names(), out_shape(spec), value)
 
 
-register("Resize", "Upsample", normalize=_resize_attrs, data_inputs=(0,), scratch_floats=_resize_scratch)(
-    _lower_resize)
+register("Resize", "Upsample", normalize=_resize_attrs, data_inputs=(0,), scratch_floats=_resize_scratch)(_lower_resize)

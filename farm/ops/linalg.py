@@ -49,16 +49,34 @@ def _pivot_search(names: L.Names, a: _Matrix, k: L.Var, pivot_row: L.Var) -> lis
     """pivot_row = the row from k on with the largest |a[row, k]| (the first of equals, as getrf picks)."""
     i, best = names.var("i"), names.local("best")
     better = L.logical_and(L.compare("gt", i, k), L.compare("gt", absolute(a.load(i, k)), best))
-    return [L.Assign(pivot_row, k), L.Assign(best, absolute(a.load(k, k))),
-            L.Loop(i, a.size, [L.Assign(pivot_row, L.select(better, i, pivot_row)),
-                               L.Assign(best, L.select(better, absolute(a.load(i, k)), best))])]
+    return [
+        L.Assign(pivot_row, k),
+        L.Assign(best, absolute(a.load(k, k))),
+        L.Loop(
+            i,
+            a.size,
+            [
+                L.Assign(pivot_row, L.select(better, i, pivot_row)),
+                L.Assign(best, L.select(better, absolute(a.load(i, k)), best)),
+            ],
+        ),
+    ]
 
 
 def _swap_rows(names: L.Names, a: _Matrix, k: L.Var, pivot_row: L.Var) -> list[L.Stmt]:
     """Rows k and pivot_row exchanged (a no-op when they are the same row)."""
     j, held = names.var("j"), names.local("held")
-    return [L.Loop(j, a.size, [L.Assign(held, a.load(k, j)), L.Store("scratch", a.at(k, j), a.load(pivot_row, j)),
-                               L.Store("scratch", a.at(pivot_row, j), held)])]
+    return [
+        L.Loop(
+            j,
+            a.size,
+            [
+                L.Assign(held, a.load(k, j)),
+                L.Store("scratch", a.at(k, j), a.load(pivot_row, j)),
+                L.Store("scratch", a.at(pivot_row, j), held),
+            ],
+        )
+    ]
 
 
 def _eliminate(names: L.Names, a: _Matrix, k: L.Var, pivot: L.Var) -> list[L.Stmt]:
@@ -67,8 +85,10 @@ def _eliminate(names: L.Names, a: _Matrix, k: L.Var, pivot: L.Var) -> list[L.Stm
     them."""
     i, j, factor = names.var("i"), names.var("j"), names.local("factor")
     ratio = L.select(L.compare("eq", pivot, 0.0), 0.0, a.load(i, k) / pivot)
-    row = [L.Assign(factor, ratio),
-           L.Loop(j, a.size, [L.Store("scratch", a.at(i, j), a.load(i, j) - factor * a.load(k, j))])]
+    row = [
+        L.Assign(factor, ratio),
+        L.Loop(j, a.size, [L.Store("scratch", a.at(i, j), a.load(i, j) - factor * a.load(k, j))]),
+    ]
     return [L.Loop(i, a.size, [L.If(L.compare("gt", i, k), row)])]
 
 
@@ -79,10 +99,16 @@ def _lower_det(spec: KernelSpec) -> list[L.Stmt]:
     batch, row, column, k = names.var("b"), names.var("r"), names.var("c"), names.var("k")
     det, pivot, pivot_row = names.local("det"), names.local("pivot"), names.local("p", L.I64)
     a = _Matrix(batch * (size * size), size)
-    copy = L.Loop(row, size, [L.Loop(column, size, [
-        L.Store("scratch", a.at(row, column), L.Load("in0", a.at(row, column)))])])
-    step = [*_pivot_search(names, a, k, pivot_row), *_swap_rows(names, a, k, pivot_row),
-            L.Assign(det, L.select(L.compare("ne", pivot_row, k), -det, det)),
-            L.Assign(pivot, a.load(k, k)), L.Assign(det, det * pivot), *_eliminate(names, a, k, pivot)]
+    copy = L.Loop(
+        row, size, [L.Loop(column, size, [L.Store("scratch", a.at(row, column), L.Load("in0", a.at(row, column)))])]
+    )
+    step = [
+        *_pivot_search(names, a, k, pivot_row),
+        *_swap_rows(names, a, k, pivot_row),
+        L.Assign(det, L.select(L.compare("ne", pivot_row, k), -det, det)),
+        L.Assign(pivot, a.load(k, k)),
+        L.Assign(det, det * pivot),
+        *_eliminate(names, a, k, pivot),
+    ]
     body = [copy, L.Assign(det, L.const(1.0)), L.Loop(k, size, step), L.Store("out0", batch, det)]
     return [L.Loop(batch, prod(shape[:-2]), body, parallel=True)]

@@ -50,8 +50,13 @@ def _loss_attrs(ctx: NodeContext) -> dict[str, Any]:
         raise ctx.unsupported(f"reduction {reduction!r} is not supported ({', '.join(REDUCTIONS)} are)")
     ignore = ctx.node.attrs.get("ignore_index")
     n, classes, *spatial = ctx.input_info(0).shape
-    return {"reduction": reduction, "ignore_index": None if ignore is None else int(ignore),
-            "outer": n, "classes": classes, "inner": prod(spatial)}
+    return {
+        "reduction": reduction,
+        "ignore_index": None if ignore is None else int(ignore),
+        "outer": n,
+        "classes": classes,
+        "inner": prod(spatial),
+    }
 
 
 def _class_index(a: dict[str, Any], n: L.Expr, d: L.Expr) -> Callable[[L.ExprLike], L.Expr]:
@@ -67,8 +72,10 @@ def _element_loss(spec: KernelSpec, names: L.Names, e: L.Expr, logp: LogProb) ->
     n, d = (e, L.const(0)) if a["inner"] == 1 else (e // a["inner"], e % a["inner"])
     target, safe = names.local("t", L.I64), names.local("class", L.I64)
     loss, weight = names.local("loss"), names.local("w")
-    stmts: list[L.Stmt] = [L.Assign(target, load("in1", spec.inputs[1], e)),
-                           L.Assign(safe, L.minimum(L.maximum(target, 0), a["classes"] - 1))]
+    stmts: list[L.Stmt] = [
+        L.Assign(target, load("in1", spec.inputs[1], e)),
+        L.Assign(safe, L.minimum(L.maximum(target, 0), a["classes"] - 1)),
+    ]
     picked_stmts, picked = logp(names, n, d, safe)
     stmts += picked_stmts
     w: L.Expr = load("in2", spec.inputs[2], safe) if len(spec.inputs) > 2 else L.const(1.0)
@@ -92,8 +99,12 @@ def _losses(spec: KernelSpec, logp: LogProb, names: L.Names) -> list[L.Stmt]:
     stmts, loss, weight = _element_loss(spec, names, e, logp)
     body = [*stmts, L.Assign(total, total + loss), L.Assign(weights, weights + weight)]
     result = total / weights if a["reduction"] == "mean" else total
-    return [L.Assign(total, L.const(0.0)), L.Assign(weights, L.const(0.0)), L.Loop(e, elements, body),
-            L.Store("out0", L.const(0), result)]
+    return [
+        L.Assign(total, L.const(0.0)),
+        L.Assign(weights, L.const(0.0)),
+        L.Loop(e, elements, body),
+        L.Store("out0", L.const(0), result),
+    ]
 
 
 # ------------------------------------------------------------------------------------ NegativeLogLikelihoodLoss
@@ -101,6 +112,7 @@ def _losses(spec: KernelSpec, logp: LogProb, names: L.Names) -> list[L.Stmt]:
 
 def _input_log_prob(spec: KernelSpec) -> LogProb:
     """NegativeLogLikelihoodLoss's input already holds log-probabilities: logp is a load."""
+
     def logp(names: L.Names, n: L.Expr, d: L.Expr, t: L.Expr) -> tuple[list[L.Stmt], L.Expr]:
         return [], L.Load("in0", _class_index(spec.attrs, n, d)(t))
 
@@ -119,15 +131,18 @@ def _log_sum_exp(names: L.Names, x_at: Callable[[L.Expr], L.Expr], classes: int)
     """Statements that set a local to log(sum_c exp(x_c)), as max + log(sum exp(x - max)) so that large logits
     don't overflow (the max starts from class 0, so no sentinel can meet an input of -inf)."""
     c, top, total = names.var("c"), names.local("mx"), names.local("sum")
-    return [L.Assign(top, x_at(L.const(0))),
-            L.Loop(c, classes, [L.Assign(top, L.maximum(top, x_at(c)))]),
-            L.Assign(total, L.const(0.0)),
-            L.Loop(c, classes, [L.Assign(total, total + L.call("exp", x_at(c) - top))]),
-            L.Assign(total, top + L.call("log", total))], total
+    return [
+        L.Assign(top, x_at(L.const(0))),
+        L.Loop(c, classes, [L.Assign(top, L.maximum(top, x_at(c)))]),
+        L.Assign(total, L.const(0.0)),
+        L.Loop(c, classes, [L.Assign(total, total + L.call("exp", x_at(c) - top))]),
+        L.Assign(total, top + L.call("log", total)),
+    ], total
 
 
 def _softmax_log_prob(spec: KernelSpec) -> LogProb:
     """logp = x - logsumexp over the classes of element (n, d)."""
+
     def logp(names: L.Names, n: L.Expr, d: L.Expr, t: L.Expr) -> tuple[list[L.Stmt], L.Expr]:
         at = _class_index(spec.attrs, n, d)
         stmts, lse = _log_sum_exp(names, lambda c: L.Load("in0", at(c)), spec.attrs["classes"])

@@ -184,12 +184,12 @@ def int_power(s: Scope, x: L.Expr, y: L.Expr) -> L.Expr:
     """x ** y for int64 x and y, exact where it doesn't overflow (square-and-multiply over y's low bits).
     Negative y: 1 ** y = 1, (-1) ** y = +-1, otherwise 0 (the integer part of 1 / x ** -y)."""
     x, y = s.bind(x), s.bind(y)
-    limit = 2 ** _INT_POWER_BITS - 1
+    limit = 2**_INT_POWER_BITS - 1
     exponent = s.bind(L.select(L.compare("gt", y, limit), (limit - 1) + y % 2, y))
     result: L.Expr = L.const(1)
     base = x
     for bit in range(_INT_POWER_BITS):
-        is_set = L.compare("eq", (exponent / 2 ** bit) % 2, 1)
+        is_set = L.compare("eq", (exponent / 2**bit) % 2, 1)
         result = s.bind(L.select(is_set, result * base, result))
         if bit + 1 < _INT_POWER_BITS:
             base = s.bind(base * base)
@@ -231,9 +231,11 @@ def _sin_cos_reduced(s: Scope, r: L.Expr) -> tuple[L.Expr, L.Expr]:
 
 def _by_quadrant(q: L.Expr, values: tuple[L.Expr, L.Expr, L.Expr, L.Expr]) -> L.Expr:
     """values[q] for q in 0..3 (the last one for NaN, so that it propagates)."""
-    return L.select(L.compare("eq", q, 0.0), values[0],
-                    L.select(L.compare("eq", q, 1.0), values[1],
-                             L.select(L.compare("eq", q, 2.0), values[2], values[3])))
+    return L.select(
+        L.compare("eq", q, 0.0),
+        values[0],
+        L.select(L.compare("eq", q, 1.0), values[1], L.select(L.compare("eq", q, 2.0), values[2], values[3])),
+    )
 
 
 def sin(s: Scope, x: L.Expr) -> L.Expr:
@@ -381,8 +383,9 @@ def asinh(s: Scope, x: L.Expr) -> L.Expr:
     a = s.bind(absolute(s, x))
     z = s.bind(x * x)
     small = x + x * z * horner(z, _ASINH_POLY)
-    log_form = L.select(L.compare("gt", a, _LOG_ONLY), L.call("log", a) + _LN2,
-                        L.call("log", a + L.call("sqrt", z + 1.0)))
+    log_form = L.select(
+        L.compare("gt", a, _LOG_ONLY), L.call("log", a) + _LN2, L.call("log", a + L.call("sqrt", z + 1.0))
+    )
     magnitude = s.bind(log_form)
     large = L.select(L.compare("lt", x, 0.0), -magnitude, magnitude)
     return L.select(L.compare("lt", a, 0.5), small, large)
@@ -393,8 +396,9 @@ def acosh(s: Scope, x: L.Expr) -> L.Expr:
     x = s.bind(x)
     z = s.bind(x - 1.0)
     small = horner(z, _ACOSH_POLY) * L.call("sqrt", z)
-    log_form = L.select(L.compare("gt", x, _LOG_ONLY), L.call("log", x) + _LN2,
-                        L.call("log", x + L.call("sqrt", z * (x + 1.0))))
+    log_form = L.select(
+        L.compare("gt", x, _LOG_ONLY), L.call("log", x) + _LN2, L.call("log", x + L.call("sqrt", z * (x + 1.0)))
+    )
     value = L.select(L.compare("lt", z, 0.5), small, log_form)
     return L.select(L.compare("lt", x, 1.0), math.nan, value)
 

@@ -9,8 +9,9 @@ from farm.ir.specs import KernelSpec
 from farm.ops.registry import NodeContext, activate, out_shape, prod, register, shape_of
 
 
-def _bias_activation_epilogue(names: L.Names, spec: KernelSpec, rows: int, cols: int, batches: int,
-                              bias: str | None) -> list[L.Stmt]:
+def _bias_activation_epilogue(
+    names: L.Names, spec: KernelSpec, rows: int, cols: int, batches: int, bias: str | None
+) -> list[L.Stmt]:
     """out[b, m, p] = act(out[b, m, p] + bias[m]) after a Gemm wrote the raw products."""
     if bias is None and spec.activation is None:
         return []
@@ -25,8 +26,12 @@ def _bias_activation_epilogue(names: L.Names, spec: KernelSpec, rows: int, cols:
 
 def _gemm_attrs(ctx: NodeContext) -> dict[str, Any]:
     a = ctx.node.attrs
-    attrs = {"alpha": float(a.get("alpha", 1.0)), "beta": float(a.get("beta", 1.0)),
-             "transA": int(a.get("transA", 0)), "transB": int(a.get("transB", 0))}
+    attrs = {
+        "alpha": float(a.get("alpha", 1.0)),
+        "beta": float(a.get("beta", 1.0)),
+        "transA": int(a.get("transA", 0)),
+        "transB": int(a.get("transB", 0)),
+    }
     _check_gemm_shapes(ctx, attrs["transA"], attrs["transB"])
     attrs["constant_weight"] = ctx.node.inputs[1] in ctx.constants  # then the build may pre-pack B
     return attrs
@@ -41,8 +46,9 @@ def _check_gemm_shapes(ctx: NodeContext, trans_a: int, trans_b: int) -> None:
     m, k = (a[1], a[0]) if trans_a else a
     k_b, n = (b[1], b[0]) if trans_b else b
     if k != k_b or y != (m, n):
-        raise ctx.unsupported(f"Gemm of A {list(a)} (transA={trans_a}) and B {list(b)} (transB={trans_b}) can't give "
-                              f"Y {list(y)}")
+        raise ctx.unsupported(
+            f"Gemm of A {list(a)} (transA={trans_a}) and B {list(b)} (transB={trans_b}) can't give Y {list(y)}"
+        )
 
 
 @register("Gemm", normalize=_gemm_attrs)
@@ -55,8 +61,24 @@ def _lower_gemm(spec: KernelSpec) -> list[L.Stmt]:
     constant_b = bool(a.get("constant_weight"))
     if not a["transA"] and (not a["transB"] or constant_b):
         ldb = depth if a["transB"] else cols
-        body: list[L.Stmt] = [L.Gemm("in0", L.const(0), depth, "in1", L.const(0), ldb, "out0", L.const(0), cols,
-                                     rows, cols, depth, b_panels=constant_b, b_transposed=bool(a["transB"]))]
+        body: list[L.Stmt] = [
+            L.Gemm(
+                "in0",
+                L.const(0),
+                depth,
+                "in1",
+                L.const(0),
+                ldb,
+                "out0",
+                L.const(0),
+                cols,
+                rows,
+                cols,
+                depth,
+                b_panels=constant_b,
+                b_transposed=bool(a["transB"]),
+            )
+        ]
         product = lambda m, n: L.Load("out0", m * cols + n)  # noqa: E731
     else:
         body, product = [], None
@@ -97,8 +119,9 @@ def _lower_matmul(spec: KernelSpec) -> list[L.Stmt]:
     return gemms + _bias_activation_epilogue(names, spec, 1, prod(o_shape), 1, None)
 
 
-def _matmul_gemms(names: L.Names, a_mat: tuple[int, ...], b_mat: tuple[int, ...], batch: tuple[int, ...],
-                  constant_b: bool) -> list[L.Stmt]:
+def _matmul_gemms(
+    names: L.Names, a_mat: tuple[int, ...], b_mat: tuple[int, ...], batch: tuple[int, ...], constant_b: bool
+) -> list[L.Stmt]:
     """One Gemm when B is shared by every batch and A holds them all (the batches are just more rows of A, as in
     a transformer's linear layers); else a Gemm per batch, in one flat parallel loop when each operand either
     holds every batch or is shared (attention's [B, H, S, D] products), a parallel loop nest when it broadcasts.
@@ -106,31 +129,61 @@ def _matmul_gemms(names: L.Names, a_mat: tuple[int, ...], b_mat: tuple[int, ...]
     rows, depth, cols = a_mat[-2], a_mat[-1], b_mat[-1]
     a_batch, b_batch, batches = a_mat[:-2], b_mat[:-2], prod(batch)
     if prod(b_batch) == 1 and prod(a_batch) == batches:
-        return [L.Gemm("in0", L.const(0), depth, "in1", L.const(0), cols, "out0", L.const(0), cols,
-                       batches * rows, cols, depth, b_panels=constant_b)]
+        return [
+            L.Gemm(
+                "in0",
+                L.const(0),
+                depth,
+                "in1",
+                L.const(0),
+                cols,
+                "out0",
+                L.const(0),
+                cols,
+                batches * rows,
+                cols,
+                depth,
+                b_panels=constant_b,
+            )
+        ]
     if prod(a_batch) in (1, batches) and prod(b_batch) in (1, batches):
         b = names.var("b")
 
         def offset(operand_batch: tuple[int, ...], size: int) -> L.Expr:
             return b * size if prod(operand_batch) == batches else L.const(0)
 
-        gemm = L.Gemm("in0", offset(a_batch, rows * depth), depth, "in1", offset(b_batch, depth * cols), cols,
-                      "out0", b * (rows * cols), cols, rows, cols, depth, b_panels=constant_b)
+        gemm = L.Gemm(
+            "in0",
+            offset(a_batch, rows * depth),
+            depth,
+            "in1",
+            offset(b_batch, depth * cols),
+            cols,
+            "out0",
+            b * (rows * cols),
+            cols,
+            rows,
+            cols,
+            depth,
+            b_panels=constant_b,
+        )
         return [L.Loop(b, batches, [gemm], parallel=True)]
 
     def gemm_at(v: list[L.Var]) -> list[L.Stmt]:
         a_off = L.broadcast_index(a_batch, batch, v) * (rows * depth)
         b_off = L.broadcast_index(b_batch, batch, v) * (depth * cols)
         c_off = L.flat_index(batch, v) * (rows * cols)
-        return [L.Gemm("in0", a_off, depth, "in1", b_off, cols, "out0", c_off, cols, rows, cols, depth,
-                       b_panels=constant_b)]
+        return [
+            L.Gemm("in0", a_off, depth, "in1", b_off, cols, "out0", c_off, cols, rows, cols, depth, b_panels=constant_b)
+        ]
 
     body, _ = L.loop_nest(names, batch, gemm_at, parallel=True)
     return body
 
 
-def _matmul_loops(names: L.Names, spec: KernelSpec, a_mat: tuple[int, ...], b_mat: tuple[int, ...],
-                  batch: tuple[int, ...]) -> list[L.Stmt]:
+def _matmul_loops(
+    names: L.Names, spec: KernelSpec, a_mat: tuple[int, ...], b_mat: tuple[int, ...], batch: tuple[int, ...]
+) -> list[L.Stmt]:
     """Integer matmul: out[b, m, n] = sum over k of a[b, m, k] * b[b, k, n], batches broadcast."""
     rows, depth, cols = a_mat[-2], a_mat[-1], b_mat[-1]
     k, acc = names.var("k"), names.local("acc", L.I64)
@@ -141,8 +194,11 @@ def _matmul_loops(names: L.Names, spec: KernelSpec, a_mat: tuple[int, ...], b_ma
         b_index = (L.broadcast_index(b_mat[:-2], batch, bv) * depth + k) * cols + n
         product = L.Load("in0", a_index, L.I64) * L.Load("in1", b_index, L.I64)
         out_index = L.flat_index((*batch, rows, cols), v)
-        return [L.Assign(acc, L.const(0)), L.Loop(k, depth, [L.Assign(acc, acc + product)]),
-                L.Store("out0", out_index, activate(acc, spec.activation))]
+        return [
+            L.Assign(acc, L.const(0)),
+            L.Loop(k, depth, [L.Assign(acc, acc + product)]),
+            L.Store("out0", out_index, activate(acc, spec.activation)),
+        ]
 
     body, _ = L.loop_nest(names, (*batch, rows, cols), element, parallel=True)
     return body

@@ -19,8 +19,12 @@ def _lrn_attrs(ctx: NodeContext) -> dict[str, Any]:
     a = ctx.node.attrs
     if int(a.get("size", 0)) < 1:
         raise ctx.unsupported(f"attribute 'size' is {a.get('size')}; it must be at least 1")
-    return {"size": int(a["size"]), "alpha": float(a.get("alpha", 1e-4)), "beta": float(a.get("beta", 0.75)),
-            "bias": float(a.get("bias", 1.0))}
+    return {
+        "size": int(a["size"]),
+        "alpha": float(a.get("alpha", 1e-4)),
+        "beta": float(a.get("beta", 0.75)),
+        "bias": float(a.get("bias", 1.0)),
+    }
 
 
 def _lrn_window(size: int, channels: int) -> tuple[int, int]:
@@ -49,11 +53,32 @@ def _lower_lrn(spec: KernelSpec) -> list[L.Stmt]:
     center = (b * c + ch) * hw + i
     base = a["bias"] + acc * (a["alpha"] / a["size"])
     value = L.Load("in0", center) * L.call("exp", L.call("log", base) * (-a["beta"]))
-    return [L.Loop(b, n, [L.Loop(ch, c, [L.Loop(i, hw, [
-        L.Assign(acc, L.const(0.0)),
-        L.Loop(j, window, [L.Assign(acc, acc + L.select(inside, x_other * x_other, 0.0))]),
-        L.Store("out0", center, activate(value, spec.activation)),
-    ], True)], True)], True)]
+    return [
+        L.Loop(
+            b,
+            n,
+            [
+                L.Loop(
+                    ch,
+                    c,
+                    [
+                        L.Loop(
+                            i,
+                            hw,
+                            [
+                                L.Assign(acc, L.const(0.0)),
+                                L.Loop(j, window, [L.Assign(acc, acc + L.select(inside, x_other * x_other, 0.0))]),
+                                L.Store("out0", center, activate(value, spec.activation)),
+                            ],
+                            True,
+                        )
+                    ],
+                    True,
+                )
+            ],
+            True,
+        )
+    ]
 
 
 def _bn_attrs(ctx: NodeContext) -> dict[str, Any]:
@@ -81,9 +106,11 @@ Over = Callable[[Callable[[L.Expr], list[L.Stmt]]], list[L.Stmt]]
 
 def _contiguous(names: L.Names, base: L.Expr, length: int) -> Over:
     """The `length` consecutive elements from `base`."""
+
     def over(body: Callable[[L.Expr], list[L.Stmt]]) -> list[L.Stmt]:
         i = names.var("i")
         return [L.Loop(i, length, body(base + i))]
+
     return over
 
 
@@ -92,11 +119,14 @@ def _moments(names: L.Names, over: Over, count: int) -> tuple[list[L.Stmt], L.Va
     deviations: accurate where E[x^2] - E[x]^2 would cancel)."""
     mean, variance = names.local("mean"), names.local("var")
     x = lambda index: L.Load("in0", index)  # noqa: E731
-    stmts = [L.Assign(mean, L.const(0.0)), *over(lambda i: [L.Assign(mean, mean + x(i))]),
-             L.Assign(mean, mean * (1.0 / count)),
-             L.Assign(variance, L.const(0.0)),
-             *over(lambda i: [L.Assign(variance, variance + (x(i) - mean) * (x(i) - mean))]),
-             L.Assign(variance, variance * (1.0 / count))]
+    stmts = [
+        L.Assign(mean, L.const(0.0)),
+        *over(lambda i: [L.Assign(mean, mean + x(i))]),
+        L.Assign(mean, mean * (1.0 / count)),
+        L.Assign(variance, L.const(0.0)),
+        *over(lambda i: [L.Assign(variance, variance + (x(i) - mean) * (x(i) - mean))]),
+        L.Assign(variance, variance * (1.0 / count)),
+    ]
     return stmts, mean, variance
 
 
@@ -137,7 +167,7 @@ def _lower_layernorm(spec: KernelSpec) -> list[L.Stmt]:
     """y = (x - mean) / sqrt(var + eps) * scale + bias over the axes from `axis` on; scale and bias broadcast to
     that normalised shape. One work-item per normalised row, which also writes the row's requested statistics."""
     names, a, shape = L.Names(), spec.attrs, shape_of(spec)
-    normalized = shape[a["axis"]:]
+    normalized = shape[a["axis"] :]
     length = prod(normalized)
     params = [(f"in{i}", _trailing(shape_of(spec, i), len(normalized))) for i in range(1, len(spec.inputs))]
 
@@ -156,7 +186,7 @@ def _lower_layernorm(spec: KernelSpec) -> list[L.Stmt]:
         values = {"mean": mean, "inv_std": scale}
         return stats + loops + [L.Store(f"out{k}", o, values[name]) for k, name in enumerate(a["statistics"], 1)]
 
-    return over_rows(names, prod(shape[:a["axis"]]), 1, row)
+    return over_rows(names, prod(shape[: a["axis"]]), 1, row)
 
 
 def _broadcast(param: tuple[str, tuple[int, ...]], shape: tuple[int, ...], v: list[L.Var]) -> tuple[str, L.Expr]:
@@ -179,8 +209,14 @@ def _lower_instancenorm(spec: KernelSpec) -> list[L.Stmt]:
     channel = plane % channels
     factor = names.local("factor")
     normalize = over(lambda i: [L.Store("out0", i, (L.Load("in0", i) - mean) * factor + L.Load("in2", channel))])
-    return [L.Loop(plane, shape[0] * channels, [*stats, L.Assign(factor, scale * L.Load("in1", channel)), *normalize],
-                   parallel=True)]
+    return [
+        L.Loop(
+            plane,
+            shape[0] * channels,
+            [*stats, L.Assign(factor, scale * L.Load("in1", channel)), *normalize],
+            parallel=True,
+        )
+    ]
 
 
 def _groupnorm_attrs(ctx: NodeContext) -> dict[str, Any]:
@@ -201,13 +237,18 @@ def _lower_groupnorm(spec: KernelSpec) -> list[L.Stmt]:
     groups, per_group, size = a["groups"], shape[1] // a["groups"], prod(shape[2:])
     unit, channel, i = names.var("u"), names.var("c"), names.var("i")
     base = unit * (per_group * size)
-    stats, mean, scale = _standardize(names, _contiguous(names, base, per_group * size), per_group * size,
-                                      a["epsilon"])
+    stats, mean, scale = _standardize(names, _contiguous(names, base, per_group * size), per_group * size, a["epsilon"])
     param = (unit % groups) * per_group + channel if a["per_channel"] else unit % groups
     index = base + channel * size + i
     value = (L.Load("in0", index) - mean) * scale * L.Load("in1", param) + L.Load("in2", param)
-    return [L.Loop(unit, shape[0] * groups, [
-        *stats, L.Loop(channel, per_group, [L.Loop(i, size, [L.Store("out0", index, value)])])], parallel=True)]
+    return [
+        L.Loop(
+            unit,
+            shape[0] * groups,
+            [*stats, L.Loop(channel, per_group, [L.Loop(i, size, [L.Store("out0", index, value)])])],
+            parallel=True,
+        )
+    ]
 
 
 def _mvn_attrs(ctx: NodeContext) -> dict[str, Any]:
@@ -225,8 +266,11 @@ def _lower_mvn(spec: KernelSpec) -> list[L.Stmt]:
     def per_output(_: L.Expr, base: L.Expr) -> list[L.Stmt]:
         over: Over = lambda body: layout.over_reduced(names, base, body)  # noqa: E731
         stats, mean, variance = _moments(names, over, layout.count)
-        return [*stats, L.Assign(inv_std, 1.0 / (L.call("sqrt", variance) + 1e-9)),
-                *over(lambda i: [L.Store("out0", i, (L.Load("in0", i) - mean) * inv_std)])]
+        return [
+            *stats,
+            L.Assign(inv_std, 1.0 / (L.call("sqrt", variance) + 1e-9)),
+            *over(lambda i: [L.Store("out0", i, (L.Load("in0", i) - mean) * inv_std)]),
+        ]
 
     return layout.over_outputs(names, per_output)
 
@@ -251,9 +295,12 @@ def _lower_lp_normalization(spec: KernelSpec) -> list[L.Stmt]:
         at = along(a, o, t)
         x = L.Load("in0", at(i))
         total = L.call("sqrt", norm) if a["p"] == 2 else norm
-        return [L.Assign(norm, L.const(0.0)), L.Loop(i, a["length"], [L.Assign(norm, norm + magnitude(x))]),
-                L.Assign(norm, L.select(L.compare("eq", norm, 0.0), 0.0, 1.0 / total)),
-                L.Loop(i, a["length"], [L.Store("out0", at(i), x * norm)])]
+        return [
+            L.Assign(norm, L.const(0.0)),
+            L.Loop(i, a["length"], [L.Assign(norm, norm + magnitude(x))]),
+            L.Assign(norm, L.select(L.compare("eq", norm, 0.0), 0.0, 1.0 / total)),
+            L.Loop(i, a["length"], [L.Store("out0", at(i), x * norm)]),
+        ]
 
     return over_rows(names, a["outer"], a["inner"], row)
 
@@ -278,7 +325,7 @@ def _rms_attrs(ctx: NodeContext) -> dict[str, Any]:
 def _lower_rms_normalization(spec: KernelSpec) -> list[L.Stmt]:
     """y = x / sqrt(mean(x^2) + epsilon) * scale over the axes from `axis` on."""
     names, a, shape = L.Names(), spec.attrs, shape_of(spec)
-    normalized = shape[a["axis"]:]
+    normalized = shape[a["axis"] :]
     length = prod(normalized)
     scale = ("in1", _trailing(shape_of(spec, 1), len(normalized)))
     factor = names.local("inv_rms")
@@ -287,10 +334,20 @@ def _lower_rms_normalization(spec: KernelSpec) -> list[L.Stmt]:
         base = o * length
         x = lambda v: L.Load("in0", base + L.flat_index(normalized, v))  # noqa: E731
         squares = _contiguous(names, base, length)(
-            lambda i: [L.Assign(factor, factor + L.Load("in0", i) * L.Load("in0", i))])
+            lambda i: [L.Assign(factor, factor + L.Load("in0", i) * L.Load("in0", i))]
+        )
         mean_square = factor * (1.0 / length) + a["epsilon"]
-        loops, _ = L.loop_nest(names, normalized, lambda v: [
-            L.Store("out0", base + L.flat_index(normalized, v), x(v) * factor * L.Load(*_broadcast(scale, normalized, v)))])
+        loops, _ = L.loop_nest(
+            names,
+            normalized,
+            lambda v: [
+                L.Store(
+                    "out0",
+                    base + L.flat_index(normalized, v),
+                    x(v) * factor * L.Load(*_broadcast(scale, normalized, v)),
+                )
+            ],
+        )
         return [L.Assign(factor, L.const(0.0)), *squares, L.Assign(factor, 1.0 / L.call("sqrt", mean_square)), *loops]
 
-    return over_rows(names, prod(shape[:a["axis"]]), 1, row)
+    return over_rows(names, prod(shape[: a["axis"]]), 1, row)

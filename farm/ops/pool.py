@@ -30,13 +30,13 @@ from farm.ops.window import (
 )
 
 
-def _input_at(geo: Window, base: L.Expr, oh: L.Expr, ow: L.Expr, r: L.ExprLike, s: L.ExprLike,
-              fill: float) -> L.Expr:
+def _input_at(geo: Window, base: L.Expr, oh: L.Expr, ow: L.Expr, r: L.ExprLike, s: L.ExprLike, fill: float) -> L.Expr:
     """x[base + ih*W + iw] for the window tap (r, s) of output (oh, ow), or `fill` in the padding."""
     ih = oh * geo.stride_height - geo.pad_top + L.wrap(r, L.I64) * geo.dilation_height
     iw = ow * geo.stride_width - geo.pad_left + L.wrap(s, L.I64) * geo.dilation_width
-    inside = L.logical_and(L.compare("ge", ih, 0), L.compare("lt", ih, geo.height),
-                           L.compare("ge", iw, 0), L.compare("lt", iw, geo.width))
+    inside = L.logical_and(
+        L.compare("ge", ih, 0), L.compare("lt", ih, geo.height), L.compare("ge", iw, 0), L.compare("lt", iw, geo.width)
+    )
     clamped = L.minimum(L.maximum(ih, 0), geo.height - 1) * geo.width + L.minimum(L.maximum(iw, 0), geo.width - 1)
     return L.select(inside, L.Load("in0", base + clamped), fill)
 
@@ -67,9 +67,12 @@ def _lower_pool_planes(spec: KernelSpec) -> list[L.Stmt]:
         update.append(L.Assign(count, count + L.select(_counted(geo, a, y, x, r, s), 1.0, 0.0)))
     kh, kw = a["kernel_shape"]
     result = acc if is_max else acc / count
-    inner = [L.Assign(acc, L.const(-math.inf if is_max else 0.0)), L.Assign(count, L.const(0.0)),
-             L.Loop(r, kh, [L.Loop(s, kw, update)]),
-             L.Store("out0", (plane * ho + y) * wo + x, activate(result, spec.activation))]
+    inner = [
+        L.Assign(acc, L.const(-math.inf if is_max else 0.0)),
+        L.Assign(count, L.const(0.0)),
+        L.Loop(r, kh, [L.Loop(s, kw, update)]),
+        L.Store("out0", (plane * ho + y) * wo + x, activate(result, spec.activation)),
+    ]
     return [L.Loop(plane, n * c, [L.Loop(y, ho, [L.Loop(x, wo, inner, True)], True)], True)]
 
 
@@ -102,9 +105,23 @@ def _max_pool_planes(spec: KernelSpec) -> list[L.Stmt]:
     oh, ow, r, acc = names.var("y"), names.var("x"), names.var("r"), names.local()
     taps = [L.Assign(acc, L.maximum(acc, phased_tap(geo, plane, oh, ow, r, s))) for s in range(geo.kernel_width)]
     out_index = (channel * geo.out_height + oh) * geo.out_width + ow
-    outputs = [L.Loop(oh, geo.out_height, [L.Loop(ow, geo.out_width, [
-        L.Assign(acc, L.const(-math.inf)), L.Loop(r, geo.kernel_height, taps),
-        L.Store("out0", out_index, activate(acc, spec.activation))])])]
+    outputs = [
+        L.Loop(
+            oh,
+            geo.out_height,
+            [
+                L.Loop(
+                    ow,
+                    geo.out_width,
+                    [
+                        L.Assign(acc, L.const(-math.inf)),
+                        L.Loop(r, geo.kernel_height, taps),
+                        L.Store("out0", out_index, activate(acc, spec.activation)),
+                    ],
+                )
+            ],
+        )
+    ]
     per_channel = pad_plane(names, geo, plane, channel * (h * w), geo.stride_width, -math.inf) + outputs
     return [L.Loop(block, n * c // size, [L.Loop(index, size, per_channel)], True)]
 
@@ -114,8 +131,12 @@ def _counted(geo: Window, attrs: dict, y: L.Var, x: L.Var, r: L.Var, s: L.Var) -
     ih = y * geo.stride_height - geo.pad_top + r * geo.dilation_height
     iw = x * geo.stride_width - geo.pad_left + s * geo.dilation_width
     pads = attrs["pads"] if attrs["count_include_pad"] else [0, 0, 0, 0]
-    return L.logical_and(L.compare("ge", ih, -pads[0]), L.compare("lt", ih, geo.height + pads[2]),
-                         L.compare("ge", iw, -pads[1]), L.compare("lt", iw, geo.width + pads[3]))
+    return L.logical_and(
+        L.compare("ge", ih, -pads[0]),
+        L.compare("lt", ih, geo.height + pads[2]),
+        L.compare("ge", iw, -pads[1]),
+        L.compare("lt", iw, geo.width + pads[3]),
+    )
 
 
 def _lower_pool_volumes(spec: KernelSpec) -> list[L.Stmt]:
@@ -140,8 +161,12 @@ def _lower_pool_volumes(spec: KernelSpec) -> list[L.Stmt]:
 
         window, _ = L.loop_nest(names, tuple(a["kernel_shape"]), tap)
         result = acc if is_max else acc / count
-        return [L.Assign(acc, L.const(-math.inf if is_max else 0.0)), L.Assign(count, L.const(0.0)), *window,
-                L.Store("out0", L.flat_index(shape, v), activate(result, spec.activation))]
+        return [
+            L.Assign(acc, L.const(-math.inf if is_max else 0.0)),
+            L.Assign(count, L.const(0.0)),
+            *window,
+            L.Store("out0", L.flat_index(shape, v), activate(result, spec.activation)),
+        ]
 
     body, _ = L.loop_nest(names, shape, element, parallel=True)
     return body
@@ -156,8 +181,10 @@ def _counted_tap(a: dict[str, Any], sizes: list[int], outs: list[L.Var], taps: l
     return within(tap_coordinates(a, outs, taps), [-begin for begin in pads[:rank]], highs)
 
 
-POOL_LOWERINGS = {2: WindowLowering(_lower_pool_planes, _pool_plane_scratch),
-                  3: WindowLowering(_lower_pool_volumes, no_scratch)}
+POOL_LOWERINGS = {
+    2: WindowLowering(_lower_pool_planes, _pool_plane_scratch),
+    3: WindowLowering(_lower_pool_volumes, no_scratch),
+}
 """MaxPool and AveragePool by spatial rank: planes (1-D ones as planes of height 1), volumes as a loop nest."""
 
 
@@ -190,8 +217,9 @@ def _lp_pool_attrs(ctx: NodeContext) -> dict[str, Any]:
     return {"kernel_shape": kernel, "strides": strides, "dilations": dilations, "pads": pads, "p": int(p)}
 
 
-def _lp_tap(names: L.Names, a: dict[str, Any], spatial: tuple[int, ...], plane: L.Expr, out_vars: list[L.Var],
-            taps: list[L.Var]) -> tuple[list[L.Stmt], L.Expr]:
+def _lp_tap(
+    names: L.Names, a: dict[str, Any], spatial: tuple[int, ...], plane: L.Expr, out_vars: list[L.Var], taps: list[L.Var]
+) -> tuple[list[L.Stmt], L.Expr]:
     """(statements, |x|^p) of one window tap, 0 where the tap lies in the padding (or past the input, under
     ceil_mode)."""
     inside, at = window_tap(a, list(spatial), out_vars, taps)
@@ -216,8 +244,7 @@ def _lower_lp_pool(spec: KernelSpec) -> list[L.Stmt]:
 
         window, _ = L.loop_nest(names, tuple(a["kernel_shape"]), tap)
         root = {1: total, 2: L.call("sqrt", total)}.get(a["p"], L.call("exp", L.call("log", total) * (1.0 / a["p"])))
-        return [L.Assign(total, L.const(0.0)), *window,
-                L.Store("out0", L.flat_index((n * c, *out_spatial), v), root)]
+        return [L.Assign(total, L.const(0.0)), *window, L.Store("out0", L.flat_index((n * c, *out_spatial), v), root)]
 
     body, _ = L.loop_nest(names, (n * c, *out_spatial), element, parallel=True)
     return body
@@ -236,8 +263,15 @@ def _lower_global_pool(spec: KernelSpec) -> list[L.Stmt]:
     tap = L.Load("in0", p * size + i)
     is_max = spec.op == "GlobalMaxPool"
     result = acc if is_max else acc * (1.0 / size)
-    return [L.Loop(p, planes, parallel=True, body=[
-        L.Assign(acc, L.const(NEG_INF if is_max else 0.0)),
-        L.Loop(i, size, [L.Assign(acc, L.maximum(acc, tap) if is_max else acc + tap)]),
-        L.Store("out0", p, activate(result, spec.activation)),
-    ])]
+    return [
+        L.Loop(
+            p,
+            planes,
+            parallel=True,
+            body=[
+                L.Assign(acc, L.const(NEG_INF if is_max else 0.0)),
+                L.Loop(i, size, [L.Assign(acc, L.maximum(acc, tap) if is_max else acc + tap)]),
+                L.Store("out0", p, activate(result, spec.activation)),
+            ],
+        )
+    ]

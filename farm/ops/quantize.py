@@ -64,7 +64,7 @@ def round_to_half(s: M.Scope, x: L.Expr) -> L.Expr:
     magnitude = s.bind(M.absolute(s, x))
     spacing: L.Expr = L.const(2.0 ** (_HALF_MIN_EXPONENT - _HALF_MANTISSA))  # the subnormals'
     for exponent in range(_HALF_MIN_EXPONENT, _HALF_MAX_EXPONENT + 1):
-        spacing = L.select(L.compare("ge", magnitude, 2.0 ** exponent), 2.0 ** (exponent - _HALF_MANTISSA), spacing)
+        spacing = L.select(L.compare("ge", magnitude, 2.0**exponent), 2.0 ** (exponent - _HALF_MANTISSA), spacing)
     spacing = s.bind(spacing)
     rounded = s.bind(M.round_half_even(s, magnitude / spacing) * spacing)
     rounded = s.bind(L.select(L.compare("gt", rounded, _HALF_MAX), M.INF, rounded))
@@ -113,8 +113,10 @@ def _require(ctx: NodeContext, index: int, allowed: frozenset[str], what: str) -
     """Node input `index`'s info (None if absent), refused unless its dtype is one of `allowed`."""
     info = ctx.inputs[index] if index < len(ctx.inputs) else None
     if info is not None and info.dtype not in allowed:
-        raise ctx.unsupported(f"{what} {ctx.node.inputs[index]!r} has dtype {info.dtype}; {ctx.node.op_type} takes "
-                              f"{', '.join(sorted(allowed))} in farm ({NOT_BUFFERS})")
+        raise ctx.unsupported(
+            f"{what} {ctx.node.inputs[index]!r} has dtype {info.dtype}; {ctx.node.op_type} takes "
+            f"{', '.join(sorted(allowed))} in farm ({NOT_BUFFERS})"
+        )
     return info
 
 
@@ -128,16 +130,18 @@ def _require_output(ctx: NodeContext, allowed: frozenset[str] | dict[str, Any]) 
     """The output's dtype, refused unless it is one of `allowed`."""
     dtype = ctx.outputs[0].dtype
     if dtype not in allowed:
-        raise ctx.unsupported(f"output dtype {dtype} is not supported ({', '.join(sorted(allowed))} are; "
-                              f"{NOT_BUFFERS})")
+        raise ctx.unsupported(
+            f"output dtype {dtype} is not supported ({', '.join(sorted(allowed))} are; {NOT_BUFFERS})"
+        )
     return dtype
 
 
 def _require_size_one(ctx: NodeContext, index: int, what: str) -> None:
     info = ctx.inputs[index] if index < len(ctx.inputs) else None
     if info is not None and info.size != 1:
-        raise ctx.unsupported(f"{what} {ctx.node.inputs[index]!r} has shape {list(info.shape)}; farm takes one "
-                              "value (per tensor) here")
+        raise ctx.unsupported(
+            f"{what} {ctx.node.inputs[index]!r} has shape {list(info.shape)}; farm takes one value (per tensor) here"
+        )
 
 
 def _saturate(s: M.Scope, value: L.Expr, dtype: str) -> L.Expr:
@@ -168,11 +172,13 @@ def _param_layout(ctx: NodeContext, index: int, x: tuple[int, ...], axis: int | 
         blocks = -(-x[axis] // block)
         wanted = [blocks if i == axis else d for i, d in enumerate(x)]
         if shape != wanted:
-            raise ctx.unsupported(f"blocked {name!r} has shape {shape}; block_size {block} on axis {axis} of "
-                                  f"{list(x)} needs {wanted}")
+            raise ctx.unsupported(
+                f"blocked {name!r} has shape {shape}; block_size {block} on axis {axis} of {list(x)} needs {wanted}"
+            )
     elif shape != [x[axis]]:
-        raise ctx.unsupported(f"{name!r} has shape {shape}; per-axis quantization on axis {axis} of {list(x)} "
-                              f"needs [{x[axis]}]")
+        raise ctx.unsupported(
+            f"{name!r} has shape {shape}; per-axis quantization on axis {axis} of {list(x)} needs [{x[axis]}]"
+        )
 
 
 def _layout_attrs(ctx: NodeContext) -> dict[str, Any]:
@@ -210,8 +216,11 @@ def _param(spec: KernelSpec, index: int, v: list[L.Var], default: L.Expr) -> L.E
     return load(name, info, at)
 
 
-def _elementwise(names: L.Names, shape: tuple[int, ...], value: Callable[[M.Scope, list[L.Var]], L.Expr],
-                 ) -> list[L.Stmt]:
+def _elementwise(
+    names: L.Names,
+    shape: tuple[int, ...],
+    value: Callable[[M.Scope, list[L.Var]], L.Expr],
+) -> list[L.Stmt]:
     """out0[v] = value(v) over `shape`, each element's intermediate locals in its own scope (parallel)."""
 
     def element(v: list[L.Var]) -> list[L.Stmt]:
@@ -273,8 +282,9 @@ def _quantize_value(spec: KernelSpec, s: M.Scope, v: list[L.Var]) -> L.Expr:
         """The operand in the division's dtype (a float16 buffer's values are float16 already)."""
         return _half_if(s, _as(value, division.dtype), division.half and info.dtype != "float16")
 
-    quotient = L.exact_div(operand(load("in0", x, L.flat_index(shape, v)), x),
-                           operand(_param(spec, 1, v, L.const(1.0)), scale))
+    quotient = L.exact_div(
+        operand(load("in0", x, L.flat_index(shape, v)), x), operand(_param(spec, 1, v, L.const(1.0)), scale)
+    )
     rounded = M.round_half_even(s, _half_if(s, quotient, division.half))
     zero = _as(_param(spec, 2, v, L.const(0)), division.dtype)
     return _saturate(s, rounded + zero, spec.attrs["to"])
@@ -324,8 +334,11 @@ def _min_max(names: L.Names, size: int, low: L.Var, high: L.Var) -> list[L.Stmt]
     """low, high = min(0, x...), max(0, x...): the range always holds zero."""
     i = names.var("i")
     x = L.Load("in0", i)
-    return [L.Assign(low, L.const(0.0)), L.Assign(high, L.const(0.0)),
-            L.Loop(i, size, [L.Assign(low, L.minimum(low, x)), L.Assign(high, L.maximum(high, x))])]
+    return [
+        L.Assign(low, L.const(0.0)),
+        L.Assign(high, L.const(0.0)),
+        L.Loop(i, size, [L.Assign(low, L.minimum(low, x)), L.Assign(high, L.maximum(high, x))]),
+    ]
 
 
 @register("DynamicQuantizeLinear", normalize=_dynamic_attrs, dtypes=ALL_DTYPES)
@@ -338,8 +351,13 @@ def _lower_dynamic_quantize(spec: KernelSpec) -> list[L.Stmt]:
     s = M.Scope(names)
     span = L.select(L.compare("eq", high, low), 255.0, high - low)
     zero = M.round_half_even(s, L.minimum(L.maximum(0.0 - L.exact_div(low, scale), 0.0), 255.0))
-    parameters = [*_min_max(names, size, low, high), L.Assign(scale, L.exact_div(span, 255.0)),
-                  L.Store("out1", L.const(0), scale), *s.stmts, L.Store("out2", L.const(0), L.Cast(zero, L.I64))]
+    parameters = [
+        *_min_max(names, size, low, high),
+        L.Assign(scale, L.exact_div(span, 255.0)),
+        L.Store("out1", L.const(0), scale),
+        *s.stmts,
+        L.Store("out2", L.const(0), L.Cast(zero, L.I64)),
+    ]
 
     def value(s: M.Scope, v: list[L.Var]) -> L.Expr:
         quotient = L.exact_div(L.Load("in0", v[0]), L.Load("out1", L.const(0)))
@@ -372,8 +390,10 @@ def _require_channels(ctx: NodeContext, index: int, channels: int, what: str) ->
     """Refuse node input `index` unless it is absent, one value or 1-D with one value per output channel/column."""
     info = ctx.inputs[index] if index < len(ctx.inputs) else None
     if info is not None and info.size != 1 and list(info.shape) != [channels]:
-        raise ctx.unsupported(f"{what} {ctx.node.inputs[index]!r} has shape {list(info.shape)}; farm takes one "
-                              f"value or one per output channel ([{channels}])")
+        raise ctx.unsupported(
+            f"{what} {ctx.node.inputs[index]!r} has shape {list(info.shape)}; farm takes one "
+            f"value or one per output channel ([{channels}])"
+        )
 
 
 def _require_like(ctx: NodeContext, index: int, of: int, what: str) -> None:
@@ -383,8 +403,9 @@ def _require_like(ctx: NodeContext, index: int, of: int, what: str) -> None:
         raise ctx.unsupported(f"{what} has dtype {info.dtype}, its operand {ctx.input_info(of).dtype}")
 
 
-def _matmul_layout(spec: KernelSpec, a_index: int, b_index: int) -> tuple[tuple[int, ...], tuple[int, ...],
-                                                                           tuple[int, ...]]:
+def _matmul_layout(
+    spec: KernelSpec, a_index: int, b_index: int
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """(A as a matrix stack, B as one, the output's batch dims), numpy matmul style (1-D operands promoted)."""
     a, b = _given_buffer(spec, a_index)[1].shape, _given_buffer(spec, b_index)[1].shape
     o = out_shape(spec)
@@ -393,8 +414,9 @@ def _matmul_layout(spec: KernelSpec, a_index: int, b_index: int) -> tuple[tuple[
     return a_mat, b_mat, tuple(o[: len(o) - (len(a) > 1) - (len(b) > 1)])
 
 
-def _integer_matmul(spec: KernelSpec, a_index: int, b_index: int, a_zero: L.Expr, b_zero: ZeroAt,
-                    finish: Finish) -> list[L.Stmt]:
+def _integer_matmul(
+    spec: KernelSpec, a_index: int, b_index: int, a_zero: L.Expr, b_zero: ZeroAt, finish: Finish
+) -> list[L.Stmt]:
     """out[.., m, n] = finish(sum over k of (a[.., m, k] - a_zero) * (b[.., k, n] - b_zero(n))), exact in int64,
     batch dims broadcast."""
     (a_name, a), (b_name, b) = _given_buffer(spec, a_index), _given_buffer(spec, b_index)
@@ -410,8 +432,12 @@ def _integer_matmul(spec: KernelSpec, a_index: int, b_index: int, a_zero: L.Expr
         term = (load(a_name, a, a_at) - a_zero) * (load(b_name, b, b_at) - b_zero(n))
         scope = M.Scope(names)
         result = finish(scope, acc, n)
-        return [L.Assign(acc, L.const(0)), L.Loop(k, depth, [L.Assign(acc, acc + term)]), *scope.stmts,
-                L.Store("out0", L.flat_index((*batch, rows, cols), v), result)]
+        return [
+            L.Assign(acc, L.const(0)),
+            L.Loop(k, depth, [L.Assign(acc, acc + term)]),
+            *scope.stmts,
+            L.Store("out0", L.flat_index((*batch, rows, cols), v), result),
+        ]
 
     body, _ = L.loop_nest(names, (*batch, rows, cols), element, parallel=True)
     return body
@@ -458,19 +484,37 @@ def _integer_conv(spec: KernelSpec, w_index: int, x_zero: L.Expr, w_zero: ZeroAt
         n, m, oh, ow = v
         ih = oh * geo.stride_height - geo.pad_top + r * geo.dilation_height
         iw = ow * geo.stride_width - geo.pad_left + t * geo.dilation_width
-        inside = L.logical_and(L.compare("ge", ih, 0), L.compare("lt", ih, geo.height),
-                               L.compare("ge", iw, 0), L.compare("lt", iw, geo.width))
+        inside = L.logical_and(
+            L.compare("ge", ih, 0),
+            L.compare("lt", ih, geo.height),
+            L.compare("ge", iw, 0),
+            L.compare("lt", iw, geo.width),
+        )
         channel = m / group_outputs * group_channels + c
-        x_at = ((n * channels + channel) * geo.height + L.minimum(L.maximum(ih, 0), geo.height - 1)) * geo.width \
-            + L.minimum(L.maximum(iw, 0), geo.width - 1)
+        x_at = (
+            (n * channels + channel) * geo.height + L.minimum(L.maximum(ih, 0), geo.height - 1)
+        ) * geo.width + L.minimum(L.maximum(iw, 0), geo.width - 1)
         w_at = ((m * group_channels + c) * geo.kernel_height + r) * geo.kernel_width + t
         term = (load("in0", x, x_at) - x_zero) * (load(w_name, w, w_at) - w_zero(m))
-        taps = L.Loop(c, group_channels, [L.Loop(r, geo.kernel_height, [L.Loop(t, geo.kernel_width, [
-            L.Assign(acc, acc + L.select(inside, term, 0))])])])
+        taps = L.Loop(
+            c,
+            group_channels,
+            [
+                L.Loop(
+                    r,
+                    geo.kernel_height,
+                    [L.Loop(t, geo.kernel_width, [L.Assign(acc, acc + L.select(inside, term, 0))])],
+                )
+            ],
+        )
         scope = M.Scope(names)
         result = finish(scope, acc, m)
-        return [L.Assign(acc, L.const(0)), taps, *scope.stmts,
-                L.Store("out0", L.flat_index(out_shape(spec), v), result)]
+        return [
+            L.Assign(acc, L.const(0)),
+            taps,
+            *scope.stmts,
+            L.Store("out0", L.flat_index(out_shape(spec), v), result),
+        ]
 
     body, _ = L.loop_nest(names, (batch, out_channels, geo.out_height, geo.out_width), element, parallel=True)
     return body

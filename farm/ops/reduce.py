@@ -105,7 +105,7 @@ def over_rows(names: L.Names, outer: int, inner: int, body: Callable[[L.Expr, L.
 
 def axis_view(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
     """(outer, length, inner) of `shape` around `axis`."""
-    return prod(shape[:axis]), shape[axis], prod(shape[axis + 1:])
+    return prod(shape[:axis]), shape[axis], prod(shape[axis + 1 :])
 
 
 def value_dtype(buffer_dtype: str) -> str:
@@ -161,8 +161,9 @@ REDUCERS: dict[str, Reducer] = {
     "ReduceMax": Reducer(L.maximum, ORDERED, neutral=None),
     "ReduceMin": Reducer(L.minimum, ORDERED, neutral=None),
     "ReduceL1": Reducer(lambda a, x: a + x, FLOAT, element=absolute),
-    "ReduceL2": Reducer(lambda a, x: a + x, FLOAT, element=lambda x: x * x,
-                        finish=lambda acc, count: L.call("sqrt", acc)),
+    "ReduceL2": Reducer(
+        lambda a, x: a + x, FLOAT, element=lambda x: x * x, finish=lambda acc, count: L.call("sqrt", acc)
+    ),
     "ReduceSumSquare": Reducer(lambda a, x: a + x, FLOAT, element=lambda x: x * x),
     "ReduceLogSum": Reducer(lambda a, x: a + x, FLOAT, finish=lambda acc, count: L.call("log", acc)),
 }
@@ -171,9 +172,15 @@ REDUCERS: dict[str, Reducer] = {
 REDUCE_DTYPES = {**{op: reducer.dtypes for op, reducer in REDUCERS.items()}, "ReduceLogSumExp": FLOAT}
 
 OVER_NOTHING: dict[str, Callable[[str], float | int]] = {
-    "ReduceSum": lambda dtype: 0, "ReduceMean": lambda dtype: math.nan, "ReduceProd": lambda dtype: 1,
-    "ReduceMax": _lowest, "ReduceMin": _highest, "ReduceL1": lambda dtype: 0, "ReduceL2": lambda dtype: 0,
-    "ReduceSumSquare": lambda dtype: 0, "ReduceLogSum": lambda dtype: -math.inf,
+    "ReduceSum": lambda dtype: 0,
+    "ReduceMean": lambda dtype: math.nan,
+    "ReduceProd": lambda dtype: 1,
+    "ReduceMax": _lowest,
+    "ReduceMin": _highest,
+    "ReduceL1": lambda dtype: 0,
+    "ReduceL2": lambda dtype: 0,
+    "ReduceSumSquare": lambda dtype: 0,
+    "ReduceLogSum": lambda dtype: -math.inf,
     "ReduceLogSumExp": lambda dtype: -math.inf,
 }
 """Each reduction's value over nothing, by the input's numpy dtype, as ONNX gives it: 0 for the sums, 1 for the
@@ -259,11 +266,13 @@ def _lower_reduce_log_sum_exp(spec: KernelSpec) -> list[L.Stmt]:
 
     def per_output(out: L.Expr, base: L.Expr) -> list[L.Stmt]:
         x = lambda index: L.Load("in0", index)  # noqa: E731
-        return [L.Assign(top, L.const(-math.inf)),
-                *layout.over_reduced(names, base, lambda i: [L.Assign(top, L.maximum(top, x(i)))]),
-                L.Assign(total, L.const(0.0)),
-                *layout.over_reduced(names, base, lambda i: [L.Assign(total, total + L.call("exp", x(i) - top))]),
-                L.Store("out0", out, top + L.call("log", total))]
+        return [
+            L.Assign(top, L.const(-math.inf)),
+            *layout.over_reduced(names, base, lambda i: [L.Assign(top, L.maximum(top, x(i)))]),
+            L.Assign(total, L.const(0.0)),
+            *layout.over_reduced(names, base, lambda i: [L.Assign(total, total + L.call("exp", x(i) - top))]),
+            L.Store("out0", out, top + L.call("log", total)),
+        ]
 
     return layout.over_outputs(names, per_output)
 
@@ -277,8 +286,10 @@ ARG_COMPARISONS = {("ArgMax", 0): "gt", ("ArgMax", 1): "ge", ("ArgMin", 0): "lt"
 def _arg_attrs(ctx: NodeContext) -> dict[str, Any]:
     _check_dtype(ctx, NUMERIC)
     rank = len(ctx.input_info(0).shape)
-    return {"axis": axis_in_range(ctx, ctx.node.attrs.get("axis", 0), rank),
-            "last": int(ctx.node.attrs.get("select_last_index", 0))}
+    return {
+        "axis": axis_in_range(ctx, ctx.node.attrs.get("axis", 0), rank),
+        "last": int(ctx.node.attrs.get("select_last_index", 0)),
+    }
 
 
 @register("ArgMax", "ArgMin", normalize=_arg_attrs)
@@ -294,10 +305,12 @@ def _lower_arg(spec: KernelSpec) -> list[L.Stmt]:
         base = o * (length * inner) + t
         x = L.Load("in0", base + i * inner, dtype)
         better = L.compare(op, x, best)
-        return [L.Assign(best, L.Load("in0", base, dtype)), L.Assign(where, L.const(0)),
-                L.Loop(i, length, [L.Assign(where, L.select(better, i, where)),
-                                   L.Assign(best, L.select(better, x, best))]),
-                L.Store("out0", o * inner + t, where)]
+        return [
+            L.Assign(best, L.Load("in0", base, dtype)),
+            L.Assign(where, L.const(0)),
+            L.Loop(i, length, [L.Assign(where, L.select(better, i, where)), L.Assign(best, L.select(better, x, best))]),
+            L.Store("out0", o * inner + t, where),
+        ]
 
     return over_rows(names, outer, inner, row)
 
@@ -338,18 +351,37 @@ def _lower_topk(spec: KernelSpec) -> list[L.Stmt]:
     def row(o: L.Expr, t: L.Expr) -> list[L.Stmt]:
         x = L.Load("in0", o * (length * inner) + t + i * inner, dtype)
         first_pass = L.compare("lt", prev_at, 0)
-        ranked_after = L.binary("or", first_pass, L.binary("or", L.compare(loses, x, prev), L.logical_and(
-            L.compare("eq", x, prev), L.compare("gt", i, prev_at))))
+        ranked_after = L.binary(
+            "or",
+            first_pass,
+            L.binary(
+                "or", L.compare(loses, x, prev), L.logical_and(L.compare("eq", x, prev), L.compare("gt", i, prev_at))
+            ),
+        )
         no_best = L.compare("lt", best_at, 0)
         better = L.binary("or", no_best, L.compare(beats, x, best))  # ties keep the earlier (lower) index
         out = o * (a["k"] * inner) + t + j * inner
-        pick: list[L.Stmt] = [L.Assign(take, L.logical_and(ranked_after, better)),
-                L.Assign(best, L.select(take, x, best)), L.Assign(best_at, L.select(take, i, best_at))]
-        return [L.Assign(prev, L.wrap(0, dtype)), L.Assign(prev_at, L.const(-1)),
-                L.Loop(j, a["k"], [
-                    L.Assign(best, prev), L.Assign(best_at, L.const(-1)),
+        pick: list[L.Stmt] = [
+            L.Assign(take, L.logical_and(ranked_after, better)),
+            L.Assign(best, L.select(take, x, best)),
+            L.Assign(best_at, L.select(take, i, best_at)),
+        ]
+        return [
+            L.Assign(prev, L.wrap(0, dtype)),
+            L.Assign(prev_at, L.const(-1)),
+            L.Loop(
+                j,
+                a["k"],
+                [
+                    L.Assign(best, prev),
+                    L.Assign(best_at, L.const(-1)),
                     L.Loop(i, length, pick),
-                    L.Store("out0", out, best), L.Store("out1", out, best_at),
-                    L.Assign(prev, best), L.Assign(prev_at, best_at)])]
+                    L.Store("out0", out, best),
+                    L.Store("out1", out, best_at),
+                    L.Assign(prev, best),
+                    L.Assign(prev_at, best_at),
+                ],
+            ),
+        ]
 
     return over_rows(names, outer, inner, row)

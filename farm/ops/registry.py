@@ -140,9 +140,20 @@ def argument_bytes(spec: KernelSpec) -> list[int]:
     return sizes + ([scratch * 4] if scratch else [])
 
 
-BUFFER_DTYPES = {"float32": L.F32, "float64": L.F64, "float16": L.F16, "bfloat16": L.BF16, "int64": L.I64,
-                 "int32": L.I32, "int16": L.I16, "int8": L.I8, "uint32": L.U32, "uint16": L.U16, "uint8": L.U8,
-                 "bool": L.BOOL}
+BUFFER_DTYPES = {
+    "float32": L.F32,
+    "float64": L.F64,
+    "float16": L.F16,
+    "bfloat16": L.BF16,
+    "int64": L.I64,
+    "int32": L.I32,
+    "int16": L.I16,
+    "int8": L.I8,
+    "uint32": L.U32,
+    "uint16": L.U16,
+    "uint8": L.U8,
+    "bool": L.BOOL,
+}
 """The loop IR's buffer dtype for each numpy dtype a tensor may have."""
 
 
@@ -153,8 +164,10 @@ def check_dtypes(ctx: NodeContext, allowed: frozenset[str]) -> None:
             if info is not None and info.dtype not in allowed:
                 names = ctx.node.inputs if role == "input" else [n for n in ctx.node.outputs if n]
                 name = names[index]
-                raise ctx.unsupported(f"{role} {name!r} has dtype {info.dtype}; {ctx.node.op_type} takes "
-                                      f"{', '.join(sorted(allowed))} in farm")
+                raise ctx.unsupported(
+                    f"{role} {name!r} has dtype {info.dtype}; {ctx.node.op_type} takes "
+                    f"{', '.join(sorted(allowed))} in farm"
+                )
 
 
 def _ir_dtype(info: TensorInfo) -> str:
@@ -173,8 +186,9 @@ def activate(value: L.Expr, activation: Activation | None) -> L.Expr:
     return value if activation is None else ACTIVATIONS[activation.kind](value, activation.params)
 
 
-def elementwise_loops(names: L.Names, shape: tuple[int, ...], value_at: Callable[[list[L.Var]], L.Expr],
-                      out: str = "out0") -> list[L.Stmt]:
+def elementwise_loops(
+    names: L.Names, shape: tuple[int, ...], value_at: Callable[[list[L.Var]], L.Expr], out: str = "out0"
+) -> list[L.Stmt]:
     """out[i...] = value_at(i...) over every index of `shape` (independent iterations: marked parallel)."""
     body, _ = L.loop_nest(names, shape, lambda v: [L.Store(out, L.flat_index(shape, v), value_at(v))], parallel=True)
     return body

@@ -26,8 +26,10 @@ from farm.ops.mathfns import Scope, is_odd_integer, round_half_even
 from farm.ops.registry import NodeContext, register
 
 # The mode names of each opset (16 named them after the 2-D case), by canonical mode.
-MODE_NAMES = {16: {"bilinear": "linear", "nearest": "nearest", "bicubic": "cubic"},
-              20: {"linear": "linear", "nearest": "nearest", "cubic": "cubic"}}
+MODE_NAMES = {
+    16: {"bilinear": "linear", "nearest": "nearest", "bicubic": "cubic"},
+    20: {"linear": "linear", "nearest": "nearest", "cubic": "cubic"},
+}
 PADDING_MODES = ("zeros", "border", "reflection")
 CUBIC_ALPHA = -0.75
 TAP_LIMIT = 256
@@ -145,7 +147,10 @@ def _cubic_taps(s: Scope, x: L.Expr) -> list[Tap]:
 
 
 TAPS: dict[str, Callable[[Scope, L.Expr], list[Tap]]] = {
-    "nearest": _nearest_taps, "linear": _linear_taps, "cubic": _cubic_taps}
+    "nearest": _nearest_taps,
+    "linear": _linear_taps,
+    "cubic": _cubic_taps,
+}
 
 
 def _tap_index(s: Scope, at: L.Expr, padding: str, size: int, align_corners: bool) -> tuple[L.Expr, L.Expr | None]:
@@ -170,8 +175,10 @@ def _axis_taps(s: Scope, spec: KernelSpec, g: L.Expr, size: int) -> list[tuple[L
     if a["mode"] == "nearest":
         coordinate = round_half_even(s, coordinate)
     coordinate = s.bind(_padded_coordinate(s, coordinate, a["padding"], size, a["align_corners"]))
-    return [(*_tap_index(s, at, a["padding"], size, a["align_corners"]), weight)
-            for at, weight in TAPS[a["mode"]](s, coordinate)]
+    return [
+        (*_tap_index(s, at, a["padding"], size, a["align_corners"]), weight)
+        for at, weight in TAPS[a["mode"]](s, coordinate)
+    ]
 
 
 def _interpolated(x_shape: tuple[int, ...], n: L.Expr, c: L.Expr, axes: list) -> L.Expr:
@@ -200,8 +207,10 @@ def _lower_grid_sample(spec: KernelSpec) -> list[L.Stmt]:
     def point(v: list[L.Var]) -> list[L.Stmt]:
         s, n, where = Scope(names), v[0], v[1:]
         rank = len(sizes)
-        axes = [_axis_taps(s, spec, L.Load("in1", L.flat_index(grid.shape, [n, *where, rank - 1 - axis])), size)
-                for axis, size in enumerate(sizes)]
+        axes = [
+            _axis_taps(s, spec, L.Load("in1", L.flat_index(grid.shape, [n, *where, rank - 1 - axis])), size)
+            for axis, size in enumerate(sizes)
+        ]
         c = names.var("c")
         value = _interpolated(x.shape, n, c, axes)
         return [*s.stmts, L.Loop(c, channels, [L.Store("out0", L.flat_index(out, [n, c, *where]), value)])]

@@ -53,8 +53,9 @@ def _scatter_elements_attrs(ctx: NodeContext) -> dict[str, Any]:
     axis = axis_in_range(ctx, ctx.node.attrs.get("axis", 0), len(data))
     fits = all(i <= d for a, (i, d) in enumerate(zip(indices, data)) if a != axis)
     if len(indices) != len(data) or updates != indices or not fits:
-        raise ctx.unsupported(f"indices {list(indices)} and updates {list(updates)} don't fit data {list(data)} "
-                              f"along axis {axis}")
+        raise ctx.unsupported(
+            f"indices {list(indices)} and updates {list(updates)} don't fit data {list(data)} along axis {axis}"
+        )
     return {"axis": axis, "reduction": _reduction(ctx)}
 
 
@@ -77,8 +78,10 @@ def _copy_then_update(spec: KernelSpec, target: Callable[[list[L.Var]], L.Expr])
 
     def update(v: list[L.Var]) -> list[L.Stmt]:
         old = L.Load("out0", at, value_dtype(data))
-        return [L.Assign(at, target(v)), L.Store("out0", at, combine(old, load("in2", updates, L.flat_index(
-            updates.shape, v))))]
+        return [
+            L.Assign(at, target(v)),
+            L.Store("out0", at, combine(old, load("in2", updates, L.flat_index(updates.shape, v)))),
+        ]
 
     updates_in_order, _ = L.loop_nest(names, updates.shape, update)  # serial: the order is the semantics
     return copy + updates_in_order
@@ -106,8 +109,10 @@ def _lower_scatter_nd(spec: KernelSpec) -> list[L.Stmt]:
     depth, tuple_rank = indices.shape[-1], len(indices.shape) - 1
 
     def target(v: list[L.Var]) -> L.Expr:
-        picked = [_wrap_index(load("in1", indices, L.flat_index(indices.shape, [*v[:tuple_rank], L.const(k)])),
-                              data.shape[k]) for k in range(depth)]
+        picked = [
+            _wrap_index(load("in1", indices, L.flat_index(indices.shape, [*v[:tuple_rank], L.const(k)])), data.shape[k])
+            for k in range(depth)
+        ]
         return L.flat_index(data.shape, [*picked, *v[tuple_rank:]])
 
     return _copy_then_update(spec, target)

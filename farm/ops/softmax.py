@@ -17,7 +17,7 @@ def _softmax_attrs(ctx: NodeContext) -> dict[str, Any]:
     legacy = ctx.opset < 13
     axis = axis_in_range(ctx, ctx.node.attrs.get("axis", 1 if legacy else -1), len(shape))
     length = prod(shape[axis:]) if legacy else shape[axis]
-    inner = 1 if legacy else prod(shape[axis + 1:])
+    inner = 1 if legacy else prod(shape[axis + 1 :])
     return {"outer": prod(shape[:axis]), "length": length, "inner": inner}
 
 
@@ -44,8 +44,11 @@ def _rows_after_max(spec: KernelSpec, tail: Tail) -> list[L.Stmt]:
     def row(o: L.Expr, t: L.Expr) -> list[L.Stmt]:
         at = along(a, o, t)
         x = lambda k: L.Load("in0", at(k))  # noqa: E731
-        return [*_row_max(names, x, a["length"], top), L.Assign(total, L.const(0.0)),
-                *tail(x, at, i, top, total, a["length"])]
+        return [
+            *_row_max(names, x, a["length"], top),
+            L.Assign(total, L.const(0.0)),
+            *tail(x, at, i, top, total, a["length"]),
+        ]
 
     return over_rows(names, a["outer"], a["inner"], row)
 
@@ -55,10 +58,15 @@ def _lower_softmax(spec: KernelSpec) -> list[L.Stmt]:
     """exp(x - max) / sum, the exponentials stored once and scaled."""
 
     def tail(x, at, i, top, total, length):
-        return [L.Loop(i, length, [L.Store("out0", at(i), L.call("exp", x(i) - top)),
-                                   L.Assign(total, total + L.Load("out0", at(i)))]),
-                L.Assign(total, 1.0 / total),
-                L.Loop(i, length, [L.Store("out0", at(i), activate(L.Load("out0", at(i)) * total, spec.activation))])]
+        return [
+            L.Loop(
+                i,
+                length,
+                [L.Store("out0", at(i), L.call("exp", x(i) - top)), L.Assign(total, total + L.Load("out0", at(i)))],
+            ),
+            L.Assign(total, 1.0 / total),
+            L.Loop(i, length, [L.Store("out0", at(i), activate(L.Load("out0", at(i)) * total, spec.activation))]),
+        ]
 
     return _rows_after_max(spec, tail)
 
@@ -68,9 +76,11 @@ def _lower_log_softmax(spec: KernelSpec) -> list[L.Stmt]:
     """x - max - log(sum(exp(x - max))): log-sum-exp around the max."""
 
     def tail(x, at, i, top, total, length):
-        return [L.Loop(i, length, [L.Assign(total, total + L.call("exp", x(i) - top))]),
-                L.Assign(total, top + L.call("log", total)),
-                L.Loop(i, length, [L.Store("out0", at(i), x(i) - total)])]
+        return [
+            L.Loop(i, length, [L.Assign(total, total + L.call("exp", x(i) - top))]),
+            L.Assign(total, top + L.call("log", total)),
+            L.Loop(i, length, [L.Store("out0", at(i), x(i) - total)]),
+        ]
 
     return _rows_after_max(spec, tail)
 
@@ -84,9 +94,15 @@ def _lower_hardmax(spec: KernelSpec) -> list[L.Stmt]:
     def row(o: L.Expr, t: L.Expr) -> list[L.Stmt]:
         at = along(a, o, t)
         better = L.compare("gt", L.Load("in0", at(i)), best)
-        return [L.Assign(best, L.Load("in0", at(0))), L.Assign(where, L.const(0)),
-                L.Loop(i, a["length"], [L.Assign(where, L.select(better, i, where)),
-                                        L.Assign(best, L.maximum(best, L.Load("in0", at(i))))]),
-                L.Loop(i, a["length"], [L.Store("out0", at(i), L.select(L.compare("eq", i, where), 1.0, 0.0))])]
+        return [
+            L.Assign(best, L.Load("in0", at(0))),
+            L.Assign(where, L.const(0)),
+            L.Loop(
+                i,
+                a["length"],
+                [L.Assign(where, L.select(better, i, where)), L.Assign(best, L.maximum(best, L.Load("in0", at(i))))],
+            ),
+            L.Loop(i, a["length"], [L.Store("out0", at(i), L.select(L.compare("eq", i, where), 1.0, 0.0))]),
+        ]
 
     return over_rows(names, a["outer"], a["inner"], row)

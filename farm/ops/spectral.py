@@ -49,7 +49,7 @@ def _dft_length(ctx: NodeContext, size: int, inverse: bool, onesided: bool) -> i
 def _output_shape(shape: tuple[int, ...], axis: int, length: int, inverse: bool, onesided: bool) -> tuple[int, ...]:
     bins = length // 2 + 1 if onesided and not inverse else length
     last = 1 if onesided and inverse else 2
-    return (*shape[:axis], bins, *shape[axis + 1:-1], last)
+    return (*shape[:axis], bins, *shape[axis + 1 : -1], last)
 
 
 def _candidate(ctx: NodeContext, axis: int, inverse: bool, onesided: bool) -> dict[str, int] | None:
@@ -130,7 +130,7 @@ def _transform(spec: KernelSpec, names: L.Names, v: list[L.Var], candidate: dict
     sign = 1.0 if spec.attrs["inverse"] else -1.0
 
     def part(p: int) -> L.Expr:
-        return load("in0", x, L.flat_index(x.shape, [*v[:axis], j, *v[axis + 1:], L.const(p)]))
+        return load("in0", x, L.flat_index(x.shape, [*v[:axis], j, *v[axis + 1 :], L.const(p)]))
 
     real, imag = part(0), part(1) if x.shape[-1] == 2 else L.const(0.0)
     m = (j * v[axis]) % length
@@ -141,10 +141,15 @@ def _transform(spec: KernelSpec, names: L.Names, v: list[L.Var], candidate: dict
     if out[-1] == 2:
         body.append(L.Assign(im, im + im_term))
     scale = 1.0 / length if spec.attrs["inverse"] else 1.0
-    stores = [L.Store("out0", L.flat_index(out, [*v, L.const(p)]), acc * scale)
-              for p, acc in enumerate((re, im)[:out[-1]])]
-    return [L.Assign(re, L.const(0.0)), L.Assign(im, L.const(0.0)),
-            L.Loop(j, _input_bins(spec, axis, length), body), *stores]
+    stores = [
+        L.Store("out0", L.flat_index(out, [*v, L.const(p)]), acc * scale) for p, acc in enumerate((re, im)[: out[-1]])
+    ]
+    return [
+        L.Assign(re, L.const(0.0)),
+        L.Assign(im, L.const(0.0)),
+        L.Loop(j, _input_bins(spec, axis, length), body),
+        *stores,
+    ]
 
 
 def _runtime_axis(spec: KernelSpec) -> L.Expr:
@@ -163,8 +168,9 @@ def _branches(spec: KernelSpec, names: L.Names, v: list[L.Var]) -> list[L.Stmt]:
         here = L.compare("eq", axis, candidate["axis"])
         stmts.append(L.If(here, _transform(spec, names, v, candidate, at)))
         matched = here if matched is None else L.binary("or", matched, here)
-    nan: list[L.Stmt] = [L.Store("out0", L.flat_index(out, [*v, L.const(p)]), L.const(math.nan))
-                         for p in range(out[-1])]
+    nan: list[L.Stmt] = [
+        L.Store("out0", L.flat_index(out, [*v, L.const(p)]), L.const(math.nan)) for p in range(out[-1])
+    ]
     assert matched is not None, "_dft_attrs refuses a node without a candidate axis"
     return [*stmts, L.If(L.compare("eq", matched, L.Const(0, L.BOOL)), nan)]
 
@@ -173,8 +179,11 @@ def _branches(spec: KernelSpec, names: L.Names, v: list[L.Var]) -> list[L.Stmt]:
 def _lower_dft(spec: KernelSpec) -> list[L.Stmt]:
     """The twiddle tables, then a work-item per output bin."""
     names = L.Names()
-    tables = [stmt for candidate, at in zip(spec.attrs["axes"], _table_offsets(spec))
-              for stmt in _twiddle_table(names, candidate["length"], at)]
+    tables = [
+        stmt
+        for candidate, at in zip(spec.attrs["axes"], _table_offsets(spec))
+        for stmt in _twiddle_table(names, candidate["length"], at)
+    ]
 
     def bin_(v: list[L.Var]) -> list[L.Stmt]:
         if spec.attrs["runtime_axis"]:

@@ -58,8 +58,9 @@ def axis_attr(ctx: NodeContext, rank: int | None = None, default: int = 0) -> di
     return {"axis": axis_in_range(ctx, ctx.node.attrs.get("axis", default), rank)}
 
 
-def _copy_loops(spec: KernelSpec, shape: tuple[int, ...], source_index, out: str = "out0",
-                names: L.Names | None = None) -> list[L.Stmt]:
+def _copy_loops(
+    spec: KernelSpec, shape: tuple[int, ...], source_index, out: str = "out0", names: L.Names | None = None
+) -> list[L.Stmt]:
     """out[i...] = in0[source_index(i...)] over `shape`, in in0's dtype."""
     x = spec.inputs[0]
     return elementwise_loops(names or L.Names(), shape, lambda v: load("in0", x, source_index(v)), out)
@@ -68,12 +69,13 @@ def _copy_loops(spec: KernelSpec, shape: tuple[int, ...], source_index, out: str
 # ---------------------------------------------------------------------------------------------------- reshapes
 
 
-@register("Reshape", "Squeeze", "Unsqueeze", "Identity", "Dropout", normalize=no_attrs, data_inputs=(0,), dtypes=ALL_DTYPES)
+@register(
+    "Reshape", "Squeeze", "Unsqueeze", "Identity", "Dropout", normalize=no_attrs, data_inputs=(0,), dtypes=ALL_DTYPES
+)
 def _lower_copy(spec: KernelSpec) -> list[L.Stmt]:
     """Reshapes keep the row-major bytes: the kernel copies them (the planner may alias later)."""
     size = prod(out_shape(spec))
-    return elementwise_loops(L.Names(), (size,), lambda v: activate(load("in0", spec.inputs[0], v[0]),
-                                                                     spec.activation))
+    return elementwise_loops(L.Names(), (size,), lambda v: activate(load("in0", spec.inputs[0], v[0]), spec.activation))
 
 
 def _flatten_attrs(ctx: NodeContext) -> dict[str, Any]:
@@ -120,6 +122,7 @@ def _lower_concat(spec: KernelSpec) -> list[L.Stmt]:
     body: list[L.Stmt] = []
     start = 0
     for i, info in enumerate(spec.inputs):
+
         def copy(v: list[L.Var], i: int = i, info=info, start: int = start) -> list[L.Stmt]:
             out_index = [x + start if axis_ == axis else x for axis_, x in enumerate(v)]
             value = activate(load(f"in{i}", info, L.flat_index(info.shape, v)), spec.activation)
@@ -143,8 +146,9 @@ def _pad_attrs(ctx: NodeContext) -> dict[str, Any]:
     pads = [int(p) for p in (pads_input if pads_input is not None else attrs.get("pads", []))]
     value = scalar(value_input) if value_input is not None and value_input.size else float(attrs.get("value", 0.0))
     if len(pads) != 2 * len(ctx.input_info(0).shape):
-        raise ctx.unsupported(f"pads {pads} must hold two values per axis of the rank-{len(ctx.input_info(0).shape)} "
-                              "input")
+        raise ctx.unsupported(
+            f"pads {pads} must hold two values per axis of the rank-{len(ctx.input_info(0).shape)} input"
+        )
     mode = attrs.get("mode", "constant")
     if mode not in PAD_MODES:
         raise ctx.unsupported(f"Pad mode {mode!r} is not supported (constant, reflect, edge are)")
@@ -185,8 +189,9 @@ def _lower_pad(spec: KernelSpec) -> list[L.Stmt]:
         loaded = load("in0", x, L.flat_index(in_shape, [source_index(c, n) for c, n in zip(coords, in_shape)]))
         if a["mode"] != "constant" or not in_shape:
             return activate(loaded, spec.activation)
-        inside = L.logical_and(*[L.logical_and(L.compare("ge", c, 0), L.compare("lt", c, n))
-                                 for c, n in zip(coords, in_shape)])
+        inside = L.logical_and(
+            *[L.logical_and(L.compare("ge", c, 0), L.compare("lt", c, n)) for c, n in zip(coords, in_shape)]
+        )
         return activate(L.select(inside, loaded, typed_const(a["value"], loaded.dtype)), spec.activation)
 
     return elementwise_loops(L.Names(), out_shape(spec), value)
@@ -211,8 +216,11 @@ def _lower_tile(spec: KernelSpec) -> list[L.Stmt]:
     def copy(v: list[L.Var]) -> list[L.Stmt]:
         repeats, indices = v[0::2], v[1::2]
         out_index = [r * n + i for r, i, n in zip(repeats, indices, in_shape)]
-        return [L.Store("out0", L.flat_index(shape, out_index), load("in0", spec.inputs[0],
-                                                                    L.flat_index(in_shape, indices)))]
+        return [
+            L.Store(
+                "out0", L.flat_index(shape, out_index), load("in0", spec.inputs[0], L.flat_index(in_shape, indices))
+            )
+        ]
 
     body, _ = L.loop_nest(L.Names(), tuple(extents), copy, parallel=True)
     return body
@@ -262,8 +270,11 @@ def _slice_attrs(ctx: NodeContext) -> dict[str, Any]:
 def _lower_slice(spec: KernelSpec) -> list[L.Stmt]:
     """out[i] = in[start + step * i] per axis (the output shape already holds the clamped extents)."""
     starts, steps = spec.attrs["starts"], spec.attrs["steps"]
-    return _copy_loops(spec, out_shape(spec), lambda v: L.flat_index(
-        shape_of(spec), [i * step + start for i, start, step in zip(v, starts, steps)]))
+    return _copy_loops(
+        spec,
+        out_shape(spec),
+        lambda v: L.flat_index(shape_of(spec), [i * step + start for i, start, step in zip(v, starts, steps)]),
+    )
 
 
 # ------------------------------------------------------------------------------------------------------ Split
@@ -278,6 +289,7 @@ def _lower_split(spec: KernelSpec) -> list[L.Stmt]:
     body: list[L.Stmt] = []
     start = 0
     for i, info in enumerate(spec.outputs):
+
         def source(v: list[L.Var], start: int = start) -> L.Expr:
             return L.flat_index(in_shape, [x + start if a == axis else x for a, x in enumerate(v)])
 
@@ -372,8 +384,9 @@ def _reverse_sequence_attrs(ctx: NodeContext) -> dict[str, Any]:
     a = ctx.node.attrs
     axes = {"batch_axis": int(a.get("batch_axis", 1)), "time_axis": int(a.get("time_axis", 0))}
     if sorted(axes.values()) != [0, 1]:
-        raise ctx.unsupported(f"batch_axis {axes['batch_axis']} and time_axis {axes['time_axis']} must be 0 and 1, "
-                              f"one each")
+        raise ctx.unsupported(
+            f"batch_axis {axes['batch_axis']} and time_axis {axes['time_axis']} must be 0 and 1, one each"
+        )
     return axes
 
 
@@ -405,9 +418,11 @@ def _einsum_terms(equation: str, ranks: list[int]) -> tuple[list[str], str]:
     if len(terms) != len(ranks):
         raise ValueError(f"{len(terms)} terms for {len(ranks)} inputs")
     covered = [rank - (len(term) - 3) for term, rank in zip(terms, ranks) if "..." in term]
-    symbols = ELLIPSIS_SYMBOLS[:max(covered, default=0)]
-    inputs = [term.replace("...", symbols[len(symbols) - (rank - len(term) + 3):]) if "..." in term else term
-              for term, rank in zip(terms, ranks)]
+    symbols = ELLIPSIS_SYMBOLS[: max(covered, default=0)]
+    inputs = [
+        term.replace("...", symbols[len(symbols) - (rank - len(term) + 3) :]) if "..." in term else term
+        for term, rank in zip(terms, ranks)
+    ]
     if any(len(term) != rank for term, rank in zip(inputs, ranks)):
         raise ValueError("a term's subscripts don't match its input's rank")
     if arrow:
@@ -418,8 +433,9 @@ def _einsum_terms(equation: str, ranks: list[int]) -> tuple[list[str], str]:
 
 def _einsum_attrs(ctx: NodeContext) -> dict[str, Any]:
     try:
-        inputs, output = _einsum_terms(ctx.node.attrs["equation"],
-                                       [len(ctx.input_info(i).shape) for i in range(len(ctx.inputs))])
+        inputs, output = _einsum_terms(
+            ctx.node.attrs["equation"], [len(ctx.input_info(i).shape) for i in range(len(ctx.inputs))]
+        )
     except ValueError as exc:
         raise ctx.unsupported(f"Einsum equation {ctx.node.attrs['equation']!r}: {exc}") from exc
     return {"inputs": inputs, "output": output}
@@ -435,16 +451,19 @@ class _Einsum:
         for term, info in zip(spec.attrs["inputs"], spec.inputs):
             for s, dim in zip(term, info.shape):
                 self.sizes[s] = max(self.sizes.get(s, 1), dim)
-        self.terms = [[s if dim == self.sizes[s] else None for s, dim in zip(term, info.shape)]
-                      for term, info in zip(spec.attrs["inputs"], spec.inputs)]
+        self.terms = [
+            [s if dim == self.sizes[s] else None for s, dim in zip(term, info.shape)]
+            for term, info in zip(spec.attrs["inputs"], spec.inputs)
+        ]
 
     def shape(self, subscripts) -> tuple[int, ...]:
         return tuple(self.sizes[s] for s in subscripts)
 
     def load(self, i: int, var_of: dict[str, L.Expr]) -> L.Expr:
         info = self.spec.inputs[i]
-        return load(f"in{i}", info, L.flat_index(info.shape, [L.const(0) if s is None else var_of[s]
-                                                              for s in self.terms[i]]))
+        return load(
+            f"in{i}", info, L.flat_index(info.shape, [L.const(0) if s is None else var_of[s] for s in self.terms[i]])
+        )
 
     def gemm_roles(self) -> dict[str, list[str]] | None:
         """batch, m, n and k subscripts when the equation is a (batched) matrix product of two float32 inputs: a
@@ -457,17 +476,22 @@ class _Einsum:
         summed = [s for s in a + b if s not in self.output]
         if not summed or any(s not in a or s not in b for s in summed):
             return None
-        return {"batch": [s for s in self.output if s in a and s in b],
-                "m": [s for s in self.output if s in a and s not in b],
-                "n": [s for s in self.output if s in b and s not in a],
-                "k": [s for s in a if s not in self.output]}
+        return {
+            "batch": [s for s in self.output if s in a and s in b],
+            "m": [s for s in self.output if s in a and s not in b],
+            "n": [s for s in self.output if s in b and s not in a],
+            "k": [s for s in a if s not in self.output],
+        }
 
 
 def _einsum_layouts(e: _Einsum, roles: dict[str, list[str]]) -> list[tuple[list[str], int]]:
     """(canonical subscripts, scratch offset) of A, B and C: [batch, m, k], [batch, k, n], [batch, m, n]. The
     offset is -1 where the tensor already has that layout (the Gemm reads or writes it in place)."""
-    wanted = [roles["batch"] + roles["m"] + roles["k"], roles["batch"] + roles["k"] + roles["n"],
-              roles["batch"] + roles["m"] + roles["n"]]
+    wanted = [
+        roles["batch"] + roles["m"] + roles["k"],
+        roles["batch"] + roles["k"] + roles["n"],
+        roles["batch"] + roles["m"] + roles["n"],
+    ]
     actual = [[s for s in term if s is not None] for term in e.terms] + [list(e.output)]
     layouts, offset = [], 0
     for want, have in zip(wanted, actual):
@@ -501,11 +525,20 @@ def _einsum_gemm(e: _Einsum, roles: dict[str, list[str]]) -> list[L.Stmt]:
     body: list[L.Stmt] = []
     for i, (subs, at) in enumerate(((a_subs, a_at), (b_subs, b_at))):
         if at >= 0:
-            body += _permute_loops(names, e, subs, lambda var_of, i=i, subs=subs, at=at: [L.Store(
-                "scratch", at + L.flat_index(e.shape(subs), [var_of[s] for s in subs]), e.load(i, var_of))])
+            body += _permute_loops(
+                names,
+                e,
+                subs,
+                lambda var_of, i=i, subs=subs, at=at: [
+                    L.Store("scratch", at + L.flat_index(e.shape(subs), [var_of[s] for s in subs]), e.load(i, var_of))
+                ],
+            )
     m, n, k, batches = (prod(e.shape(roles[r])) for r in ("m", "n", "k", "batch"))
-    where = [("in0", 0) if a_at < 0 else ("scratch", a_at), ("in1", 0) if b_at < 0 else ("scratch", b_at),
-             ("out0", 0) if c_at < 0 else ("scratch", c_at)]
+    where = [
+        ("in0", 0) if a_at < 0 else ("scratch", a_at),
+        ("in1", 0) if b_at < 0 else ("scratch", b_at),
+        ("out0", 0) if c_at < 0 else ("scratch", c_at),
+    ]
 
     def gemm(batch: L.Expr) -> L.Gemm:
         (a, a0), (b, b0), (c, c0) = where
@@ -518,9 +551,18 @@ def _einsum_gemm(e: _Einsum, roles: dict[str, list[str]]) -> list[L.Stmt]:
         body.append(L.Loop(batch, batches, [gemm(batch)], parallel=True))
     if c_at >= 0:
         out = list(e.output)
-        body += _permute_loops(names, e, out, lambda var_of: [L.Store(
-            "out0", L.flat_index(e.shape(out), [var_of[s] for s in out]),
-            L.Load("scratch", c_at + L.flat_index(e.shape(c_subs), [var_of[s] for s in c_subs])))])
+        body += _permute_loops(
+            names,
+            e,
+            out,
+            lambda var_of: [
+                L.Store(
+                    "out0",
+                    L.flat_index(e.shape(out), [var_of[s] for s in out]),
+                    L.Load("scratch", c_at + L.flat_index(e.shape(c_subs), [var_of[s] for s in c_subs])),
+                )
+            ],
+        )
     return body
 
 

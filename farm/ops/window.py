@@ -50,8 +50,12 @@ def _as_plane(window: dict[str, list[int]]) -> dict[str, list[int]]:
     """A 1-D window as a 2-D one of height 1: an (N, C, W) tensor lies in memory as (N, C, 1, W) (and a 1-D conv's
     weight (M, C, k) as (M, C, 1, k)), so the 2-D kernels, their fast paths included, run it unchanged."""
     begin, end = window["pads"]
-    return {"kernel_shape": [1, *window["kernel_shape"]], "strides": [1, *window["strides"]],
-            "dilations": [1, *window["dilations"]], "pads": [0, begin, 0, end]}
+    return {
+        "kernel_shape": [1, *window["kernel_shape"]],
+        "strides": [1, *window["strides"]],
+        "dilations": [1, *window["dilations"]],
+        "pads": [0, begin, 0, end],
+    }
 
 
 def nchw(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
@@ -111,9 +115,20 @@ def window(spec: KernelSpec) -> Window:
     *_, h, w = nchw(shape_of(spec))
     *_, ho, wo = nchw(out_shape(spec))
     kh, kw = a["kernel_shape"]
-    return Window(height=h, width=w, out_height=ho, out_width=wo, kernel_height=kh, kernel_width=kw,
-                  stride_height=a["strides"][0], stride_width=a["strides"][1], dilation_height=a["dilations"][0],
-                  dilation_width=a["dilations"][1], pad_top=a["pads"][0], pad_left=a["pads"][1])
+    return Window(
+        height=h,
+        width=w,
+        out_height=ho,
+        out_width=wo,
+        kernel_height=kh,
+        kernel_width=kw,
+        stride_height=a["strides"][0],
+        stride_width=a["strides"][1],
+        dilation_height=a["dilations"][0],
+        dilation_width=a["dilations"][1],
+        pad_top=a["pads"][0],
+        pad_left=a["pads"][1],
+    )
 
 
 def fill_scratch(names: L.Names, start: L.Expr, begin: int, end: int, value: float = 0.0) -> list[L.Stmt]:
@@ -135,8 +150,10 @@ def copy_to_scratch(names: L.Names, start: L.Expr, source: L.Expr, stride: int, 
 
 def padded_plane(geo: Window) -> tuple[int, int]:
     """Rows and columns of the input window every output reads, padding included."""
-    return ((geo.out_height - 1) * geo.stride_height + (geo.kernel_height - 1) * geo.dilation_height + 1,
-            (geo.out_width - 1) * geo.stride_width + (geo.kernel_width - 1) * geo.dilation_width + 1)
+    return (
+        (geo.out_height - 1) * geo.stride_height + (geo.kernel_height - 1) * geo.dilation_height + 1,
+        (geo.out_width - 1) * geo.stride_width + (geo.kernel_width - 1) * geo.dilation_width + 1,
+    )
 
 
 def cpu_channel_block(channels: int) -> int:
@@ -157,8 +174,9 @@ def phased_plane_floats(geo: Window) -> int:
     return padded_plane(geo)[0] * geo.stride_width * _phase_length(geo, geo.stride_width)
 
 
-def pad_plane(names: L.Names, geo: Window, plane: L.Expr, source: L.Expr, phases: int = 1,
-              fill: float = 0.0) -> list[L.Stmt]:
+def pad_plane(
+    names: L.Names, geo: Window, plane: L.Expr, source: L.Expr, phases: int = 1, fill: float = 0.0
+) -> list[L.Stmt]:
     """The padded input window at scratch[plane]: padded column j = q * phases + p of row i goes to
     scratch[plane + i * phases * length + p * length + q] (length = columns / phases, rounded up), holding
     x[source + (i - ph) * w + (j - pw)], `fill` outside the input. With one phase the rows are plain; with a
@@ -176,8 +194,11 @@ def pad_plane(names: L.Names, geo: Window, plane: L.Expr, source: L.Expr, phases
         lo = min(count, max(0, -(-(geo.pad_left - phase) // phases)))
         hi = max(lo, min(count, (geo.width - 1 + geo.pad_left - phase) // phases + 1))
         first = source + ih * geo.width + (phase - geo.pad_left)
-        row += (fill_scratch(names, start, 0, lo, fill) + copy_to_scratch(names, start, first, phases, lo, hi)
-                + fill_scratch(names, start, hi, count, fill))
+        row += (
+            fill_scratch(names, start, 0, lo, fill)
+            + copy_to_scratch(names, start, first, phases, lo, hi)
+            + fill_scratch(names, start, hi, count, fill)
+        )
         zeros += fill_scratch(names, start, 0, count, fill)
     return [L.Loop(i, rows, [L.If(inside, row), L.If(outside, zeros)])]
 
@@ -206,8 +227,9 @@ def tap_coordinates(a: dict[str, Any], outs: list[L.Var], taps: list[L.Var]) -> 
 
 def within(coords: list[L.Expr], lows: list[int], highs: list[int]) -> L.Expr:
     """Whether lows[i] <= coords[i] < highs[i] on every axis."""
-    return L.logical_and(*(L.logical_and(L.compare("ge", i, low), L.compare("lt", i, high))
-                           for i, low, high in zip(coords, lows, highs)))
+    return L.logical_and(
+        *(L.logical_and(L.compare("ge", i, low), L.compare("lt", i, high)) for i, low, high in zip(coords, lows, highs))
+    )
 
 
 @dataclass(frozen=True)
@@ -225,4 +247,5 @@ def no_scratch(spec: KernelSpec) -> int:
 def register_by_rank(ops: tuple[str, ...], lowerings: dict[int, WindowLowering], **options: Any) -> None:
     """Register `ops` with a lowering and a scratch size each picked by the kernel's spatial rank."""
     register(*ops, scratch_floats=lambda spec: lowerings[_spatial_rank(spec)].scratch(spec), **options)(
-        lambda spec: lowerings[_spatial_rank(spec)].lower(spec))
+        lambda spec: lowerings[_spatial_rank(spec)].lower(spec)
+    )

@@ -123,4 +123,3 @@ def _first_gap(busy: list[tuple[int, int]], size: int) -> int:
 
 def _align(nbytes: int) -> int:
     return (nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
-

@@ -62,8 +62,9 @@ class BuildPlan:
     blobs: dict[str, Blob]
     memory: MemoryPlan
     tuned: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
-    _targeted: dict[tuple[str, str], KernelSpec] = dataclasses.field(default_factory=dict, init=False, repr=False,
-                                                                     compare=False)
+    _targeted: dict[tuple[str, str], KernelSpec] = dataclasses.field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
     """kernel_for's answers: a link plan asks for each step's spec on each target several times, and a new spec
     computes its key (a sha256 over its JSON) again: 2,166 keys, 0.09 s of light DenseNet-121's finish."""
 
@@ -75,8 +76,9 @@ class BuildPlan:
         """The spec that is compiled for `target_id`: the plan's spec with that target and its tuned variant."""
         found = self._targeted.get((spec.key, target_id))
         if found is None:
-            found = dataclasses.replace(spec, target_id=target_id,
-                                        variant_json=self.tuned.get((spec.key, target_id), ""))
+            found = dataclasses.replace(
+                spec, target_id=target_id, variant_json=self.tuned.get((spec.key, target_id), "")
+            )
             self._targeted[spec.key, target_id] = found
         return found
 
@@ -94,19 +96,34 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def plan_node(node: Node, graph: Graph, blobs: dict[str, Blob], digests: Mapping[str, str] | None = None,
-              ) -> Step:
+def plan_node(
+    node: Node,
+    graph: Graph,
+    blobs: dict[str, Blob],
+    digests: Mapping[str, str] | None = None,
+) -> Step:
     """The step for one node: normalised attributes, data arguments and scratch; constants go into `blobs`
     (`digests`: their sha256s by name where already known, see constant_digests)."""
     lowering = LOWERINGS[node.op_type]
-    ctx = NodeContext(node, [graph.values.get(name) for name in node.inputs],
-                      [graph.values[name] for name in node.outputs if name], graph.constants, graph.opset)
+    ctx = NodeContext(
+        node,
+        [graph.values.get(name) for name in node.inputs],
+        [graph.values[name] for name in node.outputs if name],
+        graph.constants,
+        graph.opset,
+    )
     check_dtypes(ctx, lowering.dtypes)
     attrs = {k: _jsonable(v) for k, v in lowering.normalize(ctx).items()}
     data = [node.inputs[i] for i in lowering.data_input_indices(node)]
     outputs = [name for name in node.outputs if name]
-    spec = KernelSpec(node.op_type, canonical_json(attrs), tuple(graph.values[n] for n in data),
-                      tuple(graph.values[n] for n in outputs), node.activation, target_id="")
+    spec = KernelSpec(
+        node.op_type,
+        canonical_json(attrs),
+        tuple(graph.values[n] for n in data),
+        tuple(graph.values[n] for n in outputs),
+        node.activation,
+        target_id="",
+    )
     _check_empty_operands(node, graph, lowering, [*outputs, *data])
     args = [Arg("arena", n) for n in outputs]
     args += [_data_arg(n, graph, blobs, digests or {}) for n in data]
@@ -124,9 +141,14 @@ def _check_empty_operands(node: Node, graph: Graph, lowering: OpLowering, names:
     if empty is None or lowering.empty_operands:
         return
     role = "output" if empty in node.outputs else "input"
-    raise UnsupportedError(f"{role} {empty!r} is empty (shape {list(graph.values[empty].shape)}) and the node "
-                           f"computes a non-empty output; farm's {node.op_type} kernel is not written for empty operands",
-                           node=node.name, op=node.op_type, domain=node.domain, opset=graph.opset)
+    raise UnsupportedError(
+        f"{role} {empty!r} is empty (shape {list(graph.values[empty].shape)}) and the node "
+        f"computes a non-empty output; farm's {node.op_type} kernel is not written for empty operands",
+        node=node.name,
+        op=node.op_type,
+        domain=node.domain,
+        opset=graph.opset,
+    )
 
 
 def _writes_something(node: Node, graph: Graph) -> bool:
@@ -169,9 +191,14 @@ def constant_digests(graph: Graph) -> dict[str, str]:
     """The sha256 of every non-empty constant that a node's kernel takes as data (a blob): known from the import
     for a farm job's submitted weights (Graph.known_digests), else hashed on threads: hashlib releases the GIL on
     large buffers, and hashing took 0.44 s of BERT-base's 0.92 s plan on one."""
-    names = sorted({node.inputs[index] for node in graph.nodes
-                    for index in LOWERINGS[node.op_type].data_input_indices(node)
-                    if node.inputs[index] in graph.constants and graph.constants.info(node.inputs[index]).size})
+    names = sorted(
+        {
+            node.inputs[index]
+            for node in graph.nodes
+            for index in LOWERINGS[node.op_type].data_input_indices(node)
+            if node.inputs[index] in graph.constants and graph.constants.info(node.inputs[index]).size
+        }
+    )
     known = {name: digest for name in names if (digest := graph.constant_digest(name)) is not None}
     unknown = [name for name in names if name not in known]
     with ThreadPoolExecutor(max_workers=max(1, min(len(unknown), defaults.cpu_count()))) as pool:
@@ -192,8 +219,9 @@ def make_plan(graph: Graph) -> BuildPlan:
             raise UnsupportedError(f"graph output {name!r} is a constant; farm needs it computed by a node")
     blobs: dict[str, Blob] = {}
     digests = constant_digests(graph)
-    steps = _residuals_in_place(graph, [plan_node(node, graph, blobs, digests) for node in graph.nodes
-                                        if _writes_something(node, graph)])
+    steps = _residuals_in_place(
+        graph, [plan_node(node, graph, blobs, digests) for node in graph.nodes if _writes_something(node, graph)]
+    )
     _check_work(graph, steps)
     return BuildPlan(graph, steps, blobs, plan_memory(graph, steps))
 
@@ -214,8 +242,9 @@ def _residuals_in_place(graph: Graph, steps: list[Step]) -> list[Step]:
     placed = []
     for index, original in enumerate(steps):
         residual = _dying_residual(original, last_reader, index, kept)
-        step = Step(original.node, original.spec,
-                    [Arg(arg.kind, buffer_of.get(arg.name, arg.name)) for arg in original.args])
+        step = Step(
+            original.node, original.spec, [Arg(arg.kind, buffer_of.get(arg.name, arg.name)) for arg in original.args]
+        )
         if residual is not None:
             buffer_of[original.args[0].name] = step.args[residual].name
             step = _written_over_residual(step, residual)
@@ -241,7 +270,7 @@ def _written_over_residual(step: Step, residual: int) -> Step:
     spec = step.spec
     attrs = {**spec.attrs, "residual": RESIDUAL_IN_PLACE}
     spec = dataclasses.replace(spec, attrs_json=canonical_json(attrs), inputs=spec.inputs[:-1])
-    args = [step.args[residual], *step.args[1:residual], *step.args[residual + 1:]]
+    args = [step.args[residual], *step.args[1:residual], *step.args[residual + 1 :]]
     return Step(step.node, spec, args)
 
 
@@ -257,8 +286,13 @@ def _check_work(graph: Graph, steps: list[Step]) -> None:
         total = L.work(lower_kernel(step.spec).body)
         if total > MAX_KERNEL_WORK:
             node = nodes[step.node]
-            raise UnsupportedError(f"its kernel would run {total} loop steps, over farm's limit of {MAX_KERNEL_WORK} "
-                                   f"per call", node=node.name, op=node.op_type, domain=node.domain, opset=graph.opset)
+            raise UnsupportedError(
+                f"its kernel would run {total} loop steps, over farm's limit of {MAX_KERNEL_WORK} per call",
+                node=node.name,
+                op=node.op_type,
+                domain=node.domain,
+                opset=graph.opset,
+            )
 
 
 def for_target(spec: KernelSpec, target_id: str) -> KernelSpec:

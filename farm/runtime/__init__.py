@@ -32,33 +32,44 @@ class Loader(Protocol):
     """Loads the artifact at `path` to run on this host's device of one kind (on the target `target` names, where
     the kind has several)."""
 
-    def __call__(self, path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None, threads: int,
-                 target: str | None) -> Any: ...
+    def __call__(
+        self, path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None, threads: int, target: str | None
+    ) -> Any: ...
 
 
-def _load_cpu(path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None, threads: int,
-              target: str | None) -> Any:
+def _load_cpu(
+    path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None, threads: int, target: str | None
+) -> Any:
     from farm.runtime.cpu import load_library_model
 
     return load_library_model(path, cache_dir, threads, target)
 
 
-def _load_opencl(path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None, threads: int,
-                 target: str | None) -> Any:
+def _load_opencl(
+    path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None, threads: int, target: str | None
+) -> Any:
     from farm.runtime.opencl import load_opencl_model
 
     if target:
-        raise BadInputError(f"a target ({target!r}) selects one of the artifact's CPU targets; the OpenCL part "
-                            "runs on this host's OpenCL device")
+        raise BadInputError(
+            f"a target ({target!r}) selects one of the artifact's CPU targets; the OpenCL part "
+            "runs on this host's OpenCL device"
+        )
     return load_opencl_model(path, cache_dir)
 
 
 LOADERS: dict[str, Loader] = {"cpu": _load_cpu, "opencl": _load_opencl}
 
 
-def load(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None,
-         device: str = "cpu", threads: int = 0, trust: Sequence[str] = (),
-         target: str | None = None) -> Model | SizedModel | EmulatedModel:
+def load(
+    path: str | os.PathLike[str],
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    device: str = "cpu",
+    threads: int = 0,
+    trust: Sequence[str] = (),
+    target: str | None = None,
+) -> Model | SizedModel | EmulatedModel:
     """Verify the artifact (once per artifact file), choose this host's target and load its library from the cache
     (<cache_dir>/runtime/, written on the first load).
 

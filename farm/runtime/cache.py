@@ -87,8 +87,12 @@ def check_mapped(path: str | os.PathLike[str], check: Callable[[mmap.mmap], obje
         check(mapped)
 
 
-def store_library(sha256: str, write: Callable[[BinaryIO], object], check: Callable[[mmap.mmap], object],
-                  cache_dir: str | os.PathLike[str] | None = None) -> Path:
+def store_library(
+    sha256: str,
+    write: Callable[[BinaryIO], object],
+    check: Callable[[mmap.mmap], object],
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> Path:
     """Make <cache root>/runtime/<sha256>.so: `write(file)` streams the library's bytes into a temporary file
     (raising when they don't match `sha256`), `check(memory map of it)` may refuse it, then os.replace puts it in
     place (a concurrent loader never dlopens a partial library) and the marker of its stat follows. Nothing is

@@ -27,8 +27,9 @@ from farm.runtime.selection import needs_emulation, select_target
 from farm.runtime.sized import SizedModel
 
 
-def load_library_model(path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None, threads: int,
-                       target: str | None = None) -> Model | SizedModel | EmulatedModel:
+def load_library_model(
+    path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None, threads: int, target: str | None = None
+) -> Model | SizedModel | EmulatedModel:
     """Verify the artifact (every member's sha256, once per artifact file: farm.runtime.cache), choose the target
     (the one `target` names, else this host's: farm.runtime.selection) and take its library from the cache, writing
     it there first when it is not (see farm.runtime.load). A second load of the same file hashes nothing: it reads
@@ -40,14 +41,17 @@ def load_library_model(path: str | os.PathLike[str], cache_dir: str | os.PathLik
     sizes = check_sizes(artifact.path, artifact.manifest)
     host = this_host()
     if not any(size["targets"] for _, size in sizes) and all(size.get("opencl") for _, size in sizes):
-        raise ArtifactError(f"{artifact.path}: the artifact has no CPU target, only OpenCL programs: run it with "
-                            f"--device opencl (runtime.load(..., device='opencl')), or build it with --target cpu too")
+        raise ArtifactError(
+            f"{artifact.path}: the artifact has no CPU target, only OpenCL programs: run it with "
+            f"--device opencl (runtime.load(..., device='opencl')), or build it with --target cpu too"
+        )
     targets = [select_target(size["targets"], target, host, artifact.path) for _, size in sizes]
     emulator = emulator_for(targets[0], host, artifact.path) if needs_emulation(targets[0], host) else None
     files = _library_files(artifact, [size for _, size in sizes], targets, cache_dir)
     if emulator is None:
         models: Sequence[Model | EmulatedModel] = _native_models(
-            artifact, sizes, targets, files, defaults.cpu_count() if threads == 0 else threads)
+            artifact, sizes, targets, files, defaults.cpu_count() if threads == 0 else threads
+        )
     else:
         models = _emulated_models(artifact, sizes, targets, files, emulator, cache_dir)
     if len(models) == 1:
@@ -55,8 +59,12 @@ def load_library_model(path: str | os.PathLike[str], cache_dir: str | os.PathLik
     return SizedModel(artifact.path, [(pins, model) for (pins, _), model in zip(sizes, models)])
 
 
-def _library_files(artifact: Artifact, manifests: list[dict[str, Any]], targets: list[dict[str, Any]],
-                   cache_dir: str | os.PathLike[str] | None) -> list[Path]:
+def _library_files(
+    artifact: Artifact,
+    manifests: list[dict[str, Any]],
+    targets: list[dict[str, Any]],
+    cache_dir: str | os.PathLike[str] | None,
+) -> list[Path]:
     """Each size's chosen library in the runtime cache, every member of the artifact verified first (once per
     artifact file) and each library's symbols checked against its manifest."""
     manifest_sha256 = hashlib.sha256(artifact.manifest_text).hexdigest()
@@ -64,41 +72,80 @@ def _library_files(artifact: Artifact, manifests: list[dict[str, Any]], targets:
     cached = [cached_library(artifact.manifest["members"][target["library"]], cache_dir) for target in targets]
     if not verified:  # libraries' bytes are checked as they are copied below, when the cache lacks them
         artifact.verify(skip=tuple(target["library"] for target, file in zip(targets, cached) if file is None))
-    files = [_library_file(artifact, manifest, target, file, cache_dir)
-             for manifest, target, file in zip(manifests, targets, cached)]
+    files = [
+        _library_file(artifact, manifest, target, file, cache_dir)
+        for manifest, target, file in zip(manifests, targets, cached)
+    ]
     if not verified:
         mark_verified(artifact.path, manifest_sha256, cache_dir)
     return files
 
 
-def _native_models(artifact: Artifact, sizes: list[tuple[PinnedShapes, dict[str, Any]]],
-                   targets: list[dict[str, Any]], files: list[Path], threads: int) -> list[Model]:
+def _native_models(
+    artifact: Artifact,
+    sizes: list[tuple[PinnedShapes, dict[str, Any]]],
+    targets: list[dict[str, Any]],
+    files: list[Path],
+    threads: int,
+) -> list[Model]:
     """Each size's library loaded into this process, its weights mapped from the artifact file."""
     addresses, mapped = map_weights(artifact, sorted({m for target in targets for m in target.get("weights", [])}))
-    return [Model(artifact.path, size, target, _loaded(artifact, target, file), threads,
-                  [addresses[member] for member in target.get("weights", [])], mapped)
-            for (_, size), target, file in zip(sizes, targets, files)]
+    return [
+        Model(
+            artifact.path,
+            size,
+            target,
+            _loaded(artifact, target, file),
+            threads,
+            [addresses[member] for member in target.get("weights", [])],
+            mapped,
+        )
+        for (_, size), target, file in zip(sizes, targets, files)
+    ]
 
 
-def _emulated_models(artifact: Artifact, sizes: list[tuple[PinnedShapes, dict[str, Any]]],
-                     targets: list[dict[str, Any]], files: list[Path], emulator: Emulator,
-                     cache_dir: str | os.PathLike[str] | None) -> list[EmulatedModel]:
+def _emulated_models(
+    artifact: Artifact,
+    sizes: list[tuple[PinnedShapes, dict[str, Any]]],
+    targets: list[dict[str, Any]],
+    files: list[Path],
+    emulator: Emulator,
+    cache_dir: str | os.PathLike[str] | None,
+) -> list[EmulatedModel]:
     """Each size's library run under `emulator`, its weights given by their offsets in the artifact file (the
     emulated process maps it)."""
     driver = emulator.driver(cache_dir)
-    return [EmulatedModel(artifact.path, size, target, file,
-                          [artifact.member_place(member)[0] for member in target.get("weights", [])], emulator, driver)
-            for (_, size), target, file in zip(sizes, targets, files)]
+    return [
+        EmulatedModel(
+            artifact.path,
+            size,
+            target,
+            file,
+            [artifact.member_place(member)[0] for member in target.get("weights", [])],
+            emulator,
+            driver,
+        )
+        for (_, size), target, file in zip(sizes, targets, files)
+    ]
 
 
-def _library_file(artifact: Artifact, manifest: dict[str, Any], target: dict[str, Any], library_file: Path | None,
-                  cache_dir: str | os.PathLike[str] | None) -> Path:
+def _library_file(
+    artifact: Artifact,
+    manifest: dict[str, Any],
+    target: dict[str, Any],
+    library_file: Path | None,
+    cache_dir: str | os.PathLike[str] | None,
+) -> Path:
     """The target's library in the runtime cache (copied there first, its bytes checked as they are, when
     `library_file` is None), once its symbols are checked against the manifest."""
     check = functools.partial(check_library, artifact.path, manifest, target)
     if library_file is None:
-        return store_library(artifact.manifest["members"][target["library"]],
-                             functools.partial(artifact.copy_member, target["library"]), check, cache_dir)
+        return store_library(
+            artifact.manifest["members"][target["library"]],
+            functools.partial(artifact.copy_member, target["library"]),
+            check,
+            cache_dir,
+        )
     check_mapped(library_file, check)
     return library_file
 

@@ -68,12 +68,16 @@ class Emulator:
         (`what` names the target in the message)."""
         qemu = shutil.which(self.qemu)
         if qemu is None:
-            raise EmulationError(f"{what} runs under qemu on this host, and {self.qemu} is not installed (not on "
-                                 f"PATH): apt-get install {QEMU_PACKAGE}")
+            raise EmulationError(
+                f"{what} runs under qemu on this host, and {self.qemu} is not installed (not on "
+                f"PATH): apt-get install {QEMU_PACKAGE}"
+            )
         missing = [path for path in self.libc.files if not path.is_file()]
         if missing:
-            raise EmulationError(f"{what} runs under qemu on this host, and the {self.arch} C library is not "
-                                 f"installed (no {missing[0]}): apt-get install {self.libc_package}")
+            raise EmulationError(
+                f"{what} runs under qemu on this host, and the {self.arch} C library is not "
+                f"installed (no {missing[0]}): apt-get install {self.libc_package}"
+            )
         return qemu
 
     def driver(self, cache_dir: str | os.PathLike[str] | None) -> Path:
@@ -83,8 +87,9 @@ class Emulator:
         path = runtime_folder(cache_dir) / "drivers" / f"{self.arch}-{self._driver_key(target)}"
         if not path.is_file():
             if shutil.which("ld.lld") is None:
-                raise EmulationError(f"building the {self.arch} emulation driver needs ld.lld: apt-get install "
-                                     f"{LINKER_PACKAGE}")
+                raise EmulationError(
+                    f"building the {self.arch} emulation driver needs ld.lld: apt-get install {LINKER_PACKAGE}"
+                )
             write_atomically(path, build_driver(target, self.libc), mode=0o755)
         return path
 
@@ -101,10 +106,20 @@ def _cross_libc(arch: str, loader: str) -> CrossLibc:
 
 
 EMULATORS = {
-    "aarch64": Emulator("aarch64", "qemu-aarch64-static", "libc6-arm64-cross",
-                        _cross_libc("aarch64", "/lib/ld-linux-aarch64.so.1"), "aarch64-linux-gnu"),
-    "riscv64": Emulator("riscv64", "qemu-riscv64-static", "libc6-riscv64-cross",
-                        _cross_libc("riscv64", "/lib/ld-linux-riscv64-lp64d.so.1"), "riscv64-linux-gnu"),
+    "aarch64": Emulator(
+        "aarch64",
+        "qemu-aarch64-static",
+        "libc6-arm64-cross",
+        _cross_libc("aarch64", "/lib/ld-linux-aarch64.so.1"),
+        "aarch64-linux-gnu",
+    ),
+    "riscv64": Emulator(
+        "riscv64",
+        "qemu-riscv64-static",
+        "libc6-riscv64-cross",
+        _cross_libc("riscv64", "/lib/ld-linux-riscv64-lp64d.so.1"),
+        "riscv64-linux-gnu",
+    ),
 }
 """The architectures farm runs under emulation (64-bit little-endian Linux with glibc, as Debian packages them)."""
 
@@ -123,8 +138,10 @@ def emulator_for(target: dict[str, Any], host: Host, artifact: str) -> Emulator:
     emulator = EMULATORS.get(arch_of(triple))
     parts = triple.split("-")
     if emulator is None or "linux" not in parts or not parts[-1].startswith("gnu"):
-        raise EmulationError(f"{what} is not for this {host.arch} host, and farm emulates only Linux GNU targets "
-                             f"of {', '.join(EMULATORS)}")
+        raise EmulationError(
+            f"{what} is not for this {host.arch} host, and farm emulates only Linux GNU targets "
+            f"of {', '.join(EMULATORS)}"
+        )
     emulator.check_installed(what)
     return emulator
 
@@ -136,8 +153,16 @@ class EmulatedModel:
 
     threads = 1
 
-    def __init__(self, path: str, manifest: dict[str, Any], target: dict[str, Any], library: Path,
-                 weights: Sequence[int], emulator: Emulator, driver: Path) -> None:
+    def __init__(
+        self,
+        path: str,
+        manifest: dict[str, Any],
+        target: dict[str, Any],
+        library: Path,
+        weights: Sequence[int],
+        emulator: Emulator,
+        driver: Path,
+    ) -> None:
         """`library`: the target's library, checked, in the runtime cache; `weights`: each weight's offset in the
         artifact file (the target's manifest `weights`, in slot order), which the driver turns into addresses."""
         arena_bytes = int(manifest["memory_plan"]["arena_bytes"])
@@ -147,16 +172,20 @@ class EmulatedModel:
         self.outputs = [spec for spec, _ in self._outputs]
         self.path, self.target, self.schedule = path, target, list(manifest.get("schedule", []))
         self.emulator = emulator
-        self._command = [emulator.check_installed(f"{path}: target {target.get('id')!r}"), "-L",
-                         str(emulator.libc.folder.parent), str(driver)]
+        self._command = [
+            emulator.check_installed(f"{path}: target {target.get('id')!r}"),
+            "-L",
+            str(emulator.libc.folder.parent),
+            str(driver),
+        ]
         table = int(target.get("weights_offset", arena_bytes))
         header = _header([library, str(target.get("entry", "farm_run")), os.path.abspath(path)], table, len(weights))
         self._file = tempfile.TemporaryFile(prefix="farm-arena-")
         self._file.truncate(len(header) + max(arena_bytes, table + 8 * len(weights), 1))
         image = np.frombuffer(mmap.mmap(self._file.fileno(), 0), dtype=np.uint8)
-        image[:len(header)] = np.frombuffer(header, dtype=np.uint8)
-        arena = image[len(header):]
-        self._table, self._weights = arena[table:table + 8 * len(weights)].view("<u8"), np.asarray(weights, "<u8")
+        image[: len(header)] = np.frombuffer(header, dtype=np.uint8)
+        arena = image[len(header) :]
+        self._table, self._weights = arena[table : table + 8 * len(weights)].view("<u8"), np.asarray(weights, "<u8")
         self._input_views = [(spec.name, _view(arena, spec, offset)) for spec, offset in self._inputs]
         self._output_views = [(spec.name, _view(arena, spec, offset)) for spec, offset in self._outputs]
         self._lock = threading.Lock()
@@ -172,8 +201,10 @@ class EmulatedModel:
             return {name: view.copy() for name, view in self._output_views}
 
     def sample_steps(self, feeds: Mapping[str, np.ndarray], repeat: int = 10) -> list[list[float]]:
-        raise EmulationError(f"{self.path}: target {self.target.get('id')!r} runs under emulation here, whose timing "
-                             "says nothing of the target's")
+        raise EmulationError(
+            f"{self.path}: target {self.target.get('id')!r} runs under emulation here, whose timing "
+            "says nothing of the target's"
+        )
 
     time_steps = sample_steps
 
@@ -182,22 +213,24 @@ class EmulatedModel:
         and what happened when it fails."""
         what = f"{self.path}: target {self.target.get('id')!r} under {self.emulator.qemu}"
         timeout = defaults.emulation_timeout()
-        with subprocess.Popen(self._command, stdin=self._file, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              env=_qemu_environment()) as process:
+        with subprocess.Popen(
+            self._command, stdin=self._file, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_qemu_environment()
+        ) as process:
             _no_core_files(process.pid)
             try:
                 _, errors = process.communicate(timeout=timeout)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-                raise EmulationError(f"{what}: no result after {timeout:g} s (FARM_EMULATION_TIMEOUT); "
-                                     "stopped") from None
+                raise EmulationError(
+                    f"{what}: no result after {timeout:g} s (FARM_EMULATION_TIMEOUT); stopped"
+                ) from None
         if process.returncode != 0:
             raise EmulationError(f"{what}: {_failure(process.returncode, errors)}")
 
 
 def _view(arena: np.ndarray, spec: TensorSpec, offset: int) -> np.ndarray:
-    return arena[offset:offset + spec.nbytes].view(spec.dtype).reshape(spec.shape)
+    return arena[offset : offset + spec.nbytes].view(spec.dtype).reshape(spec.shape)
 
 
 def _header(strings: Sequence[str | Path], table: int, weights: int) -> bytes:
@@ -211,7 +244,8 @@ def _header(strings: Sequence[str | Path], table: int, weights: int) -> bytes:
 
 
 SIGNAL_HINTS: dict[int, str] = {
-    signal.SIGILL: " (an instruction qemu's CPU lacks, whose model QEMU_CPU chooses, or a trap)"}
+    signal.SIGILL: " (an instruction qemu's CPU lacks, whose model QEMU_CPU chooses, or a trap)"
+}
 """What a signal most likely means under emulation, where it says more than its name."""
 
 

@@ -46,7 +46,7 @@ def this_host() -> Host:
 
 
 def missing_features(target: dict[str, Any], host: Host) -> list[str]:
-    """"+name" for each feature the target's code may use (its `requires`) that the host lacks. A feature LLVM's
+    """ "+name" for each feature the target's code may use (its `requires`) that the host lacks. A feature LLVM's
     detection doesn't report on this host's architecture (a tuning feature such as `fuse-aes`, a system register
     set such as `el3`) is not an instruction set the host could lack, so it never stops a target; every required
     feature does on a host whose features LLVM can't read."""

@@ -27,8 +27,21 @@ MAX_EXTENT = 1 << 40
 MAX_WORK = 1 << 62
 MAX_LIST = 1 << 22  # buffers, kernels, blobs, schedule steps
 MAX_REQUIRED_FEATURES = 1024  # a CPU target's `requires` (LLVM knows some 200-350 features per architecture)
-DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4, "int64": 8,
-               "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1}
+DTYPE_BYTES = {
+    "float16": 2,
+    "bfloat16": 2,
+    "float32": 4,
+    "float64": 8,
+    "int8": 1,
+    "int16": 2,
+    "int32": 4,
+    "int64": 8,
+    "uint8": 1,
+    "uint16": 2,
+    "uint32": 4,
+    "uint64": 8,
+    "bool": 1,
+}
 PLAIN = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 FEATURES = re.compile(r"([+-][A-Za-z0-9_.-]+(,[+-][A-Za-z0-9_.-]+)*)?")
@@ -73,8 +86,10 @@ def check_sizes(path: str, manifest: dict[str, Any]) -> list[tuple[PinnedShapes,
         check_manifest(path, manifest)
         return [({}, manifest)]
     fields = _Fields(path)
-    entries = [fields.obj(size, f"sizes[{index}]")
-               for index, size in enumerate(fields.items(manifest["sizes"], "sizes", MAX_SIZES, 1))]
+    entries = [
+        fields.obj(size, f"sizes[{index}]")
+        for index, size in enumerate(fields.items(manifest["sizes"], "sizes", MAX_SIZES, 1))
+    ]
     try:
         pins = sizes_from_json([entry.get("shapes") for entry in entries])
     except BadInputError as error:
@@ -171,13 +186,16 @@ def check_library(path: str, manifest: dict[str, Any], target: dict[str, Any], l
     for key in ("entry", "launch_entry", "work_entry"):
         if (key in target or key == "entry") and target.get(key, "farm_run") not in names:
             raise fields.refuse(f"{field} {key}", f"{target.get(key, 'farm_run')!r} is not defined by its library")
-    symbols = {entry["kernel"]: entry["symbol"] for entry in manifest.get("kernels", [])
-               if entry["target"] == target["id"]}
+    symbols = {
+        entry["kernel"]: entry["symbol"] for entry in manifest.get("kernels", []) if entry["target"] == target["id"]
+    }
     launches = _launch_counts(names, set(symbols.values()))
     for kernel, symbol in sorted(symbols.items()):
         if symbol not in names:
-            raise fields.refuse(f"{field} kernel {kernel}", f"symbol {symbol} is not defined by its library "
-                                "(another model's or target's library?)")
+            raise fields.refuse(
+                f"{field} kernel {kernel}",
+                f"symbol {symbol} is not defined by its library (another model's or target's library?)",
+            )
     if "launches" not in target:
         return
     total = 0
@@ -186,8 +204,9 @@ def check_library(path: str, manifest: dict[str, Any], target: dict[str, Any], l
             raise fields.refuse(f"schedule[{index}].kernel", f"{step['kernel']} is not a kernel of {field}")
         total += launches[symbols[step["kernel"]]]
     if total != len(target["launches"]):
-        raise fields.refuse(f"{field} launches", f"number {len(target['launches'])}, but its schedule's kernels "
-                            f"define {total}")
+        raise fields.refuse(
+            f"{field} launches", f"number {len(target['launches'])}, but its schedule's kernels define {total}"
+        )
 
 
 def _launch_counts(names: set[str], symbols: set[str]) -> dict[str, int]:
@@ -267,8 +286,9 @@ def _check_weights(fields: _Fields, target: dict[str, Any], field: str, members:
     for index, member in enumerate(weights):
         if not isinstance(member, str) or member not in members:
             raise fields.refuse(f"{field}.weights[{index}]", "is not a member of the artifact")
-    offset = fields.integer(target.get("weights_offset", arena), f"{field}.weights_offset", arena,
-                            MAX_ARENA_BYTES - 8 * len(weights))
+    offset = fields.integer(
+        target.get("weights_offset", arena), f"{field}.weights_offset", arena, MAX_ARENA_BYTES - 8 * len(weights)
+    )
     if offset % 8:
         raise fields.refuse(f"{field}.weights_offset", "is not a multiple of 8")
 
@@ -280,4 +300,3 @@ def _check_launch(fields: _Fields, value: Any, field: str) -> None:
     fields.integer(launch[0], f"{field} extent", 0, MAX_EXTENT)
     fields.integer(launch[1], f"{field} grain", 1, MAX_EXTENT)
     fields.integer(launch[2], f"{field} work", 0, MAX_WORK)
-

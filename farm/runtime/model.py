@@ -90,8 +90,9 @@ def work_table(plan: list[tuple[int, list[tuple[int, int]]]]) -> np.ndarray:
     one group per launch."""
     firsts = np.cumsum([0] + [len(ranges) for _, ranges in plan])
     rows = [(index, begin, end) for index, ranges in plan for begin, end in ranges]
-    return np.ascontiguousarray(np.concatenate([[len(plan)], firsts, np.asarray(rows, np.int64).ravel()]),
-                                dtype=np.int64)
+    return np.ascontiguousarray(
+        np.concatenate([[len(plan)], firsts, np.asarray(rows, np.int64).ravel()]), dtype=np.int64
+    )
 
 
 class _Pool:
@@ -194,8 +195,16 @@ class Model:
     many threads one run may use (1: the whole schedule in one native call, farm_run; more: one farm_work call
     per thread, when some launch has enough work to split)."""
 
-    def __init__(self, path: str, manifest: dict[str, Any], target: dict[str, Any], library: ctypes.CDLL,
-                 threads: int = 1, weights: Sequence[int] = (), keep: Any = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        manifest: dict[str, Any],
+        target: dict[str, Any],
+        library: ctypes.CDLL,
+        threads: int = 1,
+        weights: Sequence[int] = (),
+        keep: Any = None,
+    ) -> None:
         """`weights`: the address of each weight the target's entry reads (its manifest `weights`, in slot order),
         written into the weight table after the arena; `keep`: what keeps those addresses valid (the artifact's
         memory map), held as long as the model."""
@@ -217,8 +226,9 @@ class Model:
         self._plan: list[tuple[int, list[tuple[int, int]]]] | None = None
         self._pool = self._thread_pool(path, target) if self.threads > 1 else None
         table = int(target.get("weights_offset", arena_bytes))
-        self._arena = _aligned_zeros(max(arena_bytes, table + 8 * len(weights), 1),
-                                     max(int(plan.get("alignment", 0)), _MIN_ALIGNMENT))
+        self._arena = _aligned_zeros(
+            max(arena_bytes, table + 8 * len(weights), 1), max(int(plan.get("alignment", 0)), _MIN_ALIGNMENT)
+        )
         self._arena[table : table + 8 * len(weights)].view(np.uint64)[:] = weights
         self._weights_map = keep
         # Fixed for the model's life: a run of a small model is tens of microseconds, and making these per run
@@ -260,8 +270,9 @@ class Model:
         try:
             steps = self._library.farm_run_steps
         except AttributeError:
-            raise ArtifactError(f"{self.path}: the library has no farm_run_steps (built by an older farm: rebuild "
-                                "it)") from None
+            raise ArtifactError(
+                f"{self.path}: the library has no farm_run_steps (built by an older farm: rebuild it)"
+            ) from None
         steps.argtypes, steps.restype = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64], None
         return steps
 

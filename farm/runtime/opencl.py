@@ -38,8 +38,10 @@ def this_device() -> tuple[Any, Any, str]:
     for platform in opencl_platforms():
         for device in platform.get_devices():
             return cl.Context([device]), device, fingerprint(device_info(platform, device))
-    raise ArtifactError("no OpenCL device on this host: its OpenCL loader finds no platform (install a driver, e.g. "
-                        "Debian's pocl-opencl-icd for the CPU) or run without --device opencl")
+    raise ArtifactError(
+        "no OpenCL device on this host: its OpenCL loader finds no platform (install a driver, e.g. "
+        "Debian's pocl-opencl-icd for the CPU) or run without --device opencl"
+    )
 
 
 def _sha(data: bytes) -> str:
@@ -50,8 +52,15 @@ class ProgramLoader:
     """Finds a program for every kernel: cache, shipped binary, then a parallel source build of the rest
     (`build_processes` processes at most; default: every CPU this process may use)."""
 
-    def __init__(self, artifact: Artifact, context: Any, device: Any, device_fingerprint: str,
-                 cache_dir: str | os.PathLike[str] | None, build_processes: int | None = None) -> None:
+    def __init__(
+        self,
+        artifact: Artifact,
+        context: Any,
+        device: Any,
+        device_fingerprint: str,
+        cache_dir: str | os.PathLike[str] | None,
+        build_processes: int | None = None,
+    ) -> None:
         self.artifact, self.context, self.device, self.fingerprint = artifact, context, device, device_fingerprint
         self.folder = Path(cache_dir if cache_dir is not None else defaults.cache_dir()) / "opencl" / device_fingerprint
         self.build_processes = build_processes
@@ -61,8 +70,10 @@ class ProgramLoader:
         sources = {k["symbol"]: self.artifact.read_member(k["source"]) for k in kernels}
         programs = {k["symbol"]: self._from_binaries(k, sources[k["symbol"]]) for k in kernels}
         missing = [k for k in kernels if programs[k["symbol"]] is None]
-        jobs = [SourceJob(sources[k["symbol"]].decode(), f"kernel {k['symbol']}", k["launches"], k["arguments"])
-                for k in missing]
+        jobs = [
+            SourceJob(sources[k["symbol"]].decode(), f"kernel {k['symbol']}", k["launches"], k["arguments"])
+            for k in missing
+        ]
         for kernel, binary in zip(missing, build_all(jobs, self.fingerprint, self.build_processes)):
             write_atomically(self._cache_path(sources[kernel["symbol"]], binary), binary)
             programs[kernel["symbol"]] = self._program_from_binary(binary, f"kernel {kernel['symbol']}", fallback=False)
@@ -113,9 +124,14 @@ class ProgramLoader:
 class OpenCLModel:
     """A model whose kernels run on this host's OpenCL device. `run` is thread-safe (calls take turns)."""
 
-    def __init__(self, artifact: Artifact, cache_dir: str | os.PathLike[str] | None = None,
-                 build_processes: int | None = None, manifest: dict[str, Any] | None = None,
-                 shared: SharedPrograms | None = None) -> None:
+    def __init__(
+        self,
+        artifact: Artifact,
+        cache_dir: str | os.PathLike[str] | None = None,
+        build_processes: int | None = None,
+        manifest: dict[str, Any] | None = None,
+        shared: SharedPrograms | None = None,
+    ) -> None:
         """`manifest`: the size to run (default: the artifact's manifest, of one size); `shared`: the device and
         the programs several sizes share (loaded at once: load_opencl_model)."""
         import pyopencl as cl
@@ -131,16 +147,23 @@ class OpenCLModel:
         programs.update(self.load_programs([k for k in part["kernels"] if k["symbol"] not in programs]))
         launches = {kernel["symbol"]: kernel["launches"] for kernel in part["kernels"]}
         self.queue = cl.CommandQueue(self.context)
-        self._buffers = {name: cl.Buffer(self.context, cl.mem_flags.READ_WRITE, max(int(size), 4))
-                         for name, size in part["buffers"].items()}
+        self._buffers = {
+            name: cl.Buffer(self.context, cl.mem_flags.READ_WRITE, max(int(size), 4))
+            for name, size in part["buffers"].items()
+        }
         for sha, member in part["blobs"].items():
             if sha not in shared.weights:
                 shared.weights[sha] = self._upload(artifact.read_member(member))
             self._buffers[f"blob:{sha}"] = shared.weights[sha]
         self.schedule = list(part["schedule"])
         self.target = {"id": f"opencl-{self.fingerprint}", "kind": "opencl"}
-        self._steps = [[(self._kernel(programs[step["kernel"]], name, step["args"]), tuple(int(n) for n in size))
-                        for name, size in launches[step["kernel"]]] for step in self.schedule]
+        self._steps = [
+            [
+                (self._kernel(programs[step["kernel"]], name, step["args"]), tuple(int(n) for n in size))
+                for name, size in launches[step["kernel"]]
+            ]
+            for step in self.schedule
+        ]
         self.inputs = [TensorSpec(e["name"], tuple(e["shape"]), e["dtype"]) for e in manifest["inputs"]]
         self.outputs = [TensorSpec(e["name"], tuple(e["shape"]), e["dtype"]) for e in manifest["outputs"]]
         self._lock = threading.Lock()
@@ -190,7 +213,6 @@ class OpenCLModel:
             self.queue.finish()
         return results
 
-
     def sample_steps(self, feeds: Mapping[str, np.ndarray], repeat: int = 10) -> list[list[float]]:
         """Seconds of each schedule step in each of `repeat` runs: its launches enqueued and finished on their own,
         on the real activations of `feeds` (what `farm bench --device opencl` times)."""
@@ -238,8 +260,9 @@ class SharedPrograms:
         self.programs.update(self.loader.load_all(list(todo.values())))
 
 
-def load_opencl_model(path: str | os.PathLike[str],
-                      cache_dir: str | os.PathLike[str] | None) -> OpenCLModel | SizedModel:
+def load_opencl_model(
+    path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None
+) -> OpenCLModel | SizedModel:
     """The OpenCL backend's loader (see farm.runtime.load): an artifact of several sizes loads each size over the
     programs of all of them, built or read in one go."""
     artifact = open_artifact(path)
@@ -250,5 +273,6 @@ def load_opencl_model(path: str | os.PathLike[str],
         raise ArtifactError(f"{artifact.path}: the artifact has no OpenCL part (build with --target opencl)")
     shared = SharedPrograms(ProgramLoader(artifact, *this_device(), cache_dir))
     shared.load([kernel for _, size in sizes for kernel in size["opencl"]["kernels"]])
-    return SizedModel(artifact.path, [(pins, OpenCLModel(artifact, cache_dir, manifest=size, shared=shared))
-                                      for pins, size in sizes])
+    return SizedModel(
+        artifact.path, [(pins, OpenCLModel(artifact, cache_dir, manifest=size, shared=shared)) for pins, size in sizes]
+    )

@@ -65,8 +65,9 @@ def build_all(jobs: Sequence[SourceJob], device_fingerprint: str, processes: int
     """Program binaries for `jobs`, in order, built by this thread and up to `processes - 1` helper processes."""
     work = _WorkList(jobs)
     helpers = min(max(0, (processes or defaults.cpu_count()) - 1), max(0, len(jobs) - 1))
-    threads = [threading.Thread(target=_feed_helper, args=(work, device_fingerprint), daemon=True)
-               for _ in range(helpers)]
+    threads = [
+        threading.Thread(target=_feed_helper, args=(work, device_fingerprint), daemon=True) for _ in range(helpers)
+    ]
     for thread in threads:
         thread.start()
     _build_here(work, device_fingerprint)
@@ -89,8 +90,9 @@ def _feed_helper(work: _WorkList, device_fingerprint: str) -> None:
     """Start a helper process and hand it jobs until the list is empty; if it dies, its job goes back (and closing
     its stdin, which may still hold a request, must not raise: the pipe is broken)."""
     try:
-        helper = subprocess.Popen(module_command("farm.runtime.opencl_builder"), stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE)
+        helper = subprocess.Popen(
+            module_command("farm.runtime.opencl_builder"), stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
     except OSError:
         return
     try:

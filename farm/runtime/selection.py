@@ -26,8 +26,10 @@ def select_target(targets: Sequence[dict[str, Any]], wanted: str | None, host: H
         return choose_target(targets, host, artifact)
     target = _named(targets, wanted, artifact)
     if not needs_emulation(target, host) and not runs_on(target, host):
-        raise ArtifactError(f"{artifact}: target {target['id']!r} needs {','.join(missing_features(target, host))}, "
-                            f"which this host ({host.describe()}) lacks")
+        raise ArtifactError(
+            f"{artifact}: target {target['id']!r} needs {','.join(missing_features(target, host))}, "
+            f"which this host ({host.describe()}) lacks"
+        )
     return target
 
 
@@ -62,8 +64,10 @@ def _named(targets: Sequence[dict[str, Any]], wanted: str, artifact: str) -> dic
     if wanted.count(":") > 1 or not same_triple:
         raise ArtifactError(f"{artifact}: no target {wanted!r} in the artifact; it has {_listed(cpu_targets)}")
     if len(same_triple) > 1:
-        raise ArtifactError(f"{artifact}: {wanted!r} fits {len(same_triple)} targets of the artifact, "
-                            f"{_listed(same_triple)}: name one by its id or its cpu:TRIPLE:CPU[:FEATURES]")
+        raise ArtifactError(
+            f"{artifact}: {wanted!r} fits {len(same_triple)} targets of the artifact, "
+            f"{_listed(same_triple)}: name one by its id or its cpu:TRIPLE:CPU[:FEATURES]"
+        )
     return same_triple[0]
 
 

@@ -25,7 +25,12 @@ class SizedModel:
         self.path = path
         self.sizes = list(sizes)
         first = self.sizes[0][1]
-        self.inputs, self.outputs, self.schedule, self.target = first.inputs, first.outputs, first.schedule, first.target
+        self.inputs, self.outputs, self.schedule, self.target = (
+            first.inputs,
+            first.outputs,
+            first.schedule,
+            first.target,
+        )
 
     def size_for(self, feeds: Mapping[str, np.ndarray]) -> Any:
         """The loaded size whose inputs have the shapes of `feeds`; RunInputError naming every size when none has

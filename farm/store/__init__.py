@@ -36,8 +36,20 @@ from farm.store.base import (
 from farm.store.file_store import FILE_SCHEME, FileStore
 from farm.store.redis_store import REDIS_SCHEMES, RedisStore, blob_redis
 
-__all__ = ["BadStoreUrlError", "CorruptEntryError", "FileStore", "MissingEntryError", "RedisStore", "Store",
-           "StoreError", "StoreUnreachableError", "content_key", "default_store_root", "is_key", "open_store"]
+__all__ = [
+    "BadStoreUrlError",
+    "CorruptEntryError",
+    "FileStore",
+    "MissingEntryError",
+    "RedisStore",
+    "Store",
+    "StoreError",
+    "StoreUnreachableError",
+    "content_key",
+    "default_store_root",
+    "is_key",
+    "open_store",
+]
 
 
 def default_store_root() -> Path:
@@ -68,4 +80,4 @@ def _blob_store(url: str | None, retries: int) -> FileStore | RedisStore | None:
         return None
     if url.startswith(REDIS_SCHEMES):
         return blob_redis(url, retries=retries)
-    return FileStore(url[len(FILE_SCHEME):])
+    return FileStore(url[len(FILE_SCHEME) :])

@@ -85,9 +85,14 @@ class StoreStats:
     pin_owners: list[str]
 
     def to_json(self) -> dict[str, object]:
-        return {"entries": self.entries, "bytes": self.bytes, "max_bytes": self.max_bytes,
-                "pinned_entries": self.pinned_entries, "pinned_bytes": self.pinned_bytes,
-                "pin_owners": self.pin_owners}
+        return {
+            "entries": self.entries,
+            "bytes": self.bytes,
+            "max_bytes": self.max_bytes,
+            "pinned_entries": self.pinned_entries,
+            "pinned_bytes": self.pinned_bytes,
+            "pin_owners": self.pin_owners,
+        }
 
 
 @dataclass(frozen=True)

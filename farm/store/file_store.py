@@ -186,8 +186,14 @@ class FileStore(Store):
         entries = list(self._entries())
         pinned = self._pinned_keys(self._live_pins())
         pinned_sizes = [size for _, size, key, _ in entries if key in pinned]
-        return StoreStats(len(entries), sum(size for _, size, _, _ in entries), self.max_bytes, len(pinned_sizes),
-                          sum(pinned_sizes), self.pin_owners())
+        return StoreStats(
+            len(entries),
+            sum(size for _, size, _, _ in entries),
+            self.max_bytes,
+            len(pinned_sizes),
+            sum(pinned_sizes),
+            self.pin_owners(),
+        )
 
     def evict(self) -> Eviction:
         """Delete the least recently used unpinned entries until the entries' bytes are within the cap (pins

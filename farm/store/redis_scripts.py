@@ -67,7 +67,9 @@ TOUCH = COMMON + "return {touch(ARGV[3], now_ms()), total(), cap()}"
 """A use of an entry: {1 and the entry marked used now (counted, if an older farm wrote it), or 0 when absent;
 the entries' bytes; the cap}."""
 
-WHOLE = COMMON + """
+WHOLE = (
+    COMMON
+    + """
 local now, found = now_ms(), {}
 for i = 3, #ARGV do
   local key, state = ARGV[i], -1
@@ -86,11 +88,14 @@ for i = 3, #ARGV do
 end
 return found
 """
+)
 """Whether each entry (ARGV[3:]) is whole, judged by lengths without reading its bytes, each whole one marked used:
 -1 not whole (no header, or its chunks don't add up to its size), -2 whole in chunks, or the size of the blob
 store's file that holds it (the caller checks the file)."""
 
-COMMIT = COMMON + """
+COMMIT = (
+    COMMON
+    + """
 for i = 0, (tonumber(ARGV[5]) or 0) - 1 do
   if redis.call('EXISTS', header_key(ARGV[3]) .. ':' .. i) == 0 then return {0, total(), cap()} end
 end
@@ -98,11 +103,14 @@ redis.call('SET', header_key(ARGV[3]), ARGV[4] .. ':' .. ARGV[5])
 account(ARGV[3], tonumber(ARGV[4]), now_ms())
 return {1, total(), cap()}
 """
+)
 """The last step of a put: the header (which makes the entry exist) and its accounting, at once, but only when
 every chunk is there (a concurrent delete of the same key may have swept them): {1 or 0, bytes, cap}. A count of
 `file` (FILE_CHUNKS) is an entry whose bytes are a file of the blob store, written before."""
 
-PROMOTE = COMMON + """
+PROMOTE = (
+    COMMON
+    + """
 local key, staged, size, count = ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
 if redis.call('EXISTS', header_key(key)) == 1 then return {2, total(), cap()} end
 for i = 0, count - 1 do
@@ -118,6 +126,7 @@ redis.call('SET', header_key(key), size .. ':' .. count)
 account(key, tonumber(size), now_ms())
 return {1, total(), cap()}
 """
+)
 """Admit staged bytes that were read and checked: their chunks renamed into the entry's (the bytes never leave
 Redis, nor are they held twice), then the header and the accounting, at once: {1, bytes, cap}; {2, ...} when the
 entry exists already (the staged copy is dropped by the caller), {0, ...} when a staged chunk is gone."""
@@ -125,7 +134,9 @@ entry exists already (the staged copy is dropped by the caller), {0, ...} when a
 DROP = COMMON + "return drop(ARGV[3])"
 """Delete an entry: header first, its chunks (a dead put's orphans too), the refs that point at it, its bytes."""
 
-EVICT = COMMON + """
+EVICT = (
+    COMMON
+    + """
 local now, limit, most = now_ms(), cap() - tonumber(ARGV[4]), tonumber(ARGV[3])
 local owners, left = live_owners(), total()
 local entries, freed, dropped = 0, 0, {}
@@ -145,13 +156,16 @@ while left > limit and entries < most do
 end
 return {entries, freed, left, (left > limit and entries >= most) and 1 or 0, dropped}
 """
+)
 """One batch of eviction, least recently used first, until the bytes are within the cap less ARGV[4] (room for a
 put about to write): {entries, bytes freed, bytes left, 1 when the batch limit stopped it above that, the keys
 dropped (whose files a blob store then deletes)}. A pinned
 entry is in use: it is marked used now, so that the next eviction doesn't walk over it again (long-pinned
 entries, such as tuning records, would otherwise sit at the old end and be checked by every put)."""
 
-PIN = COMMON + """
+PIN = (
+    COMMON
+    + """
 local set = prefix .. 'pin:' .. ARGV[3]
 if ARGV[5] == '1' then redis.call('DEL', set) end
 add_members(set, 6)
@@ -166,9 +180,12 @@ else
 end
 return 1
 """
+)
 """Pin keys for an owner (ARGV: owner, ttl in ms or '' for none, '1' to replace its pins, keys...)."""
 
-UNPIN = COMMON + """
+UNPIN = (
+    COMMON
+    + """
 local set = prefix .. 'pin:' .. ARGV[3]
 if #ARGV == 3 then
   redis.call('DEL', set)
@@ -178,10 +195,13 @@ end
 if redis.call('EXISTS', set) == 0 then redis.call('ZREM', PINS, ARGV[3]) end
 return 1
 """
+)
 
 OWNERS = COMMON + "return live_owners()"
 
-STATS = COMMON + """
+STATS = (
+    COMMON
+    + """
 local owners, seen, entries, bytes = live_owners(), {}, 0, 0
 for _, owner in ipairs(owners) do
   for _, key in ipairs(redis.call('SMEMBERS', prefix .. 'pin:' .. owner)) do
@@ -194,20 +214,26 @@ for _, owner in ipairs(owners) do
 end
 return {redis.call('HLEN', SIZES), total(), cap(), entries, bytes, owners}
 """
+)
 """Entries, bytes, cap, pinned entries and bytes (each entry once, however many owners pin it), live owners."""
 
-SET_REF = COMMON + """
+SET_REF = (
+    COMMON
+    + """
 redis.call('SET', prefix .. 'ref:' .. ARGV[3], ARGV[4])
 local member = ARGV[3]
 if ARGV[5] ~= ARGV[4] then member = ARGV[4] .. '|' .. ARGV[3] end
 if redis.call('EXISTS', header_key(ARGV[5])) == 1 then redis.call('SADD', prefix .. 'backrefs:' .. ARGV[5], member) end
 return 1
 """
+)
 """Point a ref at a key and remember it beside the anchor's entry (the key's, or the weight a packed weight is made
 from, as `<key>|<name>`), so that evicting that entry deletes the ref too, unless it was pointed elsewhere since
 (refs stay as bounded as the entries)."""
 
-ADOPT = COMMON + """
+ADOPT = (
+    COMMON
+    + """
 local adopted = 0
 for i = 3, #ARGV do
   if redis.call('HEXISTS', SIZES, ARGV[i]) == 0 then
@@ -221,4 +247,5 @@ for i = 3, #ARGV do
 end
 return adopted
 """
+)
 """Count entries that an older farm wrote without accounting, as the least recently used of all."""

@@ -176,8 +176,7 @@ class RedisStore(Store):
             return
         with store_errors(self.url):
             header = self.client.get(self.header_key(key))
-        if header is not None and header.endswith(f":{FILE_CHUNKS}".encode()) and self.blobs.lacking(
-                {key: len(view)}):
+        if header is not None and header.endswith(f":{FILE_CHUNKS}".encode()) and self.blobs.lacking({key: len(view)}):
             self.blobs.put(view, key)
 
     def _write_bytes(self, key: str, view: memoryview) -> int | str:
@@ -245,8 +244,8 @@ class RedisStore(Store):
                     continue
                 pending += view
                 while len(pending) >= self.chunk_bytes:
-                    send(bytes(pending[:self.chunk_bytes]))
-                    del pending[:self.chunk_bytes]
+                    send(bytes(pending[: self.chunk_bytes]))
+                    del pending[: self.chunk_bytes]
             if pending or not count:
                 send(bytes(pending))
             if written != size:
@@ -480,8 +479,9 @@ class RedisStore(Store):
     def pin(self, owner: str, keys: Iterable[str], ttl: float | None, replace: bool = False) -> None:
         ttl_ms = "" if ttl is None else str(max(1, int(ttl * 1000)))
         with store_errors(self.url):
-            self._script(self._pin, check_owner(owner), ttl_ms, "1" if replace else "0",
-                         *(check_key(key) for key in keys))
+            self._script(
+                self._pin, check_owner(owner), ttl_ms, "1" if replace else "0", *(check_key(key) for key in keys)
+            )
 
     def unpin(self, owner: str, keys: Iterable[str] | None = None) -> None:
         chosen = None if keys is None else [check_key(key) for key in keys]
@@ -497,8 +497,14 @@ class RedisStore(Store):
     def stats(self) -> StoreStats:
         with store_errors(self.url):
             entries, total, cap, pinned_entries, pinned_bytes, owners = self._script(self._stats)
-        return StoreStats(int(entries), int(total), int(cap), int(pinned_entries), int(pinned_bytes),
-                          [owner.decode() for owner in owners])
+        return StoreStats(
+            int(entries),
+            int(total),
+            int(cap),
+            int(pinned_entries),
+            int(pinned_bytes),
+            [owner.decode() for owner in owners],
+        )
 
     def evict(self) -> Eviction:
         return self._evict_to(room=0)
@@ -522,7 +528,7 @@ class RedisStore(Store):
         with store_errors(self.url):
             batch: list[str] = []
             for name in self.client.scan_iter(match=f"{self.prefix}obj:*", count=1000):
-                key = name.decode(errors="replace")[len(self.prefix) + 4:]
+                key = name.decode(errors="replace")[len(self.prefix) + 4 :]
                 if is_key(key):
                     batch.append(key)
                 if len(batch) >= 1000:
@@ -559,8 +565,7 @@ class RedisStore(Store):
         except MissingEntryError:
             self._fail_corrupt(key, f"its bytes in the blob store {redact_url(blobs.url)} are missing", repair)
         except CorruptEntryError:
-            self._fail_corrupt(key, f"its bytes in the blob store {redact_url(blobs.url)} have another sha256",
-                               repair)
+            self._fail_corrupt(key, f"its bytes in the blob store {redact_url(blobs.url)} have another sha256", repair)
         if len(data) != size:
             self._fail_corrupt(key, f"its blob holds {len(data)} bytes where the header says {size}", repair)
         return data
@@ -570,8 +575,11 @@ class RedisStore(Store):
         when neither (the bytes are chunks here) or this machine can't reach it."""
         blobs = self.blobs if self.blobs is not None else self._published_blobs()
         if blobs is None:
-            raise StoreError(self._unreadable_blobs or "this farm keeps its blobs in a blob store it did not "
-                             "publish: set FARM_BLOB_STORE to where it is (a folder mounted here, or a Redis)")
+            raise StoreError(
+                self._unreadable_blobs
+                or "this farm keeps its blobs in a blob store it did not "
+                "publish: set FARM_BLOB_STORE to where it is (a folder mounted here, or a Redis)"
+            )
         return blobs
 
     def _published_blobs(self) -> FileStore | RedisStore | None:
@@ -590,12 +598,14 @@ class RedisStore(Store):
         self._looked_for_blobs = url.startswith(REDIS_SCHEMES)  # a folder may be made or mounted later
         if url.startswith(REDIS_SCHEMES):
             self.blobs = blob_redis(with_login_of(url, self.url))
-        elif url.startswith(FILE_SCHEME) and os.path.isdir(url[len(FILE_SCHEME):]):
-            self.blobs, self._looked_for_blobs = FileStore(url[len(FILE_SCHEME):]), True
+        elif url.startswith(FILE_SCHEME) and os.path.isdir(url[len(FILE_SCHEME) :]):
+            self.blobs, self._looked_for_blobs = FileStore(url[len(FILE_SCHEME) :]), True
         else:
-            self._unreadable_blobs = (f"this farm keeps its blobs in {url[:200]}, which this machine can't read: "
-                                      "mount it at that path (read-only will do), or set FARM_BLOB_STORE to where "
-                                      "it is mounted")
+            self._unreadable_blobs = (
+                f"this farm keeps its blobs in {url[:200]}, which this machine can't read: "
+                "mount it at that path (read-only will do), or set FARM_BLOB_STORE to where "
+                "it is mounted"
+            )
         return self.blobs
 
     def streams_uploads(self) -> bool:
@@ -657,8 +667,9 @@ class RedisStore(Store):
             if is_key(key):
                 yield key
 
-    def _read_chunks(self, header_key: str, chunk_key: Callable[[int], str], key: str, size: int, count: int,
-                     repair: bool) -> bytes:
+    def _read_chunks(
+        self, header_key: str, chunk_key: Callable[[int], str], key: str, size: int, count: int, repair: bool
+    ) -> bytes:
         """Read, hash and join the chunks; a missing chunk, a wrong size or a wrong hash makes the entry corrupt.
 
         The chunks are appended to one BytesIO whose getvalue doesn't copy, so a big entry costs about its size
@@ -701,7 +712,6 @@ class RedisStore(Store):
         if repair:
             self.delete(key)
         raise CorruptEntryError(key, reason, redact_url(self.url))
-
 
 
 def blob_redis(url: str, retries: int = 1) -> RedisStore:

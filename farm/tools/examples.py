@@ -294,25 +294,30 @@ class _TransformerBuilder(_GraphBuilder):
     def attention(self, x: str, name: str, seq: int, width: int, heads: int, mask: str | None) -> str:
         """Multi-head self-attention: softmax(Q K^T / sqrt(d) + mask) V, heads merged, output projection."""
         head_dim = width // heads
-        q = self.split_heads(self.dense(x, f"{name}.query", width, width), f"{name}.q", seq, heads, head_dim,
-                             (0, 2, 1, 3))
-        k = self.split_heads(self.dense(x, f"{name}.key", width, width), f"{name}.k", seq, heads, head_dim,
-                             (0, 2, 3, 1))
-        v = self.split_heads(self.dense(x, f"{name}.value", width, width), f"{name}.v", seq, heads, head_dim,
-                             (0, 2, 1, 3))
+        q = self.split_heads(
+            self.dense(x, f"{name}.query", width, width), f"{name}.q", seq, heads, head_dim, (0, 2, 1, 3)
+        )
+        k = self.split_heads(
+            self.dense(x, f"{name}.key", width, width), f"{name}.k", seq, heads, head_dim, (0, 2, 3, 1)
+        )
+        v = self.split_heads(
+            self.dense(x, f"{name}.value", width, width), f"{name}.v", seq, heads, head_dim, (0, 2, 1, 3)
+        )
         scale = self.const(f"{name}.scale", np.array(np.sqrt(head_dim), np.float32))
         scores = self.node("Div", [self.node("MatMul", [q, k], f"{name}.scores"), scale], f"{name}.scaled")
         if mask is not None:
             scores = self.node("Add", [scores, mask], f"{name}.masked")
         probs = self.node("Softmax", [scores], f"{name}.softmax", axis=-1)
-        context = self.node("Transpose", [self.node("MatMul", [probs, v], f"{name}.context")], f"{name}.merge",
-                            perm=[0, 2, 1, 3])
+        context = self.node(
+            "Transpose", [self.node("MatMul", [probs, v], f"{name}.context")], f"{name}.merge", perm=[0, 2, 1, 3]
+        )
         shape = self.const(f"{name}.merged_shape", np.array([1, seq, width], np.int64))
         return self.dense(self.node("Reshape", [context, shape], f"{name}.merged"), f"{name}.output", width, width)
 
     def mlp_block(self, x: str, name: str, width: int, hidden: int) -> str:
-        return self.dense(self.gelu(self.dense(x, f"{name}.fc1", width, hidden), f"{name}.gelu"), f"{name}.fc2",
-                          hidden, width)
+        return self.dense(
+            self.gelu(self.dense(x, f"{name}.fc1", width, hidden), f"{name}.gelu"), f"{name}.fc2", hidden, width
+        )
 
     def additive_mask(self, mask: str) -> str:
         """(1 - mask) * -10000 as float, shaped [1, 1, 1, seq] to broadcast over heads and query positions."""
@@ -324,43 +329,77 @@ class _TransformerBuilder(_GraphBuilder):
         return self.node("Unsqueeze", [self.node("Mul", [inverted, big], "mask.scale"), axes], "mask.additive")
 
 
-def _typed_model(builder: _GraphBuilder, name: str, inputs: Sequence[onnx.ValueInfoProto], output_shape: Sequence[int],
-                 doc: str, ranges: dict[str, tuple[int, int]] | None = None) -> onnx.ModelProto:
-    graph = helper.make_graph(builder.nodes, name, list(inputs),
-                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, list(output_shape))],
-                              initializer=builder.initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION,
-                              producer_name="farm.examples", doc_string=doc)
+def _typed_model(
+    builder: _GraphBuilder,
+    name: str,
+    inputs: Sequence[onnx.ValueInfoProto],
+    output_shape: Sequence[int],
+    doc: str,
+    ranges: dict[str, tuple[int, int]] | None = None,
+) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        builder.nodes,
+        name,
+        list(inputs),
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, list(output_shape))],
+        initializer=builder.initializers,
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        ir_version=IR_VERSION,
+        producer_name="farm.examples",
+        doc_string=doc,
+    )
     helper.set_model_props(model, {f"farm.example.range.{k}": f"{lo} {hi}" for k, (lo, hi) in (ranges or {}).items()})
     return model
 
 
-def bert_style(seq: int = 32, width: int = 128, heads: int = 4, layers: int = 4, vocab: int = 1000,
-               seed: int = 0) -> onnx.ModelProto:
+def bert_style(
+    seq: int = 32, width: int = 128, heads: int = 4, layers: int = 4, vocab: int = 1000, seed: int = 0
+) -> onnx.ModelProto:
     """A BERT encoder: token + position + segment embeddings (Gather), LayerNorm, `layers` post-norm blocks of
     multi-head attention (additive mask from attention_mask) and a GELU MLP."""
     g = _TransformerBuilder(seed)
     table = lambda rows: (g.rng.standard_normal((rows, width)) * 0.1).astype(np.float32)  # noqa: E731
     tokens = g.node("Gather", [g.const("embeddings.word", table(vocab)), "input_ids"], "embeddings.tokens")
-    positions = g.node("Gather", [g.const("embeddings.position", table(512)),
-                                  g.const("embeddings.position_ids", np.arange(seq, dtype=np.int64)[None, :])],
-                       "embeddings.positions")
+    positions = g.node(
+        "Gather",
+        [
+            g.const("embeddings.position", table(512)),
+            g.const("embeddings.position_ids", np.arange(seq, dtype=np.int64)[None, :]),
+        ],
+        "embeddings.positions",
+    )
     x = g.layer_norm(g.node("Add", [tokens, positions], "embeddings.sum"), "embeddings.norm", width)
     mask = g.additive_mask("attention_mask")
     for layer in range(layers):
         name = f"encoder.{layer}"
-        x = g.layer_norm(g.node("Add", [x, g.attention(x, f"{name}.attention", seq, width, heads, mask)],
-                                f"{name}.residual1"), f"{name}.norm1", width)
-        x = g.layer_norm(g.node("Add", [x, g.mlp_block(x, f"{name}.mlp", width, 4 * width)], f"{name}.residual2"),
-                         f"{name}.norm2", width)
+        x = g.layer_norm(
+            g.node("Add", [x, g.attention(x, f"{name}.attention", seq, width, heads, mask)], f"{name}.residual1"),
+            f"{name}.norm1",
+            width,
+        )
+        x = g.layer_norm(
+            g.node("Add", [x, g.mlp_block(x, f"{name}.mlp", width, 4 * width)], f"{name}.residual2"),
+            f"{name}.norm2",
+            width,
+        )
     g.node("Identity", [x], "output")
     inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, [1, seq]) for n in ("input_ids", "attention_mask")]
-    return _typed_model(g, "bert_style", inputs, (1, seq, width), bert_style.__doc__ or "",
-                        {"input_ids": (0, vocab), "attention_mask": (0, 2)})
+    return _typed_model(
+        g,
+        "bert_style",
+        inputs,
+        (1, seq, width),
+        bert_style.__doc__ or "",
+        {"input_ids": (0, vocab), "attention_mask": (0, 2)},
+    )
 
 
-def vit_style(image: int = 32, patch: int = 4, width: int = 64, heads: int = 4, layers: int = 4, classes: int = 10,
-              seed: int = 0) -> onnx.ModelProto:
+def vit_style(
+    image: int = 32, patch: int = 4, width: int = 64, heads: int = 4, layers: int = 4, classes: int = 10, seed: int = 0
+) -> onnx.ModelProto:
     """A ViT: patch embedding by a strided Conv, Reshape/Transpose to tokens, a class token by Concat, position
     embeddings, `layers` pre-norm attention blocks, and a linear head on the class token."""
     g = _TransformerBuilder(seed)
@@ -376,11 +415,15 @@ def vit_style(image: int = 32, patch: int = 4, width: int = 64, heads: int = 4, 
     x = g.node("Add", [x, positions], "embedded")
     for layer in range(layers):
         name = f"blocks.{layer}"
-        attended = g.attention(g.layer_norm(x, f"{name}.norm1", width), f"{name}.attention", patches + 1, width, heads,
-                               None)
+        attended = g.attention(
+            g.layer_norm(x, f"{name}.norm1", width), f"{name}.attention", patches + 1, width, heads, None
+        )
         x = g.node("Add", [x, attended], f"{name}.residual1")
-        x = g.node("Add", [x, g.mlp_block(g.layer_norm(x, f"{name}.norm2", width), f"{name}.mlp", width, 2 * width)],
-                   f"{name}.residual2")
+        x = g.node(
+            "Add",
+            [x, g.mlp_block(g.layer_norm(x, f"{name}.norm2", width), f"{name}.mlp", width, 2 * width)],
+            f"{name}.residual2",
+        )
     x = g.layer_norm(x, "norm", width)
     first = g.const("cls_index", np.array(0, np.int64))
     x = g.node("Gather", [x, first], "cls", axis=1)

@@ -25,7 +25,7 @@ def _structure_bytes(model: onnx.ModelProto, data: bytes) -> list[int]:
     for tensor in model.graph.initializer:
         start = data.find(tensor.raw_data) if tensor.raw_data else -1
         if start >= 0:
-            weights[start:start + len(tensor.raw_data)] = b"\x01" * len(tensor.raw_data)
+            weights[start : start + len(tensor.raw_data)] = b"\x01" * len(tensor.raw_data)
     return [offset for offset, in_weight in enumerate(weights) if not in_weight]
 
 

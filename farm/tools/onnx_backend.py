@@ -49,8 +49,9 @@ class FarmRep(BackendRep):
             return {name: np.asarray(value) for name, value in inputs.items()}
         values = [inputs] if isinstance(inputs, np.ndarray) else list(inputs)
         if len(values) != len(self.input_names):
-            raise RunInputError(f"the model takes {len(self.input_names)} inputs ({', '.join(self.input_names)}), "
-                                f"got {len(values)}")
+            raise RunInputError(
+                f"the model takes {len(self.input_names)} inputs ({', '.join(self.input_names)}), got {len(values)}"
+            )
         return {name: np.asarray(value) for name, value in zip(self.input_names, values)}
 
 
@@ -68,8 +69,9 @@ class FarmBackend(Backend):
             return FarmRep(runtime.load(result.artifact, device=kind.lower()))
 
     @classmethod
-    def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU",
-                  **kwargs: Any) -> tuple[np.ndarray, ...]:
+    def run_model(
+        cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any
+    ) -> tuple[np.ndarray, ...]:
         return cls.prepare(model, device, **kwargs).run(inputs)
 
     @classmethod

@@ -39,8 +39,13 @@ def record(store: Store, spec: KernelSpec, target: CpuTarget, result: dict[str, 
     """Keep a `time_variants` result as the kernel's record for the target's CPU class; returns the store key of
     the record the kernel has now. Without `replace` a record already there stays: on a shared farm, records are
     every job's, and only a retune the operator granted may change one (a submitter's --tune only adds)."""
-    entry = {**result, "farm_version": __version__, "kernel": tuning_key(spec), "op": spec.op,
-             "target": target.to_json()}
+    entry = {
+        **result,
+        "farm_version": __version__,
+        "kernel": tuning_key(spec),
+        "op": spec.op,
+        "target": target.to_json(),
+    }
     data = json.dumps(entry, sort_keys=True).encode()
     ref, key = db_ref(spec, target.id), content_key(data)
     before = store.get_ref(ref)

@@ -48,9 +48,13 @@ class TuningLockBusy(BuildError):
     """The host's tuning lock was still held by another tuning process when the wait for it ended."""
 
 
-def time_variants(spec_json: dict[str, Any], target_json: dict[str, Any],
-                  variants: Sequence[GemmBlocking] | None = None,
-                  seconds_per_variant: float | None = None, lock_timeout: float | None = None) -> dict[str, Any]:
+def time_variants(
+    spec_json: dict[str, Any],
+    target_json: dict[str, Any],
+    variants: Sequence[GemmBlocking] | None = None,
+    seconds_per_variant: float | None = None,
+    lock_timeout: float | None = None,
+) -> dict[str, Any]:
     """Time each variant of one kernel on this host and choose one.
 
     Every variant is compiled by the build's own compile_cpu_kernel, linked into one library with an entry whose
@@ -77,9 +81,13 @@ def time_variants(spec_json: dict[str, Any], target_json: dict[str, Any],
         finally:
             harness.close()
     seconds = {blockings[i].name: best[i] for i in agreeing}
-    return {"variant": blockings[_choose(best, default_index=0)].to_json(), "default": default.to_json(),
-            "seconds": seconds, "default_seconds": seconds[default.name],
-            "rejected": [blockings[i].name for i in range(len(specs)) if i not in agreeing]}
+    return {
+        "variant": blockings[_choose(best, default_index=0)].to_json(),
+        "default": default.to_json(),
+        "seconds": seconds,
+        "default_seconds": seconds[default.name],
+        "rejected": [blockings[i].name for i in range(len(specs)) if i not in agreeing],
+    }
 
 
 def _choose(best: dict[int, float], default_index: int) -> int:
@@ -131,8 +139,10 @@ def _open_private(folder: Path, name: str) -> int:
     try:
         info = os.fstat(folder_descriptor)
         if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise BuildError(f"tuning lock folder {folder}: not private to this user (owner uid {info.st_uid}, "
-                             f"mode {stat.S_IMODE(info.st_mode):o}); remove it")
+            raise BuildError(
+                f"tuning lock folder {folder}: not private to this user (owner uid {info.st_uid}, "
+                f"mode {stat.S_IMODE(info.st_mode):o}); remove it"
+            )
         return os.open(name, os.O_RDWR | os.O_CREAT | nofollow, 0o600, dir_fd=folder_descriptor)
     except OSError as error:
         raise BuildError(f"tuning lock {folder / name}: {error.strerror} (a link is never followed)") from None
@@ -149,8 +159,10 @@ def _wait_for_lock(descriptor: int, path: Path, timeout: float) -> None:
             return
         except BlockingIOError:
             if time.monotonic() >= deadline:
-                raise TuningLockBusy(f"tuning lock {path}: still held by another tuning process after {timeout:g} s "
-                                     "(FARM_TUNE_LOCK_TIMEOUT)") from None
+                raise TuningLockBusy(
+                    f"tuning lock {path}: still held by another tuning process after {timeout:g} s "
+                    "(FARM_TUNE_LOCK_TIMEOUT)"
+                ) from None
             time.sleep(LOCK_POLL_SECONDS)
 
 
@@ -195,8 +207,10 @@ class _Harness:
         sizes = argument_bytes(spec)
         self.offsets, size = _layout(sizes)
         copies, size = _packed_copies(specs, target, size)
-        variant_offsets = [[copies.get((index, param), (offset, None))[0] for param, offset in enumerate(self.offsets)]
-                           for index in range(len(specs))]
+        variant_offsets = [
+            [copies.get((index, param), (offset, None))[0] for param, offset in enumerate(self.offsets)]
+            for index in range(len(specs))
+        ]
         self.library = _link_variants(specs, target, variant_offsets, folder / "harness.so")
         self._steps = getattr(self.library, STEPS_SYMBOL)
         self._steps.argtypes, self._steps.restype = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64], None
@@ -204,7 +218,7 @@ class _Harness:
         start = -raw.ctypes.data % ARENA_ALIGNMENT
         self.arena = raw[start : start + size]
         rng = np.random.default_rng(0)
-        for info, offset in zip(spec.inputs, self.offsets[len(self.outputs):]):
+        for info, offset in zip(spec.inputs, self.offsets[len(self.outputs) :]):
             view = self._view(info, offset)
             view[...] = rng.standard_normal(view.shape) if view.dtype.kind == "f" else 0
         for (_, param), (offset, panels) in copies.items():
@@ -237,19 +251,23 @@ class _Harness:
         _ctypes.dlclose(self.library._handle)
 
 
-def _link_variants(specs: Sequence[KernelSpec], target: CpuTarget, offsets: Sequence[Sequence[int]],
-                   path: Path) -> ctypes.CDLL:
+def _link_variants(
+    specs: Sequence[KernelSpec], target: CpuTarget, offsets: Sequence[Sequence[int]], path: Path
+) -> ctypes.CDLL:
     """Compile every variant as a build would, link them with an entry whose step i calls variant i with the
     arena buffers at offsets[i], and load the library from `path`."""
-    schedule = [{"kernel": variant.symbol, "args": [["arena", offset] for offset in variant_offsets]}
-                for variant, variant_offsets in zip(specs, offsets)]
+    schedule = [
+        {"kernel": variant.symbol, "args": [["arena", offset] for offset in variant_offsets]}
+        for variant, variant_offsets in zip(specs, offsets)
+    ]
     objects = [compile_cpu_kernel(variant, target) for variant in specs]
     path.write_bytes(link_library([*objects, compile_entry(schedule, target)], target))
     return ctypes.CDLL(str(path))
 
 
-def _packed_copies(specs: Sequence[KernelSpec], target: CpuTarget,
-                   size: int) -> tuple[dict[tuple[int, int], tuple[int, tuple[int, ...]]], int]:
+def _packed_copies(
+    specs: Sequence[KernelSpec], target: CpuTarget, size: int
+) -> tuple[dict[tuple[int, int], tuple[int, tuple[int, ...]]], int]:
     """Where each variant's pre-packed inputs go (backends.llvm.kernel.packed_params: a conv's weights in panels
     of the variant's tile rows, a layer's constant B in column panels of its tile width, as a build links them): {(variant, parameter): (arena offset, panels)}, placed after
     `size` bytes, and the new size."""

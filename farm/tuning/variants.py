@@ -43,12 +43,20 @@ def tune_name(spec: KernelSpec, target_id: str) -> str:
     return f"{target_id}/{spec.key[:20]}"
 
 
-def missing(store: Store, plan: BuildPlan, targets: Sequence[CpuTarget], retune: bool = False,
-            ) -> list[tuple[KernelSpec, CpuTarget]]:
+def missing(
+    store: Store,
+    plan: BuildPlan,
+    targets: Sequence[CpuTarget],
+    retune: bool = False,
+) -> list[tuple[KernelSpec, CpuTarget]]:
     """(kernel, target) of every tunable kernel of the plan without a record for the target (every one with
     `retune`)."""
-    return [(spec, target) for target in targets for spec in plan.kernels().values()
-            if tunable(spec) and (retune or lookup(store, spec, target.id) is None)]
+    return [
+        (spec, target)
+        for target in targets
+        for spec in plan.kernels().values()
+        if tunable(spec) and (retune or lookup(store, spec, target.id) is None)
+    ]
 
 
 def with_variants(store: Store, plan: BuildPlan, targets: Sequence[CpuTarget]) -> BuildPlan:
@@ -71,9 +79,14 @@ def can_time_here(target: CpuTarget) -> bool:
     return (target.triple, target.cpu) == (host.triple, host.cpu) and wanted <= set(host.features.split(","))
 
 
-def choose_variants(plans: Sequence[BuildPlan], targets: Sequence[CpuTarget], store: Store, tune: bool = False,
-                    retune: bool = False, progress: Callable[[int, int], None] | None = None,
-                    ) -> tuple[list[BuildPlan], TuningReport]:
+def choose_variants(
+    plans: Sequence[BuildPlan],
+    targets: Sequence[CpuTarget],
+    store: Store,
+    tune: bool = False,
+    retune: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[list[BuildPlan], TuningReport]:
     """A local build's variants, for the plan of each of its sizes: with `tune`, first time (in this process, one
     kernel at a time, before any compile job starts) every tunable kernel the database lacks (all with `retune`) for
     the targets this host can run, each once however many sizes have it, and record them (a kernel whose timing
@@ -83,12 +96,19 @@ def choose_variants(plans: Sequence[BuildPlan], targets: Sequence[CpuTarget], st
     turn comes, so that a stuck lock costs one timeout, not one per kernel."""
     report = TuningReport()
     if tune or retune:
-        todo = list({tune_name(spec, target.id): (spec, target)
-                     for plan in plans for spec, target in missing(store, plan, targets, retune)}.values())
+        todo = list(
+            {
+                tune_name(spec, target.id): (spec, target)
+                for plan in plans
+                for spec, target in missing(store, plan, targets, retune)
+            }.values()
+        )
         here = [(spec, target) for spec, target in todo if can_time_here(target)]
         for target_id in sorted({target.id for _, target in todo if not can_time_here(target)}):
-            report.notes.append(f"target {target_id} can't be timed on this host: its kernels use the default "
-                                "variant (tune them on a farm worker of that CPU class)")
+            report.notes.append(
+                f"target {target_id} can't be timed on this host: its kernels use the default "
+                "variant (tune them on a farm worker of that CPU class)"
+            )
         lock_timeout: float | None = None  # FARM_TUNE_LOCK_TIMEOUT until one wait has run out
         for done, (spec, target) in enumerate(here, start=1):
             try:
@@ -109,8 +129,10 @@ def _busy_lock_note(error: TuningLockBusy, lock_timeout: float | None) -> str:
     waited for again."""
     if lock_timeout is None:
         return f"{error} (the default variant is used)"
-    return ("tuning lock still held by another tuning process, not waited for again in this build "
-            "(the default variant is used)")
+    return (
+        "tuning lock still held by another tuning process, not waited for again in this build "
+        "(the default variant is used)"
+    )
 
 
 # --- the manifest ------------------------------------------------------------------------------------------------

@@ -78,13 +78,16 @@ def _truncate_to_half(b: ir.IRBuilder, value: ir.Value, source: WiderFormat) -> 
     sign = b.and_(b.trunc(b.lshr(bits, c(source.bits - 16)), I16_T), ir.Constant(I16_T, HALF_SIGN))
     normal = b.sub(magnitude, c(source.rebias << source.fraction))
     below_normal = b.icmp_unsigned("<", magnitude, c((source.rebias + 1) << source.fraction))
-    rounded = _rounded(b, b.select(below_normal, _subnormal_with_sticky_bit(b, magnitude, source), normal),
-                       source.dropped)
-    nan = b.or_(b.and_(b.lshr(magnitude, c(source.dropped)), c((1 << HALF_FRACTION) - 1)),
-                c(HALF_INFINITY | HALF_QUIET_BIT))
+    rounded = _rounded(
+        b, b.select(below_normal, _subnormal_with_sticky_bit(b, magnitude, source), normal), source.dropped
+    )
+    nan = b.or_(
+        b.and_(b.lshr(magnitude, c(source.dropped)), c((1 << HALF_FRACTION) - 1)), c(HALF_INFINITY | HALF_QUIET_BIT)
+    )
     overflows = b.icmp_unsigned(">=", magnitude, c((source.rebias + HALF_TOP_EXPONENT) << source.fraction))
-    result = b.select(b.icmp_unsigned(">", magnitude, c(source.infinity)), nan,
-                      b.select(overflows, c(HALF_INFINITY), rounded))
+    result = b.select(
+        b.icmp_unsigned(">", magnitude, c(source.infinity)), nan, b.select(overflows, c(HALF_INFINITY), rounded)
+    )
     return b.bitcast(b.or_(b.trunc(result, I16_T), sign), HALF_T)
 
 
@@ -121,9 +124,12 @@ def _extend_to_float(b: ir.IRBuilder, value: ir.Value) -> ir.Value:
     normal = b.add(shifted, c(FLOAT32.rebias << FLOAT32.fraction))
     quiet = b.select(b.icmp_unsigned(">", magnitude, c(HALF_INFINITY)), c(1 << (FLOAT32.fraction - 1)), c(0))
     special = b.or_(b.or_(shifted, c(FLOAT32.infinity)), quiet)
-    subnormal = b.bitcast(b.fmul(b.uitofp(magnitude, F32_T), ir.Constant(F32_T, 2.0 ** -24)), I32_T)
-    result = b.select(b.icmp_unsigned("<", magnitude, c(1 << HALF_FRACTION)), subnormal,
-                      b.select(b.icmp_unsigned(">=", magnitude, c(HALF_INFINITY)), special, normal))
+    subnormal = b.bitcast(b.fmul(b.uitofp(magnitude, F32_T), ir.Constant(F32_T, 2.0**-24)), I32_T)
+    result = b.select(
+        b.icmp_unsigned("<", magnitude, c(1 << HALF_FRACTION)),
+        subnormal,
+        b.select(b.icmp_unsigned(">=", magnitude, c(HALF_INFINITY)), special, normal),
+    )
     return b.bitcast(b.or_(result, b.shl(b.and_(bits, c(HALF_SIGN)), c(16))), F32_T)
 
 

@@ -114,8 +114,10 @@ def _run_function(module: ir.Module, functions: dict[str, ir.Function]) -> ir.Fu
     report = _report_function(module, functions)
     size = b.call(functions["lseek"], [_i32(STDIN), _i64(0), _i32(SEEK_END)])
     _fail_unless(b, b.icmp_signed(">=", size, _i64(PAGE_BYTES)), EXIT_ARENA)
-    image = b.call(functions["mmap"], [ir.Constant(PTR_T, None), size, _i32(PROT_READ | PROT_WRITE), _i32(MAP_SHARED),
-                                       _i32(STDIN), _i64(0)])
+    image = b.call(
+        functions["mmap"],
+        [ir.Constant(PTR_T, None), size, _i32(PROT_READ | PROT_WRITE), _i32(MAP_SHARED), _i32(STDIN), _i64(0)],
+    )
     _fail_unless(b, b.icmp_signed("!=", b.ptrtoint(image, I64_T), _i64(-1)), EXIT_ARENA)
     arena_at, table, count = _checked_header(b, image, size)
     library, entry, artifact = _header_strings(b, functions, image, arena_at)
@@ -167,8 +169,9 @@ def _checked_header(b: ir.IRBuilder, image: ir.Value, size: ir.Value) -> tuple[i
     return arena_at, table, count
 
 
-def _header_strings(b: ir.IRBuilder, functions: dict[str, ir.Function], image: ir.Value,
-                    arena_at: ir.Value) -> list[ir.Value]:
+def _header_strings(
+    b: ir.IRBuilder, functions: dict[str, ir.Function], image: ir.Value, arena_at: ir.Value
+) -> list[ir.Value]:
     """The library's path, the entry's name and the artifact's path: NUL-ended strings one after the other after
     the header's fields, each starting inside the header (whose last byte is a NUL, so none runs past it)."""
     strings, at = [], _i64(8 * len(HEADER_FIELDS))
@@ -183,8 +186,9 @@ def _map_read_only(b: ir.IRBuilder, functions: dict[str, ir.Function], path: ir.
     """The whole file at `path` mapped read-only and private; MAP_FAILED (-1) when it can't be opened or mapped."""
     fd = b.call(functions["open"], [path, _i32(O_RDONLY)])
     size = b.call(functions["lseek"], [fd, _i64(0), _i32(SEEK_END)])
-    mapped = b.call(functions["mmap"], [ir.Constant(PTR_T, None), size, _i32(PROT_READ), _i32(MAP_PRIVATE), fd,
-                                        _i64(0)])
+    mapped = b.call(
+        functions["mmap"], [ir.Constant(PTR_T, None), size, _i32(PROT_READ), _i32(MAP_PRIVATE), fd, _i64(0)]
+    )
     b.call(functions["close"], [fd])
     return mapped
 
@@ -230,9 +234,22 @@ def build_driver(target: CpuTarget, libc: CrossLibc) -> bytes:
     with tempfile.TemporaryDirectory(prefix="farm-driver-") as folder:
         objects, output = os.path.join(folder, "driver.o"), os.path.join(folder, "driver")
         Path(objects).write_bytes(code)
-        command = [linker, "-pie", "--build-id=none", "-z", "noexecstack", "-z", "now", "-z", "relro",
-                   f"--dynamic-linker={libc.loader}", "-o", output, objects,
-                   *(str(libc.folder / name) for name in libc.LIBRARIES)]
+        command = [
+            linker,
+            "-pie",
+            "--build-id=none",
+            "-z",
+            "noexecstack",
+            "-z",
+            "now",
+            "-z",
+            "relro",
+            f"--dynamic-linker={libc.loader}",
+            "-o",
+            output,
+            objects,
+            *(str(libc.folder / name) for name in libc.LIBRARIES),
+        ]
         result = subprocess.run(command, capture_output=True, text=True, cwd=folder)
         if result.returncode != 0:
             raise BuildError(f"linking the emulation driver for {target.triple} failed:\n{result.stderr.strip()}")

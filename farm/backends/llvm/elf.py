@@ -68,21 +68,22 @@ def sections(data: bytes | mmap.mmap, error: type[FarmError] = ArtifactError) ->
     memory map is read in place (a copy of a 2.7 GB library took 2 s), other buffers are copied into bytes."""
     data = data if isinstance(data, (bytes, mmap.mmap)) else bytes(data)
     layout, order = _header(data, error)
-    table, = _unpack(data, order + layout.word, layout.section_table_at, "section table", error)
+    (table,) = _unpack(data, order + layout.word, layout.section_table_at, "section table", error)
     entry, count, names_index = _unpack(data, order + "HHH", layout.section_entry_at, "section table", error)
     if entry != layout.section_bytes or count == 0 or names_index >= count:
         raise error("malformed ELF object: bad section table")
-    headers = [_unpack(data, order + layout.section_format, table + i * entry, "section header", error)
-               for i in range(count)]
+    headers = [
+        _unpack(data, order + layout.section_format, table + i * entry, "section header", error) for i in range(count)
+    ]
     names_at, names_size = headers[names_index][4], headers[names_index][5]
     if names_at + names_size > len(data):
         raise error("malformed ELF object: the section names lie outside the file")
-    names = data[names_at:names_at + names_size]
+    names = data[names_at : names_at + names_size]
     return [Section(_string(names, header[0]), header[1], header[4], header[5], header[6]) for header in headers]
 
 
 def _string(table: bytes, at: int) -> str:
-    return table[at:table.find(b"\0", at)].decode("ascii", "replace") if 0 <= at < len(table) else ""
+    return table[at : table.find(b"\0", at)].decode("ascii", "replace") if 0 <= at < len(table) else ""
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ def symbols(data: bytes | mmap.mmap, table: int = SYMTAB, error: type[FarmError]
     for section in (s for s in found if s.kind == table):
         if section.link >= len(found):
             raise error("malformed ELF object: a symbol table names no string table")
-        strings = data[found[section.link].offset:found[section.link].offset + found[section.link].size]
+        strings = data[found[section.link].offset : found[section.link].offset + found[section.link].size]
         end = section.offset + section.size - layout.symbol_bytes + 1
         for at in range(section.offset, end, layout.symbol_bytes):
             name_at, info, _, index = _unpack(data, order + layout.symbol_format, at, "symbol table", error)

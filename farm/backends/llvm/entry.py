@@ -48,15 +48,29 @@ def entry_ir(schedule: list[dict[str, Any]], target: CpuTarget, weights_offset: 
     the build's critical path after every unit. farm_run runs every step through farm_run_steps, so each step's
     call is compiled once, not twice. farm_work, the thread pool's loop, is the same for every schedule and comes
     from llvmlite's builder (_work_text)."""
-    calls = [(_checked_symbol(call["kernel"]), [_table_slot(arg, weights_offset) for arg in call["args"]],
-              len(call.get("launches", []))) for call in schedule]
+    calls = [
+        (
+            _checked_symbol(call["kernel"]),
+            [_table_slot(arg, weights_offset) for arg in call["args"]],
+            len(call.get("launches", [])),
+        )
+        for call in schedule
+    ]
     kernels = {symbol: len(args) for symbol, args, _ in calls}
     launches = [(launch_symbol(symbol, launch), args) for symbol, args, count in calls for launch in range(count)]
     lines = [f'; ModuleID = "{ENTRY_SYMBOL}"', f'target triple = "{target.triple}"', ""]
     lines += [_declaration(symbol, count, launch=False) for symbol, count in kernels.items()]
     lines += [_declaration(symbol, len(args), launch=True) for symbol, args in dict(launches).items()]
-    lines += ["", f'define void @"{ENTRY_SYMBOL}"(ptr %arena) {DISPATCH_ATTRIBUTES}', "{", "entry:",
-              f'  call void @"{STEPS_SYMBOL}"(ptr %arena, i64 0, i64 {len(calls)})', "  ret void", "}", ""]
+    lines += [
+        "",
+        f'define void @"{ENTRY_SYMBOL}"(ptr %arena) {DISPATCH_ATTRIBUTES}',
+        "{",
+        "entry:",
+        f'  call void @"{STEPS_SYMBOL}"(ptr %arena, i64 0, i64 {len(calls)})',
+        "  ret void",
+        "}",
+        "",
+    ]
     lines += _steps_text(calls)
     lines += _launch_text(launches)
     lines.append(_work_text(target))
@@ -103,14 +117,33 @@ def _call_lines(symbol: str, args: list[list], name: str, extra: str = "") -> li
 def _steps_text(calls: list[tuple[str, list[list], int]]) -> list[str]:
     """farm_run_steps(arena, begin, end): for i in [begin, end): switch (i) { case k: step k }."""
     cases = " ".join(f"i64 {number}, label %step{number}" for number in range(len(calls)))
-    lines = [f'define void @"{STEPS_SYMBOL}"(ptr %arena, i64 %begin, i64 %end) {DISPATCH_ATTRIBUTES}', "{",
-             "entry:", "  %counter = alloca i64", "  store i64 %begin, ptr %counter", "  br label %head",
-             "head:", "  %index = load i64, ptr %counter", "  %more = icmp slt i64 %index, %end",
-             "  br i1 %more, label %body, label %done", "body:", f"  switch i64 %index, label %latch [{cases}]"]
+    lines = [
+        f'define void @"{STEPS_SYMBOL}"(ptr %arena, i64 %begin, i64 %end) {DISPATCH_ATTRIBUTES}',
+        "{",
+        "entry:",
+        "  %counter = alloca i64",
+        "  store i64 %begin, ptr %counter",
+        "  br label %head",
+        "head:",
+        "  %index = load i64, ptr %counter",
+        "  %more = icmp slt i64 %index, %end",
+        "  br i1 %more, label %body, label %done",
+        "body:",
+        f"  switch i64 %index, label %latch [{cases}]",
+    ]
     for number, (symbol, args, _) in enumerate(calls):
         lines += [f"step{number}:", *_call_lines(symbol, args, f"s{number}"), "  br label %latch"]
-    lines += ["latch:", "  %current = load i64, ptr %counter", "  %next = add i64 %current, 1",
-              "  store i64 %next, ptr %counter", "  br label %head", "done:", "  ret void", "}", ""]
+    lines += [
+        "latch:",
+        "  %current = load i64, ptr %counter",
+        "  %next = add i64 %current, 1",
+        "  store i64 %next, ptr %counter",
+        "  br label %head",
+        "done:",
+        "  ret void",
+        "}",
+        "",
+    ]
     return lines
 
 
@@ -118,11 +151,18 @@ def _launch_text(launches: list[tuple[str, list[list]]]) -> list[str]:
     """farm_launch(index, begin, end, arena): a switch over every launch of the schedule, each case calling one
     launch function over [begin, end)."""
     cases = " ".join(f"i64 {number}, label %launch{number}" for number in range(len(launches)))
-    lines = [f'define void @"{LAUNCH_SYMBOL}"(i64 %index, i64 %begin, i64 %end, ptr %arena) {DISPATCH_ATTRIBUTES}',
-             "{", "entry:", f"  switch i64 %index, label %done [{cases}]"]
+    lines = [
+        f'define void @"{LAUNCH_SYMBOL}"(i64 %index, i64 %begin, i64 %end, ptr %arena) {DISPATCH_ATTRIBUTES}',
+        "{",
+        "entry:",
+        f"  switch i64 %index, label %done [{cases}]",
+    ]
     for number, (symbol, args) in enumerate(launches):
-        lines += [f"launch{number}:", *_call_lines(symbol, args, f"l{number}", "i64 %begin, i64 %end"),
-                  "  br label %done"]
+        lines += [
+            f"launch{number}:",
+            *_call_lines(symbol, args, f"l{number}", "i64 %begin, i64 %end"),
+            "  br label %done",
+        ]
     lines += ["done:", "  ret void", "}", ""]
     return lines
 
@@ -174,8 +214,22 @@ def _work_function(module: ir.Module, launch: ir.Function, target: CpuTarget) ->
     fn.attributes.add("nounwind")
     arena, table, counters = fn.args
     arena.name, table.name, counters.name = "arena", "table", "counters"
-    names = ("entry", "group", "body", "own", "own_try", "steal_from", "steal", "steal_try", "wait", "spin", "pause",
-             "yield", "next", "done")
+    names = (
+        "entry",
+        "group",
+        "body",
+        "own",
+        "own_try",
+        "steal_from",
+        "steal",
+        "steal_try",
+        "wait",
+        "spin",
+        "pause",
+        "yield",
+        "next",
+        "done",
+    )
     blocks = {name: fn.append_basic_block(name) for name in names}
     b = ir.IRBuilder(blocks["entry"])
     at = lambda base, index: b.gep(base, [index], inbounds=True, source_etype=I64_T)  # noqa: E731
@@ -209,8 +263,10 @@ def _work_function(module: ir.Module, launch: ir.Function, target: CpuTarget) ->
         taken = b.atomic_rmw("xchg", at(flags, b.add(first, index)), one, "monotonic")
         with b.if_then(b.icmp_signed("==", taken, zero)):
             row = at(ranges, b.mul(b.add(first, index), ir.Constant(I64_T, 3)))
-            fields = [b.load(b.gep(row, [ir.Constant(I64_T, i)], inbounds=True, source_etype=I64_T), typ=I64_T)
-                      for i in range(3)]
+            fields = [
+                b.load(b.gep(row, [ir.Constant(I64_T, i)], inbounds=True, source_etype=I64_T), typ=I64_T)
+                for i in range(3)
+            ]
             b.call(launch, [*fields, arena])
             b.atomic_rmw("add", finished, one, "release")
         b.branch(after)

@@ -39,14 +39,66 @@ UNREMOVABLE = frozenset({"64bit"})
 that doesn't support it"), and a 64-bit triple has it by definition."""
 
 NEVER_GENERATED = {
-    "x86_64": frozenset({
-        "aes", "amx-avx512", "amx-bf16", "amx-complex", "amx-fp16", "amx-fp8", "amx-int8", "amx-movrs", "amx-tf32",
-        "amx-tile", "amx-transpose", "clflushopt", "clwb", "clzero", "cldemote", "cmpccxadd", "enqcmd", "fsgsbase",
-        "hreset", "invpcid", "kl", "lwp", "movdir64b", "movdiri", "movrs", "mwaitx", "pclmul", "pconfig", "pku",
-        "prefetchi", "ptwrite", "raoint", "rdpid", "rdpru", "rdrnd", "rdseed", "rtm", "serialize", "sgx", "sha",
-        "sha512", "shstk", "sm3", "sm4", "tsxldtrk", "uintr", "usermsr", "vaes", "vpclmulqdq", "waitpkg", "wbnoinvd",
-        "widekl", "xsave", "xsavec", "xsaveopt", "xsaves",
-    }),
+    "x86_64": frozenset(
+        {
+            "aes",
+            "amx-avx512",
+            "amx-bf16",
+            "amx-complex",
+            "amx-fp16",
+            "amx-fp8",
+            "amx-int8",
+            "amx-movrs",
+            "amx-tf32",
+            "amx-tile",
+            "amx-transpose",
+            "clflushopt",
+            "clwb",
+            "clzero",
+            "cldemote",
+            "cmpccxadd",
+            "enqcmd",
+            "fsgsbase",
+            "hreset",
+            "invpcid",
+            "kl",
+            "lwp",
+            "movdir64b",
+            "movdiri",
+            "movrs",
+            "mwaitx",
+            "pclmul",
+            "pconfig",
+            "pku",
+            "prefetchi",
+            "ptwrite",
+            "raoint",
+            "rdpid",
+            "rdpru",
+            "rdrnd",
+            "rdseed",
+            "rtm",
+            "serialize",
+            "sgx",
+            "sha",
+            "sha512",
+            "shstk",
+            "sm3",
+            "sm4",
+            "tsxldtrk",
+            "uintr",
+            "usermsr",
+            "vaes",
+            "vpclmulqdq",
+            "waitpkg",
+            "wbnoinvd",
+            "widekl",
+            "xsave",
+            "xsavec",
+            "xsaveopt",
+            "xsaves",
+        }
+    ),
 }
 """Per architecture, features whose instructions LLVM emits only for their intrinsics, which farm's code never
 calls (system, cryptographic, transactional and tile instructions): a target's code can't use them, so they are not
@@ -107,9 +159,13 @@ def _probe(arguments: list[str], candidates: list[str] | None, what: str) -> lis
     """Run the probe child (`python -I probe_features.py ...`) and return its JSON list; BuildError naming `what`
     and LLVM's last words when it fails."""
     try:
-        result = subprocess.run([sys.executable, "-I", str(PROBE), *arguments], capture_output=True, text=True,
-                                input=json.dumps(candidates) if candidates is not None else "",
-                                timeout=PROBE_TIMEOUT_SECONDS)
+        result = subprocess.run(
+            [sys.executable, "-I", str(PROBE), *arguments],
+            capture_output=True,
+            text=True,
+            input=json.dumps(candidates) if candidates is not None else "",
+            timeout=PROBE_TIMEOUT_SECONDS,
+        )
     except (OSError, subprocess.TimeoutExpired) as error:
         raise BuildError(f"LLVM could not {what}: {error}") from None
     if result.returncode != 0:

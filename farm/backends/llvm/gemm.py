@@ -95,8 +95,9 @@ class GemmBlocking:
             raise ValueError(f"a GEMM variant's rows, vectors and lanes are positive integers, got {data!r}")
         k_block, order = data.get("k_block", 0), data.get("order", "columns")
         if type(k_block) is not int or k_block < 0 or order not in LOOP_ORDERS:
-            raise ValueError(f"a GEMM variant's k_block is an integer >= 0 and its order one of {LOOP_ORDERS}, "
-                             f"got {data!r}")
+            raise ValueError(
+                f"a GEMM variant's k_block is an integer >= 0 and its order one of {LOOP_ORDERS}, got {data!r}"
+            )
         return cls(data["rows"], data["vectors"], data["lanes"], k_block, order)
 
 
@@ -136,19 +137,30 @@ def regions(m: int, n: int, blocking: GemmBlocking) -> list[_Region]:
     """Cover an m x n output with the column groups of `_columns`, each in full row tiles then single rows."""
     m_main = m // blocking.rows * blocking.rows
     rows = [(0, m_main, blocking.rows), (m_main, m - m_main, 1)]
-    return [_Region(m0, mc, n0, nc, r, v, lanes) for n0, nc, v, lanes in _columns(n, blocking)
-            for m0, mc, r in rows if mc and nc]
+    return [
+        _Region(m0, mc, n0, nc, r, v, lanes)
+        for n0, nc, v, lanes in _columns(n, blocking)
+        for m0, mc, r in rows
+        if mc and nc
+    ]
 
 
 def _halvings(lanes: int) -> list[int]:
     return [lanes >> shift for shift in range(1, lanes.bit_length()) if lanes >> shift]
 
 
-def emit_gemm(builder: ir.IRBuilder, slot: Callable[[str, ir.Type], ir.AllocaInstr], a: ir.Value, b: ir.Value,
-              c: ir.Value, gemm: L.Gemm, blocking: GemmBlocking,
-              launch_range: tuple[ir.Value, ir.Value] | None = None,
-              epilogue: tuple[ir.Value | None, ir.Value | None] = (None, None),
-              outlining: Outlining | None = None) -> None:
+def emit_gemm(
+    builder: ir.IRBuilder,
+    slot: Callable[[str, ir.Type], ir.AllocaInstr],
+    a: ir.Value,
+    b: ir.Value,
+    c: ir.Value,
+    gemm: L.Gemm,
+    blocking: GemmBlocking,
+    launch_range: tuple[ir.Value, ir.Value] | None = None,
+    epilogue: tuple[ir.Value | None, ir.Value | None] = (None, None),
+    outlining: Outlining | None = None,
+) -> None:
     """Emit C = A @ B for `gemm`'s shapes; a, b, c point at the panels' first elements. With `launch_range`
     (runtime i64 values begin, end), only part of C, as loopir.launch_info cut it: column blocks [begin, end) when
     the launch splits columns (loopir.splits_columns), else rows [begin, end): whole register tiles from begin,
@@ -175,8 +187,10 @@ def _emit_rows(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end: ir.Value
     outline = _outlines_rows(gemm, blocking)
     for n0, nc, vectors, lanes in _columns(gemm.n, blocking):
         if nc:
-            for region in (_Region(begin, main, n0, nc, blocking.rows, vectors, lanes),
-                           _Region(edge_begin, builder.sub(end, edge_begin), n0, nc, 1, vectors, lanes)):
+            for region in (
+                _Region(begin, main, n0, nc, blocking.rows, vectors, lanes),
+                _Region(edge_begin, builder.sub(end, edge_begin), n0, nc, 1, vectors, lanes),
+            ):
                 if outline:
                     _outline(gen, [_i64(region.m0), _i64(region.m)], functools.partial(_emit_region_at, region))
                 else:
@@ -192,12 +206,15 @@ def _packs_b_panel(gemm: L.Gemm, blocking: GemmBlocking, steps: int) -> bool:
     """Whether tiles read B through a panel packed on the fly (_pack_b_panel): B row-major and not pre-packed (an
     activation: a pointwise conv's input), a panel of `steps` k steps at most PACK_B_MAX_BYTES, and at least
     PACK_B_MIN_ROW_TILES row tiles to share it."""
-    return (not gemm.b_panels and not gemm.b_transposed and gemm.m >= PACK_B_MIN_ROW_TILES * blocking.rows
-            and steps * blocking.tile_columns * 4 <= PACK_B_MAX_BYTES)
+    return (
+        not gemm.b_panels
+        and not gemm.b_transposed
+        and gemm.m >= PACK_B_MIN_ROW_TILES * blocking.rows
+        and steps * blocking.tile_columns * 4 <= PACK_B_MAX_BYTES
+    )
 
 
-def _pack_b_panel(gen: _Gen, n0: ir.Value, vectors: int, k0: ir.Value, steps: int | ir.Value,
-                  most_steps: int) -> None:
+def _pack_b_panel(gen: _Gen, n0: ir.Value, vectors: int, k0: ir.Value, steps: int | ir.Value, most_steps: int) -> None:
     """Copy B[k0:k0 + steps, n0:n0 + vectors * lanes] into a scratch panel on the stack (room for `most_steps`
     steps: steps may be a runtime value), k-major, and have the tiles read B there (gen.b_packed) until reset.
     Each k step of B is a row of C's width apart (12.5 KB at 56x56 planes): every row tile that read its panel in
@@ -248,12 +265,23 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
     def piece_regions(n0: ir.Value, vectors: int, in_block: bool) -> tuple[_Region, _Region]:
         """The piece's full row tiles and its edge rows."""
         columns = vectors * blocking.lanes
-        return (_Region(0, m_main, n0, columns, blocking.rows, vectors, blocking.lanes, in_block),
-                _Region(m_main, gemm.m - m_main, n0, columns, 1, vectors, blocking.lanes, in_block))
+        return (
+            _Region(0, m_main, n0, columns, blocking.rows, vectors, blocking.lanes, in_block),
+            _Region(m_main, gemm.m - m_main, n0, columns, 1, vectors, blocking.lanes, in_block),
+        )
 
-    def rows(n0: ir.Value, vectors: int, ahead: ir.Value | None, in_block: bool, k0: ir.Value,
-             steps: int | ir.Value, accumulate: bool | ir.Value, final: bool | ir.Value, most_steps: int = 0,
-             g: _Gen = gen) -> None:
+    def rows(
+        n0: ir.Value,
+        vectors: int,
+        ahead: ir.Value | None,
+        in_block: bool,
+        k0: ir.Value,
+        steps: int | ir.Value,
+        accumulate: bool | ir.Value,
+        final: bool | ir.Value,
+        most_steps: int = 0,
+        g: _Gen = gen,
+    ) -> None:
         """The piece's row tiles, then its edge rows, over k steps [k0, k0 + steps): at most `most_steps` when
         steps is a runtime value (_k_block_loop); emitted through `g` (an outlined function's, or the launch's)."""
         tiles, edge = piece_regions(n0, vectors, in_block)
@@ -271,13 +299,19 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
     if size:
         partials = ir.ArrayType(_vector_type(blocking.lanes), gemm.m * blocking.vectors)
 
-        def few_rows(g: _Gen, n0: ir.Value, vectors: int, in_block: bool, partial: ir.Value,
-                     last_stores: bool = True) -> None:
+        def few_rows(
+            g: _Gen, n0: ir.Value, vectors: int, in_block: bool, partial: ir.Value, last_stores: bool = True
+        ) -> None:
             """One piece, every k block (a piece runs all of k), its sums kept in `partial` between blocks; the last
             block stores them through the epilogue when `last_stores`, else into `partial` too (for `finished`)."""
             g.partial, g.prefetch = partial, SMALL_M_PREFETCH_BLOCKS * size * (width if gemm.b_panels else gemm.ldb)
-            _k_block_loop(g, lambda k0, steps, accumulate, final: rows(
-                n0, vectors, None, in_block, k0, steps, accumulate, final if last_stores else False, size, g), size)
+            _k_block_loop(
+                g,
+                lambda k0, steps, accumulate, final: rows(
+                    n0, vectors, None, in_block, k0, steps, accumulate, final if last_stores else False, size, g
+                ),
+                size,
+            )
             g.partial, g.prefetch = None, 0
 
         def finished(g: _Gen, n0: ir.Value, vectors: int, in_block: bool, partial: ir.Value) -> None:
@@ -285,6 +319,7 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
             g.partial = partial
             tiles, edge = piece_regions(n0, vectors, in_block)
             for region, count in ((tiles, m_main // blocking.rows), (edge, gemm.m - m_main)):
+
                 def tile(it: ir.Value, region: _Region = region) -> None:
                     _emit_tile(g, region, it, ir.Constant(I64_T, 0), steps=0, accumulate=True, final=True)
 
@@ -294,21 +329,41 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
         def piece(n0: ir.Value, vectors: int, ahead: ir.Value | None, in_block: bool) -> None:
             """The piece in one function, or (_splits_epilogue) its k blocks and its epilogue in two."""
             if not _splits_epilogue(gemm):
-                _outline(gen, [n0], lambda g, values: few_rows(g, values[0], vectors, in_block,
-                                                               g.slot("gemm.partial", partials)))
+                _outline(
+                    gen,
+                    [n0],
+                    lambda g, values: few_rows(g, values[0], vectors, in_block, g.slot("gemm.partial", partials)),
+                )
                 return
             partial = gen.slot("gemm.partial", partials)
-            _outline(gen, [n0, partial], lambda g, values: few_rows(g, values[0], vectors, in_block, values[1],
-                                                                    last_stores=False))
+            _outline(
+                gen,
+                [n0, partial],
+                lambda g, values: few_rows(g, values[0], vectors, in_block, values[1], last_stores=False),
+            )
             _outline(gen, [n0, partial], lambda g, values: finished(g, values[0], vectors, in_block, values[1]))
 
         _column_pieces(gen, blocking, begin, end, piece)
     elif gemm.k * gemm.n * 4 <= SWEEP_MAX_B_BYTES:
+
         def sweeps(k0: ir.Value, steps: int, accumulate: bool, final: bool) -> None:
             def sweep(edge: bool, it: ir.Value) -> None:
-                _column_pieces(gen, blocking, begin, end, lambda n0, vectors, ahead, in_block: _emit_tile(
-                    gen, piece_regions(n0, vectors, in_block)[edge], it, ir.Constant(I64_T, 0), k0, steps,
-                    accumulate, final))
+                _column_pieces(
+                    gen,
+                    blocking,
+                    begin,
+                    end,
+                    lambda n0, vectors, ahead, in_block: _emit_tile(
+                        gen,
+                        piece_regions(n0, vectors, in_block)[edge],
+                        it,
+                        ir.Constant(I64_T, 0),
+                        k0,
+                        steps,
+                        accumulate,
+                        final,
+                    ),
+                )
 
             gen.loop(m_main // blocking.rows, lambda it: sweep(False, it))
             gen.loop(gemm.m - m_main, lambda it: sweep(True, it))
@@ -319,20 +374,35 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
     else:
         gen.prefetch = 0 if gemm.b_panels else width
         gen.c_prefetch = ir.Constant(I64_T, 0) if gemm.m * gemm.n * 4 >= C_PREFETCH_MIN_BYTES else None
-        _k_blocks(gen, lambda k0, steps, accumulate, final: _column_pieces(
-            gen, blocking, begin, end, lambda n0, vectors, ahead, in_block: rows(
-                n0, vectors, ahead, in_block, k0, steps, accumulate, final)))
+        _k_blocks(
+            gen,
+            lambda k0, steps, accumulate, final: _column_pieces(
+                gen,
+                blocking,
+                begin,
+                end,
+                lambda n0, vectors, ahead, in_block: rows(n0, vectors, ahead, in_block, k0, steps, accumulate, final),
+            ),
+        )
         gen.prefetch, gen.c_prefetch = 0, None
-    tails = [region for region in regions(gemm.m, gemm.n, blocking)
-             if region.n0 >= gemm.n // width * width and region.lanes < blocking.lanes]
+    tails = [
+        region
+        for region in regions(gemm.m, gemm.n, blocking)
+        if region.n0 >= gemm.n // width * width and region.lanes < blocking.lanes
+    ]
     if tails:
         with builder.if_then(builder.icmp_signed(">", end, ir.Constant(I64_T, gemm.n // blocking.lanes))):
             for region in tails:
                 _emit_region(gen, region)
 
 
-def _column_pieces(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end: ir.Value,
-                   piece: Callable[[ir.Value, int, ir.Value | None, bool], None]) -> None:
+def _column_pieces(
+    gen: _Gen,
+    blocking: GemmBlocking,
+    begin: ir.Value,
+    end: ir.Value,
+    piece: Callable[[ir.Value, int, ir.Value | None, bool], None],
+) -> None:
     """piece(first column, vectors, ahead, in_block) over the whole vectors among column units [begin, end): in
     the full column blocks, the vectors before the first whole block and those after the last (fewer than a
     tile's, in one block; `ahead` None), then every whole block (`ahead`: whether the next whole block is this
@@ -369,8 +439,7 @@ def _column_pieces(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end: ir.V
     edge_units = ir.Constant(I64_T, gemm.n // blocking.lanes)
     first_edge = b.select(b.icmp_signed(">", begin, full_units), begin, full_units)
     last_edge = b.select(b.icmp_signed("<", end, edge_units), end, edge_units)
-    gen.loop(b.sub(last_edge, first_edge), lambda index: piece(b.mul(b.add(first_edge, index), lanes), 1, None,
-                                                                False))
+    gen.loop(b.sub(last_edge, first_edge), lambda index: piece(b.mul(b.add(first_edge, index), lanes), 1, None, False))
 
 
 def _small_m_k_block(gemm: L.Gemm, blocking: GemmBlocking) -> int:
@@ -467,14 +536,17 @@ def _outline(gen: _Gen, values: list[ir.Value], body: Callable[[_Gen, list[ir.Va
         return
     index, outlining.count = outlining.count, outlining.count + 1
     pointers = [gen.a, gen.bm, gen.c, *(p for p in (gen.bias, gen.residual) if p is not None)]
-    fn = ir.Function(gen.b.module, ir.FunctionType(ir.VoidType(), [p.type for p in pointers] +
-                                                    [v.type for v in values]), f"{gen.b.function.name}_o{index}")
+    fn = ir.Function(
+        gen.b.module,
+        ir.FunctionType(ir.VoidType(), [p.type for p in pointers] + [v.type for v in values]),
+        f"{gen.b.function.name}_o{index}",
+    )
     fn.linkage = "hidden"
     fn.attributes.add("nounwind")
     fn.attributes.add("noinline")
     bases = [getattr(p, "pointer", p) for p in pointers]
     if all(isinstance(base, ir.Argument) for base in bases) and len({id(base) for base in bases}) == len(bases):
-        for arg in fn.args[:len(pointers)]:
+        for arg in fn.args[: len(pointers)]:
             arg.add_attribute("noalias")
     if outlining.emits(index):
         entry, start = fn.append_basic_block("entry"), fn.append_basic_block("body")
@@ -488,11 +560,11 @@ def _outline(gen: _Gen, values: list[ir.Value], body: Callable[[_Gen, list[ir.Va
 
         args = list(fn.args)
         inner = _Gen(builder, slot, args[0], args[1], args[2], gen.gemm, gen.blocking)
-        extras = iter(args[3:len(pointers)])
+        extras = iter(args[3 : len(pointers)])
         inner.bias = None if gen.bias is None else next(extras)
         inner.residual = None if gen.residual is None else next(extras)
         inner.prefetch, inner.c_prefetch, inner.residual_summed = gen.prefetch, gen.c_prefetch, gen.residual_summed
-        body(inner, args[len(pointers):])
+        body(inner, args[len(pointers) :])
         builder.ret_void()
         ir.IRBuilder(entry).branch(start)
     gen.b.call(fn, [*pointers, *values])
@@ -587,8 +659,9 @@ def _k_blocks(gen: _Gen, emit: Callable[[ir.Value, int, bool, bool], None], size
     blocks, b = -(-k // size), gen.b
     gen.residual_summed = gen.residual_in_c and gen.partial is None
     emit(ir.Constant(I64_T, 0), size, gen.residual_summed, False)
-    gen.loop(blocks - 2, lambda j: emit(b.mul(b.add(j, ir.Constant(I64_T, 1)), ir.Constant(I64_T, size)), size,
-                                        True, False))
+    gen.loop(
+        blocks - 2, lambda j: emit(b.mul(b.add(j, ir.Constant(I64_T, 1)), ir.Constant(I64_T, size)), size, True, False)
+    )
     emit(ir.Constant(I64_T, (blocks - 1) * size), k - (blocks - 1) * size, True, True)
     gen.residual_summed = False
 
@@ -631,9 +704,16 @@ def _emit_region(gen: _Gen, region: _Region) -> None:
     _k_blocks(gen, tiles)
 
 
-def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Value | None = None,
-               steps: int | ir.Value | None = None, accumulate: bool | ir.Value = False,
-               final: bool | ir.Value = True) -> None:
+def _emit_tile(
+    gen: _Gen,
+    region: _Region,
+    it: ir.Value,
+    jt: ir.Value,
+    k0: ir.Value | None = None,
+    steps: int | ir.Value | None = None,
+    accumulate: bool | ir.Value = False,
+    final: bool | ir.Value = True,
+) -> None:
     """One register tile of C over k steps [k0, k0 + steps) (all of k by default): accumulators start at zero, or
     at C's values when `accumulate` (a later k block), and are stored to C at the end, through the Gemm's
     epilogue when `final` (the last k block). `steps`, `accumulate` and `final` may be runtime values (an i64, i1s:
@@ -644,10 +724,14 @@ def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Va
     vec_t = _vector_type(region.lanes)
     m0 = b.add(_i64(region.m0), b.mul(it, ir.Constant(I64_T, region.rows)))
     n0 = b.add(_i64(region.n0), b.mul(jt, ir.Constant(I64_T, region.vectors * region.lanes)))
-    accs = [[gen.slot(f"acc.{region.lanes}.{i}.{j}", vec_t) for j in range(region.vectors)]
-            for i in range(region.rows)]
-    places = [[(b.add(m0, ir.Constant(I64_T, i)), b.add(n0, ir.Constant(I64_T, j * region.lanes)))
-               for j in range(region.vectors)] for i in range(region.rows)]
+    accs = [[gen.slot(f"acc.{region.lanes}.{i}.{j}", vec_t) for j in range(region.vectors)] for i in range(region.rows)]
+    places = [
+        [
+            (b.add(m0, ir.Constant(I64_T, i)), b.add(n0, ir.Constant(I64_T, j * region.lanes)))
+            for j in range(region.vectors)
+        ]
+        for i in range(region.rows)
+    ]
     outputs = [[_c_index(gen, m, n) for m, n in row] for row in places]
     kept = [[_partial_index(gen, region, m, j) for j, (m, _) in enumerate(row)] for row in places]
     for row, indices, partials in zip(accs, outputs, kept):
@@ -674,8 +758,10 @@ def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Va
         if gen.b_packed is not None:
             panel, packed_k0, packed_vectors = gen.b_packed
             row_start = gen.offset((b.sub(k, packed_k0), packed_vectors))
-            loaded = [b.load(_panel_vector(gen, panel, b.add(row_start, ir.Constant(I64_T, j))))
-                      for j in range(region.vectors)]
+            loaded = [
+                b.load(_panel_vector(gen, panel, b.add(row_start, ir.Constant(I64_T, j))))
+                for j in range(region.vectors)
+            ]
         else:
             b_indices = [_b_index(gen, region, n0, j, k) for j in range(region.vectors)]
             loaded = [_load(b, gen.address(gen.bm, index), vec_t) for index in b_indices]
@@ -693,11 +779,12 @@ def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Va
     if isinstance(steps, int) and steps == 0:  # kept sums through the epilogue alone (_emit_column_blocks)
         pass
     elif g.a_window is None:
-        gen.loop(steps, lambda k: step(b.add(k0, k), [_a_index(gen, region, m0, i, b.add(k0, k))
-                                                     for i in range(region.rows)]))
+        gen.loop(
+            steps,
+            lambda k: step(b.add(k0, k), [_a_index(gen, region, m0, i, b.add(k0, k)) for i in range(region.rows)]),
+        )
     else:
-        _window_steps(gen, g.a_window, [b.add(m0, ir.Constant(I64_T, i)) for i in range(region.rows)], step, k0,
-                      steps)
+        _window_steps(gen, g.a_window, [b.add(m0, ir.Constant(I64_T, i)) for i in range(region.rows)], step, k0, steps)
     if isinstance(final, bool):
         _store_tile(gen, region, accs, places, outputs, kept, m0, n0, final)
         return
@@ -708,17 +795,26 @@ def _emit_tile(gen: _Gen, region: _Region, it: ir.Value, jt: ir.Value, k0: ir.Va
             _store_tile(gen, region, accs, places, outputs, kept, m0, n0, False)
 
 
-def _store_tile(gen: _Gen, region: _Region, accs: list[list[ir.Value]], places: list[list[tuple[ir.Value, ir.Value]]],
-                outputs: list[list[tuple[ir.Value, int]]], kept: list[list[ir.Value | None]], m0: ir.Value,
-                n0: ir.Value, final: bool) -> None:
+def _store_tile(
+    gen: _Gen,
+    region: _Region,
+    accs: list[list[ir.Value]],
+    places: list[list[tuple[ir.Value, ir.Value]]],
+    outputs: list[list[tuple[ir.Value, int]]],
+    kept: list[list[ir.Value | None]],
+    m0: ir.Value,
+    n0: ir.Value,
+    final: bool,
+) -> None:
     """Store a tile's accumulators: to C through the Gemm's epilogue when `final`, else to the partial sums
     (gen.partial) or, without them, to C as they are."""
     b, g = gen.b, gen.gemm
     epilogue = g.epilogue if final else None
     if final and _transposes_in_registers(g, region):
         for j in range(region.vectors):
-            _store_transposed(gen, epilogue, [b.load(row[j]) for row in accs], m0,
-                              b.add(n0, ir.Constant(I64_T, j * region.lanes)))
+            _store_transposed(
+                gen, epilogue, [b.load(row[j]) for row in accs], m0, b.add(n0, ir.Constant(I64_T, j * region.lanes))
+            )
         return
     for row, indices, row_places, partials in zip(accs, outputs, places, kept):
         for acc, index, place, partial in zip(row, indices, row_places, partials):
@@ -744,8 +840,9 @@ def _interleave(b: ir.IRBuilder, x: ir.Value, y: ir.Value, high: bool) -> ir.Val
     return b.shuffle_vector(x, y, ir.Constant(ir.VectorType(I32_T, lanes), mask))
 
 
-def _store_transposed(gen: _Gen, epilogue: L.GemmEpilogue | None, values: list[ir.Value], m0: ir.Value,
-                      n0: ir.Value) -> None:
+def _store_transposed(
+    gen: _Gen, epilogue: L.GemmEpilogue | None, values: list[ir.Value], m0: ir.Value, n0: ir.Value
+) -> None:
     """Store one vector column of a tile (R rows of C[m0 + i, n0:n0 + lanes]) to a transposed C, where each column
     n holds the R rows side by side. log2(R) rounds of interleaving the vectors i and i + R/2 (a perfect shuffle)
     turn the R x lanes block around: vector v then holds columns n0 + v * lanes/R ..., each as R contiguous rows.
@@ -754,8 +851,9 @@ def _store_transposed(gen: _Gen, epilogue: L.GemmEpilogue | None, values: list[i
     b, rows, lanes = gen.b, len(values), _lanes(values[0].type)
     for _ in range(rows.bit_length() - 1):
         half = rows // 2
-        values = [_interleave(b, values[pair], values[pair + half], high) for pair in range(half)
-                  for high in (False, True)]
+        values = [
+            _interleave(b, values[pair], values[pair + half], high) for pair in range(half) for high in (False, True)
+        ]
     per_vector = lanes // rows
     for column in range(lanes):
         vector, slot = divmod(column, per_vector)
@@ -773,7 +871,8 @@ def _prefetch(gen: _Gen, address: ir.Value, write: bool = False) -> None:
     module = gen.b.module
     name = "llvm.prefetch.p0"
     function = module.globals.get(name) or ir.Function(
-        module, ir.FunctionType(ir.VoidType(), [address.type, I32_T, I32_T, I32_T]), name)
+        module, ir.FunctionType(ir.VoidType(), [address.type, I32_T, I32_T, I32_T]), name
+    )
     gen.b.call(function, [address, ir.Constant(I32_T, int(write)), ir.Constant(I32_T, 2), ir.Constant(I32_T, 1)])
 
 
@@ -786,8 +885,14 @@ def _partial_index(gen: _Gen, region: _Region, m: ir.Value, j: int) -> ir.Value 
     return gen.b.gep(gen.partial, [ir.Constant(I32_T, 0), index], inbounds=True)
 
 
-def _window_steps(gen: _Gen, window: L.ImplicitColumns, rows: list[ir.Value],
-                  step: Callable[[ir.Value, list[ir.Value]], None], k0: ir.Value, steps: int | ir.Value) -> None:
+def _window_steps(
+    gen: _Gen,
+    window: L.ImplicitColumns,
+    rows: list[ir.Value],
+    step: Callable[[ir.Value, list[ir.Value]], None],
+    k0: ir.Value,
+    steps: int | ir.Value,
+) -> None:
     """The k steps [k0, k0 + steps) of an implicit GEMM (L.ImplicitColumns; whole channels) as loops over
     channels, kernel rows and kernel columns: each row's base in the padded plane is computed once per tile, and
     each k step adds the tap's offset."""
@@ -803,8 +908,12 @@ def _window_steps(gen: _Gen, window: L.ImplicitColumns, rows: list[ir.Value],
         step(k, [b.add(base, offset) for base in bases])
 
     channels = steps // taps if isinstance(steps, int) else b.sdiv(steps, ir.Constant(I64_T, taps))
-    gen.loop(channels, lambda index: gen.loop(
-        window.kernel_height, lambda r: gen.loop(window.kernel_width, lambda s: tap(index, r, s))))
+    gen.loop(
+        channels,
+        lambda index: gen.loop(
+            window.kernel_height, lambda r: gen.loop(window.kernel_width, lambda s: tap(index, r, s))
+        ),
+    )
 
 
 def _c_index(gen: _Gen, m: ir.Value, n: ir.Value) -> tuple[ir.Value, int]:
@@ -816,15 +925,24 @@ def _c_index(gen: _Gen, m: ir.Value, n: ir.Value) -> tuple[ir.Value, int]:
     return gen.offset((m, g.ldc), (n, 1)), 1
 
 
-def _apply_epilogue(gen: _Gen, epilogue: L.GemmEpilogue, value: ir.Value, place: tuple[ir.Value, ir.Value],
-                    index: tuple[ir.Value, int], along_rows: bool = False) -> ir.Value:
+def _apply_epilogue(
+    gen: _Gen,
+    epilogue: L.GemmEpilogue,
+    value: ir.Value,
+    place: tuple[ir.Value, ir.Value],
+    index: tuple[ir.Value, int],
+    along_rows: bool = False,
+) -> ir.Value:
     """value (the accumulators of C[m, n:n+lanes], or of C[m:m+lanes, n] `along_rows`) + bias + residual, through
     the activation."""
     b, (m, n), vec_t = gen.b, place, value.type
     if epilogue.bias is not None:
         at = gen.address(gen.bias, n if epilogue.bias_on_columns else m)
-        bias = (_load(b, at, vec_t) if epilogue.bias_on_columns != along_rows
-                else _splat(b, b.load(at, align=4, typ=F32_T), _lanes(vec_t)))
+        bias = (
+            _load(b, at, vec_t)
+            if epilogue.bias_on_columns != along_rows
+            else _splat(b, b.load(at, align=4, typ=F32_T), _lanes(vec_t))
+        )
         value = b.fadd(value, bias)
     if epilogue.residual is not None and not gen.residual_summed:
         value = b.fadd(value, _load_c(gen, gen.residual, index, vec_t))
@@ -868,8 +986,10 @@ def _load_c(gen: _Gen, base: ir.Value, index: tuple[ir.Value, int], vec_t: ir.Ty
     if stride == 1:
         return _load(gen.b, gen.address(base, start), vec_t)
     lanes = _lanes(vec_t)
-    values = [gen.b.load(gen.address(base, gen.b.add(start, ir.Constant(I64_T, lane * stride))), align=4, typ=F32_T)
-              for lane in range(lanes)]
+    values = [
+        gen.b.load(gen.address(base, gen.b.add(start, ir.Constant(I64_T, lane * stride))), align=4, typ=F32_T)
+        for lane in range(lanes)
+    ]
     if lanes == 1:
         return values[0]
     vector: ir.Value = ir.Constant(vec_t, ir.Undefined)

@@ -94,8 +94,9 @@ def kernel_ir(spec: KernelSpec, target: CpuTarget) -> str:
     part = None if spec.part is None else spec.part[0]
     outlining = Outlining(kernel_parts(whole, target), part)
     if spec.part is not None and spec.part[1] != outlining.parts:
-        raise BuildError(f"kernel {spec.op} {whole.symbol}: part {list(spec.part)}, but the kernel has "
-                         f"{outlining.parts} parts")
+        raise BuildError(
+            f"kernel {spec.op} {whole.symbol}: part {list(spec.part)}, but the kernel has {outlining.parts} parts"
+        )
     render_kernel(module, whole.symbol, lower_kernel(whole), blocking_for(whole, target), outlining)
     return str(module)
 

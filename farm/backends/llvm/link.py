@@ -33,8 +33,10 @@ def find_linker(target: CpuTarget) -> str:
         path = shutil.which(name)
         if path:
             return path
-    raise BuildError(f"no linker for {target.triple}: install one of {', '.join(_linkers(target))} "
-                     "(Debian: apt-get install lld binutils)")
+    raise BuildError(
+        f"no linker for {target.triple}: install one of {', '.join(_linkers(target))} "
+        "(Debian: apt-get install lld binutils)"
+    )
 
 
 @functools.cache
@@ -67,9 +69,12 @@ STARTUP_SECTION_TYPES = {14, 15, 16}
 def startup_sections(data: bytes) -> list[str]:
     """The load-time code sections an object file holds: by name (`.init_array`, `.ctors`, ... and their numbered
     forms) or by type (SHT_INIT_ARRAY, SHT_FINI_ARRAY, SHT_PREINIT_ARRAY, whatever their name)."""
-    return [section.name or f"section of type {section.kind}" for section in elf.sections(data, BuildError)
-            if section.kind in STARTUP_SECTION_TYPES
-            or any(section.name == name or section.name.startswith(name + ".") for name in STARTUP_SECTIONS)]
+    return [
+        section.name or f"section of type {section.kind}"
+        for section in elf.sections(data, BuildError)
+        if section.kind in STARTUP_SECTION_TYPES
+        or any(section.name == name or section.name.startswith(name + ".") for name in STARTUP_SECTIONS)
+    ]
 
 
 def check_no_startup_code(data: bytes, what: str) -> None:
@@ -98,8 +103,10 @@ def check_imports(library: bytes, objects: Sequence[bytes], target: CpuTarget) -
     refused = sorted(elf.imported_symbols(library, BuildError) - ALLOWED_IMPORTS)
     if refused:
         calls = "; ".join(f"{name}, called by {_caller(objects, name)}" for name in refused)
-        raise BuildError(f"the library for {target.id} imports what farm's libraries may not (only "
-                         f"{', '.join(sorted(ALLOWED_IMPORTS))}): {calls}")
+        raise BuildError(
+            f"the library for {target.id} imports what farm's libraries may not (only "
+            f"{', '.join(sorted(ALLOWED_IMPORTS))}): {calls}"
+        )
 
 
 def _caller(objects: Sequence[bytes], name: str) -> str:

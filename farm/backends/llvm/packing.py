@@ -53,8 +53,10 @@ def pack_operand(data: np.ndarray, panels: tuple[int, ...]) -> np.ndarray:
     ValueError unless `panels` is one of those forms (it may come from a message) and the values are whole blocks
     of its shape."""
     if len(panels) not in PANEL_LAYOUTS or min(panels[:3]) < 1 or panels[3:] not in ((), (0,), (1,)):
-        raise ValueError(f"panels {list(panels)} are neither (rows, m, k) nor (width, k, n, transposed), each "
-                         f"positive, transposed 0 or 1")
+        raise ValueError(
+            f"panels {list(panels)} are neither (rows, m, k) nor (width, k, n, transposed), each "
+            f"positive, transposed 0 or 1"
+        )
     if data.size % (panels[1] * panels[2]):
         raise ValueError(f"{data.size} floats are not float32 blocks of {panels[1]} x {panels[2]}")
     return PANEL_LAYOUTS[len(panels)](data, panels).ravel()

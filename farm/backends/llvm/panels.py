@@ -18,8 +18,10 @@ def pack(data: bytes | memoryview, panels: tuple[int, ...]) -> bytes:
     """The 4-byte values `data` in the panel layout `panels` describes: (rows, m, k) for a GEMM's A, (width, k, n,
     transposed) for its B; ValueError as farm.backends.llvm.packing.pack_operand raises it."""
     if len(panels) not in LAYOUTS or min(panels[:3]) < 1 or panels[3:] not in ((), (0,), (1,)):
-        raise ValueError(f"panels {list(panels)} are neither (rows, m, k) nor (width, k, n, transposed), each "
-                         f"positive, transposed 0 or 1")
+        raise ValueError(
+            f"panels {list(panels)} are neither (rows, m, k) nor (width, k, n, transposed), each "
+            f"positive, transposed 0 or 1"
+        )
     values = array(WORD)
     values.frombytes(data)
     if len(values) % (panels[1] * panels[2]):
@@ -37,7 +39,9 @@ def _pack_a(values: array, packed: array, panels: tuple[int, ...]) -> None:
         for panel in range(0, main, rows):
             for row in range(rows):
                 start = base + panel * k + row
-                packed[start:start + k * rows:rows] = values[base + (panel + row) * k:base + (panel + row + 1) * k]
+                packed[start : start + k * rows : rows] = values[
+                    base + (panel + row) * k : base + (panel + row + 1) * k
+                ]
         _edge(values, packed, base, main, m, k, lambda row: row * k, 1)
 
 
@@ -51,26 +55,28 @@ def _pack_b(values: array, packed: array, panels: tuple[int, ...]) -> None:
             for panel in range(0, main, width):
                 for lane in range(width):
                     start, column = base + panel * k + lane, base + (panel + lane) * k
-                    packed[start:start + k * width:width] = values[column:column + k]
+                    packed[start : start + k * width : width] = values[column : column + k]
         else:  # a panel row's `width` values are contiguous: one copy of their bytes per row
             source, target, size = memoryview(values).cast("B"), memoryview(packed).cast("B"), 4 * width
             at = 4 * base
             for panel in range(4 * base, 4 * (base + main), size):
                 for row in range(panel, panel + 4 * k * n, 4 * n):
-                    target[at:at + size] = source[row:row + size]
+                    target[at : at + size] = source[row : row + size]
                     at += size
-        _edge(values, packed, base, main, n, k, lambda column: column * (k if transposed else 1),
-              1 if transposed else n)
+        _edge(
+            values, packed, base, main, n, k, lambda column: column * (k if transposed else 1), 1 if transposed else n
+        )
 
 
-def _edge(values: array, packed: array, base: int, main: int, size: int, k: int, first: Callable[[int], int],
-          step: int) -> None:
+def _edge(
+    values: array, packed: array, base: int, main: int, size: int, k: int, first: Callable[[int], int], step: int
+) -> None:
     """The edge after the full panels (lines main..size of the block), k-major: line `line`'s k values, which
     start first(line) into the block, `step` apart, go `size - main` apart."""
     edge = size - main
     for line in range(main, size):
         start, source = base + main * k + line - main, base + first(line)
-        packed[start:start + k * edge:edge] = values[source:source + k * step:step]
+        packed[start : start + k * edge : edge] = values[source : source + k * step : step]
 
 
 LAYOUTS: dict[int, Callable[[array, array, tuple[int, ...]], None]] = {3: _pack_a, 4: _pack_b}

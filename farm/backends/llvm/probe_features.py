@@ -52,19 +52,25 @@ def enabled_features(triple: str, cpu: str, features: str, candidates: list[str]
     """The candidates that (cpu, features) enables, by the inliner (see the module's docstring)."""
     llvm.initialize_all_targets()
     separator = "," if features else ""
-    lines = [f'target triple = "{triple}"',
-             "define internal void @target(ptr %p) #0 {\n  store volatile i32 1, ptr %p\n  ret void\n}",
-             f'attributes #0 = {{ "target-cpu"="{cpu}" "target-features"="{features}" }}']
+    lines = [
+        f'target triple = "{triple}"',
+        "define internal void @target(ptr %p) #0 {\n  store volatile i32 1, ptr %p\n  ret void\n}",
+        f'attributes #0 = {{ "target-cpu"="{cpu}" "target-features"="{features}" }}',
+    ]
     for index, name in enumerate(candidates, start=1):
         lines.append(f"define void @without{index}(ptr %p) #{index} {{\n  call void @target(ptr %p)\n  ret void\n}}")
-        lines.append(f'attributes #{index} = {{ "target-cpu"="{cpu}" '
-                     f'"target-features"="{features}{separator}-{name}" }}')
+        lines.append(
+            f'attributes #{index} = {{ "target-cpu"="{cpu}" "target-features"="{features}{separator}-{name}" }}'
+        )
     module = llvm.parse_assembly("\n".join(lines))
     machine = llvm.Target.from_triple(triple).create_target_machine(opt=2)
     builder = llvm.create_pass_builder(machine, llvm.create_pipeline_tuning_options(speed_level=2))
     builder.getModulePassManager().run(module, builder)
-    return [name for index, name in enumerate(candidates, start=1)
-            if "@target(" in str(module.get_function(f"without{index}"))]
+    return [
+        name
+        for index, name in enumerate(candidates, start=1)
+        if "@target(" in str(module.get_function(f"without{index}"))
+    ]
 
 
 def main(argv: list[str]) -> int:

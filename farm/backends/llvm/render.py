@@ -21,8 +21,20 @@ PTR_T = ir.PointerType()
 LLVM_TYPES = {L.F32: F32_T, L.F64: F64_T, L.I64: I64_T, L.BOOL: BOOL_T}
 # How each buffer dtype sits in memory (numpy's layouts: bool is one byte; unsigned integers are LLVM's integers of
 # their width, read with zero extension; bfloat16 is its 16 bits, which llvmlite has no float type for).
-STORAGE_TYPES = {L.F32: F32_T, L.F64: F64_T, L.F16: F16_T, L.BF16: I16_T, L.I64: I64_T, L.I32: I32_T, L.I16: I16_T,
-                 L.I8: I8_T, L.U32: I32_T, L.U16: I16_T, L.U8: I8_T, L.BOOL: I8_T}
+STORAGE_TYPES = {
+    L.F32: F32_T,
+    L.F64: F64_T,
+    L.F16: F16_T,
+    L.BF16: I16_T,
+    L.I64: I64_T,
+    L.I32: I32_T,
+    L.I16: I16_T,
+    L.I8: I8_T,
+    L.U32: I32_T,
+    L.U16: I16_T,
+    L.U8: I8_T,
+    L.BOOL: I8_T,
+}
 UNSIGNED = frozenset({L.U32, L.U16, L.U8})
 FAST = ("reassoc", "contract", "nsz", "arcp")
 
@@ -46,15 +58,18 @@ def declare_launch(module: ir.Module, symbol: str, n_params: int) -> ir.Function
     return fn
 
 
-def render_kernel(module: ir.Module, symbol: str, kernel: L.LoopKernel, blocking: GemmBlocking,
-                  outlining: Outlining | None = None) -> ir.Function:
+def render_kernel(
+    module: ir.Module, symbol: str, kernel: L.LoopKernel, blocking: GemmBlocking, outlining: Outlining | None = None
+) -> ir.Function:
     """Add `kernel` to `module` as function `symbol`, and each of its launches as `symbol_<index>(..., begin, end)`
     running only iterations [begin, end) of the launch's parallel loop or rows of its Gemm (a serial launch ignores
     the range). `symbol` runs every launch over its whole range, in order. Gemm statements use `blocking`; with
     `outlining`, a Gemm launch's heaviest code goes into functions of their own (gemm.Outlining)."""
     fixed, groups = L.launch_groups(kernel)
-    launches = [_render_launch(module, launch_symbol(symbol, index), kernel, fixed, group, blocking, outlining)
-                for index, group in enumerate(groups)]
+    launches = [
+        _render_launch(module, launch_symbol(symbol, index), kernel, fixed, group, blocking, outlining)
+        for index, group in enumerate(groups)
+    ]
     fn = declare_kernel(module, symbol, len(kernel.params))
     fn.attributes.add("nounwind")
     for arg, param in zip(fn.args, kernel.params):
@@ -70,8 +85,15 @@ def render_kernel(module: ir.Module, symbol: str, kernel: L.LoopKernel, blocking
     return fn
 
 
-def _render_launch(module: ir.Module, symbol: str, kernel: L.LoopKernel, fixed: list[str], group: L.LaunchGroup,
-                   blocking: GemmBlocking, outlining: Outlining | None) -> ir.Function:
+def _render_launch(
+    module: ir.Module,
+    symbol: str,
+    kernel: L.LoopKernel,
+    fixed: list[str],
+    group: L.LaunchGroup,
+    blocking: GemmBlocking,
+    outlining: Outlining | None,
+) -> ir.Function:
     fn = declare_launch(module, symbol, len(kernel.params))
     # noinline: the kernel calls each launch once; inlining would only duplicate the code in the object.
     fn.attributes.add("nounwind")
@@ -83,8 +105,13 @@ def _render_launch(module: ir.Module, symbol: str, kernel: L.LoopKernel, fixed: 
     begin.name, end.name = "begin", "end"
     entry = fn.append_basic_block("entry")
     body = fn.append_basic_block("body")
-    state = _State(ir.IRBuilder(entry), {p.name: arg for p, arg in zip(kernel.params, fn.args)}, blocking,
-                   {p.name: p.dtype for p in kernel.params}, outlining)
+    state = _State(
+        ir.IRBuilder(entry),
+        {p.name: arg for p, arg in zip(kernel.params, fn.args)},
+        blocking,
+        {p.name: p.dtype for p in kernel.params},
+        outlining,
+    )
     state.builder.position_at_end(body)
     for name in fixed:
         state.builder.store(ir.Constant(I64_T, 0), state.slot(L.Var(name)))
@@ -97,8 +124,14 @@ def _render_launch(module: ir.Module, symbol: str, kernel: L.LoopKernel, fixed: 
 class _State:
     """What statement emission needs: the builder, buffer arguments and scalar slots (allocas)."""
 
-    def __init__(self, builder: ir.IRBuilder, buffers: dict[str, ir.Argument], blocking: GemmBlocking,
-                 buffer_dtypes: dict[str, str], outlining: Outlining | None = None):
+    def __init__(
+        self,
+        builder: ir.IRBuilder,
+        buffers: dict[str, ir.Argument],
+        blocking: GemmBlocking,
+        buffer_dtypes: dict[str, str],
+        outlining: Outlining | None = None,
+    ):
         self.builder, self.buffers, self.blocking, self.buffer_dtypes = builder, buffers, blocking, buffer_dtypes
         self.outlining = outlining
         self.slots: dict[str, ir.AllocaInstr] = {}
@@ -217,13 +250,18 @@ def _emit_if(state: _State, stmt: L.If) -> None:
 
 
 def _emit_gemm(state: _State, gemm: L.Gemm, launch_range: tuple[ir.Value, ir.Value] | None = None) -> None:
-    a, b, c = [_address(state, buf, offset, F32_T) for buf, offset in
-               ((gemm.a, gemm.a_offset), (gemm.b, gemm.b_offset), (gemm.c, gemm.c_offset))]
+    a, b, c = [
+        _address(state, buf, offset, F32_T)
+        for buf, offset in ((gemm.a, gemm.a_offset), (gemm.b, gemm.b_offset), (gemm.c, gemm.c_offset))
+    ]
     epilogue = gemm.epilogue or L.GemmEpilogue()
-    bias, residual = (None if buf is None else _address(state, buf, offset or L.const(0), F32_T) for buf, offset in
-                      ((epilogue.bias, epilogue.bias_offset), (epilogue.residual, epilogue.residual_offset)))
-    emit_gemm(state.builder, state.typed_slot, a, b, c, gemm, state.blocking, launch_range, (bias, residual),
-              state.outlining)
+    bias, residual = (
+        None if buf is None else _address(state, buf, offset or L.const(0), F32_T)
+        for buf, offset in ((epilogue.bias, epilogue.bias_offset), (epilogue.residual, epilogue.residual_offset))
+    )
+    emit_gemm(
+        state.builder, state.typed_slot, a, b, c, gemm, state.blocking, launch_range, (bias, residual), state.outlining
+    )
 
 
 def _emit_gemm_launch(state: _State, group: L.LaunchGroup, launch_range: tuple[ir.Value, ir.Value]) -> None:
@@ -354,8 +392,9 @@ FLOAT_BINARY = {
     "exact_div": lambda b, x, y: b.fdiv(x, y),  # no fast-math flags: no reciprocal, no shrinking (L.exact_div)
     "max": fmax,
     "min": fmin,
-    **{name: _fcmp(sym) for name, sym in
-       {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}.items()},
+    **{
+        name: _fcmp(sym) for name, sym in {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}.items()
+    },
 }
 
 INT_BINARY = {
@@ -375,8 +414,9 @@ INT_BINARY = {
     "bitand": lambda b, x, y: b.and_(x, y),
     "bitor": lambda b, x, y: b.or_(x, y),
     "bitxor": lambda b, x, y: b.xor(x, y),
-    **{name: _icmp(sym) for name, sym in
-       {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}.items()},
+    **{
+        name: _icmp(sym) for name, sym in {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}.items()
+    },
 }
 
 
@@ -396,8 +436,17 @@ def _poly(b: ir.IRBuilder, x: ir.Value, coeffs: tuple[float, ...]) -> ir.Value:
 
 
 _EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
-_LOG_POLY = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1, 1.4249322787e-1,
-             -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1, 3.3333331174e-1)
+_LOG_POLY = (
+    7.0376836292e-2,
+    -1.1514610310e-1,
+    1.1676998740e-1,
+    -1.2420140846e-1,
+    1.4249322787e-1,
+    -1.6668057665e-1,
+    2.0000714765e-1,
+    -2.4999993993e-1,
+    3.3333331174e-1,
+)
 _LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
 
 

@@ -28,8 +28,11 @@ from farm.ir.keys import CPU_TARGET_PREFIX
 if TYPE_CHECKING:
     import llvmlite.binding as llvm
 
-TRIPLE_ALIASES = {"aarch64-linux-gnu": "aarch64-unknown-linux-gnu", "riscv64-linux-gnu": "riscv64-unknown-linux-gnu",
-                  "x86_64-linux-gnu": "x86_64-unknown-linux-gnu"}
+TRIPLE_ALIASES = {
+    "aarch64-linux-gnu": "aarch64-unknown-linux-gnu",
+    "riscv64-linux-gnu": "riscv64-unknown-linux-gnu",
+    "x86_64-linux-gnu": "x86_64-unknown-linux-gnu",
+}
 DEFAULT_CPUS = {"riscv64": ("generic-rv64", "+m,+a,+f,+d,+c")}
 """The CPU and features `cpu:TRIPLE` means where LLVM's generic CPU can't run the architecture's Linux: Debian's
 riscv64 is rv64gc with the lp64d ABI (doubles in float registers), which LLVM derives from +d, and LLVM's
@@ -40,9 +43,11 @@ FEATURES = re.compile(r"([+-][A-Za-z0-9_.-]+(,[+-][A-Za-z0-9_.-]+)*)?")
 SIMD_WIDTHS = (("+avx512f", 16), ("+avx", 8), ("+sse2", 4), ("+neon", 4))
 
 
-NO_HOST_CPU = ("--target cpu (the default) is this host's CPU as LLVM detects it, and llvmlite is not installed "
-               "(a client install: pip install farm): name the targets for the farm (--target cpu:x86_64-linux-gnu, "
-               "--target cpu:aarch64-linux-gnu:neoverse-n1, ...), or pip install 'farm[worker]'")
+NO_HOST_CPU = (
+    "--target cpu (the default) is this host's CPU as LLVM detects it, and llvmlite is not installed "
+    "(a client install: pip install farm): name the targets for the farm (--target cpu:x86_64-linux-gnu, "
+    "--target cpu:aarch64-linux-gnu:neoverse-n1, ...), or pip install 'farm[worker]'"
+)
 """What a client without llvmlite says to `--target cpu`."""
 
 
@@ -69,8 +74,11 @@ class CpuTarget:
 
     def __post_init__(self) -> None:
         """Triple, CPU and features go into IR text, file names and queue names: refuse anything but plain names."""
-        for field, value, pattern in (("triple", self.triple, NAME), ("cpu", self.cpu, NAME),
-                                      ("features", self.features, FEATURES)):
+        for field, value, pattern in (
+            ("triple", self.triple, NAME),
+            ("cpu", self.cpu, NAME),
+            ("features", self.features, FEATURES),
+        ):
             if not isinstance(value, str) or not pattern.fullmatch(value):
                 raise BadInputError(f"CPU target {field} {value!r} is not a plain LLVM name")
 

@@ -47,8 +47,14 @@ class Toolchain:
 
     def to_json(self) -> dict[str, str]:
         """As workers advertise it (`farm workers --json`), keys included."""
-        return {"llvmlite": self.llvmlite, "llvm": self.llvm, "linker": self.linker, "label": self.label,
-                "compiler_key": self.compiler_key, "key": self.key}
+        return {
+            "llvmlite": self.llvmlite,
+            "llvm": self.llvm,
+            "linker": self.linker,
+            "label": self.label,
+            "compiler_key": self.compiler_key,
+            "key": self.key,
+        }
 
 
 def _digest(parts: list[str]) -> str:

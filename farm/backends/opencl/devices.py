@@ -25,9 +25,15 @@ def fingerprint(info: dict[str, str]) -> str:
 def device_info(platform: Any, device: Any) -> dict[str, str]:
     import pyopencl as cl
 
-    return {"platform": platform.name, "platform_version": platform.version, "device": device.name,
-            "vendor": device.vendor, "driver_version": device.driver_version,
-            "opencl_c_version": device.get_info(cl.device_info.OPENCL_C_VERSION), "build_options": BUILD_OPTIONS}
+    return {
+        "platform": platform.name,
+        "platform_version": platform.version,
+        "device": device.name,
+        "vendor": device.vendor,
+        "driver_version": device.driver_version,
+        "opencl_c_version": device.get_info(cl.device_info.OPENCL_C_VERSION),
+        "build_options": BUILD_OPTIONS,
+    }
 
 
 def opencl_platforms() -> list[Any]:

@@ -76,8 +76,9 @@ def run_launches(program: Any, launch_list: Sequence[Launch], sizes: Sequence[in
     queue.finish()
 
 
-def build_binary(source: str, what: str, device_fingerprint: str, launch_list: Sequence[Launch],
-                 sizes: Sequence[int]) -> bytes:
+def build_binary(
+    source: str, what: str, device_fingerprint: str, launch_list: Sequence[Launch], sizes: Sequence[int]
+) -> bytes:
     """Build `source`, run its launches once (see the module docstring) and return the program binary."""
     import pyopencl as cl
 
@@ -88,5 +89,10 @@ def build_binary(source: str, what: str, device_fingerprint: str, launch_list: S
 
 def compile_cl_kernel(spec: KernelSpec, device_fingerprint: str) -> bytes:
     """The program binary of one kernel for one device, compiled for the kernel's launches."""
-    return build_binary(kernel_source(spec), f"kernel {spec.op} {spec.symbol}", device_fingerprint,
-                        kernel_launches(spec), argument_bytes(spec))
+    return build_binary(
+        kernel_source(spec),
+        f"kernel {spec.op} {spec.symbol}",
+        device_fingerprint,
+        kernel_launches(spec),
+        argument_bytes(spec),
+    )

@@ -24,8 +24,20 @@ C_TYPES = {L.F32: "float", L.F64: "double", L.I64: "long", L.BOOL: "int"}
 # Buffer element types (numpy's layouts: bool is one byte); C's conversions widen and narrow on load and store,
 # except for half, which OpenCL C reads and writes only through vload_half and vstore_half (no cl_khr_fp16 needed),
 # and bfloat16, which C has no type for: its bits sit in a ushort (CODED_LOADS, CODED_STORES).
-BUFFER_C_TYPES = {L.F32: "float", L.F64: "double", L.F16: "half", L.BF16: "ushort", L.I64: "long", L.I32: "int",
-                  L.I16: "short", L.I8: "char", L.U32: "uint", L.U16: "ushort", L.U8: "uchar", L.BOOL: "uchar"}
+BUFFER_C_TYPES = {
+    L.F32: "float",
+    L.F64: "double",
+    L.F16: "half",
+    L.BF16: "ushort",
+    L.I64: "long",
+    L.I32: "int",
+    L.I16: "short",
+    L.I8: "char",
+    L.U32: "uint",
+    L.U16: "ushort",
+    L.U8: "uchar",
+    L.BOOL: "uchar",
+}
 FP64_PRAGMA = "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
 """Double precision is an extension (most desktop GPUs and PoCL have it, many phone GPUs don't): a kernel that uses
 double (a float64 buffer, an exact division) enables it, and a device without it fails that kernel's build, naming
@@ -80,8 +92,10 @@ def render_opencl(symbol: str, kernel: L.LoopKernel) -> str:
     prologue = "".join(f"    const long {name} = 0;\n" for name in fixed)
     token = _CODED_BUFFERS.set({p.name: p.dtype for p in kernel.params if p.dtype in CODED_LOADS})
     try:
-        functions = [f"__kernel void {name}({params})\n{{\n{prologue}{LAUNCH_BODIES[group.kind](group)}}}\n"
-                     for (name, _), group in zip(launches(symbol, kernel), groups)]
+        functions = [
+            f"__kernel void {name}({params})\n{{\n{prologue}{LAUNCH_BODIES[group.kind](group)}}}\n"
+            for (name, _), group in zip(launches(symbol, kernel), groups)
+        ]
     finally:
         _CODED_BUFFERS.reset(token)
     source = "\n".join(functions)
@@ -91,8 +105,11 @@ def render_opencl(symbol: str, kernel: L.LoopKernel) -> str:
 def _parallel_body(group: L.LaunchGroup) -> str:
     """A work-item per iteration of the launch's loop; one past its extent does nothing."""
     loop, v = group.loop, group.loop.var.name
-    return (f"    const long {v} = get_global_id(0);\n    if ({v} >= {loop.extent}L) return;\n"
-            + _declare_locals(group.stmts) + _block(loop.body, 1))
+    return (
+        f"    const long {v} = get_global_id(0);\n    if ({v} >= {loop.extent}L) return;\n"
+        + _declare_locals(group.stmts)
+        + _block(loop.body, 1)
+    )
 
 
 def _serial_body(group: L.LaunchGroup) -> str:
@@ -125,10 +142,12 @@ def _parallel_gemm(g: L.Gemm) -> str:
     tile = gemm_tile(g)
     vector = "float" if tile.width == 1 else f"float{tile.width}"
     rows, vectors = range(tile.rows), range(tile.vectors)
-    lines = [f"const long gn0 = get_global_id(0) * {tile.columns}L, gm0 = get_global_id(1) * {tile.rows}L;",
-             f"__global const float* ga = {g.a} + ({expr(g.a_offset)});",
-             f"__global const float* gb = {g.b} + ({expr(g.b_offset)});",
-             f"__global float* gc = {g.c} + ({expr(g.c_offset)});"]
+    lines = [
+        f"const long gn0 = get_global_id(0) * {tile.columns}L, gm0 = get_global_id(1) * {tile.rows}L;",
+        f"__global const float* ga = {g.a} + ({expr(g.a_offset)});",
+        f"__global const float* gb = {g.b} + ({expr(g.b_offset)});",
+        f"__global float* gc = {g.c} + ({expr(g.c_offset)});",
+    ]
     lines += [f"const long ga{r} = min(gm0 + {r}L, {g.m - 1}L);" for r in rows]
     lines += [f"{vector} gacc{r}_{v} = 0.0f;" for r in rows for v in vectors]
     lines += [f"for (long gk = 0; gk < {g.k}L; ++gk) {{"]
@@ -186,8 +205,11 @@ def _epilogue(g: L.Gemm, value: str, row: str, column: str, width: int) -> str:
     if epilogue.bias is not None:
         bias = f"{epilogue.bias} + ({expr(epilogue.bias_offset or L.const(0))})"
         on_columns = width > 1 and epilogue.bias_on_columns
-        term = f"vload{width}(0, {bias} + {column})" if on_columns else \
-            f"({bias})[{column if epilogue.bias_on_columns else row}]"
+        term = (
+            f"vload{width}(0, {bias} + {column})"
+            if on_columns
+            else f"({bias})[{column if epilogue.bias_on_columns else row}]"
+        )
         value = f"({value} + {term})"
     if epilogue.residual is not None:
         residual = f"({epilogue.residual} + ({expr(epilogue.residual_offset or L.const(0))}))"
@@ -236,7 +258,7 @@ def _locals(stmts: list[L.Stmt], found: dict[str, str] | None = None) -> dict[st
     for stmt in stmts:
         if isinstance(stmt, L.Assign):
             found[stmt.var.name] = stmt.value.dtype
-        for child in (getattr(stmt, "body", None) or []):
+        for child in getattr(stmt, "body", None) or []:
             _locals([child], found)
     return found
 
@@ -268,13 +290,17 @@ def _bfloat16_store(store: L.Store) -> str:
     float bits rounded to odd (truncated, the lowest bit set if inexact), so that it is rounded only once. The
     local's name ends in a letter: no name of the kernel's (L.Names: hint and number) can be shadowed."""
     if store.value.dtype == L.F64:
-        bits = ("const double bfloat_wide = " + expr(store.value) + "; const float bfloat_narrow = "
-                "convert_float_rtz(bfloat_wide); const uint bfloat_bits = as_uint(bfloat_narrow) | "
-                "(uint)((double)bfloat_narrow != bfloat_wide);")
+        bits = (
+            "const double bfloat_wide = " + expr(store.value) + "; const float bfloat_narrow = "
+            "convert_float_rtz(bfloat_wide); const uint bfloat_bits = as_uint(bfloat_narrow) | "
+            "(uint)((double)bfloat_narrow != bfloat_wide);"
+        )
     else:
         bits = f"const uint bfloat_bits = as_uint((float)({expr(store.value)}));"
-    rounded = ("(bfloat_bits & 0x7fffffffu) > 0x7f800000u ? ((bfloat_bits >> 16) & 0x8000u) | 0x7fc0u : "
-               "(bfloat_bits + 0x7fffu + ((bfloat_bits >> 16) & 1u)) >> 16")
+    rounded = (
+        "(bfloat_bits & 0x7fffffffu) > 0x7f800000u ? ((bfloat_bits >> 16) & 0x8000u) | 0x7fc0u : "
+        "(bfloat_bits + 0x7fffu + ((bfloat_bits >> 16) & 1u)) >> 16"
+    )
     return f"{{ {bits} {store.buf}[{expr(store.index)}] = (ushort)({rounded}); }}"
 
 
@@ -306,16 +332,22 @@ def _gemm(g: L.Gemm, depth: int) -> str:
     _check_matrix_a(g)
     pad, a, b, c = _indent(depth), expr(g.a_offset), expr(g.b_offset), expr(g.c_offset)
     b_at = f"gn * {g.ldb}L + gk" if g.b_transposed else f"gk * {g.ldb}L + gn"
-    return (f"{pad}for (long gm = 0; gm < {g.m}L; ++gm) for (long gn = 0; gn < {g.n}L; ++gn) {{\n"
-            f"{pad}    float gacc = 0.0f;\n"
-            f"{pad}    for (long gk = 0; gk < {g.k}L; ++gk) gacc = fma({g.a}[{a} + {_a_at(g, 'gm', 'gk')}], "
-            f"{g.b}[{b} + {b_at}], gacc);\n"
-            f"{pad}    {g.c}[{c} + {_c_at(g, 'gm', 'gn')}] = {_epilogue(g, 'gacc', 'gm', 'gn', 1)};\n{pad}}}\n")
+    return (
+        f"{pad}for (long gm = 0; gm < {g.m}L; ++gm) for (long gn = 0; gn < {g.n}L; ++gn) {{\n"
+        f"{pad}    float gacc = 0.0f;\n"
+        f"{pad}    for (long gk = 0; gk < {g.k}L; ++gk) gacc = fma({g.a}[{a} + {_a_at(g, 'gm', 'gk')}], "
+        f"{g.b}[{b} + {b_at}], gacc);\n"
+        f"{pad}    {g.c}[{c} + {_c_at(g, 'gm', 'gn')}] = {_epilogue(g, 'gacc', 'gm', 'gn', 1)};\n{pad}}}\n"
+    )
 
 
 # Each renderer takes the statement or expression type it is keyed by, which a dict's type can only write as Any.
 STMT_RENDERERS: dict[type, Callable[[Any, int], str]] = {
-    L.Loop: _loop, L.Store: _store, L.Assign: _assign, L.If: _if, L.Gemm: _gemm,
+    L.Loop: _loop,
+    L.Store: _store,
+    L.Assign: _assign,
+    L.If: _if,
+    L.Gemm: _gemm,
 }
 
 

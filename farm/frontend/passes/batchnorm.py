@@ -18,8 +18,9 @@ def fold_batchnorm(graph: Graph) -> Graph:
     return fold_into_convs(graph, _fold_bn)
 
 
-def _fold_bn(graph: Graph, bn: Node, users: dict[str, list[Node]], producers: dict[str, Node], outputs: set[str],
-             taken: set[str]) -> Node | None:
+def _fold_bn(
+    graph: Graph, bn: Node, users: dict[str, list[Node]], producers: dict[str, Node], outputs: set[str], taken: set[str]
+) -> Node | None:
     conv = _conv_to_fold_into(graph, bn, users, producers, outputs)
     if conv is not None:
         _merge_bn_into_conv(graph, conv, bn, taken)

@@ -20,8 +20,14 @@ def fold_channel_affine(graph: Graph) -> Graph:
     return fold_into_convs(graph, _fold_affine)
 
 
-def _fold_affine(graph: Graph, node: Node, users: dict[str, list[Node]], producers: dict[str, Node],
-                 outputs: set[str], taken: set[str]) -> Node | None:
+def _fold_affine(
+    graph: Graph,
+    node: Node,
+    users: dict[str, list[Node]],
+    producers: dict[str, Node],
+    outputs: set[str],
+    taken: set[str],
+) -> Node | None:
     found = _conv_and_channel_constant(graph, node, users, producers, outputs)
     if found is None:
         return None
@@ -48,12 +54,19 @@ def _conv_and_channel_constant(
             continue
         weight, constant = graph.constants[conv.inputs[1]], graph.constants[other]
         channels = weight.shape[0]
-        if weight.dtype.kind != "f" or constant.dtype != weight.dtype or graph.values[node.outputs[0]].shape != \
-                graph.values[data].shape:
+        if (
+            weight.dtype.kind != "f"
+            or constant.dtype != weight.dtype
+            or graph.values[node.outputs[0]].shape != graph.values[data].shape
+        ):
             continue
         shape = (1,) * (len(graph.values[data].shape) - constant.ndim) + constant.shape
-        if constant.ndim <= len(shape) and shape[0] == 1 and shape[1] in (1, channels) and \
-                all(dim == 1 for dim in shape[2:]):
+        if (
+            constant.ndim <= len(shape)
+            and shape[0] == 1
+            and shape[1] in (1, channels)
+            and all(dim == 1 for dim in shape[2:])
+        ):
             return conv, np.broadcast_to(constant.reshape(-1), (channels,))
     return None
 

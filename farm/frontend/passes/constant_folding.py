@@ -64,15 +64,20 @@ def _recheck_declared_shapes(graph: Graph) -> None:
             if name in inferred and inferred[name].shape != graph.values[name].shape:
                 raise UnsupportedError(
                     f"value {name!r} is declared with shape {list(graph.values[name].shape)} but computes to "
-                    f"{list(inferred[name].shape)}", node=node.name, op=node.op_type, opset=graph.opset)
+                    f"{list(inferred[name].shape)}",
+                    node=node.name,
+                    op=node.op_type,
+                    opset=graph.opset,
+                )
         if not all(name in inferred for name in names) and _reads_runtime_integers(graph, node):
             _check_runtime_shapes(graph, node)
 
 
 def _reads_runtime_integers(graph: Graph, node: Node) -> bool:
     """Whether an integer input of `node` is known only at run time (a shape, axes, sizes or repeats)."""
-    return any(name and name not in graph.constants and np.dtype(graph.values[name].dtype).kind in "iu"
-               for name in node.inputs)
+    return any(
+        name and name not in graph.constants and np.dtype(graph.values[name].dtype).kind in "iu" for name in node.inputs
+    )
 
 
 def _same_count(graph: Graph, node: Node) -> bool:
@@ -98,14 +103,17 @@ def _splits_input(graph: Graph, node: Node) -> bool:
     parts = [graph.values[name].shape for name in node.outputs if name]
     others = [tuple(d for i, d in enumerate(part) if i != axis) for part in parts]
     rest = tuple(d for i, d in enumerate(source) if i != axis)
-    return all(len(part) == len(source) for part in parts) and all(o == rest for o in others) and \
-        sum(part[axis] for part in parts) == source[axis]
+    return (
+        all(len(part) == len(source) for part in parts)
+        and all(o == rest for o in others)
+        and sum(part[axis] for part in parts) == source[axis]
+    )
 
 
 def _indices_fill_output(graph: Graph, node: Node) -> bool:
     indices, shape = graph.values[node.inputs[0]].shape, graph.values[node.outputs[0]].shape
     axis = int(node.attrs.get("axis", -1)) % max(len(shape), 1)
-    return len(shape) == len(indices) + 1 and tuple(shape[:axis]) + tuple(shape[axis + 1:]) == tuple(indices)
+    return len(shape) == len(indices) + 1 and tuple(shape[:axis]) + tuple(shape[axis + 1 :]) == tuple(indices)
 
 
 def _transforms_one_axis(graph: Graph, node: Node) -> bool:
@@ -117,9 +125,16 @@ def _transforms_one_axis(graph: Graph, node: Node) -> bool:
 
 
 RUNTIME_SHAPE_CHECKS: dict[str, Callable[[Graph, Node], bool] | None] = {
-    "Reshape": _same_count, "Squeeze": _same_count, "Unsqueeze": _same_count,
-    "Expand": _broadcasts_to_output, "Tile": _tiles_output, "Split": _splits_input, "OneHot": _indices_fill_output,
-    "ConstantOfShape": None, "Range": None, "DFT": _transforms_one_axis,
+    "Reshape": _same_count,
+    "Squeeze": _same_count,
+    "Unsqueeze": _same_count,
+    "Expand": _broadcasts_to_output,
+    "Tile": _tiles_output,
+    "Split": _splits_input,
+    "OneHot": _indices_fill_output,
+    "ConstantOfShape": None,
+    "Range": None,
+    "DFT": _transforms_one_axis,
 }
 """The ops whose output shape may come from the model's declaration when it depends on run-time integer inputs,
 each with the relation its kernel needs between that shape and its input's, so that it reads only inside its
@@ -128,8 +143,20 @@ run-time values are not checked against it. Any other op with such an output is 
 values don't depend on those inputs (_ignores_runtime_values: an empty output, a reduction of an empty input)."""
 
 
-REDUCTIONS = frozenset({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
-                        "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"})
+REDUCTIONS = frozenset(
+    {
+        "ReduceSum",
+        "ReduceMean",
+        "ReduceMax",
+        "ReduceMin",
+        "ReduceProd",
+        "ReduceL1",
+        "ReduceL2",
+        "ReduceSumSquare",
+        "ReduceLogSum",
+        "ReduceLogSumExp",
+    }
+)
 
 
 def _ignores_runtime_values(graph: Graph, node: Node) -> bool:
@@ -151,14 +178,23 @@ def _check_runtime_shapes(graph: Graph, node: Node) -> None:
     if node.op_type not in RUNTIME_SHAPE_CHECKS:
         if _ignores_runtime_values(graph, node):
             return
-        raise UnsupportedError(f"the shape of {declared} depends on the values of integer inputs known only at run "
-                               "time, and farm compiles static shapes", node=node.name, op=node.op_type,
-                               opset=graph.opset)
+        raise UnsupportedError(
+            f"the shape of {declared} depends on the values of integer inputs known only at run "
+            "time, and farm compiles static shapes",
+            node=node.name,
+            op=node.op_type,
+            opset=graph.opset,
+        )
     check = RUNTIME_SHAPE_CHECKS[node.op_type]
     if check is not None and not check(graph, node):
-        raise UnsupportedError(f"the declared shape of {declared} doesn't fit input {node.inputs[0]!r} "
-                               f"{list(graph.values[node.inputs[0]].shape)} (it depends on run-time inputs, so only "
-                               "the declaration gives it)", node=node.name, op=node.op_type, opset=graph.opset)
+        raise UnsupportedError(
+            f"the declared shape of {declared} doesn't fit input {node.inputs[0]!r} "
+            f"{list(graph.values[node.inputs[0]].shape)} (it depends on run-time inputs, so only "
+            "the declaration gives it)",
+            node=node.name,
+            op=node.op_type,
+            opset=graph.opset,
+        )
 
 
 def _check_consistent(graph: Graph, node: Node) -> None:
@@ -178,8 +214,13 @@ def _check_consistent(graph: Graph, node: Node) -> None:
         onnx.shape_inference.infer_shapes(_node_model(graph, node), strict_mode=True)
     except Exception as exc:  # onnx raises InferenceError, or ValueError / RuntimeError from a converter
         reason = str(exc).replace("\n", " ").strip()
-        raise UnsupportedError(f"its input shapes are inconsistent ({reason})", node=node.name, op=node.op_type,
-                               domain=node.domain, opset=graph.opset) from exc
+        raise UnsupportedError(
+            f"its input shapes are inconsistent ({reason})",
+            node=node.name,
+            op=node.op_type,
+            domain=node.domain,
+            opset=graph.opset,
+        ) from exc
 
 
 class FoldBudget:
@@ -194,15 +235,21 @@ class FoldBudget:
     def spend(self, graph: Graph, node: Node, arrays: list[np.ndarray]) -> None:
         """Count the memory `node`'s folded outputs hold that its inputs don't; UnsupportedError (exit 2) naming the
         node once the sum passes the budget."""
-        held = {id(_memory_of(graph.constants[name])) for name in node.inputs
-                if name in graph.constants and graph.constants.deferred(name) is None}
+        held = {
+            id(_memory_of(graph.constants[name]))
+            for name in node.inputs
+            if name in graph.constants and graph.constants.deferred(name) is None
+        }
         new = {id(root): root.nbytes for root in map(_memory_of, arrays) if id(root) not in held}
         self.spent += sum(new.values())
         if self.spent > self.limit:
             raise UnsupportedError(
                 f"folding it at build time takes the constants folded to {self.spent >> 20} MiB "
-                f"({self.spent} bytes), over the budget FARM_MAX_FOLDED_BYTES={self.limit}", node=node.name,
-                op=node.op_type, opset=graph.opset)
+                f"({self.spent} bytes), over the budget FARM_MAX_FOLDED_BYTES={self.limit}",
+                node=node.name,
+                op=node.op_type,
+                opset=graph.opset,
+            )
 
 
 def _memory_of(array: np.ndarray) -> np.ndarray:
@@ -237,9 +284,13 @@ def _check_folded_shape(graph: Graph, node: Node, name: str, array: np.ndarray) 
     """A value whose shape the model declared (and inference could not check) must fold to that shape."""
     info = graph.values.get(name)
     if info is not None and info.shape != array.shape:
-        raise UnsupportedError(f"value {name!r} is declared with shape {list(info.shape)} but computes to "
-                               f"{list(array.shape)}", node=node.name, op=node.op_type, domain=node.domain,
-                               opset=graph.opset)
+        raise UnsupportedError(
+            f"value {name!r} is declared with shape {list(info.shape)} but computes to {list(array.shape)}",
+            node=node.name,
+            op=node.op_type,
+            domain=node.domain,
+            opset=graph.opset,
+        )
 
 
 def _empty_inputs_as_constants(graph: Graph) -> None:
@@ -257,11 +308,13 @@ def _empty_outputs(graph: Graph, node: Node) -> list[np.ndarray] | None:
     one possible value whatever its inputs (even ones known only at run time), so the node folds without running.
     Not where a shape came from the model's declaration alone: _recheck_declared_shapes checks those first."""
     names = [name for name in node.outputs if name]
-    if not names or any(name not in graph.values or graph.values[name].size or name in graph.declared_shapes
-                        for name in names):
+    if not names or any(
+        name not in graph.values or graph.values[name].size or name in graph.declared_shapes for name in names
+    ):
         return None
-    return [np.zeros(graph.values[name].shape, graph.values[name].dtype) if name else np.empty(0)
-            for name in node.outputs]
+    return [
+        np.zeros(graph.values[name].shape, graph.values[name].dtype) if name else np.empty(0) for name in node.outputs
+    ]
 
 
 def _try_fold(graph: Graph, node: Node) -> list[np.ndarray] | None:
@@ -315,8 +368,13 @@ def _fold_constant_of_shape(graph: Graph, node: Node) -> list[np.ndarray] | None
     value = node.attrs.get("value", np.zeros(1, np.float32))
     if shape.ndim != 1 or shape.dtype != np.int64 or (shape < 0).any() or np.size(value) != 1:
         return None  # the reference evaluator decides what these mean (or refuses them)
-    return [_as_output(graph, node.outputs[0], np.full(tuple(int(d) for d in shape), np.ravel(value)[0],
-                                                       dtype=np.asarray(value).dtype))]
+    return [
+        _as_output(
+            graph,
+            node.outputs[0],
+            np.full(tuple(int(d) for d in shape), np.ravel(value)[0], dtype=np.asarray(value).dtype),
+        )
+    ]
 
 
 def _fold_unsqueeze(graph: Graph, node: Node) -> list[np.ndarray] | None:
@@ -338,7 +396,9 @@ def _fold_unsqueeze(graph: Graph, node: Node) -> list[np.ndarray] | None:
 # as a ConstantOfShape and an Unsqueeze), and a reference evaluator per node took 0.2 ms each, 0.23 s of light
 # DenseNet-121's plan. Anything these decline goes to the reference evaluator.
 _DIRECT_FOLDERS: dict[str, Callable[[Graph, Node], list[np.ndarray] | None]] = {
-    "ConstantOfShape": _fold_constant_of_shape, "Unsqueeze": _fold_unsqueeze}
+    "ConstantOfShape": _fold_constant_of_shape,
+    "Unsqueeze": _fold_unsqueeze,
+}
 
 
 def _is_subgraph(value: Any) -> bool:
@@ -352,7 +412,9 @@ def _evaluate(graph: Graph, node: Node) -> list[np.ndarray] | None:
     proto = onnx.helper.make_node(node.op_type, node.inputs, node.outputs, **_proto_attrs(node.attrs))
     feeds = {name: graph.constants[name] for name in node.inputs if name}
     one_node = onnx.helper.make_graph(
-        [proto], "fold", [onnx.helper.make_empty_tensor_value_info(name) for name in feeds],
+        [proto],
+        "fold",
+        [onnx.helper.make_empty_tensor_value_info(name) for name in feeds],
         [onnx.helper.make_empty_tensor_value_info(name) for name in node.outputs if name],
     )
     try:

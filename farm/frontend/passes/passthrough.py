@@ -28,8 +28,9 @@ def _dropout_source(graph: Graph, node: Node, users: dict[str, list[Node]], outp
 
 
 def _inference_only(graph: Graph, node: Node, reason: str) -> UnsupportedError:
-    return UnsupportedError(f"{reason}; farm only runs inference", node=node.name, op=node.op_type,
-                            domain=node.domain, opset=graph.opset)
+    return UnsupportedError(
+        f"{reason}; farm only runs inference", node=node.name, op=node.op_type, domain=node.domain, opset=graph.opset
+    )
 
 
 # Pass-through ops: each returns the value the node's output 0 equals at inference.

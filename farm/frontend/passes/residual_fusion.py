@@ -30,8 +30,9 @@ def fuse_residual_adds(graph: Graph) -> Graph:
     return graph
 
 
-def _absorbs_residual(graph: Graph, conv: Node, value: str, residual: str, users: dict[str, list[Node]],
-                      outputs: set[str]) -> bool:
+def _absorbs_residual(
+    graph: Graph, conv: Node, value: str, residual: str, users: dict[str, list[Node]], outputs: set[str]
+) -> bool:
     info, other = graph.values.get(value), graph.values.get(residual)
     if conv.op_type != "Conv" or conv.domain or conv.activation is not None or conv.residual:
         return False
@@ -49,5 +50,6 @@ def _absorb(graph: Graph, conv: Node, add: Node, residual: str) -> Node:
     """The conv that takes the Add's place: it writes the Add's output and reads the residual last."""
     inputs = conv.inputs + [""] * (3 - len(conv.inputs))
     graph.values.pop(conv.outputs[0], None)
-    return Node(conv.name, conv.op_type, [*inputs, residual], list(add.outputs), dict(conv.attrs), conv.domain,
-                residual=True)
+    return Node(
+        conv.name, conv.op_type, [*inputs, residual], list(add.outputs), dict(conv.attrs), conv.domain, residual=True
+    )
