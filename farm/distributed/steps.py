@@ -101,7 +101,7 @@ class Farm(IntakeSteps):
         """Count a delivery of the job's step `name` and run the fault-injection hook for it; past FARM_MAX_DELIVERIES,
         fail the job naming the step as `what` and return False. A step whose process dies on every delivery (a
         crash, or native code past the step memory limit) so ends its job in seconds: a plan killed by the OOM killer
-        was delivered 77 times in 3.5 minutes (issue 30)."""
+        was delivered 77 times in 3.5 minutes."""
         cap = defaults.max_deliveries()
         if self.board.count_delivery(job_id, name) <= cap:
             self.before_build(name)

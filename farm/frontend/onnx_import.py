@@ -390,7 +390,7 @@ def _convert_nodes(
 def _unique_node_names(protos: list[onnx.NodeProto]) -> set[str]:
     """The names the model gives its nodes, refused when two nodes share one (onnxruntime refuses such a model too):
     names key per-node buffers such as a Conv's scratch, which two nodes of one name shared at the first one's size,
-    so that the second wrote past it (issue 13)."""
+    so that the second wrote past it."""
     names: set[str] = set()
     for proto in protos:
         if proto.name in names:

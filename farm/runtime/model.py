@@ -24,8 +24,7 @@ import numpy as np
 from farm.errors import ArtifactError, RunInputError
 
 # The arena starts on a page: its buffers' addresses modulo 4096 are then the same in every process. With 64 bytes,
-# some processes drew a base whose copies hit 4K aliasing, and two threads ran light_shufflenet at 8.5 ms instead
-# of 4.3 (2 of 7 processes; 0 of 14 page-aligned).
+# some processes drew a base whose copies hit 4K aliasing and ran at half speed (docs/architecture.md, the arena).
 _MIN_ALIGNMENT = 4096
 # The least work (loopir.work, about 1-4 per ns of one core) of one range of a split launch: a claim costs tens of
 # nanoseconds, a range's own loop set-up a little more, so ranges of some 5-20 us keep the threads busy.

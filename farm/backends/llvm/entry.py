@@ -206,8 +206,8 @@ def _work_function(module: ir.Module, launch: ir.Function, target: CpuTarget) ->
     ranges, in order), then takes any range still free, last first; a range runs once, for whichever thread swaps
     its flag from 0. It then waits for done_g to reach the group's count before group g+1, whose ranges may read
     what g wrote. So in a run where every thread keeps up, a thread runs the same share of every launch, and what
-    it wrote stays in its core's cache for the next launch that reads it (ResNet-50 on two Xeon threads 34.3 ->
-    33.0 ms against ranges going to whichever thread claimed first); a thread the OS runs late holds nobody up: the
+    it wrote stays in its core's cache for the next launch that reads it (faster than ranges going to whichever
+    thread claimed first); a thread the OS runs late holds nobody up: the
     others take its free ranges, so only a range being run is waited for.
     """
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR_T, PTR_T, PTR_T]), WORK_SYMBOL)

@@ -30,8 +30,8 @@ SMALL_M_ROWS = 256
 """The most rows of C for which a column-split GEMM keeps partial sums per k block (_small_m_k_block)."""
 C_PREFETCH_MIN_BYTES = 1 << 20
 """The least bytes of C for which a column-split GEMM's tiles prefetch the next column block's C (_emit_column_blocks):
-half of a 2 MB L2. Smaller outputs stay in cache, and there the prefetch cost time (MobileNetV2's 28x28 pointwise
-convs, 47 -> 50 us on one thread)."""
+half of a 2 MB L2. Smaller outputs stay in cache, and there the prefetch costs time (MobileNetV2's 28x28 pointwise
+convs on one thread)."""
 SWEEP_MAX_B_BYTES = 1 << 20
 """The most bytes of B (k x n) for which a column-split GEMM sweeps each row tile across the range's column blocks
 (_emit_column_blocks) instead of taking each column block down every row tile: B then stays in L2 while every row
@@ -255,8 +255,7 @@ def _emit_column_blocks(gen: _Gen, blocking: GemmBlocking, begin: ir.Value, end:
     Otherwise, when C has C_PREFETCH_MIN_BYTES or more, each tile of a whole block, as it starts, prefetches the
     lines of C (for writing) and of the residual that the same rows of the next block will touch: a block's tiles
     store to every row of C, a plane apart, too many streams for the hardware prefetcher, and at 56x56 planes C and
-    the residual (3.2 MB each) live beyond L2 (ResNet-50's 64 -> 256 pointwise convs with the residual 0.95-1.19 ->
-    0.78-0.93 ms in a run, one Xeon core). The range's last block prefetches nothing ahead: the next block is
+    the residual (3.2 MB each) live beyond L2 (ResNet-50's 64 -> 256 pointwise convs with the residual). The range's last block prefetches nothing ahead: the next block is
     another thread's, and taking its lines for writing made MobileNetV2's 28x28 pointwise convs slower on two
     threads than on one."""
     builder, gemm, width = gen.b, gen.gemm, blocking.tile_columns

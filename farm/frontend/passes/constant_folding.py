@@ -200,7 +200,7 @@ def _check_runtime_shapes(graph: Graph, node: Node) -> None:
 def _check_consistent(graph: Graph, node: Node) -> None:
     """Refuse a node whose static input shapes ONNX's strict shape inference finds inconsistent. Inference without
     strict mode gives such a node no output shape, and a shape the model declares then stood in: a Gemm whose A has
-    2048 columns and whose B has 16 rows built, and its kernel read past B (SIGSEGV at run, issue 13). Ops ONNX
+    2048 columns and whose B has 16 rows built, and its kernel read past B (SIGSEGV at run). Ops ONNX
     defines by a function body are skipped: strict inference fails inside some bodies of valid nodes
     (MeanVarianceNormalization's Constant), and their normalisations check what their kernels index by."""
     try:
@@ -226,7 +226,7 @@ def _check_consistent(graph: Graph, node: Node) -> None:
 class FoldBudget:
     """The bytes constant folding may make in one plan (defaults.max_folded_bytes, FARM_MAX_FOLDED_BYTES): each
     folded constant is bounded by MAX_FOLDED_CONSTANT_BYTES, but not their sum, and eight ConstantOfShape of 256 MiB
-    each feeding Add took a worker past its memory on every delivery (issue 30). Only new memory is counted: an
+    each feeding Add took a worker past its memory on every delivery. Only new memory is counted: an
     output that is a view of an input (Unsqueeze, Reshape) costs nothing."""
 
     def __init__(self, limit: int) -> None:
