@@ -33,10 +33,12 @@ bash scripts/lint.sh || lint_status=$?
 # a third worker fills what a second leaves idle: 15m03s with -n 2, 11m36s with -n 3 on a 2-core Zen 4 (5,407 tests).
 # Files go to the workers in collection order (--no-loadscope-reorder, not xdist's most-tests-first): tests/conftest.py
 # puts the longest files first (SLOWEST_FILES), so that none of them starts last and runs alone at the end.
+# --durations=25 lists the slowest tests in every log, the figures SLOWEST_FILES and the suite's time budget go by.
 # Arguments given later win: `bash scripts/test.sh -n 0` runs it in one process.
-echo "[test] + .venv/bin/python -m pytest -q -ra -n 3 --dist loadfile --no-loadscope-reorder $*"
+PYTEST_ARGS=(-q -ra -n 3 --dist loadfile --no-loadscope-reorder --durations=25)
+echo "[test] + .venv/bin/python -m pytest ${PYTEST_ARGS[*]} $*"
 status=0
-.venv/bin/python -m pytest -q -ra -n 3 --dist loadfile --no-loadscope-reorder "$@" || status=$?
+.venv/bin/python -m pytest "${PYTEST_ARGS[@]}" "$@" || status=$?
 
 if [ "$status" -eq 5 ]; then
     echo "[test] error: pytest collected no tests (exit status 5)" >&2
