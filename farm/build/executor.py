@@ -67,7 +67,8 @@ def collect_garbage_rarely() -> None:
 
     Building allocates many small containers (link plans and manifests as JSON, recipes, IR), nearly all freed by
     their reference counts; with CPython's defaults the collector ran every 700 allocations and, every so often,
-    over every object of every module loaded: 60-80 ms of light ResNet-50's 0.12 s finish (docs/benchmarks.md).
+    over every object of every module loaded: 60-80 ms of light ResNet-50's 0.12 s finish (docs/benchmarks-history.md,
+    "The serial path in seconds").
     mypy raises its thresholds the same way. Frozen before a worker forks its pool, the loaded objects' pages also
     stay shared with the children (the collector no longer writes to them)."""
     gc.set_threshold(*GC_THRESHOLDS)

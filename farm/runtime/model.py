@@ -38,7 +38,8 @@ MIN_SPLIT_WORK_FOR_THREADS = 1_000_000
 RANGES_PER_THREAD = 4
 # The share of a split launch that the threads' first ranges take together, one range each (shares_range): 4 equal
 # ranges per thread ran ResNet-18, ResNet-50 and MobileNetV2 slower than one range per thread (figures in
-# docs/benchmarks.md): every range of a row-split GEMM streams all of B, and
+# docs/benchmarks-history.md, "Speed, step 2: memory in model order and the second thread"): every range of a
+# row-split GEMM streams all of B, and
 # ranges claimed in turn scatter a tensor's lines over both cores' caches for the next launch to fetch. Each thread's
 # slice is its head range then its tail range (farm_work runs its own slice first, then takes others' free ranges,
 # last first), so a thread that keeps up runs the same part of every launch.
