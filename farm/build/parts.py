@@ -63,10 +63,11 @@ class BuiltUnits:
     """How assembly reads what the units built: bytes and sha256 by unit name, libraries by target id, and
     weights by sha256 (in memory locally, from the store on the farm). A member may be a LazyMember, made as the
     artifact is written (a local build's packed weights). `entry_of`: a library's entry object, compiled here
-    unless the farm's link plan step compiled it while the units did."""
+    unless the farm's link plan step compiled it while the units did. `sha256_of` is None where the farm's
+    finishing worker has no cache ref of the object (the manifest's object_sha256 is null then)."""
 
     object_of: Callable[[str], Member]
-    sha256_of: Callable[[str], str]
+    sha256_of: Callable[[str], str | None]
     library_of: Callable[[str], bytes]
     blob_of: Callable[[str], Member]
     entry_of: Callable[[dict[str, Any]], bytes] = entry_object

@@ -161,7 +161,9 @@ class JobBoard:
         """Write an encoded request (job_record.encode_request) as `submit` does."""
         key = redis_keys.request_key(job_id)
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(key, mapping=request)
+        # redis-py types `mapping` as Mapping[FieldT, EncodableT], whose keys are invariant: the dict[str, str] it
+        # takes doesn't match that type.
+        pipe.hset(key, mapping=request)  # type: ignore[arg-type]
         pipe.expire(key, defaults.JOB_TTL_SECONDS)
         index = redis_keys.jobs_key(redis_keys.team_of(job_id))
         pipe.zadd(index, {job_id: created})

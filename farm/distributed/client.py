@@ -184,7 +184,8 @@ class FarmClient:
     def jobs(self, limit: int = 20) -> list[dict[str, Any]]:
         """The `limit` newest jobs of this client's team (redis_keys.jobs_key) of the last JOB_TTL_SECONDS, newest
         first: id, state, model, creation time and age. Ids whose record is gone are skipped; a record that doesn't decode is listed with its error."""
-        now, found, offset = time.time(), [], 0
+        now, offset = time.time(), 0
+        found: list[dict[str, Any]] = []
         while len(found) < limit:
             ids = self.board.call(
                 self.board.redis.zrevrangebyscore,

@@ -43,6 +43,7 @@ from farm.ir.graph import DeferredArray
 from farm.ir.specs import BlobSpec
 from farm.plan.planner import Blob, BuildPlan
 from farm.store import CorruptEntryError, MissingEntryError, Store, content_key, refs
+from farm.store.base import check_key
 from farm.tuning import database
 from farm.tuning import variants as tuning
 from farm.tuning.harness import time_variants
@@ -411,6 +412,7 @@ class Farm(IntakeSteps):
         self.before_build(name)
         try:
             result = time_variants(args.spec.to_json(), args.target.to_json())
+            assert isinstance(args.target, CpuTarget)  # time_variants read it as one (an OpenCL target has no triple)
             database.record(self.store, args.spec, args.target, result, replace=record.retune)
         except UnreachableError:
             raise
@@ -508,7 +510,7 @@ class Farm(IntakeSteps):
     # -- link and finish -----------------------------------------------------------------------------------------
 
     def _link_plan(self, record: JobRecord) -> dict[str, Any]:
-        return json.loads(self.store.get(record.link_plan_key))
+        return json.loads(self.store.get(check_key(record.link_plan_key)))
 
     def _built(self, plan_json: dict[str, Any], record: JobRecord, job_id: str) -> BuiltUnits:
         """What the units built, read from the store under this worker's own cache refs, which hold its toolchain (a

@@ -86,6 +86,7 @@ class Message:
     queue: str
 
 
+@dataclass(frozen=True)
 class TaskArgs:
     """A task's arguments: `encode` gives the positional JSON list Celery carries (readable in Flower: job, unit,
     op, target first), `decode` reads one back and validates it."""
@@ -172,7 +173,10 @@ class Compile(TaskArgs):
         return COMPILE_QUEUES[self.unit.target.kind](self.unit.target)
 
     def encode(self) -> list[Any]:
-        what = getattr(self.unit.spec, "op", None) or f"{self.unit.spec.nbytes} bytes"
+        from farm.ir.specs import BlobSpec
+
+        spec = self.unit.spec
+        what = f"{spec.nbytes} bytes" if isinstance(spec, BlobSpec) else spec.op
         return [self.job_id, self.unit.name, what, self.unit.target.id, self.unit.to_json()]
 
     @classmethod

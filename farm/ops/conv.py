@@ -55,7 +55,7 @@ WEIGHT_PANEL_COLUMNS = 48
 
 def _conv_attrs(ctx: NodeContext) -> dict[str, Any]:
     group = checked_group(ctx)
-    weight = ctx.inputs[1]
+    weight = ctx.input_info(1)
     kernel = [int(k) for k in ctx.node.attrs.get("kernel_shape", weight.shape[2:])]
     if tuple(kernel) != tuple(weight.shape[2:]):
         raise ctx.unsupported(f"kernel_shape {kernel} differs from the weight's {list(weight.shape[2:])}")
@@ -428,7 +428,9 @@ def _bands(geo: ConvGeometry, rows: int, names: L.Names) -> list[tuple[L.Var | N
     if rows >= geo.out_height:
         return [(None, ColumnBand(L.const(0), geo.out_height, L.const(0), geo.column_stride))]
     index, full = names.var("band"), _band_count(geo, rows)
-    bands = [(index, ColumnBand(index * rows, rows, index * (geo.column_rows * stride), stride))]
+    bands: list[tuple[L.Var | None, ColumnBand]] = [
+        (index, ColumnBand(index * rows, rows, index * (geo.column_rows * stride), stride))
+    ]
     rest = geo.out_height - full * rows
     if rest:
         bands.append(
@@ -609,12 +611,12 @@ register_by_rank(("Conv",), CONV_LOWERINGS, normalize=_conv_attrs)
 def _conv_transpose_attrs(ctx: NodeContext) -> dict[str, Any]:
     """kernel_shape, strides, dilations, group and the begin pad of each spatial axis (all the kernel needs besides
     the output shape; output_padding and end pads only shape the output)."""
-    x, a = ctx.inputs[0], ctx.node.attrs
+    x, a = ctx.input_info(0), ctx.node.attrs
     spatial = len(x.shape) - 2
     if spatial < 1:
         raise ctx.unsupported("ConvTranspose needs at least one spatial axis (N, C, D...)")
     ones = [1] * spatial
-    kernel = [int(k) for k in a.get("kernel_shape", ctx.inputs[1].shape[2:])]
+    kernel = [int(k) for k in a.get("kernel_shape", ctx.input_info(1).shape[2:])]
     strides, dilations = list(a.get("strides", ones)), list(a.get("dilations", ones))
     return {
         "kernel_shape": kernel,
@@ -628,7 +630,7 @@ def _conv_transpose_attrs(ctx: NodeContext) -> dict[str, Any]:
 def _transpose_pad_begins(ctx: NodeContext, kernel: list[int], strides: list[int], dilations: list[int]) -> list[int]:
     """Begin pads: from `pads`, or, for output_shape or SAME auto_pad, from the total padding that yields the target
     size, split as ONNX says (the odd one at the end for SAME_UPPER, at the begin otherwise)."""
-    a, sizes = ctx.node.attrs, ctx.inputs[0].shape[2:]
+    a, sizes = ctx.node.attrs, ctx.input_info(0).shape[2:]
     auto_pad = a.get("auto_pad", "NOTSET")
     if "output_shape" not in a and auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
         return [0] * len(sizes) if auto_pad == "VALID" else list(a.get("pads", [0] * 2 * len(sizes)))[: len(sizes)]

@@ -26,7 +26,7 @@ def _bias_activation_epilogue(
 
 def _gemm_attrs(ctx: NodeContext) -> dict[str, Any]:
     a = ctx.node.attrs
-    attrs = {
+    attrs: dict[str, Any] = {
         "alpha": float(a.get("alpha", 1.0)),
         "beta": float(a.get("beta", 1.0)),
         "transA": int(a.get("transA", 0)),
@@ -40,7 +40,7 @@ def _gemm_attrs(ctx: NodeContext) -> dict[str, Any]:
 def _check_gemm_shapes(ctx: NodeContext, trans_a: int, trans_b: int) -> None:
     """op(A) is M x K, op(B) K x N and Y M x N: the kernel indexes A, B and Y by these, so a mismatch would read or
     write past a buffer (the frontend refuses what ONNX's strict inference finds; this holds whatever it found)."""
-    a, b, y = ctx.inputs[0].shape, ctx.inputs[1].shape, ctx.outputs[0].shape
+    a, b, y = ctx.input_info(0).shape, ctx.input_info(1).shape, ctx.outputs[0].shape
     if len(a) != 2 or len(b) != 2:
         raise ctx.unsupported(f"Gemm's A {list(a)} and B {list(b)} must be matrices")
     m, k = (a[1], a[0]) if trans_a else a
@@ -98,7 +98,7 @@ def _lower_gemm(spec: KernelSpec) -> list[L.Stmt]:
 
 def _matmul_attrs(ctx: NodeContext) -> dict[str, Any]:
     """MatMul has no attributes; the operands' inner dims must agree (the kernel indexes both by them)."""
-    a, b = ctx.inputs[0].shape, ctx.inputs[1].shape
+    a, b = ctx.input_info(0).shape, ctx.input_info(1).shape
     if not a or not b or a[-1] != (b[0] if len(b) == 1 else b[-2]):
         raise ctx.unsupported(f"MatMul of {list(a)} and {list(b)}: the inner dims differ")
     return {"constant_weight": True} if ctx.node.inputs[1] in ctx.constants else {}  # then the build may pre-pack B

@@ -146,7 +146,7 @@ def _layernorm_attrs(ctx: NodeContext) -> dict[str, Any]:
     a = ctx.node.attrs
     if int(a.get("stash_type", 1)) != 1:
         raise ctx.unsupported(f"stash_type {a['stash_type']} is not supported (1, float32, is)")
-    shape = ctx.inputs[0].shape
+    shape = ctx.input_info(0).shape
     axis = axis_in_range(ctx, a.get("axis", -1), len(shape))
     for info in ctx.inputs[1:]:
         if info is not None and len(_trailing(info.shape, len(shape) - axis)) > len(shape) - axis:
@@ -171,7 +171,7 @@ def _lower_layernorm(spec: KernelSpec) -> list[L.Stmt]:
     length = prod(normalized)
     params = [(f"in{i}", _trailing(shape_of(spec, i), len(normalized))) for i in range(1, len(spec.inputs))]
 
-    def row(o: L.Expr, _: L.Expr) -> list[L.Stmt]:
+    def row(o: L.Expr, _inner: L.Expr) -> list[L.Stmt]:
         base = o * length
         stats, mean, scale = _standardize(names, _contiguous(names, base, length), length, a["epsilon"])
 
@@ -222,7 +222,7 @@ def _lower_instancenorm(spec: KernelSpec) -> list[L.Stmt]:
 def _groupnorm_attrs(ctx: NodeContext) -> dict[str, Any]:
     """num_groups, epsilon, and whether scale and bias hold a value per channel (opset 21) or per group (18)."""
     a = ctx.node.attrs
-    groups, channels = int(a["num_groups"]), ctx.inputs[0].shape[1]
+    groups, channels = int(a["num_groups"]), ctx.input_info(0).shape[1]
     if channels % groups:
         raise ctx.unsupported(f"{channels} channels don't split into {groups} groups")
     if int(a.get("stash_type", 1)) != 1:
@@ -252,7 +252,7 @@ def _lower_groupnorm(spec: KernelSpec) -> list[L.Stmt]:
 
 
 def _mvn_attrs(ctx: NodeContext) -> dict[str, Any]:
-    rank = len(ctx.inputs[0].shape)
+    rank = len(ctx.input_info(0).shape)
     return {"axes": sorted({axis_in_range(ctx, axis, rank) for axis in ctx.node.attrs.get("axes", [0, 2, 3])})}
 
 
@@ -279,7 +279,7 @@ def _lp_attrs(ctx: NodeContext) -> dict[str, Any]:
     p = int(ctx.node.attrs.get("p", 2))
     if p not in (1, 2):
         raise ctx.unsupported(f"LpNormalization p={p} is not supported (1 and 2 are)")
-    shape = ctx.inputs[0].shape
+    shape = ctx.input_info(0).shape
     outer, length, inner = axis_view(shape, axis_in_range(ctx, ctx.node.attrs.get("axis", -1), len(shape)))
     return {"p": p, "outer": outer, "length": length, "inner": inner}
 
@@ -308,16 +308,16 @@ def _lower_lp_normalization(spec: KernelSpec) -> list[L.Stmt]:
 def _rms_attrs(ctx: NodeContext) -> dict[str, Any]:
     """axis and epsilon. The statistics are float32 (stash_type 1, the only one farm computes in), and the scale
     must broadcast to the normalised shape (the axes from `axis` on): the kernel reads it at the broadcast index."""
-    a, shape = ctx.node.attrs, ctx.inputs[0].shape
-    if {info.dtype for info in ctx.inputs[:2]} != {"float32"}:
+    a, shape = ctx.node.attrs, ctx.input_info(0).shape
+    if {ctx.input_info(i).dtype for i in range(2)} != {"float32"}:
         raise ctx.unsupported("RMSNormalization computes on float32 only")
     if int(a.get("stash_type", 1)) != 1:
         raise ctx.unsupported(f"stash_type {a['stash_type']} is not supported (1, float32, is)")
     axis = axis_in_range(ctx, a.get("axis", -1), len(shape))
-    normalized, scale = shape[axis:], _trailing(ctx.inputs[1].shape, len(shape) - axis)
+    normalized, scale = shape[axis:], _trailing(ctx.input_info(1).shape, len(shape) - axis)
     fits = len(scale) <= len(normalized) and all(s in (1, n) for s, n in zip(reversed(scale), reversed(normalized)))
     if not fits:
-        raise ctx.unsupported(f"scale of shape {list(ctx.inputs[1].shape)} doesn't broadcast to {list(normalized)}")
+        raise ctx.unsupported(f"scale of shape {list(ctx.input_info(1).shape)} doesn't broadcast to {list(normalized)}")
     return {"axis": axis, "epsilon": float(a.get("epsilon", 1e-5))}
 
 
@@ -330,7 +330,7 @@ def _lower_rms_normalization(spec: KernelSpec) -> list[L.Stmt]:
     scale = ("in1", _trailing(shape_of(spec, 1), len(normalized)))
     factor = names.local("inv_rms")
 
-    def row(o: L.Expr, _: L.Expr) -> list[L.Stmt]:
+    def row(o: L.Expr, _inner: L.Expr) -> list[L.Stmt]:
         base = o * length
         x = lambda v: L.Load("in0", base + L.flat_index(normalized, v))  # noqa: E731
         squares = _contiguous(names, base, length)(

@@ -62,7 +62,7 @@ def _lower_pool_planes(spec: KernelSpec) -> list[L.Stmt]:
     acc, count = names.local(), names.local("cnt")
     is_max = spec.op == "MaxPool"
     tap = _input_at(geo, plane * (h * w), y, x, r, s, -math.inf if is_max else 0.0)
-    update = [L.Assign(acc, L.maximum(acc, tap) if is_max else acc + tap)]
+    update: list[L.Stmt] = [L.Assign(acc, L.maximum(acc, tap) if is_max else acc + tap)]
     if not is_max:
         update.append(L.Assign(count, count + L.select(_counted(geo, a, y, x, r, s), 1.0, 0.0)))
     kh, kw = a["kernel_shape"]
@@ -103,7 +103,9 @@ def _max_pool_planes(spec: KernelSpec) -> list[L.Stmt]:
     channel = block * size + index
     plane = block * phased_plane_floats(geo)
     oh, ow, r, acc = names.var("y"), names.var("x"), names.var("r"), names.local()
-    taps = [L.Assign(acc, L.maximum(acc, phased_tap(geo, plane, oh, ow, r, s))) for s in range(geo.kernel_width)]
+    taps: list[L.Stmt] = [
+        L.Assign(acc, L.maximum(acc, phased_tap(geo, plane, oh, ow, r, s))) for s in range(geo.kernel_width)
+    ]
     out_index = (channel * geo.out_height + oh) * geo.out_width + ow
     outputs = [
         L.Loop(

@@ -13,7 +13,7 @@ from farm.ops.registry import NodeContext, activate, axis_in_range, prod, regist
 
 def _softmax_attrs(ctx: NodeContext) -> dict[str, Any]:
     """Softmax as (outer, length, inner): before opset 13 it covers every axis from `axis` on, later just `axis`."""
-    shape = ctx.inputs[0].shape
+    shape = ctx.input_info(0).shape
     legacy = ctx.opset < 13
     axis = axis_in_range(ctx, ctx.node.attrs.get("axis", 1 if legacy else -1), len(shape))
     length = prod(shape[axis:]) if legacy else shape[axis]

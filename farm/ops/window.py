@@ -31,6 +31,7 @@ def spatial_attrs(ctx: NodeContext, kernel_shape: list[int]) -> dict[str, Any]:
     rank = 0 if x is None else len(x.shape) - 2
     if rank not in SPATIAL_RANKS:
         raise ctx.unsupported("only 1-D, 2-D and 3-D spatial inputs (N, C, D...) are supported")
+    assert x is not None  # no input is rank 0, refused above
     attrs, ones = ctx.node.attrs, [1] * rank
     strides = list(attrs.get("strides", ones))
     dilations = list(attrs.get("dilations", ones))

@@ -7,7 +7,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Union
+from typing import TypeGuard, Union
 
 from farm.errors import ExitStatus, FarmError, UnreachableError, redact_url
 
@@ -54,13 +54,14 @@ def content_key(data: Data) -> str:
     return hashlib.sha256(as_bytes_view(data)).hexdigest()
 
 
-def is_key(text: object) -> bool:
+def is_key(text: object) -> TypeGuard[str]:
     """Whether `text` has the form of a key; keys become file names and Redis keys, so anything else is refused."""
     return isinstance(text, str) and _KEY_PATTERN.fullmatch(text) is not None
 
 
-def check_key(key: str) -> str:
-    """`key` itself, or StoreError: a malformed key is a caller's bug, and must never reach a file path."""
+def check_key(key: str | None) -> str:
+    """`key` itself, or StoreError: a malformed key (or None, a key a record doesn't name) is a caller's bug, and
+    must never reach a file path."""
     if not is_key(key):
         raise StoreError(f"not a store key (64 lowercase hex digits of a sha256): {key!r}")
     return key

@@ -1,16 +1,20 @@
 """How the Redis store (farm.store.redis_store) talks to its servers: the command packer that sends chunks
-uncopied, the login a client adds to the blob Redis' URL the workers published (which carries none), and redis-py's
-errors as the store's, naming the server but never its password.
+uncopied, the login a client adds to the blob Redis' URL the workers published (which carries none), redis-py's
+errors as the store's, naming the server but never its password, and its replies typed as the bytes they are.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from farm.errors import NotPermittedError, credentials_refused, redact_url, tls_refused, tls_verification_failure
 from farm.store.base import StoreError, StoreUnreachableError
+
+if TYPE_CHECKING:
+    from redis import Redis
 
 
 @contextlib.contextmanager
@@ -59,3 +63,15 @@ def zero_copy_packer() -> object:
     from redis.connection import Encoder, PythonRespSerializer
 
     return PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
+
+
+def get_bytes(client: Redis, name: str) -> bytes | None:
+    """GET on one of the store's clients: the value, or None. Those clients leave redis-py's decode_responses off,
+    so what they read is bytes; redis-py's types say `bytes | str` for every client (the job board's decodes)."""
+    return cast("bytes | None", client.get(name))
+
+
+def reply_bytes(reply: object) -> bytes:
+    """One name in a list one of the store's clients read (SCAN, ZRANGEBYSCORE without scores): bytes, as for
+    get_bytes, where redis-py's types allow str, or pairs with scores."""
+    return cast(bytes, reply)

@@ -1,7 +1,11 @@
 """The Lua scripts of the Redis store (farm.store.redis_store): each of its atomic steps (a use, a put's commit, an
 admission, a delete, an eviction batch, pins, refs, its stats) runs as one script, so that the header, the chunks and
-the byte count change together whoever writes or deletes.
+the byte count change together whoever writes or deletes. Beside each script, the function that reads its reply:
+redis-py hands a script's reply over untyped, and the shape each script returns is known (a fixed-length reply, a
+list on the wire, is typed as a tuple; strings are bytes, as the store's clients leave decode_responses off).
 """
+
+from typing import cast
 
 # Every script gets the store's prefix as ARGV[1] and the cap this process defaults to as ARGV[2], and builds its
 # key names from the prefix (one Redis server, no cluster: the farm's Celery transport needs one anyway).
@@ -67,6 +71,12 @@ TOUCH = COMMON + "return {touch(ARGV[3], now_ms()), total(), cap()}"
 """A use of an entry: {1 and the entry marked used now (counted, if an older farm wrote it), or 0 when absent;
 the entries' bytes; the cap}."""
 
+
+def flag_bytes_cap(reply: object) -> tuple[int, int, int]:
+    """The reply of TOUCH, COMMIT or PROMOTE: (the script's flag, the entries' bytes, the cap)."""
+    return cast("tuple[int, int, int]", reply)
+
+
 WHOLE = (
     COMMON
     + """
@@ -92,6 +102,12 @@ return found
 """Whether each entry (ARGV[3:]) is whole, judged by lengths without reading its bytes, each whole one marked used:
 -1 not whole (no header, or its chunks don't add up to its size), -2 whole in chunks, or the size of the blob
 store's file that holds it (the caller checks the file)."""
+
+
+def whole_states(reply: object) -> list[int]:
+    """The reply of WHOLE: each entry's state (-1, -2 or the blob store's size), in the order of the keys."""
+    return cast("list[int]", reply)
+
 
 COMMIT = (
     COMMON
@@ -163,6 +179,12 @@ dropped (whose files a blob store then deletes)}. A pinned
 entry is in use: it is marked used now, so that the next eviction doesn't walk over it again (long-pinned
 entries, such as tuning records, would otherwise sit at the old end and be checked by every put)."""
 
+
+def eviction_batch(reply: object) -> tuple[int, int, int, int, list[bytes]]:
+    """The reply of EVICT: (entries dropped, bytes freed, bytes left, 1 when the batch limit stopped it, their keys)."""
+    return cast("tuple[int, int, int, int, list[bytes]]", reply)
+
+
 PIN = (
     COMMON
     + """
@@ -199,6 +221,12 @@ return 1
 
 OWNERS = COMMON + "return live_owners()"
 
+
+def owner_names(reply: object) -> list[bytes]:
+    """The reply of OWNERS: the owners whose pins are live."""
+    return cast("list[bytes]", reply)
+
+
 STATS = (
     COMMON
     + """
@@ -216,6 +244,12 @@ return {redis.call('HLEN', SIZES), total(), cap(), entries, bytes, owners}
 """
 )
 """Entries, bytes, cap, pinned entries and bytes (each entry once, however many owners pin it), live owners."""
+
+
+def stats_counts(reply: object) -> tuple[int, int, int, int, int, list[bytes]]:
+    """The reply of STATS: (entries, bytes, cap, pinned entries, pinned bytes, live owners)."""
+    return cast("tuple[int, int, int, int, int, list[bytes]]", reply)
+
 
 SET_REF = (
     COMMON
@@ -249,3 +283,8 @@ return adopted
 """
 )
 """Count entries that an older farm wrote without accounting, as the least recently used of all."""
+
+
+def adopted_count(reply: object) -> int:
+    """The reply of ADOPT: how many entries it counted."""
+    return cast(int, reply)

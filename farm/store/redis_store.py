@@ -33,7 +33,14 @@ from farm.store.base import (
 )
 from farm.store.file_store import FILE_SCHEME, FileStore
 from farm.store.lua import LuaScript
-from farm.store.redis_connection import store_errors, with_login_of, without_login, zero_copy_packer
+from farm.store.redis_connection import (
+    get_bytes,
+    reply_bytes,
+    store_errors,
+    with_login_of,
+    without_login,
+    zero_copy_packer,
+)
 from farm.store.redis_staging import check_staged_lengths, staged_uploads
 
 REDIS_SCHEMES = ("redis://", "rediss://")
@@ -151,7 +158,7 @@ class RedisStore(Store):
         view = as_bytes_view(data)
         key = key or hashlib.sha256(view).hexdigest()
         with store_errors(self.url):
-            present, total, cap = self._script(self._touch, check_key(key))
+            present, total, cap = redis_scripts.flag_bytes_cap(self._script(self._touch, check_key(key)))
         if present:
             self._restore_lost_blob(key, view)
             return key
@@ -160,7 +167,7 @@ class RedisStore(Store):
         with store_errors(self.url):
             for _ in range(PUT_ATTEMPTS):
                 count = self._write_bytes(key, view)
-                committed, total, cap = self._script(self._commit, key, len(view), count)
+                committed, total, cap = redis_scripts.flag_bytes_cap(self._script(self._commit, key, len(view), count))
                 if committed:
                     break
             else:
@@ -175,7 +182,7 @@ class RedisStore(Store):
         if self.blobs is None:
             return
         with store_errors(self.url):
-            header = self.client.get(self.header_key(key))
+            header = get_bytes(self.client, self.header_key(key))
         if header is not None and header.endswith(f":{FILE_CHUNKS}".encode()) and self.blobs.lacking({key: len(view)}):
             self.blobs.put(view, key)
 
@@ -283,11 +290,11 @@ class RedisStore(Store):
             self._drop_staged(key)
             return data
         with store_errors(self.url):
-            present, total, cap = self._script(self._touch, key)
+            present, total, cap = redis_scripts.flag_bytes_cap(self._script(self._touch, key))
         if not present and int(total) + len(data) > int(cap):
             self._evict_to(room=len(data))
         with store_errors(self.url):
-            done, total, cap = self._script(self._promote, key, staged, len(data), count)
+            done, total, cap = redis_scripts.flag_bytes_cap(self._script(self._promote, key, staged, len(data), count))
         if int(done) != 1:
             self._drop_staged(key)
             self.put(data)  # staged chunks expired meanwhile: put the bytes read (a no-op when present)
@@ -302,10 +309,12 @@ class RedisStore(Store):
         if data is None:
             return None
         with store_errors(self.url):
-            present, total, cap = self._script(self._touch, key)
+            present, total, cap = redis_scripts.flag_bytes_cap(self._script(self._touch, key))
             if not present and int(total) + len(data) > int(cap):
                 self._evict_to(room=len(data))
-            committed, total, cap = self._script(self._commit, key, len(data), FILE_CHUNKS)
+            committed, total, cap = redis_scripts.flag_bytes_cap(
+                self._script(self._commit, key, len(data), FILE_CHUNKS)
+            )
         if int(committed) and int(total) > int(cap):
             self.evict()
         return data
@@ -321,7 +330,7 @@ class RedisStore(Store):
         bytes are chunks here whatever their header says: a submitter's header never sends a read elsewhere."""
         staged = self.staged_key(key)
         with store_errors(self.url):
-            header = self.client.get(staged)
+            header = get_bytes(self.client, staged)
             if header is None:
                 raise MissingEntryError(key, f"{redact_url(self.url)} (staging)")
             size, count = self._parse_header(key, header, repair=False)
@@ -379,7 +388,7 @@ class RedisStore(Store):
         if not keys:
             return []
         with store_errors(self.url):
-            states = self._script(self._whole, *keys)
+            states = redis_scripts.whole_states(self._script(self._whole, *keys))
         elsewhere = {key: int(state) for key, state in zip(keys, states) if int(state) >= 0}
         lost = set(self._blobs_lacking(elsewhere)) if elsewhere else set()
         return [key for key, state in zip(keys, states) if int(state) == -1 or key in lost]
@@ -433,19 +442,19 @@ class RedisStore(Store):
             self._script(self._drop, check_key(key))
         self._delete_files([key])
 
-    def _delete_files(self, keys: Iterable[object]) -> None:
+    def _delete_files(self, keys: Iterable[bytes | str]) -> None:
         """Delete the blob store's copies of entries whose headers are gone (nothing when bytes are chunks here). A
         process without FARM_BLOB_STORE of its own (the operator's `farm store gc`) deletes them in the blob store
         the workers published."""
-        keys = [key.decode() if isinstance(key, bytes) else str(key) for key in keys]
-        if not keys:
+        names = [key.decode() if isinstance(key, bytes) else str(key) for key in keys]
+        if not names:
             return
         try:
             blobs = self._blob_store()
         except StoreError:
             return  # bytes are chunks here (the script deleted them), or the blob store isn't reachable from here
-        for key in keys:
-            blobs.delete(key)
+        for name in names:
+            blobs.delete(name)
 
     def set_ref(self, name: str, key: str, anchor: str | None = None) -> None:
         with store_errors(self.url):
@@ -492,11 +501,13 @@ class RedisStore(Store):
 
     def pin_owners(self) -> list[str]:
         with store_errors(self.url):
-            return [owner.decode() for owner in self._script(self._owners)]
+            return [owner.decode() for owner in redis_scripts.owner_names(self._script(self._owners))]
 
     def stats(self) -> StoreStats:
         with store_errors(self.url):
-            entries, total, cap, pinned_entries, pinned_bytes, owners = self._script(self._stats)
+            entries, total, cap, pinned_entries, pinned_bytes, owners = redis_scripts.stats_counts(
+                self._script(self._stats)
+            )
         return StoreStats(
             int(entries),
             int(total),
@@ -515,7 +526,9 @@ class RedisStore(Store):
         freed_entries = freed_bytes = 0
         with store_errors(self.url):
             while True:
-                entries, freed, left, more, dropped = self._script(self._evict, EVICT_BATCH, room)
+                entries, freed, left, more, dropped = redis_scripts.eviction_batch(
+                    self._script(self._evict, EVICT_BATCH, room)
+                )
                 self._delete_files(dropped)
                 freed_entries, freed_bytes = freed_entries + int(entries), freed_bytes + int(freed)
                 if not int(more):
@@ -528,17 +541,17 @@ class RedisStore(Store):
         with store_errors(self.url):
             batch: list[str] = []
             for name in self.client.scan_iter(match=f"{self.prefix}obj:*", count=1000):
-                key = name.decode(errors="replace")[len(self.prefix) + 4 :]
+                key = reply_bytes(name).decode(errors="replace")[len(self.prefix) + 4 :]
                 if is_key(key):
                     batch.append(key)
                 if len(batch) >= 1000:
-                    adopted += int(self._script(self._adopt, *batch))
+                    adopted += int(redis_scripts.adopted_count(self._script(self._adopt, *batch)))
                     batch = []
             if batch:
-                adopted += int(self._script(self._adopt, *batch))
+                adopted += int(redis_scripts.adopted_count(self._script(self._adopt, *batch)))
         return adopted
 
-    def _script(self, script, *args: object) -> object:
+    def _script(self, script: LuaScript, *args: object) -> object:
         """Run one of the store's Lua scripts with the prefix and this process's default cap before `args`."""
         cap = defaults.store_max_bytes() if self.default_cap is None else self.default_cap
         return script(args=[self.prefix, cap, *args])
@@ -548,7 +561,7 @@ class RedisStore(Store):
 
     def _read(self, header_key: str, chunk_key: Callable[[int], str], key: str, repair: bool) -> bytes:
         """The bytes of the header at `header_key` and its chunks (`chunk_key(i)`), which must hash to `key`."""
-        header = self.client.get(header_key)
+        header = get_bytes(self.client, header_key)
         if header is None:
             raise MissingEntryError(key, redact_url(self.url))
         size, count = self._parse_header(key, header, repair)
@@ -590,7 +603,7 @@ class RedisStore(Store):
         if self._looked_for_blobs:
             return self.blobs
         with store_errors(self.url):
-            published = self.client.get(f"{self.prefix}blob_store")
+            published = get_bytes(self.client, f"{self.prefix}blob_store")
         if not published:
             self._looked_for_blobs = True
             return None
@@ -616,8 +629,8 @@ class RedisStore(Store):
         if self.blobs is not None:
             return isinstance(self.blobs, FileStore)
         with store_errors(self.url):
-            published = self.client.get(f"{self.prefix}blob_store")
-        return bool(published) and published.startswith(FILE_SCHEME.encode())
+            published = get_bytes(self.client, f"{self.prefix}blob_store")
+        return published is not None and published.startswith(FILE_SCHEME.encode())
 
     def staged(self, keys: Iterable[str]) -> list[str]:
         """One pipeline of EXISTS on the staged headers (in the blob Redis when there is one)."""
@@ -663,7 +676,7 @@ class RedisStore(Store):
             oldest = int(now) * 1000 + int(micros) // 1000 - int(seconds * 1000)
             names = self.client.zrangebyscore(f"{self.prefix}lru", "-inf", oldest)
         for name in names:
-            key = name.decode(errors="replace")
+            key = reply_bytes(name).decode(errors="replace")
             if is_key(key):
                 yield key
 
@@ -677,7 +690,7 @@ class RedisStore(Store):
         """
         digest, buffer, whole = hashlib.sha256(), io.BytesIO(), b""
         for index in range(count):
-            chunk = self.client.get(chunk_key(index))
+            chunk = get_bytes(self.client, chunk_key(index))
             if chunk is None and not self.client.exists(header_key):
                 raise MissingEntryError(key, f"{redact_url(self.url)} (evicted or deleted while being read)")
             if chunk is None:
