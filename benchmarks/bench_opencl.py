@@ -39,6 +39,7 @@ from farm.backends.opencl.devices import BUILD_OPTIONS, opencl_devices
 from farm.backends.opencl.target import OpenClTarget
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
+from farm.runtime.manifest_types import OpenClKernel
 from farm.runtime.opencl import OpenCLModel, this_device
 from farm.tools import examples
 
@@ -48,11 +49,11 @@ SHIPPED_BAR, PARALLEL_BAR = 20.0, 1.6
 class UncachedSerialModel(OpenCLModel):
     """A runtime without a binary cache: each kernel built from source in turn, launches compiled by the first run."""
 
-    def load_programs(self, kernels: list[dict[str, Any]]) -> dict[str, Any]:
+    def load_programs(self, kernels: list[OpenClKernel]) -> dict[str, Any]:
         import pyopencl as cl
 
         return {
-            k["symbol"]: cl.Program(self.context, self.loader.artifact.read_member(k["source"]).decode()).build(
+            k.symbol: cl.Program(self.context, self.loader.artifact.read_member(k.source).decode()).build(
                 options=BUILD_OPTIONS.split()
             )
             for k in kernels

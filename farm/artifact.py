@@ -304,6 +304,10 @@ class Artifact:
                 left -= len(block)
         self._check_digest(name, digest.hexdigest())
 
+    def member_sha256(self, name: str) -> str:
+        """The sha256 the manifest lists for payload member `name` (KeyError when it lists none)."""
+        return self._hashes[name]
+
     def member_size(self, name: str) -> int:
         """The bytes of payload member `name` as the archive holds it (not read)."""
         return self._place(name)[1]

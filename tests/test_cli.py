@@ -1066,7 +1066,7 @@ def _cpu_this_host_cannot_run() -> tuple[str, list[str]]:
 
     host = this_host()
     for cpu in FOREIGN_CPU_CANDIDATES[host.arch]:
-        missing = missing_features({"requires": required_features(CpuTarget(host.triple, cpu))}, host)
+        missing = missing_features(required_features(CpuTarget(host.triple, cpu)), host)
         if missing:
             return cpu, missing
     raise AssertionError(f"this {host.describe()} runs code for every CPU of {FOREIGN_CPU_CANDIDATES[host.arch]}")

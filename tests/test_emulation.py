@@ -32,6 +32,7 @@ from farm.errors import EmulationError, ExitStatus
 from farm.ir.shapes import parse_sizes
 from farm.runtime.emulation import EMULATORS, EmulatedModel, emulator_for
 from farm.runtime.host import this_host
+from farm.runtime.manifest_types import CpuTargetEntry, Manifest
 from farm.runtime.sized import SizedModel
 from farm.tools.examples import EXAMPLES, random_input
 from tests.dynamic_models import dynamic_cnn
@@ -169,8 +170,12 @@ def emulated_library(
     library = folder / f"{arch}.so"
     library.write_bytes(link([compile_ir(ir_text, target, "check")], target))
     emulator = EMULATORS[arch]
-    entry = {**target.to_json(), "entry": "farm_run", "weights_offset": manifest["memory_plan"]["arena_bytes"]}
-    return EmulatedModel(str(library), manifest, entry, library, [], emulator, emulator.driver(folder / "cache"))
+    arena = manifest["memory_plan"]["arena_bytes"]
+    entry = {**target.to_json(), "requires": [], "library": library.name, "entry": "farm_run", "weights_offset": arena}
+    checked = Manifest.from_json({"model": {"sha256": "0" * 64}, "targets": [entry], **manifest})
+    return EmulatedModel(
+        str(library), checked, CpuTargetEntry.from_json(entry), library, [], emulator, emulator.driver(folder / "cache")
+    )
 
 
 @pytest.mark.parametrize("arch", sorted(TARGETS))
@@ -247,10 +252,10 @@ def test_without_the_targets_libc_the_error_names_its_package(tmp_path: Path) ->
 
 
 def test_an_architecture_without_emulator_is_refused() -> None:
-    mips = {"id": "cpu-mips64", "kind": "cpu", "triple": "mips64-unknown-linux-gnuabi64"}
+    mips = CpuTargetEntry("cpu-mips64", "mips64-unknown-linux-gnuabi64", "generic")
     with pytest.raises(EmulationError, match=r"farm emulates only Linux GNU targets of aarch64, riscv64"):
         emulator_for(mips, this_host(), "a.farm")
-    darwin = {"id": "cpu-arm-mac", "kind": "cpu", "triple": "aarch64-apple-darwin"}
+    darwin = CpuTargetEntry("cpu-arm-mac", "aarch64-apple-darwin", "generic")
     with pytest.raises(EmulationError, match="only Linux GNU targets"):
         emulator_for(darwin, this_host(), "a.farm")
 

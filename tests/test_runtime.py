@@ -24,6 +24,7 @@ from farm.backends.registry import BACKENDS
 from farm.errors import ArtifactError, RunInputError
 from farm.runtime import LOADERS, TensorSpec, load
 from farm.runtime.host import Host, choose_target, this_host
+from farm.runtime.manifest_types import CpuTargetEntry, Launch
 from farm.runtime.model import (
     HEAD_SHARE,
     MIN_WORK_PER_RANGE,
@@ -86,6 +87,11 @@ def _target(
         "library": f"targets/{target_id}/model.so",
         "entry": "farm_run",
     }
+
+
+def _entries(*targets: dict[str, Any]) -> list[CpuTargetEntry]:
+    """The targets' manifest entries as a checked manifest gives them to the runtime."""
+    return [CpuTargetEntry.from_json(target) for target in targets]
 
 
 def _host_target() -> dict[str, Any]:
@@ -263,12 +269,12 @@ def test_choose_target_prefers_exact_cpu_and_skips_missing_features() -> None:
     generic = _target("generic", "x86_64-pc-linux-gnu", cpu="x86-64-v3", features="+avx2,+fma,-avx512f")
     exact = _target("exact", "x86_64-unknown-linux-gnu", cpu="znver4", features="+avx2")
     too_new = _target("too-new", "x86_64-unknown-linux-gnu", cpu="znver4", features="+avx512f")
-    assert choose_target([generic, exact], host, "a.farm")["id"] == "exact"
-    assert choose_target([too_new, generic], host, "a.farm")["id"] == "generic"
+    assert choose_target(_entries(generic, exact), host, "a.farm").id == "exact"
+    assert choose_target(_entries(too_new, generic), host, "a.farm").id == "generic"
     with pytest.raises(
         ArtifactError, match=r"'too-new' \(x86_64-unknown-linux-gnu, cpu znver4: host lacks \+avx512f\)"
     ):
-        choose_target([too_new], host, "a.farm")
+        choose_target(_entries(too_new), host, "a.farm")
 
 
 def test_a_cpu_names_implied_features_are_checked_not_only_its_explicit_ones() -> None:
@@ -287,18 +293,18 @@ def test_a_cpu_names_implied_features_are_checked_not_only_its_explicit_ones() -
         requires=["avx2", "avx512f", "avx512fp16", "fma", "fuse-aes"],
     )
     with pytest.raises(ArtifactError, match=r"cpu graniterapids: host lacks \+avx512f,\+avx512fp16\)$"):
-        choose_target([granite], host, "a.farm")  # fuse-aes, which no host reports, is no instruction set
+        choose_target(_entries(granite), host, "a.farm")  # fuse-aes, which no host reports, is no instruction set
 
 
 def test_a_host_whose_features_llvm_cannot_read_runs_only_targets_requiring_none() -> None:
     host = Host("x86_64-unknown-linux-gnu", "generic", frozenset(), frozenset())
     plain = _target("plain", "x86_64-unknown-linux-gnu", requires=[])
     assert (
-        choose_target([_target("avx2", "x86_64-unknown-linux-gnu", features="+avx2"), plain], host, "a.farm")["id"]
+        choose_target(_entries(_target("avx2", "x86_64-unknown-linux-gnu", features="+avx2"), plain), host, "a.farm").id
         == "plain"
     )
     with pytest.raises(ArtifactError, match="LLVM can't read this host's CPU features"):
-        choose_target([_target("avx2", "x86_64-unknown-linux-gnu", features="+avx2")], host, "a.farm")
+        choose_target(_entries(_target("avx2", "x86_64-unknown-linux-gnu", features="+avx2")), host, "a.farm")
 
 
 # -- threads: how a run splits its launches -------------------------------------------------------------------------
@@ -345,12 +351,12 @@ def test_launch_plan_splits_only_parallel_launches_with_enough_work() -> None:
     else up to RANGES_PER_THREAD near-equal ranges per thread, each with at least that work."""
     big = MIN_WORK_PER_RANGE * 100
     launches = [
-        [1, 1, big],
-        [64, 1, big],
-        [64, 1, MIN_WORK_PER_RANGE * 2 - 1],
-        [64, 4, MIN_WORK_PER_RANGE * 2],
-        [7, 1, big],
-        [100, 1, MIN_WORK_PER_RANGE * 6],
+        Launch(1, 1, big),
+        Launch(64, 1, big),
+        Launch(64, 1, MIN_WORK_PER_RANGE * 2 - 1),
+        Launch(64, 4, MIN_WORK_PER_RANGE * 2),
+        Launch(7, 1, big),
+        Launch(100, 1, MIN_WORK_PER_RANGE * 6),
     ]
     plan = launch_plan(launches, 2)
     assert [index for index, _ in plan] == [0, 1, 2, 3, 4, 5]
@@ -358,8 +364,8 @@ def test_launch_plan_splits_only_parallel_launches_with_enough_work() -> None:
     assert plan[1][1] == [(0, 25), (25, 32), (32, 57), (57, 64)]
     assert plan[3][1] == [(0, 32), (32, 64)]
     assert len(plan[5][1]) <= 2 * RANGES_PER_THREAD
-    for (extent, _, _), (_, ranges) in zip(launches, plan):
-        assert ranges[0][0] == 0 and ranges[-1][1] == extent
+    for launch, (_, ranges) in zip(launches, plan):
+        assert ranges[0][0] == 0 and ranges[-1][1] == launch.extent
         assert all(end == begin for (_, end), (begin, _) in zip(ranges, ranges[1:]))
     assert all(len(ranges) == 1 for _, ranges in launch_plan(launches, 1))
 

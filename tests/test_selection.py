@@ -3,13 +3,12 @@ its id, else the best this host runs natively; one of another architecture runs 
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from farm.backends.llvm.target import CpuTarget, parse_target
 from farm.errors import ArtifactError, ExitStatus
 from farm.runtime.host import Host
+from farm.runtime.manifest_types import CpuTargetEntry
 from farm.runtime.selection import needs_emulation, select_target
 
 HOST = Host(
@@ -25,18 +24,24 @@ NEOVERSE = CpuTarget("aarch64-unknown-linux-gnu", "neoverse-n1", "+neon")
 RISCV = parse_target("cpu:riscv64-linux-gnu")
 
 
-def targets(*chosen: CpuTarget) -> list[dict[str, Any]]:
+def targets(*chosen: CpuTarget) -> list[CpuTargetEntry]:
     """Manifest entries of the targets (what selection reads of them; `requires` here: the explicit +features)."""
     return [
-        {**target.to_json(), "requires": [f[1:] for f in target.features.split(",") if f.startswith("+")]}
+        CpuTargetEntry(
+            target.id,
+            target.triple,
+            target.cpu,
+            target.features,
+            requires=tuple(f[1:] for f in target.features.split(",") if f.startswith("+")),
+        )
         for target in chosen
     ]
 
 
 def test_no_target_or_cpu_is_the_best_this_host_runs():
     entries = targets(ARM, WIDER, NATIVE)
-    assert select_target(entries, None, HOST, "a.farm")["id"] == NATIVE.id
-    assert select_target(entries, "cpu", HOST, "a.farm")["id"] == NATIVE.id
+    assert select_target(entries, None, HOST, "a.farm").id == NATIVE.id
+    assert select_target(entries, "cpu", HOST, "a.farm").id == NATIVE.id
 
 
 @pytest.mark.parametrize(
@@ -53,11 +58,11 @@ def test_no_target_or_cpu_is_the_best_this_host_runs():
     ],
 )
 def test_a_target_is_named_as_submit_named_it_or_by_its_id(wanted, chosen):
-    assert select_target(targets(NATIVE, ARM, RISCV), wanted, HOST, "a.farm")["id"] == chosen.id
+    assert select_target(targets(NATIVE, ARM, RISCV), wanted, HOST, "a.farm").id == chosen.id
 
 
 def test_a_bare_triple_names_the_artifacts_only_target_of_that_triple_whatever_its_cpu():
-    assert select_target(targets(NATIVE, NEOVERSE), "cpu:aarch64-linux-gnu", HOST, "a.farm")["id"] == NEOVERSE.id
+    assert select_target(targets(NATIVE, NEOVERSE), "cpu:aarch64-linux-gnu", HOST, "a.farm").id == NEOVERSE.id
 
 
 def test_a_bare_triple_that_fits_several_targets_asks_for_one():
@@ -83,4 +88,9 @@ def test_a_named_target_of_this_architecture_needs_the_features_it_was_built_wit
 
 
 def test_only_another_architecture_needs_emulation():
-    assert [needs_emulation(entry, HOST) for entry in targets(NATIVE, WIDER, ARM, RISCV)] == [False, False, True, True]
+    assert [needs_emulation(entry.triple, HOST) for entry in targets(NATIVE, WIDER, ARM, RISCV)] == [
+        False,
+        False,
+        True,
+        True,
+    ]

@@ -15,6 +15,7 @@ from farm.distributed.task_messages import TASK_ARGS, Compile, Finish, Link, Pla
 from farm.errors import BadInputError
 from farm.ir.graph import TensorInfo
 from farm.ir.specs import BlobSpec, KernelSpec
+from farm.ir.unit_kinds import UnitKind
 
 JOB = "0123456789abcdef"
 CPU = CpuTarget("x86_64-unknown-linux-gnu", "skylake", "+avx2,+fma")
@@ -23,9 +24,9 @@ SPEC = KernelSpec("Relu", "{}", (TensorInfo((1, 4), "float32"),), (TensorInfo((1
 
 
 UNITS = {
-    "kernel": CompileUnit("kernel", SPEC.__class__(**{**SPEC.__dict__, "target_id": CPU.id}), CPU),
-    "blob": CompileUnit("blob", BlobSpec("e" * 64, 64, CPU.id), CPU),
-    "clkernel": CompileUnit("clkernel", SPEC.__class__(**{**SPEC.__dict__, "target_id": "opencl"}), DEVICE),
+    "kernel": CompileUnit(UnitKind.KERNEL, SPEC.__class__(**{**SPEC.__dict__, "target_id": CPU.id}), CPU),
+    "blob": CompileUnit(UnitKind.BLOB, BlobSpec("e" * 64, 64, CPU.id), CPU),
+    "clkernel": CompileUnit(UnitKind.CL_KERNEL, SPEC.__class__(**{**SPEC.__dict__, "target_id": "opencl"}), DEVICE),
 }
 
 

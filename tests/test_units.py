@@ -14,18 +14,19 @@ from farm.build.units import UNIT_KINDS, CompileUnit, compile_unit
 from farm.errors import BadInputError
 from farm.ir.graph import TensorInfo
 from farm.ir.specs import BlobSpec, KernelSpec
+from farm.ir.unit_kinds import UnitKind
 
 CPU = CpuTarget("x86_64-unknown-linux-gnu")
 DEVICE = OpenClTarget("0123456789abcdef")
 RELU = KernelSpec("Relu", "{}", (TensorInfo((2, 8), "float32"),), (TensorInfo((2, 8), "float32"),), None, CPU.id)
 UNITS = [
-    CompileUnit("kernel", RELU, CPU),
-    CompileUnit("blob", BlobSpec("ab" * 32, 16, CPU.id), CPU),
-    CompileUnit("clkernel", KernelSpec(**{**RELU.__dict__, "target_id": "opencl"}), DEVICE),
+    CompileUnit(UnitKind.KERNEL, RELU, CPU),
+    CompileUnit(UnitKind.BLOB, BlobSpec("ab" * 32, 16, CPU.id), CPU),
+    CompileUnit(UnitKind.CL_KERNEL, KernelSpec(**{**RELU.__dict__, "target_id": "opencl"}), DEVICE),
 ]
 
 
-@pytest.mark.parametrize("unit", UNITS, ids=lambda unit: unit.kind)
+@pytest.mark.parametrize("unit", UNITS, ids=lambda unit: unit.kind.value)
 def test_a_unit_round_trips_through_json(unit: CompileUnit) -> None:
     assert CompileUnit.from_json(json.loads(json.dumps(unit.to_json()))) == unit
     assert unit.name == f"{unit.target.id}/{unit.spec.symbol}"

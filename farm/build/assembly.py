@@ -34,6 +34,7 @@ from farm.errors import BadInputError, UnsupportedError
 from farm.frontend.external import ExternalData
 from farm.ir.shapes import PinnedShapes, describe_size, shapes_to_json, sizes_to_json
 from farm.ir.specs import CODEGEN_VERSION, BlobSpec, canonical_json
+from farm.ir.unit_kinds import UnitKind
 from farm.plan.planner import BuildPlan
 
 
@@ -133,7 +134,10 @@ def unit_counts(units: Sequence[CompileUnit]) -> dict[str, int]:
     """{"kernels": code units (CPU objects, one per part of a kernel in parts, and OpenCL binaries), "blobs": packed
     weights}: what a build reports,
     locally and on the farm, in the same terms (farm.cli.schemas.BUILD_KEYS)."""
-    return {"kernels": sum(unit.kind != "blob" for unit in units), "blobs": sum(unit.kind == "blob" for unit in units)}
+    return {
+        "kernels": sum(unit.kind != UnitKind.BLOB for unit in units),
+        "blobs": sum(unit.kind == UnitKind.BLOB for unit in units),
+    }
 
 
 def sized_blobs(plans: Sequence[BuildPlan]) -> dict[str, Any]:

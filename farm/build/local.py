@@ -21,6 +21,7 @@ from farm.build.parts import BuiltUnits
 from farm.build.units import UNIT_KINDS, CompileUnit, cache_unit, cached_unit, compile_unit
 from farm.ir.shapes import PinnedShapes
 from farm.ir.specs import BlobSpec
+from farm.ir.unit_kinds import UnitKind
 from farm.store import FileStore, Store, default_store_root
 from farm.tuning.variants import TuningReport, choose_variants
 
@@ -107,13 +108,13 @@ def build_model(
     )
     blobs = assembly.sized_blobs(plans)
     units = assembly.sized_units(plans, targets)
-    code = [unit for unit in units if unit.kind != "blob"]
+    code = [unit for unit in units if unit.kind != UnitKind.BLOB]
     report_phase("compiling")
     compiled: dict[str, bytes] = {} if no_cache else _cached(store, code)
     todo = [unit for unit in code if unit.name not in compiled]
     compiled.update(_compiled(store, executor, todo, blobs, _counting_from(len(compiled), len(code), progress)))
     objects: dict[str, bytes | LazyMember] = {**compiled}
-    objects.update({unit.name: _packed_when_written(unit, blobs) for unit in units if unit.kind == "blob"})
+    objects.update({unit.name: _packed_when_written(unit, blobs) for unit in units if unit.kind == UnitKind.BLOB})
     report_phase("linking")
     plan_json = assembly.link_plan(plans, targets, name, model_sha256, units, sizes)
     libraries: dict[str, bytes] = {}

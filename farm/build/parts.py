@@ -29,6 +29,7 @@ from farm.backends.opencl.target import OpenClTarget
 from farm.backends.registry import TargetT
 from farm.build.units import CompileUnit
 from farm.ir.specs import CODEGEN_VERSION, BlobSpec, KernelSpec, canonical_json
+from farm.ir.unit_kinds import UnitKind
 from farm.plan.planner import BuildPlan, for_target
 from farm.store import refs
 
@@ -201,7 +202,7 @@ def kernel_units(spec: KernelSpec, target: CpuTarget) -> list[KernelSpec]:
 
 def link_order(units: Sequence[CompileUnit], target: CpuTarget) -> list[str]:
     """The names of the target's kernel units in the order their objects are linked (before the entry)."""
-    return sorted(unit.name for unit in units if unit.kind == "kernel" and unit.target.id == target.id)
+    return sorted(unit.name for unit in units if unit.kind == UnitKind.KERNEL and unit.target.id == target.id)
 
 
 def link_target(
@@ -234,13 +235,16 @@ class CpuPart(Part[CpuTarget]):
         """A kernel unit per distinct kernel, or per part of one whose code is split (kernel_parts), a blob unit
         per weight the target reads packed (plain weights are the model's bytes: nothing to build)."""
         kernels = [
-            CompileUnit("kernel", part, t)
+            CompileUnit(UnitKind.KERNEL, part, t)
             for t in targets
             for spec in plan.kernels().values()
             for part in kernel_units(plan.kernel_for(spec, t.id), t)
         ]
         blobs = [
-            CompileUnit("blob", blob, t) for t in targets for blob in target_weights(plan, t) if blob.panels is not None
+            CompileUnit(UnitKind.BLOB, blob, t)
+            for t in targets
+            for blob in target_weights(plan, t)
+            if blob.panels is not None
         ]
         return kernels + blobs
 
@@ -367,7 +371,7 @@ class OpenClPart(Part[OpenClTarget]):
     kind = "opencl"
 
     def units(self, plan: BuildPlan, targets: Sequence[OpenClTarget]) -> list[CompileUnit]:
-        return [CompileUnit("clkernel", spec, t) for t in targets for spec in opencl_kernels(plan)]
+        return [CompileUnit(UnitKind.CL_KERNEL, spec, t) for t in targets for spec in opencl_kernels(plan)]
 
     def layout(self, plan: BuildPlan, targets: Sequence[OpenClTarget], units: Sequence[CompileUnit]) -> dict[str, Any]:
         from farm.backends.opencl.kernel import kernel_source

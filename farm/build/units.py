@@ -19,6 +19,7 @@ from farm.backends.llvm.toolchain import toolchain
 from farm.backends.registry import Target, backend_of, target_from_json
 from farm.errors import BadInputError, BuildError
 from farm.ir.specs import BlobSpec, KernelSpec
+from farm.ir.unit_kinds import UnitKind
 from farm.store import CorruptEntryError, MissingEntryError, Store, refs
 
 Spec = Union[KernelSpec, BlobSpec]
@@ -43,7 +44,7 @@ def _pack_weights(spec: BlobSpec, target: CpuTarget, data: Data) -> bytes:
 
 
 @dataclass(frozen=True)
-class UnitKind:
+class UnitKindTraits:
     """What a kind of unit is: its spec type, its step, its cache ref, how errors name it.
 
     `big_bytes`: its input is a weight blob, so the local executor runs it in the building process (LLVM releases
@@ -60,22 +61,22 @@ class UnitKind:
     verify: Callable[[bytes, str], None] = lambda data, what: None
 
 
-UNIT_KINDS: dict[str, UnitKind] = {
-    "kernel": UnitKind(
+UNIT_KINDS: dict[UnitKind, UnitKindTraits] = {
+    UnitKind.KERNEL: UnitKindTraits(
         "kernel",
         KernelSpec,
         _compile_kernel,
         lambda spec, target: refs.kernel(toolchain().compiler_key, spec.key),
         verify=_runs_nothing_at_load,
     ),
-    "blob": UnitKind(
+    UnitKind.BLOB: UnitKindTraits(
         "packed weight",
         BlobSpec,
         _pack_weights,
         lambda spec, target: refs.blob(toolchain().compiler_key, spec.key),
         big_bytes=True,
     ),
-    "clkernel": UnitKind(
+    UnitKind.CL_KERNEL: UnitKindTraits(
         "OpenCL kernel",
         KernelSpec,
         _compile_kernel,
@@ -89,7 +90,7 @@ class CompileUnit:
     """One thing to build: a kernel object, a packed weight or a program binary, for one target. `name` (target id /
     symbol) names it in progress, errors, the link order and Flower."""
 
-    kind: str
+    kind: UnitKind
     spec: Spec
     target: Target
 
@@ -112,19 +113,19 @@ class CompileUnit:
         return UNIT_KINDS[self.kind].label
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "spec": self.spec.to_json(), "target": self.target.to_json()}
+        return {"kind": self.kind.value, "spec": self.spec.to_json(), "target": self.target.to_json()}
 
     @classmethod
     def from_json(cls, data: Any) -> CompileUnit:
         """A unit from its JSON form, or BadInputError: units cross the farm in messages and link plans."""
         if not isinstance(data, dict) or data.get("kind") not in UNIT_KINDS:
             raise BadInputError(f"not a compile unit: {str(data)[:200]!r}")
-        kind = UNIT_KINDS[data["kind"]]
+        kind = UnitKind(data["kind"])
         try:
-            spec = kind.spec_type.from_json(data["spec"])
+            spec = UNIT_KINDS[kind].spec_type.from_json(data["spec"])
         except (KeyError, TypeError, ValueError) as error:
             raise BadInputError(f"compile unit with a malformed spec: {error!r}") from None
-        return cls(data["kind"], spec, target_from_json(data.get("target")))
+        return cls(kind, spec, target_from_json(data.get("target")))
 
 
 def compile_unit(unit: CompileUnit, data: Data = None) -> bytes:
@@ -133,7 +134,7 @@ def compile_unit(unit: CompileUnit, data: Data = None) -> bytes:
 
 
 def verify_cached(unit: CompileUnit, data: bytes) -> bytes:
-    """`data` if it can be what the unit's step makes, else BuildError (see UnitKind.verify)."""
+    """`data` if it can be what the unit's step makes, else BuildError (see UnitKindTraits.verify)."""
     UNIT_KINDS[unit.kind].verify(data, f"cached {unit.label} {unit.name}")
     return data
 

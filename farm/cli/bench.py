@@ -254,7 +254,7 @@ def refuse_emulated(path: str, target: str | None) -> None:
     chosen, emulated = run_target(path, target)
     if emulated:
         raise BadInputError(
-            f"{path}: target {chosen['id']!r} ({chosen['triple']}) runs only under emulation on "
+            f"{path}: target {chosen.id!r} ({chosen.triple}) runs only under emulation on "
             f"this {this_host().arch} host, and an emulated time says nothing of the target's: "
             "bench it on its own architecture"
         )

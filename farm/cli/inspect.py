@@ -13,6 +13,7 @@ from farm.artifact import Artifact, signer, verify
 from farm.cli.progress import escaped
 from farm.ir.shapes import describe_size
 from farm.runtime.manifest import check_sizes
+from farm.runtime.manifest_types import CpuTargetEntry, Manifest, OpenClKernel, TargetEntry, TensorSlot
 
 INSPECT_SCHEMA = 1
 """The version of `farm inspect --json`'s object: bumped when a key changes meaning or goes away."""
@@ -32,7 +33,7 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
     sizes = check_sizes(artifact.path, manifest)
     size_manifests = [size for _, size in sizes]
     members = manifest["members"]
-    blobs = {blob["sha256"]: int(blob["bytes"]) for size in size_manifests for blob in size.get("blobs", [])}
+    blobs = {blob["sha256"]: int(blob["bytes"]) for size in size_manifests for blob in size.blobs}
     return {
         "command": "inspect",
         "schema": INSPECT_SCHEMA,
@@ -44,46 +45,49 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         "toolchain": manifest.get("toolchain"),
         "signed": key is not None,
         "signer": key,
-        "inputs": [_tensor(entry) for entry in size_manifests[0]["inputs"]],
-        "outputs": [_tensor(entry) for entry in size_manifests[0]["outputs"]],
+        "inputs": [_tensor(slot) for slot in size_manifests[0].inputs],
+        "outputs": [_tensor(slot) for slot in size_manifests[0].outputs],
         "sizes": [
             {
                 "shapes": {name: list(sizes) for name, sizes in pins.items()},
-                "inputs": [_tensor(entry) for entry in size["inputs"]],
-                "outputs": [_tensor(entry) for entry in size["outputs"]],
-                "steps": len(size.get("schedule", [])),
+                "inputs": [_tensor(slot) for slot in size.inputs],
+                "outputs": [_tensor(slot) for slot in size.outputs],
+                "steps": len(size.schedule),
             }
             for pins, size in sizes
         ],
         "targets": _targets(artifact, size_manifests),
-        "kernels": len({(e["kernel"], e["target"]) for size in size_manifests for e in size.get("kernels", [])}),
-        "opencl_kernels": len(
-            {kernel["symbol"] for size in size_manifests for kernel in size.get("opencl", {}).get("kernels", [])}
-        ),
-        "steps": len(size_manifests[0].get("schedule", [])),
+        "kernels": len({(e.kernel, e.target) for size in size_manifests for e in size.kernels}),
+        "opencl_kernels": len({kernel.symbol for size in size_manifests for kernel in _opencl_kernels(size)}),
+        "steps": len(size_manifests[0].schedule),
         "blobs": len(blobs),
         "blob_bytes": sum(blobs.values()),
         "members": len(members),
     }
 
 
-def _tensor(entry: dict[str, Any]) -> dict[str, Any]:
-    return {"name": entry["name"], "dtype": entry["dtype"], "shape": list(entry["shape"])}
+def _tensor(slot: TensorSlot) -> dict[str, Any]:
+    return {"name": slot.name, "dtype": slot.dtype, "shape": list(slot.shape)}
 
 
-def _targets(artifact: Artifact, sizes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _opencl_kernels(size: Manifest) -> tuple[OpenClKernel, ...]:
+    return size.opencl.kernels if size.opencl is not None else ()
+
+
+def _targets(artifact: Artifact, sizes: list[Manifest]) -> list[dict[str, Any]]:
     """Each CPU target with its libraries' bytes (one per size), then each OpenCL device class with its program
     binaries' bytes (each binary once)."""
     targets = [
         {
-            "id": t["id"],
+            "id": t.id,
             "kind": "cpu",
-            "member_bytes": sum(artifact.member_size(size["targets"][index]["library"]) for size in sizes),
+            "member_bytes": sum(artifact.member_size(_library(size.targets[index])) for size in sizes),
         }
-        for index, t in enumerate(sizes[0]["targets"])
+        for index, t in enumerate(sizes[0].targets)
     ]
-    for fingerprint in sizes[0].get("opencl", {}).get("devices", []):
-        binaries = {kernel["binaries"][fingerprint] for size in sizes for kernel in size["opencl"]["kernels"]}
+    first = sizes[0].opencl
+    for fingerprint in first.devices if first is not None and first.devices is not None else []:
+        binaries = {kernel.binaries[fingerprint] for size in sizes for kernel in _opencl_kernels(size)}
         targets.append(
             {
                 "id": f"opencl:{fingerprint}",
@@ -92,6 +96,13 @@ def _targets(artifact: Artifact, sizes: list[dict[str, Any]]) -> list[dict[str, 
             }
         )
     return targets
+
+
+def _library(target: TargetEntry) -> str:
+    """A CPU target's library member (KeyError for a target of another kind, which has none)."""
+    if not isinstance(target, CpuTargetEntry):
+        raise KeyError("library")
+    return target.library
 
 
 def format_description(description: dict[str, Any]) -> str:

@@ -321,16 +321,17 @@ def _note_unrunnable(artifact: str) -> None:
     """Say so when this host can't run what was just built (a cross-compiled target alone replaced
     artifacts/<model>.farm, and every `farm run` here then failed without a word of why), by the check `farm run`
     makes: each CPU target's `requires` against this host's features (farm.runtime.host)."""
-    from farm.artifact import read_manifest, size_manifests
+    from farm.artifact import read_manifest
     from farm.runtime.host import arch_of, runs_on, this_host, unrunnable
+    from farm.runtime.manifest import check_sizes
 
     host = this_host()
-    sizes = size_manifests(read_manifest(artifact))
-    targets = [target for size in sizes for target in size.get("targets", [])]
-    if any(size.get("opencl") for size in sizes) or any(runs_on(target, host) for target in targets):
+    sizes = [size for _, size in check_sizes(artifact, read_manifest(artifact))]
+    targets = [target for size in sizes for target in size.targets]
+    if any(size.opencl for size in sizes) or any(runs_on(target, host) for target in targets):
         return
-    foreign = [target for target in targets if arch_of(str(target.get("triple", ""))) != host.arch]
-    emulated = f" (farm run --target {foreign[0].get('id')} runs it under qemu)" if foreign else ""
+    foreign = [target for size in sizes for target in size.cpu_targets if arch_of(target.triple) != host.arch]
+    emulated = f" (farm run --target {foreign[0].id} runs it under qemu)" if foreign else ""
     click.echo(
         f"farm: note: {_shown(unrunnable(artifact, targets, host))}; add --target cpu to run it here too"
         f"{_shown(emulated)}",
@@ -711,7 +712,7 @@ def run(
                     "artifact": os.path.abspath(artifact),
                     "device": device,
                     "target": model.target.get("id"),
-                    "emulated": device == "cpu" and needs_emulation(model.target, this_host()),
+                    "emulated": device == "cpu" and needs_emulation(str(model.target.get("triple", "")), this_host()),
                     "outputs": described,
                     "output_file": os.path.abspath(output) if output else None,
                 },

@@ -40,6 +40,7 @@ from farm.artifact import (
 from farm.backends.llvm.target import CpuTarget
 from farm.backends.registry import target_from_json
 from farm.errors import ArtifactError, BadInputError
+from farm.ir.unit_kinds import UnitKind
 from farm.store import Store, content_key, is_key
 
 RECIPE_FORMAT = "farm-artifact-recipe/1"
@@ -232,7 +233,9 @@ def derivations_in(link_plan: bytes) -> list[Derivation]:
     that can't be read as one is left out: making it ahead is only a head start)."""
     try:
         units = json.loads(link_plan)["units"]
-        blob_units = [unit for unit in units.values() if isinstance(unit, dict) and unit.get("kind") == "blob"]
+        blob_units = [
+            unit for unit in units.values() if isinstance(unit, dict) and unit.get("kind") == UnitKind.BLOB.value
+        ]
     except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
         return []
     found = []

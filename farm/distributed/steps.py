@@ -41,6 +41,7 @@ from farm.errors import ArtifactError, BadInputError, ExitStatus, FarmError, Job
 from farm.frontend.external import DEFERRED_MIN_BYTES, ExternalDataError, StoredBlobs
 from farm.ir.graph import DeferredArray
 from farm.ir.specs import BlobSpec
+from farm.ir.unit_kinds import UnitKind
 from farm.plan.planner import Blob, BuildPlan
 from farm.store import CorruptEntryError, MissingEntryError, Store, content_key, refs
 from farm.store.base import check_key
@@ -654,7 +655,7 @@ def _pinned_bytes(blobs: dict[str, Blob], units: list[CompileUnit]) -> int:
     return sum(int(data.nbytes) for data in blobs.values()) + sum(
         unit.spec.nbytes
         for unit in units
-        if unit.kind == "blob"
+        if unit.kind == UnitKind.BLOB
         and isinstance(unit.spec, BlobSpec)
         and recipes.Derivation.of(unit.spec, unit.target) is None
     )

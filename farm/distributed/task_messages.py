@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from farm.backends.registry import Target, target_from_json
 from farm.distributed.redis_keys import check_job_id
 from farm.errors import BadInputError
+from farm.ir.unit_kinds import UnitKind
 
 if TYPE_CHECKING:
     from farm.build.units import CompileUnit
@@ -70,9 +71,9 @@ class TaskName(str, Enum):
 
 
 COMPILE_TASKS = {
-    "kernel": TaskName.COMPILE_CPU_KERNEL,
-    "blob": TaskName.PACK_BLOB,
-    "clkernel": TaskName.COMPILE_CL_KERNEL,
+    UnitKind.KERNEL: TaskName.COMPILE_CPU_KERNEL,
+    UnitKind.BLOB: TaskName.PACK_BLOB,
+    UnitKind.CL_KERNEL: TaskName.COMPILE_CL_KERNEL,
 }
 """The task of each compile unit kind (farm.build.units): a name each, so Flower tells them apart."""
 

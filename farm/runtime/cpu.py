@@ -10,7 +10,6 @@ import mmap
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -22,6 +21,7 @@ from farm.runtime.cache import cached_library, check_mapped, is_verified, mark_v
 from farm.runtime.emulation import EmulatedModel, Emulator, emulator_for
 from farm.runtime.host import this_host
 from farm.runtime.manifest import check_library, check_sizes
+from farm.runtime.manifest_types import CpuTargetEntry, Manifest
 from farm.runtime.model import Model
 from farm.runtime.selection import needs_emulation, select_target
 from farm.runtime.sized import SizedModel
@@ -40,13 +40,13 @@ def load_library_model(
     artifact = open_artifact(path)
     sizes = check_sizes(artifact.path, artifact.manifest)
     host = this_host()
-    if not any(size["targets"] for _, size in sizes) and all(size.get("opencl") for _, size in sizes):
+    if not any(size.targets for _, size in sizes) and all(size.opencl for _, size in sizes):
         raise ArtifactError(
             f"{artifact.path}: the artifact has no CPU target, only OpenCL programs: run it with "
             f"--device opencl (runtime.load(..., device='opencl')), or build it with --target cpu too"
         )
-    targets = [select_target(size["targets"], target, host, artifact.path) for _, size in sizes]
-    emulator = emulator_for(targets[0], host, artifact.path) if needs_emulation(targets[0], host) else None
+    targets = [select_target(size.targets, target, host, artifact.path) for _, size in sizes]
+    emulator = emulator_for(targets[0], host, artifact.path) if needs_emulation(targets[0].triple, host) else None
     files = _library_files(artifact, [size for _, size in sizes], targets, cache_dir)
     if emulator is None:
         models: Sequence[Model | EmulatedModel] = _native_models(
@@ -61,17 +61,17 @@ def load_library_model(
 
 def _library_files(
     artifact: Artifact,
-    manifests: list[dict[str, Any]],
-    targets: list[dict[str, Any]],
+    manifests: list[Manifest],
+    targets: list[CpuTargetEntry],
     cache_dir: str | os.PathLike[str] | None,
 ) -> list[Path]:
     """Each size's chosen library in the runtime cache, every member of the artifact verified first (once per
     artifact file) and each library's symbols checked against its manifest."""
     manifest_sha256 = hashlib.sha256(artifact.manifest_text).hexdigest()
     verified = is_verified(artifact.path, manifest_sha256, cache_dir)
-    cached = [cached_library(artifact.manifest["members"][target["library"]], cache_dir) for target in targets]
+    cached = [cached_library(artifact.member_sha256(target.library), cache_dir) for target in targets]
     if not verified:  # libraries' bytes are checked as they are copied below, when the cache lacks them
-        artifact.verify(skip=tuple(target["library"] for target, file in zip(targets, cached) if file is None))
+        artifact.verify(skip=tuple(target.library for target, file in zip(targets, cached) if file is None))
     files = [
         _library_file(artifact, manifest, target, file, cache_dir)
         for manifest, target, file in zip(manifests, targets, cached)
@@ -83,13 +83,13 @@ def _library_files(
 
 def _native_models(
     artifact: Artifact,
-    sizes: list[tuple[PinnedShapes, dict[str, Any]]],
-    targets: list[dict[str, Any]],
+    sizes: list[tuple[PinnedShapes, Manifest]],
+    targets: list[CpuTargetEntry],
     files: list[Path],
     threads: int,
 ) -> list[Model]:
     """Each size's library loaded into this process, its weights mapped from the artifact file."""
-    addresses, mapped = map_weights(artifact, sorted({m for target in targets for m in target.get("weights", [])}))
+    addresses, mapped = map_weights(artifact, sorted({m for target in targets for m in target.weights}))
     return [
         Model(
             artifact.path,
@@ -97,7 +97,7 @@ def _native_models(
             target,
             _loaded(artifact, target, file),
             threads,
-            [addresses[member] for member in target.get("weights", [])],
+            [addresses[member] for member in target.weights],
             mapped,
         )
         for (_, size), target, file in zip(sizes, targets, files)
@@ -106,8 +106,8 @@ def _native_models(
 
 def _emulated_models(
     artifact: Artifact,
-    sizes: list[tuple[PinnedShapes, dict[str, Any]]],
-    targets: list[dict[str, Any]],
+    sizes: list[tuple[PinnedShapes, Manifest]],
+    targets: list[CpuTargetEntry],
     files: list[Path],
     emulator: Emulator,
     cache_dir: str | os.PathLike[str] | None,
@@ -121,7 +121,7 @@ def _emulated_models(
             size,
             target,
             file,
-            [artifact.member_place(member)[0] for member in target.get("weights", [])],
+            [artifact.member_place(member)[0] for member in target.weights],
             emulator,
             driver,
         )
@@ -131,8 +131,8 @@ def _emulated_models(
 
 def _library_file(
     artifact: Artifact,
-    manifest: dict[str, Any],
-    target: dict[str, Any],
+    manifest: Manifest,
+    target: CpuTargetEntry,
     library_file: Path | None,
     cache_dir: str | os.PathLike[str] | None,
 ) -> Path:
@@ -141,8 +141,8 @@ def _library_file(
     check = functools.partial(check_library, artifact.path, manifest, target)
     if library_file is None:
         return store_library(
-            artifact.manifest["members"][target["library"]],
-            functools.partial(artifact.copy_member, target["library"]),
+            artifact.member_sha256(target.library),
+            functools.partial(artifact.copy_member, target.library),
             check,
             cache_dir,
         )
@@ -150,11 +150,11 @@ def _library_file(
     return library_file
 
 
-def _loaded(artifact: Artifact, target: dict[str, Any], library_file: Path) -> ctypes.CDLL:
+def _loaded(artifact: Artifact, target: CpuTargetEntry, library_file: Path) -> ctypes.CDLL:
     try:
         return ctypes.CDLL(str(library_file))
     except OSError as error:
-        raise ArtifactError(f"{artifact.path}: can't load target {target.get('id')!r} library: {error}") from None
+        raise ArtifactError(f"{artifact.path}: can't load target {target.id!r} library: {error}") from None
 
 
 def map_weights(artifact: Artifact, members: list[str]) -> tuple[dict[str, int], np.ndarray | None]:

@@ -26,7 +26,6 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -45,6 +44,7 @@ from farm.backends.llvm.target import CpuTarget, parse_target
 from farm.errors import EmulationError
 from farm.runtime.cache import runtime_folder
 from farm.runtime.host import Host, arch_of
+from farm.runtime.manifest_types import CpuTargetEntry, Manifest
 from farm.runtime.model import TensorSpec, check_feeds, tensor_slots
 
 QEMU_PACKAGE = "qemu-user-static"
@@ -130,11 +130,11 @@ def _digests(files: tuple[Path, ...]) -> list[str]:
     return [hashlib.sha256(path.read_bytes()).hexdigest() for path in files]
 
 
-def emulator_for(target: dict[str, Any], host: Host, artifact: str) -> Emulator:
+def emulator_for(target: CpuTargetEntry, host: Host, artifact: str) -> Emulator:
     """The installed emulator that runs `target` (a manifest's CPU target of another architecture than the host's);
     EmulationError naming what to install, or why no emulator fits."""
-    triple = str(target.get("triple", ""))
-    what = f"{artifact}: target {target.get('id')!r} ({triple})"
+    triple = target.triple
+    what = f"{artifact}: target {target.id!r} ({triple})"
     emulator = EMULATORS.get(arch_of(triple))
     parts = triple.split("-")
     if emulator is None or "linux" not in parts or not parts[-1].startswith("gnu"):
@@ -156,8 +156,8 @@ class EmulatedModel:
     def __init__(
         self,
         path: str,
-        manifest: dict[str, Any],
-        target: dict[str, Any],
+        manifest: Manifest,
+        target: CpuTargetEntry,
         library: Path,
         weights: Sequence[int],
         emulator: Emulator,
@@ -165,21 +165,22 @@ class EmulatedModel:
     ) -> None:
         """`library`: the target's library, checked, in the runtime cache; `weights`: each weight's offset in the
         artifact file (the target's manifest `weights`, in slot order), which the driver turns into addresses."""
-        arena_bytes = int(manifest["memory_plan"]["arena_bytes"])
-        self._inputs = tensor_slots(path, manifest.get("inputs"), arena_bytes, "inputs")
-        self._outputs = tensor_slots(path, manifest.get("outputs"), arena_bytes, "outputs")
+        arena_bytes = manifest.memory_plan.arena_bytes
+        self._inputs = tensor_slots(manifest.inputs)
+        self._outputs = tensor_slots(manifest.outputs)
         self.inputs = [spec for spec, _ in self._inputs]
         self.outputs = [spec for spec, _ in self._outputs]
-        self.path, self.target, self.schedule = path, target, list(manifest.get("schedule", []))
+        self.path, self.target, self._target_id = path, target.json_object, target.id
+        self.schedule = [step.json_object for step in manifest.schedule]
         self.emulator = emulator
         self._command = [
-            emulator.check_installed(f"{path}: target {target.get('id')!r}"),
+            emulator.check_installed(f"{path}: target {target.id!r}"),
             "-L",
             str(emulator.libc.folder.parent),
             str(driver),
         ]
-        table = int(target.get("weights_offset", arena_bytes))
-        header = _header([library, str(target.get("entry", "farm_run")), os.path.abspath(path)], table, len(weights))
+        table = target.weights_offset
+        header = _header([library, target.entry, os.path.abspath(path)], table, len(weights))
         self._file = tempfile.TemporaryFile(prefix="farm-arena-")
         self._file.truncate(len(header) + max(arena_bytes, table + 8 * len(weights), 1))
         image = np.frombuffer(mmap.mmap(self._file.fileno(), 0), dtype=np.uint8)
@@ -202,7 +203,7 @@ class EmulatedModel:
 
     def sample_steps(self, feeds: Mapping[str, np.ndarray], repeat: int = 10) -> list[list[float]]:
         raise EmulationError(
-            f"{self.path}: target {self.target.get('id')!r} runs under emulation here, whose timing "
+            f"{self.path}: target {self._target_id!r} runs under emulation here, whose timing "
             "says nothing of the target's"
         )
 
@@ -211,7 +212,7 @@ class EmulatedModel:
     def _emulate(self) -> None:
         """One emulated run of the driver on the arena file (its standard input); EmulationError naming the target
         and what happened when it fails."""
-        what = f"{self.path}: target {self.target.get('id')!r} under {self.emulator.qemu}"
+        what = f"{self.path}: target {self._target_id!r} under {self.emulator.qemu}"
         timeout = defaults.emulation_timeout()
         with subprocess.Popen(
             self._command, stdin=self._file, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_qemu_environment()

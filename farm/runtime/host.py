@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import llvmlite.binding as llvm
 
 from farm.errors import ArtifactError
+from farm.runtime.manifest_types import CpuTargetEntry, TargetEntry
 
 
 @dataclass(frozen=True)
@@ -45,58 +45,59 @@ def this_host() -> Host:
     return Host(llvm.get_process_triple(), llvm.get_host_cpu_name(), enabled, frozenset(feature_map))
 
 
-def missing_features(target: dict[str, Any], host: Host) -> list[str]:
-    """ "+name" for each feature the target's code may use (its `requires`) that the host lacks. A feature LLVM's
+def missing_features(requires: Sequence[str], host: Host) -> list[str]:
+    """ "+name" for each feature a target's code may use (its `requires`) that the host lacks. A feature LLVM's
     detection doesn't report on this host's architecture (a tuning feature such as `fuse-aes`, a system register
     set such as `el3`) is not an instruction set the host could lack, so it never stops a target; every required
     feature does on a host whose features LLVM can't read."""
-    required = [str(name) for name in target.get("requires", [])]
     if not host.known:
-        return [f"+{name}" for name in required]
-    return [f"+{name}" for name in required if name in host.known and name not in host.features]
+        return [f"+{name}" for name in requires]
+    return [f"+{name}" for name in requires if name in host.known and name not in host.features]
 
 
-def runs_on(target: dict[str, Any], host: Host) -> bool:
-    """Whether `host` can run the CPU target (a manifest entry): its arch, every feature its code may use."""
+def runs_on(target: TargetEntry, host: Host) -> bool:
+    """Whether `host` can run the target (a checked manifest's): a CPU target of its arch, every feature its code
+    may use."""
     return (
-        target.get("kind") == "cpu"
-        and arch_of(str(target.get("triple", ""))) == host.arch
-        and not missing_features(target, host)
+        isinstance(target, CpuTargetEntry)
+        and arch_of(target.triple) == host.arch
+        and not missing_features(target.requires, host)
     )
 
 
-def choose_target(targets: Sequence[dict[str, Any]], host: Host, artifact: str) -> dict[str, Any]:
+def choose_target(targets: Sequence[TargetEntry], host: Host, artifact: str) -> CpuTargetEntry:
     """The CPU target to run on `host`: one built for its exact CPU if any, else the first compatible one.
 
     Raises ArtifactError naming every target and why it doesn't fit, so that the user knows what to rebuild for.
     """
-    usable = [target for target in targets if runs_on(target, host)]
+    usable = [target for target in targets if isinstance(target, CpuTargetEntry) and runs_on(target, host)]
     for target in usable:
-        if target.get("cpu") == host.cpu:
+        if target.cpu == host.cpu:
             return target
     if usable:
         return usable[0]
     raise ArtifactError(unrunnable(artifact, targets, host))
 
 
-def unrunnable(artifact: str, targets: Sequence[dict[str, Any]], host: Host) -> str:
+def unrunnable(artifact: str, targets: Sequence[TargetEntry], host: Host) -> str:
     """Why no target of `artifact` runs on `host`: one line naming each target and what keeps it off this host."""
     return f"{artifact}: no target for this host ({host.describe()}); the artifact has: {_list(targets, host)}"
 
 
-def _list(targets: Sequence[dict[str, Any]], host: Host) -> str:
+def _list(targets: Sequence[TargetEntry], host: Host) -> str:
     """One entry per target: its id, triple, cpu and what keeps it from this host."""
     if not targets:
         return "no targets"
     entries = []
     for target in targets:
-        if target.get("kind") != "cpu":
-            why = f"kind {target.get('kind')!r} is not cpu"
-        elif arch_of(str(target.get("triple", ""))) != host.arch:
-            why = f"arch {arch_of(str(target.get('triple', '')))} is not {host.arch}"
+        if not isinstance(target, CpuTargetEntry):
+            entries.append(f"{target.id!r} (None, cpu None: kind {target.kind!r} is not cpu)")
+            continue
+        if arch_of(target.triple) != host.arch:
+            why = f"arch {arch_of(target.triple)} is not {host.arch}"
         elif not host.known:
             why = "LLVM can't read this host's CPU features"
         else:
-            why = "host lacks " + ",".join(missing_features(target, host))
-        entries.append(f"{target.get('id')!r} ({target.get('triple')}, cpu {target.get('cpu')}: {why})")
+            why = "host lacks " + ",".join(missing_features(target.requires, host))
+        entries.append(f"{target.id!r} ({target.triple}, cpu {target.cpu}: {why})")
     return "; ".join(entries)

@@ -17,6 +17,7 @@ from farm.backends.llvm.elf import defined_symbols
 from farm.defaults import MAX_TARGETS
 from farm.errors import ArtifactError, BadInputError
 from farm.ir.shapes import MAX_SIZES, PinnedShapes, sizes_from_json
+from farm.runtime.manifest_types import CpuTargetEntry, Manifest
 
 MAX_ARENA_BYTES = 1 << 36  # 64 GiB
 MAX_TENSORS = 4096  # inputs or outputs
@@ -79,12 +80,11 @@ class _Fields:
         return value
 
 
-def check_sizes(path: str, manifest: dict[str, Any]) -> list[tuple[PinnedShapes, dict[str, Any]]]:
+def check_sizes(path: str, manifest: dict[str, Any]) -> list[tuple[PinnedShapes, Manifest]]:
     """Each size of the artifact (farm.artifact.size_manifests) with its pins, every one checked (check_manifest):
     the manifest itself without pins when it has no `sizes`; else 1 to MAX_SIZES sizes of distinct pins."""
     if "sizes" not in manifest:
-        check_manifest(path, manifest)
-        return [({}, manifest)]
+        return [({}, check_manifest(path, manifest))]
     fields = _Fields(path)
     entries = [
         fields.obj(size, f"sizes[{index}]")
@@ -95,11 +95,10 @@ def check_sizes(path: str, manifest: dict[str, Any]) -> list[tuple[PinnedShapes,
     except BadInputError as error:
         raise fields.refuse("sizes", f"has malformed pins ({error})") from None
     sizes = size_manifests(manifest)
-    for size in sizes:
-        check_manifest(path, size)
+    checked = [check_manifest(path, size) for size in sizes]
     if any(_targets_of(size) != _targets_of(sizes[0]) for size in sizes):
         raise fields.refuse("sizes", "do not all have the same targets")
-    return list(zip(pins, sizes))
+    return list(zip(pins, checked))
 
 
 def _targets_of(size: dict[str, Any]) -> list[Any]:
@@ -108,9 +107,10 @@ def _targets_of(size: dict[str, Any]) -> list[Any]:
     return [[target["id"] for target in size["targets"]], opencl.get("devices") if isinstance(opencl, dict) else None]
 
 
-def check_manifest(path: str, manifest: dict[str, Any]) -> None:
+def check_manifest(path: str, manifest: dict[str, Any]) -> Manifest:
     """Refuse a manifest the runtime can't use safely: every field it reads typed and bounded, every offset and
-    size within the arena, every launch sane, every target well-formed and its library a listed member."""
+    size within the arena, every launch sane, every target well-formed and its library a listed member. What
+    passes comes back as frozen values (farm.runtime.manifest_types), which the runtime reads instead."""
     fields = _Fields(path)
     fields.text(fields.obj(manifest.get("model"), "model").get("sha256"), "model.sha256", SHA256)
     arena = _check_memory_plan(fields, manifest.get("memory_plan"))
@@ -132,6 +132,7 @@ def check_manifest(path: str, manifest: dict[str, Any]) -> None:
     fields.items(manifest.get("blobs", []), "blobs")
     if "opencl" in manifest:
         _check_opencl(fields, manifest["opencl"], members)
+    return Manifest.from_json(manifest)
 
 
 def _check_opencl(fields: _Fields, value: Any, members: dict[str, Any]) -> None:
@@ -172,7 +173,7 @@ def _member(fields: _Fields, value: Any, field: str, members: dict[str, Any]) ->
         raise fields.refuse(field, "is not a member of the artifact")
 
 
-def check_library(path: str, manifest: dict[str, Any], target: dict[str, Any], library: bytes | mmap.mmap) -> None:
+def check_library(path: str, manifest: Manifest, target: CpuTargetEntry, library: bytes | mmap.mmap) -> None:
     """Cross-check a checked manifest's CPU target with its library (its bytes, or a memory map of the cached file,
     so that a load reads only the pages the symbol tables are on) before it is loaded: the library defines the
     target's entry points and every kernel the manifest gives the target, and the target's launches are as many
@@ -181,14 +182,16 @@ def check_library(path: str, manifest: dict[str, Any], target: dict[str, Any], l
     try:
         names = defined_symbols(library)
     except ArtifactError as error:
-        raise ArtifactError(f"{path}: target {target['id']!r}: {error}; refused") from None
-    field = f"target {target['id']!r}"
-    for key in ("entry", "launch_entry", "work_entry"):
-        if (key in target or key == "entry") and target.get(key, "farm_run") not in names:
-            raise fields.refuse(f"{field} {key}", f"{target.get(key, 'farm_run')!r} is not defined by its library")
-    symbols = {
-        entry["kernel"]: entry["symbol"] for entry in manifest.get("kernels", []) if entry["target"] == target["id"]
-    }
+        raise ArtifactError(f"{path}: target {target.id!r}: {error}; refused") from None
+    field = f"target {target.id!r}"
+    for key, entry in (
+        ("entry", target.entry),
+        ("launch_entry", target.launch_entry),
+        ("work_entry", target.work_entry),
+    ):
+        if entry is not None and entry not in names:
+            raise fields.refuse(f"{field} {key}", f"{entry!r} is not defined by its library")
+    symbols = {entry.kernel: entry.symbol for entry in manifest.kernels if entry.target == target.id}
     launches = _launch_counts(names, set(symbols.values()))
     for kernel, symbol in sorted(symbols.items()):
         if symbol not in names:
@@ -196,16 +199,16 @@ def check_library(path: str, manifest: dict[str, Any], target: dict[str, Any], l
                 f"{field} kernel {kernel}",
                 f"symbol {symbol} is not defined by its library (another model's or target's library?)",
             )
-    if "launches" not in target:
+    if target.launches is None:
         return
     total = 0
-    for index, step in enumerate(manifest.get("schedule", [])):
-        if step["kernel"] not in symbols:
-            raise fields.refuse(f"schedule[{index}].kernel", f"{step['kernel']} is not a kernel of {field}")
-        total += launches[symbols[step["kernel"]]]
-    if total != len(target["launches"]):
+    for index, step in enumerate(manifest.schedule):
+        if step.kernel not in symbols:
+            raise fields.refuse(f"schedule[{index}].kernel", f"{step.kernel} is not a kernel of {field}")
+        total += launches[symbols[step.kernel]]
+    if total != len(target.launches):
         raise fields.refuse(
-            f"{field} launches", f"number {len(target['launches'])}, but its schedule's kernels define {total}"
+            f"{field} launches", f"number {len(target.launches)}, but its schedule's kernels define {total}"
         )
 
 

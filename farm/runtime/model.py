@@ -22,6 +22,7 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy: dtype names are 
 import numpy as np
 
 from farm.errors import ArtifactError, RunInputError
+from farm.runtime.manifest_types import CpuTargetEntry, Launch, Manifest, TensorSlot
 
 # The arena starts on a page: its buffers' addresses modulo 4096 are then the same in every process. With 64 bytes,
 # some processes drew a base whose copies hit 4K aliasing and ran at half speed (docs/architecture.md, the arena).
@@ -72,16 +73,16 @@ def shares_range(extent: int, grain: int, threads: int, worth: int) -> list[tupl
     return list(zip(cuts, cuts[1:]))
 
 
-def launch_plan(launches: list[Any], threads: int) -> list[tuple[int, list[tuple[int, int]]]]:
+def launch_plan(launches: Sequence[Launch], threads: int) -> list[tuple[int, list[tuple[int, int]]]]:
     """(launch index, its ranges) for every launch of the schedule: one range unless the launch is worth
     splitting across `threads`, else shares_range's, each with at least MIN_WORK_PER_RANGE work."""
     plan = []
-    for index, (extent, grain, work) in enumerate(launches):
-        worth = int(work) // MIN_WORK_PER_RANGE
-        if int(extent) <= 1 or threads <= 1 or worth < 2:
-            plan.append((index, [(0, int(extent))]))
+    for index, launch in enumerate(launches):
+        worth = launch.work // MIN_WORK_PER_RANGE
+        if launch.extent <= 1 or threads <= 1 or worth < 2:
+            plan.append((index, [(0, launch.extent)]))
         else:
-            plan.append((index, shares_range(int(extent), max(int(grain), 1), threads, worth)))
+            plan.append((index, shares_range(launch.extent, max(launch.grain, 1), threads, worth)))
     return plan
 
 
@@ -151,21 +152,9 @@ def _aligned_zeros(size: int, alignment: int) -> np.ndarray:
     return raw[start : start + size]
 
 
-def tensor_slots(path: str, entries: Any, arena_bytes: int, role: str) -> list[tuple[TensorSpec, int]]:
-    """Parse the manifest's inputs or outputs into (spec, arena offset), refusing any that don't fit the arena."""
-    if not isinstance(entries, list):
-        raise ArtifactError(f"{path}: manifest {role} is not a list")
-    slots = []
-    for entry in entries:
-        try:
-            spec = TensorSpec(str(entry["name"]), tuple(int(n) for n in entry["shape"]), np.dtype(entry["dtype"]).name)
-            offset = int(entry["offset"])
-        except (KeyError, TypeError, ValueError) as error:
-            raise ArtifactError(f"{path}: manifest {role} entry {entry!r} is malformed: {error}") from None
-        if offset < 0 or min(spec.shape, default=1) < 0 or offset + spec.nbytes > arena_bytes:
-            raise ArtifactError(f"{path}: {role[:-1]} {spec.name!r} does not fit the {arena_bytes}-byte arena")
-        slots.append((spec, offset))
-    return slots
+def tensor_slots(slots: Sequence[TensorSlot]) -> list[tuple[TensorSpec, int]]:
+    """A checked manifest's inputs or outputs as (spec, arena offset); check_manifest saw each fit the arena."""
+    return [(TensorSpec(slot.name, slot.shape, np.dtype(slot.dtype).name), slot.offset) for slot in slots]
 
 
 def check_feeds(inputs: list[TensorSpec], feeds: Mapping[str, np.ndarray]) -> None:
@@ -198,8 +187,8 @@ class Model:
     def __init__(
         self,
         path: str,
-        manifest: dict[str, Any],
-        target: dict[str, Any],
+        manifest: Manifest,
+        target: CpuTargetEntry,
         library: ctypes.CDLL,
         threads: int = 1,
         weights: Sequence[int] = (),
@@ -208,26 +197,24 @@ class Model:
         """`weights`: the address of each weight the target's entry reads (its manifest `weights`, in slot order),
         written into the weight table after the arena; `keep`: what keeps those addresses valid (the artifact's
         memory map), held as long as the model."""
-        plan = manifest.get("memory_plan", {})
-        arena_bytes = int(plan.get("arena_bytes", 0))
-        self._inputs = tensor_slots(path, manifest.get("inputs"), arena_bytes, "inputs")
-        self._outputs = tensor_slots(path, manifest.get("outputs"), arena_bytes, "outputs")
+        arena_bytes = manifest.memory_plan.arena_bytes
+        self._inputs = tensor_slots(manifest.inputs)
+        self._outputs = tensor_slots(manifest.outputs)
         self.inputs = [spec for spec, _ in self._inputs]
         self.outputs = [spec for spec, _ in self._outputs]
-        self.target = target
+        self.target = target.json_object
         self._library = library
-        entry = str(target.get("entry", "farm_run"))
         try:
-            self._entry = getattr(library, entry)
+            self._entry = getattr(library, target.entry)
         except AttributeError:
-            raise ArtifactError(f"{path}: target {target.get('id')!r} library has no entry point {entry!r}") from None
+            raise ArtifactError(f"{path}: target {target.id!r} library has no entry point {target.entry!r}") from None
         self._entry.argtypes, self._entry.restype = [ctypes.c_void_p], None
         self.threads = max(1, int(threads))
         self._plan: list[tuple[int, list[tuple[int, int]]]] | None = None
         self._pool = self._thread_pool(path, target) if self.threads > 1 else None
-        table = int(target.get("weights_offset", arena_bytes))
+        table = target.weights_offset
         self._arena = _aligned_zeros(
-            max(arena_bytes, table + 8 * len(weights), 1), max(int(plan.get("alignment", 0)), _MIN_ALIGNMENT)
+            max(arena_bytes, table + 8 * len(weights), 1), max(manifest.memory_plan.alignment, _MIN_ALIGNMENT)
         )
         self._arena[table : table + 8 * len(weights)].view(np.uint64)[:] = weights
         self._weights_map = keep
@@ -237,7 +224,7 @@ class Model:
         self._input_views = [(spec.name, self._view(spec, offset)) for spec, offset in self._inputs]
         self._output_views = [(spec.name, self._view(spec, offset)) for spec, offset in self._outputs]
         self._lock = threading.Lock()
-        self.path, self.schedule = path, list(manifest.get("schedule", []))
+        self.path, self.schedule = path, [step.json_object for step in manifest.schedule]
 
     def _view(self, spec: TensorSpec, offset: int) -> np.ndarray:
         return self._arena[offset : offset + spec.nbytes].view(spec.dtype).reshape(spec.shape)
@@ -288,17 +275,17 @@ class Model:
                 self._pool.run(self._work, self._arena_address)
             return {name: view.copy() for name, view in self._output_views}
 
-    def _thread_pool(self, path: str, target: dict[str, Any]) -> _Pool | None:
+    def _thread_pool(self, path: str, target: CpuTargetEntry) -> _Pool | None:
         """The pool for a threaded run, or None when the launches worth splitting hold too little work in all
         (MIN_SPLIT_WORK_FOR_THREADS: one farm_run call is then fastest) or the library predates farm_work."""
-        if not isinstance(target.get("launches"), list) or not target.get("work_entry"):
+        if target.launches is None or not target.work_entry:
             return None
         try:
-            self._work = getattr(self._library, str(target["work_entry"]))
-            plan = launch_plan(target["launches"], self.threads)
+            self._work = getattr(self._library, target.work_entry)
+            plan = launch_plan(target.launches, self.threads)
         except (AttributeError, TypeError, ValueError) as error:
-            raise ArtifactError(f"{path}: target {target.get('id')!r} launches are unusable: {error}") from None
-        split_work = sum(int(target["launches"][index][2]) for index, ranges in plan if len(ranges) > 1)
+            raise ArtifactError(f"{path}: target {target.id!r} launches are unusable: {error}") from None
+        split_work = sum(target.launches[index].work for index, ranges in plan if len(ranges) > 1)
         if split_work < MIN_SPLIT_WORK_FOR_THREADS:
             return None
         self._work.argtypes, self._work.restype = [ctypes.c_void_p] * 3, None

@@ -14,7 +14,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,8 @@ from farm.artifact import Artifact, open_artifact
 from farm.atomic import write_atomically
 from farm.backends.opencl.devices import BUILD_OPTIONS, device_info, fingerprint, opencl_platforms
 from farm.errors import ArtifactError
-from farm.runtime.manifest import check_sizes
+from farm.runtime.manifest import check_manifest, check_sizes
+from farm.runtime.manifest_types import Manifest, OpenClKernel
 from farm.runtime.model import TensorSpec, check_feeds
 from farm.runtime.opencl_builder import SourceJob, build_all
 from farm.runtime.sized import SizedModel
@@ -66,17 +67,16 @@ class ProgramLoader:
         self.build_processes = build_processes
         self.source_builds = 0
 
-    def load_all(self, kernels: list[dict[str, Any]]) -> dict[str, Any]:
-        sources = {k["symbol"]: self.artifact.read_member(k["source"]) for k in kernels}
-        programs = {k["symbol"]: self._from_binaries(k, sources[k["symbol"]]) for k in kernels}
-        missing = [k for k in kernels if programs[k["symbol"]] is None]
+    def load_all(self, kernels: list[OpenClKernel]) -> dict[str, Any]:
+        sources = {k.symbol: self.artifact.read_member(k.source) for k in kernels}
+        programs = {k.symbol: self._from_binaries(k, sources[k.symbol]) for k in kernels}
+        missing = [k for k in kernels if programs[k.symbol] is None]
         jobs = [
-            SourceJob(sources[k["symbol"]].decode(), f"kernel {k['symbol']}", k["launches"], k["arguments"])
-            for k in missing
+            SourceJob(sources[k.symbol].decode(), f"kernel {k.symbol}", _launches_json(k), k.arguments) for k in missing
         ]
         for kernel, binary in zip(missing, build_all(jobs, self.fingerprint, self.build_processes)):
-            write_atomically(self._cache_path(sources[kernel["symbol"]], binary), binary)
-            programs[kernel["symbol"]] = self._program_from_binary(binary, f"kernel {kernel['symbol']}", fallback=False)
+            write_atomically(self._cache_path(sources[kernel.symbol], binary), binary)
+            programs[kernel.symbol] = self._program_from_binary(binary, f"kernel {kernel.symbol}", fallback=False)
         self.source_builds += len(missing)
         return programs
 
@@ -93,13 +93,13 @@ class ProgramLoader:
             path.unlink(missing_ok=True)
         return None
 
-    def _from_binaries(self, kernel: dict[str, Any], source: bytes) -> Any | None:
+    def _from_binaries(self, kernel: OpenClKernel, source: bytes) -> Any | None:
         cached = self._cached_binary(source)
         if cached is not None:
             program = self._program_from_binary(cached, "cached binary")
             if program is not None:
                 return program
-        shipped = kernel.get("binaries", {}).get(self.fingerprint)
+        shipped = kernel.binaries.get(self.fingerprint)
         if shipped:
             binary = self.artifact.read_member(shipped)
             program = self._program_from_binary(binary, f"shipped binary {shipped}")
@@ -129,46 +129,45 @@ class OpenCLModel:
         artifact: Artifact,
         cache_dir: str | os.PathLike[str] | None = None,
         build_processes: int | None = None,
-        manifest: dict[str, Any] | None = None,
+        manifest: Manifest | None = None,
         shared: SharedPrograms | None = None,
     ) -> None:
-        """`manifest`: the size to run (default: the artifact's manifest, of one size); `shared`: the device and
-        the programs several sizes share (loaded at once: load_opencl_model)."""
+        """`manifest`: the size to run (default: the artifact's manifest, of one size, checked); `shared`: the
+        device and the programs several sizes share (loaded at once: load_opencl_model)."""
         import pyopencl as cl
 
-        manifest = manifest if manifest is not None else artifact.manifest
-        part = manifest.get("opencl")
-        if not part:
+        manifest = manifest if manifest is not None else check_manifest(artifact.path, artifact.manifest)
+        part = manifest.opencl
+        if part is None:
             raise ArtifactError(f"{artifact.path}: the artifact has no OpenCL part (build with --target opencl)")
         if shared is None:
             shared = SharedPrograms(ProgramLoader(artifact, *this_device(), cache_dir, build_processes))
         self.loader, self.context, self.device = shared.loader, shared.loader.context, shared.loader.device
         self.fingerprint, programs = shared.loader.fingerprint, shared.programs
-        programs.update(self.load_programs([k for k in part["kernels"] if k["symbol"] not in programs]))
-        launches = {kernel["symbol"]: kernel["launches"] for kernel in part["kernels"]}
+        programs.update(self.load_programs([k for k in part.kernels if k.symbol not in programs]))
+        launches = {kernel.symbol: kernel.launches for kernel in part.kernels}
         self.queue = cl.CommandQueue(self.context)
         self._buffers = {
-            name: cl.Buffer(self.context, cl.mem_flags.READ_WRITE, max(int(size), 4))
-            for name, size in part["buffers"].items()
+            name: cl.Buffer(self.context, cl.mem_flags.READ_WRITE, max(size, 4)) for name, size in part.buffers.items()
         }
-        for sha, member in part["blobs"].items():
+        for sha, member in part.blobs.items():
             if sha not in shared.weights:
                 shared.weights[sha] = self._upload(artifact.read_member(member))
             self._buffers[f"blob:{sha}"] = shared.weights[sha]
-        self.schedule = list(part["schedule"])
+        self.schedule = [step.json_object for step in part.schedule]
         self.target = {"id": f"opencl-{self.fingerprint}", "kind": "opencl"}
         self._steps = [
             [
-                (self._kernel(programs[step["kernel"]], name, step["args"]), tuple(int(n) for n in size))
-                for name, size in launches[step["kernel"]]
+                (self._kernel(programs[step.kernel], launch.name, step.args), launch.size)
+                for launch in launches[step.kernel]
             ]
-            for step in self.schedule
+            for step in part.schedule
         ]
-        self.inputs = [TensorSpec(e["name"], tuple(e["shape"]), e["dtype"]) for e in manifest["inputs"]]
-        self.outputs = [TensorSpec(e["name"], tuple(e["shape"]), e["dtype"]) for e in manifest["outputs"]]
+        self.inputs = [TensorSpec(slot.name, slot.shape, slot.dtype) for slot in manifest.inputs]
+        self.outputs = [TensorSpec(slot.name, slot.shape, slot.dtype) for slot in manifest.outputs]
         self._lock = threading.Lock()
 
-    def load_programs(self, kernels: list[dict[str, Any]]) -> dict[str, Any]:
+    def load_programs(self, kernels: list[OpenClKernel]) -> dict[str, Any]:
         """A built program per kernel symbol (the loader's cache -> shipped binary -> parallel source build)."""
         return self.loader.load_all(kernels)
 
@@ -185,7 +184,7 @@ class OpenCLModel:
         flags = cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR
         return cl.Buffer(self.context, flags, hostbuf=np.frombuffer(data, np.uint8))
 
-    def _kernel(self, program: Any, name: str, args: list[str]) -> Any:
+    def _kernel(self, program: Any, name: str, args: Sequence[str]) -> Any:
         """One launch's kernel object with its buffers bound once (a run only enqueues it)."""
         import pyopencl as cl
 
@@ -243,6 +242,11 @@ class OpenCLModel:
             cl.enqueue_nd_range_kernel(self.queue, kernel, size, None)
 
 
+def _launches_json(kernel: OpenClKernel) -> list[list[Any]]:
+    """The kernel's launches in their JSON form ([kernel function, global size]), as the source build reads them."""
+    return [[launch.name, list(launch.size)] for launch in kernel.launches]
+
+
 class SharedPrograms:
     """This host's device (through its ProgramLoader), a built program per kernel symbol and a device buffer per
     weight, shared by every size of an artifact (a kernel two sizes share is built or read once, a weight is on the
@@ -253,10 +257,10 @@ class SharedPrograms:
         self.programs: dict[str, Any] = {}
         self.weights: dict[str, Any] = {}
 
-    def load(self, kernels: list[dict[str, Any]]) -> None:
+    def load(self, kernels: list[OpenClKernel]) -> None:
         """Programs for the kernels not loaded yet, all at once (cache -> shipped binary -> one parallel source
         build of the rest)."""
-        todo = {kernel["symbol"]: kernel for kernel in kernels if kernel["symbol"] not in self.programs}
+        todo = {kernel.symbol: kernel for kernel in kernels if kernel.symbol not in self.programs}
         self.programs.update(self.loader.load_all(list(todo.values())))
 
 
@@ -269,10 +273,11 @@ def load_opencl_model(
     sizes = check_sizes(artifact.path, artifact.manifest)
     if len(sizes) == 1:
         return OpenCLModel(artifact, cache_dir, manifest=sizes[0][1])
-    if not all(size.get("opencl") for _, size in sizes):
+    parts = [size.opencl for _, size in sizes]
+    if not all(parts):
         raise ArtifactError(f"{artifact.path}: the artifact has no OpenCL part (build with --target opencl)")
     shared = SharedPrograms(ProgramLoader(artifact, *this_device(), cache_dir))
-    shared.load([kernel for _, size in sizes for kernel in size["opencl"]["kernels"]])
+    shared.load([kernel for part in parts if part is not None for kernel in part.kernels])
     return SizedModel(
         artifact.path, [(pins, OpenCLModel(artifact, cache_dir, manifest=size, shared=shared)) for pins, size in sizes]
     )
