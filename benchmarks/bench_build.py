@@ -528,7 +528,9 @@ def machine_info(workers: int) -> dict[str, Any]:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line; unknown model names are refused with the list of known ones."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default=",".join(ALL_MODELS), help="comma-separated names (default: all 14)")
+    parser.add_argument(
+        "--models", default=",".join(ALL_MODELS), help=f"comma-separated names (default: all {len(ALL_MODELS)})"
+    )
     parser.add_argument("--repeat", type=int, default=20, help="timed inference runs per model (default 20)")
     parser.add_argument("--json", type=Path, help="also write every figure to this JSON file")
     parser.add_argument("--workers", type=int, default=None, help="build worker processes (default: all cores)")
