@@ -54,9 +54,10 @@ from report import markdown_table  # noqa: E402
 
 from farm.backends.llvm.compiler_runtime import runtime_object  # noqa: E402
 from farm.backends.llvm.link import check_no_startup_code, linker_identity  # noqa: E402
+from farm.backends.llvm.part import entry_object  # noqa: E402
 from farm.backends.llvm.target import host_target  # noqa: E402
 from farm.build import assembly  # noqa: E402
-from farm.build.parts import BuiltUnits, entry_object  # noqa: E402
+from farm.build.parts import BuiltUnits  # noqa: E402
 from farm.build.units import compile_unit  # noqa: E402
 from farm.distributed import recipes  # noqa: E402
 from farm.distributed.worker import preload  # noqa: E402

@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from farm.backends.llvm.target import host_target
+from farm.backends.opencl.backend import opencl_queue
 from farm.distributed import acl, intake, job_record, redis_keys, task_messages
 from farm.distributed.board import JobBoard
 from farm.distributed.celery_app import make_app
@@ -91,7 +92,7 @@ FORBIDDEN_WRITES = {
     "the store's cap": ("SET", f"{acl.STORE_PREFIX}max_bytes", "1"),
     "the control queue": ("LPUSH", task_messages.CONTROL_QUEUE, "{}"),
     "the llvm queue": ("LPUSH", task_messages.LLVM_QUEUE, "{}"),
-    "a device's queue": ("LPUSH", task_messages.opencl_queue("ab" * 8), "{}"),
+    "a device's queue": ("LPUSH", opencl_queue("ab" * 8), "{}"),
     "a tuning queue": ("LPUSH", task_messages.tune_queue("x86_64"), "{}"),
     "Celery's routing": ("SADD", "_kombu.binding.control", "x"),
     "Celery's unacked tasks": ("HSET", "unacked", "t", "{}"),

@@ -21,12 +21,12 @@ import onnx
 import pytest
 
 from farm import defaults
+from farm.backends.llvm.part import entry_object, entry_ref
 from farm.backends.llvm.target import host_target
 from farm.build import assembly
 from farm.build.assembly import compile_units, plan_model
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
-from farm.build.parts import entry_object, entry_ref
 from farm.build.units import CompileUnit, compile_unit
 from farm.distributed import pins, recipes, redis_keys, task_messages
 from farm.distributed.board import JobBoard

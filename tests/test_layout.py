@@ -8,6 +8,8 @@ import ast
 import re
 from pathlib import Path
 
+from farm.backends.registry import BACKENDS
+
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("farm", "tasks", "workers")
 TOP_LEVEL_MODULES = {"__init__.py", "__main__.py", "artifact.py", "atomic.py", "defaults.py", "errors.py"}
@@ -160,13 +162,19 @@ def documented_layers() -> list[list[str]]:
 
 
 def layer_of(module: str, layers: list[list[str]]) -> int:
-    """The index of the row `module` belongs to (the farm package itself is the lowest), len(layers) for the entry
-    points above them all."""
+    """The index of the row `module` belongs to: the row with the longest prefix of it (`farm/backends/llvm/part.py`
+    has a row of its own above `farm/backends/`); the farm package itself is the lowest, the entry points (len(layers))
+    above them all."""
     if module == "farm":
         return 0
-    for index, prefixes in enumerate(layers):
-        if any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes):
-            return index
+    rows = [
+        (len(prefix), index)
+        for index, prefixes in enumerate(layers)
+        for prefix in prefixes
+        if module == prefix or module.startswith(prefix + ".")
+    ]
+    if rows:
+        return max(rows)[1]
     assert module.startswith(ENTRY_POINTS), f"{module} is in no row of docs/architecture.md's Layout table"
     return len(layers)
 
@@ -185,6 +193,25 @@ def test_each_stage_imports_only_the_stages_the_docs_list_before_it() -> None:
     layers = documented_layers()
     assert ["farm.ir"] in layers and layers.index(["farm.ir"]) < layers.index(["farm.runtime"])
     assert layer_violations(import_graph(), layers) == []
+
+
+def test_a_backends_part_sits_above_the_builds_core_and_the_backends() -> None:
+    layers = documented_layers()
+    for backend in BACKENDS.values():
+        part = layer_of(f"{backend.package}.part", layers)
+        assert layer_of(backend.package, layers) < layer_of("farm.build.parts", layers) < part
+        assert part < layer_of("farm.build.assembly", layers)
+
+
+def test_a_module_belongs_to_the_row_of_its_longest_prefix() -> None:
+    layers = [["farm.backends"], ["farm.build.parts"], ["farm.backends.llvm.part"], ["farm.build"]]
+    assert [
+        layer_of(m, layers) for m in ("farm.backends.llvm.kernel", "farm.backends.llvm.part", "farm.build.local")
+    ] == [
+        0,
+        2,
+        3,
+    ]
 
 
 def test_the_layer_check_finds_an_upward_import() -> None:

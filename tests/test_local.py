@@ -146,8 +146,8 @@ def test_constant_weights_are_pre_packed_for_the_kernels_tiles(small_cnn_path, t
     transposed B (an implicit GEMM or a small plane's transposed one); the Gemm's constant B (stored transposed:
     transB) column panels (the tile's width, k, n, transposed); other constants (biases) stay plain."""
     from farm.backends.llvm.kernel import default_blocking
+    from farm.backends.llvm.part import blob_args
     from farm.build.assembly import compile_units, plan_model
-    from farm.build.parts import blob_args
 
     plan, target = plan_model(small_cnn_path), host_target()
     blocking = default_blocking(target)

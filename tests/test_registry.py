@@ -13,8 +13,8 @@ from farm.ir.graph import TensorInfo
 from farm.ir.specs import KernelSpec
 
 FP1, FP2 = "0123456789abcdef", "fedcba9876543210"
-HERE = Devices("on this host", lambda: [FP1, FP2])
-NONE = Devices("on the farm's workers", lambda: [])
+HERE = Devices("on this host", lambda kind: [FP1, FP2] if kind == "opencl" else [])
+NONE = Devices("on the farm's workers", lambda kind: [])
 RELU = KernelSpec("Relu", "{}", (TensorInfo((1, 8), "float32"),), (TensorInfo((1, 8), "float32"),), None, "")
 
 

@@ -83,7 +83,8 @@ def test_every_task_has_arguments_and_a_queue() -> None:
 
 
 def test_a_worker_consumes_control_llvm_its_cpus_tuning_and_its_devices() -> None:
-    assert task_messages.worker_queues(CPU.id, ["ab" * 8]) == [
+    cpu = {"triple": CPU.triple, "cpu": CPU.cpu, "features": CPU.features}
+    assert task_messages.worker_queues({"cpu": cpu, "opencl": [{"fingerprint": "ab" * 8}]}) == [
         "control",
         "llvm",
         f"tune.{CPU.id}",

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from farm.backends.llvm.target import CpuTarget
-from farm.build.units import UNIT_KINDS, CompileUnit
+from farm.build.units import CompileUnit, traits_of, unit_kinds
 from farm.distributed.task_messages import COMPILE_TASKS
 from farm.ir.specs import BlobSpec
 from farm.ir.unit_kinds import UnitKind
@@ -16,13 +16,13 @@ from farm.ir.unit_kinds import UnitKind
 
 def test_the_kinds_keep_their_names() -> None:
     assert [kind.value for kind in UnitKind] == ["kernel", "blob", "clkernel"]
-    assert set(UNIT_KINDS) == set(COMPILE_TASKS) == set(UnitKind)
+    assert set(unit_kinds()) == set(COMPILE_TASKS) == set(UnitKind)
 
 
 @pytest.mark.parametrize("kind", list(UnitKind))
 def test_a_kind_reads_back_from_its_name_and_equals_it(kind: UnitKind) -> None:
     assert UnitKind(kind.value) is kind and kind == kind.value
-    assert UNIT_KINDS[kind] is UNIT_KINDS[UnitKind(kind.value)]
+    assert traits_of(kind) is traits_of(UnitKind(kind.value))
 
 
 def test_a_units_json_spells_its_kind_as_before() -> None:

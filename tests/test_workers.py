@@ -22,7 +22,8 @@ from farm.backends.llvm.blobs import STALE_SCRATCH_SECONDS
 from farm.backends.llvm.target import host_target
 from farm.backends.opencl.devices import fingerprint
 from farm.distributed.celery_app import make_app
-from farm.distributed.worker import WORKERS_KEY, default_hostname, detect_capabilities, queues_for
+from farm.distributed.task_messages import worker_queues
+from farm.distributed.worker import WORKERS_KEY, default_hostname, detect_capabilities
 from farm.tools import examples
 from tests.farm_services import FarmWorker, farm_cli
 from tests.services import RedisServer, free_port, redis_server_fixture, redis_servers_fixture  # noqa: F401
@@ -64,18 +65,18 @@ def test_capabilities_list_pocls_device_with_a_fingerprint(capabilities: dict) -
 
 
 def test_queues_for_takes_control_llvm_this_cpus_tuning_and_each_opencl_device(capabilities: dict) -> None:
-    queues = queues_for(capabilities)
+    queues = worker_queues(capabilities)
     tune = f"tune.{host_target().id}"
     assert queues[:3] == ["control", "llvm", tune]
     assert queues[3:] == [f"opencl.{device['fingerprint']}" for device in capabilities["opencl"]]
     assert any(re.fullmatch(r"opencl\.[0-9a-f]{16}", queue) for queue in queues)
 
     cpu = capabilities["cpu"]
-    assert queues_for({"cpu": cpu, "opencl": []}) == ["control", "llvm", tune]  # a CPU-only host
+    assert worker_queues({"cpu": cpu, "opencl": []}) == ["control", "llvm", tune]  # a CPU-only host
     two = {"cpu": cpu, "opencl": [{"fingerprint": "0" * 16}, {"fingerprint": "f" * 16}]}
-    assert queues_for(two) == ["control", "llvm", tune, f"opencl.{'0' * 16}", f"opencl.{'f' * 16}"]
+    assert worker_queues(two) == ["control", "llvm", tune, f"opencl.{'0' * 16}", f"opencl.{'f' * 16}"]
     other = {"cpu": {**cpu, "cpu": "neoverse-n1", "triple": "aarch64-unknown-linux-gnu"}, "opencl": []}
-    assert queues_for(other)[2] != tune  # another CPU class: another tuning queue
+    assert worker_queues(other)[2] != tune  # another CPU class: another tuning queue
 
 
 def test_default_hostname_names_the_process_and_host() -> None:
@@ -124,7 +125,7 @@ def test_a_worker_sweeps_leaked_scratch_advertises_consumes_its_queues_and_stops
 
         queues = make_app(server.url).control.inspect(timeout=5, destination=["caps@test"]).active_queues()
         assert queues, f"the worker didn't answer inspect:\n{worker.log_tail()}"
-        assert sorted(queue["name"] for queue in queues["caps@test"]) == sorted(queues_for(capabilities))
+        assert sorted(queue["name"] for queue in queues["caps@test"]) == sorted(worker_queues(capabilities))
     except BaseException:
         worker.kill()
         raise

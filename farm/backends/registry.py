@@ -1,121 +1,31 @@
-"""The target registry: every backend farm can build for, found by the kind a target names (`cpu:...`,
-`opencl:...`).
+"""The backend registry: every backend farm can build for, found by the kind a target names (`cpu:...`,
+`opencl:...`), and the targets `--target` and JSON name.
 
-A backend brings what is particular to its kind of device: how its targets are written on the command line and in
-JSON, its renderer (loop IR -> source text) and its compile step (spec + target -> bytes, a pure function); the
-runtime keeps each kind's loader (farm.runtime.LOADERS). Its farm queue is named by the farm's task messages
-(farm.distributed.task_messages), and its part of an artifact is assembled by farm.build.parts. A third backend
-is one more class here and one more part there.
-
-Imports of the compilers and drivers stay inside the methods, so that parsing a target or loading an artifact
-never loads what another backend needs (pyopencl on a CPU-only host), and a submitting client needs neither them
-nor the IR (numpy) to name targets.
+Each backend is one folder, farm/backends/<kind>/, whose `backend.py` implements farm.backends.base.Backend; this
+module lists them. A third backend is its folder, one entry in BACKENDS and its target type in `Target`, and a
+name for each kind of compile unit it builds in farm.ir.unit_kinds.UnitKind (the closed set a task message may
+carry) and in the farm's task names (farm.distributed.task_messages.COMPILE_TASKS).
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, Union
+from collections.abc import Sequence
+from typing import Any, Union
 
+from farm.backends.base import Backend, Devices
+from farm.backends.llvm.backend import CpuBackend
 from farm.backends.llvm.target import CpuTarget
+from farm.backends.opencl.backend import OpenClBackend
 from farm.backends.opencl.target import OpenClTarget
 from farm.defaults import MAX_TARGETS
 from farm.errors import BadInputError
 
-if TYPE_CHECKING:
-    from farm.ir.specs import KernelSpec
+__all__ = ["BACKENDS", "Backend", "Devices", "Target", "backend_named", "backend_of", "parse_targets"]
 
 Target = Union[CpuTarget, OpenClTarget]
-TargetT = TypeVar("TargetT", CpuTarget, OpenClTarget)
-"""The one kind of target a backend takes."""
-
-
-@dataclass(frozen=True)
-class Devices:
-    """What `--target` resolves against: the OpenCL devices there are (this host's, or the farm's live workers'),
-    asked for only when a target needs them, and where they are, for messages."""
-
-    where: str
-    opencl_fingerprints: Callable[[], list[str]]
-
-
-class Backend(ABC, Generic[TargetT]):
-    """One kind of device. `kind` is the prefix of its targets (`--target KIND[:...]`) and its runtime device."""
-
-    kind: ClassVar[str]
-    target_type: ClassVar[type[CpuTarget] | type[OpenClTarget]]
-    usage: ClassVar[str]
-
-    @abstractmethod
-    def resolve(self, rest: str, devices: Devices) -> list[Target]:
-        """The targets `KIND:rest` names (`rest` may be empty)."""
-
-    def target_from_json(self, data: dict[str, Any]) -> Target:
-        return self.target_type.from_json(data)
-
-    @abstractmethod
-    def render(self, spec: KernelSpec, target: TargetT) -> str:
-        """The kernel's source text for the target (LLVM IR, OpenCL C)."""
-
-    @abstractmethod
-    def compile_kernel(self, spec: KernelSpec, target: TargetT) -> bytes:
-        """The kernel's compiled bytes for the target: the pure compile step that local and farm builds call."""
-
-
-class CpuBackend(Backend[CpuTarget]):
-    """CPUs: LLVM IR through llvmlite, object files linked into one shared library per target."""
-
-    kind = "cpu"
-    target_type = CpuTarget
-    usage = "cpu (this host), cpu:TRIPLE or cpu:TRIPLE:CPU[:FEATURES]"
-
-    def resolve(self, rest: str, devices: Devices) -> list[Target]:
-        from farm.backends.llvm.target import parse_target
-
-        return [parse_target(f"cpu:{rest}")]
-
-    def render(self, spec: KernelSpec, target: CpuTarget) -> str:
-        from farm.backends.llvm.kernel import kernel_ir
-
-        return kernel_ir(spec, target)
-
-    def compile_kernel(self, spec: KernelSpec, target: CpuTarget) -> bytes:
-        from farm.backends.llvm.kernel import compile_cpu_kernel
-
-        return compile_cpu_kernel(spec, target)
-
-
-class OpenClBackend(Backend[OpenClTarget]):
-    """OpenCL devices: OpenCL C, a program binary per kernel per device fingerprint, built where the device is."""
-
-    kind = "opencl"
-    target_type = OpenClTarget
-    usage = "opencl (every OpenCL device) or opencl:FINGERPRINT"
-
-    def resolve(self, rest: str, devices: Devices) -> list[Target]:
-        available = devices.opencl_fingerprints()
-        chosen = [rest] if rest else available
-        if not chosen or any(fp not in available for fp in chosen):
-            raise BadInputError(
-                f"--target opencl{':' + rest if rest else ''}: no such OpenCL device "
-                f"{devices.where} (found: {available or 'none'})"
-            )
-        return [OpenClTarget(fp) for fp in chosen]
-
-    def render(self, spec: KernelSpec, target: OpenClTarget) -> str:
-        from farm.backends.opencl.kernel import kernel_source
-
-        return kernel_source(spec)
-
-    def compile_kernel(self, spec: KernelSpec, target: OpenClTarget) -> bytes:
-        from farm.backends.opencl.kernel import compile_cl_kernel
-
-        return compile_cl_kernel(spec, target.fingerprint)
-
 
 BACKENDS: dict[str, Backend] = {backend.kind: backend for backend in (CpuBackend(), OpenClBackend())}
+"""Every backend, by kind, in the order a build assembles their parts."""
 
 
 def backend_of(target: Target) -> Backend:

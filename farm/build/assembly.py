@@ -26,9 +26,10 @@ from typing import Any
 
 from farm import __version__
 from farm.artifact import COMMON_FIELDS, FORMAT_VERSION, SIZED_FORMAT_VERSION, Member, size_manifests
+from farm.backends.llvm.part import link_target
 from farm.backends.llvm.toolchain import toolchain
 from farm.backends.registry import Target
-from farm.build.parts import PARTS, BuiltUnits, link_target
+from farm.build.parts import BuiltUnits, parts
 from farm.build.units import CompileUnit
 from farm.errors import BadInputError, UnsupportedError
 from farm.frontend.external import ExternalData
@@ -112,13 +113,13 @@ def build_identity(
 
 
 def by_kind(targets: Sequence[Target]) -> dict[str, list[Target]]:
-    """The targets of each backend part, every part listed (in PARTS order)."""
-    return {kind: [t for t in targets if t.kind == kind] for kind in PARTS}
+    """The targets of each backend part, every part listed (in the registry's order)."""
+    return {kind: [t for t in targets if t.kind == kind] for kind in parts()}
 
 
 def compile_units(plan: BuildPlan, targets: Sequence[Target]) -> list[CompileUnit]:
     """Every unit the build needs, for every target (see farm.build.parts)."""
-    return [unit for kind, chosen in by_kind(targets).items() for unit in PARTS[kind].units(plan, chosen)]
+    return [unit for kind, chosen in by_kind(targets).items() for unit in parts()[kind].units(plan, chosen)]
 
 
 def sized_units(plans: Sequence[BuildPlan], targets: Sequence[Target]) -> list[CompileUnit]:
@@ -181,9 +182,9 @@ def _size_link_plan(
     plan: BuildPlan, targets: Sequence[Target], model_name: str, model_sha256: str, units: Sequence[CompileUnit]
 ) -> dict[str, Any]:
     layouts = {
-        kind: PARTS[kind].layout(plan, chosen, [u for u in units if u.target.kind == kind])
+        kind: parts()[kind].layout(plan, chosen, [u for u in units if u.target.kind == kind])
         for kind, chosen in by_kind(targets).items()
-        if chosen or PARTS[kind].always
+        if chosen or parts()[kind].always
     }
     return {"manifest": manifest_template(plan, targets, model_name, model_sha256), "layouts": layouts}
 
@@ -229,8 +230,8 @@ def manifest_template(plan: BuildPlan, targets: Sequence[Target], model_name: st
         "memory_plan": plan.memory.to_json(),
     }
     for kind, chosen in by_kind(targets).items():
-        if chosen or PARTS[kind].always:
-            manifest.update(PARTS[kind].manifest_fields(plan, chosen))
+        if chosen or parts()[kind].always:
+            manifest.update(parts()[kind].manifest_fields(plan, chosen))
     return manifest
 
 
@@ -306,7 +307,7 @@ def _size_contents(plan_json: dict[str, Any], built: BuiltUnits) -> tuple[dict[s
     manifest: dict[str, Any] = dict(plan_json["manifest"])
     members: dict[str, Member] = {}
     for kind, layout in plan_json["layouts"].items():
-        fields, part_members = PARTS[kind].assemble(layout, plan_json["manifest"], built)
+        fields, part_members = parts()[kind].assemble(layout, plan_json["manifest"], built)
         manifest.update(fields)
         members.update(part_members)
     return manifest, members
@@ -316,7 +317,7 @@ def unit_nodes(plan_json: dict[str, Any], unit: CompileUnit) -> list[str]:
     """The ONNX nodes a unit serves (from the link plan's manifests: the first size that has it), so that an
     error can name them."""
     for sub_plan in size_plans(plan_json):
-        nodes = PARTS[unit.target.kind].nodes_of(sub_plan["manifest"], unit)
+        nodes = parts()[unit.target.kind].nodes_of(sub_plan["manifest"], unit)
         if nodes:
             return nodes
     return []
@@ -331,7 +332,7 @@ def manifest_names(manifest: dict[str, Any], model_sha256: str, model_name: str,
         and model.get("sha256") == model_sha256
         and model.get("name") == model_name
         and all(
-            PARTS[kind].names_targets(size, chosen)
+            parts()[kind].names_targets(size, chosen)
             for size in size_manifests(manifest)
             for kind, chosen in by_kind(targets).items()
         )

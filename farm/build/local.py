@@ -18,7 +18,7 @@ from farm.backends.registry import Target
 from farm.build import assembly
 from farm.build.executor import LocalExecutor, StepCall
 from farm.build.parts import BuiltUnits
-from farm.build.units import UNIT_KINDS, CompileUnit, cache_unit, cached_unit, compile_unit
+from farm.build.units import CompileUnit, cache_unit, cached_unit, compile_unit, traits_of
 from farm.ir.shapes import PinnedShapes
 from farm.ir.specs import BlobSpec
 from farm.ir.unit_kinds import UnitKind
@@ -204,9 +204,7 @@ def _weights_of(unit: CompileUnit, blobs: Mapping[str, Any]) -> memoryview | Non
 
 def _step_call(unit: CompileUnit, blobs: Mapping[str, Any]) -> StepCall:
     """The unit's pure step as an executor call; a blob's weights are passed as a view, not copied."""
-    return StepCall(
-        unit.name, compile_unit, (unit, _weights_of(unit, blobs)), big_bytes=UNIT_KINDS[unit.kind].big_bytes
-    )
+    return StepCall(unit.name, compile_unit, (unit, _weights_of(unit, blobs)), big_bytes=traits_of(unit.kind).big_bytes)
 
 
 def _run(executor: LocalExecutor | None, calls: list[StepCall], progress: ProgressCallback | None) -> list[bytes]:

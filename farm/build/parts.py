@@ -1,62 +1,30 @@
-"""What each backend adds to a build: its compile units, what assembling its part needs (a JSON layout, kept in
-the link plan), and its manifest fields and members once the units are built.
+"""What a backend adds to a build, as the build sees it: its compile units, what assembling its part needs (a JSON
+layout, kept in the link plan), and its manifest fields and members once the units are built.
 
-- CPU (`CpuPart`): a kernel object per distinct kernel and, per weight that a target's kernels read pre-packed in
-  panels, the packed bytes; then per target an entry object (farm_run, farm_launch, farm_work, farm_run_steps) and
-  one shared library of code alone. Weights are members of the artifact (`weights/<sha256>.bin` as the model has
-  them, `targets/<id>/weights/<symbol>.bin` packed), which the runtime maps and hands to the entry through a table
-  of pointers after the arena (see `weight_members`); the manifest's `targets` and `kernels`.
-- OpenCL (`OpenClPart`): every kernel's source, a program binary per kernel per device, the weights and the
-  schedule, so the runtime goes cache -> shipped binary -> parallel source build and never builds serially; the
-  manifest's `opencl` section.
-
-`PARTS` is keyed by backend kind (farm.backends.registry), in the order parts are assembled.
+Each backend's part is `PART` in its folder's `part` module (farm/backends/<kind>/part.py: the CPU library and
+weights, the OpenCL sources and binaries), found by name through the registry (`part_of`, `parts`), so the build
+names no backend. `parts()` is in the registry's order, the order parts are assembled.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic
 
 from farm.artifact import Member
-from farm.backends.llvm.target import CpuTarget
-from farm.backends.llvm.toolchain import toolchain
-from farm.backends.opencl.target import OpenClTarget
-from farm.backends.registry import TargetT
-from farm.build.units import CompileUnit
-from farm.ir.specs import CODEGEN_VERSION, BlobSpec, KernelSpec, canonical_json
+from farm.backends.base import TargetT
+from farm.backends.registry import BACKENDS
+from farm.build.units import CompileUnit, UnitKindTraits
 from farm.ir.unit_kinds import UnitKind
-from farm.plan.planner import BuildPlan, for_target
-from farm.store import refs
+from farm.plan.planner import BuildPlan
 
 
-def entry_object(library: dict[str, Any]) -> bytes:
-    """A CPU library's entry object (a libraries() entry's schedule compiled for its target): the pure step that
-    makes it, wherever it is made (the farm's link plan step, a link that finds no cached copy, a local build)."""
-    from farm.backends.llvm.entry import compile_entry
-
-    return compile_entry(library["schedule"], _library_target(library), library["weights_offset"])
-
-
-def _library_target(library: dict[str, Any]) -> CpuTarget:
-    """The target of a libraries() entry: a CPU one, as CpuPart.layout writes every entry."""
-    from farm.backends.registry import target_from_json
-
-    target = target_from_json(library["target"])
-    assert isinstance(target, CpuTarget), f"a CPU library's target is a CPU one, not {target.id}"
-    return target
-
-
-def entry_ref(library: dict[str, Any]) -> str:
-    """The store ref of a library's entry object as this process's compiler builds it: everything entry_object
-    reads (schedule, target, weight-table offset) and farm's codegen version, hashed, under the compiler key, as
-    a unit's ref is (so a link never takes another toolchain's entry)."""
-    inputs = canonical_json([CODEGEN_VERSION, library["target"], library["weights_offset"], library["schedule"]])
-    return refs.entry(toolchain().compiler_key, hashlib.sha256(inputs.encode()).hexdigest())
+def weights_member(sha256: str) -> str:
+    """A weight as the model holds it (shared by every part: the OpenCL part and each CPU target that reads it unpacked)."""
+    return f"weights/{sha256}.bin"
 
 
 @dataclass(frozen=True)
@@ -64,14 +32,14 @@ class BuiltUnits:
     """How assembly reads what the units built: bytes and sha256 by unit name, libraries by target id, and
     weights by sha256 (in memory locally, from the store on the farm). A member may be a LazyMember, made as the
     artifact is written (a local build's packed weights). `entry_of`: a library's entry object, compiled here
-    unless the farm's link plan step compiled it while the units did. `sha256_of` is None where the farm's
+    unless the farm's link plan step compiled it while the units did (None: compile it here). `sha256_of` is None where the farm's
     finishing worker has no cache ref of the object (the manifest's object_sha256 is null then)."""
 
     object_of: Callable[[str], Member]
     sha256_of: Callable[[str], str | None]
     library_of: Callable[[str], bytes]
     blob_of: Callable[[str], Member]
-    entry_of: Callable[[dict[str, Any]], bytes] = entry_object
+    entry_of: Callable[[dict[str, Any]], bytes] | None = None
 
 
 class Part(ABC, Generic[TargetT]):
@@ -80,6 +48,8 @@ class Part(ABC, Generic[TargetT]):
 
     kind: ClassVar[str]
     always: ClassVar[bool] = False
+    unit_kinds: ClassVar[dict[UnitKind, UnitKindTraits]]
+    """The kinds of compile unit this part builds, with what each is (farm.build.units.traits_of reads them)."""
 
     @abstractmethod
     def units(self, plan: BuildPlan, targets: Sequence[TargetT]) -> list[CompileUnit]:
@@ -108,341 +78,14 @@ class Part(ABC, Generic[TargetT]):
         """Whether an artifact's manifest was built for exactly these targets of this part's kind."""
 
 
-# --- CPU -------------------------------------------------------------------------------------------------------
-
-
-def blob_args(plan: BuildPlan, target: CpuTarget) -> list[dict[int, BlobSpec]]:
-    """Per step, the BlobSpec of each of its blob arguments on `target`, by argument index: pre-packed in panels
-    where the step's kernel reads that parameter so (backends.llvm.kernel.packed_params), else the plain bytes."""
-    from farm.backends.llvm.kernel import packed_params
-
-    packing: dict[str, dict[int, tuple[int, ...]]] = {}
-    steps = []
-    for step in plan.steps:
-        spec = plan.kernel_for(step.spec, target.id)
-        if spec.key not in packing:
-            packing[spec.key] = packed_params(spec, target)
-        steps.append(
-            {
-                index: BlobSpec(arg.name, plan.blobs[arg.name].nbytes, target.id, packing[spec.key].get(index))
-                for index, arg in enumerate(step.args)
-                if arg.kind == "blob"
-            }
-        )
-    return steps
-
-
-def library_member(target_id: str) -> str:
-    return f"targets/{target_id}/model.so"
-
-
-def weights_member(sha256: str) -> str:
-    """A weight as the model holds it (shared by the OpenCL part and every CPU target that reads it unpacked)."""
-    return f"weights/{sha256}.bin"
-
-
-def packed_weights_member(target_id: str, blob: BlobSpec) -> str:
-    return f"targets/{target_id}/weights/{blob.symbol}.bin"
-
-
-def weight_member(target_id: str, blob: BlobSpec) -> str:
-    return weights_member(blob.data_sha256) if blob.panels is None else packed_weights_member(target_id, blob)
-
-
-def target_weights(plan: BuildPlan, target: CpuTarget) -> list[BlobSpec]:
-    """The distinct weights `target`'s kernels read, in slot order: slot i of the entry's weight table (after the
-    arena, at weights_offset) points at the i-th one's bytes."""
-    return list(dict.fromkeys(blob for step in blob_args(plan, target) for blob in step.values()))
-
-
-WEIGHT_TABLE_ALIGNMENT = 64
-
-
-def weights_offset(plan: BuildPlan) -> int:
-    """Where in the runtime's arena the weight table starts: after everything the memory plan places."""
-    return -(-plan.memory.arena_bytes // WEIGHT_TABLE_ALIGNMENT) * WEIGHT_TABLE_ALIGNMENT
-
-
-def step_launches(plan: BuildPlan, target: CpuTarget) -> list[list[list[int]]]:
-    """Each step's launches on `target` (each distinct kernel lowered once; a Gemm's grain is its variant's)."""
-    from farm.backends.llvm.kernel import cpu_launches
-
-    by_key: dict[str, list[list[int]]] = {}
-    for step in plan.steps:
-        if step.spec.key not in by_key:
-            by_key[step.spec.key] = cpu_launches(plan.kernel_for(step.spec, target.id), target)
-    return [by_key[step.spec.key] for step in plan.steps]
-
-
-def schedule_for(plan: BuildPlan, target: CpuTarget) -> list[dict[str, Any]]:
-    """The entry's call list for `target`: kernel symbols, arena offsets or weight slots (target_weights), and the
-    kernel's launches ([extent, grain, work] each)."""
-    launches, blobs = step_launches(plan, target), blob_args(plan, target)
-    slots = {blob: slot for slot, blob in enumerate(target_weights(plan, target))}
-    return [
-        {
-            "kernel": plan.kernel_for(step.spec, target.id).symbol,
-            "args": [
-                ["weight", slots[step_blobs[index]]] if arg.kind == "blob" else ["arena", plan.memory.offsets[arg.name]]
-                for index, arg in enumerate(step.args)
-            ],
-            "launches": step_launch,
-        }
-        for step, step_launch, step_blobs in zip(plan.steps, launches, blobs)
-    ]
-
-
-def kernel_units(spec: KernelSpec, target: CpuTarget) -> list[KernelSpec]:
-    """The specs of a kernel's units on `target`: the kernel, or each part of its code (kernel_parts)."""
-    from farm.backends.llvm.kernel import kernel_parts
-
-    parts = kernel_parts(spec, target)
-    return [spec] if parts == 1 else [dataclasses.replace(spec, part=(index, parts)) for index in range(parts)]
-
-
-def link_order(units: Sequence[CompileUnit], target: CpuTarget) -> list[str]:
-    """The names of the target's kernel units in the order their objects are linked (before the entry)."""
-    return sorted(unit.name for unit in units if unit.kind == UnitKind.KERNEL and unit.target.id == target.id)
-
-
-def link_target(
-    library: dict[str, Any],
-    object_of: Callable[[str], Member],
-    entry_of: Callable[[dict[str, Any]], bytes] = entry_object,
-) -> bytes:
-    """One CPU target's shared library: its kernels' objects in link order, then its entry (entry_of: from the
-    schedule), then the functions LLVM's calls from kernels into a compiler runtime need
-    (farm.backends.llvm.compiler_runtime)."""
-    from farm.backends.llvm.compiler_runtime import runtime_object
-    from farm.backends.llvm.link import link_library
-
-    target = _library_target(library)
-    objects = [_object_bytes(object_of(name)) for name in library["order"]]
-    return link_library([*objects, entry_of(library), runtime_object(target)], target)
-
-
-def _object_bytes(data: Member) -> bytes:
-    """A kernel unit's object, which is bytes (only blob units, packed weights, are made as they are written)."""
-    assert isinstance(data, bytes), "a kernel unit's object is bytes"
-    return data
-
-
-class CpuPart(Part[CpuTarget]):
-    kind = "cpu"
-    always = True
-
-    def units(self, plan: BuildPlan, targets: Sequence[CpuTarget]) -> list[CompileUnit]:
-        """A kernel unit per distinct kernel, or per part of one whose code is split (kernel_parts), a blob unit
-        per weight the target reads packed (plain weights are the model's bytes: nothing to build)."""
-        kernels = [
-            CompileUnit(UnitKind.KERNEL, part, t)
-            for t in targets
-            for spec in plan.kernels().values()
-            for part in kernel_units(plan.kernel_for(spec, t.id), t)
-        ]
-        blobs = [
-            CompileUnit(UnitKind.BLOB, blob, t)
-            for t in targets
-            for blob in target_weights(plan, t)
-            if blob.panels is not None
-        ]
-        return kernels + blobs
-
-    def layout(self, plan: BuildPlan, targets: Sequence[CpuTarget], units: Sequence[CompileUnit]) -> dict[str, Any]:
-        return {
-            "libraries": [
-                {
-                    "target": t.to_json(),
-                    "schedule": schedule_for(plan, t),
-                    "order": link_order(units, t),
-                    "weights_offset": weights_offset(plan),
-                }
-                for t in targets
-            ],
-            "weights": {
-                weight_member(t.id, blob): (
-                    f"{t.id}/{blob.symbol}" if blob.panels is not None else None,
-                    blob.data_sha256,
-                )
-                for t in targets
-                for blob in target_weights(plan, t)
-            },
-        }
-
-    def manifest_fields(self, plan: BuildPlan, targets: Sequence[CpuTarget]) -> dict[str, Any]:
-        from farm.backends.llvm.entry import ENTRY_SYMBOL, LAUNCH_SYMBOL, WORK_SYMBOL
-        from farm.backends.llvm.features import required_features
-
-        return {
-            "targets": [
-                {
-                    **t.to_json(),
-                    "requires": required_features(t),
-                    "library": library_member(t.id),
-                    "entry": ENTRY_SYMBOL,
-                    "launch_entry": LAUNCH_SYMBOL,
-                    "work_entry": WORK_SYMBOL,
-                    "launches": [launch for step in step_launches(plan, t) for launch in step],
-                    "weights": [weight_member(t.id, blob) for blob in target_weights(plan, t)],
-                    "weights_offset": weights_offset(plan),
-                }
-                for t in targets
-            ],
-            "kernels": _kernel_entries(plan, targets),
-        }
-
-    def assemble(
-        self, layout: dict[str, Any], manifest: dict[str, Any], built: BuiltUnits
-    ) -> tuple[dict[str, Any], dict[str, Member]]:
-        ids = [library["target"]["id"] for library in layout["libraries"]]
-        members: dict[str, Member] = {library_member(target_id): built.library_of(target_id) for target_id in ids}
-        members.update(
-            {
-                member: built.object_of(unit) if unit else built.blob_of(sha)
-                for member, (unit, sha) in layout.get("weights", {}).items()
-            }
-        )
-        kernels = [
-            {**entry, "object_sha256": built.sha256_of(f"{entry['target']}/{entry['symbol']}")}
-            for entry in manifest["kernels"]
-        ]
-        return {"kernels": kernels}, members
-
-    def names_targets(self, manifest: dict[str, Any], targets: Sequence[CpuTarget]) -> bool:
-        listed = manifest.get("targets")
-        return isinstance(listed, list) and [entry.get("id") for entry in listed if isinstance(entry, dict)] == [
-            t.id for t in targets
-        ]
-
-    def nodes_of(self, manifest: dict[str, Any], unit: CompileUnit) -> list[str]:
-        """A kernel's nodes, or the nodes that read a blob's weights."""
-        if unit.data_key:
-            return [step["node"] for step in manifest["schedule"] if f"blob:{unit.data_key}" in step["args"]]
-        return next(
-            (
-                entry["nodes"]
-                for entry in manifest["kernels"]
-                if entry["symbol"] == unit.spec.symbol and entry["target"] == unit.target.id
-            ),
-            [],
-        )
-
-
-def _kernel_entries(plan: BuildPlan, targets: Sequence[CpuTarget]) -> list[dict]:
-    from farm.tuning.variants import manifest_variant
-
-    nodes: dict[str, list[str]] = {}
-    for step in plan.steps:
-        nodes.setdefault(step.spec.key, []).append(step.node)
-    entries = []
-    for key, spec in sorted(plan.kernels().items()):
-        for target in targets:
-            symbol = plan.kernel_for(spec, target.id).symbol
-            entries.append(
-                {
-                    "kernel": key[:20],
-                    "op": spec.op,
-                    "target": target.id,
-                    "symbol": symbol,
-                    "spec": spec.to_json(),
-                    "nodes": nodes[key],
-                    "object_sha256": None,
-                    **manifest_variant(plan, spec, target),
-                }
-            )
-    return entries
-
-
-# --- OpenCL ----------------------------------------------------------------------------------------------------
-
-
-def opencl_kernels(plan: BuildPlan) -> list[KernelSpec]:
-    """The plan's distinct kernels, specialised for OpenCL (one source, and one symbol, serves every device)."""
-    from farm.backends.opencl.target import SPEC_TARGET_ID
-
-    return [for_target(spec, SPEC_TARGET_ID) for spec in plan.kernels().values()]
-
-
-def binary_member(fingerprint: str, symbol: str) -> str:
-    return f"opencl/{fingerprint}/{symbol}.bin"
-
-
-class OpenClPart(Part[OpenClTarget]):
-    kind = "opencl"
-
-    def units(self, plan: BuildPlan, targets: Sequence[OpenClTarget]) -> list[CompileUnit]:
-        return [CompileUnit(UnitKind.CL_KERNEL, spec, t) for t in targets for spec in opencl_kernels(plan)]
-
-    def layout(self, plan: BuildPlan, targets: Sequence[OpenClTarget], units: Sequence[CompileUnit]) -> dict[str, Any]:
-        from farm.backends.opencl.kernel import kernel_source
-
-        return {
-            "sources": {f"opencl/source/{spec.symbol}.cl": kernel_source(spec) for spec in opencl_kernels(plan)},
-            "binaries": {binary_member(_fingerprint(unit), unit.spec.symbol): unit.name for unit in units},
-            "weights": {weights_member(sha): sha for sha in sorted(plan.blobs)},
-        }
-
-    def manifest_fields(self, plan: BuildPlan, targets: Sequence[OpenClTarget]) -> dict[str, Any]:
-        from farm.backends.opencl.kernel import kernel_launches
-        from farm.ops import argument_bytes
-
-        fingerprints = [t.fingerprint for t in targets]
-        kernels = [
-            {
-                "symbol": spec.symbol,
-                "spec": spec.to_json(),
-                "source": f"opencl/source/{spec.symbol}.cl",
-                "launches": [[name, list(size)] for name, size in kernel_launches(spec)],
-                "arguments": argument_bytes(spec),
-                "binaries": {fp: binary_member(fp, spec.symbol) for fp in fingerprints},
-            }
-            for spec in opencl_kernels(plan)
-        ]
-        return {
-            "opencl": {
-                "devices": fingerprints,
-                "kernels": kernels,
-                "schedule": _opencl_schedule(plan),
-                "buffers": dict(sorted(plan.memory.sizes.items())),
-                "blobs": {sha: weights_member(sha) for sha in sorted(plan.blobs)},
-            }
-        }
-
-    def assemble(
-        self, layout: dict[str, Any], manifest: dict[str, Any], built: BuiltUnits
-    ) -> tuple[dict[str, Any], dict[str, Member]]:
-        members = {member: source.encode() for member, source in layout["sources"].items()}
-        members.update({member: built.object_of(name) for member, name in layout["binaries"].items()})
-        members.update({member: built.blob_of(sha) for member, sha in layout["weights"].items()})
-        return {}, members
-
-    def nodes_of(self, manifest: dict[str, Any], unit: CompileUnit) -> list[str]:
-        return [step["node"] for step in manifest["opencl"]["schedule"] if step["kernel"] == unit.spec.symbol]
-
-    def names_targets(self, manifest: dict[str, Any], targets: Sequence[OpenClTarget]) -> bool:
-        part = manifest.get("opencl")
-        devices = part.get("devices") if isinstance(part, dict) else []
-        return devices == [t.fingerprint for t in targets]
-
-
-def _fingerprint(unit: CompileUnit) -> str:
-    """The device fingerprint of an OpenCL unit (assembly gives a part only the units of its kind)."""
-    assert isinstance(unit.target, OpenClTarget), f"unit {unit.name} is not an OpenCL one"
-    return unit.target.fingerprint
-
-
-def _opencl_schedule(plan: BuildPlan) -> list[dict[str, Any]]:
-    """Each node's kernel and arguments, in order (the kernel's entry lists its launches and argument sizes)."""
-    from farm.backends.opencl.target import SPEC_TARGET_ID
-
-    return [
-        {
-            "node": step.node,
-            "kernel": for_target(step.spec, SPEC_TARGET_ID).symbol,
-            "args": [f"{arg.kind}:{arg.name}" for arg in step.args],
-        }
-        for step in plan.steps
-    ]
-
-
-PARTS: dict[str, Part] = {part.kind: part for part in (CpuPart(), OpenClPart())}
+def part_of(kind: str) -> Part:
+    """The part of the backend of `kind`: `PART` in its folder's `part` module."""
+    part = BACKENDS[kind].module("part").PART
+    assert isinstance(part, Part) and part.kind == kind, f"{BACKENDS[kind].package}.part.PART is not {kind}'s part"
+    return part
+
+
+@functools.cache
+def parts() -> dict[str, Part]:
+    """Every backend's part, by kind, in the registry's order (the order parts are assembled)."""
+    return {kind: part_of(kind) for kind in BACKENDS}

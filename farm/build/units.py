@@ -1,5 +1,6 @@
 """A build's compile units: one object per distinct kernel per CPU target, one packed weight per weight that a CPU
-target's kernels read pre-packed in panels, one program binary per kernel per OpenCL device.
+target's kernels read pre-packed in panels, one program binary per kernel per OpenCL device. Each backend's part
+(farm/backends/<kind>/part.py) declares the kinds of unit it builds and what each is (`UnitKindTraits`).
 
 Each unit kind names its pure step, (spec, target, input bytes) -> bytes, and its cache ref: the local executor
 and the farm's workers call the same step on the same unit, so both build the same bytes, and both keep them in
@@ -10,37 +11,24 @@ the compiler key of the process that asks (farm.backends.llvm.toolchain), an Ope
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Union
 
-from farm.backends.llvm.target import CpuTarget
-from farm.backends.llvm.toolchain import toolchain
-from farm.backends.registry import Target, backend_of, target_from_json
+from farm.backends.registry import BACKENDS, Target, backend_of, target_from_json
 from farm.errors import BadInputError, BuildError
 from farm.ir.specs import BlobSpec, KernelSpec
 from farm.ir.unit_kinds import UnitKind
-from farm.store import CorruptEntryError, MissingEntryError, Store, refs
+from farm.store import CorruptEntryError, MissingEntryError, Store
 
 Spec = Union[KernelSpec, BlobSpec]
 Data = Union[bytes, memoryview, None]
 
 
-def _compile_kernel(spec: KernelSpec, target: Target, data: Data) -> bytes:
+def compile_kernel(spec: KernelSpec, target: Target, data: Data) -> bytes:
+    """A kernel unit's step: its backend's compile step (farm.backends.base.Backend.compile_kernel)."""
     return backend_of(target).compile_kernel(spec, target)
-
-
-def _runs_nothing_at_load(data: bytes, what: str) -> None:
-    from farm.backends.llvm.link import check_no_startup_code
-
-    check_no_startup_code(data, what)
-
-
-def _pack_weights(spec: BlobSpec, target: CpuTarget, data: Data) -> bytes:
-    from farm.backends.llvm.blobs import pack_weights
-
-    assert data is not None, "a blob unit's step is given the weights it packs"
-    return pack_weights(spec, target, data)
 
 
 @dataclass(frozen=True)
@@ -61,28 +49,16 @@ class UnitKindTraits:
     verify: Callable[[bytes, str], None] = lambda data, what: None
 
 
-UNIT_KINDS: dict[UnitKind, UnitKindTraits] = {
-    UnitKind.KERNEL: UnitKindTraits(
-        "kernel",
-        KernelSpec,
-        _compile_kernel,
-        lambda spec, target: refs.kernel(toolchain().compiler_key, spec.key),
-        verify=_runs_nothing_at_load,
-    ),
-    UnitKind.BLOB: UnitKindTraits(
-        "packed weight",
-        BlobSpec,
-        _pack_weights,
-        lambda spec, target: refs.blob(toolchain().compiler_key, spec.key),
-        big_bytes=True,
-    ),
-    UnitKind.CL_KERNEL: UnitKindTraits(
-        "OpenCL kernel",
-        KernelSpec,
-        _compile_kernel,
-        lambda spec, target: refs.opencl_binary(target.fingerprint, spec.key),
-    ),
-}
+def traits_of(kind: UnitKind) -> UnitKindTraits:
+    """What a kind of unit is: the part that builds it says (its backend's `part` module, `unit_kinds`)."""
+    return unit_kinds()[kind]
+
+
+@functools.cache
+def unit_kinds() -> dict[UnitKind, UnitKindTraits]:
+    """Every kind of unit any backend builds, with its traits."""
+    modules = [backend.module("part") for backend in BACKENDS.values()]
+    return {kind: traits for module in modules for kind, traits in module.PART.unit_kinds.items()}
 
 
 @dataclass(frozen=True)
@@ -101,7 +77,7 @@ class CompileUnit:
     @property
     def cache_ref(self) -> str:
         """The store ref under which the built bytes are cached, for this process's toolchain."""
-        return UNIT_KINDS[self.kind].ref(self.spec, self.target)
+        return traits_of(self.kind).ref(self.spec, self.target)
 
     @property
     def data_key(self) -> str | None:
@@ -110,7 +86,7 @@ class CompileUnit:
 
     @property
     def label(self) -> str:
-        return UNIT_KINDS[self.kind].label
+        return traits_of(self.kind).label
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind.value, "spec": self.spec.to_json(), "target": self.target.to_json()}
@@ -118,11 +94,11 @@ class CompileUnit:
     @classmethod
     def from_json(cls, data: Any) -> CompileUnit:
         """A unit from its JSON form, or BadInputError: units cross the farm in messages and link plans."""
-        if not isinstance(data, dict) or data.get("kind") not in UNIT_KINDS:
+        if not isinstance(data, dict) or data.get("kind") not in unit_kinds():
             raise BadInputError(f"not a compile unit: {str(data)[:200]!r}")
         kind = UnitKind(data["kind"])
         try:
-            spec = UNIT_KINDS[kind].spec_type.from_json(data["spec"])
+            spec = traits_of(kind).spec_type.from_json(data["spec"])
         except (KeyError, TypeError, ValueError) as error:
             raise BadInputError(f"compile unit with a malformed spec: {error!r}") from None
         return cls(kind, spec, target_from_json(data.get("target")))
@@ -130,12 +106,12 @@ class CompileUnit:
 
 def compile_unit(unit: CompileUnit, data: Data = None) -> bytes:
     """The bytes of one unit: the pure step both the local executor and the farm's workers call."""
-    return UNIT_KINDS[unit.kind].build(unit.spec, unit.target, data)
+    return traits_of(unit.kind).build(unit.spec, unit.target, data)
 
 
 def verify_cached(unit: CompileUnit, data: bytes) -> bytes:
     """`data` if it can be what the unit's step makes, else BuildError (see UnitKindTraits.verify)."""
-    UNIT_KINDS[unit.kind].verify(data, f"cached {unit.label} {unit.name}")
+    traits_of(unit.kind).verify(data, f"cached {unit.label} {unit.name}")
     return data
 
 

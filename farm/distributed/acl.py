@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
+from farm.backends.registry import BACKENDS
 from farm.distributed import redis_keys, task_messages
 from farm.errors import BadInputError
 
@@ -134,9 +135,7 @@ _CELERY_KEYS = "~_kombu.binding* ~*.reply.celery.pidbox* ~celeryev.* ~unacked* "
     for queue in (
         "celery",
         task_messages.CONTROL_QUEUE,
-        task_messages.LLVM_QUEUE,
-        task_messages.opencl_queue(""),
-        task_messages.tune_queue(""),
+        *(prefix for backend in BACKENDS.values() for prefix in backend.queue_prefixes),
     )
 )
 """What Flower reads and writes in Celery's keys: exchange bindings, its replies to control commands, its event

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from farm import defaults
+from farm.backends.base import ANY_WORKER
 from farm.backends.llvm.target import CpuTarget
-from farm.backends.registry import Target
+from farm.backends.registry import Target, backend_of
 from farm.distributed import acl, job_record, recipes, redis_keys, task_messages, uploads
 from farm.distributed.board import JobBoard
 from farm.distributed.job_record import TERMINAL, JobRecord, JobState, check_model_name
@@ -39,22 +40,13 @@ from farm.frontend.split import BlobSource, SplitError, SplitModel, split_model
 from farm.ir.shapes import PinnedShapes, sizes_to_json
 from farm.store import CorruptEntryError, MissingEntryError, Store, content_key, open_store
 
-ANY_WORKER = "start one with 'farm worker'"
-SERVED_BY: dict[str, Callable[[Any], str]] = {
-    "cpu": lambda target: ANY_WORKER,
-    "opencl": lambda target: f"start 'farm worker' on a host with OpenCL device {target.fingerprint}",
-}
-"""What serves each backend's compile queue (by backend kind), said when no live worker does."""
-
 
 def job_queues(record: JobRecord) -> dict[str, str]:
     """Every queue the job's tasks go to, each with how to get a worker for it: `control` always, each target's
     compile queue, and with --tune (until its tuning ran) each CPU target's tuning queue."""
     queues = {task_messages.CONTROL_QUEUE: ANY_WORKER}
     for target in record.targets:
-        queues[task_messages.COMPILE_QUEUES[target.kind](target)] = SERVED_BY.get(target.kind, lambda t: ANY_WORKER)(
-            target
-        )
+        queues[task_messages.compile_queue(target)] = backend_of(target).served_by(target)
     if record.tuning_asked("tune") or record.tuning_asked("retune"):
         for target in record.targets:
             if target.kind == CpuTarget.kind:

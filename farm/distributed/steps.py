@@ -28,9 +28,10 @@ from typing import Any
 from farm import defaults
 from farm.artifact import Member
 from farm.backends.llvm.link import check_no_startup_code
+from farm.backends.llvm.part import entry_object, entry_ref
 from farm.backends.llvm.target import CpuTarget
 from farm.build import assembly
-from farm.build.parts import BuiltUnits, entry_object, entry_ref
+from farm.build.parts import BuiltUnits
 from farm.build.units import CompileUnit, cache_at, cache_unit, cached_at, cached_unit, compile_unit
 from farm.distributed import pins, recipes, redis_keys, task_messages, uploads
 from farm.distributed.board import JobBoard

@@ -1,6 +1,7 @@
 """The farm's task messages, in one place: task names, queues, each task's arguments with their encoding, and the
 running tasks a worker's peers dispatch again. The client, the Celery app, the steps, the workers and the tests all
-use it; nothing else knows a task name or a queue.
+use it; nothing else knows a task name, and the queues it routes to are the `control` queue and the ones each
+backend names (farm.backends.base.Backend.compile_queue, queues_served).
 
 Messages cross a trust boundary (a forged running-task entry, a redelivered message), so every decode validates what
 it reads and raises BadInputError naming the field: a bad message fails its task, never reaches IR, paths or shell
@@ -11,12 +12,12 @@ this module on installs without numpy or llvmlite (pip install farm).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from farm.backends.registry import Target, target_from_json
+from farm.backends.llvm.backend import LLVM_QUEUE, tune_queue
+from farm.backends.registry import BACKENDS, Target, backend_of, target_from_json
 from farm.distributed.redis_keys import check_job_id
 from farm.errors import BadInputError
 from farm.ir.unit_kinds import UnitKind
@@ -31,30 +32,18 @@ if TYPE_CHECKING:
 CONTROL_QUEUE = "control"
 """Planning and finishing jobs: any worker."""
 
-LLVM_QUEUE = "llvm"
-"""CPU kernels, weight blobs and links: any worker (LLVM cross-compiles)."""
+
+def compile_queue(target: Target) -> str:
+    """The queue of a target's compile units: its backend names it (`llvm`, `opencl.<fingerprint>`)."""
+    return backend_of(target).compile_queue(target)
 
 
-def opencl_queue(fingerprint: str) -> str:
-    """Program binaries for one OpenCL device class: only workers that own such a device."""
-    return f"opencl.{fingerprint}"
-
-
-def tune_queue(cpu_id: str) -> str:
-    """Timing kernel variants for one CPU class: only workers on such a CPU."""
-    return f"tune.{cpu_id}"
-
-
-COMPILE_QUEUES: dict[str, Callable[[Any], str]] = {
-    "cpu": lambda target: LLVM_QUEUE,
-    "opencl": lambda target: opencl_queue(target.fingerprint),
-}
-"""Each backend's compile queue, by backend kind (farm.backends.registry)."""
-
-
-def worker_queues(cpu_id: str, fingerprints: list[str]) -> list[str]:
-    """The queues of a worker on a CPU of class `cpu_id` owning OpenCL devices with `fingerprints`."""
-    return [CONTROL_QUEUE, LLVM_QUEUE, tune_queue(cpu_id)] + [opencl_queue(fp) for fp in fingerprints]
+def worker_queues(capabilities: dict[str, Any]) -> list[str]:
+    """The queues of a worker with these capabilities: `control`, then each backend's queues for what the worker
+    advertises of its kind (`llvm` and `tune.<cpu id>`, `opencl.<fingerprint>` per device)."""
+    return [CONTROL_QUEUE] + [
+        queue for kind, backend in BACKENDS.items() for queue in backend.queues_served(capabilities[kind])
+    ]
 
 
 # --- tasks and their arguments -----------------------------------------------------------------------------------
@@ -171,7 +160,7 @@ class Compile(TaskArgs):
 
     @property
     def queue(self) -> str:
-        return COMPILE_QUEUES[self.unit.target.kind](self.unit.target)
+        return compile_queue(self.unit.target)
 
     def encode(self) -> list[Any]:
         from farm.ir.specs import BlobSpec

@@ -18,9 +18,8 @@ from typing import Any
 
 from farm import defaults
 from farm.backends.llvm.blobs import sweep_stale_scratch
-from farm.backends.llvm.target import CpuTarget, host_target
 from farm.backends.llvm.toolchain import toolchain
-from farm.backends.opencl.devices import opencl_devices_of_a_fresh_process
+from farm.backends.registry import BACKENDS
 from farm.distributed.board import JobBoard
 from farm.distributed.intake import Intake
 from farm.distributed.leases import INCARNATION_VARIABLE, LeaseKeeper, Leases, new_incarnation
@@ -35,29 +34,12 @@ logger = logging.getLogger(__name__)
 def detect_capabilities() -> dict[str, Any]:
     """This host's CPU (triple, cpu name, features), OpenCL devices (listed by a child process: the pool forks) and
     toolchain (its keys show which workers share compile caches)."""
-    cpu = host_target()
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "cpu": {
-            "id": cpu.id,
-            "triple": cpu.triple,
-            "cpu": cpu.cpu,
-            "features": cpu.features,
-            "simd_floats": cpu.simd_floats,
-        },
-        "opencl": opencl_devices_of_a_fresh_process(),
+        **{kind: backend.host_capabilities() for kind, backend in BACKENDS.items()},
         "toolchain": toolchain().to_json(),
     }
-
-
-def queues_for(capabilities: dict[str, Any]) -> list[str]:
-    """control and llvm (any host), tune.<cpu id> (this CPU class), opencl.<fingerprint> for each device."""
-    cpu = capabilities["cpu"]
-    return worker_queues(
-        CpuTarget(cpu["triple"], cpu["cpu"], cpu["features"]).id,
-        [device["fingerprint"] for device in capabilities["opencl"]],
-    )
 
 
 def default_hostname() -> str:
@@ -157,7 +139,7 @@ def run_worker(broker: str, concurrency: int | None, hostname: str | None, logle
 
     @signals.worker_ready.connect(weak=False)
     def advertise(sender: Any = None, **_: Any) -> None:
-        advertised = {**capabilities, "queues": queues_for(capabilities)}
+        advertised = {**capabilities, "queues": worker_queues(capabilities)}
         farm_context().store.set_max_bytes(store_max_bytes)
         # Published before the advertisement: a client that sees a live worker stages where the workers admit.
         farm_context().store.publish_blob_store(blob_store_client_url)
@@ -197,7 +179,7 @@ def run_worker(broker: str, concurrency: int | None, hostname: str | None, logle
     argv = [
         "worker",
         "--queues",
-        ",".join(queues_for(capabilities)),
+        ",".join(worker_queues(capabilities)),
         "--hostname",
         name,
         "--loglevel",
