@@ -131,6 +131,11 @@ FIELD_EDITS: list[tuple[str, Edit, str]] = [
     ("launch of two numbers", _set("targets.0.launches.0", [3, 1]), r"targets\[0\].launches\[0\] is not a list"),
     ("kernels an object", _set("kernels", {}), "kernels is not a list"),
     ("schedule a number", _set("schedule", 3), "schedule is not a list"),
+    ("blobs an object", _set("blobs", {}), "blobs is not a list"),
+    ("blob sha256 short", _set("blobs.0.sha256", "ab"), r"blobs\[0\].sha256"),
+    ("blob bytes a string", _set("blobs.0.bytes", "12"), r"blobs\[0\].bytes is not an integer"),
+    ("blob bytes huge", _set("blobs.0.bytes", 2**50), r"blobs\[0\].bytes is not an integer"),
+    ("blob symbol odd", _set("blobs.0.symbol", "farm w"), r"blobs\[0\].symbol"),
 ]
 CASES = [pytest.param(edit, message, id=name) for name, edit, message in FIELD_EDITS]
 
@@ -304,6 +309,12 @@ def opencl_manifest(built: Path) -> tuple[str, dict[str, Any]]:
         (_set("opencl.schedule.0.kernel", "farm_k_other"), r"opencl.schedule\[0\].kernel is not one of"),
         (_set("opencl.schedule.0.args.0", "arena:nowhere"), r"opencl.schedule\[0\].args\[0\] names no buffer or blob"),
         (_set("opencl.schedule.0.args.0", 7), r"opencl.schedule\[0\].args\[0\] names no buffer or blob"),
+        (_set("opencl.devices", None), "opencl.devices is not a list"),
+        (_set("opencl.devices.0", "../gpu"), r"opencl.devices\[0\] is not a string matching"),
+        (_set("opencl.devices.0", "0" * 16), r"opencl.kernels\[0\].binaries has no binary for opencl.devices\[0\]"),
+        (_set("opencl.kernels.0.arguments", None), r"opencl.kernels\[0\].arguments is not a list"),
+        (_set("opencl.kernels.0.arguments.0", 2**50), r"opencl.kernels\[0\].arguments\[0\] is not an integer"),
+        (_set("opencl.kernels.0.arguments.0", "4"), r"opencl.kernels\[0\].arguments\[0\] is not an integer"),
     ],
 )
 def test_opencl_part_out_of_bounds_is_refused(

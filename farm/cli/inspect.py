@@ -33,7 +33,7 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
     sizes = check_sizes(artifact.path, manifest)
     size_manifests = [size for _, size in sizes]
     members = manifest["members"]
-    blobs = {blob["sha256"]: int(blob["bytes"]) for size in size_manifests for blob in size.blobs}
+    blobs = {blob.sha256: blob.bytes for size in size_manifests for blob in size.blobs}
     return {
         "command": "inspect",
         "schema": INSPECT_SCHEMA,
@@ -86,7 +86,7 @@ def _targets(artifact: Artifact, sizes: list[Manifest]) -> list[dict[str, Any]]:
         for index, t in enumerate(sizes[0].targets)
     ]
     first = sizes[0].opencl
-    for fingerprint in first.devices if first is not None and first.devices is not None else []:
+    for fingerprint in first.devices if first is not None else ():
         binaries = {kernel.binaries[fingerprint] for size in sizes for kernel in _opencl_kernels(size)}
         targets.append(
             {

@@ -14,6 +14,7 @@ from typing import Any
 
 from farm.artifact import size_manifests
 from farm.backends.llvm.elf import defined_symbols
+from farm.backends.opencl.target import FINGERPRINT
 from farm.defaults import MAX_TARGETS
 from farm.errors import ArtifactError, BadInputError
 from farm.ir.shapes import MAX_SIZES, PinnedShapes, sizes_from_json
@@ -27,6 +28,7 @@ MAX_LAUNCHES = 1 << 20
 MAX_EXTENT = 1 << 40
 MAX_WORK = 1 << 62
 MAX_LIST = 1 << 22  # buffers, kernels, blobs, schedule steps
+MAX_ARGUMENTS = 4096  # an OpenCL kernel's arguments: its outputs, inputs and scratch
 MAX_REQUIRED_FEATURES = 1024  # a CPU target's `requires` (LLVM knows some 200-350 features per architecture)
 DTYPE_BYTES = {
     "float16": 2,
@@ -94,17 +96,15 @@ def check_sizes(path: str, manifest: dict[str, Any]) -> list[tuple[PinnedShapes,
         pins = sizes_from_json([entry.get("shapes") for entry in entries])
     except BadInputError as error:
         raise fields.refuse("sizes", f"has malformed pins ({error})") from None
-    sizes = size_manifests(manifest)
-    checked = [check_manifest(path, size) for size in sizes]
-    if any(_targets_of(size) != _targets_of(sizes[0]) for size in sizes):
+    checked = [check_manifest(path, size) for size in size_manifests(manifest)]
+    if any(_targets_of(size) != _targets_of(checked[0]) for size in checked):
         raise fields.refuse("sizes", "do not all have the same targets")
     return list(zip(pins, checked))
 
 
-def _targets_of(size: dict[str, Any]) -> list[Any]:
-    """What a size's manifest builds for: its CPU targets' ids and its OpenCL device classes."""
-    opencl = size.get("opencl")
-    return [[target["id"] for target in size["targets"]], opencl.get("devices") if isinstance(opencl, dict) else None]
+def _targets_of(size: Manifest) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
+    """What a size's manifest builds for: its targets' ids and its OpenCL device classes (None without a part)."""
+    return tuple(target.id for target in size.targets), None if size.opencl is None else size.opencl.devices
 
 
 def check_manifest(path: str, manifest: dict[str, Any]) -> Manifest:
@@ -129,35 +129,39 @@ def check_manifest(path: str, manifest: dict[str, Any]) -> Manifest:
             if key == "kernels":
                 fields.text(entry.get("target"), f"kernels[{index}].target", PLAIN)
                 fields.text(entry.get("symbol"), f"kernels[{index}].symbol", SYMBOL)
-    fields.items(manifest.get("blobs", []), "blobs")
+    for index, blob in enumerate(fields.items(manifest.get("blobs", []), "blobs")):
+        _check_blob(fields, blob, f"blobs[{index}]")
     if "opencl" in manifest:
         _check_opencl(fields, manifest["opencl"], members)
     return Manifest.from_json(manifest)
 
 
+def _check_blob(fields: _Fields, value: Any, field: str) -> None:
+    """A weight blob: the sha256 of its bytes, how many bytes it has (bounded like the arena) and a symbol-like
+    name."""
+    blob = fields.obj(value, field)
+    fields.text(blob.get("sha256"), f"{field}.sha256", SHA256)
+    fields.integer(blob.get("bytes"), f"{field}.bytes", 0, MAX_ARENA_BYTES)
+    fields.text(blob.get("symbol"), f"{field}.symbol", SYMBOL)
+
+
 def _check_opencl(fields: _Fields, value: Any, members: dict[str, Any]) -> None:
-    """The OpenCL part: bounded buffer sizes, members that are listed, launches of 1-3 bounded dimensions and a
-    schedule of its own kernels."""
+    """The OpenCL part: the fingerprints of its device classes, bounded buffer sizes, members that are listed,
+    kernels (_check_opencl_kernel) and a schedule of its own kernels."""
     part = fields.obj(value, "opencl")
+    devices = fields.items(part.get("devices"), "opencl.devices", MAX_TARGETS)
+    for index, device in enumerate(devices):
+        fields.text(device, f"opencl.devices[{index}]", FINGERPRINT)
     buffers = fields.obj(part.get("buffers"), "opencl.buffers")
     for name, size in buffers.items():
         fields.integer(size, f"opencl.buffers[{name!r}]", 0, MAX_ARENA_BYTES)
     blobs = fields.obj(part.get("blobs", {}), "opencl.blobs")
     for sha, member in blobs.items():
         _member(fields, member, f"opencl.blobs[{sha!r}]", members)
-    symbols = set()
-    for index, kernel in enumerate(fields.items(part.get("kernels"), "opencl.kernels")):
-        field = f"opencl.kernels[{index}]"
-        kernel = fields.obj(kernel, field)
-        symbols.add(fields.text(kernel.get("symbol"), f"{field}.symbol", SYMBOL))
-        _member(fields, kernel.get("source"), f"{field}.source", members)
-        for device, member in fields.obj(kernel.get("binaries", {}), f"{field}.binaries").items():
-            _member(fields, member, f"{field}.binaries[{device!r}]", members)
-        for number, launch in enumerate(fields.items(kernel.get("launches"), f"{field}.launches", MAX_LAUNCHES)):
-            name, size = fields.items(launch, f"{field}.launches[{number}]", 2, 2)
-            fields.text(name, f"{field}.launches[{number}] name", SYMBOL)
-            for axis, extent in enumerate(fields.items(size, f"{field}.launches[{number}] size", 3, 1)):
-                fields.integer(extent, f"{field}.launches[{number}] size[{axis}]", 1, MAX_DIMENSION)
+    symbols = {
+        _check_opencl_kernel(fields, kernel, f"opencl.kernels[{index}]", members, devices)
+        for index, kernel in enumerate(fields.items(part.get("kernels"), "opencl.kernels"))
+    }
     for index, step in enumerate(fields.items(part.get("schedule"), "opencl.schedule")):
         step = fields.obj(step, f"opencl.schedule[{index}]")
         if step.get("kernel") not in symbols:
@@ -166,6 +170,29 @@ def _check_opencl(fields: _Fields, value: Any, members: dict[str, Any]) -> None:
             kind, _, name = arg.partition(":") if isinstance(arg, str) else ("", "", "")
             if not (name in blobs if kind == "blob" else name in buffers):
                 raise fields.refuse(f"opencl.schedule[{index}].args[{number}]", "names no buffer or blob")
+
+
+def _check_opencl_kernel(fields: _Fields, value: Any, field: str, members: dict[str, Any], devices: list[str]) -> str:
+    """An OpenCL kernel's symbol, after checking its source and binaries are listed members (a binary for each of
+    the part's `devices` among them), its launches have 1-3 bounded dimensions and its argument sizes are bounded
+    like the arena."""
+    kernel = fields.obj(value, field)
+    symbol = fields.text(kernel.get("symbol"), f"{field}.symbol", SYMBOL)
+    _member(fields, kernel.get("source"), f"{field}.source", members)
+    binaries = fields.obj(kernel.get("binaries", {}), f"{field}.binaries")
+    for device, member in binaries.items():
+        _member(fields, member, f"{field}.binaries[{device!r}]", members)
+    for index, device in enumerate(devices):
+        if device not in binaries:
+            raise fields.refuse(f"{field}.binaries", f"has no binary for opencl.devices[{index}] {device!r}")
+    for number, launch in enumerate(fields.items(kernel.get("launches"), f"{field}.launches", MAX_LAUNCHES)):
+        name, size = fields.items(launch, f"{field}.launches[{number}]", 2, 2)
+        fields.text(name, f"{field}.launches[{number}] name", SYMBOL)
+        for axis, extent in enumerate(fields.items(size, f"{field}.launches[{number}] size", 3, 1)):
+            fields.integer(extent, f"{field}.launches[{number}] size[{axis}]", 1, MAX_DIMENSION)
+    for number, size in enumerate(fields.items(kernel.get("arguments"), f"{field}.arguments", MAX_ARGUMENTS)):
+        fields.integer(size, f"{field}.arguments[{number}]", 0, MAX_ARENA_BYTES)
+    return symbol
 
 
 def _member(fields: _Fields, value: Any, field: str, members: dict[str, Any]) -> None:

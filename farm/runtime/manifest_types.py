@@ -2,9 +2,8 @@
 
 `farm.runtime.manifest.check_manifest` checks a manifest's JSON and then builds its `Manifest` here (`from_json`
 assumes the checks passed: it reads every field they bound, with the same defaults). Lists become tuples and
-objects read-only mappings. What the checks leave unbounded (a blob entry, an OpenCL kernel's argument sizes, the
-device classes) is kept as the JSON gave it, and so is each target's and schedule step's whole JSON object
-(`json_object`): a loaded model hands those to its caller as they were (`Model.target`, `Model.schedule`).
+objects read-only mappings. Each target's and schedule step's whole JSON object is kept too (`json_object`): a
+loaded model hands those to its caller as they were (`Model.target`, `Model.schedule`).
 """
 
 from __future__ import annotations
@@ -130,6 +129,15 @@ class KernelEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class BlobEntry:
+    """A weight of the model: the sha256 of its bytes, how many bytes it has and its symbol."""
+
+    sha256: str
+    bytes: int
+    symbol: str
+
+
+@dataclass(frozen=True, slots=True)
 class ScheduleStep:
     """A step of the CPU schedule: the kernel it runs. `json_object` is the JSON object as written (node, op,
     args)."""
@@ -149,13 +157,13 @@ class OpenClLaunch:
 @dataclass(frozen=True, slots=True)
 class OpenClKernel:
     """An OpenCL kernel: its symbol, its source member, a binary member per device fingerprint, its launches and
-    its argument sizes (`arguments`, as the JSON gave them: the source build reads them)."""
+    the byte size of each of its arguments (`arguments`: the buffers a source build runs its launches on)."""
 
     symbol: str
     source: str
     binaries: Mapping[str, str]
     launches: tuple[OpenClLaunch, ...]
-    arguments: Any = None
+    arguments: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,13 +179,13 @@ class OpenClStep:
 @dataclass(frozen=True, slots=True)
 class OpenClPart:
     """The manifest's OpenCL part: each buffer's size, each weight's member by its sha256, the kernels, the schedule
-    and the device classes it was built for (`devices`, as the JSON gave them)."""
+    and the fingerprints of the device classes it was built for (`devices`)."""
 
     buffers: Mapping[str, int]
     blobs: Mapping[str, str]
     kernels: tuple[OpenClKernel, ...]
     schedule: tuple[OpenClStep, ...]
-    devices: Any = None
+    devices: tuple[str, ...]
 
     @classmethod
     def from_json(cls, part: Mapping[str, Any]) -> OpenClPart:
@@ -191,20 +199,20 @@ class OpenClPart:
                     source=kernel["source"],
                     binaries=MappingProxyType(dict(kernel.get("binaries", {}))),
                     launches=tuple(OpenClLaunch(name, tuple(size)) for name, size in kernel["launches"]),
-                    arguments=kernel.get("arguments"),
+                    arguments=tuple(kernel["arguments"]),
                 )
                 for kernel in part["kernels"]
             ),
             schedule=tuple(OpenClStep(step["kernel"], tuple(step["args"]), step) for step in part["schedule"]),
-            devices=part.get("devices"),
+            devices=tuple(part["devices"]),
         )
 
 
 @dataclass(frozen=True, slots=True)
 class Manifest:
     """One size's checked manifest, as the runtime reads it: the model's sha256, the memory plan, the inputs and
-    outputs, the CPU targets, their kernels and schedule, the weight blobs (each as the JSON gave it) and the
-    OpenCL part (None without one)."""
+    outputs, the CPU targets, their kernels and schedule, the weight blobs and the OpenCL part (None without
+    one)."""
 
     model_sha256: str
     memory_plan: MemoryPlan
@@ -213,7 +221,7 @@ class Manifest:
     targets: tuple[TargetEntry, ...]
     kernels: tuple[KernelEntry, ...] = ()
     schedule: tuple[ScheduleStep, ...] = ()
-    blobs: tuple[Any, ...] = ()
+    blobs: tuple[BlobEntry, ...] = ()
     opencl: OpenClPart | None = None
 
     @classmethod
@@ -235,7 +243,7 @@ class Manifest:
                 KernelEntry(entry["kernel"], entry["target"], entry["symbol"]) for entry in manifest.get("kernels", [])
             ),
             schedule=tuple(ScheduleStep(step["kernel"], step) for step in manifest.get("schedule", [])),
-            blobs=tuple(manifest.get("blobs", [])),
+            blobs=tuple(BlobEntry(blob["sha256"], blob["bytes"], blob["symbol"]) for blob in manifest.get("blobs", [])),
             opencl=OpenClPart.from_json(manifest["opencl"]) if "opencl" in manifest else None,
         )
 

@@ -72,7 +72,8 @@ class ProgramLoader:
         programs = {k.symbol: self._from_binaries(k, sources[k.symbol]) for k in kernels}
         missing = [k for k in kernels if programs[k.symbol] is None]
         jobs = [
-            SourceJob(sources[k.symbol].decode(), f"kernel {k.symbol}", _launches_json(k), k.arguments) for k in missing
+            SourceJob(sources[k.symbol].decode(), f"kernel {k.symbol}", _launches_json(k), list(k.arguments))
+            for k in missing
         ]
         for kernel, binary in zip(missing, build_all(jobs, self.fingerprint, self.build_processes)):
             write_atomically(self._cache_path(sources[kernel.symbol], binary), binary)
