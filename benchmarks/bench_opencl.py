@@ -36,11 +36,11 @@ from report import markdown_table
 
 from farm.artifact import open_artifact, write_artifact
 from farm.backends.opencl.devices import BUILD_OPTIONS, opencl_devices
+from farm.backends.opencl.loader import OpenCLModel, this_device
 from farm.backends.opencl.target import OpenClTarget
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
 from farm.runtime.manifest_types import OpenClKernel
-from farm.runtime.opencl import OpenCLModel, this_device
 from farm.tools import examples
 
 SHIPPED_BAR, PARALLEL_BAR = 20.0, 1.6

@@ -195,12 +195,13 @@ def test_each_stage_imports_only_the_stages_the_docs_list_before_it() -> None:
     assert layer_violations(import_graph(), layers) == []
 
 
-def test_a_backends_part_sits_above_the_builds_core_and_the_backends() -> None:
+def test_a_backends_part_and_loader_sit_above_the_cores_that_find_them_by_name() -> None:
     layers = documented_layers()
     for backend in BACKENDS.values():
-        part = layer_of(f"{backend.package}.part", layers)
+        part, loader = layer_of(f"{backend.package}.part", layers), layer_of(f"{backend.package}.loader", layers)
         assert layer_of(backend.package, layers) < layer_of("farm.build.parts", layers) < part
         assert part < layer_of("farm.build.assembly", layers)
+        assert layer_of("farm.runtime", layers) < loader < layer_of("farm.distributed", layers)
 
 
 def test_a_module_belongs_to_the_row_of_its_longest_prefix() -> None:

@@ -10,10 +10,10 @@ import numpy as np
 import pyopencl as cl
 import pytest
 
+from farm.backends.opencl.builder import SourceJob, build_all, serve
 from farm.backends.opencl.devices import opencl_devices
+from farm.backends.opencl.loader import this_device
 from farm.errors import BuildError
-from farm.runtime.opencl import this_device
-from farm.runtime.opencl_builder import SourceJob, build_all, serve
 
 SCALE = (
     "__kernel void {name}(__global float* restrict out0, __global const float* restrict in0)\n"

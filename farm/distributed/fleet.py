@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from farm.backends.registry import BACKENDS
 from farm.distributed import redis_keys
 from farm.distributed.board import JobBoard
 
@@ -34,12 +35,15 @@ def live_queues(broker: str) -> set[str]:
     return {queue for capabilities in leased_workers(broker).values() for queue in capabilities.get("queues", [])}
 
 
-def farm_fingerprints(broker: str) -> list[str]:
-    """Fingerprints of every OpenCL device that a live worker owns (sorted, each once)."""
+def farm_device_ids(broker: str, kind: str) -> list[str]:
+    """The ids of every device of a backend's kind that a live worker owns (sorted, each once): what `--target
+    opencl` means on the farm."""
+    backend = BACKENDS[kind]
     return sorted(
         {
-            device["fingerprint"]
+            device
             for capabilities in leased_workers(broker).values()
-            for device in capabilities.get("opencl", [])
+            if kind in capabilities
+            for device in backend.device_ids(capabilities[kind])
         }
     )

@@ -2,10 +2,10 @@
 
 Nothing is loaded before the manifest's signature has been checked (when the runtime is given trusted keys), the
 manifest against its schema (farm.runtime.manifest) and every member's sha256 against the manifest (once per
-artifact file: farm.runtime.cache). The runtime
-keeps a loader per backend kind (LOADERS, keyed like farm.backends.registry.BACKENDS): the CPU library
-(farm.runtime.cpu; a cross-compiled one under qemu: farm.runtime.emulation) or the OpenCL programs
-(farm.runtime.opencl), each imported only when it loads, so that a CPU load never imports pyopencl.
+artifact file: farm.runtime.cache). Each backend
+brings its loader, in its folder (`loader_of`): the CPU library (farm.backends.llvm.loader; a cross-compiled one
+under qemu: farm.runtime.emulation) or the OpenCL programs (farm.backends.opencl.loader), each imported only when
+it loads, so that a CPU load never imports pyopencl.
 """
 
 from __future__ import annotations
@@ -13,19 +13,19 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from farm import defaults
 from farm.artifact import check_signed, open_artifact, public_key_hex
-from farm.backends.registry import backend_named
-from farm.errors import ArtifactError, BadInputError
+from farm.backends.registry import BACKENDS, backend_named
+from farm.errors import ArtifactError
 from farm.runtime.model import Model, TensorSpec
 from farm.runtime.sized import SizedModel
 
 if TYPE_CHECKING:  # only here: it imports the LLVM backend's emulation driver, which a native load never needs
     from farm.runtime.emulation import EmulatedModel
 
-__all__ = ["LOADERS", "Model", "SizedModel", "TensorSpec", "load"]
+__all__ = ["Loader", "Model", "SizedModel", "TensorSpec", "load", "loader_of"]
 
 
 class Loader(Protocol):
@@ -37,28 +37,10 @@ class Loader(Protocol):
     ) -> Any: ...
 
 
-def _load_cpu(
-    path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None, threads: int, target: str | None
-) -> Any:
-    from farm.runtime.cpu import load_library_model
-
-    return load_library_model(path, cache_dir, threads, target)
-
-
-def _load_opencl(
-    path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None, threads: int, target: str | None
-) -> Any:
-    from farm.runtime.opencl import load_opencl_model
-
-    if target:
-        raise BadInputError(
-            f"a target ({target!r}) selects one of the artifact's CPU targets; the OpenCL part "
-            "runs on this host's OpenCL device"
-        )
-    return load_opencl_model(path, cache_dir)
-
-
-LOADERS: dict[str, Loader] = {"cpu": _load_cpu, "opencl": _load_opencl}
+def loader_of(kind: str) -> Loader:
+    """The loader of the backend of `kind`: `LOADER` in its folder's `loader` module (farm/backends/<kind>/loader.py),
+    imported only when it loads, so that a CPU load never imports pyopencl."""
+    return cast(Loader, BACKENDS[kind].module("loader").LOADER)
 
 
 def load(
@@ -80,7 +62,7 @@ def load(
     `threads`: how many threads a CPU run may use; 0 (the default) means every CPU this process may run on, 1 runs
     the whole schedule in one native call (farm_run) on the calling thread.
 
-    `device="opencl"` runs the artifact's OpenCL part on this host's OpenCL device instead (farm.runtime.opencl);
+    `device="opencl"` runs the artifact's OpenCL part on this host's OpenCL device instead (farm.backends.opencl.loader);
     that load reads every member it uses, each checked against its sha256 as it is read, so the artifact is
     opened without hashing it all twice.
 
@@ -93,7 +75,7 @@ def load(
     keys = {public_key_hex(_key_bytes(source)) for source in [*trust, *defaults.trusted_keys()]}
     if keys:
         check_signed(open_artifact(path), keys)
-    return LOADERS[backend_named(device, "device", ArtifactError).kind](path, cache_dir, threads, target)
+    return loader_of(backend_named(device, "device", ArtifactError).kind)(path, cache_dir, threads, target)
 
 
 def _key_bytes(source: str) -> bytes:

@@ -1,8 +1,8 @@
 """farm as an ONNX backend (onnx.backend.base.Backend), so ONNX's own test runner and conformance cases drive it.
 
 `prepare` builds the model the way `farm submit` does without a broker (the local build, in this process) and
-loads the artifact with farm's runtime; `FarmRep.run` runs it. Devices: "CPU" (this host's CPU) and "OPENCL"
-(this host's first OpenCL device, from the binaries built for it). A model farm can't build raises the spine's
+loads the artifact with farm's runtime; `FarmRep.run` runs it. Devices: each backend's kind in capitals, "CPU"
+(this host's CPU) and "OPENCL" (this host's first OpenCL device, from the binaries built for it). A model farm can't build raises the spine's
 UnsupportedError (node, op, opset and what is missing), never a wrong answer.
 
     from farm.tools.onnx_backend import FarmBackend
@@ -12,7 +12,7 @@ UnsupportedError (node, op, opset and what is missing), never a wrong answer.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +21,7 @@ import onnx
 from onnx.backend.base import Backend, BackendRep
 
 from farm import runtime
-from farm.backends.opencl.target import OpenClTarget
+from farm.backends.registry import BACKENDS, Devices, Target
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
 from farm.errors import RunInputError
@@ -29,7 +29,7 @@ from farm.errors import RunInputError
 if TYPE_CHECKING:
     from farm.runtime.emulation import EmulatedModel
 
-DEVICES = ("CPU", "OPENCL")
+DEVICES = tuple(kind.upper() for kind in BACKENDS)
 
 
 class FarmRep(BackendRep):
@@ -64,7 +64,7 @@ class FarmBackend(Backend):
         with tempfile.TemporaryDirectory(prefix="farm-onnx-backend-") as folder:
             path = Path(folder) / "model.onnx"
             onnx.save(model, path)
-            targets = [OpenClTarget(fp) for fp in _opencl_fingerprints()] if kind == "OPENCL" else []
+            targets = _first_device(kind)
             result = build_model(path, folder, targets, executor=LocalExecutor(1))
             return FarmRep(runtime.load(result.artifact, device=kind.lower()))
 
@@ -76,11 +76,9 @@ class FarmBackend(Backend):
 
     @classmethod
     def supports_device(cls, device: str) -> bool:
-        """CPU always; OPENCL when this host has an OpenCL device."""
+        """A backend's kind when this host has a device of it (CPU always; OPENCL when there is an OpenCL device)."""
         kind = device.split(":")[0].upper()
-        if kind == "OPENCL":
-            return bool(_opencl_fingerprints())
-        return kind == "CPU"
+        return kind in DEVICES and bool(BACKENDS[kind.lower()].host_devices())
 
 
 def _device_kind(device: str) -> str:
@@ -90,11 +88,10 @@ def _device_kind(device: str) -> str:
     return kind
 
 
-def _opencl_fingerprints() -> Sequence[str]:
-    """The fingerprint of the device the runtime will use (this host's first OpenCL device), or none."""
-    from farm.backends.opencl.devices import opencl_devices
-
-    return [device["fingerprint"] for device in opencl_devices()[:1]]
+def _first_device(kind: str) -> list[Target]:
+    """The target of the device the runtime will use: this host's first device of the kind."""
+    first = BACKENDS[kind.lower()].host_devices()[:1]
+    return BACKENDS[kind.lower()].resolve("", Devices("on this host", lambda _: first))
 
 
 prepare = FarmBackend.prepare

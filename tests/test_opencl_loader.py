@@ -1,4 +1,5 @@
-"""farm.runtime.load(path, device="opencl") on real OpenCL (PoCL): numerics, cache -> shipped binary -> source."""
+"""The OpenCL backend's loader (farm/backends/opencl/loader.py: farm.runtime.load(path, device="opencl")) on real OpenCL
+(PoCL): numerics, cache -> shipped binary -> source."""
 
 from __future__ import annotations
 

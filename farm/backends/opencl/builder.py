@@ -3,7 +3,7 @@
 Drivers compile one program at a time per process (PoCL holds one compiler lock; threads gave 1.0x on 2 cores),
 so parallelism needs processes. The calling thread builds too, from the same work list, so helpers that are still
 starting (0.4 s for Python and pyopencl) cost nothing and a host with one core builds in-process. Helpers are plain
-`python -m farm.runtime.opencl_builder` subprocesses (farm.backends.opencl.child_python), so a caller's unguarded `__main__` is
+`python -m farm.backends.opencl.builder` subprocesses (farm.backends.opencl.child_python), so a caller's unguarded `__main__` is
 never re-imported. A helper that dies hands its kernel back to the list; a kernel that fails to build raises
 BuildError with the driver's log.
 
@@ -91,7 +91,7 @@ def _feed_helper(work: _WorkList, device_fingerprint: str) -> None:
     its stdin, which may still hold a request, must not raise: the pipe is broken)."""
     try:
         helper = subprocess.Popen(
-            module_command("farm.runtime.opencl_builder"), stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            module_command("farm.backends.opencl.builder"), stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
     except OSError:
         return

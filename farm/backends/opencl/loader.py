@@ -1,6 +1,7 @@
 """Running an artifact's OpenCL part: programs from the local cache, else the shipped binary for this device's
 fingerprint, else one source build of every missing kernel at once (in parallel, across processes:
-farm.runtime.opencl_builder), never a serial source build.
+farm.backends.opencl.builder), never a serial source build. It sits above the runtime's core, which finds it
+by name (farm.runtime.loader_of): `LOADER`.
 
 The cache holds binaries under <cache root>/opencl/<fingerprint>/<sha256 of the source>-<sha256 of the binary>.bin,
 written atomically; a cached binary whose bytes don't match its name, or a binary the device rejects, falls back to
@@ -23,12 +24,12 @@ import numpy as np
 from farm import defaults
 from farm.artifact import Artifact, open_artifact
 from farm.atomic import write_atomically
+from farm.backends.opencl.builder import SourceJob, build_all
 from farm.backends.opencl.devices import BUILD_OPTIONS, device_info, fingerprint, opencl_platforms
-from farm.errors import ArtifactError
+from farm.errors import ArtifactError, BadInputError
 from farm.runtime.manifest import check_manifest, check_sizes
 from farm.runtime.manifest_types import Manifest, OpenClKernel
 from farm.runtime.model import TensorSpec, check_feeds
-from farm.runtime.opencl_builder import SourceJob, build_all
 from farm.runtime.sized import SizedModel
 
 
@@ -282,3 +283,19 @@ def load_opencl_model(
     return SizedModel(
         artifact.path, [(pins, OpenCLModel(artifact, cache_dir, manifest=size, shared=shared)) for pins, size in sizes]
     )
+
+
+def load_on_this_device(
+    path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None, threads: int, target: str | None
+) -> OpenCLModel | SizedModel:
+    """The OpenCL backend's loader (farm.runtime.Loader): the artifact's OpenCL part on this host's device, which
+    takes no CPU target."""
+    if target:
+        raise BadInputError(
+            f"a target ({target!r}) selects one of the artifact's CPU targets; the OpenCL part "
+            "runs on this host's OpenCL device"
+        )
+    return load_opencl_model(path, cache_dir)
+
+
+LOADER = load_on_this_device

@@ -1,5 +1,6 @@
 """The CPU backend's loader: the artifact's shared library for this host, from the runtime cache, under ctypes (or,
-for a target of another architecture, under emulation: farm.runtime.emulation)."""
+for a target of another architecture, under emulation: farm.runtime.emulation). It sits above the runtime's core,
+which finds it by name (farm.runtime.loader_of): `LOADER`."""
 
 from __future__ import annotations
 
@@ -57,6 +58,10 @@ def load_library_model(
     if len(models) == 1:
         return models[0]
     return SizedModel(artifact.path, [(pins, model) for (pins, _), model in zip(sizes, models)])
+
+
+LOADER = load_library_model
+"""The CPU backend's loader (farm.runtime.Loader)."""
 
 
 def _library_files(
