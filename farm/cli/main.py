@@ -340,15 +340,15 @@ def _note_unrunnable(artifact: str) -> None:
 
 
 def _devices(broker: str | None) -> Devices:
-    """What `--target opencl` means: every device of the farm's live workers, or of this host without a farm."""
-    from farm.backends.opencl.devices import opencl_devices
-    from farm.backends.registry import Devices
+    """What `--target KIND` means (`opencl`: every OpenCL device): the devices of the farm's live workers, or of this
+    host without a farm."""
+    from farm.backends.registry import BACKENDS, Devices
 
     if broker:
-        from farm.distributed.fleet import farm_fingerprints
+        from farm.distributed.fleet import farm_device_ids
 
-        return Devices("on the farm's workers", lambda: farm_fingerprints(broker))
-    return Devices("on this host", lambda: [device["fingerprint"] for device in opencl_devices()])
+        return Devices("on the farm's workers", lambda kind: farm_device_ids(broker, kind))
+    return Devices("on this host", lambda kind: BACKENDS[kind].host_devices())
 
 
 def _submit_to_farm(
