@@ -116,7 +116,7 @@ CONV_CASES: list[OpCase] = [
     ),
     _conv("implicit-64-channels-rows", (1, 64, 40, 40), (16, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
     # A few pixels by many channels and a deep k: column blocks run k block by k block with their partial sums in
-    # a scratch tile (gemm._small_m_k_block), implicit and transposed pointwise.
+    # a scratch tile (gemm_blocking.small_m_k_block), implicit and transposed pointwise.
     _conv("small-plane-deep-implicit", (1, 64, 7, 7), (100, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
     _conv("small-plane-deep-pointwise", (1, 600, 7, 7), (112, 600, 1, 1)),
     # Small output planes run transposed (pixels as the GEMM's rows, conv._pixels_as_rows): im2col, pointwise,
