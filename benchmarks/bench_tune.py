@@ -31,7 +31,7 @@ import onnx
 from report import cell, markdown_table
 
 from farm import runtime
-from farm.backends.llvm.gemm import GemmBlocking
+from farm.backends.llvm.gemm_blocking import GemmBlocking
 from farm.backends.llvm.target import host_target
 from farm.build.assembly import plan_model
 from farm.build.executor import LocalExecutor

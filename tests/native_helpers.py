@@ -20,7 +20,8 @@ import numpy as np
 from llvmlite import ir
 
 from farm.backends.llvm.entry import compile_entry
-from farm.backends.llvm.gemm import GemmBlocking, Outlining
+from farm.backends.llvm.gemm_blocking import GemmBlocking
+from farm.backends.llvm.gemm_outlining import Outlining
 from farm.backends.llvm.link import link_library
 from farm.backends.llvm.render import render_kernel
 from farm.backends.llvm.target import CpuTarget, host_target, parse_target
@@ -49,8 +50,8 @@ def kernel_module_ir(
     parts: int = 1,
     part: int | None = None,
 ) -> str:
-    """LLVM IR text of one module defining every (symbol, kernel): whole, or split into `parts` (gemm.Outlining),
-    all of them or only `part`."""
+    """LLVM IR text of one module defining every (symbol, kernel): whole, or split into `parts`
+    (gemm_outlining.Outlining), all of them or only `part`."""
     module = ir.Module(name="test_kernels")
     module.triple = target.triple
     for symbol, kernel in kernels:
@@ -104,7 +105,7 @@ def run_kernels(
     parts: int = 1,
 ) -> list[list[np.ndarray]]:
     """Compile, link and run each kernel once (in order, in one farm_run) on its own copies of its arrays; with
-    `parts`, the kernels split into that many objects (gemm.Outlining), each compiled on its own.
+    `parts`, the kernels split into that many objects (gemm_outlining.Outlining), each compiled on its own.
 
     Returns, per kernel, its arrays as they are after the run (outputs written, inputs as given).
     """

@@ -23,7 +23,7 @@ from native_helpers import (
 )
 
 from farm.backends.llvm.entry import ENTRY_SYMBOL, LAUNCH_SYMBOL, STEPS_SYMBOL, WORK_SYMBOL, compile_entry, entry_ir
-from farm.backends.llvm.gemm import GemmBlocking
+from farm.backends.llvm.gemm_blocking import GemmBlocking
 from farm.backends.llvm.link import link_library
 from farm.backends.llvm.packing import pack_columns, pack_panels
 from farm.backends.llvm.target import CpuTarget

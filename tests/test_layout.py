@@ -228,9 +228,7 @@ def test_the_layer_check_finds_an_upward_import() -> None:
 MAX_MODULE_LINES = 700
 """The most lines a farm module may have: past it a module holds several things (issue 31)."""
 OVERSIZED_MODULES = {
-    "farm/backends/llvm/gemm.py": 1065,
     "farm/cli/main.py": 820,
-    "farm/ops/conv.py": 775,
     "farm/store/redis_store.py": 734,
 }
 """The modules still over MAX_MODULE_LINES, each with the most it may grow to until it is split (issue 31 names

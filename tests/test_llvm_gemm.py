@@ -1,4 +1,5 @@
-"""The register-blocked GEMM: its tiling of C (pure Python) and its numerics (compiled, linked and run)."""
+"""The register-blocked GEMM's numerics (compiled, linked and run) on each of its paths, and the code those paths
+emit; its tiling of C is tests/test_llvm_gemm_blocking.py's."""
 
 from __future__ import annotations
 
@@ -8,77 +9,13 @@ import re
 import numpy as np
 import pytest
 from native_helpers import host, kernel_module_ir, run_kernel, run_kernels
+from test_llvm_gemm_blocking import BLOCKINGS, blocking_id
 
-from farm.backends.llvm.gemm import (
-    MAX_PARTS,
-    PACK_B_MIN_ROW_TILES,
-    SMALL_M_K_BLOCK,
-    SMALL_M_PREFETCH_BLOCKS,
-    SWEEP_MAX_B_BYTES,
-    GemmBlocking,
-    _small_m_k_block,
-    outlined_functions,
-    regions,
-)
+from farm.backends.llvm.gemm import PACK_B_MIN_ROW_TILES, SMALL_M_PREFETCH_BLOCKS, SWEEP_MAX_B_BYTES
+from farm.backends.llvm.gemm_blocking import SMALL_M_K_BLOCK, GemmBlocking
+from farm.backends.llvm.gemm_outlining import MAX_PARTS, outlined_functions
 from farm.backends.llvm.packing import pack_columns, pack_operand, pack_panels
 from farm.ir import loopir as L
-
-BLOCKINGS = [
-    GemmBlocking(),
-    GemmBlocking(rows=1, vectors=1, lanes=1),
-    GemmBlocking(rows=6, vectors=4, lanes=8),
-    GemmBlocking(rows=3, vectors=2, lanes=4),
-    GemmBlocking(rows=5, vectors=1, lanes=16),
-    GemmBlocking(rows=2, vectors=3, lanes=1),
-    GemmBlocking(rows=4, vectors=2, lanes=16),
-    GemmBlocking(rows=1, vectors=4, lanes=4),
-]
-
-
-def blocking_id(blocking: GemmBlocking) -> str:
-    return blocking.name
-
-
-# -- regions ----------------------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("blocking", BLOCKINGS, ids=blocking_id)
-def test_regions_cover_every_cell_exactly_once(blocking):
-    for m in range(1, 14):
-        for n in range(1, 71):
-            covered = np.zeros((m, n), np.int64)
-            for region in regions(m, n, blocking):
-                assert region.m > 0 and region.n > 0, (m, n, region)
-                covered[region.m0 : region.m0 + region.m, region.n0 : region.n0 + region.n] += 1
-            assert (covered == 1).all(), (m, n, blocking, covered)
-
-
-@pytest.mark.parametrize("blocking", BLOCKINGS, ids=blocking_id)
-def test_regions_are_whole_tiles_of_the_allowed_shapes(blocking):
-    for m in range(1, 14):
-        for n in range(1, 71):
-            for region in regions(m, n, blocking):
-                assert region.m % region.rows == 0 and region.n % (region.vectors * region.lanes) == 0, region
-                assert region.rows in (blocking.rows, 1)
-                narrower = {(1, lanes) for lanes in (8, 4) if lanes < blocking.lanes}
-                fewer = {(vectors, blocking.lanes) for vectors in range(1, blocking.vectors + 1)}
-                assert (region.vectors, region.lanes) in {*fewer, *narrower, (1, 1)}
-                assert 0 <= region.m0 and region.m0 + region.m <= m and 0 <= region.n0 and region.n0 + region.n <= n
-
-
-def test_regions_use_full_tiles_where_they_fit():
-    blocking = GemmBlocking(rows=4, vectors=3, lanes=16)
-    # 9 x 100: rows 0..8 in 4-row tiles + 1 row; columns 96 in 48-wide tiles, then no 16-vector, one 4-lane
-    got = {(r.m0, r.m, r.n0, r.n, r.rows, r.vectors, r.lanes) for r in regions(9, 100, blocking)}
-    assert got == {(0, 8, 0, 96, 4, 3, 16), (8, 1, 0, 96, 1, 3, 16), (0, 8, 96, 4, 4, 1, 4), (8, 1, 96, 4, 1, 1, 4)}
-    # 8 x 128: two 48-wide tiles, then one tile of two vectors (not two single-vector tiles)
-    assert {(r.n0, r.n, r.vectors) for r in regions(8, 128, blocking)} == {(0, 96, 3), (96, 32, 2)}
-    # 4 x 48: exactly one region of full tiles
-    assert [(r.m0, r.m, r.n0, r.n) for r in regions(4, 48, blocking)] == [(0, 4, 0, 48)]
-    # 2 x 23: too few rows for a 4-row tile, one 16-lane vector, a 4-lane vector, then 3 scalar columns
-    got = {(r.m0, r.m, r.n0, r.n, r.rows, r.vectors, r.lanes) for r in regions(2, 23, blocking)}
-    assert got == {(0, 2, 0, 16, 1, 1, 16), (0, 2, 16, 4, 1, 1, 4), (0, 2, 20, 3, 1, 1, 1)}
-
 
 # -- numerics ----------------------------------------------------------------------------------------------------------
 
@@ -245,26 +182,6 @@ def test_gemm_propagates_nan_and_inf(tmp_path):
     expected = reference(a, b)
     np.testing.assert_array_equal(np.isnan(c), np.isnan(expected))
     np.testing.assert_array_equal(np.isinf(c), np.isinf(expected))
-
-
-def test_blocking_json_round_trips_and_keeps_the_short_form_for_the_defaults():
-    """k_block and order appear in a variant's JSON only when set, so records and keys made before they existed
-    stay equal; anything malformed is refused."""
-    plain = GemmBlocking(rows=8, vectors=3, lanes=16)
-    assert plain.to_json() == {"rows": 8, "vectors": 3, "lanes": 16} and plain.name == "8x3x16"
-    tiled = GemmBlocking(rows=4, vectors=3, lanes=16, k_block=256, order="rows")
-    assert tiled.to_json() == {"rows": 4, "vectors": 3, "lanes": 16, "k_block": 256, "order": "rows"}
-    assert tiled.name == "4x3x16-k256-rows"
-    for blocking in (plain, tiled):
-        assert GemmBlocking.from_json(blocking.to_json()) == blocking
-    for bad in (
-        {"rows": 4, "vectors": 3, "lanes": 16, "k_block": -1},
-        {"rows": 4, "vectors": 3, "lanes": 16, "order": "diagonal"},
-        {"rows": 4, "vectors": 3, "lanes": 16, "k_block": 1.5},
-        {"rows": 4, "vectors": 3, "lanes": 16, "x": 1},
-    ):
-        with pytest.raises(ValueError):
-            GemmBlocking.from_json(bad)
 
 
 # -- pre-packed A -----------------------------------------------------------------------------------------------------
@@ -562,7 +479,7 @@ def test_implicit_gemm_reads_a_padded_plane_as_its_im2col_matrix(blocking, strid
     ids=["20x100x600", "9x130x513", "9x130x513-residual-in-c"],
 )
 def test_few_rows_and_a_deep_k_keep_partial_sums_per_k_block(m, n, k, residual_in_c, blocking, tmp_path):
-    """A column-split GEMM with few rows (gemm._small_m_k_block) runs each column block k block by k block, the
+    """A column-split GEMM with few rows (gemm_blocking.small_m_k_block) runs each column block k block by k block, the
     partial sums in a scratch tile; the epilogue (bias per column, residual, clip) only at the last block, and the
     narrower column tails past the last full block as usual. A residual in C is read there, before C is written."""
     rng = np.random.default_rng(m + n + k)
@@ -627,27 +544,13 @@ def test_column_split_gemm_with_a_small_b_sweeps_each_row_tile_across_the_blocks
 
 
 def test_few_rows_and_a_deep_k_prefetch_b_blocks_ahead():
-    """A few-row GEMM with a deep k (gemm._small_m_k_block) prefetches, with each B load, the same columns
+    """A few-row GEMM with a deep k (gemm_blocking.small_m_k_block) prefetches, with each B load, the same columns
     SMALL_M_PREFETCH_BLOCKS k blocks ahead in B's panel (the weights come from memory once a run)."""
     gemm = L.Gemm("a", L.const(0), 768, "b", L.const(0), 100, "c", L.const(0), 100, 20, 100, 768, b_panels=True)
     kernel = L.LoopKernel([L.Param("c", output=True), L.Param("a"), L.Param("b")], [gemm])
     ahead = SMALL_M_PREFETCH_BLOCKS * SMALL_M_K_BLOCK * GemmBlocking().tile_columns
     assert SMALL_M_PREFETCH_BLOCKS >= 2 and _prefetches(kernel) == {0}
     assert re.search(rf"= add i64 %\S+, {ahead}\n", kernel_module_ir([("farm_k_test", kernel)], host()))
-
-
-@pytest.mark.parametrize(
-    "k, taps, steps",
-    [(768, 1, 256), (600, 1, 200), (4608, 9, 144), (2304, 9, 144), (601, 1, 256)],
-    ids=["256", "200", "3x3-512", "3x3-256", "prime"],
-)
-def test_a_few_row_gemms_k_block_divides_k_where_it_can(k, taps, steps):
-    """Every k block of a few-row GEMM has the same constant number of steps when whole channels from half of
-    SMALL_M_K_BLOCK up divide k (a runtime count made resnet18_style's 2x2 and 4x4 planes 5-12% slower); a k
-    with no such divisor keeps SMALL_M_K_BLOCK's whole channels and a shorter last block."""
-    window = L.ImplicitColumns(4, 6, 1, 36, 3, 3, 6, 1) if taps > 1 else None
-    gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), 100, "c", L.const(0), 100, 20, 100, k, a_window=window)
-    assert _small_m_k_block(gemm, GemmBlocking()) == steps
 
 
 def test_tiles_reading_packed_a_prefetch_the_next_panel():
@@ -688,7 +591,7 @@ def test_gemm_packs_an_activation_b_panel_on_the_fly(m, n, k, tmp_path):
 
 
 def _few_row_kernel(m: int, n: int, k: int) -> tuple[L.LoopKernel, list[np.ndarray]]:
-    """A few-row column-split GEMM (_small_m_k_block) with a residual in C and a bias, and its arrays."""
+    """A few-row column-split GEMM (gemm_blocking.small_m_k_block) with a residual in C and a bias, and its arrays."""
     rng = np.random.default_rng(7)
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     epilogue = L.GemmEpilogue(
@@ -768,14 +671,3 @@ def test_a_kernel_split_into_parts_computes_what_the_whole_one_does(case, outlin
     [expected] = [run_kernel(kernel, arrays, tmp_path)[0]]
     [split] = [run_kernel(kernel, arrays, tmp_path, parts=parts)[0]]
     np.testing.assert_array_equal(split, expected)
-
-
-def test_a_gemm_outside_the_few_row_and_implicit_paths_stays_whole():
-    gemm = L.Gemm("a", L.const(0), 64, "b", L.const(0), 300, "c", L.const(0), 300, 40, 300, 64)
-    assert outlined_functions(gemm, GemmBlocking()) == 0
-
-
-def test_a_row_split_gemm_of_many_column_groups_outlines_its_regions():
-    """504 columns: full blocks, a vector, a half vector (a strided 1x1 conv's band): each group's two regions."""
-    gemm = L.Gemm("a", L.const(0), 64, "b", L.const(0), 504, "c", L.const(0), 504, 512, 504, 64)
-    assert outlined_functions(gemm, GemmBlocking()) == 6

@@ -23,7 +23,7 @@ from native_helpers import (
 )
 
 from farm.backends.llvm import render
-from farm.backends.llvm.gemm import GemmBlocking
+from farm.backends.llvm.gemm_blocking import GemmBlocking
 from farm.backends.llvm.toolchain import compile_ir
 from farm.backends.opencl import render as cl_render
 from farm.build.assembly import plan_model

@@ -1,7 +1,7 @@
-"""farm.ops.conv against onnxruntime: Conv (its 2-D paths, 1-D convs as planes, 3-D ones as a loop nest) and
-ConvTranspose over their attribute variants; then activations fused into their producer by the passes (convs, and
-the Gemm, MatMul, elementwise, BatchNormalization and MaxPool producers beside them); the conv geometries; a sample
-also on OpenCL; hostile attributes refused."""
+"""farm.ops.conv against onnxruntime: Conv (its 2-D paths, 1-D convs as planes, 3-D ones as a loop nest) over its
+attribute variants; then activations fused into their producer by the passes (convs and ConvTranspose, and the Gemm,
+MatMul, elementwise, BatchNormalization and MaxPool producers beside them); the conv geometry; a sample also on
+OpenCL; hostile attributes refused. ConvTranspose's own cases are tests/test_ops_conv_transpose.py's."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ CONV_CASES: list[OpCase] = [
     ),
     _conv("implicit-64-channels-rows", (1, 64, 40, 40), (16, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
     # A few pixels by many channels and a deep k: column blocks run k block by k block with their partial sums in
-    # a scratch tile (gemm._small_m_k_block), implicit and transposed pointwise.
+    # a scratch tile (gemm_blocking.small_m_k_block), implicit and transposed pointwise.
     _conv("small-plane-deep-implicit", (1, 64, 7, 7), (100, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
     _conv("small-plane-deep-pointwise", (1, 600, 7, 7), (112, 600, 1, 1)),
     # Small output planes run transposed (pixels as the GEMM's rows, conv._pixels_as_rows): im2col, pointwise,
@@ -170,63 +170,6 @@ CONV_1D_3D_CASES: list[OpCase] = [
     case(
         "conv-3d-weight-as-graph-input",
         single_op_model("Conv", [("x", (1, 2, 4, 4, 4)), ("w", (3, 2, 2, 2, 2))], {"pads": [0, 1, 0, 1, 0, 1]}),
-    ),
-]
-
-# ------------------------------------------------------------------------------------------------- ConvTranspose
-
-
-def _conv_transpose(
-    id: str, x: tuple[int, ...], w: tuple[int, ...], attrs: dict | None = None, bias: bool = True, opset: int = 17
-) -> OpCase:
-    """ConvTranspose of x with weights w (C, M/group, k...) and a bias of M = w[1] * group."""
-    initializers = {"w": rand(*w, seed=1, scale=1.0 / np.sqrt(np.prod(w[1:])))}
-    if bias:
-        initializers["b"] = rand(w[1] * (attrs or {}).get("group", 1), seed=2)
-    return case(f"convtranspose-{id}", single_op_model("ConvTranspose", [("x", x)], attrs or {}, initializers, opset))
-
-
-CONV_TRANSPOSE_CASES: list[OpCase] = [
-    _conv_transpose("3x3", (1, 4, 5, 5), (4, 6, 3, 3)),
-    _conv_transpose("3x3-no-bias", (1, 4, 5, 6), (4, 3, 3, 3), bias=False),
-    _conv_transpose("stride2-pads1", (1, 4, 5, 5), (4, 6, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
-    _conv_transpose(
-        "stride2-output-padding",
-        (1, 3, 4, 5),
-        (3, 2, 3, 3),
-        {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]},
-    ),
-    _conv_transpose("stride-3-2", (2, 3, 4, 5), (3, 2, 3, 2), {"strides": [3, 2]}),
-    _conv_transpose("4x4-stride2-pad1-dcgan", (1, 32, 8, 8), (32, 16, 4, 4), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
-    _conv_transpose("dilation2", (1, 2, 5, 5), (2, 3, 3, 3), {"dilations": [2, 2]}),
-    _conv_transpose(
-        "dilation2-stride2", (1, 2, 4, 4), (2, 3, 3, 3), {"dilations": [2, 2], "strides": [2, 2], "pads": [2, 1, 0, 1]}
-    ),
-    _conv_transpose("asymmetric-pads", (1, 3, 5, 5), (3, 2, 3, 3), {"pads": [0, 2, 1, 0]}),
-    _conv_transpose("groups2", (1, 4, 5, 5), (4, 3, 3, 3), {"group": 2}),
-    _conv_transpose("groups2-batch2-stride2", (2, 4, 4, 4), (4, 2, 3, 3), {"group": 2, "strides": [2, 2]}),
-    _conv_transpose("depthwise", (1, 4, 5, 5), (4, 1, 3, 3), {"group": 4, "strides": [2, 2], "pads": [1, 1, 1, 1]}),
-    _conv_transpose("kernel-shape-attr", (1, 2, 4, 4), (2, 3, 3, 3), {"kernel_shape": [3, 3]}),
-    _conv_transpose("output-shape", (1, 2, 3, 3), (2, 3, 3, 3), {"strides": [3, 2], "output_shape": [10, 8]}),
-    _conv_transpose(
-        "output-shape-odd-padding", (1, 2, 3, 3), (2, 3, 3, 3), {"strides": [2, 2], "output_shape": [6, 5]}
-    ),
-    _conv_transpose(
-        "output-shape-same-upper",
-        (1, 2, 3, 3),
-        (2, 3, 3, 3),
-        {"strides": [2, 2], "output_shape": [6, 5], "auto_pad": "SAME_UPPER"},
-    ),
-    _conv_transpose("auto-pad-same-upper", (1, 2, 4, 5), (2, 3, 3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
-    _conv_transpose("auto-pad-same-lower", (1, 2, 4, 5), (2, 3, 4, 3), {"auto_pad": "SAME_LOWER", "strides": [2, 2]}),
-    _conv_transpose("auto-pad-valid", (1, 2, 4, 4), (2, 3, 3, 3), {"auto_pad": "VALID", "strides": [2, 2]}),
-    _conv_transpose("1x1", (1, 8, 4, 4), (8, 5, 1, 1)),
-    _conv_transpose("1d", (2, 3, 7), (3, 4, 3), {"strides": [2], "pads": [1, 0]}),
-    _conv_transpose("3d", (1, 2, 3, 4, 3), (2, 3, 2, 3, 2), {"strides": [2, 1, 2], "pads": [0, 1, 0, 0, 1, 1]}),
-    _conv_transpose("opset9", (1, 2, 4, 4), (2, 3, 3, 3), {"strides": [2, 2]}, opset=9),
-    case(
-        "convtranspose-weight-as-graph-input",
-        single_op_model("ConvTranspose", [("x", (1, 3, 4, 4)), ("w", (3, 2, 3, 3))], {"strides": [2, 2]}),
     ),
 ]
 
@@ -574,7 +517,7 @@ FUSED_CASES: list[OpCase] = [
     ),
 ]
 
-CASES: list[OpCase] = CONV_CASES + CONV_1D_3D_CASES + CONV_TRANSPOSE_CASES
+CASES: list[OpCase] = CONV_CASES + CONV_1D_3D_CASES
 ALL_CASES: list[OpCase] = CASES + FUSED_CASES
 
 
@@ -627,29 +570,12 @@ def test_conv_geometry_names_the_sizes_of_a_grouped_strided_dilated_conv(tmp_pat
     assert LOWERINGS["Conv"].scratch_floats(spec) == geo.column_rows * geo.column_stride  # one group's im2col matrix
 
 
-def test_conv_transpose_geometry_sizes_the_transposed_weights_and_the_column_buffer(tmp_path) -> None:
-    model = single_op_model(
-        "ConvTranspose", [("x", (1, 4, 5, 6))], {"group": 2, "strides": [2, 2]}, {"w": rand(4, 3, 3, 2)}
-    )
-    spec = _spec_of(model, tmp_path)
-    geo = conv._conv_transpose_geometry(spec)
-    assert (geo.batch, geo.in_channels, geo.out_channels, geo.groups) == (1, 4, 6, 2)
-    assert (geo.in_sizes, geo.out_sizes, geo.taps, geo.in_pixels) == ([5, 6], [11, 12], 6, 30)
-    assert (geo.in_channels_per_group, geo.column_rows, geo.column_start) == (2, 3 * 6, 2 * 18 * 2)
-    assert conv._conv_transpose_scratch(spec) == geo.column_start + geo.column_rows * geo.in_pixels
-
-
 # ------------------------------------------------------------------------------------------------- OpenCL
 
-# ConvTranspose (transposed weights, Gemm into scratch, col2im with tap skipping, fused activation), convs whose
-# GEMM runs transposed (small planes) or reads im2col rows padded to a cache line, and the depthwise convs whose
-# CPU form blocks channels (OpenCL keeps a work-item per channel), rendered as OpenCL C and run on this host's
-# device.
+# A ConvTranspose with a fused activation, convs whose GEMM runs transposed (small planes) or reads im2col rows
+# padded to a cache line, and the depthwise convs whose CPU form blocks channels (OpenCL keeps a work-item per
+# channel), rendered as OpenCL C and run on this host's device.
 OPENCL_SAMPLE = [
-    "convtranspose-stride2-output-padding",
-    "convtranspose-groups2-batch2-stride2",
-    "convtranspose-dilation2-stride2",
-    "convtranspose-3d",
     "fused-convtranspose-relu",
     "conv-small-plane-3x3",
     "conv-small-plane-pointwise",
@@ -721,11 +647,6 @@ HOSTILE = [
         hostile_op_model("Conv", {"pads": [2**40] * 4}, {"w": np.ones((2, 2, 1, 1), np.float32)}),
         "over farm's limit of 4294967296 per tensor",
         id="conv-pads-huge",
-    ),
-    pytest.param(
-        hostile_op_model("ConvTranspose", {"output_shape": [2**40, 2**40]}, {"w": np.ones((2, 2, 1, 1), np.float32)}),
-        "over farm's limit of 4294967296 per tensor",
-        id="convtranspose-output-shape",
     ),
 ]
 

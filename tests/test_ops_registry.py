@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import test_ops_attention
 import test_ops_conv
+import test_ops_conv_transpose
 import test_ops_elementwise
 import test_ops_indexing
 import test_ops_linalg
@@ -35,16 +36,16 @@ from farm.ops import LOWERINGS, SUPPORTED_OPS, lower_kernel
 # Each op module and the test file whose cases cover it.
 CASE_FILES = {
     "farm.ops.attention": test_ops_attention.CASES,
-    "farm.ops.conv": test_ops_conv.ALL_CASES,
+    "farm.ops.conv_transpose": test_ops_conv_transpose.CASES,
     "farm.ops.elementwise": test_ops_elementwise.CASES,
     "farm.ops.linalg": test_ops_linalg.CASES,
     "farm.ops.matmul": test_ops_matmul.CASES,
     "farm.ops.normalization": test_ops_normalization.CASES,
     "farm.ops.pool": test_ops_pool.CASES,
     "farm.ops.softmax": test_ops_softmax.CASES,
-    # Conv, MaxPool and AveragePool register through window.register_by_rank, whose lowering picks their kernel by
-    # spatial rank.
-    "farm.ops.window": test_ops_conv.CASES + test_ops_pool.CASES,
+    # Conv (farm.ops.conv's), MaxPool and AveragePool register through window.register_by_rank, whose lowering picks
+    # their kernel by spatial rank.
+    "farm.ops.window": test_ops_conv.ALL_CASES + test_ops_pool.CASES,
     "farm.ops.quantize": test_ops_quantize.CASES,
     "farm.ops.tensor": test_ops_tensor.CASES,
     "farm.ops.reduce": test_ops_reduce.CASES,

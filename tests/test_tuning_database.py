@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from farm.backends.llvm.gemm import GemmBlocking
+from farm.backends.llvm.gemm_blocking import GemmBlocking
 from farm.store import FileStore
 from farm.tuning.database import PIN_OWNER, db_ref, lookup, record, tuning_key
 from farm.tuning.space import candidate_variants, variant_spec

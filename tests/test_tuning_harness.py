@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from llvmlite import ir
 
-from farm.backends.llvm.gemm import GemmBlocking
+from farm.backends.llvm.gemm_blocking import GemmBlocking
 from farm.backends.llvm.kernel import compile_cpu_kernel, default_blocking
 from farm.backends.llvm.render import render_kernel
 from farm.backends.llvm.target import CpuTarget

@@ -15,7 +15,7 @@ import pytest
 
 import farm.runtime
 from farm.artifact import read_manifest
-from farm.backends.llvm.gemm import GemmBlocking
+from farm.backends.llvm.gemm_blocking import GemmBlocking
 from farm.backends.llvm.kernel import blocking_for, compile_cpu_kernel, default_blocking
 from farm.backends.llvm.target import CpuTarget, host_target, parse_target
 from farm.build.assembly import plan_model

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from farm.backends.llvm.gemm import GemmBlocking
+from farm.backends.llvm.gemm_blocking import GemmBlocking
 from farm.build.assembly import plan_model
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model

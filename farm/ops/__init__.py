@@ -10,6 +10,7 @@ from __future__ import annotations
 from farm.ops import (  # noqa: F401,E402  (they register themselves)
     attention,
     conv,
+    conv_transpose,
     elementwise,
     indexing,
     linalg,

@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from farm import __version__
-from farm.backends.llvm.gemm import GemmBlocking
+from farm.backends.llvm.gemm_blocking import GemmBlocking
 from farm.backends.llvm.target import CpuTarget
 from farm.ir.specs import KernelSpec
 from farm.store import CorruptEntryError, MissingEntryError, Store, content_key, refs

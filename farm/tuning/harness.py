@@ -23,7 +23,7 @@ import numpy as np
 
 from farm import defaults
 from farm.backends.llvm.entry import STEPS_SYMBOL, compile_entry
-from farm.backends.llvm.gemm import GemmBlocking
+from farm.backends.llvm.gemm_blocking import GemmBlocking
 from farm.backends.llvm.kernel import compile_cpu_kernel, default_blocking, packed_params
 from farm.backends.llvm.link import link_library
 from farm.backends.llvm.packing import pack_operand

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from farm.backends.llvm.gemm import GemmBlocking
+from farm.backends.llvm.gemm_blocking import GemmBlocking
 from farm.backends.llvm.kernel import default_blocking, gemms
 from farm.backends.llvm.target import CpuTarget
 from farm.ir.specs import KernelSpec, canonical_json

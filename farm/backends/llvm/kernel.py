@@ -7,7 +7,8 @@ import json
 
 from llvmlite import ir
 
-from farm.backends.llvm.gemm import MAX_PARTS, GemmBlocking, Outlining, outlined_functions
+from farm.backends.llvm.gemm_blocking import GemmBlocking
+from farm.backends.llvm.gemm_outlining import MAX_PARTS, Outlining, outlined_functions
 from farm.backends.llvm.render import render_kernel
 from farm.backends.llvm.target import CpuTarget
 from farm.backends.llvm.toolchain import compile_ir
@@ -74,8 +75,8 @@ def gemms(stmts: list[L.Stmt]) -> list[L.Gemm]:
 @functools.lru_cache(maxsize=LOWERED_CACHE)
 def kernel_parts(spec: KernelSpec, target: CpuTarget) -> int:
     """How many objects (units) the kernel's code is split into on `target`: 1 + its launches' outlined functions
-    (gemm.outlined_functions), at most gemm.MAX_PARTS. A build compiles each part as a unit of its own, so that the
-    longest compile of a kernel, serial on one worker, is a part's."""
+    (gemm_outlining.outlined_functions), at most gemm_outlining.MAX_PARTS. A build compiles each part as a unit of
+    its own, so that the longest compile of a kernel, serial on one worker, is a part's."""
     blocking = blocking_for(spec.whole, target)
     _, groups = L.launch_groups(lower_kernel(spec.whole))
     outlined = 0

@@ -12,7 +12,11 @@ from typing import Any
 
 from llvmlite import ir
 
-from farm.backends.llvm.gemm import GemmBlocking, Outlining, emit_gemm, fmax, fmin, intrinsic
+from farm.backends.llvm.gemm import emit_gemm
+from farm.backends.llvm.gemm_blocking import GemmBlocking
+from farm.backends.llvm.gemm_emitter import intrinsic
+from farm.backends.llvm.gemm_epilogue import fmax, fmin
+from farm.backends.llvm.gemm_outlining import Outlining
 from farm.ir import loopir as L
 
 F32_T, I64_T, BOOL_T, I32_T = ir.FloatType(), ir.IntType(64), ir.IntType(1), ir.IntType(32)
@@ -64,7 +68,7 @@ def render_kernel(
     """Add `kernel` to `module` as function `symbol`, and each of its launches as `symbol_<index>(..., begin, end)`
     running only iterations [begin, end) of the launch's parallel loop or rows of its Gemm (a serial launch ignores
     the range). `symbol` runs every launch over its whole range, in order. Gemm statements use `blocking`; with
-    `outlining`, a Gemm launch's heaviest code goes into functions of their own (gemm.Outlining)."""
+    `outlining`, a Gemm launch's heaviest code goes into functions of their own (gemm_outlining.Outlining)."""
     fixed, groups = L.launch_groups(kernel)
     launches = [
         _render_launch(module, launch_symbol(symbol, index), kernel, fixed, group, blocking, outlining)

@@ -1,0 +1,142 @@
+"""The GEMM micro-kernel's blocking, decided before any IR is emitted: the register tile's shape (GemmBlocking, what
+tuning varies), how an output is cut into regions of uniform tiles (regions, column_tiling), and the k blocks of a
+few-row GEMM (small_m_k_block).
+
+Pure Python over a Gemm's sizes: the tuning space, the kernel planner and the emitter (gemm.py) all read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from llvmlite import ir
+
+from farm.ir import loopir as L
+
+LOOP_ORDERS = ("columns", "rows")
+"""Which tile loop is outer: "columns" (each column panel of B stays in cache while every row tile passes over
+it) or "rows" (each row panel of A stays while every column tile passes)."""
+
+
+SMALL_M_ROWS = 256
+"""The most rows of C for which a column-split GEMM keeps partial sums per k block (small_m_k_block)."""
+SMALL_M_K_BLOCK = 256
+"""k steps per block there (rounded down to whole channels of an implicit GEMM): a panel block of 256 x 48 floats
+(48 KB) stays in L1/L2 while every row tile uses it."""
+
+
+@dataclass(frozen=True)
+class GemmBlocking:
+    """The micro-kernel's shape: register tiles of output rows x vectors of `lanes` floats, the cache tiling of the
+    k loop (`k_block` k steps per pass over C, 0: all of k in one pass) and the tile loop order."""
+
+    rows: int = 4
+    vectors: int = 3
+    lanes: int = 16
+    k_block: int = 0
+    order: str = "columns"
+
+    @property
+    def tile_columns(self) -> int:
+        """Columns of one register tile: the block a column-split launch claims (loopir.splits_columns)."""
+        return self.vectors * self.lanes
+
+    @property
+    def name(self) -> str:
+        """rows x vectors x lanes, then k block and order when not the default: "4x3x16", "4x3x16-k256-rows"."""
+        suffix = (f"-k{self.k_block}" if self.k_block else "") + (f"-{self.order}" if self.order != "columns" else "")
+        return f"{self.rows}x{self.vectors}x{self.lanes}{suffix}"
+
+    def to_json(self) -> dict[str, Any]:
+        """rows, vectors and lanes; k_block and order only when not the default (so older records stay equal)."""
+        data: dict[str, Any] = {"rows": self.rows, "vectors": self.vectors, "lanes": self.lanes}
+        if self.k_block:
+            data["k_block"] = self.k_block
+        if self.order != "columns":
+            data["order"] = self.order
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GemmBlocking:
+        """The blocking of a variant's JSON form; ValueError unless it is rows, vectors and lanes (positive
+        integers), optionally k_block (an integer >= 0) and order (one of LOOP_ORDERS): a variant comes from a store
+        or a message, so it is checked before code is made."""
+        required, optional = {"rows", "vectors", "lanes"}, {"k_block", "order"}
+        if not isinstance(data, dict) or not required <= set(data) <= required | optional:
+            raise ValueError(f"a GEMM variant is {{rows, vectors, lanes[, k_block, order]}}, got {data!r}")
+        if not all(type(data[key]) is int and data[key] > 0 for key in required):
+            raise ValueError(f"a GEMM variant's rows, vectors and lanes are positive integers, got {data!r}")
+        k_block, order = data.get("k_block", 0), data.get("order", "columns")
+        if type(k_block) is not int or k_block < 0 or order not in LOOP_ORDERS:
+            raise ValueError(
+                f"a GEMM variant's k_block is an integer >= 0 and its order one of {LOOP_ORDERS}, got {data!r}"
+            )
+        return cls(data["rows"], data["vectors"], data["lanes"], k_block, order)
+
+
+@dataclass(frozen=True)
+class Region:
+    """A rectangle of C tiled uniformly: [m0, m0+m) x [n0, n0+n) in tiles of rows x (vectors * lanes). A runtime
+    n0 is a piece of a column-split launch (gemm._column_pieces): `in_block` when it lies within one full column
+    block (a pre-packed B's panel holds it), else one vector past them (in the edge columns)."""
+
+    m0: int | ir.Value
+    m: int | ir.Value
+    n0: int | ir.Value
+    n: int
+    rows: int
+    vectors: int
+    lanes: int
+    in_block: bool = False
+
+
+def column_tiling(n: int, blocking: GemmBlocking) -> list[tuple[int, int, int, int]]:
+    """(first column, columns, vectors, lanes): full tiles, then tiles of one vector fewer down to single vectors,
+    then narrower vectors (half the lanes, down to 4), then scalars. A tile of two vectors does the 32 columns past
+    three-vector blocks (128 or 512 output channels) with two FMAs per broadcast, where two single-vector tiles
+    broadcast each value twice. The narrower vectors matter when n is small: a 2x2 feature map's 4 columns would
+    otherwise all be scalar tails under 16-lane tiles, at a quarter of the speed of 4-lane vectors."""
+    widths = [(vectors, blocking.lanes) for vectors in range(blocking.vectors, 0, -1)]
+    widths += [(1, lanes) for lanes in _halvings(blocking.lanes) if lanes >= 4] + [(1, 1)]
+    columns, n0 = [], 0
+    for vectors, lanes in widths:
+        count = (n - n0) // (vectors * lanes) * (vectors * lanes)
+        columns.append((n0, count, vectors, lanes))
+        n0 += count
+    return columns
+
+
+def regions(m: int, n: int, blocking: GemmBlocking) -> list[Region]:
+    """Cover an m x n output with the column groups of `column_tiling`, each in full row tiles then single rows."""
+    m_main = m // blocking.rows * blocking.rows
+    rows = [(0, m_main, blocking.rows), (m_main, m - m_main, 1)]
+    return [
+        Region(m0, mc, n0, nc, r, v, lanes)
+        for n0, nc, v, lanes in column_tiling(n, blocking)
+        for m0, mc, r in rows
+        if mc and nc
+    ]
+
+
+def _halvings(lanes: int) -> list[int]:
+    return [lanes >> shift for shift in range(1, lanes.bit_length()) if lanes >> shift]
+
+
+def small_m_k_block(gemm: L.Gemm, blocking: GemmBlocking) -> int:
+    """k steps per block when a column block of a few-row GEMM runs k block by k block (0: it doesn't). With at
+    most SMALL_M_ROWS rows, each column panel of B serves only a handful of row tiles: over all of k, the first
+    tile reads the panel from memory and the others from cache, so that first pass is bound by memory bandwidth
+    (light ResNet-50's 7x7-plane convs: 4608 x 48 floats of weights a panel, 46-57% of a core's peak). A block
+    of SMALL_M_K_BLOCK steps (whole channels of an implicit GEMM) is read once and used by every row tile while it
+    is in L1, the weights streaming at the pace of the FMAs. Where k allows, a block is the largest number of
+    whole channels down to half of SMALL_M_K_BLOCK that divides k, so that every block has the same, constant
+    number of steps (gemm._k_block_loop): ResNet's 3x3 convs of 256 or 512 channels take 144 steps, not 252."""
+    if gemm.m > SMALL_M_ROWS:
+        return 0
+    taps = gemm.a_window.kernel_height * gemm.a_window.kernel_width if gemm.a_window else 1
+    size = max(1, SMALL_M_K_BLOCK // taps) * taps
+    if gemm.k < 2 * size:
+        return 0
+    dividing = [steps for steps in range(size, size // 2 - 1, -taps) if gemm.k % steps == 0]
+    return dividing[0] if dividing else size

@@ -1,0 +1,106 @@
+"""farm.backends.llvm.gemm_blocking: the blockings the GEMM tests run with, the tiling of C into regions, a
+variant's JSON form, and the k blocks of a few-row GEMM (pure Python, nothing compiled)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from farm.backends.llvm.gemm_blocking import GemmBlocking, regions, small_m_k_block
+from farm.ir import loopir as L
+
+BLOCKINGS = [
+    GemmBlocking(),
+    GemmBlocking(rows=1, vectors=1, lanes=1),
+    GemmBlocking(rows=6, vectors=4, lanes=8),
+    GemmBlocking(rows=3, vectors=2, lanes=4),
+    GemmBlocking(rows=5, vectors=1, lanes=16),
+    GemmBlocking(rows=2, vectors=3, lanes=1),
+    GemmBlocking(rows=4, vectors=2, lanes=16),
+    GemmBlocking(rows=1, vectors=4, lanes=4),
+]
+
+
+def blocking_id(blocking: GemmBlocking) -> str:
+    return blocking.name
+
+
+# -- regions -----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("blocking", BLOCKINGS, ids=blocking_id)
+def test_regions_cover_every_cell_exactly_once(blocking):
+    for m in range(1, 14):
+        for n in range(1, 71):
+            covered = np.zeros((m, n), np.int64)
+            for region in regions(m, n, blocking):
+                assert region.m > 0 and region.n > 0, (m, n, region)
+                covered[region.m0 : region.m0 + region.m, region.n0 : region.n0 + region.n] += 1
+            assert (covered == 1).all(), (m, n, blocking, covered)
+
+
+@pytest.mark.parametrize("blocking", BLOCKINGS, ids=blocking_id)
+def test_regions_are_whole_tiles_of_the_allowed_shapes(blocking):
+    for m in range(1, 14):
+        for n in range(1, 71):
+            for region in regions(m, n, blocking):
+                assert region.m % region.rows == 0 and region.n % (region.vectors * region.lanes) == 0, region
+                assert region.rows in (blocking.rows, 1)
+                narrower = {(1, lanes) for lanes in (8, 4) if lanes < blocking.lanes}
+                fewer = {(vectors, blocking.lanes) for vectors in range(1, blocking.vectors + 1)}
+                assert (region.vectors, region.lanes) in {*fewer, *narrower, (1, 1)}
+                assert 0 <= region.m0 and region.m0 + region.m <= m and 0 <= region.n0 and region.n0 + region.n <= n
+
+
+def test_regions_use_full_tiles_where_they_fit():
+    blocking = GemmBlocking(rows=4, vectors=3, lanes=16)
+    # 9 x 100: rows 0..8 in 4-row tiles + 1 row; columns 96 in 48-wide tiles, then no 16-vector, one 4-lane
+    got = {(r.m0, r.m, r.n0, r.n, r.rows, r.vectors, r.lanes) for r in regions(9, 100, blocking)}
+    assert got == {(0, 8, 0, 96, 4, 3, 16), (8, 1, 0, 96, 1, 3, 16), (0, 8, 96, 4, 4, 1, 4), (8, 1, 96, 4, 1, 1, 4)}
+    # 8 x 128: two 48-wide tiles, then one tile of two vectors (not two single-vector tiles)
+    assert {(r.n0, r.n, r.vectors) for r in regions(8, 128, blocking)} == {(0, 96, 3), (96, 32, 2)}
+    # 4 x 48: exactly one region of full tiles
+    assert [(r.m0, r.m, r.n0, r.n) for r in regions(4, 48, blocking)] == [(0, 4, 0, 48)]
+    # 2 x 23: too few rows for a 4-row tile, one 16-lane vector, a 4-lane vector, then 3 scalar columns
+    got = {(r.m0, r.m, r.n0, r.n, r.rows, r.vectors, r.lanes) for r in regions(2, 23, blocking)}
+    assert got == {(0, 2, 0, 16, 1, 1, 16), (0, 2, 16, 4, 1, 1, 4), (0, 2, 20, 3, 1, 1, 1)}
+
+
+# -- JSON form ---------------------------------------------------------------------------------------------------------
+
+
+def test_blocking_json_round_trips_and_keeps_the_short_form_for_the_defaults():
+    """k_block and order appear in a variant's JSON only when set, so records and keys made before they existed
+    stay equal; anything malformed is refused."""
+    plain = GemmBlocking(rows=8, vectors=3, lanes=16)
+    assert plain.to_json() == {"rows": 8, "vectors": 3, "lanes": 16} and plain.name == "8x3x16"
+    tiled = GemmBlocking(rows=4, vectors=3, lanes=16, k_block=256, order="rows")
+    assert tiled.to_json() == {"rows": 4, "vectors": 3, "lanes": 16, "k_block": 256, "order": "rows"}
+    assert tiled.name == "4x3x16-k256-rows"
+    for blocking in (plain, tiled):
+        assert GemmBlocking.from_json(blocking.to_json()) == blocking
+    for bad in (
+        {"rows": 4, "vectors": 3, "lanes": 16, "k_block": -1},
+        {"rows": 4, "vectors": 3, "lanes": 16, "order": "diagonal"},
+        {"rows": 4, "vectors": 3, "lanes": 16, "k_block": 1.5},
+        {"rows": 4, "vectors": 3, "lanes": 16, "x": 1},
+    ):
+        with pytest.raises(ValueError):
+            GemmBlocking.from_json(bad)
+
+
+# -- k blocks ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "k, taps, steps",
+    [(768, 1, 256), (600, 1, 200), (4608, 9, 144), (2304, 9, 144), (601, 1, 256)],
+    ids=["256", "200", "3x3-512", "3x3-256", "prime"],
+)
+def test_a_few_row_gemms_k_block_divides_k_where_it_can(k, taps, steps):
+    """Every k block of a few-row GEMM has the same constant number of steps when whole channels from half of
+    SMALL_M_K_BLOCK up divide k (a runtime count made resnet18_style's 2x2 and 4x4 planes 5-12% slower); a k
+    with no such divisor keeps SMALL_M_K_BLOCK's whole channels and a shorter last block."""
+    window = L.ImplicitColumns(4, 6, 1, 36, 3, 3, 6, 1) if taps > 1 else None
+    gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), 100, "c", L.const(0), 100, 20, 100, k, a_window=window)
+    assert small_m_k_block(gemm, GemmBlocking()) == steps
