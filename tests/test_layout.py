@@ -203,7 +203,6 @@ OVERSIZED_MODULES = {
     "farm/backends/llvm/gemm.py": 1065,
     "farm/cli/main.py": 820,
     "farm/ops/conv.py": 775,
-    "farm/store/redis_store.py": 734,
 }
 """The modules still over MAX_MODULE_LINES, each with the most it may grow to until it is split (issue 31 names
 them): the list only shrinks."""
