@@ -201,7 +201,6 @@ MAX_MODULE_LINES = 700
 """The most lines a farm module may have: past it a module holds several things (issue 31)."""
 OVERSIZED_MODULES = {
     "farm/backends/llvm/gemm.py": 1065,
-    "farm/cli/main.py": 820,
     "farm/ops/conv.py": 775,
 }
 """The modules still over MAX_MODULE_LINES, each with the most it may grow to until it is split (issue 31 names
