@@ -226,18 +226,10 @@ def test_the_layer_check_finds_an_upward_import() -> None:
 
 
 MAX_MODULE_LINES = 700
-"""The most lines a farm module may have: past it a module holds several things (issue 31)."""
-OVERSIZED_MODULES = {
-    "farm/cli/main.py": 820,
-    "farm/store/redis_store.py": 734,
-}
-"""The modules still over MAX_MODULE_LINES, each with the most it may grow to until it is split (issue 31 names
-them): the list only shrinks."""
+"""The most lines a farm module may have: past it a module holds several things."""
 
 
 def test_no_module_grows_past_the_cap() -> None:
     lines = {str(path.relative_to(REPO)): len(path.read_text().splitlines()) for path in (REPO / "farm").rglob("*.py")}
-    over = {name: count for name, count in lines.items() if count > OVERSIZED_MODULES.get(name, MAX_MODULE_LINES)}
-    assert not over, f"modules over their cap of lines (split them): {over}"
-    split = sorted(name for name in OVERSIZED_MODULES if lines.get(name, 0) <= MAX_MODULE_LINES)
-    assert not split, f"these are within {MAX_MODULE_LINES} lines now: drop them from OVERSIZED_MODULES: {split}"
+    over = {name: count for name, count in lines.items() if count > MAX_MODULE_LINES}
+    assert not over, f"modules over {MAX_MODULE_LINES} lines (split them): {over}"

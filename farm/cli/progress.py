@@ -164,7 +164,7 @@ def escaped(text: str) -> str:
     """`text` with every control character (C0, C1, DEL, line breaks, bidi overrides) as its Python escape (\\x1b,
     \\u202e) and the rest as is: a name that farm prints but didn't choose stays readable and can't move the cursor,
     recolour the terminal or end the line. The one helper for that: `farm inspect` and every command of
-    farm.cli.main print untrusted strings (model names, errors, worker names, manifests' strings) through it."""
+    farm/cli/ print untrusted strings (model names, errors, worker names, manifests' strings) through it."""
     return "".join(
         char.encode("unicode_escape").decode() if unicodedata.category(char).startswith("C") else char for char in text
     )

@@ -1,47 +1,41 @@
 """RedisStore: entries in Redis, values split into chunks so that no single command carries a big value, kept
-under a byte cap by evicting the least recently used entries that no pin holds. Its atomic steps are the Lua scripts
-of farm.store.redis_scripts; farm.store.redis_staging weighs and checks its staging area, and
-farm.store.redis_connection packs its commands, logs clients in to a published blob Redis and names its errors."""
+under a byte cap by evicting the least recently used entries that no pin holds. This module holds its entries'
+reads and writes, its refs and where its blob store is; it inherits its staging area (farm.store.redis_staging,
+which also weighs and checks what is staged) and its cap, eviction and pins (farm.store.redis_cap). Its atomic steps
+are the Lua scripts of farm.store.redis_scripts, and farm.store.redis_connection packs its commands, logs clients in
+to a published blob Redis and names its errors."""
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import functools
 import hashlib
 import io
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import NoReturn
 
-from farm import defaults
 from farm.errors import redact_url
 from farm.store import redis_scripts
 from farm.store.base import (
     BadStoreUrlError,
     CorruptEntryError,
     Data,
-    Eviction,
     MissingEntryError,
-    Store,
     StoreError,
-    StoreStats,
     as_bytes_view,
     check_key,
-    check_owner,
     is_key,
 )
 from farm.store.file_store import FILE_SCHEME, FileStore
 from farm.store.lua import LuaScript
 from farm.store.redis_connection import (
     get_bytes,
-    reply_bytes,
     store_errors,
     with_login_of,
     without_login,
     zero_copy_packer,
 )
-from farm.store.redis_staging import check_staged_lengths, staged_uploads
+from farm.store.redis_staging import RedisStaging
 
 REDIS_SCHEMES = ("redis://", "rediss://")
 
@@ -59,12 +53,9 @@ SOCKET_READ_BYTES = 1 << 20
 each a system call and a copy into hiredis' reader."""
 PUT_ATTEMPTS = 3
 """Writes of one put's chunks before it gives up, when concurrent deletes of the same key keep sweeping them."""
-EVICT_BATCH = 1000
-"""Entries one eviction script deletes at most, so that Redis (which runs a script to its end) answers the queues
-between batches."""
 
 
-class RedisStore(Store):
+class RedisStore(RedisStaging):
     """Entries in Redis: chunks `{prefix}obj:{key}:{i}`, then a header `{prefix}obj:{key}` = "size:chunks".
 
     The header is written last and deleted first, so a reader that finds it finds every chunk (barring a concurrent
@@ -205,20 +196,6 @@ class RedisStore(Store):
         with store_errors(self.url):
             return self._read(self.header_key(key), lambda index: self.chunk_key(key, index), key, repair)
 
-    def stage(self, data: Data) -> str:
-        """Write bytes where a writer the store doesn't trust may (a submitter's model): not in the store but beside
-        it (`{prefix}staged:{key}`, chunked like an entry; in the blob Redis when there is one), for
-        STAGED_TTL_SECONDS, until a worker admits them."""
-        stager = self._stager()
-        if stager is not self:
-            return stager.stage(data)
-        view = as_bytes_view(data)
-        key, ttl = hashlib.sha256(view).hexdigest(), defaults.STAGED_TTL_SECONDS
-        with store_errors(self.url):
-            count = self._write_chunks(view, lambda index: f"{self.staged_key(key)}:{index}", ttl)
-            self.client.set(self.staged_key(key), f"{len(view)}:{count}", ex=ttl)
-        return key
-
     def _write_chunks(self, view: memoryview, chunk_key: Callable[[int], str], ttl: int | None = None) -> int:
         """Write `view` in chunks of chunk_bytes, each in its own command, under `chunk_key(i)`; returns how many."""
         count = 0
@@ -226,83 +203,7 @@ class RedisStore(Store):
             self.client.set(chunk_key(count - 1), view[start : start + self.chunk_bytes], ex=ttl)
         return count
 
-    def stage_stream(self, key: str, size: int, chunks: Iterable[Data]) -> None:
-        """Stage bytes as `stage` does, one chunk of at most chunk_bytes at a time (a submitter's weights are
-        never held whole): `chunks` may yield pieces of any size (pieces of chunk_bytes are sent as they come);
-        their sha256 is checked when a worker admits them."""
-        stager = self._stager()
-        if stager is not self:
-            stager.stage_stream(key, size, chunks)
-            return
-        staged, ttl = self.staged_key(key), defaults.STAGED_TTL_SECONDS
-        count = written = 0
-        pending = bytearray()
-
-        def send(piece: Data) -> None:
-            nonlocal count, written
-            self.client.set(f"{staged}:{count}", piece, ex=ttl)
-            count, written = count + 1, written + len(piece)
-
-        with store_errors(self.url):
-            for chunk in chunks:
-                view = as_bytes_view(chunk)
-                if not pending and len(view) == self.chunk_bytes:
-                    send(view)
-                    continue
-                pending += view
-                while len(pending) >= self.chunk_bytes:
-                    send(bytes(pending[: self.chunk_bytes]))
-                    del pending[: self.chunk_bytes]
-            if pending or not count:
-                send(bytes(pending))
-            if written != size:
-                raise StoreError(f"staging {key}: {written} bytes came, not {size}")
-            self.client.set(staged, f"{size}:{count}", ex=ttl)
-
-    @property
-    def piece_bytes(self) -> int:
-        return self.chunk_bytes
-
-    def admit(self, key: str) -> bool:
-        """Put staged bytes into the store once their sha256 is checked against `key` (so a stager can't make a key
-        stand for other bytes); False when nothing whole is staged under `key`."""
-        return self.take_staged(key) is not None
-
-    def take_staged(self, key: str) -> bytes | None:
-        """The bytes of `key`: the entry's when the store has it whole, else the staged bytes, read once and checked
-        against `key`, then admitted by renaming their chunks into the entry (no second copy, and nothing
-        written back); None when neither holds them whole (bad staged bytes are dropped)."""
-        with contextlib.suppress(MissingEntryError, CorruptEntryError):
-            return self.get(key)
-        stager = self._stager()
-        if stager is not self:
-            return self._admit_in(stager, key)
-        staged = self.staged_key(key)
-        try:
-            count, data = self._read_staged(key)
-        except (MissingEntryError, CorruptEntryError):
-            self._drop_staged(key)
-            with contextlib.suppress(MissingEntryError, CorruptEntryError):
-                return self.get(key)  # another worker admitted it while this one read
-            return None
-        if self.blobs is not None:  # the bytes leave Redis for the blob store: written once, as they were read
-            self.put(data)
-            self._drop_staged(key)
-            return data
-        with store_errors(self.url):
-            present, total, cap = redis_scripts.flag_bytes_cap(self._script(self._touch, key))
-        if not present and int(total) + len(data) > int(cap):
-            self._evict_to(room=len(data))
-        with store_errors(self.url):
-            done, total, cap = redis_scripts.flag_bytes_cap(self._script(self._promote, key, staged, len(data), count))
-        if int(done) != 1:
-            self._drop_staged(key)
-            self.put(data)  # staged chunks expired meanwhile: put the bytes read (a no-op when present)
-        elif int(total) > int(cap):
-            self.evict()
-        return data
-
-    def _admit_in(self, blobs: RedisStore, key: str) -> bytes | None:
+    def _admit_in(self, blobs: RedisStaging, key: str) -> bytes | None:
         """Admit bytes staged in the blob Redis: read once and checked there, their chunks renamed into its entry
         (no copy), then the header here says the bytes are there, and the cap is kept by evicting here."""
         data = blobs.take_staged(key)
@@ -324,49 +225,6 @@ class RedisStore(Store):
         by renaming them into an entry, so they must be where entries' chunks are), else this Redis."""
         blobs = self.blobs if self.blobs is not None else self._published_blobs()
         return blobs.for_team(self.team) if isinstance(blobs, RedisStore) else self
-
-    def _read_staged(self, key: str) -> tuple[int, bytes]:
-        """(chunk count, bytes) of what a submitter staged under `key`, read once and checked against it. Staged
-        bytes are chunks here whatever their header says: a submitter's header never sends a read elsewhere."""
-        staged = self.staged_key(key)
-        with store_errors(self.url):
-            header = get_bytes(self.client, staged)
-            if header is None:
-                raise MissingEntryError(key, f"{redact_url(self.url)} (staging)")
-            size, count = self._parse_header(key, header, repair=False)
-            if not isinstance(count, int):
-                raise CorruptEntryError(key, f"its staged header {header[:40]!r} names no chunks")
-            check_staged_lengths(self.client, staged, key, size, count, self.max_bytes)
-            return count, self._read_chunks(staged, lambda index: f"{staged}:{index}", key, size, count, False)
-
-    def trim_staging(self, quota: int) -> dict[str, int]:
-        """Keep each team's staged bytes (farm.distributed.acl: the default submitters are team "") under `quota`
-        and give every staged key a time to live: one SCAN of the staging area (in the blob Redis when there is
-        one), the STRLEN and TTL of its keys in a pipeline per step, then each team over `quota` loses its oldest
-        uploads (the shortest time to live left) until it is under. A submitter writes staging directly, so this is
-        the only place its size is known; returns the bytes dropped, by team."""
-        stager = self._stager().for_team("")
-        with store_errors(self.url):
-            teams = staged_uploads(stager.client, stager.prefix)
-        dropped: dict[str, int] = {}
-        for team, uploads in teams.items():
-            held = sum(upload.size for upload in uploads.values())
-            for upload in sorted(uploads.values(), key=lambda upload: upload.ttl):
-                if held <= quota:
-                    break
-                with store_errors(self.url):
-                    stager.client.delete(*upload.keys)
-                held -= upload.size
-                dropped[team] = dropped.get(team, 0) + upload.size
-        return dropped
-
-    def _drop_staged(self, key: str) -> None:
-        staged = self.staged_key(key)
-        with store_errors(self.url):
-            self.client.delete(staged)
-            index = 0
-            while self.client.delete(f"{staged}:{index}"):
-                index += 1
 
     def missing(self, keys: Iterable[str]) -> list[str]:
         """One pipeline of EXISTS on the entries' headers (a submitter's credentials may read them), then, when the
@@ -414,19 +272,6 @@ class RedisStore(Store):
                 pipe.exists(name)
             return [bool(found) for found in pipe.execute()]
 
-    def staged_key(self, key: str) -> str:
-        """The Redis key of staged bytes' header (their chunks at `<it>:<i>`): `{prefix}staged:[<team>.]<key>`."""
-        return f"{self.prefix}staged:{self.team + '.' if self.team else ''}{check_key(key)}"
-
-    def for_team(self, team: str) -> RedisStore:
-        """This store, staging where `team`'s submitters stage (their Redis user writes only there: a team's staged
-        bytes are counted against its quota, trim_staging); the entries, refs and pins are the same."""
-        if team == self.team:
-            return self
-        scoped = copy.copy(self)
-        scoped.team = team
-        return scoped
-
     def has(self, key: str) -> bool:
         with store_errors(self.url):
             return bool(self.client.exists(self.header_key(key)))
@@ -470,91 +315,6 @@ class RedisStore(Store):
     def delete_ref(self, name: str) -> None:
         with store_errors(self.url):
             self.client.delete(self.ref_key(name))
-
-    # -- the cap, eviction and pins --
-
-    @property
-    def max_bytes(self) -> int:
-        with store_errors(self.url):
-            published = self.client.get(f"{self.prefix}max_bytes")
-        return int(published) if published else defaults.store_max_bytes()
-
-    def set_max_bytes(self, max_bytes: int) -> None:
-        if max_bytes <= 0:
-            raise StoreError(f"the store's cap must be a positive number of bytes, got {max_bytes}")
-        with store_errors(self.url):
-            self.client.set(f"{self.prefix}max_bytes", int(max_bytes))
-
-    def pin(self, owner: str, keys: Iterable[str], ttl: float | None, replace: bool = False) -> None:
-        ttl_ms = "" if ttl is None else str(max(1, int(ttl * 1000)))
-        with store_errors(self.url):
-            self._script(
-                self._pin, check_owner(owner), ttl_ms, "1" if replace else "0", *(check_key(key) for key in keys)
-            )
-
-    def unpin(self, owner: str, keys: Iterable[str] | None = None) -> None:
-        chosen = None if keys is None else [check_key(key) for key in keys]
-        if chosen == []:
-            return
-        with store_errors(self.url):
-            self._script(self._unpin, check_owner(owner), *(chosen or ()))
-
-    def pin_owners(self) -> list[str]:
-        with store_errors(self.url):
-            return [owner.decode() for owner in redis_scripts.owner_names(self._script(self._owners))]
-
-    def stats(self) -> StoreStats:
-        with store_errors(self.url):
-            entries, total, cap, pinned_entries, pinned_bytes, owners = redis_scripts.stats_counts(
-                self._script(self._stats)
-            )
-        return StoreStats(
-            int(entries),
-            int(total),
-            int(cap),
-            int(pinned_entries),
-            int(pinned_bytes),
-            [owner.decode() for owner in owners],
-        )
-
-    def evict(self) -> Eviction:
-        return self._evict_to(room=0)
-
-    def _evict_to(self, room: int) -> Eviction:
-        """Evict in batches of EVICT_BATCH entries until `room` bytes are free under the cap (or only pinned
-        entries are left)."""
-        freed_entries = freed_bytes = 0
-        with store_errors(self.url):
-            while True:
-                entries, freed, left, more, dropped = redis_scripts.eviction_batch(
-                    self._script(self._evict, EVICT_BATCH, room)
-                )
-                self._delete_files(dropped)
-                freed_entries, freed_bytes = freed_entries + int(entries), freed_bytes + int(freed)
-                if not int(more):
-                    return Eviction(freed_entries, freed_bytes, int(left))
-
-    def adopt_unaccounted(self) -> int:
-        """Count the entries an older farm wrote before the store had a cap (they are the least recently used
-        now); returns how many. A SCAN over the whole database: `farm store gc` runs it, nothing else."""
-        adopted = 0
-        with store_errors(self.url):
-            batch: list[str] = []
-            for name in self.client.scan_iter(match=f"{self.prefix}obj:*", count=1000):
-                key = reply_bytes(name).decode(errors="replace")[len(self.prefix) + 4 :]
-                if is_key(key):
-                    batch.append(key)
-                if len(batch) >= 1000:
-                    adopted += int(redis_scripts.adopted_count(self._script(self._adopt, *batch)))
-                    batch = []
-            if batch:
-                adopted += int(redis_scripts.adopted_count(self._script(self._adopt, *batch)))
-        return adopted
-
-    def _script(self, script: LuaScript, *args: object) -> object:
-        """Run one of the store's Lua scripts with the prefix and this process's default cap before `args`."""
-        cap = defaults.store_max_bytes() if self.default_cap is None else self.default_cap
-        return script(args=[self.prefix, cap, *args])
 
     def close(self) -> None:
         self.client.close()
@@ -632,14 +392,6 @@ class RedisStore(Store):
             published = get_bytes(self.client, f"{self.prefix}blob_store")
         return published is not None and published.startswith(FILE_SCHEME.encode())
 
-    def staged(self, keys: Iterable[str]) -> list[str]:
-        """One pipeline of EXISTS on the staged headers (in the blob Redis when there is one)."""
-        stager = self._stager()
-        if stager is not self:
-            return stager.staged(keys)
-        keys = list(keys)
-        return [key for key, present in zip(keys, self._exist(map(self.staged_key, keys))) if present]
-
     def sweep_orphans(self, older_than: float = 3600.0) -> int:
         """The blob store's entries that have no header here (one pipeline of EXISTS per thousand)."""
         try:
@@ -668,17 +420,6 @@ class RedisStore(Store):
                 self.client.delete(f"{self.prefix}blob_store")
             else:
                 self.client.set(f"{self.prefix}blob_store", without_login(client_url or self.blobs.url))
-
-    def keys_older_than(self, seconds: float) -> Iterator[str]:
-        """The keys of entries last used more than `seconds` ago (by this Redis' clock)."""
-        with store_errors(self.url):
-            now, micros = self.client.time()
-            oldest = int(now) * 1000 + int(micros) // 1000 - int(seconds * 1000)
-            names = self.client.zrangebyscore(f"{self.prefix}lru", "-inf", oldest)
-        for name in names:
-            key = reply_bytes(name).decode(errors="replace")
-            if is_key(key):
-                yield key
 
     def _read_chunks(
         self, header_key: str, chunk_key: Callable[[int], str], key: str, size: int, count: int, repair: bool
