@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from farm.backends.registry import BACKENDS
 from farm.cli import schemas
 from farm.cli.jobs import build_fields, wait_with_progress
 from farm.cli.shared import broker_option, deliver, farm_client, json_option, reports_errors, shown
@@ -26,8 +27,7 @@ if TYPE_CHECKING:
     "targets",
     multiple=True,
     metavar="T",
-    help="cpu (this host, the default), cpu:TRIPLE, cpu:TRIPLE:CPU[:FEATURES], opencl (every OpenCL "
-    "device) or opencl:FINGERPRINT; repeatable.",
+    help=f"{'; '.join(backend.usage for backend in BACKENDS.values())}; repeatable (default: cpu, this host).",
 )
 @click.option(
     "-o",
