@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-OPENCL_TARGET_ID = "opencl"
-"""The target id of every OpenCL kernel spec (one source serves every device)."""
 CPU_TARGET_PREFIX = "cpu-"
 """How every CPU target's id starts (backends.llvm.target.CpuTarget.id)."""
 

@@ -25,6 +25,7 @@ import ml_dtypes
 import numpy as np
 import onnx
 
+from farm.backends.registry import BACKENDS
 from farm.errors import UnsupportedError
 from farm.ops import SUPPORTED_OPS
 
@@ -176,7 +177,7 @@ def markdown(outcomes: Sequence[Outcome], device: str, path: str = "docs/conform
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run ONNX's conformance cases for farm's supported ops.")
-    parser.add_argument("--device", choices=("cpu", "opencl"), default="cpu")
+    parser.add_argument("--device", choices=list(BACKENDS), default="cpu")
     parser.add_argument("--markdown", help="write the report to this file")
     args = parser.parse_args(argv)
     outcomes = []

@@ -8,10 +8,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from farm.errors import BadInputError
-from farm.ir.keys import OPENCL_TARGET_ID
 
 FINGERPRINT = re.compile(r"[0-9a-f]{16}")
-SPEC_TARGET_ID = OPENCL_TARGET_ID
+SPEC_TARGET_ID = "opencl"
 """The target id OpenCL kernel specs carry: one source (and one symbol) serves every device."""
 
 
