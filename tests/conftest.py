@@ -107,6 +107,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
+def small_cnn_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples.small_cnn saved once per session: the small model most build tests build."""
+    from farm.tools import examples
+
+    path = tmp_path_factory.mktemp("model") / "small_cnn.onnx"
+    onnx.save(examples.small_cnn(), path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def fingerprint() -> str:
     """The fingerprint of this host's first OpenCL device (PoCL here); no device is a failure, never a skip."""
     from farm.backends.opencl.devices import opencl_devices

@@ -4,12 +4,10 @@ weight read packed, weights as members in slot order, the entry object and the l
 from __future__ import annotations
 
 import onnx
-import pytest
 
 from farm.artifact import open_artifact
 from farm.backends.llvm.part import entry_object, entry_ref, link_order, link_target, target_weights, weight_member
 from farm.backends.llvm.target import host_target
-from farm.backends.opencl.devices import opencl_devices
 from farm.build.assembly import compile_units, libraries, link_plan, plan_model
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
@@ -18,24 +16,10 @@ from farm.build.units import compile_unit
 from farm.tools import examples
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    path = tmp_path_factory.mktemp("m") / "small_cnn.onnx"
-    onnx.save(examples.small_cnn(), path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def fingerprint() -> str:
-    devices = opencl_devices()
-    assert devices, "no OpenCL device: install pocl-opencl-icd (scripts/setup.sh does)"
-    return devices[0]["fingerprint"]
-
-
-def test_cpu_units_are_every_kernel_and_every_weight_the_target_reads_packed(model):
+def test_cpu_units_are_every_kernel_and_every_weight_the_target_reads_packed(small_cnn_path):
     """Plain weights are the model's bytes (artifact members as they are): only packed ones are built. A kernel is
     one unit, or one per part of its code (kernel_parts)."""
-    plan, target = plan_model(model), host_target()
+    plan, target = plan_model(small_cnn_path), host_target()
     units = part_of("cpu").units(plan, [target])
     assert {u.spec.whole for u in units if u.kind == "kernel"} == {
         plan.kernel_for(spec, target.id) for spec in plan.kernels().values()
@@ -46,14 +30,14 @@ def test_cpu_units_are_every_kernel_and_every_weight_the_target_reads_packed(mod
     assert link_order(units, target) == sorted(u.name for u in units if u.kind == "kernel")
 
 
-def test_each_weight_is_a_member_the_target_lists_in_slot_order(model, tmp_path):
+def test_each_weight_is_a_member_the_target_lists_in_slot_order(small_cnn_path, tmp_path):
     """The manifest's target lists its weights' members in the entry's slot order: plain ones shared with every
     other part by sha256, packed ones the target's own; each member holds what the kernels read."""
     from farm.backends.llvm.blobs import pack_weights
 
-    result = build_model(model, tmp_path, executor=LocalExecutor(1))
+    result = build_model(small_cnn_path, tmp_path, executor=LocalExecutor(1))
     artifact = open_artifact(result.artifact)
-    plan, target = plan_model(model), host_target()
+    plan, target = plan_model(small_cnn_path), host_target()
     entry = artifact.manifest["targets"][0]
     weights = target_weights(plan, target)
     assert entry["weights"] == [weight_member(target.id, blob) for blob in weights]
@@ -81,11 +65,11 @@ def test_a_kernel_whose_code_is_split_is_one_unit_per_part_linked_in_order(tmp_p
     assert set(link_order(units, target)) == {unit.name for unit in units if unit.kind == "kernel"}
 
 
-def test_an_entry_ref_names_what_the_entry_is_made_of_and_the_compiler(model, monkeypatch) -> None:
+def test_an_entry_ref_names_what_the_entry_is_made_of_and_the_compiler(small_cnn_path, monkeypatch) -> None:
     """A cached entry is found by its schedule, target and weight-table offset under the compiler key: any other
     schedule, offset or toolchain misses it (so a link never takes a stale entry or another toolchain's)."""
     target = host_target()
-    plan = plan_model(model)
+    plan = plan_model(small_cnn_path)
     library = libraries(link_plan([plan], [target], "m", "0" * 64, compile_units(plan, [target])))[0]
     ref = entry_ref(library)
     assert ref.startswith("entry:") and entry_ref(dict(library)) == ref
@@ -95,11 +79,11 @@ def test_an_entry_ref_names_what_the_entry_is_made_of_and_the_compiler(model, mo
     assert entry_ref(library) != ref
 
 
-def test_a_library_links_the_entry_it_is_given_and_compiles_it_otherwise(model) -> None:
+def test_a_library_links_the_entry_it_is_given_and_compiles_it_otherwise(small_cnn_path) -> None:
     """link_target takes the entry from entry_of (the farm's cached one) and compiles it when given none: the
     same library either way, since compiling an entry is a pure step."""
     target = host_target()
-    plan = plan_model(model)
+    plan = plan_model(small_cnn_path)
     units = compile_units(plan, [target])
     library = libraries(link_plan([plan], [target], "m", "0" * 64, units))[0]
     objects = {unit.name: compile_unit(unit, plan.blobs.get(unit.data_key)) for unit in units if unit.kind == "kernel"}

@@ -29,13 +29,6 @@ from tests.test_blobs import old_scratch
 ELF_MACHINE_AARCH64 = 183
 
 
-@pytest.fixture(scope="module")
-def small_cnn_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("model") / "small_cnn.onnx"
-    onnx.save(examples.small_cnn(), path)
-    return path
-
-
 def _sha(path) -> str:
     return hashlib.sha256(open(path, "rb").read()).hexdigest()
 

@@ -3,35 +3,16 @@ weights and the schedule."""
 
 from __future__ import annotations
 
-import onnx
-import pytest
-
 from farm.artifact import open_artifact
-from farm.backends.opencl.devices import opencl_devices
 from farm.backends.opencl.target import SPEC_TARGET_ID, OpenClTarget
 from farm.build.assembly import plan_model
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
 from farm.build.parts import part_of
-from farm.tools import examples
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    path = tmp_path_factory.mktemp("m") / "small_cnn.onnx"
-    onnx.save(examples.small_cnn(), path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def fingerprint() -> str:
-    devices = opencl_devices()
-    assert devices, "no OpenCL device: install pocl-opencl-icd (scripts/setup.sh does)"
-    return devices[0]["fingerprint"]
-
-
-def test_one_binary_unit_per_kernel_per_device(model):
-    plan = plan_model(model)
+def test_one_binary_unit_per_kernel_per_device(small_cnn_path):
+    plan = plan_model(small_cnn_path)
     devices = [OpenClTarget("a" * 16), OpenClTarget("b" * 16)]
     units = part_of("opencl").units(plan, devices)
     assert len(units) == 2 * len(plan.kernels()) and {u.kind for u in units} == {"clkernel"}
@@ -39,8 +20,8 @@ def test_one_binary_unit_per_kernel_per_device(model):
     assert len({u.cache_ref for u in units}) == len(units)  # but each device's binary is cached apart
 
 
-def test_the_artifact_lists_sources_binaries_weights_and_schedule(model, fingerprint, tmp_path):
-    result = build_model(model, tmp_path, executor=LocalExecutor(1), targets=[OpenClTarget(fingerprint)])
+def test_the_artifact_lists_sources_binaries_weights_and_schedule(small_cnn_path, fingerprint, tmp_path):
+    result = build_model(small_cnn_path, tmp_path, executor=LocalExecutor(1), targets=[OpenClTarget(fingerprint)])
     artifact = open_artifact(result.artifact)
     part = artifact.manifest["opencl"]
     assert part["devices"] == [fingerprint] and artifact.manifest["targets"] == []

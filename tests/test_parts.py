@@ -3,33 +3,14 @@ folder, and the parts of a build of several kinds of target together."""
 
 from __future__ import annotations
 
-import onnx
-import pytest
-
 from farm.artifact import open_artifact
 from farm.backends.llvm.target import host_target
-from farm.backends.opencl.devices import opencl_devices
 from farm.backends.opencl.target import OpenClTarget
 from farm.backends.registry import BACKENDS
 from farm.build.assembly import compile_units, plan_model
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
 from farm.build.parts import Part, part_of, parts
-from farm.tools import examples
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    path = tmp_path_factory.mktemp("m") / "small_cnn.onnx"
-    onnx.save(examples.small_cnn(), path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def fingerprint() -> str:
-    devices = opencl_devices()
-    assert devices, "no OpenCL device: install pocl-opencl-icd (scripts/setup.sh does)"
-    return devices[0]["fingerprint"]
 
 
 def test_each_backends_part_is_found_in_its_folder_in_the_registrys_order() -> None:
@@ -40,16 +21,16 @@ def test_each_backends_part_is_found_in_its_folder_in_the_registrys_order() -> N
         assert type(part).__module__ == f"{backend.package}.part"
 
 
-def test_compile_units_of_mixed_targets_are_each_parts_units(model):
-    plan, cpu, device = plan_model(model), host_target(), OpenClTarget("c" * 16)
+def test_compile_units_of_mixed_targets_are_each_parts_units(small_cnn_path):
+    plan, cpu, device = plan_model(small_cnn_path), host_target(), OpenClTarget("c" * 16)
     units = compile_units(plan, [device, cpu])
     assert units == part_of("cpu").units(plan, [cpu]) + part_of("opencl").units(plan, [device])
 
 
-def test_cpu_and_opencl_in_one_artifact_build_byte_identically_twice(model, fingerprint, tmp_path):
+def test_cpu_and_opencl_in_one_artifact_build_byte_identically_twice(small_cnn_path, fingerprint, tmp_path):
     targets = [host_target(), OpenClTarget(fingerprint)]
-    first = build_model(model, tmp_path / "a", targets, executor=LocalExecutor(1), no_cache=True)
-    second = build_model(model, tmp_path / "b", targets, executor=LocalExecutor(2), no_cache=True)
+    first = build_model(small_cnn_path, tmp_path / "a", targets, executor=LocalExecutor(1), no_cache=True)
+    second = build_model(small_cnn_path, tmp_path / "b", targets, executor=LocalExecutor(2), no_cache=True)
     assert open(first.artifact, "rb").read() == open(second.artifact, "rb").read()
     manifest = open_artifact(first.artifact).manifest
     assert manifest["targets"][0]["id"] == host_target().id and manifest["opencl"]["devices"] == [fingerprint]

@@ -10,7 +10,15 @@ from typing import Any
 import click
 
 from farm.cli import schemas
-from farm.cli.shared import broker_option, deliver, farm_client, json_option, reports_errors, shown
+from farm.cli.shared import (
+    artifact_output_option,
+    broker_option,
+    deliver,
+    farm_client,
+    json_option,
+    reports_errors,
+    shown,
+)
 from farm.cli.stopping import stoppable, stops_saying
 
 
@@ -133,16 +141,7 @@ def wait(job_id: str, broker: str | None, as_json: bool, timeout: float | None) 
 
 @click.command()
 @click.argument("job_id")
-@click.option(
-    "-o",
-    "--output",
-    "--output-dir",
-    "output",
-    default="artifacts",
-    show_default=True,
-    type=click.Path(),
-    help="A folder (the artifact is FOLDER/<model>.farm) or a file ending in .farm.",
-)
+@artifact_output_option
 @broker_option
 @json_option
 @reports_errors

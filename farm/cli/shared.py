@@ -81,6 +81,17 @@ broker_option = click.option(
     "--broker", envvar="FARM_BROKER_URL", metavar="URL", help="Redis URL of the farm (default: $FARM_BROKER_URL)."
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+artifact_output_option = click.option(
+    "-o",
+    "--output",
+    "--output-dir",
+    "output",
+    default="artifacts",
+    show_default=True,
+    type=click.Path(),
+    help="A folder (the artifact is FOLDER/<model>.farm) or a file ending in .farm.",
+)
+"""Where `submit` and `download` write an artifact."""
 
 
 def broker_url(broker: str | None) -> str:

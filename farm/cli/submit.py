@@ -12,7 +12,15 @@ import click
 from farm.backends.registry import BACKENDS
 from farm.cli import schemas
 from farm.cli.jobs import build_fields, wait_with_progress
-from farm.cli.shared import broker_option, deliver, farm_client, json_option, reports_errors, shown
+from farm.cli.shared import (
+    artifact_output_option,
+    broker_option,
+    deliver,
+    farm_client,
+    json_option,
+    reports_errors,
+    shown,
+)
 from farm.cli.stopping import exits_saying, stoppable, stops_saying
 from farm.errors import BadInputError
 
@@ -29,16 +37,7 @@ if TYPE_CHECKING:
     metavar="T",
     help=f"{'; '.join(backend.usage for backend in BACKENDS.values())}; repeatable (default: cpu, this host).",
 )
-@click.option(
-    "-o",
-    "--output",
-    "--output-dir",
-    "output",
-    default="artifacts",
-    show_default=True,
-    type=click.Path(),
-    help="A folder (the artifact is FOLDER/<model>.farm) or a file ending in .farm.",
-)
+@artifact_output_option
 @json_option
 @click.option("--workers", type=click.IntRange(min=1), help="Local compile processes (default: every core).")
 @broker_option
