@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""Benchmark farm's inference speed against onnxruntime and the machine's fp32 peak, in one run (issue 14's bars).
+"""Benchmark farm's inference speed against onnxruntime and the machine's fp32 peak, in one run.
 
 For every test model (the examples of `farm.tools.examples` and the nine light models shipped with the onnx package,
 picked with --models) and every ONNX file given with --onnx (torch.onnx exports of real architectures, see
-scripts/export_models.py) it builds the artifact for this host and measures, interleaved round by round so that a
-busy moment hits every side alike, two like-for-like pairs: farm and onnxruntime each with its default threads
-(farm: every CPU; onnxruntime: its default session options), and farm and onnxruntime each on ONE thread
-(onnxruntime with intra_op_num_threads = inter_op_num_threads = 1). Each figure is the median over rounds of the
-mean of a round's runs. The one-thread ratio divides farm's one-thread time by onnxruntime's one-thread time:
+scripts/export_models.py) it builds the artifact for this host and measures two like-for-like pairs: farm and
+onnxruntime each with its default threads (farm: every CPU; onnxruntime: its default session options), and farm
+and onnxruntime each on ONE thread (onnxruntime with intra_op_num_threads = inter_op_num_threads = 1). Each of the
+four runs in a process of its own (benchmarks/engine_process.py), and they take turns round by round, so that a
+busy moment hits every side alike and no engine's threads share a process with another's (timed in one process,
+onnxruntime's spinning pool threads took a core from farm: on a 2-core Zen 3 farm's two-thread figures doubled).
+Each figure is the median over rounds of the mean of a round's runs. The one-thread ratio divides farm's one-thread time by onnxruntime's one-thread time:
 dividing it by onnxruntime's multi-threaded time would charge farm for the cores it was told not to use.
 
 Feeds: the built-in models get seeded standard-normal inputs (`farm.tools.examples.random_input`); an --onnx model
@@ -25,8 +27,9 @@ step timing, best of repeats), onnxruntime's nodes of the same op family and wor
 repeats), each against one core's peak measured again just before that model's kernels are timed (a shared host's
 peak drifts by 5-10% within a minute).
 
-Bars (issue 14): light_resnet50 <= 1.05x onnxruntime; every model of at least KERNEL_BAR_MIN_SECONDS on one
-thread <= 1.25x; the heaviest compute-bound multiply-add kernel of each such model at >= 75% of one core's peak.
+Bars: light_resnet50 <= 1.0x onnxruntime at the default threads and on one thread; every model of at least
+KERNEL_BAR_MIN_SECONDS on one thread <= 1.10x, at the default threads and on one thread; the heaviest
+compute-bound multiply-add kernel of each such model at >= 75% of one core's peak.
 
 Usage: python3 benchmarks/bench_speed.py [--models a,b] [--onnx PATH]... [--shape NAME=SIZE]... [--rounds N]
                                          [--json out.json] [--no-fail]
@@ -40,10 +43,10 @@ dimension, two models of one name).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -57,12 +60,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from bench_build import ALL_MODELS, feeds_for, machine_info, model_names, model_path
+from engine_process import EngineProcess, alternating_latency, save_feeds
 from google.protobuf.message import DecodeError
 from llvmlite import ir
 from onnx import helper
 from report import cell, markdown_table
 
-from farm import runtime
 from farm.artifact import read_manifest
 from farm.backends.llvm.target import host_target, init_llvm
 from farm.build.executor import LocalExecutor
@@ -73,8 +76,8 @@ from farm.frontend.shapes import apply_shapes
 from farm.ir.shapes import PinnedShapes, parse_sizes
 
 RESNET50 = "light_resnet50"
-RESNET50_BAR = 1.05
-EVERY_MODEL_BAR = 1.25
+RESNET50_BAR = 1.0
+EVERY_MODEL_BAR = 1.10
 KERNEL_PEAK_BAR = 0.75
 KERNEL_BAR_MIN_SECONDS = 0.005
 """Models faster than this on one thread are held by per-run and per-step overheads (bars)."""
@@ -163,21 +166,6 @@ def _seconds(fn: Callable[[], object]) -> float:
     return time.perf_counter() - started
 
 
-def interleaved_latency(runners: dict[str, Callable[[], object]], rounds: int, runs: int) -> dict[str, float]:
-    """Median over `rounds` of each runner's mean seconds over `runs` calls; the runners take turns every round
-    (after two warm-up calls each), with a pause of SETTLE_SECONDS before each turn: onnxruntime's pool threads
-    spin for a while after a run, and without the pause they take a core from the next runner (measured:
-    resnet18_style on two farm threads 3.67 ms alone, 4.49 ms right after onnxruntime's runs)."""
-    for fn in runners.values():
-        fn(), fn()
-    samples: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(rounds):
-        for name, fn in runners.items():
-            time.sleep(SETTLE_SECONDS)
-            samples[name].append(_seconds(lambda call=fn: [call() for _ in range(runs)]) / runs)
-    return {name: statistics.median(values) for name, values in samples.items()}
-
-
 def static_inputs(model: onnx.ModelProto) -> list[tuple[str, np.dtype, list[int]]]:
     """(name, dtype, shape) of every graph input that is not an initializer; a dynamic dimension is a ValueError."""
     initializers = {t.name for t in model.graph.initializer}
@@ -237,48 +225,43 @@ def one_thread_session_options() -> ort.SessionOptions:
 
 
 def bench_model(subject: Subject, folder: Path, executor: LocalExecutor, rounds: int) -> dict[str, Any]:
-    """Build the model; time, interleaved, farm and onnxruntime at their default threads and both at one; then,
-    once those sessions are closed (onnxruntime's pool threads spin after its runs), the heaviest kernels."""
-    artifact = build_model(subject.path, folder / "out", executor=executor, shapes=subject.shapes).artifact
+    """Build the model; time farm and onnxruntime at their default threads and both at one, each in its own process
+    (model_latencies); then, once those processes are gone, the heaviest kernels on one thread in this process
+    (onnxruntime's one-thread session has no pool threads)."""
+    artifact = build_model(
+        subject.path, folder / "out", executor=executor, sizes=[subject.shapes] if subject.shapes else ()
+    ).artifact
     result = model_latencies(subject, artifact, folder, rounds)
     time.sleep(SETTLE_SECONDS)
     return {**result, "kernels": heaviest_kernels(artifact, ort_kernel_times(subject.path, subject.feeds, folder))}
 
 
 def model_latencies(subject: Subject, artifact: str, folder: Path, rounds: int) -> dict[str, Any]:
-    """farm and onnxruntime at their default threads and both at one thread, interleaved (interleaved_latency),
-    and the largest difference of their outputs."""
-    feeds = subject.feeds
-    threaded = runtime.load(artifact, cache_dir=folder / "cache")
-    single = runtime.load(artifact, cache_dir=folder / "cache", threads=1)
-    session = ort.InferenceSession(str(subject.path), providers=["CPUExecutionProvider"])
-    session_1 = ort.InferenceSession(
-        str(subject.path), one_thread_session_options(), providers=["CPUExecutionProvider"]
-    )
-    single_run = single.run(feeds)
-    names = [output.name for output in session.get_outputs()]
-    difference = relative_difference(single_run, session.run(names, feeds), names)
-    runs = max(1, int(ROUND_SECONDS / max(_seconds(lambda: single.run(feeds)), 1e-6)))
-    seconds = interleaved_latency(
-        {
-            "farm": lambda: threaded.run(feeds),
-            "ort": lambda: session.run(None, feeds),
-            "farm_1": lambda: single.run(feeds),
-            "ort_1": lambda: session_1.run(None, feeds),
-        },
-        rounds,
-        runs,
-    )
+    """farm and onnxruntime at their default threads and both at one thread, each in a process of its own, taking
+    turns (engine_process.alternating_latency), and the largest difference of their outputs."""
+    feeds = save_feeds(subject.feeds, folder / f"{subject.name}-feeds.npz")
+    settings = {"farm": ("farm", 0), "ort": ("ort", 0), "farm_1": ("farm", 1), "ort_1": ("ort", 1)}
+    with contextlib.ExitStack() as stack:
+        engines = {
+            name: stack.enter_context(
+                EngineProcess(engine, artifact if engine == "farm" else subject.path, feeds, threads, folder / "cache")
+            )
+            for name, (engine, threads) in settings.items()
+        }
+        ours, reference = engines["farm_1"].outputs(folder / "farm.npz"), engines["ort"].outputs(folder / "ort.npz")
+        runs = max(1, int(ROUND_SECONDS / max(engines["farm_1"].seconds(1), 1e-6)))
+        seconds = alternating_latency(engines, rounds, runs)
+    names = list(reference)
     return {
         "name": subject.name,
         "artifact": artifact,
-        "threads": threaded.threads,
+        "threads": engines["farm"].loaded["threads"],
         **seconds,
         "ratio": seconds["farm"] / seconds["ort"],
         "ratio_1": seconds["farm_1"] / seconds["ort_1"],
         "thread_speedup": seconds["farm_1"] / seconds["farm"],
-        "relative_difference": difference,
-        "outputs": list(single_run),
+        "relative_difference": relative_difference(ours, [reference[name] for name in names], names),
+        "outputs": list(ours),
     }
 
 
@@ -375,26 +358,26 @@ def compute_bound(models: Sequence[dict[str, Any]]) -> list[tuple[str, dict[str,
 
 
 def bars(models: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """light ResNet-50 <= RESNET50_BAR x onnxruntime; every model of at least KERNEL_BAR_MIN_SECONDS (one thread)
-    <= EVERY_MODEL_BAR x; the heaviest compute-bound kernel of each such model at KERNEL_PEAK_BAR of one core's peak
+    """light ResNet-50 <= RESNET50_BAR x onnxruntime and every model of at least KERNEL_BAR_MIN_SECONDS (one thread)
+    <= EVERY_MODEL_BAR x, each at the default threads and on one thread (the worse of the two ratios); the heaviest compute-bound kernel of each such model at KERNEL_PEAK_BAR of one core's peak
     or more (compute_bound). Smaller models are held by per-run and per-step overheads, and a kernel that streams
     more than a byte of operands per COMPUTE_BOUND_INTENSITY flops by memory: the tables show both anyway."""
     found = [m for m in models if m["name"] == RESNET50]
     held = [m for m in models if m["farm_1"] >= KERNEL_BAR_MIN_SECONDS]
-    worst = max(held, key=lambda m: m["ratio"], default=None)
+    worst = max(held, key=worse_ratio, default=None)
     lowest = min(compute_bound(models), key=lambda pair: pair[1]["of_peak"], default=None)
     return [
         {
-            "bar": f"{RESNET50} farm / onnxruntime",
+            "bar": f"{RESNET50} farm / onnxruntime, default threads and one thread",
             "limit": f"<= {RESNET50_BAR}x",
-            "measured": f"{found[0]['ratio']:.2f}x" if found else "not selected",
-            "passed": found[0]["ratio"] <= RESNET50_BAR if found else None,
+            "measured": ratios(found[0]) if found else "not selected",
+            "passed": worse_ratio(found[0]) <= RESNET50_BAR if found else None,
         },
         {
-            "bar": f"every model of {KERNEL_BAR_MIN_SECONDS * 1e3:.0f} ms or more, farm / onnxruntime",
+            "bar": f"every model of {KERNEL_BAR_MIN_SECONDS * 1e3:.0f} ms or more, farm / onnxruntime, both",
             "limit": f"<= {EVERY_MODEL_BAR}x",
-            "measured": f"worst {worst['name']}: {worst['ratio']:.2f}x" if worst else "no model that long",
-            "passed": worst["ratio"] <= EVERY_MODEL_BAR if worst else None,
+            "measured": f"worst {worst['name']}: {ratios(worst)}" if worst else "no model that long",
+            "passed": worse_ratio(worst) <= EVERY_MODEL_BAR if worst else None,
         },
         {
             "bar": "heaviest compute-bound kernel of each, one thread",
@@ -403,6 +386,15 @@ def bars(models: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "passed": lowest[1]["of_peak"] >= KERNEL_PEAK_BAR if lowest else None,
         },
     ]
+
+
+def worse_ratio(model: dict[str, Any]) -> float:
+    """The worse of a model's two ratios, at the default threads and on one thread: a bar holds for both."""
+    return max(model["ratio"], model["ratio_1"])
+
+
+def ratios(model: dict[str, Any]) -> str:
+    return f"{model['ratio']:.2f}x, one thread {model['ratio_1']:.2f}x"
 
 
 def report(result: dict[str, Any]) -> str:
