@@ -20,8 +20,13 @@ linker (docs/architecture.md, "Weights"). MB means 10**6 bytes throughout. Build
 fresh store, then a warm one from that store (every kernel a cache hit), their medians, whether all artifacts are
 byte-identical, and what caching the packed weights would buy (packing them against reading them from a store).
 
+`--iree` measures a cold `farm submit` (a process of its own, an empty cache) against IREE's import and compile of
+the same file, taking turns `--rounds` times, and how long `farm` takes to start when it only prints help or
+refuses a model (benchmarks/compile_vs_iree.py).
+
 Usage: python3 benchmarks/bench_build.py [--models a,b] [--repeat N] [--json out.json] [--workers N] [--no-fail]
        python3 benchmarks/bench_build.py --cache [--models a,b] [--rounds N] [--workers N] [--json out.json]
+       python3 benchmarks/bench_build.py --iree [--iree-bin DIR] [--models a,b] [--rounds N] [--json out.json]
 Exit status: 0 when every bar passes (or --no-fail), 1 when a bar fails, 2 on bad arguments.
 """
 
@@ -45,6 +50,15 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
+from compile_vs_iree import (
+    IREE_BAR,
+    IREE_BAR_MODELS,
+    START_BAR_SECONDS,
+    CompileResult,
+    compare,
+    iree_tools,
+    start_seconds,
+)
 from report import cell, markdown_table
 
 from farm import runtime
@@ -522,6 +536,71 @@ def machine_info(workers: int) -> dict[str, Any]:
     }
 
 
+# -- against IREE --------------------------------------------------------------------------------------------------
+
+
+def run_iree_benchmark(args: argparse.Namespace, folder: Path) -> int:
+    """Cold farm submits against IREE's import + compile per model, then farm's start times; tables and bars."""
+    results = []
+    for name in args.models:
+        results.append(compare(name, model_path(name, folder), args.iree_tools, folder, args.rounds))
+        r = results[-1]
+        print(f"  {name}: farm {r.farm_s:.2f} s, IREE {r.iree_s:.2f} s, {r.ratio:.2f}x", flush=True)
+    starts = start_seconds(folder, repeat=7)
+    bars = [iree_bar(results), start_bar(starts)]
+    table = markdown_table(
+        ["model", "farm cold submit s", "IREE import s", "IREE compile s", "IREE total s", "farm / IREE"],
+        [
+            [
+                r.name,
+                f"{r.farm_s:.2f}",
+                f"{r.iree_import_s:.2f}",
+                f"{r.iree_compile_s:.2f}",
+                f"{r.iree_s:.2f}",
+                f"{r.ratio:.2f}",
+            ]
+            for r in results
+        ],
+    )
+    start_table = markdown_table(["command", "best of 7, s"], [[label, f"{s:.3f}"] for label, s in starts.items()])
+    print(
+        f"\nmachine: {json.dumps(machine_info(os.cpu_count() or 1))}\n\n{table}\n\n{start_table}\n\n{bars_table(bars)}"
+    )
+    if args.json:
+        report = {
+            "machine": machine_info(os.cpu_count() or 1),
+            "rounds": args.rounds,
+            "models": [{**asdict(r), "iree_s": r.iree_s, "ratio": r.ratio} for r in results],
+            "start_seconds": starts,
+            "bars": [{**asdict(b), "verdict": b.verdict} for b in bars],
+        }
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 1 if any(b.passed is False for b in bars) and not args.no_fail else 0
+
+
+def iree_bar(results: Sequence[CompileResult]) -> Bar:
+    """Cold submit <= IREE_BAR x IREE's import + compile on each of IREE_BAR_MODELS that was measured."""
+    held = [r for r in results if r.name in IREE_BAR_MODELS]
+    worst = max(held, key=lambda r: r.ratio, default=None)
+    return Bar(
+        f"cold farm submit / IREE import + compile ({', '.join(IREE_BAR_MODELS)})",
+        f"worst {worst.name}: {worst.ratio:.2f}x" if worst else "not selected",
+        f"<= {IREE_BAR}x",
+        worst.ratio <= IREE_BAR if worst else None,
+    )
+
+
+def start_bar(starts: dict[str, float]) -> Bar:
+    """Every start (help, a refused model) under START_BAR_SECONDS."""
+    slowest = max(starts, key=starts.__getitem__)
+    return Bar(
+        "farm prints help or refuses a model",
+        f"slowest {slowest}: {starts[slowest]:.2f} s",
+        f"< {START_BAR_SECONDS} s",
+        starts[slowest] < START_BAR_SECONDS,
+    )
+
+
 # -- main ----------------------------------------------------------------------------------------------------------
 
 
@@ -536,9 +615,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=None, help="build worker processes (default: all cores)")
     parser.add_argument("--no-fail", action="store_true", help="exit 0 even when a bar fails")
     parser.add_argument("--cache", action="store_true", help="measure cold against warm (cached) builds instead")
-    parser.add_argument("--rounds", type=int, default=3, help="with --cache: cold+warm pairs per model (default 3)")
+    parser.add_argument("--rounds", type=int, default=3, help="with --cache or --iree: rounds per model (default 3)")
+    parser.add_argument("--iree", action="store_true", help="measure a cold farm submit against IREE instead")
+    parser.add_argument(
+        "--iree-bin", metavar="DIR", help="with --iree: the folder of iree-import-onnx and iree-compile"
+    )
     args = parser.parse_args(argv)
     args.models = model_names(parser, args.models)
+    if args.iree:
+        args.iree_tools = iree_tools(args.iree_bin)
+        if args.iree_tools is None:
+            parser.error(
+                f"--iree: iree-import-onnx and iree-compile not found {'in ' + args.iree_bin if args.iree_bin else 'on PATH'}"
+                " (pip install 'iree-base-compiler[onnx]', then give --iree-bin DIR)"
+            )
     if args.repeat < 1 or args.rounds < 1:
         parser.error("--repeat and --rounds must be >= 1")
     return args
@@ -583,6 +673,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cache:
         with tempfile.TemporaryDirectory(prefix="farm-bench-") as tmp:
             return run_cache_benchmark(args, Path(tmp))
+    if args.iree:
+        with tempfile.TemporaryDirectory(prefix="farm-bench-") as tmp:
+            return run_iree_benchmark(args, Path(tmp))
     with tempfile.TemporaryDirectory(prefix="farm-bench-") as tmp:
         report = run_benchmarks(args, Path(tmp))
     results, bars = report.pop("_results"), report.pop("_bars")

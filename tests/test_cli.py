@@ -222,6 +222,13 @@ def test_truncated_model(tmp_path):
     assert not (tmp_path / "artifacts" / "cut.farm").exists()
 
 
+def test_a_file_that_is_not_a_model_is_refused_in_one_line_before_any_build(tmp_path):
+    (tmp_path / "notes.onnx").write_text("# not a model\n")
+    result = farm("submit", "notes.onnx", cwd=tmp_path)
+    _assert_bad_input(result, "can't read ONNX model notes.onnx: not a protobuf message")
+    assert result.stderr.count("\n") == 1 and not (tmp_path / "artifacts").exists()
+
+
 def test_unsupported_op_names_node_op_domain_and_opset(tmp_path):
     _single_op_model(tmp_path / "m.onnx", op="RandomNormalLike")
     result = farm("submit", "m.onnx", "--json", cwd=tmp_path)

@@ -10,6 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from farm.errors import ModelLoadError
 from farm.frontend import wire
 from farm.frontend.onnx_import import import_model
+from farm.tools import examples
 
 RNG = np.random.default_rng(7)
 
@@ -99,3 +100,48 @@ def test_a_file_that_cannot_be_walked_still_gets_protobufs_error(tmp_path):
     path.write_bytes(_matmul_model({"w": np.ones((128, 128), np.float32)}).SerializeToString()[:-3])
     with pytest.raises(ModelLoadError, match="can't read ONNX model"):
         import_model(path)
+
+
+def _protobuf_refuses(data: bytes) -> bool:
+    try:
+        onnx.ModelProto.FromString(data)
+    except Exception:  # noqa: BLE001 - protobuf raises several unrelated types for bytes it can't parse
+        return True
+    return False
+
+
+GROUP = bytes([(15 << 3) | 3, (1 << 3) | 0, 5, (15 << 3) | 4])
+"""An unknown field 15 as a group holding one varint: protobuf keeps it as an unknown field."""
+WIRE_CASES = {
+    "a model": (_matmul_model({"w": np.ones((128, 128), np.float32)}).SerializeToString(), True),
+    "a model with an unknown group": (GROUP + examples.tiny_cnn().SerializeToString(), True),
+    "a text file": (b"# not a model\nhello\n", False),
+    "random bytes": (bytes(np.random.default_rng(3).integers(0, 256, 4096, dtype=np.uint8)), False),
+    "a length past the end": (examples.tiny_cnn().SerializeToString()[:-3], False),
+    "a group never closed": (GROUP[:-1], False),
+    "a group closed by another's end": (GROUP[:-1] + bytes([(14 << 3) | 4]), False),
+    "an end with no group": (bytes([(15 << 3) | 4]), False),
+    "field number 0": (bytes([0, 1]), False),
+}
+
+
+@pytest.mark.parametrize("case", WIRE_CASES)
+def test_the_top_level_walk_refuses_exactly_what_protobuf_refuses(case: str) -> None:
+    data, valid = WIRE_CASES[case]
+    assert _protobuf_refuses(data) is not valid
+    if valid:
+        wire.check_message(data)
+    else:
+        with pytest.raises(wire.WireError):
+            wire.check_message(data)
+
+
+def test_a_file_that_is_not_a_message_is_refused_by_name_without_the_parser(tmp_path) -> None:
+    path = tmp_path / "notes.onnx"
+    path.write_text("# not a model\n")
+    with pytest.raises(
+        ModelLoadError, match=r"can't read ONNX model .*notes\.onnx: not a protobuf message \(wire type"
+    ):
+        wire.check_model_file(path)
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    wire.check_model_file(tmp_path / "empty.onnx")  # an empty message parses: the import names what it lacks

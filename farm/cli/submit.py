@@ -96,10 +96,12 @@ def submit(
     farm the job id goes to stderr first thing; Ctrl-C while waiting cancels the job (with --detach: leaves it
     running) and exits 130, SIGTERM (a cancelled CI job) likewise with 143."""
     from farm.backends.registry import parse_targets
+    from farm.frontend.wire import check_model_file
     from farm.ir.shapes import parse_sizes
 
     if not model.is_file():
         raise BadInputError(f"{model}: no such model file")
+    check_model_file(model)
     sizes = parse_sizes(shape_specs) if shape_specs else []
     if not broker:
         _refuse_farm_options({"--no-wait": no_wait, "--detach": detach})

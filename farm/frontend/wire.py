@@ -13,15 +13,19 @@ repeated in one message keeps protobuf's rule (the last raw_data wins; every cop
 
 from __future__ import annotations
 
+import mmap
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+from farm.errors import ModelLoadError
 
 MODEL_GRAPH = 7  # ModelProto.graph
 GRAPH_INITIALIZER = 5  # GraphProto.initializer
 TENSOR_DATA_TYPE = 2  # TensorProto.data_type
 TENSOR_RAW_DATA = 9  # TensorProto.raw_data
 TENSOR_DATA_LOCATION = 14  # TensorProto.data_location
-VARINT, FIXED64, LENGTH_DELIMITED, FIXED32 = 0, 1, 2, 5
+VARINT, FIXED64, LENGTH_DELIMITED, START_GROUP, END_GROUP, FIXED32 = 0, 1, 2, 3, 4, 5
 
 CUT_MIN_BYTES = 64 * 1024
 """Initializers smaller than this stay in the parsed message: mapping pays off for weights, not for shapes."""
@@ -117,7 +121,76 @@ def fields(data: memoryview, begin: int, end: int) -> Iterator[tuple[int, int, i
         position = stop
 
 
-def varint(data: memoryview, position: int) -> tuple[int, int]:
+def check_message(data: memoryview | bytes) -> None:
+    """WireError unless `data` walks as a protobuf message at its top level: every tag and varint well formed,
+    every length within the data, every group closed by its own end. Only the top level is walked (a length-delimited
+    field is skipped, whatever it holds), so it costs a few reads per top-level field whatever the file's size; and
+    it refuses only what protobuf's parse refuses too, so a command can refuse a file that is not a model (a text
+    file, an image) before it imports the parser (farm.cli.submit)."""
+    position, end = 0, len(data)
+    while position < end:
+        position = _skip_field(data, position, end)
+
+
+def check_model_file(path: str | os.PathLike[str]) -> None:
+    """ModelLoadError naming the file when it is not a protobuf message at all (check_message), read through a map:
+    what a model file can be is then left to the parse."""
+    with open(path, "rb") as file:
+        if os.fstat(file.fileno()).st_size == 0:
+            return
+        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped, memoryview(mapped) as data:
+            problem = _wire_problem(data)
+    if problem:
+        raise ModelLoadError(f"can't read ONNX model {path}: not a protobuf message ({problem})")
+
+
+def _wire_problem(data: memoryview) -> str | None:
+    try:
+        check_message(data)
+    except WireError as error:
+        return str(error)
+    return None
+
+
+def _skip_field(data: memoryview | bytes, position: int, end: int) -> int:
+    """The position after the field at `position` (a group's end is not a field: _skip_group looks for it)."""
+    tag, body = varint(data, position)
+    field, wire = tag >> 3, tag & 7
+    if field == 0:
+        raise WireError(f"field number 0 at byte {position}")
+    if wire == VARINT:
+        stop = varint(data, body)[1]
+    elif wire in (FIXED64, FIXED32):
+        stop = body + (8 if wire == FIXED64 else 4)
+    elif wire == LENGTH_DELIMITED:
+        length, body = varint(data, body)
+        stop = body + length
+    elif wire == START_GROUP:
+        stop = _skip_group(data, body, end, field)
+    else:
+        raise WireError(
+            f"wire type {wire} at byte {position} closes no group"
+            if wire == END_GROUP
+            else f"wire type {wire} at byte {position}"
+        )
+    if stop > end:
+        raise WireError(f"field {field} at byte {position} runs past the end")
+    return stop
+
+
+def _skip_group(data: memoryview | bytes, position: int, end: int, field: int) -> int:
+    """The position after the end of group `field` that starts at `position`."""
+    while position < end:
+        tag, after = varint(data, position)
+        if tag & 7 == END_GROUP:
+            if tag >> 3 != field:
+                raise WireError(f"group {field} closed by the end of group {tag >> 3} at byte {position}")
+            return after
+        position = _skip_field(data, position, end)
+    raise WireError(f"group {field} is never closed")
+
+
+def varint(data: memoryview | bytes, position: int) -> tuple[int, int]:
     """(value, position after it)."""
     value = shift = 0
     while True:
