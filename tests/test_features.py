@@ -75,13 +75,26 @@ def test_a_feature_whose_removal_aborts_llvm_is_found_by_halving() -> None:
     assert features._enabled(X86, "x86-64-v3", "", ["64bit", "avx2", "avx512f"]) == ["64bit", "avx2"]
 
 
+def test_one_probe_process_lists_the_names_and_answers_as_the_halving_does() -> None:
+    names, enabled = features._probe_lines(["both", X86, "x86-64-v3", ""], ["64bit"], "probe")
+    assert "avx2" in enabled and "avx512f" not in enabled and set(enabled) <= set(names)
+    assert features._enabled(X86, "x86-64-v3", "", [name for name in names if name != "64bit"]) == enabled
+
+
+def test_an_abort_after_the_names_leaves_the_names_for_the_halving() -> None:
+    """Removing 64bit aborts LLVM after the names line: the parent still has it and halves (_enabled_at_once)."""
+    [names] = features._probe_lines(["both", X86, "x86-64-v3", ""], [], "probe")
+    assert "64bit" in names and "avx2" in names
+
+
 def test_a_triple_llvm_does_not_know_is_a_build_error_naming_it() -> None:
     with pytest.raises(BuildError, match="LLVM could not list the features of nonsense-triple-x"):
-        features._feature_names("nonsense-triple-x")
+        features._enabled_at_once("nonsense-triple-x", "generic", "")
 
 
 @pytest.mark.parametrize(
-    "arguments", [["enabled", X86, 'x86-64"', ""], ["names"], ["enabled", X86, "generic", "avx"], ["list", X86]]
+    "arguments",
+    [["enabled", X86, 'x86-64"', ""], ["names", X86], ["both", X86], ["enabled", X86, "generic", "avx"], ["list", X86]],
 )
 def test_the_probe_refuses_a_malformed_call(arguments: list[str]) -> None:
     result = subprocess.run(

@@ -120,8 +120,7 @@ def _required(triple: str, cpu: str, features: str) -> tuple[str, ...]:
     if cached is not None:
         return cached
     never = NEVER_GENERATED.get(triple.split("-", 1)[0], frozenset())
-    candidates = [name for name in _feature_names(triple) if name not in UNREMOVABLE]
-    names = tuple(sorted(name for name in _enabled(triple, cpu, features, candidates) if name not in never))
+    names = tuple(sorted(name for name in _enabled_at_once(triple, cpu, features) if name not in never))
     write_atomically(path, json.dumps(names).encode())
     return names
 
@@ -137,9 +136,14 @@ def _read_names(path: Path) -> tuple[str, ...] | None:
     return tuple(names)
 
 
-@functools.cache
-def _feature_names(triple: str) -> list[str]:
-    return _probe(["names", triple], None, f"list the features of {triple}")
+def _enabled_at_once(triple: str, cpu: str, features: str) -> list[str]:
+    """The features the target enables, names and answer from one probe process; should LLVM abort on the answer
+    (removing some feature aborts it), from the names the process gave first, in halves (_enabled)."""
+    lines = _probe_lines(["both", triple, cpu, features], sorted(UNREMOVABLE), f"list the features of {triple}")
+    if len(lines) == 2:
+        return lines[1]
+    candidates = [name for name in lines[0] if name not in UNREMOVABLE]
+    return _enabled(triple, cpu, features, candidates)
 
 
 def _enabled(triple: str, cpu: str, features: str, candidates: list[str]) -> list[str]:
@@ -158,23 +162,47 @@ def _enabled(triple: str, cpu: str, features: str, candidates: list[str]) -> lis
 def _probe(arguments: list[str], candidates: list[str] | None, what: str) -> list[str]:
     """Run the probe child (`python -I probe_features.py ...`) and return its JSON list; BuildError naming `what`
     and LLVM's last words when it fails."""
+    result = _run_probe(arguments, candidates, what)
+    if result.returncode != 0:
+        raise BuildError(f"LLVM could not {what}: {_last_words(result)}")
+    return _names_in(result.stdout, what)
+
+
+def _probe_lines(arguments: list[str], given: list[str], what: str) -> list[list[str]]:
+    """Run a `both` probe: its two lists, or only the first (the names) when LLVM aborted on the second;
+    BuildError when it gave not even the first."""
+    result = _run_probe(arguments, given, what)
+    lines = result.stdout.splitlines()
+    if result.returncode == 0 and len(lines) == 2:
+        return [_names_in(line, what) for line in lines]
+    if lines:
+        return [_names_in(lines[0], what)]
+    raise BuildError(f"LLVM could not {what}: {_last_words(result)}")
+
+
+def _run_probe(arguments: list[str], given: list[str] | None, what: str) -> subprocess.CompletedProcess[str]:
     try:
-        result = subprocess.run(
+        return subprocess.run(
             [sys.executable, "-I", str(PROBE), *arguments],
             capture_output=True,
             text=True,
-            input=json.dumps(candidates) if candidates is not None else "",
+            input=json.dumps(given) if given is not None else "",
             timeout=PROBE_TIMEOUT_SECONDS,
         )
     except (OSError, subprocess.TimeoutExpired) as error:
         raise BuildError(f"LLVM could not {what}: {error}") from None
-    if result.returncode != 0:
-        last = (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
-        raise BuildError(f"LLVM could not {what}: {last}")
+
+
+def _last_words(result: subprocess.CompletedProcess[str]) -> str:
+    return (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
+
+
+def _names_in(text: str, what: str) -> list[str]:
+    """The JSON list of feature names the probe printed, or BuildError."""
     try:
-        names = json.loads(result.stdout)
+        names = json.loads(text)
     except ValueError:
         names = None
     if not isinstance(names, list) or not all(isinstance(name, str) and NAME.fullmatch(name) for name in names):
-        raise BuildError(f"LLVM could not {what}: the probe printed {result.stdout[:200]!r}")
+        raise BuildError(f"LLVM could not {what}: the probe printed {text[:200]!r}")
     return names

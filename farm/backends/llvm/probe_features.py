@@ -1,8 +1,10 @@
 """The child process of farm.backends.llvm.features: asks LLVM which features a CPU target enables.
 
-Run as `python -I probe_features.py names TRIPLE` (prints the JSON list of every feature LLVM knows for the triple)
-or `python -I probe_features.py enabled TRIPLE CPU FEATURES` with a JSON list of candidate features on stdin
-(prints those the target enables). It imports nothing but the standard library and llvmlite, so it runs by path in
+Run as `python -I probe_features.py both TRIPLE CPU FEATURES` with a JSON list of features never to try removing
+on stdin: it prints the JSON list of every feature LLVM knows for the triple on one line, flushed, then those of
+the others that the target enables on a second (one process for a target's first build; should LLVM abort on the
+second, the parent has the first); or as `python -I probe_features.py enabled TRIPLE CPU FEATURES` with a JSON list
+of candidate features on stdin (prints those the target enables: the parent's halving after an abort). It imports nothing but the standard library and llvmlite, so it runs by path in
 isolated mode (-I), whatever farm's tree the parent imported; a crash here (LLVM aborts on some feature strings)
 ends this process only.
 
@@ -74,16 +76,18 @@ def enabled_features(triple: str, cpu: str, features: str, candidates: list[str]
 
 
 def main(argv: list[str]) -> int:
-    """names TRIPLE | enabled TRIPLE CPU FEATURES (candidates on stdin); JSON on stdout; 2 on a malformed call."""
-    if len(argv) == 2 and argv[0] == "names" and NAME.fullmatch(argv[1]):
-        print(json.dumps(feature_names(argv[1])))
-        return 0
-    plain = len(argv) == 4 and argv[0] == "enabled" and all(NAME.fullmatch(value) for value in argv[1:3])
+    """both TRIPLE CPU FEATURES (features never to remove on stdin) | enabled TRIPLE CPU FEATURES (candidates on
+    stdin); JSON on stdout; 2 on a malformed call."""
+    plain = len(argv) == 4 and argv[0] in ("enabled", "both") and all(NAME.fullmatch(value) for value in argv[1:3])
     if not plain or not re.fullmatch(r"([+-][A-Za-z0-9_.-]+(,[+-][A-Za-z0-9_.-]+)*)?", argv[3]):
-        print("usage: probe_features.py names TRIPLE | enabled TRIPLE CPU FEATURES", file=sys.stderr)
+        print("usage: probe_features.py both|enabled TRIPLE CPU FEATURES", file=sys.stderr)
         return 2
-    candidates = [name for name in json.load(sys.stdin) if isinstance(name, str) and NAME.fullmatch(name)]
-    print(json.dumps(enabled_features(argv[1], argv[2], argv[3], candidates)))
+    given = [name for name in json.load(sys.stdin) if isinstance(name, str) and NAME.fullmatch(name)]
+    if argv[0] == "both":
+        names = feature_names(argv[1])
+        print(json.dumps(names), flush=True)
+        given = [name for name in names if name not in given]
+    print(json.dumps(enabled_features(argv[1], argv[2], argv[3], given)))
     return 0
 
 
