@@ -97,26 +97,12 @@ class _Cutter:
 
 def fields(data: memoryview, begin: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
     """(field number, wire type, field start, body start, field end) of each field of the message in [begin, end);
-    a varint's or fixed field's body is its value."""
+    a varint's or fixed field's body is its value. A group is a WireError: the cutter only walks what it can cut."""
     position = begin
     while position < end:
-        tag, body = varint(data, position)
-        field, wire = tag >> 3, tag & 7
-        if field == 0:
-            raise WireError(f"field number 0 at byte {position}")
-        if wire == VARINT:
-            stop = varint(data, body)[1]
-        elif wire == FIXED64:
-            stop = body + 8
-        elif wire == FIXED32:
-            stop = body + 4
-        elif wire == LENGTH_DELIMITED:
-            length, body = varint(data, body)
-            stop = body + length
-        else:
+        field, wire, body, stop = _field_at(data, position, end)
+        if wire == START_GROUP:
             raise WireError(f"wire type {wire} (a group) at byte {position}")
-        if stop > end:
-            raise WireError(f"field {field} at byte {position} runs past its message's end")
         yield field, wire, position, body, stop
         position = stop
 
@@ -129,7 +115,7 @@ def check_message(data: memoryview | bytes) -> None:
     file, an image) before it imports the parser (farm.cli.submit)."""
     position, end = 0, len(data)
     while position < end:
-        position = _skip_field(data, position, end)
+        position = _field_at(data, position, end)[3]
 
 
 def check_model_file(path: str | os.PathLike[str]) -> None:
@@ -152,8 +138,9 @@ def _wire_problem(data: memoryview) -> str | None:
     return None
 
 
-def _skip_field(data: memoryview | bytes, position: int, end: int) -> int:
-    """The position after the field at `position` (a group's end is not a field: _skip_group looks for it)."""
+def _field_at(data: memoryview | bytes, position: int, end: int) -> tuple[int, int, int, int]:
+    """(field number, wire type, body start, field end) of the field at `position`; a group is skipped whole, its
+    end not a field of its own (_skip_group looks for it)."""
     tag, body = varint(data, position)
     field, wire = tag >> 3, tag & 7
     if field == 0:
@@ -167,15 +154,13 @@ def _skip_field(data: memoryview | bytes, position: int, end: int) -> int:
         stop = body + length
     elif wire == START_GROUP:
         stop = _skip_group(data, body, end, field)
+    elif wire == END_GROUP:
+        raise WireError(f"wire type {wire} at byte {position} closes no group")
     else:
-        raise WireError(
-            f"wire type {wire} at byte {position} closes no group"
-            if wire == END_GROUP
-            else f"wire type {wire} at byte {position}"
-        )
+        raise WireError(f"wire type {wire} at byte {position}")
     if stop > end:
-        raise WireError(f"field {field} at byte {position} runs past the end")
-    return stop
+        raise WireError(f"field {field} at byte {position} runs past its message's end")
+    return field, wire, body, stop
 
 
 def _skip_group(data: memoryview | bytes, position: int, end: int, field: int) -> int:
@@ -186,7 +171,7 @@ def _skip_group(data: memoryview | bytes, position: int, end: int, field: int) -
             if tag >> 3 != field:
                 raise WireError(f"group {field} closed by the end of group {tag >> 3} at byte {position}")
             return after
-        position = _skip_field(data, position, end)
+        position = _field_at(data, position, end)[3]
     raise WireError(f"group {field} is never closed")
 
 
