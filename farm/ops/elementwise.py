@@ -17,10 +17,8 @@ from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any
 
-import numpy as np
-
 from farm.ir import loopir as L
-from farm.ir.graph import Activation
+from farm.ir.graph import Activation, itemsize
 from farm.ir.specs import KernelSpec
 from farm.ops import mathfns as M
 from farm.ops.registry import (
@@ -248,7 +246,7 @@ def _shift_attrs(ctx: NodeContext) -> dict[str, Any]:
     direction = ctx.node.attrs.get("direction")
     if direction not in ("LEFT", "RIGHT"):
         raise ctx.unsupported(f"BitShift direction={direction!r} (supported: 'LEFT', 'RIGHT')")
-    return {"direction": direction, "bits": np.dtype(ctx.input_info(0).dtype).itemsize * 8}
+    return {"direction": direction, "bits": itemsize(ctx.input_info(0).dtype) * 8}
 
 
 # --------------------------------------------------------------------------------------------------- powers

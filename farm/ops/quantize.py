@@ -30,7 +30,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from onnx import helper
 
 from farm.ir import loopir as L
 from farm.ir.graph import TensorInfo
@@ -248,6 +247,24 @@ class Division:
     half: bool = False
 
 
+ONNX_DTYPES = {
+    1: "float32",
+    2: "uint8",
+    3: "int8",
+    4: "uint16",
+    5: "int16",
+    6: "int32",
+    7: "int64",
+    9: "bool",
+    10: "float16",
+    11: "float64",
+    12: "uint32",
+    13: "uint64",
+    16: "bfloat16",
+}
+"""The dtype names of ONNX's TensorProto data types that a `precision` attribute may name (onnx.helper's table,
+without importing onnx: the compile workers import the op registry)."""
+
 DIVISIONS = {"float32": Division(L.F32), "float64": Division(L.F64), "float16": Division(L.F32, half=True)}
 
 
@@ -256,7 +273,7 @@ def _division_dtype(ctx: NodeContext, x: TensorInfo, scale: TensorInfo) -> str:
     attribute's dtype."""
     precision = int(ctx.node.attrs.get("precision", 0))
     if precision:
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(precision)).name
+        dtype = ONNX_DTYPES.get(precision, f"ONNX data type {precision}")
     else:
         dtype = np.true_divide(np.ones(1, x.dtype), np.ones(1, scale.dtype)).dtype.name
     if dtype not in DIVISIONS:
