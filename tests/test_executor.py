@@ -81,16 +81,3 @@ def test_every_building_process_collects_garbage_rarely_and_not_over_what_it_loa
             [StepCall("here", _garbage_collection, (), big_bytes=True), StepCall("pool", _garbage_collection, ())]
         )
     assert [json.loads(result) for result in results] == [[list(GC_THRESHOLDS), True]] * 2
-
-
-def test_start_has_every_worker_ready_before_the_first_call_and_one_worker_starts_none():
-    with LocalExecutor(2) as executor:
-        executor.start()
-        pool = executor._pool
-        assert pool is not None
-        pool.submit(operator.add, 0, 0).result()  # the two readying calls are queued ahead of it
-        assert len(pool._processes) == 2
-        assert executor.run([StepCall("a", operator.add, (1, 2)), StepCall("b", operator.mul, (3, 4))]) == [3, 12]
-    with LocalExecutor(1) as executor:
-        executor.start()
-        assert executor._pool is None

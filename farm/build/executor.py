@@ -81,14 +81,6 @@ def prepare_building_process() -> None:
     collect_garbage_rarely()
 
 
-def ready_to_compile() -> None:
-    """Load what compiling a unit needs (the units and LLVM) in a worker process, so its first unit doesn't wait."""
-    from farm.backends.llvm.target import init_llvm
-    from farm.build import units  # noqa: F401
-
-    init_llvm()
-
-
 class LocalExecutor:
     """Runs calls in `workers` processes (spawned, so no LLVM state is forked); one worker runs them in-process.
 
@@ -104,14 +96,6 @@ class LocalExecutor:
 
     def __enter__(self) -> LocalExecutor:
         return self
-
-    def start(self) -> None:
-        """Start every worker process now, each loading the compiler, rather than at the first unit: a build's
-        import and planning then overlap their start (a spawned worker takes about 0.3 s to be ready to compile)."""
-        if self.workers > 1:
-            pool = self._ensure_pool()
-            for _ in range(self.workers):
-                pool.submit(ready_to_compile)
 
     def __exit__(self, *exc: object) -> None:
         for executor in (self._pool, self._thread):

@@ -121,9 +121,6 @@ def submit(
         )
         return
     from farm.build.executor import LocalExecutor
-
-    executor = LocalExecutor(workers)
-    executor.start()  # the workers start while this process imports the build and plans
     from farm.build.local import build_model
     from farm.cli.progress import build_progress
 
@@ -147,7 +144,7 @@ def submit(
         )
         return results[0].artifact
 
-    with executor, build_progress(model.name) as progress:
+    with LocalExecutor(workers) as executor, build_progress(model.name) as progress:
         artifact = deliver(output, build_into)
     result = dataclasses.replace(results[0], artifact=artifact)
     for note in result.tuning.notes if result.tuning else []:
