@@ -47,9 +47,10 @@ def default_hostname() -> str:
 
 
 def preload() -> None:
-    """Import the compiler and initialise LLVM before the pool forks, so no task pays for it, then prepare the
-    process for building (the pool inherits it: farm.build.executor.prepare_building_process)."""
+    """Import the compiler and the ONNX parser and initialise LLVM before the pool forks, so no task pays for it,
+    then prepare the process for building (the pool inherits it: farm.build.executor.prepare_building_process)."""
     import farm.distributed.steps  # noqa: F401
+    import farm.frontend.onnx_import  # noqa: F401  (plan_job parses models: onnx once, before the pool forks)
     from farm.backends.llvm.target import init_llvm
     from farm.build.executor import prepare_building_process
 
