@@ -22,6 +22,7 @@ from llvmlite import ir
 from farm.backends.llvm.entry import compile_entry
 from farm.backends.llvm.gemm_blocking import GemmBlocking
 from farm.backends.llvm.gemm_outlining import Outlining
+from farm.backends.llvm.int_gemm import DotProduct
 from farm.backends.llvm.link import link_library
 from farm.backends.llvm.render import render_kernel
 from farm.backends.llvm.target import CpuTarget, host_target, parse_target
@@ -49,13 +50,15 @@ def kernel_module_ir(
     blocking: GemmBlocking = DEFAULT_BLOCKING,
     parts: int = 1,
     part: int | None = None,
+    dot: DotProduct | None = None,
 ) -> str:
     """LLVM IR text of one module defining every (symbol, kernel): whole, or split into `parts`
-    (gemm_outlining.Outlining), all of them or only `part`."""
+    (gemm_outlining.Outlining), all of them or only `part`; IntGemms with `dot` (render_kernel's default: widening
+    multiplies)."""
     module = ir.Module(name="test_kernels")
     module.triple = target.triple
     for symbol, kernel in kernels:
-        render_kernel(module, symbol, kernel, blocking, Outlining(parts, part) if parts > 1 else None)
+        render_kernel(module, symbol, kernel, blocking, Outlining(parts, part) if parts > 1 else None, dot)
     return str(module)
 
 
@@ -65,9 +68,10 @@ def compile_kernels(
     blocking: GemmBlocking = DEFAULT_BLOCKING,
     parts: int = 1,
     part: int | None = None,
+    dot: DotProduct | None = None,
 ) -> bytes:
     target = target or host()
-    return compile_ir(kernel_module_ir(kernels, target, blocking, parts, part), target, "test kernels")
+    return compile_ir(kernel_module_ir(kernels, target, blocking, parts, part, dot), target, "test kernels")
 
 
 def layout(arrays: Sequence[np.ndarray]) -> tuple[list[int], int]:
@@ -103,9 +107,11 @@ def run_kernels(
     folder: Path,
     blocking: GemmBlocking = DEFAULT_BLOCKING,
     parts: int = 1,
+    dot: DotProduct | None = None,
 ) -> list[list[np.ndarray]]:
     """Compile, link and run each kernel once (in order, in one farm_run) on its own copies of its arrays; with
-    `parts`, the kernels split into that many objects (gemm_outlining.Outlining), each compiled on its own.
+    `parts`, the kernels split into that many objects (gemm_outlining.Outlining), each compiled on its own; IntGemms
+    with `dot`.
 
     Returns, per kernel, its arrays as they are after the run (outputs written, inputs as given).
     """
@@ -118,7 +124,9 @@ def run_kernels(
         assert len(arrays) == len(kernel.params), "one array per kernel parameter"
         schedule.append({"kernel": symbol, "args": [["arena", offsets[position + i]] for i in range(len(arrays))]})
         position += len(arrays)
-    objects = [compile_kernels(named, target, blocking, parts, part if parts > 1 else None) for part in range(parts)]
+    objects = [
+        compile_kernels(named, target, blocking, parts, part if parts > 1 else None, dot) for part in range(parts)
+    ]
     library = load_library(link_library([*objects, compile_entry(schedule, target)], target), folder)
     arena = aligned_arena(size)
     for array, offset in zip(all_arrays, offsets):
@@ -142,9 +150,10 @@ def run_kernel(
     folder: Path,
     blocking: GemmBlocking = DEFAULT_BLOCKING,
     parts: int = 1,
+    dot: DotProduct | None = None,
 ) -> list[np.ndarray]:
     """Compile, link and run one kernel on copies of `arrays` (one per parameter); the arrays after the run."""
-    return run_kernels([(kernel, arrays)], folder, blocking, parts)[0]
+    return run_kernels([(kernel, arrays)], folder, blocking, parts, dot)[0]
 
 
 def readelf(*args: str) -> str:

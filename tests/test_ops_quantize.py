@@ -335,6 +335,13 @@ MATMUL_INTEGER_CASES: list[OpCase] = [
     _matmul_integer("matmul-integer-batched", (2, 3, 4, 7), (7, 5), "uint8", "int8"),
     _matmul_integer("matmul-integer-no-zero-points", (3, 4, 7), (3, 7, 5), zero_points=False),
     _matmul_integer("matmul-integer-vector", (7,), (7, 5)),
+    # Through IntGemm (k whole groups of four, columns whole vectors): units of 64, 32 and 16 columns, edge rows,
+    # k past whole vectors of row sums, every signedness, zero points per column and none.
+    _matmul_integer("int-gemm-uint8", (2, 9, 64), (64, 128), b_zero_shape=(128,)),
+    _matmul_integer("int-gemm-int8", (13, 36), (36, 96), "int8", "int8", b_zero_shape=(96,)),
+    _matmul_integer("int-gemm-uint8-int8", (7, 132), (132, 48), "uint8", "int8"),
+    _matmul_integer("int-gemm-int8-uint8", (1, 4), (4, 16), "int8", "uint8"),
+    _matmul_integer("int-gemm-no-zero-points", (3, 5, 8), (8, 32), "uint8", "int8", zero_points=False),
 ]
 
 
@@ -556,6 +563,7 @@ OPENCL_SAMPLE = [
     "dequantize-per-axis",
     "dynamic-quantize-halfway",
     "matmul-integer-per-column",
+    "int-gemm-int8",
     "conv-integer-group",
     "qlinear-matmul-float16-scales",
     "qlinear-conv-int8-per-channel",

@@ -560,8 +560,59 @@ def _matmul_integer_attrs(ctx: NodeContext) -> dict[str, Any]:
     return {"present": _buffers(ctx)}
 
 
+INT_GEMM_UNITS = (64, 32, 16)
+"""The widths (columns of C) of the units an IntGemm launch is split into, widest first: each unit packs its
+columns of B on the launch's stack (L.IntGemm), at most INT_GEMM_PANEL_BYTES of them."""
+INT_GEMM_PANEL_BYTES = 256 << 10
+
+
+def _int_gemm_width(depth: int, cols: int) -> int | None:
+    """The unit width for an IntGemm of `depth` x `cols` B, or None when its shape doesn't suit one (k not whole
+    groups of four, columns not whole vectors, or even the narrowest unit's panel too big for the stack)."""
+    if depth % L.INT_GEMM_K_GROUP or cols % L.INT_GEMM_COLUMNS:
+        return None
+    fitting = [w for w in INT_GEMM_UNITS if cols % w == 0 and depth * w <= INT_GEMM_PANEL_BYTES]
+    return fitting[0] if fitting else None
+
+
+def _matmul_integer_gemm(spec: KernelSpec) -> list[L.Stmt] | None:
+    """MatMulInteger as IntGemm units over B's columns (a parallel loop), when B is one matrix (A's batches are
+    then more rows) and its shape suits one (_int_gemm_width); else None."""
+    a_mat, b_mat, batch = _matmul_layout(spec, 0, 1)
+    rows, depth, cols = prod(a_mat[:-1]), a_mat[-1], b_mat[-1]
+    width = _int_gemm_width(depth, cols)
+    if len(b_mat) != 2 or width is None or prod(batch) != prod(a_mat[:-2]):
+        return None
+    unit = L.Names().var("u")
+    zero = _buffer(spec, 3)
+    per_column = zero is not None and zero[1].size != 1
+    gemm = L.IntGemm(
+        "in0",
+        L.const(0),
+        depth,
+        _given_buffer(spec, 1)[0],
+        unit * width,
+        cols,
+        "out0",
+        unit * width,
+        cols,
+        rows,
+        width,
+        depth,
+        a_zero=_scalar(spec, 2, L.const(0)),
+        b_zero=None if zero is None else zero[0],
+        b_zero_offset=unit * width if per_column else L.const(0),
+        b_zero_per_column=per_column,
+    )
+    return [L.Loop(unit, cols // width, [gemm], parallel=True)]
+
+
 @register("MatMulInteger", normalize=_matmul_integer_attrs, dtypes=ALL_DTYPES)
 def _lower_matmul_integer(spec: KernelSpec) -> list[L.Stmt]:
+    """Through IntGemm where its shape suits one (_matmul_integer_gemm), else as a loop nest."""
+    gemm = _matmul_integer_gemm(spec)
+    if gemm is not None:
+        return gemm
     return _integer_matmul(spec, 0, 1, _scalar(spec, 2, L.const(0)), _per_channel(spec, 3), _as_stored)
 
 

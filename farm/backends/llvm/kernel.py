@@ -9,6 +9,7 @@ from llvmlite import ir
 
 from farm.backends.llvm.gemm_blocking import GemmBlocking
 from farm.backends.llvm.gemm_outlining import MAX_PARTS, Outlining, outlined_functions
+from farm.backends.llvm.int_gemm import dot_product_for
 from farm.backends.llvm.render import render_kernel
 from farm.backends.llvm.target import CpuTarget
 from farm.backends.llvm.toolchain import compile_ir
@@ -98,7 +99,9 @@ def kernel_ir(spec: KernelSpec, target: CpuTarget) -> str:
         raise BuildError(
             f"kernel {spec.op} {whole.symbol}: part {list(spec.part)}, but the kernel has {outlining.parts} parts"
         )
-    render_kernel(module, whole.symbol, lower_kernel(whole), blocking_for(whole, target), outlining)
+    render_kernel(
+        module, whole.symbol, lower_kernel(whole), blocking_for(whole, target), outlining, dot_product_for(target)
+    )
     return str(module)
 
 

@@ -17,6 +17,7 @@ from farm.backends.llvm.gemm_blocking import GemmBlocking
 from farm.backends.llvm.gemm_emitter import intrinsic
 from farm.backends.llvm.gemm_epilogue import fmax, fmin
 from farm.backends.llvm.gemm_outlining import Outlining
+from farm.backends.llvm.int_gemm import DotProduct, IntGemmOperands, emit_int_gemm, generic_dot_product
 from farm.ir import loopir as L
 
 F32_T, I64_T, BOOL_T, I32_T = ir.FloatType(), ir.IntType(64), ir.IntType(1), ir.IntType(32)
@@ -63,15 +64,22 @@ def declare_launch(module: ir.Module, symbol: str, n_params: int) -> ir.Function
 
 
 def render_kernel(
-    module: ir.Module, symbol: str, kernel: L.LoopKernel, blocking: GemmBlocking, outlining: Outlining | None = None
+    module: ir.Module,
+    symbol: str,
+    kernel: L.LoopKernel,
+    blocking: GemmBlocking,
+    outlining: Outlining | None = None,
+    dot: DotProduct | None = None,
 ) -> ir.Function:
     """Add `kernel` to `module` as function `symbol`, and each of its launches as `symbol_<index>(..., begin, end)`
     running only iterations [begin, end) of the launch's parallel loop or rows of its Gemm (a serial launch ignores
     the range). `symbol` runs every launch over its whole range, in order. Gemm statements use `blocking`; with
-    `outlining`, a Gemm launch's heaviest code goes into functions of their own (gemm_outlining.Outlining)."""
+    `outlining`, a Gemm launch's heaviest code goes into functions of their own (gemm_outlining.Outlining).
+    IntGemm statements use `dot` (int_gemm.dot_product_for the target; widening multiplies by default)."""
     fixed, groups = L.launch_groups(kernel)
+    dot = dot or generic_dot_product(blocking.lanes)
     launches = [
-        _render_launch(module, launch_symbol(symbol, index), kernel, fixed, group, blocking, outlining)
+        _render_launch(module, launch_symbol(symbol, index), kernel, fixed, group, blocking, outlining, dot)
         for index, group in enumerate(groups)
     ]
     fn = declare_kernel(module, symbol, len(kernel.params))
@@ -97,6 +105,7 @@ def _render_launch(
     group: L.LaunchGroup,
     blocking: GemmBlocking,
     outlining: Outlining | None,
+    dot: DotProduct,
 ) -> ir.Function:
     fn = declare_launch(module, symbol, len(kernel.params))
     # noinline: the kernel calls each launch once; inlining would only duplicate the code in the object.
@@ -115,6 +124,7 @@ def _render_launch(
         blocking,
         {p.name: p.dtype for p in kernel.params},
         outlining,
+        dot,
     )
     state.builder.position_at_end(body)
     for name in fixed:
@@ -135,9 +145,11 @@ class _State:
         blocking: GemmBlocking,
         buffer_dtypes: dict[str, str],
         outlining: Outlining | None = None,
+        dot: DotProduct | None = None,
     ):
         self.builder, self.buffers, self.blocking, self.buffer_dtypes = builder, buffers, blocking, buffer_dtypes
         self.outlining = outlining
+        self.dot = dot or generic_dot_product(blocking.lanes)
         self.slots: dict[str, ir.AllocaInstr] = {}
         self.entry_block = builder.block
 
@@ -268,6 +280,24 @@ def _emit_gemm(state: _State, gemm: L.Gemm, launch_range: tuple[ir.Value, ir.Val
     )
 
 
+def _emit_int_gemm(state: _State, gemm: L.IntGemm) -> None:
+    signed = {name: state.buffer_dtypes[name] == L.I8 for name in (gemm.a, gemm.b)}
+    b_zero = None
+    if gemm.b_zero is not None:
+        b_zero = _address(state, gemm.b_zero, gemm.b_zero_offset or L.const(0), I8_T)
+    operands = IntGemmOperands(
+        a=_address(state, gemm.a, gemm.a_offset, I8_T),
+        b=_address(state, gemm.b, gemm.b_offset, I8_T),
+        c=_address(state, gemm.c, gemm.c_offset, I32_T),
+        a_signed=signed[gemm.a],
+        b_signed=signed[gemm.b],
+        a_zero=emit_expr(state, gemm.a_zero),
+        b_zero=b_zero,
+        b_zero_signed=gemm.b_zero is not None and state.buffer_dtypes[gemm.b_zero] == L.I8,
+    )
+    emit_int_gemm(state.builder, state.typed_slot, gemm, operands, state.dot)
+
+
 def _emit_gemm_launch(state: _State, group: L.LaunchGroup, launch_range: tuple[ir.Value, ir.Value]) -> None:
     """The rows (or column blocks) [begin, end) of the launch's Gemm."""
     _emit_gemm(state, group.gemm, launch_range)
@@ -293,6 +323,7 @@ LAUNCH_EMITTERS: dict[L.LaunchKind, Callable[[_State, L.LaunchGroup, tuple[ir.Va
 # Each emitter takes the statement or expression type it is keyed by, which a dict's type can only write as Any.
 STMT_EMITTERS: dict[type, Callable[[_State, Any], None]] = {
     L.Gemm: _emit_gemm,
+    L.IntGemm: _emit_int_gemm,
     L.Loop: _emit_loop,
     L.Store: _emit_store,
     L.Assign: _emit_assign,

@@ -1,0 +1,406 @@
+"""The LLVM rendering of the loop IR's IntGemm: byte products exact in int32, on the dot-product instructions the
+target has (AVX-512 VNNI's vpdpbusd, AVX-VNNI's, AVX2's vpmaddwd; widening multiplies elsewhere).
+
+vpdpbusd multiplies four unsigned bytes by four signed ones and adds the four products to an int32 lane without
+saturating (vpmaddubsw, the older instruction, saturates at 16 bits and so is never used). So each operand is read in
+that form: A's bytes as unsigned (an int8 A is flipped by xor 0x80, which adds 128 to every value and to its zero
+point), B's as signed (a uint8 B flipped the same way, which subtracts 128). The zero points then come out of the
+sum exactly, in int32 arithmetic that wraps as the reference's does:
+
+    sum_k (a - za)(b - zb) = sum_k a*b - za * sum_k b - zb * sum_k a + k * za * zb
+
+B (the IntGemm's columns, C's contiguous dimension) is packed on the launch's stack as it is read: each group of
+four k rows of a vector's columns interleaved, so that one vector load gives every lane its four k values, and its
+column sums are taken on the way. A's row sums are taken before the tiles. Tiles of `rows` rows x `vectors`
+vectors of C then keep their sums in registers over all of k; each k group loads the tile's vectors of B once and
+broadcasts four bytes of each row of A (one 32-bit load).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from farm.backends.llvm.target import CpuTarget
+from farm.ir import loopir as L
+
+I8_T, I16_T, I32_T, I64_T = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+GROUP = L.INT_GEMM_K_GROUP
+FLIP = 0x80
+"""The xor that turns a byte's signed reading into its unsigned one plus 128 (and back)."""
+
+
+def _vector(element: ir.Type, count: int) -> ir.VectorType:
+    return ir.VectorType(element, count)
+
+
+def _splat(b: ir.IRBuilder, scalar: ir.Value, count: int) -> ir.Value:
+    """`scalar` in every lane of a vector of `count` of its type."""
+    vec_t = _vector(scalar.type, count)
+    single = b.insert_element(ir.Constant(vec_t, ir.Undefined), scalar, ir.Constant(I32_T, 0))
+    return b.shuffle_vector(single, ir.Constant(vec_t, ir.Undefined), ir.Constant(_vector(I32_T, count), [0] * count))
+
+
+def _lanes_of_groups(b: ir.IRBuilder, wide: ir.Value, lanes: int, ways: int) -> ir.Value:
+    """The sums of each run of `ways` consecutive elements of `wide` (lanes * ways int32), one per lane."""
+    total = None
+    for way in range(ways):
+        mask = ir.Constant(_vector(I32_T, lanes), [lane * ways + way for lane in range(lanes)])
+        part = b.shuffle_vector(wide, ir.Constant(wide.type, ir.Undefined), mask)
+        total = part if total is None else b.add(total, part)
+    assert total is not None
+    return total
+
+
+def _function(module: ir.Module, name: str, result: ir.Type, args: list[ir.Type]) -> ir.Function:
+    """Declare (once) an intrinsic with a fixed signature."""
+    if name in module.globals:
+        return module.globals[name]
+    return ir.Function(module, ir.FunctionType(result, args), name)
+
+
+@dataclass(frozen=True)
+class DotProduct:
+    """How one ISA adds four u8 x s8 products per int32 lane: the accumulator's type and its step and finish, the
+    lanes of C a vector holds, and the register tile (rows x vectors) its registers hold."""
+
+    name: str
+    lanes: int
+    rows: int
+    vectors: int
+    accumulator_ways: int
+    """int32 elements an accumulator keeps per lane of C (1: the four products are summed at once; 2: vpmaddwd's
+    pairs, summed when the tile is done; 4: every product)."""
+    step: Callable[[ir.IRBuilder, ir.Value, ir.Value, ir.Value], ir.Value]
+    """(builder, accumulator, A's four bytes per lane (unsigned), B's four per lane (signed)) -> accumulator."""
+
+    @property
+    def accumulator(self) -> ir.VectorType:
+        return _vector(I32_T, self.lanes * self.accumulator_ways)
+
+    @property
+    def bytes(self) -> ir.VectorType:
+        """A vector of four bytes (k values) per lane."""
+        return _vector(I8_T, self.lanes * GROUP)
+
+    def finish(self, b: ir.IRBuilder, accumulator: ir.Value) -> ir.Value:
+        """The accumulator as one int32 sum per lane."""
+        if self.accumulator_ways == 1:
+            return accumulator
+        return _lanes_of_groups(b, accumulator, self.lanes, self.accumulator_ways)
+
+
+def _vpdpbusd(lanes: int) -> Callable[[ir.IRBuilder, ir.Value, ir.Value, ir.Value], ir.Value]:
+    """vpdpbusd on `lanes` int32 lanes (llvm.x86.avx512.vpdpbusd.{512,256}: AVX-512 VNNI, or AVX-VNNI's VEX form)."""
+    words = _vector(I32_T, lanes)
+
+    def step(b: ir.IRBuilder, acc: ir.Value, unsigned: ir.Value, signed: ir.Value) -> ir.Value:
+        name = f"llvm.x86.avx512.vpdpbusd.{lanes * 32}"
+        fn = _function(b.module, name, words, [words, words, words])
+        return b.call(fn, [acc, b.bitcast(unsigned, words), b.bitcast(signed, words)])
+
+    return step
+
+
+def _vpmaddwd_step(b: ir.IRBuilder, acc: ir.Value, unsigned: ir.Value, signed: ir.Value) -> ir.Value:
+    """AVX2: both operands widened to int16 (exact), vpmaddwd on each half (a lane's four products as two pair
+    sums, which never overflow: 2 * 255 * 128 < 2**31), the pairs added into the accumulator."""
+    halves = unsigned.type.count // 2
+    wide_t = _vector(I16_T, unsigned.type.count)
+    u16, s16 = b.zext(unsigned, wide_t), b.sext(signed, wide_t)
+    half_t, pairs_t = _vector(I16_T, halves), _vector(I32_T, halves // 2)
+    fn = _function(b.module, "llvm.x86.avx2.pmadd.wd", pairs_t, [half_t, half_t])
+    sums = []
+    for half in range(2):
+        mask = ir.Constant(_vector(I32_T, halves), list(range(half * halves, (half + 1) * halves)))
+        undefined = ir.Constant(wide_t, ir.Undefined)
+        sums.append(b.call(fn, [b.shuffle_vector(u16, undefined, mask), b.shuffle_vector(s16, undefined, mask)]))
+    joined = b.shuffle_vector(sums[0], sums[1], ir.Constant(_vector(I32_T, halves), list(range(halves))))
+    return b.add(acc, joined)
+
+
+def _widening_step(b: ir.IRBuilder, acc: ir.Value, unsigned: ir.Value, signed: ir.Value) -> ir.Value:
+    """Any ISA: every product in an int32 of its own."""
+    wide_t = acc.type
+    return b.add(acc, b.mul(b.zext(unsigned, wide_t), b.sext(signed, wide_t)))
+
+
+DOT_PRODUCTS: tuple[tuple[str, DotProduct], ...] = (
+    ("+avx512vnni", DotProduct("avx512vnni", 16, 6, 4, 1, _vpdpbusd(16))),
+    ("+avxvnni", DotProduct("avxvnni", 8, 4, 2, 1, _vpdpbusd(8))),
+    ("+avx2", DotProduct("avx2", 8, 4, 1, 2, _vpmaddwd_step)),
+)
+"""The dot products by the target feature that enables them, best first; a target with none of these features uses
+widening multiplies (generic_dot_product)."""
+
+
+def generic_dot_product(lanes: int = 4) -> DotProduct:
+    """Widening multiplies on vectors of `lanes` int32 (the target's float32 lanes: NEON's four on AArch64)."""
+    return DotProduct("widening", lanes, 4, 1, GROUP, _widening_step)
+
+
+def dot_product_for(target: CpuTarget) -> DotProduct:
+    """The best dot product `target`'s features allow."""
+    enabled = set(target.features.split(","))
+    for feature, dot in DOT_PRODUCTS:
+        if feature in enabled:
+            return dot
+    return generic_dot_product(target.simd_floats)
+
+
+@dataclass
+class IntGemmOperands:
+    """The IntGemm's pointers (at their offsets) and zero points, as the renderer resolved them."""
+
+    a: ir.Value
+    b: ir.Value
+    c: ir.Value
+    a_signed: bool
+    b_signed: bool
+    a_zero: ir.Value
+    """i64."""
+    b_zero: ir.Value | None
+    """A pointer to B's zero points (at the IntGemm's first column), or None: 0."""
+    b_zero_signed: bool = False
+
+
+class _Emitter:
+    """One IntGemm's emission: counted loops over allocas (mem2reg promotes them), the packed panel of B, the row
+    and column sums, and the tiles."""
+
+    def __init__(
+        self,
+        builder: ir.IRBuilder,
+        slot: Callable[[str, ir.Type], ir.AllocaInstr],
+        gemm: L.IntGemm,
+        ops: IntGemmOperands,
+        dot: DotProduct,
+    ) -> None:
+        self.b, self.slot, self.g, self.ops, self.dot = builder, slot, gemm, ops, dot
+        self.count = 0
+        self.vectors = gemm.n // dot.lanes
+        self.groups = gemm.k // GROUP
+        self.tile_vectors = max(v for v in range(1, dot.vectors + 1) if self.vectors % v == 0)
+
+    def loop(self, extent: int, body: Callable[[ir.Value], None]) -> None:
+        """A counted loop 0..extent whose body gets the i64 index (inline for one iteration)."""
+        if extent == 1:
+            body(ir.Constant(I64_T, 0))
+            return
+        if extent == 0:
+            return
+        b = self.b
+        self.count += 1
+        counter = self.slot(f"intgemm.i{self.count}", I64_T)
+        b.store(ir.Constant(I64_T, 0), counter)
+        head, inner, done = (b.append_basic_block(f"intgemm{self.count}.{s}") for s in ("head", "body", "done"))
+        b.branch(head)
+        b.position_at_end(head)
+        b.cbranch(b.icmp_signed("<", b.load(counter), ir.Constant(I64_T, extent)), inner, done)
+        b.position_at_end(inner)
+        body(b.load(counter))
+        b.store(b.add(b.load(counter), ir.Constant(I64_T, 1), flags=("nsw", "nuw")), counter)
+        b.branch(head)
+        b.position_at_end(done)
+
+    def at(self, base: ir.Value, element: ir.Type, *terms: tuple[ir.Value | int, int]) -> ir.Value:
+        """base + sum of value * scale elements of `element`."""
+        b = self.b
+        index: ir.Value = ir.Constant(I64_T, 0)
+        for value, scale in terms:
+            value = ir.Constant(I64_T, value) if isinstance(value, int) else value
+            index = b.add(index, b.mul(value, ir.Constant(I64_T, scale)))
+        return b.gep(base, [index], inbounds=True, source_etype=element)
+
+    def in_panel(self, *terms: tuple[ir.Value | int, int]) -> ir.Value:
+        """The address of the packed panel's vector at sum of value * scale."""
+        b = self.b
+        index: ir.Value = ir.Constant(I64_T, 0)
+        for value, scale in terms:
+            value = ir.Constant(I64_T, value) if isinstance(value, int) else value
+            index = b.add(index, b.mul(value, ir.Constant(I64_T, scale)))
+        return b.gep(self.panel, [ir.Constant(I64_T, 0), index], inbounds=True)
+
+    def emit(self) -> None:
+        dot = self.dot
+        self.panel = self.slot(
+            f"intgemm.panel.{self.g.k}x{self.g.n}", ir.ArrayType(dot.bytes, self.groups * self.vectors)
+        )
+        self.panel.align = 64
+        self.column_sums = self.slot(
+            f"intgemm.colsum.{self.g.n}", ir.ArrayType(_vector(I32_T, dot.lanes), self.vectors)
+        )
+        self.row_sums = self.slot(f"intgemm.rowsum.{self.g.m}", ir.ArrayType(I32_T, self.g.m))
+        self._pack_b()
+        self._sum_rows()
+        self._tiles()
+
+    # -- B: packed, its column sums taken
+
+    def _pack_b(self) -> None:
+        b, dot, g = self.b, self.dot, self.g
+        lanes = dot.lanes
+        row_t, sum_t = _vector(I8_T, lanes), _vector(I32_T, lanes)
+        flip = ir.Constant(row_t, [0 if self.ops.b_signed else FLIP] * lanes)
+        self.loop(self.vectors, lambda v: b.store(ir.Constant(sum_t, [0] * lanes), self._column_sum(v)))
+
+        def group(k4: ir.Value) -> None:
+            def vector(v: ir.Value) -> None:
+                rows = [
+                    b.xor(
+                        b.load(
+                            self.at(self.ops.b, I8_T, (k4, GROUP * g.ldb), (v, lanes), (i * g.ldb, 1)),
+                            align=1,
+                            typ=row_t,
+                        ),
+                        flip,
+                    )
+                    for i in range(GROUP)
+                ]
+                b.store(self._interleaved(rows), self.in_panel((k4, self.vectors), (v, 1)), align=64)
+                total = b.load(self._column_sum(v))
+                for row in rows:
+                    total = b.add(total, b.sext(row, sum_t))
+                b.store(total, self._column_sum(v))
+
+            self.loop(self.vectors, vector)
+
+        self.loop(self.groups, group)
+
+    def _column_sum(self, v: ir.Value) -> ir.Value:
+        return self.b.gep(self.column_sums, [ir.Constant(I64_T, 0), v], inbounds=True)
+
+    def _interleaved(self, rows: list[ir.Value]) -> ir.Value:
+        """Four rows of `lanes` bytes as one vector of each lane's four bytes side by side."""
+        b, lanes = self.b, self.dot.lanes
+        pairs = [
+            b.shuffle_vector(rows[i], rows[i + 1], ir.Constant(_vector(I32_T, 2 * lanes), list(range(2 * lanes))))
+            for i in (0, 2)
+        ]
+        mask = [way * lanes + lane for lane in range(lanes) for way in range(GROUP)]
+        return b.shuffle_vector(pairs[0], pairs[1], ir.Constant(_vector(I32_T, GROUP * lanes), mask))
+
+    # -- A: its row sums
+
+    def _sum_rows(self) -> None:
+        """Each row's sum of A's bytes read unsigned (flipped when A is int8): whole vectors of bytes through
+        llvm.vector.reduce.add (x86 makes it vpsadbw), then four bytes at a time."""
+        b, g = self.b, self.g
+        chunk = self.dot.bytes.count
+        flip = 0 if not self.ops.a_signed else FLIP
+
+        def sum_of(address: ir.Value, count: int) -> ir.Value:
+            bytes_t, wide_t = _vector(I8_T, count), _vector(I32_T, count)
+            values = b.xor(b.load(address, align=1, typ=bytes_t), ir.Constant(bytes_t, [flip] * count))
+            reduce = _function(b.module, f"llvm.vector.reduce.add.v{count}i32", I32_T, [wide_t])
+            return b.call(reduce, [b.zext(values, wide_t)])
+
+        def row(m: ir.Value) -> None:
+            total = self.slot("intgemm.rowsum.acc", I32_T)
+            b.store(ir.Constant(I32_T, 0), total)
+            whole = g.k // chunk
+            self.loop(
+                whole,
+                lambda j: b.store(
+                    b.add(b.load(total), sum_of(self.at(self.ops.a, I8_T, (m, g.lda), (j, chunk)), chunk)), total
+                ),
+            )
+            self.loop(
+                (g.k - whole * chunk) // GROUP,
+                lambda j: b.store(
+                    b.add(
+                        b.load(total),
+                        sum_of(self.at(self.ops.a, I8_T, (m, g.lda), (j, GROUP), (whole * chunk, 1)), GROUP),
+                    ),
+                    total,
+                ),
+            )
+            b.store(b.load(total), b.gep(self.row_sums, [ir.Constant(I64_T, 0), m], inbounds=True))
+
+        self.loop(g.m, row)
+
+    # -- the tiles
+
+    def _tiles(self) -> None:
+        g, dot = self.g, self.dot
+        main = g.m // dot.rows
+        column_tiles = self.vectors // self.tile_vectors
+        for rows, count, first in ((dot.rows, main, 0), (1, g.m - main * dot.rows, main * dot.rows)):
+
+            def tile_row(it: ir.Value, rows: int = rows, first: int = first) -> None:
+                m0 = self.b.add(ir.Constant(I64_T, first), self.b.mul(it, ir.Constant(I64_T, rows)))
+                self.loop(column_tiles, lambda jt: self._tile(m0, rows, jt))
+
+            self.loop(count, tile_row)
+
+    def _tile(self, m0: ir.Value, rows: int, jt: ir.Value) -> None:
+        b, dot, g = self.b, self.dot, self.g
+        vectors = self.tile_vectors
+        v0 = b.mul(jt, ir.Constant(I64_T, vectors))
+        accs = [[self.slot(f"intgemm.acc{rows}.{r}.{v}", dot.accumulator) for v in range(vectors)] for r in range(rows)]
+        for line in accs:
+            for acc in line:
+                b.store(ir.Constant(dot.accumulator, [0] * dot.accumulator.count), acc)
+        flip = ir.Constant(I32_T, 0x80808080 if self.ops.a_signed else 0)
+
+        def group(k4: ir.Value) -> None:
+            columns = [b.load(self.in_panel((k4, self.vectors), (v0, 1), (v, 1)), align=64) for v in range(vectors)]
+            for r in range(rows):
+                four = b.load(self.at(self.ops.a, I8_T, (m0, g.lda), (r, g.lda), (k4, GROUP)), align=1, typ=I32_T)
+                broadcast = b.bitcast(_splat(b, b.xor(four, flip), dot.lanes), dot.bytes)
+                for v in range(vectors):
+                    b.store(dot.step(b, b.load(accs[r][v]), broadcast, columns[v]), accs[r][v])
+
+        self.loop(self.groups, group)
+        a_zero = self._a_zero()
+        for r in range(rows):
+            m = b.add(m0, ir.Constant(I64_T, r))
+            row_sum = _splat(b, b.load(b.gep(self.row_sums, [ir.Constant(I64_T, 0), m], inbounds=True)), dot.lanes)
+            for v in range(vectors):
+                vector = b.add(v0, ir.Constant(I64_T, v))
+                b_zero = self._b_zero(vector)
+                total = dot.finish(b, b.load(accs[r][v]))
+                total = b.sub(total, b.mul(a_zero, b.load(self._column_sum(vector))))
+                total = b.sub(total, b.mul(b_zero, row_sum))
+                total = b.add(total, b.mul(b.mul(a_zero, b_zero), _splat(b, ir.Constant(I32_T, g.k), dot.lanes)))
+                b.store(total, self._c_at(m, vector), align=4)
+
+    def _c_at(self, m: ir.Value, vector: ir.Value) -> ir.Value:
+        return self.at(self.ops.c, I32_T, (m, self.g.ldc), (vector, self.dot.lanes))
+
+    def _a_zero(self) -> ir.Value:
+        """A's zero point as the flipped bytes see it, in every lane."""
+        b = self.b
+        zero = b.trunc(self.ops.a_zero, I32_T)
+        if self.ops.a_signed:
+            zero = b.add(zero, ir.Constant(I32_T, FLIP))
+        return _splat(b, zero, self.dot.lanes)
+
+    def _b_zero(self, vector: ir.Value) -> ir.Value:
+        """B's zero points for a vector of columns as the flipped bytes see them (one value, or one per column)."""
+        b, lanes = self.b, self.dot.lanes
+        word_t = _vector(I32_T, lanes)
+        shift = 0 if self.ops.b_signed else -FLIP
+        if self.ops.b_zero is None:
+            return ir.Constant(word_t, [shift] * lanes)
+        extend = b.sext if self.ops.b_zero_signed else b.zext
+        if self.g.b_zero_per_column:
+            values = extend(
+                b.load(self.at(self.ops.b_zero, I8_T, (vector, lanes)), align=1, typ=_vector(I8_T, lanes)), word_t
+            )
+        else:
+            values = _splat(b, extend(b.load(self.ops.b_zero, align=1, typ=I8_T), I32_T), lanes)
+        return b.add(values, ir.Constant(word_t, [shift] * lanes))
+
+
+def emit_int_gemm(
+    builder: ir.IRBuilder,
+    slot: Callable[[str, ir.Type], ir.AllocaInstr],
+    gemm: L.IntGemm,
+    operands: IntGemmOperands,
+    dot: DotProduct,
+) -> None:
+    """Emit C = (A - a_zero) @ (B - b_zero) for `gemm`'s shapes, exact in int32 (see the module docstring)."""
+    _Emitter(builder, slot, gemm, operands, dot).emit()

@@ -1,0 +1,131 @@
+"""IntGemm's LLVM rendering (farm.backends.llvm.int_gemm) with each dot product this host's CPU runs, checked
+against exact integer arithmetic: every signedness, zero points over the whole byte range (one value, one per
+column, none), register tiles and their edge rows, row sums past whole vectors, and units at offsets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from native_helpers import host, run_kernel
+
+from farm.backends.llvm.int_gemm import DOT_PRODUCTS, DotProduct, dot_product_for, generic_dot_product
+from farm.backends.llvm.target import CpuTarget
+from farm.ir import loopir as L
+
+DTYPES = {"uint8": L.U8, "int8": L.I8}
+
+
+def _host_dots() -> list[DotProduct]:
+    """Every dot product the host's features allow (the widening ones at 4, 8 and 16 lanes always)."""
+    enabled = set(host().features.split(","))
+    return [dot for feature, dot in DOT_PRODUCTS if feature in enabled] + [
+        generic_dot_product(lanes) for lanes in (4, 8, 16)
+    ]
+
+
+DOTS = _host_dots()
+
+
+def _ints(shape: tuple[int, ...], dtype: str, seed: int) -> np.ndarray:
+    info = np.iinfo(dtype)
+    return np.random.default_rng(seed).integers(info.min, info.max + 1, shape).astype(dtype)
+
+
+def _kernel(
+    m: int, k: int, n: int, a_dtype: str, b_dtype: str, zeros: str, units: int
+) -> tuple[L.LoopKernel, list[np.ndarray], np.ndarray]:
+    """An IntGemm per unit of n columns of a k x (units * n) B, in a parallel loop; its arrays and the exact C."""
+    width = units * n
+    a, b = _ints((m, k), a_dtype, 1), _ints((k, width), b_dtype, 2)
+    a_zero = _ints((1,), a_dtype, 3)
+    b_zero = _ints((width,) if zeros == "per-column" else (1,), b_dtype, 4)
+    if zeros == "none":
+        a_zero, b_zero = np.zeros(1, a_dtype), np.zeros(1, b_dtype)
+    exact = (a.astype(np.int64) - a_zero.astype(np.int64)) @ (b.astype(np.int64) - b_zero.astype(np.int64))
+    unit = L.Names().var("u")
+    gemm = L.IntGemm(
+        "in0",
+        L.const(0),
+        k,
+        "in1",
+        unit * n,
+        width,
+        "out0",
+        unit * n,
+        width,
+        m,
+        n,
+        k,
+        a_zero=L.Load("in2", L.const(0), L.I64),
+        b_zero=None if zeros == "none" else "in3",
+        b_zero_offset=unit * n if zeros == "per-column" else L.const(0),
+        b_zero_per_column=zeros == "per-column",
+    )
+    params = [
+        L.Param("out0", L.I32, output=True),
+        L.Param("in0", DTYPES[a_dtype]),
+        L.Param("in1", DTYPES[b_dtype]),
+        L.Param("in2", DTYPES[a_dtype]),
+        L.Param("in3", DTYPES[b_dtype]),
+    ]
+    kernel = L.LoopKernel(params, [L.Loop(unit, units, [gemm], parallel=True)])
+    arrays = [np.zeros((m, width), np.int32), a, b, a_zero, b_zero]
+    return kernel, arrays, exact.astype(np.int32)
+
+
+SHAPES = [
+    # m, k, n, units: one tile and edge rows; k past whole vectors of the row sums; several units; one row.
+    (13, 36, 16, 1),
+    (7, 132, 64, 2),
+    (1, 4, 32, 3),
+    (20, 256, 48, 1),
+]
+
+
+@pytest.mark.parametrize("dot", DOTS, ids=lambda dot: f"{dot.name}-{dot.lanes}")
+@pytest.mark.parametrize(
+    "a_dtype, b_dtype", [("uint8", "uint8"), ("uint8", "int8"), ("int8", "uint8"), ("int8", "int8")]
+)
+@pytest.mark.parametrize("zeros", ["scalar", "per-column", "none"])
+def test_int_gemm_is_exact(dot: DotProduct, a_dtype: str, b_dtype: str, zeros: str, tmp_path: Path) -> None:
+    for index, (m, k, n, units) in enumerate(SHAPES):
+        kernel, arrays, exact = _kernel(m, k, n, a_dtype, b_dtype, zeros, units)
+        (tmp_path / str(index)).mkdir()
+        out = run_kernel(kernel, arrays, tmp_path / str(index), dot=dot)[0]
+        np.testing.assert_array_equal(out, exact, err_msg=f"m={m} k={k} n={n} units={units}")
+
+
+def test_extreme_values_are_exact(tmp_path: Path) -> None:
+    """The largest products of both signs (255 * 127 and 255 * -128, four at a time: vpmaddubsw would saturate
+    their pairs at 16 bits) over a long k."""
+    for dot in DOTS:
+        m, k, n = 3, 4096, 16
+        kernel, arrays, _ = _kernel(m, k, n, "uint8", "int8", "none", 1)
+        arrays[1][:] = 255
+        arrays[2][:] = -128
+        arrays[2][:, ::2] = 127
+        exact = arrays[1].astype(np.int64) @ arrays[2].astype(np.int64)
+        folder = tmp_path / f"{dot.name}-{dot.lanes}"
+        folder.mkdir()
+        out = run_kernel(kernel, arrays, folder, dot=dot)[0]
+        np.testing.assert_array_equal(out, exact.astype(np.int32))
+
+
+@pytest.mark.parametrize(
+    "features, name",
+    [
+        ("+avx2,+avx512f,+avx512vnni", "avx512vnni"),
+        ("+avx2,+avxvnni", "avxvnni"),
+        ("+avx2,+fma", "avx2"),
+        ("+sse2", "widening"),
+    ],
+)
+def test_each_target_gets_its_best_dot_product(features: str, name: str) -> None:
+    assert dot_product_for(CpuTarget("x86_64-unknown-linux-gnu", "generic", features)).name == name
+
+
+def test_aarch64_widens_on_its_float_lanes() -> None:
+    dot = dot_product_for(CpuTarget("aarch64-unknown-linux-gnu", "neoverse-n1", "+neon"))
+    assert (dot.name, dot.lanes) == ("widening", 4)
