@@ -15,6 +15,7 @@ from onnx.reference import ReferenceEvaluator
 from farm import defaults
 from farm.errors import UnsupportedError
 from farm.frontend.onnx_import import infer_shapes_bounded
+from farm.frontend.passes.quantize_folding import QUANTIZE_FOLDERS
 from farm.frontend.passes.rewrite import prune_unreferenced
 from farm.ir.graph import Graph, Node, TensorInfo
 
@@ -394,10 +395,12 @@ def _fold_unsqueeze(graph: Graph, node: Node) -> list[np.ndarray] | None:
 
 # Ops whose folding numpy does directly: exporters write thousands of them (onnx's light models keep every weight
 # as a ConstantOfShape and an Unsqueeze), and a reference evaluator per node took 0.2 ms each, 0.23 s of light
-# DenseNet-121's plan. Anything these decline goes to the reference evaluator.
+# DenseNet-121's plan; and the quantization ops, which the reference evaluator lacks below opset 19 and which fold
+# with farm's own kernels' semantics (quantize_folding). Anything these decline goes to the reference evaluator.
 _DIRECT_FOLDERS: dict[str, Callable[[Graph, Node], list[np.ndarray] | None]] = {
     "ConstantOfShape": _fold_constant_of_shape,
     "Unsqueeze": _fold_unsqueeze,
+    **QUANTIZE_FOLDERS,
 }
 
 
