@@ -1,6 +1,7 @@
 """IntGemm's LLVM rendering (farm.backends.llvm.int_gemm) with each dot product this host's CPU runs, checked
-against exact integer arithmetic: every signedness, zero points over the whole byte range (one value, one per
-column, none), register tiles and their edge rows, row sums past whole vectors, and units at offsets."""
+against exact integer arithmetic: every signedness, zero points over the whole byte range (one value, one per row
+of A and column of B, none), register tiles and their edge rows, partial vectors of columns, row sums past whole
+vectors, and units at offsets."""
 
 from __future__ import annotations
 
@@ -36,15 +37,19 @@ def _ints(shape: tuple[int, ...], dtype: str, seed: int) -> np.ndarray:
 def _kernel(
     m: int, k: int, n: int, a_dtype: str, b_dtype: str, zeros: str, units: int
 ) -> tuple[L.LoopKernel, list[np.ndarray], np.ndarray]:
-    """An IntGemm per unit of n columns of a k x (units * n) B, in a parallel loop; its arrays and the exact C."""
+    """An IntGemm per unit of n columns of a k x (units * n) B, in a parallel loop; its arrays and the exact C.
+    `zeros`: "scalar" (one value each), "per-line" (A's per row, B's per column) or "none"."""
     width = units * n
     a, b = _ints((m, k), a_dtype, 1), _ints((k, width), b_dtype, 2)
-    a_zero = _ints((1,), a_dtype, 3)
-    b_zero = _ints((width,) if zeros == "per-column" else (1,), b_dtype, 4)
+    per_line = zeros == "per-line"
+    a_zero = _ints((m,) if per_line else (1,), a_dtype, 3)
+    b_zero = _ints((width,) if per_line else (1,), b_dtype, 4)
     if zeros == "none":
         a_zero, b_zero = np.zeros(1, a_dtype), np.zeros(1, b_dtype)
-    exact = (a.astype(np.int64) - a_zero.astype(np.int64)) @ (b.astype(np.int64) - b_zero.astype(np.int64))
+    shifted_a = a.astype(np.int64) - a_zero.astype(np.int64).reshape(-1, 1)
+    exact = shifted_a @ (b.astype(np.int64) - b_zero.astype(np.int64))
     unit = L.Names().var("u")
+    with_zeros = zeros != "none"
     gemm = L.IntGemm(
         "in0",
         L.const(0),
@@ -58,10 +63,8 @@ def _kernel(
         m,
         n,
         k,
-        a_zero=L.Load("in2", L.const(0), L.I64),
-        b_zero=None if zeros == "none" else "in3",
-        b_zero_offset=unit * n if zeros == "per-column" else L.const(0),
-        b_zero_per_column=zeros == "per-column",
+        a_zero=L.ZeroPoints("in2", L.const(0), per_line) if with_zeros else None,
+        b_zero=L.ZeroPoints("in3", unit * n if per_line else L.const(0), per_line) if with_zeros else None,
     )
     params = [
         L.Param("out0", L.I32, output=True),
@@ -76,11 +79,14 @@ def _kernel(
 
 
 SHAPES = [
-    # m, k, n, units: one tile and edge rows; k past whole vectors of the row sums; several units; one row.
+    # m, k, n, units: one tile and edge rows; k past whole vectors of the row sums; several units; one row; columns
+    # past whole vectors (a partial vector after whole ones, and one alone).
     (13, 36, 16, 1),
     (7, 132, 64, 2),
     (1, 4, 32, 3),
     (20, 256, 48, 1),
+    (9, 8, 21, 2),
+    (6, 12, 5, 3),
 ]
 
 
@@ -88,7 +94,7 @@ SHAPES = [
 @pytest.mark.parametrize(
     "a_dtype, b_dtype", [("uint8", "uint8"), ("uint8", "int8"), ("int8", "uint8"), ("int8", "int8")]
 )
-@pytest.mark.parametrize("zeros", ["scalar", "per-column", "none"])
+@pytest.mark.parametrize("zeros", ["scalar", "per-line", "none"])
 def test_int_gemm_is_exact(dot: DotProduct, a_dtype: str, b_dtype: str, zeros: str, tmp_path: Path) -> None:
     for index, (m, k, n, units) in enumerate(SHAPES):
         kernel, arrays, exact = _kernel(m, k, n, a_dtype, b_dtype, zeros, units)

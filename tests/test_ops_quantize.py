@@ -342,6 +342,7 @@ MATMUL_INTEGER_CASES: list[OpCase] = [
     _matmul_integer("int-gemm-uint8-int8", (7, 132), (132, 48), "uint8", "int8"),
     _matmul_integer("int-gemm-int8-uint8", (1, 4), (4, 16), "int8", "uint8"),
     _matmul_integer("int-gemm-no-zero-points", (3, 5, 8), (8, 32), "uint8", "int8", zero_points=False),
+    _matmul_integer("int-gemm-rest-columns", (5, 12), (12, 100), "int8", "int8", b_zero_shape=(100,)),
 ]
 
 
@@ -414,6 +415,31 @@ CONV_INTEGER_CASES: list[OpCase] = [
     _conv_integer("conv-integer-group", (1, 4, 6, 6), (6, 2, 3, 3), {"group": 2, "auto_pad": "SAME_UPPER"}),
     _conv_integer(
         "conv-integer-per-channel", (1, 3, 6, 6), (4, 3, 1, 1), dtype="uint8", w_dtype="int8", w_zero_shape=(4,)
+    ),
+    # Through IntGemm (k = channels x taps whole groups of four): units of 64 pixels, all pixels in one partial
+    # unit (5x5, 2x2), row blocks of 64 output channels, batches, every signedness, per-channel zero points.
+    _conv_integer(
+        "int-conv-uint8-int8",
+        (1, 4, 8, 8),
+        (128, 4, 3, 3),
+        {"pads": [1, 1, 1, 1]},
+        w_dtype="int8",
+        w_zero_shape=(128,),
+    ),
+    _conv_integer(
+        "int-conv-strided-batched",
+        (2, 8, 10, 9),
+        (6, 8, 3, 3),
+        {"strides": [2, 2], "pads": [1, 0, 1, 1]},
+        dtype="int8",
+        w_dtype="int8",
+    ),
+    _conv_integer(
+        "int-conv-pointwise", (1, 16, 2, 2), (64, 16, 1, 1), dtype="int8", w_dtype="uint8", w_zero_shape=(64,)
+    ),
+    _conv_integer("int-conv-dilated", (1, 4, 9, 9), (5, 4, 3, 3), {"dilations": [2, 2], "pads": [2, 2, 2, 2]}),
+    _conv_integer(
+        "int-conv-rest-pixels", (2, 4, 14, 14), (8, 4, 1, 1), dtype="uint8", w_dtype="int8", w_zero_shape=(8,)
     ),
 ]
 
@@ -565,6 +591,7 @@ OPENCL_SAMPLE = [
     "matmul-integer-per-column",
     "int-gemm-int8",
     "conv-integer-group",
+    "int-conv-strided-batched",
     "qlinear-matmul-float16-scales",
     "qlinear-conv-int8-per-channel",
     "qdq-conv-matmul-opset21",

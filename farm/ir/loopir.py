@@ -445,12 +445,21 @@ class Gemm(Stmt):
     number of channels' taps, and the k loop is not cut into blocks. Only the LLVM renderer reads it."""
 
 
+@dataclass(frozen=True)
+class ZeroPoints:
+    """An IntGemm operand's zero points: `buf` from `offset`, one value, or one per row of A (per column of B)."""
+
+    buf: str
+    offset: Expr
+    per_line: bool = False
+
+
 @dataclass
 class IntGemm(Stmt):
-    """C[m, n] = sum_k (A[m, k] - a_zero) * (B[k, n] - b_zero[n]) over byte operands (int8 or uint8, each as its
+    """C[m, n] = sum_k (A[m, k] - a_zero[m]) * (B[k, n] - b_zero[n]) over byte operands (int8 or uint8, each as its
     buffer's dtype), exact in int32 (wrapping as int32 arithmetic does) and stored in C's int32 elements: row-major
-    panels at element offsets with leading dimensions, as Gemm's. k is a multiple of INT_GEMM_K_GROUP and n of
-    INT_GEMM_COLUMNS (renderers that pack B do so in groups of four k steps and whole vectors of columns).
+    panels at element offsets with leading dimensions, as Gemm's. k is a multiple of INT_GEMM_K_GROUP (renderers
+    read A four bytes at a time); n may be any width (the last vector of columns is then partial).
 
     A primitive for the same reason as Gemm: its speed lives in the dot-product instructions each ISA has (AVX-512
     VNNI's vpdpbusd, AVX2's vpmaddwd) and in register blocking."""
@@ -467,16 +476,13 @@ class IntGemm(Stmt):
     m: int
     n: int
     k: int
-    a_zero: Expr
-    """A's zero point, one value (an I64 expression)."""
-    b_zero: str | None = None
-    """The buffer of B's zero points (None: 0), one value or one per column from b_zero_offset."""
-    b_zero_offset: Expr | None = None
-    b_zero_per_column: bool = False
+    a_zero: ZeroPoints | None = None
+    """A's zero points (None: 0)."""
+    b_zero: ZeroPoints | None = None
+    """B's zero points (None: 0)."""
 
 
 INT_GEMM_K_GROUP = 4
-INT_GEMM_COLUMNS = 16
 
 
 # -- launches: how a kernel splits into pieces that run one after another, each across many workers ------------

@@ -36,6 +36,15 @@ from farm.ir.graph import TensorInfo
 from farm.ir.specs import KernelSpec
 from farm.ops import mathfns as M
 from farm.ops.conv import checked_group
+from farm.ops.integer_gemm import (
+    conv_integer_gemm,
+    conv_integer_scratch,
+    conv_integer_scratch_dtype,
+    given_input_buffer,
+    input_buffer,
+    matmul_integer_gemm,
+    present_inputs,
+)
 from farm.ops.registry import ALL_DTYPES, NodeContext, axis_in_range, out_shape, prod, register
 from farm.ops.tensor import load
 from farm.ops.window import spatial_attrs, window
@@ -73,30 +82,9 @@ def round_to_half(s: M.Scope, x: L.Expr) -> L.Expr:
 # ----------------------------------------------------------------------------------------- shared helpers
 
 
-def _buffers(ctx: NodeContext) -> list[int]:
-    """The node inputs that are present, in order: input i is kernel buffer in{_buffers.index(i)}."""
-    return [i for i, name in enumerate(ctx.node.inputs) if name]
-
-
-def _buffer(spec: KernelSpec, index: int) -> tuple[str, TensorInfo] | None:
-    """(buffer name, info) of node input `index`, or None when the node lacks it (see _buffers)."""
-    present = spec.attrs["present"]
-    if index not in present:
-        return None
-    at = present.index(index)
-    return f"in{at}", spec.inputs[at]
-
-
-def _given_buffer(spec: KernelSpec, index: int) -> tuple[str, TensorInfo]:
-    """_buffer of a node input the op requires (its normalisation refused a node without it)."""
-    buffer = _buffer(spec, index)
-    assert buffer is not None, f"node input {index} is required, so present"
-    return buffer
-
-
 def _scalar(spec: KernelSpec, index: int, default: L.Expr) -> L.Expr:
     """The first element of node input `index` (a per-tensor scale or zero point), or `default` if it is absent."""
-    buffer = _buffer(spec, index)
+    buffer = input_buffer(spec, index)
     return default if buffer is None else load(buffer[0], buffer[1], L.const(0))
 
 
@@ -191,12 +179,12 @@ def _layout_attrs(ctx: NodeContext) -> dict[str, Any]:
     axis = axis_in_range(ctx, attrs.get("axis", 1), len(x)) if per_axis and ctx.opset >= 13 else None
     for index in (1, 2):
         _param_layout(ctx, index, x, axis, block)
-    return {"axis": axis, "block_size": block, "present": _buffers(ctx)}
+    return {"axis": axis, "block_size": block, "present": present_inputs(ctx.node.inputs)}
 
 
 def _param_at(spec: KernelSpec, index: int, v: list[L.Var]) -> L.Expr | None:
     """The flat index into node input `index` (a scale or zero point) for the element at v, or None if absent."""
-    buffer = _buffer(spec, index)
+    buffer = input_buffer(spec, index)
     if buffer is None:
         return None
     info, axis, block = buffer[1], spec.attrs["axis"], spec.attrs["block_size"]
@@ -208,7 +196,7 @@ def _param_at(spec: KernelSpec, index: int, v: list[L.Var]) -> L.Expr | None:
 
 
 def _param(spec: KernelSpec, index: int, v: list[L.Var], default: L.Expr) -> L.Expr:
-    at, buffer = _param_at(spec, index, v), _buffer(spec, index)
+    at, buffer = _param_at(spec, index, v), input_buffer(spec, index)
     if at is None or buffer is None:
         return default
     name, info = buffer
@@ -396,7 +384,7 @@ ZeroAt = Callable[[L.Expr], L.Expr]
 def _per_channel(spec: KernelSpec, index: int) -> ZeroAt:
     """Node input `index` (a zero point or scale: one value, one per output channel/column, or absent: 0) at a
     channel."""
-    buffer = _buffer(spec, index)
+    buffer = input_buffer(spec, index)
     if buffer is None:
         return lambda channel: L.const(0)
     name, info = buffer
@@ -424,7 +412,7 @@ def _matmul_layout(
     spec: KernelSpec, a_index: int, b_index: int
 ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """(A as a matrix stack, B as one, the output's batch dims), numpy matmul style (1-D operands promoted)."""
-    a, b = _given_buffer(spec, a_index)[1].shape, _given_buffer(spec, b_index)[1].shape
+    a, b = given_input_buffer(spec, a_index)[1].shape, given_input_buffer(spec, b_index)[1].shape
     o = out_shape(spec)
     a_mat = (1, *a) if len(a) == 1 else a
     b_mat = (*b, 1) if len(b) == 1 else b
@@ -436,7 +424,7 @@ def _integer_matmul(
 ) -> list[L.Stmt]:
     """out[.., m, n] = finish(sum over k of (a[.., m, k] - a_zero) * (b[.., k, n] - b_zero(n))), exact in int64,
     batch dims broadcast."""
-    (a_name, a), (b_name, b) = _given_buffer(spec, a_index), _given_buffer(spec, b_index)
+    (a_name, a), (b_name, b) = given_input_buffer(spec, a_index), given_input_buffer(spec, b_index)
     a_mat, b_mat, batch = _matmul_layout(spec, a_index, b_index)
     rows, depth, cols = a_mat[-2], a_mat[-1], b_mat[-1]
     names = L.Names()
@@ -483,14 +471,14 @@ def _conv_attrs(ctx: NodeContext, w_index: int) -> dict[str, Any]:
     kernel = list(view.input_info(1).shape[2:])
     if list(ctx.node.attrs.get("kernel_shape", kernel)) != kernel:
         raise ctx.unsupported(f"kernel_shape {list(ctx.node.attrs['kernel_shape'])} differs from the weight's {kernel}")
-    return {**spatial_attrs(view, kernel), "group": group, "present": _buffers(ctx)}
+    return {**spatial_attrs(view, kernel), "group": group, "present": present_inputs(ctx.node.inputs)}
 
 
 def _integer_conv(spec: KernelSpec, w_index: int, x_zero: L.Expr, w_zero: ZeroAt, finish: Finish) -> list[L.Stmt]:
     """out[n, m, oh, ow] = finish(sum over the group's channels and the window's taps inside the input of
     (x - x_zero) * (w[m] - w_zero(m))), exact in int64: the padding contributes nothing (ONNX pads x after
     subtracting its zero point)."""
-    geo, (w_name, w) = window(spec), _given_buffer(spec, w_index)
+    geo, (w_name, w) = window(spec), given_input_buffer(spec, w_index)
     x = spec.inputs[0]
     batch, channels, out_channels = x.shape[0], x.shape[1], out_shape(spec)[1]
     group_channels, group_outputs = w.shape[1], out_channels // spec.attrs["group"]
@@ -557,60 +545,14 @@ def _matmul_integer_attrs(ctx: NodeContext) -> dict[str, Any]:
     _integer_operands(ctx, (0, 1), (2, 3))
     _require_output(ctx, INT32)
     _require_channels(ctx, 3, _check_matmul(ctx, 0, 1), "b_zero_point")
-    return {"present": _buffers(ctx)}
-
-
-INT_GEMM_UNITS = (64, 32, 16)
-"""The widths (columns of C) of the units an IntGemm launch is split into, widest first: each unit packs its
-columns of B on the launch's stack (L.IntGemm), at most INT_GEMM_PANEL_BYTES of them."""
-INT_GEMM_PANEL_BYTES = 256 << 10
-
-
-def _int_gemm_width(depth: int, cols: int) -> int | None:
-    """The unit width for an IntGemm of `depth` x `cols` B, or None when its shape doesn't suit one (k not whole
-    groups of four, columns not whole vectors, or even the narrowest unit's panel too big for the stack)."""
-    if depth % L.INT_GEMM_K_GROUP or cols % L.INT_GEMM_COLUMNS:
-        return None
-    fitting = [w for w in INT_GEMM_UNITS if cols % w == 0 and depth * w <= INT_GEMM_PANEL_BYTES]
-    return fitting[0] if fitting else None
-
-
-def _matmul_integer_gemm(spec: KernelSpec) -> list[L.Stmt] | None:
-    """MatMulInteger as IntGemm units over B's columns (a parallel loop), when B is one matrix (A's batches are
-    then more rows) and its shape suits one (_int_gemm_width); else None."""
-    a_mat, b_mat, batch = _matmul_layout(spec, 0, 1)
-    rows, depth, cols = prod(a_mat[:-1]), a_mat[-1], b_mat[-1]
-    width = _int_gemm_width(depth, cols)
-    if len(b_mat) != 2 or width is None or prod(batch) != prod(a_mat[:-2]):
-        return None
-    unit = L.Names().var("u")
-    zero = _buffer(spec, 3)
-    per_column = zero is not None and zero[1].size != 1
-    gemm = L.IntGemm(
-        "in0",
-        L.const(0),
-        depth,
-        _given_buffer(spec, 1)[0],
-        unit * width,
-        cols,
-        "out0",
-        unit * width,
-        cols,
-        rows,
-        width,
-        depth,
-        a_zero=_scalar(spec, 2, L.const(0)),
-        b_zero=None if zero is None else zero[0],
-        b_zero_offset=unit * width if per_column else L.const(0),
-        b_zero_per_column=per_column,
-    )
-    return [L.Loop(unit, cols // width, [gemm], parallel=True)]
+    return {"present": present_inputs(ctx.node.inputs)}
 
 
 @register("MatMulInteger", normalize=_matmul_integer_attrs, dtypes=ALL_DTYPES)
 def _lower_matmul_integer(spec: KernelSpec) -> list[L.Stmt]:
-    """Through IntGemm where its shape suits one (_matmul_integer_gemm), else as a loop nest."""
-    gemm = _matmul_integer_gemm(spec)
+    """Through IntGemm where its shape suits one (integer_gemm.matmul_integer_gemm), else as a loop nest."""
+    a_mat, b_mat, _ = _matmul_layout(spec, 0, 1)
+    gemm = matmul_integer_gemm(spec, a_mat, b_mat)
     if gemm is not None:
         return gemm
     return _integer_matmul(spec, 0, 1, _scalar(spec, 2, L.const(0)), _per_channel(spec, 3), _as_stored)
@@ -625,8 +567,18 @@ def _conv_integer_attrs(ctx: NodeContext) -> dict[str, Any]:
     return attrs
 
 
-@register("ConvInteger", normalize=_conv_integer_attrs, dtypes=ALL_DTYPES)
+@register(
+    "ConvInteger",
+    normalize=_conv_integer_attrs,
+    dtypes=ALL_DTYPES,
+    scratch_floats=conv_integer_scratch,
+    scratch_dtype=conv_integer_scratch_dtype,
+)
 def _lower_conv_integer(spec: KernelSpec) -> list[L.Stmt]:
+    """Through IntGemm where its shape suits one (integer_gemm.conv_integer_gemm), else as a loop nest."""
+    gemm = conv_integer_gemm(spec)
+    if gemm is not None:
+        return gemm
     return _integer_conv(spec, 1, _scalar(spec, 2, L.const(0)), _per_channel(spec, 3), _as_stored)
 
 
@@ -651,14 +603,14 @@ def _qlinear_attrs(ctx: NodeContext, channels: int) -> dict[str, Any]:
     if ctx.inputs[7] is None or ctx.outputs[0].dtype != ctx.inputs[7].dtype:
         raise ctx.unsupported("the output must have y_zero_point's dtype")
     _require_output(ctx, BYTE_INTS)
-    return {"present": _buffers(ctx), "half": scales == {"float16"}, "to": ctx.outputs[0].dtype}
+    return {"present": present_inputs(ctx.node.inputs), "half": scales == {"float16"}, "to": ctx.outputs[0].dtype}
 
 
 def _requantize(spec: KernelSpec) -> Finish:
     """acc (plus the bias, if any) * (x_scale * w_scale / y_scale) + y_zero_point, rounded half to even and
     saturated: the multiplier in the scales' dtype, the rest in float64 (exact, as the reference computes it)."""
     half, to = spec.attrs["half"], spec.attrs["to"]
-    w_scale, bias = _per_channel(spec, 4), _buffer(spec, 8)
+    w_scale, bias = _per_channel(spec, 4), input_buffer(spec, 8)
 
     def finish(s: M.Scope, acc: L.Var, channel: L.Expr) -> L.Expr:
         product = _half_if(s, _scalar(spec, 1, L.const(1.0)) * w_scale(channel), half)

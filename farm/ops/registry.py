@@ -81,6 +81,9 @@ class OpLowering:
     normalize: Callable[[NodeContext], dict[str, Any]] = keep_attrs
     data_inputs: tuple[int, ...] | None = None
     scratch_floats: Callable[[KernelSpec], int] = field(default=lambda spec: 0)
+    """4-byte words of scratch the kernel needs (0: none)."""
+    scratch_dtype: Callable[[KernelSpec], str] = field(default=lambda spec: L.F32)
+    """The loop-IR dtype of the scratch's elements (float32 unless the kernel keeps bytes there)."""
     dtypes: frozenset[str] = CORE_DTYPES
     empty_operands: bool = False
     """The kernel is right when some of its inputs or outputs are empty and others are not: its loops over an empty
@@ -129,7 +132,7 @@ def lower_kernel(spec: KernelSpec) -> L.LoopKernel:
     params = [L.Param(f"out{i}", _ir_dtype(t), output=True) for i, t in enumerate(spec.outputs)]
     params += [L.Param(f"in{i}", _ir_dtype(t)) for i, t in enumerate(spec.inputs)]
     if lowering.scratch_floats(spec):
-        params.append(L.Param("scratch", L.F32, output=True))
+        params.append(L.Param("scratch", lowering.scratch_dtype(spec), output=True))
     return L.LoopKernel(params, lowering.lower(spec))
 
 

@@ -150,25 +150,33 @@ def dot_product_for(target: CpuTarget) -> DotProduct:
     return generic_dot_product(target.simd_floats)
 
 
+@dataclass(frozen=True)
+class Zeros:
+    """One operand's zero points as the renderer resolved them: a pointer (at the IntGemm's first row or column),
+    the bytes' signedness and whether there is one per row of A (column of B)."""
+
+    pointer: ir.Value
+    signed: bool
+    per_line: bool
+
+
 @dataclass
 class IntGemmOperands:
-    """The IntGemm's pointers (at their offsets) and zero points, as the renderer resolved them."""
+    """The IntGemm's pointers (at their offsets), their bytes' signedness and their zero points (None: 0)."""
 
     a: ir.Value
     b: ir.Value
     c: ir.Value
     a_signed: bool
     b_signed: bool
-    a_zero: ir.Value
-    """i64."""
-    b_zero: ir.Value | None
-    """A pointer to B's zero points (at the IntGemm's first column), or None: 0."""
-    b_zero_signed: bool = False
+    a_zero: Zeros | None = None
+    b_zero: Zeros | None = None
 
 
 class _Emitter:
     """One IntGemm's emission: counted loops over allocas (mem2reg promotes them), the packed panel of B, the row
-    and column sums, and the tiles."""
+    and column sums, and the tiles. Columns past the last whole vector (n % lanes of them) are one partial vector,
+    read and written through masks."""
 
     def __init__(
         self,
@@ -180,16 +188,17 @@ class _Emitter:
     ) -> None:
         self.b, self.slot, self.g, self.ops, self.dot = builder, slot, gemm, ops, dot
         self.count = 0
-        self.vectors = gemm.n // dot.lanes
+        self.full = gemm.n // dot.lanes
+        self.edge = gemm.n % dot.lanes
+        self.vectors = self.full + (1 if self.edge else 0)
         self.groups = gemm.k // GROUP
-        self.tile_vectors = max(v for v in range(1, dot.vectors + 1) if self.vectors % v == 0)
+        self.tile_vectors = max((v for v in range(1, dot.vectors + 1) if self.full % v == 0), default=1)
 
     def loop(self, extent: int, body: Callable[[ir.Value], None]) -> None:
-        """A counted loop 0..extent whose body gets the i64 index (inline for one iteration)."""
-        if extent == 1:
-            body(ir.Constant(I64_T, 0))
-            return
-        if extent == 0:
+        """A counted loop 0..extent whose body gets the i64 index (inline for one iteration, none for zero)."""
+        if extent <= 1:
+            if extent == 1:
+                body(ir.Constant(I64_T, 0))
             return
         b = self.b
         self.count += 1
@@ -205,34 +214,57 @@ class _Emitter:
         b.branch(head)
         b.position_at_end(done)
 
+    def index(self, *terms: tuple[ir.Value | int, int]) -> ir.Value:
+        """The i64 sum of value * scale."""
+        b = self.b
+        total: ir.Value = ir.Constant(I64_T, 0)
+        for value, scale in terms:
+            value = ir.Constant(I64_T, value) if isinstance(value, int) else value
+            total = b.add(total, b.mul(value, ir.Constant(I64_T, scale)))
+        return total
+
     def at(self, base: ir.Value, element: ir.Type, *terms: tuple[ir.Value | int, int]) -> ir.Value:
         """base + sum of value * scale elements of `element`."""
-        b = self.b
-        index: ir.Value = ir.Constant(I64_T, 0)
-        for value, scale in terms:
-            value = ir.Constant(I64_T, value) if isinstance(value, int) else value
-            index = b.add(index, b.mul(value, ir.Constant(I64_T, scale)))
-        return b.gep(base, [index], inbounds=True, source_etype=element)
+        return self.b.gep(base, [self.index(*terms)], inbounds=True, source_etype=element)
 
-    def in_panel(self, *terms: tuple[ir.Value | int, int]) -> ir.Value:
-        """The address of the packed panel's vector at sum of value * scale."""
-        b = self.b
-        index: ir.Value = ir.Constant(I64_T, 0)
-        for value, scale in terms:
-            value = ir.Constant(I64_T, value) if isinstance(value, int) else value
-            index = b.add(index, b.mul(value, ir.Constant(I64_T, scale)))
-        return b.gep(self.panel, [ir.Constant(I64_T, 0), index], inbounds=True)
+    def in_array(self, array: ir.Value, *terms: tuple[ir.Value | int, int]) -> ir.Value:
+        """The address of an alloca'd array's element at sum of value * scale."""
+        return self.b.gep(array, [ir.Constant(I64_T, 0), self.index(*terms)], inbounds=True)
+
+    def lanes_mask(self, lanes: int) -> ir.Constant:
+        """The first `lanes` of a vector's lanes (the partial vector's columns)."""
+        return ir.Constant(_vector(ir.IntType(1), self.dot.lanes), [lane < lanes for lane in range(self.dot.lanes)])
+
+    def load_lanes(self, address: ir.Value, element: ir.Type, partial: bool) -> ir.Value:
+        """A vector of `lanes` elements from `address`; only the partial vector's columns when `partial` (masked,
+        the others 0: nothing past the operand is read)."""
+        lanes = self.dot.lanes
+        vec_t = _vector(element, lanes)
+        if not partial:
+            return self.b.load(address, align=1, typ=vec_t)
+        name = f"llvm.masked.load.v{lanes}i{element.width}.p0"
+        mask_t = _vector(ir.IntType(1), lanes)
+        fn = _function(self.b.module, name, vec_t, [address.type, I32_T, mask_t, vec_t])
+        zeros = ir.Constant(vec_t, [0] * lanes)
+        return self.b.call(fn, [address, ir.Constant(I32_T, 1), self.lanes_mask(self.edge), zeros])
+
+    def store_lanes(self, value: ir.Value, address: ir.Value, partial: bool) -> None:
+        """Store a vector of int32 at `address`; only the partial vector's columns when `partial`."""
+        if not partial:
+            self.b.store(value, address, align=4)
+            return
+        lanes = self.dot.lanes
+        name = f"llvm.masked.store.v{lanes}i32.p0"
+        mask_t = _vector(ir.IntType(1), lanes)
+        fn = _function(self.b.module, name, ir.VoidType(), [value.type, address.type, I32_T, mask_t])
+        self.b.call(fn, [value, address, ir.Constant(I32_T, 4), self.lanes_mask(self.edge)])
 
     def emit(self) -> None:
-        dot = self.dot
-        self.panel = self.slot(
-            f"intgemm.panel.{self.g.k}x{self.g.n}", ir.ArrayType(dot.bytes, self.groups * self.vectors)
-        )
+        dot, g = self.dot, self.g
+        self.panel = self.slot(f"intgemm.panel.{g.k}x{g.n}", ir.ArrayType(dot.bytes, self.groups * self.vectors))
         self.panel.align = 64
-        self.column_sums = self.slot(
-            f"intgemm.colsum.{self.g.n}", ir.ArrayType(_vector(I32_T, dot.lanes), self.vectors)
-        )
-        self.row_sums = self.slot(f"intgemm.rowsum.{self.g.m}", ir.ArrayType(I32_T, self.g.m))
+        self.column_sums = self.slot(f"intgemm.colsum.{g.n}", ir.ArrayType(_vector(I32_T, dot.lanes), self.vectors))
+        self.row_sums = self.slot(f"intgemm.rowsum.{g.m}", ir.ArrayType(I32_T, g.m))
         self._pack_b()
         self._sum_rows()
         self._tiles()
@@ -240,37 +272,37 @@ class _Emitter:
     # -- B: packed, its column sums taken
 
     def _pack_b(self) -> None:
-        b, dot, g = self.b, self.dot, self.g
-        lanes = dot.lanes
-        row_t, sum_t = _vector(I8_T, lanes), _vector(I32_T, lanes)
-        flip = ir.Constant(row_t, [0 if self.ops.b_signed else FLIP] * lanes)
-        self.loop(self.vectors, lambda v: b.store(ir.Constant(sum_t, [0] * lanes), self._column_sum(v)))
+        lanes = self.dot.lanes
+        zero = ir.Constant(_vector(I32_T, lanes), [0] * lanes)
+        self.loop(self.vectors, lambda v: self.b.store(zero, self.in_array(self.column_sums, (v, 1))))
 
         def group(k4: ir.Value) -> None:
-            def vector(v: ir.Value) -> None:
-                rows = [
-                    b.xor(
-                        b.load(
-                            self.at(self.ops.b, I8_T, (k4, GROUP * g.ldb), (v, lanes), (i * g.ldb, 1)),
-                            align=1,
-                            typ=row_t,
-                        ),
-                        flip,
-                    )
-                    for i in range(GROUP)
-                ]
-                b.store(self._interleaved(rows), self.in_panel((k4, self.vectors), (v, 1)), align=64)
-                total = b.load(self._column_sum(v))
-                for row in rows:
-                    total = b.add(total, b.sext(row, sum_t))
-                b.store(total, self._column_sum(v))
-
-            self.loop(self.vectors, vector)
+            self.loop(self.full, lambda v: self._pack_vector(k4, v, partial=False))
+            if self.edge:
+                self._pack_vector(k4, ir.Constant(I64_T, self.full), partial=True)
 
         self.loop(self.groups, group)
 
-    def _column_sum(self, v: ir.Value) -> ir.Value:
-        return self.b.gep(self.column_sums, [ir.Constant(I64_T, 0), v], inbounds=True)
+    def _pack_vector(self, k4: ir.Value, v: ir.Value, partial: bool) -> None:
+        """Vector v of the k group k4: four rows of B interleaved into the panel (as signed bytes), and added to
+        the vector's column sums."""
+        b, g, lanes = self.b, self.g, self.dot.lanes
+        row_t, sum_t = _vector(I8_T, lanes), _vector(I32_T, lanes)
+        flip = ir.Constant(row_t, [0 if self.ops.b_signed else FLIP] * lanes)
+        rows = [
+            b.xor(
+                self.load_lanes(
+                    self.at(self.ops.b, I8_T, (k4, GROUP * g.ldb), (v, lanes), (i * g.ldb, 1)), I8_T, partial
+                ),
+                flip,
+            )
+            for i in range(GROUP)
+        ]
+        b.store(self._interleaved(rows), self.in_array(self.panel, (k4, self.vectors), (v, 1)), align=64)
+        total = b.load(self.in_array(self.column_sums, (v, 1)))
+        for row in rows:
+            total = b.add(total, b.sext(row, sum_t))
+        b.store(total, self.in_array(self.column_sums, (v, 1)))
 
     def _interleaved(self, rows: list[ir.Value]) -> ir.Value:
         """Four rows of `lanes` bytes as one vector of each lane's four bytes side by side."""
@@ -286,10 +318,10 @@ class _Emitter:
 
     def _sum_rows(self) -> None:
         """Each row's sum of A's bytes read unsigned (flipped when A is int8): whole vectors of bytes through
-        llvm.vector.reduce.add (x86 makes it vpsadbw), then four bytes at a time."""
+        llvm.vector.reduce.add, then four bytes at a time."""
         b, g = self.b, self.g
         chunk = self.dot.bytes.count
-        flip = 0 if not self.ops.a_signed else FLIP
+        flip = FLIP if self.ops.a_signed else 0
 
         def sum_of(address: ir.Value, count: int) -> ir.Value:
             bytes_t, wide_t = _vector(I8_T, count), _vector(I32_T, count)
@@ -301,23 +333,14 @@ class _Emitter:
             total = self.slot("intgemm.rowsum.acc", I32_T)
             b.store(ir.Constant(I32_T, 0), total)
             whole = g.k // chunk
-            self.loop(
-                whole,
-                lambda j: b.store(
-                    b.add(b.load(total), sum_of(self.at(self.ops.a, I8_T, (m, g.lda), (j, chunk)), chunk)), total
-                ),
-            )
-            self.loop(
-                (g.k - whole * chunk) // GROUP,
-                lambda j: b.store(
-                    b.add(
-                        b.load(total),
-                        sum_of(self.at(self.ops.a, I8_T, (m, g.lda), (j, GROUP), (whole * chunk, 1)), GROUP),
-                    ),
-                    total,
-                ),
-            )
-            b.store(b.load(total), b.gep(self.row_sums, [ir.Constant(I64_T, 0), m], inbounds=True))
+
+            def add(address: ir.Value, count: int) -> None:
+                b.store(b.add(b.load(total), sum_of(address, count)), total)
+
+            self.loop(whole, lambda j: add(self.at(self.ops.a, I8_T, (m, g.lda), (j, chunk)), chunk))
+            tail = (g.k - whole * chunk) // GROUP
+            self.loop(tail, lambda j: add(self.at(self.ops.a, I8_T, (m, g.lda), (j, GROUP), (whole * chunk, 1)), GROUP))
+            b.store(b.load(total), self.in_array(self.row_sums, (m, 1)))
 
         self.loop(g.m, row)
 
@@ -326,27 +349,36 @@ class _Emitter:
     def _tiles(self) -> None:
         g, dot = self.g, self.dot
         main = g.m // dot.rows
-        column_tiles = self.vectors // self.tile_vectors
         for rows, count, first in ((dot.rows, main, 0), (1, g.m - main * dot.rows, main * dot.rows)):
 
             def tile_row(it: ir.Value, rows: int = rows, first: int = first) -> None:
                 m0 = self.b.add(ir.Constant(I64_T, first), self.b.mul(it, ir.Constant(I64_T, rows)))
-                self.loop(column_tiles, lambda jt: self._tile(m0, rows, jt))
+                tiles = self.full // self.tile_vectors
+                self.loop(
+                    tiles, lambda jt: self._tile(m0, rows, self.index((jt, self.tile_vectors)), self.tile_vectors)
+                )
+                if self.edge:
+                    self._tile(m0, rows, ir.Constant(I64_T, self.full), 1, partial=True)
 
             self.loop(count, tile_row)
 
-    def _tile(self, m0: ir.Value, rows: int, jt: ir.Value) -> None:
+    def _tile(self, m0: ir.Value, rows: int, v0: ir.Value, vectors: int, partial: bool = False) -> None:
+        """Rows [m0, m0 + rows) x vectors [v0, v0 + vectors) of C: sums over all of k in registers, then the zero
+        points' terms, stored."""
         b, dot, g = self.b, self.dot, self.g
-        vectors = self.tile_vectors
-        v0 = b.mul(jt, ir.Constant(I64_T, vectors))
-        accs = [[self.slot(f"intgemm.acc{rows}.{r}.{v}", dot.accumulator) for v in range(vectors)] for r in range(rows)]
+        kind = "edge" if partial else "tile"
+        accs = [
+            [self.slot(f"intgemm.{kind}{rows}.{r}.{v}", dot.accumulator) for v in range(vectors)] for r in range(rows)
+        ]
         for line in accs:
             for acc in line:
                 b.store(ir.Constant(dot.accumulator, [0] * dot.accumulator.count), acc)
         flip = ir.Constant(I32_T, 0x80808080 if self.ops.a_signed else 0)
 
         def group(k4: ir.Value) -> None:
-            columns = [b.load(self.in_panel((k4, self.vectors), (v0, 1), (v, 1)), align=64) for v in range(vectors)]
+            columns = [
+                b.load(self.in_array(self.panel, (k4, self.vectors), (v0, 1), (v, 1)), align=64) for v in range(vectors)
+            ]
             for r in range(rows):
                 four = b.load(self.at(self.ops.a, I8_T, (m0, g.lda), (r, g.lda), (k4, GROUP)), align=1, typ=I32_T)
                 broadcast = b.bitcast(_splat(b, b.xor(four, flip), dot.lanes), dot.bytes)
@@ -354,45 +386,43 @@ class _Emitter:
                     b.store(dot.step(b, b.load(accs[r][v]), broadcast, columns[v]), accs[r][v])
 
         self.loop(self.groups, group)
-        a_zero = self._a_zero()
         for r in range(rows):
             m = b.add(m0, ir.Constant(I64_T, r))
-            row_sum = _splat(b, b.load(b.gep(self.row_sums, [ir.Constant(I64_T, 0), m], inbounds=True)), dot.lanes)
+            a_zero = _splat(b, self._a_zero(m), dot.lanes)
+            row_sum = _splat(b, b.load(self.in_array(self.row_sums, (m, 1))), dot.lanes)
             for v in range(vectors):
                 vector = b.add(v0, ir.Constant(I64_T, v))
-                b_zero = self._b_zero(vector)
+                b_zero = self._b_zero(vector, partial)
                 total = dot.finish(b, b.load(accs[r][v]))
-                total = b.sub(total, b.mul(a_zero, b.load(self._column_sum(vector))))
+                total = b.sub(total, b.mul(a_zero, b.load(self.in_array(self.column_sums, (vector, 1)))))
                 total = b.sub(total, b.mul(b_zero, row_sum))
                 total = b.add(total, b.mul(b.mul(a_zero, b_zero), _splat(b, ir.Constant(I32_T, g.k), dot.lanes)))
-                b.store(total, self._c_at(m, vector), align=4)
+                self.store_lanes(total, self.at(self.ops.c, I32_T, (m, g.ldc), (vector, dot.lanes)), partial)
 
-    def _c_at(self, m: ir.Value, vector: ir.Value) -> ir.Value:
-        return self.at(self.ops.c, I32_T, (m, self.g.ldc), (vector, self.dot.lanes))
+    def _a_zero(self, m: ir.Value) -> ir.Value:
+        """Row m's zero point as the flipped bytes see it (an int32)."""
+        zeros = self.ops.a_zero
+        shift = ir.Constant(I32_T, FLIP if self.ops.a_signed else 0)
+        if zeros is None:
+            return shift
+        extend = self.b.sext if zeros.signed else self.b.zext
+        address = self.at(zeros.pointer, I8_T, (m, 1)) if zeros.per_line else zeros.pointer
+        return self.b.add(extend(self.b.load(address, align=1, typ=I8_T), I32_T), shift)
 
-    def _a_zero(self) -> ir.Value:
-        """A's zero point as the flipped bytes see it, in every lane."""
-        b = self.b
-        zero = b.trunc(self.ops.a_zero, I32_T)
-        if self.ops.a_signed:
-            zero = b.add(zero, ir.Constant(I32_T, FLIP))
-        return _splat(b, zero, self.dot.lanes)
-
-    def _b_zero(self, vector: ir.Value) -> ir.Value:
+    def _b_zero(self, vector: ir.Value, partial: bool) -> ir.Value:
         """B's zero points for a vector of columns as the flipped bytes see them (one value, or one per column)."""
         b, lanes = self.b, self.dot.lanes
         word_t = _vector(I32_T, lanes)
-        shift = 0 if self.ops.b_signed else -FLIP
-        if self.ops.b_zero is None:
-            return ir.Constant(word_t, [shift] * lanes)
-        extend = b.sext if self.ops.b_zero_signed else b.zext
-        if self.g.b_zero_per_column:
-            values = extend(
-                b.load(self.at(self.ops.b_zero, I8_T, (vector, lanes)), align=1, typ=_vector(I8_T, lanes)), word_t
-            )
+        shift = ir.Constant(word_t, [0 if self.ops.b_signed else -FLIP] * lanes)
+        zeros = self.ops.b_zero
+        if zeros is None:
+            return shift
+        extend = b.sext if zeros.signed else b.zext
+        if zeros.per_line:
+            values = extend(self.load_lanes(self.at(zeros.pointer, I8_T, (vector, lanes)), I8_T, partial), word_t)
         else:
-            values = _splat(b, extend(b.load(self.ops.b_zero, align=1, typ=I8_T), I32_T), lanes)
-        return b.add(values, ir.Constant(word_t, [shift] * lanes))
+            values = _splat(b, extend(b.load(zeros.pointer, align=1, typ=I8_T), I32_T), lanes)
+        return b.add(values, shift)
 
 
 def emit_int_gemm(

@@ -17,7 +17,7 @@ from farm.backends.llvm.gemm_blocking import GemmBlocking
 from farm.backends.llvm.gemm_emitter import intrinsic
 from farm.backends.llvm.gemm_epilogue import fmax, fmin
 from farm.backends.llvm.gemm_outlining import Outlining
-from farm.backends.llvm.int_gemm import DotProduct, IntGemmOperands, emit_int_gemm, generic_dot_product
+from farm.backends.llvm.int_gemm import DotProduct, IntGemmOperands, Zeros, emit_int_gemm, generic_dot_product
 from farm.ir import loopir as L
 
 F32_T, I64_T, BOOL_T, I32_T = ir.FloatType(), ir.IntType(64), ir.IntType(1), ir.IntType(32)
@@ -281,19 +281,20 @@ def _emit_gemm(state: _State, gemm: L.Gemm, launch_range: tuple[ir.Value, ir.Val
 
 
 def _emit_int_gemm(state: _State, gemm: L.IntGemm) -> None:
-    signed = {name: state.buffer_dtypes[name] == L.I8 for name in (gemm.a, gemm.b)}
-    b_zero = None
-    if gemm.b_zero is not None:
-        b_zero = _address(state, gemm.b_zero, gemm.b_zero_offset or L.const(0), I8_T)
+    def zeros(points: L.ZeroPoints | None) -> Zeros | None:
+        if points is None:
+            return None
+        pointer = _address(state, points.buf, points.offset, I8_T)
+        return Zeros(pointer, state.buffer_dtypes[points.buf] == L.I8, points.per_line)
+
     operands = IntGemmOperands(
         a=_address(state, gemm.a, gemm.a_offset, I8_T),
         b=_address(state, gemm.b, gemm.b_offset, I8_T),
         c=_address(state, gemm.c, gemm.c_offset, I32_T),
-        a_signed=signed[gemm.a],
-        b_signed=signed[gemm.b],
-        a_zero=emit_expr(state, gemm.a_zero),
-        b_zero=b_zero,
-        b_zero_signed=gemm.b_zero is not None and state.buffer_dtypes[gemm.b_zero] == L.I8,
+        a_signed=state.buffer_dtypes[gemm.a] == L.I8,
+        b_signed=state.buffer_dtypes[gemm.b] == L.I8,
+        a_zero=zeros(gemm.a_zero),
+        b_zero=zeros(gemm.b_zero),
     )
     emit_int_gemm(state.builder, state.typed_slot, gemm, operands, state.dot)
 

@@ -341,19 +341,23 @@ def _gemm(g: L.Gemm, depth: int) -> str:
     )
 
 
+def _zero_point(points: L.ZeroPoints | None, line: str) -> str:
+    """An IntGemm operand's zero point for row (column) `line`, as a long; 0 without zero points."""
+    if points is None:
+        return "0L"
+    at = f" + {line}" if points.per_line else ""
+    return f"(long){points.buf}[{expr(points.offset)}{at}]"
+
+
 def _int_gemm(g: L.IntGemm, depth: int) -> str:
     """Each element's sum of (a - a_zero) * (b - b_zero) in a long, stored as the int it wraps to; the bytes read
     as their buffers' types (uchar, char) give each value its sign."""
     pad, a, b, c = _indent(depth), expr(g.a_offset), expr(g.b_offset), expr(g.c_offset)
-    b_zero = "0L"
-    if g.b_zero is not None:
-        column = " + in_" if g.b_zero_per_column else ""
-        b_zero = f"(long){g.b_zero}[{expr(g.b_zero_offset or L.const(0))}{column}]"
     return (
         f"{pad}for (long im = 0; im < {g.m}L; ++im) for (long in_ = 0; in_ < {g.n}L; ++in_) {{\n"
         f"{pad}    long iacc = 0L;\n"
         f"{pad}    for (long ik = 0; ik < {g.k}L; ++ik) iacc += ((long){g.a}[{a} + im * {g.lda}L + ik] - "
-        f"(long)({expr(g.a_zero)})) * ((long){g.b}[{b} + ik * {g.ldb}L + in_] - {b_zero});\n"
+        f"{_zero_point(g.a_zero, 'im')}) * ((long){g.b}[{b} + ik * {g.ldb}L + in_] - {_zero_point(g.b_zero, 'in_')});\n"
         f"{pad}    {g.c}[{c} + im * {g.ldc}L + in_] = (int)iacc;\n{pad}}}\n"
     )
 

@@ -1,0 +1,240 @@
+"""MatMulInteger and ConvInteger through the loop IR's IntGemm (int8/uint8 products exact in int32, on each ISA's
+dot-product instructions: farm/backends/llvm/int_gemm.py), where their shapes suit it; and the node-input helpers
+the quantization ops share (a node's optional inputs are kernel buffers only when present).
+
+A MatMulInteger is one IntGemm per unit of columns of C (a parallel loop; each unit packs its columns of B on the
+launch's stack, at most INT_GEMM_PANEL_BYTES). A ConvInteger copies its input's im2col matrix (its zero point in
+the padding, so that padding adds nothing, as ONNX pads x after subtracting it) into byte scratch of its input's
+dtype, then runs IntGemms with the output channels as rows (the weights, read in place: each row's k values are
+contiguous) and the output pixels as columns, in units of row blocks x column blocks.
+
+Units have a whole number of INT_GEMM_UNITS columns where one divides the columns; otherwise the columns past the
+last whole unit are one narrower unit of each row block, in a second parallel loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from farm.ir import loopir as L
+from farm.ir.graph import TensorInfo
+from farm.ir.specs import KernelSpec
+from farm.ops.registry import BUFFER_DTYPES, out_shape, prod
+from farm.ops.tensor import load
+from farm.ops.window import window
+
+INT_GEMM_UNITS = (64, 32, 16)
+"""The widths (columns of C) of the units an IntGemm launch is split into, widest first."""
+INT_GEMM_PANEL_BYTES = 256 << 10
+"""The most bytes of B a unit packs on the launch's stack (k x its width)."""
+CONV_ROW_BLOCK = 64
+"""Output channels per unit of an integer conv whose channels are a multiple of it (else all in one)."""
+CONV_SCRATCH_MAX_BYTES = 64 << 20
+"""The largest im2col matrix (all images) an integer conv copies; a bigger one runs as a loop nest."""
+
+
+# ------------------------------------------------------------------------------------ node-input helpers
+
+
+def present_inputs(names: list[str]) -> list[int]:
+    """The node inputs that are present, in order: input i is kernel buffer in{present_inputs.index(i)}."""
+    return [i for i, name in enumerate(names) if name]
+
+
+def input_buffer(spec: KernelSpec, index: int) -> tuple[str, TensorInfo] | None:
+    """(buffer name, info) of node input `index`, or None when the node lacks it (see present_inputs)."""
+    present = spec.attrs["present"]
+    if index not in present:
+        return None
+    at = present.index(index)
+    return f"in{at}", spec.inputs[at]
+
+
+def given_input_buffer(spec: KernelSpec, index: int) -> tuple[str, TensorInfo]:
+    """input_buffer of a node input the op requires (its normalisation refused a node without it)."""
+    buffer = input_buffer(spec, index)
+    assert buffer is not None, f"node input {index} is required, so present"
+    return buffer
+
+
+def _zero_points(spec: KernelSpec, index: int, line: L.Expr) -> L.ZeroPoints | None:
+    """Node input `index` as IntGemm zero points: one value, or one per row/column from `line` (None if absent)."""
+    buffer = input_buffer(spec, index)
+    if buffer is None:
+        return None
+    per_line = buffer[1].size != 1
+    return L.ZeroPoints(buffer[0], line if per_line else L.const(0), per_line)
+
+
+def _unit_width(depth: int, cols: int) -> int | None:
+    """The columns of each unit for a k of `depth` and `cols` columns: the widest of INT_GEMM_UNITS dividing them,
+    else the widest (the columns past its last whole unit are one narrower unit), or all of them when fewer; None
+    when k is not whole groups of four or the unit's panel is too big for the stack."""
+    if depth % L.INT_GEMM_K_GROUP:
+        return None
+    width = next((w for w in INT_GEMM_UNITS if cols % w == 0), min(cols, INT_GEMM_UNITS[0]))
+    return width if depth * width <= INT_GEMM_PANEL_BYTES else None
+
+
+def _column_units(
+    names: L.Names, cols: int, width: int, lines: int, gemm: Callable[[L.Expr, L.Expr, int], L.IntGemm]
+) -> list[L.Stmt]:
+    """gemm(line, first column, columns) for every unit: each of `lines` (images x row blocks) times each whole unit
+    of `width` columns, in one parallel loop; then, when `width` doesn't divide `cols`, the rest of each line's
+    columns as one narrower unit, in a second."""
+    whole, rest = divmod(cols, width)
+    unit = names.var("u")
+    stmts: list[L.Stmt] = [L.Loop(unit, lines * whole, [gemm(unit / whole, unit % whole * width, width)], True)]
+    if rest:
+        line = names.var("line")
+        stmts.append(L.Loop(line, lines, [gemm(line, L.const(whole * width), rest)], True))
+    return stmts
+
+
+# ------------------------------------------------------------------------------------------- MatMulInteger
+
+
+def matmul_integer_gemm(spec: KernelSpec, a_mat: tuple[int, ...], b_mat: tuple[int, ...]) -> list[L.Stmt] | None:
+    """MatMulInteger (A and B as matrix stacks) as IntGemm units over B's columns, when B is one matrix (A's
+    batches are then more rows) and its shape suits one (_unit_width); else None."""
+    rows, depth, cols = prod(a_mat[:-1]), a_mat[-1], b_mat[-1]
+    width = _unit_width(depth, cols)
+    if len(b_mat) != 2 or width is None:
+        return None
+    b_name = given_input_buffer(spec, 1)[0]
+
+    def gemm(line: L.Expr, column: L.Expr, columns: int) -> L.IntGemm:
+        return L.IntGemm(
+            "in0",
+            L.const(0),
+            depth,
+            b_name,
+            column,
+            cols,
+            "out0",
+            column,
+            cols,
+            rows,
+            columns,
+            depth,
+            a_zero=_zero_points(spec, 2, L.const(0)),
+            b_zero=_zero_points(spec, 3, column),
+        )
+
+    return _column_units(L.Names(), cols, width, 1, gemm)
+
+
+# --------------------------------------------------------------------------------------------- ConvInteger
+
+
+@dataclass(frozen=True)
+class ConvGemm:
+    """How an integer conv runs as IntGemms: its GEMM's sizes (k = channels x taps, one column per output pixel)
+    and its units (row blocks of output channels x column blocks of pixels, per image)."""
+
+    images: int
+    depth: int
+    pixels: int
+    channels: int
+    row_block: int
+    width: int
+
+    @property
+    def scratch_bytes(self) -> int:
+        return self.images * self.depth * self.pixels
+
+
+def conv_gemm(spec: KernelSpec) -> ConvGemm | None:
+    """The IntGemm plan of a ConvInteger (`spec`: x as input 0, the weight as input 1), or None when it runs as a
+    loop nest: grouped convs, k not whole groups of four, pixels no unit width suits, or an im2col matrix over
+    CONV_SCRATCH_MAX_BYTES."""
+    if spec.attrs["group"] != 1:
+        return None
+    geo, x = window(spec), spec.inputs[0]
+    channels = out_shape(spec)[1]
+    depth = x.shape[1] * geo.kernel_height * geo.kernel_width
+    pixels = geo.out_height * geo.out_width
+    width = _unit_width(depth, pixels)
+    if width is None or x.shape[0] * depth * pixels > CONV_SCRATCH_MAX_BYTES:
+        return None
+    row_block = CONV_ROW_BLOCK if channels % CONV_ROW_BLOCK == 0 else channels
+    return ConvGemm(x.shape[0], depth, pixels, channels, row_block, width)
+
+
+def conv_integer_scratch(spec: KernelSpec) -> int:
+    """4-byte words of scratch the integer conv's im2col matrix takes (0: it runs as a loop nest)."""
+    plan = conv_gemm(spec)
+    return 0 if plan is None else -(-plan.scratch_bytes // 4)
+
+
+def conv_integer_scratch_dtype(spec: KernelSpec) -> str:
+    """The im2col matrix holds x's bytes: its scratch has x's dtype (the IntGemm reads B's signedness from it)."""
+    return BUFFER_DTYPES[spec.inputs[0].dtype]
+
+
+def conv_integer_gemm(spec: KernelSpec) -> list[L.Stmt] | None:
+    """ConvInteger as an im2col copy into scratch and IntGemm units (conv_gemm), or None."""
+    plan = conv_gemm(spec)
+    if plan is None:
+        return None
+    names = L.Names()
+    return _im2col(spec, names, plan) + _conv_units(spec, names, plan)
+
+
+def _im2col(spec: KernelSpec, names: L.Names, plan: ConvGemm) -> list[L.Stmt]:
+    """scratch[image, k, pixel] = x[image, c, ih, iw] for k = (c, r, s), or x's zero point in the padding."""
+    geo, x = window(spec), spec.inputs[0]
+    zero_buffer = input_buffer(spec, 2)
+    zero: L.Expr = L.const(0) if zero_buffer is None else load(*zero_buffer, L.const(0))
+    oh, ow = names.var("oh"), names.var("ow")
+
+    def row(v: list[L.Var]) -> list[L.Stmt]:
+        image, k = v
+        taps = geo.kernel_height * geo.kernel_width
+        c, r, s = k / taps, k / geo.kernel_width % geo.kernel_height, k % geo.kernel_width
+        ih = oh * geo.stride_height - geo.pad_top + r * geo.dilation_height
+        iw = ow * geo.stride_width - geo.pad_left + s * geo.dilation_width
+        inside = L.logical_and(
+            L.compare("ge", ih, 0),
+            L.compare("lt", ih, geo.height),
+            L.compare("ge", iw, 0),
+            L.compare("lt", iw, geo.width),
+        )
+        x_at = ((image * x.shape[1] + c) * geo.height + L.minimum(L.maximum(ih, 0), geo.height - 1)) * geo.width + (
+            L.minimum(L.maximum(iw, 0), geo.width - 1)
+        )
+        at = ((image * plan.depth + k) * geo.out_height + oh) * geo.out_width + ow
+        store = L.Store("scratch", at, L.select(inside, load("in0", x, x_at), zero))
+        return [L.Loop(oh, geo.out_height, [L.Loop(ow, geo.out_width, [store])])]
+
+    body, _ = L.loop_nest(names, (plan.images, plan.depth), row, parallel=True)
+    return body
+
+
+def _conv_units(spec: KernelSpec, names: L.Names, plan: ConvGemm) -> list[L.Stmt]:
+    """One IntGemm per (image, row block, column block): the weights' rows of the block (A, read in place), the
+    block's pixels of the image's im2col matrix (B), into the output's NCHW plane."""
+    row_blocks = plan.channels // plan.row_block
+    w_name = given_input_buffer(spec, 1)[0]
+
+    def gemm(line: L.Expr, column: L.Expr, columns: int) -> L.IntGemm:
+        image, first_row = line / row_blocks, line % row_blocks * plan.row_block
+        return L.IntGemm(
+            w_name,
+            first_row * plan.depth,
+            plan.depth,
+            "scratch",
+            image * (plan.depth * plan.pixels) + column,
+            plan.pixels,
+            "out0",
+            (image * plan.channels + first_row) * plan.pixels + column,
+            plan.pixels,
+            plan.row_block,
+            columns,
+            plan.depth,
+            a_zero=_zero_points(spec, 3, first_row),
+            b_zero=_zero_points(spec, 2, L.const(0)),
+        )
+
+    return _column_units(names, plan.pixels, plan.width, plan.images * row_blocks, gemm)

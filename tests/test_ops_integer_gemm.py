@@ -1,0 +1,85 @@
+"""Which integer products run on IntGemm (farm.ops.integer_gemm) and how they are cut into units; their results
+are checked against exact arithmetic in tests/test_ops_quantize.py and, per ISA, in tests/test_llvm_int_gemm.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from numerics import single_op_model
+
+from farm.build.assembly import plan_model
+from farm.ir import loopir as L
+from farm.ir.specs import KernelSpec
+from farm.ops import argument_bytes, lower_kernel
+from farm.ops.integer_gemm import CONV_SCRATCH_MAX_BYTES, conv_gemm
+
+
+def _spec_of(model: onnx.ModelProto, tmp_path: Path) -> KernelSpec:
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    return plan_model(path).steps[0].spec
+
+
+def _int_gemms(stmts: list[L.Stmt]) -> list[L.IntGemm]:
+    found: list[L.IntGemm] = []
+    for stmt in stmts:
+        found += [stmt] if isinstance(stmt, L.IntGemm) else _int_gemms(getattr(stmt, "body", []))
+    return found
+
+
+def _matmul(tmp_path: Path, a: tuple[int, ...], b: tuple[int, ...]) -> KernelSpec:
+    weights = np.zeros(b, np.int8)
+    inputs = [("a", a, "uint8")]
+    return _spec_of(single_op_model("MatMulInteger", inputs, initializers={"b": weights}), tmp_path)
+
+
+def _conv(tmp_path: Path, x: tuple[int, ...], w: tuple[int, ...], attrs: dict | None = None) -> KernelSpec:
+    model = single_op_model("ConvInteger", [("x", x, "uint8")], attrs, {"w": np.zeros(w, np.uint8)})
+    return _spec_of(model, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "b, widths",
+    [((128, 512), [64]), ((36, 96), [32]), ((12, 100), [64, 36]), ((8, 20), [20])],
+    ids=["whole-64", "whole-32", "a-rest", "fewer-than-a-unit"],
+)
+def test_matmul_integer_units(tmp_path: Path, b: tuple[int, int], widths: list[int]) -> None:
+    gemms = _int_gemms(lower_kernel(_matmul(tmp_path, (2, 3, b[0]), b)).body)
+    assert [g.n for g in gemms] == widths and all(g.m == 6 for g in gemms)
+
+
+@pytest.mark.parametrize("b", [(7, 16), (2, 12, 16)], ids=["k-not-groups-of-four", "batched-b"])
+def test_matmul_integer_without_a_suitable_shape_is_a_loop_nest(tmp_path: Path, b: tuple[int, ...]) -> None:
+    assert not _int_gemms(lower_kernel(_matmul(tmp_path, (2, 3, b[-2]), b)).body)
+
+
+def test_conv_integer_is_im2col_into_byte_scratch_then_int_gemms(tmp_path: Path) -> None:
+    spec = _conv(tmp_path, (2, 8, 14, 14), (128, 8, 3, 3), {"pads": [1, 1, 1, 1]})
+    kernel = lower_kernel(spec)
+    gemms = _int_gemms(kernel.body)
+    assert kernel.params[-1] == L.Param("scratch", L.U8, output=True)
+    assert argument_bytes(spec)[-1] == 2 * 72 * 196  # the im2col matrix of both images, in bytes
+    assert [(g.m, g.n, g.k) for g in gemms] == [(64, 64, 72), (64, 4, 72)]  # 196 pixels: 3 units of 64, then 4
+
+
+@pytest.mark.parametrize(
+    "x, w, attrs",
+    [
+        ((1, 4, 6, 6), (6, 2, 3, 3), {"group": 2}),
+        ((1, 3, 8, 8), (4, 3, 3, 3), None),
+    ],
+    ids=["grouped", "k-not-groups-of-four"],
+)
+def test_conv_integer_without_a_suitable_shape_is_a_loop_nest(tmp_path: Path, x, w, attrs) -> None:
+    spec = _conv(tmp_path, x, w, attrs)
+    assert conv_gemm(spec) is None and not _int_gemms(lower_kernel(spec).body)
+    assert lower_kernel(spec).params[-1].name != "scratch"
+
+
+def test_an_im2col_matrix_over_the_cap_is_a_loop_nest(tmp_path: Path) -> None:
+    side = 512
+    channels = -(-CONV_SCRATCH_MAX_BYTES // (side * side * 9)) + 4 & ~3  # k = 9 x channels, whole groups of four
+    assert conv_gemm(_conv(tmp_path, (1, channels, side, side), (4, channels, 3, 3), {"pads": [1, 1, 1, 1]})) is None
