@@ -158,9 +158,17 @@ def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]
 # ------------------------------------------------------------------------------------------ build and compare
 
 
-def run_onnxruntime(model_path: str | os.PathLike, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def run_onnxruntime(
+    model_path: str | os.PathLike, feeds: Mapping[str, np.ndarray], *, optimized: bool = True
+) -> dict[str, np.ndarray]:
+    """onnxruntime's outputs on the CPU provider. `optimized=False` turns its graph optimisations off, so a QDQ
+    model's DequantizeLinear, float op and QuantizeLinear run as written, not fused into its integer kernels (whose
+    uint8 x int8 pair sums saturate on x86 CPUs without VNNI): the spec's answer on every CPU up to the float sums'
+    order."""
     options = ort.SessionOptions()
     options.log_severity_level = 3  # the light models carry unused initializers that ORT warns about
+    if not optimized:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(os.fspath(model_path), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(names, dict(feeds))))

@@ -609,10 +609,12 @@ def test_opencl_sample_names_cases() -> None:
 
 @pytest.mark.parametrize("c", params(QDQ_CASES))
 def test_qdq_model_runs_activation_quantization(c: OpCase, tmp_path) -> None:
-    """Each activation's Q -> DQ pair runs as kernels; the weights' DequantizeLinear folds into float constants at
-    build time, at any opset (farm.frontend.passes.quantize_folding)."""
+    """Each activation's QuantizeLinear runs as a kernel; the Conv and the MatMul run on their integers, reading the
+    quantized activations and weights (farm.frontend.passes.qdq_fusion), so only the DequantizeLinear before the
+    Flatten and the output's run."""
     ops = scheduled_ops(check_case(c, tmp_path))
-    assert ops.count("QuantizeLinear") == 4 and ops.count("DequantizeLinear") == 4
+    assert ops.count("QuantizeLinear") == 4 and ops.count("DequantizeLinear") == 2
+    assert ops.count("ConvInteger") == 1 and ops.count("MatMulInteger") == 1
 
 
 @pytest.mark.parametrize("c", params(MATMUL_INTEGER_CASES))

@@ -14,11 +14,13 @@ from farm.frontend.passes.channel_affine import fold_channel_affine
 from farm.frontend.passes.constant_folding import fold_constants
 from farm.frontend.passes.dead_nodes import remove_dead_nodes
 from farm.frontend.passes.passthrough import drop_passthrough
+from farm.frontend.passes.qdq_fusion import fuse_qdq
 from farm.frontend.passes.residual_fusion import fuse_residual_adds
 from farm.ir.graph import Graph
 
 PIPELINE: tuple[Callable[[Graph], Graph], ...] = (
     drop_passthrough,
+    fuse_qdq,
     fold_constants,
     fold_batchnorm,
     fold_channel_affine,

@@ -26,7 +26,7 @@ from farm.ops.quantize import QUANT_RANGES
 from farm.ops.registry import NodeContext, check_dtypes
 
 
-def _kernel_attrs(graph: Graph, node: Node) -> dict[str, Any] | None:
+def kernel_attrs(graph: Graph, node: Node) -> dict[str, Any] | None:
     """The normalised attributes farm's kernel for `node` would be built with, or None where it would refuse the
     node or an output's info is not known yet (a later folding round retries it)."""
     if any(name not in graph.values for name in node.outputs if name):
@@ -81,7 +81,7 @@ _IEEE_RESULTS = np.errstate(over="ignore", divide="ignore", invalid="ignore")
 def fold_dequantize(graph: Graph, node: Node) -> list[np.ndarray] | None:
     """(x - zero point) exact in int64, to float32, times the scale in float32, stored in the output's dtype (a
     float16 output rounds the float32 product once more, as the kernel's store does)."""
-    attrs = _kernel_attrs(graph, node)
+    attrs = kernel_attrs(graph, node)
     if attrs is None:
         return None
     difference = graph.constants[node.inputs[0]].astype(np.int64) - _zero_point(graph, node, attrs)
@@ -109,7 +109,7 @@ def fold_quantize(graph: Graph, node: Node) -> list[np.ndarray] | None:
     """saturate(round_half_even(x / scale) + zero point): the correctly rounded quotient in the division's dtype
     (a float16 one computed in float32 and rounded to float16), the zero point added in float32 (float64 for a
     float64 division), clamped to the output's range, NaN to its low end."""
-    attrs = _kernel_attrs(graph, node)
+    attrs = kernel_attrs(graph, node)
     if attrs is None:
         return None
     division = attrs["division"]

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from farm.ir.graph import Graph, Node
 
 
-def _all_names(graph: Graph) -> set[str]:
+def all_names(graph: Graph) -> set[str]:
+    """Every value name the graph uses: what a new value's name must differ from (unique_name)."""
     names = set(graph.inputs) | set(graph.outputs) | set(graph.values) | set(graph.constants)
     for node in graph.nodes:
         names.update(node.inputs)
@@ -54,7 +55,7 @@ def fold_into_convs(graph: Graph, fold_one: FoldOne) -> Graph:
     Conv that alone feeds it (the Conv then writes node's output) and returns that Conv, or returns None. The
     maps are kept current, so a chain folds in one sweep."""
     users, producers, outputs = graph.consumers(), graph.producers(), set(graph.outputs)
-    taken = _all_names(graph)
+    taken = all_names(graph)
     folded: set[int] = set()
     for node in graph.nodes:
         data = next((name for name in node.inputs if name in producers), None)

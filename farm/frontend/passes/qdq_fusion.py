@@ -1,0 +1,257 @@
+"""The graph pass that runs a quantized (QDQ) Conv or MatMul on its integers.
+
+onnxruntime's quantize_static writes DequantizeLinear(x_q) -> Conv(., DequantizeLinear(w_q), [DequantizeLinear(b_q)])
+-> [Relu] -> QuantizeLinear: read as written, the Conv computes in float32 on dequantized copies of integers. The
+same product is ConvInteger(x_q, w_q, x_zero, w_zero), whose int32 sum of (x_q - x_zero) * (w_q - w_zero) is exact,
+times x_scale * w_scale (per tensor or per output channel) plus the bias dequantized at build time; only the float
+rounding of the original differs, which the QuantizeLinear at the end turns into at most one quantization step.
+MatMul(DequantizeLinear(a_q), DequantizeLinear(b_q)) becomes MatMulInteger the same way.
+
+The pass runs before constant folding, while the weights' DequantizeLinear are still nodes, and fuses only where
+that is exact up to that rounding: 8-bit operands, every scale and zero point a constant, the data's per tensor, the
+weight's per tensor or along the output channel (Conv) or column (MatMul), and the product's float result read only
+by a chain of Relu and Add of a constant ending in a QuantizeLinear, none of them a graph output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from onnx import TensorProto
+
+from farm.frontend.passes.dead_nodes import remove_dead_nodes
+from farm.frontend.passes.quantize_folding import fold_dequantize, kernel_attrs
+from farm.frontend.passes.rewrite import all_names, unique_name
+from farm.ir.graph import Graph, Node, TensorInfo
+
+INTEGER_PRODUCT_OPSET = 10
+"""ConvInteger and MatMulInteger exist from this opset on."""
+BYTE_INTS = frozenset({"int8", "uint8"})
+"""The operand dtypes of ConvInteger and MatMulInteger."""
+
+
+@dataclass(frozen=True)
+class Dequantized:
+    """A DequantizeLinear that a fused product reads through: its integer input, zero point ('' when absent), scale
+    (one value or one per element along `axis`) and the axis of a per-axis scale or zero point (None: per tensor)."""
+
+    values: str
+    zero: str
+    scale: np.ndarray
+    axis: int | None
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """What replaces a float product: the integer op with its operands and attributes, the shape its per-channel
+    constants take to broadcast over its output, its channels, and its float bias (None: none)."""
+
+    op: str
+    data: Dequantized
+    weight: Dequantized
+    attrs: dict[str, Any]
+    channel_shape: tuple[int, ...]
+    channels: int
+    bias: np.ndarray | None = None
+
+
+def fuse_qdq(graph: Graph) -> Graph:
+    """Replace each Conv or MatMul of dequantized 8-bit operands (see the module's docstring for when) by its
+    integer op -> Cast to float32 -> Mul by the scales' product -> [Add of the bias], which writes the product's
+    output; DequantizeLinear nodes nothing reads any more go."""
+    if graph.opset < INTEGER_PRODUCT_OPSET:
+        return graph
+    users, producers, outputs = graph.consumers(), graph.producers(), set(graph.outputs)
+    taken = all_names(graph) | {node.name for node in graph.nodes}
+    rewritten: list[Node] = []
+    fused = 0
+    for node in graph.nodes:
+        match = _FUSIONS.get(node.op_type) if not node.domain else None
+        fusion = match(graph, node, producers) if match else None
+        if fusion is None or not _quantized_after(graph, node.outputs[0], users, producers, outputs):
+            rewritten.append(node)
+            continue
+        rewritten.extend(_integer_nodes(graph, node, fusion, taken))
+        fused += 1
+    graph.nodes = rewritten
+    return remove_dead_nodes(graph) if fused else graph
+
+
+# ------------------------------------------------------------------------------------------------ the operands
+
+
+def _dequantized(graph: Graph, name: str, producers: dict[str, Node]) -> Dequantized | None:
+    """The DequantizeLinear writing `name`, when it turns 8-bit integers into float32 with a constant float32
+    scale and zero point, per tensor or per axis (not blocked), as its kernel would be built; else None."""
+    node = producers.get(name)
+    if node is None or node.op_type != "DequantizeLinear" or node.domain or len(node.inputs) < 2:
+        return None
+    values, scale_name = node.inputs[:2]
+    zero = node.inputs[2] if len(node.inputs) > 2 else ""
+    if not scale_name or any(parameter not in graph.constants for parameter in (scale_name, zero) if parameter):
+        return None
+    values_info, output_info = graph.values.get(values), graph.values.get(name)
+    if values_info is None or values_info.dtype not in BYTE_INTS or output_info is None:
+        return None
+    scale = graph.constants[scale_name]
+    attrs = kernel_attrs(graph, node)
+    if attrs is None or attrs["block_size"] or scale.dtype != np.float32 or output_info.dtype != "float32":
+        return None
+    return Dequantized(values, zero, scale.reshape(-1), attrs["axis"])
+
+
+def _float_constant(graph: Graph, name: str, producers: dict[str, Node]) -> np.ndarray | None:
+    """The float32 value of `name` known at build time: a float32 constant, or a DequantizeLinear of constants
+    folded as farm's kernel computes it; else None."""
+    if name in graph.constants:
+        array = graph.constants[name]
+        return array if array.dtype == np.float32 else None
+    node = producers.get(name)
+    if node is None or node.op_type != "DequantizeLinear" or node.domain:
+        return None
+    if not all(name in graph.constants for name in node.inputs if name):
+        return None
+    folded = fold_dequantize(graph, node)
+    return folded[0] if folded is not None and folded[0].dtype == np.float32 else None
+
+
+def _operands(
+    graph: Graph, node: Node, producers: dict[str, Node], weight_axis: int
+) -> tuple[Dequantized, Dequantized] | None:
+    """The product's data (per tensor) and constant weight (per tensor or along `weight_axis`), both dequantized
+    8-bit integers; else None."""
+    if len(node.inputs) < 2 or len(node.outputs) != 1 or node.outputs[0] not in graph.values:
+        return None
+    data, weight = (_dequantized(graph, name, producers) for name in node.inputs[:2])
+    if data is None or weight is None or data.axis is not None:
+        return None
+    if weight.values not in graph.constants or weight.axis not in (None, weight_axis):
+        return None
+    return data, weight
+
+
+# --------------------------------------------------------------------------------------- the fusable products
+
+
+def _conv_fusion(graph: Graph, conv: Node, producers: dict[str, Node]) -> Fusion | None:
+    """A 2-D Conv of a dequantized input and a dequantized constant weight (per output channel: axis 0), its bias
+    (if any) a float constant or a DequantizeLinear of constants: ConvInteger takes Conv's attributes."""
+    operands = _operands(graph, conv, producers, weight_axis=0)
+    if operands is None:
+        return None
+    data, weight = operands
+    shape = graph.constants.info(weight.values).shape
+    if len(shape) != 4 or len(graph.values[data.values].shape) != 4:
+        return None
+    channels, bias_name = shape[0], conv.inputs[2] if len(conv.inputs) > 2 else ""
+    bias = _float_constant(graph, bias_name, producers) if bias_name else None
+    if bias_name and (bias is None or bias.size != channels):
+        return None
+    return Fusion("ConvInteger", data, weight, dict(conv.attrs), (1, channels, 1, 1), channels, bias)
+
+
+def _matmul_fusion(graph: Graph, matmul: Node, producers: dict[str, Node]) -> Fusion | None:
+    """A MatMul of a dequantized input and a dequantized constant 2-D B (per column: axis 1)."""
+    operands = _operands(graph, matmul, producers, weight_axis=1)
+    if operands is None:
+        return None
+    data, weight = operands
+    shape = graph.constants.info(weight.values).shape
+    if len(shape) != 2 or not graph.values[data.values].shape:
+        return None
+    return Fusion("MatMulInteger", data, weight, {}, (shape[1],), shape[1])
+
+
+_FUSIONS: dict[str, Callable[[Graph, Node, dict[str, Node]], Fusion | None]] = {
+    "Conv": _conv_fusion,
+    "MatMul": _matmul_fusion,
+}
+"""The float products this pass runs on integers, each giving its Fusion (None: it stays as it is)."""
+
+
+# ----------------------------------------------------------------------------------------------- what follows
+
+
+def _relu_of(graph: Graph, node: Node, name: str, producers: dict[str, Node]) -> bool:
+    return node.inputs[:1] == [name]
+
+
+def _add_of_a_constant(graph: Graph, node: Node, name: str, producers: dict[str, Node]) -> bool:
+    """An Add of `name` and a float32 value known at build time."""
+    others = [other for other in node.inputs if other != name]
+    return len(node.inputs) == 2 and len(others) == 1 and _float_constant(graph, others[0], producers) is not None
+
+
+_CARRIERS: dict[str, Callable[[Graph, Node, str, dict[str, Node]], bool]] = {
+    "Relu": _relu_of,
+    "Add": _add_of_a_constant,
+}
+"""The ops that may stand between a fused product and its QuantizeLinear, each saying whether a node of it applies
+itself to the product's value `name` as the fusion needs (its other input, if any, known at build time)."""
+
+
+def _quantized_after(
+    graph: Graph, name: str, users: dict[str, list[Node]], producers: dict[str, Node], outputs: set[str]
+) -> bool:
+    """Whether float value `name` goes only through _CARRIERS, each the only reader of the value before it and
+    none a graph output, into a QuantizeLinear (as its x)."""
+    while name not in outputs:
+        readers = users.get(name, [])
+        if len(readers) != 1 or readers[0].domain:
+            return False
+        reader = readers[0]
+        if reader.op_type == "QuantizeLinear":
+            return reader.inputs[0] == name
+        carries = _CARRIERS.get(reader.op_type)
+        if carries is None or not carries(graph, reader, name, producers):
+            return False
+        name = reader.outputs[0]
+    return False
+
+
+# ------------------------------------------------------------------------------------------------ the rewrite
+
+
+def _new_constant(graph: Graph, taken: set[str], base: str, array: np.ndarray) -> str:
+    name = unique_name(taken, base)
+    graph.constants[name] = array
+    graph.values[name] = TensorInfo.of_array(array)
+    return name
+
+
+def _new_value(graph: Graph, taken: set[str], base: str, shape: tuple[int, ...], dtype: str) -> str:
+    name = unique_name(taken, base)
+    graph.values[name] = TensorInfo(shape, dtype)
+    return name
+
+
+def _integer_inputs(fusion: Fusion) -> list[str]:
+    """The integer op's inputs: both operands, then their zero points (absent ones '', trailing ones dropped)."""
+    inputs = [fusion.data.values, fusion.weight.values, fusion.data.zero, fusion.weight.zero]
+    while not inputs[-1]:
+        inputs.pop()
+    return inputs
+
+
+def _integer_nodes(graph: Graph, node: Node, fusion: Fusion, taken: set[str]) -> list[Node]:
+    """The nodes that compute `node`'s output from the integers: the integer op, Cast to float32, Mul by
+    data scale * weight scale per channel, and Add of the bias when there is one; new constants get new names."""
+    output = node.outputs[0]
+    shape = graph.values[output].shape
+    product = np.broadcast_to(fusion.data.scale * fusion.weight.scale, (fusion.channels,))
+    scale = _new_constant(graph, taken, f"{node.name}/integer_scale", product.reshape(fusion.channel_shape).copy())
+    sums = _new_value(graph, taken, f"{output}/int32", shape, "int32")
+    as_float = _new_value(graph, taken, f"{output}/float", shape, "float32")
+    scaled = output if fusion.bias is None else _new_value(graph, taken, f"{output}/scaled", shape, "float32")
+    nodes = [
+        Node(unique_name(taken, f"{node.name}/integer"), fusion.op, _integer_inputs(fusion), [sums], fusion.attrs),
+        Node(unique_name(taken, f"{node.name}/to_float"), "Cast", [sums], [as_float], {"to": TensorProto.FLOAT}),
+        Node(unique_name(taken, f"{node.name}/scale"), "Mul", [as_float, scale], [scaled]),
+    ]
+    if fusion.bias is not None:
+        bias = _new_constant(graph, taken, f"{node.name}/integer_bias", fusion.bias.reshape(fusion.channel_shape))
+        nodes.append(Node(unique_name(taken, f"{node.name}/bias"), "Add", [scaled, bias], [output]))
+    return nodes

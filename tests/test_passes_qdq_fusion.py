@@ -1,0 +1,219 @@
+"""Tests of farm.frontend.passes.qdq_fusion: a QDQ Conv or MatMul as onnxruntime's quantize_static writes it runs
+as ConvInteger or MatMulInteger, rescaled in float32, and its quantized output stays within one quantization step
+of onnxruntime's float path; a product the fusion would change otherwise stays a float one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from numerics import build_and_load, graph_model, rand, run_onnxruntime, scheduled_ops
+from onnx import helper
+
+from farm.frontend.onnx_import import import_model
+from farm.frontend.passes import optimize
+from farm.frontend.passes.qdq_fusion import fuse_qdq
+from farm.ir.graph import Graph
+
+X_SCALE, Y_SCALE = np.float32(0.02), np.float32(0.05)
+X_SHAPE = (1, 3, 10, 10)
+
+
+def per_axis_int8(weights: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 values and one scale per index along `axis`, as quantize_static's per_channel option makes."""
+    moved = np.moveaxis(weights, axis, 0)
+    scale = (np.abs(moved).reshape(len(moved), -1).max(axis=1) / 127).astype(np.float32)
+    shape = [-1 if i == axis else 1 for i in range(weights.ndim)]
+    return np.clip(np.rint(weights / scale.reshape(shape)), -127, 127).astype(np.int8), scale
+
+
+def qdq_conv_model(
+    opset: int = 17,
+    bias: bool = True,
+    relu: bool = True,
+    weight_axis: int = 0,
+    conv_is_output: bool = False,
+    x_scale_is_input: bool = False,
+    quantized_output: bool = True,
+    **attrs,
+) -> onnx.ModelProto:
+    """x -> Q -> DQ -> Conv (int8 weight per `weight_axis`, [int32 bias], each through DequantizeLinear) -> [Relu]
+    -> Q -> DQ -> y; the Conv's output also a graph output if `conv_is_output`, x's scale a graph input if
+    `x_scale_is_input`, and no Q -> DQ after the Conv (or its Relu) unless `quantized_output`."""
+    weight, weight_scale = per_axis_int8(rand(8, 3, 3, 3, seed=1), weight_axis)
+    inits = {
+        "x_z": np.uint8(128),
+        "w": weight,
+        "w_s": weight_scale,
+        "w_z": np.zeros(len(weight_scale), np.int8),
+        "y_s": Y_SCALE,
+        "y_z": np.uint8(128),
+    }
+    inputs: list = [("x", X_SHAPE)]
+    if x_scale_is_input:
+        inputs.append(("x_s", ()))
+    else:
+        inits["x_s"] = X_SCALE
+    conv_inputs = ["xd", "wd"]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "x_s", "x_z"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "x_s", "x_z"], ["xd"]),
+        helper.make_node("DequantizeLinear", ["w", "w_s", "w_z"], ["wd"], axis=weight_axis),
+    ]
+    if bias:
+        bias_scale = (X_SCALE * weight_scale).astype(np.float32)
+        inits |= {"b": np.rint(rand(8, seed=3) / bias_scale).astype(np.int32), "b_s": bias_scale}
+        nodes.append(helper.make_node("DequantizeLinear", ["b", "b_s"], ["bd"], axis=0))
+        conv_inputs.append("bd")
+    nodes.append(helper.make_node("Conv", conv_inputs, ["c"], **attrs))
+    if relu:
+        nodes.append(helper.make_node("Relu", ["c"], ["r"]))
+    result = "r" if relu else "c"
+    if quantized_output:
+        nodes += [
+            helper.make_node("QuantizeLinear", [result, "y_s", "y_z"], ["yq"]),
+            helper.make_node("DequantizeLinear", ["yq", "y_s", "y_z"], ["y"]),
+        ]
+    outputs = ["y" if quantized_output else result] + (["c"] if conv_is_output else [])
+    return graph_model(nodes, inputs, outputs, inits, opset)
+
+
+def qdq_matmul_model(opset: int = 13, per_column: bool = True) -> onnx.ModelProto:
+    """x -> Q -> DQ -> MatMul (int8 B through DequantizeLinear, per column or per tensor) -> Add (a float32 bias)
+    -> Q -> DQ -> y."""
+    b = rand(16, 12, seed=2)
+    if per_column:
+        b_q, b_scale = per_axis_int8(b, 1)
+        b_zero = np.zeros(12, np.int8)
+    else:
+        b_scale = np.float32(np.abs(b).max() / 127)
+        b_q, b_zero = np.clip(np.rint(b / b_scale), -127, 127).astype(np.int8), np.int8(0)
+    inits = {
+        "x_s": X_SCALE,
+        "x_z": np.uint8(128),
+        "b": b_q,
+        "b_s": b_scale,
+        "b_z": b_zero,
+        "bias": rand(12, seed=5),
+        "y_s": np.float32(0.1),
+        "y_z": np.uint8(128),
+    }
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "x_s", "x_z"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "x_s", "x_z"], ["xd"]),
+        helper.make_node("DequantizeLinear", ["b", "b_s", "b_z"], ["bd"], axis=1),
+        helper.make_node("MatMul", ["xd", "bd"], ["m"]),
+        helper.make_node("Add", ["m", "bias"], ["a"]),
+        helper.make_node("QuantizeLinear", ["a", "y_s", "y_z"], ["yq"]),
+        helper.make_node("DequantizeLinear", ["yq", "y_s", "y_z"], ["y"]),
+    ]
+    return graph_model(nodes, [("x", (2, 5, 16))], ["y"], inits, opset)
+
+
+def _imported(model: onnx.ModelProto, tmp_path: Path) -> Graph:
+    path = tmp_path / "qdq.onnx"
+    onnx.save(model, path)
+    return import_model(path)
+
+
+def _ops(graph: Graph) -> list[str]:
+    return [node.op_type for node in graph.nodes]
+
+
+def assert_within_one_step(model: onnx.ModelProto, tmp_path: Path, step: float) -> list[str]:
+    """Build `model` with farm, run it on seeded x and compare y with onnxruntime's unoptimised float path: at most
+    one quantization step apart (the float rounding of onnxruntime's sums can move a quotient across a half-way
+    point). Returns the artifact's scheduled ops."""
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    result, built = build_and_load(path, tmp_path / "out")
+    x = model.graph.input[0].type.tensor_type.shape
+    feeds = {"x": rand(*(d.dim_value for d in x.dim), seed=4, scale=1.5)}
+    difference = np.abs(built.run(feeds)["y"] - run_onnxruntime(path, feeds, optimized=False)["y"])
+    assert difference.max() <= step * (1 + 1e-6)
+    return scheduled_ops(result)
+
+
+WITH_BIAS, WITHOUT_BIAS = ["ConvInteger", "Cast", "Mul", "Add"], ["ConvInteger", "Cast", "Mul"]
+FUSED_CONVS = {
+    "bias-relu-opset17": (qdq_conv_model(pads=[1, 1, 1, 1]), WITH_BIAS, True),
+    "bias-relu-opset13": (qdq_conv_model(opset=13, pads=[1, 1, 1, 1]), WITH_BIAS, True),
+    "no-bias": (qdq_conv_model(bias=False, relu=False), WITHOUT_BIAS, False),
+    "no-bias-relu": (qdq_conv_model(bias=False, auto_pad="SAME_UPPER"), WITHOUT_BIAS, True),
+    "strided-padded": (
+        qdq_conv_model(strides=[2, 2], pads=[1, 0, 2, 1], dilations=[1, 2], group=1),
+        WITH_BIAS,
+        True,
+    ),
+}
+
+
+@pytest.mark.parametrize(("model", "products", "relu"), FUSED_CONVS.values(), ids=FUSED_CONVS.keys())
+def test_a_qdq_conv_runs_on_its_integers(
+    model: onnx.ModelProto, products: list[str], relu: bool, tmp_path: Path
+) -> None:
+    """The weight's and bias's DequantizeLinear and x's go (the integer op reads x_q and w_q and their zero
+    points), the Relu fuses into the last rescaling node, and the output is within one step of onnxruntime's."""
+    graph = optimize(_imported(model, tmp_path))
+    assert _ops(graph) == ["QuantizeLinear", *products, "QuantizeLinear", "DequantizeLinear"]
+    integer, last = graph.nodes[1], graph.nodes[len(products)]
+    assert [graph.values[name].dtype for name in integer.inputs] == ["uint8", "int8", "uint8", "int8"]
+    assert (last.activation is not None) == relu
+    assert "ConvInteger" in assert_within_one_step(model, tmp_path, Y_SCALE)
+
+
+def test_the_rescaling_constants_are_per_output_channel(tmp_path: Path) -> None:
+    """Mul by x_scale * w_scale and Add of b_q * b_scale, both [1, C, 1, 1] float32; Conv's attributes carried
+    over."""
+    model = qdq_conv_model(strides=[2, 2], pads=[1, 0, 2, 1])
+    graph = fuse_qdq(_imported(model, tmp_path))
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    conv, _, mul, add = graph.nodes[1:5]
+    assert conv.attrs == {"strides": [2, 2], "pads": [1, 0, 2, 1]}
+    np.testing.assert_array_equal(graph.constants[mul.inputs[1]], (X_SCALE * inits["w_s"]).reshape(1, 8, 1, 1))
+    bias = (inits["b"].astype(np.float32) * inits["b_s"]).reshape(1, 8, 1, 1)
+    np.testing.assert_array_equal(graph.constants[add.inputs[1]], bias)
+    assert add.outputs == ["c"]
+
+
+@pytest.mark.parametrize("per_column", [True, False], ids=["per-column", "per-tensor"])
+def test_a_qdq_matmul_runs_on_its_integers(per_column: bool, tmp_path: Path) -> None:
+    model = qdq_matmul_model(per_column=per_column)
+    graph = optimize(_imported(model, tmp_path))
+    assert _ops(graph) == [
+        "QuantizeLinear",
+        "MatMulInteger",
+        "Cast",
+        "Mul",
+        "Add",
+        "QuantizeLinear",
+        "DequantizeLinear",
+    ]
+    assert graph.constants[graph.nodes[3].inputs[1]].shape == (12,)
+    assert "MatMulInteger" in assert_within_one_step(model, tmp_path, 0.1)
+
+
+def test_a_shared_dequantize_of_x_stays(tmp_path: Path) -> None:
+    """x's DequantizeLinear also feeds a graph output: the Conv fuses, the DequantizeLinear stays for the other
+    reader."""
+    model = qdq_conv_model(pads=[1, 1, 1, 1])
+    model.graph.output.append(helper.make_tensor_value_info("xd", onnx.TensorProto.FLOAT, list(X_SHAPE)))
+    graph = optimize(_imported(model, tmp_path))
+    assert "ConvInteger" in _ops(graph) and "Conv" not in _ops(graph)
+    assert [node.outputs for node in graph.nodes if node.op_type == "DequantizeLinear"][0] == ["xd"]
+
+
+UNFUSED = {
+    "conv-output-is-a-graph-output": qdq_conv_model(conv_is_output=True),
+    "x-scale-is-not-a-constant": qdq_conv_model(x_scale_is_input=True),
+    "weight-scale-along-input-channels": qdq_conv_model(weight_axis=1, bias=False),
+    "no-quantize-after": qdq_conv_model(quantized_output=False),
+}
+
+
+@pytest.mark.parametrize("model", UNFUSED.values(), ids=UNFUSED.keys())
+def test_a_product_the_fusion_would_change_stays_float(model: onnx.ModelProto, tmp_path: Path) -> None:
+    ops = _ops(optimize(_imported(model, tmp_path)))
+    assert "Conv" in ops and "ConvInteger" not in ops
