@@ -87,6 +87,10 @@ SHAPES = [
     (20, 256, 48, 1),
     (9, 8, 21, 2),
     (6, 12, 5, 3),
+    # k past whole groups of four: 1, 3 or 2 bytes of the last.
+    (7, 1, 16, 1),
+    (8, 147, 19, 2),
+    (3, 66, 64, 1),
 ]
 
 

@@ -458,8 +458,9 @@ class ZeroPoints:
 class IntGemm(Stmt):
     """C[m, n] = sum_k (A[m, k] - a_zero[m]) * (B[k, n] - b_zero[n]) over byte operands (int8 or uint8, each as its
     buffer's dtype), exact in int32 (wrapping as int32 arithmetic does) and stored in C's int32 elements: row-major
-    panels at element offsets with leading dimensions, as Gemm's. k is a multiple of INT_GEMM_K_GROUP (renderers
-    read A four bytes at a time); n may be any width (the last vector of columns is then partial).
+    panels at element offsets with leading dimensions, as Gemm's. Any k (renderers read A four bytes at a time, and
+    the last k % INT_GEMM_K_GROUP bytes of each row one at a time) and any n (the last vector of columns is then
+    partial).
 
     A primitive for the same reason as Gemm: its speed lives in the dot-product instructions each ISA has (AVX-512
     VNNI's vpdpbusd, AVX2's vpmaddwd) and in register blocking."""

@@ -70,11 +70,10 @@ def _zero_points(spec: KernelSpec, index: int, line: L.Expr) -> L.ZeroPoints | N
 def _unit_width(depth: int, cols: int) -> int | None:
     """The columns of each unit for a k of `depth` and `cols` columns: the widest of INT_GEMM_UNITS dividing them,
     else the widest (the columns past its last whole unit are one narrower unit), or all of them when fewer; None
-    when k is not whole groups of four or the unit's panel is too big for the stack."""
-    if depth % L.INT_GEMM_K_GROUP:
-        return None
+    when the unit's panel (k rounded up to whole groups of four, by its width) is too big for the stack."""
     width = next((w for w in INT_GEMM_UNITS if cols % w == 0), min(cols, INT_GEMM_UNITS[0]))
-    return width if depth * width <= INT_GEMM_PANEL_BYTES else None
+    groups = -(-depth // L.INT_GEMM_K_GROUP)
+    return width if groups * L.INT_GEMM_K_GROUP * width <= INT_GEMM_PANEL_BYTES else None
 
 
 def _column_units(
@@ -147,7 +146,7 @@ class ConvGemm:
 
 def conv_gemm(spec: KernelSpec) -> ConvGemm | None:
     """The IntGemm plan of a ConvInteger (`spec`: x as input 0, the weight as input 1), or None when it runs as a
-    loop nest: grouped convs, k not whole groups of four, pixels no unit width suits, or an im2col matrix over
+    loop nest: grouped convs, a unit's panel too big for the stack, or an im2col matrix over
     CONV_SCRATCH_MAX_BYTES."""
     if spec.attrs["group"] != 1:
         return None

@@ -191,7 +191,8 @@ class _Emitter:
         self.full = gemm.n // dot.lanes
         self.edge = gemm.n % dot.lanes
         self.vectors = self.full + (1 if self.edge else 0)
-        self.groups = gemm.k // GROUP
+        self.whole_groups, self.tail = divmod(gemm.k, GROUP)
+        self.groups = self.whole_groups + (1 if self.tail else 0)
         self.tile_vectors = max((v for v in range(1, dot.vectors + 1) if self.full % v == 0), default=1)
 
     def loop(self, extent: int, body: Callable[[ir.Value], None]) -> None:
@@ -276,16 +277,18 @@ class _Emitter:
         zero = ir.Constant(_vector(I32_T, lanes), [0] * lanes)
         self.loop(self.vectors, lambda v: self.b.store(zero, self.in_array(self.column_sums, (v, 1))))
 
-        def group(k4: ir.Value) -> None:
-            self.loop(self.full, lambda v: self._pack_vector(k4, v, partial=False))
+        def group(k4: ir.Value, rows: int = GROUP) -> None:
+            self.loop(self.full, lambda v: self._pack_vector(k4, v, False, rows))
             if self.edge:
-                self._pack_vector(k4, ir.Constant(I64_T, self.full), partial=True)
+                self._pack_vector(k4, ir.Constant(I64_T, self.full), True, rows)
 
-        self.loop(self.groups, group)
+        self.loop(self.whole_groups, group)
+        if self.tail:
+            group(ir.Constant(I64_T, self.whole_groups), self.tail)
 
-    def _pack_vector(self, k4: ir.Value, v: ir.Value, partial: bool) -> None:
+    def _pack_vector(self, k4: ir.Value, v: ir.Value, partial: bool, present: int) -> None:
         """Vector v of the k group k4: four rows of B interleaved into the panel (as signed bytes), and added to
-        the vector's column sums."""
+        the vector's column sums; the rows past k's end (all but `present`) are zeros, which add nothing."""
         b, g, lanes = self.b, self.g, self.dot.lanes
         row_t, sum_t = _vector(I8_T, lanes), _vector(I32_T, lanes)
         flip = ir.Constant(row_t, [0 if self.ops.b_signed else FLIP] * lanes)
@@ -296,6 +299,8 @@ class _Emitter:
                 ),
                 flip,
             )
+            if i < present
+            else ir.Constant(row_t, [0] * lanes)
             for i in range(GROUP)
         ]
         b.store(self._interleaved(rows), self.in_array(self.panel, (k4, self.vectors), (v, 1)), align=64)
@@ -318,7 +323,7 @@ class _Emitter:
 
     def _sum_rows(self) -> None:
         """Each row's sum of A's bytes read unsigned (flipped when A is int8): whole vectors of bytes through
-        llvm.vector.reduce.add, then four bytes at a time."""
+        llvm.vector.reduce.add, then four bytes at a time, then the k % 4 last one at a time."""
         b, g = self.b, self.g
         chunk = self.dot.bytes.count
         flip = FLIP if self.ops.a_signed else 0
@@ -338,8 +343,12 @@ class _Emitter:
                 b.store(b.add(b.load(total), sum_of(address, count)), total)
 
             self.loop(whole, lambda j: add(self.at(self.ops.a, I8_T, (m, g.lda), (j, chunk)), chunk))
-            tail = (g.k - whole * chunk) // GROUP
-            self.loop(tail, lambda j: add(self.at(self.ops.a, I8_T, (m, g.lda), (j, GROUP), (whole * chunk, 1)), GROUP))
+            fours = (g.k - whole * chunk) // GROUP
+            self.loop(
+                fours, lambda j: add(self.at(self.ops.a, I8_T, (m, g.lda), (j, GROUP), (whole * chunk, 1)), GROUP)
+            )
+            for i in range(self.tail):
+                add(self.at(self.ops.a, I8_T, (m, g.lda), (g.k - self.tail + i, 1)), 1)
             b.store(b.load(total), self.in_array(self.row_sums, (m, 1)))
 
         self.loop(g.m, row)
@@ -375,17 +384,19 @@ class _Emitter:
                 b.store(ir.Constant(dot.accumulator, [0] * dot.accumulator.count), acc)
         flip = ir.Constant(I32_T, 0x80808080 if self.ops.a_signed else 0)
 
-        def group(k4: ir.Value) -> None:
+        def group(k4: ir.Value, present: int = GROUP) -> None:
             columns = [
                 b.load(self.in_array(self.panel, (k4, self.vectors), (v0, 1), (v, 1)), align=64) for v in range(vectors)
             ]
             for r in range(rows):
-                four = b.load(self.at(self.ops.a, I8_T, (m0, g.lda), (r, g.lda), (k4, GROUP)), align=1, typ=I32_T)
+                four = self._four_bytes(self.at(self.ops.a, I8_T, (m0, g.lda), (r, g.lda), (k4, GROUP)), present)
                 broadcast = b.bitcast(_splat(b, b.xor(four, flip), dot.lanes), dot.bytes)
                 for v in range(vectors):
                     b.store(dot.step(b, b.load(accs[r][v]), broadcast, columns[v]), accs[r][v])
 
-        self.loop(self.groups, group)
+        self.loop(self.whole_groups, group)
+        if self.tail:
+            group(ir.Constant(I64_T, self.whole_groups), self.tail)
         for r in range(rows):
             m = b.add(m0, ir.Constant(I64_T, r))
             a_zero = _splat(b, self._a_zero(m), dot.lanes)
@@ -398,6 +409,18 @@ class _Emitter:
                 total = b.sub(total, b.mul(b_zero, row_sum))
                 total = b.add(total, b.mul(b.mul(a_zero, b_zero), _splat(b, ir.Constant(I32_T, g.k), dot.lanes)))
                 self.store_lanes(total, self.at(self.ops.c, I32_T, (m, g.ldc), (vector, dot.lanes)), partial)
+
+    def _four_bytes(self, address: ir.Value, present: int) -> ir.Value:
+        """A's four bytes at `address` as one int32 (one load); of a group past k's end, only the `present` first,
+        one load each, the others 0 (B's rows there are zeros, so they add nothing; nothing past A is read)."""
+        b = self.b
+        if present == GROUP:
+            return b.load(address, align=1, typ=I32_T)
+        word: ir.Value = ir.Constant(I32_T, 0)
+        for i in range(present):
+            byte = b.zext(b.load(b.gep(address, [ir.Constant(I64_T, i)], source_etype=I8_T), align=1, typ=I8_T), I32_T)
+            word = b.or_(word, b.shl(byte, ir.Constant(I32_T, 8 * i)))
+        return word
 
     def _a_zero(self, m: ir.Value) -> ir.Value:
         """Row m's zero point as the flipped bytes see it (an int32)."""
