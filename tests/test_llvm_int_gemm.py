@@ -35,10 +35,11 @@ def _ints(shape: tuple[int, ...], dtype: str, seed: int) -> np.ndarray:
 
 
 def _kernel(
-    m: int, k: int, n: int, a_dtype: str, b_dtype: str, zeros: str, units: int
+    m: int, k: int, n: int, a_dtype: str, b_dtype: str, zeros: str, units: int, transposed: bool = False
 ) -> tuple[L.LoopKernel, list[np.ndarray], np.ndarray]:
     """An IntGemm per unit of n columns of a k x (units * n) B, in a parallel loop; its arrays and the exact C.
-    `zeros`: "scalar" (one value each), "per-line" (A's per row, B's per column) or "none"."""
+    `zeros`: "scalar" (one value each), "per-line" (A's per row, B's per column) or "none"; `transposed`: B and C
+    stored transposed (L.IntGemm.b_transposed, c_transposed; the arrays then hold them so)."""
     width = units * n
     a, b = _ints((m, k), a_dtype, 1), _ints((k, width), b_dtype, 2)
     per_line = zeros == "per-line"
@@ -55,16 +56,18 @@ def _kernel(
         L.const(0),
         k,
         "in1",
-        unit * n,
-        width,
+        unit * n * (k if transposed else 1),
+        k if transposed else width,
         "out0",
-        unit * n,
-        width,
+        unit * n * (m if transposed else 1),
+        m if transposed else width,
         m,
         n,
         k,
         a_zero=L.ZeroPoints("in2", L.const(0), per_line) if with_zeros else None,
         b_zero=L.ZeroPoints("in3", unit * n if per_line else L.const(0), per_line) if with_zeros else None,
+        b_transposed=transposed,
+        c_transposed=transposed,
     )
     params = [
         L.Param("out0", L.I32, output=True),
@@ -74,6 +77,9 @@ def _kernel(
         L.Param("in3", DTYPES[b_dtype]),
     ]
     kernel = L.LoopKernel(params, [L.Loop(unit, units, [gemm], parallel=True)])
+    if transposed:
+        arrays = [np.zeros((width, m), np.int32), a, np.ascontiguousarray(b.T), a_zero, b_zero]
+        return kernel, arrays, np.ascontiguousarray(exact.astype(np.int32).T)
     arrays = [np.zeros((m, width), np.int32), a, b, a_zero, b_zero]
     return kernel, arrays, exact.astype(np.int32)
 
@@ -99,9 +105,12 @@ SHAPES = [
     "a_dtype, b_dtype", [("uint8", "uint8"), ("uint8", "int8"), ("int8", "uint8"), ("int8", "int8")]
 )
 @pytest.mark.parametrize("zeros", ["scalar", "per-line", "none"])
-def test_int_gemm_is_exact(dot: DotProduct, a_dtype: str, b_dtype: str, zeros: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("transposed", [False, True], ids=["row-major", "transposed"])
+def test_int_gemm_is_exact(
+    dot: DotProduct, a_dtype: str, b_dtype: str, zeros: str, transposed: bool, tmp_path: Path
+) -> None:
     for index, (m, k, n, units) in enumerate(SHAPES):
-        kernel, arrays, exact = _kernel(m, k, n, a_dtype, b_dtype, zeros, units)
+        kernel, arrays, exact = _kernel(m, k, n, a_dtype, b_dtype, zeros, units, transposed)
         (tmp_path / str(index)).mkdir()
         out = run_kernel(kernel, arrays, tmp_path / str(index), dot=dot)[0]
         np.testing.assert_array_equal(out, exact, err_msg=f"m={m} k={k} n={n} units={units}")

@@ -43,8 +43,8 @@ def _conv(tmp_path: Path, x: tuple[int, ...], w: tuple[int, ...], attrs: dict | 
 
 @pytest.mark.parametrize(
     "b, widths",
-    [((128, 512), [64]), ((36, 96), [32]), ((12, 100), [64, 36]), ((8, 20), [20])],
-    ids=["whole-64", "whole-32", "a-rest", "fewer-than-a-unit"],
+    [((128, 512), [64]), ((36, 96), [32]), ((12, 100), [64, 36]), ((8, 20), [20]), ((4608, 512), [32])],
+    ids=["whole-64", "whole-32", "a-rest", "fewer-than-a-unit", "narrower-for-the-stack"],
 )
 def test_matmul_integer_units(tmp_path: Path, b: tuple[int, int], widths: list[int]) -> None:
     gemms = _int_gemms(lower_kernel(_matmul(tmp_path, (2, 3, b[0]), b)).body)

@@ -438,6 +438,15 @@ CONV_INTEGER_CASES: list[OpCase] = [
         "int-conv-pointwise", (1, 16, 2, 2), (64, 16, 1, 1), dtype="int8", w_dtype="uint8", w_zero_shape=(64,)
     ),
     _conv_integer("int-conv-dilated", (1, 4, 9, 9), (5, 4, 3, 3), {"dilations": [2, 2], "pads": [2, 2, 2, 2]}),
+    _conv_integer(
+        "int-conv-pixels-as-rows",
+        (2, 12, 3, 3),
+        (80, 12, 3, 3),
+        {"pads": [1, 1, 0, 0]},
+        dtype="int8",
+        w_dtype="int8",
+        w_zero_shape=(80,),
+    ),
     _conv_integer("int-conv-7x7-rgb", (1, 3, 12, 12), (8, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
     _conv_integer(
         "int-conv-rest-pixels", (2, 4, 14, 14), (8, 4, 1, 1), dtype="uint8", w_dtype="int8", w_zero_shape=(8,)
@@ -593,6 +602,7 @@ OPENCL_SAMPLE = [
     "int-gemm-int8",
     "conv-integer-group",
     "int-conv-strided-batched",
+    "int-conv-pixels-as-rows",
     "qlinear-matmul-float16-scales",
     "qlinear-conv-int8-per-channel",
     "qdq-conv-matmul-opset21",

@@ -481,6 +481,11 @@ class IntGemm(Stmt):
     """A's zero points (None: 0)."""
     b_zero: ZeroPoints | None = None
     """B's zero points (None: 0)."""
+    b_transposed: bool = False
+    """B is stored transposed (B[k, n] at n * ldb + k: a conv's weights as the columns, when its output pixels are
+    the rows)."""
+    c_transposed: bool = False
+    """C is stored transposed (C[m, n] at n * ldc + m: the NCHW output of a conv whose rows are its pixels)."""
 
 
 INT_GEMM_K_GROUP = 4

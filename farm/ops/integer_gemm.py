@@ -6,7 +6,8 @@ A MatMulInteger is one IntGemm per unit of columns of C (a parallel loop; each u
 launch's stack, at most INT_GEMM_PANEL_BYTES). A ConvInteger copies its input's im2col matrix (its zero point in
 the padding, so that padding adds nothing, as ONNX pads x after subtracting it) into byte scratch of its input's
 dtype, then runs IntGemms with the output channels as rows (the weights, read in place: each row's k values are
-contiguous) and the output pixels as columns, in units of row blocks x column blocks.
+contiguous) and the output pixels as columns, in units of row blocks x column blocks; with fewer pixels than a
+vector's lanes (CONV_PIXELS_AS_COLUMNS_MIN), the pixels as rows and the channels as columns instead.
 
 Units have a whole number of INT_GEMM_UNITS columns where one divides the columns; otherwise the columns past the
 last whole unit are one narrower unit of each row block, in a second parallel loop.
@@ -30,6 +31,10 @@ INT_GEMM_PANEL_BYTES = 256 << 10
 """The most bytes of B a unit packs on the launch's stack (k x its width)."""
 CONV_ROW_BLOCK = 64
 """Output channels per unit of an integer conv whose channels are a multiple of it (else all in one)."""
+CONV_PIXELS_AS_COLUMNS_MIN = 16
+"""The fewest output pixels an integer conv takes as its GEMM's columns (a vector's lanes); with fewer (the 2x2
+planes of a ResNet's last stage) its pixels are the rows and its output channels the columns, so that every lane
+holds a column: the weights are then B read transposed (L.IntGemm.b_transposed), the output C written transposed."""
 CONV_SCRATCH_MAX_BYTES = 64 << 20
 """The largest im2col matrix (all images) an integer conv copies; a bigger one runs as a loop nest."""
 
@@ -68,12 +73,14 @@ def _zero_points(spec: KernelSpec, index: int, line: L.Expr) -> L.ZeroPoints | N
 
 
 def _unit_width(depth: int, cols: int) -> int | None:
-    """The columns of each unit for a k of `depth` and `cols` columns: the widest of INT_GEMM_UNITS dividing them,
-    else the widest (the columns past its last whole unit are one narrower unit), or all of them when fewer; None
-    when the unit's panel (k rounded up to whole groups of four, by its width) is too big for the stack."""
-    width = next((w for w in INT_GEMM_UNITS if cols % w == 0), min(cols, INT_GEMM_UNITS[0]))
-    groups = -(-depth // L.INT_GEMM_K_GROUP)
-    return width if groups * L.INT_GEMM_K_GROUP * width <= INT_GEMM_PANEL_BYTES else None
+    """The columns of each unit for a k of `depth` and `cols` columns: all of them when fewer than the widest of
+    INT_GEMM_UNITS, else the widest of those that divides them, else the widest (the columns past its last whole
+    unit are then one narrower unit); only widths whose panel (k rounded up to whole groups of four, by the width)
+    fits INT_GEMM_PANEL_BYTES; None when none does."""
+    padded = -(-depth // L.INT_GEMM_K_GROUP) * L.INT_GEMM_K_GROUP
+    widths = ([cols] if cols < INT_GEMM_UNITS[0] else []) + list(INT_GEMM_UNITS)
+    fitting = [w for w in widths if w <= cols and padded * w <= INT_GEMM_PANEL_BYTES]
+    return next((w for w in fitting if cols % w == 0), fitting[0] if fitting else None)
 
 
 def _column_units(
@@ -138,6 +145,9 @@ class ConvGemm:
     channels: int
     row_block: int
     width: int
+    pixels_as_rows: bool = False
+    """The pixels are the rows and the channels the columns (CONV_PIXELS_AS_COLUMNS_MIN): the im2col matrix is
+    then pixel-major, and a unit is a block of `width` channels of every pixel."""
 
     @property
     def scratch_bytes(self) -> int:
@@ -154,8 +164,13 @@ def conv_gemm(spec: KernelSpec) -> ConvGemm | None:
     channels = out_shape(spec)[1]
     depth = x.shape[1] * geo.kernel_height * geo.kernel_width
     pixels = geo.out_height * geo.out_width
+    if x.shape[0] * depth * pixels > CONV_SCRATCH_MAX_BYTES:
+        return None
+    if pixels < CONV_PIXELS_AS_COLUMNS_MIN:
+        width = _unit_width(depth, channels)
+        return None if width is None else ConvGemm(x.shape[0], depth, pixels, channels, pixels, width, True)
     width = _unit_width(depth, pixels)
-    if width is None or x.shape[0] * depth * pixels > CONV_SCRATCH_MAX_BYTES:
+    if width is None:
         return None
     row_block = CONV_ROW_BLOCK if channels % CONV_ROW_BLOCK == 0 else channels
     return ConvGemm(x.shape[0], depth, pixels, channels, row_block, width)
@@ -182,7 +197,8 @@ def conv_integer_gemm(spec: KernelSpec) -> list[L.Stmt] | None:
 
 
 def _im2col(spec: KernelSpec, names: L.Names, plan: ConvGemm) -> list[L.Stmt]:
-    """scratch[image, k, pixel] = x[image, c, ih, iw] for k = (c, r, s), or x's zero point in the padding."""
+    """scratch[image, k, pixel] (scratch[image, pixel, k] when the pixels are the rows) = x[image, c, ih, iw] for
+    k = (c, r, s), or x's zero point in the padding."""
     geo, x = window(spec), spec.inputs[0]
     zero_buffer = input_buffer(spec, 2)
     zero: L.Expr = L.const(0) if zero_buffer is None else load(*zero_buffer, L.const(0))
@@ -203,7 +219,11 @@ def _im2col(spec: KernelSpec, names: L.Names, plan: ConvGemm) -> list[L.Stmt]:
         x_at = ((image * x.shape[1] + c) * geo.height + L.minimum(L.maximum(ih, 0), geo.height - 1)) * geo.width + (
             L.minimum(L.maximum(iw, 0), geo.width - 1)
         )
-        at = ((image * plan.depth + k) * geo.out_height + oh) * geo.out_width + ow
+        pixel = oh * geo.out_width + ow
+        if plan.pixels_as_rows:
+            at = (image * plan.pixels + pixel) * plan.depth + k
+        else:
+            at = (image * plan.depth + k) * plan.pixels + pixel
         store = L.Store("scratch", at, L.select(inside, load("in0", x, x_at), zero))
         return [L.Loop(oh, geo.out_height, [L.Loop(ow, geo.out_width, [store])])]
 
@@ -212,6 +232,39 @@ def _im2col(spec: KernelSpec, names: L.Names, plan: ConvGemm) -> list[L.Stmt]:
 
 
 def _conv_units(spec: KernelSpec, names: L.Names, plan: ConvGemm) -> list[L.Stmt]:
+    """The conv's IntGemm units, with its pixels as columns or (ConvGemm.pixels_as_rows) as rows."""
+    return (_pixel_row_units if plan.pixels_as_rows else _pixel_column_units)(spec, names, plan)
+
+
+def _pixel_row_units(spec: KernelSpec, names: L.Names, plan: ConvGemm) -> list[L.Stmt]:
+    """One IntGemm per (image, block of channels): every pixel's row of the image's im2col matrix (A), the block's
+    weights (B, read transposed: each channel's k values are contiguous), into the NCHW output (C, transposed)."""
+    w_name = given_input_buffer(spec, 1)[0]
+
+    def gemm(image: L.Expr, column: L.Expr, columns: int) -> L.IntGemm:
+        return L.IntGemm(
+            "scratch",
+            image * (plan.pixels * plan.depth),
+            plan.depth,
+            w_name,
+            column * plan.depth,
+            plan.depth,
+            "out0",
+            image * (plan.channels * plan.pixels) + column * plan.pixels,
+            plan.pixels,
+            plan.pixels,
+            columns,
+            plan.depth,
+            a_zero=_zero_points(spec, 2, L.const(0)),
+            b_zero=_zero_points(spec, 3, column),
+            b_transposed=True,
+            c_transposed=True,
+        )
+
+    return _column_units(names, plan.channels, plan.width, plan.images, gemm)
+
+
+def _pixel_column_units(spec: KernelSpec, names: L.Names, plan: ConvGemm) -> list[L.Stmt]:
     """One IntGemm per (image, row block, column block): the weights' rows of the block (A, read in place), the
     block's pixels of the image's im2col matrix (B), into the output's NCHW plane."""
     row_blocks = plan.channels // plan.row_block

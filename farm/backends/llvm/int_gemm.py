@@ -10,10 +10,12 @@ sum exactly, in int32 arithmetic that wraps as the reference's does:
     sum_k (a - za)(b - zb) = sum_k a*b - za * sum_k b - zb * sum_k a + k * za * zb
 
 B (the IntGemm's columns, C's contiguous dimension) is packed on the launch's stack as it is read: each group of
-four k rows of a vector's columns interleaved, so that one vector load gives every lane its four k values, and its
-column sums are taken on the way. A's row sums are taken before the tiles. Tiles of `rows` rows x `vectors`
-vectors of C then keep their sums in registers over all of k; each k group loads the tile's vectors of B once and
-broadcasts four bytes of each row of A (one 32-bit load).
+four k rows of a vector's columns interleaved, so that one vector load gives every lane its four k values (a B
+stored transposed has them side by side already: blocks of lanes x lanes 32-bit words are transposed by shuffles),
+and its column sums are taken on the way (a dot product with ones). A's row sums are taken before the tiles. Tiles
+of `rows` rows x `vectors` vectors of C then keep their sums in registers over all of k; each k group loads the
+tile's vectors of B once and broadcasts four bytes of each row of A (one 32-bit load). The rows past the last
+whole tile are one shorter tile, the columns past the last whole vector one vector read and written through masks.
 """
 
 from __future__ import annotations
@@ -52,6 +54,25 @@ def _lanes_of_groups(b: ir.IRBuilder, wide: ir.Value, lanes: int, ways: int) -> 
         total = part if total is None else b.add(total, part)
     assert total is not None
     return total
+
+
+def _transposed(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
+    """The columns of a square matrix of vectors (rows[i][j] -> result[j][i]), by log2(n) stages of two-input
+    shuffles: stage h swaps the off-diagonal h x h blocks of each 2h x 2h block."""
+    n = len(rows)
+    rows = list(rows)
+    h = n // 2
+    while h:
+        for i in (i for i in range(n) if not i & h):
+            low = [j if not j & h else n + j - h for j in range(n)]
+            high = [j + h if not j & h else n + j for j in range(n)]
+            mask_t = _vector(I32_T, n)
+            rows[i], rows[i + h] = (
+                b.shuffle_vector(rows[i], rows[i + h], ir.Constant(mask_t, low)),
+                b.shuffle_vector(rows[i], rows[i + h], ir.Constant(mask_t, high)),
+            )
+        h //= 2
+    return rows
 
 
 def _function(module: ir.Module, name: str, result: ir.Type, args: list[ir.Type]) -> ir.Function:
@@ -264,7 +285,7 @@ class _Emitter:
         dot, g = self.dot, self.g
         self.panel = self.slot(f"intgemm.panel.{g.k}x{g.n}", ir.ArrayType(dot.bytes, self.groups * self.vectors))
         self.panel.align = 64
-        self.column_sums = self.slot(f"intgemm.colsum.{g.n}", ir.ArrayType(_vector(I32_T, dot.lanes), self.vectors))
+        self.column_sums = self.slot(f"intgemm.colsum.{g.n}", ir.ArrayType(dot.accumulator, self.vectors))
         self.row_sums = self.slot(f"intgemm.rowsum.{g.m}", ir.ArrayType(I32_T, g.m))
         self._pack_b()
         self._sum_rows()
@@ -273,8 +294,8 @@ class _Emitter:
     # -- B: packed, its column sums taken
 
     def _pack_b(self) -> None:
-        lanes = self.dot.lanes
-        zero = ir.Constant(_vector(I32_T, lanes), [0] * lanes)
+        accumulator = self.dot.accumulator
+        zero = ir.Constant(accumulator, [0] * accumulator.count)
         self.loop(self.vectors, lambda v: self.b.store(zero, self.in_array(self.column_sums, (v, 1))))
 
         def group(k4: ir.Value, rows: int = GROUP) -> None:
@@ -282,15 +303,58 @@ class _Emitter:
             if self.edge:
                 self._pack_vector(k4, ir.Constant(I64_T, self.full), True, rows)
 
-        self.loop(self.whole_groups, group)
+        first = 0
+        if self.g.b_transposed:
+            first = self._pack_transposed_blocks()
+        self.loop(self.whole_groups - first, lambda j: group(self.b.add(j, ir.Constant(I64_T, first))))
         if self.tail:
             group(ir.Constant(I64_T, self.whole_groups), self.tail)
+
+    def _pack_transposed_blocks(self) -> int:
+        """The k groups of a transposed B (L.IntGemm.b_transposed) in blocks of `lanes` groups: each vector's
+        lanes x lanes 32-bit words (a column's four k values each) loaded row by row, one vector load per column,
+        and transposed by shuffles, so each group's vector gets every column's word; returns the groups packed
+        (the rest go one at a time, _pack_columns)."""
+        lanes = self.dot.lanes
+        blocks = self.whole_groups // lanes
+
+        def block(j: ir.Value) -> None:
+            k4 = self.b.mul(j, ir.Constant(I64_T, lanes))
+            self.loop(self.full, lambda v: self._pack_transposed_block(k4, v, lanes))
+            if self.edge:
+                self._pack_transposed_block(k4, ir.Constant(I64_T, self.full), self.edge)
+
+        self.loop(blocks, block)
+        return blocks * lanes
+
+    def _pack_transposed_block(self, k4: ir.Value, v: ir.Value, columns: int) -> None:
+        """Groups [k4, k4 + lanes) of vector v of a transposed B, its first `columns` columns (the others zero)."""
+        b, g, lanes = self.b, self.g, self.dot.lanes
+        words_t = _vector(I32_T, lanes)
+        rows = [
+            b.load(
+                self.at(self.ops.b, I8_T, (v, lanes * g.ldb), (column * g.ldb, 1), (k4, GROUP)), align=1, typ=words_t
+            )
+            if column < columns
+            else ir.Constant(words_t, [0] * lanes)
+            for column in range(lanes)
+        ]
+        flip = ir.Constant(self.dot.bytes, [0 if self.ops.b_signed else FLIP] * (lanes * GROUP))
+        for group, word in enumerate(_transposed(b, rows)):
+            packed = b.xor(b.bitcast(word, self.dot.bytes), flip)
+            if columns < lanes:  # the missing columns' bytes stay zero: the flip must not touch them
+                keep = [0xFF if lane < columns else 0 for lane in range(lanes) for _ in range(GROUP)]
+                packed = b.and_(packed, ir.Constant(self.dot.bytes, keep))
+            self._store_packed(b.add(k4, ir.Constant(I64_T, group)), v, packed)
 
     def _pack_vector(self, k4: ir.Value, v: ir.Value, partial: bool, present: int) -> None:
         """Vector v of the k group k4: four rows of B interleaved into the panel (as signed bytes), and added to
         the vector's column sums; the rows past k's end (all but `present`) are zeros, which add nothing."""
+        if self.g.b_transposed:
+            self._pack_columns(k4, v, partial, present)
+            return
         b, g, lanes = self.b, self.g, self.dot.lanes
-        row_t, sum_t = _vector(I8_T, lanes), _vector(I32_T, lanes)
+        row_t = _vector(I8_T, lanes)
         flip = ir.Constant(row_t, [0 if self.ops.b_signed else FLIP] * lanes)
         rows = [
             b.xor(
@@ -303,11 +367,28 @@ class _Emitter:
             else ir.Constant(row_t, [0] * lanes)
             for i in range(GROUP)
         ]
-        b.store(self._interleaved(rows), self.in_array(self.panel, (k4, self.vectors), (v, 1)), align=64)
-        total = b.load(self.in_array(self.column_sums, (v, 1)))
-        for row in rows:
-            total = b.add(total, b.sext(row, sum_t))
-        b.store(total, self.in_array(self.column_sums, (v, 1)))
+        self._store_packed(k4, v, self._interleaved(rows))
+
+    def _pack_columns(self, k4: ir.Value, v: ir.Value, partial: bool, present: int) -> None:
+        """_pack_vector of a B stored transposed (L.IntGemm.b_transposed): each lane's four k values are already
+        side by side, one 32-bit load per column (the `present` bytes one at a time past k's end)."""
+        b, g, lanes = self.b, self.g, self.dot.lanes
+        bytes_t = self.dot.bytes
+        word: ir.Value = ir.Constant(_vector(I32_T, lanes), [0] * lanes)
+        for lane in range(self.edge if partial else lanes):
+            address = self.at(self.ops.b, I8_T, (v, lanes * g.ldb), (lane * g.ldb, 1), (k4, GROUP))
+            word = b.insert_element(word, self._four_bytes(address, present), ir.Constant(I32_T, lane))
+        flips = [FLIP if not self.ops.b_signed and way < present else 0 for _ in range(lanes) for way in range(GROUP)]
+        self._store_packed(k4, v, b.xor(b.bitcast(word, bytes_t), ir.Constant(bytes_t, flips)))
+
+    def _store_packed(self, k4: ir.Value, v: ir.Value, packed: ir.Value) -> None:
+        """Store one packed vector (each lane's four signed bytes) of group k4, vector v, and add it to the vector's
+        column sums (a dot product with ones: one instruction where the ISA has one)."""
+        b, dot = self.b, self.dot
+        b.store(packed, self.in_array(self.panel, (k4, self.vectors), (v, 1)), align=64)
+        ones = ir.Constant(dot.bytes, [1] * dot.bytes.count)
+        column_sum = self.in_array(self.column_sums, (v, 1))
+        b.store(dot.step(b, b.load(column_sum), ones, packed), column_sum)
 
     def _interleaved(self, rows: list[ir.Value]) -> ir.Value:
         """Four rows of `lanes` bytes as one vector of each lane's four bytes side by side."""
@@ -357,8 +438,8 @@ class _Emitter:
 
     def _tiles(self) -> None:
         g, dot = self.g, self.dot
-        main = g.m // dot.rows
-        for rows, count, first in ((dot.rows, main, 0), (1, g.m - main * dot.rows, main * dot.rows)):
+        main, edge = divmod(g.m, dot.rows)
+        for rows, count, first in ((dot.rows, main, 0), (edge, 1 if edge else 0, main * dot.rows)):
 
             def tile_row(it: ir.Value, rows: int = rows, first: int = first) -> None:
                 m0 = self.b.add(ir.Constant(I64_T, first), self.b.mul(it, ir.Constant(I64_T, rows)))
@@ -405,10 +486,23 @@ class _Emitter:
                 vector = b.add(v0, ir.Constant(I64_T, v))
                 b_zero = self._b_zero(vector, partial)
                 total = dot.finish(b, b.load(accs[r][v]))
-                total = b.sub(total, b.mul(a_zero, b.load(self.in_array(self.column_sums, (vector, 1)))))
+                column_sum = dot.finish(b, b.load(self.in_array(self.column_sums, (vector, 1))))
+                total = b.sub(total, b.mul(a_zero, column_sum))
                 total = b.sub(total, b.mul(b_zero, row_sum))
                 total = b.add(total, b.mul(b.mul(a_zero, b_zero), _splat(b, ir.Constant(I32_T, g.k), dot.lanes)))
-                self.store_lanes(total, self.at(self.ops.c, I32_T, (m, g.ldc), (vector, dot.lanes)), partial)
+                self._store_c(total, m, vector, partial)
+
+    def _store_c(self, value: ir.Value, m: ir.Value, vector: ir.Value, partial: bool) -> None:
+        """Row m's vector of C: one store (masked when partial), or one per column when C is stored transposed
+        (L.IntGemm.c_transposed: once per tile, after all of k, so the scattered stores cost little)."""
+        b, g, lanes = self.b, self.g, self.dot.lanes
+        element = value.type.element
+        if not g.c_transposed:
+            self.store_lanes(value, self.at(self.ops.c, element, (m, g.ldc), (vector, lanes)), partial)
+            return
+        for lane in range(self.edge if partial else lanes):
+            address = self.at(self.ops.c, element, (vector, lanes * g.ldc), (lane * g.ldc, 1), (m, 1))
+            b.store(b.extract_element(value, ir.Constant(I32_T, lane)), address, align=element.width // 8)
 
     def _four_bytes(self, address: ir.Value, present: int) -> ir.Value:
         """A's four bytes at `address` as one int32 (one load); of a group past k's end, only the `present` first,

@@ -353,12 +353,14 @@ def _int_gemm(g: L.IntGemm, depth: int) -> str:
     """Each element's sum of (a - a_zero) * (b - b_zero) in a long, stored as the int it wraps to; the bytes read
     as their buffers' types (uchar, char) give each value its sign."""
     pad, a, b, c = _indent(depth), expr(g.a_offset), expr(g.b_offset), expr(g.c_offset)
+    b_at = f"in_ * {g.ldb}L + ik" if g.b_transposed else f"ik * {g.ldb}L + in_"
+    c_at = f"in_ * {g.ldc}L + im" if g.c_transposed else f"im * {g.ldc}L + in_"
     return (
         f"{pad}for (long im = 0; im < {g.m}L; ++im) for (long in_ = 0; in_ < {g.n}L; ++in_) {{\n"
         f"{pad}    long iacc = 0L;\n"
         f"{pad}    for (long ik = 0; ik < {g.k}L; ++ik) iacc += ((long){g.a}[{a} + im * {g.lda}L + ik] - "
-        f"{_zero_point(g.a_zero, 'im')}) * ((long){g.b}[{b} + ik * {g.ldb}L + in_] - {_zero_point(g.b_zero, 'in_')});\n"
-        f"{pad}    {g.c}[{c} + im * {g.ldc}L + in_] = (int)iacc;\n{pad}}}\n"
+        f"{_zero_point(g.a_zero, 'im')}) * ((long){g.b}[{b} + {b_at}] - {_zero_point(g.b_zero, 'in_')});\n"
+        f"{pad}    {g.c}[{c} + {c_at}] = (int)iacc;\n{pad}}}\n"
     )
 
 
