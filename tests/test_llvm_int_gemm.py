@@ -64,8 +64,8 @@ def _kernel(
         m,
         n,
         k,
-        a_zero=L.ZeroPoints("in2", L.const(0), per_line) if with_zeros else None,
-        b_zero=L.ZeroPoints("in3", unit * n if per_line else L.const(0), per_line) if with_zeros else None,
+        a_zero=L.LineValues("in2", L.const(0), per_line) if with_zeros else None,
+        b_zero=L.LineValues("in3", unit * n if per_line else L.const(0), per_line) if with_zeros else None,
         b_transposed=transposed,
         c_transposed=transposed,
     )
@@ -148,3 +148,78 @@ def test_each_target_gets_its_best_dot_product(features: str, name: str) -> None
 def test_aarch64_widens_on_its_float_lanes() -> None:
     dot = dot_product_for(CpuTarget("aarch64-unknown-linux-gnu", "neoverse-n1", "+neon"))
     assert (dot.name, dot.lanes) == ("widening", 4)
+
+
+def _requantized_kernel(
+    m: int, k: int, n: int, on_rows: bool, relu: bool, out_dtype: str
+) -> tuple[L.LoopKernel, list[np.ndarray], np.ndarray]:
+    """One IntGemm (uint8 A, int8 B, per-line weight scales and bias along rows or columns) requantized into
+    `out_dtype`, its arrays and the reference's bytes (float64 as QLinearConv defines it)."""
+    a, b = _ints((m, k), "uint8", 1), _ints((k, n), "int8", 2)
+    lines = m if on_rows else n
+    rng = np.random.default_rng(5)
+    x_scale = np.array([0.0213], np.float32)
+    w_scale = (rng.random(lines) * 0.01 + 0.001).astype(np.float32)
+    y_scale = np.array([0.9], np.float32)
+    y_zero = _ints((1,), out_dtype, 6)
+    bias = rng.integers(-3000, 3000, lines).astype(np.int32)
+    a_zero = _ints((1,), "uint8", 3)
+    sums = (a.astype(np.int64) - a_zero.astype(np.int64)) @ b.astype(np.int64)
+    along = (slice(None), None) if on_rows else (None, slice(None))
+    multiplier = ((x_scale * w_scale) / y_scale).astype(np.float32).astype(np.float64)
+    value = (sums + bias[along]).astype(np.float64) * multiplier[along] + np.float64(y_zero[0])
+    low, high = (-128, 127) if out_dtype == "int8" else (0, 255)
+    floor = max(low, int(y_zero[0])) if relu else low
+    expected = np.clip(np.rint(value), floor, high).astype(out_dtype)
+    gemm = L.IntGemm(
+        "in0",
+        L.const(0),
+        k,
+        "in1",
+        L.const(0),
+        n,
+        "out0",
+        L.const(0),
+        n,
+        m,
+        n,
+        k,
+        a_zero=L.LineValues("in2", L.const(0)),
+        requantize=L.Requantize(
+            x_scale=L.LineValues("in3", L.const(0)),
+            w_scale=L.LineValues("in4", L.const(0), True),
+            y_scale=L.LineValues("in5", L.const(0)),
+            y_zero=L.LineValues("in6", L.const(0)),
+            bias=L.LineValues("in7", L.const(0), True),
+            on_rows=on_rows,
+            low=low,
+            high=high,
+            relu=relu,
+        ),
+    )
+    params = [
+        L.Param("out0", DTYPES[out_dtype], output=True),
+        L.Param("in0", L.U8),
+        L.Param("in1", L.I8),
+        L.Param("in2", L.U8),
+        L.Param("in3", L.F32),
+        L.Param("in4", L.F32),
+        L.Param("in5", L.F32),
+        L.Param("in6", DTYPES[out_dtype]),
+        L.Param("in7", L.I32),
+    ]
+    arrays = [np.zeros((m, n), out_dtype), a, b, a_zero, x_scale, w_scale, y_scale, y_zero, bias]
+    return L.LoopKernel(params, [gemm]), arrays, expected
+
+
+@pytest.mark.parametrize("dot", DOTS, ids=lambda dot: f"{dot.name}-{dot.lanes}")
+@pytest.mark.parametrize("on_rows", [True, False], ids=["per-row", "per-column"])
+@pytest.mark.parametrize("relu, out_dtype", [(False, "uint8"), (True, "uint8"), (False, "int8"), (True, "int8")])
+def test_requantized_int_gemm_matches_the_reference(
+    dot: DotProduct, on_rows: bool, relu: bool, out_dtype: str, tmp_path: Path
+) -> None:
+    for index, (m, k, n) in enumerate([(4, 27, 49), (13, 64, 37), (7, 130, 64)]):
+        kernel, arrays, expected = _requantized_kernel(m, k, n, on_rows, relu, out_dtype)
+        (tmp_path / str(index)).mkdir()
+        out = run_kernel(kernel, arrays, tmp_path / str(index), dot=dot)[0]
+        np.testing.assert_array_equal(out, expected, err_msg=f"m={m} k={k} n={n}")

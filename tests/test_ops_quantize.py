@@ -386,6 +386,8 @@ QLINEAR_MATMUL_CASES: list[OpCase] = [
     _qlinear_matmul("qlinear-matmul-per-column", (4, 16), (16, 6), "int8", per_column=True),
     _qlinear_matmul("qlinear-matmul-batched", (2, 5, 16), (16, 6)),
     _qlinear_matmul("qlinear-matmul-float16-scales", (3, 4, 16), (3, 16, 6), "int8", "float16", opset=21),
+    # Through IntGemm, requantizing as it stores: units of 64 and a rest of columns, per-column scales.
+    _qlinear_matmul("qlinear-int-gemm-per-column", (2, 7, 36), (36, 100), "int8", per_column=True),
 ]
 
 # ------------------------------------------------------------------------------------ ConvInteger, QLinearConv
@@ -487,6 +489,12 @@ QLINEAR_CONV_CASES: list[OpCase] = [
     _qlinear_conv("qlinear-conv-uint8", (1, 3, 7, 7), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
     _qlinear_conv(
         "qlinear-conv-int8-per-channel", (2, 3, 8, 9), (5, 3, 3, 3), {"strides": [2, 2]}, "int8", per_channel=True
+    ),
+    # Through IntGemm, requantizing as it stores: output channels as rows (per-channel scales per row), and
+    # pixels as rows (per-channel scales per column, the output written transposed).
+    _qlinear_conv("qlinear-int-conv-rows", (1, 16, 9, 9), (70, 16, 3, 3), {"pads": [1, 1, 1, 1]}, per_channel=True),
+    _qlinear_conv(
+        "qlinear-int-conv-pixels-as-rows", (2, 20, 4, 4), (72, 20, 3, 3), {"strides": [2, 2]}, "int8", per_channel=True
     ),
     _qlinear_conv(
         "qlinear-conv-depthwise",
@@ -603,6 +611,8 @@ OPENCL_SAMPLE = [
     "conv-integer-group",
     "int-conv-strided-batched",
     "int-conv-pixels-as-rows",
+    "qlinear-int-conv-pixels-as-rows",
+    "qlinear-int-gemm-per-column",
     "qlinear-matmul-float16-scales",
     "qlinear-conv-int8-per-channel",
     "qdq-conv-matmul-opset21",

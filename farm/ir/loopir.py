@@ -446,12 +446,33 @@ class Gemm(Stmt):
 
 
 @dataclass(frozen=True)
-class ZeroPoints:
-    """An IntGemm operand's zero points: `buf` from `offset`, one value, or one per row of A (per column of B)."""
+class LineValues:
+    """Values an IntGemm reads per row or column of C (zero points, scales, a bias): `buf` from `offset`, one value,
+    or one per row of A (per column of B; for a Requantize, per its `on_rows`)."""
 
     buf: str
     offset: Expr
     per_line: bool = False
+
+
+@dataclass(frozen=True)
+class Requantize:
+    """What an IntGemm stores instead of its int32 sums, as QLinearConv and QLinearMatMul define it: each sum plus
+    `bias`, times multiplier = x_scale * w_scale / y_scale (float32 products and a correctly rounded float32
+    division), plus y_zero, in float64; rounded half to even and saturated to [low, high] (C's bytes), and with
+    `relu` never below y_zero (a Relu before the QuantizeLinear: quantizing is monotonic, so it clamps there).
+    w_scale and bias are one value or one per row (`on_rows`: a conv's output channels as rows) or per column."""
+
+    x_scale: LineValues
+    w_scale: LineValues
+    y_scale: LineValues
+    y_zero: LineValues | None
+    bias: LineValues | None
+    on_rows: bool
+    low: int
+    high: int
+    """The range C's bytes saturate to (-128..127 for int8, 0..255 for uint8)."""
+    relu: bool = False
 
 
 @dataclass
@@ -477,15 +498,17 @@ class IntGemm(Stmt):
     m: int
     n: int
     k: int
-    a_zero: ZeroPoints | None = None
+    a_zero: LineValues | None = None
     """A's zero points (None: 0)."""
-    b_zero: ZeroPoints | None = None
+    b_zero: LineValues | None = None
     """B's zero points (None: 0)."""
     b_transposed: bool = False
     """B is stored transposed (B[k, n] at n * ldb + k: a conv's weights as the columns, when its output pixels are
     the rows)."""
     c_transposed: bool = False
     """C is stored transposed (C[m, n] at n * ldc + m: the NCHW output of a conv whose rows are its pixels)."""
+    requantize: Requantize | None = None
+    """Store each sum requantized into C's bytes (None: C holds the int32 sums)."""
 
 
 INT_GEMM_K_GROUP = 4

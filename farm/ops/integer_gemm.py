@@ -63,13 +63,13 @@ def given_input_buffer(spec: KernelSpec, index: int) -> tuple[str, TensorInfo]:
     return buffer
 
 
-def _zero_points(spec: KernelSpec, index: int, line: L.Expr) -> L.ZeroPoints | None:
+def _zero_points(spec: KernelSpec, index: int, line: L.Expr) -> L.LineValues | None:
     """Node input `index` as IntGemm zero points: one value, or one per row/column from `line` (None if absent)."""
     buffer = input_buffer(spec, index)
     if buffer is None:
         return None
     per_line = buffer[1].size != 1
-    return L.ZeroPoints(buffer[0], line if per_line else L.const(0), per_line)
+    return L.LineValues(buffer[0], line if per_line else L.const(0), per_line)
 
 
 def _unit_width(depth: int, cols: int) -> int | None:
@@ -98,17 +98,81 @@ def _column_units(
     return stmts
 
 
+@dataclass(frozen=True)
+class Operands:
+    """Where an integer product's operands are among its node's inputs: the weight (B of a matmul, W of a conv), the
+    data's and the weight's zero points, and for QLinearMatMul/QLinearConv what requantizes the sums (x_scale,
+    w_scale, y_scale, y_zero, bias: None when the node lacks one)."""
+
+    weight: int
+    x_zero: int
+    w_zero: int
+    requantize: tuple[int, int, int, int, int] | None = None
+
+
+INTEGER = Operands(weight=1, x_zero=2, w_zero=3)
+"""MatMulInteger's and ConvInteger's inputs: int32 sums."""
+QLINEAR = Operands(weight=3, x_zero=2, w_zero=5, requantize=(1, 4, 6, 7, 8))
+"""QLinearMatMul's and QLinearConv's inputs: sums requantized into the output's bytes."""
+BYTE_RANGES = {"int8": (-128, 127), "uint8": (0, 255)}
+
+
+def fast_path_suits(spec: KernelSpec, operands: Operands) -> bool:
+    """Whether IntGemm can requantize as `spec` asks: its scales float32 (float16 scales round after each step, which
+    only the loop nest does) and its activation none or Relu (a clamp at y_zero)."""
+    if operands.requantize is None:
+        return True
+    relu = spec.activation is None or spec.activation.kind == "relu"
+    return relu and not spec.attrs.get("half", False)
+
+
+def _requantize(spec: KernelSpec, operands: Operands, line: L.Expr, on_rows: bool) -> L.Requantize | None:
+    """The IntGemm's L.Requantize for QLinear* operands (None for integer sums): per-channel values from `line`
+    (the unit's first output channel), along its rows or its columns."""
+    if operands.requantize is None:
+        return None
+    x_scale, w_scale, y_scale, y_zero, bias = operands.requantize
+    low, high = BYTE_RANGES[spec.outputs[0].dtype]
+
+    def values(index: int) -> L.LineValues | None:
+        buffer = input_buffer(spec, index)
+        if buffer is None:
+            return None
+        per_line = buffer[1].size != 1
+        return L.LineValues(buffer[0], line if per_line else L.const(0), per_line)
+
+    def given(index: int) -> L.LineValues:
+        found = values(index)
+        assert found is not None, f"node input {index} is required, so present"
+        return found
+
+    return L.Requantize(
+        x_scale=given(x_scale),
+        w_scale=given(w_scale),
+        y_scale=given(y_scale),
+        y_zero=values(y_zero),
+        bias=values(bias),
+        on_rows=on_rows,
+        low=low,
+        high=high,
+        relu=spec.activation is not None,
+    )
+
+
 # ------------------------------------------------------------------------------------------- MatMulInteger
 
 
-def matmul_integer_gemm(spec: KernelSpec, a_mat: tuple[int, ...], b_mat: tuple[int, ...]) -> list[L.Stmt] | None:
-    """MatMulInteger (A and B as matrix stacks) as IntGemm units over B's columns, when B is one matrix (A's
-    batches are then more rows) and its shape suits one (_unit_width); else None."""
+def matmul_integer_gemm(
+    spec: KernelSpec, a_mat: tuple[int, ...], b_mat: tuple[int, ...], operands: Operands = INTEGER
+) -> list[L.Stmt] | None:
+    """MatMulInteger or QLinearMatMul (A and B as matrix stacks) as IntGemm units over B's columns, when B is one
+    matrix (A's batches are then more rows), its shape suits one (_unit_width) and so does its requantization
+    (fast_path_suits); else None."""
     rows, depth, cols = prod(a_mat[:-1]), a_mat[-1], b_mat[-1]
     width = _unit_width(depth, cols)
-    if len(b_mat) != 2 or width is None:
+    if len(b_mat) != 2 or width is None or not fast_path_suits(spec, operands):
         return None
-    b_name = given_input_buffer(spec, 1)[0]
+    b_name = given_input_buffer(spec, operands.weight)[0]
 
     def gemm(line: L.Expr, column: L.Expr, columns: int) -> L.IntGemm:
         return L.IntGemm(
@@ -124,8 +188,9 @@ def matmul_integer_gemm(spec: KernelSpec, a_mat: tuple[int, ...], b_mat: tuple[i
             rows,
             columns,
             depth,
-            a_zero=_zero_points(spec, 2, L.const(0)),
-            b_zero=_zero_points(spec, 3, column),
+            a_zero=_zero_points(spec, operands.x_zero, L.const(0)),
+            b_zero=_zero_points(spec, operands.w_zero, column),
+            requantize=_requantize(spec, operands, column, on_rows=False),
         )
 
     return _column_units(L.Names(), cols, width, 1, gemm)
@@ -154,11 +219,11 @@ class ConvGemm:
         return self.images * self.depth * self.pixels
 
 
-def conv_gemm(spec: KernelSpec) -> ConvGemm | None:
+def conv_gemm(spec: KernelSpec, operands: Operands = INTEGER) -> ConvGemm | None:
     """The IntGemm plan of a ConvInteger (`spec`: x as input 0, the weight as input 1), or None when it runs as a
     loop nest: grouped convs, a unit's panel too big for the stack, or an im2col matrix over
     CONV_SCRATCH_MAX_BYTES."""
-    if spec.attrs["group"] != 1:
+    if spec.attrs["group"] != 1 or not fast_path_suits(spec, operands):
         return None
     geo, x = window(spec), spec.inputs[0]
     channels = out_shape(spec)[1]
@@ -176,10 +241,15 @@ def conv_gemm(spec: KernelSpec) -> ConvGemm | None:
     return ConvGemm(x.shape[0], depth, pixels, channels, row_block, width)
 
 
-def conv_integer_scratch(spec: KernelSpec) -> int:
-    """4-byte words of scratch the integer conv's im2col matrix takes (0: it runs as a loop nest)."""
-    plan = conv_gemm(spec)
-    return 0 if plan is None else -(-plan.scratch_bytes // 4)
+def conv_integer_scratch(operands: Operands) -> Callable[[KernelSpec], int]:
+    """The scratch function of an integer conv with `operands`: 4-byte words its im2col matrix takes (0: it runs as
+    a loop nest)."""
+
+    def words(spec: KernelSpec) -> int:
+        plan = conv_gemm(spec, operands)
+        return 0 if plan is None else -(-plan.scratch_bytes // 4)
+
+    return words
 
 
 def conv_integer_scratch_dtype(spec: KernelSpec) -> str:
@@ -187,20 +257,20 @@ def conv_integer_scratch_dtype(spec: KernelSpec) -> str:
     return BUFFER_DTYPES[spec.inputs[0].dtype]
 
 
-def conv_integer_gemm(spec: KernelSpec) -> list[L.Stmt] | None:
-    """ConvInteger as an im2col copy into scratch and IntGemm units (conv_gemm), or None."""
-    plan = conv_gemm(spec)
+def conv_integer_gemm(spec: KernelSpec, operands: Operands = INTEGER) -> list[L.Stmt] | None:
+    """ConvInteger or QLinearConv as an im2col copy into scratch and IntGemm units (conv_gemm), or None."""
+    plan = conv_gemm(spec, operands)
     if plan is None:
         return None
     names = L.Names()
-    return _im2col(spec, names, plan) + _conv_units(spec, names, plan)
+    return _im2col(spec, names, plan, operands) + _conv_units(spec, names, plan, operands)
 
 
-def _im2col(spec: KernelSpec, names: L.Names, plan: ConvGemm) -> list[L.Stmt]:
+def _im2col(spec: KernelSpec, names: L.Names, plan: ConvGemm, operands: Operands) -> list[L.Stmt]:
     """scratch[image, k, pixel] (scratch[image, pixel, k] when the pixels are the rows) = x[image, c, ih, iw] for
     k = (c, r, s), or x's zero point in the padding."""
     geo, x = window(spec), spec.inputs[0]
-    zero_buffer = input_buffer(spec, 2)
+    zero_buffer = input_buffer(spec, operands.x_zero)
     zero: L.Expr = L.const(0) if zero_buffer is None else load(*zero_buffer, L.const(0))
     oh, ow = names.var("oh"), names.var("ow")
 
@@ -231,15 +301,15 @@ def _im2col(spec: KernelSpec, names: L.Names, plan: ConvGemm) -> list[L.Stmt]:
     return body
 
 
-def _conv_units(spec: KernelSpec, names: L.Names, plan: ConvGemm) -> list[L.Stmt]:
+def _conv_units(spec: KernelSpec, names: L.Names, plan: ConvGemm, operands: Operands) -> list[L.Stmt]:
     """The conv's IntGemm units, with its pixels as columns or (ConvGemm.pixels_as_rows) as rows."""
-    return (_pixel_row_units if plan.pixels_as_rows else _pixel_column_units)(spec, names, plan)
+    return (_pixel_row_units if plan.pixels_as_rows else _pixel_column_units)(spec, names, plan, operands)
 
 
-def _pixel_row_units(spec: KernelSpec, names: L.Names, plan: ConvGemm) -> list[L.Stmt]:
+def _pixel_row_units(spec: KernelSpec, names: L.Names, plan: ConvGemm, operands: Operands) -> list[L.Stmt]:
     """One IntGemm per (image, block of channels): every pixel's row of the image's im2col matrix (A), the block's
     weights (B, read transposed: each channel's k values are contiguous), into the NCHW output (C, transposed)."""
-    w_name = given_input_buffer(spec, 1)[0]
+    w_name = given_input_buffer(spec, operands.weight)[0]
 
     def gemm(image: L.Expr, column: L.Expr, columns: int) -> L.IntGemm:
         return L.IntGemm(
@@ -255,20 +325,21 @@ def _pixel_row_units(spec: KernelSpec, names: L.Names, plan: ConvGemm) -> list[L
             plan.pixels,
             columns,
             plan.depth,
-            a_zero=_zero_points(spec, 2, L.const(0)),
-            b_zero=_zero_points(spec, 3, column),
+            a_zero=_zero_points(spec, operands.x_zero, L.const(0)),
+            b_zero=_zero_points(spec, operands.w_zero, column),
             b_transposed=True,
             c_transposed=True,
+            requantize=_requantize(spec, operands, column, on_rows=False),
         )
 
     return _column_units(names, plan.channels, plan.width, plan.images, gemm)
 
 
-def _pixel_column_units(spec: KernelSpec, names: L.Names, plan: ConvGemm) -> list[L.Stmt]:
+def _pixel_column_units(spec: KernelSpec, names: L.Names, plan: ConvGemm, operands: Operands) -> list[L.Stmt]:
     """One IntGemm per (image, row block, column block): the weights' rows of the block (A, read in place), the
     block's pixels of the image's im2col matrix (B), into the output's NCHW plane."""
     row_blocks = plan.channels // plan.row_block
-    w_name = given_input_buffer(spec, 1)[0]
+    w_name = given_input_buffer(spec, operands.weight)[0]
 
     def gemm(line: L.Expr, column: L.Expr, columns: int) -> L.IntGemm:
         image, first_row = line / row_blocks, line % row_blocks * plan.row_block
@@ -285,8 +356,9 @@ def _pixel_column_units(spec: KernelSpec, names: L.Names, plan: ConvGemm) -> lis
             plan.row_block,
             columns,
             plan.depth,
-            a_zero=_zero_points(spec, 3, first_row),
-            b_zero=_zero_points(spec, 2, L.const(0)),
+            a_zero=_zero_points(spec, operands.w_zero, first_row),
+            b_zero=_zero_points(spec, operands.x_zero, L.const(0)),
+            requantize=_requantize(spec, operands, first_row, on_rows=True),
         )
 
     return _column_units(names, plan.pixels, plan.width, plan.images * row_blocks, gemm)

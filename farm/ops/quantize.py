@@ -37,6 +37,8 @@ from farm.ir.specs import KernelSpec
 from farm.ops import mathfns as M
 from farm.ops.conv import checked_group
 from farm.ops.integer_gemm import (
+    INTEGER,
+    QLINEAR,
     conv_integer_gemm,
     conv_integer_scratch,
     conv_integer_scratch_dtype,
@@ -571,7 +573,7 @@ def _conv_integer_attrs(ctx: NodeContext) -> dict[str, Any]:
     "ConvInteger",
     normalize=_conv_integer_attrs,
     dtypes=ALL_DTYPES,
-    scratch_floats=conv_integer_scratch,
+    scratch_floats=conv_integer_scratch(INTEGER),
     scratch_dtype=conv_integer_scratch_dtype,
 )
 def _lower_conv_integer(spec: KernelSpec) -> list[L.Stmt]:
@@ -608,7 +610,8 @@ def _qlinear_attrs(ctx: NodeContext, channels: int) -> dict[str, Any]:
 
 def _requantize(spec: KernelSpec) -> Finish:
     """acc (plus the bias, if any) * (x_scale * w_scale / y_scale) + y_zero_point, rounded half to even and
-    saturated: the multiplier in the scales' dtype, the rest in float64 (exact, as the reference computes it)."""
+    saturated: the multiplier in the scales' dtype, the rest in float64 (exact, as the reference computes it); with a
+    fused Relu (the QDQ fusion pass sets one) never below y_zero_point."""
     half, to = spec.attrs["half"], spec.attrs["to"]
     w_scale, bias = _per_channel(spec, 4), input_buffer(spec, 8)
 
@@ -616,8 +619,9 @@ def _requantize(spec: KernelSpec) -> Finish:
         product = _half_if(s, _scalar(spec, 1, L.const(1.0)) * w_scale(channel), half)
         multiplier = _half_if(s, L.exact_div(product, _scalar(spec, 6, L.const(1.0))), half)
         total = acc if bias is None else acc + load(bias[0], bias[1], channel)
-        value = L.Cast(total, L.F64) * L.Cast(multiplier, L.F64) + L.Cast(_scalar(spec, 7, L.const(0)), L.F64)
-        return _saturate(s, M.round_half_even(s, value), to)
+        zero = L.Cast(_scalar(spec, 7, L.const(0)), L.F64)
+        rounded = M.round_half_even(s, L.Cast(total, L.F64) * L.Cast(multiplier, L.F64) + zero)
+        return _saturate(s, rounded if spec.activation is None else L.maximum(rounded, zero), to)
 
     return finish
 
@@ -629,6 +633,12 @@ def _qlinear_matmul_attrs(ctx: NodeContext) -> dict[str, Any]:
 
 @register("QLinearMatMul", normalize=_qlinear_matmul_attrs, dtypes=ALL_DTYPES)
 def _lower_qlinear_matmul(spec: KernelSpec) -> list[L.Stmt]:
+    """Through IntGemm, requantizing as it stores, where it suits (integer_gemm.matmul_integer_gemm), else as a
+    loop nest."""
+    a_mat, b_mat, _ = _matmul_layout(spec, 0, 3)
+    gemm = matmul_integer_gemm(spec, a_mat, b_mat, QLINEAR)
+    if gemm is not None:
+        return gemm
     return _integer_matmul(spec, 0, 3, _scalar(spec, 2, L.const(0)), _per_channel(spec, 5), _requantize(spec))
 
 
@@ -642,6 +652,17 @@ def _qlinear_conv_attrs(ctx: NodeContext) -> dict[str, Any]:
     return {**attrs, **_qlinear_attrs(ctx, out_channels)}
 
 
-@register("QLinearConv", normalize=_qlinear_conv_attrs, dtypes=ALL_DTYPES)
+@register(
+    "QLinearConv",
+    normalize=_qlinear_conv_attrs,
+    dtypes=ALL_DTYPES,
+    scratch_floats=conv_integer_scratch(QLINEAR),
+    scratch_dtype=conv_integer_scratch_dtype,
+)
 def _lower_qlinear_conv(spec: KernelSpec) -> list[L.Stmt]:
+    """Through IntGemm, requantizing as it stores, where it suits (integer_gemm.conv_integer_gemm), else as a loop
+    nest."""
+    gemm = conv_integer_gemm(spec, QLINEAR)
+    if gemm is not None:
+        return gemm
     return _integer_conv(spec, 3, _scalar(spec, 2, L.const(0)), _per_channel(spec, 5), _requantize(spec))

@@ -29,6 +29,7 @@ from farm.backends.llvm.target import CpuTarget
 from farm.ir import loopir as L
 
 I8_T, I16_T, I32_T, I64_T = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+F32_T, F64_T = ir.FloatType(), ir.DoubleType()
 GROUP = L.INT_GEMM_K_GROUP
 FLIP = 0x80
 """The xor that turns a byte's signed reading into its unsigned one plus 128 (and back)."""
@@ -181,9 +182,34 @@ class Zeros:
     per_line: bool
 
 
+@dataclass(frozen=True)
+class Lines:
+    """Values per row or column of C as the renderer resolved them: a pointer (at the first row or column) and
+    whether there is one per line or one for all."""
+
+    pointer: ir.Value
+    per_line: bool
+
+
+@dataclass(frozen=True)
+class RequantizeOperands:
+    """L.Requantize's values as the renderer resolved them (its pointers at their offsets)."""
+
+    x_scale: ir.Value
+    w_scale: Lines
+    y_scale: ir.Value
+    y_zero: Zeros | None
+    bias: Lines | None
+    on_rows: bool
+    low: int
+    high: int
+    relu: bool
+
+
 @dataclass
 class IntGemmOperands:
-    """The IntGemm's pointers (at their offsets), their bytes' signedness and their zero points (None: 0)."""
+    """The IntGemm's pointers (at their offsets), their bytes' signedness, their zero points (None: 0) and how C is
+    requantized (None: C holds the int32 sums)."""
 
     a: ir.Value
     b: ir.Value
@@ -192,6 +218,7 @@ class IntGemmOperands:
     b_signed: bool
     a_zero: Zeros | None = None
     b_zero: Zeros | None = None
+    requantize: RequantizeOperands | None = None
 
 
 class _Emitter:
@@ -253,33 +280,29 @@ class _Emitter:
         """The address of an alloca'd array's element at sum of value * scale."""
         return self.b.gep(array, [ir.Constant(I64_T, 0), self.index(*terms)], inbounds=True)
 
-    def lanes_mask(self, lanes: int) -> ir.Constant:
-        """The first `lanes` of a vector's lanes (the partial vector's columns)."""
-        return ir.Constant(_vector(ir.IntType(1), self.dot.lanes), [lane < lanes for lane in range(self.dot.lanes)])
-
     def load_lanes(self, address: ir.Value, element: ir.Type, partial: bool) -> ir.Value:
-        """A vector of `lanes` elements from `address`; only the partial vector's columns when `partial` (masked,
-        the others 0: nothing past the operand is read)."""
+        """A vector of `lanes` elements (integers or float32) from `address`; only the partial vector's columns
+        when `partial`, one load each (the others 0: nothing past the operand is read)."""
         lanes = self.dot.lanes
         vec_t = _vector(element, lanes)
         if not partial:
             return self.b.load(address, align=1, typ=vec_t)
-        name = f"llvm.masked.load.v{lanes}i{element.width}.p0"
-        mask_t = _vector(ir.IntType(1), lanes)
-        fn = _function(self.b.module, name, vec_t, [address.type, I32_T, mask_t, vec_t])
-        zeros = ir.Constant(vec_t, [0] * lanes)
-        return self.b.call(fn, [address, ir.Constant(I32_T, 1), self.lanes_mask(self.edge), zeros])
+        vector: ir.Value = ir.Constant(vec_t, [0.0 if element == F32_T else 0] * lanes)
+        for lane in range(self.edge):
+            value = self.b.load(self.b.gep(address, [ir.Constant(I64_T, lane)], source_etype=element), typ=element)
+            vector = self.b.insert_element(vector, value, ir.Constant(I32_T, lane))
+        return vector
 
     def store_lanes(self, value: ir.Value, address: ir.Value, partial: bool) -> None:
-        """Store a vector of int32 at `address`; only the partial vector's columns when `partial`."""
+        """Store a vector at `address`; only the partial vector's columns when `partial`, one store each (LLVM 22
+        turned a masked store of bytes with one lane set into a four-byte store, over the next row's first bytes)."""
+        element = value.type.element
         if not partial:
-            self.b.store(value, address, align=4)
+            self.b.store(value, address, align=1)
             return
-        lanes = self.dot.lanes
-        name = f"llvm.masked.store.v{lanes}i32.p0"
-        mask_t = _vector(ir.IntType(1), lanes)
-        fn = _function(self.b.module, name, ir.VoidType(), [value.type, address.type, I32_T, mask_t])
-        self.b.call(fn, [value, address, ir.Constant(I32_T, 4), self.lanes_mask(self.edge)])
+        for lane in range(self.edge):
+            target = self.b.gep(address, [ir.Constant(I64_T, lane)], source_etype=element)
+            self.b.store(self.b.extract_element(value, ir.Constant(I32_T, lane)), target)
 
     def emit(self) -> None:
         dot, g = self.dot, self.g
@@ -490,10 +513,51 @@ class _Emitter:
                 total = b.sub(total, b.mul(a_zero, column_sum))
                 total = b.sub(total, b.mul(b_zero, row_sum))
                 total = b.add(total, b.mul(b.mul(a_zero, b_zero), _splat(b, ir.Constant(I32_T, g.k), dot.lanes)))
+                if self.ops.requantize is not None:
+                    total = self._requantized(self.ops.requantize, total, m, vector, partial)
                 self._store_c(total, m, vector, partial)
 
+    def _requantized(
+        self, q: RequantizeOperands, total: ir.Value, m: ir.Value, vector: ir.Value, partial: bool
+    ) -> ir.Value:
+        """(total + bias) * multiplier + y_zero (L.Requantize) as C's bytes: in float64 without fast-math flags (so
+        the multiply and the add are never fused into one rounding), rounded half to even and saturated (maxnum and
+        minnum, so that a NaN, from a zero y_scale, saturates low as the reference's)."""
+        b, lanes = self.b, self.dot.lanes
+        f64v = _vector(F64_T, lanes)
+
+        def lines(values: Lines, element: ir.Type) -> ir.Value:
+            """One value per lane of this vector of C: the one value, the row's, or each column's."""
+            if values.per_line and not q.on_rows:
+                address = self.at(values.pointer, element, (vector, lanes))
+                return self.load_lanes(address, element, partial)
+            address = self.at(values.pointer, element, (m, 1)) if values.per_line else values.pointer
+            return _splat(b, b.load(address, align=4, typ=element), lanes)
+
+        if q.bias is not None:
+            total = b.add(total, lines(q.bias, I32_T))
+        x_scale = _splat(b, b.load(q.x_scale, align=4, typ=F32_T), lanes)
+        y_scale = _splat(b, b.load(q.y_scale, align=4, typ=F32_T), lanes)
+        multiplier = b.fdiv(b.fmul(x_scale, lines(q.w_scale, F32_T)), y_scale)
+        zero: ir.Value = ir.Constant(F64_T, 0.0)
+        if q.y_zero is not None:
+            to_float = b.sitofp if q.y_zero.signed else b.uitofp
+            zero = to_float(b.load(q.y_zero.pointer, align=1, typ=I8_T), F64_T)
+        value = b.fadd(b.fmul(b.sitofp(total, f64v), b.fpext(multiplier, f64v)), _splat(b, zero, lanes))
+        rounded = b.call(_function(b.module, f"llvm.roundeven.v{lanes}f64", f64v, [f64v]), [value])
+        low, high = float(q.low), float(q.high)
+        floor: ir.Value = ir.Constant(F64_T, low)
+        if q.relu:
+            floor = b.call(_function(b.module, "llvm.maxnum.f64", F64_T, [F64_T, F64_T]), [floor, zero])
+        maxnum = _function(b.module, f"llvm.maxnum.v{lanes}f64", f64v, [f64v, f64v])
+        minnum = _function(b.module, f"llvm.minnum.v{lanes}f64", f64v, [f64v, f64v])
+        clamped = b.call(
+            minnum, [b.call(maxnum, [rounded, _splat(b, floor, lanes)]), ir.Constant(f64v, [high] * lanes)]
+        )
+        return b.trunc(b.fptosi(clamped, _vector(I32_T, lanes)), _vector(I8_T, lanes))
+
     def _store_c(self, value: ir.Value, m: ir.Value, vector: ir.Value, partial: bool) -> None:
-        """Row m's vector of C: one store (masked when partial), or one per column when C is stored transposed
+        """Row m's vector of C: one store (a store per column when partial), or one per column when C is stored transposed
         (L.IntGemm.c_transposed: once per tile, after all of k, so the scattered stores cost little)."""
         b, g, lanes = self.b, self.g, self.dot.lanes
         element = value.type.element

@@ -17,7 +17,15 @@ from farm.backends.llvm.gemm_blocking import GemmBlocking
 from farm.backends.llvm.gemm_emitter import intrinsic
 from farm.backends.llvm.gemm_epilogue import fmax, fmin
 from farm.backends.llvm.gemm_outlining import Outlining
-from farm.backends.llvm.int_gemm import DotProduct, IntGemmOperands, Zeros, emit_int_gemm, generic_dot_product
+from farm.backends.llvm.int_gemm import (
+    DotProduct,
+    IntGemmOperands,
+    Lines,
+    RequantizeOperands,
+    Zeros,
+    emit_int_gemm,
+    generic_dot_product,
+)
 from farm.ir import loopir as L
 
 F32_T, I64_T, BOOL_T, I32_T = ir.FloatType(), ir.IntType(64), ir.IntType(1), ir.IntType(32)
@@ -281,22 +289,45 @@ def _emit_gemm(state: _State, gemm: L.Gemm, launch_range: tuple[ir.Value, ir.Val
 
 
 def _emit_int_gemm(state: _State, gemm: L.IntGemm) -> None:
-    def zeros(points: L.ZeroPoints | None) -> Zeros | None:
+    def zeros(points: L.LineValues | None) -> Zeros | None:
         if points is None:
             return None
         pointer = _address(state, points.buf, points.offset, I8_T)
         return Zeros(pointer, state.buffer_dtypes[points.buf] == L.I8, points.per_line)
 
+    requantize = None if gemm.requantize is None else _requantize_operands(state, gemm.requantize)
     operands = IntGemmOperands(
         a=_address(state, gemm.a, gemm.a_offset, I8_T),
         b=_address(state, gemm.b, gemm.b_offset, I8_T),
-        c=_address(state, gemm.c, gemm.c_offset, I32_T),
+        c=_address(state, gemm.c, gemm.c_offset, I32_T if requantize is None else I8_T),
         a_signed=state.buffer_dtypes[gemm.a] == L.I8,
         b_signed=state.buffer_dtypes[gemm.b] == L.I8,
         a_zero=zeros(gemm.a_zero),
         b_zero=zeros(gemm.b_zero),
+        requantize=requantize,
     )
     emit_int_gemm(state.builder, state.typed_slot, gemm, operands, state.dot)
+
+
+def _requantize_operands(state: _State, q: L.Requantize) -> RequantizeOperands:
+    def lines(values: L.LineValues, element: ir.Type) -> Lines:
+        return Lines(_address(state, values.buf, values.offset, element), values.per_line)
+
+    y_zero = None
+    if q.y_zero is not None:
+        pointer = _address(state, q.y_zero.buf, q.y_zero.offset, I8_T)
+        y_zero = Zeros(pointer, state.buffer_dtypes[q.y_zero.buf] == L.I8, False)
+    return RequantizeOperands(
+        x_scale=_address(state, q.x_scale.buf, q.x_scale.offset, F32_T),
+        w_scale=lines(q.w_scale, F32_T),
+        y_scale=_address(state, q.y_scale.buf, q.y_scale.offset, F32_T),
+        y_zero=y_zero,
+        bias=None if q.bias is None else lines(q.bias, I32_T),
+        on_rows=q.on_rows,
+        low=q.low,
+        high=q.high,
+        relu=q.relu,
+    )
 
 
 def _emit_gemm_launch(state: _State, group: L.LaunchGroup, launch_range: tuple[ir.Value, ir.Value]) -> None:

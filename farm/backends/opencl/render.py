@@ -341,7 +341,7 @@ def _gemm(g: L.Gemm, depth: int) -> str:
     )
 
 
-def _zero_point(points: L.ZeroPoints | None, line: str) -> str:
+def _zero_point(points: L.LineValues | None, line: str) -> str:
     """An IntGemm operand's zero point for row (column) `line`, as a long; 0 without zero points."""
     if points is None:
         return "0L"
@@ -360,8 +360,32 @@ def _int_gemm(g: L.IntGemm, depth: int) -> str:
         f"{pad}    long iacc = 0L;\n"
         f"{pad}    for (long ik = 0; ik < {g.k}L; ++ik) iacc += ((long){g.a}[{a} + im * {g.lda}L + ik] - "
         f"{_zero_point(g.a_zero, 'im')}) * ((long){g.b}[{b} + {b_at}] - {_zero_point(g.b_zero, 'in_')});\n"
-        f"{pad}    {g.c}[{c} + {c_at}] = (int)iacc;\n{pad}}}\n"
+        f"{pad}    {g.c}[{c} + {c_at}] = {_int_gemm_result(g)};\n{pad}}}\n"
     )
+
+
+def _line_value(values: L.LineValues, line: str) -> str:
+    """A per-line value (scale, bias) for row or column `line`, or the one value."""
+    at = f" + {line}" if values.per_line else ""
+    return f"{values.buf}[{expr(values.offset)}{at}]"
+
+
+def _int_gemm_result(g: L.IntGemm) -> str:
+    """What C stores for the sum iacc: the int it wraps to, or (L.Requantize) the sum requantized in double: the
+    multiplier a float division rounded once (the double quotient of two floats rounds to the float quotient), rint
+    rounding half to even, fmax/fmin saturating (a NaN low)."""
+    q = g.requantize
+    if q is None:
+        return "(int)iacc"
+    line = "im" if q.on_rows else "in_"
+    total = "(double)(int)iacc" if q.bias is None else f"(double)((int)iacc + {_line_value(q.bias, line)})"
+    multiplier = (
+        f"(double)(float)((double)({_line_value(q.x_scale, line)} * {_line_value(q.w_scale, line)}) / "
+        f"(double){_line_value(q.y_scale, line)})"
+    )
+    zero = "0.0" if q.y_zero is None else f"(double){_line_value(q.y_zero, line)}"
+    floor = f"fmax({float(q.low)}, {zero})" if q.relu else f"{float(q.low)}"
+    return f"fmin(fmax(rint({total} * {multiplier} + {zero}), {floor}), {float(q.high)})"
 
 
 # Each renderer takes the statement or expression type it is keyed by, which a dict's type can only write as Any.
