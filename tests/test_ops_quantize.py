@@ -630,12 +630,12 @@ def test_opencl_sample_names_cases() -> None:
 
 @pytest.mark.parametrize("c", params(QDQ_CASES))
 def test_qdq_model_runs_activation_quantization(c: OpCase, tmp_path) -> None:
-    """Each activation's QuantizeLinear runs as a kernel; the Conv and the MatMul run on their integers, reading the
-    quantized activations and weights (farm.frontend.passes.qdq_fusion), so only the DequantizeLinear before the
-    Flatten and the output's run."""
+    """The Conv (with its Relu) and the MatMul run on their integers, requantizing into their QuantizeLinear's
+    output (farm.frontend.passes.qdq_fusion): only x's and the Flatten's QuantizeLinear and the DequantizeLinear
+    before the Flatten and the output's run as kernels of their own."""
     ops = scheduled_ops(check_case(c, tmp_path))
-    assert ops.count("QuantizeLinear") == 4 and ops.count("DequantizeLinear") == 2
-    assert ops.count("ConvInteger") == 1 and ops.count("MatMulInteger") == 1
+    assert ops.count("QuantizeLinear") == 2 and ops.count("DequantizeLinear") == 2
+    assert ops.count("QLinearConv") == 1 and ops.count("QLinearMatMul") == 1
 
 
 @pytest.mark.parametrize("c", params(MATMUL_INTEGER_CASES))

@@ -1,6 +1,7 @@
 """Tests of farm.frontend.passes.qdq_fusion: a QDQ Conv or MatMul as onnxruntime's quantize_static writes it runs
-as ConvInteger or MatMulInteger, rescaled in float32, and its quantized output stays within one quantization step
-of onnxruntime's float path; a product the fusion would change otherwise stays a float one."""
+as QLinearConv or QLinearMatMul (requantizing into its QuantizeLinear's output), or as ConvInteger or MatMulInteger
+rescaled in float32 where something else stands before the QuantizeLinear, and its quantized output stays within
+one quantization step of onnxruntime's float path; a product the fusion would change otherwise stays a float one."""
 
 from __future__ import annotations
 
@@ -37,11 +38,13 @@ def qdq_conv_model(
     conv_is_output: bool = False,
     x_scale_is_input: bool = False,
     quantized_output: bool = True,
+    float_bias: bool = False,
     **attrs,
 ) -> onnx.ModelProto:
     """x -> Q -> DQ -> Conv (int8 weight per `weight_axis`, [int32 bias], each through DequantizeLinear) -> [Relu]
     -> Q -> DQ -> y; the Conv's output also a graph output if `conv_is_output`, x's scale a graph input if
-    `x_scale_is_input`, and no Q -> DQ after the Conv (or its Relu) unless `quantized_output`."""
+    `x_scale_is_input`, no Q -> DQ after the Conv (or its Relu) unless `quantized_output`, and the bias a float32
+    constant if `float_bias`."""
     weight, weight_scale = per_axis_int8(rand(8, 3, 3, 3, seed=1), weight_axis)
     inits = {
         "x_z": np.uint8(128),
@@ -62,7 +65,10 @@ def qdq_conv_model(
         helper.make_node("DequantizeLinear", ["xq", "x_s", "x_z"], ["xd"]),
         helper.make_node("DequantizeLinear", ["w", "w_s", "w_z"], ["wd"], axis=weight_axis),
     ]
-    if bias:
+    if float_bias:
+        inits["bf"] = rand(8, seed=3)
+        conv_inputs.append("bf")
+    elif bias:
         bias_scale = (X_SCALE * weight_scale).astype(np.float32)
         inits |= {"b": np.rint(rand(8, seed=3) / bias_scale).astype(np.int32), "b_s": bias_scale}
         nodes.append(helper.make_node("DequantizeLinear", ["b", "b_s"], ["bd"], axis=0))
@@ -80,8 +86,8 @@ def qdq_conv_model(
     return graph_model(nodes, inputs, outputs, inits, opset)
 
 
-def qdq_matmul_model(opset: int = 13, per_column: bool = True) -> onnx.ModelProto:
-    """x -> Q -> DQ -> MatMul (int8 B through DequantizeLinear, per column or per tensor) -> Add (a float32 bias)
+def qdq_matmul_model(opset: int = 13, per_column: bool = True, add: bool = True) -> onnx.ModelProto:
+    """x -> Q -> DQ -> MatMul (int8 B through DequantizeLinear, per column or per tensor) -> [Add (a float32 bias)]
     -> Q -> DQ -> y."""
     b = rand(16, 12, seed=2)
     if per_column:
@@ -105,8 +111,8 @@ def qdq_matmul_model(opset: int = 13, per_column: bool = True) -> onnx.ModelProt
         helper.make_node("DequantizeLinear", ["xq", "x_s", "x_z"], ["xd"]),
         helper.make_node("DequantizeLinear", ["b", "b_s", "b_z"], ["bd"], axis=1),
         helper.make_node("MatMul", ["xd", "bd"], ["m"]),
-        helper.make_node("Add", ["m", "bias"], ["a"]),
-        helper.make_node("QuantizeLinear", ["a", "y_s", "y_z"], ["yq"]),
+        *([helper.make_node("Add", ["m", "bias"], ["a"])] if add else []),
+        helper.make_node("QuantizeLinear", ["a" if add else "m", "y_s", "y_z"], ["yq"]),
         helper.make_node("DequantizeLinear", ["yq", "y_s", "y_z"], ["y"]),
     ]
     return graph_model(nodes, [("x", (2, 5, 16))], ["y"], inits, opset)
@@ -136,45 +142,53 @@ def assert_within_one_step(model: onnx.ModelProto, tmp_path: Path, step: float) 
     return scheduled_ops(result)
 
 
-WITH_BIAS, WITHOUT_BIAS = ["ConvInteger", "Cast", "Mul", "Add"], ["ConvInteger", "Cast", "Mul"]
-FUSED_CONVS = {
-    "bias-relu-opset17": (qdq_conv_model(pads=[1, 1, 1, 1]), WITH_BIAS, True),
-    "bias-relu-opset13": (qdq_conv_model(opset=13, pads=[1, 1, 1, 1]), WITH_BIAS, True),
-    "no-bias": (qdq_conv_model(bias=False, relu=False), WITHOUT_BIAS, False),
-    "no-bias-relu": (qdq_conv_model(bias=False, auto_pad="SAME_UPPER"), WITHOUT_BIAS, True),
-    "strided-padded": (
-        qdq_conv_model(strides=[2, 2], pads=[1, 0, 2, 1], dilations=[1, 2], group=1),
-        WITH_BIAS,
-        True,
-    ),
+REQUANTIZED_CONVS = {
+    "bias-relu-opset17": (qdq_conv_model(pads=[1, 1, 1, 1]), True),
+    "bias-relu-opset13": (qdq_conv_model(opset=13, pads=[1, 1, 1, 1]), True),
+    "no-bias": (qdq_conv_model(bias=False, relu=False), False),
+    "no-bias-relu": (qdq_conv_model(bias=False, auto_pad="SAME_UPPER"), True),
+    "strided-padded": (qdq_conv_model(strides=[2, 2], pads=[1, 0, 2, 1], dilations=[1, 2], group=1), True),
 }
 
 
-@pytest.mark.parametrize(("model", "products", "relu"), FUSED_CONVS.values(), ids=FUSED_CONVS.keys())
-def test_a_qdq_conv_runs_on_its_integers(
-    model: onnx.ModelProto, products: list[str], relu: bool, tmp_path: Path
-) -> None:
-    """The weight's and bias's DequantizeLinear and x's go (the integer op reads x_q and w_q and their zero
-    points), the Relu fuses into the last rescaling node, and the output is within one step of onnxruntime's."""
+@pytest.mark.parametrize(("model", "relu"), REQUANTIZED_CONVS.values(), ids=REQUANTIZED_CONVS.keys())
+def test_a_qdq_conv_runs_as_one_requantizing_kernel(model: onnx.ModelProto, relu: bool, tmp_path: Path) -> None:
+    """x's, the weight's and the bias's DequantizeLinear, the Conv, its Relu and its QuantizeLinear are one
+    QLinearConv (x_q, w_q and the int32 bias as they are; the Relu its activation), within one step of
+    onnxruntime's output."""
     graph = optimize(_imported(model, tmp_path))
+    assert _ops(graph) == ["QuantizeLinear", "QLinearConv", "DequantizeLinear"]
+    fused = graph.nodes[1]
+    dtypes = ["uint8", "float32", "uint8", "int8", "float32", "int8", "float32", "uint8"]
+    assert [graph.values[name].dtype for name in fused.inputs[:8]] == dtypes
+    assert (fused.activation is not None) == relu
+    assert fused.outputs == ["yq"]
+    assert "QLinearConv" in assert_within_one_step(model, tmp_path, Y_SCALE)
+
+
+def test_a_float_bias_is_rescaled_in_float(tmp_path: Path) -> None:
+    """A bias that isn't int32 quantized with the scales' product can't be the QLinearConv's: ConvInteger, Cast,
+    Mul by the scales and Add of the bias compute the float result, the Relu fused into the Add."""
+    model = qdq_conv_model(float_bias=True, pads=[1, 1, 1, 1])
+    graph = optimize(_imported(model, tmp_path))
+    products = ["ConvInteger", "Cast", "Mul", "Add"]
     assert _ops(graph) == ["QuantizeLinear", *products, "QuantizeLinear", "DequantizeLinear"]
     integer, last = graph.nodes[1], graph.nodes[len(products)]
     assert [graph.values[name].dtype for name in integer.inputs] == ["uint8", "int8", "uint8", "int8"]
-    assert (last.activation is not None) == relu
+    assert last.activation is not None
     assert "ConvInteger" in assert_within_one_step(model, tmp_path, Y_SCALE)
 
 
 def test_the_rescaling_constants_are_per_output_channel(tmp_path: Path) -> None:
     """Mul by x_scale * w_scale and Add of b_q * b_scale, both [1, C, 1, 1] float32; Conv's attributes carried
     over."""
-    model = qdq_conv_model(strides=[2, 2], pads=[1, 0, 2, 1])
+    model = qdq_conv_model(strides=[2, 2], pads=[1, 0, 2, 1], float_bias=True)
     graph = fuse_qdq(_imported(model, tmp_path))
     inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
     conv, _, mul, add = graph.nodes[1:5]
     assert conv.attrs == {"strides": [2, 2], "pads": [1, 0, 2, 1]}
     np.testing.assert_array_equal(graph.constants[mul.inputs[1]], (X_SCALE * inits["w_s"]).reshape(1, 8, 1, 1))
-    bias = (inits["b"].astype(np.float32) * inits["b_s"]).reshape(1, 8, 1, 1)
-    np.testing.assert_array_equal(graph.constants[add.inputs[1]], bias)
+    np.testing.assert_array_equal(graph.constants[add.inputs[1]], inits["bf"].reshape(1, 8, 1, 1))
     assert add.outputs == ["c"]
 
 
@@ -195,13 +209,21 @@ def test_a_qdq_matmul_runs_on_its_integers(per_column: bool, tmp_path: Path) -> 
     assert "MatMulInteger" in assert_within_one_step(model, tmp_path, 0.1)
 
 
+@pytest.mark.parametrize("per_column", [True, False], ids=["per-column", "per-tensor"])
+def test_a_qdq_matmul_into_its_quantize_is_one_requantizing_kernel(per_column: bool, tmp_path: Path) -> None:
+    model = qdq_matmul_model(per_column=per_column, add=False)
+    graph = optimize(_imported(model, tmp_path))
+    assert _ops(graph) == ["QuantizeLinear", "QLinearMatMul", "DequantizeLinear"]
+    assert "QLinearMatMul" in assert_within_one_step(model, tmp_path, 0.1)
+
+
 def test_a_shared_dequantize_of_x_stays(tmp_path: Path) -> None:
     """x's DequantizeLinear also feeds a graph output: the Conv fuses, the DequantizeLinear stays for the other
     reader."""
     model = qdq_conv_model(pads=[1, 1, 1, 1])
     model.graph.output.append(helper.make_tensor_value_info("xd", onnx.TensorProto.FLOAT, list(X_SHAPE)))
     graph = optimize(_imported(model, tmp_path))
-    assert "ConvInteger" in _ops(graph) and "Conv" not in _ops(graph)
+    assert "QLinearConv" in _ops(graph) and "Conv" not in _ops(graph)
     assert [node.outputs for node in graph.nodes if node.op_type == "DequantizeLinear"][0] == ["xd"]
 
 

@@ -7,6 +7,12 @@ times x_scale * w_scale (per tensor or per output channel) plus the bias dequant
 rounding of the original differs, which the QuantizeLinear at the end turns into at most one quantization step.
 MatMul(DequantizeLinear(a_q), DequantizeLinear(b_q)) becomes MatMulInteger the same way.
 
+Where nothing but an optional Relu stands between the product and a per-tensor QuantizeLinear, and the bias (if
+any) is int32 quantized with exactly x_scale * w_scale, the whole chain is one QLinearConv (QLinearMatMul): its
+integer kernel requantizes as it stores, so no int32 or float32 tensor is written; the Relu is its fused
+activation (quantizing is monotonic, so a Relu before it is a clamp at y_zero_point). Its requantization (float64,
+exact) differs from the QDQ graph's float32 path only by that path's roundings, as above.
+
 The pass runs before constant folding, while the weights' DequantizeLinear are still nodes, and fuses only where
 that is exact up to that rounding: 8-bit operands, every scale and zero point a constant, the data's per tensor, the
 weight's per tensor or along the output channel (Conv) or column (MatMul), and the product's float result read only
@@ -25,7 +31,7 @@ from onnx import TensorProto
 from farm.frontend.passes.dead_nodes import remove_dead_nodes
 from farm.frontend.passes.quantize_folding import fold_dequantize, kernel_attrs
 from farm.frontend.passes.rewrite import all_names, unique_name
-from farm.ir.graph import Graph, Node, TensorInfo
+from farm.ir.graph import Activation, Graph, Node, TensorInfo
 
 INTEGER_PRODUCT_OPSET = 10
 """ConvInteger and MatMulInteger exist from this opset on."""
@@ -36,37 +42,44 @@ BYTE_INTS = frozenset({"int8", "uint8"})
 @dataclass(frozen=True)
 class Dequantized:
     """A DequantizeLinear that a fused product reads through: its integer input, zero point ('' when absent), scale
-    (one value or one per element along `axis`) and the axis of a per-axis scale or zero point (None: per tensor)."""
+    (one value or one per element along `axis`; `scale_name` the constant holding it) and the axis of a per-axis
+    scale or zero point (None: per tensor)."""
 
     values: str
     zero: str
     scale: np.ndarray
     axis: int | None
+    scale_name: str = ""
 
 
 @dataclass(frozen=True)
 class Fusion:
-    """What replaces a float product: the integer op with its operands and attributes, the shape its per-channel
-    constants take to broadcast over its output, its channels, and its float bias (None: none)."""
+    """What replaces a float product: the integer op (and its requantizing form) with its operands and attributes,
+    the shape its per-channel constants take to broadcast over its output, its channels, its float bias (None:
+    none) and that bias as int32 quantized with the scales' product (`bias_q`, None when it isn't so quantized)."""
 
     op: str
+    requantizing_op: str
     data: Dequantized
     weight: Dequantized
     attrs: dict[str, Any]
     channel_shape: tuple[int, ...]
     channels: int
     bias: np.ndarray | None = None
+    bias_q: str | None = None
 
 
 def fuse_qdq(graph: Graph) -> Graph:
     """Replace each Conv or MatMul of dequantized 8-bit operands (see the module's docstring for when) by its
-    integer op -> Cast to float32 -> Mul by the scales' product -> [Add of the bias], which writes the product's
-    output; DequantizeLinear nodes nothing reads any more go."""
+    requantizing op writing the QuantizeLinear's output (with the Relu before it, if any), or by its integer op ->
+    Cast to float32 -> Mul by the scales' product -> [Add of the bias] writing the product's output; DequantizeLinear
+    nodes nothing reads any more go."""
     if graph.opset < INTEGER_PRODUCT_OPSET:
         return graph
     users, producers, outputs = graph.consumers(), graph.producers(), set(graph.outputs)
     taken = all_names(graph) | {node.name for node in graph.nodes}
     rewritten: list[Node] = []
+    replaced: set[int] = set()
     fused = 0
     for node in graph.nodes:
         match = _FUSIONS.get(node.op_type) if not node.domain else None
@@ -74,9 +87,14 @@ def fuse_qdq(graph: Graph) -> Graph:
         if fusion is None or not _quantized_after(graph, node.outputs[0], users, producers, outputs):
             rewritten.append(node)
             continue
-        rewritten.extend(_integer_nodes(graph, node, fusion, taken))
+        requantized = _requantized_chain(graph, node, fusion, users)
+        if requantized is not None:
+            replaced.update(id(step) for step in requantized.steps)
+            rewritten.append(_requantizing_node(graph, node, fusion, requantized, taken))
+        else:
+            rewritten.extend(_integer_nodes(graph, node, fusion, taken))
         fused += 1
-    graph.nodes = rewritten
+    graph.nodes = [node for node in rewritten if id(node) not in replaced]
     return remove_dead_nodes(graph) if fused else graph
 
 
@@ -100,7 +118,7 @@ def _dequantized(graph: Graph, name: str, producers: dict[str, Node]) -> Dequant
     attrs = kernel_attrs(graph, node)
     if attrs is None or attrs["block_size"] or scale.dtype != np.float32 or output_info.dtype != "float32":
         return None
-    return Dequantized(values, zero, scale.reshape(-1), attrs["axis"])
+    return Dequantized(values, zero, scale.reshape(-1), attrs["axis"], scale_name)
 
 
 def _float_constant(graph: Graph, name: str, producers: dict[str, Node]) -> np.ndarray | None:
@@ -150,7 +168,9 @@ def _conv_fusion(graph: Graph, conv: Node, producers: dict[str, Node]) -> Fusion
     bias = _float_constant(graph, bias_name, producers) if bias_name else None
     if bias_name and (bias is None or bias.size != channels):
         return None
-    return Fusion("ConvInteger", data, weight, dict(conv.attrs), (1, channels, 1, 1), channels, bias)
+    bias_q = _quantized_bias(graph, bias_name, producers, data, weight) if bias_name else None
+    attrs = dict(conv.attrs)
+    return Fusion("ConvInteger", "QLinearConv", data, weight, attrs, (1, channels, 1, 1), channels, bias, bias_q)
 
 
 def _matmul_fusion(graph: Graph, matmul: Node, producers: dict[str, Node]) -> Fusion | None:
@@ -162,7 +182,27 @@ def _matmul_fusion(graph: Graph, matmul: Node, producers: dict[str, Node]) -> Fu
     shape = graph.constants.info(weight.values).shape
     if len(shape) != 2 or not graph.values[data.values].shape:
         return None
-    return Fusion("MatMulInteger", data, weight, {}, (shape[1],), shape[1])
+    return Fusion("MatMulInteger", "QLinearMatMul", data, weight, {}, (shape[1],), shape[1])
+
+
+def _quantized_bias(
+    graph: Graph, name: str, producers: dict[str, Node], data: Dequantized, weight: Dequantized
+) -> str | None:
+    """The int32 constant of a bias DequantizeLinear(b_q, x_scale * w_scale, 0), as onnxruntime's quantizers write
+    it (the scale exactly the float32 product, per channel, the zero point absent or 0); else None."""
+    node = producers.get(name)
+    if node is None or node.op_type != "DequantizeLinear" or node.domain or len(node.inputs) < 2:
+        return None
+    values, scale = node.inputs[0], node.inputs[1]
+    zero = node.inputs[2] if len(node.inputs) > 2 else ""
+    if values not in graph.constants or scale not in graph.constants or (zero and zero not in graph.constants):
+        return None
+    if graph.constants[values].dtype != np.int32 or (zero and np.any(graph.constants[zero] != 0)):
+        return None
+    channels = graph.constants[values].size
+    expected = np.broadcast_to((data.scale * weight.scale).astype(np.float32), (channels,))
+    given = np.broadcast_to(graph.constants[scale].reshape(-1), (channels,))
+    return values if np.array_equal(given, expected) else None
 
 
 _FUSIONS: dict[str, Callable[[Graph, Node, dict[str, Node]], Fusion | None]] = {
@@ -255,3 +295,74 @@ def _integer_nodes(graph: Graph, node: Node, fusion: Fusion, taken: set[str]) ->
         bias = _new_constant(graph, taken, f"{node.name}/integer_bias", fusion.bias.reshape(fusion.channel_shape))
         nodes.append(Node(unique_name(taken, f"{node.name}/bias"), "Add", [scaled, bias], [output]))
     return nodes
+
+
+# ------------------------------------------------------------------------------ the requantizing form
+
+
+@dataclass(frozen=True)
+class RequantizedChain:
+    """A product's float result going through at most a Relu into a per-tensor QuantizeLinear of an 8-bit type
+    (constant scale and zero point): the nodes it replaces, the QuantizeLinear's inputs and output, and the Relu."""
+
+    steps: tuple[Node, ...]
+    y_scale: str
+    y_zero: str
+    output: str
+    relu: bool
+
+
+def _requantized_chain(
+    graph: Graph, node: Node, fusion: Fusion, users: dict[str, list[Node]]
+) -> RequantizedChain | None:
+    """The chain after `node` that its requantizing op can take whole, or None (then the integer op, Cast, Mul and
+    Add compute the float result, and the chain stays)."""
+    if fusion.bias is not None and fusion.bias_q is None:
+        return None
+    steps: list[Node] = []
+    reader = users[node.outputs[0]][0]
+    if reader.op_type == "Relu":
+        steps.append(reader)
+        reader = users[reader.outputs[0]][0]
+    if reader.op_type != "QuantizeLinear" or len(reader.inputs) < 3 or not reader.inputs[2]:
+        return None
+    y_scale, y_zero = reader.inputs[1], reader.inputs[2]
+    if y_scale not in graph.constants or y_zero not in graph.constants:
+        return None
+    scale, zero = graph.constants[y_scale], graph.constants[y_zero]
+    if scale.size != 1 or zero.size != 1 or scale.dtype != np.float32 or zero.dtype.name not in BYTE_INTS:
+        return None
+    if reader.attrs.get("block_size") or graph.values[reader.outputs[0]].dtype != zero.dtype.name:
+        return None
+    steps.append(reader)
+    return RequantizedChain(tuple(steps), y_scale, y_zero, reader.outputs[0], relu=len(steps) == 2)
+
+
+def _requantizing_node(graph: Graph, node: Node, fusion: Fusion, chain: RequantizedChain, taken: set[str]) -> Node:
+    """QLinearConv (QLinearMatMul) writing the chain's QuantizeLinear output from the integers; an absent data or
+    weight zero point becomes a constant 0 of its operand's dtype (the op requires them)."""
+    data_zero = fusion.data.zero or _zero_of(graph, taken, fusion.data.values)
+    weight_zero = fusion.weight.zero or _zero_of(graph, taken, fusion.weight.values)
+    inputs = [
+        fusion.data.values,
+        fusion.data.scale_name,
+        data_zero,
+        fusion.weight.values,
+        fusion.weight.scale_name,
+        weight_zero,
+        chain.y_scale,
+        chain.y_zero,
+    ] + ([fusion.bias_q] if fusion.bias_q else [])
+    return Node(
+        unique_name(taken, f"{node.name}/requantized"),
+        fusion.requantizing_op,
+        inputs,
+        [chain.output],
+        fusion.attrs,
+        activation=Activation("relu") if chain.relu else None,
+    )
+
+
+def _zero_of(graph: Graph, taken: set[str], values: str) -> str:
+    dtype = graph.values[values].dtype if values in graph.values else graph.constants[values].dtype.name
+    return _new_constant(graph, taken, f"{values}/zero_point", np.zeros((), dtype))
