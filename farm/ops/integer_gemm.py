@@ -6,8 +6,8 @@ A MatMulInteger is one IntGemm per unit of columns of C (a parallel loop; each u
 launch's stack, at most INT_GEMM_PANEL_BYTES). A ConvInteger copies its input's im2col matrix (its zero point in
 the padding, so that padding adds nothing, as ONNX pads x after subtracting it) into byte scratch of its input's
 dtype, then runs IntGemms with the output channels as rows (the weights, read in place: each row's k values are
-contiguous) and the output pixels as columns, in units of row blocks x column blocks; with fewer pixels than a
-vector's lanes (CONV_PIXELS_AS_COLUMNS_MIN), the pixels as rows and the channels as columns instead.
+contiguous) and the output pixels as columns, in units of row blocks x column blocks; with fewer pixels than
+CONV_PIXELS_AS_COLUMNS_MIN, the pixels as rows and the channels as columns instead.
 
 Units have a whole number of INT_GEMM_UNITS columns where one divides the columns; otherwise the columns past the
 last whole unit are one narrower unit of each row block, in a second parallel loop.
@@ -31,10 +31,13 @@ INT_GEMM_PANEL_BYTES = 256 << 10
 """The most bytes of B a unit packs on the launch's stack (k x its width)."""
 CONV_ROW_BLOCK = 64
 """Output channels per unit of an integer conv whose channels are a multiple of it (else all in one)."""
-CONV_PIXELS_AS_COLUMNS_MIN = 16
-"""The fewest output pixels an integer conv takes as its GEMM's columns (a vector's lanes); with fewer (the 2x2
-planes of a ResNet's last stage) its pixels are the rows and its output channels the columns, so that every lane
-holds a column: the weights are then B read transposed (L.IntGemm.b_transposed), the output C written transposed."""
+CONV_PIXELS_AS_COLUMNS_MIN = 64
+"""The fewest output pixels an integer conv takes as its GEMM's columns (a vector's lanes); with fewer (the 4x4 and
+2x2 planes of a ResNet's last stages) its pixels are the rows and its output channels the columns, so that every
+lane holds a column and each broadcast of a pixel's bytes feeds several vectors of channels (a 16-pixel plane as
+columns is one vector: one dot product per broadcast): the weights are then B read transposed
+(L.IntGemm.b_transposed), the output C written transposed. light ResNet-18's 256-channel 4x4 convs went from 0.106
+to 0.088 ms each on one Xeon core."""
 CONV_SCRATCH_MAX_BYTES = 64 << 20
 """The largest im2col matrix (all images) an integer conv copies; a bigger one runs as a loop nest."""
 
