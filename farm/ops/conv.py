@@ -26,6 +26,7 @@ from farm.ops.window import (
     phased_tap,
     register_by_rank,
     spatial_attrs,
+    tap_columns,
     window,
     window_tap,
 )
@@ -198,7 +199,7 @@ def _im2col(names: L.Names, geo: ConvGeometry, x_base: L.Expr, band: ColumnBand)
     taps: list[L.Stmt] = []
     for s in range(geo.kernel_width):
         start = band.start + ((c * geo.kernel_height + r) * geo.kernel_width + s) * band.stride + y * geo.out_width
-        lo, hi = _tap_columns(geo, s)
+        lo, hi = tap_columns(geo, s)
         source = x_base + c * geo.in_pixels + ih * geo.width + (s * geo.dilation_width - geo.pad_left)
         row = (
             fill_scratch(names, start, 0, lo)
@@ -208,14 +209,6 @@ def _im2col(names: L.Names, geo: ConvGeometry, x_base: L.Expr, band: ColumnBand)
         taps += [L.If(inside, row), L.If(outside, fill_scratch(names, start, 0, geo.out_width))]
     rows = L.Loop(y, band.rows, [L.Loop(r, geo.kernel_height, taps)], True)
     return [L.Loop(c, geo.in_channels_per_group, [rows], True)]
-
-
-def _tap_columns(geo: Window, s: int) -> tuple[int, int]:
-    """[lo, hi): the output columns whose input column for tap column `s` lies inside the input."""
-    shift = geo.pad_left - s * geo.dilation_width  # ow * sw - shift is the input column
-    lo = max(0, -(-shift // geo.stride_width))
-    hi = min(geo.out_width, (geo.width - 1 + shift) // geo.stride_width + 1)
-    return min(lo, geo.out_width), max(min(lo, geo.out_width), hi)
 
 
 def _depthwise(names: L.Names, spec: KernelSpec, geo: ConvGeometry) -> list[L.Stmt]:

@@ -132,21 +132,35 @@ def window(spec: KernelSpec) -> Window:
     )
 
 
-def fill_scratch(names: L.Names, start: L.Expr, begin: int, end: int, value: float = 0.0) -> list[L.Stmt]:
-    """scratch[start + ow] = value for ow in [begin, end)."""
+def fill_scratch(names: L.Names, start: L.Expr, begin: int, end: int, value: float | L.Expr = 0.0) -> list[L.Stmt]:
+    """scratch[start + ow] = value for ow in [begin, end) (a constant, or an expression: an integer conv's zero
+    point)."""
     if end <= begin:
         return []
     x = names.var("x")
-    return [L.Loop(x, end - begin, [L.Store("scratch", start + x + begin, L.const(value))], True)]
+    fill = value if isinstance(value, L.Expr) else L.const(value)
+    return [L.Loop(x, end - begin, [L.Store("scratch", start + x + begin, fill)], True)]
 
 
-def copy_to_scratch(names: L.Names, start: L.Expr, source: L.Expr, stride: int, begin: int, end: int) -> list[L.Stmt]:
-    """scratch[start + ow] = in0[source + ow * stride] for ow in [begin, end)."""
+def tap_columns(geo: Window, s: int) -> tuple[int, int]:
+    """[lo, hi): the output columns whose input column for tap column `s` lies inside the input."""
+    shift = geo.pad_left - s * geo.dilation_width  # ow * sw - shift is the input column
+    lo = max(0, -(-shift // geo.stride_width))
+    hi = min(geo.out_width, (geo.width - 1 + shift) // geo.stride_width + 1)
+    return min(lo, geo.out_width), max(min(lo, geo.out_width), hi)
+
+
+def copy_to_scratch(
+    names: L.Names, start: L.Expr, source: L.Expr, stride: int, begin: int, end: int, value_dtype: str = L.F32
+) -> list[L.Stmt]:
+    """scratch[start + ow] = in0[source + ow * stride] for ow in [begin, end) (in0's values of `value_dtype`: I64
+    for an integer conv's bytes)."""
     if end <= begin:
         return []
     x = names.var("x")
     ow = x + begin
-    return [L.Loop(x, end - begin, [L.Store("scratch", start + ow, L.Load("in0", source + ow * stride))], True)]
+    copy = L.Store("scratch", start + ow, L.Load("in0", source + ow * stride, value_dtype))
+    return [L.Loop(x, end - begin, [copy], True)]
 
 
 def padded_plane(geo: Window) -> tuple[int, int]:
