@@ -51,9 +51,13 @@ def test_panels_that_do_not_divide_the_weight_are_a_build_error():
     with pytest.raises(BuildError, match="not float32 blocks of 2 x 2"):
         pack_weights(spec, host(), data)
     odd = np.zeros(9, np.float32).tobytes()
-    for panels in ((0, 3, 3), (2, 3, 3, 2), (2, 3), (3, 3, 1, 0, 1), (-1, 3, 3)):  # as a message might carry them
+    for panels in ((0, 3, 3), (2, 3, 3, 2), (2, 3), (3, 3, 1, 0, 1, 1), (-1, 3, 3)):  # as a message might carry them
         spec = BlobSpec(hashlib.sha256(odd).hexdigest(), len(odd), host().id, panels=panels)
         with pytest.raises(BuildError, match="neither"):
+            pack_weights(spec, host(), odd)
+    for panels in ((16, 3, 12, 0, 1), (16, 4, 9, 1, 0), (16, 4, 16, 0, 2)):  # byte panels: k groups, whole panels
+        spec = BlobSpec(hashlib.sha256(odd).hexdigest(), len(odd), host().id, panels=panels)
+        with pytest.raises(BuildError, match="not byte panels"):
             pack_weights(spec, host(), odd)
 
 

@@ -5,6 +5,7 @@ vectors, and units at offsets."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 from native_helpers import host, run_kernel
 
 from farm.backends.llvm.int_gemm import DOT_PRODUCTS, DotProduct, dot_product_for, generic_dot_product
+from farm.backends.llvm.packing import pack_byte_panels
 from farm.backends.llvm.target import CpuTarget
 from farm.ir import loopir as L
 
@@ -223,3 +225,23 @@ def test_requantized_int_gemm_matches_the_reference(
         (tmp_path / str(index)).mkdir()
         out = run_kernel(kernel, arrays, tmp_path / str(index), dot=dot)[0]
         np.testing.assert_array_equal(out, expected, err_msg=f"m={m} k={k} n={n}")
+
+
+@pytest.mark.parametrize("dot", DOTS, ids=lambda dot: f"{dot.name}-{dot.lanes}")
+@pytest.mark.parametrize("b_dtype", ["uint8", "int8"])
+@pytest.mark.parametrize("transposed", [False, True], ids=["row-major", "transposed"])
+def test_a_b_packed_at_build_time_is_read_from_its_panels(
+    dot: DotProduct, b_dtype: str, transposed: bool, tmp_path: Path
+) -> None:
+    """B as a CPU build packs a constant weight (packing.pack_byte_panels: 16-column panels, which 8- and 4-lane
+    vectors read in halves and quarters), each unit's B at its first column times k."""
+    for index, (m, k, n, units) in enumerate([(13, 36, 16, 1), (7, 132, 64, 2), (20, 256, 48, 1)]):
+        kernel, arrays, exact = _kernel(m, k, n, "uint8", b_dtype, "per-line", units, transposed)
+        stored = arrays[2].reshape(1, units * n, k) if transposed else arrays[2].reshape(1, k, units * n)
+        arrays[2] = pack_byte_panels(stored, L.INT_GEMM_PANEL_LANES, transposed, b_dtype == "uint8").reshape(-1)
+        loop = kernel.body[0]
+        assert isinstance(loop, L.Loop) and isinstance(loop.body[0], L.IntGemm)
+        loop.body[0] = dataclasses.replace(loop.body[0], b_offset=loop.var * (n * k), b_panels=units * n)
+        (tmp_path / str(index)).mkdir()
+        out = run_kernel(kernel, arrays, tmp_path / str(index), dot=dot)[0]
+        np.testing.assert_array_equal(out, exact, err_msg=f"m={m} k={k} n={n}")

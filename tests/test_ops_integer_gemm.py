@@ -10,6 +10,8 @@ import onnx
 import pytest
 from numerics import single_op_model
 
+from farm.backends.llvm.kernel import packed_params
+from farm.backends.llvm.target import host_target
 from farm.build.assembly import plan_model
 from farm.ir import loopir as L
 from farm.ir.specs import KernelSpec
@@ -85,3 +87,20 @@ def test_an_im2col_matrix_over_the_cap_is_a_loop_nest(tmp_path: Path) -> None:
     side = 512
     channels = -(-CONV_SCRATCH_MAX_BYTES // (side * side * 9))
     assert conv_gemm(_conv(tmp_path, (1, channels, side, side), (4, channels, 3, 3), {"pads": [1, 1, 1, 1]})) is None
+
+
+def test_constant_weights_are_read_from_panels_packed_at_build_time(tmp_path: Path) -> None:
+    """A constant weight whose shape suits the panels is read pre-packed (L.IntGemm.b_panels, its whole columns),
+    and the CPU build packs its blob as the IntGemm's byte panels (flipped for uint8 weights)."""
+    conv = _conv(tmp_path, (1, 16, 4, 4), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]})
+    assert [g.b_panels for g in _int_gemms(lower_kernel(conv).body)] == [32]
+    assert packed_params(conv, host_target()) == {2: (16, 144, 32, 1, 1)}  # out0, x, then w
+    matmul = _matmul(tmp_path, (2, 3, 32), (32, 48))
+    assert packed_params(matmul, host_target()) == {2: (16, 32, 48, 0, 0)}
+
+
+def test_weights_that_do_not_suit_panels_are_packed_as_they_run(tmp_path: Path) -> None:
+    """k not whole groups of four, or columns not whole panels: the unit packs its columns on its stack."""
+    for spec in (_matmul(tmp_path, (2, 3, 30), (30, 48)), _conv(tmp_path, (1, 16, 4, 4), (24, 16, 3, 3))):
+        assert [g.b_panels for g in _int_gemms(lower_kernel(spec).body)] in ([0], [0, 0])
+        assert packed_params(spec, host_target()) == {}

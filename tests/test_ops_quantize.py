@@ -581,6 +581,32 @@ def _qdq_case(opset: int) -> OpCase:
     )
 
 
+# Constant weights, which a CPU build packs into IntGemm panels (L.IntGemm.b_panels): a conv with its pixels as
+# rows, a MatMulInteger of uint8 weights (flipped as packed).
+PACKED_WEIGHT_CASES: list[OpCase] = [
+    _case(
+        "int-conv-packed-weights",
+        "ConvInteger",
+        [("x", (1, 16, 4, 4), "uint8"), ("x_zero_point", (), "uint8")],
+        {"x": ints((1, 16, 4, 4), "uint8", 0), "x_zero_point": ints((), "uint8", 1)},
+        {"pads": [1, 1, 1, 1]},
+        {"w": ints((32, 16, 3, 3), "int8", 2), "w_zero_point": ints((32,), "int8", 3)},
+        opset=10,
+        onnxruntime=False,
+        node_inputs=["x", "w", "x_zero_point", "w_zero_point"],
+    ),
+    _case(
+        "int-gemm-packed-weights",
+        "MatMulInteger",
+        [("A", (3, 5, 32), "uint8"), ("a_zero_point", (), "uint8")],
+        {"A": ints((3, 5, 32), "uint8", 0), "a_zero_point": ints((), "uint8", 1)},
+        initializers={"B": ints((32, 48), "uint8", 2), "b_zero_point": ints((48,), "uint8", 3)},
+        opset=10,
+        onnxruntime=False,
+        node_inputs=["A", "B", "a_zero_point", "b_zero_point"],
+    ),
+]
+
 QDQ_CASES: list[OpCase] = [_qdq_case(opset) for opset in (13, 21)]
 
 CASES: list[OpCase] = (
@@ -591,6 +617,7 @@ CASES: list[OpCase] = (
     + QLINEAR_MATMUL_CASES
     + CONV_INTEGER_CASES
     + QLINEAR_CONV_CASES
+    + PACKED_WEIGHT_CASES
     + QDQ_CASES
 )
 

@@ -54,3 +54,22 @@ def test_panels_that_are_not_a_layout_or_values_that_are_not_whole_blocks_are_re
         pack(bytes(4 * size), panels)
     with pytest.raises(ValueError, match=error):
         pack_operand(np.zeros(size, np.float32), panels)
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "transposed", "flip", "blocks"),
+    list(itertools.product([4, 36, 128], [16, 48], [0, 1], [0, 1], [1, 2])),
+)
+def test_byte_panels_are_the_workers_bytes(k: int, n: int, transposed: int, flip: int, blocks: int) -> None:
+    """An IntGemm's byte B (L.IntGemm.b_panels): each column's four k bytes side by side, 16 columns a panel."""
+    values = RNG.integers(0, 256, blocks * k * n).astype(np.uint8)
+    panels = (16, k, n, transposed, flip)
+    assert pack(values.tobytes(), panels) == pack_operand(values.view(np.float32), panels).tobytes()
+
+
+@pytest.mark.parametrize("panels", [(16, 6, 16, 0, 0), (16, 8, 24, 1, 0), (16, 8, 16, 0, 2)])
+def test_byte_panels_of_partial_groups_or_panels_are_refused(panels: tuple[int, ...]) -> None:
+    with pytest.raises(ValueError, match="not byte panels"):
+        pack(bytes(8 * 16 * 3), panels)
+    with pytest.raises(ValueError, match="not byte panels"):
+        pack_operand(np.zeros(8 * 16 * 3 // 4, np.float32), panels)

@@ -130,7 +130,7 @@ class Derivation:
             and nbytes >= 0
             and isinstance(target, CpuTarget)
             and spec.get("target") == target.id
-            and len(panels) in (3, 4)
+            and len(panels) in (3, 4, 5)
             and all(type(value) is int and value >= 0 for value in panels)
         ):
             raise ValueError("a derivation that packs no weight for a CPU")

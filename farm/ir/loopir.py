@@ -447,8 +447,8 @@ class Gemm(Stmt):
 
 @dataclass(frozen=True)
 class LineValues:
-    """Values an IntGemm reads per row or column of C (zero points, scales, a bias): `buf` from `offset`, one value,
-    or one per row of A (per column of B; for a Requantize, per its `on_rows`)."""
+    """Values an IntGemm reads per row or column of C (zero points, scales, a bias) from buf[offset]: one, or one per
+    row of A (per column of B; for a Requantize, per its `on_rows`)."""
 
     buf: str
     offset: Expr
@@ -477,14 +477,10 @@ class Requantize:
 
 @dataclass
 class IntGemm(Stmt):
-    """C[m, n] = sum_k (A[m, k] - a_zero[m]) * (B[k, n] - b_zero[n]) over byte operands (int8 or uint8, each as its
-    buffer's dtype), exact in int32 (wrapping as int32 arithmetic does) and stored in C's int32 elements: row-major
-    panels at element offsets with leading dimensions, as Gemm's. Any k (renderers read A four bytes at a time, and
-    the last k % INT_GEMM_K_GROUP bytes of each row one at a time) and any n (the last vector of columns is then
-    partial).
-
-    A primitive for the same reason as Gemm: its speed lives in the dot-product instructions each ISA has (AVX-512
-    VNNI's vpdpbusd, AVX2's vpmaddwd) and in register blocking."""
+    """C[m, n] = sum_k (A[m, k] - a_zero[m]) * (B[k, n] - b_zero[n]) over int8/uint8 operands (as their buffers'
+    dtypes), exact in int32 (wrapping as int32 does) into C's int32s: row-major panels at element offsets with
+    leading dimensions, as Gemm's; any k and n. A primitive for the same reason as Gemm: its speed lives in each
+    ISA's dot-product instructions (AVX-512 VNNI's vpdpbusd, AVX2's vpmaddwd) and in register blocking."""
 
     a: str
     a_offset: Expr
@@ -503,15 +499,20 @@ class IntGemm(Stmt):
     b_zero: LineValues | None = None
     """B's zero points (None: 0)."""
     b_transposed: bool = False
-    """B is stored transposed (B[k, n] at n * ldb + k: a conv's weights as the columns, when its output pixels are
-    the rows)."""
+    """B stored n x k (B[k, n] at n * ldb + k: a conv's weights, when its output pixels are the rows)."""
     c_transposed: bool = False
-    """C is stored transposed (C[m, n] at n * ldc + m: the NCHW output of a conv whose rows are its pixels)."""
+    """C stored n x m (C[m, n] at n * ldc + m: the NCHW output of a conv whose rows are its pixels)."""
     requantize: Requantize | None = None
     """Store each sum requantized into C's bytes (None: C holds the int32 sums)."""
+    b_panels: int = 0
+    """B (a constant weight of this many columns; 0: none) may be read pre-packed: a CPU build stores it in panels of
+    INT_GEMM_PANEL_LANES columns, group by group of four k, each column's four bytes side by side, as int8
+    (packing.pack_byte_panels); b_offset is the unit's first column times k. OpenCL reads it as stored."""
 
 
 INT_GEMM_K_GROUP = 4
+INT_GEMM_PANEL_LANES = 16
+"""The columns of a pre-packed B's panel: AVX-512's int32 lanes (AVX2 and NEON read halves and quarters)."""
 
 
 # -- launches: how a kernel splits into pieces that run one after another, each across many workers ------------

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from farm.ir import loopir as L
 from farm.ir.graph import TensorInfo
 from farm.ir.specs import KernelSpec
-from farm.ops.registry import BUFFER_DTYPES, out_shape, prod
+from farm.ops.registry import BUFFER_DTYPES, NodeContext, out_shape, prod
 from farm.ops.tensor import load
 from farm.ops.window import copy_to_scratch, fill_scratch, tap_columns, window
 
@@ -64,6 +64,20 @@ def given_input_buffer(spec: KernelSpec, index: int) -> tuple[str, TensorInfo]:
     buffer = input_buffer(spec, index)
     assert buffer is not None, f"node input {index} is required, so present"
     return buffer
+
+
+def constant_weight(ctx: NodeContext, index: int) -> dict[str, bool]:
+    """{"constant_weight": True} when node input `index` (the weight) is a constant, which a CPU build may then
+    pre-pack (L.IntGemm.b_panels); else nothing (equal layers keep equal keys)."""
+    return {"constant_weight": True} if ctx.node.inputs[index] in ctx.constants else {}
+
+
+def _panels(spec: KernelSpec, depth: int, columns: int, width: int) -> int:
+    """L.IntGemm.b_panels for a weight B of `columns` columns read in units of `width`: its columns when the weight
+    is a constant and its shape suits the panels (k whole groups of four, columns and units whole panels), else 0."""
+    lanes = L.INT_GEMM_PANEL_LANES
+    suits = depth % L.INT_GEMM_K_GROUP == 0 and columns % lanes == 0 and width % lanes == 0
+    return columns if spec.attrs.get("constant_weight") and suits else 0
 
 
 def _zero_points(spec: KernelSpec, index: int, line: L.Expr) -> L.LineValues | None:
@@ -176,6 +190,7 @@ def matmul_integer_gemm(
     if len(b_mat) != 2 or width is None or not fast_path_suits(spec, operands):
         return None
     b_name = given_input_buffer(spec, operands.weight)[0]
+    panels = _panels(spec, depth, cols, width)
 
     def gemm(line: L.Expr, column: L.Expr, columns: int) -> L.IntGemm:
         return L.IntGemm(
@@ -183,7 +198,7 @@ def matmul_integer_gemm(
             L.const(0),
             depth,
             b_name,
-            column,
+            column * depth if panels else column,
             cols,
             "out0",
             column,
@@ -194,6 +209,7 @@ def matmul_integer_gemm(
             a_zero=_zero_points(spec, operands.x_zero, L.const(0)),
             b_zero=_zero_points(spec, operands.w_zero, column),
             requantize=_requantize(spec, operands, column, on_rows=False),
+            b_panels=panels,
         )
 
     return _column_units(L.Names(), cols, width, 1, gemm)
@@ -345,6 +361,7 @@ def _pixel_row_units(spec: KernelSpec, names: L.Names, plan: ConvGemm, operands:
     """One IntGemm per (image, block of channels): every pixel's row of the image's im2col matrix (A), the block's
     weights (B, read transposed: each channel's k values are contiguous), into the NCHW output (C, transposed)."""
     w_name = given_input_buffer(spec, operands.weight)[0]
+    panels = _panels(spec, plan.depth, plan.channels, plan.width)
 
     def gemm(image: L.Expr, column: L.Expr, columns: int) -> L.IntGemm:
         return L.IntGemm(
@@ -365,6 +382,7 @@ def _pixel_row_units(spec: KernelSpec, names: L.Names, plan: ConvGemm, operands:
             b_transposed=True,
             c_transposed=True,
             requantize=_requantize(spec, operands, column, on_rows=False),
+            b_panels=panels,
         )
 
     return _column_units(names, plan.channels, plan.width, plan.images, gemm)

@@ -39,6 +39,7 @@ from farm.ops.conv import checked_group
 from farm.ops.integer_gemm import (
     INTEGER,
     QLINEAR,
+    constant_weight,
     conv_integer_gemm,
     conv_integer_scratch,
     conv_integer_scratch_dtype,
@@ -547,7 +548,7 @@ def _matmul_integer_attrs(ctx: NodeContext) -> dict[str, Any]:
     _integer_operands(ctx, (0, 1), (2, 3))
     _require_output(ctx, INT32)
     _require_channels(ctx, 3, _check_matmul(ctx, 0, 1), "b_zero_point")
-    return {"present": present_inputs(ctx.node.inputs)}
+    return {"present": present_inputs(ctx.node.inputs), **constant_weight(ctx, 1)}
 
 
 @register("MatMulInteger", normalize=_matmul_integer_attrs, dtypes=ALL_DTYPES)
@@ -566,7 +567,7 @@ def _conv_integer_attrs(ctx: NodeContext) -> dict[str, Any]:
     _require_output(ctx, INT32)
     attrs = _conv_attrs(ctx, 1)
     _require_channels(ctx, 3, ctx.input_info(1).shape[0], "w_zero_point")
-    return attrs
+    return {**attrs, **constant_weight(ctx, 1)}
 
 
 @register(
@@ -605,7 +606,8 @@ def _qlinear_attrs(ctx: NodeContext, channels: int) -> dict[str, Any]:
     if ctx.inputs[7] is None or ctx.outputs[0].dtype != ctx.inputs[7].dtype:
         raise ctx.unsupported("the output must have y_zero_point's dtype")
     _require_output(ctx, BYTE_INTS)
-    return {"present": present_inputs(ctx.node.inputs), "half": scales == {"float16"}, "to": ctx.outputs[0].dtype}
+    attrs = {"present": present_inputs(ctx.node.inputs), "half": scales == {"float16"}, "to": ctx.outputs[0].dtype}
+    return {**attrs, **constant_weight(ctx, 3)}
 
 
 def _requantize(spec: KernelSpec) -> Finish:

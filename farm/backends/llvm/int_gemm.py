@@ -306,13 +306,47 @@ class _Emitter:
 
     def emit(self) -> None:
         dot, g = self.dot, self.g
-        self.panel = self.slot(f"intgemm.panel.{g.k}x{g.n}", ir.ArrayType(dot.bytes, self.groups * self.vectors))
-        self.panel.align = 64
         self.column_sums = self.slot(f"intgemm.colsum.{g.n}", ir.ArrayType(dot.accumulator, self.vectors))
         self.row_sums = self.slot(f"intgemm.rowsum.{g.m}", ir.ArrayType(I32_T, g.m))
-        self._pack_b()
+        if g.b_panels:
+            self._sum_packed_columns()
+        else:
+            self.panel = self.slot(f"intgemm.panel.{g.k}x{g.n}", ir.ArrayType(dot.bytes, self.groups * self.vectors))
+            self.panel.align = 64
+            self._pack_b()
         self._sum_rows()
         self._tiles()
+
+    def panel_vector(self, k4: ir.Value, vector: ir.Value) -> ir.Value:
+        """Vector `vector` of B's packed group k4 (each lane's four bytes): from the panel this unit packed, or from
+        B itself when it was packed at build time (L.IntGemm.b_panels: panels of INT_GEMM_PANEL_LANES columns, which
+        a narrower vector reads a part of)."""
+        b = self.b
+        if not self.g.b_panels:
+            return b.load(self.in_array(self.panel, (k4, self.vectors), (vector, 1)), align=64)
+        lanes, per_panel = self.dot.lanes, L.INT_GEMM_PANEL_LANES // self.dot.lanes
+        panel = b.sdiv(vector, ir.Constant(I64_T, per_panel))
+        part = b.srem(vector, ir.Constant(I64_T, per_panel))
+        offset = (panel, self.g.k * L.INT_GEMM_PANEL_LANES), (k4, GROUP * L.INT_GEMM_PANEL_LANES), (part, lanes * GROUP)
+        return b.load(self.at(self.ops.b, I8_T, *offset), align=1, typ=self.dot.bytes)
+
+    def _sum_packed_columns(self) -> None:
+        """The column sums of a B packed at build time: each vector's groups through a dot product with ones."""
+        dot = self.dot
+        ones = ir.Constant(dot.bytes, [1] * dot.bytes.count)
+        zero = ir.Constant(dot.accumulator, [0] * dot.accumulator.count)
+
+        def vector(v: ir.Value) -> None:
+            column_sum = self.in_array(self.column_sums, (v, 1))
+            self.b.store(zero, column_sum)
+            self.loop(
+                self.groups,
+                lambda k4: self.b.store(
+                    dot.step(self.b, self.b.load(column_sum), ones, self.panel_vector(k4, v)), column_sum
+                ),
+            )
+
+        self.loop(self.vectors, vector)
 
     # -- B: packed, its column sums taken
 
@@ -489,9 +523,7 @@ class _Emitter:
         flip = ir.Constant(I32_T, 0x80808080 if self.ops.a_signed else 0)
 
         def group(k4: ir.Value, present: int = GROUP) -> None:
-            columns = [
-                b.load(self.in_array(self.panel, (k4, self.vectors), (v0, 1), (v, 1)), align=64) for v in range(vectors)
-            ]
+            columns = [self.panel_vector(k4, b.add(v0, ir.Constant(I64_T, v))) for v in range(vectors)]
             for r in range(rows):
                 four = self._four_bytes(self.at(self.ops.a, I8_T, (m0, g.lda), (r, g.lda), (k4, GROUP)), present)
                 broadcast = b.bitcast(_splat(b, b.xor(four, flip), dot.lanes), dot.bytes)

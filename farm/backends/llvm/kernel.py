@@ -47,7 +47,8 @@ kernel again: light DenseNet-121's link plan lowered its 316 kernels 2,212 times
 def packed_params(spec: KernelSpec, target: CpuTarget) -> dict[int, tuple[int, ...]]:
     """Parameter index -> panels of each constant the kernel reads pre-packed on `target`: (rows, m, k) for an A
     read in panels of the tile rows (L.Gemm.a_panels), (width, k, n, transposed) for a B read in column panels of
-    the tile width (L.Gemm.b_panels). Its blob must be built with BlobSpec.panels equal to this."""
+    the tile width (L.Gemm.b_panels), (lanes, k, n, transposed, flip) for an IntGemm's byte B (L.IntGemm.b_panels).
+    Its blob must be built with BlobSpec.panels equal to this."""
     return dict(_packed_params(spec, target))
 
 
@@ -62,6 +63,11 @@ def _packed_params(spec: KernelSpec, target: CpuTarget) -> tuple[tuple[int, tupl
             packed[names.index(gemm.a)] = (blocking.rows, gemm.m, gemm.k)
         if gemm.b_panels:
             packed[names.index(gemm.b)] = (blocking.tile_columns, gemm.k, gemm.n, int(gemm.b_transposed))
+    for int_gemm in int_gemms(kernel.body):
+        if int_gemm.b_panels:
+            flip = int(kernel.params[names.index(int_gemm.b)].dtype == L.U8)
+            layout = (L.INT_GEMM_PANEL_LANES, int_gemm.k, int_gemm.b_panels, int(int_gemm.b_transposed), flip)
+            packed[names.index(int_gemm.b)] = layout
     return tuple(packed.items())
 
 
@@ -70,6 +76,14 @@ def gemms(stmts: list[L.Stmt]) -> list[L.Gemm]:
     found = []
     for stmt in stmts:
         found += [stmt] if isinstance(stmt, L.Gemm) else gemms(getattr(stmt, "body", []))
+    return found
+
+
+def int_gemms(stmts: list[L.Stmt]) -> list[L.IntGemm]:
+    """Every IntGemm among `stmts`, nested ones included, in order."""
+    found = []
+    for stmt in stmts:
+        found += [stmt] if isinstance(stmt, L.IntGemm) else int_gemms(getattr(stmt, "body", []))
     return found
 
 

@@ -43,20 +43,52 @@ def _pack_b(data: np.ndarray, panels: tuple[int, ...]) -> np.ndarray:
     return pack_columns(data.reshape(-1, n, k) if transposed else data.reshape(-1, k, n), width, bool(transposed))
 
 
-PANEL_LAYOUTS: dict[int, Callable[[np.ndarray, tuple[int, ...]], np.ndarray]] = {3: _pack_a, 4: _pack_b}
+def pack_byte_panels(b: np.ndarray, lanes: int, transposed: bool, flip: bool) -> np.ndarray:
+    """Bytes B (blocks x k x n, row-major; blocks x n x k when `transposed`) in the layout an IntGemm's b_panels
+    reads: per block, per `lanes` columns, per group of four k, each column's four bytes side by side
+    (L.IntGemm.b_panels); each byte xor 0x80 when `flip` (a uint8 B read as int8)."""
+    columns_first = b if transposed else b.transpose(0, 2, 1)
+    blocks, n, k = columns_first.shape
+    grouped = columns_first.reshape(blocks, n // lanes, lanes, k // 4, 4).transpose(0, 1, 3, 2, 4)
+    packed = np.ascontiguousarray(grouped).reshape(blocks, -1)
+    return packed ^ np.uint8(0x80) if flip else packed
+
+
+def _pack_bytes(data: np.ndarray, panels: tuple[int, ...]) -> np.ndarray:
+    lanes, k, n, transposed, flip = panels
+    b = data.view(np.uint8)
+    packed = pack_byte_panels(
+        b.reshape(-1, n, k) if transposed else b.reshape(-1, k, n), lanes, bool(transposed), bool(flip)
+    )
+    return packed.view(np.float32)
+
+
+PANEL_LAYOUTS: dict[int, Callable[[np.ndarray, tuple[int, ...]], np.ndarray]] = {3: _pack_a, 4: _pack_b, 5: _pack_bytes}
 """How a constant is pre-packed, by the form of its BlobSpec.panels: (rows, m, k) for A (a_panels), (width, k, n,
-transposed) for B (b_panels). Each takes the float32 values, flat, and gives them packed (flat per block)."""
+transposed) for B (b_panels), (lanes, k, n, transposed, flip) for an IntGemm's byte B (L.IntGemm.b_panels). Each
+takes the values as float32, flat (bytes four to a float for the byte form), and gives them packed (flat per
+block, the byte form's bytes as float32 again)."""
+
+
+def check_panels(panels: tuple[int, ...], nbytes: int) -> None:
+    """ValueError unless `panels` is one of PANEL_LAYOUTS's forms (it may come from a message) and `nbytes` bytes are
+    whole blocks of its shape: sizes positive, `transposed` (and a byte form's `flip`) 0 or 1, a byte form's k a
+    multiple of four and n of its lanes."""
+    if len(panels) not in PANEL_LAYOUTS or min(panels[:3]) < 1 or panels[3:4] not in ((), (0,), (1,)):
+        raise ValueError(
+            f"panels {list(panels)} are neither (rows, m, k), (width, k, n, transposed) nor (lanes, k, n, "
+            f"transposed, flip), each size positive, transposed 0 or 1"
+        )
+    if len(panels) == 5:
+        lanes, k, n, _, flip = panels
+        if flip not in (0, 1) or k % 4 or n % lanes or nbytes % (k * n):
+            raise ValueError(f"{nbytes} bytes are not byte panels {list(panels)}")
+    elif nbytes % (4 * panels[1] * panels[2]):
+        raise ValueError(f"{nbytes // 4} floats are not float32 blocks of {panels[1]} x {panels[2]}")
 
 
 def pack_operand(data: np.ndarray, panels: tuple[int, ...]) -> np.ndarray:
     """The float32 values `data` (flat) in the panel layout `panels` describes (PANEL_LAYOUTS), as one flat array;
-    ValueError unless `panels` is one of those forms (it may come from a message) and the values are whole blocks
-    of its shape."""
-    if len(panels) not in PANEL_LAYOUTS or min(panels[:3]) < 1 or panels[3:] not in ((), (0,), (1,)):
-        raise ValueError(
-            f"panels {list(panels)} are neither (rows, m, k) nor (width, k, n, transposed), each "
-            f"positive, transposed 0 or 1"
-        )
-    if data.size % (panels[1] * panels[2]):
-        raise ValueError(f"{data.size} floats are not float32 blocks of {panels[1]} x {panels[2]}")
+    ValueError unless check_panels accepts them."""
+    check_panels(panels, data.nbytes)
     return PANEL_LAYOUTS[len(panels)](data, panels).ravel()

@@ -16,12 +16,15 @@ WORD = next(code for code in "IL" if array(code).itemsize == 4)
 
 def pack(data: bytes | memoryview, panels: tuple[int, ...]) -> bytes:
     """The 4-byte values `data` in the panel layout `panels` describes: (rows, m, k) for a GEMM's A, (width, k, n,
-    transposed) for its B; ValueError as farm.backends.llvm.packing.pack_operand raises it."""
-    if len(panels) not in LAYOUTS or min(panels[:3]) < 1 or panels[3:] not in ((), (0,), (1,)):
+    transposed) for its B, (lanes, k, n, transposed, flip) for an IntGemm's byte B; ValueError as
+    farm.backends.llvm.packing.pack_operand raises it."""
+    if len(panels) not in (3, 4, 5) or min(panels[:3]) < 1 or panels[3:4] not in ((), (0,), (1,)):
         raise ValueError(
-            f"panels {list(panels)} are neither (rows, m, k) nor (width, k, n, transposed), each "
-            f"positive, transposed 0 or 1"
+            f"panels {list(panels)} are neither (rows, m, k), (width, k, n, transposed) nor (lanes, k, n, "
+            f"transposed, flip), each size positive, transposed 0 or 1"
         )
+    if len(panels) == 5:
+        return _pack_bytes(memoryview(data).cast("B"), panels)
     values = array(WORD)
     values.frombytes(data)
     if len(values) % (panels[1] * panels[2]):
@@ -29,6 +32,38 @@ def pack(data: bytes | memoryview, panels: tuple[int, ...]) -> bytes:
     packed = array(WORD, bytes(len(data)))
     LAYOUTS[len(panels)](values, packed, panels)
     return packed.tobytes()
+
+
+FLIPPED = bytes(value ^ 0x80 for value in range(256))
+"""bytes.translate's table for a uint8 B read as int8 (each byte xor 0x80)."""
+
+
+def _pack_bytes(data: memoryview, panels: tuple[int, ...]) -> bytes:
+    """Per k x n block of bytes (n x k when transposed), per `lanes` columns, per group of four k, each column's four
+    bytes side by side, as farm.backends.llvm.packing.pack_byte_panels: a transposed block's column is contiguous,
+    so its groups are 4-byte words copied to every lanes-th word of the panel, one strided copy per column; a
+    row-major block's bytes go one row of a panel's columns at a time."""
+    lanes, k, n, transposed, flip = panels
+    if flip not in (0, 1) or k % 4 or n % lanes or len(data) % (k * n):
+        raise ValueError(f"{len(data)} bytes are not byte panels {list(panels)}")
+    packed = bytearray(len(data))
+    groups = k // 4
+    for base in range(0, len(data), k * n):
+        if transposed:
+            words, out = array(WORD, bytes(data[base : base + k * n])), array(WORD, bytes(k * n))
+            for column in range(n):
+                panel, lane = divmod(column, lanes)
+                first = panel * groups * lanes + lane
+                out[first : first + groups * lanes : lanes] = words[column * groups : (column + 1) * groups]
+            packed[base : base + k * n] = out.tobytes()
+            continue
+        for panel in range(n // lanes):
+            for group in range(groups):
+                at = base + (panel * groups + group) * lanes * 4
+                for way in range(4):
+                    row = base + (group * 4 + way) * n + panel * lanes
+                    packed[at + way : at + lanes * 4 : 4] = data[row : row + lanes]
+    return bytes(packed).translate(FLIPPED) if flip else bytes(packed)
 
 
 def _pack_a(values: array, packed: array, panels: tuple[int, ...]) -> None:
