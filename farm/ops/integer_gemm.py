@@ -23,7 +23,7 @@ from farm.ir.graph import TensorInfo
 from farm.ir.specs import KernelSpec
 from farm.ops.registry import BUFFER_DTYPES, NodeContext, out_shape, prod
 from farm.ops.tensor import load
-from farm.ops.window import copy_to_scratch, fill_scratch, tap_columns, window
+from farm.ops.window import copy_to_scratch, fill_scratch, tap_columns, tap_input, window
 
 INT_GEMM_UNITS = (64, 32, 16)
 """The widths (columns of C) of the units an IntGemm launch is split into, widest first."""
@@ -333,17 +333,8 @@ def _pixel_major_im2col(spec: KernelSpec, names: L.Names, plan: ConvGemm, zero: 
         image, k = v
         taps = geo.kernel_height * geo.kernel_width
         c, r, s = k / taps, k / geo.kernel_width % geo.kernel_height, k % geo.kernel_width
-        ih = oh * geo.stride_height - geo.pad_top + r * geo.dilation_height
-        iw = ow * geo.stride_width - geo.pad_left + s * geo.dilation_width
-        inside = L.logical_and(
-            L.compare("ge", ih, 0),
-            L.compare("lt", ih, geo.height),
-            L.compare("ge", iw, 0),
-            L.compare("lt", iw, geo.width),
-        )
-        x_at = ((image * x.shape[1] + c) * geo.height + L.minimum(L.maximum(ih, 0), geo.height - 1)) * geo.width + (
-            L.minimum(L.maximum(iw, 0), geo.width - 1)
-        )
+        inside, in_plane = tap_input(geo, oh, ow, r, s)
+        x_at = (image * x.shape[1] + c) * (geo.height * geo.width) + in_plane
         at = (image * plan.pixels + oh * geo.out_width + ow) * plan.depth + k
         store = L.Store("scratch", at, L.select(inside, load("in0", x, x_at), zero))
         return [L.Loop(oh, geo.out_height, [L.Loop(ow, geo.out_width, [store])])]

@@ -50,7 +50,7 @@ from farm.ops.integer_gemm import (
 )
 from farm.ops.registry import ALL_DTYPES, NodeContext, axis_in_range, out_shape, prod, register
 from farm.ops.tensor import load
-from farm.ops.window import spatial_attrs, window
+from farm.ops.window import spatial_attrs, tap_input, window
 
 QUANT_RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), "uint16": (0, 65535)}
 """The quantized dtypes farm holds in buffers, with the range each saturates to."""
@@ -490,18 +490,9 @@ def _integer_conv(spec: KernelSpec, w_index: int, x_zero: L.Expr, w_zero: ZeroAt
 
     def element(v: list[L.Var]) -> list[L.Stmt]:
         n, m, oh, ow = v
-        ih = oh * geo.stride_height - geo.pad_top + r * geo.dilation_height
-        iw = ow * geo.stride_width - geo.pad_left + t * geo.dilation_width
-        inside = L.logical_and(
-            L.compare("ge", ih, 0),
-            L.compare("lt", ih, geo.height),
-            L.compare("ge", iw, 0),
-            L.compare("lt", iw, geo.width),
-        )
+        inside, in_plane = tap_input(geo, oh, ow, r, t)
         channel = m / group_outputs * group_channels + c
-        x_at = (
-            (n * channels + channel) * geo.height + L.minimum(L.maximum(ih, 0), geo.height - 1)
-        ) * geo.width + L.minimum(L.maximum(iw, 0), geo.width - 1)
+        x_at = (n * channels + channel) * (geo.height * geo.width) + in_plane
         w_at = ((m * group_channels + c) * geo.kernel_height + r) * geo.kernel_width + t
         term = (load("in0", x, x_at) - x_zero) * (load(w_name, w, w_at) - w_zero(m))
         taps = L.Loop(

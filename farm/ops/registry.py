@@ -11,7 +11,7 @@ import numpy as np
 
 from farm.errors import UnsupportedError
 from farm.ir import loopir as L
-from farm.ir.graph import Activation, Node, TensorInfo
+from farm.ir.graph import Activation, Graph, Node, TensorInfo
 from farm.ir.specs import KernelSpec
 
 
@@ -24,6 +24,17 @@ class NodeContext:
     outputs: list[TensorInfo]
     constants: Mapping[str, np.ndarray]
     opset: int
+
+    @classmethod
+    def of(cls, node: Node, graph: Graph) -> NodeContext:
+        """The context of `node` in `graph`: its inputs' infos (None where unknown), its outputs', the constants."""
+        return cls(
+            node,
+            [graph.values.get(name) for name in node.inputs],
+            [graph.values[name] for name in node.outputs if name],
+            graph.constants,
+            graph.opset,
+        )
 
     def constant(self, index: int) -> np.ndarray | None:
         """The constant value of input `index`, or None when it is absent; error when it is not constant."""

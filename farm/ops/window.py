@@ -142,6 +142,18 @@ def fill_scratch(names: L.Names, start: L.Expr, begin: int, end: int, value: flo
     return [L.Loop(x, end - begin, [L.Store("scratch", start + x + begin, fill)], True)]
 
 
+def tap_input(geo: Window, oh: L.Expr, ow: L.Expr, r: L.Expr, s: L.Expr) -> tuple[L.Expr, L.Expr]:
+    """Whether output (oh, ow)'s tap (r, s) reads inside the input plane, and the index in the plane it reads,
+    clamped inside (so that a load guarded by the first never reads past the plane)."""
+    ih = oh * geo.stride_height - geo.pad_top + r * geo.dilation_height
+    iw = ow * geo.stride_width - geo.pad_left + s * geo.dilation_width
+    inside = L.logical_and(
+        L.compare("ge", ih, 0), L.compare("lt", ih, geo.height), L.compare("ge", iw, 0), L.compare("lt", iw, geo.width)
+    )
+    at = L.minimum(L.maximum(ih, 0), geo.height - 1) * geo.width + L.minimum(L.maximum(iw, 0), geo.width - 1)
+    return inside, at
+
+
 def tap_columns(geo: Window, s: int) -> tuple[int, int]:
     """[lo, hi): the output columns whose input column for tap column `s` lies inside the input."""
     shift = geo.pad_left - s * geo.dilation_width  # ow * sw - shift is the input column

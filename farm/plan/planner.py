@@ -105,13 +105,7 @@ def plan_node(
     """The step for one node: normalised attributes, data arguments and scratch; constants go into `blobs`
     (`digests`: their sha256s by name where already known, see constant_digests)."""
     lowering = LOWERINGS[node.op_type]
-    ctx = NodeContext(
-        node,
-        [graph.values.get(name) for name in node.inputs],
-        [graph.values[name] for name in node.outputs if name],
-        graph.constants,
-        graph.opset,
-    )
+    ctx = NodeContext.of(node, graph)
     check_dtypes(ctx, lowering.dtypes)
     attrs = {k: _jsonable(v) for k, v in lowering.normalize(ctx).items()}
     data = [node.inputs[i] for i in lowering.data_input_indices(node)]

@@ -98,19 +98,8 @@ class GemmEmitter:
         if isinstance(extent, int) and extent == 1:
             body(ir.Constant(I64_T, 0))
             return
-        b = self.b
         self.count += 1
-        counter = self.slot(f"gemm.i{self.count}", I64_T)
-        b.store(ir.Constant(I64_T, 0), counter)
-        head, loop_body, done = (b.append_basic_block(f"gemm{self.count}.{s}") for s in ("head", "body", "done"))
-        b.branch(head)
-        b.position_at_end(head)
-        b.cbranch(b.icmp_signed("<", b.load(counter), i64(extent)), loop_body, done)
-        b.position_at_end(loop_body)
-        body(b.load(counter))
-        b.store(b.add(b.load(counter), ir.Constant(I64_T, 1)), counter)
-        b.branch(head)
-        b.position_at_end(done)
+        counted_loop(self.b, self.slot(f"gemm.i{self.count}", I64_T), f"gemm{self.count}", extent, body)
 
     def address(self, base: ir.Value, index: ir.Value) -> ir.Value:
         return self.b.gep(base, [index], inbounds=True, source_etype=F32_T)
@@ -122,6 +111,23 @@ class GemmEmitter:
             value = ir.Constant(I64_T, value) if isinstance(value, int) else value
             total = self.b.add(total, self.b.mul(value, ir.Constant(I64_T, scale)))
         return total
+
+
+def counted_loop(
+    b: ir.IRBuilder, counter: ir.AllocaInstr, label: str, extent: int | ir.Value, body: Callable[[ir.Value], None]
+) -> None:
+    """for counter in 0..extent: body(counter), as basic blocks `label`.head/body/done over the alloca `counter`
+    (mem2reg makes it a register)."""
+    b.store(ir.Constant(I64_T, 0), counter)
+    head, loop_body, done = (b.append_basic_block(f"{label}.{s}") for s in ("head", "body", "done"))
+    b.branch(head)
+    b.position_at_end(head)
+    b.cbranch(b.icmp_signed("<", b.load(counter), i64(extent)), loop_body, done)
+    b.position_at_end(loop_body)
+    body(b.load(counter))
+    b.store(b.add(b.load(counter), ir.Constant(I64_T, 1)), counter)
+    b.branch(head)
+    b.position_at_end(done)
 
 
 def i64(value: int | ir.Value) -> ir.Value:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
+from farm.backends.llvm.gemm_emitter import counted_loop
 from farm.backends.llvm.target import CpuTarget
 from farm.ir import loopir as L
 
@@ -249,19 +250,8 @@ class _Emitter:
             if extent == 1:
                 body(ir.Constant(I64_T, 0))
             return
-        b = self.b
         self.count += 1
-        counter = self.slot(f"intgemm.i{self.count}", I64_T)
-        b.store(ir.Constant(I64_T, 0), counter)
-        head, inner, done = (b.append_basic_block(f"intgemm{self.count}.{s}") for s in ("head", "body", "done"))
-        b.branch(head)
-        b.position_at_end(head)
-        b.cbranch(b.icmp_signed("<", b.load(counter), ir.Constant(I64_T, extent)), inner, done)
-        b.position_at_end(inner)
-        body(b.load(counter))
-        b.store(b.add(b.load(counter), ir.Constant(I64_T, 1), flags=("nsw", "nuw")), counter)
-        b.branch(head)
-        b.position_at_end(done)
+        counted_loop(self.b, self.slot(f"intgemm.i{self.count}", I64_T), f"intgemm{self.count}", extent, body)
 
     def index(self, *terms: tuple[ir.Value | int, int]) -> ir.Value:
         """The i64 sum of value * scale."""

@@ -32,13 +32,7 @@ def kernel_attrs(graph: Graph, node: Node) -> dict[str, Any] | None:
     if any(name not in graph.values for name in node.outputs if name):
         return None
     lowering = LOWERINGS[node.op_type]
-    ctx = NodeContext(
-        node,
-        [graph.values.get(name) for name in node.inputs],
-        [graph.values[name] for name in node.outputs if name],
-        graph.constants,
-        graph.opset,
-    )
+    ctx = NodeContext.of(node, graph)
     try:
         check_dtypes(ctx, lowering.dtypes)
         return lowering.normalize(ctx)
