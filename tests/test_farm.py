@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -261,7 +262,10 @@ def test_redis_restarted_mid_job_the_job_completes(farm_factory, resnet, tmp_pat
     farm.redis.kill()
     time.sleep(1)
     farm.redis.restart()
-    waited = farm_cli("wait", job_id, broker=farm.url, cwd=tmp_path, timeout=240)
+    try:
+        waited = farm_cli("wait", job_id, broker=farm.url, cwd=tmp_path, timeout=240)
+    except subprocess.TimeoutExpired as timeout:
+        pytest.fail(f"the job did not finish within 240 s of the restart: {timeout.stderr!r}\n{farm.logs()}")
     assert waited.returncode == 0, waited.stderr + farm.logs()
     downloaded = farm_cli("download", job_id, "-o", str(tmp_path / "dl"), broker=farm.url, cwd=tmp_path)
     assert _sha(downloaded.stdout.strip()) == _sha(local)
