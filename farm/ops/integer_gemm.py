@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from farm.ir import loopir as L
 from farm.ir.graph import TensorInfo
@@ -80,8 +81,9 @@ def _panels(spec: KernelSpec, depth: int, columns: int, width: int) -> int:
     return columns if spec.attrs.get("constant_weight") and suits else 0
 
 
-def _zero_points(spec: KernelSpec, index: int, line: L.Expr) -> L.LineValues | None:
-    """Node input `index` as IntGemm zero points: one value, or one per row/column from `line` (None if absent)."""
+def _line_values(spec: KernelSpec, index: int, line: L.Expr) -> L.LineValues | None:
+    """Node input `index` (a zero point, scale or bias) as IntGemm line values: one value, or one per row/column
+    from `line` (None if absent)."""
     buffer = input_buffer(spec, index)
     if buffer is None:
         return None
@@ -151,15 +153,8 @@ def _requantize(spec: KernelSpec, operands: Operands, line: L.Expr, on_rows: boo
     x_scale, w_scale, y_scale, y_zero, bias = operands.requantize
     low, high = BYTE_RANGES[spec.outputs[0].dtype]
 
-    def values(index: int) -> L.LineValues | None:
-        buffer = input_buffer(spec, index)
-        if buffer is None:
-            return None
-        per_line = buffer[1].size != 1
-        return L.LineValues(buffer[0], line if per_line else L.const(0), per_line)
-
     def given(index: int) -> L.LineValues:
-        found = values(index)
+        found = _line_values(spec, index, line)
         assert found is not None, f"node input {index} is required, so present"
         return found
 
@@ -167,8 +162,8 @@ def _requantize(spec: KernelSpec, operands: Operands, line: L.Expr, on_rows: boo
         x_scale=given(x_scale),
         w_scale=given(w_scale),
         y_scale=given(y_scale),
-        y_zero=values(y_zero),
-        bias=values(bias),
+        y_zero=_line_values(spec, y_zero, line),
+        bias=_line_values(spec, bias, line),
         on_rows=on_rows,
         low=low,
         high=high,
@@ -206,8 +201,8 @@ def matmul_integer_gemm(
             rows,
             columns,
             depth,
-            a_zero=_zero_points(spec, operands.x_zero, L.const(0)),
-            b_zero=_zero_points(spec, operands.w_zero, column),
+            a_zero=_line_values(spec, operands.x_zero, L.const(0)),
+            b_zero=_line_values(spec, operands.w_zero, column),
             requantize=_requantize(spec, operands, column, on_rows=False),
             b_panels=panels,
         )
@@ -260,20 +255,19 @@ def conv_gemm(spec: KernelSpec, operands: Operands = INTEGER) -> ConvGemm | None
     return ConvGemm(x.shape[0], depth, pixels, channels, row_block, width)
 
 
-def conv_integer_scratch(operands: Operands) -> Callable[[KernelSpec], int]:
-    """The scratch function of an integer conv with `operands`: 4-byte words its im2col matrix takes (0: it runs as
-    a loop nest)."""
+def conv_integer_scratch(operands: Operands) -> dict[str, Callable[[KernelSpec], Any]]:
+    """The scratch options (OpLowering.scratch_floats, scratch_dtype) of an integer conv with `operands`: the 4-byte
+    words its im2col matrix takes (0: it runs as a loop nest), of x's dtype (the IntGemm reads B's signedness from
+    it)."""
 
     def words(spec: KernelSpec) -> int:
         plan = conv_gemm(spec, operands)
         return 0 if plan is None else -(-plan.scratch_bytes // 4)
 
-    return words
+    def dtype(spec: KernelSpec) -> str:
+        return BUFFER_DTYPES[spec.inputs[0].dtype]
 
-
-def conv_integer_scratch_dtype(spec: KernelSpec) -> str:
-    """The im2col matrix holds x's bytes: its scratch has x's dtype (the IntGemm reads B's signedness from it)."""
-    return BUFFER_DTYPES[spec.inputs[0].dtype]
+    return {"scratch_floats": words, "scratch_dtype": dtype}
 
 
 def conv_integer_gemm(spec: KernelSpec, operands: Operands = INTEGER) -> list[L.Stmt] | None:
@@ -368,8 +362,8 @@ def _pixel_row_units(spec: KernelSpec, names: L.Names, plan: ConvGemm, operands:
             plan.pixels,
             columns,
             plan.depth,
-            a_zero=_zero_points(spec, operands.x_zero, L.const(0)),
-            b_zero=_zero_points(spec, operands.w_zero, column),
+            a_zero=_line_values(spec, operands.x_zero, L.const(0)),
+            b_zero=_line_values(spec, operands.w_zero, column),
             b_transposed=True,
             c_transposed=True,
             requantize=_requantize(spec, operands, column, on_rows=False),
@@ -400,8 +394,8 @@ def _pixel_column_units(spec: KernelSpec, names: L.Names, plan: ConvGemm, operan
             plan.row_block,
             columns,
             plan.depth,
-            a_zero=_zero_points(spec, operands.w_zero, first_row),
-            b_zero=_zero_points(spec, operands.x_zero, L.const(0)),
+            a_zero=_line_values(spec, operands.w_zero, first_row),
+            b_zero=_line_values(spec, operands.x_zero, L.const(0)),
             requantize=_requantize(spec, operands, first_row, on_rows=True),
         )
 

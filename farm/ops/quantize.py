@@ -42,7 +42,6 @@ from farm.ops.integer_gemm import (
     constant_weight,
     conv_integer_gemm,
     conv_integer_scratch,
-    conv_integer_scratch_dtype,
     given_input_buffer,
     input_buffer,
     matmul_integer_gemm,
@@ -565,8 +564,7 @@ def _conv_integer_attrs(ctx: NodeContext) -> dict[str, Any]:
     "ConvInteger",
     normalize=_conv_integer_attrs,
     dtypes=ALL_DTYPES,
-    scratch_floats=conv_integer_scratch(INTEGER),
-    scratch_dtype=conv_integer_scratch_dtype,
+    **conv_integer_scratch(INTEGER),
 )
 def _lower_conv_integer(spec: KernelSpec) -> list[L.Stmt]:
     """Through IntGemm where its shape suits one (integer_gemm.conv_integer_gemm), else as a loop nest."""
@@ -649,8 +647,7 @@ def _qlinear_conv_attrs(ctx: NodeContext) -> dict[str, Any]:
     "QLinearConv",
     normalize=_qlinear_conv_attrs,
     dtypes=ALL_DTYPES,
-    scratch_floats=conv_integer_scratch(QLINEAR),
-    scratch_dtype=conv_integer_scratch_dtype,
+    **conv_integer_scratch(QLINEAR),
 )
 def _lower_qlinear_conv(spec: KernelSpec) -> list[L.Stmt]:
     """Through IntGemm, requantizing as it stores, where it suits (integer_gemm.conv_integer_gemm), else as a loop

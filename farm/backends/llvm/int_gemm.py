@@ -322,21 +322,21 @@ class _Emitter:
 
     def _sum_packed_columns(self) -> None:
         """The column sums of a B packed at build time: each vector's groups through a dot product with ones."""
-        dot = self.dot
-        ones = ir.Constant(dot.bytes, [1] * dot.bytes.count)
-        zero = ir.Constant(dot.accumulator, [0] * dot.accumulator.count)
+        zero = ir.Constant(self.dot.accumulator, [0] * self.dot.accumulator.count)
 
         def vector(v: ir.Value) -> None:
-            column_sum = self.in_array(self.column_sums, (v, 1))
-            self.b.store(zero, column_sum)
-            self.loop(
-                self.groups,
-                lambda k4: self.b.store(
-                    dot.step(self.b, self.b.load(column_sum), ones, self.panel_vector(k4, v)), column_sum
-                ),
-            )
+            self.b.store(zero, self.in_array(self.column_sums, (v, 1)))
+            self.loop(self.groups, lambda k4: self._add_to_column_sums(v, self.panel_vector(k4, v)))
 
         self.loop(self.vectors, vector)
+
+    def _add_to_column_sums(self, v: ir.Value, packed: ir.Value) -> None:
+        """Vector v's column sums plus one packed group's (a dot product with ones: one instruction where the ISA
+        has one)."""
+        b, dot = self.b, self.dot
+        ones = ir.Constant(dot.bytes, [1] * dot.bytes.count)
+        column_sum = self.in_array(self.column_sums, (v, 1))
+        b.store(dot.step(b, b.load(column_sum), ones, packed), column_sum)
 
     # -- B: packed, its column sums taken
 
@@ -430,12 +430,9 @@ class _Emitter:
 
     def _store_packed(self, k4: ir.Value, v: ir.Value, packed: ir.Value) -> None:
         """Store one packed vector (each lane's four signed bytes) of group k4, vector v, and add it to the vector's
-        column sums (a dot product with ones: one instruction where the ISA has one)."""
-        b, dot = self.b, self.dot
-        b.store(packed, self.in_array(self.panel, (k4, self.vectors), (v, 1)), align=64)
-        ones = ir.Constant(dot.bytes, [1] * dot.bytes.count)
-        column_sum = self.in_array(self.column_sums, (v, 1))
-        b.store(dot.step(b, b.load(column_sum), ones, packed), column_sum)
+        column sums."""
+        self.b.store(packed, self.in_array(self.panel, (k4, self.vectors), (v, 1)), align=64)
+        self._add_to_column_sums(v, packed)
 
     def _interleaved(self, rows: list[ir.Value]) -> ir.Value:
         """Four rows of `lanes` bytes as one vector of each lane's four bytes side by side."""
