@@ -32,6 +32,7 @@ from farm.ir import loopir as L
 from farm.ir.graph import TensorInfo
 from farm.ir.specs import KernelSpec, canonical_json
 from farm.ops import LOWERINGS, SUPPORTED_OPS, lower_kernel
+from farm.ops.registry import coalesced
 
 # Each op module and the test file whose cases cover it.
 CASE_FILES = {
@@ -194,3 +195,33 @@ def test_planned_arguments_match_kernel_params(tmp_path: Path) -> None:
             is_scratch = param.name == "scratch"
             assert param.output == (i < outputs or is_scratch), (step.node, param)
             assert is_scratch == arg.name.endswith("::scratch"), (step.node, param, arg)
+
+
+@pytest.mark.parametrize(
+    ("shape", "operands", "merged", "merged_operands"),
+    [
+        ((1, 64, 16, 16), [(1, 64, 16, 16), (1, 64, 16, 16)], (16384,), [(16384,), (16384,)]),
+        ((1, 64, 16, 16), [(64, 1, 1), (1, 64, 16, 16)], (64, 256), [(64, 1), (64, 256)]),
+        ((2, 3, 4), [(4,), (3, 1), ()], (2, 3, 4), [(1, 1, 4), (1, 3, 1), (1, 1, 1)]),
+        ((2, 3, 4, 5), [(2, 3, 1, 1), (2, 3, 4, 5)], (6, 20), [(6, 1), (6, 20)]),
+        ((1, 1), [(1,), (1, 1)], (1,), [(1,), (1,)]),
+        ((2, 0, 3), [(2, 0, 3), (1,)], (0,), [(0,), (1,)]),
+    ],
+)
+def test_coalesced_merges_the_axes_every_operand_reads_alike(
+    shape: tuple[int, ...],
+    operands: list[tuple[int, ...]],
+    merged: tuple[int, ...],
+    merged_operands: list[tuple[int, ...]],
+) -> None:
+    assert coalesced(shape, operands) == (merged, merged_operands)
+
+
+@pytest.mark.parametrize(("shape", "other"), [((2, 3, 4, 5), (3, 1, 5)), ((4, 1, 6), (1, 5, 1)), ((3, 7), (7,))])
+def test_coalesced_shapes_broadcast_like_the_originals(shape: tuple[int, ...], other: tuple[int, ...]) -> None:
+    """Reading each operand through its merged shape gives numpy's broadcast of the original."""
+    a, b = np.arange(np.prod(shape)).reshape(shape), np.arange(np.prod(other)).reshape(other) * 1000
+    out = np.broadcast_shapes(shape, other)
+    merged, (a_shape, b_shape) = coalesced(out, [shape, other])
+    got = np.broadcast_to(a.reshape(a_shape) + b.reshape(b_shape), merged)
+    np.testing.assert_array_equal(got.reshape(out), a + b)

@@ -28,6 +28,7 @@ from farm.ops.registry import (
     NARROW_INTS,
     NodeContext,
     activate,
+    coalesced,
     out_shape,
     register,
 )
@@ -515,11 +516,12 @@ def _activated(value: L.Expr, activation: Activation | None) -> L.Expr:
 
 def _lower(spec: KernelSpec) -> list[L.Stmt]:
     """out0[i...] = the op's value at i..., every input broadcast to the output shape; iterations independent."""
-    op, shape, names = ELEMENTWISE[spec.op], out_shape(spec), L.Names()
+    op, names = ELEMENTWISE[spec.op], L.Names()
+    shape, in_shapes = coalesced(out_shape(spec), [info.shape for info in spec.inputs])
 
     def element(v: list[L.Var]) -> list[L.Stmt]:
         scope = M.Scope(names)
-        inputs = [_load(spec, i, L.broadcast_index(info.shape, shape, v)) for i, info in enumerate(spec.inputs)]
+        inputs = [_load(spec, i, L.broadcast_index(in_shape, shape, v)) for i, in_shape in enumerate(in_shapes)]
         value = _activated(op.value(scope, inputs, spec.attrs), spec.activation)
         return [*scope.stmts, L.Store("out0", L.flat_index(shape, v), value)]
 

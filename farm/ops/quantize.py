@@ -221,6 +221,14 @@ def _elementwise(
     return body
 
 
+def _loop_shape(spec: KernelSpec) -> tuple[int, ...]:
+    """The shape a Quantize/DequantizeLinear loops over: the output's, or one flat axis where every scale and zero
+    point is one value (a loop nest over a short innermost axis vectorises badly: registry.coalesced)."""
+    shape = out_shape(spec)
+    params = (input_buffer(spec, index) for index in (1, 2))
+    return (prod(shape),) if all(param is None or param[1].size == 1 for param in params) else shape
+
+
 def _as(value: L.Expr, dtype: str) -> L.Expr:
     return value if value.dtype == dtype else L.Cast(value, dtype)
 
@@ -283,7 +291,7 @@ def _quantize_attrs(ctx: NodeContext) -> dict[str, Any]:
 def _quantize_value(spec: KernelSpec, s: M.Scope, v: list[L.Var]) -> L.Expr:
     """saturate(round_half_even(x / scale) + zero point)."""
     division = DIVISIONS[spec.attrs["division"]]
-    x, scale, shape = spec.inputs[0], spec.inputs[1], out_shape(spec)
+    x, scale, shape = spec.inputs[0], spec.inputs[1], _loop_shape(spec)
 
     def operand(value: L.Expr, info: TensorInfo) -> L.Expr:
         """The operand in the division's dtype (a float16 buffer's values are float16 already)."""
@@ -299,7 +307,7 @@ def _quantize_value(spec: KernelSpec, s: M.Scope, v: list[L.Var]) -> L.Expr:
 
 @register("QuantizeLinear", normalize=_quantize_attrs, dtypes=ALL_DTYPES)
 def _lower_quantize(spec: KernelSpec) -> list[L.Stmt]:
-    return _elementwise(L.Names(), out_shape(spec), lambda s, v: _quantize_value(spec, s, v))
+    return _elementwise(L.Names(), _loop_shape(spec), lambda s, v: _quantize_value(spec, s, v))
 
 
 # ---------------------------------------------------------------------------------------- DequantizeLinear
@@ -319,7 +327,7 @@ def _dequantize_attrs(ctx: NodeContext) -> dict[str, Any]:
 @register("DequantizeLinear", normalize=_dequantize_attrs, dtypes=ALL_DTYPES)
 def _lower_dequantize(spec: KernelSpec) -> list[L.Stmt]:
     """(x - zero point) * scale: the difference exact in int64, then float32 (the store rounds to float16)."""
-    x, shape = spec.inputs[0], out_shape(spec)
+    x, shape = spec.inputs[0], _loop_shape(spec)
 
     def value(s: M.Scope, v: list[L.Var]) -> L.Expr:
         difference = load("in0", x, L.flat_index(shape, v)) - _param(spec, 2, v, L.const(0))

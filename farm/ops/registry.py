@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -206,6 +206,34 @@ def elementwise_loops(
     """out[i...] = value_at(i...) over every index of `shape` (independent iterations: marked parallel)."""
     body, _ = L.loop_nest(names, shape, lambda v: [L.Store(out, L.flat_index(shape, v), value_at(v))], parallel=True)
     return body
+
+
+def coalesced(
+    shape: tuple[int, ...], operands: Sequence[tuple[int, ...]]
+) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+    """`shape` and the `operands`' shapes (each numpy-broadcast to it) with axes of extent 1 dropped and neighbouring
+    axes merged wherever every operand reads both alike (wholly, or broadcast across both). An elementwise loop nest
+    over the result is one long contiguous loop where nothing broadcasts: over a short innermost axis (a 16x16 plane),
+    LLVM vectorised the loop around it instead, with gathers and scatters, at a tenth of the speed."""
+    padded = [(1,) * (len(shape) - len(operand)) + tuple(operand) for operand in operands]
+    axes = [axis for axis, extent in enumerate(shape) if extent != 1]
+    merged: list[int] = []
+    merged_operands: list[list[int]] = [[] for _ in operands]
+    reads: tuple[bool, ...] | None = None
+    for axis in axes:
+        read = tuple(operand[axis] != 1 for operand in padded)
+        if read == reads:
+            merged[-1] *= shape[axis]
+            for merged_operand, operand in zip(merged_operands, padded):
+                merged_operand[-1] *= operand[axis]
+        else:
+            merged.append(shape[axis])
+            for merged_operand, operand in zip(merged_operands, padded):
+                merged_operand.append(operand[axis])
+        reads = read
+    if not merged:
+        return (1,), [(1,) for _ in operands]
+    return tuple(merged), [tuple(operand) for operand in merged_operands]
 
 
 def shape_of(spec: KernelSpec, index: int = 0) -> tuple[int, ...]:
