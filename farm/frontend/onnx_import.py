@@ -24,7 +24,7 @@ from farm.frontend import wire
 from farm.frontend.external import DEFERRED_MIN_BYTES, ExternalData, ExternalDataError, ModelFolder
 from farm.frontend.shapes import apply_shapes
 from farm.frontend.validate import check_attr_types, check_names
-from farm.ir.graph import Constants, DeferredArray, Graph, Node, TensorInfo
+from farm.ir.graph import FUSED_OPS, Constants, DeferredArray, Graph, Node, TensorInfo
 from farm.ir.shapes import PinnedShapes
 
 MIN_OPSET = 9
@@ -406,6 +406,10 @@ def _convert_node(proto: onnx.NodeProto, index: int, external: ExternalData, use
     domain = "" if proto.domain in DEFAULT_DOMAINS else proto.domain
     name = proto.name or _fresh_name(f"{proto.op_type}_{index}", used_names)
     used_names.add(name)
+    if not domain and proto.op_type in FUSED_OPS:
+        raise UnsupportedError(
+            "op is not one of ONNX's: farm's graph passes make it, and a model may not", node=name, op=proto.op_type
+        )
     try:
         attrs = {attr.name: _ATTR_READERS[attr.type](attr, external) for attr in proto.attribute}
     except KeyError as exc:

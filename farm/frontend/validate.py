@@ -15,7 +15,7 @@ from onnx import AttributeProto
 from farm import defaults
 from farm.errors import ModelLoadError, UnsupportedError
 from farm.frontend.shapes import dynamic_input_hint
-from farm.ir.graph import Graph, Node
+from farm.ir.graph import FUSED_OPS, Graph, Node
 from farm.ops.registry import ALL_DTYPES
 
 # ------------------------------------------------------------------------------------------ the ONNX file, on import
@@ -110,7 +110,7 @@ def _unsupported(graph: Graph, node: Node | None, reason: str) -> UnsupportedErr
 def _check_op(graph: Graph, node: Node, supported: frozenset[str]) -> None:
     if node.domain:
         raise _unsupported(graph, node, f"ops of domain {node.domain!r} are not supported by farm")
-    if node.op_type not in supported:
+    if node.op_type not in supported and node.op_type not in FUSED_OPS:
         raise _unsupported(graph, node, "op is not supported by farm")
 
 

@@ -37,6 +37,11 @@ def itemsize(dtype: str) -> int:
     return ITEMSIZES.get(dtype) or np.dtype(dtype).itemsize
 
 
+FUSED_OPS = frozenset({"QLinearAdd"})
+"""Ops that only farm's graph passes make, each lowered by farm.ops like an ONNX op: the importer refuses them in a
+model file, and farm.ops.SUPPORTED_OPS (the ONNX ops farm takes) leaves them out."""
+
+
 @dataclass(frozen=True)
 class Activation:
     """An elementwise activation fused into the op that produces its input (Relu, Clip, LeakyRelu)."""

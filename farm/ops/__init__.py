@@ -19,6 +19,7 @@ from farm.ops import (  # noqa: F401,E402  (they register themselves)
     normalization,
     pool,
     quantize,
+    quantized_add,
     reduce,
     sampling,
     scatter,

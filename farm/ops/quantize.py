@@ -133,7 +133,7 @@ def _require_size_one(ctx: NodeContext, index: int, what: str) -> None:
         )
 
 
-def _saturate(s: M.Scope, value: L.Expr, dtype: str) -> L.Expr:
+def saturate(s: M.Scope, value: L.Expr, dtype: str) -> L.Expr:
     """An integer-valued float clamped into `dtype`'s range as an int64 (NaN gives the low end)."""
     low, high = QUANT_RANGES[dtype]
     value = s.bind(value)
@@ -302,7 +302,7 @@ def _quantize_value(spec: KernelSpec, s: M.Scope, v: list[L.Var]) -> L.Expr:
     )
     rounded = M.round_half_even(s, _half_if(s, quotient, division.half))
     zero = _as(_param(spec, 2, v, L.const(0)), division.dtype)
-    return _saturate(s, rounded + zero, spec.attrs["to"])
+    return saturate(s, rounded + zero, spec.attrs["to"])
 
 
 @register("QuantizeLinear", normalize=_quantize_attrs, dtypes=ALL_DTYPES)
@@ -377,7 +377,7 @@ def _lower_dynamic_quantize(spec: KernelSpec) -> list[L.Stmt]:
     def value(s: M.Scope, v: list[L.Var]) -> L.Expr:
         quotient = L.exact_div(L.Load("in0", v[0]), L.Load("out1", L.const(0)))
         zero_point = L.Cast(L.Load("out2", L.const(0), L.I64), L.F32)
-        return _saturate(s, M.round_half_even(s, quotient) + zero_point, "uint8")
+        return saturate(s, M.round_half_even(s, quotient) + zero_point, "uint8")
 
     return parameters + _elementwise(names, (size,), value)
 
@@ -620,7 +620,7 @@ def _requantize(spec: KernelSpec) -> Finish:
         total = acc if bias is None else acc + load(bias[0], bias[1], channel)
         zero = L.Cast(_scalar(spec, 7, L.const(0)), L.F64)
         rounded = M.round_half_even(s, L.Cast(total, L.F64) * L.Cast(multiplier, L.F64) + zero)
-        return _saturate(s, rounded if spec.activation is None else L.maximum(rounded, zero), to)
+        return saturate(s, rounded if spec.activation is None else L.maximum(rounded, zero), to)
 
     return finish
 

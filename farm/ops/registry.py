@@ -11,7 +11,7 @@ import numpy as np
 
 from farm.errors import UnsupportedError
 from farm.ir import loopir as L
-from farm.ir.graph import Activation, Graph, Node, TensorInfo
+from farm.ir.graph import FUSED_OPS, Activation, Graph, Node, TensorInfo
 from farm.ir.specs import KernelSpec
 
 
@@ -125,13 +125,13 @@ class _SupportedOps:
     """A live view of the registry's op names (ops register on import)."""
 
     def __contains__(self, op: object) -> bool:
-        return op in LOWERINGS
+        return op in LOWERINGS and op not in FUSED_OPS
 
     def __iter__(self):
-        return iter(sorted(LOWERINGS))
+        return iter(sorted(op for op in LOWERINGS if op not in FUSED_OPS))
 
     def __len__(self) -> int:
-        return len(LOWERINGS)
+        return len(LOWERINGS) - len(FUSED_OPS & LOWERINGS.keys())
 
 
 SUPPORTED_OPS = _SupportedOps()

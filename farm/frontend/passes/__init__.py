@@ -15,12 +15,14 @@ from farm.frontend.passes.constant_folding import fold_constants
 from farm.frontend.passes.dead_nodes import remove_dead_nodes
 from farm.frontend.passes.passthrough import drop_passthrough
 from farm.frontend.passes.qdq_fusion import fuse_qdq
+from farm.frontend.passes.quantized_add import fuse_quantized_adds
 from farm.frontend.passes.residual_fusion import fuse_residual_adds
 from farm.ir.graph import Graph
 
 PIPELINE: tuple[Callable[[Graph], Graph], ...] = (
     drop_passthrough,
     fuse_qdq,
+    fuse_quantized_adds,
     fold_constants,
     fold_batchnorm,
     fold_channel_affine,

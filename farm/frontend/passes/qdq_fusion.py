@@ -101,7 +101,7 @@ def fuse_qdq(graph: Graph) -> Graph:
 # ------------------------------------------------------------------------------------------------ the operands
 
 
-def _dequantized(graph: Graph, name: str, producers: dict[str, Node]) -> Dequantized | None:
+def dequantized(graph: Graph, name: str, producers: dict[str, Node]) -> Dequantized | None:
     """The DequantizeLinear writing `name`, when it turns 8-bit integers into float32 with a constant float32
     scale and zero point, per tensor or per axis (not blocked), as its kernel would be built; else None."""
     node = producers.get(name)
@@ -143,7 +143,7 @@ def _operands(
     8-bit integers; else None."""
     if len(node.inputs) < 2 or len(node.outputs) != 1 or node.outputs[0] not in graph.values:
         return None
-    data, weight = (_dequantized(graph, name, producers) for name in node.inputs[:2])
+    data, weight = (dequantized(graph, name, producers) for name in node.inputs[:2])
     if data is None or weight is None or data.axis is not None:
         return None
     if weight.values not in graph.constants or weight.axis not in (None, weight_axis):
