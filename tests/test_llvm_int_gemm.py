@@ -12,7 +12,13 @@ import numpy as np
 import pytest
 from native_helpers import host, run_kernel
 
-from farm.backends.llvm.int_gemm import DOT_PRODUCTS, DotProduct, dot_product_for, generic_dot_product
+from farm.backends.llvm.int_gemm import (
+    DOT_PRODUCTS,
+    DotProduct,
+    b_panels_flipped,
+    dot_product_for,
+    generic_dot_product,
+)
 from farm.backends.llvm.packing import pack_byte_panels
 from farm.backends.llvm.target import CpuTarget
 from farm.ir import loopir as L
@@ -103,11 +109,14 @@ SHAPES = [
 
 
 OPERANDS = [
-    # a_dtype, b_dtype, zeros, transposed: every signedness, every kind of zero point, both layouts of B and C.
+    # a_dtype, b_dtype, zeros, transposed: every signedness, every kind of zero point, both layouts of B and C; zero
+    # points known to be 0 ("none") where B's column sums are skipped, and where (an int8 A broadcast as the signed
+    # operand) the row sums are too.
     ("uint8", "int8", "per-line", False),
     ("int8", "uint8", "scalar", True),
     ("uint8", "uint8", "none", False),
     ("int8", "int8", "per-line", True),
+    ("int8", "uint8", "none", False),
 ]
 
 
@@ -232,16 +241,23 @@ def test_requantized_int_gemm_matches_the_reference(
 
 
 @pytest.mark.parametrize("dot", DOTS, ids=lambda dot: f"{dot.name}-{dot.lanes}")
-@pytest.mark.parametrize("b_dtype, transposed", [("uint8", True), ("int8", False)])
+@pytest.mark.parametrize(
+    "a_dtype, b_dtype, transposed",
+    [("uint8", "uint8", True), ("uint8", "int8", False), ("int8", "int8", True), ("int8", "uint8", False)],
+)
 def test_a_b_packed_at_build_time_is_read_from_its_panels(
-    dot: DotProduct, b_dtype: str, transposed: bool, tmp_path: Path
+    dot: DotProduct, a_dtype: str, b_dtype: str, transposed: bool, tmp_path: Path
 ) -> None:
     """B as a CPU build packs a constant weight (packing.pack_byte_panels: 16-column panels, which 8- and 4-lane
-    vectors read in halves and quarters), each unit's B at its first column times k."""
-    for index, (m, k, n, units) in enumerate([(13, 36, 16, 1), (7, 132, 64, 2), (20, 256, 48, 1)]):
-        kernel, arrays, exact = _kernel(m, k, n, "uint8", b_dtype, "per-line", units, transposed)
+    vectors read in halves and quarters), each unit's B at its first column times k. The shapes take every way the
+    column sums of such a B are taken: by a tile one vector wide of all m rows (DotProduct.tall_rows), by the tile of
+    the rows past the last whole row tile, or in a pass of their own (m a multiple of the tile's rows)."""
+    shapes = [(13, 36, 16, 1), (7, 132, 64, 2), (20, 256, 48, 1), (4, 40, 32, 2), (6, 20, 32, 1), (24, 36, 80, 1)]
+    for index, (m, k, n, units) in enumerate(shapes):
+        kernel, arrays, exact = _kernel(m, k, n, a_dtype, b_dtype, "per-line", units, transposed)
         stored = arrays[2].reshape(1, units * n, k) if transposed else arrays[2].reshape(1, k, units * n)
-        arrays[2] = pack_byte_panels(stored, L.INT_GEMM_PANEL_LANES, transposed, b_dtype == "uint8").reshape(-1)
+        flip = b_panels_flipped(dot, a_dtype == "int8", b_dtype == "int8")
+        arrays[2] = pack_byte_panels(stored, L.INT_GEMM_PANEL_LANES, transposed, flip).reshape(-1)
         loop = kernel.body[0]
         assert isinstance(loop, L.Loop) and isinstance(loop.body[0], L.IntGemm)
         loop.body[0] = dataclasses.replace(loop.body[0], b_offset=loop.var * (n * k), b_panels=units * n)

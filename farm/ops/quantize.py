@@ -46,6 +46,7 @@ from farm.ops.integer_gemm import (
     input_buffer,
     matmul_integer_gemm,
     present_inputs,
+    zero_constants,
 )
 from farm.ops.registry import ALL_DTYPES, NodeContext, axis_in_range, out_shape, prod, register
 from farm.ops.tensor import load
@@ -546,7 +547,7 @@ def _matmul_integer_attrs(ctx: NodeContext) -> dict[str, Any]:
     _integer_operands(ctx, (0, 1), (2, 3))
     _require_output(ctx, INT32)
     _require_channels(ctx, 3, _check_matmul(ctx, 0, 1), "b_zero_point")
-    return {"present": present_inputs(ctx.node.inputs), **constant_weight(ctx, 1)}
+    return {"present": present_inputs(ctx.node.inputs), **constant_weight(ctx, 1), **zero_constants(ctx, (2, 3))}
 
 
 @register("MatMulInteger", normalize=_matmul_integer_attrs, dtypes=ALL_DTYPES)
@@ -565,7 +566,7 @@ def _conv_integer_attrs(ctx: NodeContext) -> dict[str, Any]:
     _require_output(ctx, INT32)
     attrs = _conv_attrs(ctx, 1)
     _require_channels(ctx, 3, ctx.input_info(1).shape[0], "w_zero_point")
-    return {**attrs, **constant_weight(ctx, 1)}
+    return {**attrs, **constant_weight(ctx, 1), **zero_constants(ctx, (2, 3))}
 
 
 @register(
@@ -604,7 +605,7 @@ def _qlinear_attrs(ctx: NodeContext, channels: int) -> dict[str, Any]:
         raise ctx.unsupported("the output must have y_zero_point's dtype")
     _require_output(ctx, BYTE_INTS)
     attrs = {"present": present_inputs(ctx.node.inputs), "half": scales == {"float16"}, "to": ctx.outputs[0].dtype}
-    return {**attrs, **constant_weight(ctx, 3)}
+    return {**attrs, **constant_weight(ctx, 3), **zero_constants(ctx, (2, 5))}
 
 
 def _requantize(spec: KernelSpec) -> Finish:

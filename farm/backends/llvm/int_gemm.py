@@ -4,7 +4,10 @@ target has (AVX-512 VNNI's vpdpbusd, AVX-VNNI's, AVX2's vpmaddwd; widening multi
 vpdpbusd multiplies four unsigned bytes by four signed ones and adds the four products to an int32 lane without
 saturating (vpmaddubsw, the older instruction, saturates at 16 bits and so is never used). So each operand is read in
 that form: A's bytes as unsigned (an int8 A is flipped by xor 0x80, which adds 128 to every value and to its zero
-point), B's as signed (a uint8 B flipped the same way, which subtracts 128). The zero points then come out of the
+point), B's as signed (a uint8 B flipped the same way, which subtracts 128). Where the dot product lets its signed
+operand be the broadcast one (vpdpbusd takes it from memory, broadcast, at no cost: DotProduct.broadcasts_signed)
+and A is int8 (a conv's weights as its rows), the roles swap (`_Roles`): A is broadcast as it is, B is read
+unsigned (an int8 B flipped, adding 128), and no flip is paid per broadcast. The zero points then come out of the
 sum exactly, in int32 arithmetic that wraps as the reference's does:
 
     sum_k (a - za)(b - zb) = sum_k a*b - za * sum_k b - zb * sum_k a + k * za * zb
@@ -96,8 +99,15 @@ class DotProduct:
     accumulator_ways: int
     """int32 elements an accumulator keeps per lane of C (1: the four products are summed at once; 2: vpmaddwd's
     pairs, summed when the tile is done; 4: every product)."""
+    tall_rows: int
+    """The most rows of a tile one vector wide (its accumulators, B's column sums, one vector of B and one of A
+    fill the registers): what reads a B packed at build time once where m is more than `rows` but no more than
+    this (a conv over a 4x4 plane, its 16 pixels as rows, its weights as B)."""
     step: Callable[[ir.IRBuilder, ir.Value, ir.Value, ir.Value], ir.Value]
-    """(builder, accumulator, A's four bytes per lane (unsigned), B's four per lane (signed)) -> accumulator."""
+    """(builder, accumulator, four unsigned bytes per lane, four signed bytes per lane) -> accumulator."""
+    broadcasts_signed: bool = False
+    """Whether the signed operand costs nothing as a broadcast of four bytes from memory (vpdpbusd's third operand
+    may be one), so that an int8 A is best broadcast as the signed operand (`_Roles`)."""
 
     @property
     def accumulator(self) -> ir.VectorType:
@@ -151,9 +161,9 @@ def _widening_step(b: ir.IRBuilder, acc: ir.Value, unsigned: ir.Value, signed: i
 
 
 DOT_PRODUCTS: tuple[tuple[str, DotProduct], ...] = (
-    ("+avx512vnni", DotProduct("avx512vnni", 16, 6, 4, 1, _vpdpbusd(16))),
-    ("+avxvnni", DotProduct("avxvnni", 8, 4, 2, 1, _vpdpbusd(8))),
-    ("+avx2", DotProduct("avx2", 8, 4, 1, 2, _vpmaddwd_step)),
+    ("+avx512vnni", DotProduct("avx512vnni", 16, 6, 4, 1, 24, _vpdpbusd(16), broadcasts_signed=True)),
+    ("+avxvnni", DotProduct("avxvnni", 8, 4, 2, 1, 10, _vpdpbusd(8), broadcasts_signed=True)),
+    ("+avx2", DotProduct("avx2", 8, 4, 1, 2, 5, _vpmaddwd_step)),
 )
 """The dot products by the target feature that enables them, best first; a target with none of these features uses
 widening multiplies (generic_dot_product)."""
@@ -161,7 +171,7 @@ widening multiplies (generic_dot_product)."""
 
 def generic_dot_product(lanes: int = 4) -> DotProduct:
     """Widening multiplies on vectors of `lanes` int32 (the target's float32 lanes: NEON's four on AArch64)."""
-    return DotProduct("widening", lanes, 4, 1, GROUP, _widening_step)
+    return DotProduct("widening", lanes, 4, 1, GROUP, 4, _widening_step)
 
 
 def dot_product_for(target: CpuTarget) -> DotProduct:
@@ -171,6 +181,34 @@ def dot_product_for(target: CpuTarget) -> DotProduct:
         if feature in enabled:
             return dot
     return generic_dot_product(target.simd_floats)
+
+
+@dataclass(frozen=True)
+class _Roles:
+    """Which operand is the dot product's unsigned one and what each read flips: by default A (broadcast) is the
+    unsigned operand and B the signed one; `swapped`, B is the unsigned one and A, int8, is broadcast as it is."""
+
+    swapped: bool
+    a_flip: int
+    """The xor applied to A's bytes (FLIP: an int8 A read unsigned)."""
+    b_flip: int
+    """The xor applied to B's bytes as they are packed (FLIP: a uint8 B read signed, or an int8 B read unsigned)."""
+
+    @classmethod
+    def of(cls, dot: DotProduct, a_signed: bool, b_signed: bool) -> _Roles:
+        if dot.broadcasts_signed and a_signed:
+            return cls(True, 0, FLIP if b_signed else 0)
+        return cls(False, FLIP if a_signed else 0, 0 if b_signed else FLIP)
+
+    def step(self, dot: DotProduct, b: ir.IRBuilder, acc: ir.Value, a: ir.Value, b_bytes: ir.Value) -> ir.Value:
+        """The dot product of A's bytes `a` and B's `b_bytes`, each in its role."""
+        return dot.step(b, acc, b_bytes, a) if self.swapped else dot.step(b, acc, a, b_bytes)
+
+
+def b_panels_flipped(dot: DotProduct, a_signed: bool, b_signed: bool) -> bool:
+    """Whether a B packed at build time (L.IntGemm.b_panels) is stored flipped (packing.pack_byte_panels' `flip`)
+    for these operands on `dot`: as the emitter reads B."""
+    return bool(_Roles.of(dot, a_signed, b_signed).b_flip)
 
 
 @dataclass(frozen=True)
@@ -236,6 +274,11 @@ class _Emitter:
         dot: DotProduct,
     ) -> None:
         self.b, self.slot, self.g, self.ops, self.dot = builder, slot, gemm, ops, dot
+        self.roles = _Roles.of(dot, ops.a_signed, ops.b_signed)
+        # A zero point known to be 0 (None) that no flip shifts multiplies B's column sums (A's row sums) by 0: they
+        # are not taken (integer_gemm.zero_constants: a conv's symmetric weights, a Relu's output).
+        self.column_sums_needed = ops.a_zero is not None or bool(self.roles.a_flip)
+        self.row_sums_needed = ops.b_zero is not None or bool(self._b_shift())
         self.count = 0
         self.full = gemm.n // dot.lanes
         self.edge = gemm.n % dot.lanes
@@ -298,13 +341,14 @@ class _Emitter:
         dot, g = self.dot, self.g
         self.column_sums = self.slot(f"intgemm.colsum.{g.n}", ir.ArrayType(dot.accumulator, self.vectors))
         self.row_sums = self.slot(f"intgemm.rowsum.{g.m}", ir.ArrayType(I32_T, g.m))
-        if g.b_panels:
+        if g.b_panels and self.column_sums_needed and not self._tall() and not g.m % dot.rows:
             self._sum_packed_columns()
-        else:
+        elif not g.b_panels:
             self.panel = self.slot(f"intgemm.panel.{g.k}x{g.n}", ir.ArrayType(dot.bytes, self.groups * self.vectors))
             self.panel.align = 64
             self._pack_b()
-        self._sum_rows()
+        if self.row_sums_needed:
+            self._sum_rows()
         self._tiles()
 
     def panel_vector(self, k4: ir.Value, vector: ir.Value) -> ir.Value:
@@ -336,7 +380,7 @@ class _Emitter:
         b, dot = self.b, self.dot
         ones = ir.Constant(dot.bytes, [1] * dot.bytes.count)
         column_sum = self.in_array(self.column_sums, (v, 1))
-        b.store(dot.step(b, b.load(column_sum), ones, packed), column_sum)
+        b.store(self.roles.step(dot, b, b.load(column_sum), ones, packed), column_sum)
 
     # -- B: packed, its column sums taken
 
@@ -386,7 +430,7 @@ class _Emitter:
             else ir.Constant(words_t, [0] * lanes)
             for column in range(lanes)
         ]
-        flip = ir.Constant(self.dot.bytes, [0 if self.ops.b_signed else FLIP] * (lanes * GROUP))
+        flip = ir.Constant(self.dot.bytes, [self.roles.b_flip] * (lanes * GROUP))
         for group, word in enumerate(_transposed(b, rows)):
             packed = b.xor(b.bitcast(word, self.dot.bytes), flip)
             if columns < lanes:  # the missing columns' bytes stay zero: the flip must not touch them
@@ -402,7 +446,7 @@ class _Emitter:
             return
         b, g, lanes = self.b, self.g, self.dot.lanes
         row_t = _vector(I8_T, lanes)
-        flip = ir.Constant(row_t, [0 if self.ops.b_signed else FLIP] * lanes)
+        flip = ir.Constant(row_t, [self.roles.b_flip] * lanes)
         rows = [
             b.xor(
                 self.load_lanes(
@@ -425,14 +469,15 @@ class _Emitter:
         for lane in range(self.edge if partial else lanes):
             address = self.at(self.ops.b, I8_T, (v, lanes * g.ldb), (lane * g.ldb, 1), (k4, GROUP))
             word = b.insert_element(word, self._four_bytes(address, present), ir.Constant(I32_T, lane))
-        flips = [FLIP if not self.ops.b_signed and way < present else 0 for _ in range(lanes) for way in range(GROUP)]
+        flips = [self.roles.b_flip if way < present else 0 for _ in range(lanes) for way in range(GROUP)]
         self._store_packed(k4, v, b.xor(b.bitcast(word, bytes_t), ir.Constant(bytes_t, flips)))
 
     def _store_packed(self, k4: ir.Value, v: ir.Value, packed: ir.Value) -> None:
         """Store one packed vector (each lane's four signed bytes) of group k4, vector v, and add it to the vector's
         column sums."""
         self.b.store(packed, self.in_array(self.panel, (k4, self.vectors), (v, 1)), align=64)
-        self._add_to_column_sums(v, packed)
+        if self.column_sums_needed:
+            self._add_to_column_sums(v, packed)
 
     def _interleaved(self, rows: list[ir.Value]) -> ir.Value:
         """Four rows of `lanes` bytes as one vector of each lane's four bytes side by side."""
@@ -447,17 +492,18 @@ class _Emitter:
     # -- A: its row sums
 
     def _sum_rows(self) -> None:
-        """Each row's sum of A's bytes read unsigned (flipped when A is int8): whole vectors of bytes through
-        llvm.vector.reduce.add, then four bytes at a time, then the k % 4 last one at a time."""
+        """Each row's sum of A's bytes as the dot product reads them (flipped and unsigned, or signed where the
+        roles are swapped): whole vectors of bytes through llvm.vector.reduce.add, then four bytes at a time, then
+        the k % 4 last one at a time."""
         b, g = self.b, self.g
         chunk = self.dot.bytes.count
-        flip = FLIP if self.ops.a_signed else 0
+        flip, extend = self.roles.a_flip, b.sext if self.roles.swapped else b.zext
 
         def sum_of(address: ir.Value, count: int) -> ir.Value:
             bytes_t, wide_t = _vector(I8_T, count), _vector(I32_T, count)
             values = b.xor(b.load(address, align=1, typ=bytes_t), ir.Constant(bytes_t, [flip] * count))
             reduce = _function(b.module, f"llvm.vector.reduce.add.v{count}i32", I32_T, [wide_t])
-            return b.call(reduce, [b.zext(values, wide_t)])
+            return b.call(reduce, [extend(values, wide_t)])
 
         def row(m: ir.Value) -> None:
             total = self.slot("intgemm.rowsum.acc", I32_T)
@@ -481,60 +527,88 @@ class _Emitter:
     # -- the tiles
 
     def _tiles(self) -> None:
+        """Every tile of C, the rows past the last whole row tile (m % rows of them) first: where B was packed at
+        build time, that tile also takes B's column sums as it reads B (its few rows leave registers for them), so
+        that a B of many columns and few rows (the weights of a conv over a 2x2 plane) is streamed once, not twice."""
         g, dot = self.g, self.dot
+        if self._tall():
+            self._row_tiles(ir.Constant(I64_T, 0), g.m, sums=self.column_sums_needed, vectors=1)
+            return
         main, edge = divmod(g.m, dot.rows)
-        for rows, count, first in ((dot.rows, main, 0), (edge, 1 if edge else 0, main * dot.rows)):
+        if edge:
+            self._row_tiles(
+                ir.Constant(I64_T, main * dot.rows), edge, sums=bool(g.b_panels) and self.column_sums_needed
+            )
+        self.loop(main, lambda it: self._row_tiles(self.index((it, dot.rows)), dot.rows))
 
-            def tile_row(it: ir.Value, rows: int = rows, first: int = first) -> None:
-                m0 = self.b.add(ir.Constant(I64_T, first), self.b.mul(it, ir.Constant(I64_T, rows)))
-                tiles = self.full // self.tile_vectors
-                self.loop(
-                    tiles, lambda jt: self._tile(m0, rows, self.index((jt, self.tile_vectors)), self.tile_vectors)
-                )
-                if self.edge:
-                    self._tile(m0, rows, ir.Constant(I64_T, self.full), 1, partial=True)
+    def _tall(self) -> bool:
+        """Whether C is one row tile one vector wide (B packed at build time, m within DotProduct.tall_rows)."""
+        return bool(self.g.b_panels) and self.dot.rows < self.g.m <= self.dot.tall_rows
 
-            self.loop(count, tile_row)
+    def _row_tiles(self, m0: ir.Value, rows: int, sums: bool = False, vectors: int = 0) -> None:
+        """Rows [m0, m0 + rows) of C, tile by tile, tiles `vectors` wide (0: the widest that divides B's whole
+        vectors), with B's column sums taken on the way where `sums`."""
+        vectors = vectors or self.tile_vectors
+        self.loop(self.full // vectors, lambda jt: self._tile(m0, rows, self.index((jt, vectors)), vectors, sums=sums))
+        if self.edge:
+            self._tile(m0, rows, ir.Constant(I64_T, self.full), 1, partial=True, sums=sums)
 
-    def _tile(self, m0: ir.Value, rows: int, v0: ir.Value, vectors: int, partial: bool = False) -> None:
-        """Rows [m0, m0 + rows) x vectors [v0, v0 + vectors) of C: sums over all of k in registers, then the zero
-        points' terms, stored."""
+    def _tile(
+        self, m0: ir.Value, rows: int, v0: ir.Value, vectors: int, partial: bool = False, sums: bool = False
+    ) -> None:
+        """Rows [m0, m0 + rows) x vectors [v0, v0 + vectors) of C: sums over all of k in registers (and, where
+        `sums`, those vectors' column sums of B), then the zero points' terms, stored."""
         b, dot, g = self.b, self.dot, self.g
-        kind = "edge" if partial else "tile"
+        kind = ("edge" if partial else "tile") + ("sums" if sums else "")
         accs = [
             [self.slot(f"intgemm.{kind}{rows}.{r}.{v}", dot.accumulator) for v in range(vectors)] for r in range(rows)
         ]
-        for line in accs:
-            for acc in line:
-                b.store(ir.Constant(dot.accumulator, [0] * dot.accumulator.count), acc)
-        flip = ir.Constant(I32_T, 0x80808080 if self.ops.a_signed else 0)
+        column_sums = [
+            self.slot(f"intgemm.{kind}{rows}.sum.{v}", dot.accumulator) for v in range(vectors if sums else 0)
+        ]
+        for acc in [acc for line in accs for acc in line] + column_sums:
+            b.store(ir.Constant(dot.accumulator, [0] * dot.accumulator.count), acc)
+        flip = ir.Constant(I32_T, self.roles.a_flip * 0x01010101)
+        ones = ir.Constant(dot.bytes, [1] * dot.bytes.count)
 
         def group(k4: ir.Value, present: int = GROUP) -> None:
             columns = [self.panel_vector(k4, b.add(v0, ir.Constant(I64_T, v))) for v in range(vectors)]
+            for column_sum, column in zip(column_sums, columns):
+                b.store(self.roles.step(dot, b, b.load(column_sum), ones, column), column_sum)
             for r in range(rows):
                 four = self._four_bytes(self.at(self.ops.a, I8_T, (m0, g.lda), (r, g.lda), (k4, GROUP)), present)
                 broadcast = b.bitcast(_splat(b, b.xor(four, flip), dot.lanes), dot.bytes)
                 for v in range(vectors):
-                    b.store(dot.step(b, b.load(accs[r][v]), broadcast, columns[v]), accs[r][v])
+                    b.store(self.roles.step(dot, b, b.load(accs[r][v]), broadcast, columns[v]), accs[r][v])
 
         self.loop(self.whole_groups, group)
         if self.tail:
             group(ir.Constant(I64_T, self.whole_groups), self.tail)
+        for v, column_sum in enumerate(column_sums):
+            b.store(b.load(column_sum), self.in_array(self.column_sums, (b.add(v0, ir.Constant(I64_T, v)), 1)))
         for r in range(rows):
             m = b.add(m0, ir.Constant(I64_T, r))
-            a_zero = _splat(b, self._a_zero(m), dot.lanes)
-            row_sum = _splat(b, b.load(self.in_array(self.row_sums, (m, 1))), dot.lanes)
             for v in range(vectors):
                 vector = b.add(v0, ir.Constant(I64_T, v))
-                b_zero = self._b_zero(vector, partial)
-                total = dot.finish(b, b.load(accs[r][v]))
-                column_sum = dot.finish(b, b.load(self.in_array(self.column_sums, (vector, 1))))
-                total = b.sub(total, b.mul(a_zero, column_sum))
-                total = b.sub(total, b.mul(b_zero, row_sum))
-                total = b.add(total, b.mul(b.mul(a_zero, b_zero), _splat(b, ir.Constant(I32_T, g.k), dot.lanes)))
+                total = self._zero_point_terms(dot.finish(b, b.load(accs[r][v])), m, vector, partial)
                 if self.ops.requantize is not None:
                     total = self._requantized(self.ops.requantize, total, m, vector, partial)
                 self._store_c(total, m, vector, partial)
+
+    def _zero_point_terms(self, total: ir.Value, m: ir.Value, vector: ir.Value, partial: bool) -> ir.Value:
+        """sum a*b - za * sum_k b - zb * sum_k a + k * za * zb for row m and a vector of columns, the terms of a
+        zero point known to be 0 left out (their sums were never taken)."""
+        b, lanes = self.b, self.dot.lanes
+        if self.column_sums_needed:
+            column_sum = self.dot.finish(b, b.load(self.in_array(self.column_sums, (vector, 1))))
+            total = b.sub(total, b.mul(_splat(b, self._a_zero(m), lanes), column_sum))
+        if self.row_sums_needed:
+            row_sum = _splat(b, b.load(self.in_array(self.row_sums, (m, 1))), lanes)
+            total = b.sub(total, b.mul(self._b_zero(vector, partial), row_sum))
+        if self.column_sums_needed and self.row_sums_needed:
+            both = b.mul(_splat(b, self._a_zero(m), lanes), self._b_zero(vector, partial))
+            total = b.add(total, b.mul(both, _splat(b, ir.Constant(I32_T, self.g.k), lanes)))
+        return total
 
     def _requantized(
         self, q: RequantizeOperands, total: ir.Value, m: ir.Value, vector: ir.Value, partial: bool
@@ -602,18 +676,24 @@ class _Emitter:
     def _a_zero(self, m: ir.Value) -> ir.Value:
         """Row m's zero point as the flipped bytes see it (an int32)."""
         zeros = self.ops.a_zero
-        shift = ir.Constant(I32_T, FLIP if self.ops.a_signed else 0)
+        shift = ir.Constant(I32_T, self.roles.a_flip)
         if zeros is None:
             return shift
         extend = self.b.sext if zeros.signed else self.b.zext
         address = self.at(zeros.pointer, I8_T, (m, 1)) if zeros.per_line else zeros.pointer
         return self.b.add(extend(self.b.load(address, align=1, typ=I8_T), I32_T), shift)
 
+    def _b_shift(self) -> int:
+        """What B's flip adds to its values (and so to its zero points): -128 read signed, +128 read unsigned."""
+        if not self.roles.b_flip:
+            return 0
+        return FLIP if self.roles.swapped else -FLIP
+
     def _b_zero(self, vector: ir.Value, partial: bool) -> ir.Value:
         """B's zero points for a vector of columns as the flipped bytes see them (one value, or one per column)."""
         b, lanes = self.b, self.dot.lanes
         word_t = _vector(I32_T, lanes)
-        shift = ir.Constant(word_t, [0 if self.ops.b_signed else -FLIP] * lanes)
+        shift = ir.Constant(word_t, [self._b_shift()] * lanes)
         zeros = self.ops.b_zero
         if zeros is None:
             return shift

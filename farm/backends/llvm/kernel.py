@@ -9,7 +9,7 @@ from llvmlite import ir
 
 from farm.backends.llvm.gemm_blocking import GemmBlocking
 from farm.backends.llvm.gemm_outlining import MAX_PARTS, Outlining, outlined_functions
-from farm.backends.llvm.int_gemm import dot_product_for
+from farm.backends.llvm.int_gemm import b_panels_flipped, dot_product_for
 from farm.backends.llvm.render import render_kernel
 from farm.backends.llvm.target import CpuTarget
 from farm.backends.llvm.toolchain import compile_ir
@@ -65,7 +65,8 @@ def _packed_params(spec: KernelSpec, target: CpuTarget) -> tuple[tuple[int, tupl
             packed[names.index(gemm.b)] = (blocking.tile_columns, gemm.k, gemm.n, int(gemm.b_transposed))
     for int_gemm in int_gemms(kernel.body):
         if int_gemm.b_panels:
-            flip = int(kernel.params[names.index(int_gemm.b)].dtype == L.U8)
+            dtypes = [kernel.params[names.index(operand)].dtype for operand in (int_gemm.a, int_gemm.b)]
+            flip = int(b_panels_flipped(dot_product_for(target), dtypes[0] == L.I8, dtypes[1] == L.I8))
             layout = (L.INT_GEMM_PANEL_LANES, int_gemm.k, int_gemm.b_panels, int(int_gemm.b_transposed), flip)
             packed[names.index(int_gemm.b)] = layout
     return tuple(packed.items())
