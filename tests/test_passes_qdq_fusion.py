@@ -118,6 +118,46 @@ def qdq_matmul_model(opset: int = 13, per_column: bool = True, add: bool = True)
     return graph_model(nodes, [("x", (2, 5, 16))], ["y"], inits, opset)
 
 
+def qdq_gemm_model(
+    trans_b: bool = True, bias: bool = True, alpha: float = 1.0, per_column: bool = True
+) -> onnx.ModelProto:
+    """x -> Q -> DQ -> Gemm (int8 B through DequantizeLinear, stored [N, K] with transB as torch's Linear exports it,
+    per output column; an int32 bias through DequantizeLinear, as quantize_static writes a classifier) -> Q -> DQ
+    -> y."""
+    w = rand(12, 16, seed=2) if trans_b else rand(16, 12, seed=2)
+    axis = 0 if trans_b else 1
+    if per_column:
+        w_q, w_scale = per_axis_int8(w, axis)
+    else:
+        w_scale = np.float32(np.abs(w).max() / 127)
+        w_q = np.clip(np.rint(w / w_scale), -127, 127).astype(np.int8)
+    inits = {
+        "x_s": X_SCALE,
+        "x_z": np.uint8(128),
+        "w": w_q,
+        "w_s": w_scale,
+        "w_z": np.zeros(12, np.int8) if per_column else np.int8(0),
+        "b": np.rint(rand(12, seed=5) / (X_SCALE * w_scale)).astype(np.int32),
+        "b_s": (X_SCALE * w_scale).astype(np.float32),
+        "y_s": np.float32(0.1),
+        "y_z": np.uint8(128),
+    }
+    gemm_inputs = ["xd", "wd", "bd"] if bias else ["xd", "wd"]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "x_s", "x_z"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "x_s", "x_z"], ["xd"]),
+        helper.make_node("DequantizeLinear", ["w", "w_s", "w_z"], ["wd"], axis=axis),
+        helper.make_node("DequantizeLinear", ["b", "b_s"], ["bd"], axis=0),
+        helper.make_node("Gemm", gemm_inputs, ["g"], transB=int(trans_b), alpha=alpha),
+        helper.make_node("QuantizeLinear", ["g", "y_s", "y_z"], ["yq"]),
+        helper.make_node("DequantizeLinear", ["yq", "y_s", "y_z"], ["y"]),
+    ]
+    if not bias:
+        del nodes[3]
+        del inits["b"], inits["b_s"]
+    return graph_model(nodes, [("x", (3, 16))], ["y"], inits, 13)
+
+
 def _imported(model: onnx.ModelProto, tmp_path: Path) -> Graph:
     path = tmp_path / "qdq.onnx"
     onnx.save(model, path)
@@ -215,6 +255,44 @@ def test_a_qdq_matmul_into_its_quantize_is_one_requantizing_kernel(per_column: b
     graph = optimize(_imported(model, tmp_path))
     assert _ops(graph) == ["QuantizeLinear", "QLinearMatMul", "DequantizeLinear"]
     assert "QLinearMatMul" in assert_within_one_step(model, tmp_path, 0.1)
+
+
+GEMMS = {
+    "trans-b-bias": qdq_gemm_model(),
+    "bias-per-tensor": qdq_gemm_model(per_column=False),
+    "b-as-stored-bias": qdq_gemm_model(trans_b=False),
+}
+
+
+@pytest.mark.parametrize("model", GEMMS.values(), ids=GEMMS.keys())
+def test_a_qdq_gemm_with_a_bias_runs_on_its_integers(model: onnx.ModelProto, tmp_path: Path) -> None:
+    """A Gemm that is a MatMul plus a bias (a classifier as quantize_static writes it): MatMulInteger on [K, N]
+    integers (transB's weight copied transposed) -> Cast -> Mul -> Add of the bias, one step within onnxruntime."""
+    graph = optimize(_imported(model, tmp_path))
+    assert _ops(graph) == [
+        "QuantizeLinear",
+        "MatMulInteger",
+        "Cast",
+        "Mul",
+        "Add",
+        "QuantizeLinear",
+        "DequantizeLinear",
+    ]
+    assert graph.constants[graph.nodes[1].inputs[1]].shape == (16, 12)
+    assert graph.constants[graph.nodes[4].inputs[1]].shape == (12,)
+    assert "MatMulInteger" in assert_within_one_step(model, tmp_path, 0.1)
+
+
+def test_a_qdq_gemm_without_a_bias_is_one_requantizing_kernel(tmp_path: Path) -> None:
+    model = qdq_gemm_model(bias=False)
+    graph = optimize(_imported(model, tmp_path))
+    assert _ops(graph) == ["QuantizeLinear", "QLinearMatMul", "DequantizeLinear"]
+    assert "QLinearMatMul" in assert_within_one_step(model, tmp_path, 0.1)
+
+
+def test_a_scaled_gemm_stays_float(tmp_path: Path) -> None:
+    """alpha != 1 scales the product: not a MatMul, so the Gemm stays as it is."""
+    assert "Gemm" in _ops(optimize(_imported(qdq_gemm_model(alpha=0.5), tmp_path)))
 
 
 def test_a_shared_dequantize_of_x_stays(tmp_path: Path) -> None:

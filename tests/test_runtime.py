@@ -343,8 +343,18 @@ def test_shares_range_gives_each_thread_a_head_then_a_tail_range(threads) -> Non
         if len(ranges) == 2 * threads:
             assert heads == [int(blocks * HEAD_SHARE / threads)] * threads
         else:
-            assert ranges == split_range(extent, grain, min(threads * RANGES_PER_THREAD, worth))
+            parts = min(threads * RANGES_PER_THREAD, worth, blocks)
+            assert ranges == split_range(extent, grain, parts - parts % threads if parts >= threads else parts)
     assert len(shares_range(3136, 1, threads, 500)) == 2 * threads
+
+
+def test_near_equal_ranges_come_in_whole_turns_of_the_threads() -> None:
+    """A launch too small for tail ranges is cut into a multiple of the thread count where it has that many
+    blocks: 8 units for 2 threads with work for 3 ranges are 2 ranges of 4, not 3, 3 and 2 (one thread doing
+    twice the other's)."""
+    assert shares_range(8, 1, 2, 3) == [(0, 4), (4, 8)]
+    assert shares_range(8, 1, 3, 5) == [(0, 2), (2, 5), (5, 8)]
+    assert shares_range(2, 1, 4, 9) == [(0, 1), (1, 2)]
 
 
 def test_launch_plan_splits_only_parallel_launches_with_enough_work() -> None:

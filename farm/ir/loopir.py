@@ -606,9 +606,9 @@ def launch_groups(kernel: LoopKernel) -> tuple[list[str], list[LaunchGroup]]:
 
 
 GEMM_WORK_DIVISOR = 16
-INT_GEMM_WORK_DIVISOR = 64
-"""An IntGemm's products per unit of work: a dot-product instruction adds four products per lane, so its sums run
-about four times as fast as a Gemm's FMAs."""
+INT_GEMM_WORK_DIVISOR, INT_GEMM_BYTES_PER_WORK = 64, 8
+"""An IntGemm's products per unit of work (a dot-product instruction adds four products per lane: four times a Gemm's
+FMAs), or of B's bytes where that is more (a few rows streaming a conv's weights from memory: a 2x2 plane's)."""
 
 
 def work(stmts: list[Stmt]) -> int:
@@ -625,7 +625,7 @@ def work(stmts: list[Stmt]) -> int:
         elif isinstance(stmt, Gemm):
             total += stmt.m * stmt.n * stmt.k // GEMM_WORK_DIVISOR
         elif isinstance(stmt, IntGemm):
-            total += stmt.m * stmt.n * stmt.k // INT_GEMM_WORK_DIVISOR
+            total += max(stmt.m * stmt.n * stmt.k // INT_GEMM_WORK_DIVISOR, stmt.n * stmt.k // INT_GEMM_BYTES_PER_WORK)
         else:
             total += 1
     return total

@@ -56,6 +56,12 @@ def split_range(extent: int, grain: int, parts: int) -> list[tuple[int, int]]:
     return [(begin, end) for begin, end in zip(cuts, cuts[1:]) if end > begin]
 
 
+def _whole_turns(parts: int, threads: int) -> int:
+    """`parts` rounded down to a multiple of `threads` where it is at least that: 3 ranges on 2 threads left one
+    thread twice the work of the other (a 512-channel 2x2 conv's 8 units cut 3, 3, 2)."""
+    return parts - parts % threads if parts >= threads else parts
+
+
 def shares_range(extent: int, grain: int, threads: int, worth: int) -> list[tuple[int, int]]:
     """[0, extent) cut for `threads` threads into contiguous ranges whose inner boundaries are multiples of `grain`,
     two per thread in its slice's order: a head range (together HEAD_SHARE of the blocks), which the thread runs
@@ -66,7 +72,7 @@ def shares_range(extent: int, grain: int, threads: int, worth: int) -> list[tupl
     head = int(blocks * HEAD_SHARE / threads)
     tail = (blocks - head * threads) // threads
     if head < 1 or tail < 1 or tail * worth < blocks:
-        return split_range(extent, grain, min(threads * RANGES_PER_THREAD, worth))
+        return split_range(extent, grain, _whole_turns(min(threads * RANGES_PER_THREAD, worth, blocks), threads))
     tails = [tail] * (threads - 1) + [blocks - head * threads - tail * (threads - 1)]
     sizes = [size for last in tails for size in (head, last)]
     cuts = [0, *(min(grain * total, extent) for total in itertools.accumulate(sizes))]

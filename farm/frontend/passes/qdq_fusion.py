@@ -21,6 +21,7 @@ by a chain of Relu and Add of a constant ending in a QuantizeLinear, none of the
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +68,8 @@ class Fusion:
     channels: int
     bias: np.ndarray | None = None
     bias_q: str | None = None
+    weight_transposed: bool = False
+    """The weight is stored [N, K] (a Gemm's transB): the rewrite gives the integer op a transposed copy."""
 
 
 def fuse_qdq(graph: Graph) -> Graph:
@@ -87,6 +90,8 @@ def fuse_qdq(graph: Graph) -> Graph:
         if fusion is None or not _quantized_after(graph, node.outputs[0], users, producers, outputs):
             rewritten.append(node)
             continue
+        if fusion.weight_transposed:
+            fusion = _transposed_weight(graph, fusion, taken)
         requantized = _requantized_chain(graph, node, fusion, users)
         if requantized is not None:
             replaced.update(id(step) for step in requantized.steps)
@@ -205,9 +210,35 @@ def _quantized_bias(
     return values if np.array_equal(given, expected) else None
 
 
+def _gemm_fusion(graph: Graph, gemm: Node, producers: dict[str, Node]) -> Fusion | None:
+    """A Gemm that is a MatMul plus a bias: alpha and beta 1, A not transposed, a dequantized 2-D input and constant
+    weight (B, or B transposed with transB: per output column either way), C absent or one float value per column.
+    QLinearMatMul has no bias, so a Gemm with one runs as MatMulInteger -> Cast -> Mul -> Add of the bias."""
+    attrs = gemm.attrs
+    if float(attrs.get("alpha", 1.0)) != 1.0 or float(attrs.get("beta", 1.0)) != 1.0 or int(attrs.get("transA", 0)):
+        return None
+    transposed = bool(int(attrs.get("transB", 0)))
+    operands = _operands(graph, gemm, producers, weight_axis=0 if transposed else 1)
+    if operands is None:
+        return None
+    data, weight = operands
+    shape = graph.constants.info(weight.values).shape
+    if len(shape) != 2 or len(graph.values[data.values].shape) != 2:
+        return None
+    columns = shape[0] if transposed else shape[1]
+    bias_name = gemm.inputs[2] if len(gemm.inputs) > 2 else ""
+    bias = _float_constant(graph, bias_name, producers) if bias_name else None
+    if bias_name and (bias is None or bias.shape not in ((columns,), (1, columns))):
+        return None
+    if transposed:
+        weight = dataclasses.replace(weight, axis=None if weight.axis is None else 1)
+    return Fusion("MatMulInteger", "QLinearMatMul", data, weight, {}, (columns,), columns, bias, None, transposed)
+
+
 _FUSIONS: dict[str, Callable[[Graph, Node, dict[str, Node]], Fusion | None]] = {
     "Conv": _conv_fusion,
     "MatMul": _matmul_fusion,
+    "Gemm": _gemm_fusion,
 }
 """The float products this pass runs on integers, each giving its Fusion (None: it stays as it is)."""
 
@@ -266,6 +297,13 @@ def _new_value(graph: Graph, taken: set[str], base: str, shape: tuple[int, ...],
     name = unique_name(taken, base)
     graph.values[name] = TensorInfo(shape, dtype)
     return name
+
+
+def _transposed_weight(graph: Graph, fusion: Fusion, taken: set[str]) -> Fusion:
+    """The fusion with its [N, K] weight's integers copied transposed, [K, N], under a new name."""
+    values = graph.constants[fusion.weight.values]
+    name = _new_constant(graph, taken, f"{fusion.weight.values}/transposed", np.ascontiguousarray(values.T))
+    return dataclasses.replace(fusion, weight=dataclasses.replace(fusion.weight, values=name), weight_transposed=False)
 
 
 def _integer_inputs(fusion: Fusion) -> list[str]:
