@@ -27,11 +27,16 @@ DTYPES = {"uint8": L.U8, "int8": L.I8}
 
 
 def _host_dots() -> list[DotProduct]:
-    """Every dot product the host's features allow (the widening ones at 4, 8 and 16 lanes always)."""
+    """Every dot product the host's features allow (the widening ones at 4, 8 and 16 lanes always), and the one
+    dot_product_for gives the host where it differs (packing B by vpermb with AVX-512 VBMI)."""
     enabled = set(host().features.split(","))
-    return [dot for feature, dot in DOT_PRODUCTS if feature in enabled] + [
-        generic_dot_product(lanes) for lanes in (4, 8, 16)
-    ]
+    dots = [dot for feature, dot in DOT_PRODUCTS if feature in enabled]
+    best = dot_product_for(host())
+    return dots + [generic_dot_product(lanes) for lanes in (4, 8, 16)] + ([best] if best not in dots else [])
+
+
+def _dot_id(dot: DotProduct) -> str:
+    return f"{dot.name}-{dot.lanes}" + ("-vpermb" if dot.permutes_bytes else "")
 
 
 DOTS = _host_dots()
@@ -120,7 +125,7 @@ OPERANDS = [
 ]
 
 
-@pytest.mark.parametrize("dot", DOTS, ids=lambda dot: f"{dot.name}-{dot.lanes}")
+@pytest.mark.parametrize("dot", DOTS, ids=_dot_id)
 @pytest.mark.parametrize("a_dtype, b_dtype, zeros, transposed", OPERANDS)
 def test_int_gemm_is_exact(
     dot: DotProduct, a_dtype: str, b_dtype: str, zeros: str, transposed: bool, tmp_path: Path
@@ -142,7 +147,7 @@ def test_extreme_values_are_exact(tmp_path: Path) -> None:
         arrays[2][:] = -128
         arrays[2][:, ::2] = 127
         exact = arrays[1].astype(np.int64) @ arrays[2].astype(np.int64)
-        folder = tmp_path / f"{dot.name}-{dot.lanes}"
+        folder = tmp_path / _dot_id(dot)
         folder.mkdir()
         out = run_kernel(kernel, arrays, folder, dot=dot)[0]
         np.testing.assert_array_equal(out, exact.astype(np.int32))
@@ -159,6 +164,15 @@ def test_extreme_values_are_exact(tmp_path: Path) -> None:
 )
 def test_each_target_gets_its_best_dot_product(features: str, name: str) -> None:
     assert dot_product_for(CpuTarget("x86_64-unknown-linux-gnu", "generic", features)).name == name
+
+
+def test_vbmi_targets_pack_by_byte_permutes() -> None:
+    """AVX-512 VBMI's vpermb packs B on zmm (the 16-lane dot product); AVX-VNNI's ymm and VNNI without VBMI don't."""
+    packs = {
+        features: dot_product_for(CpuTarget("x86_64-unknown-linux-gnu", "generic", features)).permutes_bytes
+        for features in ("+avx512f,+avx512vnni,+avx512vbmi", "+avx512f,+avx512vnni", "+avx2,+avxvnni,+avx512vbmi")
+    }
+    assert list(packs.values()) == [True, False, False]
 
 
 def test_aarch64_widens_on_its_float_lanes() -> None:
@@ -228,7 +242,7 @@ def _requantized_kernel(
     return L.LoopKernel(params, [gemm]), arrays, expected
 
 
-@pytest.mark.parametrize("dot", DOTS, ids=lambda dot: f"{dot.name}-{dot.lanes}")
+@pytest.mark.parametrize("dot", DOTS, ids=_dot_id)
 @pytest.mark.parametrize("on_rows, relu, out_dtype", [(True, True, "uint8"), (False, False, "int8")])
 def test_requantized_int_gemm_matches_the_reference(
     dot: DotProduct, on_rows: bool, relu: bool, out_dtype: str, tmp_path: Path
@@ -240,7 +254,7 @@ def test_requantized_int_gemm_matches_the_reference(
         np.testing.assert_array_equal(out, expected, err_msg=f"m={m} k={k} n={n}")
 
 
-@pytest.mark.parametrize("dot", DOTS, ids=lambda dot: f"{dot.name}-{dot.lanes}")
+@pytest.mark.parametrize("dot", DOTS, ids=_dot_id)
 @pytest.mark.parametrize(
     "a_dtype, b_dtype, transposed",
     [("uint8", "uint8", True), ("uint8", "int8", False), ("int8", "int8", True), ("int8", "uint8", False)],
