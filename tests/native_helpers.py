@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 from llvmlite import ir
 
+from farm.backends.llvm.dot_products import DotProduct
 from farm.backends.llvm.entry import compile_entry
 from farm.backends.llvm.gemm_blocking import GemmBlocking
 from farm.backends.llvm.gemm_outlining import Outlining
-from farm.backends.llvm.int_gemm import DotProduct
 from farm.backends.llvm.link import link_library
 from farm.backends.llvm.render import render_kernel
 from farm.backends.llvm.target import CpuTarget, host_target, parse_target

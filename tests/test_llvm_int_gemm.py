@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from native_helpers import host, run_kernel
 
-from farm.backends.llvm.int_gemm import (
+from farm.backends.llvm.dot_products import (
     DOT_PRODUCTS,
     DotProduct,
     b_panels_flipped,
@@ -20,7 +20,6 @@ from farm.backends.llvm.int_gemm import (
     generic_dot_product,
 )
 from farm.backends.llvm.packing import pack_byte_panels
-from farm.backends.llvm.target import CpuTarget
 from farm.ir import loopir as L
 
 DTYPES = {"uint8": L.U8, "int8": L.I8}
@@ -151,33 +150,6 @@ def test_extreme_values_are_exact(tmp_path: Path) -> None:
         folder.mkdir()
         out = run_kernel(kernel, arrays, folder, dot=dot)[0]
         np.testing.assert_array_equal(out, exact.astype(np.int32))
-
-
-@pytest.mark.parametrize(
-    "features, name",
-    [
-        ("+avx2,+avx512f,+avx512vnni", "avx512vnni"),
-        ("+avx2,+avxvnni", "avxvnni"),
-        ("+avx2,+fma", "avx2"),
-        ("+sse2", "widening"),
-    ],
-)
-def test_each_target_gets_its_best_dot_product(features: str, name: str) -> None:
-    assert dot_product_for(CpuTarget("x86_64-unknown-linux-gnu", "generic", features)).name == name
-
-
-def test_vbmi_targets_pack_by_byte_permutes() -> None:
-    """AVX-512 VBMI's vpermb packs B on zmm (the 16-lane dot product); AVX-VNNI's ymm and VNNI without VBMI don't."""
-    packs = {
-        features: dot_product_for(CpuTarget("x86_64-unknown-linux-gnu", "generic", features)).permutes_bytes
-        for features in ("+avx512f,+avx512vnni,+avx512vbmi", "+avx512f,+avx512vnni", "+avx2,+avxvnni,+avx512vbmi")
-    }
-    assert list(packs.values()) == [True, False, False]
-
-
-def test_aarch64_widens_on_its_float_lanes() -> None:
-    dot = dot_product_for(CpuTarget("aarch64-unknown-linux-gnu", "neoverse-n1", "+neon"))
-    assert (dot.name, dot.lanes) == ("widening", 4)
 
 
 def _requantized_kernel(

@@ -214,7 +214,23 @@ LP_POOL_CASES: list[OpCase] = [
     _pool("LpPool", "opset11", {"kernel_shape": [2, 2], "strides": [2, 2], "p": 4}, opset=11),
 ]
 
-CASES: list[OpCase] = POOL_CASES + POOL_1D_3D_CASES + LP_POOL_CASES
+
+def _byte_pool(id: str, attrs: dict, x: tuple[int, ...], dtype: str) -> OpCase:
+    return case(f"maxpool-{id}", single_op_model("MaxPool", [("x", x, dtype)], attrs, opset=12))
+
+
+# MaxPool on bytes (ONNX's int8 and uint8, from opset 12): the max taken in float32, exact for bytes; the CPU's
+# padded planes (strided, padded), a loop nest for 1-D and 3-D windows.
+BYTE_CASES: list[OpCase] = [
+    _byte_pool(
+        "uint8-3x3-s2-pads", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, (1, 4, 9, 9), "uint8"
+    ),
+    _byte_pool("int8-2x2-s2", {"kernel_shape": [2, 2], "strides": [2, 2]}, (2, 3, 8, 8), "int8"),
+    _byte_pool("int8-1d-pads", {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}, (1, 3, 11), "int8"),
+    _byte_pool("uint8-3d", {"kernel_shape": [2, 2, 2], "pads": [1, 0, 1, 1, 0, 1]}, (1, 2, 4, 5, 4), "uint8"),
+]
+
+CASES: list[OpCase] = POOL_CASES + POOL_1D_3D_CASES + LP_POOL_CASES + BYTE_CASES
 
 
 @pytest.mark.parametrize("c", params(CASES))
@@ -236,6 +252,8 @@ OPENCL_SAMPLE = [
     "averagepool-1d-include-pad",
     "maxpool-3d-pads-dilations",
     "averagepool-3d-ceil-pads-include",
+    "maxpool-uint8-3x3-s2-pads",
+    "maxpool-uint8-3d",
 ]
 
 

@@ -19,31 +19,31 @@ from farm.frontend.passes import optimize
 from farm.ir.graph import Activation, Graph
 
 
-def _optimized(model: onnx.ModelProto, tmp_path: Path) -> Graph:
+def optimized(model: onnx.ModelProto, tmp_path: Path) -> Graph:
     path = tmp_path / "model.onnx"
     onnx.save(model, path)
     return optimize(import_model(path))
 
 
-def _ops(graph: Graph) -> list[str]:
+def op_types(graph: Graph) -> list[str]:
     return [node.op_type for node in graph.nodes]
 
 
 def test_the_chain_becomes_one_node_named_as_the_add(tmp_path: Path) -> None:
-    graph = _optimized(quantized_add_model(PLANE, PLANE), tmp_path)
-    assert _ops(graph) == ["QLinearAdd"]
+    graph = optimized(quantized_add_model(PLANE, PLANE), tmp_path)
+    assert op_types(graph) == ["QLinearAdd"]
     node = graph.nodes[0]
     assert (node.name, node.outputs, node.activation) == ("Add_2", ["y"], None)  # the importer's name for the Add
     assert node.inputs == ["a", "a_s", "a_z", "b", "b_s", "b_z", "y_s", "y_z"]
 
 
 def test_a_relu_before_the_quantize_is_the_nodes_activation(tmp_path: Path) -> None:
-    graph = _optimized(quantized_add_model(PLANE, PLANE, relu=True), tmp_path)
-    assert _ops(graph) == ["QLinearAdd"] and graph.nodes[0].activation == Activation("relu")
+    graph = optimized(quantized_add_model(PLANE, PLANE, relu=True), tmp_path)
+    assert op_types(graph) == ["QLinearAdd"] and graph.nodes[0].activation == Activation("relu")
 
 
 def test_absent_zero_points_stay_absent(tmp_path: Path) -> None:
-    graph = _optimized(quantized_add_model(PLANE, PLANE, zero_points=False), tmp_path)
+    graph = optimized(quantized_add_model(PLANE, PLANE, zero_points=False), tmp_path)
     assert graph.nodes[0].inputs == ["a", "a_s", "", "b", "b_s", "", "y_s", "y_z"]
 
 
@@ -77,12 +77,12 @@ def _scale_is_an_input(model: onnx.ModelProto) -> None:
 def test_chains_the_kernel_would_change_stay(change: Callable[[onnx.ModelProto], None], tmp_path: Path) -> None:
     model = quantized_add_model(PLANE, PLANE)
     change(model)
-    graph = _optimized(model, tmp_path)
-    assert "QLinearAdd" not in _ops(graph) and "Add" in _ops(graph)
+    graph = optimized(model, tmp_path)
+    assert "QLinearAdd" not in op_types(graph) and "Add" in op_types(graph)
 
 
 def test_a_dequantized_operand_other_nodes_read_stays_for_them(tmp_path: Path) -> None:
     model = quantized_add_model(PLANE, PLANE)
     model.graph.output.append(helper.make_tensor_value_info("af", onnx.TensorProto.FLOAT, None))
-    graph = _optimized(model, tmp_path)
-    assert _ops(graph) == ["DequantizeLinear", "QLinearAdd"] and graph.nodes[0].outputs == ["af"]
+    graph = optimized(model, tmp_path)
+    assert op_types(graph) == ["DequantizeLinear", "QLinearAdd"] and graph.nodes[0].outputs == ["af"]

@@ -10,7 +10,7 @@ from farm.ir import loopir as L
 from farm.ir.specs import KernelSpec
 from farm.ops import mathfns as M
 from farm.ops.reduce import NEG_INF, absolute
-from farm.ops.registry import NodeContext, activate, out_shape, prod, register, shape_of
+from farm.ops.registry import CORE_DTYPES, NodeContext, activate, out_shape, prod, register, shape_of
 from farm.ops.window import (
     Window,
     WindowLowering,
@@ -29,8 +29,33 @@ from farm.ops.window import (
     within,
 )
 
+BYTE_POOLS = frozenset({"int8", "uint8"})
+"""The integer dtypes MaxPool takes (ONNX's, from opset 12): its max is taken in float32, exact for bytes."""
 
-def _input_at(geo: Window, base: L.Expr, oh: L.Expr, ow: L.Expr, r: L.ExprLike, s: L.ExprLike, fill: float) -> L.Expr:
+
+def _x(spec: KernelSpec, index: L.Expr) -> L.Expr:
+    """x[index] as a float32: a byte MaxPool's values converted (exactly)."""
+    if spec.inputs[0].dtype in BYTE_POOLS:
+        return L.Cast(L.Load("in0", index, L.I64), L.F32)
+    return L.Load("in0", index)
+
+
+BYTE_RANGES = {"int8": (-128.0, 127.0), "uint8": (0.0, 255.0)}
+
+
+def _stored(spec: KernelSpec, value: L.Expr) -> L.Expr:
+    """A pool's float32 result as out0 holds it: a byte MaxPool's max is one of its inputs, converted back (a
+    window wholly in the padding, whose max is -inf, gives the dtype's least value)."""
+    dtype = spec.outputs[0].dtype
+    if dtype not in BYTE_POOLS:
+        return value
+    low, high = BYTE_RANGES[dtype]
+    return L.Cast(L.minimum(L.maximum(value, low), high), L.I64)
+
+
+def _input_at(
+    spec: KernelSpec, geo: Window, base: L.Expr, oh: L.Expr, ow: L.Expr, r: L.ExprLike, s: L.ExprLike, fill: float
+) -> L.Expr:
     """x[base + ih*W + iw] for the window tap (r, s) of output (oh, ow), or `fill` in the padding."""
     ih = oh * geo.stride_height - geo.pad_top + L.wrap(r, L.I64) * geo.dilation_height
     iw = ow * geo.stride_width - geo.pad_left + L.wrap(s, L.I64) * geo.dilation_width
@@ -38,7 +63,7 @@ def _input_at(geo: Window, base: L.Expr, oh: L.Expr, ow: L.Expr, r: L.ExprLike, 
         L.compare("ge", ih, 0), L.compare("lt", ih, geo.height), L.compare("ge", iw, 0), L.compare("lt", iw, geo.width)
     )
     clamped = L.minimum(L.maximum(ih, 0), geo.height - 1) * geo.width + L.minimum(L.maximum(iw, 0), geo.width - 1)
-    return L.select(inside, L.Load("in0", base + clamped), fill)
+    return L.select(inside, _x(spec, base + clamped), fill)
 
 
 def _pool_attrs(ctx: NodeContext) -> dict[str, Any]:
@@ -61,7 +86,7 @@ def _lower_pool_planes(spec: KernelSpec) -> list[L.Stmt]:
     plane, y, x, r, s = names.var("p"), names.var("y"), names.var("x"), names.var("r"), names.var("s")
     acc, count = names.local(), names.local("cnt")
     is_max = spec.op == "MaxPool"
-    tap = _input_at(geo, plane * (h * w), y, x, r, s, -math.inf if is_max else 0.0)
+    tap = _input_at(spec, geo, plane * (h * w), y, x, r, s, -math.inf if is_max else 0.0)
     update: list[L.Stmt] = [L.Assign(acc, L.maximum(acc, tap) if is_max else acc + tap)]
     if not is_max:
         update.append(L.Assign(count, count + L.select(_counted(geo, a, y, x, r, s), 1.0, 0.0)))
@@ -71,7 +96,7 @@ def _lower_pool_planes(spec: KernelSpec) -> list[L.Stmt]:
         L.Assign(acc, L.const(-math.inf if is_max else 0.0)),
         L.Assign(count, L.const(0.0)),
         L.Loop(r, kh, [L.Loop(s, kw, update)]),
-        L.Store("out0", (plane * ho + y) * wo + x, activate(result, spec.activation)),
+        L.Store("out0", (plane * ho + y) * wo + x, _stored(spec, activate(result, spec.activation))),
     ]
     return [L.Loop(plane, n * c, [L.Loop(y, ho, [L.Loop(x, wo, inner, True)], True)], True)]
 
@@ -118,13 +143,14 @@ def _max_pool_planes(spec: KernelSpec) -> list[L.Stmt]:
                     [
                         L.Assign(acc, L.const(-math.inf)),
                         L.Loop(r, geo.kernel_height, taps),
-                        L.Store("out0", out_index, activate(acc, spec.activation)),
+                        L.Store("out0", out_index, _stored(spec, activate(acc, spec.activation))),
                     ],
                 )
             ],
         )
     ]
-    per_channel = pad_plane(names, geo, plane, channel * (h * w), geo.stride_width, -math.inf) + outputs
+    value_dtype = L.I64 if spec.inputs[0].dtype in BYTE_POOLS else L.F32
+    per_channel = pad_plane(names, geo, plane, channel * (h * w), geo.stride_width, -math.inf, value_dtype) + outputs
     return [L.Loop(block, n * c // size, [L.Loop(index, size, per_channel)], True)]
 
 
@@ -155,7 +181,7 @@ def _lower_pool_volumes(spec: KernelSpec) -> list[L.Stmt]:
     def element(v: list[L.Var]) -> list[L.Stmt]:
         def tap(taps: list[L.Var]) -> list[L.Stmt]:
             inside, at = window_tap(a, sizes, v[1:], taps)
-            value = L.select(inside, L.Load("in0", v[0] * prod(sizes) + at), -math.inf if is_max else 0.0)
+            value = L.select(inside, _x(spec, v[0] * prod(sizes) + at), -math.inf if is_max else 0.0)
             if is_max:
                 return [L.Assign(acc, L.maximum(acc, value))]
             counted = L.select(_counted_tap(a, sizes, v[1:], taps), 1.0, 0.0)
@@ -167,7 +193,7 @@ def _lower_pool_volumes(spec: KernelSpec) -> list[L.Stmt]:
             L.Assign(acc, L.const(-math.inf if is_max else 0.0)),
             L.Assign(count, L.const(0.0)),
             *window,
-            L.Store("out0", L.flat_index(shape, v), activate(result, spec.activation)),
+            L.Store("out0", L.flat_index(shape, v), _stored(spec, activate(result, spec.activation))),
         ]
 
     body, _ = L.loop_nest(names, shape, element, parallel=True)
@@ -190,7 +216,8 @@ POOL_LOWERINGS = {
 """MaxPool and AveragePool by spatial rank: planes (1-D ones as planes of height 1), volumes as a loop nest."""
 
 
-register_by_rank(("MaxPool", "AveragePool"), POOL_LOWERINGS, normalize=_pool_attrs, data_inputs=(0,))
+register_by_rank(("AveragePool",), POOL_LOWERINGS, normalize=_pool_attrs, data_inputs=(0,))
+register_by_rank(("MaxPool",), POOL_LOWERINGS, normalize=_pool_attrs, data_inputs=(0,), dtypes=CORE_DTYPES | BYTE_POOLS)
 
 
 def _lp_pool_attrs(ctx: NodeContext) -> dict[str, Any]:

@@ -163,15 +163,23 @@ def tap_columns(geo: Window, s: int) -> tuple[int, int]:
 
 
 def copy_to_scratch(
-    names: L.Names, start: L.Expr, source: L.Expr, stride: int, begin: int, end: int, value_dtype: str = L.F32
+    names: L.Names,
+    start: L.Expr,
+    source: L.Expr,
+    stride: int,
+    begin: int,
+    end: int,
+    value_dtype: str = L.F32,
+    scratch_dtype: str | None = None,
 ) -> list[L.Stmt]:
     """scratch[start + ow] = in0[source + ow * stride] for ow in [begin, end) (in0's values of `value_dtype`: I64
-    for an integer conv's bytes)."""
+    for bytes; converted to `scratch_dtype` where given: a byte MaxPool's float planes)."""
     if end <= begin:
         return []
     x = names.var("x")
     ow = x + begin
-    copy = L.Store("scratch", start + ow, L.Load("in0", source + ow * stride, value_dtype))
+    value: L.Expr = L.Load("in0", source + ow * stride, value_dtype)
+    copy = L.Store("scratch", start + ow, value if scratch_dtype is None else L.Cast(value, scratch_dtype))
     return [L.Loop(x, end - begin, [copy], True)]
 
 
@@ -202,12 +210,19 @@ def phased_plane_floats(geo: Window) -> int:
 
 
 def pad_plane(
-    names: L.Names, geo: Window, plane: L.Expr, source: L.Expr, phases: int = 1, fill: float = 0.0
+    names: L.Names,
+    geo: Window,
+    plane: L.Expr,
+    source: L.Expr,
+    phases: int = 1,
+    fill: float = 0.0,
+    value_dtype: str = L.F32,
 ) -> list[L.Stmt]:
-    """The padded input window at scratch[plane]: padded column j = q * phases + p of row i goes to
+    """The padded input window at scratch[plane] (float32): padded column j = q * phases + p of row i goes to
     scratch[plane + i * phases * length + p * length + q] (length = columns / phases, rounded up), holding
     x[source + (i - ph) * w + (j - pw)], `fill` outside the input. With one phase the rows are plain; with a
-    window's horizontal stride as phases, each tap reads its outputs' columns at unit stride."""
+    window's horizontal stride as phases, each tap reads its outputs' columns at unit stride. x's values are of
+    `value_dtype` (I64: bytes, converted to float32)."""
     i = names.var("i")
     rows, columns = padded_plane(geo)
     length = _phase_length(geo, phases)
@@ -223,7 +238,7 @@ def pad_plane(
         first = source + ih * geo.width + (phase - geo.pad_left)
         row += (
             fill_scratch(names, start, 0, lo, fill)
-            + copy_to_scratch(names, start, first, phases, lo, hi)
+            + copy_to_scratch(names, start, first, phases, lo, hi, value_dtype, None if value_dtype == L.F32 else L.F32)
             + fill_scratch(names, start, hi, count, fill)
         )
         zeros += fill_scratch(names, start, 0, count, fill)

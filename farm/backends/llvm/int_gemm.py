@@ -6,7 +6,7 @@ saturating (vpmaddubsw, the older instruction, saturates at 16 bits and so is ne
 that form: A's bytes as unsigned (an int8 A is flipped by xor 0x80, which adds 128 to every value and to its zero
 point), B's as signed (a uint8 B flipped the same way, which subtracts 128). Where the dot product lets its signed
 operand be the broadcast one (vpdpbusd takes it from memory, broadcast, at no cost: DotProduct.broadcasts_signed)
-and A is int8 (a conv's weights as its rows), the roles swap (`_Roles`): A is broadcast as it is, B is read
+and A is int8 (a conv's weights as its rows), the roles swap (`Roles`): A is broadcast as it is, B is read
 unsigned (an int8 B flipped, adding 128), and no flip is paid per broadcast. The zero points then come out of the
 sum exactly, in int32 arithmetic that wraps as the reference's does:
 
@@ -23,43 +23,25 @@ whole tile are one shorter tile, the columns past the last whole vector one vect
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from llvmlite import ir
 
+from farm.backends.llvm.dot_products import (
+    FLIP,
+    GROUP,
+    DotProduct,
+    Roles,
+    intrinsic,
+    splat,
+    vector_of,
+)
 from farm.backends.llvm.gemm_emitter import counted_loop
-from farm.backends.llvm.target import CpuTarget
 from farm.ir import loopir as L
 
 I8_T, I16_T, I32_T, I64_T = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F32_T, F64_T = ir.FloatType(), ir.DoubleType()
-GROUP = L.INT_GEMM_K_GROUP
-FLIP = 0x80
-"""The xor that turns a byte's signed reading into its unsigned one plus 128 (and back)."""
-
-
-def _vector(element: ir.Type, count: int) -> ir.VectorType:
-    return ir.VectorType(element, count)
-
-
-def _splat(b: ir.IRBuilder, scalar: ir.Value, count: int) -> ir.Value:
-    """`scalar` in every lane of a vector of `count` of its type."""
-    vec_t = _vector(scalar.type, count)
-    single = b.insert_element(ir.Constant(vec_t, ir.Undefined), scalar, ir.Constant(I32_T, 0))
-    return b.shuffle_vector(single, ir.Constant(vec_t, ir.Undefined), ir.Constant(_vector(I32_T, count), [0] * count))
-
-
-def _lanes_of_groups(b: ir.IRBuilder, wide: ir.Value, lanes: int, ways: int) -> ir.Value:
-    """The sums of each run of `ways` consecutive elements of `wide` (lanes * ways int32), one per lane."""
-    total = None
-    for way in range(ways):
-        mask = ir.Constant(_vector(I32_T, lanes), [lane * ways + way for lane in range(lanes)])
-        part = b.shuffle_vector(wide, ir.Constant(wide.type, ir.Undefined), mask)
-        total = part if total is None else b.add(total, part)
-    assert total is not None
-    return total
 
 
 def _transposed(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
@@ -72,7 +54,7 @@ def _transposed(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
         for i in (i for i in range(n) if not i & h):
             low = [j if not j & h else n + j - h for j in range(n)]
             high = [j + h if not j & h else n + j for j in range(n)]
-            mask_t = _vector(I32_T, n)
+            mask_t = vector_of(I32_T, n)
             rows[i], rows[i + h] = (
                 b.shuffle_vector(rows[i], rows[i + h], ir.Constant(mask_t, low)),
                 b.shuffle_vector(rows[i], rows[i + h], ir.Constant(mask_t, high)),
@@ -85,141 +67,6 @@ def _opaque(b: ir.IRBuilder, value: ir.Value) -> ir.Value:
     """`value` through an empty inline asm, so that LLVM can't see it is a constant: it turns a byte permute by a
     constant index back into a shuffle, which it lowers as a cascade of unpacks."""
     return b.asm(ir.FunctionType(value.type, [value.type]), "", "=v,0", [value], side_effect=False)
-
-
-def _function(module: ir.Module, name: str, result: ir.Type, args: list[ir.Type]) -> ir.Function:
-    """Declare (once) an intrinsic with a fixed signature."""
-    if name in module.globals:
-        return module.globals[name]
-    return ir.Function(module, ir.FunctionType(result, args), name)
-
-
-@dataclass(frozen=True)
-class DotProduct:
-    """How one ISA adds four u8 x s8 products per int32 lane: the accumulator's type and its step and finish, the
-    lanes of C a vector holds, and the register tile (rows x vectors) its registers hold."""
-
-    name: str
-    lanes: int
-    rows: int
-    vectors: int
-    accumulator_ways: int
-    """int32 elements an accumulator keeps per lane of C (1: the four products are summed at once; 2: vpmaddwd's
-    pairs, summed when the tile is done; 4: every product)."""
-    tall_rows: int
-    """The most rows of a tile one vector wide (its accumulators, B's column sums, one vector of B and one of A
-    fill the registers): what reads a B packed at build time once where m is more than `rows` but no more than
-    this (a conv over a 4x4 plane, its 16 pixels as rows, its weights as B)."""
-    step: Callable[[ir.IRBuilder, ir.Value, ir.Value, ir.Value], ir.Value]
-    """(builder, accumulator, four unsigned bytes per lane, four signed bytes per lane) -> accumulator."""
-    broadcasts_signed: bool = False
-    """Whether the signed operand costs nothing as a broadcast of four bytes from memory (vpdpbusd's third operand
-    may be one), so that an int8 A is best broadcast as the signed operand (`_Roles`)."""
-    permutes_bytes: bool = False
-    """Whether one instruction permutes a vector's bytes (AVX-512 VBMI's vpermb): packing four rows of B is then
-    one permute of the four loads, not the unpack cascade LLVM makes of a shuffle (a third of a 64-channel 16x16
-    conv's time went to packing)."""
-
-    @property
-    def accumulator(self) -> ir.VectorType:
-        return _vector(I32_T, self.lanes * self.accumulator_ways)
-
-    @property
-    def bytes(self) -> ir.VectorType:
-        """A vector of four bytes (k values) per lane."""
-        return _vector(I8_T, self.lanes * GROUP)
-
-    def finish(self, b: ir.IRBuilder, accumulator: ir.Value) -> ir.Value:
-        """The accumulator as one int32 sum per lane."""
-        if self.accumulator_ways == 1:
-            return accumulator
-        return _lanes_of_groups(b, accumulator, self.lanes, self.accumulator_ways)
-
-
-def _vpdpbusd(lanes: int) -> Callable[[ir.IRBuilder, ir.Value, ir.Value, ir.Value], ir.Value]:
-    """vpdpbusd on `lanes` int32 lanes (llvm.x86.avx512.vpdpbusd.{512,256}: AVX-512 VNNI, or AVX-VNNI's VEX form)."""
-    words = _vector(I32_T, lanes)
-
-    def step(b: ir.IRBuilder, acc: ir.Value, unsigned: ir.Value, signed: ir.Value) -> ir.Value:
-        name = f"llvm.x86.avx512.vpdpbusd.{lanes * 32}"
-        fn = _function(b.module, name, words, [words, words, words])
-        return b.call(fn, [acc, b.bitcast(unsigned, words), b.bitcast(signed, words)])
-
-    return step
-
-
-def _vpmaddwd_step(b: ir.IRBuilder, acc: ir.Value, unsigned: ir.Value, signed: ir.Value) -> ir.Value:
-    """AVX2: both operands widened to int16 (exact), vpmaddwd on each half (a lane's four products as two pair
-    sums, which never overflow: 2 * 255 * 128 < 2**31), the pairs added into the accumulator."""
-    halves = unsigned.type.count // 2
-    wide_t = _vector(I16_T, unsigned.type.count)
-    u16, s16 = b.zext(unsigned, wide_t), b.sext(signed, wide_t)
-    half_t, pairs_t = _vector(I16_T, halves), _vector(I32_T, halves // 2)
-    fn = _function(b.module, "llvm.x86.avx2.pmadd.wd", pairs_t, [half_t, half_t])
-    sums = []
-    for half in range(2):
-        mask = ir.Constant(_vector(I32_T, halves), list(range(half * halves, (half + 1) * halves)))
-        undefined = ir.Constant(wide_t, ir.Undefined)
-        sums.append(b.call(fn, [b.shuffle_vector(u16, undefined, mask), b.shuffle_vector(s16, undefined, mask)]))
-    joined = b.shuffle_vector(sums[0], sums[1], ir.Constant(_vector(I32_T, halves), list(range(halves))))
-    return b.add(acc, joined)
-
-
-def _widening_step(b: ir.IRBuilder, acc: ir.Value, unsigned: ir.Value, signed: ir.Value) -> ir.Value:
-    """Any ISA: every product in an int32 of its own."""
-    wide_t = acc.type
-    return b.add(acc, b.mul(b.zext(unsigned, wide_t), b.sext(signed, wide_t)))
-
-
-DOT_PRODUCTS: tuple[tuple[str, DotProduct], ...] = (
-    ("+avx512vnni", DotProduct("avx512vnni", 16, 6, 4, 1, 24, _vpdpbusd(16), broadcasts_signed=True)),
-    ("+avxvnni", DotProduct("avxvnni", 8, 4, 2, 1, 10, _vpdpbusd(8), broadcasts_signed=True)),
-    ("+avx2", DotProduct("avx2", 8, 4, 1, 2, 5, _vpmaddwd_step)),
-)
-"""The dot products by the target feature that enables them, best first; a target with none of these features uses
-widening multiplies (generic_dot_product)."""
-
-
-def generic_dot_product(lanes: int = 4) -> DotProduct:
-    """Widening multiplies on vectors of `lanes` int32 (the target's float32 lanes: NEON's four on AArch64)."""
-    return DotProduct("widening", lanes, 4, 1, GROUP, 4, _widening_step)
-
-
-def dot_product_for(target: CpuTarget) -> DotProduct:
-    """The best dot product `target`'s features allow."""
-    enabled = set(target.features.split(","))
-    for feature, dot in DOT_PRODUCTS:
-        if feature in enabled:
-            return dataclasses.replace(dot, permutes_bytes=dot.lanes == 16 and "+avx512vbmi" in enabled)
-    return generic_dot_product(target.simd_floats)
-
-
-@dataclass(frozen=True)
-class _Roles:
-    """Which operand is the dot product's unsigned one and what each read flips: by default A (broadcast) is the
-    unsigned operand and B the signed one; `swapped`, B is the unsigned one and A, int8, is broadcast as it is."""
-
-    swapped: bool
-    a_flip: int
-    """The xor applied to A's bytes (FLIP: an int8 A read unsigned)."""
-    b_flip: int
-    """The xor applied to B's bytes as they are packed (FLIP: a uint8 B read signed, or an int8 B read unsigned)."""
-
-    @classmethod
-    def of(cls, dot: DotProduct, a_signed: bool, b_signed: bool) -> _Roles:
-        if dot.broadcasts_signed and a_signed:
-            return cls(True, 0, FLIP if b_signed else 0)
-        return cls(False, FLIP if a_signed else 0, 0 if b_signed else FLIP)
-
-    def step(self, dot: DotProduct, b: ir.IRBuilder, acc: ir.Value, a: ir.Value, b_bytes: ir.Value) -> ir.Value:
-        """The dot product of A's bytes `a` and B's `b_bytes`, each in its role."""
-        return dot.step(b, acc, b_bytes, a) if self.swapped else dot.step(b, acc, a, b_bytes)
-
-
-def b_panels_flipped(dot: DotProduct, a_signed: bool, b_signed: bool) -> bool:
-    """Whether a B packed at build time (L.IntGemm.b_panels) is stored flipped (packing.pack_byte_panels' `flip`)
-    for these operands on `dot`: as the emitter reads B."""
-    return bool(_Roles.of(dot, a_signed, b_signed).b_flip)
 
 
 @dataclass(frozen=True)
@@ -285,7 +132,7 @@ class _Emitter:
         dot: DotProduct,
     ) -> None:
         self.b, self.slot, self.g, self.ops, self.dot = builder, slot, gemm, ops, dot
-        self.roles = _Roles.of(dot, ops.a_signed, ops.b_signed)
+        self.roles = Roles.of(dot, ops.a_signed, ops.b_signed)
         # A zero point known to be 0 (None) that no flip shifts multiplies B's column sums (A's row sums) by 0: they
         # are not taken (integer_gemm.zero_constants: a conv's symmetric weights, a Relu's output).
         self.column_sums_needed = ops.a_zero is not None or bool(self.roles.a_flip)
@@ -328,7 +175,7 @@ class _Emitter:
         """A vector of `lanes` elements (integers or float32) from `address`; only the partial vector's columns
         when `partial`, one load each (the others 0: nothing past the operand is read)."""
         lanes = self.dot.lanes
-        vec_t = _vector(element, lanes)
+        vec_t = vector_of(element, lanes)
         if not partial:
             return self.b.load(address, align=1, typ=vec_t)
         vector: ir.Value = ir.Constant(vec_t, [0.0 if element == F32_T else 0] * lanes)
@@ -432,7 +279,7 @@ class _Emitter:
     def _pack_transposed_block(self, k4: ir.Value, v: ir.Value, columns: int) -> None:
         """Groups [k4, k4 + lanes) of vector v of a transposed B, its first `columns` columns (the others zero)."""
         b, g, lanes = self.b, self.g, self.dot.lanes
-        words_t = _vector(I32_T, lanes)
+        words_t = vector_of(I32_T, lanes)
         rows = [
             b.load(
                 self.at(self.ops.b, I8_T, (v, lanes * g.ldb), (column * g.ldb, 1), (k4, GROUP)), align=1, typ=words_t
@@ -456,7 +303,7 @@ class _Emitter:
             self._pack_columns(k4, v, partial, present)
             return
         b, g, lanes = self.b, self.g, self.dot.lanes
-        row_t = _vector(I8_T, lanes)
+        row_t = vector_of(I8_T, lanes)
         flip = ir.Constant(row_t, [self.roles.b_flip] * lanes)
         rows = [
             b.xor(
@@ -476,7 +323,7 @@ class _Emitter:
         side by side, one 32-bit load per column (the `present` bytes one at a time past k's end)."""
         b, g, lanes = self.b, self.g, self.dot.lanes
         bytes_t = self.dot.bytes
-        word: ir.Value = ir.Constant(_vector(I32_T, lanes), [0] * lanes)
+        word: ir.Value = ir.Constant(vector_of(I32_T, lanes), [0] * lanes)
         for lane in range(self.edge if partial else lanes):
             address = self.at(self.ops.b, I8_T, (v, lanes * g.ldb), (lane * g.ldb, 1), (k4, GROUP))
             word = b.insert_element(word, self._four_bytes(address, present), ir.Constant(I32_T, lane))
@@ -494,17 +341,17 @@ class _Emitter:
         """Four rows of `lanes` bytes as one vector of each lane's four bytes side by side."""
         b, lanes = self.b, self.dot.lanes
         pairs = [
-            b.shuffle_vector(rows[i], rows[i + 1], ir.Constant(_vector(I32_T, 2 * lanes), list(range(2 * lanes))))
+            b.shuffle_vector(rows[i], rows[i + 1], ir.Constant(vector_of(I32_T, 2 * lanes), list(range(2 * lanes))))
             for i in (0, 2)
         ]
         mask = [way * lanes + lane for lane in range(lanes) for way in range(GROUP)]
         if self.dot.permutes_bytes:
             joined = b.shuffle_vector(
-                pairs[0], pairs[1], ir.Constant(_vector(I32_T, GROUP * lanes), list(range(GROUP * lanes)))
+                pairs[0], pairs[1], ir.Constant(vector_of(I32_T, GROUP * lanes), list(range(GROUP * lanes)))
             )
-            vpermb = _function(b.module, "llvm.x86.avx512.permvar.qi.512", self.dot.bytes, [self.dot.bytes] * 2)
+            vpermb = intrinsic(b.module, "llvm.x86.avx512.permvar.qi.512", self.dot.bytes, [self.dot.bytes] * 2)
             return b.call(vpermb, [joined, _opaque(b, ir.Constant(self.dot.bytes, mask))])
-        return b.shuffle_vector(pairs[0], pairs[1], ir.Constant(_vector(I32_T, GROUP * lanes), mask))
+        return b.shuffle_vector(pairs[0], pairs[1], ir.Constant(vector_of(I32_T, GROUP * lanes), mask))
 
     # -- A: its row sums
 
@@ -517,9 +364,9 @@ class _Emitter:
         flip, extend = self.roles.a_flip, b.sext if self.roles.swapped else b.zext
 
         def sum_of(address: ir.Value, count: int) -> ir.Value:
-            bytes_t, wide_t = _vector(I8_T, count), _vector(I32_T, count)
+            bytes_t, wide_t = vector_of(I8_T, count), vector_of(I32_T, count)
             values = b.xor(b.load(address, align=1, typ=bytes_t), ir.Constant(bytes_t, [flip] * count))
-            reduce = _function(b.module, f"llvm.vector.reduce.add.v{count}i32", I32_T, [wide_t])
+            reduce = intrinsic(b.module, f"llvm.vector.reduce.add.v{count}i32", I32_T, [wide_t])
             return b.call(reduce, [extend(values, wide_t)])
 
         def row(m: ir.Value) -> None:
@@ -594,7 +441,7 @@ class _Emitter:
                 b.store(self.roles.step(dot, b, b.load(column_sum), ones, column), column_sum)
             for r in range(rows):
                 four = self._four_bytes(self.at(self.ops.a, I8_T, (m0, g.lda), (r, g.lda), (k4, GROUP)), present)
-                broadcast = b.bitcast(_splat(b, b.xor(four, flip), dot.lanes), dot.bytes)
+                broadcast = b.bitcast(splat(b, b.xor(four, flip), dot.lanes), dot.bytes)
                 for v in range(vectors):
                     b.store(self.roles.step(dot, b, b.load(accs[r][v]), broadcast, columns[v]), accs[r][v])
 
@@ -618,13 +465,13 @@ class _Emitter:
         b, lanes = self.b, self.dot.lanes
         if self.column_sums_needed:
             column_sum = self.dot.finish(b, b.load(self.in_array(self.column_sums, (vector, 1))))
-            total = b.sub(total, b.mul(_splat(b, self._a_zero(m), lanes), column_sum))
+            total = b.sub(total, b.mul(splat(b, self._a_zero(m), lanes), column_sum))
         if self.row_sums_needed:
-            row_sum = _splat(b, b.load(self.in_array(self.row_sums, (m, 1))), lanes)
+            row_sum = splat(b, b.load(self.in_array(self.row_sums, (m, 1))), lanes)
             total = b.sub(total, b.mul(self._b_zero(vector, partial), row_sum))
         if self.column_sums_needed and self.row_sums_needed:
-            both = b.mul(_splat(b, self._a_zero(m), lanes), self._b_zero(vector, partial))
-            total = b.add(total, b.mul(both, _splat(b, ir.Constant(I32_T, self.g.k), lanes)))
+            both = b.mul(splat(b, self._a_zero(m), lanes), self._b_zero(vector, partial))
+            total = b.add(total, b.mul(both, splat(b, ir.Constant(I32_T, self.g.k), lanes)))
         return total
 
     def _requantized(
@@ -634,7 +481,7 @@ class _Emitter:
         the multiply and the add are never fused into one rounding), rounded half to even and saturated (maxnum and
         minnum, so that a NaN, from a zero y_scale, saturates low as the reference's)."""
         b, lanes = self.b, self.dot.lanes
-        f64v = _vector(F64_T, lanes)
+        f64v = vector_of(F64_T, lanes)
 
         def lines(values: Lines, element: ir.Type) -> ir.Value:
             """One value per lane of this vector of C: the one value, the row's, or each column's."""
@@ -642,29 +489,27 @@ class _Emitter:
                 address = self.at(values.pointer, element, (vector, lanes))
                 return self.load_lanes(address, element, partial)
             address = self.at(values.pointer, element, (m, 1)) if values.per_line else values.pointer
-            return _splat(b, b.load(address, align=4, typ=element), lanes)
+            return splat(b, b.load(address, align=4, typ=element), lanes)
 
         if q.bias is not None:
             total = b.add(total, lines(q.bias, I32_T))
-        x_scale = _splat(b, b.load(q.x_scale, align=4, typ=F32_T), lanes)
-        y_scale = _splat(b, b.load(q.y_scale, align=4, typ=F32_T), lanes)
+        x_scale = splat(b, b.load(q.x_scale, align=4, typ=F32_T), lanes)
+        y_scale = splat(b, b.load(q.y_scale, align=4, typ=F32_T), lanes)
         multiplier = b.fdiv(b.fmul(x_scale, lines(q.w_scale, F32_T)), y_scale)
         zero: ir.Value = ir.Constant(F64_T, 0.0)
         if q.y_zero is not None:
             to_float = b.sitofp if q.y_zero.signed else b.uitofp
             zero = to_float(b.load(q.y_zero.pointer, align=1, typ=I8_T), F64_T)
-        value = b.fadd(b.fmul(b.sitofp(total, f64v), b.fpext(multiplier, f64v)), _splat(b, zero, lanes))
-        rounded = b.call(_function(b.module, f"llvm.roundeven.v{lanes}f64", f64v, [f64v]), [value])
+        value = b.fadd(b.fmul(b.sitofp(total, f64v), b.fpext(multiplier, f64v)), splat(b, zero, lanes))
+        rounded = b.call(intrinsic(b.module, f"llvm.roundeven.v{lanes}f64", f64v, [f64v]), [value])
         low, high = float(q.low), float(q.high)
         floor: ir.Value = ir.Constant(F64_T, low)
         if q.relu:
-            floor = b.call(_function(b.module, "llvm.maxnum.f64", F64_T, [F64_T, F64_T]), [floor, zero])
-        maxnum = _function(b.module, f"llvm.maxnum.v{lanes}f64", f64v, [f64v, f64v])
-        minnum = _function(b.module, f"llvm.minnum.v{lanes}f64", f64v, [f64v, f64v])
-        clamped = b.call(
-            minnum, [b.call(maxnum, [rounded, _splat(b, floor, lanes)]), ir.Constant(f64v, [high] * lanes)]
-        )
-        return b.trunc(b.fptosi(clamped, _vector(I32_T, lanes)), _vector(I8_T, lanes))
+            floor = b.call(intrinsic(b.module, "llvm.maxnum.f64", F64_T, [F64_T, F64_T]), [floor, zero])
+        maxnum = intrinsic(b.module, f"llvm.maxnum.v{lanes}f64", f64v, [f64v, f64v])
+        minnum = intrinsic(b.module, f"llvm.minnum.v{lanes}f64", f64v, [f64v, f64v])
+        clamped = b.call(minnum, [b.call(maxnum, [rounded, splat(b, floor, lanes)]), ir.Constant(f64v, [high] * lanes)])
+        return b.trunc(b.fptosi(clamped, vector_of(I32_T, lanes)), vector_of(I8_T, lanes))
 
     def _store_c(self, value: ir.Value, m: ir.Value, vector: ir.Value, partial: bool) -> None:
         """Row m's vector of C: one store (a store per column when partial), or one per column when C is stored transposed
@@ -709,7 +554,7 @@ class _Emitter:
     def _b_zero(self, vector: ir.Value, partial: bool) -> ir.Value:
         """B's zero points for a vector of columns as the flipped bytes see them (one value, or one per column)."""
         b, lanes = self.b, self.dot.lanes
-        word_t = _vector(I32_T, lanes)
+        word_t = vector_of(I32_T, lanes)
         shift = ir.Constant(word_t, [self._b_shift()] * lanes)
         zeros = self.ops.b_zero
         if zeros is None:
@@ -718,7 +563,7 @@ class _Emitter:
         if zeros.per_line:
             values = extend(self.load_lanes(self.at(zeros.pointer, I8_T, (vector, lanes)), I8_T, partial), word_t)
         else:
-            values = _splat(b, extend(b.load(zeros.pointer, align=1, typ=I8_T), I32_T), lanes)
+            values = splat(b, extend(b.load(zeros.pointer, align=1, typ=I8_T), I32_T), lanes)
         return b.add(values, shift)
 
 

@@ -7,9 +7,9 @@ import json
 
 from llvmlite import ir
 
+from farm.backends.llvm.dot_products import b_panels_flipped, dot_product_for
 from farm.backends.llvm.gemm_blocking import GemmBlocking
 from farm.backends.llvm.gemm_outlining import MAX_PARTS, Outlining, outlined_functions
-from farm.backends.llvm.int_gemm import b_panels_flipped, dot_product_for
 from farm.backends.llvm.render import render_kernel
 from farm.backends.llvm.target import CpuTarget
 from farm.backends.llvm.toolchain import compile_ir

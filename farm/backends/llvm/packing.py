@@ -47,7 +47,7 @@ def pack_byte_panels(b: np.ndarray, lanes: int, transposed: bool, flip: bool) ->
     """Bytes B (blocks x k x n, row-major; blocks x n x k when `transposed`) in the layout an IntGemm's b_panels
     reads: per block, per `lanes` columns, per group of four k, each column's four bytes side by side
     (L.IntGemm.b_panels); each byte xor 0x80 when `flip` (a uint8 B read as int8, or an int8 B read as uint8:
-    int_gemm.b_panels_flipped)."""
+    dot_products.b_panels_flipped)."""
     columns_first = b if transposed else b.transpose(0, 2, 1)
     blocks, n, k = columns_first.shape
     grouped = columns_first.reshape(blocks, n // lanes, lanes, k // 4, 4).transpose(0, 1, 3, 2, 4)

@@ -12,20 +12,13 @@ from typing import Any
 
 from llvmlite import ir
 
+from farm.backends.llvm.dot_products import DotProduct, generic_dot_product
 from farm.backends.llvm.gemm import emit_gemm
 from farm.backends.llvm.gemm_blocking import GemmBlocking
 from farm.backends.llvm.gemm_emitter import intrinsic
 from farm.backends.llvm.gemm_epilogue import fmax, fmin
 from farm.backends.llvm.gemm_outlining import Outlining
-from farm.backends.llvm.int_gemm import (
-    DotProduct,
-    IntGemmOperands,
-    Lines,
-    RequantizeOperands,
-    Zeros,
-    emit_int_gemm,
-    generic_dot_product,
-)
+from farm.backends.llvm.int_gemm import IntGemmOperands, Lines, RequantizeOperands, Zeros, emit_int_gemm
 from farm.ir import loopir as L
 
 F32_T, I64_T, BOOL_T, I32_T = ir.FloatType(), ir.IntType(64), ir.IntType(1), ir.IntType(32)
@@ -83,7 +76,7 @@ def render_kernel(
     running only iterations [begin, end) of the launch's parallel loop or rows of its Gemm (a serial launch ignores
     the range). `symbol` runs every launch over its whole range, in order. Gemm statements use `blocking`; with
     `outlining`, a Gemm launch's heaviest code goes into functions of their own (gemm_outlining.Outlining).
-    IntGemm statements use `dot` (int_gemm.dot_product_for the target; widening multiplies by default)."""
+    IntGemm statements use `dot` (dot_products.dot_product_for the target; widening multiplies by default)."""
     fixed, groups = L.launch_groups(kernel)
     dot = dot or generic_dot_product(blocking.lanes)
     launches = [

@@ -16,6 +16,7 @@ from farm.frontend.passes.dead_nodes import remove_dead_nodes
 from farm.frontend.passes.passthrough import drop_passthrough
 from farm.frontend.passes.qdq_fusion import fuse_qdq
 from farm.frontend.passes.quantized_add import fuse_quantized_adds
+from farm.frontend.passes.quantized_maxpool import pool_quantized_maxpools
 from farm.frontend.passes.residual_fusion import fuse_residual_adds
 from farm.ir.graph import Graph
 
@@ -23,6 +24,7 @@ PIPELINE: tuple[Callable[[Graph], Graph], ...] = (
     drop_passthrough,
     fuse_qdq,
     fuse_quantized_adds,
+    pool_quantized_maxpools,
     fold_constants,
     fold_batchnorm,
     fold_channel_affine,

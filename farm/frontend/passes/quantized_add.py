@@ -11,6 +11,8 @@ constant float32 scale and zero point dividing in float32.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from farm.frontend.passes.dead_nodes import remove_dead_nodes
@@ -18,42 +20,62 @@ from farm.frontend.passes.qdq_fusion import BYTE_INTS, Dequantized, dequantized
 from farm.frontend.passes.quantize_folding import kernel_attrs
 from farm.ir.graph import Activation, Graph, Node
 
+ChainFusion = Callable[[Graph, Node, dict[str, list[Node]], dict[str, Node], set[str]], tuple[Node, list[Node]] | None]
+"""(graph, node, users, producers, graph outputs) -> (the node that takes `node`'s place, the nodes of the chain
+before it, which go), or None where no chain ends in `node`."""
 
-def fuse_quantized_adds(graph: Graph) -> Graph:
-    """Replace each fusable DequantizeLinear pair -> Add -> [Relu] -> QuantizeLinear by one QLinearAdd in the
-    QuantizeLinear's place (where both operands are computed); DequantizeLinear nodes nothing reads any more go."""
+
+def fuse_chains(graph: Graph, fuse: ChainFusion) -> Graph:
+    """One sweep in graph order replacing each chain `fuse` finds by its node, at the chain's last node's place
+    (where every input of the chain is computed); then the nodes nothing reads any more go (the DequantizeLinear
+    nodes that only the chains read)."""
     users, producers, outputs = graph.consumers(), graph.producers(), set(graph.outputs)
     replaced: set[int] = set()
     fused: dict[int, Node] = {}
     for node in graph.nodes:
-        chain = _chain_into(graph, node, users, producers, outputs)
-        if chain is not None:
-            add, relu = chain
-            replaced.update(id(step) for step in (add, relu) if step is not None)
-            fused[id(node)] = _quantized_add(graph, add, node, relu is not None, producers)
+        found = fuse(graph, node, users, producers, outputs)
+        if found is not None:
+            fused[id(node)] = found[0]
+            replaced.update(id(step) for step in found[1])
     if not fused:
         return graph
     graph.nodes = [fused.get(id(node), node) for node in graph.nodes if id(node) not in replaced]
     return remove_dead_nodes(graph)
 
 
+def fuse_quantized_adds(graph: Graph) -> Graph:
+    """Replace each fusable DequantizeLinear pair -> Add -> [Relu] -> QuantizeLinear by one QLinearAdd."""
+    return fuse_chains(graph, _quantized_add_chain)
+
+
+def _quantized_add_chain(
+    graph: Graph, quantize: Node, users: dict[str, list[Node]], producers: dict[str, Node], outputs: set[str]
+) -> tuple[Node, list[Node]] | None:
+    chain = _chain_into(graph, quantize, users, producers, outputs)
+    if chain is None:
+        return None
+    add, relu = chain
+    absorbed = [add] if relu is None else [add, relu]
+    return _quantized_add(graph, add, quantize, relu is not None, producers), absorbed
+
+
 def _chain_into(
     graph: Graph, quantize: Node, users: dict[str, list[Node]], producers: dict[str, Node], outputs: set[str]
 ) -> tuple[Node, Node | None] | None:
     """(Add, Relu or None) of a fusable chain ending in the node `quantize`, or None."""
-    if quantize.op_type != "QuantizeLinear" or quantize.domain or not _quantizes_per_tensor(graph, quantize):
+    if quantize.op_type != "QuantizeLinear" or quantize.domain or not quantizes_per_tensor(graph, quantize):
         return None
     relu, value = None, quantize.inputs[0]
-    step = _sole_producer(graph, value, users, producers, outputs)
+    step = sole_producer(graph, value, users, producers, outputs)
     if step is not None and step.op_type == "Relu":
-        relu, step = step, _sole_producer(graph, step.inputs[0], users, producers, outputs)
+        relu, step = step, sole_producer(graph, step.inputs[0], users, producers, outputs)
     if step is None or step.op_type != "Add" or len(step.inputs) != 2 or len(step.outputs) != 1:
         return None
     operands = [dequantized(graph, name, producers) for name in step.inputs]
     return (step, relu) if all(_per_tensor(operand) for operand in operands) else None
 
 
-def _sole_producer(
+def sole_producer(
     graph: Graph, value: str, users: dict[str, list[Node]], producers: dict[str, Node], outputs: set[str]
 ) -> Node | None:
     """The default-domain node writing float32 `value`, when one node alone reads it and it is no graph output."""
@@ -67,7 +89,7 @@ def _per_tensor(operand: Dequantized | None) -> bool:
     return operand is not None and operand.axis is None and operand.scale.size == 1
 
 
-def _quantizes_per_tensor(graph: Graph, quantize: Node) -> bool:
+def quantizes_per_tensor(graph: Graph, quantize: Node) -> bool:
     """A QuantizeLinear of float32 by one constant float32 scale, dividing in float32, to 8 bits by one constant
     zero point of the output's dtype."""
     if len(quantize.inputs) < 3 or not all(name in graph.constants for name in quantize.inputs[1:3]):
