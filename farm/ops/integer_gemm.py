@@ -307,13 +307,14 @@ def _im2col(spec: KernelSpec, names: L.Names, plan: ConvGemm, operands: Operands
 
 
 def _row_copies_im2col(spec: KernelSpec, names: L.Names, plan: ConvGemm, zero: L.Expr) -> list[L.Stmt]:
-    """The k-major im2col matrix, one work-item per (image, channel) and, within it, per output row and tap: the tap
-    columns unrolled, so that the output columns whose input lies inside are a constant range, copied (vectorised,
+    """The k-major im2col matrix, one work-item per (image, channel, output row) (a 3-channel stem has enough of
+    them for every thread) and, within it, per tap: the tap columns unrolled, so that the output columns whose input lies inside are a constant range, copied (vectorised,
     no guard), the zero point on either side and for a whole row whose input row is padding (as the float conv's
     _im2col: a guard on every element made LLVM gather byte by byte, 40% of a 64-channel 16x16 conv's time)."""
     geo, x = window(spec), spec.inputs[0]
-    image, c, y, r = names.var("image"), names.var("c"), names.var("y"), names.var("r")
+    line, r = names.var("line"), names.var("r")
     channels = x.shape[1]
+    image, c, y = line / (channels * geo.out_height), line / geo.out_height % channels, line % geo.out_height
     ih = y * geo.stride_height - geo.pad_top + r * geo.dilation_height
     inside = L.logical_and(L.compare("ge", ih, 0), L.compare("lt", ih, geo.height))
     outside = L.binary("or", L.compare("lt", ih, 0), L.compare("ge", ih, geo.height))
@@ -330,8 +331,7 @@ def _row_copies_im2col(spec: KernelSpec, names: L.Names, plan: ConvGemm, zero: L
             + fill_scratch(names, start, hi, geo.out_width, zero)
         )
         taps += [L.If(inside, row), L.If(outside, fill_scratch(names, start, 0, geo.out_width, zero))]
-    rows = L.Loop(y, geo.out_height, [L.Loop(r, geo.kernel_height, taps)])
-    return [L.Loop(image, plan.images, [L.Loop(c, channels, [rows], True)], True)]
+    return [L.Loop(line, plan.images * channels * geo.out_height, [L.Loop(r, geo.kernel_height, taps)], True)]
 
 
 def _pixel_major_im2col(spec: KernelSpec, names: L.Names, plan: ConvGemm, zero: L.Expr) -> list[L.Stmt]:
