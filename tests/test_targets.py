@@ -9,7 +9,8 @@ import sys
 import llvmlite.binding as llvm
 import pytest
 
-from farm.backends.llvm.target import CpuTarget, host_target, parse_target
+from farm.backends.llvm.dot_products import dot_product_for
+from farm.backends.llvm.target import CPU_FEATURES, CpuTarget, host_target, parse_target
 from farm.errors import BadInputError, ExitStatus
 
 
@@ -49,6 +50,32 @@ def test_triple_and_cpu_without_features():
     assert parse_target("cpu:aarch64-unknown-linux-gnu:cortex-a72") == CpuTarget(
         "aarch64-unknown-linux-gnu", "cortex-a72", ""
     )
+
+
+@pytest.mark.parametrize(
+    ("cpu", "lanes", "registers", "dot"),
+    [
+        ("znver3", 8, 16, "avx2"),
+        ("haswell", 8, 16, "avx2"),
+        ("skylake-avx512", 16, 32, "avx2"),
+        ("cascadelake", 16, 32, "avx512vnni"),
+        ("alderlake", 8, 16, "avxvnni"),
+        ("sapphirerapids", 16, 32, "avx512vnni"),
+    ],
+)
+def test_a_named_x86_cpu_gets_the_features_farm_reads(cpu: str, lanes: int, registers: int, dot: str) -> None:
+    """A build for a named CPU (a Zen 3 fleet built elsewhere) gets its vector width, registers and int8 dot product,
+    not the generic SSE-width fallback; the features are in its id, and the machine accepts them."""
+    target = parse_target(f"cpu:x86_64-linux-gnu:{cpu}")
+    assert target.features == CPU_FEATURES[cpu]
+    assert (target.simd_floats, target.vector_registers, dot_product_for(target).name) == (lanes, registers, dot)
+    target.machine()
+
+
+def test_features_given_or_a_cpu_outside_the_table_stay_as_given() -> None:
+    assert parse_target("cpu:x86_64-linux-gnu:znver3:+avx2").features == "+avx2"
+    assert parse_target("cpu:x86_64-linux-gnu:generic").features == ""
+    assert parse_target("cpu:x86_64-linux-gnu:nehalem").features == ""
 
 
 def test_features_may_hold_several_comma_separated_flags():

@@ -42,6 +42,12 @@ def lanes_of_groups(b: ir.IRBuilder, wide: ir.Value, lanes: int, ways: int) -> i
     return total
 
 
+def opaque(b: ir.IRBuilder, value: ir.Value) -> ir.Value:
+    """`value` through an empty inline asm, so that LLVM can't see what it is made of (a constant, or bytes widened):
+    what LLVM would rewrite it into is slower (see the callers)."""
+    return b.asm(ir.FunctionType(value.type, [value.type]), "", "=v,0", [value], side_effect=False)
+
+
 def intrinsic(module: ir.Module, name: str, result: ir.Type, args: list[ir.Type]) -> ir.Function:
     """Declare (once) an intrinsic with a fixed signature."""
     if name in module.globals:
@@ -105,17 +111,24 @@ def _vpdpbusd(lanes: int) -> Callable[[ir.IRBuilder, ir.Value, ir.Value, ir.Valu
 
 def _vpmaddwd_step(b: ir.IRBuilder, acc: ir.Value, unsigned: ir.Value, signed: ir.Value) -> ir.Value:
     """AVX2: both operands widened to int16 (exact), vpmaddwd on each half (a lane's four products as two pair
-    sums, which never overflow: 2 * 255 * 128 < 2**31), the pairs added into the accumulator."""
-    halves = unsigned.type.count // 2
-    wide_t = vector_of(I16_T, unsigned.type.count)
-    u16, s16 = b.zext(unsigned, wide_t), b.sext(signed, wide_t)
+    sums, which never overflow: 2 * 255 * 128 < 2**31), the pairs added into the accumulator. The unsigned operand
+    is a broadcast of four bytes (A's, or ones: the roles never swap here): its four words are made once and kept
+    opaque to LLVM (`opaque`), which otherwise spread them over doublewords, half of every vpmaddwd's products
+    zeros (half the speed)."""
+    halves = signed.type.count // 2
+    wide_t = vector_of(I16_T, signed.type.count)
+    s16 = b.sext(signed, wide_t)
+    undefined = ir.Constant(unsigned.type, ir.Undefined)
+    four = b.shuffle_vector(unsigned, undefined, ir.Constant(vector_of(I32_T, GROUP), list(range(GROUP))))
+    words = b.zext(four, vector_of(I16_T, GROUP))
+    repeat = ir.Constant(vector_of(I32_T, halves), [i % GROUP for i in range(halves)])
+    repeated = opaque(b, b.shuffle_vector(words, ir.Constant(words.type, ir.Undefined), repeat))
     half_t, pairs_t = vector_of(I16_T, halves), vector_of(I32_T, halves // 2)
     fn = intrinsic(b.module, "llvm.x86.avx2.pmadd.wd", pairs_t, [half_t, half_t])
     sums = []
     for half in range(2):
         mask = ir.Constant(vector_of(I32_T, halves), list(range(half * halves, (half + 1) * halves)))
-        undefined = ir.Constant(wide_t, ir.Undefined)
-        sums.append(b.call(fn, [b.shuffle_vector(u16, undefined, mask), b.shuffle_vector(s16, undefined, mask)]))
+        sums.append(b.call(fn, [repeated, b.shuffle_vector(s16, ir.Constant(wide_t, ir.Undefined), mask)]))
     joined = b.shuffle_vector(sums[0], sums[1], ir.Constant(vector_of(I32_T, halves), list(range(halves))))
     return b.add(acc, joined)
 

@@ -34,6 +34,7 @@ from farm.backends.llvm.dot_products import (
     DotProduct,
     Roles,
     intrinsic,
+    opaque,
     splat,
     vector_of,
 )
@@ -61,12 +62,6 @@ def _transposed(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
             )
         h //= 2
     return rows
-
-
-def _opaque(b: ir.IRBuilder, value: ir.Value) -> ir.Value:
-    """`value` through an empty inline asm, so that LLVM can't see it is a constant: it turns a byte permute by a
-    constant index back into a shuffle, which it lowers as a cascade of unpacks."""
-    return b.asm(ir.FunctionType(value.type, [value.type]), "", "=v,0", [value], side_effect=False)
 
 
 @dataclass(frozen=True)
@@ -350,7 +345,7 @@ class _Emitter:
                 pairs[0], pairs[1], ir.Constant(vector_of(I32_T, GROUP * lanes), list(range(GROUP * lanes)))
             )
             vpermb = intrinsic(b.module, "llvm.x86.avx512.permvar.qi.512", self.dot.bytes, [self.dot.bytes] * 2)
-            return b.call(vpermb, [joined, _opaque(b, ir.Constant(self.dot.bytes, mask))])
+            return b.call(vpermb, [joined, opaque(b, ir.Constant(self.dot.bytes, mask))])
         return b.shuffle_vector(pairs[0], pairs[1], ir.Constant(vector_of(I32_T, GROUP * lanes), mask))
 
     # -- A: its row sums

@@ -38,6 +38,23 @@ DEFAULT_CPUS = {"riscv64": ("generic-rv64", "+m,+a,+f,+d,+c")}
 riscv64 is rv64gc with the lp64d ABI (doubles in float registers), which LLVM derives from +d, and LLVM's
 generic-rv64 has none of M, A, F, D or C (its lp64 objects don't link or load with that libc). Elsewhere: generic."""
 
+_AVX2 = "+sse2,+avx,+avx2,+fma"
+_AVX512 = f"{_AVX2},+avx512f,+avx512bw"
+_ICELAKE = f"{_AVX512},+avx512vnni,+avx512vbmi"
+CPU_FEATURES = {
+    **dict.fromkeys(("x86-64-v3", "haswell", "broadwell", "skylake", "znver1", "znver2", "znver3"), _AVX2),
+    **dict.fromkeys(("alderlake", "raptorlake", "meteorlake", "arrowlake"), f"{_AVX2},+avxvnni"),
+    **dict.fromkeys(("x86-64-v4", "skylake-avx512"), _AVX512),
+    **dict.fromkeys(("cascadelake", "cooperlake"), f"{_AVX512},+avx512vnni"),
+    **dict.fromkeys(("icelake-client", "icelake-server", "tigerlake", "rocketlake", "znver4", "znver5"), _ICELAKE),
+    **dict.fromkeys(("sapphirerapids", "emeraldrapids", "graniterapids"), f"{_ICELAKE},+avxvnni"),
+}
+"""The features farm's own choices read (vector width, registers, the int8 dot product, byte permutes) of the x86
+CPUs a build names without features (`cpu:x86_64-linux-gnu:znver3`): LLVM enables a named CPU's features in its
+code generation, but farm reads only the features string, so a build for a named Zen 3 got SSE-width GEMM tiles
+and the int8 kernels' widening multiplies instead of vpmaddwd. Filled in by parse_target, so that the runtime's
+check of the host's features (farm.runtime.host) also asks for them."""
+
 NAME = re.compile(r"[A-Za-z0-9_.-]+")
 FEATURES = re.compile(r"([+-][A-Za-z0-9_.-]+(,[+-][A-Za-z0-9_.-]+)*)?")
 SIMD_WIDTHS = (("+avx512f", 16), ("+avx", 8), ("+sse2", 4), ("+neon", 4))
@@ -174,6 +191,8 @@ def parse_target(spec: str) -> CpuTarget:
     triple = TRIPLE_ALIASES.get(triple, triple)
     if not cpu_features:
         cpu, features = DEFAULT_CPUS.get(triple.split("-")[0], ("generic", ""))
+    elif not features and triple.startswith("x86_64"):
+        features = CPU_FEATURES.get(cpu, "")
     try:
         llvm = init_llvm()
     except ImportError:
