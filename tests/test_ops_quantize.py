@@ -28,6 +28,7 @@ from numerics import (
     hostile_op_model,
     params,
     rand,
+    random_feeds,
     scheduled_ops,
     single_op_model,
 )
@@ -35,6 +36,8 @@ from onnx import TensorProto, helper, numpy_helper, version_converter
 from onnx.reference import ReferenceEvaluator
 from test_ops_tensor import onnx_reference
 
+import farm.runtime
+import farm.runtime.model as runtime_model
 from farm.ir import loopir as L
 from farm.ops.quantize import round_to_half
 
@@ -625,6 +628,25 @@ CASES: list[OpCase] = (
 @pytest.mark.parametrize("c", params(CASES))
 def test_matches_the_reference(c: OpCase, tmp_path) -> None:
     check_case(c, tmp_path)
+
+
+@pytest.mark.parametrize("c", params(CONV_INTEGER_CASES + QLINEAR_CONV_CASES + MATMUL_INTEGER_CASES + QDQ_CASES))
+def test_every_launch_split_across_threads_gives_the_same_bytes(
+    c: OpCase, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The integer kernels' launches (im2col rows, IntGemm units) cut into ranges on two threads, however small:
+    the same outputs as one thread. Only the thresholds that decide whether to split are lowered, so that these
+    small cases split at all (a model's launches split with the defaults)."""
+    result = check_case(c, tmp_path)
+    monkeypatch.setattr(runtime_model, "MIN_SPLIT_WORK_FOR_THREADS", 0)
+    monkeypatch.setattr(runtime_model, "MIN_WORK_PER_RANGE", 1)
+    feeds = dict(c.feeds) if c.feeds is not None else random_feeds(c.model)
+    one = farm.runtime.load(result.artifact, cache_dir=tmp_path / "cache", threads=1).run(feeds)
+    split = farm.runtime.load(result.artifact, cache_dir=tmp_path / "cache", threads=2)
+    assert split._pool is not None, "the launches were not split"
+    for _ in range(3):
+        outputs = split.run(feeds)
+        assert all(np.array_equal(outputs[name], one[name]) for name in one)
 
 
 # One case per op, and the exact divisions (OpenCL renders them in double: its float division may be 2.5 ulp off).
