@@ -64,6 +64,11 @@ def test_an_int8_a_is_broadcast_as_the_signed_operand_where_that_is_free(
     assert b_panels_flipped(VNNI, a_signed, b_signed) == bool(b_flip)
 
 
-def test_without_a_free_signed_broadcast_an_int8_a_is_flipped() -> None:
-    roles = Roles.of(generic_dot_product(), True, True)
-    assert (roles.swapped, roles.a_flip, roles.b_flip) == (False, FLIP, 0)
+def test_a_dot_product_of_widened_bytes_flips_nothing() -> None:
+    """AVX2's vpmaddwd and the widening multiplies take each operand's bytes as they are."""
+    for dot in (dict(DOT_PRODUCTS)["+avx2"], generic_dot_product()):
+        for a_signed in (False, True):
+            roles = Roles.of(dot, a_signed, not a_signed)
+            assert (roles.swapped, roles.a_flip, roles.b_flip) == (False, 0, 0)
+            assert (roles.a_read_signed, roles.b_read_signed) == (a_signed, not a_signed)
+            assert not b_panels_flipped(dot, a_signed, not a_signed)

@@ -55,6 +55,11 @@ def intrinsic(module: ir.Module, name: str, result: ir.Type, args: list[ir.Type]
     return ir.Function(module, ir.FunctionType(result, args), name)
 
 
+Step = Callable[[ir.IRBuilder, ir.Value, ir.Value, ir.Value, bool, bool], ir.Value]
+"""(builder, accumulator, four bytes per lane, four more per lane, whether the first are signed, whether the second
+are) -> the accumulator plus each lane's four products."""
+
+
 @dataclass(frozen=True)
 class DotProduct:
     """How one ISA adds four u8 x s8 products per int32 lane: the accumulator's type and its step and finish, the
@@ -71,8 +76,11 @@ class DotProduct:
     """The most rows of a tile one vector wide (its accumulators, B's column sums, one vector of B and one of A
     fill the registers): what reads a B packed at build time once where m is more than `rows` but no more than
     this (a conv over a 4x4 plane, its 16 pixels as rows, its weights as B)."""
-    step: Callable[[ir.IRBuilder, ir.Value, ir.Value, ir.Value], ir.Value]
-    """(builder, accumulator, four unsigned bytes per lane, four signed bytes per lane) -> accumulator."""
+    step: Step
+    """Its products (vpdpbusd's take the first operand unsigned and the second signed: `Roles` sees to it)."""
+    any_signs: bool = False
+    """Whether it multiplies bytes of either signedness as they are (widened to int16 or int32 first: AVX2's
+    vpmaddwd, the widening multiplies), so that nothing is flipped and no zero point moves (`Roles`)."""
     broadcasts_signed: bool = False
     """Whether the signed operand costs nothing as a broadcast of four bytes from memory (vpdpbusd's third operand
     may be one), so that an int8 A is best broadcast as the signed operand (`Roles`)."""
@@ -97,11 +105,15 @@ class DotProduct:
         return lanes_of_groups(b, accumulator, self.lanes, self.accumulator_ways)
 
 
-def _vpdpbusd(lanes: int) -> Callable[[ir.IRBuilder, ir.Value, ir.Value, ir.Value], ir.Value]:
-    """vpdpbusd on `lanes` int32 lanes (llvm.x86.avx512.vpdpbusd.{512,256}: AVX-512 VNNI, or AVX-VNNI's VEX form)."""
+def _vpdpbusd(lanes: int) -> Step:
+    """vpdpbusd on `lanes` int32 lanes (llvm.x86.avx512.vpdpbusd.{512,256}: AVX-512 VNNI, or AVX-VNNI's VEX form):
+    the first operand's bytes unsigned, the second's signed."""
     words = vector_of(I32_T, lanes)
 
-    def step(b: ir.IRBuilder, acc: ir.Value, unsigned: ir.Value, signed: ir.Value) -> ir.Value:
+    def step(
+        b: ir.IRBuilder, acc: ir.Value, unsigned: ir.Value, signed: ir.Value, first_signed: bool, second_signed: bool
+    ) -> ir.Value:
+        assert not first_signed and second_signed, "vpdpbusd multiplies unsigned by signed bytes"
         name = f"llvm.x86.avx512.vpdpbusd.{lanes * 32}"
         fn = intrinsic(b.module, name, words, [words, words, words])
         return b.call(fn, [acc, b.bitcast(unsigned, words), b.bitcast(signed, words)])
@@ -109,18 +121,24 @@ def _vpdpbusd(lanes: int) -> Callable[[ir.IRBuilder, ir.Value, ir.Value, ir.Valu
     return step
 
 
-def _vpmaddwd_step(b: ir.IRBuilder, acc: ir.Value, unsigned: ir.Value, signed: ir.Value) -> ir.Value:
-    """AVX2: both operands widened to int16 (exact), vpmaddwd on each half (a lane's four products as two pair
-    sums, which never overflow: 2 * 255 * 128 < 2**31), the pairs added into the accumulator. The unsigned operand
-    is a broadcast of four bytes (A's, or ones: the roles never swap here): its four words are made once and kept
-    opaque to LLVM (`opaque`), which otherwise spread them over doublewords, half of every vpmaddwd's products
-    zeros (half the speed)."""
-    halves = signed.type.count // 2
-    wide_t = vector_of(I16_T, signed.type.count)
-    s16 = b.sext(signed, wide_t)
-    undefined = ir.Constant(unsigned.type, ir.Undefined)
-    four = b.shuffle_vector(unsigned, undefined, ir.Constant(vector_of(I32_T, GROUP), list(range(GROUP))))
-    words = b.zext(four, vector_of(I16_T, GROUP))
+def _extend(b: ir.IRBuilder, value: ir.Value, wide: ir.Type, signed: bool) -> ir.Value:
+    return b.sext(value, wide) if signed else b.zext(value, wide)
+
+
+def _vpmaddwd_step(
+    b: ir.IRBuilder, acc: ir.Value, broadcast: ir.Value, column: ir.Value, first_signed: bool, second_signed: bool
+) -> ir.Value:
+    """AVX2: both operands widened to int16, each by its own signedness (exact: no flips), vpmaddwd on each half (a
+    lane's four products as two pair sums, which never overflow: 2 * 255 * 255 < 2**31), the pairs added into the
+    accumulator. The first operand is a broadcast of four bytes (A's, or ones: the roles never swap here): its four
+    words are made once and kept opaque to LLVM (`opaque`), which otherwise spread them over doublewords, half of
+    every vpmaddwd's products zeros (half the speed)."""
+    halves = column.type.count // 2
+    wide_t = vector_of(I16_T, column.type.count)
+    s16 = _extend(b, column, wide_t, second_signed)
+    undefined = ir.Constant(broadcast.type, ir.Undefined)
+    four = b.shuffle_vector(broadcast, undefined, ir.Constant(vector_of(I32_T, GROUP), list(range(GROUP))))
+    words = _extend(b, four, vector_of(I16_T, GROUP), first_signed)
     repeat = ir.Constant(vector_of(I32_T, halves), [i % GROUP for i in range(halves)])
     repeated = opaque(b, b.shuffle_vector(words, ir.Constant(words.type, ir.Undefined), repeat))
     half_t, pairs_t = vector_of(I16_T, halves), vector_of(I32_T, halves // 2)
@@ -133,16 +151,18 @@ def _vpmaddwd_step(b: ir.IRBuilder, acc: ir.Value, unsigned: ir.Value, signed: i
     return b.add(acc, joined)
 
 
-def _widening_step(b: ir.IRBuilder, acc: ir.Value, unsigned: ir.Value, signed: ir.Value) -> ir.Value:
-    """Any ISA: every product in an int32 of its own."""
+def _widening_step(
+    b: ir.IRBuilder, acc: ir.Value, first: ir.Value, second: ir.Value, first_signed: bool, second_signed: bool
+) -> ir.Value:
+    """Any ISA: every product in an int32 of its own, each byte widened by its own signedness."""
     wide_t = acc.type
-    return b.add(acc, b.mul(b.zext(unsigned, wide_t), b.sext(signed, wide_t)))
+    return b.add(acc, b.mul(_extend(b, first, wide_t, first_signed), _extend(b, second, wide_t, second_signed)))
 
 
 DOT_PRODUCTS: tuple[tuple[str, DotProduct], ...] = (
     ("+avx512vnni", DotProduct("avx512vnni", 16, 6, 4, 1, 24, _vpdpbusd(16), broadcasts_signed=True)),
     ("+avxvnni", DotProduct("avxvnni", 8, 4, 2, 1, 10, _vpdpbusd(8), broadcasts_signed=True)),
-    ("+avx2", DotProduct("avx2", 8, 4, 1, 2, 5, _vpmaddwd_step)),
+    ("+avx2", DotProduct("avx2", 8, 4, 1, 2, 5, _vpmaddwd_step, any_signs=True)),
 )
 """The dot products by the target feature that enables them, best first; a target with none of these features uses
 widening multiplies (generic_dot_product)."""
@@ -150,7 +170,7 @@ widening multiplies (generic_dot_product)."""
 
 def generic_dot_product(lanes: int = 4) -> DotProduct:
     """Widening multiplies on vectors of `lanes` int32 (the target's float32 lanes: NEON's four on AArch64)."""
-    return DotProduct("widening", lanes, 4, 1, GROUP, 4, _widening_step)
+    return DotProduct("widening", lanes, 4, 1, GROUP, 4, _widening_step, any_signs=True)
 
 
 def dot_product_for(target: CpuTarget) -> DotProduct:
@@ -164,24 +184,31 @@ def dot_product_for(target: CpuTarget) -> DotProduct:
 
 @dataclass(frozen=True)
 class Roles:
-    """Which operand is the dot product's unsigned one and what each read flips: by default A (broadcast) is the
-    unsigned operand and B the signed one; `swapped`, B is the unsigned one and A, int8, is broadcast as it is."""
+    """How each operand's bytes are read: for vpdpbusd, A (broadcast) as the unsigned operand and B as the signed
+    one, an operand of the other signedness flipped; `swapped`, B the unsigned one and A, int8, broadcast as it is;
+    for a dot product that takes either signedness (`DotProduct.any_signs`), both as they are."""
 
     swapped: bool
     a_flip: int
     """The xor applied to A's bytes (FLIP: an int8 A read unsigned)."""
     b_flip: int
     """The xor applied to B's bytes as they are packed (FLIP: a uint8 B read signed, or an int8 B read unsigned)."""
+    a_read_signed: bool
+    b_read_signed: bool
 
     @classmethod
     def of(cls, dot: DotProduct, a_signed: bool, b_signed: bool) -> Roles:
+        if dot.any_signs:
+            return cls(False, 0, 0, a_signed, b_signed)
         if dot.broadcasts_signed and a_signed:
-            return cls(True, 0, FLIP if b_signed else 0)
-        return cls(False, FLIP if a_signed else 0, 0 if b_signed else FLIP)
+            return cls(True, 0, FLIP if b_signed else 0, True, False)
+        return cls(False, FLIP if a_signed else 0, 0 if b_signed else FLIP, False, True)
 
     def step(self, dot: DotProduct, b: ir.IRBuilder, acc: ir.Value, a: ir.Value, b_bytes: ir.Value) -> ir.Value:
         """The dot product of A's bytes `a` and B's `b_bytes`, each in its role."""
-        return dot.step(b, acc, b_bytes, a) if self.swapped else dot.step(b, acc, a, b_bytes)
+        if self.swapped:
+            return dot.step(b, acc, b_bytes, a, self.b_read_signed, self.a_read_signed)
+        return dot.step(b, acc, a, b_bytes, self.a_read_signed, self.b_read_signed)
 
 
 def b_panels_flipped(dot: DotProduct, a_signed: bool, b_signed: bool) -> bool:

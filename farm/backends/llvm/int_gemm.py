@@ -351,12 +351,12 @@ class _Emitter:
     # -- A: its row sums
 
     def _sum_rows(self) -> None:
-        """Each row's sum of A's bytes as the dot product reads them (flipped and unsigned, or signed where the
-        roles are swapped): whole vectors of bytes through llvm.vector.reduce.add, then four bytes at a time, then
+        """Each row's sum of A's bytes as the dot product reads them (flipped and unsigned, or as they are:
+        dot_products.Roles): whole vectors of bytes through llvm.vector.reduce.add, then four bytes at a time, then
         the k % 4 last one at a time."""
         b, g = self.b, self.g
         chunk = self.dot.bytes.count
-        flip, extend = self.roles.a_flip, b.sext if self.roles.swapped else b.zext
+        flip, extend = self.roles.a_flip, b.sext if self.roles.a_read_signed else b.zext
 
         def sum_of(address: ir.Value, count: int) -> ir.Value:
             bytes_t, wide_t = vector_of(I8_T, count), vector_of(I32_T, count)
@@ -544,7 +544,7 @@ class _Emitter:
         """What B's flip adds to its values (and so to its zero points): -128 read signed, +128 read unsigned."""
         if not self.roles.b_flip:
             return 0
-        return FLIP if self.roles.swapped else -FLIP
+        return -FLIP if self.roles.b_read_signed else FLIP
 
     def _b_zero(self, vector: ir.Value, partial: bool) -> ir.Value:
         """B's zero points for a vector of columns as the flipped bytes see them (one value, or one per column)."""
