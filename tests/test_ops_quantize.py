@@ -299,6 +299,14 @@ DEQUANTIZE_CASES: list[OpCase] = [
 
 # ------------------------------------------------------------------------------------- DynamicQuantizeLinear
 
+
+def _extremes_at(x: np.ndarray, low: int, high: int) -> np.ndarray:
+    """x with its smallest value at flat index `low` and its largest at `high`."""
+    flat = x.reshape(-1).copy()
+    flat[low], flat[high] = flat.min() - 1, flat.max() + 1
+    return flat.reshape(x.shape)
+
+
 DYNAMIC_CASES: list[OpCase] = [
     _case(
         f"dynamic-quantize-{id}",
@@ -315,6 +323,17 @@ DYNAMIC_CASES: list[OpCase] = [
         ("zeros", np.zeros((3, 4, 5), np.float32)),
         ("halfway", halfway((3, 4, 5), 0.3) * np.float32(0.01)),
     ]
+] + [
+    # 259 elements: 16 blocks of MIN_MAX_LANES and a tail of 3, the minimum in a block's last lane, the maximum in
+    # the tail.
+    _case(
+        "dynamic-quantize-blocks-and-tail",
+        "DynamicQuantizeLinear",
+        [("x", (7, 37), "float32")],
+        {"x": _extremes_at(rand(7, 37, scale=2.0), low=31, high=257)},
+        opset=11,
+        outputs=("y", "y_scale", "y_zero_point"),
+    )
 ]
 
 # ------------------------------------------------------------------------------ MatMulInteger, QLinearMatMul

@@ -346,15 +346,30 @@ def _dynamic_attrs(ctx: NodeContext) -> dict[str, Any]:
     return {}
 
 
+MIN_MAX_LANES = 16
+"""The running minima and maxima DynamicQuantizeLinear keeps, one per element of a block: independent, so LLVM
+makes them one vector each (a single running min and max took a 128 x 512 input's kernel 44 us on one core)."""
+
+
 def _min_max(names: L.Names, size: int, low: L.Var, high: L.Var) -> list[L.Stmt]:
-    """low, high = min(0, x...), max(0, x...): the range always holds zero."""
-    i = names.var("i")
-    x = L.Load("in0", i)
-    return [
-        L.Assign(low, L.const(0.0)),
-        L.Assign(high, L.const(0.0)),
-        L.Loop(i, size, [L.Assign(low, L.minimum(low, x)), L.Assign(high, L.maximum(high, x))]),
-    ]
+    """low, high = min(0, x...), max(0, x...): the range always holds zero. Blocks of MIN_MAX_LANES elements
+    update as many running minima and maxima, then the last partial block the first ones, then they are merged."""
+    i, tail = names.var("i"), names.var("t")
+    lows = [names.local(f"low{lane}") for lane in range(MIN_MAX_LANES)]
+    highs = [names.local(f"high{lane}") for lane in range(MIN_MAX_LANES)]
+    blocks, rest = divmod(size, MIN_MAX_LANES)
+
+    def update(lane: int, at: L.Expr) -> list[L.Stmt]:
+        x = L.Load("in0", at)
+        return [L.Assign(lows[lane], L.minimum(lows[lane], x)), L.Assign(highs[lane], L.maximum(highs[lane], x))]
+
+    block = [stmt for lane in range(MIN_MAX_LANES) for stmt in update(lane, i * MIN_MAX_LANES + lane)]
+    stmts: list[L.Stmt] = [L.Assign(local, L.const(0.0)) for local in (*lows, *highs)]
+    stmts += [L.Loop(i, blocks, block), L.Loop(tail, rest, update(0, tail + blocks * MIN_MAX_LANES))]
+    stmts += [L.Assign(low, L.const(0.0)), L.Assign(high, L.const(0.0))]
+    for lane in range(MIN_MAX_LANES):
+        stmts += [L.Assign(low, L.minimum(low, lows[lane])), L.Assign(high, L.maximum(high, highs[lane]))]
+    return stmts
 
 
 @register("DynamicQuantizeLinear", normalize=_dynamic_attrs, dtypes=ALL_DTYPES)
