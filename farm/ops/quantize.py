@@ -353,19 +353,23 @@ makes them one vector each (a single running min and max took a 128 x 512 input'
 
 def _min_max(names: L.Names, size: int, low: L.Var, high: L.Var) -> list[L.Stmt]:
     """low, high = min(0, x...), max(0, x...): the range always holds zero. Blocks of MIN_MAX_LANES elements
-    update as many running minima and maxima, then the last partial block the first ones, then they are merged."""
+    update as many running minima (then maxima, in a pass of their own), then the last partial block the first
+    ones, then they are merged."""
     i, tail = names.var("i"), names.var("t")
     lows = [names.local(f"low{lane}") for lane in range(MIN_MAX_LANES)]
     highs = [names.local(f"high{lane}") for lane in range(MIN_MAX_LANES)]
     blocks, rest = divmod(size, MIN_MAX_LANES)
 
-    def update(lane: int, at: L.Expr) -> list[L.Stmt]:
-        x = L.Load("in0", at)
-        return [L.Assign(lows[lane], L.minimum(lows[lane], x)), L.Assign(highs[lane], L.maximum(highs[lane], x))]
+    def update(running: list[L.Var], reduce: Callable[[L.Expr, L.Expr], L.Expr], lane: int, at: L.Expr) -> L.Stmt:
+        return L.Assign(running[lane], reduce(running[lane], L.Load("in0", at)))
 
-    block = [stmt for lane in range(MIN_MAX_LANES) for stmt in update(lane, i * MIN_MAX_LANES + lane)]
     stmts: list[L.Stmt] = [L.Assign(local, L.const(0.0)) for local in (*lows, *highs)]
-    stmts += [L.Loop(i, blocks, block), L.Loop(tail, rest, update(0, tail + blocks * MIN_MAX_LANES))]
+    for running, reduce in ((lows, L.minimum), (highs, L.maximum)):  # apart: LLVM then vectorises each
+        block = [update(running, reduce, lane, i * MIN_MAX_LANES + lane) for lane in range(MIN_MAX_LANES)]
+        stmts += [
+            L.Loop(i, blocks, block),
+            L.Loop(tail, rest, [update(running, reduce, 0, tail + blocks * MIN_MAX_LANES)]),
+        ]
     stmts += [L.Assign(low, L.const(0.0)), L.Assign(high, L.const(0.0))]
     for lane in range(MIN_MAX_LANES):
         stmts += [L.Assign(low, L.minimum(low, lows[lane])), L.Assign(high, L.maximum(high, highs[lane]))]
