@@ -603,6 +603,23 @@ def _qdq_case(opset: int) -> OpCase:
     )
 
 
+# A small plane of many channels, its pixels the columns: its im2col's rows unrolled at lowering
+# (integer_gemm._unrolled_row_copies_im2col), padding on every side, asymmetric.
+UNROLLED_IM2COL_CASES: list[OpCase] = [
+    _case(
+        f"int-conv-unrolled-rows-{id}",
+        "ConvInteger",
+        [("x", (1, 16, 8, 8), "uint8"), ("x_zero_point", (), "uint8")],
+        {"x": ints((1, 16, 8, 8), "uint8", 0), "x_zero_point": ints((), "uint8", 1)},
+        attrs,
+        {"w": ints((24, 16, 3, 3), "int8", 2), "w_zero_point": ints((24,), "int8", 3)},
+        opset=10,
+        onnxruntime=False,
+        node_inputs=["x", "w", "x_zero_point", "w_zero_point"],
+    )
+    for id, attrs in [("pads", {"pads": [1, 1, 1, 1]}), ("asymmetric-pads", {"pads": [2, 0, 0, 2]})]
+]
+
 # Constant weights, which a CPU build packs into IntGemm panels (L.IntGemm.b_panels): a conv with its pixels as
 # rows, a MatMulInteger of uint8 weights (flipped as packed).
 PACKED_WEIGHT_CASES: list[OpCase] = [
@@ -640,6 +657,7 @@ CASES: list[OpCase] = (
     + CONV_INTEGER_CASES
     + QLINEAR_CONV_CASES
     + PACKED_WEIGHT_CASES
+    + UNROLLED_IM2COL_CASES
     + QDQ_CASES
 )
 
@@ -649,7 +667,9 @@ def test_matches_the_reference(c: OpCase, tmp_path) -> None:
     check_case(c, tmp_path)
 
 
-@pytest.mark.parametrize("c", params(CONV_INTEGER_CASES + QLINEAR_CONV_CASES + MATMUL_INTEGER_CASES + QDQ_CASES))
+@pytest.mark.parametrize(
+    "c", params(CONV_INTEGER_CASES + QLINEAR_CONV_CASES + MATMUL_INTEGER_CASES + UNROLLED_IM2COL_CASES + QDQ_CASES)
+)
 def test_every_launch_split_across_threads_gives_the_same_bytes(
     c: OpCase, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -43,6 +43,10 @@ columns is one vector: one dot product per broadcast): the weights are then B re
 to 0.088 ms each on one Xeon core."""
 UNROLLED_IM2COL_MAX = 1024
 """The most elements (pixels x taps) of one channel that a pixel-major im2col unrolls (_pixel_major_im2col)."""
+UNROLLED_ROWS_MAX, UNROLLED_ROWS_ITEMS = 64, 16
+"""A k-major im2col of stride 1 unrolls its output rows x kernel rows where they are at most this many, and there
+are at least UNROLLED_ROWS_ITEMS (image, channel) work-items for the threads (_unrolled_row_copies_im2col; a
+strided one was slower so: its copies gather)."""
 
 CONV_SCRATCH_MAX_BYTES = 64 << 20
 """The largest im2col matrix (all images) an integer conv copies; a bigger one runs as a loop nest."""
@@ -308,10 +312,15 @@ def _im2col(spec: KernelSpec, names: L.Names, plan: ConvGemm, operands: Operands
 
 def _row_copies_im2col(spec: KernelSpec, names: L.Names, plan: ConvGemm, zero: L.Expr) -> list[L.Stmt]:
     """The k-major im2col matrix, one work-item per (image, channel, output row) (a 3-channel stem has enough of
-    them for every thread) and, within it, per tap: the tap columns unrolled, so that the output columns whose input lies inside are a constant range, copied (vectorised,
-    no guard), the zero point on either side and for a whole row whose input row is padding (as the float conv's
-    _im2col: a guard on every element made LLVM gather byte by byte, 40% of a 64-channel 16x16 conv's time)."""
+    them for every thread) and, within it, per tap: the tap columns unrolled, so that the output columns whose
+    input lies inside are a constant range, copied (vectorised, no guard), the zero point on either side and for a
+    whole row whose input row is padding (as the float conv's _im2col: a guard on every element made LLVM gather
+    byte by byte, 40% of a 64-channel 16x16 conv's time). A small plane of many channels unrolls its rows too
+    (_unrolled_row_copies_im2col)."""
     geo, x = window(spec), spec.inputs[0]
+    small = geo.out_height * geo.kernel_height <= UNROLLED_ROWS_MAX and geo.stride_width == 1
+    if small and plan.images * x.shape[1] >= UNROLLED_ROWS_ITEMS:
+        return _unrolled_row_copies_im2col(spec, names, plan, zero)
     line, r = names.var("line"), names.var("r")
     channels = x.shape[1]
     image, c, y = line / (channels * geo.out_height), line / geo.out_height % channels, line % geo.out_height
@@ -332,6 +341,36 @@ def _row_copies_im2col(spec: KernelSpec, names: L.Names, plan: ConvGemm, zero: L
         )
         taps += [L.If(inside, row), L.If(outside, fill_scratch(names, start, 0, geo.out_width, zero))]
     return [L.Loop(line, plan.images * channels * geo.out_height, [L.Loop(r, geo.kernel_height, taps)], True)]
+
+
+def _unrolled_row_copies_im2col(spec: KernelSpec, names: L.Names, plan: ConvGemm, zero: L.Expr) -> list[L.Stmt]:
+    """_row_copies_im2col with one work-item per (image, channel), its output rows and taps unrolled here: which
+    input rows are padding is decided at lowering, and every copy and fill is a constant range at a constant offset
+    from the channel's plane (for a 16x16 plane: 144 copies of a row of 14-16 bytes, whose loop set-up and guards
+    had been a fifth of the conv's time)."""
+    geo, x = window(spec), spec.inputs[0]
+    channels = x.shape[1]
+    item = names.var("channel")
+    image, c = item / channels, item % channels
+    source_plane = item * (geo.height * geo.width)
+    stmts: list[L.Stmt] = []
+    for y in range(geo.out_height):
+        for r in range(geo.kernel_height):
+            ih = y * geo.stride_height - geo.pad_top + r * geo.dilation_height
+            for s in range(geo.kernel_width):
+                k = (c * geo.kernel_height + r) * geo.kernel_width + s
+                start = (image * plan.depth + k) * plan.pixels + y * geo.out_width
+                if not 0 <= ih < geo.height:
+                    stmts += fill_scratch(names, start, 0, geo.out_width, zero)
+                    continue
+                lo, hi = tap_columns(geo, s)
+                source = source_plane + (ih * geo.width + s * geo.dilation_width - geo.pad_left)
+                stmts += (
+                    fill_scratch(names, start, 0, lo, zero)
+                    + copy_to_scratch(names, start, source, geo.stride_width, lo, hi, L.I64)
+                    + fill_scratch(names, start, hi, geo.out_width, zero)
+                )
+    return [L.Loop(item, plan.images * channels, stmts, True)]
 
 
 def _pixel_major_im2col(spec: KernelSpec, names: L.Names, plan: ConvGemm, zero: L.Expr) -> list[L.Stmt]:
