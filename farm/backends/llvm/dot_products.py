@@ -60,6 +60,11 @@ Step = Callable[[ir.IRBuilder, ir.Value, ir.Value, ir.Value, bool, bool], ir.Val
 are) -> the accumulator plus each lane's four products."""
 
 
+WordStep = Callable[[ir.IRBuilder, ir.Value, ir.Value, ir.Value, bool], ir.Value]
+"""(builder, accumulator, A's four words repeated across the vector, four bytes per lane of B, whether B's are
+signed) -> the accumulator plus each lane's four products."""
+
+
 @dataclass(frozen=True)
 class DotProduct:
     """How one ISA adds four u8 x s8 products per int32 lane: the accumulator's type and its step and finish, the
@@ -84,6 +89,9 @@ class DotProduct:
     broadcasts_signed: bool = False
     """Whether the signed operand costs nothing as a broadcast of four bytes from memory (vpdpbusd's third operand
     may be one), so that an int8 A is best broadcast as the signed operand (`Roles`)."""
+    word_step: WordStep | None = None
+    """The step from A's four bytes already widened to int16 and repeated across a vector (vpmaddwd's operand): the
+    emitter then widens A once per unit, not per row and k group, where A is small enough (int_gemm.A_WORDS_MAX_BYTES)."""
     permutes_bytes: bool = False
     """Whether one instruction permutes a vector's bytes (AVX-512 VBMI's vpermb): packing four rows of B is then
     one permute of the four loads, not the unpack cascade LLVM makes of a shuffle (a third of a 64-channel 16x16
@@ -128,19 +136,32 @@ def _extend(b: ir.IRBuilder, value: ir.Value, wide: ir.Type, signed: bool) -> ir
 def _vpmaddwd_step(
     b: ir.IRBuilder, acc: ir.Value, broadcast: ir.Value, column: ir.Value, first_signed: bool, second_signed: bool
 ) -> ir.Value:
-    """AVX2: both operands widened to int16, each by its own signedness (exact: no flips), vpmaddwd on each half (a
-    lane's four products as two pair sums, which never overflow: 2 * 255 * 255 < 2**31), the pairs added into the
-    accumulator. The first operand is a broadcast of four bytes (A's, or ones: the roles never swap here): its four
-    words are made once and kept opaque to LLVM (`opaque`), which otherwise spread them over doublewords, half of
-    every vpmaddwd's products zeros (half the speed)."""
+    """AVX2: both operands widened to int16, each by its own signedness (exact: no flips), then `_vpmaddwd_words`.
+    The first operand is a broadcast of four bytes (A's, or ones: the roles never swap here): its four words are
+    made once and kept opaque to LLVM (`opaque`), which otherwise spread them over doublewords, half of every
+    vpmaddwd's products zeros (half the speed)."""
+    undefined = ir.Constant(broadcast.type, ir.Undefined)
+    four = b.shuffle_vector(broadcast, undefined, ir.Constant(vector_of(I32_T, GROUP), list(range(GROUP))))
+    return _vpmaddwd_words(
+        b, acc, repeated_words(b, _extend(b, four, vector_of(I16_T, GROUP), first_signed)), column, second_signed
+    )
+
+
+def repeated_words(b: ir.IRBuilder, words: ir.Value) -> ir.Value:
+    """Four int16 words repeated across half a vector of bytes' words (vpmaddwd's A operand), opaque to LLVM."""
+    halves = 4 * GROUP
+    repeat = ir.Constant(vector_of(I32_T, halves), [i % GROUP for i in range(halves)])
+    return opaque(b, b.shuffle_vector(words, ir.Constant(words.type, ir.Undefined), repeat))
+
+
+def _vpmaddwd_words(
+    b: ir.IRBuilder, acc: ir.Value, repeated: ir.Value, column: ir.Value, second_signed: bool
+) -> ir.Value:
+    """vpmaddwd of A's repeated words with each half of B's bytes widened by their signedness (a lane's four
+    products as two pair sums, which never overflow: 2 * 255 * 255 < 2**31), the pairs added into the accumulator."""
     halves = column.type.count // 2
     wide_t = vector_of(I16_T, column.type.count)
     s16 = _extend(b, column, wide_t, second_signed)
-    undefined = ir.Constant(broadcast.type, ir.Undefined)
-    four = b.shuffle_vector(broadcast, undefined, ir.Constant(vector_of(I32_T, GROUP), list(range(GROUP))))
-    words = _extend(b, four, vector_of(I16_T, GROUP), first_signed)
-    repeat = ir.Constant(vector_of(I32_T, halves), [i % GROUP for i in range(halves)])
-    repeated = opaque(b, b.shuffle_vector(words, ir.Constant(words.type, ir.Undefined), repeat))
     half_t, pairs_t = vector_of(I16_T, halves), vector_of(I32_T, halves // 2)
     fn = intrinsic(b.module, "llvm.x86.avx2.pmadd.wd", pairs_t, [half_t, half_t])
     sums = []
@@ -162,7 +183,7 @@ def _widening_step(
 DOT_PRODUCTS: tuple[tuple[str, DotProduct], ...] = (
     ("+avx512vnni", DotProduct("avx512vnni", 16, 6, 4, 1, 24, _vpdpbusd(16), broadcasts_signed=True)),
     ("+avxvnni", DotProduct("avxvnni", 8, 4, 2, 1, 10, _vpdpbusd(8), broadcasts_signed=True)),
-    ("+avx2", DotProduct("avx2", 8, 4, 1, 2, 5, _vpmaddwd_step, any_signs=True)),
+    ("+avx2", DotProduct("avx2", 8, 4, 1, 2, 5, _vpmaddwd_step, any_signs=True, word_step=_vpmaddwd_words)),
 )
 """The dot products by the target feature that enables them, best first; a target with none of these features uses
 widening multiplies (generic_dot_product)."""

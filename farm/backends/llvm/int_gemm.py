@@ -35,6 +35,7 @@ from farm.backends.llvm.dot_products import (
     Roles,
     intrinsic,
     opaque,
+    repeated_words,
     splat,
     vector_of,
 )
@@ -111,6 +112,11 @@ class IntGemmOperands:
     a_zero: Zeros | None = None
     b_zero: Zeros | None = None
     requantize: RequantizeOperands | None = None
+
+
+A_WORDS_MAX_BYTES = 64 << 10
+"""The most bytes of A widened to int16 that a unit keeps on its stack (`_Emitter._widen_a`): a MatMulInteger's
+activations, not a big conv's weights."""
 
 
 class _Emitter:
@@ -202,7 +208,32 @@ class _Emitter:
             self._pack_b()
         if self.row_sums_needed:
             self._sum_rows()
+        self.a_words: ir.AllocaInstr | None = None
+        if dot.word_step is not None and g.m * self.groups * GROUP * 2 <= A_WORDS_MAX_BYTES:
+            self._widen_a()
         self._tiles()
+
+    def _widen_a(self) -> None:
+        """A's bytes widened to int16 once per unit (each row's groups of four words, by A's signedness), for a dot
+        product that takes words (DotProduct.word_step): its tiles then broadcast a row's four words straight from
+        memory instead of widening them for every row and k group."""
+        b, g = self.b, self.g
+        words_t = vector_of(I16_T, GROUP)
+        self.a_words = self.slot(f"intgemm.awords.{g.m}x{self.groups}", ir.ArrayType(words_t, g.m * self.groups))
+        extend = b.sext if self.roles.a_read_signed else b.zext
+
+        def group(m: ir.Value, k4: ir.Value, present: int = GROUP) -> None:
+            four = self._four_bytes(self.at(self.ops.a, I8_T, (m, g.lda), (k4, GROUP)), present)
+            words = extend(b.bitcast(four, vector_of(I8_T, GROUP)), words_t)
+            assert self.a_words is not None
+            b.store(words, self.in_array(self.a_words, (m, self.groups), (k4, 1)))
+
+        def row(m: ir.Value) -> None:
+            self.loop(self.whole_groups, lambda k4: group(m, k4))
+            if self.tail:
+                group(m, ir.Constant(I64_T, self.whole_groups), self.tail)
+
+        self.loop(g.m, row)
 
     def panel_vector(self, k4: ir.Value, vector: ir.Value) -> ir.Value:
         """Vector `vector` of B's packed group k4 (each lane's four bytes): from the panel this unit packed, or from
@@ -435,6 +466,13 @@ class _Emitter:
             for column_sum, column in zip(column_sums, columns):
                 b.store(self.roles.step(dot, b, b.load(column_sum), ones, column), column_sum)
             for r in range(rows):
+                if self.a_words is not None and dot.word_step is not None:
+                    address = self.in_array(self.a_words, (m0, self.groups), (r, self.groups), (k4, 1))
+                    repeated = repeated_words(b, b.load(address))
+                    for v in range(vectors):
+                        total = dot.word_step(b, b.load(accs[r][v]), repeated, columns[v], self.roles.b_read_signed)
+                        b.store(total, accs[r][v])
+                    continue
                 four = self._four_bytes(self.at(self.ops.a, I8_T, (m0, g.lda), (r, g.lda), (k4, GROUP)), present)
                 broadcast = b.bitcast(splat(b, b.xor(four, flip), dot.lanes), dot.bytes)
                 for v in range(vectors):
