@@ -606,16 +606,8 @@ def _qdq_case(opset: int) -> OpCase:
 # A small plane of many channels, its pixels the columns: its im2col's rows unrolled at lowering
 # (integer_gemm._unrolled_row_copies_im2col), padding on every side, asymmetric.
 UNROLLED_IM2COL_CASES: list[OpCase] = [
-    _case(
-        f"int-conv-unrolled-rows-{id}",
-        "ConvInteger",
-        [("x", (1, 16, 8, 8), "uint8"), ("x_zero_point", (), "uint8")],
-        {"x": ints((1, 16, 8, 8), "uint8", 0), "x_zero_point": ints((), "uint8", 1)},
-        attrs,
-        {"w": ints((24, 16, 3, 3), "int8", 2), "w_zero_point": ints((24,), "int8", 3)},
-        opset=10,
-        onnxruntime=False,
-        node_inputs=["x", "w", "x_zero_point", "w_zero_point"],
+    _conv_integer(
+        f"int-conv-unrolled-rows-{id}", (1, 16, 8, 8), (24, 16, 3, 3), attrs, w_dtype="int8", w_zero_shape=(24,)
     )
     for id, attrs in [("pads", {"pads": [1, 1, 1, 1]}), ("asymmetric-pads", {"pads": [2, 0, 0, 2]})]
 ]

@@ -232,19 +232,16 @@ def test_the_rescaling_constants_are_per_output_channel(tmp_path: Path) -> None:
     assert add.outputs == ["c"]
 
 
+RESCALED_MATMUL = ["QuantizeLinear", "MatMulInteger", "Cast", "Mul", "Add", "QuantizeLinear", "DequantizeLinear"]
+"""A product on its integers rescaled in float32, its bias added, then quantized: what a QDQ MatMul with a float
+Add after it, or a Gemm with a bias, becomes."""
+
+
 @pytest.mark.parametrize("per_column", [True, False], ids=["per-column", "per-tensor"])
 def test_a_qdq_matmul_runs_on_its_integers(per_column: bool, tmp_path: Path) -> None:
     model = qdq_matmul_model(per_column=per_column)
     graph = optimize(_imported(model, tmp_path))
-    assert _ops(graph) == [
-        "QuantizeLinear",
-        "MatMulInteger",
-        "Cast",
-        "Mul",
-        "Add",
-        "QuantizeLinear",
-        "DequantizeLinear",
-    ]
+    assert _ops(graph) == RESCALED_MATMUL
     assert graph.constants[graph.nodes[3].inputs[1]].shape == (12,)
     assert "MatMulInteger" in assert_within_one_step(model, tmp_path, 0.1)
 
@@ -269,15 +266,7 @@ def test_a_qdq_gemm_with_a_bias_runs_on_its_integers(model: onnx.ModelProto, tmp
     """A Gemm that is a MatMul plus a bias (a classifier as quantize_static writes it): MatMulInteger on [K, N]
     integers (transB's weight copied transposed) -> Cast -> Mul -> Add of the bias, one step within onnxruntime."""
     graph = optimize(_imported(model, tmp_path))
-    assert _ops(graph) == [
-        "QuantizeLinear",
-        "MatMulInteger",
-        "Cast",
-        "Mul",
-        "Add",
-        "QuantizeLinear",
-        "DequantizeLinear",
-    ]
+    assert _ops(graph) == RESCALED_MATMUL
     assert graph.constants[graph.nodes[1].inputs[1]].shape == (16, 12)
     assert graph.constants[graph.nodes[4].inputs[1]].shape == (12,)
     assert "MatMulInteger" in assert_within_one_step(model, tmp_path, 0.1)

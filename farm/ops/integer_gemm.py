@@ -26,7 +26,7 @@ from farm.ir.graph import TensorInfo
 from farm.ir.specs import KernelSpec
 from farm.ops.registry import BUFFER_DTYPES, NodeContext, out_shape, prod
 from farm.ops.tensor import load
-from farm.ops.window import copy_to_scratch, fill_scratch, tap_columns, tap_input, window
+from farm.ops.window import Window, copy_to_scratch, fill_scratch, tap_columns, tap_input, window
 
 INT_GEMM_UNITS = (64, 32, 16)
 """The widths (columns of C) of the units an IntGemm launch is split into, widest first."""
@@ -331,14 +331,8 @@ def _row_copies_im2col(spec: KernelSpec, names: L.Names, plan: ConvGemm, zero: L
     for s in range(geo.kernel_width):
         k = (c * geo.kernel_height + r) * geo.kernel_width + s
         start = (image * plan.depth + k) * plan.pixels + y * geo.out_width
-        lo, hi = tap_columns(geo, s)
         source = (image * channels + c) * (geo.height * geo.width) + ih * geo.width
-        source = source + (s * geo.dilation_width - geo.pad_left)
-        row = (
-            fill_scratch(names, start, 0, lo, zero)
-            + copy_to_scratch(names, start, source, geo.stride_width, lo, hi, L.I64)
-            + fill_scratch(names, start, hi, geo.out_width, zero)
-        )
+        row = _tap_row(names, geo, s, start, source, zero)
         taps += [L.If(inside, row), L.If(outside, fill_scratch(names, start, 0, geo.out_width, zero))]
     return [L.Loop(line, plan.images * channels * geo.out_height, [L.Loop(r, geo.kernel_height, taps)], True)]
 
@@ -363,14 +357,20 @@ def _unrolled_row_copies_im2col(spec: KernelSpec, names: L.Names, plan: ConvGemm
                 if not 0 <= ih < geo.height:
                     stmts += fill_scratch(names, start, 0, geo.out_width, zero)
                     continue
-                lo, hi = tap_columns(geo, s)
-                source = source_plane + (ih * geo.width + s * geo.dilation_width - geo.pad_left)
-                stmts += (
-                    fill_scratch(names, start, 0, lo, zero)
-                    + copy_to_scratch(names, start, source, geo.stride_width, lo, hi, L.I64)
-                    + fill_scratch(names, start, hi, geo.out_width, zero)
-                )
+                stmts += _tap_row(names, geo, s, start, source_plane + ih * geo.width, zero)
     return [L.Loop(item, plan.images * channels, stmts, True)]
+
+
+def _tap_row(names: L.Names, geo: Window, s: int, start: L.Expr, row: L.Expr, zero: L.Expr) -> list[L.Stmt]:
+    """One output row's columns of tap column `s`, from the input row starting at in0[row]: the columns whose input
+    lies inside copied (a constant range), the zero point on either side."""
+    lo, hi = tap_columns(geo, s)
+    source = row + (s * geo.dilation_width - geo.pad_left)
+    return (
+        fill_scratch(names, start, 0, lo, zero)
+        + copy_to_scratch(names, start, source, geo.stride_width, lo, hi, L.I64)
+        + fill_scratch(names, start, hi, geo.out_width, zero)
+    )
 
 
 def _pixel_major_im2col(spec: KernelSpec, names: L.Names, plan: ConvGemm, zero: L.Expr) -> list[L.Stmt]:

@@ -9,6 +9,7 @@ from typing import Any
 from farm.ir import loopir as L
 from farm.ir.specs import KernelSpec
 from farm.ops import mathfns as M
+from farm.ops.quantize import BYTE_INTS, QUANT_RANGES
 from farm.ops.reduce import NEG_INF, absolute
 from farm.ops.registry import CORE_DTYPES, NodeContext, activate, out_shape, prod, register, shape_of
 from farm.ops.window import (
@@ -29,7 +30,7 @@ from farm.ops.window import (
     within,
 )
 
-BYTE_POOLS = frozenset({"int8", "uint8"})
+BYTE_POOLS = BYTE_INTS
 """The integer dtypes MaxPool takes (ONNX's, from opset 12): its max is taken in float32, exact for bytes."""
 
 
@@ -40,17 +41,14 @@ def _x(spec: KernelSpec, index: L.Expr) -> L.Expr:
     return L.Load("in0", index)
 
 
-BYTE_RANGES = {"int8": (-128.0, 127.0), "uint8": (0.0, 255.0)}
-
-
 def _stored(spec: KernelSpec, value: L.Expr) -> L.Expr:
     """A pool's float32 result as out0 holds it: a byte MaxPool's max is one of its inputs, converted back (a
     window wholly in the padding, whose max is -inf, gives the dtype's least value)."""
     dtype = spec.outputs[0].dtype
     if dtype not in BYTE_POOLS:
         return value
-    low, high = BYTE_RANGES[dtype]
-    return L.Cast(L.minimum(L.maximum(value, low), high), L.I64)
+    low, high = QUANT_RANGES[dtype]
+    return L.Cast(L.minimum(L.maximum(value, float(low)), float(high)), L.I64)
 
 
 def _input_at(

@@ -85,7 +85,7 @@ def round_to_half(s: M.Scope, x: L.Expr) -> L.Expr:
 # ----------------------------------------------------------------------------------------- shared helpers
 
 
-def _scalar(spec: KernelSpec, index: int, default: L.Expr) -> L.Expr:
+def scalar_value(spec: KernelSpec, index: int, default: L.Expr) -> L.Expr:
     """The first element of node input `index` (a per-tensor scale or zero point), or `default` if it is absent."""
     buffer = input_buffer(spec, index)
     return default if buffer is None else load(buffer[0], buffer[1], L.const(0))
@@ -576,7 +576,7 @@ def _lower_matmul_integer(spec: KernelSpec) -> list[L.Stmt]:
     gemm = matmul_integer_gemm(spec, a_mat, b_mat)
     if gemm is not None:
         return gemm
-    return _integer_matmul(spec, 0, 1, _scalar(spec, 2, L.const(0)), _per_channel(spec, 3), _as_stored)
+    return _integer_matmul(spec, 0, 1, scalar_value(spec, 2, L.const(0)), _per_channel(spec, 3), _as_stored)
 
 
 def _conv_integer_attrs(ctx: NodeContext) -> dict[str, Any]:
@@ -599,7 +599,7 @@ def _lower_conv_integer(spec: KernelSpec) -> list[L.Stmt]:
     gemm = conv_integer_gemm(spec)
     if gemm is not None:
         return gemm
-    return _integer_conv(spec, 1, _scalar(spec, 2, L.const(0)), _per_channel(spec, 3), _as_stored)
+    return _integer_conv(spec, 1, scalar_value(spec, 2, L.const(0)), _per_channel(spec, 3), _as_stored)
 
 
 # ---------------------------------------------------------------------------------- QLinearMatMul, QLinearConv
@@ -635,10 +635,10 @@ def _requantize(spec: KernelSpec) -> Finish:
     w_scale, bias = _per_channel(spec, 4), input_buffer(spec, 8)
 
     def finish(s: M.Scope, acc: L.Var, channel: L.Expr) -> L.Expr:
-        product = _half_if(s, _scalar(spec, 1, L.const(1.0)) * w_scale(channel), half)
-        multiplier = _half_if(s, L.exact_div(product, _scalar(spec, 6, L.const(1.0))), half)
+        product = _half_if(s, scalar_value(spec, 1, L.const(1.0)) * w_scale(channel), half)
+        multiplier = _half_if(s, L.exact_div(product, scalar_value(spec, 6, L.const(1.0))), half)
         total = acc if bias is None else acc + load(bias[0], bias[1], channel)
-        zero = L.Cast(_scalar(spec, 7, L.const(0)), L.F64)
+        zero = L.Cast(scalar_value(spec, 7, L.const(0)), L.F64)
         rounded = M.round_half_even(s, L.Cast(total, L.F64) * L.Cast(multiplier, L.F64) + zero)
         return saturate(s, rounded if spec.activation is None else L.maximum(rounded, zero), to)
 
@@ -658,7 +658,7 @@ def _lower_qlinear_matmul(spec: KernelSpec) -> list[L.Stmt]:
     gemm = matmul_integer_gemm(spec, a_mat, b_mat, QLINEAR)
     if gemm is not None:
         return gemm
-    return _integer_matmul(spec, 0, 3, _scalar(spec, 2, L.const(0)), _per_channel(spec, 5), _requantize(spec))
+    return _integer_matmul(spec, 0, 3, scalar_value(spec, 2, L.const(0)), _per_channel(spec, 5), _requantize(spec))
 
 
 def _qlinear_conv_attrs(ctx: NodeContext) -> dict[str, Any]:
@@ -683,4 +683,4 @@ def _lower_qlinear_conv(spec: KernelSpec) -> list[L.Stmt]:
     gemm = conv_integer_gemm(spec, QLINEAR)
     if gemm is not None:
         return gemm
-    return _integer_conv(spec, 3, _scalar(spec, 2, L.const(0)), _per_channel(spec, 5), _requantize(spec))
+    return _integer_conv(spec, 3, scalar_value(spec, 2, L.const(0)), _per_channel(spec, 5), _requantize(spec))

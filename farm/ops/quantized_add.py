@@ -17,12 +17,11 @@ from typing import Any
 from farm.ir import loopir as L
 from farm.ir.specs import KernelSpec
 from farm.ops import mathfns as M
-from farm.ops.integer_gemm import given_input_buffer, input_buffer, present_inputs
-from farm.ops.quantize import saturate
+from farm.ops.integer_gemm import given_input_buffer, present_inputs
+from farm.ops.quantize import BYTE_INTS, saturate, scalar_value
 from farm.ops.registry import NodeContext, activate, coalesced, out_shape, register
 from farm.ops.tensor import load
 
-BYTE_INTS = frozenset({"int8", "uint8"})
 OPERANDS = {"a": (0, 1, 2), "b": (3, 4, 5)}
 """Each quantized operand's node inputs: its values, scale and zero point."""
 Y_SCALE, Y_ZERO = 6, 7
@@ -51,17 +50,11 @@ def _require_params(ctx: NodeContext, name: str, dtype: str, scale_index: int, z
         raise ctx.unsupported(f"{name}'s scale and zero point must be one float32 and one {dtype} value")
 
 
-def _param(spec: KernelSpec, index: int, default: L.Expr) -> L.Expr:
-    """The one value of node input `index` (a scale or zero point), or `default` when it is absent."""
-    buffer = input_buffer(spec, index)
-    return default if buffer is None else load(buffer[0], buffer[1], L.const(0))
-
-
 def _dequantized(spec: KernelSpec, operand: str, at: L.Expr) -> L.Expr:
     """DequantizeLinear's float32 value of the operand's element `at`: (x - zero point) * scale, rounded once."""
     values, scale, zero = OPERANDS[operand]
-    difference = load(*given_input_buffer(spec, values), at) - _param(spec, zero, L.const(0))
-    return L.Cast(L.Cast(difference, L.F64) * L.Cast(_param(spec, scale, L.const(1.0)), L.F64), L.F32)
+    difference = load(*given_input_buffer(spec, values), at) - scalar_value(spec, zero, L.const(0))
+    return L.Cast(L.Cast(difference, L.F64) * L.Cast(scalar_value(spec, scale, L.const(1.0)), L.F64), L.F32)
 
 
 @register("QLinearAdd", normalize=_quantized_add_attrs, dtypes=BYTE_INTS | {"float32"})
@@ -75,8 +68,8 @@ def _lower_quantized_add(spec: KernelSpec) -> list[L.Stmt]:
         a = _dequantized(spec, "a", L.broadcast_index(a_shape, shape, v))
         b = _dequantized(spec, "b", L.broadcast_index(b_shape, shape, v))
         total = s.bind(activate(a + b, spec.activation))
-        rounded = M.round_half_even(s, L.exact_div(total, _param(spec, Y_SCALE, L.const(1.0))))
-        quantized = saturate(s, rounded + L.Cast(_param(spec, Y_ZERO, L.const(0)), L.F32), spec.outputs[0].dtype)
+        rounded = M.round_half_even(s, L.exact_div(total, scalar_value(spec, Y_SCALE, L.const(1.0))))
+        quantized = saturate(s, rounded + L.Cast(scalar_value(spec, Y_ZERO, L.const(0)), L.F32), spec.outputs[0].dtype)
         return [*s.stmts, L.Store("out0", L.flat_index(shape, v), quantized)]
 
     body, _ = L.loop_nest(names, shape, element, parallel=True)

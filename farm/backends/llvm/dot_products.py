@@ -129,7 +129,8 @@ def _vpdpbusd(lanes: int) -> Step:
     return step
 
 
-def _extend(b: ir.IRBuilder, value: ir.Value, wide: ir.Type, signed: bool) -> ir.Value:
+def extend(b: ir.IRBuilder, value: ir.Value, wide: ir.Type, signed: bool) -> ir.Value:
+    """Integers (or vectors) widened to `wide`, sign- or zero-extended."""
     return b.sext(value, wide) if signed else b.zext(value, wide)
 
 
@@ -143,7 +144,7 @@ def _vpmaddwd_step(
     undefined = ir.Constant(broadcast.type, ir.Undefined)
     four = b.shuffle_vector(broadcast, undefined, ir.Constant(vector_of(I32_T, GROUP), list(range(GROUP))))
     return _vpmaddwd_words(
-        b, acc, repeated_words(b, _extend(b, four, vector_of(I16_T, GROUP), first_signed)), column, second_signed
+        b, acc, repeated_words(b, extend(b, four, vector_of(I16_T, GROUP), first_signed)), column, second_signed
     )
 
 
@@ -161,7 +162,7 @@ def _vpmaddwd_words(
     products as two pair sums, which never overflow: 2 * 255 * 255 < 2**31), the pairs added into the accumulator."""
     halves = column.type.count // 2
     wide_t = vector_of(I16_T, column.type.count)
-    s16 = _extend(b, column, wide_t, second_signed)
+    s16 = extend(b, column, wide_t, second_signed)
     half_t, pairs_t = vector_of(I16_T, halves), vector_of(I32_T, halves // 2)
     fn = intrinsic(b.module, "llvm.x86.avx2.pmadd.wd", pairs_t, [half_t, half_t])
     sums = []
@@ -177,7 +178,7 @@ def _widening_step(
 ) -> ir.Value:
     """Any ISA: every product in an int32 of its own, each byte widened by its own signedness."""
     wide_t = acc.type
-    return b.add(acc, b.mul(_extend(b, first, wide_t, first_signed), _extend(b, second, wide_t, second_signed)))
+    return b.add(acc, b.mul(extend(b, first, wide_t, first_signed), extend(b, second, wide_t, second_signed)))
 
 
 DOT_PRODUCTS: tuple[tuple[str, DotProduct], ...] = (

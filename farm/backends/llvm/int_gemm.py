@@ -33,6 +33,7 @@ from farm.backends.llvm.dot_products import (
     GROUP,
     DotProduct,
     Roles,
+    extend,
     intrinsic,
     opaque,
     repeated_words,
@@ -219,14 +220,13 @@ class _Emitter:
         memory instead of widening them for every row and k group."""
         b, g = self.b, self.g
         words_t = vector_of(I16_T, GROUP)
-        self.a_words = self.slot(f"intgemm.awords.{g.m}x{self.groups}", ir.ArrayType(words_t, g.m * self.groups))
-        extend = b.sext if self.roles.a_read_signed else b.zext
+        words = self.slot(f"intgemm.awords.{g.m}x{self.groups}", ir.ArrayType(words_t, g.m * self.groups))
+        self.a_words = words
 
         def group(m: ir.Value, k4: ir.Value, present: int = GROUP) -> None:
             four = self._four_bytes(self.at(self.ops.a, I8_T, (m, g.lda), (k4, GROUP)), present)
-            words = extend(b.bitcast(four, vector_of(I8_T, GROUP)), words_t)
-            assert self.a_words is not None
-            b.store(words, self.in_array(self.a_words, (m, self.groups), (k4, 1)))
+            widened = extend(b, b.bitcast(four, vector_of(I8_T, GROUP)), words_t, self.roles.a_read_signed)
+            b.store(widened, self.in_array(words, (m, self.groups), (k4, 1)))
 
         def row(m: ir.Value) -> None:
             self.loop(self.whole_groups, lambda k4: group(m, k4))
@@ -387,13 +387,13 @@ class _Emitter:
         the k % 4 last one at a time."""
         b, g = self.b, self.g
         chunk = self.dot.bytes.count
-        flip, extend = self.roles.a_flip, b.sext if self.roles.a_read_signed else b.zext
+        flip = self.roles.a_flip
 
         def sum_of(address: ir.Value, count: int) -> ir.Value:
             bytes_t, wide_t = vector_of(I8_T, count), vector_of(I32_T, count)
             values = b.xor(b.load(address, align=1, typ=bytes_t), ir.Constant(bytes_t, [flip] * count))
             reduce = intrinsic(b.module, f"llvm.vector.reduce.add.v{count}i32", I32_T, [wide_t])
-            return b.call(reduce, [extend(values, wide_t)])
+            return b.call(reduce, [extend(b, values, wide_t, self.roles.a_read_signed)])
 
         def row(m: ir.Value) -> None:
             total = self.slot("intgemm.rowsum.acc", I32_T)
@@ -574,9 +574,8 @@ class _Emitter:
         shift = ir.Constant(I32_T, self.roles.a_flip)
         if zeros is None:
             return shift
-        extend = self.b.sext if zeros.signed else self.b.zext
         address = self.at(zeros.pointer, I8_T, (m, 1)) if zeros.per_line else zeros.pointer
-        return self.b.add(extend(self.b.load(address, align=1, typ=I8_T), I32_T), shift)
+        return self.b.add(extend(self.b, self.b.load(address, align=1, typ=I8_T), I32_T, zeros.signed), shift)
 
     def _b_shift(self) -> int:
         """What B's flip adds to its values (and so to its zero points): -128 read signed, +128 read unsigned."""
@@ -592,11 +591,11 @@ class _Emitter:
         zeros = self.ops.b_zero
         if zeros is None:
             return shift
-        extend = b.sext if zeros.signed else b.zext
         if zeros.per_line:
-            values = extend(self.load_lanes(self.at(zeros.pointer, I8_T, (vector, lanes)), I8_T, partial), word_t)
+            loaded = self.load_lanes(self.at(zeros.pointer, I8_T, (vector, lanes)), I8_T, partial)
+            values = extend(b, loaded, word_t, zeros.signed)
         else:
-            values = splat(b, extend(b.load(zeros.pointer, align=1, typ=I8_T), I32_T), lanes)
+            values = splat(b, extend(b, b.load(zeros.pointer, align=1, typ=I8_T), I32_T, zeros.signed), lanes)
         return b.add(values, shift)
 
 

@@ -169,8 +169,8 @@ def _conv_fusion(graph: Graph, conv: Node, producers: dict[str, Node]) -> Fusion
     shape = graph.constants.info(weight.values).shape
     if len(shape) != 4 or len(graph.values[data.values].shape) != 4:
         return None
-    channels, bias_name = shape[0], conv.inputs[2] if len(conv.inputs) > 2 else ""
-    bias = _float_constant(graph, bias_name, producers) if bias_name else None
+    channels = shape[0]
+    bias_name, bias = _bias(graph, conv, producers)
     if bias_name and (bias is None or bias.size != channels):
         return None
     bias_q = _quantized_bias(graph, bias_name, producers, data, weight) if bias_name else None
@@ -188,6 +188,13 @@ def _matmul_fusion(graph: Graph, matmul: Node, producers: dict[str, Node]) -> Fu
     if len(shape) != 2 or not graph.values[data.values].shape:
         return None
     return Fusion("MatMulInteger", "QLinearMatMul", data, weight, {}, (shape[1],), shape[1])
+
+
+def _bias(graph: Graph, node: Node, producers: dict[str, Node]) -> tuple[str, np.ndarray | None]:
+    """A Conv's or Gemm's bias (input 2): its name ('' when absent) and its float32 value known at build time (None
+    when it has none such)."""
+    name = node.inputs[2] if len(node.inputs) > 2 else ""
+    return name, _float_constant(graph, name, producers) if name else None
 
 
 def _quantized_bias(
@@ -226,8 +233,7 @@ def _gemm_fusion(graph: Graph, gemm: Node, producers: dict[str, Node]) -> Fusion
     if len(shape) != 2 or len(graph.values[data.values].shape) != 2:
         return None
     columns = shape[0] if transposed else shape[1]
-    bias_name = gemm.inputs[2] if len(gemm.inputs) > 2 else ""
-    bias = _float_constant(graph, bias_name, producers) if bias_name else None
+    bias_name, bias = _bias(graph, gemm, producers)
     if bias_name and (bias is None or bias.shape not in ((columns,), (1, columns))):
         return None
     if transposed:
