@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from farm.backends.llvm.gemm_blocking import GemmBlocking, regions, small_m_k_block
+from farm.backends.llvm.gemm_blocking import GemmBlocking, edge_rows, regions, small_m_k_block
 from farm.ir import loopir as L
 
 BLOCKINGS = [
@@ -45,7 +45,9 @@ def test_regions_are_whole_tiles_of_the_allowed_shapes(blocking):
         for n in range(1, 71):
             for region in regions(m, n, blocking):
                 assert region.m % region.rows == 0 and region.n % (region.vectors * region.lanes) == 0, region
-                assert region.rows in (blocking.rows, 1)
+                assert region.rows == blocking.rows or (
+                    region.m0 == m // blocking.rows * blocking.rows and region.rows == region.m
+                )
                 narrower = {(1, lanes) for lanes in (8, 4) if lanes < blocking.lanes}
                 fewer = {(vectors, blocking.lanes) for vectors in range(1, blocking.vectors + 1)}
                 assert (region.vectors, region.lanes) in {*fewer, *narrower, (1, 1)}
@@ -61,9 +63,17 @@ def test_regions_use_full_tiles_where_they_fit():
     assert {(r.n0, r.n, r.vectors) for r in regions(8, 128, blocking)} == {(0, 96, 3), (96, 32, 2)}
     # 4 x 48: exactly one region of full tiles
     assert [(r.m0, r.m, r.n0, r.n) for r in regions(4, 48, blocking)] == [(0, 4, 0, 48)]
-    # 2 x 23: too few rows for a 4-row tile, one 16-lane vector, a 4-lane vector, then 3 scalar columns
+    # 2 x 23: too few rows for a 4-row tile, so one tile of both rows: one 16-lane vector, a 4-lane vector, then 3
+    # scalar columns
     got = {(r.m0, r.m, r.n0, r.n, r.rows, r.vectors, r.lanes) for r in regions(2, 23, blocking)}
-    assert got == {(0, 2, 0, 16, 1, 1, 16), (0, 2, 16, 4, 1, 1, 4), (0, 2, 20, 3, 1, 1, 1)}
+    assert got == {(0, 2, 0, 16, 2, 1, 16), (0, 2, 16, 4, 2, 1, 4), (0, 2, 20, 3, 2, 1, 1)}
+    # 11 x 48: two 4-row tiles, then one tile of the 3 rows past them
+    assert {(r.m0, r.m, r.rows) for r in regions(11, 48, blocking)} == {(0, 8, 4), (8, 3, 3)}
+
+
+def test_edge_rows_are_one_tile_of_the_rows_past_the_full_tiles():
+    blocking = GemmBlocking(rows=8, vectors=3, lanes=16)
+    assert [edge_rows(m, blocking) for m in (1, 4, 7, 8, 9, 49, 196)] == [1, 4, 7, 1, 1, 1, 4]
 
 
 # -- JSON form ---------------------------------------------------------------------------------------------------------

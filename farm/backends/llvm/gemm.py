@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
-from farm.backends.llvm.gemm_blocking import GemmBlocking, Region, column_tiling, regions, small_m_k_block
+from farm.backends.llvm.gemm_blocking import GemmBlocking, Region, column_tiling, edge_rows, regions, small_m_k_block
 from farm.backends.llvm.gemm_emitter import I64_T, GemmEmitter, i64, load_floats, outline, prefetch, vector_type
 from farm.backends.llvm.gemm_outlining import Outlining, outlines_rows, splits_epilogue
 from farm.backends.llvm.gemm_tiles import emit_tile, panel_vector
@@ -154,13 +154,14 @@ def _emit_column_blocks(gen: GemmEmitter, blocking: GemmBlocking, begin: ir.Valu
     threads than on one."""
     builder, gemm, width = gen.b, gen.gemm, blocking.tile_columns
     m_main = gemm.m // blocking.rows * blocking.rows
+    edge, edge_tiles = edge_rows(gemm.m, blocking), int(gemm.m > m_main)
 
     def piece_regions(n0: ir.Value, vectors: int, in_block: bool) -> tuple[Region, Region]:
         """The piece's full row tiles and its edge rows."""
         columns = vectors * blocking.lanes
         return (
             Region(0, m_main, n0, columns, blocking.rows, vectors, blocking.lanes, in_block),
-            Region(m_main, gemm.m - m_main, n0, columns, 1, vectors, blocking.lanes, in_block),
+            Region(m_main, gemm.m - m_main, n0, columns, edge, vectors, blocking.lanes, in_block),
         )
 
     def rows(
@@ -177,7 +178,7 @@ def _emit_column_blocks(gen: GemmEmitter, blocking: GemmBlocking, begin: ir.Valu
     ) -> None:
         """The piece's row tiles, then its edge rows, over k steps [k0, k0 + steps): at most `most_steps` when
         steps is a runtime value (_k_block_loop); emitted through `g` (an outlined function's, or the launch's)."""
-        tiles, edge = piece_regions(n0, vectors, in_block)
+        tiles, edge_region = piece_regions(n0, vectors, in_block)
         zero = ir.Constant(I64_T, 0)
         if g.c_prefetch is not None:  # the next block's lines, while it is this range's (never another thread's)
             g.c_prefetch = zero if ahead is None else g.b.select(ahead, ir.Constant(I64_T, width), zero)
@@ -185,7 +186,7 @@ def _emit_column_blocks(gen: GemmEmitter, blocking: GemmBlocking, begin: ir.Valu
         if _packs_b_panel(gemm, blocking, panel_steps):
             _pack_b_panel(g, n0, vectors, k0, steps, panel_steps)
         g.loop(m_main // blocking.rows, lambda it: emit_tile(g, tiles, it, zero, k0, steps, accumulate, final))
-        g.loop(gemm.m - m_main, lambda it: emit_tile(g, edge, it, zero, k0, steps, accumulate, final))
+        g.loop(edge_tiles, lambda it: emit_tile(g, edge_region, it, zero, k0, steps, accumulate, final))
         g.b_packed = None
 
     size = small_m_k_block(gemm, blocking)
@@ -210,8 +211,8 @@ def _emit_column_blocks(gen: GemmEmitter, blocking: GemmBlocking, begin: ir.Valu
         def finished(g: GemmEmitter, n0: ir.Value, vectors: int, in_block: bool, partial: ir.Value) -> None:
             """The piece's sums, all of k, from `partial` through the Gemm's epilogue into C."""
             g.partial = partial
-            tiles, edge = piece_regions(n0, vectors, in_block)
-            for region, count in ((tiles, m_main // blocking.rows), (edge, gemm.m - m_main)):
+            tiles, edge_region = piece_regions(n0, vectors, in_block)
+            for region, count in ((tiles, m_main // blocking.rows), (edge_region, edge_tiles)):
 
                 def tile(it: ir.Value, region: Region = region) -> None:
                     emit_tile(g, region, it, ir.Constant(I64_T, 0), steps=0, accumulate=True, final=True)
@@ -259,7 +260,7 @@ def _emit_column_blocks(gen: GemmEmitter, blocking: GemmBlocking, begin: ir.Valu
                 )
 
             gen.loop(m_main // blocking.rows, lambda it: sweep(False, it))
-            gen.loop(gemm.m - m_main, lambda it: sweep(True, it))
+            gen.loop(edge_tiles, lambda it: sweep(True, it))
 
         gen.prefetch = 0 if gemm.b_panels else width
         _k_blocks(gen, sweeps)

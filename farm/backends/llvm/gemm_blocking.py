@@ -108,15 +108,24 @@ def column_tiling(n: int, blocking: GemmBlocking) -> list[tuple[int, int, int, i
 
 
 def regions(m: int, n: int, blocking: GemmBlocking) -> list[Region]:
-    """Cover an m x n output with the column groups of `column_tiling`, each in full row tiles then single rows."""
+    """Cover an m x n output with the column groups of `column_tiling`, each in full row tiles then one tile of the
+    rows past them (edge_rows)."""
     m_main = m // blocking.rows * blocking.rows
-    rows = [(0, m_main, blocking.rows), (m_main, m - m_main, 1)]
+    rows = [(0, m_main, blocking.rows), (m_main, m - m_main, edge_rows(m, blocking))]
     return [
         Region(m0, mc, n0, nc, r, v, lanes)
         for n0, nc, v, lanes in column_tiling(n, blocking)
         for m0, mc, r in rows
         if mc and nc
     ]
+
+
+def edge_rows(m: int, blocking: GemmBlocking) -> int:
+    """Rows of the one tile that covers the m % rows rows of C past the full row tiles (1 when there are none).
+    As single-row tiles, each of those rows read every vector of B again: a 512-channel 3x3 conv on a 2x2 plane (4
+    rows of C, all past the full tiles) read its 9.4 MB of weights four times through L1, 466 us on one Xeon core
+    against onnxruntime's 373."""
+    return max(1, m % blocking.rows)
 
 
 def _halvings(lanes: int) -> list[int]:
