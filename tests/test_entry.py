@@ -298,7 +298,7 @@ def test_farm_launch_runs_gemm_column_units_split_anywhere(m, n, k, blocking, pa
         info.to_json() for info in L.launch_info(kernel, blocking.rows, blocking.tile_columns, blocking.vectors)
     ]
     units = -(-n // blocking.lanes)
-    assert launches == [[units, 1, m * n * k // L.GEMM_WORK_DIVISOR]]
+    assert launches == [[units, 1, L.gemm_work(gemm)]]
     library, arena, c, whole = _gemm_launch_setup(kernel, launches, (m, n, k), blocking, tmp_path)
     cuts = {
         "whole": [],

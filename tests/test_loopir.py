@@ -437,7 +437,7 @@ def test_launch_ranges_handle_every_kind_and_split_wide_gemms_by_columns():
 def test_launch_info_gives_extent_grain_and_work():
     infos = L.launch_info(_launch_kernel(), gemm_rows=4)
     assert [(i.extent, i.grain) for i in infos] == [(1, 1), (7, 1), (1, 1), (13, 4), (1, 1), (6, 1)]
-    assert [i.work for i in infos] == [1, 7, 2, 13 * 5 * 3 // L.GEMM_WORK_DIVISOR, 4, 6]
+    assert [i.work for i in infos] == [1, 7, 2, 4 * (13 * 3 + 3 * 5 + 13 * 5) // L.GEMM_WORK_DIVISOR, 4, 6]
     assert infos[1].to_json() == [7, 1, 7]
 
 
@@ -445,3 +445,10 @@ def test_work_counts_nested_loops_and_ifs():
     i, j = L.Var("i"), L.Var("j")
     inner = L.Loop(j, 5, [L.If(L.compare("lt", j, 2), [L.Store("c", j, L.const(0.0))])])
     assert L.work([L.Loop(i, 3, [inner, L.Store("c", i, L.const(1.0))])]) == 3 * (5 * 2 + 1)
+
+
+def test_gemm_work_counts_products_or_the_operands_bytes_where_more():
+    # the classifier of one image: 2 MB of weights for 512,000 products, so its bytes count
+    assert L.gemm_work(_gemm(1, 1000, 512)) == 4 * (512 + 512 * 1000 + 1000) // L.GEMM_WORK_DIVISOR
+    # a 256-pixel, 576-deep conv by 64 channels: its products count
+    assert L.gemm_work(_gemm(256, 64, 576)) == 256 * 64 * 576 // L.GEMM_WORK_DIVISOR

@@ -606,6 +606,8 @@ def launch_groups(kernel: LoopKernel) -> tuple[list[str], list[LaunchGroup]]:
 
 
 GEMM_WORK_DIVISOR = 16
+"""A Gemm's FMAs per unit of work (register-blocked, vectorised), or its operands' bytes where that is more
+(gemm_work)."""
 INT_GEMM_WORK_DIVISOR, INT_GEMM_BYTES_PER_WORK = 64, 8
 """An IntGemm's products per unit of work (a dot-product instruction adds four products per lane: four times a Gemm's
 FMAs), or of B's bytes where that is more (a few rows streaming a conv's weights from memory: a 2x2 plane's)."""
@@ -613,9 +615,8 @@ FMAs), or of B's bytes where that is more (a few rows streaming a conv's weights
 
 def work(stmts: list[Stmt]) -> int:
     """A rough measure of the time `stmts` take, in innermost statements run (each about 0.3-1 ns on a 2020s core
-    once vectorised); a Gemm counts m*n*k / GEMM_WORK_DIVISOR, its register-blocked FMAs being about that much
-    cheaper (an IntGemm's by INT_GEMM_WORK_DIVISOR). What a runtime weighs against the cost of splitting a launch
-    across threads."""
+    once vectorised); a Gemm counts gemm_work (an IntGemm's products by INT_GEMM_WORK_DIVISOR). What a runtime
+    weighs against the cost of splitting a launch across threads."""
     total = 0
     for stmt in stmts:
         if isinstance(stmt, Loop):
@@ -623,12 +624,21 @@ def work(stmts: list[Stmt]) -> int:
         elif isinstance(stmt, If):
             total += 1 + work(stmt.body)
         elif isinstance(stmt, Gemm):
-            total += stmt.m * stmt.n * stmt.k // GEMM_WORK_DIVISOR
+            total += gemm_work(stmt)
         elif isinstance(stmt, IntGemm):
             total += max(stmt.m * stmt.n * stmt.k // INT_GEMM_WORK_DIVISOR, stmt.n * stmt.k // INT_GEMM_BYTES_PER_WORK)
         else:
             total += 1
     return total
+
+
+def gemm_work(gemm: Gemm) -> int:
+    """A Gemm's work: its FMAs, or the bytes of its operands where that is more, by GEMM_WORK_DIVISOR. The bytes
+    bound a GEMM of few rows, which streams its weights from memory: counted by FMAs, resnet18_style's classifier
+    (512 x 1000, 2 MB of weights, 76 us on one Xeon core) weighed too little to split, and one thread ran it while
+    the other waited; a launch of either kind takes about 1.75 units per ns there."""
+    products = gemm.m * gemm.n * gemm.k
+    return max(products, 4 * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)) // GEMM_WORK_DIVISOR
 
 
 @dataclass(frozen=True)
