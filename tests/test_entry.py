@@ -22,7 +22,19 @@ from native_helpers import (
     load_library,
 )
 
-from farm.backends.llvm.entry import ENTRY_SYMBOL, LAUNCH_SYMBOL, STEPS_SYMBOL, WORK_SYMBOL, compile_entry, entry_ir
+from farm.backends.llvm.entry import (
+    ENTRY_SYMBOL,
+    FUTEX_SYSCALLS,
+    LAUNCH_SYMBOL,
+    POST_SYMBOL,
+    SERVE_SYMBOL,
+    STEPS_SYMBOL,
+    WORK_SYMBOL,
+    compile_entry,
+    entry_ir,
+    serves_natively,
+    serving_entries,
+)
 from farm.backends.llvm.gemm_blocking import GemmBlocking
 from farm.backends.llvm.link import link_library
 from farm.backends.llvm.packing import pack_columns, pack_panels
@@ -135,7 +147,8 @@ def test_entry_object_defines_farm_run_and_references_the_rest(target):
     assert (farm_run.type, farm_run.bind, farm_run.visibility) == ("FUNC", "GLOBAL", "DEFAULT")
     assert farm_run.section != "UND"
     undefined = {s.name for s in elf_symbols(obj) if s.section == "UND" and s.name}
-    assert undefined == {"farm_k_first", "farm_k_second", "sched_yield"}
+    assert undefined == {"farm_k_first", "farm_k_second", "sched_yield", "syscall"}
+    assert {elf_symbol(obj, name).section != "UND" for name in (SERVE_SYMBOL, POST_SYMBOL)} == {True}
     assert compile_entry(SCHEDULE, target) == obj
 
 
@@ -358,6 +371,21 @@ def test_farm_work_defines_the_thread_pool_body_for_each_architecture():
         work = _function_text(text, "farm_work")
         assert re.search(r'define void @"?farm_work"?\(ptr %"?arena"?, ptr %"?table"?, ptr %"?counters"?\)', work)
         assert "atomicrmw add" in work and "load atomic" in work and hint in work and "sched_yield" in work
+
+
+def test_farm_serve_and_farm_post_exist_on_linux_with_its_futex_call_number():
+    """A helper's life (farm_serve) and the hand-over of a run (farm_post) wait and wake in Linux's futex, whose
+    call number is the architecture's own; elsewhere the library has neither, nor does the manifest name them."""
+    for target in (host(), aarch64()):
+        text = entry_ir(SCHEDULE, target)
+        serve, post = _function_text(text, SERVE_SYMBOL), _function_text(text, POST_SYMBOL)
+        assert f"i64 {FUTEX_SYSCALLS[target.arch]}" in serve and f"i64 {FUTEX_SYSCALLS[target.arch]}" in post
+        assert "farm_work" in serve and "fence seq_cst" in post and "fence acquire" in serve
+        assert serves_natively(target)
+        assert serving_entries(target) == {"serve_entry": SERVE_SYMBOL, "post_entry": POST_SYMBOL}
+    for elsewhere in (CpuTarget("x86_64-unknown-freebsd"), CpuTarget("riscv64-unknown-linux-gnu")):
+        assert not serves_natively(elsewhere) and serving_entries(elsewhere) == {}
+        assert SERVE_SYMBOL not in entry_ir(SCHEDULE, elsewhere)
 
 
 # -- farm_work: the native pool's body, called by every thread of a run ----------------------------------------------

@@ -125,6 +125,8 @@ FIELD_EDITS: list[tuple[str, Edit, str]] = [
     ("target library not a member", _set("targets.0.library", "../../lib.so"), r"targets\[0\].library"),
     ("target entry odd", _set("targets.0.entry", "farm run"), r"targets\[0\].entry"),
     ("work entry odd", _set("targets.0.work_entry", 7), r"targets\[0\].work_entry"),
+    ("serve entry injected", _set("targets.0.serve_entry", 'x"() {}'), r"targets\[0\].serve_entry"),
+    ("post entry odd", _set("targets.0.post_entry", ["farm_post"]), r"targets\[0\].post_entry"),
     ("launches huge", _set("targets.0.launches", [[2**60, 1, 1]]), r"targets\[0\].launches\[0\] extent"),
     ("launch grain zero", _set("targets.0.launches.0.1", 0), r"targets\[0\].launches\[0\] grain"),
     ("launch work negative", _set("targets.0.launches.0.2", -1), r"targets\[0\].launches\[0\] work"),
@@ -252,6 +254,7 @@ def test_another_models_library_is_refused_before_loading(built: Path, tmp_path:
     ("edit", "message"),
     [
         (_set("targets.0.entry", "system"), r"entry 'system' is not defined by its library"),
+        (_set("targets.0.serve_entry", "system"), r"serve_entry 'system' is not defined by its library"),
         (
             lambda m: m["targets"][0]["launches"].append([1, 1, 1]),
             r"launches number \d+, but its schedule's kernels "

@@ -99,6 +99,7 @@ def test_a_cpu_target_gets_the_manifests_defaults_and_keeps_its_json() -> None:
         ("avx2", "fma"),
     )
     assert (target.entry, target.launch_entry, target.work_entry) == ("farm_run", None, "farm_work")
+    assert (target.serve_entry, target.post_entry) == (None, None)  # a manifest from before farm_serve
     assert target.launches == (Launch(64, 8, 1000),)
     assert target.weights == ("weights/w.bin",) and target.weights_offset == 128  # the table starts at the arena's end
     assert target.json_object is written["targets"][0]

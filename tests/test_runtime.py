@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import io
 import json
@@ -9,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from farm.artifact import FORMAT_VERSION, Artifact, write_artifact
 from farm.backends.registry import BACKENDS
 from farm.errors import ArtifactError, RunInputError
 from farm.runtime import TensorSpec, load, loader_of
+from farm.runtime import model as model_module
 from farm.runtime.host import Host, choose_target, this_host
 from farm.runtime.manifest_types import CpuTargetEntry, Launch
 from farm.runtime.model import (
@@ -398,6 +401,92 @@ def test_small_models_run_as_one_native_call_whatever_the_threads(tmp_path: Path
     onnx.save(EXAMPLES["tiny_cnn"](), str(path))
     model = load(build_model(path, tmp_path / "out").artifact, cache_dir=tmp_path / "cache", threads=2)
     assert model.threads == 2 and model._pool is None
+
+
+@pytest.fixture(scope="module")
+def small_cnn(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np.ndarray]]:
+    """small_cnn's artifact and an input."""
+    from farm.build.local import build_model
+    from farm.tools.examples import EXAMPLES
+
+    folder = tmp_path_factory.mktemp("small_cnn")
+    onnx.save(EXAMPLES["small_cnn"](), str(folder / "small_cnn.onnx"))
+    artifact = build_model(folder / "small_cnn.onnx", folder / "out").artifact
+    (spec,) = load(artifact, cache_dir=folder / "cache", threads=1).inputs
+    return artifact, {spec.name: np.random.default_rng(0).standard_normal(spec.shape).astype(spec.dtype)}
+
+
+def _split_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every launch with more than one iteration split and a pool for any model (small_cnn's work is too little
+    for either under the defaults)."""
+    monkeypatch.setattr(model_module, "MIN_WORK_PER_RANGE", 1)
+    monkeypatch.setattr(model_module, "MIN_SPLIT_WORK_FOR_THREADS", 1)
+
+
+def test_helpers_wait_for_runs_natively_and_wake_from_sleep(
+    small_cnn: tuple[Path, dict[str, np.ndarray]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On Linux the helpers live in farm_serve: back-to-back runs find them spinning, and after an idle spell
+    (longer than IDLE_SPINS spin-waits) they sleep in the futex, counted in the state, until the next run's post
+    wakes them. Results equal one thread's, and a run's counters are freed once every helper is past it."""
+    artifact, feeds = small_cnn
+    expected = load(artifact, cache_dir=tmp_path, threads=1).run(feeds)
+    _split_everything(monkeypatch)
+    model = load(artifact, cache_dir=tmp_path, threads=3)
+    pool = model._pool
+    assert isinstance(pool, model_module._NativePool)
+    for spell in (0.0, 0.2, 0.0, 0.2):
+        for _ in range(20):
+            for name, value in model.run(feeds).items():
+                np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6)
+        time.sleep(spell)
+    # Every helper catches up with the last run (on 2 cores three threads take turns), then sleeps in the futex.
+    deadline = time.monotonic() + 10
+    while (pool._finished.min() < pool._state[0] or pool._state[8] < 2) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool._state[8] == 2 and pool._finished.tolist() == [pool._state[0]] * 2
+    model.run(feeds)
+    assert list(pool._kept) == [int(pool._state[0])]
+
+
+def test_helpers_end_with_their_model(
+    small_cnn: tuple[Path, dict[str, np.ndarray]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dropping a model sets its pool's stop flag and wakes its helpers, which return from farm_serve: a process
+    that loads and drops models keeps no threads."""
+    artifact, feeds = small_cnn
+    _split_everything(monkeypatch)
+    model = load(artifact, cache_dir=tmp_path, threads=3)
+    model.run(feeds)
+    helpers = model._pool.helpers
+    time.sleep(0.2)  # asleep in the futex, so the stop must wake them
+    assert len(helpers) == 2 and all(thread.is_alive() and thread.name == "farm-runtime" for thread in helpers)
+    del model
+    gc.collect()
+    for thread in helpers:
+        thread.join(timeout=10)
+    assert not any(thread.is_alive() for thread in helpers)
+
+
+def test_libraries_without_farm_serve_hand_runs_to_helpers_through_queues(
+    small_cnn: tuple[Path, dict[str, np.ndarray]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A library built before farm_serve (its manifest names no serve_entry) keeps Python helper threads that
+    block on a queue between runs, with the same results."""
+    artifact, feeds = small_cnn
+    expected = load(artifact, cache_dir=tmp_path, threads=1).run(feeds)
+    _split_everything(monkeypatch)
+    model = load(artifact, cache_dir=tmp_path, threads=2)
+    target = CpuTargetEntry.from_json(
+        {key: value for key, value in model.target.items() if key not in ("serve_entry", "post_entry")},
+        arena_bytes=0,
+    )
+    pool = model._thread_pool(model.path, target)
+    assert isinstance(pool, model_module._Pool)
+    model._pool = pool
+    for _ in range(5):
+        for name, value in model.run(feeds).items():
+            np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6)
 
 
 def test_threads_default_to_every_cpu(artifact: Path, tmp_path: Path) -> None:

@@ -215,6 +215,8 @@ def check_library(path: str, manifest: Manifest, target: CpuTargetEntry, library
         ("entry", target.entry),
         ("launch_entry", target.launch_entry),
         ("work_entry", target.work_entry),
+        ("serve_entry", target.serve_entry),
+        ("post_entry", target.post_entry),
     ):
         if entry is not None and entry not in names:
             raise fields.refuse(f"{field} {key}", f"{entry!r} is not defined by its library")
@@ -300,7 +302,7 @@ def _check_target(fields: _Fields, value: Any, field: str, members: dict[str, An
     library = target.get("library")
     if not isinstance(library, str) or library not in members:
         raise fields.refuse(f"{field}.library", "is not a member of the artifact")
-    for key in ("entry", "launch_entry", "work_entry"):
+    for key in ("entry", "launch_entry", "work_entry", "serve_entry", "post_entry"):
         if key in target or key == "entry":
             fields.text(target.get(key, "farm_run"), f"{field}.{key}", SYMBOL)
     if "launches" in target:

@@ -72,6 +72,8 @@ class CpuTargetEntry:
     entry: str = DEFAULT_ENTRY
     launch_entry: str | None = None
     work_entry: str | None = None
+    serve_entry: str | None = None
+    post_entry: str | None = None
     launches: tuple[Launch, ...] | None = None
     weights: tuple[str, ...] = ()
     weights_offset: int = 0
@@ -94,6 +96,8 @@ class CpuTargetEntry:
             entry=target.get("entry", DEFAULT_ENTRY),
             launch_entry=target.get("launch_entry"),
             work_entry=target.get("work_entry"),
+            serve_entry=target.get("serve_entry"),
+            post_entry=target.get("post_entry"),
             launches=None if launches is None else tuple(Launch(*launch) for launch in launches),
             weights=tuple(target.get("weights", [])),
             weights_offset=target.get("weights_offset", arena_bytes),

@@ -127,6 +127,53 @@ class _Pool:
         work(arena, self._table_address, job[1])
 
 
+class _NativePool:
+    """`count` daemon threads, each living in the library's farm_serve (entry._serve_function), which waits for
+    runs in native code, spinning a while before it sleeps in the futex; `run` hands each run over with farm_post
+    and calls farm_work itself. Each run gets fresh counters, as in _Pool; a run's counters are kept until every
+    helper has recorded a later or equal run as finished (its word in the state), since a helper the OS runs late
+    may still pass over them."""
+
+    # Words of the state, as farm.backends.llvm.entry lays them out (STATE_*): the run's and the stop flag, the
+    # sleepers' on a line of their own, then a line per helper for its last finished run.
+    _STOP_AT, _HELPERS_AT, _WORDS_PER_HELPER = 3, 16, 8
+
+    def __init__(self, work: Any, serve: Any, post: Any, table: np.ndarray, count: int) -> None:
+        self._table, self._table_address, self._post = table, table.ctypes.data, post
+        groups = int(table[0])
+        ranges = int(table[groups + 1])
+        self._counters, self._threads_at, self._threads = 2 * groups + 2 + ranges, 2 * groups + 1, count + 1
+        self._state = _aligned_zeros((self._HELPERS_AT + self._WORDS_PER_HELPER * count) * 8, 64).view(np.int64)
+        self._finished = self._state[self._HELPERS_AT :: self._WORDS_PER_HELPER]
+        self._sequence = 0
+        self._kept: dict[int, np.ndarray] = {}
+        state = self._state.ctypes.data
+        self.helpers = [
+            threading.Thread(target=serve, args=(state, self._table_address, helper), daemon=True, name="farm-runtime")
+            for helper in range(count)
+        ]
+        for thread in self.helpers:
+            thread.start()
+        self.stop = weakref.finalize(self, _stop_native, self._state, post)
+
+    def run(self, work: Any, arena: int) -> None:
+        counters = np.zeros(self._counters, dtype=np.int64)
+        counters[self._threads_at] = self._threads
+        self._sequence += 2  # farm_post makes it odd, then even again
+        self._kept[self._sequence] = counters
+        oldest = int(self._finished.min())
+        for sequence in [sequence for sequence in self._kept if sequence <= oldest]:
+            del self._kept[sequence]
+        self._post(self._state.ctypes.data, arena, counters.ctypes.data)
+        work(arena, self._table_address, counters.ctypes.data)
+
+
+def _stop_native(state: np.ndarray, post: Any) -> None:
+    """Set the stop flag and wake the helpers with a post of no run, so each returns from farm_serve."""
+    state[_NativePool._STOP_AT] = 1
+    post(state.ctypes.data, 0, 0)
+
+
 def _helper(work: Any, table: np.ndarray, runs: queue.SimpleQueue) -> None:
     table_address = table.ctypes.data
     while (job := runs.get()) is not None:
@@ -281,7 +328,7 @@ class Model:
                 self._pool.run(self._work, self._arena_address)
             return {name: view.copy() for name, view in self._output_views}
 
-    def _thread_pool(self, path: str, target: CpuTargetEntry) -> _Pool | None:
+    def _thread_pool(self, path: str, target: CpuTargetEntry) -> _Pool | _NativePool | None:
         """The pool for a threaded run, or None when the launches worth splitting hold too little work in all
         (MIN_SPLIT_WORK_FOR_THREADS: one farm_run call is then fastest) or the library predates farm_work."""
         if target.launches is None or not target.work_entry:
@@ -296,4 +343,15 @@ class Model:
             return None
         self._work.argtypes, self._work.restype = [ctypes.c_void_p] * 3, None
         self._plan = plan
-        return _Pool(self._work, work_table(plan), self.threads - 1)
+        if not (target.serve_entry and target.post_entry):  # a library built before farm_serve
+            return _Pool(self._work, work_table(plan), self.threads - 1)
+        serve, post = self._native(path, target.serve_entry), self._native(path, target.post_entry)
+        serve.argtypes, serve.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64], None
+        post.argtypes, post.restype = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64], None
+        return _NativePool(self._work, serve, post, work_table(plan), self.threads - 1)
+
+    def _native(self, path: str, symbol: str) -> Any:
+        try:
+            return getattr(self._library, symbol)
+        except AttributeError:
+            raise ArtifactError(f"{path}: the library has no {symbol!r}, which its manifest names") from None

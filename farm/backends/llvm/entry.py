@@ -12,6 +12,8 @@ loopir.launch_groups) over iterations [begin, end): a multithreaded runtime call
 each step on its own.
 `farm_work(arena, table, counters)` is the native thread pool's body: every thread of a multithreaded run calls
 it once, and the threads claim the ranges of each launch in turn from shared atomic counters (see _work_function).
+On Linux, `farm_serve(state, table, helper)` is a helper thread's whole life, which waits for runs in native code,
+and `farm_post(state, arena, counters)` hands it each run (see _serve_function).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ ENTRY_SYMBOL = "farm_run"
 STEPS_SYMBOL = "farm_run_steps"
 LAUNCH_SYMBOL = "farm_launch"
 WORK_SYMBOL = "farm_work"
+SERVE_SYMBOL = "farm_serve"
+POST_SYMBOL = "farm_post"
 I8_T, I32_T, I64_T = ir.IntType(8), ir.IntType(32), ir.IntType(64)
 # Spins on a busy-wait before each further check yields the CPU (sched_yield): long enough that a wait for a range
 # finishing on another core never sleeps, short enough that a thread waiting for a descheduled one gives way.
@@ -173,7 +177,10 @@ def _work_text(target: CpuTarget) -> str:
     for every schedule of a target: built once per process and target."""
     module = ir.Module(name=ENTRY_SYMBOL)
     launch = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64_T, I64_T, I64_T, PTR_T]), LAUNCH_SYMBOL)
-    _work_function(module, launch, target)
+    work = _work_function(module, launch, target)
+    if serves_natively(target):
+        _serve_function(module, work, target)
+        _post_function(module, target)
     entities = str(module).split("\n\n")
     return "\n\n".join(entity for entity in entities[1:] if not entity.startswith(f'declare void @"{LAUNCH_SYMBOL}"'))
 
@@ -194,7 +201,7 @@ def _intrinsic(module: ir.Module, name: str, params: list[ir.Type]) -> ir.Functi
     return module.globals.get(name) or ir.Function(module, ir.FunctionType(ir.VoidType(), params), name)
 
 
-def _work_function(module: ir.Module, launch: ir.Function, target: CpuTarget) -> None:
+def _work_function(module: ir.Module, launch: ir.Function, target: CpuTarget) -> ir.Function:
     """farm_work(arena, table, counters): one thread's share of a multithreaded run.
 
     table (int64): [groups, first_0 .. first_groups, (launch, begin, end) ...]: group g is ranges
@@ -312,6 +319,151 @@ def _work_function(module: ir.Module, launch: ir.Function, target: CpuTarget) ->
     b.branch(blocks["group"])
 
     b.position_at_end(blocks["done"])
+    b.ret_void()
+    return fn
+
+
+FUTEX_SYSCALLS = {"x86_64": 202, "aarch64": 98}
+"""Linux's futex system call number on each architecture: farm_serve sleeps in it once idle, farm_post wakes it."""
+FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 128, 129
+IDLE_SPINS = 4096
+"""Spin-waits a helper makes for the next run before it sleeps: about 50 us on the Xeon of docs/benchmarks.md (12 ns
+a pause), 0.2 ms where a pause takes 140 cycles (Skylake). Runs back to back (a benchmark, a busy server) find it
+awake; an idle model costs that much of a core after its last run, then nothing. Waking a sleeping helper took
+12-90 us there, now and then over a millisecond."""
+STATE_SEQUENCE, STATE_ARENA, STATE_COUNTERS, STATE_STOP = 0, 1, 2, 3
+STATE_SLEEPERS = 8
+"""Where the words of a native pool's state are (farm.runtime.model._NativePool): the run sequence, the run's arena
+and counters and the stop flag, written by the calling thread; on a line of their own, the helpers asleep in the
+futex; then each helper's last finished run, a line each (STATE_HELPERS + 8 * helper)."""
+STATE_HELPERS = 16
+
+
+def serves_natively(target: CpuTarget) -> bool:
+    """Whether `target`'s library has farm_serve and farm_post: Linux on an architecture of FUTEX_SYSCALLS."""
+    return "-linux" in target.triple and target.arch in FUTEX_SYSCALLS
+
+
+def serving_entries(target: CpuTarget) -> dict[str, str]:
+    """The manifest's serve_entry and post_entry for `target`, where its library has them (serves_natively)."""
+    return {"serve_entry": SERVE_SYMBOL, "post_entry": POST_SYMBOL} if serves_natively(target) else {}
+
+
+def _futex(
+    module: ir.Module, b: ir.IRBuilder, target: CpuTarget, word: ir.Value, operation: int, value: ir.Value
+) -> None:
+    """syscall(SYS_futex, word, operation, value, NULL, NULL, 0) through libc."""
+    syscall = module.globals.get("syscall") or ir.Function(
+        module, ir.FunctionType(I64_T, [I64_T], var_arg=True), "syscall"
+    )
+    null = ir.Constant(PTR_T, None)
+    arguments = [ir.Constant(I64_T, FUTEX_SYSCALLS[target.arch]), word, ir.Constant(I64_T, operation), value]
+    b.call(syscall, [*arguments, null, null, ir.Constant(I64_T, 0)])
+
+
+def _serve_function(module: ir.Module, work: ir.Function, target: CpuTarget) -> None:
+    """farm_serve(state, table, helper): a helper thread's life in a multithreaded run's pool. It waits for the run
+    sequence (even once a run is posted; odd while farm_post writes) to move past the last run it saw: it spins
+    IDLE_SPINS times, then counts itself among the sleepers, checks once more and sleeps in the futex on the
+    sequence's low word until farm_post wakes it. It reads the run's arena and counters between two reads of the
+    sequence (a seqlock: a torn read is retried), runs farm_work over them (none when counters is 0: a wake only),
+    and records the run as its last finished one, so the caller may free counters up to there. It returns once the
+    stop flag is set.
+
+    A helper that blocked in the OS between runs (a Python queue) started each run some 30 us late: waking a
+    thread takes that long on a 2-vCPU VM, and the GIL passes twice before the helper is back in native code; on
+    resnet18_style's int8 artifact (0.7 ms on two threads) that was a tenth of the run."""
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR_T, PTR_T, I64_T]), SERVE_SYMBOL)
+    fn.attributes.add("nounwind")
+    state, table, helper = fn.args
+    state.name, table.name, helper.name = "state", "table", "helper"
+    names = ("entry", "check", "idle", "pause", "sleep", "read", "run", "done")
+    blocks = {name: fn.append_basic_block(name) for name in names}
+    b = ir.IRBuilder(blocks["entry"])
+    word = lambda index: b.gep(state, [index], inbounds=True, source_etype=I64_T)  # noqa: E731
+    constant = lambda value: ir.Constant(I64_T, value)  # noqa: E731
+    seen_slot, spins_slot = b.alloca(I64_T), b.alloca(I64_T)
+    b.store(constant(0), seen_slot)
+    b.store(constant(0), spins_slot)
+    sequence_word = word(constant(STATE_SEQUENCE))
+    b.branch(blocks["check"])
+
+    b.position_at_end(blocks["check"])
+    stopped = b.icmp_signed("!=", b.load_atomic(word(constant(STATE_STOP)), "acquire", 8, typ=I64_T), constant(0))
+    sequence = b.load_atomic(sequence_word, "acquire", 8, typ=I64_T)
+    posted = b.and_(
+        b.icmp_signed("!=", sequence, b.load(seen_slot)),
+        b.icmp_signed("==", b.and_(sequence, constant(1)), constant(0)),
+    )
+    b.cbranch(stopped, blocks["done"], blocks["idle"])
+
+    b.position_at_end(blocks["idle"])
+    spins = b.load(spins_slot)
+    b.cbranch(posted, blocks["read"], blocks["pause"])
+
+    b.position_at_end(blocks["pause"])
+    b.store(b.add(spins, constant(1)), spins_slot)
+    with b.if_then(b.icmp_signed("<", spins, constant(IDLE_SPINS))):
+        PAUSES.get(target.arch, lambda module, builder: None)(module, b)
+        b.branch(blocks["check"])
+    b.branch(blocks["sleep"])
+
+    b.position_at_end(blocks["sleep"])
+    sleepers = word(constant(STATE_SLEEPERS))
+    b.atomic_rmw("add", sleepers, constant(1), "seq_cst")
+    latest = b.load_atomic(sequence_word, "seq_cst", 8, typ=I64_T)
+    quiet = b.icmp_signed("==", b.load_atomic(word(constant(STATE_STOP)), "seq_cst", 8, typ=I64_T), constant(0))
+    with b.if_then(b.and_(quiet, b.icmp_signed("==", latest, b.load(seen_slot)))):
+        low = b.and_(b.load(seen_slot), constant(0xFFFFFFFF))
+        _futex(module, b, target, sequence_word, FUTEX_WAIT_PRIVATE, low)
+    b.atomic_rmw("sub", sleepers, constant(1), "seq_cst")
+    b.store(constant(0), spins_slot)
+    b.branch(blocks["check"])
+
+    b.position_at_end(blocks["read"])
+    arena = b.load_atomic(word(constant(STATE_ARENA)), "monotonic", 8, typ=I64_T)
+    counters = b.load_atomic(word(constant(STATE_COUNTERS)), "monotonic", 8, typ=I64_T)
+    b.fence("acquire")
+    unchanged = b.icmp_signed("==", b.load_atomic(sequence_word, "monotonic", 8, typ=I64_T), sequence)
+    b.cbranch(unchanged, blocks["run"], blocks["check"])
+
+    b.position_at_end(blocks["run"])
+    b.store(sequence, seen_slot)
+    b.store(constant(0), spins_slot)
+    with b.if_then(b.icmp_signed("!=", counters, constant(0))):
+        b.call(work, [b.inttoptr(arena, PTR_T), table, b.inttoptr(counters, PTR_T)])
+    finished = word(b.add(constant(STATE_HELPERS), b.mul(helper, constant(8))))
+    b.atomic_rmw("xchg", finished, sequence, "release")
+    b.branch(blocks["check"])
+
+    b.position_at_end(blocks["done"])
+    b.ret_void()
+
+
+def _post_function(module: ir.Module, target: CpuTarget) -> None:
+    """farm_post(state, arena, counters): hand the helpers a run (counters 0: only wake them, to see the stop
+    flag). The sequence goes odd, the run's words are written, the sequence goes even (farm_serve's seqlock);
+    then, if any helper counts itself asleep, the futex wakes them all. The sequence's store and the sleepers' read
+    are ordered by a full fence, as the helper's count and its last read of the sequence are, so a helper either
+    sees the run before it sleeps or is counted and woken. (Its atomic stores are exchanges: llvmlite's
+    store_atomic wants a typed pointer.)"""
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR_T, I64_T, I64_T]), POST_SYMBOL)
+    fn.attributes.add("nounwind")
+    state, arena, counters = fn.args
+    state.name, arena.name, counters.name = "state", "arena", "counters"
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    word = lambda index: b.gep(state, [ir.Constant(I64_T, index)], inbounds=True, source_etype=I64_T)  # noqa: E731
+    sequence_word = word(STATE_SEQUENCE)
+    sequence = b.load_atomic(sequence_word, "monotonic", 8, typ=I64_T)
+    b.atomic_rmw("xchg", sequence_word, b.add(sequence, ir.Constant(I64_T, 1)), "monotonic")
+    b.fence("release")
+    b.atomic_rmw("xchg", word(STATE_ARENA), arena, "monotonic")
+    b.atomic_rmw("xchg", word(STATE_COUNTERS), counters, "monotonic")
+    b.atomic_rmw("xchg", sequence_word, b.add(sequence, ir.Constant(I64_T, 2)), "release")
+    b.fence("seq_cst")
+    sleeping = b.load_atomic(word(STATE_SLEEPERS), "seq_cst", 8, typ=I64_T)
+    with b.if_then(b.icmp_signed(">", sleeping, ir.Constant(I64_T, 0))):
+        _futex(module, b, target, sequence_word, FUTEX_WAKE_PRIVATE, ir.Constant(I64_T, 0x7FFFFFFF))
     b.ret_void()
 
 

@@ -87,10 +87,11 @@ def check_no_startup_code(data: bytes, what: str) -> None:
         raise BuildError(f"{what} holds load-time code ({', '.join(found)}): not an object farm's compile steps make")
 
 
-ALLOWED_IMPORTS = frozenset({"memcpy", "memmove", "memset", "sched_yield", "floor", "floorf"})
+ALLOWED_IMPORTS = frozenset({"memcpy", "memmove", "memset", "sched_yield", "syscall", "floor", "floorf"})
 """Everything a library farm links may import: C library functions that every process able to load it holds (Python's
 own links libc and libm, and so does the emulation driver, farm.backends.llvm.driver). LLVM turns copy and fill loops
-into memcpy, memmove and memset; farm_work yields with sched_yield; llvm.floor is floor or floorf where the CPU has
+into memcpy, memmove and memset; farm_work yields with sched_yield; farm_serve and farm_post sleep and wake in
+the futex through syscall (Linux's C library); llvm.floor is floor or floorf where the CPU has
 no rounding instruction (x86-64 before SSE4.1). Anything else would load only where some earlier import brought it
 along: LLVM's calls into a compiler runtime (`__truncdfhf2` and its kind: no C library has them) are defined by the
 runtime object every library links (farm.backends.llvm.compiler_runtime), and check_imports refuses any other."""

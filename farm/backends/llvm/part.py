@@ -237,7 +237,7 @@ class CpuPart(Part[CpuTarget]):
         }
 
     def manifest_fields(self, plan: BuildPlan, targets: Sequence[CpuTarget]) -> dict[str, Any]:
-        from farm.backends.llvm.entry import ENTRY_SYMBOL, LAUNCH_SYMBOL, WORK_SYMBOL
+        from farm.backends.llvm.entry import ENTRY_SYMBOL, LAUNCH_SYMBOL, WORK_SYMBOL, serving_entries
         from farm.backends.llvm.features import required_features
 
         return {
@@ -249,6 +249,7 @@ class CpuPart(Part[CpuTarget]):
                     "entry": ENTRY_SYMBOL,
                     "launch_entry": LAUNCH_SYMBOL,
                     "work_entry": WORK_SYMBOL,
+                    **serving_entries(t),
                     "launches": [launch for step in step_launches(plan, t) for launch in step],
                     "weights": [weight_member(t.id, blob) for blob in target_weights(plan, t)],
                     "weights_offset": weights_offset(plan),
