@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import hashlib
 import io
@@ -466,6 +467,21 @@ def test_helpers_end_with_their_model(
     for thread in helpers:
         thread.join(timeout=10)
     assert not any(thread.is_alive() for thread in helpers)
+
+
+def test_a_pool_needs_enough_work_in_launches_big_enough_to_pay_for_their_barrier(
+    small_cnn: tuple[Path, dict[str, np.ndarray]], tmp_path: Path
+) -> None:
+    """Only split launches of at least POOL_LAUNCH_MIN_WORK count toward MIN_SPLIT_WORK_FOR_THREADS: many small
+    split launches (each ends at a barrier) keep a run one native call, as few big ones don't."""
+    artifact, _ = small_cnn
+    model = load(artifact, cache_dir=tmp_path, threads=2)
+    small, big = model_module.POOL_LAUNCH_MIN_WORK - 1, model_module.POOL_LAUNCH_MIN_WORK
+    count = model_module.MIN_SPLIT_WORK_FOR_THREADS // big
+    for work, launches, pooled in ((small, 2 * count, False), (big, count, True), (big, count - 1, False)):
+        target = dataclasses.replace(CpuTargetEntry.from_json(model.target), launches=(Launch(64, 1, work),) * launches)
+        assert all(len(ranges) > 1 for _, ranges in launch_plan(target.launches, 2))
+        assert (model._thread_pool(model.path, target) is not None) == pooled, (work, launches)
 
 
 def test_libraries_without_farm_serve_hand_runs_to_helpers_through_queues(

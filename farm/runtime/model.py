@@ -27,13 +27,19 @@ from farm.runtime.manifest_types import CpuTargetEntry, Launch, Manifest, Tensor
 # The arena starts on a page: its buffers' addresses modulo 4096 are then the same in every process. With 64 bytes,
 # some processes drew a base whose copies hit 4K aliasing and ran at half speed (docs/architecture.md, the arena).
 _MIN_ALIGNMENT = 4096
-# The least work (loopir.work, about 1-4 per ns of one core) of one range of a split launch: a claim costs tens of
-# nanoseconds, a range's own loop set-up a little more, so ranges of some 5-20 us keep the threads busy.
-MIN_WORK_PER_RANGE = 20_000
-# The least work of all split launches together for a run to use threads at all: waking the helpers costs some
-# 10-50 us per run, more than small models gain (measured on 2 cores: tiny_cnn 0.41x, small_cnn 0.83x, vit_style
-# 0.96x with 0.06-0.44M split work; bert_style 1.08x at 1.4M, mobilenetv2_style 1.37x at 5.4M).
+# The least work (loopir.work, about 2-8 per ns of one core) of one range of a split launch: a claim costs tens of
+# nanoseconds, a range's own loop set-up a little more, so ranges of a few microseconds keep the threads busy. With
+# the helpers waiting natively (farm_serve), 5,000 instead of 20,000 ran bert_style on two Xeon threads at 0.50-0.52
+# ms instead of 0.60-0.62 (one thread: 0.53), mobilenetv2_style at 0.37-0.39 instead of 0.40, resnet18_style's int8
+# at 0.65 instead of 0.68, and no model slower.
+MIN_WORK_PER_RANGE = 5_000
+# The least work of the split launches of at least POOL_LAUNCH_MIN_WORK each, together, for a run to use threads at
+# all: every launch of a threaded run ends at a barrier, and a run pays for the hand-over, more than small models
+# gain (measured on 2 cores, helpers on Python queues: tiny_cnn 0.41x, small_cnn 0.83x, vit_style 0.96x with
+# 0.06-0.44M such work; bert_style 1.08x at 1.4M, mobilenetv2_style 1.37x at 5.4M; with native helpers vit_style
+# still ran 0.31 -> 0.39 ms with a pool).
 MIN_SPLIT_WORK_FOR_THREADS = 1_000_000
+POOL_LAUNCH_MIN_WORK = 40_000
 # Ranges per thread of a split launch at most: threads claim ranges as they come free, so a thread the OS runs late
 # (a busy machine) takes fewer instead of holding everyone up.
 RANGES_PER_THREAD = 4
@@ -338,8 +344,8 @@ class Model:
             plan = launch_plan(target.launches, self.threads)
         except (AttributeError, TypeError, ValueError) as error:
             raise ArtifactError(f"{path}: target {target.id!r} launches are unusable: {error}") from None
-        split_work = sum(target.launches[index].work for index, ranges in plan if len(ranges) > 1)
-        if split_work < MIN_SPLIT_WORK_FOR_THREADS:
+        works = [target.launches[index].work for index, ranges in plan if len(ranges) > 1]
+        if sum(work for work in works if work >= POOL_LAUNCH_MIN_WORK) < MIN_SPLIT_WORK_FOR_THREADS:
             return None
         self._work.argtypes, self._work.restype = [ctypes.c_void_p] * 3, None
         self._plan = plan
