@@ -131,6 +131,7 @@ CONV_CASES: list[OpCase] = [
     ),
     _conv("small-plane-channel-tail", (1, 16, 5, 5), (40, 16, 3, 3), {"pads": [1, 1, 1, 1]}, bias=False),
     _conv("single-pixel-pointwise", (1, 64, 1, 1), (32, 64, 1, 1)),
+    _conv("small-plane-13x13-pointwise", (1, 64, 13, 13), (100, 64, 1, 1)),
     case(
         "conv-weight-as-graph-input",
         single_op_model("Conv", [("x", (1, 3, 6, 6)), ("w", (4, 3, 3, 3))], {"pads": [1, 1, 1, 1]}),
@@ -568,6 +569,17 @@ def test_conv_geometry_names_the_sizes_of_a_grouped_strided_dilated_conv(tmp_pat
     assert (geo.in_pixels, geo.out_pixels, geo.column_rows) == (99, 55, 3 * 3 * 2)
     assert geo.column_stride == 64  # 55 pixels a row, padded to a cache line
     assert LOWERINGS["Conv"].scratch_floats(spec) == geo.column_rows * geo.column_stride  # one group's im2col matrix
+
+
+def test_planes_whose_pixels_tile_vectors_badly_run_pixels_as_rows(tmp_path) -> None:
+    """What a side of the GEMM costs is its tiling's (whole vectors, an 8- and a 4-float vector, single floats): a
+    13x13 plane (169 pixels: 10 vectors, an 8-float one and a float) runs pixels as rows by 100 channels, as 7x7
+    does; 14x14 (12 vectors and a 4-float one) and 28x28 keep channels as rows."""
+    assert [conv._tiled_cost(n) for n in (49, 169, 196, 784, 100, 1000)] == [64, 192, 208, 784, 112, 1008]
+    for side, transposed in ((7, True), (13, True), (14, False), (28, False)):
+        model = single_op_model("Conv", [("x", (1, 64, side, side))], {}, {"w": rand(100, 64, 1, 1)})
+        spec = _spec_of(model, tmp_path)
+        assert conv._pixels_as_rows(spec, conv._conv_geometry(spec)) == transposed, side
 
 
 # ------------------------------------------------------------------------------------------------- OpenCL

@@ -34,9 +34,11 @@ from farm.ops.window import (
 COLUMN_ALIGNMENT = 16
 """Floats per cache line (64 bytes): im2col rows start at multiples of it, and output planes that fill their vectors
 of this many floats this badly run transposed (_pixels_as_rows)."""
-SMALL_PLANE_WASTE = 1.15
-"""Padded-to-vectors / actual pixels above which a conv runs pixels as rows: 7x7 (1.31) and 5x5 (1.28) do, 14x14
-(1.06) and 28x28 (1.0) don't."""
+SMALL_PLANE_WASTE = 1.10
+"""_tiled_cost / actual pixels above which a conv runs pixels as rows: 7x7 (1.31), 5x5 (1.28) and 13x13 (1.14) do,
+14x14 (1.06), 27x27 (1.03) and 28x28 (1.0) don't. Squeezenet's 13x13 pointwise convs ran 9-20% faster transposed
+on one Xeon core (its 512 -> 1000 classifier conv 1.27 -> 1.15 ms); by vectors padded to 16 floats alone, 13x13
+(1.04) looked like 14x14."""
 COLUMN_BAND_BYTES = 1 << 19
 """The most bytes of im2col matrix a CPU conv builds at once (_column_bands): a quarter of a 2 MB L2, leaving room
 for the weights the GEMM streams beside it."""
@@ -139,8 +141,8 @@ def _pixels_as_rows(spec: KernelSpec, geo: ConvGeometry) -> bool:
     fits TRANSPOSED_OPERAND_BYTES: each panel of weights passes over all of the column matrix, which must stay in
     cache (light ResNet-50 on one Xeon core: 7x7 pointwise convs 146-161 -> 171-174 GFLOP/s transposed, but its
     7x7 3x3 convs, whose 4608 x 64 column matrix does not fit beside a panel, 147 -> 95)."""
-    waste = _aligned(geo.out_pixels) / geo.out_pixels
-    channel_waste = _aligned(geo.out_channels_per_group) / geo.out_channels_per_group
+    waste = _tiled_cost(geo.out_pixels) / geo.out_pixels
+    channel_waste = _tiled_cost(geo.out_channels_per_group) / geo.out_channels_per_group
     stride = geo.out_pixels if _is_pointwise(geo) else geo.column_stride
     operand_bytes = geo.column_rows * (stride + WEIGHT_PANEL_COLUMNS) * 4
     return (
@@ -149,6 +151,15 @@ def _pixels_as_rows(spec: KernelSpec, geo: ConvGeometry) -> bool:
         and channel_waste < waste
         and operand_bytes <= TRANSPOSED_OPERAND_BYTES
     )
+
+
+def _tiled_cost(columns: int) -> int:
+    """What `columns` of a GEMM's vector side cost, in columns of full 16-float vectors, tiled as the CPU's
+    micro-kernel tiles them (gemm_blocking.column_tiling): whole vectors, then an 8- and a 4-float vector where the
+    rest holds them, then single floats, each of these a vector's time. 169 (13x13) costs 192: 10 vectors, an 8-float
+    one and a float."""
+    rest = columns % COLUMN_ALIGNMENT
+    return COLUMN_ALIGNMENT * (columns // COLUMN_ALIGNMENT + (rest >= 8) + (rest % 8 >= 4) + rest % 4)
 
 
 def _is_pointwise(geo: ConvGeometry) -> bool:
