@@ -60,8 +60,8 @@ def emit_gemm(
 ) -> None:
     """Emit C = A @ B for `gemm`'s shapes; a, b, c point at the panels' first elements. With `launch_range`
     (runtime i64 values begin, end), only part of C, as loopir.launch_info cut it: column blocks [begin, end) when
-    the launch splits columns (loopir.splits_columns), else rows [begin, end): whole register tiles from begin,
-    then one row at a time. `epilogue` points at the gemm.epilogue's bias and residual (at their offsets).
+    the launch splits columns (loopir.splits_columns), else rows [begin, end) (_emit_rows). `epilogue` points at
+    the gemm.epilogue's bias and residual (at their offsets).
     `outlining`: how the kernel's code is split into parts (Outlining); a launch's heaviest code then goes into
     functions of their own (gemm_outlining.outlined_functions)."""
     gen = GemmEmitter(builder, slot, a, b, c, gemm, blocking)
@@ -77,16 +77,24 @@ def emit_gemm(
 
 
 def _emit_rows(gen: GemmEmitter, blocking: GemmBlocking, begin: ir.Value, end: ir.Value) -> None:
+    """Rows [begin, end) of C: whole register tiles from begin, then the rows past them as one tile of the m % rows
+    rows past C's full tiles (gemm_blocking.edge_rows) where as many are left (the range that ends C: ranges are cut
+    at multiples of the tile's rows), then any rows still left one at a time. ResNet's and Inception's 14x14 3x3
+    convs (196 rows) ran their last 4 rows as single-row tiles, each reading every vector of B again."""
     builder, gemm = gen.b, gen.gemm
     size = ir.Constant(I64_T, blocking.rows)
     main = builder.mul(builder.sdiv(builder.sub(end, begin), size), size)
     edge_begin = builder.add(begin, main)
+    rest = edge_rows(gemm.m, blocking)
+    tall = builder.mul(builder.sdiv(builder.sub(end, edge_begin), ir.Constant(I64_T, rest)), ir.Constant(I64_T, rest))
+    singles_begin = builder.add(edge_begin, tall) if rest > 1 else edge_begin
     outlined = outlines_rows(gemm, blocking)
     for n0, nc, vectors, lanes in column_tiling(gemm.n, blocking):
         if nc:
             for region in (
                 Region(begin, main, n0, nc, blocking.rows, vectors, lanes),
-                Region(edge_begin, builder.sub(end, edge_begin), n0, nc, 1, vectors, lanes),
+                *([Region(edge_begin, tall, n0, nc, rest, vectors, lanes)] if rest > 1 else []),
+                Region(singles_begin, builder.sub(end, singles_begin), n0, nc, 1, vectors, lanes),
             ):
                 if outlined:
                     outline(gen, [i64(region.m0), i64(region.m)], functools.partial(_emit_region_at, region))
