@@ -50,7 +50,7 @@ POOL_CASES: list[OpCase] = [
     _pool("MaxPool", "non-square", {"kernel_shape": [2, 3], "strides": [1, 2]}, x=(2, 3, 8, 11)),
     _pool("MaxPool", "opset9", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, opset=9),
     _pool("MaxPool", "opset11-ceil", {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}, opset=11),
-    # On a CPU a MaxPool reads padded planes shared by blocks of 8 channels (pool._max_pool_planes): four blocks.
+    # On a CPU a MaxPool reads padded planes shared by blocks of 8 channels (pool._pool_planes): four blocks.
     _pool(
         "MaxPool",
         "channel-blocks-batch2",

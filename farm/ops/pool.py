@@ -1,4 +1,4 @@
-"""The pools: MaxPool and AveragePool over planes (a CPU's MaxPool on padded planes) or volumes (a loop nest), LpPool
+"""The pools: MaxPool and AveragePool over planes (a CPU's on padded planes) or volumes (a loop nest), LpPool
 over any number of spatial axes, GlobalAveragePool and GlobalMaxPool."""
 
 from __future__ import annotations
@@ -74,9 +74,9 @@ def _pool_attrs(ctx: NodeContext) -> dict[str, Any]:
 
 def _lower_pool_planes(spec: KernelSpec) -> list[L.Stmt]:
     """Max or average over each window of a plane (or a 1-D input's row: _as_plane); the average divides by the
-    window's count under count_include_pad. A MaxPool on a CPU reads padded planes instead (_max_pool_planes)."""
+    window's count under count_include_pad. A CPU's pools read padded planes instead (_pool_planes)."""
     if _pools_planes(spec):
-        return _max_pool_planes(spec)
+        return _pool_planes(spec)
     names, a = L.Names(), spec.attrs
     n, c, h, w = nchw(shape_of(spec))
     _, _, ho, wo = nchw(out_shape(spec))
@@ -100,25 +100,24 @@ def _lower_pool_planes(spec: KernelSpec) -> list[L.Stmt]:
 
 
 def _pools_planes(spec: KernelSpec) -> bool:
-    """Whether the pool runs on padded planes (_max_pool_planes): a MaxPool for a CPU (padding an average would
-    need its counts kept apart; a GPU wants a work-item per output)."""
-    return spec.op == "MaxPool" and spec.for_cpu
+    """Whether the pool runs on padded planes (_pool_planes): any 2-D pool for a CPU (a GPU wants a work-item per
+    output)."""
+    return spec.for_cpu
 
 
 def _pool_plane_scratch(spec: KernelSpec) -> int:
-    """A MaxPool's padded planes on a CPU (_max_pool_planes): one per block of channels. Sized so for any spec (the
-    memory plan reads the unspecialised one); the other renderers' MaxPool reads no scratch."""
-    if spec.op != "MaxPool":
-        return 0
+    """A pool's padded planes on a CPU (_pool_planes): one per block of channels. Sized so for any spec (the memory
+    plan reads the unspecialised one); the other renderers' pools read no scratch."""
     n, c, *_ = shape_of(spec)
     return n * c // cpu_channel_block(n * c) * phased_plane_floats(window(spec))
 
 
-def _max_pool_planes(spec: KernelSpec) -> list[L.Stmt]:
-    """MaxPool as the depthwise conv runs (conv._depthwise): each channel's window copied into a plane padded with -inf,
-    its columns split by the stride's phases, shared by a block of channels, then every output the max of its taps
-    read at unit stride (vectorised), where guarding every tap and reading stride-2 taps two floats apart ran
-    ResNet-50's 3x3 stride-2 MaxPool at half onnxruntime's speed."""
+def _pool_planes(spec: KernelSpec) -> list[L.Stmt]:
+    """A pool as the depthwise conv runs (conv._depthwise): each channel's window copied into a plane padded with
+    -inf (MaxPool) or 0 (AveragePool), its columns split by the stride's phases, shared by a block of channels, then
+    every output the max or the sum of its taps read at unit stride (vectorised), an average divided by its count
+    (_tap_count). Guarding every tap and reading stride-2 taps two floats apart ran ResNet-50's 3x3 stride-2
+    MaxPool at half onnxruntime's speed, and Inception's 3x3 AveragePools at 0.47x."""
     names, geo = L.Names(), window(spec)
     n, c, h, w = nchw(shape_of(spec))
     size = cpu_channel_block(n * c)
@@ -126,30 +125,41 @@ def _max_pool_planes(spec: KernelSpec) -> list[L.Stmt]:
     channel = block * size + index
     plane = block * phased_plane_floats(geo)
     oh, ow, r, acc = names.var("y"), names.var("x"), names.var("r"), names.local()
+    is_max = spec.op == "MaxPool"
     taps: list[L.Stmt] = [
-        L.Assign(acc, L.maximum(acc, phased_tap(geo, plane, oh, ow, r, s))) for s in range(geo.kernel_width)
+        L.Assign(acc, L.maximum(acc, tap) if is_max else acc + tap)
+        for tap in (phased_tap(geo, plane, oh, ow, r, s) for s in range(geo.kernel_width))
     ]
+    result = acc if is_max else acc / (_tap_count(geo, spec.attrs, oh, 0) * _tap_count(geo, spec.attrs, ow, 1))
     out_index = (channel * geo.out_height + oh) * geo.out_width + ow
-    outputs = [
-        L.Loop(
-            oh,
-            geo.out_height,
-            [
-                L.Loop(
-                    ow,
-                    geo.out_width,
-                    [
-                        L.Assign(acc, L.const(-math.inf)),
-                        L.Loop(r, geo.kernel_height, taps),
-                        L.Store("out0", out_index, _stored(spec, activate(acc, spec.activation))),
-                    ],
-                )
-            ],
-        )
+    fill = -math.inf if is_max else 0.0
+    inner = [
+        L.Assign(acc, L.const(fill)),
+        L.Loop(r, geo.kernel_height, taps),
+        L.Store("out0", out_index, _stored(spec, activate(result, spec.activation))),
     ]
+    outputs = [L.Loop(oh, geo.out_height, [L.Loop(ow, geo.out_width, inner)])]
     value_dtype = L.I64 if spec.inputs[0].dtype in BYTE_POOLS else L.F32
-    per_channel = pad_plane(names, geo, plane, channel * (h * w), geo.stride_width, -math.inf, value_dtype) + outputs
+    per_channel = pad_plane(names, geo, plane, channel * (h * w), geo.stride_width, fill, value_dtype) + outputs
     return [L.Loop(block, n * c // size, [L.Loop(index, size, per_channel)], True)]
+
+
+def _tap_count(geo: Window, attrs: dict[str, Any], out: L.Var, axis: int) -> L.Expr:
+    """How many of an output's taps along `axis` (0: rows, 1: columns) an average counts (_counted's rule: inside
+    the input, or inside the pads under count_include_pad), as a float: the taps are unrolled, so the count is
+    arithmetic on the output's index alone."""
+    stride, pad, dilation, kernel, size = (
+        (geo.stride_height, geo.pad_top, geo.dilation_height, geo.kernel_height, geo.height)
+        if axis == 0
+        else (geo.stride_width, geo.pad_left, geo.dilation_width, geo.kernel_width, geo.width)
+    )
+    pads = attrs["pads"] if attrs["count_include_pad"] else [0, 0, 0, 0]
+    low, high = -pads[axis], size + pads[axis + 2]
+    count: L.Expr = L.const(0.0)
+    for tap in range(kernel):
+        position = out * stride - pad + tap * dilation
+        count = count + L.select(L.logical_and(L.compare("ge", position, low), L.compare("lt", position, high)), 1.0, 0.0)
+    return count
 
 
 def _counted(geo: Window, attrs: dict, y: L.Var, x: L.Var, r: L.Var, s: L.Var) -> L.Expr:

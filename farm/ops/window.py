@@ -15,7 +15,7 @@ from farm.ops.registry import NodeContext, out_shape, register, shape_of
 
 DEPTHWISE_CHANNEL_BLOCK = 8
 """Channels of a depthwise conv (or a MaxPool) that run one after the other on one padded plane in scratch
-(conv._depthwise, pool._max_pool_planes) on a CPU: the plane is rewritten while it is still in cache, instead of each
+(conv._depthwise, pool._pool_planes) on a CPU: the plane is rewritten while it is still in cache, instead of each
 channel filling a fresh one (MobileNetV2's 112x112 stride-2 depthwise conv wrote 5 MB of scratch beside its 4.8 MB
 input)."""
 
