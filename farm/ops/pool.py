@@ -158,7 +158,9 @@ def _tap_count(geo: Window, attrs: dict[str, Any], out: L.Var, axis: int) -> L.E
     count: L.Expr = L.const(0.0)
     for tap in range(kernel):
         position = out * stride - pad + tap * dilation
-        count = count + L.select(L.logical_and(L.compare("ge", position, low), L.compare("lt", position, high)), 1.0, 0.0)
+        count = count + L.select(
+            L.logical_and(L.compare("ge", position, low), L.compare("lt", position, high)), 1.0, 0.0
+        )
     return count
 
 
