@@ -11,7 +11,12 @@ import pytest
 from native_helpers import host, kernel_module_ir, run_kernel, run_kernels
 from test_llvm_gemm_blocking import BLOCKINGS, blocking_id
 
-from farm.backends.llvm.gemm import PACK_B_MIN_ROW_TILES, SMALL_M_PREFETCH_BLOCKS, SWEEP_MAX_B_BYTES
+from farm.backends.llvm.gemm import (
+    PACK_B_MIN_ROW_TILES,
+    PARTIAL_ALIGNMENT,
+    SMALL_M_PREFETCH_BLOCKS,
+    SWEEP_MAX_B_BYTES,
+)
 from farm.backends.llvm.gemm_blocking import SMALL_M_K_BLOCK, GemmBlocking
 from farm.backends.llvm.gemm_outlining import MAX_PARTS, outlined_functions
 from farm.backends.llvm.packing import pack_columns, pack_operand, pack_panels
@@ -551,6 +556,15 @@ def test_few_rows_and_a_deep_k_prefetch_b_blocks_ahead():
     ahead = SMALL_M_PREFETCH_BLOCKS * SMALL_M_K_BLOCK * GemmBlocking().tile_columns
     assert SMALL_M_PREFETCH_BLOCKS >= 2 and _prefetches(kernel) == {0}
     assert re.search(rf"= add i64 %\S+, {ahead}\n", kernel_module_ir([("farm_k_test", kernel)], host()))
+
+
+def test_few_rows_keep_their_partial_sums_on_a_page_of_the_stack():
+    """The partial sums of a few-row GEMM start at a page (PARTIAL_ALIGNMENT), wherever the calling thread's stack
+    is: their addresses modulo 4096, and so the lines they share with the other operands, don't depend on it."""
+    gemm = L.Gemm("a", L.const(0), 768, "b", L.const(0), 100, "c", L.const(0), 100, 20, 100, 768, b_panels=True)
+    kernel = L.LoopKernel([L.Param("c", output=True), L.Param("a"), L.Param("b")], [gemm])
+    text = kernel_module_ir([("farm_k_test", kernel)], host())
+    assert PARTIAL_ALIGNMENT == 4096 and re.search(r"alloca \[\d+ x <\d+ x float>\], align 4096", text)
 
 
 def test_tiles_reading_packed_a_prefetch_the_next_panel():

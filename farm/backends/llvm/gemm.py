@@ -39,6 +39,12 @@ PACK_B_MIN_ROW_TILES = 16
 """The fewest row tiles of C for which a column-split GEMM packs B on the fly: the copy is paid once per panel, the
 gain once per row tile (packing lost with 8 row tiles and won with 16). Row-split GEMMs read B in place: each range
 would pack all of B, and packing there, faster launch by launch, left ResNet-50 no faster on one thread or two."""
+PARTIAL_ALIGNMENT = 4096
+"""Where a few-row GEMM's partial sums (gemm_blocking.small_m_k_block) start on the stack: at a page, so their
+addresses modulo 4096 are the same whichever thread and stack depth runs the kernel. Left to the caller's depth,
+they fell for some depths on the lines of the GEMM's other operands: resnet18_style's 4x4-plane 3x3 convs (AVX2
+code) ran 2.5x slower on a helper thread whose farm_serve frame moved them, and the model on two threads took
+2.77-3.49 ms by the frame's size."""
 SMALL_M_PREFETCH_BLOCKS = 2
 """How many k blocks ahead the tiles of a few-row GEMM run k block by k block (gemm_blocking.small_m_k_block)
 prefetch B (the weights, cold from memory once a run): the next block's lines, requested while the few row tiles of
@@ -234,10 +240,12 @@ def _emit_column_blocks(gen: GemmEmitter, blocking: GemmBlocking, begin: ir.Valu
                 outline(
                     gen,
                     [n0],
-                    lambda g, values: few_rows(g, values[0], vectors, in_block, g.slot("gemm.partial", partials)),
+                    lambda g, values: few_rows(
+                        g, values[0], vectors, in_block, _page_aligned(g.slot("gemm.partial", partials))
+                    ),
                 )
                 return
-            partial = gen.slot("gemm.partial", partials)
+            partial = _page_aligned(gen.slot("gemm.partial", partials))
             outline(
                 gen,
                 [n0, partial],
@@ -296,6 +304,12 @@ def _emit_column_blocks(gen: GemmEmitter, blocking: GemmBlocking, begin: ir.Valu
         with builder.if_then(builder.icmp_signed(">", end, ir.Constant(I64_T, gemm.n // blocking.lanes))):
             for region in tails:
                 _emit_region(gen, region)
+
+
+def _page_aligned(slot: ir.AllocaInstr) -> ir.AllocaInstr:
+    """`slot` aligned to PARTIAL_ALIGNMENT."""
+    slot.align = PARTIAL_ALIGNMENT
+    return slot
 
 
 def _column_pieces(
