@@ -469,6 +469,30 @@ def test_helpers_end_with_their_model(
     assert not any(thread.is_alive() for thread in helpers)
 
 
+def test_a_forked_child_runs_a_model_whose_helpers_stayed_behind(
+    small_cnn: tuple[Path, dict[str, np.ndarray]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process forked from one whose model has a native pool gets none of its helper threads: its runs do every
+    range on the calling thread, and the counters no helper will finish are freed once KEPT_RUNS_MAX pile up."""
+    artifact, feeds = small_cnn
+    expected = load(artifact, cache_dir=tmp_path, threads=1).run(feeds)
+    _split_everything(monkeypatch)
+    model = load(artifact, cache_dir=tmp_path, threads=2)
+    model.run(feeds)
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through its exit status
+        status = 1
+        try:
+            for _ in range(model_module.KEPT_RUNS_MAX + 20):
+                outputs = model.run(feeds)
+            same = all(np.allclose(outputs[name], expected[name], rtol=1e-5, atol=1e-6) for name in expected)
+            status = 0 if same and len(model._pool._kept) <= model_module.KEPT_RUNS_MAX + 1 else 2
+        finally:
+            os._exit(status)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def test_a_pool_needs_enough_work_in_launches_big_enough_to_pay_for_their_barrier(
     small_cnn: tuple[Path, dict[str, np.ndarray]], tmp_path: Path
 ) -> None:

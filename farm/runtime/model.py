@@ -3,7 +3,9 @@
 With `threads` > 1 a run is one native call per thread: the calling thread and `threads - 1` persistent helper
 threads each call the library's farm_work, which runs its own slice of each launch's ranges, then takes any range
 still free (atomic flags in shared counters), and waits natively for a launch's ranges to finish before the next
-(see farm.backends.llvm.entry). Python only wakes the helpers, once per run; ctypes releases the GIL for the calls.
+(see farm.backends.llvm.entry). On Linux the helpers wait for runs natively too (farm_serve, handed each run by
+farm_post: _NativePool); elsewhere, and in libraries built before farm_serve, Python wakes them once per run through
+queues (_Pool). ctypes releases the GIL for the native calls.
 """
 
 from __future__ import annotations
@@ -168,10 +170,17 @@ class _NativePool:
         self._sequence += 2  # farm_post makes it odd, then even again
         self._kept[self._sequence] = counters
         oldest = int(self._finished.min())
+        if len(self._kept) > KEPT_RUNS_MAX and not any(thread.is_alive() for thread in self.helpers):
+            oldest = self._sequence - 2  # no helper left to finish them (a forked child's copy of the pool)
         for sequence in [sequence for sequence in self._kept if sequence <= oldest]:
             del self._kept[sequence]
         self._post(self._state.ctypes.data, arena, counters.ctypes.data)
         work(arena, self._table_address, counters.ctypes.data)
+
+
+KEPT_RUNS_MAX = 256
+"""Runs' counters a native pool keeps for helpers that haven't finished them before it checks that any helper is
+still alive (a process forked from one with a pool has none: nothing would ever free them)."""
 
 
 def _stop_native(state: np.ndarray, post: Any) -> None:

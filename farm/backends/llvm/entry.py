@@ -371,8 +371,8 @@ def _serve_function(module: ir.Module, work: ir.Function, target: CpuTarget) -> 
     stop flag is set.
 
     A helper that blocked in the OS between runs (a Python queue) started each run some 30 us late: waking a
-    thread takes that long on a 2-vCPU VM, and the GIL passes twice before the helper is back in native code; on
-    resnet18_style's int8 artifact (0.7 ms on two threads) that was a tenth of the run."""
+    thread takes that long on a 2-vCPU VM, and the GIL passes twice before the helper is back in native code;
+    resnet18_style's int8 artifact ran 0.73-0.75 ms on two threads that way, 0.67-0.70 with farm_serve."""
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR_T, PTR_T, I64_T]), SERVE_SYMBOL)
     fn.attributes.add("nounwind")
     state, table, helper = fn.args
