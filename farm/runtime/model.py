@@ -155,9 +155,10 @@ class _NativePool:
         self._finished = self._state[self._HELPERS_AT :: self._WORDS_PER_HELPER]
         self._sequence = 0
         self._kept: dict[int, np.ndarray] = {}
-        state = self._state.ctypes.data
         self.helpers = [
-            threading.Thread(target=serve, args=(state, self._table_address, helper), daemon=True, name="farm-runtime")
+            threading.Thread(
+                target=_serve, args=(serve, self._state, table, self._kept, helper), daemon=True, name="farm-runtime"
+            )
             for helper in range(count)
         ]
         for thread in self.helpers:
@@ -176,6 +177,13 @@ class _NativePool:
             del self._kept[sequence]
         self._post(self._state.ctypes.data, arena, counters.ctypes.data)
         work(arena, self._table_address, counters.ctypes.data)
+
+
+def _serve(serve: Any, state: np.ndarray, table: np.ndarray, kept: dict[int, np.ndarray], helper: int) -> None:
+    """A native helper's thread: farm_serve until the stop flag. The frame holds what the native loop reads, the
+    state, the table and the runs' counters kept for it, until it returns: a model dropped while a helper is still
+    on its way out (waking from the futex, or passing over a finished run) must not free them under it."""
+    serve(state.ctypes.data, table.ctypes.data, helper)
 
 
 KEPT_RUNS_MAX = 256
