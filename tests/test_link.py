@@ -23,7 +23,15 @@ from native_helpers import (
 
 from farm.backends.llvm.compiler_runtime import runtime_object
 from farm.backends.llvm.elf import imported_symbols
-from farm.backends.llvm.entry import ENTRY_SYMBOL, LAUNCH_SYMBOL, STEPS_SYMBOL, WORK_SYMBOL, compile_entry
+from farm.backends.llvm.entry import (
+    ENTRY_SYMBOL,
+    LAUNCH_SYMBOL,
+    POST_SYMBOL,
+    SERVE_SYMBOL,
+    STEPS_SYMBOL,
+    WORK_SYMBOL,
+    compile_entry,
+)
 from farm.backends.llvm.link import find_linker, link_library, linker_identity
 from farm.backends.llvm.target import CpuTarget, parse_target
 from farm.backends.llvm.toolchain import compile_ir
@@ -87,15 +95,16 @@ def test_library_is_a_shared_object_for_the_host(host_library):
 
 def test_library_exports_only_the_entry_points(host_library, tmp_path):
     defined = sorted(row[7] for row in dynamic_symbols(host_library, tmp_path) if len(row) >= 8 and row[6] != "UND")
-    assert defined == sorted([ENTRY_SYMBOL, LAUNCH_SYMBOL, STEPS_SYMBOL, WORK_SYMBOL])
+    assert defined == sorted([ENTRY_SYMBOL, LAUNCH_SYMBOL, STEPS_SYMBOL, WORK_SYMBOL, SERVE_SYMBOL, POST_SYMBOL])
 
 
-def test_library_needs_nothing_but_sched_yield(host_library, tmp_path):
-    """Self-contained code: the entry's one outside symbol is libc's sched_yield (every process that can load a
-    library has it), which farm_work's threads call while they wait for a thread the OS has descheduled. (Kernels
-    whose copy loops LLVM turns into memcpy/memset also need those; this library's kernels have none.)"""
+def test_library_needs_nothing_but_sched_yield_and_syscall(host_library, tmp_path):
+    """Self-contained code: the entry's outside symbols are libc's sched_yield, which farm_work's threads call
+    while they wait for a thread the OS has descheduled, and syscall, through which farm_serve and farm_post sleep
+    and wake in the futex (every process that can load a library on Linux has both). (Kernels whose copy loops LLVM
+    turns into memcpy/memset also need those; this library's kernels have none.)"""
     undefined = [row[7] for row in dynamic_symbols(host_library, tmp_path) if len(row) >= 8 and row[6] == "UND"]
-    assert undefined == ["sched_yield"]
+    assert undefined == ["sched_yield", "syscall"]
 
 
 def test_linking_is_byte_identical(host_library):
@@ -314,7 +323,7 @@ def test_the_compiler_runtime_object_defines_llvms_half_conversions_inside_the_l
         ],
         baseline,
     )
-    assert imported_symbols(library) == {"sched_yield"}
+    assert imported_symbols(library) == {"sched_yield", "syscall"}
     assert not {"__truncdfhf2", "__truncsfhf2", "__extendhfsf2"} & {
         row[7] for row in dynamic_symbols(library, tmp_path) if len(row) >= 8
     }

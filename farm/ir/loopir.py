@@ -605,12 +605,9 @@ def launch_groups(kernel: LoopKernel) -> tuple[list[str], list[LaunchGroup]]:
     return fixed, groups
 
 
-GEMM_WORK_DIVISOR = 16
-"""A Gemm's FMAs per unit of work (register-blocked, vectorised), or its operands' bytes where that is more
-(gemm_work)."""
-INT_GEMM_WORK_DIVISOR, INT_GEMM_BYTES_PER_WORK = 64, 8
-"""An IntGemm's products per unit of work (a dot-product instruction adds four products per lane: four times a Gemm's
-FMAs), or of B's bytes where that is more (a few rows streaming a conv's weights from memory: a 2x2 plane's)."""
+GEMM_WORK_DIVISOR, INT_GEMM_WORK_DIVISOR, INT_GEMM_BYTES_PER_WORK = 16, 64, 8
+"""Products per unit of work: a Gemm's FMAs (gemm_work), an IntGemm's (four a lane per dot-product instruction), or
+an IntGemm's B bytes where that is more (a few rows streaming a conv's weights from memory: a 2x2 plane's)."""
 
 
 def work(stmts: list[Stmt]) -> int:
@@ -633,12 +630,9 @@ def work(stmts: list[Stmt]) -> int:
 
 
 def gemm_work(gemm: Gemm) -> int:
-    """A Gemm's work: its FMAs, or the bytes of its operands where that is more, by GEMM_WORK_DIVISOR. The bytes
-    bound a GEMM of few rows, which streams its weights from memory: counted by FMAs, resnet18_style's classifier
-    (512 x 1000, 2 MB of weights, 76 us on one Xeon core) weighed too little to split, and one thread ran it while
-    the other waited; a launch of either kind takes about 1.75 units per ns there."""
-    products = gemm.m * gemm.n * gemm.k
-    return max(products, 4 * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)) // GEMM_WORK_DIVISOR
+    """A Gemm's FMAs, or its operands' bytes where more (a few-row GEMM streams its weights: by FMAs, resnet18_style's
+    2 MB classifier, 76 us on one Xeon core, weighed too little to split), by GEMM_WORK_DIVISOR."""
+    return max(gemm.m * gemm.n * gemm.k, 4 * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)) // GEMM_WORK_DIVISOR
 
 
 @dataclass(frozen=True)
@@ -695,12 +689,7 @@ LAUNCH_RANGES: dict[LaunchKind, Callable[[Any, int, int, int], tuple[int, int]]]
 """(extent, grain) of a launch of each kind, from its head statement and the Gemm tile's rows, columns and vectors."""
 
 
-def launch_info(
-    kernel: LoopKernel,
-    gemm_rows: int,
-    gemm_columns: int = 0,
-    gemm_vectors: int = 1,
-) -> list[LaunchInfo]:
+def launch_info(kernel: LoopKernel, gemm_rows: int, gemm_columns: int = 0, gemm_vectors: int = 1) -> list[LaunchInfo]:
     """Every launch of `kernel`, in order; a Gemm splits by rows in multiples of `gemm_rows` (its register tile),
     or by the column units of a tile `gemm_columns` wide in `gemm_vectors` vectors (see splits_columns and
     column_units)."""
