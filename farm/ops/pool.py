@@ -145,36 +145,29 @@ def _pool_planes(spec: KernelSpec) -> list[L.Stmt]:
 
 
 def _tap_count(geo: Window, attrs: dict[str, Any], out: L.Var, axis: int) -> L.Expr:
-    """How many of an output's taps along `axis` (0: rows, 1: columns) an average counts (_counted's rule: inside
-    the input, or inside the pads under count_include_pad), as a float: the taps are unrolled, so the count is
-    arithmetic on the output's index alone."""
-    stride, pad, dilation, kernel, size = (
-        (geo.stride_height, geo.pad_top, geo.dilation_height, geo.kernel_height, geo.height)
-        if axis == 0
-        else (geo.stride_width, geo.pad_left, geo.dilation_width, geo.kernel_width, geo.width)
-    )
-    pads = attrs["pads"] if attrs["count_include_pad"] else [0, 0, 0, 0]
-    low, high = -pads[axis], size + pads[axis + 2]
+    """How many of an output's taps along `axis` (0: rows, 1: columns) an average counts (_counts_along), as a
+    float: the taps are unrolled, so the count is arithmetic on the output's index alone."""
     count: L.Expr = L.const(0.0)
-    for tap in range(kernel):
-        position = out * stride - pad + tap * dilation
-        count = count + L.select(
-            L.logical_and(L.compare("ge", position, low), L.compare("lt", position, high)), 1.0, 0.0
-        )
+    for tap in range(geo.kernel_height if axis == 0 else geo.kernel_width):
+        count = count + L.select(_counts_along(geo, attrs, out, tap, axis), 1.0, 0.0)
     return count
 
 
 def _counted(geo: Window, attrs: dict, y: L.Var, x: L.Var, r: L.Var, s: L.Var) -> L.Expr:
-    """Whether tap (r, s) counts towards the average: inside the input, or inside the pads under count_include_pad."""
-    ih = y * geo.stride_height - geo.pad_top + r * geo.dilation_height
-    iw = x * geo.stride_width - geo.pad_left + s * geo.dilation_width
-    pads = attrs["pads"] if attrs["count_include_pad"] else [0, 0, 0, 0]
-    return L.logical_and(
-        L.compare("ge", ih, -pads[0]),
-        L.compare("lt", ih, geo.height + pads[2]),
-        L.compare("ge", iw, -pads[1]),
-        L.compare("lt", iw, geo.width + pads[3]),
+    """Whether tap (r, s) of output (y, x) counts towards the average (_counts_along, on both axes)."""
+    return L.logical_and(_counts_along(geo, attrs, y, r, 0), _counts_along(geo, attrs, x, s, 1))
+
+
+def _counts_along(geo: Window, attrs: dict[str, Any], out: L.Var, tap: L.ExprLike, axis: int) -> L.Expr:
+    """Whether an output's tap along `axis` (0: rows, 1: columns) counts towards the average: inside the input, or
+    inside the pads under count_include_pad."""
+    stride, pad, dilation, size = (
+        (geo.stride_height, geo.pad_top, geo.dilation_height, geo.height)
+        if axis == 0
+        else (geo.stride_width, geo.pad_left, geo.dilation_width, geo.width)
     )
+    pads = attrs["pads"] if attrs["count_include_pad"] else [0, 0, 0, 0]
+    return within([out * stride - pad + L.wrap(tap, L.I64) * dilation], [-pads[axis]], [size + pads[axis + 2]])
 
 
 def _lower_pool_volumes(spec: KernelSpec) -> list[L.Stmt]:

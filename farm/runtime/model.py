@@ -110,6 +110,27 @@ def work_table(plan: list[tuple[int, list[tuple[int, int]]]]) -> np.ndarray:
     )
 
 
+@dataclass(frozen=True)
+class _Counters:
+    """The layout of a run's counters for a work table (entry._work_function's: two per launch, the thread count
+    pair, a flag per range): `fresh` gives one run's, zeroed, with the thread count set."""
+
+    size: int
+    threads_at: int
+    threads: int
+
+    @classmethod
+    def of(cls, table: np.ndarray, threads: int) -> _Counters:
+        groups = int(table[0])
+        ranges = int(table[groups + 1])  # first_groups: where the ranges end
+        return cls(2 * groups + 2 + ranges, 2 * groups + 1, threads)
+
+    def fresh(self) -> np.ndarray:
+        counters = np.zeros(self.size, dtype=np.int64)
+        counters[self.threads_at] = self.threads
+        return counters
+
+
 class _Pool:
     """`count` daemon threads, each calling farm_work once per run it is handed; the calling thread makes one
     more. Each run gets fresh counters (entry._work_function's layout: two per launch, the thread count pair, a flag
@@ -118,17 +139,14 @@ class _Pool:
 
     def __init__(self, work: Any, table: np.ndarray, count: int) -> None:
         self._table, self._table_address = table, table.ctypes.data
-        groups = int(table[0])
-        ranges = int(table[groups + 1])  # first_groups: where the ranges end
-        self._counters, self._threads_at, self._threads = 2 * groups + 2 + ranges, 2 * groups + 1, count + 1
+        self._counters = _Counters.of(table, count + 1)
         self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(count)]
         for runs in self._queues:
             threading.Thread(target=_helper, args=(work, table, runs), daemon=True, name="farm-runtime").start()
         self.stop = weakref.finalize(self, _stop, self._queues)
 
     def run(self, work: Any, arena: int) -> None:
-        counters = np.zeros(self._counters, dtype=np.int64)
-        counters[self._threads_at] = self._threads
+        counters = self._counters.fresh()
         job = (arena, counters.ctypes.data, counters)  # the array rides along: helpers keep it alive
         for runs in self._queues:
             runs.put(job)
@@ -148,10 +166,9 @@ class _NativePool:
 
     def __init__(self, work: Any, serve: Any, post: Any, table: np.ndarray, count: int) -> None:
         self._table, self._table_address, self._post = table, table.ctypes.data, post
-        groups = int(table[0])
-        ranges = int(table[groups + 1])
-        self._counters, self._threads_at, self._threads = 2 * groups + 2 + ranges, 2 * groups + 1, count + 1
+        self._counters = _Counters.of(table, count + 1)
         self._state = _aligned_zeros((self._HELPERS_AT + self._WORDS_PER_HELPER * count) * 8, 64).view(np.int64)
+        self._state_address = self._state.ctypes.data
         self._finished = self._state[self._HELPERS_AT :: self._WORDS_PER_HELPER]
         self._sequence = 0
         self._kept: dict[int, np.ndarray] = {}
@@ -166,8 +183,7 @@ class _NativePool:
         self.stop = weakref.finalize(self, _stop_native, self._state, post)
 
     def run(self, work: Any, arena: int) -> None:
-        counters = np.zeros(self._counters, dtype=np.int64)
-        counters[self._threads_at] = self._threads
+        counters = self._counters.fresh()
         self._sequence += 2  # farm_post makes it odd, then even again
         self._kept[self._sequence] = counters
         oldest = int(self._finished.min())
@@ -175,8 +191,9 @@ class _NativePool:
             oldest = self._sequence - 2  # no helper left to finish them (a forked child's copy of the pool)
         for sequence in [sequence for sequence in self._kept if sequence <= oldest]:
             del self._kept[sequence]
-        self._post(self._state.ctypes.data, arena, counters.ctypes.data)
-        work(arena, self._table_address, counters.ctypes.data)
+        address = counters.ctypes.data
+        self._post(self._state_address, arena, address)
+        work(arena, self._table_address, address)
 
 
 def _serve(serve: Any, state: np.ndarray, table: np.ndarray, kept: dict[int, np.ndarray], helper: int) -> None:
