@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from farm.ir.graph import Graph
@@ -18,6 +18,9 @@ from farm.ir.specs import KernelSpec
 from farm.ops import LOWERINGS
 
 ALIGNMENT = 64
+Alias = tuple[str, int]
+"""Where a buffer lies inside another: (that buffer's name, byte offset). farm.plan.concat_in_place places a
+Concat's inputs so, in its output."""
 
 
 class Argument(Protocol):
@@ -47,6 +50,8 @@ class MemoryPlan:
     arena_bytes: int
     offsets: dict[str, int]
     sizes: dict[str, int]
+    aliases: dict[str, Alias] = field(default_factory=dict)
+    """The buffers that lie inside others (plan_memory's `aliases`): they share those buffers' bytes."""
 
     def to_json(self) -> dict[str, Any]:
         buffers = [{"name": n, "offset": self.offsets[n], "bytes": self.sizes[n]} for n in sorted(self.offsets)]
@@ -84,22 +89,28 @@ def _lifetimes(graph: Graph, steps: Sequence[Call]) -> dict[str, list[int]]:
     return spans
 
 
-def plan_memory(graph: Graph, steps: Sequence[Call]) -> MemoryPlan:
+def plan_memory(graph: Graph, steps: Sequence[Call], aliases: Mapping[str, Alias] | None = None) -> MemoryPlan:
     """First-fit placement: a buffer shares bytes only with buffers whose lifetimes don't overlap its own.
 
     Buffers are placed in order of their first step, so a placed buffer whose last step is before the current
     buffer's first can never overlap this or any later buffer: it leaves the live set for good (a heap by last
     step), and each placement scans only the buffers live at that point. Planning so stays near-linear in the
     node count (a 20,000-node chain took over a minute when every placement scanned every placed buffer).
+
+    A buffer in `aliases` is not placed: it lies at its offset inside the buffer it names (a slice of a slice
+    inside the outermost), which is held for the lifetimes of all the buffers inside it.
     """
     spans = _lifetimes(graph, steps)
     owners = _scratch_steps(steps)
     offsets: dict[str, int] = {}
     sizes = {name: _align(max(_buffer_bytes(name, graph, owners), 1)) for name in spans}
+    inside = {name: _outermost(name, aliases or {}) for name in aliases or {}}
+    for name, (outer, _) in inside.items():
+        spans[outer] = [min(spans[outer][0], spans[name][0]), max(spans[outer][1], spans[name][1])]
     live: list[tuple[int, int, str]] = []  # (offset, size, name), sorted: the busy ranges in offset order
     ending: list[tuple[int, int, int, str]] = []  # heap of (last step, offset, size, name) of the live buffers
     arena = 0
-    for name in sorted(spans, key=lambda n: (spans[n][0], n)):
+    for name in sorted((n for n in spans if n not in inside), key=lambda n: (spans[n][0], n)):
         start, end = spans[name]
         while ending and ending[0][0] < start:
             _, offset, size, dead = heapq.heappop(ending)
@@ -108,7 +119,17 @@ def plan_memory(graph: Graph, steps: Sequence[Call]) -> MemoryPlan:
         bisect.insort(live, (offsets[name], sizes[name], name))
         heapq.heappush(ending, (end, offsets[name], sizes[name], name))
         arena = max(arena, offsets[name] + sizes[name])
-    return MemoryPlan(arena, offsets, sizes)
+    offsets.update({name: offsets[outer] + offset for name, (outer, offset) in inside.items()})
+    return MemoryPlan(arena, offsets, sizes, dict(aliases or {}))
+
+
+def _outermost(name: str, aliases: Mapping[str, Alias]) -> Alias:
+    """The buffer that `name` lies inside and that lies inside no other, and `name`'s offset in it."""
+    outer, offset = aliases[name]
+    while outer in aliases:
+        outer, more = aliases[outer]
+        offset += more
+    return outer, offset
 
 
 def _first_gap(busy: list[tuple[int, int]], size: int) -> int:
