@@ -166,6 +166,10 @@ class Node:
     residual: bool = False
     """Set by the residual-add fusion pass only (never read from a model file): the node's last input is added to
     its output before the activation (a Conv that absorbed the Add of a skip connection)."""
+    bias: bool = False
+    """Set by the bias fusion pass only (never read from a model file): the MatMul's third input, one value per
+    column of its output, is added to every row before the activation (a MatMul that absorbed a linear layer's
+    bias Add)."""
 
 
 @dataclass

@@ -9,21 +9,6 @@ from farm.ir.specs import KernelSpec
 from farm.ops.registry import NodeContext, activate, out_shape, prod, register, shape_of
 
 
-def _bias_activation_epilogue(
-    names: L.Names, spec: KernelSpec, rows: int, cols: int, batches: int, bias: str | None
-) -> list[L.Stmt]:
-    """out[b, m, p] = act(out[b, m, p] + bias[m]) after a Gemm wrote the raw products."""
-    if bias is None and spec.activation is None:
-        return []
-    b, m, p = names.var("b"), names.var("m"), names.var("p")
-    index = (b * rows + m) * cols + p
-    value: L.Expr = L.Load("out0", index)
-    if bias is not None:
-        value = value + L.Load(bias, m)
-    store = L.Store("out0", index, activate(value, spec.activation))
-    return [L.Loop(b, batches, [L.Loop(m, rows, [L.Loop(p, cols, [store], True)], True)], True)]
-
-
 def _gemm_attrs(ctx: NodeContext) -> dict[str, Any]:
     a = ctx.node.attrs
     attrs: dict[str, Any] = {
@@ -97,11 +82,18 @@ def _lower_gemm(spec: KernelSpec) -> list[L.Stmt]:
 
 
 def _matmul_attrs(ctx: NodeContext) -> dict[str, Any]:
-    """MatMul has no attributes; the operands' inner dims must agree (the kernel indexes both by them)."""
+    """MatMul has no attributes; the operands' inner dims must agree (the kernel indexes both by them). A bias the
+    bias fusion pass gave it (Node.bias) holds one float32 per column of its output."""
     a, b = ctx.input_info(0).shape, ctx.input_info(1).shape
     if not a or not b or a[-1] != (b[0] if len(b) == 1 else b[-2]):
         raise ctx.unsupported(f"MatMul of {list(a)} and {list(b)}: the inner dims differ")
-    return {"constant_weight": True} if ctx.node.inputs[1] in ctx.constants else {}  # then the build may pre-pack B
+    attrs: dict[str, Any] = {"constant_weight": True} if ctx.node.inputs[1] in ctx.constants else {}
+    if ctx.node.bias:
+        bias, columns = ctx.input_info(2), ctx.outputs[0].shape[-1]
+        if bias.shape != (columns,) or bias.dtype != "float32" or ctx.input_info(0).dtype != "float32":
+            raise ctx.unsupported(f"MatMul's bias {list(bias.shape)} must be float32 of its {columns} columns")
+        attrs["bias"] = True
+    return attrs  # constant_weight: the build may pre-pack B
 
 
 @register("MatMul", normalize=_matmul_attrs)
@@ -115,12 +107,28 @@ def _lower_matmul(spec: KernelSpec) -> list[L.Stmt]:
     batch = tuple(o_shape[: len(o_shape) - (len(a_shape) > 1) - (len(b_shape) > 1)])
     if spec.inputs[0].dtype != "float32":
         return _matmul_loops(names, spec, a_mat, b_mat, batch)
-    gemms = _matmul_gemms(names, a_mat, b_mat, batch, bool(spec.attrs.get("constant_weight")))
-    return gemms + _bias_activation_epilogue(names, spec, 1, prod(o_shape), 1, None)
+    return _matmul_gemms(names, a_mat, b_mat, batch, bool(spec.attrs.get("constant_weight")), _matmul_epilogue(spec))
+
+
+def _matmul_epilogue(spec: KernelSpec) -> L.GemmEpilogue | None:
+    """The bias (Node.bias: in2, one value per column) and the fused activation, applied as the GEMM stores each
+    tile; None without either."""
+    bias = "in2" if spec.attrs.get("bias") else None
+    if bias is None and spec.activation is None:
+        return None
+    activation = None if spec.activation is None else (spec.activation.kind, tuple(spec.activation.params))
+    return L.GemmEpilogue(
+        bias=bias, bias_offset=L.const(0) if bias else None, bias_on_columns=True, activation=activation
+    )
 
 
 def _matmul_gemms(
-    names: L.Names, a_mat: tuple[int, ...], b_mat: tuple[int, ...], batch: tuple[int, ...], constant_b: bool
+    names: L.Names,
+    a_mat: tuple[int, ...],
+    b_mat: tuple[int, ...],
+    batch: tuple[int, ...],
+    constant_b: bool,
+    epilogue: L.GemmEpilogue | None,
 ) -> list[L.Stmt]:
     """One Gemm when B is shared by every batch and A holds them all (the batches are just more rows of A, as in
     a transformer's linear layers); else a Gemm per batch, in one flat parallel loop when each operand either
@@ -128,54 +136,40 @@ def _matmul_gemms(
     A constant B (a layer's weights) is read pre-packed (b_panels); every Gemm's B offset is a whole k x n block."""
     rows, depth, cols = a_mat[-2], a_mat[-1], b_mat[-1]
     a_batch, b_batch, batches = a_mat[:-2], b_mat[:-2], prod(batch)
+
+    def gemm(a_offset: L.Expr, b_offset: L.Expr, c_offset: L.Expr, m: int = rows) -> L.Gemm:
+        return L.Gemm(
+            "in0",
+            a_offset,
+            depth,
+            "in1",
+            b_offset,
+            cols,
+            "out0",
+            c_offset,
+            cols,
+            m,
+            cols,
+            depth,
+            b_panels=constant_b,
+            epilogue=epilogue,
+        )
+
     if prod(b_batch) == 1 and prod(a_batch) == batches:
-        return [
-            L.Gemm(
-                "in0",
-                L.const(0),
-                depth,
-                "in1",
-                L.const(0),
-                cols,
-                "out0",
-                L.const(0),
-                cols,
-                batches * rows,
-                cols,
-                depth,
-                b_panels=constant_b,
-            )
-        ]
+        return [gemm(L.const(0), L.const(0), L.const(0), batches * rows)]
     if prod(a_batch) in (1, batches) and prod(b_batch) in (1, batches):
         b = names.var("b")
 
         def offset(operand_batch: tuple[int, ...], size: int) -> L.Expr:
             return b * size if prod(operand_batch) == batches else L.const(0)
 
-        gemm = L.Gemm(
-            "in0",
-            offset(a_batch, rows * depth),
-            depth,
-            "in1",
-            offset(b_batch, depth * cols),
-            cols,
-            "out0",
-            b * (rows * cols),
-            cols,
-            rows,
-            cols,
-            depth,
-            b_panels=constant_b,
-        )
-        return [L.Loop(b, batches, [gemm], parallel=True)]
+        each = gemm(offset(a_batch, rows * depth), offset(b_batch, depth * cols), b * (rows * cols))
+        return [L.Loop(b, batches, [each], parallel=True)]
 
     def gemm_at(v: list[L.Var]) -> list[L.Stmt]:
         a_off = L.broadcast_index(a_batch, batch, v) * (rows * depth)
         b_off = L.broadcast_index(b_batch, batch, v) * (depth * cols)
-        c_off = L.flat_index(batch, v) * (rows * cols)
-        return [
-            L.Gemm("in0", a_off, depth, "in1", b_off, cols, "out0", c_off, cols, rows, cols, depth, b_panels=constant_b)
-        ]
+        return [gemm(a_off, b_off, L.flat_index(batch, v) * (rows * cols))]
 
     body, _ = L.loop_nest(names, batch, gemm_at, parallel=True)
     return body

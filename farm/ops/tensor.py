@@ -73,7 +73,10 @@ def _copy_loops(
     "Reshape", "Squeeze", "Unsqueeze", "Identity", "Dropout", normalize=no_attrs, data_inputs=(0,), dtypes=ALL_DTYPES
 )
 def _lower_copy(spec: KernelSpec) -> list[L.Stmt]:
-    """Reshapes keep the row-major bytes: the kernel copies them (the planner may alias later)."""
+    """Reshapes keep the row-major bytes: the kernel copies them, or on a CPU nothing where the planner put the
+    output on the input's bytes (farm.plan.in_place)."""
+    if spec.for_cpu and spec.attrs.get("in_place"):
+        return []
     size = prod(out_shape(spec))
     return elementwise_loops(L.Names(), (size,), lambda v: activate(load("in0", spec.inputs[0], v[0]), spec.activation))
 
@@ -118,7 +121,7 @@ def _concat_attrs(ctx: NodeContext) -> dict[str, Any]:
 def _lower_concat(spec: KernelSpec) -> list[L.Stmt]:
     """Each input copied into its slice of the output along `axis` (an empty input copies nothing: the loops over it
     run no iteration, so Concat takes empty operands). On a CPU, a Concat the planner ran in place
-    (farm.plan.concat_in_place: its inputs already lie in their slices of the arena) copies nothing."""
+    (farm.plan.in_place: its inputs already lie in their slices of the arena) copies nothing."""
     if spec.for_cpu and spec.attrs.get("in_place"):
         return []
     names, axis, shape = L.Names(), spec.attrs["axis"], out_shape(spec)

@@ -19,8 +19,8 @@ from farm.ops import LOWERINGS
 
 ALIGNMENT = 64
 Alias = tuple[str, int]
-"""Where a buffer lies inside another: (that buffer's name, byte offset). farm.plan.concat_in_place places a
-Concat's inputs so, in its output."""
+"""Where a buffer lies inside another: (that buffer's name, byte offset). farm.plan.in_place places a Concat's
+inputs so, in its output, and a reshape's output on its input."""
 
 
 class Argument(Protocol):

@@ -26,7 +26,7 @@ from farm.ir.specs import KernelSpec, canonical_json
 from farm.ops import LOWERINGS
 from farm.ops.conv import RESIDUAL_IN_PLACE
 from farm.ops.registry import NodeContext, OpLowering, check_dtypes, lower_kernel
-from farm.plan.concat_in_place import concats_in_place
+from farm.plan.in_place import copies_in_place
 from farm.plan.memory import MemoryPlan, plan_memory
 
 
@@ -218,7 +218,7 @@ def make_plan(graph: Graph) -> BuildPlan:
         graph, [plan_node(node, graph, blobs, digests) for node in graph.nodes if _writes_something(node, graph)]
     )
     overwritten = [step.args[0].name for step in steps if step.spec.attrs.get("residual") == RESIDUAL_IN_PLACE]
-    in_place, aliases = concats_in_place(graph, steps, overwritten)
+    in_place, aliases = copies_in_place(graph, steps, overwritten)
     steps = [_copying_nothing(step) if step.node in in_place else step for step in steps]
     _check_work(graph, steps)
     return BuildPlan(graph, steps, blobs, plan_memory(graph, steps, aliases))
@@ -273,7 +273,7 @@ def _written_over_residual(step: Step, residual: int) -> Step:
 
 
 def _copying_nothing(step: Step) -> Step:
-    """The Concat step whose inputs the memory plan places in its output (farm.plan.concat_in_place): its spec says
+    """The Concat or reshape step whose copy the memory plan makes unnecessary (farm.plan.in_place): its spec says
     so (`in_place`), and its CPU kernel copies nothing."""
     attrs = {**step.spec.attrs, "in_place": True}
     return Step(step.node, dataclasses.replace(step.spec, attrs_json=canonical_json(attrs)), step.args)

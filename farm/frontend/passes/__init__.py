@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from farm.frontend.passes.activation_fusion import fuse_activations
 from farm.frontend.passes.batchnorm import fold_batchnorm
+from farm.frontend.passes.bias_fusion import fuse_matmul_biases
 from farm.frontend.passes.channel_affine import fold_channel_affine
 from farm.frontend.passes.constant_folding import fold_constants
 from farm.frontend.passes.dead_nodes import remove_dead_nodes
@@ -29,6 +30,7 @@ PIPELINE: tuple[Callable[[Graph], Graph], ...] = (
     fold_batchnorm,
     fold_channel_affine,
     fuse_residual_adds,
+    fuse_matmul_biases,
     fuse_activations,
     remove_dead_nodes,
 )

@@ -1,5 +1,6 @@
-"""Concats in place (farm/plan/concat_in_place.py): inputs placed in their slices of the output, the CPU kernel
-copying nothing, the OpenCL one copying as before, and every case that must keep its copy."""
+"""Copies in place (farm/plan/in_place.py): a Concat's inputs placed in their slices of its output, a reshape's output
+on its input, the CPU kernel copying nothing, the OpenCL one copying as before, and every case that must keep its
+copy."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from farm.build.assembly import plan_model
 from farm.ir.graph import Graph, TensorInfo
 from farm.ir.loopir import work
 from farm.ops.registry import lower_kernel
+from farm.plan.in_place import RESHAPES
 from farm.plan.memory import plan_memory
 
 OPSET = [helper.make_opsetid("", 17)]
@@ -230,3 +232,74 @@ def test_plan_memory_places_a_slice_of_a_slice_inside_the_outermost() -> None:
     assert memory.aliases == aliases
     y = (memory.offsets["y"], memory.offsets["y"] + memory.sizes["y"])
     assert y[1] <= outer or y[0] >= outer + memory.sizes["outer"]  # `a` is read at y's step: outer is still held
+
+
+def _reshapes_in_place(path: Path) -> dict[str, bool]:
+    plan = plan_model(path)
+    return {step.node: bool(step.spec.attrs.get("in_place")) for step in plan.steps if step.spec.op in RESHAPES}
+
+
+def attention_heads(path: Path, output_is_reshape: bool = False) -> Path:
+    """A conv's output reshaped into heads, transposed, and back: Reshape -> Transpose -> Reshape -> Flatten
+    (a chain on the Transpose's output), then a Reshape of the model input beside it."""
+    m = _Model()
+    shape = lambda name, dims: m.inits.append(numpy_helper.from_array(np.array(dims, np.int64), name)) or name  # noqa: E731
+    heads = m.node("Reshape", [m.conv("x", 16, 16, "proj"), shape("s1", [1, 4, 4, 144])], "heads")
+    turned = m.node("Transpose", [heads], "turned", perm=[0, 2, 1, 3])
+    merged = m.node("Reshape", [turned, shape("s2", [1, 16, 12, 12])], "merged")
+    flat = m.node("Flatten", [merged], "flat", axis=1)
+    raw = m.node("Reshape", ["x", shape("s3", [1, 2304])], "raw")
+    if output_is_reshape:
+        m.node("Reshape", [m.node("Add", [flat, raw], "sum"), shape("s4", [1, 16, 144])], "y")
+    else:
+        m.node("Relu", [m.node("Add", [flat, raw], "sum")], "y")
+    return m.save(path, ["y"])
+
+
+def test_a_reshapes_output_lies_on_its_input(tmp_path: Path, fingerprint: str) -> None:
+    """Every reshape runs in place: a chain (merged -> flat) on its first input, a model input's reshape on the
+    model input's slot; the outputs match onnxruntime on a CPU and on OpenCL, which copies."""
+    path = attention_heads(tmp_path / "m.onnx")
+    assert _reshapes_in_place(path) == dict.fromkeys(["heads", "merged", "flat", "raw"], True)
+    plan = plan_model(path)
+    offsets = plan.memory.offsets
+    assert offsets["heads"] == offsets["proj"] and offsets["flat"] == offsets["merged"] == offsets["turned"]
+    assert offsets["raw"] == offsets["x"] and _inside(plan.memory, "flat") == ["merged", "turned"]
+    assert_live_buffers_share_bytes_only_inside_one_another(plan)
+    model = onnx.load(path)
+    assert_matches_onnxruntime(model, tmp_path, name="heads")
+    (tmp_path / "opencl").mkdir()
+    check_case_on_opencl(OpCase("heads", model), fingerprint, tmp_path / "opencl")
+
+
+def test_a_reshape_into_the_model_output_keeps_its_copy(tmp_path: Path) -> None:
+    path = attention_heads(tmp_path / "m.onnx", output_is_reshape=True)
+    assert _reshapes_in_place(path)["y"] is False
+    assert_matches_onnxruntime(onnx.load(path), tmp_path, name="out")
+
+
+def test_a_reshape_joined_by_a_concat_keeps_its_copy(tmp_path: Path) -> None:
+    """The Concat places the reshape's output in its own output first: that output can't also lie on the input."""
+    m = _Model()
+    shape = numpy_helper.from_array(np.array([1, 16, 12, 12], np.int64), "s")
+    m.inits.append(shape)
+    reshaped = m.node("Reshape", [m.conv("x", 16, 16, "a"), "s"], "reshaped")
+    m.node("Relu", [m.node("Concat", [reshaped, m.conv("x", 16, 16, "b")], "joined", axis=1)], "y")
+    path = m.save(tmp_path / "m.onnx", ["y"])
+    assert _reshapes_in_place(path) == {"reshaped": False} and _in_place(path) == {"joined": True}
+    assert_matches_onnxruntime(onnx.load(path), tmp_path, name="joined")
+
+
+def test_a_reshape_of_a_residual_written_over_keeps_its_copy(tmp_path: Path) -> None:
+    """r is reshaped, then dies at the conv that adds it (which writes over r's buffer), and the reshape's output is
+    read after that conv: it must not lie on r."""
+    m = _Model()
+    m.inits.append(numpy_helper.from_array(np.array([1, 16, 12, 12], np.int64), "s"))
+    r = m.conv("x", 16, 16, "r")
+    reshaped = m.node("Reshape", [r, "s"], "reshaped")
+    summed = m.node("Add", [m.conv("x", 16, 16, "c", k=3, relu=False), r], "summed")
+    m.node("Mul", [summed, reshaped], "y")
+    path = m.save(tmp_path / "m.onnx", ["y"])
+    assert [s.spec.attrs.get("residual") for s in plan_model(path).steps if s.node == "c"] == ["in_place"]
+    assert _reshapes_in_place(path) == {"reshaped": False}
+    assert_matches_onnxruntime(onnx.load(path), tmp_path, name="residual")
