@@ -14,6 +14,7 @@ from farm.frontend.passes.bias_fusion import fuse_matmul_biases
 from farm.frontend.passes.channel_affine import fold_channel_affine
 from farm.frontend.passes.constant_folding import fold_constants
 from farm.frontend.passes.dead_nodes import remove_dead_nodes
+from farm.frontend.passes.gelu_fusion import fuse_gelus
 from farm.frontend.passes.passthrough import drop_passthrough
 from farm.frontend.passes.qdq_fusion import fuse_qdq
 from farm.frontend.passes.quantized_add import fuse_quantized_adds
@@ -31,6 +32,7 @@ PIPELINE: tuple[Callable[[Graph], Graph], ...] = (
     fold_channel_affine,
     fuse_residual_adds,
     fuse_matmul_biases,
+    fuse_gelus,
     fuse_activations,
     remove_dead_nodes,
 )
