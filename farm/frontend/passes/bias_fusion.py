@@ -42,16 +42,16 @@ def _bias_columns(
         return None
     if len(matmul.inputs) != 2 or matmul.outputs != [value] or value in outputs or len(users.get(value, [])) != 1:
         return None
-    weight, info = graph.constants.get(matmul.inputs[1]), graph.values.get(value)
-    constant = graph.constants.get(bias)
-    if weight is None or constant is None or info is None or weight.ndim != 2 or info.dtype != "float32":
+    info, constants = graph.values.get(value), graph.constants
+    if matmul.inputs[1] not in constants or bias not in constants or info is None or info.dtype != "float32":
         return None
-    columns = weight.shape[1]
-    if constant.dtype != np.float32 or constant.size != columns or constant.ndim > len(info.shape):
+    weight, given = constants.info(matmul.inputs[1]), constants.info(bias)  # shapes only: a big weight stays unread
+    columns = weight.shape[-1] if len(weight.shape) == 2 else 0
+    if not columns or given.dtype != "float32" or given.size != columns or len(given.shape) > len(info.shape):
         return None
-    if constant.ndim and constant.shape[-1] != columns:
+    if given.shape and given.shape[-1] != columns:
         return None
-    return constant.reshape(columns) if columns else None
+    return constants[bias].reshape(columns)
 
 
 def _absorb(graph: Graph, matmul: Node, add: Node, columns: np.ndarray, taken: set[str]) -> None:

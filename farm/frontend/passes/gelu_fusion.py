@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from farm.ir.graph import Graph, Node
 
 SCALE_TOLERANCE = 1e-6
@@ -97,7 +95,7 @@ def _is_scalar(graph: Graph, name: str, value: float) -> bool:
     """Whether `name` is a float32 constant of one element within SCALE_TOLERANCE of `value`."""
     if name not in graph.constants:
         return False
-    array = graph.constants[name]
-    if array.size != 1 or array.dtype != np.float32:
+    info = graph.constants.info(name)  # before any read: a big weight beside a Mul stays unread
+    if info.size != 1 or info.dtype != "float32":
         return False
-    return math.isclose(float(array.reshape(-1)[0]), value, rel_tol=SCALE_TOLERANCE)
+    return math.isclose(float(graph.constants[name].reshape(-1)[0]), value, rel_tol=SCALE_TOLERANCE)
