@@ -89,10 +89,12 @@ def int_gemms(stmts: list[L.Stmt]) -> list[L.IntGemm]:
 
 
 @functools.lru_cache(maxsize=LOWERED_CACHE)
+@functools.lru_cache(maxsize=LOWERED_CACHE)
 def kernel_parts(spec: KernelSpec, target: CpuTarget) -> int:
     """How many objects (units) the kernel's code is split into on `target`: 1 + its launches' outlined functions
     (gemm_outlining.outlined_functions), at most gemm_outlining.MAX_PARTS. A build compiles each part as a unit of
-    its own, so that the longest compile of a kernel, serial on one worker, is a part's."""
+    its own, so that the longest compile of a kernel, serial on one worker, is a part's. Kept per spec and target
+    (LOWERED_CACHE): the build's units and every part's compile ask for it."""
     blocking = blocking_for(spec.whole, target)
     _, groups = L.launch_groups(lower_kernel(spec.whole))
     outlined = 0
