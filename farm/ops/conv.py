@@ -12,7 +12,7 @@ from typing import Any
 from farm.errors import BuildError
 from farm.ir import loopir as L
 from farm.ir.specs import KernelSpec
-from farm.ops.registry import NodeContext, activate, out_shape, prod, shape_of
+from farm.ops.registry import NodeContext, activate, gemm_epilogue, out_shape, prod, shape_of
 from farm.ops.window import (
     Window,
     WindowLowering,
@@ -281,7 +281,7 @@ def _lower_conv_planes(spec: KernelSpec) -> list[L.Stmt]:
     x_base = (n * geo.in_channels + g * geo.in_channels_per_group) * geo.in_pixels
     out_offset = (n * geo.out_channels + g * geo.out_channels_per_group) * geo.out_pixels
     bias = "in2" if len(spec.inputs) > 2 + (spec.attrs.get("residual") is True) else None
-    epilogue = functools.partial(_gemm_epilogue, spec, bias, g * geo.out_channels_per_group, residual=residual)
+    epilogue = functools.partial(gemm_epilogue, spec, bias, g * geo.out_channels_per_group, residual=residual)
     if _implicit(spec, geo):
         per_group = _implicit_gemm(spec, geo, names, g, x_base, out_offset, epilogue)
     elif _is_pointwise(geo) or _pixels_as_rows(spec, geo):
@@ -486,30 +486,6 @@ def _conv_residual(spec: KernelSpec) -> str | None:
             f"Conv with a residual: its last input {spec.inputs[-1]} must be laid out like its output {spec.outputs[0]}"
         )
     return f"in{len(spec.inputs) - 1}"
-
-
-def _gemm_epilogue(
-    spec: KernelSpec,
-    bias: str | None,
-    bias_offset: L.Expr,
-    bias_on_columns: bool = False,
-    residual: str | None = None,
-    residual_offset: L.Expr | None = None,
-) -> L.GemmEpilogue | None:
-    """The GEMM epilogue of a kernel whose output is the GEMM's C: its bias (a buffer, None without), a residual
-    laid out like C (which may be C itself: _conv_residual), and the spec's fused activation; None when there is
-    none of them."""
-    if bias is None and residual is None and spec.activation is None:
-        return None
-    activation = None if spec.activation is None else (spec.activation.kind, tuple(spec.activation.params))
-    return L.GemmEpilogue(
-        bias=bias,
-        bias_offset=bias_offset if bias else None,
-        bias_on_columns=bias_on_columns,
-        residual=residual,
-        residual_offset=residual_offset if residual else None,
-        activation=activation,
-    )
 
 
 def _channels_by_pixels(

@@ -6,7 +6,7 @@ from typing import Any
 
 from farm.ir import loopir as L
 from farm.ir.specs import KernelSpec
-from farm.ops.registry import NodeContext, activate, out_shape, prod, register, shape_of
+from farm.ops.registry import NodeContext, activate, gemm_epilogue, out_shape, prod, register, shape_of
 
 
 def _gemm_attrs(ctx: NodeContext) -> dict[str, Any]:
@@ -107,19 +107,9 @@ def _lower_matmul(spec: KernelSpec) -> list[L.Stmt]:
     batch = tuple(o_shape[: len(o_shape) - (len(a_shape) > 1) - (len(b_shape) > 1)])
     if spec.inputs[0].dtype != "float32":
         return _matmul_loops(names, spec, a_mat, b_mat, batch)
-    return _matmul_gemms(names, a_mat, b_mat, batch, bool(spec.attrs.get("constant_weight")), _matmul_epilogue(spec))
-
-
-def _matmul_epilogue(spec: KernelSpec) -> L.GemmEpilogue | None:
-    """The bias (Node.bias: in2, one value per column) and the fused activation, applied as the GEMM stores each
-    tile; None without either."""
-    bias = "in2" if spec.attrs.get("bias") else None
-    if bias is None and spec.activation is None:
-        return None
-    activation = None if spec.activation is None else (spec.activation.kind, tuple(spec.activation.params))
-    return L.GemmEpilogue(
-        bias=bias, bias_offset=L.const(0) if bias else None, bias_on_columns=True, activation=activation
-    )
+    bias = "in2" if spec.attrs.get("bias") else None  # Node.bias: one value per column
+    epilogue = gemm_epilogue(spec, bias, L.const(0), bias_on_columns=True)
+    return _matmul_gemms(names, a_mat, b_mat, batch, bool(spec.attrs.get("constant_weight")), epilogue)
 
 
 def _matmul_gemms(

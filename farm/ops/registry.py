@@ -200,6 +200,30 @@ def activate(value: L.Expr, activation: Activation | None) -> L.Expr:
     return value if activation is None else ACTIVATIONS[activation.kind](value, activation.params)
 
 
+def gemm_epilogue(
+    spec: KernelSpec,
+    bias: str | None,
+    bias_offset: L.Expr,
+    bias_on_columns: bool = False,
+    residual: str | None = None,
+    residual_offset: L.Expr | None = None,
+) -> L.GemmEpilogue | None:
+    """The GEMM epilogue of a kernel whose output is the GEMM's C: its bias (a buffer, None without), a residual
+    laid out like C (which may be C itself: conv._conv_residual), and the spec's fused activation; None when there is
+    none of them."""
+    if bias is None and residual is None and spec.activation is None:
+        return None
+    activation = None if spec.activation is None else (spec.activation.kind, tuple(spec.activation.params))
+    return L.GemmEpilogue(
+        bias=bias,
+        bias_offset=bias_offset if bias else None,
+        bias_on_columns=bias_on_columns,
+        residual=residual,
+        residual_offset=residual_offset if residual else None,
+        activation=activation,
+    )
+
+
 def elementwise_loops(
     names: L.Names, shape: tuple[int, ...], value_at: Callable[[list[L.Var]], L.Expr], out: str = "out0"
 ) -> list[L.Stmt]:

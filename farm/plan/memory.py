@@ -104,7 +104,7 @@ def plan_memory(graph: Graph, steps: Sequence[Call], aliases: Mapping[str, Alias
     owners = _scratch_steps(steps)
     offsets: dict[str, int] = {}
     sizes = {name: _align(max(_buffer_bytes(name, graph, owners), 1)) for name in spans}
-    inside = {name: _outermost(name, aliases or {}) for name in aliases or {}}
+    inside = _outermost(aliases or {})
     for name, (outer, _) in inside.items():
         spans[outer] = [min(spans[outer][0], spans[name][0]), max(spans[outer][1], spans[name][1])]
     live: list[tuple[int, int, str]] = []  # (offset, size, name), sorted: the busy ranges in offset order
@@ -123,13 +123,21 @@ def plan_memory(graph: Graph, steps: Sequence[Call], aliases: Mapping[str, Alias
     return MemoryPlan(arena, offsets, sizes, dict(aliases or {}))
 
 
-def _outermost(name: str, aliases: Mapping[str, Alias]) -> Alias:
-    """The buffer that `name` lies inside and that lies inside no other, and `name`'s offset in it."""
-    outer, offset = aliases[name]
-    while outer in aliases:
-        outer, more = aliases[outer]
-        offset += more
-    return outer, offset
+def _outermost(aliases: Mapping[str, Alias]) -> dict[str, Alias]:
+    """For each buffer in `aliases`, the buffer it lies inside that lies inside no other, and its offset there.
+    Each chain is walked once (a resolved buffer ends the walk), so a model of many nested slices or chained
+    reshapes resolves in linear time."""
+    resolved: dict[str, Alias] = {}
+    for name in aliases:
+        chain, outer = [], name
+        while outer in aliases and outer not in resolved:
+            chain.append(outer)
+            outer = aliases[outer][0]
+        for inner in reversed(chain):
+            parent, offset = aliases[inner]
+            root, more = resolved.get(parent, (parent, 0))
+            resolved[inner] = (root, more + offset)
+    return resolved
 
 
 def _first_gap(busy: list[tuple[int, int]], size: int) -> int:
