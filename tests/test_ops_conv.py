@@ -5,6 +5,8 @@ OpenCL; hostile attributes refused. ConvTranspose's own cases are tests/test_ops
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 import pytest
@@ -23,8 +25,9 @@ from numerics import (
 from onnx import helper
 
 from farm.build.assembly import plan_model
+from farm.ir import loopir as L
 from farm.ir.specs import KernelSpec
-from farm.ops import LOWERINGS, conv
+from farm.ops import LOWERINGS, conv, lower_kernel
 
 # ---------------------------------------------------------------------------------------------------------- Conv
 
@@ -132,6 +135,7 @@ CONV_CASES: list[OpCase] = [
     _conv("small-plane-channel-tail", (1, 16, 5, 5), (40, 16, 3, 3), {"pads": [1, 1, 1, 1]}, bias=False),
     _conv("single-pixel-pointwise", (1, 64, 1, 1), (32, 64, 1, 1)),
     _conv("small-plane-13x13-pointwise", (1, 64, 13, 13), (100, 64, 1, 1)),
+    _conv("small-plane-pointwise-groups2-batch2", (2, 64, 7, 7), (80, 32, 1, 1), {"group": 2}),
     case(
         "conv-weight-as-graph-input",
         single_op_model("Conv", [("x", (1, 3, 6, 6)), ("w", (4, 3, 3, 3))], {"pads": [1, 1, 1, 1]}),
@@ -582,6 +586,30 @@ def test_planes_whose_pixels_tile_vectors_badly_run_pixels_as_rows(tmp_path) -> 
         assert conv._pixels_as_rows(spec, conv._conv_geometry(spec)) == transposed, side
 
 
+def _gemms(stmts: list) -> list[L.Gemm]:
+    found = []
+    for stmt in stmts:
+        found += [stmt] if isinstance(stmt, L.Gemm) else _gemms(getattr(stmt, "body", []))
+    return found
+
+
+def test_a_small_plane_pointwise_conv_copies_its_input_pixel_major_on_a_cpu(tmp_path) -> None:
+    """Run pixels as rows, a pointwise conv's CPU form first copies its input pixel by pixel (a line more than its
+    channels apart) and reads that copy as the GEMM's A as it is; an unspecialised (OpenCL) spec reads the input
+    transposed. The scratch the memory plan gives it (from the unspecialised spec) holds the copy."""
+    spec = _spec_of(single_op_model("Conv", [("x", (1, 512, 13, 13))], {}, {"w": rand(100, 512, 1, 1)}), tmp_path)
+    cpu = dataclasses.replace(spec, target_id="cpu-test")
+    assert spec.activation is None and not spec.for_cpu and cpu.for_cpu
+    (generic,) = _gemms(lower_kernel(spec).body)
+    (copied,) = _gemms(lower_kernel(cpu).body)
+    assert (generic.a, generic.a_transposed, generic.lda) == ("in0", True, 169)
+    assert (copied.a, copied.a_transposed, copied.lda, copied.m, copied.k) == ("scratch", False, 512 + 16, 169, 512)
+    assert LOWERINGS["Conv"].scratch_floats(spec) == 169 * (512 + 16)
+    wide = _spec_of(single_op_model("Conv", [("x", (1, 64, 28, 28))], {}, {"w": rand(100, 64, 1, 1)}), tmp_path)
+    (channels_as_rows,) = _gemms(lower_kernel(dataclasses.replace(wide, target_id="cpu-test")).body)
+    assert channels_as_rows.b == "in0" and LOWERINGS["Conv"].scratch_floats(wide) == 0  # 28x28 tiles its vectors
+
+
 # ------------------------------------------------------------------------------------------------- OpenCL
 
 # A ConvTranspose with a fused activation, convs whose GEMM runs transposed (small planes) or reads im2col rows
@@ -591,6 +619,7 @@ OPENCL_SAMPLE = [
     "fused-convtranspose-relu",
     "conv-small-plane-3x3",
     "conv-small-plane-pointwise",
+    "conv-small-plane-pointwise-groups2-batch2",
     "conv-small-plane-groups2-batch2-stride2",
     "conv-small-plane-channel-tail",
     "conv-3x3-stride2-asymmetric-pads",

@@ -177,7 +177,7 @@ def _conv_plane_scratch(spec: KernelSpec) -> int:
     if _is_depthwise(geo):
         return geo.batch * (geo.out_channels // _channel_block(spec, geo.out_channels)) * phased_plane_floats(geo)
     if _is_pointwise(geo):
-        return 0
+        return geo.out_pixels * _pixel_major_stride(geo) if _pixels_as_rows(spec, geo) else 0
     padded = geo.in_channels_per_group * prod(padded_plane(geo))
     return max(padded, _banded_scratch(geo, _band_rows(geo)))
 
@@ -377,6 +377,8 @@ def _whole_plane(
         columns = ("scratch", L.const(0), geo.column_stride)
         stmts = _im2col(names, geo, x_base, ColumnBand(L.const(0), geo.out_height, L.const(0), geo.column_stride))
     transposed = _pixels_as_rows(spec, geo)
+    if transposed and _copies_pixel_major(spec, geo):
+        columns, stmts = ("scratch", L.const(0), _pixel_major_stride(geo)), _pixel_major_copy(names, geo, x_base)
     gemm = CONV_GEMMS[transposed](spec, geo, g, columns, out_offset, geo.out_pixels)
     gemm.epilogue = epilogue(bias_on_columns=transposed, residual_offset=out_offset)
     return [*stmts, gemm]
@@ -512,11 +514,39 @@ def _channels_by_pixels(
     )
 
 
+def _copies_pixel_major(spec: KernelSpec, geo: ConvGeometry) -> bool:
+    """Whether a pointwise conv that runs pixels as rows first copies its input pixel by pixel (_pixel_major_copy),
+    on a CPU: the micro-kernel then broadcasts each row's values from a run of its own, which the tiles read a line
+    at a time, where its input read transposed gave every k step a new line (half of it another tile's).
+    SqueezeNet's 512 -> 1000 classifier at 13x13 went from 1.26 to 1.07-1.10 ms on one Xeon core (the copy
+    included), ResNet-50's 7x7 512 -> 2048 ones 8-16% faster; no slower as AVX2 code. The copy costs a pass over
+    the input, less than the GEMM gains while the input fits in cache, which _pixels_as_rows sees to; an OpenCL
+    spec reads the input as it is."""
+    return spec.for_cpu and _is_pointwise(geo)
+
+
+def _pixel_major_stride(geo: ConvGeometry) -> int:
+    """Floats from one pixel's channels to the next in the pixel-major copy: a cache line more than the channels,
+    so that the tile's rows (pixels) lie at addresses that differ modulo 4096 (512 or 2048 channels apart, they
+    fell on one or two sets of L1)."""
+    return geo.column_rows + COLUMN_ALIGNMENT
+
+
+def _pixel_major_copy(names: L.Names, geo: ConvGeometry, x_base: L.Expr) -> list[L.Stmt]:
+    """scratch[p * _pixel_major_stride + c] = in0[x_base + c * pixels + p]: a pointwise conv's input, pixel by
+    pixel (_copies_pixel_major)."""
+    p, c = names.var("p"), names.var("c")
+    value = L.Load("in0", x_base + c * geo.out_pixels + p, L.F32)
+    copy = L.Loop(c, geo.column_rows, [L.Store("scratch", p * _pixel_major_stride(geo) + c, value)])
+    return [L.Loop(p, geo.out_pixels, [copy], True)]
+
+
 def _pixels_by_channels(
     spec: KernelSpec, geo: ConvGeometry, g: L.Var, columns: tuple[str, L.Expr, int], out_offset: L.Expr, pixels: int
 ) -> L.Gemm:
-    """out^T (pixels x channels) = the column matrix read transposed (pixels x taps) @ W^T (taps x channels,
-    packed as a transposed constant B), stored transposed into out."""
+    """out^T (pixels x channels) = the column matrix read transposed (pixels x taps), or its pixel-major copy
+    (scratch, _copies_pixel_major) read as it is, @ W^T (taps x channels, packed as a transposed constant B),
+    stored transposed into out."""
     buffer, offset, stride = columns
     group_out, kdim = geo.out_channels_per_group, geo.column_rows
     return L.Gemm(
@@ -532,7 +562,7 @@ def _pixels_by_channels(
         m=pixels,
         n=group_out,
         k=kdim,
-        a_transposed=True,
+        a_transposed=not _copies_pixel_major(spec, geo),
         b_panels=True,
         b_transposed=True,
         c_transposed=True,
