@@ -135,7 +135,8 @@ CONV_CASES: list[OpCase] = [
     _conv("small-plane-channel-tail", (1, 16, 5, 5), (40, 16, 3, 3), {"pads": [1, 1, 1, 1]}, bias=False),
     _conv("single-pixel-pointwise", (1, 64, 1, 1), (32, 64, 1, 1)),
     _conv("small-plane-13x13-pointwise", (1, 64, 13, 13), (100, 64, 1, 1)),
-    _conv("small-plane-pointwise-groups2-batch2", (2, 64, 7, 7), (80, 32, 1, 1), {"group": 2}),
+    _conv("small-plane-pointwise-pixel-major", (1, 64, 13, 13), (400, 64, 1, 1)),
+    _conv("small-plane-pointwise-pixel-major-groups2-batch2", (2, 64, 7, 7), (768, 32, 1, 1), {"group": 2}),
     case(
         "conv-weight-as-graph-input",
         single_op_model("Conv", [("x", (1, 3, 6, 6)), ("w", (4, 3, 3, 3))], {"pads": [1, 1, 1, 1]}),
@@ -594,20 +595,33 @@ def _gemms(stmts: list) -> list[L.Gemm]:
 
 
 def test_a_small_plane_pointwise_conv_copies_its_input_pixel_major_on_a_cpu(tmp_path) -> None:
-    """Run pixels as rows, a pointwise conv's CPU form first copies its input pixel by pixel (a line more than its
-    channels apart) and reads that copy as the GEMM's A as it is; an unspecialised (OpenCL) spec reads the input
-    transposed. The scratch the memory plan gives it (from the unspecialised spec) holds the copy."""
-    spec = _spec_of(single_op_model("Conv", [("x", (1, 512, 13, 13))], {}, {"w": rand(100, 512, 1, 1)}), tmp_path)
-    cpu = dataclasses.replace(spec, target_id="cpu-test")
-    assert spec.activation is None and not spec.for_cpu and cpu.for_cpu
-    (generic,) = _gemms(lower_kernel(spec).body)
-    (copied,) = _gemms(lower_kernel(cpu).body)
+    """Run pixels as rows with PIXEL_MAJOR_MIN_PANELS panels of weights or more, a pointwise conv's CPU form first
+    copies its input pixel by pixel (a line more than its channels apart) and reads that copy as the GEMM's A as it
+    is; an unspecialised (OpenCL) spec reads the input transposed. The scratch the memory plan gives it (from the
+    unspecialised spec) holds the copy. With fewer output channels, or 28x28 pixels as columns, nothing is copied."""
+
+    def gemm_of(spec: KernelSpec) -> L.Gemm:
+        (gemm,) = _gemms(lower_kernel(spec).body)
+        return gemm
+
+    def conv_spec(side: int, channels: int) -> KernelSpec:
+        model = single_op_model("Conv", [("x", (1, 512, side, side))], {}, {"w": rand(channels, 512, 1, 1)})
+        return _spec_of(model, tmp_path)
+
+    def on_cpu(spec: KernelSpec) -> KernelSpec:
+        return dataclasses.replace(spec, target_id="cpu-test")
+
+    assert conv.PIXEL_MAJOR_MIN_PANELS * conv.WEIGHT_PANEL_COLUMNS == 384
+    spec = conv_spec(13, 384)
+    assert not spec.for_cpu and on_cpu(spec).for_cpu
+    generic, copied = gemm_of(spec), gemm_of(on_cpu(spec))
     assert (generic.a, generic.a_transposed, generic.lda) == ("in0", True, 169)
     assert (copied.a, copied.a_transposed, copied.lda, copied.m, copied.k) == ("scratch", False, 512 + 16, 169, 512)
     assert LOWERINGS["Conv"].scratch_floats(spec) == 169 * (512 + 16)
-    wide = _spec_of(single_op_model("Conv", [("x", (1, 64, 28, 28))], {}, {"w": rand(100, 64, 1, 1)}), tmp_path)
-    (channels_as_rows,) = _gemms(lower_kernel(dataclasses.replace(wide, target_id="cpu-test")).body)
-    assert channels_as_rows.b == "in0" and LOWERINGS["Conv"].scratch_floats(wide) == 0  # 28x28 tiles its vectors
+    few_panels = conv_spec(13, 380)
+    assert (gemm_of(on_cpu(few_panels)).a, LOWERINGS["Conv"].scratch_floats(few_panels)) == ("in0", 0)
+    channels_as_rows = conv_spec(28, 384)  # 784 pixels tile their vectors
+    assert (gemm_of(on_cpu(channels_as_rows)).b, LOWERINGS["Conv"].scratch_floats(channels_as_rows)) == ("in0", 0)
 
 
 # ------------------------------------------------------------------------------------------------- OpenCL
@@ -619,7 +633,7 @@ OPENCL_SAMPLE = [
     "fused-convtranspose-relu",
     "conv-small-plane-3x3",
     "conv-small-plane-pointwise",
-    "conv-small-plane-pointwise-groups2-batch2",
+    "conv-small-plane-pointwise-pixel-major-groups2-batch2",
     "conv-small-plane-groups2-batch2-stride2",
     "conv-small-plane-channel-tail",
     "conv-3x3-stride2-asymmetric-pads",

@@ -53,6 +53,9 @@ TRANSPOSED_OPERAND_BYTES = 1 << 20
 2 MB L2, so that both stay in cache while the panel passes over the matrix."""
 WEIGHT_PANEL_COLUMNS = 48
 """Columns of a weight panel in that estimate (the AVX-512 default tile's 3 vectors of 16)."""
+PIXEL_MAJOR_MIN_PANELS = 8
+"""The fewest panels of weights (output channels / WEIGHT_PANEL_COLUMNS) for which a pointwise conv that runs
+pixels as rows copies its input pixel-major first (_copies_pixel_major)."""
 
 
 def _conv_attrs(ctx: NodeContext) -> dict[str, Any]:
@@ -177,7 +180,9 @@ def _conv_plane_scratch(spec: KernelSpec) -> int:
     if _is_depthwise(geo):
         return geo.batch * (geo.out_channels // _channel_block(spec, geo.out_channels)) * phased_plane_floats(geo)
     if _is_pointwise(geo):
-        return geo.out_pixels * _pixel_major_stride(geo) if _pixels_as_rows(spec, geo) else 0
+        return (
+            geo.out_pixels * _pixel_major_stride(geo) if _pixel_major_sized(geo) and _pixels_as_rows(spec, geo) else 0
+        )
     padded = geo.in_channels_per_group * prod(padded_plane(geo))
     return max(padded, _banded_scratch(geo, _band_rows(geo)))
 
@@ -516,13 +521,19 @@ def _channels_by_pixels(
 
 def _copies_pixel_major(spec: KernelSpec, geo: ConvGeometry) -> bool:
     """Whether a pointwise conv that runs pixels as rows first copies its input pixel by pixel (_pixel_major_copy),
-    on a CPU: the micro-kernel then broadcasts each row's values from a run of its own, which the tiles read a line
-    at a time, where its input read transposed gave every k step a new line (half of it another tile's).
-    SqueezeNet's 512 -> 1000 classifier at 13x13 went from 1.26 to 1.07-1.10 ms on one Xeon core (the copy
-    included), ResNet-50's 7x7 512 -> 2048 ones 8-16% faster; no slower as AVX2 code. The copy costs a pass over
-    the input, less than the GEMM gains while the input fits in cache, which _pixels_as_rows sees to; an OpenCL
-    spec reads the input as it is."""
-    return spec.for_cpu and _is_pointwise(geo)
+    on a CPU: the micro-kernel then broadcasts each row's values from a run of its own, read a line at a time, where
+    its input read transposed gave every k step a new line (half of it another tile's). The copy is one pass over
+    the input; the GEMM passes over it once per panel of weights, so it pays with PIXEL_MAJOR_MIN_PANELS panels or
+    more (_pixel_major_sized). An OpenCL spec reads the input as it is."""
+    return spec.for_cpu and _pixel_major_sized(geo)
+
+
+def _pixel_major_sized(geo: ConvGeometry) -> bool:
+    """Whether a pointwise conv has the output channels for which its pixel-major copy pays (on one Xeon core, in
+    the model: SqueezeNet's 512 -> 1000 classifier at 13x13, 21 panels, 1.24 -> 1.12-1.14 ms with the copy; ResNet-50's
+    7x7 512 -> 2048 and 2048 -> 512 ones, 43 and 11 panels, 4-5% faster; SqueezeNet's 13x13 squeeze and expand
+    convs, 1 to 6 panels over inputs of 43-346 KB, 4-28% slower)."""
+    return _is_pointwise(geo) and geo.out_channels_per_group >= PIXEL_MAJOR_MIN_PANELS * WEIGHT_PANEL_COLUMNS
 
 
 def _pixel_major_stride(geo: ConvGeometry) -> int:
