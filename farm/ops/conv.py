@@ -530,9 +530,9 @@ def _copies_pixel_major(spec: KernelSpec, geo: ConvGeometry) -> bool:
 
 def _pixel_major_sized(geo: ConvGeometry) -> bool:
     """Whether a pointwise conv has the output channels for which its pixel-major copy pays (on one Xeon core, in
-    the model: SqueezeNet's 512 -> 1000 classifier at 13x13, 21 panels, 1.24 -> 1.12-1.14 ms with the copy; ResNet-50's
-    7x7 512 -> 2048 and 2048 -> 512 ones, 43 and 11 panels, 4-5% faster; SqueezeNet's 13x13 squeeze and expand
-    convs, 1 to 6 panels over inputs of 43-346 KB, 4-28% slower)."""
+    the model: SqueezeNet's 512 -> 1000 classifier at 13x13, 21 panels, 1.17-1.21 -> 1.11-1.13 ms with the copy;
+    ResNet-50's 7x7 512 -> 2048 ones, 43 panels, 7-11% faster, its 2048 -> 512 ones, 11 panels, 0-4%;
+    SqueezeNet's 13x13 squeeze and expand convs, 1 to 6 panels over inputs of 43-346 KB, 4-28% slower)."""
     return _is_pointwise(geo) and geo.out_channels_per_group >= PIXEL_MAJOR_MIN_PANELS * WEIGHT_PANEL_COLUMNS
 
 
