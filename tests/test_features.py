@@ -102,3 +102,29 @@ def test_the_probe_refuses_a_malformed_call(arguments: list[str]) -> None:
     )
     assert result.returncode == 2 and result.stdout == ""
     assert "usage: probe_features.py" in result.stderr
+
+
+def test_an_answer_probed_in_the_background_is_the_one_required_features_gives(tmp_path: Path, monkeypatch) -> None:
+    """A build starts each CPU target's probe as it begins (CpuPart.start) and takes the answer as it links: one
+    probe child for both, the same answer as asking directly."""
+    monkeypatch.setenv("FARM_CACHE_DIR", str(tmp_path))
+    features._required.cache_clear()
+    runs = []
+    real = features._run_probe
+    monkeypatch.setattr(features, "_run_probe", lambda *args: runs.append(args) or real(*args))
+    target = CpuTarget(X86, "x86-64-v2")
+    features.probe_in_background(target)
+    features.probe_in_background(target)  # started once
+    answer = required_features(target)
+    assert len(runs) == 1 and "sse4.2" in answer and "avx2" not in answer
+    features._required.cache_clear()
+    assert required_features(target) == answer  # from the cache file the background probe wrote
+    features._required.cache_clear()
+
+
+def test_a_background_probe_that_fails_is_asked_again_by_whoever_wants_the_answer() -> None:
+    target = CpuTarget("nonsense-triple-y", "generic")
+    features.probe_in_background(target)
+    with pytest.raises(BuildError, match="LLVM could not list the features of nonsense-triple-y"):
+        required_features(target)
+    assert (target.triple, target.cpu, target.features) not in features._BACKGROUND

@@ -95,3 +95,20 @@ def test_a_library_links_the_entry_it_is_given_and_compiles_it_otherwise(small_c
 
     assert link_target(library, objects.__getitem__, cached) == link_target(library, objects.__getitem__)
     assert asked == [library["id"]]
+
+
+def test_starting_the_part_probes_each_targets_features_in_the_background(tmp_path, monkeypatch) -> None:
+    """CpuPart.start (a local build calls it as it begins, through assembly.start_parts) leaves each target's
+    feature probe running; the manifest's `requires` then takes its answer."""
+    from farm.backends.llvm import features
+    from farm.backends.llvm.target import CpuTarget
+    from farm.build.assembly import start_parts
+
+    monkeypatch.setenv("FARM_CACHE_DIR", str(tmp_path))
+    features._required.cache_clear()
+    target = CpuTarget("x86_64-unknown-linux-gnu", "x86-64-v3")
+    start_parts([target])
+    key = (target.triple, target.cpu, target.features)
+    assert key in features._BACKGROUND
+    assert "avx2" in features.required_features(target) and key not in features._BACKGROUND
+    features._required.cache_clear()

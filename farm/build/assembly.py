@@ -117,6 +117,14 @@ def by_kind(targets: Sequence[Target]) -> dict[str, list[Target]]:
     return {kind: [t for t in targets if t.kind == kind] for kind in parts()}
 
 
+def start_parts(targets: Sequence[Target]) -> None:
+    """Let each backend part start, in the background, what it will ask of its targets only as the build finishes
+    (Part.start), so that it runs while the build plans and compiles."""
+    for kind, chosen in by_kind(targets).items():
+        if chosen:
+            parts()[kind].start(chosen)
+
+
 def compile_units(plan: BuildPlan, targets: Sequence[Target]) -> list[CompileUnit]:
     """Every unit the build needs, for every target (see farm.build.parts)."""
     return [unit for kind, chosen in by_kind(targets).items() for unit in parts()[kind].units(plan, chosen)]

@@ -98,6 +98,7 @@ def build_model(
     report_phase("planning")
     sweep_stale_scratch()  # what older versions' crashed packers left in /dev/shm
     targets = list(targets) or [host_target()]
+    assembly.start_parts(targets)
     name, model_sha256 = Path(model_path).stem, _file_sha256(model_path)
     store = store or FileStore(default_store_root())
     sized_plans = assembly.plan_sizes(model_path, sizes)

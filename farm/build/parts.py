@@ -51,6 +51,9 @@ class Part(ABC, Generic[TargetT]):
     unit_kinds: ClassVar[dict[UnitKind, UnitKindTraits]]
     """The kinds of compile unit this part builds, with what each is (farm.build.units.traits_of reads them)."""
 
+    def start(self, targets: Sequence[TargetT]) -> None:
+        """Start, in the background, what finishing this part will ask of `targets` (by default nothing)."""
+
     @abstractmethod
     def units(self, plan: BuildPlan, targets: Sequence[TargetT]) -> list[CompileUnit]:
         """The units this part needs built for `targets` (all of this part's kind)."""

@@ -198,6 +198,13 @@ class CpuPart(Part[CpuTarget]):
     always = True
     unit_kinds = UNIT_KINDS
 
+    def start(self, targets: Sequence[CpuTarget]) -> None:
+        """Each target's required features (its manifest's `requires`), probed while the build plans and compiles."""
+        from farm.backends.llvm.features import probe_in_background
+
+        for target in targets:
+            probe_in_background(target)
+
     def units(self, plan: BuildPlan, targets: Sequence[CpuTarget]) -> list[CompileUnit]:
         """A kernel unit per distinct kernel, or per part of one whose code is split (kernel_parts), a blob unit
         per weight the target reads packed (plain weights are the model's bytes: nothing to build)."""
