@@ -26,7 +26,7 @@ from farm.distributed.leases import INCARNATION_VARIABLE, LeaseKeeper, Leases, n
 from farm.distributed.redis_keys import RUNNING_KEY, WORKERS_KEY, encode_capabilities
 from farm.distributed.task_messages import worker_queues
 from farm.errors import CredentialsRefusedError, TlsRefusedError, UnreachableError
-from farm.store.redis_store import REDIS_SCHEMES
+from farm.store.base import REDIS_SCHEMES
 
 logger = logging.getLogger(__name__)
 

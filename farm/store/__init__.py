@@ -20,10 +20,12 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from farm import defaults
 from farm.errors import redact_url
 from farm.store.base import (
+    REDIS_SCHEMES,
     BadStoreUrlError,
     CorruptEntryError,
     MissingEntryError,
@@ -34,7 +36,9 @@ from farm.store.base import (
     is_key,
 )
 from farm.store.file_store import FILE_SCHEME, FileStore
-from farm.store.redis_store import REDIS_SCHEMES, RedisStore, blob_redis
+
+if TYPE_CHECKING:
+    from farm.store.redis_store import RedisStore
 
 __all__ = [
     "BadStoreUrlError",
@@ -52,6 +56,16 @@ __all__ = [
 ]
 
 
+def __getattr__(name: str) -> Any:
+    """RedisStore, imported on first use: the Redis client takes 0.1 s to import, which a local build (its
+    submitting process and each of its compile workers) never needs."""
+    if name == "RedisStore":
+        from farm.store.redis_store import RedisStore
+
+        return RedisStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def default_store_root() -> Path:
     """The embedded store's folder: <farm cache root>/store ($FARM_CACHE_DIR/store or ~/.cache/farm/store)."""
     return defaults.cache_dir() / "store"
@@ -66,6 +80,8 @@ def open_store(url: str | os.PathLike[str], retries: int = 1) -> Store:
     if isinstance(url, os.PathLike):
         return FileStore(url)
     if url.startswith(REDIS_SCHEMES):
+        from farm.store.redis_store import RedisStore
+
         return RedisStore(url, retries=retries, blobs=_blob_store(defaults.blob_store_url(), retries))
     if url.startswith(FILE_SCHEME):
         return FileStore(url[len(FILE_SCHEME) :])
@@ -79,5 +95,7 @@ def _blob_store(url: str | None, retries: int) -> FileStore | RedisStore | None:
     if url is None:
         return None
     if url.startswith(REDIS_SCHEMES):
+        from farm.store.redis_store import blob_redis
+
         return blob_redis(url, retries=retries)
     return FileStore(url[len(FILE_SCHEME) :])

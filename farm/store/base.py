@@ -13,6 +13,8 @@ from farm.errors import ExitStatus, FarmError, UnreachableError, redact_url
 
 Data = Union[bytes, bytearray, memoryview]
 
+REDIS_SCHEMES = ("redis://", "rediss://")
+"""The URL schemes of a store in Redis (farm.store.redis_store)."""
 EMPTY_KEY = hashlib.sha256(b"").hexdigest()
 _KEY_PATTERN = re.compile(r"[0-9a-f]{64}")
 _OWNER_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,100}")

@@ -17,6 +17,7 @@ from typing import NoReturn
 from farm.errors import redact_url
 from farm.store import redis_scripts
 from farm.store.base import (
+    REDIS_SCHEMES,
     BadStoreUrlError,
     CorruptEntryError,
     Data,
@@ -36,8 +37,6 @@ from farm.store.redis_connection import (
     zero_copy_packer,
 )
 from farm.store.redis_staging import RedisStaging
-
-REDIS_SCHEMES = ("redis://", "rediss://")
 
 FILE_CHUNKS = "file"
 """The chunk count in the header of an entry whose bytes live in the blob store (FARM_BLOB_STORE: a folder, or a
