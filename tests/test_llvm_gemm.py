@@ -17,7 +17,7 @@ from farm.backends.llvm.gemm import (
     SMALL_M_PREFETCH_BLOCKS,
     SWEEP_MAX_B_BYTES,
 )
-from farm.backends.llvm.gemm_blocking import SMALL_M_K_BLOCK, GemmBlocking
+from farm.backends.llvm.gemm_blocking import SMALL_M_PACKED_K_BLOCK, GemmBlocking
 from farm.backends.llvm.gemm_outlining import MAX_PARTS, outlined_functions
 from farm.backends.llvm.packing import pack_columns, pack_operand, pack_panels
 from farm.ir import loopir as L
@@ -553,7 +553,7 @@ def test_few_rows_and_a_deep_k_prefetch_b_blocks_ahead():
     SMALL_M_PREFETCH_BLOCKS k blocks ahead in B's panel (the weights come from memory once a run)."""
     gemm = L.Gemm("a", L.const(0), 768, "b", L.const(0), 100, "c", L.const(0), 100, 20, 100, 768, b_panels=True)
     kernel = L.LoopKernel([L.Param("c", output=True), L.Param("a"), L.Param("b")], [gemm])
-    ahead = SMALL_M_PREFETCH_BLOCKS * SMALL_M_K_BLOCK * GemmBlocking().tile_columns
+    ahead = SMALL_M_PREFETCH_BLOCKS * SMALL_M_PACKED_K_BLOCK * GemmBlocking().tile_columns
     assert SMALL_M_PREFETCH_BLOCKS >= 2 and _prefetches(kernel) == {0}
     assert re.search(rf"= add i64 %\S+, {ahead}\n", kernel_module_ir([("farm_k_test", kernel)], host()))
 

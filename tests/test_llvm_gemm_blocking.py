@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from farm.backends.llvm.gemm_blocking import GemmBlocking, edge_rows, regions, small_m_k_block
+from farm.backends.llvm.gemm_blocking import SMALL_M_PACKED_K_BLOCK, GemmBlocking, edge_rows, regions, small_m_k_block
 from farm.ir import loopir as L
 
 BLOCKINGS = [
@@ -114,3 +114,16 @@ def test_a_few_row_gemms_k_block_divides_k_where_it_can(k, taps, steps):
     window = L.ImplicitColumns(4, 6, 1, 36, 3, 3, 6, 1) if taps > 1 else None
     gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), 100, "c", L.const(0), 100, 20, 100, k, a_window=window)
     assert small_m_k_block(gemm, GemmBlocking()) == steps
+
+
+@pytest.mark.parametrize(
+    "k, taps, steps", [(768, 1, 128), (4608, 9, 72), (512, 1, 128), (255, 1, 0)], ids=["128", "3x3-512", "two", "short"]
+)
+def test_a_few_row_gemm_of_packed_weights_takes_half_the_k_block(k, taps, steps):
+    """Where B is a pre-packed constant (a layer's weights), a few-row GEMM's k blocks are SMALL_M_PACKED_K_BLOCK
+    steps (whole channels, dividing k where they can, as above); a k under two blocks is one pass."""
+    window = L.ImplicitColumns(4, 6, 1, 36, 3, 3, 6, 1) if taps > 1 else None
+    gemm = L.Gemm(
+        "a", L.const(0), k, "b", L.const(0), 100, "c", L.const(0), 100, 20, 100, k, a_window=window, b_panels=True
+    )
+    assert SMALL_M_PACKED_K_BLOCK == 128 and small_m_k_block(gemm, GemmBlocking()) == steps
