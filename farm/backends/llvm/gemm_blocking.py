@@ -26,8 +26,8 @@ SMALL_M_K_BLOCK = 256
 (48 KB) stays in L1/L2 while every row tile uses it."""
 SMALL_M_PACKED_K_BLOCK = 128
 """k steps per block where B is a pre-packed constant (L.Gemm.b_panels: a layer's weights): 24 KB of the panel and
-a tile's rows of A stay in L1 together. On one Xeon core, in the model: SqueezeNet's 13x13 classifier 3-5% and
-ResNet-50's 7x7 pointwise convs 2-12% faster than with 256 (since their input is read from a pixel-major copy,
+a tile's rows of A stay in L1 together. On one Xeon core, in the model: SqueezeNet's 13x13 classifier 0-5% and
+ResNet-50's 7x7 convs 3-10% faster than with 256 (since the pointwise ones read a pixel-major copy,
 conv._copies_pixel_major; read transposed, it was no faster); a B of activations keeps 256 (ResNet-50's 56x56
 256 -> 64 pointwise convs, k = 256, ran 24-28% slower cut in two blocks)."""
 
