@@ -6,9 +6,10 @@ from __future__ import annotations
 import onnx
 
 from farm.artifact import open_artifact
+from farm.backends.llvm import features
 from farm.backends.llvm.part import entry_object, entry_ref, link_order, link_target, target_weights, weight_member
-from farm.backends.llvm.target import host_target
-from farm.build.assembly import compile_units, libraries, link_plan, plan_model
+from farm.backends.llvm.target import CpuTarget, host_target
+from farm.build.assembly import compile_units, libraries, link_plan, plan_model, start_parts
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
 from farm.build.parts import part_of
@@ -100,10 +101,6 @@ def test_a_library_links_the_entry_it_is_given_and_compiles_it_otherwise(small_c
 def test_starting_the_part_probes_each_targets_features_in_the_background(tmp_path, monkeypatch) -> None:
     """CpuPart.start (a local build calls it as it begins, through assembly.start_parts) leaves each target's
     feature probe running; the manifest's `requires` then takes its answer."""
-    from farm.backends.llvm import features
-    from farm.backends.llvm.target import CpuTarget
-    from farm.build.assembly import start_parts
-
     monkeypatch.setenv("FARM_CACHE_DIR", str(tmp_path))
     features._required.cache_clear()
     target = CpuTarget("x86_64-unknown-linux-gnu", "x86-64-v3")

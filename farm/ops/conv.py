@@ -382,9 +382,11 @@ def _whole_plane(
         columns = ("scratch", L.const(0), geo.column_stride)
         stmts = _im2col(names, geo, x_base, ColumnBand(L.const(0), geo.out_height, L.const(0), geo.column_stride))
     transposed = _pixels_as_rows(spec, geo)
-    if transposed and _copies_pixel_major(spec, geo):
+    copied = transposed and _copies_pixel_major(spec, geo)
+    if copied:
         columns, stmts = ("scratch", L.const(0), _pixel_major_stride(geo)), _pixel_major_copy(names, geo, x_base)
     gemm = CONV_GEMMS[transposed](spec, geo, g, columns, out_offset, geo.out_pixels)
+    gemm.a_transposed = transposed and not copied  # the pixel-major copy is already pixels x taps
     gemm.epilogue = epilogue(bias_on_columns=transposed, residual_offset=out_offset)
     return [*stmts, gemm]
 
@@ -555,9 +557,9 @@ def _pixel_major_copy(names: L.Names, geo: ConvGeometry, x_base: L.Expr) -> list
 def _pixels_by_channels(
     spec: KernelSpec, geo: ConvGeometry, g: L.Var, columns: tuple[str, L.Expr, int], out_offset: L.Expr, pixels: int
 ) -> L.Gemm:
-    """out^T (pixels x channels) = the column matrix read transposed (pixels x taps), or its pixel-major copy
-    (scratch, _copies_pixel_major) read as it is, @ W^T (taps x channels, packed as a transposed constant B),
-    stored transposed into out."""
+    """out^T (pixels x channels) = the column matrix read transposed (pixels x taps) @ W^T (taps x channels,
+    packed as a transposed constant B), stored transposed into out (_whole_plane reads a pixel-major copy as it
+    is instead, _copies_pixel_major)."""
     buffer, offset, stride = columns
     group_out, kdim = geo.out_channels_per_group, geo.column_rows
     return L.Gemm(
@@ -573,7 +575,7 @@ def _pixels_by_channels(
         m=pixels,
         n=group_out,
         k=kdim,
-        a_transposed=not _copies_pixel_major(spec, geo),
+        a_transposed=True,
         b_panels=True,
         b_transposed=True,
         c_transposed=True,
