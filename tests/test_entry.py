@@ -304,14 +304,14 @@ def test_farm_launch_runs_gemm_column_units_split_anywhere(m, n, k, blocking, pa
     block: pieces of 1 or 2 of its vectors), in each of gemm._emit_column_blocks' ways: a small B swept by each row
     tile, few rows and a deep k in k blocks, and block by block (B past gemm.SWEEP_MAX_B_BYTES); the rows include
     4-row tiles and 3 edge rows; also with the k loop cache-tiled, and with A and B pre-packed (a piece reads part
-    of its block's panel). One library serves every cut."""
+    of its block's panel). One library serves every cut, though the runtime cuts only at whole blocks (the grain)."""
     gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k, a_panels=packed, b_panels=packed)
     kernel = L.LoopKernel([L.Param("a"), L.Param("b"), L.Param("c", output=True)], [gemm])
     launches = [
         info.to_json() for info in L.launch_info(kernel, blocking.rows, blocking.tile_columns, blocking.vectors)
     ]
     units = -(-n // blocking.lanes)
-    assert launches == [[units, 1, L.gemm_work(gemm)]]
+    assert launches == [[units, blocking.vectors, L.gemm_work(gemm)]]  # the runtime cuts at whole blocks
     library, arena, c, whole = _gemm_launch_setup(kernel, launches, (m, n, k), blocking, tmp_path)
     cuts = {
         "whole": [],

@@ -434,6 +434,15 @@ def test_launch_ranges_handle_every_kind_and_split_wide_gemms_by_columns():
     assert [(i.extent, i.grain) for i in L.launch_info(wide, gemm_rows=4)] == [(3, 4)]
 
 
+def test_column_split_gemm_ranges_are_cut_at_whole_blocks():
+    """A column-split Gemm's units are vectors, its grain a whole block's vectors, so threads' ranges run whole
+    blocks (runtime.model.shares_range cuts at multiples of the grain): 256 columns in blocks of 3 vectors of 16
+    are 16 units in grains of 3."""
+    wide = L.LoopKernel([L.Param("a"), L.Param("b"), L.Param("c", output=True)], [_gemm(196, 256, 2304)])
+    [info] = L.launch_info(wide, gemm_rows=8, gemm_columns=48, gemm_vectors=3)
+    assert (info.extent, info.grain) == (16, 3)
+
+
 def test_launch_info_gives_extent_grain_and_work():
     infos = L.launch_info(_launch_kernel(), gemm_rows=4)
     assert [(i.extent, i.grain) for i in infos] == [(1, 1), (7, 1), (1, 1), (13, 4), (1, 1), (6, 1)]

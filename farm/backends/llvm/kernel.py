@@ -124,7 +124,7 @@ def kernel_ir(spec: KernelSpec, target: CpuTarget) -> str:
 
 def cpu_launches(spec: KernelSpec, target: CpuTarget) -> list[list[int]]:
     """[extent, grain, work] of each launch of the kernel (the functions `<symbol>_<index>` that it defines); a
-    GEMM's grain is its variant's tile rows."""
+    GEMM's grain is its variant's tile rows, or a block's vectors where it splits by columns."""
     return [list(launch) for launch in _cpu_launches(spec, target)]
 
 
