@@ -326,8 +326,8 @@ def _check_weights(fields: _Fields, target: dict[str, Any], field: str, members:
 
 
 def _check_launch(fields: _Fields, value: Any, field: str) -> None:
-    """[extent, grain, work]: 0 <= extent <= MAX_EXTENT, 1 <= grain <= MAX_EXTENT (a GEMM's grain, its tile rows or a block's vectors,
-    may exceed a small extent), 0 <= work <= MAX_WORK."""
+    """[extent, grain, work]: 0 <= extent <= MAX_EXTENT, 1 <= grain <= MAX_EXTENT (a GEMM's grain, its tile rows
+    or a block's vectors, may exceed a small extent), 0 <= work <= MAX_WORK."""
     launch = fields.items(value, field, 3, 3)
     fields.integer(launch[0], f"{field} extent", 0, MAX_EXTENT)
     fields.integer(launch[1], f"{field} grain", 1, MAX_EXTENT)
