@@ -21,7 +21,8 @@ from native_helpers import (
 )
 
 from farm.backends.llvm.entry import compile_entry
-from farm.backends.llvm.kernel import compile_cpu_kernel, default_blocking, kernel_ir
+from farm.backends.llvm.gemm_blocking import GemmBlocking
+from farm.backends.llvm.kernel import blocking_for, compile_cpu_kernel, default_blocking, kernel_ir, untuned_blocking
 from farm.backends.llvm.link import link_library
 from farm.backends.llvm.target import CpuTarget
 from farm.backends.llvm.toolchain import compile_ir
@@ -126,6 +127,29 @@ def test_default_blocking_uses_the_target_vector_width_and_register_file():
     assert shapes == [(8, 3, 16), (4, 3, 8), (8, 3, 4)]
     blocking = default_blocking(host())
     assert blocking.lanes == host().simd_floats and blocking.rows == (8 if host().vector_registers == 32 else 4)
+
+
+def test_an_untuned_14x14_conv_of_256_channels_takes_the_wide_tile_on_32_registers():
+    """A 14x14 3x3 conv of 256 output channels is a few-row GEMM whose 8 x 3 blocks two threads can't share evenly
+    (gemm_blocking.balanced_blocking): with 32 vector registers it takes 6 x 4 untuned, as the spec without a
+    variant builds it; with 16 (AVX2) the default; a 3x3 conv of 192 channels keeps the default."""
+    avx512 = CpuTarget("x86_64-unknown-linux-gnu", "skylake-avx512", "+avx512f")
+    avx2 = CpuTarget("x86_64-unknown-linux-gnu", "haswell", "+avx,+avx2,+fma")
+
+    def spec(channels: int, target: CpuTarget) -> KernelSpec:
+        return KernelSpec(
+            op="Conv",
+            attrs_json=canonical_json({**CONV_ATTRS, "constant_weight": True}),  # a layer's weights, as models have
+            inputs=(TensorInfo((1, 256, 14, 14)), TensorInfo((channels, 256, 3, 3)), TensorInfo((channels,))),
+            outputs=(TensorInfo((1, channels, 14, 14)),),
+            activation=None,
+            target_id=target.id,
+        )
+
+    assert untuned_blocking(spec(256, avx512), avx512) == GemmBlocking(6, 4, 16)
+    assert blocking_for(spec(256, avx512), avx512) == GemmBlocking(6, 4, 16)
+    assert untuned_blocking(spec(256, avx2), avx2) == default_blocking(avx2)
+    assert untuned_blocking(spec(192, avx512), avx512) == default_blocking(avx512)
 
 
 def test_different_targets_give_different_code():

@@ -1,12 +1,21 @@
 """farm.backends.llvm.gemm_blocking: the blockings the GEMM tests run with, the tiling of C into regions, a
-variant's JSON form, and the k blocks of a few-row GEMM (pure Python, nothing compiled)."""
+variant's JSON form, the k blocks of a few-row GEMM and the tile of a few-row GEMM that splits unevenly (pure Python,
+nothing compiled)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from farm.backends.llvm.gemm_blocking import SMALL_M_PACKED_K_BLOCK, GemmBlocking, edge_rows, regions, small_m_k_block
+from farm.backends.llvm.gemm_blocking import (
+    SMALL_M_PACKED_K_BLOCK,
+    GemmBlocking,
+    balanced_blocking,
+    edge_rows,
+    regions,
+    small_m_k_block,
+    two_thread_excess,
+)
 from farm.ir import loopir as L
 
 BLOCKINGS = [
@@ -127,3 +136,47 @@ def test_a_few_row_gemm_of_packed_weights_takes_half_the_k_block(k, taps, steps)
         "a", L.const(0), k, "b", L.const(0), 100, "c", L.const(0), 100, 20, 100, k, a_window=window, b_panels=True
     )
     assert SMALL_M_PACKED_K_BLOCK == 128 and small_m_k_block(gemm, GemmBlocking()) == steps
+
+
+# -- tiles that two threads share evenly -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("units", "grain", "excess"),
+    [(16, 3, 0.125), (32, 3, 0.0625), (8, 3, 0.25), (12, 3, 0.0), (16, 4, 0.0), (3, 3, 1.0)],
+)
+def test_two_thread_excess_is_the_busier_threads_share_over_half(units, grain, excess):
+    assert two_thread_excess(units, grain) == pytest.approx(excess)
+
+
+def _wide_gemm(m: int, n: int, k: int = 2304) -> L.Gemm:
+    return L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k)
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "wide"),
+    [
+        (196, 256, True),  # 5 blocks of 48 and a vector: 9 and 7 vectors; 4 blocks of 64: 2 each
+        (144, 256, True),
+        (150, 128, False),  # 2 blocks and 2 vectors (5 and 3), but taller than wide: split by rows
+        (128, 192, False),  # 4 whole blocks of 48: 2 each already
+        (64, 256, False),  # too few rows: the 6-row tiles' edges weigh
+        (196, 320, False),  # 20 vectors: 11 and 9, within UNEVEN_SPLIT
+        (49, 512, False),  # 10 blocks and 2 vectors: 17 and 15, within UNEVEN_SPLIT
+        (196, 288, False),  # 6 blocks, and not a multiple of 64
+        (3136, 4096, False),  # too many rows: not a few-row GEMM
+        (300, 200, False),  # taller than wide: split by rows
+    ],
+)
+def test_a_few_row_gemm_takes_the_wide_tile_where_the_default_splits_unevenly(m, n, wide):
+    default = GemmBlocking(8, 3, 16)
+    chosen = balanced_blocking([_wide_gemm(m, n)], default)
+    assert chosen == (GemmBlocking(6, 4, 16) if wide else default)
+
+
+def test_the_wide_tile_needs_every_gemm_a_deep_k_and_the_default_of_32_registers():
+    uneven, even = _wide_gemm(196, 256), _wide_gemm(196, 192)
+    assert balanced_blocking([uneven, even], GemmBlocking(8, 3, 16)) == GemmBlocking(8, 3, 16)
+    assert balanced_blocking([], GemmBlocking(8, 3, 16)) == GemmBlocking(8, 3, 16)
+    assert balanced_blocking([uneven], GemmBlocking(4, 3, 8)) == GemmBlocking(4, 3, 8)  # 16 registers (AVX2)
+    assert balanced_blocking([_wide_gemm(169, 256, 576)], GemmBlocking(8, 3, 16)) == GemmBlocking(8, 3, 16)  # k

@@ -137,6 +137,9 @@ CONV_CASES: list[OpCase] = [
     _conv("small-plane-13x13-pointwise", (1, 64, 13, 13), (100, 64, 1, 1)),
     _conv("small-plane-pointwise-pixel-major", (1, 64, 13, 13), (400, 64, 1, 1)),
     _conv("small-plane-pointwise-pixel-major-groups2-batch2", (2, 64, 7, 7), (768, 32, 1, 1), {"group": 2}),
+    # 196 rows, k = 2304, 256 columns: 6 x 4 tiles where 32 vector registers allow (gemm_blocking.balanced_blocking),
+    # the launch's ranges cut at whole blocks of 4 vectors on two threads
+    _conv("small-plane-3x3-wide-tile", (1, 256, 14, 14), (256, 256, 3, 3), {"pads": [1, 1, 1, 1]}),
     case(
         "conv-weight-as-graph-input",
         single_op_model("Conv", [("x", (1, 3, 6, 6)), ("w", (4, 3, 3, 3))], {"pads": [1, 1, 1, 1]}),

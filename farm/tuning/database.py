@@ -3,7 +3,7 @@
 The ref `tune:<cpu id>:<kernel key>` points at a JSON record of the timings (the result of
 farm/tuning/harness.py `time_variants`, plus farm's version), where the cpu id is the CpuTarget id (triple, cpu
 name and features: the CPU class) and the kernel key is the spec's key without target or variant. Every build
-looks its tunable kernels up there; a kernel with no record uses the documented default, cpu.default_blocking.
+looks its tunable kernels up there; a kernel with no record uses the documented default, kernel.untuned_blocking.
 Records are pinned (PIN_OWNER), so the store's eviction never takes one; a record replaced by a retune is
 unpinned and ages out like any cache entry.
 """

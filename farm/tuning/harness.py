@@ -24,7 +24,7 @@ import numpy as np
 from farm import defaults
 from farm.backends.llvm.entry import STEPS_SYMBOL, compile_entry
 from farm.backends.llvm.gemm_blocking import GemmBlocking
-from farm.backends.llvm.kernel import compile_cpu_kernel, default_blocking, packed_params
+from farm.backends.llvm.kernel import compile_cpu_kernel, packed_params, untuned_blocking
 from farm.backends.llvm.link import link_library
 from farm.backends.llvm.packing import pack_operand
 from farm.backends.llvm.target import CpuTarget
@@ -67,7 +67,7 @@ def time_variants(
     measured. Returns {"variant", "default", "seconds": {name: best seconds}, "default_seconds", "rejected"}.
     """
     spec, target = KernelSpec.from_json(spec_json), CpuTarget.from_json(target_json)
-    default = default_blocking(target)
+    default = untuned_blocking(spec, target)
     blockings = list(dict.fromkeys([default, *(candidate_variants(target) if variants is None else variants)]))
     seconds_per_variant = defaults.tune_seconds_per_variant() if seconds_per_variant is None else seconds_per_variant
     specs = [variant_spec(spec, target, b) for b in blockings]

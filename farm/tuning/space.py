@@ -11,7 +11,7 @@ import dataclasses
 import functools
 
 from farm.backends.llvm.gemm_blocking import GemmBlocking
-from farm.backends.llvm.kernel import default_blocking, gemms
+from farm.backends.llvm.kernel import default_blocking, gemms, untuned_blocking
 from farm.backends.llvm.target import CpuTarget
 from farm.ir.specs import KernelSpec, canonical_json
 from farm.ops import lower_kernel
@@ -59,12 +59,12 @@ def tunable(spec: KernelSpec) -> bool:
     return bool(gemms(lower_kernel(spec).body))
 
 
-def variant_json(blocking: GemmBlocking, target: CpuTarget) -> str:
-    """What a spec carries for `blocking` on `target`: "" for the default, so that a kernel whose tuning kept the
-    default shares the untuned kernel's key, symbol and cache entry."""
-    return "" if blocking == default_blocking(target) else canonical_json(blocking.to_json())
+def variant_json(blocking: GemmBlocking, spec: KernelSpec, target: CpuTarget) -> str:
+    """What `spec` carries for `blocking` on `target`: "" for its untuned blocking (kernel.untuned_blocking), so
+    that a kernel whose tuning kept the default shares the untuned kernel's key, symbol and cache entry."""
+    return "" if blocking == untuned_blocking(spec, target) else canonical_json(blocking.to_json())
 
 
 def variant_spec(spec: KernelSpec, target: CpuTarget, blocking: GemmBlocking) -> KernelSpec:
     """`spec` for `target` with `blocking` as its variant."""
-    return dataclasses.replace(spec, target_id=target.id, variant_json=variant_json(blocking, target))
+    return dataclasses.replace(spec, target_id=target.id, variant_json=variant_json(blocking, spec, target))

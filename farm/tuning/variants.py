@@ -67,7 +67,7 @@ def with_variants(store: Store, plan: BuildPlan, targets: Sequence[CpuTarget]) -
         for key, spec in plan.kernels().items():
             blocking = lookup(store, spec, target.id) if tunable(spec) else None
             if blocking is not None:
-                tuned[(key, target.id)] = variant_json(blocking, target)
+                tuned[(key, target.id)] = variant_json(blocking, spec, target)
     return dataclasses.replace(plan, tuned=tuned)
 
 

@@ -81,6 +81,54 @@ class GemmBlocking:
         return cls(data["rows"], data["vectors"], data["lanes"], k_block, order)
 
 
+WIDE_TILE = (6, 4)
+"""(rows, vectors) of the tile that few-row column-split GEMMs take instead of the 8 x 3 default where that one splits
+unevenly (balanced_blocking): the same 24 accumulators, in blocks of 4 vectors (64 columns on AVX-512)."""
+UNEVEN_SPLIT = 0.12
+"""How much more than half of a launch's columns the busier of two threads may run, cut at whole blocks
+(two_thread_excess), before balanced_blocking takes WIDE_TILE."""
+WIDE_TILE_MIN_ROWS = 128
+"""The fewest rows for which balanced_blocking takes WIDE_TILE: 6-row tiles leave other edges than 8-row ones, and
+with few rows those edges weigh: resnet18_style's 4x4 and 8x8 planes (16 and 64 rows, whole 8-row tiles) ran 7-15%
+and 0-4% slower on one thread, Inception-v2's 7x7 convs (49 rows) 2-7%."""
+WIDE_TILE_MIN_K = 1024
+"""The shallowest k for which balanced_blocking takes WIDE_TILE: a tile of 6 rows costs more to store than one of 8
+(a transposed C is turned around in registers), which a short k doesn't pay back. SqueezeNet's 13x13 convs of 256
+output channels ran 25-28% slower on one thread at k = 64 (1x1) and 0-5% at k = 576 (3x3); ResNet-50's 14x14
+ones, k = 1024 and 2304, 0.96-1.01x."""
+
+
+def two_thread_excess(units: int, grain: int) -> float:
+    """How much more than half of `units` the busier of two threads runs when the units are cut in two at a
+    multiple of `grain` (the best such cut): 16 units in blocks of 3 are 9 and 7, 0.125."""
+    halves = [max(cut, units - cut) for cut in range(grain, units, grain)]
+    return min(halves, default=units) / (units / 2) - 1
+
+
+def balanced_blocking(gemms: list[L.Gemm], blocking: GemmBlocking) -> GemmBlocking:
+    """`blocking`, or WIDE_TILE of its lanes where every Gemm is a few-row column-split one (WIDE_TILE_MIN_ROWS to
+    SMALL_M_ROWS rows, split by columns, k at least WIDE_TILE_MIN_K) as wide as whole WIDE_TILE blocks, whose whole blocks of
+    `blocking` two threads can't share within UNEVEN_SPLIT. Threads' ranges are cut at whole blocks (loopir._gemm_range), so ResNet-50's 14x14
+    convs of 256 output channels, 5 blocks of 48 and a vector, ran 9 vectors on one thread and 7 on the other,
+    which then waited; in 4 blocks of 64 each thread runs 2. On two Xeon threads light ResNet-50 ran 0.97-0.99x
+    (alternating, whole model) and on one 0.99x. In practice this is 128 and 256 columns: with 6 x 4 tiles for
+    every few-row GEMM a multiple of 64 wide, the 7x7 convs of 512 and 2048 channels (their 8 x 3 cut within
+    6%) ran 2-10% slower on one thread, and 320 columns (20 vectors: 11 and 9) gained nothing. Only where `blocking` holds as many accumulators as WIDE_TILE (the 8 x 3
+    default of 32 vector registers)."""
+    wide = GemmBlocking(WIDE_TILE[0], WIDE_TILE[1], blocking.lanes)
+    if not gemms or blocking.rows * blocking.vectors != wide.rows * wide.vectors:
+        return blocking
+    for gemm in gemms:
+        if not WIDE_TILE_MIN_ROWS <= gemm.m <= SMALL_M_ROWS or gemm.k < WIDE_TILE_MIN_K or gemm.n % wide.tile_columns:
+            return blocking
+        if not L.splits_columns(gemm, blocking.tile_columns):
+            return blocking
+        units = L.column_units(gemm, blocking.tile_columns, blocking.vectors)
+        if two_thread_excess(units, blocking.vectors) <= UNEVEN_SPLIT:
+            return blocking
+    return wide
+
+
 @dataclass(frozen=True)
 class Region:
     """A rectangle of C tiled uniformly: [m0, m0+m) x [n0, n0+n) in tiles of rows x (vectors * lanes). A runtime

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 
 from llvmlite import ir
 
 from farm.backends.llvm.dot_products import b_panels_flipped, dot_product_for
-from farm.backends.llvm.gemm_blocking import GemmBlocking
+from farm.backends.llvm.gemm_blocking import GemmBlocking, balanced_blocking
 from farm.backends.llvm.gemm_outlining import MAX_PARTS, Outlining, outlined_functions
 from farm.backends.llvm.render import render_kernel
 from farm.backends.llvm.target import CpuTarget
@@ -17,6 +18,11 @@ from farm.errors import BuildError
 from farm.ir import loopir as L
 from farm.ir.specs import KernelSpec
 from farm.ops import lower_kernel
+
+LOWERED_CACHE = 4096
+"""How many kernels' packed parameters and launches a process keeps (_packed_params, _cpu_launches): a link plan
+asks for each kernel's several times (its manifest, its layout, each step's weights), and every answer lowered the
+kernel again: light DenseNet-121's link plan lowered its 316 kernels 2,212 times, 0.3-0.4 s of the finish."""
 
 
 def default_blocking(target: CpuTarget) -> GemmBlocking:
@@ -28,20 +34,26 @@ def default_blocking(target: CpuTarget) -> GemmBlocking:
     return GemmBlocking(rows=rows, vectors=3, lanes=target.simd_floats)
 
 
+def untuned_blocking(spec: KernelSpec, target: CpuTarget) -> GemmBlocking:
+    """The blocking of `spec` on `target` when it names no variant: the target's default, or the wider tile where
+    that one's blocks split unevenly on two threads (gemm_blocking.balanced_blocking). What tuning times first.
+    Decided on the kernel as `target` lowers it (a CPU spec's Gemm may read a copy an OpenCL one doesn't)."""
+    return _untuned_blocking(dataclasses.replace(spec, target_id=target.id, variant_json=""), target)
+
+
+@functools.lru_cache(maxsize=LOWERED_CACHE)
+def _untuned_blocking(spec: KernelSpec, target: CpuTarget) -> GemmBlocking:
+    return balanced_blocking(gemms(lower_kernel(spec).body), default_blocking(target))
+
+
 def blocking_for(spec: KernelSpec, target: CpuTarget) -> GemmBlocking:
-    """The GEMM blocking `spec` asks for: its variant, or the target's default when it names none."""
+    """The GEMM blocking `spec` asks for: its variant, or untuned_blocking when it names none."""
     if not spec.variant_json:
-        return default_blocking(target)
+        return untuned_blocking(spec, target)
     try:
         return GemmBlocking.from_json(json.loads(spec.variant_json))
     except ValueError as error:
         raise BuildError(f"kernel {spec.op} {spec.symbol}: unusable variant: {error}") from None
-
-
-LOWERED_CACHE = 4096
-"""How many kernels' packed parameters and launches a process keeps (_packed_params, _cpu_launches): a link plan
-asks for each kernel's several times (its manifest, its layout, each step's weights), and every answer lowered the
-kernel again: light DenseNet-121's link plan lowered its 316 kernels 2,212 times, 0.3-0.4 s of the finish."""
 
 
 def packed_params(spec: KernelSpec, target: CpuTarget) -> dict[int, tuple[int, ...]]:
