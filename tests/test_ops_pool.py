@@ -3,7 +3,10 @@ GlobalMaxPool over their attribute variants; a sample also on OpenCL; hostile wi
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+import onnx
 import pytest
 from numerics import (
     OpCase,
@@ -16,6 +19,9 @@ from numerics import (
     rand,
     single_op_model,
 )
+
+from farm.build.assembly import plan_model
+from farm.ops import LOWERINGS, lower_kernel
 
 POOL_X = [("x", (1, 3, 10, 10))]
 
@@ -236,6 +242,28 @@ CASES: list[OpCase] = POOL_CASES + POOL_1D_3D_CASES + LP_POOL_CASES + BYTE_CASES
 @pytest.mark.parametrize("c", params(CASES))
 def test_matches_onnxruntime(c: OpCase, tmp_path) -> None:
     check_case(c, tmp_path)
+
+
+def test_a_pool_whose_windows_stay_inside_its_input_reads_it_in_place_on_a_cpu(tmp_path) -> None:
+    """A CPU pool copies each channel into a padded plane (pool._pool_planes) unless every tap of every output lies
+    inside the input (no pads, no ceil_mode window past the edge): then it reads the input in place and the memory
+    plan gives it no scratch (VGG-19's 2x2 MaxPools 0.69-0.91x the time with the copy)."""
+    cases = {c.id: c for c in CASES}
+    for name, in_place in [
+        ("maxpool-2x2-s2", True),
+        ("maxpool-dilations2", True),
+        ("averagepool-non-square", True),
+        ("maxpool-int8-2x2-s2", True),
+        ("maxpool-3x3-s2-pads", False),
+        ("maxpool-3x3-s2-ceil", False),
+    ]:
+        path = tmp_path / f"{name}.onnx"
+        onnx.save(cases[name].model, str(path))
+        spec = plan_model(path).steps[0].spec
+        cpu = dataclasses.replace(spec, target_id="cpu-test")
+        assert cpu.for_cpu
+        reads_scratch = "'scratch'" in repr(lower_kernel(cpu).body)
+        assert (reads_scratch, LOWERINGS[spec.op].scratch_floats(spec) > 0) == (not in_place, not in_place), name
 
 
 # ------------------------------------------------------------------------------------------------- OpenCL
