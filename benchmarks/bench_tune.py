@@ -1,25 +1,32 @@
 #!/usr/bin/env python3
-"""Benchmark tuning against the bars of issue 6: tuning the light ResNet-50 on one worker takes under 5 minutes,
-and the tuned model is never slower than the one with the default variant.
+"""Benchmark tuning, model by model: what `--tune` costs and what it gains over the untuned build on this host.
 
-With a fresh store (a temporary folder, so nothing is reused from earlier runs) it measures:
+For each model (default: DEFAULT_MODELS), with a fresh store (a temporary folder, so nothing is reused from earlier
+runs) it measures:
 
-- tuning: wall seconds of `choose_variants(..., tune=True)` for this host, as a local `farm submit --tune`
-  and a farm worker run it: one kernel at a time on one core, each variant compiled, checked and timed;
-- both builds (the default from an empty database, the tuned one from the records just made, which times nothing);
-- latency: median of `--repeat` runs of each model (default threads: every CPU), the two models taking turns so
-  that a busy moment of the machine costs both alike, after two warm-up runs each;
-- per kernel: the variant chosen and the default's and winner's seconds as tuning measured them.
+- tuning: wall seconds of `choose_variants(..., tune=True)` for this host, as a local `farm submit --tune` and a
+  farm worker run it: one kernel at a time on one core, each variant compiled, checked and timed; how many
+  kernels were timed and how many took a variant other than their untuned one;
+- both builds (the untuned one from an empty database, the tuned one from the records just made, which times
+  nothing);
+- latency: the two artifacts each in a process of its own (engine_process), at the host's default threads and on
+  one thread, taking turns `--rounds` times (medians of each turn's mean); where tuning kept every kernel's
+  untuned variant the tuned build runs the same code, so only the untuned one is timed (two processes of one
+  artifact differ by up to 6% on two threads of the shared VM);
+- per kernel that tuning moved off its untuned variant: the variant and both seconds as tuning measured them.
 
-Usage: python3 benchmarks/bench_tune.py [--repeat N] [--json out.json] [--no-fail]
-Exit status: 0 when both bars pass (or --no-fail), 1 when one fails.
+Bars (issues 6 and 32): tuning light ResNet-50 on one worker takes under 5 minutes; no tuned model is slower than
+its untuned build beyond NOISE at either thread count.
+
+Usage: python3 benchmarks/bench_tune.py [--models a,b] [--rounds N] [--json out.json] [--no-fail]
+Exit status: 0 when the bars pass (or --no-fail), 1 when one fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -27,26 +34,31 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import onnx
+from bench_build import feeds_for, machine_info, model_names, model_path
+from engine_process import EngineProcess, alternating_latency, save_feeds
 from report import cell, markdown_table
 
-from farm import runtime
 from farm.backends.llvm.gemm_blocking import GemmBlocking
+from farm.backends.llvm.kernel import untuned_blocking
 from farm.backends.llvm.target import host_target
 from farm.build.assembly import plan_model
 from farm.build.executor import LocalExecutor
 from farm.build.local import build_model
 from farm.cli.bench import kernel_label
 from farm.store import FileStore, Store
-from farm.tools.examples import random_input
 from farm.tuning.database import db_ref
 from farm.tuning.space import tunable
 from farm.tuning.variants import choose_variants
 
-MODEL = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / "light_resnet50.onnx"
+DEFAULT_MODELS = ("light_resnet50", "light_squeezenet", "resnet18_style", "mobilenetv2_style", "bert_style")
+TIMED_MODEL = "light_resnet50"
 TUNING_BAR_S = 300.0
-LATENCY_BAR_RATIO = 1.0
-WARMUP_RUNS = 2
+NOISE = 0.03
+"""How much slower than the untuned build a tuned one may time before the bar fails: on the shared 2-core Xeon VM two
+runs of this benchmark gave one model's tuned / untuned 0.93 and 1.00 on two threads, and an artifact timed in two
+processes differed by up to 6%."""
+ROUND_SECONDS = 0.25
+"""About how long each engine's turn in a round lasts (as bench_speed's)."""
 
 
 def tune(path: Path, store: Store) -> tuple[float, int]:
@@ -56,104 +68,158 @@ def tune(path: Path, store: Store) -> tuple[float, int]:
     return time.perf_counter() - started, len(report.timed)
 
 
-def latencies(artifacts: Sequence[str], repeat: int) -> list[float]:
-    """Median seconds per run of each artifact, the artifacts run in turn `repeat` times."""
-    models = [runtime.load(artifact) for artifact in artifacts]
-    feeds = random_input(onnx.load(str(MODEL)), seed=0)
-    for model in models:
-        for _ in range(WARMUP_RUNS):
-            model.run(feeds)
-    samples: list[list[float]] = [[] for _ in models]
-    for _ in range(repeat):
-        for model, times in zip(models, samples):
-            started = time.perf_counter()
-            model.run(feeds)
-            times.append(time.perf_counter() - started)
-    return [statistics.median(times) for times in samples]
-
-
-def kernel_rows(path: Path, store: Store) -> list[dict[str, Any]]:
-    """Each tunable kernel's label, chosen variant and measured seconds (the default's and the winner's)."""
+def moved_kernels(path: Path, store: Store) -> list[dict[str, Any]]:
+    """Each tunable kernel whose recorded variant is not its untuned blocking: its label, the variant and the
+    seconds tuning measured for both."""
     target = host_target()
     rows = []
     for spec in plan_model(path).kernels().values():
         if not tunable(spec):
             continue
         record = json.loads(store.get(store.get_ref(db_ref(spec, target.id))))
-        chosen = GemmBlocking.from_json(record["variant"]).name
+        chosen = GemmBlocking.from_json(record["variant"])
+        if chosen == untuned_blocking(spec, target):
+            continue
         rows.append(
             {
                 "kernel": kernel_label(spec.to_json()),
-                "variant": chosen,
+                "variant": chosen.name,
                 "default_s": record["default_seconds"],
-                "chosen_s": record["seconds"][chosen],
-                "rejected": record["rejected"],
+                "chosen_s": record["seconds"][chosen.name],
             }
         )
     return rows
 
 
-def run(repeat: int) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="farm-bench-tune-") as folder:
-        root = Path(folder)
-        tuned_store, empty_store = FileStore(root / "tuned-store"), FileStore(root / "empty-store")
-        tune_s, timed = tune(MODEL, tuned_store)
-        with LocalExecutor() as executor:
-            default = build_model(MODEL, root / "default", executor=executor, store=empty_store)
-            tuned = build_model(MODEL, root / "tuned", executor=executor, store=tuned_store)
-        default_s, tuned_s = latencies([default.artifact, tuned.artifact], repeat)
-        return {
-            "model": MODEL.stem,
-            "target": host_target().id,
-            "kernels_timed": timed,
-            "tuning_s": tune_s,
-            "default_build_s": default.seconds,
-            "tuned_build_s": tuned.seconds,
-            "default_latency_s": default_s,
-            "tuned_latency_s": tuned_s,
-            "ratio": tuned_s / default_s,
-            "kernels": kernel_rows(MODEL, tuned_store),
+def latencies(artifacts: dict[str, str], feeds: Path, folder: Path, rounds: int) -> dict[str, float]:
+    """Median seconds of each artifact at the default threads and on one thread ("<name>_1"), each in a process
+    of its own, taking turns."""
+    with contextlib.ExitStack() as stack:
+        engines = {
+            f"{name}{suffix}": stack.enter_context(EngineProcess("farm", artifact, feeds, threads, folder / "cache"))
+            for name, artifact in artifacts.items()
+            for suffix, threads in (("", 0), ("_1", 1))
         }
+        runs = max(1, int(ROUND_SECONDS / max(engines["untuned_1"].seconds(1), 1e-6)))
+        return alternating_latency(engines, rounds, runs)
+
+
+def bench_model(name: str, folder: Path, executor: LocalExecutor, rounds: int) -> dict[str, Any]:
+    """Tune the model into a fresh store, build it untuned and tuned, and time both."""
+    path = model_path(name, folder)
+    tuned_store, empty_store = FileStore(folder / f"{name}-tuned-store"), FileStore(folder / f"{name}-empty-store")
+    tune_s, timed = tune(path, tuned_store)
+    untuned = build_model(path, folder / f"{name}-untuned", executor=executor, store=empty_store)
+    tuned = build_model(path, folder / f"{name}-tuned", executor=executor, store=tuned_store)
+    feeds = save_feeds(feeds_for(path), folder / f"{name}-feeds.npz")
+    moved = moved_kernels(path, tuned_store)
+    if moved:
+        seconds = latencies({"untuned": untuned.artifact, "tuned": tuned.artifact}, feeds, folder, rounds)
+    else:  # every kernel kept its untuned variant: the same code, whatever two processes' timings would say
+        seconds = latencies({"untuned": untuned.artifact}, feeds, folder, rounds)
+        seconds |= {"tuned": seconds["untuned"], "tuned_1": seconds["untuned_1"]}
+    return {
+        "model": name,
+        "kernels_timed": timed,
+        "tuning_s": tune_s,
+        "untuned_build_s": untuned.seconds,
+        "tuned_build_s": tuned.seconds,
+        **{f"{key}_s": value for key, value in seconds.items()},
+        "ratio": seconds["tuned"] / seconds["untuned"],
+        "ratio_1": seconds["tuned_1"] / seconds["untuned_1"],
+        "moved": moved,
+    }
+
+
+def run(names: Sequence[str], rounds: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="farm-bench-tune-") as folder, LocalExecutor() as executor:
+        models = [bench_model(name, Path(folder), executor, rounds) for name in names]
+    return {"machine": machine_info(executor.workers), "target": host_target().id, "models": models}
 
 
 def report(result: dict[str, Any]) -> str:
-    rows = [
+    machine = result["machine"]
+    summary = [
         [
-            k["kernel"],
-            k["variant"],
-            cell(k["default_s"] * 1e3, ".3f"),
-            cell(k["chosen_s"] * 1e3, ".3f"),
-            cell(k["default_s"] / k["chosen_s"], ".2f"),
-            ",".join(k["rejected"]) or "-",
+            m["model"],
+            str(m["kernels_timed"]),
+            str(len(m["moved"])),
+            cell(m["tuning_s"], ".1f"),
+            cell(m["untuned_s"] * 1e3, ".3f"),
+            cell(m["tuned_s"] * 1e3, ".3f"),
+            cell(m["ratio"], ".3f"),
+            cell(m["untuned_1_s"] * 1e3, ".3f"),
+            cell(m["tuned_1_s"] * 1e3, ".3f"),
+            cell(m["ratio_1"], ".3f"),
         ]
-        for k in result["kernels"]
+        for m in result["models"]
     ]
+    moved = [
+        [m["model"], k["kernel"], k["variant"], cell(k["default_s"] * 1e3, ".3f"), cell(k["chosen_s"] * 1e3, ".3f")]
+        for m in result["models"]
+        for k in m["moved"]
+    ]
+    headers = ["model", "kernels tuned", "moved", "tuning s", "untuned ms", "tuned ms", "tuned / untuned"]
+    headers += ["untuned ms, 1 thread", "tuned ms, 1 thread", "tuned / untuned, 1 thread"]
     return "\n".join(
         [
-            f"{result['model']} on {result['target']}",
-            f"tuning: {result['tuning_s']:.1f} s for {result['kernels_timed']} kernels (bar < {TUNING_BAR_S:.0f} s)",
-            f"builds: default {result['default_build_s']:.1f} s, tuned {result['tuned_build_s']:.1f} s (no timing)",
-            f"latency: default {result['default_latency_s'] * 1e3:.2f} ms, tuned {result['tuned_latency_s'] * 1e3:.2f} "
-            f"ms, tuned/default {result['ratio']:.3f} (bar <= {LATENCY_BAR_RATIO:.2f})",
+            f"{machine['cpu']} ({result['target']}), {machine['cores']} CPUs",
             "",
-            markdown_table(["kernel", "variant", "default ms", "chosen ms", "speed-up", "rejected"], rows),
+            markdown_table(headers, summary),
+            "",
+            "Kernels tuning moved off their untuned variant (seconds as tuning measured them, one core, hot):",
+            "",
+            markdown_table(["model", "kernel", "variant", "untuned ms", "chosen ms"], moved) if moved else "none",
         ]
     )
 
 
+def bar_rows(result: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
+    """(bar, measured, limit, passed) of each bar that the run measured."""
+    rows = []
+    for m in result["models"]:
+        if m["model"] == TIMED_MODEL:
+            rows.append(
+                (
+                    f"tuning {TIMED_MODEL}, one worker",
+                    f"{m['tuning_s']:.1f} s",
+                    f"< {TUNING_BAR_S:.0f} s",
+                    m["tuning_s"] < TUNING_BAR_S,
+                )
+            )
+    worst = max(result["models"], key=lambda m: max(m["ratio"], m["ratio_1"]))
+    ratio = max(worst["ratio"], worst["ratio_1"])
+    rows.append(
+        (
+            "tuned / untuned, every model, both thread counts",
+            f"worst {worst['model']}: {ratio:.3f}",
+            f"<= {1 + NOISE:.2f}",
+            ratio <= 1 + NOISE,
+        )
+    )
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=30, help="timed runs of each model (default 30)")
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated built-in model names")
+    parser.add_argument("--rounds", type=int, default=7, help="turns of each artifact per thread count (default 7)")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--no-fail", action="store_true", help="exit 0 even when a bar fails")
     args = parser.parse_args(argv)
-    result = run(args.repeat)
+    names = model_names(parser, args.models)
+    result = run(names, args.rounds)
     print(report(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
-    passed = result["tuning_s"] < TUNING_BAR_S and result["ratio"] <= LATENCY_BAR_RATIO
-    print(f"\nbars: {'PASS' if passed else 'FAIL'}")
-    return 0 if passed or args.no_fail else 1
+    bars = bar_rows(result)
+    print(
+        "\n"
+        + markdown_table(
+            ["bar", "measured", "limit", "result"], [[b, m, lim, "PASS" if ok else "FAIL"] for b, m, lim, ok in bars]
+        )
+    )
+    return 0 if all(ok for *_, ok in bars) or args.no_fail else 1
 
 
 if __name__ == "__main__":
