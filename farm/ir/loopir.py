@@ -667,10 +667,8 @@ def column_units(gemm: Gemm, tile_columns: int, vectors: int) -> int:
 
 
 def _gemm_range(gemm: Gemm, gemm_rows: int, gemm_columns: int, gemm_vectors: int) -> tuple[int, int]:
-    """Column units (column_units) in multiples of a whole block's vectors where splits_columns says so, else rows
-    in multiples of the register tile's. Ranges cut inside a block run its vectors as pieces of 1 or 2 (each
-    re-reading A for a third of the FMAs): ResNet-50's 14x14 3x3 convs, cut at vectors 6, 8 and 14 of 16, ran
-    17% more work on one core than whole and 945 us on two threads; cut at 6, 9 and 15, 875 us."""
+    """Column units (column_units) in grains of a whole block's vectors where splits_columns says so, else rows in
+    multiples of the register tile's: a range cut inside a block runs pieces of 1-2 vectors (docs/architecture.md)."""
     if splits_columns(gemm, gemm_columns):
         return column_units(gemm, gemm_columns, gemm_vectors), gemm_vectors
     return gemm.m, gemm_rows
