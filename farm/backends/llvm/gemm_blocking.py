@@ -107,21 +107,22 @@ def two_thread_excess(units: int, grain: int) -> float:
 
 def balanced_blocking(gemms: list[L.Gemm], blocking: GemmBlocking) -> GemmBlocking:
     """`blocking`, or WIDE_TILE of its lanes where every Gemm is a few-row column-split one (WIDE_TILE_MIN_ROWS to
-    SMALL_M_ROWS rows, split by columns, k at least WIDE_TILE_MIN_K) as wide as whole WIDE_TILE blocks, whose whole blocks of
-    `blocking` two threads can't share within UNEVEN_SPLIT. Threads' ranges are cut at whole blocks (loopir._gemm_range), so ResNet-50's 14x14
-    convs of 256 output channels, 5 blocks of 48 and a vector, ran 9 vectors on one thread and 7 on the other,
-    which then waited; in 4 blocks of 64 each thread runs 2. On two Xeon threads light ResNet-50 ran 0.97-0.99x
-    (alternating, whole model) and on one 0.99x. In practice this is 128 and 256 columns: with 6 x 4 tiles for
-    every few-row GEMM a multiple of 64 wide, the 7x7 convs of 512 and 2048 channels (their 8 x 3 cut within
-    6%) ran 2-10% slower on one thread, and 320 columns (20 vectors: 11 and 9) gained nothing. Only where `blocking` holds as many accumulators as WIDE_TILE (the 8 x 3
-    default of 32 vector registers)."""
+    SMALL_M_ROWS rows, split by columns, k at least WIDE_TILE_MIN_K) as wide as whole WIDE_TILE blocks, whose whole
+    blocks of `blocking` two threads can't share within UNEVEN_SPLIT; only where `blocking` holds as many
+    accumulators as WIDE_TILE (the 8 x 3 default of 32 vector registers).
+
+    Threads' ranges are cut at whole blocks (loopir._gemm_range), so ResNet-50's 14x14 convs of 256 output
+    channels, 5 blocks of 48 and a vector, ran 9 vectors on one thread and 7 on the other, which then waited; in 4
+    blocks of 64 each thread runs 2. On two Xeon threads light ResNet-50 ran 0.97-0.99x (alternating, whole model)
+    and on one 0.99x. In practice this is 256 columns: with 6 x 4 tiles for every few-row GEMM a multiple of 64
+    wide, the 7x7 convs of 512 and 2048 channels (their 8 x 3 cut within 6%) ran 2-10% slower on one thread, and
+    320 columns (20 vectors: 11 and 9) gained nothing."""
     wide = GemmBlocking(WIDE_TILE[0], WIDE_TILE[1], blocking.lanes)
     if not gemms or blocking.rows * blocking.vectors != wide.rows * wide.vectors:
         return blocking
     for gemm in gemms:
-        if not WIDE_TILE_MIN_ROWS <= gemm.m <= SMALL_M_ROWS or gemm.k < WIDE_TILE_MIN_K or gemm.n % wide.tile_columns:
-            return blocking
-        if not L.splits_columns(gemm, blocking.tile_columns):
+        shaped = WIDE_TILE_MIN_ROWS <= gemm.m <= SMALL_M_ROWS and gemm.k >= WIDE_TILE_MIN_K
+        if not shaped or gemm.n % wide.tile_columns or not L.splits_columns(gemm, blocking.tile_columns):
             return blocking
         units = L.column_units(gemm, blocking.tile_columns, blocking.vectors)
         if two_thread_excess(units, blocking.vectors) <= UNEVEN_SPLIT:
