@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 
@@ -22,7 +23,16 @@ from native_helpers import (
 
 from farm.backends.llvm.entry import compile_entry
 from farm.backends.llvm.gemm_blocking import GemmBlocking
-from farm.backends.llvm.kernel import blocking_for, compile_cpu_kernel, default_blocking, kernel_ir, untuned_blocking
+from farm.backends.llvm.kernel import (
+    TINY_KERNEL_WORK,
+    blocking_for,
+    compile_cpu_kernel,
+    cpu_launches,
+    default_blocking,
+    kernel_ir,
+    unrolls_loops,
+    untuned_blocking,
+)
 from farm.backends.llvm.link import link_library
 from farm.backends.llvm.target import CpuTarget
 from farm.backends.llvm.toolchain import compile_ir
@@ -86,6 +96,24 @@ def test_aarch64_object_is_an_aarch64_elf():
 def test_compiling_twice_gives_identical_bytes(target):
     spec = conv_spec(target)
     assert compile_cpu_kernel(spec, target) == compile_cpu_kernel(spec, target)
+
+
+def test_a_tiny_kernel_is_compiled_without_unrolling_and_a_bigger_one_with_it():
+    """A kernel whose launches run at most TINY_KERNEL_WORK innermost statements is compiled without LLVM's loop
+    unrolling (kernel.unrolls_loops): its object is compile_ir's with unroll=False, and another than with it."""
+    target = host()
+    bigger = conv_spec(target)
+    tiny = dataclasses.replace(
+        bigger, inputs=(TensorInfo((1, 8, 4, 4)), *bigger.inputs[1:]), outputs=(TensorInfo((1, 16, 4, 4)),)
+    )
+    assert sum(work for _, _, work in cpu_launches(tiny, target)) <= TINY_KERNEL_WORK
+    assert not unrolls_loops(tiny, target)
+    text = kernel_ir(tiny, target)
+    name = f"kernel Conv {tiny.symbol}"
+    assert compile_cpu_kernel(tiny, target) == compile_ir(text, target, name, unroll=False)
+    assert compile_cpu_kernel(tiny, target) != compile_ir(text, target, name)
+    assert sum(work for _, _, work in cpu_launches(bigger, target)) > TINY_KERNEL_WORK
+    assert unrolls_loops(bigger, target)
 
 
 def test_object_defines_the_kernel_symbol_as_a_global_function(tmp_path):

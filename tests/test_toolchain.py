@@ -1,5 +1,5 @@
-"""The toolchain (farm/backends/llvm/toolchain.py): compile_ir is tested with the kernels (test_cpu.py); here, the
-toolchain's identity, which every CPU cache ref and build identity holds."""
+"""The toolchain (farm/backends/llvm/toolchain.py): compile_ir is tested with the kernels (test_cpu.py); here, its
+choice of unrolling, and the toolchain's identity, which every CPU cache ref and build identity holds."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import llvmlite.binding as llvm
 import pytest
 
 from farm.backends.llvm.link import linker_identity
-from farm.backends.llvm.toolchain import Toolchain, toolchain
+from farm.backends.llvm.target import host_target
+from farm.backends.llvm.toolchain import Toolchain, compile_ir, toolchain
 
 HEX16 = re.compile(r"[0-9a-f]{16}")
 
@@ -19,6 +20,31 @@ HEX16 = re.compile(r"[0-9a-f]{16}")
 @pytest.fixture(autouse=True)
 def no_label(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FARM_TOOLCHAIN_LABEL", raising=False)
+
+
+COUNTED_STORES = """
+define void @k(ptr %p) {
+entry:
+  br label %loop
+loop:
+  %i = phi i64 [ 0, %entry ], [ %next, %loop ]
+  %at = getelementptr inbounds i32, ptr %p, i64 %i
+  store volatile i32 7, ptr %at
+  %next = add i64 %i, 1
+  %more = icmp slt i64 %next, 16
+  br i1 %more, label %loop, label %done
+done:
+  ret void
+}
+"""
+
+
+def test_unroll_false_keeps_a_counted_loop_that_o3_unrolls() -> None:
+    """16 volatile stores in a loop: O3 unrolls them into 16 store instructions, unroll=False keeps one in a loop."""
+    unrolled = compile_ir(COUNTED_STORES, host_target(), "k")
+    kept = compile_ir(COUNTED_STORES, host_target(), "k", unroll=False)
+    assert len(kept) < len(unrolled)
+    assert compile_ir(COUNTED_STORES, host_target(), "k", unroll=False) == kept
 
 
 def test_the_identity_names_llvmlite_llvm_and_the_linker_this_process_uses() -> None:

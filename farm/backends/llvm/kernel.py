@@ -23,6 +23,13 @@ LOWERED_CACHE = 4096
 """How many kernels' packed parameters and launches a process keeps (_packed_params, _cpu_launches): a link plan
 asks for each kernel's several times (its manifest, its layout, each step's weights), and every answer lowered the
 kernel again: light DenseNet-121's link plan lowered its 316 kernels 2,212 times, 0.3-0.4 s of the finish."""
+TINY_KERNEL_WORK = 16384
+"""The most innermost statements (loopir.launch_info's work, all launches together) of a kernel whose loops LLVM
+doesn't unroll (unrolls_loops). Such a kernel runs for a few microseconds whatever its code, but O3's unroller
+spent up to 0.4 s of LLVM on one: a 3 x 8 x 18 Transpose fully unrolled, Attention kernels of ONNX's cases 0.25 s
+each. With this bound the first 400 of ONNX's node cases compiled their 513 kernels in 12.8 s instead of 25.3
+(one Xeon core), and bert_style, vit_style and mobilenetv2_style (whose LayerNormalizations, a MatMul and a Conv
+fall under it) ran as fast as before, node by node."""
 
 
 def default_blocking(target: CpuTarget) -> GemmBlocking:
@@ -101,7 +108,6 @@ def int_gemms(stmts: list[L.Stmt]) -> list[L.IntGemm]:
 
 
 @functools.lru_cache(maxsize=LOWERED_CACHE)
-@functools.lru_cache(maxsize=LOWERED_CACHE)
 def kernel_parts(spec: KernelSpec, target: CpuTarget) -> int:
     """How many objects (units) the kernel's code is split into on `target`: 1 + its launches' outlined functions
     (gemm_outlining.outlined_functions), at most gemm_outlining.MAX_PARTS. A build compiles each part as a unit of
@@ -147,6 +153,13 @@ def _cpu_launches(spec: KernelSpec, target: CpuTarget) -> tuple[tuple[int, ...],
     return tuple(tuple(info.to_json()) for info in infos)
 
 
+def unrolls_loops(spec: KernelSpec, target: CpuTarget) -> bool:
+    """Whether LLVM unrolls the kernel's loops: not where its launches together run at most TINY_KERNEL_WORK
+    innermost statements (microseconds, whatever the code)."""
+    return sum(work for _, _, work in _cpu_launches(spec.whole, target)) > TINY_KERNEL_WORK
+
+
 def compile_cpu_kernel(spec: KernelSpec, target: CpuTarget) -> bytes:
     """The object code of one kernel for one CPU target."""
-    return compile_ir(kernel_ir(spec, target), target, f"kernel {spec.op} {spec.symbol}")
+    text = kernel_ir(spec, target)
+    return compile_ir(text, target, f"kernel {spec.op} {spec.symbol}", unroll=unrolls_loops(spec, target))

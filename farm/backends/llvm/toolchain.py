@@ -72,8 +72,9 @@ def toolchain() -> Toolchain:
     return replace(_measured(), label=defaults.toolchain_label())
 
 
-def compile_ir(text: str, target: CpuTarget, name: str, optimize: bool = True) -> bytes:
-    """Parse, verify, optimise at O3 (with loop and SLP vectorisation) and emit an object for `target`."""
+def compile_ir(text: str, target: CpuTarget, name: str, optimize: bool = True, unroll: bool = True) -> bytes:
+    """Parse, verify, optimise at O3 (with loop and SLP vectorisation, and loop unrolling unless `unroll` is False)
+    and emit an object for `target`."""
     machine = target.machine()
     try:
         module = llvm.parse_assembly(text)
@@ -83,14 +84,14 @@ def compile_ir(text: str, target: CpuTarget, name: str, optimize: bool = True) -
     except RuntimeError as exc:
         raise BuildError(f"{name}: LLVM rejected the generated IR: {exc}") from None
     if optimize:
-        _optimize(module, machine)
+        _optimize(module, machine, unroll)
     return machine.emit_object(module)
 
 
-def _optimize(module: llvm.ModuleRef, machine: llvm.TargetMachine) -> None:
+def _optimize(module: llvm.ModuleRef, machine: llvm.TargetMachine, unroll: bool) -> None:
     tuning = llvm.create_pipeline_tuning_options(speed_level=3)
     tuning.loop_vectorization = True
     tuning.slp_vectorization = True
-    tuning.loop_unrolling = True
+    tuning.loop_unrolling = unroll
     builder = llvm.create_pass_builder(machine, tuning)
     builder.getModulePassManager().run(module, builder)
