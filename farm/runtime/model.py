@@ -11,6 +11,7 @@ queues (_Pool). ctypes releases the GIL for the native calls.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import itertools
 import queue
 import threading
@@ -20,7 +21,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy: dtype names are how manifests give dtypes)
 import numpy as np
 
 from farm.errors import ArtifactError, RunInputError
@@ -245,9 +245,23 @@ def _aligned_zeros(size: int, alignment: int) -> np.ndarray:
     return raw[start : start + size]
 
 
+DTYPE_PACKAGES = {"bfloat16": "ml_dtypes"}
+"""The package that registers each dtype name numpy lacks (manifests give dtypes by name)."""
+
+
+def registered_dtype(name: str) -> np.dtype:
+    """numpy's dtype of a manifest's dtype name, importing the package that registers it where numpy lacks it
+    (DTYPE_PACKAGES): only for a model that has such a tensor, since ml_dtypes 0.7's import takes 0.6 s under
+    numpy 2.4 (PyUFunc_AddLoop scanning its loops once per loop it adds), and every `farm run`, `farm bench` and
+    process that loaded an artifact paid it."""
+    if name in DTYPE_PACKAGES:
+        importlib.import_module(DTYPE_PACKAGES[name])
+    return np.dtype(name)
+
+
 def tensor_slots(slots: Sequence[TensorSlot]) -> list[tuple[TensorSpec, int]]:
     """A checked manifest's inputs or outputs as (spec, arena offset); check_manifest saw each fit the arena."""
-    return [(TensorSpec(slot.name, slot.shape, np.dtype(slot.dtype).name), slot.offset) for slot in slots]
+    return [(TensorSpec(slot.name, slot.shape, registered_dtype(slot.dtype).name), slot.offset) for slot in slots]
 
 
 def check_feeds(inputs: list[TensorSpec], feeds: Mapping[str, np.ndarray]) -> None:
