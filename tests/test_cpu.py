@@ -30,6 +30,7 @@ from farm.backends.llvm.kernel import (
     cpu_launches,
     default_blocking,
     kernel_ir,
+    kernel_parts,
     unrolls_loops,
     untuned_blocking,
 )
@@ -114,6 +115,25 @@ def test_a_tiny_kernel_is_compiled_without_unrolling_and_a_bigger_one_with_it():
     assert compile_cpu_kernel(tiny, target) != compile_ir(text, target, name)
     assert sum(work for _, _, work in cpu_launches(bigger, target)) > TINY_KERNEL_WORK
     assert unrolls_loops(bigger, target)
+
+
+def test_the_outlined_parts_of_a_kernel_compile_without_unrolling_and_its_first_part_with_it():
+    """A kernel split into parts (kernel_parts): its outlined GEMM parts hold only tile loops whose bodies farm
+    lays out, so LLVM doesn't unroll them (kernel.unrolls_loops); the first part, with the launches and the padded
+    copy, is unrolled like a whole kernel."""
+    target = host()
+    spec = KernelSpec(
+        op="Conv",
+        attrs_json=canonical_json({**CONV_ATTRS, "constant_weight": True}),
+        inputs=(TensorInfo((1, 256, 14, 14)), TensorInfo((256, 256, 3, 3)), TensorInfo((256,))),
+        outputs=(TensorInfo((1, 256, 14, 14)),),
+        activation=RELU,
+        target_id=target.id,
+    )
+    parts = kernel_parts(spec, target)
+    assert parts > 1
+    assert unrolls_loops(spec, target) and unrolls_loops(dataclasses.replace(spec, part=(0, parts)), target)
+    assert not any(unrolls_loops(dataclasses.replace(spec, part=(part, parts)), target) for part in range(1, parts))
 
 
 def test_object_defines_the_kernel_symbol_as_a_global_function(tmp_path):

@@ -213,8 +213,9 @@ def _window_steps(
     steps: int | ir.Value,
 ) -> None:
     """The k steps [k0, k0 + steps) of an implicit GEMM (L.ImplicitColumns; whole channels) as loops over
-    channels, kernel rows and kernel columns: each row's base in the padded plane is computed once per tile, and
-    each k step adds the tap's offset."""
+    channels and kernel rows, a row's kernel columns one after another: each row's base in the padded plane is
+    computed once per tile, and each k step adds the tap's offset. The columns are laid out here, not left to
+    LLVM's unroller, which a GEMM part is compiled without (kernel.unrolls_loops)."""
     b, width = gen.b, ir.Constant(I64_T, window.out_width)
     bases = [gen.offset((b.sdiv(m, width), window.row_step), (b.srem(m, width), window.column_step)) for m in rows]
     taps = window.kernel_height * window.kernel_width
@@ -226,13 +227,12 @@ def _window_steps(
         offset = gen.offset((channel, window.plane), (r, window.tap_row_step), (s, window.tap_column_step))
         step(k, [b.add(base, offset) for base in bases])
 
+    def tap_row(index: ir.Value, r: ir.Value) -> None:
+        for s in range(window.kernel_width):
+            tap(index, r, ir.Constant(I64_T, s))
+
     channels = steps // taps if isinstance(steps, int) else b.sdiv(steps, ir.Constant(I64_T, taps))
-    gen.loop(
-        channels,
-        lambda index: gen.loop(
-            window.kernel_height, lambda r: gen.loop(window.kernel_width, lambda s: tap(index, r, s))
-        ),
-    )
+    gen.loop(channels, lambda index: gen.loop(window.kernel_height, lambda r: tap_row(index, r)))
 
 
 def _c_index(gen: GemmEmitter, m: ir.Value, n: ir.Value) -> tuple[ir.Value, int]:
