@@ -158,8 +158,8 @@ def unrolls_loops(spec: KernelSpec, target: CpuTarget) -> bool:
     most TINY_KERNEL_WORK innermost statements (microseconds, whatever the code), nor in an outlined GEMM part
     (KernelSpec.part past 0). A part holds only the micro-kernel's tile loops (gemm_outlining), whose bodies the
     emitter lays out itself (gemm_tiles: a tile's rows and vectors, a tap row's kernel columns); the unroller only
-    copied the k loops' bodies, and took 11% of light ResNet-50's serial compile (7.64 -> 6.80 s) for no speed
-    (whole model 1.00x on one thread and two, alternating, no node slower)."""
+    copied the k loops' bodies, and took 10% of light ResNet-50's serial compile (7.20-7.28 -> 6.14-6.76 s,
+    alternating) for no speed (whole model 0.98-1.00x on one thread and two, no node slower)."""
     if spec.part is not None and spec.part[0] > 0:
         return False
     return sum(work for _, _, work in _cpu_launches(spec.whole, target)) > TINY_KERNEL_WORK
