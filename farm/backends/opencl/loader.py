@@ -29,7 +29,7 @@ from farm.backends.opencl.devices import BUILD_OPTIONS, device_info, fingerprint
 from farm.errors import ArtifactError, BadInputError
 from farm.runtime.manifest import check_manifest, check_sizes
 from farm.runtime.manifest_types import Manifest, OpenClKernel
-from farm.runtime.model import TensorSpec, check_feeds, registered_dtype
+from farm.runtime.model import check_feeds, tensor_slots
 from farm.runtime.sized import SizedModel
 
 
@@ -165,10 +165,8 @@ class OpenCLModel:
             ]
             for step in part.schedule
         ]
-        self.inputs = [TensorSpec(slot.name, slot.shape, registered_dtype(slot.dtype).name) for slot in manifest.inputs]
-        self.outputs = [
-            TensorSpec(slot.name, slot.shape, registered_dtype(slot.dtype).name) for slot in manifest.outputs
-        ]
+        self.inputs = [spec for spec, _ in tensor_slots(manifest.inputs)]
+        self.outputs = [spec for spec, _ in tensor_slots(manifest.outputs)]
         self._lock = threading.Lock()
 
     def load_programs(self, kernels: list[OpenClKernel]) -> dict[str, Any]:
