@@ -685,3 +685,22 @@ def test_a_kernel_split_into_parts_computes_what_the_whole_one_does(case, outlin
     [expected] = [run_kernel(kernel, arrays, tmp_path)[0]]
     [split] = [run_kernel(kernel, arrays, tmp_path, parts=parts)[0]]
     np.testing.assert_array_equal(split, expected)
+
+
+def test_an_offset_folds_its_constant_terms_and_multiplies_by_one_not_at_all() -> None:
+    """GemmEmitter.offset: (x, 1) + (3, 4) + (y, 0) + (z, 5) is x + z * 5 + 12, two adds and one multiply (llvmlite
+    folds nothing), and a sum of constants alone is a constant."""
+    from llvmlite import ir
+
+    from farm.backends.llvm.gemm_emitter import I64_T, GemmEmitter
+
+    fn = ir.Function(ir.Module(), ir.FunctionType(I64_T, [I64_T] * 3), "f")
+    builder = ir.IRBuilder(fn.append_basic_block("entry"))
+    zero = L.const(0)
+    gemm = L.Gemm("in0", zero, 1, "in1", zero, 1, "out0", zero, 1, m=1, n=1, k=1)
+    gen = GemmEmitter(builder, None, None, None, None, gemm, GemmBlocking())
+    x, y, z = fn.args
+    builder.ret(gen.offset((x, 1), (3, 4), (y, 0), (z, 5)))
+    text = str(fn)
+    assert text.count(" mul ") == 1 and text.count(" add ") == 2 and ", 12" in text
+    assert gen.offset((2, 3), (ir.Constant(I64_T, 4), 5)).constant == 26

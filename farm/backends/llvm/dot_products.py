@@ -28,7 +28,7 @@ def splat(b: ir.IRBuilder, scalar: ir.Value, count: int) -> ir.Value:
     """`scalar` in every lane of a vector of `count` of its type."""
     vec_t = vector_of(scalar.type, count)
     single = b.insert_element(ir.Constant(vec_t, ir.Undefined), scalar, ir.Constant(I32_T, 0))
-    return b.shuffle_vector(single, ir.Constant(vec_t, ir.Undefined), ir.Constant(vector_of(I32_T, count), [0] * count))
+    return b.shuffle_vector(single, ir.Constant(vec_t, ir.Undefined), ir.Constant(vector_of(I32_T, count), None))
 
 
 def lanes_of_groups(b: ir.IRBuilder, wide: ir.Value, lanes: int, ways: int) -> ir.Value:

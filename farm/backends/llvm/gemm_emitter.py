@@ -5,6 +5,7 @@ broadcasts, prefetches and the accesses to C.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from llvmlite import ir
@@ -105,12 +106,19 @@ class GemmEmitter:
         return self.b.gep(base, [index], inbounds=True, source_etype=F32_T)
 
     def offset(self, *terms: tuple[ir.Value | int, int]) -> ir.Value:
-        """sum of value * scale, as i64."""
-        total: ir.Value = ir.Constant(I64_T, 0)
+        """sum of value * scale, as i64, with the constant terms summed here and no multiply by 1: llvmlite's
+        builder folds nothing, and each instruction it made was Python objects, then IR text for LLVM to parse and
+        fold away."""
+        constant, parts = 0, []
         for value, scale in terms:
-            value = ir.Constant(I64_T, value) if isinstance(value, int) else value
-            total = self.b.add(total, self.b.mul(value, ir.Constant(I64_T, scale)))
-        return total
+            if isinstance(value, ir.Constant) and isinstance(value.constant, int):
+                value = value.constant
+            if isinstance(value, int):
+                constant += value * scale
+            elif scale:
+                parts.append(value if scale == 1 else self.b.mul(value, ir.Constant(I64_T, scale)))
+        total = functools.reduce(self.b.add, parts) if parts else ir.Constant(I64_T, constant)
+        return self.b.add(total, ir.Constant(I64_T, constant)) if parts and constant else total
 
 
 def counted_loop(
@@ -207,5 +215,5 @@ def splat(b: ir.IRBuilder, scalar: ir.Value, lanes: int) -> ir.Value:
         return scalar
     vec_t = ir.VectorType(F32_T, lanes)
     single = b.insert_element(ir.Constant(vec_t, ir.Undefined), scalar, ir.Constant(I32_T, 0))
-    mask = ir.Constant(ir.VectorType(I32_T, lanes), [0] * lanes)
+    mask = ir.Constant(ir.VectorType(I32_T, lanes), None)  # zeroinitializer: every lane takes lane 0
     return b.shuffle_vector(single, ir.Constant(vec_t, ir.Undefined), mask)
