@@ -19,6 +19,7 @@ from farm.ops.window import (
     nchw,
     no_scratch,
     pad_plane,
+    padded_plane,
     phased_plane_floats,
     phased_tap,
     register_by_rank,
@@ -117,9 +118,8 @@ def _pool_plane_scratch(spec: KernelSpec) -> int:
 def _taps_inside(geo: Window) -> bool:
     """Whether every tap of every output lies inside the input (no pads, no window past the last row or column):
     then the pool reads its input in place (_pool_planes), with no padded copy."""
-    last_row = (geo.out_height - 1) * geo.stride_height + (geo.kernel_height - 1) * geo.dilation_height
-    last_column = (geo.out_width - 1) * geo.stride_width + (geo.kernel_width - 1) * geo.dilation_width
-    return geo.pad_top == geo.pad_left == 0 and last_row < geo.height and last_column < geo.width
+    rows, columns = padded_plane(geo)
+    return geo.pad_top == geo.pad_left == 0 and rows <= geo.height and columns <= geo.width
 
 
 def _pool_planes(spec: KernelSpec) -> list[L.Stmt]:
