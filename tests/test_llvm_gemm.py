@@ -19,6 +19,7 @@ from farm.backends.llvm.gemm import (
 )
 from farm.backends.llvm.gemm_blocking import SMALL_M_PACKED_K_BLOCK, GemmBlocking
 from farm.backends.llvm.gemm_outlining import MAX_PARTS, outlined_functions
+from farm.backends.llvm.gemm_tiles import F32_BYTES, STRIDE_PREFETCHER_BYTES, WINDOW_PREFETCH_CHANNELS
 from farm.backends.llvm.packing import pack_columns, pack_operand, pack_panels
 from farm.ir import loopir as L
 
@@ -627,15 +628,20 @@ def _few_row_kernel(m: int, n: int, k: int) -> tuple[L.LoopKernel, list[np.ndarr
     ]
 
 
+def _implicit_operands(channels: int, out_channels: int, out_size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """A 3x3 conv's padded input (channels, rows + 2, columns + 2) and its weights (out_channels, channels * 9)."""
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((channels, out_size[0] + 2, out_size[1] + 2)).astype(np.float32)
+    return x, rng.standard_normal((out_channels, channels * 9)).astype(np.float32)
+
+
 def _implicit_kernel(
     channels: int = 4, out_channels: int = 40, out_size: tuple[int, int] = (20, 21)
 ) -> tuple[L.LoopKernel, list[np.ndarray]]:
     """An implicit GEMM (a 3x3 conv, by default of 4 channels at 20 x 21 pixels, 40 output channels: row-split),
     its arrays."""
     rows, columns = out_size[0] + 2, out_size[1] + 2
-    rng = np.random.default_rng(8)
-    x = rng.standard_normal((channels, rows, columns)).astype(np.float32)
-    w = rng.standard_normal((out_channels, channels * 9)).astype(np.float32)
+    x, w = _implicit_operands(channels, out_channels, out_size)
     window = L.ImplicitColumns(out_size[1], columns, 1, rows * columns, 3, 3, columns, 1)
     m, n, k = out_size[0] * out_size[1], out_channels, channels * 9
     gemm = L.Gemm(
@@ -659,6 +665,22 @@ def _implicit_kernel(
     packed = pack_columns(w.reshape(1, n, k), GemmBlocking().tile_columns, transposed=True)[0]
     params = [L.Param("c", output=True), L.Param("a"), L.Param("b")]
     return L.LoopKernel(params, [gemm]), [np.full((n, m), np.nan, np.float32), x, packed]
+
+
+def test_implicit_gemm_over_planes_apart_beyond_the_stride_prefetcher_prefetches_channels_ahead(tmp_path):
+    """A tile of an implicit GEMM whose planes lie further apart than STRIDE_PREFETCHER_BYTES prefetches, per kernel
+    row, the lines of its first and last pixel WINDOW_PREFETCH_CHANNELS channels ahead; over closer planes (the
+    hardware follows those) nothing. Prefetching past the input's end (the last channels) computes the same."""
+    big, arrays = _implicit_kernel(5, 40, (30, 31))
+    small, _ = _implicit_kernel(5, 40, (14, 14))
+    assert 32 * 33 * F32_BYTES > STRIDE_PREFETCHER_BYTES >= 16 * 16 * F32_BYTES
+    text = kernel_module_ir([("farm_k_test", big)], host())
+    assert _prefetches(big) == {0} and _prefetches(small) == set()
+    assert re.search(rf"= add i64 %\S+, {WINDOW_PREFETCH_CHANNELS * 32 * 33}\n", text)
+    [c, *_] = run_kernel(big, arrays, tmp_path)
+    x, w = _implicit_operands(5, 40, (30, 31))
+    taps = np.stack([x[:, r : r + 30, s : s + 31] for r in range(3) for s in range(3)], axis=1)
+    assert_gemm_close(c, w.astype(np.float64) @ taps.reshape(5 * 9, 30 * 31))
 
 
 @pytest.mark.parametrize(

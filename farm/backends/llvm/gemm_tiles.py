@@ -204,6 +204,22 @@ def _partial_index(gen: GemmEmitter, region: Region, m: ir.Value, j: int) -> ir.
     return gen.b.gep(gen.partial, [ir.Constant(I32_T, 0), index], inbounds=True)
 
 
+WINDOW_PREFETCH_CHANNELS = 2
+"""How many channels ahead an implicit GEMM's tile prefetches its window rows (_window_steps). 1, 4 and 8 gave the
+same times as 2 on VGG-19's big-plane convs; without it, they ran 5% slower on one thread and 8% on two."""
+
+STRIDE_PREFETCHER_BYTES, F32_BYTES = 2048, 4
+"""The largest stride that the cores' own stride prefetcher follows (Intel's L1 IP prefetcher: 2 KB). A tile's
+k loop steps from one channel's plane to the next; past this stride each channel's rows are fetched on demand
+from L3, unless the tile prefetches them itself."""
+
+
+def _prefetches_window(window: L.ImplicitColumns) -> bool:
+    """Whether a tile prefetches its window rows a few channels ahead: only where the planes are further apart than
+    the hardware follows (28x28 planes and up). ResNet-18's 2x2-plane 512-channel conv ran 13% slower with it."""
+    return window.plane * F32_BYTES > STRIDE_PREFETCHER_BYTES
+
+
 def _window_steps(
     gen: GemmEmitter,
     window: L.ImplicitColumns,
@@ -228,6 +244,13 @@ def _window_steps(
         step(k, [b.add(base, offset) for base in bases])
 
     def tap_row(index: ir.Value, r: ir.Value) -> None:
+        if _prefetches_window(window):
+            ahead = gen.offset(
+                (b.add(first, index), window.plane), (r, window.tap_row_step), (WINDOW_PREFETCH_CHANNELS, window.plane)
+            )
+            last_tap = ir.Constant(I64_T, (window.kernel_width - 1) * window.tap_column_step)
+            prefetch(gen, gen.address(gen.a, b.add(bases[0], ahead)))
+            prefetch(gen, gen.address(gen.a, b.add(bases[-1], b.add(ahead, last_tap))))
         for s in range(window.kernel_width):
             tap(index, r, ir.Constant(I64_T, s))
 
