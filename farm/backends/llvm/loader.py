@@ -4,6 +4,7 @@ which finds it by name (farm.runtime.loader_of): `LOADER`."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -170,6 +171,19 @@ def map_weights(artifact: Artifact, members: list[str]) -> tuple[dict[str, int],
     if not members:
         return {}, None
     with open(artifact.path, "rb") as file:
-        view = np.frombuffer(mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ), dtype=np.uint8)
+        mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    _ask_for_huge_pages(mapped)
+    view = np.frombuffer(mapped, dtype=np.uint8)
     base = view.ctypes.data
     return {name: base + artifact.member_place(name)[0] for name in members}, view
+
+
+def _ask_for_huge_pages(mapped: mmap.mmap) -> None:
+    """Ask the OS to back the map with 2 MB pages where it can (madvise MADV_HUGEPAGE; a no-op where the platform
+    has none, or refuses): the kernels stream big weights once a run, and on 4 KB pages each page costs a page
+    walk. Pages already cached as 2 MB folios (artifact.COPY_BYTES) are mapped so either way; the advice makes the
+    pages read from disk later come in 2 MB folios too (VGG-19 read cold: 460 MB of 501 huge, against 395)."""
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is not None:
+        with contextlib.suppress(OSError):
+            mapped.madvise(advice)
