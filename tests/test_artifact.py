@@ -8,12 +8,16 @@ import json
 import os
 import tarfile
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from farm.artifact import (
+    COPY_BYTES,
     FORMAT_VERSION,
     LazyMember,
+    _write_tar,
     artifact_bytes,
     open_artifact,
     read_manifest,
@@ -234,3 +238,25 @@ def test_a_lazy_member_whose_bytes_were_checked_is_not_hashed_again() -> None:
     checked = artifact_bytes({"model": {}}, {"w.bin": LazyMember(14, lambda: b"packed weights", digest)})
     assert checked == artifact_bytes({"model": {}}, {"w.bin": b"packed weights"})
     assert b"e" * 64 in artifact_bytes({"model": {}}, {"w.bin": LazyMember(14, lambda: b"packed weights", "e" * 64)})
+
+
+class _RecordedWrites(io.BytesIO):
+    """A file that keeps the size of each write it was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[int] = []
+
+    def write(self, data: Any) -> int:
+        self.sizes.append(memoryview(data).nbytes)
+        return super().write(data)
+
+
+def test_a_big_member_goes_to_the_file_in_one_write() -> None:
+    """Each member is one write of views of its bytes (COPY_BYTES), so that a file system with large folios caches
+    its 2 MB stretches as 2 MB folios, which the runtime then maps as huge pages (loader.map_weights)."""
+    weights = np.random.default_rng(0).bytes(24 << 20)
+    recorded = _RecordedWrites()
+    _write_tar(recorded, {"blobs/w.bin": weights}, MANIFEST)
+    assert COPY_BYTES >= 1 << 30 and len(weights) in recorded.sizes
+    assert sum(size for size in recorded.sizes if size >= 2 << 20) == len(weights)

@@ -22,7 +22,8 @@ import pytest
 from llvmlite import ir
 
 from farm import defaults
-from farm.artifact import FORMAT_VERSION, Artifact, write_artifact
+from farm.artifact import FORMAT_VERSION, Artifact, open_artifact, write_artifact
+from farm.backends.llvm.loader import map_weights
 from farm.backends.registry import BACKENDS
 from farm.errors import ArtifactError, RunInputError
 from farm.runtime import TensorSpec, load, loader_of
@@ -702,3 +703,25 @@ def test_malformed_signature_is_refused(artifact: Path, tmp_path: Path, record: 
     with_signature(artifact, record, artifact)
     with pytest.raises(ArtifactError, match="manifest.sig is (malformed|over 1024 bytes)|which is not trusted"):
         load(artifact, cache_dir=tmp_path / "cache", trust=[public_key_hex(public.read_bytes())])
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The VmFlags of this process's mapping that holds `address` (/proc/self/smaps)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        start, dash, end = line.partition(" ")[0].partition("-")
+        if dash and all(c in "0123456789abcdef" for c in start + end):
+            inside = int(start, 16) <= address < int(end, 16)
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="no /proc (not Linux)")
+def test_the_weights_map_asks_for_huge_pages(tmp_path: Path) -> None:
+    """The map of an artifact's weights is advised MADV_HUGEPAGE (VmFlags 'hg') where the kernel has transparent
+    huge pages: big weights stream once a run, and on 4 KB pages each page costs a page walk."""
+    path = write_artifact(tmp_path / "w.farm", {"model": {}}, {"blobs/w.bin": bytes(4 << 20)})
+    addresses, view = map_weights(open_artifact(path), ["blobs/w.bin"])
+    huge_pages = Path("/sys/kernel/mm/transparent_hugepage/enabled").exists()
+    assert view is not None and ("hg" in _vm_flags(addresses["blobs/w.bin"])) == huge_pages
