@@ -131,7 +131,7 @@ class _BufferReader(io.RawIOBase):
 COPY_BYTES = 1 << 30
 """The pieces a member is written in: each a view of the member, never a copy, so as big as one write may be.
 tarfile's default, 16 KiB, took 27,000 writes for BERT-base's weights. And a file system with large folios (ext4
-since Linux 6.16) caches a big write's whole 2 MB stretches as 2 MB folios, which every map of the artifact then
+under Linux 6.18, say) caches a big write's whole 2 MB stretches as 2 MB folios, which every map of the artifact then
 maps as huge pages (farm.backends.llvm.loader.map_weights): written 1 MiB at a time, VGG-19's 411 MB fully
 connected layer sat on 4 KB pages, and the page walks cost it 25-40% of its time in each run."""
 
