@@ -133,7 +133,8 @@ COPY_BYTES = 1 << 30
 tarfile's default, 16 KiB, took 27,000 writes for BERT-base's weights. And a file system with large folios (ext4
 under Linux 6.18, say) caches a big write's whole 2 MB stretches as 2 MB folios, which every map of the artifact then
 maps as huge pages (farm.backends.llvm.loader.map_weights): written 1 MiB at a time, VGG-19's 411 MB fully
-connected layer sat on 4 KB pages and took 38-47 ms a run instead of 29-31 (a page walk per 4 KB page)."""
+connected layer sat on 4 KB pages and took 38-47 ms a run instead of 29-31 (a page walk per 4 KB page). The price
+is paid where the OS must first back the 2 MB folios (a VM's untouched memory: docs/architecture.md, Weights)."""
 
 
 def _add_file(tar: tarfile.TarFile, name: str, data: bytes | bytearray | memoryview) -> None:
