@@ -10,12 +10,14 @@ VNNI (issue 28)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+from native_helpers import host, kernel_module_ir
 from numerics import (
     OpCase,
     Reference,
@@ -38,7 +40,9 @@ from test_ops_tensor import onnx_reference
 
 import farm.runtime
 import farm.runtime.model as runtime_model
+from farm.build.assembly import plan_model
 from farm.ir import loopir as L
+from farm.ops import lower_kernel
 from farm.ops.quantize import round_to_half
 
 F16 = np.float16
@@ -927,3 +931,16 @@ def test_hostile_axis_is_refused(tmp_path) -> None:
         "axis 1099511627776 is out of range",
         tmp_path,
     )
+
+
+def test_quantized_values_convert_from_float_to_int32(tmp_path: Path) -> None:
+    """saturate's values (every quantized range fits int32) convert to int32: AVX2 has a vector instruction for
+    that and none for int64, to which LLVM converted a QuantizeLinear's values one at a time."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])
+    y = helper.make_tensor_value_info("y", TensorProto.UINT8, [4, 64])
+    scale = numpy_helper.from_array(np.array(0.05, np.float32), "s")
+    graph = helper.make_graph([helper.make_node("QuantizeLinear", ["x", "s"], ["y"])], "q", [x], [y], [scale])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)]), tmp_path / "q.onnx")
+    [spec] = [spec for spec in plan_model(tmp_path / "q.onnx").kernels().values() if spec.op == "QuantizeLinear"]
+    text = kernel_module_ir([("farm_k_test", lower_kernel(spec))], host())
+    assert re.findall(r"fptosi \S+ %\S+ to (\S+)", text) == ["i32"]

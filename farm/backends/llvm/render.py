@@ -24,7 +24,7 @@ from farm.ir import loopir as L
 F32_T, I64_T, BOOL_T, I32_T = ir.FloatType(), ir.IntType(64), ir.IntType(1), ir.IntType(32)
 F64_T, F16_T, I16_T, I8_T = ir.DoubleType(), ir.HalfType(), ir.IntType(16), ir.IntType(8)
 PTR_T = ir.PointerType()
-LLVM_TYPES = {L.F32: F32_T, L.F64: F64_T, L.I64: I64_T, L.BOOL: BOOL_T}
+LLVM_TYPES = {L.F32: F32_T, L.F64: F64_T, L.I64: I64_T, L.I32: I32_T, L.BOOL: BOOL_T}
 # How each buffer dtype sits in memory (numpy's layouts: bool is one byte; unsigned integers are LLVM's integers of
 # their width, read with zero extension; bfloat16 is its 16 bits, which llvmlite has no float type for).
 STORAGE_TYPES = {

@@ -20,7 +20,7 @@ from typing import Any
 from farm.errors import BuildError
 from farm.ir import loopir as L
 
-C_TYPES = {L.F32: "float", L.F64: "double", L.I64: "long", L.BOOL: "int"}
+C_TYPES = {L.F32: "float", L.F64: "double", L.I64: "long", L.I32: "int", L.BOOL: "int"}
 # Buffer element types (numpy's layouts: bool is one byte); C's conversions widen and narrow on load and store,
 # except for half, which OpenCL C reads and writes only through vload_half and vstore_half (no cl_khr_fp16 needed),
 # and bfloat16, which C has no type for: its bits sit in a ushort (CODED_LOADS, CODED_STORES).
