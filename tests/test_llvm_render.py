@@ -265,6 +265,13 @@ def test_cast_f32_to_i64_truncates_toward_zero(tmp_path):
     np.testing.assert_array_equal(out, np.trunc(x).astype(np.int64))
 
 
+def test_cast_f32_to_i32_and_on_to_i64_keeps_the_sign(tmp_path):
+    """I32 is only ever a cast's value (quantize.saturate); cast on to I64 it is sign-extended."""
+    x = np.array([0.0, 1.9, -1.9, 255.0, -128.0, 65535.0, -70000.5], np.float32)
+    out = run_unary(lambda v: L.Cast(L.Cast(v, L.I32), L.I64), x, tmp_path, out_dtype=np.int64)
+    np.testing.assert_array_equal(out, np.trunc(x).astype(np.int64))
+
+
 def test_cast_bool_to_f32_gives_one_for_true(tmp_path):
     """A comparison is an i1; true must become 1.0. `sitofp i1 true` is -1.0, so this needs uitofp (or zext)."""
     x = np.array([-1.0, 0.0, 2.0, 3.0], np.float32)

@@ -418,6 +418,8 @@ def _emit_cast(state: _State, expr: L.Cast) -> ir.Value:
         return b.uitofp(value, to) if target_float else b.zext(value, to)
     if target_float:
         return b.sitofp(value, to)
+    if not source_float:  # between I32 (a cast's value only: quantize.saturate) and I64
+        return b.sext(value, to) if to.width > value.type.width else b.trunc(value, to)
     return b.fptosi(value, to)
 
 
