@@ -590,6 +590,19 @@ def test_planes_whose_pixels_tile_vectors_badly_run_pixels_as_rows(tmp_path) -> 
         assert conv._pixels_as_rows(spec, conv._conv_geometry(spec)) == transposed, side
 
 
+def test_wide_pointwise_convs_on_14x14_planes_run_pixels_as_rows(tmp_path) -> None:
+    """A 14x14 plane (waste 1.06) runs pixels as rows once both sides of a pointwise conv have at least
+    WIDE_POINTWISE_CHANNELS channels (ResNet-50's 256 -> 1024), not with fewer on either side, nor as a 3x3 conv."""
+    cases = (((256, 1024, 1), True), ((1024, 256, 1), True), ((576, 128, 1), False), ((128, 576, 1), False))
+    for (inputs, outputs, kernel), transposed in (*cases, ((256, 256, 3), False)):
+        pads = {"pads": [kernel // 2] * 4}
+        model = single_op_model(
+            "Conv", [("x", (1, inputs, 14, 14))], pads, {"w": rand(outputs, inputs, kernel, kernel)}
+        )
+        spec = _spec_of(model, tmp_path)
+        assert conv._pixels_as_rows(spec, conv._conv_geometry(spec)) == transposed, (inputs, outputs, kernel)
+
+
 def _gemms(stmts: list) -> list[L.Gemm]:
     found = []
     for stmt in stmts:

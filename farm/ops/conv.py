@@ -39,6 +39,13 @@ SMALL_PLANE_WASTE = 1.10
 14x14 (1.06), 27x27 (1.03) and 28x28 (1.0) don't. Squeezenet's 13x13 pointwise convs ran 9-20% faster transposed
 on one Xeon core (its 512 -> 1000 classifier conv 1.27 -> 1.15 ms); by vectors padded to 16 floats alone, 13x13
 (1.04) looked like 14x14."""
+WIDE_POINTWISE_WASTE = 1.05
+"""The waste above which a pointwise conv of at least WIDE_POINTWISE_CHANNELS input and output channels runs pixels
+as rows: 14x14 (1.06) does. In model order on one Xeon core, light ResNet-50's 14x14 pointwise convs (256 -> 1024,
+1024 -> 256, 1024 -> 512) ran 0.87-0.93x the time transposed and Inception-v2's 576 -> 224 0.96x; with fewer
+channels on either side the transposed GEMM lost or drew (576 -> 128, 160 and 192: 1.00-1.11x; 64, 128 and 160 ->
+576: 1.04-1.10x, its copy of the input pixel-major not paid back by a short k)."""
+WIDE_POINTWISE_CHANNELS = 224
 COLUMN_BAND_BYTES = 1 << 19
 """The most bytes of im2col matrix a CPU conv builds at once (_column_bands): a quarter of a 2 MB L2, leaving room
 for the weights the GEMM streams beside it."""
@@ -145,12 +152,13 @@ def _pixels_as_rows(spec: KernelSpec, geo: ConvGeometry) -> bool:
     cache (light ResNet-50 on one Xeon core: 7x7 pointwise convs 146-161 -> 171-174 GFLOP/s transposed, but its
     7x7 3x3 convs, whose 4608 x 64 column matrix does not fit beside a panel, 147 -> 95)."""
     waste = _tiled_cost(geo.out_pixels) / geo.out_pixels
+    wide = _is_pointwise(geo) and min(geo.in_channels_per_group, geo.out_channels_per_group) >= WIDE_POINTWISE_CHANNELS
     channel_waste = _tiled_cost(geo.out_channels_per_group) / geo.out_channels_per_group
     stride = geo.out_pixels if _is_pointwise(geo) else geo.column_stride
     operand_bytes = geo.column_rows * (stride + WEIGHT_PANEL_COLUMNS) * 4
     return (
         bool(spec.attrs.get("constant_weight"))
-        and waste > SMALL_PLANE_WASTE
+        and waste > (WIDE_POINTWISE_WASTE if wide else SMALL_PLANE_WASTE)
         and channel_waste < waste
         and operand_bytes <= TRANSPOSED_OPERAND_BYTES
     )
