@@ -182,6 +182,33 @@ def test_farm_run_calls_kernels_in_order_through_a_shared_arena(order, tmp_path)
     np.testing.assert_array_equal(arena.view(np.float32), expected)
 
 
+def test_an_input_argument_reads_the_feed_in_its_pointer_slot_or_else_its_own_buffer(tmp_path):
+    """["input", offset, slot, inside]: where the slot holds an address, the kernel reads the feed there (plus the
+    offset inside it); where it holds 0, the input's buffer in the arena (a copy the runtime made)."""
+    n, slot, output = 16, 64, 128
+    target = host()
+    schedule = [{"kernel": "double", "args": [["arena", output], ["input", 0, slot, 4 * 2]]}]
+    library = load_library(
+        link_library(
+            [compile_kernels([("double", _affine(2.0, 0.0, n))], target), compile_entry(schedule, target)], target
+        ),
+        tmp_path,
+    )
+    arena = aligned_arena(output + n * 4)
+    arena[: n * 4].view(np.float32)[:] = np.arange(n, dtype=np.float32)  # the copy, 2 floats in: 2.0 onwards
+    call_farm_run(library, arena)
+    np.testing.assert_array_equal(arena[output:].view(np.float32), 2 * np.arange(n, dtype=np.float32))
+    feed = np.arange(100, 100 + n + 2, dtype=np.float32)
+    arena[slot : slot + 8].view(np.uint64)[0] = feed.ctypes.data
+    call_farm_run(library, arena)
+    np.testing.assert_array_equal(arena[output:].view(np.float32), 2 * feed[2:])
+
+
+def test_an_argument_of_an_unknown_kind_is_refused():
+    with pytest.raises(BuildError, match="unknown kind 'file'"):
+        entry_ir([{"kernel": "farm_k_first", "args": [["file", 0]]}], host())
+
+
 # -- farm_launch: one launch over a range, as a threaded runtime calls it -------------------------------------------
 
 

@@ -272,6 +272,20 @@ def test_a_reshapes_output_lies_on_its_input(tmp_path: Path, fingerprint: str) -
     check_case_on_opencl(OpCase("heads", model), fingerprint, tmp_path / "opencl")
 
 
+def test_kernels_read_a_model_input_and_a_reshape_on_it_through_its_pointer_slot(tmp_path: Path) -> None:
+    """In the entry's schedule, the conv reading the model input and the Add reading its reshape (placed on the
+    input's bytes) take ["input", offset, the input's pointer slot, offset inside]: a feed is read in place."""
+    from farm.backends.llvm.part import schedule_for
+    from farm.backends.llvm.target import host_target
+
+    plan = plan_model(attention_heads(tmp_path / "m.onnx"))
+    calls = dict(zip((step.node for step in plan.steps), schedule_for(plan, host_target())))
+    memory = plan.memory
+    fed = ["input", memory.offsets["x"], memory.pointers["x"], 0]
+    assert fed in calls["proj"]["args"] and fed in calls["sum"]["args"]
+    assert all(arg[0] != "input" for arg in calls["merged"]["args"])
+
+
 def test_a_reshape_into_the_model_output_keeps_its_copy(tmp_path: Path) -> None:
     path = attention_heads(tmp_path / "m.onnx", output_is_reshape=True)
     assert _reshapes_in_place(path)["y"] is False

@@ -95,11 +95,11 @@ FIELD_EDITS: list[tuple[str, Edit, str]] = [
     ("model sha256", _set("model.sha256", "zz"), "model.sha256"),
     ("arena size a string", _set("memory_plan.arena_bytes", "x"), "memory_plan.arena_bytes"),
     ("arena of 2**50 bytes", _set("memory_plan.arena_bytes", 2**50), "memory_plan.arena_bytes"),
-    ("arena shrunk", _set("memory_plan.arena_bytes", 1000), r"memory_plan.buffers\[0\].offset is not an integer"),
+    ("arena shrunk", _set("memory_plan.arena_bytes", 1000), r"memory_plan.buffers\[1\].offset is not an integer"),
     (
         "arena shrunk below the input",
         _both(_set("memory_plan.arena_bytes", 1000), _set("memory_plan.buffers", [])),
-        r"inputs\[0\] \(3072 x float32 at offset 0\) does not fit the 1000-byte arena",
+        r"inputs\[0\] \(3072 x float32 at offset 64\) does not fit the 1000-byte arena",
     ),
     ("alignment not a power of two", _set("memory_plan.alignment", 48), "memory_plan.alignment"),
     ("buffer past the arena", _set("memory_plan.buffers.0.bytes", 2**30), r"memory_plan.buffers\[0\].bytes"),
@@ -110,9 +110,11 @@ FIELD_EDITS: list[tuple[str, Edit, str]] = [
     ("input shape too deep", _set("inputs.0.shape", [1] * 17), r"inputs\[0\].shape"),
     ("input offset negative", _set("inputs.0.offset", -8), r"inputs\[0\].offset"),
     ("input offset a float", _set("inputs.0.offset", 0.5), r"inputs\[0\].offset"),
+    ("input pointer unaligned", _set("inputs.0.pointer", 4), r"inputs\[0\].pointer 4 is not a multiple of 8"),
+    ("input pointer past the arena", _set("inputs.0.pointer", 2**40), r"inputs\[0\].pointer is not an integer"),
     ("input name empty", _set("inputs.0.name", ""), r"inputs\[0\].name"),
     ("output named like the input", _set("outputs.0.name", "input"), r"outputs\[0\].name 'input' is not unique"),
-    ("output past the arena", _set("outputs.0.offset", 155_640), r"outputs\[0\] .*does not fit"),
+    ("output past the arena", _set("outputs.0.offset", 155_704), r"outputs\[0\] .*does not fit"),
     ("inputs not a list", _set("inputs", {"name": "input"}), "inputs is not a list"),
     ("targets not a list", _set("targets", "cpu"), "targets is not a list"),
     ("target triple injected", _set("targets.0.triple", 'x86_64"\nmodule asm "x'), r"targets\[0\].triple"),
@@ -150,6 +152,24 @@ def test_field_edited_and_rehashed_is_refused_naming_it(built: Path, tmp_path: P
     assert not (tmp_path / "cache").exists(), "nothing may be written to the library cache, let alone loaded"
 
 
+def test_an_input_without_a_pointer_slot_is_copied_as_artifacts_built_before_them_were(
+    built: Path, tmp_path: Path
+) -> None:
+    """An artifact built before inputs were read in place has no `pointer` on its inputs: its run copies each feed
+    into the input's buffer, as then; one built since reads the same feed in place, with the same outputs."""
+
+    def unpointed(manifest: dict[str, Any]) -> None:
+        for entry in manifest["inputs"]:
+            del entry["pointer"]
+
+    old = load(_tampered(built, tmp_path, _edited(built, unpointed), rehash=True), cache_dir=tmp_path / "cache")
+    new = load(built, cache_dir=tmp_path / "cache")
+    feeds = {new.inputs[0].name: np.random.default_rng(3).standard_normal(new.inputs[0].shape).astype(np.float32)}
+    assert [slot for _, _, slot in old._input_views] == [None]
+    for name, value in new.run(feeds).items():
+        np.testing.assert_array_equal(old.run(feeds)[name], value)
+
+
 @pytest.mark.parametrize(("edit", "message"), CASES)
 def test_field_edited_without_rehash_is_tampering(built: Path, tmp_path: Path, edit: Edit, message: str) -> None:
     path = _tampered(built, tmp_path, _edited(built, edit), rehash=False)
@@ -168,7 +188,7 @@ def _arena(built: Path) -> bytes:
 
 
 CRASHES: list[tuple[str, Callable[[Path], bytes], str]] = [
-    ("arena shrunk", lambda b: _edited(b, _set("memory_plan.arena_bytes", 1000)), r"buffers\[0\].offset is not"),
+    ("arena shrunk", lambda b: _edited(b, _set("memory_plan.arena_bytes", 1000)), r"buffers\[1\].offset is not"),
     ("launches huge", lambda b: _edited(b, _set("targets.0.launches", [[2**60, 1, 2**60]] * 20)), "extent"),
     (
         "5000-digit number",

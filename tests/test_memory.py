@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from farm.ir.graph import Graph, TensorInfo
-from farm.plan.memory import ALIGNMENT, _first_gap, plan_memory
+from farm.plan.memory import ALIGNMENT, INPUT_POINTERS, POINTER_BYTES, _first_gap, plan_memory
 from tests.test_planner import conv_chain
 
 
@@ -33,6 +33,19 @@ def test_memory_plan_never_overlaps_live_buffers_and_reuses_dead_ones(tmp_path):
                 rb = (memory.offsets[b], memory.offsets[b] + memory.sizes[b])
                 assert not _ranges_overlap(ra, rb), (a, b)
     assert memory.arena_bytes < sum(memory.sizes.values())
+
+
+def test_the_inputs_pointer_slots_are_held_for_the_whole_run(tmp_path):
+    """The model inputs' pointer slots (8 bytes each, in graph order) share their bytes with no other buffer: the
+    runtime writes them before a run and every step may read them."""
+    plan = conv_chain(tmp_path, layers=3)
+    memory = plan.memory
+    slots = memory.offsets[INPUT_POINTERS]
+    assert memory.pointers == {"x": slots} and memory.sizes[INPUT_POINTERS] == ALIGNMENT >= POINTER_BYTES
+    for name, offset in memory.offsets.items():
+        if name != INPUT_POINTERS:
+            assert not _ranges_overlap((slots, slots + POINTER_BYTES), (offset, offset + memory.sizes[name])), name
+    assert memory.input_within("x") == ("x", 0) and memory.input_within(plan.graph.outputs[0]) is None
 
 
 def test_memory_plan_json_lists_every_buffer(tmp_path):

@@ -443,6 +443,33 @@ def small_cnn(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     return artifact, {spec.name: np.random.default_rng(0).standard_normal(spec.shape).astype(spec.dtype)}
 
 
+def test_a_run_reads_a_contiguous_feed_in_place_and_copies_any_other(
+    small_cnn: tuple[Path, dict[str, np.ndarray]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A C-contiguous feed's address goes into the input's pointer slot and the kernels read it there, leaving it
+    as it was; a feed laid out otherwise (Fortran order) is copied into the input's buffer, its slot 0; a feed
+    changed between runs gives the new outputs; on one thread and on split launches alike."""
+    artifact, feeds = small_cnn
+    ((name, feed),) = feeds.items()
+    kept, expected = feed.copy(), load(artifact, cache_dir=tmp_path, threads=1).run(feeds)
+    for threads in (1, 2):
+        if threads == 2:
+            _split_everything(monkeypatch)
+        model = load(artifact, cache_dir=tmp_path, threads=threads)
+        ((_, _, slot),) = model._input_views
+        outputs = model.run(feeds)
+        assert int(slot[0]) == feed.ctypes.data and np.array_equal(feed, kept)
+        for output, value in outputs.items():
+            np.testing.assert_allclose(value, expected[output], rtol=1e-5, atol=1e-6)
+        for output, value in model.run({name: np.asfortranarray(feed)}).items():
+            np.testing.assert_allclose(value, expected[output], rtol=1e-5, atol=1e-6)
+        assert int(slot[0]) == 0
+        changed = feed * 2
+        doubled = model.run({name: changed})
+        assert int(slot[0]) == changed.ctypes.data
+        assert any(not np.allclose(doubled[output], expected[output]) for output in expected)
+
+
 def _split_everything(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every launch with more than one iteration split and a pool for any model (small_cnn's work is too little
     for either under the defaults)."""

@@ -18,6 +18,11 @@ from farm.ir.specs import KernelSpec
 from farm.ops import LOWERINGS
 
 ALIGNMENT = 64
+INPUT_POINTERS = "::input_pointers"
+"""The buffer of the model inputs' pointer slots, 8 bytes an input in graph order, held for the whole run: where a
+runtime writes the address of a feed that kernels read in place, or 0 for the input's own buffer (the entry's
+"input" arguments, farm.backends.llvm.entry). Zero-filled, as an arena starts, every input is read from its buffer."""
+POINTER_BYTES = 8
 Alias = tuple[str, int]
 """Where a buffer lies inside another: (that buffer's name, byte offset). farm.plan.in_place places a Concat's
 inputs so, in its output, and a reshape's output on its input."""
@@ -52,6 +57,17 @@ class MemoryPlan:
     sizes: dict[str, int]
     aliases: dict[str, Alias] = field(default_factory=dict)
     """The buffers that lie inside others (plan_memory's `aliases`): they share those buffers' bytes."""
+    pointers: dict[str, int] = field(default_factory=dict)
+    """Each model input's pointer slot (INPUT_POINTERS): its arena offset, by input name."""
+
+    def input_within(self, name: str) -> tuple[str, int] | None:
+        """(the model input, byte offset inside it) where buffer `name` lies in a model input's bytes (the input
+        itself, or a reshape placed on it); None for any other buffer."""
+        offset = 0
+        while name in self.aliases:
+            name, inner = self.aliases[name]
+            offset += inner
+        return (name, offset) if name in self.pointers else None
 
     def to_json(self) -> dict[str, Any]:
         buffers = [{"name": n, "offset": self.offsets[n], "bytes": self.sizes[n]} for n in sorted(self.offsets)]
@@ -73,6 +89,8 @@ def _buffer_bytes(name: str, graph: Graph, owners: dict[str, Call]) -> int:
     """A graph value's bytes, or the scratch of the step that names the buffer (scratch is no graph value)."""
     if name in graph.values:
         return graph.values[name].nbytes
+    if name == INPUT_POINTERS:
+        return POINTER_BYTES * len(graph.inputs)
     step = owners[name]
     return LOWERINGS[step.spec.op].scratch_floats(step.spec) * 4
 
@@ -80,6 +98,8 @@ def _buffer_bytes(name: str, graph: Graph, owners: dict[str, Call]) -> int:
 def _lifetimes(graph: Graph, steps: Sequence[Call]) -> dict[str, list[int]]:
     """[first step that writes or holds it, last step that reads it] for every arena buffer."""
     spans: dict[str, list[int]] = {name: [-1, -1] for name in graph.inputs}
+    if graph.inputs:
+        spans[INPUT_POINTERS] = [-1, len(steps)]
     for index, step in enumerate(steps):
         for arg in step.args:
             if arg.kind == "arena":
@@ -120,7 +140,8 @@ def plan_memory(graph: Graph, steps: Sequence[Call], aliases: Mapping[str, Alias
         heapq.heappush(ending, (end, offsets[name], sizes[name], name))
         arena = max(arena, offsets[name] + sizes[name])
     offsets.update({name: offsets[outer] + offset for name, (outer, offset) in inside.items()})
-    return MemoryPlan(arena, offsets, sizes, dict(aliases or {}))
+    pointers = {name: offsets[INPUT_POINTERS] + POINTER_BYTES * index for index, name in enumerate(graph.inputs)}
+    return MemoryPlan(arena, offsets, sizes, dict(aliases or {}), pointers)
 
 
 def _outermost(aliases: Mapping[str, Alias]) -> dict[str, Alias]:

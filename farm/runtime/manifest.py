@@ -21,6 +21,8 @@ from farm.ir.shapes import MAX_SIZES, PinnedShapes, sizes_from_json
 from farm.runtime.manifest_types import CpuTargetEntry, Manifest
 
 MAX_ARENA_BYTES = 1 << 36  # 64 GiB
+POINTER_BYTES = 8
+"""Bytes of an input's pointer slot (farm.plan.memory.INPUT_POINTERS): a 64-bit address."""
 MAX_TENSORS = 4096  # inputs or outputs
 MAX_RANK = 16
 MAX_DIMENSION = 1 << 31
@@ -267,7 +269,8 @@ def _check_memory_plan(fields: _Fields, value: Any) -> int:
 
 
 def _check_tensor(fields: _Fields, value: Any, field: str, arena: int, names: set[str]) -> None:
-    """An input or output: a unique name, a bounded shape, a dtype from DTYPE_BYTES and bytes within the arena."""
+    """An input or output: a unique name, a bounded shape, a dtype from DTYPE_BYTES and bytes within the arena; an
+    input's pointer slot, where it has one (farm.plan.memory.INPUT_POINTERS), aligned and within the arena."""
     entry = fields.obj(value, field)
     name = entry.get("name")
     if not isinstance(name, str) or not 0 < len(name) <= TENSOR_NAME_CHARS or "\0" in name:
@@ -285,6 +288,10 @@ def _check_tensor(fields: _Fields, value: Any, field: str, arena: int, names: se
     offset = fields.integer(entry.get("offset"), f"{field}.offset", 0, arena)
     if offset + elements * DTYPE_BYTES[dtype] > arena:
         raise fields.refuse(field, f"({elements} x {dtype} at offset {offset}) does not fit the {arena}-byte arena")
+    if "pointer" in entry:
+        pointer = fields.integer(entry["pointer"], f"{field}.pointer", 0, arena - POINTER_BYTES)
+        if pointer % POINTER_BYTES:
+            raise fields.refuse(f"{field}.pointer", f"{pointer} is not a multiple of {POINTER_BYTES}")
 
 
 def _check_target(fields: _Fields, value: Any, field: str, members: dict[str, Any], arena: int) -> None:

@@ -22,12 +22,14 @@ DEFAULT_ALIGNMENT = 64
 @dataclass(frozen=True, slots=True)
 class TensorSlot:
     """A model input or output: its name, static shape, dtype name (a key of manifest.DTYPE_BYTES) and offset in
-    the arena."""
+    the arena; an input's pointer slot (farm.plan.memory.INPUT_POINTERS), None in artifacts built before inputs were
+    read in place."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str
     offset: int
+    pointer: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,4 +260,7 @@ class Manifest:
 
 
 def _slots(entries: list[Mapping[str, Any]]) -> tuple[TensorSlot, ...]:
-    return tuple(TensorSlot(entry["name"], tuple(entry["shape"]), entry["dtype"], entry["offset"]) for entry in entries)
+    return tuple(
+        TensorSlot(entry["name"], tuple(entry["shape"]), entry["dtype"], entry["offset"], entry.get("pointer"))
+        for entry in entries
+    )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from typing import Any
 
 from llvmlite import ir
@@ -44,8 +45,9 @@ SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 def entry_ir(schedule: list[dict[str, Any]], target: CpuTarget, weights_offset: int = 0) -> str:
     """IR of farm_run, farm_run_steps, farm_launch and farm_work for `schedule`: [{"kernel": symbol, "args":
-    [["arena", offset] | ["weight", slot]], "launches": [[extent, grain, work], ...]}] (a call without "launches" has
-    none); weight slots are read from the table at arena + `weights_offset`.
+    [["arena", offset] | ["weight", slot] | ["input", offset, pointer slot, offset inside]], "launches": [[extent,
+    grain, work], ...]}] (a call without "launches" has none); weight slots are read from the table at arena +
+    `weights_offset`, a model input from its feed where its pointer slot holds one (_input_lines).
 
     The three dispatch functions are written as text, a few lines per call: built through llvmlite's IR builder
     they took light DenseNet-121's finish 0.3-0.5 s of Python (an object and a unique name per instruction), on
@@ -106,16 +108,50 @@ def _call_lines(symbol: str, args: list[list], name: str, extra: str = "") -> li
     """Lines that compute each argument's address (named `name`.<index>) and call `symbol` with them (and
     `extra`, already typed)."""
     lines, values = [], []
-    for index, (kind, where) in enumerate(args):
+    for index, (kind, *where) in enumerate(args):
         value = f"%{name}.{index}"
-        if kind == "arena":
-            lines.append(f"  {value} = getelementptr inbounds i8, ptr %arena, i64 {int(where)}")
-        else:  # a weight's pointer, in its slot of the table after the arena (_table_slot)
-            lines.append(f"  {value}.slot = getelementptr inbounds i8, ptr %arena, i64 {int(where)}")
-            lines.append(f"  {value} = load ptr, ptr {value}.slot, align 8")
+        if kind not in ARGUMENT_LINES:
+            raise BuildError(f"the schedule passes {symbol} an argument of unknown kind {str(kind)[:40]!r}")
+        lines += ARGUMENT_LINES[kind](value, [int(number) for number in where])
         values.append(f"ptr {value}")
     lines.append(f'  call void @"{symbol}"({", ".join(values + ([extra] if extra else []))})')
     return lines
+
+
+def _arena_lines(value: str, where: list[int]) -> list[str]:
+    """A buffer of the arena: the arena's address plus its offset."""
+    return [f"  {value} = getelementptr inbounds i8, ptr %arena, i64 {where[0]}"]
+
+
+def _table_lines(value: str, where: list[int]) -> list[str]:
+    """A weight: its pointer, in its slot of the table after the arena (_table_slot)."""
+    return [
+        f"  {value}.slot = getelementptr inbounds i8, ptr %arena, i64 {where[0]}",
+        f"  {value} = load ptr, ptr {value}.slot, align 8",
+    ]
+
+
+def _input_lines(value: str, where: list[int]) -> list[str]:
+    """A model input's bytes ([offset, pointer slot, offset inside the input]): the feed the runtime put in the
+    slot, read in place, or the input's own buffer in the arena where the slot holds 0 (the runtime copied the
+    feed there: an old runtime, a feed not laid out as the input, a run under emulation)."""
+    offset, slot, inner = where
+    return [
+        f"  {value}.slot = getelementptr inbounds i8, ptr %arena, i64 {slot}",
+        f"  {value}.fed = load ptr, ptr {value}.slot, align 8",
+        f"  {value}.copied = icmp eq ptr {value}.fed, null",
+        f"  {value}.in = getelementptr i8, ptr {value}.fed, i64 {inner}",
+        f"  {value}.own = getelementptr inbounds i8, ptr %arena, i64 {offset}",
+        f"  {value} = select i1 {value}.copied, ptr {value}.own, ptr {value}.in",
+    ]
+
+
+ARGUMENT_LINES: dict[str, Callable[[str, list[int]], list[str]]] = {
+    "arena": _arena_lines,
+    "table": _table_lines,
+    "input": _input_lines,
+}
+"""The lines that compute a call's argument, by its kind in the link plan (after _table_slot)."""
 
 
 def _steps_text(calls: list[tuple[str, list[list], int]]) -> list[str]:
@@ -476,8 +512,8 @@ def _slice_start(b: ir.IRBuilder, thread: ir.Value, count: ir.Value, threads: ir
 
 def _table_slot(arg: list, weights_offset: int) -> list:
     """["weight", slot] as ["table", the arena offset of its pointer]; other arguments as they are."""
-    kind, where = arg
-    return ["table", weights_offset + 8 * where] if kind == "weight" else arg
+    kind, *where = arg
+    return ["table", weights_offset + 8 * where[0]] if kind == "weight" else arg
 
 
 def compile_entry(schedule: list[dict[str, Any]], target: CpuTarget, weights_offset: int = 0) -> bytes:

@@ -21,6 +21,7 @@ from farm.build.parts import BuiltUnits, Part, weights_member
 from farm.build.units import CompileUnit, Data, UnitKindTraits, compile_kernel
 from farm.ir.specs import CODEGEN_VERSION, BlobSpec, KernelSpec, canonical_json
 from farm.ir.unit_kinds import UnitKind
+from farm.plan.memory import MemoryPlan
 from farm.plan.planner import BuildPlan
 from farm.store import refs
 
@@ -148,13 +149,24 @@ def schedule_for(plan: BuildPlan, target: CpuTarget) -> list[dict[str, Any]]:
         {
             "kernel": plan.kernel_for(step.spec, target.id).symbol,
             "args": [
-                ["weight", slots[step_blobs[index]]] if arg.kind == "blob" else ["arena", plan.memory.offsets[arg.name]]
+                ["weight", slots[step_blobs[index]]] if arg.kind == "blob" else _arena_arg(plan.memory, arg.name)
                 for index, arg in enumerate(step.args)
             ],
             "launches": step_launch,
         }
         for step, step_launch, step_blobs in zip(plan.steps, launches, blobs)
     ]
+
+
+def _arena_arg(memory: MemoryPlan, name: str) -> list[int | str]:
+    """An arena buffer's argument: ["arena", offset], or for a model input's bytes (the input, or a reshape placed on
+    it) ["input", offset, the input's pointer slot, offset inside the input], which the entry reads from the feed in
+    place when the runtime put its address in the slot."""
+    within = memory.input_within(name)
+    if within is None:
+        return ["arena", memory.offsets[name]]
+    model_input, inner = within
+    return ["input", memory.offsets[name], memory.pointers[model_input], inner]
 
 
 def kernel_units(spec: KernelSpec, target: CpuTarget) -> list[KernelSpec]:
