@@ -48,6 +48,20 @@ def test_the_inputs_pointer_slots_are_held_for_the_whole_run(tmp_path):
     assert memory.input_within("x") == ("x", 0) and memory.input_within(plan.graph.outputs[0]) is None
 
 
+def test_an_input_that_is_also_an_output_has_no_pointer_slot(tmp_path):
+    """A model output is read from its buffer after the run, so an input that is one is always copied there."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from farm.build.assembly import plan_model
+
+    values = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 3]) for name in ("x", "y")]
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", values[:1], [values[1], values[0]])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "m.onnx")
+    memory = plan_model(tmp_path / "m.onnx").memory
+    assert memory.pointers == {} and memory.input_within("x") is None
+
+
 def test_memory_plan_json_lists_every_buffer(tmp_path):
     plan = conv_chain(tmp_path, layers=2)
     data = plan.memory.to_json()

@@ -220,7 +220,10 @@ def manifest_template(plan: BuildPlan, targets: Sequence[Target], model_name: st
         "farm_version": __version__,
         "toolchain": toolchain_versions(),
         "model": {"name": model_name, "sha256": model_sha256, "opset": graph.opset},
-        "inputs": [{**io(name), "pointer": plan.memory.pointers[name]} for name in graph.inputs],
+        "inputs": [
+            {**io(name), **({"pointer": plan.memory.pointers[name]} if name in plan.memory.pointers else {})}
+            for name in graph.inputs
+        ],
         "outputs": [io(name) for name in graph.outputs],
         "blobs": [
             {"sha256": sha, "bytes": int(data.nbytes), "symbol": BlobSpec(sha, data.nbytes, "").symbol}

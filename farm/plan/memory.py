@@ -58,7 +58,8 @@ class MemoryPlan:
     aliases: dict[str, Alias] = field(default_factory=dict)
     """The buffers that lie inside others (plan_memory's `aliases`): they share those buffers' bytes."""
     pointers: dict[str, int] = field(default_factory=dict)
-    """Each model input's pointer slot (INPUT_POINTERS): its arena offset, by input name."""
+    """Each model input's pointer slot (INPUT_POINTERS): its arena offset, by input name (none for an input that is
+    also a model output)."""
 
     def input_within(self, name: str) -> tuple[str, int] | None:
         """(the model input, byte offset inside it) where buffer `name` lies in a model input's bytes (the input
@@ -140,7 +141,11 @@ def plan_memory(graph: Graph, steps: Sequence[Call], aliases: Mapping[str, Alias
         heapq.heappush(ending, (end, offsets[name], sizes[name], name))
         arena = max(arena, offsets[name] + sizes[name])
     offsets.update({name: offsets[outer] + offset for name, (outer, offset) in inside.items()})
-    pointers = {name: offsets[INPUT_POINTERS] + POINTER_BYTES * index for index, name in enumerate(graph.inputs)}
+    pointers = {
+        name: offsets[INPUT_POINTERS] + POINTER_BYTES * index
+        for index, name in enumerate(graph.inputs)
+        if name not in graph.outputs  # a model output's slot is read after the run: the input must be copied there
+    }
     return MemoryPlan(arena, offsets, sizes, dict(aliases or {}), pointers)
 
 
