@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper
 
 from farm.build.local import build_model
 from farm.errors import ArtifactError
@@ -113,7 +114,11 @@ FIELD_EDITS: list[tuple[str, Edit, str]] = [
     ("input pointer unaligned", _set("inputs.0.pointer", 4), r"inputs\[0\].pointer 4 is not a multiple of 8"),
     ("input pointer past the arena", _set("inputs.0.pointer", 2**40), r"inputs\[0\].pointer is not an integer"),
     ("input name empty", _set("inputs.0.name", ""), r"inputs\[0\].name"),
-    ("output named like the input", _set("outputs.0.name", "input"), r"outputs\[0\].name 'input' is not unique"),
+    (
+        "input named twice",
+        lambda m: m["inputs"].append(dict(m["inputs"][0])),
+        r"inputs\[1\].name 'input' is not unique",
+    ),
     ("output past the arena", _set("outputs.0.offset", 155_704), r"outputs\[0\] .*does not fit"),
     ("inputs not a list", _set("inputs", {"name": "input"}), "inputs is not a list"),
     ("targets not a list", _set("targets", "cpu"), "targets is not a list"),
@@ -168,6 +173,20 @@ def test_an_input_without_a_pointer_slot_is_copied_as_artifacts_built_before_the
     assert [slot for _, _, slot in old._input_views] == [None]
     for name, value in new.run(feeds).items():
         np.testing.assert_array_equal(old.run(feeds)[name], value)
+
+
+def test_a_model_output_that_is_also_its_input_runs(tmp_path: Path) -> None:
+    """ONNX lets a graph output be a graph input: the artifact loads (names are unique within inputs and within
+    outputs) and gives that output the feed, beside the computed one, as onnxruntime does."""
+    values = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 3]) for name in ("x", "y")]
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "echo", values[:1], [values[1], values[0]])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, tmp_path / "echo.onnx")
+    loaded = load(build_model(tmp_path / "echo.onnx", tmp_path / "out").artifact, cache_dir=tmp_path / "cache")
+    x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
+    outputs = loaded.run({"x": x})
+    np.testing.assert_array_equal(outputs["x"], x)
+    np.testing.assert_array_equal(outputs["y"], np.maximum(x, 0))
 
 
 @pytest.mark.parametrize(("edit", "message"), CASES)

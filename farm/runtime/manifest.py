@@ -116,8 +116,8 @@ def check_manifest(path: str, manifest: dict[str, Any]) -> Manifest:
     fields = _Fields(path)
     fields.text(fields.obj(manifest.get("model"), "model").get("sha256"), "model.sha256", SHA256)
     arena = _check_memory_plan(fields, manifest.get("memory_plan"))
-    names: set[str] = set()
-    for role in ("inputs", "outputs"):
+    for role in ("inputs", "outputs"):  # a name unique in its role: an output may be an input (ONNX allows it)
+        names: set[str] = set()
         for index, entry in enumerate(fields.items(manifest.get(role), role, MAX_TENSORS)):
             _check_tensor(fields, entry, f"{role}[{index}]", arena, names)
     members = manifest.get("members", {})
