@@ -31,12 +31,12 @@ from farm.backends.llvm.kernel import (
     default_blocking,
     kernel_ir,
     kernel_parts,
-    unrolls_loops,
+    kernel_pipeline,
     untuned_blocking,
 )
 from farm.backends.llvm.link import link_library
 from farm.backends.llvm.target import CpuTarget
-from farm.backends.llvm.toolchain import compile_ir
+from farm.backends.llvm.toolchain import Pipeline, compile_ir
 from farm.errors import BuildError
 from farm.ir.graph import Activation, TensorInfo
 from farm.ir.specs import KernelSpec, canonical_json
@@ -101,26 +101,26 @@ def test_compiling_twice_gives_identical_bytes(target):
 
 def test_a_tiny_kernel_is_compiled_without_unrolling_and_a_bigger_one_with_it():
     """A kernel whose launches run at most TINY_KERNEL_WORK innermost statements is compiled without LLVM's loop
-    unrolling (kernel.unrolls_loops): its object is compile_ir's with unroll=False, and another than with it."""
+    unrolling (kernel.kernel_pipeline): its object is compile_ir's with Pipeline.O3_NO_UNROLL, and another than O3's."""
     target = host()
     bigger = conv_spec(target)
     tiny = dataclasses.replace(
         bigger, inputs=(TensorInfo((1, 8, 4, 4)), *bigger.inputs[1:]), outputs=(TensorInfo((1, 16, 4, 4)),)
     )
     assert sum(work for _, _, work in cpu_launches(tiny, target)) <= TINY_KERNEL_WORK
-    assert not unrolls_loops(tiny, target)
+    assert kernel_pipeline(tiny, target) == Pipeline.O3_NO_UNROLL
     text = kernel_ir(tiny, target)
     name = f"kernel Conv {tiny.symbol}"
-    assert compile_cpu_kernel(tiny, target) == compile_ir(text, target, name, unroll=False)
+    assert compile_cpu_kernel(tiny, target) == compile_ir(text, target, name, Pipeline.O3_NO_UNROLL)
     assert compile_cpu_kernel(tiny, target) != compile_ir(text, target, name)
     assert sum(work for _, _, work in cpu_launches(bigger, target)) > TINY_KERNEL_WORK
-    assert unrolls_loops(bigger, target)
+    assert kernel_pipeline(bigger, target) == Pipeline.O3
 
 
-def test_the_outlined_parts_of_a_kernel_compile_without_unrolling_and_its_first_part_with_it():
-    """A kernel split into parts (kernel_parts): its outlined GEMM parts hold only tile loops whose bodies farm
-    lays out, so LLVM doesn't unroll them (kernel.unrolls_loops); the first part, with the launches and the padded
-    copy, is unrolled like a whole kernel."""
+def test_the_outlined_parts_of_a_kernel_compile_with_the_emitted_pipeline_and_its_first_part_with_o3():
+    """A kernel split into parts (kernel_parts): its outlined GEMM parts hold only tile loops whose rows, vectors and
+    kernel columns farm lays out, so LLVM only promotes, folds and merges them (Pipeline.EMITTED); the first part,
+    with the launches and the padded copy's loop IR, is compiled at O3 like a whole kernel."""
     target = host()
     spec = KernelSpec(
         op="Conv",
@@ -132,8 +132,14 @@ def test_the_outlined_parts_of_a_kernel_compile_without_unrolling_and_its_first_
     )
     parts = kernel_parts(spec, target)
     assert parts > 1
-    assert unrolls_loops(spec, target) and unrolls_loops(dataclasses.replace(spec, part=(0, parts)), target)
-    assert not any(unrolls_loops(dataclasses.replace(spec, part=(part, parts)), target) for part in range(1, parts))
+    assert kernel_pipeline(spec, target) == kernel_pipeline(dataclasses.replace(spec, part=(0, parts)), target)
+    assert kernel_pipeline(spec, target) == Pipeline.O3
+    outlined = [dataclasses.replace(spec, part=(part, parts)) for part in range(1, parts)]
+    assert {kernel_pipeline(part, target) for part in outlined} == {Pipeline.EMITTED}
+    text = kernel_ir(outlined[0], target)
+    emitted = compile_cpu_kernel(outlined[0], target)
+    assert emitted == compile_ir(text, target, f"kernel Conv {spec.symbol}", Pipeline.EMITTED)
+    assert emitted != compile_ir(text, target, f"kernel Conv {spec.symbol}")
 
 
 def test_object_defines_the_kernel_symbol_as_a_global_function(tmp_path):

@@ -65,14 +65,14 @@ def test_imported_symbols_are_the_librarys_undefined_dynamic_ones(library: bytes
 def test_symbols_of_32_and_64_bit_objects_of_either_byte_order() -> None:
     """The link step names the object that calls an import it refuses, by the symbols each object defines."""
     from farm.backends.llvm.target import CpuTarget
-    from farm.backends.llvm.toolchain import compile_ir
+    from farm.backends.llvm.toolchain import Pipeline, compile_ir
 
     ir = (
         "declare void @elsewhere()\ndefine void @k() { call void @elsewhere()\n ret void }\n"
         "define internal void @mine() { ret void }\n"
     )
     for triple in ("x86_64-unknown-linux-gnu", "aarch64_be-unknown-linux-gnu", "armv7-unknown-linux-gnueabihf"):
-        found = {s.name: s for s in symbols(compile_ir(ir, CpuTarget(triple), "k", optimize=False))}
+        found = {s.name: s for s in symbols(compile_ir(ir, CpuTarget(triple), "k", Pipeline.NONE))}
         assert found["k"].defined and not found["k"].local, triple
         assert not found["elsewhere"].defined and not found["elsewhere"].local, triple
         assert found["mine"].defined and found["mine"].local, triple

@@ -739,7 +739,7 @@ def test_a_cache_ref_pointing_at_an_object_with_load_time_code_is_rebuilt(
     """Someone who can write the store pointed a kernel's ref (or a library's entry ref) at an object with a
     constructor: the link checks the bytes, builds the kernel (the entry) again, and the artifact is the local
     build's."""
-    from farm.backends.llvm.toolchain import compile_ir
+    from farm.backends.llvm.toolchain import Pipeline, compile_ir
 
     first = create_job(farm.board, farm.store, model_path)
     run_job(farm, tasks, first)
@@ -748,7 +748,7 @@ def test_a_cache_ref_pointing_at_an_object_with_load_time_code_is_rebuilt(
         'module asm ".section .init_array,\\22aw\\22"\nmodule asm ".quad farm_evil"\n'
         "define void @farm_evil() { ret void }\n"
     )
-    evil = farm.store.put(compile_ir(ir, host_target(), "evil", optimize=False))
+    evil = farm.store.put(compile_ir(ir, host_target(), "evil", Pipeline.NONE))
     victim = next(unit for unit in units if unit.kind == "kernel")
     farm.store.set_ref(victim.cache_ref, evil)
     for library in assembly.libraries(json.loads(farm.store.get(farm.board.get(first).link_plan_key))):

@@ -34,7 +34,7 @@ from farm.backends.llvm.entry import (
 )
 from farm.backends.llvm.link import find_linker, link_library, linker_identity
 from farm.backends.llvm.target import CpuTarget, parse_target
-from farm.backends.llvm.toolchain import compile_ir
+from farm.backends.llvm.toolchain import Pipeline, compile_ir
 from farm.errors import BuildError
 from farm.ir import loopir as L
 
@@ -259,7 +259,7 @@ def test_an_object_with_load_time_code_is_never_linked(how: str) -> None:
     ir = (
         f'module asm "{STARTUP_ASSEMBLY[how]}"\nmodule asm ".quad farm_evil"\ndefine void @farm_evil() {{ ret void }}\n'
     )
-    evil = compile_ir(ir, host(), "evil", optimize=False)
+    evil = compile_ir(ir, host(), "evil", Pipeline.NONE)
     with pytest.raises(BuildError, match="holds load-time code"):
         link_library([evil], host())
 

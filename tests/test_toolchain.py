@@ -12,7 +12,7 @@ import pytest
 
 from farm.backends.llvm.link import linker_identity
 from farm.backends.llvm.target import host_target
-from farm.backends.llvm.toolchain import Toolchain, compile_ir, toolchain
+from farm.backends.llvm.toolchain import Pipeline, Toolchain, compile_ir, toolchain
 
 HEX16 = re.compile(r"[0-9a-f]{16}")
 
@@ -39,12 +39,21 @@ done:
 """
 
 
-def test_unroll_false_keeps_a_counted_loop_that_o3_unrolls() -> None:
-    """16 volatile stores in a loop: O3 unrolls them into 16 store instructions, unroll=False keeps one in a loop."""
+def test_o3_no_unroll_keeps_a_counted_loop_that_o3_unrolls() -> None:
+    """16 volatile stores in a loop: O3 unrolls them into 16 store instructions, O3_NO_UNROLL keeps one in a loop."""
     unrolled = compile_ir(COUNTED_STORES, host_target(), "k")
-    kept = compile_ir(COUNTED_STORES, host_target(), "k", unroll=False)
+    kept = compile_ir(COUNTED_STORES, host_target(), "k", Pipeline.O3_NO_UNROLL)
     assert len(kept) < len(unrolled)
-    assert compile_ir(COUNTED_STORES, host_target(), "k", unroll=False) == kept
+    assert compile_ir(COUNTED_STORES, host_target(), "k", Pipeline.O3_NO_UNROLL) == kept
+
+
+def test_every_pipeline_gives_its_own_object_the_same_each_time() -> None:
+    """Each pipeline is a pure function of the IR and target: the same bytes twice, and other bytes than O3's."""
+    o3 = compile_ir(COUNTED_STORES, host_target(), "k")
+    for pipeline in (Pipeline.EMITTED, Pipeline.NONE):
+        built = compile_ir(COUNTED_STORES, host_target(), "k", pipeline)
+        assert built != o3
+        assert compile_ir(COUNTED_STORES, host_target(), "k", pipeline) == built
 
 
 def test_the_identity_names_llvmlite_llvm_and_the_linker_this_process_uses() -> None:

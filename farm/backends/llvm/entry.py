@@ -27,7 +27,7 @@ from llvmlite import ir
 
 from farm.backends.llvm.render import PTR_T, launch_symbol
 from farm.backends.llvm.target import CpuTarget
-from farm.backends.llvm.toolchain import compile_ir
+from farm.backends.llvm.toolchain import Pipeline, compile_ir
 from farm.errors import BuildError
 
 ENTRY_SYMBOL = "farm_run"
@@ -521,4 +521,4 @@ def compile_entry(schedule: list[dict[str, Any]], target: CpuTarget, weights_off
     skips LLVM's O3 pipeline: it is calls, counters and waits, which O3 left within 96 bytes of the same object,
     and the pipeline was two thirds of its compile (39 -> 13 ms for a small model's, 47 -> 24 ms for ResNet-50's),
     paid by every build whose entry is new (every model, every pinned size)."""
-    return compile_ir(entry_ir(schedule, target, weights_offset), target, ENTRY_SYMBOL, optimize=False)
+    return compile_ir(entry_ir(schedule, target, weights_offset), target, ENTRY_SYMBOL, Pipeline.NONE)

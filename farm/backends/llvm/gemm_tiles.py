@@ -232,7 +232,7 @@ def _window_steps(
     """The k steps [k0, k0 + steps) of an implicit GEMM (L.ImplicitColumns; whole channels) as loops over
     channels and kernel rows, a row's kernel columns one after another: each row's base in the padded plane is
     computed once per tile, and each k step adds the tap's offset. The columns are laid out here, not left to
-    LLVM's unroller, which a GEMM part is compiled without (kernel.unrolls_loops)."""
+    LLVM's unroller, which a GEMM part is compiled without (kernel.kernel_pipeline)."""
     b, width = gen.b, ir.Constant(I64_T, window.out_width)
     bases = [gen.offset((b.sdiv(m, width), window.row_step), (b.srem(m, width), window.column_step)) for m in rows]
     taps = window.kernel_height * window.kernel_width

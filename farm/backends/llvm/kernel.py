@@ -13,7 +13,7 @@ from farm.backends.llvm.gemm_blocking import GemmBlocking, balanced_blocking
 from farm.backends.llvm.gemm_outlining import MAX_PARTS, Outlining, outlined_functions
 from farm.backends.llvm.render import render_kernel
 from farm.backends.llvm.target import CpuTarget
-from farm.backends.llvm.toolchain import compile_ir
+from farm.backends.llvm.toolchain import Pipeline, compile_ir
 from farm.errors import BuildError
 from farm.ir import loopir as L
 from farm.ir.specs import KernelSpec
@@ -25,7 +25,7 @@ asks for each kernel's several times (its manifest, its layout, each step's weig
 kernel again: light DenseNet-121's link plan lowered its 316 kernels 2,212 times, 0.3-0.4 s of the finish."""
 TINY_KERNEL_WORK = 16384
 """The most innermost statements (loopir.launch_info's work, all launches together) of a kernel whose loops LLVM
-doesn't unroll (unrolls_loops). Such a kernel runs for a few microseconds whatever its code, but O3's unroller
+doesn't unroll (kernel_pipeline). Such a kernel runs for a few microseconds whatever its code, but O3's unroller
 spent up to 0.4 s of LLVM on one: a 3 x 8 x 18 Transpose fully unrolled, Attention kernels of ONNX's cases 0.25 s
 each. With this bound the first 400 of ONNX's node cases compiled their 513 kernels in 12.8 s instead of 25.3
 (one Xeon core), and bert_style, vit_style and mobilenetv2_style (whose LayerNormalizations, a MatMul and a Conv
@@ -153,19 +153,19 @@ def _cpu_launches(spec: KernelSpec, target: CpuTarget) -> tuple[tuple[int, ...],
     return tuple(tuple(info.to_json()) for info in infos)
 
 
-def unrolls_loops(spec: KernelSpec, target: CpuTarget) -> bool:
-    """Whether LLVM unrolls the loops of the kernel's object (or part's): not where its launches together run at
-    most TINY_KERNEL_WORK innermost statements (microseconds, whatever the code), nor in an outlined GEMM part
-    (KernelSpec.part past 0). A part holds only the micro-kernel's tile loops (gemm_outlining), whose bodies the
-    emitter lays out itself (gemm_tiles: a tile's rows and vectors, a tap row's kernel columns); the unroller only
-    copied the k loops' bodies, and took 10% of light ResNet-50's serial compile (7.20-7.28 -> 6.14-6.76 s,
-    alternating) for no speed (whole model 0.98-1.00x on one thread and two, no node slower)."""
+def kernel_pipeline(spec: KernelSpec, target: CpuTarget) -> Pipeline:
+    """How LLVM optimises the kernel's object (or part's). An outlined GEMM part (KernelSpec.part past 0) holds only
+    the micro-kernel's tile loops, whose rows, vectors and kernel columns the emitter lays out itself (gemm_tiles):
+    Pipeline.EMITTED. O3's loop passes found nothing there, and its unroller only copied the k loops' bodies. Every
+    other kernel holds loop IR that LLVM vectorises: O3, without unrolling where its launches together run at most
+    TINY_KERNEL_WORK innermost statements (microseconds, whatever the code)."""
     if spec.part is not None and spec.part[0] > 0:
-        return False
-    return sum(work for _, _, work in _cpu_launches(spec.whole, target)) > TINY_KERNEL_WORK
+        return Pipeline.EMITTED
+    tiny = sum(work for _, _, work in _cpu_launches(spec.whole, target)) <= TINY_KERNEL_WORK
+    return Pipeline.O3_NO_UNROLL if tiny else Pipeline.O3
 
 
 def compile_cpu_kernel(spec: KernelSpec, target: CpuTarget) -> bytes:
     """The object code of one kernel for one CPU target."""
     text = kernel_ir(spec, target)
-    return compile_ir(text, target, f"kernel {spec.op} {spec.symbol}", unroll=unrolls_loops(spec, target))
+    return compile_ir(text, target, f"kernel {spec.op} {spec.symbol}", kernel_pipeline(spec, target))
