@@ -14,6 +14,7 @@ from farm.backends.llvm.dot_products import (
     generic_dot_product,
 )
 from farm.backends.llvm.target import CpuTarget
+from farm.ir import loopir as L
 
 VNNI = dict(DOT_PRODUCTS)["+avx512vnni"]
 
@@ -72,3 +73,19 @@ def test_a_dot_product_of_widened_bytes_flips_nothing() -> None:
             assert (roles.swapped, roles.a_flip, roles.b_flip) == (False, 0, 0)
             assert (roles.a_read_signed, roles.b_read_signed) == (a_signed, not a_signed)
             assert not b_panels_flipped(dot, a_signed, not a_signed)
+
+
+@pytest.mark.parametrize(
+    "features, divisor",
+    [
+        ("+avx2,+avx512f,+avx512vnni", 64),
+        ("+avx2,+avxvnni", 32),
+        ("+avx2,+fma", L.GEMM_WORK_DIVISOR),
+        ("+sse2", L.GEMM_WORK_DIVISOR),
+    ],
+)
+def test_an_int_gemms_launch_work_weighs_its_products_by_what_they_cost(features: str, divisor: int) -> None:
+    """One VNNI instruction's products make a unit of launch work; AVX2's vpmaddwd path and widening multiplies,
+    about as slow per product as float32's FMAs, count them as a float32 Gemm does (so the runtime splits them
+    across threads where it splits the float32 model's)."""
+    assert dot_product_for(CpuTarget("x86_64-unknown-linux-gnu", "generic", features)).work_divisor == divisor

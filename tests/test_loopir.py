@@ -456,6 +456,14 @@ def test_work_counts_nested_loops_and_ifs():
     assert L.work([L.Loop(i, 3, [inner, L.Store("c", i, L.const(1.0))])]) == 3 * (5 * 2 + 1)
 
 
+def test_work_counts_an_int_gemms_products_by_the_divisor_it_is_given():
+    """By default one 16-lane VNNI instruction's products (INT_GEMM_WORK_DIVISOR) make a unit of work; a target's
+    dot product gives its own divisor (kernel._cpu_launches)."""
+    gemm = L.IntGemm("a", L.const(0), 256, "b", L.const(0), 64, "c", L.const(0), 64, 32, 64, 256)
+    assert L.work([gemm]) == 32 * 64 * 256 // L.INT_GEMM_WORK_DIVISOR
+    assert L.work([gemm], int_gemm_divisor=16) == 32 * 64 * 256 // 16
+
+
 def test_gemm_work_counts_products_or_the_operands_bytes_where_more():
     # the classifier of one image: 2 MB of weights for 512,000 products, so its bytes count
     assert L.gemm_work(_gemm(1, 1000, 512)) == 4 * (512 + 512 * 1000 + 1000) // L.GEMM_WORK_DIVISOR

@@ -10,8 +10,8 @@ import onnx
 import pytest
 from numerics import single_op_model
 
-from farm.backends.llvm.kernel import packed_params
-from farm.backends.llvm.target import host_target
+from farm.backends.llvm.kernel import cpu_launches, packed_params
+from farm.backends.llvm.target import CpuTarget, host_target
 from farm.build.assembly import plan_model
 from farm.ir import loopir as L
 from farm.ir.specs import KernelSpec
@@ -51,6 +51,18 @@ def _conv(tmp_path: Path, x: tuple[int, ...], w: tuple[int, ...], attrs: dict | 
 def test_matmul_integer_units(tmp_path: Path, b: tuple[int, int], widths: list[int]) -> None:
     gemms = _int_gemms(lower_kernel(_matmul(tmp_path, (2, 3, b[0]), b)).body)
     assert [g.n for g in gemms] == widths and all(g.m == 6 for g in gemms)
+
+
+def test_a_matmul_integers_launch_work_is_the_targets(tmp_path: Path) -> None:
+    """kernel.cpu_launches weighs an IntGemm by the target's dot product: AVX2 code counts four times the work of
+    AVX-512 VNNI code for the same MatMulInteger (DotProduct.work_divisor), so the runtime splits it where it
+    splits the float32 MatMul."""
+    spec = _matmul(tmp_path, (32, 128), (128, 128))
+    vnni = CpuTarget("x86_64-unknown-linux-gnu", "icelake-server", "+avx2,+fma,+avx512f,+avx512bw,+avx512vnni")
+    avx2 = CpuTarget("x86_64-unknown-linux-gnu", "haswell", "+avx2,+fma")
+    [[_, _, vnni_work]], [[_, _, avx2_work]] = cpu_launches(spec, vnni), cpu_launches(spec, avx2)
+    assert vnni_work == 32 * 128 * 128 // 64
+    assert avx2_work == 4 * vnni_work
 
 
 def test_a_batched_b_is_a_loop_nest(tmp_path: Path) -> None:

@@ -606,24 +606,24 @@ def launch_groups(kernel: LoopKernel) -> tuple[list[str], list[LaunchGroup]]:
 
 
 GEMM_WORK_DIVISOR, INT_GEMM_WORK_DIVISOR, INT_GEMM_BYTES_PER_WORK = 16, 64, 8
-"""Products per unit of work: a Gemm's FMAs (gemm_work), an IntGemm's (four a lane per dot-product instruction), or
-an IntGemm's B bytes where that is more (a few rows streaming a conv's weights from memory: a 2x2 plane's)."""
+"""Products per unit of work: a Gemm's FMAs (gemm_work), an IntGemm's (by default one 16-lane dot-product instruction's;
+DotProduct.work_divisor), or its B bytes where more (a few rows streaming a conv's weights: a 2x2 plane's)."""
 
 
-def work(stmts: list[Stmt]) -> int:
+def work(stmts: list[Stmt], int_gemm_divisor: int = INT_GEMM_WORK_DIVISOR) -> int:
     """A rough measure of the time `stmts` take, in innermost statements run (each about 0.3-1 ns on a 2020s core
-    once vectorised); a Gemm counts gemm_work (an IntGemm's products by INT_GEMM_WORK_DIVISOR). What a runtime
-    weighs against the cost of splitting a launch across threads."""
+    once vectorised); a Gemm counts gemm_work, an IntGemm its products by `int_gemm_divisor` (the target's dot
+    product's). What a runtime weighs against the cost of splitting a launch across threads."""
     total = 0
     for stmt in stmts:
         if isinstance(stmt, Loop):
-            total += stmt.extent * work(stmt.body)
+            total += stmt.extent * work(stmt.body, int_gemm_divisor)
         elif isinstance(stmt, If):
-            total += 1 + work(stmt.body)
+            total += 1 + work(stmt.body, int_gemm_divisor)
         elif isinstance(stmt, Gemm):
             total += gemm_work(stmt)
         elif isinstance(stmt, IntGemm):
-            total += max(stmt.m * stmt.n * stmt.k // INT_GEMM_WORK_DIVISOR, stmt.n * stmt.k // INT_GEMM_BYTES_PER_WORK)
+            total += max(stmt.m * stmt.n * stmt.k // int_gemm_divisor, stmt.n * stmt.k // INT_GEMM_BYTES_PER_WORK)
         else:
             total += 1
     return total

@@ -148,9 +148,12 @@ def cpu_launches(spec: KernelSpec, target: CpuTarget) -> list[list[int]]:
 
 @functools.lru_cache(maxsize=LOWERED_CACHE)
 def _cpu_launches(spec: KernelSpec, target: CpuTarget) -> tuple[tuple[int, ...], ...]:
-    blocking = blocking_for(spec, target)
-    infos = L.launch_info(lower_kernel(spec), blocking.rows, blocking.tile_columns, blocking.vectors)
-    return tuple(tuple(info.to_json()) for info in infos)
+    """launch_info's, with each launch's work weighing its IntGemms by the target's dot product (work_divisor)."""
+    blocking, kernel = blocking_for(spec, target), lower_kernel(spec)
+    infos = L.launch_info(kernel, blocking.rows, blocking.tile_columns, blocking.vectors)
+    divisor = dot_product_for(target).work_divisor
+    _, groups = L.launch_groups(kernel)
+    return tuple((info.extent, info.grain, L.work(group.stmts, divisor)) for info, group in zip(infos, groups))
 
 
 def kernel_pipeline(spec: KernelSpec, target: CpuTarget) -> Pipeline:
