@@ -84,8 +84,8 @@ class Pipeline(enum.Enum):
     """O3 without loop unrolling: tiny kernels, which run for microseconds whatever the unroller does."""
     EMITTED = "emitted"
     """O1's function simplification only (_emitted): code whose loops, vectors and register tiles farm's emitter
-    laid out (the outlined GEMM parts), where O3's vectorisers and loop passes find nothing to do and took 40% of
-    LLVM's time (light ResNet-50's outlined parts: 3.7 s -> 2.1 s, the same speed)."""
+    laid out (the outlined GEMM parts), where O3's vectorisers and loop passes find nothing to do and took a third
+    of LLVM's time (light ResNet-50's outlined parts, serially: 3.3 s -> 2.1 s, the same speed)."""
     NONE = "none"
     """No optimisation: the entry, a list of calls."""
 
