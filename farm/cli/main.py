@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from farm import __version__
+from farm.cli import blas_threads  # noqa: F401  (before anything loads numpy)
 from farm.cli.jobs import cancel, download, jobs, list_workers_command, status, wait
 from farm.cli.local import bench, inspect, run, sign
 from farm.cli.operate import acl_command, worker
