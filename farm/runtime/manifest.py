@@ -18,11 +18,9 @@ from farm.backends.opencl.target import FINGERPRINT
 from farm.defaults import MAX_TARGETS
 from farm.errors import ArtifactError, BadInputError
 from farm.ir.shapes import MAX_SIZES, PinnedShapes, sizes_from_json
-from farm.runtime.manifest_types import CpuTargetEntry, Manifest
+from farm.runtime.manifest_types import POINTER_BYTES, CpuTargetEntry, Manifest
 
 MAX_ARENA_BYTES = 1 << 36  # 64 GiB
-POINTER_BYTES = 8
-"""Bytes of an input's pointer slot (farm.plan.memory.INPUT_POINTERS): a 64-bit address."""
 MAX_TENSORS = 4096  # inputs or outputs
 MAX_RANK = 16
 MAX_DIMENSION = 1 << 31

@@ -16,6 +16,9 @@ from typing import Any, ClassVar, Union
 DEFAULT_ENTRY = "farm_run"
 """The entry point of a CPU target whose manifest entry names none."""
 DEFAULT_ALIGNMENT = 64
+POINTER_BYTES = 8
+"""Bytes of an address in the arena: a weight's in the table after it, an input's pointer slot
+(farm.plan.memory.INPUT_POINTERS)."""
 """The memory plan's alignment when the manifest gives none."""
 
 

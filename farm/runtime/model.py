@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from farm.errors import ArtifactError, RunInputError
-from farm.runtime.manifest_types import CpuTargetEntry, Launch, Manifest, TensorSlot
+from farm.runtime.manifest_types import POINTER_BYTES, CpuTargetEntry, Launch, Manifest, TensorSlot
 
 # The arena starts on a page: its buffers' addresses modulo 4096 are then the same in every process. With 64 bytes,
 # some processes drew a base whose copies hit 4K aliasing and ran at half speed (docs/architecture.md, the arena).
@@ -321,9 +321,10 @@ class Model:
         self._pool = self._thread_pool(path, target) if self.threads > 1 else None
         table = target.weights_offset
         self._arena = _aligned_zeros(
-            max(arena_bytes, table + 8 * len(weights), 1), max(manifest.memory_plan.alignment, _MIN_ALIGNMENT)
+            max(arena_bytes, table + POINTER_BYTES * len(weights), 1),
+            max(manifest.memory_plan.alignment, _MIN_ALIGNMENT),
         )
-        self._arena[table : table + 8 * len(weights)].view(np.uint64)[:] = weights
+        self._arena[table : table + POINTER_BYTES * len(weights)].view(np.uint64)[:] = weights
         self._weights_map = keep
         # Fixed for the model's life: a run of a small model is tens of microseconds, and making these per run
         # cost some 5 us of it.
@@ -341,7 +342,7 @@ class Model:
 
     def _pointer_slot(self, offset: int | None) -> np.ndarray | None:
         """The arena's word at an input's pointer slot (None: the artifact has none, every feed is copied)."""
-        return None if offset is None else self._arena[offset : offset + 8].view(np.uint64)
+        return None if offset is None else self._arena[offset : offset + POINTER_BYTES].view(np.uint64)
 
     def _check(self, feeds: Mapping[str, np.ndarray]) -> None:
         check_feeds(self.inputs, feeds)
