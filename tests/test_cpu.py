@@ -206,6 +206,27 @@ def test_an_untuned_14x14_conv_of_256_channels_takes_the_wide_tile_on_32_registe
     assert untuned_blocking(spec(192, avx512), avx512) == default_blocking(avx512)
 
 
+def test_an_untuned_64_channel_3x3_conv_takes_one_wide_tile_on_32_registers():
+    """A 56x56 3x3 conv of 64 to 64 channels (k = 576) is one 6 x 4 tile wide on AVX-512
+    (gemm_blocking.single_tile_blocking); on AVX2 and for 128 output channels the default stays."""
+    avx512 = CpuTarget("x86_64-unknown-linux-gnu", "skylake-avx512", "+avx512f")
+    avx2 = CpuTarget("x86_64-unknown-linux-gnu", "haswell", "+avx,+avx2,+fma")
+
+    def spec(channels: int, target: CpuTarget) -> KernelSpec:
+        return KernelSpec(
+            op="Conv",
+            attrs_json=canonical_json({**CONV_ATTRS, "constant_weight": True}),
+            inputs=(TensorInfo((1, 64, 56, 56)), TensorInfo((channels, 64, 3, 3)), TensorInfo((channels,))),
+            outputs=(TensorInfo((1, channels, 56, 56)),),
+            activation=None,
+            target_id=target.id,
+        )
+
+    assert untuned_blocking(spec(64, avx512), avx512) == GemmBlocking(6, 4, 16)
+    assert untuned_blocking(spec(64, avx2), avx2) == default_blocking(avx2)
+    assert untuned_blocking(spec(128, avx512), avx512) == default_blocking(avx512)
+
+
 def test_different_targets_give_different_code():
     x86 = CpuTarget("x86_64-unknown-linux-gnu", "generic", "+sse2")
     avx = CpuTarget("x86_64-unknown-linux-gnu", "haswell", "+avx,+avx2,+fma")

@@ -402,6 +402,22 @@ def test_gemm_epilogue_adds_bias_and_residual_then_activates_as_it_stores(blocki
         assert_gemm_close(c, expected)
 
 
+@pytest.mark.parametrize("rows", [3, 5, 6, 7])
+def test_a_transposed_tile_of_any_row_count_is_turned_around_in_registers(rows, tmp_path):
+    """A tile whose rows are not a power of two stores to a transposed C as the next power of two turned around in
+    registers (gemm_tiles._store_transposed), each column's rows in runs of 4, 2 and 1 with the epilogue along them,
+    not one value at a time: the 6 x 4 tiles of 64-channel convs (gemm_blocking.single_tile_blocking)."""
+    blocking = GemmBlocking(rows=rows, vectors=2, lanes=16)
+    cases = _epilogue_cases(True, residual_in_c=False)
+    results = run_kernels([(kernel, arrays) for kernel, arrays, _ in cases], tmp_path, blocking)
+    for (_, _, expected), (c, *_) in zip(cases, results):
+        assert_gemm_close(c, expected)
+    largest = max(cases, key=lambda case: case[1][0].size)[0]
+    text = kernel_module_ir([("farm_k_test", largest)], host(), blocking)
+    runs = [size for size in (4, 2) if rows & size]
+    assert all(re.search(rf"store <{size} x float>", text) for size in runs)
+
+
 @pytest.mark.parametrize("blocking", [GemmBlocking(), *(b for b in EPILOGUE_BLOCKINGS if b.k_block)], ids=blocking_id)
 @pytest.mark.parametrize("transposed", [False, True], ids=["row-major", "a-and-c-transposed"])
 def test_gemm_adds_the_residual_it_finds_in_c(blocking, transposed, tmp_path):

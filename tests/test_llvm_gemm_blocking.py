@@ -13,6 +13,7 @@ from farm.backends.llvm.gemm_blocking import (
     balanced_blocking,
     edge_rows,
     regions,
+    single_tile_blocking,
     small_m_k_block,
     two_thread_excess,
 )
@@ -180,3 +181,28 @@ def test_the_wide_tile_needs_every_gemm_a_deep_k_and_the_default_of_32_registers
     assert balanced_blocking([], GemmBlocking(8, 3, 16)) == GemmBlocking(8, 3, 16)
     assert balanced_blocking([uneven], GemmBlocking(4, 3, 8)) == GemmBlocking(4, 3, 8)  # 16 registers (AVX2)
     assert balanced_blocking([_wide_gemm(169, 256, 576)], GemmBlocking(8, 3, 16)) == GemmBlocking(8, 3, 16)  # k
+
+
+@pytest.mark.parametrize(
+    ("n", "k", "wide"),
+    [
+        (64, 576, True),  # a 64-channel 3x3 conv: 8 x 3 leaves a 1-vector tile, one 6 x 4 tile covers it
+        (64, 512, True),
+        (64, 288, False),  # too short a k to pay for storing 6 rows through a block of 8
+        (64, 147, False),  # ResNet-50's 7x7 stem
+        (128, 1152, False),  # 8 x 3 leaves a 2-vector tile, which ran as fast
+        (48, 576, False),
+        (256, 2304, False),
+    ],
+)
+def test_a_gemm_one_wide_tile_wide_with_a_deep_k_takes_the_wide_tile(n, k, wide):
+    default = GemmBlocking(8, 3, 16)
+    chosen = single_tile_blocking([_wide_gemm(3136, n, k)], default)
+    assert chosen == (GemmBlocking(6, 4, 16) if wide else default)
+
+
+def test_the_single_wide_tile_needs_every_gemm_so_and_the_default_of_32_registers():
+    one, two = _wide_gemm(3136, 64, 576), _wide_gemm(3136, 128, 576)
+    assert single_tile_blocking([one, two], GemmBlocking(8, 3, 16)) == GemmBlocking(8, 3, 16)
+    assert single_tile_blocking([], GemmBlocking(8, 3, 16)) == GemmBlocking(8, 3, 16)
+    assert single_tile_blocking([_wide_gemm(3136, 32, 576)], GemmBlocking(4, 3, 8)) == GemmBlocking(4, 3, 8)  # AVX2

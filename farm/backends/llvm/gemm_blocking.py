@@ -82,8 +82,13 @@ class GemmBlocking:
 
 
 WIDE_TILE = (6, 4)
-"""(rows, vectors) of the tile that few-row column-split GEMMs take instead of the 8 x 3 default where that one splits
-unevenly (balanced_blocking): the same 24 accumulators, in blocks of 4 vectors (64 columns on AVX-512)."""
+"""(rows, vectors) of the tile that some GEMMs take instead of the 8 x 3 default: few-row column-split ones where that
+one splits unevenly (balanced_blocking), and those exactly one such tile wide (single_tile_blocking). The same 24
+accumulators, in blocks of 4 vectors (64 columns on AVX-512)."""
+SINGLE_TILE_MIN_K = 512
+"""The shallowest k for which single_tile_blocking takes WIDE_TILE: its 6-row tiles store a transposed C through a
+block of 8 rows, which a short k pays for less. On one Xeon core ResNet-50's 7x7 stem (k = 147) ran 9% slower with
+it, a 32 -> 64 channel 3x3 conv (k = 288) as fast, and 64 -> 64 ones (k = 576) 5-6% faster."""
 UNEVEN_SPLIT = 0.12
 """How much more than half of a launch's columns the busier of two threads may run, cut at whole blocks
 (two_thread_excess), before balanced_blocking takes WIDE_TILE."""
@@ -128,6 +133,24 @@ def balanced_blocking(gemms: list[L.Gemm], blocking: GemmBlocking) -> GemmBlocki
         if two_thread_excess(units, blocking.vectors) <= UNEVEN_SPLIT:
             return blocking
     return wide
+
+
+def single_tile_blocking(gemms: list[L.Gemm], blocking: GemmBlocking) -> GemmBlocking:
+    """`blocking`, or WIDE_TILE of its lanes where every Gemm is exactly one WIDE_TILE wide (64 columns on AVX-512)
+    with k at least SINGLE_TILE_MIN_K; only where `blocking` holds as many accumulators as WIDE_TILE (the 8 x 3
+    default of 32 vector registers).
+
+    8 x 3 covers 64 columns as a 3-vector tile and a 1-vector one, which broadcasts each of its 8 A values for a
+    single FMA: a quarter of the FMAs at half the rate. One 6 x 4 tile loads 10 values per 24 FMAs. On one Xeon
+    core the 64-channel 3x3 convs (k = 576) ran 5-6% faster at 14x14, 28x28, 56x56 and 112x112 (ResNet-50's at
+    56x56 172 -> 196 GFLOP/s), since 6-row tiles store a transposed C as vectors (gemm_tiles._store_transposed);
+    wider GEMMs, with a 2-vector remainder or none, ran as fast or slower (7x7 512-channel convs 4-6%)."""
+    wide = GemmBlocking(WIDE_TILE[0], WIDE_TILE[1], blocking.lanes)
+    if not gemms or blocking.rows * blocking.vectors != wide.rows * wide.vectors:
+        return blocking
+    if all(gemm.n == wide.tile_columns and gemm.k >= SINGLE_TILE_MIN_K for gemm in gemms):
+        return wide
+    return blocking
 
 
 @dataclass(frozen=True)

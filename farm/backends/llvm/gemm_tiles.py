@@ -156,9 +156,15 @@ def _store_tile(
 
 def _transposes_in_registers(gemm: L.Gemm, region: Region) -> bool:
     """Whether a tile's final store to a transposed C (L.Gemm.c_transposed) goes through _store_transposed: tiles
-    of a power-of-two count of rows, at least 2 and at most the lanes (a power of two too)."""
+    of at least 2 rows whose count rounded up to a power of two is at most the lanes (a power of two too)."""
     rows, lanes = region.rows, region.lanes
-    return gemm.c_transposed and 2 <= rows <= lanes and not rows & (rows - 1) and not lanes & (lanes - 1)
+    return gemm.c_transposed and 2 <= _transposed_height(rows) <= lanes and not lanes & (lanes - 1)
+
+
+def _transposed_height(rows: int) -> int:
+    """The rows of the square block a tile of `rows` rows is turned around as: rows rounded up to a power of two,
+    the extra rows undefined and never stored."""
+    return 1 << (rows - 1).bit_length()
 
 
 def _interleave(b: ir.IRBuilder, x: ir.Value, y: ir.Value, high: bool) -> ir.Value:
@@ -178,21 +184,43 @@ def _store_transposed(
     Each such piece is one vector store (and its epilogue runs along m), instead of one scalar store per value:
     a 3x3 conv run pixels as rows made 384 scalar stores per 8 x 48 tile."""
     b, rows, lanes = gen.b, len(values), lanes_of(values[0].type)
-    for _ in range(rows.bit_length() - 1):
-        half = rows // 2
+    height = _transposed_height(rows)
+    values = values + [ir.Constant(values[0].type, ir.Undefined)] * (height - rows)
+    for _ in range(height.bit_length() - 1):
+        half = height // 2
         values = [
             _interleave(b, values[pair], values[pair + half], high) for pair in range(half) for high in (False, True)
         ]
-    per_vector = lanes // rows
+    per_vector = lanes // height
     for column in range(lanes):
         vector, slot = divmod(column, per_vector)
-        mask = ir.Constant(ir.VectorType(I32_T, rows), list(range(slot * rows, slot * rows + rows)))
-        piece = b.shuffle_vector(values[vector], ir.Constant(values[vector].type, ir.Undefined), mask)
         n = b.add(n0, ir.Constant(I64_T, column))
         start, _ = _c_index(gen, m0, n)  # the column's rows lie side by side from there
-        if epilogue is not None:
-            piece = apply_epilogue(gen, epilogue, piece, (m0, n), (start, 1), along_rows=True)
-        gen.b.store(piece, gen.address(gen.c, start), align=4)
+        for first, size in _row_runs(rows):
+            piece = _lanes(b, values[vector], slot * height + first, size)
+            m, at = b.add(m0, ir.Constant(I64_T, first)), b.add(start, ir.Constant(I64_T, first))
+            if epilogue is not None:
+                piece = apply_epilogue(gen, epilogue, piece, (m, n), (at, 1), along_rows=True)
+            gen.b.store(piece, gen.address(gen.c, at), align=4)
+
+
+def _row_runs(rows: int) -> list[tuple[int, int]]:
+    """(first row, rows) of the power-of-two runs, largest first, that a column of a transposed tile of `rows` rows
+    is stored in: 6 rows as 4 and 2. LLVM's x86 backend failed to select some vectors of 3, 5, 6 or 7 floats."""
+    runs, first = [], 0
+    for bit in reversed(range(rows.bit_length())):
+        if rows >> bit & 1:
+            runs.append((first, 1 << bit))
+            first += 1 << bit
+    return runs
+
+
+def _lanes(b: ir.IRBuilder, vector: ir.Value, first: int, count: int) -> ir.Value:
+    """Lanes [first, first + count) of `vector`: a vector of `count` floats, or one float."""
+    if count == 1:
+        return b.extract_element(vector, ir.Constant(I32_T, first))
+    mask = ir.Constant(ir.VectorType(I32_T, count), list(range(first, first + count)))
+    return b.shuffle_vector(vector, ir.Constant(vector.type, ir.Undefined), mask)
 
 
 def _partial_index(gen: GemmEmitter, region: Region, m: ir.Value, j: int) -> ir.Value | None:

@@ -9,7 +9,7 @@ import json
 from llvmlite import ir
 
 from farm.backends.llvm.dot_products import b_panels_flipped, dot_product_for
-from farm.backends.llvm.gemm_blocking import GemmBlocking, balanced_blocking
+from farm.backends.llvm.gemm_blocking import GemmBlocking, balanced_blocking, single_tile_blocking
 from farm.backends.llvm.gemm_outlining import MAX_PARTS, Outlining, outlined_functions
 from farm.backends.llvm.render import render_kernel
 from farm.backends.llvm.target import CpuTarget
@@ -43,14 +43,16 @@ def default_blocking(target: CpuTarget) -> GemmBlocking:
 
 def untuned_blocking(spec: KernelSpec, target: CpuTarget) -> GemmBlocking:
     """The blocking of `spec` on `target` when it names no variant: the target's default, or the wider tile where
-    that one's blocks split unevenly on two threads (gemm_blocking.balanced_blocking). What tuning times first.
+    that one's blocks split unevenly on two threads (gemm_blocking.balanced_blocking) or where it covers the GEMM
+    as one tile (gemm_blocking.single_tile_blocking). What tuning times first.
     Decided on the kernel as `target` lowers it (a CPU spec's Gemm may read a copy an OpenCL one doesn't)."""
     return _untuned_blocking(dataclasses.replace(spec, target_id=target.id, variant_json=""), target)
 
 
 @functools.lru_cache(maxsize=LOWERED_CACHE)
 def _untuned_blocking(spec: KernelSpec, target: CpuTarget) -> GemmBlocking:
-    return balanced_blocking(gemms(lower_kernel(spec).body), default_blocking(target))
+    found = gemms(lower_kernel(spec).body)
+    return single_tile_blocking(found, balanced_blocking(found, default_blocking(target)))
 
 
 def blocking_for(spec: KernelSpec, target: CpuTarget) -> GemmBlocking:
