@@ -40,6 +40,7 @@ from farm.backends.llvm.link import link_library
 from farm.backends.llvm.packing import pack_columns, pack_panels
 from farm.backends.llvm.target import CpuTarget
 from farm.errors import BuildError
+from farm.ir import launching
 from farm.ir import loopir as L
 
 SCHEDULE = [
@@ -237,7 +238,7 @@ def test_farm_launch_runs_a_parallel_loop_split_at_odd_boundaries(tmp_path):
         [L.Param("out", output=True), L.Param("in")],
         [L.Loop(i, n, [L.Store("out", i, L.Load("in", i) * 3.0 + 1.0)], parallel=True)],
     )
-    launches = [info.to_json() for info in L.launch_info(kernel, 4)]
+    launches = [info.to_json() for info in launching.launch_info(kernel, 4)]
     assert launches == [[7, 1, 7]]
     schedule = [{"kernel": "scale", "args": [["arena", 0], ["arena", 64]], "launches": launches}]
     library = _launch_library([("scale", kernel)], schedule, tmp_path)
@@ -299,7 +300,7 @@ def test_farm_launch_runs_gemm_rows_split_anywhere(cuts, packed, tmp_path):
     m, n, k = 13, 15, 6
     gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k, a_panels=packed, b_panels=packed)
     kernel = L.LoopKernel([L.Param("a"), L.Param("b"), L.Param("c", output=True)], [gemm])
-    launches = [info.to_json() for info in L.launch_info(kernel, 4)]
+    launches = [info.to_json() for info in launching.launch_info(kernel, 4)]
     assert [launch[:2] for launch in launches] == [[13, 4]]
     library, arena, c, whole = _gemm_launch_setup(kernel, launches, (m, n, k), SMALL_BLOCKING, tmp_path)
     for begin, end in zip(cuts, cuts[1:]):
@@ -325,7 +326,7 @@ def test_farm_launch_runs_gemm_rows_split_anywhere(cuts, packed, tmp_path):
     "m, n, k", [(7, 45, 5), (7, 45, 600), (259, 269, 1000)], ids=["sweep", "few-rows-deep-k", "blocks"]
 )
 def test_farm_launch_runs_gemm_column_units_split_anywhere(m, n, k, blocking, packed, tmp_path):
-    """A Gemm wider than tall splits by column units (loopir.column_units): each vector of columns (the full
+    """A Gemm wider than tall splits by column units (launching.column_units): each vector of columns (the full
     column blocks' and those past them), then one unit for the columns short of a vector. Every column once, each
     range only its own, whatever the cut (whole, at every unit, in half, between blocks, also in the middle of a
     block: pieces of 1 or 2 of its vectors), in each of gemm._emit_column_blocks' ways: a small B swept by each row
@@ -335,10 +336,10 @@ def test_farm_launch_runs_gemm_column_units_split_anywhere(m, n, k, blocking, pa
     gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k, a_panels=packed, b_panels=packed)
     kernel = L.LoopKernel([L.Param("a"), L.Param("b"), L.Param("c", output=True)], [gemm])
     launches = [
-        info.to_json() for info in L.launch_info(kernel, blocking.rows, blocking.tile_columns, blocking.vectors)
+        info.to_json() for info in launching.launch_info(kernel, blocking.rows, blocking.tile_columns, blocking.vectors)
     ]
     units = -(-n // blocking.lanes)
-    assert launches == [[units, blocking.vectors, L.gemm_work(gemm)]]  # the runtime cuts at whole blocks
+    assert launches == [[units, blocking.vectors, launching.gemm_work(gemm)]]  # the runtime cuts at whole blocks
     library, arena, c, whole = _gemm_launch_setup(kernel, launches, (m, n, k), blocking, tmp_path)
     cuts = {
         "whole": [],
@@ -377,7 +378,7 @@ def test_farm_launch_numbers_launches_across_the_schedule(tmp_path):
             L.Loop(j, 4, [L.Store("out", j + 4, L.const(2.0))], parallel=True),
         ],
     )
-    launches = [info.to_json() for info in L.launch_info(kernel, 4)]
+    launches = [info.to_json() for info in launching.launch_info(kernel, 4)]
     schedule = [{"kernel": "two", "args": [["arena", offset]], "launches": launches} for offset in (0, 64)]
     library = _launch_library([("two", kernel)], schedule, tmp_path)
     arena = aligned_arena(128)

@@ -14,7 +14,7 @@ from farm.backends.llvm.dot_products import (
     generic_dot_product,
 )
 from farm.backends.llvm.target import CpuTarget
-from farm.ir import loopir as L
+from farm.ir import launching
 
 VNNI = dict(DOT_PRODUCTS)["+avx512vnni"]
 
@@ -80,8 +80,8 @@ def test_a_dot_product_of_widened_bytes_flips_nothing() -> None:
     [
         ("+avx2,+avx512f,+avx512vnni", 64),
         ("+avx2,+avxvnni", 32),
-        ("+avx2,+fma", L.GEMM_WORK_DIVISOR),
-        ("+sse2", L.GEMM_WORK_DIVISOR),
+        ("+avx2,+fma", launching.GEMM_WORK_DIVISOR),
+        ("+sse2", launching.GEMM_WORK_DIVISOR),
     ],
 )
 def test_an_int_gemms_launch_work_weighs_its_products_by_what_they_cost(features: str, divisor: int) -> None:

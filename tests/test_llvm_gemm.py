@@ -21,6 +21,7 @@ from farm.backends.llvm.gemm_blocking import SMALL_M_PACKED_K_BLOCK, GemmBlockin
 from farm.backends.llvm.gemm_outlining import MAX_PARTS, outlined_functions
 from farm.backends.llvm.gemm_tiles import F32_BYTES, STRIDE_PREFETCHER_BYTES, WINDOW_PREFETCH_CHANNELS
 from farm.backends.llvm.packing import pack_columns, pack_operand, pack_panels
+from farm.ir import launching
 from farm.ir import loopir as L
 
 # -- numerics ----------------------------------------------------------------------------------------------------------
@@ -537,10 +538,12 @@ def test_column_split_tiles_prefetch_the_next_blocks_c_for_writing():
     epilogue = L.GemmEpilogue(residual="residual", residual_offset=L.const(0))
     gemm = L.Gemm("a", L.const(0), 256, "b", L.const(0), 3136, "c", L.const(0), 3136, 256, 3136, 256, epilogue=epilogue)
     params = [L.Param("c", output=True), L.Param("a"), L.Param("b"), L.Param("residual")]
-    assert L.splits_columns(gemm, GemmBlocking().tile_columns) and gemm.k * gemm.n * 4 > SWEEP_MAX_B_BYTES
+    assert launching.splits_columns(gemm, GemmBlocking().tile_columns) and gemm.k * gemm.n * 4 > SWEEP_MAX_B_BYTES
     assert _prefetches(L.LoopKernel(params, [gemm])) == {0, 1}
     small = dataclasses.replace(gemm, ldb=784, ldc=784, m=32, n=784)  # 100 KB of C stays in cache: no prefetch
-    assert L.splits_columns(small, GemmBlocking().tile_columns) and 1 not in _prefetches(L.LoopKernel(params, [small]))
+    assert launching.splits_columns(small, GemmBlocking().tile_columns) and 1 not in _prefetches(
+        L.LoopKernel(params, [small])
+    )
     swept = dataclasses.replace(gemm, lda=64, k=64)
     assert swept.k * swept.n * 4 <= SWEEP_MAX_B_BYTES and 1 not in _prefetches(L.LoopKernel(params, [swept]))
 
@@ -557,7 +560,7 @@ def test_column_split_gemm_with_a_small_b_sweeps_each_row_tile_across_the_blocks
         bias="bias", bias_offset=L.const(0), residual="residual", residual_offset=L.const(0), activation=("relu", ())
     )
     gemm = L.Gemm("a", L.const(0), k, "b", L.const(0), n, "c", L.const(0), n, m, n, k, epilogue=epilogue)
-    assert L.splits_columns(gemm, blocking.tile_columns) and k * n * 4 <= SWEEP_MAX_B_BYTES
+    assert launching.splits_columns(gemm, blocking.tile_columns) and k * n * 4 <= SWEEP_MAX_B_BYTES
     params = [L.Param("c", output=True), L.Param("a"), L.Param("b"), L.Param("bias"), L.Param("residual")]
     [c, *_] = run_kernel(
         L.LoopKernel(params, [gemm]), [np.full((m, n), np.nan, np.float32), a, b, bias, residual], tmp_path, blocking
@@ -590,7 +593,7 @@ def test_tiles_reading_packed_a_prefetch_the_next_panel():
     gemm = L.Gemm("a", L.const(0), 256, "b", L.const(0), 196, "c", L.const(0), 196, 1024, 196, 256, a_panels=True)
     plain = dataclasses.replace(gemm, a_panels=False)
     params = [L.Param("c", output=True), L.Param("a"), L.Param("b")]
-    assert not L.splits_columns(gemm, GemmBlocking().tile_columns)
+    assert not launching.splits_columns(gemm, GemmBlocking().tile_columns)
     assert _prefetches(L.LoopKernel(params, [gemm])) == {0}
     assert _prefetches(L.LoopKernel(params, [plain])) == set()
 
@@ -614,7 +617,7 @@ def test_gemm_packs_an_activation_b_panel_on_the_fly(m, n, k, tmp_path):
     few = L.LoopKernel(params, [dataclasses.replace(gemm, m=PACK_B_MIN_ROW_TILES * GemmBlocking().rows - 1)])
     assert "gemm.b_panel" not in kernel_module_ir([("farm_k_test", few)], host())
     tall = L.LoopKernel(params, [dataclasses.replace(gemm, m=n + 8)])
-    assert not L.splits_columns(tall.body[0], GemmBlocking().tile_columns)
+    assert not launching.splits_columns(tall.body[0], GemmBlocking().tile_columns)
     assert "gemm.b_panel" not in kernel_module_ir([("farm_k_test", tall)], host())
     packed_a = pack_panels(a[None], GemmBlocking().rows)[0]
     [c, *_] = run_kernel(kernel, [np.full((m, n), np.nan, np.float32), packed_a, b, bias], tmp_path)

@@ -27,6 +27,7 @@ from farm.backends.llvm.gemm_blocking import GemmBlocking
 from farm.backends.llvm.toolchain import compile_ir
 from farm.backends.opencl import render as cl_render
 from farm.build.assembly import plan_model
+from farm.ir import launching
 from farm.ir import loopir as L
 from farm.ops import lower_kernel
 from farm.tools.examples import EXAMPLES
@@ -678,7 +679,7 @@ def test_bfloat16_buffers_round_to_nearest_even_and_widen_exactly(tmp_path):
 
 
 def test_every_launch_kind_has_an_emitter():
-    assert set(render.LAUNCH_EMITTERS) == set(L.LaunchKind)
+    assert set(render.LAUNCH_EMITTERS) == set(launching.LaunchKind)
 
 
 @pytest.fixture(scope="module")
@@ -705,17 +706,17 @@ def _record_kinds(monkeypatch, table: dict, seen: list) -> None:
         monkeypatch.setitem(table, kind, recording)
 
 
-def _kind_of_launch_info(info: L.LaunchInfo, gemm_rows: int) -> L.LaunchKind:
+def _kind_of_launch_info(info: launching.LaunchInfo, gemm_rows: int) -> launching.LaunchKind:
     """A Gemm's grain is its tile rows; a serial launch is one iteration; a parallel loop is never peeled to one."""
     if info.grain == gemm_rows:
-        return L.LaunchKind.GEMM
-    return L.LaunchKind.SERIAL if info.extent == 1 else L.LaunchKind.PARALLEL
+        return launching.LaunchKind.GEMM
+    return launching.LaunchKind.SERIAL if info.extent == 1 else launching.LaunchKind.PARALLEL
 
 
-def _kind_of_global_size(size: tuple[int, ...]) -> L.LaunchKind:
+def _kind_of_global_size(size: tuple[int, ...]) -> launching.LaunchKind:
     if len(size) == 2:
-        return L.LaunchKind.GEMM
-    return L.LaunchKind.SERIAL if size == (1,) else L.LaunchKind.PARALLEL
+        return launching.LaunchKind.GEMM
+    return launching.LaunchKind.SERIAL if size == (1,) else launching.LaunchKind.PARALLEL
 
 
 def test_renderers_and_launch_info_agree_on_the_launches_of_real_kernels(example_kernels, monkeypatch):
@@ -725,7 +726,7 @@ def test_renderers_and_launch_info_agree_on_the_launches_of_real_kernels(example
     _record_kinds(monkeypatch, cl_render.LAUNCH_BODIES, bodies)
     seen_kinds = set()
     for symbol, kernel in example_kernels.items():
-        kinds = [group.kind for group in L.launch_groups(kernel)[1]]
+        kinds = [group.kind for group in launching.launch_groups(kernel)[1]]
         for seen in (emitted, shaped, bodies):
             seen.clear()
         module = ir.Module(name=symbol)
@@ -735,7 +736,7 @@ def test_renderers_and_launch_info_agree_on_the_launches_of_real_kernels(example
         global_sizes = [size for _, size in cl_render.launches("k", kernel)]
         assert shaped == kinds and [_kind_of_global_size(size) for size in global_sizes] == kinds, symbol
         assert cl_render.render_opencl("k", kernel).count("__kernel void") == len(kinds) and bodies == kinds, symbol
-        infos = L.launch_info(kernel, gemm_rows=3)
+        infos = launching.launch_info(kernel, gemm_rows=3)
         assert [_kind_of_launch_info(info, 3) for info in infos] == kinds, symbol
         seen_kinds.update(kinds)
-    assert seen_kinds == set(L.LaunchKind)
+    assert seen_kinds == set(launching.LaunchKind)

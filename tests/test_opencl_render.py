@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from farm.backends.opencl.render import LAUNCH_BODIES, LAUNCH_SHAPES, launches, render_opencl
 from farm.build.assembly import plan_model
 from farm.errors import BuildError
+from farm.ir import launching
 from farm.ir import loopir as L
 from farm.ir.graph import TensorInfo
 from farm.ir.specs import KernelSpec, canonical_json
@@ -173,7 +174,7 @@ def test_a_loop_over_an_empty_output_is_no_launch_and_no_function(context):
 
 
 def test_every_launch_kind_has_a_global_size_and_a_body():
-    assert set(LAUNCH_SHAPES) == set(LAUNCH_BODIES) == set(L.LaunchKind)
+    assert set(LAUNCH_SHAPES) == set(LAUNCH_BODIES) == set(launching.LaunchKind)
 
 
 def test_float_constants_are_exact_and_special_values_spelled_out():

@@ -20,7 +20,7 @@ import numpy as np
 
 from farm import defaults
 from farm.errors import UnsupportedError
-from farm.ir import loopir as L
+from farm.ir import launching
 from farm.ir.graph import DeferredArray, Graph, Node
 from farm.ir.specs import KernelSpec, canonical_json
 from farm.ops import LOWERINGS
@@ -288,7 +288,7 @@ def _check_work(graph: Graph, steps: list[Step]) -> None:
         if step.spec.key in checked:
             continue
         checked.add(step.spec.key)
-        total = L.work(lower_kernel(step.spec).body)
+        total = launching.work(lower_kernel(step.spec).body)
         if total > MAX_KERNEL_WORK:
             node = nodes[step.node]
             raise UnsupportedError(

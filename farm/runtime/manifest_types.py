@@ -55,7 +55,7 @@ class MemoryPlan:
 @dataclass(frozen=True, slots=True)
 class Launch:
     """One launch of a CPU target's schedule, in farm_launch's numbering: its extent, the grain its ranges are cut
-    at, and its work (loopir.work)."""
+    at, and its work (launching.work)."""
 
     extent: int
     grain: int

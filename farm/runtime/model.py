@@ -29,7 +29,7 @@ from farm.runtime.manifest_types import POINTER_BYTES, CpuTargetEntry, Launch, M
 # The arena starts on a page: its buffers' addresses modulo 4096 are then the same in every process. With 64 bytes,
 # some processes drew a base whose copies hit 4K aliasing and ran at half speed (docs/architecture.md, the arena).
 _MIN_ALIGNMENT = 4096
-# The least work (loopir.work, about 2-8 per ns of one core) of one range of a split launch: a claim costs tens of
+# The least work (launching.work, about 2-8 per ns of one core) of one range of a split launch: a claim costs tens of
 # nanoseconds, a range's own loop set-up a little more, so ranges of a few microseconds keep the threads busy. With
 # the helpers waiting natively (farm_serve), 5,000 instead of 20,000 ran bert_style on two Xeon threads at 0.50-0.52
 # ms instead of 0.60-0.62 (one thread: 0.53), mobilenetv2_style at 0.37-0.39 instead of 0.40, resnet18_style's int8

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from farm.backends.llvm.target import CpuTarget
+from farm.ir import launching
 from farm.ir import loopir as L
 
 I8_T, I16_T, I32_T = ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -93,11 +94,11 @@ class DotProduct:
     """The step from A's four bytes already widened to int16 and repeated across a vector (vpmaddwd's operand): the
     emitter then widens A once per unit, not per row and k group, where A is small enough (int_gemm.A_WORDS_MAX_BYTES)."""
     work_divisor: int = 64
-    """An IntGemm's products per unit of launch work (loopir.work, which the runtime weighs against the cost of
+    """An IntGemm's products per unit of launch work (launching.work, which the runtime weighs against the cost of
     splitting a launch across threads): one instruction's with VNNI (64 on 16 lanes, 32 on AVX-VNNI's 8). AVX2's
     vpmaddwd path and widening multiplies take about as long per product as float32's FMAs (a 32 x 128 x 128
     MatMulInteger 9.7 us, its float32 MatMul 11.7, one Xeon core running haswell code), so they count them as a
-    Gemm does (loopir.GEMM_WORK_DIVISOR): at 64, the dynamically quantized bert_style's launches weighed too little
+    Gemm does (launching.GEMM_WORK_DIVISOR): at 64, the dynamically quantized bert_style's launches weighed too little
     for a second thread, and its AVX2 code ran no faster on two threads than on one."""
     permutes_bytes: bool = False
     """Whether one instruction permutes a vector's bytes (AVX-512 VBMI's vpermb): packing four rows of B is then
@@ -189,7 +190,16 @@ def _widening_step(
 
 
 _AVX2 = DotProduct(
-    "avx2", 8, 4, 1, 2, 5, _vpmaddwd_step, any_signs=True, word_step=_vpmaddwd_words, work_divisor=L.GEMM_WORK_DIVISOR
+    "avx2",
+    8,
+    4,
+    1,
+    2,
+    5,
+    _vpmaddwd_step,
+    any_signs=True,
+    word_step=_vpmaddwd_words,
+    work_divisor=launching.GEMM_WORK_DIVISOR,
 )
 DOT_PRODUCTS: tuple[tuple[str, DotProduct], ...] = (
     ("+avx512vnni", DotProduct("avx512vnni", 16, 6, 4, 1, 24, _vpdpbusd(16), broadcasts_signed=True)),
@@ -203,7 +213,7 @@ widening multiplies (generic_dot_product)."""
 def generic_dot_product(lanes: int = 4) -> DotProduct:
     """Widening multiplies on vectors of `lanes` int32 (the target's float32 lanes: NEON's four on AArch64)."""
     return DotProduct(
-        "widening", lanes, 4, 1, GROUP, 4, _widening_step, any_signs=True, work_divisor=L.GEMM_WORK_DIVISOR
+        "widening", lanes, 4, 1, GROUP, 4, _widening_step, any_signs=True, work_divisor=launching.GEMM_WORK_DIVISOR
     )
 
 

@@ -7,7 +7,7 @@ are members of the artifact that the runtime maps, and it writes their addresses
 after the arena (farm.build.parts.weights_offset), which the entry reads. A library is thus the same file for every
 model of the same architecture and shapes, and two models loaded from it never share a weight.
 farm_launch runs one launch of the schedule (the launches of every step's kernel, numbered in order; see
-loopir.launch_groups) over iterations [begin, end): a multithreaded runtime calls it from several threads.
+launching.launch_groups) over iterations [begin, end): a multithreaded runtime calls it from several threads.
 `farm_run_steps(arena, begin, end)` runs steps [begin, end) of the same schedule, so that `farm bench` can time
 each step on its own.
 `farm_work(arena, table, counters)` is the native thread pool's body: every thread of a multithreaded run calls

@@ -22,6 +22,7 @@ from farm.backends.llvm.gemm_blocking import GemmBlocking, Region, column_tiling
 from farm.backends.llvm.gemm_emitter import I64_T, GemmEmitter, i64, load_floats, outline, prefetch, vector_type
 from farm.backends.llvm.gemm_outlining import Outlining, outlines_rows, splits_epilogue
 from farm.backends.llvm.gemm_tiles import emit_tile, panel_vector
+from farm.ir import launching
 from farm.ir import loopir as L
 
 C_PREFETCH_MIN_BYTES = 1 << 20
@@ -65,8 +66,8 @@ def emit_gemm(
     outlining: Outlining | None = None,
 ) -> None:
     """Emit C = A @ B for `gemm`'s shapes; a, b, c point at the panels' first elements. With `launch_range`
-    (runtime i64 values begin, end), only part of C, as loopir.launch_info cut it: column blocks [begin, end) when
-    the launch splits columns (loopir.splits_columns), else rows [begin, end) (_emit_rows). `epilogue` points at
+    (runtime i64 values begin, end), only part of C, as launching.launch_info cut it: column blocks [begin, end) when
+    the launch splits columns (launching.splits_columns), else rows [begin, end) (_emit_rows). `epilogue` points at
     the gemm.epilogue's bias and residual (at their offsets).
     `outlining`: how the kernel's code is split into parts (Outlining); a launch's heaviest code then goes into
     functions of their own (gemm_outlining.outlined_functions)."""
@@ -76,7 +77,7 @@ def emit_gemm(
     if launch_range is None:
         for region in regions(gemm.m, gemm.n, blocking):
             _emit_region(gen, region)
-    elif L.splits_columns(gemm, blocking.tile_columns):
+    elif launching.splits_columns(gemm, blocking.tile_columns):
         _emit_column_blocks(gen, blocking, *launch_range)
     else:
         _emit_rows(gen, blocking, *launch_range)
@@ -152,7 +153,7 @@ def _pack_b_panel(
 
 
 def _emit_column_blocks(gen: GemmEmitter, blocking: GemmBlocking, begin: ir.Value, end: ir.Value) -> None:
-    """Column units [begin, end) of C (loopir.column_units: each vector of columns, then one unit for the
+    """Column units [begin, end) of C (launching.column_units: each vector of columns, then one unit for the
     columns short of a vector), every row: the range's columns as pieces (_column_pieces: a partial block, whole
     blocks, a partial block, then the whole vectors past the full blocks), each down all row tiles and then the
     edge rows; the range holding the last unit also does the columns short of a vector.

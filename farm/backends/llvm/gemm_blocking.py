@@ -12,6 +12,7 @@ from typing import Any
 
 from llvmlite import ir
 
+from farm.ir import launching
 from farm.ir import loopir as L
 
 LOOP_ORDERS = ("columns", "rows")
@@ -45,7 +46,7 @@ class GemmBlocking:
 
     @property
     def tile_columns(self) -> int:
-        """Columns of one register tile: the block a column-split launch claims (loopir.splits_columns)."""
+        """Columns of one register tile: the block a column-split launch claims (launching.splits_columns)."""
         return self.vectors * self.lanes
 
     @property
@@ -127,9 +128,9 @@ def balanced_blocking(gemms: list[L.Gemm], blocking: GemmBlocking) -> GemmBlocki
         return blocking
     for gemm in gemms:
         shaped = WIDE_TILE_MIN_ROWS <= gemm.m <= SMALL_M_ROWS and gemm.k >= WIDE_TILE_MIN_K
-        if not shaped or gemm.n % wide.tile_columns or not L.splits_columns(gemm, blocking.tile_columns):
+        if not shaped or gemm.n % wide.tile_columns or not launching.splits_columns(gemm, blocking.tile_columns):
             return blocking
-        units = L.column_units(gemm, blocking.tile_columns, blocking.vectors)
+        units = launching.column_units(gemm, blocking.tile_columns, blocking.vectors)
         if two_thread_excess(units, blocking.vectors) <= UNEVEN_SPLIT:
             return blocking
     return wide

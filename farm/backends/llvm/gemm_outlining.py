@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from farm.backends.llvm.gemm_blocking import GemmBlocking, column_tiling, small_m_k_block
+from farm.ir import launching
 from farm.ir import loopir as L
 
 MAX_PARTS = 7
@@ -32,7 +33,7 @@ def outlined_functions(gemm: L.Gemm, blocking: GemmBlocking) -> int:
     tap loops LLVM unrolls (a 7x7 stem: 49 taps a k step), or has many column groups (outlines_rows). Those were
     the longest compile units of a build, serial on one worker however many the farm has; other GEMMs compile in a
     fraction of that and stay whole."""
-    if L.splits_columns(gemm, blocking.tile_columns):
+    if launching.splits_columns(gemm, blocking.tile_columns):
         return 0 if not small_m_k_block(gemm, blocking) else 6 if splits_epilogue(gemm) else 3
     return 2 * _column_groups(gemm, blocking) if outlines_rows(gemm, blocking) else 0
 

@@ -15,6 +15,7 @@ from farm.backends.llvm.render import render_kernel
 from farm.backends.llvm.target import CpuTarget
 from farm.backends.llvm.toolchain import Pipeline, compile_ir
 from farm.errors import BuildError
+from farm.ir import launching
 from farm.ir import loopir as L
 from farm.ir.specs import KernelSpec
 from farm.ops import lower_kernel
@@ -24,7 +25,7 @@ LOWERED_CACHE = 4096
 asks for each kernel's several times (its manifest, its layout, each step's weights), and every answer lowered the
 kernel again: light DenseNet-121's link plan lowered its 316 kernels 2,212 times, 0.3-0.4 s of the finish."""
 TINY_KERNEL_WORK = 16384
-"""The most innermost statements (loopir.launch_info's work, all launches together) of a kernel whose loops LLVM
+"""The most innermost statements (launching.launch_info's work, all launches together) of a kernel whose loops LLVM
 doesn't unroll (kernel_pipeline). Such a kernel runs for a few microseconds whatever its code, but O3's unroller
 spent up to 0.4 s of LLVM on one: a 3 x 8 x 18 Transpose fully unrolled, Attention kernels of ONNX's cases 0.25 s
 each. With this bound the first 400 of ONNX's node cases compiled their 513 kernels in 12.8 s instead of 25.3
@@ -116,10 +117,10 @@ def kernel_parts(spec: KernelSpec, target: CpuTarget) -> int:
     its own, so that the longest compile of a kernel, serial on one worker, is a part's. Kept per spec and target
     (LOWERED_CACHE): the build's units and every part's compile ask for it."""
     blocking = blocking_for(spec.whole, target)
-    _, groups = L.launch_groups(lower_kernel(spec.whole))
+    _, groups = launching.launch_groups(lower_kernel(spec.whole))
     outlined = 0
     for group in groups:
-        if group.kind == L.LaunchKind.GEMM and isinstance(group.head, L.Gemm):
+        if group.kind == launching.LaunchKind.GEMM and isinstance(group.head, L.Gemm):
             outlined += outlined_functions(group.head, blocking)
     return 1 + min(outlined, MAX_PARTS - 1)
 
@@ -150,12 +151,10 @@ def cpu_launches(spec: KernelSpec, target: CpuTarget) -> list[list[int]]:
 
 @functools.lru_cache(maxsize=LOWERED_CACHE)
 def _cpu_launches(spec: KernelSpec, target: CpuTarget) -> tuple[tuple[int, ...], ...]:
-    """launch_info's, with each launch's work weighing its IntGemms by the target's dot product (work_divisor)."""
-    blocking, kernel = blocking_for(spec, target), lower_kernel(spec)
-    infos = L.launch_info(kernel, blocking.rows, blocking.tile_columns, blocking.vectors)
-    divisor = dot_product_for(target).work_divisor
-    _, groups = L.launch_groups(kernel)
-    return tuple((info.extent, info.grain, L.work(group.stmts, divisor)) for info, group in zip(infos, groups))
+    """launch_info's, each launch's work weighing its IntGemms by the target's dot product (work_divisor)."""
+    blocking, divisor = blocking_for(spec, target), dot_product_for(target).work_divisor
+    infos = launching.launch_info(lower_kernel(spec), blocking.rows, blocking.tile_columns, blocking.vectors, divisor)
+    return tuple((info.extent, info.grain, info.work) for info in infos)
 
 
 def kernel_pipeline(spec: KernelSpec, target: CpuTarget) -> Pipeline:

@@ -19,6 +19,7 @@ from farm.backends.llvm.gemm_emitter import intrinsic
 from farm.backends.llvm.gemm_epilogue import fmax, fmin
 from farm.backends.llvm.gemm_outlining import Outlining
 from farm.backends.llvm.int_gemm import IntGemmOperands, Lines, RequantizeOperands, Zeros, emit_int_gemm
+from farm.ir import launching
 from farm.ir import loopir as L
 
 F32_T, I64_T, BOOL_T, I32_T = ir.FloatType(), ir.IntType(64), ir.IntType(1), ir.IntType(32)
@@ -53,7 +54,7 @@ def declare_kernel(module: ir.Module, symbol: str, n_params: int) -> ir.Function
 
 
 def launch_symbol(symbol: str, index: int) -> str:
-    """The function that runs launch `index` of kernel `symbol` (see loopir.launch_groups)."""
+    """The function that runs launch `index` of kernel `symbol` (see launching.launch_groups)."""
     return f"{symbol}_{index}"
 
 
@@ -77,7 +78,7 @@ def render_kernel(
     the range). `symbol` runs every launch over its whole range, in order. Gemm statements use `blocking`; with
     `outlining`, a Gemm launch's heaviest code goes into functions of their own (gemm_outlining.Outlining).
     IntGemm statements use `dot` (dot_products.dot_product_for the target; widening multiplies by default)."""
-    fixed, groups = L.launch_groups(kernel)
+    fixed, groups = launching.launch_groups(kernel)
     dot = dot or generic_dot_product(blocking.lanes)
     launches = [
         _render_launch(module, launch_symbol(symbol, index), kernel, fixed, group, blocking, outlining, dot)
@@ -89,7 +90,9 @@ def render_kernel(
         arg.name = param.name
         arg.add_attribute("noalias")
     builder = ir.IRBuilder(fn.append_basic_block("entry"))
-    for launch, info in zip(launches, L.launch_info(kernel, blocking.rows, blocking.tile_columns, blocking.vectors)):
+    for launch, info in zip(
+        launches, launching.launch_info(kernel, blocking.rows, blocking.tile_columns, blocking.vectors)
+    ):
         builder.call(launch, [*fn.args, ir.Constant(I64_T, 0), ir.Constant(I64_T, info.extent)])
     builder.ret_void()
     if outlining is not None and outlining.part:  # the kernel and its launches are part 0's: declared here
@@ -103,7 +106,7 @@ def _render_launch(
     symbol: str,
     kernel: L.LoopKernel,
     fixed: list[str],
-    group: L.LaunchGroup,
+    group: launching.LaunchGroup,
     blocking: GemmBlocking,
     outlining: Outlining | None,
     dot: DotProduct,
@@ -323,25 +326,27 @@ def _requantize_operands(state: _State, q: L.Requantize) -> RequantizeOperands:
     )
 
 
-def _emit_gemm_launch(state: _State, group: L.LaunchGroup, launch_range: tuple[ir.Value, ir.Value]) -> None:
+def _emit_gemm_launch(state: _State, group: launching.LaunchGroup, launch_range: tuple[ir.Value, ir.Value]) -> None:
     """The rows (or column blocks) [begin, end) of the launch's Gemm."""
     _emit_gemm(state, group.gemm, launch_range)
 
 
-def _emit_parallel_launch(state: _State, group: L.LaunchGroup, launch_range: tuple[ir.Value, ir.Value]) -> None:
+def _emit_parallel_launch(state: _State, group: launching.LaunchGroup, launch_range: tuple[ir.Value, ir.Value]) -> None:
     """Iterations [begin, end) of the launch's parallel loop."""
     _emit_loop(state, group.loop, launch_range)
 
 
-def _emit_serial_launch(state: _State, group: L.LaunchGroup, launch_range: tuple[ir.Value, ir.Value]) -> None:
+def _emit_serial_launch(state: _State, group: launching.LaunchGroup, launch_range: tuple[ir.Value, ir.Value]) -> None:
     """Every statement, in order; one worker runs a serial launch whole, so the range is ignored."""
     _emit_block(state, group.stmts)
 
 
-LAUNCH_EMITTERS: dict[L.LaunchKind, Callable[[_State, L.LaunchGroup, tuple[ir.Value, ir.Value]], None]] = {
-    L.LaunchKind.GEMM: _emit_gemm_launch,
-    L.LaunchKind.PARALLEL: _emit_parallel_launch,
-    L.LaunchKind.SERIAL: _emit_serial_launch,
+LAUNCH_EMITTERS: dict[
+    launching.LaunchKind, Callable[[_State, launching.LaunchGroup, tuple[ir.Value, ir.Value]], None]
+] = {
+    launching.LaunchKind.GEMM: _emit_gemm_launch,
+    launching.LaunchKind.PARALLEL: _emit_parallel_launch,
+    launching.LaunchKind.SERIAL: _emit_serial_launch,
 }
 
 

@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from farm.errors import BuildError
+from farm.ir import launching
 from farm.ir import loopir as L
 
 C_TYPES = {L.F32: "float", L.F64: "double", L.I64: "long", L.I32: "int", L.BOOL: "int"}
@@ -81,14 +82,14 @@ def gemm_tile(g: L.Gemm) -> GemmTile:
 
 def launches(symbol: str, kernel: L.LoopKernel) -> list[tuple[str, tuple[int, ...]]]:
     """(OpenCL kernel name, global size) of every launch that runs `kernel`, in order."""
-    _, groups = L.launch_groups(kernel)
+    _, groups = launching.launch_groups(kernel)
     return [(f"{symbol}_{index}", LAUNCH_SHAPES[group.kind](group)) for index, group in enumerate(groups)]
 
 
 def render_opencl(symbol: str, kernel: L.LoopKernel) -> str:
     """OpenCL C source of one kernel: a __kernel function per launch (see `launches`)."""
     params = ", ".join(_param(p) for p in kernel.params)
-    fixed, groups = L.launch_groups(kernel)
+    fixed, groups = launching.launch_groups(kernel)
     prologue = "".join(f"    const long {name} = 0;\n" for name in fixed)
     token = _CODED_BUFFERS.set({p.name: p.dtype for p in kernel.params if p.dtype in CODED_LOADS})
     try:
@@ -102,7 +103,7 @@ def render_opencl(symbol: str, kernel: L.LoopKernel) -> str:
     return (FP64_PRAGMA if re.search(r"\bdouble\b", source) else "") + source
 
 
-def _parallel_body(group: L.LaunchGroup) -> str:
+def _parallel_body(group: launching.LaunchGroup) -> str:
     """A work-item per iteration of the launch's loop; one past its extent does nothing."""
     loop, v = group.loop, group.loop.var.name
     return (
@@ -112,7 +113,7 @@ def _parallel_body(group: L.LaunchGroup) -> str:
     )
 
 
-def _serial_body(group: L.LaunchGroup) -> str:
+def _serial_body(group: launching.LaunchGroup) -> str:
     """Every statement on the one work-item, in order."""
     return _declare_locals(group.stmts) + _block(group.stmts, 1)
 
@@ -121,17 +122,17 @@ def _declare_locals(stmts: list[L.Stmt]) -> str:
     return "".join(f"    {C_TYPES[dtype]} {name};\n" for name, dtype in sorted(_locals(stmts).items()))
 
 
-LAUNCH_SHAPES: dict[L.LaunchKind, Callable[[L.LaunchGroup], tuple[int, ...]]] = {
-    L.LaunchKind.GEMM: lambda group: gemm_tile(group.gemm).grid(group.gemm),
-    L.LaunchKind.PARALLEL: lambda group: (group.loop.extent,),
-    L.LaunchKind.SERIAL: lambda group: (1,),
+LAUNCH_SHAPES: dict[launching.LaunchKind, Callable[[launching.LaunchGroup], tuple[int, ...]]] = {
+    launching.LaunchKind.GEMM: lambda group: gemm_tile(group.gemm).grid(group.gemm),
+    launching.LaunchKind.PARALLEL: lambda group: (group.loop.extent,),
+    launching.LaunchKind.SERIAL: lambda group: (1,),
 }
 """The global size of a launch of each kind: a work-item per GemmTile, per loop iteration, or one."""
 
-LAUNCH_BODIES: dict[L.LaunchKind, Callable[[L.LaunchGroup], str]] = {
-    L.LaunchKind.GEMM: lambda group: _parallel_gemm(group.gemm),
-    L.LaunchKind.PARALLEL: _parallel_body,
-    L.LaunchKind.SERIAL: _serial_body,
+LAUNCH_BODIES: dict[launching.LaunchKind, Callable[[launching.LaunchGroup], str]] = {
+    launching.LaunchKind.GEMM: lambda group: _parallel_gemm(group.gemm),
+    launching.LaunchKind.PARALLEL: _parallel_body,
+    launching.LaunchKind.SERIAL: _serial_body,
 }
 """The __kernel body of a launch of each kind, for the global size LAUNCH_SHAPES gives it."""
 
