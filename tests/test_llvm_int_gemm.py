@@ -252,3 +252,38 @@ def test_a_b_packed_at_build_time_is_read_from_its_panels(
         (tmp_path / str(index)).mkdir()
         out = run_kernel(kernel, arrays, tmp_path / str(index), dot=dot)[0]
         np.testing.assert_array_equal(out, exact, err_msg=f"m={m} k={k} n={n}")
+
+
+@pytest.mark.parametrize("dot", DOTS, ids=_dot_id)
+@pytest.mark.parametrize("per_column, biased", [(False, True), (True, True), (True, False)])
+def test_int_gemm_dequantizes_as_the_cast_mul_and_add_would(
+    dot: DotProduct, per_column: bool, biased: bool, tmp_path: Path
+) -> None:
+    """L.Dequantize: C = float32(sum) * scale + bias, every step rounded to float32 as the Cast, Mul and Add kernels
+    it replaces round (bit for bit, the multiply and the add never fused), the scale one value or one per column,
+    with or without a bias; over partial vectors of columns and several units, with sums past 2^24 (where the
+    conversion to float32 rounds)."""
+    for index, (m, k, n, units) in enumerate([(13, 1024, 16, 2), (9, 8, 21, 2), (7, 132, 64, 1)]):
+        kernel, arrays, exact = _kernel(m, k, n, "uint8", "int8", "scalar", units)
+        if not index:  # A's bytes high and B's positive: sums of 2^24 and more, most of them not floats
+            arrays[1], arrays[2] = np.full_like(arrays[1], 250) - arrays[1] % 7, arrays[2] % 28 + 100
+            arrays[3], arrays[4] = np.zeros(1, np.uint8), np.zeros(1, np.int8)
+            exact = (arrays[1].astype(np.int64) @ arrays[2].astype(np.int64)).astype(np.int32)
+            assert (np.abs(exact) > 1 << 24).mean() > 0.9 and (exact.astype(np.float32) != exact).any()
+        [gemm] = [stmt for stmt in kernel.body[0].body if isinstance(stmt, L.IntGemm)]  # type: ignore[attr-defined]
+        width, unit = units * n, kernel.body[0].var  # type: ignore[attr-defined]
+        rng = np.random.default_rng(index)
+        scale = rng.uniform(1e-4, 1e-2, width if per_column else 1).astype(np.float32)
+        bias = rng.standard_normal(width).astype(np.float32)
+        gemm.dequantize = L.Dequantize(
+            L.LineValues("in4", unit * n if per_column else L.const(0), per_column),
+            L.LineValues("in5", unit * n, True) if biased else None,
+        )
+        kernel.params[0] = L.Param("out0", L.F32, output=True)
+        kernel.params += [L.Param("in4", L.F32), L.Param("in5", L.F32)]
+        arrays[0] = np.zeros((m, width), np.float32)
+        expected = exact.astype(np.float32) * (scale if per_column else scale[0])
+        expected = expected + bias if biased else expected
+        (tmp_path / str(index)).mkdir()
+        out = run_kernel(kernel, [*arrays, scale, bias], tmp_path / str(index), dot=dot)[0]
+        np.testing.assert_array_equal(out, expected, err_msg=f"m={m} k={k} n={n} units={units}")

@@ -3,6 +3,7 @@ are checked against exact arithmetic in tests/test_ops_quantize.py and, per ISA,
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -102,13 +103,17 @@ def test_an_im2col_matrix_over_the_cap_is_a_loop_nest(tmp_path: Path) -> None:
 
 
 def test_constant_weights_are_read_from_panels_packed_at_build_time(tmp_path: Path) -> None:
-    """A constant weight whose shape suits the panels is read pre-packed (L.IntGemm.b_panels, its whole columns),
-    and the CPU build packs its blob as the IntGemm's byte panels (flipped for uint8 weights)."""
+    """On a CPU a constant weight whose shape suits the panels is read pre-packed (L.IntGemm.b_panels, its whole
+    columns), and the CPU build packs its blob as the IntGemm's byte panels (flipped for uint8 weights); an OpenCL
+    spec (or one for no target yet) reads it as stored."""
+    host = host_target()
     conv = _conv(tmp_path, (1, 16, 4, 4), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]})
+    assert [g.b_panels for g in _int_gemms(lower_kernel(conv).body)] == [0]
+    conv = dataclasses.replace(conv, target_id=host.id)
     assert [g.b_panels for g in _int_gemms(lower_kernel(conv).body)] == [32]
-    assert packed_params(conv, host_target()) == {2: (16, 144, 32, 1, 1)}  # out0, x, then w
-    matmul = _matmul(tmp_path, (2, 3, 32), (32, 48))
-    assert packed_params(matmul, host_target()) == {2: (16, 32, 48, 0, 0)}
+    assert packed_params(conv, host) == {2: (16, 144, 32, 1, 1)}  # out0, x, then w
+    matmul = dataclasses.replace(_matmul(tmp_path, (2, 3, 32), (32, 48)), target_id=host.id)
+    assert packed_params(matmul, host) == {2: (16, 32, 48, 0, 0)}
 
 
 def test_weights_that_do_not_suit_panels_are_packed_as_they_run(tmp_path: Path) -> None:

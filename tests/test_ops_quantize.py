@@ -640,6 +640,18 @@ PACKED_WEIGHT_CASES: list[OpCase] = [
         onnxruntime=False,
         node_inputs=["A", "B", "a_zero_point", "b_zero_point"],
     ),
+    # Several units of whole panels: a CPU reads each unit's panels from its first column times k, OpenCL reads B as
+    # stored (it read the panels' offsets, wrong sums, until the twelfth session of issue 32).
+    _case(
+        "int-gemm-packed-weights-units",
+        "MatMulInteger",
+        [("A", (2, 7, 96), "uint8")],
+        {"A": ints((2, 7, 96), "uint8", 0)},
+        initializers={"B": ints((96, 80), "int8", 2)},
+        opset=10,
+        onnxruntime=False,
+        node_inputs=["A", "B"],
+    ),
 ]
 
 QDQ_CASES: list[OpCase] = [_qdq_case(opset) for opset in (13, 21)]
@@ -692,6 +704,7 @@ OPENCL_SAMPLE = [
     "dynamic-quantize-halfway",
     "matmul-integer-per-column",
     "int-gemm-int8",
+    "int-gemm-packed-weights-units",
     "conv-integer-group",
     "int-conv-strided-batched",
     "int-conv-pixels-as-rows",

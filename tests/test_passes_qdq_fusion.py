@@ -232,9 +232,10 @@ def test_the_rescaling_constants_are_per_output_channel(tmp_path: Path) -> None:
     assert add.outputs == ["c"]
 
 
-RESCALED_MATMUL = ["QuantizeLinear", "MatMulInteger", "Cast", "Mul", "Add", "QuantizeLinear", "DequantizeLinear"]
+RESCALED_MATMUL = ["QuantizeLinear", "MatMulIntegerToFloat", "QuantizeLinear", "DequantizeLinear"]
 """A product on its integers rescaled in float32, its bias added, then quantized: what a QDQ MatMul with a float
-Add after it, or a Gemm with a bias, becomes."""
+Add after it, or a Gemm with a bias, becomes (MatMulInteger -> Cast -> Mul -> Add, which the dequantize fusion
+makes one kernel)."""
 
 
 @pytest.mark.parametrize("per_column", [True, False], ids=["per-column", "per-tensor"])
@@ -242,8 +243,8 @@ def test_a_qdq_matmul_runs_on_its_integers(per_column: bool, tmp_path: Path) -> 
     model = qdq_matmul_model(per_column=per_column)
     graph = optimize(_imported(model, tmp_path))
     assert _ops(graph) == RESCALED_MATMUL
-    assert graph.constants[graph.nodes[3].inputs[1]].shape == (12,)
-    assert "MatMulInteger" in assert_within_one_step(model, tmp_path, 0.1)
+    assert graph.constants[graph.nodes[1].inputs[4]].shape == (12,)
+    assert "MatMulIntegerToFloat" in assert_within_one_step(model, tmp_path, 0.1)
 
 
 @pytest.mark.parametrize("per_column", [True, False], ids=["per-column", "per-tensor"])
@@ -264,12 +265,13 @@ GEMMS = {
 @pytest.mark.parametrize("model", GEMMS.values(), ids=GEMMS.keys())
 def test_a_qdq_gemm_with_a_bias_runs_on_its_integers(model: onnx.ModelProto, tmp_path: Path) -> None:
     """A Gemm that is a MatMul plus a bias (a classifier as quantize_static writes it): MatMulInteger on [K, N]
-    integers (transB's weight copied transposed) -> Cast -> Mul -> Add of the bias, one step within onnxruntime."""
+    integers (transB's weight copied transposed) -> Cast -> Mul -> Add of the bias (one MatMulIntegerToFloat), one
+    step within onnxruntime."""
     graph = optimize(_imported(model, tmp_path))
     assert _ops(graph) == RESCALED_MATMUL
     assert graph.constants[graph.nodes[1].inputs[1]].shape == (16, 12)
-    assert graph.constants[graph.nodes[4].inputs[1]].shape == (12,)
-    assert "MatMulInteger" in assert_within_one_step(model, tmp_path, 0.1)
+    assert graph.constants[graph.nodes[1].inputs[5]].shape == (12,)
+    assert "MatMulIntegerToFloat" in assert_within_one_step(model, tmp_path, 0.1)
 
 
 def test_a_qdq_gemm_without_a_bias_is_one_requantizing_kernel(tmp_path: Path) -> None:

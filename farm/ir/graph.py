@@ -37,7 +37,7 @@ def itemsize(dtype: str) -> int:
     return ITEMSIZES.get(dtype) or np.dtype(dtype).itemsize
 
 
-FUSED_OPS = frozenset({"QLinearAdd"})
+FUSED_OPS = frozenset({"QLinearAdd", "MatMulIntegerToFloat"})
 """Ops that only farm's graph passes make, each lowered by farm.ops like an ONNX op: the importer refuses them in a
 model file, and farm.ops.SUPPORTED_OPS (the ONNX ops farm takes) leaves them out."""
 

@@ -106,7 +106,7 @@ class Load(Expr):
 @dataclass(frozen=True, eq=False)
 class Binary(Expr):
     """add sub mul div mod max min and comparisons lt le gt ge eq ne (which give BOOL), and/or on BOOL; exact_div
-    (floats only: see `exact_div`); and the bit operations of I64 values (BITWISE): shl, shr (arithmetic: a narrow
+    and exact_mul (floats only: see `exact_div`, `exact_mul`); and the bit operations of I64 values (BITWISE): shl, shr (arithmetic: a narrow
     buffer's value is sign- or zero-extended on load, so it shifts as its own dtype would), bitand, bitor, bitxor.
     A shift's amount must lie in [0, 64): each renderer's shift is undefined (LLVM) or masked (OpenCL C) past it."""
 
@@ -214,6 +214,13 @@ def exact_div(a: ExprLike, b: ExprLike) -> Expr:
     which is one ulp off now and then: harmless for arithmetic compared within a tolerance, wrong where the
     quotient's last bit decides a rounding (QuantizeLinear's round(x / scale))."""
     return binary("exact_div", a, b)
+
+
+def exact_mul(a: ExprLike, b: ExprLike) -> Expr:
+    """a * b for floats, rounded in their dtype before anything else uses it. A plain "mul" carries the renderers'
+    fast-math freedom to contract it with an add into one fused multiply-add, one rounding fewer: wrong where the
+    value must be what a kernel of its own computed (MatMulIntegerToFloat's product before its bias)."""
+    return binary("exact_mul", a, b)
 
 
 def compare(op: str, a: ExprLike, b: ExprLike) -> Expr:
@@ -472,6 +479,16 @@ class Requantize:
     relu: bool = False
 
 
+@dataclass(frozen=True)
+class Dequantize:
+    """What an IntGemm stores instead of its int32 sums, as MatMulInteger -> Cast to float32 -> Mul by `scale` ->
+    [Add of `bias`] computes it: each sum converted to float32, times the scale, plus the bias, each step rounded to
+    float32 on its own (no fused multiply-add). scale and bias are one value or one per column of C."""
+
+    scale: LineValues
+    bias: LineValues | None
+
+
 @dataclass
 class IntGemm(Stmt):
     """C[m, n] = sum_k (A[m, k] - a_zero[m]) * (B[k, n] - b_zero[n]) over int8/uint8 operands (as their buffers'
@@ -501,6 +518,8 @@ class IntGemm(Stmt):
     """C stored n x m (C[m, n] at n * ldc + m: the NCHW output of a conv whose rows are its pixels)."""
     requantize: Requantize | None = None
     """Store each sum requantized into C's bytes (None: C holds the int32 sums)."""
+    dequantize: Dequantize | None = None
+    """Store each sum dequantized into C's float32s (None: C holds the int32 sums)."""
     b_panels: int = 0
     """B (a constant weight of this many columns; 0: none) may be read pre-packed: a CPU build stores it in panels of
     INT_GEMM_PANEL_LANES columns, group by group of four k, each column's four bytes side by side, as int8

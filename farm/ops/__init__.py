@@ -11,6 +11,7 @@ from farm.ops import (  # noqa: F401,E402  (they register themselves)
     attention,
     conv,
     conv_transpose,
+    dequantized_matmul,
     elementwise,
     indexing,
     linalg,

@@ -95,11 +95,13 @@ def _all_zeros(value: Any) -> bool:
 
 
 def _panels(spec: KernelSpec, depth: int, columns: int, width: int) -> int:
-    """L.IntGemm.b_panels for a weight B of `columns` columns read in units of `width`: its columns when the weight
-    is a constant and its shape suits the panels (k whole groups of four, columns and units whole panels), else 0."""
+    """L.IntGemm.b_panels for a weight B of `columns` columns read in units of `width`: its columns when the spec is
+    a CPU's, the weight is a constant and its shape suits the panels (k whole groups of four, columns and units whole
+    panels), else 0. OpenCL reads B as stored: with panels, its units read B at the panels' offsets (a unit's first
+    column times k), and a MatMulInteger of a constant B of whole panels computed wrong sums there."""
     lanes = L.INT_GEMM_PANEL_LANES
     suits = depth % L.INT_GEMM_K_GROUP == 0 and columns % lanes == 0 and width % lanes == 0
-    return columns if spec.attrs.get("constant_weight") and suits else 0
+    return columns if spec.for_cpu and spec.attrs.get("constant_weight") and suits else 0
 
 
 def _line_values(spec: KernelSpec, index: int, line: L.Expr) -> L.LineValues | None:
@@ -148,6 +150,8 @@ class Operands:
     x_zero: int
     w_zero: int
     requantize: tuple[int, int, int, int, int] | None = None
+    dequantize: tuple[int, int] | None = None
+    """For MatMulIntegerToFloat: the scale and the bias that dequantize the sums into float32."""
 
 
 INTEGER = Operands(weight=1, x_zero=2, w_zero=3)
@@ -192,13 +196,24 @@ def _requantize(spec: KernelSpec, operands: Operands, line: L.Expr, on_rows: boo
     )
 
 
+def _dequantize(spec: KernelSpec, operands: Operands, line: L.Expr) -> L.Dequantize | None:
+    """The IntGemm's L.Dequantize for MatMulIntegerToFloat operands (None otherwise): the scale and the bias, each
+    one value or one per column from `line` (the unit's first column)."""
+    if operands.dequantize is None:
+        return None
+    scale, bias = (_line_values(spec, index, line) for index in operands.dequantize)
+    assert scale is not None, "MatMulIntegerToFloat's scale is required, so present"
+    return L.Dequantize(scale, bias)
+
+
 # ------------------------------------------------------------------------------------------- MatMulInteger
 
 
 def matmul_integer_gemm(
     spec: KernelSpec, a_mat: tuple[int, ...], b_mat: tuple[int, ...], operands: Operands = INTEGER
 ) -> list[L.Stmt] | None:
-    """MatMulInteger or QLinearMatMul (A and B as matrix stacks) as IntGemm units over B's columns, when B is one
+    """MatMulInteger, QLinearMatMul or MatMulIntegerToFloat (A and B as matrix stacks) as IntGemm units over B's
+    columns, when B is one
     matrix (A's batches are then more rows), its shape suits one (_unit_width) and so does its requantization
     (fast_path_suits); else None."""
     rows, depth, cols = prod(a_mat[:-1]), a_mat[-1], b_mat[-1]
@@ -225,6 +240,7 @@ def matmul_integer_gemm(
             a_zero=_line_values(spec, operands.x_zero, L.const(0)),
             b_zero=_line_values(spec, operands.w_zero, column),
             requantize=_requantize(spec, operands, column, on_rows=False),
+            dequantize=_dequantize(spec, operands, column),
             b_panels=panels,
         )
 
@@ -455,6 +471,7 @@ def _pixel_row_units(spec: KernelSpec, names: L.Names, plan: ConvGemm, operands:
             b_transposed=True,
             c_transposed=True,
             requantize=_requantize(spec, operands, column, on_rows=False),
+            dequantize=_dequantize(spec, operands, column),
             b_panels=panels,
         )
 

@@ -39,6 +39,7 @@ from farm.ops.conv import checked_group
 from farm.ops.integer_gemm import (
     INTEGER,
     QLINEAR,
+    Operands,
     constant_weight,
     conv_integer_gemm,
     conv_integer_scratch,
@@ -413,7 +414,7 @@ ZeroAt = Callable[[L.Expr], L.Expr]
 """A weight zero point for one output channel or column."""
 
 
-def _per_channel(spec: KernelSpec, index: int) -> ZeroAt:
+def per_channel(spec: KernelSpec, index: int) -> ZeroAt:
     """Node input `index` (a zero point or scale: one value, one per output channel/column, or absent: 0) at a
     channel."""
     buffer = input_buffer(spec, index)
@@ -563,22 +564,31 @@ def _integer_operands(ctx: NodeContext, operands: tuple[int, int], zeros: tuple[
     _require_size_one(ctx, zeros[0], "zero point")
 
 
-def _matmul_integer_attrs(ctx: NodeContext) -> dict[str, Any]:
+def matmul_integer_attrs(ctx: NodeContext, output: frozenset[str] = INT32) -> dict[str, Any]:
+    """MatMulInteger's checks (and those of the ops built on it, farm.ops.dequantized_matmul: their `output`
+    dtypes): 8-bit operands whose inner dims agree, zero points of their dtypes, A's per tensor."""
     _required(ctx, 2)
     _integer_operands(ctx, (0, 1), (2, 3))
-    _require_output(ctx, INT32)
+    _require_output(ctx, output)
     _require_channels(ctx, 3, _check_matmul(ctx, 0, 1), "b_zero_point")
     return {"present": present_inputs(ctx.node.inputs), **constant_weight(ctx, 1), **zero_constants(ctx, (2, 3))}
 
 
-@register("MatMulInteger", normalize=_matmul_integer_attrs, dtypes=ALL_DTYPES)
-def _lower_matmul_integer(spec: KernelSpec) -> list[L.Stmt]:
-    """Through IntGemm where its shape suits one (integer_gemm.matmul_integer_gemm), else as a loop nest."""
+def integer_matmul_kernel(spec: KernelSpec, operands: Operands = INTEGER, finish: Finish | None = None) -> list[L.Stmt]:
+    """A MatMulInteger-shaped product (A, B and their zero points as inputs 0-3) through IntGemm where its shape suits
+    one (integer_gemm.matmul_integer_gemm), else as a loop nest storing `finish` of each sum (None: the sum)."""
     a_mat, b_mat, _ = _matmul_layout(spec, 0, 1)
-    gemm = matmul_integer_gemm(spec, a_mat, b_mat)
+    gemm = matmul_integer_gemm(spec, a_mat, b_mat, operands)
     if gemm is not None:
         return gemm
-    return _integer_matmul(spec, 0, 1, scalar_value(spec, 2, L.const(0)), _per_channel(spec, 3), _as_stored)
+    zero = scalar_value(spec, 2, L.const(0))
+    return _integer_matmul(spec, 0, 1, zero, per_channel(spec, 3), finish or _as_stored)
+
+
+@register("MatMulInteger", normalize=matmul_integer_attrs, dtypes=ALL_DTYPES)
+def _lower_matmul_integer(spec: KernelSpec) -> list[L.Stmt]:
+    """Through IntGemm where its shape suits one, else as a loop nest (integer_matmul_kernel)."""
+    return integer_matmul_kernel(spec)
 
 
 def _conv_integer_attrs(ctx: NodeContext) -> dict[str, Any]:
@@ -601,7 +611,7 @@ def _lower_conv_integer(spec: KernelSpec) -> list[L.Stmt]:
     gemm = conv_integer_gemm(spec)
     if gemm is not None:
         return gemm
-    return _integer_conv(spec, 1, scalar_value(spec, 2, L.const(0)), _per_channel(spec, 3), _as_stored)
+    return _integer_conv(spec, 1, scalar_value(spec, 2, L.const(0)), per_channel(spec, 3), _as_stored)
 
 
 # ---------------------------------------------------------------------------------- QLinearMatMul, QLinearConv
@@ -634,7 +644,7 @@ def _requantize(spec: KernelSpec) -> Finish:
     saturated: the multiplier in the scales' dtype, the rest in float64 (exact, as the reference computes it); with a
     fused Relu (the QDQ fusion pass sets one) never below y_zero_point."""
     half, to = spec.attrs["half"], spec.attrs["to"]
-    w_scale, bias = _per_channel(spec, 4), input_buffer(spec, 8)
+    w_scale, bias = per_channel(spec, 4), input_buffer(spec, 8)
 
     def finish(s: M.Scope, acc: L.Var, channel: L.Expr) -> L.Expr:
         product = _half_if(s, scalar_value(spec, 1, L.const(1.0)) * w_scale(channel), half)
@@ -660,7 +670,7 @@ def _lower_qlinear_matmul(spec: KernelSpec) -> list[L.Stmt]:
     gemm = matmul_integer_gemm(spec, a_mat, b_mat, QLINEAR)
     if gemm is not None:
         return gemm
-    return _integer_matmul(spec, 0, 3, scalar_value(spec, 2, L.const(0)), _per_channel(spec, 5), _requantize(spec))
+    return _integer_matmul(spec, 0, 3, scalar_value(spec, 2, L.const(0)), per_channel(spec, 5), _requantize(spec))
 
 
 def _qlinear_conv_attrs(ctx: NodeContext) -> dict[str, Any]:
@@ -685,4 +695,4 @@ def _lower_qlinear_conv(spec: KernelSpec) -> list[L.Stmt]:
     gemm = conv_integer_gemm(spec, QLINEAR)
     if gemm is not None:
         return gemm
-    return _integer_conv(spec, 3, scalar_value(spec, 2, L.const(0)), _per_channel(spec, 5), _requantize(spec))
+    return _integer_conv(spec, 3, scalar_value(spec, 2, L.const(0)), per_channel(spec, 5), _requantize(spec))

@@ -100,10 +100,18 @@ class RequantizeOperands:
     relu: bool
 
 
+@dataclass(frozen=True)
+class DequantizeOperands:
+    """L.Dequantize's values as the renderer resolved them (its pointers at their offsets)."""
+
+    scale: Lines
+    bias: Lines | None
+
+
 @dataclass
 class IntGemmOperands:
     """The IntGemm's pointers (at their offsets), their bytes' signedness, their zero points (None: 0) and how C is
-    requantized (None: C holds the int32 sums)."""
+    requantized or dequantized (both None: C holds the int32 sums)."""
 
     a: ir.Value
     b: ir.Value
@@ -113,6 +121,7 @@ class IntGemmOperands:
     a_zero: Zeros | None = None
     b_zero: Zeros | None = None
     requantize: RequantizeOperands | None = None
+    dequantize: DequantizeOperands | None = None
 
 
 A_WORDS_MAX_BYTES = 64 << 10
@@ -490,6 +499,8 @@ class _Emitter:
                 total = self._zero_point_terms(dot.finish(b, b.load(accs[r][v])), m, vector, partial)
                 if self.ops.requantize is not None:
                     total = self._requantized(self.ops.requantize, total, m, vector, partial)
+                elif self.ops.dequantize is not None:
+                    total = self._dequantized(self.ops.dequantize, total, vector, partial)
                 self._store_c(total, m, vector, partial)
 
     def _zero_point_terms(self, total: ir.Value, m: ir.Value, vector: ir.Value, partial: bool) -> ir.Value:
@@ -507,6 +518,21 @@ class _Emitter:
             total = b.add(total, b.mul(both, splat(b, ir.Constant(I32_T, self.g.k), lanes)))
         return total
 
+    def _column_values(self, values: Lines, element: ir.Type, vector: ir.Value, partial: bool) -> ir.Value:
+        """One value per lane of this vector of C: the one value, or each column's."""
+        b, lanes = self.b, self.dot.lanes
+        if values.per_line:
+            return self.load_lanes(self.at(values.pointer, element, (vector, lanes)), element, partial)
+        return splat(b, b.load(values.pointer, align=4, typ=element), lanes)
+
+    def _dequantized(self, d: DequantizeOperands, total: ir.Value, vector: ir.Value, partial: bool) -> ir.Value:
+        """float32(total) * scale + bias (L.Dequantize): each step rounded on its own, as the Cast, Mul and Add
+        kernels it replaces round (no fast-math flags, so LLVM never fuses the multiply and the add)."""
+        b = self.b
+        value = b.sitofp(total, vector_of(F32_T, self.dot.lanes))
+        value = b.fmul(value, self._column_values(d.scale, F32_T, vector, partial))
+        return value if d.bias is None else b.fadd(value, self._column_values(d.bias, F32_T, vector, partial))
+
     def _requantized(
         self, q: RequantizeOperands, total: ir.Value, m: ir.Value, vector: ir.Value, partial: bool
     ) -> ir.Value:
@@ -518,11 +544,9 @@ class _Emitter:
 
         def lines(values: Lines, element: ir.Type) -> ir.Value:
             """One value per lane of this vector of C: the one value, the row's, or each column's."""
-            if values.per_line and not q.on_rows:
-                address = self.at(values.pointer, element, (vector, lanes))
-                return self.load_lanes(address, element, partial)
-            address = self.at(values.pointer, element, (m, 1)) if values.per_line else values.pointer
-            return splat(b, b.load(address, align=4, typ=element), lanes)
+            if not (values.per_line and q.on_rows):
+                return self._column_values(values, element, vector, partial)
+            return splat(b, b.load(self.at(values.pointer, element, (m, 1)), align=4, typ=element), lanes)
 
         if q.bias is not None:
             total = b.add(total, lines(q.bias, I32_T))

@@ -18,7 +18,14 @@ from farm.backends.llvm.gemm_blocking import GemmBlocking
 from farm.backends.llvm.gemm_emitter import intrinsic
 from farm.backends.llvm.gemm_epilogue import fmax, fmin
 from farm.backends.llvm.gemm_outlining import Outlining
-from farm.backends.llvm.int_gemm import IntGemmOperands, Lines, RequantizeOperands, Zeros, emit_int_gemm
+from farm.backends.llvm.int_gemm import (
+    DequantizeOperands,
+    IntGemmOperands,
+    Lines,
+    RequantizeOperands,
+    Zeros,
+    emit_int_gemm,
+)
 from farm.ir import launching
 from farm.ir import loopir as L
 
@@ -292,33 +299,42 @@ def _emit_int_gemm(state: _State, gemm: L.IntGemm) -> None:
         return Zeros(pointer, state.buffer_dtypes[points.buf] == L.I8, points.per_line)
 
     requantize = None if gemm.requantize is None else _requantize_operands(state, gemm.requantize)
+    dequantize = None if gemm.dequantize is None else _dequantize_operands(state, gemm.dequantize)
+    c_element = I8_T if requantize is not None else F32_T if dequantize is not None else I32_T
     operands = IntGemmOperands(
         a=_address(state, gemm.a, gemm.a_offset, I8_T),
         b=_address(state, gemm.b, gemm.b_offset, I8_T),
-        c=_address(state, gemm.c, gemm.c_offset, I32_T if requantize is None else I8_T),
+        c=_address(state, gemm.c, gemm.c_offset, c_element),
         a_signed=state.buffer_dtypes[gemm.a] == L.I8,
         b_signed=state.buffer_dtypes[gemm.b] == L.I8,
         a_zero=zeros(gemm.a_zero),
         b_zero=zeros(gemm.b_zero),
         requantize=requantize,
+        dequantize=dequantize,
     )
     emit_int_gemm(state.builder, state.typed_slot, gemm, operands, state.dot)
 
 
-def _requantize_operands(state: _State, q: L.Requantize) -> RequantizeOperands:
-    def lines(values: L.LineValues, element: ir.Type) -> Lines:
-        return Lines(_address(state, values.buf, values.offset, element), values.per_line)
+def _lines(state: _State, values: L.LineValues, element: ir.Type) -> Lines:
+    return Lines(_address(state, values.buf, values.offset, element), values.per_line)
 
+
+def _dequantize_operands(state: _State, d: L.Dequantize) -> DequantizeOperands:
+    bias = None if d.bias is None else _lines(state, d.bias, F32_T)
+    return DequantizeOperands(scale=_lines(state, d.scale, F32_T), bias=bias)
+
+
+def _requantize_operands(state: _State, q: L.Requantize) -> RequantizeOperands:
     y_zero = None
     if q.y_zero is not None:
         pointer = _address(state, q.y_zero.buf, q.y_zero.offset, I8_T)
         y_zero = Zeros(pointer, state.buffer_dtypes[q.y_zero.buf] == L.I8, False)
     return RequantizeOperands(
         x_scale=_address(state, q.x_scale.buf, q.x_scale.offset, F32_T),
-        w_scale=lines(q.w_scale, F32_T),
+        w_scale=_lines(state, q.w_scale, F32_T),
         y_scale=_address(state, q.y_scale.buf, q.y_scale.offset, F32_T),
         y_zero=y_zero,
-        bias=None if q.bias is None else lines(q.bias, I32_T),
+        bias=None if q.bias is None else _lines(state, q.bias, I32_T),
         on_rows=q.on_rows,
         low=q.low,
         high=q.high,
@@ -457,6 +473,7 @@ FLOAT_BINARY = {
     "mul": lambda b, x, y: b.fmul(x, y, flags=FAST),
     "div": lambda b, x, y: b.fdiv(x, y, flags=FAST),
     "exact_div": lambda b, x, y: b.fdiv(x, y),  # no fast-math flags: no reciprocal, no shrinking (L.exact_div)
+    "exact_mul": lambda b, x, y: b.fmul(x, y),  # no fast-math flags: never contracted into an FMA (L.exact_mul)
     "max": fmax,
     "min": fmin,
     **{

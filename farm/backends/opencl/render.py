@@ -361,8 +361,20 @@ def _int_gemm(g: L.IntGemm, depth: int) -> str:
         f"{pad}    long iacc = 0L;\n"
         f"{pad}    for (long ik = 0; ik < {g.k}L; ++ik) iacc += ((long){g.a}[{a} + im * {g.lda}L + ik] - "
         f"{_zero_point(g.a_zero, 'im')}) * ((long){g.b}[{b} + {b_at}] - {_zero_point(g.b_zero, 'in_')});\n"
-        f"{pad}    {g.c}[{c} + {c_at}] = {_int_gemm_result(g)};\n{pad}}}\n"
+        f"{_int_gemm_store(g, f'{g.c}[{c} + {c_at}]', pad + '    ')}{pad}}}\n"
     )
+
+
+def _int_gemm_store(g: L.IntGemm, target: str, pad: str) -> str:
+    """The statements that store the sum iacc into C's element `target`: as _int_gemm_result computes it, or
+    dequantized (L.Dequantize): the float32 product held in a variable of its own before the bias is added, since
+    OpenCL C may contract a multiply and an add within one expression into one rounding."""
+    d = g.dequantize
+    if d is None:
+        return f"{pad}{target} = {_int_gemm_result(g)};\n"
+    product = f"{pad}float gdq = (float)(int)iacc * {_line_value(d.scale, 'in_')};\n"
+    bias = "" if d.bias is None else f" + {_line_value(d.bias, 'in_')}"
+    return f"{product}{pad}{target} = gdq{bias};\n"
 
 
 def _line_value(values: L.LineValues, line: str) -> str:
@@ -438,6 +450,8 @@ def _binary(b: L.Binary) -> str:
     lhs, rhs = expr(b.lhs), expr(b.rhs)
     if b.op == "exact_div":
         return _exact_div(b, lhs, rhs)
+    if b.op == "exact_mul":
+        return _exact_mul(b, lhs, rhs)
     if b.op in SPELLED_BINARY:
         return SPELLED_BINARY[b.op](lhs, rhs)
     symbol = COMPARE_OPS.get(b.op) or (FLOAT_OPS if b.lhs.dtype in L.FLOATS else INT_OPS)[b.op]
@@ -451,6 +465,15 @@ def _exact_div(b: L.Binary, lhs: str, rhs: str) -> str:
     if b.lhs.dtype == L.F64:
         return f"({lhs} / {rhs})"
     return f"((float)((double)({lhs}) / (double)({rhs})))"
+
+
+def _exact_mul(b: L.Binary, lhs: str, rhs: str) -> str:
+    """L.exact_mul: OpenCL C may contract a float multiply and an add into one rounding, so a float product is
+    taken in double (where it is exact) and rounded once to float, which no add can fuse with. The kernel then needs
+    cl_khr_fp64."""
+    if b.lhs.dtype == L.F64:
+        return f"({lhs} * {rhs})"
+    return f"((float)((double)({lhs}) * (double)({rhs})))"
 
 
 EXPR_RENDERERS: dict[type, Callable[[Any], str]] = {

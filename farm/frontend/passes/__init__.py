@@ -14,6 +14,7 @@ from farm.frontend.passes.bias_fusion import fuse_matmul_biases
 from farm.frontend.passes.channel_affine import fold_channel_affine
 from farm.frontend.passes.constant_folding import fold_constants
 from farm.frontend.passes.dead_nodes import remove_dead_nodes
+from farm.frontend.passes.dequantize_fusion import fuse_dequantized_products
 from farm.frontend.passes.gelu_fusion import fuse_gelus
 from farm.frontend.passes.passthrough import drop_passthrough
 from farm.frontend.passes.qdq_fusion import fuse_qdq
@@ -25,6 +26,7 @@ from farm.ir.graph import Graph
 PIPELINE: tuple[Callable[[Graph], Graph], ...] = (
     drop_passthrough,
     fuse_qdq,
+    fuse_dequantized_products,
     fuse_quantized_adds,
     pool_quantized_maxpools,
     fold_constants,
