@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import re
 import subprocess
+from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from native_helpers import (
     EM_AARCH64,
@@ -20,12 +22,14 @@ from native_helpers import (
     layout,
     load_library,
 )
+from numerics import single_op_model
 
 from farm.backends.llvm.entry import compile_entry
 from farm.backends.llvm.gemm_blocking import GemmBlocking
 from farm.backends.llvm.kernel import (
     TINY_KERNEL_WORK,
     blocking_for,
+    calls_math,
     compile_cpu_kernel,
     cpu_launches,
     default_blocking,
@@ -37,6 +41,7 @@ from farm.backends.llvm.kernel import (
 from farm.backends.llvm.link import link_library
 from farm.backends.llvm.target import CpuTarget
 from farm.backends.llvm.toolchain import Pipeline, compile_ir
+from farm.build.assembly import plan_model
 from farm.errors import BuildError
 from farm.ir.graph import Activation, TensorInfo
 from farm.ir.specs import KernelSpec, canonical_json
@@ -115,6 +120,22 @@ def test_a_tiny_kernel_is_compiled_without_unrolling_and_a_bigger_one_with_it():
     assert compile_cpu_kernel(tiny, target) != compile_ir(text, target, name)
     assert sum(work for _, _, work in cpu_launches(bigger, target)) > TINY_KERNEL_WORK
     assert kernel_pipeline(bigger, target) == Pipeline.O3
+
+
+def test_a_kernel_that_calls_math_functions_vectorises_its_loops_wide(tmp_path: Path) -> None:
+    """A kernel whose loops call exp, log or sqrt (kernel.calls_math: a Softmax) compiles with
+    Pipeline.O3_WIDE_LOOPS; one that only moves and compares values (a MaxPool) with O3."""
+    target = host()
+
+    def spec(op: str, attrs: dict) -> KernelSpec:
+        model = single_op_model(op, [("x", (1, 64, 56, 56))], attrs)
+        onnx.save(model, tmp_path / f"{op}.onnx")
+        return dataclasses.replace(plan_model(tmp_path / f"{op}.onnx").steps[0].spec, target_id=target.id)
+
+    softmax, pool = spec("Softmax", {"axis": -1}), spec("MaxPool", {"kernel_shape": [2, 2], "strides": [2, 2]})
+    assert calls_math(lower_kernel(softmax).body) and not calls_math(lower_kernel(pool).body)
+    assert kernel_pipeline(softmax, target) == Pipeline.O3_WIDE_LOOPS
+    assert kernel_pipeline(pool, target) == Pipeline.O3
 
 
 def test_the_outlined_parts_of_a_kernel_compile_with_the_emitted_pipeline_and_its_first_part_with_o3():

@@ -11,7 +11,7 @@ import llvmlite.binding as llvm
 import pytest
 
 from farm.backends.llvm.link import linker_identity
-from farm.backends.llvm.target import host_target
+from farm.backends.llvm.target import CpuTarget, host_target
 from farm.backends.llvm.toolchain import Pipeline, Toolchain, compile_ir, toolchain
 
 HEX16 = re.compile(r"[0-9a-f]{16}")
@@ -54,6 +54,39 @@ def test_every_pipeline_gives_its_own_object_the_same_each_time() -> None:
         built = compile_ir(COUNTED_STORES, host_target(), "k", pipeline)
         assert built != o3
         assert compile_ir(COUNTED_STORES, host_target(), "k", pipeline) == built
+
+
+SQUARES = """
+define void @k(ptr noalias %p) {
+entry:
+  br label %loop
+loop:
+  %i = phi i64 [ 0, %entry ], [ %next, %loop ]
+  %at = getelementptr inbounds float, ptr %p, i64 %i
+  %v = load float, ptr %at
+  %r = fmul fast float %v, %v
+  store float %r, ptr %at
+  %next = add i64 %i, 1
+  %more = icmp slt i64 %next, 1024
+  br i1 %more, label %loop, label %done
+done:
+  ret void
+}
+"""
+
+AVX512 = CpuTarget("x86_64-unknown-linux-gnu", "skylake-avx512", "+avx2,+fma,+avx512f")
+AVX2 = CpuTarget("x86_64-unknown-linux-gnu", "haswell", "+avx2,+fma")
+
+
+def test_wide_loops_vectorise_over_512_bits_where_the_target_has_them() -> None:
+    """Pipeline.O3_WIDE_LOOPS compiles on a target machine without LLVM's 256-bit preference (target.WIDE_LOOPS)
+    where the target has AVX-512: other code than O3's there, the same code as O3's with AVX2."""
+    assert AVX512.machine_features(True) == "+avx2,+fma,+avx512f,-prefer-256-bit"
+    assert AVX512.machine_features(False) == AVX512.features
+    assert AVX2.machine_features(True) == AVX2.features
+    wide = compile_ir(SQUARES, AVX512, "k", Pipeline.O3_WIDE_LOOPS)
+    assert wide != compile_ir(SQUARES, AVX512, "k") and wide == compile_ir(SQUARES, AVX512, "k", Pipeline.O3_WIDE_LOOPS)
+    assert compile_ir(SQUARES, AVX2, "k", Pipeline.O3_WIDE_LOOPS) == compile_ir(SQUARES, AVX2, "k")
 
 
 def test_the_identity_names_llvmlite_llvm_and_the_linker_this_process_uses() -> None:

@@ -17,7 +17,7 @@ from farm import __version__
 from farm.ir.graph import Activation, TensorInfo
 from farm.ir.keys import CPU_TARGET_PREFIX, canonical_json
 
-CODEGEN_VERSION = f"farm-{__version__}-codegen-119"
+CODEGEN_VERSION = f"farm-{__version__}-codegen-122"
 
 
 @dataclass(frozen=True)

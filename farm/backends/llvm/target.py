@@ -58,6 +58,11 @@ check of the host's features (farm.runtime.host) also asks for them."""
 NAME = re.compile(r"[A-Za-z0-9_.-]+")
 FEATURES = re.compile(r"([+-][A-Za-z0-9_.-]+(,[+-][A-Za-z0-9_.-]+)*)?")
 SIMD_WIDTHS = (("+avx512f", 16), ("+avx", 8), ("+sse2", 4), ("+neon", 4))
+WIDE_LOOPS = "-prefer-256-bit"
+"""The tuning feature an AVX-512 target machine for math-heavy loops drops (toolchain.Pipeline.O3_WIDE_LOOPS): LLVM
+tunes Skylake and later x86 cores to vectorise loops over 256-bit vectors (older Xeons slowed their clocks for 512-bit
+code), which halved the vectors of loops that call exp, log or sqrt (Gelu, Softmax, LayerNormalization), where farm's
+GEMMs run 512-bit vectors anyway."""
 
 
 NO_HOST_CPU = (
@@ -127,9 +132,16 @@ class CpuTarget:
     def from_json(cls, data: dict) -> CpuTarget:
         return cls(data["triple"], data["cpu"], data["features"])
 
-    def machine(self) -> llvm.TargetMachine:
-        """An LLVM target machine for position-independent code at O3 (one per target per process)."""
-        return _machine(self.triple, self.cpu, self.features)
+    def machine(self, wide_loops: bool = False) -> llvm.TargetMachine:
+        """An LLVM target machine for position-independent code at O3 (one per target per process); `wide_loops`:
+        one that vectorises loops over the widest vectors (machine_features)."""
+        return _machine(self.triple, self.cpu, self.machine_features(wide_loops))
+
+    def machine_features(self, wide_loops: bool) -> str:
+        """The features a target machine gets: the target's, and for `wide_loops` with AVX-512 on x86
+        "-prefer-256-bit" (WIDE_LOOPS), so that LLVM vectorises loops over 512-bit vectors."""
+        wide = wide_loops and self.arch == "x86_64" and self.simd_floats == 16
+        return f"{self.features},{WIDE_LOOPS}" if wide else self.features
 
 
 @functools.cache

@@ -80,6 +80,9 @@ class Pipeline(enum.Enum):
 
     O3 = "o3"
     """O3 with loop and SLP vectorisation and loop unrolling: loop IR, whose vectors LLVM finds."""
+    O3_WIDE_LOOPS = "o3-wide-loops"
+    """O3 on a target machine that vectorises loops over the widest vectors (target.WIDE_LOOPS: 512 bits with AVX-512,
+    where LLVM prefers 256): loops that call math functions, whose time is their arithmetic."""
     O3_NO_UNROLL = "o3-no-unroll"
     """O3 without loop unrolling: tiny kernels, which run for microseconds whatever the unroller does."""
     EMITTED = "emitted"
@@ -92,7 +95,7 @@ class Pipeline(enum.Enum):
 
 def compile_ir(text: str, target: CpuTarget, name: str, pipeline: Pipeline = Pipeline.O3) -> bytes:
     """Parse, verify, optimise with `pipeline` and emit an object for `target`."""
-    machine = target.machine()
+    machine = target.machine(wide_loops=pipeline is Pipeline.O3_WIDE_LOOPS)
     try:
         module = llvm.parse_assembly(text)
         module.triple = target.triple
@@ -131,6 +134,7 @@ def _emitted(module: llvm.ModuleRef, machine: llvm.TargetMachine) -> None:
 
 _PIPELINES: dict[Pipeline, Callable[[llvm.ModuleRef, llvm.TargetMachine], None]] = {
     Pipeline.O3: _o3(unroll=True),
+    Pipeline.O3_WIDE_LOOPS: _o3(unroll=True),
     Pipeline.O3_NO_UNROLL: _o3(unroll=False),
     Pipeline.EMITTED: _emitted,
     Pipeline.NONE: lambda module, machine: None,
