@@ -3,12 +3,15 @@ Graph computes what its model does (onnxruntime runs both)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from farm.frontend.onnx_import import import_model
+from farm.frontend.passes import optimize
 from farm.ir.graph import Graph
 
 RNG = np.random.default_rng(42)
@@ -73,3 +76,14 @@ def _assert_same_outputs(original: onnx.ModelProto, graph: Graph, feeds: dict[st
     actual = _run_onnx(_graph_to_onnx(graph), feeds)
     for want, got in zip(expected, actual):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def optimized(model: onnx.ModelProto, tmp_path: Path) -> Graph:
+    """`model` saved under tmp_path, imported and run through every pass."""
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    return optimize(import_model(path))
+
+
+def op_types(graph: Graph) -> list[str]:
+    return [node.op_type for node in graph.nodes]

@@ -12,21 +12,8 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
+from pass_helpers import op_types, optimized
 from test_ops_dequantized_matmul import B_S8, BIAS, PER_COLUMN, K, N, dequantized_matmul_model
-
-from farm.frontend.onnx_import import import_model
-from farm.frontend.passes import optimize
-from farm.ir.graph import Graph
-
-
-def optimized(model: onnx.ModelProto, tmp_path: Path) -> Graph:
-    path = tmp_path / "model.onnx"
-    onnx.save(model, path)
-    return optimize(import_model(path))
-
-
-def op_types(graph: Graph) -> list[str]:
-    return [node.op_type for node in graph.nodes]
 
 
 def test_the_chain_becomes_one_node_named_as_the_product(tmp_path: Path) -> None:

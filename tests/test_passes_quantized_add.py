@@ -12,21 +12,10 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper, numpy_helper
+from pass_helpers import op_types, optimized
 from test_ops_quantized_add import PLANE, quantized_add_model
 
-from farm.frontend.onnx_import import import_model
-from farm.frontend.passes import optimize
-from farm.ir.graph import Activation, Graph
-
-
-def optimized(model: onnx.ModelProto, tmp_path: Path) -> Graph:
-    path = tmp_path / "model.onnx"
-    onnx.save(model, path)
-    return optimize(import_model(path))
-
-
-def op_types(graph: Graph) -> list[str]:
-    return [node.op_type for node in graph.nodes]
+from farm.ir.graph import Activation
 
 
 def test_the_chain_becomes_one_node_named_as_the_add(tmp_path: Path) -> None:
