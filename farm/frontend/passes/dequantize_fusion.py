@@ -45,6 +45,7 @@ def _dequantized_product(
 def _chain_into(
     graph: Graph, last: Node, users: dict[str, list[Node]], producers: dict[str, Node], outputs: set[str]
 ) -> Chain | None:
+    """The fusable chain ending in `last` (an Add of a bias, or a Mul that no such Add reads), or None."""
     if last.domain or len(last.inputs) != 2 or len(last.outputs) != 1:
         return None
     if last.op_type == "Add":
