@@ -72,10 +72,12 @@ def test_an_external_data_model_builds_as_locally_and_its_own_weights_are_not_do
 
 def _folding_model(folder: Path) -> Path:
     """Two MatMuls with weights in `model.onnx.data`: a 1 MB W that the target packs as the model has it, and a
-    W2 that the plan transposes first (folded: a weight the farm made, which the submitter doesn't hold)."""
+    W2 that the plan transposes first (folded: a weight the farm made, which the submitter doesn't hold). W2 has 80
+    rows: a B exactly one panel wide (64 columns, one 6 x 4 tile on AVX-512) packs to its own bytes, so its packed
+    weight would be its source and the farm would make nothing for it."""
     rng = np.random.default_rng(6)
     weight = numpy_helper.from_array(rng.standard_normal((64, 4096)).astype(np.float32), "W")
-    turned = numpy_helper.from_array(rng.standard_normal((64, 4096)).astype(np.float32), "W2")
+    turned = numpy_helper.from_array(rng.standard_normal((80, 4096)).astype(np.float32), "W2")
     graph = helper.make_graph(
         [
             helper.make_node("MatMul", ["x", "W"], ["y"]),
@@ -84,7 +86,7 @@ def _folding_model(folder: Path) -> Path:
         ],
         "fold",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 64])],
-        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [16, 64])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [16, 80])],
         [weight, turned],
     )
     path = folder / "model.onnx"

@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from farm.backends.llvm.target import host_target
 from farm.build.assembly import plan_model
 from farm.ir.graph import Graph, TensorInfo
-from farm.ir.loopir import work
+from farm.ir.launching import work
 from farm.ops.registry import lower_kernel
 from farm.plan.in_place import RESHAPES
 from farm.plan.memory import plan_memory

@@ -6,12 +6,13 @@ one value or one per column, with and without a bias, zero points of every kind,
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-from numerics import case, check_case_on_opencl, graph_model, scheduled_ops
+from numerics import OpCase, case, check_case, check_case_on_opencl, graph_model, params, scheduled_ops
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 from test_ops_quantize import ints
@@ -64,36 +65,48 @@ def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray], tmp_path: Path) -
     return scheduled_ops(result), farm.runtime.load(result.artifact).run(feeds)["y"]
 
 
+def _reference(model: onnx.ModelProto) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+    evaluator = ReferenceEvaluator(model)
+    return lambda feeds: {"y": evaluator.run(None, dict(feeds))[0]}
+
+
+def _case(id: str, model: onnx.ModelProto, scalars: Mapping[str, np.ndarray]) -> OpCase:
+    """The chain's case: its A of integers over the whole range of its dtype, the given scalar inputs."""
+    a_info = model.graph.input[0].type.tensor_type
+    shape = tuple(d.dim_value for d in a_info.shape.dim)
+    dtype = helper.tensor_dtype_to_np_dtype(a_info.elem_type).name
+    feeds = {"a": ints(shape, dtype, 1), **{key: np.asarray(value) for key, value in scalars.items()}}
+    return case(id, model, feeds, schedule=("MatMulIntegerToFloat",), reference=_reference(model))
+
+
 K, N = 96, 80
 B_S8 = ints((K, N), "int8", 5)
 PER_COLUMN = np.linspace(0.001, 0.02, N, dtype=np.float32)
 BIAS = np.linspace(-3.0, 3.0, N, dtype=np.float32)
 
-CASES = {
-    "runtime-scale-and-bias": (dequantized_matmul_model((2, 7, K), B_S8, bias=BIAS), {"s": np.float32(0.0123)}),
-    "per-column-scale-no-bias": (dequantized_matmul_model((5, K), B_S8, scale=PER_COLUMN), {}),
-    "zero-points-per-column": (
+CASES: list[OpCase] = [
+    _case("runtime-scale-and-bias", dequantized_matmul_model((2, 7, K), B_S8, bias=BIAS), {"s": np.float32(0.0123)}),
+    _case("per-column-scale-no-bias", dequantized_matmul_model((5, K), B_S8, scale=PER_COLUMN), {}),
+    _case(
+        "zero-points-per-column",
         dequantized_matmul_model((9, K), B_S8, PER_COLUMN, BIAS, (np.array(131, np.uint8), ints((N,), "int8", 6))),
         {},
     ),
-    "signed-a": (dequantized_matmul_model((4, K), B_S8, bias=BIAS, a_dtype="int8"), {"s": np.float32(0.5)}),
-    "batched-b-loop-nest": (
+    _case("signed-a", dequantized_matmul_model((4, K), B_S8, bias=BIAS, a_dtype="int8"), {"s": np.float32(0.5)}),
+    _case(
+        "batched-b-loop-nest",
         dequantized_matmul_model((3, 4, K), ints((3, K, N), "int8", 7), bias=BIAS),
         {"s": np.float32(0.01)},
     ),
-}
+]
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_the_fused_kernel_computes_the_chain_bit_for_bit(name: str, tmp_path: Path) -> None:
-    model, scalars = CASES[name]
-    a_info = model.graph.input[0].type.tensor_type
-    shape = tuple(d.dim_value for d in a_info.shape.dim)
-    dtype = helper.tensor_dtype_to_np_dtype(a_info.elem_type).name
-    feeds = {"a": ints(shape, dtype, 1), **{key: np.asarray(value) for key, value in scalars.items()}}
-    ops, y = _run(model, feeds, tmp_path)
-    assert ops == ["MatMulIntegerToFloat"]
-    np.testing.assert_array_equal(y, ReferenceEvaluator(model).run(None, feeds)[0])
+@pytest.mark.parametrize("c", params(CASES))
+def test_the_fused_kernel_computes_the_chain_bit_for_bit(c: OpCase, tmp_path: Path) -> None:
+    result = check_case(c, tmp_path)
+    assert c.feeds is not None and c.reference is not None
+    y = farm.runtime.load(result.artifact).run(c.feeds)["y"]
+    np.testing.assert_array_equal(y, c.reference(c.feeds)["y"])
 
 
 def test_sums_past_2_24_round_as_the_cast_rounds_them(tmp_path: Path) -> None:
@@ -119,18 +132,13 @@ def test_a_model_may_not_use_the_fused_op(tmp_path: Path) -> None:
         optimize(import_model(tmp_path / "model.onnx"))
 
 
-@pytest.mark.parametrize("name", ["runtime-scale-and-bias", "zero-points-per-column", "batched-b-loop-nest"])
-def test_opencl_computes_the_chain(name: str, fingerprint: str, tmp_path: Path) -> None:
+OPENCL_SAMPLE = ["runtime-scale-and-bias", "zero-points-per-column", "batched-b-loop-nest"]
+"""The IntGemm's epilogue on OpenCL, with a scale of one value and one per column, and the loop nest."""
+
+
+@pytest.mark.parametrize("c", params(c for c in CASES if c.id in OPENCL_SAMPLE))
+def test_opencl_computes_the_chain(c: OpCase, fingerprint: str, tmp_path: Path) -> None:
     """On OpenCL (PoCL in the suite) the fused kernel's IntGemm and its loop nest give the chain's values: its
     product is rounded to float32 before the bias is added there too (a statement of its own, or a double product
     rounded once)."""
-    model, scalars = CASES[name]
-    a_info = model.graph.input[0].type.tensor_type
-    shape = tuple(d.dim_value for d in a_info.shape.dim)
-    feeds = {"a": ints(shape, "uint8", 1), **{key: np.asarray(value) for key, value in scalars.items()}}
-    check_case_on_opencl(case(name, model, feeds, reference=_reference(model)), fingerprint, tmp_path)
-
-
-def _reference(model: onnx.ModelProto):  # type: ignore[no-untyped-def]
-    evaluator = ReferenceEvaluator(model)
-    return lambda feeds: {"y": evaluator.run(None, dict(feeds))[0]}
+    check_case_on_opencl(c, fingerprint, tmp_path)

@@ -10,6 +10,7 @@ import pytest
 import test_ops_attention
 import test_ops_conv
 import test_ops_conv_transpose
+import test_ops_dequantized_matmul
 import test_ops_elementwise
 import test_ops_indexing
 import test_ops_linalg
@@ -51,6 +52,8 @@ CASE_FILES = {
     "farm.ops.quantize": test_ops_quantize.CASES,
     # QLinearAdd, which no model names: a graph pass makes it (its cases' schedules show it).
     "farm.ops.quantized_add": test_ops_quantized_add.CASES,
+    # MatMulIntegerToFloat, which no model names either: the dequantize fusion pass makes it.
+    "farm.ops.dequantized_matmul": test_ops_dequantized_matmul.CASES,
     "farm.ops.tensor": test_ops_tensor.CASES,
     "farm.ops.reduce": test_ops_reduce.CASES,
     "farm.ops.indexing": test_ops_indexing.CASES,
