@@ -106,9 +106,10 @@ class Load(Expr):
 @dataclass(frozen=True, eq=False)
 class Binary(Expr):
     """add sub mul div mod max min and comparisons lt le gt ge eq ne (which give BOOL), and/or on BOOL; exact_div
-    and exact_mul (floats only: see `exact_div`, `exact_mul`); and the bit operations of I64 values (BITWISE): shl, shr (arithmetic: a narrow
-    buffer's value is sign- or zero-extended on load, so it shifts as its own dtype would), bitand, bitor, bitxor.
-    A shift's amount must lie in [0, 64): each renderer's shift is undefined (LLVM) or masked (OpenCL C) past it."""
+    and exact_mul (floats only: see `exact_div`, `exact_mul`); and the bit operations of I64 values (BITWISE): shl,
+    shr (arithmetic: a narrow buffer's value is sign- or zero-extended on load, so it shifts as its own dtype would),
+    bitand, bitor, bitxor. A shift's amount must lie in [0, 64): each renderer's shift is undefined (LLVM) or masked
+    (OpenCL C) past it."""
 
     op: str
     lhs: Expr

@@ -213,9 +213,8 @@ def matmul_integer_gemm(
     spec: KernelSpec, a_mat: tuple[int, ...], b_mat: tuple[int, ...], operands: Operands = INTEGER
 ) -> list[L.Stmt] | None:
     """MatMulInteger, QLinearMatMul or MatMulIntegerToFloat (A and B as matrix stacks) as IntGemm units over B's
-    columns, when B is one
-    matrix (A's batches are then more rows), its shape suits one (_unit_width) and so does its requantization
-    (fast_path_suits); else None."""
+    columns, when B is one matrix (A's batches are then more rows), its shape suits one (_unit_width) and so does its
+    requantization (fast_path_suits); else None."""
     rows, depth, cols = prod(a_mat[:-1]), a_mat[-1], b_mat[-1]
     width = _unit_width(depth, cols)
     if len(b_mat) != 2 or width is None or not fast_path_suits(spec, operands):

@@ -95,7 +95,8 @@ class Pipeline(enum.Enum):
 
 def compile_ir(text: str, target: CpuTarget, name: str, pipeline: Pipeline = Pipeline.O3) -> bytes:
     """Parse, verify, optimise with `pipeline` and emit an object for `target`."""
-    machine = target.machine(wide_loops=pipeline is Pipeline.O3_WIDE_LOOPS)
+    steps = _PIPELINES[pipeline]
+    machine = target.machine(wide_loops=steps.wide_loops)
     try:
         module = llvm.parse_assembly(text)
         module.triple = target.triple
@@ -103,7 +104,7 @@ def compile_ir(text: str, target: CpuTarget, name: str, pipeline: Pipeline = Pip
         module.verify()
     except RuntimeError as exc:
         raise BuildError(f"{name}: LLVM rejected the generated IR: {exc}") from None
-    _PIPELINES[pipeline](module, machine)
+    steps.run(module, machine)
     return machine.emit_object(module)
 
 
@@ -132,10 +133,19 @@ def _emitted(module: llvm.ModuleRef, machine: llvm.TargetMachine) -> None:
             passes.run(function, builder)
 
 
-_PIPELINES: dict[Pipeline, Callable[[llvm.ModuleRef, llvm.TargetMachine], None]] = {
-    Pipeline.O3: _o3(unroll=True),
-    Pipeline.O3_WIDE_LOOPS: _o3(unroll=True),
-    Pipeline.O3_NO_UNROLL: _o3(unroll=False),
-    Pipeline.EMITTED: _emitted,
-    Pipeline.NONE: lambda module, machine: None,
+@dataclass(frozen=True)
+class _Steps:
+    """What a Pipeline does: the passes it runs on a module, and whether on a target machine that vectorises loops
+    over the widest vectors (CpuTarget.machine's `wide_loops`)."""
+
+    run: Callable[[llvm.ModuleRef, llvm.TargetMachine], None]
+    wide_loops: bool = False
+
+
+_PIPELINES: dict[Pipeline, _Steps] = {
+    Pipeline.O3: _Steps(_o3(unroll=True)),
+    Pipeline.O3_WIDE_LOOPS: _Steps(_o3(unroll=True), wide_loops=True),
+    Pipeline.O3_NO_UNROLL: _Steps(_o3(unroll=False)),
+    Pipeline.EMITTED: _Steps(_emitted),
+    Pipeline.NONE: _Steps(lambda module, machine: None),
 }

@@ -448,32 +448,28 @@ the top of a negative value as they do in LLVM's shl (a left shift of a negative
 
 def _binary(b: L.Binary) -> str:
     lhs, rhs = expr(b.lhs), expr(b.rhs)
-    if b.op == "exact_div":
-        return _exact_div(b, lhs, rhs)
-    if b.op == "exact_mul":
-        return _exact_mul(b, lhs, rhs)
+    if b.op in EXACT_OPS:
+        return _exact(b, lhs, rhs)
     if b.op in SPELLED_BINARY:
         return SPELLED_BINARY[b.op](lhs, rhs)
     symbol = COMPARE_OPS.get(b.op) or (FLOAT_OPS if b.lhs.dtype in L.FLOATS else INT_OPS)[b.op]
     return f"({lhs} {symbol} {rhs})"
 
 
-def _exact_div(b: L.Binary, lhs: str, rhs: str) -> str:
-    """L.exact_div: OpenCL C's float division may be 2.5 ulp off (only double division must be correctly rounded),
-    so a float quotient is taken in double and rounded once to float, which is the correctly rounded float
-    quotient (double has more than twice float's precision). The kernel then needs cl_khr_fp64."""
-    if b.lhs.dtype == L.F64:
-        return f"({lhs} / {rhs})"
-    return f"((float)((double)({lhs}) / (double)({rhs})))"
+EXACT_OPS = {"exact_div": "/", "exact_mul": "*"}
+"""The loop IR's correctly rounded float ops (L.exact_div, L.exact_mul) and their C operators."""
 
 
-def _exact_mul(b: L.Binary, lhs: str, rhs: str) -> str:
-    """L.exact_mul: OpenCL C may contract a float multiply and an add into one rounding, so a float product is
-    taken in double (where it is exact) and rounded once to float, which no add can fuse with. The kernel then needs
-    cl_khr_fp64."""
+def _exact(b: L.Binary, lhs: str, rhs: str) -> str:
+    """L.exact_div or L.exact_mul: a float quotient or product taken in double and rounded once to float. OpenCL C's
+    float division may be 2.5 ulp off (only double division must be correctly rounded; double has more than twice
+    float's precision, so its quotient rounds to the correctly rounded float one), and it may contract a float
+    multiply and an add into one rounding (a double product of floats is exact, and no add fuses with its
+    rounding). The kernel then needs cl_khr_fp64."""
+    symbol = EXACT_OPS[b.op]
     if b.lhs.dtype == L.F64:
-        return f"({lhs} * {rhs})"
-    return f"((float)((double)({lhs}) * (double)({rhs})))"
+        return f"({lhs} {symbol} {rhs})"
+    return f"((float)((double)({lhs}) {symbol} (double)({rhs})))"
 
 
 EXPR_RENDERERS: dict[type, Callable[[Any], str]] = {
